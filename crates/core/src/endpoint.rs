@@ -1,0 +1,1 @@
+//! Endpoint names in one namespace (to be written).

@@ -1,0 +1,2 @@
+//! The Linux driver.
+#![forbid(unsafe_code)]

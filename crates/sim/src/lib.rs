@@ -1,0 +1,2 @@
+//! Seeded simulation of the core (fake disk, network, clock).
+#![forbid(unsafe_code)]

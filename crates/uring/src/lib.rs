@@ -1,0 +1,1 @@
+//! The one unsafe layer (see ARCHITECTURE.md).

@@ -18,3 +18,4 @@ pub mod schedule;
 pub mod sched;
 pub mod track;
 pub mod volume;
+pub mod buffers;

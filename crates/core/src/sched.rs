@@ -1,1 +1,3 @@
-//! (to be written)
+//! Request and unit schedulers: EDF (deadline order) and DRR (fair shares between classes).
+pub mod drr;
+pub mod edf;

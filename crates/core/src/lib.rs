@@ -8,14 +8,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
-pub mod endpoint;
-pub mod time;
-pub mod units;
 pub mod admission;
-pub mod control;
-pub mod http;
-pub mod schedule;
-pub mod sched;
-pub mod track;
-pub mod volume;
 pub mod buffers;
+pub mod control;
+pub mod endpoint;
+pub mod http;
+pub mod sched;
+pub mod schedule;
+pub mod time;
+pub mod track;
+pub mod units;
+pub mod volume;

@@ -81,7 +81,12 @@ impl Sub<Instant> for Instant {
 
 impl fmt::Debug for Instant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Instant({}.{:09}s)", self.ns / 1_000_000_000, self.ns % 1_000_000_000)
+        write!(
+            f,
+            "Instant({}.{:09}s)",
+            self.ns / 1_000_000_000,
+            self.ns % 1_000_000_000
+        )
     }
 }
 
@@ -97,6 +102,9 @@ mod tests {
         assert_eq!(t - Instant::from_nanos(15), Duration::ZERO);
         assert_eq!(t.signed_nanos_since(Instant::from_nanos(15)), -10);
         assert_eq!(Instant::MAX.checked_add(Duration::from_nanos(1)), None);
-        assert_eq!(Instant::MAX.saturating_add(Duration::from_secs(1)), Instant::MAX);
+        assert_eq!(
+            Instant::MAX.saturating_add(Duration::from_secs(1)),
+            Instant::MAX
+        );
     }
 }

@@ -53,7 +53,11 @@ fn parse_decimal(s: &str) -> Option<(u128, u128)> {
     }
     let den = 10u128.pow(frac.len() as u32);
     let int_v: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    let frac_v: u128 = if frac.is_empty() { 0 } else { frac.parse().ok()? };
+    let frac_v: u128 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().ok()?
+    };
     Some((int_v * den + frac_v, den))
 }
 
@@ -113,7 +117,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, UnitsError> {
 
 fn split_decimal_unit(t: &str) -> Option<(&str, &str)> {
     let (num, unit) = split_number(t);
-    if num.contains('.') { Some((num, unit)) } else { None }
+    if num.contains('.') {
+        Some((num, unit))
+    } else {
+        None
+    }
 }
 
 /// A rate as the user gave it. Frequencies are exact rationals so that `29.97/s` is exactly
@@ -130,7 +138,9 @@ impl Rate {
     /// The rate in bytes per second for a given unit size, as an exact rational `(num, den)`.
     pub fn bytes_per_second(self, unit_bytes: u64) -> (u128, u128) {
         match self {
-            Rate::UnitsPerSecond { num, den } => (u128::from(num) * u128::from(unit_bytes), u128::from(den)),
+            Rate::UnitsPerSecond { num, den } => {
+                (u128::from(num) * u128::from(unit_bytes), u128::from(den))
+            }
             Rate::BitsPerSecond(bits) => (u128::from(bits), 8),
         }
     }
@@ -140,7 +150,10 @@ impl Rate {
 pub fn parse_rate(s: &str) -> Result<Rate, UnitsError> {
     let err = || UnitsError::Rate(s.to_string());
     let t = s.trim();
-    let body = t.strip_suffix("/s").or_else(|| t.strip_suffix("ps")).ok_or_else(err)?;
+    let body = t
+        .strip_suffix("/s")
+        .or_else(|| t.strip_suffix("ps"))
+        .ok_or_else(err)?;
     let (num, suffix) = split_number(body);
     let lower = suffix.to_ascii_lowercase();
     if lower.is_empty() || lower == "hz" {
@@ -197,7 +210,10 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("33.333ms"), Ok(Duration::from_micros(33_333)));
+        assert_eq!(
+            parse_duration("33.333ms"),
+            Ok(Duration::from_micros(33_333))
+        );
         assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
         assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
@@ -207,8 +223,17 @@ mod tests {
 
     #[test]
     fn rates() {
-        assert_eq!(parse_rate("30/s"), Ok(Rate::UnitsPerSecond { num: 30, den: 1 }));
-        assert_eq!(parse_rate("29.97/s"), Ok(Rate::UnitsPerSecond { num: 2997, den: 100 }));
+        assert_eq!(
+            parse_rate("30/s"),
+            Ok(Rate::UnitsPerSecond { num: 30, den: 1 })
+        );
+        assert_eq!(
+            parse_rate("29.97/s"),
+            Ok(Rate::UnitsPerSecond {
+                num: 2997,
+                den: 100
+            })
+        );
         assert_eq!(parse_rate("8Mbit/s"), Ok(Rate::BitsPerSecond(8_000_000)));
         assert_eq!(parse_rate("100MB/s"), Ok(Rate::BitsPerSecond(800_000_000)));
         assert_eq!(parse_rate("1KiB/s"), Ok(Rate::BitsPerSecond(8192)));

@@ -15,6 +15,7 @@ pub mod endpoint;
 pub mod http;
 pub mod sched;
 pub mod schedule;
+pub mod stream;
 pub mod time;
 pub mod track;
 pub mod units;

@@ -1,2 +1,18 @@
-//! The Linux driver.
+//! penstock's Linux driver: the engine (a library: open a stream, run it, watch it, cancel
+//! it), its per-thread event loops, endpoint opening, the data paths and the clock.
+//!
+//! The driver executes; the core decides. Path selection, extents, schedules and parsers live
+//! in `penstock-core`; all `unsafe` lives in `penstock-uring`. This crate has none.
 #![forbid(unsafe_code)]
+
+pub mod clock;
+pub mod engine;
+pub mod open;
+mod paths;
+mod uring_path;
+mod worker;
+
+pub use engine::{
+    CounterSnapshot, Engine, EngineConfig, EngineError, EngineInfo, StreamError, StreamHandle,
+    StreamReport, StreamSpec, ZeroCopy,
+};

@@ -56,6 +56,43 @@ pub fn ioprio_set_current_thread(value: u16) -> std::io::Result<()> {
     }
 }
 
+/// CPU time consumed, in nanoseconds of user and system time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTimes {
+    pub user_ns: u64,
+    pub sys_ns: u64,
+}
+
+/// Whose CPU time [`cpu_times`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuWho {
+    /// The whole process: every thread, including io_uring's io-wq workers.
+    Process,
+    /// Waited-for children (a bench's receiver or baseline processes).
+    Children,
+    /// The calling thread only.
+    Thread,
+}
+
+/// getrusage(2) as user and system nanoseconds.
+pub fn cpu_times(who: CpuWho) -> CpuTimes {
+    let who = match who {
+        CpuWho::Process => libc::RUSAGE_SELF,
+        CpuWho::Children => libc::RUSAGE_CHILDREN,
+        CpuWho::Thread => libc::RUSAGE_THREAD,
+    };
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage for the call's duration.
+    let r = unsafe { libc::getrusage(who, &mut ru) };
+    assert_eq!(r, 0, "getrusage with a valid `who` cannot fail");
+    let ns = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1_000;
+    CpuTimes {
+        user_ns: ns(ru.ru_utime),
+        sys_ns: ns(ru.ru_stime),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +102,17 @@ mod tests {
         assert_eq!(ioprio_value(IoprioClass::RealTime, 0), 1 << 13);
         assert_eq!(ioprio_value(IoprioClass::BestEffort, 4), (2 << 13) | 4);
         assert_eq!(ioprio_value(IoprioClass::Idle, 99), (3 << 13) | 7);
+    }
+
+    #[test]
+    fn cpu_times_grow_with_work() {
+        let before = cpu_times(CpuWho::Thread);
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let after = cpu_times(CpuWho::Thread);
+        assert!(after.user_ns + after.sys_ns > before.user_ns + before.sys_ns);
     }
 }

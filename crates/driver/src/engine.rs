@@ -1,0 +1,475 @@
+//! The engine: the seeds' `stream()` / `cue()` call as a Rust library.
+//!
+//! ```no_run
+//! use penstock_driver::engine::{Engine, EngineConfig, StreamSpec};
+//! use penstock_core::endpoint::{Endpoint, Role};
+//! let engine = Engine::new(EngineConfig::default())?;
+//! let spec = StreamSpec::new(
+//!     Endpoint::parse("movie.ts", Role::Source)?,
+//!     Endpoint::parse("tcp://127.0.0.1:9000", Role::Target)?,
+//! );
+//! let stream = engine.open(spec)?;
+//! println!("{} bytes so far", stream.counters().bytes_sent);
+//! let report = stream.wait()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Endpoints are opened on the caller's thread; the stream then runs on one of the engine's
+//! workers (one event loop per thread, many streams each). The caller keeps a
+//! [`StreamHandle`]: counters, cancel, wait.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use penstock_core::endpoint::Endpoint;
+use penstock_core::stream::{
+    CachePolicy, DataPath, Extent, ExtentError, IoKind, PathCaps, PathChoice, PathError,
+    choose_path,
+};
+
+use crate::open::{OpenError, Opened, open_source, open_target, reopen_direct};
+use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
+
+/// Engine-wide limits and sizes, fixed at start.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Worker threads (event loops).
+    pub workers: usize,
+    /// Buffers in each worker's pool.
+    pub pool_buffers: usize,
+    /// Bytes per pool buffer (a multiple of 4096). Bounds the transfer unit of the uring path.
+    pub buffer_bytes: usize,
+    /// Pool buffers one stream keeps in flight at most (read-ahead depth).
+    pub stream_depth: usize,
+    /// Streams open at once, all workers together.
+    pub streams_max: usize,
+    /// Register the pool with io_uring (READ_FIXED); off only to measure the difference.
+    pub register_buffers: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            pool_buffers: 32,
+            buffer_bytes: 1 << 20,
+            stream_depth: 4,
+            streams_max: 4096,
+            register_buffers: true,
+        }
+    }
+}
+
+/// Zero-copy sends (SEND_ZC) on the uring path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ZeroCopy {
+    /// Only where it pays: units of 64 KiB or more to a non-loopback peer (loopback always copies).
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+/// What to stream, from where to where, how.
+#[derive(Debug)]
+pub struct StreamSpec {
+    pub source: Endpoint,
+    pub target: Endpoint,
+    pub extent: Extent,
+    /// Transfer unit in bytes: the size of each read and send (a datagram, for UDP targets).
+    pub unit_bytes: usize,
+    pub path: PathChoice,
+    pub cache: CachePolicy,
+    pub zero_copy: ZeroCopy,
+}
+
+impl StreamSpec {
+    /// A burst stream of the whole source with default unit, path and cache policy.
+    pub fn new(source: Endpoint, target: Endpoint) -> StreamSpec {
+        StreamSpec {
+            source,
+            target,
+            extent: Extent {
+                offset: 0,
+                length: None,
+            },
+            unit_bytes: 0,
+            path: PathChoice::Auto,
+            cache: CachePolicy::Keep,
+            zero_copy: ZeroCopy::Auto,
+        }
+    }
+}
+
+/// Default transfer unit for a target kind: a safe datagram for UDP, large for the rest.
+pub fn default_unit_bytes(target: IoKind, buffer_bytes: usize) -> usize {
+    match target {
+        IoKind::Datagram => 1316, // 7 MPEG-TS packets: fits a 1500-byte MTU with headers
+        _ => buffer_bytes.min(1 << 20),
+    }
+}
+
+/// Why a stream failed. Every variant that can happen after bytes moved says how many did.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error(transparent)]
+    Path(#[from] PathError),
+    #[error(transparent)]
+    Extent(#[from] ExtentError),
+    #[error("invalid stream: {0}")]
+    Invalid(String),
+    #[error("too many streams open (streams_max = {0})")]
+    TooManyStreams(usize),
+    #[error("the receiver disconnected after {bytes_sent} bytes were sent ({source})")]
+    PeerClosed { bytes_sent: u64, source: io::Error },
+    #[error("{op} failed after {bytes_sent} bytes were sent: {source}")]
+    Io {
+        op: &'static str,
+        bytes_sent: u64,
+        source: io::Error,
+    },
+    #[error("the source ended early: {got} of {expected} bytes were there ({bytes_sent} sent)")]
+    SourceShrank {
+        expected: u64,
+        got: u64,
+        bytes_sent: u64,
+    },
+    #[error("cancelled after {bytes_sent} bytes were sent")]
+    Cancelled { bytes_sent: u64 },
+    #[error("engine stopped")]
+    EngineStopped,
+}
+
+/// Live counters of a stream, updated by its worker.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub(crate) bytes_read: AtomicU64,
+    pub(crate) bytes_sent: AtomicU64,
+    pub(crate) units_sent: AtomicU64,
+}
+
+/// A snapshot of [`Counters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CounterSnapshot {
+    pub bytes_read: u64,
+    pub bytes_sent: u64,
+    pub units_sent: u64,
+}
+
+/// How a stream ended well.
+#[derive(Debug, Clone)]
+pub struct StreamReport {
+    pub bytes: u64,
+    pub units: u64,
+    pub path: DataPath,
+    pub cache: CachePolicy,
+    /// From the worker's first step to the last byte accepted by the target.
+    pub elapsed: Duration,
+    /// Things the stream did differently than asked, and why (said once per stream).
+    pub notes: Vec<String>,
+}
+
+/// The caller's side of an open stream.
+#[derive(Debug)]
+pub struct StreamHandle {
+    id: u64,
+    path: DataPath,
+    expected_bytes: Option<u64>,
+    counters: Arc<Counters>,
+    cancel: Arc<AtomicBool>,
+    worker: WorkerHandle,
+    done: Receiver<Result<StreamReport, StreamError>>,
+    open_count: Arc<AtomicUsize>,
+}
+
+impl StreamHandle {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn path(&self) -> DataPath {
+        self.path
+    }
+
+    /// Bytes the stream will move, when known (a file source).
+    pub fn expected_bytes(&self) -> Option<u64> {
+        self.expected_bytes
+    }
+
+    pub fn counters(&self) -> CounterSnapshot {
+        CounterSnapshot {
+            bytes_read: self.counters.bytes_read.load(Ordering::Relaxed),
+            bytes_sent: self.counters.bytes_sent.load(Ordering::Relaxed),
+            units_sent: self.counters.units_sent.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Asks the worker to stop the stream; in-flight I/O completes first. `wait` then returns
+    /// [`StreamError::Cancelled`] (or the report, if it had already finished).
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Release);
+        self.worker.send(Command::Cancel(self.id));
+    }
+
+    /// Waits for the stream to end.
+    pub fn wait(self) -> Result<StreamReport, StreamError> {
+        self.done.recv().unwrap_or(Err(StreamError::EngineStopped))
+    }
+
+    /// Waits at most `timeout`; `None` if still running.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<StreamReport, StreamError>> {
+        match self.done.recv_timeout(timeout) {
+            Ok(r) => Some(r),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+            Err(_) => Some(Err(StreamError::EngineStopped)),
+        }
+    }
+}
+
+impl Drop for StreamHandle {
+    fn drop(&mut self) {
+        self.open_count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What the engine found at start.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    /// io_uring works; otherwise why not.
+    pub uring: Result<(), String>,
+    /// Buffers registered with the ring; otherwise why not.
+    pub registered: Result<(), String>,
+}
+
+/// The engine. Dropping it stops its workers (streams still running are cancelled).
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    workers: Vec<WorkerHandle>,
+    joins: Mutex<Vec<JoinHandle<()>>>,
+    next_id: AtomicU64,
+    next_worker: AtomicUsize,
+    open_count: Arc<AtomicUsize>,
+    info: EngineInfo,
+}
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    #[error("could not start a worker: {0}")]
+    Worker(String),
+}
+
+impl Engine {
+    /// Starts the workers. io_uring being refused is not an error: the engine then runs the
+    /// copy, sendfile and splice paths on a poll(2) loop, and says so in [`Engine::info`].
+    pub fn new(cfg: EngineConfig) -> Result<Engine, EngineError> {
+        if cfg.workers == 0 || cfg.workers > 1024 {
+            return Err(EngineError::Config(format!(
+                "workers must be 1..=1024, got {}",
+                cfg.workers
+            )));
+        }
+        if cfg.buffer_bytes == 0 || cfg.buffer_bytes % 4096 != 0 || cfg.buffer_bytes > (64 << 20) {
+            return Err(EngineError::Config(format!(
+                "buffer_bytes must be a multiple of 4096 up to 64 MiB, got {}",
+                cfg.buffer_bytes
+            )));
+        }
+        if cfg.stream_depth == 0 || cfg.stream_depth > cfg.pool_buffers {
+            return Err(EngineError::Config(format!(
+                "stream_depth must be 1..=pool_buffers ({}), got {}",
+                cfg.pool_buffers, cfg.stream_depth
+            )));
+        }
+        let mut workers = Vec::new();
+        let mut joins = Vec::new();
+        let mut info = None;
+        for i in 0..cfg.workers {
+            let (handle, join, winfo) =
+                spawn_worker(i, &cfg).map_err(|e| EngineError::Worker(e.to_string()))?;
+            workers.push(handle);
+            joins.push(join);
+            info.get_or_insert(winfo);
+        }
+        let info = info.expect("at least one worker");
+        Ok(Engine {
+            cfg,
+            workers,
+            joins: Mutex::new(joins),
+            next_id: AtomicU64::new(1),
+            next_worker: AtomicUsize::new(0),
+            open_count: Arc::new(AtomicUsize::new(0)),
+            info,
+        })
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// What io_uring offers here, for path selection.
+    pub fn caps(&self) -> PathCaps {
+        PathCaps {
+            uring: self.info.uring.is_ok(),
+        }
+    }
+
+    /// Opens a stream's endpoints (may block: listen, connect), chooses its path and starts it
+    /// on a worker.
+    pub fn open(&self, spec: StreamSpec) -> Result<StreamHandle, StreamError> {
+        self.open_with(spec, &mut |_| {})
+    }
+
+    /// Like [`Engine::open`], calling `on_listen` with the bound address of a listening
+    /// endpoint before it waits for its peer.
+    pub fn open_with(
+        &self,
+        spec: StreamSpec,
+        on_listen: &mut dyn FnMut(std::net::SocketAddr),
+    ) -> Result<StreamHandle, StreamError> {
+        let source = open_source(&spec.source, on_listen)?;
+        let target = open_target(&spec.target, on_listen)?;
+        self.open_opened(spec, source, target)
+    }
+
+    /// Starts a stream between endpoints the caller already opened (the server's sockets).
+    pub fn open_opened(
+        &self,
+        spec: StreamSpec,
+        source: Opened,
+        target: Opened,
+    ) -> Result<StreamHandle, StreamError> {
+        let path = choose_path(spec.path, source.kind, target.kind, spec.cache, self.caps())?;
+        let range = match (source.kind, source.size) {
+            (IoKind::File, Some(size)) => Some(spec.extent.resolve_in_file(size)?),
+            _ if spec.extent.offset != 0 => {
+                return Err(ExtentError::OffsetOnStream(source.kind).into());
+            }
+            _ => None,
+        };
+        let unit = if spec.unit_bytes == 0 {
+            default_unit_bytes(target.kind, self.cfg.buffer_bytes)
+        } else {
+            spec.unit_bytes
+        };
+        if path == DataPath::Uring && unit > self.cfg.buffer_bytes {
+            return Err(StreamError::Invalid(format!(
+                "unit of {unit} bytes is larger than the pool's buffers ({} bytes)",
+                self.cfg.buffer_bytes
+            )));
+        }
+        if unit > (64 << 20) {
+            return Err(StreamError::Invalid(format!(
+                "unit of {unit} bytes is larger than 64 MiB"
+            )));
+        }
+        if target.kind == IoKind::Datagram && unit > 65_507 {
+            return Err(StreamError::Invalid(format!(
+                "unit of {unit} bytes does not fit one UDP datagram (65507)"
+            )));
+        }
+        let mut notes = Vec::new();
+        let direct = if path == DataPath::Uring && spec.cache == CachePolicy::Bypass {
+            let p = match &spec.source {
+                Endpoint::File { path } => Some(path.clone()),
+                _ => None,
+            };
+            match p.and_then(|p| reopen_direct(&p)) {
+                Some(fd) => Some(fd),
+                None => {
+                    notes.push(
+                        "O_DIRECT refused by this file system: reading through the page cache"
+                            .to_string(),
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let zero_copy = match spec.zero_copy {
+            ZeroCopy::On => true,
+            ZeroCopy::Off => false,
+            ZeroCopy::Auto => unit >= 64 * 1024 && !peer_is_loopback(&target),
+        };
+
+        let prev = self.open_count.fetch_add(1, Ordering::AcqRel);
+        if prev >= self.cfg.streams_max {
+            self.open_count.fetch_sub(1, Ordering::AcqRel);
+            return Err(StreamError::TooManyStreams(self.cfg.streams_max));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let w = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+        let worker = self.workers[w].clone();
+        let counters = Arc::new(Counters::default());
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (done_tx, done): (SyncSender<_>, _) = sync_channel(1);
+        let expected_bytes = range.map(|(s, e)| e - s);
+        let task = Task::new(crate::worker::TaskInit {
+            id,
+            source,
+            target,
+            direct,
+            range,
+            unit,
+            path,
+            cache: spec.cache,
+            zero_copy,
+            notes,
+            counters: counters.clone(),
+            cancel: cancel.clone(),
+            done: done_tx,
+        });
+        worker.send(Command::Open(Box::new(task)));
+        Ok(StreamHandle {
+            id,
+            path,
+            expected_bytes,
+            counters,
+            cancel,
+            worker,
+            done,
+            open_count: self.open_count.clone(),
+        })
+    }
+}
+
+fn peer_is_loopback(target: &Opened) -> bool {
+    if !target.socket {
+        return true;
+    }
+    match rustix::net::getpeername(&target.fd) {
+        Ok(Some(addr)) => match std::net::SocketAddr::try_from(addr) {
+            Ok(a) => a.ip().is_loopback(),
+            Err(_) => true, // unix sockets: always a copy
+        },
+        _ => true,
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for w in &self.workers {
+            w.send(Command::Shutdown);
+        }
+        let joins = std::mem::take(&mut *self.joins.lock().unwrap_or_else(|p| p.into_inner()));
+        for j in joins {
+            let _ = j.join();
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! Opening endpoints: from a parsed name to a file descriptor and what kind of thing it is.
+//!
+//! Opening may block (a `tcp-listen://` source waits for its one peer, a `tcp://` target
+//! connects); it happens on the caller's thread, before the stream reaches a worker, so a
+//! worker's event loop never blocks on it. Sockets are made non-blocking (the worker waits
+//! for readiness); files, pipes and the caller's stdin/stdout stay as they are.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use penstock_core::endpoint::{Endpoint, Host};
+use penstock_core::stream::IoKind;
+
+/// An opened endpoint.
+#[derive(Debug)]
+pub struct Opened {
+    pub fd: OwnedFd,
+    pub kind: IoKind,
+    /// Size in bytes, for files and block devices.
+    pub size: Option<u64>,
+    /// Whether `fd` is a socket (send/recv flags apply).
+    pub socket: bool,
+    /// A human name for messages.
+    pub label: String,
+}
+
+/// Why an endpoint could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    #[error("{label}: {source}")]
+    Io { label: String, source: io::Error },
+    #[error("{label}: is a directory; a stream needs a file, a device, a socket or -")]
+    Directory { label: String },
+    #[error("{label}: cannot resolve host: {source}")]
+    Resolve { label: String, source: io::Error },
+    #[error("{label}: not supported as a {role} yet")]
+    Unsupported { label: String, role: &'static str },
+}
+
+fn io_err(label: &str) -> impl FnOnce(io::Error) -> OpenError + '_ {
+    move |source| OpenError::Io {
+        label: label.to_string(),
+        source,
+    }
+}
+
+fn host_port(host: &Host, port: u16, label: &str) -> Result<Vec<SocketAddr>, OpenError> {
+    let addrs: Vec<SocketAddr> = match host {
+        Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
+        Host::Name(name) => (name.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|source| OpenError::Resolve {
+                label: label.to_string(),
+                source,
+            })?
+            .collect(),
+    };
+    if addrs.is_empty() {
+        return Err(OpenError::Resolve {
+            label: label.to_string(),
+            source: io::Error::new(io::ErrorKind::NotFound, "no address"),
+        });
+    }
+    Ok(addrs)
+}
+
+fn classify_file(file: File, label: String) -> Result<Opened, OpenError> {
+    let meta = file.metadata().map_err(io_err(&label))?;
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        return Err(OpenError::Directory { label });
+    }
+    let (kind, size) = if ft.is_file() {
+        (IoKind::File, Some(meta.len()))
+    } else if ft.is_block_device() {
+        let size = rustix::fs::seek(&file, rustix::fs::SeekFrom::End(0))
+            .map_err(|e| io_err(&label)(e.into()))?;
+        rustix::fs::seek(&file, rustix::fs::SeekFrom::Start(0))
+            .map_err(|e| io_err(&label)(e.into()))?;
+        (IoKind::File, Some(size))
+    } else {
+        (IoKind::Pipe, None)
+    };
+    Ok(Opened {
+        fd: file.into(),
+        kind,
+        size,
+        socket: false,
+        label,
+    })
+}
+
+fn stream_socket(fd: OwnedFd, label: String) -> Opened {
+    Opened {
+        fd,
+        kind: IoKind::StreamSocket,
+        size: None,
+        socket: true,
+        label,
+    }
+}
+
+fn set_nonblocking(fd: impl AsFd, label: &str) -> Result<(), OpenError> {
+    rustix::io::ioctl_fionbio(fd, true).map_err(|e| io_err(label)(e.into()))
+}
+
+/// Called with the address a listening endpoint is bound to, before it waits for its peer
+/// (so that a caller can print it when the port was 0).
+pub type OnListen<'a> = &'a mut dyn FnMut(SocketAddr);
+
+/// Opens `ep` to be read from.
+pub fn open_source(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, OpenError> {
+    let label = ep.to_string();
+    match ep {
+        Endpoint::File { path } => {
+            let f = File::open(path).map_err(io_err(&label))?;
+            classify_file(f, label)
+        }
+        Endpoint::Stdio => {
+            let fd =
+                rustix::io::dup(rustix::stdio::stdin()).map_err(|e| io_err(&label)(e.into()))?;
+            classify_file(File::from(fd), "stdin".to_string())
+        }
+        Endpoint::TcpConnect { host, port } => {
+            let addrs = host_port(host, *port, &label)?;
+            let s = TcpStream::connect(&addrs[..]).map_err(io_err(&label))?;
+            set_nonblocking(&s, &label)?;
+            Ok(stream_socket(s.into(), label))
+        }
+        Endpoint::TcpListen { host, port } => {
+            let addrs = host_port(host, *port, &label)?;
+            let l = TcpListener::bind(&addrs[..]).map_err(io_err(&label))?;
+            on_listen(l.local_addr().map_err(io_err(&label))?);
+            let (s, _) = l.accept().map_err(io_err(&label))?;
+            set_nonblocking(&s, &label)?;
+            Ok(stream_socket(s.into(), label))
+        }
+        Endpoint::UdpListen { host, port } => {
+            let addrs = host_port(host, *port, &label)?;
+            let s = UdpSocket::bind(&addrs[..]).map_err(io_err(&label))?;
+            on_listen(s.local_addr().map_err(io_err(&label))?);
+            set_nonblocking(&s, &label)?;
+            Ok(Opened {
+                fd: s.into(),
+                kind: IoKind::Datagram,
+                size: None,
+                socket: true,
+                label,
+            })
+        }
+        Endpoint::Unix { path } => {
+            let s = UnixStream::connect(path).map_err(io_err(&label))?;
+            set_nonblocking(&s, &label)?;
+            Ok(stream_socket(s.into(), label))
+        }
+        other => Err(OpenError::Unsupported {
+            label: other.to_string(),
+            role: "source",
+        }),
+    }
+}
+
+/// Opens `ep` to be written to. Files are created or truncated (block devices are not
+/// truncated).
+pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, OpenError> {
+    let label = ep.to_string();
+    match ep {
+        Endpoint::File { path } => open_target_file(path, label),
+        Endpoint::Stdio => {
+            let fd =
+                rustix::io::dup(rustix::stdio::stdout()).map_err(|e| io_err(&label)(e.into()))?;
+            classify_file(File::from(fd), "stdout".to_string())
+        }
+        Endpoint::TcpConnect { host, port } => {
+            let addrs = host_port(host, *port, &label)?;
+            let s = TcpStream::connect(&addrs[..]).map_err(io_err(&label))?;
+            let _ = s.set_nodelay(true);
+            set_nonblocking(&s, &label)?;
+            Ok(stream_socket(s.into(), label))
+        }
+        Endpoint::TcpListen { host, port } => {
+            let addrs = host_port(host, *port, &label)?;
+            let l = TcpListener::bind(&addrs[..]).map_err(io_err(&label))?;
+            on_listen(l.local_addr().map_err(io_err(&label))?);
+            let (s, _) = l.accept().map_err(io_err(&label))?;
+            set_nonblocking(&s, &label)?;
+            Ok(stream_socket(s.into(), label))
+        }
+        Endpoint::UdpSend {
+            host,
+            port,
+            local_port,
+        } => {
+            let addrs = host_port(host, *port, &label)?;
+            let remote = addrs[0];
+            let local: SocketAddr = if remote.is_ipv4() {
+                ([0, 0, 0, 0], local_port.unwrap_or(0)).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, local_port.unwrap_or(0)).into()
+            };
+            let s = UdpSocket::bind(local).map_err(io_err(&label))?;
+            s.connect(remote).map_err(io_err(&label))?;
+            set_nonblocking(&s, &label)?;
+            Ok(Opened {
+                fd: s.into(),
+                kind: IoKind::Datagram,
+                size: None,
+                socket: true,
+                label,
+            })
+        }
+        Endpoint::Unix { path } => {
+            let s = UnixStream::connect(path).map_err(io_err(&label))?;
+            set_nonblocking(&s, &label)?;
+            Ok(stream_socket(s.into(), label))
+        }
+        other => Err(OpenError::Unsupported {
+            label: other.to_string(),
+            role: "target",
+        }),
+    }
+}
+
+fn open_target_file(path: &Path, label: String) -> Result<Opened, OpenError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => return Err(OpenError::Directory { label }),
+        Ok(m)
+            if m.file_type().is_block_device()
+                || m.file_type().is_char_device()
+                || m.file_type().is_fifo() =>
+        {
+            let f = OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(io_err(&label))?;
+            return classify_file(f, label);
+        }
+        _ => {}
+    }
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(path)
+        .map_err(io_err(&label))?;
+    classify_file(f, label)
+}
+
+/// Opens `path` again with O_DIRECT for reads that bypass the page cache. `None` when the
+/// file system refuses O_DIRECT (tmpfs, some FUSE): the caller falls back to buffered reads.
+pub fn reopen_direct(path: &Path) -> Option<OwnedFd> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_o_direct())
+        .open(path)
+        .ok()
+        .map(OwnedFd::from)
+}
+
+fn libc_o_direct() -> i32 {
+    rustix::fs::OFlags::DIRECT.bits() as i32
+}
+
+/// The O_DIRECT alignment for `fd` (statx DIO alignment when the kernel reports it, else 4096).
+pub fn direct_alignment(fd: impl AsFd) -> u64 {
+    match rustix::fs::statx(
+        fd,
+        "",
+        rustix::fs::AtFlags::EMPTY_PATH,
+        rustix::fs::StatxFlags::DIOALIGN,
+    ) {
+        Ok(sx) if sx.stx_dio_offset_align > 0 => {
+            u64::from(sx.stx_dio_offset_align.max(sx.stx_dio_mem_align))
+        }
+        _ => 4096,
+    }
+}

@@ -1,0 +1,274 @@
+//! The readiness-driven data paths: copy, sendfile, splice.
+//!
+//! Each step makes system calls until the budget is spent, the transfer is done, or a socket
+//! would block — then it says which descriptor to wait for. Files are read at explicit offsets
+//! (pread, sendfile/splice with an offset), so the source descriptor's position never matters.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+
+use penstock_core::stream::{CachePolicy, DataPath, IoKind};
+use rustix::io::Errno;
+
+use crate::engine::StreamError;
+use crate::worker::{Machine, Side, Step, TaskIo};
+
+const POLLIN: u32 = libc::POLLIN as u32;
+const POLLOUT: u32 = libc::POLLOUT as u32;
+
+/// read()+write() through a user buffer.
+pub(crate) struct CopyState {
+    buf: Vec<u8>,
+    /// Bytes in `buf` not yet written: `buf[pos..have]`.
+    have: usize,
+    pos: usize,
+    dontcache: bool,
+}
+
+impl CopyState {
+    pub(crate) fn new(unit: usize) -> CopyState {
+        CopyState {
+            buf: vec![0; unit],
+            have: 0,
+            pos: 0,
+            dontcache: true,
+        }
+    }
+}
+
+/// splice(2) through a pipe: source → pipe → target.
+#[derive(Default)]
+pub(crate) struct SpliceState {
+    pipe: Option<(OwnedFd, OwnedFd)>,
+    in_pipe: usize,
+}
+
+pub(crate) fn peer_error(op: &'static str, e: Errno, bytes_sent: u64) -> StreamError {
+    let source = io::Error::from(e);
+    match e {
+        Errno::PIPE | Errno::CONNRESET | Errno::NOTCONN | Errno::CONNREFUSED | Errno::SHUTDOWN => {
+            StreamError::PeerClosed { bytes_sent, source }
+        }
+        _ => StreamError::Io {
+            op,
+            bytes_sent,
+            source,
+        },
+    }
+}
+
+/// The next read's length: a unit, or what is left of a file.
+fn next_len(io: &TaskIo) -> usize {
+    match io.remaining() {
+        Some(r) => r.min(io.unit as u64) as usize,
+        None => io.unit,
+    }
+}
+
+fn shrank(io: &TaskIo) -> StreamError {
+    let end = io.end.unwrap_or(io.pos);
+    StreamError::SourceShrank {
+        expected: end - io.start,
+        got: io.pos - io.start,
+        bytes_sent: io.sent,
+    }
+}
+
+/// Drops the page-cache pages of a range just sent (`--cache drop` on paths that cannot use
+/// RWF_DONTCACHE). Advice only: failure changes nothing but the cache.
+fn drop_cached(io: &TaskIo, from: u64, len: usize) {
+    if io.cache == CachePolicy::Drop && io.source.kind == IoKind::File {
+        let _ = rustix::fs::fadvise(
+            &io.source.fd,
+            from,
+            std::num::NonZeroU64::new(len as u64),
+            rustix::fs::Advice::DontNeed,
+        );
+    }
+}
+
+pub(crate) fn readiness_step(
+    machine: &mut Machine,
+    io: &mut TaskIo,
+    path: DataPath,
+    budget: usize,
+) -> Step {
+    let r = match machine {
+        Machine::Copy(c) => copy_step(c, io, budget),
+        Machine::Sendfile => sendfile_step(io, budget),
+        Machine::Splice(s) => splice_step(s, io, budget),
+        Machine::Uring(_) => unreachable!("{path} is not readiness-driven"),
+    };
+    r.unwrap_or_else(|e| Step::Finish(Err(e)))
+}
+
+fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, StreamError> {
+    for _ in 0..budget {
+        if c.pos < c.have {
+            let chunk = &c.buf[c.pos..c.have];
+            let r = if io.target.socket {
+                rustix::net::send(&io.target.fd, chunk, rustix::net::SendFlags::NOSIGNAL)
+            } else {
+                rustix::io::write(&io.target.fd, chunk)
+            };
+            match r {
+                Ok(n) => {
+                    c.pos += n;
+                    let units = u64::from(c.pos == c.have);
+                    io.add_sent(n, units);
+                }
+                Err(Errno::AGAIN) => return Ok(Step::WaitFd(Side::Target, POLLOUT)),
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(peer_error("write", e, io.sent)),
+            }
+            continue;
+        }
+        let want = next_len(io);
+        if want == 0 {
+            return Ok(Step::Finish(Ok(())));
+        }
+        let buf = &mut c.buf[..want];
+        let r = match io.source.kind {
+            IoKind::File => {
+                let at = io.pos;
+                if io.cache == CachePolicy::Drop && c.dontcache {
+                    let flags = rustix::io::ReadWriteFlags::from_bits_retain(
+                        penstock_uring::sys::RWF_DONTCACHE as u32,
+                    );
+                    match rustix::io::preadv2(
+                        &io.source.fd,
+                        &mut [io::IoSliceMut::new(buf)],
+                        at,
+                        flags,
+                    ) {
+                        Err(Errno::OPNOTSUPP | Errno::INVAL) => {
+                            c.dontcache = false;
+                            io.note_once("RWF_DONTCACHE unsupported here: dropping pages with fadvise instead");
+                            continue;
+                        }
+                        other => other,
+                    }
+                } else {
+                    let r = rustix::io::pread(&io.source.fd, &mut *buf, at);
+                    if let Ok(n) = r {
+                        drop_cached(io, at, n);
+                    }
+                    r
+                }
+            }
+            IoKind::Datagram | IoKind::StreamSocket => {
+                rustix::net::recv(&io.source.fd, &mut *buf, rustix::net::RecvFlags::empty())
+                    .map(|(n, _)| n)
+            }
+            IoKind::Pipe => rustix::io::read(&io.source.fd, &mut *buf),
+        };
+        match r {
+            Ok(0) if io.source.kind == IoKind::Datagram => {} // an empty datagram: nothing to send
+            Ok(0) if io.end.is_some() => return Err(shrank(io)),
+            Ok(0) => return Ok(Step::Finish(Ok(()))),
+            Ok(n) => {
+                io.pos += n as u64;
+                io.add_read(n);
+                c.have = n;
+                c.pos = 0;
+            }
+            Err(Errno::AGAIN) => return Ok(Step::WaitFd(Side::Source, POLLIN)),
+            Err(Errno::INTR) => {}
+            Err(e) => {
+                return Err(StreamError::Io {
+                    op: "read",
+                    bytes_sent: io.sent,
+                    source: e.into(),
+                });
+            }
+        }
+    }
+    Ok(Step::Yield)
+}
+
+fn sendfile_step(io: &mut TaskIo, budget: usize) -> Result<Step, StreamError> {
+    for _ in 0..budget {
+        let want = next_len(io);
+        if want == 0 {
+            return Ok(Step::Finish(Ok(())));
+        }
+        let mut off = io.pos;
+        match rustix::fs::sendfile(&io.target.fd, &io.source.fd, Some(&mut off), want) {
+            Ok(0) => return Err(shrank(io)),
+            Ok(n) => {
+                drop_cached(io, io.pos, n);
+                io.pos = off;
+                io.add_read(n);
+                io.add_sent(n, 1);
+            }
+            Err(Errno::AGAIN) => return Ok(Step::WaitFd(Side::Target, POLLOUT)),
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(peer_error("sendfile", e, io.sent)),
+        }
+    }
+    Ok(Step::Yield)
+}
+
+fn splice_step(s: &mut SpliceState, io: &mut TaskIo, budget: usize) -> Result<Step, StreamError> {
+    use rustix::pipe::SpliceFlags;
+    if s.pipe.is_none() {
+        let (r, w) = rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )
+        .map_err(|e| StreamError::Io {
+            op: "pipe",
+            bytes_sent: 0,
+            source: e.into(),
+        })?;
+        // A pipe as large as the unit moves a unit per call. The kernel caps the size at
+        // /proc/sys/fs/pipe-max-size for unprivileged users; a smaller pipe only means more calls.
+        if rustix::pipe::fcntl_setpipe_size(&w, io.unit).is_err() {
+            io.note_once("pipe could not be sized to the unit: splicing in smaller pieces");
+        }
+        s.pipe = Some((r, w));
+    }
+    let (pr, pw) = s.pipe.as_ref().expect("pipe made above");
+    let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK | SpliceFlags::MORE;
+    for _ in 0..budget {
+        if s.in_pipe > 0 {
+            match rustix::pipe::splice(pr.as_fd(), None, &io.target.fd, None, s.in_pipe, flags) {
+                Ok(0) => return Err(peer_error("splice", Errno::PIPE, io.sent)),
+                Ok(n) => {
+                    s.in_pipe -= n;
+                    io.add_sent(n, u64::from(s.in_pipe == 0));
+                }
+                Err(Errno::AGAIN) => return Ok(Step::WaitFd(Side::Target, POLLOUT)),
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(peer_error("splice", e, io.sent)),
+            }
+            continue;
+        }
+        let want = next_len(io);
+        if want == 0 {
+            return Ok(Step::Finish(Ok(())));
+        }
+        let is_file = io.source.kind == IoKind::File;
+        let mut off = io.pos;
+        let off_arg = if is_file { Some(&mut off) } else { None };
+        match rustix::pipe::splice(&io.source.fd, off_arg, pw.as_fd(), None, want, flags) {
+            Ok(0) if io.end.is_some() => return Err(shrank(io)),
+            Ok(0) => return Ok(Step::Finish(Ok(()))),
+            Ok(n) => {
+                drop_cached(io, io.pos, n);
+                io.pos += n as u64;
+                io.add_read(n);
+                s.in_pipe = n;
+            }
+            Err(Errno::AGAIN) => return Ok(Step::WaitFd(Side::Source, POLLIN)),
+            Err(Errno::INTR) => {}
+            Err(e) => {
+                return Err(StreamError::Io {
+                    op: "splice",
+                    bytes_sent: io.sent,
+                    source: e.into(),
+                });
+            }
+        }
+    }
+    Ok(Step::Yield)
+}

@@ -1,0 +1,318 @@
+//! The io_uring data path: the mmbuf, today.
+//!
+//! A pool buffer is the disk-read target and then the send source: empty → reading → full →
+//! sending → empty. Up to `depth` buffers of a stream are in flight at once, reads running
+//! ahead of sends; sends go out in file order, one at a time per stream (a stream socket must
+//! see its bytes in order, and a datagram target its units in order).
+//!
+//! With O_DIRECT (`--cache bypass`) reads start at the stream's offset rounded down to the
+//! device alignment and cover whole aligned blocks; the unaligned head and tail are simply not
+//! sent. Datagram targets send one unit per datagram; their reads are sized to a whole number
+//! of units so that no datagram straddles two buffers.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd};
+
+use penstock_core::stream::{CachePolicy, IoKind};
+use penstock_uring::{BufId, Completion, Ring};
+use rustix::io::Errno;
+
+use crate::engine::StreamError;
+use crate::open::direct_alignment;
+use crate::paths::peer_error;
+use crate::worker::{Step, TAG_READ, TAG_SEND, TaskIo};
+
+struct Chunk {
+    buf: BufId,
+    /// File offset of `buf[0]`.
+    file_off: u64,
+    /// Bytes asked of the read.
+    want: usize,
+    /// Bytes the read delivered; `None` while reading.
+    filled: Option<usize>,
+    /// The part of the buffer to send: `send_from..send_to`, `sent` of it done.
+    send_from: usize,
+    send_to: usize,
+    sent: usize,
+    sending: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct UringState {
+    init: bool,
+    direct: bool,
+    /// Read size per buffer.
+    read_len: usize,
+    /// Next file offset to read (aligned when direct).
+    next_read: u64,
+    /// End of reads: the stream's end, rounded up to the alignment when direct.
+    read_end: u64,
+    chunks: VecDeque<Chunk>,
+    /// Next offset in a file target.
+    target_off: u64,
+    rw_flags: i32,
+    /// Buffers whose sends are complete but whose zero-copy notification has not arrived.
+    retired: Vec<BufId>,
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+impl UringState {
+    fn init(&mut self, io: &mut TaskIo, ring: &Ring) -> Result<(), StreamError> {
+        self.init = true;
+        let buffer_bytes = ring.pool().buffer_bytes();
+        let datagram = io.target.kind == IoKind::Datagram;
+        let end = io
+            .end
+            .expect("the uring path reads files, whose end is known");
+        let mut align = 1u64;
+        self.direct = io.direct.is_some();
+        if self.direct {
+            align = direct_alignment(io.direct.as_ref().expect("direct fd").as_fd());
+            if datagram && io.start % align != 0 {
+                // Unit boundaries would not fall on aligned reads: read through the cache.
+                self.direct = false;
+                io.direct = None;
+                io.note_once("O_DIRECT needs an aligned offset for datagram units: reading through the page cache");
+                align = 1;
+            }
+        }
+        self.read_len = if datagram {
+            let unit = io.unit;
+            let l = unit / gcd(unit, align as usize) * align as usize; // lcm(unit, align)
+            if l > buffer_bytes {
+                return Err(StreamError::Invalid(format!(
+                    "unit {unit} and O_DIRECT alignment {align} need {l}-byte reads, larger than the pool's buffers"
+                )));
+            }
+            l * (buffer_bytes / l)
+        } else {
+            let a = align as usize;
+            io.unit
+                .div_ceil(a)
+                .saturating_mul(a)
+                .min(buffer_bytes / a * a)
+        };
+        self.next_read = io.start / align * align;
+        self.read_end = end.div_ceil(align) * align;
+        if io.cache == CachePolicy::Drop {
+            self.rw_flags = penstock_uring::sys::RWF_DONTCACHE;
+        }
+        Ok(())
+    }
+
+    /// Queues reads and the next send; says what the stream waits for.
+    pub(crate) fn step(
+        &mut self,
+        io: &mut TaskIo,
+        ring: &mut Ring,
+        depth: usize,
+        token: &mut dyn FnMut(u64, u16) -> u64,
+    ) -> Step {
+        if !self.init {
+            if let Err(e) = self.init(io, ring) {
+                return Step::Finish(Err(e));
+            }
+        }
+        let end = io.end.expect("file end");
+        // Reads ahead, while buffers are free.
+        while self.chunks.len() < depth
+            && self.next_read < self.read_end.max(end)
+            && self.next_read < end
+        {
+            let Some(buf) = ring.pool_mut().alloc() else {
+                break;
+            };
+            let want = (self.read_end - self.next_read).min(self.read_len as u64) as usize;
+            let fd = match (&io.direct, self.direct) {
+                (Some(d), true) => d.as_raw_fd(),
+                _ => io.source.fd.as_raw_fd(),
+            };
+            let t = token(TAG_READ, buf.index() as u16);
+            if ring
+                .read(fd, buf, 0, want, self.next_read, self.rw_flags, 0, t)
+                .is_err()
+            {
+                ring.pool_mut().free(buf);
+                break;
+            }
+            self.chunks.push_back(Chunk {
+                buf,
+                file_off: self.next_read,
+                want,
+                filled: None,
+                send_from: 0,
+                send_to: 0,
+                sent: 0,
+                sending: false,
+            });
+            self.next_read += want as u64;
+        }
+        // The next send, in order.
+        if let Some(head) = self.chunks.front_mut() {
+            if head.filled.is_some() && !head.sending && head.sent < head.send_to - head.send_from {
+                let from = head.send_from + head.sent;
+                let left = head.send_to - from;
+                let t = token(TAG_SEND, head.buf.index() as u16);
+                let fd = io.target.fd.as_raw_fd();
+                let r = match io.target.kind {
+                    IoKind::StreamSocket => {
+                        let flags = libc::MSG_NOSIGNAL | libc::MSG_WAITALL;
+                        ring.send(fd, head.buf, from, left, flags, io.zero_copy, t)
+                    }
+                    IoKind::Datagram => {
+                        let len = left.min(io.unit);
+                        ring.send(fd, head.buf, from, len, libc::MSG_NOSIGNAL, false, t)
+                    }
+                    IoKind::File => {
+                        let r = ring.write(fd, head.buf, from, left, self.target_off, t);
+                        r
+                    }
+                    IoKind::Pipe => ring.write(fd, head.buf, from, left, u64::MAX, t),
+                };
+                if r.is_ok() {
+                    head.sending = true;
+                }
+            }
+        }
+        if self.chunks.is_empty() && self.next_read >= end.min(self.read_end) {
+            return Step::Finish(Ok(()));
+        }
+        Step::WaitRing
+    }
+
+    /// Handles one of this stream's completions.
+    pub(crate) fn on_completion(
+        &mut self,
+        io: &mut TaskIo,
+        ring: &mut Ring,
+        tag: u64,
+        buf_index: u16,
+        c: &Completion,
+    ) -> Result<(), StreamError> {
+        if c.notification {
+            self.free_retired(ring);
+            return Ok(());
+        }
+        let end = io.end.expect("file end");
+        let Some(pos) = self
+            .chunks
+            .iter()
+            .position(|ch| ch.buf.index() == usize::from(buf_index))
+        else {
+            // A send's first completion arrived after its chunk was retired: nothing to do
+            // but free the buffer once the kernel lets go of it.
+            self.free_retired(ring);
+            return Ok(());
+        };
+        match tag {
+            TAG_READ => {
+                let n = match c.io_result() {
+                    Ok(n) => n,
+                    Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {
+                        return Err(StreamError::Cancelled {
+                            bytes_sent: io.sent,
+                        });
+                    }
+                    Err(e) => {
+                        return Err(StreamError::Io {
+                            op: "read",
+                            bytes_sent: io.sent,
+                            source: e,
+                        });
+                    }
+                };
+                io.add_read(n);
+                let ch = &mut self.chunks[pos];
+                ch.filled = Some(n);
+                let data_end = ch.file_off + n as u64;
+                let want_end = (ch.file_off + ch.want as u64).min(end);
+                if data_end < want_end {
+                    let got = data_end.max(io.start) - io.start;
+                    return Err(StreamError::SourceShrank {
+                        expected: end - io.start,
+                        got,
+                        bytes_sent: io.sent,
+                    });
+                }
+                let from = io.start.max(ch.file_off);
+                let to = end.min(data_end);
+                ch.send_from = (from - ch.file_off) as usize;
+                ch.send_to = ch.send_from.max((to.max(from) - ch.file_off) as usize);
+                self.retire_done_head(ring);
+            }
+            TAG_SEND => {
+                let ch = &mut self.chunks[pos];
+                ch.sending = false;
+                let n = match c.io_result() {
+                    Ok(n) => n,
+                    Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {
+                        return Err(StreamError::Cancelled {
+                            bytes_sent: io.sent,
+                        });
+                    }
+                    Err(e) => {
+                        let errno = Errno::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EIO));
+                        return Err(peer_error("send", errno, io.sent));
+                    }
+                };
+                if n == 0 && ch.send_to > ch.send_from + ch.sent {
+                    return Err(peer_error("send", Errno::PIPE, io.sent));
+                }
+                ch.sent += n;
+                let units = if io.target.kind == IoKind::Datagram {
+                    1
+                } else {
+                    u64::from(ch.sent == ch.send_to - ch.send_from)
+                };
+                if io.target.kind == IoKind::File {
+                    self.target_off += n as u64;
+                }
+                io.add_sent(n, units);
+                self.retire_done_head(ring);
+            }
+            _ => unreachable!("unknown tag {tag}"),
+        }
+        Ok(())
+    }
+
+    /// Frees chunks at the head whose bytes are all sent.
+    fn retire_done_head(&mut self, ring: &mut Ring) {
+        while let Some(head) = self.chunks.front() {
+            let done = head.filled.is_some()
+                && !head.sending
+                && head.sent >= head.send_to - head.send_from;
+            if !done {
+                break;
+            }
+            let ch = self.chunks.pop_front().expect("head exists");
+            self.retired.push(ch.buf);
+        }
+        self.free_retired(ring);
+    }
+
+    fn free_retired(&mut self, ring: &mut Ring) {
+        self.retired.retain(|&b| {
+            if ring.pool().in_flight(b) {
+                true
+            } else {
+                ring.pool_mut().free(b);
+                false
+            }
+        });
+    }
+
+    /// Gives every buffer back to the pool; called once no operation is in flight.
+    pub(crate) fn release(&mut self, ring: &mut Ring) {
+        for ch in self.chunks.drain(..) {
+            self.retired.push(ch.buf);
+        }
+        self.free_retired(ring);
+        assert!(
+            self.retired.is_empty(),
+            "buffers still in flight at release"
+        );
+    }
+}

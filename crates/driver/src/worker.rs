@@ -1,0 +1,613 @@
+//! A worker: one thread, one event loop, many streams.
+//!
+//! The loop, each turn: take commands (new streams, cancels) → step every runnable stream
+//! within a budget → submit what they queued and wait for a completion (or readiness, or a
+//! wake-up) → route each completion to its stream. A stream's step never blocks on a socket:
+//! it returns what it waits for (readiness of a descriptor, or its operations in the ring).
+//!
+//! The reactor is io_uring when the kernel allows it (POLL_ADD for readiness, the uring data
+//! path's reads and sends, an eventfd read for wake-ups) and poll(2) otherwise — then only the
+//! copy, sendfile and splice paths exist, which need nothing but readiness.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
+use std::thread::JoinHandle;
+
+use penstock_core::stream::{CachePolicy, DataPath};
+use penstock_uring::{Completion, Registration, Ring, RingConfig, RingError};
+
+use crate::engine::{Counters, EngineConfig, EngineInfo, StreamError, StreamReport};
+use crate::open::Opened;
+use crate::paths::{CopyState, SpliceState, readiness_step};
+use crate::uring_path::UringState;
+
+/// Messages from the engine to a worker.
+pub(crate) enum Command {
+    Open(Box<Task>),
+    Cancel(u64),
+    Shutdown,
+}
+
+/// The engine's way to reach a worker: a channel, and an eventfd to wake its loop.
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerHandle {
+    tx: Sender<Command>,
+    wake: Arc<OwnedFd>,
+}
+
+impl WorkerHandle {
+    pub(crate) fn send(&self, c: Command) {
+        if self.tx.send(c).is_ok() {
+            // A full eventfd counter (EAGAIN) still wakes the loop; nothing to handle.
+            let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+        }
+    }
+}
+
+/// What a stream waits for after a step.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// Made progress and may make more: run again next turn (budget used up).
+    Yield,
+    /// Wait until the source or target descriptor is ready (POLLIN / POLLOUT).
+    WaitFd(Side, u32),
+    /// Wait for one of its operations in the ring to complete.
+    WaitRing,
+    /// Done: success, or an error. In-flight operations still finish before the report.
+    Finish(Result<(), StreamError>),
+}
+
+/// Which of a stream's descriptors a wait is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Source,
+    Target,
+}
+
+/// Everything a worker needs to run one stream, built by the engine.
+pub(crate) struct TaskInit {
+    pub id: u64,
+    pub source: Opened,
+    pub target: Opened,
+    pub direct: Option<OwnedFd>,
+    pub range: Option<(u64, u64)>,
+    pub unit: usize,
+    pub path: DataPath,
+    pub cache: CachePolicy,
+    pub zero_copy: bool,
+    pub notes: Vec<String>,
+    pub counters: Arc<Counters>,
+    pub cancel: Arc<AtomicBool>,
+    pub done: SyncSender<Result<StreamReport, StreamError>>,
+}
+
+/// The per-path state machine.
+pub(crate) enum Machine {
+    Copy(CopyState),
+    Sendfile,
+    Splice(SpliceState),
+    Uring(Box<UringState>),
+}
+
+/// The byte-moving state shared by every path.
+pub(crate) struct TaskIo {
+    pub source: Opened,
+    pub target: Opened,
+    pub direct: Option<OwnedFd>,
+    /// Next source offset (files).
+    pub pos: u64,
+    /// End offset (files); `None` for sources read until EOF.
+    pub end: Option<u64>,
+    pub start: u64,
+    pub unit: usize,
+    pub cache: CachePolicy,
+    pub zero_copy: bool,
+    pub sent: u64,
+    pub units: u64,
+    pub counters: Arc<Counters>,
+    pub notes: Vec<String>,
+}
+
+impl TaskIo {
+    pub(crate) fn add_sent(&mut self, n: usize, units: u64) {
+        self.sent += n as u64;
+        self.units += units;
+        self.counters.bytes_sent.store(self.sent, Ordering::Relaxed);
+        self.counters
+            .units_sent
+            .store(self.units, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_read(&self, n: usize) {
+        self.counters
+            .bytes_read
+            .fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Bytes left to read from a file source.
+    pub(crate) fn remaining(&self) -> Option<u64> {
+        self.end.map(|e| e - self.pos)
+    }
+
+    pub(crate) fn fd(&self, side: Side) -> BorrowedFd<'_> {
+        match side {
+            Side::Source => self.source.fd.as_fd(),
+            Side::Target => self.target.fd.as_fd(),
+        }
+    }
+
+    pub(crate) fn note_once(&mut self, note: &str) {
+        if !self.notes.iter().any(|n| n == note) {
+            self.notes.push(note.to_string());
+        }
+    }
+}
+
+pub(crate) struct Task {
+    id: u64,
+    path: DataPath,
+    pub(crate) io: TaskIo,
+    machine: Machine,
+    cancel: Arc<AtomicBool>,
+    done: SyncSender<Result<StreamReport, StreamError>>,
+    started: Option<std::time::Instant>,
+    finished_at: Option<std::time::Instant>,
+    /// Operations of this task in the ring whose last completion has not arrived.
+    in_ring: u32,
+    /// The outcome, once decided; reported when `in_ring` reaches zero.
+    outcome: Option<Result<(), StreamError>>,
+    queued: bool,
+}
+
+impl Task {
+    pub(crate) fn new(init: TaskInit) -> Task {
+        let (start, end) = match init.range {
+            Some((s, e)) => (s, Some(e)),
+            None => (0, None),
+        };
+        let machine = match init.path {
+            DataPath::Copy => Machine::Copy(CopyState::new(init.unit)),
+            DataPath::Sendfile => Machine::Sendfile,
+            DataPath::Splice => Machine::Splice(SpliceState::default()),
+            DataPath::Uring => Machine::Uring(Box::default()),
+        };
+        Task {
+            id: init.id,
+            path: init.path,
+            io: TaskIo {
+                source: init.source,
+                target: init.target,
+                direct: init.direct,
+                pos: start,
+                end,
+                start,
+                unit: init.unit,
+                cache: init.cache,
+                zero_copy: init.zero_copy,
+                sent: 0,
+                units: 0,
+                counters: init.counters,
+                notes: init.notes,
+            },
+            machine,
+            cancel: init.cancel,
+            done: init.done,
+            started: None,
+            finished_at: None,
+            in_ring: 0,
+            outcome: None,
+            queued: false,
+        }
+    }
+}
+
+const TAG_POLL: u64 = 1;
+pub(crate) const TAG_READ: u64 = 2;
+pub(crate) const TAG_SEND: u64 = 3;
+const WAKE_TOKEN: u64 = u64::MAX - 1;
+
+/// A completion token: task slot, slot generation, tag, and a 16-bit argument (a buffer).
+pub(crate) fn token(slot: usize, generation: u16, tag: u64, arg: u16) -> u64 {
+    ((slot as u64) << 40) | (u64::from(generation) << 24) | (tag << 16) | u64::from(arg)
+}
+
+fn token_parts(t: u64) -> (usize, u16, u64, u16) {
+    (
+        (t >> 40) as usize,
+        (t >> 24) as u16,
+        (t >> 16) & 0xff,
+        t as u16,
+    )
+}
+
+enum Reactor {
+    Ring(Box<Ring>),
+    Poll { waiting: Vec<(usize, Side, u32)> },
+}
+
+struct Worker {
+    reactor: Reactor,
+    rx: Receiver<Command>,
+    wake: Arc<OwnedFd>,
+    wake_armed: bool,
+    depth: usize,
+    slots: Vec<(u16, Option<Box<Task>>)>,
+    free: Vec<usize>,
+    by_id: HashMap<u64, usize>,
+    ready: VecDeque<usize>,
+    completions: Vec<Completion>,
+    shutting_down: bool,
+}
+
+/// Steps one stream may take per turn before others get theirs.
+const STEP_BUDGET: usize = 16;
+
+pub(crate) fn spawn_worker(
+    index: usize,
+    cfg: &EngineConfig,
+) -> io::Result<(WorkerHandle, JoinHandle<()>, EngineInfo)> {
+    let wake = Arc::new(
+        rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(io::Error::from)?,
+    );
+    let (tx, rx) = channel();
+    let (info_tx, info_rx) = sync_channel(1);
+    let ring_cfg = RingConfig {
+        sq_entries: 256,
+        buffers: cfg.pool_buffers,
+        buffer_bytes: cfg.buffer_bytes,
+        register_buffers: cfg.register_buffers,
+        ops_max: 4096.max(cfg.pool_buffers * 4),
+    };
+    let depth = cfg.stream_depth;
+    let wake2 = wake.clone();
+    let join = std::thread::Builder::new().name(format!("penstock-w{index}")).spawn(move || {
+        // The ring is built on the thread that submits to it (IORING_SETUP_SINGLE_ISSUER).
+        let (reactor, info) = match Ring::new(&ring_cfg) {
+            Ok((ring, reg)) => {
+                let registered = match reg {
+                    Registration::Registered => Ok(()),
+                    Registration::Disabled => Err("buffer registration disabled".to_string()),
+                    Registration::Refused(errno) => Err(format!(
+                        "the kernel refused to register the buffer pool ({}); RLIMIT_MEMLOCK too small? \
+                         using unregistered buffers",
+                        io::Error::from_raw_os_error(errno)
+                    )),
+                };
+                (Reactor::Ring(Box::new(ring)), EngineInfo { uring: Ok(()), registered })
+            }
+            Err(RingError::Unavailable(e)) => (
+                Reactor::Poll { waiting: Vec::new() },
+                EngineInfo {
+                    uring: Err(format!("io_uring unavailable ({e}): using sendfile/splice/copy on poll(2)")),
+                    registered: Err("no io_uring".to_string()),
+                },
+            ),
+            Err(e) => {
+                let msg = format!("io_uring setup failed ({e}): using sendfile/splice/copy on poll(2)");
+                (
+                    Reactor::Poll { waiting: Vec::new() },
+                    EngineInfo { uring: Err(msg), registered: Err("no io_uring".to_string()) },
+                )
+            }
+        };
+        let _ = info_tx.send(info);
+        let mut w = Worker {
+            reactor,
+            rx,
+            wake: wake2,
+            wake_armed: false,
+            depth,
+            slots: Vec::new(),
+            free: Vec::new(),
+            by_id: HashMap::new(),
+            ready: VecDeque::new(),
+            completions: Vec::new(),
+            shutting_down: false,
+        };
+        w.run();
+    })?;
+    let info = info_rx
+        .recv()
+        .map_err(|_| io::Error::other("worker died at start"))?;
+    Ok((WorkerHandle { tx, wake }, join, info))
+}
+
+impl Worker {
+    fn run(&mut self) {
+        loop {
+            self.take_commands();
+            if self.shutting_down && self.by_id.is_empty() {
+                return;
+            }
+            let mut turns = self.ready.len();
+            while turns > 0 {
+                turns -= 1;
+                let Some(slot) = self.ready.pop_front() else {
+                    break;
+                };
+                self.step(slot);
+            }
+            self.wait();
+        }
+    }
+
+    fn take_commands(&mut self) {
+        while let Ok(cmd) = self.rx.try_recv() {
+            match cmd {
+                Command::Open(task) => {
+                    let slot = match self.free.pop() {
+                        Some(s) => s,
+                        None => {
+                            self.slots.push((0, None));
+                            self.slots.len() - 1
+                        }
+                    };
+                    self.by_id.insert(task.id, slot);
+                    self.slots[slot].1 = Some(task);
+                    self.schedule(slot);
+                }
+                Command::Cancel(id) => {
+                    if let Some(&slot) = self.by_id.get(&id) {
+                        self.schedule(slot);
+                    }
+                }
+                Command::Shutdown => {
+                    self.shutting_down = true;
+                    let slots: Vec<usize> = self.by_id.values().copied().collect();
+                    for (_, t) in self.slots.iter_mut() {
+                        if let Some(t) = t {
+                            t.cancel.store(true, Ordering::Release);
+                        }
+                    }
+                    for s in slots {
+                        self.schedule(s);
+                    }
+                }
+            }
+        }
+    }
+
+    fn schedule(&mut self, slot: usize) {
+        if let Some(t) = self.slots[slot].1.as_mut() {
+            if !t.queued {
+                t.queued = true;
+                self.ready.push_back(slot);
+            }
+        }
+    }
+
+    fn step(&mut self, slot: usize) {
+        let generation = self.slots[slot].0;
+        let Some(mut task) = self.slots[slot].1.take() else {
+            return;
+        };
+        task.queued = false;
+        if task.outcome.is_none() && task.cancel.load(Ordering::Acquire) {
+            task.outcome = Some(Err(StreamError::Cancelled {
+                bytes_sent: task.io.sent,
+            }));
+            if let Reactor::Ring(ring) = &mut self.reactor {
+                if task.in_ring > 0 {
+                    ring.cancel_where(|t| {
+                        token_parts(t).0 == slot && token_parts(t).1 == generation
+                    });
+                }
+            }
+            if let Reactor::Poll { waiting } = &mut self.reactor {
+                waiting.retain(|(s, _, _)| *s != slot);
+            }
+        }
+        if task.outcome.is_none() {
+            task.started.get_or_insert_with(std::time::Instant::now);
+            let step = match &mut task.machine {
+                Machine::Copy(_) | Machine::Sendfile | Machine::Splice(_) => {
+                    readiness_step(&mut task.machine, &mut task.io, task.path, STEP_BUDGET)
+                }
+                Machine::Uring(u) => match &mut self.reactor {
+                    Reactor::Ring(ring) => {
+                        let mut issued = 0u32;
+                        let s = u.step(&mut task.io, ring, self.depth, &mut |tag, arg| {
+                            issued += 1;
+                            token(slot, generation, tag, arg)
+                        });
+                        task.in_ring += issued;
+                        s
+                    }
+                    Reactor::Poll { .. } => {
+                        unreachable!("the uring path is only chosen when io_uring works")
+                    }
+                },
+            };
+            match step {
+                Step::Yield => {
+                    self.slots[slot].1 = Some(task);
+                    self.schedule(slot);
+                    return;
+                }
+                Step::WaitFd(side, events) => match &mut self.reactor {
+                    Reactor::Ring(ring) => {
+                        ring.poll(
+                            task.io.fd(side).as_raw_fd(),
+                            events,
+                            token(slot, generation, TAG_POLL, 0),
+                        )
+                        .expect("ops_max exceeds what streams can hold in flight");
+                        task.in_ring += 1;
+                    }
+                    Reactor::Poll { waiting } => waiting.push((slot, side, events)),
+                },
+                Step::WaitRing => {}
+                Step::Finish(r) => {
+                    task.finished_at = Some(std::time::Instant::now());
+                    task.outcome = Some(r);
+                }
+            }
+        }
+        if task.outcome.is_some() && task.in_ring == 0 {
+            self.finish(slot, task);
+        } else {
+            self.slots[slot].1 = Some(task);
+        }
+    }
+
+    fn finish(&mut self, slot: usize, mut task: Box<Task>) {
+        if let Machine::Uring(u) = &mut task.machine {
+            if let Reactor::Ring(ring) = &mut self.reactor {
+                u.release(ring);
+            }
+        }
+        let outcome = task.outcome.take().expect("finish with an outcome");
+        let started = task.started.unwrap_or_else(std::time::Instant::now);
+        let ended = task.finished_at.unwrap_or_else(std::time::Instant::now);
+        let report = outcome.map(|()| StreamReport {
+            bytes: task.io.sent,
+            units: task.io.units,
+            path: task.path,
+            cache: task.io.cache,
+            elapsed: ended.duration_since(started),
+            notes: std::mem::take(&mut task.io.notes),
+        });
+        // Close the descriptors (the receiver sees EOF) before telling the caller it is done.
+        let done = task.done.clone();
+        self.by_id.remove(&task.id);
+        drop(task);
+        let _ = done.send(report);
+        self.slots[slot].0 = self.slots[slot].0.wrapping_add(1);
+        self.free.push(slot);
+    }
+
+    fn wait(&mut self) {
+        let block = self.ready.is_empty();
+        match &mut self.reactor {
+            Reactor::Ring(ring) => {
+                if !self.wake_armed {
+                    ring.poll(self.wake.as_raw_fd(), libc::POLLIN as u32, WAKE_TOKEN)
+                        .expect("room for the wake poll");
+                    self.wake_armed = true;
+                }
+                let r = if block {
+                    ring.submit_and_wait(1, None)
+                } else {
+                    ring.submit().map(drop)
+                };
+                if let Err(e) = r {
+                    panic!("io_uring submit failed: {e}");
+                }
+                self.completions.clear();
+                ring.reap(&mut self.completions);
+            }
+            Reactor::Poll { waiting } => {
+                let slots = &self.slots;
+                let mut fds: Vec<rustix::event::PollFd<'_>> = waiting
+                    .iter()
+                    .map(|&(slot, side, ev)| {
+                        let task = slots[slot]
+                            .1
+                            .as_ref()
+                            .expect("a waiting task is parked in its slot");
+                        rustix::event::PollFd::from_borrowed_fd(task.io.fd(side), poll_flags(ev))
+                    })
+                    .collect();
+                fds.push(rustix::event::PollFd::new(
+                    &*self.wake,
+                    rustix::event::PollFlags::IN,
+                ));
+                let timeout = if block {
+                    None
+                } else {
+                    Some(&rustix::time::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    })
+                };
+                match rustix::event::poll(&mut fds, timeout) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => panic!("poll failed: {e}"),
+                }
+                let ready: Vec<bool> = fds[..waiting.len()]
+                    .iter()
+                    .map(|f| !f.revents().is_empty())
+                    .collect();
+                let wake_ready = !fds[waiting.len()].revents().is_empty();
+                drop(fds);
+                if wake_ready {
+                    let mut b = [0u8; 8];
+                    let _ = rustix::io::read(&*self.wake, &mut b);
+                }
+                let mut still = Vec::with_capacity(waiting.len());
+                let mut woke = Vec::new();
+                for (r, w) in ready.into_iter().zip(waiting.drain(..)) {
+                    if r { woke.push(w.0) } else { still.push(w) }
+                }
+                *waiting = still;
+                for s in woke {
+                    self.schedule(s);
+                }
+                return;
+            }
+        }
+        let completions = std::mem::take(&mut self.completions);
+        for c in &completions {
+            self.route(c);
+        }
+        self.completions = completions;
+    }
+
+    fn route(&mut self, c: &Completion) {
+        if c.token == WAKE_TOKEN {
+            self.wake_armed = false;
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(&*self.wake, &mut b);
+            return;
+        }
+        let (slot, generation, tag, arg) = token_parts(c.token);
+        if self.slots.get(slot).map(|s| s.0) != Some(generation) {
+            return; // a stale completion of a finished task (cannot happen: tasks wait for theirs)
+        }
+        let Some(task) = self.slots[slot].1.as_mut() else {
+            return;
+        };
+        if !c.more {
+            task.in_ring -= 1;
+        }
+        if tag != TAG_POLL {
+            if let (Machine::Uring(u), Reactor::Ring(ring)) = (&mut task.machine, &mut self.reactor)
+            {
+                if let Err(e) = u.on_completion(&mut task.io, ring, tag, arg, c) {
+                    if task.outcome.is_none() {
+                        task.finished_at = Some(std::time::Instant::now());
+                        task.outcome = Some(Err(e));
+                        ring.cancel_where(|t| {
+                            token_parts(t).0 == slot && token_parts(t).1 == generation
+                        });
+                    }
+                }
+            }
+        }
+        if task.outcome.is_some() && task.in_ring == 0 {
+            let task = self.slots[slot].1.take().expect("task present");
+            self.finish(slot, task);
+        } else if task.outcome.is_none() {
+            self.schedule(slot);
+        }
+    }
+}
+
+fn poll_flags(events: u32) -> rustix::event::PollFlags {
+    let mut f = rustix::event::PollFlags::empty();
+    if events & libc::POLLIN as u32 != 0 {
+        f |= rustix::event::PollFlags::IN;
+    }
+    if events & libc::POLLOUT as u32 != 0 {
+        f |= rustix::event::PollFlags::OUT;
+    }
+    f
+}

@@ -14,6 +14,7 @@ pub mod units;
 pub mod admission;
 pub mod control;
 pub mod http;
+pub mod lateness;
 pub mod schedule;
 pub mod sched;
 pub mod track;

@@ -8,11 +8,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+
 pub mod admission;
 pub mod buffers;
 pub mod control;
 pub mod endpoint;
 pub mod http;
+pub mod lateness;
 pub mod sched;
 pub mod schedule;
 pub mod stream;

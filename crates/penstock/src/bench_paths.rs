@@ -1,5 +1,412 @@
-pub fn run(_a: PathsArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not yet")
+//! `penstock bench paths`: MARS Table 1 and Cues' comparison, re-done on today's kernel.
+//!
+//! A file goes to a TCP receiver on loopback through each data path. The receiver is a child
+//! process (`penstock sink`), so the CPU time measured here (getrusage of this process: the
+//! engine's worker, io-wq threads included) is the sender's alone. Each repetition runs every
+//! path once, in turn, so that machine noise hits all of them alike; the table shows medians.
+//!
+//! Baselines measured in the same run: `copy` (read+write through a user buffer, the papers'
+//! user-driven transfer), a bare blocking sendfile loop (the physical limit of this machine's
+//! loopback for a file), and for cold runs the device's O_DIRECT sequential read rate.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use penstock_core::endpoint::{Endpoint, Host};
+use penstock_core::stream::{CachePolicy, DataPath, Extent, PathChoice};
+use penstock_core::units::parse_size;
+use penstock_driver::clock::{CpuWho, cpu_times};
+use penstock_driver::{Engine, EngineConfig, StreamSpec, ZeroCopy};
+
+#[derive(Args, Debug)]
+pub struct PathsArgs {
+    /// File sizes, comma-separated.
+    #[arg(long, default_value = "40MB,120MB,240MB,360MB", value_delimiter = ',', value_parser = parse_size)]
+    pub sizes: Vec<u64>,
+    /// Repetitions per cell (medians are reported).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// A short run: one 40 MB file, 3 repetitions.
+    #[arg(long)]
+    pub quick: bool,
+    /// Skip the cold-cache runs.
+    #[arg(long)]
+    pub no_cold: bool,
+    /// Directory for the test files (on the disk to measure).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Transfer unit.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    pub unit: u64,
+    /// Write all samples and medians as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
-#[derive(clap::Args, Debug)]
-pub struct PathsArgs {}
+
+/// One row of the table: a path (or baseline) in a cache state.
+#[derive(Debug, Clone)]
+struct Cell {
+    size: u64,
+    cold: bool,
+    name: String,
+    mb_per_s: Vec<f64>,
+    cpu_s_per_gb: Vec<f64>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.is_empty() { 0.0 } else { s[s.len() / 2] }
+}
+
+struct Sink {
+    child: Child,
+    out: BufReader<ChildStdout>,
+    port: u16,
+}
+
+impl Sink {
+    fn start() -> Result<Sink> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args(["sink", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the receiver")?;
+        let mut out = BufReader::new(child.stdout.take().context("receiver stdout")?);
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+        let port = line
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .with_context(|| format!("receiver said {line:?}"))?;
+        Ok(Sink { child, out, port })
+    }
+
+    /// Bytes the receiver got on its last connection.
+    fn received(&mut self) -> Result<u64> {
+        let mut line = String::new();
+        self.out.read_line(&mut line)?;
+        let n = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("receiver said {line:?}"))?;
+        Ok(n)
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn make_file(path: &Path, size: u64) -> Result<()> {
+    if std::fs::metadata(path).is_ok_and(|m| m.len() == size) {
+        return Ok(());
+    }
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut block = vec![0u8; 1 << 20];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for b in block.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let mut left = size;
+    let mut i = 0u64;
+    while left > 0 {
+        block[..8].copy_from_slice(&i.to_le_bytes());
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+        i += 1;
+    }
+    f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    Ok(())
+}
+
+/// Evicts the file's pages from the page cache (clean pages: always allowed, no root needed).
+fn evict(path: &Path) -> Result<()> {
+    let f = std::fs::File::open(path)?;
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?;
+    Ok(())
+}
+
+fn warm(path: &Path) -> Result<()> {
+    let mut f = std::fs::File::open(path)?;
+    std::io::copy(&mut f, &mut std::io::sink())?;
+    Ok(())
+}
+
+struct Sample {
+    mb_per_s: f64,
+    cpu_s_per_gb: f64,
+}
+
+fn measure(bytes: u64, f: impl FnOnce() -> Result<()>) -> Result<Sample> {
+    let c0 = cpu_times(CpuWho::Process);
+    let t0 = Instant::now();
+    f()?;
+    let secs = t0.elapsed().as_secs_f64();
+    let c1 = cpu_times(CpuWho::Process);
+    let cpu = (c1.user_ns + c1.sys_ns - c0.user_ns - c0.sys_ns) as f64 / 1e9;
+    Ok(Sample { mb_per_s: bytes as f64 / secs / 1e6, cpu_s_per_gb: cpu / (bytes as f64 / 1e9) })
+}
+
+fn run_engine(engine: &Engine, file: &Path, port: u16, path: DataPath, cache: CachePolicy, unit: usize) -> Result<()> {
+    let spec = StreamSpec {
+        source: Endpoint::File { path: file.to_path_buf() },
+        target: Endpoint::TcpConnect { host: Host::Ip([127, 0, 0, 1].into()), port },
+        extent: Extent { offset: 0, length: None },
+        unit_bytes: unit,
+        path: PathChoice::Fixed(path),
+        cache,
+        zero_copy: ZeroCopy::Auto,
+    };
+    let report = engine.open(spec)?.wait()?;
+    if report.notes.iter().any(|n| n.contains("O_DIRECT refused")) {
+        bail!("{}", report.notes.join("; "));
+    }
+    Ok(())
+}
+
+/// The bare baseline: blocking sendfile of the whole file, unit by unit.
+fn bare_sendfile(file: &Path, port: u16, unit: usize) -> Result<()> {
+    let f = std::fs::File::open(file)?;
+    let size = f.metadata()?.len();
+    let s = TcpStream::connect(("127.0.0.1", port))?;
+    let mut off = 0u64;
+    while off < size {
+        let n = rustix::fs::sendfile(s.as_fd(), f.as_fd(), Some(&mut off), unit)?;
+        if n == 0 {
+            bail!("sendfile returned 0 at {off} of {size}");
+        }
+    }
+    Ok(())
+}
+
+/// The device's O_DIRECT sequential read rate: one aligned buffer, pread in a loop.
+fn odirect_read(file: &Path, unit: usize) -> Result<()> {
+    let fd = penstock_driver::open::reopen_direct(file).context("O_DIRECT refused on this file system")?;
+    let mut pool = penstock_uring::BufferPool::new(1, unit.div_ceil(4096) * 4096)?;
+    let b = pool.alloc().context("one buffer")?;
+    let mut off = 0u64;
+    loop {
+        let n = rustix::io::pread(&fd, pool.bytes_mut(b), off)?;
+        if n == 0 {
+            break;
+        }
+        off += n as u64;
+    }
+    pool.free(b);
+    Ok(())
+}
+
+pub fn run(mut a: PathsArgs) -> Result<()> {
+    if a.quick {
+        a.sizes = vec![40_000_000];
+        a.reps = a.reps.min(3);
+    }
+    if a.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    let unit = usize::try_from(a.unit)?;
+    let tmp;
+    let dir = match &a.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new().prefix("penstock-bench-").tempdir_in(std::env::temp_dir())?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let engine = Engine::new(EngineConfig {
+        workers: 1,
+        pool_buffers: 16,
+        buffer_bytes: unit.div_ceil(4096) * 4096,
+        stream_depth: 4,
+        ..EngineConfig::default()
+    })?;
+    let uring = engine.info().uring.is_ok();
+    if let Err(why) = &engine.info().uring {
+        eprintln!("penstock: note: {why}");
+    }
+    let mut sink = Sink::start()?;
+    let mut cells: Vec<Cell> = Vec::new();
+    let hot_paths: Vec<(String, Option<(DataPath, CachePolicy)>)> = {
+        let mut v = vec![
+            ("copy".to_string(), Some((DataPath::Copy, CachePolicy::Keep))),
+            ("sendfile".to_string(), Some((DataPath::Sendfile, CachePolicy::Keep))),
+            ("splice".to_string(), Some((DataPath::Splice, CachePolicy::Keep))),
+        ];
+        if uring {
+            v.push(("uring".to_string(), Some((DataPath::Uring, CachePolicy::Keep))));
+        }
+        v.push(("bare sendfile loop".to_string(), None));
+        v
+    };
+    for &size in &a.sizes {
+        let file = dir.join(format!("bench-{size}.bin"));
+        eprintln!("penstock: bench paths: preparing {} ({size} bytes)", file.display());
+        make_file(&file, size)?;
+        for cold in [false, true] {
+            if cold && a.no_cold {
+                continue;
+            }
+            let mut rows: Vec<(String, Option<(DataPath, CachePolicy)>)> = hot_paths.clone();
+            if cold {
+                rows.retain(|(n, _)| n != "bare sendfile loop");
+                if uring {
+                    rows.push(("uring bypass".to_string(), Some((DataPath::Uring, CachePolicy::Bypass))));
+                }
+                rows.push(("O_DIRECT read (device rate)".to_string(), None));
+            } else {
+                warm(&file)?;
+            }
+            let first = cells.len();
+            for (name, _) in &rows {
+                cells.push(Cell { size, cold, name: name.clone(), mb_per_s: vec![], cpu_s_per_gb: vec![] });
+            }
+            for rep in 0..a.reps {
+                for (i, (name, how)) in rows.iter().enumerate() {
+                    if cold {
+                        evict(&file)?;
+                    }
+                    let s = match how {
+                        Some((path, cache)) => {
+                            let s = measure(size, || run_engine(&engine, &file, sink.port, *path, *cache, unit))?;
+                            check_received(&mut sink, size, name)?;
+                            s
+                        }
+                        None if name == "bare sendfile loop" => {
+                            let s = measure(size, || bare_sendfile(&file, sink.port, unit))?;
+                            check_received(&mut sink, size, name)?;
+                            s
+                        }
+                        None => measure(size, || odirect_read(&file, unit))?,
+                    };
+                    eprintln!(
+                        "  {size} {} rep {rep}: {name:<28} {:8.1} MB/s {:6.3} s/GB",
+                        if cold { "cold" } else { "hot " },
+                        s.mb_per_s,
+                        s.cpu_s_per_gb
+                    );
+                    cells[first + i].mb_per_s.push(s.mb_per_s);
+                    cells[first + i].cpu_s_per_gb.push(s.cpu_s_per_gb);
+                }
+            }
+        }
+        if a.dir.is_none() {
+            let _ = std::fs::remove_file(&file);
+        }
+    }
+    let table = render(&cells, a.reps);
+    println!("{table}");
+    let verdicts = verdicts(&cells);
+    for v in &verdicts {
+        println!("{v}");
+    }
+    if let Some(p) = &a.json {
+        let rows: Vec<serde_json::Value> = cells
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "size": c.size, "cache": if c.cold { "cold" } else { "hot" }, "path": c.name,
+                    "mb_per_s": c.mb_per_s, "cpu_s_per_gb": c.cpu_s_per_gb,
+                    "mb_per_s_median": median(&c.mb_per_s), "cpu_s_per_gb_median": median(&c.cpu_s_per_gb),
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({ "bench": "paths", "reps": a.reps, "unit": unit, "rows": rows, "verdicts": verdicts });
+        std::fs::write(p, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}
+
+fn check_received(sink: &mut Sink, size: u64, name: &str) -> Result<()> {
+    let got = sink.received()?;
+    if got != size {
+        bail!("{name}: the receiver got {got} bytes of {size}");
+    }
+    Ok(())
+}
+
+fn render(cells: &[Cell], reps: usize) -> String {
+    let mut s = format!(
+        "\nbench paths: file -> TCP loopback receiver (separate process), medians of {reps} repetitions\n\
+         {:>12} {:<5} {:<28} {:>10} {:>10} {:>12} {:>12}\n",
+        "size", "cache", "path", "MB/s", "CPU s/GB", "MB/s / copy", "CPU / copy"
+    );
+    for c in cells {
+        let copy = cells.iter().find(|x| x.size == c.size && x.cold == c.cold && x.name == "copy");
+        let (rt, rc) = match copy {
+            Some(k) => (median(&c.mb_per_s) / median(&k.mb_per_s), median(&c.cpu_s_per_gb) / median(&k.cpu_s_per_gb)),
+            None => (f64::NAN, f64::NAN),
+        };
+        s.push_str(&format!(
+            "{:>12} {:<5} {:<28} {:>10.1} {:>10.3} {:>12.2} {:>12.2}\n",
+            c.size,
+            if c.cold { "cold" } else { "hot" },
+            c.name,
+            median(&c.mb_per_s),
+            median(&c.cpu_s_per_gb),
+            rt,
+            rc
+        ));
+    }
+    s
+}
+
+/// The issue's acceptance criteria, checked against this run's medians.
+fn verdicts(cells: &[Cell]) -> Vec<String> {
+    let mut out = Vec::new();
+    let find = |size: u64, cold: bool, name: &str| cells.iter().find(|c| c.size == size && c.cold == cold && c.name == name);
+    let mut sizes: Vec<u64> = cells.iter().map(|c| c.size).collect();
+    sizes.dedup();
+    for size in sizes {
+        if let Some(copy) = find(size, false, "copy") {
+            for p in ["sendfile", "splice", "uring"] {
+                if let Some(c) = find(size, false, p) {
+                    let cpu = median(&c.cpu_s_per_gb) / median(&copy.cpu_s_per_gb);
+                    let thr = median(&c.mb_per_s) / median(&copy.mb_per_s);
+                    let ok = cpu <= 0.7 && thr >= 1.0;
+                    out.push(format!(
+                        "{} hot {size}: {p} CPU/GB = {cpu:.2}x copy (<= 0.7), throughput = {thr:.2}x copy (>= 1.0)",
+                        if ok { "PASS" } else { "FAIL" }
+                    ));
+                }
+            }
+            if let Some(bare) = find(size, false, "bare sendfile loop") {
+                let best = ["copy", "sendfile", "splice", "uring"]
+                    .iter()
+                    .filter_map(|p| find(size, false, p))
+                    .map(|c| median(&c.mb_per_s))
+                    .fold(0.0, f64::max);
+                let r = best / median(&bare.mb_per_s);
+                out.push(format!(
+                    "{} hot {size}: best path = {r:.2}x the bare sendfile loop (>= 0.90)",
+                    if r >= 0.9 { "PASS" } else { "FAIL" }
+                ));
+            }
+        }
+        if let (Some(u), Some(d)) = (find(size, true, "uring bypass"), find(size, true, "O_DIRECT read (device rate)")) {
+            let r = median(&u.mb_per_s) / median(&d.mb_per_s);
+            out.push(format!(
+                "{} cold {size}: uring (O_DIRECT) = {r:.2}x the device's O_DIRECT read rate (>= 0.90)",
+                if r >= 0.9 { "PASS" } else { "FAIL" }
+            ));
+        }
+    }
+    out
+}

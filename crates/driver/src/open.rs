@@ -127,10 +127,12 @@ pub fn open_source(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
                 rustix::io::dup(rustix::stdio::stdin()).map_err(|e| io_err(&label)(e.into()))?;
             classify_file(File::from(fd), "stdin".to_string())
         }
-        Endpoint::TcpConnect { host, port } => {
-            let addrs = host_port(host, *port, &label)?;
-            let s = TcpStream::connect(&addrs[..]).map_err(io_err(&label))?;
-            set_nonblocking(&s, &label)?;
+        Endpoint::TcpConnect {
+            host,
+            port,
+            local_port,
+        } => {
+            let s = tcp_connect(host, *port, *local_port, &label)?;
             Ok(stream_socket(s.into(), label))
         }
         Endpoint::TcpListen { host, port } => {
@@ -159,6 +161,7 @@ pub fn open_source(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
             set_nonblocking(&s, &label)?;
             Ok(stream_socket(s.into(), label))
         }
+        Endpoint::UnixListen { path } => unix_listen(path, label),
         other => Err(OpenError::Unsupported {
             label: other.to_string(),
             role: "source",
@@ -177,11 +180,12 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
                 rustix::io::dup(rustix::stdio::stdout()).map_err(|e| io_err(&label)(e.into()))?;
             classify_file(File::from(fd), "stdout".to_string())
         }
-        Endpoint::TcpConnect { host, port } => {
-            let addrs = host_port(host, *port, &label)?;
-            let s = TcpStream::connect(&addrs[..]).map_err(io_err(&label))?;
-            let _ = s.set_nodelay(true);
-            set_nonblocking(&s, &label)?;
+        Endpoint::TcpConnect {
+            host,
+            port,
+            local_port,
+        } => {
+            let s = tcp_connect(host, *port, *local_port, &label)?;
             Ok(stream_socket(s.into(), label))
         }
         Endpoint::TcpListen { host, port } => {
@@ -220,11 +224,52 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
             set_nonblocking(&s, &label)?;
             Ok(stream_socket(s.into(), label))
         }
+        Endpoint::UnixListen { path } => unix_listen(path, label),
         other => Err(OpenError::Unsupported {
             label: other.to_string(),
             role: "target",
         }),
     }
+}
+
+fn tcp_connect(
+    host: &Host,
+    port: u16,
+    local_port: Option<u16>,
+    label: &str,
+) -> Result<TcpStream, OpenError> {
+    let addrs = host_port(host, port, label)?;
+    let s = match local_port {
+        None => TcpStream::connect(&addrs[..]).map_err(io_err(label))?,
+        Some(lp) => {
+            let remote = addrs[0];
+            let domain = socket2::Domain::for_address(remote);
+            let sock =
+                socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
+                    .map_err(io_err(label))?;
+            let local: SocketAddr = if remote.is_ipv4() {
+                ([0, 0, 0, 0], lp).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, lp).into()
+            };
+            sock.set_reuse_address(true).map_err(io_err(label))?;
+            sock.bind(&local.into()).map_err(io_err(label))?;
+            sock.connect(&remote.into()).map_err(io_err(label))?;
+            sock.into()
+        }
+    };
+    let _ = s.set_nodelay(true);
+    set_nonblocking(&s, label)?;
+    Ok(s)
+}
+
+fn unix_listen(path: &Path, label: String) -> Result<Opened, OpenError> {
+    let l = std::os::unix::net::UnixListener::bind(path).map_err(io_err(&label))?;
+    let (s, _) = l.accept().map_err(io_err(&label))?;
+    drop(l);
+    let _ = std::fs::remove_file(path);
+    set_nonblocking(&s, &label)?;
+    Ok(stream_socket(s.into(), label))
 }
 
 fn open_target_file(path: &Path, label: String) -> Result<Opened, OpenError> {

@@ -162,14 +162,33 @@ fn measure(bytes: u64, f: impl FnOnce() -> Result<()>) -> Result<Sample> {
     let secs = t0.elapsed().as_secs_f64();
     let c1 = cpu_times(CpuWho::Process);
     let cpu = (c1.user_ns + c1.sys_ns - c0.user_ns - c0.sys_ns) as f64 / 1e9;
-    Ok(Sample { mb_per_s: bytes as f64 / secs / 1e6, cpu_s_per_gb: cpu / (bytes as f64 / 1e9) })
+    Ok(Sample {
+        mb_per_s: bytes as f64 / secs / 1e6,
+        cpu_s_per_gb: cpu / (bytes as f64 / 1e9),
+    })
 }
 
-fn run_engine(engine: &Engine, file: &Path, port: u16, path: DataPath, cache: CachePolicy, unit: usize) -> Result<()> {
+fn run_engine(
+    engine: &Engine,
+    file: &Path,
+    port: u16,
+    path: DataPath,
+    cache: CachePolicy,
+    unit: usize,
+) -> Result<()> {
     let spec = StreamSpec {
-        source: Endpoint::File { path: file.to_path_buf() },
-        target: Endpoint::TcpConnect { host: Host::Ip([127, 0, 0, 1].into()), port },
-        extent: Extent { offset: 0, length: None },
+        source: Endpoint::File {
+            path: file.to_path_buf(),
+        },
+        target: Endpoint::TcpConnect {
+            host: Host::Ip([127, 0, 0, 1].into()),
+            port,
+            local_port: None,
+        },
+        extent: Extent {
+            offset: 0,
+            length: None,
+        },
         unit_bytes: unit,
         path: PathChoice::Fixed(path),
         cache,
@@ -199,7 +218,8 @@ fn bare_sendfile(file: &Path, port: u16, unit: usize) -> Result<()> {
 
 /// The device's O_DIRECT sequential read rate: one aligned buffer, pread in a loop.
 fn odirect_read(file: &Path, unit: usize) -> Result<()> {
-    let fd = penstock_driver::open::reopen_direct(file).context("O_DIRECT refused on this file system")?;
+    let fd = penstock_driver::open::reopen_direct(file)
+        .context("O_DIRECT refused on this file system")?;
     let mut pool = penstock_uring::BufferPool::new(1, unit.div_ceil(4096) * 4096)?;
     let b = pool.alloc().context("one buffer")?;
     let mut off = 0u64;
@@ -227,7 +247,9 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
     let dir = match &a.dir {
         Some(d) => d.clone(),
         None => {
-            tmp = tempfile::Builder::new().prefix("penstock-bench-").tempdir_in(std::env::temp_dir())?;
+            tmp = tempfile::Builder::new()
+                .prefix("penstock-bench-")
+                .tempdir_in(std::env::temp_dir())?;
             tmp.path().to_path_buf()
         }
     };
@@ -246,19 +268,34 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
     let mut cells: Vec<Cell> = Vec::new();
     let hot_paths: Vec<(String, Option<(DataPath, CachePolicy)>)> = {
         let mut v = vec![
-            ("copy".to_string(), Some((DataPath::Copy, CachePolicy::Keep))),
-            ("sendfile".to_string(), Some((DataPath::Sendfile, CachePolicy::Keep))),
-            ("splice".to_string(), Some((DataPath::Splice, CachePolicy::Keep))),
+            (
+                "copy".to_string(),
+                Some((DataPath::Copy, CachePolicy::Keep)),
+            ),
+            (
+                "sendfile".to_string(),
+                Some((DataPath::Sendfile, CachePolicy::Keep)),
+            ),
+            (
+                "splice".to_string(),
+                Some((DataPath::Splice, CachePolicy::Keep)),
+            ),
         ];
         if uring {
-            v.push(("uring".to_string(), Some((DataPath::Uring, CachePolicy::Keep))));
+            v.push((
+                "uring".to_string(),
+                Some((DataPath::Uring, CachePolicy::Keep)),
+            ));
         }
         v.push(("bare sendfile loop".to_string(), None));
         v
     };
     for &size in &a.sizes {
         let file = dir.join(format!("bench-{size}.bin"));
-        eprintln!("penstock: bench paths: preparing {} ({size} bytes)", file.display());
+        eprintln!(
+            "penstock: bench paths: preparing {} ({size} bytes)",
+            file.display()
+        );
         make_file(&file, size)?;
         for cold in [false, true] {
             if cold && a.no_cold {
@@ -268,7 +305,10 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
             if cold {
                 rows.retain(|(n, _)| n != "bare sendfile loop");
                 if uring {
-                    rows.push(("uring bypass".to_string(), Some((DataPath::Uring, CachePolicy::Bypass))));
+                    rows.push((
+                        "uring bypass".to_string(),
+                        Some((DataPath::Uring, CachePolicy::Bypass)),
+                    ));
                 }
                 rows.push(("O_DIRECT read (device rate)".to_string(), None));
             } else {
@@ -276,7 +316,13 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
             }
             let first = cells.len();
             for (name, _) in &rows {
-                cells.push(Cell { size, cold, name: name.clone(), mb_per_s: vec![], cpu_s_per_gb: vec![] });
+                cells.push(Cell {
+                    size,
+                    cold,
+                    name: name.clone(),
+                    mb_per_s: vec![],
+                    cpu_s_per_gb: vec![],
+                });
             }
             for rep in 0..a.reps {
                 for (i, (name, how)) in rows.iter().enumerate() {
@@ -285,7 +331,9 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
                     }
                     let s = match how {
                         Some((path, cache)) => {
-                            let s = measure(size, || run_engine(&engine, &file, sink.port, *path, *cache, unit))?;
+                            let s = measure(size, || {
+                                run_engine(&engine, &file, sink.port, *path, *cache, unit)
+                            })?;
                             check_received(&mut sink, size, name)?;
                             s
                         }
@@ -349,9 +397,14 @@ fn render(cells: &[Cell], reps: usize) -> String {
         "size", "cache", "path", "MB/s", "CPU s/GB", "MB/s / copy", "CPU / copy"
     );
     for c in cells {
-        let copy = cells.iter().find(|x| x.size == c.size && x.cold == c.cold && x.name == "copy");
+        let copy = cells
+            .iter()
+            .find(|x| x.size == c.size && x.cold == c.cold && x.name == "copy");
         let (rt, rc) = match copy {
-            Some(k) => (median(&c.mb_per_s) / median(&k.mb_per_s), median(&c.cpu_s_per_gb) / median(&k.cpu_s_per_gb)),
+            Some(k) => (
+                median(&c.mb_per_s) / median(&k.mb_per_s),
+                median(&c.cpu_s_per_gb) / median(&k.cpu_s_per_gb),
+            ),
             None => (f64::NAN, f64::NAN),
         };
         s.push_str(&format!(
@@ -371,7 +424,11 @@ fn render(cells: &[Cell], reps: usize) -> String {
 /// The acceptance criteria, checked against this run's medians.
 fn verdicts(cells: &[Cell]) -> Vec<String> {
     let mut out = Vec::new();
-    let find = |size: u64, cold: bool, name: &str| cells.iter().find(|c| c.size == size && c.cold == cold && c.name == name);
+    let find = |size: u64, cold: bool, name: &str| {
+        cells
+            .iter()
+            .find(|c| c.size == size && c.cold == cold && c.name == name)
+    };
     let mut sizes: Vec<u64> = cells.iter().map(|c| c.size).collect();
     sizes.dedup();
     for size in sizes {
@@ -400,7 +457,10 @@ fn verdicts(cells: &[Cell]) -> Vec<String> {
                 ));
             }
         }
-        if let (Some(u), Some(d)) = (find(size, true, "uring bypass"), find(size, true, "O_DIRECT read (device rate)")) {
+        if let (Some(u), Some(d)) = (
+            find(size, true, "uring bypass"),
+            find(size, true, "O_DIRECT read (device rate)"),
+        ) {
             let r = median(&u.mb_per_s) / median(&d.mb_per_s);
             out.push(format!(
                 "{} cold {size}: uring (O_DIRECT) = {r:.2}x the device's O_DIRECT read rate (>= 0.90)",

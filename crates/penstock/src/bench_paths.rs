@@ -42,7 +42,7 @@ pub struct PathsArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Transfer unit.
-    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    #[arg(long, default_value = "4MiB", value_parser = parse_size)]
     pub unit: u64,
     /// Write all samples and medians as JSON here.
     #[arg(long)]

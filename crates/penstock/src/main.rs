@@ -4,6 +4,7 @@
 
 mod bench_paths;
 mod cmd_stream;
+mod demo;
 mod sink;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Stream a generated sample to a local receiver through every data path, checked byte for byte.
+    Demo(demo::DemoArgs),
     /// Stream SRC to DST as fast as possible (a burst stream).
     Stream(cmd_stream::StreamArgs),
     /// Receive on a TCP address and count bytes (a receiver for tests and benchmarks).
@@ -45,6 +48,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let r = match cli.command {
+        Command::Demo(a) => demo::run(a),
         Command::Stream(a) => cmd_stream::run(a),
         Command::Sink(a) => sink::run(a),
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),

@@ -9,7 +9,8 @@
 //! - [`fairness::run`]: DRR shares with every class backlogged.
 //! - [`mixed::run`]: random arrivals, quanta and in-flight bound changed at run time.
 //! - [`periodic::run`]: admitted periodic rt streams under a bulk flood, on a fake disk, in
-//!   DRR mode (no miss allowed) and FIFO mode (misses expected).
+//!   DRR mode (no miss allowed) and FIFO mode (misses expected);
+//!   [`periodic::run_synchronous`]: the same with every stream released at once.
 //! - [`buffers::run`]: buffer lending and repossession.
 #![forbid(unsafe_code)]
 
@@ -72,6 +73,7 @@ pub fn replay(seed: u64) -> Result<(), Violation> {
     mixed::run(seed)?;
     periodic::run(seed, penstock_core::sched::drr::SchedMode::Drr)?;
     periodic::run(seed, penstock_core::sched::drr::SchedMode::Fifo)?;
+    periodic::run_synchronous(seed, penstock_core::sched::drr::SchedMode::Drr)?;
     buffers::run(seed)?;
     Ok(())
 }

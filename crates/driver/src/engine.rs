@@ -283,7 +283,10 @@ impl Engine {
                 cfg.workers
             )));
         }
-        if cfg.buffer_bytes == 0 || cfg.buffer_bytes % 4096 != 0 || cfg.buffer_bytes > (64 << 20) {
+        if cfg.buffer_bytes == 0
+            || !cfg.buffer_bytes.is_multiple_of(4096)
+            || cfg.buffer_bytes > (64 << 20)
+        {
             return Err(EngineError::Config(format!(
                 "buffer_bytes must be a multiple of 4096 up to 64 MiB, got {}",
                 cfg.buffer_bytes

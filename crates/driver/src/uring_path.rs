@@ -71,7 +71,7 @@ impl UringState {
         self.direct = io.direct.is_some();
         if self.direct {
             align = direct_alignment(io.direct.as_ref().expect("direct fd").as_fd());
-            if datagram && io.start % align != 0 {
+            if datagram && !io.start.is_multiple_of(align) {
                 // Unit boundaries would not fall on aligned reads: read through the cache.
                 self.direct = false;
                 io.direct = None;
@@ -111,10 +111,10 @@ impl UringState {
         depth: usize,
         token: &mut dyn FnMut(u64, u16) -> u64,
     ) -> Step {
-        if !self.init {
-            if let Err(e) = self.init(io, ring) {
-                return Step::Finish(Err(e));
-            }
+        if !self.init
+            && let Err(e) = self.init(io, ring)
+        {
+            return Step::Finish(Err(e));
         }
         let end = io.end.expect("file end");
         // Reads ahead, while buffers are free.
@@ -151,30 +151,29 @@ impl UringState {
             self.next_read += want as u64;
         }
         // The next send, in order.
-        if let Some(head) = self.chunks.front_mut() {
-            if head.filled.is_some() && !head.sending && head.sent < head.send_to - head.send_from {
-                let from = head.send_from + head.sent;
-                let left = head.send_to - from;
-                let t = token(TAG_SEND, head.buf.index() as u16);
-                let fd = io.target.fd.as_raw_fd();
-                let r = match io.target.kind {
-                    IoKind::StreamSocket => {
-                        let flags = libc::MSG_NOSIGNAL | libc::MSG_WAITALL;
-                        ring.send(fd, head.buf, from, left, flags, io.zero_copy, t)
-                    }
-                    IoKind::Datagram => {
-                        let len = left.min(io.unit);
-                        ring.send(fd, head.buf, from, len, libc::MSG_NOSIGNAL, false, t)
-                    }
-                    IoKind::File => {
-                        let r = ring.write(fd, head.buf, from, left, self.target_off, t);
-                        r
-                    }
-                    IoKind::Pipe => ring.write(fd, head.buf, from, left, u64::MAX, t),
-                };
-                if r.is_ok() {
-                    head.sending = true;
+        if let Some(head) = self.chunks.front_mut()
+            && head.filled.is_some()
+            && !head.sending
+            && head.sent < head.send_to - head.send_from
+        {
+            let from = head.send_from + head.sent;
+            let left = head.send_to - from;
+            let t = token(TAG_SEND, head.buf.index() as u16);
+            let fd = io.target.fd.as_raw_fd();
+            let r = match io.target.kind {
+                IoKind::StreamSocket => {
+                    let flags = libc::MSG_NOSIGNAL | libc::MSG_WAITALL;
+                    ring.send(fd, head.buf, from, left, flags, io.zero_copy, t)
                 }
+                IoKind::Datagram => {
+                    let len = left.min(io.unit);
+                    ring.send(fd, head.buf, from, len, libc::MSG_NOSIGNAL, false, t)
+                }
+                IoKind::File => ring.write(fd, head.buf, from, left, self.target_off, t),
+                IoKind::Pipe => ring.write(fd, head.buf, from, left, u64::MAX, t),
+            };
+            if r.is_ok() {
+                head.sending = true;
             }
         }
         if self.chunks.is_empty() && self.next_read >= end.min(self.read_end) {

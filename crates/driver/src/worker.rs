@@ -376,11 +376,11 @@ impl Worker {
     }
 
     fn schedule(&mut self, slot: usize) {
-        if let Some(t) = self.slots[slot].1.as_mut() {
-            if !t.queued {
-                t.queued = true;
-                self.ready.push_back(slot);
-            }
+        if let Some(t) = self.slots[slot].1.as_mut()
+            && !t.queued
+        {
+            t.queued = true;
+            self.ready.push_back(slot);
         }
     }
 
@@ -394,12 +394,10 @@ impl Worker {
             task.outcome = Some(Err(StreamError::Cancelled {
                 bytes_sent: task.io.sent,
             }));
-            if let Reactor::Ring(ring) = &mut self.reactor {
-                if task.in_ring > 0 {
-                    ring.cancel_where(|t| {
-                        token_parts(t).0 == slot && token_parts(t).1 == generation
-                    });
-                }
+            if let Reactor::Ring(ring) = &mut self.reactor
+                && task.in_ring > 0
+            {
+                ring.cancel_where(|t| token_parts(t).0 == slot && token_parts(t).1 == generation);
             }
             if let Reactor::Poll { waiting } = &mut self.reactor {
                 waiting.retain(|(s, _, _)| *s != slot);
@@ -459,10 +457,10 @@ impl Worker {
     }
 
     fn finish(&mut self, slot: usize, mut task: Box<Task>) {
-        if let Machine::Uring(u) = &mut task.machine {
-            if let Reactor::Ring(ring) = &mut self.reactor {
-                u.release(ring);
-            }
+        if let Machine::Uring(u) = &mut task.machine
+            && let Reactor::Ring(ring) = &mut self.reactor
+        {
+            u.release(ring);
         }
         let outcome = task.outcome.take().expect("finish with an outcome");
         let started = task.started.unwrap_or_else(std::time::Instant::now);
@@ -578,19 +576,14 @@ impl Worker {
         if !c.more {
             task.in_ring -= 1;
         }
-        if tag != TAG_POLL {
-            if let (Machine::Uring(u), Reactor::Ring(ring)) = (&mut task.machine, &mut self.reactor)
-            {
-                if let Err(e) = u.on_completion(&mut task.io, ring, tag, arg, c) {
-                    if task.outcome.is_none() {
-                        task.finished_at = Some(std::time::Instant::now());
-                        task.outcome = Some(Err(e));
-                        ring.cancel_where(|t| {
-                            token_parts(t).0 == slot && token_parts(t).1 == generation
-                        });
-                    }
-                }
-            }
+        if tag != TAG_POLL
+            && let (Machine::Uring(u), Reactor::Ring(ring)) = (&mut task.machine, &mut self.reactor)
+            && let Err(e) = u.on_completion(&mut task.io, ring, tag, arg, c)
+            && task.outcome.is_none()
+        {
+            task.finished_at = Some(std::time::Instant::now());
+            task.outcome = Some(Err(e));
+            ring.cancel_where(|t| token_parts(t).0 == slot && token_parts(t).1 == generation);
         }
         if task.outcome.is_some() && task.in_ring == 0 {
             let task = self.slots[slot].1.take().expect("task present");

@@ -92,10 +92,10 @@ pub fn run(a: StreamArgs) -> Result<()> {
     let cpu0 = cpu_times(CpuWho::Process);
     let t0 = std::time::Instant::now();
     let handle = engine.open_with(spec, &mut |addr| eprintln!("penstock: listening on {addr}"))?;
-    if let Err(why) = &engine.info().registered {
-        if handle.path() == penstock_core::stream::DataPath::Uring {
-            eprintln!("penstock: note: {why}");
-        }
+    if let Err(why) = &engine.info().registered
+        && handle.path() == penstock_core::stream::DataPath::Uring
+    {
+        eprintln!("penstock: note: {why}");
     }
     let bar = (std::io::stderr().is_terminal() && !a.json).then(|| {
         let b = match handle.expected_bytes() {

@@ -42,11 +42,19 @@ pub fn run(a: DemoArgs) -> Result<()> {
     if a.size > (1 << 30) {
         bail!("--size is limited to 1 GiB for the demo (it is generated in memory)");
     }
-    let dir = tempfile::Builder::new().prefix("penstock-demo-").tempdir()?;
+    let dir = tempfile::Builder::new()
+        .prefix("penstock-demo-")
+        .tempdir()?;
     let file = dir.path().join("sample.bin");
     let want_crc = sample(&file, a.size)?;
-    println!("penstock demo: streaming a {}-byte sample to a TCP receiver on 127.0.0.1", a.size);
-    let engine = Engine::new(EngineConfig { workers: 1, ..EngineConfig::default() })?;
+    println!(
+        "penstock demo: streaming a {}-byte sample to a TCP receiver on 127.0.0.1",
+        a.size
+    );
+    let engine = Engine::new(EngineConfig {
+        workers: 1,
+        ..EngineConfig::default()
+    })?;
     if let Err(why) = &engine.info().uring {
         println!("  note: {why}");
     }
@@ -72,8 +80,15 @@ pub fn run(a: DemoArgs) -> Result<()> {
         });
         let spec = StreamSpec {
             source: Endpoint::File { path: file.clone() },
-            target: Endpoint::TcpConnect { host: Host::Ip([127, 0, 0, 1].into()), port, local_port: None },
-            extent: Extent { offset: 0, length: None },
+            target: Endpoint::TcpConnect {
+                host: Host::Ip([127, 0, 0, 1].into()),
+                port,
+                local_port: None,
+            },
+            extent: Extent {
+                offset: 0,
+                length: None,
+            },
             unit_bytes: 0,
             path: PathChoice::Fixed(path),
             cache: CachePolicy::Keep,
@@ -84,7 +99,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         let report = engine.open(spec)?.wait()?;
         let secs = t0.elapsed().as_secs_f64();
         let c1 = cpu_times(CpuWho::Process);
-        let (got, crc) = receiver.join().map_err(|_| anyhow::anyhow!("receiver panicked"))??;
+        let (got, crc) = receiver
+            .join()
+            .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
         let exact = got == a.size && crc == want_crc;
         // The receiver runs in this process too, so this CPU figure counts both ends.
         let cpu = (c1.user_ns + c1.sys_ns - c0.user_ns - c0.sys_ns) as f64 / 1e9;
@@ -97,9 +114,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
             if exact { "byte-exact" } else { "MISMATCH" }
         );
         if !exact {
-            bail!("{path}: received {got} bytes with crc32c {crc:08x}, expected {} and {want_crc:08x}", a.size);
+            bail!(
+                "{path}: received {got} bytes with crc32c {crc:08x}, expected {} and {want_crc:08x}",
+                a.size
+            );
         }
     }
-    println!("next: `penstock bench paths` for the full comparison, `penstock stream --help` to stream your own files");
+    println!(
+        "next: `penstock bench paths` for the full comparison, `penstock stream --help` to stream your own files"
+    );
     Ok(())
 }

@@ -78,7 +78,7 @@ impl std::fmt::Debug for BufferPool {
 impl BufferPool {
     /// Maps `count` buffers of `buffer_bytes` each, pre-faulted.
     pub fn new(count: usize, buffer_bytes: usize) -> Result<BufferPool, PoolError> {
-        if buffer_bytes == 0 || buffer_bytes % BUFFER_ALIGN != 0 {
+        if buffer_bytes == 0 || !buffer_bytes.is_multiple_of(BUFFER_ALIGN) {
             return Err(PoolError::BufferSize(buffer_bytes));
         }
         if count == 0 || count > BUFFERS_MAX {

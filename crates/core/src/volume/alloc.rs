@@ -1,0 +1,450 @@
+//! Allocation (placement policies over the free-block map) and the consistency check.
+//!
+//! The partition table is the authority; the free-block map is a cache of "which blocks does
+//! some partition list", kept in the same checksummed image so that both change atomically.
+//! That makes the map provably repairable from the table (see [`repair`]).
+
+use std::fmt;
+
+use super::format::VolumeMeta;
+use super::layout::{
+    Extent, LayoutError, MemberIndex, Partition, PartitionKind, PartitionMap, PartitionState,
+    partition_blocks, slot_blocks,
+};
+use super::{EXTENTS_MAX, Name, NameError, PARTITIONS_MAX};
+
+/// Most problems [`check`] lists; beyond, one [`Problem::More`] says how many were left out.
+pub const PROBLEMS_MAX: usize = 1000;
+
+/// Where a new partition's blocks go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// Striped over every member of the volume, in index order (ccd).
+    Striped,
+    /// Whole blocks on these members, in turn, in the order given (Clockwise, `--place`).
+    Placed(Vec<usize>),
+}
+
+/// Why an allocation or a free was refused. The volume is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllocError {
+    #[error("partition name: {0}")]
+    Name(#[from] NameError),
+    #[error("a partition named {name} already exists")]
+    Duplicate { name: String },
+    #[error("no partition named {name}")]
+    NotFound { name: String },
+    #[error("no members given: --place needs at least one member")]
+    NoMembers,
+    #[error("member {member} is out of range: the volume has members 0 to {}", .count - 1)]
+    MemberOutOfRange { member: usize, count: usize },
+    #[error("member {member} given twice")]
+    MemberRepeated { member: usize },
+    #[error(
+        "partition of {size_bytes} bytes is too large: it needs {needed_bytes} bytes \
+         (whole blocks on {members} member(s)), and only {free_bytes} bytes are free for this placement"
+    )]
+    TooLarge {
+        size_bytes: u64,
+        needed_bytes: u64,
+        free_bytes: u64,
+        members: usize,
+    },
+    #[error("the volume already has {PARTITIONS_MAX} partitions")]
+    TooManyPartitions,
+    #[error("the free space is too fragmented: the volume would exceed {EXTENTS_MAX} extents")]
+    TooManyExtents,
+}
+
+/// Allocates a partition of `size_bytes` called `name`, in state [`PartitionState::Creating`],
+/// taking the lowest free blocks of each member (so a fresh volume gives one extent per member).
+/// On error `meta` is unchanged.
+pub fn allocate(
+    meta: &mut VolumeMeta,
+    name: &str,
+    size_bytes: u64,
+    placement: &Placement,
+) -> Result<(), AllocError> {
+    let name = Name::new(name)?;
+    if meta.partition(name.as_str()).is_some() {
+        return Err(AllocError::Duplicate {
+            name: name.to_string(),
+        });
+    }
+    if meta.partitions.len() >= PARTITIONS_MAX {
+        return Err(AllocError::TooManyPartitions);
+    }
+    let count = meta.layout.member_count();
+    let (kind, members) = match placement {
+        Placement::Striped => (
+            PartitionKind::Striped,
+            meta.layout.members().collect::<Vec<_>>(),
+        ),
+        Placement::Placed(list) => {
+            if list.is_empty() {
+                return Err(AllocError::NoMembers);
+            }
+            let mut members = Vec::with_capacity(list.len());
+            for (i, &m) in list.iter().enumerate() {
+                if m >= count {
+                    return Err(AllocError::MemberOutOfRange { member: m, count });
+                }
+                if list[..i].contains(&m) {
+                    return Err(AllocError::MemberRepeated { member: m });
+                }
+                // m < count ≤ MEMBERS_MAX.
+                members.push(
+                    MemberIndex::new(m).ok_or(AllocError::MemberOutOfRange { member: m, count })?,
+                );
+            }
+            (PartitionKind::Placed, members)
+        }
+    };
+    let width = members.len();
+    let block_bytes = meta.layout.block_bytes();
+    let free: Vec<u64> = members
+        .iter()
+        .map(|m| u64::from(meta.used[m.get()].free_blocks()))
+        .collect();
+    let free_bytes = usable_blocks(kind, &free).saturating_mul(block_bytes);
+    let too_large = |needed_bytes: u64| AllocError::TooLarge {
+        size_bytes,
+        needed_bytes,
+        free_bytes,
+        members: width,
+    };
+    let total =
+        partition_blocks(kind, width, size_bytes, block_bytes).ok_or(too_large(u64::MAX))?;
+    let needed_bytes = total.saturating_mul(block_bytes);
+    if (0..width).any(|slot| slot_blocks(total, width, slot) > free[slot]) {
+        return Err(too_large(needed_bytes));
+    }
+    // Plan first, mutate after: on any error the meta is unchanged.
+    let mut extents: Vec<Extent> = Vec::new();
+    for (slot, &member) in members.iter().enumerate() {
+        let mut want = slot_blocks(total, width, slot);
+        let mut free_iter = meta.used[member.get()].free_iter();
+        while want > 0 {
+            // free[slot] ≥ want was checked above.
+            let Some(block) = free_iter.next() else {
+                return Err(too_large(needed_bytes));
+            };
+            match extents.last_mut() {
+                Some(e) if e.member == member && e.start_block + e.blocks == block => e.blocks += 1,
+                _ => extents.push(Extent {
+                    member,
+                    start_block: block,
+                    blocks: 1,
+                }),
+            }
+            want -= 1;
+        }
+    }
+    let extents_now: usize = meta.partitions.iter().map(|p| p.extents.len()).sum();
+    if extents_now + extents.len() > EXTENTS_MAX {
+        return Err(AllocError::TooManyExtents);
+    }
+    for e in &extents {
+        for b in e.start_block..e.start_block + e.blocks {
+            meta.used[e.member.get()].set(b, true);
+        }
+    }
+    let partition = Partition {
+        name,
+        kind,
+        members,
+        size_bytes,
+        state: PartitionState::Creating,
+        extents,
+    };
+    debug_assert!(PartitionMap::new(&meta.layout, &partition).is_ok());
+    meta.partitions.push(partition);
+    Ok(())
+}
+
+/// The most blocks a partition over slots with `free` blocks each can take, dealt round-robin.
+fn usable_blocks(kind: PartitionKind, free: &[u64]) -> u64 {
+    let width = free.len() as u64;
+    let min = free.iter().copied().min().unwrap_or(0);
+    match kind {
+        PartitionKind::Striped => min * width,
+        // After `min` full rounds, the round continues while slots have one more block.
+        PartitionKind::Placed => min * width + free.iter().take_while(|&&f| f > min).count() as u64,
+    }
+}
+
+/// Marks partition `name` ready: from now on it may be reported as created.
+pub fn mark_ready(meta: &mut VolumeMeta, name: &str) -> Result<(), AllocError> {
+    let p = meta.partitions.iter_mut().find(|p| p.name.as_str() == name);
+    let p = p.ok_or_else(|| AllocError::NotFound {
+        name: name.to_string(),
+    })?;
+    p.state = PartitionState::Ready;
+    Ok(())
+}
+
+/// Removes partition `name` and frees its blocks (those no other partition also lists, so that
+/// freeing never hands out a block still in use, even in an inconsistent volume).
+pub fn free(meta: &mut VolumeMeta, name: &str) -> Result<(), AllocError> {
+    let i = meta.partitions.iter().position(|p| p.name.as_str() == name);
+    let i = i.ok_or_else(|| AllocError::NotFound {
+        name: name.to_string(),
+    })?;
+    let gone = meta.partitions.remove(i);
+    for e in &gone.extents {
+        for b in e.start_block..e.start_block + e.blocks {
+            let still_listed = meta.partitions.iter().any(|p| {
+                p.extents.iter().any(|o| {
+                    o.member == e.member && o.start_block <= b && b < o.start_block + o.blocks
+                })
+            });
+            if !still_listed {
+                meta.used[e.member.get()].set(b, false);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One inconsistency found by [`check`]. Block problems are reported as runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Problem {
+    /// Two partitions share a name; lookups by name are ambiguous.
+    DuplicateName { name: Name },
+    /// The partition's members, extents and size disagree; it cannot be mapped.
+    BadPartition { error: LayoutError },
+    /// A block listed by more than one partition: writes to one corrupt the other.
+    SharedBlocks {
+        member: MemberIndex,
+        start_block: u32,
+        blocks: u32,
+        first: Name,
+        second: Name,
+    },
+    /// Blocks a partition lists but the map says free: the next allocation would reuse them.
+    /// Repairable: mark them used (the table is the authority).
+    OwnedButFree {
+        member: MemberIndex,
+        start_block: u32,
+        blocks: u32,
+        partition: Name,
+    },
+    /// Blocks marked used that no partition lists (a leak). Repairable: provably free.
+    Leaked {
+        member: MemberIndex,
+        start_block: u32,
+        blocks: u32,
+    },
+    /// A partition still `Creating`: its add-partition or import was interrupted and never
+    /// reported success. Repairable: remove it and free its blocks.
+    Interrupted { partition: Name },
+    /// More problems than [`PROBLEMS_MAX`]; this many were left out.
+    More { omitted: usize },
+}
+
+impl Problem {
+    /// Whether [`repair`] fixes this problem without any risk to data that was reported written.
+    pub fn repairable(&self) -> bool {
+        matches!(
+            self,
+            Problem::OwnedButFree { .. } | Problem::Leaked { .. } | Problem::Interrupted { .. }
+        )
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::DuplicateName { name } => write!(f, "two partitions are named {name}"),
+            Problem::BadPartition { error } => write!(f, "{error}"),
+            Problem::SharedBlocks {
+                member,
+                start_block,
+                blocks,
+                first,
+                second,
+            } => write!(
+                f,
+                "member {member} blocks {start_block}..{}: listed by both {first} and {second}",
+                start_block + blocks
+            ),
+            Problem::OwnedButFree {
+                member,
+                start_block,
+                blocks,
+                partition,
+            } => write!(
+                f,
+                "member {member} blocks {start_block}..{}: used by {partition} but marked free (repairable)",
+                start_block + blocks
+            ),
+            Problem::Leaked {
+                member,
+                start_block,
+                blocks,
+            } => write!(
+                f,
+                "member {member} blocks {start_block}..{}: marked used but owned by no partition (repairable)",
+                start_block + blocks
+            ),
+            Problem::Interrupted { partition } => {
+                write!(
+                    f,
+                    "partition {partition} was never completed (interrupted create; repairable: removed)"
+                )
+            }
+            Problem::More { omitted } => write!(f, "... and {omitted} more problems"),
+        }
+    }
+}
+
+const NO_OWNER: u16 = u16::MAX;
+
+/// Checks the partition table against itself and the free-block map: every listed block is
+/// owned by exactly one partition and marked used, no used block is unowned, every partition's
+/// size matches its blocks, names are unique, no partition is left `Creating`.
+pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let mut omitted = 0usize;
+    let mut report = |p: Problem, problems: &mut Vec<Problem>| {
+        if problems.len() < PROBLEMS_MAX {
+            problems.push(p)
+        } else {
+            omitted += 1
+        }
+    };
+    for (i, p) in meta.partitions.iter().enumerate() {
+        if meta.partitions[..i].iter().any(|q| q.name == p.name) {
+            report(
+                Problem::DuplicateName {
+                    name: p.name.clone(),
+                },
+                &mut problems,
+            );
+        }
+        if let Err(error) = PartitionMap::new(&meta.layout, p) {
+            report(Problem::BadPartition { error }, &mut problems);
+        }
+        if p.state == PartitionState::Creating {
+            report(
+                Problem::Interrupted {
+                    partition: p.name.clone(),
+                },
+                &mut problems,
+            );
+        }
+    }
+    // Owner of every block (partition index), member by member; PARTITIONS_MAX < NO_OWNER.
+    for member in meta.layout.members() {
+        let map = &meta.used[member.get()];
+        let mut owner = vec![NO_OWNER; map.blocks() as usize];
+        let mut shared: Vec<(u32, u16, u16)> = Vec::new();
+        for (pi, p) in meta.partitions.iter().enumerate() {
+            for e in p.extents.iter().filter(|e| e.member == member) {
+                // decode() and allocate() keep extents within the member's blocks; an extent
+                // built by hand that is not is reported by PartitionMap::new above.
+                let end = (e.start_block.saturating_add(e.blocks)).min(map.blocks());
+                for b in e.start_block.min(end)..end {
+                    let o = &mut owner[b as usize];
+                    if *o == NO_OWNER {
+                        *o = pi as u16;
+                    } else if usize::from(*o) != pi {
+                        shared.push((b, *o, pi as u16));
+                    }
+                }
+            }
+        }
+        for run in runs(shared.iter().map(|&(b, x, y)| (b, (x, y)))) {
+            let (start_block, blocks, (x, y)) = run;
+            let (first, second) = (
+                meta.partitions[x as usize].name.clone(),
+                meta.partitions[y as usize].name.clone(),
+            );
+            report(
+                Problem::SharedBlocks {
+                    member,
+                    start_block,
+                    blocks,
+                    first,
+                    second,
+                },
+                &mut problems,
+            );
+        }
+        let owned_free =
+            (0..map.blocks()).filter(|&b| owner[b as usize] != NO_OWNER && !map.is_used(b));
+        for (start_block, blocks, pi) in runs(owned_free.map(|b| (b, owner[b as usize]))) {
+            let partition = meta.partitions[pi as usize].name.clone();
+            report(
+                Problem::OwnedButFree {
+                    member,
+                    start_block,
+                    blocks,
+                    partition,
+                },
+                &mut problems,
+            );
+        }
+        let leaked = (0..map.blocks()).filter(|&b| owner[b as usize] == NO_OWNER && map.is_used(b));
+        for (start_block, blocks, ()) in runs(leaked.map(|b| (b, ()))) {
+            report(
+                Problem::Leaked {
+                    member,
+                    start_block,
+                    blocks,
+                },
+                &mut problems,
+            );
+        }
+    }
+    if omitted > 0 {
+        problems.push(Problem::More { omitted });
+    }
+    problems
+}
+
+/// Groups ascending `(block, tag)` pairs into runs of consecutive blocks with equal tags.
+fn runs<T: PartialEq + Copy>(items: impl Iterator<Item = (u32, T)>) -> Vec<(u32, u32, T)> {
+    let mut out: Vec<(u32, u32, T)> = Vec::new();
+    for (b, t) in items {
+        match out.last_mut() {
+            Some((start, len, tag)) if *tag == t && *start + *len == b => *len += 1,
+            _ => out.push((b, 1, t)),
+        }
+    }
+    out
+}
+
+/// Fixes what can be proven: removes partitions left `Creating` (never reported created), then
+/// rebuilds every free-block map from the partition table (a block is used iff some partition
+/// lists it), which fixes leaks and owned-but-free blocks and never frees a listed block.
+/// Returns the repairable problems found before; what [`check`] still reports afterwards needs
+/// a human.
+pub fn repair(meta: &mut VolumeMeta) -> Vec<Problem> {
+    let fixed: Vec<Problem> = check(meta)
+        .into_iter()
+        .filter(Problem::repairable)
+        .collect();
+    meta.partitions
+        .retain(|p| p.state != PartitionState::Creating);
+    for member in meta.layout.members() {
+        let map = &mut meta.used[member.get()];
+        for b in 0..map.blocks() {
+            map.set(b, false);
+        }
+        for e in meta
+            .partitions
+            .iter()
+            .flat_map(|p| &p.extents)
+            .filter(|e| e.member == member)
+        {
+            let end = e.start_block.saturating_add(e.blocks).min(map.blocks());
+            for b in e.start_block.min(end)..end {
+                map.set(b, true);
+            }
+        }
+    }
+    fixed
+}

@@ -1,0 +1,515 @@
+//! Where a partition's bytes live: partition offset → (member, member byte offset).
+//!
+//! A member's space is a metadata area ([`super::format::META_AREA_BYTES`]) followed by data
+//! blocks of `block_bytes` each. A partition owns a list of blocks, kept per member as
+//! [`Extent`]s. Its blocks are dealt round-robin over its members: partition block `i` is on
+//! member slot `i % M` (M = the partition's member count), and it is the `i / M`-th block that
+//! the partition owns on that member.
+//!
+//! Inside a *group* of M consecutive partition blocks (one per member), a striped partition
+//! deals stripe units round-robin exactly like ccd: unit `k` of the group is on slot `k % M`,
+//! at unit row `k / M` of that member's block. A placed partition uses the whole block as its
+//! unit, so each block is one contiguous run on one member, as in Clockwise. One formula serves
+//! both kinds (a placed partition is a striped one whose stripe unit is the block); see
+//! [`PartitionMap::locate`].
+
+use super::format::META_AREA_BYTES;
+use super::{BLOCKS_PER_MEMBER_MAX, MEMBERS_MAX, Name};
+
+/// The alignment O_DIRECT needs, and that every size and offset in the layout respects.
+pub const ALIGN_BYTES: u64 = 4096;
+/// Default stripe unit (ccd's interleave): large enough that one member transfer amortises a
+/// seek, small enough that a 1 MiB request reaches many members.
+pub const STRIPE_UNIT_BYTES_DEFAULT: u64 = 64 << 10;
+/// Default block size: Clockwise's 1 MB allocation unit.
+pub const BLOCK_BYTES_DEFAULT: u64 = 1 << 20;
+/// Largest block: bounds the waste of rounding a partition up to whole blocks.
+pub const BLOCK_BYTES_MAX: u64 = 1 << 30;
+/// Largest request [`PartitionMap::split`] accepts: bounds the pieces returned.
+pub const REQUEST_BYTES_MAX: u64 = 1 << 30;
+
+/// The position of a member in its volume, `0..member_count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MemberIndex(u8);
+
+impl MemberIndex {
+    /// `Some` when `index < MEMBERS_MAX`.
+    pub fn new(index: usize) -> Option<MemberIndex> {
+        if index < MEMBERS_MAX {
+            // MEMBERS_MAX ≤ 256, so the index fits in a u8.
+            Some(MemberIndex(index as u8))
+        } else {
+            None
+        }
+    }
+
+    /// The index as a number.
+    pub fn get(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
+impl std::fmt::Display for MemberIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Why a layout, a partition or a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayoutError {
+    #[error("a volume needs at least one member")]
+    NoMembers,
+    #[error("{count} members: a volume has at most {MEMBERS_MAX}")]
+    TooManyMembers { count: usize },
+    #[error(
+        "stripe unit of {stripe_unit_bytes} bytes: must be a power of two and a multiple of {ALIGN_BYTES}"
+    )]
+    StripeUnit { stripe_unit_bytes: u64 },
+    #[error(
+        "block of {block_bytes} bytes: must be a multiple of the stripe unit ({stripe_unit_bytes} bytes) \
+         and at most {BLOCK_BYTES_MAX}"
+    )]
+    BlockSize {
+        block_bytes: u64,
+        stripe_unit_bytes: u64,
+    },
+    #[error(
+        "data area start {data_start_bytes}: must be ≥ {META_AREA_BYTES} and a multiple of {ALIGN_BYTES}"
+    )]
+    DataStart { data_start_bytes: u64 },
+    #[error(
+        "member {member} has {size_bytes} bytes: too small, a member needs at least {min_bytes} \
+         (the metadata area and one block)"
+    )]
+    MemberTooSmall {
+        member: usize,
+        size_bytes: u64,
+        min_bytes: u64,
+    },
+    #[error("partition {name}: {why}")]
+    Partition { name: String, why: String },
+    #[error(
+        "request of {len_bytes} bytes at {offset_bytes} is outside the partition's {size_bytes} bytes"
+    )]
+    OutOfRange {
+        offset_bytes: u64,
+        len_bytes: u64,
+        size_bytes: u64,
+    },
+    #[error("request of {len_bytes} bytes: at most {REQUEST_BYTES_MAX} per request")]
+    RequestTooLarge { len_bytes: u64 },
+}
+
+/// The geometry of a volume: member sizes, stripe unit, block size, where data starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeLayout {
+    member_sizes_bytes: Vec<u64>,
+    stripe_unit_bytes: u64,
+    block_bytes: u64,
+    data_start_bytes: u64,
+}
+
+impl VolumeLayout {
+    /// A layout for members of the given sizes, with data starting right after the metadata
+    /// area.
+    pub fn new(
+        member_sizes_bytes: Vec<u64>,
+        stripe_unit_bytes: u64,
+        block_bytes: u64,
+    ) -> Result<VolumeLayout, LayoutError> {
+        VolumeLayout::with_data_start(
+            member_sizes_bytes,
+            stripe_unit_bytes,
+            block_bytes,
+            META_AREA_BYTES,
+        )
+    }
+
+    /// As [`VolumeLayout::new`] with an explicit data area start (as recorded in a superblock).
+    pub fn with_data_start(
+        member_sizes_bytes: Vec<u64>,
+        stripe_unit_bytes: u64,
+        block_bytes: u64,
+        data_start_bytes: u64,
+    ) -> Result<VolumeLayout, LayoutError> {
+        if member_sizes_bytes.is_empty() {
+            return Err(LayoutError::NoMembers);
+        }
+        if member_sizes_bytes.len() > MEMBERS_MAX {
+            return Err(LayoutError::TooManyMembers {
+                count: member_sizes_bytes.len(),
+            });
+        }
+        // Masks, not `%`: both divisors are powers of two (ALIGN_BYTES by definition, the stripe
+        // unit once the first test passes).
+        if !stripe_unit_bytes.is_power_of_two() || stripe_unit_bytes & (ALIGN_BYTES - 1) != 0 {
+            return Err(LayoutError::StripeUnit { stripe_unit_bytes });
+        }
+        if block_bytes == 0
+            || block_bytes & (stripe_unit_bytes - 1) != 0
+            || block_bytes > BLOCK_BYTES_MAX
+        {
+            return Err(LayoutError::BlockSize {
+                block_bytes,
+                stripe_unit_bytes,
+            });
+        }
+        if data_start_bytes < META_AREA_BYTES
+            || data_start_bytes & (ALIGN_BYTES - 1) != 0
+            || data_start_bytes > (1 << 40)
+        {
+            return Err(LayoutError::DataStart { data_start_bytes });
+        }
+        let min_bytes = data_start_bytes + block_bytes;
+        for (member, &size_bytes) in member_sizes_bytes.iter().enumerate() {
+            if size_bytes < min_bytes {
+                return Err(LayoutError::MemberTooSmall {
+                    member,
+                    size_bytes,
+                    min_bytes,
+                });
+            }
+        }
+        Ok(VolumeLayout {
+            member_sizes_bytes,
+            stripe_unit_bytes,
+            block_bytes,
+            data_start_bytes,
+        })
+    }
+
+    /// Number of members.
+    pub fn member_count(&self) -> usize {
+        self.member_sizes_bytes.len()
+    }
+
+    /// Every member's size, by index.
+    pub fn member_sizes_bytes(&self) -> &[u64] {
+        &self.member_sizes_bytes
+    }
+
+    /// The stripe unit of striped partitions.
+    pub fn stripe_unit_bytes(&self) -> u64 {
+        self.stripe_unit_bytes
+    }
+
+    /// The allocation unit.
+    pub fn block_bytes(&self) -> u64 {
+        self.block_bytes
+    }
+
+    /// Where block 0 starts on every member.
+    pub fn data_start_bytes(&self) -> u64 {
+        self.data_start_bytes
+    }
+
+    /// Smallest member size this layout accepts: the data start and one block.
+    pub fn member_size_min_bytes(&self) -> u64 {
+        self.data_start_bytes + self.block_bytes
+    }
+
+    /// Data blocks usable on `member`: whole blocks after the data start, at most
+    /// [`BLOCKS_PER_MEMBER_MAX`]. Panics when `member` is not in the volume (a caller bug).
+    pub fn member_blocks(&self, member: MemberIndex) -> u32 {
+        let size = self.member_sizes_bytes[member.get()];
+        let blocks = (size - self.data_start_bytes) / self.block_bytes;
+        blocks.min(u64::from(BLOCKS_PER_MEMBER_MAX)) as u32
+    }
+
+    /// The member byte offset of the start of `block`.
+    pub fn block_offset_bytes(&self, block: u32) -> u64 {
+        self.data_start_bytes + u64::from(block) * self.block_bytes
+    }
+
+    /// Every member index of this volume.
+    pub fn members(&self) -> impl Iterator<Item = MemberIndex> + '_ {
+        // member_count ≤ MEMBERS_MAX, checked at construction.
+        (0..self.member_count()).filter_map(MemberIndex::new)
+    }
+}
+
+/// How a partition spreads over its members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PartitionKind {
+    /// ccd: consecutive stripe units on consecutive members.
+    Striped,
+    /// Clockwise: whole blocks on the members the application chose, in turn.
+    Placed,
+}
+
+/// Whether a partition was reported created.
+///
+/// An add-partition first persists the partition as `Creating`, then (after the data, for an
+/// import) as `Ready`, and only then reports success. After a crash a `Creating` partition is
+/// provably one that nobody was told exists, so `volume check --repair` may free it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PartitionState {
+    Creating,
+    Ready,
+}
+
+/// `blocks` consecutive blocks starting at `start_block` on `member`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Extent {
+    pub member: MemberIndex,
+    pub start_block: u32,
+    pub blocks: u32,
+}
+
+/// A partition table entry. Plain data: [`PartitionMap::new`] and [`super::check`] say whether
+/// it is consistent.
+///
+/// `extents` lists the blocks the partition owns; the blocks on one member are taken in the
+/// order of that member's extents (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    pub name: Name,
+    pub kind: PartitionKind,
+    /// The members, in slot order: partition block `i` is on `members[i % members.len()]`.
+    pub members: Vec<MemberIndex>,
+    /// The size clients see; the blocks may hold a little more (rounding up).
+    pub size_bytes: u64,
+    pub state: PartitionState,
+    pub extents: Vec<Extent>,
+}
+
+/// Blocks a partition of `size_bytes` needs: whole blocks for a placed partition, whole groups
+/// of `width` blocks for a striped one (a group is striped across all its members, so it is
+/// only usable whole). `None` on overflow.
+pub fn partition_blocks(
+    kind: PartitionKind,
+    width: usize,
+    size_bytes: u64,
+    block_bytes: u64,
+) -> Option<u64> {
+    let width = width as u64;
+    match kind {
+        PartitionKind::Placed => Some(size_bytes.div_ceil(block_bytes)),
+        PartitionKind::Striped => {
+            let group_bytes = width.checked_mul(block_bytes)?;
+            size_bytes.div_ceil(group_bytes).checked_mul(width)
+        }
+    }
+}
+
+/// Of `total_blocks` dealt round-robin over `width` slots, how many land on slot `slot`.
+pub fn slot_blocks(total_blocks: u64, width: usize, slot: usize) -> u64 {
+    let width = width as u64;
+    total_blocks / width + u64::from((slot as u64) < total_blocks % width)
+}
+
+/// A contiguous byte range on one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberLocation {
+    pub member: MemberIndex,
+    pub member_offset_bytes: u64,
+}
+
+/// One member's share of a request: `len_bytes` at `member_offset_bytes` on `member`, to or
+/// from `buf_offset_bytes` in the caller's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberIo {
+    pub member: MemberIndex,
+    pub member_offset_bytes: u64,
+    pub len_bytes: u64,
+    pub buf_offset_bytes: u64,
+}
+
+/// The blocks one member slot owns, as runs with prefix counts for binary search.
+#[derive(Debug, Clone)]
+struct SlotRuns {
+    /// `first[i]` = slot blocks before run `i`.
+    first: Vec<u64>,
+    runs: Vec<(u32, u32)>,
+}
+
+impl SlotRuns {
+    /// The member block holding the slot's `nth` block. The caller guarantees `nth` is below
+    /// the slot's block count (checked in `PartitionMap::new`).
+    fn block(&self, nth: u64) -> u32 {
+        let i = self.first.partition_point(|&f| f <= nth) - 1;
+        let (start, _) = self.runs[i];
+        start + (nth - self.first[i]) as u32
+    }
+}
+
+/// A validated partition, ready to map offsets. Built once per open partition.
+#[derive(Debug, Clone)]
+pub struct PartitionMap {
+    size_bytes: u64,
+    /// Stripe unit for striped partitions, the block for placed ones.
+    unit_bytes: u64,
+    block_bytes: u64,
+    data_start_bytes: u64,
+    members: Vec<MemberIndex>,
+    slots: Vec<SlotRuns>,
+}
+
+impl PartitionMap {
+    /// Checks that `partition` is consistent with `layout` (members in range and distinct,
+    /// extents within their members, on members of the partition, exactly as many blocks per
+    /// member as its size needs) and prepares the mapping.
+    pub fn new(layout: &VolumeLayout, partition: &Partition) -> Result<PartitionMap, LayoutError> {
+        let bad = |why: String| LayoutError::Partition {
+            name: partition.name.to_string(),
+            why,
+        };
+        let width = partition.members.len();
+        if width == 0 || width > layout.member_count() {
+            return Err(bad(format!(
+                "{width} members; the volume has {}",
+                layout.member_count()
+            )));
+        }
+        for (i, m) in partition.members.iter().enumerate() {
+            if m.get() >= layout.member_count() {
+                return Err(bad(format!("member {m} is not in the volume")));
+            }
+            if partition.members[..i].contains(m) {
+                return Err(bad(format!("member {m} listed twice")));
+            }
+        }
+        let total = partition_blocks(
+            partition.kind,
+            width,
+            partition.size_bytes,
+            layout.block_bytes,
+        )
+        .ok_or_else(|| bad("size overflows".to_string()))?;
+        let mut slots = Vec::with_capacity(width);
+        for (slot, &member) in partition.members.iter().enumerate() {
+            let member_blocks = layout.member_blocks(member);
+            let mut runs = SlotRuns {
+                first: Vec::new(),
+                runs: Vec::new(),
+            };
+            let mut count: u64 = 0;
+            for e in partition.extents.iter().filter(|e| e.member == member) {
+                let end = u64::from(e.start_block) + u64::from(e.blocks);
+                if e.blocks == 0 || end > u64::from(member_blocks) {
+                    return Err(bad(format!(
+                        "extent {}+{} on member {member} outside its {member_blocks} blocks",
+                        e.start_block, e.blocks
+                    )));
+                }
+                runs.first.push(count);
+                runs.runs.push((e.start_block, e.blocks));
+                count += u64::from(e.blocks);
+            }
+            let need = slot_blocks(total, width, slot);
+            if count != need {
+                return Err(bad(format!(
+                    "{count} blocks on member {member}, its size of {} bytes needs {need}",
+                    partition.size_bytes
+                )));
+            }
+            slots.push(runs);
+        }
+        if let Some(e) = partition
+            .extents
+            .iter()
+            .find(|e| !partition.members.contains(&e.member))
+        {
+            return Err(bad(format!(
+                "extent on member {}, which the partition does not use",
+                e.member
+            )));
+        }
+        let unit_bytes = match partition.kind {
+            PartitionKind::Striped => layout.stripe_unit_bytes,
+            PartitionKind::Placed => layout.block_bytes,
+        };
+        Ok(PartitionMap {
+            size_bytes: partition.size_bytes,
+            unit_bytes,
+            block_bytes: layout.block_bytes,
+            data_start_bytes: layout.data_start_bytes,
+            members: partition.members.clone(),
+            slots,
+        })
+    }
+
+    /// The partition's size as clients see it.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// Bytes that stay contiguous on one member from `offset_bytes` on (to the end of its unit).
+    fn run_bytes(&self, offset_bytes: u64) -> u64 {
+        self.unit_bytes - offset_bytes % self.unit_bytes
+    }
+
+    /// Where the byte at `offset_bytes` of the partition lives.
+    ///
+    /// group `g = o / (M·block)`, `r = o mod (M·block)`, unit `k = r / unit`; slot `j = k mod M`;
+    /// within that slot's `g`-th block the byte is at `(k / M)·unit + r mod unit`.
+    pub fn locate(&self, offset_bytes: u64) -> Result<MemberLocation, LayoutError> {
+        if offset_bytes >= self.size_bytes {
+            return Err(LayoutError::OutOfRange {
+                offset_bytes,
+                len_bytes: 1,
+                size_bytes: self.size_bytes,
+            });
+        }
+        let width = self.members.len() as u64;
+        let group_bytes = width * self.block_bytes;
+        let group = offset_bytes / group_bytes;
+        let rest = offset_bytes % group_bytes;
+        let unit = rest / self.unit_bytes;
+        let slot = (unit % width) as usize;
+        let within_block = (unit / width) * self.unit_bytes + rest % self.unit_bytes;
+        // `group` < the slot's block count: offset < size and PartitionMap::new checked that
+        // every slot holds the blocks the size needs.
+        let block = self.slots[slot].block(group);
+        Ok(MemberLocation {
+            member: self.members[slot],
+            member_offset_bytes: self.data_start_bytes
+                + u64::from(block) * self.block_bytes
+                + within_block,
+        })
+    }
+
+    /// Splits a request of `len_bytes` at `offset_bytes` into per-member pieces, ordered by
+    /// `buf_offset_bytes`; adjacent pieces that are contiguous on the same member are merged.
+    /// When `offset_bytes` and `len_bytes` are multiples of 4096, so is every piece (stripe unit,
+    /// block and data start all are), as O_DIRECT requires.
+    pub fn split(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<MemberIo>, LayoutError> {
+        if len_bytes > REQUEST_BYTES_MAX {
+            return Err(LayoutError::RequestTooLarge { len_bytes });
+        }
+        let end = offset_bytes.checked_add(len_bytes);
+        if end.is_none_or(|end| end > self.size_bytes) {
+            return Err(LayoutError::OutOfRange {
+                offset_bytes,
+                len_bytes,
+                size_bytes: self.size_bytes,
+            });
+        }
+        let mut pieces: Vec<MemberIo> =
+            Vec::with_capacity((len_bytes / self.unit_bytes + 2) as usize);
+        let mut done: u64 = 0;
+        while done < len_bytes {
+            let at = offset_bytes + done;
+            let loc = self.locate(at)?;
+            let piece_bytes = self.run_bytes(at).min(len_bytes - done);
+            match pieces.last_mut() {
+                Some(last)
+                    if last.member == loc.member
+                        && last.member_offset_bytes + last.len_bytes == loc.member_offset_bytes =>
+                {
+                    last.len_bytes += piece_bytes;
+                }
+                _ => pieces.push(MemberIo {
+                    member: loc.member,
+                    member_offset_bytes: loc.member_offset_bytes,
+                    len_bytes: piece_bytes,
+                    buf_offset_bytes: done,
+                }),
+            }
+            done += piece_bytes;
+        }
+        Ok(pieces)
+    }
+}

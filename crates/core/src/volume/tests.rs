@@ -1,0 +1,572 @@
+use std::collections::{HashMap, HashSet};
+
+use proptest::prelude::*;
+
+use super::format::{META_AREA_BYTES, META_SLOT_BYTES};
+use super::layout::{ALIGN_BYTES, BLOCK_BYTES_DEFAULT, STRIPE_UNIT_BYTES_DEFAULT};
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+fn member(i: usize) -> MemberIndex {
+    MemberIndex::new(i).unwrap()
+}
+
+fn meta_with(sizes: Vec<u64>, stripe_unit: u64, block: u64) -> VolumeMeta {
+    let layout = VolumeLayout::new(sizes, stripe_unit, block).unwrap();
+    VolumeMeta::new(VolumeUuid([7; 16]), Name::new("vol0").unwrap(), layout)
+}
+
+fn meta4() -> VolumeMeta {
+    meta_with(
+        vec![META_AREA_BYTES + 64 * MIB; 4],
+        STRIPE_UNIT_BYTES_DEFAULT,
+        BLOCK_BYTES_DEFAULT,
+    )
+}
+
+fn map_of(meta: &VolumeMeta, name: &str) -> PartitionMap {
+    PartitionMap::new(&meta.layout, meta.partition(name).unwrap()).unwrap()
+}
+
+#[test]
+fn layout_rejects_bad_geometry() {
+    let ok = META_AREA_BYTES + MIB;
+    assert_eq!(
+        VolumeLayout::new(vec![], 65536, MIB),
+        Err(LayoutError::NoMembers)
+    );
+    assert!(matches!(
+        VolumeLayout::new(vec![ok; 17], 65536, MIB),
+        Err(LayoutError::TooManyMembers { count: 17 })
+    ));
+    assert!(matches!(
+        VolumeLayout::new(vec![ok], 3 * 4096, MIB),
+        Err(LayoutError::StripeUnit { .. })
+    ));
+    assert!(matches!(
+        VolumeLayout::new(vec![ok], 2048, MIB),
+        Err(LayoutError::StripeUnit { .. })
+    ));
+    assert!(matches!(
+        VolumeLayout::new(vec![ok], 65536, 65536 * 3 / 2),
+        Err(LayoutError::BlockSize { .. })
+    ));
+    assert_eq!(
+        VolumeLayout::new(vec![ok, ok - 1], 65536, MIB),
+        Err(LayoutError::MemberTooSmall {
+            member: 1,
+            size_bytes: ok - 1,
+            min_bytes: ok
+        })
+    );
+}
+
+#[test]
+fn striped_is_the_ccd_layout() {
+    let mut meta = meta4();
+    allocate(&mut meta, "s", 8 * MIB, &Placement::Striped).unwrap();
+    let map = map_of(&meta, "s");
+    let su = STRIPE_UNIT_BYTES_DEFAULT;
+    // Consecutive stripe units go to consecutive members, at the same row of their blocks.
+    for k in 0..8u64 {
+        let loc = map.locate(k * su).unwrap();
+        assert_eq!(loc.member, member((k % 4) as usize));
+        assert_eq!(loc.member_offset_bytes, META_AREA_BYTES + (k / 4) * su);
+    }
+    // The second group uses each member's second block.
+    let loc = map.locate(4 * MIB).unwrap();
+    assert_eq!(
+        loc,
+        MemberLocation {
+            member: member(0),
+            member_offset_bytes: META_AREA_BYTES + MIB
+        }
+    );
+    // A 1 MiB read at 0 touches the 4 members 4 times each, 64 KiB apiece.
+    let pieces = map.split(0, MIB).unwrap();
+    assert_eq!(pieces.len(), 16);
+    assert!(pieces.iter().all(|p| p.len_bytes == su));
+}
+
+#[test]
+fn placed_uses_whole_blocks_in_turn() {
+    let mut meta = meta4();
+    allocate(&mut meta, "p", 3 * MIB + 1, &Placement::Placed(vec![2, 0])).unwrap();
+    let p = meta.partition("p").unwrap();
+    assert_eq!(p.state, PartitionState::Creating);
+    assert_eq!(p.kind, PartitionKind::Placed);
+    let map = map_of(&meta, "p");
+    let members: Vec<usize> = (0..4)
+        .map(|b| map.locate(b * MIB).unwrap().member.get())
+        .collect();
+    assert_eq!(members, vec![2, 0, 2, 0]);
+    // Within a block, the whole block is contiguous: one piece.
+    assert_eq!(map.split(0, MIB).unwrap().len(), 1);
+    assert!(map.split(0, 3 * MIB + 2).is_err());
+    assert_eq!(map.split(3 * MIB, 1).unwrap().len(), 1);
+}
+
+#[test]
+fn single_member_pieces_merge() {
+    let mut meta = meta_with(vec![META_AREA_BYTES + 8 * MIB], 65536, MIB);
+    allocate(&mut meta, "x", 4 * MIB, &Placement::Striped).unwrap();
+    let pieces = map_of(&meta, "x").split(4096, 3 * MIB).unwrap();
+    assert_eq!(
+        pieces,
+        vec![MemberIo {
+            member: member(0),
+            member_offset_bytes: META_AREA_BYTES + 4096,
+            len_bytes: 3 * MIB,
+            buf_offset_bytes: 0
+        }]
+    );
+}
+
+#[test]
+fn allocation_errors_leave_the_volume_unchanged() {
+    let mut meta = meta4();
+    let before = meta.clone();
+    assert!(matches!(
+        allocate(&mut meta, "bad/name", MIB, &Placement::Striped),
+        Err(AllocError::Name(_))
+    ));
+    assert_eq!(
+        allocate(&mut meta, "x", MIB, &Placement::Placed(vec![])),
+        Err(AllocError::NoMembers)
+    );
+    assert_eq!(
+        allocate(&mut meta, "x", MIB, &Placement::Placed(vec![4])),
+        Err(AllocError::MemberOutOfRange {
+            member: 4,
+            count: 4
+        })
+    );
+    assert_eq!(
+        allocate(&mut meta, "x", MIB, &Placement::Placed(vec![1, 1])),
+        Err(AllocError::MemberRepeated { member: 1 })
+    );
+    // 4 members × 64 blocks of 1 MiB.
+    let err = allocate(&mut meta, "x", 256 * MIB + 1, &Placement::Striped).unwrap_err();
+    assert_eq!(
+        err,
+        AllocError::TooLarge {
+            size_bytes: 256 * MIB + 1,
+            needed_bytes: 260 * MIB,
+            free_bytes: 256 * MIB,
+            members: 4
+        }
+    );
+    assert!(err.to_string().contains("needs 272629760 bytes"), "{err}");
+    let err = allocate(&mut meta, "x", 65 * MIB, &Placement::Placed(vec![3])).unwrap_err();
+    assert!(matches!(err, AllocError::TooLarge { free_bytes, .. } if free_bytes == 64 * MIB));
+    assert_eq!(meta, before);
+    allocate(&mut meta, "x", 256 * MIB, &Placement::Striped).unwrap();
+    assert_eq!(
+        allocate(&mut meta, "x", 0, &Placement::Striped),
+        Err(AllocError::Duplicate { name: "x".into() })
+    );
+    assert!(matches!(
+        allocate(&mut meta, "y", 1, &Placement::Striped),
+        Err(AllocError::TooLarge { free_bytes: 0, .. })
+    ));
+    free(&mut meta, "x").unwrap();
+    assert_eq!(meta, before);
+    assert_eq!(
+        free(&mut meta, "x"),
+        Err(AllocError::NotFound { name: "x".into() })
+    );
+}
+
+#[test]
+fn names() {
+    assert!(Name::new("movie-01.ts_x").is_ok());
+    assert_eq!(Name::new(""), Err(NameError::Empty));
+    assert!(matches!(
+        Name::new(&"a".repeat(65)),
+        Err(NameError::TooLong { len: 65 })
+    ));
+    assert!(Name::new(&"a".repeat(64)).is_ok());
+    assert!(matches!(
+        Name::new("a b"),
+        Err(NameError::BadCharacter { .. })
+    ));
+    assert!(matches!(
+        Name::new("é"),
+        Err(NameError::BadCharacter { .. })
+    ));
+    assert!(matches!(Name::new(".."), Err(NameError::Reserved { .. })));
+}
+
+fn sample_meta() -> VolumeMeta {
+    let mut meta = meta4();
+    allocate(&mut meta, "a", 5 * MIB, &Placement::Striped).unwrap();
+    allocate(&mut meta, "b", 3 * MIB, &Placement::Placed(vec![3, 1])).unwrap();
+    mark_ready(&mut meta, "a").unwrap();
+    meta
+}
+
+#[test]
+fn encode_decode_round_trip() {
+    let meta = sample_meta();
+    let img = encode(&meta, member(2), 7);
+    assert_eq!(img.len() as u64, META_SLOT_BYTES);
+    assert_eq!(img.len() as u64 % ALIGN_BYTES, 0);
+    let d = decode(&img).unwrap();
+    assert_eq!(
+        d,
+        DecodedMeta {
+            meta,
+            member: member(2),
+            seq: 7
+        }
+    );
+}
+
+#[test]
+fn decode_errors_are_typed() {
+    let meta = sample_meta();
+    let img = encode(&meta, member(0), 3);
+    assert_eq!(
+        decode(&img[..4096]),
+        Err(MetaError::SlotSize { len_bytes: 4096 })
+    );
+    assert_eq!(
+        decode(&vec![0; META_SLOT_BYTES as usize]),
+        Err(MetaError::BadMagic)
+    );
+    let mut v2 = img.clone();
+    v2[8] = 2;
+    assert_eq!(decode(&v2), Err(MetaError::UnknownVersion { found: 2 }));
+    let mut hdr = img.clone();
+    hdr[17] ^= 1;
+    assert!(matches!(
+        decode(&hdr),
+        Err(MetaError::HeaderChecksum { .. })
+    ));
+    let mut body = img.clone();
+    body[100] ^= 0x10;
+    assert!(matches!(decode(&body), Err(MetaError::BodyChecksum { .. })));
+}
+
+#[test]
+fn choose_prefers_the_newest_valid_copy() {
+    let meta = sample_meta();
+    let mut newer = meta.clone();
+    allocate(&mut newer, "c", MIB, &Placement::Striped).unwrap();
+    let a = decode(&encode(&meta, member(0), 5));
+    let b = decode(&encode(&newer, member(0), 6));
+    let c = choose(a.clone(), b.clone()).unwrap();
+    assert_eq!(
+        (c.slot, c.decoded.seq, c.other_error.clone()),
+        (Slot::B, 6, None)
+    );
+    assert_eq!(Slot::for_seq(c.next_seq()), Slot::A);
+    assert_eq!(c.decoded.meta, newer);
+
+    // A torn write of slot B (seq 6): slot A survives.
+    let mut torn = encode(&newer, member(0), 6);
+    torn[200..].fill(0);
+    let c = choose(a.clone(), decode(&torn)).unwrap();
+    assert_eq!((c.slot, c.decoded.seq), (Slot::A, 5));
+    assert!(matches!(
+        c.other_error,
+        Some(MetaError::BodyChecksum { .. })
+    ));
+
+    // A copy in the wrong slot is refused.
+    let c = choose(b.clone(), a.clone()).unwrap_err();
+    let msg = c.to_string();
+    assert!(
+        msg.contains("slot A: sequence 6 found in slot A") && msg.contains("slot B: sequence 5"),
+        "{msg}"
+    );
+
+    // Both bad: one error naming both.
+    let e = choose(Err(MetaError::BadMagic), decode(&torn)).unwrap_err();
+    assert!(
+        matches!(&e, MetaError::BothSlotsBad { a, b } if **a == MetaError::BadMagic && matches!(**b, MetaError::BodyChecksum { .. }))
+    );
+}
+
+#[test]
+fn flipping_any_byte_of_a_slot_is_detected() {
+    let img = encode(&sample_meta(), member(1), 9);
+    let used = 64 + u32::from_le_bytes(img[24..28].try_into().unwrap()) as usize;
+    for at in 0..used {
+        let mut bad = img.clone();
+        bad[at] ^= 0x01;
+        assert!(decode(&bad).is_err(), "flip at {at} not detected");
+    }
+}
+
+#[test]
+fn check_finds_and_repair_fixes_what_it_can_prove() {
+    let mut meta = sample_meta();
+    assert_eq!(
+        check(&meta),
+        vec![Problem::Interrupted {
+            partition: Name::new("b").unwrap()
+        }]
+    );
+    mark_ready(&mut meta, "b").unwrap();
+    assert_eq!(check(&meta), vec![]);
+    let clean = meta.clone();
+
+    // Leak: a used block nobody owns.
+    meta.used[0].set(60, true);
+    // Owned but free.
+    let e = meta.partition("a").unwrap().extents[0];
+    meta.used[e.member.get()].set(e.start_block, false);
+    let problems = check(&meta);
+    assert_eq!(
+        problems,
+        vec![
+            Problem::OwnedButFree {
+                member: e.member,
+                start_block: e.start_block,
+                blocks: 1,
+                partition: Name::new("a").unwrap()
+            },
+            Problem::Leaked {
+                member: member(0),
+                start_block: 60,
+                blocks: 1
+            },
+        ]
+    );
+    assert!(problems.iter().all(Problem::repairable));
+    assert_eq!(repair(&mut meta), problems);
+    assert_eq!(meta, clean);
+
+    // Shared block and bad size: not repairable.
+    let mut broken = clean.clone();
+    let a_ext = broken.partition("a").unwrap().extents[0];
+    broken.partitions[1].extents.push(Extent {
+        member: a_ext.member,
+        start_block: a_ext.start_block,
+        blocks: 1,
+    });
+    broken.partitions[0].size_bytes += 64 * MIB;
+    let problems = check(&broken);
+    assert!(
+        problems
+            .iter()
+            .any(|p| matches!(p, Problem::SharedBlocks { .. })),
+        "{problems:?}"
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| matches!(p, Problem::BadPartition { .. })),
+        "{problems:?}"
+    );
+    assert!(problems.iter().filter(|p| !p.repairable()).count() >= 2);
+}
+
+#[test]
+fn repair_removes_interrupted_creates_only() {
+    let mut meta = sample_meta();
+    let fixed = repair(&mut meta);
+    assert_eq!(
+        fixed,
+        vec![Problem::Interrupted {
+            partition: Name::new("b").unwrap()
+        }]
+    );
+    assert!(meta.partition("b").is_none() && meta.partition("a").is_some());
+    assert_eq!(check(&meta), vec![]);
+}
+
+fn copy(meta: &VolumeMeta, m: usize, seq: u64, size: u64) -> MemberCopy {
+    let a = decode(&encode(meta, member(m), seq | 1));
+    let b = decode(&encode(meta, member(m), (seq | 1) + 1));
+    let mut chosen = choose(a, b).unwrap();
+    chosen.decoded.seq = seq;
+    MemberCopy {
+        size_bytes: size,
+        chosen,
+    }
+}
+
+#[test]
+fn membership() {
+    let meta = sample_meta();
+    let size = META_AREA_BYTES + 64 * MIB;
+    let all: Vec<MemberCopy> = (0..4).map(|m| copy(&meta, m, 10, size)).collect();
+    let asm = assemble(&all).unwrap();
+    assert_eq!(
+        (asm.seq, asm.positions.clone(), asm.stale.clone()),
+        (10, vec![0, 1, 2, 3], vec![])
+    );
+
+    let mut shuffled = all.clone();
+    shuffled.swap(0, 3);
+    shuffled[1] = copy(&meta, 1, 9, size);
+    let asm = assemble(&shuffled).unwrap();
+    assert_eq!(
+        (asm.positions.clone(), asm.stale.clone()),
+        (vec![3, 1, 2, 0], vec![member(1)])
+    );
+
+    assert_eq!(assemble(&[]).unwrap_err(), MembershipError::NoMembers);
+    assert_eq!(
+        assemble(&all[..3]).unwrap_err(),
+        MembershipError::MissingMember {
+            member: 3,
+            count: 4
+        }
+    );
+    let twice = vec![
+        all[0].clone(),
+        all[1].clone(),
+        all[1].clone(),
+        all[3].clone(),
+    ];
+    assert!(matches!(
+        assemble(&twice),
+        Err(MembershipError::DuplicateMember {
+            first: 1,
+            second: 2,
+            ..
+        })
+    ));
+    let mut other = meta.clone();
+    other.uuid = VolumeUuid([9; 16]);
+    let foreign = vec![
+        all[0].clone(),
+        all[1].clone(),
+        copy(&other, 2, 10, size),
+        all[3].clone(),
+    ];
+    assert!(matches!(
+        assemble(&foreign),
+        Err(MembershipError::ForeignMember { position: 2, .. })
+    ));
+    let small = vec![
+        all[0].clone(),
+        copy(&meta, 1, 10, size - 1),
+        all[2].clone(),
+        all[3].clone(),
+    ];
+    assert!(matches!(
+        assemble(&small),
+        Err(MembershipError::MemberTooSmall { position: 1, .. })
+    ));
+    let mut diff = meta.clone();
+    mark_ready(&mut diff, "b").unwrap();
+    let split_brain = vec![
+        all[0].clone(),
+        copy(&diff, 1, 10, size),
+        all[2].clone(),
+        all[3].clone(),
+    ];
+    assert!(matches!(
+        assemble(&split_brain),
+        Err(MembershipError::CopiesDisagree { seq: 10, .. })
+    ));
+}
+
+/// A volume with 1..=4 members, some partitions already allocated (fragmenting the free space),
+/// then the partition under test.
+fn arb_volume() -> impl Strategy<Value = (VolumeMeta, bool)> {
+    (
+        1usize..=4,
+        0u32..3,
+        0u32..2,
+        prop::collection::vec(1u64..6 * MIB, 0..4),
+        any::<bool>(),
+        1u64..40 * MIB,
+    )
+        .prop_map(|(members, su_shift, block_shift, others, placed, size)| {
+            let su = 4096u64 << (su_shift * 3); // 4 KiB, 32 KiB, 256 KiB
+            let block = MIB.max(su) << block_shift;
+            let mut meta = meta_with(vec![META_AREA_BYTES + 128 * MIB; members], su, block);
+            for (i, &o) in others.iter().enumerate() {
+                let place = if i % 2 == 0 {
+                    Placement::Striped
+                } else {
+                    Placement::Placed(vec![i % members])
+                };
+                allocate(&mut meta, &format!("o{i}"), o, &place).unwrap();
+            }
+            // Free one to leave holes.
+            if others.len() > 1 {
+                free(&mut meta, "o0").unwrap();
+            }
+            let placement = if placed {
+                Placement::Placed((0..members).rev().collect())
+            } else {
+                Placement::Striped
+            };
+            allocate(&mut meta, "t", size, &placement).unwrap();
+            (meta, placed)
+        })
+}
+
+proptest! {
+    #[test]
+    fn split_tiles_the_request((meta, _placed) in arb_volume(), a in any::<u64>(), b in any::<u64>(), aligned in any::<bool>()) {
+        let map = map_of(&meta, "t");
+        let size = map.size_bytes();
+        let (mut off, mut len) = (a % size, b % (size + 1));
+        if aligned { off -= off % 4096; len -= len % 4096; }
+        len = len.min(size - off);
+        if aligned { len -= len % 4096; }
+        let pieces = map.split(off, len).unwrap();
+        let mut at = 0;
+        let p = meta.partition("t").unwrap();
+        for piece in &pieces {
+            prop_assert_eq!(piece.buf_offset_bytes, at, "gap or overlap");
+            prop_assert!(piece.len_bytes > 0);
+            at += piece.len_bytes;
+            if aligned {
+                prop_assert_eq!(piece.member_offset_bytes % 4096, 0);
+                prop_assert_eq!(piece.len_bytes % 4096, 0);
+            }
+            // Within one allocated block of this partition on that member.
+            let block = (piece.member_offset_bytes - meta.layout.data_start_bytes()) / meta.layout.block_bytes();
+            let last = (piece.member_offset_bytes + piece.len_bytes - 1 - meta.layout.data_start_bytes()) / meta.layout.block_bytes();
+            for blk in block..=last {
+                prop_assert!(p.extents.iter().any(|e| e.member == piece.member
+                    && u64::from(e.start_block) <= blk && blk < u64::from(e.start_block + e.blocks)));
+            }
+            // Each piece agrees with locate() at its start and end.
+            let loc = map.locate(off + piece.buf_offset_bytes).unwrap();
+            prop_assert_eq!((loc.member, loc.member_offset_bytes), (piece.member, piece.member_offset_bytes));
+        }
+        prop_assert_eq!(at, len);
+        for w in pieces.windows(2) {
+            prop_assert!(!(w[0].member == w[1].member && w[0].member_offset_bytes + w[0].len_bytes == w[1].member_offset_bytes), "unmerged");
+        }
+    }
+
+    #[test]
+    fn mapping_is_injective_and_balanced((meta, placed) in arb_volume()) {
+        let map = map_of(&meta, "t");
+        let granule = if placed { meta.layout.block_bytes() } else { meta.layout.stripe_unit_bytes() };
+        let mut seen = HashSet::new();
+        let mut per_member: HashMap<MemberIndex, u64> = HashMap::new();
+        let mut o = 0;
+        while o < map.size_bytes() {
+            // Check the first and last byte of every unit: units are contiguous runs.
+            for x in [o, (o + granule - 1).min(map.size_bytes() - 1)] {
+                let loc = map.locate(x).unwrap();
+                prop_assert!(seen.insert((loc.member, loc.member_offset_bytes)), "two offsets map to one place");
+            }
+            *per_member.entry(map.locate(o).unwrap().member).or_default() += 1;
+            o += granule;
+        }
+        let counts: Vec<u64> = per_member.values().copied().collect();
+        let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        prop_assert!(max - min <= 1, "unbalanced: {:?}", per_member);
+        let only_interrupted = check(&meta).iter().all(|p| matches!(p, Problem::Interrupted { .. }));
+        prop_assert!(only_interrupted);
+    }
+
+    #[test]
+    fn meta_round_trips((meta, _) in arb_volume(), seq in 1u64..u64::MAX) {
+        let m = member(0);
+        prop_assert_eq!(decode(&encode(&meta, m, seq)).unwrap(), DecodedMeta { meta, member: m, seq });
+    }
+}

@@ -1,0 +1,768 @@
+//! Lines → [`Command`]s. Verbs, option names and keywords are case-insensitive; endpoint
+//! tokens, class names and tokens are kept as written.
+
+use std::time::Duration;
+
+use super::command::{
+    Class, Command, DataPath, KtSchedule, OpenSpec, StreamId, StreamSelector, Token,
+};
+use super::{ControlError, Limits};
+use crate::units::{parse_duration, parse_rate, parse_size};
+
+/// Finds the first line in `buf`: `Ok(Some((line, consumed_bytes)))` with the line's bytes
+/// without `\n` or `\r\n`, `Ok(None)` when no complete line is there yet.
+///
+/// `Err(LineTooLong)` as soon as `buf` holds more than [`Limits::line_bytes_max`] bytes
+/// (plus the CRLF) without a line end: the server replies 414 and closes, since it cannot
+/// find where the next command starts without reading the rest of an unbounded line.
+pub fn next_line<'a>(
+    buf: &'a [u8],
+    limits: &Limits,
+) -> Result<Option<(&'a [u8], usize)>, ControlError> {
+    let window = &buf[..buf.len().min(limits.line_bytes_max.saturating_add(2))];
+    let Some(lf) = window.iter().position(|&b| b == b'\n') else {
+        if buf.len() >= limits.line_bytes_max.saturating_add(2) {
+            return Err(ControlError::LineTooLong {
+                limit_bytes: limits.line_bytes_max,
+            });
+        }
+        return Ok(None);
+    };
+    let line = &buf[..lf];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.len() > limits.line_bytes_max {
+        return Err(ControlError::LineTooLong {
+            limit_bytes: limits.line_bytes_max,
+        });
+    }
+    Ok(Some((line, lf + 1)))
+}
+
+/// [`parse_command`] on raw bytes (what [`next_line`] returns).
+pub fn parse_command_bytes(line: &[u8], limits: &Limits) -> Result<Command, ControlError> {
+    if line.len() > limits.line_bytes_max {
+        return Err(ControlError::LineTooLong {
+            limit_bytes: limits.line_bytes_max,
+        });
+    }
+    let line = std::str::from_utf8(line).map_err(|_| ControlError::NotUtf8)?;
+    parse_command(line, limits)
+}
+
+/// Parses one command line (a trailing `\r\n` or `\n` is allowed). Never panics.
+pub fn parse_command(line: &str, limits: &Limits) -> Result<Command, ControlError> {
+    let line = line.strip_suffix('\n').unwrap_or(line);
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    if line.len() > limits.line_bytes_max {
+        return Err(ControlError::LineTooLong {
+            limit_bytes: limits.line_bytes_max,
+        });
+    }
+    if line.chars().any(|c| c.is_control() && c != '\t') {
+        return Err(ControlError::ControlCharacter);
+    }
+    let mut words = line.split_ascii_whitespace();
+    let Some(verb) = words.next() else {
+        return Err(ControlError::Empty);
+    };
+    // Bounded by the line length: at most line_bytes_max / 2 words.
+    let args: Vec<&str> = words.collect();
+    let verb_is = |v: &str| verb.eq_ignore_ascii_case(v);
+
+    if verb_is("OPEN") {
+        return parse_open(&args, limits);
+    }
+    let (name, cmd): (&'static str, Command) = if verb_is("SEEK") {
+        let [id, n] = exact(&args, "SEEK", "SEEK <id> <offset>")?;
+        (
+            "SEEK",
+            Command::Seek {
+                id: stream_id(id)?,
+                offset_bytes: size("offset", n)?,
+            },
+        )
+    } else if verb_is("UNIT") {
+        let [id, n] = exact(&args, "UNIT", "UNIT <id> <size>")?;
+        (
+            "UNIT",
+            Command::Unit {
+                id: stream_id(id)?,
+                unit_bytes: nonzero_size("unit", n)?,
+            },
+        )
+    } else if verb_is("LENGTH") {
+        let [id, n] = exact(&args, "LENGTH", "LENGTH <id> <size>")?;
+        (
+            "LENGTH",
+            Command::Length {
+                id: stream_id(id)?,
+                length_bytes: size("length", n)?,
+            },
+        )
+    } else if verb_is("RATE") {
+        let [id, r] = exact(&args, "RATE", "RATE <id> <rate>")?;
+        (
+            "RATE",
+            Command::Rate {
+                id: stream_id(id)?,
+                rate: rate(r)?,
+            },
+        )
+    } else if verb_is("SCHEDULE") {
+        let [id, s] = exact(&args, "SCHEDULE", "SCHEDULE <id> <k>,<t>")?;
+        (
+            "SCHEDULE",
+            Command::Schedule {
+                id: stream_id(id)?,
+                schedule: schedule(s)?,
+            },
+        )
+    } else if verb_is("START") {
+        let [id] = exact(&args, "START", "START <id>")?;
+        ("START", Command::Start { id: stream_id(id)? })
+    } else if verb_is("PAUSE") {
+        let [id] = exact(&args, "PAUSE", "PAUSE <id>")?;
+        ("PAUSE", Command::Pause { id: stream_id(id)? })
+    } else if verb_is("RESUME") {
+        let [id] = exact(&args, "RESUME", "RESUME <id>")?;
+        ("RESUME", Command::Resume { id: stream_id(id)? })
+    } else if verb_is("STATE") {
+        let [sel] = exact(&args, "STATE", "STATE <id>[,<id>...] or STATE *")?;
+        ("STATE", Command::State(selector(sel, limits)?))
+    } else if verb_is("CLOSE") {
+        match args.as_slice() {
+            [id] => (
+                "CLOSE",
+                Command::Close {
+                    id: stream_id(id)?,
+                    now: false,
+                },
+            ),
+            [id, now] if now.eq_ignore_ascii_case("NOW") => (
+                "CLOSE",
+                Command::Close {
+                    id: stream_id(id)?,
+                    now: true,
+                },
+            ),
+            _ => {
+                return Err(ControlError::Arity {
+                    verb: "CLOSE",
+                    expected: "CLOSE <id> [NOW]",
+                });
+            }
+        }
+    } else if verb_is("AUTH") {
+        let [t] = exact(&args, "AUTH", "AUTH <token>")?;
+        ("AUTH", Command::Auth(Token(t.to_string())))
+    } else if verb_is("STATS") {
+        let [] = exact(&args, "STATS", "no argument")?;
+        ("STATS", Command::Stats)
+    } else if verb_is("HELP") {
+        let [] = exact(&args, "HELP", "no argument")?;
+        ("HELP", Command::Help)
+    } else if verb_is("QUIT") {
+        let [] = exact(&args, "QUIT", "no argument")?;
+        ("QUIT", Command::Quit)
+    } else {
+        return Err(ControlError::UnknownVerb(verb.chars().take(32).collect()));
+    };
+    debug_assert_eq!(name, cmd.verb());
+    Ok(cmd)
+}
+
+fn exact<'a, const N: usize>(
+    args: &[&'a str],
+    verb: &'static str,
+    expected: &'static str,
+) -> Result<[&'a str; N], ControlError> {
+    <[&str; N]>::try_from(args).map_err(|_| ControlError::Arity { verb, expected })
+}
+
+fn parse_open(args: &[&str], limits: &Limits) -> Result<Command, ControlError> {
+    let [src, dst, options @ ..] = args else {
+        return Err(ControlError::Arity {
+            verb: "OPEN",
+            expected: "OPEN <src> <dst> [options]",
+        });
+    };
+    if options.len() > limits.open_options_max {
+        return Err(ControlError::TooManyOptions {
+            limit: limits.open_options_max,
+        });
+    }
+    let mut o = OpenSpec::new(*src, *dst);
+    for opt in options {
+        if opt.eq_ignore_ascii_case("DETACHED") {
+            if o.detached {
+                return Err(ControlError::DuplicateOption("DETACHED"));
+            }
+            o.detached = true;
+            continue;
+        }
+        let Some((key, value)) = opt.split_once('=') else {
+            return Err(ControlError::UnknownOption(opt.chars().take(32).collect()));
+        };
+        let key = key.to_ascii_lowercase();
+        match key.as_str() {
+            "class" => set(&mut o.class, "class", class(value)?)?,
+            "rate" => set(&mut o.rate, "rate", rate(value)?)?,
+            "period" => set(&mut o.period, "period", nonzero_duration("period", value)?)?,
+            "unit" => set(&mut o.unit_bytes, "unit", nonzero_size("unit", value)?)?,
+            "schedule" => set(&mut o.schedule, "schedule", schedule(value)?)?,
+            "buffers" => set(&mut o.buffers, "buffers", buffers(value)?)?,
+            "offset" => set(&mut o.offset_bytes, "offset", size("offset", value)?)?,
+            "length" => set(&mut o.length_bytes, "length", size("length", value)?)?,
+            "path" => set(&mut o.path, "path", data_path(value)?)?,
+            _ => return Err(ControlError::UnknownOption(key.chars().take(32).collect())),
+        }
+    }
+    Ok(Command::Open(Box::new(o)))
+}
+
+fn set<T>(slot: &mut Option<T>, name: &'static str, value: T) -> Result<(), ControlError> {
+    if slot.is_some() {
+        return Err(ControlError::DuplicateOption(name));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn bad(name: &'static str, value: &str, expected: &'static str) -> ControlError {
+    ControlError::BadValue {
+        name,
+        value: value.chars().take(64).collect(),
+        expected,
+    }
+}
+
+/// `1*DIGIT` into a u64: no sign, no spaces, no overflow (`u64::from_str` accepts `+1`).
+fn digits_u64(s: &str) -> Option<u64> {
+    if s.is_empty() || s.len() > 20 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn stream_id(s: &str) -> Result<StreamId, ControlError> {
+    digits_u64(s)
+        .map(StreamId)
+        .ok_or_else(|| ControlError::BadStreamId(s.chars().take(32).collect()))
+}
+
+fn selector(s: &str, limits: &Limits) -> Result<StreamSelector, ControlError> {
+    if s == "*" {
+        return Ok(StreamSelector::All);
+    }
+    let mut ids = Vec::new();
+    for part in s.split(',') {
+        if ids.len() == limits.state_ids_max {
+            return Err(ControlError::TooManyIds {
+                limit: limits.state_ids_max,
+            });
+        }
+        ids.push(stream_id(part)?);
+    }
+    Ok(StreamSelector::Ids(ids))
+}
+
+fn size(name: &'static str, s: &str) -> Result<u64, ControlError> {
+    parse_size(s).map_err(|_| bad(name, s, "a size like 4096, 64KiB, 1MiB"))
+}
+
+fn nonzero_size(name: &'static str, s: &str) -> Result<u64, ControlError> {
+    match size(name, s)? {
+        0 => Err(bad(name, s, "a non-zero size")),
+        n => Ok(n),
+    }
+}
+
+fn nonzero_duration(name: &'static str, s: &str) -> Result<Duration, ControlError> {
+    match parse_duration(s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err(bad(name, s, "a non-zero duration like 33.333ms")),
+    }
+}
+
+fn rate(s: &str) -> Result<crate::units::Rate, ControlError> {
+    parse_rate(s).map_err(|_| bad("rate", s, "30/s, 29.97/s, 8Mbit/s or 100MB/s"))
+}
+
+fn schedule(s: &str) -> Result<KtSchedule, ControlError> {
+    const EXPECTED: &str = "K,T: K blocks (1 or more) then a pause T, like 8,10ms";
+    let (k, t) = s
+        .split_once(',')
+        .ok_or_else(|| bad("schedule", s, EXPECTED))?;
+    let blocks = digits_u64(k)
+        .and_then(|k| u32::try_from(k).ok())
+        .filter(|&k| k > 0)
+        .ok_or_else(|| bad("schedule", s, EXPECTED))?;
+    let delay = parse_duration(t).map_err(|_| bad("schedule", s, EXPECTED))?;
+    Ok(KtSchedule { blocks, delay })
+}
+
+fn buffers(s: &str) -> Result<u32, ControlError> {
+    digits_u64(s)
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|&n| n > 0)
+        .ok_or_else(|| bad("buffers", s, "a count from 1 to 4294967295"))
+}
+
+fn class(s: &str) -> Result<Class, ControlError> {
+    if s.eq_ignore_ascii_case("rt") {
+        return Ok(Class::Rt);
+    }
+    if s.eq_ignore_ascii_case("bulk") {
+        return Ok(Class::Bulk);
+    }
+    let ok = (1..=32).contains(&s.len())
+        && s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(Class::Named(s.to_string()))
+    } else {
+        Err(bad("class", s, "rt, bulk or a configured class name"))
+    }
+}
+
+fn data_path(s: &str) -> Result<DataPath, ControlError> {
+    DataPath::ALL
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(s))
+        .map(|(_, p)| *p)
+        .ok_or_else(|| bad("path", s, "auto, copy, sendfile, splice or uring"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::Rate;
+
+    fn p(s: &str) -> Result<Command, ControlError> {
+        parse_command(s, &Limits::default())
+    }
+
+    fn round_trip(c: &Command) {
+        let text = c.to_string();
+        assert_eq!(p(&text).as_ref(), Ok(c), "{text}");
+    }
+
+    #[test]
+    fn open_with_everything() {
+        let c = p(
+            "open file:/m/a.ts tcp:10.0.0.2:9000 class=rt rate=30/s period=33.333ms unit=1KiB \
+                   schedule=8,10ms buffers=4 offset=1MiB length=100MB path=SENDFILE detached",
+        )
+        .unwrap();
+        let Command::Open(o) = &c else {
+            panic!("{c:?}")
+        };
+        assert_eq!(o.src, "file:/m/a.ts");
+        assert_eq!(o.dst, "tcp:10.0.0.2:9000");
+        assert_eq!(o.class, Some(Class::Rt));
+        assert_eq!(o.rate, Some(Rate::UnitsPerSecond { num: 30, den: 1 }));
+        assert_eq!(o.period, Some(Duration::from_micros(33_333)));
+        assert_eq!(o.unit_bytes, Some(1024));
+        assert_eq!(
+            o.schedule,
+            Some(KtSchedule {
+                blocks: 8,
+                delay: Duration::from_millis(10)
+            })
+        );
+        assert_eq!(o.buffers, Some(4));
+        assert_eq!(o.offset_bytes, Some(1 << 20));
+        assert_eq!(o.length_bytes, Some(100_000_000));
+        assert_eq!(o.path, Some(DataPath::Sendfile));
+        assert!(o.detached);
+        assert_eq!(
+            c.to_string(),
+            "OPEN file:/m/a.ts tcp:10.0.0.2:9000 class=rt rate=30/s period=33333us unit=1024 \
+             schedule=8,10ms buffers=4 offset=1048576 length=100000000 path=sendfile DETACHED"
+        );
+        round_trip(&c);
+    }
+
+    #[test]
+    fn open_minimal_and_named_class() {
+        let c = p("OPEN a b").unwrap();
+        assert_eq!(c, Command::Open(Box::new(OpenSpec::new("a", "b"))));
+        let c = p("OPEN a b class=Gold_1 rate=8Mbit/s").unwrap();
+        let Command::Open(o) = &c else { panic!() };
+        assert_eq!(o.class, Some(Class::Named("Gold_1".into())));
+        assert_eq!(o.rate, Some(Rate::BitsPerSecond(8_000_000)));
+        round_trip(&c);
+        round_trip(&p("OPEN a b rate=29.97/s").unwrap());
+    }
+
+    #[test]
+    fn open_errors() {
+        assert!(matches!(
+            p("OPEN a"),
+            Err(ControlError::Arity { verb: "OPEN", .. })
+        ));
+        assert_eq!(
+            p("OPEN a b rate=1/s rate=2/s"),
+            Err(ControlError::DuplicateOption("rate"))
+        );
+        assert_eq!(
+            p("OPEN a b DETACHED detached"),
+            Err(ControlError::DuplicateOption("DETACHED"))
+        );
+        assert_eq!(
+            p("OPEN a b color=red"),
+            Err(ControlError::UnknownOption("color".into()))
+        );
+        assert_eq!(
+            p("OPEN a b fast"),
+            Err(ControlError::UnknownOption("fast".into()))
+        );
+        for bad in [
+            "unit=0",
+            "unit=lots",
+            "period=0",
+            "period=-1s",
+            "rate=0/s",
+            "rate=fast",
+            "schedule=0,10ms",
+            "schedule=8",
+            "schedule=8,soon",
+            "schedule=99999999999,1s",
+            "buffers=0",
+            "buffers=+4",
+            "offset=-1",
+            "length=1.3B",
+            "path=carrier-pigeon",
+            "class=9lives",
+            "class=",
+            "class=a.b",
+        ] {
+            assert!(
+                matches!(
+                    p(&format!("OPEN a b {bad}")),
+                    Err(ControlError::BadValue { .. })
+                ),
+                "{bad}"
+            );
+        }
+        let many = " buffers=1".repeat(17);
+        assert_eq!(
+            p(&format!("OPEN a b{many}")),
+            Err(ControlError::TooManyOptions { limit: 16 })
+        );
+    }
+
+    #[test]
+    fn stream_commands() {
+        let id = StreamId(42);
+        assert_eq!(
+            p("seek 42 1MiB"),
+            Ok(Command::Seek {
+                id,
+                offset_bytes: 1 << 20
+            })
+        );
+        assert_eq!(
+            p("UNIT 42 64KiB"),
+            Ok(Command::Unit {
+                id,
+                unit_bytes: 65536
+            })
+        );
+        assert_eq!(
+            p("LENGTH 42 0"),
+            Ok(Command::Length {
+                id,
+                length_bytes: 0
+            })
+        );
+        assert_eq!(
+            p("Rate 42 25/s"),
+            Ok(Command::Rate {
+                id,
+                rate: Rate::UnitsPerSecond { num: 25, den: 1 }
+            })
+        );
+        assert_eq!(
+            p("SCHEDULE 42 4,0"),
+            Ok(Command::Schedule {
+                id,
+                schedule: KtSchedule {
+                    blocks: 4,
+                    delay: Duration::ZERO
+                }
+            })
+        );
+        assert_eq!(p("START 42"), Ok(Command::Start { id }));
+        assert_eq!(p("PAUSE 42\r\n"), Ok(Command::Pause { id }));
+        assert_eq!(p("  RESUME\t42  "), Ok(Command::Resume { id }));
+        assert_eq!(p("CLOSE 42"), Ok(Command::Close { id, now: false }));
+        assert_eq!(p("close 42 now"), Ok(Command::Close { id, now: true }));
+        assert_eq!(p("STATE *"), Ok(Command::State(StreamSelector::All)));
+        assert_eq!(
+            p("STATE 1,2,18446744073709551615"),
+            Ok(Command::State(StreamSelector::Ids(vec![
+                StreamId(1),
+                StreamId(2),
+                StreamId(u64::MAX)
+            ])))
+        );
+        assert_eq!(p("STATS"), Ok(Command::Stats));
+        assert_eq!(p("help"), Ok(Command::Help));
+        assert_eq!(p("QUIT"), Ok(Command::Quit));
+        assert_eq!(p("AUTH s3cr3t"), Ok(Command::Auth(Token("s3cr3t".into()))));
+    }
+
+    #[test]
+    fn command_errors() {
+        assert_eq!(p(""), Err(ControlError::Empty));
+        assert_eq!(p("   \t "), Err(ControlError::Empty));
+        assert_eq!(p("FLY 1"), Err(ControlError::UnknownVerb("FLY".into())));
+        assert!(matches!(
+            p("START"),
+            Err(ControlError::Arity { verb: "START", .. })
+        ));
+        assert!(matches!(p("START 1 2"), Err(ControlError::Arity { .. })));
+        assert!(matches!(
+            p("CLOSE 1 LATER"),
+            Err(ControlError::Arity { .. })
+        ));
+        assert!(matches!(p("STATS now"), Err(ControlError::Arity { .. })));
+        assert!(matches!(p("AUTH"), Err(ControlError::Arity { .. })));
+        assert!(matches!(p("AUTH a b"), Err(ControlError::Arity { .. })));
+        assert_eq!(
+            p("START 18446744073709551616"),
+            Err(ControlError::BadStreamId("18446744073709551616".into()))
+        );
+        assert_eq!(p("START +1"), Err(ControlError::BadStreamId("+1".into())));
+        assert_eq!(p("START -1"), Err(ControlError::BadStreamId("-1".into())));
+        assert_eq!(p("STATE 1,,2"), Err(ControlError::BadStreamId("".into())));
+        assert_eq!(p("STATE 1,*"), Err(ControlError::BadStreamId("*".into())));
+        assert!(matches!(p("STATE 1, 2"), Err(ControlError::Arity { .. })));
+        assert_eq!(p("START 1\u{7}"), Err(ControlError::ControlCharacter));
+        assert_eq!(p("START 1\r\nSTART 2"), Err(ControlError::ControlCharacter));
+        assert_eq!(p("UNIT 1 0"), Err(bad("unit", "0", "a non-zero size")));
+        let limits = Limits {
+            state_ids_max: 3,
+            line_bytes_max: 20,
+            ..Limits::default()
+        };
+        assert_eq!(
+            parse_command("STATE 1,2,3,4", &limits),
+            Err(ControlError::TooManyIds { limit: 3 })
+        );
+        assert!(parse_command("STATE 1,2,3", &limits).is_ok());
+        assert_eq!(
+            parse_command(&format!("AUTH {}", "x".repeat(20)), &limits),
+            Err(ControlError::LineTooLong { limit_bytes: 20 })
+        );
+        assert_eq!(
+            parse_command_bytes(b"START \xff", &limits),
+            Err(ControlError::NotUtf8)
+        );
+    }
+
+    #[test]
+    fn errors_map_to_reply_codes() {
+        assert_eq!(p("FLY").unwrap_err().reply_code().code(), 400);
+        let e = ControlError::LineTooLong { limit_bytes: 1 };
+        assert_eq!(e.to_reply().to_string(), "414 line longer than 1 bytes\n");
+    }
+
+    #[test]
+    fn token_is_redacted_in_debug() {
+        let c = p("AUTH hunter2").unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert_eq!(c.to_string(), "AUTH hunter2");
+    }
+
+    #[test]
+    fn line_framing() {
+        let l = Limits {
+            line_bytes_max: 8,
+            ..Limits::default()
+        };
+        assert_eq!(next_line(b"", &l), Ok(None));
+        assert_eq!(next_line(b"START 1", &l), Ok(None));
+        assert_eq!(
+            next_line(b"START 1\r\nSTA", &l),
+            Ok(Some((&b"START 1"[..], 9)))
+        );
+        assert_eq!(next_line(b"QUIT\nHELP\n", &l), Ok(Some((&b"QUIT"[..], 5))));
+        assert_eq!(next_line(b"\n", &l), Ok(Some((&b""[..], 1))));
+        assert_eq!(
+            next_line(b"12345678\r\n", &l),
+            Ok(Some((&b"12345678"[..], 10)))
+        );
+        assert_eq!(
+            next_line(b"123456789\n", &l),
+            Err(ControlError::LineTooLong { limit_bytes: 8 })
+        );
+        assert_eq!(
+            next_line(b"1234567890", &l),
+            Err(ControlError::LineTooLong { limit_bytes: 8 })
+        );
+        assert_eq!(next_line(b"123456789", &l), Ok(None));
+    }
+
+    #[test]
+    fn rate_and_duration_text_round_trip() {
+        for r in [
+            "30/s", "29.97/s", "30.0/s", "0.5/s", "8Mbit/s", "100MB/s", "1KiB/s", "1bit/s",
+        ] {
+            let rate = parse_rate(r).unwrap();
+            let text = super::super::command::RateText(rate).to_string();
+            assert_eq!(parse_rate(&text), Ok(rate), "{r} -> {text}");
+        }
+        for d in [0u64, 1, 999, 1000, 33_333_000, 1_000_000_000, 5_000_000_001] {
+            let d = Duration::from_nanos(d);
+            let text = super::super::command::DurationText(d).to_string();
+            assert_eq!(parse_duration(&text), Ok(d), "{text}");
+        }
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn id() -> impl Strategy<Value = StreamId> {
+            any::<u64>().prop_map(StreamId)
+        }
+
+        fn rate_strategy() -> impl Strategy<Value = Rate> {
+            prop_oneof![
+                (1u64..1_000_000, 0u32..=9).prop_map(|(n, k)| Rate::UnitsPerSecond {
+                    num: n,
+                    den: 10u64.pow(k)
+                }),
+                (1u64..u64::MAX / 2).prop_map(Rate::BitsPerSecond),
+            ]
+        }
+
+        fn duration_strategy() -> impl Strategy<Value = Duration> {
+            (0u64..1_000_000_000_000).prop_map(Duration::from_nanos)
+        }
+
+        fn token() -> impl Strategy<Value = String> {
+            "[!-~]{1,24}"
+        }
+
+        fn open_strategy() -> impl Strategy<Value = Command> {
+            (
+                (
+                    token(),
+                    token(),
+                    proptest::option::of(prop_oneof![
+                        Just(Class::Rt),
+                        Just(Class::Bulk),
+                        "[a-zA-Z][a-zA-Z0-9_-]{0,31}"
+                            .prop_filter("built-in", |s| !s.eq_ignore_ascii_case("rt")
+                                && !s.eq_ignore_ascii_case("bulk"))
+                            .prop_map(Class::Named),
+                    ]),
+                ),
+                (
+                    proptest::option::of(rate_strategy()),
+                    proptest::option::of(duration_strategy().prop_filter("nz", |d| !d.is_zero())),
+                ),
+                (
+                    proptest::option::of(1u64..u64::MAX),
+                    proptest::option::of((1u32.., duration_strategy())),
+                ),
+                (
+                    proptest::option::of(1u32..),
+                    proptest::option::of(any::<u64>()),
+                    proptest::option::of(any::<u64>()),
+                ),
+                (
+                    proptest::option::of(proptest::sample::select(
+                        DataPath::ALL.map(|(_, p)| p).to_vec(),
+                    )),
+                    any::<bool>(),
+                ),
+            )
+                .prop_map(
+                    |(
+                        (src, dst, class),
+                        (rate, period),
+                        (unit, sched),
+                        (buffers, offset, length),
+                        (path, detached),
+                    )| {
+                        Command::Open(Box::new(OpenSpec {
+                            src,
+                            dst,
+                            class,
+                            rate,
+                            period,
+                            unit_bytes: unit,
+                            schedule: sched.map(|(blocks, delay)| KtSchedule { blocks, delay }),
+                            buffers,
+                            offset_bytes: offset,
+                            length_bytes: length,
+                            path,
+                            detached,
+                        }))
+                    },
+                )
+        }
+
+        fn command_strategy() -> impl Strategy<Value = Command> {
+            prop_oneof![
+                open_strategy(),
+                (id(), any::<u64>()).prop_map(|(id, n)| Command::Seek {
+                    id,
+                    offset_bytes: n
+                }),
+                (id(), 1u64..).prop_map(|(id, n)| Command::Unit { id, unit_bytes: n }),
+                (id(), any::<u64>()).prop_map(|(id, n)| Command::Length {
+                    id,
+                    length_bytes: n
+                }),
+                (id(), rate_strategy()).prop_map(|(id, rate)| Command::Rate { id, rate }),
+                (id(), 1u32.., duration_strategy()).prop_map(|(id, blocks, delay)| {
+                    Command::Schedule {
+                        id,
+                        schedule: KtSchedule { blocks, delay },
+                    }
+                }),
+                id().prop_map(|id| Command::Start { id }),
+                id().prop_map(|id| Command::Pause { id }),
+                id().prop_map(|id| Command::Resume { id }),
+                Just(Command::State(StreamSelector::All)),
+                proptest::collection::vec(id(), 1..20)
+                    .prop_map(|v| Command::State(StreamSelector::Ids(v))),
+                (id(), any::<bool>()).prop_map(|(id, now)| Command::Close { id, now }),
+                Just(Command::Stats),
+                token().prop_map(|t| Command::Auth(Token(t))),
+                Just(Command::Help),
+                Just(Command::Quit),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn command_text_command(c in command_strategy()) {
+                let text = c.to_string();
+                prop_assert_eq!(parse_command(&text, &Limits::default()), Ok(c), "{}", text);
+            }
+
+            #[test]
+            fn never_panics(line in "\\PC{0,200}") {
+                let _ = parse_command(&line, &Limits::default());
+            }
+
+            #[test]
+            fn near_miss_lines_never_panic(
+                verb in prop_oneof![Just("OPEN"), Just("STATE"), Just("SEEK"), Just("SCHEDULE"), Just("close")],
+                rest in "[ a-z0-9=,*./:-]{0,80}",
+            ) {
+                if let Ok(c) = parse_command(&format!("{verb} {rest}"), &Limits::default()) {
+                    // What parses, round-trips.
+                    prop_assert_eq!(parse_command(&c.to_string(), &Limits::default()), Ok(c));
+                }
+            }
+        }
+    }
+}

@@ -32,7 +32,11 @@ use penstock_core::stream::{
 };
 
 use crate::open::{OpenError, Opened, open_source, open_target, reopen_direct};
+use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
+use penstock_core::lateness::{LatenessStats, LatenessSummary, TraceRecord};
+use penstock_core::sched::edf::Order;
+use penstock_core::schedule::Schedule;
 
 /// Engine-wide limits and sizes, fixed at start.
 #[derive(Debug, Clone)]
@@ -49,6 +53,29 @@ pub struct EngineConfig {
     pub streams_max: usize,
     /// Register the pool with io_uring (READ_FIXED); off only to measure the difference.
     pub register_buffers: bool,
+    /// How a worker sleeps until the next deadline of a periodic stream.
+    pub timer: TimerMode,
+    /// Wake this much before a deadline and spin until it (0: off). Bounded by `SPIN_MAX`.
+    pub spin: Duration,
+    /// Order of the dispatch queue: earliest deadline first, or rate-monotonic (MARS's RTU).
+    pub order: Order,
+    /// SCHED_FIFO for the workers and mlockall; falls back (with a message) when refused.
+    pub realtime: bool,
+    /// Units kept in a stream's trace at most (the rest are counted, not kept).
+    pub trace_units_max: usize,
+}
+
+/// The longest spin before a deadline the engine accepts.
+pub const SPIN_MAX: Duration = Duration::from_millis(2);
+
+/// How a worker waits for the next deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimerMode {
+    /// An io_uring timeout with an absolute CLOCK_MONOTONIC time (completions still wake it).
+    #[default]
+    Uring,
+    /// clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) when nothing else is runnable.
+    Nanosleep,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +87,11 @@ impl Default for EngineConfig {
             stream_depth: 4,
             streams_max: 4096,
             register_buffers: true,
+            timer: TimerMode::Uring,
+            spin: Duration::ZERO,
+            order: Order::EarliestDeadline,
+            realtime: false,
+            trace_units_max: 10_000_000,
         }
     }
 }
@@ -85,6 +117,12 @@ pub struct StreamSpec {
     pub path: PathChoice,
     pub cache: CachePolicy,
     pub zero_copy: ZeroCopy,
+    /// When each unit is due; `None` (or a burst schedule): as fast as possible.
+    pub schedule: Option<Schedule>,
+    /// A unit is a miss when later than this (default: one period).
+    pub miss_after: Option<Duration>,
+    /// Keep every unit's (scheduled, completed) times in the report.
+    pub trace: bool,
 }
 
 impl StreamSpec {
@@ -101,6 +139,9 @@ impl StreamSpec {
             path: PathChoice::Auto,
             cache: CachePolicy::Keep,
             zero_copy: ZeroCopy::Auto,
+            schedule: None,
+            miss_after: None,
+            trace: false,
         }
     }
 }
@@ -177,6 +218,10 @@ pub struct StreamReport {
     pub elapsed: Duration,
     /// Things the stream did differently than asked, and why (said once per stream).
     pub notes: Vec<String>,
+    /// Lateness of a paced stream's units.
+    pub lateness: Option<LatenessSummary>,
+    /// Every unit's times, when asked for with `StreamSpec::trace`.
+    pub trace: Vec<TraceRecord>,
 }
 
 /// The caller's side of an open stream.
@@ -221,6 +266,17 @@ impl StreamHandle {
         self.worker.send(Command::Cancel(self.id));
     }
 
+    /// Stops issuing new I/O (what is in flight completes); a paced stream's later deadlines
+    /// move by the length of the pause.
+    pub fn pause(&self) {
+        self.worker.send(Command::Pause(self.id));
+    }
+
+    /// Undoes [`StreamHandle::pause`].
+    pub fn resume(&self) {
+        self.worker.send(Command::Resume(self.id));
+    }
+
     /// Waits for the stream to end.
     pub fn wait(self) -> Result<StreamReport, StreamError> {
         self.done.recv().unwrap_or(Err(StreamError::EngineStopped))
@@ -249,6 +305,8 @@ pub struct EngineInfo {
     pub uring: Result<(), String>,
     /// Buffers registered with the ring; otherwise why not.
     pub registered: Result<(), String>,
+    /// Real-time scheduling as asked (`EngineConfig::realtime`); otherwise why not.
+    pub realtime: Result<(), String>,
 }
 
 /// The engine. Dropping it stops its workers (streams still running are cancelled).
@@ -290,6 +348,12 @@ impl Engine {
             return Err(EngineError::Config(format!(
                 "buffer_bytes must be a multiple of 4096 up to 64 MiB, got {}",
                 cfg.buffer_bytes
+            )));
+        }
+        if cfg.spin > SPIN_MAX {
+            return Err(EngineError::Config(format!(
+                "spin must be at most {SPIN_MAX:?}, got {:?}",
+                cfg.spin
             )));
         }
         if cfg.stream_depth == 0 || cfg.stream_depth > cfg.pool_buffers {
@@ -360,7 +424,23 @@ impl Engine {
         source: Opened,
         target: Opened,
     ) -> Result<StreamHandle, StreamError> {
-        let path = choose_path(spec.path, source.kind, target.kind, spec.cache, self.caps())?;
+        let schedule = spec.schedule.filter(|s| !s.is_burst());
+        let mut choice = spec.path;
+        if schedule.is_some() && choice == PathChoice::Auto {
+            // Paced units are read ahead into the pool and sent at their deadline: the uring
+            // path; without io_uring, copy (read, then write at the deadline).
+            choice = PathChoice::Fixed(if self.caps().uring {
+                DataPath::Uring
+            } else {
+                DataPath::Copy
+            });
+        }
+        let path = choose_path(choice, source.kind, target.kind, spec.cache, self.caps())?;
+        if schedule.is_some() && !matches!(path, DataPath::Uring | DataPath::Copy) {
+            return Err(StreamError::Invalid(format!(
+                "a paced stream sends unit by unit at deadlines: use the uring or copy path, not {path}"
+            )));
+        }
         let range = match (source.kind, source.size) {
             (IoKind::File, Some(size)) => Some(spec.extent.resolve_in_file(size)?),
             _ if spec.extent.offset != 0 => {
@@ -368,7 +448,10 @@ impl Engine {
             }
             _ => None,
         };
-        let unit = if spec.unit_bytes == 0 {
+        let unit = if let Some(s) = &schedule {
+            usize::try_from(s.unit_bytes())
+                .map_err(|_| StreamError::Invalid("unit too large".into()))?
+        } else if spec.unit_bytes == 0 {
             default_unit_bytes(path, target.kind, self.cfg.buffer_bytes)
         } else {
             spec.unit_bytes
@@ -437,6 +520,10 @@ impl Engine {
             cache: spec.cache,
             zero_copy,
             notes,
+            pace: schedule.map(|s| {
+                let stats = LatenessStats::for_schedule(&s, spec.miss_after);
+                Pace::new(s, stats, spec.trace, self.cfg.trace_units_max, id)
+            }),
             counters: counters.clone(),
             cancel: cancel.clone(),
             done: done_tx,

@@ -8,6 +8,7 @@
 pub mod clock;
 pub mod engine;
 pub mod open;
+mod pace;
 mod paths;
 mod uring_path;
 mod worker;

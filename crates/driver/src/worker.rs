@@ -20,8 +20,15 @@ use std::thread::JoinHandle;
 use penstock_core::stream::{CachePolicy, DataPath};
 use penstock_uring::{Completion, Registration, Ring, RingConfig, RingError};
 
-use crate::engine::{Counters, EngineConfig, EngineInfo, StreamError, StreamReport};
+use std::time::Duration;
+
+use penstock_core::sched::edf::{Due, EdfQueue};
+use penstock_core::time::Instant;
+
+use crate::clock;
+use crate::engine::{Counters, EngineConfig, EngineInfo, StreamError, StreamReport, TimerMode};
 use crate::open::Opened;
+use crate::pace::Pace;
 use crate::paths::{CopyState, SpliceState, readiness_step};
 use crate::uring_path::UringState;
 
@@ -29,6 +36,8 @@ use crate::uring_path::UringState;
 pub(crate) enum Command {
     Open(Box<Task>),
     Cancel(u64),
+    Pause(u64),
+    Resume(u64),
     Shutdown,
 }
 
@@ -57,6 +66,8 @@ pub(crate) enum Step {
     WaitFd(Side, u32),
     /// Wait for one of its operations in the ring to complete.
     WaitRing,
+    /// The next unit is due at this instant (a paced stream).
+    WaitUntil(Instant),
     /// Done: success, or an error. In-flight operations still finish before the report.
     Finish(Result<(), StreamError>),
 }
@@ -80,6 +91,7 @@ pub(crate) struct TaskInit {
     pub cache: CachePolicy,
     pub zero_copy: bool,
     pub notes: Vec<String>,
+    pub pace: Option<Pace>,
     pub counters: Arc<Counters>,
     pub cancel: Arc<AtomicBool>,
     pub done: SyncSender<Result<StreamReport, StreamError>>,
@@ -110,6 +122,8 @@ pub(crate) struct TaskIo {
     pub units: u64,
     pub counters: Arc<Counters>,
     pub notes: Vec<String>,
+    /// The schedule of a paced stream.
+    pub pace: Option<Pace>,
 }
 
 impl TaskIo {
@@ -161,6 +175,8 @@ pub(crate) struct Task {
     /// The outcome, once decided; reported when `in_ring` reaches zero.
     outcome: Option<Result<(), StreamError>>,
     queued: bool,
+    /// Paused since this instant: no new I/O is issued.
+    paused: Option<Instant>,
 }
 
 impl Task {
@@ -192,6 +208,7 @@ impl Task {
                 units: 0,
                 counters: init.counters,
                 notes: init.notes,
+                pace: init.pace,
             },
             machine,
             cancel: init.cancel,
@@ -201,6 +218,7 @@ impl Task {
             in_ring: 0,
             outcome: None,
             queued: false,
+            paused: None,
         }
     }
 }
@@ -209,6 +227,11 @@ const TAG_POLL: u64 = 1;
 pub(crate) const TAG_READ: u64 = 2;
 pub(crate) const TAG_SEND: u64 = 3;
 const WAKE_TOKEN: u64 = u64::MAX - 1;
+const TIMER_TOKEN: u64 = u64::MAX - 2;
+/// Timers in flight at most (a newer, earlier deadline arms another one).
+const TIMERS_MAX: u32 = 8;
+/// Streams made runnable by deadlines in one loop turn at most.
+const DUE_BUDGET: usize = 4096;
 
 /// A completion token: task slot, slot generation, tag, and a 16-bit argument (a buffer).
 pub(crate) fn token(slot: usize, generation: u16, tag: u64, arg: u16) -> u64 {
@@ -241,6 +264,14 @@ struct Worker {
     ready: VecDeque<usize>,
     completions: Vec<Completion>,
     shutting_down: bool,
+    /// Paced streams waiting for their next unit's deadline.
+    edf: EdfQueue<usize>,
+    due: Vec<Due<usize>>,
+    timer_mode: TimerMode,
+    spin: Duration,
+    /// Deadline of the earliest timer armed in the ring, and how many are in flight.
+    timer_armed: Option<Instant>,
+    timers_in_flight: u32,
 }
 
 /// Steps one stream may take per turn before others get theirs.
@@ -268,9 +299,14 @@ pub(crate) fn spawn_worker(
     };
     let depth = cfg.stream_depth;
     let wake2 = wake.clone();
+    let (timer_mode, spin, order, realtime) = (cfg.timer, cfg.spin, cfg.order, cfg.realtime);
+    let streams_max = cfg.streams_max;
     let join = std::thread::Builder::new().name(format!("penstock-w{index}")).spawn(move || {
+        // Timer slack of 1 ns: the kernel's default 50 µs slack would be added to every wake-up.
+        let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
+        let rt = if realtime { enter_realtime() } else { Err("not asked for".to_string()) };
         // The ring is built on the thread that submits to it (IORING_SETUP_SINGLE_ISSUER).
-        let (reactor, info) = match Ring::new(&ring_cfg) {
+        let (reactor, mut info) = match Ring::new(&ring_cfg) {
             Ok((ring, reg)) => {
                 let registered = match reg {
                     Registration::Registered => Ok(()),
@@ -281,23 +317,25 @@ pub(crate) fn spawn_worker(
                         io::Error::from_raw_os_error(errno)
                     )),
                 };
-                (Reactor::Ring(Box::new(ring)), EngineInfo { uring: Ok(()), registered })
+                (Reactor::Ring(Box::new(ring)), EngineInfo { uring: Ok(()), registered, realtime: Ok(()) })
             }
             Err(RingError::Unavailable(e)) => (
                 Reactor::Poll { waiting: Vec::new() },
                 EngineInfo {
                     uring: Err(format!("io_uring unavailable ({e}): using sendfile/splice/copy on poll(2)")),
                     registered: Err("no io_uring".to_string()),
+                    realtime: Ok(()),
                 },
             ),
             Err(e) => {
                 let msg = format!("io_uring setup failed ({e}): using sendfile/splice/copy on poll(2)");
                 (
                     Reactor::Poll { waiting: Vec::new() },
-                    EngineInfo { uring: Err(msg), registered: Err("no io_uring".to_string()) },
+                    EngineInfo { uring: Err(msg), registered: Err("no io_uring".to_string()), realtime: Ok(()) },
                 )
             }
         };
+        info.realtime = rt;
         let _ = info_tx.send(info);
         let mut w = Worker {
             reactor,
@@ -311,6 +349,12 @@ pub(crate) fn spawn_worker(
             ready: VecDeque::new(),
             completions: Vec::new(),
             shutting_down: false,
+            edf: EdfQueue::new(order, streams_max),
+            due: Vec::new(),
+            timer_mode,
+            spin,
+            timer_armed: None,
+            timers_in_flight: 0,
         };
         w.run();
     })?;
@@ -327,6 +371,7 @@ impl Worker {
             if self.shutting_down && self.by_id.is_empty() {
                 return;
             }
+            self.release_due();
             let mut turns = self.ready.len();
             while turns > 0 {
                 turns -= 1;
@@ -356,6 +401,25 @@ impl Worker {
                 }
                 Command::Cancel(id) => {
                     if let Some(&slot) = self.by_id.get(&id) {
+                        self.edf.cancel(slot);
+                        self.schedule(slot);
+                    }
+                }
+                Command::Pause(id) => {
+                    if let Some(t) = self.by_id.get(&id).and_then(|&s| self.slots[s].1.as_mut()) {
+                        t.paused.get_or_insert_with(clock::now);
+                    }
+                }
+                Command::Resume(id) => {
+                    if let Some(&slot) = self.by_id.get(&id) {
+                        if let Some(t) = self.slots[slot].1.as_mut() {
+                            if let Some(at) = t.paused.take() {
+                                if let Some(p) = &mut t.io.pace {
+                                    p.resume_after(at, clock::now());
+                                }
+                            }
+                        }
+                        self.edf.cancel(slot);
                         self.schedule(slot);
                     }
                 }
@@ -403,6 +467,11 @@ impl Worker {
                 waiting.retain(|(s, _, _)| *s != slot);
             }
         }
+        if task.outcome.is_none() && task.paused.is_some() {
+            // Paused: issue nothing; a Resume command schedules the task again.
+            self.slots[slot].1 = Some(task);
+            return;
+        }
         if task.outcome.is_none() {
             task.started.get_or_insert_with(std::time::Instant::now);
             let step = match &mut task.machine {
@@ -443,6 +512,13 @@ impl Worker {
                     Reactor::Poll { waiting } => waiting.push((slot, side, events)),
                 },
                 Step::WaitRing => {}
+                Step::WaitUntil(deadline) => {
+                    let period_ns = task.io.pace.as_ref().map_or(0, |p| p.period_ns());
+                    self.edf.cancel(slot);
+                    self.edf
+                        .push(slot, deadline, period_ns)
+                        .expect("the queue holds streams_max entries, one per stream");
+                }
                 Step::Finish(r) => {
                     task.finished_at = Some(std::time::Instant::now());
                     task.outcome = Some(r);
@@ -465,6 +541,14 @@ impl Worker {
         let outcome = task.outcome.take().expect("finish with an outcome");
         let started = task.started.unwrap_or_else(std::time::Instant::now);
         let ended = task.finished_at.unwrap_or_else(std::time::Instant::now);
+        self.edf.cancel(slot);
+        let mut pace = task.io.pace.take();
+        if let Some(p) = &pace {
+            if p.trace_dropped > 0 {
+                task.io
+                    .note_once(&format!("trace full: {} units not kept", p.trace_dropped));
+            }
+        }
         let report = outcome.map(|()| StreamReport {
             bytes: task.io.sent,
             units: task.io.units,
@@ -472,6 +556,11 @@ impl Worker {
             cache: task.io.cache,
             elapsed: ended.duration_since(started),
             notes: std::mem::take(&mut task.io.notes),
+            lateness: pace.as_ref().map(|p| p.stats.summary()),
+            trace: pace
+                .as_mut()
+                .and_then(|p| p.trace.take())
+                .unwrap_or_default(),
         });
         // Close the descriptors (the receiver sees EOF) before telling the caller it is done.
         let done = task.done.clone();
@@ -482,14 +571,79 @@ impl Worker {
         self.free.push(slot);
     }
 
+    /// Makes every paced stream whose deadline has come runnable (spinning up to `spin` for a
+    /// deadline that is that close).
+    fn release_due(&mut self) {
+        let Some(next) = self.edf.peek_deadline() else {
+            return;
+        };
+        let mut now = clock::now();
+        if next > now && !self.spin.is_zero() && self.ready.is_empty() && next - now <= self.spin {
+            while now < next {
+                std::hint::spin_loop();
+                now = clock::now();
+            }
+        }
+        self.due.clear();
+        self.edf.pop_due(now, DUE_BUDGET, &mut self.due);
+        for i in 0..self.due.len() {
+            let slot = self.due[i].key;
+            self.schedule(slot);
+        }
+    }
+
     fn wait(&mut self) {
         let block = self.ready.is_empty();
+        let next_deadline = if block {
+            self.edf.peek_deadline()
+        } else {
+            None
+        };
+        let spin_ns = self.spin.as_nanos() as u64;
+        let wake_at =
+            next_deadline.map(|d| Instant::from_nanos(d.as_nanos().saturating_sub(spin_ns)));
+        if let (Some(at), TimerMode::Nanosleep, Reactor::Ring(ring)) =
+            (wake_at, self.timer_mode, &mut self.reactor)
+        {
+            // Hand queued sends to the kernel, take what completed, then sleep to the deadline.
+            if let Err(e) = ring.submit() {
+                panic!("io_uring submit failed: {e}");
+            }
+            self.completions.clear();
+            ring.reap(&mut self.completions);
+            if self.completions.is_empty() {
+                let ts = rustix::time::Timespec {
+                    tv_sec: (at.as_nanos() / 1_000_000_000) as i64,
+                    tv_nsec: (at.as_nanos() % 1_000_000_000) as i64,
+                };
+                let _ = rustix::thread::clock_nanosleep_absolute(
+                    rustix::thread::ClockId::Monotonic,
+                    &ts,
+                );
+                ring.reap(&mut self.completions);
+            }
+            let completions = std::mem::take(&mut self.completions);
+            for c in &completions {
+                self.route(c);
+            }
+            self.completions = completions;
+            return;
+        }
         match &mut self.reactor {
             Reactor::Ring(ring) => {
                 if !self.wake_armed {
                     ring.poll(self.wake.as_raw_fd(), libc::POLLIN as u32, WAKE_TOKEN)
                         .expect("room for the wake poll");
                     self.wake_armed = true;
+                }
+                if let Some(at) = wake_at {
+                    let earlier = self.timer_armed.is_none_or(|armed| at < armed);
+                    if earlier && self.timers_in_flight < TIMERS_MAX {
+                        ring.timeout_at(at.as_nanos(), TIMER_TOKEN)
+                            .expect("room for a timer");
+                        self.timer_armed = Some(at);
+                        self.timers_in_flight += 1;
+                    }
                 }
                 let r = if block {
                     ring.submit_and_wait(1, None)
@@ -518,13 +672,21 @@ impl Worker {
                     &*self.wake,
                     rustix::event::PollFlags::IN,
                 ));
+                let until_deadline = wake_at.map(|at| {
+                    let d = at.saturating_duration_since(clock::now());
+                    rustix::time::Timespec {
+                        tv_sec: d.as_secs() as i64,
+                        tv_nsec: i64::from(d.subsec_nanos()),
+                    }
+                });
+                let zero = rustix::time::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
                 let timeout = if block {
-                    None
+                    until_deadline.as_ref()
                 } else {
-                    Some(&rustix::time::Timespec {
-                        tv_sec: 0,
-                        tv_nsec: 0,
-                    })
+                    Some(&zero)
                 };
                 match rustix::event::poll(&mut fds, timeout) {
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -560,6 +722,13 @@ impl Worker {
     }
 
     fn route(&mut self, c: &Completion) {
+        if c.token == TIMER_TOKEN {
+            self.timers_in_flight -= 1;
+            if self.timers_in_flight == 0 {
+                self.timer_armed = None;
+            }
+            return;
+        }
         if c.token == WAKE_TOKEN {
             self.wake_armed = false;
             let mut b = [0u8; 8];
@@ -592,6 +761,15 @@ impl Worker {
             self.schedule(slot);
         }
     }
+}
+
+/// SCHED_FIFO for this worker thread and mlockall for the process; the reason when refused.
+fn enter_realtime() -> Result<(), String> {
+    penstock_uring::sys::set_fifo_scheduling(50)
+        .map_err(|e| format!("SCHED_FIFO refused ({e})"))?;
+    rustix::mm::mlockall(rustix::mm::MlockAllFlags::CURRENT | rustix::mm::MlockAllFlags::FUTURE)
+        .map_err(|e| format!("mlockall refused ({e})"))?;
+    Ok(())
 }
 
 fn poll_flags(events: u32) -> rustix::event::PollFlags {

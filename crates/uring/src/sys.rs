@@ -56,6 +56,20 @@ pub fn ioprio_set_current_thread(value: u16) -> std::io::Result<()> {
     }
 }
 
+/// Puts the calling thread in SCHED_FIFO at `priority` (1..=99).
+pub fn set_fifo_scheduling(priority: i32) -> std::io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is this thread.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// CPU time consumed, in nanoseconds of user and system time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuTimes {

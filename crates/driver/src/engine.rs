@@ -360,7 +360,9 @@ impl Engine {
             _ if spec.extent.offset != 0 => {
                 return Err(ExtentError::OffsetOnStream(source.kind).into());
             }
-            _ => None,
+            // A stream has no size: a length bounds how much of it is read (and a stream that
+            // ends before it is `SourceShrank`, not a short success).
+            _ => spec.extent.length.map(|length| (0, length)),
         };
         let unit = if spec.unit_bytes == 0 {
             default_unit_bytes(target.kind, self.cfg.buffer_bytes)

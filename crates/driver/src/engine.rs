@@ -343,6 +343,10 @@ impl Engine {
         on_listen: &mut dyn FnMut(std::net::SocketAddr),
     ) -> Result<StreamHandle, StreamError> {
         let source = open_source(&spec.source, on_listen)?;
+        // Refuse an extent that does not fit before opening the target, which truncates files.
+        if let (IoKind::File, Some(size)) = (source.kind, source.size) {
+            spec.extent.resolve_in_file(size)?;
+        }
         let target = open_target(&spec.target, on_listen)?;
         self.open_opened(spec, source, target)
     }

@@ -409,6 +409,12 @@ impl Engine {
             None
         };
         let zero_copy = match spec.zero_copy {
+            // SEND_ZC exists for TCP and UDP only; unix sockets refuse it (EOPNOTSUPP), and
+            // the uring path sends datagrams with copies.
+            ZeroCopy::On if path == DataPath::Uring && !peer_is_tcp(&target) => {
+                notes.push("zero-copy sends need a TCP target: sending with copies".to_string());
+                false
+            }
             ZeroCopy::On => true,
             ZeroCopy::Off => false,
             ZeroCopy::Auto => unit >= 64 * 1024 && !peer_is_loopback(&target),
@@ -452,6 +458,16 @@ impl Engine {
             done,
             open_count: self.open_count.clone(),
         })
+    }
+}
+
+fn peer_is_tcp(target: &Opened) -> bool {
+    if !target.socket || target.kind != IoKind::StreamSocket {
+        return false;
+    }
+    match rustix::net::getpeername(&target.fd) {
+        Ok(Some(addr)) => std::net::SocketAddr::try_from(addr).is_ok(),
+        _ => false,
     }
 }
 

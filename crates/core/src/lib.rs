@@ -8,7 +8,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
-
 pub mod admission;
 pub mod buffers;
 pub mod control;

@@ -166,10 +166,7 @@ impl UringState {
                         let len = left.min(io.unit);
                         ring.send(fd, head.buf, from, len, libc::MSG_NOSIGNAL, false, t)
                     }
-                    IoKind::File => {
-                        let r = ring.write(fd, head.buf, from, left, self.target_off, t);
-                        r
-                    }
+                    IoKind::File => ring.write(fd, head.buf, from, left, self.target_off, t),
                     IoKind::Pipe => ring.write(fd, head.buf, from, left, u64::MAX, t),
                 };
                 if r.is_ok() {

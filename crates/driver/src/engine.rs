@@ -413,6 +413,10 @@ impl Engine {
         on_listen: &mut dyn FnMut(std::net::SocketAddr),
     ) -> Result<StreamHandle, StreamError> {
         let source = open_source(&spec.source, on_listen)?;
+        // Refuse an extent that does not fit before opening the target, which truncates files.
+        if let (IoKind::File, Some(size)) = (source.kind, source.size) {
+            spec.extent.resolve_in_file(size)?;
+        }
         let target = open_target(&spec.target, on_listen)?;
         self.open_opened(spec, source, target)
     }
@@ -446,7 +450,9 @@ impl Engine {
             _ if spec.extent.offset != 0 => {
                 return Err(ExtentError::OffsetOnStream(source.kind).into());
             }
-            _ => None,
+            // A stream has no size: a length bounds how much of it is read (and a stream that
+            // ends before it is `SourceShrank`, not a short success).
+            _ => spec.extent.length.map(|length| (0, length)),
         };
         let unit = if let Some(s) = &schedule {
             usize::try_from(s.unit_bytes())
@@ -492,6 +498,12 @@ impl Engine {
             None
         };
         let zero_copy = match spec.zero_copy {
+            // SEND_ZC exists for TCP and UDP only; unix sockets refuse it (EOPNOTSUPP), and
+            // the uring path sends datagrams with copies.
+            ZeroCopy::On if path == DataPath::Uring && !peer_is_tcp(&target) => {
+                notes.push("zero-copy sends need a TCP target: sending with copies".to_string());
+                false
+            }
             ZeroCopy::On => true,
             ZeroCopy::Off => false,
             ZeroCopy::Auto => unit >= 64 * 1024 && !peer_is_loopback(&target),
@@ -539,6 +551,16 @@ impl Engine {
             done,
             open_count: self.open_count.clone(),
         })
+    }
+}
+
+fn peer_is_tcp(target: &Opened) -> bool {
+    if !target.socket || target.kind != IoKind::StreamSocket {
+        return false;
+    }
+    match rustix::net::getpeername(&target.fd) {
+        Ok(Some(addr)) => std::net::SocketAddr::try_from(addr).is_ok(),
+        _ => false,
     }
 }
 

@@ -15,5 +15,5 @@ mod worker;
 
 pub use engine::{
     CounterSnapshot, Engine, EngineConfig, EngineError, EngineInfo, StreamError, StreamHandle,
-    StreamReport, StreamSpec, ZeroCopy,
+    StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };

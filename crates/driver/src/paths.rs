@@ -116,6 +116,11 @@ fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, 
                     c.pos += n;
                     let units = u64::from(c.pos == c.have);
                     io.add_sent(n, units);
+                    if c.pos == c.have
+                        && let Some(p) = &mut io.pace
+                    {
+                        p.completed(crate::clock::now(), c.have as u64);
+                    }
                 }
                 Err(Errno::AGAIN) => return Ok(Step::WaitFd(Side::Target, POLLOUT)),
                 Err(Errno::INTR) => {}
@@ -126,6 +131,11 @@ fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, 
         let want = next_len(io);
         if want == 0 {
             return Ok(Step::Finish(Ok(())));
+        }
+        if let Some(p) = &mut io.pace
+            && let Err(at) = p.gate(crate::clock::now())
+        {
+            return Ok(Step::WaitUntil(at));
         }
         let buf = &mut c.buf[..want];
         let r = match io.source.kind {
@@ -171,6 +181,9 @@ fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, 
                 io.add_read(n);
                 c.have = n;
                 c.pos = 0;
+                if let Some(p) = &mut io.pace {
+                    p.issued();
+                }
             }
             Err(Errno::AGAIN) => return Ok(Step::WaitFd(Side::Source, POLLIN)),
             Err(Errno::INTR) => {}
@@ -221,9 +234,16 @@ fn splice_step(s: &mut SpliceState, io: &mut TaskIo, budget: usize) -> Result<St
             source: e.into(),
         })?;
         // A pipe as large as the unit moves a unit per call. The kernel caps the size at
-        // /proc/sys/fs/pipe-max-size for unprivileged users; a smaller pipe only means more calls.
+        // /proc/sys/fs/pipe-max-size (1 MiB by default); a pipe capped there only means more
+        // calls per unit, so that is not worth a note. Failing even that is.
         if rustix::pipe::fcntl_setpipe_size(&w, io.unit).is_err() {
-            io.note_once("pipe could not be sized to the unit: splicing in smaller pieces");
+            let max = std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .unwrap_or(1 << 20);
+            if rustix::pipe::fcntl_setpipe_size(&w, max.min(io.unit)).is_err() {
+                io.note_once("pipe could not be sized to the unit: splicing in smaller pieces");
+            }
         }
         s.pipe = Some((r, w));
     }

@@ -17,6 +17,7 @@ use penstock_core::stream::{CachePolicy, IoKind};
 use penstock_uring::{BufId, Completion, Ring};
 use rustix::io::Errno;
 
+use crate::clock;
 use crate::engine::StreamError;
 use crate::open::direct_alignment;
 use crate::paths::peer_error;
@@ -53,6 +54,9 @@ pub(crate) struct UringState {
     rw_flags: i32,
     /// Buffers whose sends are complete but whose zero-copy notification has not arrived.
     retired: Vec<BufId>,
+    /// Bytes of the unit being sent that are not sent yet (0: no unit under way), and its size.
+    unit_left: usize,
+    unit_len: usize,
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -151,29 +155,51 @@ impl UringState {
             self.next_read += want as u64;
         }
         // The next send, in order.
-        if let Some(head) = self.chunks.front_mut()
-            && head.filled.is_some()
-            && !head.sending
-            && head.sent < head.send_to - head.send_from
-        {
-            let from = head.send_from + head.sent;
-            let left = head.send_to - from;
-            let t = token(TAG_SEND, head.buf.index() as u16);
-            let fd = io.target.fd.as_raw_fd();
-            let r = match io.target.kind {
-                IoKind::StreamSocket => {
-                    let flags = libc::MSG_NOSIGNAL | libc::MSG_WAITALL;
-                    ring.send(fd, head.buf, from, left, flags, io.zero_copy, t)
+        // The next send, in order. Datagram targets and paced streams send unit by unit; a
+        // paced stream's unit goes when its deadline has come.
+        if let Some(head) = self.chunks.front_mut() {
+            let ready =
+                head.filled.is_some() && !head.sending && head.sent < head.send_to - head.send_from;
+            if ready {
+                let from = head.send_from + head.sent;
+                let left = head.send_to - from;
+                let by_unit = io.target.kind == IoKind::Datagram || io.pace.is_some();
+                let (len, new_unit) = if self.unit_left > 0 {
+                    (self.unit_left.min(left), false)
+                } else if by_unit {
+                    (left.min(io.unit), true)
+                } else {
+                    (left, true)
+                };
+                if new_unit
+                    && let Some(p) = &mut io.pace
+                    && let Err(at) = p.gate(clock::now())
+                {
+                    return Step::WaitUntil(at);
                 }
-                IoKind::Datagram => {
-                    let len = left.min(io.unit);
-                    ring.send(fd, head.buf, from, len, libc::MSG_NOSIGNAL, false, t)
+                let t = token(TAG_SEND, head.buf.index() as u16);
+                let fd = io.target.fd.as_raw_fd();
+                let r = match io.target.kind {
+                    IoKind::StreamSocket => {
+                        let flags = libc::MSG_NOSIGNAL | libc::MSG_WAITALL;
+                        ring.send(fd, head.buf, from, len, flags, io.zero_copy, t)
+                    }
+                    IoKind::Datagram => {
+                        ring.send(fd, head.buf, from, len, libc::MSG_NOSIGNAL, false, t)
+                    }
+                    IoKind::File => ring.write(fd, head.buf, from, len, self.target_off, t),
+                    IoKind::Pipe => ring.write(fd, head.buf, from, len, u64::MAX, t),
+                };
+                if r.is_ok() {
+                    head.sending = true;
+                    if new_unit {
+                        self.unit_left = len;
+                        self.unit_len = len;
+                        if let Some(p) = &mut io.pace {
+                            p.issued();
+                        }
+                    }
                 }
-                IoKind::File => ring.write(fd, head.buf, from, left, self.target_off, t),
-                IoKind::Pipe => ring.write(fd, head.buf, from, left, u64::MAX, t),
-            };
-            if r.is_ok() {
-                head.sending = true;
             }
         }
         if self.chunks.is_empty() && self.next_read >= end.min(self.read_end) {
@@ -261,11 +287,13 @@ impl UringState {
                     return Err(peer_error("send", Errno::PIPE, io.sent));
                 }
                 ch.sent += n;
-                let units = if io.target.kind == IoKind::Datagram {
-                    1
-                } else {
-                    u64::from(ch.sent == ch.send_to - ch.send_from)
-                };
+                self.unit_left = self.unit_left.saturating_sub(n);
+                let units = u64::from(self.unit_left == 0);
+                if self.unit_left == 0
+                    && let Some(p) = &mut io.pace
+                {
+                    p.completed(clock::now(), self.unit_len as u64);
+                }
                 if io.target.kind == IoKind::File {
                     self.target_off += n as u64;
                 }

@@ -412,12 +412,11 @@ impl Worker {
                 }
                 Command::Resume(id) => {
                     if let Some(&slot) = self.by_id.get(&id) {
-                        if let Some(t) = self.slots[slot].1.as_mut() {
-                            if let Some(at) = t.paused.take() {
-                                if let Some(p) = &mut t.io.pace {
-                                    p.resume_after(at, clock::now());
-                                }
-                            }
+                        if let Some(t) = self.slots[slot].1.as_mut()
+                            && let Some(at) = t.paused.take()
+                            && let Some(p) = &mut t.io.pace
+                        {
+                            p.resume_after(at, clock::now());
                         }
                         self.edf.cancel(slot);
                         self.schedule(slot);
@@ -543,11 +542,11 @@ impl Worker {
         let ended = task.finished_at.unwrap_or_else(std::time::Instant::now);
         self.edf.cancel(slot);
         let mut pace = task.io.pace.take();
-        if let Some(p) = &pace {
-            if p.trace_dropped > 0 {
-                task.io
-                    .note_once(&format!("trace full: {} units not kept", p.trace_dropped));
-            }
+        if let Some(p) = &pace
+            && p.trace_dropped > 0
+        {
+            task.io
+                .note_once(&format!("trace full: {} units not kept", p.trace_dropped));
         }
         let report = outcome.map(|()| StreamReport {
             bytes: task.io.sent,

@@ -193,6 +193,9 @@ fn run_engine(
         path: PathChoice::Fixed(path),
         cache,
         zero_copy: ZeroCopy::Auto,
+        schedule: None,
+        miss_after: None,
+        trace: false,
     };
     let report = engine.open(spec)?.wait()?;
     if report.notes.iter().any(|n| n.contains("O_DIRECT refused")) {

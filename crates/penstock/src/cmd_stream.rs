@@ -6,10 +6,13 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use penstock_core::endpoint::{Endpoint, Role};
+use penstock_core::lateness::{LatenessSummary, TraceRecord};
+use penstock_core::sched::edf::Order;
+use penstock_core::schedule::{Schedule, ScheduleFlags, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::{CachePolicy, Extent, PathChoice};
-use penstock_core::units::parse_size;
+use penstock_core::units::{parse_duration, parse_size};
 use penstock_driver::clock::{CpuWho, cpu_times};
-use penstock_driver::{Engine, EngineConfig, StreamReport, StreamSpec, ZeroCopy};
+use penstock_driver::{Engine, EngineConfig, StreamReport, StreamSpec, TimerMode, ZeroCopy};
 
 #[derive(Args, Debug)]
 pub struct StreamArgs {
@@ -44,6 +47,71 @@ pub struct StreamArgs {
     /// Print one JSON object instead of the summary line.
     #[arg(long)]
     pub json: bool,
+    /// Periodic: one unit every DUR (e.g. 33.333ms).
+    #[arg(long)]
+    pub period: Option<String>,
+    /// Periodic at a frame rate (30/s) or constant bit rate (8Mbit/s, 1MB/s).
+    #[arg(long)]
+    pub rate: Option<String>,
+    /// Cues' (k, t): K units at the start of every cycle of length T (e.g. 4,40ms).
+    #[arg(long, value_name = "K,T")]
+    pub schedule: Option<String>,
+    /// A unit later than this is a miss (default: one period).
+    #[arg(long, value_parser = parse_duration)]
+    pub miss_after: Option<Duration>,
+    /// Write every unit's scheduled and completion times to this CSV file.
+    #[arg(long)]
+    pub trace: Option<std::path::PathBuf>,
+    /// How to sleep until a deadline: uring (absolute io_uring timeout) or nanosleep.
+    #[arg(long, default_value = "uring", value_parser = parse_timer)]
+    pub timer: TimerMode,
+    /// Wake this long before a deadline and spin until it (off by default; at most 2ms).
+    #[arg(long, value_parser = parse_duration)]
+    pub spin: Option<Duration>,
+    /// SCHED_FIFO and mlockall for the workers (falls back with a message when refused).
+    #[arg(long)]
+    pub realtime: bool,
+    /// Dispatch order of due units: edf or rm (rate-monotonic, as MARS's RTUs).
+    #[arg(long, default_value = "edf", value_parser = parse_order)]
+    pub order: Order,
+}
+
+fn parse_timer(s: &str) -> Result<TimerMode, String> {
+    match s {
+        "uring" => Ok(TimerMode::Uring),
+        "nanosleep" => Ok(TimerMode::Nanosleep),
+        _ => Err(format!("expected uring or nanosleep, got {s:?}")),
+    }
+}
+
+fn parse_order(s: &str) -> Result<Order, String> {
+    match s {
+        "edf" => Ok(Order::EarliestDeadline),
+        "rm" => Ok(Order::RateMonotonic),
+        _ => Err(format!("expected edf or rm, got {s:?}")),
+    }
+}
+
+/// The schedule the pacing flags ask for; `None` for a burst stream.
+pub fn schedule_from_flags(
+    period: Option<&str>,
+    rate: Option<&str>,
+    kt: Option<&str>,
+    unit: Option<u64>,
+    buffer_bytes: u64,
+) -> Result<Option<Schedule>> {
+    if period.is_none() && rate.is_none() && kt.is_none() {
+        return Ok(None); // a burst stream: its unit is checked against the path it takes
+    }
+    let flags = ScheduleFlags {
+        period,
+        rate,
+        unit: None,
+        kt,
+    };
+    let spec = ScheduleSpec::from_flags(&flags, unit.unwrap_or(1316))?;
+    let schedule = Schedule::new(&spec, &ScheduleLimits::new(buffer_bytes))?;
+    Ok((!schedule.is_burst()).then_some(schedule))
 }
 
 fn parse_zc(s: &str) -> Result<ZeroCopy, String> {
@@ -66,16 +134,33 @@ pub struct Outcome {
 pub fn run(a: StreamArgs) -> Result<()> {
     let source = Endpoint::parse(&a.src, Role::Source)?;
     let target = Endpoint::parse(&a.dst, Role::Target)?;
+    // Validated before anything is opened or sent.
+    let schedule = schedule_from_flags(
+        a.period.as_deref(),
+        a.rate.as_deref(),
+        a.schedule.as_deref(),
+        a.unit,
+        a.buffer_size,
+    )?;
     let cfg = EngineConfig {
         workers: 1,
         pool_buffers: a.buffers,
         buffer_bytes: usize::try_from(a.buffer_size).context("buffer size")?,
         stream_depth: 4.min(a.buffers.max(1)),
+        timer: a.timer,
+        spin: a.spin.unwrap_or_default(),
+        realtime: a.realtime,
+        order: a.order,
         ..EngineConfig::default()
     };
     let engine = Engine::new(cfg)?;
     if let Err(why) = &engine.info().uring {
         eprintln!("penstock: note: {why}");
+    }
+    if a.realtime
+        && let Err(why) = &engine.info().realtime
+    {
+        eprintln!("penstock: note: --realtime: {why}; running with normal scheduling");
     }
     let spec = StreamSpec {
         source,
@@ -88,6 +173,9 @@ pub fn run(a: StreamArgs) -> Result<()> {
         path: a.path,
         cache: a.cache,
         zero_copy: a.zero_copy,
+        schedule,
+        miss_after: a.miss_after,
+        trace: a.trace.is_some(),
     };
     let cpu0 = cpu_times(CpuWho::Process);
     let t0 = std::time::Instant::now();
@@ -133,6 +221,10 @@ pub fn run(a: StreamArgs) -> Result<()> {
     for n in &out.report.notes {
         eprintln!("penstock: note: {n}");
     }
+    if let Some(path) = &a.trace {
+        write_trace(path, &out.report.trace)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     if a.json {
         println!("{}", summary_json(&out));
     } else {
@@ -149,7 +241,44 @@ fn cpu_s_per_gb(o: &Outcome) -> f64 {
     }
 }
 
+/// Writes a trace as CSV (`penstock plot` reads it back).
+pub fn write_trace(path: &std::path::Path, trace: &[TraceRecord]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(w, "{}", TraceRecord::CSV_HEADER)?;
+    for r in trace {
+        writeln!(w, "{}", r.to_csv_line())?;
+    }
+    w.flush()
+}
+
+fn lateness_line(l: &LatenessSummary) -> String {
+    format!(
+        "lateness p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs; {} of {} units missed (> {:.3} ms)",
+        l.p50_ns as f64 / 1e3,
+        l.p99_ns as f64 / 1e3,
+        l.p999_ns as f64 / 1e3,
+        l.max_ns as f64 / 1e3,
+        l.misses,
+        l.units,
+        l.miss_after_ns as f64 / 1e6
+    )
+}
+
+pub fn lateness_json(l: &LatenessSummary) -> serde_json::Value {
+    serde_json::json!({
+        "units": l.units, "misses": l.misses, "miss_after_ns": l.miss_after_ns,
+        "p50_ns": l.p50_ns, "p99_ns": l.p99_ns, "p999_ns": l.p999_ns, "max_ns": l.max_ns,
+    })
+}
+
 pub fn summary_line(o: &Outcome) -> String {
+    let lateness = o
+        .report
+        .lateness
+        .as_ref()
+        .map(|l| format!("; {}", lateness_line(l)))
+        .unwrap_or_default();
     format!(
         "penstock: {} bytes in {:.3} s, {:.1} MB/s, path {} (cache {}), CPU {:.3} s/GB (user {:.3} s, sys {:.3} s)",
         o.report.bytes,
@@ -160,7 +289,7 @@ pub fn summary_line(o: &Outcome) -> String {
         cpu_s_per_gb(o),
         o.cpu_user_s,
         o.cpu_sys_s
-    )
+    ) + &lateness
 }
 
 pub fn summary_json(o: &Outcome) -> serde_json::Value {
@@ -175,5 +304,6 @@ pub fn summary_json(o: &Outcome) -> serde_json::Value {
         "cpu_sys_s": o.cpu_sys_s,
         "cpu_s_per_gb": cpu_s_per_gb(o),
         "notes": o.report.notes,
+        "lateness": o.report.lateness.as_ref().map(lateness_json),
     })
 }

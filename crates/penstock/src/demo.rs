@@ -93,6 +93,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
             path: PathChoice::Fixed(path),
             cache: CachePolicy::Keep,
             zero_copy: ZeroCopy::Auto,
+            schedule: None,
+            miss_after: None,
+            trace: false,
         };
         let c0 = cpu_times(CpuWho::Process);
         let t0 = Instant::now();

@@ -34,7 +34,7 @@ use penstock_core::stream::{
 use crate::open::{OpenError, Opened, open_source, open_target, reopen_direct};
 use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
-use penstock_core::lateness::{LatenessStats, LatenessSummary, TraceRecord};
+use penstock_core::lateness::{LatenessStats, TraceRecord};
 use penstock_core::sched::edf::Order;
 use penstock_core::schedule::Schedule;
 
@@ -123,6 +123,9 @@ pub struct StreamSpec {
     pub miss_after: Option<Duration>,
     /// Keep every unit's (scheduled, completed) times in the report.
     pub trace: bool,
+    /// The instant unit 0 of a paced stream is due (CLOCK_MONOTONIC, see `clock::now`);
+    /// `None`: when the stream first runs.
+    pub start_at: Option<penstock_core::time::Instant>,
 }
 
 impl StreamSpec {
@@ -142,6 +145,7 @@ impl StreamSpec {
             schedule: None,
             miss_after: None,
             trace: false,
+            start_at: None,
         }
     }
 }
@@ -218,8 +222,8 @@ pub struct StreamReport {
     pub elapsed: Duration,
     /// Things the stream did differently than asked, and why (said once per stream).
     pub notes: Vec<String>,
-    /// Lateness of a paced stream's units.
-    pub lateness: Option<LatenessSummary>,
+    /// Lateness of a paced stream's units (`summary()` for the figures; `merge` across streams).
+    pub lateness: Option<LatenessStats>,
     /// Every unit's times, when asked for with `StreamSpec::trace`.
     pub trace: Vec<TraceRecord>,
 }
@@ -534,7 +538,14 @@ impl Engine {
             notes,
             pace: schedule.map(|s| {
                 let stats = LatenessStats::for_schedule(&s, spec.miss_after);
-                Pace::new(s, stats, spec.trace, self.cfg.trace_units_max, id)
+                Pace::new(
+                    s,
+                    stats,
+                    spec.trace,
+                    self.cfg.trace_units_max,
+                    id,
+                    spec.start_at,
+                )
             }),
             counters: counters.clone(),
             cancel: cancel.clone(),

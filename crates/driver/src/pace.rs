@@ -31,10 +31,11 @@ impl Pace {
         trace: bool,
         trace_units_max: usize,
         stream: u64,
+        start_at: Option<Instant>,
     ) -> Pace {
         Pace {
             schedule,
-            anchored: None,
+            anchored: start_at.map(|t| Anchored::new(schedule, t)),
             next_unit: 0,
             in_flight: VecDeque::new(),
             stats,

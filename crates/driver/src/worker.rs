@@ -291,11 +291,11 @@ pub(crate) fn spawn_worker(
     let (tx, rx) = channel();
     let (info_tx, info_rx) = sync_channel(1);
     let ring_cfg = RingConfig {
-        sq_entries: 256,
+        sq_entries: 1024,
         buffers: cfg.pool_buffers,
         buffer_bytes: cfg.buffer_bytes,
         register_buffers: cfg.register_buffers,
-        ops_max: 4096.max(cfg.pool_buffers * 4),
+        ops_max: (4096.max(cfg.pool_buffers * 2 + cfg.streams_max * 2)).min(1 << 16),
     };
     let depth = cfg.stream_depth;
     let wake2 = wake.clone();
@@ -555,7 +555,7 @@ impl Worker {
             cache: task.io.cache,
             elapsed: ended.duration_since(started),
             notes: std::mem::take(&mut task.io.notes),
-            lateness: pace.as_ref().map(|p| p.stats.summary()),
+            lateness: pace.as_ref().map(|p| p.stats.clone()),
             trace: pace
                 .as_mut()
                 .and_then(|p| p.trace.take())

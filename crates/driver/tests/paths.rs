@@ -218,6 +218,7 @@ fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
         schedule: None,
         miss_after: None,
         trace: false,
+        start_at: None,
     }
 }
 
@@ -580,6 +581,7 @@ fn run_stream_source(
         schedule: None,
         miss_after: None,
         trace: false,
+        start_at: None,
     };
     let got = match target {
         TargetKind::File => {
@@ -920,6 +922,7 @@ fn bad_streams_are_refused_with_typed_errors() {
             schedule: None,
             miss_after: None,
             trace: false,
+            start_at: None,
         })
     };
     let r = open(&dir.path().join("missing"), 0, None, 0, DataPath::Copy);

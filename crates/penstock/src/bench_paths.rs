@@ -196,6 +196,7 @@ fn run_engine(
         schedule: None,
         miss_after: None,
         trace: false,
+        start_at: None,
     };
     let report = engine.open(spec)?.wait()?;
     if report.notes.iter().any(|n| n.contains("O_DIRECT refused")) {

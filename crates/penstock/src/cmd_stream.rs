@@ -176,6 +176,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
         schedule,
         miss_after: a.miss_after,
         trace: a.trace.is_some(),
+        start_at: None,
     };
     let cpu0 = cpu_times(CpuWho::Process);
     let t0 = std::time::Instant::now();
@@ -277,7 +278,7 @@ pub fn summary_line(o: &Outcome) -> String {
         .report
         .lateness
         .as_ref()
-        .map(|l| format!("; {}", lateness_line(l)))
+        .map(|l| format!("; {}", lateness_line(&l.summary())))
         .unwrap_or_default();
     format!(
         "penstock: {} bytes in {:.3} s, {:.1} MB/s, path {} (cache {}), CPU {:.3} s/GB (user {:.3} s, sys {:.3} s)",
@@ -304,6 +305,6 @@ pub fn summary_json(o: &Outcome) -> serde_json::Value {
         "cpu_sys_s": o.cpu_sys_s,
         "cpu_s_per_gb": cpu_s_per_gb(o),
         "notes": o.report.notes,
-        "lateness": o.report.lateness.as_ref().map(lateness_json),
+        "lateness": o.report.lateness.as_ref().map(|l| lateness_json(&l.summary())),
     })
 }

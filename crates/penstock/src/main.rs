@@ -3,9 +3,12 @@
 //! Exit codes: 0 success; 1 the operation failed (the error is on stderr); 2 bad usage.
 
 mod bench_paths;
+mod bench_periodic;
 mod cmd_stream;
 mod demo;
+mod hog;
 mod sink;
+mod udp_sink;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +31,12 @@ enum Command {
     Stream(cmd_stream::StreamArgs),
     /// Receive on a TCP address and count bytes (a receiver for tests and benchmarks).
     Sink(sink::SinkArgs),
+    /// Background load for benchmarks: `cpu` spins a core, `disk FILE` reads FILE with O_DIRECT.
+    #[command(hide = true)]
+    Hog {
+        kind: String,
+        file: Option<std::path::PathBuf>,
+    },
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -37,6 +46,8 @@ enum Command {
 enum BenchCommand {
     /// MARS Table 1 re-done: file → TCP loopback receiver for every data path.
     Paths(bench_paths::PathsArgs),
+    /// Roadrunner's experiment: N periodic UDP streams against thread-per-stream sleep loops.
+    Periodic(bench_periodic::PeriodicArgs),
 }
 
 fn main() {
@@ -52,6 +63,8 @@ fn main() {
         Command::Stream(a) => cmd_stream::run(a),
         Command::Sink(a) => sink::run(a),
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
+        Command::Bench(BenchCommand::Periodic(a)) => bench_periodic::run(a),
+        Command::Hog { kind, file } => hog::run(&kind, file.as_deref()),
     };
     if let Err(e) = r {
         eprintln!("penstock: error: {e:#}");

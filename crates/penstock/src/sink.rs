@@ -21,9 +21,21 @@ pub struct SinkArgs {
     /// Also compute a crc32c of each connection's bytes (costs CPU in the receiver).
     #[arg(long)]
     pub checksum: bool,
+    /// Receive UDP datagrams instead and check their sequence numbers (see `udp_sink`).
+    #[arg(long)]
+    pub udp: bool,
+    /// UDP: datagrams expected from each source (to count lost tails too).
+    #[arg(long)]
+    pub expect: Option<u64>,
+    /// UDP: stop after this long without a datagram.
+    #[arg(long, default_value = "2s", value_parser = penstock_core::units::parse_duration)]
+    pub idle: std::time::Duration,
 }
 
 pub fn run(a: SinkArgs) -> Result<()> {
+    if a.udp {
+        return crate::udp_sink::run(&a.addr, a.expect, a.idle);
+    }
     let l = TcpListener::bind(&a.addr).with_context(|| format!("bind {}", a.addr))?;
     let mut out = BufWriter::new(std::io::stdout().lock());
     writeln!(out, "listening {}", l.local_addr()?)?;

@@ -160,9 +160,17 @@ impl Ring {
                 libc::EPERM,
             )));
         }
+        // Room in the completion queue for every operation the slab can hold, so that the
+        // kernel never has to hold completions back (a full CQ makes submission fail with
+        // EBUSY until the loop reaps).
+        let cq_entries = (cfg.ops_max as u32)
+            .max(cfg.sq_entries * 2)
+            .next_power_of_two()
+            .min(1 << 16);
         let ring = IoUring::builder()
             .setup_single_issuer()
             .setup_coop_taskrun()
+            .setup_cqsize(cq_entries)
             .build(cfg.sq_entries)
             .or_else(|e| {
                 if is_unavailable(&e) {

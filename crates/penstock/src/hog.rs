@@ -1,0 +1,45 @@
+//! `penstock hog cpu|disk`: background load for the benchmarks.
+//!
+//! `cpu` spins one core until killed; `disk FILE` reads FILE with O_DIRECT in 1 MiB requests,
+//! over and over, until killed. The benches start them as child processes and kill them.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+
+pub fn run(kind: &str, file: Option<&Path>) -> Result<()> {
+    match kind {
+        "cpu" => {
+            let mut x = 1u64;
+            loop {
+                for _ in 0..1_000_000 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                }
+                std::hint::black_box(x);
+            }
+        }
+        "disk" => {
+            let file = file.context("hog disk needs a FILE")?;
+            let fd = penstock_driver::open::reopen_direct(file)
+                .or_else(|| std::fs::File::open(file).ok().map(Into::into))
+                .with_context(|| format!("open {}", file.display()))?;
+            let mut pool = penstock_uring::BufferPool::new(1, 1 << 20)?;
+            let b = pool.alloc().context("a buffer")?;
+            loop {
+                let mut off = 0u64;
+                loop {
+                    let n = rustix::io::pread(&fd, pool.bytes_mut(b), off)?;
+                    if n == 0 {
+                        break;
+                    }
+                    off += n as u64;
+                }
+                // Without O_DIRECT, keep the reads going to the disk.
+                let _ = rustix::fs::fadvise(&fd, 0, None, rustix::fs::Advice::DontNeed);
+            }
+        }
+        other => bail!("unknown hog {other:?}: expected cpu or disk"),
+    }
+}

@@ -5,6 +5,7 @@
 mod bench_paths;
 mod cmd_stream;
 mod demo;
+mod plot;
 mod sink;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +29,8 @@ enum Command {
     Stream(cmd_stream::StreamArgs),
     /// Receive on a TCP address and count bytes (a receiver for tests and benchmarks).
     Sink(sink::SinkArgs),
+    /// Plot `--trace` files: lateness against sequence number, and its histogram (PNG or SVG).
+    Plot(plot::PlotArgs),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -51,6 +54,7 @@ fn main() {
         Command::Demo(a) => demo::run(a),
         Command::Stream(a) => cmd_stream::run(a),
         Command::Sink(a) => sink::run(a),
+        Command::Plot(a) => plot::run(a),
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
     };
     if let Err(e) = r {

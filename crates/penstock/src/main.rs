@@ -7,6 +7,7 @@ mod bench_periodic;
 mod cmd_stream;
 mod demo;
 mod hog;
+mod plot;
 mod sink;
 mod udp_sink;
 
@@ -37,6 +38,8 @@ enum Command {
         kind: String,
         file: Option<std::path::PathBuf>,
     },
+    /// Plot `--trace` files: lateness against sequence number, and its histogram (PNG or SVG).
+    Plot(plot::PlotArgs),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -62,6 +65,7 @@ fn main() {
         Command::Demo(a) => demo::run(a),
         Command::Stream(a) => cmd_stream::run(a),
         Command::Sink(a) => sink::run(a),
+        Command::Plot(a) => plot::run(a),
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
         Command::Bench(BenchCommand::Periodic(a)) => bench_periodic::run(a),
         Command::Hog { kind, file } => hog::run(&kind, file.as_deref()),

@@ -36,7 +36,7 @@ use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
 use penstock_core::lateness::{LatenessStats, TraceRecord};
 use penstock_core::sched::edf::Order;
-use penstock_core::schedule::Schedule;
+use penstock_core::schedule::{Schedule, UnitPlan, check_plan};
 
 /// Engine-wide limits and sizes, fixed at start.
 #[derive(Debug, Clone)]
@@ -126,6 +126,9 @@ pub struct StreamSpec {
     /// The instant unit 0 of a paced stream is due (CLOCK_MONOTONIC, see `clock::now`);
     /// `None`: when the stream first runs.
     pub start_at: Option<penstock_core::time::Instant>,
+    /// Units of varying size, each with its own deadline (playback of a recording): the extent
+    /// must hold exactly their bytes. Excludes `schedule`; uring path only.
+    pub units: Option<Arc<[UnitPlan]>>,
 }
 
 impl StreamSpec {
@@ -146,9 +149,14 @@ impl StreamSpec {
             miss_after: None,
             trace: false,
             start_at: None,
+            units: None,
         }
     }
 }
+
+/// A planned unit later than this is a miss unless `miss_after` says otherwise (a plan has no
+/// period to default to).
+pub const PLAN_MISS_AFTER_DEFAULT: Duration = Duration::from_millis(1);
 
 /// Default transfer unit: a safe datagram for UDP; for the uring path a whole pool buffer;
 /// for the other paths 4 MiB (measured: fewer, larger sendfile/splice calls move loopback data
@@ -434,6 +442,16 @@ impl Engine {
     ) -> Result<StreamHandle, StreamError> {
         let schedule = spec.schedule.filter(|s| !s.is_burst());
         let mut choice = spec.path;
+        let plan = spec.units.clone();
+        if plan.is_some() && schedule.is_some() {
+            return Err(StreamError::Invalid(
+                "a unit plan and a schedule exclude each other".into(),
+            ));
+        }
+        if plan.is_some() && choice == PathChoice::Auto {
+            // Planned units of varying size are read whole into pool buffers: uring only.
+            choice = PathChoice::Fixed(DataPath::Uring);
+        }
         if schedule.is_some() && choice == PathChoice::Auto {
             // Paced units are read ahead into the pool and sent at their deadline: the uring
             // path; without io_uring, copy (read, then write at the deadline).
@@ -458,7 +476,22 @@ impl Engine {
             // ends before it is `SourceShrank`, not a short success).
             _ => spec.extent.length.map(|length| (0, length)),
         };
-        let unit = if let Some(s) = &schedule {
+        if plan.is_some() && path != DataPath::Uring {
+            return Err(StreamError::Invalid(format!(
+                "a unit plan is sent on the uring path only, not {path}"
+            )));
+        }
+        let unit = if let Some(units) = &plan {
+            let (total, largest) = check_plan(units, self.cfg.buffer_bytes as u64)
+                .map_err(|e| StreamError::Invalid(e.to_string()))?;
+            if range.map(|(s, e)| e - s) != Some(total) {
+                return Err(StreamError::Invalid(format!(
+                    "the unit plan holds {total} bytes, the extent {:?}",
+                    range.map(|(s, e)| e - s)
+                )));
+            }
+            largest as usize
+        } else if let Some(s) = &schedule {
             usize::try_from(s.unit_bytes())
                 .map_err(|_| StreamError::Invalid("unit too large".into()))?
         } else if spec.unit_bytes == 0 {
@@ -536,17 +569,29 @@ impl Engine {
             cache: spec.cache,
             zero_copy,
             notes,
-            pace: schedule.map(|s| {
-                let stats = LatenessStats::for_schedule(&s, spec.miss_after);
-                Pace::new(
-                    s,
-                    stats,
+            pace: if let Some(units) = plan {
+                let miss_after = spec.miss_after.unwrap_or(PLAN_MISS_AFTER_DEFAULT);
+                Some(Pace::with_plan(
+                    units,
+                    LatenessStats::new(u64::try_from(miss_after.as_nanos()).unwrap_or(u64::MAX)),
                     spec.trace,
                     self.cfg.trace_units_max,
                     id,
                     spec.start_at,
-                )
-            }),
+                ))
+            } else {
+                schedule.map(|s| {
+                    let stats = LatenessStats::for_schedule(&s, spec.miss_after);
+                    Pace::new(
+                        s,
+                        stats,
+                        spec.trace,
+                        self.cfg.trace_units_max,
+                        id,
+                        spec.start_at,
+                    )
+                })
+            },
             counters: counters.clone(),
             cancel: cancel.clone(),
             done: done_tx,

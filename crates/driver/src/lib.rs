@@ -10,6 +10,7 @@ pub mod engine;
 pub mod open;
 mod pace;
 mod paths;
+pub mod record;
 mod uring_path;
 mod worker;
 

@@ -6,14 +6,27 @@
 //! handled.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use penstock_core::lateness::{LatenessStats, TraceRecord};
-use penstock_core::schedule::{Anchored, Schedule};
+use penstock_core::schedule::{Anchored, Schedule, UnitPlan};
 use penstock_core::time::Instant;
 
+/// Where deadlines come from: a schedule's formula, or a plan's list (playback of a recording).
+enum Deadlines {
+    Schedule {
+        schedule: Schedule,
+        anchored: Option<Anchored>,
+    },
+    /// Unit `n` is due at `start + units[n].offset_ns` and is `units[n].size_bytes` long.
+    Plan {
+        units: Arc<[UnitPlan]>,
+        start: Option<Instant>,
+    },
+}
+
 pub(crate) struct Pace {
-    schedule: Schedule,
-    anchored: Option<Anchored>,
+    deadlines: Deadlines,
     next_unit: u64,
     in_flight: VecDeque<(u64, Instant)>,
     pub(crate) stats: LatenessStats,
@@ -33,9 +46,48 @@ impl Pace {
         stream: u64,
         start_at: Option<Instant>,
     ) -> Pace {
+        Pace::with(
+            Deadlines::Schedule {
+                schedule,
+                anchored: start_at.map(|t| Anchored::new(schedule, t)),
+            },
+            stats,
+            trace,
+            trace_units_max,
+            stream,
+        )
+    }
+
+    /// A stream whose units and deadlines are listed in a plan.
+    pub(crate) fn with_plan(
+        units: Arc<[UnitPlan]>,
+        stats: LatenessStats,
+        trace: bool,
+        trace_units_max: usize,
+        stream: u64,
+        start_at: Option<Instant>,
+    ) -> Pace {
+        Pace::with(
+            Deadlines::Plan {
+                units,
+                start: start_at,
+            },
+            stats,
+            trace,
+            trace_units_max,
+            stream,
+        )
+    }
+
+    fn with(
+        deadlines: Deadlines,
+        stats: LatenessStats,
+        trace: bool,
+        trace_units_max: usize,
+        stream: u64,
+    ) -> Pace {
         Pace {
-            schedule,
-            anchored: start_at.map(|t| Anchored::new(schedule, t)),
+            deadlines,
             next_unit: 0,
             in_flight: VecDeque::new(),
             stats,
@@ -48,21 +100,52 @@ impl Pace {
 
     /// `Ok(())` when the next unit is due at `now`; otherwise the instant it will be.
     pub(crate) fn gate(&mut self, now: Instant) -> Result<(), Instant> {
-        let anchored = self
-            .anchored
-            .get_or_insert_with(|| Anchored::new(self.schedule, now));
-        match anchored.deadline(self.next_unit) {
+        match &mut self.deadlines {
+            Deadlines::Schedule { schedule, anchored } => {
+                anchored.get_or_insert_with(|| Anchored::new(*schedule, now));
+            }
+            Deadlines::Plan { start, .. } => {
+                start.get_or_insert(now);
+            }
+        }
+        match self.deadline(self.next_unit) {
             Some(d) if d > now => Err(d),
             _ => Ok(()),
         }
     }
 
+    /// The deadline of `unit` once anchored (`None` before the first `gate`, for burst, or
+    /// past the end of a plan).
+    fn deadline(&self, unit: u64) -> Option<Instant> {
+        match &self.deadlines {
+            Deadlines::Schedule { anchored, .. } => anchored.as_ref()?.deadline(unit),
+            Deadlines::Plan { units, start } => {
+                let u = units.get(usize::try_from(unit).ok()?)?;
+                Some(Instant::from_nanos(
+                    start.as_ref()?.as_nanos().saturating_add(u.offset_ns),
+                ))
+            }
+        }
+    }
+
+    /// The plan's units, for a stream cut by a plan rather than into equal units.
+    pub(crate) fn plan(&self) -> Option<&[UnitPlan]> {
+        match &self.deadlines {
+            Deadlines::Plan { units, .. } => Some(units),
+            Deadlines::Schedule { .. } => None,
+        }
+    }
+
+    /// Bytes of the next unit when a plan says (`None`: the stream's fixed unit).
+    pub(crate) fn next_unit_bytes(&self) -> Option<usize> {
+        let units = self.plan()?;
+        Some(units.get(usize::try_from(self.next_unit).ok()?)?.size_bytes as usize)
+    }
+
     /// The next unit's send was issued.
     pub(crate) fn issued(&mut self) {
         let d = self
-            .anchored
-            .as_ref()
-            .and_then(|a| a.deadline(self.next_unit))
+            .deadline(self.next_unit)
             .expect("gate() anchors the schedule before a unit is issued");
         self.in_flight.push_back((self.next_unit, d));
         self.next_unit += 1;
@@ -91,13 +174,21 @@ impl Pace {
 
     /// The period between units, for the EDF queue's rate-monotonic order (0 if none).
     pub(crate) fn period_ns(&self) -> u64 {
-        self.schedule.period().map_or(0, |p| p.floor_ns())
+        match &self.deadlines {
+            Deadlines::Schedule { schedule, .. } => schedule.period().map_or(0, |p| p.floor_ns()),
+            Deadlines::Plan { .. } => 0,
+        }
     }
 
     /// Pauses: deadlines of later units move by the pause's length when resumed.
     pub(crate) fn resume_after(&mut self, paused_at: Instant, now: Instant) {
-        if let Some(a) = &mut self.anchored {
-            a.shift(now.saturating_duration_since(paused_at));
+        let pause = now.saturating_duration_since(paused_at);
+        match &mut self.deadlines {
+            Deadlines::Schedule {
+                anchored: Some(a), ..
+            } => a.shift(pause),
+            Deadlines::Plan { start: Some(s), .. } => *s = s.saturating_add(pause),
+            _ => {}
         }
     }
 }

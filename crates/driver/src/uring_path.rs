@@ -57,6 +57,8 @@ pub(crate) struct UringState {
     /// Bytes of the unit being sent that are not sent yet (0: no unit under way), and its size.
     unit_left: usize,
     unit_len: usize,
+    /// A stream cut by a unit plan: the next planned unit to read (reads hold whole units).
+    plan_read_unit: usize,
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -73,6 +75,12 @@ impl UringState {
             .expect("the uring path reads files, whose end is known");
         let mut align = 1u64;
         self.direct = io.direct.is_some();
+        if self.direct && io.pace.as_ref().is_some_and(|p| p.plan().is_some()) {
+            // Planned units fall anywhere: aligned reads would straddle them.
+            self.direct = false;
+            io.direct = None;
+            io.note_once("O_DIRECT is not used for planned units: reading through the page cache");
+        }
         if self.direct {
             align = direct_alignment(io.direct.as_ref().expect("direct fd").as_fd());
             if datagram && !io.start.is_multiple_of(align) {
@@ -129,7 +137,21 @@ impl UringState {
             let Some(buf) = ring.pool_mut().alloc() else {
                 break;
             };
-            let want = (self.read_end - self.next_read).min(self.read_len as u64) as usize;
+            let mut want = (self.read_end - self.next_read).min(self.read_len as u64) as usize;
+            if let Some(plan) = io.pace.as_ref().and_then(|p| p.plan()) {
+                // Whole planned units per buffer, so that no unit straddles two.
+                let (n, bytes) = penstock_core::schedule::units_fitting(
+                    plan,
+                    self.plan_read_unit,
+                    ring.pool().buffer_bytes() as u64,
+                );
+                if n == 0 {
+                    ring.pool_mut().free(buf);
+                    break;
+                }
+                self.plan_read_unit += n;
+                want = bytes as usize;
+            }
             let fd = match (&io.direct, self.direct) {
                 (Some(d), true) => d.as_raw_fd(),
                 _ => io.source.fd.as_raw_fd(),
@@ -166,6 +188,8 @@ impl UringState {
                 let by_unit = io.target.kind == IoKind::Datagram || io.pace.is_some();
                 let (len, new_unit) = if self.unit_left > 0 {
                     (self.unit_left.min(left), false)
+                } else if let Some(bytes) = io.pace.as_ref().and_then(|p| p.next_unit_bytes()) {
+                    (left.min(bytes), true)
                 } else if by_unit {
                     (left.min(io.unit), true)
                 } else {

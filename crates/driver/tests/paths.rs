@@ -219,6 +219,7 @@ fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
         miss_after: None,
         trace: false,
         start_at: None,
+        units: None,
     }
 }
 
@@ -582,6 +583,7 @@ fn run_stream_source(
         miss_after: None,
         trace: false,
         start_at: None,
+        units: None,
     };
     let got = match target {
         TargetKind::File => {
@@ -923,6 +925,7 @@ fn bad_streams_are_refused_with_typed_errors() {
             miss_after: None,
             trace: false,
             start_at: None,
+            units: None,
         })
     };
     let r = open(&dir.path().join("missing"), 0, None, 0, DataPath::Copy);

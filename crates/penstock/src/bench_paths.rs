@@ -197,6 +197,7 @@ fn run_engine(
         miss_after: None,
         trace: false,
         start_at: None,
+        units: None,
     };
     let report = engine.open(spec)?.wait()?;
     if report.notes.iter().any(|n| n.contains("O_DIRECT refused")) {

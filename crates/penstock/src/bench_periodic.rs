@@ -288,6 +288,7 @@ fn run_engine(
             miss_after: None,
             trace: spec.trace,
             start_at: Some(phase(spec, t0, i)),
+            units: None,
         };
         handles.push(engine.open(s)?);
     }

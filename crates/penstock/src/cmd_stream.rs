@@ -177,6 +177,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
         miss_after: a.miss_after,
         trace: a.trace.is_some(),
         start_at: None,
+        units: None,
     };
     let cpu0 = cpu_times(CpuWho::Process);
     let t0 = std::time::Instant::now();

@@ -97,6 +97,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             miss_after: None,
             trace: false,
             start_at: None,
+            units: None,
         };
         let c0 = cpu_times(CpuWho::Process);
         let t0 = Instant::now();

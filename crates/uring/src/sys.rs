@@ -107,9 +107,237 @@ pub fn cpu_times(who: CpuWho) -> CpuTimes {
     }
 }
 
+/// Sets an integer socket option (`setsockopt(fd, level, name, &value, 4)`), for the options
+/// neither rustix nor socket2 names (SO_RXQ_OVFL, SO_TIMESTAMPNS).
+pub fn set_socket_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    name: i32,
+    value: i32,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `value` is a valid c_int for the call's duration and its size is passed with it;
+    // `fd` is a live descriptor borrowed for the call.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// What the kernel said about one datagram received by [`RecvBatch::recv`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// Bytes stored in the slot (at most the slot size).
+    pub len: usize,
+    /// The datagram was longer than the slot and was cut (MSG_TRUNC).
+    pub truncated: bool,
+    /// SO_TIMESTAMPNS: when the kernel received it, CLOCK_REALTIME ns since the epoch.
+    pub kernel_time_ns: Option<u64>,
+    /// SO_RXQ_OVFL: datagrams the socket dropped (receive buffer full) since it was opened.
+    pub drops: Option<u32>,
+}
+
+/// Control-message space per datagram: CMSG_SPACE(timespec) + CMSG_SPACE(u32) = 32 + 24 on
+/// 64-bit Linux, rounded up. Kept in u64 words so that cmsghdr alignment holds.
+const CMSG_WORDS: usize = 8;
+
+/// A batch of receive slots for recvmmsg(2): `batch` slots of `slot_bytes` each in one
+/// allocation, with their iovecs, message headers and control buffers.
+///
+/// Datagrams stay in their slots until the next `recv`, so the caller can hand them to a
+/// vectored write (pwritev) without copying them into a staging block.
+pub struct RecvBatch {
+    slot_bytes: usize,
+    buf: Vec<u8>,
+    cmsg: Vec<u64>,
+    iov: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+    meta: Vec<RecvMeta>,
+}
+
+impl std::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBatch")
+            .field("slot_bytes", &self.slot_bytes)
+            .field("batch", &self.hdrs.len())
+            .field("received", &self.meta.len())
+            .finish()
+    }
+}
+
+// SAFETY: the raw pointers in `iov` and `hdrs` point only into `buf` and `cmsg`, heap
+// allocations owned by the same value and never shared; they are rewritten before every use.
+// Moving the value to another thread moves their owner with them.
+unsafe impl Send for RecvBatch {}
+
+impl RecvBatch {
+    /// `batch` slots (1..=1024, IOV_MAX bounds the vectored write of one batch) of
+    /// `slot_bytes` (1..=65536) each.
+    pub fn new(batch: usize, slot_bytes: usize) -> RecvBatch {
+        assert!(
+            (1..=1024).contains(&batch),
+            "batch {batch} outside 1..=1024"
+        );
+        assert!(
+            (1..=65536).contains(&slot_bytes),
+            "slot of {slot_bytes} bytes outside 1..=65536"
+        );
+        RecvBatch {
+            slot_bytes,
+            buf: vec![0u8; batch * slot_bytes],
+            cmsg: vec![0u64; batch * CMSG_WORDS],
+            iov: vec![
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0
+                };
+                batch
+            ],
+            // SAFETY: an all-zero mmsghdr (null pointers, zero lengths) is a valid value of this
+            // plain C struct; every field is set before the kernel sees it.
+            hdrs: vec![unsafe { std::mem::zeroed() }; batch],
+            meta: Vec::with_capacity(batch),
+        }
+    }
+
+    /// Slots in the batch.
+    pub fn batch(&self) -> usize {
+        self.hdrs.len()
+    }
+
+    /// Receives up to `batch` datagrams without blocking (recvmmsg with MSG_DONTWAIT). Returns
+    /// how many arrived; `WouldBlock` when none had. The previous batch's datagrams are gone.
+    pub fn recv(&mut self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        self.meta.clear();
+        let base = self.buf.as_mut_ptr();
+        let cbase = self.cmsg.as_mut_ptr();
+        for i in 0..self.hdrs.len() {
+            // SAFETY: i < batch, so slot i lies within `buf` (batch · slot_bytes bytes) and
+            // control block i within `cmsg` (batch · CMSG_WORDS words).
+            let (slot, control) =
+                unsafe { (base.add(i * self.slot_bytes), cbase.add(i * CMSG_WORDS)) };
+            self.iov[i] = libc::iovec {
+                iov_base: slot.cast(),
+                iov_len: self.slot_bytes,
+            };
+            let h = &mut self.hdrs[i];
+            h.msg_len = 0;
+            h.msg_hdr.msg_name = std::ptr::null_mut();
+            h.msg_hdr.msg_namelen = 0;
+            h.msg_hdr.msg_iov = &mut self.iov[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = control.cast();
+            h.msg_hdr.msg_controllen = CMSG_WORDS * 8;
+            h.msg_hdr.msg_flags = 0;
+        }
+        // SAFETY: every header points to one iovec of a slot in `buf` and to its control block
+        // in `cmsg`, all owned by `self`, borrowed mutably for the call, and the kernel writes
+        // within the lengths given. `vlen` is the headers' count. No timeout pointer.
+        let n = unsafe {
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                self.hdrs.as_mut_ptr(),
+                self.hdrs.len() as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let n = n as usize;
+        for h in &self.hdrs[..n] {
+            let mut m = RecvMeta {
+                len: (h.msg_len as usize).min(self.slot_bytes),
+                truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+                kernel_time_ns: None,
+                drops: None,
+            };
+            // SAFETY: the kernel filled `msg_control` up to `msg_controllen` with well-formed
+            // control messages; CMSG_FIRSTHDR/NXTHDR stay within it and return null at its end.
+            // Payloads are read unaligned, with the size their type has.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                while !c.is_null() {
+                    let data = libc::CMSG_DATA(c);
+                    match ((*c).cmsg_level, (*c).cmsg_type) {
+                        (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) => {
+                            let ts: libc::timespec = std::ptr::read_unaligned(data.cast());
+                            m.kernel_time_ns = Some(
+                                (ts.tv_sec as u64)
+                                    .saturating_mul(1_000_000_000)
+                                    .saturating_add(ts.tv_nsec as u64),
+                            );
+                        }
+                        (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
+                            m.drops = Some(std::ptr::read_unaligned(data.cast::<u32>()));
+                        }
+                        _ => {}
+                    }
+                    c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
+                }
+            }
+            self.meta.push(m);
+        }
+        Ok(n)
+    }
+
+    /// Datagrams of the last `recv`.
+    pub fn received(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// What the kernel said about datagram `i` of the last `recv`.
+    pub fn meta(&self, i: usize) -> RecvMeta {
+        self.meta[i]
+    }
+
+    /// The bytes of datagram `i` of the last `recv` (cut to the slot when truncated).
+    pub fn datagram(&self, i: usize) -> &[u8] {
+        let m = self.meta[i];
+        &self.buf[i * self.slot_bytes..i * self.slot_bytes + m.len]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recv_batch_takes_several_datagrams_with_kernel_times_and_truncation() {
+        use std::os::fd::AsFd;
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        set_socket_int(rx.as_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1).unwrap();
+        set_socket_int(rx.as_fd(), libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1).unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut batch = RecvBatch::new(4, 16);
+        assert_eq!(
+            batch.recv(rx.as_fd()).unwrap_err().kind(),
+            std::io::ErrorKind::WouldBlock
+        );
+        for d in [&b"one"[..], b"two!", &[7u8; 20]] {
+            tx.send_to(d, rx.local_addr().unwrap()).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(batch.recv(rx.as_fd()).unwrap(), 3);
+        assert_eq!(batch.datagram(0), b"one");
+        assert_eq!(batch.datagram(1), b"two!");
+        assert_eq!(batch.datagram(2), &[7u8; 16]);
+        assert!(!batch.meta(1).truncated && batch.meta(2).truncated);
+        assert!(batch.meta(0).kernel_time_ns.is_some());
+        assert!(batch.meta(0).kernel_time_ns <= batch.meta(2).kernel_time_ns);
+    }
 
     #[test]
     fn ioprio_encoding() {

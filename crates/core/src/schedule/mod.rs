@@ -18,12 +18,14 @@
 
 mod kt;
 mod periodic;
+pub mod plan;
 mod rate;
 
 use std::time::Duration;
 
 pub use kt::parse_kt;
 pub use periodic::Period;
+pub use plan::{PlanError, UnitPlan, check_plan, units_fitting};
 
 use crate::time::Instant;
 use crate::units::{Rate, UnitsError, parse_duration, parse_rate, parse_size};

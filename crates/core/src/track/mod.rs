@@ -13,6 +13,7 @@
 pub mod check;
 pub mod format;
 pub mod mpegts;
+pub mod playback;
 pub mod rtp;
 
 pub use check::{CheckReport, Disagreement, ReadableLimit, check};
@@ -20,6 +21,7 @@ pub use format::{
     Decoded, EncodeError, FrameRecord, PacketRecord, Record, StopReason, TimeRecord, TrackBytes,
     TrackError, TrackHeader, TrackKind, TracksWriter, decode, decode_header, encode_record,
 };
+pub use playback::{Playback, PlaybackError, Speed, plan_playback};
 
 /// How the recorder decides that a packet begins an independent frame. Recorded in the frame
 /// track's header so a reader knows what the entries mean.
@@ -44,6 +46,20 @@ impl FrameRule {
             FrameRule::MpegTs { h264_idr: true } => 2,
             FrameRule::Rtp { h264: false } => 3,
             FrameRule::Rtp { h264: true } => 4,
+        }
+    }
+
+    /// `--frames auto`: the rule for a stream whose first datagram is `datagram`. MPEG-TS when
+    /// it is 1..=7 whole TS packets with sync bytes (with the H.264 IDR scan), RTP (marker only:
+    /// the payload type does not say which codec) when it has RTP version 2, else every packet.
+    /// TS is tried first: a TS datagram starts with 0x47, which is not RTP version 2.
+    pub fn detect(datagram: &[u8]) -> FrameRule {
+        if mpegts::ts_packets(datagram).is_some() {
+            FrameRule::MpegTs { h264_idr: true }
+        } else if rtp::parse(datagram).is_some() {
+            FrameRule::Rtp { h264: false }
+        } else {
+            FrameRule::EveryPacket
         }
     }
 

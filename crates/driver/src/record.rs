@@ -1,0 +1,712 @@
+//! Recording a datagram stream with index tracks (Clockwise §3.1): `penstock record SRC DST`.
+//!
+//! One thread per recording runs this loop:
+//!
+//! 1. wait (poll, at most [`POLL_MAX`]) for the socket, then receive a **batch** of datagrams
+//!    with one recvmmsg(2) into fixed slots ([`RecvBatch`]), each with its kernel receive time
+//!    (SO_TIMESTAMPNS) and the socket's drop counter (SO_RXQ_OVFL);
+//! 2. append the batch's datagrams to the media with **one vectored write** (pwritev) whose
+//!    iovecs point at the slots: stored whole and consecutively, never copied into a staging
+//!    block;
+//! 3. only then build the tracks' records for the datagrams the media write took
+//!    ([`TracksWriter`], [`FrameDetector`]) and append them to `DST.time`, `DST.packet` and
+//!    `DST.frame`, so a track never describes media that was not written first;
+//! 4. every `sync_every`, hand a **sync point** (the lengths written so far) to a sync thread,
+//!    which fdatasyncs the media, then the three tracks, and reports the point durable; the
+//!    receive loop never waits for a disk flush.
+//!
+//! Stopping (the `stop` flag: SIGINT/SIGTERM in the binary, or `duration`) writes what was
+//! received, waits for the sync thread and makes everything durable in the same order.
+//! Running out of space (ENOSPC, or EFBIG from RLIMIT_FSIZE) stops the recording cleanly: the
+//! files are cut back to the longest prefix the tracks and media agree on (core's
+//! [`check`](penstock_core::track::check)), synced, and the report says how much was kept.
+//!
+//! Limits (checked at start): a slot holds at most 65536 bytes, a batch at most 1024 slots
+//! (IOV_MAX bounds one pwritev). A datagram longer than its slot is counted as truncated and
+//! not recorded.
+
+use std::fs::File;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, channel, sync_channel};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use penstock_core::time::Instant;
+use penstock_core::track::format::{FLAG_KERNEL_TIMESTAMPS, HEADER_BYTES, RECORD_BYTES};
+use penstock_core::track::{
+    CheckReport, FrameDetector, FrameRecord, FrameRule, PacketRecord, TimeRecord, TrackBytes,
+    TrackHeader, TrackKind, TracksWriter, check, decode,
+};
+use penstock_uring::sys::{RecvBatch, set_socket_int};
+use rustix::event::{PollFd, PollFlags};
+
+use crate::clock;
+
+/// The longest the loop waits for a datagram before it looks at the stop flag, the duration
+/// and the sync thread again.
+pub const POLL_MAX: Duration = Duration::from_millis(50);
+/// Batches received per loop turn at most before the stop flag and syncs are looked at.
+const BATCHES_PER_TURN: usize = 16;
+/// Largest slot (datagram) and batch accepted.
+pub const DATAGRAM_BYTES_MAX: usize = 65536;
+pub const BATCH_MAX: usize = 1024;
+/// Track records read back at most when cutting a recording after ENOSPC (24 bytes each).
+const RECORDS_MAX: u64 = 1 << 28;
+
+/// How the frame track decides what begins an independent frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameChoice {
+    /// From the first datagram: MPEG-TS, RTP or every packet ([`FrameRule::detect`]).
+    Auto,
+    Fixed(FrameRule),
+}
+
+/// A recording's limits and policy.
+#[derive(Debug, Clone)]
+pub struct RecordConfig {
+    /// Bytes of a receive slot: the largest datagram recorded whole (1..=65536).
+    pub datagram_bytes_max: usize,
+    /// Datagrams per recvmmsg and per pwritev (1..=1024).
+    pub batch_max: usize,
+    /// SO_RCVBUF asked for (SO_RCVBUFFORCE when permitted): what absorbs a stall of the loop.
+    pub rcvbuf_bytes: usize,
+    /// Make data and tracks durable this often; `None`: only when the recording stops.
+    pub sync_every: Option<Duration>,
+    /// Stop after this long; `None`: only on `stop`.
+    pub duration: Option<Duration>,
+    pub frames: FrameChoice,
+    /// Use the kernel's receive times (SO_TIMESTAMPNS) rather than the loop's clock.
+    pub kernel_timestamps: bool,
+}
+
+impl Default for RecordConfig {
+    fn default() -> Self {
+        RecordConfig {
+            datagram_bytes_max: 9216,
+            batch_max: 64,
+            rcvbuf_bytes: 32 << 20,
+            sync_every: Some(Duration::from_secs(1)),
+            duration: None,
+            frames: FrameChoice::Auto,
+            kernel_timestamps: true,
+        }
+    }
+}
+
+/// Lengths of the four files at one instant: what a sync makes durable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncPoint {
+    pub packets: u64,
+    pub media_bytes: u64,
+    pub time_bytes: u64,
+    pub packet_bytes: u64,
+    pub frame_bytes: u64,
+}
+
+/// Why a recording stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopCause {
+    /// The caller's stop flag (a signal).
+    Stopped,
+    /// `duration` elapsed.
+    Duration,
+    /// The destination ran out of space (ENOSPC) or hit the file size limit (EFBIG).
+    NoSpace { errno: i32 },
+}
+
+/// How a recording ended.
+#[derive(Debug, Clone)]
+pub struct RecordReport {
+    pub cause: StopCause,
+    /// Packets, media bytes and frame starts kept (after a cut, what survived it).
+    pub packets: u64,
+    pub media_bytes: u64,
+    pub frames: u64,
+    /// Datagrams received but not recorded: longer than a slot, or empty.
+    pub truncated: u64,
+    pub empty: u64,
+    /// Datagrams the socket dropped (SO_RXQ_OVFL); `None` when the kernel refused the option.
+    pub socket_drops: Option<u64>,
+    pub frame_rule: FrameRule,
+    /// Receive times are the kernel's (SO_TIMESTAMPNS).
+    pub kernel_timestamps: bool,
+    /// The receive buffer the kernel granted.
+    pub rcvbuf_bytes: usize,
+    /// Syncs completed, and the last durable point.
+    pub syncs: u64,
+    pub synced: SyncPoint,
+    /// Largest batch received by one recvmmsg.
+    pub batch_largest: usize,
+    pub elapsed: Duration,
+    /// After a cut (no space): the check of what was kept.
+    pub kept: Option<CheckReport>,
+}
+
+/// Why a recording failed (nothing of it is usable, or an unexpected I/O error).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    #[error("invalid recording configuration: {0}")]
+    Config(String),
+    #[error("{path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+    #[error("{op} failed after {packets} packets: {source}")]
+    Io {
+        op: &'static str,
+        packets: u64,
+        source: io::Error,
+    },
+}
+
+/// The track file of kind `kind` beside the media file `media`: `REC.time`, `REC.packet`,
+/// `REC.frame`.
+pub fn track_path(media: &Path, kind: TrackKind) -> PathBuf {
+    let mut s = media.as_os_str().to_os_string();
+    s.push(kind.file_suffix());
+    PathBuf::from(s)
+}
+
+const KINDS: [TrackKind; 3] = [TrackKind::Time, TrackKind::Packet, TrackKind::Frame];
+
+/// The four files of a recording and how much of each was written.
+struct Files {
+    media: Arc<File>,
+    tracks: [Arc<File>; 3],
+    media_len: u64,
+    track_len: [u64; 3],
+}
+
+impl Files {
+    fn point(&self, packets: u64) -> SyncPoint {
+        SyncPoint {
+            packets,
+            media_bytes: self.media_len,
+            time_bytes: self.track_len[0],
+            packet_bytes: self.track_len[1],
+            frame_bytes: self.track_len[2],
+        }
+    }
+
+    fn all(&self) -> [Arc<File>; 4] {
+        [
+            self.media.clone(),
+            self.tracks[0].clone(),
+            self.tracks[1].clone(),
+            self.tracks[2].clone(),
+        ]
+    }
+}
+
+/// fdatasync the media, then the tracks: at a sync point the durable tracks never describe
+/// media that is not durable.
+fn sync_in_order(files: &[Arc<File>; 4]) -> io::Result<()> {
+    for f in files {
+        rustix::fs::fdatasync(f.as_fd())?;
+    }
+    Ok(())
+}
+
+/// The sync thread: one request in flight at most (a request while busy is skipped, the next
+/// one covers it).
+struct Syncer {
+    tx: Option<SyncSender<SyncPoint>>,
+    rx: Receiver<io::Result<SyncPoint>>,
+    join: Option<JoinHandle<()>>,
+    in_flight: bool,
+}
+
+impl Syncer {
+    fn start(files: [Arc<File>; 4]) -> io::Result<Syncer> {
+        let (tx, req) = sync_channel::<SyncPoint>(1);
+        let (done, rx) = channel();
+        let join = std::thread::Builder::new()
+            .name("penstock-sync".into())
+            .spawn(move || {
+                while let Ok(point) = req.recv() {
+                    let r = sync_in_order(&files).map(|()| point);
+                    if done.send(r).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Syncer {
+            tx: Some(tx),
+            rx,
+            join: Some(join),
+            in_flight: false,
+        })
+    }
+
+    fn request(&mut self, point: SyncPoint) {
+        if self.in_flight {
+            return;
+        }
+        let tx = self.tx.as_ref().expect("sender lives until stop");
+        match tx.try_send(point) {
+            Ok(()) => self.in_flight = true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {}
+        }
+    }
+
+    /// A finished sync, if any; `block`: wait for the one in flight.
+    fn poll(&mut self, block: bool) -> Option<io::Result<SyncPoint>> {
+        if !self.in_flight {
+            return None;
+        }
+        let r = if block {
+            self.rx.recv().ok()
+        } else {
+            match self.rx.try_recv() {
+                Ok(r) => Some(r),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Disconnected) => Some(Err(io::Error::other("sync thread died"))),
+            }
+        };
+        if r.is_some() {
+            self.in_flight = false;
+        }
+        r
+    }
+
+    fn stop(&mut self) {
+        self.tx = None;
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn no_space(e: &io::Error) -> Option<i32> {
+    match e.raw_os_error() {
+        Some(c) if c == libc::ENOSPC || c == libc::EFBIG || c == libc::EDQUOT => Some(c),
+        _ => None,
+    }
+}
+
+/// Writes all of `bufs` at `offset` with pwritev, continuing after short writes. Returns the
+/// bytes written and the error that stopped it early, if any.
+fn pwritev_all(
+    fd: BorrowedFd<'_>,
+    bufs: &mut [IoSlice<'_>],
+    offset: u64,
+) -> (u64, Option<io::Error>) {
+    let mut written = 0u64;
+    let mut bufs = bufs;
+    while !bufs.is_empty() {
+        match rustix::io::pwritev(fd, bufs, offset + written) {
+            Ok(0) => return (written, Some(io::Error::from_raw_os_error(libc::ENOSPC))),
+            Ok(n) => {
+                written += n as u64;
+                IoSlice::advance_slices(&mut bufs, n);
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return (written, Some(e.into())),
+        }
+    }
+    (written, None)
+}
+
+/// Writes all of `bytes` at `offset`; returns the bytes written and the error, if any.
+fn pwrite_all(f: &File, bytes: &[u8], offset: u64) -> (u64, Option<io::Error>) {
+    let mut done = 0usize;
+    while done < bytes.len() {
+        match f.write_at(&bytes[done..], offset + done as u64) {
+            Ok(0) => {
+                return (
+                    done as u64,
+                    Some(io::Error::from_raw_os_error(libc::ENOSPC)),
+                );
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (done as u64, Some(e)),
+        }
+    }
+    (done as u64, None)
+}
+
+/// Records datagrams arriving on `socket` (a bound UDP socket) into `dst` and its tracks until
+/// `stop` is set, `cfg.duration` elapses or the destination is full. `on_sync` is called with
+/// each point made durable.
+pub fn record(
+    socket: BorrowedFd<'_>,
+    dst: &Path,
+    cfg: &RecordConfig,
+    stop: &AtomicBool,
+    on_sync: &mut dyn FnMut(&SyncPoint),
+) -> Result<RecordReport, RecordError> {
+    if !(1..=DATAGRAM_BYTES_MAX).contains(&cfg.datagram_bytes_max) {
+        return Err(RecordError::Config(format!(
+            "datagram size limit must be 1..={DATAGRAM_BYTES_MAX} bytes, got {}",
+            cfg.datagram_bytes_max
+        )));
+    }
+    if !(1..=BATCH_MAX).contains(&cfg.batch_max) {
+        return Err(RecordError::Config(format!(
+            "batch must be 1..={BATCH_MAX} datagrams, got {}",
+            cfg.batch_max
+        )));
+    }
+    // Socket options: a large receive buffer, drop counter, kernel receive times.
+    if rustix::net::sockopt::set_socket_recv_buffer_size_force(socket, cfg.rcvbuf_bytes).is_err() {
+        let _ = rustix::net::sockopt::set_socket_recv_buffer_size(socket, cfg.rcvbuf_bytes);
+    }
+    let rcvbuf_bytes = rustix::net::sockopt::socket_recv_buffer_size(socket).unwrap_or(0);
+    let drops_known = set_socket_int(socket, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1).is_ok();
+    let kernel_timestamps = cfg.kernel_timestamps
+        && set_socket_int(socket, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1).is_ok();
+
+    let create = |path: PathBuf| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map(Arc::new)
+            .map_err(|source| RecordError::Open { path, source })
+    };
+    let media = create(dst.to_path_buf())?;
+    let tracks = [
+        create(track_path(dst, TrackKind::Time))?,
+        create(track_path(dst, TrackKind::Packet))?,
+        create(track_path(dst, TrackKind::Frame))?,
+    ];
+    let start_wall_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let start = clock::now();
+    let mut rule = match cfg.frames {
+        FrameChoice::Fixed(r) => r,
+        FrameChoice::Auto => FrameRule::EveryPacket, // until the first datagram says otherwise
+    };
+    let mut rule_decided = matches!(cfg.frames, FrameChoice::Fixed(_));
+    let flags = if kernel_timestamps {
+        FLAG_KERNEL_TIMESTAMPS
+    } else {
+        0
+    };
+    let write_headers = |tracks: &[Arc<File>; 3], rule: FrameRule| -> io::Result<()> {
+        for (f, kind) in tracks.iter().zip(KINDS) {
+            let h = TrackHeader {
+                kind,
+                start_wall_ns,
+                frame_rule: rule,
+                flags,
+            }
+            .encode();
+            match pwrite_all(f, &h, 0) {
+                (_, Some(e)) => return Err(e),
+                (_, None) => {}
+            }
+        }
+        Ok(())
+    };
+    if let Err(e) = write_headers(&tracks, rule) {
+        return Err(RecordError::Io {
+            op: "writing the track headers",
+            packets: 0,
+            source: e,
+        });
+    }
+    let mut files = Files {
+        media,
+        tracks,
+        media_len: 0,
+        track_len: [HEADER_BYTES as u64; 3],
+    };
+    let mut syncer = Syncer::start(files.all()).map_err(|e| RecordError::Io {
+        op: "starting the sync thread",
+        packets: 0,
+        source: e,
+    })?;
+
+    let mut batch = RecvBatch::new(cfg.batch_max, cfg.datagram_bytes_max);
+    let mut writer = TracksWriter::new();
+    let mut detector = FrameDetector::new(rule);
+    let mut out = TrackBytes::default();
+    let mut kept: Vec<usize> = Vec::with_capacity(cfg.batch_max);
+    let (mut truncated, mut empty, mut frames) = (0u64, 0u64, 0u64);
+    let mut drops: Option<u64> = drops_known.then_some(0);
+    let mut last_time_ns = 0u64;
+    let mut batch_largest = 0usize;
+    let (mut syncs, mut synced) = (0u64, SyncPoint::default());
+    let sync_ns = cfg
+        .sync_every
+        .map(|d| d.as_nanos() as u64)
+        .filter(|&n| n > 0);
+    let mut next_sync = sync_ns.map(|n| Instant::from_nanos(start.as_nanos().saturating_add(n)));
+    let end = cfg
+        .duration
+        .map(|d| Instant::from_nanos(start.as_nanos().saturating_add(d.as_nanos() as u64)));
+
+    let mut handle_sync = |r: io::Result<SyncPoint>,
+                           syncs: &mut u64,
+                           synced: &mut SyncPoint|
+     -> Result<(), io::Error> {
+        let p = r?;
+        *syncs += 1;
+        *synced = p;
+        on_sync(&p);
+        Ok(())
+    };
+
+    let cause = 'run: loop {
+        if stop.load(Ordering::Acquire) {
+            break StopCause::Stopped;
+        }
+        let now = clock::now();
+        if end.is_some_and(|e| now >= e) {
+            break StopCause::Duration;
+        }
+        if let Some(r) = syncer.poll(false) {
+            if let Err(e) = handle_sync(r, &mut syncs, &mut synced) {
+                if let Some(errno) = no_space(&e) {
+                    break StopCause::NoSpace { errno };
+                }
+                return Err(RecordError::Io {
+                    op: "fdatasync",
+                    packets: writer.packets(),
+                    source: e,
+                });
+            }
+        }
+        if let Some(ns) = sync_ns
+            && next_sync.is_some_and(|t| now >= t)
+        {
+            syncer.request(files.point(writer.packets()));
+            next_sync = Some(Instant::from_nanos(now.as_nanos().saturating_add(ns)));
+        }
+        // Wait for data, at most until the next thing to look at.
+        let mut wait = POLL_MAX;
+        for t in [end, next_sync].into_iter().flatten() {
+            wait = wait.min(t.saturating_duration_since(now));
+        }
+        let ts = rustix::time::Timespec {
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: i64::from(wait.subsec_nanos()),
+        };
+        let mut pfd = [PollFd::new(&socket, PollFlags::IN)];
+        match rustix::event::poll(&mut pfd, Some(&ts)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                return Err(RecordError::Io {
+                    op: "poll",
+                    packets: writer.packets(),
+                    source: e.into(),
+                });
+            }
+        }
+        for _ in 0..BATCHES_PER_TURN {
+            let n = match batch.recv(socket) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(RecordError::Io {
+                        op: "recvmmsg",
+                        packets: writer.packets(),
+                        source: e,
+                    });
+                }
+            };
+            batch_largest = batch_largest.max(n);
+            let user_time_ns = clock::now().as_nanos().saturating_sub(start.as_nanos());
+            kept.clear();
+            for i in 0..n {
+                let m = batch.meta(i);
+                if let Some(d) = m.drops {
+                    drops = Some(drops.unwrap_or(0).max(u64::from(d)));
+                }
+                if m.truncated {
+                    truncated += 1;
+                } else if m.len == 0 {
+                    empty += 1;
+                } else {
+                    kept.push(i);
+                }
+            }
+            if kept.is_empty() {
+                continue;
+            }
+            if !rule_decided {
+                rule = FrameRule::detect(batch.datagram(kept[0]));
+                rule_decided = true;
+                detector = FrameDetector::new(rule);
+                if rule != FrameRule::EveryPacket
+                    && let Err(e) = write_headers(&files.tracks, rule)
+                {
+                    if let Some(errno) = no_space(&e) {
+                        break 'run StopCause::NoSpace { errno };
+                    }
+                    return Err(RecordError::Io {
+                        op: "writing the track headers",
+                        packets: 0,
+                        source: e,
+                    });
+                }
+            }
+            // 1. The media: one vectored write of the slots, no copy.
+            let mut slices: Vec<IoSlice<'_>> = kept
+                .iter()
+                .map(|&i| IoSlice::new(batch.datagram(i)))
+                .collect();
+            let (written, media_err) =
+                pwritev_all(files.media.as_fd(), &mut slices, files.media_len);
+            files.media_len += written;
+            // 2. The tracks, for the datagrams the media holds whole.
+            out.clear();
+            let mut covered = 0u64;
+            for &i in &kept {
+                let d = batch.datagram(i);
+                if covered + d.len() as u64 > written {
+                    break;
+                }
+                covered += d.len() as u64;
+                let t = match (kernel_timestamps, batch.meta(i).kernel_time_ns) {
+                    (true, Some(k)) => k.saturating_sub(start_wall_ns),
+                    _ => user_time_ns,
+                };
+                // CLOCK_REALTIME can step back; the track's times must not.
+                let t = t.max(last_time_ns);
+                last_time_ns = t;
+                let frame = detector.observe(d);
+                frames += u64::from(frame);
+                writer
+                    .push(t, d.len() as u32, frame, &mut out)
+                    .expect("times are clamped non-decreasing and offsets fit u64");
+            }
+            let mut track_err = None;
+            for (k, bytes) in [&out.time, &out.packet, &out.frame].into_iter().enumerate() {
+                let (w, e) = pwrite_all(&files.tracks[k], bytes, files.track_len[k]);
+                files.track_len[k] += w;
+                if e.is_some() {
+                    track_err = e;
+                    break;
+                }
+            }
+            if let Some(e) = media_err.or(track_err) {
+                if let Some(errno) = no_space(&e) {
+                    break 'run StopCause::NoSpace { errno };
+                }
+                return Err(RecordError::Io {
+                    op: "write",
+                    packets: writer.packets(),
+                    source: e,
+                });
+            }
+        }
+    };
+
+    // Stop: finish the sync in flight, then make everything durable, media first.
+    let mut cause = cause;
+    if let Some(r) = syncer.poll(true)
+        && let Err(e) = handle_sync(r, &mut syncs, &mut synced)
+    {
+        match no_space(&e) {
+            Some(errno) => cause = StopCause::NoSpace { errno },
+            None => {
+                return Err(RecordError::Io {
+                    op: "fdatasync",
+                    packets: writer.packets(),
+                    source: e,
+                });
+            }
+        }
+    }
+    syncer.stop();
+    let mut kept_report = None;
+    let (mut packets, mut media_bytes) = (writer.packets(), files.media_len);
+    if let StopCause::NoSpace { .. } = cause {
+        let r = cut_to_readable(dst, &files).map_err(|e| RecordError::Io {
+            op: "cutting the recording back after running out of space",
+            packets,
+            source: e,
+        })?;
+        packets = r.readable_packets;
+        media_bytes = r.readable_media_bytes;
+        frames = r.readable_frames;
+        files.media_len = r.readable_media_bytes;
+        files.track_len = [
+            (HEADER_BYTES as u64) + RECORD_BYTES as u64 * r.readable_packets,
+            (HEADER_BYTES as u64) + RECORD_BYTES as u64 * r.readable_packets,
+            (HEADER_BYTES as u64) + RECORD_BYTES as u64 * r.readable_frames,
+        ];
+        kept_report = Some(r);
+    }
+    match sync_in_order(&files.all()) {
+        Ok(()) => {
+            let p = files.point(packets);
+            handle_sync(Ok(p), &mut syncs, &mut synced).expect("Ok is handled");
+        }
+        Err(e) if no_space(&e).is_some() && kept_report.is_some() => {}
+        Err(e) => {
+            return Err(RecordError::Io {
+                op: "fdatasync",
+                packets,
+                source: e,
+            });
+        }
+    }
+    Ok(RecordReport {
+        cause,
+        packets,
+        media_bytes,
+        frames,
+        truncated,
+        empty,
+        socket_drops: drops,
+        frame_rule: rule,
+        kernel_timestamps,
+        rcvbuf_bytes,
+        syncs,
+        synced,
+        batch_largest,
+        elapsed: clock::now().saturating_duration_since(start),
+        kept: kept_report,
+    })
+}
+
+/// Reads a recording's tracks back, checks them against the media and cuts all four files to
+/// the readable prefix (truncating never needs space). Returns the check of the kept part.
+fn cut_to_readable(dst: &Path, files: &Files) -> io::Result<CheckReport> {
+    let read = |f: &File| -> io::Result<Vec<u8>> {
+        let len = f.metadata()?.len();
+        let mut b = vec![0u8; len as usize];
+        f.read_exact_at(&mut b, 0)?;
+        Ok(b)
+    };
+    let bad = |e: penstock_core::track::TrackError| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {e}", dst.display()),
+        )
+    };
+    let time = decode::<TimeRecord>(&read(&files.tracks[0])?, RECORDS_MAX).map_err(bad)?;
+    let packet = decode::<PacketRecord>(&read(&files.tracks[1])?, RECORDS_MAX).map_err(bad)?;
+    let frame = decode::<FrameRecord>(&read(&files.tracks[2])?, RECORDS_MAX).map_err(bad)?;
+    let media_len = files.media.metadata()?.len();
+    let r = check(&time.records, &packet.records, &frame.records, media_len);
+    let rec = |n: u64| (HEADER_BYTES + RECORD_BYTES * n as usize) as u64;
+    files.media.set_len(r.readable_media_bytes)?;
+    files.tracks[0].set_len(rec(r.readable_packets))?;
+    files.tracks[1].set_len(rec(r.readable_packets))?;
+    files.tracks[2].set_len(rec(r.readable_frames))?;
+    Ok(check(
+        &time.records[..r.readable_packets as usize],
+        &packet.records[..r.readable_packets as usize],
+        &frame.records[..r.readable_frames as usize],
+        r.readable_media_bytes,
+    ))
+}

@@ -74,6 +74,16 @@ pub struct StreamArgs {
     /// Dispatch order of due units: edf or rm (rate-monotonic, as MARS's RTUs).
     #[arg(long, default_value = "edf", value_parser = parse_order)]
     pub order: Order,
+    /// `tracks`: send each packet of a recording at its recorded time (its time and packet
+    /// tracks); excludes --period/--rate/--schedule/--offset/--length/--unit.
+    #[arg(long)]
+    pub timing: Option<String>,
+    /// With --timing tracks: start at the independent frame at or before this time.
+    #[arg(long, value_parser = parse_duration)]
+    pub from: Option<Duration>,
+    /// With --timing tracks: play this many times as fast (2, 0.5).
+    #[arg(long)]
+    pub speed: Option<String>,
 }
 
 fn parse_timer(s: &str) -> Result<TimerMode, String> {
@@ -142,6 +152,30 @@ pub fn run(a: StreamArgs) -> Result<()> {
         a.unit,
         a.buffer_size,
     )?;
+    let playback = match a.timing.as_deref() {
+        None => {
+            if a.from.is_some() || a.speed.is_some() {
+                anyhow::bail!("--from and --speed need --timing tracks");
+            }
+            None
+        }
+        Some("tracks") => {
+            let Endpoint::File { path } = &source else {
+                anyhow::bail!("--timing tracks plays a recording: SRC must be a file");
+            };
+            if schedule.is_some() || a.offset.is_some() || a.length.is_some() || a.unit.is_some() {
+                anyhow::bail!(
+                    "--timing tracks takes units, times and the extent from the tracks: drop --period/--rate/--schedule/--offset/--length/--unit"
+                );
+            }
+            Some(crate::cmd_record::playback_plan(
+                path,
+                a.from,
+                a.speed.as_deref(),
+            )?)
+        }
+        Some(other) => anyhow::bail!("--timing must be tracks, not {other:?}"),
+    };
     let cfg = EngineConfig {
         workers: 1,
         pool_buffers: a.buffers,
@@ -165,9 +199,15 @@ pub fn run(a: StreamArgs) -> Result<()> {
     let spec = StreamSpec {
         source,
         target,
-        extent: Extent {
-            offset: a.offset.unwrap_or(0),
-            length: a.length,
+        extent: match &playback {
+            Some(p) => Extent {
+                offset: p.media_offset_bytes,
+                length: Some(p.media_bytes),
+            },
+            None => Extent {
+                offset: a.offset.unwrap_or(0),
+                length: a.length,
+            },
         },
         unit_bytes: usize::try_from(a.unit.unwrap_or(0)).context("unit")?,
         path: a.path,
@@ -177,7 +217,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
         miss_after: a.miss_after,
         trace: a.trace.is_some(),
         start_at: None,
-        units: None,
+        units: playback.map(|p| p.units.into()),
     };
     let cpu0 = cpu_times(CpuWho::Process);
     let t0 = std::time::Instant::now();

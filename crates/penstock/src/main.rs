@@ -4,6 +4,7 @@
 
 mod bench_paths;
 mod bench_periodic;
+mod cmd_record;
 mod cmd_stream;
 mod demo;
 mod hog;
@@ -40,6 +41,10 @@ enum Command {
     },
     /// Plot `--trace` files: lateness against sequence number, and its histogram (PNG or SVG).
     Plot(plot::PlotArgs),
+    /// Record datagrams from SRC into the file DST, with time, packet and frame tracks beside it.
+    Record(cmd_record::RecordArgs),
+    /// Dump a recording's tracks as CSV, or `--check` them against the media.
+    Tracks(cmd_record::TracksArgs),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -66,6 +71,8 @@ fn main() {
         Command::Stream(a) => cmd_stream::run(a),
         Command::Sink(a) => sink::run(a),
         Command::Plot(a) => plot::run(a),
+        Command::Record(a) => cmd_record::run(a),
+        Command::Tracks(a) => cmd_record::run_tracks(a),
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
         Command::Bench(BenchCommand::Periodic(a)) => bench_periodic::run(a),
         Command::Hog { kind, file } => hog::run(&kind, file.as_deref()),

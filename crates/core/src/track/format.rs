@@ -457,6 +457,17 @@ pub fn decode<R: Record>(bytes: &[u8], records_max: u64) -> Result<Decoded<R>, T
     })
 }
 
+/// Whole records with a good checksum at or after record `from_record` of a track file of
+/// `kind` (`bytes` is the whole file). Tells a torn tail (nothing good follows the first bad
+/// record) from damage in the middle of a file (good records follow it).
+pub fn valid_records_from(bytes: &[u8], kind: TrackKind, from_record: u64) -> u64 {
+    let body = bytes.get(HEADER_BYTES..).unwrap_or(&[]);
+    body.chunks_exact(RECORD_BYTES)
+        .skip(usize::try_from(from_record).unwrap_or(usize::MAX))
+        .filter(|r| u32::from_le_bytes([r[20], r[21], r[22], r[23]]) == record_crc(kind, &r[0..20]))
+        .count() as u64
+}
+
 /// Bytes to append to the three track files, produced by [`TracksWriter::push`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrackBytes {

@@ -20,6 +20,7 @@ pub use check::{CheckReport, Disagreement, ReadableLimit, check};
 pub use format::{
     Decoded, EncodeError, FrameRecord, PacketRecord, Record, StopReason, TimeRecord, TrackBytes,
     TrackError, TrackHeader, TrackKind, TracksWriter, decode, decode_header, encode_record,
+    valid_records_from,
 };
 pub use playback::{Playback, PlaybackError, Speed, plan_playback};
 

@@ -4,6 +4,7 @@
 
 mod bench_paths;
 mod bench_periodic;
+mod bench_record;
 mod cmd_record;
 mod cmd_stream;
 mod demo;
@@ -56,6 +57,8 @@ enum BenchCommand {
     Paths(bench_paths::PathsArgs),
     /// Roadrunner's experiment: N periodic UDP streams against thread-per-stream sleep loops.
     Periodic(bench_periodic::PeriodicArgs),
+    /// Issue 8: M recordings of an ~8 Mbit/s MPEG-TS at once (loss), and playback timing.
+    Record(bench_record::RecordBenchArgs),
 }
 
 fn main() {
@@ -75,6 +78,7 @@ fn main() {
         Command::Tracks(a) => cmd_record::run_tracks(a),
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
         Command::Bench(BenchCommand::Periodic(a)) => bench_periodic::run(a),
+        Command::Bench(BenchCommand::Record(a)) => bench_record::run(a),
         Command::Hog { kind, file } => hog::run(&kind, file.as_deref()),
     };
     if let Err(e) = r {

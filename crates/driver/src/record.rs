@@ -407,9 +407,8 @@ pub fn record(
                 flags,
             }
             .encode();
-            match pwrite_all(f, &h, 0) {
-                (_, Some(e)) => return Err(e),
-                (_, None) => {}
+            if let (_, Some(e)) = pwrite_all(f, &h, 0) {
+                return Err(e);
             }
         }
         Ok(())
@@ -471,17 +470,17 @@ pub fn record(
         if end.is_some_and(|e| now >= e) {
             break StopCause::Duration;
         }
-        if let Some(r) = syncer.poll(false) {
-            if let Err(e) = handle_sync(r, &mut syncs, &mut synced) {
-                if let Some(errno) = no_space(&e) {
-                    break StopCause::NoSpace { errno };
-                }
-                return Err(RecordError::Io {
-                    op: "fdatasync",
-                    packets: writer.packets(),
-                    source: e,
-                });
+        if let Some(r) = syncer.poll(false)
+            && let Err(e) = handle_sync(r, &mut syncs, &mut synced)
+        {
+            if let Some(errno) = no_space(&e) {
+                break StopCause::NoSpace { errno };
             }
+            return Err(RecordError::Io {
+                op: "fdatasync",
+                packets: writer.packets(),
+                source: e,
+            });
         }
         if let Some(ns) = sync_ns
             && next_sync.is_some_and(|t| now >= t)

@@ -241,6 +241,19 @@ pub struct TracksArgs {
 }
 
 pub fn run_tracks(a: TracksArgs) -> Result<()> {
+    match dump_tracks(a) {
+        // `penstock tracks REC | head`: the reader left, which is not an error.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+fn dump_tracks(a: TracksArgs) -> Result<()> {
     let media = media_path(&a.file);
     let rec = load_recording(&media, RECORDS_MAX)?;
     if a.check {

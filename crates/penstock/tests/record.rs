@@ -390,7 +390,7 @@ fn kill_minus_9_at_random_points_leaves_every_recording_readable_to_its_last_syn
                 s.send_to(&d, &to).unwrap();
                 sent.push(d);
                 i += 1;
-                if i % 8 == 0 {
+                if i.is_multiple_of(8) {
                     thread::sleep(Duration::from_micros(300));
                 }
             }
@@ -585,7 +585,7 @@ fn record_until_full(rec: &Path, cmd: Command) -> (std::process::ExitStatus, Str
         }
         sent.push(d);
         i += 1;
-        if i % 16 == 0 {
+        if i.is_multiple_of(16) {
             thread::sleep(Duration::from_millis(1));
         }
     }

@@ -31,6 +31,7 @@ use penstock_core::stream::{
     choose_path,
 };
 
+use crate::disk::DiskConfig;
 use crate::open::{OpenError, Opened, open_source, open_target, reopen_direct};
 use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
@@ -63,6 +64,8 @@ pub struct EngineConfig {
     pub realtime: bool,
     /// Units kept in a stream's trace at most (the rest are counted, not kept).
     pub trace_units_max: usize,
+    /// The disk request scheduler every uring-path read goes through.
+    pub disk: DiskConfig,
 }
 
 /// The longest spin before a deadline the engine accepts.
@@ -92,6 +95,7 @@ impl Default for EngineConfig {
             order: Order::EarliestDeadline,
             realtime: false,
             trace_units_max: 10_000_000,
+            disk: DiskConfig::default(),
         }
     }
 }
@@ -123,6 +127,8 @@ pub struct StreamSpec {
     pub miss_after: Option<Duration>,
     /// Keep every unit's (scheduled, completed) times in the report.
     pub trace: bool,
+    /// Disk class: `rt` or `bulk`; `None`: `rt` for paced streams, `bulk` for burst ones.
+    pub class: Option<DiskClass>,
     /// The instant unit 0 of a paced stream is due (CLOCK_MONOTONIC, see `clock::now`);
     /// `None`: when the stream first runs.
     pub start_at: Option<penstock_core::time::Instant>,
@@ -145,9 +151,19 @@ impl StreamSpec {
             schedule: None,
             miss_after: None,
             trace: false,
+            class: None,
             start_at: None,
         }
     }
+}
+
+/// The disk classes of the engine's scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskClass {
+    /// Real-time: EDF by deadline, a larger DRR quantum, IOPRIO_CLASS_RT where permitted.
+    Rt,
+    /// Everything else.
+    Bulk,
 }
 
 /// Default transfer unit: a safe datagram for UDP; for the uring path a whole pool buffer;
@@ -311,6 +327,8 @@ pub struct EngineInfo {
     pub registered: Result<(), String>,
     /// Real-time scheduling as asked (`EngineConfig::realtime`); otherwise why not.
     pub realtime: Result<(), String>,
+    /// `rt` disk reads carry IOPRIO_CLASS_RT (permitted here).
+    pub rt_ioprio: bool,
 }
 
 /// The engine. Dropping it stops its workers (streams still running are cancelled).
@@ -536,6 +554,10 @@ impl Engine {
             cache: spec.cache,
             zero_copy,
             notes,
+            rt: match spec.class {
+                Some(c) => c == DiskClass::Rt,
+                None => schedule.is_some(),
+            },
             pace: schedule.map(|s| {
                 let stats = LatenessStats::for_schedule(&s, spec.miss_after);
                 Pace::new(

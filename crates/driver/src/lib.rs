@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
+pub mod disk;
 pub mod engine;
 pub mod open;
 mod pace;
@@ -14,6 +15,6 @@ mod uring_path;
 mod worker;
 
 pub use engine::{
-    CounterSnapshot, Engine, EngineConfig, EngineError, EngineInfo, StreamError, StreamHandle,
-    StreamReport, StreamSpec, TimerMode, ZeroCopy,
+    CounterSnapshot, DiskClass, Engine, EngineConfig, EngineError, EngineInfo, StreamError,
+    StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };

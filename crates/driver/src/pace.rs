@@ -57,6 +57,14 @@ impl Pace {
         }
     }
 
+    /// The deadline of unit `k` (anchoring the schedule at `now` if it is not yet).
+    pub(crate) fn deadline_of(&mut self, k: u64, now: Instant) -> Option<Instant> {
+        let schedule = self.schedule;
+        self.anchored
+            .get_or_insert_with(|| Anchored::new(schedule, now))
+            .deadline(k)
+    }
+
     /// The next unit's send was issued.
     pub(crate) fn issued(&mut self) {
         let d = self

@@ -18,6 +18,7 @@ use penstock_uring::{BufId, Completion, Ring};
 use rustix::io::Errno;
 
 use crate::clock;
+use crate::disk::{DiskQueue, ReadReq};
 use crate::engine::StreamError;
 use crate::open::direct_alignment;
 use crate::paths::peer_error;
@@ -46,6 +47,8 @@ pub(crate) struct UringState {
     read_len: usize,
     /// Next file offset to read (aligned when direct).
     next_read: u64,
+    /// The source's device (st_dev), for the per-device disk queue.
+    dev: u64,
     /// End of reads: the stream's end, rounded up to the alignment when direct.
     read_end: u64,
     chunks: VecDeque<Chunk>,
@@ -100,6 +103,7 @@ impl UringState {
                 .min(buffer_bytes / a * a)
         };
         self.next_read = io.start / align * align;
+        self.dev = rustix::fs::fstat(&io.source.fd).map_or(0, |st| st.st_dev);
         self.read_end = end.div_ceil(align) * align;
         if io.cache == CachePolicy::Drop {
             self.rw_flags = penstock_uring::sys::RWF_DONTCACHE;
@@ -108,12 +112,16 @@ impl UringState {
     }
 
     /// Queues reads and the next send; says what the stream waits for.
+    /// `refused` is set when the disk queue refused a read (backpressure); the caller then
+    /// retries the stream next turn.
     pub(crate) fn step(
         &mut self,
         io: &mut TaskIo,
         ring: &mut Ring,
+        disk: &mut DiskQueue,
         depth: usize,
         token: &mut dyn FnMut(u64, u16) -> u64,
+        refused: &mut bool,
     ) -> Step {
         if !self.init
             && let Err(e) = self.init(io, ring)
@@ -121,11 +129,9 @@ impl UringState {
             return Step::Finish(Err(e));
         }
         let end = io.end.expect("file end");
-        // Reads ahead, while buffers are free.
-        while self.chunks.len() < depth
-            && self.next_read < self.read_end.max(end)
-            && self.next_read < end
-        {
+        // Reads ahead, while buffers are free; each goes through the worker's disk scheduler.
+        let now = clock::now();
+        while self.chunks.len() < depth && self.next_read < end {
             let Some(buf) = ring.pool_mut().alloc() else {
                 break;
             };
@@ -134,12 +140,30 @@ impl UringState {
                 (Some(d), true) => d.as_raw_fd(),
                 _ => io.source.fd.as_raw_fd(),
             };
+            let deadline = match &mut io.pace {
+                Some(p) => {
+                    let first_unit =
+                        self.next_read.max(io.start).saturating_sub(io.start) / io.unit as u64;
+                    p.deadline_of(first_unit, now)
+                }
+                None => None,
+            };
+            let req = ReadReq {
+                token: 0,
+                fd,
+                dev: self.dev,
+                buf,
+                len: want,
+                file_offset: self.next_read,
+                rw_flags: self.rw_flags,
+                class: disk.class(io.rt),
+                deadline,
+            };
             let t = token(TAG_READ, buf.index() as u16);
-            if ring
-                .read(fd, buf, 0, want, self.next_read, self.rw_flags, 0, t)
-                .is_err()
-            {
+            if disk.submit(now, ReadReq { token: t, ..req }).is_err() {
+                // The class's queue is full: backpressure. Keep nothing, ask again next turn.
                 ring.pool_mut().free(buf);
+                *refused = true;
                 break;
             }
             self.chunks.push_back(Chunk {

@@ -218,6 +218,7 @@ fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
         schedule: None,
         miss_after: None,
         trace: false,
+        class: None,
         start_at: None,
     }
 }
@@ -581,6 +582,7 @@ fn run_stream_source(
         schedule: None,
         miss_after: None,
         trace: false,
+        class: None,
         start_at: None,
     };
     let got = match target {
@@ -922,6 +924,7 @@ fn bad_streams_are_refused_with_typed_errors() {
             schedule: None,
             miss_after: None,
             trace: false,
+            class: None,
             start_at: None,
         })
     };

@@ -196,6 +196,7 @@ fn run_engine(
         schedule: None,
         miss_after: None,
         trace: false,
+        class: None,
         start_at: None,
     };
     let report = engine.open(spec)?.wait()?;

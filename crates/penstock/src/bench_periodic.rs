@@ -287,6 +287,7 @@ fn run_engine(
             schedule: Some(schedule),
             miss_after: None,
             trace: spec.trace,
+            class: None,
             start_at: Some(phase(spec, t0, i)),
         };
         handles.push(engine.open(s)?);

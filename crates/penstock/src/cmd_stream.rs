@@ -176,6 +176,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
         schedule,
         miss_after: a.miss_after,
         trace: a.trace.is_some(),
+        class: None,
         start_at: None,
     };
     let cpu0 = cpu_times(CpuWho::Process);

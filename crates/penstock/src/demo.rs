@@ -96,6 +96,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             schedule: None,
             miss_after: None,
             trace: false,
+            class: None,
             start_at: None,
         };
         let c0 = cpu_times(CpuWho::Process);

@@ -136,7 +136,7 @@ impl Receiver {
         let mut line = String::new();
         self.out.read_line(&mut line)?;
         let _ = self.child.wait();
-        Ok(serde_json::from_str(line.trim()).with_context(|| format!("receiver said {line:?}"))?)
+        serde_json::from_str(line.trim()).with_context(|| format!("receiver said {line:?}"))
     }
 }
 
@@ -251,10 +251,8 @@ fn run_engine(
         ..EngineConfig::default()
     })?;
     let mut note = String::new();
-    if realtime {
-        if let Err(why) = &engine.info().realtime {
-            note = format!("realtime refused: {why}");
-        }
+    if realtime && let Err(why) = &engine.info().realtime {
+        note = format!("realtime refused: {why}");
     }
     let schedule = Schedule::new(
         &ScheduleSpec::Periodic {
@@ -487,11 +485,11 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                 let c1 = cpu_times(CpuWho::Process);
                 let cpu = (c1.user_ns + c1.sys_ns - c0.user_ns - c0.sys_ns) as f64 / 1e9;
                 let got = rx.finish()?;
-                if let Some(d) = &a.traces {
-                    if !trace.is_empty() {
-                        let p = d.join(format!("periodic-n{n}-{load}-{sender}.csv"));
-                        crate::cmd_stream::write_trace(&p, &trace)?;
-                    }
+                if let Some(d) = &a.traces
+                    && !trace.is_empty()
+                {
+                    let p = d.join(format!("periodic-n{n}-{load}-{sender}.csv"));
+                    crate::cmd_stream::write_trace(&p, &trace)?;
                 }
                 let row = Row {
                     streams: n,

@@ -35,6 +35,10 @@ use crate::disk::DiskConfig;
 use crate::open::{OpenError, Opened, open_source, open_target, reopen_direct};
 use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
+use penstock_core::admission::{
+    Admission, AdmissionConfig, Capacity, QosClass, Refusal, Reservation, ReservationId, StreamQos,
+    Usage,
+};
 use penstock_core::lateness::{LatenessStats, TraceRecord};
 use penstock_core::sched::edf::Order;
 use penstock_core::schedule::Schedule;
@@ -66,6 +70,19 @@ pub struct EngineConfig {
     pub trace_units_max: usize,
     /// The disk request scheduler every uring-path read goes through.
     pub disk: DiskConfig,
+    /// Admission control for streams opened with `class: Some(DiskClass::Rt)` (the capacity
+    /// comes from `penstock calibrate`).
+    pub admission: AdmissionConfig,
+}
+
+/// Admission with what is used when no calibration file exists.
+pub fn conservative_admission() -> AdmissionConfig {
+    AdmissionConfig {
+        capacity: Capacity::CONSERVATIVE,
+        bulk_share_percent: 20,
+        streams_max: 4096,
+        rt_latency_ns: 0,
+    }
 }
 
 /// The longest spin before a deadline the engine accepts.
@@ -96,6 +113,7 @@ impl Default for EngineConfig {
             realtime: false,
             trace_units_max: 10_000_000,
             disk: DiskConfig::default(),
+            admission: conservative_admission(),
         }
     }
 }
@@ -128,7 +146,10 @@ pub struct StreamSpec {
     /// Keep every unit's (scheduled, completed) times in the report.
     pub trace: bool,
     /// Disk class: `rt` or `bulk`; `None`: `rt` for paced streams, `bulk` for burst ones.
+    /// An explicit `Rt` asks for a guarantee: the stream passes admission control first.
     pub class: Option<DiskClass>,
+    /// Pool buffers an admitted `rt` stream reserves (default: `stream_depth`).
+    pub buffers: Option<u32>,
     /// The instant unit 0 of a paced stream is due (CLOCK_MONOTONIC, see `clock::now`);
     /// `None`: when the stream first runs.
     pub start_at: Option<penstock_core::time::Instant>,
@@ -152,6 +173,7 @@ impl StreamSpec {
             miss_after: None,
             trace: false,
             class: None,
+            buffers: None,
             start_at: None,
         }
     }
@@ -209,6 +231,9 @@ pub enum StreamError {
     Cancelled { bytes_sent: u64 },
     #[error("engine stopped")]
     EngineStopped,
+    /// Admission control refused the stream; the refusal names what is short, by how much.
+    #[error("admission: {0}")]
+    Refused(#[from] Refusal),
 }
 
 /// Live counters of a stream, updated by its worker.
@@ -255,6 +280,8 @@ pub struct StreamHandle {
     worker: WorkerHandle,
     done: Receiver<Result<StreamReport, StreamError>>,
     open_count: Arc<AtomicUsize>,
+    /// The admission reservation this stream holds, released on drop.
+    reservation: Option<(ReservationId, Arc<Mutex<Admission>>)>,
 }
 
 impl StreamHandle {
@@ -315,7 +342,23 @@ impl StreamHandle {
 impl Drop for StreamHandle {
     fn drop(&mut self) {
         self.open_count.fetch_sub(1, Ordering::AcqRel);
+        if let Some((id, admission)) = &self.reservation {
+            admission
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .release(*id);
+        }
     }
+}
+
+/// A schedule's long-run rate in bytes per second (rounded up).
+pub fn schedule_bytes_per_s(s: &Schedule) -> u64 {
+    let (Some(p), Some(k)) = (s.period(), s.cycle_units()) else {
+        return 0;
+    };
+    // cycle_units units of unit_bytes every num_ns/den nanoseconds.
+    let bytes = u128::from(k) * u128::from(s.unit_bytes()) * 1_000_000_000 * u128::from(p.den());
+    u64::try_from(bytes.div_ceil(p.num_ns().max(1))).unwrap_or(u64::MAX)
 }
 
 /// What the engine found at start.
@@ -341,6 +384,7 @@ pub struct Engine {
     next_worker: AtomicUsize,
     open_count: Arc<AtomicUsize>,
     info: EngineInfo,
+    admission: Arc<Mutex<Admission>>,
 }
 
 /// Why the engine could not start.
@@ -395,6 +439,8 @@ impl Engine {
             info.get_or_insert(winfo);
         }
         let info = info.expect("at least one worker");
+        let admission = Admission::new(cfg.admission)
+            .map_err(|e| EngineError::Config(format!("admission: {e}")))?;
         Ok(Engine {
             cfg,
             workers,
@@ -403,11 +449,28 @@ impl Engine {
             next_worker: AtomicUsize::new(0),
             open_count: Arc::new(AtomicUsize::new(0)),
             info,
+            admission: Arc::new(Mutex::new(admission)),
         })
     }
 
     pub fn info(&self) -> &EngineInfo {
         &self.info
+    }
+
+    /// The admitted `rt` streams and what each reserved.
+    pub fn reservations(&self) -> Vec<Reservation> {
+        self.admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reservations()
+            .cloned()
+            .collect()
+    }
+
+    /// Totals reserved now, and the `rt` capacity they are taken from.
+    pub fn admission_usage(&self) -> (Usage, Usage) {
+        let a = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+        (a.usage(), a.rt_capacity())
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -500,6 +563,30 @@ impl Engine {
                 "unit of {unit} bytes does not fit one UDP datagram (65507)"
             )));
         }
+        // Admission control, for streams that ask for a guarantee. The reservation is
+        // released when the caller drops the handle.
+        let reservation = if spec.class == Some(DiskClass::Rt) {
+            let Some(s) = &schedule else {
+                return Err(StreamError::Invalid(
+                    "--class rt needs a rate or a period: a guarantee is for a known bandwidth"
+                        .into(),
+                ));
+            };
+            let qos = StreamQos {
+                class: QosClass::Rt,
+                rate_bytes_per_s: schedule_bytes_per_s(s),
+                unit_bytes: s.unit_bytes(),
+                buffers: spec.buffers.unwrap_or(self.cfg.stream_depth as u32),
+            };
+            let r = self
+                .admission
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .admit(qos)?;
+            Some(r.id)
+        } else {
+            None
+        };
         let mut notes = Vec::new();
         let direct = if path == DataPath::Uring && spec.cache == CachePolicy::Bypass {
             let p = match &spec.source {
@@ -583,6 +670,7 @@ impl Engine {
             worker,
             done,
             open_count: self.open_count.clone(),
+            reservation: reservation.map(|id| (id, self.admission.clone())),
         })
     }
 }

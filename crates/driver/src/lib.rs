@@ -5,6 +5,7 @@
 //! in `penstock-core`; all `unsafe` lives in `penstock-uring`. This crate has none.
 #![forbid(unsafe_code)]
 
+pub mod calibration;
 pub mod clock;
 pub mod disk;
 pub mod engine;

@@ -21,7 +21,7 @@ use crate::clock;
 use crate::disk::{DiskQueue, ReadReq};
 use crate::engine::StreamError;
 use crate::open::direct_alignment;
-use crate::paths::peer_error;
+use crate::paths::{NOT_LISTENING, peer_error};
 use crate::worker::{Step, TAG_READ, TAG_SEND, TaskIo};
 
 struct Chunk {
@@ -301,6 +301,16 @@ impl UringState {
                         return Err(StreamError::Cancelled {
                             bytes_sent: io.sent,
                         });
+                    }
+                    Err(e)
+                        if io.target.kind == IoKind::Datagram
+                            && e.raw_os_error() == Some(libc::ECONNREFUSED) =>
+                    {
+                        // An earlier datagram drew an ICMP port-unreachable; the kernel reports
+                        // it on this send, which it dropped. UDP has no connection to lose:
+                        // send this unit again and go on.
+                        io.note_once(NOT_LISTENING);
+                        return Ok(());
                     }
                     Err(e) => {
                         let errno = Errno::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EIO));

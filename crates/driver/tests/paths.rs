@@ -219,6 +219,7 @@ fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
         miss_after: None,
         trace: false,
         class: None,
+        buffers: None,
         start_at: None,
     }
 }
@@ -583,6 +584,7 @@ fn run_stream_source(
         miss_after: None,
         trace: false,
         class: None,
+        buffers: None,
         start_at: None,
     };
     let got = match target {
@@ -925,6 +927,7 @@ fn bad_streams_are_refused_with_typed_errors() {
             miss_after: None,
             trace: false,
             class: None,
+            buffers: None,
             start_at: None,
         })
     };

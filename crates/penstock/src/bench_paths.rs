@@ -197,6 +197,7 @@ fn run_engine(
         miss_after: None,
         trace: false,
         class: None,
+        buffers: None,
         start_at: None,
     };
     let report = engine.open(spec)?.wait()?;

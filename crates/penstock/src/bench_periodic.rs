@@ -286,6 +286,7 @@ fn run_engine(
             miss_after: None,
             trace: spec.trace,
             class: None,
+            buffers: None,
             start_at: Some(phase(spec, t0, i)),
         };
         handles.push(engine.open(s)?);

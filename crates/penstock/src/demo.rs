@@ -97,6 +97,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             miss_after: None,
             trace: false,
             class: None,
+            buffers: None,
             start_at: None,
         };
         let c0 = cpu_times(CpuWho::Process);

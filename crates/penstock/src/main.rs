@@ -4,6 +4,7 @@
 
 mod bench_paths;
 mod bench_periodic;
+mod calibrate;
 mod cmd_stream;
 mod demo;
 mod hog;
@@ -40,6 +41,8 @@ enum Command {
     },
     /// Plot `--trace` files: lateness against sequence number, and its histogram (PNG or SVG).
     Plot(plot::PlotArgs),
+    /// Measure the disk under PATH (sequential MB/s, random IOPS) for admission control.
+    Calibrate(calibrate::CalibrateArgs),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -68,10 +71,25 @@ fn main() {
         Command::Plot(a) => plot::run(a),
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
         Command::Bench(BenchCommand::Periodic(a)) => bench_periodic::run(a),
+        Command::Calibrate(a) => calibrate::run(a),
         Command::Hog { kind, file } => hog::run(&kind, file.as_deref()),
     };
     if let Err(e) = r {
-        eprintln!("penstock: error: {e:#}");
+        eprintln!("penstock: error: {}", error_text(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, each cause once: library errors often already quote their
+/// source in their own message.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
 }

@@ -2,7 +2,10 @@
 //!
 //! Exit codes: 0 success; 1 the operation failed (the error is on stderr); 2 bad usage.
 
+mod bench_http;
 mod bench_paths;
+mod cmd_ctl;
+mod cmd_serve;
 mod cmd_stream;
 mod demo;
 mod sink;
@@ -28,6 +31,10 @@ enum Command {
     Stream(cmd_stream::StreamArgs),
     /// Receive on a TCP address and count bytes (a receiver for tests and benchmarks).
     Sink(sink::SinkArgs),
+    /// Serve a directory over HTTP/1.1, and the stream control protocol.
+    Serve(cmd_serve::ServeArgs),
+    /// Send control protocol commands to a server (interactive without a command).
+    Ctl(cmd_ctl::CtlArgs),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -37,6 +44,8 @@ enum Command {
 enum BenchCommand {
     /// MARS Table 1 re-done: file → TCP loopback receiver for every data path.
     Paths(bench_paths::PathsArgs),
+    /// penstock serve against nginx, with wrk: large and small files, 1 to 512 clients.
+    Http(bench_http::HttpArgs),
 }
 
 fn main() {
@@ -52,6 +61,13 @@ fn main() {
         Command::Stream(a) => cmd_stream::run(a),
         Command::Sink(a) => sink::run(a),
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
+        Command::Serve(a) => cmd_serve::run(a),
+        Command::Ctl(a) => cmd_ctl::run(a).map(|code| {
+            if code != 0 {
+                std::process::exit(code)
+            }
+        }),
+        Command::Bench(BenchCommand::Http(a)) => bench_http::run(a),
     };
     if let Err(e) = r {
         eprintln!("penstock: error: {e:#}");

@@ -55,11 +55,11 @@ impl Root {
             Mode::empty(),
         )?;
         let root = Root { fd };
-        root.open_beneath(".", OFlags::PATH | OFlags::DIRECTORY)
+        root.open_beneath(".", OFlags::DIRECTORY)
             .map_err(|e| {
                 io::Error::new(
                     io::ErrorKind::Unsupported,
-                    format!("openat2 with RESOLVE_BENEATH is not available: {e}"),
+                    format!("openat2 with RESOLVE_BENEATH failed (Linux >= 5.6 needed): {e}"),
                 )
             })?;
         Ok(root)
@@ -69,7 +69,7 @@ impl Root {
         rustix::fs::openat2(
             &self.fd,
             rel,
-            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | extra,
+            OFlags::RDONLY | OFlags::CLOEXEC | extra,
             Mode::empty(),
             ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
         )
@@ -77,7 +77,9 @@ impl Root {
 
     /// Opens `rel` (relative, as `Request::relative_path` gives it) beneath the root.
     pub fn open_path(&self, rel: &str) -> Result<Opened, Refused> {
-        let fd = self.open_beneath(rel, OFlags::NONBLOCK).map_err(refusal)?;
+        let fd = self
+            .open_beneath(rel, OFlags::NONBLOCK | OFlags::NOCTTY)
+            .map_err(refusal)?;
         classify(fd)
     }
 

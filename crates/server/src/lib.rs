@@ -54,19 +54,19 @@ pub use metrics::Metrics;
 pub enum ServerError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("root {path}: {source}")]
+    #[error("root {path}")]
     Root { path: PathBuf, source: io::Error },
     #[error("engine: {0}")]
     Engine(String),
     #[error("admission: {0}")]
     Admission(String),
-    #[error("{what} {addr}: {source}")]
+    #[error("{what} {addr}")]
     Bind {
         what: &'static str,
         addr: String,
         source: io::Error,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] io::Error),
 }
 

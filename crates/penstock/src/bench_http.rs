@@ -91,7 +91,9 @@ fn write_file(path: &Path, len: u64) -> Result<()> {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn wait_listening(port: u16, child: &mut Child) -> Result<()> {
@@ -161,7 +163,13 @@ fn parse_time_ms(s: &str) -> Option<f64> {
     })
 }
 
-fn run_wrk(port: u16, path: &str, clients: usize, duration_s: u64, server_pid: u32) -> Result<Measure> {
+fn run_wrk(
+    port: u16,
+    path: &str,
+    clients: usize,
+    duration_s: u64,
+    server_pid: u32,
+) -> Result<Measure> {
     let threads = clients.clamp(1, 2);
     let cpu0 = cpu_s(server_pid);
     let out = Command::new("wrk")
@@ -216,7 +224,11 @@ fn run_wrk(port: u16, path: &str, clients: usize, duration_s: u64, server_pid: u
     Ok(Measure {
         bytes_per_s: bytes / secs,
         requests_per_s: rps,
-        cpu_s_per_gb: if bytes > 0.0 { cpu / (bytes / 1e9) } else { f64::NAN },
+        cpu_s_per_gb: if bytes > 0.0 {
+            cpu / (bytes / 1e9)
+        } else {
+            f64::NAN
+        },
         p99_ms: p99,
         errors,
     })
@@ -257,7 +269,9 @@ pub fn run(a: HttpArgs) -> Result<()> {
     } else {
         a.workers
     };
-    let dir = tempfile::Builder::new().prefix("penstock-bench-http-").tempdir()?;
+    let dir = tempfile::Builder::new()
+        .prefix("penstock-bench-http-")
+        .tempdir()?;
     let www = dir.path().join("www");
     std::fs::create_dir(&www)?;
     write_file(&www.join("large.bin"), large_bytes)?;

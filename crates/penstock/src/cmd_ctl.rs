@@ -48,7 +48,11 @@ pub fn run(a: CtlArgs) -> Result<i32> {
         r.get_mut().write_all(format!("{line}\n").as_bytes())?;
         read_reply(r)
     };
-    if let Some(t) = a.token.clone().or_else(|| std::env::var("PENSTOCK_TOKEN").ok()) {
+    if let Some(t) = a
+        .token
+        .clone()
+        .or_else(|| std::env::var("PENSTOCK_TOKEN").ok())
+    {
         let reply = send(&mut r, &format!("AUTH {t}"))?;
         if !reply.code.is_success() {
             print!("{reply}");

@@ -97,7 +97,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     let _demo_dir;
     let root = if a.demo {
-        let d = tempfile::Builder::new().prefix("penstock-serve-demo-").tempdir()?;
+        let d = tempfile::Builder::new()
+            .prefix("penstock-serve-demo-")
+            .tempdir()?;
         demo_tree(d.path())?;
         if cfg.http.index.is_none() {
             cfg.http.index = Some("index.html".into());
@@ -111,7 +113,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         std::env::current_dir()?
     };
     // Register before starting so that a signal during start-up is not lost.
-    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
+    let mut signals =
+        Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
     let server = Server::start(&cfg, &root)?;
     println!("{} (root {})", server.summary(), root.display());
     if let Some(f) = server.token_file() {
@@ -130,8 +133,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         match sig {
             SIGHUP => match &a.config {
                 Some(p) => match ServerConfig::load(p).and_then(|c| server.reload(&c)) {
-                    Ok(()) => tracing::info!(config = %p.display(), "reloaded limits and locations"),
-                    Err(e) => tracing::error!(error = %e, "reload refused; keeping the running configuration"),
+                    Ok(()) => {
+                        tracing::info!(config = %p.display(), "reloaded limits and locations")
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "reload refused; keeping the running configuration")
+                    }
                 },
                 None => tracing::info!("SIGHUP without --config: nothing to reload"),
             },
@@ -142,7 +149,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
     tracing::info!(deadline_ms = deadline.as_millis() as u64, "stopping");
     let report = server.shutdown(deadline);
     if report.http_connections_cut > 0 {
-        tracing::warn!(cut = report.http_connections_cut, "connections cut at the shutdown deadline");
+        tracing::warn!(
+            cut = report.http_connections_cut,
+            "connections cut at the shutdown deadline"
+        );
     }
     Ok(())
 }

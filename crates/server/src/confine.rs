@@ -55,13 +55,12 @@ impl Root {
             Mode::empty(),
         )?;
         let root = Root { fd };
-        root.open_beneath(".", OFlags::DIRECTORY)
-            .map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    format!("openat2 with RESOLVE_BENEATH failed (Linux >= 5.6 needed): {e}"),
-                )
-            })?;
+        root.open_beneath(".", OFlags::DIRECTORY).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("openat2 with RESOLVE_BENEATH failed (Linux >= 5.6 needed): {e}"),
+            )
+        })?;
         Ok(root)
     }
 

@@ -189,9 +189,18 @@ fn run(engine: &Engine, e: &Entry, ends: &Ends) -> Result<StreamHandle, String> 
 /// offset. With the engine's own pause this becomes `handle.pause()`.
 fn suspend(e: &mut Entry, handle: StreamHandle) -> Result<(), String> {
     handle.cancel();
-    let sent = match handle.wait() {
-        Ok(report) => report.bytes,
-        Err(penstock_driver::StreamError::Cancelled { bytes_sent }) => bytes_sent,
+    // The report comes only after every in-flight operation completed, so the counters read
+    // then are final. (The `Cancelled` error's own count is taken when the cancel is seen,
+    // before in-flight sends complete: on the uring path it can be short by a unit.)
+    let outcome = loop {
+        if let Some(r) = handle.wait_timeout(Duration::from_secs(3600)) {
+            break r;
+        }
+    };
+    let counted = handle.counters().bytes_sent;
+    let sent = match outcome {
+        Ok(report) => report.bytes.max(counted),
+        Err(penstock_driver::StreamError::Cancelled { .. }) => counted,
         Err(other) => return Err(other.to_string()),
     };
     e.offset_bytes += sent;
@@ -548,14 +557,9 @@ impl Streams {
                 // drop does not wait for them.
                 e.sent_before_bytes += handle.counters().bytes_sent;
             } else {
-                match handle.wait() {
-                    Ok(r) => e.sent_before_bytes += r.bytes,
-                    Err(penstock_driver::StreamError::Cancelled { bytes_sent })
-                    | Err(penstock_driver::StreamError::PeerClosed { bytes_sent, .. }) => {
-                        e.sent_before_bytes += bytes_sent
-                    }
-                    Err(_) => {}
-                }
+                // As in `suspend`: the counters are final once the report is in.
+                while handle.wait_timeout(Duration::from_secs(3600)).is_none() {}
+                e.sent_before_bytes += handle.counters().bytes_sent;
             }
         }
         if let Some(r) = e.reservation.take() {

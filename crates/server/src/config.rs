@@ -203,8 +203,6 @@ pub struct ControlConfig {
     pub connections_max: usize,
     /// One command line; beyond: 414 and the connection closes.
     pub line_bytes_max: usize,
-    /// `CLOSE id` (without NOW) waits this long for the stream to finish, then cuts it.
-    pub close_wait_ms: u64,
 }
 
 impl Default for ControlConfig {
@@ -217,7 +215,6 @@ impl Default for ControlConfig {
             local_peers: Vec::new(),
             connections_max: 64,
             line_bytes_max: 4096,
-            close_wait_ms: 30_000,
         }
     }
 }
@@ -455,6 +452,18 @@ mod tests {
         let p = live.policy("/v/a");
         assert_eq!((p.class, p.limit_rate_bytes_per_s), ("rt", 100));
         assert_eq!(live.policy("/x").class, "bulk");
+    }
+
+    #[test]
+    fn the_example_file_parses_and_matches_the_defaults() {
+        let c: ServerConfig =
+            toml::from_str(include_str!("../../../docs/penstock.example.toml")).unwrap();
+        c.check().unwrap();
+        assert_eq!(c.limits, HttpLimits::default());
+        assert_eq!(
+            c.http.engine_body_bytes_min,
+            HttpConfig::default().engine_body_bytes_min
+        );
     }
 
     #[test]

@@ -399,7 +399,7 @@ impl ServerConfig {
     /// The reloadable part.
     pub fn live(&self) -> LiveConfig {
         let mut locations = self.location.clone();
-        locations.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+        locations.sort_by_key(|l| std::cmp::Reverse(l.prefix.len()));
         LiveConfig {
             limits: self.limits.clone(),
             locations,

@@ -54,9 +54,9 @@ pub fn config() -> ServerConfig {
 pub fn start_with(cfg: ServerConfig) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path();
-    std::fs::write(p.join("small.txt"), &pattern(1000, 1)).unwrap();
-    std::fs::write(p.join("mid.bin"), &pattern(300 * 1024, 2)).unwrap();
-    std::fs::write(p.join("big.bin"), &pattern(3 << 20, 3)).unwrap();
+    std::fs::write(p.join("small.txt"), pattern(1000, 1)).unwrap();
+    std::fs::write(p.join("mid.bin"), pattern(300 * 1024, 2)).unwrap();
+    std::fs::write(p.join("big.bin"), pattern(3 << 20, 3)).unwrap();
     std::fs::write(p.join("empty.txt"), b"").unwrap();
     std::fs::create_dir(p.join("dir")).unwrap();
     std::fs::write(p.join("dir/x.html"), b"<p>x</p>").unwrap();

@@ -2,9 +2,12 @@
 //!
 //! Exit codes: 0 success; 1 the operation failed (the error is on stderr); 2 bad usage.
 
+mod bench_http;
 mod bench_paths;
 mod bench_periodic;
 mod calibrate;
+mod cmd_ctl;
+mod cmd_serve;
 mod cmd_stream;
 mod demo;
 mod hog;
@@ -43,6 +46,10 @@ enum Command {
     Plot(plot::PlotArgs),
     /// Measure the disk under PATH (sequential MB/s, random IOPS) for admission control.
     Calibrate(calibrate::CalibrateArgs),
+    /// Serve a directory over HTTP/1.1, and the stream control protocol.
+    Serve(cmd_serve::ServeArgs),
+    /// Send control protocol commands to a server (interactive without a command).
+    Ctl(cmd_ctl::CtlArgs),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -54,6 +61,8 @@ enum BenchCommand {
     Paths(bench_paths::PathsArgs),
     /// Roadrunner's experiment: N periodic UDP streams against thread-per-stream sleep loops.
     Periodic(bench_periodic::PeriodicArgs),
+    /// penstock serve against nginx, with wrk: large and small files, 1 to 512 clients.
+    Http(bench_http::HttpArgs),
 }
 
 fn main() {
@@ -73,6 +82,13 @@ fn main() {
         Command::Bench(BenchCommand::Periodic(a)) => bench_periodic::run(a),
         Command::Calibrate(a) => calibrate::run(a),
         Command::Hog { kind, file } => hog::run(&kind, file.as_deref()),
+        Command::Serve(a) => cmd_serve::run(a),
+        Command::Ctl(a) => cmd_ctl::run(a).map(|code| {
+            if code != 0 {
+                std::process::exit(code)
+            }
+        }),
+        Command::Bench(BenchCommand::Http(a)) => bench_http::run(a),
     };
     if let Err(e) = r {
         eprintln!("penstock: error: {}", error_text(&e));

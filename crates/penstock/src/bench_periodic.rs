@@ -140,7 +140,7 @@ impl Receiver {
     }
 }
 
-struct Hogs(Vec<Child>);
+pub(crate) struct Hogs(Vec<Child>);
 
 impl Hogs {
     fn start(load: &str, disk_file: &Path) -> Result<Hogs> {
@@ -165,6 +165,11 @@ impl Hogs {
         std::thread::sleep(Duration::from_millis(300));
         Ok(Hogs(v))
     }
+}
+
+/// Starts the background load `load` (none, cpu, disk) for a benchmark.
+pub(crate) fn start_hogs(load: &str, disk_file: &Path) -> Result<Hogs> {
+    Hogs::start(load, disk_file)
 }
 
 impl Drop for Hogs {

@@ -5,6 +5,7 @@
 mod bench_http;
 mod bench_paths;
 mod bench_periodic;
+mod bench_qos;
 mod calibrate;
 mod cmd_ctl;
 mod cmd_serve;
@@ -61,6 +62,10 @@ enum BenchCommand {
     Paths(bench_paths::PathsArgs),
     /// Roadrunner's experiment: N periodic UDP streams against thread-per-stream sleep loops.
     Periodic(bench_periodic::PeriodicArgs),
+    /// MARS Table 2: an rt stream's completion time under background readers, DRR vs FIFO.
+    Isolation(bench_qos::IsolationArgs),
+    /// MARS Table 3: three periodic streams (60, 75, 120 ms) sharing disk and network.
+    Rtu(bench_qos::RtuArgs),
     /// penstock serve against nginx, with wrk: large and small files, 1 to 512 clients.
     Http(bench_http::HttpArgs),
 }
@@ -80,6 +85,8 @@ fn main() {
         Command::Plot(a) => plot::run(a),
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
         Command::Bench(BenchCommand::Periodic(a)) => bench_periodic::run(a),
+        Command::Bench(BenchCommand::Isolation(a)) => bench_qos::isolation(a),
+        Command::Bench(BenchCommand::Rtu(a)) => bench_qos::rtu(a),
         Command::Calibrate(a) => calibrate::run(a),
         Command::Hog { kind, file } => hog::run(&kind, file.as_deref()),
         Command::Serve(a) => cmd_serve::run(a),

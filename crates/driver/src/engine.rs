@@ -360,7 +360,10 @@ impl Engine {
         source: Opened,
         target: Opened,
     ) -> Result<StreamHandle, StreamError> {
-        let path = choose_path(spec.path, source.kind, target.kind, spec.cache, self.caps())?;
+        let path = match crate::open::volume_path(spec.path, &source, &target, self.caps()) {
+            Some(r) => r.map_err(StreamError::Invalid)?,
+            None => choose_path(spec.path, source.kind, target.kind, spec.cache, self.caps())?,
+        };
         let range = match (source.kind, source.size) {
             (IoKind::File, Some(size)) => Some(spec.extent.resolve_in_file(size)?),
             _ if spec.extent.offset != 0 => {
@@ -390,7 +393,10 @@ impl Engine {
             )));
         }
         let mut notes = Vec::new();
-        let direct = if path == DataPath::Uring && spec.cache == CachePolicy::Bypass {
+        let direct = if path == DataPath::Uring
+            && spec.cache == CachePolicy::Bypass
+            && source.volume.is_none()
+        {
             let p = match &spec.source {
                 Endpoint::File { path } => Some(path.clone()),
                 _ => None,

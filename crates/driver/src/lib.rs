@@ -10,6 +10,7 @@ pub mod engine;
 pub mod open;
 mod paths;
 mod uring_path;
+pub mod volume;
 mod worker;
 
 pub use engine::{

@@ -4,6 +4,7 @@
 
 mod bench_paths;
 mod cmd_stream;
+mod cmd_volume;
 mod demo;
 mod sink;
 
@@ -28,6 +29,9 @@ enum Command {
     Stream(cmd_stream::StreamArgs),
     /// Receive on a TCP address and count bytes (a receiver for tests and benchmarks).
     Sink(sink::SinkArgs),
+    /// Volumes: striped members, dynamic partitions (see docs/volume-format.md).
+    #[command(subcommand)]
+    Volume(cmd_volume::VolumeCommand),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -51,6 +55,7 @@ fn main() {
         Command::Demo(a) => demo::run(a),
         Command::Stream(a) => cmd_stream::run(a),
         Command::Sink(a) => sink::run(a),
+        Command::Volume(c) => cmd_volume::run(c),
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
     };
     if let Err(e) = r {

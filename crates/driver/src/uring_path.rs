@@ -171,7 +171,7 @@ impl UringState {
             };
             let want = (self.read_end - self.next_read).min(self.read_len as u64) as usize;
             let pending = if let Some(v) = &io.source.volume {
-                let pieces = match v.map.split(self.next_read, want as u64) {
+                let pieces = match v.split(self.next_read, want as u64) {
                     Ok(p) => p,
                     Err(e) => {
                         ring.pool_mut().free(buf);
@@ -425,7 +425,6 @@ impl UringState {
             let padded = len.div_ceil(align) * align;
             let part_off = ch.file_off - io.start;
             let pieces = v
-                .map
                 .split(part_off, padded as u64)
                 .map_err(|e| StreamError::Invalid(e.to_string()))?;
             if ring.ops_available() < pieces.len() {

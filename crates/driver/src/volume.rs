@@ -766,6 +766,8 @@ pub struct PartitionIo {
     pub align_bytes: u64,
     /// `VOLUME/PARTITION`, for messages.
     pub label: String,
+    /// Largest member request: what every member's block queue takes without splitting it.
+    piece_bytes_max: u64,
 }
 
 impl PartitionIo {
@@ -790,6 +792,12 @@ impl PartitionIo {
             ..p.clone()
         };
         let map = PartitionMap::new(&vol.meta.layout, &rounded)?;
+        let piece_bytes_max = vol
+            .members
+            .iter()
+            .filter_map(|m| queue_request_bytes_max(&m.file))
+            .min()
+            .unwrap_or(u64::MAX);
         Ok(PartitionIo {
             map,
             size_bytes: p.size_bytes,
@@ -797,6 +805,60 @@ impl PartitionIo {
             direct,
             align_bytes: ALIGN_BYTES,
             label: format!("{}/{}", vol.meta.name, p.name),
+            piece_bytes_max,
         })
     }
+
+    /// [`PartitionMap::split`], with pieces cut to what every member's queue takes whole.
+    ///
+    /// The kernel would split a larger request itself; we do it because a split request is
+    /// charged twice by the blkio throttle (measured on loop devices: a 1 MiB O_DIRECT read from
+    /// 4 KiB pool pages, more than `max_segments` = 128 pages, ran at half the throttled rate).
+    pub fn split(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<Vec<volume::MemberIo>, LayoutError> {
+        let pieces = self.map.split(offset_bytes, len_bytes)?;
+        if pieces.iter().all(|p| p.len_bytes <= self.piece_bytes_max) {
+            return Ok(pieces);
+        }
+        let mut out = Vec::with_capacity(pieces.len() * 2);
+        for p in pieces {
+            let mut done = 0;
+            while done < p.len_bytes {
+                let len = (p.len_bytes - done).min(self.piece_bytes_max);
+                out.push(volume::MemberIo {
+                    member: p.member,
+                    member_offset_bytes: p.member_offset_bytes + done,
+                    len_bytes: len,
+                    buf_offset_bytes: p.buf_offset_bytes + done,
+                });
+                done += len;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// For a block device: the largest request its queue takes without splitting, assuming
+/// scattered 4 KiB pages: `min(max_sectors_kb, max_segments × 4 KiB)`, at least 4 KiB and a
+/// multiple of it. `None` for files (their file system splits as it likes, unthrottled).
+fn queue_request_bytes_max(file: &File) -> Option<u64> {
+    let md = file.metadata().ok()?;
+    if !md.file_type().is_block_device() {
+        return None;
+    }
+    let (maj, min) = (rustix::fs::major(md.rdev()), rustix::fs::minor(md.rdev()));
+    let read = |name: &str| -> Option<u64> {
+        std::fs::read_to_string(format!("/sys/dev/block/{maj}:{min}/queue/{name}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let sectors = read("max_sectors_kb").map(|kb| kb * 1024);
+    let segments = read("max_segments").map(|n| n * ALIGN_BYTES);
+    let max = sectors.into_iter().chain(segments).min()?;
+    Some((max / ALIGN_BYTES).max(1) * ALIGN_BYTES)
 }

@@ -3,6 +3,7 @@
 //! Exit codes: 0 success; 1 the operation failed (the error is on stderr); 2 bad usage.
 
 mod bench_paths;
+mod bench_stripe;
 mod cmd_stream;
 mod cmd_volume;
 mod demo;
@@ -41,6 +42,8 @@ enum Command {
 enum BenchCommand {
     /// MARS Table 1 re-done: file → TCP loopback receiver for every data path.
     Paths(bench_paths::PathsArgs),
+    /// Clockwise Fig. 1 / MARS ccd: read throughput of a partition striped over 1-4 members.
+    Stripe(bench_stripe::StripeArgs),
 }
 
 fn main() {
@@ -57,6 +60,7 @@ fn main() {
         Command::Sink(a) => sink::run(a),
         Command::Volume(c) => cmd_volume::run(c),
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
+        Command::Bench(BenchCommand::Stripe(a)) => bench_stripe::run(a),
     };
     if let Err(e) = r {
         eprintln!("penstock: error: {e:#}");

@@ -103,8 +103,11 @@ impl UringState {
             }
         }
         let mut len_align = align;
-        if let Some((size_bytes, target_align)) =
-            io.target.volume.as_ref().map(|v| (v.size_bytes, v.align_bytes))
+        if let Some((size_bytes, target_align)) = io
+            .target
+            .volume
+            .as_ref()
+            .map(|v| (v.size_bytes, v.align_bytes))
         {
             self.vol_write = true;
             if end - io.start > size_bytes {
@@ -421,7 +424,10 @@ impl UringState {
             }
             // Reads of a volume target's source start at the stream's start (init turned
             // O_DIRECT off otherwise), so the bytes to write begin at the buffer's start.
-            assert_eq!(ch.send_from, 0, "a volume write starts at its buffer's start");
+            assert_eq!(
+                ch.send_from, 0,
+                "a volume write starts at its buffer's start"
+            );
             let padded = len.div_ceil(align) * align;
             let part_off = ch.file_off - io.start;
             let pieces = v

@@ -68,7 +68,9 @@ pub enum VolumeError {
         name: String,
         uuid: VolumeUuid,
     },
-    #[error("{path}: {size_bytes} bytes is too small: a member needs at least {min_bytes} (metadata and one block)")]
+    #[error(
+        "{path}: {size_bytes} bytes is too small: a member needs at least {min_bytes} (metadata and one block)"
+    )]
     TooSmall {
         path: PathBuf,
         size_bytes: u64,
@@ -80,7 +82,9 @@ pub enum VolumeError {
     NotStorage { path: PathBuf },
     #[error("{path}: in use by another penstock (the member is locked)")]
     Busy { path: PathBuf },
-    #[error("unknown volume {0:?}: give a member's path, or define it in {VOLUMES_ENV}=NAME=/path/of/a/member")]
+    #[error(
+        "unknown volume {0:?}: give a member's path, or define it in {VOLUMES_ENV}=NAME=/path/of/a/member"
+    )]
     UnknownVolume(String),
     #[error("volume {volume}: no partition named {name}")]
     NoSuchPartition { volume: String, name: String },
@@ -270,7 +274,9 @@ fn lock(m: &Member, access: Access) -> Result<()> {
 fn meta_buffer() -> Result<(BufferPool, penstock_uring::BufId)> {
     let mut pool = BufferPool::new(1, 2 * META_SLOT_BYTES as usize)
         .map_err(|e| VolumeError::Invalid(format!("metadata buffer: {e}")))?;
-    let id = pool.alloc().expect("a fresh pool of one buffer has it free");
+    let id = pool
+        .alloc()
+        .expect("a fresh pool of one buffer has it free");
     Ok((pool, id))
 }
 
@@ -317,11 +323,17 @@ fn read_slots(m: &Member) -> std::result::Result<Chosen, MetaError> {
     let slot = META_SLOT_BYTES as usize;
     let (mut pool, id) = match meta_buffer() {
         Ok(b) => b,
-        Err(e) => return Err(MetaError::Corrupt { what: e.to_string() }),
+        Err(e) => {
+            return Err(MetaError::Corrupt {
+                what: e.to_string(),
+            });
+        }
     };
     let buf = pool.bytes_mut(id);
     if let Err(e) = pread_full(m, buf, 0) {
-        return Err(MetaError::Corrupt { what: e.to_string() });
+        return Err(MetaError::Corrupt {
+            what: e.to_string(),
+        });
     }
     volume::choose(
         volume::decode(&buf[..slot]),
@@ -345,7 +357,11 @@ fn write_all(members: &[Member], meta: &VolumeMeta, seq: u64) -> Result<()> {
 }
 
 fn describe_membership(e: &MembershipError, paths: &[PathBuf]) -> String {
-    let p = |i: usize| paths.get(i).map_or("?".to_string(), |p| p.display().to_string());
+    let p = |i: usize| {
+        paths
+            .get(i)
+            .map_or("?".to_string(), |p| p.display().to_string())
+    };
     match e {
         MembershipError::ForeignMember {
             position,
@@ -446,7 +462,9 @@ impl Volume {
         let mut members = Vec::with_capacity(positions.len());
         let mut slot_errors = Vec::new();
         for (i, &pos) in positions.iter().enumerate() {
-            let (m, c) = slots[pos].take().expect("assemble gives each position once");
+            let (m, c) = slots[pos]
+                .take()
+                .expect("assemble gives each position once");
             if let Some(e) = c.other_error {
                 let other = if c.slot == Slot::A { Slot::B } else { Slot::A };
                 slot_errors.push((MemberIndex::new(i).expect("i < count"), other, e));
@@ -557,9 +575,10 @@ impl Volume {
         };
         let mut member_paths = Vec::with_capacity(planned.len());
         for p in &planned {
-            let s = p.path.to_str().filter(|s| {
-                s.len() <= volume::MEMBER_PATH_BYTES_MAX && !s.contains('\0')
-            });
+            let s = p
+                .path
+                .to_str()
+                .filter(|s| s.len() <= volume::MEMBER_PATH_BYTES_MAX && !s.contains('\0'));
             let s = s.ok_or_else(|| {
                 VolumeError::Invalid(format!(
                     "{}: a member path must be UTF-8 and at most {} bytes",

@@ -71,7 +71,10 @@ impl Drop for Throttle {
         if let (Some(cg), Some(parent)) = (&self.cgroup, &self.parent_procs) {
             let _ = std::fs::write(parent, std::process::id().to_string());
             if let Err(e) = std::fs::remove_dir(cg) {
-                eprintln!("penstock: warning: could not remove cgroup {}: {e}", cg.display());
+                eprintln!(
+                    "penstock: warning: could not remove cgroup {}: {e}",
+                    cg.display()
+                );
             }
         }
         for dev in self.loops.drain(..) {
@@ -92,7 +95,9 @@ fn throttle(files: &[PathBuf], rate: u64, t: &mut Throttle) -> Result<Vec<PathBu
     if !rustix::process::geteuid().is_root() {
         bail!("not root");
     }
-    let v1 = Path::new(CGROUP_V1).join("blkio.throttle.read_bps_device").exists();
+    let v1 = Path::new(CGROUP_V1)
+        .join("blkio.throttle.read_bps_device")
+        .exists();
     let v2 = std::fs::read_to_string(Path::new(CGROUP_V2).join("cgroup.subtree_control"))
         .is_ok_and(|c| c.split_whitespace().any(|x| x == "io"));
     if !v1 && !v2 {
@@ -123,7 +128,10 @@ fn throttle(files: &[PathBuf], rate: u64, t: &mut Throttle) -> Result<Vec<PathBu
             .with_context(|| format!("stat {}", d.display()))?;
         let (maj, min) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
         if v1 {
-            write(&cg.join("blkio.throttle.read_bps_device"), &format!("{maj}:{min} {rate}"))?;
+            write(
+                &cg.join("blkio.throttle.read_bps_device"),
+                &format!("{maj}:{min} {rate}"),
+            )?;
         } else {
             write(&cg.join("io.max"), &format!("{maj}:{min} rbps={rate}"))?;
         }
@@ -142,8 +150,12 @@ pub fn run(a: StripeArgs) -> Result<()> {
         bail!("--reps and --size must be positive");
     }
     let dir = match &a.dir {
-        Some(d) => tempfile::Builder::new().prefix("penstock-stripe").tempdir_in(d)?,
-        None => tempfile::Builder::new().prefix("penstock-stripe").tempdir()?,
+        Some(d) => tempfile::Builder::new()
+            .prefix("penstock-stripe")
+            .tempdir_in(d)?,
+        None => tempfile::Builder::new()
+            .prefix("penstock-stripe")
+            .tempdir()?,
     };
     // One member must hold the whole partition: data, the metadata area, a spare block.
     let member_bytes = a.size.div_ceil(BLOCK_BYTES_DEFAULT) * BLOCK_BYTES_DEFAULT + (4 << 20);
@@ -156,7 +168,10 @@ pub fn run(a: StripeArgs) -> Result<()> {
     }
     let mut guard = Throttle::default();
     let (members, mode) = if a.no_throttle {
-        (files.clone(), "plain files (--no-throttle): the table shows only overhead".to_string())
+        (
+            files.clone(),
+            "plain files (--no-throttle): the table shows only overhead".to_string(),
+        )
     } else {
         match throttle(&files, a.rate, &mut guard) {
             Ok(devs) => (

@@ -92,7 +92,11 @@ fn uring_works(dir: &Path) -> bool {
         return true;
     }
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("io_uring"), "probe import failed: {}", text(&o));
+    assert!(
+        err.contains("io_uring"),
+        "probe import failed: {}",
+        text(&o)
+    );
     eprintln!("SKIPPED: io_uring unavailable here: {err}");
     false
 }
@@ -102,10 +106,17 @@ fn round_trip(member: &Path, dir: &Path, name: &str, bytes: &[u8]) {
     let out = dir.join(format!("{name}.out"));
     std::fs::write(&src, bytes).unwrap();
     let line = ok(&["volume", "import", s(member), name, s(&src)]);
-    assert_eq!(line.trim(), format!("created partition {name} {}", bytes.len()));
+    assert_eq!(
+        line.trim(),
+        format!("created partition {name} {}", bytes.len())
+    );
     ok(&["volume", "export", s(member), name, s(&out)]);
     let back = std::fs::read(&out).unwrap();
-    assert!(back == bytes, "partition {name} of {} bytes differs", bytes.len());
+    assert!(
+        back == bytes,
+        "partition {name} of {} bytes differs",
+        bytes.len()
+    );
 }
 
 #[test]
@@ -132,9 +143,21 @@ fn import_export_is_byte_exact_for_awkward_sizes_on_1_to_4_members() {
     let bytes = data(3 * block + 12345, 7);
     let src = dir.path().join("placed.in");
     std::fs::write(&src, &bytes).unwrap();
-    ok(&["volume", "import", s(&m[0]), "pp", s(&src), "--place", "2", "0"]);
+    ok(&[
+        "volume",
+        "import",
+        s(&m[0]),
+        "pp",
+        s(&src),
+        "--place",
+        "2",
+        "0",
+    ]);
     let ls = ok(&["volume", "ls", s(&m[1])]);
-    assert!(ls.contains("partition pp 3158073 bytes placed on members 2,0"), "{ls}");
+    assert!(
+        ls.contains("partition pp 3158073 bytes placed on members 2,0"),
+        "{ls}"
+    );
     let out = dir.path().join("placed.out");
     ok(&["volume", "export", s(&m[2]), "pp", s(&out)]);
     assert!(std::fs::read(&out).unwrap() == bytes);
@@ -175,7 +198,10 @@ fn a_stream_from_a_volume_to_tcp_matches_the_file() {
     // `vol:NAME/PARTITION`: NAME comes from PENSTOCK_VOLUMES (a name cannot hold a '/').
     let o = penstock()
         .args(["stream", "vol:net/clip", &format!("tcp://{addr}")])
-        .env("PENSTOCK_VOLUMES", format!("other=/nonexistent,net={}", s(&m[2])))
+        .env(
+            "PENSTOCK_VOLUMES",
+            format!("other=/nonexistent,net={}", s(&m[2])),
+        )
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
@@ -228,7 +254,15 @@ fn bad_input_is_refused_with_a_clear_error_and_changes_nothing() {
     // Too small: nothing is created.
     let tiny = d.join("tiny");
     fails(
-        &["volume", "create", "t", "--member", s(&tiny), "--member-size", "2MiB"],
+        &[
+            "volume",
+            "create",
+            "t",
+            "--member",
+            s(&tiny),
+            "--member-size",
+            "2MiB",
+        ],
         "too small",
     );
     assert!(!tiny.exists(), "a refused create left a file behind");
@@ -241,7 +275,17 @@ fn bad_input_is_refused_with_a_clear_error_and_changes_nothing() {
     let a = d.join("a");
     let a2 = format!("{}/./a", s(d));
     fails(
-        &["volume", "create", "t", "--member", s(&a), "--member", &a2, "--member-size", "8MiB"],
+        &[
+            "volume",
+            "create",
+            "t",
+            "--member",
+            s(&a),
+            "--member",
+            &a2,
+            "--member-size",
+            "8MiB",
+        ],
         "listed twice",
     );
     assert!(!a.exists());
@@ -252,29 +296,73 @@ fn bad_input_is_refused_with_a_clear_error_and_changes_nothing() {
     let c = d.join("c");
     fails(
         &[
-            "volume", "create", "two", "--member", s(&c), "--member", s(&v1[1]),
-            "--member-size", "8MiB",
+            "volume",
+            "create",
+            "two",
+            "--member",
+            s(&c),
+            "--member",
+            s(&v1[1]),
+            "--member-size",
+            "8MiB",
         ],
         "belongs to volume one",
     );
     assert!(!c.exists());
-    assert_eq!(metadata_areas(&v1), before, "a refused create changed volume one");
+    assert_eq!(
+        metadata_areas(&v1),
+        before,
+        "a refused create changed volume one"
+    );
     // A partition larger than the free space; an unknown partition; a bad --place.
     fails(
-        &["volume", "add-partition", s(&v1[0]), "huge", "--size", "13MiB"],
+        &[
+            "volume",
+            "add-partition",
+            s(&v1[0]),
+            "huge",
+            "--size",
+            "13MiB",
+        ],
         "too large",
     );
-    fails(&["volume", "export", s(&v1[0]), "nope", s(&d.join("x"))], "no partition named nope");
-    fails(&["volume", "rm", s(&v1[0]), "nope"], "no partition named nope");
     fails(
-        &["volume", "add-partition", s(&v1[0]), "p", "--size", "1MiB", "--place", "5"],
+        &["volume", "export", s(&v1[0]), "nope", s(&d.join("x"))],
+        "no partition named nope",
+    );
+    fails(
+        &["volume", "rm", s(&v1[0]), "nope"],
+        "no partition named nope",
+    );
+    fails(
+        &[
+            "volume",
+            "add-partition",
+            s(&v1[0]),
+            "p",
+            "--size",
+            "1MiB",
+            "--place",
+            "5",
+        ],
         "out of range",
     );
     fails(
-        &["volume", "add-partition", s(&v1[0]), "bad/name", "--size", "1MiB"],
+        &[
+            "volume",
+            "add-partition",
+            s(&v1[0]),
+            "bad/name",
+            "--size",
+            "1MiB",
+        ],
         "outside [A-Za-z0-9._-]",
     );
-    assert_eq!(metadata_areas(&v1), before, "refused commands changed volume one");
+    assert_eq!(
+        metadata_areas(&v1),
+        before,
+        "refused commands changed volume one"
+    );
     // A missing member.
     let v3 = create(d, "three", 3, "8MiB");
     std::fs::rename(&v3[2], d.join("moved")).unwrap();
@@ -294,7 +382,11 @@ fn bad_input_is_refused_with_a_clear_error_and_changes_nothing() {
 
 fn flip(path: &Path, offset: u64) {
     use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, offset).unwrap();
     b[0] ^= 0x5a;
@@ -380,9 +472,22 @@ fn sigkill_at_random_points_leaves_a_checkable_volume_and_reported_partitions_in
         if import {
             let src = d.join(format!("{name}.in"));
             std::fs::write(&src, &bytes).unwrap();
-            cmd.args(["volume", "import", s(&m[(seed % 4) as usize]), &name, s(&src)]);
+            cmd.args([
+                "volume",
+                "import",
+                s(&m[(seed % 4) as usize]),
+                &name,
+                s(&src),
+            ]);
         } else {
-            cmd.args(["volume", "add-partition", s(&m[0]), &name, "--size", &len.to_string()]);
+            cmd.args([
+                "volume",
+                "add-partition",
+                s(&m[0]),
+                &name,
+                "--size",
+                &len.to_string(),
+            ]);
         }
         let mut child = cmd
             .stdout(Stdio::piped())
@@ -409,7 +514,10 @@ fn sigkill_at_random_points_leaves_a_checkable_volume_and_reported_partitions_in
         }
         ok(&["volume", "check", s(&m[3])]);
     }
-    assert!(!reported.is_empty(), "no run completed: the delays are too short");
+    assert!(
+        !reported.is_empty(),
+        "no run completed: the delays are too short"
+    );
     let ls = ok(&["volume", "ls", s(&m[0])]);
     for (name, bytes, len) in &reported {
         assert!(
@@ -419,7 +527,10 @@ fn sigkill_at_random_points_leaves_a_checkable_volume_and_reported_partitions_in
         if let Some(bytes) = bytes {
             let out = d.join(format!("{name}.out"));
             ok(&["volume", "export", s(&m[3]), name, s(&out)]);
-            assert!(std::fs::read(&out).unwrap() == *bytes, "partition {name} differs");
+            assert!(
+                std::fs::read(&out).unwrap() == *bytes,
+                "partition {name} differs"
+            );
         }
     }
     eprintln!(

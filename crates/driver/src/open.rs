@@ -44,8 +44,10 @@ pub enum OpenError {
     Directory { label: String },
     #[error("{label}: cannot resolve host: {source}")]
     Resolve { label: String, source: io::Error },
-    #[error("{label}: {source}")]
-    Volume { label: String, source: VolumeError },
+    /// (`error`, not `source`: the message already includes it, and a source would make
+    /// anyhow print it twice.)
+    #[error("{label}: {error}")]
+    Volume { label: String, error: VolumeError },
     #[error("{label}: not supported as a {role} yet")]
     Unsupported { label: String, role: &'static str },
 }
@@ -254,9 +256,9 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
 /// be ready; a target is overwritten from its start, up to its size.
 fn open_volume(vol: &str, partition: &str, access: Access) -> Result<Opened, OpenError> {
     let label = format!("vol:{vol}/{partition}");
-    let err = |source| OpenError::Volume {
+    let err = |error| OpenError::Volume {
         label: label.clone(),
-        source,
+        error,
     };
     let path = crate::volume::resolve(vol).map_err(err)?;
     let v = Volume::open(&path, access).map_err(err)?;

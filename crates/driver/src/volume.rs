@@ -41,14 +41,16 @@ pub const VOLUMES_ENV: &str = "PENSTOCK_VOLUMES";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VolumeError {
-    #[error("{path}: {what}: {source}")]
+    // Causes are named `error`, not `source`: each message already includes its cause, and
+    // a `source` would make anyhow print it twice.
+    #[error("{path}: {what}: {error}")]
     Io {
         path: PathBuf,
         what: &'static str,
-        source: io::Error,
+        error: io::Error,
     },
-    #[error("{path}: not a usable member of a penstock volume: {source}")]
-    Metadata { path: PathBuf, source: MetaError },
+    #[error("{path}: not a usable member of a penstock volume: {error}")]
+    Metadata { path: PathBuf, error: MetaError },
     #[error("member {member} of {count} is missing (recorded at {last_seen:?}): {why}")]
     MemberMissing {
         member: usize,
@@ -105,10 +107,10 @@ pub enum VolumeError {
 type Result<T, E = VolumeError> = std::result::Result<T, E>;
 
 fn io_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> VolumeError + 'a {
-    move |source| VolumeError::Io {
+    move |error| VolumeError::Io {
         path: path.to_path_buf(),
         what,
-        source,
+        error,
     }
 }
 
@@ -410,9 +412,9 @@ impl Volume {
         let writable = access == Access::Exclusive;
         let first = open_member(path, writable)?;
         lock(&first, access)?;
-        let chosen = read_slots(&first).map_err(|source| VolumeError::Metadata {
+        let chosen = read_slots(&first).map_err(|error| VolumeError::Metadata {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         let count = chosen.decoded.meta.layout.member_count();
         let hints = chosen.decoded.meta.member_paths.clone();
@@ -433,9 +435,9 @@ impl Volume {
             }
             let m = open_member(Path::new(hint), writable).map_err(|e| missing(e.to_string()))?;
             lock(&m, access)?;
-            let c = read_slots(&m).map_err(|source| VolumeError::Metadata {
+            let c = read_slots(&m).map_err(|error| VolumeError::Metadata {
                 path: PathBuf::from(hint),
-                source,
+                error,
             })?;
             opened.push((m, c));
         }

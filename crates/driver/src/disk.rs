@@ -75,6 +75,7 @@ pub(crate) struct DiskQueue {
     rt: ClassId,
     bulk: ClassId,
     rt_ioprio: Option<u16>,
+    queue_max: u32,
     /// Completions made up for reads cancelled before dispatch.
     synthetic: Vec<Completion>,
 }
@@ -108,12 +109,20 @@ impl DiskQueue {
             rt,
             bulk,
             rt_ioprio,
+            queue_max: queue_max.max(1),
             synthetic: Vec::new(),
         })
     }
 
     pub(crate) fn class(&self, rt: bool) -> ClassId {
         if rt { self.rt } else { self.bulk }
+    }
+
+    /// Whether `class`'s queue can take one more read.
+    pub(crate) fn has_room(&self, class: ClassId) -> bool {
+        self.sched
+            .counters(class)
+            .is_ok_and(|c| c.queued < u64::from(self.queue_max))
     }
 
     /// Whether rt reads carry IOPRIO_CLASS_RT.

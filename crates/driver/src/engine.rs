@@ -524,7 +524,10 @@ impl Engine {
                 DataPath::Copy
             });
         }
-        let path = choose_path(choice, source.kind, target.kind, spec.cache, self.caps())?;
+        let path = match crate::open::volume_path(choice, &source, &target, self.caps()) {
+            Some(r) => r.map_err(StreamError::Invalid)?,
+            None => choose_path(choice, source.kind, target.kind, spec.cache, self.caps())?,
+        };
         if schedule.is_some() && !matches!(path, DataPath::Uring | DataPath::Copy) {
             return Err(StreamError::Invalid(format!(
                 "a paced stream sends unit by unit at deadlines: use the uring or copy path, not {path}"
@@ -588,7 +591,10 @@ impl Engine {
             None
         };
         let mut notes = Vec::new();
-        let direct = if path == DataPath::Uring && spec.cache == CachePolicy::Bypass {
+        let direct = if path == DataPath::Uring
+            && spec.cache == CachePolicy::Bypass
+            && source.volume.is_none()
+        {
             let p = match &spec.source {
                 Endpoint::File { path } => Some(path.clone()),
                 _ => None,

@@ -13,6 +13,7 @@ pub mod open;
 mod pace;
 mod paths;
 mod uring_path;
+pub mod volume;
 mod worker;
 
 pub use engine::{

@@ -9,6 +9,14 @@
 //! device alignment and cover whole aligned blocks; the unaligned head and tail are simply not
 //! sent. Datagram targets send one unit per datagram; their reads are sized to a whole number
 //! of units so that no datagram straddles two buffers.
+//!
+//! A volume partition (`vol:`) is the ccd of MARS §4.4 over this state machine. As a source,
+//! one chunk's read becomes several reads, one per member piece of `PartitionMap::split`,
+//! issued together into disjoint ranges of the same buffer; the chunk is full when all pieces
+//! completed. As a target, a full chunk is written as per-member pieces from the same buffer
+//! (no copy); disk writes need no order, so every full chunk is written at once, not only the
+//! head. Member I/O is O_DIRECT: reads and writes cover whole 4096-byte blocks, the tail of the
+//! last written block is zero-filled, and the partition's blocks always hold that rounding.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd};
@@ -37,6 +45,10 @@ struct Chunk {
     send_to: usize,
     sent: usize,
     sending: bool,
+    /// Operations of this chunk in flight (member pieces of a volume read or write; else 1).
+    pending: u32,
+    /// Bytes the completed pieces of the current read or write moved.
+    got: usize,
 }
 
 #[derive(Default)]
@@ -60,6 +72,8 @@ pub(crate) struct UringState {
     /// Bytes of the unit being sent that are not sent yet (0: no unit under way), and its size.
     unit_left: usize,
     unit_len: usize,
+    /// The target is a volume partition: full chunks become per-member writes.
+    vol_write: bool,
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -76,7 +90,16 @@ impl UringState {
             .expect("the uring path reads files, whose end is known");
         let mut align = 1u64;
         self.direct = io.direct.is_some();
-        if self.direct {
+        if let Some(v) = &io.source.volume {
+            // Member descriptors are O_DIRECT (when the file system allows): whole blocks only.
+            self.direct = true;
+            align = v.align_bytes;
+            if datagram && !io.start.is_multiple_of(align) {
+                return Err(StreamError::Invalid(format!(
+                    "datagram units from a volume need an offset that is a multiple of {align}"
+                )));
+            }
+        } else if self.direct {
             align = direct_alignment(io.direct.as_ref().expect("direct fd").as_fd());
             if datagram && !io.start.is_multiple_of(align) {
                 // Unit boundaries would not fall on aligned reads: read through the cache.
@@ -85,6 +108,30 @@ impl UringState {
                 io.note_once("O_DIRECT needs an aligned offset for datagram units: reading through the page cache");
                 align = 1;
             }
+        }
+        let mut len_align = align;
+        if let Some((size_bytes, target_align)) = io
+            .target
+            .volume
+            .as_ref()
+            .map(|v| (v.size_bytes, v.align_bytes))
+        {
+            self.vol_write = true;
+            if end - io.start > size_bytes {
+                return Err(StreamError::Invalid(format!(
+                    "{} bytes do not fit {} ({size_bytes} bytes)",
+                    end - io.start,
+                    io.target.label,
+                )));
+            }
+            if self.direct && !io.start.is_multiple_of(align) && io.source.volume.is_none() {
+                self.direct = false;
+                io.direct = None;
+                io.note_once("O_DIRECT source reads need an aligned offset to fill a volume: reading through the page cache");
+                align = 1;
+            }
+            // Every chunk starts a partition block boundary: its writes stay aligned.
+            len_align = align.max(target_align);
         }
         self.read_len = if datagram {
             let unit = io.unit;
@@ -96,7 +143,7 @@ impl UringState {
             }
             l * (buffer_bytes / l)
         } else {
-            let a = align as usize;
+            let a = len_align as usize;
             io.unit
                 .div_ceil(a)
                 .saturating_mul(a)
@@ -136,36 +183,70 @@ impl UringState {
                 break;
             };
             let want = (self.read_end - self.next_read).min(self.read_len as u64) as usize;
-            let fd = match (&io.direct, self.direct) {
-                (Some(d), true) => d.as_raw_fd(),
-                _ => io.source.fd.as_raw_fd(),
-            };
-            let deadline = match &mut io.pace {
-                Some(p) => {
-                    let first_unit =
-                        self.next_read.max(io.start).saturating_sub(io.start) / io.unit as u64;
-                    p.deadline_of(first_unit, now)
+            let pending = if let Some(v) = &io.source.volume {
+                let pieces = match v.split(self.next_read, want as u64) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        ring.pool_mut().free(buf);
+                        return Step::Finish(Err(StreamError::Invalid(e.to_string())));
+                    }
+                };
+                if ring.ops_available() < pieces.len() {
+                    ring.pool_mut().free(buf);
+                    break;
                 }
-                None => None,
+                for p in &pieces {
+                    let t = token(TAG_READ, buf.index() as u16);
+                    let fd = v.members[p.member.get()].as_raw_fd();
+                    ring.read(
+                        fd,
+                        buf,
+                        p.buf_offset_bytes as usize,
+                        p.len_bytes as usize,
+                        p.member_offset_bytes,
+                        self.rw_flags,
+                        0,
+                        t,
+                    )
+                    .expect("room for every piece was checked");
+                }
+                pieces.len() as u32
+            } else {
+                // A plain file: the read goes through the worker's disk scheduler.
+                let fd = match (&io.direct, self.direct) {
+                    (Some(d), true) => d.as_raw_fd(),
+                    _ => io.source.fd.as_raw_fd(),
+                };
+                let class = disk.class(io.rt);
+                if !disk.has_room(class) {
+                    // The class's queue is full: backpressure. Keep nothing, ask again later.
+                    ring.pool_mut().free(buf);
+                    *refused = true;
+                    break;
+                }
+                let deadline = match &mut io.pace {
+                    Some(p) => {
+                        let first_unit =
+                            self.next_read.max(io.start).saturating_sub(io.start) / io.unit as u64;
+                        p.deadline_of(first_unit, now)
+                    }
+                    None => None,
+                };
+                let req = ReadReq {
+                    token: token(TAG_READ, buf.index() as u16),
+                    fd,
+                    dev: self.dev,
+                    buf,
+                    len: want,
+                    file_offset: self.next_read,
+                    rw_flags: self.rw_flags,
+                    class,
+                    deadline,
+                };
+                disk.submit(now, req)
+                    .expect("room in the class's queue was checked");
+                1
             };
-            let req = ReadReq {
-                token: 0,
-                fd,
-                dev: self.dev,
-                buf,
-                len: want,
-                file_offset: self.next_read,
-                rw_flags: self.rw_flags,
-                class: disk.class(io.rt),
-                deadline,
-            };
-            let t = token(TAG_READ, buf.index() as u16);
-            if disk.submit(now, ReadReq { token: t, ..req }).is_err() {
-                // The class's queue is full: backpressure. Keep nothing, ask again next turn.
-                ring.pool_mut().free(buf);
-                *refused = true;
-                break;
-            }
             self.chunks.push_back(Chunk {
                 buf,
                 file_off: self.next_read,
@@ -175,13 +256,19 @@ impl UringState {
                 send_to: 0,
                 sent: 0,
                 sending: false,
+                pending,
+                got: 0,
             });
             self.next_read += want as u64;
         }
-        // The next send, in order.
         // The next send, in order. Datagram targets and paced streams send unit by unit; a
-        // paced stream's unit goes when its deadline has come.
-        if let Some(head) = self.chunks.front_mut() {
+        // paced stream's unit goes when its deadline has come. A volume target takes whole
+        // chunks as per-member writes instead.
+        if self.vol_write {
+            if let Err(e) = self.write_full_chunks(io, ring, token) {
+                return Step::Finish(Err(e));
+            }
+        } else if let Some(head) = self.chunks.front_mut() {
             let ready =
                 head.filled.is_some() && !head.sending && head.sent < head.send_to - head.send_from;
             if ready {
@@ -258,7 +345,7 @@ impl UringState {
         };
         match tag {
             TAG_READ => {
-                let n = match c.io_result() {
+                let piece = match c.io_result() {
                     Ok(n) => n,
                     Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {
                         return Err(StreamError::Cancelled {
@@ -273,8 +360,14 @@ impl UringState {
                         });
                     }
                 };
-                io.add_read(n);
+                io.add_read(piece);
                 let ch = &mut self.chunks[pos];
+                ch.got += piece;
+                ch.pending -= 1;
+                if ch.pending > 0 {
+                    return Ok(()); // other pieces of this chunk are still being read
+                }
+                let n = ch.got;
                 ch.filled = Some(n);
                 let data_end = ch.file_off + n as u64;
                 let want_end = (ch.file_off + ch.want as u64).min(end);
@@ -290,6 +383,44 @@ impl UringState {
                 let to = end.min(data_end);
                 ch.send_from = (from - ch.file_off) as usize;
                 ch.send_to = ch.send_from.max((to.max(from) - ch.file_off) as usize);
+                self.retire_done_head(ring);
+            }
+            TAG_SEND if self.vol_write => {
+                let ch = &mut self.chunks[pos];
+                let n = match c.io_result() {
+                    Ok(n) => n,
+                    Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {
+                        return Err(StreamError::Cancelled {
+                            bytes_sent: io.sent,
+                        });
+                    }
+                    Err(e) => {
+                        return Err(StreamError::Io {
+                            op: "write to a volume member",
+                            bytes_sent: io.sent,
+                            source: e,
+                        });
+                    }
+                };
+                ch.got += n;
+                ch.pending -= 1;
+                if ch.pending > 0 {
+                    return Ok(());
+                }
+                ch.sending = false;
+                let len = ch.send_to - ch.send_from;
+                if ch.got < len {
+                    return Err(StreamError::Io {
+                        op: "write to a volume member",
+                        bytes_sent: io.sent,
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::WriteZero,
+                            format!("short write: {} of {len} bytes", ch.got),
+                        ),
+                    });
+                }
+                ch.sent = len;
+                io.add_sent(len, 1);
                 self.retire_done_head(ring);
             }
             TAG_SEND => {
@@ -335,6 +466,62 @@ impl UringState {
                 self.retire_done_head(ring);
             }
             _ => unreachable!("unknown tag {tag}"),
+        }
+        Ok(())
+    }
+
+    /// Issues the per-member writes of every full chunk not yet written (volume targets).
+    fn write_full_chunks(
+        &mut self,
+        io: &mut TaskIo,
+        ring: &mut Ring,
+        token: &mut dyn FnMut(u64, u16) -> u64,
+    ) -> Result<(), StreamError> {
+        let v = io
+            .target
+            .volume
+            .as_ref()
+            .expect("vol_write is set for volume targets only");
+        let align = v.align_bytes as usize;
+        for ch in self.chunks.iter_mut() {
+            let len = ch.send_to - ch.send_from;
+            if ch.filled.is_none() || ch.sending || ch.sent >= len {
+                continue;
+            }
+            // Reads of a volume target's source start at the stream's start (init turned
+            // O_DIRECT off otherwise), so the bytes to write begin at the buffer's start.
+            assert_eq!(
+                ch.send_from, 0,
+                "a volume write starts at its buffer's start"
+            );
+            let padded = len.div_ceil(align) * align;
+            let part_off = ch.file_off - io.start;
+            let pieces = v
+                .split(part_off, padded as u64)
+                .map_err(|e| StreamError::Invalid(e.to_string()))?;
+            if ring.ops_available() < pieces.len() {
+                break; // the ring is busy: next turn
+            }
+            if padded > len {
+                // The buffer may hold an older chunk's bytes there: write zeros, not them.
+                ring.pool_mut().bytes_mut(ch.buf)[len..padded].fill(0);
+            }
+            for p in &pieces {
+                let t = token(TAG_SEND, ch.buf.index() as u16);
+                let fd = v.members[p.member.get()].as_raw_fd();
+                ring.write(
+                    fd,
+                    ch.buf,
+                    p.buf_offset_bytes as usize,
+                    p.len_bytes as usize,
+                    p.member_offset_bytes,
+                    t,
+                )
+                .expect("room for every piece was checked");
+            }
+            ch.pending = pieces.len() as u32;
+            ch.got = 0;
+            ch.sending = true;
         }
         Ok(())
     }

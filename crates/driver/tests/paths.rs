@@ -495,6 +495,7 @@ fn open_stream_source(kind: StreamSource, data: Vec<u8>) -> (Opened, JoinHandle<
                 size: None,
                 socket: true,
                 label: "tcp source".into(),
+                volume: None,
             };
             (opened, writer)
         }
@@ -508,6 +509,7 @@ fn open_stream_source(kind: StreamSource, data: Vec<u8>) -> (Opened, JoinHandle<
                 size: None,
                 socket: false,
                 label: "pipe source".into(),
+                volume: None,
             };
             (opened, writer)
         }
@@ -699,6 +701,7 @@ fn udp_source_with_a_length_ends() {
         size: None,
         socket: true,
         label: "udp source".into(),
+        volume: None,
     };
     let p = dir.path().join("out");
     let ep = Endpoint::File { path: p.clone() };
@@ -974,6 +977,7 @@ fn bad_streams_are_refused_with_typed_errors() {
         size: None,
         socket: false,
         label: "pipe".into(),
+        volume: None,
     };
     let ep = Endpoint::File { path: out.clone() };
     let target = open_target(&ep, &mut |_| {}).expect("open target");
@@ -1037,6 +1041,7 @@ fn impossible_paths_are_refused() {
             size: None,
             socket: false,
             label: "pipe".into(),
+            volume: None,
         };
         let (_r, w) = rustix::pipe::pipe().expect("pipe");
         let target = Opened {
@@ -1045,6 +1050,7 @@ fn impossible_paths_are_refused() {
             size: None,
             socket: false,
             label: "pipe".into(),
+            volume: None,
         };
         let mut spec = StreamSpec::new(Endpoint::Stdio, Endpoint::Stdio);
         spec.path = PathChoice::Fixed(path);

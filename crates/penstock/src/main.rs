@@ -6,10 +6,12 @@ mod bench_http;
 mod bench_paths;
 mod bench_periodic;
 mod bench_qos;
+mod bench_stripe;
 mod calibrate;
 mod cmd_ctl;
 mod cmd_serve;
 mod cmd_stream;
+mod cmd_volume;
 mod demo;
 mod hog;
 mod plot;
@@ -51,6 +53,9 @@ enum Command {
     Serve(cmd_serve::ServeArgs),
     /// Send control protocol commands to a server (interactive without a command).
     Ctl(cmd_ctl::CtlArgs),
+    /// Volumes: striped members, dynamic partitions (see docs/volume-format.md).
+    #[command(subcommand)]
+    Volume(cmd_volume::VolumeCommand),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -68,6 +73,8 @@ enum BenchCommand {
     Rtu(bench_qos::RtuArgs),
     /// penstock serve against nginx, with wrk: large and small files, 1 to 512 clients.
     Http(bench_http::HttpArgs),
+    /// Clockwise Fig. 1 / MARS ccd: read throughput of a partition striped over 1-4 members.
+    Stripe(bench_stripe::StripeArgs),
 }
 
 fn main() {
@@ -96,6 +103,8 @@ fn main() {
             }
         }),
         Command::Bench(BenchCommand::Http(a)) => bench_http::run(a),
+        Command::Volume(c) => cmd_volume::run(c),
+        Command::Bench(BenchCommand::Stripe(a)) => bench_stripe::run(a),
     };
     if let Err(e) = r {
         eprintln!("penstock: error: {}", error_text(&e));

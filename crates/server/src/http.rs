@@ -928,6 +928,7 @@ impl Worker {
             size: Some(file_len),
             socket: false,
             label: out.file_label.clone(),
+            volume: None,
         };
         let target = EngineOpened {
             fd: target_fd,
@@ -935,6 +936,7 @@ impl Worker {
             size: None,
             socket: true,
             label: peer.map_or_else(|| "http client".to_string(), |p| p.to_string()),
+            volume: None,
         };
         let target_ep = match peer {
             Some(p) => Endpoint::TcpConnect {

@@ -163,6 +163,7 @@ fn dup(o: &Opened) -> std::io::Result<Opened> {
         size: o.size,
         socket: o.socket,
         label: o.label.clone(),
+        volume: None,
     })
 }
 

@@ -203,6 +203,12 @@ fn sample_meta() -> VolumeMeta {
     allocate(&mut meta, "a", 5 * MIB, &Placement::Striped).unwrap();
     allocate(&mut meta, "b", 3 * MIB, &Placement::Placed(vec![3, 1])).unwrap();
     mark_ready(&mut meta, "a").unwrap();
+    meta.member_paths = vec![
+        "/dev/loop0".to_string(),
+        String::new(),
+        "/srv/disk 2/member.img".to_string(),
+        "/dev/disk/by-id/ata-x".to_string(),
+    ];
     meta
 }
 

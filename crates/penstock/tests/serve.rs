@@ -100,7 +100,7 @@ fn serve_prints_its_addresses_reloads_on_sighup_and_exits_0_on_sigterm() {
     .unwrap();
     signal(child.id(), rustix::process::Signal::HUP);
     let mut reloaded = false;
-    for _ in 0..500 {
+    for _ in 0..3000 {
         if get_status(&http, "/a.txt") == 431 {
             reloaded = true;
             break;

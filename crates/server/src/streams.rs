@@ -12,8 +12,8 @@
 //! endpoint descriptors, so a TCP receiver sees one connection and one byte sequence. Those
 //! two functions are the only place to change when `StreamHandle::pause()` / `resume()` land.
 //!
-//! Rates and schedules are admitted and recorded but not yet enforced: the engine paces
-//! nothing until `StreamSpec::schedule` lands (say so in `STATE`: `paced=no`).
+//! RATE and SCHEDULE become the engine stream's schedule (`STATE` says `paced=yes`): units
+//! go out at their deadlines on the engine's EDF dispatcher.
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
@@ -26,6 +26,7 @@ use penstock_core::control::{
     Class, DataPath as CtlPath, KtSchedule, OpenSpec, Reply, ReplyCode, StreamId, StreamSelector,
 };
 use penstock_core::endpoint::{Endpoint, Role};
+use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::{DataPath, Extent, PathChoice};
 use penstock_core::units::Rate;
 use penstock_driver::open::{Opened, open_source, open_target};
@@ -115,7 +116,7 @@ impl Entry {
             s.push_str(&format!(" unit={u}"));
         }
         if self.rate.is_some() || self.schedule.is_some() {
-            s.push_str(" paced=no");
+            s.push_str(" paced=yes");
         }
         if self.detached {
             s.push_str(" detached");
@@ -179,10 +180,33 @@ fn run(engine: &Engine, e: &Entry, ends: &Ends) -> Result<StreamHandle, String> 
         .unit_bytes
         .map_or(0, |u| usize::try_from(u).unwrap_or(usize::MAX));
     spec.path = engine_path(e.path);
+    spec.schedule = schedule_of(engine, e)?;
     let source = dup(&ends.source).map_err(|x| x.to_string())?;
     let target = dup(&ends.target).map_err(|x| x.to_string())?;
     engine
         .open_opened(spec, source, target)
+        .map_err(|x| x.to_string())
+}
+
+/// The engine schedule for an entry's RATE or SCHEDULE (units default to 1316 bytes: seven
+/// MPEG-TS packets); `None` for a burst stream. Checked against the engine's buffer size.
+fn schedule_of(engine: &Engine, e: &Entry) -> Result<Option<Schedule>, String> {
+    let unit_bytes = e.unit_bytes.unwrap_or(1316);
+    let spec = match (&e.rate, &e.schedule) {
+        (None, None) => return Ok(None),
+        (Some(rate), _) => ScheduleSpec::Rate {
+            rate: *rate,
+            unit_bytes,
+        },
+        (None, Some(kt)) => ScheduleSpec::Kt {
+            cycle_units: u64::from(kt.blocks),
+            cycle: kt.delay,
+            unit_bytes,
+        },
+    };
+    let limits = ScheduleLimits::new(engine.config().buffer_bytes as u64);
+    Schedule::new(&spec, &limits)
+        .map(Some)
         .map_err(|x| x.to_string())
 }
 

@@ -258,7 +258,7 @@ fn streams_of_a_closed_connection_are_closed_unless_detached() {
     let mut b = Ctl::connect(f.control());
     b.cmd(&format!("AUTH {TOKEN}"));
     let mut last = String::new();
-    for _ in 0..500 {
+    for _ in 0..3000 {
         let st = b.cmd(&format!("STATE {kept},{gone}"));
         last = format!("{st:?}");
         if st.lines[1] == format!("{gone} unknown") {

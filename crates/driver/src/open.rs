@@ -138,21 +138,8 @@ pub fn open_source(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
                 rustix::io::dup(rustix::stdio::stdin()).map_err(|e| io_err(&label)(e.into()))?;
             classify_file(File::from(fd), "stdin".to_string())
         }
-        Endpoint::TcpConnect {
-            host,
-            port,
-            local_port,
-        } => {
-            let s = tcp_connect(host, *port, *local_port, &label)?;
-            Ok(stream_socket(s.into(), label))
-        }
-        Endpoint::TcpListen { host, port } => {
-            let addrs = host_port(host, *port, &label)?;
-            let l = TcpListener::bind(&addrs[..]).map_err(io_err(&label))?;
-            on_listen(l.local_addr().map_err(io_err(&label))?);
-            let (s, _) = l.accept().map_err(io_err(&label))?;
-            set_nonblocking(&s, &label)?;
-            Ok(stream_socket(s.into(), label))
+        Endpoint::TcpConnect { .. } | Endpoint::TcpListen { .. } => {
+            open_stream_socket(ep, label, on_listen)
         }
         Endpoint::UdpListen { host, port } => {
             let addrs = host_port(host, *port, &label)?;
@@ -168,12 +155,9 @@ pub fn open_source(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
                 volume: None,
             })
         }
-        Endpoint::Unix { path } => {
-            let s = UnixStream::connect(path).map_err(io_err(&label))?;
-            set_nonblocking(&s, &label)?;
-            Ok(stream_socket(s.into(), label))
+        Endpoint::Unix { .. } | Endpoint::UnixListen { .. } => {
+            open_stream_socket(ep, label, on_listen)
         }
-        Endpoint::UnixListen { path } => unix_listen(path, label),
         Endpoint::Volume { volume, partition } => {
             open_volume(volume.as_str(), partition.as_str(), Access::Shared)
         }
@@ -195,21 +179,8 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
                 rustix::io::dup(rustix::stdio::stdout()).map_err(|e| io_err(&label)(e.into()))?;
             classify_file(File::from(fd), "stdout".to_string())
         }
-        Endpoint::TcpConnect {
-            host,
-            port,
-            local_port,
-        } => {
-            let s = tcp_connect(host, *port, *local_port, &label)?;
-            Ok(stream_socket(s.into(), label))
-        }
-        Endpoint::TcpListen { host, port } => {
-            let addrs = host_port(host, *port, &label)?;
-            let l = TcpListener::bind(&addrs[..]).map_err(io_err(&label))?;
-            on_listen(l.local_addr().map_err(io_err(&label))?);
-            let (s, _) = l.accept().map_err(io_err(&label))?;
-            set_nonblocking(&s, &label)?;
-            Ok(stream_socket(s.into(), label))
+        Endpoint::TcpConnect { .. } | Endpoint::TcpListen { .. } => {
+            open_stream_socket(ep, label, on_listen)
         }
         Endpoint::UdpSend {
             host,
@@ -235,12 +206,9 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
                 volume: None,
             })
         }
-        Endpoint::Unix { path } => {
-            let s = UnixStream::connect(path).map_err(io_err(&label))?;
-            set_nonblocking(&s, &label)?;
-            Ok(stream_socket(s.into(), label))
+        Endpoint::Unix { .. } | Endpoint::UnixListen { .. } => {
+            open_stream_socket(ep, label, on_listen)
         }
-        Endpoint::UnixListen { path } => unix_listen(path, label),
         Endpoint::Volume { volume, partition } => {
             open_volume(volume.as_str(), partition.as_str(), Access::Exclusive)
         }
@@ -314,6 +282,40 @@ pub fn volume_path(
             "volume partitions move only on the uring path (got --path {p})"
         )),
     })
+}
+
+/// Stream sockets mean the same as a source and as a target: connect, or listen and accept
+/// one peer.
+fn open_stream_socket(
+    ep: &Endpoint,
+    label: String,
+    on_listen: OnListen<'_>,
+) -> Result<Opened, OpenError> {
+    match ep {
+        Endpoint::TcpConnect {
+            host,
+            port,
+            local_port,
+        } => {
+            let s = tcp_connect(host, *port, *local_port, &label)?;
+            Ok(stream_socket(s.into(), label))
+        }
+        Endpoint::TcpListen { host, port } => {
+            let addrs = host_port(host, *port, &label)?;
+            let l = TcpListener::bind(&addrs[..]).map_err(io_err(&label))?;
+            on_listen(l.local_addr().map_err(io_err(&label))?);
+            let (s, _) = l.accept().map_err(io_err(&label))?;
+            set_nonblocking(&s, &label)?;
+            Ok(stream_socket(s.into(), label))
+        }
+        Endpoint::Unix { path } => {
+            let s = UnixStream::connect(path).map_err(io_err(&label))?;
+            set_nonblocking(&s, &label)?;
+            Ok(stream_socket(s.into(), label))
+        }
+        Endpoint::UnixListen { path } => unix_listen(path, label),
+        other => unreachable!("{other} is not a stream socket endpoint"),
+    }
 }
 
 fn tcp_connect(

@@ -19,10 +19,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use penstock_core::endpoint::{Endpoint, Host};
-use penstock_core::stream::{CachePolicy, DataPath, Extent, PathChoice};
+use penstock_core::stream::{CachePolicy, DataPath, PathChoice};
 use penstock_core::units::parse_size;
 use penstock_driver::clock::{CpuWho, cpu_times};
-use penstock_driver::{Engine, EngineConfig, StreamSpec, ZeroCopy};
+use penstock_driver::{Engine, EngineConfig, StreamSpec};
 
 #[derive(Args, Debug)]
 pub struct PathsArgs {
@@ -177,28 +177,19 @@ fn run_engine(
     unit: usize,
 ) -> Result<()> {
     let spec = StreamSpec {
-        source: Endpoint::File {
-            path: file.to_path_buf(),
-        },
-        target: Endpoint::TcpConnect {
-            host: Host::Ip([127, 0, 0, 1].into()),
-            port,
-            local_port: None,
-        },
-        extent: Extent {
-            offset: 0,
-            length: None,
-        },
         unit_bytes: unit,
         path: PathChoice::Fixed(path),
         cache,
-        zero_copy: ZeroCopy::Auto,
-        schedule: None,
-        miss_after: None,
-        trace: false,
-        class: None,
-        buffers: None,
-        start_at: None,
+        ..StreamSpec::new(
+            Endpoint::File {
+                path: file.to_path_buf(),
+            },
+            Endpoint::TcpConnect {
+                host: Host::Ip([127, 0, 0, 1].into()),
+                port,
+                local_port: None,
+            },
+        )
     };
     let report = engine.open(spec)?.wait()?;
     if report.notes.iter().any(|n| n.contains("O_DIRECT refused")) {

@@ -26,7 +26,7 @@ use clap::Args;
 use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::lateness::{LatenessStats, TraceRecord};
 use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
-use penstock_core::stream::{CachePolicy, Extent, PathChoice};
+use penstock_core::stream::Extent;
 use penstock_core::time::Instant;
 use penstock_core::units::{parse_duration, parse_size};
 use penstock_driver::clock::{self, CpuWho, cpu_times};
@@ -271,28 +271,25 @@ fn run_engine(
     let mut handles = Vec::with_capacity(spec.streams);
     for i in 0..spec.streams {
         let s = StreamSpec {
-            source: Endpoint::File {
-                path: spec.file.to_path_buf(),
-            },
-            target: Endpoint::UdpSend {
-                host: Host::Ip([127, 0, 0, 1].into()),
-                port: spec.port,
-                local_port: None,
-            },
             extent: Extent {
                 offset: 0,
                 length: Some(spec.units * spec.unit),
             },
             unit_bytes: spec.unit as usize,
-            path: PathChoice::Auto,
-            cache: CachePolicy::Keep,
             zero_copy: ZeroCopy::Off,
             schedule: Some(schedule),
-            miss_after: None,
             trace: spec.trace,
-            class: None,
-            buffers: None,
             start_at: Some(phase(spec, t0, i)),
+            ..StreamSpec::new(
+                Endpoint::File {
+                    path: spec.file.to_path_buf(),
+                },
+                Endpoint::UdpSend {
+                    host: Host::Ip([127, 0, 0, 1].into()),
+                    port: spec.port,
+                    local_port: None,
+                },
+            )
         };
         handles.push(engine.open(s)?);
     }

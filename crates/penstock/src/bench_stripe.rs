@@ -19,7 +19,6 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use penstock_core::endpoint::{Endpoint, PartitionName, VolumeName};
-use penstock_core::stream::{CachePolicy, Extent, PathChoice};
 use penstock_core::units::parse_size;
 use penstock_core::volume::Placement;
 use penstock_core::volume::layout::BLOCK_BYTES_DEFAULT;
@@ -223,25 +222,14 @@ pub fn run(a: StripeArgs) -> Result<()> {
             };
             let target = open_target(&null, &mut |_| {})?;
             let spec = StreamSpec {
-                source: Endpoint::Volume {
-                    volume: VolumeName::parse("bench")?,
-                    partition: PartitionName::parse("p")?,
-                },
-                target: null,
-                extent: Extent {
-                    offset: 0,
-                    length: None,
-                },
-                unit_bytes: 0,
-                path: PathChoice::Auto,
-                cache: CachePolicy::Keep,
                 zero_copy: ZeroCopy::Off,
-                schedule: None,
-                miss_after: None,
-                trace: false,
-                class: None,
-                buffers: None,
-                start_at: None,
+                ..StreamSpec::new(
+                    Endpoint::Volume {
+                        volume: VolumeName::parse("bench")?,
+                        partition: PartitionName::parse("p")?,
+                    },
+                    null,
+                )
             };
             let c0 = cpu_times(CpuWho::Process);
             let t0 = Instant::now();

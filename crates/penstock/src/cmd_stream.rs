@@ -220,8 +220,6 @@ pub fn run(a: StreamArgs) -> Result<()> {
         eprintln!("penstock: note: --realtime: {why}; running with normal scheduling");
     }
     let spec = StreamSpec {
-        source,
-        target,
         extent: Extent {
             offset: a.offset.unwrap_or(0),
             length: a.length,
@@ -235,7 +233,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
         trace: a.trace.is_some(),
         class: a.class,
         buffers: a.reserve_buffers,
-        start_at: None,
+        ..StreamSpec::new(source, target)
     };
     let cpu0 = cpu_times(CpuWho::Process);
     let t0 = std::time::Instant::now();

@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use penstock_core::endpoint::{Endpoint, PartitionName, VolumeName};
-use penstock_core::stream::{CachePolicy, Extent, PathChoice};
 use penstock_core::units::parse_size;
 use penstock_core::volume::layout::{BLOCK_BYTES_DEFAULT, STRIPE_UNIT_BYTES_DEFAULT};
 use penstock_core::volume::{PartitionKind, PartitionState, Placement};
@@ -247,22 +246,8 @@ fn endpoint(v: &Volume, name: &str) -> Result<Endpoint> {
 
 fn spec(source: Endpoint, target: Endpoint) -> StreamSpec {
     StreamSpec {
-        source,
-        target,
-        extent: Extent {
-            offset: 0,
-            length: None,
-        },
-        unit_bytes: 0,
-        path: PathChoice::Auto,
-        cache: CachePolicy::Keep,
         zero_copy: ZeroCopy::Off,
-        schedule: None,
-        miss_after: None,
-        trace: false,
-        class: None,
-        buffers: None,
-        start_at: None,
+        ..StreamSpec::new(source, target)
     }
 }
 

@@ -31,9 +31,14 @@ use penstock_core::stream::{
     choose_path,
 };
 
+use crate::disk::DiskConfig;
 use crate::open::{OpenError, Opened, open_source, open_target, reopen_direct};
 use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
+use penstock_core::admission::{
+    Admission, AdmissionConfig, Capacity, QosClass, Refusal, Reservation, ReservationId, StreamQos,
+    Usage,
+};
 use penstock_core::lateness::{LatenessStats, TraceRecord};
 use penstock_core::sched::edf::Order;
 use penstock_core::schedule::{Schedule, UnitPlan, check_plan};
@@ -63,6 +68,21 @@ pub struct EngineConfig {
     pub realtime: bool,
     /// Units kept in a stream's trace at most (the rest are counted, not kept).
     pub trace_units_max: usize,
+    /// The disk request scheduler every uring-path read goes through.
+    pub disk: DiskConfig,
+    /// Admission control for streams opened with `class: Some(DiskClass::Rt)` (the capacity
+    /// comes from `penstock calibrate`).
+    pub admission: AdmissionConfig,
+}
+
+/// Admission with what is used when no calibration file exists.
+pub fn conservative_admission() -> AdmissionConfig {
+    AdmissionConfig {
+        capacity: Capacity::CONSERVATIVE,
+        bulk_share_percent: 20,
+        streams_max: 4096,
+        rt_latency_ns: 0,
+    }
 }
 
 /// The longest spin before a deadline the engine accepts.
@@ -92,6 +112,8 @@ impl Default for EngineConfig {
             order: Order::EarliestDeadline,
             realtime: false,
             trace_units_max: 10_000_000,
+            disk: DiskConfig::default(),
+            admission: conservative_admission(),
         }
     }
 }
@@ -123,6 +145,11 @@ pub struct StreamSpec {
     pub miss_after: Option<Duration>,
     /// Keep every unit's (scheduled, completed) times in the report.
     pub trace: bool,
+    /// Disk class: `rt` or `bulk`; `None`: `rt` for paced streams, `bulk` for burst ones.
+    /// An explicit `Rt` asks for a guarantee: the stream passes admission control first.
+    pub class: Option<DiskClass>,
+    /// Pool buffers an admitted `rt` stream reserves (default: `stream_depth`).
+    pub buffers: Option<u32>,
     /// The instant unit 0 of a paced stream is due (CLOCK_MONOTONIC, see `clock::now`);
     /// `None`: when the stream first runs.
     pub start_at: Option<penstock_core::time::Instant>,
@@ -148,6 +175,8 @@ impl StreamSpec {
             schedule: None,
             miss_after: None,
             trace: false,
+            class: None,
+            buffers: None,
             start_at: None,
             units: None,
         }
@@ -157,6 +186,15 @@ impl StreamSpec {
 /// A planned unit later than this is a miss unless `miss_after` says otherwise (a plan has no
 /// period to default to).
 pub const PLAN_MISS_AFTER_DEFAULT: Duration = Duration::from_millis(1);
+
+/// The disk classes of the engine's scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskClass {
+    /// Real-time: EDF by deadline, a larger DRR quantum, IOPRIO_CLASS_RT where permitted.
+    Rt,
+    /// Everything else.
+    Bulk,
+}
 
 /// Default transfer unit: a safe datagram for UDP; for the uring path a whole pool buffer;
 /// for the other paths 4 MiB (measured: fewer, larger sendfile/splice calls move loopback data
@@ -201,6 +239,9 @@ pub enum StreamError {
     Cancelled { bytes_sent: u64 },
     #[error("engine stopped")]
     EngineStopped,
+    /// Admission control refused the stream; the refusal names what is short, by how much.
+    #[error("admission: {0}")]
+    Refused(#[from] Refusal),
 }
 
 /// Live counters of a stream, updated by its worker.
@@ -247,6 +288,8 @@ pub struct StreamHandle {
     worker: WorkerHandle,
     done: Receiver<Result<StreamReport, StreamError>>,
     open_count: Arc<AtomicUsize>,
+    /// The admission reservation this stream holds, released on drop.
+    reservation: Option<(ReservationId, Arc<Mutex<Admission>>)>,
 }
 
 impl StreamHandle {
@@ -307,7 +350,23 @@ impl StreamHandle {
 impl Drop for StreamHandle {
     fn drop(&mut self) {
         self.open_count.fetch_sub(1, Ordering::AcqRel);
+        if let Some((id, admission)) = &self.reservation {
+            admission
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .release(*id);
+        }
     }
+}
+
+/// A schedule's long-run rate in bytes per second (rounded up).
+pub fn schedule_bytes_per_s(s: &Schedule) -> u64 {
+    let (Some(p), Some(k)) = (s.period(), s.cycle_units()) else {
+        return 0;
+    };
+    // cycle_units units of unit_bytes every num_ns/den nanoseconds.
+    let bytes = u128::from(k) * u128::from(s.unit_bytes()) * 1_000_000_000 * u128::from(p.den());
+    u64::try_from(bytes.div_ceil(p.num_ns().max(1))).unwrap_or(u64::MAX)
 }
 
 /// What the engine found at start.
@@ -319,6 +378,8 @@ pub struct EngineInfo {
     pub registered: Result<(), String>,
     /// Real-time scheduling as asked (`EngineConfig::realtime`); otherwise why not.
     pub realtime: Result<(), String>,
+    /// `rt` disk reads carry IOPRIO_CLASS_RT (permitted here).
+    pub rt_ioprio: bool,
 }
 
 /// The engine. Dropping it stops its workers (streams still running are cancelled).
@@ -331,6 +392,7 @@ pub struct Engine {
     next_worker: AtomicUsize,
     open_count: Arc<AtomicUsize>,
     info: EngineInfo,
+    admission: Arc<Mutex<Admission>>,
 }
 
 /// Why the engine could not start.
@@ -385,6 +447,8 @@ impl Engine {
             info.get_or_insert(winfo);
         }
         let info = info.expect("at least one worker");
+        let admission = Admission::new(cfg.admission)
+            .map_err(|e| EngineError::Config(format!("admission: {e}")))?;
         Ok(Engine {
             cfg,
             workers,
@@ -393,11 +457,28 @@ impl Engine {
             next_worker: AtomicUsize::new(0),
             open_count: Arc::new(AtomicUsize::new(0)),
             info,
+            admission: Arc::new(Mutex::new(admission)),
         })
     }
 
     pub fn info(&self) -> &EngineInfo {
         &self.info
+    }
+
+    /// The admitted `rt` streams and what each reserved.
+    pub fn reservations(&self) -> Vec<Reservation> {
+        self.admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reservations()
+            .cloned()
+            .collect()
+    }
+
+    /// Totals reserved now, and the `rt` capacity they are taken from.
+    pub fn admission_usage(&self) -> (Usage, Usage) {
+        let a = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+        (a.usage(), a.rt_capacity())
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -461,7 +542,10 @@ impl Engine {
                 DataPath::Copy
             });
         }
-        let path = choose_path(choice, source.kind, target.kind, spec.cache, self.caps())?;
+        let path = match crate::open::volume_path(choice, &source, &target, self.caps()) {
+            Some(r) => r.map_err(StreamError::Invalid)?,
+            None => choose_path(choice, source.kind, target.kind, spec.cache, self.caps())?,
+        };
         if schedule.is_some() && !matches!(path, DataPath::Uring | DataPath::Copy) {
             return Err(StreamError::Invalid(format!(
                 "a paced stream sends unit by unit at deadlines: use the uring or copy path, not {path}"
@@ -515,8 +599,35 @@ impl Engine {
                 "unit of {unit} bytes does not fit one UDP datagram (65507)"
             )));
         }
+        // Admission control, for streams that ask for a guarantee. The reservation is
+        // released when the caller drops the handle.
+        let reservation = if spec.class == Some(DiskClass::Rt) {
+            let Some(s) = &schedule else {
+                return Err(StreamError::Invalid(
+                    "--class rt needs a rate or a period: a guarantee is for a known bandwidth"
+                        .into(),
+                ));
+            };
+            let qos = StreamQos {
+                class: QosClass::Rt,
+                rate_bytes_per_s: schedule_bytes_per_s(s),
+                unit_bytes: s.unit_bytes(),
+                buffers: spec.buffers.unwrap_or(self.cfg.stream_depth as u32),
+            };
+            let r = self
+                .admission
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .admit(qos)?;
+            Some(r.id)
+        } else {
+            None
+        };
         let mut notes = Vec::new();
-        let direct = if path == DataPath::Uring && spec.cache == CachePolicy::Bypass {
+        let direct = if path == DataPath::Uring
+            && spec.cache == CachePolicy::Bypass
+            && source.volume.is_none()
+        {
             let p = match &spec.source {
                 Endpoint::File { path } => Some(path.clone()),
                 _ => None,
@@ -569,6 +680,10 @@ impl Engine {
             cache: spec.cache,
             zero_copy,
             notes,
+            rt: match spec.class {
+                Some(c) => c == DiskClass::Rt,
+                None => schedule.is_some() || plan.is_some(),
+            },
             pace: if let Some(units) = plan {
                 let miss_after = spec.miss_after.unwrap_or(PLAN_MISS_AFTER_DEFAULT);
                 Some(Pace::with_plan(
@@ -606,6 +721,7 @@ impl Engine {
             worker,
             done,
             open_count: self.open_count.clone(),
+            reservation: reservation.map(|id| (id, self.admission.clone())),
         })
     }
 }

@@ -5,16 +5,19 @@
 //! in `penstock-core`; all `unsafe` lives in `penstock-uring`. This crate has none.
 #![forbid(unsafe_code)]
 
+pub mod calibration;
 pub mod clock;
+pub mod disk;
 pub mod engine;
 pub mod open;
 mod pace;
 mod paths;
 pub mod record;
 mod uring_path;
+pub mod volume;
 mod worker;
 
 pub use engine::{
-    CounterSnapshot, Engine, EngineConfig, EngineError, EngineInfo, StreamError, StreamHandle,
-    StreamReport, StreamSpec, TimerMode, ZeroCopy,
+    CounterSnapshot, DiskClass, Engine, EngineConfig, EngineError, EngineInfo, StreamError,
+    StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };

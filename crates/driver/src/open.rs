@@ -16,6 +16,8 @@ use std::path::Path;
 use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::stream::IoKind;
 
+use crate::volume::{Access, PartitionIo, Volume, VolumeError};
+
 /// An opened endpoint.
 #[derive(Debug)]
 pub struct Opened {
@@ -27,6 +29,9 @@ pub struct Opened {
     pub socket: bool,
     /// A human name for messages.
     pub label: String,
+    /// A volume partition (`vol:`): `fd` is then only a placeholder (a member's descriptor);
+    /// the bytes move through the per-member descriptors here, on the uring path.
+    pub volume: Option<Box<PartitionIo>>,
 }
 
 /// Why an endpoint could not be opened.
@@ -39,6 +44,10 @@ pub enum OpenError {
     Directory { label: String },
     #[error("{label}: cannot resolve host: {source}")]
     Resolve { label: String, source: io::Error },
+    /// (`error`, not `source`: the message already includes it, and a source would make
+    /// anyhow print it twice.)
+    #[error("{label}: {error}")]
+    Volume { label: String, error: VolumeError },
     #[error("{label}: not supported as a {role} yet")]
     Unsupported { label: String, role: &'static str },
 }
@@ -93,6 +102,7 @@ fn classify_file(file: File, label: String) -> Result<Opened, OpenError> {
         size,
         socket: false,
         label,
+        volume: None,
     })
 }
 
@@ -103,6 +113,7 @@ fn stream_socket(fd: OwnedFd, label: String) -> Opened {
         size: None,
         socket: true,
         label,
+        volume: None,
     }
 }
 
@@ -127,21 +138,8 @@ pub fn open_source(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
                 rustix::io::dup(rustix::stdio::stdin()).map_err(|e| io_err(&label)(e.into()))?;
             classify_file(File::from(fd), "stdin".to_string())
         }
-        Endpoint::TcpConnect {
-            host,
-            port,
-            local_port,
-        } => {
-            let s = tcp_connect(host, *port, *local_port, &label)?;
-            Ok(stream_socket(s.into(), label))
-        }
-        Endpoint::TcpListen { host, port } => {
-            let addrs = host_port(host, *port, &label)?;
-            let l = TcpListener::bind(&addrs[..]).map_err(io_err(&label))?;
-            on_listen(l.local_addr().map_err(io_err(&label))?);
-            let (s, _) = l.accept().map_err(io_err(&label))?;
-            set_nonblocking(&s, &label)?;
-            Ok(stream_socket(s.into(), label))
+        Endpoint::TcpConnect { .. } | Endpoint::TcpListen { .. } => {
+            open_stream_socket(ep, label, on_listen)
         }
         Endpoint::UdpListen { host, port } => {
             let addrs = host_port(host, *port, &label)?;
@@ -154,14 +152,15 @@ pub fn open_source(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
                 size: None,
                 socket: true,
                 label,
+                volume: None,
             })
         }
-        Endpoint::Unix { path } => {
-            let s = UnixStream::connect(path).map_err(io_err(&label))?;
-            set_nonblocking(&s, &label)?;
-            Ok(stream_socket(s.into(), label))
+        Endpoint::Unix { .. } | Endpoint::UnixListen { .. } => {
+            open_stream_socket(ep, label, on_listen)
         }
-        Endpoint::UnixListen { path } => unix_listen(path, label),
+        Endpoint::Volume { volume, partition } => {
+            open_volume(volume.as_str(), partition.as_str(), Access::Shared)
+        }
         other => Err(OpenError::Unsupported {
             label: other.to_string(),
             role: "source",
@@ -180,21 +179,8 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
                 rustix::io::dup(rustix::stdio::stdout()).map_err(|e| io_err(&label)(e.into()))?;
             classify_file(File::from(fd), "stdout".to_string())
         }
-        Endpoint::TcpConnect {
-            host,
-            port,
-            local_port,
-        } => {
-            let s = tcp_connect(host, *port, *local_port, &label)?;
-            Ok(stream_socket(s.into(), label))
-        }
-        Endpoint::TcpListen { host, port } => {
-            let addrs = host_port(host, *port, &label)?;
-            let l = TcpListener::bind(&addrs[..]).map_err(io_err(&label))?;
-            on_listen(l.local_addr().map_err(io_err(&label))?);
-            let (s, _) = l.accept().map_err(io_err(&label))?;
-            set_nonblocking(&s, &label)?;
-            Ok(stream_socket(s.into(), label))
+        Endpoint::TcpConnect { .. } | Endpoint::TcpListen { .. } => {
+            open_stream_socket(ep, label, on_listen)
         }
         Endpoint::UdpSend {
             host,
@@ -217,7 +203,110 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
                 size: None,
                 socket: true,
                 label,
+                volume: None,
             })
+        }
+        Endpoint::Unix { .. } | Endpoint::UnixListen { .. } => {
+            open_stream_socket(ep, label, on_listen)
+        }
+        Endpoint::Volume { volume, partition } => {
+            open_volume(volume.as_str(), partition.as_str(), Access::Exclusive)
+        }
+        other => Err(OpenError::Unsupported {
+            label: other.to_string(),
+            role: "target",
+        }),
+    }
+}
+
+/// Opens partition `partition` of volume `vol` (a name in `PENSTOCK_VOLUMES` or a member's
+/// file name) for a stream: shared access to read it, exclusive to write it. The partition must
+/// be ready; a target is overwritten from its start, up to its size.
+fn open_volume(vol: &str, partition: &str, access: Access) -> Result<Opened, OpenError> {
+    let label = format!("vol:{vol}/{partition}");
+    let err = |error| OpenError::Volume {
+        label: label.clone(),
+        error,
+    };
+    let path = crate::volume::resolve(vol).map_err(err)?;
+    let v = Volume::open(&path, access).map_err(err)?;
+    let pio = v.partition_io(partition, false).map_err(err)?;
+    opened_partition(pio)
+}
+
+/// An [`Opened`] for a partition the caller already holds (an import writing the partition it
+/// is creating, under its own exclusive lock).
+pub fn opened_partition(pio: PartitionIo) -> Result<Opened, OpenError> {
+    let label = format!("vol:{}", pio.label);
+    // A volume has at least one member (checked when its layout was built).
+    let fd = pio.members[0].try_clone().map_err(io_err(&label))?;
+    Ok(Opened {
+        fd,
+        kind: IoKind::File,
+        size: Some(pio.size_bytes),
+        socket: false,
+        label,
+        volume: Some(Box::new(pio)),
+    })
+}
+
+/// The path of a stream with a volume endpoint: only the uring path splits transfers into
+/// per-member I/O, so `auto` means uring and any other fixed path is refused. `None` when no
+/// endpoint is a volume (the ordinary rule applies).
+pub fn volume_path(
+    choice: penstock_core::stream::PathChoice,
+    source: &Opened,
+    target: &Opened,
+    caps: penstock_core::stream::PathCaps,
+) -> Option<Result<penstock_core::stream::DataPath, String>> {
+    use penstock_core::stream::{DataPath, PathChoice};
+    if source.volume.is_none() && target.volume.is_none() {
+        return None;
+    }
+    Some(match choice {
+        _ if !caps.uring => Err(
+            "volume partitions are read and written through io_uring, which is unavailable here"
+                .to_string(),
+        ),
+        PathChoice::Auto | PathChoice::Fixed(DataPath::Uring) => {
+            if target.volume.is_some() && source.kind != IoKind::File {
+                Err(format!(
+                    "a volume target needs a file or volume source for now (got {})",
+                    source.label
+                ))
+            } else {
+                Ok(DataPath::Uring)
+            }
+        }
+        PathChoice::Fixed(p) => Err(format!(
+            "volume partitions move only on the uring path (got --path {p})"
+        )),
+    })
+}
+
+/// Stream sockets mean the same as a source and as a target: connect, or listen and accept
+/// one peer.
+fn open_stream_socket(
+    ep: &Endpoint,
+    label: String,
+    on_listen: OnListen<'_>,
+) -> Result<Opened, OpenError> {
+    match ep {
+        Endpoint::TcpConnect {
+            host,
+            port,
+            local_port,
+        } => {
+            let s = tcp_connect(host, *port, *local_port, &label)?;
+            Ok(stream_socket(s.into(), label))
+        }
+        Endpoint::TcpListen { host, port } => {
+            let addrs = host_port(host, *port, &label)?;
+            let l = TcpListener::bind(&addrs[..]).map_err(io_err(&label))?;
+            on_listen(l.local_addr().map_err(io_err(&label))?);
+            let (s, _) = l.accept().map_err(io_err(&label))?;
+            set_nonblocking(&s, &label)?;
+            Ok(stream_socket(s.into(), label))
         }
         Endpoint::Unix { path } => {
             let s = UnixStream::connect(path).map_err(io_err(&label))?;
@@ -225,10 +314,7 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
             Ok(stream_socket(s.into(), label))
         }
         Endpoint::UnixListen { path } => unix_listen(path, label),
-        other => Err(OpenError::Unsupported {
-            label: other.to_string(),
-            role: "target",
-        }),
+        other => unreachable!("{other} is not a stream socket endpoint"),
     }
 }
 

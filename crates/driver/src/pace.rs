@@ -98,8 +98,8 @@ impl Pace {
         }
     }
 
-    /// `Ok(())` when the next unit is due at `now`; otherwise the instant it will be.
-    pub(crate) fn gate(&mut self, now: Instant) -> Result<(), Instant> {
+    /// Anchors the deadlines at `now` unless they already are (`start_at`, or an earlier call).
+    fn anchor(&mut self, now: Instant) {
         match &mut self.deadlines {
             Deadlines::Schedule { schedule, anchored } => {
                 anchored.get_or_insert_with(|| Anchored::new(*schedule, now));
@@ -108,6 +108,11 @@ impl Pace {
                 start.get_or_insert(now);
             }
         }
+    }
+
+    /// `Ok(())` when the next unit is due at `now`; otherwise the instant it will be.
+    pub(crate) fn gate(&mut self, now: Instant) -> Result<(), Instant> {
+        self.anchor(now);
         match self.deadline(self.next_unit) {
             Some(d) if d > now => Err(d),
             _ => Ok(()),
@@ -140,6 +145,12 @@ impl Pace {
     pub(crate) fn next_unit_bytes(&self) -> Option<usize> {
         let units = self.plan()?;
         Some(units.get(usize::try_from(self.next_unit).ok()?)?.size_bytes as usize)
+    }
+
+    /// The deadline of unit `k` (anchoring the schedule at `now` if it is not yet).
+    pub(crate) fn deadline_of(&mut self, k: u64, now: Instant) -> Option<Instant> {
+        self.anchor(now);
+        self.deadline(k)
     }
 
     /// The next unit's send was issued.

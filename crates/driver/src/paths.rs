@@ -43,6 +43,10 @@ pub(crate) struct SpliceState {
     in_pipe: usize,
 }
 
+/// Said once when a UDP target answers with ICMP port-unreachable: datagrams go on.
+pub(crate) const NOT_LISTENING: &str =
+    "the UDP receiver is not listening (ICMP port unreachable); datagrams are sent anyway";
+
 pub(crate) fn peer_error(op: &'static str, e: Errno, bytes_sent: u64) -> StreamError {
     let source = io::Error::from(e);
     match e {
@@ -124,6 +128,10 @@ fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, 
                 }
                 Err(Errno::AGAIN) => return Ok(Step::WaitFd(Side::Target, POLLOUT)),
                 Err(Errno::INTR) => {}
+                Err(Errno::CONNREFUSED) if io.target.kind == IoKind::Datagram => {
+                    // See NOT_LISTENING: the datagram was dropped; send it again.
+                    io.note_once(NOT_LISTENING);
+                }
                 Err(e) => return Err(peer_error("write", e, io.sent)),
             }
             continue;

@@ -9,6 +9,14 @@
 //! device alignment and cover whole aligned blocks; the unaligned head and tail are simply not
 //! sent. Datagram targets send one unit per datagram; their reads are sized to a whole number
 //! of units so that no datagram straddles two buffers.
+//!
+//! A volume partition (`vol:`) is the ccd of MARS §4.4 over this state machine. As a source,
+//! one chunk's read becomes several reads, one per member piece of `PartitionMap::split`,
+//! issued together into disjoint ranges of the same buffer; the chunk is full when all pieces
+//! completed. As a target, a full chunk is written as per-member pieces from the same buffer
+//! (no copy); disk writes need no order, so every full chunk is written at once, not only the
+//! head. Member I/O is O_DIRECT: reads and writes cover whole 4096-byte blocks, the tail of the
+//! last written block is zero-filled, and the partition's blocks always hold that rounding.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd};
@@ -18,9 +26,10 @@ use penstock_uring::{BufId, Completion, Ring};
 use rustix::io::Errno;
 
 use crate::clock;
+use crate::disk::{DiskQueue, ReadReq};
 use crate::engine::StreamError;
 use crate::open::direct_alignment;
-use crate::paths::peer_error;
+use crate::paths::{NOT_LISTENING, peer_error};
 use crate::worker::{Step, TAG_READ, TAG_SEND, TaskIo};
 
 struct Chunk {
@@ -36,6 +45,10 @@ struct Chunk {
     send_to: usize,
     sent: usize,
     sending: bool,
+    /// Operations of this chunk in flight (member pieces of a volume read or write; else 1).
+    pending: u32,
+    /// Bytes the completed pieces of the current read or write moved.
+    got: usize,
 }
 
 #[derive(Default)]
@@ -46,6 +59,8 @@ pub(crate) struct UringState {
     read_len: usize,
     /// Next file offset to read (aligned when direct).
     next_read: u64,
+    /// The source's device (st_dev), for the per-device disk queue.
+    dev: u64,
     /// End of reads: the stream's end, rounded up to the alignment when direct.
     read_end: u64,
     chunks: VecDeque<Chunk>,
@@ -59,6 +74,8 @@ pub(crate) struct UringState {
     unit_len: usize,
     /// A stream cut by a unit plan: the next planned unit to read (reads hold whole units).
     plan_read_unit: usize,
+    /// The target is a volume partition: full chunks become per-member writes.
+    vol_write: bool,
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -75,13 +92,30 @@ impl UringState {
             .expect("the uring path reads files, whose end is known");
         let mut align = 1u64;
         self.direct = io.direct.is_some();
-        if self.direct && io.pace.as_ref().is_some_and(|p| p.plan().is_some()) {
+        let planned = io.pace.as_ref().is_some_and(|p| p.plan().is_some());
+        if planned && io.source.volume.is_some() {
+            // Volume reads are whole aligned blocks; planned units fall anywhere.
+            return Err(StreamError::Invalid(
+                "playing a recording back from a vol: partition is not supported: use a file"
+                    .into(),
+            ));
+        }
+        if self.direct && planned {
             // Planned units fall anywhere: aligned reads would straddle them.
             self.direct = false;
             io.direct = None;
             io.note_once("O_DIRECT is not used for planned units: reading through the page cache");
         }
-        if self.direct {
+        if let Some(v) = &io.source.volume {
+            // Member descriptors are O_DIRECT (when the file system allows): whole blocks only.
+            self.direct = true;
+            align = v.align_bytes;
+            if datagram && !io.start.is_multiple_of(align) {
+                return Err(StreamError::Invalid(format!(
+                    "datagram units from a volume need an offset that is a multiple of {align}"
+                )));
+            }
+        } else if self.direct {
             align = direct_alignment(io.direct.as_ref().expect("direct fd").as_fd());
             if datagram && !io.start.is_multiple_of(align) {
                 // Unit boundaries would not fall on aligned reads: read through the cache.
@@ -90,6 +124,30 @@ impl UringState {
                 io.note_once("O_DIRECT needs an aligned offset for datagram units: reading through the page cache");
                 align = 1;
             }
+        }
+        let mut len_align = align;
+        if let Some((size_bytes, target_align)) = io
+            .target
+            .volume
+            .as_ref()
+            .map(|v| (v.size_bytes, v.align_bytes))
+        {
+            self.vol_write = true;
+            if end - io.start > size_bytes {
+                return Err(StreamError::Invalid(format!(
+                    "{} bytes do not fit {} ({size_bytes} bytes)",
+                    end - io.start,
+                    io.target.label,
+                )));
+            }
+            if self.direct && !io.start.is_multiple_of(align) && io.source.volume.is_none() {
+                self.direct = false;
+                io.direct = None;
+                io.note_once("O_DIRECT source reads need an aligned offset to fill a volume: reading through the page cache");
+                align = 1;
+            }
+            // Every chunk starts a partition block boundary: its writes stay aligned.
+            len_align = align.max(target_align);
         }
         self.read_len = if datagram {
             let unit = io.unit;
@@ -101,13 +159,14 @@ impl UringState {
             }
             l * (buffer_bytes / l)
         } else {
-            let a = align as usize;
+            let a = len_align as usize;
             io.unit
                 .div_ceil(a)
                 .saturating_mul(a)
                 .min(buffer_bytes / a * a)
         };
         self.next_read = io.start / align * align;
+        self.dev = rustix::fs::fstat(&io.source.fd).map_or(0, |st| st.st_dev);
         self.read_end = end.div_ceil(align) * align;
         if io.cache == CachePolicy::Drop {
             self.rw_flags = penstock_uring::sys::RWF_DONTCACHE;
@@ -116,12 +175,16 @@ impl UringState {
     }
 
     /// Queues reads and the next send; says what the stream waits for.
+    /// `refused` is set when the disk queue refused a read (backpressure); the caller then
+    /// retries the stream next turn.
     pub(crate) fn step(
         &mut self,
         io: &mut TaskIo,
         ring: &mut Ring,
+        disk: &mut DiskQueue,
         depth: usize,
         token: &mut dyn FnMut(u64, u16) -> u64,
+        refused: &mut bool,
     ) -> Step {
         if !self.init
             && let Err(e) = self.init(io, ring)
@@ -129,17 +192,16 @@ impl UringState {
             return Step::Finish(Err(e));
         }
         let end = io.end.expect("file end");
-        // Reads ahead, while buffers are free.
-        while self.chunks.len() < depth
-            && self.next_read < self.read_end.max(end)
-            && self.next_read < end
-        {
+        // Reads ahead, while buffers are free; each goes through the worker's disk scheduler.
+        let now = clock::now();
+        while self.chunks.len() < depth && self.next_read < end {
             let Some(buf) = ring.pool_mut().alloc() else {
                 break;
             };
             let mut want = (self.read_end - self.next_read).min(self.read_len as u64) as usize;
+            // Planned units (playback): whole units per buffer, so that none straddles two.
+            let mut plan_units = 0usize;
             if let Some(plan) = io.pace.as_ref().and_then(|p| p.plan()) {
-                // Whole planned units per buffer, so that no unit straddles two.
                 let (n, bytes) = penstock_core::schedule::units_fitting(
                     plan,
                     self.plan_read_unit,
@@ -149,21 +211,76 @@ impl UringState {
                     ring.pool_mut().free(buf);
                     break;
                 }
-                self.plan_read_unit += n;
+                plan_units = n;
                 want = bytes as usize;
             }
-            let fd = match (&io.direct, self.direct) {
-                (Some(d), true) => d.as_raw_fd(),
-                _ => io.source.fd.as_raw_fd(),
+            let pending = if let Some(v) = &io.source.volume {
+                let pieces = match v.split(self.next_read, want as u64) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        ring.pool_mut().free(buf);
+                        return Step::Finish(Err(StreamError::Invalid(e.to_string())));
+                    }
+                };
+                if ring.ops_available() < pieces.len() {
+                    ring.pool_mut().free(buf);
+                    break;
+                }
+                for p in &pieces {
+                    let t = token(TAG_READ, buf.index() as u16);
+                    let fd = v.members[p.member.get()].as_raw_fd();
+                    ring.read(
+                        fd,
+                        buf,
+                        p.buf_offset_bytes as usize,
+                        p.len_bytes as usize,
+                        p.member_offset_bytes,
+                        self.rw_flags,
+                        0,
+                        t,
+                    )
+                    .expect("room for every piece was checked");
+                }
+                pieces.len() as u32
+            } else {
+                // A plain file: the read goes through the worker's disk scheduler.
+                let fd = match (&io.direct, self.direct) {
+                    (Some(d), true) => d.as_raw_fd(),
+                    _ => io.source.fd.as_raw_fd(),
+                };
+                let class = disk.class(io.rt);
+                if !disk.has_room(class) {
+                    // The class's queue is full: backpressure. Keep nothing, ask again later.
+                    ring.pool_mut().free(buf);
+                    *refused = true;
+                    break;
+                }
+                let deadline = match &mut io.pace {
+                    Some(p) => {
+                        let first_unit = if plan_units > 0 {
+                            self.plan_read_unit as u64
+                        } else {
+                            self.next_read.max(io.start).saturating_sub(io.start) / io.unit as u64
+                        };
+                        p.deadline_of(first_unit, now)
+                    }
+                    None => None,
+                };
+                let req = ReadReq {
+                    token: token(TAG_READ, buf.index() as u16),
+                    fd,
+                    dev: self.dev,
+                    buf,
+                    len: want,
+                    file_offset: self.next_read,
+                    rw_flags: self.rw_flags,
+                    class,
+                    deadline,
+                };
+                disk.submit(now, req)
+                    .expect("room in the class's queue was checked");
+                1
             };
-            let t = token(TAG_READ, buf.index() as u16);
-            if ring
-                .read(fd, buf, 0, want, self.next_read, self.rw_flags, 0, t)
-                .is_err()
-            {
-                ring.pool_mut().free(buf);
-                break;
-            }
             self.chunks.push_back(Chunk {
                 buf,
                 file_off: self.next_read,
@@ -173,13 +290,20 @@ impl UringState {
                 send_to: 0,
                 sent: 0,
                 sending: false,
+                pending,
+                got: 0,
             });
             self.next_read += want as u64;
+            self.plan_read_unit += plan_units;
         }
-        // The next send, in order.
         // The next send, in order. Datagram targets and paced streams send unit by unit; a
-        // paced stream's unit goes when its deadline has come.
-        if let Some(head) = self.chunks.front_mut() {
+        // paced stream's unit goes when its deadline has come. A volume target takes whole
+        // chunks as per-member writes instead.
+        if self.vol_write {
+            if let Err(e) = self.write_full_chunks(io, ring, token) {
+                return Step::Finish(Err(e));
+            }
+        } else if let Some(head) = self.chunks.front_mut() {
             let ready =
                 head.filled.is_some() && !head.sending && head.sent < head.send_to - head.send_from;
             if ready {
@@ -258,7 +382,7 @@ impl UringState {
         };
         match tag {
             TAG_READ => {
-                let n = match c.io_result() {
+                let piece = match c.io_result() {
                     Ok(n) => n,
                     Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {
                         return Err(StreamError::Cancelled {
@@ -273,8 +397,14 @@ impl UringState {
                         });
                     }
                 };
-                io.add_read(n);
+                io.add_read(piece);
                 let ch = &mut self.chunks[pos];
+                ch.got += piece;
+                ch.pending -= 1;
+                if ch.pending > 0 {
+                    return Ok(()); // other pieces of this chunk are still being read
+                }
+                let n = ch.got;
                 ch.filled = Some(n);
                 let data_end = ch.file_off + n as u64;
                 let want_end = (ch.file_off + ch.want as u64).min(end);
@@ -292,6 +422,44 @@ impl UringState {
                 ch.send_to = ch.send_from.max((to.max(from) - ch.file_off) as usize);
                 self.retire_done_head(ring);
             }
+            TAG_SEND if self.vol_write => {
+                let ch = &mut self.chunks[pos];
+                let n = match c.io_result() {
+                    Ok(n) => n,
+                    Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {
+                        return Err(StreamError::Cancelled {
+                            bytes_sent: io.sent,
+                        });
+                    }
+                    Err(e) => {
+                        return Err(StreamError::Io {
+                            op: "write to a volume member",
+                            bytes_sent: io.sent,
+                            source: e,
+                        });
+                    }
+                };
+                ch.got += n;
+                ch.pending -= 1;
+                if ch.pending > 0 {
+                    return Ok(());
+                }
+                ch.sending = false;
+                let len = ch.send_to - ch.send_from;
+                if ch.got < len {
+                    return Err(StreamError::Io {
+                        op: "write to a volume member",
+                        bytes_sent: io.sent,
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::WriteZero,
+                            format!("short write: {} of {len} bytes", ch.got),
+                        ),
+                    });
+                }
+                ch.sent = len;
+                io.add_sent(len, 1);
+                self.retire_done_head(ring);
+            }
             TAG_SEND => {
                 let ch = &mut self.chunks[pos];
                 ch.sending = false;
@@ -301,6 +469,16 @@ impl UringState {
                         return Err(StreamError::Cancelled {
                             bytes_sent: io.sent,
                         });
+                    }
+                    Err(e)
+                        if io.target.kind == IoKind::Datagram
+                            && e.raw_os_error() == Some(libc::ECONNREFUSED) =>
+                    {
+                        // An earlier datagram drew an ICMP port-unreachable; the kernel reports
+                        // it on this send, which it dropped. UDP has no connection to lose:
+                        // send this unit again and go on.
+                        io.note_once(NOT_LISTENING);
+                        return Ok(());
                     }
                     Err(e) => {
                         let errno = Errno::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EIO));
@@ -325,6 +503,62 @@ impl UringState {
                 self.retire_done_head(ring);
             }
             _ => unreachable!("unknown tag {tag}"),
+        }
+        Ok(())
+    }
+
+    /// Issues the per-member writes of every full chunk not yet written (volume targets).
+    fn write_full_chunks(
+        &mut self,
+        io: &mut TaskIo,
+        ring: &mut Ring,
+        token: &mut dyn FnMut(u64, u16) -> u64,
+    ) -> Result<(), StreamError> {
+        let v = io
+            .target
+            .volume
+            .as_ref()
+            .expect("vol_write is set for volume targets only");
+        let align = v.align_bytes as usize;
+        for ch in self.chunks.iter_mut() {
+            let len = ch.send_to - ch.send_from;
+            if ch.filled.is_none() || ch.sending || ch.sent >= len {
+                continue;
+            }
+            // Reads of a volume target's source start at the stream's start (init turned
+            // O_DIRECT off otherwise), so the bytes to write begin at the buffer's start.
+            assert_eq!(
+                ch.send_from, 0,
+                "a volume write starts at its buffer's start"
+            );
+            let padded = len.div_ceil(align) * align;
+            let part_off = ch.file_off - io.start;
+            let pieces = v
+                .split(part_off, padded as u64)
+                .map_err(|e| StreamError::Invalid(e.to_string()))?;
+            if ring.ops_available() < pieces.len() {
+                break; // the ring is busy: next turn
+            }
+            if padded > len {
+                // The buffer may hold an older chunk's bytes there: write zeros, not them.
+                ring.pool_mut().bytes_mut(ch.buf)[len..padded].fill(0);
+            }
+            for p in &pieces {
+                let t = token(TAG_SEND, ch.buf.index() as u16);
+                let fd = v.members[p.member.get()].as_raw_fd();
+                ring.write(
+                    fd,
+                    ch.buf,
+                    p.buf_offset_bytes as usize,
+                    p.len_bytes as usize,
+                    p.member_offset_bytes,
+                    t,
+                )
+                .expect("room for every piece was checked");
+            }
+            ch.pending = pieces.len() as u32;
+            ch.got = 0;
+            ch.sending = true;
         }
         Ok(())
     }

@@ -26,6 +26,7 @@ use penstock_core::sched::edf::{Due, EdfQueue};
 use penstock_core::time::Instant;
 
 use crate::clock;
+use crate::disk::DiskQueue;
 use crate::engine::{Counters, EngineConfig, EngineInfo, StreamError, StreamReport, TimerMode};
 use crate::open::Opened;
 use crate::pace::Pace;
@@ -92,6 +93,7 @@ pub(crate) struct TaskInit {
     pub zero_copy: bool,
     pub notes: Vec<String>,
     pub pace: Option<Pace>,
+    pub rt: bool,
     pub counters: Arc<Counters>,
     pub cancel: Arc<AtomicBool>,
     pub done: SyncSender<Result<StreamReport, StreamError>>,
@@ -124,6 +126,8 @@ pub(crate) struct TaskIo {
     pub notes: Vec<String>,
     /// The schedule of a paced stream.
     pub pace: Option<Pace>,
+    /// The stream's disk class: `rt` (true) or `bulk`.
+    pub rt: bool,
 }
 
 impl TaskIo {
@@ -209,6 +213,7 @@ impl Task {
                 counters: init.counters,
                 notes: init.notes,
                 pace: init.pace,
+                rt: init.rt,
             },
             machine,
             cancel: init.cancel,
@@ -272,6 +277,10 @@ struct Worker {
     /// Deadline of the earliest timer armed in the ring, and how many are in flight.
     timer_armed: Option<Instant>,
     timers_in_flight: u32,
+    /// The disk scheduler every uring-path read goes through (with a ring only).
+    disk: Option<DiskQueue>,
+    /// Completions of reads cancelled while queued in the disk scheduler.
+    synthetic: Vec<Completion>,
 }
 
 /// Steps one stream may take per turn before others get theirs.
@@ -301,6 +310,9 @@ pub(crate) fn spawn_worker(
     let wake2 = wake.clone();
     let (timer_mode, spin, order, realtime) = (cfg.timer, cfg.spin, cfg.order, cfg.realtime);
     let streams_max = cfg.streams_max;
+    let disk_cfg = cfg.disk.clone();
+    let buffer_bytes = cfg.buffer_bytes;
+    let queue_max = u32::try_from(cfg.pool_buffers).unwrap_or(u32::MAX);
     let join = std::thread::Builder::new().name(format!("penstock-w{index}")).spawn(move || {
         // Timer slack of 1 ns: the kernel's default 50 µs slack would be added to every wake-up.
         let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
@@ -317,7 +329,7 @@ pub(crate) fn spawn_worker(
                         io::Error::from_raw_os_error(errno)
                     )),
                 };
-                (Reactor::Ring(Box::new(ring)), EngineInfo { uring: Ok(()), registered, realtime: Ok(()) })
+                (Reactor::Ring(Box::new(ring)), EngineInfo { uring: Ok(()), registered, realtime: Ok(()), rt_ioprio: false })
             }
             Err(RingError::Unavailable(e)) => (
                 Reactor::Poll { waiting: Vec::new() },
@@ -325,17 +337,31 @@ pub(crate) fn spawn_worker(
                     uring: Err(format!("io_uring unavailable ({e}): using sendfile/splice/copy on poll(2)")),
                     registered: Err("no io_uring".to_string()),
                     realtime: Ok(()),
+                    rt_ioprio: false,
                 },
             ),
             Err(e) => {
                 let msg = format!("io_uring setup failed ({e}): using sendfile/splice/copy on poll(2)");
                 (
                     Reactor::Poll { waiting: Vec::new() },
-                    EngineInfo { uring: Err(msg), registered: Err("no io_uring".to_string()), realtime: Ok(()) },
+                    EngineInfo { uring: Err(msg), registered: Err("no io_uring".to_string()), realtime: Ok(()), rt_ioprio: false },
                 )
             }
         };
         info.realtime = rt;
+        let disk = match &reactor {
+            Reactor::Ring(_) => match DiskQueue::new(&disk_cfg, buffer_bytes as u64, queue_max) {
+                Ok(d) => {
+                    info.rt_ioprio = d.rt_ioprio();
+                    Some(d)
+                }
+                Err(e) => {
+                    info.uring = Err(format!("disk scheduler configuration refused: {e}"));
+                    None
+                }
+            },
+            Reactor::Poll { .. } => None,
+        };
         let _ = info_tx.send(info);
         let mut w = Worker {
             reactor,
@@ -355,6 +381,8 @@ pub(crate) fn spawn_worker(
             spin,
             timer_armed: None,
             timers_in_flight: 0,
+            disk,
+            synthetic: Vec::new(),
         };
         w.run();
     })?;
@@ -460,7 +488,11 @@ impl Worker {
             if let Reactor::Ring(ring) = &mut self.reactor
                 && task.in_ring > 0
             {
-                ring.cancel_where(|t| token_parts(t).0 == slot && token_parts(t).1 == generation);
+                let mine = |t: u64| token_parts(t).0 == slot && token_parts(t).1 == generation;
+                ring.cancel_where(mine);
+                if let Some(disk) = &mut self.disk {
+                    disk.cancel_where(mine);
+                }
             }
             if let Reactor::Poll { waiting } = &mut self.reactor {
                 waiting.retain(|(s, _, _)| *s != slot);
@@ -479,13 +511,27 @@ impl Worker {
                 }
                 Machine::Uring(u) => match &mut self.reactor {
                     Reactor::Ring(ring) => {
+                        let disk = self.disk.as_mut().expect("a ring comes with a disk queue");
                         let mut issued = 0u32;
-                        let s = u.step(&mut task.io, ring, self.depth, &mut |tag, arg| {
-                            issued += 1;
-                            token(slot, generation, tag, arg)
-                        });
+                        let mut refused = false;
+                        let s = u.step(
+                            &mut task.io,
+                            ring,
+                            disk,
+                            self.depth,
+                            &mut |tag, arg| {
+                                issued += 1;
+                                token(slot, generation, tag, arg)
+                            },
+                            &mut refused,
+                        );
                         task.in_ring += issued;
-                        s
+                        if refused && task.in_ring == 0 && matches!(s, Step::WaitRing) {
+                            // Nothing in flight will wake it: try again next turn.
+                            Step::Yield
+                        } else {
+                            s
+                        }
                     }
                     Reactor::Poll { .. } => {
                         unreachable!("the uring path is only chosen when io_uring works")
@@ -592,6 +638,17 @@ impl Worker {
     }
 
     fn wait(&mut self) {
+        if let (Some(disk), Reactor::Ring(ring)) = (&mut self.disk, &mut self.reactor) {
+            disk.dispatch(clock::now(), ring);
+            disk.take_synthetic(&mut self.synthetic);
+        }
+        if !self.synthetic.is_empty() {
+            let synthetic = std::mem::take(&mut self.synthetic);
+            for c in &synthetic {
+                self.route(c);
+            }
+            return;
+        }
         let block = self.ready.is_empty();
         let next_deadline = if block {
             self.edf.peek_deadline()
@@ -744,6 +801,11 @@ impl Worker {
         if !c.more {
             task.in_ring -= 1;
         }
+        if tag == TAG_READ
+            && let Some(disk) = &mut self.disk
+        {
+            disk.complete(clock::now(), c.token);
+        }
         if tag != TAG_POLL
             && let (Machine::Uring(u), Reactor::Ring(ring)) = (&mut task.machine, &mut self.reactor)
             && let Err(e) = u.on_completion(&mut task.io, ring, tag, arg, c)
@@ -751,7 +813,11 @@ impl Worker {
         {
             task.finished_at = Some(std::time::Instant::now());
             task.outcome = Some(Err(e));
-            ring.cancel_where(|t| token_parts(t).0 == slot && token_parts(t).1 == generation);
+            let mine = |t: u64| token_parts(t).0 == slot && token_parts(t).1 == generation;
+            ring.cancel_where(mine);
+            if let Some(disk) = &mut self.disk {
+                disk.cancel_where(mine);
+            }
         }
         if task.outcome.is_some() && task.in_ring == 0 {
             let task = self.slots[slot].1.take().expect("task present");

@@ -218,6 +218,8 @@ fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
         schedule: None,
         miss_after: None,
         trace: false,
+        class: None,
+        buffers: None,
         start_at: None,
         units: None,
     }
@@ -494,6 +496,7 @@ fn open_stream_source(kind: StreamSource, data: Vec<u8>) -> (Opened, JoinHandle<
                 size: None,
                 socket: true,
                 label: "tcp source".into(),
+                volume: None,
             };
             (opened, writer)
         }
@@ -507,6 +510,7 @@ fn open_stream_source(kind: StreamSource, data: Vec<u8>) -> (Opened, JoinHandle<
                 size: None,
                 socket: false,
                 label: "pipe source".into(),
+                volume: None,
             };
             (opened, writer)
         }
@@ -582,6 +586,8 @@ fn run_stream_source(
         schedule: None,
         miss_after: None,
         trace: false,
+        class: None,
+        buffers: None,
         start_at: None,
         units: None,
     };
@@ -697,6 +703,7 @@ fn udp_source_with_a_length_ends() {
         size: None,
         socket: true,
         label: "udp source".into(),
+        volume: None,
     };
     let p = dir.path().join("out");
     let ep = Endpoint::File { path: p.clone() };
@@ -924,6 +931,8 @@ fn bad_streams_are_refused_with_typed_errors() {
             schedule: None,
             miss_after: None,
             trace: false,
+            class: None,
+            buffers: None,
             start_at: None,
             units: None,
         })
@@ -971,6 +980,7 @@ fn bad_streams_are_refused_with_typed_errors() {
         size: None,
         socket: false,
         label: "pipe".into(),
+        volume: None,
     };
     let ep = Endpoint::File { path: out.clone() };
     let target = open_target(&ep, &mut |_| {}).expect("open target");
@@ -1034,6 +1044,7 @@ fn impossible_paths_are_refused() {
             size: None,
             socket: false,
             label: "pipe".into(),
+            volume: None,
         };
         let (_r, w) = rustix::pipe::pipe().expect("pipe");
         let target = Opened {
@@ -1042,6 +1053,7 @@ fn impossible_paths_are_refused() {
             size: None,
             socket: false,
             label: "pipe".into(),
+            volume: None,
         };
         let mut spec = StreamSpec::new(Endpoint::Stdio, Endpoint::Stdio);
         spec.path = PathChoice::Fixed(path);

@@ -19,10 +19,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use penstock_core::endpoint::{Endpoint, Host};
-use penstock_core::stream::{CachePolicy, DataPath, Extent, PathChoice};
+use penstock_core::stream::{CachePolicy, DataPath, PathChoice};
 use penstock_core::units::parse_size;
 use penstock_driver::clock::{CpuWho, cpu_times};
-use penstock_driver::{Engine, EngineConfig, StreamSpec, ZeroCopy};
+use penstock_driver::{Engine, EngineConfig, StreamSpec};
 
 #[derive(Args, Debug)]
 pub struct PathsArgs {
@@ -65,14 +65,14 @@ fn median(v: &[f64]) -> f64 {
     if s.is_empty() { 0.0 } else { s[s.len() / 2] }
 }
 
-struct Sink {
+pub(crate) struct Sink {
     child: Child,
     out: BufReader<ChildStdout>,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Sink {
-    fn start() -> Result<Sink> {
+    pub(crate) fn start() -> Result<Sink> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .args(["sink", "127.0.0.1:0"])
@@ -92,7 +92,7 @@ impl Sink {
     }
 
     /// Bytes the receiver got on its last connection.
-    fn received(&mut self) -> Result<u64> {
+    pub(crate) fn received(&mut self) -> Result<u64> {
         let mut line = String::new();
         self.out.read_line(&mut line)?;
         let n = line
@@ -177,27 +177,19 @@ fn run_engine(
     unit: usize,
 ) -> Result<()> {
     let spec = StreamSpec {
-        source: Endpoint::File {
-            path: file.to_path_buf(),
-        },
-        target: Endpoint::TcpConnect {
-            host: Host::Ip([127, 0, 0, 1].into()),
-            port,
-            local_port: None,
-        },
-        extent: Extent {
-            offset: 0,
-            length: None,
-        },
         unit_bytes: unit,
         path: PathChoice::Fixed(path),
         cache,
-        zero_copy: ZeroCopy::Auto,
-        schedule: None,
-        miss_after: None,
-        trace: false,
-        start_at: None,
-        units: None,
+        ..StreamSpec::new(
+            Endpoint::File {
+                path: file.to_path_buf(),
+            },
+            Endpoint::TcpConnect {
+                host: Host::Ip([127, 0, 0, 1].into()),
+                port,
+                local_port: None,
+            },
+        )
     };
     let report = engine.open(spec)?.wait()?;
     if report.notes.iter().any(|n| n.contains("O_DIRECT refused")) {
@@ -287,8 +279,14 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
             ),
         ];
         if uring {
+            // The uring path: O_DIRECT reads into registered buffers. Its `keep`
+            // variant reads through the page cache (an in-kernel copy into the buffer).
             v.push((
                 "uring".to_string(),
+                Some((DataPath::Uring, CachePolicy::Bypass)),
+            ));
+            v.push((
+                "uring keep".to_string(),
                 Some((DataPath::Uring, CachePolicy::Keep)),
             ));
         }
@@ -309,12 +307,6 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
             let mut rows: Vec<(String, Option<(DataPath, CachePolicy)>)> = hot_paths.clone();
             if cold {
                 rows.retain(|(n, _)| n != "bare sendfile loop");
-                if uring {
-                    rows.push((
-                        "uring bypass".to_string(),
-                        Some((DataPath::Uring, CachePolicy::Bypass)),
-                    ));
-                }
                 rows.push(("O_DIRECT read (device rate)".to_string(), None));
             } else {
                 warm(&file)?;
@@ -450,7 +442,7 @@ fn verdicts(cells: &[Cell]) -> Vec<String> {
                 }
             }
             if let Some(bare) = find(size, false, "bare sendfile loop") {
-                let best = ["copy", "sendfile", "splice", "uring"]
+                let best = ["copy", "sendfile", "splice", "uring", "uring keep"]
                     .iter()
                     .filter_map(|p| find(size, false, p))
                     .map(|c| median(&c.mb_per_s))
@@ -463,7 +455,7 @@ fn verdicts(cells: &[Cell]) -> Vec<String> {
             }
         }
         if let (Some(u), Some(d)) = (
-            find(size, true, "uring bypass"),
+            find(size, true, "uring"),
             find(size, true, "O_DIRECT read (device rate)"),
         ) {
             let r = median(&u.mb_per_s) / median(&d.mb_per_s);

@@ -26,7 +26,7 @@ use clap::Args;
 use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::lateness::{LatenessStats, TraceRecord};
 use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
-use penstock_core::stream::{CachePolicy, Extent, PathChoice};
+use penstock_core::stream::Extent;
 use penstock_core::time::Instant;
 use penstock_core::units::{parse_duration, parse_size};
 use penstock_driver::clock::{self, CpuWho, cpu_times};
@@ -140,7 +140,7 @@ impl Receiver {
     }
 }
 
-struct Hogs(Vec<Child>);
+pub(crate) struct Hogs(Vec<Child>);
 
 impl Hogs {
     fn start(load: &str, disk_file: &Path) -> Result<Hogs> {
@@ -165,6 +165,11 @@ impl Hogs {
         std::thread::sleep(Duration::from_millis(300));
         Ok(Hogs(v))
     }
+}
+
+/// Starts the background load `load` (none, cpu, disk) for a benchmark.
+pub(crate) fn start_hogs(load: &str, disk_file: &Path) -> Result<Hogs> {
+    Hogs::start(load, disk_file)
 }
 
 impl Drop for Hogs {
@@ -266,27 +271,25 @@ fn run_engine(
     let mut handles = Vec::with_capacity(spec.streams);
     for i in 0..spec.streams {
         let s = StreamSpec {
-            source: Endpoint::File {
-                path: spec.file.to_path_buf(),
-            },
-            target: Endpoint::UdpSend {
-                host: Host::Ip([127, 0, 0, 1].into()),
-                port: spec.port,
-                local_port: None,
-            },
             extent: Extent {
                 offset: 0,
                 length: Some(spec.units * spec.unit),
             },
             unit_bytes: spec.unit as usize,
-            path: PathChoice::Auto,
-            cache: CachePolicy::Keep,
             zero_copy: ZeroCopy::Off,
             schedule: Some(schedule),
-            miss_after: None,
             trace: spec.trace,
             start_at: Some(phase(spec, t0, i)),
-            units: None,
+            ..StreamSpec::new(
+                Endpoint::File {
+                    path: spec.file.to_path_buf(),
+                },
+                Endpoint::UdpSend {
+                    host: Host::Ip([127, 0, 0, 1].into()),
+                    port: spec.port,
+                    local_port: None,
+                },
+            )
         };
         handles.push(engine.open(s)?);
     }

@@ -7,12 +7,16 @@ use anyhow::{Context, Result};
 use clap::Args;
 use penstock_core::endpoint::{Endpoint, Role};
 use penstock_core::lateness::{LatenessSummary, TraceRecord};
+use penstock_core::sched::drr::SchedMode;
 use penstock_core::sched::edf::Order;
 use penstock_core::schedule::{Schedule, ScheduleFlags, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::{CachePolicy, Extent, PathChoice};
 use penstock_core::units::{parse_duration, parse_size};
 use penstock_driver::clock::{CpuWho, cpu_times};
-use penstock_driver::{Engine, EngineConfig, StreamReport, StreamSpec, TimerMode, ZeroCopy};
+use penstock_driver::disk::DiskConfig;
+use penstock_driver::{
+    DiskClass, Engine, EngineConfig, StreamReport, StreamSpec, TimerMode, ZeroCopy,
+};
 
 #[derive(Args, Debug)]
 pub struct StreamArgs {
@@ -71,6 +75,27 @@ pub struct StreamArgs {
     /// SCHED_FIFO and mlockall for the workers (falls back with a message when refused).
     #[arg(long)]
     pub realtime: bool,
+    /// Disk class: rt (a guarantee: admission control first) or bulk.
+    #[arg(long, value_parser = parse_class)]
+    pub class: Option<DiskClass>,
+    /// Pool buffers an rt stream reserves.
+    #[arg(long)]
+    pub reserve_buffers: Option<u32>,
+    /// Calibration file (default: ~/.config/penstock/calibration.toml).
+    #[arg(long)]
+    pub calibration: Option<std::path::PathBuf>,
+    /// Network capacity for admission (default 10Gbit/s).
+    #[arg(long)]
+    pub net_rate: Option<String>,
+    /// Share of disk, network and buffers rt streams may never take (percent).
+    #[arg(long, default_value_t = 20)]
+    pub bulk_share: u8,
+    /// Disk scheduler: drr (DRR across classes, EDF in rt) or fifo (switched off).
+    #[arg(long, default_value = "drr", value_parser = parse_sched)]
+    pub sched: SchedMode,
+    /// Disk reads in flight per device at most.
+    #[arg(long, default_value_t = 8)]
+    pub disk_inflight_max: u32,
     /// Dispatch order of due units: edf or rm (rate-monotonic, as MARS's RTUs).
     #[arg(long, default_value = "edf", value_parser = parse_order)]
     pub order: Order,
@@ -91,6 +116,22 @@ fn parse_timer(s: &str) -> Result<TimerMode, String> {
         "uring" => Ok(TimerMode::Uring),
         "nanosleep" => Ok(TimerMode::Nanosleep),
         _ => Err(format!("expected uring or nanosleep, got {s:?}")),
+    }
+}
+
+pub fn parse_class(s: &str) -> Result<DiskClass, String> {
+    match s {
+        "rt" => Ok(DiskClass::Rt),
+        "bulk" => Ok(DiskClass::Bulk),
+        _ => Err(format!("unknown class {s:?}: expected rt or bulk")),
+    }
+}
+
+pub fn parse_sched(s: &str) -> Result<SchedMode, String> {
+    match s {
+        "drr" => Ok(SchedMode::Drr),
+        "fifo" => Ok(SchedMode::Fifo),
+        _ => Err(format!("expected drr or fifo, got {s:?}")),
     }
 }
 
@@ -176,7 +217,23 @@ pub fn run(a: StreamArgs) -> Result<()> {
         }
         Some(other) => anyhow::bail!("--timing must be tracks, not {other:?}"),
     };
+    let (admission, admission_note) = crate::calibrate::admission_config(
+        a.calibration.as_deref(),
+        a.net_rate.as_deref(),
+        u32::try_from(a.buffers).unwrap_or(u32::MAX),
+        a.buffer_size,
+        a.bulk_share,
+    )?;
+    if let (Some(note), Some(DiskClass::Rt)) = (&admission_note, a.class) {
+        eprintln!("penstock: note: {note}");
+    }
     let cfg = EngineConfig {
+        admission,
+        disk: DiskConfig {
+            mode: a.sched,
+            disk_inflight_max: a.disk_inflight_max,
+            ..DiskConfig::default()
+        },
         workers: 1,
         pool_buffers: a.buffers,
         buffer_bytes: usize::try_from(a.buffer_size).context("buffer size")?,
@@ -197,8 +254,6 @@ pub fn run(a: StreamArgs) -> Result<()> {
         eprintln!("penstock: note: --realtime: {why}; running with normal scheduling");
     }
     let spec = StreamSpec {
-        source,
-        target,
         extent: match &playback {
             Some(p) => Extent {
                 offset: p.media_offset_bytes,
@@ -216,8 +271,10 @@ pub fn run(a: StreamArgs) -> Result<()> {
         schedule,
         miss_after: a.miss_after,
         trace: a.trace.is_some(),
-        start_at: None,
+        class: a.class,
+        buffers: a.reserve_buffers,
         units: playback.map(|p| p.units.into()),
+        ..StreamSpec::new(source, target)
     };
     let cpu0 = cpu_times(CpuWho::Process);
     let t0 = std::time::Instant::now();

@@ -12,10 +12,10 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use clap::Args;
 use penstock_core::endpoint::{Endpoint, Host};
-use penstock_core::stream::{CachePolicy, DataPath, Extent, PathChoice};
+use penstock_core::stream::{DataPath, PathChoice};
 use penstock_core::units::parse_size;
 use penstock_driver::clock::{CpuWho, cpu_times};
-use penstock_driver::{Engine, EngineConfig, StreamSpec, ZeroCopy};
+use penstock_driver::{Engine, EngineConfig, StreamSpec};
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -79,25 +79,15 @@ pub fn run(a: DemoArgs) -> Result<()> {
             }
         });
         let spec = StreamSpec {
-            source: Endpoint::File { path: file.clone() },
-            target: Endpoint::TcpConnect {
-                host: Host::Ip([127, 0, 0, 1].into()),
-                port,
-                local_port: None,
-            },
-            extent: Extent {
-                offset: 0,
-                length: None,
-            },
-            unit_bytes: 0,
             path: PathChoice::Fixed(path),
-            cache: CachePolicy::Keep,
-            zero_copy: ZeroCopy::Auto,
-            schedule: None,
-            miss_after: None,
-            trace: false,
-            start_at: None,
-            units: None,
+            ..StreamSpec::new(
+                Endpoint::File { path: file.clone() },
+                Endpoint::TcpConnect {
+                    host: Host::Ip([127, 0, 0, 1].into()),
+                    port,
+                    local_port: None,
+                },
+            )
         };
         let c0 = cpu_times(CpuWho::Process);
         let t0 = Instant::now();

@@ -40,6 +40,19 @@ pub fn run(kind: &str, file: Option<&Path>) -> Result<()> {
                 let _ = rustix::fs::fadvise(&fd, 0, None, rustix::fs::Advice::DontNeed);
             }
         }
-        other => bail!("unknown hog {other:?}: expected cpu or disk"),
+        "read" => {
+            // Plain buffered read() of a file that is kept out of the cache: a process
+            // outside penstock competing for the disk.
+            use std::io::Read;
+            let file = file.context("hog read needs a FILE")?;
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let mut f = std::fs::File::open(file)
+                    .with_context(|| format!("open {}", file.display()))?;
+                let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
+                while f.read(&mut buf)? > 0 {}
+            }
+        }
+        other => bail!("unknown hog {other:?}: expected cpu, disk or read"),
     }
 }

@@ -2,11 +2,18 @@
 //!
 //! Exit codes: 0 success; 1 the operation failed (the error is on stderr); 2 bad usage.
 
+mod bench_http;
 mod bench_paths;
 mod bench_periodic;
+mod bench_qos;
 mod bench_record;
+mod bench_stripe;
+mod calibrate;
+mod cmd_ctl;
 mod cmd_record;
+mod cmd_serve;
 mod cmd_stream;
+mod cmd_volume;
 mod demo;
 mod hog;
 mod plot;
@@ -46,6 +53,15 @@ enum Command {
     Record(cmd_record::RecordArgs),
     /// Dump a recording's tracks as CSV, or `--check` them against the media.
     Tracks(cmd_record::TracksArgs),
+    /// Measure the disk under PATH (sequential MB/s, random IOPS) for admission control.
+    Calibrate(calibrate::CalibrateArgs),
+    /// Serve a directory over HTTP/1.1, and the stream control protocol.
+    Serve(cmd_serve::ServeArgs),
+    /// Send control protocol commands to a server (interactive without a command).
+    Ctl(cmd_ctl::CtlArgs),
+    /// Volumes: striped members, dynamic partitions (see docs/volume-format.md).
+    #[command(subcommand)]
+    Volume(cmd_volume::VolumeCommand),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -59,6 +75,14 @@ enum BenchCommand {
     Periodic(bench_periodic::PeriodicArgs),
     /// Issue 8: M recordings of an ~8 Mbit/s MPEG-TS at once (loss), and playback timing.
     Record(bench_record::RecordBenchArgs),
+    /// MARS Table 2: an rt stream's completion time under background readers, DRR vs FIFO.
+    Isolation(bench_qos::IsolationArgs),
+    /// MARS Table 3: three periodic streams (60, 75, 120 ms) sharing disk and network.
+    Rtu(bench_qos::RtuArgs),
+    /// penstock serve against nginx, with wrk: large and small files, 1 to 512 clients.
+    Http(bench_http::HttpArgs),
+    /// Clockwise Fig. 1 / MARS ccd: read throughput of a partition striped over 1-4 members.
+    Stripe(bench_stripe::StripeArgs),
 }
 
 fn main() {
@@ -79,10 +103,36 @@ fn main() {
         Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
         Command::Bench(BenchCommand::Periodic(a)) => bench_periodic::run(a),
         Command::Bench(BenchCommand::Record(a)) => bench_record::run(a),
+        Command::Bench(BenchCommand::Isolation(a)) => bench_qos::isolation(a),
+        Command::Bench(BenchCommand::Rtu(a)) => bench_qos::rtu(a),
+        Command::Calibrate(a) => calibrate::run(a),
         Command::Hog { kind, file } => hog::run(&kind, file.as_deref()),
+        Command::Serve(a) => cmd_serve::run(a),
+        Command::Ctl(a) => cmd_ctl::run(a).map(|code| {
+            if code != 0 {
+                std::process::exit(code)
+            }
+        }),
+        Command::Bench(BenchCommand::Http(a)) => bench_http::run(a),
+        Command::Volume(c) => cmd_volume::run(c),
+        Command::Bench(BenchCommand::Stripe(a)) => bench_stripe::run(a),
     };
     if let Err(e) = r {
-        eprintln!("penstock: error: {e:#}");
+        eprintln!("penstock: error: {}", error_text(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, each cause once: library errors often already quote their
+/// source in their own message.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
 }

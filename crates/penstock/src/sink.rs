@@ -37,34 +37,52 @@ pub fn run(a: SinkArgs) -> Result<()> {
         return crate::udp_sink::run(&a.addr, a.expect, a.idle);
     }
     let l = TcpListener::bind(&a.addr).with_context(|| format!("bind {}", a.addr))?;
-    let mut out = BufWriter::new(std::io::stdout().lock());
-    writeln!(out, "listening {}", l.local_addr()?)?;
-    out.flush()?;
-    let mut buf = vec![0u8; 1 << 20];
+    let out = std::sync::Arc::new(std::sync::Mutex::new(BufWriter::new(std::io::stdout())));
+    {
+        let mut o = out.lock().expect("stdout");
+        writeln!(o, "listening {}", l.local_addr()?)?;
+        o.flush()?;
+    }
+    // Connections are served concurrently (a thread each): a bench with several streams
+    // must not have one wait for another's receiver.
     let mut served = 0u64;
+    let mut threads = Vec::new();
     while a.count.is_none_or(|c| served < c) {
         let (mut s, _) = l.accept()?;
-        let mut total = 0u64;
-        let mut crc = 0u32;
-        loop {
-            match s.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    total += n as u64;
-                    if a.checksum {
-                        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        let (out, checksum) = (out.clone(), a.checksum);
+        threads.push(std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut total = 0u64;
+            let mut crc = 0u32;
+            let mut line = None;
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        total += n as u64;
+                        if checksum {
+                            crc = crc32c::crc32c_append(crc, &buf[..n]);
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        line = Some(format!("error {e} after {total}"));
+                        break;
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    writeln!(out, "error {e} after {total}")?;
-                    break;
-                }
             }
-        }
-        writeln!(out, "bytes {total} crc32c {crc:08x}")?;
-        out.flush()?;
+            let mut o = out.lock().expect("stdout");
+            let _ = writeln!(
+                o,
+                "{}",
+                line.unwrap_or_else(|| format!("bytes {total} crc32c {crc:08x}"))
+            );
+            let _ = o.flush();
+        }));
         served += 1;
+    }
+    for t in threads {
+        let _ = t.join();
     }
     Ok(())
 }

@@ -8,8 +8,10 @@
 //! - free: in the free list;
 //! - held: owned by the driver (empty, or full of data waiting to be sent) — readable and
 //!   writable by safe code;
-//! - in flight: the kernel reads it (a send: shared, several at once) or writes it (a read:
-//!   exclusive). Safe code may not touch a buffer the kernel writes, nor write one it reads.
+//! - in flight: the kernel reads it (a send or a disk write: shared, several at once) or writes
+//!   it (a read: one, or several into disjoint ranges, as when one chunk of a striped volume is
+//!   read from several members at once). Safe code may not touch a buffer the kernel writes,
+//!   nor write one it reads.
 //!
 //! The state lives here so that the ring can refuse to hand a buffer to the kernel twice and
 //! refuse to free a buffer the kernel still uses. That is the zero-copy buffer-lifetime rule.
@@ -38,8 +40,8 @@ enum BufState {
     Held,
     /// The kernel reads from it: `n` operations in flight.
     KernelReads(u32),
-    /// The kernel writes into it: one operation in flight.
-    KernelWrites,
+    /// The kernel writes into it: `n` operations in flight, into disjoint ranges.
+    KernelWrites(u32),
 }
 
 /// Errors building a pool.
@@ -155,7 +157,7 @@ impl BufferPool {
     pub fn in_flight(&self, id: BufId) -> bool {
         matches!(
             self.state[id.index()],
-            BufState::KernelReads(_) | BufState::KernelWrites
+            BufState::KernelReads(_) | BufState::KernelWrites(_)
         )
     }
 
@@ -196,6 +198,10 @@ impl BufferPool {
     }
 
     /// Marks the buffer as written by the kernel and returns a pointer to `range` of it.
+    ///
+    /// Several reads may write one buffer at once (the pieces of a striped read); the caller
+    /// gives them disjoint ranges. Overlapping ranges would only garble the bytes (no reference
+    /// to the buffer exists while the kernel writes it), never break memory safety.
     pub(crate) fn lend_for_kernel_write(&mut self, id: BufId, start: usize, len: usize) -> *mut u8 {
         assert!(
             start
@@ -203,12 +209,11 @@ impl BufferPool {
                 .is_some_and(|end| end <= self.buffer_bytes)
         );
         let s = &mut self.state[id.index()];
-        assert_eq!(
-            *s,
-            BufState::Held,
-            "lending buffer {id:?} for a read in state {s:?}"
-        );
-        *s = BufState::KernelWrites;
+        *s = match *s {
+            BufState::Held => BufState::KernelWrites(1),
+            BufState::KernelWrites(n) => BufState::KernelWrites(n + 1),
+            other => panic!("lending buffer {id:?} for a read in state {other:?}"),
+        };
         self.map
             .as_mut_ptr()
             .wrapping_add(id.index() * self.buffer_bytes + start)
@@ -218,8 +223,9 @@ impl BufferPool {
     pub(crate) fn give_back(&mut self, id: BufId) {
         let s = &mut self.state[id.index()];
         *s = match *s {
-            BufState::KernelWrites | BufState::KernelReads(1) => BufState::Held,
+            BufState::KernelWrites(1) | BufState::KernelReads(1) => BufState::Held,
             BufState::KernelReads(n) if n > 1 => BufState::KernelReads(n - 1),
+            BufState::KernelWrites(n) if n > 1 => BufState::KernelWrites(n - 1),
             other => panic!("buffer {id:?} given back in state {other:?}"),
         };
     }
@@ -252,6 +258,28 @@ mod tests {
         let a = p.alloc().unwrap();
         let _ = p.lend_for_kernel_write(a, 0, 4096);
         p.free(a);
+    }
+
+    #[test]
+    fn disjoint_kernel_writes_count_down() {
+        let mut p = BufferPool::new(1, 8192).unwrap();
+        let a = p.alloc().unwrap();
+        let _ = p.lend_for_kernel_write(a, 0, 4096);
+        let _ = p.lend_for_kernel_write(a, 4096, 4096);
+        p.give_back(a);
+        assert!(p.in_flight(a));
+        p.give_back(a);
+        assert!(!p.in_flight(a));
+        p.free(a);
+    }
+
+    #[test]
+    #[should_panic(expected = "for a read")]
+    fn a_read_into_a_buffer_being_sent_panics() {
+        let mut p = BufferPool::new(1, 4096).unwrap();
+        let a = p.alloc().unwrap();
+        let _ = p.lend_for_kernel_read(a, 0, 10);
+        let _ = p.lend_for_kernel_write(a, 0, 10);
     }
 
     #[test]

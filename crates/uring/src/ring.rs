@@ -267,6 +267,12 @@ impl Ring {
         self.in_flight
     }
 
+    /// Operations that can still be queued before [`QueueError::SlabFull`]: a caller about to
+    /// queue several operations that only make sense together checks this first.
+    pub fn ops_available(&self) -> usize {
+        self.free_slots.len()
+    }
+
     fn take_slot(&mut self, token: u64, buf: Option<BufId>) -> Result<u64, QueueError> {
         let idx = self.free_slots.pop().ok_or(QueueError::SlabFull)?;
         let slot = &mut self.slots[idx as usize];

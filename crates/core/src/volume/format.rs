@@ -13,7 +13,8 @@ use std::fmt;
 
 use super::layout::{Extent, MemberIndex, Partition, PartitionKind, PartitionState, VolumeLayout};
 use super::{
-    BLOCKS_PER_MEMBER_MAX, EXTENTS_MAX, MEMBERS_MAX, NAME_BYTES_MAX, Name, PARTITIONS_MAX,
+    BLOCKS_PER_MEMBER_MAX, EXTENTS_MAX, MEMBER_PATH_BYTES_MAX, MEMBERS_MAX, NAME_BYTES_MAX, Name,
+    PARTITIONS_MAX,
 };
 
 /// Bytes of one metadata slot; slot A at member offset 0, slot B right after it.
@@ -42,6 +43,7 @@ const _: () = assert!(
         + PARTITIONS_MAX * (1 + NAME_BYTES_MAX + 1 + 1 + MEMBERS_MAX + 8 + 1 + 4)
         + EXTENTS_MAX * 9
         + MEMBERS_MAX * (4 + (BLOCKS_PER_MEMBER_MAX as usize) / 8)
+        + MEMBERS_MAX * (2 + MEMBER_PATH_BYTES_MAX)
         <= BODY_BYTES_MAX
 );
 
@@ -142,6 +144,11 @@ pub struct VolumeMeta {
     pub partitions: Vec<Partition>,
     /// One map per member, by member index.
     pub used: Vec<BlockMap>,
+    /// Where each member was when the volume was created, by member index (empty: unknown).
+    /// A hint, not an identity: opening a volume by one member's path finds the others here,
+    /// and each is still checked by uuid and index, so a renamed device is reported missing
+    /// (with the path it was last seen at) rather than silently mistaken.
+    pub member_paths: Vec<String>,
 }
 
 impl VolumeMeta {
@@ -151,12 +158,14 @@ impl VolumeMeta {
             .members()
             .map(|m| BlockMap::new(layout.member_blocks(m)))
             .collect();
+        let member_paths = vec![String::new(); layout.member_count()];
         VolumeMeta {
             uuid,
             name,
             layout,
             partitions: Vec::new(),
             used,
+            member_paths,
         }
     }
 
@@ -309,6 +318,20 @@ pub fn encode(meta: &VolumeMeta, member: MemberIndex, seq: u64) -> Vec<u8> {
             "block map of member {m} does not match the layout"
         );
         map.encode(&mut body);
+    }
+    // Member path hints.
+    assert_eq!(
+        meta.member_paths.len(),
+        layout.member_count(),
+        "one path hint per member"
+    );
+    for path in &meta.member_paths {
+        assert!(
+            path.len() <= MEMBER_PATH_BYTES_MAX && !path.contains('\0'),
+            "member path hint too long or with a NUL"
+        );
+        body.extend_from_slice(&(path.len() as u16).to_le_bytes());
+        body.extend_from_slice(path.as_bytes());
     }
     assert!(
         body.len() <= BODY_BYTES_MAX,
@@ -542,9 +565,22 @@ fn decode_body(body: &[u8]) -> Result<(VolumeMeta, MemberIndex), MetaError> {
         }
         used.push(map);
     }
+    let mut member_paths = Vec::with_capacity(count);
+    for m in layout.members() {
+        let len = r.u16("member path length")? as usize;
+        if len > MEMBER_PATH_BYTES_MAX {
+            return Err(corrupt(format!("path of member {m}: {len} bytes")));
+        }
+        let bytes = r.take(len, "member path")?;
+        let path = std::str::from_utf8(bytes)
+            .ok()
+            .filter(|p| !p.contains('\0'))
+            .ok_or_else(|| corrupt(format!("path of member {m} is not UTF-8 without NUL")))?;
+        member_paths.push(path.to_string());
+    }
     if r.at != body.len() {
         return Err(corrupt(format!(
-            "{} bytes after the block maps",
+            "{} bytes after the member paths",
             body.len() - r.at
         )));
     }
@@ -557,6 +593,7 @@ fn decode_body(body: &[u8]) -> Result<(VolumeMeta, MemberIndex), MetaError> {
             layout,
             partitions,
             used,
+            member_paths,
         },
         member,
     ))

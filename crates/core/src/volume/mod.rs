@@ -44,6 +44,8 @@ pub const EXTENTS_MAX: usize = 16_384;
 /// member; a larger member leaves the excess unused (choose a larger block to use it). The
 /// bound keeps the free-block map of 16 members within the metadata slot.
 pub const BLOCKS_PER_MEMBER_MAX: u32 = 1 << 18;
+/// Longest member path hint recorded in the metadata, in bytes: Linux's `PATH_MAX` less the NUL.
+pub const MEMBER_PATH_BYTES_MAX: usize = 4095;
 /// Longest volume or partition name, in bytes (ASCII).
 pub const NAME_BYTES_MAX: usize = 64;
 

@@ -1,0 +1,234 @@
+//! A worker's disk queue: every read of the uring path goes through core's `IoScheduler`
+//! (DRR across classes, EDF inside `rt`, an elevator per round, a bound on reads in flight per
+//! device) before it reaches the ring.
+//!
+//! A stream hands the queue a read (its buffer, file, offset, length, class and — for paced
+//! streams — the deadline of the unit it feeds); the queue keeps it until the scheduler
+//! dispatches it, then submits it with the class's I/O priority (IOPRIO_CLASS_RT for `rt` when
+//! the kernel permits it, so that bfq/mq-deadline also put other processes' reads behind it).
+//! A read whose stream was cancelled while queued is completed with ECANCELED without
+//! touching the disk.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+
+use penstock_core::sched::drr::{
+    ClassId, DeviceId, IoScheduler, Request, RequestId, SchedConfig, SchedError, SchedMode,
+};
+use penstock_core::time::Instant;
+use penstock_uring::sys::{IoprioClass, ioprio_value};
+use penstock_uring::{BufId, Completion, Ring};
+
+/// Devices one worker tells apart; more distinct devices share the last queue.
+pub(crate) const DEVICES_PER_WORKER: u32 = 16;
+
+/// The disk scheduler's settings (per worker).
+#[derive(Debug, Clone)]
+pub struct DiskConfig {
+    /// `Drr` (the scheduler) or `Fifo` (switched off: arrival order, for comparison).
+    pub mode: SchedMode,
+    /// Bytes the `rt` class may read per DRR round.
+    pub rt_quantum_bytes: u64,
+    /// Bytes the `bulk` class may read per DRR round.
+    pub bulk_quantum_bytes: u64,
+    /// Reads in flight per device at most (MARS's adapter slots).
+    pub disk_inflight_max: u32,
+    /// Give `rt` reads IOPRIO_CLASS_RT (when the kernel permits it).
+    pub rt_ioprio: bool,
+}
+
+impl Default for DiskConfig {
+    fn default() -> Self {
+        DiskConfig {
+            mode: SchedMode::Drr,
+            rt_quantum_bytes: 4 << 20,
+            bulk_quantum_bytes: 1 << 20,
+            disk_inflight_max: 8,
+            rt_ioprio: true,
+        }
+    }
+}
+
+/// A read a stream asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadReq {
+    pub token: u64,
+    pub fd: RawFd,
+    pub dev: u64,
+    pub buf: BufId,
+    pub len: usize,
+    pub file_offset: u64,
+    pub rw_flags: i32,
+    pub class: ClassId,
+    pub deadline: Option<Instant>,
+}
+
+struct Queued {
+    req: ReadReq,
+    cancelled: bool,
+}
+
+pub(crate) struct DiskQueue {
+    sched: IoScheduler,
+    devices: HashMap<u64, DeviceId>,
+    queued: HashMap<u64, Queued>,
+    rt: ClassId,
+    bulk: ClassId,
+    rt_ioprio: Option<u16>,
+    queue_max: u32,
+    /// Completions made up for reads cancelled before dispatch.
+    synthetic: Vec<Completion>,
+}
+
+impl DiskQueue {
+    pub(crate) fn new(
+        cfg: &DiskConfig,
+        max_request_bytes: u64,
+        queue_max: u32,
+    ) -> Result<DiskQueue, SchedError> {
+        let mut sc = SchedConfig::rt_bulk(
+            cfg.rt_quantum_bytes.max(max_request_bytes),
+            cfg.bulk_quantum_bytes.max(max_request_bytes),
+            max_request_bytes,
+            cfg.disk_inflight_max,
+        );
+        sc.mode = cfg.mode;
+        sc.devices = DEVICES_PER_WORKER;
+        for c in &mut sc.classes {
+            c.queue_max = queue_max.max(1);
+        }
+        let sched = IoScheduler::new(sc)?;
+        let rt = sched.class("rt")?;
+        let bulk = sched.class("bulk")?;
+        let rt_ioprio = (cfg.rt_ioprio && rt_ioprio_permitted())
+            .then(|| ioprio_value(IoprioClass::RealTime, 0));
+        Ok(DiskQueue {
+            sched,
+            devices: HashMap::new(),
+            queued: HashMap::new(),
+            rt,
+            bulk,
+            rt_ioprio,
+            queue_max: queue_max.max(1),
+            synthetic: Vec::new(),
+        })
+    }
+
+    pub(crate) fn class(&self, rt: bool) -> ClassId {
+        if rt { self.rt } else { self.bulk }
+    }
+
+    /// Whether `class`'s queue can take one more read.
+    pub(crate) fn has_room(&self, class: ClassId) -> bool {
+        self.sched
+            .counters(class)
+            .is_ok_and(|c| c.queued < u64::from(self.queue_max))
+    }
+
+    /// Whether rt reads carry IOPRIO_CLASS_RT.
+    pub(crate) fn rt_ioprio(&self) -> bool {
+        self.rt_ioprio.is_some()
+    }
+
+    fn device(&mut self, dev: u64) -> DeviceId {
+        let n = self.devices.len() as u32;
+        *self
+            .devices
+            .entry(dev)
+            .or_insert(DeviceId(n.min(DEVICES_PER_WORKER - 1)))
+    }
+
+    /// Queues a read. An error is backpressure (the class's queue is full): the caller keeps
+    /// its buffer and asks again later.
+    pub(crate) fn submit(&mut self, now: Instant, req: ReadReq) -> Result<(), SchedError> {
+        let device = self.device(req.dev);
+        self.sched.submit(
+            now,
+            Request {
+                id: RequestId(req.token),
+                class: req.class,
+                device,
+                offset_bytes: req.file_offset,
+                len_bytes: req.len as u64,
+                deadline: req.deadline,
+            },
+        )?;
+        self.queued.insert(
+            req.token,
+            Queued {
+                req,
+                cancelled: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Marks every queued (not yet dispatched) read whose token satisfies `pred` as cancelled.
+    pub(crate) fn cancel_where(&mut self, pred: impl Fn(u64) -> bool) {
+        for (t, q) in self.queued.iter_mut() {
+            if pred(*t) {
+                q.cancelled = true;
+            }
+        }
+    }
+
+    /// Hands the ring every read the scheduler lets through now.
+    pub(crate) fn dispatch(&mut self, now: Instant, ring: &mut Ring) {
+        while let Some(r) = self.sched.poll_dispatch(now) {
+            let q = self
+                .queued
+                .remove(&r.id.0)
+                .expect("a dispatched read was queued");
+            if q.cancelled {
+                let _ = self.sched.complete(now, r.id);
+                self.synthetic.push(Completion {
+                    token: q.req.token,
+                    result: -libc_ecanceled(),
+                    notification: false,
+                    more: false,
+                });
+                continue;
+            }
+            let ioprio = if r.class == self.rt {
+                self.rt_ioprio.unwrap_or(0)
+            } else {
+                0
+            };
+            ring.read(
+                q.req.fd,
+                q.req.buf,
+                0,
+                q.req.len,
+                q.req.file_offset,
+                q.req.rw_flags,
+                ioprio,
+                q.req.token,
+            )
+            .expect("ops_max covers every buffer of the pool in flight");
+        }
+    }
+
+    /// A dispatched read completed: its device slot is free again.
+    pub(crate) fn complete(&mut self, now: Instant, token: u64) {
+        let _ = self.sched.complete(now, RequestId(token));
+    }
+
+    /// Completions of reads cancelled before they reached the disk.
+    pub(crate) fn take_synthetic(&mut self, out: &mut Vec<Completion>) {
+        out.append(&mut self.synthetic);
+    }
+}
+
+fn libc_ecanceled() -> i32 {
+    rustix::io::Errno::CANCELED.raw_os_error()
+}
+
+/// Whether this thread may use IOPRIO_CLASS_RT (CAP_SYS_ADMIN, or CAP_SYS_NICE on newer
+/// kernels): try it on the thread, then restore best-effort.
+fn rt_ioprio_permitted() -> bool {
+    let ok = penstock_uring::sys::ioprio_set_current_thread(ioprio_value(IoprioClass::RealTime, 0))
+        .is_ok();
+    let _ =
+        penstock_uring::sys::ioprio_set_current_thread(ioprio_value(IoprioClass::BestEffort, 4));
+    ok
+}

@@ -1,0 +1,885 @@
+//! Volumes on real members: opening (find, read, assemble), creating, crash-safe metadata
+//! updates, and the per-member descriptors a partition stream reads and writes through.
+//!
+//! Everything that decides lives in `penstock_core::volume` (layout, the metadata image,
+//! allocation, check, assembly). This module moves bytes and names paths in errors:
+//! - a slot is read with `pread` and written with `pwrite` + `fdatasync`, through O_DIRECT when
+//!   the member allows it (an aligned pool buffer carries the image);
+//! - an update writes sequence `seq + 1` — by parity the slot not holding the newest copy — to
+//!   every member in index order, each followed by `fdatasync` before the next member is
+//!   touched (so at most one member's slot is ever torn; see `docs/volume-format.md`);
+//! - members are `flock`ed (shared to read a partition, exclusive to change anything), so two
+//!   penstock processes never interleave updates.
+//!
+//! Partition data itself moves through the engine's io_uring path (`uring_path.rs`), using the
+//! descriptors and mapping of a [`PartitionIo`].
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use penstock_core::volume::format::{META_SLOT_BYTES, Slot};
+use penstock_core::volume::layout::ALIGN_BYTES;
+use penstock_core::volume::{
+    self, AllocError, Assembly, Chosen, LayoutError, MemberCopy, MemberIndex, MembershipError,
+    MetaError, Name, NameError, Partition, PartitionMap, PartitionState, Placement, Problem,
+    VolumeLayout, VolumeMeta, VolumeUuid,
+};
+use penstock_uring::BufferPool;
+
+use crate::open::direct_alignment;
+
+/// The environment variable naming volumes: `NAME=MEMBER_PATH[,NAME=MEMBER_PATH]…`. It stands
+/// in for a configuration file until there is one, so that `vol:NAME/PARTITION` (whose NAME
+/// cannot hold a `/`) can reach a volume anywhere.
+pub const VOLUMES_ENV: &str = "PENSTOCK_VOLUMES";
+
+/// Why a volume operation failed. Every variant that is not `Io` happens before anything was
+/// written: the volume is unchanged.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VolumeError {
+    // Causes are named `error`, not `source`: each message already includes its cause, and
+    // a `source` would make anyhow print it twice.
+    #[error("{path}: {what}: {error}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        error: io::Error,
+    },
+    #[error("{path}: not a usable member of a penstock volume: {error}")]
+    Metadata { path: PathBuf, error: MetaError },
+    #[error("member {member} of {count} is missing (recorded at {last_seen:?}): {why}")]
+    MemberMissing {
+        member: usize,
+        count: usize,
+        last_seen: String,
+        why: String,
+    },
+    #[error("{0}")]
+    Membership(String),
+    #[error("{path}: listed twice (also given as {first})")]
+    ListedTwice { path: PathBuf, first: PathBuf },
+    #[error(
+        "{path}: belongs to volume {name} ({uuid}); remove it from that volume first, or pass --force to overwrite it"
+    )]
+    Foreign {
+        path: PathBuf,
+        name: String,
+        uuid: VolumeUuid,
+    },
+    #[error(
+        "{path}: {size_bytes} bytes is too small: a member needs at least {min_bytes} (metadata and one block)"
+    )]
+    TooSmall {
+        path: PathBuf,
+        size_bytes: u64,
+        min_bytes: u64,
+    },
+    #[error("{path}: does not exist; give --member-size to create it as a plain file")]
+    NoSuchMember { path: PathBuf },
+    #[error("{path}: is not a regular file or a block device")]
+    NotStorage { path: PathBuf },
+    #[error("{path}: in use by another penstock (the member is locked)")]
+    Busy { path: PathBuf },
+    #[error(
+        "unknown volume {0:?}: give a member's path, or define it in {VOLUMES_ENV}=NAME=/path/of/a/member"
+    )]
+    UnknownVolume(String),
+    #[error("volume {volume}: no partition named {name}")]
+    NoSuchPartition { volume: String, name: String },
+    #[error(
+        "partition {name} was never completed (an interrupted create or import); `penstock volume check --repair` removes it"
+    )]
+    NotReady { name: String },
+    #[error(transparent)]
+    Name(#[from] NameError),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+type Result<T, E = VolumeError> = std::result::Result<T, E>;
+
+fn io_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> VolumeError + 'a {
+    move |error| VolumeError::Io {
+        path: path.to_path_buf(),
+        what,
+        error,
+    }
+}
+
+/// Turns a `VOL` argument into a member path: a name from [`VOLUMES_ENV`], else a path.
+pub fn resolve(vol: &str) -> Result<PathBuf> {
+    if let Ok(list) = std::env::var(VOLUMES_ENV) {
+        for entry in list.split(',') {
+            if let Some((name, path)) = entry.split_once('=')
+                && name.trim() == vol
+            {
+                return Ok(PathBuf::from(path.trim()));
+            }
+        }
+    }
+    let p = PathBuf::from(vol);
+    if vol.contains('/') || p.exists() {
+        Ok(p)
+    } else {
+        Err(VolumeError::UnknownVolume(vol.to_string()))
+    }
+}
+
+/// Shared: read partitions. Exclusive: change the metadata or write a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Shared,
+    Exclusive,
+}
+
+/// One open member.
+#[derive(Debug)]
+struct Member {
+    path: PathBuf,
+    file: File,
+    /// Opened with O_DIRECT.
+    direct: bool,
+}
+
+/// What `check` found.
+#[derive(Debug, Default)]
+pub struct CheckReport {
+    /// Partition table and block map problems (from `penstock_core::volume::check`).
+    pub problems: Vec<Problem>,
+    /// Members whose older metadata slot does not decode (a torn or damaged copy).
+    pub slot_errors: Vec<(MemberIndex, PathBuf, Slot, MetaError)>,
+    /// Members one update behind (an update was interrupted between members).
+    pub stale: Vec<(MemberIndex, PathBuf)>,
+}
+
+impl CheckReport {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty() && self.slot_errors.is_empty() && self.stale.is_empty()
+    }
+
+    /// Whether `repair` fixes everything found (slot and stale problems always are: the next
+    /// update rewrites them).
+    pub fn all_repairable(&self) -> bool {
+        self.problems.iter().all(Problem::repairable)
+    }
+}
+
+/// An open, whole volume: every member found, read, assembled and locked.
+#[derive(Debug)]
+pub struct Volume {
+    members: Vec<Member>,
+    meta: VolumeMeta,
+    seq: u64,
+    stale: Vec<MemberIndex>,
+    slot_errors: Vec<(MemberIndex, Slot, MetaError)>,
+}
+
+/// How to create a volume.
+#[derive(Debug, Clone)]
+pub struct CreateSpec {
+    pub name: String,
+    pub members: Vec<PathBuf>,
+    /// Create missing members as plain files of this size, and extend smaller plain files to it.
+    pub member_size_bytes: Option<u64>,
+    pub stripe_unit_bytes: u64,
+    pub block_bytes: u64,
+    /// Overwrite members that belong to another volume.
+    pub force: bool,
+}
+
+/// A device or file identity: two paths to one member are one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Identity {
+    Inode(u64, u64),
+    Device(u64),
+}
+
+fn identity(meta: &std::fs::Metadata) -> Identity {
+    if meta.file_type().is_block_device() {
+        Identity::Device(meta.rdev())
+    } else {
+        Identity::Inode(meta.dev(), meta.ino())
+    }
+}
+
+/// Size of a regular file or block device.
+fn storage_size(path: &Path, file: &File) -> Result<u64> {
+    let meta = file.metadata().map_err(io_err(path, "stat"))?;
+    let ft = meta.file_type();
+    if ft.is_file() {
+        Ok(meta.len())
+    } else if ft.is_block_device() {
+        let end = rustix::fs::seek(file, rustix::fs::SeekFrom::End(0))
+            .map_err(|e| io_err(path, "size")(e.into()))?;
+        Ok(end)
+    } else {
+        Err(VolumeError::NotStorage {
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+/// Opens a member for reading and writing, with O_DIRECT when the file system allows it.
+fn open_member(path: &Path, writable: bool) -> Result<Member> {
+    let try_open = |direct: bool| {
+        let mut o = OpenOptions::new();
+        o.read(true).write(writable);
+        if direct {
+            o.custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32);
+        }
+        o.open(path)
+    };
+    let (file, direct) = match try_open(true) {
+        Ok(f) => (f, true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            (try_open(false).map_err(io_err(path, "open"))?, false)
+        }
+        Err(e) => return Err(io_err(path, "open")(e)),
+    };
+    let ft = file.metadata().map_err(io_err(path, "stat"))?.file_type();
+    if !(ft.is_file() || ft.is_block_device()) {
+        return Err(VolumeError::NotStorage {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(Member {
+        path: path.to_path_buf(),
+        file,
+        direct,
+    })
+}
+
+fn lock(m: &Member, access: Access) -> Result<()> {
+    use rustix::fs::FlockOperation as F;
+    let op = match access {
+        Access::Shared => F::NonBlockingLockShared,
+        Access::Exclusive => F::NonBlockingLockExclusive,
+    };
+    match rustix::fs::flock(&m.file, op) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(VolumeError::Busy {
+            path: m.path.clone(),
+        }),
+        Err(e) => Err(io_err(&m.path, "lock")(e.into())),
+    }
+}
+
+/// An aligned buffer for one metadata area (both slots), usable with O_DIRECT.
+fn meta_buffer() -> Result<(BufferPool, penstock_uring::BufId)> {
+    let mut pool = BufferPool::new(1, 2 * META_SLOT_BYTES as usize)
+        .map_err(|e| VolumeError::Invalid(format!("metadata buffer: {e}")))?;
+    let id = pool
+        .alloc()
+        .expect("a fresh pool of one buffer has it free");
+    Ok((pool, id))
+}
+
+/// Reads as much of `buf.len()` bytes at `offset` as the member has (zeros past its end).
+fn pread_full(m: &Member, buf: &mut [u8], offset: u64) -> Result<()> {
+    buf.fill(0);
+    let mut done = 0usize;
+    while done < buf.len() {
+        match rustix::io::pread(&m.file, &mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            // O_DIRECT reads past the end of a short member may fail: what was read counts.
+            Err(rustix::io::Errno::INVAL) if done > 0 => break,
+            Err(e) => return Err(io_err(&m.path, "read metadata")(e.into())),
+        }
+    }
+    Ok(())
+}
+
+fn pwrite_full(m: &Member, buf: &[u8], offset: u64) -> Result<()> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        match rustix::io::pwrite(&m.file, &buf[done..], offset + done as u64) {
+            Ok(0) => {
+                return Err(io_err(&m.path, "write metadata")(io::Error::from(
+                    io::ErrorKind::WriteZero,
+                )));
+            }
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(io_err(&m.path, "write metadata")(e.into())),
+        }
+    }
+    Ok(())
+}
+
+fn fdatasync(m: &Member) -> Result<()> {
+    rustix::fs::fdatasync(&m.file).map_err(|e| io_err(&m.path, "fdatasync")(e.into()))
+}
+
+/// Reads and decodes both slots of a member; picks the newest valid copy.
+fn read_slots(m: &Member) -> std::result::Result<Chosen, MetaError> {
+    let slot = META_SLOT_BYTES as usize;
+    let (mut pool, id) = match meta_buffer() {
+        Ok(b) => b,
+        Err(e) => {
+            return Err(MetaError::Corrupt {
+                what: e.to_string(),
+            });
+        }
+    };
+    let buf = pool.bytes_mut(id);
+    if let Err(e) = pread_full(m, buf, 0) {
+        return Err(MetaError::Corrupt {
+            what: e.to_string(),
+        });
+    }
+    volume::choose(
+        volume::decode(&buf[..slot]),
+        volume::decode(&buf[slot..2 * slot]),
+    )
+}
+
+/// Writes `meta` as sequence `seq` to every member, in index order, each synced before the next.
+fn write_all(members: &[Member], meta: &VolumeMeta, seq: u64) -> Result<()> {
+    let (mut pool, id) = meta_buffer()?;
+    let slot = Slot::for_seq(seq);
+    for (i, m) in members.iter().enumerate() {
+        let member = MemberIndex::new(i).expect("member count ≤ MEMBERS_MAX");
+        let image = volume::encode(meta, member, seq);
+        let buf = &mut pool.bytes_mut(id)[..image.len()];
+        buf.copy_from_slice(&image);
+        pwrite_full(m, buf, slot.offset_bytes())?;
+        fdatasync(m)?;
+    }
+    Ok(())
+}
+
+fn describe_membership(e: &MembershipError, paths: &[PathBuf]) -> String {
+    let p = |i: usize| {
+        paths
+            .get(i)
+            .map_or("?".to_string(), |p| p.display().to_string())
+    };
+    match e {
+        MembershipError::ForeignMember {
+            position,
+            found,
+            expected,
+        } => format!(
+            "{}: belongs to another volume ({found}), not this one ({expected})",
+            p(*position)
+        ),
+        MembershipError::DuplicateMember {
+            member,
+            first,
+            second,
+        } => format!(
+            "member {member} found twice: at {} and at {}",
+            p(*first),
+            p(*second)
+        ),
+        MembershipError::MemberTooSmall {
+            member,
+            position,
+            size_bytes,
+            need_bytes,
+        } => format!(
+            "{} (member {member}) has {size_bytes} bytes, the volume needs {need_bytes}: it shrank",
+            p(*position)
+        ),
+        MembershipError::MemberCountMismatch {
+            position,
+            found,
+            expected,
+        } => format!(
+            "{} says the volume has {found} members, {} says {expected}",
+            p(*position),
+            p(0)
+        ),
+        other => other.to_string(),
+    }
+}
+
+impl Volume {
+    /// Opens the volume one member of which is at `path`: reads that member, finds the others
+    /// through the recorded member paths, reads them, checks they form one whole volume, and
+    /// locks them all.
+    pub fn open(path: &Path, access: Access) -> Result<Volume> {
+        let writable = access == Access::Exclusive;
+        let first = open_member(path, writable)?;
+        lock(&first, access)?;
+        let chosen = read_slots(&first).map_err(|error| VolumeError::Metadata {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let count = chosen.decoded.meta.layout.member_count();
+        let hints = chosen.decoded.meta.member_paths.clone();
+        let own = chosen.decoded.member.get();
+        let mut opened: Vec<(Member, Chosen)> = vec![(first, chosen)];
+        for (i, hint) in hints.iter().enumerate() {
+            if i == own {
+                continue;
+            }
+            let missing = |why: String| VolumeError::MemberMissing {
+                member: i,
+                count,
+                last_seen: hint.clone(),
+                why,
+            };
+            if hint.is_empty() {
+                return Err(missing("no path recorded".to_string()));
+            }
+            let m = open_member(Path::new(hint), writable).map_err(|e| missing(e.to_string()))?;
+            lock(&m, access)?;
+            let c = read_slots(&m).map_err(|error| VolumeError::Metadata {
+                path: PathBuf::from(hint),
+                error,
+            })?;
+            opened.push((m, c));
+        }
+        Self::assemble(opened)
+    }
+
+    fn assemble(opened: Vec<(Member, Chosen)>) -> Result<Volume> {
+        let paths: Vec<PathBuf> = opened.iter().map(|(m, _)| m.path.clone()).collect();
+        let mut copies = Vec::with_capacity(opened.len());
+        for (m, c) in &opened {
+            copies.push(MemberCopy {
+                size_bytes: storage_size(&m.path, &m.file)?,
+                chosen: c.clone(),
+            });
+        }
+        let Assembly {
+            meta,
+            seq,
+            positions,
+            stale,
+        } = volume::assemble(&copies)
+            .map_err(|e| VolumeError::Membership(describe_membership(&e, &paths)))?;
+        let mut slots: Vec<Option<(Member, Chosen)>> = opened.into_iter().map(Some).collect();
+        let mut members = Vec::with_capacity(positions.len());
+        let mut slot_errors = Vec::new();
+        for (i, &pos) in positions.iter().enumerate() {
+            let (m, c) = slots[pos]
+                .take()
+                .expect("assemble gives each position once");
+            if let Some(e) = c.other_error {
+                let other = if c.slot == Slot::A { Slot::B } else { Slot::A };
+                slot_errors.push((MemberIndex::new(i).expect("i < count"), other, e));
+            }
+            members.push(m);
+        }
+        Ok(Volume {
+            members,
+            meta,
+            seq,
+            stale,
+            slot_errors,
+        })
+    }
+
+    /// Creates a volume: checks every member first (so that a refusal changes nothing), then
+    /// creates or extends plain-file members, and writes the metadata twice (sequence 1 to slot
+    /// A of every member, then sequence 2 to slot B), so both slots are valid from the start.
+    pub fn create(spec: &CreateSpec) -> Result<Volume> {
+        let name = Name::new(&spec.name)?;
+        if spec.members.is_empty() {
+            return Err(VolumeError::Invalid(
+                "a volume needs at least one --member".to_string(),
+            ));
+        }
+        if spec.members.len() > volume::MEMBERS_MAX {
+            return Err(VolumeError::Layout(LayoutError::TooManyMembers {
+                count: spec.members.len(),
+            }));
+        }
+        // 1. Resolve every path, find duplicates, measure sizes. Nothing is written yet.
+        struct Planned {
+            path: PathBuf,
+            exists: bool,
+            size_bytes: u64,
+            extend_to: Option<u64>,
+            identity: Option<Identity>,
+        }
+        let mut planned: Vec<Planned> = Vec::new();
+        for given in &spec.members {
+            let (path, exists) = match std::fs::canonicalize(given) {
+                Ok(p) => (p, true),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    if spec.member_size_bytes.is_none() {
+                        return Err(VolumeError::NoSuchMember {
+                            path: given.clone(),
+                        });
+                    }
+                    let parent = given
+                        .parent()
+                        .filter(|p| !p.as_os_str().is_empty())
+                        .unwrap_or(Path::new("."));
+                    let parent =
+                        std::fs::canonicalize(parent).map_err(io_err(given, "parent directory"))?;
+                    let file = given.file_name().ok_or_else(|| {
+                        VolumeError::Invalid(format!("{}: not a file path", given.display()))
+                    })?;
+                    (parent.join(file), false)
+                }
+                Err(e) => return Err(io_err(given, "resolve")(e)),
+            };
+            let (size_bytes, extend_to, ident) = if exists {
+                let f = File::open(&path).map_err(io_err(&path, "open"))?;
+                let md = f.metadata().map_err(io_err(&path, "stat"))?;
+                let size = storage_size(&path, &f)?;
+                match spec.member_size_bytes {
+                    Some(want) if md.file_type().is_file() && want > size => {
+                        (want, Some(want), Some(identity(&md)))
+                    }
+                    _ => (size, None, Some(identity(&md))),
+                }
+            } else {
+                let size = spec.member_size_bytes.expect("checked above");
+                (size, Some(size), None)
+            };
+            if let Some(first) = planned
+                .iter()
+                .find(|p| p.path == path || (ident.is_some() && p.identity == ident))
+            {
+                return Err(VolumeError::ListedTwice {
+                    path: given.clone(),
+                    first: first.path.clone(),
+                });
+            }
+            planned.push(Planned {
+                path,
+                exists,
+                size_bytes,
+                extend_to,
+                identity: ident,
+            });
+        }
+        let sizes: Vec<u64> = planned.iter().map(|p| p.size_bytes).collect();
+        let layout = match VolumeLayout::new(sizes, spec.stripe_unit_bytes, spec.block_bytes) {
+            Ok(l) => l,
+            Err(LayoutError::MemberTooSmall {
+                member,
+                size_bytes,
+                min_bytes,
+            }) => {
+                return Err(VolumeError::TooSmall {
+                    path: planned[member].path.clone(),
+                    size_bytes,
+                    min_bytes,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut member_paths = Vec::with_capacity(planned.len());
+        for p in &planned {
+            let s = p
+                .path
+                .to_str()
+                .filter(|s| s.len() <= volume::MEMBER_PATH_BYTES_MAX && !s.contains('\0'));
+            let s = s.ok_or_else(|| {
+                VolumeError::Invalid(format!(
+                    "{}: a member path must be UTF-8 and at most {} bytes",
+                    p.path.display(),
+                    volume::MEMBER_PATH_BYTES_MAX
+                ))
+            })?;
+            member_paths.push(s.to_string());
+        }
+        // 2. Members that already hold penstock metadata belong to someone.
+        if !spec.force {
+            for p in planned.iter().filter(|p| p.exists) {
+                let m = open_member(&p.path, false)?;
+                if let Ok(c) = read_slots(&m) {
+                    return Err(VolumeError::Foreign {
+                        path: p.path.clone(),
+                        name: c.decoded.meta.name.to_string(),
+                        uuid: c.decoded.meta.uuid,
+                    });
+                }
+            }
+        }
+        // 3. From here on the members change.
+        let mut members = Vec::with_capacity(planned.len());
+        for p in &planned {
+            if let Some(size) = p.extend_to {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .mode(0o644)
+                    .open(&p.path)
+                    .map_err(io_err(&p.path, "create"))?;
+                if f.metadata().map_err(io_err(&p.path, "stat"))?.len() < size {
+                    f.set_len(size).map_err(io_err(&p.path, "extend"))?;
+                }
+            }
+            let m = open_member(&p.path, true)?;
+            lock(&m, Access::Exclusive)?;
+            members.push(m);
+        }
+        let mut meta = VolumeMeta::new(random_uuid()?, name, layout);
+        meta.member_paths = member_paths;
+        write_all(&members, &meta, 1)?;
+        write_all(&members, &meta, 2)?;
+        Ok(Volume {
+            members,
+            meta,
+            seq: 2,
+            stale: Vec::new(),
+            slot_errors: Vec::new(),
+        })
+    }
+
+    /// The current metadata.
+    pub fn meta(&self) -> &VolumeMeta {
+        &self.meta
+    }
+
+    /// The current sequence number.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Member paths, by index (as opened now).
+    pub fn member_paths(&self) -> Vec<&Path> {
+        self.members.iter().map(|m| m.path.as_path()).collect()
+    }
+
+    /// Whether every member is open with O_DIRECT.
+    pub fn direct(&self) -> bool {
+        self.members.iter().all(|m| m.direct)
+    }
+
+    /// Persists `meta` as the next sequence on every member (see the module documentation).
+    /// On success every member holds it; after a crash inside, the volume reads as before or
+    /// as after (never in between): each member's other slot is untouched.
+    pub fn commit(&mut self, meta: VolumeMeta) -> Result<()> {
+        let seq = self.seq + 1;
+        write_all(&self.members, &meta, seq)?;
+        self.meta = meta;
+        self.seq = seq;
+        self.stale.clear();
+        // The slot just written on every member was the one not chosen: any damage in it is gone.
+        self.slot_errors
+            .retain(|(_, slot, _)| *slot != Slot::for_seq(seq));
+        Ok(())
+    }
+
+    /// Allocates partition `name` and persists it as `Creating`: nobody is told it exists yet.
+    pub fn begin_partition(
+        &mut self,
+        name: &str,
+        size_bytes: u64,
+        placement: &Placement,
+    ) -> Result<()> {
+        let mut meta = self.meta.clone();
+        volume::allocate(&mut meta, name, size_bytes, placement)?;
+        self.commit(meta)
+    }
+
+    /// Makes every write to the members durable, then persists partition `name` as `Ready`.
+    /// Only after this returns may the partition be reported created.
+    pub fn finish_partition(&mut self, name: &str) -> Result<()> {
+        self.sync_data()?;
+        let mut meta = self.meta.clone();
+        volume::mark_ready(&mut meta, name)?;
+        self.commit(meta)
+    }
+
+    /// Removes partition `name` and frees its blocks.
+    pub fn remove_partition(&mut self, name: &str) -> Result<()> {
+        let mut meta = self.meta.clone();
+        volume::free(&mut meta, name).map_err(|e| match e {
+            AllocError::NotFound { name } => VolumeError::NoSuchPartition {
+                volume: self.meta.name.to_string(),
+                name,
+            },
+            e => e.into(),
+        })?;
+        self.commit(meta)
+    }
+
+    /// `fdatasync` on every member (data written through other descriptors of the same files
+    /// included: the sync is per file).
+    pub fn sync_data(&self) -> Result<()> {
+        self.members.iter().try_for_each(fdatasync)
+    }
+
+    /// Checks the metadata copies and the partition table.
+    pub fn check(&self) -> CheckReport {
+        CheckReport {
+            problems: volume::check(&self.meta),
+            slot_errors: self
+                .slot_errors
+                .iter()
+                .map(|(m, s, e)| (*m, self.members[m.get()].path.clone(), *s, e.clone()))
+                .collect(),
+            stale: self
+                .stale
+                .iter()
+                .map(|m| (*m, self.members[m.get()].path.clone()))
+                .collect(),
+        }
+    }
+
+    /// Repairs what can be proven (`penstock_core::volume::repair`) and rewrites both slots of
+    /// every member (two updates), so that stale members and damaged copies are current again.
+    /// Returns the problems that were fixed.
+    pub fn repair(&mut self) -> Result<Vec<Problem>> {
+        let mut meta = self.meta.clone();
+        let fixed = volume::repair(&mut meta);
+        self.commit(meta.clone())?;
+        self.commit(meta)?;
+        self.slot_errors.clear();
+        Ok(fixed)
+    }
+
+    /// The descriptors and mapping to stream partition `name`. Reading needs a `Ready`
+    /// partition; `allow_creating` lets the creator of a partition write it before it is.
+    pub fn partition_io(&self, name: &str, allow_creating: bool) -> Result<PartitionIo> {
+        let p = self
+            .meta
+            .partition(name)
+            .ok_or_else(|| VolumeError::NoSuchPartition {
+                volume: self.meta.name.to_string(),
+                name: name.to_string(),
+            })?;
+        if p.state == PartitionState::Creating && !allow_creating {
+            return Err(VolumeError::NotReady {
+                name: name.to_string(),
+            });
+        }
+        PartitionIo::new(self, p)
+    }
+}
+
+fn random_uuid() -> Result<VolumeUuid> {
+    let mut b = [0u8; 16];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(io_err(Path::new("/dev/urandom"), "read"))?;
+    // RFC 9562 version 4 (random) and variant bits.
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    Ok(VolumeUuid(b))
+}
+
+/// Everything a stream needs to move one partition's bytes: a descriptor per member (sharing
+/// the volume's locks), the mapping, and the alignment O_DIRECT asks for.
+#[derive(Debug)]
+pub struct PartitionIo {
+    /// Maps partition offsets to members over the size rounded up to [`PartitionIo::align_bytes`]
+    /// (the partition's blocks always hold that much), so that the last aligned piece of an
+    /// O_DIRECT transfer can be mapped.
+    pub map: PartitionMap,
+    /// The partition's size as clients see it.
+    pub size_bytes: u64,
+    /// One descriptor per member, by member index.
+    pub members: Vec<OwnedFd>,
+    /// Every member is open with O_DIRECT.
+    pub direct: bool,
+    /// Offsets and lengths of member I/O are multiples of this.
+    pub align_bytes: u64,
+    /// `VOLUME/PARTITION`, for messages.
+    pub label: String,
+    /// Largest member request: what every member's block queue takes without splitting it.
+    piece_bytes_max: u64,
+}
+
+impl PartitionIo {
+    fn new(vol: &Volume, p: &Partition) -> Result<PartitionIo> {
+        let direct = vol.direct();
+        let mut align_bytes = ALIGN_BYTES;
+        let mut members = Vec::with_capacity(vol.members.len());
+        for m in &vol.members {
+            if direct {
+                align_bytes = align_bytes.max(direct_alignment(&m.file));
+            }
+            let fd = m.file.try_clone().map_err(io_err(&m.path, "dup"))?;
+            members.push(OwnedFd::from(fd));
+        }
+        if align_bytes > ALIGN_BYTES {
+            return Err(VolumeError::Invalid(format!(
+                "a member needs O_DIRECT alignment of {align_bytes} bytes; volumes use {ALIGN_BYTES}"
+            )));
+        }
+        let rounded = Partition {
+            size_bytes: p.size_bytes.div_ceil(ALIGN_BYTES) * ALIGN_BYTES,
+            ..p.clone()
+        };
+        let map = PartitionMap::new(&vol.meta.layout, &rounded)?;
+        let piece_bytes_max = vol
+            .members
+            .iter()
+            .filter_map(|m| queue_request_bytes_max(&m.file))
+            .min()
+            .unwrap_or(u64::MAX);
+        Ok(PartitionIo {
+            map,
+            size_bytes: p.size_bytes,
+            members,
+            direct,
+            align_bytes: ALIGN_BYTES,
+            label: format!("{}/{}", vol.meta.name, p.name),
+            piece_bytes_max,
+        })
+    }
+
+    /// [`PartitionMap::split`], with pieces cut to what every member's queue takes whole.
+    ///
+    /// The kernel would split a larger request itself; we do it because a split request is
+    /// charged twice by the blkio throttle (measured on loop devices: a 1 MiB O_DIRECT read from
+    /// 4 KiB pool pages, more than `max_segments` = 128 pages, ran at half the throttled rate).
+    pub fn split(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<Vec<volume::MemberIo>, LayoutError> {
+        let pieces = self.map.split(offset_bytes, len_bytes)?;
+        if pieces.iter().all(|p| p.len_bytes <= self.piece_bytes_max) {
+            return Ok(pieces);
+        }
+        let mut out = Vec::with_capacity(pieces.len() * 2);
+        for p in pieces {
+            let mut done = 0;
+            while done < p.len_bytes {
+                let len = (p.len_bytes - done).min(self.piece_bytes_max);
+                out.push(volume::MemberIo {
+                    member: p.member,
+                    member_offset_bytes: p.member_offset_bytes + done,
+                    len_bytes: len,
+                    buf_offset_bytes: p.buf_offset_bytes + done,
+                });
+                done += len;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// For a block device: the largest request its queue takes without splitting, assuming
+/// scattered 4 KiB pages: `min(max_sectors_kb, max_segments × 4 KiB)`, at least 4 KiB and a
+/// multiple of it. `None` for files (their file system splits as it likes, unthrottled).
+fn queue_request_bytes_max(file: &File) -> Option<u64> {
+    let md = file.metadata().ok()?;
+    if !md.file_type().is_block_device() {
+        return None;
+    }
+    let (maj, min) = (rustix::fs::major(md.rdev()), rustix::fs::minor(md.rdev()));
+    let read = |name: &str| -> Option<u64> {
+        std::fs::read_to_string(format!("/sys/dev/block/{maj}:{min}/queue/{name}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let sectors = read("max_sectors_kb").map(|kb| kb * 1024);
+    let segments = read("max_segments").map(|n| n * ALIGN_BYTES);
+    let max = sectors.into_iter().chain(segments).min()?;
+    Some((max / ALIGN_BYTES).max(1) * ALIGN_BYTES)
+}

@@ -1,0 +1,394 @@
+//! `penstock bench http`: `penstock serve` against nginx in the same run, with wrk.
+//!
+//! Both servers serve the same temporary directory on loopback: a large file (256 MiB, 64
+//! MiB with `--quick`) and a 16 KiB one. nginx runs with `sendfile on`, `tcp_nopush on`, no
+//! access log and as many worker processes as penstock has HTTP workers. For each workload
+//! and each client count, penstock then nginx run one wrk measurement each (interleaved, so
+//! machine noise hits both alike). Server CPU is the utime+stime delta of every server
+//! process (/proc/PID/stat) over the wrk run. wrk's latency is the whole response (for the
+//! large file: the whole download, not the time to first byte); its p99 is reported.
+//! nginx and wrk are installed with apt-get when missing.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct HttpArgs {
+    /// Smaller large file (64 MiB) and shorter runs (3 s).
+    #[arg(long)]
+    pub quick: bool,
+    /// Concurrent clients, comma-separated.
+    #[arg(long, default_value = "1,8,64,512")]
+    pub clients: String,
+    /// Seconds per wrk run (default 10, 3 with --quick).
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+    /// Server workers for both (penstock HTTP workers, nginx worker_processes); 0: CPUs.
+    #[arg(long, default_value_t = 0)]
+    pub workers: usize,
+    /// Also write the table (Markdown) here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+struct Measure {
+    bytes_per_s: f64,
+    requests_per_s: f64,
+    cpu_s_per_gb: f64,
+    p99_ms: f64,
+    errors: u64,
+}
+
+fn ensure_tools() -> Result<()> {
+    let have = |c: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {c}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if have("nginx") && have("wrk") {
+        return Ok(());
+    }
+    eprintln!("bench http: installing nginx and wrk with apt-get");
+    let ok = Command::new("sh")
+        .args([
+            "-c",
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk",
+        ])
+        .status()?
+        .success();
+    if !ok || !have("nginx") || !have("wrk") {
+        bail!("nginx and wrk are needed (apt-get install nginx wrk)");
+    }
+    Ok(())
+}
+
+fn write_file(path: &Path, len: u64) -> Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut block = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for c in block.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+        }
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn wait_listening(port: u16, child: &mut Child) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        if let Some(st) = child.try_wait()? {
+            bail!("server exited early: {st}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("server did not listen on port {port}")
+}
+
+/// utime + stime of `pid` and its children processes (nginx workers), in seconds.
+fn cpu_s(pid: u32) -> f64 {
+    // /proc reports in USER_HZ, which the kernel fixes at 100 for user space.
+    let tick = 100.0;
+    let stat = |p: u32| -> Option<(u32, f64)> {
+        let s = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        let rest = &s[s.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split(' ').collect();
+        // After the comm: state(0) ppid(1) ... utime(11) stime(12).
+        let ppid = f.get(1)?.parse().ok()?;
+        let t = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        Some((ppid, t / tick))
+    };
+    let mut total = stat(pid).map_or(0.0, |(_, t)| t);
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            if let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok())
+                && let Some((ppid, t)) = stat(p)
+                && ppid == pid
+            {
+                total += t;
+            }
+        }
+    }
+    total
+}
+
+fn parse_size_wrk(s: &str) -> Option<f64> {
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic())?);
+    let n: f64 = num.parse().ok()?;
+    let m = match unit {
+        "B" => 1.0,
+        "KB" => 1024.0,
+        "MB" => 1024.0 * 1024.0,
+        "GB" => 1024.0 * 1024.0 * 1024.0,
+        "TB" => 1024.0f64.powi(4),
+        _ => return None,
+    };
+    Some(n * m)
+}
+
+fn parse_time_ms(s: &str) -> Option<f64> {
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic())?);
+    let n: f64 = num.parse().ok()?;
+    Some(match unit {
+        "us" => n / 1000.0,
+        "ms" => n,
+        "s" => n * 1000.0,
+        "m" => n * 60_000.0,
+        _ => return None,
+    })
+}
+
+fn run_wrk(
+    port: u16,
+    path: &str,
+    clients: usize,
+    duration_s: u64,
+    server_pid: u32,
+) -> Result<Measure> {
+    let threads = clients.clamp(1, 2);
+    let cpu0 = cpu_s(server_pid);
+    let out = Command::new("wrk")
+        .args([
+            "-t",
+            &threads.to_string(),
+            "-c",
+            &clients.to_string(),
+            "-d",
+            &format!("{duration_s}s"),
+            "--timeout",
+            "30s",
+            "--latency",
+            &format!("http://127.0.0.1:{port}{path}"),
+        ])
+        .output()
+        .context("running wrk")?;
+    let cpu1 = cpu_s(server_pid);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    if !out.status.success() {
+        bail!("wrk failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut bytes = None;
+    let mut secs = None;
+    let mut rps = 0.0;
+    let mut p99 = f64::NAN;
+    let mut errors = 0u64;
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        // "  123 requests in 10.00s, 1.23GB read"
+        if w.len() >= 6 && w[1] == "requests" && w[2] == "in" {
+            secs = parse_time_ms(w[3].trim_end_matches(',')).map(|ms| ms / 1000.0);
+            bytes = parse_size_wrk(w[4]);
+        }
+        if w.first() == Some(&"Requests/sec:") {
+            rps = w.get(1).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        }
+        if w.first() == Some(&"99%") {
+            p99 = w.get(1).and_then(|v| parse_time_ms(v)).unwrap_or(f64::NAN);
+        }
+        if w.first() == Some(&"Socket") || w.first() == Some(&"Non-2xx") {
+            errors += line
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|n| n.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+    }
+    let (Some(bytes), Some(secs)) = (bytes, secs) else {
+        bail!("could not read wrk's output:\n{text}");
+    };
+    let cpu = cpu1 - cpu0;
+    Ok(Measure {
+        bytes_per_s: bytes / secs,
+        requests_per_s: rps,
+        cpu_s_per_gb: if bytes > 0.0 {
+            cpu / (bytes / 1e9)
+        } else {
+            f64::NAN
+        },
+        p99_ms: p99,
+        errors,
+    })
+}
+
+struct Child2(Child);
+
+impl Drop for Child2 {
+    fn drop(&mut self) {
+        // SIGTERM (both servers stop gracefully on it), then reap.
+        let pid = rustix::process::Pid::from_raw(self.0.id() as i32);
+        if let Some(pid) = pid {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn run(a: HttpArgs) -> Result<()> {
+    ensure_tools()?;
+    let clients: Vec<usize> = a
+        .clients
+        .split(',')
+        .map(|s| s.trim().parse().context("--clients"))
+        .collect::<Result<_>>()?;
+    let duration_s = a.duration_s.unwrap_or(if a.quick { 3 } else { 10 });
+    let large_bytes: u64 = if a.quick { 64 << 20 } else { 256 << 20 };
+    let workers = if a.workers == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        a.workers
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("penstock-bench-http-")
+        .tempdir()?;
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www)?;
+    write_file(&www.join("large.bin"), large_bytes)?;
+    write_file(&www.join("small.bin"), 16 * 1024)?;
+    // Warm the page cache for both.
+    for f in ["large.bin", "small.bin"] {
+        std::io::copy(&mut std::fs::File::open(www.join(f))?, &mut std::io::sink())?;
+    }
+
+    let p_port = free_port()?;
+    let conf = dir.path().join("penstock.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:{p_port}\"\nworkers = {workers}\n[engine]\nworkers = {workers}\n[limits]\nrequests_per_connection_max = 1000000\n"
+        ),
+    )?;
+    let mut penstock = Child2(
+        Command::new(std::env::current_exe()?)
+            .args(["serve", "--config"])
+            .arg(&conf)
+            .arg("--root")
+            .arg(&www)
+            .args(["--control", "", "--no-control-unix"])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting penstock serve")?,
+    );
+    wait_listening(p_port, &mut penstock.0)?;
+
+    let n_port = free_port()?;
+    let prefix = dir.path().join("nginx");
+    std::fs::create_dir(&prefix)?;
+    std::fs::write(
+        prefix.join("nginx.conf"),
+        format!(
+            "user root;\nworker_processes {workers};\ndaemon off;\npid {p}/nginx.pid;\nerror_log {p}/error.log warn;\n\
+             events {{ worker_connections 4096; }}\n\
+             http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  keepalive_requests 1000000;\n  keepalive_timeout 65;\n\
+               client_body_temp_path {p}/cb; proxy_temp_path {p}/px; fastcgi_temp_path {p}/fc; uwsgi_temp_path {p}/uw; scgi_temp_path {p}/sc;\n\
+               types {{ application/octet-stream bin; }}\n\
+               server {{ listen 127.0.0.1:{n_port}; root {www}; location / {{ }} }}\n}}\n",
+            p = prefix.display(),
+            www = www.display(),
+        ),
+    )?;
+    let mut nginx = Child2(
+        Command::new("nginx")
+            .arg("-p")
+            .arg(&prefix)
+            .arg("-c")
+            .arg(prefix.join("nginx.conf"))
+            .arg("-e")
+            .arg(prefix.join("error.log"))
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting nginx")?,
+    );
+    wait_listening(n_port, &mut nginx.0)?;
+
+    let machine = machine_line();
+    let mut table = String::new();
+    table.push_str(&format!(
+        "penstock bench http: {machine}; {workers} workers each; wrk {duration_s} s per cell; large = {} MiB, small = 16 KiB\n\n",
+        large_bytes >> 20
+    ));
+    table.push_str("| file | clients | server | MB/s | req/s | CPU s/GB | p99 latency ms | errors |\n|---|---|---|---|---|---|---|---|\n");
+    let mut ratios = String::from(
+        "\n| file | clients | throughput penstock/nginx | req/s penstock/nginx | CPU/GB penstock/nginx | p99 penstock/nginx |\n|---|---|---|---|---|---|\n",
+    );
+    for (name, path) in [("large", "/large.bin"), ("small", "/small.bin")] {
+        for &c in &clients {
+            let p = run_wrk(p_port, path, c, duration_s, penstock.0.id())?;
+            let n = run_wrk(n_port, path, c, duration_s, nginx.0.id())?;
+            for (server, m) in [("penstock", &p), ("nginx", &n)] {
+                table.push_str(&format!(
+                    "| {name} | {c} | {server} | {:.0} | {:.0} | {:.3} | {:.1} | {} |\n",
+                    m.bytes_per_s / 1e6,
+                    m.requests_per_s,
+                    m.cpu_s_per_gb,
+                    m.p99_ms,
+                    m.errors
+                ));
+            }
+            ratios.push_str(&format!(
+                "| {name} | {c} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+                p.bytes_per_s / n.bytes_per_s,
+                p.requests_per_s / n.requests_per_s,
+                p.cpu_s_per_gb / n.cpu_s_per_gb,
+                p.p99_ms / n.p99_ms
+            ));
+            eprintln!("bench http: {name} {c} clients done");
+        }
+    }
+    table.push_str(&ratios);
+    print!("{table}");
+    if let Some(o) = &a.out {
+        std::fs::write(o, &table)?;
+    }
+    drop(nginx);
+    drop(penstock);
+    Ok(())
+}
+
+fn machine_line() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{cpus} x {cpu}, Linux {kernel}")
+}

@@ -1,0 +1,490 @@
+//! `penstock bench isolation` (MARS Table 2) and `penstock bench rtu` (MARS Table 3).
+//!
+//! isolation: one `rt` stream of `--size` bytes, paced at a fixed rate near its share of the
+//! disk, O_DIRECT, is timed while 0, 2, 4, 6 background readers run — (a) inside penstock as
+//! `bulk` burst streams of other files (through the same disk scheduler), (b) as separate
+//! processes reading other files with plain read() (outside penstock: only the kernel's I/O
+//! scheduler and ioprio can help). Each is run with the scheduler on (`drr`) and switched off
+//! (`fifo`) in the same run. All streams go to /dev/null: the disk is what is measured.
+//!
+//! rtu: three periodic streams with periods 60, 75 and 120 ms share the disk and the network
+//! (TCP to a receiver process); each should get the throughput its period implies and miss
+//! no deadline, with and without a CPU hog, in EDF and rate-monotonic order.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use penstock_core::endpoint::{Endpoint, Host};
+use penstock_core::lateness::LatenessStats;
+use penstock_core::sched::drr::SchedMode;
+use penstock_core::sched::edf::Order;
+use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::stream::{CachePolicy, Extent, PathChoice};
+use penstock_core::units::{parse_duration, parse_size};
+use penstock_driver::disk::DiskConfig;
+use penstock_driver::{DiskClass, Engine, EngineConfig, StreamSpec, ZeroCopy};
+
+#[derive(Args, Debug)]
+pub struct IsolationArgs {
+    /// Size of the rt stream.
+    #[arg(long, default_value = "400MB", value_parser = parse_size)]
+    pub size: u64,
+    /// Background reader counts.
+    #[arg(long, default_value = "0,2,4,6", value_delimiter = ',')]
+    pub readers: Vec<usize>,
+    /// The rt stream's rate as a fraction of the disk's O_DIRECT rate measured at start.
+    #[arg(long, default_value_t = 0.25)]
+    pub share: f64,
+    /// Directory for the test files (on the disk to measure).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// A short run: 100 MB, readers 0 and 6.
+    #[arg(long)]
+    pub quick: bool,
+    /// Write the table as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct RtuArgs {
+    /// How long each run lasts.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Bytes each stream sends per period.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    pub unit: u64,
+    /// Directory for the test files.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Write the table as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+const UNIT: u64 = 1 << 20;
+
+fn make_file(path: &Path, size: u64) -> Result<()> {
+    if std::fs::metadata(path).is_ok_and(|m| m.len() >= size) {
+        return Ok(());
+    }
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut block = vec![0u8; 1 << 20];
+    let mut x = 0x1234_5678_9abc_def1u64;
+    for b in block.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    for i in 0..size.div_ceil(1 << 20) {
+        block[..8].copy_from_slice(&i.to_le_bytes());
+        f.write_all(&block)?;
+    }
+    f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    Ok(())
+}
+
+fn evict(path: &Path) {
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
+    }
+}
+
+/// The device's O_DIRECT sequential rate over `bytes` of `file` (1 MiB reads, depth 1).
+fn device_rate(file: &Path, bytes: u64) -> Result<f64> {
+    let fd = penstock_driver::open::reopen_direct(file).context("O_DIRECT refused here")?;
+    let mut pool = penstock_uring::BufferPool::new(1, 1 << 20)?;
+    let b = pool.alloc().context("a buffer")?;
+    let t0 = std::time::Instant::now();
+    let mut off = 0;
+    while off < bytes {
+        let n = rustix::io::pread(&fd, pool.bytes_mut(b), off)?;
+        if n == 0 {
+            break;
+        }
+        off += n as u64;
+    }
+    pool.free(b);
+    Ok(off as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// Admission is not what these benches measure: a capacity no stream here reaches.
+fn roomy_admission() -> penstock_core::admission::AdmissionConfig {
+    penstock_core::admission::AdmissionConfig {
+        capacity: penstock_core::admission::Capacity {
+            disk_seq_bytes_per_s: 100_000_000_000,
+            disk_random_iops: 10_000_000,
+            disk_random_request_bytes: 4096,
+            net_bytes_per_s: 100_000_000_000,
+            buffer_count: 1024,
+            buffer_bytes: UNIT,
+        },
+        bulk_share_percent: 20,
+        streams_max: 1024,
+        rt_latency_ns: 0,
+    }
+}
+
+fn engine(mode: SchedMode, order: Order) -> Result<Engine> {
+    // One worker: the disk scheduler is per worker, so the streams that compete for the disk
+    // must share one to be scheduled against each other.
+    Ok(Engine::new(EngineConfig {
+        workers: 1,
+        pool_buffers: 64,
+        buffer_bytes: UNIT as usize,
+        stream_depth: 4,
+        order,
+        disk: DiskConfig {
+            mode,
+            ..DiskConfig::default()
+        },
+        admission: roomy_admission(),
+        ..EngineConfig::default()
+    })?)
+}
+
+fn devnull() -> Endpoint {
+    Endpoint::File {
+        path: PathBuf::from("/dev/null"),
+    }
+}
+
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn proc_read_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("read_bytes: ")
+                    .and_then(|v| v.trim().parse().ok())
+            })
+        })
+        .unwrap_or(0)
+}
+
+struct IsoRow {
+    background: &'static str,
+    mode: &'static str,
+    readers: usize,
+    seconds: f64,
+    misses: u64,
+    units: u64,
+    p99_ms: f64,
+    background_mb_s: f64,
+}
+
+pub fn isolation(mut a: IsolationArgs) -> Result<()> {
+    if a.quick {
+        a.size = 100_000_000;
+        a.readers = vec![0, 6];
+    }
+    if !(0.01..=1.0).contains(&a.share) {
+        bail!("--share must be within 0.01..=1");
+    }
+    let tmp;
+    let dir = match &a.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix("penstock-isolation-")
+                .tempdir_in(".")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let max_readers = a.readers.iter().copied().max().unwrap_or(0);
+    let rt_file = dir.join("rt.bin");
+    make_file(&rt_file, a.size)?;
+    let bg_size = a.size.max(256 << 20) * 2;
+    let bg_files: Vec<PathBuf> = (0..max_readers)
+        .map(|i| dir.join(format!("bg{i}.bin")))
+        .collect();
+    for f in &bg_files {
+        make_file(f, bg_size)?;
+    }
+    let rate = device_rate(&rt_file, a.size.min(200 << 20))? * a.share;
+    let kernel_sched =
+        std::fs::read_to_string("/sys/block/vda/queue/scheduler").unwrap_or_default();
+    eprintln!(
+        "penstock bench isolation: rt stream {} bytes paced at {:.1} MB/s ({}% of this disk's O_DIRECT rate); kernel I/O scheduler: {}",
+        a.size,
+        rate / 1e6,
+        (a.share * 100.0) as u32,
+        kernel_sched.trim()
+    );
+    let units_per_s = rate / UNIT as f64;
+    let period = Duration::from_secs_f64(1.0 / units_per_s);
+    let schedule = Schedule::new(
+        &ScheduleSpec::Periodic {
+            period,
+            unit_bytes: UNIT,
+        },
+        &ScheduleLimits::new(UNIT),
+    )?;
+    let mut rows = Vec::new();
+    for background in ["penstock bulk streams", "read() processes"] {
+        for (mode, mode_name) in [(SchedMode::Drr, "drr"), (SchedMode::Fifo, "fifo")] {
+            for &n in &a.readers {
+                let e = engine(mode, Order::EarliestDeadline)?;
+                evict(&rt_file);
+                for f in &bg_files {
+                    evict(f);
+                }
+                let mut bulk = Vec::new();
+                let mut procs = Procs(Vec::new());
+                let exe = std::env::current_exe()?;
+                for f in bg_files.iter().take(n) {
+                    if background.starts_with("penstock") {
+                        let mut s = StreamSpec::new(Endpoint::File { path: f.clone() }, devnull());
+                        s.path = PathChoice::Fixed(penstock_core::stream::DataPath::Uring);
+                        s.cache = CachePolicy::Bypass;
+                        s.unit_bytes = UNIT as usize;
+                        s.class = Some(DiskClass::Bulk);
+                        bulk.push(e.open(s)?);
+                    } else {
+                        procs
+                            .0
+                            .push(Command::new(&exe).args(["hog", "read"]).arg(f).spawn()?);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(300));
+                let read0: u64 = procs.0.iter().map(|c| proc_read_bytes(c.id())).sum();
+                let bulk0: u64 = bulk.iter().map(|h| h.counters().bytes_read).sum();
+                let t0 = std::time::Instant::now();
+                let mut s = StreamSpec::new(
+                    Endpoint::File {
+                        path: rt_file.clone(),
+                    },
+                    devnull(),
+                );
+                s.path = PathChoice::Fixed(penstock_core::stream::DataPath::Uring);
+                s.cache = CachePolicy::Bypass;
+                s.schedule = Some(schedule);
+                s.class = Some(DiskClass::Rt);
+                s.extent = Extent {
+                    offset: 0,
+                    length: Some(a.size),
+                };
+                s.zero_copy = ZeroCopy::Off;
+                let report = e.open(s)?.wait()?;
+                let secs = t0.elapsed().as_secs_f64();
+                let bg_bytes = bulk.iter().map(|h| h.counters().bytes_read).sum::<u64>() - bulk0
+                    + procs.0.iter().map(|c| proc_read_bytes(c.id())).sum::<u64>()
+                    - read0;
+                for h in &bulk {
+                    h.cancel();
+                }
+                for h in bulk {
+                    let _ = h.wait();
+                }
+                drop(procs);
+                let l = report
+                    .lateness
+                    .unwrap_or_else(|| LatenessStats::new(0))
+                    .summary();
+                let row = IsoRow {
+                    background,
+                    mode: mode_name,
+                    readers: n,
+                    seconds: secs,
+                    misses: l.misses,
+                    units: l.units,
+                    p99_ms: l.p99_ns as f64 / 1e6,
+                    background_mb_s: bg_bytes as f64 / secs / 1e6,
+                };
+                eprintln!(
+                    "  {background:<22} {mode_name:<4} readers {n}: {secs:.2} s, misses {} of {}, background {:.1} MB/s",
+                    row.misses, row.units, row.background_mb_s
+                );
+                rows.push(row);
+            }
+        }
+    }
+    let mut t = format!(
+        "\nbench isolation (MARS Table 2): rt stream of {} bytes at {:.1} MB/s (O_DIRECT, 1 MiB units), /dev/null targets\n\
+         {:<22} {:<5} {:>7} {:>10} {:>12} {:>14} {:>12} {:>14}\n",
+        a.size,
+        rate / 1e6,
+        "background",
+        "sched",
+        "readers",
+        "rt time s",
+        "x unloaded",
+        "rt misses",
+        "rt p99 ms",
+        "background MB/s"
+    );
+    for r in &rows {
+        let base = rows
+            .iter()
+            .find(|x| x.background == r.background && x.mode == r.mode && x.readers == 0)
+            .map_or(f64::NAN, |x| x.seconds);
+        t.push_str(&format!(
+            "{:<22} {:<5} {:>7} {:>10.2} {:>12.2} {:>9} of {:<4} {:>10.2} {:>14.1}\n",
+            r.background,
+            r.mode,
+            r.readers,
+            r.seconds,
+            r.seconds / base,
+            r.misses,
+            r.units,
+            r.p99_ms,
+            r.background_mb_s
+        ));
+    }
+    println!("{t}");
+    if let Some(p) = &a.json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|r| serde_json::json!({"background": r.background, "sched": r.mode, "readers": r.readers,
+                "seconds": r.seconds, "misses": r.misses, "units": r.units, "p99_ms": r.p99_ms,
+                "background_mb_s": r.background_mb_s}))
+            .collect();
+        std::fs::write(
+            p,
+            serde_json::to_string_pretty(
+                &serde_json::json!({"bench": "isolation", "rate_bytes_per_s": rate, "kernel_scheduler": kernel_sched.trim(), "rows": v}),
+            )?,
+        )?;
+    }
+    Ok(())
+}
+
+pub fn rtu(a: RtuArgs) -> Result<()> {
+    let tmp;
+    let dir = match &a.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix("penstock-rtu-")
+                .tempdir_in(".")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let periods_ms = [60u64, 75, 120];
+    let mut files = Vec::new();
+    for p in periods_ms {
+        let units = (a.duration.as_millis() as u64).div_ceil(p) + 1;
+        let f = dir.join(format!("rtu-{p}ms.bin"));
+        make_file(&f, units * a.unit)?;
+        files.push((p, f, units));
+    }
+    let mut lines = Vec::new();
+    let mut json = Vec::new();
+    for load in ["none", "cpu"] {
+        for (order, order_name) in [
+            (Order::EarliestDeadline, "edf"),
+            (Order::RateMonotonic, "rm"),
+        ] {
+            let _hogs = crate::bench_periodic::start_hogs(load, Path::new("/dev/null"))?;
+            let e = Engine::new(EngineConfig {
+                workers: 1,
+                pool_buffers: 32,
+                buffer_bytes: a.unit as usize,
+                stream_depth: 2,
+                order,
+                admission: roomy_admission(),
+                ..EngineConfig::default()
+            })?;
+            let mut sink = crate::bench_paths::Sink::start()?;
+            let mut handles = Vec::new();
+            for (p, f, units) in &files {
+                evict(f);
+                let schedule = Schedule::new(
+                    &ScheduleSpec::Periodic {
+                        period: Duration::from_millis(*p),
+                        unit_bytes: a.unit,
+                    },
+                    &ScheduleLimits::new(a.unit),
+                )?;
+                let mut s = StreamSpec::new(
+                    Endpoint::File { path: f.clone() },
+                    Endpoint::TcpConnect {
+                        host: Host::Ip([127, 0, 0, 1].into()),
+                        port: sink.port,
+                        local_port: None,
+                    },
+                );
+                s.cache = CachePolicy::Bypass;
+                s.schedule = Some(schedule);
+                s.class = Some(DiskClass::Rt);
+                s.extent = Extent {
+                    offset: 0,
+                    length: Some(units * a.unit),
+                };
+                handles.push((*p, units * a.unit, e.open(s)?));
+            }
+            let mut results = Vec::new();
+            for (p, bytes, h) in handles {
+                results.push((p, bytes, h.wait()?));
+            }
+            // The receiver reports connections as they end, in any order.
+            let mut got_all = Vec::new();
+            for _ in 0..results.len() {
+                got_all.push(sink.received()?);
+            }
+            for (p, bytes, r) in results {
+                let got = got_all
+                    .iter()
+                    .position(|&g| g == bytes)
+                    .map(|i| got_all.swap_remove(i))
+                    .unwrap_or(0);
+                let l = r
+                    .lateness
+                    .unwrap_or_else(|| LatenessStats::new(0))
+                    .summary();
+                let implied = a.unit as f64 / (p as f64 / 1e3) / 1e6;
+                // Throughput over the stream's scheduled span: units·period.
+                let achieved = bytes as f64 / (r.elapsed.as_secs_f64().max(1e-9)) / 1e6;
+                let line = format!(
+                    "{load:<5} {order_name:<4} {p:>4} ms {implied:>10.2} {achieved:>10.2} {:>8} {:>8} {:>10.2} {:>10}",
+                    l.units,
+                    l.misses,
+                    l.p99_ns as f64 / 1e6,
+                    if got == bytes { "exact" } else { "SHORT" }
+                );
+                eprintln!("  {line}");
+                lines.push(line);
+                json.push(serde_json::json!({"load": load, "order": order_name, "period_ms": p,
+                    "implied_mb_s": implied, "achieved_mb_s": achieved, "units": l.units, "misses": l.misses,
+                    "p99_ms": l.p99_ns as f64 / 1e6, "received_exact": got == bytes}));
+            }
+        }
+    }
+    println!(
+        "\nbench rtu (MARS Table 3): three periodic streams of {} B units, O_DIRECT, TCP to a receiver process\n\
+         {:<5} {:<4} {:>7} {:>10} {:>10} {:>8} {:>8} {:>10} {:>10}\n{}",
+        a.unit,
+        "load",
+        "order",
+        "period",
+        "MB/s due",
+        "MB/s got",
+        "units",
+        "misses",
+        "p99 ms",
+        "bytes",
+        lines.join("\n")
+    );
+    if let Some(p) = &a.json {
+        std::fs::write(
+            p,
+            serde_json::to_string_pretty(&serde_json::json!({"bench": "rtu", "rows": json}))?,
+        )?;
+    }
+    Ok(())
+}

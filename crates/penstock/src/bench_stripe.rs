@@ -1,0 +1,265 @@
+//! `penstock bench stripe`: Clockwise Fig. 1 and MARS Table 1's ccd column — read throughput
+//! of a partition striped over 1, 2, 3 and 4 members.
+//!
+//! Members must behave like independent disks for the ratio to mean anything. Where this
+//! process may (root, `losetup`, a blkio/io cgroup), each member is a loop device over a sparse
+//! file, and a cgroup throttles reads of each loop device to `--rate` (cgroup v1
+//! `blkio.throttle.read_bps_device` or v2 `io.max rbps=`); this process moves into that cgroup
+//! before its engine starts, so its io_uring reads are the ones throttled. Otherwise members
+//! are plain sparse files, and the table shows only the striping overhead (holes read at
+//! memory speed), which the output says.
+//!
+//! Loop devices and the cgroup are removed on every exit path that unwinds (errors included);
+//! a SIGKILL leaves them behind (`losetup -d`, `rmdir` the `penstock-bench-*` cgroup).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use penstock_core::endpoint::{Endpoint, PartitionName, VolumeName};
+use penstock_core::units::parse_size;
+use penstock_core::volume::Placement;
+use penstock_core::volume::layout::BLOCK_BYTES_DEFAULT;
+use penstock_driver::clock::{CpuWho, cpu_times};
+use penstock_driver::open::{open_target, opened_partition};
+use penstock_driver::volume::{CreateSpec, Volume};
+use penstock_driver::{Engine, EngineConfig, StreamSpec, ZeroCopy};
+
+#[derive(Args, Debug)]
+pub struct StripeArgs {
+    /// Partition size read in each run.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    pub size: u64,
+    /// Read rate of each throttled member, bytes per second.
+    #[arg(long, default_value = "100MB", value_parser = parse_size)]
+    pub rate: u64,
+    /// Stripe unit.
+    #[arg(long, default_value = "64KiB", value_parser = parse_size)]
+    pub stripe_unit: u64,
+    /// Repetitions per member count (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Pool buffers a stream keeps in flight.
+    #[arg(long, default_value_t = 8)]
+    pub depth: usize,
+    /// Directory for the member files.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Use plain files even where throttled loop devices are possible.
+    #[arg(long)]
+    pub no_throttle: bool,
+}
+
+const MEMBERS_MAX: usize = 4;
+const CGROUP_V1: &str = "/sys/fs/cgroup/blkio";
+const CGROUP_V2: &str = "/sys/fs/cgroup";
+
+/// Loop devices and a cgroup, torn down on drop.
+#[derive(Default)]
+struct Throttle {
+    loops: Vec<String>,
+    cgroup: Option<PathBuf>,
+    /// The cgroup this process came from (to move back before removing ours).
+    parent_procs: Option<PathBuf>,
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        if let (Some(cg), Some(parent)) = (&self.cgroup, &self.parent_procs) {
+            let _ = std::fs::write(parent, std::process::id().to_string());
+            if let Err(e) = std::fs::remove_dir(cg) {
+                eprintln!(
+                    "penstock: warning: could not remove cgroup {}: {e}",
+                    cg.display()
+                );
+            }
+        }
+        for dev in self.loops.drain(..) {
+            match Command::new("losetup").args(["-d", &dev]).status() {
+                Ok(s) if s.success() => {}
+                _ => eprintln!("penstock: warning: could not detach {dev} (losetup -d {dev})"),
+            }
+        }
+    }
+}
+
+fn write(path: &Path, what: &str) -> Result<()> {
+    std::fs::write(path, what).with_context(|| format!("write {what:?} to {}", path.display()))
+}
+
+/// Makes each file a loop device and throttles its reads in a new cgroup holding this process.
+fn throttle(files: &[PathBuf], rate: u64, t: &mut Throttle) -> Result<Vec<PathBuf>> {
+    if !rustix::process::geteuid().is_root() {
+        bail!("not root");
+    }
+    let v1 = Path::new(CGROUP_V1)
+        .join("blkio.throttle.read_bps_device")
+        .exists();
+    let v2 = std::fs::read_to_string(Path::new(CGROUP_V2).join("cgroup.subtree_control"))
+        .is_ok_and(|c| c.split_whitespace().any(|x| x == "io"));
+    if !v1 && !v2 {
+        bail!("no blkio (v1) or io (v2) cgroup controller to throttle with");
+    }
+    let mut devs = Vec::new();
+    for f in files {
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(f)
+            .output()
+            .context("losetup")?;
+        if !out.status.success() {
+            bail!("losetup: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        t.loops.push(dev.clone());
+        devs.push(PathBuf::from(dev));
+    }
+    let root = if v1 { CGROUP_V1 } else { CGROUP_V2 };
+    let cg = Path::new(root).join(format!("penstock-bench-{}", std::process::id()));
+    std::fs::create_dir(&cg).with_context(|| format!("mkdir {}", cg.display()))?;
+    t.cgroup = Some(cg.clone());
+    t.parent_procs = Some(Path::new(root).join("cgroup.procs"));
+    for d in &devs {
+        let rdev = std::fs::metadata(d)
+            .map(|m| std::os::unix::fs::MetadataExt::rdev(&m))
+            .with_context(|| format!("stat {}", d.display()))?;
+        let (maj, min) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
+        if v1 {
+            write(
+                &cg.join("blkio.throttle.read_bps_device"),
+                &format!("{maj}:{min} {rate}"),
+            )?;
+        } else {
+            write(&cg.join("io.max"), &format!("{maj}:{min} rbps={rate}"))?;
+        }
+    }
+    write(&cg.join("cgroup.procs"), &std::process::id().to_string())?;
+    Ok(devs)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub fn run(a: StripeArgs) -> Result<()> {
+    if a.reps == 0 || a.size == 0 {
+        bail!("--reps and --size must be positive");
+    }
+    let dir = match &a.dir {
+        Some(d) => tempfile::Builder::new()
+            .prefix("penstock-stripe")
+            .tempdir_in(d)?,
+        None => tempfile::Builder::new()
+            .prefix("penstock-stripe")
+            .tempdir()?,
+    };
+    // One member must hold the whole partition: data, the metadata area, a spare block.
+    let member_bytes = a.size.div_ceil(BLOCK_BYTES_DEFAULT) * BLOCK_BYTES_DEFAULT + (4 << 20);
+    let mut files = Vec::new();
+    for i in 0..MEMBERS_MAX {
+        let p = dir.path().join(format!("member{i}"));
+        let f = std::fs::File::create(&p)?;
+        f.set_len(member_bytes)?; // sparse: reads of holes cost no disk
+        files.push(p);
+    }
+    let mut guard = Throttle::default();
+    let (members, mode) = if a.no_throttle {
+        (
+            files.clone(),
+            "plain files (--no-throttle): the table shows only overhead".to_string(),
+        )
+    } else {
+        match throttle(&files, a.rate, &mut guard) {
+            Ok(devs) => (
+                devs,
+                format!(
+                    "loop devices over sparse files, each read-throttled to {} MB/s by a cgroup",
+                    a.rate as f64 / 1e6
+                ),
+            ),
+            Err(e) => {
+                drop(std::mem::take(&mut guard));
+                (
+                    files.clone(),
+                    format!(
+                        "plain files (no throttled loop devices here: {e:#}): the table shows only overhead"
+                    ),
+                )
+            }
+        }
+    };
+    eprintln!("penstock bench stripe: {mode}");
+    let engine = Engine::new(EngineConfig {
+        workers: 1,
+        pool_buffers: a.depth.max(1) * 2,
+        buffer_bytes: 1 << 20,
+        stream_depth: a.depth.max(1),
+        ..EngineConfig::default()
+    })?;
+    if let Err(why) = &engine.info().uring {
+        bail!("the volume data path needs io_uring: {why}");
+    }
+    let mut rows = Vec::new();
+    for k in 1..=MEMBERS_MAX {
+        let mut v = Volume::create(&CreateSpec {
+            name: "bench".to_string(),
+            members: members[..k].to_vec(),
+            member_size_bytes: None,
+            stripe_unit_bytes: a.stripe_unit,
+            block_bytes: BLOCK_BYTES_DEFAULT,
+            force: true,
+        })?;
+        v.begin_partition("p", a.size, &Placement::Striped)?;
+        v.finish_partition("p")?;
+        let (mut mbps, mut cpu) = (Vec::new(), Vec::new());
+        for _ in 0..a.reps {
+            let source = opened_partition(v.partition_io("p", false)?)?;
+            let null = Endpoint::File {
+                path: PathBuf::from("/dev/null"),
+            };
+            let target = open_target(&null, &mut |_| {})?;
+            let spec = StreamSpec {
+                zero_copy: ZeroCopy::Off,
+                ..StreamSpec::new(
+                    Endpoint::Volume {
+                        volume: VolumeName::parse("bench")?,
+                        partition: PartitionName::parse("p")?,
+                    },
+                    null,
+                )
+            };
+            let c0 = cpu_times(CpuWho::Process);
+            let t0 = Instant::now();
+            let report = engine.open_opened(spec, source, target)?.wait()?;
+            let secs = t0.elapsed().as_secs_f64();
+            let c1 = cpu_times(CpuWho::Process);
+            if report.bytes != a.size {
+                bail!("read {} bytes of {}", report.bytes, a.size);
+            }
+            let gb = a.size as f64 / 1e9;
+            mbps.push(a.size as f64 / secs / 1e6);
+            cpu.push(((c1.user_ns - c0.user_ns) + (c1.sys_ns - c0.sys_ns)) as f64 / 1e9 / gb);
+        }
+        rows.push((k, median(&mut mbps), median(&mut cpu)));
+    }
+    drop(engine);
+    drop(guard);
+    println!(
+        "read of a {} MiB striped partition (stripe unit {} KiB, {} x 1 MiB in flight), median of {}",
+        a.size >> 20,
+        a.stripe_unit >> 10,
+        a.depth,
+        a.reps
+    );
+    println!("members: {mode}");
+    println!("| members | MB/s | ratio to 1 member | CPU s/GB |");
+    println!("|---:|---:|---:|---:|");
+    let base = rows[0].1;
+    for (k, mbps, cpu) in &rows {
+        println!("| {k} | {mbps:.1} | {:.2} | {cpu:.3} |", mbps / base);
+    }
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! `penstock ctl ADDR [COMMAND…]`: a control protocol client. With a command, sends it (after
+//! `AUTH` when `--token`/`PENSTOCK_TOKEN` is set), prints the reply, and exits 0 on a 2xx
+//! reply, 1 otherwise. Without one, reads command lines from stdin and prints each reply.
+
+use std::io::{BufRead, BufReader, Write};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use penstock_core::control::{Limits, Reply, ReplyParser};
+
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// `host:port`, or `unix:/path/to/socket`.
+    pub addr: String,
+    /// The command line to send, e.g. `STATE '*'`. None: interactive (stdin).
+    pub command: Vec<String>,
+    /// Sent with AUTH first (needed from non-local peers and for others' streams); default:
+    /// the environment variable PENSTOCK_TOKEN.
+    #[arg(long)]
+    pub token: Option<String>,
+}
+
+trait Conn: std::io::Read + Write {}
+impl<T: std::io::Read + Write> Conn for T {}
+
+fn read_reply(r: &mut impl BufRead) -> Result<Reply> {
+    let mut p = ReplyParser::new(Limits::default());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line)? == 0 {
+            bail!("the server closed the connection");
+        }
+        if let Some(reply) = p.push_line(line.trim_end_matches(['\r', '\n']))? {
+            return Ok(reply);
+        }
+    }
+}
+
+pub fn run(a: CtlArgs) -> Result<i32> {
+    let stream: Box<dyn Conn> = if let Some(p) = a.addr.strip_prefix("unix:") {
+        Box::new(std::os::unix::net::UnixStream::connect(p).with_context(|| a.addr.clone())?)
+    } else {
+        Box::new(std::net::TcpStream::connect(&a.addr).with_context(|| a.addr.clone())?)
+    };
+    let mut r = BufReader::new(stream);
+    let send = |r: &mut BufReader<Box<dyn Conn>>, line: &str| -> Result<Reply> {
+        r.get_mut().write_all(format!("{line}\n").as_bytes())?;
+        read_reply(r)
+    };
+    if let Some(t) = a
+        .token
+        .clone()
+        .or_else(|| std::env::var("PENSTOCK_TOKEN").ok())
+    {
+        let reply = send(&mut r, &format!("AUTH {t}"))?;
+        if !reply.code.is_success() {
+            print!("{reply}");
+            return Ok(1);
+        }
+    }
+    if !a.command.is_empty() {
+        let reply = send(&mut r, &a.command.join(" "))?;
+        print!("{reply}");
+        return Ok(if reply.code.is_success() { 0 } else { 1 });
+    }
+    let stdin = std::io::stdin();
+    let mut last_ok = true;
+    for line in stdin.lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let reply = send(&mut r, &line)?;
+        print!("{reply}");
+        std::io::stdout().flush()?;
+        last_ok = reply.code.is_success();
+        if reply.code.code() == 221 {
+            break;
+        }
+    }
+    Ok(if last_ok { 0 } else { 1 })
+}

@@ -1,0 +1,371 @@
+//! `penstock volume …`: create, list, add partitions to, import into, export from, remove from
+//! and check a volume (issue 6). Thin glue: `penstock_driver::volume` opens and updates the
+//! volume, the engine moves partition bytes.
+//!
+//! VOL is the path of any member, or a name defined in `PENSTOCK_VOLUMES=NAME=PATH[,…]`
+//! (for `create`, VOL is the name to record). Lines on stdout are meant for scripts:
+//! `created partition NAME BYTES` is printed only once the partition is durable and `Ready`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use penstock_core::endpoint::{Endpoint, PartitionName, VolumeName};
+use penstock_core::units::parse_size;
+use penstock_core::volume::layout::{BLOCK_BYTES_DEFAULT, STRIPE_UNIT_BYTES_DEFAULT};
+use penstock_core::volume::{PartitionKind, PartitionState, Placement};
+use penstock_driver::open::{open_source, open_target, opened_partition};
+use penstock_driver::volume::{Access, CreateSpec, Volume, resolve};
+use penstock_driver::{Engine, EngineConfig, StreamReport, StreamSpec, ZeroCopy};
+
+#[derive(Subcommand, Debug)]
+pub enum VolumeCommand {
+    /// Create volume VOL (a name) over the members.
+    Create(CreateArgs),
+    /// List a volume's geometry, members and partitions.
+    Ls(VolArg),
+    /// Add an empty partition.
+    AddPartition(AddArgs),
+    /// Create partition NAME holding FILE's bytes (a stream through the engine).
+    Import(ImportArgs),
+    /// Copy partition NAME to FILE (a stream through the engine).
+    Export(ExportArgs),
+    /// Remove a partition and free its blocks.
+    Rm(RmArgs),
+    /// Verify both metadata copies of every member and the allocation map; --repair fixes
+    /// what can be proven (exit 1 while problems remain).
+    Check(CheckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// The volume's name (recorded on every member).
+    pub vol: String,
+    /// A member: a block device or a plain file (repeat, in order; at most 16).
+    #[arg(long = "member", required = true)]
+    pub members: Vec<PathBuf>,
+    /// Create missing members as plain files of this size (and extend smaller files to it).
+    #[arg(long, value_parser = parse_size)]
+    pub member_size: Option<u64>,
+    /// Stripe unit of striped partitions (a power of two, ≥ 4KiB).
+    #[arg(long, value_parser = parse_size, default_value_t = STRIPE_UNIT_BYTES_DEFAULT)]
+    pub stripe_unit: u64,
+    /// Allocation block (a multiple of the stripe unit).
+    #[arg(long, value_parser = parse_size, default_value_t = BLOCK_BYTES_DEFAULT)]
+    pub block: u64,
+    /// Overwrite members that belong to another volume.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct VolArg {
+    /// A member's path or a name from PENSTOCK_VOLUMES.
+    pub vol: String,
+}
+
+#[derive(Args, Debug)]
+pub struct AddArgs {
+    pub vol: String,
+    pub name: String,
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    /// Place whole blocks on these members in turn (index or path; Clockwise). Default:
+    /// striped over every member (ccd).
+    #[arg(long, num_args = 1..)]
+    pub place: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    pub vol: String,
+    pub name: String,
+    pub file: PathBuf,
+    /// As for add-partition.
+    #[arg(long, num_args = 1..)]
+    pub place: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    pub vol: String,
+    pub name: String,
+    pub file: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct RmArgs {
+    pub vol: String,
+    pub name: String,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    pub vol: String,
+    #[arg(long)]
+    pub repair: bool,
+}
+
+pub fn run(cmd: VolumeCommand) -> Result<()> {
+    match cmd {
+        VolumeCommand::Create(a) => create(a),
+        VolumeCommand::Ls(a) => ls(&a.vol),
+        VolumeCommand::AddPartition(a) => add_partition(a),
+        VolumeCommand::Import(a) => import(a),
+        VolumeCommand::Export(a) => export(a),
+        VolumeCommand::Rm(a) => rm(a),
+        VolumeCommand::Check(a) => check(a),
+    }
+}
+
+fn open(vol: &str, access: Access) -> Result<Volume> {
+    let path = resolve(vol)?;
+    Ok(Volume::open(&path, access)?)
+}
+
+fn create(a: CreateArgs) -> Result<()> {
+    let v = Volume::create(&CreateSpec {
+        name: a.vol,
+        members: a.members,
+        member_size_bytes: a.member_size,
+        stripe_unit_bytes: a.stripe_unit,
+        block_bytes: a.block,
+        force: a.force,
+    })?;
+    let m = v.meta();
+    let blocks: u64 = m.used.iter().map(|b| u64::from(b.blocks())).sum();
+    println!(
+        "created volume {} ({}): {} members, {} blocks of {} bytes, stripe unit {} bytes",
+        m.name,
+        m.uuid,
+        m.layout.member_count(),
+        blocks,
+        m.layout.block_bytes(),
+        m.layout.stripe_unit_bytes()
+    );
+    Ok(())
+}
+
+fn ls(vol: &str) -> Result<()> {
+    let v = open(vol, Access::Shared)?;
+    let m = v.meta();
+    let l = &m.layout;
+    println!(
+        "volume {} ({}) seq {}: stripe unit {} bytes, block {} bytes, data from byte {}{}",
+        m.name,
+        m.uuid,
+        v.seq(),
+        l.stripe_unit_bytes(),
+        l.block_bytes(),
+        l.data_start_bytes(),
+        if v.direct() { "" } else { " (no O_DIRECT)" }
+    );
+    for (i, path) in v.member_paths().iter().enumerate() {
+        let map = &m.used[i];
+        println!(
+            "member {i} {}: {} bytes, {} blocks, {} free",
+            path.display(),
+            l.member_sizes_bytes()[i],
+            map.blocks(),
+            map.free_blocks()
+        );
+    }
+    for p in &m.partitions {
+        let members: Vec<String> = p.members.iter().map(|x| x.to_string()).collect();
+        println!(
+            "partition {} {} bytes {} on members {} ({} extents){}",
+            p.name,
+            p.size_bytes,
+            match p.kind {
+                PartitionKind::Striped => "striped",
+                PartitionKind::Placed => "placed",
+            },
+            members.join(","),
+            p.extents.len(),
+            if p.state == PartitionState::Creating {
+                " [creating: interrupted, see volume check]"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
+/// `--place` members: indices, or paths of members.
+fn placement(v: &Volume, place: &[String]) -> Result<Placement> {
+    if place.is_empty() {
+        return Ok(Placement::Striped);
+    }
+    let paths = v.member_paths();
+    let mut list = Vec::with_capacity(place.len());
+    for p in place {
+        if let Ok(i) = p.parse::<usize>() {
+            list.push(i);
+            continue;
+        }
+        let want = std::fs::canonicalize(p).with_context(|| format!("--place {p}"))?;
+        let i = paths
+            .iter()
+            .position(|m| std::fs::canonicalize(m).is_ok_and(|c| c == want))
+            .with_context(|| format!("--place {p}: not a member of this volume"))?;
+        list.push(i);
+    }
+    Ok(Placement::Placed(list))
+}
+
+fn add_partition(a: AddArgs) -> Result<()> {
+    let mut v = open(&a.vol, Access::Exclusive)?;
+    let place = placement(&v, &a.place)?;
+    v.begin_partition(&a.name, a.size, &place)?;
+    v.finish_partition(&a.name)?;
+    println!("created partition {} {}", a.name, a.size);
+    Ok(())
+}
+
+fn engine() -> Result<Engine> {
+    let engine = Engine::new(EngineConfig {
+        workers: 1,
+        pool_buffers: 16,
+        buffer_bytes: 1 << 20,
+        stream_depth: 8,
+        ..EngineConfig::default()
+    })?;
+    if let Err(why) = &engine.info().uring {
+        bail!("volume data moves through io_uring, which is unavailable: {why}");
+    }
+    Ok(engine)
+}
+
+fn endpoint(v: &Volume, name: &str) -> Result<Endpoint> {
+    Ok(Endpoint::Volume {
+        volume: VolumeName::parse(v.meta().name.as_str())?,
+        partition: PartitionName::parse(name)?,
+    })
+}
+
+fn spec(source: Endpoint, target: Endpoint) -> StreamSpec {
+    StreamSpec {
+        zero_copy: ZeroCopy::Off,
+        ..StreamSpec::new(source, target)
+    }
+}
+
+fn import(a: ImportArgs) -> Result<()> {
+    let file_ep = Endpoint::File {
+        path: a.file.clone(),
+    };
+    let source = open_source(&file_ep, &mut |_| {})?;
+    let Some(size) = source.size.filter(|_| source.volume.is_none()) else {
+        bail!("{}: import needs a regular file", a.file.display());
+    };
+    let mut v = open(&a.vol, Access::Exclusive)?;
+    let place = placement(&v, &a.place)?;
+    let target_ep = endpoint(&v, &a.name)?;
+    let engine = engine()?;
+    // 1. The partition exists as `Creating` (durable): after a crash, check --repair frees it.
+    v.begin_partition(&a.name, size, &place)?;
+    let moved = v
+        .partition_io(&a.name, true)
+        .map_err(anyhow::Error::from)
+        .and_then(|pio| Ok(opened_partition(pio)?))
+        .and_then(|target| Ok(engine.open_opened(spec(file_ep, target_ep), source, target)?))
+        .and_then(|h| Ok(h.wait()?));
+    // 2. The data, then 3. `Ready` (finish_partition syncs the members first).
+    match moved {
+        Ok(report) => {
+            check_bytes(&report, size)?;
+            v.finish_partition(&a.name)?;
+            println!("created partition {} {}", a.name, size);
+            Ok(())
+        }
+        Err(e) => {
+            // Give the blocks back; if even that fails, check --repair will.
+            let _ = v.remove_partition(&a.name);
+            Err(e.context(format!("import of {} failed", a.file.display())))
+        }
+    }
+}
+
+fn check_bytes(r: &StreamReport, want: u64) -> Result<()> {
+    if r.bytes != want {
+        bail!("moved {} bytes, expected {want}", r.bytes);
+    }
+    Ok(())
+}
+
+fn export(a: ExportArgs) -> Result<()> {
+    let v = open(&a.vol, Access::Shared)?;
+    let source_ep = endpoint(&v, &a.name)?;
+    let pio = v.partition_io(&a.name, false)?;
+    let size = pio.size_bytes;
+    let source = opened_partition(pio)?;
+    drop(v); // the partition's descriptors keep the shared locks
+    let target_ep = Endpoint::File {
+        path: a.file.clone(),
+    };
+    let target = open_target(&target_ep, &mut |_| {})?;
+    let engine = engine()?;
+    let report = engine
+        .open_opened(spec(source_ep, target_ep), source, target)?
+        .wait()?;
+    check_bytes(&report, size)?;
+    let f = std::fs::File::open(&a.file)?;
+    f.sync_data()
+        .with_context(|| format!("fsync {}", a.file.display()))?;
+    println!("exported partition {} {}", a.name, size);
+    Ok(())
+}
+
+fn rm(a: RmArgs) -> Result<()> {
+    let mut v = open(&a.vol, Access::Exclusive)?;
+    v.remove_partition(&a.name)?;
+    println!("removed partition {}", a.name);
+    Ok(())
+}
+
+fn check(a: CheckArgs) -> Result<()> {
+    let access = if a.repair {
+        Access::Exclusive
+    } else {
+        Access::Shared
+    };
+    let mut v = open(&a.vol, access)?;
+    let report = v.check();
+    for (m, path, slot, e) in &report.slot_errors {
+        println!(
+            "member {m} {}: metadata slot {slot} is bad ({e}); the other copy is used (repairable)",
+            path.display()
+        );
+    }
+    for (m, path) in &report.stale {
+        println!(
+            "member {m} {}: one update behind (an interrupted update; repairable)",
+            path.display()
+        );
+    }
+    for p in &report.problems {
+        println!("{p}");
+    }
+    if report.is_clean() {
+        println!("volume {} is consistent", v.meta().name);
+        return Ok(());
+    }
+    if !a.repair {
+        if report.all_repairable() {
+            bail!("problems found, all repairable: run `penstock volume check --repair`");
+        }
+        bail!("problems found that need a human (see above)");
+    }
+    let fixed = v.repair()?;
+    println!("repaired {} problem(s)", fixed.len());
+    let after = v.check();
+    if !after.is_clean() {
+        for p in &after.problems {
+            println!("remaining: {p}");
+        }
+        bail!("problems remain that repair cannot prove safe to fix");
+    }
+    println!("volume {} is consistent", v.meta().name);
+    Ok(())
+}

@@ -1,0 +1,540 @@
+//! Volumes end to end, through the `penstock` binary, on real files (issue 6 acceptance).
+//!
+//! Each test skips (loudly) when io_uring is refused here: volume data moves only on the uring
+//! path. No test asserts a duration.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+fn penstock() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_penstock"))
+}
+
+fn run(args: &[&str]) -> Output {
+    penstock().args(args).output().expect("run penstock")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[track_caller]
+fn ok(args: &[&str]) -> String {
+    let o = run(args);
+    assert!(o.status.success(), "penstock {args:?} failed: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[track_caller]
+fn fails(args: &[&str], needle: &str) {
+    let o = run(args);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "penstock {args:?} should fail: {}",
+        text(&o)
+    );
+    assert!(
+        stderr.contains(needle),
+        "penstock {args:?}: expected {needle:?} in the error: {}",
+        text(&o)
+    );
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 temp path")
+}
+
+/// Deterministic bytes (xorshift), so a failure replays.
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn create(dir: &Path, name: &str, members: usize, member_size: &str) -> Vec<PathBuf> {
+    let paths: Vec<PathBuf> = (0..members)
+        .map(|i| dir.join(format!("{name}-m{i}")))
+        .collect();
+    let mut args = vec!["volume", "create", name, "--member-size", member_size];
+    for p in &paths {
+        args.push("--member");
+        args.push(s(p));
+    }
+    ok(&args);
+    paths
+}
+
+/// `None` (and a loud note) when io_uring is unavailable here.
+fn uring_works(dir: &Path) -> bool {
+    let m = create(dir, "probe", 1, "4MiB");
+    let f = dir.join("probe-file");
+    std::fs::write(&f, b"x").unwrap();
+    let o = run(&["volume", "import", s(&m[0]), "p", s(&f)]);
+    if o.status.success() {
+        return true;
+    }
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("io_uring"),
+        "probe import failed: {}",
+        text(&o)
+    );
+    eprintln!("SKIPPED: io_uring unavailable here: {err}");
+    false
+}
+
+fn round_trip(member: &Path, dir: &Path, name: &str, bytes: &[u8]) {
+    let src = dir.join(format!("{name}.in"));
+    let out = dir.join(format!("{name}.out"));
+    std::fs::write(&src, bytes).unwrap();
+    let line = ok(&["volume", "import", s(member), name, s(&src)]);
+    assert_eq!(
+        line.trim(),
+        format!("created partition {name} {}", bytes.len())
+    );
+    ok(&["volume", "export", s(member), name, s(&out)]);
+    let back = std::fs::read(&out).unwrap();
+    assert!(
+        back == bytes,
+        "partition {name} of {} bytes differs",
+        bytes.len()
+    );
+}
+
+#[test]
+fn import_export_is_byte_exact_for_awkward_sizes_on_1_to_4_members() {
+    let dir = tempfile::tempdir().unwrap();
+    if !uring_works(dir.path()) {
+        return;
+    }
+    let su = 64 * 1024;
+    let block = MIB as usize;
+    let sizes = [0, 1, su - 1, su, su + 1, block - 1, block, block + 1];
+    for members in 1..=4 {
+        let vol = format!("v{members}");
+        let m = create(dir.path(), &vol, members, "24MiB");
+        // Any member opens the volume: import through the last, export through the first.
+        for (i, &len) in sizes.iter().enumerate() {
+            let bytes = data(len, (members * 100 + i) as u64);
+            round_trip(&m[members - 1], dir.path(), &format!("{vol}p{i}"), &bytes);
+        }
+        ok(&["volume", "check", s(&m[0])]);
+    }
+    // A placed (Clockwise) partition on members chosen by the application, in their order.
+    let m = create(dir.path(), "pl", 3, "12MiB");
+    let bytes = data(3 * block + 12345, 7);
+    let src = dir.path().join("placed.in");
+    std::fs::write(&src, &bytes).unwrap();
+    ok(&[
+        "volume",
+        "import",
+        s(&m[0]),
+        "pp",
+        s(&src),
+        "--place",
+        "2",
+        "0",
+    ]);
+    let ls = ok(&["volume", "ls", s(&m[1])]);
+    assert!(
+        ls.contains("partition pp 3158073 bytes placed on members 2,0"),
+        "{ls}"
+    );
+    let out = dir.path().join("placed.out");
+    ok(&["volume", "export", s(&m[2]), "pp", s(&out)]);
+    assert!(std::fs::read(&out).unwrap() == bytes);
+}
+
+#[test]
+fn a_200_mb_file_round_trips_over_4_members() {
+    let dir = tempfile::tempdir().unwrap();
+    if !uring_works(dir.path()) {
+        return;
+    }
+    // 200 MB = 191 MiB: 48 striped groups of 4 × 1 MiB, plus the 2 MiB metadata area each.
+    let m = create(dir.path(), "big", 4, "52MiB");
+    let bytes = data(200_000_000, 42);
+    round_trip(&m[2], dir.path(), "movie", &bytes);
+}
+
+#[test]
+fn a_stream_from_a_volume_to_tcp_matches_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    if !uring_works(dir.path()) {
+        return;
+    }
+    let m = create(dir.path(), "net", 3, "16MiB");
+    let bytes = data(9 * MIB as usize + 777, 3);
+    let src = dir.path().join("net.in");
+    std::fs::write(&src, &bytes).unwrap();
+    ok(&["volume", "import", s(&m[1]), "clip", s(&src)]);
+
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let receiver = std::thread::spawn(move || {
+        let (mut sock, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        sock.read_to_end(&mut got).unwrap();
+        got
+    });
+    // `vol:NAME/PARTITION`: NAME comes from PENSTOCK_VOLUMES (a name cannot hold a '/').
+    let o = penstock()
+        .args(["stream", "vol:net/clip", &format!("tcp://{addr}")])
+        .env(
+            "PENSTOCK_VOLUMES",
+            format!("other=/nonexistent,net={}", s(&m[2])),
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let got = receiver.join().unwrap();
+    assert_eq!(got.len(), bytes.len());
+    assert!(got == bytes, "bytes received differ from the file");
+    // An offset and a length inside the partition, not aligned to anything.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let receiver = std::thread::spawn(move || {
+        let (mut sock, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        sock.read_to_end(&mut got).unwrap();
+        got
+    });
+    let o = penstock()
+        .args([
+            "stream",
+            "vol:net/clip",
+            &format!("tcp://{addr}"),
+            "--offset",
+            "70001",
+            "--length",
+            "3000000",
+        ])
+        .env("PENSTOCK_VOLUMES", format!("net={}", s(&m[0])))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(receiver.join().unwrap() == bytes[70001..3_070_001]);
+}
+
+/// The metadata areas of the members, to prove that a refused command changed nothing.
+fn metadata_areas(members: &[PathBuf]) -> Vec<Vec<u8>> {
+    members
+        .iter()
+        .map(|m| {
+            let mut b = vec![0u8; 2 * MIB as usize];
+            let mut f = std::fs::File::open(m).unwrap();
+            f.read_exact(&mut b).unwrap();
+            b
+        })
+        .collect()
+}
+
+#[test]
+fn bad_input_is_refused_with_a_clear_error_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Too small: nothing is created.
+    let tiny = d.join("tiny");
+    fails(
+        &[
+            "volume",
+            "create",
+            "t",
+            "--member",
+            s(&tiny),
+            "--member-size",
+            "2MiB",
+        ],
+        "too small",
+    );
+    assert!(!tiny.exists(), "a refused create left a file behind");
+    // Missing member file without --member-size.
+    fails(
+        &["volume", "create", "t", "--member", s(&tiny)],
+        "does not exist",
+    );
+    // Listed twice, even under another name.
+    let a = d.join("a");
+    let a2 = format!("{}/./a", s(d));
+    fails(
+        &[
+            "volume",
+            "create",
+            "t",
+            "--member",
+            s(&a),
+            "--member",
+            &a2,
+            "--member-size",
+            "8MiB",
+        ],
+        "listed twice",
+    );
+    assert!(!a.exists());
+
+    let v1 = create(d, "one", 2, "8MiB");
+    let before = metadata_areas(&v1);
+    // A member of another volume.
+    let c = d.join("c");
+    fails(
+        &[
+            "volume",
+            "create",
+            "two",
+            "--member",
+            s(&c),
+            "--member",
+            s(&v1[1]),
+            "--member-size",
+            "8MiB",
+        ],
+        "belongs to volume one",
+    );
+    assert!(!c.exists());
+    assert_eq!(
+        metadata_areas(&v1),
+        before,
+        "a refused create changed volume one"
+    );
+    // A partition larger than the free space; an unknown partition; a bad --place.
+    fails(
+        &[
+            "volume",
+            "add-partition",
+            s(&v1[0]),
+            "huge",
+            "--size",
+            "13MiB",
+        ],
+        "too large",
+    );
+    fails(
+        &["volume", "export", s(&v1[0]), "nope", s(&d.join("x"))],
+        "no partition named nope",
+    );
+    fails(
+        &["volume", "rm", s(&v1[0]), "nope"],
+        "no partition named nope",
+    );
+    fails(
+        &[
+            "volume",
+            "add-partition",
+            s(&v1[0]),
+            "p",
+            "--size",
+            "1MiB",
+            "--place",
+            "5",
+        ],
+        "out of range",
+    );
+    fails(
+        &[
+            "volume",
+            "add-partition",
+            s(&v1[0]),
+            "bad/name",
+            "--size",
+            "1MiB",
+        ],
+        "outside [A-Za-z0-9._-]",
+    );
+    assert_eq!(
+        metadata_areas(&v1),
+        before,
+        "refused commands changed volume one"
+    );
+    // A missing member.
+    let v3 = create(d, "three", 3, "8MiB");
+    std::fs::rename(&v3[2], d.join("moved")).unwrap();
+    fails(&["volume", "ls", s(&v3[0])], "member 2 of 3 is missing");
+    std::fs::rename(d.join("moved"), &v3[2]).unwrap();
+    ok(&["volume", "check", s(&v3[0])]);
+    // A member from another volume swapped in: refused by uuid.
+    std::fs::rename(&v3[1], d.join("saved")).unwrap();
+    std::fs::copy(&v1[1], &v3[1]).unwrap();
+    fails(&["volume", "ls", s(&v3[0])], "belongs to another volume");
+    std::fs::rename(d.join("saved"), &v3[1]).unwrap();
+    // Not a volume at all.
+    let plain = d.join("plain");
+    std::fs::write(&plain, vec![0u8; 4 * MIB as usize]).unwrap();
+    fails(&["volume", "ls", s(&plain)], "no penstock volume magic");
+}
+
+fn flip(path: &Path, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b[0] ^= 0x5a;
+    f.write_all_at(&b, offset).unwrap();
+    f.sync_all().unwrap();
+}
+
+#[test]
+fn a_flipped_metadata_byte_is_detected_and_the_other_copy_used() {
+    let dir = tempfile::tempdir().unwrap();
+    if !uring_works(dir.path()) {
+        return;
+    }
+    let d = dir.path();
+    let m = create(d, "c", 2, "8MiB");
+    let bytes = data(1_500_000, 9);
+    // After the import the newest copy (seq 4) is in slot B, the older (seq 3) in slot A.
+    round_trip(&m[0], d, "p", &bytes);
+    let export = |name: &str| {
+        let out = d.join(name);
+        ok(&["volume", "export", s(&m[1]), "p", s(&out)]);
+        assert!(std::fs::read(&out).unwrap() == bytes);
+    };
+    // 1. The older copy of member 0, in its partition table.
+    flip(&m[0], 200);
+    let o = run(&["volume", "check", s(&m[0])]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("slot A is bad"), "{}", text(&o));
+    export("after-a");
+    ok(&["volume", "check", "--repair", s(&m[0])]);
+    ok(&["volume", "check", s(&m[0])]);
+    // 2. The newest copy of member 1 (after the repair's two updates: slot B again).
+    flip(&m[1], MIB + 100);
+    let o = run(&["volume", "check", s(&m[1])]);
+    assert!(text(&o).contains("slot B is bad"), "{}", text(&o));
+    export("after-b");
+    ok(&["volume", "check", "--repair", s(&m[1])]);
+    ok(&["volume", "check", s(&m[0])]);
+    // 3. Both copies of one member (in the uuid, right after the 64-byte header): a clear
+    // error naming both.
+    flip(&m[1], 70);
+    flip(&m[1], MIB + 70);
+    for member in [&m[0], &m[1]] {
+        let o = run(&["volume", "ls", s(member)]);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("both metadata copies are bad") && err.contains(s(&m[1])),
+            "{}",
+            text(&o)
+        );
+    }
+}
+
+/// A small seeded generator for the crash test.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn sigkill_at_random_points_leaves_a_checkable_volume_and_reported_partitions_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    if !uring_works(dir.path()) {
+        return;
+    }
+    let d = dir.path();
+    let m = create(d, "crash", 4, "64MiB");
+    let mut reported: Vec<(String, Option<Vec<u8>>, u64)> = Vec::new();
+    let seeds = 40u64;
+    for seed in 1..=seeds {
+        let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
+        let name = format!("p{seed}");
+        let len = (rng.next() % (3 * MIB)) as usize;
+        let import = seed % 3 != 0;
+        let bytes = data(len, seed);
+        let mut cmd = penstock();
+        if import {
+            let src = d.join(format!("{name}.in"));
+            std::fs::write(&src, &bytes).unwrap();
+            cmd.args([
+                "volume",
+                "import",
+                s(&m[(seed % 4) as usize]),
+                &name,
+                s(&src),
+            ]);
+        } else {
+            cmd.args([
+                "volume",
+                "add-partition",
+                s(&m[0]),
+                &name,
+                "--size",
+                &len.to_string(),
+            ]);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Kill somewhere between "not started" and "long done" (seeded, so replayable).
+        std::thread::sleep(Duration::from_micros(rng.next() % 120_000));
+        let _ = child.kill(); // SIGKILL
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if stdout.contains(&format!("created partition {name} {len}")) {
+            reported.push((name.clone(), import.then_some(bytes), len as u64));
+        }
+        // Whatever happened, the volume opens and check finds only what repair can prove.
+        let o = run(&["volume", "check", s(&m[1])]);
+        if !o.status.success() {
+            assert!(
+                String::from_utf8_lossy(&o.stderr).contains("all repairable"),
+                "seed {seed}: {}",
+                text(&o)
+            );
+            ok(&["volume", "check", "--repair", s(&m[2])]);
+        }
+        ok(&["volume", "check", s(&m[3])]);
+    }
+    assert!(
+        !reported.is_empty(),
+        "no run completed: the delays are too short"
+    );
+    let ls = ok(&["volume", "ls", s(&m[0])]);
+    for (name, bytes, len) in &reported {
+        assert!(
+            ls.contains(&format!("partition {name} {len} bytes")),
+            "reported partition {name} is gone: {ls}"
+        );
+        if let Some(bytes) = bytes {
+            let out = d.join(format!("{name}.out"));
+            ok(&["volume", "export", s(&m[3]), name, s(&out)]);
+            assert!(
+                std::fs::read(&out).unwrap() == *bytes,
+                "partition {name} differs"
+            );
+        }
+    }
+    eprintln!(
+        "{} of {seeds} runs reported their partition before the kill",
+        reported.len()
+    );
+}

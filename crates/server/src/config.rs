@@ -1,0 +1,482 @@
+//! Everything `penstock serve` can be told, with defaults: `penstock.toml` deserializes into
+//! [`ServerConfig`]; every field is optional in the file. Sizes are bytes, times are
+//! milliseconds, rates are bytes per second (units last in every name).
+//!
+//! What SIGHUP may change live is [`HttpLimits`] and the `[[location]]` table (classes and
+//! rates per path prefix): see [`ServerConfig::live`]. Addresses, the root, worker counts,
+//! the token and the engine's sizes are fixed at start.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub http: HttpConfig,
+    pub control: ControlConfig,
+    pub engine: EngineSection,
+    pub admission: AdmissionSection,
+    /// `[limits]`: per-connection HTTP limits (reloadable).
+    pub limits: HttpLimits,
+    /// `[[location]]`: class and rate per path prefix, longest prefix wins.
+    pub location: Vec<Location>,
+    /// SIGTERM: streams still running after this long are cut.
+    pub shutdown_deadline_ms: Option<u64>,
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// `host:port`; port 0 lets the kernel choose (tests).
+    pub listen: String,
+    /// The served directory (the command line's `--root` wins).
+    pub root: Option<PathBuf>,
+    /// Event-loop threads, each with its own SO_REUSEPORT listener. 0: one per CPU.
+    pub workers: usize,
+    /// Served for a directory request when present in it (e.g. `index.html`); otherwise 403.
+    pub index: Option<String>,
+    /// The `Server` header (empty: none).
+    pub server_name: String,
+    /// Where metrics are served (`GET` only); empty to disable.
+    pub metrics_path: String,
+    /// A body of at least this many bytes without a rate limit goes to the engine (one
+    /// extent, zero-copy path `body_path`); smaller ones, multipart bodies and rate-limited
+    /// ones are sent with sendfile from the connection's own loop. 0: never the engine.
+    pub engine_body_bytes_min: u64,
+    /// The engine's data path for HTTP bodies: `sendfile`, `splice`, `uring`, `copy` or `auto`.
+    pub body_path: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> HttpConfig {
+        HttpConfig {
+            listen: "127.0.0.1:8080".into(),
+            root: None,
+            workers: 0,
+            index: None,
+            server_name: "penstock".into(),
+            metrics_path: "/metrics".into(),
+            engine_body_bytes_min: 4 << 20,
+            body_path: "sendfile".into(),
+        }
+    }
+}
+
+/// The per-connection limits; all reloadable with SIGHUP.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpLimits {
+    /// The request head (request line + headers). Beyond: 431.
+    pub header_bytes_max: usize,
+    /// The request line. Beyond: 414.
+    pub request_line_bytes_max: usize,
+    pub headers_max: usize,
+    /// Ranges in one `Range` header before the whole file is sent (200).
+    pub ranges_max: usize,
+    /// A connection waiting for (the rest of) a request head is cut after this long, however
+    /// slowly it dribbles bytes (slowloris): the clock starts when the server starts waiting.
+    pub idle_timeout_ms: u64,
+    /// A response that makes no progress for this long is cut.
+    pub send_timeout_ms: u64,
+    /// Requests on one connection before the server answers `Connection: close`.
+    pub requests_per_connection_max: u32,
+    /// Open connections, all workers together; beyond, new ones get 503 and are closed.
+    pub connections_max: usize,
+    /// Default rate per connection (nginx `limit_rate`); 0: unlimited.
+    pub limit_rate_bytes_per_s: u64,
+    /// Bytes of each response sent at full speed before the rate applies (nginx
+    /// `limit_rate_after`).
+    pub limit_rate_after_bytes: u64,
+}
+
+impl Default for HttpLimits {
+    fn default() -> HttpLimits {
+        HttpLimits {
+            header_bytes_max: 8 * 1024,
+            request_line_bytes_max: 8 * 1024,
+            headers_max: 100,
+            ranges_max: 16,
+            idle_timeout_ms: 60_000,
+            send_timeout_ms: 60_000,
+            requests_per_connection_max: 10_000,
+            connections_max: 16_384,
+            limit_rate_bytes_per_s: 0,
+            limit_rate_after_bytes: 0,
+        }
+    }
+}
+
+impl HttpLimits {
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+
+    pub fn send_timeout(&self) -> Duration {
+        Duration::from_millis(self.send_timeout_ms)
+    }
+
+    /// The core parser's limits.
+    pub fn parse_limits(&self) -> penstock_core::http::Limits {
+        penstock_core::http::Limits {
+            request_line_bytes_max: self.request_line_bytes_max,
+            header_bytes_max: self.header_bytes_max,
+            headers_max: self.headers_max,
+            ranges_max: self.ranges_max,
+        }
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        if self.header_bytes_max < 64 || self.header_bytes_max > (1 << 20) {
+            return bad("http.header_bytes_max must be 64 ..= 1 MiB");
+        }
+        if self.headers_max == 0 || self.headers_max > 1024 {
+            return bad("http.headers_max must be 1 ..= 1024");
+        }
+        if self.idle_timeout_ms == 0 || self.send_timeout_ms == 0 {
+            return bad("http.idle_timeout_ms and http.send_timeout_ms must be above 0");
+        }
+        if self.requests_per_connection_max == 0 || self.connections_max == 0 {
+            return bad(
+                "http.requests_per_connection_max and http.connections_max must be above 0",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `[[location]]`: what applies to request paths starting with `prefix`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Location {
+    /// A path prefix such as `/video/`; the longest matching prefix wins.
+    pub prefix: String,
+    /// The QoS class of these requests (`rt`, `bulk` or a configured name): the label of
+    /// their metrics, and the class their streams will be scheduled in once the disk
+    /// scheduler runs in the engine.
+    #[serde(default)]
+    pub class: Option<String>,
+    /// Overrides `http.limit_rate_bytes_per_s` (0: unlimited).
+    #[serde(default)]
+    pub limit_rate_bytes_per_s: Option<u64>,
+    #[serde(default)]
+    pub limit_rate_after_bytes: Option<u64>,
+}
+
+/// `[control]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControlConfig {
+    /// TCP `host:port`; empty: no TCP control.
+    pub listen: String,
+    /// A Unix socket path; `None`: no Unix control.
+    pub unix: Option<PathBuf>,
+    /// The token `AUTH` checks. `None`: the server makes a random one at start and writes
+    /// it to `token_file` (mode 0600).
+    pub token: Option<String>,
+    /// Where a generated token is written.
+    pub token_file: Option<PathBuf>,
+    /// Peer addresses that count as local (no `AUTH` needed for their own streams).
+    /// Empty: every loopback address (127.0.0.0/8, ::1).
+    pub local_peers: Vec<IpAddr>,
+    /// Control connections at once; beyond, a new one gets `503` and is closed.
+    pub connections_max: usize,
+    /// One command line; beyond: 414 and the connection closes.
+    pub line_bytes_max: usize,
+}
+
+impl Default for ControlConfig {
+    fn default() -> ControlConfig {
+        ControlConfig {
+            listen: "127.0.0.1:7070".into(),
+            unix: None,
+            token: None,
+            token_file: None,
+            local_peers: Vec::new(),
+            connections_max: 64,
+            line_bytes_max: 4096,
+        }
+    }
+}
+
+impl ControlConfig {
+    /// Whether a peer at `ip` counts as local.
+    pub fn is_local(&self, ip: IpAddr) -> bool {
+        if self.local_peers.is_empty() {
+            ip.is_loopback()
+                || matches!(ip, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()))
+        } else {
+            self.local_peers.contains(&ip)
+        }
+    }
+}
+
+/// `[engine]`: the stream engine's sizes (see `penstock_driver::EngineConfig`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineSection {
+    /// 0: one per CPU.
+    pub workers: usize,
+    pub pool_buffers: Option<usize>,
+    pub buffer_bytes: Option<usize>,
+    pub streams_max: Option<usize>,
+}
+
+impl EngineSection {
+    pub fn engine_config(&self) -> penstock_driver::EngineConfig {
+        let mut c = penstock_driver::EngineConfig::default();
+        if self.workers > 0 {
+            c.workers = self.workers;
+        }
+        if let Some(n) = self.pool_buffers {
+            c.pool_buffers = n;
+        }
+        if let Some(n) = self.buffer_bytes {
+            c.buffer_bytes = n;
+        }
+        if let Some(n) = self.streams_max {
+            c.streams_max = n;
+        }
+        c
+    }
+}
+
+/// `[admission]`: the capacity admission control tests `OPEN … class=rt` against. Unset
+/// fields take `penstock_core::admission::Capacity::CONSERVATIVE`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionSection {
+    pub disk_seq_bytes_per_s: Option<u64>,
+    pub disk_random_iops: Option<u64>,
+    pub net_bytes_per_s: Option<u64>,
+    pub buffer_count: Option<u32>,
+    pub buffer_bytes: Option<u64>,
+    pub bulk_share_percent: Option<u8>,
+    pub streams_max: Option<u32>,
+    pub rt_latency_ns: Option<u64>,
+}
+
+impl AdmissionSection {
+    pub fn admission_config(&self) -> penstock_core::admission::AdmissionConfig {
+        let mut cap = penstock_core::admission::Capacity::CONSERVATIVE;
+        if let Some(v) = self.disk_seq_bytes_per_s {
+            cap.disk_seq_bytes_per_s = v;
+        }
+        if let Some(v) = self.disk_random_iops {
+            cap.disk_random_iops = v;
+        }
+        if let Some(v) = self.net_bytes_per_s {
+            cap.net_bytes_per_s = v;
+        }
+        if let Some(v) = self.buffer_count {
+            cap.buffer_count = v;
+        }
+        if let Some(v) = self.buffer_bytes {
+            cap.buffer_bytes = v;
+        }
+        penstock_core::admission::AdmissionConfig {
+            capacity: cap,
+            bulk_share_percent: self.bulk_share_percent.unwrap_or(20),
+            streams_max: self.streams_max.unwrap_or(1024),
+            rt_latency_ns: self.rt_latency_ns.unwrap_or(0),
+        }
+    }
+}
+
+/// What SIGHUP reloads: the limits and the locations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveConfig {
+    pub limits: HttpLimits,
+    /// Sorted longest prefix first.
+    pub locations: Vec<Location>,
+}
+
+/// The policy for one request path, resolved from [`LiveConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathPolicy<'a> {
+    pub class: &'a str,
+    pub limit_rate_bytes_per_s: u64,
+    pub limit_rate_after_bytes: u64,
+}
+
+impl LiveConfig {
+    /// The class and rate for `path`: the longest matching `[[location]]`, then the defaults.
+    pub fn policy(&self, path: &str) -> PathPolicy<'_> {
+        let loc = self.locations.iter().find(|l| path.starts_with(&l.prefix));
+        PathPolicy {
+            class: loc.and_then(|l| l.class.as_deref()).unwrap_or("bulk"),
+            limit_rate_bytes_per_s: loc
+                .and_then(|l| l.limit_rate_bytes_per_s)
+                .unwrap_or(self.limits.limit_rate_bytes_per_s),
+            limit_rate_after_bytes: loc
+                .and_then(|l| l.limit_rate_after_bytes)
+                .unwrap_or(self.limits.limit_rate_after_bytes),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Reads and checks a TOML file.
+    pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let cfg: ServerConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    /// Checks what can be checked without opening anything.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.limits.check()?;
+        self.http.listen.parse::<SocketAddr>().map_err(|e| {
+            ConfigError::Invalid(format!("http.listen {:?}: {e}", self.http.listen))
+        })?;
+        if !self.control.listen.is_empty() {
+            self.control.listen.parse::<SocketAddr>().map_err(|e| {
+                ConfigError::Invalid(format!("control.listen {:?}: {e}", self.control.listen))
+            })?;
+        }
+        self.body_path()?;
+        for l in &self.location {
+            if !l.prefix.starts_with('/') {
+                return Err(ConfigError::Invalid(format!(
+                    "location prefix {:?} must start with /",
+                    l.prefix
+                )));
+            }
+        }
+        if self.control.line_bytes_max < 64 || self.control.connections_max == 0 {
+            return Err(ConfigError::Invalid(
+                "control.line_bytes_max must be at least 64 and control.connections_max above 0"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The engine path for HTTP bodies.
+    pub fn body_path(&self) -> Result<penstock_core::stream::PathChoice, ConfigError> {
+        use penstock_core::stream::{DataPath, PathChoice};
+        Ok(match self.http.body_path.as_str() {
+            "auto" => PathChoice::Auto,
+            "sendfile" => PathChoice::Fixed(DataPath::Sendfile),
+            "splice" => PathChoice::Fixed(DataPath::Splice),
+            "uring" => PathChoice::Fixed(DataPath::Uring),
+            "copy" => PathChoice::Fixed(DataPath::Copy),
+            other => {
+                return Err(ConfigError::Invalid(format!(
+                    "http.body_path {other:?}: expected sendfile, splice, uring, copy or auto"
+                )));
+            }
+        })
+    }
+
+    /// The reloadable part.
+    pub fn live(&self) -> LiveConfig {
+        let mut locations = self.location.clone();
+        locations.sort_by_key(|l| std::cmp::Reverse(l.prefix.len()));
+        LiveConfig {
+            limits: self.limits.clone(),
+            locations,
+        }
+    }
+
+    pub fn shutdown_deadline(&self) -> Duration {
+        Duration::from_millis(self.shutdown_deadline_ms.unwrap_or(10_000))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c: ServerConfig = toml::from_str("").unwrap();
+        c.check().unwrap();
+        assert_eq!(c.http.listen, "127.0.0.1:8080");
+        assert_eq!(c.control.listen, "127.0.0.1:7070");
+        assert_eq!(c.limits, HttpLimits::default());
+    }
+
+    #[test]
+    fn longest_prefix_wins() {
+        let c: ServerConfig = toml::from_str(
+            r#"
+            [limits]
+            idle_timeout_ms = 500
+            limit_rate_bytes_per_s = 100
+            [[location]]
+            prefix = "/v/"
+            class = "rt"
+            [[location]]
+            prefix = "/v/slow/"
+            limit_rate_bytes_per_s = 10
+            limit_rate_after_bytes = 5
+            "#,
+        )
+        .unwrap();
+        c.check().unwrap();
+        let live = c.live();
+        assert_eq!(live.limits.idle_timeout_ms, 500);
+        let p = live.policy("/v/slow/a");
+        assert_eq!(
+            (p.class, p.limit_rate_bytes_per_s, p.limit_rate_after_bytes),
+            ("bulk", 10, 5)
+        );
+        let p = live.policy("/v/a");
+        assert_eq!((p.class, p.limit_rate_bytes_per_s), ("rt", 100));
+        assert_eq!(live.policy("/x").class, "bulk");
+    }
+
+    #[test]
+    fn the_example_file_parses_and_matches_the_defaults() {
+        let c: ServerConfig =
+            toml::from_str(include_str!("../../../docs/penstock.example.toml")).unwrap();
+        c.check().unwrap();
+        assert_eq!(c.limits, HttpLimits::default());
+        assert_eq!(
+            c.http.engine_body_bytes_min,
+            HttpConfig::default().engine_body_bytes_min
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        assert!(toml::from_str::<ServerConfig>("[limits]\nidle_typo = 1\n").is_err());
+    }
+
+    #[test]
+    fn loopback_is_local_unless_configured() {
+        let mut c = ControlConfig::default();
+        assert!(c.is_local("127.0.0.2".parse().unwrap()));
+        assert!(!c.is_local("10.0.0.1".parse().unwrap()));
+        c.local_peers = vec!["127.0.0.1".parse().unwrap()];
+        assert!(!c.is_local("127.0.0.2".parse().unwrap()));
+    }
+}

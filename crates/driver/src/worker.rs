@@ -232,7 +232,8 @@ const TAG_POLL: u64 = 1;
 pub(crate) const TAG_READ: u64 = 2;
 pub(crate) const TAG_SEND: u64 = 3;
 const WAKE_TOKEN: u64 = u64::MAX - 1;
-const TIMER_TOKEN: u64 = u64::MAX - 2;
+/// Timer tokens are `TIMER_TOKEN_BASE + k` for the timer in slot `k` (below the wake token).
+const TIMER_TOKEN_BASE: u64 = u64::MAX - 2 - TIMERS_MAX as u64;
 /// Timers in flight at most (a newer, earlier deadline arms another one).
 const TIMERS_MAX: u32 = 8;
 /// Streams made runnable by deadlines in one loop turn at most.
@@ -275,8 +276,9 @@ struct Worker {
     timer_mode: TimerMode,
     spin: Duration,
     /// Deadline of the earliest timer armed in the ring, and how many are in flight.
-    timer_armed: Option<Instant>,
-    timers_in_flight: u32,
+    /// The deadline each timer slot is armed for (`None`: free). A timer at or before the
+    /// next deadline must exist whenever the loop blocks.
+    timers: [Option<Instant>; TIMERS_MAX as usize],
     /// The disk scheduler every uring-path read goes through (with a ring only).
     disk: Option<DiskQueue>,
     /// Completions of reads cancelled while queued in the disk scheduler.
@@ -379,8 +381,7 @@ pub(crate) fn spawn_worker(
             due: Vec::new(),
             timer_mode,
             spin,
-            timer_armed: None,
-            timers_in_flight: 0,
+            timers: [None; TIMERS_MAX as usize],
             disk,
             synthetic: Vec::new(),
         };
@@ -692,17 +693,25 @@ impl Worker {
                         .expect("room for the wake poll");
                     self.wake_armed = true;
                 }
+                // Sleep no later than `at`: an armed timer at or before it already does;
+                // otherwise arm one in a free slot, or (all slots busy with later timers) bound
+                // the wait itself.
+                let mut bound = None;
                 if let Some(at) = wake_at {
-                    let earlier = self.timer_armed.is_none_or(|armed| at < armed);
-                    if earlier && self.timers_in_flight < TIMERS_MAX {
-                        ring.timeout_at(at.as_nanos(), TIMER_TOKEN)
-                            .expect("room for a timer");
-                        self.timer_armed = Some(at);
-                        self.timers_in_flight += 1;
+                    let covered = self.timers.iter().flatten().any(|&t| t <= at);
+                    if !covered {
+                        match self.timers.iter().position(Option::is_none) {
+                            Some(k) => {
+                                ring.timeout_at(at.as_nanos(), TIMER_TOKEN_BASE + k as u64)
+                                    .expect("room for a timer");
+                                self.timers[k] = Some(at);
+                            }
+                            None => bound = Some(at.saturating_duration_since(clock::now())),
+                        }
                     }
                 }
                 let r = if block {
-                    ring.submit_and_wait(1, None)
+                    ring.submit_and_wait(1, bound)
                 } else {
                     ring.submit().map(drop)
                 };
@@ -778,11 +787,8 @@ impl Worker {
     }
 
     fn route(&mut self, c: &Completion) {
-        if c.token == TIMER_TOKEN {
-            self.timers_in_flight -= 1;
-            if self.timers_in_flight == 0 {
-                self.timer_armed = None;
-            }
+        if (TIMER_TOKEN_BASE..TIMER_TOKEN_BASE + TIMERS_MAX as u64).contains(&c.token) {
+            self.timers[(c.token - TIMER_TOKEN_BASE) as usize] = None;
             return;
         }
         if c.token == WAKE_TOKEN {

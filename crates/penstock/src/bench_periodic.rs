@@ -471,9 +471,23 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                 };
                 let c0 = cpu_times(CpuWho::Process);
                 let w0 = std::time::Instant::now();
+                let run = match sender.as_str() {
+                    "penstock" => run_engine(&spec, false, workers, timer),
+                    "penstock-rt" => run_engine(&spec, true, workers, timer),
+                    _ => Ok((LatenessStats::new(0), Vec::new(), String::new())),
+                };
+                // A cell that cannot run here (e.g. more descriptors than RLIMIT_NOFILE allows)
+                // is reported and skipped; the other cells still count.
+                let run = match run {
+                    Ok(r) => r,
+                    Err(e) => {
+                        eprintln!("  N={n:<5} load={load:<4} {sender:<11} FAILED: {e:#}");
+                        let _ = rx.finish();
+                        continue;
+                    }
+                };
                 let (stats, trace, note) = match sender.as_str() {
-                    "penstock" => run_engine(&spec, false, workers, timer)?,
-                    "penstock-rt" => run_engine(&spec, true, workers, timer)?,
+                    "penstock" | "penstock-rt" => run,
                     "usleep" => {
                         let (s, t) = run_threads(&spec, false)?;
                         (s, t, String::new())

@@ -106,6 +106,22 @@ fn classify_file(file: File, label: String) -> Result<Opened, OpenError> {
     })
 }
 
+fn datagram_socket(fd: OwnedFd, label: String) -> Opened {
+    Opened {
+        kind: IoKind::Datagram,
+        ..stream_socket(fd, label)
+    }
+}
+
+/// The wildcard address of `remote`'s family, at `port` (0: any), to bind a local end to.
+fn any_local(remote: SocketAddr, port: u16) -> SocketAddr {
+    if remote.is_ipv4() {
+        ([0, 0, 0, 0], port).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, port).into()
+    }
+}
+
 fn stream_socket(fd: OwnedFd, label: String) -> Opened {
     Opened {
         fd,
@@ -146,14 +162,7 @@ pub fn open_source(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
             let s = UdpSocket::bind(&addrs[..]).map_err(io_err(&label))?;
             on_listen(s.local_addr().map_err(io_err(&label))?);
             set_nonblocking(&s, &label)?;
-            Ok(Opened {
-                fd: s.into(),
-                kind: IoKind::Datagram,
-                size: None,
-                socket: true,
-                label,
-                volume: None,
-            })
+            Ok(datagram_socket(s.into(), label))
         }
         Endpoint::Unix { .. } | Endpoint::UnixListen { .. } => {
             open_stream_socket(ep, label, on_listen)
@@ -189,22 +198,11 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
         } => {
             let addrs = host_port(host, *port, &label)?;
             let remote = addrs[0];
-            let local: SocketAddr = if remote.is_ipv4() {
-                ([0, 0, 0, 0], local_port.unwrap_or(0)).into()
-            } else {
-                (std::net::Ipv6Addr::UNSPECIFIED, local_port.unwrap_or(0)).into()
-            };
-            let s = UdpSocket::bind(local).map_err(io_err(&label))?;
+            let s = UdpSocket::bind(any_local(remote, local_port.unwrap_or(0)))
+                .map_err(io_err(&label))?;
             s.connect(remote).map_err(io_err(&label))?;
             set_nonblocking(&s, &label)?;
-            Ok(Opened {
-                fd: s.into(),
-                kind: IoKind::Datagram,
-                size: None,
-                socket: true,
-                label,
-                volume: None,
-            })
+            Ok(datagram_socket(s.into(), label))
         }
         Endpoint::Unix { .. } | Endpoint::UnixListen { .. } => {
             open_stream_socket(ep, label, on_listen)
@@ -333,11 +331,7 @@ fn tcp_connect(
             let sock =
                 socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
                     .map_err(io_err(label))?;
-            let local: SocketAddr = if remote.is_ipv4() {
-                ([0, 0, 0, 0], lp).into()
-            } else {
-                (std::net::Ipv6Addr::UNSPECIFIED, lp).into()
-            };
+            let local = any_local(remote, lp);
             sock.set_reuse_address(true).map_err(io_err(label))?;
             sock.bind(&local.into()).map_err(io_err(label))?;
             sock.connect(&remote.into()).map_err(io_err(label))?;

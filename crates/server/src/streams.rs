@@ -510,16 +510,10 @@ impl Streams {
                 }
             }
             other => {
-                let name = match other {
-                    Run::Pending => "pending",
-                    Run::Paused { .. } => "paused",
-                    Run::Done => "done",
-                    _ => "failed",
-                };
                 e.run = other;
                 Reply::new(
                     ReplyCode::WRONG_STATE,
-                    format!("stream {id} is {name}, not running"),
+                    format!("stream {id} is {}, not running", e.state_name()),
                 )
             }
         }
@@ -544,16 +538,10 @@ impl Streams {
                 }
             },
             other => {
-                let name = match other {
-                    Run::Pending => "pending",
-                    Run::Running { .. } => "running",
-                    Run::Done => "done",
-                    _ => "failed",
-                };
                 e.run = other;
                 Reply::new(
                     ReplyCode::WRONG_STATE,
-                    format!("stream {id} is {name}, not paused"),
+                    format!("stream {id} is {}, not paused", e.state_name()),
                 )
             }
         }

@@ -8,6 +8,11 @@
 //! the kernel permits it, so that bfq/mq-deadline also put other processes' reads behind it).
 //! A read whose stream was cancelled while queued is completed with ECANCELED without
 //! touching the disk.
+//!
+//! The queue names every request itself (a sequence number in [`DISK_TOKEN_BASE`]`..`), so that
+//! one stream may have several reads of the same buffer queued at once — the member pieces of a
+//! volume chunk, each on its own device — and translates a completion back to the stream's
+//! token ([`DiskQueue::translate`]).
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
@@ -49,13 +54,21 @@ impl Default for DiskConfig {
     }
 }
 
+/// Ring tokens of dispatched reads are `DISK_TOKEN_BASE + n`: above every stream token (a
+/// worker's slots stay below 2^22, see `engine::STREAMS_MAX_LIMIT`) and below the timer and
+/// wake tokens (which have the top bit set).
+pub(crate) const DISK_TOKEN_BASE: u64 = 1 << 62;
+
 /// A read a stream asks for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReadReq {
+    /// The stream's token; its completion comes back with it.
     pub token: u64,
     pub fd: RawFd,
     pub dev: u64,
     pub buf: BufId,
+    /// Where in `buf` the bytes go.
+    pub buf_offset: usize,
     pub len: usize,
     pub file_offset: u64,
     pub rw_flags: i32,
@@ -71,7 +84,12 @@ struct Queued {
 pub(crate) struct DiskQueue {
     sched: IoScheduler,
     devices: HashMap<u64, DeviceId>,
+    /// Queued reads by request number.
     queued: HashMap<u64, Queued>,
+    /// Dispatched reads: request number → the stream's token.
+    inflight: HashMap<u64, u64>,
+    /// The next request number.
+    next_id: u64,
     rt: ClassId,
     bulk: ClassId,
     rt_ioprio: Option<u16>,
@@ -106,6 +124,8 @@ impl DiskQueue {
             sched,
             devices: HashMap::new(),
             queued: HashMap::new(),
+            inflight: HashMap::new(),
+            next_id: 0,
             rt,
             bulk,
             rt_ioprio,
@@ -118,11 +138,12 @@ impl DiskQueue {
         if rt { self.rt } else { self.bulk }
     }
 
-    /// Whether `class`'s queue can take one more read.
-    pub(crate) fn has_room(&self, class: ClassId) -> bool {
-        self.sched
-            .counters(class)
-            .is_ok_and(|c| c.queued < u64::from(self.queue_max))
+    /// Whether `class`'s queue can take `n` more reads (an empty queue takes any number: the
+    /// pieces of one volume chunk may outnumber the bound, and must still go).
+    pub(crate) fn has_room(&self, class: ClassId, n: usize) -> bool {
+        self.sched.counters(class).is_ok_and(|c| {
+            c.queued == 0 || c.queued.saturating_add(n as u64) <= u64::from(self.queue_max)
+        })
     }
 
     /// Whether rt reads carry IOPRIO_CLASS_RT.
@@ -142,10 +163,11 @@ impl DiskQueue {
     /// its buffer and asks again later.
     pub(crate) fn submit(&mut self, now: Instant, req: ReadReq) -> Result<(), SchedError> {
         let device = self.device(req.dev);
+        let id = self.next_id;
         self.sched.submit(
             now,
             Request {
-                id: RequestId(req.token),
+                id: RequestId(id),
                 class: req.class,
                 device,
                 offset_bytes: req.file_offset,
@@ -153,8 +175,9 @@ impl DiskQueue {
                 deadline: req.deadline,
             },
         )?;
+        self.next_id = (id + 1) % DISK_TOKEN_BASE;
         self.queued.insert(
-            req.token,
+            id,
             Queued {
                 req,
                 cancelled: false,
@@ -163,18 +186,30 @@ impl DiskQueue {
         Ok(())
     }
 
-    /// Marks every queued (not yet dispatched) read whose token satisfies `pred` as cancelled.
-    pub(crate) fn cancel_where(&mut self, pred: impl Fn(u64) -> bool) {
-        for (t, q) in self.queued.iter_mut() {
-            if pred(*t) {
+    /// Cancels every read whose stream token satisfies `pred`: queued ones are completed with
+    /// ECANCELED without reaching the disk, dispatched ones are cancelled in the ring.
+    pub(crate) fn cancel_where(&mut self, pred: impl Fn(u64) -> bool, ring: &mut Ring) {
+        for q in self.queued.values_mut() {
+            if pred(q.req.token) {
                 q.cancelled = true;
             }
         }
+        let mine: Vec<u64> = self
+            .inflight
+            .iter()
+            .filter(|(_, t)| pred(**t))
+            .map(|(id, _)| DISK_TOKEN_BASE + id)
+            .collect();
+        if !mine.is_empty() {
+            ring.cancel_where(|t| mine.contains(&t));
+        }
     }
 
-    /// Hands the ring every read the scheduler lets through now.
+    /// Hands the ring every read the scheduler lets through now (as many as the ring takes).
     pub(crate) fn dispatch(&mut self, now: Instant, ring: &mut Ring) {
-        while let Some(r) = self.sched.poll_dispatch(now) {
+        while ring.ops_available() > 0
+            && let Some(r) = self.sched.poll_dispatch(now)
+        {
             let q = self
                 .queued
                 .remove(&r.id.0)
@@ -197,20 +232,32 @@ impl DiskQueue {
             ring.read(
                 q.req.fd,
                 q.req.buf,
-                0,
+                q.req.buf_offset,
                 q.req.len,
                 q.req.file_offset,
                 q.req.rw_flags,
                 ioprio,
-                q.req.token,
+                DISK_TOKEN_BASE + r.id.0,
             )
-            .expect("ops_max covers every buffer of the pool in flight");
+            .expect("the ring had room for one more operation");
+            self.inflight.insert(r.id.0, q.req.token);
         }
     }
 
-    /// A dispatched read completed: its device slot is free again.
-    pub(crate) fn complete(&mut self, now: Instant, token: u64) {
-        let _ = self.sched.complete(now, RequestId(token));
+    /// Translates a completion of a dispatched read back to its stream's token and frees the
+    /// read's device slot; any other completion is returned as it is.
+    pub(crate) fn translate(&mut self, now: Instant, c: Completion) -> Completion {
+        let Some(id) = c.token.checked_sub(DISK_TOKEN_BASE) else {
+            return c;
+        };
+        if id >= DISK_TOKEN_BASE {
+            return c;
+        }
+        let Some(token) = self.inflight.remove(&id) else {
+            return c;
+        };
+        let _ = self.sched.complete(now, RequestId(id));
+        Completion { token, ..c }
     }
 
     /// Completions of reads cancelled before they reached the disk.

@@ -43,6 +43,9 @@ use penstock_core::lateness::{LatenessStats, TraceRecord};
 use penstock_core::sched::edf::Order;
 use penstock_core::schedule::{Schedule, UnitPlan, check_plan};
 
+/// The largest `streams_max`: completion tokens carry a worker's stream slot in 22 bits.
+pub const STREAMS_MAX_LIMIT: usize = 1 << 20;
+
 /// Engine-wide limits and sizes, fixed at start.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -428,6 +431,12 @@ impl Engine {
             return Err(EngineError::Config(format!(
                 "spin must be at most {SPIN_MAX:?}, got {:?}",
                 cfg.spin
+            )));
+        }
+        if cfg.streams_max == 0 || cfg.streams_max > STREAMS_MAX_LIMIT {
+            return Err(EngineError::Config(format!(
+                "streams_max must be 1..={STREAMS_MAX_LIMIT}, got {}",
+                cfg.streams_max
             )));
         }
         if cfg.stream_depth == 0 || cfg.stream_depth > cfg.pool_buffers {

@@ -59,8 +59,9 @@ pub(crate) struct UringState {
     read_len: usize,
     /// Next file offset to read (aligned when direct).
     next_read: u64,
-    /// The source's device (st_dev), for the per-device disk queue.
+    /// The source's device, for the per-device disk queue (a volume source: each member's).
     dev: u64,
+    member_devs: Vec<u64>,
     /// End of reads: the stream's end, rounded up to the alignment when direct.
     read_end: u64,
     chunks: VecDeque<Chunk>,
@@ -76,6 +77,20 @@ pub(crate) struct UringState {
     plan_read_unit: usize,
     /// The target is a volume partition: full chunks become per-member writes.
     vol_write: bool,
+}
+
+/// The device a read of `fd` lands on: a block device's own number, else the file system's.
+fn device_of(fd: impl AsFd) -> u64 {
+    match rustix::fs::fstat(fd) {
+        Ok(st)
+            if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                == rustix::fs::FileType::BlockDevice =>
+        {
+            st.st_rdev
+        }
+        Ok(st) => st.st_dev,
+        Err(_) => 0,
+    }
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -166,7 +181,10 @@ impl UringState {
                 .min(buffer_bytes / a * a)
         };
         self.next_read = io.start / align * align;
-        self.dev = rustix::fs::fstat(&io.source.fd).map_or(0, |st| st.st_dev);
+        self.dev = device_of(&io.source.fd);
+        if let Some(v) = &io.source.volume {
+            self.member_devs = v.members.iter().map(device_of).collect();
+        }
         self.read_end = end.div_ceil(align) * align;
         if io.cache == CachePolicy::Drop {
             self.rw_flags = penstock_uring::sys::RWF_DONTCACHE;
@@ -214,7 +232,22 @@ impl UringState {
                 plan_units = n;
                 want = bytes as usize;
             }
-            let pending = if let Some(v) = &io.source.volume {
+            // Every read goes through the worker's disk scheduler: a plain file's as one
+            // request, a volume chunk's as one request per member piece (MARS's ccd under DRR).
+            let class = disk.class(io.rt);
+            let deadline = match &mut io.pace {
+                Some(p) => {
+                    let first_unit = if plan_units > 0 {
+                        self.plan_read_unit as u64
+                    } else {
+                        self.next_read.max(io.start).saturating_sub(io.start) / io.unit as u64
+                    };
+                    p.deadline_of(first_unit, now)
+                }
+                None => None,
+            };
+            let mut reqs: Vec<ReadReq> = Vec::new();
+            if let Some(v) = &io.source.volume {
                 let pieces = match v.split(self.next_read, want as u64) {
                     Ok(p) => p,
                     Err(e) => {
@@ -222,65 +255,50 @@ impl UringState {
                         return Step::Finish(Err(StreamError::Invalid(e.to_string())));
                     }
                 };
-                if ring.ops_available() < pieces.len() {
-                    ring.pool_mut().free(buf);
-                    break;
-                }
                 for p in &pieces {
-                    let t = token(TAG_READ, buf.index() as u16);
-                    let fd = v.members[p.member.get()].as_raw_fd();
-                    ring.read(
-                        fd,
+                    reqs.push(ReadReq {
+                        token: 0, // taken below, once the queue has room
+                        fd: v.members[p.member.get()].as_raw_fd(),
+                        dev: self.member_devs[p.member.get()],
                         buf,
-                        p.buf_offset_bytes as usize,
-                        p.len_bytes as usize,
-                        p.member_offset_bytes,
-                        self.rw_flags,
-                        0,
-                        t,
-                    )
-                    .expect("room for every piece was checked");
+                        buf_offset: p.buf_offset_bytes as usize,
+                        len: p.len_bytes as usize,
+                        file_offset: p.member_offset_bytes,
+                        rw_flags: self.rw_flags,
+                        class,
+                        deadline,
+                    });
                 }
-                pieces.len() as u32
             } else {
-                // A plain file: the read goes through the worker's disk scheduler.
                 let fd = match (&io.direct, self.direct) {
                     (Some(d), true) => d.as_raw_fd(),
                     _ => io.source.fd.as_raw_fd(),
                 };
-                let class = disk.class(io.rt);
-                if !disk.has_room(class) {
-                    // The class's queue is full: backpressure. Keep nothing, ask again later.
-                    ring.pool_mut().free(buf);
-                    *refused = true;
-                    break;
-                }
-                let deadline = match &mut io.pace {
-                    Some(p) => {
-                        let first_unit = if plan_units > 0 {
-                            self.plan_read_unit as u64
-                        } else {
-                            self.next_read.max(io.start).saturating_sub(io.start) / io.unit as u64
-                        };
-                        p.deadline_of(first_unit, now)
-                    }
-                    None => None,
-                };
-                let req = ReadReq {
-                    token: token(TAG_READ, buf.index() as u16),
+                reqs.push(ReadReq {
+                    token: 0, // taken below, once the queue has room
                     fd,
                     dev: self.dev,
                     buf,
+                    buf_offset: 0,
                     len: want,
                     file_offset: self.next_read,
                     rw_flags: self.rw_flags,
                     class,
                     deadline,
-                };
+                });
+            }
+            if !disk.has_room(class, reqs.len()) {
+                // The class's queue is full: backpressure. Keep nothing, ask again later.
+                ring.pool_mut().free(buf);
+                *refused = true;
+                break;
+            }
+            let pending = reqs.len() as u32;
+            for mut req in reqs {
+                req.token = token(TAG_READ, buf.index() as u16);
                 disk.submit(now, req)
                     .expect("room in the class's queue was checked");
-                1
-            };
+            }
             self.chunks.push_back(Chunk {
                 buf,
                 file_off: self.next_read,

@@ -492,7 +492,7 @@ impl Worker {
                 let mine = |t: u64| token_parts(t).0 == slot && token_parts(t).1 == generation;
                 ring.cancel_where(mine);
                 if let Some(disk) = &mut self.disk {
-                    disk.cancel_where(mine);
+                    disk.cancel_where(mine, ring);
                 }
             }
             if let Reactor::Poll { waiting } = &mut self.reactor {
@@ -787,6 +787,10 @@ impl Worker {
     }
 
     fn route(&mut self, c: &Completion) {
+        let c = &match &mut self.disk {
+            Some(disk) => disk.translate(clock::now(), *c),
+            None => *c,
+        };
         if (TIMER_TOKEN_BASE..TIMER_TOKEN_BASE + TIMERS_MAX as u64).contains(&c.token) {
             self.timers[(c.token - TIMER_TOKEN_BASE) as usize] = None;
             return;
@@ -807,11 +811,6 @@ impl Worker {
         if !c.more {
             task.in_ring -= 1;
         }
-        if tag == TAG_READ
-            && let Some(disk) = &mut self.disk
-        {
-            disk.complete(clock::now(), c.token);
-        }
         if tag != TAG_POLL
             && let (Machine::Uring(u), Reactor::Ring(ring)) = (&mut task.machine, &mut self.reactor)
             && let Err(e) = u.on_completion(&mut task.io, ring, tag, arg, c)
@@ -822,7 +821,7 @@ impl Worker {
             let mine = |t: u64| token_parts(t).0 == slot && token_parts(t).1 == generation;
             ring.cancel_where(mine);
             if let Some(disk) = &mut self.disk {
-                disk.cancel_where(mine);
+                disk.cancel_where(mine, ring);
             }
         }
         if task.outcome.is_some() && task.in_ring == 0 {

@@ -528,7 +528,7 @@ impl Engine {
         &self,
         spec: StreamSpec,
         source: Opened,
-        target: Opened,
+        mut target: Opened,
     ) -> Result<StreamHandle, StreamError> {
         let schedule = spec.schedule.filter(|s| !s.is_burst());
         let mut choice = spec.path;
@@ -555,6 +555,15 @@ impl Engine {
             Some(r) => r.map_err(StreamError::Invalid)?,
             None => choose_path(choice, source.kind, target.kind, spec.cache, self.caps())?,
         };
+        if path == DataPath::Copy
+            && let Some(v) = target.volume.as_mut()
+        {
+            v.make_buffered().map_err(|source| StreamError::Io {
+                op: "reopening the volume's members",
+                bytes_sent: 0,
+                source,
+            })?;
+        }
         if schedule.is_some() && !matches!(path, DataPath::Uring | DataPath::Copy) {
             return Err(StreamError::Invalid(format!(
                 "a paced stream sends unit by unit at deadlines: use the uring or copy path, not {path}"

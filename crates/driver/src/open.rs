@@ -221,6 +221,16 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
 /// file name) for a stream: shared access to read it, exclusive to write it. The partition must
 /// be ready; a target is overwritten from its start, up to its size.
 fn open_volume(vol: &str, partition: &str, access: Access) -> Result<Opened, OpenError> {
+    opened_partition(open_partition(vol, partition, access)?)
+}
+
+/// The I/O of a ready partition `partition` of volume `vol` (see [`open_volume`]): its member
+/// descriptors hold the volume's lock (`access`) for as long as they live.
+pub fn open_partition(
+    vol: &str,
+    partition: &str,
+    access: Access,
+) -> Result<PartitionIo, OpenError> {
     let label = format!("vol:{vol}/{partition}");
     let err = |error| OpenError::Volume {
         label: label.clone(),
@@ -228,8 +238,7 @@ fn open_volume(vol: &str, partition: &str, access: Access) -> Result<Opened, Ope
     };
     let path = crate::volume::resolve(vol).map_err(err)?;
     let v = Volume::open(&path, access).map_err(err)?;
-    let pio = v.partition_io(partition, false).map_err(err)?;
-    opened_partition(pio)
+    v.partition_io(partition, false).map_err(err)
 }
 
 /// An [`Opened`] for a partition the caller already holds (an import writing the partition it
@@ -262,22 +271,25 @@ pub fn volume_path(
         return None;
     }
     Some(match choice {
+        // A socket, a pipe or stdin into a partition: bytes of unknown length arriving in
+        // pieces of any size, written through the page cache (members reopened buffered) on
+        // the copy path and made durable at the end.
+        PathChoice::Auto | PathChoice::Fixed(DataPath::Copy)
+            if target.volume.is_some() && source.kind != IoKind::File =>
+        {
+            Ok(DataPath::Copy)
+        }
         _ if !caps.uring => Err(
             "volume partitions are read and written through io_uring, which is unavailable here"
                 .to_string(),
         ),
-        PathChoice::Auto | PathChoice::Fixed(DataPath::Uring) => {
-            if target.volume.is_some() && source.kind != IoKind::File {
-                Err(format!(
-                    "a volume target needs a file or volume source for now (got {})",
-                    source.label
-                ))
-            } else {
-                Ok(DataPath::Uring)
-            }
-        }
+        PathChoice::Fixed(DataPath::Uring) if source.kind != IoKind::File => Err(format!(
+            "the uring path reads files: {} into a volume moves on the copy path",
+            source.label
+        )),
+        PathChoice::Auto | PathChoice::Fixed(DataPath::Uring) => Ok(DataPath::Uring),
         PathChoice::Fixed(p) => Err(format!(
-            "volume partitions move only on the uring path (got --path {p})"
+            "volume partitions move on the uring path, or copy from a socket or pipe (got --path {p})"
         )),
     })
 }

@@ -91,6 +91,35 @@ fn drop_cached(io: &TaskIo, from: u64, len: usize) {
     }
 }
 
+/// A volume target's bytes are durable when its stream reports success, as they are when
+/// written with O_DIRECT on the uring path: fdatasync the members.
+fn finish_volume(io: &TaskIo) -> Result<(), StreamError> {
+    match &io.target.volume {
+        Some(v) => v.sync_data().map_err(|source| StreamError::Io {
+            op: "fdatasync of the volume's members",
+            bytes_sent: io.sent,
+            source,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn volume_write_error(io: &TaskIo, e: io::Error) -> StreamError {
+    let size = io.target.volume.as_ref().map_or(0, |v| v.size_bytes);
+    if e.raw_os_error() == Some(libc::ENOSPC) && io.sent >= size {
+        StreamError::Invalid(format!(
+            "the source is longer than {} ({size} bytes): {} bytes written, the rest refused",
+            io.target.label, io.sent
+        ))
+    } else {
+        StreamError::Io {
+            op: "write to a volume member",
+            bytes_sent: io.sent,
+            source: e,
+        }
+    }
+}
+
 pub(crate) fn readiness_step(
     machine: &mut Machine,
     io: &mut TaskIo,
@@ -110,6 +139,17 @@ fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, 
     for _ in 0..budget {
         if c.pos < c.have {
             let chunk = &c.buf[c.pos..c.have];
+            if let Some(v) = &io.target.volume {
+                // A volume partition (members reopened buffered): written at the stream's
+                // position in it, piece by piece.
+                let (n, e) = v.write_vectored_at(&[chunk], io.sent);
+                c.pos += n as usize;
+                io.add_sent(n as usize, u64::from(c.pos == c.have));
+                if let Some(e) = e {
+                    return Err(volume_write_error(io, e));
+                }
+                continue;
+            }
             let r = if io.target.socket {
                 rustix::net::send(&io.target.fd, chunk, rustix::net::SendFlags::NOSIGNAL)
             } else {
@@ -138,7 +178,7 @@ fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, 
         }
         let want = next_len(io);
         if want == 0 {
-            return Ok(Step::Finish(Ok(())));
+            return Ok(Step::Finish(finish_volume(io)));
         }
         if let Some(p) = &mut io.pace
             && let Err(at) = p.gate(crate::clock::now())
@@ -183,7 +223,7 @@ fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, 
         match r {
             Ok(0) if io.source.kind == IoKind::Datagram => {} // an empty datagram: nothing to send
             Ok(0) if io.end.is_some() => return Err(shrank(io)),
-            Ok(0) => return Ok(Step::Finish(Ok(()))),
+            Ok(0) => return Ok(Step::Finish(finish_volume(io))),
             Ok(n) => {
                 io.pos += n as u64;
                 io.add_read(n);

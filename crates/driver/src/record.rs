@@ -47,6 +47,7 @@ use penstock_uring::sys::{RecvBatch, set_socket_int};
 use rustix::event::{PollFd, PollFlags};
 
 use crate::clock;
+use crate::volume::PartitionIo;
 
 /// The longest the loop waits for a datagram before it looks at the stop flag, the duration
 /// and the sync thread again.
@@ -174,9 +175,75 @@ pub fn track_path(media: &Path, kind: TrackKind) -> PathBuf {
 
 const KINDS: [TrackKind; 3] = [TrackKind::Time, TrackKind::Packet, TrackKind::Frame];
 
+/// Where a recording goes.
+#[derive(Debug)]
+pub enum RecordDst {
+    /// A media file, its tracks beside it (`FILE.time`, …).
+    File(PathBuf),
+    /// A volume partition (held open, exclusively, by the caller) and the prefix of the track
+    /// files (`PREFIX.time`, …): the tracks stay ordinary files that tools can read. The
+    /// partition's size bounds the recording; the tracks say where the media ends.
+    Partition {
+        io: Box<PartitionIo>,
+        tracks: PathBuf,
+    },
+}
+
+impl RecordDst {
+    /// The path the track files are named after.
+    pub fn tracks_prefix(&self) -> &Path {
+        match self {
+            RecordDst::File(p) => p,
+            RecordDst::Partition { tracks, .. } => tracks,
+        }
+    }
+}
+
+/// The media: a file, or a partition's members reopened buffered.
+#[derive(Clone)]
+enum Media {
+    File(Arc<File>),
+    Partition(Arc<PartitionIo>),
+}
+
+impl Media {
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> (u64, Option<io::Error>) {
+        match self {
+            Media::File(f) => {
+                let mut slices: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+                pwritev_all(f.as_fd(), &mut slices, offset)
+            }
+            Media::Partition(p) => p.write_vectored_at(bufs, offset),
+        }
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        match self {
+            Media::File(f) => rustix::fs::fdatasync(f.as_fd()).map_err(Into::into),
+            Media::Partition(p) => p.sync_data(),
+        }
+    }
+
+    /// The media's length: a file's, or the partition's size (the tracks end the recording).
+    fn len(&self) -> io::Result<u64> {
+        match self {
+            Media::File(f) => Ok(f.metadata()?.len()),
+            Media::Partition(p) => Ok(p.size_bytes),
+        }
+    }
+
+    /// Cuts a file's media to `len`; a partition keeps its size (its tail is not indexed).
+    fn cut(&self, len: u64) -> io::Result<()> {
+        match self {
+            Media::File(f) => f.set_len(len),
+            Media::Partition(_) => Ok(()),
+        }
+    }
+}
+
 /// The four files of a recording and how much of each was written.
 struct Files {
-    media: Arc<File>,
+    media: Media,
     tracks: [Arc<File>; 3],
     media_len: u64,
     track_len: [u64; 3],
@@ -193,20 +260,16 @@ impl Files {
         }
     }
 
-    fn all(&self) -> [Arc<File>; 4] {
-        [
-            self.media.clone(),
-            self.tracks[0].clone(),
-            self.tracks[1].clone(),
-            self.tracks[2].clone(),
-        ]
+    fn all(&self) -> (Media, [Arc<File>; 3]) {
+        (self.media.clone(), self.tracks.clone())
     }
 }
 
 /// fdatasync the media, then the tracks: at a sync point the durable tracks never describe
 /// media that is not durable.
-fn sync_in_order(files: &[Arc<File>; 4]) -> io::Result<()> {
-    for f in files {
+fn sync_in_order((media, tracks): &(Media, [Arc<File>; 3])) -> io::Result<()> {
+    media.sync_data()?;
+    for f in tracks {
         rustix::fs::fdatasync(f.as_fd())?;
     }
     Ok(())
@@ -222,7 +285,7 @@ struct Syncer {
 }
 
 impl Syncer {
-    fn start(files: [Arc<File>; 4]) -> io::Result<Syncer> {
+    fn start(files: (Media, [Arc<File>; 3])) -> io::Result<Syncer> {
         let (tx, req) = sync_channel::<SyncPoint>(1);
         let (done, rx) = channel();
         let join = std::thread::Builder::new()
@@ -347,6 +410,23 @@ pub fn record(
     stop: &AtomicBool,
     on_sync: &mut dyn FnMut(&SyncPoint),
 ) -> Result<RecordReport, RecordError> {
+    record_to(
+        socket,
+        RecordDst::File(dst.to_path_buf()),
+        cfg,
+        stop,
+        on_sync,
+    )
+}
+
+/// [`record`] into a file or a volume partition.
+pub fn record_to(
+    socket: BorrowedFd<'_>,
+    dst: RecordDst,
+    cfg: &RecordConfig,
+    stop: &AtomicBool,
+    on_sync: &mut dyn FnMut(&SyncPoint),
+) -> Result<RecordReport, RecordError> {
     if !(1..=DATAGRAM_BYTES_MAX).contains(&cfg.datagram_bytes_max) {
         return Err(RecordError::Config(format!(
             "datagram size limit must be 1..={DATAGRAM_BYTES_MAX} bytes, got {}",
@@ -378,7 +458,22 @@ pub fn record(
             .map(Arc::new)
             .map_err(|source| RecordError::Open { path, source })
     };
-    let media = create(dst.to_path_buf())?;
+    let prefix = dst.tracks_prefix().to_path_buf();
+    let dst_label = match &dst {
+        RecordDst::File(p) => p.display().to_string(),
+        RecordDst::Partition { io, .. } => format!("vol:{}", io.label),
+    };
+    let media = match dst {
+        RecordDst::File(p) => Media::File(create(p)?),
+        RecordDst::Partition { mut io, .. } => {
+            io.make_buffered().map_err(|source| RecordError::Open {
+                path: PathBuf::from(format!("vol:{}", io.label)),
+                source,
+            })?;
+            Media::Partition(Arc::from(io))
+        }
+    };
+    let dst = prefix.as_path();
     let tracks = [
         create(track_path(dst, TrackKind::Time))?,
         create(track_path(dst, TrackKind::Packet))?,
@@ -557,13 +652,10 @@ pub fn record(
                     });
                 }
             }
-            // 1. The media: one vectored write of the slots, no copy.
-            let mut slices: Vec<IoSlice<'_>> = kept
-                .iter()
-                .map(|&i| IoSlice::new(batch.datagram(i)))
-                .collect();
-            let (written, media_err) =
-                pwritev_all(files.media.as_fd(), &mut slices, files.media_len);
+            // 1. The media: one vectored write of the slots, no copy (a partition: one per
+            // member piece).
+            let slices: Vec<&[u8]> = kept.iter().map(|&i| batch.datagram(i)).collect();
+            let (written, media_err) = files.media.write_vectored_at(&slices, files.media_len);
             files.media_len += written;
             // 2. The tracks, for the datagrams the media holds whole.
             out.clear();
@@ -629,7 +721,7 @@ pub fn record(
     let mut kept_report = None;
     let (mut packets, mut media_bytes) = (writer.packets(), files.media_len);
     if let StopCause::NoSpace { .. } = cause {
-        let r = cut_to_readable(dst, &files).map_err(|e| RecordError::Io {
+        let r = cut_to_readable(&dst_label, &files).map_err(|e| RecordError::Io {
             op: "cutting the recording back after running out of space",
             packets,
             source: e,
@@ -680,7 +772,7 @@ pub fn record(
 
 /// Reads a recording's tracks back, checks them against the media and cuts all four files to
 /// the readable prefix (truncating never needs space). Returns the check of the kept part.
-fn cut_to_readable(dst: &Path, files: &Files) -> io::Result<CheckReport> {
+fn cut_to_readable(dst: &str, files: &Files) -> io::Result<CheckReport> {
     let read = |f: &File| -> io::Result<Vec<u8>> {
         let len = f.metadata()?.len();
         let mut b = vec![0u8; len as usize];
@@ -688,18 +780,15 @@ fn cut_to_readable(dst: &Path, files: &Files) -> io::Result<CheckReport> {
         Ok(b)
     };
     let bad = |e: penstock_core::track::TrackError| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{}: {e}", dst.display()),
-        )
+        io::Error::new(io::ErrorKind::InvalidData, format!("{dst}: {e}"))
     };
     let time = decode::<TimeRecord>(&read(&files.tracks[0])?, RECORDS_MAX).map_err(bad)?;
     let packet = decode::<PacketRecord>(&read(&files.tracks[1])?, RECORDS_MAX).map_err(bad)?;
     let frame = decode::<FrameRecord>(&read(&files.tracks[2])?, RECORDS_MAX).map_err(bad)?;
-    let media_len = files.media.metadata()?.len();
+    let media_len = files.media.len()?;
     let r = check(&time.records, &packet.records, &frame.records, media_len);
     let rec = |n: u64| (HEADER_BYTES + RECORD_BYTES * n as usize) as u64;
-    files.media.set_len(r.readable_media_bytes)?;
+    files.media.cut(r.readable_media_bytes)?;
     files.tracks[0].set_len(rec(r.readable_packets))?;
     files.tracks[1].set_len(rec(r.readable_packets))?;
     files.tracks[2].set_len(rec(r.readable_frames))?;
@@ -782,20 +871,30 @@ pub fn media_path(path: &Path) -> PathBuf {
 
 /// Reads the tracks beside `media` (at most `records_max` records each) and checks them.
 pub fn load_recording(media: &Path, records_max: u64) -> Result<LoadedRecording, LoadError> {
-    let read = |path: PathBuf| {
-        std::fs::read(&path)
-            .map(|b| (path.clone(), b))
-            .map_err(|source| LoadError::Io { path, source })
-    };
     let media_len_bytes = std::fs::metadata(media)
         .map_err(|source| LoadError::Io {
             path: media.to_path_buf(),
             source,
         })?
         .len();
-    let (tp, tb) = read(track_path(media, TrackKind::Time))?;
-    let (pp, pb) = read(track_path(media, TrackKind::Packet))?;
-    let (fp, fb) = read(track_path(media, TrackKind::Frame))?;
+    load_tracks(media, media_len_bytes, records_max)
+}
+
+/// Reads the tracks named after `prefix` and checks them against media of `media_len_bytes`
+/// (a recording in a volume partition: the partition's size).
+pub fn load_tracks(
+    prefix: &Path,
+    media_len_bytes: u64,
+    records_max: u64,
+) -> Result<LoadedRecording, LoadError> {
+    let read = |path: PathBuf| {
+        std::fs::read(&path)
+            .map(|b| (path.clone(), b))
+            .map_err(|source| LoadError::Io { path, source })
+    };
+    let (tp, tb) = read(track_path(prefix, TrackKind::Time))?;
+    let (pp, pb) = read(track_path(prefix, TrackKind::Packet))?;
+    let (fp, fb) = read(track_path(prefix, TrackKind::Frame))?;
     let time = decode::<TimeRecord>(&tb, records_max)
         .map_err(|source| LoadError::Track { path: tp, source })?;
     let packet = decode::<PacketRecord>(&pb, records_max)

@@ -108,12 +108,14 @@ impl UringState {
         let mut align = 1u64;
         self.direct = io.direct.is_some();
         let planned = io.pace.as_ref().is_some_and(|p| p.plan().is_some());
-        if planned && io.source.volume.is_some() {
-            // Volume reads are whole aligned blocks; planned units fall anywhere.
-            return Err(StreamError::Invalid(
-                "playing a recording back from a vol: partition is not supported: use a file"
-                    .into(),
-            ));
+        if planned && let Some(v) = io.source.volume.as_mut() {
+            // Planned units fall anywhere; O_DIRECT member reads are whole aligned blocks:
+            // read the members through the page cache instead.
+            v.make_buffered().map_err(|source| StreamError::Io {
+                op: "reopening the volume's members",
+                bytes_sent: 0,
+                source,
+            })?;
         }
         if self.direct && planned {
             // Planned units fall anywhere: aligned reads would straddle them.
@@ -122,8 +124,9 @@ impl UringState {
             io.note_once("O_DIRECT is not used for planned units: reading through the page cache");
         }
         if let Some(v) = &io.source.volume {
-            // Member descriptors are O_DIRECT (when the file system allows): whole blocks only.
-            self.direct = true;
+            // Member descriptors are O_DIRECT (when the file system allows): whole blocks only
+            // (buffered ones, for planned units: any range).
+            self.direct = v.align_bytes > 1;
             align = v.align_bytes;
             if datagram && !io.start.is_multiple_of(align) {
                 return Err(StreamError::Invalid(format!(

@@ -15,8 +15,8 @@
 //! descriptors and mapping of a [`PartitionIo`].
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
-use std::os::fd::OwnedFd;
+use std::io::{self, IoSlice, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -789,6 +789,9 @@ pub struct PartitionIo {
     pub label: String,
     /// Largest member request: what every member's block queue takes without splitting it.
     piece_bytes_max: u64,
+    /// The member descriptors [`make_buffered`](Self::make_buffered) replaced: kept open
+    /// because the volume's locks live on their open file descriptions.
+    locked: Vec<OwnedFd>,
 }
 
 impl PartitionIo {
@@ -827,7 +830,81 @@ impl PartitionIo {
             align_bytes: ALIGN_BYTES,
             label: format!("{}/{}", vol.meta.name, p.name),
             piece_bytes_max,
+            locked: Vec::new(),
         })
+    }
+
+    /// Reopens every member without O_DIRECT — new open file descriptions, so the volume's own
+    /// descriptors keep theirs — for I/O at any offset and length through the page cache: a
+    /// recording's appends, and streams whose source is not a file. Access (read, or read and
+    /// write) is what the member descriptors had.
+    pub fn make_buffered(&mut self) -> io::Result<()> {
+        for fd in &mut self.members {
+            let mode = rustix::fs::fcntl_getfl(&*fd)? & rustix::fs::OFlags::RWMODE;
+            let f = OpenOptions::new()
+                .read(true)
+                .write(mode != rustix::fs::OFlags::RDONLY)
+                .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+            self.locked.push(std::mem::replace(fd, OwnedFd::from(f)));
+        }
+        self.direct = false;
+        self.align_bytes = 1;
+        Ok(())
+    }
+
+    /// Writes `bufs`, one run of bytes, at partition offset `offset`, piece by piece in
+    /// partition order (buffered members: see [`make_buffered`](Self::make_buffered)). Bytes past
+    /// the partition's size are not written: the error is then ENOSPC. Returns the bytes written
+    /// (always a prefix of the run) and the error that stopped it early, if any.
+    pub fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> (u64, Option<io::Error>) {
+        let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        let room = self.size_bytes.saturating_sub(offset);
+        let len = total.min(room);
+        let full = |done: u64| (done, Some(io::Error::from_raw_os_error(libc::ENOSPC)));
+        if len == 0 {
+            return if total == 0 { (0, None) } else { full(0) };
+        }
+        let mut pieces = match self.split(offset, len) {
+            Ok(p) => p,
+            Err(e) => {
+                return (
+                    0,
+                    Some(io::Error::new(io::ErrorKind::InvalidInput, e.to_string())),
+                );
+            }
+        };
+        pieces.sort_by_key(|p| p.buf_offset_bytes);
+        let mut done = 0u64;
+        for p in &pieces {
+            let mut slices = gather(bufs, p.buf_offset_bytes, p.len_bytes);
+            let mut slices = &mut slices[..];
+            let mut at = p.member_offset_bytes;
+            while !slices.is_empty() {
+                match rustix::io::pwritev(&self.members[p.member.get()], slices, at) {
+                    Ok(0) => return full(done),
+                    Ok(n) => {
+                        done += n as u64;
+                        at += n as u64;
+                        IoSlice::advance_slices(&mut slices, n);
+                    }
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return (done, Some(e.into())),
+                }
+            }
+        }
+        if len < total {
+            full(done)
+        } else {
+            (done, None)
+        }
+    }
+
+    /// fdatasync every member.
+    pub fn sync_data(&self) -> io::Result<()> {
+        for m in &self.members {
+            rustix::fs::fdatasync(m)?;
+        }
+        Ok(())
     }
 
     /// [`PartitionMap::split`], with pieces cut to what every member's queue takes whole.
@@ -860,6 +937,25 @@ impl PartitionIo {
         }
         Ok(out)
     }
+}
+
+/// The slices of `bufs` (one run of bytes) covering `len` bytes from `from`.
+fn gather<'a>(bufs: &[&'a [u8]], from: u64, len: u64) -> Vec<IoSlice<'a>> {
+    let (mut out, mut pos, end) = (Vec::new(), 0u64, from + len);
+    for b in bufs {
+        let (start, stop) = (pos, pos + b.len() as u64);
+        pos = stop;
+        if stop <= from || b.is_empty() {
+            continue;
+        }
+        if start >= end {
+            break;
+        }
+        let a = (from.max(start) - start) as usize;
+        let z = (end.min(stop) - start) as usize;
+        out.push(IoSlice::new(&b[a..z]));
+    }
+    out
 }
 
 /// For a block device: the largest request its queue takes without splitting, assuming

@@ -6,7 +6,7 @@
 //! part checks clean). `tracks --check`: 0 clean, 1 not clean or unreadable.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -16,11 +16,12 @@ use clap::Args;
 use penstock_core::endpoint::{Endpoint, Role};
 use penstock_core::track::{FrameRule, Playback, Record, Speed, plan_playback};
 use penstock_core::units::{parse_duration, parse_size};
-use penstock_driver::open::open_source;
+use penstock_driver::open::{open_partition, open_source};
 use penstock_driver::record::{
-    FrameChoice, LoadedRecording, RecordConfig, RecordReport, StopCause, SyncPoint, load_recording,
-    media_path, record,
+    FrameChoice, LoadedRecording, RecordConfig, RecordDst, RecordReport, StopCause, SyncPoint,
+    load_tracks, media_path, record_to,
 };
+use penstock_driver::volume::Access;
 
 /// Track records read at most per track (24 bytes each: 2.4 GB).
 const RECORDS_MAX: u64 = 100_000_000;
@@ -30,8 +31,14 @@ pub struct RecordArgs {
     /// Source: udp-listen://HOST:PORT or /net/udp/PORT (port 0: the kernel chooses; the bound
     /// address is printed on stdout as `listening ADDR`).
     pub src: String,
-    /// The media file. The tracks are written beside it: DST.time, DST.packet, DST.frame.
+    /// The media: a file (the tracks are written beside it: DST.time, DST.packet, DST.frame),
+    /// or a ready volume partition `vol:VOLUME/PARTITION` (its size bounds the recording; the
+    /// tracks go to `--tracks`).
     pub dst: String,
+    /// With a vol: DST: the prefix of the track files (default: PARTITION, in the current
+    /// directory).
+    #[arg(long)]
+    pub tracks: Option<PathBuf>,
     /// What begins an independent frame: auto (from the first datagram), mpegts (random-access
     /// indicator or H.264 IDR), mpegts-rai, rtp (after a marker), rtp-h264, every.
     #[arg(long, default_value = "auto", value_parser = parse_frames)]
@@ -104,14 +111,27 @@ pub fn run(a: RecordArgs) -> Result<()> {
         );
     }
     let dst = match Endpoint::parse(&a.dst, Role::Target)? {
-        Endpoint::File { path } => path,
-        Endpoint::Volume { .. } => {
-            bail!(
-                "vol: destinations are not supported yet (volumes have not landed); record to a file"
-            )
+        Endpoint::File { path } => {
+            if a.tracks.is_some() {
+                bail!("--tracks is for vol: destinations; a file's tracks go beside it");
+            }
+            RecordDst::File(path)
         }
-        other => bail!("record writes a file: DST must be a path, not {other}"),
+        Endpoint::Volume { volume, partition } => RecordDst::Partition {
+            io: Box::new(open_partition(
+                volume.as_str(),
+                partition.as_str(),
+                Access::Exclusive,
+            )?),
+            tracks: a
+                .tracks
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(partition.as_str())),
+        },
+        other => bail!("record writes a file or a vol: partition: DST must be one, not {other}"),
     };
+    let tracks_prefix = dst.tracks_prefix().to_path_buf();
+    let dst_label = a.dst.clone();
     let cfg = RecordConfig {
         datagram_bytes_max: usize::try_from(a.datagram_max).context("--datagram-max")?,
         batch_max: a.batch,
@@ -135,9 +155,9 @@ pub fn run(a: RecordArgs) -> Result<()> {
         let _ = std::io::stdout().flush();
     })?;
     let progress = a.progress;
-    let report = record(
+    let report = record_to(
         std::os::fd::AsFd::as_fd(&opened.fd),
-        &dst,
+        dst,
         &cfg,
         &stop,
         &mut |p| {
@@ -150,12 +170,18 @@ pub fn run(a: RecordArgs) -> Result<()> {
     if a.json {
         println!("{}", report_json(&report));
     }
-    eprintln!("{}", summary(&dst, &report));
+    eprintln!("{}", summary(Path::new(&dst_label), &report));
+    if dst_label.starts_with("vol:") {
+        eprintln!(
+            "penstock: tracks: {}.{{time,packet,frame}}",
+            tracks_prefix.display()
+        );
+    }
     if let StopCause::NoSpace { errno } = report.cause {
         let clean = report.kept.as_ref().is_some_and(|k| k.is_clean());
         bail!(
             "{} is out of space ({}): recording stopped; kept {} packets ({} bytes){}",
-            dst.display(),
+            dst_label,
             std::io::Error::from_raw_os_error(errno),
             report.packets,
             report.media_bytes,
@@ -229,8 +255,12 @@ pub fn report_json(r: &RecordReport) -> serde_json::Value {
 
 #[derive(Args, Debug)]
 pub struct TracksArgs {
-    /// A recording's media file (or one of its track files: REC.time, REC.packet, REC.frame).
-    pub file: PathBuf,
+    /// A recording's media file (or one of its track files: REC.time, REC.packet, REC.frame),
+    /// or its vol:VOLUME/PARTITION.
+    pub file: String,
+    /// A vol: recording's track prefix (default: PARTITION, in the current directory).
+    #[arg(long)]
+    pub tracks: Option<PathBuf>,
     /// Check the tracks against each other and the media instead of dumping them: says how
     /// far the recording is readable; exit 0 when clean, 1 otherwise.
     #[arg(long)]
@@ -253,9 +283,48 @@ pub fn run_tracks(a: TracksArgs) -> Result<()> {
     }
 }
 
+/// A recording named on the command line: where its tracks are, how long its media is, and
+/// a name for messages.
+pub struct Recording {
+    pub prefix: PathBuf,
+    pub media_len_bytes: u64,
+    pub label: String,
+}
+
+/// Finds the recording `name`: a media file or one of its track files, or
+/// `vol:VOLUME/PARTITION` with its tracks at `tracks` (default: PARTITION).
+pub fn recording(name: &str, tracks: Option<&Path>) -> Result<Recording> {
+    match Endpoint::parse(name, Role::Source)? {
+        Endpoint::Volume { volume, partition } => {
+            let io = open_partition(volume.as_str(), partition.as_str(), Access::Shared)?;
+            Ok(Recording {
+                prefix: tracks.map_or_else(|| PathBuf::from(partition.as_str()), Path::to_path_buf),
+                media_len_bytes: io.size_bytes,
+                label: name.to_string(),
+            })
+        }
+        Endpoint::File { path } => {
+            if tracks.is_some() {
+                bail!("--tracks is for vol: recordings; a file's tracks are beside it");
+            }
+            let media = media_path(&path);
+            let media_len_bytes = std::fs::metadata(&media)
+                .with_context(|| media.display().to_string())?
+                .len();
+            Ok(Recording {
+                label: media.display().to_string(),
+                prefix: media,
+                media_len_bytes,
+            })
+        }
+        other => bail!("a recording is a file or a vol: partition, not {other}"),
+    }
+}
+
 fn dump_tracks(a: TracksArgs) -> Result<()> {
-    let media = media_path(&a.file);
-    let rec = load_recording(&media, RECORDS_MAX)?;
+    let r = recording(&a.file, a.tracks.as_deref())?;
+    let rec = load_tracks(&r.prefix, r.media_len_bytes, RECORDS_MAX)?;
+    let media = PathBuf::from(&r.label);
     if a.check {
         return check_report(&media, &rec);
     }
@@ -357,16 +426,16 @@ fn check_report(media: &std::path::Path, rec: &LoadedRecording) -> Result<()> {
 
 /// The plan for `penstock stream REC DST --timing tracks [--from T] [--speed X]`.
 pub fn playback_plan(
-    media: &std::path::Path,
+    recording: &Recording,
     from: Option<Duration>,
     speed: Option<&str>,
 ) -> Result<Playback> {
-    let rec = load_recording(media, RECORDS_MAX)?;
+    let rec = load_tracks(&recording.prefix, recording.media_len_bytes, RECORDS_MAX)?;
     let problems = rec.problems();
     if !problems.is_empty() {
         eprintln!(
             "penstock: note: {}: {}; playing the readable prefix ({} packets)",
-            media.display(),
+            recording.label,
             problems.join("; "),
             rec.report.readable_packets
         );

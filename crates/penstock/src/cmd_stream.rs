@@ -109,6 +109,10 @@ pub struct StreamArgs {
     /// With --timing tracks: play this many times as fast (2, 0.5).
     #[arg(long)]
     pub speed: Option<String>,
+    /// With --timing tracks and a vol: SRC: the prefix of the recording's track files (default:
+    /// PARTITION, in the current directory).
+    #[arg(long)]
+    pub tracks: Option<std::path::PathBuf>,
 }
 
 fn parse_timer(s: &str) -> Result<TimerMode, String> {
@@ -195,22 +199,24 @@ pub fn run(a: StreamArgs) -> Result<()> {
     )?;
     let playback = match a.timing.as_deref() {
         None => {
-            if a.from.is_some() || a.speed.is_some() {
-                anyhow::bail!("--from and --speed need --timing tracks");
+            if a.from.is_some() || a.speed.is_some() || a.tracks.is_some() {
+                anyhow::bail!("--from, --speed and --tracks need --timing tracks");
             }
             None
         }
         Some("tracks") => {
-            let Endpoint::File { path } = &source else {
-                anyhow::bail!("--timing tracks plays a recording: SRC must be a file");
-            };
+            if !matches!(source, Endpoint::File { .. } | Endpoint::Volume { .. }) {
+                anyhow::bail!(
+                    "--timing tracks plays a recording: SRC must be a file or a vol: partition"
+                );
+            }
             if schedule.is_some() || a.offset.is_some() || a.length.is_some() || a.unit.is_some() {
                 anyhow::bail!(
                     "--timing tracks takes units, times and the extent from the tracks: drop --period/--rate/--schedule/--offset/--length/--unit"
                 );
             }
             Some(crate::cmd_record::playback_plan(
-                path,
+                &crate::cmd_record::recording(&a.src, a.tracks.as_deref())?,
                 a.from,
                 a.speed.as_deref(),
             )?)

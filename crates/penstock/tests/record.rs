@@ -935,3 +935,160 @@ fn mpegts_from_ffmpeg_records_plays_back_and_matches_ffprobe_key_frames() {
         first.first()
     );
 }
+
+/// A volume of two 4 MiB file members named `tv` (through PENSTOCK_VOLUMES) with ready
+/// partitions of the given sizes; the environment value to pass.
+fn volume_with(dir: &Path, partitions: &[(&str, &str)]) -> String {
+    let members: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("tv-m{i}"))).collect();
+    let mut args = vec!["volume", "create", "tv", "--member-size", "4MiB"];
+    for m in &members {
+        args.extend(["--member", m.to_str().unwrap()]);
+    }
+    let o = run(&args);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    for (name, size) in partitions {
+        let o = run(&[
+            "volume",
+            "add-partition",
+            members[0].to_str().unwrap(),
+            name,
+            "--size",
+            size,
+        ]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+    }
+    format!("tv={}", members[0].display())
+}
+
+/// The packets of a recording in partition `name` of volume `tv`, cut from an export of the
+/// partition by its packet track.
+fn packets_of_vol(env: &str, dir: &Path, name: &str, tracks: &Path) -> Vec<Vec<u8>> {
+    let export = dir.join(format!("{name}.export"));
+    let member = env.split_once('=').unwrap().1;
+    let o = run(&["volume", "export", member, name, export.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let media = fs::read(&export).unwrap();
+    let o = penstock(&[
+        "tracks",
+        &format!("vol:tv/{name}"),
+        "--tracks",
+        tracks.to_str().unwrap(),
+        "--track",
+        "packet",
+    ])
+    .env("PENSTOCK_VOLUMES", env)
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    text(&o.stdout)
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<usize> = l.split(',').map(|x| x.parse().unwrap()).collect();
+            media[f[1]..f[1] + f[2]].to_vec()
+        })
+        .collect()
+}
+
+fn check_vol(env: &str, name: &str, tracks: &Path) -> (bool, String) {
+    let o = penstock(&[
+        "tracks",
+        &format!("vol:tv/{name}"),
+        "--tracks",
+        tracks.to_str().unwrap(),
+        "--check",
+    ])
+    .env("PENSTOCK_VOLUMES", env)
+    .output()
+    .unwrap();
+    (o.status.success(), text(&o.stdout) + &text(&o.stderr))
+}
+
+#[test]
+fn recording_into_a_volume_partition_plays_back_byte_exact_and_stops_cleanly_when_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = volume_with(dir.path(), &[("rec", "1MiB"), ("small", "100KiB")]);
+    let tracks = dir.path().join("rec-tracks");
+    let mut rng = Rng::new(81);
+    // ~280 KB: the media crosses the 64 KiB stripe units of both members several times.
+    let sent: Vec<Vec<u8>> = (0..400).map(|i| datagram(&mut rng, i)).collect();
+    let mut cmd = penstock(&[
+        "record",
+        "udp-listen://127.0.0.1:0",
+        "vol:tv/rec",
+        "--tracks",
+        tracks.to_str().unwrap(),
+        "--frames",
+        "every",
+        "--sync-every",
+        "50ms",
+        "--progress",
+    ]);
+    cmd.env("PENSTOCK_VOLUMES", &env);
+    let r = Recorder::start_with(cmd);
+    send_all(&r.addr(), &sent, &mut rng);
+    thread::sleep(Duration::from_millis(100));
+    r.signal(rustix::process::Signal::TERM);
+    let (status, _, err) = r.wait();
+    assert!(status.success(), "{err}");
+    assert!(err.contains("recorded 400 packets"), "{err}");
+    assert!(
+        packets_of_vol(&env, dir.path(), "rec", &tracks) == sent,
+        "the partition's packets differ from the datagrams sent"
+    );
+    let (clean, out) = check_vol(&env, "rec", &tracks);
+    assert!(clean && out.contains("readable up to packet 400 "), "{out}");
+
+    // Played back from the partition with the recorded timing: the same datagrams.
+    let (addr, h) = receiver(sent.len());
+    let o = penstock(&[
+        "stream",
+        "vol:tv/rec",
+        &format!("udp://{addr}"),
+        "--timing",
+        "tracks",
+        "--tracks",
+        tracks.to_str().unwrap(),
+        "--speed",
+        "4",
+    ])
+    .env("PENSTOCK_VOLUMES", &env)
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(h.join().unwrap() == sent, "played-back datagrams differ");
+
+    // A partition too small for the stream: the recording stops, says what it kept, and the
+    // kept part is valid.
+    let small_tracks = dir.path().join("small-tracks");
+    let mut cmd = penstock(&[
+        "record",
+        "udp-listen://127.0.0.1:0",
+        "vol:tv/small",
+        "--tracks",
+        small_tracks.to_str().unwrap(),
+        "--frames",
+        "every",
+    ]);
+    cmd.env("PENSTOCK_VOLUMES", &env);
+    let (status, err, sent) = record_until_full(&small_tracks, cmd);
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("out of space") && err.contains("which check clean"),
+        "{err}"
+    );
+    let (clean, out) = check_vol(&env, "small", &small_tracks);
+    assert!(clean, "{out}");
+    let kept = packets_of_vol(&env, dir.path(), "small", &small_tracks);
+    assert!(
+        !kept.is_empty() && kept.len() < sent.len(),
+        "{}",
+        kept.len()
+    );
+    assert!(
+        kept == sent[..kept.len()],
+        "kept packets differ from those sent"
+    );
+    let kept_bytes: usize = kept.iter().map(Vec::len).sum();
+    assert!(kept_bytes <= 100 * 1024, "{kept_bytes}");
+}

@@ -538,3 +538,125 @@ fn sigkill_at_random_points_leaves_a_checkable_volume_and_reported_partitions_in
         reported.len()
     );
 }
+
+/// A socket, a pipe or stdin into a partition: the copy path writes through the page cache;
+/// an export gives the bytes back, and a source longer than the partition is refused clearly.
+#[test]
+fn a_tcp_socket_and_a_pipe_stream_into_a_partition_byte_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = create(dir.path(), "sock", 3, "8MiB");
+    ok(&[
+        "volume",
+        "add-partition",
+        s(&m[0]),
+        "fromtcp",
+        "--size",
+        "3MiB",
+    ]);
+    ok(&[
+        "volume",
+        "add-partition",
+        s(&m[0]),
+        "frompipe",
+        "--size",
+        "2MiB",
+    ]);
+    ok(&[
+        "volume",
+        "add-partition",
+        s(&m[0]),
+        "short",
+        "--size",
+        "100KiB",
+    ]);
+    let env = format!("sock={}", s(&m[1]));
+
+    // TCP: the receiver listens; a client connects and sends 3 MiB - 5 bytes in odd pieces.
+    let bytes = data(3 * MIB as usize - 5, 61);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let child = penstock()
+        .args([
+            "stream",
+            &format!("tcp-listen://127.0.0.1:{port}"),
+            "vol:sock/fromtcp",
+        ])
+        .env("PENSTOCK_VOLUMES", &env)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sock = None;
+    for _ in 0..500 {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(c) => {
+                sock = Some(c);
+                break;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    let mut sock = sock.expect("the stream listens");
+    for piece in bytes.chunks(77_777) {
+        std::io::Write::write_all(&mut sock, piece).unwrap();
+    }
+    drop(sock);
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = dir.path().join("fromtcp.out");
+    ok(&["volume", "export", s(&m[2]), "fromtcp", s(&out)]);
+    let back = std::fs::read(&out).unwrap();
+    assert!(back[..bytes.len()] == bytes[..], "bytes from TCP differ");
+
+    // A pipe on stdin.
+    let bytes = data(MIB as usize + 4097, 62);
+    let mut child = penstock()
+        .args(["stream", "-", "vol:sock/frompipe"])
+        .env("PENSTOCK_VOLUMES", &env)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &bytes).unwrap();
+    drop(child.stdin.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = dir.path().join("frompipe.out");
+    ok(&["volume", "export", s(&m[0]), "frompipe", s(&out)]);
+    assert!(
+        std::fs::read(&out).unwrap()[..bytes.len()] == bytes[..],
+        "bytes from the pipe differ"
+    );
+
+    // Longer than the partition: an error naming it; what fits is written, the volume checks.
+    let mut child = penstock()
+        .args(["stream", "-", "vol:sock/short"])
+        .env("PENSTOCK_VOLUMES", &env)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _ = std::io::Write::write_all(child.stdin.as_mut().unwrap(), &data(300_000, 63));
+    drop(child.stdin.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("longer than vol:sock/short") && err.contains("102400 bytes"),
+        "{}",
+        text(&o)
+    );
+    ok(&["volume", "check", s(&m[0])]);
+    // The uring path reads files only: asked for, it is refused by name.
+    let o = penstock()
+        .args(["stream", "-", "vol:sock/frompipe", "--path", "uring"])
+        .env("PENSTOCK_VOLUMES", &env)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("copy path"),
+        "{}",
+        text(&o)
+    );
+}

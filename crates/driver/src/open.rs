@@ -208,7 +208,7 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
             open_stream_socket(ep, label, on_listen)
         }
         Endpoint::Volume { volume, partition } => {
-            open_volume(volume.as_str(), partition.as_str(), Access::Exclusive)
+            open_volume(volume.as_str(), partition.as_str(), Access::SharedWrite)
         }
         other => Err(OpenError::Unsupported {
             label: other.to_string(),
@@ -218,7 +218,7 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
 }
 
 /// Opens partition `partition` of volume `vol` (a name in `PENSTOCK_VOLUMES` or a member's
-/// file name) for a stream: shared access to read it, exclusive to write it. The partition must
+/// file name) for a stream, sharing the volume with other streams (`Access`). The partition must
 /// be ready; a target is overwritten from its start, up to its size.
 fn open_volume(vol: &str, partition: &str, access: Access) -> Result<Opened, OpenError> {
     opened_partition(open_partition(vol, partition, access)?)

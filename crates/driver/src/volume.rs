@@ -133,10 +133,16 @@ pub fn resolve(vol: &str) -> Result<PathBuf> {
     }
 }
 
-/// Shared: read partitions. Exclusive: change the metadata or write a partition.
+/// How a volume is held. Streams share it (to read partitions, or to write a partition's
+/// bytes: neither changes the metadata); changing the metadata (create, add, remove, import,
+/// repair) needs it alone, so it waits for no stream and no stream sees it half-done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
+    /// Read partitions.
     Shared,
+    /// Read and write partitions' bytes (members opened read-write), shared with other streams.
+    SharedWrite,
+    /// Change the metadata.
     Exclusive,
 }
 
@@ -260,17 +266,32 @@ fn open_member(path: &Path, writable: bool) -> Result<Member> {
 fn lock(m: &Member, access: Access) -> Result<()> {
     use rustix::fs::FlockOperation as F;
     let op = match access {
-        Access::Shared => F::NonBlockingLockShared,
+        Access::Shared | Access::SharedWrite => F::NonBlockingLockShared,
         Access::Exclusive => F::NonBlockingLockExclusive,
     };
-    match rustix::fs::flock(&m.file, op) {
-        Ok(()) => Ok(()),
-        Err(rustix::io::Errno::WOULDBLOCK) => Err(VolumeError::Busy {
-            path: m.path.clone(),
-        }),
-        Err(e) => Err(io_err(&m.path, "lock")(e.into())),
+    // A penstock killed with I/O in flight lets go of its locks only when the kernel has torn
+    // its io_uring down, which happens after the process is gone: a lock held that way is
+    // released within moments, so a busy volume is asked again for a short while.
+    let started = std::time::Instant::now();
+    loop {
+        match rustix::fs::flock(&m.file, op) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::WOULDBLOCK) if started.elapsed() < LOCK_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(VolumeError::Busy {
+                    path: m.path.clone(),
+                });
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(io_err(&m.path, "lock")(e.into())),
+        }
     }
 }
+
+/// How long a volume held by another process is asked again before "in use" is reported.
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// An aligned buffer for one metadata area (both slots), usable with O_DIRECT.
 fn meta_buffer() -> Result<(BufferPool, penstock_uring::BufId)> {
@@ -409,7 +430,7 @@ impl Volume {
     /// through the recorded member paths, reads them, checks they form one whole volume, and
     /// locks them all.
     pub fn open(path: &Path, access: Access) -> Result<Volume> {
-        let writable = access == Access::Exclusive;
+        let writable = access != Access::Shared;
         let first = open_member(path, writable)?;
         lock(&first, access)?;
         let chosen = read_slots(&first).map_err(|error| VolumeError::Metadata {

@@ -121,7 +121,7 @@ pub fn run(a: RecordArgs) -> Result<()> {
             io: Box::new(open_partition(
                 volume.as_str(),
                 partition.as_str(),
-                Access::Exclusive,
+                Access::SharedWrite,
             )?),
             tracks: a
                 .tracks

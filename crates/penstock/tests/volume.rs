@@ -607,6 +607,27 @@ fn a_tcp_socket_and_a_pipe_stream_into_a_partition_byte_exact() {
     ok(&["volume", "export", s(&m[2]), "fromtcp", s(&out)]);
     let back = std::fs::read(&out).unwrap();
     assert!(back[..bytes.len()] == bytes[..], "bytes from TCP differ");
+    // One partition into another of the same volume: both streams share the volume's lock.
+    ok(&[
+        "volume",
+        "add-partition",
+        s(&m[0]),
+        "copy",
+        "--size",
+        "3MiB",
+    ]);
+    let o = penstock()
+        .args(["stream", "vol:sock/fromtcp", "vol:sock/copy"])
+        .env("PENSTOCK_VOLUMES", &env)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = dir.path().join("copy.out");
+    ok(&["volume", "export", s(&m[2]), "copy", s(&out)]);
+    assert!(
+        std::fs::read(&out).unwrap() == back,
+        "partition copy differs"
+    );
 
     // A pipe on stdin.
     let bytes = data(MIB as usize + 4097, 62);

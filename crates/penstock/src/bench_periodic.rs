@@ -65,6 +65,10 @@ pub struct PeriodicArgs {
     /// Engine timer: uring or nanosleep.
     #[arg(long, default_value = "uring")]
     pub timer: String,
+    /// Engine workers spin (instead of sleeping) when the next deadline is this close
+    /// (0: never; at most 1ms).
+    #[arg(long, value_parser = penstock_core::units::parse_duration, default_value = "0s")]
+    pub spin: Duration,
     /// A short run: 1, 100 and 1000 streams for 5 s, no disk load.
     #[arg(long)]
     pub quick: bool,
@@ -242,6 +246,7 @@ fn run_engine(
     realtime: bool,
     workers: usize,
     timer: TimerMode,
+    spin: Duration,
 ) -> Result<(LatenessStats, Vec<TraceRecord>, String)> {
     let per_worker = spec.streams.div_ceil(workers);
     let depth = 2;
@@ -253,6 +258,7 @@ fn run_engine(
         streams_max: spec.streams + 16,
         realtime,
         timer,
+        spin,
         ..EngineConfig::default()
     })?;
     let mut note = String::new();
@@ -472,8 +478,8 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                 let c0 = cpu_times(CpuWho::Process);
                 let w0 = std::time::Instant::now();
                 let run = match sender.as_str() {
-                    "penstock" => run_engine(&spec, false, workers, timer),
-                    "penstock-rt" => run_engine(&spec, true, workers, timer),
+                    "penstock" => run_engine(&spec, false, workers, timer, a.spin),
+                    "penstock-rt" => run_engine(&spec, true, workers, timer, a.spin),
                     _ => Ok((LatenessStats::new(0), Vec::new(), String::new())),
                 };
                 // A cell that cannot run here (e.g. more descriptors than RLIMIT_NOFILE allows)

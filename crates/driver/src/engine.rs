@@ -57,7 +57,7 @@ pub struct EngineConfig {
     pub stream_depth: usize,
     /// Pool buffers one uring-path stream may hold at once: what a `bulk` stream borrows at
     /// most, and the most an `rt` stream may reserve. At least 1; a cap above `pool_buffers`
-    /// is the whole pool.
+    /// is the whole pool. A stream holds at most `min(stream_depth, client_buffers_max)`.
     pub client_buffers_max: usize,
     /// Streams open at once, all workers together.
     pub streams_max: usize,
@@ -110,7 +110,7 @@ impl Default for EngineConfig {
             pool_buffers: 32,
             buffer_bytes: 1 << 20,
             stream_depth: 4,
-            client_buffers_max: 16,
+            client_buffers_max: 32,
             streams_max: 4096,
             register_buffers: true,
             timer: TimerMode::Uring,
@@ -154,7 +154,8 @@ pub struct StreamSpec {
     /// Disk class: `rt` or `bulk`; `None`: `rt` for paced streams, `bulk` for burst ones.
     /// An explicit `Rt` asks for a guarantee: the stream passes admission control first.
     pub class: Option<DiskClass>,
-    /// Pool buffers an admitted `rt` stream reserves (default: `stream_depth`).
+    /// Pool buffers an admitted `rt` stream reserves (default: `min(stream_depth,
+    /// client_buffers_max)`); on the uring path they are held in its worker's pool.
     pub buffers: Option<u32>,
     /// The instant unit 0 of a paced stream is due (CLOCK_MONOTONIC, see `clock::now`);
     /// `None`: when the stream first runs.
@@ -537,6 +538,16 @@ impl Engine {
         u
     }
 
+    /// What an `rt` stream reserves unless it says: the buffers it can use.
+    fn default_rt_buffers(&self) -> u32 {
+        let n = self
+            .cfg
+            .stream_depth
+            .min(self.cfg.client_buffers_max)
+            .min(self.cfg.pool_buffers);
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
     /// Places a stream on a worker: round robin; an `rt` stream on the uring path reserving
     /// `reserve` pool buffers goes to the first worker from there whose pool still holds them.
     fn place(&self, reserve: Option<u32>) -> Result<usize, StreamError> {
@@ -694,7 +705,7 @@ impl Engine {
                 class: QosClass::Rt,
                 rate_bytes_per_s: schedule_bytes_per_s(s),
                 unit_bytes: s.unit_bytes(),
-                buffers: spec.buffers.unwrap_or(self.cfg.stream_depth as u32),
+                buffers: spec.buffers.unwrap_or(self.default_rt_buffers()),
             };
             let r = self
                 .admission
@@ -756,7 +767,7 @@ impl Engine {
         }
         // An admitted rt stream on the uring path holds its buffers in its worker's pool.
         let buffers_reserved = (reservation.is_some() && path == DataPath::Uring)
-            .then(|| spec.buffers.unwrap_or(self.cfg.stream_depth as u32));
+            .then(|| spec.buffers.unwrap_or(self.default_rt_buffers()));
         let w = match self.place(buffers_reserved) {
             Ok(w) => w,
             Err(e) => {

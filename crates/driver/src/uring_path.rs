@@ -615,7 +615,7 @@ impl UringState {
     /// Pays what the stream owes to an `rt` stream with full chunks at the tail of its queue
     /// that are not being sent and of which nothing was sent: their range is read again
     /// later, so no byte is lost. Buffers in flight are never given back (see `buffers`).
-    fn pay_debt(&mut self, ring: &mut Ring, bufs: &mut WorkerBuffers) {
+    pub(crate) fn pay_debt(&mut self, ring: &mut Ring, bufs: &mut WorkerBuffers) {
         let client = self.client.expect("registered with the buffer books");
         while bufs.owed(client) > 0
             && let Some(tail) = self.chunks.back()

@@ -551,7 +551,14 @@ impl Worker {
             }
         }
         if task.outcome.is_none() && task.paused.is_some() {
-            // Paused: issue nothing; a Resume command schedules the task again.
+            // Paused: issue nothing; a Resume command schedules the task again. Buffers owed
+            // to an rt stream are still given back (a paused borrower would hold them).
+            if let (Machine::Uring(u), Reactor::Ring(ring), Some(bufs)) =
+                (&mut task.machine, &mut self.reactor, &mut self.bufs)
+                && u.client.is_some()
+            {
+                u.pay_debt(ring, bufs);
+            }
             self.slots[slot].1 = Some(task);
             return;
         }

@@ -157,6 +157,19 @@ fn until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Samples the buffers bulk streams borrow for `time`: never above `max`. Returns the peak.
+fn hold_for(e: &Engine, time: Duration, max: u64) -> u64 {
+    let start = Instant::now();
+    let mut peak = 0;
+    while start.elapsed() < time {
+        let u = e.buffer_usage();
+        assert!(u.bulk_borrowed <= max, "more than {max} borrowed: {u:?}");
+        peak = peak.max(u.bulk_borrowed);
+        thread::sleep(Duration::from_micros(200));
+    }
+    peak
+}
+
 struct Bulk {
     handle: StreamHandle,
     gate: Sender<()>,
@@ -278,21 +291,14 @@ fn no_stream_holds_more_than_client_buffers_max() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (bulk_src, bulk_crc, rt_src, rt_crc) = files(dir.path());
 
-    // One borrower alone with a depth of 8 takes 3; a second one 3 more.
+    // One borrower alone, with a depth of 8 and 8 free buffers, holds 3 at most; with a
+    // second one, 6 at most are borrowed.
     let first = open_bulk(&e, &bulk_src);
-    until("the first borrower holds its limit", || {
-        e.buffer_usage().bulk_borrowed == 3
-    });
+    let peak = hold_for(&e, Duration::from_millis(200), 3);
+    assert_eq!(peak, 3, "the borrower reached its limit");
     let second = open_bulk(&e, &bulk_src);
-    until("the second borrower holds its limit", || {
-        e.buffer_usage().bulk_borrowed == 6
-    });
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(200) {
-        let u = e.buffer_usage();
-        assert_eq!(u.bulk_borrowed, 6, "two borrowers of at most 3: {u:?}");
-        thread::sleep(Duration::from_millis(1));
-    }
+    let peak = hold_for(&e, Duration::from_millis(200), 6);
+    assert_eq!(peak, 6, "both borrowers reached their limit");
 
     // An rt reservation is a share of one pool, within the per-client limit.
     let (addr, _gate, _r) = gated_receiver();

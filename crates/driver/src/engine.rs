@@ -31,6 +31,7 @@ use penstock_core::stream::{
     choose_path,
 };
 
+use crate::buffers::BufferGauges;
 use crate::disk::DiskConfig;
 use crate::open::{OpenError, Opened, open_source, open_target, reopen_direct};
 use crate::pace::Pace;
@@ -57,6 +58,10 @@ pub struct EngineConfig {
     pub buffer_bytes: usize,
     /// Pool buffers one stream keeps in flight at most (read-ahead depth).
     pub stream_depth: usize,
+    /// Pool buffers one uring-path stream may hold at once: what a `bulk` stream borrows at
+    /// most, and the most an `rt` stream may reserve. At least 1; a cap above `pool_buffers`
+    /// is the whole pool. A stream holds at most `min(stream_depth, client_buffers_max)`.
+    pub client_buffers_max: usize,
     /// Streams open at once, all workers together.
     pub streams_max: usize,
     /// Register the pool with io_uring (READ_FIXED); off only to measure the difference.
@@ -108,6 +113,7 @@ impl Default for EngineConfig {
             pool_buffers: 32,
             buffer_bytes: 1 << 20,
             stream_depth: 4,
+            client_buffers_max: 32,
             streams_max: 4096,
             register_buffers: true,
             timer: TimerMode::Uring,
@@ -151,7 +157,8 @@ pub struct StreamSpec {
     /// Disk class: `rt` or `bulk`; `None`: `rt` for paced streams, `bulk` for burst ones.
     /// An explicit `Rt` asks for a guarantee: the stream passes admission control first.
     pub class: Option<DiskClass>,
-    /// Pool buffers an admitted `rt` stream reserves (default: `stream_depth`).
+    /// Pool buffers an admitted `rt` stream reserves (default: `min(stream_depth,
+    /// client_buffers_max)`); on the uring path they are held in its worker's pool.
     pub buffers: Option<u32>,
     /// The instant unit 0 of a paced stream is due (CLOCK_MONOTONIC, see `clock::now`);
     /// `None`: when the stream first runs.
@@ -245,6 +252,9 @@ pub enum StreamError {
     /// Admission control refused the stream; the refusal names what is short, by how much.
     #[error("admission: {0}")]
     Refused(#[from] Refusal),
+    /// The pool buffers an `rt` stream reserves do not fit (the message says what is short).
+    #[error("buffer pool: {0}")]
+    Buffers(#[from] penstock_core::buffers::BufferError),
 }
 
 /// Live counters of a stream, updated by its worker.
@@ -385,11 +395,31 @@ pub struct EngineInfo {
     pub rt_ioprio: bool,
 }
 
+/// Use of the uring path's buffer pools, all workers together (see `buffers`): cheap to
+/// read (relaxed atomics the workers update), for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BufferUsage {
+    /// Pool buffers (`workers × pool_buffers`; 0 without io_uring).
+    pub buffers_total: u64,
+    /// Reserved by the admitted `rt` streams running on the uring path.
+    pub reserved: u64,
+    /// Held now by `rt` streams (reading, full, sending).
+    pub rt_in_use: u64,
+    /// Borrowed now by `bulk` streams.
+    pub bulk_borrowed: u64,
+    /// Buffers `bulk` streams were made to give back to an `rt` stream, since start.
+    pub repossessions: u64,
+    /// Of those, full chunks given back before they were sent (their range is read again).
+    pub reread_chunks: u64,
+}
+
 /// The engine. Dropping it stops its workers (streams still running are cancelled).
 #[derive(Debug)]
 pub struct Engine {
     cfg: EngineConfig,
     workers: Vec<WorkerHandle>,
+    /// Each worker's buffer figures, by worker index.
+    gauges: Vec<Arc<BufferGauges>>,
     joins: Mutex<Vec<JoinHandle<()>>>,
     next_id: AtomicU64,
     next_worker: AtomicUsize,
@@ -445,14 +475,22 @@ impl Engine {
                 cfg.pool_buffers, cfg.stream_depth
             )));
         }
+        if cfg.client_buffers_max == 0 {
+            return Err(EngineError::Config(
+                "client_buffers_max must be at least 1 (a stream needs a buffer)".into(),
+            ));
+        }
         let mut workers = Vec::new();
         let mut joins = Vec::new();
+        let mut gauges = Vec::new();
         let mut info = None;
         for i in 0..cfg.workers {
+            let g = Arc::new(BufferGauges::default());
             let (handle, join, winfo) =
-                spawn_worker(i, &cfg).map_err(|e| EngineError::Worker(e.to_string()))?;
+                spawn_worker(i, &cfg, g.clone()).map_err(|e| EngineError::Worker(e.to_string()))?;
             workers.push(handle);
             joins.push(join);
+            gauges.push(g);
             info.get_or_insert(winfo);
         }
         let info = info.expect("at least one worker");
@@ -461,6 +499,7 @@ impl Engine {
         Ok(Engine {
             cfg,
             workers,
+            gauges,
             joins: Mutex::new(joins),
             next_id: AtomicU64::new(1),
             next_worker: AtomicUsize::new(0),
@@ -492,6 +531,60 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// The buffer pools' use now, all workers together.
+    pub fn buffer_usage(&self) -> BufferUsage {
+        let mut u = BufferUsage::default();
+        for g in &self.gauges {
+            u.buffers_total += u64::from(g.total.load(Ordering::Relaxed));
+            u.reserved += u64::from(g.reserved.load(Ordering::Relaxed));
+            u.rt_in_use += u64::from(g.rt_held.load(Ordering::Relaxed));
+            u.bulk_borrowed += u64::from(g.bulk_held.load(Ordering::Relaxed));
+            u.repossessions += g.repossessed.load(Ordering::Relaxed);
+            u.reread_chunks += g.reread_chunks.load(Ordering::Relaxed);
+        }
+        u
+    }
+
+    /// What an `rt` stream reserves unless it says: the buffers it can use.
+    fn default_rt_buffers(&self) -> u32 {
+        let n = self
+            .cfg
+            .stream_depth
+            .min(self.cfg.client_buffers_max)
+            .min(self.cfg.pool_buffers);
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Places a stream on a worker: round robin; an `rt` stream on the uring path reserving
+    /// `reserve` pool buffers goes to the first worker from there whose pool still holds them.
+    fn place(&self, reserve: Option<u32>) -> Result<usize, StreamError> {
+        let first = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+        let Some(n) = reserve else {
+            return Ok(first);
+        };
+        let cap = self.cfg.client_buffers_max.min(self.cfg.pool_buffers);
+        if n == 0 || n as usize > cap {
+            return Err(StreamError::Invalid(format!(
+                "an rt stream reserves 1..={cap} pool buffers (client_buffers_max {}, pool_buffers {}), not {n}",
+                self.cfg.client_buffers_max, self.cfg.pool_buffers
+            )));
+        }
+        let mut most_left = 0;
+        for k in 0..self.workers.len() {
+            let w = (first + k) % self.workers.len();
+            match self.gauges[w].try_reserve(n) {
+                Ok(()) => return Ok(w),
+                Err(left) => most_left = most_left.max(left),
+            }
+        }
+        Err(penstock_core::buffers::BufferError::ReserveShort {
+            need: n,
+            left: most_left,
+            buffer_count: u32::try_from(self.cfg.pool_buffers).unwrap_or(u32::MAX),
+        }
+        .into())
     }
 
     /// What io_uring offers here, for path selection.
@@ -630,7 +723,7 @@ impl Engine {
                 class: QosClass::Rt,
                 rate_bytes_per_s: schedule_bytes_per_s(s),
                 unit_bytes: s.unit_bytes(),
-                buffers: spec.buffers.unwrap_or(self.cfg.stream_depth as u32),
+                buffers: spec.buffers.unwrap_or(self.default_rt_buffers()),
             };
             let r = self
                 .admission
@@ -675,13 +768,32 @@ impl Engine {
             ZeroCopy::Auto => unit >= 64 * 1024 && !peer_is_loopback(&target),
         };
 
+        // A refusal from here on gives the admission reservation back.
+        let refuse = |e: StreamError| {
+            if let Some(id) = reservation {
+                self.admission
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .release(id);
+            }
+            Err(e)
+        };
         let prev = self.open_count.fetch_add(1, Ordering::AcqRel);
         if prev >= self.cfg.streams_max {
             self.open_count.fetch_sub(1, Ordering::AcqRel);
-            return Err(StreamError::TooManyStreams(self.cfg.streams_max));
+            return refuse(StreamError::TooManyStreams(self.cfg.streams_max));
         }
+        // An admitted rt stream on the uring path holds its buffers in its worker's pool.
+        let buffers_reserved = (reservation.is_some() && path == DataPath::Uring)
+            .then(|| spec.buffers.unwrap_or(self.default_rt_buffers()));
+        let w = match self.place(buffers_reserved) {
+            Ok(w) => w,
+            Err(e) => {
+                self.open_count.fetch_sub(1, Ordering::AcqRel);
+                return refuse(e);
+            }
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let w = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
         let worker = self.workers[w].clone();
         let counters = Arc::new(Counters::default());
         let cancel = Arc::new(AtomicBool::new(false));
@@ -702,6 +814,7 @@ impl Engine {
                 Some(c) => c == DiskClass::Rt,
                 None => schedule.is_some() || plan.is_some(),
             },
+            buffers_reserved,
             pace: if let Some(units) = plan {
                 let miss_after = spec.miss_after.unwrap_or(PLAN_MISS_AFTER_DEFAULT);
                 Some(Pace::with_plan(

@@ -5,6 +5,7 @@
 //! in `penstock-core`; all `unsafe` lives in `penstock-uring`. This crate has none.
 #![forbid(unsafe_code)]
 
+mod buffers;
 pub mod calibration;
 pub mod clock;
 pub mod disk;
@@ -18,6 +19,6 @@ pub mod volume;
 mod worker;
 
 pub use engine::{
-    CounterSnapshot, DiskClass, Engine, EngineConfig, EngineError, EngineInfo, StreamError,
-    StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
+    BufferUsage, CounterSnapshot, DiskClass, Engine, EngineConfig, EngineError, EngineInfo,
+    StreamError, StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };

@@ -21,10 +21,12 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd};
 
+use penstock_core::buffers::ClientId;
 use penstock_core::stream::{CachePolicy, IoKind};
 use penstock_uring::{BufId, Completion, Ring};
 use rustix::io::Errno;
 
+use crate::buffers::WorkerBuffers;
 use crate::clock;
 use crate::disk::{DiskQueue, ReadReq};
 use crate::engine::StreamError;
@@ -49,6 +51,8 @@ struct Chunk {
     pending: u32,
     /// Bytes the completed pieces of the current read or write moved.
     got: usize,
+    /// Planned units the read holds (a stream cut by a unit plan), to read them again.
+    plan_units: usize,
 }
 
 #[derive(Default)]
@@ -77,6 +81,8 @@ pub(crate) struct UringState {
     plan_read_unit: usize,
     /// The target is a volume partition: full chunks become per-member writes.
     vol_write: bool,
+    /// The stream's account in the worker's buffer books (set when the worker takes it).
+    pub(crate) client: Option<ClientId>,
 }
 
 /// The device a read of `fd` lands on: a block device's own number, else the file system's.
@@ -198,11 +204,14 @@ impl UringState {
     /// Queues reads and the next send; says what the stream waits for.
     /// `refused` is set when the disk queue refused a read (backpressure); the caller then
     /// retries the stream next turn.
+    // The worker's parts a step uses (ring, disk queue, buffer books) are borrowed apart.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn step(
         &mut self,
         io: &mut TaskIo,
         ring: &mut Ring,
         disk: &mut DiskQueue,
+        bufs: &mut WorkerBuffers,
         depth: usize,
         token: &mut dyn FnMut(u64, u16) -> u64,
         refused: &mut bool,
@@ -212,11 +221,13 @@ impl UringState {
         {
             return Step::Finish(Err(e));
         }
+        let client = self.client.expect("registered with the buffer books");
+        self.pay_debt(ring, bufs);
         let end = io.end.expect("file end");
         // Reads ahead, while buffers are free; each goes through the worker's disk scheduler.
         let now = clock::now();
         while self.chunks.len() < depth && self.next_read < end {
-            let Some(buf) = ring.pool_mut().alloc() else {
+            let Some(buf) = bufs.alloc(ring, client) else {
                 break;
             };
             let mut want = (self.read_end - self.next_read).min(self.read_len as u64) as usize;
@@ -229,7 +240,7 @@ impl UringState {
                     ring.pool().buffer_bytes() as u64,
                 );
                 if n == 0 {
-                    ring.pool_mut().free(buf);
+                    bufs.free(ring, client, buf);
                     break;
                 }
                 plan_units = n;
@@ -254,7 +265,7 @@ impl UringState {
                 let pieces = match v.split(self.next_read, want as u64) {
                     Ok(p) => p,
                     Err(e) => {
-                        ring.pool_mut().free(buf);
+                        bufs.free(ring, client, buf);
                         return Step::Finish(Err(StreamError::Invalid(e.to_string())));
                     }
                 };
@@ -292,11 +303,12 @@ impl UringState {
             }
             if !disk.has_room(class, reqs.len()) {
                 // The class's queue is full: backpressure. Keep nothing, ask again later.
-                ring.pool_mut().free(buf);
+                bufs.free(ring, client, buf);
                 *refused = true;
                 break;
             }
             let pending = reqs.len() as u32;
+            bufs.start_io(client, buf);
             for mut req in reqs {
                 req.token = token(TAG_READ, buf.index() as u16);
                 disk.submit(now, req)
@@ -313,6 +325,7 @@ impl UringState {
                 sending: false,
                 pending,
                 got: 0,
+                plan_units,
             });
             self.next_read += want as u64;
             self.plan_read_unit += plan_units;
@@ -321,7 +334,7 @@ impl UringState {
         // paced stream's unit goes when its deadline has come. A volume target takes whole
         // chunks as per-member writes instead.
         if self.vol_write {
-            if let Err(e) = self.write_full_chunks(io, ring, token) {
+            if let Err(e) = self.write_full_chunks(io, ring, bufs, token) {
                 return Step::Finish(Err(e));
             }
         } else if let Some(head) = self.chunks.front_mut() {
@@ -360,6 +373,7 @@ impl UringState {
                     IoKind::Pipe => ring.write(fd, head.buf, from, len, u64::MAX, t),
                 };
                 if r.is_ok() {
+                    bufs.start_io(client, head.buf);
                     head.sending = true;
                     if new_unit {
                         self.unit_left = len;
@@ -382,12 +396,13 @@ impl UringState {
         &mut self,
         io: &mut TaskIo,
         ring: &mut Ring,
+        bufs: &mut WorkerBuffers,
         tag: u64,
         buf_index: u16,
         c: &Completion,
     ) -> Result<(), StreamError> {
         if c.notification {
-            self.free_retired(ring);
+            self.free_retired(ring, bufs);
             return Ok(());
         }
         let end = io.end.expect("file end");
@@ -398,7 +413,7 @@ impl UringState {
         else {
             // A send's first completion arrived after its chunk was retired: nothing to do
             // but free the buffer once the kernel lets go of it.
-            self.free_retired(ring);
+            self.free_retired(ring, bufs);
             return Ok(());
         };
         match tag {
@@ -425,6 +440,7 @@ impl UringState {
                 if ch.pending > 0 {
                     return Ok(()); // other pieces of this chunk are still being read
                 }
+                bufs.finish_io(ch.buf);
                 let n = ch.got;
                 ch.filled = Some(n);
                 let data_end = ch.file_off + n as u64;
@@ -441,7 +457,7 @@ impl UringState {
                 let to = end.min(data_end);
                 ch.send_from = (from - ch.file_off) as usize;
                 ch.send_to = ch.send_from.max((to.max(from) - ch.file_off) as usize);
-                self.retire_done_head(ring);
+                self.retire_done_head(ring, bufs);
             }
             TAG_SEND if self.vol_write => {
                 let ch = &mut self.chunks[pos];
@@ -466,6 +482,7 @@ impl UringState {
                     return Ok(());
                 }
                 ch.sending = false;
+                bufs.finish_io(ch.buf);
                 let len = ch.send_to - ch.send_from;
                 if ch.got < len {
                     return Err(StreamError::Io {
@@ -479,11 +496,12 @@ impl UringState {
                 }
                 ch.sent = len;
                 io.add_sent(len, 1);
-                self.retire_done_head(ring);
+                self.retire_done_head(ring, bufs);
             }
             TAG_SEND => {
                 let ch = &mut self.chunks[pos];
                 ch.sending = false;
+                bufs.finish_io(ch.buf);
                 let n = match c.io_result() {
                     Ok(n) => n,
                     Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {
@@ -521,7 +539,7 @@ impl UringState {
                     self.target_off += n as u64;
                 }
                 io.add_sent(n, units);
-                self.retire_done_head(ring);
+                self.retire_done_head(ring, bufs);
             }
             _ => unreachable!("unknown tag {tag}"),
         }
@@ -533,8 +551,10 @@ impl UringState {
         &mut self,
         io: &mut TaskIo,
         ring: &mut Ring,
+        bufs: &mut WorkerBuffers,
         token: &mut dyn FnMut(u64, u16) -> u64,
     ) -> Result<(), StreamError> {
+        let client = self.client.expect("registered with the buffer books");
         let v = io
             .target
             .volume
@@ -564,6 +584,7 @@ impl UringState {
                 // The buffer may hold an older chunk's bytes there: write zeros, not them.
                 ring.pool_mut().bytes_mut(ch.buf)[len..padded].fill(0);
             }
+            bufs.start_io(client, ch.buf);
             for p in &pieces {
                 let t = token(TAG_SEND, ch.buf.index() as u16);
                 let fd = v.members[p.member.get()].as_raw_fd();
@@ -585,7 +606,7 @@ impl UringState {
     }
 
     /// Frees chunks at the head whose bytes are all sent.
-    fn retire_done_head(&mut self, ring: &mut Ring) {
+    fn retire_done_head(&mut self, ring: &mut Ring, bufs: &mut WorkerBuffers) {
         while let Some(head) = self.chunks.front() {
             let done = head.filled.is_some()
                 && !head.sending
@@ -596,26 +617,50 @@ impl UringState {
             let ch = self.chunks.pop_front().expect("head exists");
             self.retired.push(ch.buf);
         }
-        self.free_retired(ring);
+        self.free_retired(ring, bufs);
     }
 
-    fn free_retired(&mut self, ring: &mut Ring) {
+    fn free_retired(&mut self, ring: &mut Ring, bufs: &mut WorkerBuffers) {
+        let client = self.client.expect("registered with the buffer books");
         self.retired.retain(|&b| {
             if ring.pool().in_flight(b) {
                 true
             } else {
-                ring.pool_mut().free(b);
+                bufs.free(ring, client, b);
                 false
             }
         });
     }
 
+    /// Pays what the stream owes to an `rt` stream with full chunks at the tail of its queue
+    /// that are not being sent and of which nothing was sent: their range is read again
+    /// later, so no byte is lost. Buffers in flight are never given back (see `buffers`).
+    pub(crate) fn pay_debt(&mut self, ring: &mut Ring, bufs: &mut WorkerBuffers) {
+        let client = self.client.expect("registered with the buffer books");
+        while bufs.owed(client) > 0
+            && let Some(tail) = self.chunks.back()
+            && tail.filled.is_some()
+            && !tail.sending
+            && tail.sent == 0
+        {
+            let ch = self.chunks.pop_back().expect("tail exists");
+            self.next_read = ch.file_off;
+            self.plan_read_unit -= ch.plan_units;
+            bufs.free(ring, client, ch.buf);
+            bufs.note_reread();
+        }
+    }
+
     /// Gives every buffer back to the pool; called once no operation is in flight.
-    pub(crate) fn release(&mut self, ring: &mut Ring) {
+    pub(crate) fn release(&mut self, ring: &mut Ring, bufs: &mut WorkerBuffers) {
+        if self.client.is_none() {
+            assert!(self.chunks.is_empty(), "buffers without an account");
+            return;
+        }
         for ch in self.chunks.drain(..) {
             self.retired.push(ch.buf);
         }
-        self.free_retired(ring);
+        self.free_retired(ring, bufs);
         assert!(
             self.retired.is_empty(),
             "buffers still in flight at release"

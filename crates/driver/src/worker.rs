@@ -25,6 +25,7 @@ use std::time::Duration;
 use penstock_core::sched::edf::{Due, EdfQueue};
 use penstock_core::time::Instant;
 
+use crate::buffers::{BufferGauges, WorkerBuffers};
 use crate::clock;
 use crate::disk::DiskQueue;
 use crate::engine::{Counters, EngineConfig, EngineInfo, StreamError, StreamReport, TimerMode};
@@ -94,6 +95,9 @@ pub(crate) struct TaskInit {
     pub notes: Vec<String>,
     pub pace: Option<Pace>,
     pub rt: bool,
+    /// Pool buffers reserved for an admitted `rt` stream on the uring path (the engine placed
+    /// it on a worker whose pool holds them); `None`: the stream borrows.
+    pub buffers_reserved: Option<u32>,
     pub counters: Arc<Counters>,
     pub cancel: Arc<AtomicBool>,
     pub done: SyncSender<Result<StreamReport, StreamError>>,
@@ -181,6 +185,7 @@ pub(crate) struct Task {
     queued: bool,
     /// Paused since this instant: no new I/O is issued.
     paused: Option<Instant>,
+    buffers_reserved: Option<u32>,
 }
 
 impl Task {
@@ -224,6 +229,7 @@ impl Task {
             outcome: None,
             queued: false,
             paused: None,
+            buffers_reserved: init.buffers_reserved,
         }
     }
 }
@@ -283,6 +289,10 @@ struct Worker {
     disk: Option<DiskQueue>,
     /// Completions of reads cancelled while queued in the disk scheduler.
     synthetic: Vec<Completion>,
+    /// The books of the ring's buffer pool (with a ring only).
+    bufs: Option<WorkerBuffers>,
+    /// Slots the books asked to step (scratch).
+    wakeups: Vec<usize>,
 }
 
 /// Steps one stream may take per turn before others get theirs.
@@ -291,6 +301,7 @@ const STEP_BUDGET: usize = 16;
 pub(crate) fn spawn_worker(
     index: usize,
     cfg: &EngineConfig,
+    gauges: Arc<BufferGauges>,
 ) -> io::Result<(WorkerHandle, JoinHandle<()>, EngineInfo)> {
     let wake = Arc::new(
         rustix::event::eventfd(
@@ -315,6 +326,8 @@ pub(crate) fn spawn_worker(
     let disk_cfg = cfg.disk.clone();
     let buffer_bytes = cfg.buffer_bytes;
     let queue_max = u32::try_from(cfg.pool_buffers).unwrap_or(u32::MAX);
+    let clients_max = u32::try_from(cfg.streams_max).unwrap_or(u32::MAX);
+    let borrow_max = u32::try_from(cfg.client_buffers_max).unwrap_or(u32::MAX);
     let join = std::thread::Builder::new().name(format!("penstock-w{index}")).spawn(move || {
         // Timer slack of 1 ns: the kernel's default 50 µs slack would be added to every wake-up.
         let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
@@ -364,6 +377,18 @@ pub(crate) fn spawn_worker(
             },
             Reactor::Poll { .. } => None,
         };
+        let bufs = match &reactor {
+            Reactor::Ring(ring) if disk.is_some() => {
+                match WorkerBuffers::new(ring, clients_max, borrow_max, gauges) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        info.uring = Err(format!("buffer books refused the pool: {e}"));
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let _ = info_tx.send(info);
         let mut w = Worker {
             reactor,
@@ -384,6 +409,8 @@ pub(crate) fn spawn_worker(
             timers: [None; TIMERS_MAX as usize],
             disk,
             synthetic: Vec::new(),
+            bufs,
+            wakeups: Vec::new(),
         };
         w.run();
     })?;
@@ -409,8 +436,25 @@ impl Worker {
                 };
                 self.step(slot);
             }
+            self.wake_buffer_waiters();
             self.wait();
+            self.wake_buffer_waiters();
         }
+    }
+
+    /// Steps the streams the buffer books ask for: borrowers that owe buffers, and streams
+    /// that found none once one was released.
+    fn wake_buffer_waiters(&mut self) {
+        let Some(b) = &mut self.bufs else {
+            return;
+        };
+        let mut wakeups = std::mem::take(&mut self.wakeups);
+        b.take_wakeups(&mut wakeups);
+        for &slot in &wakeups {
+            self.schedule(slot);
+        }
+        wakeups.clear();
+        self.wakeups = wakeups;
     }
 
     fn take_commands(&mut self) {
@@ -424,6 +468,13 @@ impl Worker {
                             self.slots.len() - 1
                         }
                     };
+                    let mut task = task;
+                    if let (Machine::Uring(u), Some(b)) = (&mut task.machine, &mut self.bufs) {
+                        match b.register(slot, task.buffers_reserved) {
+                            Ok(c) => u.client = Some(c),
+                            Err(e) => task.outcome = Some(Err(StreamError::Buffers(e))),
+                        }
+                    }
                     self.by_id.insert(task.id, slot);
                     self.slots[slot].1 = Some(task);
                     self.schedule(slot);
@@ -500,7 +551,14 @@ impl Worker {
             }
         }
         if task.outcome.is_none() && task.paused.is_some() {
-            // Paused: issue nothing; a Resume command schedules the task again.
+            // Paused: issue nothing; a Resume command schedules the task again. Buffers owed
+            // to an rt stream are still given back (a paused borrower would hold them).
+            if let (Machine::Uring(u), Reactor::Ring(ring), Some(bufs)) =
+                (&mut task.machine, &mut self.reactor, &mut self.bufs)
+                && u.client.is_some()
+            {
+                u.pay_debt(ring, bufs);
+            }
             self.slots[slot].1 = Some(task);
             return;
         }
@@ -513,12 +571,14 @@ impl Worker {
                 Machine::Uring(u) => match &mut self.reactor {
                     Reactor::Ring(ring) => {
                         let disk = self.disk.as_mut().expect("a ring comes with a disk queue");
+                        let bufs = self.bufs.as_mut().expect("a ring comes with buffer books");
                         let mut issued = 0u32;
                         let mut refused = false;
                         let s = u.step(
                             &mut task.io,
                             ring,
                             disk,
+                            bufs,
                             self.depth,
                             &mut |tag, arg| {
                                 issued += 1;
@@ -581,8 +641,12 @@ impl Worker {
     fn finish(&mut self, slot: usize, mut task: Box<Task>) {
         if let Machine::Uring(u) = &mut task.machine
             && let Reactor::Ring(ring) = &mut self.reactor
+            && let Some(bufs) = &mut self.bufs
         {
-            u.release(ring);
+            u.release(ring, bufs);
+            if let Some(c) = u.client.take() {
+                bufs.unregister(c);
+            }
         }
         let outcome = task.outcome.take().expect("finish with an outcome");
         let started = task.started.unwrap_or_else(std::time::Instant::now);
@@ -812,8 +876,9 @@ impl Worker {
             task.in_ring -= 1;
         }
         if tag != TAG_POLL
-            && let (Machine::Uring(u), Reactor::Ring(ring)) = (&mut task.machine, &mut self.reactor)
-            && let Err(e) = u.on_completion(&mut task.io, ring, tag, arg, c)
+            && let (Machine::Uring(u), Reactor::Ring(ring), Some(bufs)) =
+                (&mut task.machine, &mut self.reactor, &mut self.bufs)
+            && let Err(e) = u.on_completion(&mut task.io, ring, bufs, tag, arg, c)
             && task.outcome.is_none()
         {
             task.finished_at = Some(std::time::Instant::now());

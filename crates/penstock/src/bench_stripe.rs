@@ -197,6 +197,7 @@ pub fn run(a: StripeArgs) -> Result<()> {
         pool_buffers: a.depth.max(1) * 2,
         buffer_bytes: 1 << 20,
         stream_depth: a.depth.max(1),
+        client_buffers_max: a.depth.max(1),
         ..EngineConfig::default()
     })?;
     if let Err(why) = &engine.info().uring {

@@ -18,6 +18,7 @@ pub mod volume;
 mod worker;
 
 pub use engine::{
-    CounterSnapshot, DiskClass, Engine, EngineConfig, EngineError, EngineInfo, StreamError,
-    StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
+    CounterSnapshot, DiskClass, DiskQueueDepth, Engine, EngineConfig, EngineError, EngineInfo,
+    LATENESS_BUCKETS, LatenessCounts, StreamError, StreamHandle, StreamReport, StreamSpec,
+    TimerMode, ZeroCopy,
 };

@@ -123,7 +123,7 @@ fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, 
                     if c.pos == c.have
                         && let Some(p) = &mut io.pace
                     {
-                        p.completed(crate::clock::now(), c.have as u64);
+                        p.completed(crate::clock::now(), c.have as u64, &io.counters);
                     }
                 }
                 Err(Errno::AGAIN) => return Ok(Step::WaitFd(Side::Target, POLLOUT)),

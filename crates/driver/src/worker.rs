@@ -26,7 +26,7 @@ use penstock_core::sched::edf::{Due, EdfQueue};
 use penstock_core::time::Instant;
 
 use crate::clock;
-use crate::disk::DiskQueue;
+use crate::disk::{DiskDepth, DiskQueue};
 use crate::engine::{Counters, EngineConfig, EngineInfo, StreamError, StreamReport, TimerMode};
 use crate::open::Opened;
 use crate::pace::Pace;
@@ -47,9 +47,16 @@ pub(crate) enum Command {
 pub(crate) struct WorkerHandle {
     tx: Sender<Command>,
     wake: Arc<OwnedFd>,
+    /// The worker's disk queue depth, published by its loop.
+    disk_depth: Arc<DiskDepth>,
 }
 
 impl WorkerHandle {
+    /// Disk reads (rt, bulk) queued or in flight on this worker.
+    pub(crate) fn disk_depth(&self) -> (u64, u64) {
+        self.disk_depth.get()
+    }
+
     pub(crate) fn send(&self, c: Command) {
         if self.tx.send(c).is_ok() {
             // A full eventfd counter (EAGAIN) still wakes the loop; nothing to handle.
@@ -315,6 +322,8 @@ pub(crate) fn spawn_worker(
     let disk_cfg = cfg.disk.clone();
     let buffer_bytes = cfg.buffer_bytes;
     let queue_max = u32::try_from(cfg.pool_buffers).unwrap_or(u32::MAX);
+    let disk_depth = Arc::new(DiskDepth::default());
+    let depth_pub = disk_depth.clone();
     let join = std::thread::Builder::new().name(format!("penstock-w{index}")).spawn(move || {
         // Timer slack of 1 ns: the kernel's default 50 µs slack would be added to every wake-up.
         let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
@@ -352,7 +361,7 @@ pub(crate) fn spawn_worker(
         };
         info.realtime = rt;
         let disk = match &reactor {
-            Reactor::Ring(_) => match DiskQueue::new(&disk_cfg, buffer_bytes as u64, queue_max) {
+            Reactor::Ring(_) => match DiskQueue::new(&disk_cfg, buffer_bytes as u64, queue_max, depth_pub) {
                 Ok(d) => {
                     info.rt_ioprio = d.rt_ioprio();
                     Some(d)
@@ -390,7 +399,15 @@ pub(crate) fn spawn_worker(
     let info = info_rx
         .recv()
         .map_err(|_| io::Error::other("worker died at start"))?;
-    Ok((WorkerHandle { tx, wake }, join, info))
+    Ok((
+        WorkerHandle {
+            tx,
+            wake,
+            disk_depth,
+        },
+        join,
+        info,
+    ))
 }
 
 impl Worker {
@@ -437,15 +454,18 @@ impl Worker {
                 Command::Pause(id) => {
                     if let Some(t) = self.by_id.get(&id).and_then(|&s| self.slots[s].1.as_mut()) {
                         t.paused.get_or_insert_with(clock::now);
+                        t.io.counters.paused.store(true, Ordering::Release);
                     }
                 }
                 Command::Resume(id) => {
                     if let Some(&slot) = self.by_id.get(&id) {
-                        if let Some(t) = self.slots[slot].1.as_mut()
-                            && let Some(at) = t.paused.take()
-                            && let Some(p) = &mut t.io.pace
-                        {
-                            p.resume_after(at, clock::now());
+                        if let Some(t) = self.slots[slot].1.as_mut() {
+                            t.io.counters.paused.store(false, Ordering::Release);
+                            if let Some(at) = t.paused.take()
+                                && let Some(p) = &mut t.io.pace
+                            {
+                                p.resume_after(at, clock::now());
+                            }
                         }
                         self.edf.cancel(slot);
                         self.schedule(slot);

@@ -854,6 +854,10 @@ impl Worker {
         req: &Request,
         ctx: &ResponseContext<'_>,
     ) -> penstock_core::http::Response {
+        // Gauges read at scrape time: exact now, no feeder needed.
+        self.shared
+            .metrics
+            .set_disk_queue_depth(self.shared.engine.disk_queue_depth());
         let body = self.shared.metrics.encode().into_bytes();
         let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
         let head = ResponseHead {

@@ -372,6 +372,14 @@ impl StreamHandle {
         self.worker.send(Command::Resume(self.id));
     }
 
+    /// Calls `hook` on the stream's worker right after the report is ready for
+    /// [`StreamHandle::wait`] (at once, on the worker, if it already is): an event loop can
+    /// then wake on it (an eventfd write) instead of polling `wait_timeout`. `hook` must not
+    /// block: it runs on the worker's loop.
+    pub fn notify_when_done(&self, hook: Box<dyn FnOnce() + Send>) {
+        self.worker.send(Command::Notify(self.id, hook));
+    }
+
     /// Waits for the stream to end.
     pub fn wait(self) -> Result<StreamReport, StreamError> {
         self.done.recv().unwrap_or(Err(StreamError::EngineStopped))

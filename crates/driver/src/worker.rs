@@ -39,8 +39,14 @@ pub(crate) enum Command {
     Cancel(u64),
     Pause(u64),
     Resume(u64),
+    /// Call this once the stream's report is sent (at once if it already was).
+    Notify(u64, DoneHook),
     Shutdown,
 }
+
+/// Called by the worker right after a stream's report is sent: lets an event loop learn of
+/// it without polling the handle (see `StreamHandle::notify_when_done`).
+pub(crate) type DoneHook = Box<dyn FnOnce() + Send>;
 
 /// The engine's way to reach a worker: a channel, and an eventfd to wake its loop.
 #[derive(Debug, Clone)]
@@ -188,6 +194,8 @@ pub(crate) struct Task {
     queued: bool,
     /// Paused since this instant: no new I/O is issued.
     paused: Option<Instant>,
+    /// Called after the report is sent.
+    on_done: Option<DoneHook>,
 }
 
 impl Task {
@@ -231,6 +239,7 @@ impl Task {
             outcome: None,
             queued: false,
             paused: None,
+            on_done: None,
         }
     }
 }
@@ -471,6 +480,14 @@ impl Worker {
                         self.schedule(slot);
                     }
                 }
+                Command::Notify(id, hook) => {
+                    // A task leaves `by_id` only in `finish`, right after its report: not
+                    // found means the report is there already.
+                    match self.by_id.get(&id).and_then(|&s| self.slots[s].1.as_mut()) {
+                        Some(t) => t.on_done = Some(hook),
+                        None => hook(),
+                    }
+                }
                 Command::Shutdown => {
                     self.shutting_down = true;
                     let slots: Vec<usize> = self.by_id.values().copied().collect();
@@ -630,9 +647,13 @@ impl Worker {
         });
         // Close the descriptors (the receiver sees EOF) before telling the caller it is done.
         let done = task.done.clone();
+        let on_done = task.on_done.take();
         self.by_id.remove(&task.id);
         drop(task);
         let _ = done.send(report);
+        if let Some(hook) = on_done {
+            hook();
+        }
         self.slots[slot].0 = self.slots[slot].0.wrapping_add(1);
         self.free.push(slot);
     }

@@ -9,7 +9,11 @@
 //! `engine_body_bytes_min` bytes without a rate limit is handed to the engine instead
 //! (`Engine::open_opened` with a `dup` of the socket, so the connection survives for
 //! keep-alive): the connection leaves epoll (`Engine` state) until the engine's report says
-//! the extent went out; the loop polls the report on a 1 ms tick while such bodies exist.
+//! the extent went out. The engine's worker writes the loop's waker eventfd right after the
+//! report ([`penstock_driver::StreamHandle::notify_when_done`]); the loop then collects the
+//! reports, and also at every sweep (a fallback that costs one `try_recv` per body). Before,
+//! the loop woke every 1 ms while such bodies existed: 1,000 wake-ups a second per worker
+//! for nothing during a long download.
 //!
 //! # Bounds
 //! - An idle connection holds a slot (a few dozen bytes) and no buffer: the read buffer is
@@ -294,6 +298,10 @@ struct Worker {
     ready: Vec<(u32, u32)>,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
     engine_conns: Vec<(u32, u32)>,
+    /// The waker, for engine workers to write when a body's report is ready.
+    engine_waker: Arc<OwnedFd>,
+    /// Woken since the last look at the engine bodies' reports.
+    engine_woken: bool,
     live: Arc<LiveConfig>,
     live_version: u64,
     next_sweep: Instant,
@@ -329,6 +337,7 @@ impl Worker {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(waker.try_clone()?);
+        let engine_waker = Arc::new(waker.try_clone()?);
         let live = shared.live();
         let live_version = shared.live_version.load(Ordering::Acquire);
         let seed = SystemTime::now()
@@ -345,6 +354,8 @@ impl Worker {
             ready: Vec::new(),
             timers: BinaryHeap::new(),
             engine_conns: Vec::new(),
+            engine_waker,
+            engine_woken: false,
             live,
             live_version,
             next_sweep: Instant::now(),
@@ -381,9 +392,6 @@ impl Worker {
             if let Some(Reverse((t, _, _))) = self.timers.peek() {
                 timeout = timeout.min(t.saturating_duration_since(now));
             }
-            if !self.engine_conns.is_empty() {
-                timeout = timeout.min(Duration::from_millis(1));
-            }
             if !self.ready.is_empty() {
                 timeout = Duration::ZERO;
             }
@@ -411,6 +419,7 @@ impl Worker {
                     TOKEN_WAKER => {
                         let mut b = [0u8; 8];
                         let _ = rustix::io::read(&self.waker, &mut b);
+                        self.engine_woken = true;
                     }
                     t => self.on_event(t as u32, (t >> 32) as u32, flags),
                 }
@@ -427,10 +436,14 @@ impl Worker {
                 self.timers.pop();
                 self.drive(idx, generation);
             }
-            if !self.engine_conns.is_empty() {
+            if self.engine_woken && !self.engine_conns.is_empty() {
                 self.poll_engine();
             }
+            self.engine_woken = false;
             if now >= self.next_sweep {
+                if !self.engine_conns.is_empty() {
+                    self.poll_engine();
+                }
                 self.sweep(now);
                 self.next_sweep = now + self.sweep_interval();
             }
@@ -968,6 +981,11 @@ impl Worker {
         match shared.engine.open_opened(spec, source, target) {
             Ok(handle) => {
                 shared.metrics.streams_active.inc();
+                let waker = self.engine_waker.clone();
+                handle.notify_when_done(Box::new(move || {
+                    // A full counter (EAGAIN) still wakes the loop.
+                    let _ = rustix::io::write(&*waker, &1u64.to_ne_bytes());
+                }));
                 let path_label = match handle.path() {
                     penstock_core::stream::DataPath::Sendfile => "engine-sendfile",
                     penstock_core::stream::DataPath::Splice => "engine-splice",

@@ -16,6 +16,8 @@
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use penstock_core::sched::drr::{
     ClassId, DeviceId, IoScheduler, Request, RequestId, SchedConfig, SchedError, SchedMode,
@@ -81,7 +83,27 @@ struct Queued {
     cancelled: bool,
 }
 
+/// A worker's disk queue depth per class (reads queued in the scheduler plus in flight),
+/// published by the worker after every change for [`crate::Engine::disk_queue_depth`].
+#[derive(Debug, Default)]
+pub(crate) struct DiskDepth {
+    rt: AtomicU64,
+    bulk: AtomicU64,
+}
+
+impl DiskDepth {
+    /// (rt, bulk).
+    pub(crate) fn get(&self) -> (u64, u64) {
+        (
+            self.rt.load(Ordering::Relaxed),
+            self.bulk.load(Ordering::Relaxed),
+        )
+    }
+}
+
 pub(crate) struct DiskQueue {
+    /// Where the depth is published.
+    depth: Arc<DiskDepth>,
     sched: IoScheduler,
     devices: HashMap<u64, DeviceId>,
     /// Queued reads by request number.
@@ -103,6 +125,7 @@ impl DiskQueue {
         cfg: &DiskConfig,
         max_request_bytes: u64,
         queue_max: u32,
+        depth: Arc<DiskDepth>,
     ) -> Result<DiskQueue, SchedError> {
         let mut sc = SchedConfig::rt_bulk(
             cfg.rt_quantum_bytes.max(max_request_bytes),
@@ -121,6 +144,7 @@ impl DiskQueue {
         let rt_ioprio = (cfg.rt_ioprio && rt_ioprio_permitted())
             .then(|| ioprio_value(IoprioClass::RealTime, 0));
         Ok(DiskQueue {
+            depth,
             sched,
             devices: HashMap::new(),
             queued: HashMap::new(),
@@ -132,6 +156,13 @@ impl DiskQueue {
             queue_max: queue_max.max(1),
             synthetic: Vec::new(),
         })
+    }
+
+    /// Publishes the depth of each class (two relaxed stores: cheap enough for every change).
+    fn publish_depth(&self) {
+        let depth = |c| self.sched.counters(c).map_or(0, |c| c.queued + c.inflight);
+        self.depth.rt.store(depth(self.rt), Ordering::Relaxed);
+        self.depth.bulk.store(depth(self.bulk), Ordering::Relaxed);
     }
 
     pub(crate) fn class(&self, rt: bool) -> ClassId {
@@ -183,6 +214,7 @@ impl DiskQueue {
                 cancelled: false,
             },
         );
+        self.publish_depth();
         Ok(())
     }
 
@@ -216,6 +248,7 @@ impl DiskQueue {
                 .expect("a dispatched read was queued");
             if q.cancelled {
                 let _ = self.sched.complete(now, r.id);
+                self.publish_depth();
                 self.synthetic.push(Completion {
                     token: q.req.token,
                     result: -libc_ecanceled(),
@@ -257,6 +290,7 @@ impl DiskQueue {
             return c;
         };
         let _ = self.sched.complete(now, RequestId(id));
+        self.publish_depth();
         Completion { token, ..c }
     }
 

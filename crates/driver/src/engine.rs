@@ -257,12 +257,37 @@ pub enum StreamError {
     Buffers(#[from] penstock_core::buffers::BufferError),
 }
 
+/// Buckets of a stream's live lateness counts ([`StreamHandle::lateness`]): bucket 0 counts
+/// units on time (or early), bucket `i` ≥ 1 units later by `[2^(i-1), 2^i)` ns, and the last
+/// bucket everything later than `2^(LATENESS_BUCKETS-2)` ns (about 0.5 s) too.
+pub const LATENESS_BUCKETS: usize = 32;
+
+/// The live bucket of a lateness of `ns` nanoseconds (see [`LATENESS_BUCKETS`]).
+pub fn lateness_bucket(ns: u64) -> usize {
+    ((u64::BITS - ns.leading_zeros()) as usize).min(LATENESS_BUCKETS - 1)
+}
+
 /// Live counters of a stream, updated by its worker.
 #[derive(Debug, Default)]
 pub struct Counters {
     pub(crate) bytes_read: AtomicU64,
     pub(crate) bytes_sent: AtomicU64,
     pub(crate) units_sent: AtomicU64,
+    /// Completed paced units by lateness bucket (see [`LATENESS_BUCKETS`]).
+    pub(crate) lateness: [AtomicU64; LATENESS_BUCKETS],
+    /// Paced units later than the stream's miss threshold.
+    pub(crate) misses: AtomicU64,
+    /// The worker has taken a [`StreamHandle::pause`] (cleared when it takes the resume).
+    pub(crate) paused: AtomicBool,
+}
+
+/// A snapshot of a paced stream's live lateness counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LatenessCounts {
+    /// Units by lateness bucket (see [`LATENESS_BUCKETS`]).
+    pub buckets: [u64; LATENESS_BUCKETS],
+    /// Units later than the miss threshold (`StreamSpec::miss_after`, default one period).
+    pub misses: u64,
 }
 
 /// A snapshot of [`Counters`].
@@ -327,6 +352,21 @@ impl StreamHandle {
         }
     }
 
+    /// The live lateness counts of a paced stream (all zero for a burst stream). Read while
+    /// the worker writes: each bucket is exact, a snapshot may be a unit behind across them.
+    pub fn lateness(&self) -> LatenessCounts {
+        LatenessCounts {
+            buckets: std::array::from_fn(|i| self.counters.lateness[i].load(Ordering::Relaxed)),
+            misses: self.counters.misses.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The worker has taken the last [`StreamHandle::pause`]: from then on it issues no new
+    /// I/O for the stream (operations already in the ring, uring path only, still complete).
+    pub fn is_paused(&self) -> bool {
+        self.counters.paused.load(Ordering::Acquire)
+    }
+
     /// Asks the worker to stop the stream; in-flight I/O completes first. `wait` then returns
     /// [`StreamError::Cancelled`] (or the report, if it had already finished).
     pub fn cancel(&self) {
@@ -343,6 +383,14 @@ impl StreamHandle {
     /// Undoes [`StreamHandle::pause`].
     pub fn resume(&self) {
         self.worker.send(Command::Resume(self.id));
+    }
+
+    /// Calls `hook` on the stream's worker right after the report is ready for
+    /// [`StreamHandle::wait`] (at once, on the worker, if it already is): an event loop can
+    /// then wake on it (an eventfd write) instead of polling `wait_timeout`. `hook` must not
+    /// block: it runs on the worker's loop.
+    pub fn notify_when_done(&self, hook: Box<dyn FnOnce() + Send>) {
+        self.worker.send(Command::Notify(self.id, hook));
     }
 
     /// Waits for the stream to end.
@@ -380,6 +428,13 @@ pub fn schedule_bytes_per_s(s: &Schedule) -> u64 {
     // cycle_units units of unit_bytes every num_ns/den nanoseconds.
     let bytes = u128::from(k) * u128::from(s.unit_bytes()) * 1_000_000_000 * u128::from(p.den());
     u64::try_from(bytes.div_ceil(p.num_ns().max(1))).unwrap_or(u64::MAX)
+}
+
+/// Disk reads waiting in the scheduler or in flight, by class ([`Engine::disk_queue_depth`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskQueueDepth {
+    pub rt: u64,
+    pub bulk: u64,
 }
 
 /// What the engine found at start.
@@ -524,6 +579,17 @@ impl Engine {
     }
 
     /// Totals reserved now, and the `rt` capacity they are taken from.
+    /// Disk reads queued in the scheduler or in flight, per class, all workers together.
+    pub fn disk_queue_depth(&self) -> DiskQueueDepth {
+        let mut d = DiskQueueDepth::default();
+        for w in &self.workers {
+            let (rt, bulk) = w.disk_depth();
+            d.rt += rt;
+            d.bulk += bulk;
+        }
+        d
+    }
+
     pub fn admission_usage(&self) -> (Usage, Usage) {
         let a = self.admission.lock().unwrap_or_else(|p| p.into_inner());
         (a.usage(), a.rt_capacity())

@@ -19,6 +19,7 @@ pub mod volume;
 mod worker;
 
 pub use engine::{
-    BufferUsage, CounterSnapshot, DiskClass, Engine, EngineConfig, EngineError, EngineInfo,
-    StreamError, StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
+    BufferUsage, CounterSnapshot, DiskClass, DiskQueueDepth, Engine, EngineConfig, EngineError,
+    EngineInfo, LATENESS_BUCKETS, LatenessCounts, StreamError, StreamHandle, StreamReport,
+    StreamSpec, TimerMode, ZeroCopy,
 };

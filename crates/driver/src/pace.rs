@@ -7,6 +7,9 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::engine::{Counters, lateness_bucket};
 
 use penstock_core::lateness::{LatenessStats, TraceRecord};
 use penstock_core::schedule::{Anchored, Schedule, UnitPlan};
@@ -162,12 +165,21 @@ impl Pace {
         self.next_unit += 1;
     }
 
-    /// The oldest unit in flight completed at `now`, `bytes` long.
-    pub(crate) fn completed(&mut self, now: Instant, bytes: u64) {
+    /// The oldest unit in flight completed at `now`, `bytes` long; its lateness also goes to
+    /// the stream's live counters.
+    pub(crate) fn completed(&mut self, now: Instant, bytes: u64, live: &Counters) {
         let Some((seq, scheduled)) = self.in_flight.pop_front() else {
             return;
         };
         self.stats.record(scheduled, now, bytes);
+        // As `LatenessStats::record` measures it: early counts as on time.
+        let lateness_ns = now
+            .checked_duration_since(scheduled)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        live.lateness[lateness_bucket(lateness_ns)].fetch_add(1, Ordering::Relaxed);
+        if lateness_ns > self.stats.miss_after_ns() {
+            live.misses.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(t) = &mut self.trace {
             if t.len() < self.trace_units_max {
                 t.push(TraceRecord {

@@ -533,7 +533,7 @@ impl UringState {
                 if self.unit_left == 0
                     && let Some(p) = &mut io.pace
                 {
-                    p.completed(clock::now(), self.unit_len as u64);
+                    p.completed(clock::now(), self.unit_len as u64, &io.counters);
                 }
                 if io.target.kind == IoKind::File {
                     self.target_off += n as u64;

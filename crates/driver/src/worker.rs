@@ -27,7 +27,7 @@ use penstock_core::time::Instant;
 
 use crate::buffers::{BufferGauges, WorkerBuffers};
 use crate::clock;
-use crate::disk::DiskQueue;
+use crate::disk::{DiskDepth, DiskQueue};
 use crate::engine::{Counters, EngineConfig, EngineInfo, StreamError, StreamReport, TimerMode};
 use crate::open::Opened;
 use crate::pace::Pace;
@@ -40,17 +40,30 @@ pub(crate) enum Command {
     Cancel(u64),
     Pause(u64),
     Resume(u64),
+    /// Call this once the stream's report is sent (at once if it already was).
+    Notify(u64, DoneHook),
     Shutdown,
 }
+
+/// Called by the worker right after a stream's report is sent: lets an event loop learn of
+/// it without polling the handle (see `StreamHandle::notify_when_done`).
+pub(crate) type DoneHook = Box<dyn FnOnce() + Send>;
 
 /// The engine's way to reach a worker: a channel, and an eventfd to wake its loop.
 #[derive(Debug, Clone)]
 pub(crate) struct WorkerHandle {
     tx: Sender<Command>,
     wake: Arc<OwnedFd>,
+    /// The worker's disk queue depth, published by its loop.
+    disk_depth: Arc<DiskDepth>,
 }
 
 impl WorkerHandle {
+    /// Disk reads (rt, bulk) queued or in flight on this worker.
+    pub(crate) fn disk_depth(&self) -> (u64, u64) {
+        self.disk_depth.get()
+    }
+
     pub(crate) fn send(&self, c: Command) {
         if self.tx.send(c).is_ok() {
             // A full eventfd counter (EAGAIN) still wakes the loop; nothing to handle.
@@ -186,6 +199,8 @@ pub(crate) struct Task {
     /// Paused since this instant: no new I/O is issued.
     paused: Option<Instant>,
     buffers_reserved: Option<u32>,
+    /// Called after the report is sent.
+    on_done: Option<DoneHook>,
 }
 
 impl Task {
@@ -230,6 +245,7 @@ impl Task {
             queued: false,
             paused: None,
             buffers_reserved: init.buffers_reserved,
+            on_done: None,
         }
     }
 }
@@ -328,6 +344,8 @@ pub(crate) fn spawn_worker(
     let queue_max = u32::try_from(cfg.pool_buffers).unwrap_or(u32::MAX);
     let clients_max = u32::try_from(cfg.streams_max).unwrap_or(u32::MAX);
     let borrow_max = u32::try_from(cfg.client_buffers_max).unwrap_or(u32::MAX);
+    let disk_depth = Arc::new(DiskDepth::default());
+    let depth_pub = disk_depth.clone();
     let join = std::thread::Builder::new().name(format!("penstock-w{index}")).spawn(move || {
         // Timer slack of 1 ns: the kernel's default 50 µs slack would be added to every wake-up.
         let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
@@ -365,7 +383,7 @@ pub(crate) fn spawn_worker(
         };
         info.realtime = rt;
         let disk = match &reactor {
-            Reactor::Ring(_) => match DiskQueue::new(&disk_cfg, buffer_bytes as u64, queue_max) {
+            Reactor::Ring(_) => match DiskQueue::new(&disk_cfg, buffer_bytes as u64, queue_max, depth_pub) {
                 Ok(d) => {
                     info.rt_ioprio = d.rt_ioprio();
                     Some(d)
@@ -417,7 +435,15 @@ pub(crate) fn spawn_worker(
     let info = info_rx
         .recv()
         .map_err(|_| io::Error::other("worker died at start"))?;
-    Ok((WorkerHandle { tx, wake }, join, info))
+    Ok((
+        WorkerHandle {
+            tx,
+            wake,
+            disk_depth,
+        },
+        join,
+        info,
+    ))
 }
 
 impl Worker {
@@ -488,18 +514,29 @@ impl Worker {
                 Command::Pause(id) => {
                     if let Some(t) = self.by_id.get(&id).and_then(|&s| self.slots[s].1.as_mut()) {
                         t.paused.get_or_insert_with(clock::now);
+                        t.io.counters.paused.store(true, Ordering::Release);
                     }
                 }
                 Command::Resume(id) => {
                     if let Some(&slot) = self.by_id.get(&id) {
-                        if let Some(t) = self.slots[slot].1.as_mut()
-                            && let Some(at) = t.paused.take()
-                            && let Some(p) = &mut t.io.pace
-                        {
-                            p.resume_after(at, clock::now());
+                        if let Some(t) = self.slots[slot].1.as_mut() {
+                            t.io.counters.paused.store(false, Ordering::Release);
+                            if let Some(at) = t.paused.take()
+                                && let Some(p) = &mut t.io.pace
+                            {
+                                p.resume_after(at, clock::now());
+                            }
                         }
                         self.edf.cancel(slot);
                         self.schedule(slot);
+                    }
+                }
+                Command::Notify(id, hook) => {
+                    // A task leaves `by_id` only in `finish`, right after its report: not
+                    // found means the report is there already.
+                    match self.by_id.get(&id).and_then(|&s| self.slots[s].1.as_mut()) {
+                        Some(t) => t.on_done = Some(hook),
+                        None => hook(),
                     }
                 }
                 Command::Shutdown => {
@@ -674,9 +711,13 @@ impl Worker {
         });
         // Close the descriptors (the receiver sees EOF) before telling the caller it is done.
         let done = task.done.clone();
+        let on_done = task.on_done.take();
         self.by_id.remove(&task.id);
         drop(task);
         let _ = done.send(report);
+        if let Some(hook) = on_done {
+            hook();
+        }
         self.slots[slot].0 = self.slots[slot].0.wrapping_add(1);
         self.free.push(slot);
     }

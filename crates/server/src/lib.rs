@@ -111,6 +111,7 @@ impl Server {
     /// Starts everything described by `cfg`, serving `root`.
     pub fn start(cfg: &ServerConfig, root: &Path) -> Result<Server, ServerError> {
         cfg.check()?;
+        let nofile = raise_nofile(descriptors_wanted(cfg));
         let root_fd = confine::Root::open(root).map_err(|source| ServerError::Root {
             path: root.to_path_buf(),
             source,
@@ -229,6 +230,7 @@ impl Server {
                 cfg.http.engine_body_bytes_min, cfg.http.body_path
             )
         };
+        let paths = format!("{paths}; {nofile}");
         Ok(Server {
             http_addr,
             control_addr,
@@ -311,5 +313,54 @@ impl Server {
         ShutdownReport {
             http_connections_cut,
         }
+    }
+}
+
+/// Descriptors the server may hold at once at its limits: an HTTP connection holds its
+/// socket, the file of its body and, while the engine sends it, a dup of the socket; a
+/// control connection its socket; plus a margin for listeners, the engine's rings and files.
+fn descriptors_wanted(cfg: &ServerConfig) -> u64 {
+    let http = cfg.limits.connections_max as u64;
+    let control = cfg.control.connections_max as u64;
+    http.saturating_mul(3)
+        .saturating_add(control.saturating_mul(3))
+        .saturating_add(256)
+}
+
+/// Raises the soft RLIMIT_NOFILE towards `wanted` (at most the hard limit: raising that
+/// needs privilege) and says what it is now, for the start line. The default soft limit
+/// (often 1024) would make `accept` fail with EMFILE long before `connections_max`.
+fn raise_nofile(wanted: u64) -> String {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let cur = getrlimit(Resource::Nofile);
+    let soft = cur.current.unwrap_or(u64::MAX);
+    let hard = cur.maximum.unwrap_or(u64::MAX);
+    let target = wanted.min(hard);
+    let now = if soft < target {
+        match setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(target),
+                maximum: cur.maximum,
+            },
+        ) {
+            Ok(()) => target,
+            Err(e) => {
+                tracing::warn!(error = %e, soft, target, "could not raise RLIMIT_NOFILE");
+                soft
+            }
+        }
+    } else {
+        soft
+    };
+    if now < wanted {
+        tracing::warn!(
+            descriptors = now,
+            wanted,
+            "RLIMIT_NOFILE is below what connections_max may need: accept fails with EMFILE beyond it"
+        );
+        format!("descriptors {now} (below the {wanted} the connection limits may need)")
+    } else {
+        format!("descriptors {now}")
     }
 }

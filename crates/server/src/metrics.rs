@@ -4,9 +4,13 @@
 //! active streams (HTTP bodies in the engine and control streams), admission refusals by
 //! resource, errors by kind, the buffers admission has reserved out of the pool.
 //!
-//! Registered but not fed yet (their producers land with the periodic dispatcher and the
-//! disk scheduler in the engine): `penstock_stream_lateness_seconds`,
-//! `penstock_deadline_misses_total`, `penstock_disk_queue_depth`. They read zero.
+//! Periodic streams (control streams with RATE or SCHEDULE): `penstock_stream_lateness_seconds`
+//! and `penstock_deadline_misses_total` are fed from the engine's live per-stream counts
+//! ([`penstock_driver::StreamHandle::lateness`]) by the control reaper every few milliseconds
+//! and when a stream ends. The engine counts lateness in power-of-two nanosecond buckets; the
+//! histogram's bounds are powers of two nanoseconds too (8.192 µs × 4ⁿ), so every unit lands
+//! in its true bucket (a lateness of exactly a bound may land one bucket up) and the sum is
+//! within a factor of two. `penstock_disk_queue_depth` is read from the engine at each scrape.
 
 use std::sync::Mutex;
 
@@ -16,6 +20,23 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use penstock_driver::{DiskQueueDepth, LATENESS_BUCKETS, LatenessCounts};
+
+/// The lowest bound of the lateness histogram: 2^13 ns, so that every bound (×4) is a power
+/// of two nanoseconds like the engine's buckets.
+const LATENESS_BUCKET_MIN_S: f64 = 8192e-9;
+
+/// The value a unit counted in the engine's lateness bucket `i` is observed as: 0 for on
+/// time, the bucket's highest value `2^i - 1` ns otherwise (the open last bucket: its lowest).
+fn bucket_value_s(i: usize) -> f64 {
+    let ns = match i {
+        0 => 0,
+        i if i == LATENESS_BUCKETS - 1 => 1u64 << (i - 1),
+        i => (1u64 << i) - 1,
+    };
+    ns as f64 * 1e-9
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClassPath {
@@ -121,22 +142,22 @@ impl Metrics {
             "Pool buffers: rt capacity and reserved by admitted streams",
             buffer_pool.clone(),
         );
-        let lateness = Histogram::new(exponential_buckets(1e-5, 4.0, 10));
+        let lateness = Histogram::new(exponential_buckets(LATENESS_BUCKET_MIN_S, 4.0, 10));
         r.register(
             "stream_lateness_seconds",
-            "Lateness of periodic units (not fed until periodic streams run in the engine)",
+            "Lateness of the units of periodic control streams (bounds: 2^13 ns x 4^n)",
             lateness.clone(),
         );
         let deadline_misses = Counter::default();
         r.register(
             "deadline_misses",
-            "Units sent after their deadline (not fed yet)",
+            "Units of periodic control streams later than their miss threshold (default one period)",
             deadline_misses.clone(),
         );
         let disk_queue_depth = Family::<ClassLabel, Gauge>::default();
         r.register(
             "disk_queue_depth",
-            "Disk requests queued per class (not fed until the disk scheduler runs in the engine)",
+            "Disk reads queued in the engine's scheduler or in flight, per class",
             disk_queue_depth.clone(),
         );
         Metrics {
@@ -152,6 +173,32 @@ impl Metrics {
             lateness,
             deadline_misses,
             disk_queue_depth,
+        }
+    }
+
+    /// Adds the units counted since `seen` by a stream's live lateness counts, and makes
+    /// `seen` the new counts.
+    pub fn add_lateness(&self, now: &LatenessCounts, seen: &mut LatenessCounts) {
+        for (i, (&n, s)) in now.buckets.iter().zip(seen.buckets.iter_mut()).enumerate() {
+            let v = bucket_value_s(i);
+            for _ in 0..n.saturating_sub(*s) {
+                self.lateness.observe(v);
+            }
+            *s = n;
+        }
+        self.deadline_misses
+            .inc_by(now.misses.saturating_sub(seen.misses));
+        seen.misses = now.misses;
+    }
+
+    /// Sets the disk queue gauges.
+    pub fn set_disk_queue_depth(&self, d: DiskQueueDepth) {
+        for (class, n) in [("rt", d.rt), ("bulk", d.bulk)] {
+            self.disk_queue_depth
+                .get_or_create(&ClassLabel {
+                    class: class.into(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 
@@ -203,5 +250,35 @@ mod tests {
             "{s}"
         );
         assert!(s.ends_with("# EOF\n"), "{s}");
+    }
+
+    #[test]
+    fn engine_lateness_buckets_land_in_their_histogram_bucket() {
+        let m = Metrics::new();
+        let mut seen = LatenessCounts::default();
+        let mut now = LatenessCounts::default();
+        // 5 µs late: engine bucket 13 ([4096, 8192) ns) → le=8.192e-6.
+        now.buckets[penstock_driver::engine::lateness_bucket(5_000)] = 2;
+        // 10 µs late: engine bucket 14 ([8192, 16384) ns) → le=3.2768e-5.
+        now.buckets[penstock_driver::engine::lateness_bucket(10_000)] = 1;
+        now.buckets[0] = 4;
+        now.misses = 1;
+        m.add_lateness(&now, &mut seen);
+        // Again with nothing new: nothing added.
+        m.add_lateness(&now, &mut seen);
+        let s = m.encode();
+        assert!(
+            s.contains("penstock_stream_lateness_seconds_count 7"),
+            "{s}"
+        );
+        assert!(
+            s.contains("penstock_stream_lateness_seconds_bucket{le=\"0.000008192\"} 6"),
+            "{s}"
+        );
+        assert!(
+            s.contains("penstock_stream_lateness_seconds_bucket{le=\"0.000032768\"} 7"),
+            "{s}"
+        );
+        assert!(s.contains("penstock_deadline_misses_total 1"), "{s}");
     }
 }

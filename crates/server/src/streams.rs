@@ -5,12 +5,21 @@
 //! (the endpoints are opened on the caller's thread — a `tcp-listen` target waits for its
 //! peer there — and kept for the stream's life), paused and resumed, and closed.
 //!
-//! # Pause and resume today
-//! The engine has no pause yet. [`suspend`] cancels the engine stream (its in-flight I/O
-//! completes first; the counters then say exactly how many bytes reached the target) and
-//! [`run`] starts a new engine stream at the offset reached, on `dup`s of the *same*
-//! endpoint descriptors, so a TCP receiver sees one connection and one byte sequence. Those
-//! two functions are the only place to change when `StreamHandle::pause()` / `resume()` land.
+//! # Pause and resume
+//! `PAUSE` is the engine's own: [`StreamHandle::pause`] keeps the engine stream, its
+//! descriptors and its schedule; the reply waits (at most [`PAUSE_ACK_WAIT`]) until the
+//! worker has taken the pause, after which it issues no new I/O. On the readiness paths
+//! (sendfile, splice, copy) nothing moves after that, so the offset in the reply is exact; on
+//! the uring path the sends already in the ring (at most the stream's read-ahead depth of
+//! units) still complete and `STATE` counts them. `RESUME` is [`StreamHandle::resume`]: a
+//! paced stream's later deadlines move by the length of the pause (no burst to catch up).
+//!
+//! An edit while paused (`SEEK`, `UNIT`, `LENGTH`, `RATE`, `SCHEDULE`) cannot be applied to
+//! the running engine stream: the first edit stops it ([`suspend`]: cancel, wait for the
+//! report, fold the bytes sent into the offset) and `RESUME` then starts a new engine stream
+//! at the (edited) offset with [`run`], on `dup`s of the *same* endpoint descriptors, so a TCP
+//! receiver still sees one connection and one byte sequence. A restarted paced stream's
+//! schedule starts anew at the resume.
 //!
 //! RATE and SCHEDULE become the engine stream's schedule (`STATE` says `paced=yes`): units
 //! go out at their deadlines on the engine's EDF dispatcher.
@@ -30,7 +39,9 @@ use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::{DataPath, Extent, PathChoice};
 use penstock_core::units::Rate;
 use penstock_driver::open::{Opened, open_source, open_target};
-use penstock_driver::{Engine, StreamHandle, StreamSpec};
+use penstock_driver::{
+    Engine, LatenessCounts, StreamError, StreamHandle, StreamReport, StreamSpec,
+};
 
 use crate::metrics::{Metrics, PoolLabel, ResourceLabel};
 
@@ -49,11 +60,23 @@ struct Ends {
 
 enum Run {
     Pending,
-    Running { handle: StreamHandle, ends: Ends },
-    Paused { ends: Ends },
+    Running {
+        handle: StreamHandle,
+        ends: Ends,
+    },
+    /// Paused in the engine (`handle`: the stream and its schedule are kept), or stopped by
+    /// an edit (`None`: its bytes are folded into the offset; RESUME restarts it there).
+    Paused {
+        handle: Option<StreamHandle>,
+        ends: Ends,
+    },
     Done,
     Failed(String),
 }
+
+/// How long `PAUSE` waits for the worker to take the pause before it answers anyway (the
+/// pause still takes effect; the reply's offset may then be a little short).
+pub const PAUSE_ACK_WAIT: Duration = Duration::from_secs(2);
 
 struct Entry {
     id: StreamId,
@@ -71,19 +94,38 @@ struct Entry {
     schedule: Option<KtSchedule>,
     buffers: Option<u32>,
     path: CtlPath,
-    /// Bytes that reached the target in earlier runs (before pauses).
+    /// Bytes that reached the target in earlier engine streams (before restarts).
     sent_before_bytes: u64,
+    /// The current engine stream's lateness counts already added to the metrics.
+    lateness_seen: LatenessCounts,
     reservation: Option<penstock_core::admission::ReservationId>,
     run: Run,
 }
 
 impl Entry {
+    /// The engine stream of a running or engine-paused entry.
+    fn handle(&self) -> Option<&StreamHandle> {
+        match &self.run {
+            Run::Running { handle, .. } => Some(handle),
+            Run::Paused { handle, .. } => handle.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Bytes the current engine stream has sent (not yet folded into the offset).
+    fn engine_sent_bytes(&self) -> u64 {
+        self.handle().map_or(0, |h| h.counters().bytes_sent)
+    }
+
     fn sent_bytes(&self) -> u64 {
-        self.sent_before_bytes
-            + match &self.run {
-                Run::Running { handle, .. } => handle.counters().bytes_sent,
-                _ => 0,
-            }
+        self.sent_before_bytes + self.engine_sent_bytes()
+    }
+
+    /// Adds the current engine stream's new lateness counts to the metrics.
+    fn feed_lateness(&mut self, metrics: &Metrics) {
+        if let Some(now) = self.handle().map(StreamHandle::lateness) {
+            metrics.add_lateness(&now, &mut self.lateness_seen);
+        }
     }
 
     fn state_name(&self) -> &'static str {
@@ -97,10 +139,7 @@ impl Entry {
     }
 
     fn state_line(&self) -> String {
-        let running_sent = match &self.run {
-            Run::Running { handle, .. } => handle.counters().bytes_sent,
-            _ => 0,
-        };
+        let running_sent = self.engine_sent_bytes();
         let mut s = format!(
             "{} {} offset={} sent={} class={}",
             self.id,
@@ -168,9 +207,10 @@ fn dup(o: &Opened) -> std::io::Result<Opened> {
     })
 }
 
-/// Starts (or restarts, after a pause) the engine stream of `e` on dups of its endpoints.
-/// With the engine's own pause this becomes `handle.resume()`.
-fn run(engine: &Engine, e: &Entry, ends: &Ends) -> Result<StreamHandle, String> {
+/// Starts (or restarts, after an edit while paused) the engine stream of `e` on dups of its
+/// endpoints, at its offset.
+fn run(engine: &Engine, e: &mut Entry, ends: &Ends) -> Result<StreamHandle, String> {
+    e.lateness_seen = LatenessCounts::default();
     let mut spec = StreamSpec::new(e.src.clone(), e.dst.clone());
     spec.extent = Extent {
         offset: e.offset_bytes,
@@ -210,9 +250,9 @@ fn schedule_of(engine: &Engine, e: &Entry) -> Result<Option<Schedule>, String> {
         .map_err(|x| x.to_string())
 }
 
-/// Stops the engine stream of a running entry and folds what it sent into the entry's
-/// offset. With the engine's own pause this becomes `handle.pause()`.
-fn suspend(e: &mut Entry, handle: StreamHandle) -> Result<(), String> {
+/// Stops the engine stream of a paused entry and folds what it sent into the entry's offset
+/// (before an edit).
+fn suspend(e: &mut Entry, handle: StreamHandle, metrics: &Metrics) -> Result<(), String> {
     handle.cancel();
     // The report comes only after every in-flight operation completed, so the counters read
     // then are final. (The `Cancelled` error's own count is taken when the cancel is seen,
@@ -223,6 +263,7 @@ fn suspend(e: &mut Entry, handle: StreamHandle) -> Result<(), String> {
         }
     };
     let counted = handle.counters().bytes_sent;
+    metrics.add_lateness(&handle.lateness(), &mut e.lateness_seen);
     let sent = match outcome {
         Ok(report) => report.bytes.max(counted),
         Err(penstock_driver::StreamError::Cancelled { .. }) => counted,
@@ -381,6 +422,7 @@ impl Streams {
             buffers: spec.buffers,
             path: spec.path.unwrap_or(CtlPath::Auto),
             sent_before_bytes: 0,
+            lateness_seen: LatenessCounts::default(),
             reservation: Some(reservation.id),
             run: Run::Pending,
         };
@@ -416,6 +458,9 @@ impl Streams {
                 ReplyCode::WRONG_STATE,
                 format!("stream {id} is {}: PAUSE it first", e.state_name()),
             );
+        }
+        if let Err(r) = self.stop_paused(&mut e) {
+            return r;
         }
         let (mut rate, mut unit) = (e.rate, e.unit_bytes);
         match f {
@@ -473,7 +518,7 @@ impl Streams {
             Ok(x) => x,
             Err(err) => return Reply::new(ReplyCode::INTERNAL_ERROR, err.to_string()),
         };
-        match run(&self.engine, &e, &ends) {
+        match run(&self.engine, &mut e, &ends) {
             Ok(handle) => {
                 self.metrics.streams_active.inc();
                 e.run = Run::Running { handle, ends };
@@ -492,22 +537,28 @@ impl Streams {
         match std::mem::replace(&mut e.run, Run::Pending) {
             Run::Running { handle, ends } => {
                 self.metrics.streams_active.dec();
-                match suspend(&mut e, handle) {
-                    Ok(()) => {
-                        let done = e.remaining_bytes == Some(0)
-                            || ends.source.size.is_some_and(|s| e.offset_bytes >= s);
-                        e.run = if done {
-                            Run::Done
-                        } else {
-                            Run::Paused { ends }
+                handle.pause();
+                let asked = std::time::Instant::now();
+                while !handle.is_paused() && asked.elapsed() < PAUSE_ACK_WAIT {
+                    // A stream that ended before the worker took the pause is done.
+                    if let Some(result) = handle.wait_timeout(Duration::from_millis(1)) {
+                        e.run = Run::Paused {
+                            handle: Some(handle),
+                            ends,
                         };
-                        Reply::ok(format!("paused at offset {}", e.offset_bytes))
-                    }
-                    Err(err) => {
-                        e.run = Run::Failed(err.clone());
-                        Reply::new(ReplyCode::INTERNAL_ERROR, err)
+                        self.finished(&mut e, result);
+                        return Reply::new(
+                            ReplyCode::WRONG_STATE,
+                            format!("stream {id} is {}, not running", e.state_name()),
+                        );
                     }
                 }
+                let offset = e.offset_bytes + handle.counters().bytes_sent;
+                e.run = Run::Paused {
+                    handle: Some(handle),
+                    ends,
+                };
+                Reply::ok(format!("paused at offset {offset}"))
             }
             other => {
                 e.run = other;
@@ -526,7 +577,16 @@ impl Streams {
         };
         let mut e = lock(&e);
         match std::mem::replace(&mut e.run, Run::Pending) {
-            Run::Paused { ends } => match run(&self.engine, &e, &ends) {
+            Run::Paused {
+                handle: Some(handle),
+                ends,
+            } => {
+                handle.resume();
+                self.metrics.streams_active.inc();
+                e.run = Run::Running { handle, ends };
+                Reply::ok("resumed")
+            }
+            Run::Paused { handle: None, ends } => match run(&self.engine, &mut e, &ends) {
                 Ok(handle) => {
                     self.metrics.streams_active.inc();
                     e.run = Run::Running { handle, ends };
@@ -562,8 +622,15 @@ impl Streams {
 
     fn finish_entry(&self, e: &Mutex<Entry>, now: bool) -> u64 {
         let mut e = lock(e);
-        if let Run::Running { handle, .. } = std::mem::replace(&mut e.run, Run::Done) {
-            self.metrics.streams_active.dec();
+        let handle = match std::mem::replace(&mut e.run, Run::Done) {
+            Run::Running { handle, .. } => {
+                self.metrics.streams_active.dec();
+                Some(handle)
+            }
+            Run::Paused { handle, .. } => handle,
+            _ => None,
+        };
+        if let Some(handle) = handle {
             handle.cancel();
             if now {
                 // The engine finishes the in-flight operations on its own; the handle's
@@ -574,6 +641,8 @@ impl Streams {
                 while handle.wait_timeout(Duration::from_secs(3600)).is_none() {}
                 e.sent_before_bytes += handle.counters().bytes_sent;
             }
+            self.metrics
+                .add_lateness(&handle.lateness(), &mut e.lateness_seen);
         }
         if let Some(r) = e.reservation.take() {
             let mut adm = lock(&self.admission);
@@ -674,23 +743,61 @@ impl Streams {
         let entries: Vec<Arc<Mutex<Entry>>> = lock(&self.table).values().cloned().collect();
         for e in entries {
             let Ok(mut e) = e.try_lock() else { continue };
-            let result = match &e.run {
-                Run::Running { handle, .. } => handle.wait_timeout(Duration::ZERO),
-                _ => None,
-            };
-            let Some(result) = result else { continue };
+            e.feed_lateness(&self.metrics);
+            let result = e.handle().and_then(|h| h.wait_timeout(Duration::ZERO));
+            if let Some(result) = result {
+                self.finished(&mut e, result);
+            }
+        }
+    }
+
+    /// The engine stream of a running or engine-paused entry reported `result`: the entry is
+    /// done or failed.
+    fn finished(&self, e: &mut Entry, result: Result<StreamReport, StreamError>) {
+        e.feed_lateness(&self.metrics);
+        if matches!(e.run, Run::Running { .. }) {
             self.metrics.streams_active.dec();
-            e.run = match result {
-                Ok(report) => {
-                    e.sent_before_bytes += report.bytes;
-                    e.offset_bytes += report.bytes;
-                    if let Some(r) = &mut e.remaining_bytes {
-                        *r = r.saturating_sub(report.bytes);
-                    }
-                    Run::Done
+        }
+        // The report's count is final; the counters agree once it is in.
+        let sent = e.engine_sent_bytes();
+        e.run = match result {
+            Ok(report) => {
+                let sent = report.bytes.max(sent);
+                e.sent_before_bytes += sent;
+                e.offset_bytes += sent;
+                if let Some(r) = &mut e.remaining_bytes {
+                    *r = r.saturating_sub(sent);
                 }
-                Err(err) => Run::Failed(err.to_string()),
-            };
+                Run::Done
+            }
+            Err(err) => {
+                e.sent_before_bytes += sent;
+                Run::Failed(err.to_string())
+            }
+        };
+    }
+
+    /// Before an edit of a stream paused in the engine: stops its engine stream and folds
+    /// what it sent into the offset (RESUME restarts it there with the edits).
+    fn stop_paused(&self, e: &mut Entry) -> Result<(), Reply> {
+        let Run::Paused { handle, ends } = std::mem::replace(&mut e.run, Run::Pending) else {
+            return Ok(());
+        };
+        let Some(handle) = handle else {
+            e.run = Run::Paused { handle: None, ends };
+            return Ok(());
+        };
+        match suspend(e, handle, &self.metrics) {
+            Ok(()) => {
+                // Even with nothing left at the old position it stays paused: the edit (a
+                // SEEK, a LENGTH) may give it more to send.
+                e.run = Run::Paused { handle: None, ends };
+                Ok(())
+            }
+            Err(err) => {
+                e.run = Run::Failed(err.clone());
+                Err(Reply::new(ReplyCode::INTERNAL_ERROR, err))
+            }
         }
     }
 
@@ -700,7 +807,12 @@ impl Streams {
         let entries: Vec<Arc<Mutex<Entry>>> = lock(&self.table).drain().map(|(_, v)| v).collect();
         for e in entries {
             let mut e = lock(&e);
-            if let Run::Running { handle, .. } = std::mem::replace(&mut e.run, Run::Done) {
+            let handle = match std::mem::replace(&mut e.run, Run::Done) {
+                Run::Running { handle, .. } => Some(handle),
+                Run::Paused { handle, .. } => handle,
+                _ => None,
+            };
+            if let Some(handle) = handle {
                 handle.cancel();
                 let left = deadline.saturating_sub(start.elapsed());
                 let _ = handle.wait_timeout(left);

@@ -269,3 +269,226 @@ fn streams_of_a_closed_connection_are_closed_unless_detached() {
     }
     panic!("the non-detached stream outlived its connection: {last}");
 }
+
+/// A receiver that counts bytes as they arrive (`count`) and returns them all at EOF; it
+/// starts reading after `delay`.
+fn counting_receiver(
+    delay: Duration,
+) -> (
+    SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+    std::thread::JoinHandle<Vec<u8>>,
+) {
+    let rx = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = rx.local_addr().unwrap();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let c = count.clone();
+    let h = std::thread::spawn(move || {
+        let (mut s, _) = rx.accept().unwrap();
+        std::thread::sleep(delay);
+        let mut all = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                return all;
+            }
+            all.extend_from_slice(&buf[..n]);
+            c.fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (addr, count, h)
+}
+
+fn wait_done(c: &mut Ctl, id: penstock_core::control::StreamId) -> Reply {
+    for _ in 0..6000 {
+        let st = c.cmd(&format!("STATE {id}"));
+        if st.lines[0].contains(" done ") {
+            return st;
+        }
+        assert!(!st.lines[0].contains(" failed "), "{st:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("stream {id} never finished");
+}
+
+fn metrics_text(f: &Fixture) -> String {
+    String::from_utf8(
+        agent()
+            .get(f.url("/metrics"))
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_to_vec()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn a_paused_periodic_stream_sends_nothing_while_paused_and_keeps_its_pace() {
+    let f = start();
+    // 200 units of 4 KiB at 100 units/s: 2 s of pacing without the pause.
+    const UNIT: usize = 4096;
+    const UNITS: usize = 200;
+    const RATE: usize = 100;
+    let data = pattern(UNIT * UNITS, 11);
+    let src = f.path("paced.ts");
+    std::fs::write(&src, &data).unwrap();
+    let (rx_addr, count, receiver) = counting_receiver(Duration::ZERO);
+
+    let mut c = Ctl::connect(f.control());
+    let opened = c.cmd(&format!(
+        "OPEN file:{} tcp://{rx_addr} rate={RATE}/s unit={UNIT}",
+        src.display()
+    ));
+    assert_eq!(opened.code.code(), 201, "{opened:?}");
+    let id = opened.stream_id().unwrap();
+    assert_eq!(c.cmd(&format!("START {id}")).code.code(), 200);
+    std::thread::sleep(Duration::from_millis(400));
+    let paused = c.cmd(&format!("PAUSE {id}"));
+    assert_eq!(paused.code.code(), 200, "{paused:?}");
+    // Units already handed to the socket arrive within the settle time; then nothing.
+    std::thread::sleep(Duration::from_millis(200));
+    let at_pause = count.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(at_pause > 0, "nothing arrived before the pause");
+    assert!(
+        at_pause < (UNIT * UNITS) as u64 / 2,
+        "paced stream ran far ahead of its rate: {at_pause} bytes in 0.4 s"
+    );
+    let st = c.cmd(&format!("STATE {id}"));
+    assert!(st.lines[0].contains(" paused "), "{st:?}");
+    assert!(st.lines[0].contains("paced=yes"), "{st:?}");
+    assert_eq!(state_field(&st, "sent"), Some(at_pause), "{st:?}");
+    std::thread::sleep(Duration::from_millis(800));
+    let after_window = count.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        after_window, at_pause,
+        "bytes arrived while the stream was paused"
+    );
+    let st = c.cmd(&format!("STATE {id}"));
+    assert_eq!(state_field(&st, "sent"), Some(at_pause), "{st:?}");
+
+    let resumed_at = std::time::Instant::now();
+    assert_eq!(c.cmd(&format!("RESUME {id}")).code.code(), 200);
+    let st = wait_done(&mut c, id);
+    let took = resumed_at.elapsed();
+    assert_eq!(state_field(&st, "sent"), Some((UNIT * UNITS) as u64));
+    // The same engine stream went on at its pace: no burst to catch up on the pause. The
+    // rest needs (units left)/rate; allow half of that (a generous lower bound).
+    let units_left = (UNIT * UNITS) as u64 - at_pause;
+    let paced_s = units_left as f64 / UNIT as f64 / RATE as f64;
+    assert!(
+        took.as_secs_f64() >= paced_s * 0.5,
+        "the rest came in {took:?}, its pace needs {paced_s:.2} s"
+    );
+    let got = receiver.join().unwrap();
+    assert_eq!(got.len(), data.len());
+    assert!(got == data, "bytes differ after pause/resume");
+}
+
+#[test]
+fn an_edit_while_paused_restarts_the_stream_at_the_new_offset() {
+    let f = start();
+    const LEN: usize = 8 << 20;
+    let data = pattern(LEN, 13);
+    let src = f.path("seekme.bin");
+    std::fs::write(&src, &data).unwrap();
+    // The receiver waits, so the stream is still running at the pause.
+    let (rx_addr, count, receiver) = counting_receiver(Duration::from_millis(500));
+    let mut c = Ctl::connect(f.control());
+    let id = c
+        .cmd(&format!("OPEN file:{} tcp://{rx_addr}", src.display()))
+        .stream_id()
+        .unwrap();
+    assert_eq!(c.cmd(&format!("START {id}")).code.code(), 200);
+    let paused = c.cmd(&format!("PAUSE {id}"));
+    assert_eq!(paused.code.code(), 200, "{paused:?}");
+    // The first edit stops the engine stream; from then on `sent` is final. (Before it, on
+    // the uring path, a send already in the ring may still complete once the receiver reads.)
+    assert_eq!(c.cmd(&format!("LENGTH {id} 1MiB")).code.code(), 200);
+    let sent = state_field(&c.cmd(&format!("STATE {id}")), "sent").unwrap();
+    assert!(sent < LEN as u64, "finished before the pause");
+    // Skip 1 MiB ahead of what was sent, and send 1 MiB from there.
+    let skip_to = sent + (1 << 20);
+    assert_eq!(c.cmd(&format!("SEEK {id} {skip_to}")).code.code(), 200);
+    let st = c.cmd(&format!("STATE {id}"));
+    assert!(st.lines[0].contains(" paused "), "{st:?}");
+    assert_eq!(state_field(&st, "offset"), Some(skip_to), "{st:?}");
+    assert_eq!(c.cmd(&format!("RESUME {id}")).code.code(), 200);
+    let st = wait_done(&mut c, id);
+    assert_eq!(state_field(&st, "sent"), Some(sent + (1 << 20)), "{st:?}");
+    assert_eq!(c.cmd(&format!("CLOSE {id}")).code.code(), 200);
+    let got = receiver.join().unwrap();
+    let s = sent as usize;
+    assert_eq!(got.len(), s + (1 << 20));
+    assert!(got[..s] == data[..s], "bytes before the pause differ");
+    assert!(
+        got[s..] == data[s + (1 << 20)..s + (2 << 20)],
+        "bytes after the seek differ"
+    );
+    assert_eq!(
+        count.load(std::sync::atomic::Ordering::SeqCst),
+        got.len() as u64
+    );
+}
+
+#[test]
+fn a_periodic_stream_feeds_the_lateness_histogram_and_its_misses() {
+    let f = start();
+    // 128 units of 64 KiB at 200 units/s; the receiver sleeps 1 s first, so the socket fills
+    // and units go out late (misses: later than one period, 5 ms).
+    const UNIT: usize = 64 << 10;
+    const UNITS: u64 = 128;
+    let data = pattern(UNIT * UNITS as usize, 17);
+    let src = f.path("late.ts");
+    std::fs::write(&src, &data).unwrap();
+    let (rx_addr, _count, receiver) = counting_receiver(Duration::from_secs(1));
+    let mut c = Ctl::connect(f.control());
+    let id = c
+        .cmd(&format!(
+            "OPEN file:{} tcp://{rx_addr} rate=200/s unit={UNIT}",
+            src.display()
+        ))
+        .stream_id()
+        .unwrap();
+    let before = metrics_text(&f);
+    assert_eq!(
+        metric_value(&before, "penstock_stream_lateness_seconds_count"),
+        Some(0.0),
+        "{before}"
+    );
+    assert_eq!(c.cmd(&format!("START {id}")).code.code(), 200);
+    wait_done(&mut c, id);
+    let got = receiver.join().unwrap();
+    assert!(got == data);
+    let m = metrics_text(&f);
+    println!("{m}");
+    let count = metric_value(&m, "penstock_stream_lateness_seconds_count").unwrap();
+    let misses = metric_value(&m, "penstock_deadline_misses_total").unwrap();
+    assert_eq!(
+        count, UNITS as f64,
+        "every unit's lateness is counted:\n{m}"
+    );
+    assert!(
+        misses > 0.0,
+        "units sent into a full socket were late:\n{m}"
+    );
+    assert!(misses <= count, "{m}");
+    // The late units are in the upper buckets: fewer than all are within 8 µs.
+    let within_8us = metric_value(
+        &m,
+        "penstock_stream_lateness_seconds_bucket{le=\"0.000008192\"}",
+    )
+    .unwrap();
+    assert!(within_8us < count, "{m}");
+    assert!(
+        m.contains("penstock_disk_queue_depth{class=\"rt\"}"),
+        "disk queue depth is reported per class:\n{m}"
+    );
+}

@@ -1,0 +1,250 @@
+//! 10,000 idle connections to `penstock serve` (a child process: the client's and the
+//! server's descriptors together would pass the hard RLIMIT_NOFILE of one process): the
+//! server's memory stays bounded, another client still gets a byte-exact download, an idle
+//! connection can still be used, and connections beyond `connections_max` get a clear 503.
+//! Waits are bounded loops; the only bounds on time and memory are generous.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const IDLE: usize = 10_000;
+/// Room for the idle connections, the clients of the test and a few more: the test then
+/// fills the rest and checks that the next connection is refused.
+const CONNECTIONS_MAX: usize = IDLE + 20;
+const RSS_BOUND_KB: u64 = 200 * 1024;
+
+fn raise_nofile_to_hard() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let cur = getrlimit(Resource::Nofile);
+    if cur.current != cur.maximum {
+        setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: cur.maximum,
+                maximum: cur.maximum,
+            },
+        )
+        .unwrap();
+    }
+}
+
+fn nofile_soft() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX)
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+/// Deterministic bytes, different at every offset.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = vec![0u8; len];
+    for c in v.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+    v
+}
+
+/// GET `path` on `s` (keep-alive unless `close`); returns the status and the body.
+fn get(s: &mut TcpStream, path: &str, close: bool) -> (u16, Vec<u8>) {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let conn = if close { "close" } else { "keep-alive" };
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: {conn}\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status = line.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let mut len = 0usize;
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).unwrap();
+        if h == "\r\n" || h.is_empty() {
+            break;
+        }
+        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).unwrap();
+    (status, body)
+}
+
+fn metric(http: &str, name: &str) -> Option<f64> {
+    let mut s = TcpStream::connect(http).unwrap();
+    let (_, body) = get(&mut s, "/metrics", true);
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn ten_thousand_idle_connections_keep_memory_bounded_and_others_served() {
+    raise_nofile_to_hard();
+    // The client holds IDLE + a few descriptors; the server (a child, which inherits this
+    // soft limit and raises its own towards what its limits need) the same.
+    let need = IDLE as u64 + 200;
+    if nofile_soft() < need {
+        eprintln!(
+            "SKIPPED: RLIMIT_NOFILE hard limit {} is below the {need} descriptors this test needs",
+            nofile_soft()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let data = pattern(16 << 20, 5);
+    std::fs::write(www.join("big.bin"), &data).unwrap();
+    let conf = dir.path().join("penstock.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n\
+             [limits]\nconnections_max = {CONNECTIONS_MAX}\nidle_timeout_ms = 300000\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_penstock"))
+        .args(["serve", "--config"])
+        .arg(&conf)
+        .arg("--root")
+        .arg(&www)
+        .arg("--no-control-unix")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let server = Server(child);
+    let pid = server.0.id();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    println!("{}", line.trim_end());
+    assert!(line.starts_with("penstock serve: http://"), "{line}");
+    assert!(line.contains("descriptors "), "{line}");
+    let http = line["penstock serve: http://".len()..]
+        .split([',', ';'])
+        .next()
+        .unwrap()
+        .to_string();
+
+    // A first download: the server's memory after it has served once.
+    let mut s = TcpStream::connect(&http).unwrap();
+    let (status, body) = get(&mut s, "/big.bin", true);
+    assert_eq!(status, 200);
+    assert!(body == data);
+    drop(s);
+    let rss_start = rss_kb(pid);
+
+    let opened_at = Instant::now();
+    let mut idle = Vec::with_capacity(IDLE);
+    for i in 0..IDLE {
+        match TcpStream::connect(&http) {
+            Ok(s) => idle.push(s),
+            Err(e) => panic!("connection {i} of {IDLE} failed: {e}"),
+        }
+    }
+    println!("{IDLE} connections opened in {:?}", opened_at.elapsed());
+    // Every one of them accepted by the server (bounded wait).
+    let mut seen = 0.0;
+    for _ in 0..600 {
+        seen = metric(&http, "penstock_http_connections").unwrap_or(0.0);
+        // The metrics request itself is one more connection.
+        if seen >= IDLE as f64 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(seen >= IDLE as f64, "the server holds {seen} connections");
+
+    // Another client still gets the whole file, byte-exact, while they sit there.
+    let mut s = TcpStream::connect(&http).unwrap();
+    let (status, body) = get(&mut s, "/big.bin", true);
+    assert_eq!(status, 200);
+    assert_eq!(body.len(), data.len());
+    assert!(body == data, "the download differs");
+    drop(s);
+    let rss_idle = rss_kb(pid);
+    println!(
+        "server VmRSS: {rss_start} kB after one download, {rss_idle} kB with {IDLE} idle \
+         connections ({} bytes per connection)",
+        (rss_idle.saturating_sub(rss_start) * 1024) / IDLE as u64
+    );
+    assert!(
+        rss_idle < RSS_BOUND_KB,
+        "server RSS {rss_idle} kB with {IDLE} idle connections (bound {RSS_BOUND_KB} kB)"
+    );
+
+    // An idle connection is still a connection: it can be used.
+    let (status, body) = get(&mut idle[IDLE / 2], "/big.bin", false);
+    assert_eq!(status, 200);
+    assert!(body == data, "the download on an idle connection differs");
+
+    // Fill up to connections_max: every connection past it is answered 503 and closed at
+    // once, and the connections inside it are still served.
+    let mut extra = Vec::new();
+    for _ in 0..(CONNECTIONS_MAX - IDLE + 10) {
+        extra.push(TcpStream::connect(&http).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let mut refused = 0;
+    for s in &mut extra {
+        s.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 256];
+        match s.read(&mut buf) {
+            Ok(n) if n > 0 => {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                assert!(
+                    text.starts_with("HTTP/1.1 503 "),
+                    "a refused connection got {text:?}"
+                );
+                refused += 1;
+            }
+            Ok(_) => panic!("a connection was closed without a reply"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    println!(
+        "{} connections past {IDLE}: {refused} refused with 503",
+        extra.len()
+    );
+    assert!(refused >= 10, "only {refused} refused past connections_max");
+    assert!(refused <= extra.len());
+    let (status, body) = get(&mut idle[0], "/big.bin", false);
+    assert_eq!(status, 200);
+    assert!(
+        body == data,
+        "an accepted connection was not served at the limit"
+    );
+    let rss_end = rss_kb(pid);
+    println!("server VmRSS at the limit: {rss_end} kB");
+    assert!(rss_end < RSS_BOUND_KB);
+    assert!(
+        opened_at.elapsed() < Duration::from_secs(280),
+        "the idle timeout would have cut them: the checks above are not about idle connections"
+    );
+}

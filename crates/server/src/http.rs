@@ -871,6 +871,9 @@ impl Worker {
         self.shared
             .metrics
             .set_disk_queue_depth(self.shared.engine.disk_queue_depth());
+        self.shared
+            .metrics
+            .set_engine_buffers(self.shared.engine.buffer_usage());
         let body = self.shared.metrics.encode().into_bytes();
         let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
         let head = ResponseHead {

@@ -10,7 +10,9 @@
 //! and when a stream ends. The engine counts lateness in power-of-two nanosecond buckets; the
 //! histogram's bounds are powers of two nanoseconds too (8.192 µs × 4ⁿ), so every unit lands
 //! in its true bucket (a lateness of exactly a bound may land one bucket up) and the sum is
-//! within a factor of two. `penstock_disk_queue_depth` is read from the engine at each scrape.
+//! within a factor of two. `penstock_disk_queue_depth` and `penstock_engine_buffers` (the
+//! engine's pool: total, reserved, in use by rt, borrowed by bulk) are read from the engine at each
+//! scrape, as is `penstock_engine_buffer_repossessions` (buffers bulk streams gave back to rt).
 
 use std::sync::Mutex;
 
@@ -21,7 +23,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use penstock_driver::{DiskQueueDepth, LATENESS_BUCKETS, LatenessCounts};
+use penstock_driver::{BufferUsage, DiskQueueDepth, LATENESS_BUCKETS, LatenessCounts};
 
 /// The lowest bound of the lateness histogram: 2^13 ns, so that every bound (×4) is a power
 /// of two nanoseconds like the engine's buckets.
@@ -81,6 +83,8 @@ pub struct Metrics {
     pub lateness: Histogram,
     pub deadline_misses: Counter,
     pub disk_queue_depth: Family<ClassLabel, Gauge>,
+    pub engine_buffers: Family<PoolLabel, Gauge>,
+    pub engine_repossessions: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -154,6 +158,18 @@ impl Metrics {
             "Units of periodic control streams later than their miss threshold (default one period)",
             deadline_misses.clone(),
         );
+        let engine_buffers = Family::<PoolLabel, Gauge>::default();
+        r.register(
+            "engine_buffers",
+            "The engine's buffer pool: total, reserved (admitted rt), rt_in_use, bulk_borrowed",
+            engine_buffers.clone(),
+        );
+        let engine_repossessions = Gauge::default();
+        r.register(
+            "engine_buffer_repossessions",
+            "Buffers bulk streams were made to give back to rt streams, since start",
+            engine_repossessions.clone(),
+        );
         let disk_queue_depth = Family::<ClassLabel, Gauge>::default();
         r.register(
             "disk_queue_depth",
@@ -173,6 +189,8 @@ impl Metrics {
             lateness,
             deadline_misses,
             disk_queue_depth,
+            engine_buffers,
+            engine_repossessions,
         }
     }
 
@@ -200,6 +218,24 @@ impl Metrics {
                 })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Sets the engine's buffer pool gauges.
+    pub fn set_engine_buffers(&self, u: BufferUsage) {
+        for (state, n) in [
+            ("total", u.buffers_total),
+            ("reserved", u.reserved),
+            ("rt_in_use", u.rt_in_use),
+            ("bulk_borrowed", u.bulk_borrowed),
+        ] {
+            self.engine_buffers
+                .get_or_create(&PoolLabel {
+                    state: state.into(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.engine_repossessions
+            .set(i64::try_from(u.repossessions).unwrap_or(i64::MAX));
     }
 
     /// Counts one error of `kind` (a short stable name: `bad_request`, `idle_timeout`, ...).

@@ -491,4 +491,10 @@ fn a_periodic_stream_feeds_the_lateness_histogram_and_its_misses() {
         m.contains("penstock_disk_queue_depth{class=\"rt\"}"),
         "disk queue depth is reported per class:\n{m}"
     );
+    let total = metric_value(&m, "penstock_engine_buffers{state=\"total\"}").unwrap();
+    assert!(total > 0.0, "the engine's pool is reported:\n{m}");
+    assert!(
+        m.contains("penstock_engine_buffers{state=\"bulk_borrowed\"}"),
+        "{m}"
+    );
 }

@@ -30,11 +30,16 @@ pub struct SinkArgs {
     /// UDP: stop after this long without a datagram.
     #[arg(long, default_value = "2s", value_parser = penstock_core::units::parse_duration)]
     pub idle: std::time::Duration,
+    /// UDP: poll the socket without sleeping (one core busy), so that no sender pays for
+    /// waking the receiver on every datagram — a loopback artefact: a receiver on another
+    /// host costs the sender nothing.
+    #[arg(long)]
+    pub poll: bool,
 }
 
 pub fn run(a: SinkArgs) -> Result<()> {
     if a.udp {
-        return crate::udp_sink::run(&a.addr, a.expect, a.idle);
+        return crate::udp_sink::run(&a.addr, a.expect, a.idle, a.poll);
     }
     let l = TcpListener::bind(&a.addr).with_context(|| format!("bind {}", a.addr))?;
     let out = std::sync::Arc::new(std::sync::Mutex::new(BufWriter::new(std::io::stdout())));

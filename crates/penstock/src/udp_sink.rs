@@ -24,12 +24,16 @@ struct Source {
     seen_max: Option<u64>,
 }
 
-pub fn run(addr: &str, expect_per_source: Option<u64>, idle: Duration) -> Result<()> {
+pub fn run(addr: &str, expect_per_source: Option<u64>, idle: Duration, poll: bool) -> Result<()> {
     let sock = UdpSocket::bind(addr).with_context(|| format!("bind {addr}"))?;
     let s2 = socket2::SockRef::from(&sock);
     let _ = s2.set_recv_buffer_size(64 << 20);
     let rcvbuf = s2.recv_buffer_size().unwrap_or(0);
-    sock.set_read_timeout(Some(Duration::from_millis(100)))?;
+    if poll {
+        sock.set_nonblocking(true)?;
+    } else {
+        sock.set_read_timeout(Some(Duration::from_millis(100)))?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
@@ -70,6 +74,9 @@ pub fn run(addr: &str, expect_per_source: Option<u64>, idle: Duration) -> Result
             {
                 if last.is_some_and(|t| t.elapsed() >= idle) {
                     break;
+                }
+                if poll {
+                    std::hint::spin_loop();
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}

@@ -703,9 +703,10 @@ impl Engine {
             choice = PathChoice::Fixed(DataPath::Uring);
         }
         if schedule.is_some() && choice == PathChoice::Auto {
-            // Paced units are read ahead into the pool and sent at their deadline: the uring
-            // path; without io_uring, copy (read, then write at the deadline).
-            choice = PathChoice::Fixed(if self.caps().uring {
+            // Paced units of a file are read ahead into the pool and sent at their deadline:
+            // the uring path; without io_uring, or from a socket or pipe, copy (read, then
+            // write at the deadline).
+            choice = PathChoice::Fixed(if self.caps().uring && source.kind == IoKind::File {
                 DataPath::Uring
             } else {
                 DataPath::Copy

@@ -148,6 +148,11 @@ fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, 
                 if let Some(e) = e {
                     return Err(volume_write_error(io, e));
                 }
+                if c.pos == c.have
+                    && let Some(p) = &mut io.pace
+                {
+                    p.completed(crate::clock::now(), c.have as u64, &io.counters);
+                }
                 continue;
             }
             let r = if io.target.socket {

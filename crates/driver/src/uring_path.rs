@@ -157,6 +157,13 @@ impl UringState {
             .map(|v| (v.size_bytes, v.align_bytes))
         {
             self.vol_write = true;
+            if io.pace.is_some() {
+                // Whole chunks go to the members at once: no unit would wait for its deadline.
+                return Err(StreamError::Invalid(format!(
+                    "a paced stream from a file into {} is not supported: write it unpaced, or pace a socket or pipe source",
+                    io.target.label
+                )));
+            }
             if end - io.start > size_bytes {
                 return Err(StreamError::Invalid(format!(
                     "{} bytes do not fit {} ({size_bytes} bytes)",

@@ -668,6 +668,58 @@ fn a_tcp_socket_and_a_pipe_stream_into_a_partition_byte_exact() {
         text(&o)
     );
     ok(&["volume", "check", s(&m[0])]);
+    // Paced from a pipe: the copy path writes unit by unit at the rate (20 units at 400/s).
+    let bytes = data(20 * 1024, 64);
+    let mut child = penstock()
+        .args([
+            "stream",
+            "-",
+            "vol:sock/frompipe",
+            "--rate",
+            "400/s",
+            "--unit",
+            "1KiB",
+        ])
+        .env("PENSTOCK_VOLUMES", &env)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &bytes).unwrap();
+    drop(child.stdin.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("path copy")
+            && String::from_utf8_lossy(&o.stderr).contains("of 20 units"),
+        "{}",
+        text(&o)
+    );
+    let out = dir.path().join("paced.out");
+    ok(&["volume", "export", s(&m[0]), "frompipe", s(&out)]);
+    assert!(std::fs::read(&out).unwrap()[..bytes.len()] == bytes[..]);
+    // Paced from a file, whole chunks would go to the members at once: refused by name.
+    let f = dir.path().join("paced.in");
+    std::fs::write(&f, &bytes).unwrap();
+    let o = penstock()
+        .args([
+            "stream",
+            s(&f),
+            "vol:sock/frompipe",
+            "--rate",
+            "400/s",
+            "--unit",
+            "1KiB",
+        ])
+        .env("PENSTOCK_VOLUMES", &env)
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success()
+            && String::from_utf8_lossy(&o.stderr).contains("paced stream from a file"),
+        "{}",
+        text(&o)
+    );
     // The uring path reads files only: asked for, it is refused by name.
     let o = penstock()
         .args(["stream", "-", "vol:sock/frompipe", "--path", "uring"])

@@ -61,6 +61,11 @@ impl Default for DiskConfig {
 /// wake tokens (which have the top bit set).
 pub(crate) const DISK_TOKEN_BASE: u64 = 1 << 62;
 
+/// Whether `token` names a read the disk queue dispatched (see [`DiskQueue::translate`]).
+pub(crate) fn is_disk_token(token: u64) -> bool {
+    (DISK_TOKEN_BASE..2 * DISK_TOKEN_BASE).contains(&token)
+}
+
 /// A read a stream asks for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReadReq {
@@ -280,12 +285,10 @@ impl DiskQueue {
     /// Translates a completion of a dispatched read back to its stream's token and frees the
     /// read's device slot; any other completion is returned as it is.
     pub(crate) fn translate(&mut self, now: Instant, c: Completion) -> Completion {
-        let Some(id) = c.token.checked_sub(DISK_TOKEN_BASE) else {
-            return c;
-        };
-        if id >= DISK_TOKEN_BASE {
+        if !is_disk_token(c.token) {
             return c;
         }
+        let id = c.token - DISK_TOKEN_BASE;
         let Some(token) = self.inflight.remove(&id) else {
             return c;
         };

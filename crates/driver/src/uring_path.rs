@@ -66,6 +66,8 @@ pub(crate) struct UringState {
     /// The source's device, for the per-device disk queue (a volume source: each member's).
     dev: u64,
     member_devs: Vec<u64>,
+    /// Scratch for one chunk's disk requests.
+    reqs: Vec<ReadReq>,
     /// End of reads: the stream's end, rounded up to the alignment when direct.
     read_end: u64,
     chunks: VecDeque<Chunk>,
@@ -96,6 +98,21 @@ fn device_of(fd: impl AsFd) -> u64 {
         }
         Ok(st) => st.st_dev,
         Err(_) => 0,
+    }
+}
+
+/// The bytes a disk read or write moved, or why it failed (cancelled, or an I/O error of `op`).
+fn disk_result(c: &Completion, op: &'static str, bytes_sent: u64) -> Result<usize, StreamError> {
+    match c.io_result() {
+        Ok(n) => Ok(n),
+        Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {
+            Err(StreamError::Cancelled { bytes_sent })
+        }
+        Err(source) => Err(StreamError::Io {
+            op,
+            bytes_sent,
+            source,
+        }),
     }
 }
 
@@ -267,7 +284,9 @@ impl UringState {
                 }
                 None => None,
             };
-            let mut reqs: Vec<ReadReq> = Vec::new();
+            // A chunk's requests, in a vector kept across reads (no allocation per read).
+            let mut reqs = std::mem::take(&mut self.reqs);
+            reqs.clear();
             if let Some(v) = &io.source.volume {
                 let pieces = match v.split(self.next_read, want as u64) {
                     Ok(p) => p,
@@ -312,15 +331,17 @@ impl UringState {
                 // The class's queue is full: backpressure. Keep nothing, ask again later.
                 bufs.free(ring, client, buf);
                 *refused = true;
+                self.reqs = reqs;
                 break;
             }
             let pending = reqs.len() as u32;
             bufs.start_io(client, buf);
-            for mut req in reqs {
+            for mut req in reqs.drain(..) {
                 req.token = token(TAG_READ, buf.index() as u16);
                 disk.submit(now, req)
                     .expect("room in the class's queue was checked");
             }
+            self.reqs = reqs;
             self.chunks.push_back(Chunk {
                 buf,
                 file_off: self.next_read,
@@ -425,21 +446,7 @@ impl UringState {
         };
         match tag {
             TAG_READ => {
-                let piece = match c.io_result() {
-                    Ok(n) => n,
-                    Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {
-                        return Err(StreamError::Cancelled {
-                            bytes_sent: io.sent,
-                        });
-                    }
-                    Err(e) => {
-                        return Err(StreamError::Io {
-                            op: "read",
-                            bytes_sent: io.sent,
-                            source: e,
-                        });
-                    }
-                };
+                let piece = disk_result(c, "read", io.sent)?;
                 io.add_read(piece);
                 let ch = &mut self.chunks[pos];
                 ch.got += piece;
@@ -468,21 +475,7 @@ impl UringState {
             }
             TAG_SEND if self.vol_write => {
                 let ch = &mut self.chunks[pos];
-                let n = match c.io_result() {
-                    Ok(n) => n,
-                    Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {
-                        return Err(StreamError::Cancelled {
-                            bytes_sent: io.sent,
-                        });
-                    }
-                    Err(e) => {
-                        return Err(StreamError::Io {
-                            op: "write to a volume member",
-                            bytes_sent: io.sent,
-                            source: e,
-                        });
-                    }
-                };
+                let n = disk_result(c, "write to a volume member", io.sent)?;
                 ch.got += n;
                 ch.pending -= 1;
                 if ch.pending > 0 {

@@ -901,9 +901,11 @@ impl Worker {
     }
 
     fn route(&mut self, c: &Completion) {
+        // Only a dispatched read's completion needs the disk queue (and the clock): sends,
+        // the bulk of completions, pass straight through.
         let c = &match &mut self.disk {
-            Some(disk) => disk.translate(clock::now(), *c),
-            None => *c,
+            Some(disk) if crate::disk::is_disk_token(c.token) => disk.translate(clock::now(), *c),
+            _ => *c,
         };
         if (TIMER_TOKEN_BASE..TIMER_TOKEN_BASE + TIMERS_MAX as u64).contains(&c.token) {
             self.timers[(c.token - TIMER_TOKEN_BASE) as usize] = None;

@@ -123,10 +123,7 @@ pub fn run(a: RecordArgs) -> Result<()> {
                 partition.as_str(),
                 Access::SharedWrite,
             )?),
-            tracks: a
-                .tracks
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(partition.as_str())),
+            tracks: tracks_prefix(a.tracks.as_deref(), partition.as_str()),
         },
         other => bail!("record writes a file or a vol: partition: DST must be one, not {other}"),
     };
@@ -283,6 +280,12 @@ pub fn run_tracks(a: TracksArgs) -> Result<()> {
     }
 }
 
+/// The track files' prefix of a recording in partition `partition`: `--tracks`, else the
+/// partition's name in the current directory.
+fn tracks_prefix(given: Option<&Path>, partition: &str) -> PathBuf {
+    given.map_or_else(|| PathBuf::from(partition), Path::to_path_buf)
+}
+
 /// A recording named on the command line: where its tracks are, how long its media is, and
 /// a name for messages.
 pub struct Recording {
@@ -298,7 +301,7 @@ pub fn recording(name: &str, tracks: Option<&Path>) -> Result<Recording> {
         Endpoint::Volume { volume, partition } => {
             let io = open_partition(volume.as_str(), partition.as_str(), Access::Shared)?;
             Ok(Recording {
-                prefix: tracks.map_or_else(|| PathBuf::from(partition.as_str()), Path::to_path_buf),
+                prefix: tracks_prefix(tracks, partition.as_str()),
                 media_len_bytes: io.size_bytes,
                 label: name.to_string(),
             })

@@ -1,4 +1,4 @@
-//! The driver's clock: CLOCK_MONOTONIC as the core's [`Instant`], and CPU time.
+//! The driver's clock: CLOCK_MONOTONIC as the core's [`Instant`], CPU time, and CPU placement.
 
 use penstock_core::time::Instant;
 pub use penstock_uring::sys::{CpuTimes, CpuWho, cpu_times};
@@ -7,4 +7,25 @@ pub use penstock_uring::sys::{CpuTimes, CpuWho, cpu_times};
 pub fn now() -> Instant {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     Instant::from_nanos(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// The CPUs this thread may run on, in ascending order (empty if the kernel will not say).
+pub fn allowed_cpus() -> Vec<usize> {
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| set.is_set(c))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Pin the calling thread to one CPU. Threads it spawns afterwards (an engine's workers, the
+/// kernel's io-wq workers for its rings) inherit the mask.
+pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    if cpu >= rustix::thread::CpuSet::MAX_CPU {
+        return Err(std::io::Error::other(format!("no CPU {cpu}")));
+    }
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set).map_err(std::io::Error::from)
 }

@@ -47,6 +47,18 @@ pub struct PathsArgs {
     /// Write all samples and medians as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Reads (and sends) a stream keeps in flight on the uring path. Two by default: this
+    /// VM's virtio disk serves requests one at a time, and fio read it at 1.0-1.5 GB/s with
+    /// four 4 MiB reads in flight against 1.3-1.9 GB/s with one or two.
+    #[arg(long, default_value_t = 2)]
+    pub depth: usize,
+    /// Let the scheduler place sender and receiver (default: the sender on the first allowed
+    /// CPU, the receiver on the last, when there are two or more).
+    #[arg(long)]
+    pub no_pin: bool,
+    /// The receiver's SO_RCVLOWAT (0: none).
+    #[arg(long, default_value = "256KiB", value_parser = parse_size)]
+    pub rcvlowat: u64,
 }
 
 /// One row of the table: a path (or baseline) in a cache state.
@@ -73,9 +85,15 @@ pub(crate) struct Sink {
 
 impl Sink {
     pub(crate) fn start() -> Result<Sink> {
+        Sink::start_with(&[])
+    }
+
+    /// A receiver with extra `penstock sink` options (`--cpu`, `--rcvlowat`).
+    pub(crate) fn start_with(extra: &[String]) -> Result<Sink> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .args(["sink", "127.0.0.1:0"])
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .context("starting the receiver")?;
@@ -198,16 +216,28 @@ fn run_engine(
     Ok(())
 }
 
-/// The bare baseline: blocking sendfile of the whole file, unit by unit.
+/// The bare baseline: sendfile of the whole file, unit by unit, on a non-blocking socket with
+/// poll(2) when it is full (a blocking sendfile measured half as fast here: each sleep on a
+/// full socket buffer waits for the receiver's window update).
 fn bare_sendfile(file: &Path, port: u16, unit: usize) -> Result<()> {
+    use rustix::event::{PollFd, PollFlags, poll};
     let f = std::fs::File::open(file)?;
     let size = f.metadata()?.len();
     let s = TcpStream::connect(("127.0.0.1", port))?;
+    // The engine's TCP sockets are TCP_NODELAY; so is this one.
+    s.set_nodelay(true)?;
+    s.set_nonblocking(true)?;
     let mut off = 0u64;
     while off < size {
-        let n = rustix::fs::sendfile(s.as_fd(), f.as_fd(), Some(&mut off), unit)?;
-        if n == 0 {
-            bail!("sendfile returned 0 at {off} of {size}");
+        match rustix::fs::sendfile(s.as_fd(), f.as_fd(), Some(&mut off), unit) {
+            Ok(0) => bail!("sendfile returned 0 at {off} of {size}"),
+            Ok(_) => {}
+            Err(rustix::io::Errno::AGAIN) => {
+                let mut fds = [PollFd::new(&s, PollFlags::OUT)];
+                poll(&mut fds, None)?;
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())
@@ -250,18 +280,36 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
             tmp.path().to_path_buf()
         }
     };
+    // Placement. On loopback the receiver's TCP processing and every wakeup of the receiver
+    // run inside the sender's send calls; left to itself the scheduler's wake-affine placement
+    // pulls the receiver onto the sender's CPU now and then, and the same command measured
+    // 0.13 to 0.50 s/GB of sender CPU. Pinned apart, and with the receiver woken per 256 KiB
+    // rather than per 64 KiB segment, the sender pays for what a remote receiver would cost it.
+    let cpus = penstock_driver::clock::allowed_cpus();
+    let mut sink_args: Vec<String> = Vec::new();
+    let placement = match (a.no_pin, cpus.first(), cpus.last()) {
+        (false, Some(&first), Some(&last)) if first != last => {
+            penstock_driver::clock::pin_to_cpu(first).context("pinning the sender")?;
+            sink_args.extend(["--cpu".to_string(), last.to_string()]);
+            format!("sender on CPU {first}, receiver on CPU {last}")
+        }
+        _ => "sender and receiver placed by the scheduler".to_string(),
+    };
+    if a.rcvlowat > 0 {
+        sink_args.extend(["--rcvlowat".to_string(), a.rcvlowat.to_string()]);
+    }
     let engine = Engine::new(EngineConfig {
         workers: 1,
         pool_buffers: 16,
         buffer_bytes: unit.div_ceil(4096) * 4096,
-        stream_depth: 4,
+        stream_depth: a.depth,
         ..EngineConfig::default()
     })?;
     let uring = engine.info().uring.is_ok();
     if let Err(why) = &engine.info().uring {
         eprintln!("penstock: note: {why}");
     }
-    let mut sink = Sink::start()?;
+    let mut sink = Sink::start_with(&sink_args)?;
     let mut cells: Vec<Cell> = Vec::new();
     let hot_paths: Vec<(String, Option<(DataPath, CachePolicy)>)> = {
         let mut v = vec![
@@ -356,7 +404,15 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
             let _ = std::fs::remove_file(&file);
         }
     }
-    let table = render(&cells, a.reps);
+    let setup = format!(
+        "{placement}; receiver SO_RCVLOWAT {}; unit {unit} bytes",
+        if a.rcvlowat > 0 {
+            a.rcvlowat.to_string()
+        } else {
+            "none".to_string()
+        }
+    );
+    let table = render(&cells, a.reps, &setup);
     println!("{table}");
     let verdicts = verdicts(&cells);
     for v in &verdicts {
@@ -373,7 +429,7 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
                 })
             })
             .collect();
-        let doc = serde_json::json!({ "bench": "paths", "reps": a.reps, "unit": unit, "rows": rows, "verdicts": verdicts });
+        let doc = serde_json::json!({ "bench": "paths", "reps": a.reps, "unit": unit, "setup": setup, "rows": rows, "verdicts": verdicts });
         std::fs::write(p, serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())
@@ -387,9 +443,10 @@ fn check_received(sink: &mut Sink, size: u64, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn render(cells: &[Cell], reps: usize) -> String {
+fn render(cells: &[Cell], reps: usize, setup: &str) -> String {
     let mut s = format!(
         "\nbench paths: file -> TCP loopback receiver (separate process), medians of {reps} repetitions\n\
+         {setup}\n\
          {:>12} {:<5} {:<28} {:>10} {:>10} {:>12} {:>12}\n",
         "size", "cache", "path", "MB/s", "CPU s/GB", "MB/s / copy", "CPU / copy"
     );

@@ -35,12 +35,27 @@ pub struct SinkArgs {
     /// host costs the sender nothing.
     #[arg(long)]
     pub poll: bool,
+    /// TCP: SO_RCVLOWAT on each connection, so that a read returns once this many bytes are
+    /// queued — the receiver is woken per that many bytes instead of per segment (on loopback
+    /// each wakeup is work done in the sender's send call; a remote receiver costs it none).
+    #[arg(long, value_parser = penstock_core::units::parse_size)]
+    pub rcvlowat: Option<u64>,
+    /// Run on this CPU only (a benchmark keeps the receiver off the sender's CPU).
+    #[arg(long)]
+    pub cpu: Option<usize>,
 }
 
 pub fn run(a: SinkArgs) -> Result<()> {
+    if let Some(cpu) = a.cpu {
+        penstock_driver::clock::pin_to_cpu(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
+    }
     if a.udp {
         return crate::udp_sink::run(&a.addr, a.expect, a.idle, a.poll);
     }
+    let lowat = match a.rcvlowat {
+        Some(b) => Some(i32::try_from(b).context("--rcvlowat is at most 2 GiB")?),
+        None => None,
+    };
     let l = TcpListener::bind(&a.addr).with_context(|| format!("bind {}", a.addr))?;
     let out = std::sync::Arc::new(std::sync::Mutex::new(BufWriter::new(std::io::stdout())));
     {
@@ -54,6 +69,10 @@ pub fn run(a: SinkArgs) -> Result<()> {
     let mut threads = Vec::new();
     while a.count.is_none_or(|c| served < c) {
         let (mut s, _) = l.accept()?;
+        if let Some(b) = lowat {
+            penstock_uring::sys::set_rcvlowat(std::os::fd::AsFd::as_fd(&s), b)
+                .context("SO_RCVLOWAT")?;
+        }
         let (out, checksum) = (out.clone(), a.checksum);
         threads.push(std::thread::spawn(move || {
             let mut buf = vec![0u8; 1 << 20];

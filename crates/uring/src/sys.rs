@@ -134,6 +134,12 @@ pub fn set_socket_int(
     }
 }
 
+/// SO_RCVLOWAT: a blocking read of this socket returns only once `bytes` are queued (or the
+/// peer closed), so a bulk receiver is woken once per that many bytes, not per segment.
+pub fn set_rcvlowat(fd: std::os::fd::BorrowedFd<'_>, bytes: i32) -> std::io::Result<()> {
+    set_socket_int(fd, libc::SOL_SOCKET, libc::SO_RCVLOWAT, bytes)
+}
+
 /// What the kernel said about one datagram received by [`RecvBatch::recv`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RecvMeta {

@@ -22,10 +22,17 @@ pub fn allowed_cpus() -> Vec<usize> {
 /// Pin the calling thread to one CPU. Threads it spawns afterwards (an engine's workers, the
 /// kernel's io-wq workers for its rings) inherit the mask.
 pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
-    if cpu >= rustix::thread::CpuSet::MAX_CPU {
-        return Err(std::io::Error::other(format!("no CPU {cpu}")));
-    }
+    pin_to_cpus(&[cpu])
+}
+
+/// Pin the calling thread to a set of CPUs (see [`pin_to_cpu`]).
+pub fn pin_to_cpus(cpus: &[usize]) -> std::io::Result<()> {
     let mut set = rustix::thread::CpuSet::new();
-    set.set(cpu);
+    for &cpu in cpus {
+        if cpu >= rustix::thread::CpuSet::MAX_CPU {
+            return Err(std::io::Error::other(format!("no CPU {cpu}")));
+        }
+        set.set(cpu);
+    }
     rustix::thread::sched_setaffinity(None, &set).map_err(std::io::Error::from)
 }

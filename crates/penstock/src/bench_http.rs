@@ -3,8 +3,9 @@
 //! Both servers serve the same temporary directory on loopback: a large file (256 MiB, 64
 //! MiB with `--quick`) and a 16 KiB one. nginx runs with `sendfile on`, `tcp_nopush on`, no
 //! access log and as many worker processes as penstock has HTTP workers. For each workload
-//! and each client count, penstock then nginx run one wrk measurement each (interleaved, so
-//! machine noise hits both alike). Server CPU is the utime+stime delta of every server
+//! and each client count, penstock then nginx run one wrk measurement each, `--reps` times
+//! (interleaved, so machine noise hits both alike), and the table shows medians. The servers
+//! run on the first half of the CPUs and wrk on the other half (`--no-pin`: anywhere). Server CPU is the utime+stime delta of every server
 //! process (/proc/PID/stat) over the wrk run. wrk's latency is the whole response (for the
 //! large file: the whole download, not the time to first byte); its p99 is reported.
 //! nginx and wrk are installed with apt-get when missing.
@@ -29,9 +30,17 @@ pub struct HttpArgs {
     /// Seconds per wrk run (default 10, 3 with --quick).
     #[arg(long)]
     pub duration_s: Option<u64>,
-    /// Server workers for both (penstock HTTP workers, nginx worker_processes); 0: CPUs.
+    /// Server workers for both (penstock HTTP workers, nginx worker_processes); 0: the CPUs
+    /// the servers run on.
     #[arg(long, default_value_t = 0)]
     pub workers: usize,
+    /// wrk runs per server and cell (alternating penstock, nginx); the table shows medians.
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Let the scheduler place servers and wrk (default: the servers on the first half of the
+    /// allowed CPUs, wrk on the rest, when there are two or more).
+    #[arg(long)]
+    pub no_pin: bool,
     /// Also write the table (Markdown) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -41,8 +50,29 @@ struct Measure {
     bytes_per_s: f64,
     requests_per_s: f64,
     cpu_s_per_gb: f64,
+    /// Every CPU's busy time per GB (server, load generator and kernel).
+    machine_cpu_s_per_gb: f64,
     p99_ms: f64,
     errors: u64,
+}
+
+impl Measure {
+    /// Each figure's median over the runs (errors: their sum).
+    fn median(runs: &[Measure]) -> Measure {
+        let med = |f: fn(&Measure) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(|a, b| a.total_cmp(b));
+            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        Measure {
+            bytes_per_s: med(|m| m.bytes_per_s),
+            requests_per_s: med(|m| m.requests_per_s),
+            cpu_s_per_gb: med(|m| m.cpu_s_per_gb),
+            machine_cpu_s_per_gb: med(|m| m.machine_cpu_s_per_gb),
+            p99_ms: med(|m| m.p99_ms),
+            errors: runs.iter().map(|m| m.errors).sum(),
+        }
+    }
 }
 
 fn ensure_tools() -> Result<()> {
@@ -110,6 +140,28 @@ fn wait_listening(port: u16, child: &mut Child) -> Result<()> {
     bail!("server did not listen on port {port}")
 }
 
+/// Busy time of the whole machine (every CPU's user, nice, system, irq and softirq time, from
+/// /proc/stat), in seconds: the server's own CPU plus what the kernel did for its traffic
+/// wherever that ran — and the load generator's, which is the same program for both servers.
+fn machine_busy_s() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return f64::NAN;
+    };
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return f64::NAN;
+    };
+    // cpu user nice system idle iowait irq softirq steal ...
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    if v.len() < 7 {
+        return f64::NAN;
+    }
+    (v[0] + v[1] + v[2] + v[5] + v[6]) / 100.0
+}
+
 /// utime + stime of `pid` and its children processes (nginx workers), in seconds.
 fn cpu_s(pid: u32) -> f64 {
     // /proc reports in USER_HZ, which the kernel fixes at 100 for user space.
@@ -172,6 +224,7 @@ fn run_wrk(
 ) -> Result<Measure> {
     let threads = clients.clamp(1, 2);
     let cpu0 = cpu_s(server_pid);
+    let busy0 = machine_busy_s();
     let out = Command::new("wrk")
         .args([
             "-t",
@@ -188,6 +241,7 @@ fn run_wrk(
         .output()
         .context("running wrk")?;
     let cpu1 = cpu_s(server_pid);
+    let busy1 = machine_busy_s();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     if !out.status.success() {
         bail!("wrk failed: {text}{}", String::from_utf8_lossy(&out.stderr));
@@ -229,6 +283,11 @@ fn run_wrk(
         } else {
             f64::NAN
         },
+        machine_cpu_s_per_gb: if bytes > 0.0 {
+            (busy1 - busy0) / (bytes / 1e9)
+        } else {
+            f64::NAN
+        },
         p99_ms: p99,
         errors,
     })
@@ -264,11 +323,34 @@ pub fn run(a: HttpArgs) -> Result<()> {
         .collect::<Result<_>>()?;
     let duration_s = a.duration_s.unwrap_or(if a.quick { 3 } else { 10 });
     let large_bytes: u64 = if a.quick { 64 << 20 } else { 256 << 20 };
+    if a.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    // Placement: the load generator is a receiver on the same machine. Left to the scheduler,
+    // wrk and the server's workers share both CPUs and which one gets pulled onto the other's
+    // CPU decides the CPU a server is charged (one run said 0.06, the next 0.4 s/GB). Pinned
+    // apart — both servers on the same CPUs, wrk on the others — they are measured alike.
+    let cpus = penstock_driver::clock::allowed_cpus();
+    let pinned = !a.no_pin && cpus.len() >= 2;
+    let (server_cpus, client_cpus) = if pinned {
+        let half = cpus.len() / 2;
+        (cpus[..half].to_vec(), cpus[half..].to_vec())
+    } else {
+        (cpus.clone(), cpus.clone())
+    };
     let workers = if a.workers == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        if pinned {
+            server_cpus.len()
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        }
     } else {
         a.workers
     };
+    if pinned {
+        // The servers inherit this process's mask when started; wrk the one set after.
+        penstock_driver::clock::pin_to_cpus(&server_cpus).context("pinning the servers")?;
+    }
     let dir = tempfile::Builder::new()
         .prefix("penstock-bench-http-")
         .tempdir()?;
@@ -331,37 +413,50 @@ pub fn run(a: HttpArgs) -> Result<()> {
             .context("starting nginx")?,
     );
     wait_listening(n_port, &mut nginx.0)?;
+    let placement = if pinned {
+        penstock_driver::clock::pin_to_cpus(&client_cpus).context("pinning wrk")?;
+        format!("servers on CPUs {server_cpus:?}, wrk on CPUs {client_cpus:?}")
+    } else {
+        "servers and wrk placed by the scheduler".to_string()
+    };
 
     let machine = machine_line();
     let mut table = String::new();
     table.push_str(&format!(
-        "penstock bench http: {machine}; {workers} workers each; wrk {duration_s} s per cell; large = {} MiB, small = 16 KiB\n\n",
+        "penstock bench http: {machine}; {workers} workers each; {placement}; wrk {duration_s} s per run, medians of {} runs per cell; large = {} MiB, small = 16 KiB\n\n",
+        a.reps,
         large_bytes >> 20
     ));
-    table.push_str("| file | clients | server | MB/s | req/s | CPU s/GB | p99 latency ms | errors |\n|---|---|---|---|---|---|---|---|\n");
+    table.push_str("| file | clients | server | MB/s | req/s | server CPU s/GB | machine CPU s/GB | p99 latency ms | errors |\n|---|---|---|---|---|---|---|---|---|\n");
     let mut ratios = String::from(
-        "\n| file | clients | throughput penstock/nginx | req/s penstock/nginx | CPU/GB penstock/nginx | p99 penstock/nginx |\n|---|---|---|---|---|---|\n",
+        "\n| file | clients | throughput penstock/nginx | req/s penstock/nginx | server CPU/GB penstock/nginx | machine CPU/GB penstock/nginx | p99 penstock/nginx |\n|---|---|---|---|---|---|---|\n",
     );
     for (name, path) in [("large", "/large.bin"), ("small", "/small.bin")] {
         for &c in &clients {
-            let p = run_wrk(p_port, path, c, duration_s, penstock.0.id())?;
-            let n = run_wrk(n_port, path, c, duration_s, nginx.0.id())?;
+            let (mut ps, mut ns) = (Vec::new(), Vec::new());
+            for _ in 0..a.reps {
+                ps.push(run_wrk(p_port, path, c, duration_s, penstock.0.id())?);
+                ns.push(run_wrk(n_port, path, c, duration_s, nginx.0.id())?);
+            }
+            let (p, n) = (Measure::median(&ps), Measure::median(&ns));
             for (server, m) in [("penstock", &p), ("nginx", &n)] {
                 table.push_str(&format!(
-                    "| {name} | {c} | {server} | {:.0} | {:.0} | {:.3} | {:.1} | {} |\n",
+                    "| {name} | {c} | {server} | {:.0} | {:.0} | {:.3} | {:.3} | {:.1} | {} |\n",
                     m.bytes_per_s / 1e6,
                     m.requests_per_s,
                     m.cpu_s_per_gb,
+                    m.machine_cpu_s_per_gb,
                     m.p99_ms,
                     m.errors
                 ));
             }
             ratios.push_str(&format!(
-                "| {name} | {c} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
-                p.bytes_per_s / n.bytes_per_s,
-                p.requests_per_s / n.requests_per_s,
-                p.cpu_s_per_gb / n.cpu_s_per_gb,
-                p.p99_ms / n.p99_ms
+                "| {name} | {c} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+                ratio(p.bytes_per_s, n.bytes_per_s),
+                ratio(p.requests_per_s, n.requests_per_s),
+                ratio(p.cpu_s_per_gb, n.cpu_s_per_gb),
+                ratio(p.machine_cpu_s_per_gb, n.machine_cpu_s_per_gb),
+                ratio(p.p99_ms, n.p99_ms)
             ));
             eprintln!("bench http: {name} {c} clients done");
         }
@@ -374,6 +469,15 @@ pub fn run(a: HttpArgs) -> Result<()> {
     drop(nginx);
     drop(penstock);
     Ok(())
+}
+
+/// `a / b`, or NaN when `b` measured nothing (no request completed within a run, say).
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 && a.is_finite() {
+        a / b
+    } else {
+        f64::NAN
+    }
 }
 
 fn machine_line() -> String {

@@ -7,7 +7,10 @@
 //! (interleaved, so machine noise hits both alike), and the table shows medians. The servers
 //! run on the first half of the CPUs and wrk on the other half (`--no-pin`: anywhere). Server CPU is the utime+stime delta of every server
 //! process (/proc/PID/stat) over the wrk run. wrk's latency is the whole response (for the
-//! large file: the whole download, not the time to first byte); its p99 is reported.
+//! large file: the whole download, not the time to first byte); its p99 is reported. The time
+//! to first byte is measured beside wrk by a probe: while wrk runs, every 100 ms a fresh
+//! connection (4 KiB receive window) sends one GET and waits for the first byte of the
+//! response (connect included), then closes; the p99 of those samples is reported.
 //! nginx and wrk are installed with apt-get when missing.
 
 use std::io::Write;
@@ -53,6 +56,8 @@ struct Measure {
     /// Every CPU's busy time per GB (server, load generator and kernel).
     machine_cpu_s_per_gb: f64,
     p99_ms: f64,
+    /// p99 time to first byte of the probe's requests during the run.
+    ttfb_p99_ms: f64,
     errors: u64,
 }
 
@@ -70,6 +75,7 @@ impl Measure {
             cpu_s_per_gb: med(|m| m.cpu_s_per_gb),
             machine_cpu_s_per_gb: med(|m| m.machine_cpu_s_per_gb),
             p99_ms: med(|m| m.p99_ms),
+            ttfb_p99_ms: med(|m| m.ttfb_p99_ms),
             errors: runs.iter().map(|m| m.errors).sum(),
         }
     }
@@ -215,6 +221,66 @@ fn parse_time_ms(s: &str) -> Option<f64> {
     })
 }
 
+/// Time to first byte under load (see the module's doc): a thread that probes until stopped.
+struct Probe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<f64>>,
+}
+
+impl Probe {
+    /// Between probes: ~100 samples per 10 s run, and little load added.
+    const GAP: Duration = Duration::from_millis(100);
+
+    /// A connection with a 4 KiB receive buffer (set before connecting, so the window stays
+    /// small): a server can push little of a large body before the probe closes on it.
+    fn connect(port: u16) -> std::io::Result<TcpStream> {
+        use rustix::net::{AddressFamily, SocketType, sockopt};
+        let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None)?;
+        sockopt::set_socket_recv_buffer_size(&fd, 4096)?;
+        rustix::net::connect(&fd, &std::net::SocketAddr::from(([127, 0, 0, 1], port)))?;
+        Ok(TcpStream::from(fd))
+    }
+
+    fn start(port: u16, path: &str) -> Probe {
+        use std::io::Read;
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut ms = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                if let Ok(mut s) = Probe::connect(port) {
+                    let _ = s.set_nodelay(true);
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+                    let mut first = [0u8; 1];
+                    if s.write_all(request.as_bytes()).is_ok()
+                        && matches!(s.read(&mut first), Ok(1))
+                    {
+                        ms.push(t0.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                std::thread::sleep(Probe::GAP);
+            }
+            ms
+        });
+        Probe { stop, thread }
+    }
+
+    /// Stop probing; the p99 of the samples (NaN if none).
+    fn p99_ms(self) -> f64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut v = self.thread.join().unwrap_or_default();
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[((v.len() * 99).div_ceil(100)).saturating_sub(1)]
+    }
+}
+
 fn run_wrk(
     port: u16,
     path: &str,
@@ -225,6 +291,7 @@ fn run_wrk(
     let threads = clients.clamp(1, 2);
     let cpu0 = cpu_s(server_pid);
     let busy0 = machine_busy_s();
+    let probe = Probe::start(port, path);
     let out = Command::new("wrk")
         .args([
             "-t",
@@ -242,6 +309,7 @@ fn run_wrk(
         .context("running wrk")?;
     let cpu1 = cpu_s(server_pid);
     let busy1 = machine_busy_s();
+    let ttfb_p99_ms = probe.p99_ms();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     if !out.status.success() {
         bail!("wrk failed: {text}{}", String::from_utf8_lossy(&out.stderr));
@@ -289,6 +357,7 @@ fn run_wrk(
             f64::NAN
         },
         p99_ms: p99,
+        ttfb_p99_ms,
         errors,
     })
 }
@@ -427,9 +496,9 @@ pub fn run(a: HttpArgs) -> Result<()> {
         a.reps,
         large_bytes >> 20
     ));
-    table.push_str("| file | clients | server | MB/s | req/s | server CPU s/GB | machine CPU s/GB | p99 latency ms | errors |\n|---|---|---|---|---|---|---|---|---|\n");
+    table.push_str("| file | clients | server | MB/s | req/s | server CPU s/GB | machine CPU s/GB | p99 TTFB ms (probe) | p99 response ms (wrk) | errors |\n|---|---|---|---|---|---|---|---|---|---|\n");
     let mut ratios = String::from(
-        "\n| file | clients | throughput penstock/nginx | req/s penstock/nginx | server CPU/GB penstock/nginx | machine CPU/GB penstock/nginx | p99 penstock/nginx |\n|---|---|---|---|---|---|---|\n",
+        "\n| file | clients | throughput penstock/nginx | req/s penstock/nginx | server CPU/GB penstock/nginx | machine CPU/GB penstock/nginx | p99 TTFB penstock/nginx | p99 response penstock/nginx |\n|---|---|---|---|---|---|---|---|\n",
     );
     for (name, path) in [("large", "/large.bin"), ("small", "/small.bin")] {
         for &c in &clients {
@@ -441,21 +510,23 @@ pub fn run(a: HttpArgs) -> Result<()> {
             let (p, n) = (Measure::median(&ps), Measure::median(&ns));
             for (server, m) in [("penstock", &p), ("nginx", &n)] {
                 table.push_str(&format!(
-                    "| {name} | {c} | {server} | {:.0} | {:.0} | {:.3} | {:.3} | {:.1} | {} |\n",
+                    "| {name} | {c} | {server} | {:.0} | {:.0} | {:.3} | {:.3} | {:.2} | {:.1} | {} |\n",
                     m.bytes_per_s / 1e6,
                     m.requests_per_s,
                     m.cpu_s_per_gb,
                     m.machine_cpu_s_per_gb,
+                    m.ttfb_p99_ms,
                     m.p99_ms,
                     m.errors
                 ));
             }
             ratios.push_str(&format!(
-                "| {name} | {c} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+                "| {name} | {c} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
                 ratio(p.bytes_per_s, n.bytes_per_s),
                 ratio(p.requests_per_s, n.requests_per_s),
                 ratio(p.cpu_s_per_gb, n.cpu_s_per_gb),
                 ratio(p.machine_cpu_s_per_gb, n.machine_cpu_s_per_gb),
+                ratio(p.ttfb_p99_ms, n.ttfb_p99_ms),
                 ratio(p.p99_ms, n.p99_ms)
             ));
             eprintln!("bench http: {name} {c} clients done");

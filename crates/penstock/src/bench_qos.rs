@@ -130,6 +130,25 @@ fn roomy_admission() -> penstock_core::admission::AdmissionConfig {
     }
 }
 
+/// The kernel I/O scheduler of the block device a file lives on (its queue, or for a partition
+/// its disk's), as /sys shows it: `[mq-deadline] none`.
+fn kernel_scheduler_of(path: &Path) -> String {
+    let Ok(st) = rustix::fs::stat(path) else {
+        return "unknown".to_string();
+    };
+    let (maj, min) = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
+    let base = PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
+    for q in [
+        base.join("queue/scheduler"),
+        base.join("../queue/scheduler"),
+    ] {
+        if let Ok(s) = std::fs::read_to_string(&q) {
+            return s.trim().to_string();
+        }
+    }
+    format!("none (device {maj}:{min} has no request queue)")
+}
+
 fn engine(mode: SchedMode, order: Order) -> Result<Engine> {
     // One worker: the disk scheduler is per worker, so the streams that compete for the disk
     // must share one to be scheduled against each other.
@@ -217,8 +236,7 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
         make_file(f, bg_size)?;
     }
     let rate = device_rate(&rt_file, a.size.min(200 << 20))? * a.share;
-    let kernel_sched =
-        std::fs::read_to_string("/sys/block/vda/queue/scheduler").unwrap_or_default();
+    let kernel_sched = kernel_scheduler_of(&rt_file);
     eprintln!(
         "penstock bench isolation: rt stream {} bytes paced at {:.1} MB/s ({}% of this disk's O_DIRECT rate); kernel I/O scheduler: {}",
         a.size,

@@ -737,13 +737,13 @@ impl Streams {
         }
     }
 
-    /// Moves finished engine streams to `done`/`failed` and closes their endpoints (so a
-    /// receiver sees EOF). Called by the control server's reaper every few milliseconds.
     /// No stream is open (the reaper then polls less often).
     pub fn is_empty(&self) -> bool {
         lock(&self.table).is_empty()
     }
 
+    /// Moves finished engine streams to `done`/`failed` and closes their endpoints (so a
+    /// receiver sees EOF). Called by the control server's reaper every few milliseconds.
     pub fn reap(&self) {
         let entries: Vec<Arc<Mutex<Entry>>> = lock(&self.table).values().cloned().collect();
         for e in entries {

@@ -65,9 +65,7 @@ impl Measure {
     /// Each figure's median over the runs (errors: their sum).
     fn median(runs: &[Measure]) -> Measure {
         let med = |f: fn(&Measure) -> f64| {
-            let mut v: Vec<f64> = runs.iter().map(f).collect();
-            v.sort_by(|a, b| a.total_cmp(b));
-            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+            crate::stats::median(&runs.iter().map(f).collect::<Vec<f64>>())
         };
         Measure {
             bytes_per_s: med(|m| m.bytes_per_s),
@@ -272,12 +270,7 @@ impl Probe {
     /// Stop probing; the p99 of the samples (NaN if none).
     fn p99_ms(self) -> f64 {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut v = self.thread.join().unwrap_or_default();
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[((v.len() * 99).div_ceil(100)).saturating_sub(1)]
+        crate::stats::percentile(&self.thread.join().unwrap_or_default(), 99)
     }
 }
 

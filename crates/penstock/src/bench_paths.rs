@@ -24,6 +24,8 @@ use penstock_core::units::parse_size;
 use penstock_driver::clock::{CpuWho, cpu_times};
 use penstock_driver::{Engine, EngineConfig, StreamSpec};
 
+use crate::stats::median;
+
 #[derive(Args, Debug)]
 pub struct PathsArgs {
     /// File sizes, comma-separated.
@@ -69,12 +71,6 @@ struct Cell {
     name: String,
     mb_per_s: Vec<f64>,
     cpu_s_per_gb: Vec<f64>,
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    if s.is_empty() { 0.0 } else { s[s.len() / 2] }
 }
 
 pub(crate) struct Sink {

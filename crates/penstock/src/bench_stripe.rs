@@ -23,6 +23,8 @@ use penstock_core::units::parse_size;
 use penstock_core::volume::Placement;
 use penstock_core::volume::layout::BLOCK_BYTES_DEFAULT;
 use penstock_driver::clock::{CpuWho, cpu_times};
+
+use crate::stats::median;
 use penstock_driver::open::{open_target, opened_partition};
 use penstock_driver::volume::{CreateSpec, Volume};
 use penstock_driver::{Engine, EngineConfig, StreamSpec, ZeroCopy};
@@ -139,11 +141,6 @@ fn throttle(files: &[PathBuf], rate: u64, t: &mut Throttle) -> Result<Vec<PathBu
     Ok(devs)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 pub fn run(a: StripeArgs) -> Result<()> {
     if a.reps == 0 || a.size == 0 {
         bail!("--reps and --size must be positive");
@@ -244,7 +241,7 @@ pub fn run(a: StripeArgs) -> Result<()> {
             mbps.push(a.size as f64 / secs / 1e6);
             cpu.push(((c1.user_ns - c0.user_ns) + (c1.sys_ns - c0.sys_ns)) as f64 / 1e9 / gb);
         }
-        rows.push((k, median(&mut mbps), median(&mut cpu)));
+        rows.push((k, median(&mbps), median(&cpu)));
     }
     drop(engine);
     drop(guard);

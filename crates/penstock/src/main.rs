@@ -18,6 +18,7 @@ mod demo;
 mod hog;
 mod plot;
 mod sink;
+mod stats;
 mod udp_sink;
 
 use clap::{Parser, Subcommand};

@@ -73,6 +73,27 @@ struct Cell {
     cpu_s_per_gb: Vec<f64>,
 }
 
+/// Starts `penstock sink 127.0.0.1:0` with `extra` options and reads the port from its
+/// `listening HOST:PORT` line; its later lines are the caller's to read.
+pub(crate) fn spawn_sink(extra: &[String]) -> Result<(Child, BufReader<ChildStdout>, u16)> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["sink", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the receiver")?;
+    let mut out = BufReader::new(child.stdout.take().context("receiver stdout")?);
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    let port = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .with_context(|| format!("receiver said {line:?}"))?;
+    Ok((child, out, port))
+}
+
 pub(crate) struct Sink {
     child: Child,
     out: BufReader<ChildStdout>,
@@ -86,22 +107,7 @@ impl Sink {
 
     /// A receiver with extra `penstock sink` options (`--cpu`, `--rcvlowat`).
     pub(crate) fn start_with(extra: &[String]) -> Result<Sink> {
-        let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
-            .args(["sink", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting the receiver")?;
-        let mut out = BufReader::new(child.stdout.take().context("receiver stdout")?);
-        let mut line = String::new();
-        out.read_line(&mut line)?;
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .with_context(|| format!("receiver said {line:?}"))?;
+        let (child, out, port) = spawn_sink(extra)?;
         Ok(Sink { child, out, port })
     }
 

@@ -17,7 +17,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::UdpSocket;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
@@ -117,9 +117,7 @@ struct Receiver {
 impl Receiver {
     fn start(expect: u64, poll: bool) -> Result<Receiver> {
         let mut args = vec![
-            "sink".to_string(),
-            "--udp".into(),
-            "127.0.0.1:0".into(),
+            "--udp".to_string(),
             "--idle".into(),
             "1500ms".into(),
             "--expect".into(),
@@ -128,19 +126,7 @@ impl Receiver {
         if poll {
             args.push("--poll".into());
         }
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(&args)
-            .stdout(Stdio::piped())
-            .spawn()?;
-        let mut out = BufReader::new(child.stdout.take().context("receiver stdout")?);
-        let mut line = String::new();
-        out.read_line(&mut line)?;
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .context("receiver port")?;
+        let (child, out, port) = crate::bench_paths::spawn_sink(&args)?;
         Ok(Receiver { child, out, port })
     }
 

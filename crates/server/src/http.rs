@@ -296,8 +296,6 @@ struct Worker {
     slots: Vec<Slot>,
     free: Vec<u32>,
     ready: Vec<(u32, u32)>,
-    /// Connections accepted this turn (scratch, kept for its allocation).
-    fresh: Vec<(u32, u32)>,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
     engine_conns: Vec<(u32, u32)>,
     /// The waker, for engine workers to write when a body's report is ready.
@@ -354,7 +352,6 @@ impl Worker {
             slots: Vec::new(),
             free: Vec::new(),
             ready: Vec::new(),
-            fresh: Vec::new(),
             timers: BinaryHeap::new(),
             engine_conns: Vec::new(),
             engine_waker,
@@ -487,17 +484,16 @@ impl Worker {
     }
 
     fn accept(&mut self) {
-        let mut fresh = std::mem::take(&mut self.fresh);
         for _ in 0..ACCEPTS_PER_TURN {
-            let Some(l) = &self.listener else { break };
+            let Some(l) = &self.listener else { return };
             let sock = match l.accept() {
                 Ok((s, _)) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
                     // EMFILE and friends: say so and let the next turn retry.
                     tracing::warn!(error = %e, "accept failed");
                     self.shared.metrics.error("accept");
-                    break;
+                    return;
                 }
             };
             let limits = &self.live.limits;
@@ -552,16 +548,12 @@ impl Worker {
                 interest: Interest::Read,
                 peer_eof: false,
             });
-            fresh.push((idx, generation));
-        }
-        // A client sends its request right after connecting: read it now rather than a loop
-        // turn later (under load a turn is every other connection's work; the probe of `bench
-        // http` measured nginx's p99 time to first byte at about half penstock's without this).
-        for &(idx, generation) in &fresh {
+            // A client sends its request right after connecting: read it now rather than a
+            // loop turn later (under load a turn is every other connection's work; the probe
+            // of `bench http` measured nginx's p99 time to first byte at about half
+            // penstock's without this).
             self.on_event(idx, generation, epoll::EventFlags::IN);
         }
-        fresh.clear();
-        self.fresh = fresh;
     }
 
     fn release_count(&self) {

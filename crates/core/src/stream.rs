@@ -186,35 +186,50 @@ pub fn check_path(
 
 /// The `auto` rule. In order:
 /// 1. O_DIRECT (`--cache bypass`) exists only on the io_uring path.
-/// 2. A file source to a socket (stream or datagram): io_uring — reads into registered
-///    buffers, sends from them; measured faster than sendfile on a hot cache and the only path
-///    that keeps datagram boundaries without a user copy. Without io_uring: sendfile to a
-///    stream socket, copy to a datagram socket.
-/// 3. A file source to a file or pipe: sendfile (one in-kernel copy, one call per unit).
-/// 4. A stream socket or pipe source: splice (socket → pipe → target, no user copy), except to
+/// 2. A file source to a stream socket: `sendfile` when the whole range is in the page cache
+///    (`resident`) and the cache is kept — no disk read is left to schedule, and sendfile
+///    sends the cached pages without copying them (measured here: 1.3x the throughput of
+///    read/write at half its CPU, where the uring path copies twice and matches read/write).
+///    Otherwise io_uring: its reads go through the worker's disk scheduler (DRR/EDF between
+///    classes); without io_uring, sendfile.
+/// 3. A file source to a datagram socket: io_uring, the only path that keeps datagram
+///    boundaries without a user copy; without io_uring, copy.
+/// 4. A file source to a file or pipe: sendfile (one in-kernel copy, one call per unit).
+/// 5. A stream socket or pipe source: splice (socket → pipe → target, no user copy), except to
 ///    a datagram target: copy.
-/// 5. A datagram source: copy (one datagram per read, boundaries kept).
+/// 6. A datagram source: copy (one datagram per read, boundaries kept).
+///
+/// `resident` says the source's range was entirely in the page cache when the stream opened
+/// (the driver asks the kernel; `false` when it cannot tell).
 pub fn choose_path(
     choice: PathChoice,
     source: IoKind,
     target: IoKind,
     cache: CachePolicy,
     caps: PathCaps,
+    resident: bool,
 ) -> Result<DataPath, PathError> {
     let path = match choice {
         PathChoice::Fixed(p) => p,
-        PathChoice::Auto => auto_path(source, target, cache, caps),
+        PathChoice::Auto => auto_path(source, target, cache, caps, resident),
     };
     check_path(path, source, target, cache, caps)?;
     Ok(path)
 }
 
-fn auto_path(source: IoKind, target: IoKind, cache: CachePolicy, caps: PathCaps) -> DataPath {
+fn auto_path(
+    source: IoKind,
+    target: IoKind,
+    cache: CachePolicy,
+    caps: PathCaps,
+    resident: bool,
+) -> DataPath {
     use IoKind::*;
     if cache == CachePolicy::Bypass {
         return DataPath::Uring;
     }
     match (source, target) {
+        (File, StreamSocket) if resident && cache == CachePolicy::Keep => DataPath::Sendfile,
         (File, StreamSocket | Datagram) if caps.uring => DataPath::Uring,
         (File, StreamSocket) => DataPath::Sendfile,
         (File, Datagram) => DataPath::Copy,
@@ -290,6 +305,7 @@ mod tests {
             StreamSocket,
             CachePolicy::Keep,
             URING,
+            false,
         );
         assert_eq!(p, Ok(DataPath::Uring));
         let p = choose_path(
@@ -298,6 +314,7 @@ mod tests {
             StreamSocket,
             CachePolicy::Keep,
             NO_URING,
+            false,
         );
         assert_eq!(p, Ok(DataPath::Sendfile));
         let p = choose_path(
@@ -306,6 +323,7 @@ mod tests {
             Datagram,
             CachePolicy::Keep,
             NO_URING,
+            false,
         );
         assert_eq!(p, Ok(DataPath::Copy));
         let p = choose_path(
@@ -314,10 +332,48 @@ mod tests {
             File,
             CachePolicy::Keep,
             URING,
+            false,
         );
         assert_eq!(p, Ok(DataPath::Splice));
-        let p = choose_path(PathChoice::Auto, Datagram, File, CachePolicy::Keep, URING);
+        let p = choose_path(
+            PathChoice::Auto,
+            Datagram,
+            File,
+            CachePolicy::Keep,
+            URING,
+            false,
+        );
         assert_eq!(p, Ok(DataPath::Copy));
+    }
+
+    #[test]
+    fn auto_sends_a_cached_file_to_a_stream_socket_with_sendfile() {
+        let auto = |target, cache, caps, resident| {
+            choose_path(PathChoice::Auto, File, target, cache, caps, resident)
+        };
+        assert_eq!(
+            auto(StreamSocket, CachePolicy::Keep, URING, true),
+            Ok(DataPath::Sendfile)
+        );
+        // Not all cached: reads to schedule, on the uring path.
+        assert_eq!(
+            auto(StreamSocket, CachePolicy::Keep, URING, false),
+            Ok(DataPath::Uring)
+        );
+        // The cache policy asks for more than sendfile does: uring.
+        assert_eq!(
+            auto(StreamSocket, CachePolicy::Drop, URING, true),
+            Ok(DataPath::Uring)
+        );
+        assert_eq!(
+            auto(StreamSocket, CachePolicy::Bypass, URING, true),
+            Ok(DataPath::Uring)
+        );
+        // Datagrams keep their boundaries on the uring path, cached or not.
+        assert_eq!(
+            auto(Datagram, CachePolicy::Keep, URING, true),
+            Ok(DataPath::Uring)
+        );
     }
 
     #[test]
@@ -327,8 +383,10 @@ mod tests {
             for t in kinds {
                 for caps in [URING, NO_URING] {
                     for cache in [CachePolicy::Keep, CachePolicy::Drop] {
-                        let r = choose_path(PathChoice::Auto, s, t, cache, caps);
-                        assert!(r.is_ok(), "{s:?} -> {t:?} {caps:?}: {r:?}");
+                        for resident in [false, true] {
+                            let r = choose_path(PathChoice::Auto, s, t, cache, caps, resident);
+                            assert!(r.is_ok(), "{s:?} -> {t:?} {caps:?} {resident}: {r:?}");
+                        }
                     }
                 }
             }
@@ -343,6 +401,7 @@ mod tests {
             File,
             CachePolicy::Keep,
             URING,
+            false,
         );
         assert!(matches!(r, Err(PathError::NeedsFileSource { .. })));
         let r = choose_path(
@@ -351,6 +410,7 @@ mod tests {
             Datagram,
             CachePolicy::Keep,
             URING,
+            false,
         );
         assert!(matches!(r, Err(PathError::NoDatagrams { .. })));
         let r = choose_path(
@@ -359,6 +419,7 @@ mod tests {
             StreamSocket,
             CachePolicy::Keep,
             NO_URING,
+            false,
         );
         assert!(matches!(r, Err(PathError::NoUring { .. })));
         let r = choose_path(
@@ -367,6 +428,7 @@ mod tests {
             StreamSocket,
             CachePolicy::Bypass,
             URING,
+            false,
         );
         assert!(matches!(r, Err(PathError::BypassNeedsUring { .. })));
     }

@@ -194,6 +194,16 @@ impl StreamSpec {
     }
 }
 
+/// Whether every page of a file source's range is in the page cache now (cachestat(2));
+/// `false` when the kernel cannot tell or the extent does not fit the file (refused later).
+fn source_is_cached(source: &Opened, extent: Extent) -> bool {
+    let Some(Ok((start, end))) = source.size.map(|size| extent.resolve_in_file(size)) else {
+        return false;
+    };
+    penstock_uring::sys::cached_pages(std::os::fd::AsFd::as_fd(&source.fd), start, end - start)
+        .is_some_and(|(cached, pages)| cached >= pages)
+}
+
 /// A planned unit later than this is a miss unless `miss_after` says otherwise (a plan has no
 /// period to default to).
 pub const PLAN_MISS_AFTER_DEFAULT: Duration = Duration::from_millis(1);
@@ -714,7 +724,22 @@ impl Engine {
         }
         let path = match crate::open::volume_path(choice, &source, &target, self.caps()) {
             Some(r) => r.map_err(StreamError::Invalid)?,
-            None => choose_path(choice, source.kind, target.kind, spec.cache, self.caps())?,
+            None => {
+                let resident = choice == PathChoice::Auto
+                    && source.kind == IoKind::File
+                    && target.kind == IoKind::StreamSocket
+                    && spec.cache == CachePolicy::Keep
+                    && spec.class != Some(DiskClass::Rt)
+                    && source_is_cached(&source, spec.extent);
+                choose_path(
+                    choice,
+                    source.kind,
+                    target.kind,
+                    spec.cache,
+                    self.caps(),
+                    resident,
+                )?
+            }
         };
         if path == DataPath::Copy
             && let Some(v) = target.volume.as_mut()

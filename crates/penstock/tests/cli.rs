@@ -194,7 +194,7 @@ fn stream_to_sink_is_byte_exact_on_every_path() {
         (&["--path", "uring", "--cache", "bypass"], "uring"),
         (&["--path", "uring", "--cache", "drop"], "uring"),
         (&["--path", "uring", "--zero-copy", "on"], "uring"),
-        (&[], "uring"), // auto: io_uring for a file to a socket
+        (&[], "sendfile"), // auto: a file in the page cache to a socket
     ];
     let uring = uring_available(dir.path());
     for (opts, want_path) in cases.iter().filter(|c| uring || c.1 != "uring") {
@@ -213,6 +213,32 @@ fn stream_to_sink_is_byte_exact_on_every_path() {
             stream_to_sink(&name, &src, &args, &[], &data[lo..hi], want_path);
         }
     }
+}
+
+/// `auto` sends a file that is not in the page cache on the uring path (its reads go through
+/// the disk scheduler), and once it is cached, with sendfile.
+#[test]
+fn auto_reads_an_uncached_file_on_the_uring_path() {
+    use std::os::fd::AsFd;
+    // In the target directory, not /tmp: pages of a tmpfs file cannot leave the cache.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let (src, data) = source_file(dir.path());
+    if !uring_available(dir.path()) {
+        return;
+    }
+    let f = fs::File::open(&src).expect("open source");
+    f.sync_all().expect("sync source");
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).expect("fadvise");
+    match penstock_uring::sys::cached_pages(f.as_fd(), 0, data.len() as u64) {
+        Some((cached, pages)) if cached < pages => {}
+        other => {
+            eprintln!("SKIPPED: the source did not leave the page cache ({other:?})");
+            return;
+        }
+    }
+    stream_to_sink("auto, not cached", &src, &[], &[], &data, "uring");
+    // That stream read it through the cache (`--cache keep`): now it is all there.
+    stream_to_sink("auto, cached", &src, &[], &[], &data, "sendfile");
 }
 
 /// With io_uring unavailable (PENSTOCK_NO_URING), auto picks sendfile and says why once; the

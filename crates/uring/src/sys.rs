@@ -134,6 +134,53 @@ pub fn set_socket_int(
     }
 }
 
+/// cachestat(2) (Linux 6.5): how many of the pages of `fd`'s byte range `off..off+len` are in
+/// the page cache, and how many pages the range spans. `None` where the kernel lacks the call
+/// (ENOSYS) or refuses it for this file.
+pub fn cached_pages(fd: std::os::fd::BorrowedFd<'_>, off: u64, len: u64) -> Option<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    /// `struct cachestat_range` of <linux/mman.h>.
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    /// `struct cachestat` of <linux/mman.h>.
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    /// The syscall's number, the same on every architecture (the unified table).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    if len == 0 {
+        return Some((0, 0)); // cachestat reads len 0 as "to the end of the file"
+    }
+    let page = rustix::param::page_size() as u64;
+    let range = Range { off, len };
+    let mut stat = Stat::default();
+    // SAFETY: `range` and `stat` are live, properly laid out (repr(C), as the kernel's structs)
+    // and writable for the call's duration; flags must be 0; `fd` is a live descriptor.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd.as_raw_fd(),
+            &range as *const Range,
+            &mut stat as *mut Stat,
+            0u32,
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    let pages = (off + len).div_ceil(page) - off / page;
+    Some((stat.nr_cache, pages))
+}
+
 /// SO_RCVLOWAT: a blocking read of this socket returns only once `bytes` are queued (or the
 /// peer closed), so a bulk receiver is woken once per that many bytes, not per segment.
 pub fn set_rcvlowat(fd: std::os::fd::BorrowedFd<'_>, bytes: i32) -> std::io::Result<()> {
@@ -319,6 +366,31 @@ impl RecvBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cached_pages_sees_a_file_leave_the_cache() {
+        use std::io::Write;
+        use std::os::fd::AsFd;
+        // In the crate's directory, not /tmp: on tmpfs, DONTNEED cannot drop pages.
+        let mut f = tempfile::tempfile_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        f.write_all(&vec![7u8; 1 << 20]).unwrap();
+        let Some((cached, pages)) = cached_pages(f.as_fd(), 0, 1 << 20) else {
+            return; // a kernel before 6.5: nothing to check
+        };
+        assert_eq!(
+            pages,
+            (1u64 << 20).div_ceil(rustix::param::page_size() as u64)
+        );
+        assert_eq!(cached, pages, "a file just written is in the cache");
+        assert_eq!(cached_pages(f.as_fd(), 4095, 2).map(|c| c.1), Some(2));
+        f.sync_all().unwrap();
+        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+        let (cached, _) = cached_pages(f.as_fd(), 0, 1 << 20).unwrap();
+        assert!(
+            cached < pages,
+            "DONTNEED of clean pages drops them ({cached} of {pages} left)"
+        );
+    }
 
     #[test]
     fn recv_batch_takes_several_datagrams_with_kernel_times_and_truncation() {

@@ -79,7 +79,8 @@ fn host_port(host: &Host, port: u16, label: &str) -> Result<Vec<SocketAddr>, Ope
     Ok(addrs)
 }
 
-fn classify_file(file: File, label: String) -> Result<Opened, OpenError> {
+/// Classifies an opened file: a regular file or a block device (with its size), or a pipe.
+pub fn classify_file(file: File, label: String) -> Result<Opened, OpenError> {
     let meta = file.metadata().map_err(io_err(&label))?;
     let ft = meta.file_type();
     if ft.is_dir() {

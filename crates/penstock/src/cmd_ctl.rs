@@ -1,6 +1,9 @@
 //! `penstock ctl ADDR [COMMAND…]`: a control protocol client. With a command, sends it (after
-//! `AUTH` when `--token`/`PENSTOCK_TOKEN` is set), prints the reply, and exits 0 on a 2xx
-//! reply, 1 otherwise. Without one, reads command lines from stdin and prints each reply.
+//! `AUTH` with the token: `--token`, else `PENSTOCK_TOKEN`, else `--token-file`, else, over
+//! TCP, the default token file of a server started with the defaults, when readable), prints
+//! the reply, and exits 0 on a 2xx reply, 1 otherwise. Without one, reads command lines from
+//! stdin and prints each reply. Over the Unix socket the server knows the user without a
+//! token.
 
 use std::io::{BufRead, BufReader, Write};
 
@@ -14,10 +17,33 @@ pub struct CtlArgs {
     pub addr: String,
     /// The command line to send, e.g. `STATE '*'`. None: interactive (stdin).
     pub command: Vec<String>,
-    /// Sent with AUTH first (needed from non-local peers and for others' streams); default:
-    /// the environment variable PENSTOCK_TOKEN.
+    /// Sent with AUTH first (needed over TCP, and for others' streams); default: the
+    /// environment variable PENSTOCK_TOKEN.
     #[arg(long)]
     pub token: Option<String>,
+    /// Read the token from this file (default over TCP: the token file of a server started
+    /// with the default control socket, when it exists and is readable).
+    #[arg(long)]
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+/// The token to send, if any.
+fn token(a: &CtlArgs) -> Result<Option<String>> {
+    if let Some(t) = a.token.clone().or_else(|| std::env::var("PENSTOCK_TOKEN").ok()) {
+        return Ok(Some(t));
+    }
+    if let Some(f) = &a.token_file {
+        return penstock_server::private::read_token(f)
+            .map(Some)
+            .with_context(|| format!("--token-file {}", f.display()));
+    }
+    if a.addr.starts_with("unix:") {
+        return Ok(None);
+    }
+    let default = penstock_server::private::default_token_file(
+        &penstock_server::private::default_control_socket(),
+    );
+    Ok(penstock_server::private::read_token(&default).ok())
 }
 
 trait Conn: std::io::Read + Write {}
@@ -48,11 +74,7 @@ pub fn run(a: CtlArgs) -> Result<i32> {
         r.get_mut().write_all(format!("{line}\n").as_bytes())?;
         read_reply(r)
     };
-    if let Some(t) = a
-        .token
-        .clone()
-        .or_else(|| std::env::var("PENSTOCK_TOKEN").ok())
-    {
+    if let Some(t) = token(&a)? {
         let reply = send(&mut r, &format!("AUTH {t}"))?;
         if !reply.code.is_success() {
             print!("{reply}");

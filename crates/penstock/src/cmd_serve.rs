@@ -33,7 +33,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub control: Option<String>,
     /// Control protocol Unix socket (default $XDG_RUNTIME_DIR/penstock.sock, else
-    /// /tmp/penstock-UID.sock).
+    /// /tmp/penstock-UID/control.sock in a private directory made for it).
     #[arg(long)]
     pub control_unix: Option<PathBuf>,
     /// No Unix control socket.
@@ -41,14 +41,15 @@ pub struct ServeArgs {
     pub no_control_unix: bool,
 }
 
-fn default_unix_socket() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if Path::new(&d).is_dir() => Path::new(&d).join("penstock.sock"),
-        _ => PathBuf::from(format!(
-            "/tmp/penstock-{}.sock",
-            rustix::process::getuid().as_raw()
-        )),
+/// The default control socket; its private directory is made when it is the one in /tmp.
+fn default_unix_socket() -> Result<PathBuf> {
+    let p = penstock_server::private::default_control_socket();
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none_or(|d| !Path::new(&d).is_dir())
+        && let Some(dir) = p.parent()
+    {
+        penstock_server::private::ensure_private_dir(dir)?;
     }
+    Ok(p)
 }
 
 /// A sample tree: what a first-time user can click through.
@@ -93,7 +94,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     } else if let Some(u) = &a.control_unix {
         cfg.control.unix = Some(u.clone());
     } else if cfg.control.unix.is_none() {
-        cfg.control.unix = Some(default_unix_socket());
+        cfg.control.unix = Some(default_unix_socket()?);
     }
     let _demo_dir;
     let root = if a.demo {

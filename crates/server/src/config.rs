@@ -107,6 +107,10 @@ pub struct HttpLimits {
     /// Bytes of each response sent at full speed before the rate applies (nginx
     /// `limit_rate_after`).
     pub limit_rate_after_bytes: u64,
+    /// When accept fails for want of a resource (EMFILE, ENFILE, ENOBUFS, ENOMEM), a worker
+    /// stops accepting for this long instead of retrying at once (which spins: the
+    /// listener stays readable). nginx waits 500 ms (`ngx_event_accept.c`).
+    pub accept_backoff_ms: u64,
 }
 
 impl Default for HttpLimits {
@@ -122,6 +126,7 @@ impl Default for HttpLimits {
             connections_max: 16_384,
             limit_rate_bytes_per_s: 0,
             limit_rate_after_bytes: 0,
+            accept_backoff_ms: 500,
         }
     }
 }
@@ -133,6 +138,10 @@ impl HttpLimits {
 
     pub fn send_timeout(&self) -> Duration {
         Duration::from_millis(self.send_timeout_ms)
+    }
+
+    pub fn accept_backoff(&self) -> Duration {
+        Duration::from_millis(self.accept_backoff_ms)
     }
 
     /// The core parser's limits.
@@ -161,6 +170,11 @@ impl HttpLimits {
                 "http.requests_per_connection_max and http.connections_max must be above 0",
             );
         }
+        // 0 would be the spin this exists to stop; beyond a minute a recovered server
+        // would leave its backlog waiting for nothing.
+        if self.accept_backoff_ms == 0 || self.accept_backoff_ms > 60_000 {
+            return bad("limits.accept_backoff_ms must be 1 ..= 60000");
+        }
         Ok(())
     }
 }
@@ -183,26 +197,81 @@ pub struct Location {
     pub limit_rate_after_bytes: Option<u64>,
 }
 
-/// `[control]`.
+/// `[control]`: who may use the control protocol and what its streams may touch
+/// (docs/security.md).
+///
+/// Identity comes from the Unix socket's `SO_PEERCRED` (a peer whose uid or primary gid is
+/// allowed) or from `AUTH <token>`; a TCP address says nothing about who the peer is. A peer
+/// with neither may send only `HELP`, `QUIT` and `AUTH`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ControlConfig {
     /// TCP `host:port`; empty: no TCP control.
     pub listen: String,
-    /// A Unix socket path; `None`: no Unix control.
+    /// A Unix socket path; `None`: no Unix control. Its directory must be writable by the
+    /// server's user only.
     pub unix: Option<PathBuf>,
     /// The token `AUTH` checks. `None`: the server makes a random one at start and writes
-    /// it to `token_file` (mode 0600).
+    /// it to `token_file` (mode 0600, created anew, never through an existing file).
     pub token: Option<String>,
-    /// Where a generated token is written.
+    /// Where a generated token is written (default: the Unix socket's path plus `.token`).
+    /// Its directory must be writable by the server's user only.
     pub token_file: Option<PathBuf>,
-    /// Peer addresses that count as local (no `AUTH` needed for their own streams).
-    /// Empty: every loopback address (127.0.0.0/8, ::1).
+    /// Removed: a loopback TCP address says nothing about who the peer is. Refused when set.
     pub local_peers: Vec<IpAddr>,
-    /// Control connections at once; beyond, a new one gets `503` and is closed.
-    pub connections_max: usize,
+    /// Unix-socket peers (by `SO_PEERCRED` uid) that may act without the token. Empty: the
+    /// server's own uid.
+    pub unix_allow_uids: Vec<u32>,
+    /// Unix-socket peers (by `SO_PEERCRED` primary gid) that may act without the token.
+    pub unix_allow_gids: Vec<u32>,
+    /// TCP control connections at once; beyond, a new one gets `503` and is closed.
+    #[serde(alias = "connections_max")]
+    pub tcp_connections_max: usize,
+    /// Unix-socket control connections at once, counted apart from TCP so that TCP peers
+    /// never lock the socket's users out.
+    pub unix_connections_max: usize,
     /// One command line; beyond: 414 and the connection closes.
     pub line_bytes_max: usize,
+    /// A connection that has not authenticated is closed after this long.
+    pub auth_timeout_ms: u64,
+    /// A connection with no stream of its own that sends nothing for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// Wrong tokens on one connection before it is closed (each one answered more slowly).
+    pub auth_failures_max: u32,
+    /// A stream opened but not started within this long is closed and its reservation
+    /// returned; a finished stream is forgotten this long after it ended.
+    pub pending_timeout_ms: u64,
+    /// Streams one connection may hold at once.
+    pub streams_per_connection_max: usize,
+    /// Streams one identity (the token, or one Unix uid) may hold at once.
+    pub streams_per_identity_max: usize,
+    /// A stream that moves no byte for this long (a receiver that stopped reading, a source
+    /// that stopped sending) fails. 0: never.
+    pub send_timeout_ms: u64,
+    /// A `tcp://` endpoint's connect gives up after this long.
+    pub connect_timeout_ms: u64,
+    /// A `tcp-listen://` endpoint waits this long for its peer.
+    pub accept_timeout_ms: u64,
+    /// Out of descriptors (EMFILE, ENFILE), the listeners pause this long.
+    pub accept_backoff_ms: u64,
+    /// Directories control streams may read files from (openat2 `RESOLVE_BENEATH`). Empty:
+    /// the served root.
+    pub read_roots: Vec<PathBuf>,
+    /// Directories control streams may write files into (recordings). Empty: none.
+    pub write_roots: Vec<PathBuf>,
+    /// Block or character devices control streams may name, by exact path. Empty: none.
+    pub devices: Vec<PathBuf>,
+    /// Volumes (`vol:NAME/PART`) control streams may name, by name or member path. Empty:
+    /// none; `"*"`: every volume.
+    pub volumes: Vec<String>,
+    /// Unix socket paths (`unix:`, `unix-listen:`) control streams may name, exactly. Empty:
+    /// none.
+    pub unix_paths: Vec<PathBuf>,
+    /// Addresses `tcp-listen://` and `udp-listen://` endpoints may bind, as `ADDR/BITS`
+    /// prefixes. Empty: loopback only.
+    pub listen_allow: Vec<IpPrefix>,
+    /// Addresses `tcp://` and `udp://` endpoints may reach. Empty: any.
+    pub connect_allow: Vec<IpPrefix>,
 }
 
 impl Default for ControlConfig {
@@ -213,21 +282,200 @@ impl Default for ControlConfig {
             token: None,
             token_file: None,
             local_peers: Vec::new(),
-            connections_max: 64,
+            unix_allow_uids: Vec::new(),
+            unix_allow_gids: Vec::new(),
+            tcp_connections_max: 64,
+            unix_connections_max: 64,
             line_bytes_max: 4096,
+            auth_timeout_ms: 10_000,
+            idle_timeout_ms: 300_000,
+            auth_failures_max: 3,
+            pending_timeout_ms: 60_000,
+            streams_per_connection_max: 64,
+            streams_per_identity_max: 512,
+            send_timeout_ms: 60_000,
+            connect_timeout_ms: 10_000,
+            accept_timeout_ms: 60_000,
+            accept_backoff_ms: 500,
+            read_roots: Vec::new(),
+            write_roots: Vec::new(),
+            devices: Vec::new(),
+            volumes: Vec::new(),
+            unix_paths: Vec::new(),
+            listen_allow: Vec::new(),
+            connect_allow: Vec::new(),
         }
     }
 }
 
 impl ControlConfig {
-    /// Whether a peer at `ip` counts as local.
-    pub fn is_local(&self, ip: IpAddr) -> bool {
-        if self.local_peers.is_empty() {
-            ip.is_loopback()
-                || matches!(ip, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()))
+    /// Whether a Unix-socket peer with these credentials may act without the token.
+    pub fn unix_peer_allowed(&self, uid: u32, gid: u32, own_uid: u32) -> bool {
+        let uid_ok = if self.unix_allow_uids.is_empty() {
+            uid == own_uid
         } else {
-            self.local_peers.contains(&ip)
+            self.unix_allow_uids.contains(&uid)
+        };
+        uid_ok || self.unix_allow_gids.contains(&gid)
+    }
+
+    /// Whether a listening endpoint may bind `ip`.
+    pub fn may_listen_on(&self, ip: IpAddr) -> bool {
+        if self.listen_allow.is_empty() {
+            is_loopback(ip)
+        } else {
+            self.listen_allow.iter().any(|p| p.contains(ip))
         }
+    }
+
+    /// Whether a connecting or sending endpoint may reach `ip`.
+    pub fn may_connect_to(&self, ip: IpAddr) -> bool {
+        self.connect_allow.is_empty() || self.connect_allow.iter().any(|p| p.contains(ip))
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        if !self.local_peers.is_empty() {
+            return bad(
+                "control.local_peers was removed: a loopback TCP address says nothing about who \
+                 the peer is; use AUTH with the token, or the Unix socket (control.unix_allow_uids)",
+            );
+        }
+        if self.line_bytes_max < 64 {
+            return bad("control.line_bytes_max must be at least 64");
+        }
+        if self.tcp_connections_max == 0 || self.unix_connections_max == 0 {
+            return bad("control.tcp_connections_max and control.unix_connections_max must be above 0");
+        }
+        if self.streams_per_connection_max == 0 || self.streams_per_identity_max == 0 {
+            return bad(
+                "control.streams_per_connection_max and control.streams_per_identity_max must be above 0",
+            );
+        }
+        if self.auth_timeout_ms == 0
+            || self.idle_timeout_ms == 0
+            || self.pending_timeout_ms == 0
+            || self.connect_timeout_ms == 0
+            || self.accept_timeout_ms == 0
+            || self.accept_backoff_ms == 0
+        {
+            return bad(
+                "control timeouts (auth, idle, pending, connect, accept, accept_backoff) must be above 0",
+            );
+        }
+        if self.auth_failures_max == 0 {
+            return bad("control.auth_failures_max must be at least 1");
+        }
+        if matches!(&self.token, Some(t) if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return bad("control.token must be at least 16 characters without spaces");
+        }
+        for (what, dirs) in [("read_roots", &self.read_roots), ("write_roots", &self.write_roots)] {
+            if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
+                return Err(ConfigError::Invalid(format!(
+                    "control.{what}: {} is not an absolute path",
+                    d.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn auth_timeout(&self) -> Duration {
+        Duration::from_millis(self.auth_timeout_ms)
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+
+    pub fn pending_timeout(&self) -> Duration {
+        Duration::from_millis(self.pending_timeout_ms)
+    }
+
+    /// `None`: streams never time out.
+    pub fn send_timeout(&self) -> Option<Duration> {
+        (self.send_timeout_ms > 0).then(|| Duration::from_millis(self.send_timeout_ms))
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub fn accept_timeout(&self) -> Duration {
+        Duration::from_millis(self.accept_timeout_ms)
+    }
+
+    pub fn accept_backoff(&self) -> Duration {
+        Duration::from_millis(self.accept_backoff_ms)
+    }
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.is_loopback()
+        || matches!(ip, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()))
+}
+
+/// An address prefix, `ADDR/BITS` (or a bare address: all its bits), for the control
+/// endpoints' allow lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct IpPrefix {
+    addr: IpAddr,
+    bits: u8,
+}
+
+impl IpPrefix {
+    /// Whether `ip` is inside the prefix (an IPv4-mapped IPv6 address counts as its IPv4
+    /// address).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(p), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.bits)).unwrap_or(0);
+                u32::from(p) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(p), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.bits)).unwrap_or(0);
+                u128::from(p) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::str::FromStr for IpPrefix {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<IpPrefix, String> {
+        let (a, bits) = match s.split_once('/') {
+            Some((a, b)) => (a, Some(b)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a
+            .parse()
+            .map_err(|e| format!("{s:?}: not an address prefix (ADDR/BITS): {e}"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let bits = match bits {
+            None => max,
+            Some(b) => b
+                .parse::<u8>()
+                .ok()
+                .filter(|&b| b <= max)
+                .ok_or_else(|| format!("{s:?}: prefix length must be 0..={max}"))?,
+        };
+        Ok(IpPrefix { addr, bits })
+    }
+}
+
+impl TryFrom<String> for IpPrefix {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<IpPrefix, String> {
+        s.parse()
     }
 }
 
@@ -370,12 +618,7 @@ impl ServerConfig {
                 )));
             }
         }
-        if self.control.line_bytes_max < 64 || self.control.connections_max == 0 {
-            return Err(ConfigError::Invalid(
-                "control.line_bytes_max must be at least 64 and control.connections_max above 0"
-                    .into(),
-            ));
-        }
+        self.control.check()?;
         Ok(())
     }
 
@@ -472,11 +715,67 @@ mod tests {
     }
 
     #[test]
-    fn loopback_is_local_unless_configured() {
+    fn accept_backoff_defaults_to_500_ms_and_is_never_0() {
+        let c: ServerConfig = toml::from_str("").unwrap();
+        assert_eq!(c.limits.accept_backoff(), Duration::from_millis(500));
+        for bad in ["0", "60001"] {
+            let c: ServerConfig =
+                toml::from_str(&format!("[limits]\naccept_backoff_ms = {bad}\n")).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn local_peers_is_refused_with_a_reason() {
+        let c: ServerConfig = toml::from_str("[control]\nlocal_peers = [\"127.0.0.1\"]\n").unwrap();
+        let e = c.check().unwrap_err().to_string();
+        assert!(e.contains("says nothing about who"), "{e}");
+    }
+
+    #[test]
+    fn connections_max_is_still_the_tcp_cap() {
+        let c: ServerConfig = toml::from_str("[control]\nconnections_max = 7\n").unwrap();
+        assert_eq!(c.control.tcp_connections_max, 7);
+    }
+
+    #[test]
+    fn unix_peers_default_to_the_servers_own_uid() {
         let mut c = ControlConfig::default();
-        assert!(c.is_local("127.0.0.2".parse().unwrap()));
-        assert!(!c.is_local("10.0.0.1".parse().unwrap()));
-        c.local_peers = vec!["127.0.0.1".parse().unwrap()];
-        assert!(!c.is_local("127.0.0.2".parse().unwrap()));
+        assert!(c.unix_peer_allowed(1000, 1000, 1000));
+        assert!(!c.unix_peer_allowed(65534, 65534, 1000));
+        c.unix_allow_gids = vec![65534];
+        assert!(c.unix_peer_allowed(65534, 65534, 1000));
+        c.unix_allow_uids = vec![5];
+        assert!(!c.unix_peer_allowed(1000, 1000, 1000));
+    }
+
+    #[test]
+    fn listeners_default_to_loopback_and_connects_to_anywhere() {
+        let mut c = ControlConfig::default();
+        assert!(c.may_listen_on("127.0.0.1".parse().unwrap()));
+        assert!(c.may_listen_on("::1".parse().unwrap()));
+        assert!(!c.may_listen_on("0.0.0.0".parse().unwrap()));
+        assert!(c.may_connect_to("192.0.2.1".parse().unwrap()));
+        c.listen_allow = vec!["0.0.0.0/0".parse().unwrap()];
+        assert!(c.may_listen_on("0.0.0.0".parse().unwrap()));
+        c.connect_allow = vec!["127.0.0.0/8".parse().unwrap()];
+        assert!(!c.may_connect_to("192.0.2.1".parse().unwrap()));
+        assert!(c.may_connect_to("::ffff:127.0.0.9".parse().unwrap()));
+    }
+
+    #[test]
+    fn prefixes_parse_and_match() {
+        let p: IpPrefix = "10.1.0.0/16".parse().unwrap();
+        assert!(p.contains("10.1.255.1".parse().unwrap()));
+        assert!(!p.contains("10.2.0.1".parse().unwrap()));
+        let p: IpPrefix = "fe80::/10".parse().unwrap();
+        assert!(p.contains("fe80::1".parse().unwrap()));
+        assert!(!p.contains("10.1.0.1".parse().unwrap()));
+        let one: IpPrefix = "192.0.2.7".parse().unwrap();
+        assert!(one.contains("192.0.2.7".parse().unwrap()));
+        assert!(!one.contains("192.0.2.8".parse().unwrap()));
+        assert!("10.0.0.0/33".parse::<IpPrefix>().is_err());
+        assert!("nope/8".parse::<IpPrefix>().is_err());
+        assert!(toml::from_str::<ServerConfig>("[control]\nlisten_allow = [\"x\"]\n").is_err());
     }
 }

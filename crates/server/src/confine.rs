@@ -43,6 +43,8 @@ pub enum Refused {
     Forbidden,
     /// Anything else (EMFILE, EIO): 500.
     Failed,
+    /// Creating a file that must be new, and it exists.
+    Exists,
 }
 
 impl Root {
@@ -98,6 +100,53 @@ impl Root {
             f @ Opened::File { .. } => Ok(f),
             Opened::Directory(_) => Err(Refused::Forbidden),
         }
+    }
+}
+
+/// How a file is created beneath a writable root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Create {
+    /// The file must not exist yet (`O_CREAT | O_EXCL`).
+    New,
+    /// Create it, or cut an existing regular file with one link to length 0.
+    Truncate,
+}
+
+impl Root {
+    /// Opens `rel` beneath the root for writing, creating it: no symlink anywhere on the
+    /// way (`RESOLVE_NO_SYMLINKS`, so a planted link can neither redirect the file nor a
+    /// directory above it), never a file that exists unless `how` is [`Create::Truncate`],
+    /// and then only a regular file with a single link (a hard link to a file elsewhere is
+    /// refused rather than cut). Mode 0644 before the umask.
+    pub fn create_file(&self, rel: &str, how: Create) -> Result<File, Refused> {
+        let mut flags = OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NOCTTY;
+        if how == Create::New {
+            flags |= OFlags::EXCL;
+        }
+        let fd = rustix::fs::openat2(
+            &self.fd,
+            rel,
+            flags | OFlags::NONBLOCK,
+            Mode::from_raw_mode(0o644),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| match e {
+            Errno::EXIST => Refused::Exists,
+            e => refusal(e),
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(|_| Refused::Failed)?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
+            || st.st_nlink != 1
+        {
+            return Err(Refused::Forbidden);
+        }
+        if how == Create::Truncate && st.st_size != 0 {
+            rustix::fs::ftruncate(&fd, 0).map_err(|_| Refused::Failed)?;
+        }
+        // Writes on the data path are blocking file writes.
+        let fl = rustix::fs::fcntl_getfl(&fd).map_err(|_| Refused::Failed)?;
+        rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK).map_err(|_| Refused::Failed)?;
+        Ok(File::from(fd))
     }
 }
 
@@ -158,5 +207,32 @@ mod tests {
         );
         assert_eq!(root.open_path("nope").unwrap_err(), Refused::NotFound);
         assert!(matches!(root.open_path("."), Ok(Opened::Directory(_))));
+    }
+
+    #[test]
+    fn files_are_created_beneath_without_links_and_cut_only_when_asked() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let victim = outside.path().join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        std::os::unix::fs::symlink(&victim, d.path().join("link")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), d.path().join("dirlink")).unwrap();
+        std::fs::hard_link(&victim, d.path().join("hard")).unwrap();
+        std::fs::write(d.path().join("old"), b"old bytes").unwrap();
+        let root = Root::open(d.path()).unwrap();
+        for how in [Create::New, Create::Truncate] {
+            assert!(root.create_file("link", how).is_err(), "{how:?}");
+            assert!(root.create_file("dirlink/new", how).is_err(), "{how:?}");
+            assert!(root.create_file("hard", how).is_err(), "{how:?}");
+            assert!(root.create_file("../escape", how).is_err(), "{how:?}");
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        assert!(!outside.path().join("new").exists());
+        assert_eq!(root.create_file("old", Create::New).unwrap_err(), Refused::Exists);
+        assert_eq!(std::fs::read(d.path().join("old")).unwrap(), b"old bytes");
+        root.create_file("old", Create::Truncate).unwrap();
+        assert_eq!(std::fs::read(d.path().join("old")).unwrap(), b"");
+        root.create_file("fresh", Create::New).unwrap();
+        assert!(d.path().join("fresh").is_file());
     }
 }

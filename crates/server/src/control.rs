@@ -1,16 +1,23 @@
-//! The control protocol server (grammar: `docs/control-protocol.md`).
+//! The control protocol server (grammar: `docs/control-protocol.md`; who may do what:
+//! `docs/security.md`).
 //!
-//! Control connections are few and their commands may block (a `START` opens endpoints, a
-//! `CLOSE` waits for in-flight I/O), so each gets a thread, at most `connections_max` of
-//! them. A connection reads lines with [`next_line`] into a buffer bounded by the line
-//! limit, answers each with exactly one reply, in order. Listeners and connections wake
-//! every 200 ms to notice shutdown. A reaper thread moves finished streams out of
-//! `running` every 5 ms (closing their endpoints, so receivers see EOF).
+//! Control connections are few and their commands may block on the connection's own
+//! endpoints (a `START` connects, a `CLOSE` waits for in-flight I/O), so each gets a thread:
+//! at most `tcp_connections_max` TCP and, counted apart so that TCP peers never lock them
+//! out, `unix_connections_max` Unix-socket connections. A connection reads lines with
+//! [`next_line`] into a buffer bounded by the line limit and answers each with exactly one
+//! reply, in order. Listeners and connections wake every 200 ms to notice shutdown and their
+//! timeouts. A reaper thread moves finished streams out of `running` every 5 ms (closing
+//! their endpoints, so receivers see EOF) and expires stale ones.
 //!
-//! Authentication: a peer whose address counts as local (`control.local_peers`, default
-//! loopback) and every Unix-socket peer may open streams and drive its own. Any other peer
-//! must `AUTH <token>` before anything but `HELP` and `QUIT` (401). Driving a stream another
-//! connection opened needs `AUTH` too (Cues' remote control: the id plus the token).
+//! Identity: a Unix-socket peer whose `SO_PEERCRED` uid (or primary gid) is allowed
+//! (`unix_allow_uids`, default the server's own uid) may open streams and drive its own;
+//! a peer that sends the token with `AUTH` may drive any stream (Cues' remote control). A
+//! loopback TCP address says nothing about who the peer is: any other peer may send only
+//! `HELP`, `QUIT` and `AUTH` (401), and is closed after `auth_timeout_ms`. A wrong token is
+//! answered more slowly each time and closes the connection after `auth_failures_max`.
+//! A connection with no stream of its own, silent for `idle_timeout_ms`, is closed.
+//! Out of descriptors, the listeners pause `accept_backoff_ms` and log once per interval.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -20,24 +27,30 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use penstock_core::control::{
     Command, ControlError, Limits, Reply, ReplyCode, next_line, parse_command_bytes,
 };
 
 use crate::config::ControlConfig;
-use crate::streams::{Caller, Edit, Streams};
+use crate::streams::{Caller, Edit, Identity, Streams};
 
 const POLL_MS: u64 = 200;
+/// At most one "accept failed" warning per listener per this long (with a count).
+const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// A wrong token's reply waits this long times the connection's failures so far.
+const AUTH_FAIL_DELAY: Duration = Duration::from_millis(250);
 
 pub(crate) struct ControlShared {
     pub(crate) streams: Arc<Streams>,
     pub(crate) config: ControlConfig,
     pub(crate) token: String,
     pub(crate) stop: AtomicBool,
-    conns: AtomicUsize,
+    tcp_conns: AtomicUsize,
+    unix_conns: AtomicUsize,
     next_conn: AtomicU64,
+    own_uid: u32,
     /// Extra `STATS` lines from the HTTP side.
     pub(crate) http_connections: Box<dyn Fn() -> usize + Send + Sync>,
 }
@@ -54,10 +67,16 @@ impl ControlShared {
             config,
             token,
             stop: AtomicBool::new(false),
-            conns: AtomicUsize::new(0),
+            tcp_conns: AtomicUsize::new(0),
+            unix_conns: AtomicUsize::new(0),
             next_conn: AtomicU64::new(1),
+            own_uid: rustix::process::geteuid().as_raw(),
             http_connections,
         }
+    }
+
+    fn conns(&self, unix: bool) -> &AtomicUsize {
+        if unix { &self.unix_conns } else { &self.tcp_conns }
     }
 }
 
@@ -81,6 +100,33 @@ impl Peer {
             Peer::Unix(s) => s.write_all(b),
         }
     }
+
+    fn is_unix(&self) -> bool {
+        matches!(self, Peer::Unix(_))
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Peer::Tcp(_, a) => a.to_string(),
+            Peer::Unix(s) => match rustix::net::sockopt::socket_peercred(s) {
+                Ok(c) => format!("unix uid {} pid {}", c.uid.as_raw(), c.pid.as_raw_nonzero()),
+                Err(_) => "unix".into(),
+            },
+        }
+    }
+
+    /// Who the peer is before any `AUTH`: an allowed Unix peer, or nobody in particular.
+    fn identity(&self, config: &ControlConfig, own_uid: u32) -> Identity {
+        match self {
+            Peer::Tcp(..) => Identity::Anonymous,
+            Peer::Unix(s) => match rustix::net::sockopt::socket_peercred(s) {
+                Ok(c) if config.unix_peer_allowed(c.uid.as_raw(), c.gid.as_raw(), own_uid) => {
+                    Identity::Peer { uid: c.uid.as_raw() }
+                }
+                _ => Identity::Anonymous,
+            },
+        }
+    }
 }
 
 /// Starts the TCP listener (if `addr`), the Unix listener (if `unix`) and the reaper.
@@ -97,7 +143,7 @@ pub(crate) fn start(
             std::thread::Builder::new()
                 .name("penstock-ctl-tcp".into())
                 .spawn(move || {
-                    accept_loop(&s, &l, |l| {
+                    accept_loop(&s, &l, "tcp", |l| {
                         l.accept().map(|(c, a)| {
                             let _ = c.set_nonblocking(false);
                             Peer::Tcp(c, a)
@@ -113,7 +159,7 @@ pub(crate) fn start(
             std::thread::Builder::new()
                 .name("penstock-ctl-unix".into())
                 .spawn(move || {
-                    accept_loop(&s, &l, |l| {
+                    accept_loop(&s, &l, "unix", |l| {
                         l.accept().map(|(c, _)| {
                             let _ = c.set_nonblocking(false);
                             Peer::Unix(c)
@@ -141,12 +187,44 @@ pub(crate) fn start(
     Ok(threads)
 }
 
+/// Whether an accept error means the process or system is out of a resource (then accepting
+/// again at once would fail the same way: back off).
+fn out_of_resources(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc_errno::EMFILE | libc_errno::ENFILE | libc_errno::ENOBUFS | libc_errno::ENOMEM)
+    )
+}
+
+/// The few errno values the accept loop tells apart.
+mod libc_errno {
+    pub const EMFILE: i32 = rustix::io::Errno::MFILE.raw_os_error();
+    pub const ENFILE: i32 = rustix::io::Errno::NFILE.raw_os_error();
+    pub const ENOBUFS: i32 = rustix::io::Errno::NOBUFS.raw_os_error();
+    pub const ENOMEM: i32 = rustix::io::Errno::NOMEM.raw_os_error();
+}
+
 fn accept_loop<L: AsFd>(
     shared: &Arc<ControlShared>,
     l: &L,
+    what: &'static str,
     accept: impl Fn(&L) -> io::Result<Peer>,
 ) {
+    let mut failed = 0u64;
+    let mut last_error = String::new();
+    let mut logged_at: Option<Instant> = None;
     while !shared.stop.load(Ordering::Acquire) {
+        if failed > 0 && logged_at.is_none_or(|t| t.elapsed() >= ACCEPT_LOG_INTERVAL) {
+            tracing::warn!(
+                listener = what,
+                failures = failed,
+                error = %last_error,
+                backoff_ms = shared.config.accept_backoff_ms,
+                "control accept failed; pausing accepts after each failure"
+            );
+            failed = 0;
+            logged_at = Some(Instant::now());
+        }
         let mut fds = [rustix::event::PollFd::new(l, rustix::event::PollFlags::IN)];
         let ts = rustix::time::Timespec {
             tv_sec: 0,
@@ -157,10 +235,28 @@ fn accept_loop<L: AsFd>(
         }
         let mut peer = match accept(l) {
             Ok(p) => p,
-            Err(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if out_of_resources(&e) => {
+                // The pending connection stays in the backlog; try again after a pause
+                // instead of spinning on a listener that stays readable.
+                failed += 1;
+                last_error = e.to_string();
+                let until = Instant::now() + shared.config.accept_backoff();
+                while Instant::now() < until && !shared.stop.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(POLL_MS).min(shared.config.accept_backoff()));
+                }
+                continue;
+            }
+            Err(_) => continue, // ECONNABORTED and the like: that peer is gone.
         };
-        if shared.conns.fetch_add(1, Ordering::AcqRel) >= shared.config.connections_max {
-            shared.conns.fetch_sub(1, Ordering::AcqRel);
+        let unix = peer.is_unix();
+        let (count, cap) = if unix {
+            (shared.conns(true), shared.config.unix_connections_max)
+        } else {
+            (shared.conns(false), shared.config.tcp_connections_max)
+        };
+        if count.fetch_add(1, Ordering::AcqRel) >= cap {
+            count.fetch_sub(1, Ordering::AcqRel);
             let _ = peer.write_all(b"503 too many control connections\n");
             continue;
         }
@@ -171,10 +267,10 @@ fn accept_loop<L: AsFd>(
                 let conn = s.next_conn.fetch_add(1, Ordering::Relaxed);
                 serve(&s, peer, conn);
                 s.streams.connection_closed(conn);
-                s.conns.fetch_sub(1, Ordering::AcqRel);
+                s.conns(unix).fetch_sub(1, Ordering::AcqRel);
             });
         if spawned.is_err() {
-            shared.conns.fetch_sub(1, Ordering::AcqRel);
+            shared.conns(unix).fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -189,35 +285,47 @@ fn token_matches(given: &str, token: &str) -> bool {
     diff == 0 && !token.is_empty()
 }
 
-fn serve(shared: &ControlShared, mut peer: Peer, conn: u64) {
-    let local = match &peer {
-        Peer::Tcp(_, a) => shared.config.is_local(a.ip()),
-        Peer::Unix(_) => true,
-    };
+/// A connection's own state between commands.
+struct Session {
+    caller: Caller,
+    auth_failures: u32,
+    peer: String,
+}
+
+fn serve(shared: &Arc<ControlShared>, mut peer: Peer, conn: u64) {
+    let identity = peer.identity(&shared.config, shared.own_uid);
     let timeout = Some(Duration::from_millis(POLL_MS));
     let _ = match &peer {
         Peer::Tcp(s, _) => s.set_read_timeout(timeout),
         Peer::Unix(s) => s.set_read_timeout(timeout),
     };
+    let _ = match &peer {
+        Peer::Tcp(s, _) => s.set_write_timeout(Some(shared.config.idle_timeout())),
+        Peer::Unix(s) => s.set_write_timeout(Some(shared.config.idle_timeout())),
+    };
     let limits = Limits {
         line_bytes_max: shared.config.line_bytes_max,
         ..Limits::default()
     };
-    let mut caller = Caller {
-        conn,
-        authed: false,
+    let mut session = Session {
+        caller: Caller { conn, identity },
+        auth_failures: 0,
+        peer: peer.describe(),
     };
+    let connected = Instant::now();
+    let mut last_command = Instant::now();
     let mut buf: Vec<u8> = Vec::with_capacity(512);
     let mut chunk = [0u8; 4096];
-    tracing::debug!(conn, local, "control connection");
+    tracing::debug!(conn, peer = %session.peer, ?identity, "control connection");
     loop {
         // Answer every complete line already buffered.
         loop {
             let (reply, consumed, close) = match next_line(&buf, &limits) {
                 Ok(None) => break,
                 Ok(Some((line, consumed))) => {
+                    last_command = Instant::now();
                     let (reply, close) = match parse_command_bytes(line, &limits) {
-                        Ok(cmd) => execute(shared, &mut caller, local, cmd),
+                        Ok(cmd) => execute(shared, &mut session, cmd),
                         Err(e) => (e.to_reply(), matches!(e, ControlError::LineTooLong { .. })),
                     };
                     (reply, consumed, close)
@@ -231,6 +339,16 @@ fn serve(shared: &ControlShared, mut peer: Peer, conn: u64) {
         }
         if shared.stop.load(Ordering::Acquire) {
             let _ = peer.write_all(b"421 server shutting down\n");
+            return;
+        }
+        if !session.caller.may_act() && connected.elapsed() >= shared.config.auth_timeout() {
+            let _ = peer.write_all(b"421 authentication timeout: AUTH <token> sooner\n");
+            return;
+        }
+        if last_command.elapsed() >= shared.config.idle_timeout()
+            && !shared.streams.holds_streams(conn)
+        {
+            let _ = peer.write_all(b"421 idle timeout\n");
             return;
         }
         match peer.read(&mut chunk) {
@@ -249,22 +367,18 @@ fn serve(shared: &ControlShared, mut peer: Peer, conn: u64) {
 }
 
 const HELP: &[&str] = &[
-    "OPEN <src> <dst> [class=rt|bulk|NAME] [rate=R] [period=D] [unit=SIZE] [schedule=K,T] [buffers=N] [offset=SIZE] [length=SIZE] [path=auto|copy|sendfile|splice|uring] [DETACHED]",
+    "OPEN <src> <dst> [class=rt|bulk|NAME] [rate=R] [period=D] [unit=SIZE] [schedule=K,T] [buffers=N] [offset=SIZE] [length=SIZE] [path=auto|copy|sendfile|splice|uring] [DETACHED] [TRUNCATE]",
     "SEEK|UNIT|LENGTH <id> <size>   (pending or paused streams)",
     "RATE <id> <rate>   SCHEDULE <id> <k>,<t>",
     "START|PAUSE|RESUME <id>",
     "STATE <id>[,<id>...] | STATE *",
     "CLOSE <id> [NOW]",
     "STATS   AUTH <token>   HELP   QUIT",
+    "Before AUTH (or over the Unix socket as an allowed user) only HELP, QUIT and AUTH are answered.",
 ];
 
 /// Runs one command; returns the reply and whether to close the connection after it.
-fn execute(
-    shared: &ControlShared,
-    caller: &mut Caller,
-    local: bool,
-    cmd: Command,
-) -> (Reply, bool) {
+fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> (Reply, bool) {
     let streams = &shared.streams;
     match &cmd {
         Command::Help => {
@@ -275,22 +389,36 @@ fn execute(
         }
         Command::Quit => return (Reply::new(ReplyCode::BYE, "bye"), true),
         Command::Auth(t) => {
-            return if token_matches(t.as_str(), &shared.token) {
-                caller.authed = true;
-                (Reply::ok("authenticated"), false)
+            if token_matches(t.as_str(), &shared.token) {
+                session.caller.identity = Identity::Token;
+                session.auth_failures = 0;
+                return (Reply::ok("authenticated"), false);
+            }
+            session.auth_failures += 1;
+            let n = session.auth_failures;
+            tracing::warn!(peer = %session.peer, failures = n, "control: wrong token");
+            // Slower each time (guessing costs time), bounded by the few tries allowed.
+            std::thread::sleep(AUTH_FAIL_DELAY * n.min(8));
+            let last = n >= shared.config.auth_failures_max;
+            let text = if last {
+                format!("wrong token ({n} tries): closing")
             } else {
-                (Reply::new(ReplyCode::FORBIDDEN, "wrong token"), false)
+                "wrong token".to_string()
             };
+            return (Reply::new(ReplyCode::FORBIDDEN, text), last);
         }
         _ => {}
     }
-    if !local && !caller.authed {
+    if !session.caller.may_act() {
         return (
-            Reply::new(ReplyCode::AUTH_REQUIRED, "remote peer: AUTH <token> first"),
+            Reply::new(
+                ReplyCode::AUTH_REQUIRED,
+                "AUTH <token> first (or connect to the Unix socket as an allowed user)",
+            ),
             false,
         );
     }
-    let c = *caller;
+    let c = session.caller;
     let reply = match cmd {
         Command::Open(spec) => streams.open(c, &spec),
         Command::Seek { id, offset_bytes } => streams.edit(c, id, Edit::Seek(offset_bytes)),
@@ -306,10 +434,13 @@ fn execute(
         Command::Stats => {
             let mut lines = streams.stats_lines();
             lines.push(format!("http_connections {}", (shared.http_connections)()));
-            lines.push(format!(
-                "control_connections {}",
-                shared.conns.load(Ordering::Relaxed)
-            ));
+            let (tcp, unix) = (
+                shared.tcp_conns.load(Ordering::Relaxed),
+                shared.unix_conns.load(Ordering::Relaxed),
+            );
+            lines.push(format!("control_connections {}", tcp + unix));
+            lines.push(format!("control_connections_tcp {tcp}"));
+            lines.push(format!("control_connections_unix {unix}"));
             Reply::multi(ReplyCode::STATS, lines, "end")
         }
         _ => Reply::new(ReplyCode::NOT_IMPLEMENTED, "not implemented"),

@@ -821,7 +821,7 @@ impl Worker {
                 shared.metrics.error("not_found");
                 return memory(respond_error(Status::NOT_FOUND, Some(req), &ctx), class);
             }
-            Err(Refused::Failed) => {
+            Err(Refused::Failed | Refused::Exists) => {
                 shared.metrics.error("open_failed");
                 return memory(
                     respond_error(Status::INTERNAL_SERVER_ERROR, Some(req), &ctx),

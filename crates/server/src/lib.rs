@@ -25,16 +25,18 @@
 //! What is absent: TLS, request bodies (GET and HEAD only), HTTP/2, directory listings.
 #![forbid(unsafe_code)]
 
+mod access;
 pub mod config;
 pub mod confine;
 mod control;
 mod http;
 pub mod metrics;
+pub mod private;
 pub mod streams;
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -152,24 +154,21 @@ impl Server {
                 source,
             })?;
 
+        let access = access::Access::new(&cfg.control, root).map_err(|source| ServerError::Root {
+            path: root.to_path_buf(),
+            source,
+        })?;
         let (token, token_file) = match &cfg.control.token {
             Some(t) => (t.clone(), None),
             None => {
                 let t = random_token()?;
-                let file = cfg.control.token_file.clone().or_else(|| {
-                    cfg.control
-                        .unix
-                        .as_ref()
-                        .map(|u| PathBuf::from(format!("{}.token", u.display())))
-                });
+                let file = cfg
+                    .control
+                    .token_file
+                    .clone()
+                    .or_else(|| cfg.control.unix.as_deref().map(private::default_token_file));
                 if let Some(f) = &file {
-                    let mut w = std::fs::OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(true)
-                        .mode(0o600)
-                        .open(f)?;
-                    w.write_all(format!("{t}\n").as_bytes())?;
+                    private::write_token(f, &t)?;
                 }
                 (t, file)
             }
@@ -188,18 +187,26 @@ impl Server {
         let control_addr = tcp.as_ref().map(|l| l.local_addr()).transpose()?;
         let unix = match &cfg.control.unix {
             Some(p) => {
-                if let Ok(m) = std::fs::symlink_metadata(p)
-                    && m.file_type().is_socket()
-                {
-                    // A stale socket from a previous run.
-                    let _ = std::fs::remove_file(p);
-                }
+                private::prepare_socket_path(p).map_err(|source| ServerError::Bind {
+                    what: "control unix",
+                    addr: p.display().to_string(),
+                    source,
+                })?;
                 let l = UnixListener::bind(p).map_err(|source| ServerError::Bind {
                     what: "control unix",
                     addr: p.display().to_string(),
                     source,
                 })?;
-                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))?;
+                // Who may act is decided by SO_PEERCRED; the mode only keeps everyone else
+                // from even connecting when no one else is allowed.
+                let others = cfg
+                    .control
+                    .unix_allow_uids
+                    .iter()
+                    .any(|&u| u != rustix::process::geteuid().as_raw())
+                    || !cfg.control.unix_allow_gids.is_empty();
+                let mode = if others { 0o666 } else { 0o600 };
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
                 Some((l, p.clone()))
             }
             None => None,
@@ -208,6 +215,8 @@ impl Server {
             engine.clone(),
             admission,
             metrics.clone(),
+            access,
+            cfg.control.clone(),
         ));
         let http_for_stats = shared.clone();
         let control = Arc::new(control::ControlShared::new(
@@ -321,7 +330,7 @@ impl Server {
 /// control connection its socket; plus a margin for listeners, the engine's rings and files.
 fn descriptors_wanted(cfg: &ServerConfig) -> u64 {
     let http = cfg.limits.connections_max as u64;
-    let control = cfg.control.connections_max as u64;
+    let control = (cfg.control.tcp_connections_max + cfg.control.unix_connections_max) as u64;
     http.saturating_mul(3)
         .saturating_add(control.saturating_mul(3))
         .saturating_add(256)

@@ -23,12 +23,27 @@
 //!
 //! RATE and SCHEDULE become the engine stream's schedule (`STATE` says `paced=yes`): units
 //! go out at their deadlines on the engine's EDF dispatcher.
+//!
+//! # Who may do what, and for how long (docs/security.md)
+//! Every caller has an [`Identity`]: the token (may drive any stream), an allowed Unix peer
+//! (its own connection's streams), or none (nothing but `HELP`, `QUIT`, `AUTH`; the control
+//! server refuses the rest before it reaches the table). Endpoints are checked by
+//! [`Access`] at `OPEN`, before admission. A connection and an identity hold at most
+//! `streams_per_connection_max` and `streams_per_identity_max` streams; a stream not started
+//! within `pending_timeout_ms` is closed, and a finished one gives its reservation back at once
+//! and is forgotten `pending_timeout_ms` later.
+//!
+//! No command blocks the table: the table's lock and an entry's lock are held only for
+//! bookkeeping. `START` marks the entry `starting` and opens the endpoints with no lock held
+//! (a connect is bounded by `connect_timeout_ms`); a listening endpoint is bound, the reply
+//! says where, and a waiter thread accepts its peer within `accept_timeout_ms` (the entry is
+//! `waiting` meanwhile; `CLOSE` or shutdown stop the wait).
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use penstock_core::admission::{Admission, QosClass, Refusal, Resource, StreamQos};
 use penstock_core::control::{
@@ -38,19 +53,43 @@ use penstock_core::endpoint::{Endpoint, Role};
 use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::{DataPath, Extent, PathChoice};
 use penstock_core::units::Rate;
-use penstock_driver::open::{Opened, open_source, open_target};
+use penstock_driver::open::Opened;
 use penstock_driver::{
     Engine, LatenessCounts, StreamError, StreamHandle, StreamReport, StreamSpec,
 };
 
+use crate::access::{Access, Denied, Prepared};
+use crate::config::ControlConfig;
 use crate::metrics::{Metrics, PoolLabel, ResourceLabel};
 
-/// Who is asking: a control connection.
+/// Who a control connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// Neither the token nor an allowed Unix peer: `HELP`, `QUIT` and `AUTH` only.
+    Anonymous,
+    /// Sent the server's token: may drive any stream.
+    Token,
+    /// A Unix-socket peer allowed by `SO_PEERCRED` (`control.unix_allow_uids`/`gids`).
+    Peer { uid: u32 },
+}
+
+/// Who is asking: a control connection and its identity.
 #[derive(Debug, Clone, Copy)]
 pub struct Caller {
     pub conn: u64,
-    /// Sent the server's token: may drive any stream.
-    pub authed: bool,
+    pub identity: Identity,
+}
+
+impl Caller {
+    /// May open and drive streams at all.
+    pub fn may_act(&self) -> bool {
+        self.identity != Identity::Anonymous
+    }
+
+    /// May drive streams other connections opened (Cues' remote control).
+    pub fn may_drive_any(&self) -> bool {
+        self.identity == Identity::Token
+    }
 }
 
 struct Ends {
@@ -60,6 +99,13 @@ struct Ends {
 
 enum Run {
     Pending,
+    /// `START` is opening the endpoints (no lock held); `cancel` stops it.
+    Starting { cancel: Arc<AtomicBool> },
+    /// A listening endpoint waits for its peer on `on`; `cancel` stops the wait.
+    Waiting {
+        cancel: Arc<AtomicBool>,
+        on: String,
+    },
     Running {
         handle: StreamHandle,
         ends: Ends,
@@ -78,12 +124,19 @@ enum Run {
 /// pause still takes effect; the reply's offset may then be a little short).
 pub const PAUSE_ACK_WAIT: Duration = Duration::from_secs(2);
 
+/// How long `CLOSE` (without `NOW`) waits for a cancelled stream's in-flight operations.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
 struct Entry {
     id: StreamId,
-    owner: u64,
     detached: bool,
     src: Endpoint,
     dst: Endpoint,
+    /// A file target may be cut (`TRUNCATE`); otherwise it must be new.
+    truncate: bool,
+    /// When it was opened, and when it ended (done, failed): for expiry.
+    created: Instant,
+    ended: Option<Instant>,
     class: Class,
     /// Where the next transfer starts in the source.
     offset_bytes: u64,
@@ -131,6 +184,8 @@ impl Entry {
     fn state_name(&self) -> &'static str {
         match self.run {
             Run::Pending => "pending",
+            Run::Starting { .. } => "starting",
+            Run::Waiting { .. } => "waiting",
             Run::Running { .. } => "running",
             Run::Paused { .. } => "paused",
             Run::Done => "done",
@@ -160,20 +215,49 @@ impl Entry {
         if self.detached {
             s.push_str(" detached");
         }
+        if let Run::Waiting { on, .. } = &self.run {
+            s.push_str(&format!(" peer_on={on}"));
+        }
         if let Run::Failed(e) = &self.run {
             s.push_str(&format!(" error={}", e.replace(' ', "_")));
         }
         s
     }
+
+    /// Stops a `START` under way (opening or waiting for a peer).
+    fn cancel_start(&self) {
+        if let Run::Starting { cancel } | Run::Waiting { cancel, .. } = &self.run {
+            cancel.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// An identity's key for the per-identity stream limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum IdentityKey {
+    Token,
+    Uid(u32),
+}
+
+/// A table row: what is needed to count and select streams without locking their entries.
+struct Slot {
+    owner: u64,
+    identity: Option<IdentityKey>,
+    detached: bool,
+    entry: Arc<Mutex<Entry>>,
 }
 
 /// The table, shared by every control connection.
 pub struct Streams {
     engine: Arc<Engine>,
     admission: Mutex<Admission>,
-    table: Mutex<HashMap<u64, Arc<Mutex<Entry>>>>,
+    table: Mutex<HashMap<u64, Slot>>,
     next_id: AtomicU64,
     metrics: Arc<Metrics>,
+    access: Access,
+    config: ControlConfig,
+    /// Set at shutdown: waiters stop waiting.
+    stopping: AtomicBool,
 }
 
 impl std::fmt::Debug for Streams {
@@ -209,7 +293,12 @@ fn dup(o: &Opened) -> std::io::Result<Opened> {
 
 /// Starts (or restarts, after an edit while paused) the engine stream of `e` on dups of its
 /// endpoints, at its offset.
-fn run(engine: &Engine, e: &mut Entry, ends: &Ends) -> Result<StreamHandle, String> {
+fn run(
+    engine: &Engine,
+    e: &mut Entry,
+    ends: &Ends,
+    send_timeout: Option<Duration>,
+) -> Result<StreamHandle, String> {
     e.lateness_seen = LatenessCounts::default();
     let mut spec = StreamSpec::new(e.src.clone(), e.dst.clone());
     spec.extent = Extent {
@@ -221,6 +310,8 @@ fn run(engine: &Engine, e: &mut Entry, ends: &Ends) -> Result<StreamHandle, Stri
         .map_or(0, |u| usize::try_from(u).unwrap_or(usize::MAX));
     spec.path = engine_path(e.path);
     spec.schedule = schedule_of(engine, e)?;
+    // TODO(helper): spec.send_timeout = send_timeout;
+    let _ = send_timeout;
     let source = dup(&ends.source).map_err(|x| x.to_string())?;
     let target = dup(&ends.target).map_err(|x| x.to_string())?;
     engine
@@ -257,10 +348,10 @@ fn suspend(e: &mut Entry, handle: StreamHandle, metrics: &Metrics) -> Result<(),
     // The report comes only after every in-flight operation completed, so the counters read
     // then are final. (The `Cancelled` error's own count is taken when the cancel is seen,
     // before in-flight sends complete: on the uring path it can be short by a unit.)
-    let outcome = loop {
-        if let Some(r) = handle.wait_timeout(Duration::from_secs(3600)) {
-            break r;
-        }
+    let Some(outcome) = handle.wait_timeout(CLOSE_WAIT) else {
+        return Err(format!(
+            "the paused stream did not stop within {CLOSE_WAIT:?}: CLOSE it"
+        ));
     };
     let counted = handle.counters().bytes_sent;
     metrics.add_lateness(&handle.lateness(), &mut e.lateness_seen);
@@ -278,7 +369,14 @@ fn suspend(e: &mut Entry, handle: StreamHandle, metrics: &Metrics) -> Result<(),
 }
 
 impl Streams {
-    pub fn new(engine: Arc<Engine>, admission: Admission, metrics: Arc<Metrics>) -> Streams {
+    /// The table over `engine`, with `config`'s limits, its endpoints confined by `access`.
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        admission: Admission,
+        metrics: Arc<Metrics>,
+        access: Access,
+        config: ControlConfig,
+    ) -> Streams {
         let total = admission.rt_capacity().buffers;
         metrics
             .buffer_pool
@@ -292,6 +390,16 @@ impl Streams {
             table: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             metrics,
+            access,
+            config,
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    fn denied_reply(d: Denied) -> Reply {
+        match d {
+            Denied::Forbidden(m) => Reply::new(ReplyCode::FORBIDDEN, format!("not permitted: {m}")),
+            Denied::Failed(m) => Reply::new(ReplyCode::INTERNAL_ERROR, m),
         }
     }
 
@@ -367,6 +475,13 @@ impl Streams {
 
     /// `OPEN`: admission, then a pending stream.
     pub fn open(&self, caller: Caller, spec: &OpenSpec) -> Reply {
+        let identity = match caller.identity {
+            Identity::Anonymous => {
+                return Reply::new(ReplyCode::AUTH_REQUIRED, "AUTH <token> first");
+            }
+            Identity::Token => IdentityKey::Token,
+            Identity::Peer { uid } => IdentityKey::Uid(uid),
+        };
         let src = match Endpoint::parse(&spec.src, Role::Source) {
             Ok(e) => e,
             Err(e) => return Reply::new(ReplyCode::BAD_SYNTAX, format!("source: {e}")),
@@ -375,6 +490,17 @@ impl Streams {
             Ok(e) => e,
             Err(e) => return Reply::new(ReplyCode::BAD_SYNTAX, format!("target: {e}")),
         };
+        for (ep, role) in [(&src, Role::Source), (&dst, Role::Target)] {
+            if let Err(d) = self.access.check(ep, role) {
+                self.metrics
+                    .admission_refusals
+                    .get_or_create(&ResourceLabel {
+                        resource: "permission".into(),
+                    })
+                    .inc();
+                return Self::denied_reply(d);
+            }
+        }
         if spec.path == Some(CtlPath::Uring) && self.engine.info().uring.is_err() {
             return Reply::new(
                 ReplyCode::NOT_IMPLEMENTED,
@@ -386,6 +512,31 @@ impl Streams {
             Ok(q) => q,
             Err(r) => return r,
         };
+        // Counted and inserted under the table's lock, so two OPENs cannot both take the last
+        // place.
+        let mut table = lock(&self.table);
+        let (mine, ours) = table.values().fold((0, 0), |(c, i), s| {
+            (
+                c + usize::from(s.owner == caller.conn),
+                i + usize::from(s.identity == Some(identity)),
+            )
+        });
+        if mine >= self.config.streams_per_connection_max {
+            return Reply::new(
+                ReplyCode::REFUSED,
+                format!(
+                    "refused: this connection holds {mine} streams (control.streams_per_connection_max)"
+                ),
+            );
+        }
+        if ours >= self.config.streams_per_identity_max {
+            return Reply::new(
+                ReplyCode::REFUSED,
+                format!(
+                    "refused: this identity holds {ours} streams (control.streams_per_identity_max); CLOSE some"
+                ),
+            );
+        }
         let reservation = {
             let mut adm = lock(&self.admission);
             let r = adm.admit(qos);
@@ -409,10 +560,12 @@ impl Streams {
         );
         let entry = Entry {
             id,
-            owner: caller.conn,
             detached: spec.detached,
             src,
             dst,
+            truncate: spec.truncate,
+            created: Instant::now(),
+            ended: None,
             class,
             offset_bytes: spec.offset_bytes.unwrap_or(0),
             remaining_bytes: spec.length_bytes,
@@ -426,24 +579,36 @@ impl Streams {
             reservation: Some(reservation.id),
             run: Run::Pending,
         };
-        lock(&self.table).insert(id.0, Arc::new(Mutex::new(entry)));
+        table.insert(
+            id.0,
+            Slot {
+                owner: caller.conn,
+                identity: Some(identity),
+                detached: spec.detached,
+                entry: Arc::new(Mutex::new(entry)),
+            },
+        );
         Reply::opened(id, &details)
     }
 
     /// The entry if it exists and `caller` may drive it; otherwise the reply (404, 401).
     fn get(&self, caller: Caller, id: StreamId) -> Result<Arc<Mutex<Entry>>, Reply> {
-        let e = lock(&self.table)
+        let table = lock(&self.table);
+        let slot = table
             .get(&id.0)
-            .cloned()
             .ok_or_else(|| Reply::new(ReplyCode::NO_SUCH_STREAM, format!("no stream {id}")))?;
-        let owner = lock(&e).owner;
-        if owner != caller.conn && !caller.authed {
+        if !caller.may_act() || (slot.owner != caller.conn && !caller.may_drive_any()) {
             return Err(Reply::new(
                 ReplyCode::AUTH_REQUIRED,
                 format!("stream {id} belongs to another connection: AUTH <token> first"),
             ));
         }
-        Ok(e)
+        Ok(slot.entry.clone())
+    }
+
+    /// Whether connection `conn` holds any stream (then it is not idle).
+    pub fn holds_streams(&self, conn: u64) -> bool {
+        lock(&self.table).values().any(|s| s.owner == conn)
     }
 
     /// `SEEK`, `UNIT`, `LENGTH`, `RATE`, `SCHEDULE`: edits of a pending or paused stream.
@@ -496,35 +661,157 @@ impl Streams {
         Reply::ok("OK")
     }
 
-    /// `START` a pending stream: open its endpoints and hand it to the engine.
-    pub fn start(&self, caller: Caller, id: StreamId) -> Reply {
-        let e = match self.get(caller, id) {
+    /// `START` a pending stream: open its endpoints (no lock held) and hand it to the
+    /// engine; a listening endpoint is bound, and its peer awaited by a waiter thread.
+    pub fn start(self: &Arc<Self>, caller: Caller, id: StreamId) -> Reply {
+        let entry = match self.get(caller, id) {
             Ok(e) => e,
             Err(r) => return r,
         };
-        let mut e = lock(&e);
-        if !matches!(e.run, Run::Pending) {
-            return Reply::new(
-                ReplyCode::WRONG_STATE,
-                format!("stream {id} is {}, not pending", e.state_name()),
-            );
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (src, dst, truncate) = {
+            let mut e = lock(&entry);
+            if !matches!(e.run, Run::Pending) {
+                return Reply::new(
+                    ReplyCode::WRONG_STATE,
+                    format!("stream {id} is {}, not pending", e.state_name()),
+                );
+            }
+            e.run = Run::Starting {
+                cancel: cancel.clone(),
+            };
+            (e.src.clone(), e.dst.clone(), e.truncate)
+        };
+        let prepared = self.access.prepare(&src, Role::Source, false).and_then(|s| {
+            Ok((s, self.access.prepare(&dst, Role::Target, truncate)?))
+        });
+        let (source, target) = match prepared {
+            Ok(p) => p,
+            Err(d) => {
+                let reply = Self::denied_reply(d);
+                self.start_failed(&entry, &cancel, reply.text.clone());
+                return reply;
+            }
+        };
+        match (source, target) {
+            (Prepared::Ready(source), Prepared::Ready(target)) => {
+                self.launch(&entry, &cancel, Ends { source, target })
+            }
+            (source, target) => {
+                let on: Vec<String> = [&source, &target]
+                    .into_iter()
+                    .filter_map(|p| match p {
+                        Prepared::Listening(l) => Some(l.addr.clone()),
+                        Prepared::Ready(_) => None,
+                    })
+                    .collect();
+                let on = on.join(",");
+                {
+                    let mut e = lock(&entry);
+                    if cancel.load(Ordering::Acquire) {
+                        return Reply::new(
+                            ReplyCode::NO_SUCH_STREAM,
+                            format!("stream {id} was closed while starting"),
+                        );
+                    }
+                    e.run = Run::Waiting {
+                        cancel: cancel.clone(),
+                        on: on.clone(),
+                    };
+                }
+                let me = self.clone();
+                let deadline = Instant::now() + self.config.accept_timeout();
+                let spawned = std::thread::Builder::new()
+                    .name("penstock-ctl-wait".into())
+                    .spawn({
+                        let entry = entry.clone();
+                        let cancel = cancel.clone();
+                        move || me.await_peers(&entry, &cancel, source, target, deadline)
+                    });
+                match spawned {
+                    Ok(_) => Reply::ok(format!("started, waiting for a peer on {on}")),
+                    Err(err) => {
+                        let text = format!("could not start a waiter: {err}");
+                        self.start_failed(&entry, &cancel, text.clone());
+                        Reply::new(ReplyCode::INTERNAL_ERROR, text)
+                    }
+                }
+            }
         }
-        let ends = match open_source(&e.src, &mut |_| {}).and_then(|source| {
+    }
+
+    /// A waiter thread: accepts each listening endpoint's peer, then starts the stream.
+    fn await_peers(
+        &self,
+        entry: &Mutex<Entry>,
+        cancel: &AtomicBool,
+        source: Prepared,
+        target: Prepared,
+        deadline: Instant,
+    ) {
+        let give_up =
+            || cancel.load(Ordering::Acquire) || self.stopping.load(Ordering::Acquire);
+        let accept = |p: Prepared| match p {
+            Prepared::Ready(o) => Ok(o),
+            Prepared::Listening(l) => l.accept(deadline, &give_up),
+        };
+        let ends = accept(source).and_then(|source| {
             Ok(Ends {
                 source,
-                target: open_target(&e.dst, &mut |_| {})?,
+                target: accept(target)?,
             })
-        }) {
-            Ok(x) => x,
-            Err(err) => return Reply::new(ReplyCode::INTERNAL_ERROR, err.to_string()),
-        };
-        match run(&self.engine, &mut e, &ends) {
+        });
+        match ends {
+            Ok(ends) => {
+                let _ = self.launch(entry, cancel, ends);
+            }
+            Err(d) => self.start_failed(entry, cancel, d.to_string()),
+        }
+    }
+
+    /// Hands a starting entry's opened endpoints to the engine, unless it was closed
+    /// meanwhile (then the endpoints are simply dropped).
+    fn launch(&self, entry: &Mutex<Entry>, cancel: &AtomicBool, ends: Ends) -> Reply {
+        let mut e = lock(entry);
+        let id = e.id;
+        if cancel.load(Ordering::Acquire) || !matches!(e.run, Run::Starting { .. } | Run::Waiting { .. }) {
+            return Reply::new(
+                ReplyCode::NO_SUCH_STREAM,
+                format!("stream {id} was closed while starting"),
+            );
+        }
+        match run(&self.engine, &mut e, &ends, self.config.send_timeout()) {
             Ok(handle) => {
                 self.metrics.streams_active.inc();
                 e.run = Run::Running { handle, ends };
                 Reply::ok("started")
             }
-            Err(err) => Reply::new(ReplyCode::INTERNAL_ERROR, err),
+            Err(err) => {
+                drop(e);
+                self.start_failed(entry, cancel, err.clone());
+                Reply::new(ReplyCode::INTERNAL_ERROR, err)
+            }
+        }
+    }
+
+    /// A `START` failed: the entry is failed and gives its reservation back (unless it was
+    /// closed meanwhile, which did both).
+    fn start_failed(&self, entry: &Mutex<Entry>, cancel: &AtomicBool, why: String) {
+        let mut e = lock(entry);
+        if cancel.load(Ordering::Acquire) || !matches!(e.run, Run::Starting { .. } | Run::Waiting { .. }) {
+            return;
+        }
+        e.run = Run::Failed(why);
+        e.ended = Some(Instant::now());
+        self.release(&mut e);
+    }
+
+    /// Gives an entry's admission reservation back (once).
+    fn release(&self, e: &mut Entry) {
+        if let Some(r) = e.reservation.take() {
+            let mut adm = lock(&self.admission);
+            adm.release(r);
+            self.update_pool_metric(&adm);
         }
     }
 
@@ -586,7 +873,12 @@ impl Streams {
                 e.run = Run::Running { handle, ends };
                 Reply::ok("resumed")
             }
-            Run::Paused { handle: None, ends } => match run(&self.engine, &mut e, &ends) {
+            Run::Paused { handle: None, ends } => match run(
+                &self.engine,
+                &mut e,
+                &ends,
+                self.config.send_timeout(),
+            ) {
                 Ok(handle) => {
                     self.metrics.streams_active.inc();
                     e.run = Run::Running { handle, ends };
@@ -613,15 +905,16 @@ impl Streams {
         if let Err(r) = self.get(caller, id) {
             return r;
         }
-        let Some(e) = lock(&self.table).remove(&id.0) else {
+        let Some(slot) = lock(&self.table).remove(&id.0) else {
             return Reply::new(ReplyCode::NO_SUCH_STREAM, format!("no stream {id}"));
         };
-        let sent = self.finish_entry(&e, now);
+        let sent = self.finish_entry(&slot.entry, now);
         Reply::ok(format!("closed {id} sent={sent}"))
     }
 
     fn finish_entry(&self, e: &Mutex<Entry>, now: bool) -> u64 {
         let mut e = lock(e);
+        e.cancel_start();
         let handle = match std::mem::replace(&mut e.run, Run::Done) {
             Run::Running { handle, .. } => {
                 self.metrics.streams_active.dec();
@@ -637,18 +930,16 @@ impl Streams {
                 // drop does not wait for them.
                 e.sent_before_bytes += handle.counters().bytes_sent;
             } else {
-                // As in `suspend`: the counters are final once the report is in.
-                while handle.wait_timeout(Duration::from_secs(3600)).is_none() {}
+                // As in `suspend`: the counters are final once the report is in. A cancelled
+                // stream reports as soon as its in-flight operations complete; bounded all the
+                // same (the count is then as of the cancel).
+                let _ = handle.wait_timeout(CLOSE_WAIT);
                 e.sent_before_bytes += handle.counters().bytes_sent;
             }
             self.metrics
                 .add_lateness(&handle.lateness(), &mut e.lateness_seen);
         }
-        if let Some(r) = e.reservation.take() {
-            let mut adm = lock(&self.admission);
-            adm.release(r);
-            self.update_pool_metric(&adm);
-        }
+        self.release(&mut e);
         e.sent_bytes()
     }
 
@@ -658,14 +949,12 @@ impl Streams {
             StreamSelector::All => {
                 let mut all: Vec<(u64, Arc<Mutex<Entry>>)> = lock(&self.table)
                     .iter()
-                    .map(|(k, v)| (*k, v.clone()))
+                    .filter(|(_, s)| s.owner == caller.conn || caller.may_drive_any())
+                    .map(|(k, s)| (*k, s.entry.clone()))
                     .collect();
                 all.sort_by_key(|(k, _)| *k);
                 all.into_iter()
-                    .filter_map(|(_, e)| {
-                        let e = lock(&e);
-                        (e.owner == caller.conn || caller.authed).then(|| e.state_line())
-                    })
+                    .map(|(_, e)| lock(&e).state_line())
                     .collect()
             }
             StreamSelector::Ids(ids) => ids
@@ -683,11 +972,12 @@ impl Streams {
 
     /// `STATS` lines (the control server adds its own).
     pub fn stats_lines(&self) -> Vec<String> {
-        let entries: Vec<Arc<Mutex<Entry>>> = lock(&self.table).values().cloned().collect();
+        let entries: Vec<Arc<Mutex<Entry>>> =
+            lock(&self.table).values().map(|s| s.entry.clone()).collect();
         let mut counts = [0usize; 5];
         for e in &entries {
             let i = match lock(e).run {
-                Run::Pending => 0,
+                Run::Pending | Run::Starting { .. } | Run::Waiting { .. } => 0,
                 Run::Running { .. } => 1,
                 Run::Paused { .. } => 2,
                 Run::Done => 3,
@@ -720,20 +1010,17 @@ impl Streams {
 
     /// A control connection ended: its streams not opened `DETACHED` are closed (at once).
     pub fn connection_closed(&self, conn: u64) {
-        let mine: Vec<Arc<Mutex<Entry>>> = {
+        let mine: Vec<Slot> = {
             let mut t = lock(&self.table);
             let ids: Vec<u64> = t
                 .iter()
-                .filter(|(_, e)| {
-                    let e = lock(e);
-                    e.owner == conn && !e.detached
-                })
+                .filter(|(_, s)| s.owner == conn && !s.detached)
                 .map(|(k, _)| *k)
                 .collect();
             ids.iter().filter_map(|k| t.remove(k)).collect()
         };
-        for e in mine {
-            self.finish_entry(&e, true);
+        for s in mine {
+            self.finish_entry(&s.entry, true);
         }
     }
 
@@ -742,17 +1029,50 @@ impl Streams {
         lock(&self.table).is_empty()
     }
 
+    /// Streams in the table now.
+    pub fn len(&self) -> usize {
+        lock(&self.table).len()
+    }
+
     /// Moves finished engine streams to `done`/`failed` and closes their endpoints (so a
     /// receiver sees EOF). Called by the control server's reaper every few milliseconds.
+    ///
+    /// Also expires what would otherwise hold places for good: a stream not started within
+    /// `pending_timeout_ms` is closed (its reservation returns), and a finished one is
+    /// forgotten that long after it ended.
     pub fn reap(&self) {
-        let entries: Vec<Arc<Mutex<Entry>>> = lock(&self.table).values().cloned().collect();
-        for e in entries {
+        let entries: Vec<(u64, Arc<Mutex<Entry>>)> = lock(&self.table)
+            .iter()
+            .map(|(k, s)| (*k, s.entry.clone()))
+            .collect();
+        let linger = self.config.pending_timeout();
+        let mut expired = Vec::new();
+        for (k, e) in entries {
             let Ok(mut e) = e.try_lock() else { continue };
             e.feed_lateness(&self.metrics);
             let result = e.handle().and_then(|h| h.wait_timeout(Duration::ZERO));
             if let Some(result) = result {
                 self.finished(&mut e, result);
             }
+            let stale = match (&e.run, e.ended) {
+                (Run::Pending, _) => e.created.elapsed() > linger,
+                (Run::Done | Run::Failed(_), Some(at)) => at.elapsed() > linger,
+                _ => false,
+            };
+            if stale {
+                expired.push(k);
+            }
+        }
+        if expired.is_empty() {
+            return;
+        }
+        let gone: Vec<Slot> = {
+            let mut t = lock(&self.table);
+            expired.iter().filter_map(|k| t.remove(k)).collect()
+        };
+        for s in gone {
+            tracing::debug!(id = lock(&s.entry).id.0, "control stream expired");
+            self.finish_entry(&s.entry, true);
         }
     }
 
@@ -765,6 +1085,8 @@ impl Streams {
         }
         // The report's count is final; the counters agree once it is in.
         let sent = e.engine_sent_bytes();
+        e.ended = Some(Instant::now());
+        self.release(e);
         e.run = match result {
             Ok(report) => {
                 let sent = report.bytes.max(sent);
@@ -806,12 +1128,27 @@ impl Streams {
         }
     }
 
-    /// Cancels every running stream (shutdown) and waits for each at most `deadline` in total.
+    /// Cancels every stream (shutdown: waiters stop waiting too) and waits for each at most
+    /// `deadline` in total; an entry whose lock is busy past the deadline is left to the
+    /// engine's own shutdown.
     pub fn shutdown(&self, deadline: Duration) {
-        let start = std::time::Instant::now();
-        let entries: Vec<Arc<Mutex<Entry>>> = lock(&self.table).drain().map(|(_, v)| v).collect();
+        let start = Instant::now();
+        self.stopping.store(true, Ordering::Release);
+        let entries: Vec<Arc<Mutex<Entry>>> =
+            lock(&self.table).drain().map(|(_, s)| s.entry).collect();
         for e in entries {
-            let mut e = lock(&e);
+            let mut e = loop {
+                match e.try_lock() {
+                    Ok(g) => break Some(g),
+                    Err(std::sync::TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+                    Err(std::sync::TryLockError::WouldBlock) if start.elapsed() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => break None,
+                }
+            };
+            let Some(e) = e.as_mut() else { continue };
+            e.cancel_start();
             let handle = match std::mem::replace(&mut e.run, Run::Done) {
                 Run::Running { handle, .. } => Some(handle),
                 Run::Paused { handle, .. } => handle,

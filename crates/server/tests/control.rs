@@ -1,11 +1,7 @@
 //! The control protocol on loopback: Cues' remote control (a second connection drives a
 //! stream with its id and the token), pause and resume with exact bytes, admission
-//! refusals that name the shortage, and the token rule for non-local peers.
-//!
-//! Non-local peers without a network namespace: every 127.0.0.0/8 address is loopback on
-//! Linux, so the test server is configured with `local_peers = ["127.0.0.1"]` and the
-//! "remote" client binds its socket to 127.0.0.2 before connecting. The server sees a peer
-//! address that is not in its local list, exactly as it would see a remote host.
+//! refusals that name the shortage, and the token rule for TCP peers (loopback included:
+//! an address says nothing about who the peer is).
 
 mod common;
 
@@ -30,11 +26,11 @@ impl Ctl {
         }
     }
 
-    fn from(s: TcpStream) -> Ctl {
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        Ctl {
-            r: BufReader::new(s),
-        }
+    /// A connection that has sent the token (TCP peers may do nothing else before).
+    fn authed(addr: SocketAddr) -> Ctl {
+        let mut c = Ctl::connect(addr);
+        assert_eq!(c.cmd(&format!("AUTH {TOKEN}")).code.code(), 200);
+        c
     }
 
     fn cmd(&mut self, line: &str) -> Reply {
@@ -86,7 +82,7 @@ fn a_second_connection_drives_the_stream_pauses_resumes_and_the_bytes_are_exact(
         all
     });
 
-    let mut a = Ctl::connect(f.control());
+    let mut a = Ctl::authed(f.control());
     let opened = a.cmd(&format!(
         "OPEN file:{} tcp://{rx_addr} DETACHED",
         src.display()
@@ -97,7 +93,7 @@ fn a_second_connection_drives_the_stream_pauses_resumes_and_the_bytes_are_exact(
     // A second connection: refused without the token, allowed with it.
     let mut b = Ctl::connect(f.control());
     assert_eq!(b.cmd(&format!("START {id}")).code.code(), 401);
-    assert_eq!(b.cmd("AUTH wrong").code.code(), 403);
+    assert_eq!(b.cmd("AUTH wrong-token-wrong").code.code(), 403);
     assert_eq!(b.cmd(&format!("AUTH {TOKEN}")).code.code(), 200);
     assert_eq!(b.cmd(&format!("START {id}")).code.code(), 200);
     assert_eq!(b.cmd(&format!("START {id}")).code.code(), 409);
@@ -157,7 +153,7 @@ fn seek_and_length_edit_a_pending_stream() {
         s.read_to_end(&mut all).unwrap();
         all
     });
-    let mut c = Ctl::connect(f.control());
+    let mut c = Ctl::authed(f.control());
     let id = c
         .cmd(&format!("OPEN file:{} tcp://{rx_addr}", src.display()))
         .stream_id()
@@ -181,7 +177,7 @@ fn seek_and_length_edit_a_pending_stream() {
 fn a_refused_open_names_the_shortage() {
     let f = start();
     let src = f.path("small.txt");
-    let mut c = Ctl::connect(f.control());
+    let mut c = Ctl::authed(f.control());
     let r = c.cmd(&format!(
         "OPEN file:{} tcp://127.0.0.1:9 class=rt rate=1GB/s unit=1MiB",
         src.display()
@@ -216,33 +212,27 @@ fn a_refused_open_names_the_shortage() {
 }
 
 #[test]
-fn a_non_local_peer_needs_the_token() {
-    let mut cfg = config();
-    cfg.control.local_peers = vec!["127.0.0.1".parse().unwrap()];
-    let f = start_with(cfg);
-    // Connect from 127.0.0.2: not in local_peers.
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.bind(&"127.0.0.2:0".parse::<SocketAddr>().unwrap().into())
-        .unwrap();
-    sock.connect(&f.control().into()).unwrap();
-    let mut remote = Ctl::from(sock.into());
-    assert_eq!(remote.cmd("STATS").code.code(), 401);
-    assert_eq!(remote.cmd("STATE *").code.code(), 401);
-    assert_eq!(remote.cmd("HELP").code.code(), 214);
-    assert_eq!(remote.cmd("AUTH nope").code.code(), 403);
-    assert_eq!(remote.cmd("STATS").code.code(), 401);
-    assert_eq!(remote.cmd(&format!("AUTH {TOKEN}")).code.code(), 200);
-    assert_eq!(remote.cmd("STATS").code.code(), 212);
-    // A local peer needs no token for its own streams.
-    let mut local = Ctl::connect(f.control());
-    assert_eq!(local.cmd("STATS").code.code(), 212);
+fn a_tcp_peer_needs_the_token_even_on_loopback() {
+    let f = start();
+    let mut peer = Ctl::connect(f.control());
+    assert_eq!(peer.cmd("STATS").code.code(), 401);
+    assert_eq!(peer.cmd("STATE *").code.code(), 401);
+    let src = f.path("small.txt");
+    let open = format!("OPEN file:{} tcp://127.0.0.1:9", src.display());
+    assert_eq!(peer.cmd(&open).code.code(), 401);
+    assert_eq!(peer.cmd("HELP").code.code(), 214);
+    assert_eq!(peer.cmd("AUTH nope-nope-nope").code.code(), 403);
+    assert_eq!(peer.cmd("STATS").code.code(), 401);
+    assert_eq!(peer.cmd(&format!("AUTH {TOKEN}")).code.code(), 200);
+    assert_eq!(peer.cmd("STATS").code.code(), 212);
+    assert_eq!(peer.cmd(&open).code.code(), 201);
 }
 
 #[test]
 fn streams_of_a_closed_connection_are_closed_unless_detached() {
     let f = start();
     let src = f.path("small.txt");
-    let mut a = Ctl::connect(f.control());
+    let mut a = Ctl::authed(f.control());
     let kept = a
         .cmd(&format!(
             "OPEN file:{} tcp://127.0.0.1:9 DETACHED",
@@ -255,8 +245,7 @@ fn streams_of_a_closed_connection_are_closed_unless_detached() {
         .stream_id()
         .unwrap();
     drop(a);
-    let mut b = Ctl::connect(f.control());
-    b.cmd(&format!("AUTH {TOKEN}"));
+    let mut b = Ctl::authed(f.control());
     let mut last = String::new();
     for _ in 0..3000 {
         let st = b.cmd(&format!("STATE {kept},{gone}"));
@@ -342,7 +331,7 @@ fn a_paused_periodic_stream_sends_nothing_while_paused_and_keeps_its_pace() {
     std::fs::write(&src, &data).unwrap();
     let (rx_addr, count, receiver) = counting_receiver(Duration::ZERO);
 
-    let mut c = Ctl::connect(f.control());
+    let mut c = Ctl::authed(f.control());
     let opened = c.cmd(&format!(
         "OPEN file:{} tcp://{rx_addr} rate={RATE}/s unit={UNIT}",
         src.display()
@@ -401,7 +390,7 @@ fn an_edit_while_paused_restarts_the_stream_at_the_new_offset() {
     std::fs::write(&src, &data).unwrap();
     // The receiver waits, so the stream is still running at the pause.
     let (rx_addr, count, receiver) = counting_receiver(Duration::from_millis(500));
-    let mut c = Ctl::connect(f.control());
+    let mut c = Ctl::authed(f.control());
     let id = c
         .cmd(&format!("OPEN file:{} tcp://{rx_addr}", src.display()))
         .stream_id()
@@ -449,7 +438,7 @@ fn a_periodic_stream_feeds_the_lateness_histogram_and_its_misses() {
     let src = f.path("late.ts");
     std::fs::write(&src, &data).unwrap();
     let (rx_addr, _count, receiver) = counting_receiver(Duration::from_secs(1));
-    let mut c = Ctl::connect(f.control());
+    let mut c = Ctl::authed(f.control());
     let id = c
         .cmd(&format!(
             "OPEN file:{} tcp://{rx_addr} rate=200/s unit={UNIT}",

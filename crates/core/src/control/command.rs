@@ -152,6 +152,9 @@ pub struct OpenSpec {
     pub path: Option<DataPath>,
     /// The stream outlives the connection that opened it.
     pub detached: bool,
+    /// A file target that exists may be cut to length 0 and rewritten (without it, a file
+    /// target must be new).
+    pub truncate: bool,
 }
 
 impl OpenSpec {
@@ -170,6 +173,7 @@ impl OpenSpec {
             length_bytes: None,
             path: None,
             detached: false,
+            truncate: false,
         }
     }
 }
@@ -284,6 +288,9 @@ impl fmt::Display for Command {
                 }
                 if o.detached {
                     f.write_str(" DETACHED")?;
+                }
+                if o.truncate {
+                    f.write_str(" TRUNCATE")?;
                 }
                 Ok(())
             }

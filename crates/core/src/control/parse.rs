@@ -200,6 +200,13 @@ fn parse_open(args: &[&str], limits: &Limits) -> Result<Command, ControlError> {
             o.detached = true;
             continue;
         }
+        if opt.eq_ignore_ascii_case("TRUNCATE") {
+            if o.truncate {
+                return Err(ControlError::DuplicateOption("TRUNCATE"));
+            }
+            o.truncate = true;
+            continue;
+        }
         let Some((key, value)) = opt.split_once('=') else {
             return Err(ControlError::UnknownOption(opt.chars().take(32).collect()));
         };
@@ -346,6 +353,20 @@ mod tests {
     fn round_trip(c: &Command) {
         let text = c.to_string();
         assert_eq!(p(&text).as_ref(), Ok(c), "{text}");
+    }
+
+    #[test]
+    fn truncate_is_a_keyword_of_open_once() {
+        let c = p("OPEN a file:/rec/x.ts truncate").unwrap();
+        let Command::Open(o) = &c else {
+            panic!("{c:?}")
+        };
+        assert!(o.truncate && !o.detached);
+        assert_eq!(c.to_string(), "OPEN a file:/rec/x.ts TRUNCATE");
+        assert_eq!(
+            p("OPEN a b TRUNCATE truncate"),
+            Err(ControlError::DuplicateOption("TRUNCATE"))
+        );
     }
 
     #[test]
@@ -680,6 +701,7 @@ mod tests {
                         DataPath::ALL.map(|(_, p)| p).to_vec(),
                     )),
                     any::<bool>(),
+                    any::<bool>(),
                 ),
             )
                 .prop_map(
@@ -688,7 +710,7 @@ mod tests {
                         (rate, period),
                         (unit, sched),
                         (buffers, offset, length),
-                        (path, detached),
+                        (path, detached, truncate),
                     )| {
                         Command::Open(Box::new(OpenSpec {
                             src,
@@ -703,6 +725,7 @@ mod tests {
                             length_bytes: length,
                             path,
                             detached,
+                            truncate,
                         }))
                     },
                 )

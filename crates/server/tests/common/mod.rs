@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use penstock_server::{Server, ServerConfig};
 
-pub const TOKEN: &str = "test-token-123";
+pub const TOKEN: &str = "test-token-0123456789";
 
 pub struct Fixture {
     pub server: Option<Server>,

@@ -252,6 +252,12 @@ impl Access {
     /// The directory and relative path a `file:` name falls in: an absolute path beneath
     /// a root, or a relative one in the first root.
     fn locate(&self, path: &Path, role: Role) -> Result<(&Dir, String), Denied> {
+        if path.components().any(|c| matches!(c, Component::ParentDir)) {
+            return Err(Denied::Forbidden(format!(
+                "{}: a control stream's file name may not contain ..",
+                path.display()
+            )));
+        }
         let dirs = self.dirs(role);
         let found = if path.is_relative() {
             dirs.first()
@@ -577,6 +583,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", r.path().join("pw")).unwrap();
         let a = access(r.path(), None);
         let up = r.path().join("../../etc/passwd");
+        assert!(matches!(a.check(&file(&up), Role::Source), Err(Denied::Forbidden(_))));
         assert!(a.prepare(&file(up), Role::Source, false).is_err());
         assert!(a.prepare(&file(r.path().join("pw")), Role::Source, false).is_err());
     }

@@ -131,7 +131,7 @@ impl Root {
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
         )
         .map_err(|e| match e {
-            Errno::EXIST => Refused::Exists,
+            Errno::EXIST => self.existing(rel),
             e => refusal(e),
         })?;
         let st = rustix::fs::fstat(&fd).map_err(|_| Refused::Failed)?;
@@ -147,6 +147,29 @@ impl Root {
         let fl = rustix::fs::fcntl_getfl(&fd).map_err(|_| Refused::Failed)?;
         rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK).map_err(|_| Refused::Failed)?;
         Ok(File::from(fd))
+    }
+
+    /// Why a file that had to be new could not be created: it exists as a regular file
+    /// (`Exists`: `TRUNCATE` may cut it), or as something never written through (a link,
+    /// a directory, a device: `Forbidden`).
+    fn existing(&self, rel: &str) -> Refused {
+        let at = rustix::fs::openat2(
+            &self.fd,
+            rel,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        );
+        match at.and_then(|fd| rustix::fs::fstat(&fd)) {
+            Ok(st)
+                if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    == rustix::fs::FileType::RegularFile
+                    && st.st_nlink == 1 =>
+            {
+                Refused::Exists
+            }
+            _ => Refused::Forbidden,
+        }
     }
 }
 

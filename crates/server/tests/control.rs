@@ -487,3 +487,219 @@ fn a_periodic_stream_feeds_the_lateness_histogram_and_its_misses() {
         "{m}"
     );
 }
+
+fn unix_cmds(path: &std::path::Path, lines: &[&str]) -> Vec<Reply> {
+    let s = std::os::unix::net::UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut r = BufReader::new(s);
+    lines
+        .iter()
+        .map(|line| {
+            r.get_mut()
+                .write_all(format!("{line}\n").as_bytes())
+                .unwrap();
+            let mut p = ReplyParser::new(Limits::default());
+            loop {
+                let mut l = String::new();
+                assert!(r.read_line(&mut l).unwrap() > 0, "server closed on {line}");
+                if let Some(reply) = p.push_line(l.trim_end()).unwrap() {
+                    return reply;
+                }
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn idle_tcp_connections_do_not_lock_out_the_unix_socket() {
+    let run = tempfile::tempdir().unwrap();
+    let sock = run.path().join("ctl.sock");
+    let mut cfg = config();
+    cfg.control.unix = Some(sock.clone());
+    let f = start_with(cfg);
+    // 64 idle TCP connections fill the TCP cap (each answered once, so each is accepted).
+    let mut idle: Vec<Ctl> = (0..64).map(|_| Ctl::connect(f.control())).collect();
+    for c in &mut idle {
+        assert_eq!(c.cmd("HELP").code.code(), 214);
+    }
+    let mut extra = TcpStream::connect(f.control()).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut refused = String::new();
+    let _ = extra.read_to_string(&mut refused);
+    assert!(refused.starts_with("503 too many"), "{refused:?}");
+    // The socket's owner (this test's uid: allowed by SO_PEERCRED) still gets in, needs no
+    // token for its own streams, and is still confined.
+    let src = f.path("small.txt");
+    let replies = unix_cmds(
+        &sock,
+        &[
+            "STATS",
+            &format!("OPEN file:{} tcp://127.0.0.1:9", src.display()),
+            "OPEN file:/etc/passwd tcp://127.0.0.1:9",
+        ],
+    );
+    assert_eq!(replies[0].code.code(), 212, "{replies:?}");
+    assert!(
+        replies[0].lines.iter().any(|l| l == "control_connections_tcp 64"),
+        "{replies:?}"
+    );
+    assert_eq!(replies[1].code.code(), 201, "{replies:?}");
+    assert_eq!(replies[2].code.code(), 403, "{replies:?}");
+    assert!(replies[2].text.contains("outside the roots"), "{replies:?}");
+}
+
+#[test]
+fn detached_opens_without_the_token_are_refused_and_stale_streams_expire() {
+    let mut cfg = config();
+    cfg.control.pending_timeout_ms = 300;
+    cfg.control.streams_per_connection_max = 8;
+    let f = start_with(cfg);
+    let src = f.path("small.txt");
+    let open = format!("OPEN file:{} tcp://127.0.0.1:9 DETACHED", src.display());
+    let mut anon = Ctl::connect(f.control());
+    for _ in 0..1100 {
+        assert_eq!(anon.cmd(&open).code.code(), 401);
+    }
+    let mut c = Ctl::authed(f.control());
+    let stats = c.cmd("STATS");
+    assert!(stats.lines.iter().any(|l| l == "streams 0"), "{stats:?}");
+    // With the token: at most streams_per_connection_max at once.
+    for i in 0..8 {
+        assert_eq!(c.cmd(&open).code.code(), 201, "open {i}");
+    }
+    let ninth = c.cmd(&open);
+    assert_eq!(ninth.code.code(), 503, "{ninth:?}");
+    assert!(ninth.text.contains("streams_per_connection_max"), "{ninth:?}");
+    // Never started: gone after pending_timeout_ms, places and reservations back.
+    let mut expired = false;
+    for _ in 0..500 {
+        let stats = c.cmd("STATS");
+        if stats.lines.iter().any(|l| l == "streams 0") {
+            assert!(stats.lines.iter().any(|l| l == "admitted 0"), "{stats:?}");
+            expired = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(expired, "pending streams did not expire");
+    assert_eq!(c.cmd(&open).code.code(), 201);
+}
+
+#[test]
+fn wrong_tokens_close_the_connection_and_silent_strangers_are_dropped() {
+    let f = start();
+    let mut c = Ctl::connect(f.control());
+    assert_eq!(c.cmd("AUTH wrong-token-number-1").code.code(), 403);
+    assert_eq!(c.cmd("AUTH wrong-token-number-2").code.code(), 403);
+    let last = c.cmd("AUTH wrong-token-number-3");
+    assert_eq!(last.code.code(), 403);
+    assert!(last.text.contains("closing"), "{last:?}");
+    let mut rest = String::new();
+    let _ = c.r.read_to_string(&mut rest);
+    assert_eq!(rest, "", "the connection stayed open");
+    // An anonymous connection that never authenticates is closed after auth_timeout_ms.
+    let mut cfg = config();
+    cfg.control.auth_timeout_ms = 300;
+    let f = start_with(cfg);
+    let mut s = TcpStream::connect(f.control()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut bye = String::new();
+    let _ = s.read_to_string(&mut bye);
+    assert!(bye.starts_with("421 authentication timeout"), "{bye:?}");
+}
+
+#[test]
+fn a_file_target_is_created_only_beneath_a_write_root_and_cut_only_when_asked() {
+    let rec = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let victim = outside.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, rec.path().join("link")).unwrap();
+    let mut cfg = config();
+    cfg.control.write_roots = vec![rec.path().to_path_buf()];
+    let f = start_with(cfg);
+    let src = f.path("small.txt");
+    let mut c = Ctl::authed(f.control());
+    let copy = |c: &mut Ctl, dst: &str| -> (Reply, Option<Reply>) {
+        let o = c.cmd(&format!("OPEN file:{} {dst}", src.display()));
+        match o.stream_id() {
+            Some(id) => {
+                let st = c.cmd(&format!("START {id}"));
+                let done = (st.code.code() == 200).then(|| wait_done(c, id));
+                (st, done)
+            }
+            None => (o, None),
+        }
+    };
+    let out = rec.path().join("out.bin");
+    let (st, _) = copy(&mut c, &format!("file:{}", out.display()));
+    assert_eq!(st.code.code(), 200, "{st:?}");
+    assert_eq!(std::fs::read(&out).unwrap(), pattern(1000, 1));
+    // Exists: refused unless TRUNCATE.
+    let (st, _) = copy(&mut c, &format!("file:{}", out.display()));
+    assert_eq!(st.code.code(), 500, "{st:?}");
+    assert!(st.text.contains("TRUNCATE"), "{st:?}");
+    let (st, _) = copy(&mut c, &format!("file:{} TRUNCATE", out.display()));
+    assert_eq!(st.code.code(), 200, "{st:?}");
+    assert_eq!(std::fs::read(&out).unwrap(), pattern(1000, 1));
+    // Through a planted link, or outside the write root: refused, nothing written.
+    for dst in [
+        format!("file:{} TRUNCATE", rec.path().join("link").display()),
+        format!("file:{}", rec.path().join("link").display()),
+        format!("file:{} TRUNCATE", victim.display()),
+        format!("file:{}", f.path("new.bin").display()),
+    ] {
+        let (st, _) = copy(&mut c, &dst);
+        assert_eq!(st.code.code(), 403, "{dst}: {st:?}");
+    }
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(!f.path("new.bin").exists());
+}
+
+#[test]
+fn stats_answers_while_a_listening_stream_waits_for_its_peer() {
+    let f = start();
+    let src = f.path("big.bin");
+    let mut c = Ctl::authed(f.control());
+    let id = c
+        .cmd(&format!("OPEN file:{} tcp-listen://127.0.0.1:0", src.display()))
+        .stream_id()
+        .unwrap();
+    let started = c.cmd(&format!("START {id}"));
+    assert_eq!(started.code.code(), 200, "{started:?}");
+    let addr = started.text.rsplit(' ').next().unwrap().to_string();
+    let st = c.cmd(&format!("STATE {id}"));
+    assert!(st.lines[0].contains(" waiting "), "{st:?}");
+    // Another connection's STATS and STATE * answer while the peer is awaited.
+    let mut other = Ctl::authed(f.control());
+    let t = std::time::Instant::now();
+    assert_eq!(other.cmd("STATS").code.code(), 212);
+    assert_eq!(other.cmd("STATE *").code.code(), 211);
+    eprintln!("STATS and STATE * while a listener waits: {:?}", t.elapsed());
+    // The peer arrives: the stream runs and delivers the file.
+    let mut peer = TcpStream::connect(&addr).unwrap();
+    let mut got = Vec::new();
+    peer.read_to_end(&mut got).unwrap();
+    assert_eq!(got, pattern(3 << 20, 3));
+    let done = wait_done(&mut c, id);
+    assert!(done.lines[0].contains(" done "), "{done:?}");
+    // CLOSE stops a wait at once; its port is free again.
+    let id = c
+        .cmd(&format!("OPEN file:{} tcp-listen://127.0.0.1:0", src.display()))
+        .stream_id()
+        .unwrap();
+    let started = c.cmd(&format!("START {id}"));
+    let addr = started.text.rsplit(' ').next().unwrap().to_string();
+    assert_eq!(c.cmd(&format!("CLOSE {id}")).code.code(), 200);
+    let mut freed = false;
+    for _ in 0..100 {
+        if TcpListener::bind(&addr).is_ok() {
+            freed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(freed, "the listener of a closed stream still holds {addr}");
+}

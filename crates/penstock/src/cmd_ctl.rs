@@ -22,7 +22,8 @@ pub struct CtlArgs {
     #[arg(long)]
     pub token: Option<String>,
     /// Read the token from this file (default over TCP: the token file of a server started
-    /// with the default control socket, when it exists and is readable).
+    /// with the default control socket, when it exists and is readable). An empty file
+    /// (`/dev/null`): no token.
     #[arg(long)]
     pub token_file: Option<std::path::PathBuf>,
 }
@@ -74,7 +75,7 @@ pub fn run(a: CtlArgs) -> Result<i32> {
         r.get_mut().write_all(format!("{line}\n").as_bytes())?;
         read_reply(r)
     };
-    if let Some(t) = token(&a)? {
+    if let Some(t) = token(&a)?.filter(|t| !t.is_empty()) {
         let reply = send(&mut r, &format!("AUTH {t}"))?;
         if !reply.code.is_success() {
             print!("{reply}");

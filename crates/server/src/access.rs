@@ -71,7 +71,7 @@ impl Dir {
 }
 
 /// The endpoint policy of the control protocol.
-pub(crate) struct Access {
+pub struct Access {
     read: Vec<Dir>,
     write: Vec<Dir>,
     devices: Vec<PathBuf>,
@@ -84,15 +84,21 @@ pub(crate) struct Access {
 impl std::fmt::Debug for Access {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Access")
-            .field("read", &self.read.iter().map(|d| &d.path).collect::<Vec<_>>())
-            .field("write", &self.write.iter().map(|d| &d.path).collect::<Vec<_>>())
+            .field(
+                "read",
+                &self.read.iter().map(|d| &d.path).collect::<Vec<_>>(),
+            )
+            .field(
+                "write",
+                &self.write.iter().map(|d| &d.path).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
 
 /// Why a control stream may not use an endpoint, or could not open it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum Denied {
+pub enum Denied {
     /// Not permitted by the configuration (403).
     #[error("not permitted: {0}")]
     Forbidden(String),
@@ -102,16 +108,17 @@ pub(crate) enum Denied {
 }
 
 /// An endpoint opened as far as it opens without a peer.
-pub(crate) enum Prepared {
+pub enum Prepared {
     Ready(Opened),
     Listening(Listener),
 }
 
 /// A bound listening endpoint waiting for its one peer.
-pub(crate) struct Listener {
+pub struct Listener {
     kind: ListenerKind,
     label: String,
-    pub(crate) addr: String,
+    /// Where it listens (`HOST:PORT`, or `unix:PATH`).
+    pub addr: String,
 }
 
 enum ListenerKind {
@@ -132,11 +139,7 @@ const ACCEPT_SLICE: Duration = Duration::from_millis(100);
 impl Listener {
     /// Waits for the peer until `deadline`, giving up as soon as `give_up()` says so
     /// (a `CLOSE`, the server stopping).
-    pub(crate) fn accept(
-        self,
-        deadline: Instant,
-        give_up: &dyn Fn() -> bool,
-    ) -> Result<Opened, Denied> {
+    pub fn accept(self, deadline: Instant, give_up: &dyn Fn() -> bool) -> Result<Opened, Denied> {
         loop {
             if give_up() {
                 return Err(Denied::Failed(format!(
@@ -211,8 +214,9 @@ fn plain(path: &Path) -> bool {
 
 impl Access {
     /// Opens the configured roots (`served_root` when `read_roots` is empty).
-    pub(crate) fn new(cfg: &ControlConfig, served_root: &Path) -> io::Result<Access> {
-        let with = |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
+    pub fn new(cfg: &ControlConfig, served_root: &Path) -> io::Result<Access> {
+        let with =
+            |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
         let read_paths: Vec<PathBuf> = if cfg.read_roots.is_empty() {
             vec![std::path::absolute(served_root)?]
         } else {
@@ -291,7 +295,7 @@ impl Access {
 
     /// Whether a client may name `ep` in this role (at `OPEN`; addresses given as names are
     /// checked again, resolved, at `START`).
-    pub(crate) fn check(&self, ep: &Endpoint, role: Role) -> Result<(), Denied> {
+    pub fn check(&self, ep: &Endpoint, role: Role) -> Result<(), Denied> {
         match ep {
             Endpoint::File { path } => {
                 if self.is_device(path) {
@@ -378,12 +382,7 @@ impl Access {
     /// Opens `ep` as far as it opens without waiting for a peer (at `START`): files,
     /// devices, volumes, connected sockets (within `connect_timeout_ms`), bound datagram
     /// sockets; a listening stream socket is bound and returned to wait on.
-    pub(crate) fn prepare(
-        &self,
-        ep: &Endpoint,
-        role: Role,
-        truncate: bool,
-    ) -> Result<Prepared, Denied> {
+    pub fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied> {
         self.check(ep, role)?;
         let label = ep.to_string();
         let failed = |e: &dyn std::fmt::Display| Denied::Failed(format!("{label}: {e}"));
@@ -401,7 +400,9 @@ impl Access {
                         path.display()
                     )));
                 }
-                Ok(Prepared::Ready(classify_file(f, label.clone()).map_err(|e| failed(&e))?))
+                Ok(Prepared::Ready(
+                    classify_file(f, label.clone()).map_err(|e| failed(&e))?,
+                ))
             }
             Endpoint::File { path } => {
                 let (dir, rel) = self.locate(path, role)?;
@@ -423,7 +424,11 @@ impl Access {
                         }
                     },
                     Role::Target => {
-                        let how = if truncate { Create::Truncate } else { Create::New };
+                        let how = if truncate {
+                            Create::Truncate
+                        } else {
+                            Create::New
+                        };
                         dir.root.create_file(&rel, how).map_err(refused)?
                     }
                 };
@@ -431,7 +436,9 @@ impl Access {
                 let fl = rustix::fs::fcntl_getfl(&file).map_err(|e| failed(&e))?;
                 rustix::fs::fcntl_setfl(&file, fl - rustix::fs::OFlags::NONBLOCK)
                     .map_err(|e| failed(&e))?;
-                Ok(Prepared::Ready(classify_file(file, label.clone()).map_err(|e| failed(&e))?))
+                Ok(Prepared::Ready(
+                    classify_file(file, label.clone()).map_err(|e| failed(&e))?,
+                ))
             }
             Endpoint::TcpConnect {
                 host,
@@ -510,7 +517,11 @@ impl Access {
         use socket2::{Domain, Protocol, Socket, Type};
         let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
         for a in addrs {
-            let s = Socket::new(Domain::for_address(*a), Type::STREAM.cloexec(), Some(Protocol::TCP))?;
+            let s = Socket::new(
+                Domain::for_address(*a),
+                Type::STREAM.cloexec(),
+                Some(Protocol::TCP),
+            )?;
             if let Some(lp) = local_port {
                 let any: SocketAddr = if a.is_ipv4() {
                     ([0, 0, 0, 0], lp).into()
@@ -571,7 +582,9 @@ mod tests {
             ));
         }
         // No write root: every file target is refused.
-        let e = a.check(&file(r.path().join("x")), Role::Target).unwrap_err();
+        let e = a
+            .check(&file(r.path().join("x")), Role::Target)
+            .unwrap_err();
         assert!(e.to_string().contains("write_roots is empty"), "{e}");
         assert!(a.check(&Endpoint::Stdio, Role::Source).is_err());
         assert!(a.check(&Endpoint::Stdio, Role::Target).is_err());
@@ -583,9 +596,15 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", r.path().join("pw")).unwrap();
         let a = access(r.path(), None);
         let up = r.path().join("../../etc/passwd");
-        assert!(matches!(a.check(&file(&up), Role::Source), Err(Denied::Forbidden(_))));
+        assert!(matches!(
+            a.check(&file(&up), Role::Source),
+            Err(Denied::Forbidden(_))
+        ));
         assert!(a.prepare(&file(up), Role::Source, false).is_err());
-        assert!(a.prepare(&file(r.path().join("pw")), Role::Source, false).is_err());
+        assert!(
+            a.prepare(&file(r.path().join("pw")), Role::Source, false)
+                .is_err()
+        );
     }
 
     #[test]
@@ -596,7 +615,10 @@ mod tests {
             host: Host::Ip("0.0.0.0".parse().unwrap()),
             port: 0,
         };
-        assert!(matches!(a.check(&any, Role::Source), Err(Denied::Forbidden(_))));
+        assert!(matches!(
+            a.check(&any, Role::Source),
+            Err(Denied::Forbidden(_))
+        ));
         let lo = Endpoint::TcpListen {
             host: Host::Ip("127.0.0.1".parse().unwrap()),
             port: 0,

@@ -42,11 +42,14 @@ const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// A wrong token's reply waits this long times the connection's failures so far.
 const AUTH_FAIL_DELAY: Duration = Duration::from_millis(250);
 
-pub(crate) struct ControlShared {
+/// The control server's shared state: the stream table, the configuration, the token.
+pub struct ControlShared {
     pub(crate) streams: Arc<Streams>,
     pub(crate) config: ControlConfig,
     pub(crate) token: String,
     pub(crate) stop: AtomicBool,
+    /// A wrong token's reply waits this long times the connection's failures so far.
+    auth_fail_delay: Duration,
     tcp_conns: AtomicUsize,
     unix_conns: AtomicUsize,
     next_conn: AtomicU64,
@@ -56,7 +59,7 @@ pub(crate) struct ControlShared {
 }
 
 impl ControlShared {
-    pub(crate) fn new(
+    pub fn new(
         streams: Arc<Streams>,
         config: ControlConfig,
         token: String,
@@ -72,11 +75,28 @@ impl ControlShared {
             next_conn: AtomicU64::new(1),
             own_uid: rustix::process::geteuid().as_raw(),
             http_connections,
+            auth_fail_delay: AUTH_FAIL_DELAY,
         }
     }
 
+    /// The same with another delay after a wrong token (tests and the session fuzz target
+    /// use 0).
+    pub fn with_auth_fail_delay(mut self, d: Duration) -> ControlShared {
+        self.auth_fail_delay = d;
+        self
+    }
+
+    /// The stream table.
+    pub fn streams(&self) -> &Arc<Streams> {
+        &self.streams
+    }
+
     fn conns(&self, unix: bool) -> &AtomicUsize {
-        if unix { &self.unix_conns } else { &self.tcp_conns }
+        if unix {
+            &self.unix_conns
+        } else {
+            &self.tcp_conns
+        }
     }
 }
 
@@ -121,7 +141,9 @@ impl Peer {
             Peer::Tcp(..) => Identity::Anonymous,
             Peer::Unix(s) => match rustix::net::sockopt::socket_peercred(s) {
                 Ok(c) if config.unix_peer_allowed(c.uid.as_raw(), c.gid.as_raw(), own_uid) => {
-                    Identity::Peer { uid: c.uid.as_raw() }
+                    Identity::Peer {
+                        uid: c.uid.as_raw(),
+                    }
                 }
                 _ => Identity::Anonymous,
             },
@@ -243,7 +265,9 @@ fn accept_loop<L: AsFd>(
                 last_error = e.to_string();
                 let until = Instant::now() + shared.config.accept_backoff();
                 while Instant::now() < until && !shared.stop.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_millis(POLL_MS).min(shared.config.accept_backoff()));
+                    std::thread::sleep(
+                        Duration::from_millis(POLL_MS).min(shared.config.accept_backoff()),
+                    );
                 }
                 continue;
             }
@@ -286,10 +310,48 @@ fn token_matches(given: &str, token: &str) -> bool {
 }
 
 /// A connection's own state between commands.
-struct Session {
+#[derive(Debug)]
+pub struct Session {
     caller: Caller,
     auth_failures: u32,
     peer: String,
+}
+
+impl Session {
+    /// Connection `conn`, known as `identity` before any `AUTH`; `peer` names it in logs.
+    pub fn new(conn: u64, identity: Identity, peer: String) -> Session {
+        Session {
+            caller: Caller { conn, identity },
+            auth_failures: 0,
+            peer,
+        }
+    }
+
+    pub fn identity(&self) -> Identity {
+        self.caller.identity
+    }
+
+    /// The connection's number (its streams' owner).
+    pub fn conn(&self) -> u64 {
+        self.caller.conn
+    }
+}
+
+/// Answers one command line of `session` (without its line ending): the reply, and whether
+/// the connection is to be closed after it.
+pub fn handle_line(
+    shared: &Arc<ControlShared>,
+    session: &mut Session,
+    line: &[u8],
+) -> (Reply, bool) {
+    let limits = Limits {
+        line_bytes_max: shared.config.line_bytes_max,
+        ..Limits::default()
+    };
+    match parse_command_bytes(line, &limits) {
+        Ok(cmd) => execute(shared, session, cmd),
+        Err(e) => (e.to_reply(), matches!(e, ControlError::LineTooLong { .. })),
+    }
 }
 
 fn serve(shared: &Arc<ControlShared>, mut peer: Peer, conn: u64) {
@@ -307,11 +369,7 @@ fn serve(shared: &Arc<ControlShared>, mut peer: Peer, conn: u64) {
         line_bytes_max: shared.config.line_bytes_max,
         ..Limits::default()
     };
-    let mut session = Session {
-        caller: Caller { conn, identity },
-        auth_failures: 0,
-        peer: peer.describe(),
-    };
+    let mut session = Session::new(conn, identity, peer.describe());
     let connected = Instant::now();
     let mut last_command = Instant::now();
     let mut buf: Vec<u8> = Vec::with_capacity(512);
@@ -324,10 +382,7 @@ fn serve(shared: &Arc<ControlShared>, mut peer: Peer, conn: u64) {
                 Ok(None) => break,
                 Ok(Some((line, consumed))) => {
                     last_command = Instant::now();
-                    let (reply, close) = match parse_command_bytes(line, &limits) {
-                        Ok(cmd) => execute(shared, &mut session, cmd),
-                        Err(e) => (e.to_reply(), matches!(e, ControlError::LineTooLong { .. })),
-                    };
+                    let (reply, close) = handle_line(shared, &mut session, line);
                     (reply, consumed, close)
                 }
                 Err(e) => (e.to_reply(), buf.len(), true),
@@ -398,7 +453,7 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
             let n = session.auth_failures;
             tracing::warn!(peer = %session.peer, failures = n, "control: wrong token");
             // Slower each time (guessing costs time), bounded by the few tries allowed.
-            std::thread::sleep(AUTH_FAIL_DELAY * n.min(8));
+            std::thread::sleep(shared.auth_fail_delay * n.min(8));
             let last = n >= shared.config.auth_failures_max;
             let text = if last {
                 format!("wrong token ({n} tries): closing")

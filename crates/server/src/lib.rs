@@ -25,10 +25,10 @@
 //! What is absent: TLS, request bodies (GET and HEAD only), HTTP/2, directory listings.
 #![forbid(unsafe_code)]
 
-mod access;
+pub mod access;
 pub mod config;
 pub mod confine;
-mod control;
+pub mod control;
 mod http;
 pub mod metrics;
 pub mod private;
@@ -154,10 +154,11 @@ impl Server {
                 source,
             })?;
 
-        let access = access::Access::new(&cfg.control, root).map_err(|source| ServerError::Root {
-            path: root.to_path_buf(),
-            source,
-        })?;
+        let access =
+            access::Access::new(&cfg.control, root).map_err(|source| ServerError::Root {
+                path: root.to_path_buf(),
+                source,
+            })?;
         let (token, token_file) = match &cfg.control.token {
             Some(t) => (t.clone(), None),
             None => {
@@ -212,10 +213,12 @@ impl Server {
             None => None,
         };
         let streams = Arc::new(streams::Streams::new(
-            engine.clone(),
+            Box::new(streams::EngineBackend {
+                engine: engine.clone(),
+                access,
+            }),
             admission,
             metrics.clone(),
-            access,
             cfg.control.clone(),
         ));
         let http_for_stats = shared.clone();

@@ -55,10 +55,122 @@ use penstock_core::stream::{DataPath, Extent, PathChoice};
 use penstock_core::units::Rate;
 use penstock_driver::open::Opened;
 use penstock_driver::{
-    Engine, LatenessCounts, StreamError, StreamHandle, StreamReport, StreamSpec,
+    CounterSnapshot, Engine, LatenessCounts, StreamError, StreamHandle, StreamReport, StreamSpec,
 };
 
 use crate::access::{Access, Denied, Prepared};
+
+/// What the table needs of the world: endpoint policy and opening, and an engine to run
+/// streams. [`EngineBackend`] is the real one; tests and the session fuzz target
+/// (`fuzz/fuzz_targets/control_session.rs`) use a fake.
+pub trait Backend: Send + Sync {
+    /// Whether a client may name `ep` in this role (at `OPEN`).
+    fn check(&self, ep: &Endpoint, role: Role) -> Result<(), Denied>;
+    /// Opens `ep` as far as it opens without a peer (at `START`).
+    fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied>;
+    /// Starts a stream between opened endpoints.
+    fn start(
+        &self,
+        spec: StreamSpec,
+        source: Opened,
+        target: Opened,
+    ) -> Result<Box<dyn RunningStream>, StreamError>;
+    /// The largest unit a paced stream may have.
+    fn buffer_bytes(&self) -> usize;
+    /// Whether `path=uring` can be honoured.
+    fn uring_available(&self) -> bool;
+}
+
+impl<T: Backend + ?Sized> Backend for Arc<T> {
+    fn check(&self, ep: &Endpoint, role: Role) -> Result<(), Denied> {
+        (**self).check(ep, role)
+    }
+    fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied> {
+        (**self).prepare(ep, role, truncate)
+    }
+    fn start(
+        &self,
+        spec: StreamSpec,
+        source: Opened,
+        target: Opened,
+    ) -> Result<Box<dyn RunningStream>, StreamError> {
+        (**self).start(spec, source, target)
+    }
+    fn buffer_bytes(&self) -> usize {
+        (**self).buffer_bytes()
+    }
+    fn uring_available(&self) -> bool {
+        (**self).uring_available()
+    }
+}
+
+/// A started stream, as the table drives it (the engine's [`StreamHandle`]).
+pub trait RunningStream: Send {
+    fn counters(&self) -> CounterSnapshot;
+    fn lateness(&self) -> LatenessCounts;
+    fn pause(&self);
+    fn resume(&self);
+    fn is_paused(&self) -> bool;
+    fn cancel(&self);
+    fn wait_timeout(&self, timeout: Duration) -> Option<Result<StreamReport, StreamError>>;
+}
+
+impl RunningStream for StreamHandle {
+    fn counters(&self) -> CounterSnapshot {
+        StreamHandle::counters(self)
+    }
+    fn lateness(&self) -> LatenessCounts {
+        StreamHandle::lateness(self)
+    }
+    fn pause(&self) {
+        StreamHandle::pause(self)
+    }
+    fn resume(&self) {
+        StreamHandle::resume(self)
+    }
+    fn is_paused(&self) -> bool {
+        StreamHandle::is_paused(self)
+    }
+    fn cancel(&self) {
+        StreamHandle::cancel(self)
+    }
+    fn wait_timeout(&self, timeout: Duration) -> Option<Result<StreamReport, StreamError>> {
+        StreamHandle::wait_timeout(self, timeout)
+    }
+}
+
+/// The real backend: the engine, and endpoints confined by [`Access`].
+pub struct EngineBackend {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) access: Access,
+}
+
+impl Backend for EngineBackend {
+    fn check(&self, ep: &Endpoint, role: Role) -> Result<(), Denied> {
+        self.access.check(ep, role)
+    }
+    fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied> {
+        self.access.prepare(ep, role, truncate)
+    }
+    fn start(
+        &self,
+        spec: StreamSpec,
+        source: Opened,
+        target: Opened,
+    ) -> Result<Box<dyn RunningStream>, StreamError> {
+        self.engine
+            .open_opened(spec, source, target)
+            .map(|h| Box::new(h) as Box<dyn RunningStream>)
+    }
+    fn buffer_bytes(&self) -> usize {
+        self.engine.config().buffer_bytes
+    }
+    fn uring_available(&self) -> bool {
+        self.engine.info().uring.is_ok()
+    }
+}
+
+type Handle = Box<dyn RunningStream>;
 use crate::config::ControlConfig;
 use crate::metrics::{Metrics, PoolLabel, ResourceLabel};
 
@@ -100,20 +212,22 @@ struct Ends {
 enum Run {
     Pending,
     /// `START` is opening the endpoints (no lock held); `cancel` stops it.
-    Starting { cancel: Arc<AtomicBool> },
+    Starting {
+        cancel: Arc<AtomicBool>,
+    },
     /// A listening endpoint waits for its peer on `on`; `cancel` stops the wait.
     Waiting {
         cancel: Arc<AtomicBool>,
         on: String,
     },
     Running {
-        handle: StreamHandle,
+        handle: Handle,
         ends: Ends,
     },
     /// Paused in the engine (`handle`: the stream and its schedule are kept), or stopped by
     /// an edit (`None`: its bytes are folded into the offset; RESUME restarts it there).
     Paused {
-        handle: Option<StreamHandle>,
+        handle: Option<Handle>,
         ends: Ends,
     },
     Done,
@@ -157,7 +271,7 @@ struct Entry {
 
 impl Entry {
     /// The engine stream of a running or engine-paused entry.
-    fn handle(&self) -> Option<&StreamHandle> {
+    fn handle(&self) -> Option<&Handle> {
         match &self.run {
             Run::Running { handle, .. } => Some(handle),
             Run::Paused { handle, .. } => handle.as_ref(),
@@ -176,7 +290,7 @@ impl Entry {
 
     /// Adds the current engine stream's new lateness counts to the metrics.
     fn feed_lateness(&mut self, metrics: &Metrics) {
-        if let Some(now) = self.handle().map(StreamHandle::lateness) {
+        if let Some(now) = self.handle().map(|h| h.lateness()) {
             metrics.add_lateness(&now, &mut self.lateness_seen);
         }
     }
@@ -249,12 +363,11 @@ struct Slot {
 
 /// The table, shared by every control connection.
 pub struct Streams {
-    engine: Arc<Engine>,
+    backend: Box<dyn Backend>,
     admission: Mutex<Admission>,
     table: Mutex<HashMap<u64, Slot>>,
     next_id: AtomicU64,
     metrics: Arc<Metrics>,
-    access: Access,
     config: ControlConfig,
     /// Set at shutdown: waiters stop waiting.
     stopping: AtomicBool,
@@ -294,11 +407,11 @@ fn dup(o: &Opened) -> std::io::Result<Opened> {
 /// Starts (or restarts, after an edit while paused) the engine stream of `e` on dups of its
 /// endpoints, at its offset.
 fn run(
-    engine: &Engine,
+    backend: &dyn Backend,
     e: &mut Entry,
     ends: &Ends,
     send_timeout: Option<Duration>,
-) -> Result<StreamHandle, String> {
+) -> Result<Handle, String> {
     e.lateness_seen = LatenessCounts::default();
     let mut spec = StreamSpec::new(e.src.clone(), e.dst.clone());
     spec.extent = Extent {
@@ -309,19 +422,19 @@ fn run(
         .unit_bytes
         .map_or(0, |u| usize::try_from(u).unwrap_or(usize::MAX));
     spec.path = engine_path(e.path);
-    spec.schedule = schedule_of(engine, e)?;
+    spec.schedule = schedule_of(backend, e)?;
     // TODO(helper): spec.send_timeout = send_timeout;
     let _ = send_timeout;
     let source = dup(&ends.source).map_err(|x| x.to_string())?;
     let target = dup(&ends.target).map_err(|x| x.to_string())?;
-    engine
-        .open_opened(spec, source, target)
+    backend
+        .start(spec, source, target)
         .map_err(|x| x.to_string())
 }
 
 /// The engine schedule for an entry's RATE or SCHEDULE (units default to 1316 bytes: seven
 /// MPEG-TS packets); `None` for a burst stream. Checked against the engine's buffer size.
-fn schedule_of(engine: &Engine, e: &Entry) -> Result<Option<Schedule>, String> {
+fn schedule_of(backend: &dyn Backend, e: &Entry) -> Result<Option<Schedule>, String> {
     let unit_bytes = e.unit_bytes.unwrap_or(1316);
     let spec = match (&e.rate, &e.schedule) {
         (None, None) => return Ok(None),
@@ -335,7 +448,7 @@ fn schedule_of(engine: &Engine, e: &Entry) -> Result<Option<Schedule>, String> {
             unit_bytes,
         },
     };
-    let limits = ScheduleLimits::new(engine.config().buffer_bytes as u64);
+    let limits = ScheduleLimits::new(backend.buffer_bytes() as u64);
     Schedule::new(&spec, &limits)
         .map(Some)
         .map_err(|x| x.to_string())
@@ -343,7 +456,7 @@ fn schedule_of(engine: &Engine, e: &Entry) -> Result<Option<Schedule>, String> {
 
 /// Stops the engine stream of a paused entry and folds what it sent into the entry's offset
 /// (before an edit).
-fn suspend(e: &mut Entry, handle: StreamHandle, metrics: &Metrics) -> Result<(), String> {
+fn suspend(e: &mut Entry, handle: Handle, metrics: &Metrics) -> Result<(), String> {
     handle.cancel();
     // The report comes only after every in-flight operation completed, so the counters read
     // then are final. (The `Cancelled` error's own count is taken when the cancel is seen,
@@ -369,12 +482,11 @@ fn suspend(e: &mut Entry, handle: StreamHandle, metrics: &Metrics) -> Result<(),
 }
 
 impl Streams {
-    /// The table over `engine`, with `config`'s limits, its endpoints confined by `access`.
-    pub(crate) fn new(
-        engine: Arc<Engine>,
+    /// The table over `backend`, with `config`'s limits.
+    pub fn new(
+        backend: Box<dyn Backend>,
         admission: Admission,
         metrics: Arc<Metrics>,
-        access: Access,
         config: ControlConfig,
     ) -> Streams {
         let total = admission.rt_capacity().buffers;
@@ -385,12 +497,11 @@ impl Streams {
             })
             .set(i64::from(total));
         Streams {
-            engine,
+            backend,
             admission: Mutex::new(admission),
             table: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             metrics,
-            access,
             config,
             stopping: AtomicBool::new(false),
         }
@@ -491,7 +602,7 @@ impl Streams {
             Err(e) => return Reply::new(ReplyCode::BAD_SYNTAX, format!("target: {e}")),
         };
         for (ep, role) in [(&src, Role::Source), (&dst, Role::Target)] {
-            if let Err(d) = self.access.check(ep, role) {
+            if let Err(d) = self.backend.check(ep, role) {
                 self.metrics
                     .admission_refusals
                     .get_or_create(&ResourceLabel {
@@ -501,7 +612,7 @@ impl Streams {
                 return Self::denied_reply(d);
             }
         }
-        if spec.path == Some(CtlPath::Uring) && self.engine.info().uring.is_err() {
+        if spec.path == Some(CtlPath::Uring) && !self.backend.uring_available() {
             return Reply::new(
                 ReplyCode::NOT_IMPLEMENTED,
                 "path=uring: io_uring is not available here",
@@ -682,9 +793,10 @@ impl Streams {
             };
             (e.src.clone(), e.dst.clone(), e.truncate)
         };
-        let prepared = self.access.prepare(&src, Role::Source, false).and_then(|s| {
-            Ok((s, self.access.prepare(&dst, Role::Target, truncate)?))
-        });
+        let prepared = self
+            .backend
+            .prepare(&src, Role::Source, false)
+            .and_then(|s| Ok((s, self.backend.prepare(&dst, Role::Target, truncate)?)));
         let (source, target) = match prepared {
             Ok(p) => p,
             Err(d) => {
@@ -749,8 +861,7 @@ impl Streams {
         target: Prepared,
         deadline: Instant,
     ) {
-        let give_up =
-            || cancel.load(Ordering::Acquire) || self.stopping.load(Ordering::Acquire);
+        let give_up = || cancel.load(Ordering::Acquire) || self.stopping.load(Ordering::Acquire);
         let accept = |p: Prepared| match p {
             Prepared::Ready(o) => Ok(o),
             Prepared::Listening(l) => l.accept(deadline, &give_up),
@@ -774,13 +885,15 @@ impl Streams {
     fn launch(&self, entry: &Mutex<Entry>, cancel: &AtomicBool, ends: Ends) -> Reply {
         let mut e = lock(entry);
         let id = e.id;
-        if cancel.load(Ordering::Acquire) || !matches!(e.run, Run::Starting { .. } | Run::Waiting { .. }) {
+        if cancel.load(Ordering::Acquire)
+            || !matches!(e.run, Run::Starting { .. } | Run::Waiting { .. })
+        {
             return Reply::new(
                 ReplyCode::NO_SUCH_STREAM,
                 format!("stream {id} was closed while starting"),
             );
         }
-        match run(&self.engine, &mut e, &ends, self.config.send_timeout()) {
+        match run(&*self.backend, &mut e, &ends, self.config.send_timeout()) {
             Ok(handle) => {
                 self.metrics.streams_active.inc();
                 e.run = Run::Running { handle, ends };
@@ -798,7 +911,9 @@ impl Streams {
     /// closed meanwhile, which did both).
     fn start_failed(&self, entry: &Mutex<Entry>, cancel: &AtomicBool, why: String) {
         let mut e = lock(entry);
-        if cancel.load(Ordering::Acquire) || !matches!(e.run, Run::Starting { .. } | Run::Waiting { .. }) {
+        if cancel.load(Ordering::Acquire)
+            || !matches!(e.run, Run::Starting { .. } | Run::Waiting { .. })
+        {
             return;
         }
         e.run = Run::Failed(why);
@@ -873,22 +988,19 @@ impl Streams {
                 e.run = Run::Running { handle, ends };
                 Reply::ok("resumed")
             }
-            Run::Paused { handle: None, ends } => match run(
-                &self.engine,
-                &mut e,
-                &ends,
-                self.config.send_timeout(),
-            ) {
-                Ok(handle) => {
-                    self.metrics.streams_active.inc();
-                    e.run = Run::Running { handle, ends };
-                    Reply::ok("resumed")
+            Run::Paused { handle: None, ends } => {
+                match run(&*self.backend, &mut e, &ends, self.config.send_timeout()) {
+                    Ok(handle) => {
+                        self.metrics.streams_active.inc();
+                        e.run = Run::Running { handle, ends };
+                        Reply::ok("resumed")
+                    }
+                    Err(err) => {
+                        e.run = Run::Failed(err.clone());
+                        Reply::new(ReplyCode::INTERNAL_ERROR, err)
+                    }
                 }
-                Err(err) => {
-                    e.run = Run::Failed(err.clone());
-                    Reply::new(ReplyCode::INTERNAL_ERROR, err)
-                }
-            },
+            }
             other => {
                 e.run = other;
                 Reply::new(
@@ -972,8 +1084,10 @@ impl Streams {
 
     /// `STATS` lines (the control server adds its own).
     pub fn stats_lines(&self) -> Vec<String> {
-        let entries: Vec<Arc<Mutex<Entry>>> =
-            lock(&self.table).values().map(|s| s.entry.clone()).collect();
+        let entries: Vec<Arc<Mutex<Entry>>> = lock(&self.table)
+            .values()
+            .map(|s| s.entry.clone())
+            .collect();
         let mut counts = [0usize; 5];
         for e in &entries {
             let i = match lock(e).run {
@@ -1160,10 +1274,6 @@ impl Streams {
                 let _ = handle.wait_timeout(left);
             }
         }
-    }
-
-    pub fn engine(&self) -> &Engine {
-        &self.engine
     }
 }
 

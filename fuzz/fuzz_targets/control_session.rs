@@ -1,0 +1,241 @@
+#![no_main]
+//! Sequences of control-protocol commands from several connections against one stream
+//! table, over a fake backend (no files, no sockets, no engine threads): the session layer
+//! (identity, AUTH, limits, the stream states, admission bookkeeping) must never panic, never
+//! hang on its locks (libFuzzer's -timeout catches a stuck lock), and keep its books:
+//! after every step, the admitted streams are exactly those pending, running or paused.
+//!
+//! Input: lines. A line's first byte picks the connection (low 2 bits) and what happens
+//! (next 3 bits): 0-4 the rest of the line is a command; 5 the reaper runs; 6 the connection
+//! ends (its non-detached streams close) and a new one takes its place; 7 every running
+//! stream of the fake backend moves on by a step.
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use libfuzzer_sys::fuzz_target;
+use penstock_core::endpoint::{Endpoint, Role};
+use penstock_core::stream::{CachePolicy, DataPath, IoKind};
+use penstock_driver::open::Opened;
+use penstock_driver::{CounterSnapshot, LatenessCounts, StreamError, StreamReport, StreamSpec};
+use penstock_server::access::{Denied, Prepared};
+use penstock_server::config::ControlConfig;
+use penstock_server::control::{ControlShared, Session, handle_line};
+use penstock_server::streams::{Backend, Identity, RunningStream, Streams};
+
+const TOKEN: &str = "tok";
+
+static METRICS: std::sync::OnceLock<Arc<penstock_server::Metrics>> = std::sync::OnceLock::new();
+
+/// A stream of the fake backend: moves `step` bytes each time the harness says so.
+struct FakeRun {
+    total: u64,
+    sent: Arc<AtomicU64>,
+    paused: AtomicBool,
+    cancelled: AtomicBool,
+}
+
+impl RunningStream for FakeRun {
+    fn counters(&self) -> CounterSnapshot {
+        let sent = self.sent.load(Ordering::Acquire).min(self.total);
+        CounterSnapshot {
+            bytes_read: sent,
+            bytes_sent: sent,
+            units_sent: sent / 1316,
+        }
+    }
+    fn lateness(&self) -> LatenessCounts {
+        LatenessCounts::default()
+    }
+    fn pause(&self) {
+        self.paused.store(true, Ordering::Release);
+    }
+    fn resume(&self) {
+        self.paused.store(false, Ordering::Release);
+    }
+    fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
+    }
+    fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+    }
+    fn wait_timeout(&self, _: Duration) -> Option<Result<StreamReport, StreamError>> {
+        let sent = self.counters().bytes_sent;
+        if self.cancelled.load(Ordering::Acquire) {
+            return Some(Err(StreamError::Cancelled { bytes_sent: sent }));
+        }
+        (sent >= self.total).then(|| {
+            Ok(StreamReport {
+                bytes: sent,
+                units: sent / 1316,
+                path: DataPath::Copy,
+                cache: CachePolicy::Keep,
+                elapsed: Duration::ZERO,
+                notes: Vec::new(),
+                lateness: None,
+                trace: Vec::new(),
+            })
+        })
+    }
+}
+
+/// Files under /ok are permitted, /fail permitted but failing to open, the rest forbidden;
+/// every other endpoint is permitted and opens at once (a listener has its peer already).
+struct FakeBackend {
+    running: Mutex<Vec<(Arc<AtomicU64>, bool)>>,
+}
+
+impl FakeBackend {
+    fn step(&self) {
+        for (sent, _) in self.running.lock().unwrap().iter() {
+            sent.fetch_add(64 << 10, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Backend for FakeBackend {
+    fn check(&self, ep: &Endpoint, _role: Role) -> Result<(), Denied> {
+        match ep {
+            Endpoint::File { path } if path.starts_with("/ok") || path.starts_with("/fail") => {
+                Ok(())
+            }
+            Endpoint::File { .. } | Endpoint::Stdio => Err(Denied::Forbidden("fake".into())),
+            _ => Ok(()),
+        }
+    }
+    fn prepare(&self, ep: &Endpoint, role: Role, _truncate: bool) -> Result<Prepared, Denied> {
+        self.check(ep, role)?;
+        if matches!(ep, Endpoint::File { path } if path.starts_with("/fail")) {
+            return Err(Denied::Failed("fake failure".into()));
+        }
+        let fd = std::fs::File::open("/dev/null")
+            .map_err(|e| Denied::Failed(e.to_string()))?
+            .into();
+        let (kind, size, socket) = match ep {
+            Endpoint::File { .. } | Endpoint::Volume { .. } => (IoKind::File, Some(1 << 20), false),
+            Endpoint::UdpSend { .. } | Endpoint::UdpListen { .. } => (IoKind::Datagram, None, true),
+            _ => (IoKind::StreamSocket, None, true),
+        };
+        Ok(Prepared::Ready(Opened {
+            fd,
+            kind,
+            size,
+            socket,
+            label: ep.to_string(),
+            volume: None,
+        }))
+    }
+    fn start(
+        &self,
+        spec: StreamSpec,
+        source: Opened,
+        _target: Opened,
+    ) -> Result<Box<dyn RunningStream>, StreamError> {
+        let size = source.size.unwrap_or(1 << 20);
+        let (start, end) = spec.extent.resolve_in_file(size)?;
+        let sent = Arc::new(AtomicU64::new(0));
+        self.running.lock().unwrap().push((sent.clone(), true));
+        Ok(Box::new(FakeRun {
+            total: end - start,
+            sent,
+            paused: AtomicBool::new(false),
+            cancelled: AtomicBool::new(false),
+        }))
+    }
+    fn buffer_bytes(&self) -> usize {
+        1 << 20
+    }
+    fn uring_available(&self) -> bool {
+        true
+    }
+}
+
+fn stat(lines: &[String], key: &str) -> u64 {
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {lines:?}"))
+}
+
+fn check_books(streams: &Streams) {
+    let s = streams.stats_lines();
+    let live =
+        stat(&s, "streams_pending") + stat(&s, "streams_running") + stat(&s, "streams_paused");
+    assert_eq!(stat(&s, "admitted"), live, "{s:?}");
+    assert_eq!(
+        stat(&s, "streams"),
+        live + stat(&s, "streams_done") + stat(&s, "streams_failed"),
+        "{s:?}"
+    );
+}
+
+fn identity_of(slot: usize) -> Identity {
+    match slot {
+        0 | 1 => Identity::Peer { uid: 1000 },
+        _ => Identity::Anonymous,
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut config = ControlConfig::default();
+    config.streams_per_connection_max = 6;
+    config.streams_per_identity_max = 10;
+    config.pending_timeout_ms = 1;
+    config.line_bytes_max = 256;
+    let backend = Arc::new(FakeBackend {
+        running: Mutex::new(Vec::new()),
+    });
+    let admission =
+        penstock_core::admission::Admission::new(penstock_core::admission::AdmissionConfig {
+            streams_max: 16,
+            ..penstock_driver::engine::conservative_admission()
+        })
+        .unwrap();
+    let streams = Arc::new(Streams::new(
+        Box::new(backend.clone()),
+        admission,
+        // One registry for the whole run: building it is most of an input's cost, and the
+        // books checked are the table's own.
+        METRICS
+            .get_or_init(|| Arc::new(penstock_server::Metrics::new()))
+            .clone(),
+        config.clone(),
+    ));
+    let control = Arc::new(
+        ControlShared::new(streams.clone(), config, TOKEN.into(), Box::new(|| 0))
+            .with_auth_fail_delay(Duration::ZERO),
+    );
+    let mut next_conn = 0u64;
+    let mut connect = |slot: usize| {
+        next_conn += 1;
+        Session::new(next_conn, identity_of(slot), format!("fuzz{slot}"))
+    };
+    let mut sessions: Vec<Session> = (0..4).map(&mut connect).collect();
+    for line in data.split(|&b| b == b'\n').take(64) {
+        let Some((&sel, rest)) = line.split_first() else {
+            continue;
+        };
+        let slot = usize::from(sel & 3);
+        match (sel >> 2) & 7 {
+            0..=4 => {
+                let (_reply, close) = handle_line(&control, &mut sessions[slot], rest);
+                if close {
+                    streams.connection_closed(sessions[slot].conn());
+                    sessions[slot] = connect(slot);
+                }
+            }
+            5 => streams.reap(),
+            6 => {
+                streams.connection_closed(sessions[slot].conn());
+                sessions[slot] = connect(slot);
+            }
+            _ => backend.step(),
+        }
+        check_books(&streams);
+    }
+    for s in &sessions {
+        streams.connection_closed(s.conn());
+    }
+    check_books(&streams);
+    streams.shutdown(Duration::ZERO);
+});

@@ -345,7 +345,9 @@ impl ControlConfig {
             return bad("control.line_bytes_max must be at least 64");
         }
         if self.tcp_connections_max == 0 || self.unix_connections_max == 0 {
-            return bad("control.tcp_connections_max and control.unix_connections_max must be above 0");
+            return bad(
+                "control.tcp_connections_max and control.unix_connections_max must be above 0",
+            );
         }
         if self.streams_per_connection_max == 0 || self.streams_per_identity_max == 0 {
             return bad(
@@ -370,7 +372,10 @@ impl ControlConfig {
         {
             return bad("control.token must be at least 16 characters without spaces");
         }
-        for (what, dirs) in [("read_roots", &self.read_roots), ("write_roots", &self.write_roots)] {
+        for (what, dirs) in [
+            ("read_roots", &self.read_roots),
+            ("write_roots", &self.write_roots),
+        ] {
             if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
                 return Err(ConfigError::Invalid(format!(
                     "control.{what}: {} is not an absolute path",
@@ -439,7 +444,9 @@ impl IpPrefix {
                 u32::from(p) & mask == u32::from(a) & mask
             }
             (IpAddr::V6(p), IpAddr::V6(a)) => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(self.bits)).unwrap_or(0);
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.bits))
+                    .unwrap_or(0);
                 u128::from(p) & mask == u128::from(a) & mask
             }
             _ => false,

@@ -251,7 +251,10 @@ mod tests {
         }
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
         assert!(!outside.path().join("new").exists());
-        assert_eq!(root.create_file("old", Create::New).unwrap_err(), Refused::Exists);
+        assert_eq!(
+            root.create_file("old", Create::New).unwrap_err(),
+            Refused::Exists
+        );
         assert_eq!(std::fs::read(d.path().join("old")).unwrap(), b"old bytes");
         root.create_file("old", Create::Truncate).unwrap();
         assert_eq!(std::fs::read(d.path().join("old")).unwrap(), b"");

@@ -58,7 +58,11 @@ pub fn check_dir(dir: &Path) -> io::Result<()> {
     if m.uid() != own_uid() && m.uid() != 0 {
         return Err(refuse(
             dir,
-            format!("owned by uid {}, not by the server's uid {}", m.uid(), own_uid()),
+            format!(
+                "owned by uid {}, not by the server's uid {}",
+                m.uid(),
+                own_uid()
+            ),
         ));
     }
     if m.mode() & 0o022 != 0 {

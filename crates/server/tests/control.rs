@@ -542,7 +542,10 @@ fn idle_tcp_connections_do_not_lock_out_the_unix_socket() {
     );
     assert_eq!(replies[0].code.code(), 212, "{replies:?}");
     assert!(
-        replies[0].lines.iter().any(|l| l == "control_connections_tcp 64"),
+        replies[0]
+            .lines
+            .iter()
+            .any(|l| l == "control_connections_tcp 64"),
         "{replies:?}"
     );
     assert_eq!(replies[1].code.code(), 201, "{replies:?}");
@@ -571,7 +574,10 @@ fn detached_opens_without_the_token_are_refused_and_stale_streams_expire() {
     }
     let ninth = c.cmd(&open);
     assert_eq!(ninth.code.code(), 503, "{ninth:?}");
-    assert!(ninth.text.contains("streams_per_connection_max"), "{ninth:?}");
+    assert!(
+        ninth.text.contains("streams_per_connection_max"),
+        "{ninth:?}"
+    );
     // Never started: gone after pending_timeout_ms, places and reservations back.
     let mut expired = false;
     for _ in 0..500 {
@@ -664,7 +670,10 @@ fn stats_answers_while_a_listening_stream_waits_for_its_peer() {
     let src = f.path("big.bin");
     let mut c = Ctl::authed(f.control());
     let id = c
-        .cmd(&format!("OPEN file:{} tcp-listen://127.0.0.1:0", src.display()))
+        .cmd(&format!(
+            "OPEN file:{} tcp-listen://127.0.0.1:0",
+            src.display()
+        ))
         .stream_id()
         .unwrap();
     let started = c.cmd(&format!("START {id}"));
@@ -677,7 +686,10 @@ fn stats_answers_while_a_listening_stream_waits_for_its_peer() {
     let t = std::time::Instant::now();
     assert_eq!(other.cmd("STATS").code.code(), 212);
     assert_eq!(other.cmd("STATE *").code.code(), 211);
-    eprintln!("STATS and STATE * while a listener waits: {:?}", t.elapsed());
+    eprintln!(
+        "STATS and STATE * while a listener waits: {:?}",
+        t.elapsed()
+    );
     // The peer arrives: the stream runs and delivers the file.
     let mut peer = TcpStream::connect(&addr).unwrap();
     let mut got = Vec::new();
@@ -687,7 +699,10 @@ fn stats_answers_while_a_listening_stream_waits_for_its_peer() {
     assert!(done.lines[0].contains(" done "), "{done:?}");
     // CLOSE stops a wait at once; its port is free again.
     let id = c
-        .cmd(&format!("OPEN file:{} tcp-listen://127.0.0.1:0", src.display()))
+        .cmd(&format!(
+            "OPEN file:{} tcp-listen://127.0.0.1:0",
+            src.display()
+        ))
         .stream_id()
         .unwrap();
     let started = c.cmd(&format!("START {id}"));

@@ -7,6 +7,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub mod plan;
+
 /// A kernel data path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DataPath {
@@ -241,7 +243,7 @@ fn auto_path(
 }
 
 /// Where a transfer starts and how much it moves, validated against a source's size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Extent {
     pub offset: u64,
     /// Bytes to move; `None` = to the end (of the file, or until the peer closes).

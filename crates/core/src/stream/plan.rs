@@ -1,0 +1,551 @@
+//! The planner: a stream's whole policy, decided once.
+//!
+//! Every way to open a stream (the CLI's `penstock stream`, an HTTP body, a control `START`,
+//! later RTSP and the C library) ends in [`plan_stream`]: the caller's [`PlanRequest`] (what
+//! the user asked for), the [`Facts`] the driver gathered about the opened endpoints (kinds,
+//! sizes, O_DIRECT alignment, page-cache residency, peer family, volume layout) and the
+//! kernel's [`PathCaps`] go in; one [`StreamPlan`] comes out — data path, O_DIRECT or not,
+//! unit and read sizes, zero-copy, disk class, the admission request and the buffers to
+//! reserve — or a typed [`PlanError`] *before* anything is admitted or placed. The driver
+//! then only carries the plan out; it asks no policy question of its own.
+//!
+//! Pure: no I/O, no clock. Exhaustively tested below (every request either plans to a plan
+//! the executor accepts, or is refused with a reason).
+
+use crate::admission::{QosClass, StreamQos};
+use crate::schedule::{PlanError as UnitPlanError, Schedule, UnitPlan, check_plan};
+
+use super::{
+    CachePolicy, DataPath, Extent, ExtentError, IoKind, PathCaps, PathChoice, PathError,
+    choose_path,
+};
+
+/// The most bytes one unit may have on any path.
+pub const UNIT_BYTES_MAX: u64 = 64 << 20;
+/// The largest UDP payload (65,535 − 8 − 20).
+pub const DATAGRAM_BYTES_MAX: u64 = 65_507;
+/// Seven MPEG-TS packets: the default unit of a datagram target, and of a paced stream that
+/// names no unit (fits a 1500-byte MTU with IP, UDP and RTP headers).
+pub const DATAGRAM_UNIT_BYTES_DEFAULT: u64 = 1316;
+/// The default unit of the sendfile, splice and copy paths (measured: fewer, larger calls move
+/// loopback data markedly faster than 1 MiB ones, see bench/results).
+pub const UNIT_BYTES_DEFAULT: u64 = 4 << 20;
+/// Zero-copy sends pay from this unit size on (smaller ones are slower with SEND_ZC).
+pub const ZERO_COPY_UNIT_BYTES_MIN: u64 = 64 << 10;
+
+/// The disk classes of the engine's scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DiskClass {
+    /// Real-time: EDF by deadline, a larger DRR quantum, IOPRIO_CLASS_RT where permitted.
+    Rt,
+    /// Everything else.
+    Bulk,
+}
+
+/// Zero-copy sends (SEND_ZC) on the uring path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ZeroCopy {
+    /// Only where it pays: units of 64 KiB or more to a non-loopback peer (loopback always
+    /// copies).
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+/// How a stream's units are timed.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Pacing<'a> {
+    /// As fast as possible.
+    #[default]
+    Burst,
+    /// A schedule (periodic, CBR, (k, t)); a burst schedule counts as [`Pacing::Burst`].
+    Schedule(&'a Schedule),
+    /// A unit plan: one deadline and size per unit (playback of a recording, PCR timing).
+    Units(&'a [UnitPlan]),
+}
+
+/// What the user asked for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PlanRequest<'a> {
+    pub path: PathChoice,
+    pub cache: CachePolicy,
+    pub zero_copy: ZeroCopy,
+    /// `None`: rt when paced, else bulk.
+    pub class: Option<DiskClass>,
+    pub pacing: Pacing<'a>,
+    /// `None`: the path's default.
+    pub unit_bytes: Option<u64>,
+    pub extent: Extent,
+    /// Pool buffers an admitted rt stream reserves; `None`: the default.
+    pub buffers: Option<u32>,
+}
+
+/// What a socket endpoint is connected to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketFacts {
+    /// A TCP (or UDP) socket over IP; false for Unix sockets.
+    pub ip: bool,
+    /// The peer is a loopback address (or a Unix socket).
+    pub loopback: bool,
+}
+
+/// A volume partition endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeFacts {
+    pub size_bytes: u64,
+    /// The members' O_DIRECT alignment (1: buffered members).
+    pub align_bytes: u64,
+}
+
+/// What the driver found about one opened endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointFacts {
+    pub kind: IoKind,
+    /// Files and block devices.
+    pub size: Option<u64>,
+    /// Sockets.
+    pub socket: Option<SocketFacts>,
+    /// Volume partitions.
+    pub volume: Option<VolumeFacts>,
+    /// A file source's O_DIRECT alignment when its file system takes O_DIRECT (statx
+    /// DIOALIGN, else 4096); `None`: O_DIRECT refused there.
+    pub direct_align: Option<u64>,
+}
+
+impl EndpointFacts {
+    /// A thing of `kind` and nothing more known.
+    pub fn of(kind: IoKind) -> EndpointFacts {
+        EndpointFacts {
+            kind,
+            size: None,
+            socket: None,
+            volume: None,
+            direct_align: None,
+        }
+    }
+}
+
+/// What the driver found about a stream's endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    pub source: EndpointFacts,
+    pub target: EndpointFacts,
+    /// The source's whole range is in the page cache (cachestat); only asked for a file to a
+    /// stream socket.
+    pub resident: bool,
+}
+
+/// The engine's sizes a plan must fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanLimits {
+    /// Bytes per pool buffer: the largest unit of the uring path.
+    pub buffer_bytes: u64,
+    /// What an rt stream reserves unless it says.
+    pub rt_buffers_default: u32,
+    /// The most an rt stream may reserve.
+    pub rt_buffers_max: u32,
+}
+
+/// The one decision about a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamPlan {
+    pub path: DataPath,
+    /// `[start, end)` of a file source, or `(0, length)` of a stream source with a length.
+    pub range: Option<(u64, u64)>,
+    pub unit_bytes: u64,
+    /// Read the source with O_DIRECT (a descriptor of its own, reopened from the opened one).
+    pub direct: bool,
+    /// The uring path's read alignment (1: none) and the bytes each read asks for.
+    pub align_bytes: u64,
+    pub read_bytes: u64,
+    pub zero_copy: bool,
+    /// The disk scheduler's class.
+    pub rt: bool,
+    /// Reopen a volume source's members buffered (planned units fall anywhere).
+    pub buffered_source_volume: bool,
+    /// Reopen a volume target's members buffered (the copy path writes unaligned runs).
+    pub buffered_target_volume: bool,
+    /// What admission control is asked for (rt streams).
+    pub admission: Option<StreamQos>,
+    /// Pool buffers an admitted uring-path stream reserves on its worker.
+    pub buffers_reserved: Option<u32>,
+    /// What the plan chose against the request, for the report.
+    pub notes: Vec<String>,
+}
+
+/// Why a stream cannot be planned; every variant names what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    #[error(transparent)]
+    Path(#[from] PathError),
+    #[error(transparent)]
+    Extent(#[from] ExtentError),
+    #[error(transparent)]
+    Units(#[from] UnitPlanError),
+    #[error("the unit plan holds {plan_bytes} bytes, the extent {extent_bytes:?}")]
+    UnitsExtent {
+        plan_bytes: u64,
+        extent_bytes: Option<u64>,
+    },
+    #[error("a unit plan is sent on the uring path only, not {path}")]
+    UnitsNeedUring { path: DataPath },
+    #[error(
+        "a paced stream sends unit by unit at deadlines: use the uring or copy path, not {path}"
+    )]
+    PacedPath { path: DataPath },
+    #[error("volume partitions are read and written through io_uring, which is unavailable here")]
+    VolumeNeedsUring,
+    #[error("the uring path reads files: {source_kind:?} into a volume moves on the copy path")]
+    VolumeUringNeedsFile { source_kind: IoKind },
+    #[error(
+        "volume partitions move on the uring path, or copy from a socket or pipe (got --path {path})"
+    )]
+    VolumePath { path: DataPath },
+    #[error("datagram units from a volume need an offset that is a multiple of {align_bytes}")]
+    VolumeDatagramOffset { align_bytes: u64 },
+    #[error(
+        "a paced stream from a file into a volume partition is not supported: write it unpaced, or pace a socket or pipe source"
+    )]
+    PacedIntoVolume,
+    #[error("{bytes} bytes do not fit the target partition ({size_bytes} bytes)")]
+    VolumeTooSmall { bytes: u64, size_bytes: u64 },
+    #[error("unit of {unit_bytes} bytes is larger than the pool's buffers ({buffer_bytes} bytes)")]
+    UnitOverBuffer { unit_bytes: u64, buffer_bytes: u64 },
+    #[error("unit of {unit_bytes} bytes is larger than 64 MiB")]
+    UnitTooLarge { unit_bytes: u64 },
+    #[error("unit of {unit_bytes} bytes does not fit one UDP datagram ({DATAGRAM_BYTES_MAX})")]
+    UnitOverDatagram { unit_bytes: u64 },
+    #[error("a unit of 0 bytes")]
+    ZeroUnit,
+    #[error(
+        "unit {unit_bytes} and O_DIRECT alignment {align_bytes} need {read_bytes}-byte reads, larger than the pool's buffers"
+    )]
+    ReadOverBuffer {
+        unit_bytes: u64,
+        align_bytes: u64,
+        read_bytes: u64,
+    },
+    #[error("--class rt needs a rate or a period: a guarantee is for a known bandwidth")]
+    RtNeedsRate,
+    #[error(
+        "an rt stream reserves 1..={max} pool buffers (client_buffers_max, pool_buffers), not {asked}"
+    )]
+    RtBuffers { asked: u32, max: u32 },
+}
+
+/// A schedule's bytes per second (rounded up): what an rt stream reserves.
+pub fn schedule_bytes_per_s(s: &Schedule) -> u64 {
+    let (Some(p), Some(k)) = (s.period(), s.cycle_units()) else {
+        return 0;
+    };
+    // cycle_units units of unit_bytes every num_ns/den nanoseconds.
+    let bytes = u128::from(k) * u128::from(s.unit_bytes()) * 1_000_000_000 * u128::from(p.den());
+    u64::try_from(bytes.div_ceil(p.num_ns().max(1))).unwrap_or(u64::MAX)
+}
+
+/// The default transfer unit of `path` to a `target`: a safe datagram for UDP; for the uring
+/// path a whole pool buffer; for the other paths [`UNIT_BYTES_DEFAULT`].
+pub fn default_unit_bytes(path: DataPath, target: IoKind, buffer_bytes: u64) -> u64 {
+    match (path, target) {
+        (_, IoKind::Datagram) => DATAGRAM_UNIT_BYTES_DEFAULT,
+        (DataPath::Uring, _) => buffer_bytes,
+        _ => UNIT_BYTES_DEFAULT,
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// The path of a stream with a volume endpoint: only the uring path splits transfers into
+/// per-member I/O, so `auto` means uring and any other fixed path is refused; a socket, pipe
+/// or stdin into a partition moves on the copy path (bytes of unknown length in pieces of
+/// any size, written through the page cache).
+fn volume_path(
+    choice: PathChoice,
+    facts: &Facts,
+    caps: PathCaps,
+) -> Option<Result<DataPath, PlanError>> {
+    if facts.source.volume.is_none() && facts.target.volume.is_none() {
+        return None;
+    }
+    let source = facts.source.kind;
+    Some(match choice {
+        PathChoice::Auto | PathChoice::Fixed(DataPath::Copy)
+            if facts.target.volume.is_some() && source != IoKind::File =>
+        {
+            Ok(DataPath::Copy)
+        }
+        _ if !caps.uring => Err(PlanError::VolumeNeedsUring),
+        PathChoice::Fixed(DataPath::Uring) if source != IoKind::File => {
+            Err(PlanError::VolumeUringNeedsFile {
+                source_kind: source,
+            })
+        }
+        PathChoice::Auto | PathChoice::Fixed(DataPath::Uring) => Ok(DataPath::Uring),
+        PathChoice::Fixed(path) => Err(PlanError::VolumePath { path }),
+    })
+}
+
+/// Plans a stream (see the module doc).
+pub fn plan_stream(
+    req: &PlanRequest<'_>,
+    facts: &Facts,
+    caps: PathCaps,
+    limits: &PlanLimits,
+) -> Result<StreamPlan, PlanError> {
+    let (src, dst) = (&facts.source, &facts.target);
+    let schedule = match req.pacing {
+        Pacing::Schedule(s) if !s.is_burst() => Some(s),
+        _ => None,
+    };
+    let units = match req.pacing {
+        Pacing::Units(u) => Some(u),
+        _ => None,
+    };
+    let mut notes = Vec::new();
+
+    // The path.
+    let mut choice = req.path;
+    if choice == PathChoice::Auto {
+        if units.is_some() {
+            // Planned units of varying size are read whole into pool buffers.
+            choice = PathChoice::Fixed(DataPath::Uring);
+        } else if schedule.is_some() {
+            // Paced units of a file are read ahead into the pool and sent at their deadline;
+            // without io_uring, or from a socket or pipe, read then write at the deadline.
+            choice = PathChoice::Fixed(if caps.uring && src.kind == IoKind::File {
+                DataPath::Uring
+            } else {
+                DataPath::Copy
+            });
+        }
+    }
+    let path = match volume_path(choice, facts, caps) {
+        Some(Ok(path)) if req.cache == CachePolicy::Bypass && path != DataPath::Uring => {
+            return Err(PathError::BypassNeedsUring { path }.into());
+        }
+        Some(r) => r?,
+        None => {
+            let resident = choice == PathChoice::Auto
+                && src.kind == IoKind::File
+                && dst.kind == IoKind::StreamSocket
+                && req.cache == CachePolicy::Keep
+                && req.class != Some(DiskClass::Rt)
+                && facts.resident;
+            choose_path(choice, src.kind, dst.kind, req.cache, caps, resident)?
+        }
+    };
+    if schedule.is_some() && !matches!(path, DataPath::Uring | DataPath::Copy) {
+        return Err(PlanError::PacedPath { path });
+    }
+    if units.is_some() && path != DataPath::Uring {
+        return Err(PlanError::UnitsNeedUring { path });
+    }
+
+    // The extent.
+    let range = match (src.kind, src.size) {
+        (IoKind::File, Some(size)) => Some(req.extent.resolve_in_file(size)?),
+        _ if req.extent.offset != 0 => return Err(ExtentError::OffsetOnStream(src.kind).into()),
+        // A stream has no size: a length bounds how much of it is read.
+        _ => req.extent.length.map(|length| (0, length)),
+    };
+
+    // The unit.
+    let unit_bytes = if let Some(units) = units {
+        let (total, largest) = check_plan(units, limits.buffer_bytes)?;
+        let extent_bytes = range.map(|(s, e)| e - s);
+        if extent_bytes != Some(total) {
+            return Err(PlanError::UnitsExtent {
+                plan_bytes: total,
+                extent_bytes,
+            });
+        }
+        u64::from(largest)
+    } else if let Some(s) = schedule {
+        s.unit_bytes()
+    } else {
+        match req.unit_bytes {
+            Some(0) => return Err(PlanError::ZeroUnit),
+            Some(u) => u,
+            None => default_unit_bytes(path, dst.kind, limits.buffer_bytes),
+        }
+    };
+    if unit_bytes == 0 {
+        return Err(PlanError::ZeroUnit);
+    }
+    if path == DataPath::Uring && unit_bytes > limits.buffer_bytes {
+        return Err(PlanError::UnitOverBuffer {
+            unit_bytes,
+            buffer_bytes: limits.buffer_bytes,
+        });
+    }
+    if unit_bytes > UNIT_BYTES_MAX {
+        return Err(PlanError::UnitTooLarge { unit_bytes });
+    }
+    if dst.kind == IoKind::Datagram && unit_bytes > DATAGRAM_BYTES_MAX {
+        return Err(PlanError::UnitOverDatagram { unit_bytes });
+    }
+
+    // Admission: a guarantee is for a known bandwidth.
+    let admission = if req.class == Some(DiskClass::Rt) {
+        let Some(s) = schedule else {
+            return Err(PlanError::RtNeedsRate);
+        };
+        let buffers = req.buffers.unwrap_or(limits.rt_buffers_default);
+        Some(StreamQos {
+            class: QosClass::Rt,
+            rate_bytes_per_s: schedule_bytes_per_s(s),
+            unit_bytes: s.unit_bytes(),
+            buffers,
+        })
+    } else {
+        None
+    };
+    let buffers_reserved = match admission {
+        Some(q) if path == DataPath::Uring => {
+            if q.buffers == 0 || q.buffers > limits.rt_buffers_max {
+                return Err(PlanError::RtBuffers {
+                    asked: q.buffers,
+                    max: limits.rt_buffers_max,
+                });
+            }
+            Some(q.buffers)
+        }
+        _ => None,
+    };
+
+    // O_DIRECT and the uring path's reads.
+    let mut direct = false;
+    let mut align_bytes = 1;
+    let mut read_bytes = unit_bytes;
+    let buffered_source_volume = path == DataPath::Uring && units.is_some() && src.volume.is_some();
+    if path == DataPath::Uring {
+        let (start, end) = range.unwrap_or((0, 0));
+        let datagram = dst.kind == IoKind::Datagram;
+        if req.cache == CachePolicy::Bypass && src.volume.is_none() {
+            match src.direct_align {
+                None => notes.push(
+                    "O_DIRECT refused by this file system: reading through the page cache".into(),
+                ),
+                Some(_) if units.is_some() => notes.push(
+                    "O_DIRECT is not used for planned units: reading through the page cache".into(),
+                ),
+                Some(a) => {
+                    direct = true;
+                    align_bytes = a.max(1);
+                }
+            }
+        }
+        if let Some(v) = src.volume {
+            // Member descriptors are O_DIRECT where the file system allows (whole blocks
+            // only); buffered ones for planned units (any range).
+            align_bytes = if buffered_source_volume {
+                1
+            } else {
+                v.align_bytes.max(1)
+            };
+            if datagram && !start.is_multiple_of(align_bytes) {
+                return Err(PlanError::VolumeDatagramOffset { align_bytes });
+            }
+        } else if direct && datagram && !start.is_multiple_of(align_bytes) {
+            // Unit boundaries would not fall on aligned reads: read through the cache.
+            direct = false;
+            align_bytes = 1;
+            notes.push(
+                "O_DIRECT needs an aligned offset for datagram units: reading through the page cache"
+                    .into(),
+            );
+        }
+        let mut len_align = align_bytes;
+        if let Some(v) = dst.volume {
+            if schedule.is_some() || units.is_some() {
+                // Whole chunks go to the members at once: no unit would wait for its deadline.
+                return Err(PlanError::PacedIntoVolume);
+            }
+            if end - start > v.size_bytes {
+                return Err(PlanError::VolumeTooSmall {
+                    bytes: end - start,
+                    size_bytes: v.size_bytes,
+                });
+            }
+            if direct && !start.is_multiple_of(align_bytes) {
+                direct = false;
+                align_bytes = 1;
+                notes.push(
+                    "O_DIRECT source reads need an aligned offset to fill a volume: reading through the page cache"
+                        .into(),
+                );
+            }
+            // Every chunk starts at a partition block boundary: its writes stay aligned.
+            len_align = align_bytes.max(v.align_bytes.max(1));
+        }
+        let read_bytes_planned = if datagram {
+            let l = unit_bytes / gcd(unit_bytes, align_bytes) * align_bytes; // lcm
+            if l > limits.buffer_bytes {
+                return Err(PlanError::ReadOverBuffer {
+                    unit_bytes,
+                    align_bytes,
+                    read_bytes: l,
+                });
+            }
+            l * (limits.buffer_bytes / l)
+        } else {
+            unit_bytes
+                .div_ceil(len_align)
+                .saturating_mul(len_align)
+                .min(limits.buffer_bytes / len_align * len_align)
+        };
+        if read_bytes_planned == 0 {
+            // An alignment larger than a pool buffer: no read could be issued.
+            return Err(PlanError::ReadOverBuffer {
+                unit_bytes,
+                align_bytes: len_align,
+                read_bytes: len_align,
+            });
+        }
+        read_bytes = read_bytes_planned;
+    }
+
+    // Zero-copy sends (the uring path's only) exist for TCP and UDP; the uring path sends
+    // datagrams with copies.
+    let zero_copy = path == DataPath::Uring
+        && match req.zero_copy {
+            ZeroCopy::On
+                if path == DataPath::Uring
+                    && !(dst.kind == IoKind::StreamSocket && dst.socket.is_some_and(|s| s.ip)) =>
+            {
+                notes.push("zero-copy sends need a TCP target: sending with copies".into());
+                false
+            }
+            ZeroCopy::On => true,
+            ZeroCopy::Off => false,
+            ZeroCopy::Auto => {
+                unit_bytes >= ZERO_COPY_UNIT_BYTES_MIN && dst.socket.is_some_and(|s| !s.loopback)
+            }
+        };
+
+    Ok(StreamPlan {
+        path,
+        range,
+        unit_bytes,
+        direct,
+        align_bytes,
+        read_bytes,
+        zero_copy,
+        rt: match req.class {
+            Some(c) => c == DiskClass::Rt,
+            None => schedule.is_some() || units.is_some(),
+        },
+        buffered_source_volume,
+        buffered_target_volume: path == DataPath::Copy && dst.volume.is_some(),
+        admission,
+        buffers_reserved,
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,449 @@
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::schedule::{ScheduleLimits, ScheduleSpec};
+use crate::stream::check_path;
+use IoKind::*;
+
+const URING: PathCaps = PathCaps { uring: true };
+const NO_URING: PathCaps = PathCaps { uring: false };
+const LIMITS: PlanLimits = PlanLimits {
+    buffer_bytes: 1 << 20,
+    rt_buffers_default: 4,
+    rt_buffers_max: 32,
+};
+
+fn file(size: u64) -> EndpointFacts {
+    EndpointFacts {
+        size: Some(size),
+        direct_align: Some(4096),
+        ..EndpointFacts::of(File)
+    }
+}
+
+fn socket(kind: IoKind, loopback: bool) -> EndpointFacts {
+    EndpointFacts {
+        socket: Some(SocketFacts { ip: true, loopback }),
+        ..EndpointFacts::of(kind)
+    }
+}
+
+fn facts(source: EndpointFacts, target: EndpointFacts) -> Facts {
+    Facts {
+        source,
+        target,
+        resident: false,
+    }
+}
+
+fn periodic(unit_bytes: u64) -> Schedule {
+    Schedule::new(
+        &ScheduleSpec::Periodic {
+            period: Duration::from_millis(10),
+            unit_bytes,
+        },
+        &ScheduleLimits::new(1 << 20),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_cached_file_to_a_stream_socket_goes_with_sendfile_otherwise_uring() {
+    let req = PlanRequest::default();
+    let mut f = facts(file(10 << 20), socket(StreamSocket, true));
+    assert_eq!(
+        plan_stream(&req, &f, URING, &LIMITS).unwrap().path,
+        DataPath::Uring
+    );
+    f.resident = true;
+    let p = plan_stream(&req, &f, URING, &LIMITS).unwrap();
+    assert_eq!(p.path, DataPath::Sendfile);
+    assert_eq!(p.unit_bytes, UNIT_BYTES_DEFAULT);
+    assert_eq!(p.range, Some((0, 10 << 20)));
+    // rt streams and bypass read through the disk scheduler even when cached.
+    let rt = PlanRequest {
+        class: Some(DiskClass::Rt),
+        ..req
+    };
+    assert_eq!(
+        plan_stream(&rt, &f, URING, &LIMITS).unwrap_err(),
+        PlanError::RtNeedsRate
+    );
+    let bypass = PlanRequest {
+        cache: CachePolicy::Bypass,
+        ..req
+    };
+    let p = plan_stream(&bypass, &f, URING, &LIMITS).unwrap();
+    assert_eq!(
+        (p.path, p.direct, p.align_bytes),
+        (DataPath::Uring, true, 4096)
+    );
+    assert_eq!(
+        plan_stream(&req, &f, NO_URING, &LIMITS).unwrap().path,
+        DataPath::Sendfile
+    );
+}
+
+#[test]
+fn paced_streams_take_uring_from_files_and_copy_from_sockets() {
+    let s = periodic(1316);
+    let req = PlanRequest {
+        pacing: Pacing::Schedule(&s),
+        ..PlanRequest::default()
+    };
+    let p = plan_stream(
+        &req,
+        &facts(file(1 << 20), socket(Datagram, true)),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    assert_eq!((p.path, p.unit_bytes, p.rt), (DataPath::Uring, 1316, true));
+    // Datagram units are read many to a buffer.
+    assert_eq!(p.read_bytes, 1316 * ((1 << 20) / 1316));
+    let p = plan_stream(
+        &req,
+        &facts(socket(StreamSocket, true), socket(Datagram, true)),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    assert_eq!(p.path, DataPath::Copy);
+    let sendfile = PlanRequest {
+        path: PathChoice::Fixed(DataPath::Sendfile),
+        ..req
+    };
+    assert_eq!(
+        plan_stream(
+            &sendfile,
+            &facts(file(1 << 20), socket(StreamSocket, true)),
+            URING,
+            &LIMITS
+        )
+        .unwrap_err(),
+        PlanError::PacedPath {
+            path: DataPath::Sendfile
+        }
+    );
+}
+
+#[test]
+fn an_rt_stream_asks_admission_for_its_rate_and_reserves_buffers_on_the_uring_path() {
+    let s = periodic(100_000);
+    let req = PlanRequest {
+        pacing: Pacing::Schedule(&s),
+        class: Some(DiskClass::Rt),
+        ..PlanRequest::default()
+    };
+    let p = plan_stream(
+        &req,
+        &facts(file(1 << 20), socket(Datagram, false)),
+        URING,
+        &LIMITS,
+    );
+    // 100 kB units do not fit a datagram.
+    assert_eq!(
+        p.unwrap_err(),
+        PlanError::UnitOverDatagram {
+            unit_bytes: 100_000
+        }
+    );
+    let p = plan_stream(
+        &req,
+        &facts(file(1 << 20), socket(StreamSocket, false)),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    let q = p.admission.unwrap();
+    assert_eq!(
+        (q.rate_bytes_per_s, q.unit_bytes, q.buffers),
+        (10_000_000, 100_000, 4)
+    );
+    assert_eq!(p.buffers_reserved, Some(4));
+    assert!(p.zero_copy, "100 kB units to a remote TCP peer");
+    let too_many = PlanRequest {
+        buffers: Some(33),
+        ..req
+    };
+    assert_eq!(
+        plan_stream(
+            &too_many,
+            &facts(file(1 << 20), socket(StreamSocket, false)),
+            URING,
+            &LIMITS
+        )
+        .unwrap_err(),
+        PlanError::RtBuffers { asked: 33, max: 32 }
+    );
+}
+
+#[test]
+fn units_need_the_uring_path_and_their_extent() {
+    let units = [
+        UnitPlan {
+            offset_ns: 0,
+            size_bytes: 188,
+        },
+        UnitPlan {
+            offset_ns: 10,
+            size_bytes: 376,
+        },
+    ];
+    let req = PlanRequest {
+        pacing: Pacing::Units(&units),
+        cache: CachePolicy::Bypass,
+        ..PlanRequest::default()
+    };
+    let f = facts(file(564), socket(Datagram, true));
+    let p = plan_stream(&req, &f, URING, &LIMITS).unwrap();
+    assert_eq!(
+        (p.path, p.unit_bytes, p.direct),
+        (DataPath::Uring, 376, false)
+    );
+    assert!(p.notes.iter().any(|n| n.contains("planned units")));
+    let short = facts(file(1000), socket(Datagram, true));
+    assert!(matches!(
+        plan_stream(&req, &short, URING, &LIMITS),
+        Err(PlanError::UnitsExtent {
+            plan_bytes: 564,
+            ..
+        })
+    ));
+    assert!(matches!(
+        plan_stream(&req, &f, NO_URING, &LIMITS),
+        Err(PlanError::Path(PathError::NoUring { .. }))
+    ));
+}
+
+#[test]
+fn volumes_move_on_uring_or_copy_and_refuse_the_rest_before_anything_starts() {
+    let vol = VolumeFacts {
+        size_bytes: 1 << 20,
+        align_bytes: 4096,
+    };
+    let into = EndpointFacts {
+        volume: Some(vol),
+        size: Some(1 << 20),
+        ..EndpointFacts::of(File)
+    };
+    let req = PlanRequest::default();
+    // A socket into a partition: copy, members buffered.
+    let p = plan_stream(
+        &req,
+        &facts(socket(StreamSocket, true), into),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    assert_eq!(p.path, DataPath::Copy);
+    assert!(p.buffered_target_volume);
+    // A file too large for the partition: refused at plan time, not at the first step.
+    assert_eq!(
+        plan_stream(&req, &facts(file(2 << 20), into), URING, &LIMITS).unwrap_err(),
+        PlanError::VolumeTooSmall {
+            bytes: 2 << 20,
+            size_bytes: 1 << 20
+        }
+    );
+    // A paced file into a partition: refused at plan time.
+    let s = periodic(4096);
+    let paced = PlanRequest {
+        pacing: Pacing::Schedule(&s),
+        ..req
+    };
+    assert_eq!(
+        plan_stream(&paced, &facts(file(1 << 20), into), URING, &LIMITS).unwrap_err(),
+        PlanError::PacedIntoVolume
+    );
+    let sendfile = PlanRequest {
+        path: PathChoice::Fixed(DataPath::Sendfile),
+        ..req
+    };
+    assert_eq!(
+        plan_stream(&sendfile, &facts(file(1 << 20), into), URING, &LIMITS).unwrap_err(),
+        PlanError::VolumePath {
+            path: DataPath::Sendfile
+        }
+    );
+    assert_eq!(
+        plan_stream(&req, &facts(file(1 << 20), into), NO_URING, &LIMITS).unwrap_err(),
+        PlanError::VolumeNeedsUring
+    );
+}
+
+#[test]
+fn zero_copy_only_where_it_pays() {
+    let req = PlanRequest {
+        cache: CachePolicy::Bypass,
+        ..PlanRequest::default()
+    };
+    let remote = plan_stream(
+        &req,
+        &facts(file(8 << 20), socket(StreamSocket, false)),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    assert!(remote.zero_copy);
+    let local = plan_stream(
+        &req,
+        &facts(file(8 << 20), socket(StreamSocket, true)),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    assert!(!local.zero_copy);
+    let on_udp = PlanRequest {
+        zero_copy: ZeroCopy::On,
+        cache: CachePolicy::Keep,
+        ..req
+    };
+    let p = plan_stream(
+        &on_udp,
+        &facts(file(8 << 20), socket(Datagram, false)),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    assert!(!p.zero_copy);
+    assert!(p.notes.iter().any(|n| n.contains("zero-copy")));
+}
+
+fn kind() -> impl Strategy<Value = IoKind> {
+    prop_oneof![Just(File), Just(StreamSocket), Just(Datagram), Just(Pipe)]
+}
+
+fn endpoint(source: bool) -> impl Strategy<Value = EndpointFacts> {
+    (
+        kind(),
+        0u64..(64 << 20),
+        any::<bool>(),
+        any::<bool>(),
+        prop_oneof![
+            Just(None),
+            Just(Some(512u64)),
+            Just(Some(4096)),
+            Just(Some(8192))
+        ],
+        proptest::option::of((
+            1u64..(4 << 20),
+            prop_oneof![Just(1u64), Just(512), Just(4096)],
+        )),
+    )
+        .prop_map(move |(kind, size, ip, loopback, direct_align, volume)| {
+            let volume = volume
+                .filter(|_| kind == File)
+                .map(|(size_bytes, align_bytes)| VolumeFacts {
+                    size_bytes,
+                    align_bytes,
+                });
+            EndpointFacts {
+                kind,
+                size: (kind == File).then_some(volume.map_or(size, |v| v.size_bytes)),
+                socket: matches!(kind, StreamSocket | Datagram).then_some(SocketFacts {
+                    ip,
+                    loopback: loopback || !ip,
+                }),
+                volume,
+                direct_align: direct_align.filter(|_| source && kind == File),
+            }
+        })
+}
+
+fn choice() -> impl Strategy<Value = PathChoice> {
+    prop_oneof![
+        Just(PathChoice::Auto),
+        proptest::sample::select(DataPath::ALL.to_vec()).prop_map(PathChoice::Fixed),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    /// Every request either plans to a plan the executor accepts or is refused with a reason;
+    /// `auto` never picks a path the executor rejects.
+    #[test]
+    fn every_plan_is_executable(
+        path in choice(),
+        cache in prop_oneof![Just(CachePolicy::Keep), Just(CachePolicy::Bypass), Just(CachePolicy::Drop)],
+        zero_copy in prop_oneof![Just(ZeroCopy::Auto), Just(ZeroCopy::On), Just(ZeroCopy::Off)],
+        class in proptest::option::of(prop_oneof![Just(DiskClass::Rt), Just(DiskClass::Bulk)]),
+        paced in proptest::option::of(1u64..(2 << 20)),
+        unit in proptest::option::of(0u64..(128 << 20)),
+        offset in prop_oneof![Just(0u64), 0u64..(64 << 20)],
+        length in proptest::option::of(0u64..(64 << 20)),
+        buffers in proptest::option::of(0u32..64),
+        source in endpoint(true),
+        target in endpoint(false),
+        resident in any::<bool>(),
+        uring in any::<bool>(),
+        buffer_kib in prop_oneof![Just(4u64), Just(64), Just(1024)],
+    ) {
+        let schedule = paced.and_then(|u| {
+            Schedule::new(
+                &ScheduleSpec::Periodic { period: Duration::from_millis(5), unit_bytes: u },
+                &ScheduleLimits::new(64 << 20),
+            )
+            .ok()
+        });
+        let req = PlanRequest {
+            path,
+            cache,
+            zero_copy,
+            class,
+            pacing: schedule.as_ref().map_or(Pacing::Burst, Pacing::Schedule),
+            unit_bytes: unit,
+            extent: Extent { offset, length },
+            buffers,
+        };
+        let limits = PlanLimits { buffer_bytes: buffer_kib << 10, ..LIMITS };
+        let caps = PathCaps { uring };
+        let f = Facts { source, target, resident };
+        match plan_stream(&req, &f, caps, &limits) {
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+            Ok(p) => {
+                if source.volume.is_none() && target.volume.is_none() {
+                    prop_assert_eq!(check_path(p.path, source.kind, target.kind, cache, caps), Ok(()));
+                } else {
+                    prop_assert!(matches!(p.path, DataPath::Uring | DataPath::Copy));
+                    prop_assert!(p.path != DataPath::Uring || uring);
+                }
+                prop_assert!(p.unit_bytes >= 1 && p.unit_bytes <= UNIT_BYTES_MAX);
+                if target.kind == Datagram {
+                    prop_assert!(p.unit_bytes <= DATAGRAM_BYTES_MAX);
+                }
+                if p.path == DataPath::Uring {
+                    prop_assert!(uring);
+                    prop_assert!(p.unit_bytes <= limits.buffer_bytes);
+                    prop_assert!(p.read_bytes >= 1 && p.read_bytes <= limits.buffer_bytes);
+                    prop_assert_eq!(p.read_bytes % p.align_bytes, 0);
+                    prop_assert!(p.range.is_some());
+                }
+                if p.direct {
+                    prop_assert_eq!(p.path, DataPath::Uring);
+                    prop_assert_eq!(cache, CachePolicy::Bypass);
+                    prop_assert!(source.direct_align.is_some() && source.volume.is_none());
+                    if target.kind == Datagram {
+                        prop_assert_eq!(p.range.unwrap().0 % p.align_bytes, 0);
+                    }
+                }
+                if cache == CachePolicy::Bypass && source.volume.is_none() {
+                    prop_assert_eq!(p.path, DataPath::Uring);
+                }
+                prop_assert_eq!(p.admission.is_some(), class == Some(DiskClass::Rt));
+                if let Some(n) = p.buffers_reserved {
+                    prop_assert!(n >= 1 && n <= limits.rt_buffers_max && p.path == DataPath::Uring);
+                }
+                if p.zero_copy {
+                    prop_assert!(target.socket.is_some() && p.path == DataPath::Uring);
+                }
+                if let (Some((s, e)), File, Some(size)) = (p.range, source.kind, source.size) {
+                    prop_assert!(s <= e && e <= size);
+                }
+            }
+        }
+    }
+}

@@ -145,6 +145,16 @@ fn cpu_s(pid: u32) -> f64 {
     ticks as f64 / rustix::param::clock_ticks_per_second() as f64
 }
 
+/// Kills the server if the test fails half-way (a spinning server must not outlive it).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn count_lines(path: &std::path::Path) -> usize {
     let mut n = 0;
     let mut f = std::fs::File::open(path).unwrap();
@@ -206,7 +216,7 @@ fn accept_out_of_descriptors_backs_off_quietly_and_recovers() {
     .unwrap();
     // A file, not a pipe: a flood must not be slowed down by a reader that cannot keep up.
     let log = dir.path().join("stderr.log");
-    let mut child = Command::new(prlimit)
+    let child = Command::new(prlimit)
         .arg(format!("--nofile={SERVER_NOFILE}:{SERVER_NOFILE}"))
         .arg("--")
         .arg(env!("CARGO_BIN_EXE_penstock"))
@@ -221,8 +231,9 @@ fn accept_out_of_descriptors_backs_off_quietly_and_recovers() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let pid = child.id();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut child = KillOnDrop(child);
+    let pid = child.0.id();
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert!(line.starts_with("penstock serve: http://"), "{line}");
@@ -278,6 +289,6 @@ fn accept_out_of_descriptors_backs_off_quietly_and_recovers() {
     assert!(recovered, "no 200 after the idle clients closed");
 
     signal(pid, rustix::process::Signal::TERM);
-    let status = child.wait().unwrap();
+    let status = child.0.wait().unwrap();
     assert!(status.success(), "{status}");
 }

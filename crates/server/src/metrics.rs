@@ -54,6 +54,19 @@ pub struct Kind {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    /// Whose listener: `http`.
+    pub listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AcceptErrorLabel {
+    pub listener: String,
+    /// The errno, lower case: `emfile`, `enfile`, `enobufs`, `enomem`, `econnaborted`, ...
+    pub error: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabel {
     pub resource: String,
 }
@@ -76,6 +89,8 @@ pub struct Metrics {
     pub bytes: Family<ClassPath, Counter>,
     pub connections: Gauge,
     pub connections_refused: Counter,
+    pub accept_failures: Family<AcceptErrorLabel, Counter>,
+    pub accept_pauses: Family<ListenerLabel, Counter>,
     pub streams_active: Gauge,
     pub admission_refusals: Family<ResourceLabel, Counter>,
     pub errors: Family<Kind, Counter>,
@@ -125,6 +140,18 @@ impl Metrics {
             "http_connections_refused",
             "Connections refused at connections_max",
             connections_refused.clone(),
+        );
+        let accept_failures = Family::<AcceptErrorLabel, Counter>::default();
+        r.register(
+            "accept_failures",
+            "Failed accept calls, by listener and errno",
+            accept_failures.clone(),
+        );
+        let accept_pauses = Family::<ListenerLabel, Counter>::default();
+        r.register(
+            "accept_pauses",
+            "Times a listener stopped accepting for accept_backoff_ms (EMFILE, ENFILE, ENOBUFS, ENOMEM)",
+            accept_pauses.clone(),
         );
         let streams_active = Gauge::default();
         r.register(
@@ -182,6 +209,8 @@ impl Metrics {
             bytes,
             connections,
             connections_refused,
+            accept_failures,
+            accept_pauses,
             streams_active,
             admission_refusals,
             errors,
@@ -243,6 +272,25 @@ impl Metrics {
         self.errors
             .get_or_create(&Kind {
                 kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one failed accept on `listener` with `error` (an errno name, lower case).
+    pub fn accept_failed(&self, listener: &str, error: &str) {
+        self.accept_failures
+            .get_or_create(&AcceptErrorLabel {
+                listener: listener.to_string(),
+                error: error.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one pause of `listener`'s accepting.
+    pub fn accept_paused(&self, listener: &str) {
+        self.accept_pauses
+            .get_or_create(&ListenerLabel {
+                listener: listener.to_string(),
             })
             .inc();
     }

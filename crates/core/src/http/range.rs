@@ -23,15 +23,28 @@ pub enum RangeSet {
     Satisfiable(Vec<ByteRange>),
     /// Well-formed, but no range overlaps the file: 416 with `Content-Range: bytes */LEN`.
     Unsatisfiable,
-    /// Malformed, another unit, or more than `ranges_max` ranges: ignore the header and
-    /// serve the whole file with 200 (RFC 9110 §14.2: a server MAY ignore Range).
+    /// Malformed or invalid (RFC 9110 §14.1.1), another unit, more than `ranges_max` ranges,
+    /// or satisfiable only by a suffix of an empty file: ignore the header and serve the
+    /// whole file with 200 (RFC 9110 §14.2: a server MAY ignore Range).
     Ignore,
 }
 
-/// Evaluates a `Range` header value against a file of `file_len_bytes` bytes.
+/// Evaluates a `Range` header value against a file of `file_len_bytes` bytes, following
+/// RFC 9110 §14.1 to the letter (docs/http.md says where nginx differs):
 ///
-/// Numbers too large for a u64 saturate rather than fail: `bytes=99999999999999999999999-`
-/// starts past any file's end (416), and a huge last-byte-pos or suffix means "to the end".
+/// - A numeral of any length is a number, never a parse error (§14.1.2: "recipients MUST
+///   anticipate potentially large decimal numerals and prevent parsing errors due to integer
+///   conversion overflows"). One too large for a u64 is larger than any file, so it saturates:
+///   `bytes=99999999999999999999999-` starts past the end (unsatisfiable: 416), a huge
+///   last-pos means "the remainder" and a huge suffix "the entire representation" (206).
+/// - `last-pos < first-pos` makes the range-spec, and so the whole header, invalid (§14.1.1);
+///   it is decided on the digits, so that two numerals that both saturate still compare.
+///   An invalid header is ignored (200), as §14.2 allows ("MAY ignore or reject").
+/// - A zero-length file has no byte to send and no `Content-Range` to describe one, yet a
+///   suffix-range with a non-zero length is satisfiable against it (§14.1.2): such a header
+///   is ignored (200 with the empty body, §14.2: a server "MAY ignore a Range header field
+///   when the selected representation has no content"), not refused with 416.
+///
 /// Never panics.
 pub fn parse_range(value: &str, file_len_bytes: u64, ranges_max: usize) -> RangeSet {
     let Some((unit, set)) = value.trim().split_once('=') else {
@@ -42,6 +55,8 @@ pub fn parse_range(value: &str, file_len_bytes: u64, ranges_max: usize) -> Range
     }
     let mut ranges: Vec<ByteRange> = Vec::new();
     let mut specs = 0usize;
+    // A suffix-range satisfiable against an empty file (see above).
+    let mut empty_but_satisfiable = false;
     // `1#range-spec`: empty list elements are allowed and skipped (RFC 9110 §5.6.1.2).
     for spec in set.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         specs += 1;
@@ -56,7 +71,10 @@ pub fn parse_range(value: &str, file_len_bytes: u64, ranges_max: usize) -> Range
                 return RangeSet::Ignore;
             };
             // The last `suffix` bytes; a zero suffix selects nothing.
-            if suffix == 0 || file_len_bytes == 0 {
+            if suffix == 0 {
+                None
+            } else if file_len_bytes == 0 {
+                empty_but_satisfiable = true;
                 None
             } else {
                 Some(ByteRange {
@@ -65,15 +83,18 @@ pub fn parse_range(value: &str, file_len_bytes: u64, ranges_max: usize) -> Range
                 })
             }
         } else {
+            let first_digits = first;
             let Some(first) = parse_digits_saturating(first) else {
                 return RangeSet::Ignore;
             };
-            let last = if last.is_empty() {
+            let last_pos = if last.is_empty() {
                 u64::MAX
             } else {
                 match parse_digits_saturating(last) {
-                    Some(l) if l >= first => l,
-                    // `last < first` is invalid syntax: the whole header is ignored.
+                    // `last < first` is invalid (§14.1.1): the whole header is ignored.
+                    // Compared as numerals: `2…0-1…0` with 23 digits each saturates both
+                    // to u64::MAX, which would pass for valid.
+                    Some(l) if !numeral_less(last, first_digits) => l,
                     _ => return RangeSet::Ignore,
                 }
             };
@@ -82,7 +103,7 @@ pub fn parse_range(value: &str, file_len_bytes: u64, ranges_max: usize) -> Range
             } else {
                 Some(ByteRange {
                     start: first,
-                    end_inclusive: last.min(file_len_bytes - 1),
+                    end_inclusive: last_pos.min(file_len_bytes - 1),
                 })
             }
         };
@@ -92,6 +113,9 @@ pub fn parse_range(value: &str, file_len_bytes: u64, ranges_max: usize) -> Range
         return RangeSet::Ignore;
     }
     if ranges.is_empty() {
+        if empty_but_satisfiable {
+            return RangeSet::Ignore;
+        }
         return RangeSet::Unsatisfiable;
     }
     RangeSet::Satisfiable(coalesce(ranges))
@@ -111,6 +135,15 @@ fn coalesce(mut ranges: Vec<ByteRange>) -> Vec<ByteRange> {
         }
     }
     out
+}
+
+/// Whether the numeral `a` is below the numeral `b` (both `1*DIGIT`), exactly, whatever
+/// their lengths: leading zeros dropped, a shorter numeral is smaller, equal lengths compare
+/// digit by digit (ASCII order is numeric order).
+fn numeral_less(a: &str, b: &str) -> bool {
+    let a = a.trim_start_matches('0');
+    let b = b.trim_start_matches('0');
+    (a.len(), a) < (b.len(), b)
 }
 
 /// `1*DIGIT`, saturating at u64::MAX; `None` for anything else (signs, spaces, empty).
@@ -188,10 +221,100 @@ mod tests {
             parse_range("bytes=99999999999999999999999-", u64::MAX, 16),
             RangeSet::Unsatisfiable
         );
-        // A zero-length file has no satisfiable range at all.
+        // A zero-length file: no int-range is satisfiable, nor a zero suffix.
         assert_eq!(parse_range("bytes=0-", 0, 16), RangeSet::Unsatisfiable);
-        assert_eq!(parse_range("bytes=-1", 0, 16), RangeSet::Unsatisfiable);
         assert_eq!(parse_range("bytes=0-0", 0, 16), RangeSet::Unsatisfiable);
+        assert_eq!(parse_range("bytes=-0", 0, 16), RangeSet::Unsatisfiable);
+    }
+
+    /// Issue 20: RFC 9110 §14.1.2, "recipients MUST anticipate potentially large decimal
+    /// numerals": past u64 a numeral is still a number (nginx answers 416 to all three).
+    #[test]
+    fn huge_numerals_are_numbers_not_parse_errors() {
+        for huge in [
+            "99999999999999999999999",
+            "18446744073709551616",
+            "18446744073709551615",
+            "000000000000000000000000000000099999999999999999999999",
+        ] {
+            // A last-pos at or past the end: the remainder (206).
+            assert_eq!(
+                sat(&format!("bytes=0-{huge}"), 100),
+                vec![r(0, 99)],
+                "{huge}"
+            );
+            assert_eq!(sat(&format!("bytes=42-{huge}"), 100), vec![r(42, 99)]);
+            // A suffix longer than the file: the entire file (206).
+            assert_eq!(
+                sat(&format!("bytes=-{huge}"), 100),
+                vec![r(0, 99)],
+                "{huge}"
+            );
+            // A first-pos past the end: unsatisfiable (416), even against the largest file.
+            for len in [0, 100, u64::MAX] {
+                assert_eq!(
+                    parse_range(&format!("bytes={huge}-"), len, 16),
+                    RangeSet::Unsatisfiable,
+                    "{huge} against {len}"
+                );
+            }
+            // ...and dropped beside a satisfiable one.
+            assert_eq!(sat(&format!("bytes=0-0,{huge}-"), 100), vec![r(0, 0)]);
+        }
+        // Leading zeros do not make a numeral large.
+        assert_eq!(
+            sat(
+                "bytes=000000000000000000000000005-0000000000000000000000000009",
+                100
+            ),
+            vec![r(5, 9)]
+        );
+    }
+
+    /// Issue 20: `last-pos < first-pos` is invalid (RFC 9110 §14.1.1) even when both are too
+    /// large for a u64; saturating both to u64::MAX used to call it valid and answer 416.
+    #[test]
+    fn inverted_huge_range_is_invalid_and_ignored() {
+        for v in [
+            "bytes=20000000000000000000000-10000000000000000000000",
+            "bytes=18446744073709551616-18446744073709551615",
+            "bytes=99999999999999999999999-99999999999999999999998",
+            "bytes=0-1,20000000000000000000000-10000000000000000000000",
+        ] {
+            assert_eq!(parse_range(v, 100, 16), RangeSet::Ignore, "{v}");
+        }
+        // Equal huge positions are valid, and unsatisfiable.
+        assert_eq!(
+            parse_range(
+                "bytes=99999999999999999999999-99999999999999999999999",
+                100,
+                16
+            ),
+            RangeSet::Unsatisfiable
+        );
+        assert_eq!(
+            parse_range(
+                "bytes=18446744073709551615-99999999999999999999999",
+                u64::MAX,
+                16
+            ),
+            RangeSet::Unsatisfiable
+        );
+    }
+
+    /// Issue 20: against a zero-length file a non-zero suffix-range is satisfiable (RFC 9110
+    /// §14.1.2), so 416 would be wrong; there is no byte to send, so the header is ignored
+    /// (§14.2) and the empty file goes with 200, as nginx does.
+    #[test]
+    fn empty_file_with_a_suffix_range_is_ignored_not_416() {
+        for v in [
+            "bytes=-1",
+            "bytes=-99999999999999999999999",
+            "bytes=0-0,-1",
+            "bytes=-1,5-",
+        ] {
+            assert_eq!(parse_range(v, 0, 16), RangeSet::Ignore, "{v}");
+        }
     }
 
     #[test]
@@ -248,6 +371,69 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
+        /// Small numbers (around test file lengths), u64's edge, and numerals of up to 40
+        /// digits, some with leading zeros.
+        fn numeral() -> impl Strategy<Value = String> {
+            prop_oneof![
+                (0u64..400).prop_map(|n| n.to_string()),
+                prop_oneof![
+                    Just("18446744073709551614".to_string()),
+                    Just("18446744073709551615".to_string()),
+                    Just("18446744073709551616".to_string()),
+                ],
+                "0{0,3}[1-9][0-9]{0,39}",
+            ]
+        }
+
+        /// `n` (a numeral) compared with `x`, on digits.
+        fn cmp(n: &str, x: u64) -> std::cmp::Ordering {
+            let n = n.trim_start_matches('0');
+            let x = x.to_string();
+            let x = x.trim_start_matches('0');
+            (n.len(), n).cmp(&(x.len(), x))
+        }
+
+        /// RFC 9110 §14.1.1-2 for one range-spec, and §14.2's permission to ignore.
+        fn model(suffix: bool, first: &str, last: Option<&str>, len: u64) -> RangeSet {
+            use std::cmp::Ordering::*;
+            if suffix {
+                // "-N": the last N bytes, the entire representation if it is shorter.
+                return if cmp(first, 0) == Equal {
+                    RangeSet::Unsatisfiable
+                } else if len == 0 {
+                    RangeSet::Ignore
+                } else {
+                    let n = if cmp(first, len) == Less {
+                        first.parse::<u64>().unwrap()
+                    } else {
+                        len
+                    };
+                    RangeSet::Satisfiable(vec![ByteRange {
+                        start: len - n,
+                        end_inclusive: len - 1,
+                    }])
+                };
+            }
+            if let Some(l) = last {
+                let (f, l) = (first.trim_start_matches('0'), l.trim_start_matches('0'));
+                if (l.len(), l) < (f.len(), f) {
+                    return RangeSet::Ignore;
+                }
+            }
+            if cmp(first, len) != Less {
+                return RangeSet::Unsatisfiable;
+            }
+            let start: u64 = first.parse().unwrap();
+            let end_inclusive = match last {
+                Some(l) if cmp(l, len) == Less => l.parse().unwrap(),
+                _ => len - 1,
+            };
+            RangeSet::Satisfiable(vec![ByteRange {
+                start,
+                end_inclusive,
+            }])
+        }
+
         proptest! {
             #[test]
             fn ranges_stay_within_the_file(v in "(bytes|BYTES|x)=[0-9, -]{0,40}", len in 0u64..2000) {
@@ -260,6 +446,24 @@ mod tests {
                         prop_assert!(r.start <= r.end_inclusive && r.end_inclusive < len);
                     }
                 }
+            }
+
+            /// One range-spec, with numerals small or far past u64, against RFC 9110 §14.1's
+            /// rules written out on decimal strings (no integer conversion at all).
+            #[test]
+            fn one_spec_follows_rfc_9110(
+                first in numeral(),
+                last in proptest::option::of(numeral()),
+                suffix in any::<bool>(),
+                len in prop_oneof![0u64..300, Just(u64::MAX)],
+            ) {
+                let spec = match (suffix, &last) {
+                    (true, _) => format!("-{first}"),
+                    (false, Some(l)) => format!("{first}-{l}"),
+                    (false, None) => format!("{first}-"),
+                };
+                let want = model(suffix, &first, last.as_deref(), len);
+                prop_assert_eq!(parse_range(&format!("bytes={spec}"), len, 16), want, "{}", spec);
             }
 
             #[test]

@@ -63,10 +63,12 @@ pub struct Request {
 
 impl Request {
     /// The path relative to the served root, for `openat2(root_fd, ..)`: no leading `/`,
-    /// `"."` for the root itself.
+    /// `"."` for the root itself. A trailing `/` stays: path resolution then requires a
+    /// directory (POSIX; Linux fails with ENOTDIR otherwise, a symlink's target included), so
+    /// `/a.txt/` is not the file `a.txt` but a 404, as in nginx (issue 20), and the rule is
+    /// the kernel's, at the same instant as the open, rather than a check beside it.
     pub fn relative_path(&self) -> &str {
         let rel = self.path.trim_start_matches('/');
-        let rel = rel.strip_suffix('/').unwrap_or(rel);
         if rel.is_empty() { "." } else { rel }
     }
 
@@ -708,6 +710,24 @@ mod tests {
         let (r, _) = complete("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
         assert_eq!(r.relative_path(), ".");
         assert!(r.names_directory());
+    }
+
+    /// Issue 20: `/sub/a.txt/` must not open `sub/a.txt`; the trailing slash goes to the
+    /// kernel, which resolves it only to a directory.
+    #[test]
+    fn relative_path_keeps_the_trailing_slash() {
+        let rel = |p: &str| {
+            complete(&format!("GET {p} HTTP/1.1\r\nHost: x\r\n\r\n"))
+                .0
+                .relative_path()
+                .to_string()
+        };
+        assert_eq!(rel("/sub/a.txt/"), "sub/a.txt/");
+        assert_eq!(rel("/sub/a.txt/."), "sub/a.txt/");
+        assert_eq!(rel("/sub/a.txt"), "sub/a.txt");
+        assert_eq!(rel("/sub/"), "sub/");
+        assert_eq!(rel("/sub/x/.."), "sub/");
+        assert_eq!(rel("/"), ".");
     }
 
     #[test]

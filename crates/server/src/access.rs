@@ -559,9 +559,11 @@ mod tests {
     use super::*;
 
     fn access(read: &Path, write: Option<&Path>) -> Access {
-        let mut cfg = ControlConfig::default();
-        cfg.read_roots = vec![read.to_path_buf()];
-        cfg.write_roots = write.map(|w| vec![w.to_path_buf()]).unwrap_or_default();
+        let cfg = ControlConfig {
+            read_roots: vec![read.to_path_buf()],
+            write_roots: write.map(|w| vec![w.to_path_buf()]).unwrap_or_default(),
+            ..ControlConfig::default()
+        };
         Access::new(&cfg, read).unwrap()
     }
 

@@ -916,9 +916,14 @@ impl Streams {
         {
             return;
         }
+        self.fail(&mut e, why);
+    }
+
+    /// The entry failed: it says why, gives its reservation back, and is forgotten later.
+    fn fail(&self, e: &mut Entry, why: String) {
         e.run = Run::Failed(why);
         e.ended = Some(Instant::now());
-        self.release(&mut e);
+        self.release(e);
     }
 
     /// Gives an entry's admission reservation back (once).
@@ -996,7 +1001,7 @@ impl Streams {
                         Reply::ok("resumed")
                     }
                     Err(err) => {
-                        e.run = Run::Failed(err.clone());
+                        self.fail(&mut e, err.clone());
                         Reply::new(ReplyCode::INTERNAL_ERROR, err)
                     }
                 }
@@ -1236,7 +1241,7 @@ impl Streams {
                 Ok(())
             }
             Err(err) => {
-                e.run = Run::Failed(err.clone());
+                self.fail(e, err.clone());
                 Err(Reply::new(ReplyCode::INTERNAL_ERROR, err))
             }
         }

@@ -718,3 +718,28 @@ fn stats_answers_while_a_listening_stream_waits_for_its_peer() {
     }
     assert!(freed, "the listener of a closed stream still holds {addr}");
 }
+
+/// Found by the control_session fuzz target: a paused stream whose RESUME fails (here:
+/// SEEK past the end) kept its admission reservation for good.
+#[test]
+fn a_resume_that_fails_returns_the_reservation() {
+    let f = start();
+    let src = f.path("big.bin");
+    let rx = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rx_addr = rx.local_addr().unwrap();
+    let mut c = Ctl::authed(f.control());
+    let id = c
+        .cmd(&format!("OPEN file:{} tcp://{rx_addr}", src.display()))
+        .stream_id()
+        .unwrap();
+    assert_eq!(c.cmd(&format!("START {id}")).code.code(), 200);
+    // Never read: the stream is still running when paused.
+    let (_held, _) = rx.accept().unwrap();
+    assert_eq!(c.cmd(&format!("PAUSE {id}")).code.code(), 200);
+    assert_eq!(c.cmd(&format!("SEEK {id} 1G")).code.code(), 200);
+    let resumed = c.cmd(&format!("RESUME {id}"));
+    assert_eq!(resumed.code.code(), 500, "{resumed:?}");
+    let stats = c.cmd("STATS");
+    assert!(stats.lines.iter().any(|l| l == "admitted 0"), "{stats:?}");
+    assert!(stats.lines.iter().any(|l| l == "streams_failed 1"), "{stats:?}");
+}

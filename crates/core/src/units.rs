@@ -14,7 +14,8 @@ pub enum UnitsError {
     Duration(String),
     #[error(
         "invalid rate {0:?}: expected units per second (30/s, 29.97/s), bits per second \
-         (8Mbit/s, 500kbit/s) or bytes per second (100MB/s, 1GiB/s)"
+         (8Mbps, 8Mbit/s, 500kbps: a lower-case b is bits) or bytes per second (100MB/s, \
+         1GiB/s: an upper-case B is bytes)"
     )]
     Rate(String),
 }
@@ -108,8 +109,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, UnitsError> {
             "h" => 3_600_000_000_000,
             _ => return Err(UnitsError::Duration(s.to_string())),
         };
-        let ns = n * unit_ns / den;
-        let ns = u64::try_from(ns).map_err(|_| UnitsError::Duration(s.to_string()))?;
+        let err = || UnitsError::Duration(s.to_string());
+        let scaled = n.checked_mul(unit_ns).ok_or_else(err)?;
+        if scaled % den != 0 {
+            // Finer than a nanosecond.
+            return Err(err());
+        }
+        let ns = u64::try_from(scaled / den).map_err(|_| err())?;
         return Ok(Duration::from_nanos(ns));
     }
     humantime::parse_duration(t).map_err(|_| UnitsError::Duration(s.to_string()))
@@ -146,17 +152,45 @@ impl Rate {
     }
 }
 
-/// Parses `30/s`, `29.97/s`, `8Mbit/s`, `500kbit/s`, `1Gbit/s`, `100MB/s`, `1GiB/s`.
+/// The multiplier of a bit rate's prefix: `k`, `M`, `G`, `T` (1000s) or `Ki`, `Mi`, `Gi`, `Ti`
+/// (1024s), in any case (`kbps` and `Kbps` are the same).
+fn bit_prefix(p: &str) -> Option<u64> {
+    Some(match p.to_ascii_lowercase().as_str() {
+        "" => 1,
+        "k" => 1_000,
+        "m" => 1_000_000,
+        "g" => 1_000_000_000,
+        "t" => 1_000_000_000_000,
+        "ki" => 1 << 10,
+        "mi" => 1 << 20,
+        "gi" => 1 << 30,
+        "ti" => 1 << 40,
+        _ => return None,
+    })
+}
+
+/// Parses a rate:
+/// - transfer units per second: `30/s`, `29.97/s` (also `30Hz/s`);
+/// - **bits** per second: a lower-case `b` or the word `bit` — `8Mbps`, `8Mb/s`, `8Mbit/s`,
+///   `500kbps`, `500kbit/s`, `1Gbps`, `100bps`, `1Kibps` (k, M, G, T are 1000s as in
+///   networking; Ki, Mi, Gi, Ti 1024s);
+/// - **bytes** per second: an upper-case `B` or a size suffix — `100MB/s`, `1MBps`,
+///   `1GiB/s`, `64KiB/s`, `10M/s` (sizes as [`parse_size`] reads them).
+///
+/// `Mbps` is megabits everywhere, as every network tool means it (`8Mbps` = 1 MB/s).
 pub fn parse_rate(s: &str) -> Result<Rate, UnitsError> {
     let err = || UnitsError::Rate(s.to_string());
     let t = s.trim();
-    let body = t
-        .strip_suffix("/s")
-        .or_else(|| t.strip_suffix("ps"))
-        .ok_or_else(err)?;
+    let (body, per_s_word) = if let Some(b) = t.strip_suffix("/s") {
+        (b, false)
+    } else if let Some(b) = t.strip_suffix("ps").or_else(|| t.strip_suffix("PS")) {
+        (b, true)
+    } else {
+        return Err(err());
+    };
     let (num, suffix) = split_number(body);
     let lower = suffix.to_ascii_lowercase();
-    if lower.is_empty() || lower == "hz" {
+    if !per_s_word && (lower.is_empty() || lower == "hz") {
         let (n, den) = parse_decimal(num).ok_or_else(err)?;
         let num = u64::try_from(n).map_err(|_| err())?;
         let den = u64::try_from(den).map_err(|_| err())?;
@@ -165,20 +199,25 @@ pub fn parse_rate(s: &str) -> Result<Rate, UnitsError> {
         }
         return Ok(Rate::UnitsPerSecond { num, den });
     }
-    let bit_mult: Option<u64> = match lower.as_str() {
-        "bit" | "b" if suffix != "B" => Some(1),
-        "kbit" => Some(1_000),
-        "mbit" => Some(1_000_000),
-        "gbit" => Some(1_000_000_000),
-        _ => None,
+    // Bits: a suffix ending in the word "bit" (any case) or in a lower-case "b".
+    let bit_prefix_str = if lower.ends_with("bit") {
+        Some(&suffix[..suffix.len() - 3])
+    } else if suffix.ends_with('b') {
+        Some(&suffix[..suffix.len() - 1])
+    } else {
+        None
     };
-    let bits = if let Some(mult) = bit_mult {
+    let bits = if let Some(prefix) = bit_prefix_str {
+        let mult = bit_prefix(prefix).ok_or_else(err)?;
         let (n, den) = parse_decimal(num).ok_or_else(err)?;
         let total = n.checked_mul(u128::from(mult)).ok_or_else(err)?;
         if total % den != 0 {
             return Err(err());
         }
         u64::try_from(total / den).map_err(|_| err())?
+    } else if suffix.is_empty() {
+        // `30ps`: neither units per second nor a size.
+        return Err(err());
     } else {
         let bytes = parse_size(&format!("{num}{suffix}")).map_err(|_| err())?;
         bytes.checked_mul(8).ok_or_else(err)?
@@ -240,5 +279,134 @@ mod tests {
         assert!(parse_rate("0/s").is_err());
         assert!(parse_rate("30").is_err());
         assert!(parse_rate("fast/s").is_err());
+    }
+
+    /// What each spelling means, by hand (issue 16: `8Mbps` used to mean 8 MB/s).
+    const RATE_TABLE: &[(&str, u64)] = &[
+        ("8Mbps", 8_000_000),
+        ("8 Mbps", 8_000_000),
+        ("8mbps", 8_000_000),
+        ("8Mb/s", 8_000_000),
+        ("8Mbit/s", 8_000_000),
+        ("8MBit/s", 8_000_000),
+        ("1.5Mbps", 1_500_000),
+        ("500kbps", 500_000),
+        ("500Kbps", 500_000),
+        ("500kbit/s", 500_000),
+        ("1Gbps", 1_000_000_000),
+        ("2Tbps", 2_000_000_000_000),
+        ("100bps", 100),
+        ("100b/s", 100),
+        ("100bit/s", 100),
+        ("1Kibps", 1024),
+        ("1Mib/s", 1 << 20),
+        ("1MBps", 8_000_000),
+        ("100MB/s", 800_000_000),
+        ("1KiB/s", 8192),
+        ("1MiB/s", 8 << 20),
+        ("10M/s", 80 << 20),
+        ("1B/s", 8),
+        ("3kB/s", 24_000),
+    ];
+
+    #[test]
+    fn rates_follow_the_reference_table() {
+        for &(text, bits) in RATE_TABLE {
+            assert_eq!(parse_rate(text), Ok(Rate::BitsPerSecond(bits)), "{text}");
+        }
+        // 8Mbps is 1 MB/s.
+        assert_eq!(
+            parse_rate("8Mbps").unwrap().bytes_per_second(1316),
+            (8_000_000, 8)
+        );
+        for bad in [
+            "30ps",
+            "0bps",
+            "-1bps",
+            "8Mbpsx",
+            "8Xbps",
+            "1.0000000001Mbps",
+            "1.5bps",
+            "bps",
+            "8Mbps/s",
+            "",
+        ] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations_refuse_what_they_cannot_hold() {
+        assert!(parse_duration("1.5ns").is_err());
+        assert!(parse_duration("99999999999999999999.999999999h").is_err());
+        assert_eq!(parse_duration("0.5s"), Ok(Duration::from_millis(500)));
+    }
+
+    use proptest::prelude::*;
+
+    /// (suffix as typed, multiplier of the number, in bits or in bytes)
+    fn rate_unit() -> impl Strategy<Value = (String, u128, bool)> {
+        prop_oneof![
+            Just(("bps".to_string(), 1u128, true)),
+            Just(("kbps".to_string(), 1_000, true)),
+            Just(("Kbps".to_string(), 1_000, true)),
+            Just(("Mbps".to_string(), 1_000_000, true)),
+            Just(("Gbps".to_string(), 1_000_000_000, true)),
+            Just(("kbit/s".to_string(), 1_000, true)),
+            Just(("Mbit/s".to_string(), 1_000_000, true)),
+            Just(("Mb/s".to_string(), 1_000_000, true)),
+            Just(("Kibps".to_string(), 1 << 10, true)),
+            Just(("B/s".to_string(), 1, false)),
+            Just(("KB/s".to_string(), 1_000, false)),
+            Just(("MB/s".to_string(), 1_000_000, false)),
+            Just(("MBps".to_string(), 1_000_000, false)),
+            Just(("KiB/s".to_string(), 1 << 10, false)),
+            Just(("MiB/s".to_string(), 1 << 20, false)),
+            Just(("GiB/s".to_string(), 1 << 30, false)),
+        ]
+    }
+
+    proptest! {
+        /// Every rate a person types means what the reference table says: the number times
+        /// the unit's multiplier, in bits (bytes × 8); a fraction that does not come out
+        /// whole is refused.
+        #[test]
+        fn rates_match_the_reference(int in 0u64..1_000_000, frac in 0u32..1000, digits in 0usize..4, unit in rate_unit()) {
+            let (suffix, mult, bits) = unit;
+            let frac_text = if digits == 0 { String::new() } else { format!(".{:0width$}", frac % 10u32.pow(digits as u32), width = digits) };
+            let text = format!("{int}{frac_text}{suffix}");
+            let den = 10u128.pow(digits as u32);
+            let n = u128::from(int) * den + if digits == 0 { 0 } else { u128::from(frac % 10u32.pow(digits as u32)) };
+            let total = n * mult * if bits { 1 } else { 8 };
+            let expect = (total % den == 0 && total / den > 0 && (if bits { true } else { (n * mult) % den == 0 }))
+                .then(|| u64::try_from(total / den).ok())
+                .flatten();
+            match expect {
+                Some(b) => prop_assert_eq!(parse_rate(&text), Ok(Rate::BitsPerSecond(b)), "{}", text),
+                None => prop_assert!(parse_rate(&text).is_err(), "{}", text),
+            }
+        }
+
+        /// Sizes: the number times the suffix's multiplier (KiB 1024s, KB 1000s), exact.
+        #[test]
+        fn sizes_match_the_reference(int in 0u64..1_000_000, unit in proptest::sample::select(vec![("", 1u64), ("B", 1), ("KiB", 1 << 10), ("k", 1 << 10), ("KB", 1000), ("MiB", 1 << 20), ("MB", 1_000_000), ("GiB", 1 << 30), ("GB", 1_000_000_000)])) {
+            let text = format!("{int}{}", unit.0);
+            prop_assert_eq!(parse_size(&text), Ok(int * unit.1));
+        }
+
+        /// Durations: whole units scale exactly.
+        #[test]
+        fn durations_match_the_reference(n in 0u64..1_000_000, unit in proptest::sample::select(vec![("ns", 1u64), ("us", 1_000), ("ms", 1_000_000), ("s", 1_000_000_000), ("min", 60_000_000_000)])) {
+            let text = format!("{n}.0{}", unit.0);
+            prop_assert_eq!(parse_duration(&text), Ok(Duration::from_nanos(n * unit.1)));
+        }
+
+        /// No input panics.
+        #[test]
+        fn any_text_is_answered(s in ".{0,24}") {
+            let _ = parse_rate(&s);
+            let _ = parse_size(&s);
+            let _ = parse_duration(&s);
+        }
     }
 }

@@ -732,12 +732,38 @@ fn parse_net(input: &str, proto: Proto, rest: &str, role: Role) -> Result<Endpoi
     }
 }
 
-/// `vol:VOLUME/PARTITION`.
+/// The longest volume path in `vol:/PATH/PARTITION` (Linux's PATH_MAX less its NUL).
+pub const VOLUME_PATH_BYTES_MAX: usize = 4095;
+
+/// `vol:VOLUME/PARTITION`, or `vol:/PATH/TO/MEMBER/PARTITION`: a volume named by the absolute
+/// path of one of its members (split at the last `/`; the partition is a name as always).
 fn parse_volume(input: &str, rest: &str) -> Result<Endpoint, EndpointError> {
     let invalid = |reason| EndpointError::InvalidVolume {
         input: input.to_string(),
         reason,
     };
+    if rest.starts_with('/') {
+        let Some((path, partition)) = rest.rsplit_once('/') else {
+            unreachable!("starts with '/'")
+        };
+        if path.is_empty() {
+            return Err(invalid(
+                "vol:/PATH/PARTITION names a volume by a member's absolute path; the path is missing",
+            ));
+        }
+        if path.len() > VOLUME_PATH_BYTES_MAX {
+            return Err(invalid("a volume path is at most 4095 bytes"));
+        }
+        if path.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(invalid(
+                "a volume path holds no spaces or control characters",
+            ));
+        }
+        return Ok(Endpoint::Volume {
+            volume: VolumeName(path.to_string()),
+            partition: PartitionName(check_volume_name(partition).map_err(invalid)?),
+        });
+    }
     let Some((volume, partition)) = rest.split_once('/') else {
         return Err(invalid(
             "a volume endpoint is vol:VOLUME/PARTITION; the partition is missing",
@@ -745,7 +771,8 @@ fn parse_volume(input: &str, rest: &str) -> Result<Endpoint, EndpointError> {
     };
     if partition.contains('/') {
         return Err(invalid(
-            "a volume endpoint is vol:VOLUME/PARTITION, with exactly one '/'",
+            "a volume endpoint is vol:VOLUME/PARTITION, with exactly one '/' (or \
+             vol:/ABSOLUTE/PATH/OF/A/MEMBER/PARTITION)",
         ));
     }
     Ok(Endpoint::Volume {

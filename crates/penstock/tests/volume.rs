@@ -232,6 +232,24 @@ fn a_stream_from_a_volume_to_tcp_matches_the_file() {
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert!(receiver.join().unwrap() == bytes[70001..3_070_001]);
+    // Issue 16: `vol:/ABSOLUTE/MEMBER/PARTITION` names the volume by a member's path, with no
+    // PENSTOCK_VOLUMES.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let receiver = std::thread::spawn(move || {
+        let (mut sock, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        sock.read_to_end(&mut got).unwrap();
+        got
+    });
+    let by_path = format!("vol:{}/clip", s(&std::fs::canonicalize(&m[1]).unwrap()));
+    let o = penstock()
+        .args(["stream", &by_path, &format!("tcp://{addr}")])
+        .env_remove("PENSTOCK_VOLUMES")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{by_path}: {}", text(&o));
+    assert!(receiver.join().unwrap() == bytes, "{by_path}");
 }
 
 /// The metadata areas of the members, to prove that a refused command changed nothing.

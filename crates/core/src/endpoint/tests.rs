@@ -220,6 +220,19 @@ fn unix_sockets() {
     );
 }
 
+/// Issue 16: a volume named by a member's path, without PENSTOCK_VOLUMES.
+#[test]
+fn a_volume_may_be_named_by_a_members_absolute_path() {
+    let e = both("vol:/srv/disks/m0.img/movies");
+    let Endpoint::Volume { volume, partition } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(volume.as_str(), "/srv/disks/m0.img");
+    assert_eq!(partition.as_str(), "movies");
+    assert_eq!(e.to_string(), "vol:/srv/disks/m0.img/movies");
+    assert_eq!(both("vol:/m0/p").to_string(), "vol:/m0/p");
+}
+
 #[test]
 fn volumes() {
     assert_eq!(
@@ -578,6 +591,9 @@ fn volumes_need_a_partition_and_clean_names() {
         "vol:array0",
         "vol:array0/",
         "vol:/movies",
+        "vol:/m0/",
+        "vol:/m 0/p",
+        "vol:/m0/../",
         "vol:a/b/c",
         "vol:a b/c",
         "vol:./c",

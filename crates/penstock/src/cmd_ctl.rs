@@ -2,7 +2,7 @@
 //! `AUTH` with the token: `--token`, else `PENSTOCK_TOKEN`, else `--token-file`, else, over
 //! TCP, the default token file of a server started with the defaults, when readable), prints
 //! the reply, and exits 0 on a 2xx reply, 1 otherwise. Without one, reads command lines from
-//! stdin and prints each reply. Over the Unix socket the server knows the user without a
+//! stdin and prints each reply; exits 0 when every reply was 2xx, 1 when any was not. Over the Unix socket the server knows the user without a
 //! token.
 
 use std::io::{BufRead, BufReader, Write};
@@ -30,7 +30,11 @@ pub struct CtlArgs {
 
 /// The token to send, if any.
 fn token(a: &CtlArgs) -> Result<Option<String>> {
-    if let Some(t) = a.token.clone().or_else(|| std::env::var("PENSTOCK_TOKEN").ok()) {
+    if let Some(t) = a
+        .token
+        .clone()
+        .or_else(|| std::env::var("PENSTOCK_TOKEN").ok())
+    {
         return Ok(Some(t));
     }
     if let Some(f) = &a.token_file {
@@ -88,7 +92,7 @@ pub fn run(a: CtlArgs) -> Result<i32> {
         return Ok(if reply.code.is_success() { 0 } else { 1 });
     }
     let stdin = std::io::stdin();
-    let mut last_ok = true;
+    let mut all_ok = true;
     for line in stdin.lock().lines() {
         let line = line?;
         if line.trim().is_empty() {
@@ -97,10 +101,10 @@ pub fn run(a: CtlArgs) -> Result<i32> {
         let reply = send(&mut r, &line)?;
         print!("{reply}");
         std::io::stdout().flush()?;
-        last_ok = reply.code.is_success();
+        all_ok &= reply.code.is_success();
         if reply.code.code() == 221 {
             break;
         }
     }
-    Ok(if last_ok { 0 } else { 1 })
+    Ok(if all_ok { 0 } else { 1 })
 }

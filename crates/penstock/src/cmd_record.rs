@@ -29,7 +29,7 @@ const RECORDS_MAX: u64 = 100_000_000;
 #[derive(Args, Debug)]
 pub struct RecordArgs {
     /// Source: udp-listen://HOST:PORT or /net/udp/PORT (port 0: the kernel chooses; the bound
-    /// address is printed on stdout as `listening ADDR`).
+    /// address is printed on stdout as `listening ADDR`, on stderr with --json).
     pub src: String,
     /// The media: a file (the tracks are written beside it: DST.time, DST.packet, DST.frame),
     /// or a ready volume partition `vol:VOLUME/PARTITION` (its size bounds the recording; the
@@ -64,7 +64,9 @@ pub struct RecordArgs {
     /// Print a line on stdout for every durable sync point.
     #[arg(long)]
     pub progress: bool,
-    /// Print the summary as one JSON object on stdout.
+    /// Print the summary as one JSON object on stdout, and nothing else there (the listening
+    /// address and `--progress` lines then go to stderr; the address is in the JSON as
+    /// `listen`).
     #[arg(long)]
     pub json: bool,
 }
@@ -147,9 +149,18 @@ pub fn run(a: RecordArgs) -> Result<()> {
         signal_hook::consts::SIGXFSZ,
         Arc::new(AtomicBool::new(false)),
     )?;
+    // With --json, stdout carries the JSON object only: the address and the progress lines
+    // go to stderr (the address is in the JSON too).
+    let json = a.json;
+    let mut listening = None;
     let opened = open_source(&source, &mut |addr| {
-        println!("listening {addr}");
-        let _ = std::io::stdout().flush();
+        listening = Some(addr);
+        if json {
+            eprintln!("listening {addr}");
+        } else {
+            println!("listening {addr}");
+            let _ = std::io::stdout().flush();
+        }
     })?;
     let progress = a.progress;
     let report = record_to(
@@ -158,14 +169,18 @@ pub fn run(a: RecordArgs) -> Result<()> {
         &cfg,
         &stop,
         &mut |p| {
-            if progress {
+            if progress && json {
+                eprintln!("{}", sync_line(p));
+            } else if progress {
                 println!("{}", sync_line(p));
                 let _ = std::io::stdout().flush();
             }
         },
     )?;
     if a.json {
-        println!("{}", report_json(&report));
+        let mut v = report_json(&report);
+        v["listen"] = listening.map_or(serde_json::Value::Null, |a| a.to_string().into());
+        println!("{v}");
     }
     eprintln!("{}", summary(Path::new(&dst_label), &report));
     if dst_label.starts_with("vol:") {

@@ -1,0 +1,99 @@
+//! Command-line conventions (issue 16): exit codes and machine-readable output.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::UdpSocket;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn penstock() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_penstock"))
+}
+
+#[test]
+fn ctl_exits_non_zero_when_any_reply_on_stdin_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("ctl.sock");
+    let conf = dir.path().join("p.toml");
+    std::fs::write(
+        &conf,
+        "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n",
+    )
+    .unwrap();
+    let mut server = penstock()
+        .args(["serve", "--config"])
+        .arg(&conf)
+        .arg("--root")
+        .arg(dir.path())
+        .arg("--control-unix")
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let run = |input: &str| {
+        let mut c = penstock()
+            .args(["ctl", &format!("unix:{}", sock.display())])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        c.wait_with_output().unwrap()
+    };
+    let o = run("HELP\nSTATS\n");
+    assert!(o.status.success(), "{o:?}");
+    // An error reply in the middle, then successes: still a failure.
+    let o = run("HELP\nNOT-A-COMMAND\nSTATS\n");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("400 "));
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+#[test]
+fn record_json_prints_only_json_on_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rec.ts");
+    let mut rec = penstock()
+        .args(["record", "udp-listen://127.0.0.1:0"])
+        .arg(&out)
+        .args([
+            "--json",
+            "--duration",
+            "2s",
+            "--progress",
+            "--sync-every",
+            "100ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(rec.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| panic!("expected `listening ADDR` on stderr, got {first:?}"))
+        .to_string();
+    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for i in 0..50u8 {
+        let mut pkt = [0u8; 188];
+        pkt[0] = 0x47;
+        pkt[3] = i;
+        tx.send_to(&pkt, &addr).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let o = rec.wait_with_output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON value ({e}): {stdout:?}"));
+    assert_eq!(v["packets"], 50, "{v}");
+    assert_eq!(v["listen"], addr.as_str(), "{v}");
+}

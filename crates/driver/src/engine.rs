@@ -167,7 +167,18 @@ pub struct StreamSpec {
     /// Units of varying size, each with its own deadline (playback of a recording): the extent
     /// must hold exactly their bytes. Excludes `schedule`; uring path only.
     pub units: Option<Arc<[UnitPlan]>>,
+    /// The progress timeout (nginx's `send_timeout`): a stream that moves no byte, read or
+    /// sent, for longer than this fails with [`StreamError::Stalled`] — a receiver that stopped
+    /// reading, or a socket source that stopped sending. Time paused and time waiting for a
+    /// paced unit's own deadline do not count. Checked a few times per timeout, so the stall
+    /// is reported between this long and 1.5 times this long after the last byte moved. On the
+    /// uring path a send is seen when it completes (a whole unit): a receiver slower than a
+    /// unit per timeout counts as stalled there. `None` (or zero): wait forever.
+    pub send_timeout: Option<Duration>,
 }
+
+/// The progress timeout of [`StreamSpec::new`] (nginx's `send_timeout` default).
+pub const SEND_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
 
 impl StreamSpec {
     /// A burst stream of the whole source with default unit, path and cache policy.
@@ -190,6 +201,7 @@ impl StreamSpec {
             buffers: None,
             start_at: None,
             units: None,
+            send_timeout: Some(SEND_TIMEOUT_DEFAULT),
         }
     }
 }
@@ -258,6 +270,12 @@ pub enum StreamError {
     },
     #[error("cancelled after {bytes_sent} bytes were sent")]
     Cancelled { bytes_sent: u64 },
+    /// No byte moved for longer than the stream's `send_timeout` (not paused, not waiting for
+    /// its own deadline): the peer stopped reading, or a source peer stopped sending.
+    #[error(
+        "no progress for {timeout:?} (send timeout): the peer stopped reading or sending after {bytes_sent} bytes were sent"
+    )]
+    Stalled { bytes_sent: u64, timeout: Duration },
     #[error("engine stopped")]
     EngineStopped,
     /// Admission control refused the stream; the refusal names what is short, by how much.
@@ -336,7 +354,8 @@ pub struct StreamHandle {
     cancel: Arc<AtomicBool>,
     worker: WorkerHandle,
     done: Receiver<Result<StreamReport, StreamError>>,
-    open_count: Arc<AtomicUsize>,
+    /// The stream's place against `streams_max`, given back on drop.
+    _slot: StreamSlot,
     /// The admission reservation this stream holds, released on drop.
     reservation: Option<(ReservationId, Arc<Mutex<Admission>>)>,
 }
@@ -421,13 +440,28 @@ impl StreamHandle {
 
 impl Drop for StreamHandle {
     fn drop(&mut self) {
-        self.open_count.fetch_sub(1, Ordering::AcqRel);
         if let Some((id, admission)) = &self.reservation {
             admission
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .release(*id);
         }
+    }
+}
+
+/// One of the engine's `streams_max` places, taken ahead of [`Engine::open_reserved`] with
+/// [`Engine::reserve_stream`]: a caller that must not start what it cannot finish (an HTTP
+/// server about to write a response head) learns first whether the engine will take the
+/// stream. Dropping it, unused or with the handle that holds it, gives the place back.
+#[derive(Debug)]
+#[must_use = "a slot is given back when dropped"]
+pub struct StreamSlot {
+    open_count: Arc<AtomicUsize>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.open_count.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -693,12 +727,56 @@ impl Engine {
         self.open_opened(spec, source, target)
     }
 
+    /// Takes one of the `streams_max` places for a stream opened later with
+    /// [`Engine::open_reserved`]; [`StreamError::TooManyStreams`] when none is free.
+    pub fn reserve_stream(&self) -> Result<StreamSlot, StreamError> {
+        let prev = self.open_count.fetch_add(1, Ordering::AcqRel);
+        // The slot decrements on drop, also when refused here.
+        let slot = StreamSlot {
+            open_count: self.open_count.clone(),
+        };
+        if prev >= self.cfg.streams_max {
+            return Err(StreamError::TooManyStreams(self.cfg.streams_max));
+        }
+        Ok(slot)
+    }
+
     /// Starts a stream between endpoints the caller already opened (the server's sockets).
     pub fn open_opened(
         &self,
         spec: StreamSpec,
         source: Opened,
+        target: Opened,
+    ) -> Result<StreamHandle, StreamError> {
+        self.start(spec, source, target, None)
+    }
+
+    /// Like [`Engine::open_opened`], in a place taken with [`Engine::reserve_stream`]: never
+    /// [`StreamError::TooManyStreams`]. Refused (and the slot given back) for the reasons
+    /// `open_opened` has; for a plain file → stream-socket burst stream on a path the
+    /// engine's caps allow, only when the extent no longer fits the file.
+    pub fn open_reserved(
+        &self,
+        slot: StreamSlot,
+        spec: StreamSpec,
+        source: Opened,
+        target: Opened,
+    ) -> Result<StreamHandle, StreamError> {
+        if !Arc::ptr_eq(&slot.open_count, &self.open_count) {
+            return Err(StreamError::Invalid(
+                "the stream slot was reserved on another engine".into(),
+            ));
+        }
+        self.start(spec, source, target, Some(slot))
+    }
+
+    /// `open_opened`, in `slot` when the caller reserved one.
+    fn start(
+        &self,
+        spec: StreamSpec,
+        source: Opened,
         mut target: Opened,
+        slot: Option<StreamSlot>,
     ) -> Result<StreamHandle, StreamError> {
         let schedule = spec.schedule.filter(|s| !s.is_burst());
         let mut choice = spec.path;
@@ -871,18 +949,20 @@ impl Engine {
             }
             Err(e)
         };
-        let prev = self.open_count.fetch_add(1, Ordering::AcqRel);
-        if prev >= self.cfg.streams_max {
-            self.open_count.fetch_sub(1, Ordering::AcqRel);
-            return refuse(StreamError::TooManyStreams(self.cfg.streams_max));
-        }
+        let slot = match slot {
+            Some(s) => s,
+            None => match self.reserve_stream() {
+                Ok(s) => s,
+                Err(e) => return refuse(e),
+            },
+        };
         // An admitted rt stream on the uring path holds its buffers in its worker's pool.
         let buffers_reserved = (reservation.is_some() && path == DataPath::Uring)
             .then(|| spec.buffers.unwrap_or(self.default_rt_buffers()));
         let w = match self.place(buffers_reserved) {
             Ok(w) => w,
             Err(e) => {
-                self.open_count.fetch_sub(1, Ordering::AcqRel);
+                drop(slot);
                 return refuse(e);
             }
         };
@@ -931,6 +1011,7 @@ impl Engine {
                     )
                 })
             },
+            send_timeout: spec.send_timeout.filter(|t| !t.is_zero()),
             counters: counters.clone(),
             cancel: cancel.clone(),
             done: done_tx,
@@ -944,7 +1025,7 @@ impl Engine {
             cancel,
             worker,
             done,
-            open_count: self.open_count.clone(),
+            _slot: slot,
             reservation: reservation.map(|id| (id, self.admission.clone())),
         })
     }

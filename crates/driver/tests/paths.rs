@@ -21,6 +21,7 @@ use std::time::Duration;
 use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::stream::PathError;
 use penstock_core::stream::{CachePolicy, DataPath, Extent, ExtentError, IoKind, PathChoice};
+use penstock_driver::engine::SEND_TIMEOUT_DEFAULT;
 use penstock_driver::open::{OpenError, Opened, open_target};
 use penstock_driver::{Engine, EngineConfig, StreamError, StreamReport, StreamSpec, ZeroCopy};
 
@@ -222,6 +223,7 @@ fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
         buffers: None,
         start_at: None,
         units: None,
+        send_timeout: Some(SEND_TIMEOUT_DEFAULT),
     }
 }
 
@@ -590,6 +592,7 @@ fn run_stream_source(
         buffers: None,
         start_at: None,
         units: None,
+        send_timeout: Some(SEND_TIMEOUT_DEFAULT),
     };
     let got = match target {
         TargetKind::File => {
@@ -935,6 +938,7 @@ fn bad_streams_are_refused_with_typed_errors() {
             buffers: None,
             start_at: None,
             units: None,
+            send_timeout: Some(SEND_TIMEOUT_DEFAULT),
         })
     };
     let r = open(&dir.path().join("missing"), 0, None, 0, DataPath::Copy);

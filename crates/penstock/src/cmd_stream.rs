@@ -113,6 +113,12 @@ pub struct StreamArgs {
     /// PARTITION, in the current directory).
     #[arg(long)]
     pub tracks: Option<std::path::PathBuf>,
+    /// Fail when no byte moves for this long (the receiver stopped reading, or a socket
+    /// source stopped sending); time paused or waiting for a paced unit's deadline does not
+    /// count. 0: wait forever.
+    // The engine's SEND_TIMEOUT_DEFAULT.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    pub send_timeout: Duration,
 }
 
 fn parse_timer(s: &str) -> Result<TimerMode, String> {
@@ -280,6 +286,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
         class: a.class,
         buffers: a.reserve_buffers,
         units: playback.map(|p| p.units.into()),
+        send_timeout: (!a.send_timeout.is_zero()).then_some(a.send_timeout),
         ..StreamSpec::new(source, target)
     };
     let cpu0 = cpu_times(CpuWho::Process);

@@ -651,3 +651,51 @@ fn impossible_schedules_are_refused_before_anything_is_sent() {
         assert!(rx.recv(&mut buf).is_err(), "{name}: a datagram was sent");
     }
 }
+
+/// Issue 20: a receiver that accepts and never reads. With `--send-timeout 1s` the command
+/// ends (exit 1) within the timeout plus a generous bound, and the error names the stall.
+#[test]
+fn receiver_that_never_reads_ends_the_stream_at_the_send_timeout() {
+    const BOUND: std::time::Duration = std::time::Duration::from_secs(30);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = dir.path().join("big");
+    // Sparse: far more than the loopback socket buffers hold, and no disk.
+    fs::File::create(&src)
+        .and_then(|f| f.set_len(256 << 20))
+        .expect("sparse source");
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let target = format!("tcp://{}", l.local_addr().expect("addr"));
+    let (done, sender_done) = std::sync::mpsc::channel::<()>();
+    let holder = thread::spawn(move || {
+        // Accepted and held, never read, until the sender has exited.
+        let (s, _) = l.accept().expect("accept");
+        let _ = sender_done.recv();
+        drop(s);
+    });
+    let mut child = penstock(
+        &[
+            "stream",
+            src.to_str().expect("utf-8"),
+            &target,
+            "--send-timeout",
+            "1s",
+        ],
+        &[],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("run penstock stream");
+    let t0 = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if t0.elapsed() > BOUND {
+            let _ = child.kill();
+            panic!("penstock stream still running {BOUND:?} after a stall of 1s");
+        }
+        thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().expect("output");
+    drop(done);
+    holder.join().expect("holder");
+    expect_error("stalled receiver", &o, "no progress for 1s");
+}

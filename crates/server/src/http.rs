@@ -7,13 +7,19 @@
 //! body pieces: memory with `send`, file extents with `sendfile` from this loop) → back to
 //! `Reading` for keep-alive and pipelined requests, or closed. A body of at least
 //! `engine_body_bytes_min` bytes without a rate limit is handed to the engine instead
-//! (`Engine::open_opened` with a `dup` of the socket, so the connection survives for
+//! (`Engine::open_reserved` with a `dup` of the socket, so the connection survives for
 //! keep-alive): the connection leaves epoll (`Engine` state) until the engine's report says
 //! the extent went out. The engine's worker writes the loop's waker eventfd right after the
 //! report ([`penstock_driver::StreamHandle::notify_when_done`]); the loop then collects the
 //! reports, and also at every sweep (a fallback that costs one `try_recv` per body). Before,
 //! the loop woke every 1 ms while such bodies existed: 1,000 wake-ups a second per worker
 //! for nothing during a long download.
+//!
+//! Whether the engine takes a body is settled before its head is made: an engine place is
+//! reserved then (`Engine::reserve_stream`); with none free the loop sends the body itself
+//! (counted as `engine_full`), and a path the engine cannot run is a 503 with `Retry-After`.
+//! A client never gets a 200/206 head whose body the engine then refuses. The engine stream
+//! carries `send_timeout` as its progress timeout: a client that stops reading is cut.
 //!
 //! # Bounds
 //! - An idle connection holds a slot (a few dozen bytes) and no buffer: the read buffer is
@@ -52,9 +58,10 @@ use penstock_core::http::{
     ResponseHead, Status, boundary_for, content_type_for_path, parse_request, respond_error,
     respond_file, write_response_head,
 };
-use penstock_core::stream::{Extent, IoKind, PathChoice};
+use penstock_core::stream::{CachePolicy, Extent, IoKind, PathChoice, choose_path};
+use penstock_driver::engine::StreamSlot;
 use penstock_driver::open::Opened as EngineOpened;
-use penstock_driver::{Engine, StreamHandle, StreamSpec};
+use penstock_driver::{Engine, StreamError, StreamHandle, StreamSpec};
 use rustix::event::epoll;
 use rustix::io::Errno;
 use rustix::net::SendFlags;
@@ -212,8 +219,9 @@ struct Out {
     path_label: &'static str,
     body_sent: u64,
     rate: Option<RateLimit>,
-    /// Hand the (single, file) body to the engine once the head is out.
-    to_engine: bool,
+    /// The engine place reserved for the (single, file) body, before the head was made: hand
+    /// the body to the engine once the head is out. Given back when the response is dropped.
+    to_engine: Option<StreamSlot>,
     status: Status,
 }
 
@@ -863,7 +871,7 @@ impl Worker {
                                 path_label: "memory",
                                 body_sent: 0,
                                 rate: None,
-                                to_engine: false,
+                                to_engine: None,
                                 status: r.status,
                             };
                             let c = self.conn_mut(idx, generation).expect("present above");
@@ -964,7 +972,7 @@ impl Worker {
             path_label: "memory",
             body_sent: 0,
             rate: None,
-            to_engine: false,
+            to_engine: None,
             status: r.status,
         };
         if !shared.metrics_path.is_empty() && req.path == shared.metrics_path {
@@ -1022,10 +1030,47 @@ impl Worker {
             after_bytes: policy.limit_rate_after_bytes,
             rate_start: None,
         });
-        let to_engine = shared.engine_body_bytes_min > 0
+        let for_engine = shared.engine_body_bytes_min > 0
             && rate.is_none()
             && r.body.len() == 1
             && matches!(r.body[0], BodyPiece::File { len_bytes, .. } if len_bytes >= shared.engine_body_bytes_min);
+        // Decided before the head is written: a client never gets a 200/206 head whose body
+        // is then cut because the engine refused it. No free engine place: this loop sends
+        // the body; a path the engine cannot run here: 503, no body.
+        let to_engine = if for_engine {
+            let (source, target) = (IoKind::File, IoKind::StreamSocket);
+            let caps = shared.engine.caps();
+            let path = choose_path(
+                shared.body_path,
+                source,
+                target,
+                CachePolicy::Keep,
+                caps,
+                false,
+            );
+            match path
+                .map_err(StreamError::from)
+                .and_then(|_| shared.engine.reserve_stream())
+            {
+                Ok(slot) => Some(slot),
+                Err(StreamError::TooManyStreams(_)) => {
+                    shared.metrics.error("engine_full");
+                    None
+                }
+                Err(e) => {
+                    // A configuration the engine cannot run (`body_path`): said once, counted
+                    // always.
+                    static SAID: AtomicBool = AtomicBool::new(false);
+                    if !SAID.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "the engine cannot take HTTP bodies: answering 503");
+                    }
+                    shared.metrics.error("engine_refused");
+                    return memory(unavailable(req, &ctx), class);
+                }
+            }
+        } else {
+            None
+        };
         Out {
             head: r.head,
             head_pos: 0,
@@ -1107,6 +1152,21 @@ impl Worker {
             return;
         };
         let mut out = out;
+        let slot = out
+            .to_engine
+            .take()
+            .expect("write_out hands off only with a reserved engine place");
+        let target_fd = match c.sock.as_fd().try_clone_to_owned() {
+            Ok(fd) => fd,
+            Err(_) => {
+                // The head is out: this loop sends the body instead of cutting it.
+                shared.metrics.error("dup_failed");
+                drop(slot);
+                c.state = State::Sending(out);
+                self.ready.push((idx, generation));
+                return;
+            }
+        };
         let (
             Some(BodyPiece::File {
                 offset_bytes,
@@ -1118,14 +1178,6 @@ impl Worker {
             unreachable!("to_engine is set only for one file piece")
         };
         let peer = c.sock.peer_addr().ok();
-        let target_fd = match c.sock.as_fd().try_clone_to_owned() {
-            Ok(fd) => fd,
-            Err(_) => {
-                shared.metrics.error("dup_failed");
-                self.close(idx);
-                return;
-            }
-        };
         let file_len = file
             .metadata()
             .map_or(offset_bytes + len_bytes, |m| m.len());
@@ -1164,11 +1216,15 @@ impl Worker {
             length: Some(len_bytes),
         };
         spec.path = shared.body_path;
+        // nginx's send_timeout, as the loop applies it to its own bodies.
+        spec.send_timeout = Some(self.live.limits.send_timeout());
         // Leave epoll while the engine owns the socket's writes.
         if epoll::delete(epoll_fd, &c.sock).is_ok() {
             c.interest = Interest::Removed;
         }
-        match shared.engine.open_opened(spec, source, target) {
+        // Refused only if the file shrank since the head was made (the place is reserved and
+        // the path was checked in `respond`).
+        match shared.engine.open_reserved(slot, spec, source, target) {
             Ok(handle) => {
                 shared.metrics.streams_active.inc();
                 let waker = self.engine_waker.clone();
@@ -1242,7 +1298,10 @@ impl Worker {
                 }
                 Err(err) => {
                     tracing::debug!(error = %err, "HTTP body stream ended early");
-                    shared.metrics.error("client_vanished");
+                    shared.metrics.error(match err {
+                        StreamError::Stalled { .. } => "send_timeout",
+                        _ => "client_vanished",
+                    });
                     self.close(idx);
                 }
             }
@@ -1292,6 +1351,42 @@ impl Worker {
             self.free.push(idx);
             self.release_count();
         }
+    }
+}
+
+/// 503 with `Retry-After` and no body: the engine cannot take a body now and the head is
+/// not written yet (see `respond`).
+fn unavailable(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http::Response {
+    let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+    let head = ResponseHead {
+        status: Status::SERVICE_UNAVAILABLE,
+        date: ctx.date,
+        server: ctx.server,
+        content_type: None,
+        content_length_bytes: Some(0),
+        content_range: None,
+        accept_ranges: false,
+        etag: None,
+        last_modified: None,
+        allow: None,
+        connection: if keep_alive {
+            ConnectionHeader::KeepAlive {
+                timeout_s: ctx.keep_alive_timeout_s,
+            }
+        } else {
+            ConnectionHeader::Close
+        },
+    };
+    let mut bytes = Vec::with_capacity(192);
+    write_response_head(&head, &mut bytes);
+    // Before the empty line that ends the head (the core's head has no Retry-After field).
+    let end = bytes.len() - 2;
+    bytes.splice(end..end, b"Retry-After: 1\r\n".iter().copied());
+    penstock_core::http::Response {
+        status: Status::SERVICE_UNAVAILABLE,
+        head: bytes,
+        body: Vec::new(),
+        keep_alive,
     }
 }
 
@@ -1346,7 +1441,7 @@ fn error_kind(e: &HttpError) -> &'static str {
 fn write_out(sock: &TcpStream, out: &mut Out, now: Instant) -> Progress {
     let mut calls = 0;
     while out.head_pos < out.head.len() {
-        let more = if !out.pieces.is_empty() && !out.to_engine {
+        let more = if !out.pieces.is_empty() && out.to_engine.is_none() {
             SendFlags::MORE
         } else {
             SendFlags::empty()
@@ -1359,7 +1454,7 @@ fn write_out(sock: &TcpStream, out: &mut Out, now: Instant) -> Progress {
         }
         calls += 1;
     }
-    if out.to_engine {
+    if out.to_engine.is_some() {
         return Progress::HandOff;
     }
     while let Some(front) = out.pieces.front() {
@@ -1497,5 +1592,35 @@ mod tests {
             r.allowance(t0 + Duration::from_secs(1), 500 + 1024),
             Ok(1000)
         );
+    }
+
+    /// Issue 20: the engine's refusal known before the head is a 503 with Retry-After and no
+    /// body, keeping the connection when the request allows it.
+    #[test]
+    fn unavailable_is_a_bodiless_503_with_retry_after() {
+        let Ok(Parsed::Complete { request, .. }) = parse_request(
+            b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n",
+            &penstock_core::http::Limits::default(),
+        ) else {
+            panic!("request parses");
+        };
+        let ctx = ResponseContext {
+            date: SystemTime::UNIX_EPOCH,
+            server: "penstock",
+            keep_alive_allowed: true,
+            keep_alive_timeout_s: Some(60),
+            ranges_max: 16,
+            boundary: "",
+        };
+        let r = unavailable(&request, &ctx);
+        let head = String::from_utf8(r.head).expect("ascii head");
+        assert!(
+            head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\nRetry-After: 1\r\n"), "{head}");
+        assert!(head.contains("\r\nContent-Length: 0\r\n"), "{head}");
+        assert!(head.ends_with("\r\n\r\n") && !head.ends_with("\r\n\r\n\r\n"));
+        assert!(r.body.is_empty() && r.keep_alive);
     }
 }

@@ -567,3 +567,131 @@ fn huge_and_edge_ranges_follow_rfc_9110() {
     assert_eq!(st, 416);
     assert_eq!(header(&hs, "content-range"), Some("bytes */0"));
 }
+
+/// The sum of the OpenMetrics samples named `name` whose labels contain `label`.
+fn metric_sum(f: &Fixture, name: &str, label: &str) -> u64 {
+    let m = String::from_utf8(get(f, "/metrics", &[]).2).unwrap();
+    m.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Issue 20 (defect 5): engine `streams_max = 4`, `send_timeout` 1.5 s. Four clients GET a
+/// 32 MiB file and never read: they hold the engine's four places. A fifth GET receives the
+/// complete, byte-exact body (the loop sends it) or a 503 without a 200 head, never a 200 cut
+/// short. At the timeout the server closes the four, and the engine's places are free again:
+/// a new GET goes through the engine.
+#[test]
+fn engine_full_never_cuts_a_200_and_stalled_clients_are_cut_at_send_timeout() {
+    const HUGE: usize = 32 << 20;
+    const TIMEOUT: Duration = Duration::from_millis(1500);
+    /// A generous upper bound on the cut, past the timeout (never a measurement).
+    const BOUND: Duration = Duration::from_secs(20);
+    let mut cfg = config();
+    cfg.engine.streams_max = Some(4);
+    cfg.limits.send_timeout_ms = TIMEOUT.as_millis() as u64;
+    cfg.http.engine_body_bytes_min = 1 << 20;
+    let f = start_with(cfg);
+    let want = pattern(HUGE, 9);
+    std::fs::write(f.path("huge.bin"), &want).unwrap();
+    let request = b"GET /huge.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+
+    let first_sent = std::time::Instant::now();
+    let mut stalled = Vec::new();
+    for i in 0..4 {
+        let mut s = TcpStream::connect(f.http).unwrap();
+        s.write_all(request).unwrap();
+        // The head is out, so the engine place was reserved (before the head was made).
+        let mut b = [0u8; 12];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"HTTP/1.1 200", "stalled client {i}");
+        stalled.push(s);
+    }
+
+    // The fifth: a whole 200, or a 503 and nothing else.
+    let mut s = TcpStream::connect(f.http).unwrap();
+    s.set_read_timeout(Some(BOUND)).unwrap();
+    s.write_all(request).unwrap();
+    let mut resp = Vec::new();
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).unwrap();
+    // No stream could have stalled yet if the head came before one timeout had passed since
+    // the first request: then the engine was full for certain.
+    let full_for_certain = first_sent.elapsed() < TIMEOUT;
+    resp.push(b[0]);
+    s.read_to_end(&mut resp).unwrap();
+    let head_end = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete head")
+        + 4;
+    let head = String::from_utf8_lossy(&resp[..head_end]).to_string();
+    let body = &resp[head_end..];
+    match status_of(&resp) {
+        200 => {
+            assert!(
+                head.contains(&format!("Content-Length: {HUGE}\r\n")),
+                "{head}"
+            );
+            assert_eq!(body.len(), HUGE, "a 200 cut short: {head}");
+            assert!(body == &want[..], "the 200's body differs");
+        }
+        503 => {
+            assert!(head.contains("Retry-After:"), "{head}");
+            assert!(body.is_empty(), "a 503 with a body");
+        }
+        other => panic!("fifth GET: {other}\n{head}"),
+    }
+    if full_for_certain {
+        assert!(
+            metric_sum(&f, "penstock_errors_total", "kind=\"engine_full\"") >= 1,
+            "the engine was full but the fifth body was not counted as engine_full"
+        );
+    }
+
+    // The four stalled clients are cut by the engine's progress timeout.
+    let waited = std::time::Instant::now();
+    while metric_sum(&f, "penstock_errors_total", "kind=\"send_timeout\"") < 4 {
+        assert!(
+            waited.elapsed() < TIMEOUT + BOUND,
+            "the stalled clients were not cut"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (i, mut s) in stalled.into_iter().enumerate() {
+        // What the socket buffers held, then EOF (or a reset): never the whole body.
+        s.set_read_timeout(Some(BOUND)).unwrap();
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("stalled client {i}: {e} after {got} bytes (not closed)"),
+            }
+        }
+        assert!(got < HUGE, "stalled client {i} got the whole body");
+    }
+
+    // The engine's places are free: a new large GET goes through the engine again.
+    let before = metric_sum(
+        &f,
+        "penstock_http_requests_total",
+        "path=\"engine-sendfile\"",
+    );
+    let (st, _, body) = get(&f, "/huge.bin", &[]);
+    assert_eq!(st, 200);
+    assert!(body == want, "the body after the cut differs");
+    let after = metric_sum(
+        &f,
+        "penstock_http_requests_total",
+        "path=\"engine-sendfile\"",
+    );
+    assert_eq!(
+        after,
+        before + 1,
+        "the GET after the cut did not use the engine"
+    );
+}

@@ -175,6 +175,9 @@ pub(crate) fn start(
     addr: SocketAddr,
     workers: usize,
 ) -> io::Result<(SocketAddr, Vec<JoinHandle<()>>)> {
+    if addr.port() != 0 {
+        port_is_free(addr)?;
+    }
     let mut bound = addr;
     let mut listeners = Vec::new();
     for _ in 0..workers.max(1) {
@@ -191,6 +194,17 @@ pub(crate) fn start(
         threads.push(t);
     }
     Ok((bound, threads))
+}
+
+/// SO_REUSEPORT lets any process of the same user join a port silently (a second `penstock
+/// serve` on the same address would take half the connections): before the workers bind
+/// their group, a socket without SO_REUSEPORT must be able to bind the address, which fails
+/// with "address in use" while anyone listens there (as nginx and the control port do).
+fn port_is_free(addr: SocketAddr) -> io::Result<()> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM.cloexec(), None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into())
 }
 
 fn reuseport_listener(addr: SocketAddr) -> io::Result<TcpListener> {

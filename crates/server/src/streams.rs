@@ -423,8 +423,7 @@ fn run(
         .map_or(0, |u| usize::try_from(u).unwrap_or(usize::MAX));
     spec.path = engine_path(e.path);
     spec.schedule = schedule_of(backend, e)?;
-    // TODO(helper): spec.send_timeout = send_timeout;
-    let _ = send_timeout;
+    spec.send_timeout = send_timeout;
     let source = dup(&ends.source).map_err(|x| x.to_string())?;
     let target = dup(&ends.target).map_err(|x| x.to_string())?;
     backend

@@ -743,3 +743,36 @@ fn a_resume_that_fails_returns_the_reservation() {
     assert!(stats.lines.iter().any(|l| l == "admitted 0"), "{stats:?}");
     assert!(stats.lines.iter().any(|l| l == "streams_failed 1"), "{stats:?}");
 }
+
+#[test]
+fn a_control_stream_to_a_receiver_that_stops_reading_fails_at_the_send_timeout() {
+    let mut cfg = config();
+    cfg.control.send_timeout_ms = 1000;
+    let f = start_with(cfg);
+    // More than loopback's socket buffers hold.
+    let src = f.path("huge.bin");
+    std::fs::write(&src, vec![1u8; 64 << 20]).unwrap();
+    let rx = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rx_addr = rx.local_addr().unwrap();
+    let mut c = Ctl::authed(f.control());
+    let id = c
+        .cmd(&format!("OPEN file:{} tcp://{rx_addr}", src.display()))
+        .stream_id()
+        .unwrap();
+    assert_eq!(c.cmd(&format!("START {id}")).code.code(), 200);
+    let (_held, _) = rx.accept().unwrap();
+    let mut failed = None;
+    for _ in 0..1500 {
+        let st = c.cmd(&format!("STATE {id}"));
+        assert!(!st.lines[0].contains(" done "), "{st:?}");
+        if st.lines[0].contains(" failed ") {
+            failed = Some(st.lines[0].clone());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let line = failed.expect("the stalled stream never failed");
+    assert!(line.contains("no_progress"), "{line}");
+    let stats = c.cmd("STATS");
+    assert!(stats.lines.iter().any(|l| l == "admitted 0"), "{stats:?}");
+}

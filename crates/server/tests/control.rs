@@ -724,7 +724,9 @@ fn stats_answers_while_a_listening_stream_waits_for_its_peer() {
 #[test]
 fn a_resume_that_fails_returns_the_reservation() {
     let f = start();
-    let src = f.path("big.bin");
+    // More than loopback's socket buffers hold: still running when paused.
+    let src = f.path("huge.bin");
+    std::fs::write(&src, vec![2u8; 64 << 20]).unwrap();
     let rx = TcpListener::bind("127.0.0.1:0").unwrap();
     let rx_addr = rx.local_addr().unwrap();
     let mut c = Ctl::authed(f.control());

@@ -175,6 +175,22 @@ fn count_lines(path: &std::path::Path) -> usize {
 /// it must serve again.
 #[test]
 fn accept_out_of_descriptors_backs_off_quietly_and_recovers() {
+    out_of_descriptors(Flood::Http);
+}
+
+/// The same for the control protocol's TCP listener (its accept loop is a thread of its own).
+#[test]
+fn control_accept_out_of_descriptors_backs_off_quietly_and_recovers() {
+    out_of_descriptors(Flood::Control);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flood {
+    Http,
+    Control,
+}
+
+fn out_of_descriptors(flood: Flood) {
     const SERVER_NOFILE: u64 = 256;
     const IDLE: usize = 400;
     let Some(prlimit) = which("prlimit") else {
@@ -211,7 +227,10 @@ fn accept_out_of_descriptors_backs_off_quietly_and_recovers() {
     let conf = dir.path().join("penstock.toml");
     std::fs::write(
         &conf,
-        "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n",
+        match flood {
+            Flood::Http => "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n",
+            Flood::Control => "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"127.0.0.1:0\"\ntcp_connections_max = 1000\n",
+        },
     )
     .unwrap();
     // A file, not a pipe: a flood must not be slowed down by a reader that cannot keep up.
@@ -251,9 +270,18 @@ fn accept_out_of_descriptors_backs_off_quietly_and_recovers() {
         .to_string();
     assert_eq!(get_status(&http, "/a.txt"), 200);
 
+    let target = match flood {
+        Flood::Http => http.clone(),
+        Flood::Control => line
+            .split(", control ")
+            .nth(1)
+            .and_then(|c| c.split(',').next())
+            .unwrap()
+            .to_string(),
+    };
     let mut idle = Vec::with_capacity(IDLE);
     for _ in 0..IDLE {
-        idle.push(TcpStream::connect(&http).unwrap());
+        idle.push(TcpStream::connect(&target).unwrap());
     }
     // Let the server accept what it can and run into EMFILE.
     std::thread::sleep(Duration::from_secs(1));
@@ -287,6 +315,25 @@ fn accept_out_of_descriptors_backs_off_quietly_and_recovers() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(recovered, "no 200 after the idle clients closed");
+    if flood == Flood::Control {
+        let mut answered = false;
+        for _ in 0..30 {
+            let mut c = TcpStream::connect(&target).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            c.write_all(b"HELP\nQUIT\n").unwrap();
+            let mut text = String::new();
+            let _ = c.read_to_string(&mut text);
+            if text.contains("214 end") {
+                answered = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(
+            answered,
+            "the control port did not answer after the idle clients closed"
+        );
+    }
 
     signal(pid, rustix::process::Signal::TERM);
     let status = child.0.wait().unwrap();

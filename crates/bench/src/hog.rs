@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use penstock_driver::sys::AlignedBuffer;
 
 pub fn run(kind: &str, file: Option<&Path>) -> Result<()> {
     match kind {
@@ -25,12 +26,11 @@ pub fn run(kind: &str, file: Option<&Path>) -> Result<()> {
             let fd = penstock_driver::open::reopen_direct(file)
                 .or_else(|| std::fs::File::open(file).ok().map(Into::into))
                 .with_context(|| format!("open {}", file.display()))?;
-            let mut pool = penstock_uring::BufferPool::new(1, 1 << 20)?;
-            let b = pool.alloc().context("a buffer")?;
+            let mut buf = AlignedBuffer::new(1 << 20)?;
             loop {
                 let mut off = 0u64;
                 loop {
-                    let n = rustix::io::pread(&fd, pool.bytes_mut(b), off)?;
+                    let n = rustix::io::pread(&fd, buf.bytes_mut(), off)?;
                     if n == 0 {
                         break;
                     }

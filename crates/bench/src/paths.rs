@@ -22,6 +22,7 @@ use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::stream::{CachePolicy, DataPath, PathChoice};
 use penstock_core::units::parse_size;
 use penstock_driver::clock::{CpuWho, cpu_times};
+use penstock_driver::sys::AlignedBuffer;
 use penstock_driver::{Engine, EngineConfig, StreamSpec};
 
 use crate::stats::median;
@@ -249,17 +250,15 @@ fn bare_sendfile(file: &Path, port: u16, unit: usize) -> Result<()> {
 fn odirect_read(file: &Path, unit: usize) -> Result<()> {
     let fd = penstock_driver::open::reopen_direct(file)
         .context("O_DIRECT refused on this file system")?;
-    let mut pool = penstock_uring::BufferPool::new(1, unit.div_ceil(4096) * 4096)?;
-    let b = pool.alloc().context("one buffer")?;
+    let mut buf = AlignedBuffer::new(unit)?;
     let mut off = 0u64;
     loop {
-        let n = rustix::io::pread(&fd, pool.bytes_mut(b), off)?;
+        let n = rustix::io::pread(&fd, buf.bytes_mut(), off)?;
         if n == 0 {
             break;
         }
         off += n as u64;
     }
-    pool.free(b);
     Ok(())
 }
 

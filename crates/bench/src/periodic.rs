@@ -126,7 +126,7 @@ impl Receiver {
         if poll {
             args.push("--poll".into());
         }
-        let (child, out, port) = crate::bench_paths::spawn_sink(&args)?;
+        let (child, out, port) = crate::paths::spawn_sink(&args)?;
         Ok(Receiver { child, out, port })
     }
 
@@ -246,7 +246,7 @@ fn run_engine(
     let depth = 2;
     let engine = Engine::new(EngineConfig {
         workers,
-        pool_buffers: (per_worker * depth + 8).min(penstock_uring::pool::BUFFERS_MAX),
+        pool_buffers: (per_worker * depth + 8).min(penstock_driver::sys::POOL_BUFFERS_MAX),
         buffer_bytes: 16 * 1024,
         stream_depth: depth,
         streams_max: spec.streams + 16,
@@ -400,6 +400,16 @@ fn sleep_until(t: Instant) {
     }
 }
 
+/// A `--trace` file in the format `penstock stream --trace` writes and `penstock plot` reads.
+fn write_trace(path: &Path, trace: &[TraceRecord]) -> std::io::Result<()> {
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(w, "{}", TraceRecord::CSV_HEADER)?;
+    for r in trace {
+        writeln!(w, "{}", r.to_csv_line())?;
+    }
+    w.flush()
+}
+
 fn us(ns: u64) -> f64 {
     ns as f64 / 1e3
 }
@@ -509,7 +519,7 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                     && !trace.is_empty()
                 {
                     let p = d.join(format!("periodic-n{n}-{load}-{sender}.csv"));
-                    crate::cmd_stream::write_trace(&p, &trace)?;
+                    write_trace(&p, &trace)?;
                 }
                 let row = Row {
                     streams: n,

@@ -26,6 +26,7 @@ use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::{CachePolicy, Extent, PathChoice};
 use penstock_core::units::{parse_duration, parse_size};
 use penstock_driver::disk::DiskConfig;
+use penstock_driver::sys::AlignedBuffer;
 use penstock_driver::{DiskClass, Engine, EngineConfig, StreamSpec, ZeroCopy};
 
 #[derive(Args, Debug)]
@@ -98,18 +99,16 @@ fn evict(path: &Path) {
 /// The device's O_DIRECT sequential rate over `bytes` of `file` (1 MiB reads, depth 1).
 fn device_rate(file: &Path, bytes: u64) -> Result<f64> {
     let fd = penstock_driver::open::reopen_direct(file).context("O_DIRECT refused here")?;
-    let mut pool = penstock_uring::BufferPool::new(1, 1 << 20)?;
-    let b = pool.alloc().context("a buffer")?;
+    let mut buf = AlignedBuffer::new(1 << 20)?;
     let t0 = std::time::Instant::now();
     let mut off = 0;
     while off < bytes {
-        let n = rustix::io::pread(&fd, pool.bytes_mut(b), off)?;
+        let n = rustix::io::pread(&fd, buf.bytes_mut(), off)?;
         if n == 0 {
             break;
         }
         off += n as u64;
     }
-    pool.free(b);
     Ok(off as f64 / t0.elapsed().as_secs_f64())
 }
 
@@ -408,7 +407,7 @@ pub fn rtu(a: RtuArgs) -> Result<()> {
             (Order::EarliestDeadline, "edf"),
             (Order::RateMonotonic, "rm"),
         ] {
-            let _hogs = crate::bench_periodic::start_hogs(load, Path::new("/dev/null"))?;
+            let _hogs = crate::periodic::start_hogs(load, Path::new("/dev/null"))?;
             let e = Engine::new(EngineConfig {
                 workers: 1,
                 pool_buffers: 32,
@@ -418,7 +417,7 @@ pub fn rtu(a: RtuArgs) -> Result<()> {
                 admission: roomy_admission(),
                 ..EngineConfig::default()
             })?;
-            let mut sink = crate::bench_paths::Sink::start()?;
+            let mut sink = crate::paths::Sink::start()?;
             let mut handles = Vec::new();
             for (p, f, units) in &files {
                 evict(f);

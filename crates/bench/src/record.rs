@@ -27,6 +27,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use penstock_core::endpoint::{Endpoint, Host};
+use penstock_core::schedule::{Schedule, ScheduleFlags, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::{Extent, PathChoice};
 use penstock_core::time::Instant;
 use penstock_core::track::{Speed, plan_playback};
@@ -34,8 +35,6 @@ use penstock_core::units::parse_duration;
 use penstock_driver::clock::{self, CpuWho, cpu_times};
 use penstock_driver::record::{RecordConfig, RecordReport, load_recording, record};
 use penstock_driver::{Engine, EngineConfig, StreamSpec, ZeroCopy};
-
-use crate::cmd_stream::schedule_from_flags;
 
 #[derive(Args, Debug)]
 pub struct RecordBenchArgs {
@@ -264,8 +263,15 @@ fn run_streams(
         realtime,
         ..EngineConfig::default()
     })?;
-    let schedule =
-        schedule_from_flags(None, Some(RATE), None, Some(UNIT), 64 << 10)?.expect("a CBR schedule");
+    // What `penstock stream --rate RATE --unit UNIT` builds.
+    let flags = ScheduleFlags {
+        rate: Some(RATE),
+        ..ScheduleFlags::default()
+    };
+    let schedule = Schedule::new(
+        &ScheduleSpec::from_flags(&flags, UNIT)?,
+        &ScheduleLimits::new(64 << 10),
+    )?;
     let t0 = clock::now().saturating_add(Duration::from_millis(200));
     let mut handles = Vec::new();
     for (i, port) in ports.iter().enumerate() {

@@ -70,7 +70,7 @@ pub fn run(a: SinkArgs) -> Result<()> {
     while a.count.is_none_or(|c| served < c) {
         let (mut s, _) = l.accept()?;
         if let Some(b) = lowat {
-            penstock_uring::sys::set_rcvlowat(std::os::fd::AsFd::as_fd(&s), b)
+            penstock_driver::sys::set_rcvlowat(std::os::fd::AsFd::as_fd(&s), b)
                 .context("SO_RCVLOWAT")?;
         }
         let (out, checksum) = (out.clone(), a.checksum);

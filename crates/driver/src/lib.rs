@@ -14,6 +14,7 @@ pub mod open;
 mod pace;
 mod paths;
 pub mod record;
+pub mod sys;
 mod uring_path;
 pub mod volume;
 mod worker;

@@ -1,13 +1,8 @@
-//! The `penstock` command: thin glue over the engine.
+//! The `penstock` command: thin glue over the engine. The benchmarks, the `sink` receiver
+//! and the hidden `hog` load live in `penstock-bench`; this binary only names them.
 //!
 //! Exit codes: 0 success; 1 the operation failed (the error is on stderr); 2 bad usage.
 
-mod bench_http;
-mod bench_paths;
-mod bench_periodic;
-mod bench_qos;
-mod bench_record;
-mod bench_stripe;
 mod calibrate;
 mod cmd_ctl;
 mod cmd_record;
@@ -15,13 +10,10 @@ mod cmd_serve;
 mod cmd_stream;
 mod cmd_volume;
 mod demo;
-mod hog;
 mod plot;
-mod sink;
-mod stats;
-mod udp_sink;
 
 use clap::{Parser, Subcommand};
+use penstock_bench as bench;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -41,7 +33,7 @@ enum Command {
     /// Stream SRC to DST as fast as possible (a burst stream).
     Stream(cmd_stream::StreamArgs),
     /// Receive on a TCP address and count bytes (a receiver for tests and benchmarks).
-    Sink(sink::SinkArgs),
+    Sink(bench::sink::SinkArgs),
     /// Background load for benchmarks: `cpu` spins a core, `disk FILE` reads FILE with O_DIRECT.
     #[command(hide = true)]
     Hog {
@@ -71,19 +63,19 @@ enum Command {
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
     /// MARS Table 1 re-done: file → TCP loopback receiver for every data path.
-    Paths(bench_paths::PathsArgs),
+    Paths(bench::paths::PathsArgs),
     /// Roadrunner's experiment: N periodic UDP streams against thread-per-stream sleep loops.
-    Periodic(bench_periodic::PeriodicArgs),
+    Periodic(bench::periodic::PeriodicArgs),
     /// Issue 8: M recordings of an ~8 Mbit/s MPEG-TS at once (loss), and playback timing.
-    Record(bench_record::RecordBenchArgs),
+    Record(bench::record::RecordBenchArgs),
     /// MARS Table 2: an rt stream's completion time under background readers, DRR vs FIFO.
-    Isolation(bench_qos::IsolationArgs),
+    Isolation(bench::qos::IsolationArgs),
     /// MARS Table 3: three periodic streams (60, 75, 120 ms) sharing disk and network.
-    Rtu(bench_qos::RtuArgs),
+    Rtu(bench::qos::RtuArgs),
     /// penstock serve against nginx, with wrk: large and small files, 1 to 512 clients.
-    Http(bench_http::HttpArgs),
+    Http(bench::http::HttpArgs),
     /// Clockwise Fig. 1 / MARS ccd: read throughput of a partition striped over 1-4 members.
-    Stripe(bench_stripe::StripeArgs),
+    Stripe(bench::stripe::StripeArgs),
 }
 
 fn main() {
@@ -97,26 +89,26 @@ fn main() {
     let r = match cli.command {
         Command::Demo(a) => demo::run(a),
         Command::Stream(a) => cmd_stream::run(a),
-        Command::Sink(a) => sink::run(a),
+        Command::Sink(a) => bench::sink::run(a),
         Command::Plot(a) => plot::run(a),
         Command::Record(a) => cmd_record::run(a),
         Command::Tracks(a) => cmd_record::run_tracks(a),
-        Command::Bench(BenchCommand::Paths(a)) => bench_paths::run(a),
-        Command::Bench(BenchCommand::Periodic(a)) => bench_periodic::run(a),
-        Command::Bench(BenchCommand::Record(a)) => bench_record::run(a),
-        Command::Bench(BenchCommand::Isolation(a)) => bench_qos::isolation(a),
-        Command::Bench(BenchCommand::Rtu(a)) => bench_qos::rtu(a),
+        Command::Bench(BenchCommand::Paths(a)) => bench::paths::run(a),
+        Command::Bench(BenchCommand::Periodic(a)) => bench::periodic::run(a),
+        Command::Bench(BenchCommand::Record(a)) => bench::record::run(a),
+        Command::Bench(BenchCommand::Isolation(a)) => bench::qos::isolation(a),
+        Command::Bench(BenchCommand::Rtu(a)) => bench::qos::rtu(a),
         Command::Calibrate(a) => calibrate::run(a),
-        Command::Hog { kind, file } => hog::run(&kind, file.as_deref()),
+        Command::Hog { kind, file } => bench::hog::run(&kind, file.as_deref()),
         Command::Serve(a) => cmd_serve::run(a),
         Command::Ctl(a) => cmd_ctl::run(a).map(|code| {
             if code != 0 {
                 std::process::exit(code)
             }
         }),
-        Command::Bench(BenchCommand::Http(a)) => bench_http::run(a),
+        Command::Bench(BenchCommand::Http(a)) => bench::http::run(a),
         Command::Volume(c) => cmd_volume::run(c),
-        Command::Bench(BenchCommand::Stripe(a)) => bench_stripe::run(a),
+        Command::Bench(BenchCommand::Stripe(a)) => bench::stripe::run(a),
     };
     if let Err(e) = r {
         eprintln!("penstock: error: {}", error_text(&e));

@@ -202,10 +202,8 @@ pub fn parse_rate(s: &str) -> Result<Rate, UnitsError> {
     // Bits: a suffix ending in the word "bit" (any case) or in a lower-case "b".
     let bit_prefix_str = if lower.ends_with("bit") {
         Some(&suffix[..suffix.len() - 3])
-    } else if suffix.ends_with('b') {
-        Some(&suffix[..suffix.len() - 1])
     } else {
-        None
+        suffix.strip_suffix('b')
     };
     let bits = if let Some(prefix) = bit_prefix_str {
         let mult = bit_prefix(prefix).ok_or_else(err)?;
@@ -378,7 +376,7 @@ mod tests {
             let den = 10u128.pow(digits as u32);
             let n = u128::from(int) * den + if digits == 0 { 0 } else { u128::from(frac % 10u32.pow(digits as u32)) };
             let total = n * mult * if bits { 1 } else { 8 };
-            let expect = (total % den == 0 && total / den > 0 && (if bits { true } else { (n * mult) % den == 0 }))
+            let expect = (total.is_multiple_of(den) && total / den > 0 && (bits || (n * mult).is_multiple_of(den)))
                 .then(|| u64::try_from(total / den).ok())
                 .flatten();
             match expect {

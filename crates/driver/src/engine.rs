@@ -26,23 +26,23 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use penstock_core::endpoint::Endpoint;
+pub use penstock_core::stream::plan::{DiskClass, ZeroCopy, schedule_bytes_per_s};
+use penstock_core::stream::plan::{Pacing, PlanError, PlanLimits, PlanRequest, plan_stream};
 use penstock_core::stream::{
-    CachePolicy, DataPath, Extent, ExtentError, IoKind, PathCaps, PathChoice, PathError,
-    choose_path,
+    CachePolicy, DataPath, Extent, ExtentError, PathCaps, PathChoice, PathError,
 };
 
 use crate::buffers::BufferGauges;
 use crate::disk::DiskConfig;
-use crate::open::{OpenError, Opened, open_source, open_target, reopen_direct};
+use crate::open::{OpenError, Opened, open_source, open_target};
 use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
 use penstock_core::admission::{
-    Admission, AdmissionConfig, Capacity, QosClass, Refusal, Reservation, ReservationId, StreamQos,
-    Usage,
+    Admission, AdmissionConfig, Capacity, Refusal, Reservation, ReservationId, Usage,
 };
 use penstock_core::lateness::{LatenessStats, TraceRecord};
 use penstock_core::sched::edf::Order;
-use penstock_core::schedule::{Schedule, UnitPlan, check_plan};
+use penstock_core::schedule::{Schedule, UnitPlan};
 
 /// The largest `streams_max`: completion tokens carry a worker's stream slot in 22 bits.
 pub const STREAMS_MAX_LIMIT: usize = 1 << 20;
@@ -128,16 +128,6 @@ impl Default for EngineConfig {
     }
 }
 
-/// Zero-copy sends (SEND_ZC) on the uring path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ZeroCopy {
-    /// Only where it pays: units of 64 KiB or more to a non-loopback peer (loopback always copies).
-    #[default]
-    Auto,
-    On,
-    Off,
-}
-
 /// What to stream, from where to where, how.
 #[derive(Debug)]
 pub struct StreamSpec {
@@ -206,39 +196,24 @@ impl StreamSpec {
     }
 }
 
-/// Whether every page of a file source's range is in the page cache now (cachestat(2));
-/// `false` when the kernel cannot tell or the extent does not fit the file (refused later).
-fn source_is_cached(source: &Opened, extent: Extent) -> bool {
-    let Some(Ok((start, end))) = source.size.map(|size| extent.resolve_in_file(size)) else {
-        return false;
-    };
-    penstock_uring::sys::cached_pages(std::os::fd::AsFd::as_fd(&source.fd), start, end - start)
-        .is_some_and(|(cached, pages)| cached >= pages)
+/// The default transfer unit of `path` to a `target` (the planner's rule,
+/// [`penstock_core::stream::plan::default_unit_bytes`]).
+pub fn default_unit_bytes(
+    path: DataPath,
+    target: penstock_core::stream::IoKind,
+    buffer_bytes: usize,
+) -> usize {
+    usize::try_from(penstock_core::stream::plan::default_unit_bytes(
+        path,
+        target,
+        buffer_bytes as u64,
+    ))
+    .unwrap_or(usize::MAX)
 }
 
 /// A planned unit later than this is a miss unless `miss_after` says otherwise (a plan has no
 /// period to default to).
 pub const PLAN_MISS_AFTER_DEFAULT: Duration = Duration::from_millis(1);
-
-/// The disk classes of the engine's scheduler.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskClass {
-    /// Real-time: EDF by deadline, a larger DRR quantum, IOPRIO_CLASS_RT where permitted.
-    Rt,
-    /// Everything else.
-    Bulk,
-}
-
-/// Default transfer unit: a safe datagram for UDP; for the uring path a whole pool buffer;
-/// for the other paths 4 MiB (measured: fewer, larger sendfile/splice calls move loopback data
-/// markedly faster than 1 MiB ones, see bench/results).
-pub fn default_unit_bytes(path: DataPath, target: IoKind, buffer_bytes: usize) -> usize {
-    match (path, target) {
-        (_, IoKind::Datagram) => 1316, // 7 MPEG-TS packets: fits a 1500-byte MTU with headers
-        (DataPath::Uring, _) => buffer_bytes,
-        _ => 4 << 20,
-    }
-}
 
 /// Why a stream failed. Every variant that can happen after bytes moved says how many did.
 #[derive(Debug, thiserror::Error)]
@@ -250,8 +225,25 @@ pub enum StreamError {
     Path(#[from] PathError),
     #[error(transparent)]
     Extent(#[from] ExtentError),
-    #[error("invalid stream: {0}")]
-    Invalid(String),
+    /// The planner refused the stream (before anything was admitted or placed).
+    #[error(transparent)]
+    Plan(PlanError),
+    #[error("a unit plan and a schedule exclude each other")]
+    UnitsAndSchedule,
+    #[error("the stream slot was reserved on another engine")]
+    ForeignSlot,
+    /// A volume partition target is full: the source is longer than it.
+    #[error(
+        "the source is longer than {target} ({size_bytes} bytes): {bytes_written} bytes written, the rest refused"
+    )]
+    TargetFull {
+        target: String,
+        size_bytes: u64,
+        bytes_written: u64,
+    },
+    /// A transfer does not map onto the volume's members (a bug or a changed volume).
+    #[error("volume layout: {0}")]
+    Layout(#[from] penstock_core::volume::LayoutError),
     #[error("too many streams open (streams_max = {0})")]
     TooManyStreams(usize),
     #[error("the receiver disconnected after {bytes_sent} bytes were sent ({source})")]
@@ -284,6 +276,16 @@ pub enum StreamError {
     /// The pool buffers an `rt` stream reserves do not fit (the message says what is short).
     #[error("buffer pool: {0}")]
     Buffers(#[from] penstock_core::buffers::BufferError),
+}
+
+impl From<PlanError> for StreamError {
+    fn from(e: PlanError) -> StreamError {
+        match e {
+            PlanError::Path(p) => StreamError::Path(p),
+            PlanError::Extent(x) => StreamError::Extent(x),
+            other => StreamError::Plan(other),
+        }
+    }
 }
 
 /// Buckets of a stream's live lateness counts ([`StreamHandle::lateness`]): bucket 0 counts
@@ -463,16 +465,6 @@ impl Drop for StreamSlot {
     fn drop(&mut self) {
         self.open_count.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// A schedule's long-run rate in bytes per second (rounded up).
-pub fn schedule_bytes_per_s(s: &Schedule) -> u64 {
-    let (Some(p), Some(k)) = (s.period(), s.cycle_units()) else {
-        return 0;
-    };
-    // cycle_units units of unit_bytes every num_ns/den nanoseconds.
-    let bytes = u128::from(k) * u128::from(s.unit_bytes()) * 1_000_000_000 * u128::from(p.den());
-    u64::try_from(bytes.div_ceil(p.num_ns().max(1))).unwrap_or(u64::MAX)
 }
 
 /// Disk reads waiting in the scheduler or in flight, by class ([`Engine::disk_queue_depth`]).
@@ -658,6 +650,16 @@ impl Engine {
         u
     }
 
+    /// The engine's sizes, as the planner checks them.
+    pub fn plan_limits(&self) -> PlanLimits {
+        PlanLimits {
+            buffer_bytes: self.cfg.buffer_bytes as u64,
+            rt_buffers_default: self.default_rt_buffers(),
+            rt_buffers_max: u32::try_from(self.cfg.client_buffers_max.min(self.cfg.pool_buffers))
+                .unwrap_or(u32::MAX),
+        }
+    }
+
     /// What an `rt` stream reserves unless it says: the buffers it can use.
     fn default_rt_buffers(&self) -> u32 {
         let n = self
@@ -675,13 +677,8 @@ impl Engine {
         let Some(n) = reserve else {
             return Ok(first);
         };
-        let cap = self.cfg.client_buffers_max.min(self.cfg.pool_buffers);
-        if n == 0 || n as usize > cap {
-            return Err(StreamError::Invalid(format!(
-                "an rt stream reserves 1..={cap} pool buffers (client_buffers_max {}, pool_buffers {}), not {n}",
-                self.cfg.client_buffers_max, self.cfg.pool_buffers
-            )));
-        }
+        // The planner checked `n` against `PlanLimits::rt_buffers_max`.
+        debug_assert!(n >= 1 && n as usize <= self.cfg.client_buffers_max.min(self.cfg.pool_buffers));
         let mut most_left = 0;
         for k in 0..self.workers.len() {
             let w = (first + k) % self.workers.len();
@@ -720,7 +717,7 @@ impl Engine {
     ) -> Result<StreamHandle, StreamError> {
         let source = open_source(&spec.source, on_listen)?;
         // Refuse an extent that does not fit before opening the target, which truncates files.
-        if let (IoKind::File, Some(size)) = (source.kind, source.size) {
+        if let (penstock_core::stream::IoKind::File, Some(size)) = (source.kind, source.size) {
             spec.extent.resolve_in_file(size)?;
         }
         let target = open_target(&spec.target, on_listen)?;
@@ -763,9 +760,7 @@ impl Engine {
         target: Opened,
     ) -> Result<StreamHandle, StreamError> {
         if !Arc::ptr_eq(&slot.open_count, &self.open_count) {
-            return Err(StreamError::Invalid(
-                "the stream slot was reserved on another engine".into(),
-            ));
+            return Err(StreamError::ForeignSlot);
         }
         self.start(spec, source, target, Some(slot))
     }
@@ -774,170 +769,66 @@ impl Engine {
     fn start(
         &self,
         spec: StreamSpec,
-        source: Opened,
+        mut source: Opened,
         mut target: Opened,
         slot: Option<StreamSlot>,
     ) -> Result<StreamHandle, StreamError> {
         let schedule = spec.schedule.filter(|s| !s.is_burst());
-        let mut choice = spec.path;
-        let plan = spec.units.clone();
-        if plan.is_some() && schedule.is_some() {
-            return Err(StreamError::Invalid(
-                "a unit plan and a schedule exclude each other".into(),
-            ));
-        }
-        if plan.is_some() && choice == PathChoice::Auto {
-            // Planned units of varying size are read whole into pool buffers: uring only.
-            choice = PathChoice::Fixed(DataPath::Uring);
-        }
-        if schedule.is_some() && choice == PathChoice::Auto {
-            // Paced units of a file are read ahead into the pool and sent at their deadline:
-            // the uring path; without io_uring, or from a socket or pipe, copy (read, then
-            // write at the deadline).
-            choice = PathChoice::Fixed(if self.caps().uring && source.kind == IoKind::File {
-                DataPath::Uring
-            } else {
-                DataPath::Copy
-            });
-        }
-        let path = match crate::open::volume_path(choice, &source, &target, self.caps()) {
-            Some(r) => r.map_err(StreamError::Invalid)?,
-            None => {
-                let resident = choice == PathChoice::Auto
-                    && source.kind == IoKind::File
-                    && target.kind == IoKind::StreamSocket
-                    && spec.cache == CachePolicy::Keep
-                    && spec.class != Some(DiskClass::Rt)
-                    && source_is_cached(&source, spec.extent);
-                choose_path(
-                    choice,
-                    source.kind,
-                    target.kind,
-                    spec.cache,
-                    self.caps(),
-                    resident,
-                )?
-            }
+        let units = spec.units.clone();
+        let pacing = match (&units, &schedule) {
+            (Some(_), Some(_)) => return Err(StreamError::UnitsAndSchedule),
+            (Some(u), None) => Pacing::Units(u),
+            (None, Some(s)) => Pacing::Schedule(s),
+            (None, None) => Pacing::Burst,
         };
-        if path == DataPath::Copy
-            && let Some(v) = target.volume.as_mut()
-        {
+        let request = PlanRequest {
+            path: spec.path,
+            cache: spec.cache,
+            zero_copy: spec.zero_copy,
+            class: spec.class,
+            pacing,
+            unit_bytes: (spec.unit_bytes != 0).then_some(spec.unit_bytes as u64),
+            extent: spec.extent,
+            buffers: spec.buffers,
+        };
+        // The one decision: everything below carries it out.
+        let gathered = crate::facts::gather(&source, &target, &request);
+        let plan = plan_stream(&request, &gathered.facts, self.caps(), &self.plan_limits())?;
+        let reopen = |v: &mut crate::volume::PartitionIo| {
             v.make_buffered().map_err(|source| StreamError::Io {
                 op: "reopening the volume's members",
                 bytes_sent: 0,
                 source,
-            })?;
-        }
-        if schedule.is_some() && !matches!(path, DataPath::Uring | DataPath::Copy) {
-            return Err(StreamError::Invalid(format!(
-                "a paced stream sends unit by unit at deadlines: use the uring or copy path, not {path}"
-            )));
-        }
-        let range = match (source.kind, source.size) {
-            (IoKind::File, Some(size)) => Some(spec.extent.resolve_in_file(size)?),
-            _ if spec.extent.offset != 0 => {
-                return Err(ExtentError::OffsetOnStream(source.kind).into());
-            }
-            // A stream has no size: a length bounds how much of it is read (and a stream that
-            // ends before it is `SourceShrank`, not a short success).
-            _ => spec.extent.length.map(|length| (0, length)),
+            })
         };
-        if plan.is_some() && path != DataPath::Uring {
-            return Err(StreamError::Invalid(format!(
-                "a unit plan is sent on the uring path only, not {path}"
-            )));
+        if plan.buffered_target_volume
+            && let Some(v) = target.volume.as_mut()
+        {
+            reopen(v)?;
         }
-        let unit = if let Some(units) = &plan {
-            let (total, largest) = check_plan(units, self.cfg.buffer_bytes as u64)
-                .map_err(|e| StreamError::Invalid(e.to_string()))?;
-            if range.map(|(s, e)| e - s) != Some(total) {
-                return Err(StreamError::Invalid(format!(
-                    "the unit plan holds {total} bytes, the extent {:?}",
-                    range.map(|(s, e)| e - s)
-                )));
-            }
-            largest as usize
-        } else if let Some(s) = &schedule {
-            usize::try_from(s.unit_bytes())
-                .map_err(|_| StreamError::Invalid("unit too large".into()))?
-        } else if spec.unit_bytes == 0 {
-            default_unit_bytes(path, target.kind, self.cfg.buffer_bytes)
-        } else {
-            spec.unit_bytes
-        };
-        if path == DataPath::Uring && unit > self.cfg.buffer_bytes {
-            return Err(StreamError::Invalid(format!(
-                "unit of {unit} bytes is larger than the pool's buffers ({} bytes)",
-                self.cfg.buffer_bytes
-            )));
-        }
-        if unit > (64 << 20) {
-            return Err(StreamError::Invalid(format!(
-                "unit of {unit} bytes is larger than 64 MiB"
-            )));
-        }
-        if target.kind == IoKind::Datagram && unit > 65_507 {
-            return Err(StreamError::Invalid(format!(
-                "unit of {unit} bytes does not fit one UDP datagram (65507)"
-            )));
+        if plan.buffered_source_volume
+            && let Some(v) = source.volume.as_mut()
+        {
+            reopen(v)?;
         }
         // Admission control, for streams that ask for a guarantee. The reservation is
         // released when the caller drops the handle.
-        let reservation = if spec.class == Some(DiskClass::Rt) {
-            let Some(s) = &schedule else {
-                return Err(StreamError::Invalid(
-                    "--class rt needs a rate or a period: a guarantee is for a known bandwidth"
-                        .into(),
-                ));
-            };
-            let qos = StreamQos {
-                class: QosClass::Rt,
-                rate_bytes_per_s: schedule_bytes_per_s(s),
-                unit_bytes: s.unit_bytes(),
-                buffers: spec.buffers.unwrap_or(self.default_rt_buffers()),
-            };
-            let r = self
-                .admission
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .admit(qos)?;
-            Some(r.id)
-        } else {
-            None
+        let reservation = match plan.admission {
+            Some(qos) => Some(
+                self.admission
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .admit(qos)?
+                    .id,
+            ),
+            None => None,
         };
-        let mut notes = Vec::new();
-        let direct = if path == DataPath::Uring
-            && spec.cache == CachePolicy::Bypass
-            && source.volume.is_none()
-        {
-            let p = match &spec.source {
-                Endpoint::File { path } => Some(path.clone()),
-                _ => None,
-            };
-            match p.and_then(|p| reopen_direct(&p)) {
-                Some(fd) => Some(fd),
-                None => {
-                    notes.push(
-                        "O_DIRECT refused by this file system: reading through the page cache"
-                            .to_string(),
-                    );
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let zero_copy = match spec.zero_copy {
-            // SEND_ZC exists for TCP and UDP only; unix sockets refuse it (EOPNOTSUPP), and
-            // the uring path sends datagrams with copies.
-            ZeroCopy::On if path == DataPath::Uring && !peer_is_tcp(&target) => {
-                notes.push("zero-copy sends need a TCP target: sending with copies".to_string());
-                false
-            }
-            ZeroCopy::On => true,
-            ZeroCopy::Off => false,
-            ZeroCopy::Auto => unit >= 64 * 1024 && !peer_is_loopback(&target),
-        };
+        let direct = gathered.direct.filter(|_| plan.direct);
+        let range = plan.range;
+        let path = plan.path;
+        let unit = usize::try_from(plan.unit_bytes).unwrap_or(usize::MAX);
+        let notes = plan.notes.clone();
+        let zero_copy = plan.zero_copy;
 
         // A refusal from here on gives the admission reservation back.
         let refuse = |e: StreamError| {
@@ -957,8 +848,7 @@ impl Engine {
             },
         };
         // An admitted rt stream on the uring path holds its buffers in its worker's pool.
-        let buffers_reserved = (reservation.is_some() && path == DataPath::Uring)
-            .then(|| spec.buffers.unwrap_or(self.default_rt_buffers()));
+        let buffers_reserved = plan.buffers_reserved;
         let w = match self.place(buffers_reserved) {
             Ok(w) => w,
             Err(e) => {
@@ -979,16 +869,15 @@ impl Engine {
             direct,
             range,
             unit,
+            align_bytes: plan.align_bytes,
+            read_bytes: usize::try_from(plan.read_bytes).unwrap_or(usize::MAX),
             path,
             cache: spec.cache,
             zero_copy,
             notes,
-            rt: match spec.class {
-                Some(c) => c == DiskClass::Rt,
-                None => schedule.is_some() || plan.is_some(),
-            },
+            rt: plan.rt,
             buffers_reserved,
-            pace: if let Some(units) = plan {
+            pace: if let Some(units) = units {
                 let miss_after = spec.miss_after.unwrap_or(PLAN_MISS_AFTER_DEFAULT);
                 Some(Pace::with_plan(
                     units,
@@ -1028,29 +917,6 @@ impl Engine {
             _slot: slot,
             reservation: reservation.map(|id| (id, self.admission.clone())),
         })
-    }
-}
-
-fn peer_is_tcp(target: &Opened) -> bool {
-    if !target.socket || target.kind != IoKind::StreamSocket {
-        return false;
-    }
-    match rustix::net::getpeername(&target.fd) {
-        Ok(Some(addr)) => std::net::SocketAddr::try_from(addr).is_ok(),
-        _ => false,
-    }
-}
-
-fn peer_is_loopback(target: &Opened) -> bool {
-    if !target.socket {
-        return true;
-    }
-    match rustix::net::getpeername(&target.fd) {
-        Ok(Some(addr)) => match std::net::SocketAddr::try_from(addr) {
-            Ok(a) => a.ip().is_loopback(),
-            Err(_) => true, // unix sockets: always a copy
-        },
-        _ => true,
     }
 }
 

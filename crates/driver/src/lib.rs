@@ -10,6 +10,7 @@ pub mod calibration;
 pub mod clock;
 pub mod disk;
 pub mod engine;
+mod facts;
 pub mod open;
 mod pace;
 mod paths;

@@ -258,43 +258,6 @@ pub fn opened_partition(pio: PartitionIo) -> Result<Opened, OpenError> {
     })
 }
 
-/// The path of a stream with a volume endpoint: only the uring path splits transfers into
-/// per-member I/O, so `auto` means uring and any other fixed path is refused. `None` when no
-/// endpoint is a volume (the ordinary rule applies).
-pub fn volume_path(
-    choice: penstock_core::stream::PathChoice,
-    source: &Opened,
-    target: &Opened,
-    caps: penstock_core::stream::PathCaps,
-) -> Option<Result<penstock_core::stream::DataPath, String>> {
-    use penstock_core::stream::{DataPath, PathChoice};
-    if source.volume.is_none() && target.volume.is_none() {
-        return None;
-    }
-    Some(match choice {
-        // A socket, a pipe or stdin into a partition: bytes of unknown length arriving in
-        // pieces of any size, written through the page cache (members reopened buffered) on
-        // the copy path and made durable at the end.
-        PathChoice::Auto | PathChoice::Fixed(DataPath::Copy)
-            if target.volume.is_some() && source.kind != IoKind::File =>
-        {
-            Ok(DataPath::Copy)
-        }
-        _ if !caps.uring => Err(
-            "volume partitions are read and written through io_uring, which is unavailable here"
-                .to_string(),
-        ),
-        PathChoice::Fixed(DataPath::Uring) if source.kind != IoKind::File => Err(format!(
-            "the uring path reads files: {} into a volume moves on the copy path",
-            source.label
-        )),
-        PathChoice::Auto | PathChoice::Fixed(DataPath::Uring) => Ok(DataPath::Uring),
-        PathChoice::Fixed(p) => Err(format!(
-            "volume partitions move on the uring path, or copy from a socket or pipe (got --path {p})"
-        )),
-    })
-}
-
 /// Stream sockets mean the same as a source and as a target: connect, or listen and accept
 /// one peer.
 fn open_stream_socket(
@@ -391,32 +354,15 @@ fn open_target_file(path: &Path, label: String) -> Result<Opened, OpenError> {
     classify_file(f, label)
 }
 
-/// Opens `path` again with O_DIRECT for reads that bypass the page cache. `None` when the
-/// file system refuses O_DIRECT (tmpfs, some FUSE): the caller falls back to buffered reads.
+/// Opens a file the caller names and owns (a benchmark's or calibration's scratch file) with
+/// O_DIRECT. `None` when the file system refuses O_DIRECT. Streams never use it: their
+/// O_DIRECT descriptor is the opened source's own inode, reopened by the engine through
+/// `/proc/self/fd`, never by a path that may have changed since.
 pub fn reopen_direct(path: &Path) -> Option<OwnedFd> {
     OpenOptions::new()
         .read(true)
-        .custom_flags(libc_o_direct())
+        .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
         .open(path)
         .ok()
         .map(OwnedFd::from)
-}
-
-fn libc_o_direct() -> i32 {
-    rustix::fs::OFlags::DIRECT.bits() as i32
-}
-
-/// The O_DIRECT alignment for `fd` (statx DIO alignment when the kernel reports it, else 4096).
-pub fn direct_alignment(fd: impl AsFd) -> u64 {
-    match rustix::fs::statx(
-        fd,
-        "",
-        rustix::fs::AtFlags::EMPTY_PATH,
-        rustix::fs::StatxFlags::DIOALIGN,
-    ) {
-        Ok(sx) if sx.stx_dio_offset_align > 0 => {
-            u64::from(sx.stx_dio_offset_align.max(sx.stx_dio_mem_align))
-        }
-        _ => 4096,
-    }
 }

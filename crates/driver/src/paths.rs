@@ -114,10 +114,11 @@ fn finish_volume(io: &TaskIo) -> Result<(), StreamError> {
 fn volume_write_error(io: &TaskIo, e: io::Error) -> StreamError {
     let size = io.target.volume.as_ref().map_or(0, |v| v.size_bytes);
     if e.raw_os_error() == Some(libc::ENOSPC) && io.sent >= size {
-        StreamError::Invalid(format!(
-            "the source is longer than {} ({size} bytes): {} bytes written, the rest refused",
-            io.target.label, io.sent
-        ))
+        StreamError::TargetFull {
+            target: io.target.label.clone(),
+            size_bytes: size,
+            bytes_written: io.sent,
+        }
     } else {
         StreamError::Io {
             op: "write to a volume member",

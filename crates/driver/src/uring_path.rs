@@ -30,7 +30,6 @@ use crate::buffers::WorkerBuffers;
 use crate::clock;
 use crate::disk::{DiskQueue, ReadReq};
 use crate::engine::StreamError;
-use crate::open::direct_alignment;
 use crate::paths::{NOT_LISTENING, peer_error};
 use crate::worker::{Step, TAG_READ, TAG_SEND, TaskIo};
 
@@ -116,103 +115,22 @@ fn disk_result(c: &Completion, op: &'static str, bytes_sent: u64) -> Result<usiz
     }
 }
 
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 { a } else { gcd(b, a % b) }
-}
-
 impl UringState {
-    fn init(&mut self, io: &mut TaskIo, ring: &Ring) -> Result<(), StreamError> {
+    /// Takes the plan's reads (`core::stream::plan`: O_DIRECT or not, alignment, read size;
+    /// volume members already reopened as the plan said).
+    fn init(&mut self, io: &mut TaskIo) {
         self.init = true;
-        let buffer_bytes = ring.pool().buffer_bytes();
-        let datagram = io.target.kind == IoKind::Datagram;
         let end = io
             .end
             .expect("the uring path reads files, whose end is known");
-        let mut align = 1u64;
-        self.direct = io.direct.is_some();
-        let planned = io.pace.as_ref().is_some_and(|p| p.plan().is_some());
-        if planned && let Some(v) = io.source.volume.as_mut() {
-            // Planned units fall anywhere; O_DIRECT member reads are whole aligned blocks:
-            // read the members through the page cache instead.
-            v.make_buffered().map_err(|source| StreamError::Io {
-                op: "reopening the volume's members",
-                bytes_sent: 0,
-                source,
-            })?;
-        }
-        if self.direct && planned {
-            // Planned units fall anywhere: aligned reads would straddle them.
-            self.direct = false;
-            io.direct = None;
-            io.note_once("O_DIRECT is not used for planned units: reading through the page cache");
-        }
-        if let Some(v) = &io.source.volume {
-            // Member descriptors are O_DIRECT (when the file system allows): whole blocks only
-            // (buffered ones, for planned units: any range).
-            self.direct = v.align_bytes > 1;
-            align = v.align_bytes;
-            if datagram && !io.start.is_multiple_of(align) {
-                return Err(StreamError::Invalid(format!(
-                    "datagram units from a volume need an offset that is a multiple of {align}"
-                )));
-            }
-        } else if self.direct {
-            align = direct_alignment(io.direct.as_ref().expect("direct fd").as_fd());
-            if datagram && !io.start.is_multiple_of(align) {
-                // Unit boundaries would not fall on aligned reads: read through the cache.
-                self.direct = false;
-                io.direct = None;
-                io.note_once("O_DIRECT needs an aligned offset for datagram units: reading through the page cache");
-                align = 1;
-            }
-        }
-        let mut len_align = align;
-        if let Some((size_bytes, target_align)) = io
-            .target
-            .volume
-            .as_ref()
-            .map(|v| (v.size_bytes, v.align_bytes))
-        {
-            self.vol_write = true;
-            if io.pace.is_some() {
-                // Whole chunks go to the members at once: no unit would wait for its deadline.
-                return Err(StreamError::Invalid(format!(
-                    "a paced stream from a file into {} is not supported: write it unpaced, or pace a socket or pipe source",
-                    io.target.label
-                )));
-            }
-            if end - io.start > size_bytes {
-                return Err(StreamError::Invalid(format!(
-                    "{} bytes do not fit {} ({size_bytes} bytes)",
-                    end - io.start,
-                    io.target.label,
-                )));
-            }
-            if self.direct && !io.start.is_multiple_of(align) && io.source.volume.is_none() {
-                self.direct = false;
-                io.direct = None;
-                io.note_once("O_DIRECT source reads need an aligned offset to fill a volume: reading through the page cache");
-                align = 1;
-            }
-            // Every chunk starts a partition block boundary: its writes stay aligned.
-            len_align = align.max(target_align);
-        }
-        self.read_len = if datagram {
-            let unit = io.unit;
-            let l = unit / gcd(unit, align as usize) * align as usize; // lcm(unit, align)
-            if l > buffer_bytes {
-                return Err(StreamError::Invalid(format!(
-                    "unit {unit} and O_DIRECT alignment {align} need {l}-byte reads, larger than the pool's buffers"
-                )));
-            }
-            l * (buffer_bytes / l)
-        } else {
-            let a = len_align as usize;
-            io.unit
-                .div_ceil(a)
-                .saturating_mul(a)
-                .min(buffer_bytes / a * a)
+        let align = io.align_bytes;
+        // Member descriptors are O_DIRECT where their file system allows: whole blocks only.
+        self.direct = match &io.source.volume {
+            Some(v) => v.align_bytes > 1,
+            None => io.direct.is_some(),
         };
+        self.vol_write = io.target.volume.is_some();
+        self.read_len = io.read_bytes;
         self.next_read = io.start / align * align;
         self.dev = device_of(&io.source.fd);
         if let Some(v) = &io.source.volume {
@@ -222,7 +140,6 @@ impl UringState {
         if io.cache == CachePolicy::Drop {
             self.rw_flags = penstock_uring::sys::RWF_DONTCACHE;
         }
-        Ok(())
     }
 
     /// Queues reads and the next send; says what the stream waits for.
@@ -240,10 +157,8 @@ impl UringState {
         token: &mut dyn FnMut(u64, u16) -> u64,
         refused: &mut bool,
     ) -> Step {
-        if !self.init
-            && let Err(e) = self.init(io, ring)
-        {
-            return Step::Finish(Err(e));
+        if !self.init {
+            self.init(io);
         }
         let client = self.client.expect("registered with the buffer books");
         self.pay_debt(ring, bufs);
@@ -292,7 +207,7 @@ impl UringState {
                     Ok(p) => p,
                     Err(e) => {
                         bufs.free(ring, client, buf);
-                        return Step::Finish(Err(StreamError::Invalid(e.to_string())));
+                        return Step::Finish(Err(StreamError::Layout(e)));
                     }
                 };
                 for p in &pieces {
@@ -576,7 +491,7 @@ impl UringState {
             let part_off = ch.file_off - io.start;
             let pieces = v
                 .split(part_off, padded as u64)
-                .map_err(|e| StreamError::Invalid(e.to_string()))?;
+                .map_err(StreamError::Layout)?;
             if ring.ops_available() < pieces.len() {
                 break; // the ring is busy: next turn
             }

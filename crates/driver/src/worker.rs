@@ -102,6 +102,9 @@ pub(crate) struct TaskInit {
     pub direct: Option<OwnedFd>,
     pub range: Option<(u64, u64)>,
     pub unit: usize,
+    /// The uring path's read alignment and read size (the plan's).
+    pub align_bytes: u64,
+    pub read_bytes: usize,
     pub path: DataPath,
     pub cache: CachePolicy,
     pub zero_copy: bool,
@@ -137,6 +140,9 @@ pub(crate) struct TaskIo {
     pub end: Option<u64>,
     pub start: u64,
     pub unit: usize,
+    /// The uring path's read alignment (1: none) and bytes per read, as planned.
+    pub align_bytes: u64,
+    pub read_bytes: usize,
     pub cache: CachePolicy,
     pub zero_copy: bool,
     pub sent: u64,
@@ -239,6 +245,8 @@ impl Task {
                 end,
                 start,
                 unit: init.unit,
+                align_bytes: init.align_bytes.max(1),
+                read_bytes: init.read_bytes,
                 cache: init.cache,
                 zero_copy: init.zero_copy,
                 sent: 0,

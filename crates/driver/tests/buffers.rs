@@ -303,7 +303,10 @@ fn no_stream_holds_more_than_client_buffers_max() {
     // An rt reservation is a share of one pool, within the per-client limit.
     let (addr, _gate, _r) = gated_receiver();
     match e.open(rt_spec(&rt_src, addr, 4)) {
-        Err(StreamError::Invalid(why)) => assert!(why.contains("client_buffers_max"), "{why}"),
+        Err(e @ StreamError::Plan(_)) => {
+            let why = e.to_string();
+            assert!(why.contains("client_buffers_max"), "{why}")
+        }
         other => panic!("a reservation above client_buffers_max: {other:?}"),
     }
     let mut rts = Vec::new();

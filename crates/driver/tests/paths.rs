@@ -19,6 +19,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use penstock_core::endpoint::{Endpoint, Host};
+use penstock_core::stream::plan::PlanError;
 use penstock_core::stream::PathError;
 use penstock_core::stream::{CachePolicy, DataPath, Extent, ExtentError, IoKind, PathChoice};
 use penstock_driver::engine::SEND_TIMEOUT_DEFAULT;
@@ -973,7 +974,13 @@ fn bad_streams_are_refused_with_typed_errors() {
     if runnable(&engine, &mode(DataPath::Uring, CachePolicy::Keep)) {
         let r = open(&src, 0, None, 2 << 20, DataPath::Uring);
         assert!(
-            matches!(r, Err(StreamError::Invalid(_))),
+            matches!(
+                r,
+                Err(StreamError::Plan(PlanError::UnitOverBuffer {
+                    unit_bytes: 2097152,
+                    ..
+                }))
+            ),
             "unit larger than the pool's buffers: {r:?}"
         );
     }

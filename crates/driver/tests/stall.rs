@@ -350,6 +350,6 @@ fn reserved_slots_count_against_streams_max() {
     let (a, b) = opened(&s);
     assert!(matches!(
         engine.open_reserved(foreign, s, a, b),
-        Err(StreamError::Invalid(_))
+        Err(StreamError::ForeignSlot)
     ));
 }

@@ -131,8 +131,11 @@ impl Default for EngineConfig {
 /// What to stream, from where to where, how.
 #[derive(Debug)]
 pub struct StreamSpec {
-    pub source: Endpoint,
-    pub target: Endpoint,
+    /// The endpoints [`Engine::open`] opens by name; `None` for a stream between descriptors
+    /// the caller opened ([`StreamSpec::opened`], [`Engine::open_opened`]): the engine then
+    /// never opens anything by a name, the source's own inode included.
+    pub source: Option<Endpoint>,
+    pub target: Option<Endpoint>,
     pub extent: Extent,
     /// Transfer unit in bytes: the size of each read and send (a datagram, for UDP targets).
     pub unit_bytes: usize,
@@ -146,8 +149,12 @@ pub struct StreamSpec {
     /// Keep every unit's (scheduled, completed) times in the report.
     pub trace: bool,
     /// Disk class: `rt` or `bulk`; `None`: `rt` for paced streams, `bulk` for burst ones.
-    /// An explicit `Rt` asks for a guarantee: the stream passes admission control first.
+    /// An explicit `Rt` asks for a guarantee: the stream passes admission control first
+    /// (unless `best_effort`).
     pub class: Option<DiskClass>,
+    /// With `class: Some(Rt)`: the rt disk queue without a guarantee — no admission, no rate
+    /// needed (an HTTP location's class).
+    pub best_effort: bool,
     /// Pool buffers an admitted `rt` stream reserves (default: `min(stream_depth,
     /// client_buffers_max)`); on the uring path they are held in its worker's pool.
     pub buffers: Option<u32>,
@@ -174,8 +181,18 @@ impl StreamSpec {
     /// A burst stream of the whole source with default unit, path and cache policy.
     pub fn new(source: Endpoint, target: Endpoint) -> StreamSpec {
         StreamSpec {
-            source,
-            target,
+            source: Some(source),
+            target: Some(target),
+            ..StreamSpec::opened()
+        }
+    }
+
+    /// A burst stream between descriptors the caller opened ([`Engine::open_opened`]).
+    pub fn opened() -> StreamSpec {
+        StreamSpec {
+            source: None,
+            target: None,
+            best_effort: false,
             extent: Extent {
                 offset: 0,
                 length: None,
@@ -232,6 +249,8 @@ pub enum StreamError {
     UnitsAndSchedule,
     #[error("the stream slot was reserved on another engine")]
     ForeignSlot,
+    #[error("Engine::open needs the endpoints' names (StreamSpec::new)")]
+    NoEndpoints,
     /// A volume partition target is full: the source is longer than it.
     #[error(
         "the source is longer than {target} ({size_bytes} bytes): {bytes_written} bytes written, the rest refused"
@@ -678,7 +697,9 @@ impl Engine {
             return Ok(first);
         };
         // The planner checked `n` against `PlanLimits::rt_buffers_max`.
-        debug_assert!(n >= 1 && n as usize <= self.cfg.client_buffers_max.min(self.cfg.pool_buffers));
+        debug_assert!(
+            n >= 1 && n as usize <= self.cfg.client_buffers_max.min(self.cfg.pool_buffers)
+        );
         let mut most_left = 0;
         for k in 0..self.workers.len() {
             let w = (first + k) % self.workers.len();
@@ -715,12 +736,15 @@ impl Engine {
         spec: StreamSpec,
         on_listen: &mut dyn FnMut(std::net::SocketAddr),
     ) -> Result<StreamHandle, StreamError> {
-        let source = open_source(&spec.source, on_listen)?;
+        let (Some(source_ep), Some(target_ep)) = (&spec.source, &spec.target) else {
+            return Err(StreamError::NoEndpoints);
+        };
+        let source = open_source(source_ep, on_listen)?;
         // Refuse an extent that does not fit before opening the target, which truncates files.
         if let (penstock_core::stream::IoKind::File, Some(size)) = (source.kind, source.size) {
             spec.extent.resolve_in_file(size)?;
         }
-        let target = open_target(&spec.target, on_listen)?;
+        let target = open_target(target_ep, on_listen)?;
         self.open_opened(spec, source, target)
     }
 
@@ -786,6 +810,7 @@ impl Engine {
             cache: spec.cache,
             zero_copy: spec.zero_copy,
             class: spec.class,
+            best_effort: spec.best_effort,
             pacing,
             unit_bytes: (spec.unit_bytes != 0).then_some(spec.unit_bytes as u64),
             extent: spec.extent,

@@ -19,8 +19,8 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use penstock_core::endpoint::{Endpoint, Host};
-use penstock_core::stream::plan::PlanError;
 use penstock_core::stream::PathError;
+use penstock_core::stream::plan::PlanError;
 use penstock_core::stream::{CachePolicy, DataPath, Extent, ExtentError, IoKind, PathChoice};
 use penstock_driver::engine::SEND_TIMEOUT_DEFAULT;
 use penstock_driver::open::{OpenError, Opened, open_target};
@@ -205,10 +205,10 @@ fn loopback() -> Host {
 
 fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
     StreamSpec {
-        source: Endpoint::File {
+        source: Some(Endpoint::File {
             path: source.to_path_buf(),
-        },
-        target,
+        }),
+        target: Some(target),
         extent: Extent {
             offset: case.offset,
             length: case.length,
@@ -221,6 +221,7 @@ fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
         miss_after: None,
         trace: false,
         class: None,
+        best_effort: false,
         buffers: None,
         start_at: None,
         units: None,
@@ -576,8 +577,8 @@ fn run_stream_source(
 ) -> Result<(), String> {
     let (source, writer) = open_stream_source(kind, data.to_vec());
     let spec = |target: Endpoint| StreamSpec {
-        source: Endpoint::Stdio, // not opened again: open_opened takes the opened source
-        target,
+        source: None, // not opened again: open_opened takes the opened source
+        target: Some(target),
         extent: Extent {
             offset: 0,
             length: None,
@@ -590,6 +591,7 @@ fn run_stream_source(
         miss_after: None,
         trace: false,
         class: None,
+        best_effort: false,
         buffers: None,
         start_at: None,
         units: None,
@@ -923,10 +925,10 @@ fn bad_streams_are_refused_with_typed_errors() {
     let engine = engine();
     let open = |source: &Path, offset: u64, length: Option<u64>, unit: usize, path: DataPath| {
         engine.open(StreamSpec {
-            source: Endpoint::File {
+            source: Some(Endpoint::File {
                 path: source.to_path_buf(),
-            },
-            target: Endpoint::File { path: out.clone() },
+            }),
+            target: Some(Endpoint::File { path: out.clone() }),
             extent: Extent { offset, length },
             unit_bytes: unit,
             path: PathChoice::Fixed(path),
@@ -936,6 +938,7 @@ fn bad_streams_are_refused_with_typed_errors() {
             miss_after: None,
             trace: false,
             class: None,
+            best_effort: false,
             buffers: None,
             start_at: None,
             units: None,

@@ -310,8 +310,8 @@ fn reserved_slots_count_against_streams_max() {
     };
     let opened = |s: &StreamSpec| {
         (
-            open_source(&s.source, &mut |_| {}).expect("source"),
-            open_target(&s.target, &mut |_| {}).expect("target"),
+            open_source(s.source.as_ref().unwrap(), &mut |_| {}).expect("source"),
+            open_target(s.target.as_ref().unwrap(), &mut |_| {}).expect("target"),
         )
     };
     let s = file_spec();

@@ -192,9 +192,21 @@ fn attacks(t: &Tree, token_file: &Path) -> Vec<String> {
         "OPEN file:/etc/shadow tcp://127.0.0.1:9".to_string(),
         format!("OPEN file:{} tcp://127.0.0.1:9", t.secret.display()),
         format!("OPEN file:{}/../secret tcp://127.0.0.1:9", t.www.display()),
-        format!("OPEN file:{} file:{} TRUNCATE", a.display(), t.secret.display()),
-        format!("OPEN file:{} file:{}", token_file.display(), t.secret.display()),
-        format!("OPEN file:{} file:{}", a.display(), t.www.join("b.txt").display()),
+        format!(
+            "OPEN file:{} file:{} TRUNCATE",
+            a.display(),
+            t.secret.display()
+        ),
+        format!(
+            "OPEN file:{} file:{}",
+            token_file.display(),
+            t.secret.display()
+        ),
+        format!(
+            "OPEN file:{} file:{}",
+            a.display(),
+            t.www.join("b.txt").display()
+        ),
         format!("OPEN - file:{}", t.rec.join("x").display()),
         format!("OPEN file:{} tcp-listen://0.0.0.0:0", a.display()),
     ]
@@ -276,7 +288,12 @@ fn nobody_reads_nothing_outside_the_roots_and_writes_nothing_over_tcp_and_the_un
     let (out, _) = ctl_as(None, &s.control, &lines, &["--token-file", "/dev/null"]);
     assert!(codes(&out).iter().all(|&x| x == 401), "{out}");
     // With the token: still confined.
-    let (out, _) = ctl_as(None, &s.control, &lines, &["--token-file", token_file.to_str().unwrap()]);
+    let (out, _) = ctl_as(
+        None,
+        &s.control,
+        &lines,
+        &["--token-file", token_file.to_str().unwrap()],
+    );
     let c = codes(&out);
     assert!(c.iter().all(|&x| x == 403), "{out}");
 
@@ -298,7 +315,10 @@ fn a_unix_peer_not_allowed_by_peercred_is_a_stranger() {
     let s = serve(&conf, &t.www, &t.sock);
     let unix = format!("unix:{}", t.sock.display());
     let lines = vec![
-        format!("OPEN file:{} tcp://127.0.0.1:9 DETACHED", t.www.join("a.txt").display()),
+        format!(
+            "OPEN file:{} tcp://127.0.0.1:9 DETACHED",
+            t.www.join("a.txt").display()
+        ),
         "STATS".to_string(),
         "HELP".to_string(),
     ];
@@ -352,7 +372,12 @@ fn planted_files_at_the_token_path_make_the_server_refuse_to_start() {
     }
     assert_eq!(std::fs::read(&victim).unwrap(), b"untouched");
     assert_eq!(std::fs::read(&planted_file).unwrap(), b"planted");
-    assert!(std::fs::symlink_metadata(&planted_link).unwrap().file_type().is_symlink());
+    assert!(
+        std::fs::symlink_metadata(&planted_link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
     assert!(!open_dir.join("x.token").exists());
 }
 
@@ -395,7 +420,10 @@ fn sigterm_stops_the_server_within_its_deadline_with_streams_in_every_state() {
     let big = t.www.join("big.bin");
     let mut c = authed(&s.control);
     // waiting: a listener whose peer never comes.
-    let r = cmd(&mut c, &format!("OPEN file:{} tcp-listen://127.0.0.1:0", big.display()));
+    let r = cmd(
+        &mut c,
+        &format!("OPEN file:{} tcp-listen://127.0.0.1:0", big.display()),
+    );
     let waiting = r.split(' ').nth(1).unwrap().to_string();
     assert!(cmd(&mut c, &format!("START {waiting}")).starts_with("200 started, waiting"));
     let t0 = Instant::now();
@@ -404,25 +432,37 @@ fn sigterm_stops_the_server_within_its_deadline_with_streams_in_every_state() {
     // running: a receiver that never reads.
     let stalled = TcpListener::bind("127.0.0.1:0").unwrap();
     let stalled_addr = stalled.local_addr().unwrap();
-    let r = cmd(&mut c, &format!("OPEN file:{} tcp://{stalled_addr}", big.display()));
+    let r = cmd(
+        &mut c,
+        &format!("OPEN file:{} tcp://{stalled_addr}", big.display()),
+    );
     let running = r.split(' ').nth(1).unwrap().to_string();
     assert!(cmd(&mut c, &format!("START {running}")).starts_with("200"));
     let (_held, _) = stalled.accept().unwrap();
     // paused, and pending.
     let slow = TcpListener::bind("127.0.0.1:0").unwrap();
     let slow_addr = slow.local_addr().unwrap();
-    let r = cmd(&mut c, &format!("OPEN file:{} tcp://{slow_addr}", big.display()));
+    let r = cmd(
+        &mut c,
+        &format!("OPEN file:{} tcp://{slow_addr}", big.display()),
+    );
     let paused = r.split(' ').nth(1).unwrap().to_string();
     assert!(cmd(&mut c, &format!("START {paused}")).starts_with("200"));
     let (_held2, _) = slow.accept().unwrap();
     assert!(cmd(&mut c, &format!("PAUSE {paused}")).starts_with("200"));
-    let r = cmd(&mut c, &format!("OPEN file:{} tcp://127.0.0.1:9", big.display()));
+    let r = cmd(
+        &mut c,
+        &format!("OPEN file:{} tcp://127.0.0.1:9", big.display()),
+    );
     assert!(r.starts_with("201"), "{r}");
     // A stranger in the middle of a failed AUTH, and an HTTP client that stopped reading.
     let mut stranger = TcpStream::connect(&s.control).unwrap();
-    stranger.write_all(b"AUTH wrong-wrong-wrong-wrong\n").unwrap();
+    stranger
+        .write_all(b"AUTH wrong-wrong-wrong-wrong\n")
+        .unwrap();
     let mut http = TcpStream::connect(&s.http).unwrap();
-    http.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    http.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     std::thread::sleep(Duration::from_millis(300));
 
     let asked = Instant::now();
@@ -440,7 +480,9 @@ fn sigterm_stops_the_server_within_its_deadline_with_streams_in_every_state() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let took = asked.elapsed();
-    eprintln!("STATS while a listener waits: {stats_wait:?}; exit after SIGTERM: {took:?} (deadline 2 s)");
+    eprintln!(
+        "STATS while a listener waits: {stats_wait:?}; exit after SIGTERM: {took:?} (deadline 2 s)"
+    );
     let status = status.expect("penstock serve still running 15 s after SIGTERM (deadline 2 s)");
     assert!(status.success(), "{status}");
     let mut rest = Vec::new();

@@ -751,3 +751,45 @@ fn a_tcp_socket_and_a_pipe_stream_into_a_partition_byte_exact() {
         text(&o)
     );
 }
+
+/// Issue 17: a stream the planner refuses into a partition (too large for it; paced from a
+/// file) is refused before anything is admitted, placed or written: the members' bytes are
+/// unchanged. (A paced file into a partition used to fail only at its first step.)
+#[test]
+fn refused_plans_into_a_partition_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    if !uring_works(dir.path()) {
+        return;
+    }
+    let m = create(dir.path(), "small", 2, "8MiB");
+    let first = dir.path().join("first.bin");
+    std::fs::write(&first, data(MIB as usize, 7)).unwrap();
+    ok(&["volume", "import", s(&m[0]), "p", s(&first)]);
+    let members_before: Vec<Vec<u8>> = m.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    let big = dir.path().join("big.bin");
+    std::fs::write(&big, data(3 * MIB as usize, 8)).unwrap();
+    let target = format!("vol:{}/p", s(&std::fs::canonicalize(&m[0]).unwrap()));
+    let o = run(&["stream", s(&big), &target]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("do not fit"), "{}", text(&o));
+    let o = run(&[
+        "stream",
+        s(&first),
+        &target,
+        "--rate",
+        "100/s",
+        "--unit",
+        "4096",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("paced stream from a file into a volume partition"),
+        "{}",
+        text(&o)
+    );
+    let members_after: Vec<Vec<u8>> = m.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    assert!(
+        members_before == members_after,
+        "a refused stream wrote to the members"
+    );
+}

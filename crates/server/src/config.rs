@@ -185,9 +185,10 @@ impl HttpLimits {
 pub struct Location {
     /// A path prefix such as `/video/`; the longest matching prefix wins.
     pub prefix: String,
-    /// The QoS class of these requests (`rt`, `bulk` or a configured name): the label of
-    /// their metrics, and the class their streams will be scheduled in once the disk
-    /// scheduler runs in the engine.
+    /// The QoS class of these requests (`rt`, `bulk` or another name): the label of their
+    /// metrics, and the disk queue an engine-sent body's reads wait in (`rt` is the engine's
+    /// rt queue, without admission: an HTTP body has no rate to guarantee; any other name is
+    /// the bulk queue).
     #[serde(default)]
     pub class: Option<String>,
     /// Overrides `http.limit_rate_bytes_per_s` (0: unlimited).

@@ -46,13 +46,11 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::http::{
     BodyPiece, ConnectionHeader, FileMeta, HttpError, Method, Parsed, Request, ResponseContext,
     ResponseHead, Status, boundary_for, content_type_for_path, parse_request, respond_error,
@@ -1211,20 +1209,16 @@ impl Worker {
             label: peer.map_or_else(|| "http client".to_string(), |p| p.to_string()),
             volume: None,
         };
-        let target_ep = match peer {
-            Some(p) => Endpoint::TcpConnect {
-                host: Host::Ip(p.ip()),
-                port: p.port().max(1),
-                local_port: None,
-            },
-            None => Endpoint::Stdio,
-        };
-        let mut spec = StreamSpec::new(
-            Endpoint::File {
-                path: PathBuf::from(&out.file_label),
-            },
-            target_ep,
-        );
+        // Descriptors, not names: the engine never opens anything by the URL path.
+        let mut spec = StreamSpec::opened();
+        // The location's class is the disk queue the body's reads wait in (no admission: an
+        // HTTP body has no rate to guarantee).
+        spec.class = Some(if &*out.class == "rt" {
+            penstock_driver::DiskClass::Rt
+        } else {
+            penstock_driver::DiskClass::Bulk
+        });
+        spec.best_effort = true;
         spec.extent = Extent {
             offset: offset_bytes,
             length: Some(len_bytes),

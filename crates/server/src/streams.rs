@@ -413,7 +413,8 @@ fn run(
     send_timeout: Option<Duration>,
 ) -> Result<Handle, String> {
     e.lateness_seen = LatenessCounts::default();
-    let mut spec = StreamSpec::new(e.src.clone(), e.dst.clone());
+    // The endpoints are opened (confined, by `Access`): the engine gets descriptors only.
+    let mut spec = StreamSpec::opened();
     spec.extent = Extent {
         offset: e.offset_bytes,
         length: e.remaining_bytes,

@@ -743,7 +743,10 @@ fn a_resume_that_fails_returns_the_reservation() {
     assert_eq!(resumed.code.code(), 500, "{resumed:?}");
     let stats = c.cmd("STATS");
     assert!(stats.lines.iter().any(|l| l == "admitted 0"), "{stats:?}");
-    assert!(stats.lines.iter().any(|l| l == "streams_failed 1"), "{stats:?}");
+    assert!(
+        stats.lines.iter().any(|l| l == "streams_failed 1"),
+        "{stats:?}"
+    );
 }
 
 #[test]

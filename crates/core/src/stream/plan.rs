@@ -71,8 +71,11 @@ pub struct PlanRequest<'a> {
     pub path: PathChoice,
     pub cache: CachePolicy,
     pub zero_copy: ZeroCopy,
-    /// `None`: rt when paced, else bulk.
+    /// `None`: rt when paced, else bulk. An explicit `Rt` asks admission control for the
+    /// schedule's rate (refused without one) unless `best_effort`.
     pub class: Option<DiskClass>,
+    /// With `class: Some(Rt)`: the rt disk queue only, no guarantee (an HTTP location).
+    pub best_effort: bool,
     pub pacing: Pacing<'a>,
     /// `None`: the path's default.
     pub unit_bytes: Option<u64>,
@@ -390,7 +393,7 @@ pub fn plan_stream(
     }
 
     // Admission: a guarantee is for a known bandwidth.
-    let admission = if req.class == Some(DiskClass::Rt) {
+    let admission = if req.class == Some(DiskClass::Rt) && !req.best_effort {
         let Some(s) = schedule else {
             return Err(PlanError::RtNeedsRate);
         };

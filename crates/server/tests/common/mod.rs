@@ -113,3 +113,29 @@ pub fn status_of(resp: &[u8]) -> u16 {
     let s = String::from_utf8_lossy(&resp[..resp.len().min(12)]).to_string();
     s.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0)
 }
+
+/// A GET with `headers` through ureq: status, response headers, body.
+pub fn get(
+    f: &Fixture,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let mut req = agent().get(f.url(path));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut r = req.call().unwrap();
+    let status = r.status().as_u16();
+    let hs = r
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
+        .collect();
+    let body = r
+        .body_mut()
+        .with_config()
+        .limit(u64::MAX)
+        .read_to_vec()
+        .unwrap();
+    (status, hs, body)
+}

@@ -371,6 +371,7 @@ proptest! {
         cache in prop_oneof![Just(CachePolicy::Keep), Just(CachePolicy::Bypass), Just(CachePolicy::Drop)],
         zero_copy in prop_oneof![Just(ZeroCopy::Auto), Just(ZeroCopy::On), Just(ZeroCopy::Off)],
         class in proptest::option::of(prop_oneof![Just(DiskClass::Rt), Just(DiskClass::Bulk)]),
+        best_effort in any::<bool>(),
         paced in proptest::option::of(1u64..(2 << 20)),
         unit in proptest::option::of(0u64..(128 << 20)),
         offset in prop_oneof![Just(0u64), 0u64..(64 << 20)],
@@ -394,6 +395,7 @@ proptest! {
             cache,
             zero_copy,
             class,
+            best_effort,
             pacing: schedule.as_ref().map_or(Pacing::Burst, Pacing::Schedule),
             unit_bytes: unit,
             extent: Extent { offset, length },
@@ -433,7 +435,10 @@ proptest! {
                 if cache == CachePolicy::Bypass && source.volume.is_none() {
                     prop_assert_eq!(p.path, DataPath::Uring);
                 }
-                prop_assert_eq!(p.admission.is_some(), class == Some(DiskClass::Rt));
+                prop_assert_eq!(p.admission.is_some(), class == Some(DiskClass::Rt) && !best_effort);
+                if class == Some(DiskClass::Rt) {
+                    prop_assert!(p.rt);
+                }
                 if let Some(n) = p.buffers_reserved {
                     prop_assert!(n >= 1 && n <= limits.rt_buffers_max && p.path == DataPath::Uring);
                 }

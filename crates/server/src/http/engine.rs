@@ -1,0 +1,191 @@
+//! A body handed to the engine: after the head, [`Worker::hand_off`] opens an engine stream
+//! on the file and a `dup` of the socket and takes the connection out of epoll;
+//! [`Worker::poll_engine`] collects the reports and brings the connection back to `Reading`
+//! (or closes it).
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use penstock_core::http::{BodyPiece, Status};
+use penstock_core::stream::{Extent, IoKind};
+use penstock_driver::open::Opened as EngineOpened;
+use penstock_driver::{StreamError, StreamHandle, StreamSpec};
+use rustix::event::epoll;
+
+use super::{Interest, State, Worker, conn_in, token};
+
+pub(super) struct EngineBody {
+    pub(super) handle: StreamHandle,
+    keep_alive: bool,
+    class: Arc<str>,
+    path_label: &'static str,
+    status: Status,
+    head_bytes: u64,
+}
+
+impl Worker {
+    /// The head is out; the engine sends the one file extent through the socket's dup.
+    pub(super) fn hand_off(&mut self, idx: u32, generation: u32) {
+        let shared = self.shared.clone();
+        let epoll_fd = &self.epoll;
+        let Some(c) = self.slots[idx as usize].conn.as_mut() else {
+            return;
+        };
+        let State::Sending(out) = std::mem::replace(&mut c.state, State::Reading) else {
+            return;
+        };
+        let mut out = out;
+        let slot = out
+            .to_engine
+            .take()
+            .expect("write_out hands off only with a reserved engine place");
+        let target_fd = match c.sock.as_fd().try_clone_to_owned() {
+            Ok(fd) => fd,
+            Err(_) => {
+                // The head is out: this loop sends the body instead of cutting it.
+                shared.metrics.error("dup_failed");
+                drop(slot);
+                c.state = State::Sending(out);
+                self.ready.push((idx, generation));
+                return;
+            }
+        };
+        let (
+            Some(BodyPiece::File {
+                offset_bytes,
+                len_bytes,
+            }),
+            Some(file),
+        ) = (out.pieces.pop_front(), out.file.take())
+        else {
+            unreachable!("to_engine is set only for one file piece")
+        };
+        let peer = c.sock.peer_addr().ok();
+        let file_len = file
+            .metadata()
+            .map_or(offset_bytes + len_bytes, |m| m.len());
+        let source = EngineOpened {
+            fd: file.into(),
+            kind: IoKind::File,
+            size: Some(file_len),
+            socket: false,
+            label: out.file_label.clone(),
+            volume: None,
+        };
+        let target = EngineOpened {
+            fd: target_fd,
+            kind: IoKind::StreamSocket,
+            size: None,
+            socket: true,
+            label: peer.map_or_else(|| "http client".to_string(), |p| p.to_string()),
+            volume: None,
+        };
+        // Descriptors, not names: the engine never opens anything by the URL path.
+        let mut spec = StreamSpec::opened();
+        // The location's class is the disk queue the body's reads wait in (no admission: an
+        // HTTP body has no rate to guarantee).
+        spec.class = Some(if &*out.class == "rt" {
+            penstock_driver::DiskClass::Rt
+        } else {
+            penstock_driver::DiskClass::Bulk
+        });
+        spec.best_effort = true;
+        spec.extent = Extent {
+            offset: offset_bytes,
+            length: Some(len_bytes),
+        };
+        spec.path = shared.body_path;
+        // nginx's send_timeout, as the loop applies it to its own bodies.
+        spec.send_timeout = Some(self.live.limits.send_timeout());
+        // Leave epoll while the engine owns the socket's writes.
+        if epoll::delete(epoll_fd, &c.sock).is_ok() {
+            c.interest = Interest::Removed;
+        }
+        // Refused only if the file shrank since the head was made (the place is reserved and
+        // the path was checked in `respond`).
+        match shared.engine.open_reserved(slot, spec, source, target) {
+            Ok(handle) => {
+                shared.metrics.streams_active.inc();
+                let waker = self.engine_waker.clone();
+                handle.notify_when_done(Box::new(move || {
+                    // A full counter (EAGAIN) still wakes the loop.
+                    let _ = rustix::io::write(&*waker, &1u64.to_ne_bytes());
+                }));
+                let path_label = match handle.path() {
+                    penstock_core::stream::DataPath::Sendfile => "engine-sendfile",
+                    penstock_core::stream::DataPath::Splice => "engine-splice",
+                    penstock_core::stream::DataPath::Uring => "engine-uring",
+                    _ => "engine-copy",
+                };
+                c.state = State::Engine(Box::new(EngineBody {
+                    handle,
+                    keep_alive: out.keep_alive,
+                    class: out.class.clone(),
+                    path_label,
+                    status: out.status,
+                    head_bytes: out.head.len() as u64,
+                }));
+                self.engine_conns.push((idx, generation));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "engine refused an HTTP body");
+                shared.metrics.error("engine_refused");
+                self.close(idx);
+            }
+        }
+    }
+
+    pub(super) fn poll_engine(&mut self) {
+        let list = std::mem::take(&mut self.engine_conns);
+        for (idx, generation) in list {
+            let shared = self.shared.clone();
+            let Some(c) = conn_in(&mut self.slots, idx, generation) else {
+                continue;
+            };
+            let State::Engine(e) = &c.state else { continue };
+            let Some(result) = e.handle.wait_timeout(Duration::ZERO) else {
+                self.engine_conns.push((idx, generation));
+                continue;
+            };
+            shared.metrics.streams_active.dec();
+            let State::Engine(e) = std::mem::replace(&mut c.state, State::Reading) else {
+                unreachable!("matched Engine above")
+            };
+            let _ = (e.status, e.head_bytes);
+            match result {
+                Ok(report) => {
+                    shared.metrics.request(&e.class, e.path_label, report.bytes);
+                    if !e.keep_alive || shared.stopping.load(Ordering::Relaxed) {
+                        self.close(idx);
+                        continue;
+                    }
+                    c.deadline = Instant::now() + self.live.limits.idle_timeout();
+                    if epoll::add(
+                        &self.epoll,
+                        &c.sock,
+                        epoll::EventData::new_u64(token(idx, generation)),
+                        epoll::EventFlags::IN,
+                    )
+                    .is_err()
+                    {
+                        self.close(idx);
+                        continue;
+                    }
+                    c.interest = Interest::Read;
+                    // Pipelined requests may already be buffered.
+                    self.ready.push((idx, generation));
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, "HTTP body stream ended early");
+                    shared.metrics.error(match err {
+                        StreamError::Stalled { .. } => "send_timeout",
+                        _ => "client_vanished",
+                    });
+                    self.close(idx);
+                }
+            }
+        }
+    }
+}

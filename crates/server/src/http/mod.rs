@@ -1,0 +1,732 @@
+//! The HTTP/1.1 server: N worker threads, each with its own epoll loop and its own
+//! SO_REUSEPORT listener on the same address (the kernel spreads new connections), so
+//! workers share nothing on the request path but the configuration snapshot and the metrics.
+//!
+//! # A connection
+//! `Reading` (bytes → [`penstock_core::http::parse_request`]) → `Sending` (the head, then the
+//! body pieces: memory with `send`, file extents with `sendfile` from this loop) → back to
+//! `Reading` for keep-alive and pipelined requests, or closed. A body of at least
+//! `engine_body_bytes_min` bytes without a rate limit is handed to the engine instead
+//! (`Engine::open_reserved` with a `dup` of the socket, so the connection survives for
+//! keep-alive): the connection leaves epoll (`Engine` state) until the engine's report says
+//! the extent went out. The engine's worker writes the loop's waker eventfd right after the
+//! report ([`penstock_driver::StreamHandle::notify_when_done`]); the loop then collects the
+//! reports, and also at every sweep (a fallback that costs one `try_recv` per body). Before,
+//! the loop woke every 1 ms while such bodies existed: 1,000 wake-ups a second per worker
+//! for nothing during a long download.
+//!
+//! Whether the engine takes a body is settled before its head is made: an engine place is
+//! reserved then (`Engine::reserve_stream`); with none free the loop sends the body itself
+//! (counted as `engine_full`), and a path the engine cannot run is a 503 with `Retry-After`.
+//! A client never gets a 200/206 head whose body the engine then refuses. The engine stream
+//! carries `send_timeout` as its progress timeout: a client that stops reading is cut.
+//!
+//! # Bounds
+//! - An idle connection holds a slot (a few dozen bytes) and no buffer: the read buffer is
+//!   freed whenever it is empty, and reads go through one scratch buffer per worker.
+//! - A connection's read buffer never exceeds `header_bytes_max` + the scratch size.
+//! - Every state has a deadline: `idle_timeout` from when the loop starts waiting for a
+//!   request head, however slowly its bytes come (slowloris), and `send_timeout` from the
+//!   last progress of a response. A sweep every `idle_timeout / 8` (10 ms ..= 1 s) cuts the
+//!   late ones; sweeping all slots is cheap next to keeping a timer per connection.
+//! - Each turn serves at most `BUDGET_SYSCALLS` send calls per connection, then moves on.
+//! - `connections_max` across all workers; beyond it a new connection gets a 503 and is
+//!   closed at once.
+//! - Out of a resource accept needs (EMFILE, ENFILE, ENOBUFS, ENOMEM), a worker takes its
+//!   listener out of epoll for `accept_backoff_ms` (as nginx's `ngx_event_accept.c` does), and
+//!   puts it back after: retrying at once spins, as the listener stays readable while its
+//!   backlog waits (issue 20 measured 16.8 CPU-seconds in 10 s and 4.28 M log lines in 12 s
+//!   with 256 descriptors and 400 idle clients; docs/http.md has this fix's figures). Failures
+//!   are logged as one line per worker per `ACCEPT_LOG_INTERVAL` at most, with their count by
+//!   errno since the last line.
+//!
+//! # Files
+//! - this one: the shared state ([`HttpShared`]), [`start`] and the listeners, a worker's
+//!   connections and its event loop (`run`, `drive`, the sweep of deadlines, stop and cut);
+//! - `accept`: accepting, and the back-off out of descriptors or memory;
+//! - `respond`: a parsed request → an `Out` (the file opened beneath the root, conditionals
+//!   and ranges by the core, the engine place reserved or a 503);
+//! - `send`: `Out` and `write_out`, the sending state machine (head, memory pieces,
+//!   sendfile pieces, the rate limit);
+//! - `engine`: a body handed to the engine and its report collected.
+
+mod accept;
+mod engine;
+mod respond;
+mod send;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::io::{self, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use penstock_core::http::{Parsed, parse_request, respond_error};
+use penstock_core::stream::PathChoice;
+use penstock_driver::Engine;
+use rustix::event::epoll;
+use rustix::io::Errno;
+use rustix::net::SendFlags;
+
+use crate::config::LiveConfig;
+use crate::confine::Root;
+use crate::metrics::Metrics;
+
+use accept::AcceptFailures;
+use engine::EngineBody;
+use respond::{error_ctx, error_kind};
+use send::{Out, Progress, write_out};
+
+const TOKEN_LISTENER: u64 = u64::MAX;
+const TOKEN_WAKER: u64 = u64::MAX - 1;
+const SCRATCH_BYTES: usize = 16 * 1024;
+const EVENTS_MAX: usize = 256;
+
+/// What the workers share.
+pub(crate) struct HttpShared {
+    live: Mutex<Arc<LiveConfig>>,
+    live_version: AtomicU64,
+    pub(crate) root: Root,
+    pub(crate) index: Option<String>,
+    pub(crate) server_name: String,
+    pub(crate) metrics_path: String,
+    pub(crate) engine_body_bytes_min: u64,
+    pub(crate) body_path: PathChoice,
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) metrics: Arc<Metrics>,
+    conns: AtomicUsize,
+    /// Stop accepting, close idle connections, close each busy one after its response.
+    stopping: AtomicBool,
+    /// Close everything now.
+    cut: AtomicBool,
+    wakers: Mutex<Vec<OwnedFd>>,
+}
+
+impl HttpShared {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        live: LiveConfig,
+        root: Root,
+        index: Option<String>,
+        server_name: String,
+        metrics_path: String,
+        engine_body_bytes_min: u64,
+        body_path: PathChoice,
+        engine: Arc<Engine>,
+        metrics: Arc<Metrics>,
+    ) -> HttpShared {
+        HttpShared {
+            live: Mutex::new(Arc::new(live)),
+            live_version: AtomicU64::new(0),
+            root,
+            index,
+            server_name,
+            metrics_path,
+            engine_body_bytes_min,
+            body_path,
+            engine,
+            metrics,
+            conns: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
+            wakers: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn live(&self) -> Arc<LiveConfig> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the live configuration; workers pick it up on their next turn.
+    pub(crate) fn set_live(&self, live: LiveConfig) {
+        *self.live.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(live);
+        self.live_version.fetch_add(1, Ordering::Release);
+        self.wake();
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    pub(crate) fn cut(&self) {
+        self.cut.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    pub(crate) fn connections(&self) -> usize {
+        self.conns.load(Ordering::Relaxed)
+    }
+
+    fn wake(&self) {
+        for w in self.wakers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            // A full eventfd counter still wakes the loop.
+            let _ = rustix::io::write(w, &1u64.to_ne_bytes());
+        }
+    }
+}
+
+/// Binds `workers` SO_REUSEPORT listeners on `addr` (the first decides the port when it is
+/// 0) and starts one loop thread per listener. Returns the bound address and the threads.
+pub(crate) fn start(
+    shared: Arc<HttpShared>,
+    addr: SocketAddr,
+    workers: usize,
+) -> io::Result<(SocketAddr, Vec<JoinHandle<()>>)> {
+    if addr.port() != 0 {
+        port_is_free(addr)?;
+    }
+    let mut bound = addr;
+    let mut listeners = Vec::new();
+    for _ in 0..workers.max(1) {
+        let l = reuseport_listener(bound)?;
+        bound = l.local_addr()?;
+        listeners.push(l);
+    }
+    let mut threads = Vec::new();
+    for (i, l) in listeners.into_iter().enumerate() {
+        let mut w = Worker::new(shared.clone(), l, i)?;
+        let t = std::thread::Builder::new()
+            .name(format!("penstock-http-{i}"))
+            .spawn(move || w.run())?;
+        threads.push(t);
+    }
+    Ok((bound, threads))
+}
+
+/// SO_REUSEPORT lets any process of the same user join a port silently (a second `penstock
+/// serve` on the same address would take half the connections): before the workers bind
+/// their group, a socket without SO_REUSEPORT must be able to bind the address, which fails
+/// with "address in use" while anyone listens there (as nginx and the control port do).
+fn port_is_free(addr: SocketAddr) -> io::Result<()> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM.cloexec(), None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into())
+}
+
+fn reuseport_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM.cloexec(), None)?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(4096)?;
+    Ok(s.into())
+}
+
+enum State {
+    Reading,
+    Sending(Box<Out>),
+    Engine(Box<EngineBody>),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Interest {
+    Read,
+    Write,
+    /// Registered with no events (waiting for a rate timer); HUP and ERR still arrive.
+    Nothing,
+    /// Not in epoll (the engine holds the body).
+    Removed,
+}
+
+struct Conn {
+    sock: TcpStream,
+    inbuf: Vec<u8>,
+    requests: u32,
+    state: State,
+    deadline: Instant,
+    interest: Interest,
+    peer_eof: bool,
+}
+
+struct Slot {
+    generation: u32,
+    conn: Option<Conn>,
+}
+
+struct Worker {
+    shared: Arc<HttpShared>,
+    epoll: OwnedFd,
+    listener: Option<TcpListener>,
+    waker: OwnedFd,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    ready: Vec<(u32, u32)>,
+    timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    engine_conns: Vec<(u32, u32)>,
+    /// The waker, for engine workers to write when a body's report is ready.
+    engine_waker: Arc<OwnedFd>,
+    /// Woken since the last look at the engine bodies' reports.
+    engine_woken: bool,
+    live: Arc<LiveConfig>,
+    live_version: u64,
+    next_sweep: Instant,
+    boundary_seed: u64,
+    scratch: Box<[u8]>,
+    /// This worker's number (log lines).
+    index: usize,
+    /// While set, the listener is out of epoll until then (see the module doc).
+    accept_paused_until: Option<Instant>,
+    accept_failures: AcceptFailures,
+}
+
+fn token(idx: u32, generation: u32) -> u64 {
+    (u64::from(generation) << 32) | u64::from(idx)
+}
+
+impl Worker {
+    fn new(shared: Arc<HttpShared>, listener: TcpListener, i: usize) -> io::Result<Worker> {
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        epoll::add(
+            &epoll,
+            &listener,
+            epoll::EventData::new_u64(TOKEN_LISTENER),
+            epoll::EventFlags::IN,
+        )?;
+        let waker = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?;
+        epoll::add(
+            &epoll,
+            &waker,
+            epoll::EventData::new_u64(TOKEN_WAKER),
+            epoll::EventFlags::IN,
+        )?;
+        shared
+            .wakers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(waker.try_clone()?);
+        let engine_waker = Arc::new(waker.try_clone()?);
+        let live = shared.live();
+        let live_version = shared.live_version.load(Ordering::Acquire);
+        let seed = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ ((i as u64) << 56);
+        Ok(Worker {
+            shared,
+            epoll,
+            listener: Some(listener),
+            waker,
+            slots: Vec::new(),
+            free: Vec::new(),
+            ready: Vec::new(),
+            timers: BinaryHeap::new(),
+            engine_conns: Vec::new(),
+            engine_waker,
+            engine_woken: false,
+            live,
+            live_version,
+            next_sweep: Instant::now(),
+            boundary_seed: seed,
+            scratch: vec![0u8; SCRATCH_BYTES].into_boxed_slice(),
+            index: i,
+            accept_paused_until: None,
+            accept_failures: AcceptFailures {
+                counts: Vec::new(),
+                next_log: Instant::now(),
+            },
+        })
+    }
+
+    fn sweep_interval(&self) -> Duration {
+        (self.live.limits.idle_timeout() / 8)
+            .clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
+    fn run(&mut self) {
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(EVENTS_MAX);
+        loop {
+            if self.shared.cut.load(Ordering::Acquire) {
+                self.close_all();
+                return;
+            }
+            if self.shared.stopping.load(Ordering::Acquire) {
+                self.begin_stop();
+                if self.live_conns() == 0 {
+                    return;
+                }
+            }
+            let v = self.shared.live_version.load(Ordering::Acquire);
+            if v != self.live_version {
+                self.live = self.shared.live();
+                self.live_version = v;
+            }
+            let now = Instant::now();
+            let mut timeout = self.next_sweep.saturating_duration_since(now);
+            if let Some(Reverse((t, _, _))) = self.timers.peek() {
+                timeout = timeout.min(t.saturating_duration_since(now));
+            }
+            if let Some(t) = self.accept_paused_until {
+                timeout = timeout.min(t.saturating_duration_since(now));
+            }
+            if !self.ready.is_empty() {
+                timeout = Duration::ZERO;
+            }
+            let ts = rustix::time::Timespec {
+                tv_sec: timeout.as_secs() as i64,
+                tv_nsec: i64::from(timeout.subsec_nanos()),
+            };
+            events.clear();
+            match epoll::wait(
+                &self.epoll,
+                rustix::buffer::spare_capacity(&mut events),
+                Some(&ts),
+            ) {
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "epoll_wait failed; worker stops");
+                    self.close_all();
+                    return;
+                }
+            }
+            for ev in events.iter() {
+                let (flags, data) = (ev.flags, ev.data.u64());
+                match data {
+                    TOKEN_LISTENER => self.accept(),
+                    TOKEN_WAKER => {
+                        let mut b = [0u8; 8];
+                        let _ = rustix::io::read(&self.waker, &mut b);
+                        self.engine_woken = true;
+                    }
+                    t => self.on_event(t as u32, (t >> 32) as u32, flags),
+                }
+            }
+            let ready = std::mem::take(&mut self.ready);
+            for (idx, generation) in ready {
+                self.drive(idx, generation);
+            }
+            let now = Instant::now();
+            while let Some(Reverse((t, idx, generation))) = self.timers.peek().copied() {
+                if t > now {
+                    break;
+                }
+                self.timers.pop();
+                self.drive(idx, generation);
+            }
+            if self.engine_woken && !self.engine_conns.is_empty() {
+                self.poll_engine();
+            }
+            self.engine_woken = false;
+            if self.accept_paused_until.is_some_and(|t| now >= t) {
+                self.resume_accepting(now);
+            }
+            if now >= self.next_sweep {
+                if !self.engine_conns.is_empty() {
+                    self.poll_engine();
+                }
+                self.sweep(now);
+                self.next_sweep = now + self.sweep_interval();
+                // The last failures of a burst, once the interval allows.
+                let _ =
+                    self.accept_failures
+                        .report(now, self.index, self.live.limits.accept_backoff());
+            }
+        }
+    }
+
+    fn live_conns(&self) -> usize {
+        self.slots.iter().filter(|s| s.conn.is_some()).count()
+    }
+
+    fn begin_stop(&mut self) {
+        if let Some(l) = self.listener.take() {
+            let _ = epoll::delete(&self.epoll, &l);
+        }
+        // Idle connections (waiting for a head, nothing buffered) go now.
+        for idx in 0..self.slots.len() {
+            let idle = matches!(
+                &self.slots[idx].conn,
+                Some(c) if matches!(c.state, State::Reading) && c.inbuf.is_empty()
+            );
+            if idle {
+                self.close(idx as u32);
+            }
+        }
+    }
+
+    fn close_all(&mut self) {
+        for idx in 0..self.slots.len() {
+            if let Some(c) = &self.slots[idx].conn
+                && let State::Engine(e) = &c.state
+            {
+                e.handle.cancel();
+            }
+            if self.slots[idx].conn.is_some() {
+                self.close(idx as u32);
+            }
+        }
+    }
+
+    fn release_count(&self) {
+        self.shared.conns.fetch_sub(1, Ordering::AcqRel);
+        self.shared.metrics.connections.dec();
+    }
+
+    fn conn_mut(&mut self, idx: u32, generation: u32) -> Option<&mut Conn> {
+        conn_in(&mut self.slots, idx, generation)
+    }
+
+    fn on_event(&mut self, idx: u32, generation: u32, flags: epoll::EventFlags) {
+        let cap = self.live.limits.header_bytes_max + SCRATCH_BYTES;
+        let Some(c) = conn_in(&mut self.slots, idx, generation) else {
+            return;
+        };
+        if matches!(c.state, State::Engine(_)) {
+            return;
+        }
+        let reading = matches!(c.state, State::Reading);
+        if flags.intersects(epoll::EventFlags::ERR)
+            || (flags.contains(epoll::EventFlags::HUP) && !reading)
+        {
+            let vanished = matches!(c.state, State::Sending(_));
+            self.shared.metrics.error(if vanished {
+                "client_vanished"
+            } else {
+                "socket_error"
+            });
+            self.close(idx);
+            return;
+        }
+        if reading && flags.intersects(epoll::EventFlags::IN | epoll::EventFlags::HUP) {
+            let scratch = &mut self.scratch;
+            // Read what is there, up to the cap (the rest waits in the socket).
+            while c.inbuf.len() < cap && !c.peer_eof {
+                let want = (cap - c.inbuf.len()).min(scratch.len());
+                match c.sock.read(&mut scratch[..want]) {
+                    Ok(0) => c.peer_eof = true,
+                    Ok(n) => {
+                        c.inbuf.extend_from_slice(&scratch[..n]);
+                        if n < want {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        c.peer_eof = true;
+                        c.inbuf.clear();
+                    }
+                }
+            }
+        }
+        self.drive(idx, generation);
+    }
+
+    /// Runs a connection's state machine as far as it goes without waiting.
+    fn drive(&mut self, idx: u32, generation: u32) {
+        let live = self.live.clone();
+        let mut budget = 8; // requests per turn (pipelining)
+        loop {
+            let stopping = self.shared.stopping.load(Ordering::Relaxed);
+            let Some(c) = conn_in(&mut self.slots, idx, generation) else {
+                return;
+            };
+            match &mut c.state {
+                State::Engine(_) => return,
+                State::Reading => {
+                    if budget == 0 {
+                        self.ready.push((idx, generation));
+                        return;
+                    }
+                    budget -= 1;
+                    if c.inbuf.is_empty() && c.inbuf.capacity() > 0 {
+                        c.inbuf = Vec::new();
+                    }
+                    if stopping && c.inbuf.is_empty() {
+                        self.close(idx);
+                        return;
+                    }
+                    match parse_request(&c.inbuf, &live.limits.parse_limits()) {
+                        Ok(Parsed::Partial) => {
+                            if c.peer_eof {
+                                if !c.inbuf.is_empty() {
+                                    self.shared.metrics.error("incomplete_request");
+                                }
+                                self.close(idx);
+                                return;
+                            }
+                            let _ = set_interest(
+                                &self.epoll,
+                                c,
+                                token(idx, generation),
+                                Interest::Read,
+                            );
+                            return;
+                        }
+                        Ok(Parsed::Complete {
+                            request,
+                            consumed_bytes,
+                        }) => {
+                            c.inbuf.drain(..consumed_bytes);
+                            c.requests += 1;
+                            let allowed =
+                                c.requests < live.limits.requests_per_connection_max && !stopping;
+                            let out = self.respond(&request, allowed, &live);
+                            let c = self.conn_mut(idx, generation).expect("present above");
+                            c.state = State::Sending(Box::new(out));
+                            c.deadline = Instant::now() + live.limits.send_timeout();
+                        }
+                        Err(e) => {
+                            self.shared.metrics.error(error_kind(&e));
+                            let ctx = error_ctx(&live);
+                            let r = respond_error(e.status(), None, &ctx);
+                            let out = Out {
+                                head: r.head,
+                                head_pos: 0,
+                                pieces: r.body.into(),
+                                piece_pos: 0,
+                                file: None,
+                                file_label: String::new(),
+                                keep_alive: false,
+                                class: Arc::from("none"),
+                                path_label: "memory",
+                                body_sent: 0,
+                                rate: None,
+                                to_engine: None,
+                                status: r.status,
+                            };
+                            let c = self.conn_mut(idx, generation).expect("present above");
+                            c.inbuf.clear();
+                            c.state = State::Sending(Box::new(out));
+                            c.deadline = Instant::now() + live.limits.send_timeout();
+                        }
+                    }
+                }
+                State::Sending(out) => {
+                    let before = out.body_sent + out.head_pos as u64;
+                    let p = write_out(&c.sock, out, Instant::now());
+                    if out.body_sent + out.head_pos as u64 > before {
+                        c.deadline = Instant::now() + live.limits.send_timeout();
+                    }
+                    match p {
+                        Progress::Done => {
+                            let State::Sending(out) =
+                                std::mem::replace(&mut c.state, State::Reading)
+                            else {
+                                unreachable!("matched Sending above")
+                            };
+                            self.shared
+                                .metrics
+                                .request(&out.class, out.path_label, out.body_sent);
+                            if !out.keep_alive || stopping {
+                                self.close(idx);
+                                return;
+                            }
+                            let c = self.conn_mut(idx, generation).expect("present above");
+                            c.deadline = Instant::now() + live.limits.idle_timeout();
+                        }
+                        Progress::WouldBlock => {
+                            let _ = set_interest(
+                                &self.epoll,
+                                c,
+                                token(idx, generation),
+                                Interest::Write,
+                            );
+                            return;
+                        }
+                        Progress::RateWait(at) => {
+                            let _ = set_interest(
+                                &self.epoll,
+                                c,
+                                token(idx, generation),
+                                Interest::Nothing,
+                            );
+                            self.timers.push(Reverse((at, idx, generation)));
+                            return;
+                        }
+                        Progress::Yield => {
+                            self.ready.push((idx, generation));
+                            return;
+                        }
+                        Progress::HandOff => {
+                            self.hand_off(idx, generation);
+                            return;
+                        }
+                        Progress::Failed(kind) => {
+                            self.shared.metrics.error(kind);
+                            self.close(idx);
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn sweep(&mut self, now: Instant) {
+        for idx in 0..self.slots.len() {
+            let Some(c) = &self.slots[idx].conn else {
+                continue;
+            };
+            if c.deadline > now || matches!(c.state, State::Engine(_)) {
+                continue;
+            }
+            match c.state {
+                State::Reading => {
+                    if !c.inbuf.is_empty() {
+                        // A head that did not complete in time (slowloris): 408, best effort.
+                        let _ = rustix::net::send(
+                            &c.sock,
+                            b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                            SendFlags::NOSIGNAL,
+                        );
+                        self.shared.metrics.error("header_timeout");
+                    } else {
+                        self.shared.metrics.error("idle_timeout");
+                    }
+                }
+                _ => self.shared.metrics.error("send_timeout"),
+            }
+            self.close(idx as u32);
+        }
+    }
+
+    fn close(&mut self, idx: u32) {
+        let slot = &mut self.slots[idx as usize];
+        if let Some(c) = slot.conn.take() {
+            if c.interest != Interest::Removed {
+                let _ = epoll::delete(&self.epoll, &c.sock);
+            }
+            if let State::Engine(e) = &c.state {
+                e.handle.cancel();
+                self.shared.metrics.streams_active.dec();
+            }
+            drop(c);
+            slot.generation = slot.generation.wrapping_add(1);
+            self.free.push(idx);
+            self.release_count();
+        }
+    }
+}
+
+fn conn_in(slots: &mut [Slot], idx: u32, generation: u32) -> Option<&mut Conn> {
+    let s = slots.get_mut(idx as usize)?;
+    if s.generation != generation {
+        return None;
+    }
+    s.conn.as_mut()
+}
+
+fn set_interest(ep: &OwnedFd, c: &mut Conn, tok: u64, want: Interest) -> io::Result<()> {
+    if c.interest == want {
+        return Ok(());
+    }
+    let flags = match want {
+        Interest::Read => epoll::EventFlags::IN,
+        Interest::Write => epoll::EventFlags::OUT,
+        Interest::Nothing | Interest::Removed => epoll::EventFlags::empty(),
+    };
+    epoll::modify(ep, &c.sock, epoll::EventData::new_u64(tok), flags)?;
+    c.interest = want;
+    Ok(())
+}

@@ -1,0 +1,324 @@
+//! The response to a request: [`Worker::respond`] turns a parsed request into an [`Out`]:
+//! `/metrics`, or the file opened beneath the root (an index in a directory), conditionals
+//! and ranges by the core's `respond_file`, the rate limit of the location, and whether the
+//! engine sends the body (its place reserved now, before the head, or a 503).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::SystemTime;
+
+use penstock_core::http::{
+    BodyPiece, ConnectionHeader, FileMeta, HttpError, Method, Request, ResponseContext,
+    ResponseHead, Status, boundary_for, content_type_for_path, respond_error, respond_file,
+    write_response_head,
+};
+use penstock_core::stream::{CachePolicy, IoKind, choose_path};
+use penstock_driver::StreamError;
+
+use super::Worker;
+use super::send::{Out, RateLimit};
+use crate::config::LiveConfig;
+use crate::confine::{Opened, Refused};
+
+impl Worker {
+    /// The response to one parsed request.
+    pub(super) fn respond(
+        &mut self,
+        req: &Request,
+        keep_alive_allowed: bool,
+        live: &LiveConfig,
+    ) -> Out {
+        self.boundary_seed = self
+            .boundary_seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let boundary = boundary_for(self.boundary_seed);
+        let shared = self.shared.clone();
+        let ctx = ResponseContext {
+            date: SystemTime::now(),
+            server: &shared.server_name,
+            keep_alive_allowed,
+            keep_alive_timeout_s: Some(live.limits.idle_timeout_ms / 1000),
+            ranges_max: live.limits.ranges_max,
+            boundary: &boundary,
+        };
+        let policy = live.policy(&req.path);
+        let class: Arc<str> = Arc::from(policy.class);
+        let memory = |r: penstock_core::http::Response, class: Arc<str>| Out {
+            head: r.head,
+            head_pos: 0,
+            pieces: r.body.into(),
+            piece_pos: 0,
+            file: None,
+            file_label: String::new(),
+            keep_alive: r.keep_alive,
+            class,
+            path_label: "memory",
+            body_sent: 0,
+            rate: None,
+            to_engine: None,
+            status: r.status,
+        };
+        if !shared.metrics_path.is_empty() && req.path == shared.metrics_path {
+            return memory(self.metrics_response(req, &ctx), Arc::from("metrics"));
+        }
+        let opened = match shared.root.open_path(req.relative_path()) {
+            Ok(Opened::Directory(dir)) => match &shared.index {
+                Some(name) => shared
+                    .root
+                    .open_in(&dir, name)
+                    .map(|o| (o, Some(name.as_str()))),
+                None => Err(Refused::Forbidden),
+            },
+            Ok(o) => Ok((o, None)),
+            Err(e) => Err(e),
+        };
+        let (file, len_bytes, mtime, type_name) = match opened {
+            Ok((
+                Opened::File {
+                    file,
+                    len_bytes,
+                    mtime,
+                },
+                index,
+            )) => (
+                file,
+                len_bytes,
+                mtime,
+                index.unwrap_or(&req.path).to_string(),
+            ),
+            Ok((Opened::Directory(_), _)) | Err(Refused::Forbidden) => {
+                shared.metrics.error("forbidden");
+                return memory(respond_error(Status::FORBIDDEN, Some(req), &ctx), class);
+            }
+            Err(Refused::NotFound) => {
+                shared.metrics.error("not_found");
+                return memory(respond_error(Status::NOT_FOUND, Some(req), &ctx), class);
+            }
+            Err(Refused::Failed | Refused::Exists) => {
+                shared.metrics.error("open_failed");
+                return memory(
+                    respond_error(Status::INTERNAL_SERVER_ERROR, Some(req), &ctx),
+                    class,
+                );
+            }
+        };
+        let meta = FileMeta { len_bytes, mtime };
+        let r = respond_file(req, &meta, content_type_for_path(&type_name), &ctx);
+        if r.status == Status::RANGE_NOT_SATISFIABLE {
+            shared.metrics.error("range_not_satisfiable");
+        }
+        let has_file = r.body.iter().any(|p| matches!(p, BodyPiece::File { .. }));
+        let rate = (policy.limit_rate_bytes_per_s > 0).then_some(RateLimit {
+            bytes_per_s: policy.limit_rate_bytes_per_s,
+            after_bytes: policy.limit_rate_after_bytes,
+            rate_start: None,
+        });
+        let for_engine = shared.engine_body_bytes_min > 0
+            && rate.is_none()
+            && r.body.len() == 1
+            && matches!(r.body[0], BodyPiece::File { len_bytes, .. } if len_bytes >= shared.engine_body_bytes_min);
+        // Decided before the head is written: a client never gets a 200/206 head whose body
+        // is then cut because the engine refused it. No free engine place: this loop sends
+        // the body; a path the engine cannot run here: 503, no body.
+        let to_engine = if for_engine {
+            let (source, target) = (IoKind::File, IoKind::StreamSocket);
+            let caps = shared.engine.caps();
+            let path = choose_path(
+                shared.body_path,
+                source,
+                target,
+                CachePolicy::Keep,
+                caps,
+                false,
+            );
+            match path
+                .map_err(StreamError::from)
+                .and_then(|_| shared.engine.reserve_stream())
+            {
+                Ok(slot) => Some(slot),
+                Err(StreamError::TooManyStreams(_)) => {
+                    shared.metrics.error("engine_full");
+                    None
+                }
+                Err(e) => {
+                    // A configuration the engine cannot run (`body_path`): said once, counted
+                    // always.
+                    static SAID: AtomicBool = AtomicBool::new(false);
+                    if !SAID.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "the engine cannot take HTTP bodies: answering 503");
+                    }
+                    shared.metrics.error("engine_refused");
+                    return memory(unavailable(req, &ctx), class);
+                }
+            }
+        } else {
+            None
+        };
+        Out {
+            head: r.head,
+            head_pos: 0,
+            pieces: r.body.into(),
+            piece_pos: 0,
+            file: has_file.then_some(file),
+            file_label: req.path.clone(),
+            keep_alive: r.keep_alive,
+            class,
+            path_label: if has_file {
+                "sendfile"
+            } else if req.method == Method::Head || !r.status.allows_body() {
+                "none"
+            } else {
+                "memory"
+            },
+            body_sent: 0,
+            rate,
+            to_engine,
+            status: r.status,
+        }
+    }
+
+    fn metrics_response(
+        &self,
+        req: &Request,
+        ctx: &ResponseContext<'_>,
+    ) -> penstock_core::http::Response {
+        // Gauges read at scrape time: exact now, no feeder needed.
+        self.shared
+            .metrics
+            .set_disk_queue_depth(self.shared.engine.disk_queue_depth());
+        self.shared
+            .metrics
+            .set_engine_buffers(self.shared.engine.buffer_usage());
+        let body = self.shared.metrics.encode().into_bytes();
+        let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+        let head = ResponseHead {
+            status: Status::OK,
+            date: ctx.date,
+            server: ctx.server,
+            content_type: Some("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            content_length_bytes: Some(body.len() as u64),
+            content_range: None,
+            accept_ranges: false,
+            etag: None,
+            last_modified: None,
+            allow: None,
+            connection: if keep_alive {
+                ConnectionHeader::KeepAlive {
+                    timeout_s: ctx.keep_alive_timeout_s,
+                }
+            } else {
+                ConnectionHeader::Close
+            },
+        };
+        let mut bytes = Vec::with_capacity(256);
+        write_response_head(&head, &mut bytes);
+        penstock_core::http::Response {
+            status: Status::OK,
+            head: bytes,
+            body: if req.method == Method::Head {
+                Vec::new()
+            } else {
+                vec![BodyPiece::Bytes(body)]
+            },
+            keep_alive,
+        }
+    }
+}
+
+/// 503 with `Retry-After` and no body: the engine cannot take a body now and the head is
+/// not written yet (see `respond`).
+fn unavailable(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http::Response {
+    let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+    let head = ResponseHead {
+        status: Status::SERVICE_UNAVAILABLE,
+        date: ctx.date,
+        server: ctx.server,
+        content_type: None,
+        content_length_bytes: Some(0),
+        content_range: None,
+        accept_ranges: false,
+        etag: None,
+        last_modified: None,
+        allow: None,
+        connection: if keep_alive {
+            ConnectionHeader::KeepAlive {
+                timeout_s: ctx.keep_alive_timeout_s,
+            }
+        } else {
+            ConnectionHeader::Close
+        },
+    };
+    let mut bytes = Vec::with_capacity(192);
+    write_response_head(&head, &mut bytes);
+    // Before the empty line that ends the head (the core's head has no Retry-After field).
+    let end = bytes.len() - 2;
+    bytes.splice(end..end, b"Retry-After: 1\r\n".iter().copied());
+    penstock_core::http::Response {
+        status: Status::SERVICE_UNAVAILABLE,
+        head: bytes,
+        body: Vec::new(),
+        keep_alive,
+    }
+}
+
+/// The context of an answer to a request that did not parse (the connection closes).
+pub(super) fn error_ctx(live: &LiveConfig) -> ResponseContext<'static> {
+    ResponseContext {
+        date: SystemTime::now(),
+        server: "",
+        keep_alive_allowed: false,
+        keep_alive_timeout_s: Some(live.limits.idle_timeout_ms / 1000),
+        ranges_max: live.limits.ranges_max,
+        boundary: "",
+    }
+}
+
+pub(super) fn error_kind(e: &HttpError) -> &'static str {
+    match e.status().code() {
+        414 => "uri_too_long",
+        431 => "header_too_large",
+        403 => "path_escape",
+        405 => "method_not_allowed",
+        501 => "method_not_implemented",
+        505 => "version_not_supported",
+        413 => "body_not_allowed",
+        _ => "bad_request",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use penstock_core::http::{Parsed, parse_request};
+
+    /// Issue 20: the engine's refusal known before the head is a 503 with Retry-After and no
+    /// body, keeping the connection when the request allows it.
+    #[test]
+    fn unavailable_is_a_bodiless_503_with_retry_after() {
+        let Ok(Parsed::Complete { request, .. }) = parse_request(
+            b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n",
+            &penstock_core::http::Limits::default(),
+        ) else {
+            panic!("request parses");
+        };
+        let ctx = ResponseContext {
+            date: SystemTime::UNIX_EPOCH,
+            server: "penstock",
+            keep_alive_allowed: true,
+            keep_alive_timeout_s: Some(60),
+            ranges_max: 16,
+            boundary: "",
+        };
+        let r = unavailable(&request, &ctx);
+        let head = String::from_utf8(r.head).expect("ascii head");
+        assert!(
+            head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\nRetry-After: 1\r\n"), "{head}");
+        assert!(head.contains("\r\nContent-Length: 0\r\n"), "{head}");
+        assert!(head.ends_with("\r\n\r\n") && !head.ends_with("\r\n\r\n\r\n"));
+        assert!(r.body.is_empty() && r.keep_alive);
+    }
+}

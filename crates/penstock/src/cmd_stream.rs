@@ -52,10 +52,11 @@ pub struct StreamArgs {
     #[arg(long)]
     pub json: bool,
     /// Periodic: one unit every DUR (e.g. 33.333ms).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["rate", "schedule"])]
     pub period: Option<String>,
-    /// Periodic at a frame rate (30/s) or constant bit rate (8Mbit/s, 1MB/s).
-    #[arg(long)]
+    /// Periodic at a frame rate (30/s) or constant bit rate (8Mbps, 8Mbit/s: bits; 1MB/s:
+    /// bytes).
+    #[arg(long, conflicts_with = "schedule")]
     pub rate: Option<String>,
     /// Cues' (k, t): K units at the start of every cycle of length T (e.g. 4,40ms).
     #[arg(long, value_name = "K,T")]
@@ -101,17 +102,21 @@ pub struct StreamArgs {
     pub order: Order,
     /// `tracks`: send each packet of a recording at its recorded time (its time and packet
     /// tracks); excludes --period/--rate/--schedule/--offset/--length/--unit.
-    #[arg(long)]
+    #[arg(
+        long,
+        value_parser = ["tracks"],
+        conflicts_with_all = ["period", "rate", "schedule", "offset", "length", "unit"]
+    )]
     pub timing: Option<String>,
     /// With --timing tracks: start at the independent frame at or before this time.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, requires = "timing")]
     pub from: Option<Duration>,
     /// With --timing tracks: play this many times as fast (2, 0.5).
-    #[arg(long)]
+    #[arg(long, requires = "timing")]
     pub speed: Option<String>,
     /// With --timing tracks and a vol: SRC: the prefix of the recording's track files (default:
     /// PARTITION, in the current directory).
-    #[arg(long)]
+    #[arg(long, requires = "timing")]
     pub tracks: Option<std::path::PathBuf>,
     /// Fail when no byte moves for this long (the receiver stopped reading, or a socket
     /// source stopped sending); time paused or waiting for a paced unit's deadline does not

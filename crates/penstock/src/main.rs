@@ -2,6 +2,12 @@
 //! and the hidden `hog` load live in `penstock-bench`; this binary only names them.
 //!
 //! Exit codes: 0 success; 1 the operation failed (the error is on stderr); 2 bad usage.
+//!
+//! Logging goes to stderr: the filter is `PENSTOCK_LOG`, else `RUST_LOG` (tracing's
+//! `EnvFilter` syntax, e.g. `info` or `penstock_server=debug`), else warnings only — and for
+//! `serve` its lifecycle lines too (listening, reloaded, stopping) at info. Colours only when
+//! stderr is a terminal; `--log-format json` writes one JSON object per line for log
+//! shippers.
 
 mod calibrate;
 mod cmd_ctl;
@@ -21,9 +27,14 @@ use penstock_bench as bench;
     version,
     about = "A storage-to-network streaming engine for Linux"
 )]
+#[command(after_help = "Logging: PENSTOCK_LOG or RUST_LOG set the filter (e.g. info, \
+    penstock_server=debug); default warnings only (serve: its lifecycle at info).")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines on stderr look: text, or json (one object per line).
+    #[arg(long, global = true, value_parser = ["text", "json"], default_value = "text")]
+    log_format: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -80,12 +91,10 @@ enum BenchCommand {
 
 fn main() {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PENSTOCK_LOG")
-        .unwrap_or_else(|_| "warn".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(
+        matches!(cli.command, Command::Serve(_)),
+        cli.log_format == "json",
+    );
     let r = match cli.command {
         Command::Demo(a) => demo::run(a),
         Command::Stream(a) => cmd_stream::run(a),
@@ -113,6 +122,28 @@ fn main() {
     if let Err(e) = r {
         eprintln!("penstock: error: {}", error_text(&e));
         std::process::exit(1);
+    }
+}
+
+/// Logs to stderr, filtered by `PENSTOCK_LOG`, else `RUST_LOG`, else the default.
+fn init_logging(serve: bool, json: bool) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let default = if serve {
+        "warn,penstock=info,penstock_server=info"
+    } else {
+        "warn"
+    };
+    let filter = EnvFilter::try_from_env("PENSTOCK_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.with_ansi(std::io::stderr().is_terminal()).init();
     }
 }
 

@@ -638,11 +638,7 @@ fn impossible_schedules_are_refused_before_anything_is_sent() {
             vec![s, &target, "--period", "100ns", "--unit", "1KiB"],
             "period",
         ),
-        (
-            "two pacings",
-            vec![s, &target, "--rate", "30/s", "--period", "10ms"],
-            "exclude each other",
-        ),
+        // Two pacings (`--rate` with `--period`) are bad usage, exit 2: tests/conventions.rs.
     ];
     for (name, args, fragment) in cases {
         let o = stream_output(&args);

@@ -97,3 +97,73 @@ fn record_json_prints_only_json_on_stdout() {
     assert_eq!(v["packets"], 50, "{v}");
     assert_eq!(v["listen"], addr.as_str(), "{v}");
 }
+
+/// Bad usage exits 2 (issue 16: conflicting pacing flags exited 1), before anything opens.
+#[test]
+fn conflicting_flags_are_bad_usage_and_exit_2() {
+    for args in [
+        &["stream", "a", "b", "--rate", "30/s", "--period", "33ms"][..],
+        &["stream", "a", "b", "--rate", "30/s", "--schedule", "4,40ms"],
+        &["stream", "a", "b", "--from", "2s"],
+        &["stream", "a", "b", "--timing", "tracks", "--rate", "30/s"],
+        &["stream", "a", "b", "--timing", "sometimes"],
+    ] {
+        let o = penstock().args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {o:?}");
+    }
+}
+
+/// Logs (issue 16): no colour escapes into a file, lifecycle lines at info by default for
+/// serve, and `--log-format json` one JSON object per line.
+#[test]
+fn serve_logs_its_lifecycle_plainly_or_as_json() {
+    for json in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("p.toml");
+        std::fs::write(
+            &conf,
+            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n",
+        )
+        .unwrap();
+        let log = dir.path().join("stderr.log");
+        let mut cmd = penstock();
+        cmd.args(["serve", "--no-control-unix", "--config"])
+            .arg(&conf)
+            .arg("--root")
+            .arg(dir.path());
+        if json {
+            cmd.args(["--log-format", "json"]);
+        }
+        let mut server = cmd
+            .env_remove("PENSTOCK_LOG")
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(server.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(server.id() as i32).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        assert!(server.wait().unwrap().success());
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            !text.contains('\u{1b}'),
+            "colour escapes in a file: {text:?}"
+        );
+        assert!(text.contains("serving"), "no lifecycle line: {text:?}");
+        assert!(text.contains("stopping"), "no lifecycle line: {text:?}");
+        if json {
+            for line in text.lines() {
+                let v: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+                assert!(v["level"].is_string(), "{line}");
+            }
+        }
+    }
+}

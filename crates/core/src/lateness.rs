@@ -93,6 +93,17 @@ impl Histogram {
     }
 }
 
+/// Buckets of a stream's live lateness counts (the driver's `StreamHandle::lateness`, one
+/// atomic counter per bucket, so few and fixed): bucket 0 counts units on time (or early),
+/// bucket `i` ≥ 1 units later by `[2^(i-1), 2^i)` ns, and the last bucket everything later
+/// than `2^(LATENESS_BUCKETS-2)` ns (about 1.07 s) too.
+pub const LATENESS_BUCKETS: usize = 32;
+
+/// The live bucket of a lateness of `ns` nanoseconds (see [`LATENESS_BUCKETS`]).
+pub fn lateness_bucket(ns: u64) -> usize {
+    ((u64::BITS - ns.leading_zeros()) as usize).min(LATENESS_BUCKETS - 1)
+}
+
 /// Lateness statistics of one stream (or, after [`LatenessStats::merge`], of several).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LatenessStats {
@@ -376,6 +387,24 @@ mod tests {
 
     fn at(ns: u64) -> Instant {
         Instant::from_nanos(ns)
+    }
+
+    #[test]
+    fn lateness_bucket_is_the_power_of_two_above_and_the_last_takes_the_rest() {
+        assert_eq!(lateness_bucket(0), 0);
+        for i in 1..LATENESS_BUCKETS - 1 {
+            let low = 1u64 << (i - 1);
+            let high = (1u64 << i) - 1;
+            assert_eq!(
+                (lateness_bucket(low), lateness_bucket(high)),
+                (i, i),
+                "bucket {i}"
+            );
+        }
+        let last = LATENESS_BUCKETS - 1;
+        assert_eq!(lateness_bucket(1 << (LATENESS_BUCKETS - 2)), last);
+        assert_eq!(lateness_bucket((1 << (LATENESS_BUCKETS - 2)) - 1), last - 1);
+        assert_eq!(lateness_bucket(u64::MAX), last);
     }
 
     #[test]

@@ -57,7 +57,7 @@ impl Default for DiskConfig {
 }
 
 /// Ring tokens of dispatched reads are `DISK_TOKEN_BASE + n`: above every stream token (a
-/// worker's slots stay below 2^22, see `engine::STREAMS_MAX_LIMIT`) and below the timer and
+/// worker's slots stay below 2^22, see `config::STREAMS_MAX_LIMIT`) and below the timer and
 /// wake tokens (which have the top bit set).
 pub(crate) const DISK_TOKEN_BASE: u64 = 1 << 62;
 

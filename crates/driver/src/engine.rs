@@ -18,7 +18,6 @@
 //! workers (one event loop per thread, many streams each). The caller keeps a
 //! [`StreamHandle`]: counters, cancel, wait.
 
-use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -27,106 +26,26 @@ use std::time::Duration;
 
 use penstock_core::endpoint::Endpoint;
 pub use penstock_core::stream::plan::{DiskClass, ZeroCopy, schedule_bytes_per_s};
-use penstock_core::stream::plan::{Pacing, PlanError, PlanLimits, PlanRequest, plan_stream};
-use penstock_core::stream::{
-    CachePolicy, DataPath, Extent, ExtentError, PathCaps, PathChoice, PathError,
-};
+use penstock_core::stream::plan::{Pacing, PlanLimits, PlanRequest, plan_stream};
+use penstock_core::stream::{CachePolicy, DataPath, Extent, PathCaps, PathChoice};
 
 use crate::buffers::BufferGauges;
-use crate::disk::DiskConfig;
-use crate::open::{OpenError, Opened, open_source, open_target};
+use crate::open::{Opened, open_source, open_target};
 use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
-use penstock_core::admission::{
-    Admission, AdmissionConfig, Capacity, Refusal, Reservation, ReservationId, Usage,
+// Defined in modules of their own, so that the worker and the data paths need not import the
+// engine; re-exported where callers have always found them (`penstock_driver::engine::*`).
+pub use crate::config::{
+    BUFFER_BYTES_MAX, EngineConfig, EngineInfo, SPIN_MAX, STREAMS_MAX_LIMIT, TimerMode,
+    conservative_admission,
 };
-use penstock_core::lateness::{LatenessStats, TraceRecord};
-use penstock_core::sched::edf::Order;
+pub use crate::error::StreamError;
+pub use crate::report::{
+    CounterSnapshot, Counters, LATENESS_BUCKETS, LatenessCounts, StreamReport, lateness_bucket,
+};
+use penstock_core::admission::{Admission, Reservation, ReservationId, Usage};
+use penstock_core::lateness::LatenessStats;
 use penstock_core::schedule::{Schedule, UnitPlan};
-
-/// The largest `streams_max`: completion tokens carry a worker's stream slot in 22 bits.
-pub const STREAMS_MAX_LIMIT: usize = 1 << 20;
-
-/// Engine-wide limits and sizes, fixed at start.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// Worker threads (event loops).
-    pub workers: usize,
-    /// Buffers in each worker's pool.
-    pub pool_buffers: usize,
-    /// Bytes per pool buffer (a multiple of 4096). Bounds the transfer unit of the uring path.
-    pub buffer_bytes: usize,
-    /// Pool buffers one stream keeps in flight at most (read-ahead depth).
-    pub stream_depth: usize,
-    /// Pool buffers one uring-path stream may hold at once: what a `bulk` stream borrows at
-    /// most, and the most an `rt` stream may reserve. At least 1; a cap above `pool_buffers`
-    /// is the whole pool. A stream holds at most `min(stream_depth, client_buffers_max)`.
-    pub client_buffers_max: usize,
-    /// Streams open at once, all workers together.
-    pub streams_max: usize,
-    /// Register the pool with io_uring (READ_FIXED); off only to measure the difference.
-    pub register_buffers: bool,
-    /// How a worker sleeps until the next deadline of a periodic stream.
-    pub timer: TimerMode,
-    /// Wake this much before a deadline and spin until it (0: off). Bounded by `SPIN_MAX`.
-    pub spin: Duration,
-    /// Order of the dispatch queue: earliest deadline first, or rate-monotonic (MARS's RTU).
-    pub order: Order,
-    /// SCHED_FIFO for the workers and mlockall; falls back (with a message) when refused.
-    pub realtime: bool,
-    /// Units kept in a stream's trace at most (the rest are counted, not kept).
-    pub trace_units_max: usize,
-    /// The disk request scheduler every uring-path read goes through.
-    pub disk: DiskConfig,
-    /// Admission control for streams opened with `class: Some(DiskClass::Rt)` (the capacity
-    /// comes from `penstock calibrate`).
-    pub admission: AdmissionConfig,
-}
-
-/// Admission with what is used when no calibration file exists.
-pub fn conservative_admission() -> AdmissionConfig {
-    AdmissionConfig {
-        capacity: Capacity::CONSERVATIVE,
-        bulk_share_percent: 20,
-        streams_max: 4096,
-        rt_latency_ns: 0,
-    }
-}
-
-/// The longest spin before a deadline the engine accepts.
-pub const SPIN_MAX: Duration = Duration::from_millis(2);
-
-/// How a worker waits for the next deadline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TimerMode {
-    /// An io_uring timeout with an absolute CLOCK_MONOTONIC time (completions still wake it);
-    /// a deadline less than 200 µs away is slept to with clock_nanosleep, which costs less.
-    #[default]
-    Uring,
-    /// clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) when nothing else is runnable.
-    Nanosleep,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            pool_buffers: 32,
-            buffer_bytes: 1 << 20,
-            stream_depth: 4,
-            client_buffers_max: 32,
-            streams_max: 4096,
-            register_buffers: true,
-            timer: TimerMode::Uring,
-            spin: Duration::ZERO,
-            order: Order::EarliestDeadline,
-            realtime: false,
-            trace_units_max: 10_000_000,
-            disk: DiskConfig::default(),
-            admission: conservative_admission(),
-        }
-    }
-}
 
 /// What to stream, from where to where, how.
 #[derive(Debug)]
@@ -231,139 +150,6 @@ pub fn default_unit_bytes(
 /// A planned unit later than this is a miss unless `miss_after` says otherwise (a plan has no
 /// period to default to).
 pub const PLAN_MISS_AFTER_DEFAULT: Duration = Duration::from_millis(1);
-
-/// Why a stream failed. Every variant that can happen after bytes moved says how many did.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StreamError {
-    #[error(transparent)]
-    Open(#[from] OpenError),
-    #[error(transparent)]
-    Path(#[from] PathError),
-    #[error(transparent)]
-    Extent(#[from] ExtentError),
-    /// The planner refused the stream (before anything was admitted or placed).
-    #[error(transparent)]
-    Plan(PlanError),
-    #[error("a unit plan and a schedule exclude each other")]
-    UnitsAndSchedule,
-    #[error("the stream slot was reserved on another engine")]
-    ForeignSlot,
-    #[error("Engine::open needs the endpoints' names (StreamSpec::new)")]
-    NoEndpoints,
-    /// A volume partition target is full: the source is longer than it.
-    #[error(
-        "the source is longer than {target} ({size_bytes} bytes): {bytes_written} bytes written, the rest refused"
-    )]
-    TargetFull {
-        target: String,
-        size_bytes: u64,
-        bytes_written: u64,
-    },
-    /// A transfer does not map onto the volume's members (a bug or a changed volume).
-    #[error("volume layout: {0}")]
-    Layout(#[from] penstock_core::volume::LayoutError),
-    #[error("too many streams open (streams_max = {0})")]
-    TooManyStreams(usize),
-    #[error("the receiver disconnected after {bytes_sent} bytes were sent ({source})")]
-    PeerClosed { bytes_sent: u64, source: io::Error },
-    #[error("{op} failed after {bytes_sent} bytes were sent: {source}")]
-    Io {
-        op: &'static str,
-        bytes_sent: u64,
-        source: io::Error,
-    },
-    #[error("the source ended early: {got} of {expected} bytes were there ({bytes_sent} sent)")]
-    SourceShrank {
-        expected: u64,
-        got: u64,
-        bytes_sent: u64,
-    },
-    #[error("cancelled after {bytes_sent} bytes were sent")]
-    Cancelled { bytes_sent: u64 },
-    /// No byte moved for longer than the stream's `send_timeout` (not paused, not waiting for
-    /// its own deadline): the peer stopped reading, or a source peer stopped sending.
-    #[error(
-        "no progress for {timeout:?} (send timeout): the peer stopped reading or sending after {bytes_sent} bytes were sent"
-    )]
-    Stalled { bytes_sent: u64, timeout: Duration },
-    #[error("engine stopped")]
-    EngineStopped,
-    /// Admission control refused the stream; the refusal names what is short, by how much.
-    #[error("admission: {0}")]
-    Refused(#[from] Refusal),
-    /// The pool buffers an `rt` stream reserves do not fit (the message says what is short).
-    #[error("buffer pool: {0}")]
-    Buffers(#[from] penstock_core::buffers::BufferError),
-}
-
-impl From<PlanError> for StreamError {
-    fn from(e: PlanError) -> StreamError {
-        match e {
-            PlanError::Path(p) => StreamError::Path(p),
-            PlanError::Extent(x) => StreamError::Extent(x),
-            other => StreamError::Plan(other),
-        }
-    }
-}
-
-/// Buckets of a stream's live lateness counts ([`StreamHandle::lateness`]): bucket 0 counts
-/// units on time (or early), bucket `i` ≥ 1 units later by `[2^(i-1), 2^i)` ns, and the last
-/// bucket everything later than `2^(LATENESS_BUCKETS-2)` ns (about 0.5 s) too.
-pub const LATENESS_BUCKETS: usize = 32;
-
-/// The live bucket of a lateness of `ns` nanoseconds (see [`LATENESS_BUCKETS`]).
-pub fn lateness_bucket(ns: u64) -> usize {
-    ((u64::BITS - ns.leading_zeros()) as usize).min(LATENESS_BUCKETS - 1)
-}
-
-/// Live counters of a stream, updated by its worker.
-#[derive(Debug, Default)]
-pub struct Counters {
-    pub(crate) bytes_read: AtomicU64,
-    pub(crate) bytes_sent: AtomicU64,
-    pub(crate) units_sent: AtomicU64,
-    /// Completed paced units by lateness bucket (see [`LATENESS_BUCKETS`]).
-    pub(crate) lateness: [AtomicU64; LATENESS_BUCKETS],
-    /// Paced units later than the stream's miss threshold.
-    pub(crate) misses: AtomicU64,
-    /// The worker has taken a [`StreamHandle::pause`] (cleared when it takes the resume).
-    pub(crate) paused: AtomicBool,
-}
-
-/// A snapshot of a paced stream's live lateness counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LatenessCounts {
-    /// Units by lateness bucket (see [`LATENESS_BUCKETS`]).
-    pub buckets: [u64; LATENESS_BUCKETS],
-    /// Units later than the miss threshold (`StreamSpec::miss_after`, default one period).
-    pub misses: u64,
-}
-
-/// A snapshot of [`Counters`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CounterSnapshot {
-    pub bytes_read: u64,
-    pub bytes_sent: u64,
-    pub units_sent: u64,
-}
-
-/// How a stream ended well.
-#[derive(Debug, Clone)]
-pub struct StreamReport {
-    pub bytes: u64,
-    pub units: u64,
-    pub path: DataPath,
-    pub cache: CachePolicy,
-    /// From the worker's first step to the last byte accepted by the target.
-    pub elapsed: Duration,
-    /// Things the stream did differently than asked, and why (said once per stream).
-    pub notes: Vec<String>,
-    /// Lateness of a paced stream's units (`summary()` for the figures; `merge` across streams).
-    pub lateness: Option<LatenessStats>,
-    /// Every unit's times, when asked for with `StreamSpec::trace`.
-    pub trace: Vec<TraceRecord>,
-}
 
 /// The caller's side of an open stream.
 #[derive(Debug)]
@@ -493,19 +279,6 @@ pub struct DiskQueueDepth {
     pub bulk: u64,
 }
 
-/// What the engine found at start.
-#[derive(Debug, Clone)]
-pub struct EngineInfo {
-    /// io_uring works; otherwise why not.
-    pub uring: Result<(), String>,
-    /// Buffers registered with the ring; otherwise why not.
-    pub registered: Result<(), String>,
-    /// Real-time scheduling as asked (`EngineConfig::realtime`); otherwise why not.
-    pub realtime: Result<(), String>,
-    /// `rt` disk reads carry IOPRIO_CLASS_RT (permitted here).
-    pub rt_ioprio: bool,
-}
-
 /// Use of the uring path's buffer pools, all workers together (see `buffers`): cheap to
 /// read (relaxed atomics the workers update), for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -561,7 +334,7 @@ impl Engine {
         }
         if cfg.buffer_bytes == 0
             || !cfg.buffer_bytes.is_multiple_of(4096)
-            || cfg.buffer_bytes > (64 << 20)
+            || cfg.buffer_bytes > BUFFER_BYTES_MAX
         {
             return Err(EngineError::Config(format!(
                 "buffer_bytes must be a multiple of 4096 up to 64 MiB, got {}",

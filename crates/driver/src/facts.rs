@@ -13,6 +13,7 @@ use penstock_core::stream::plan::{
 };
 use penstock_core::stream::{CachePolicy, Extent, IoKind, PathChoice};
 
+use crate::direct::direct_alignment;
 use crate::open::Opened;
 
 /// The facts, and the O_DIRECT descriptor the facts were found with (kept for the stream when
@@ -106,19 +107,4 @@ pub(crate) fn reopen_direct(o: &Opened) -> Option<OwnedFd> {
         .open(format!("/proc/self/fd/{}", o.fd.as_raw_fd()))
         .ok()
         .map(OwnedFd::from)
-}
-
-/// The O_DIRECT alignment for `fd` (statx DIO alignment when the kernel reports it, else 4096).
-pub fn direct_alignment(fd: impl AsFd) -> u64 {
-    match rustix::fs::statx(
-        fd,
-        "",
-        rustix::fs::AtFlags::EMPTY_PATH,
-        rustix::fs::StatxFlags::DIOALIGN,
-    ) {
-        Ok(sx) if sx.stx_dio_offset_align > 0 => {
-            u64::from(sx.stx_dio_offset_align.max(sx.stx_dio_mem_align))
-        }
-        _ => 4096,
-    }
 }

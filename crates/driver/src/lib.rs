@@ -8,13 +8,18 @@
 mod buffers;
 pub mod calibration;
 pub mod clock;
+mod config;
+mod direct;
 pub mod disk;
 pub mod engine;
+mod error;
 mod facts;
 pub mod open;
 mod pace;
 mod paths;
 pub mod record;
+mod report;
+mod step;
 pub mod sys;
 mod uring_path;
 pub mod volume;

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::engine::{Counters, lateness_bucket};
+use crate::report::{Counters, lateness_bucket};
 
 use penstock_core::lateness::{LatenessStats, TraceRecord};
 use penstock_core::schedule::{Anchored, Schedule, UnitPlan};

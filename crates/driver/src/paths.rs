@@ -7,11 +7,11 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
-use penstock_core::stream::{CachePolicy, DataPath, IoKind};
+use penstock_core::stream::{CachePolicy, IoKind};
 use rustix::io::Errno;
 
-use crate::engine::StreamError;
-use crate::worker::{Machine, Side, Step, TaskIo};
+use crate::error::StreamError;
+use crate::step::{Side, Step, TaskIo};
 
 const POLLIN: u32 = libc::POLLIN as u32;
 const POLLOUT: u32 = libc::POLLOUT as u32;
@@ -128,22 +128,12 @@ fn volume_write_error(io: &TaskIo, e: io::Error) -> StreamError {
     }
 }
 
-pub(crate) fn readiness_step(
-    machine: &mut Machine,
+/// One step of the copy path: at most `budget` reads or writes.
+pub(crate) fn copy_step(
+    c: &mut CopyState,
     io: &mut TaskIo,
-    path: DataPath,
     budget: usize,
-) -> Step {
-    let r = match machine {
-        Machine::Copy(c) => copy_step(c, io, budget),
-        Machine::Sendfile => sendfile_step(io, budget),
-        Machine::Splice(s) => splice_step(s, io, budget),
-        Machine::Uring(_) => unreachable!("{path} is not readiness-driven"),
-    };
-    r.unwrap_or_else(|e| Step::Finish(Err(e)))
-}
-
-fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, StreamError> {
+) -> Result<Step, StreamError> {
     for _ in 0..budget {
         if c.pos < c.have {
             let chunk = &c.buf[c.pos..c.have];
@@ -260,7 +250,8 @@ fn copy_step(c: &mut CopyState, io: &mut TaskIo, budget: usize) -> Result<Step, 
     Ok(Step::Yield)
 }
 
-fn sendfile_step(io: &mut TaskIo, budget: usize) -> Result<Step, StreamError> {
+/// One step of the sendfile path: at most `budget` calls.
+pub(crate) fn sendfile_step(io: &mut TaskIo, budget: usize) -> Result<Step, StreamError> {
     for _ in 0..budget {
         let want = next_len(io);
         if want == 0 {
@@ -290,7 +281,12 @@ fn sendfile_step(io: &mut TaskIo, budget: usize) -> Result<Step, StreamError> {
     Ok(Step::Yield)
 }
 
-fn splice_step(s: &mut SpliceState, io: &mut TaskIo, budget: usize) -> Result<Step, StreamError> {
+/// One step of the splice path: at most `budget` splices into or out of the pipe.
+pub(crate) fn splice_step(
+    s: &mut SpliceState,
+    io: &mut TaskIo,
+    budget: usize,
+) -> Result<Step, StreamError> {
     use rustix::pipe::SpliceFlags;
     if s.pipe.is_none() {
         let (r, w) = rustix::pipe::pipe_with(

@@ -29,9 +29,9 @@ use rustix::io::Errno;
 use crate::buffers::WorkerBuffers;
 use crate::clock;
 use crate::disk::{DiskQueue, ReadReq};
-use crate::engine::StreamError;
+use crate::error::StreamError;
 use crate::paths::{NOT_LISTENING, peer_error};
-use crate::worker::{Step, TAG_READ, TAG_SEND, TaskIo};
+use crate::step::{Step, TAG_READ, TAG_SEND, TaskIo};
 
 struct Chunk {
     buf: BufId,

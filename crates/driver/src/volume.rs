@@ -29,7 +29,7 @@ use penstock_core::volume::{
 };
 use penstock_uring::BufferPool;
 
-use crate::facts::direct_alignment;
+use crate::direct::direct_alignment;
 
 /// The environment variable naming volumes: `NAME=MEMBER_PATH[,NAME=MEMBER_PATH]…`. It stands
 /// in for a configuration file until there is one, so that `vol:NAME/PARTITION` (whose NAME

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
@@ -27,11 +27,14 @@ use penstock_core::time::Instant;
 
 use crate::buffers::{BufferGauges, WorkerBuffers};
 use crate::clock;
+use crate::config::{EngineConfig, EngineInfo, TimerMode};
 use crate::disk::{DiskDepth, DiskQueue};
-use crate::engine::{Counters, EngineConfig, EngineInfo, StreamError, StreamReport, TimerMode};
+use crate::error::StreamError;
 use crate::open::Opened;
 use crate::pace::Pace;
-use crate::paths::{CopyState, SpliceState, readiness_step};
+use crate::paths::{self, CopyState, SpliceState};
+use crate::report::{Counters, StreamReport};
+use crate::step::{Side, Step, TAG_POLL, TaskIo};
 use crate::uring_path::UringState;
 
 /// Messages from the engine to a worker.
@@ -72,28 +75,6 @@ impl WorkerHandle {
     }
 }
 
-/// What a stream waits for after a step.
-#[derive(Debug)]
-pub(crate) enum Step {
-    /// Made progress and may make more: run again next turn (budget used up).
-    Yield,
-    /// Wait until the source or target descriptor is ready (POLLIN / POLLOUT).
-    WaitFd(Side, u32),
-    /// Wait for one of its operations in the ring to complete.
-    WaitRing,
-    /// The next unit is due at this instant (a paced stream).
-    WaitUntil(Instant),
-    /// Done: success, or an error. In-flight operations still finish before the report.
-    Finish(Result<(), StreamError>),
-}
-
-/// Which of a stream's descriptors a wait is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Side {
-    Source,
-    Target,
-}
-
 /// Everything a worker needs to run one stream, built by the engine.
 pub(crate) struct TaskInit {
     pub id: u64,
@@ -127,67 +108,6 @@ pub(crate) enum Machine {
     Sendfile,
     Splice(SpliceState),
     Uring(Box<UringState>),
-}
-
-/// The byte-moving state shared by every path.
-pub(crate) struct TaskIo {
-    pub source: Opened,
-    pub target: Opened,
-    pub direct: Option<OwnedFd>,
-    /// Next source offset (files).
-    pub pos: u64,
-    /// End offset (files); `None` for sources read until EOF.
-    pub end: Option<u64>,
-    pub start: u64,
-    pub unit: usize,
-    /// The uring path's read alignment (1: none) and bytes per read, as planned.
-    pub align_bytes: u64,
-    pub read_bytes: usize,
-    pub cache: CachePolicy,
-    pub zero_copy: bool,
-    pub sent: u64,
-    pub units: u64,
-    pub counters: Arc<Counters>,
-    pub notes: Vec<String>,
-    /// The schedule of a paced stream.
-    pub pace: Option<Pace>,
-    /// The stream's disk class: `rt` (true) or `bulk`.
-    pub rt: bool,
-}
-
-impl TaskIo {
-    pub(crate) fn add_sent(&mut self, n: usize, units: u64) {
-        self.sent += n as u64;
-        self.units += units;
-        self.counters.bytes_sent.store(self.sent, Ordering::Relaxed);
-        self.counters
-            .units_sent
-            .store(self.units, Ordering::Relaxed);
-    }
-
-    pub(crate) fn add_read(&self, n: usize) {
-        self.counters
-            .bytes_read
-            .fetch_add(n as u64, Ordering::Relaxed);
-    }
-
-    /// Bytes left to read from a file source.
-    pub(crate) fn remaining(&self) -> Option<u64> {
-        self.end.map(|e| e - self.pos)
-    }
-
-    pub(crate) fn fd(&self, side: Side) -> BorrowedFd<'_> {
-        match side {
-            Side::Source => self.source.fd.as_fd(),
-            Side::Target => self.target.fd.as_fd(),
-        }
-    }
-
-    pub(crate) fn note_once(&mut self, note: &str) {
-        if !self.notes.iter().any(|n| n == note) {
-            self.notes.push(note.to_string());
-        }
-    }
 }
 
 pub(crate) struct Task {
@@ -276,9 +196,6 @@ impl Task {
     }
 }
 
-const TAG_POLL: u64 = 1;
-pub(crate) const TAG_READ: u64 = 2;
-pub(crate) const TAG_SEND: u64 = 3;
 const WAKE_TOKEN: u64 = u64::MAX - 1;
 /// Timer tokens are `TIMER_TOKEN_BASE + k` for the timer in slot `k` (below the wake token).
 const TIMER_TOKEN_BASE: u64 = u64::MAX - 2 - TIMERS_MAX as u64;
@@ -662,9 +579,13 @@ impl Worker {
         if task.outcome.is_none() {
             task.started.get_or_insert_with(std::time::Instant::now);
             let step = match &mut task.machine {
-                Machine::Copy(_) | Machine::Sendfile | Machine::Splice(_) => {
-                    readiness_step(&mut task.machine, &mut task.io, task.path, STEP_BUDGET)
-                }
+                // The readiness-driven paths: an error ends the stream like a `Finish`.
+                Machine::Copy(c) => paths::copy_step(c, &mut task.io, STEP_BUDGET)
+                    .unwrap_or_else(|e| Step::Finish(Err(e))),
+                Machine::Sendfile => paths::sendfile_step(&mut task.io, STEP_BUDGET)
+                    .unwrap_or_else(|e| Step::Finish(Err(e))),
+                Machine::Splice(sp) => paths::splice_step(sp, &mut task.io, STEP_BUDGET)
+                    .unwrap_or_else(|e| Step::Finish(Err(e))),
                 Machine::Uring(u) => match &mut self.reactor {
                     Reactor::Ring(ring) => {
                         let disk = self.disk.as_mut().expect("a ring comes with a disk queue");

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::stream::PathError;
-use penstock_core::stream::plan::PlanError;
+use penstock_core::stream::plan::{DATAGRAM_UNIT_BYTES_DEFAULT, PlanError};
 use penstock_core::stream::{CachePolicy, DataPath, Extent, ExtentError, IoKind, PathChoice};
 use penstock_driver::engine::SEND_TIMEOUT_DEFAULT;
 use penstock_driver::open::{OpenError, Opened, open_target};
@@ -367,7 +367,11 @@ fn finish_with_receiver(
 /// UDP: every unit is one datagram, in order, of exactly the unit's size (the last may be
 /// shorter); nothing more arrives.
 fn run_udp(engine: &Engine, case: &Case, source: &Path, want: &[u8]) -> Result<(), String> {
-    let unit = if case.unit == 0 { 1316 } else { case.unit };
+    let unit = if case.unit == 0 {
+        DATAGRAM_UNIT_BYTES_DEFAULT as usize
+    } else {
+        case.unit
+    };
     let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
     // Loopback drops datagrams that do not fit the receive buffer: make it hold the whole
     // transfer (a 1 MiB file in 1316-byte datagrams), even if this thread is slow to read.

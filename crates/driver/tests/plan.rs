@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use penstock_core::admission::{AdmissionConfig, Capacity};
 use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
-use penstock_core::stream::plan::PlanError;
+use penstock_core::stream::plan::{PlanError, UNIT_BYTES_MAX};
 use penstock_core::stream::{CachePolicy, DataPath, Extent, IoKind, PathChoice};
 use penstock_driver::open::{Opened, classify_file};
 use penstock_driver::{DiskClass, Engine, EngineConfig, StreamError, StreamSpec};
@@ -151,7 +151,7 @@ fn a_refused_plan_leaves_admission_buffers_and_slots_untouched() {
             period: Duration::from_millis(10),
             unit_bytes: 2 << 20,
         },
-        &ScheduleLimits::new(64 << 20),
+        &ScheduleLimits::new(UNIT_BYTES_MAX),
     )
     .unwrap();
     let (addr, _rx) = receiver();

@@ -1,0 +1,105 @@
+//! What the worker and the data paths share: a stream's byte-moving state ([`TaskIo`]), what
+//! one step of a path returns ([`Step`]), and the tags of a stream's ring operations. Here
+//! rather than in the worker so that the paths (`paths`, `uring_path`) need not import the
+//! worker that calls them.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use penstock_core::stream::CachePolicy;
+use penstock_core::time::Instant;
+
+use crate::error::StreamError;
+use crate::open::Opened;
+use crate::pace::Pace;
+use crate::report::Counters;
+
+/// Tags of a stream's ring operations, in their completion tokens (`worker::token`): the
+/// worker handles its readiness polls itself and hands reads and sends to the uring path.
+pub(crate) const TAG_POLL: u64 = 1;
+pub(crate) const TAG_READ: u64 = 2;
+pub(crate) const TAG_SEND: u64 = 3;
+
+/// What a stream waits for after a step.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// Made progress and may make more: run again next turn (budget used up).
+    Yield,
+    /// Wait until the source or target descriptor is ready (POLLIN / POLLOUT).
+    WaitFd(Side, u32),
+    /// Wait for one of its operations in the ring to complete.
+    WaitRing,
+    /// The next unit is due at this instant (a paced stream).
+    WaitUntil(Instant),
+    /// Done: success, or an error. In-flight operations still finish before the report.
+    Finish(Result<(), StreamError>),
+}
+
+/// Which of a stream's descriptors a wait is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Source,
+    Target,
+}
+
+/// The byte-moving state shared by every path.
+pub(crate) struct TaskIo {
+    pub source: Opened,
+    pub target: Opened,
+    pub direct: Option<OwnedFd>,
+    /// Next source offset (files).
+    pub pos: u64,
+    /// End offset (files); `None` for sources read until EOF.
+    pub end: Option<u64>,
+    pub start: u64,
+    pub unit: usize,
+    /// The uring path's read alignment (1: none) and bytes per read, as planned.
+    pub align_bytes: u64,
+    pub read_bytes: usize,
+    pub cache: CachePolicy,
+    pub zero_copy: bool,
+    pub sent: u64,
+    pub units: u64,
+    pub counters: Arc<Counters>,
+    pub notes: Vec<String>,
+    /// The schedule of a paced stream.
+    pub pace: Option<Pace>,
+    /// The stream's disk class: `rt` (true) or `bulk`.
+    pub rt: bool,
+}
+
+impl TaskIo {
+    pub(crate) fn add_sent(&mut self, n: usize, units: u64) {
+        self.sent += n as u64;
+        self.units += units;
+        self.counters.bytes_sent.store(self.sent, Ordering::Relaxed);
+        self.counters
+            .units_sent
+            .store(self.units, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_read(&self, n: usize) {
+        self.counters
+            .bytes_read
+            .fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Bytes left to read from a file source.
+    pub(crate) fn remaining(&self) -> Option<u64> {
+        self.end.map(|e| e - self.pos)
+    }
+
+    pub(crate) fn fd(&self, side: Side) -> BorrowedFd<'_> {
+        match side {
+            Side::Source => self.source.fd.as_fd(),
+            Side::Target => self.target.fd.as_fd(),
+        }
+    }
+
+    pub(crate) fn note_once(&mut self, note: &str) {
+        if !self.notes.iter().any(|n| n == note) {
+            self.notes.push(note.to_string());
+        }
+    }
+}

@@ -14,14 +14,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
+use penstock_core::admission::{QosClass, Refusal, StreamQos, Usage};
 use penstock_core::endpoint::{Endpoint, Role};
 use penstock_core::stream::{CachePolicy, DataPath, IoKind};
+use penstock_driver::DiskClass;
 use penstock_driver::open::Opened;
 use penstock_driver::{CounterSnapshot, LatenessCounts, StreamError, StreamReport, StreamSpec};
 use penstock_server::access::{Denied, Prepared};
 use penstock_server::config::ControlConfig;
 use penstock_server::control::{ControlShared, Session, handle_line};
-use penstock_server::streams::{Backend, Identity, RunningStream, Streams};
+use penstock_server::streams::{Backend, Identity, RunningStream, Streams, Ticket};
 
 const TOKEN: &str = "tok";
 
@@ -33,6 +35,8 @@ struct FakeRun {
     sent: Arc<AtomicU64>,
     paused: AtomicBool,
     cancelled: AtomicBool,
+    /// The stream's admission reservation, given back with it.
+    _ticket: Option<Ticket>,
 }
 
 impl RunningStream for FakeRun {
@@ -83,6 +87,17 @@ impl RunningStream for FakeRun {
 /// every other endpoint is permitted and opens at once (a listener has its peer already).
 struct FakeBackend {
     running: Mutex<Vec<(Arc<AtomicU64>, bool)>>,
+    /// Admission: an rt stream with a schedule gets a ticket while fewer than 3 are out.
+    tickets: Arc<AtomicU64>,
+}
+
+/// A fake admission reservation: counted while it lives (a started stream keeps it).
+struct FakeTicket(Arc<AtomicU64>);
+
+impl Drop for FakeTicket {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl FakeBackend {
@@ -125,11 +140,34 @@ impl Backend for FakeBackend {
             volume: None,
         }))
     }
+    fn admit(&self, spec: &StreamSpec) -> Result<Option<(Ticket, StreamQos)>, StreamError> {
+        if spec.class != Some(DiskClass::Rt) || spec.schedule.is_none_or(|s| s.is_burst()) {
+            return Ok(None);
+        }
+        if self.tickets.fetch_add(1, Ordering::AcqRel) >= 3 {
+            self.tickets.fetch_sub(1, Ordering::AcqRel);
+            return Err(StreamError::Refused(Refusal::StreamsMax { streams_max: 3 }));
+        }
+        let qos = StreamQos {
+            class: QosClass::Rt,
+            rate_bytes_per_s: 1,
+            unit_bytes: 1316,
+            buffers: 2,
+        };
+        Ok(Some((
+            Box::new(FakeTicket(self.tickets.clone())) as Ticket,
+            qos,
+        )))
+    }
+    fn admission_usage(&self) -> (Usage, Usage) {
+        (Usage::default(), Usage::default())
+    }
     fn start(
         &self,
         spec: StreamSpec,
         source: Opened,
         _target: Opened,
+        ticket: Option<Ticket>,
     ) -> Result<Box<dyn RunningStream>, StreamError> {
         let size = source.size.unwrap_or(1 << 20);
         let (start, end) = spec.extent.resolve_in_file(size)?;
@@ -140,6 +178,7 @@ impl Backend for FakeBackend {
             sent,
             paused: AtomicBool::new(false),
             cancelled: AtomicBool::new(false),
+            _ticket: ticket,
         }))
     }
     fn buffer_bytes(&self) -> usize {
@@ -157,11 +196,18 @@ fn stat(lines: &[String], key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in {lines:?}"))
 }
 
-fn check_books(streams: &Streams) {
+/// The table's books agree with themselves and with the backend's: the reservations out are
+/// exactly the streams the table counts as admitted, all of them live.
+fn check_books(streams: &Streams, tickets: &AtomicU64) {
     let s = streams.stats_lines();
     let live =
         stat(&s, "streams_pending") + stat(&s, "streams_running") + stat(&s, "streams_paused");
-    assert_eq!(stat(&s, "admitted"), live, "{s:?}");
+    assert_eq!(
+        stat(&s, "admitted"),
+        tickets.load(Ordering::Acquire),
+        "{s:?}"
+    );
+    assert!(stat(&s, "admitted") <= live, "{s:?}");
     assert_eq!(
         stat(&s, "streams"),
         live + stat(&s, "streams_done") + stat(&s, "streams_failed"),
@@ -184,16 +230,10 @@ fuzz_target!(|data: &[u8]| {
     config.line_bytes_max = 256;
     let backend = Arc::new(FakeBackend {
         running: Mutex::new(Vec::new()),
+        tickets: Arc::new(AtomicU64::new(0)),
     });
-    let admission =
-        penstock_core::admission::Admission::new(penstock_core::admission::AdmissionConfig {
-            streams_max: 16,
-            ..penstock_driver::engine::conservative_admission()
-        })
-        .unwrap();
     let streams = Arc::new(Streams::new(
         Box::new(backend.clone()),
-        admission,
         // One registry for the whole run: building it is most of an input's cost, and the
         // books checked are the table's own.
         METRICS
@@ -231,11 +271,11 @@ fuzz_target!(|data: &[u8]| {
             }
             _ => backend.step(),
         }
-        check_books(&streams);
+        check_books(&streams, &backend.tickets);
     }
     for s in &sessions {
         streams.connection_closed(s.conn());
     }
-    check_books(&streams);
+    check_books(&streams, &backend.tickets);
     streams.shutdown(Duration::ZERO);
 });

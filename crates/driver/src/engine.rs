@@ -26,7 +26,9 @@ use std::time::Duration;
 
 use penstock_core::endpoint::Endpoint;
 pub use penstock_core::stream::plan::{DiskClass, ZeroCopy, schedule_bytes_per_s};
-use penstock_core::stream::plan::{Pacing, PlanLimits, PlanRequest, plan_stream};
+use penstock_core::stream::plan::{
+    Pacing, PlanLimits, PlanRequest, admission_request, plan_stream,
+};
 use penstock_core::stream::{CachePolicy, DataPath, Extent, PathCaps, PathChoice};
 
 use crate::buffers::BufferGauges;
@@ -43,7 +45,7 @@ pub use crate::error::StreamError;
 pub use crate::report::{
     CounterSnapshot, Counters, LATENESS_BUCKETS, LatenessCounts, StreamReport, lateness_bucket,
 };
-use penstock_core::admission::{Admission, Reservation, ReservationId, Usage};
+use penstock_core::admission::{Admission, Reservation, ReservationId, StreamQos, Usage};
 use penstock_core::lateness::LatenessStats;
 use penstock_core::schedule::{Schedule, UnitPlan};
 
@@ -252,6 +254,34 @@ impl Drop for StreamHandle {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .release(*id);
+        }
+    }
+}
+
+/// An admission reservation taken ahead of a start ([`Engine::admit`]); given back when
+/// dropped unused.
+#[derive(Debug)]
+#[must_use = "a reservation is given back when dropped"]
+pub struct Admitted {
+    id: Option<ReservationId>,
+    qos: StreamQos,
+    admission: Arc<Mutex<Admission>>,
+}
+
+impl Admitted {
+    /// What was reserved.
+    pub fn qos(&self) -> StreamQos {
+        self.qos
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.admission
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .release(id);
         }
     }
 }
@@ -542,7 +572,7 @@ impl Engine {
         source: Opened,
         target: Opened,
     ) -> Result<StreamHandle, StreamError> {
-        self.start(spec, source, target, None)
+        self.start(spec, source, target, None, None)
     }
 
     /// Like [`Engine::open_opened`], in a place taken with [`Engine::reserve_stream`]: never
@@ -559,16 +589,64 @@ impl Engine {
         if !Arc::ptr_eq(&slot.open_count, &self.open_count) {
             return Err(StreamError::ForeignSlot);
         }
-        self.start(spec, source, target, Some(slot))
+        self.start(spec, source, target, Some(slot), None)
     }
 
-    /// `open_opened`, in `slot` when the caller reserved one.
+    /// Asks admission control now for what `spec` will ask when it starts (the planner's
+    /// admission request, which does not depend on the endpoints): a server admits a stream
+    /// when it is opened and starts it later with [`Engine::open_admitted`]. `None`: the
+    /// stream asks for no guarantee. The reservation is released when the [`Admitted`] is
+    /// dropped unused, or with the stream's handle.
+    pub fn admit(&self, spec: &StreamSpec) -> Result<Option<Admitted>, StreamError> {
+        let schedule = spec.schedule.filter(|s| !s.is_burst());
+        let request = PlanRequest {
+            class: spec.class,
+            best_effort: spec.best_effort,
+            pacing: match (&spec.units, &schedule) {
+                (Some(u), _) => Pacing::Units(u),
+                (None, Some(s)) => Pacing::Schedule(s),
+                (None, None) => Pacing::Burst,
+            },
+            buffers: spec.buffers,
+            ..PlanRequest::default()
+        };
+        let Some(qos) = admission_request(&request, &self.plan_limits())? else {
+            return Ok(None);
+        };
+        let id = self
+            .admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(qos)?
+            .id;
+        Ok(Some(Admitted {
+            id: Some(id),
+            qos,
+            admission: self.admission.clone(),
+        }))
+    }
+
+    /// Like [`Engine::open_opened`], with what [`Engine::admit`] reserved (used when the plan
+    /// asks admission for the same; otherwise released and asked afresh).
+    pub fn open_admitted(
+        &self,
+        admitted: Option<Admitted>,
+        spec: StreamSpec,
+        source: Opened,
+        target: Opened,
+    ) -> Result<StreamHandle, StreamError> {
+        self.start(spec, source, target, None, admitted)
+    }
+
+    /// `open_opened`, in `slot` when the caller reserved one, with `admitted` when the caller
+    /// asked admission ahead.
     fn start(
         &self,
         spec: StreamSpec,
         mut source: Opened,
         mut target: Opened,
         slot: Option<StreamSlot>,
+        admitted: Option<Admitted>,
     ) -> Result<StreamHandle, StreamError> {
         let schedule = spec.schedule.filter(|s| !s.is_burst());
         let units = spec.units.clone();
@@ -611,15 +689,22 @@ impl Engine {
         }
         // Admission control, for streams that ask for a guarantee. The reservation is
         // released when the caller drops the handle.
-        let reservation = match plan.admission {
-            Some(qos) => Some(
-                self.admission
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .admit(qos)?
-                    .id,
-            ),
-            None => None,
+        let reservation = match (plan.admission, admitted) {
+            (Some(qos), Some(mut a)) if a.qos == qos => a.id.take(),
+            (qos, other) => {
+                // What was reserved ahead does not match the plan: give it back first.
+                drop(other);
+                match qos {
+                    Some(qos) => Some(
+                        self.admission
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .admit(qos)?
+                            .id,
+                    ),
+                    None => None,
+                }
+            }
         };
         let direct = gathered.direct.filter(|_| plan.direct);
         let range = plan.range;

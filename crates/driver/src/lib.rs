@@ -26,7 +26,7 @@ pub mod volume;
 mod worker;
 
 pub use engine::{
-    BufferUsage, CounterSnapshot, DiskClass, DiskQueueDepth, Engine, EngineConfig, EngineError,
-    EngineInfo, LATENESS_BUCKETS, LatenessCounts, StreamError, StreamHandle, StreamReport,
-    StreamSpec, TimerMode, ZeroCopy,
+    Admitted, BufferUsage, CounterSnapshot, DiskClass, DiskQueueDepth, Engine, EngineConfig,
+    EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, StreamError, StreamHandle,
+    StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };

@@ -17,8 +17,8 @@
 //! - **Confinement** ([`confine`]): every path is opened with `openat2(RESOLVE_BENEATH |
 //!   RESOLVE_NO_MAGICLINKS)` below the root's descriptor; no byte outside the root.
 //! - **Control** ([`control`], [`streams`]): a thread per control connection (few, and their
-//!   commands may block on opening endpoints), one shared stream table, admission by
-//!   `penstock_core::admission`.
+//!   commands may block on opening endpoints), one shared stream table, admission by the
+//!   engine's (the one admission control).
 //! - **Metrics** ([`metrics`]): prometheus-client, served by the HTTP workers at
 //!   `/metrics`.
 //!
@@ -44,7 +44,6 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use penstock_core::admission::Admission;
 use penstock_driver::Engine;
 
 pub use config::{ConfigError, ServerConfig};
@@ -118,13 +117,13 @@ impl Server {
             path: root.to_path_buf(),
             source,
         })?;
-        let engine = Arc::new(
-            Engine::new(cfg.engine.engine_config())
-                .map_err(|e| ServerError::Engine(e.to_string()))?,
-        );
+        // The engine owns the one admission control, with the configured capacity: control
+        // streams (and later RTSP sessions) ask it, as `penstock stream` does.
+        let mut engine_cfg = cfg.engine.engine_config();
+        engine_cfg.admission = cfg.admission.admission_config();
+        let engine =
+            Arc::new(Engine::new(engine_cfg).map_err(|e| ServerError::Engine(e.to_string()))?);
         let metrics = Arc::new(Metrics::new());
-        let admission = Admission::new(cfg.admission.admission_config())
-            .map_err(|e| ServerError::Admission(e.to_string()))?;
 
         let body_path = cfg.body_path()?;
         let shared = Arc::new(http::HttpShared::new(
@@ -217,7 +216,6 @@ impl Server {
                 engine: engine.clone(),
                 access,
             }),
-            admission,
             metrics.clone(),
             cfg.control.clone(),
         ));

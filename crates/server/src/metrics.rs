@@ -78,7 +78,7 @@ pub struct ClassLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabel {
-    /// `total` (rt capacity of the pool) or `reserved`.
+    /// `total`, `reserved`, `rt_in_use` or `bulk_borrowed` (the engine's pool).
     pub state: String,
 }
 
@@ -94,7 +94,6 @@ pub struct Metrics {
     pub streams_active: Gauge,
     pub admission_refusals: Family<ResourceLabel, Counter>,
     pub errors: Family<Kind, Counter>,
-    pub buffer_pool: Family<PoolLabel, Gauge>,
     pub lateness: Histogram,
     pub deadline_misses: Counter,
     pub disk_queue_depth: Family<ClassLabel, Gauge>,
@@ -167,12 +166,6 @@ impl Metrics {
         );
         let errors = Family::<Kind, Counter>::default();
         r.register("errors", "Errors by kind", errors.clone());
-        let buffer_pool = Family::<PoolLabel, Gauge>::default();
-        r.register(
-            "buffer_pool_buffers",
-            "Pool buffers: rt capacity and reserved by admitted streams",
-            buffer_pool.clone(),
-        );
         let lateness = Histogram::new(exponential_buckets(LATENESS_BUCKET_MIN_S, 4.0, 10));
         r.register(
             "stream_lateness_seconds",
@@ -214,7 +207,6 @@ impl Metrics {
             streams_active,
             admission_refusals,
             errors,
-            buffer_pool,
             lateness,
             deadline_misses,
             disk_queue_depth,

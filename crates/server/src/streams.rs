@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use penstock_core::admission::{Admission, QosClass, Refusal, Resource, StreamQos};
+use penstock_core::admission::{Refusal, Resource, StreamQos, Usage};
 use penstock_core::control::{
     Class, DataPath as CtlPath, KtSchedule, OpenSpec, Reply, ReplyCode, StreamId, StreamSelector,
 };
@@ -55,7 +55,8 @@ use penstock_core::stream::{DataPath, Extent, PathChoice};
 use penstock_core::units::Rate;
 use penstock_driver::open::Opened;
 use penstock_driver::{
-    CounterSnapshot, Engine, LatenessCounts, StreamError, StreamHandle, StreamReport, StreamSpec,
+    Admitted, CounterSnapshot, DiskClass, Engine, LatenessCounts, StreamError, StreamHandle,
+    StreamReport, StreamSpec,
 };
 
 use crate::access::{Access, Denied, Prepared};
@@ -68,18 +69,27 @@ pub trait Backend: Send + Sync {
     fn check(&self, ep: &Endpoint, role: Role) -> Result<(), Denied>;
     /// Opens `ep` as far as it opens without a peer (at `START`).
     fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied>;
-    /// Starts a stream between opened endpoints.
+    /// Asks the engine's admission control now for what `spec` will ask at its start: the
+    /// ticket holds the reservation (given back when dropped) and what was reserved.
+    fn admit(&self, spec: &StreamSpec) -> Result<Option<(Ticket, StreamQos)>, StreamError>;
+    /// Starts a stream between opened endpoints, with the ticket `admit` gave.
     fn start(
         &self,
         spec: StreamSpec,
         source: Opened,
         target: Opened,
+        ticket: Option<Ticket>,
     ) -> Result<Box<dyn RunningStream>, StreamError>;
+    /// Admission's reservations now, and the rt capacity they are taken from.
+    fn admission_usage(&self) -> (Usage, Usage);
     /// The largest unit a paced stream may have.
     fn buffer_bytes(&self) -> usize;
     /// Whether `path=uring` can be honoured.
     fn uring_available(&self) -> bool;
 }
+
+/// An admission reservation held for a stream not started yet (opaque to the table).
+pub type Ticket = Box<dyn std::any::Any + Send>;
 
 impl<T: Backend + ?Sized> Backend for Arc<T> {
     fn check(&self, ep: &Endpoint, role: Role) -> Result<(), Denied> {
@@ -88,13 +98,20 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied> {
         (**self).prepare(ep, role, truncate)
     }
+    fn admit(&self, spec: &StreamSpec) -> Result<Option<(Ticket, StreamQos)>, StreamError> {
+        (**self).admit(spec)
+    }
     fn start(
         &self,
         spec: StreamSpec,
         source: Opened,
         target: Opened,
+        ticket: Option<Ticket>,
     ) -> Result<Box<dyn RunningStream>, StreamError> {
-        (**self).start(spec, source, target)
+        (**self).start(spec, source, target, ticket)
+    }
+    fn admission_usage(&self) -> (Usage, Usage) {
+        (**self).admission_usage()
     }
     fn buffer_bytes(&self) -> usize {
         (**self).buffer_bytes()
@@ -152,15 +169,26 @@ impl Backend for EngineBackend {
     fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied> {
         self.access.prepare(ep, role, truncate)
     }
+    fn admit(&self, spec: &StreamSpec) -> Result<Option<(Ticket, StreamQos)>, StreamError> {
+        Ok(self.engine.admit(spec)?.map(|a| {
+            let qos = a.qos();
+            (Box::new(a) as Ticket, qos)
+        }))
+    }
     fn start(
         &self,
         spec: StreamSpec,
         source: Opened,
         target: Opened,
+        ticket: Option<Ticket>,
     ) -> Result<Box<dyn RunningStream>, StreamError> {
+        let admitted = ticket.and_then(|t| t.downcast::<Admitted>().ok().map(|a| *a));
         self.engine
-            .open_opened(spec, source, target)
+            .open_admitted(admitted, spec, source, target)
             .map(|h| Box::new(h) as Box<dyn RunningStream>)
+    }
+    fn admission_usage(&self) -> (Usage, Usage) {
+        self.engine.admission_usage()
     }
     fn buffer_bytes(&self) -> usize {
         self.engine.config().buffer_bytes
@@ -172,7 +200,7 @@ impl Backend for EngineBackend {
 
 type Handle = Box<dyn RunningStream>;
 use crate::config::ControlConfig;
-use crate::metrics::{Metrics, PoolLabel, ResourceLabel};
+use crate::metrics::{Metrics, ResourceLabel};
 
 /// Who a control connection is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -265,7 +293,11 @@ struct Entry {
     sent_before_bytes: u64,
     /// The current engine stream's lateness counts already added to the metrics.
     lateness_seen: LatenessCounts,
-    reservation: Option<penstock_core::admission::ReservationId>,
+    /// The admission reservation of a stream not (or no longer) running in the engine; a
+    /// running one's is held by its engine stream.
+    ticket: Option<Ticket>,
+    /// Holds an admission reservation (in `ticket`, or through its engine stream).
+    admitted: bool,
     run: Run,
 }
 
@@ -364,7 +396,6 @@ struct Slot {
 /// The table, shared by every control connection.
 pub struct Streams {
     backend: Box<dyn Backend>,
-    admission: Mutex<Admission>,
     table: Mutex<HashMap<u64, Slot>>,
     next_id: AtomicU64,
     metrics: Arc<Metrics>,
@@ -404,16 +435,8 @@ fn dup(o: &Opened) -> std::io::Result<Opened> {
     })
 }
 
-/// Starts (or restarts, after an edit while paused) the engine stream of `e` on dups of its
-/// endpoints, at its offset.
-fn run(
-    backend: &dyn Backend,
-    e: &mut Entry,
-    ends: &Ends,
-    send_timeout: Option<Duration>,
-) -> Result<Handle, String> {
-    e.lateness_seen = LatenessCounts::default();
-    // The endpoints are opened (confined, by `Access`): the engine gets descriptors only.
+/// The engine's spec of an entry (its endpoints are opened apart: descriptors only).
+fn spec_of(backend: &dyn Backend, e: &Entry) -> Result<StreamSpec, String> {
     let mut spec = StreamSpec::opened();
     spec.extent = Extent {
         offset: e.offset_bytes,
@@ -424,18 +447,40 @@ fn run(
         .map_or(0, |u| usize::try_from(u).unwrap_or(usize::MAX));
     spec.path = engine_path(e.path);
     spec.schedule = schedule_of(backend, e)?;
+    spec.class = Some(if e.class == Class::Rt {
+        DiskClass::Rt
+    } else {
+        DiskClass::Bulk
+    });
+    spec.buffers = e.buffers;
+    Ok(spec)
+}
+
+/// Starts (or restarts, after an edit while paused) the engine stream of `e` on dups of its
+/// endpoints, at its offset, with its admission ticket.
+fn run(
+    backend: &dyn Backend,
+    e: &mut Entry,
+    ends: &Ends,
+    send_timeout: Option<Duration>,
+) -> Result<Handle, String> {
+    e.lateness_seen = LatenessCounts::default();
+    let mut spec = spec_of(backend, e)?;
     spec.send_timeout = send_timeout;
     let source = dup(&ends.source).map_err(|x| x.to_string())?;
     let target = dup(&ends.target).map_err(|x| x.to_string())?;
     backend
-        .start(spec, source, target)
+        .start(spec, source, target, e.ticket.take())
         .map_err(|x| x.to_string())
 }
 
-/// The engine schedule for an entry's RATE or SCHEDULE (units default to 1316 bytes: seven
-/// MPEG-TS packets); `None` for a burst stream. Checked against the engine's buffer size.
+/// The engine schedule for an entry's RATE or SCHEDULE (units default to the planner's
+/// datagram unit, seven MPEG-TS packets); `None` for a burst stream. Checked against the
+/// engine's buffer size.
 fn schedule_of(backend: &dyn Backend, e: &Entry) -> Result<Option<Schedule>, String> {
-    let unit_bytes = e.unit_bytes.unwrap_or(1316);
+    let unit_bytes = e
+        .unit_bytes
+        .unwrap_or(penstock_core::stream::plan::DATAGRAM_UNIT_BYTES_DEFAULT);
     let spec = match (&e.rate, &e.schedule) {
         (None, None) => return Ok(None),
         (Some(rate), _) => ScheduleSpec::Rate {
@@ -483,22 +528,9 @@ fn suspend(e: &mut Entry, handle: Handle, metrics: &Metrics) -> Result<(), Strin
 
 impl Streams {
     /// The table over `backend`, with `config`'s limits.
-    pub fn new(
-        backend: Box<dyn Backend>,
-        admission: Admission,
-        metrics: Arc<Metrics>,
-        config: ControlConfig,
-    ) -> Streams {
-        let total = admission.rt_capacity().buffers;
-        metrics
-            .buffer_pool
-            .get_or_create(&PoolLabel {
-                state: "total".into(),
-            })
-            .set(i64::from(total));
+    pub fn new(backend: Box<dyn Backend>, metrics: Arc<Metrics>, config: ControlConfig) -> Streams {
         Streams {
             backend,
-            admission: Mutex::new(admission),
             table: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             metrics,
@@ -514,46 +546,15 @@ impl Streams {
         }
     }
 
-    fn update_pool_metric(&self, adm: &Admission) {
-        self.metrics
-            .buffer_pool
-            .get_or_create(&PoolLabel {
-                state: "reserved".into(),
-            })
-            .set(i64::from(adm.usage().buffers));
-    }
-
-    fn qos(
-        spec_class: &Class,
-        rate: Option<Rate>,
-        unit: Option<u64>,
-        buffers: Option<u32>,
-    ) -> Result<StreamQos, Reply> {
-        match spec_class {
-            Class::Rt => {
-                let Some(rate) = rate else {
-                    return Err(Reply::new(
-                        ReplyCode::BAD_SYNTAX,
-                        "class=rt needs rate= (and unit= for a rate in units per second)",
-                    ));
-                };
-                let unit_bytes = unit.unwrap_or(1 << 20);
-                let (num, den) = rate.bytes_per_second(unit_bytes);
-                let rate_bytes_per_s = u64::try_from(num.div_ceil(den.max(1))).unwrap_or(u64::MAX);
-                Ok(StreamQos {
-                    class: QosClass::Rt,
-                    rate_bytes_per_s,
-                    unit_bytes,
-                    buffers: buffers.unwrap_or(2),
-                })
-            }
-            _ => Ok(StreamQos {
-                class: QosClass::Bulk,
-                rate_bytes_per_s: 0,
-                unit_bytes: unit.unwrap_or(0),
-                buffers: 0,
-            }),
-        }
+    /// Admission for an entry as it stands (the engine's, the one admission): its ticket, or
+    /// the reply refusing it.
+    fn admit(&self, e: &Entry) -> Result<Option<(Ticket, StreamQos)>, Reply> {
+        let spec = spec_of(&*self.backend, e)
+            .map_err(|why| Reply::new(ReplyCode::BAD_SYNTAX, format!("invalid stream: {why}")))?;
+        self.backend.admit(&spec).map_err(|err| match err {
+            StreamError::Refused(r) => self.refusal_reply(r),
+            other => Reply::new(ReplyCode::BAD_SYNTAX, other.to_string()),
+        })
     }
 
     fn refusal_reply(&self, r: Refusal) -> Reply {
@@ -619,10 +620,12 @@ impl Streams {
             );
         }
         let class = spec.class.clone().unwrap_or(Class::Bulk);
-        let qos = match Self::qos(&class, spec.rate, spec.unit_bytes, spec.buffers) {
-            Ok(q) => q,
-            Err(r) => return r,
-        };
+        if class == Class::Rt && spec.rate.is_none() && spec.schedule.is_none() {
+            return Reply::new(
+                ReplyCode::BAD_SYNTAX,
+                "class=rt needs rate= or schedule= (a guarantee is for a known bandwidth)",
+            );
+        }
         // Counted and inserted under the table's lock, so two OPENs cannot both take the last
         // place.
         let mut table = lock(&self.table);
@@ -648,27 +651,7 @@ impl Streams {
                 ),
             );
         }
-        let reservation = {
-            let mut adm = lock(&self.admission);
-            let r = adm.admit(qos);
-            self.update_pool_metric(&adm);
-            match r {
-                Ok(r) => r,
-                Err(refusal) => return self.refusal_reply(refusal),
-            }
-        };
         let id = StreamId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let details = format!(
-            "class={class}{}",
-            if qos.class == QosClass::Rt {
-                format!(
-                    " rate={}B/s unit={} buffers={}",
-                    qos.rate_bytes_per_s, qos.unit_bytes, qos.buffers
-                )
-            } else {
-                String::new()
-            }
-        );
         let entry = Entry {
             id,
             detached: spec.detached,
@@ -687,9 +670,26 @@ impl Streams {
             path: spec.path.unwrap_or(CtlPath::Auto),
             sent_before_bytes: 0,
             lateness_seen: LatenessCounts::default(),
-            reservation: Some(reservation.id),
+            ticket: None,
+            admitted: false,
             run: Run::Pending,
         };
+        let (ticket, qos) = match self.admit(&entry) {
+            Ok(Some((t, q))) => (Some(t), Some(q)),
+            Ok(None) => (None, None),
+            Err(reply) => return reply,
+        };
+        let mut entry = entry;
+        entry.admitted = ticket.is_some();
+        entry.ticket = ticket;
+        let details = format!(
+            "class={}{}",
+            entry.class,
+            qos.map_or(String::new(), |q| format!(
+                " rate={}B/s unit={} buffers={}",
+                q.rate_bytes_per_s, q.unit_bytes, q.buffers
+            ))
+        );
         table.insert(
             id.0,
             Slot {
@@ -738,37 +738,34 @@ impl Streams {
         if let Err(r) = self.stop_paused(&mut e) {
             return r;
         }
-        let (mut rate, mut unit) = (e.rate, e.unit_bytes);
+        let old = (e.rate, e.unit_bytes, e.schedule);
         match f {
             Edit::Seek(n) => e.offset_bytes = n,
             Edit::Length(n) => e.remaining_bytes = Some(n),
             Edit::Schedule(s) => e.schedule = Some(s),
-            Edit::Unit(n) => unit = Some(n),
-            Edit::Rate(r) => rate = Some(r),
+            Edit::Unit(n) => e.unit_bytes = Some(n),
+            Edit::Rate(r) => e.rate = Some(r),
         }
-        if (rate, unit) != (e.rate, e.unit_bytes) && e.class == Class::Rt {
-            // Re-admit at the new rate; on refusal, put the old reservation back (it fitted
-            // before and nothing else changed under the lock).
-            let qos = match Self::qos(&e.class, rate, unit, e.buffers) {
-                Ok(q) => q,
-                Err(r) => return r,
-            };
-            let mut adm = lock(&self.admission);
-            let old = e.reservation.and_then(|r| adm.release(r));
-            match adm.admit(qos) {
-                Ok(r) => e.reservation = Some(r.id),
-                Err(refusal) => {
-                    if let Some(old) = old {
-                        e.reservation = adm.admit(old.qos).ok().map(|r| r.id);
-                    }
-                    self.update_pool_metric(&adm);
-                    return self.refusal_reply(refusal);
+        if e.class == Class::Rt {
+            // Re-admit as edited (a paused stream's engine stream, stopped for the edit, gave
+            // its reservation back; a pending one's ticket is for the old rate): the old
+            // ticket goes first, and on refusal the old values come back with a ticket for
+            // them (they fitted before, and nothing else changed under the lock).
+            drop(e.ticket.take());
+            match self.admit(&e) {
+                Ok(t) => {
+                    e.admitted = t.is_some();
+                    e.ticket = t.map(|(t, _)| t);
+                }
+                Err(reply) => {
+                    (e.rate, e.unit_bytes, e.schedule) = old;
+                    let t = self.admit(&e).ok().flatten();
+                    e.admitted = t.is_some();
+                    e.ticket = t.map(|(t, _)| t);
+                    return reply;
                 }
             }
-            self.update_pool_metric(&adm);
         }
-        e.rate = rate;
-        e.unit_bytes = unit;
         Reply::ok("OK")
     }
 
@@ -926,13 +923,11 @@ impl Streams {
         self.release(e);
     }
 
-    /// Gives an entry's admission reservation back (once).
+    /// Gives an entry's admission reservation back: its ticket (a running engine stream's is
+    /// given back with its handle, which the caller has dropped or is dropping).
     fn release(&self, e: &mut Entry) {
-        if let Some(r) = e.reservation.take() {
-            let mut adm = lock(&self.admission);
-            adm.release(r);
-            self.update_pool_metric(&adm);
-        }
+        drop(e.ticket.take());
+        e.admitted = false;
     }
 
     pub fn pause(&self, caller: Caller, id: StreamId) -> Reply {
@@ -1104,9 +1099,8 @@ impl Streams {
             };
             counts[i] += 1;
         }
-        let adm = lock(&self.admission);
-        let u = adm.usage();
-        let cap = adm.rt_capacity();
+        let admitted = entries.iter().filter(|e| lock(e).admitted).count();
+        let (u, cap) = self.backend.admission_usage();
         vec![
             format!("streams {}", entries.len()),
             format!("streams_pending {}", counts[0]),
@@ -1114,7 +1108,7 @@ impl Streams {
             format!("streams_paused {}", counts[2]),
             format!("streams_done {}", counts[3]),
             format!("streams_failed {}", counts[4]),
-            format!("admitted {}", u.streams),
+            format!("admitted {admitted}"),
             format!(
                 "rt_disk_ns_per_s {} of {}",
                 u.disk_ns_per_s, cap.disk_ns_per_s

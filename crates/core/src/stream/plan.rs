@@ -292,6 +292,31 @@ fn volume_path(
     })
 }
 
+/// What a stream asks of admission control: a guarantee (`class: Some(Rt)`, not best
+/// effort) is for a known bandwidth, the schedule's. Independent of the endpoints, so that a
+/// server can admit a stream before it opens them (`Engine::admit`); [`plan_stream`] asks the
+/// same.
+pub fn admission_request(
+    req: &PlanRequest<'_>,
+    limits: &PlanLimits,
+) -> Result<Option<StreamQos>, PlanError> {
+    if req.class != Some(DiskClass::Rt) || req.best_effort {
+        return Ok(None);
+    }
+    let Pacing::Schedule(s) = req.pacing else {
+        return Err(PlanError::RtNeedsRate);
+    };
+    if s.is_burst() {
+        return Err(PlanError::RtNeedsRate);
+    }
+    Ok(Some(StreamQos {
+        class: QosClass::Rt,
+        rate_bytes_per_s: schedule_bytes_per_s(s),
+        unit_bytes: s.unit_bytes(),
+        buffers: req.buffers.unwrap_or(limits.rt_buffers_default),
+    }))
+}
+
 /// Plans a stream (see the module doc).
 pub fn plan_stream(
     req: &PlanRequest<'_>,
@@ -392,21 +417,7 @@ pub fn plan_stream(
         return Err(PlanError::UnitOverDatagram { unit_bytes });
     }
 
-    // Admission: a guarantee is for a known bandwidth.
-    let admission = if req.class == Some(DiskClass::Rt) && !req.best_effort {
-        let Some(s) = schedule else {
-            return Err(PlanError::RtNeedsRate);
-        };
-        let buffers = req.buffers.unwrap_or(limits.rt_buffers_default);
-        Some(StreamQos {
-            class: QosClass::Rt,
-            rate_bytes_per_s: schedule_bytes_per_s(s),
-            unit_bytes: s.unit_bytes(),
-            buffers,
-        })
-    } else {
-        None
-    };
+    let admission = admission_request(req, limits)?;
     let buffers_reserved = match admission {
         Some(q) if path == DataPath::Uring => {
             if q.buffers == 0 || q.buffers > limits.rt_buffers_max {

@@ -102,21 +102,17 @@ pub struct StreamArgs {
     pub order: Order,
     /// `tracks`: send each packet of a recording at its recorded time (its time and packet
     /// tracks); excludes --period/--rate/--schedule/--offset/--length/--unit.
-    #[arg(
-        long,
-        value_parser = ["tracks"],
-        conflicts_with_all = ["period", "rate", "schedule", "offset", "length", "unit"]
-    )]
+    #[arg(long, value_parser = ["tracks"])]
     pub timing: Option<String>,
     /// With --timing tracks: start at the independent frame at or before this time.
-    #[arg(long, value_parser = parse_duration, requires = "timing")]
+    #[arg(long, value_parser = parse_duration)]
     pub from: Option<Duration>,
     /// With --timing tracks: play this many times as fast (2, 0.5).
-    #[arg(long, requires = "timing")]
+    #[arg(long)]
     pub speed: Option<String>,
     /// With --timing tracks and a vol: SRC: the prefix of the recording's track files (default:
     /// PARTITION, in the current directory).
-    #[arg(long, requires = "timing")]
+    #[arg(long)]
     pub tracks: Option<std::path::PathBuf>,
     /// Fail when no byte moves for this long (the receiver stopped reading, or a socket
     /// source stopped sending); time paused or waiting for a paced unit's deadline does not
@@ -175,7 +171,10 @@ pub fn schedule_from_flags(
         unit: None,
         kt,
     };
-    let spec = ScheduleSpec::from_flags(&flags, unit.unwrap_or(1316))?;
+    let spec = ScheduleSpec::from_flags(
+        &flags,
+        unit.unwrap_or(penstock_core::stream::plan::DATAGRAM_UNIT_BYTES_DEFAULT),
+    )?;
     let schedule = Schedule::new(&spec, &ScheduleLimits::new(buffer_bytes))?;
     Ok((!schedule.is_burst()).then_some(schedule))
 }
@@ -211,7 +210,10 @@ pub fn run(a: StreamArgs) -> Result<()> {
     let playback = match a.timing.as_deref() {
         None => {
             if a.from.is_some() || a.speed.is_some() || a.tracks.is_some() {
-                anyhow::bail!("--from, --speed and --tracks need --timing tracks");
+                return Err(crate::Usage(
+                    "--from, --speed and --tracks need --timing tracks".into(),
+                )
+                .into());
             }
             None
         }
@@ -222,9 +224,10 @@ pub fn run(a: StreamArgs) -> Result<()> {
                 );
             }
             if schedule.is_some() || a.offset.is_some() || a.length.is_some() || a.unit.is_some() {
-                anyhow::bail!(
-                    "--timing tracks takes units, times and the extent from the tracks: drop --period/--rate/--schedule/--offset/--length/--unit"
-                );
+                return Err(crate::Usage(
+                    "--timing tracks takes units, times and the extent from the tracks: drop --period/--rate/--schedule/--offset/--length/--unit".into(),
+                )
+                .into());
             }
             Some(crate::cmd_record::playback_plan(
                 &crate::cmd_record::recording(&a.src, a.tracks.as_deref())?,

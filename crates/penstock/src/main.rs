@@ -27,8 +27,10 @@ use penstock_bench as bench;
     version,
     about = "A storage-to-network streaming engine for Linux"
 )]
-#[command(after_help = "Logging: PENSTOCK_LOG or RUST_LOG set the filter (e.g. info, \
-    penstock_server=debug); default warnings only (serve: its lifecycle at info).")]
+#[command(
+    after_help = "Logging: PENSTOCK_LOG or RUST_LOG set the filter (e.g. info, \
+    penstock_server=debug); default warnings only (serve: its lifecycle at info)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -121,9 +123,25 @@ fn main() {
     };
     if let Err(e) = r {
         eprintln!("penstock: error: {}", error_text(&e));
-        std::process::exit(1);
+        std::process::exit(if e.downcast_ref::<Usage>().is_some() {
+            2
+        } else {
+            1
+        });
     }
 }
+
+/// Bad usage that clap cannot see (flags that only conflict in some combinations): exit 2.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
 
 /// Logs to stderr, filtered by `PENSTOCK_LOG`, else `RUST_LOG`, else the default.
 fn init_logging(serve: bool, json: bool) {

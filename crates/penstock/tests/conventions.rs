@@ -167,3 +167,19 @@ fn serve_logs_its_lifecycle_plainly_or_as_json() {
         }
     }
 }
+
+/// A benchmark installs no system package (issue 16): without nginx and wrk on PATH,
+/// `bench http` names them and exits 2.
+#[test]
+fn bench_http_without_its_peers_says_so_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/bin/sh", dir.path().join("sh")).unwrap();
+    let o = penstock()
+        .args(["bench", "http", "--quick"])
+        .env("PATH", dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("apt-get install nginx wrk"), "{err}");
+}

@@ -592,6 +592,44 @@ impl Engine {
         self.start(spec, source, target, Some(slot), None)
     }
 
+    /// Plans `spec` against what a caller knows of endpoints it has not handed over yet
+    /// (an HTTP server before it writes a head): the same planner, so a stream that would be
+    /// refused at its start is refused here, by the same rule. Admits nothing.
+    pub fn preflight(
+        &self,
+        spec: &StreamSpec,
+        source: penstock_core::stream::plan::EndpointFacts,
+        target: penstock_core::stream::plan::EndpointFacts,
+    ) -> Result<penstock_core::stream::plan::StreamPlan, StreamError> {
+        let schedule = spec.schedule.filter(|s| !s.is_burst());
+        let request = PlanRequest {
+            path: spec.path,
+            cache: spec.cache,
+            zero_copy: spec.zero_copy,
+            class: spec.class,
+            best_effort: spec.best_effort,
+            pacing: match (&spec.units, &schedule) {
+                (Some(u), _) => Pacing::Units(u),
+                (None, Some(s)) => Pacing::Schedule(s),
+                (None, None) => Pacing::Burst,
+            },
+            unit_bytes: (spec.unit_bytes != 0).then_some(spec.unit_bytes as u64),
+            extent: spec.extent,
+            buffers: spec.buffers,
+        };
+        let facts = penstock_core::stream::plan::Facts {
+            source,
+            target,
+            resident: false,
+        };
+        Ok(plan_stream(
+            &request,
+            &facts,
+            self.caps(),
+            &self.plan_limits(),
+        )?)
+    }
+
     /// Asks admission control now for what `spec` will ask when it starts (the planner's
     /// admission request, which does not depend on the endpoints): a server admits a stream
     /// when it is opened and starts it later with [`Engine::open_admitted`]. `None`: the

@@ -82,21 +82,7 @@ impl Worker {
             label: peer.map_or_else(|| "http client".to_string(), |p| p.to_string()),
             volume: None,
         };
-        // Descriptors, not names: the engine never opens anything by the URL path.
-        let mut spec = StreamSpec::opened();
-        // The location's class is the disk queue the body's reads wait in (no admission: an
-        // HTTP body has no rate to guarantee).
-        spec.class = Some(if &*out.class == "rt" {
-            penstock_driver::DiskClass::Rt
-        } else {
-            penstock_driver::DiskClass::Bulk
-        });
-        spec.best_effort = true;
-        spec.extent = Extent {
-            offset: offset_bytes,
-            length: Some(len_bytes),
-        };
-        spec.path = shared.body_path;
+        let mut spec = body_spec(shared.body_path, &out.class, offset_bytes, len_bytes);
         // nginx's send_timeout, as the loop applies it to its own bodies.
         spec.send_timeout = Some(self.live.limits.send_timeout());
         // Leave epoll while the engine owns the socket's writes.
@@ -188,4 +174,29 @@ impl Worker {
             }
         }
     }
+}
+
+/// The engine stream of one HTTP body: descriptors, not names (the engine never opens
+/// anything by the URL path); the location's class is the disk queue its reads wait in, with
+/// no admission (an HTTP body has no rate to guarantee). `respond` plans it before the head,
+/// `hand_off` starts it after.
+pub(super) fn body_spec(
+    path: penstock_core::stream::PathChoice,
+    class: &str,
+    offset_bytes: u64,
+    len_bytes: u64,
+) -> StreamSpec {
+    let mut spec = StreamSpec::opened();
+    spec.class = Some(if class == "rt" {
+        penstock_driver::DiskClass::Rt
+    } else {
+        penstock_driver::DiskClass::Bulk
+    });
+    spec.best_effort = true;
+    spec.extent = Extent {
+        offset: offset_bytes,
+        length: Some(len_bytes),
+    };
+    spec.path = path;
+    spec
 }

@@ -12,7 +12,8 @@ use penstock_core::http::{
     ResponseHead, Status, boundary_for, content_type_for_path, respond_error, respond_file,
     write_response_head,
 };
-use penstock_core::stream::{CachePolicy, IoKind, choose_path};
+use penstock_core::stream::IoKind;
+use penstock_core::stream::plan::{EndpointFacts, SocketFacts};
 use penstock_driver::StreamError;
 
 use super::Worker;
@@ -122,18 +123,30 @@ impl Worker {
         // is then cut because the engine refused it. No free engine place: this loop sends
         // the body; a path the engine cannot run here: 503, no body.
         let to_engine = if for_engine {
-            let (source, target) = (IoKind::File, IoKind::StreamSocket);
-            let caps = shared.engine.caps();
-            let path = choose_path(
-                shared.body_path,
-                source,
-                target,
-                CachePolicy::Keep,
-                caps,
-                false,
-            );
-            match path
-                .map_err(StreamError::from)
+            // The engine's planner, on what is known before the head (a file of this size
+            // to a TCP client): the one rule that will decide at the start.
+            let (offset_bytes, len_bytes) = match r.body[0] {
+                BodyPiece::File {
+                    offset_bytes,
+                    len_bytes,
+                } => (offset_bytes, len_bytes),
+                BodyPiece::Bytes(_) => unreachable!("for_engine is set for one file piece"),
+            };
+            let spec = super::engine::body_spec(shared.body_path, &class, offset_bytes, len_bytes);
+            let source = EndpointFacts {
+                size: Some(meta.len_bytes),
+                ..EndpointFacts::of(IoKind::File)
+            };
+            let target = EndpointFacts {
+                socket: Some(SocketFacts {
+                    ip: true,
+                    loopback: false,
+                }),
+                ..EndpointFacts::of(IoKind::StreamSocket)
+            };
+            match shared
+                .engine
+                .preflight(&spec, source, target)
                 .and_then(|_| shared.engine.reserve_stream())
             {
                 Ok(slot) => Some(slot),

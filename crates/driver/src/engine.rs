@@ -108,6 +108,28 @@ impl StreamSpec {
         }
     }
 
+    /// The planner's request for this spec (a burst schedule counts as none).
+    pub fn plan_request(&self) -> Result<PlanRequest<'_>, StreamError> {
+        let schedule = self.schedule.as_ref().filter(|s| !s.is_burst());
+        let pacing = match (&self.units, schedule) {
+            (Some(_), Some(_)) => return Err(StreamError::UnitsAndSchedule),
+            (Some(u), None) => Pacing::Units(u),
+            (None, Some(s)) => Pacing::Schedule(s),
+            (None, None) => Pacing::Burst,
+        };
+        Ok(PlanRequest {
+            path: self.path,
+            cache: self.cache,
+            zero_copy: self.zero_copy,
+            class: self.class,
+            best_effort: self.best_effort,
+            pacing,
+            unit_bytes: (self.unit_bytes != 0).then_some(self.unit_bytes as u64),
+            extent: self.extent,
+            buffers: self.buffers,
+        })
+    }
+
     /// A burst stream between descriptors the caller opened ([`Engine::open_opened`]).
     pub fn opened() -> StreamSpec {
         StreamSpec {
@@ -601,22 +623,7 @@ impl Engine {
         source: penstock_core::stream::plan::EndpointFacts,
         target: penstock_core::stream::plan::EndpointFacts,
     ) -> Result<penstock_core::stream::plan::StreamPlan, StreamError> {
-        let schedule = spec.schedule.filter(|s| !s.is_burst());
-        let request = PlanRequest {
-            path: spec.path,
-            cache: spec.cache,
-            zero_copy: spec.zero_copy,
-            class: spec.class,
-            best_effort: spec.best_effort,
-            pacing: match (&spec.units, &schedule) {
-                (Some(u), _) => Pacing::Units(u),
-                (None, Some(s)) => Pacing::Schedule(s),
-                (None, None) => Pacing::Burst,
-            },
-            unit_bytes: (spec.unit_bytes != 0).then_some(spec.unit_bytes as u64),
-            extent: spec.extent,
-            buffers: spec.buffers,
-        };
+        let request = spec.plan_request()?;
         let facts = penstock_core::stream::plan::Facts {
             source,
             target,
@@ -636,19 +643,7 @@ impl Engine {
     /// stream asks for no guarantee. The reservation is released when the [`Admitted`] is
     /// dropped unused, or with the stream's handle.
     pub fn admit(&self, spec: &StreamSpec) -> Result<Option<Admitted>, StreamError> {
-        let schedule = spec.schedule.filter(|s| !s.is_burst());
-        let request = PlanRequest {
-            class: spec.class,
-            best_effort: spec.best_effort,
-            pacing: match (&spec.units, &schedule) {
-                (Some(u), _) => Pacing::Units(u),
-                (None, Some(s)) => Pacing::Schedule(s),
-                (None, None) => Pacing::Burst,
-            },
-            buffers: spec.buffers,
-            ..PlanRequest::default()
-        };
-        let Some(qos) = admission_request(&request, &self.plan_limits())? else {
+        let Some(qos) = admission_request(&spec.plan_request()?, &self.plan_limits())? else {
             return Ok(None);
         };
         let id = self
@@ -688,23 +683,7 @@ impl Engine {
     ) -> Result<StreamHandle, StreamError> {
         let schedule = spec.schedule.filter(|s| !s.is_burst());
         let units = spec.units.clone();
-        let pacing = match (&units, &schedule) {
-            (Some(_), Some(_)) => return Err(StreamError::UnitsAndSchedule),
-            (Some(u), None) => Pacing::Units(u),
-            (None, Some(s)) => Pacing::Schedule(s),
-            (None, None) => Pacing::Burst,
-        };
-        let request = PlanRequest {
-            path: spec.path,
-            cache: spec.cache,
-            zero_copy: spec.zero_copy,
-            class: spec.class,
-            best_effort: spec.best_effort,
-            pacing,
-            unit_bytes: (spec.unit_bytes != 0).then_some(spec.unit_bytes as u64),
-            extent: spec.extent,
-            buffers: spec.buffers,
-        };
+        let request = spec.plan_request()?;
         // The one decision: everything below carries it out.
         let gathered = crate::facts::gather(&source, &target, &request);
         let plan = plan_stream(&request, &gathered.facts, self.caps(), &self.plan_limits())?;

@@ -719,26 +719,40 @@ fn stats_answers_while_a_listening_stream_waits_for_its_peer() {
     assert!(freed, "the listener of a closed stream still holds {addr}");
 }
 
-/// Found by the control_session fuzz target: a paused stream whose RESUME fails (here:
-/// SEEK past the end) kept its admission reservation for good.
-#[test]
-fn a_resume_that_fails_returns_the_reservation() {
-    let f = start();
-    // More than loopback's socket buffers hold: still running when paused.
+/// A started stream of 64 MiB (more than loopback's socket buffers hold) to a receiver that
+/// accepts and never reads: it is still running when the test acts on it. Returns its id and
+/// the receiver's socket (to keep it open).
+fn started_towards_a_receiver_that_never_reads(
+    f: &Fixture,
+    c: &mut Ctl,
+    options: &str,
+) -> (penstock_core::control::StreamId, TcpStream) {
     let src = f.path("huge.bin");
     std::fs::write(&src, vec![2u8; 64 << 20]).unwrap();
     let rx = TcpListener::bind("127.0.0.1:0").unwrap();
     let rx_addr = rx.local_addr().unwrap();
-    let mut c = Ctl::authed(f.control());
-    let id = c
-        .cmd(&format!("OPEN file:{} tcp://{rx_addr}", src.display()))
-        .stream_id()
-        .unwrap();
+    let opened = c.cmd(&format!(
+        "OPEN file:{} tcp://{rx_addr} {options}",
+        src.display()
+    ));
+    let id = opened.stream_id().unwrap_or_else(|| panic!("{opened:?}"));
     assert_eq!(c.cmd(&format!("START {id}")).code.code(), 200);
-    // Never read: the stream is still running when paused.
-    let (_held, _) = rx.accept().unwrap();
+    let (held, _) = rx.accept().unwrap();
+    (id, held)
+}
+
+/// Found by the control_session fuzz target: a paused rt stream whose RESUME fails (here:
+/// SEEK past the end) kept its admission reservation for good.
+#[test]
+fn a_resume_that_fails_returns_the_reservation() {
+    let f = start();
+    let mut c = Ctl::authed(f.control());
+    let (id, _held) =
+        started_towards_a_receiver_that_never_reads(&f, &mut c, "class=rt rate=1MB/s unit=64KiB");
     assert_eq!(c.cmd(&format!("PAUSE {id}")).code.code(), 200);
     assert_eq!(c.cmd(&format!("SEEK {id} 1G")).code.code(), 200);
+    let stats = c.cmd("STATS");
+    assert!(stats.lines.iter().any(|l| l == "admitted 1"), "{stats:?}");
     let resumed = c.cmd(&format!("RESUME {id}"));
     assert_eq!(resumed.code.code(), 500, "{resumed:?}");
     let stats = c.cmd("STATS");
@@ -747,6 +761,13 @@ fn a_resume_that_fails_returns_the_reservation() {
         stats.lines.iter().any(|l| l == "streams_failed 1"),
         "{stats:?}"
     );
+    assert!(
+        stats
+            .lines
+            .iter()
+            .any(|l| l.starts_with("rt_net_bytes_per_s 0 of")),
+        "the engine kept the reservation: {stats:?}"
+    );
 }
 
 #[test]
@@ -754,18 +775,8 @@ fn a_control_stream_to_a_receiver_that_stops_reading_fails_at_the_send_timeout()
     let mut cfg = config();
     cfg.control.send_timeout_ms = 1000;
     let f = start_with(cfg);
-    // More than loopback's socket buffers hold.
-    let src = f.path("huge.bin");
-    std::fs::write(&src, vec![1u8; 64 << 20]).unwrap();
-    let rx = TcpListener::bind("127.0.0.1:0").unwrap();
-    let rx_addr = rx.local_addr().unwrap();
     let mut c = Ctl::authed(f.control());
-    let id = c
-        .cmd(&format!("OPEN file:{} tcp://{rx_addr}", src.display()))
-        .stream_id()
-        .unwrap();
-    assert_eq!(c.cmd(&format!("START {id}")).code.code(), 200);
-    let (_held, _) = rx.accept().unwrap();
+    let (id, _held) = started_towards_a_receiver_that_never_reads(&f, &mut c, "");
     let mut failed = None;
     for _ in 0..1500 {
         let st = c.cmd(&format!("STATE {id}"));

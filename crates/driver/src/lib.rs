@@ -30,3 +30,4 @@ pub use engine::{
     EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, StreamError, StreamHandle,
     StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };
+pub use paths::{SendfileCall, sendfile_call};

@@ -251,6 +251,41 @@ pub(crate) fn copy_step(
 }
 
 /// One step of the sendfile path: at most `budget` calls.
+/// What one sendfile(2) call did, read the same way by every sendfile loop: the engine's
+/// sendfile path here and the HTTP server's connection loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendfileCall {
+    /// Bytes moved (fewer than asked to a non-blocking socket: its buffer is full; calling
+    /// again would get EAGAIN after the kernel looked up, and dropped, a pipe's worth of
+    /// page-cache pages — wait for writability instead).
+    Sent(usize),
+    /// 0 bytes for a positive request: the file ends before the offset asked (it shrank).
+    SourceEnded,
+    /// EAGAIN: wait for writability.
+    WouldBlock,
+    /// EINTR: call again.
+    Interrupted,
+    Failed(Errno),
+}
+
+/// One sendfile(2) of `want` (> 0) bytes from `source` at `*offset` to `target`; `*offset`
+/// advances by what moved.
+pub fn sendfile_call(
+    target: std::os::fd::BorrowedFd<'_>,
+    source: std::os::fd::BorrowedFd<'_>,
+    offset: &mut u64,
+    want: usize,
+) -> SendfileCall {
+    debug_assert!(want > 0, "a sendfile of 0 bytes says nothing");
+    match rustix::fs::sendfile(target, source, Some(offset), want) {
+        Ok(0) => SendfileCall::SourceEnded,
+        Ok(n) => SendfileCall::Sent(n),
+        Err(Errno::AGAIN) => SendfileCall::WouldBlock,
+        Err(Errno::INTR) => SendfileCall::Interrupted,
+        Err(e) => SendfileCall::Failed(e),
+    }
+}
+
 pub(crate) fn sendfile_step(io: &mut TaskIo, budget: usize) -> Result<Step, StreamError> {
     for _ in 0..budget {
         let want = next_len(io);
@@ -258,9 +293,9 @@ pub(crate) fn sendfile_step(io: &mut TaskIo, budget: usize) -> Result<Step, Stre
             return Ok(Step::Finish(Ok(())));
         }
         let mut off = io.pos;
-        match rustix::fs::sendfile(&io.target.fd, &io.source.fd, Some(&mut off), want) {
-            Ok(0) => return Err(shrank(io)),
-            Ok(n) => {
+        match sendfile_call(io.target.fd.as_fd(), io.source.fd.as_fd(), &mut off, want) {
+            SendfileCall::SourceEnded => return Err(shrank(io)),
+            SendfileCall::Sent(n) => {
                 drop_cached(io, io.pos, n);
                 io.pos = off;
                 io.add_read(n);
@@ -273,9 +308,9 @@ pub(crate) fn sendfile_step(io: &mut TaskIo, budget: usize) -> Result<Step, Stre
                     return Ok(Step::WaitFd(Side::Target, POLLOUT));
                 }
             }
-            Err(Errno::AGAIN) => return Ok(Step::WaitFd(Side::Target, POLLOUT)),
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(peer_error("sendfile", e, io.sent)),
+            SendfileCall::WouldBlock => return Ok(Step::WaitFd(Side::Target, POLLOUT)),
+            SendfileCall::Interrupted => {}
+            SendfileCall::Failed(e) => return Err(peer_error("sendfile", e, io.sent)),
         }
     }
     Ok(Step::Yield)

@@ -7,11 +7,13 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::net::TcpStream;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use penstock_core::http::{BodyPiece, Status};
 use penstock_driver::engine::StreamSlot;
+use penstock_driver::{SendfileCall, sendfile_call};
 use rustix::io::Errno;
 use rustix::net::SendFlags;
 
@@ -129,9 +131,13 @@ pub(super) fn write_out(sock: &TcpStream, out: &mut Out, now: Instant) -> Progre
                 let mut off = offset_bytes + out.piece_pos;
                 let want = left.min(allowance).min(SENDFILE_CHUNK_BYTES) as usize;
                 asked = want;
-                match rustix::fs::sendfile(sock, file, Some(&mut off), want) {
-                    Ok(0) => return Progress::Failed("file_shrank"),
-                    r => r,
+                // The engine's sendfile path reads a call the same way.
+                match sendfile_call(sock.as_fd(), file.as_fd(), &mut off, want) {
+                    SendfileCall::SourceEnded => return Progress::Failed("file_shrank"),
+                    SendfileCall::Sent(n) => Ok(n),
+                    SendfileCall::WouldBlock => Err(Errno::AGAIN),
+                    SendfileCall::Interrupted => Err(Errno::INTR),
+                    SendfileCall::Failed(e) => Err(e),
                 }
             }
         };

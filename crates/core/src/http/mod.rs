@@ -37,7 +37,8 @@ pub use range::{ByteRange, RangeSet, parse_range};
 pub use request::{Method, Parsed, Request, Version, parse_request};
 pub use response::{
     BodyPiece, ConnectionHeader, ContentRange, FileMeta, MultipartPlan, Response, ResponseContext,
-    ResponseHead, boundary_for, multipart_plan, respond_error, respond_file, write_response_head,
+    ResponseHead, boundary_for, connection_header, multipart_plan, respond_error, respond_file,
+    write_response_head,
 };
 
 /// Bounds on what a client may make us hold or compute. Checked on every parse; each

@@ -401,7 +401,9 @@ pub fn respond_error(status: Status, req: Option<&Request>, ctx: &ResponseContex
     }
 }
 
-fn connection_header(keep_alive: bool, ctx: &ResponseContext<'_>) -> ConnectionHeader {
+/// The `Connection` field of a response that keeps the connection (with the context's
+/// keep-alive timeout) or closes it.
+pub fn connection_header(keep_alive: bool, ctx: &ResponseContext<'_>) -> ConnectionHeader {
     if keep_alive {
         ConnectionHeader::KeepAlive {
             timeout_s: ctx.keep_alive_timeout_s,

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use penstock_core::http::{
-    BodyPiece, ConnectionHeader, FileMeta, HttpError, Method, Request, ResponseContext,
-    ResponseHead, Status, boundary_for, content_type_for_path, respond_error, respond_file,
+    BodyPiece, FileMeta, HttpError, Method, Request, ResponseContext, ResponseHead, Status,
+    boundary_for, connection_header, content_type_for_path, respond_error, respond_file,
     write_response_head,
 };
 use penstock_core::stream::IoKind;
@@ -216,13 +216,7 @@ impl Worker {
             etag: None,
             last_modified: None,
             allow: None,
-            connection: if keep_alive {
-                ConnectionHeader::KeepAlive {
-                    timeout_s: ctx.keep_alive_timeout_s,
-                }
-            } else {
-                ConnectionHeader::Close
-            },
+            connection: connection_header(keep_alive, ctx),
         };
         let mut bytes = Vec::with_capacity(256);
         write_response_head(&head, &mut bytes);
@@ -254,13 +248,7 @@ fn unavailable(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http:
         etag: None,
         last_modified: None,
         allow: None,
-        connection: if keep_alive {
-            ConnectionHeader::KeepAlive {
-                timeout_s: ctx.keep_alive_timeout_s,
-            }
-        } else {
-            ConnectionHeader::Close
-        },
+        connection: connection_header(keep_alive, ctx),
     };
     let mut bytes = Vec::with_capacity(192);
     write_response_head(&head, &mut bytes);

@@ -22,10 +22,11 @@
 //! version ran a bitwise CRC over a body length taken from the input — up to 1 MiB, eight
 //! traced compares per byte — which is where its 318 runs/s went.) What remains is the
 //! library's work: `encode` returns a fresh zeroed 1 MiB image (one or two per input; under
-//! ASAN each is an mmap with its shadow poisoned), `allocate` and `check` are linear in the
-//! partitions and blocks, and `check`/`repair` visit every block one bit at a time, so they run
-//! only on volumes of at most `CHECK_BLOCKS_MAX` blocks. About 7,600 runs/s without a
-//! sanitizer (`-s none`), about 1,200 with ASAN, on one core of the 2-core dev machine.
+//! ASAN each is an mmap with its shadow poisoned), `allocate` grows with the partitions and
+//! blocks, `check` compares partition names pairwise, and `check`/`repair` visit every block
+//! one bit at a time, so they run only on volumes of at most `CHECK_BLOCKS_MAX` blocks. About
+//! 7,000 runs/s without a sanitizer (`-s none`), about 1,400 with ASAN, on one busy core of
+//! the 2-core dev machine.
 //!
 //! Seeds (raw-branch images of a 1-, 4- and 16-member volume) are in `fuzz/seeds/volume_meta`:
 //! `cargo fuzz run volume_meta fuzz/corpus/volume_meta fuzz/seeds/volume_meta`.

@@ -4,6 +4,10 @@
 //! are checksummed before and after. Also: planted files at the token path, and SIGTERM
 //! with streams in every state. Waits are bounded loops.
 
+mod common;
+
+use common::serve_addresses;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
@@ -67,19 +71,8 @@ fn serve(conf: &Path, root: &Path, sock: &Path) -> Served {
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert!(line.starts_with("penstock serve: http://"), "{line}");
-    let http = line["penstock serve: http://".len()..]
-        .split(',')
-        .next()
-        .unwrap()
-        .to_string();
-    let control = line
-        .split(", control ")
-        .nth(1)
-        .unwrap()
-        .split(',')
-        .next()
-        .unwrap()
-        .to_string();
+    let (http, control) = serve_addresses(&line);
+    let control = control.expect("a control address");
     std::thread::spawn(move || for _ in out.lines() {});
     Served {
         child,

@@ -1,6 +1,10 @@
 //! `penstock serve` as a process: the start line, `penstock ctl`, SIGHUP reload, and SIGTERM
 //! → exit 0. Waits are bounded loops; nothing asserts a duration.
 
+mod common;
+
+use common::serve_addresses;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
@@ -59,12 +63,8 @@ fn serve_prints_its_addresses_reloads_on_sighup_and_exits_0_on_sigterm() {
     // "penstock serve: http://127.0.0.1:PORT, control 127.0.0.1:PORT, control unix:..., ..."
     assert!(line.starts_with("penstock serve: http://"), "{line}");
     assert!(line.contains("http bodies:"), "{line}");
-    let http = line["penstock serve: http://".len()..]
-        .split(',')
-        .next()
-        .unwrap()
-        .to_string();
-    let control = line.split(", control ").nth(1).unwrap().to_string();
+    let (http, control) = serve_addresses(&line);
+    let control = control.expect("a control address");
     assert_eq!(get_status(&http, "/a.txt"), 200);
 
     // The client, over TCP and over the Unix socket.
@@ -263,21 +263,12 @@ fn out_of_descriptors(flood: Flood) {
             .trim(),
         "penstock"
     );
-    let http = line["penstock serve: http://".len()..]
-        .split(',')
-        .next()
-        .unwrap()
-        .to_string();
+    let (http, control) = serve_addresses(&line);
     assert_eq!(get_status(&http, "/a.txt"), 200);
 
     let target = match flood {
         Flood::Http => http.clone(),
-        Flood::Control => line
-            .split(", control ")
-            .nth(1)
-            .and_then(|c| c.split(',').next())
-            .unwrap()
-            .to_string(),
+        Flood::Control => control.expect("a control address"),
     };
     let mut idle = Vec::with_capacity(IDLE);
     for _ in 0..IDLE {

@@ -4,6 +4,10 @@
 //! connection can still be used, and connections beyond `connections_max` get a clear 503.
 //! Waits are bounded loops; the only bounds on time and memory are generous.
 
+mod common;
+
+use common::serve_addresses;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -145,11 +149,7 @@ fn ten_thousand_idle_connections_keep_memory_bounded_and_others_served() {
     println!("{}", line.trim_end());
     assert!(line.starts_with("penstock serve: http://"), "{line}");
     assert!(line.contains("descriptors "), "{line}");
-    let http = line["penstock serve: http://".len()..]
-        .split([',', ';'])
-        .next()
-        .unwrap()
-        .to_string();
+    let (http, _) = serve_addresses(&line);
 
     // A first download: the server's memory after it has served once.
     let mut s = TcpStream::connect(&http).unwrap();

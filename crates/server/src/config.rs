@@ -1,6 +1,7 @@
 //! Everything `penstock serve` can be told, with defaults: `penstock.toml` deserializes into
 //! [`ServerConfig`]; every field is optional in the file. Sizes are bytes, times are
-//! milliseconds, rates are bytes per second (units last in every name).
+//! milliseconds, rates are bytes per second (units last in every name); each also takes a
+//! string in the command line's units, `"64KiB"`, `"30s"`, `"8Mbps"` ([`units`]).
 //!
 //! What SIGHUP may change live is [`HttpLimits`] and the `[[location]]` table (classes and
 //! rates per path prefix): see [`ServerConfig::live`]. Addresses, the root, worker counts,
@@ -11,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+
+pub mod units;
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +43,7 @@ pub struct ServerConfig {
     /// `[[location]]`: class and rate per path prefix, longest prefix wins.
     pub location: Vec<Location>,
     /// SIGTERM: streams still running after this long are cut.
+    #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
 }
 
@@ -62,6 +66,7 @@ pub struct HttpConfig {
     /// A body of at least this many bytes without a rate limit goes to the engine (one
     /// extent, zero-copy path `body_path`); smaller ones, multipart bodies and rate-limited
     /// ones are sent with sendfile from the connection's own loop. 0: never the engine.
+    #[serde(deserialize_with = "units::size")]
     pub engine_body_bytes_min: u64,
     /// The engine's data path for HTTP bodies: `sendfile`, `splice`, `uring`, `copy` or `auto`.
     pub body_path: String,
@@ -87,29 +92,36 @@ impl Default for HttpConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct HttpLimits {
     /// The request head (request line + headers). Beyond: 431.
+    #[serde(deserialize_with = "units::size")]
     pub header_bytes_max: usize,
     /// The request line. Beyond: 414.
+    #[serde(deserialize_with = "units::size")]
     pub request_line_bytes_max: usize,
     pub headers_max: usize,
     /// Ranges in one `Range` header before the whole file is sent (200).
     pub ranges_max: usize,
     /// A connection waiting for (the rest of) a request head is cut after this long, however
     /// slowly it dribbles bytes (slowloris): the clock starts when the server starts waiting.
+    #[serde(deserialize_with = "units::ms")]
     pub idle_timeout_ms: u64,
     /// A response that makes no progress for this long is cut.
+    #[serde(deserialize_with = "units::ms")]
     pub send_timeout_ms: u64,
     /// Requests on one connection before the server answers `Connection: close`.
     pub requests_per_connection_max: u32,
     /// Open connections, all workers together; beyond, new ones get 503 and are closed.
     pub connections_max: usize,
     /// Default rate per connection (nginx `limit_rate`); 0: unlimited.
+    #[serde(deserialize_with = "units::rate")]
     pub limit_rate_bytes_per_s: u64,
     /// Bytes of each response sent at full speed before the rate applies (nginx
     /// `limit_rate_after`).
+    #[serde(deserialize_with = "units::size")]
     pub limit_rate_after_bytes: u64,
     /// When accept fails for want of a resource (EMFILE, ENFILE, ENOBUFS, ENOMEM), a worker
     /// stops accepting for this long instead of retrying at once (which spins: the
     /// listener stays readable). nginx waits 500 ms (`ngx_event_accept.c`).
+    #[serde(deserialize_with = "units::ms")]
     pub accept_backoff_ms: u64,
 }
 
@@ -192,9 +204,9 @@ pub struct Location {
     #[serde(default)]
     pub class: Option<String>,
     /// Overrides `http.limit_rate_bytes_per_s` (0: unlimited).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "units::opt_rate")]
     pub limit_rate_bytes_per_s: Option<u64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "units::opt_size")]
     pub limit_rate_after_bytes: Option<u64>,
 }
 
@@ -232,15 +244,19 @@ pub struct ControlConfig {
     /// never lock the socket's users out.
     pub unix_connections_max: usize,
     /// One command line; beyond: 414 and the connection closes.
+    #[serde(deserialize_with = "units::size")]
     pub line_bytes_max: usize,
     /// A connection that has not authenticated is closed after this long.
+    #[serde(deserialize_with = "units::ms")]
     pub auth_timeout_ms: u64,
     /// A connection with no stream of its own that sends nothing for this long is closed.
+    #[serde(deserialize_with = "units::ms")]
     pub idle_timeout_ms: u64,
     /// Wrong tokens on one connection before it is closed (each one answered more slowly).
     pub auth_failures_max: u32,
     /// A stream opened but not started within this long is closed and its reservation
     /// returned; a finished stream is forgotten this long after it ended.
+    #[serde(deserialize_with = "units::ms")]
     pub pending_timeout_ms: u64,
     /// Streams one connection may hold at once.
     pub streams_per_connection_max: usize,
@@ -248,12 +264,16 @@ pub struct ControlConfig {
     pub streams_per_identity_max: usize,
     /// A stream that moves no byte for this long (a receiver that stopped reading, a source
     /// that stopped sending) fails. 0: never.
+    #[serde(deserialize_with = "units::ms")]
     pub send_timeout_ms: u64,
     /// A `tcp://` endpoint's connect gives up after this long.
+    #[serde(deserialize_with = "units::ms")]
     pub connect_timeout_ms: u64,
     /// A `tcp-listen://` endpoint waits this long for its peer.
+    #[serde(deserialize_with = "units::ms")]
     pub accept_timeout_ms: u64,
     /// Out of descriptors (EMFILE, ENFILE), the listeners pause this long.
+    #[serde(deserialize_with = "units::ms")]
     pub accept_backoff_ms: u64,
     /// Directories control streams may read files from (openat2 `RESOLVE_BENEATH`). Empty:
     /// the served root.
@@ -494,6 +514,7 @@ pub struct EngineSection {
     /// 0: one per CPU.
     pub workers: usize,
     pub pool_buffers: Option<usize>,
+    #[serde(default, deserialize_with = "units::opt_size")]
     pub buffer_bytes: Option<usize>,
     pub streams_max: Option<usize>,
 }
@@ -522,10 +543,13 @@ impl EngineSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionSection {
+    #[serde(default, deserialize_with = "units::opt_rate")]
     pub disk_seq_bytes_per_s: Option<u64>,
     pub disk_random_iops: Option<u64>,
+    #[serde(default, deserialize_with = "units::opt_rate")]
     pub net_bytes_per_s: Option<u64>,
     pub buffer_count: Option<u32>,
+    #[serde(default, deserialize_with = "units::opt_size")]
     pub buffer_bytes: Option<u64>,
     pub bulk_share_percent: Option<u8>,
     pub streams_max: Option<u32>,
@@ -714,6 +738,46 @@ mod tests {
         assert_eq!(
             c.http.engine_body_bytes_min,
             HttpConfig::default().engine_body_bytes_min
+        );
+    }
+
+    #[test]
+    fn values_take_units_as_the_command_line_does() {
+        let c: ServerConfig = toml::from_str(
+            r#"
+            shutdown_deadline_ms = "2s"
+            [limits]
+            idle_timeout_ms = "30s"
+            header_bytes_max = "16KiB"
+            limit_rate_bytes_per_s = "8Mbps"
+            [control]
+            line_bytes_max = "8KiB"
+            [engine]
+            buffer_bytes = "1MiB"
+            [[location]]
+            prefix = "/v/"
+            limit_rate_bytes_per_s = "2MB/s"
+            "#,
+        )
+        .unwrap();
+        c.check().unwrap();
+        assert_eq!(c.shutdown_deadline(), Duration::from_secs(2));
+        assert_eq!(c.limits.idle_timeout_ms, 30_000);
+        assert_eq!(c.limits.header_bytes_max, 16 * 1024);
+        assert_eq!(c.limits.limit_rate_bytes_per_s, 1_000_000);
+        assert_eq!(c.control.line_bytes_max, 8 * 1024);
+        assert_eq!(c.engine.buffer_bytes, Some(1 << 20));
+        assert_eq!(c.location[0].limit_rate_bytes_per_s, Some(2_000_000));
+        let e = toml::from_str::<ServerConfig>(
+            "[limits]
+idle_timeout_ms = \"soon\"
+",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("idle_timeout_ms") && e.contains("duration"),
+            "{e}"
         );
     }
 

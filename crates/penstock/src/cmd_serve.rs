@@ -1,22 +1,30 @@
 //! `penstock serve`: HTTP/1.1 downloads of a directory and the stream control protocol.
 //!
 //! Thin glue over `penstock_server::Server`: configuration, the sample tree of `--demo`,
-//! the start line, and signals (SIGTERM/SIGINT: stop accepting, finish or cut within
-//! `shutdown_deadline_ms`, exit 0; SIGHUP: reload the live part of `--config`).
+//! the start line, socket activation, and signals (SIGTERM/SIGINT: stop accepting, finish
+//! or cut within `shutdown_deadline_ms`, exit 0; SIGHUP: reload `--config` — limits,
+//! locations, addresses and root — and say at warn level what else changed and was not
+//! applied).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use penstock_server::{Server, ServerConfig};
+use penstock_server::{Server, ServerConfig, listen::ListenAddrs};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 #[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  penstock serve                      the current directory on 127.0.0.1:8080\n  penstock serve /srv/media --listen 8080 --listen '[::]:8080'\n  penstock serve --config /etc/penstock/penstock.toml --check-config"
+)]
 pub struct ServeArgs {
     /// Directory to serve (default: `[http] root` of the configuration, else the current
     /// directory).
-    #[arg(long)]
+    #[arg(value_name = "DIR", conflicts_with_all = ["root", "demo"])]
+    pub dir: Option<PathBuf>,
+    /// The directory to serve, as an option (the same as DIR).
+    #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
     /// Serve a small generated sample tree (index.html, a 16 KiB file, an 8 MiB clip) from a
     /// temporary directory instead.
@@ -25,9 +33,18 @@ pub struct ServeArgs {
     /// A TOML file: limits, locations (class and rate per path prefix), addresses, token.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// HTTP address (overrides `[http] listen`; default 127.0.0.1:8080).
+    /// Check the configuration (and that the root can be served), print what would be
+    /// served, and exit: 0 when it is good, 1 when not (as `nginx -t`). Binds nothing.
     #[arg(long)]
-    pub listen: Option<String>,
+    pub check_config: bool,
+    /// HTTP address; repeat for several (overrides `[http] listen`; default 127.0.0.1:8080).
+    /// `8080` or `:8080`: every IPv4 address; `[::]:8080`: IPv6; `localhost:8080`: each
+    /// address of the name.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Vec<String>,
+    /// Not an option of penstock serve: says to use --listen.
+    #[arg(long, hide = true, value_name = "PORT")]
+    pub port: Option<String>,
     /// Control protocol TCP address (overrides `[control] listen`; default 127.0.0.1:7070;
     /// empty: none).
     #[arg(long)]
@@ -78,17 +95,34 @@ fn demo_tree(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn run(a: ServeArgs) -> Result<()> {
-    let mut cfg = match &a.config {
-        Some(p) => ServerConfig::load(p)?,
-        None => ServerConfig::default(),
-    };
-    if let Some(l) = &a.listen {
-        cfg.http.listen = l.clone();
+/// What the command line sets over the file: applied at start and again to each reloaded
+/// file, so that SIGHUP never undoes a flag.
+fn apply_flags(cfg: &mut ServerConfig, a: &ServeArgs) {
+    if !a.listen.is_empty() {
+        cfg.http.listen = ListenAddrs(a.listen.clone());
     }
     if let Some(c) = &a.control {
         cfg.control.listen = c.clone();
     }
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    if let Some(p) = &a.port {
+        return Err(crate::Usage(format!(
+            "penstock serve has no --port: use --listen {p} (every IPv4 address), --listen localhost:{p} or --listen 127.0.0.1:{p}"
+        ))
+        .into());
+    }
+    let mut cfg = match &a.config {
+        Some(p) => ServerConfig::load(p)?,
+        None => ServerConfig::default(),
+    };
+    apply_flags(&mut cfg, &a);
+    if a.check_config {
+        return check_config(&cfg, &a);
+    }
+    // Before any thread: reading LISTEN_FDS unsets the variables.
+    let inherited = crate::activation::take_http_listeners()?;
     if a.no_control_unix {
         cfg.control.unix = None;
     } else if let Some(u) = &a.control_unix {
@@ -108,15 +142,23 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let p = d.path().to_path_buf();
         _demo_dir = d;
         p
-    } else if let Some(r) = a.root.clone().or_else(|| cfg.http.root.clone()) {
+    } else if let Some(r) = a.dir.clone().or_else(|| a.root.clone()) {
         r
     } else {
-        std::env::current_dir()?
+        config_root(&cfg)?
     };
+    // A root from the command line (or --demo) is fixed; one from the file follows it.
+    let root_fixed = a.demo || a.dir.is_some() || a.root.is_some();
     // Register before starting so that a signal during start-up is not lost.
     let mut signals =
         Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
-    let server = Server::start(&cfg, &root)?;
+    if !inherited.is_empty() {
+        tracing::info!(
+            sockets = inherited.len(),
+            "serving HTTP on the sockets passed by the service manager; [http] listen is not used"
+        );
+    }
+    let server = Server::start_with_listeners(&cfg, &root, inherited)?;
     println!("{} (root {})", server.summary(), root.display());
     if let Some(f) = server.token_file() {
         println!("control token (for AUTH from other peers): {}", f.display());
@@ -129,18 +171,16 @@ pub fn run(a: ServeArgs) -> Result<()> {
             println!("     penstock ctl {c} HELP");
         }
     }
-    tracing::info!(http = %server.http_addr(), root = %root.display(), "serving");
+    let http: Vec<String> = server
+        .http_addrs()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    tracing::info!(http = %http.join(" "), root = %root.display(), "serving");
     for sig in signals.forever() {
         match sig {
             SIGHUP => match &a.config {
-                Some(p) => match ServerConfig::load(p).and_then(|c| server.reload(&c)) {
-                    Ok(()) => {
-                        tracing::info!(config = %p.display(), "reloaded limits and locations")
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "reload refused; keeping the running configuration")
-                    }
-                },
+                Some(p) => reload(&server, p, &a, root_fixed),
                 None => tracing::info!("SIGHUP without --config: nothing to reload"),
             },
             _ => break,
@@ -155,5 +195,79 @@ pub fn run(a: ServeArgs) -> Result<()> {
             "connections cut at the shutdown deadline"
         );
     }
+    Ok(())
+}
+
+/// The root when the command line names none: `[http] root`, else the current directory.
+fn config_root(cfg: &ServerConfig) -> Result<PathBuf> {
+    match &cfg.http.root {
+        Some(r) => Ok(r.clone()),
+        None => Ok(std::env::current_dir()?),
+    }
+}
+
+/// SIGHUP: reads the file again and applies it; says what changed and what did not.
+fn reload(server: &Server, path: &Path, a: &ServeArgs, root_fixed: bool) {
+    let result = ServerConfig::load(path)
+        .map_err(anyhow::Error::from)
+        .and_then(|mut c| {
+            apply_flags(&mut c, a);
+            let root = if root_fixed {
+                None
+            } else {
+                Some(config_root(&c)?)
+            };
+            Ok(server.reload(&c, root.as_deref())?)
+        });
+    match result {
+        Ok(report) => {
+            tracing::info!(
+                config = %path.display(),
+                applied = %if report.applied.is_empty() { "nothing changed".to_string() } else { report.applied.join("; ") },
+                "reloaded"
+            );
+            for key in &report.not_applied {
+                tracing::warn!(key = %key, "changed in the file but not applied until a restart");
+            }
+        }
+        Err(e) => tracing::error!(
+            config = %path.display(),
+            error = %crate::error_text(&e),
+            "reload refused; the running configuration is unchanged"
+        ),
+    }
+}
+
+/// `--check-config`: everything `serve` would check before binding, then a summary.
+fn check_config(cfg: &ServerConfig, a: &ServeArgs) -> Result<()> {
+    cfg.check()?;
+    let addrs = cfg
+        .http
+        .listen
+        .resolve()
+        .map_err(|e| anyhow::anyhow!("http.listen: {e}"))?;
+    let root = match a.dir.clone().or_else(|| a.root.clone()) {
+        Some(r) => r,
+        None if a.demo => PathBuf::from("(a generated sample tree)"),
+        None => config_root(cfg)?,
+    };
+    if !a.demo {
+        penstock_server::confine::Root::open(&root)
+            .with_context(|| format!("root {}", root.display()))?;
+    }
+    let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+    println!(
+        "configuration {} is good: http {} root {}{}",
+        a.config
+            .as_deref()
+            .map_or_else(|| "(defaults)".to_string(), |p| p.display().to_string()),
+        addrs.join(" "),
+        root.display(),
+        if cfg.control.listen.is_empty() {
+            String::new()
+        } else {
+            format!(" control {}", cfg.control.listen)
+        }
+    );
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! stderr is a terminal; `--log-format json` writes one JSON object per line for log
 //! shippers.
 
+mod activation;
 mod calibrate;
 mod cmd_ctl;
 mod cmd_record;
@@ -167,7 +168,7 @@ fn init_logging(serve: bool, json: bool) {
 
 /// The error and its causes, each cause once: library errors often already quote their
 /// source in their own message.
-fn error_text(e: &anyhow::Error) -> String {
+pub(crate) fn error_text(e: &anyhow::Error) -> String {
     let mut msg = e.to_string();
     for cause in e.chain().skip(1) {
         let c = cause.to_string();

@@ -330,3 +330,233 @@ fn out_of_descriptors(flood: Flood) {
     let status = child.0.wait().unwrap();
     assert!(status.success(), "{status}");
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Issue 16, defect 4: SIGHUP with a new port in the file, then a GET on it; the old port
+/// stops answering; a new `[http] root` is served; a key that needs a restart is named in
+/// a warning on stderr. The directory is given as `serve DIR`'s positional argument first,
+/// then the file takes over the root when the command line does not name one.
+#[test]
+fn sighup_rebinds_a_new_port_and_follows_the_root_of_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir(&a).unwrap();
+    std::fs::create_dir(&b).unwrap();
+    std::fs::write(a.join("a.txt"), b"A").unwrap();
+    std::fs::write(b.join("b.txt"), b"B").unwrap();
+    let (p1, p2) = (free_port(), free_port());
+    let conf = dir.path().join("penstock.toml");
+    let write_conf = |port: u16, workers: usize| {
+        std::fs::write(
+            &conf,
+            format!(
+                "[http]\nlisten = \"127.0.0.1:{port}\"\nroot = \"{}\"\nworkers = {workers}\n[control]\nlisten = \"\"\n",
+                if port == p1 { a.display() } else { b.display() }
+            ),
+        )
+        .unwrap();
+    };
+    write_conf(p1, 1);
+    let stderr = dir.path().join("stderr.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_penstock"))
+        .args(["serve", "--no-control-unix", "--config"])
+        .arg(&conf)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let (http, _) = serve_addresses(&line);
+    assert_eq!(http, format!("127.0.0.1:{p1}"));
+    assert_eq!(get_status(&http, "/a.txt"), 200);
+
+    write_conf(p2, 2);
+    signal(child.id(), rustix::process::Signal::HUP);
+    let new = format!("127.0.0.1:{p2}");
+    let mut served = false;
+    for _ in 0..500 {
+        if TcpStream::connect(&new).is_ok() && get_status(&new, "/b.txt") == 200 {
+            served = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(served, "the new port never served the new root");
+    assert_eq!(get_status(&new, "/a.txt"), 404);
+    let mut closed = false;
+    for _ in 0..500 {
+        if TcpStream::connect(&http).is_err() {
+            closed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(closed, "the old port still accepts after the reload");
+    signal(child.id(), rustix::process::Signal::TERM);
+    assert!(child.wait().unwrap().success());
+    let log = std::fs::read_to_string(&stderr).unwrap();
+    assert!(log.contains("reloaded"), "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("http.workers") && l.contains("not applied")),
+        "{log}"
+    );
+}
+
+#[test]
+fn serve_takes_a_directory_argument_and_says_port_is_listen() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("x.txt"), b"x").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_penstock"))
+        .arg("serve")
+        .arg(dir.path())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--control",
+            "",
+            "--no-control-unix",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let (http, _) = serve_addresses(&line);
+    assert_eq!(get_status(&http, "/x.txt"), 200);
+    signal(child.id(), rustix::process::Signal::TERM);
+    assert!(child.wait().unwrap().success());
+
+    let o = Command::new(env!("CARGO_BIN_EXE_penstock"))
+        .args(["serve", "--port", "8080"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("--listen 8080"), "{e}");
+    // A directory twice is a usage error too.
+    let o = Command::new(env!("CARGO_BIN_EXE_penstock"))
+        .args(["serve", "/tmp", "--root", "/tmp"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn check_config_says_good_or_names_the_fault_and_binds_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port someone holds: --check-config does not bind, so it does not mind.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let conf = dir.path().join("good.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[http]\nlisten = [\"{}\", \"localhost:0\"]\nroot = \"{}\"\n[limits]\nidle_timeout_ms = \"30s\"\n",
+            held.local_addr().unwrap(),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_penstock"))
+        .args(["serve", "--check-config", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("is good") && text.contains(&held.local_addr().unwrap().to_string()),
+        "{text}"
+    );
+    for (bad, says) in [
+        ("[limits]\nidle_timeout_ms = \"soon\"\n", "idle_timeout_ms"),
+        ("[http]\nlisten = \"::1:80\"\n", "brackets"),
+        (
+            "[http]\nroot = \"/nonexistent/penstock\"\n",
+            "/nonexistent/penstock",
+        ),
+        ("[http]\nlistne = \"1\"\n", "listne"),
+    ] {
+        std::fs::write(&conf, bad).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_penstock"))
+            .args(["serve", "--check-config", "--config"])
+            .arg(&conf)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{bad}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}
+
+/// Socket activation: a listening socket passed as fd 3 with LISTEN_FDS=1 and LISTEN_PID
+/// (as systemd does) is served, and `[http] listen` is not bound.
+#[test]
+fn a_socket_passed_by_the_service_manager_is_served() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("x.txt"), b"x").unwrap();
+    let passed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = passed.local_addr().unwrap().to_string();
+    let unused = free_port();
+    let raw = passed.as_raw_fd();
+    let mut cmd = Command::new("sh");
+    // `exec` keeps the shell's pid, which is what LISTEN_PID must name.
+    cmd.args([
+        "-c",
+        "LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES=http exec \"$0\" \"$@\"",
+    ])
+    .arg(env!("CARGO_BIN_EXE_penstock"))
+    .arg("serve")
+    .arg(dir.path())
+    .args([
+        "--listen",
+        &format!("127.0.0.1:{unused}"),
+        "--control",
+        "",
+        "--no-control-unix",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    // SAFETY: between fork and exec only dup2/fcntl run, which are async-signal-safe. fd 3
+    // is wrapped without being owned (ManuallyDrop: never closed here); dup2 puts the
+    // listening socket there without FD_CLOEXEC, where sd_listen_fds(3) expects it.
+    unsafe {
+        cmd.pre_exec(move || {
+            use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+            if raw == 3 {
+                rustix::io::fcntl_setfd(BorrowedFd::borrow_raw(3), rustix::io::FdFlags::empty())?;
+            } else {
+                let mut three = std::mem::ManuallyDrop::new(OwnedFd::from_raw_fd(3));
+                rustix::io::dup2(BorrowedFd::borrow_raw(raw), &mut three)?;
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(passed);
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let (http, _) = serve_addresses(&line);
+    assert_eq!(http, addr, "{line}");
+    assert_eq!(get_status(&addr, "/x.txt"), 200);
+    assert!(
+        TcpStream::connect(format!("127.0.0.1:{unused}")).is_err(),
+        "[http] listen was bound as well"
+    );
+    signal(child.id(), rustix::process::Signal::TERM);
+    assert!(child.wait().unwrap().success());
+}

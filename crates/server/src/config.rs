@@ -11,7 +11,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+
+pub use crate::listen::ListenAddrs;
 
 pub mod units;
 
@@ -31,7 +33,7 @@ pub enum ConfigError {
 }
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     pub http: HttpConfig,
@@ -48,17 +50,24 @@ pub struct ServerConfig {
 }
 
 /// `[http]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
-    /// `host:port`; port 0 lets the kernel choose (tests).
-    pub listen: String,
+    /// One address or a list: `"127.0.0.1:8080"`, `"8080"` (every IPv4 address),
+    /// `["localhost:8080", "[::1]:8443"]` (see [`crate::listen`]); port 0 lets the kernel
+    /// choose (tests). SIGHUP re-binds a changed list (unless the sockets came from systemd).
+    pub listen: ListenAddrs,
     /// The served directory (the command line's `--root` wins).
     pub root: Option<PathBuf>,
     /// Event-loop threads, each with its own SO_REUSEPORT listener. 0: one per CPU.
     pub workers: usize,
-    /// Served for a directory request when present in it (e.g. `index.html`); otherwise 403.
+    /// Served for a directory request when present in it; otherwise 403 (no listings). A
+    /// directory named without its final `/` is first redirected (301) to that form, as
+    /// nginx does, so that the index's relative links resolve. `""`: no index.
     pub index: Option<String>,
+    /// `Content-Type` by file extension (case-insensitive), ahead of the built-in table:
+    /// `[http.types]` then `m3u8 = "application/x-mpegURL"`.
+    pub types: std::collections::BTreeMap<String, String>,
     /// The `Server` header (empty: none).
     pub server_name: String,
     /// Where metrics are served (`GET` only); empty to disable.
@@ -78,7 +87,8 @@ impl Default for HttpConfig {
             listen: "127.0.0.1:8080".into(),
             root: None,
             workers: 0,
-            index: None,
+            index: Some("index.html".into()),
+            types: Default::default(),
             server_name: "penstock".into(),
             metrics_path: "/metrics".into(),
             engine_body_bytes_min: 4 << 20,
@@ -88,7 +98,7 @@ impl Default for HttpConfig {
 }
 
 /// The per-connection limits; all reloadable with SIGHUP.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpLimits {
     /// The request head (request line + headers). Beyond: 431.
@@ -192,7 +202,7 @@ impl HttpLimits {
 }
 
 /// `[[location]]`: what applies to request paths starting with `prefix`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Location {
     /// A path prefix such as `/video/`; the longest matching prefix wins.
@@ -216,7 +226,7 @@ pub struct Location {
 /// Identity comes from the Unix socket's `SO_PEERCRED` (a peer whose uid or primary gid is
 /// allowed) or from `AUTH <token>`; a TCP address says nothing about who the peer is. A peer
 /// with neither may send only `HELP`, `QUIT` and `AUTH`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ControlConfig {
     /// TCP `host:port`; empty: no TCP control.
@@ -444,8 +454,8 @@ fn is_loopback(ip: IpAddr) -> bool {
 
 /// An address prefix, `ADDR/BITS` (or a bare address: all its bits), for the control
 /// endpoints' allow lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct IpPrefix {
     addr: IpAddr,
     bits: u8,
@@ -499,6 +509,12 @@ impl std::str::FromStr for IpPrefix {
     }
 }
 
+impl From<IpPrefix> for String {
+    fn from(p: IpPrefix) -> String {
+        format!("{}/{}", p.addr, p.bits)
+    }
+}
+
 impl TryFrom<String> for IpPrefix {
     type Error = String;
 
@@ -508,7 +524,7 @@ impl TryFrom<String> for IpPrefix {
 }
 
 /// `[engine]`: the stream engine's sizes (see `penstock_driver::EngineConfig`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineSection {
     /// 0: one per CPU.
@@ -540,7 +556,7 @@ impl EngineSection {
 
 /// `[admission]`: the capacity admission control tests `OPEN … class=rt` against. Unset
 /// fields take `penstock_core::admission::Capacity::CONSERVATIVE`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionSection {
     #[serde(default, deserialize_with = "units::opt_rate")]
@@ -633,15 +649,35 @@ impl ServerConfig {
     /// Checks what can be checked without opening anything.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.limits.check()?;
-        self.http.listen.parse::<SocketAddr>().map_err(|e| {
-            ConfigError::Invalid(format!("http.listen {:?}: {e}", self.http.listen))
-        })?;
+        self.http
+            .listen
+            .check()
+            .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?;
         if !self.control.listen.is_empty() {
             self.control.listen.parse::<SocketAddr>().map_err(|e| {
                 ConfigError::Invalid(format!("control.listen {:?}: {e}", self.control.listen))
             })?;
         }
         self.body_path()?;
+        if let Some(i) = &self.http.index
+            && (i.contains('/') || i == "." || i == "..")
+        {
+            return Err(ConfigError::Invalid(format!(
+                "http.index {i:?} must be a file name in the directory (no '/')"
+            )));
+        }
+        for (ext, t) in &self.http.types {
+            if ext.is_empty() || ext.contains(['.', '/']) || ext.chars().any(char::is_whitespace) {
+                return Err(ConfigError::Invalid(format!(
+                    "http.types: {ext:?} is not a file extension (give it without the dot)"
+                )));
+            }
+            if !penstock_core::http::is_valid_media_type(t) {
+                return Err(ConfigError::Invalid(format!(
+                    "http.types.{ext}: {t:?} is not a media type (type/subtype[; name=value])"
+                )));
+            }
+        }
         for l in &self.location {
             if !l.prefix.starts_with('/') {
                 return Err(ConfigError::Invalid(format!(
@@ -686,6 +722,44 @@ impl ServerConfig {
     }
 }
 
+/// What [`crate::Server::reload`] applies (a key, or every key beneath a table).
+pub const RELOADABLE: &[&str] = &[
+    "limits",
+    "location",
+    "http.listen",
+    "http.root",
+    "http.index",
+    "http.types",
+];
+
+/// The dotted keys whose values differ between two configurations (a table's keys one by
+/// one; an array, such as `location`, as a whole).
+pub fn changed_keys(old: &ServerConfig, new: &ServerConfig) -> Vec<String> {
+    fn walk(prefix: &str, a: Option<&toml::Value>, b: Option<&toml::Value>, out: &mut Vec<String>) {
+        match (a, b) {
+            (Some(toml::Value::Table(x)), Some(toml::Value::Table(y))) => {
+                let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+                for k in keys {
+                    let p = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&p, x.get(k), y.get(k), out);
+                }
+            }
+            (a, b) if a != b => out.push(prefix.to_string()),
+            _ => {}
+        }
+    }
+    let (Ok(a), Ok(b)) = (toml::Value::try_from(old), toml::Value::try_from(new)) else {
+        return vec!["(the configurations could not be compared)".into()];
+    };
+    let mut out = Vec::new();
+    walk("", Some(&a), Some(&b), &mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -694,7 +768,7 @@ mod tests {
     fn empty_file_gives_defaults() {
         let c: ServerConfig = toml::from_str("").unwrap();
         c.check().unwrap();
-        assert_eq!(c.http.listen, "127.0.0.1:8080");
+        assert_eq!(c.http.listen, ListenAddrs::from("127.0.0.1:8080"));
         assert_eq!(c.control.listen, "127.0.0.1:7070");
         assert_eq!(c.limits, HttpLimits::default());
     }
@@ -779,6 +853,45 @@ idle_timeout_ms = \"soon\"
             e.contains("idle_timeout_ms") && e.contains("duration"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn media_types_are_checked_before_they_can_reach_a_head() {
+        let c: ServerConfig =
+            toml::from_str("[http.types]\nm3u8 = \"application/x-mpegURL\"\n").unwrap();
+        c.check().unwrap();
+        for bad in [
+            "[http.types]\n\".m3u8\" = \"a/b\"\n",
+            "[http.types]\nx = \"text/plain\\r\\nSet-Cookie: a=b\"\n",
+            "[http.types]\nx = \"nonsense\"\n",
+            "[http]\nindex = \"../secret\"\n",
+        ] {
+            let c: ServerConfig = toml::from_str(bad).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn changed_keys_name_each_difference() {
+        let a: ServerConfig = toml::from_str("").unwrap();
+        let b: ServerConfig = toml::from_str(
+            "[http]\nlisten = \"127.0.0.1:9\"\nworkers = 3\n[control]\ntcp_connections_max = 5\n[[location]]\nprefix = \"/v/\"\n",
+        )
+        .unwrap();
+        let k = changed_keys(&a, &b);
+        assert_eq!(
+            k,
+            [
+                "control.tcp_connections_max",
+                "http.listen",
+                "http.workers",
+                "location"
+            ]
+        );
+        assert!(changed_keys(&b, &b.clone()).is_empty());
+        // Units do not count as a change.
+        let c: ServerConfig = toml::from_str("[limits]\nidle_timeout_ms = \"60s\"\n").unwrap();
+        assert!(changed_keys(&a, &c).is_empty());
     }
 
     #[test]

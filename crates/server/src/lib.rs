@@ -30,6 +30,7 @@ pub mod config;
 pub mod confine;
 pub mod control;
 mod http;
+pub mod listen;
 pub mod metrics;
 pub mod private;
 pub mod streams;
@@ -39,8 +40,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -71,9 +72,34 @@ pub enum ServerError {
     Io(#[from] io::Error),
 }
 
+/// An HTTP address being listened on: as configured (port 0 stays 0) and as bound, with a
+/// descriptor of each worker's socket, kept so that a reload that keeps the address keeps
+/// the sockets (and the connections waiting in their backlogs).
+struct Listening {
+    wanted: SocketAddr,
+    bound: SocketAddr,
+    socks: Vec<TcpListener>,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// What changed and took effect, one phrase each (`http.listen: now 127.0.0.1:8081`).
+    pub applied: Vec<String>,
+    /// Keys that changed in the file but take effect only at a restart.
+    pub not_applied: Vec<String>,
+}
+
 /// A running server.
 pub struct Server {
-    http_addr: SocketAddr,
+    listening: Mutex<Vec<Listening>>,
+    /// The HTTP sockets came from the service manager (LISTEN_FDS): `http.listen` is not ours.
+    activated: bool,
+    workers: usize,
+    /// The configuration running now (the last one a reload accepted).
+    running: Mutex<ServerConfig>,
+    /// The served directory, as given.
+    root: Mutex<PathBuf>,
     control_addr: Option<SocketAddr>,
     unix_path: Option<PathBuf>,
     token_file: Option<PathBuf>,
@@ -88,7 +114,7 @@ pub struct Server {
 impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Server")
-            .field("http_addr", &self.http_addr)
+            .field("http_addrs", &self.http_addrs())
             .field("control_addr", &self.control_addr)
             .field("unix_path", &self.unix_path)
             .finish()
@@ -111,6 +137,16 @@ fn random_token() -> io::Result<String> {
 impl Server {
     /// Starts everything described by `cfg`, serving `root`.
     pub fn start(cfg: &ServerConfig, root: &Path) -> Result<Server, ServerError> {
+        Server::start_with_listeners(cfg, root, Vec::new())
+    }
+
+    /// As [`Server::start`], with HTTP listening sockets made by someone else (systemd's
+    /// socket activation): when there are any, they are served instead of `http.listen`.
+    pub fn start_with_listeners(
+        cfg: &ServerConfig,
+        root: &Path,
+        inherited: Vec<TcpListener>,
+    ) -> Result<Server, ServerError> {
         cfg.check()?;
         let nofile = raise_nofile(descriptors_wanted(cfg));
         let root_fd = confine::Root::open(root).map_err(|source| ServerError::Root {
@@ -128,8 +164,7 @@ impl Server {
         let body_path = cfg.body_path()?;
         let shared = Arc::new(http::HttpShared::new(
             cfg.live(),
-            root_fd,
-            cfg.http.index.clone(),
+            http::Site::new(root_fd, cfg.http.index.clone(), &cfg.http.types),
             cfg.http.server_name.clone(),
             cfg.http.metrics_path.clone(),
             cfg.http.engine_body_bytes_min,
@@ -137,21 +172,44 @@ impl Server {
             engine.clone(),
             metrics.clone(),
         ));
-        let addr: SocketAddr =
-            cfg.http.listen.parse().map_err(|e| {
-                ConfigError::Invalid(format!("http.listen {:?}: {e}", cfg.http.listen))
-            })?;
         let workers = if cfg.http.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
             cfg.http.workers
         };
-        let (http_addr, http_threads) =
-            http::start(shared.clone(), addr, workers).map_err(|source| ServerError::Bind {
-                what: "http",
-                addr: cfg.http.listen.clone(),
-                source,
-            })?;
+        let activated = !inherited.is_empty();
+        let mut groups = Vec::new();
+        if activated {
+            for l in inherited {
+                let addr = l.local_addr()?;
+                groups.push((addr, http::shared_group(l, workers)?));
+            }
+        } else {
+            for addr in cfg
+                .http
+                .listen
+                .resolve()
+                .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?
+            {
+                let g = http::bind_group(addr, workers).map_err(|source| ServerError::Bind {
+                    what: "http",
+                    addr: addr.to_string(),
+                    source,
+                })?;
+                groups.push((addr, g));
+            }
+        }
+        let mut listening = Vec::new();
+        let mut handed = Vec::new();
+        for (wanted, g) in groups {
+            listening.push(Listening {
+                wanted,
+                bound: g[0].local_addr()?,
+                socks: clone_all(&g)?,
+            });
+            handed.push(g);
+        }
+        let http_threads = http::start(shared.clone(), handed, workers)?;
 
         let access =
             access::Access::new(&cfg.control, root).map_err(|source| ServerError::Root {
@@ -242,7 +300,11 @@ impl Server {
         };
         let paths = format!("{paths}; {nofile}");
         Ok(Server {
-            http_addr,
+            listening: Mutex::new(listening),
+            activated,
+            workers,
+            running: Mutex::new(cfg.clone()),
+            root: Mutex::new(root.to_path_buf()),
             control_addr,
             unix_path: cfg.control.unix.clone(),
             token_file,
@@ -255,8 +317,24 @@ impl Server {
         })
     }
 
+    /// The first HTTP address listened on.
     pub fn http_addr(&self) -> SocketAddr {
-        self.http_addr
+        self.http_addrs()[0]
+    }
+
+    /// Every HTTP address listened on, in the configured order.
+    pub fn http_addrs(&self) -> Vec<SocketAddr> {
+        self.listening
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|l| l.bound)
+            .collect()
+    }
+
+    /// Whether the HTTP sockets came from the service manager.
+    pub fn socket_activated(&self) -> bool {
+        self.activated
     }
 
     pub fn control_addr(&self) -> Option<SocketAddr> {
@@ -283,7 +361,12 @@ impl Server {
 
     /// The one line printed at start: addresses and data paths.
     pub fn summary(&self) -> String {
-        let mut s = format!("penstock serve: http://{}", self.http_addr);
+        let http: Vec<String> = self
+            .http_addrs()
+            .iter()
+            .map(|a| format!("http://{a}"))
+            .collect();
+        let mut s = format!("penstock serve: {}", http.join(" "));
         if let Some(a) = self.control_addr {
             s.push_str(&format!(", control {a}"));
         }
@@ -294,11 +377,124 @@ impl Server {
         s
     }
 
-    /// SIGHUP: takes the live part of `cfg` (limits, locations: classes and rates).
-    pub fn reload(&self, cfg: &ServerConfig) -> Result<(), ConfigError> {
+    /// SIGHUP: takes what can change while serving — the limits, the locations (classes
+    /// and rates), the HTTP addresses (re-bound: new ones bound first, kept ones keep their
+    /// sockets, dropped ones closed; connections already accepted continue), and the served
+    /// directory (`root`, when the command line did not fix it; index and types with it).
+    /// Everything else in `cfg` that differs from the running configuration is listed in
+    /// the report as not applied. All or nothing: an address that cannot be bound or a root
+    /// that cannot be opened refuses the reload and changes nothing.
+    pub fn reload(
+        &self,
+        cfg: &ServerConfig,
+        root: Option<&Path>,
+    ) -> Result<ReloadReport, ServerError> {
         cfg.check()?;
+        let mut report = ReloadReport::default();
+        let old = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        // The root first: opening it may fail, and nothing may have changed then. It is
+        // opened again even when unchanged: a directory replaced under the same name is
+        // served from now on.
+        let old_root = self.root.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let new_root = root.map_or_else(|| old_root.clone(), Path::to_path_buf);
+        let site = confine::Root::open(&new_root)
+            .map(|fd| http::Site::new(fd, cfg.http.index.clone(), &cfg.http.types))
+            .map_err(|source| ServerError::Root {
+                path: new_root.clone(),
+                source,
+            })?;
+        // Then the addresses: bind every new one before giving up any old one.
+        let mut new_listening = None;
+        if cfg.http.listen != old.http.listen {
+            if self.activated {
+                report.not_applied.push(
+                    "http.listen (the HTTP sockets came from the service manager: change the .socket unit)"
+                        .into(),
+                );
+            } else {
+                let wanted = cfg
+                    .http
+                    .listen
+                    .resolve()
+                    .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?;
+                let current = self.listening.lock().unwrap_or_else(|p| p.into_inner());
+                let mut next = Vec::new();
+                for addr in wanted {
+                    let socks = match current.iter().find(|l| l.wanted == addr) {
+                        Some(l) => clone_all(&l.socks)?,
+                        None => http::bind_group(addr, self.workers).map_err(|source| {
+                            ServerError::Bind {
+                                what: "http",
+                                addr: addr.to_string(),
+                                source,
+                            }
+                        })?,
+                    };
+                    next.push(Listening {
+                        wanted: addr,
+                        bound: socks[0].local_addr()?,
+                        socks,
+                    });
+                }
+                drop(current);
+                new_listening = Some(next);
+            }
+        }
+        if let Some(next) = new_listening {
+            let groups = next
+                .iter()
+                .map(|l| clone_all(&l.socks))
+                .collect::<io::Result<Vec<_>>>()?;
+            let bound: Vec<String> = next.iter().map(|l| l.bound.to_string()).collect();
+            self.http.hand_over(groups, self.workers);
+            *self.listening.lock().unwrap_or_else(|p| p.into_inner()) = next;
+            report
+                .applied
+                .push(format!("http.listen: now {}", bound.join(", ")));
+        }
+        self.http.set_site(site);
+        if new_root != old_root {
+            report
+                .applied
+                .push(format!("root: now {}", new_root.display()));
+            if cfg.control.read_roots.is_empty() {
+                report.not_applied.push(
+                    "control.read_roots (empty: the served root at start; control streams keep reading beneath the old root until a restart)"
+                        .into(),
+                );
+            }
+            *self.root.lock().unwrap_or_else(|p| p.into_inner()) = new_root;
+        } else if root.is_none() && cfg.http.root != old.http.root {
+            report
+                .not_applied
+                .push("http.root (the command line's root wins)".into());
+        }
+        for key in ["http.index", "http.types"] {
+            if config::changed_keys(&old, cfg)
+                .iter()
+                .any(|k| k.starts_with(key))
+            {
+                report.applied.push(key.into());
+            }
+        }
+        if cfg.live() != old.live() {
+            report.applied.push("limits and locations".into());
+        }
         self.http.set_live(cfg.live());
-        Ok(())
+        for key in config::changed_keys(&old, cfg) {
+            if !config::RELOADABLE
+                .iter()
+                .any(|r| key == *r || key.starts_with(&format!("{r}.")))
+            {
+                report.not_applied.push(key);
+            }
+        }
+        *self.running.lock().unwrap_or_else(|p| p.into_inner()) = cfg.clone();
+        Ok(report)
     }
 
     /// Stops accepting; lets responses and streams finish until `deadline`, then cuts them.
@@ -324,6 +520,10 @@ impl Server {
             http_connections_cut,
         }
     }
+}
+
+fn clone_all(v: &[TcpListener]) -> io::Result<Vec<TcpListener>> {
+    v.iter().map(TcpListener::try_clone).collect()
 }
 
 /// Descriptors the server may hold at once at its limits: an HTTP connection holds its

@@ -405,9 +405,16 @@ fn trailing_slash_on_a_file_is_404() {
     }
     assert_eq!(get(&f, "/small.txt", &[]).0, 200);
     assert_eq!(get(&f, "/dir/x.html", &[]).0, 200);
-    // No index configured: a directory is 403, with or without the slash.
+    // No index file in it: a directory is 403 (no listings); without its slash it is first
+    // redirected to the slash form, the query kept.
     assert_eq!(get(&f, "/dir/", &[]).0, 403);
-    assert_eq!(get(&f, "/dir", &[]).0, 403);
+    let r = raw(
+        f.http,
+        b"GET /dir?a=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status_of(&r), 301);
+    let head = String::from_utf8_lossy(&r);
+    assert!(head.contains("\r\nLocation: /dir/?a=1\r\n"), "{head}");
     // With an index, `/dir/` serves it; `/dir/x.html/` stays 404.
     let mut cfg = config();
     cfg.http.index = Some("x.html".into());

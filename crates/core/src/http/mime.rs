@@ -62,16 +62,38 @@ const TYPES: &[(&str, &str)] = &[
 /// The type for anything we do not recognise.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 
+/// The last extension of a path's file name (`a/b.tar.gz` → `gz`), as written; `None` for
+/// no extension or a hidden file's name (`.bashrc`).
+pub fn extension_of(path: &str) -> Option<&str> {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let (stem, ext) = name.rsplit_once('.')?;
+    (!stem.is_empty() && !ext.is_empty()).then_some(ext)
+}
+
+/// Whether `t` may be sent as a `Content-Type`: `type/subtype` of RFC 9110 tokens, then
+/// optional `; name=value` parameters, printable ASCII only (configured types are checked
+/// with this before they can reach a head).
+pub fn is_valid_media_type(t: &str) -> bool {
+    let tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    let token = |s: &str| !s.is_empty() && s.chars().all(tchar);
+    let mut parts = t.split(';');
+    let Some((ty, sub)) = parts.next().and_then(|m| m.trim().split_once('/')) else {
+        return false;
+    };
+    token(ty)
+        && token(sub)
+        && parts.all(|p| {
+            p.trim().split_once('=').is_some_and(|(n, v)| {
+                token(n.trim()) && !v.is_empty() && v.chars().all(|c| c.is_ascii_graphic())
+            })
+        })
+}
+
 /// The `Content-Type` for a path, from its last extension, case-insensitively.
 pub fn content_type_for_path(path: &str) -> &'static str {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    let Some((stem, ext)) = name.rsplit_once('.') else {
+    let Some(ext) = extension_of(path) else {
         return DEFAULT_CONTENT_TYPE;
     };
-    if stem.is_empty() {
-        // `.bashrc` is a hidden file without an extension.
-        return DEFAULT_CONTENT_TYPE;
-    }
     TYPES
         .iter()
         .find(|(e, _)| e.eq_ignore_ascii_case(ext))
@@ -102,5 +124,38 @@ mod tests {
         assert_eq!(content_type_for_path("/.mp4"), DEFAULT_CONTENT_TYPE);
         assert_eq!(content_type_for_path("/dir.mp4/file"), DEFAULT_CONTENT_TYPE);
         assert_eq!(content_type_for_path("/x.unknown"), DEFAULT_CONTENT_TYPE);
+    }
+}
+
+#[cfg(test)]
+mod media_type_tests {
+    use super::*;
+
+    #[test]
+    fn extensions_and_types() {
+        assert_eq!(extension_of("/a/b.tar.GZ"), Some("GZ"));
+        assert_eq!(extension_of("/a/.bashrc"), None);
+        assert_eq!(extension_of("/a.d/b"), None);
+        assert_eq!(extension_of("/a/b."), None);
+        for ok in [
+            "video/mp2t",
+            "text/plain; charset=utf-8",
+            "application/vnd.apple.mpegurl",
+        ] {
+            assert!(is_valid_media_type(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "video",
+            "video/",
+            "/x",
+            "a b/c",
+            "text/plain\r\nX: y",
+            "a/b; c",
+            "a/b;=1",
+            "a/é",
+        ] {
+            assert!(!is_valid_media_type(bad), "{bad:?}");
+        }
     }
 }

@@ -32,13 +32,13 @@ mod response;
 
 pub use conditional::{ETag, Precondition, evaluate_preconditions, if_range_allows};
 pub use date::{format_http_date, parse_http_date};
-pub use mime::content_type_for_path;
+pub use mime::{content_type_for_path, extension_of, is_valid_media_type};
 pub use range::{ByteRange, RangeSet, parse_range};
 pub use request::{Method, Parsed, Request, Version, parse_request};
 pub use response::{
     BodyPiece, ConnectionHeader, ContentRange, FileMeta, MultipartPlan, Response, ResponseContext,
     ResponseHead, boundary_for, connection_header, multipart_plan, respond_error, respond_file,
-    write_response_head,
+    respond_redirect_to_directory, write_response_head,
 };
 
 /// Bounds on what a client may make us hold or compute. Checked on every parse; each
@@ -76,6 +76,7 @@ pub struct Status(u16);
 impl Status {
     pub const OK: Status = Status(200);
     pub const PARTIAL_CONTENT: Status = Status(206);
+    pub const MOVED_PERMANENTLY: Status = Status(301);
     pub const NOT_MODIFIED: Status = Status(304);
     pub const BAD_REQUEST: Status = Status(400);
     pub const FORBIDDEN: Status = Status(403);
@@ -111,6 +112,7 @@ impl Status {
         match self.0 {
             200 => "OK",
             206 => "Partial Content",
+            301 => "Moved Permanently",
             304 => "Not Modified",
             400 => "Bad Request",
             403 => "Forbidden",

@@ -41,6 +41,9 @@ pub struct Request {
     /// segments, no NUL or control characters, valid UTF-8. Ends with `/` when the client
     /// named a directory (`/a/`, `/a/.`, `/a/b/..`). The query is dropped.
     pub path: String,
+    /// The query as the client sent it (without `?`, still percent-encoded; visible ASCII
+    /// only, as the request line is), or `None`. Only redirects use it.
+    pub query: Option<String>,
     pub version: Version,
     /// The `Host` header, or the authority of an absolute-form target (which takes
     /// precedence, RFC 9112 §3.2.2). Always present for HTTP/1.1.
@@ -144,7 +147,7 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> Result<Parsed, HttpError> {
         }
         m => return Err(HttpError::MethodNotImplemented(truncated(m))),
     };
-    let (authority, raw_path) = split_target(target)?;
+    let (authority, raw_path, query) = split_target(target)?;
     let path = normalize_path(raw_path)?;
     let fields = HeaderFields::collect(req.headers)?;
 
@@ -164,6 +167,7 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> Result<Parsed, HttpError> {
     let request = Request {
         method,
         path,
+        query: query.map(str::to_string),
         version,
         host,
         keep_alive,
@@ -239,8 +243,9 @@ fn truncated(s: &str) -> String {
     s.chars().take(32).collect()
 }
 
-/// Splits origin-form `/p?q` or absolute-form `http://host/p?q` into (authority, path).
-fn split_target(target: &str) -> Result<(Option<&str>, &str), HttpError> {
+/// Splits origin-form `/p?q` or absolute-form `http://host/p?q` into (authority, path,
+/// query); a fragment is dropped.
+fn split_target(target: &str) -> Result<(Option<&str>, &str, Option<&str>), HttpError> {
     let (authority, path_and_query) = if target.starts_with('/') {
         (None, target)
     } else {
@@ -269,7 +274,11 @@ fn split_target(target: &str) -> Result<(Option<&str>, &str), HttpError> {
     let end = path_and_query
         .find(['?', '#'])
         .unwrap_or(path_and_query.len());
-    Ok((authority, &path_and_query[..end]))
+    let query = path_and_query[end..].strip_prefix('?').map(|q| {
+        let q_end = q.find('#').unwrap_or(q.len());
+        &q[..q_end]
+    });
+    Ok((authority, &path_and_query[..end], query))
 }
 
 /// Percent-decodes and normalizes `raw` (which starts with `/`).

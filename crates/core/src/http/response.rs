@@ -78,6 +78,8 @@ pub struct ResponseHead<'a> {
     pub last_modified: Option<SystemTime>,
     /// `Allow`, for 405.
     pub allow: Option<&'a str>,
+    /// `Location`, for 301.
+    pub location: Option<&'a str>,
     pub connection: ConnectionHeader,
 }
 
@@ -118,6 +120,9 @@ pub fn write_response_head(head: &ResponseHead<'_>, out: &mut Vec<u8>) {
     }
     if let Some(a) = head.allow {
         push_header(out, "Allow", a);
+    }
+    if let Some(l) = head.location {
+        push_header(out, "Location", l);
     }
     match head.connection {
         ConnectionHeader::KeepAlive { timeout_s } => {
@@ -287,6 +292,7 @@ pub fn respond_file(
         etag: Some(&etag),
         last_modified: Some(file.mtime),
         allow: None,
+        location: None,
         connection: connection_header(keep_alive, ctx),
     };
     let mut body = Vec::new();
@@ -383,6 +389,7 @@ pub fn respond_error(status: Status, req: Option<&Request>, ctx: &ResponseContex
         etag: None,
         last_modified: None,
         allow: (status == Status::METHOD_NOT_ALLOWED).then_some(ALLOWED_METHODS),
+        location: None,
         connection: connection_header(keep_alive, ctx),
     };
     let mut bytes = Vec::with_capacity(192);
@@ -399,6 +406,85 @@ pub fn respond_error(status: Status, req: Option<&Request>, ctx: &ResponseContex
         body,
         keep_alive,
     }
+}
+
+/// 301 to the directory form of a request that named a directory without the final `/`
+/// (`/media` → `/media/`), as nginx does before serving its index: relative links in the
+/// index then resolve against the directory. The `Location` is path-absolute: the
+/// normalized path percent-encoded again, a `/`, and the client's query.
+pub fn respond_redirect_to_directory(req: &Request, ctx: &ResponseContext<'_>) -> Response {
+    let mut location = percent_encode_path(&req.path);
+    if !location.ends_with('/') {
+        location.push('/');
+    }
+    if let Some(q) = &req.query {
+        location.push('?');
+        location.push_str(q);
+    }
+    let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+    let text = error_text(Status::MOVED_PERMANENTLY);
+    let head = ResponseHead {
+        status: Status::MOVED_PERMANENTLY,
+        date: ctx.date,
+        server: ctx.server,
+        content_type: Some(TEXT_PLAIN),
+        content_length_bytes: Some(text.len() as u64),
+        content_range: None,
+        accept_ranges: false,
+        etag: None,
+        last_modified: None,
+        allow: None,
+        location: Some(&location),
+        connection: connection_header(keep_alive, ctx),
+    };
+    let mut bytes = Vec::with_capacity(256);
+    write_response_head(&head, &mut bytes);
+    let body = if req.method == Method::Head {
+        Vec::new()
+    } else {
+        vec![BodyPiece::Bytes(text.into_bytes())]
+    };
+    Response {
+        status: Status::MOVED_PERMANENTLY,
+        head: bytes,
+        body,
+        keep_alive,
+    }
+}
+
+/// Percent-encodes a decoded path for a header: RFC 3986 `pchar` and `/` stay, every other
+/// byte (of the UTF-8) becomes `%HH`.
+fn percent_encode_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len() + 8);
+    for &b in path.as_bytes() {
+        let keep = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'/' | b'-'
+                    | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b':'
+                    | b'@'
+            );
+        if keep {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// The `Connection` field of a response that keeps the connection (with the context's
@@ -449,6 +535,31 @@ mod tests {
 
     fn head_text(r: &Response) -> String {
         String::from_utf8(r.head.clone()).unwrap()
+    }
+
+    fn parse(line: &str) -> Request {
+        let s = format!("{line}\r\nHost: x\r\n\r\n");
+        match parse_request(s.as_bytes(), &Limits::default()) {
+            Ok(Parsed::Complete { request, .. }) => request,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_directory_without_its_slash_is_redirected_with_the_query_kept() {
+        let r = respond_redirect_to_directory(&parse("GET /media?x=1&y=%20 HTTP/1.1"), &ctx());
+        assert_eq!(r.status, Status::MOVED_PERMANENTLY);
+        let h = head_text(&r);
+        assert!(h.starts_with("HTTP/1.1 301 Moved Permanently\r\n"), "{h}");
+        assert!(h.contains("\r\nLocation: /media/?x=1&y=%20\r\n"), "{h}");
+        assert_eq!(content_length(&r), Some(r.body_len_bytes()));
+        // Decoded characters go out encoded again; a fragment is not part of the target.
+        let r = respond_redirect_to_directory(&parse("GET /a%20b/%C3%A9#frag HTTP/1.1"), &ctx());
+        assert!(head_text(&r).contains("\r\nLocation: /a%20b/%C3%A9/\r\n"));
+        // HEAD: no body; the dot segments are gone.
+        let r = respond_redirect_to_directory(&parse("HEAD /a/./b/../c HTTP/1.1"), &ctx());
+        assert!(head_text(&r).contains("\r\nLocation: /a/c/\r\n"));
+        assert!(r.body.is_empty());
     }
 
     /// The Content-Length header of a head, parsed back with httparse.

@@ -8,7 +8,12 @@ pub fn serve_addresses(line: &str) -> (String, Option<String>) {
     let rest = line
         .strip_prefix("penstock serve: http://")
         .unwrap_or_else(|| panic!("not a start line: {line:?}"));
-    let field_end = |s: &str| s.find([',', ';']).map_or(s, |i| &s[..i]).trim().to_string();
+    let field_end = |s: &str| {
+        s.find([',', ';', ' '])
+            .map_or(s, |i| &s[..i])
+            .trim()
+            .to_string()
+    };
     let http = field_end(rest);
     let control = line
         .split(", control ")

@@ -118,12 +118,13 @@ impl Worker {
     /// Takes the listener out of epoll for `accept_backoff_ms`: the loop's wait then ends at
     /// the latest when the pause does ([`Worker::resume_accepting`]).
     fn pause_accepting(&mut self) {
-        let Some(l) = &self.listener else { return };
         if self.accept_paused_until.is_some() {
             return;
         }
-        // Fails only if it is not registered, which is the state wanted.
-        let _ = epoll::delete(&self.epoll, l);
+        for l in &self.listeners {
+            // Fails only if it is not registered, which is the state wanted.
+            let _ = epoll::delete(&self.epoll, l);
+        }
         self.accept_paused_until = Some(Instant::now() + self.live.limits.accept_backoff());
         self.shared.metrics.accept_paused("http");
     }
@@ -133,13 +134,21 @@ impl Worker {
     pub(super) fn resume_accepting(&mut self, now: Instant) {
         self.accept_paused_until = None;
         let backoff = self.live.limits.accept_backoff();
-        let Some(l) = &self.listener else { return };
-        if let Err(e) = epoll::add(
-            &self.epoll,
-            l,
-            epoll::EventData::new_u64(TOKEN_LISTENER),
-            epoll::EventFlags::IN,
-        ) {
+        let mut failed = None;
+        for l in &self.listeners {
+            if let Err(e) = epoll::add(
+                &self.epoll,
+                l,
+                epoll::EventData::new_u64(TOKEN_LISTENER),
+                epoll::EventFlags::IN,
+            ) {
+                failed = Some(e);
+            }
+        }
+        if let Some(e) = failed {
+            for l in &self.listeners {
+                let _ = epoll::delete(&self.epoll, l);
+            }
             // ENOMEM or ENOSPC (max_user_watches): try again after another back-off. Counted
             // with the failed accepts in the log line (rate-limited like them).
             self.accept_failures.add(e);
@@ -150,13 +159,23 @@ impl Worker {
         let _ = self.accept_failures.report(now, self.index, backoff);
     }
 
+    /// Accepts from every listener (they share one epoll token; level-triggered, so what
+    /// is left waiting is reported again at the next wait).
     pub(super) fn accept(&mut self) {
+        for i in 0..self.listeners.len() {
+            self.accept_from(i);
+        }
+    }
+
+    fn accept_from(&mut self, listener: usize) {
         for _ in 0..ACCEPTS_PER_TURN {
             if self.accept_paused_until.is_some() {
                 // An event of the same epoll_wait batch as the failure.
                 return;
             }
-            let Some(l) = &self.listener else { return };
+            let Some(l) = self.listeners.get(listener) else {
+                return;
+            };
             // accept4 with SOCK_NONBLOCK: no separate call to make the socket non-blocking.
             let sock = match rustix::net::accept_with(
                 l,

@@ -57,6 +57,7 @@ mod send;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
@@ -65,7 +66,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use penstock_core::http::{Parsed, parse_request, respond_error};
+use penstock_core::http::{
+    Parsed, content_type_for_path, extension_of, parse_request, respond_error,
+};
 use penstock_core::stream::PathChoice;
 use penstock_driver::Engine;
 use rustix::event::epoll;
@@ -86,12 +89,42 @@ const TOKEN_WAKER: u64 = u64::MAX - 1;
 const SCRATCH_BYTES: usize = 16 * 1024;
 const EVENTS_MAX: usize = 256;
 
+/// What is served: the root, the index file name and the configured types. SIGHUP may
+/// replace it as a whole (a new `root`); a worker takes the new one between requests.
+pub(crate) struct Site {
+    pub(crate) root: Root,
+    pub(crate) index: Option<String>,
+    /// Extension (lower case) → `Content-Type`, ahead of the built-in table.
+    pub(crate) types: HashMap<String, String>,
+}
+
+impl Site {
+    pub(crate) fn new(root: Root, index: Option<String>, types: &BTreeMap<String, String>) -> Site {
+        Site {
+            root,
+            index: index.filter(|i| !i.is_empty()),
+            types: types
+                .iter()
+                .map(|(e, t)| (e.to_ascii_lowercase(), t.clone()))
+                .collect(),
+        }
+    }
+
+    pub(crate) fn content_type(&self, name: &str) -> &str {
+        extension_of(name)
+            .and_then(|e| self.types.get(&e.to_ascii_lowercase()))
+            .map_or_else(|| content_type_for_path(name), String::as_str)
+    }
+}
+
 /// What the workers share.
 pub(crate) struct HttpShared {
     live: Mutex<Arc<LiveConfig>>,
     live_version: AtomicU64,
-    pub(crate) root: Root,
-    pub(crate) index: Option<String>,
+    site: Mutex<Arc<Site>>,
+    /// Listeners handed over by a reload, one set per worker, taken at its next turn.
+    handover: Mutex<Vec<Option<Vec<TcpListener>>>>,
+    listen_version: AtomicU64,
     pub(crate) server_name: String,
     pub(crate) metrics_path: String,
     pub(crate) engine_body_bytes_min: u64,
@@ -110,8 +143,7 @@ impl HttpShared {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         live: LiveConfig,
-        root: Root,
-        index: Option<String>,
+        site: Site,
         server_name: String,
         metrics_path: String,
         engine_body_bytes_min: u64,
@@ -122,8 +154,9 @@ impl HttpShared {
         HttpShared {
             live: Mutex::new(Arc::new(live)),
             live_version: AtomicU64::new(0),
-            root,
-            index,
+            site: Mutex::new(Arc::new(site)),
+            handover: Mutex::new(Vec::new()),
+            listen_version: AtomicU64::new(0),
             server_name,
             metrics_path,
             engine_body_bytes_min,
@@ -139,6 +172,31 @@ impl HttpShared {
 
     fn live(&self) -> Arc<LiveConfig> {
         self.live.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn site(&self) -> Arc<Site> {
+        self.site.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces what is served; workers pick it up on their next turn (responses under way
+    /// keep their open files).
+    pub(crate) fn set_site(&self, site: Site) {
+        *self.site.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(site);
+        self.live_version.fetch_add(1, Ordering::Release);
+        self.wake();
+    }
+
+    /// Hands each worker its new listeners (`groups[address][worker]`); each drops the ones
+    /// it had at its next turn (connections already accepted stay).
+    pub(crate) fn hand_over(&self, groups: Vec<Vec<TcpListener>>, workers: usize) {
+        let mut per_worker = per_worker(groups, workers);
+        {
+            let mut h = self.handover.lock().unwrap_or_else(|p| p.into_inner());
+            h.clear();
+            h.extend(per_worker.drain(..).map(Some));
+        }
+        self.listen_version.fetch_add(1, Ordering::Release);
+        self.wake();
     }
 
     /// Replaces the live configuration; workers pick it up on their next turn.
@@ -171,12 +229,8 @@ impl HttpShared {
 }
 
 /// Binds `workers` SO_REUSEPORT listeners on `addr` (the first decides the port when it is
-/// 0) and starts one loop thread per listener. Returns the bound address and the threads.
-pub(crate) fn start(
-    shared: Arc<HttpShared>,
-    addr: SocketAddr,
-    workers: usize,
-) -> io::Result<(SocketAddr, Vec<JoinHandle<()>>)> {
+/// 0): one per worker, so the kernel spreads connections among them.
+pub(crate) fn bind_group(addr: SocketAddr, workers: usize) -> io::Result<Vec<TcpListener>> {
     if addr.port() != 0 {
         port_is_free(addr)?;
     }
@@ -187,15 +241,48 @@ pub(crate) fn start(
         bound = l.local_addr()?;
         listeners.push(l);
     }
+    Ok(listeners)
+}
+
+/// One listener given from outside (socket activation) shared by every worker: each polls
+/// a descriptor of the same socket.
+pub(crate) fn shared_group(l: TcpListener, workers: usize) -> io::Result<Vec<TcpListener>> {
+    l.set_nonblocking(true)?;
+    let mut v = Vec::with_capacity(workers.max(1));
+    for _ in 1..workers.max(1) {
+        v.push(l.try_clone()?);
+    }
+    v.push(l);
+    Ok(v)
+}
+
+/// `groups[address][worker]` → `[worker][address]`.
+fn per_worker(groups: Vec<Vec<TcpListener>>, workers: usize) -> Vec<Vec<TcpListener>> {
+    let mut out: Vec<Vec<TcpListener>> = (0..workers.max(1)).map(|_| Vec::new()).collect();
+    for g in groups {
+        for (w, l) in g.into_iter().enumerate() {
+            out[w].push(l);
+        }
+    }
+    out
+}
+
+/// Starts one loop thread per worker, each polling its listener of every group
+/// (`groups[address][worker]`, see [`bind_group`]).
+pub(crate) fn start(
+    shared: Arc<HttpShared>,
+    groups: Vec<Vec<TcpListener>>,
+    workers: usize,
+) -> io::Result<Vec<JoinHandle<()>>> {
     let mut threads = Vec::new();
-    for (i, l) in listeners.into_iter().enumerate() {
-        let mut w = Worker::new(shared.clone(), l, i)?;
+    for (i, ls) in per_worker(groups, workers).into_iter().enumerate() {
+        let mut w = Worker::new(shared.clone(), ls, i)?;
         let t = std::thread::Builder::new()
             .name(format!("penstock-http-{i}"))
             .spawn(move || w.run())?;
         threads.push(t);
     }
-    Ok((bound, threads))
+    Ok(threads)
 }
 
 /// SO_REUSEPORT lets any process of the same user join a port silently (a second `penstock
@@ -254,7 +341,10 @@ struct Slot {
 struct Worker {
     shared: Arc<HttpShared>,
     epoll: OwnedFd,
-    listener: Option<TcpListener>,
+    /// One per listening address; all polled under one token (accept tries each).
+    listeners: Vec<TcpListener>,
+    listen_version: u64,
+    site: Arc<Site>,
     waker: OwnedFd,
     slots: Vec<Slot>,
     free: Vec<u32>,
@@ -282,14 +372,16 @@ fn token(idx: u32, generation: u32) -> u64 {
 }
 
 impl Worker {
-    fn new(shared: Arc<HttpShared>, listener: TcpListener, i: usize) -> io::Result<Worker> {
+    fn new(shared: Arc<HttpShared>, listeners: Vec<TcpListener>, i: usize) -> io::Result<Worker> {
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-        epoll::add(
-            &epoll,
-            &listener,
-            epoll::EventData::new_u64(TOKEN_LISTENER),
-            epoll::EventFlags::IN,
-        )?;
+        for l in &listeners {
+            epoll::add(
+                &epoll,
+                l,
+                epoll::EventData::new_u64(TOKEN_LISTENER),
+                epoll::EventFlags::IN,
+            )?;
+        }
         let waker = rustix::event::eventfd(
             0,
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
@@ -306,8 +398,10 @@ impl Worker {
             .unwrap_or_else(|p| p.into_inner())
             .push(waker.try_clone()?);
         let engine_waker = Arc::new(waker.try_clone()?);
-        let live = shared.live();
         let live_version = shared.live_version.load(Ordering::Acquire);
+        let listen_version = shared.listen_version.load(Ordering::Acquire);
+        let live = shared.live();
+        let site = shared.site();
         let seed = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
@@ -315,7 +409,9 @@ impl Worker {
         Ok(Worker {
             shared,
             epoll,
-            listener: Some(listener),
+            listeners,
+            listen_version,
+            site,
             waker,
             slots: Vec::new(),
             free: Vec::new(),
@@ -359,7 +455,13 @@ impl Worker {
             let v = self.shared.live_version.load(Ordering::Acquire);
             if v != self.live_version {
                 self.live = self.shared.live();
+                self.site = self.shared.site();
                 self.live_version = v;
+            }
+            let v = self.shared.listen_version.load(Ordering::Acquire);
+            if v != self.listen_version {
+                self.listen_version = v;
+                self.take_listeners();
             }
             let now = Instant::now();
             let mut timeout = self.next_sweep.saturating_duration_since(now);
@@ -438,8 +540,39 @@ impl Worker {
         self.slots.iter().filter(|s| s.conn.is_some()).count()
     }
 
+    /// A reload's listeners replace this worker's (unless it is stopping).
+    fn take_listeners(&mut self) {
+        let new = self
+            .shared
+            .handover
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(self.index)
+            .and_then(Option::take);
+        let Some(new) = new else { return };
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        for l in self.listeners.drain(..) {
+            let _ = epoll::delete(&self.epoll, &l);
+        }
+        self.listeners = new;
+        if self.accept_paused_until.is_none() {
+            for l in &self.listeners {
+                if let Err(e) = epoll::add(
+                    &self.epoll,
+                    l,
+                    epoll::EventData::new_u64(TOKEN_LISTENER),
+                    epoll::EventFlags::IN,
+                ) {
+                    tracing::error!(worker = self.index, error = %e, "a new listener could not join the loop");
+                }
+            }
+        }
+    }
+
     fn begin_stop(&mut self) {
-        if let Some(l) = self.listener.take() {
+        for l in self.listeners.drain(..) {
             let _ = epoll::delete(&self.epoll, &l);
         }
         // Idle connections (waiting for a head, nothing buffered) go now.

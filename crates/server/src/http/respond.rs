@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use penstock_core::http::{
     BodyPiece, FileMeta, HttpError, Method, Request, ResponseContext, ResponseHead, Status,
-    boundary_for, connection_header, content_type_for_path, respond_error, respond_file,
+    boundary_for, connection_header, respond_error, respond_file, respond_redirect_to_directory,
     write_response_head,
 };
 use penstock_core::stream::IoKind;
@@ -35,6 +35,7 @@ impl Worker {
             .wrapping_add(1442695040888963407);
         let boundary = boundary_for(self.boundary_seed);
         let shared = self.shared.clone();
+        let site = self.site.clone();
         let ctx = ResponseContext {
             date: SystemTime::now(),
             server: &shared.server_name,
@@ -63,12 +64,20 @@ impl Worker {
         if !shared.metrics_path.is_empty() && req.path == shared.metrics_path {
             return memory(self.metrics_response(req, &ctx), Arc::from("metrics"));
         }
-        let opened = match shared.root.open_path(req.relative_path()) {
-            Ok(Opened::Directory(dir)) => match &shared.index {
-                Some(name) => shared
+        let opened = match site.root.open_path(req.relative_path()) {
+            Ok(Opened::Directory(_)) if !req.path.ends_with('/') => {
+                return memory(respond_redirect_to_directory(req, &ctx), class);
+            }
+            Ok(Opened::Directory(dir)) => match &site.index {
+                Some(name) => site
                     .root
                     .open_in(&dir, name)
-                    .map(|o| (o, Some(name.as_str()))),
+                    .map(|o| (o, Some(name.as_str())))
+                    // A directory without its index is not listed: 403, as nginx says.
+                    .map_err(|e| match e {
+                        Refused::NotFound => Refused::Forbidden,
+                        e => e,
+                    }),
                 None => Err(Refused::Forbidden),
             },
             Ok(o) => Ok((o, None)),
@@ -105,7 +114,7 @@ impl Worker {
             }
         };
         let meta = FileMeta { len_bytes, mtime };
-        let r = respond_file(req, &meta, content_type_for_path(&type_name), &ctx);
+        let r = respond_file(req, &meta, site.content_type(&type_name), &ctx);
         if r.status == Status::RANGE_NOT_SATISFIABLE {
             shared.metrics.error("range_not_satisfiable");
         }
@@ -216,6 +225,7 @@ impl Worker {
             etag: None,
             last_modified: None,
             allow: None,
+            location: None,
             connection: connection_header(keep_alive, ctx),
         };
         let mut bytes = Vec::with_capacity(256);
@@ -248,6 +258,7 @@ fn unavailable(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http:
         etag: None,
         last_modified: None,
         allow: None,
+        location: None,
         connection: connection_header(keep_alive, ctx),
     };
     let mut bytes = Vec::with_capacity(192);

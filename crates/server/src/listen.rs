@@ -1,0 +1,217 @@
+//! Listening addresses as operators write them, on the command line (`--listen`, repeatable)
+//! and in `[http] listen` (a string or a list):
+//!
+//! | written            | binds                                              |
+//! |--------------------|----------------------------------------------------|
+//! | `8080`, `:8080`    | every IPv4 address, port 8080 (nginx's `listen 8080`) |
+//! | `[::]:8080`        | every IPv6 address (and IPv4-mapped, as the kernel's `bindv6only` says) |
+//! | `127.0.0.1:8080`, `[::1]:8080` | that address                           |
+//! | `localhost:8080`   | each address the name resolves to (127.0.0.1 and ::1), once |
+//!
+//! Port 0 lets the kernel choose (tests). A name is resolved once, at start or reload.
+
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+
+use serde::{Deserialize, Serialize};
+
+/// One or more listening addresses as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "OneOrMany", into = "Vec<String>")]
+pub struct ListenAddrs(pub Vec<String>);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl From<OneOrMany> for ListenAddrs {
+    fn from(v: OneOrMany) -> ListenAddrs {
+        match v {
+            OneOrMany::One(s) => ListenAddrs(vec![s]),
+            OneOrMany::Many(v) => ListenAddrs(v),
+        }
+    }
+}
+
+impl From<ListenAddrs> for Vec<String> {
+    fn from(v: ListenAddrs) -> Vec<String> {
+        v.0
+    }
+}
+
+impl From<&str> for ListenAddrs {
+    fn from(s: &str) -> ListenAddrs {
+        ListenAddrs(vec![s.to_string()])
+    }
+}
+
+impl From<String> for ListenAddrs {
+    fn from(s: String) -> ListenAddrs {
+        ListenAddrs(vec![s])
+    }
+}
+
+impl std::fmt::Display for ListenAddrs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join(", "))
+    }
+}
+
+impl ListenAddrs {
+    /// Every socket address, in order, without repeats. Resolves names.
+    pub fn resolve(&self) -> Result<Vec<SocketAddr>, String> {
+        if self.0.is_empty() {
+            return Err("no listening address".into());
+        }
+        let mut out: Vec<SocketAddr> = Vec::new();
+        for spec in &self.0 {
+            for a in resolve_one(spec)? {
+                if !out.contains(&a) {
+                    out.push(a);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks the form of every address without resolving names.
+    pub fn check(&self) -> Result<(), String> {
+        if self.0.is_empty() {
+            return Err("no listening address".into());
+        }
+        for spec in &self.0 {
+            if let Literal::Name(host, _) = literal(spec)?
+                && host.is_empty()
+            {
+                return Err(format!("{spec:?}: no host before the port"));
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Literal<'a> {
+    Addr(SocketAddr),
+    Name(&'a str, u16),
+}
+
+fn parse_port(spec: &str, p: &str) -> Result<u16, String> {
+    p.parse::<u16>().map_err(|_| {
+        format!("{spec:?}: the port must be a number 0..=65535 (forms: 8080, :8080, HOST:8080, [::1]:8080)")
+    })
+}
+
+fn literal(spec: &str) -> Result<Literal<'_>, String> {
+    let s = spec.trim();
+    if s.is_empty() {
+        return Err("an empty listening address".into());
+    }
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(Literal::Addr(SocketAddr::from((
+            Ipv4Addr::UNSPECIFIED,
+            parse_port(spec, s)?,
+        ))));
+    }
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(Literal::Addr(a));
+    }
+    if s.matches(':').count() > 1 {
+        return Err(format!(
+            "{spec:?}: an IPv6 address goes in brackets, [::1]:8080"
+        ));
+    }
+    if let Some(p) = s.strip_prefix(':') {
+        return Ok(Literal::Addr(SocketAddr::from((
+            Ipv4Addr::UNSPECIFIED,
+            parse_port(spec, p)?,
+        ))));
+    }
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!(
+            "{spec:?}: no port (forms: 8080, :8080, HOST:8080, [::1]:8080)"
+        ));
+    };
+    if host.contains(':') || host.starts_with('[') {
+        return Err(format!(
+            "{spec:?}: an IPv6 address goes in brackets, [::1]:8080"
+        ));
+    }
+    Ok(Literal::Name(host, parse_port(spec, port)?))
+}
+
+fn resolve_one(spec: &str) -> Result<Vec<SocketAddr>, String> {
+    match literal(spec)? {
+        Literal::Addr(a) => Ok(vec![a]),
+        Literal::Name(host, port) => {
+            let addrs: Vec<SocketAddr> = (host, port)
+                .to_socket_addrs()
+                .map_err(|e| format!("{spec:?}: {host} does not resolve: {e}"))?
+                .collect();
+            if addrs.is_empty() {
+                return Err(format!("{spec:?}: {host} has no address"));
+            }
+            Ok(addrs)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(v: &[&str]) -> Result<Vec<String>, String> {
+        ListenAddrs(v.iter().map(|s| s.to_string()).collect())
+            .resolve()
+            .map(|a| a.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn the_forms_operators_write() {
+        assert_eq!(r(&["8080"]).unwrap(), ["0.0.0.0:8080"]);
+        assert_eq!(r(&[":8080"]).unwrap(), ["0.0.0.0:8080"]);
+        assert_eq!(r(&["127.0.0.1:0"]).unwrap(), ["127.0.0.1:0"]);
+        assert_eq!(
+            r(&["[::1]:8080", "[::]:80"]).unwrap(),
+            ["[::1]:8080", "[::]:80"]
+        );
+        let local = r(&["localhost:8080"]).unwrap();
+        assert!(local.contains(&"127.0.0.1:8080".to_string()), "{local:?}");
+        // Repeats are bound once.
+        assert_eq!(r(&["127.0.0.1:9", "127.0.0.1:9"]).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn bad_forms_say_what_to_write() {
+        for (bad, says) in [
+            ("", "empty"),
+            ("localhost", "no port"),
+            ("::1:8080", "brackets"),
+            ("127.0.0.1:99999", "0..=65535"),
+            (":http", "0..=65535"),
+        ] {
+            let e = r(&[bad]).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+        assert!(ListenAddrs(vec![]).resolve().is_err());
+        assert!(ListenAddrs(vec![":x".into()]).check().is_err());
+        assert!(
+            ListenAddrs(vec!["nowhere.invalid:1".into()])
+                .check()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_string_or_a_list_in_toml() {
+        #[derive(Deserialize)]
+        struct T {
+            listen: ListenAddrs,
+        }
+        let t: T = toml::from_str("listen = \"8080\"").unwrap();
+        assert_eq!(t.listen.0, ["8080"]);
+        let t: T = toml::from_str("listen = [\"127.0.0.1:1\", \"[::1]:1\"]").unwrap();
+        assert_eq!(t.listen.0.len(), 2);
+    }
+}

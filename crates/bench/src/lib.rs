@@ -17,6 +17,7 @@
 
 pub mod hog;
 pub mod http;
+pub mod out;
 pub mod paths;
 pub mod periodic;
 pub mod qos;

@@ -29,7 +29,7 @@ const RECORDS_MAX: u64 = 100_000_000;
 #[derive(Args, Debug)]
 pub struct RecordArgs {
     /// Source: udp-listen://HOST:PORT or /net/udp/PORT (port 0: the kernel chooses; the bound
-    /// address is printed on stdout as `listening ADDR`, on stderr with --json).
+    /// address is printed on stdout as `listening ADDR`, on stderr with a bare --json).
     pub src: String,
     /// The media: a file (the tracks are written beside it: DST.time, DST.packet, DST.frame),
     /// or a ready volume partition `vol:VOLUME/PARTITION` (its size bounds the recording; the
@@ -64,11 +64,11 @@ pub struct RecordArgs {
     /// Print a line on stdout for every durable sync point.
     #[arg(long)]
     pub progress: bool,
-    /// Print the summary as one JSON object on stdout, and nothing else there (the listening
+    /// The summary as one JSON object: on stdout, and nothing else there (the listening
     /// address and `--progress` lines then go to stderr; the address is in the JSON as
-    /// `listen`).
-    #[arg(long)]
-    pub json: bool,
+    /// `listen`); or with `--json=FILE` in FILE, stdout unchanged.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = "-")]
+    pub json: Option<PathBuf>,
 }
 
 fn parse_frames(s: &str) -> Result<FrameChoice, String> {
@@ -151,7 +151,7 @@ pub fn run(a: RecordArgs) -> Result<()> {
     )?;
     // With --json, stdout carries the JSON object only: the address and the progress lines
     // go to stderr (the address is in the JSON too).
-    let json = a.json;
+    let json = penstock_bench::out::json_on_stdout(a.json.as_deref());
     let mut listening = None;
     let opened = open_source(&source, &mut |addr| {
         listening = Some(addr);
@@ -177,10 +177,10 @@ pub fn run(a: RecordArgs) -> Result<()> {
             }
         },
     )?;
-    if a.json {
+    if let Some(dest) = &a.json {
         let mut v = report_json(&report);
         v["listen"] = listening.map_or(serde_json::Value::Null, |a| a.to_string().into());
-        println!("{v}");
+        penstock_bench::out::write_json(dest, &v)?;
     }
     eprintln!("{}", summary(Path::new(&dst_label), &report));
     if dst_label.starts_with("vol:") {

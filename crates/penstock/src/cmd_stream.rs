@@ -48,9 +48,10 @@ pub struct StreamArgs {
     /// Buffers in the pool.
     #[arg(long, default_value_t = 32)]
     pub buffers: usize,
-    /// Print one JSON object instead of the summary line.
-    #[arg(long)]
-    pub json: bool,
+    /// One JSON object instead of the summary line: on stdout, or with `--json=FILE` in
+    /// FILE (the summary line then stays on stderr).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = "-")]
+    pub json: Option<std::path::PathBuf>,
     /// Periodic: one unit every DUR (e.g. 33.333ms).
     #[arg(long, conflicts_with_all = ["rate", "schedule"])]
     pub period: Option<String>,
@@ -305,7 +306,8 @@ pub fn run(a: StreamArgs) -> Result<()> {
     {
         eprintln!("penstock: note: {why}");
     }
-    let bar = (std::io::stderr().is_terminal() && !a.json).then(|| {
+    let json_stdout = penstock_bench::out::json_on_stdout(a.json.as_deref());
+    let bar = (std::io::stderr().is_terminal() && !json_stdout).then(|| {
         let b = match handle.expected_bytes() {
             Some(n) => indicatif::ProgressBar::new(n),
             None => indicatif::ProgressBar::new_spinner(),
@@ -345,9 +347,10 @@ pub fn run(a: StreamArgs) -> Result<()> {
         write_trace(path, &out.report.trace)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if a.json {
-        println!("{}", summary_json(&out));
-    } else {
+    if let Some(dest) = &a.json {
+        penstock_bench::out::write_json(dest, &summary_json(&out))?;
+    }
+    if !json_stdout {
         eprintln!("{}", summary_line(&out));
     }
     Ok(())

@@ -98,6 +98,39 @@ fn record_json_prints_only_json_on_stdout() {
     assert_eq!(v["listen"], addr.as_str(), "{v}");
 }
 
+/// `--json` alone: the object on stdout and nothing else there; `--json=FILE`: the object
+/// in FILE, and the command's usual lines where they always go.
+#[test]
+fn json_goes_to_stdout_alone_or_to_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.bin");
+    std::fs::write(&src, vec![7u8; 100_000]).unwrap();
+    let o = penstock()
+        .arg("stream")
+        .arg(&src)
+        .arg(dir.path().join("a.bin"))
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["bytes"], 100_000);
+    let file = dir.path().join("out.json");
+    let o = penstock()
+        .arg("stream")
+        .arg(&src)
+        .arg(dir.path().join("b.bin"))
+        .arg(format!("--json={}", file.display()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert!(o.stdout.is_empty(), "{o:?}");
+    assert!(!o.stderr.is_empty(), "the summary line stays on stderr");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(v["bytes"], 100_000);
+}
+
 /// Bad usage exits 2 (issue 16: conflicting pacing flags exited 1), before anything opens.
 #[test]
 fn conflicting_flags_are_bad_usage_and_exit_2() {

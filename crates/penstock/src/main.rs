@@ -40,6 +40,8 @@ struct Cli {
     log_format: String,
 }
 
+// Parsed once per process: the size of the largest variant costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Stream a generated sample to a local receiver through every data path, checked byte for byte.

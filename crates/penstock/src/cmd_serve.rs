@@ -3,6 +3,8 @@
 //! Thin glue over `penstock_server::Server`: configuration, the sample tree of `--demo`,
 //! the start line, and signals (SIGTERM/SIGINT: stop accepting, finish or cut within
 //! `shutdown_deadline_ms`, exit 0; SIGHUP: reload the live part of `--config`).
+//! As a service (`crate::service`): the switch to the configured `user` after binding, and
+//! the service manager's notifications (READY, RELOADING, STOPPING).
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +13,8 @@ use clap::Args;
 use penstock_server::{Server, ServerConfig};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
+
+use crate::service;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -113,10 +117,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
     } else {
         std::env::current_dir()?
     };
+    // --- service: the user is resolved before anything is bound (an unknown one changes
+    // nothing); the notify socket is connected before the switch.
+    let run_as = service::RunAs::resolve(cfg.user.as_deref(), cfg.group.as_deref())?;
+    let mut notify = service::Notifier::from_env();
+    // ---
     // Register before starting so that a signal during start-up is not lost.
     let mut signals =
         Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
     let server = Server::start(&cfg, &root)?;
+    // --- service: every listener, the token and the control socket exist; drop root.
+    service::switch_user(run_as.as_ref(), &root)?;
+    // ---
     println!("{} (root {})", server.summary(), root.display());
     if let Some(f) = server.token_file() {
         println!("control token (for AUTH from other peers): {}", f.display());
@@ -130,24 +142,36 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
     }
     tracing::info!(http = %server.http_addr(), root = %root.display(), "serving");
+    let serving = format!("serving http://{} (root {})", server.http_addr(), root.display());
+    notify.ready(&serving);
     for sig in signals.forever() {
         match sig {
-            SIGHUP => match &a.config {
-                Some(p) => match ServerConfig::load(p).and_then(|c| server.reload(&c)) {
-                    Ok(()) => {
-                        tracing::info!(config = %p.display(), "reloaded limits and locations")
+            SIGHUP => {
+                notify.reloading();
+                let status = match &a.config {
+                    Some(p) => match ServerConfig::load(p).and_then(|c| server.reload(&c)) {
+                        Ok(()) => {
+                            tracing::info!(config = %p.display(), "reloaded limits and locations");
+                            format!("{serving}; reloaded {}", p.display())
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "reload refused; keeping the running configuration");
+                            format!("{serving}; reload refused: {e}")
+                        }
+                    },
+                    None => {
+                        tracing::info!("SIGHUP without --config: nothing to reload");
+                        serving.clone()
                     }
-                    Err(e) => {
-                        tracing::error!(error = %e, "reload refused; keeping the running configuration")
-                    }
-                },
-                None => tracing::info!("SIGHUP without --config: nothing to reload"),
-            },
+                };
+                notify.ready(&status);
+            }
             _ => break,
         }
     }
     let deadline = cfg.shutdown_deadline();
     tracing::info!(deadline_ms = deadline.as_millis() as u64, "stopping");
+    notify.stopping("stopping: draining connections and streams");
     let report = server.shutdown(deadline);
     if report.http_connections_cut > 0 {
         tracing::warn!(

@@ -41,6 +41,14 @@ pub struct ServerConfig {
     pub location: Vec<Location>,
     /// SIGTERM: streams still running after this long are cut.
     pub shutdown_deadline_ms: Option<u64>,
+    /// The user `penstock serve` runs as (a name or a number). Started as root, it switches
+    /// to this user after binding its listeners, opening the root and writing the token and
+    /// control socket; started as this user already (systemd's `User=`), nothing changes;
+    /// started as anyone else, it refuses to start. Unset: no switch (docs/service.md).
+    pub user: Option<String>,
+    /// The group to switch to with `user` (a name or a number; default: the user's primary
+    /// group). Supplementary groups are cleared.
+    pub group: Option<String>,
 }
 
 /// `[http]`.
@@ -627,6 +635,18 @@ impl ServerConfig {
             }
         }
         self.control.check()?;
+        for (key, v) in [("user", &self.user), ("group", &self.group)] {
+            if v.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} is empty: name a {key} or remove the key"
+                )));
+            }
+        }
+        if self.group.is_some() && self.user.is_none() {
+            return Err(ConfigError::Invalid(
+                "group is set without user: name the user to switch to".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -738,6 +758,18 @@ mod tests {
         let c: ServerConfig = toml::from_str("[control]\nlocal_peers = [\"127.0.0.1\"]\n").unwrap();
         let e = c.check().unwrap_err().to_string();
         assert!(e.contains("says nothing about who"), "{e}");
+    }
+
+    #[test]
+    fn user_and_group_are_top_level_keys_and_a_group_needs_a_user() {
+        let c: ServerConfig = toml::from_str("user = \"penstock\"\ngroup = \"media\"\n").unwrap();
+        assert_eq!(c.user.as_deref(), Some("penstock"));
+        assert_eq!(c.group.as_deref(), Some("media"));
+        assert!(c.check().is_ok());
+        let c: ServerConfig = toml::from_str("group = \"media\"\n").unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("without user"));
+        let c: ServerConfig = toml::from_str("user = \" \"\n").unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("user is empty"));
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     };
     // --- service: the user is resolved before anything is bound (an unknown one changes
     // nothing); the notify socket is connected before the switch.
-    let run_as = service::RunAs::resolve(cfg.user.as_deref(), cfg.group.as_deref())?;
+    let run_as = service::RunAs::prepare(cfg.user.as_deref(), cfg.group.as_deref())?;
     let mut notify = service::Notifier::from_env();
     // ---
     // Register before starting so that a signal during start-up is not lost.

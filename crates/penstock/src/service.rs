@@ -228,6 +228,35 @@ impl RunAs {
         }))
     }
 
+    /// [`resolve`](Self::resolve), then checks that the switch can happen, before anything
+    /// is bound: the process runs as the user already, or has CAP_SETUID and CAP_SETGID
+    /// (root has both, unless a bounding set took them away).
+    pub fn prepare(user: Option<&str>, group: Option<&str>) -> Result<Option<RunAs>> {
+        let Some(r) = RunAs::resolve(user, group)? else {
+            return Ok(None);
+        };
+        let uid = rustix::process::getuid().as_raw();
+        let euid = rustix::process::geteuid().as_raw();
+        if uid == r.uid() && euid == r.uid() {
+            return Ok(Some(r));
+        }
+        let status = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+        let ids = ThreadIds::parse(&status).context("parsing /proc/self/status")?;
+        const CAP_SETGID: u64 = 1 << 6;
+        const CAP_SETUID: u64 = 1 << 7;
+        if ids.cap_eff & (CAP_SETGID | CAP_SETUID) != CAP_SETGID | CAP_SETUID {
+            bail!(
+                "configured to run as user {} (uid {}), but started as uid {euid} without \
+                 CAP_SETUID and CAP_SETGID: start `penstock serve` as root or as {} itself, \
+                 or remove `user` from the configuration",
+                r.user,
+                r.uid,
+                r.user
+            );
+        }
+        Ok(Some(r))
+    }
+
     pub fn uid(&self) -> u32 {
         self.uid.as_raw()
     }

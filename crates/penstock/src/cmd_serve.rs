@@ -120,6 +120,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     // --- service: the user is resolved before anything is bound (an unknown one changes
     // nothing); the notify socket is connected before the switch.
     let run_as = service::RunAs::prepare(cfg.user.as_deref(), cfg.group.as_deref())?;
+    if run_as.as_ref().is_some_and(|r| r.switches()) && cfg.engine.rt_ioprio != Some(false) {
+        // The engine would probe the I/O priority as root, and the ring refuse every rt
+        // read once the switch has taken the capability.
+        tracing::info!("rt I/O priority off: the switch to `user` drops CAP_SYS_NICE");
+        cfg.engine.rt_ioprio = Some(false);
+    }
     let mut notify = service::Notifier::from_env();
     // ---
     // Register before starting so that a signal during start-up is not lost.

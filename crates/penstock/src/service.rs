@@ -257,6 +257,13 @@ impl RunAs {
         Ok(Some(r))
     }
 
+    /// Whether [`apply`](Self::apply) will change users (rather than find the process
+    /// running as the user already).
+    pub fn switches(&self) -> bool {
+        rustix::process::getuid().as_raw() != self.uid()
+            || rustix::process::geteuid().as_raw() != self.uid()
+    }
+
     pub fn uid(&self) -> u32 {
         self.uid.as_raw()
     }

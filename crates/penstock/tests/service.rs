@@ -249,9 +249,18 @@ fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_
         eprintln!("SKIPPED: switching users needs a test run as root");
         return;
     }
+    // Bodies of 4 MiB and more go through the engine; under /rt/ in the rt class, whose
+    // reads would ask for IOPRIO_CLASS_RT, which root may and nobody may not.
     let (dir, www, conf) = open_tree(
-        "user = \"nobody\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n",
+        "user = \"nobody\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\nbody_path = \"uring\"\n\
+         [control]\nlisten = \"\"\n[[location]]\nprefix = \"/rt/\"\nclass = \"rt\"\n",
     );
+    std::fs::create_dir(www.join("rt")).unwrap();
+    std::fs::set_permissions(www.join("rt"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let big: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    std::fs::write(www.join("rt/big.bin"), &big).unwrap();
+    std::fs::set_permissions(www.join("rt/big.bin"), std::fs::Permissions::from_mode(0o644))
+        .unwrap();
     let secret = www.join("secret.txt");
     std::fs::write(&secret, b"root only").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -288,6 +297,11 @@ fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_
     // It reads files as nobody: a public file is served, a root-only one is refused.
     assert_eq!(get(&http, "/public.txt"), (200, b"for everyone".to_vec()));
     assert_eq!(get(&http, "/secret.txt").0, 403);
+    // A regression guard: the engine probed the rt I/O priority as root; after the switch
+    // the ring refused every rt read with EPERM (a 200 head and no body).
+    let (code, body) = get(&http, "/rt/big.bin");
+    assert_eq!(code, 200);
+    assert!(body == big, "{} of {} bytes, or other bytes", body.len(), big.len());
 
     // The control socket, made by root before the switch, still answers root (the user
     // that started the server is its owner and its SO_PEERCRED identity).

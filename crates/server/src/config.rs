@@ -504,6 +504,11 @@ pub struct EngineSection {
     pub pool_buffers: Option<usize>,
     pub buffer_bytes: Option<usize>,
     pub streams_max: Option<usize>,
+    /// Whether the `rt` class's disk reads ask the kernel for IOPRIO_CLASS_RT (when the
+    /// process may: CAP_SYS_NICE or CAP_SYS_ADMIN). Default true. `penstock serve` turns it
+    /// off when it switches to an unprivileged `user`: the capability goes with root, and
+    /// the ring would refuse every such read.
+    pub rt_ioprio: Option<bool>,
 }
 
 impl EngineSection {
@@ -520,6 +525,9 @@ impl EngineSection {
         }
         if let Some(n) = self.streams_max {
             c.streams_max = n;
+        }
+        if let Some(on) = self.rt_ioprio {
+            c.disk.rt_ioprio = on;
         }
         c
     }

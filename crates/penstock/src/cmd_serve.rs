@@ -26,7 +26,8 @@ pub struct ServeArgs {
     /// temporary directory instead.
     #[arg(long, conflicts_with = "root")]
     pub demo: bool,
-    /// A TOML file: limits, locations (class and rate per path prefix), addresses, token.
+    /// A TOML file: limits, locations (class and rate per path prefix), addresses, token, the
+    /// user to switch to when started as root (docs/penstock.example.toml, docs/service.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// HTTP address (overrides `[http] listen`; default 127.0.0.1:8080).
@@ -148,7 +149,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
     }
     tracing::info!(http = %server.http_addr(), root = %root.display(), "serving");
-    let serving = format!("serving http://{} (root {})", server.http_addr(), root.display());
+    let serving = format!(
+        "serving http://{} (root {})",
+        server.http_addr(),
+        root.display()
+    );
     notify.ready(&serving);
     for sig in signals.forever() {
         match sig {

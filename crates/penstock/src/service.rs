@@ -90,7 +90,10 @@ impl Notifier {
     }
 
     fn connect(&self) -> io::Result<UnixDatagram> {
-        let addr = self.addr.as_ref().expect("connect is called with an address");
+        let addr = self
+            .addr
+            .as_ref()
+            .expect("connect is called with an address");
         let s = UnixDatagram::unbound()?;
         s.connect_addr(addr)?;
         Ok(s)
@@ -187,24 +190,25 @@ impl RunAs {
             }
             return Ok(None);
         };
-        let (uid, primary) = match User::from_name(user)
-            .with_context(|| format!("looking up user {user:?}"))?
-        {
-            Some(u) => (u.uid, Some(u.gid)),
-            None => match user.parse::<u32>() {
-                // A number without a passwd entry: allowed (containers), but then the
-                // group must be named.
-                Ok(n) => {
-                    let u = User::from_uid(Uid::from_raw(n))
-                        .with_context(|| format!("looking up uid {n}"))?;
-                    (Uid::from_raw(n), u.map(|u| u.gid))
-                }
-                Err(_) => bail!("user {user:?}: no such user (configuration key `user`)"),
-            },
-        };
+        let (uid, primary) =
+            match User::from_name(user).with_context(|| format!("looking up user {user:?}"))? {
+                Some(u) => (u.uid, Some(u.gid)),
+                None => match user.parse::<u32>() {
+                    // A number without a passwd entry: allowed (containers), but then the
+                    // group must be named.
+                    Ok(n) => {
+                        let u = User::from_uid(Uid::from_raw(n))
+                            .with_context(|| format!("looking up uid {n}"))?;
+                        (Uid::from_raw(n), u.map(|u| u.gid))
+                    }
+                    Err(_) => bail!("user {user:?}: no such user (configuration key `user`)"),
+                },
+            };
         let (group, gid) = match group {
             Some(g) => {
-                let gid = match Group::from_name(g).with_context(|| format!("looking up group {g:?}"))? {
+                let gid = match Group::from_name(g)
+                    .with_context(|| format!("looking up group {g:?}"))?
+                {
                     Some(gr) => gr.gid,
                     None => match g.parse::<u32>() {
                         Ok(n) => Gid::from_raw(n),
@@ -240,7 +244,8 @@ impl RunAs {
         if uid == r.uid() && euid == r.uid() {
             return Ok(Some(r));
         }
-        let status = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+        let status =
+            std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
         let ids = ThreadIds::parse(&status).context("parsing /proc/self/status")?;
         const CAP_SETGID: u64 = 1 << 6;
         const CAP_SETUID: u64 = 1 << 7;
@@ -360,10 +365,16 @@ impl RunAs {
             threads += 1;
         }
         if threads == 0 {
-            bail!("no thread found in /proc/self/task; cannot check the switch to user {}", self.user);
+            bail!(
+                "no thread found in /proc/self/task; cannot check the switch to user {}",
+                self.user
+            );
         }
         if u != 0 && nix::unistd::setuid(Uid::from_raw(0)).is_ok() {
-            bail!("switched to user {} but could become root again; refusing to go on", self.user);
+            bail!(
+                "switched to user {} but could become root again; refusing to go on",
+                self.user
+            );
         }
         Ok(())
     }
@@ -435,7 +446,10 @@ mod tests {
         let p = notify_addr(b"/run/systemd/notify").unwrap();
         assert_eq!(p.as_pathname(), Some(Path::new("/run/systemd/notify")));
         let a = notify_addr(b"@/org/freedesktop/systemd1/notify").unwrap();
-        assert_eq!(a.as_abstract_name(), Some(&b"/org/freedesktop/systemd1/notify"[..]));
+        assert_eq!(
+            a.as_abstract_name(),
+            Some(&b"/org/freedesktop/systemd1/notify"[..])
+        );
         assert!(notify_addr(b"vsock:2:1234").is_err());
         assert!(notify_addr(b"relative/path").is_err());
     }

@@ -152,9 +152,15 @@ fn serve_notifies_ready_then_reloading_and_ready_on_sighup_then_stopping_on_sigt
 
     let ready = recv(&rx);
     assert!(ready.contains(&"READY=1".to_string()), "{ready:?}");
-    assert_eq!(value(&ready, "MAINPID"), Some(served.id().to_string().as_str()));
+    assert_eq!(
+        value(&ready, "MAINPID"),
+        Some(served.id().to_string().as_str())
+    );
     let status = value(&ready, "STATUS").unwrap_or_default();
-    assert!(status.starts_with(&format!("serving http://{http}")), "{status}");
+    assert!(
+        status.starts_with(&format!("serving http://{http}")),
+        "{status}"
+    );
     // Ready means serving.
     assert_eq!(get(&http, "/a.txt"), (200, b"hello".to_vec()));
 
@@ -168,12 +174,21 @@ fn serve_notifies_ready_then_reloading_and_ready_on_sighup_then_stopping_on_sigt
     signal(served.id(), rustix::process::Signal::HUP);
     let reloading = recv(&rx);
     let after = monotonic_usec();
-    assert!(reloading.contains(&"RELOADING=1".to_string()), "{reloading:?}");
-    let t: u64 = value(&reloading, "MONOTONIC_USEC").unwrap().parse().unwrap();
+    assert!(
+        reloading.contains(&"RELOADING=1".to_string()),
+        "{reloading:?}"
+    );
+    let t: u64 = value(&reloading, "MONOTONIC_USEC")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(before <= t && t <= after, "{before} <= {t} <= {after}");
     let ready = recv(&rx);
     assert!(ready.contains(&"READY=1".to_string()), "{ready:?}");
-    assert!(value(&ready, "STATUS").unwrap().contains("reloaded"), "{ready:?}");
+    assert!(
+        value(&ready, "STATUS").unwrap().contains("reloaded"),
+        "{ready:?}"
+    );
 
     // A refused reload: the same pair, the status says so, the server serves on.
     std::fs::write(&conf, "[limits]\nnot_a_key = 1\n").unwrap();
@@ -181,7 +196,10 @@ fn serve_notifies_ready_then_reloading_and_ready_on_sighup_then_stopping_on_sigt
     assert!(recv(&rx).contains(&"RELOADING=1".to_string()));
     let ready = recv(&rx);
     assert!(ready.contains(&"READY=1".to_string()), "{ready:?}");
-    assert!(value(&ready, "STATUS").unwrap().contains("reload refused"), "{ready:?}");
+    assert!(
+        value(&ready, "STATUS").unwrap().contains("reload refused"),
+        "{ready:?}"
+    );
     assert_eq!(get(&http, "/a.txt").0, 200);
 
     let pid = served.id();
@@ -203,8 +221,8 @@ fn serve_notifies_ready_then_reloading_and_ready_on_sighup_then_stopping_on_sigt
 fn an_abstract_notify_socket_is_reached_too() {
     let (_dir, www, conf) = tree();
     let name = format!("penstock-test-notify-{}", std::process::id());
-    let rx = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap())
-        .unwrap();
+    let rx =
+        UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
     rx.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let (served, _) = serve(serve_cmd(&www, &conf).env("NOTIFY_SOCKET", format!("@{name}")));
     assert!(recv(&rx).contains(&"READY=1".to_string()));
@@ -243,8 +261,7 @@ fn open_tree(conf_text: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
 }
 
 #[test]
-fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_nobody_may_read()
-{
+fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_nobody_may_read() {
     if !is_root() {
         eprintln!("SKIPPED: switching users needs a test run as root");
         return;
@@ -257,10 +274,15 @@ fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_
     );
     std::fs::create_dir(www.join("rt")).unwrap();
     std::fs::set_permissions(www.join("rt"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let big: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let big: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
     std::fs::write(www.join("rt/big.bin"), &big).unwrap();
-    std::fs::set_permissions(www.join("rt/big.bin"), std::fs::Permissions::from_mode(0o644))
-        .unwrap();
+    std::fs::set_permissions(
+        www.join("rt/big.bin"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
     let secret = www.join("secret.txt");
     std::fs::write(&secret, b"root only").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -292,7 +314,10 @@ fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_
         assert_eq!(ids(&status, "CapEff:"), "0000000000000000", "{status}");
         threads += 1;
     }
-    assert!(threads > 2, "only {threads} threads: the check would not cover the workers");
+    assert!(
+        threads > 2,
+        "only {threads} threads: the check would not cover the workers"
+    );
 
     // It reads files as nobody: a public file is served, a root-only one is refused.
     assert_eq!(get(&http, "/public.txt"), (200, b"for everyone".to_vec()));
@@ -301,7 +326,12 @@ fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_
     // the ring refused every rt read with EPERM (a 200 head and no body).
     let (code, body) = get(&http, "/rt/big.bin");
     assert_eq!(code, 200);
-    assert!(body == big, "{} of {} bytes, or other bytes", body.len(), big.len());
+    assert!(
+        body == big,
+        "{} of {} bytes, or other bytes",
+        body.len(),
+        big.len()
+    );
 
     // The control socket, made by root before the switch, still answers root (the user
     // that started the server is its owner and its SO_PEERCRED identity).
@@ -378,8 +408,15 @@ fn started_as_another_user_than_the_configured_one_it_refuses_before_binding() {
     };
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(o.stdout.is_empty(), "it bound and printed {:?}", String::from_utf8_lossy(&o.stdout));
-    assert!(err.contains("user daemon") && err.contains("start"), "{err}");
+    assert!(
+        o.stdout.is_empty(),
+        "it bound and printed {:?}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(
+        err.contains("user daemon") && err.contains("start"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -436,7 +473,10 @@ fn systemd_analyze_verify_accepts_the_service_and_socket_units() {
         eprintln!("SKIPPED: systemd-analyze is missing and could not be installed");
         return;
     };
-    let d = tempfile::Builder::new().prefix("penstock-units").tempdir().unwrap();
+    let d = tempfile::Builder::new()
+        .prefix("penstock-units")
+        .tempdir()
+        .unwrap();
     let units = repo().join("deploy/systemd");
     // verify checks that ExecStart's program exists: point it at the one just built.
     let service = std::fs::read_to_string(units.join("penstock.service")).unwrap();
@@ -447,11 +487,22 @@ fn systemd_analyze_verify_accepts_the_service_and_socket_units() {
         service.replace("/usr/local/bin/penstock", BIN),
     )
     .unwrap();
-    std::fs::copy(units.join("penstock.socket"), d.path().join("penstock.socket")).unwrap();
+    std::fs::copy(
+        units.join("penstock.socket"),
+        d.path().join("penstock.socket"),
+    )
+    .unwrap();
     // verify also checks Documentation=man:penstock-serve(1): the pages `penstock man` makes.
     let man1 = d.path().join("man/man1");
     std::fs::create_dir_all(&man1).unwrap();
-    assert!(Command::new(BIN).args(["man", "--dir"]).arg(&man1).status().unwrap().success());
+    assert!(
+        Command::new(BIN)
+            .args(["man", "--dir"])
+            .arg(&man1)
+            .status()
+            .unwrap()
+            .success()
+    );
     let o = Command::new(analyze)
         .arg("verify")
         .arg(d.path().join("penstock.service"))
@@ -479,7 +530,10 @@ fn the_deploy_configuration_is_a_valid_configuration() {
 #[test]
 fn completions_for_bash_zsh_and_fish_name_the_subcommands() {
     for shell in ["bash", "zsh", "fish"] {
-        let o = Command::new(BIN).args(["completions", shell]).output().unwrap();
+        let o = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
         assert!(o.status.success(), "{shell}");
         let script = String::from_utf8(o.stdout).unwrap();
         for sub in ["serve", "stream", "ctl", "volume", "completions", "man"] {
@@ -493,7 +547,11 @@ fn completions_for_bash_zsh_and_fish_name_the_subcommands() {
         };
         let f = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(f.path(), &script).unwrap();
-        match Command::new(check[0]).args(&check[1..]).arg(f.path()).output() {
+        match Command::new(check[0])
+            .args(&check[1..])
+            .arg(f.path())
+            .output()
+        {
             Ok(o) => assert!(
                 o.status.success(),
                 "{shell} -n: {}",
@@ -503,7 +561,10 @@ fn completions_for_bash_zsh_and_fish_name_the_subcommands() {
             Err(e) => panic!("bash: {e}"),
         }
     }
-    let o = Command::new(BIN).args(["completions", "tcsh"]).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(2));
 }
 
@@ -520,7 +581,11 @@ fn the_man_page_renders_and_names_the_subcommands() {
         .output();
     let text = match g {
         Ok(g) => {
-            assert!(g.status.success() && g.stderr.is_empty(), "{}", String::from_utf8_lossy(&g.stderr));
+            assert!(
+                g.status.success() && g.stderr.is_empty(),
+                "{}",
+                String::from_utf8_lossy(&g.stderr)
+            );
             String::from_utf8_lossy(&g.stdout).to_string()
         }
         Err(_) => {
@@ -528,7 +593,13 @@ fn the_man_page_renders_and_names_the_subcommands() {
             String::from_utf8_lossy(&o.stdout).to_string()
         }
     };
-    for s in ["NAME", "SYNOPSIS", "penstock-serve", "penstock-completions", "penstock-man"] {
+    for s in [
+        "NAME",
+        "SYNOPSIS",
+        "penstock-serve",
+        "penstock-completions",
+        "penstock-man",
+    ] {
         assert!(text.contains(s), "the man page lacks {s}:\n{text}");
     }
     // man -l formats the same file (when man is installed).
@@ -544,8 +615,20 @@ fn the_man_page_renders_and_names_the_subcommands() {
     }
     // --dir: one page per command, the hidden `hog` left out.
     let d = tempfile::tempdir().unwrap();
-    assert!(Command::new(BIN).args(["man", "--dir"]).arg(d.path()).status().unwrap().success());
-    for p in ["penstock.1", "penstock-serve.1", "penstock-bench-http.1", "penstock-volume-create.1"] {
+    assert!(
+        Command::new(BIN)
+            .args(["man", "--dir"])
+            .arg(d.path())
+            .status()
+            .unwrap()
+            .success()
+    );
+    for p in [
+        "penstock.1",
+        "penstock-serve.1",
+        "penstock-bench-http.1",
+        "penstock-volume-create.1",
+    ] {
         assert!(d.path().join(p).is_file(), "{p}");
     }
     assert!(!d.path().join("penstock-hog.1").exists());

@@ -218,7 +218,10 @@ impl RunAs {
                 (g.to_string(), gid)
             }
             None => match primary {
-                Some(gid) => (format!("{gid}"), gid),
+                Some(gid) => {
+                    let name = Group::from_gid(gid).ok().flatten().map(|g| g.name);
+                    (name.unwrap_or_else(|| gid.to_string()), gid)
+                }
                 None => bail!(
                     "user {user:?} has no passwd entry to take a primary group from: set `group`"
                 ),
@@ -239,11 +242,11 @@ impl RunAs {
         let Some(r) = RunAs::resolve(user, group)? else {
             return Ok(None);
         };
-        let uid = rustix::process::getuid().as_raw();
-        let euid = rustix::process::geteuid().as_raw();
-        if uid == r.uid() && euid == r.uid() {
+        if !r.switches() {
+            r.check_group()?;
             return Ok(Some(r));
         }
+        let euid = rustix::process::geteuid().as_raw();
         let status =
             std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
         let ids = ThreadIds::parse(&status).context("parsing /proc/self/status")?;
@@ -269,6 +272,23 @@ impl RunAs {
             || rustix::process::geteuid().as_raw() != self.uid()
     }
 
+    /// Running as the user already: the group must be the configured one too (without
+    /// CAP_SETGID it cannot be changed).
+    fn check_group(&self) -> Result<()> {
+        let gid = rustix::process::getgid().as_raw();
+        let egid = rustix::process::getegid().as_raw();
+        if gid != self.gid() || egid != self.gid() {
+            bail!(
+                "running as user {} but group {gid} (effective {egid}), not the configured group \
+                 {} ({}); start it with that group or change `group`",
+                self.user,
+                self.group,
+                self.gid()
+            );
+        }
+        Ok(())
+    }
+
     pub fn uid(&self) -> u32 {
         self.uid.as_raw()
     }
@@ -284,20 +304,8 @@ impl RunAs {
     /// Any failure is an error — the server must not go on as root when a user is
     /// configured. `root` (the served directory) must be readable by the user afterwards.
     pub fn apply(&self, root: &Path) -> Result<Switched> {
-        let uid = rustix::process::getuid().as_raw();
-        let euid = rustix::process::geteuid().as_raw();
-        let gid = rustix::process::getgid().as_raw();
-        let egid = rustix::process::getegid().as_raw();
-        let done = if uid == self.uid() && euid == self.uid() {
-            if gid != self.gid() || egid != self.gid() {
-                bail!(
-                    "running as user {} but group {gid} (effective {egid}), not the configured group {} ({}); \
-                     start it with that group or change `group`",
-                    self.user,
-                    self.group,
-                    self.gid()
-                );
-            }
+        let done = if !self.switches() {
+            self.check_group()?;
             Switched::Already
         } else {
             let how = "start `penstock serve` as root (or with CAP_SETUID and CAP_SETGID) to \

@@ -430,6 +430,24 @@ fn started_as_the_configured_user_it_runs_unchanged() {
 }
 
 #[test]
+fn started_as_the_configured_user_in_another_group_it_refuses_before_binding() {
+    let text = "user = \"nobody\"\ngroup = \"daemon\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+                [control]\nlisten = \"\"\n";
+    let (_dir, www, conf) = open_tree(text);
+    let Some(o) = serve_as_nobody(&www, &conf) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        o.stdout.is_empty(),
+        "it bound and printed {:?}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(err.contains("not the configured group daemon"), "{err}");
+}
+
+#[test]
 fn an_unknown_user_refuses_the_start() {
     let text = "user = \"no-such-user-penstock\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n";
     let (_dir, www, conf) = open_tree(text);

@@ -5,6 +5,8 @@
 //! or cut within `shutdown_deadline_ms`, exit 0; SIGHUP: reload `--config` — limits,
 //! locations, addresses and root — and say at warn level what else changed and was not
 //! applied).
+//! As a service (`crate::service`): the switch to the configured `user` after binding, and
+//! the service manager's notifications (READY, RELOADING, STOPPING).
 
 use std::path::{Path, PathBuf};
 
@@ -13,6 +15,8 @@ use clap::Args;
 use penstock_server::{Server, ServerConfig, listen::ListenAddrs};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
+
+use crate::service;
 
 #[derive(Args, Debug)]
 #[command(
@@ -30,7 +34,8 @@ pub struct ServeArgs {
     /// temporary directory instead.
     #[arg(long, conflicts_with = "root")]
     pub demo: bool,
-    /// A TOML file: limits, locations (class and rate per path prefix), addresses, token.
+    /// A TOML file: limits, locations (class and rate per path prefix), addresses, token, the
+    /// user to switch to when started as root (docs/penstock.example.toml, docs/service.md).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Check the configuration (and that the root can be served), print what would be
@@ -149,6 +154,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
     };
     // A root from the command line (or --demo) is fixed; one from the file follows it.
     let root_fixed = a.demo || a.dir.is_some() || a.root.is_some();
+    // --- service: the user is resolved before anything is bound (an unknown one changes
+    // nothing); the notify socket is connected before the switch.
+    let run_as = service::RunAs::prepare(cfg.user.as_deref(), cfg.group.as_deref())?;
+    if run_as.as_ref().is_some_and(|r| r.switches()) && cfg.engine.rt_ioprio != Some(false) {
+        // The engine would probe the I/O priority as root, and the ring refuse every rt
+        // read once the switch has taken the capability.
+        tracing::info!("rt I/O priority off: the switch to `user` drops CAP_SYS_NICE");
+        cfg.engine.rt_ioprio = Some(false);
+    }
+    let mut notify = service::Notifier::from_env();
+    // ---
     // Register before starting so that a signal during start-up is not lost.
     let mut signals =
         Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
@@ -159,6 +175,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
     }
     let server = Server::start_with_listeners(&cfg, &root, inherited)?;
+    // --- service: every listener, the token and the control socket exist; drop root.
+    service::switch_user(run_as.as_ref(), &root)?;
+    // ---
     println!("{} (root {})", server.summary(), root.display());
     if let Some(f) = server.token_file() {
         println!("control token (for AUTH from other peers): {}", f.display());
@@ -177,17 +196,34 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .map(ToString::to_string)
         .collect();
     tracing::info!(http = %http.join(" "), root = %root.display(), "serving");
+    let serving = format!(
+        "serving http://{} (root {})",
+        http.join(" http://"),
+        root.display()
+    );
+    notify.ready(&serving);
     for sig in signals.forever() {
         match sig {
-            SIGHUP => match &a.config {
-                Some(p) => reload(&server, p, &a, root_fixed),
-                None => tracing::info!("SIGHUP without --config: nothing to reload"),
-            },
+            SIGHUP => {
+                notify.reloading();
+                let status = match &a.config {
+                    Some(p) => format!(
+                        "{serving}; {}",
+                        reload(&server, p, &a, root_fixed, cfg.engine.rt_ioprio)
+                    ),
+                    None => {
+                        tracing::info!("SIGHUP without --config: nothing to reload");
+                        serving.clone()
+                    }
+                };
+                notify.ready(&status);
+            }
             _ => break,
         }
     }
     let deadline = cfg.shutdown_deadline();
     tracing::info!(deadline_ms = deadline.as_millis() as u64, "stopping");
+    notify.stopping("stopping: draining connections and streams");
     let report = server.shutdown(deadline);
     if report.http_connections_cut > 0 {
         tracing::warn!(
@@ -207,11 +243,22 @@ fn config_root(cfg: &ServerConfig) -> Result<PathBuf> {
 }
 
 /// SIGHUP: reads the file again and applies it; says what changed and what did not.
-fn reload(server: &Server, path: &Path, a: &ServeArgs, root_fixed: bool) {
+/// Returns the service status line.
+fn reload(
+    server: &Server,
+    path: &Path,
+    a: &ServeArgs,
+    root_fixed: bool,
+    rt_ioprio: Option<bool>,
+) -> String {
     let result = ServerConfig::load(path)
         .map_err(anyhow::Error::from)
         .and_then(|mut c| {
             apply_flags(&mut c, a);
+            // What start decided (off after a user switch) is not a change in the file.
+            if rt_ioprio == Some(false) && c.engine.rt_ioprio.is_none() {
+                c.engine.rt_ioprio = rt_ioprio;
+            }
             let root = if root_fixed {
                 None
             } else {
@@ -229,12 +276,17 @@ fn reload(server: &Server, path: &Path, a: &ServeArgs, root_fixed: bool) {
             for key in &report.not_applied {
                 tracing::warn!(key = %key, "changed in the file but not applied until a restart");
             }
+            format!("reloaded {}", path.display())
         }
-        Err(e) => tracing::error!(
-            config = %path.display(),
-            error = %crate::error_text(&e),
-            "reload refused; the running configuration is unchanged"
-        ),
+        Err(e) => {
+            let e = crate::error_text(&e);
+            tracing::error!(
+                config = %path.display(),
+                error = %e,
+                "reload refused; the running configuration is unchanged"
+            );
+            format!("reload refused: {e}")
+        }
     }
 }
 

@@ -12,14 +12,16 @@
 mod activation;
 mod calibrate;
 mod cmd_ctl;
+mod cmd_manual;
 mod cmd_record;
 mod cmd_serve;
 mod cmd_stream;
 mod cmd_volume;
 mod demo;
 mod plot;
+mod service;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use penstock_bench as bench;
 
 #[derive(Parser, Debug)]
@@ -74,6 +76,10 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions(cmd_manual::CompletionsArgs),
+    /// Print the man page penstock(1) to stdout, or write every command's page with --dir.
+    Man(cmd_manual::ManArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -123,6 +129,8 @@ fn main() {
         Command::Bench(BenchCommand::Http(a)) => bench::http::run(a),
         Command::Volume(c) => cmd_volume::run(c),
         Command::Bench(BenchCommand::Stripe(a)) => bench::stripe::run(a),
+        Command::Completions(a) => cmd_manual::completions(a, Cli::command()),
+        Command::Man(a) => cmd_manual::man(a, Cli::command()),
     };
     if let Err(e) = r {
         eprintln!("penstock: error: {}", error_text(&e));

@@ -47,6 +47,14 @@ pub struct ServerConfig {
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
+    /// The user `penstock serve` runs as (a name or a number). Started as root, it switches
+    /// to this user after binding its listeners, opening the root and writing the token and
+    /// control socket; started as this user already (systemd's `User=`), nothing changes;
+    /// started as anyone else, it refuses to start. Unset: no switch (docs/service.md).
+    pub user: Option<String>,
+    /// The group to switch to with `user` (a name or a number; default: the user's primary
+    /// group). Supplementary groups are cleared.
+    pub group: Option<String>,
 }
 
 /// `[http]`.
@@ -533,6 +541,11 @@ pub struct EngineSection {
     #[serde(default, deserialize_with = "units::opt_size")]
     pub buffer_bytes: Option<usize>,
     pub streams_max: Option<usize>,
+    /// Whether the `rt` class's disk reads ask the kernel for IOPRIO_CLASS_RT (when the
+    /// process may: CAP_SYS_NICE or CAP_SYS_ADMIN). Default true. `penstock serve` turns it
+    /// off when it switches to an unprivileged `user`: the capability goes with root, and
+    /// the ring would refuse every such read.
+    pub rt_ioprio: Option<bool>,
 }
 
 impl EngineSection {
@@ -549,6 +562,9 @@ impl EngineSection {
         }
         if let Some(n) = self.streams_max {
             c.streams_max = n;
+        }
+        if let Some(on) = self.rt_ioprio {
+            c.disk.rt_ioprio = on;
         }
         c
     }
@@ -687,6 +703,18 @@ impl ServerConfig {
             }
         }
         self.control.check()?;
+        for (key, v) in [("user", &self.user), ("group", &self.group)] {
+            if v.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} is empty: name a {key} or remove the key"
+                )));
+            }
+        }
+        if self.group.is_some() && self.user.is_none() {
+            return Err(ConfigError::Invalid(
+                "group is set without user: name the user to switch to".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -915,6 +943,18 @@ idle_timeout_ms = \"soon\"
         let c: ServerConfig = toml::from_str("[control]\nlocal_peers = [\"127.0.0.1\"]\n").unwrap();
         let e = c.check().unwrap_err().to_string();
         assert!(e.contains("says nothing about who"), "{e}");
+    }
+
+    #[test]
+    fn user_and_group_are_top_level_keys_and_a_group_needs_a_user() {
+        let c: ServerConfig = toml::from_str("user = \"penstock\"\ngroup = \"media\"\n").unwrap();
+        assert_eq!(c.user.as_deref(), Some("penstock"));
+        assert_eq!(c.group.as_deref(), Some("media"));
+        assert!(c.check().is_ok());
+        let c: ServerConfig = toml::from_str("group = \"media\"\n").unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("without user"));
+        let c: ServerConfig = toml::from_str("user = \" \"\n").unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("user is empty"));
     }
 
     #[test]

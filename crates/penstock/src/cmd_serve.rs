@@ -135,7 +135,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
             SIGHUP => match &a.config {
                 Some(p) => match ServerConfig::load(p).and_then(|c| server.reload(&c)) {
                     Ok(()) => {
-                        tracing::info!(config = %p.display(), "reloaded limits and locations")
+                        let d = server.disk_settings();
+                        tracing::info!(
+                            config = %p.display(),
+                            rt_quantum_bytes = d.rt_quantum_bytes,
+                            bulk_quantum_bytes = d.bulk_quantum_bytes,
+                            disk_inflight_max = d.disk_inflight_max,
+                            "reloaded limits, locations and disk scheduler"
+                        )
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "reload refused; keeping the running configuration")

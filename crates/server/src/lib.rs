@@ -83,6 +83,7 @@ pub struct Server {
     control_threads: Vec<JoinHandle<()>>,
     paths: String,
     metrics: Arc<Metrics>,
+    engine: Arc<Engine>,
 }
 
 impl std::fmt::Debug for Server {
@@ -119,7 +120,7 @@ impl Server {
         })?;
         // The engine owns the one admission control, with the configured capacity: control
         // streams (and later RTSP sessions) ask it, as `penstock stream` does.
-        let mut engine_cfg = cfg.engine.engine_config();
+        let mut engine_cfg = cfg.engine_config();
         engine_cfg.admission = cfg.admission.admission_config();
         let engine =
             Arc::new(Engine::new(engine_cfg).map_err(|e| ServerError::Engine(e.to_string()))?);
@@ -252,6 +253,7 @@ impl Server {
             control_threads,
             paths,
             metrics,
+            engine,
         })
     }
 
@@ -294,11 +296,24 @@ impl Server {
         s
     }
 
-    /// SIGHUP: takes the live part of `cfg` (limits, locations: classes and rates).
+    /// SIGHUP: takes the live part of `cfg` (limits, locations: classes and rates; the disk
+    /// scheduler's quanta and in-flight bound, which also undoes a `TUNE disk`). On error
+    /// nothing changed.
     pub fn reload(&self, cfg: &ServerConfig) -> Result<(), ConfigError> {
         cfg.check()?;
+        // Checked again by the engine against the read size it runs with (`[engine]` is not
+        // reloaded): the one step that can still refuse, so it goes first.
+        self.engine
+            .tune_disk(&cfg.disk.tuning())
+            .map_err(|e| ConfigError::Invalid(format!("[disk]: {e}")))?;
         self.http.set_live(cfg.live());
         Ok(())
+    }
+
+    /// The engine's disk scheduler settings in force (after the configuration, reloads and
+    /// `TUNE disk`).
+    pub fn disk_settings(&self) -> penstock_driver::DiskSettings {
+        self.engine.disk_settings()
     }
 
     /// Stops accepting; lets responses and streams finish until `deadline`, then cuts them.

@@ -422,7 +422,7 @@ fn serve(shared: &Arc<ControlShared>, mut peer: Peer, conn: u64) {
 }
 
 const HELP: &[&str] = &[
-    "OPEN <src> <dst> [class=rt|bulk|NAME] [rate=R] [period=D] [unit=SIZE] [schedule=K,T] [buffers=N] [offset=SIZE] [length=SIZE] [path=auto|copy|sendfile|splice|uring] [late=send|skip] [DETACHED] [TRUNCATE]",
+    "OPEN <src> <dst> [class=rt|bulk|NAME] [rate=R] [period=D] [unit=SIZE] [schedule=K,T] [buffers=N] [offset=SIZE] [length=SIZE] [path=auto|copy|sendfile|splice|uring] [late=send|skip] [cache=keep|bypass|drop] [DETACHED] [TRUNCATE]",
     "SEEK|UNIT|LENGTH <id> <size>   (pending or paused streams)",
     "RATE <id> <rate>   SCHEDULE <id> <k>,<t>",
     "START <id> [AT +DURATION|RFC3339]   PAUSE|RESUME <id>",

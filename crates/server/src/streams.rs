@@ -314,6 +314,8 @@ struct Entry {
     lateness_past: LatenessCounts,
     /// `late=send|skip`.
     late: LatePolicy,
+    /// `cache=keep|bypass|drop`.
+    cache: penstock_core::stream::CachePolicy,
     /// `START … AT`: when unit 0 of the next engine stream is due (the engine's clock);
     /// used once.
     start_at: Option<penstock_core::time::Instant>,
@@ -580,6 +582,7 @@ fn spec_of(backend: &dyn Backend, e: &Entry) -> Result<StreamSpec, String> {
     });
     spec.buffers = e.buffers;
     spec.late = e.late;
+    spec.cache = e.cache;
     spec.start_at = e.start_at;
     Ok(spec)
 }
@@ -814,6 +817,7 @@ impl Streams {
             lateness_seen: LatenessCounts::default(),
             lateness_past: LatenessCounts::default(),
             late,
+            cache: spec.cache.unwrap_or_default(),
             start_at: None,
             active_since: None,
             active_before: Duration::ZERO,

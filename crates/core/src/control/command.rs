@@ -6,6 +6,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::schedule::LatePolicy;
+use crate::stream::CachePolicy;
 use crate::units::Rate;
 
 /// A stream's id: a u64 in decimal, unique for the server's lifetime (the server never reuses
@@ -158,6 +159,8 @@ pub struct OpenSpec {
     pub truncate: bool,
     /// What a paced stream does with a unit later than its miss threshold (`late=send|skip`).
     pub late: Option<LatePolicy>,
+    /// What the stream does to the page cache (`cache=keep|bypass|drop`; bypass is O_DIRECT).
+    pub cache: Option<CachePolicy>,
 }
 
 impl OpenSpec {
@@ -178,6 +181,7 @@ impl OpenSpec {
             detached: false,
             truncate: false,
             late: None,
+            cache: None,
         }
     }
 }
@@ -347,6 +351,9 @@ impl fmt::Display for Command {
                 }
                 if let Some(l) = o.late {
                     write!(f, " late={l}")?;
+                }
+                if let Some(c) = o.cache {
+                    write!(f, " cache={}", c.name())?;
                 }
                 if o.detached {
                     f.write_str(" DETACHED")?;

@@ -247,6 +247,14 @@ fn parse_open(args: &[&str], limits: &Limits) -> Result<Command, ControlError> {
             "length" => set(&mut o.length_bytes, "length", size("length", value)?)?,
             "path" => set(&mut o.path, "path", data_path(value)?)?,
             "late" => set(&mut o.late, "late", late_policy(value)?)?,
+            "cache" => set(
+                &mut o.cache,
+                "cache",
+                value
+                    .to_ascii_lowercase()
+                    .parse()
+                    .map_err(|_| bad("cache", value, "keep, bypass or drop"))?,
+            )?,
             _ => return Err(ControlError::UnknownOption(key.chars().take(32).collect())),
         }
     }
@@ -781,6 +789,18 @@ mod tests {
     }
 
     #[test]
+    fn open_cache_policy() {
+        let c = p("OPEN a b cache=Bypass").unwrap();
+        let Command::Open(o) = &c else { panic!() };
+        assert_eq!(o.cache, Some(crate::stream::CachePolicy::Bypass));
+        assert_eq!(c.to_string(), "OPEN a b cache=bypass");
+        assert!(matches!(
+            p("OPEN a b cache=never"),
+            Err(ControlError::BadValue { name: "cache", .. })
+        ));
+    }
+
+    #[test]
     fn open_late_policy() {
         let c = p("OPEN a b rate=30/s late=SKIP").unwrap();
         let Command::Open(o) = &c else { panic!() };
@@ -973,6 +993,11 @@ mod tests {
                     proptest::option::of(proptest::sample::select(
                         LatePolicy::ALL.map(|(_, p)| p).to_vec(),
                     )),
+                    proptest::option::of(proptest::sample::select(vec![
+                        crate::stream::CachePolicy::Keep,
+                        crate::stream::CachePolicy::Bypass,
+                        crate::stream::CachePolicy::Drop,
+                    ])),
                 ),
             )
                 .prop_map(
@@ -981,7 +1006,7 @@ mod tests {
                         (rate, period),
                         (unit, sched),
                         (buffers, offset, length),
-                        (path, detached, truncate, late),
+                        (path, detached, truncate, late, cache),
                     )| {
                         Command::Open(Box::new(OpenSpec {
                             src,
@@ -998,6 +1023,7 @@ mod tests {
                             detached,
                             truncate,
                             late,
+                            cache,
                         }))
                     },
                 )

@@ -800,6 +800,15 @@ mod tests {
             c.http.engine_body_bytes_min,
             HttpConfig::default().engine_body_bytes_min
         );
+        assert_eq!(c.disk.settings(), DiskSection::default().settings());
+        let d = ControlConfig::default();
+        assert_eq!(
+            (
+                c.control.start_at_late_max_ms,
+                c.control.start_at_ahead_max_ms
+            ),
+            (d.start_at_late_max_ms, d.start_at_ahead_max_ms)
+        );
     }
 
     #[test]

@@ -494,7 +494,10 @@ fn isolation_tune(a: &IsolationArgs) -> Result<()> {
         make_file(f, size)?;
     }
     let kernel_sched = kernel_scheduler_of(&files[0].1);
-    let token = format!("bench-isolation-{:016x}", std::process::id() as u64 * 0x9e37_79b9);
+    let token = format!(
+        "bench-isolation-{:016x}",
+        std::process::id() as u64 * 0x9e37_79b9
+    );
     let (q_rt, q_bulk) = TUNE_PHASES[0];
     let conf = dir.join("penstock.toml");
     std::fs::write(
@@ -531,7 +534,10 @@ fn isolation_tune(a: &IsolationArgs) -> Result<()> {
     let mut line = String::new();
     out.read_line(&mut line)?;
     if line.is_empty() {
-        bail!("penstock serve did not start (run it with --config {} to see why)", conf.display());
+        bail!(
+            "penstock serve did not start (run it with --config {} to see why)",
+            conf.display()
+        );
     }
     let addr = line
         .split(", control ")
@@ -592,7 +598,11 @@ fn isolation_tune(a: &IsolationArgs) -> Result<()> {
     let mut rows = Vec::new();
     for (phase, &(q_rt, q_bulk)) in TUNE_PHASES.iter().enumerate() {
         let how = if phase == 0 {
-            format!("[disk] rt_quantum_bytes={} bulk_quantum_bytes={}", q_rt << 20, q_bulk << 20)
+            format!(
+                "[disk] rt_quantum_bytes={} bulk_quantum_bytes={}",
+                q_rt << 20,
+                q_bulk << 20
+            )
         } else {
             let line = format!("TUNE disk rt_quantum={q_rt}MiB bulk_quantum={q_bulk}MiB");
             let r = c.ok(&line)?;
@@ -624,7 +634,16 @@ fn isolation_tune(a: &IsolationArgs) -> Result<()> {
             share,
             due
         );
-        rows.push((phase + 1, how, q_rt, q_bulk, rt as f64 / secs, bulk as f64 / secs, share, due));
+        rows.push((
+            phase + 1,
+            how,
+            q_rt,
+            q_bulk,
+            rt as f64 / secs,
+            bulk as f64 / secs,
+            share,
+            due,
+        ));
     }
     drop(c);
     drop(serve);

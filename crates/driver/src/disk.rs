@@ -88,7 +88,11 @@ impl DiskSettings {
     /// up to `max_request_bytes` (a quantum at least the largest read and at most
     /// [`penstock_core::sched::drr::QUANTUM_BYTES_MAX`], an in-flight bound in
     /// 1..=[`penstock_core::sched::drr::INFLIGHT_MAX_LIMIT`]). On error nothing is applied.
-    pub fn tuned(&self, t: &DiskTuning, max_request_bytes: u64) -> Result<DiskSettings, SchedError> {
+    pub fn tuned(
+        &self,
+        t: &DiskTuning,
+        max_request_bytes: u64,
+    ) -> Result<DiskSettings, SchedError> {
         let new = DiskSettings {
             rt_quantum_bytes: t.rt_quantum_bytes.unwrap_or(self.rt_quantum_bytes),
             bulk_quantum_bytes: t.bulk_quantum_bytes.unwrap_or(self.bulk_quantum_bytes),

@@ -33,10 +33,10 @@ use penstock_core::stream::{CachePolicy, DataPath, Extent, PathCaps, PathChoice}
 
 use crate::buffers::BufferGauges;
 pub use crate::disk::{DiskSettings, DiskTuning};
-use penstock_core::sched::drr::SchedError;
 use crate::open::{Opened, open_source, open_target};
 use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
+use penstock_core::sched::drr::SchedError;
 // Defined in modules of their own, so that the worker and the data paths need not import the
 // engine; re-exported where callers have always found them (`penstock_driver::engine::*`).
 pub use crate::config::{

@@ -27,8 +27,7 @@ mod worker;
 
 pub use engine::{
     Admitted, BufferUsage, CounterSnapshot, DiskClass, DiskQueueDepth, DiskSettings, DiskTuning,
-    Engine, EngineConfig,
-    EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, StreamError, StreamHandle,
-    StreamReport, StreamSpec, TimerMode, ZeroCopy,
+    Engine, EngineConfig, EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, StreamError,
+    StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };
 pub use paths::{SendfileCall, sendfile_call};

@@ -130,7 +130,10 @@ fn skip_drops_the_late_units_and_resumes_on_schedule_send_bursts() {
         assert_eq!(l.units(), UNITS - skipped, "{path}");
         // No burst: the first period holds the few units due within the threshold.
         let burst_skip = first_period_units(&skip);
-        assert!(burst_skip <= 3, "{path}: skip sent {burst_skip} units at once");
+        assert!(
+            burst_skip <= 3,
+            "{path}: skip sent {burst_skip} units at once"
+        );
 
         let (send, units) = late_start(&e, &src, dir.path(), path, LatePolicy::Send);
         let l = send.lateness.as_ref().unwrap();
@@ -142,7 +145,9 @@ fn skip_drops_the_late_units_and_resumes_on_schedule_send_bursts() {
             burst_send as u64 >= LATE - 2,
             "{path}: send sent {burst_send} units in its first period"
         );
-        println!("{path}: first period after the stall: skip {burst_skip} units, send {burst_send}");
+        println!(
+            "{path}: first period after the stall: skip {burst_skip} units, send {burst_send}"
+        );
     }
 }
 
@@ -190,7 +195,10 @@ fn disk_tuning_is_checked_then_applied_whole() {
         ..DiskTuning::default()
     };
     let err = e.tune_disk(&bad).unwrap_err();
-    assert!(err.to_string().contains("below the largest request"), "{err}");
+    assert!(
+        err.to_string().contains("below the largest request"),
+        "{err}"
+    );
     assert_eq!(e.disk_settings(), now);
     for bad in [
         DiskTuning {

@@ -9,9 +9,7 @@ use penstock_core::endpoint::{Endpoint, Role};
 use penstock_core::lateness::{LatenessSummary, TraceRecord};
 use penstock_core::sched::drr::SchedMode;
 use penstock_core::sched::edf::Order;
-use penstock_core::schedule::{
-    LatePolicy, Schedule, ScheduleFlags, ScheduleLimits, ScheduleSpec,
-};
+use penstock_core::schedule::{LatePolicy, Schedule, ScheduleFlags, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::{CachePolicy, Extent, PathChoice};
 use penstock_core::units::{parse_duration, parse_size};
 use penstock_driver::clock::{CpuWho, cpu_times};
@@ -130,7 +128,8 @@ pub struct StreamArgs {
 }
 
 fn parse_late(s: &str) -> Result<LatePolicy, String> {
-    s.parse().map_err(|e: penstock_core::schedule::LatePolicyError| e.to_string())
+    s.parse()
+        .map_err(|e: penstock_core::schedule::LatePolicyError| e.to_string())
 }
 
 fn parse_timer(s: &str) -> Result<TimerMode, String> {

@@ -54,11 +54,7 @@ fn tree() -> Tree {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().to_path_buf();
     // nobody must reach the Unix socket through the directories.
-    std::fs::set_permissions(
-        &dir,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let src = dir.join("units.bin");
     let bytes: Vec<u8> = (0..400 * UNIT).map(|i| (i % 251) as u8).collect();
     std::fs::write(&src, bytes).unwrap();
@@ -153,8 +149,13 @@ fn field(text: &str, key: &str) -> Option<u64> {
 }
 
 fn stat(text: &str, key: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.get(4..)?.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
+    text.lines().find_map(|l| {
+        l.get(4..)?
+            .strip_prefix(key)?
+            .strip_prefix(' ')?
+            .parse()
+            .ok()
+    })
 }
 
 /// `penstock ctl` over the Unix socket as `nobody`: an allowed peer (unix_allow_uids), not
@@ -318,7 +319,10 @@ fn state_reports_plan_rate_and_lateness_and_start_at_anchors_the_schedule() {
     ] {
         assert!(field(&st, key).is_some(), "{key} missing: {st}");
     }
-    assert!(field(&st, "late_p50_ns") <= field(&st, "late_max_ns"), "{st}");
+    assert!(
+        field(&st, "late_p50_ns") <= field(&st, "late_max_ns"),
+        "{st}"
+    );
     assert_eq!(field(&st, "skipped"), Some(0), "{st}");
 
     // START AT a wall-clock time half a second ago with late=skip: the units due more than
@@ -348,7 +352,10 @@ fn state_reports_plan_rate_and_lateness_and_start_at_anchors_the_schedule() {
     // START AT +DURATION ahead: taken, with the time left in the reply.
     let id = open(&mut c, "c.out", "rate=200/s");
     let r = c.cmd(&format!("START {id} AT +300ms"));
-    assert!(r.starts_with("200 started") && r.contains("due in 3"), "{r}");
+    assert!(
+        r.starts_with("200 started") && r.contains("due in 3"),
+        "{r}"
+    );
     assert!(c.wait_ended(&id).contains(" done "));
 
     // Refusals: clear, and the stream stays pending.
@@ -374,5 +381,8 @@ fn state_reports_plan_rate_and_lateness_and_start_at_anchors_the_schedule() {
         t.src.display(),
         t.dir.join("f.out").display()
     ));
-    assert!(r.starts_with("400 ") && r.contains("late=skip needs"), "{r}");
+    assert!(
+        r.starts_with("400 ") && r.contains("late=skip needs"),
+        "{r}"
+    );
 }

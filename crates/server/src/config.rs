@@ -813,10 +813,8 @@ mod tests {
 
     #[test]
     fn disk_section_sets_the_scheduler_and_is_checked() {
-        let c: ServerConfig = toml::from_str(
-            "[disk]\nrt_quantum_bytes = 8388608\ninflight_max = 2\n",
-        )
-        .unwrap();
+        let c: ServerConfig =
+            toml::from_str("[disk]\nrt_quantum_bytes = 8388608\ninflight_max = 2\n").unwrap();
         c.check().unwrap();
         let e = c.engine_config();
         assert_eq!(
@@ -828,7 +826,11 @@ mod tests {
             (8 << 20, 1 << 20, 2)
         );
         let t = c.disk.tuning();
-        assert_eq!(t.bulk_quantum_bytes, Some(1 << 20), "a reload sets every value");
+        assert_eq!(
+            t.bulk_quantum_bytes,
+            Some(1 << 20),
+            "a reload sets every value"
+        );
         for bad in [
             "inflight_max = 0",
             "inflight_max = 5000",

@@ -1062,7 +1062,9 @@ impl Streams {
             ));
         }
         let at_ns = i128::from(now.as_nanos()) + ahead_ns;
-        let at = penstock_core::time::Instant::from_nanos(u64::try_from(at_ns.max(0)).unwrap_or(u64::MAX));
+        let at = penstock_core::time::Instant::from_nanos(
+            u64::try_from(at_ns.max(0)).unwrap_or(u64::MAX),
+        );
         Ok((at, ahead_ns))
     }
 
@@ -1173,9 +1175,8 @@ impl Streams {
                         );
                     }
                 }
-                let offset = e.offset_bytes
-                    + handle.counters().bytes_sent
-                    + handle.lateness().bytes_skipped;
+                let offset =
+                    e.offset_bytes + handle.counters().bytes_sent + handle.lateness().bytes_skipped;
                 e.mark_idle();
                 e.run = Run::Paused {
                     handle: Some(handle),

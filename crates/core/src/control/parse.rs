@@ -4,11 +4,11 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::command::{
-    Class, Command, DataPath, DiskTune, KtSchedule, OpenSpec, StartTime, StreamId,
-    StreamSelector, Token,
+    Class, Command, DataPath, DiskTune, KtSchedule, OpenSpec, StartTime, StreamId, StreamSelector,
+    Token,
 };
-use crate::schedule::LatePolicy;
 use super::{ControlError, Limits};
+use crate::schedule::LatePolicy;
 use crate::units::{parse_duration, parse_rate, parse_size};
 
 /// Finds the first line in `buf`: `Ok(Some((line, consumed_bytes)))` with the line's bytes
@@ -302,7 +302,11 @@ fn parse_tune(args: &[&str], limits: &Limits) -> Result<Command, ControlError> {
                     .filter(|&n| n > 0)
                     .ok_or_else(|| bad("inflight", value, "a count from 1 to 4294967295"))?,
             )?,
-            other => return Err(ControlError::UnknownOption(other.chars().take(32).collect())),
+            other => {
+                return Err(ControlError::UnknownOption(
+                    other.chars().take(32).collect(),
+                ));
+            }
         }
     }
     Ok(Command::TuneDisk(t))
@@ -341,7 +345,10 @@ fn rfc3339_unix_ns(s: &str) -> Option<u64> {
         }
         let sign = if b[n - 6] == b'+' { 1 } else { -1 };
         // b[n - 6] is ASCII, so n - 6 is a character boundary.
-        (format!("{}Z", &s[..n - 6]).into(), sign * (hh * 3600 + mm * 60))
+        (
+            format!("{}Z", &s[..n - 6]).into(),
+            sign * (hh * 3600 + mm * 60),
+        )
     } else {
         return None;
     };
@@ -671,10 +678,7 @@ mod tests {
             Ok(other) => panic!("{other:?}"),
             Err(e) => Err(e),
         };
-        assert_eq!(
-            at("+250ms"),
-            Ok(StartTime::In(Duration::from_millis(250)))
-        );
+        assert_eq!(at("+250ms"), Ok(StartTime::In(Duration::from_millis(250))));
         // 2026-11-24T12:00:00Z is 1,795,521,600 s after the epoch.
         let noon_ns = 1_795_521_600 * 1_000_000_000u64;
         assert_eq!(

@@ -174,8 +174,8 @@ mod tests {
                 now = stall_from + stall;
             }
             if policy == LatePolicy::Skip {
-                let u = first_unit_in_time(next, t(now), late_after_ns, |u| a.deadline(u))
-                    .min(units);
+                let u =
+                    first_unit_in_time(next, t(now), late_after_ns, |u| a.deadline(u)).min(units);
                 skipped += u - next;
                 next = u;
                 if next == units {

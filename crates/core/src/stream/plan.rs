@@ -241,7 +241,9 @@ pub enum PlanError {
         "an rt stream reserves 1..={max} pool buffers (client_buffers_max, pool_buffers), not {asked}"
     )]
     RtBuffers { asked: u32, max: u32 },
-    #[error("late-unit policy skip needs a paced stream (a rate, period or schedule): a burst stream has no late units")]
+    #[error(
+        "late-unit policy skip needs a paced stream (a rate, period or schedule): a burst stream has no late units"
+    )]
     SkipNeedsPacing,
     #[error(
         "late-unit policy skip moves past the skipped units' bytes, which needs a file source, not {source_kind:?}"

@@ -118,20 +118,24 @@ fn skip_drops_the_late_units_and_resumes_on_schedule_send_bursts() {
         let (skip, units) = late_start(&e, &src, dir.path(), path, LatePolicy::Skip);
         let l = skip.lateness.as_ref().unwrap();
         let skipped = l.skipped_units();
-        // The units late by more than one period (the default threshold) are dropped, and
-        // only those: what reached the target is the source's tail, in order, none twice.
+        // The units late by more than one period (the default threshold) are dropped: at
+        // least the 99 due more than a period before the stream started, more if its first
+        // step came later (a loaded machine), and never all. What reached the target is the
+        // source's tail, in order, none twice.
         assert!(
-            (LATE - 2..=LATE).contains(&skipped),
+            (LATE - 1..UNITS).contains(&skipped),
             "{path}: {skipped} units skipped"
         );
         assert_eq!(l.skipped_bytes(), skipped * UNIT, "{path}");
         assert_eq!(units, (skipped..UNITS).collect::<Vec<_>>(), "{path}");
         assert_eq!(skip.bytes, (UNITS - skipped) * UNIT, "{path}");
         assert_eq!(l.units(), UNITS - skipped, "{path}");
-        // No burst: the first period holds the few units due within the threshold.
+        // No burst: the first period holds the few units due within the threshold (at most
+        // 3 are issued in it; 5 leaves room for completions handled together on a loaded
+        // machine), where `send` below puts about a hundred.
         let burst_skip = first_period_units(&skip);
         assert!(
-            burst_skip <= 3,
+            burst_skip <= 5,
             "{path}: skip sent {burst_skip} units at once"
         );
 
@@ -139,10 +143,11 @@ fn skip_drops_the_late_units_and_resumes_on_schedule_send_bursts() {
         let l = send.lateness.as_ref().unwrap();
         assert_eq!(l.skipped_units(), 0, "{path}");
         assert_eq!(units, (0..UNITS).collect::<Vec<_>>(), "{path}");
-        // Every late unit goes at once.
+        // Every late unit goes at once (half of them within the first period, whatever the
+        // machine's load).
         let burst_send = first_period_units(&send);
         assert!(
-            burst_send as u64 >= LATE - 2,
+            burst_send as u64 >= LATE / 2,
             "{path}: send sent {burst_send} units in its first period"
         );
         println!(

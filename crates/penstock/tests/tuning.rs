@@ -279,19 +279,19 @@ fn state_reports_plan_rate_and_lateness_and_start_at_anchors_the_schedule() {
     std::fs::write(&t.conf, config(&t, "")).unwrap();
     let s = serve(&t);
     let mut c = Ctl::authed(&s.control);
-    let open = |c: &mut Ctl, name: &str, extra: &str| -> String {
+    let open = |c: &mut Ctl, name: &str, units: u64, extra: &str| -> String {
         let r = c.cmd(&format!(
             "OPEN file:{} file:{} unit={UNIT} length={} {extra}",
             t.src.display(),
             t.dir.join(name).display(),
-            100 * UNIT
+            units * UNIT
         ));
         assert!(r.starts_with("201 "), "{r}");
         r[4..].split(' ').next().unwrap().to_string()
     };
 
     // A paced stream, started now: the plan, then the measured rate and lateness.
-    let id = open(&mut c, "a.out", "rate=200/s");
+    let id = open(&mut c, "a.out", 100, "rate=200/s");
     let st = c.cmd(&format!("STATE {id}"));
     assert!(st.contains(" pending "), "{st}");
     assert_eq!(field(&st, "unit"), Some(UNIT), "{st}");
@@ -327,8 +327,8 @@ fn state_reports_plan_rate_and_lateness_and_start_at_anchors_the_schedule() {
 
     // START AT a wall-clock time half a second ago with late=skip: the units due more than
     // one period before the start are skipped, as after a stall — so the time reached the
-    // engine's schedule.
-    let id = open(&mut c, "b.out", "rate=200/s late=skip");
+    // engine's schedule — and the rest are sent on it.
+    let id = open(&mut c, "b.out", 200, "rate=200/s late=skip");
     let past = std::time::SystemTime::now() - Duration::from_millis(500);
     let at = humantime::format_rfc3339_nanos(past).to_string();
     let r = c.cmd(&format!("START {id} AT {at}"));
@@ -336,21 +336,22 @@ fn state_reports_plan_rate_and_lateness_and_start_at_anchors_the_schedule() {
     let st = c.wait_ended(&id);
     assert!(st.contains(" done ") && st.contains(" late=skip"), "{st}");
     let skipped = field(&st, "skipped").unwrap();
-    // 500 ms at 5 ms per unit: about 99 units were over one period late at the start.
-    assert!((60..=100).contains(&skipped), "{skipped} skipped: {st}");
+    // 500 ms at 5 ms per unit: at least 98 units were over one period late when the line
+    // was read (more if the server was slow to start the stream); not all 200.
+    assert!((98..190).contains(&skipped), "{skipped} skipped: {st}");
     assert_eq!(
         field(&st, "sent").unwrap() + skipped * UNIT,
-        100 * UNIT,
+        200 * UNIT,
         "{st}"
     );
-    assert_eq!(field(&st, "offset"), Some(100 * UNIT), "{st}");
+    assert_eq!(field(&st, "offset"), Some(200 * UNIT), "{st}");
     assert_eq!(
         std::fs::metadata(t.dir.join("b.out")).unwrap().len(),
         field(&st, "sent").unwrap()
     );
 
     // START AT +DURATION ahead: taken, with the time left in the reply.
-    let id = open(&mut c, "c.out", "rate=200/s");
+    let id = open(&mut c, "c.out", 20, "rate=200/s");
     let r = c.cmd(&format!("START {id} AT +300ms"));
     assert!(
         r.starts_with("200 started") && r.contains("due in 3"),
@@ -359,7 +360,7 @@ fn state_reports_plan_rate_and_lateness_and_start_at_anchors_the_schedule() {
     assert!(c.wait_ended(&id).contains(" done "));
 
     // Refusals: clear, and the stream stays pending.
-    let id = open(&mut c, "d.out", "rate=200/s");
+    let id = open(&mut c, "d.out", 20, "rate=200/s");
     let far = humantime::format_rfc3339(std::time::SystemTime::now() + Duration::from_secs(7200));
     let long_ago =
         humantime::format_rfc3339(std::time::SystemTime::now() - Duration::from_secs(10));
@@ -373,7 +374,7 @@ fn state_reports_plan_rate_and_lateness_and_start_at_anchors_the_schedule() {
         assert!(r.starts_with("400 ") && r.contains(why), "{at}: {r}");
     }
     assert!(c.cmd(&format!("STATE {id}")).contains(" pending "));
-    let burst = open(&mut c, "e.out", "");
+    let burst = open(&mut c, "e.out", 20, "");
     let r = c.cmd(&format!("START {burst} AT +1s"));
     assert!(r.starts_with("400 ") && r.contains("paced stream"), "{r}");
     let r = c.cmd(&format!(

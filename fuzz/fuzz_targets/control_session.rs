@@ -19,7 +19,10 @@ use penstock_core::endpoint::{Endpoint, Role};
 use penstock_core::stream::{CachePolicy, DataPath, IoKind};
 use penstock_driver::DiskClass;
 use penstock_driver::open::Opened;
-use penstock_driver::{CounterSnapshot, LatenessCounts, StreamError, StreamReport, StreamSpec};
+use penstock_driver::{
+    CounterSnapshot, DiskSettings, DiskTuning, LatenessCounts, StreamError, StreamReport,
+    StreamSpec,
+};
 use penstock_server::access::{Denied, Prepared};
 use penstock_server::config::ControlConfig;
 use penstock_server::control::{ControlShared, Session, handle_line};
@@ -89,6 +92,8 @@ struct FakeBackend {
     running: Mutex<Vec<(Arc<AtomicU64>, bool)>>,
     /// Admission: an rt stream with a schedule gets a ticket while fewer than 3 are out.
     tickets: Arc<AtomicU64>,
+    /// `TUNE disk`: checked by the driver's own rules for 1 MiB reads.
+    disk: Mutex<DiskSettings>,
 }
 
 /// A fake admission reservation: counted while it lives (a started stream keeps it).
@@ -187,6 +192,14 @@ impl Backend for FakeBackend {
     fn uring_available(&self) -> bool {
         true
     }
+    fn disk_settings(&self) -> DiskSettings {
+        *self.disk.lock().unwrap()
+    }
+    fn tune_disk(&self, t: &DiskTuning) -> Result<DiskSettings, String> {
+        let mut d = self.disk.lock().unwrap();
+        *d = d.tuned(t, 1 << 20).map_err(|e| e.to_string())?;
+        Ok(*d)
+    }
 }
 
 fn stat(lines: &[String], key: &str) -> u64 {
@@ -231,6 +244,11 @@ fuzz_target!(|data: &[u8]| {
     let backend = Arc::new(FakeBackend {
         running: Mutex::new(Vec::new()),
         tickets: Arc::new(AtomicU64::new(0)),
+        disk: Mutex::new(DiskSettings {
+            rt_quantum_bytes: 4 << 20,
+            bulk_quantum_bytes: 1 << 20,
+            disk_inflight_max: 8,
+        }),
     });
     let streams = Arc::new(Streams::new(
         Box::new(backend.clone()),

@@ -49,6 +49,21 @@ pub struct IsolationArgs {
     /// Write the table as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Instead of the MARS table: the DRR shares under live tuning. Runs `penstock serve`
+    /// (one engine worker: one disk scheduler) with rt and bulk streams reading this disk
+    /// (O_DIRECT, 1 MiB reads, to /dev/null) opened over the control protocol, changes the
+    /// quanta with `TUNE disk` while they run, and prints each class's share per phase.
+    #[arg(long)]
+    pub tune: bool,
+    /// With --tune: how long each phase is measured.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub phase: Duration,
+    /// With --tune: streams per class.
+    #[arg(long, default_value_t = 2)]
+    pub streams: usize,
+    /// With --tune: the disk scheduler's reads in flight (`[disk] inflight_max`).
+    #[arg(long, default_value_t = 2)]
+    pub inflight: u32,
 }
 
 #[derive(Args, Debug)]
@@ -210,6 +225,9 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     if a.quick {
         a.size = 100_000_000;
         a.readers = vec![0, 6];
+    }
+    if a.tune {
+        return isolation_tune(&a);
     }
     if !(0.01..=1.0).contains(&a.share) {
         bail!("--share must be within 0.01..=1");
@@ -376,6 +394,295 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
             serde_json::to_string_pretty(
                 &serde_json::json!({"bench": "isolation", "rate_bytes_per_s": rate, "kernel_scheduler": kernel_sched.trim(), "rows": v}),
             )?,
+        )?;
+    }
+    Ok(())
+}
+
+/// The quanta of each `--tune` phase (rt, bulk), in MiB: the first is the configuration's,
+/// the others are set with `TUNE disk` while the streams run.
+const TUNE_PHASES: [(u64, u64); 3] = [(4, 1), (1, 4), (2, 2)];
+
+/// A control connection to the `penstock serve` child.
+struct Control {
+    r: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl Control {
+    /// Sends a line; returns the reply's lines (continuations and final).
+    fn cmd(&mut self, line: &str) -> Result<Vec<String>> {
+        use std::io::BufRead;
+        self.r.get_mut().write_all(format!("{line}\n").as_bytes())?;
+        let mut out = Vec::new();
+        loop {
+            let mut l = String::new();
+            if self.r.read_line(&mut l)? == 0 {
+                bail!("penstock serve closed the control connection after {line:?}");
+            }
+            let l = l.trim_end().to_string();
+            let last = l.as_bytes().get(3) != Some(&b'-');
+            out.push(l);
+            if last {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Like `cmd`, failing unless the reply is 2xx.
+    fn ok(&mut self, line: &str) -> Result<Vec<String>> {
+        let r = self.cmd(line)?;
+        let last = r.last().map(String::as_str).unwrap_or("");
+        if !last.starts_with('2') {
+            bail!("{line:?}: {last}");
+        }
+        Ok(r)
+    }
+}
+
+/// Bytes sent (rt, bulk) by every stream in the table, and the ids of those done.
+fn class_totals(c: &mut Control) -> Result<((u64, u64), Vec<String>)> {
+    let mut t = (0, 0);
+    let mut done = Vec::new();
+    for l in c.ok("STATE *")? {
+        let Some(line) = l.strip_prefix("211-") else {
+            continue;
+        };
+        let field = |k: &str| {
+            line.split(' ')
+                .find_map(|w| w.strip_prefix(k))
+                .map(str::to_string)
+        };
+        let sent: u64 = field("sent=").and_then(|v| v.parse().ok()).unwrap_or(0);
+        match field("class=").as_deref() {
+            Some("rt") => t.0 += sent,
+            _ => t.1 += sent,
+        }
+        if line.split(' ').nth(1) == Some("done") {
+            done.push(line.split(' ').next().unwrap_or("").to_string());
+        }
+        if line.split(' ').nth(1) == Some("failed") {
+            bail!("a stream failed: {line}");
+        }
+    }
+    Ok((t, done))
+}
+
+/// `bench isolation --tune`: see `IsolationArgs::tune`.
+fn isolation_tune(a: &IsolationArgs) -> Result<()> {
+    use std::io::BufRead;
+    let tmp;
+    let dir = match &a.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix("penstock-isolation-")
+                .tempdir_in(".")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let dir = std::fs::canonicalize(&dir)?;
+    if a.streams == 0 {
+        bail!("--streams must be at least 1");
+    }
+    // Files are read again and again: O_DIRECT reads go to the disk each time.
+    let size = a.size.min(256 << 20);
+    let files: Vec<(bool, PathBuf)> = (0..a.streams)
+        .map(|i| (true, dir.join(format!("rt{i}.bin"))))
+        .chain((0..a.streams).map(|i| (false, dir.join(format!("bulk{i}.bin")))))
+        .collect();
+    for (_, f) in &files {
+        make_file(f, size)?;
+    }
+    let kernel_sched = kernel_scheduler_of(&files[0].1);
+    let token = format!(
+        "bench-isolation-{:016x}",
+        std::process::id() as u64 * 0x9e37_79b9
+    );
+    let (q_rt, q_bulk) = TUNE_PHASES[0];
+    let conf = dir.join("penstock.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\
+             [control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n\
+             read_roots = [\"{d}\"]\ndevices = [\"/dev/null\"]\n\
+             pending_timeout_ms = 3600000\nstreams_per_connection_max = 100000\n\
+             streams_per_identity_max = 100000\n\
+             [engine]\nworkers = 1\npool_buffers = 64\nbuffer_bytes = {UNIT}\n\
+             [disk]\nrt_quantum_bytes = {}\nbulk_quantum_bytes = {}\ninflight_max = {}\n\
+             [admission]\ndisk_seq_bytes_per_s = 100000000000\ndisk_random_iops = 10000000\n\
+             net_bytes_per_s = 100000000000\n\
+             buffer_count = 1024\nbuffer_bytes = {UNIT}\nstreams_max = 65536\n",
+            q_rt << 20,
+            q_bulk << 20,
+            a.inflight,
+            d = dir.display(),
+        ),
+    )?;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["serve", "--config"])
+        .arg(&conf)
+        .arg("--root")
+        .arg(&dir)
+        .arg("--no-control-unix")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting penstock serve")?;
+    let mut out = std::io::BufReader::new(child.stdout.take().context("serve's stdout")?);
+    let serve = Procs(vec![child]);
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    if line.is_empty() {
+        bail!(
+            "penstock serve did not start (run it with --config {} to see why)",
+            conf.display()
+        );
+    }
+    let addr = line
+        .split(", control ")
+        .nth(1)
+        .and_then(|c| c.split([',', ';']).next())
+        .with_context(|| format!("no control address in {line:?}"))?
+        .trim()
+        .to_string();
+    let stream = std::net::TcpStream::connect(&addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut c = Control {
+        r: std::io::BufReader::new(stream),
+    };
+    c.ok(&format!("AUTH {token}"))?;
+    // rt streams ask for far more than the disk gives (4000 MiB/s): paced, but always behind
+    // their schedule, so both classes always have reads waiting — DRR's quanta decide.
+    let open = |c: &mut Control, rt: bool, f: &Path| -> Result<String> {
+        let class = if rt {
+            "class=rt rate=4000/s unit=1MiB"
+        } else {
+            "class=bulk"
+        };
+        let r = c.ok(&format!(
+            "OPEN file:{} file:/dev/null {class} path=uring cache=bypass",
+            f.display()
+        ))?;
+        let id = r
+            .last()
+            .and_then(|l| l.split(' ').nth(1))
+            .context("no stream id")?
+            .to_string();
+        c.ok(&format!("START {id}"))?;
+        Ok(id)
+    };
+    // Stream id → the file it reads.
+    let mut which = std::collections::HashMap::new();
+    for (i, (rt, f)) in files.iter().enumerate() {
+        which.insert(open(&mut c, *rt, f)?, i);
+    }
+    // Keeps every stream running: one that finished its file is opened again (the finished
+    // one stays in the table, so the sums of `sent=` only grow).
+    let mut tick = |c: &mut Control| -> Result<(u64, u64)> {
+        let (t, done) = class_totals(c)?;
+        for id in done {
+            if let Some(i) = which.remove(&id) {
+                which.insert(open(c, files[i].0, &files[i].1)?, i);
+            }
+        }
+        Ok(t)
+    };
+    eprintln!(
+        "penstock bench isolation --tune: {n} rt + {n} bulk streams, O_DIRECT 1 MiB reads of {size}-byte files to /dev/null, \
+         one engine worker, inflight {inflight}; kernel I/O scheduler: {}",
+        kernel_sched.trim(),
+        n = a.streams,
+        inflight = a.inflight,
+    );
+    let mut rows = Vec::new();
+    for (phase, &(q_rt, q_bulk)) in TUNE_PHASES.iter().enumerate() {
+        let how = if phase == 0 {
+            format!(
+                "[disk] rt_quantum_bytes={} bulk_quantum_bytes={}",
+                q_rt << 20,
+                q_bulk << 20
+            )
+        } else {
+            let line = format!("TUNE disk rt_quantum={q_rt}MiB bulk_quantum={q_bulk}MiB");
+            let r = c.ok(&line)?;
+            eprintln!("  {line} -> {}", r.join(" | "));
+            line
+        };
+        // Let the rounds formed under the old quanta drain.
+        let settle = std::time::Instant::now();
+        while settle.elapsed() < Duration::from_millis(300) {
+            tick(&mut c)?;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let t0 = tick(&mut c)?;
+        let start = std::time::Instant::now();
+        while start.elapsed() < a.phase {
+            std::thread::sleep(Duration::from_millis(50));
+            tick(&mut c)?;
+        }
+        let t1 = tick(&mut c)?;
+        let secs = start.elapsed().as_secs_f64();
+        let (rt, bulk) = (t1.0 - t0.0, t1.1 - t0.1);
+        let share = rt as f64 / (rt + bulk).max(1) as f64;
+        let due = q_rt as f64 / (q_rt + q_bulk) as f64;
+        eprintln!(
+            "  phase {}: rt {:.1} MB/s, bulk {:.1} MB/s, rt share {:.3} (quanta say {:.3})",
+            phase + 1,
+            rt as f64 / secs / 1e6,
+            bulk as f64 / secs / 1e6,
+            share,
+            due
+        );
+        rows.push((
+            phase + 1,
+            how,
+            q_rt,
+            q_bulk,
+            rt as f64 / secs,
+            bulk as f64 / secs,
+            share,
+            due,
+        ));
+    }
+    drop(c);
+    drop(serve);
+    let mut t = format!(
+        "\nbench isolation --tune: DRR shares of the disk while `TUNE disk` changes the quanta \
+         ({n} rt + {n} bulk streams, O_DIRECT 1 MiB reads to /dev/null, one disk scheduler, inflight {inflight}, {phase:?} per phase)\n\
+         {:<6} {:<58} {:>9} {:>10} {:>9} {:>13}\n",
+        "phase",
+        "quanta set by",
+        "rt MB/s",
+        "bulk MB/s",
+        "rt share",
+        "quanta share",
+        n = a.streams,
+        inflight = a.inflight,
+        phase = a.phase,
+    );
+    for (phase, how, _, _, rt, bulk, share, due) in &rows {
+        t.push_str(&format!(
+            "{phase:<6} {how:<58} {:>9.1} {:>10.1} {share:>9.3} {due:>13.3}\n",
+            rt / 1e6,
+            bulk / 1e6
+        ));
+    }
+    println!("{t}");
+    if let Some(p) = &a.json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(phase, how, q_rt, q_bulk, rt, bulk, share, due)| {
+                serde_json::json!({"phase": phase, "set_by": how, "rt_quantum_mib": q_rt,
+                    "bulk_quantum_mib": q_bulk, "rt_bytes_per_s": rt, "bulk_bytes_per_s": bulk,
+                    "rt_share": share, "quanta_share": due})
+            })
+            .collect();
+        std::fs::write(
+            p,
+            serde_json::to_string_pretty(&serde_json::json!({"bench": "isolation --tune",
+                "streams_per_class": a.streams, "inflight": a.inflight,
+                "phase_s": a.phase.as_secs_f64(), "kernel_scheduler": kernel_sched.trim(), "rows": v}))?,
         )?;
     }
     Ok(())

@@ -113,6 +113,10 @@ pub struct LatenessStats {
     misses: u64,
     early_units: u64,
     max_ns: u64,
+    /// Units a `late=skip` stream dropped for being too late (not in `units`), and their
+    /// bytes.
+    skipped_units: u64,
+    skipped_bytes: u64,
     histogram: Histogram,
 }
 
@@ -131,6 +135,9 @@ pub struct LatenessSummary {
     pub p99_ns: u64,
     pub p999_ns: u64,
     pub max_ns: u64,
+    /// Units dropped unsent by the late-unit policy `skip` (not counted in `units`).
+    pub skipped_units: u64,
+    pub skipped_bytes: u64,
 }
 
 impl LatenessStats {
@@ -143,6 +150,8 @@ impl LatenessStats {
             misses: 0,
             early_units: 0,
             max_ns: 0,
+            skipped_units: 0,
+            skipped_bytes: 0,
             histogram: Histogram::default(),
         }
     }
@@ -177,6 +186,23 @@ impl LatenessStats {
         self.histogram.record(lateness_ns);
     }
 
+    /// Counts `units` units of `bytes` in all that the late-unit policy `skip` dropped unsent
+    /// (they are not recorded in the distribution: they had no send).
+    pub fn skipped(&mut self, units: u64, bytes: u64) {
+        self.skipped_units = self.skipped_units.saturating_add(units);
+        self.skipped_bytes = self.skipped_bytes.saturating_add(bytes);
+    }
+
+    /// Units dropped unsent by the late-unit policy `skip`.
+    pub fn skipped_units(&self) -> u64 {
+        self.skipped_units
+    }
+
+    /// Bytes of the units dropped unsent.
+    pub fn skipped_bytes(&self) -> u64 {
+        self.skipped_bytes
+    }
+
     /// Records a unit read back from a trace.
     pub fn record_trace(&mut self, record: &TraceRecord) {
         self.record(record.scheduled, record.completed, record.bytes);
@@ -190,6 +216,8 @@ impl LatenessStats {
         self.misses += other.misses;
         self.early_units += other.early_units;
         self.max_ns = self.max_ns.max(other.max_ns);
+        self.skipped_units = self.skipped_units.saturating_add(other.skipped_units);
+        self.skipped_bytes = self.skipped_bytes.saturating_add(other.skipped_bytes);
         self.histogram.merge(&other.histogram);
     }
 
@@ -257,6 +285,8 @@ impl LatenessStats {
             p99_ns: self.p99_ns(),
             p999_ns: self.p999_ns(),
             max_ns: self.max_ns,
+            skipped_units: self.skipped_units,
+            skipped_bytes: self.skipped_bytes,
         }
     }
 }

@@ -56,6 +56,59 @@ impl Default for DiskConfig {
     }
 }
 
+/// The disk scheduler's settings that may change while the engine runs
+/// ([`crate::Engine::tune_disk`]): MARS let an operator change the quanta over time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskSettings {
+    pub rt_quantum_bytes: u64,
+    pub bulk_quantum_bytes: u64,
+    pub disk_inflight_max: u32,
+}
+
+/// A change of [`DiskSettings`]: `None` keeps what is in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiskTuning {
+    pub rt_quantum_bytes: Option<u64>,
+    pub bulk_quantum_bytes: Option<u64>,
+    pub disk_inflight_max: Option<u32>,
+}
+
+impl DiskSettings {
+    /// The settings a worker's queue runs with for `cfg` (a quantum below the largest read,
+    /// `max_request_bytes`, is raised to it, as [`DiskQueue`] does at start).
+    pub(crate) fn of(cfg: &DiskConfig, max_request_bytes: u64) -> DiskSettings {
+        DiskSettings {
+            rt_quantum_bytes: cfg.rt_quantum_bytes.max(max_request_bytes),
+            bulk_quantum_bytes: cfg.bulk_quantum_bytes.max(max_request_bytes),
+            disk_inflight_max: cfg.disk_inflight_max,
+        }
+    }
+
+    /// These settings with `t` applied, checked as the scheduler checks them against reads of
+    /// up to `max_request_bytes` (a quantum at least the largest read and at most
+    /// [`penstock_core::sched::drr::QUANTUM_BYTES_MAX`], an in-flight bound in
+    /// 1..=[`penstock_core::sched::drr::INFLIGHT_MAX_LIMIT`]). On error nothing is applied.
+    pub fn tuned(
+        &self,
+        t: &DiskTuning,
+        max_request_bytes: u64,
+    ) -> Result<DiskSettings, SchedError> {
+        let new = DiskSettings {
+            rt_quantum_bytes: t.rt_quantum_bytes.unwrap_or(self.rt_quantum_bytes),
+            bulk_quantum_bytes: t.bulk_quantum_bytes.unwrap_or(self.bulk_quantum_bytes),
+            disk_inflight_max: t.disk_inflight_max.unwrap_or(self.disk_inflight_max),
+        };
+        // The scheduler's own checks, on a scheduler of one device built for them.
+        IoScheduler::new(SchedConfig::rt_bulk(
+            new.rt_quantum_bytes,
+            new.bulk_quantum_bytes,
+            max_request_bytes,
+            new.disk_inflight_max,
+        ))?;
+        Ok(new)
+    }
+}
+
 /// Ring tokens of dispatched reads are `DISK_TOKEN_BASE + n`: above every stream token (a
 /// worker's slots stay below 2^22, see `config::STREAMS_MAX_LIMIT`) and below the timer and
 /// wake tokens (which have the top bit set).
@@ -161,6 +214,29 @@ impl DiskQueue {
             queue_max: queue_max.max(1),
             synthetic: Vec::new(),
         })
+    }
+
+    /// Applies new settings: quanta from the next round formed on each device (deficits
+    /// earned are kept), the in-flight bound from the next dispatch. `s` was checked by
+    /// [`DiskSettings::tuned`] against the same largest read, so the scheduler takes it.
+    pub(crate) fn tune(&mut self, s: &DiskSettings) -> Result<(), SchedError> {
+        let old = (
+            self.sched.quantum_bytes(self.rt)?,
+            self.sched.quantum_bytes(self.bulk)?,
+            self.sched.inflight_max(),
+        );
+        let applied = self
+            .sched
+            .set_quantum(self.rt, s.rt_quantum_bytes)
+            .and_then(|()| self.sched.set_quantum(self.bulk, s.bulk_quantum_bytes))
+            .and_then(|()| self.sched.set_inflight_max(s.disk_inflight_max));
+        if applied.is_err() {
+            // Put back what was set before the refusal (these values were accepted once).
+            let _ = self.sched.set_quantum(self.rt, old.0);
+            let _ = self.sched.set_quantum(self.bulk, old.1);
+            let _ = self.sched.set_inflight_max(old.2);
+        }
+        applied
     }
 
     /// Publishes the depth of each class (two relaxed stores: cheap enough for every change).

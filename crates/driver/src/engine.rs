@@ -32,9 +32,11 @@ use penstock_core::stream::plan::{
 use penstock_core::stream::{CachePolicy, DataPath, Extent, PathCaps, PathChoice};
 
 use crate::buffers::BufferGauges;
+pub use crate::disk::{DiskSettings, DiskTuning};
 use crate::open::{Opened, open_source, open_target};
 use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
+use penstock_core::sched::drr::SchedError;
 // Defined in modules of their own, so that the worker and the data paths need not import the
 // engine; re-exported where callers have always found them (`penstock_driver::engine::*`).
 pub use crate::config::{
@@ -47,7 +49,7 @@ pub use crate::report::{
 };
 use penstock_core::admission::{Admission, Reservation, ReservationId, StreamQos, Usage};
 use penstock_core::lateness::LatenessStats;
-use penstock_core::schedule::{Schedule, UnitPlan};
+use penstock_core::schedule::{LatePolicy, Schedule, UnitPlan};
 
 /// What to stream, from where to where, how.
 #[derive(Debug)]
@@ -93,6 +95,11 @@ pub struct StreamSpec {
     /// uring path a send is seen when it completes (a whole unit): a receiver slower than a
     /// unit per timeout counts as stalled there. `None` (or zero): wait forever.
     pub send_timeout: Option<Duration>,
+    /// A paced stream's late-unit policy: units later than the miss threshold (`miss_after`,
+    /// default one period) are sent anyway (`Send`, the default) or skipped (`Skip`: the
+    /// position moves past them unsent, counted in `LatenessCounts::units_skipped`). The
+    /// planner refuses `Skip` for a burst stream and for a source that is not a file.
+    pub late: LatePolicy,
 }
 
 /// The progress timeout of [`StreamSpec::new`] (nginx's `send_timeout` default).
@@ -127,6 +134,7 @@ impl StreamSpec {
             unit_bytes: (self.unit_bytes != 0).then_some(self.unit_bytes as u64),
             extent: self.extent,
             buffers: self.buffers,
+            late: self.late,
         })
     }
 
@@ -152,6 +160,7 @@ impl StreamSpec {
             start_at: None,
             units: None,
             send_timeout: Some(SEND_TIMEOUT_DEFAULT),
+            late: LatePolicy::Send,
         }
     }
 }
@@ -219,6 +228,9 @@ impl StreamHandle {
         LatenessCounts {
             buckets: std::array::from_fn(|i| self.counters.lateness[i].load(Ordering::Relaxed)),
             misses: self.counters.misses.load(Ordering::Relaxed),
+            max_ns: self.counters.lateness_max_ns.load(Ordering::Relaxed),
+            units_skipped: self.counters.units_skipped.load(Ordering::Relaxed),
+            bytes_skipped: self.counters.bytes_skipped.load(Ordering::Relaxed),
         }
     }
 
@@ -362,6 +374,8 @@ pub struct Engine {
     open_count: Arc<AtomicUsize>,
     info: EngineInfo,
     admission: Arc<Mutex<Admission>>,
+    /// The disk scheduler settings every worker runs with; the lock also orders changes.
+    disk: Mutex<DiskSettings>,
 }
 
 /// Why the engine could not start.
@@ -432,7 +446,9 @@ impl Engine {
         let info = info.expect("at least one worker");
         let admission = Admission::new(cfg.admission)
             .map_err(|e| EngineError::Config(format!("admission: {e}")))?;
+        let disk = Mutex::new(DiskSettings::of(&cfg.disk, cfg.buffer_bytes as u64));
         Ok(Engine {
+            disk,
             cfg,
             workers,
             gauges,
@@ -476,8 +492,34 @@ impl Engine {
         (a.usage(), a.rt_capacity())
     }
 
+    /// The configuration the engine started with (the disk settings in force are
+    /// [`Engine::disk_settings`]).
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// The disk scheduler settings in force on every worker.
+    pub fn disk_settings(&self) -> DiskSettings {
+        *self.disk.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes the disk scheduler's quanta and in-flight bound on a running engine (MARS
+    /// allowed the quanta to change over time; `TUNE disk`, SIGHUP). Checked first against
+    /// the scheduler's rules for reads of up to `buffer_bytes` (every quantum at least one
+    /// read); on error nothing changed. Each worker takes the change between two turns of its
+    /// loop: new quanta apply from the next DRR round formed there, a new bound from the next
+    /// dispatch (a lower one dispatches nothing until enough reads complete). Returns the
+    /// settings now in force.
+    pub fn tune_disk(&self, t: &DiskTuning) -> Result<DiskSettings, SchedError> {
+        let mut cur = self.disk.lock().unwrap_or_else(|p| p.into_inner());
+        let new = cur.tuned(t, self.cfg.buffer_bytes as u64)?;
+        if new != *cur {
+            for w in &self.workers {
+                w.send(Command::TuneDisk(new));
+            }
+            *cur = new;
+        }
+        Ok(new)
     }
 
     /// The buffer pools' use now, all workers together.
@@ -779,14 +821,19 @@ impl Engine {
             buffers_reserved,
             pace: if let Some(units) = units {
                 let miss_after = spec.miss_after.unwrap_or(PLAN_MISS_AFTER_DEFAULT);
-                Some(Pace::with_plan(
-                    units,
-                    LatenessStats::new(u64::try_from(miss_after.as_nanos()).unwrap_or(u64::MAX)),
-                    spec.trace,
-                    self.cfg.trace_units_max,
-                    id,
-                    spec.start_at,
-                ))
+                Some(
+                    Pace::with_plan(
+                        units,
+                        LatenessStats::new(
+                            u64::try_from(miss_after.as_nanos()).unwrap_or(u64::MAX),
+                        ),
+                        spec.trace,
+                        self.cfg.trace_units_max,
+                        id,
+                        spec.start_at,
+                    )
+                    .with_late(plan.late),
+                )
             } else {
                 schedule.map(|s| {
                     let stats = LatenessStats::for_schedule(&s, spec.miss_after);
@@ -798,6 +845,7 @@ impl Engine {
                         id,
                         spec.start_at,
                     )
+                    .with_late(plan.late)
                 })
             },
             send_timeout: spec.send_timeout.filter(|t| !t.is_zero()),

@@ -26,8 +26,8 @@ pub mod volume;
 mod worker;
 
 pub use engine::{
-    Admitted, BufferUsage, CounterSnapshot, DiskClass, DiskQueueDepth, Engine, EngineConfig,
-    EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, StreamError, StreamHandle,
-    StreamReport, StreamSpec, TimerMode, ZeroCopy,
+    Admitted, BufferUsage, CounterSnapshot, DiskClass, DiskQueueDepth, DiskSettings, DiskTuning,
+    Engine, EngineConfig, EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, StreamError,
+    StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };
 pub use paths::{SendfileCall, sendfile_call};

@@ -4,6 +4,11 @@
 //! Lateness is measured as Roadrunner measured it: from the unit's scheduled time (the start
 //! of its period) to the completion of its send, read from the clock when the completion is
 //! handled.
+//!
+//! The late-unit policy (`core::schedule::LatePolicy`) is applied at the gate: with `skip`,
+//! [`Pace::gate`] answers [`Gate::Skip`] with the units later than the miss threshold (core's
+//! `first_unit_in_time` decides), the data path moves its position past their bytes without
+//! sending them and calls [`Pace::skipped`]; the stream goes on with the first unit in time.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -12,7 +17,7 @@ use std::sync::atomic::Ordering;
 use crate::report::{Counters, lateness_bucket};
 
 use penstock_core::lateness::{LatenessStats, TraceRecord};
-use penstock_core::schedule::{Anchored, Schedule, UnitPlan};
+use penstock_core::schedule::{Anchored, LatePolicy, Schedule, UnitPlan, first_unit_in_time};
 use penstock_core::time::Instant;
 
 /// Where deadlines come from: a schedule's formula, or a plan's list (playback of a recording).
@@ -28,8 +33,21 @@ enum Deadlines {
     },
 }
 
+/// What the gate says about the next unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// It is due: send it.
+    Send,
+    /// It is due at this instant.
+    Wait(Instant),
+    /// The next this many units are later than the threshold (`late=skip`): move past them
+    /// unsent, call [`Pace::skipped`], and ask again.
+    Skip(u64),
+}
+
 pub(crate) struct Pace {
     deadlines: Deadlines,
+    late: LatePolicy,
     next_unit: u64,
     in_flight: VecDeque<(u64, Instant)>,
     pub(crate) stats: LatenessStats,
@@ -91,6 +109,7 @@ impl Pace {
     ) -> Pace {
         Pace {
             deadlines,
+            late: LatePolicy::Send,
             next_unit: 0,
             in_flight: VecDeque::new(),
             stats,
@@ -99,6 +118,12 @@ impl Pace {
             stream,
             trace_dropped: 0,
         }
+    }
+
+    /// The late-unit policy (`Send` unless set).
+    pub(crate) fn with_late(mut self, late: LatePolicy) -> Pace {
+        self.late = late;
+        self
     }
 
     /// Anchors the deadlines at `now` unless they already are (`start_at`, or an earlier call).
@@ -113,13 +138,45 @@ impl Pace {
         }
     }
 
-    /// `Ok(())` when the next unit is due at `now`; otherwise the instant it will be.
-    pub(crate) fn gate(&mut self, now: Instant) -> Result<(), Instant> {
+    /// Whether the next unit goes at `now`, waits, or (`late=skip`) is skipped with the
+    /// units after it that are later than the miss threshold.
+    pub(crate) fn gate(&mut self, now: Instant) -> Gate {
         self.anchor(now);
-        match self.deadline(self.next_unit) {
-            Some(d) if d > now => Err(d),
-            _ => Ok(()),
+        if self.late == LatePolicy::Skip {
+            let after_ns = self.stats.miss_after_ns();
+            let first = first_unit_in_time(self.next_unit, now, after_ns, |u| self.deadline(u));
+            if first > self.next_unit {
+                return Gate::Skip(first - self.next_unit);
+            }
         }
+        match self.deadline(self.next_unit) {
+            Some(d) if d > now => Gate::Wait(d),
+            _ => Gate::Send,
+        }
+    }
+
+    /// Bytes of the next `units` units: a plan's own sizes, else `unit_bytes` each.
+    pub(crate) fn bytes_of_next(&self, units: u64, unit_bytes: u64) -> u64 {
+        match self.plan() {
+            Some(plan) => {
+                let from = usize::try_from(self.next_unit).unwrap_or(usize::MAX);
+                let n = usize::try_from(units).unwrap_or(usize::MAX);
+                plan.iter()
+                    .skip(from)
+                    .take(n)
+                    .map(|u| u64::from(u.size_bytes))
+                    .sum()
+            }
+            None => units.saturating_mul(unit_bytes),
+        }
+    }
+
+    /// The data path moved past the next `units` units, `bytes` in all, without sending them.
+    pub(crate) fn skipped(&mut self, units: u64, bytes: u64, live: &Counters) {
+        self.next_unit = self.next_unit.saturating_add(units);
+        self.stats.skipped(units, bytes);
+        live.units_skipped.fetch_add(units, Ordering::Relaxed);
+        live.bytes_skipped.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// The deadline of `unit` once anchored (`None` before the first `gate`, for burst, or
@@ -176,6 +233,8 @@ impl Pace {
         let lateness_ns = now
             .checked_duration_since(scheduled)
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        live.lateness_max_ns
+            .fetch_max(lateness_ns, Ordering::Relaxed);
         live.lateness[lateness_bucket(lateness_ns)].fetch_add(1, Ordering::Relaxed);
         if lateness_ns > self.stats.miss_after_ns() {
             live.misses.fetch_add(1, Ordering::Relaxed);

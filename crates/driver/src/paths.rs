@@ -11,6 +11,7 @@ use penstock_core::stream::{CachePolicy, IoKind};
 use rustix::io::Errno;
 
 use crate::error::StreamError;
+use crate::pace::Gate;
 use crate::step::{Side, Step, TaskIo};
 
 const POLLIN: u32 = libc::POLLIN as u32;
@@ -183,10 +184,21 @@ pub(crate) fn copy_step(
         if want == 0 {
             return Ok(Step::Finish(finish_volume(io)));
         }
-        if let Some(p) = &mut io.pace
-            && let Err(at) = p.gate(crate::clock::now())
-        {
-            return Ok(Step::WaitUntil(at));
+        let left = io.remaining().unwrap_or(0);
+        if let Some(p) = &mut io.pace {
+            match p.gate(crate::clock::now()) {
+                Gate::Send => {}
+                Gate::Wait(at) => return Ok(Step::WaitUntil(at)),
+                Gate::Skip(units) => {
+                    // `late=skip` (planned for file sources only): move past the late units
+                    // unsent, at most to the end.
+                    let bytes = p.bytes_of_next(units, io.unit as u64).min(left);
+                    let units = units.min(bytes.div_ceil(io.unit.max(1) as u64));
+                    p.skipped(units, bytes, &io.counters);
+                    io.pos += bytes;
+                    continue;
+                }
+            }
         }
         let buf = &mut c.buf[..want];
         let r = match io.source.kind {

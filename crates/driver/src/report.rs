@@ -20,6 +20,11 @@ pub struct Counters {
     pub(crate) lateness: [AtomicU64; LATENESS_BUCKETS],
     /// Paced units later than the stream's miss threshold.
     pub(crate) misses: AtomicU64,
+    /// The largest lateness of a completed paced unit, in ns.
+    pub(crate) lateness_max_ns: AtomicU64,
+    /// Units the late-unit policy `skip` dropped unsent, and their bytes.
+    pub(crate) units_skipped: AtomicU64,
+    pub(crate) bytes_skipped: AtomicU64,
     /// The worker has taken a [`StreamHandle::pause`](crate::engine::StreamHandle::pause) (cleared when it takes the resume).
     pub(crate) paused: AtomicBool,
 }
@@ -31,6 +36,47 @@ pub struct LatenessCounts {
     pub buckets: [u64; LATENESS_BUCKETS],
     /// Units later than the miss threshold (`StreamSpec::miss_after`, default one period).
     pub misses: u64,
+    /// The largest lateness so far, exactly, in ns.
+    pub max_ns: u64,
+    /// Units dropped unsent by the late-unit policy `skip` (`StreamSpec::late`), and their
+    /// bytes: the stream's position moved past them.
+    pub units_skipped: u64,
+    pub bytes_skipped: u64,
+}
+
+impl LatenessCounts {
+    /// Completed units counted.
+    pub fn units(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// An upper bound of the nearest-rank quantile `per_million / 10^6` of lateness, in ns:
+    /// the top of the power-of-two bucket that holds it, never above the exact maximum (the
+    /// live counts keep buckets only; the report's `LatenessStats` is exact to 1/2048). 0
+    /// when no unit completed.
+    pub fn quantile_ns_max(&self, per_million: u32) -> u64 {
+        let total = self.units();
+        if total == 0 {
+            return 0;
+        }
+        let rank = (u128::from(total) * u128::from(per_million.min(1_000_000)))
+            .div_ceil(1_000_000)
+            .max(1);
+        let mut seen = 0u128;
+        for (i, &n) in self.buckets.iter().enumerate() {
+            seen += u128::from(n);
+            if seen >= rank {
+                // Bucket i ≥ 1 holds [2^(i-1), 2^i); bucket 0 on time; the last, the rest.
+                let top = if i == 0 { 0 } else { (1u64 << i) - 1 };
+                return if i == LATENESS_BUCKETS - 1 {
+                    self.max_ns
+                } else {
+                    top.min(self.max_ns)
+                };
+            }
+        }
+        self.max_ns
+    }
 }
 
 /// A snapshot of [`Counters`].

@@ -30,6 +30,7 @@ use crate::buffers::WorkerBuffers;
 use crate::clock;
 use crate::disk::{DiskQueue, ReadReq};
 use crate::error::StreamError;
+use crate::pace::Gate;
 use crate::paths::{NOT_LISTENING, peer_error};
 use crate::step::{Step, TAG_READ, TAG_SEND, TaskIo};
 
@@ -276,32 +277,19 @@ impl UringState {
         // The next send, in order. Datagram targets and paced streams send unit by unit; a
         // paced stream's unit goes when its deadline has come. A volume target takes whole
         // chunks as per-member writes instead.
+        let mut skipped = false;
         if self.vol_write {
             if let Err(e) = self.write_full_chunks(io, ring, bufs, token) {
                 return Step::Finish(Err(e));
             }
-        } else if let Some(head) = self.chunks.front_mut() {
-            let ready =
-                head.filled.is_some() && !head.sending && head.sent < head.send_to - head.send_from;
-            if ready {
+        } else {
+            let next = match self.next_send(io, ring, bufs, &mut skipped) {
+                Ok(next) => next,
+                Err(at) => return Step::WaitUntil(at),
+            };
+            if let Some((len, new_unit)) = next {
+                let head = self.chunks.front_mut().expect("next_send found a head");
                 let from = head.send_from + head.sent;
-                let left = head.send_to - from;
-                let by_unit = io.target.kind == IoKind::Datagram || io.pace.is_some();
-                let (len, new_unit) = if self.unit_left > 0 {
-                    (self.unit_left.min(left), false)
-                } else if let Some(bytes) = io.pace.as_ref().and_then(|p| p.next_unit_bytes()) {
-                    (left.min(bytes), true)
-                } else if by_unit {
-                    (left.min(io.unit), true)
-                } else {
-                    (left, true)
-                };
-                if new_unit
-                    && let Some(p) = &mut io.pace
-                    && let Err(at) = p.gate(clock::now())
-                {
-                    return Step::WaitUntil(at);
-                }
                 let t = token(TAG_SEND, head.buf.index() as u16);
                 let fd = io.target.fd.as_raw_fd();
                 let r = match io.target.kind {
@@ -331,7 +319,62 @@ impl UringState {
         if self.chunks.is_empty() && self.next_read >= end.min(self.read_end) {
             return Step::Finish(Ok(()));
         }
+        if skipped {
+            // Skipped units may have freed buffers with nothing of this stream in the ring to
+            // wake it: run again to read ahead into them.
+            return Step::Yield;
+        }
         Step::WaitRing
+    }
+
+    /// The next send of the head chunk, `(bytes, starts a unit)`, once it is ready and — a
+    /// paced stream's new unit — due (`Err`: due at that instant); `None`: nothing to send
+    /// now. With `late=skip`, units later than the threshold are passed over here, unsent,
+    /// one at a time (each bounded by the head chunk), and chunks left with nothing to send
+    /// are retired.
+    fn next_send(
+        &mut self,
+        io: &mut TaskIo,
+        ring: &mut Ring,
+        bufs: &mut WorkerBuffers,
+        skipped: &mut bool,
+    ) -> Result<Option<(usize, bool)>, penstock_core::time::Instant> {
+        // Bounded: each turn sends nothing and passes over at least one byte of a chunk
+        // already read, or returns.
+        loop {
+            let Some(head) = self.chunks.front_mut() else {
+                return Ok(None);
+            };
+            let ready =
+                head.filled.is_some() && !head.sending && head.sent < head.send_to - head.send_from;
+            if !ready {
+                return Ok(None);
+            }
+            let left = head.send_to - (head.send_from + head.sent);
+            let by_unit = io.target.kind == IoKind::Datagram || io.pace.is_some();
+            let (len, new_unit) = if self.unit_left > 0 {
+                (self.unit_left.min(left), false)
+            } else if let Some(bytes) = io.pace.as_ref().and_then(|p| p.next_unit_bytes()) {
+                (left.min(bytes), true)
+            } else if by_unit {
+                (left.min(io.unit), true)
+            } else {
+                (left, true)
+            };
+            let Some(p) = io.pace.as_mut().filter(|_| new_unit) else {
+                return Ok(Some((len, new_unit)));
+            };
+            match p.gate(clock::now()) {
+                Gate::Send => return Ok(Some((len, true))),
+                Gate::Wait(at) => return Err(at),
+                Gate::Skip(_) => {
+                    *skipped = true;
+                    p.skipped(1, len as u64, &io.counters);
+                    head.sent += len;
+                    self.retire_done_head(ring, bufs);
+                }
+            }
+        }
     }
 
     /// Handles one of this stream's completions.

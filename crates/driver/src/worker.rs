@@ -45,6 +45,8 @@ pub(crate) enum Command {
     Resume(u64),
     /// Call this once the stream's report is sent (at once if it already was).
     Notify(u64, DoneHook),
+    /// New disk scheduler settings (checked by the engine against this worker's reads).
+    TuneDisk(crate::disk::DiskSettings),
     Shutdown,
 }
 
@@ -505,6 +507,15 @@ impl Worker {
                     match self.by_id.get(&id).and_then(|&s| self.slots[s].1.as_mut()) {
                         Some(t) => t.on_done = Some(hook),
                         None => hook(),
+                    }
+                }
+                Command::TuneDisk(settings) => {
+                    if let Some(disk) = &mut self.disk
+                        && let Err(e) = disk.tune(&settings)
+                    {
+                        // The engine checked the settings against the same largest read
+                        // (`buffer_bytes`): a refusal here is a bug, and the old settings stay.
+                        debug_assert!(false, "the disk queue refused checked settings: {e}");
                     }
                 }
                 Command::Shutdown => {

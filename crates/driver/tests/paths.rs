@@ -19,6 +19,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use penstock_core::endpoint::{Endpoint, Host};
+use penstock_core::schedule::LatePolicy;
 use penstock_core::stream::PathError;
 use penstock_core::stream::plan::{DATAGRAM_UNIT_BYTES_DEFAULT, PlanError};
 use penstock_core::stream::{CachePolicy, DataPath, Extent, ExtentError, IoKind, PathChoice};
@@ -226,6 +227,7 @@ fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
         start_at: None,
         units: None,
         send_timeout: Some(SEND_TIMEOUT_DEFAULT),
+        late: LatePolicy::Send,
     }
 }
 
@@ -600,6 +602,7 @@ fn run_stream_source(
         start_at: None,
         units: None,
         send_timeout: Some(SEND_TIMEOUT_DEFAULT),
+        late: LatePolicy::Send,
     };
     let got = match target {
         TargetKind::File => {
@@ -947,6 +950,7 @@ fn bad_streams_are_refused_with_typed_errors() {
             start_at: None,
             units: None,
             send_timeout: Some(SEND_TIMEOUT_DEFAULT),
+            late: LatePolicy::Send,
         })
     };
     let r = open(&dir.path().join("missing"), 0, None, 0, DataPath::Copy);

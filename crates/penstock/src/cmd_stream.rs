@@ -9,7 +9,7 @@ use penstock_core::endpoint::{Endpoint, Role};
 use penstock_core::lateness::{LatenessSummary, TraceRecord};
 use penstock_core::sched::drr::SchedMode;
 use penstock_core::sched::edf::Order;
-use penstock_core::schedule::{Schedule, ScheduleFlags, ScheduleLimits, ScheduleSpec};
+use penstock_core::schedule::{LatePolicy, Schedule, ScheduleFlags, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::{CachePolicy, Extent, PathChoice};
 use penstock_core::units::{parse_duration, parse_size};
 use penstock_driver::clock::{CpuWho, cpu_times};
@@ -65,6 +65,11 @@ pub struct StreamArgs {
     /// A unit later than this is a miss (default: one period).
     #[arg(long, value_parser = parse_duration)]
     pub miss_after: Option<Duration>,
+    /// A paced stream's units later than the miss threshold: send (at once, after a stall a
+    /// burst) or skip (drop them unsent, counted; the stream resumes on schedule). skip needs
+    /// a file source.
+    #[arg(long, default_value = "send", value_parser = parse_late)]
+    pub late: LatePolicy,
     /// Write every unit's scheduled and completion times to this CSV file.
     #[arg(long)]
     pub trace: Option<std::path::PathBuf>,
@@ -121,6 +126,11 @@ pub struct StreamArgs {
     // The engine's SEND_TIMEOUT_DEFAULT.
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     pub send_timeout: Duration,
+}
+
+fn parse_late(s: &str) -> Result<LatePolicy, String> {
+    s.parse()
+        .map_err(|e: penstock_core::schedule::LatePolicyError| e.to_string())
 }
 
 fn parse_timer(s: &str) -> Result<TimerMode, String> {
@@ -296,6 +306,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
         buffers: a.reserve_buffers,
         units: playback.map(|p| p.units.into()),
         send_timeout: (!a.send_timeout.is_zero()).then_some(a.send_timeout),
+        late: a.late,
         ..StreamSpec::new(source, target)
     };
     let cpu0 = cpu_times(CpuWho::Process);
@@ -385,13 +396,21 @@ fn lateness_line(l: &LatenessSummary) -> String {
         l.misses,
         l.units,
         l.miss_after_ns as f64 / 1e6
-    )
+    ) + &if l.skipped_units > 0 {
+        format!(
+            "; {} late units ({} bytes) skipped",
+            l.skipped_units, l.skipped_bytes
+        )
+    } else {
+        String::new()
+    }
 }
 
 pub fn lateness_json(l: &LatenessSummary) -> serde_json::Value {
     serde_json::json!({
         "units": l.units, "misses": l.misses, "miss_after_ns": l.miss_after_ns,
         "p50_ns": l.p50_ns, "p99_ns": l.p99_ns, "p999_ns": l.p999_ns, "max_ns": l.max_ns,
+        "skipped_units": l.skipped_units, "skipped_bytes": l.skipped_bytes,
     })
 }
 

@@ -3,8 +3,9 @@
 //! milliseconds, rates are bytes per second (units last in every name); each also takes a
 //! string in the command line's units, `"64KiB"`, `"30s"`, `"8Mbps"` ([`units`]).
 //!
-//! What SIGHUP may change live is [`HttpLimits`] and the `[[location]]` table (classes and
-//! rates per path prefix): see [`ServerConfig::live`]. Addresses, the root, worker counts,
+//! What SIGHUP may change live is [`HttpLimits`], the `[[location]]` table (classes and
+//! rates per path prefix) — see [`ServerConfig::live`] — and the disk scheduler's `[disk]`
+//! quanta and in-flight bound ([`DiskSection::tuning`]). Addresses, the root, worker counts,
 //! the token and the engine's sizes are fixed at start.
 
 use std::net::{IpAddr, SocketAddr};
@@ -39,6 +40,8 @@ pub struct ServerConfig {
     pub http: HttpConfig,
     pub control: ControlConfig,
     pub engine: EngineSection,
+    /// `[disk]`: the engine's disk request scheduler (reloadable).
+    pub disk: DiskSection,
     pub admission: AdmissionSection,
     /// `[limits]`: per-connection HTTP limits (reloadable).
     pub limits: HttpLimits,
@@ -290,6 +293,13 @@ pub struct ControlConfig {
     /// A `tcp-listen://` endpoint waits this long for its peer.
     #[serde(deserialize_with = "units::ms")]
     pub accept_timeout_ms: u64,
+    /// `START id AT time`: a time at most this long past is taken (unit 0 is then already
+    /// late); earlier ones are refused. Leaves room for clocks a little apart.
+    #[serde(deserialize_with = "units::ms")]
+    pub start_at_late_max_ms: u64,
+    /// `START id AT time`: a time at most this far ahead is taken; later ones are refused.
+    #[serde(deserialize_with = "units::ms")]
+    pub start_at_ahead_max_ms: u64,
     /// Out of descriptors (EMFILE, ENFILE), the listeners pause this long.
     #[serde(deserialize_with = "units::ms")]
     pub accept_backoff_ms: u64,
@@ -335,6 +345,8 @@ impl Default for ControlConfig {
             send_timeout_ms: 60_000,
             connect_timeout_ms: 10_000,
             accept_timeout_ms: 60_000,
+            start_at_late_max_ms: 1_000,
+            start_at_ahead_max_ms: 3_600_000,
             accept_backoff_ms: 500,
             read_roots: Vec::new(),
             write_roots: Vec::new(),
@@ -407,6 +419,9 @@ impl ControlConfig {
         if self.auth_failures_max == 0 {
             return bad("control.auth_failures_max must be at least 1");
         }
+        if self.start_at_ahead_max_ms == 0 {
+            return bad("control.start_at_ahead_max_ms must be above 0");
+        }
         if matches!(&self.token, Some(t) if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()))
         {
             return bad("control.token must be at least 16 characters without spaces");
@@ -448,6 +463,14 @@ impl ControlConfig {
 
     pub fn accept_timeout(&self) -> Duration {
         Duration::from_millis(self.accept_timeout_ms)
+    }
+
+    pub fn start_at_late_max(&self) -> Duration {
+        Duration::from_millis(self.start_at_late_max_ms)
+    }
+
+    pub fn start_at_ahead_max(&self) -> Duration {
+        Duration::from_millis(self.start_at_ahead_max_ms)
     }
 
     pub fn accept_backoff(&self) -> Duration {
@@ -567,6 +590,63 @@ impl EngineSection {
             c.disk.rt_ioprio = on;
         }
         c
+    }
+}
+
+/// `[disk]`: the engine's disk request scheduler (docs/io-scheduler.md): the DRR quantum of
+/// each class and the reads in flight per device. Unset keys take
+/// `penstock_driver::disk::DiskConfig::default()`. Reloaded by SIGHUP, and changed until the
+/// next reload or restart by the control command `TUNE disk`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiskSection {
+    /// Bytes of cost the `rt` class may read per round; at least `engine.buffer_bytes` (one
+    /// read).
+    #[serde(default, deserialize_with = "units::opt_size")]
+    pub rt_quantum_bytes: Option<u64>,
+    /// Bytes of cost the `bulk` class may read per round; at least `engine.buffer_bytes`.
+    #[serde(default, deserialize_with = "units::opt_size")]
+    pub bulk_quantum_bytes: Option<u64>,
+    /// Reads in flight per device at most (MARS's adapter slots): 1 ..= 4096.
+    pub inflight_max: Option<u32>,
+}
+
+impl DiskSection {
+    /// The whole settings this section asks for: its keys over the engine's defaults.
+    pub fn settings(&self) -> penstock_driver::DiskSettings {
+        let d = penstock_driver::disk::DiskConfig::default();
+        penstock_driver::DiskSettings {
+            rt_quantum_bytes: self.rt_quantum_bytes.unwrap_or(d.rt_quantum_bytes),
+            bulk_quantum_bytes: self.bulk_quantum_bytes.unwrap_or(d.bulk_quantum_bytes),
+            disk_inflight_max: self.inflight_max.unwrap_or(d.disk_inflight_max),
+        }
+    }
+
+    /// The change a reload makes: every value, so that a key removed from the file goes back
+    /// to its default (and a `TUNE` since the last reload is undone).
+    pub fn tuning(&self) -> penstock_driver::DiskTuning {
+        let s = self.settings();
+        penstock_driver::DiskTuning {
+            rt_quantum_bytes: Some(s.rt_quantum_bytes),
+            bulk_quantum_bytes: Some(s.bulk_quantum_bytes),
+            disk_inflight_max: Some(s.disk_inflight_max),
+        }
+    }
+
+    /// Checks the values as the scheduler will, for reads of `buffer_bytes`.
+    fn check(&self, buffer_bytes: u64) -> Result<(), ConfigError> {
+        self.settings()
+            .tuned(&penstock_driver::DiskTuning::default(), buffer_bytes)
+            .map(|_| ())
+            .map_err(|e| ConfigError::Invalid(format!("[disk]: {e}")))
+    }
+
+    /// Applies the section to an engine configuration.
+    fn apply(&self, disk: &mut penstock_driver::disk::DiskConfig) {
+        let s = self.settings();
+        disk.rt_quantum_bytes = s.rt_quantum_bytes;
+        disk.bulk_quantum_bytes = s.bulk_quantum_bytes;
+        disk.disk_inflight_max = s.disk_inflight_max;
     }
 }
 
@@ -715,6 +795,8 @@ impl ServerConfig {
                 "group is set without user: name the user to switch to".into(),
             ));
         }
+        self.disk
+            .check(self.engine.engine_config().buffer_bytes as u64)?;
         Ok(())
     }
 
@@ -735,6 +817,13 @@ impl ServerConfig {
         })
     }
 
+    /// The engine's configuration: `[engine]` sizes and `[disk]` scheduler settings.
+    pub fn engine_config(&self) -> penstock_driver::EngineConfig {
+        let mut c = self.engine.engine_config();
+        self.disk.apply(&mut c.disk);
+        c
+    }
+
     /// The reloadable part.
     pub fn live(&self) -> LiveConfig {
         let mut locations = self.location.clone();
@@ -753,6 +842,7 @@ impl ServerConfig {
 /// What [`crate::Server::reload`] applies (a key, or every key beneath a table).
 pub const RELOADABLE: &[&str] = &[
     "limits",
+    "disk",
     "location",
     "http.listen",
     "http.root",
@@ -841,6 +931,54 @@ mod tests {
             c.http.engine_body_bytes_min,
             HttpConfig::default().engine_body_bytes_min
         );
+        assert_eq!(c.disk.settings(), DiskSection::default().settings());
+        let d = ControlConfig::default();
+        assert_eq!(
+            (
+                c.control.start_at_late_max_ms,
+                c.control.start_at_ahead_max_ms
+            ),
+            (d.start_at_late_max_ms, d.start_at_ahead_max_ms)
+        );
+    }
+
+    #[test]
+    fn disk_section_sets_the_scheduler_and_is_checked() {
+        let c: ServerConfig =
+            toml::from_str("[disk]\nrt_quantum_bytes = 8388608\ninflight_max = 2\n").unwrap();
+        c.check().unwrap();
+        let e = c.engine_config();
+        assert_eq!(
+            (
+                e.disk.rt_quantum_bytes,
+                e.disk.bulk_quantum_bytes,
+                e.disk.disk_inflight_max
+            ),
+            (8 << 20, 1 << 20, 2)
+        );
+        let t = c.disk.tuning();
+        assert_eq!(
+            t.bulk_quantum_bytes,
+            Some(1 << 20),
+            "a reload sets every value"
+        );
+        for bad in [
+            "inflight_max = 0",
+            "inflight_max = 5000",
+            "rt_quantum_bytes = 4096",
+            "bulk_quantum_bytes = 0",
+        ] {
+            let c: ServerConfig = toml::from_str(&format!("[disk]\n{bad}\n")).unwrap();
+            let e = c.check().unwrap_err().to_string();
+            assert!(e.contains("[disk]"), "{bad}: {e}");
+        }
+        // The quantum is checked against the configured read size.
+        let c: ServerConfig = toml::from_str(
+            "[engine]\nbuffer_bytes = 4194304\n[disk]\nbulk_quantum_bytes = 2097152\n",
+        )
+        .unwrap();
+        assert!(c.check().is_err());
+        assert!(toml::from_str::<ServerConfig>("[disk]\nquantum = 1\n").is_err());
     }
 
     #[test]

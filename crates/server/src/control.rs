@@ -422,10 +422,11 @@ fn serve(shared: &Arc<ControlShared>, mut peer: Peer, conn: u64) {
 }
 
 const HELP: &[&str] = &[
-    "OPEN <src> <dst> [class=rt|bulk|NAME] [rate=R] [period=D] [unit=SIZE] [schedule=K,T] [buffers=N] [offset=SIZE] [length=SIZE] [path=auto|copy|sendfile|splice|uring] [DETACHED] [TRUNCATE]",
+    "OPEN <src> <dst> [class=rt|bulk|NAME] [rate=R] [period=D] [unit=SIZE] [schedule=K,T] [buffers=N] [offset=SIZE] [length=SIZE] [path=auto|copy|sendfile|splice|uring] [late=send|skip] [cache=keep|bypass|drop] [DETACHED] [TRUNCATE]",
     "SEEK|UNIT|LENGTH <id> <size>   (pending or paused streams)",
     "RATE <id> <rate>   SCHEDULE <id> <k>,<t>",
-    "START|PAUSE|RESUME <id>",
+    "START <id> [AT +DURATION|RFC3339]   PAUSE|RESUME <id>",
+    "TUNE disk [rt_quantum=SIZE] [bulk_quantum=SIZE] [inflight=N]   (a change: the token or the server's own uid)",
     "STATE <id>[,<id>...] | STATE *",
     "CLOSE <id> [NOW]",
     "STATS   AUTH <token>   HELP   QUIT",
@@ -481,7 +482,29 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
         Command::Length { id, length_bytes } => streams.edit(c, id, Edit::Length(length_bytes)),
         Command::Rate { id, rate } => streams.edit(c, id, Edit::Rate(rate)),
         Command::Schedule { id, schedule } => streams.edit(c, id, Edit::Schedule(schedule)),
-        Command::Start { id } => streams.start(c, id),
+        Command::Start { id, at } => streams.start(c, id, at),
+        Command::TuneDisk(t) => {
+            // Every stream on the server shares the disk scheduler: a change is the
+            // operator's, not any one client's. A query only reads.
+            let operator = match c.identity {
+                Identity::Token => true,
+                Identity::Peer { uid } => uid == shared.own_uid,
+                Identity::Anonymous => false,
+            };
+            if !t.is_query() && !operator {
+                Reply::new(
+                    ReplyCode::FORBIDDEN,
+                    "TUNE changes the disk scheduler of every stream: it needs the token (AUTH) \
+                     or the server's own uid on the Unix socket",
+                )
+            } else {
+                let reply = streams.tune_disk(&t);
+                if !t.is_query() && reply.code.is_success() {
+                    tracing::info!(peer = %session.peer, "control: {}", reply.text);
+                }
+                reply
+            }
+        }
         Command::Pause { id } => streams.pause(c, id),
         Command::Resume { id } => streams.resume(c, id),
         Command::State(sel) => streams.state(c, &sel),

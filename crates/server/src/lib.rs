@@ -109,6 +109,7 @@ pub struct Server {
     control_threads: Vec<JoinHandle<()>>,
     paths: String,
     metrics: Arc<Metrics>,
+    engine: Arc<Engine>,
 }
 
 impl std::fmt::Debug for Server {
@@ -155,7 +156,7 @@ impl Server {
         })?;
         // The engine owns the one admission control, with the configured capacity: control
         // streams (and later RTSP sessions) ask it, as `penstock stream` does.
-        let mut engine_cfg = cfg.engine.engine_config();
+        let mut engine_cfg = cfg.engine_config();
         engine_cfg.admission = cfg.admission.admission_config();
         let engine =
             Arc::new(Engine::new(engine_cfg).map_err(|e| ServerError::Engine(e.to_string()))?);
@@ -314,6 +315,7 @@ impl Server {
             control_threads,
             paths,
             metrics,
+            engine,
         })
     }
 
@@ -378,7 +380,8 @@ impl Server {
     }
 
     /// SIGHUP: takes what can change while serving — the limits, the locations (classes
-    /// and rates), the HTTP addresses (re-bound: new ones bound first, kept ones keep their
+    /// and rates), the disk scheduler's quanta and in-flight bound (which also undoes a
+    /// `TUNE disk`), the HTTP addresses (re-bound: new ones bound first, kept ones keep their
     /// sockets, dropped ones closed; connections already accepted continue), and the served
     /// directory (`root`, when the command line did not fix it; index and types with it).
     /// Everything else in `cfg` that differs from the running configuration is listed in
@@ -407,7 +410,8 @@ impl Server {
                 path: new_root.clone(),
                 source,
             })?;
-        // Then the addresses: bind every new one before giving up any old one.
+        // Then the addresses: bind every new one before giving up any old one (they are
+        // handed over only when nothing else can refuse).
         let mut new_listening = None;
         if cfg.http.listen != old.http.listen {
             if self.activated {
@@ -443,6 +447,19 @@ impl Server {
                 drop(current);
                 new_listening = Some(next);
             }
+        }
+        // The disk scheduler: checked again by the engine against the read size it runs
+        // with (`[engine]` is not reloaded); the last step that can refuse. It also undoes
+        // a `TUNE disk`.
+        self.engine
+            .tune_disk(&cfg.disk.tuning())
+            .map_err(|e| ConfigError::Invalid(format!("[disk]: {e}")))?;
+        if cfg.disk != old.disk {
+            let d = self.engine.disk_settings();
+            report.applied.push(format!(
+                "disk: rt_quantum_bytes {} bulk_quantum_bytes {} inflight_max {}",
+                d.rt_quantum_bytes, d.bulk_quantum_bytes, d.disk_inflight_max
+            ));
         }
         if let Some(next) = new_listening {
             let groups = next
@@ -495,6 +512,12 @@ impl Server {
         }
         *self.running.lock().unwrap_or_else(|p| p.into_inner()) = cfg.clone();
         Ok(report)
+    }
+
+    /// The engine's disk scheduler settings in force (after the configuration, reloads and
+    /// `TUNE disk`).
+    pub fn disk_settings(&self) -> penstock_driver::DiskSettings {
+        self.engine.disk_settings()
     }
 
     /// Stops accepting; lets responses and streams finish until `deadline`, then cuts them.

@@ -47,16 +47,17 @@ use std::time::{Duration, Instant};
 
 use penstock_core::admission::{Refusal, Resource, StreamQos, Usage};
 use penstock_core::control::{
-    Class, DataPath as CtlPath, KtSchedule, OpenSpec, Reply, ReplyCode, StreamId, StreamSelector,
+    Class, DataPath as CtlPath, DiskTune, KtSchedule, OpenSpec, Reply, ReplyCode, StartTime,
+    StreamId, StreamSelector,
 };
 use penstock_core::endpoint::{Endpoint, Role};
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::schedule::{LatePolicy, Schedule, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::{DataPath, Extent, PathChoice};
 use penstock_core::units::Rate;
 use penstock_driver::open::Opened;
 use penstock_driver::{
-    Admitted, CounterSnapshot, DiskClass, Engine, LatenessCounts, StreamError, StreamHandle,
-    StreamReport, StreamSpec,
+    Admitted, CounterSnapshot, DiskClass, DiskSettings, DiskTuning, Engine, LatenessCounts,
+    StreamError, StreamHandle, StreamReport, StreamSpec,
 };
 
 use crate::access::{Access, Denied, Prepared};
@@ -86,6 +87,10 @@ pub trait Backend: Send + Sync {
     fn buffer_bytes(&self) -> usize;
     /// Whether `path=uring` can be honoured.
     fn uring_available(&self) -> bool;
+    /// The engine's disk scheduler settings in force.
+    fn disk_settings(&self) -> DiskSettings;
+    /// Changes them (`TUNE disk`), checked whole: on error nothing changed.
+    fn tune_disk(&self, t: &DiskTuning) -> Result<DiskSettings, String>;
 }
 
 /// An admission reservation held for a stream not started yet (opaque to the table).
@@ -118,6 +123,12 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
     fn uring_available(&self) -> bool {
         (**self).uring_available()
+    }
+    fn disk_settings(&self) -> DiskSettings {
+        (**self).disk_settings()
+    }
+    fn tune_disk(&self, t: &DiskTuning) -> Result<DiskSettings, String> {
+        (**self).tune_disk(t)
     }
 }
 
@@ -195,6 +206,12 @@ impl Backend for EngineBackend {
     }
     fn uring_available(&self) -> bool {
         self.engine.info().uring.is_ok()
+    }
+    fn disk_settings(&self) -> DiskSettings {
+        self.engine.disk_settings()
+    }
+    fn tune_disk(&self, t: &DiskTuning) -> Result<DiskSettings, String> {
+        self.engine.tune_disk(t).map_err(|e| e.to_string())
     }
 }
 
@@ -293,6 +310,19 @@ struct Entry {
     sent_before_bytes: u64,
     /// The current engine stream's lateness counts already added to the metrics.
     lateness_seen: LatenessCounts,
+    /// Lateness counts of the engine streams that ended (before restarts, or at the end).
+    lateness_past: LatenessCounts,
+    /// `late=send|skip`.
+    late: LatePolicy,
+    /// `cache=keep|bypass|drop`.
+    cache: penstock_core::stream::CachePolicy,
+    /// `START … AT`: when unit 0 of the next engine stream is due (the engine's clock);
+    /// used once.
+    start_at: Option<penstock_core::time::Instant>,
+    /// Since when the entry has been running (`None`: not running), and how long it ran
+    /// before: `STATE`'s measured rate excludes pauses.
+    active_since: Option<Instant>,
+    active_before: Duration,
     /// The admission reservation of a stream not (or no longer) running in the engine; a
     /// running one's is held by its engine stream.
     ticket: Option<Ticket>,
@@ -314,6 +344,49 @@ impl Entry {
     /// Bytes the current engine stream has sent (not yet folded into the offset).
     fn engine_sent_bytes(&self) -> u64 {
         self.handle().map_or(0, |h| h.counters().bytes_sent)
+    }
+
+    /// Bytes the current engine stream moved past unsent (`late=skip`), not yet folded into
+    /// the offset.
+    fn engine_skipped_bytes(&self) -> u64 {
+        self.handle().map_or(0, |h| h.lateness().bytes_skipped)
+    }
+
+    /// The entry starts (or resumes) running now.
+    fn mark_active(&mut self) {
+        self.active_since.get_or_insert_with(Instant::now);
+    }
+
+    /// The entry stops running (paused, done, failed, closed).
+    fn mark_idle(&mut self) {
+        if let Some(t) = self.active_since.take() {
+            self.active_before += t.elapsed();
+        }
+    }
+
+    /// Bytes per second sent while running (pauses excluded), since `START`.
+    fn rate_bytes_per_s(&self) -> u64 {
+        let ran = self.active_before + self.active_since.map_or(Duration::ZERO, |t| t.elapsed());
+        if ran.is_zero() {
+            return 0;
+        }
+        (self.sent_bytes() as f64 / ran.as_secs_f64()) as u64
+    }
+
+    /// Lateness counts of every engine stream of this entry, the current one's so far.
+    fn lateness_counts(&self) -> LatenessCounts {
+        let mut all = self.lateness_past;
+        if let Some(h) = self.handle() {
+            add_counts(&mut all, &h.lateness());
+        }
+        all
+    }
+
+    /// The current engine stream ended with these counts: keep them.
+    fn keep_lateness(&mut self, last: &LatenessCounts) {
+        let mut past = self.lateness_past;
+        add_counts(&mut past, last);
+        self.lateness_past = past;
     }
 
     fn sent_bytes(&self) -> u64 {
@@ -339,24 +412,58 @@ impl Entry {
         }
     }
 
-    fn state_line(&self) -> String {
-        let running_sent = self.engine_sent_bytes();
+    /// `STATE`'s line: `<id> <state> key=value…` (docs/control-protocol.md lists the keys).
+    fn state_line(&self, backend: &dyn Backend) -> String {
+        let moved = self.engine_sent_bytes() + self.engine_skipped_bytes();
         let mut s = format!(
             "{} {} offset={} sent={} class={}",
             self.id,
             self.state_name(),
-            self.offset_bytes + running_sent,
+            self.offset_bytes + moved,
             self.sent_bytes(),
             self.class
         );
         if let Some(r) = self.remaining_bytes {
-            s.push_str(&format!(" remaining={}", r.saturating_sub(running_sent)));
+            s.push_str(&format!(" remaining={}", r.saturating_sub(moved)));
         }
-        if let Some(u) = self.unit_bytes {
-            s.push_str(&format!(" unit={u}"));
+        // The plan: a paced stream's schedule as the engine runs it.
+        match schedule_of(backend, self) {
+            Ok(Some(sched)) => {
+                s.push_str(&format!(" unit={} paced=yes", sched.unit_bytes()));
+                s.push_str(&format!(
+                    " plan_bytes_per_s={}",
+                    penstock_driver::engine::schedule_bytes_per_s(&sched)
+                ));
+                if let Some(p) = sched.period() {
+                    s.push_str(&format!(" period_ns={}", p.ceil_ns()));
+                }
+                if let Some(k) = sched.cycle_units().filter(|&k| k > 1) {
+                    s.push_str(&format!(" cycle_units={k}"));
+                }
+                if self.late != LatePolicy::Send {
+                    s.push_str(&format!(" late={}", self.late));
+                }
+            }
+            _ => {
+                if let Some(u) = self.unit_bytes {
+                    s.push_str(&format!(" unit={u}"));
+                }
+            }
         }
-        if self.rate.is_some() || self.schedule.is_some() {
-            s.push_str(" paced=yes");
+        // What happened: measured rate and lateness, once started.
+        if self.active_since.is_some() || !self.active_before.is_zero() {
+            s.push_str(&format!(" rate_bytes_per_s={}", self.rate_bytes_per_s()));
+            if self.rate.is_some() || self.schedule.is_some() {
+                let l = self.lateness_counts();
+                s.push_str(&format!(
+                    " late_p50_ns={} late_p99_ns={} late_max_ns={} misses={} skipped={}",
+                    l.quantile_ns_max(500_000),
+                    l.quantile_ns_max(990_000),
+                    l.max_ns,
+                    l.misses,
+                    l.units_skipped
+                ));
+            }
         }
         if self.detached {
             s.push_str(" detached");
@@ -414,6 +521,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// `in 250.000 ms` or `1.500 ms ago`, for a time `ahead_ns` from now.
+fn due_text(ahead_ns: i128) -> String {
+    let ms = ahead_ns.unsigned_abs() as f64 / 1e6;
+    if ahead_ns >= 0 {
+        format!("in {ms:.3} ms")
+    } else {
+        format!("{ms:.3} ms ago")
+    }
+}
+
+/// Adds `b`'s counts to `a` (the maximum is the larger).
+fn add_counts(a: &mut LatenessCounts, b: &LatenessCounts) {
+    for (x, y) in a.buckets.iter_mut().zip(b.buckets) {
+        *x += y;
+    }
+    a.misses += b.misses;
+    a.max_ns = a.max_ns.max(b.max_ns);
+    a.units_skipped += b.units_skipped;
+    a.bytes_skipped += b.bytes_skipped;
+}
+
 fn engine_path(p: CtlPath) -> PathChoice {
     match p {
         CtlPath::Auto => PathChoice::Auto,
@@ -453,6 +581,9 @@ fn spec_of(backend: &dyn Backend, e: &Entry) -> Result<StreamSpec, String> {
         DiskClass::Bulk
     });
     spec.buffers = e.buffers;
+    spec.late = e.late;
+    spec.cache = e.cache;
+    spec.start_at = e.start_at;
     Ok(spec)
 }
 
@@ -467,6 +598,9 @@ fn run(
     e.lateness_seen = LatenessCounts::default();
     let mut spec = spec_of(backend, e)?;
     spec.send_timeout = send_timeout;
+    // `START … AT` holds for the first engine stream only: a restart after an edit starts
+    // its schedule anew, at the resume.
+    e.start_at = None;
     let source = dup(&ends.source).map_err(|x| x.to_string())?;
     let target = dup(&ends.target).map_err(|x| x.to_string())?;
     backend
@@ -512,16 +646,20 @@ fn suspend(e: &mut Entry, handle: Handle, metrics: &Metrics) -> Result<(), Strin
         ));
     };
     let counted = handle.counters().bytes_sent;
-    metrics.add_lateness(&handle.lateness(), &mut e.lateness_seen);
+    let last = handle.lateness();
+    metrics.add_lateness(&last, &mut e.lateness_seen);
+    e.keep_lateness(&last);
     let sent = match outcome {
         Ok(report) => report.bytes.max(counted),
         Err(penstock_driver::StreamError::Cancelled { .. }) => counted,
         Err(other) => return Err(other.to_string()),
     };
-    e.offset_bytes += sent;
+    // Units skipped (`late=skip`) were moved past too.
+    let moved = sent + last.bytes_skipped;
+    e.offset_bytes += moved;
     e.sent_before_bytes += sent;
     if let Some(r) = &mut e.remaining_bytes {
-        *r = r.saturating_sub(sent);
+        *r = r.saturating_sub(moved);
     }
     Ok(())
 }
@@ -619,6 +757,13 @@ impl Streams {
                 "path=uring: io_uring is not available here",
             );
         }
+        let late = spec.late.unwrap_or_default();
+        if late == LatePolicy::Skip && spec.rate.is_none() && spec.schedule.is_none() {
+            return Reply::new(
+                ReplyCode::BAD_SYNTAX,
+                "late=skip needs rate= or schedule= (a burst stream has no late units)",
+            );
+        }
         let class = spec.class.clone().unwrap_or(Class::Bulk);
         if class == Class::Rt && spec.rate.is_none() && spec.schedule.is_none() {
             return Reply::new(
@@ -670,6 +815,12 @@ impl Streams {
             path: spec.path.unwrap_or(CtlPath::Auto),
             sent_before_bytes: 0,
             lateness_seen: LatenessCounts::default(),
+            lateness_past: LatenessCounts::default(),
+            late,
+            cache: spec.cache.unwrap_or_default(),
+            start_at: None,
+            active_since: None,
+            active_before: Duration::ZERO,
             ticket: None,
             admitted: false,
             run: Run::Pending,
@@ -771,9 +922,17 @@ impl Streams {
 
     /// `START` a pending stream: open its endpoints (no lock held) and hand it to the
     /// engine; a listening endpoint is bound, and its peer awaited by a waiter thread.
-    pub fn start(self: &Arc<Self>, caller: Caller, id: StreamId) -> Reply {
+    ///
+    /// With `at` (`START id AT time`), unit 0 of the paced stream is due at that time: a
+    /// wall-clock time is turned into the engine's monotonic clock once, here, so a later
+    /// step of the wall clock (NTP) does not move the schedule.
+    pub fn start(self: &Arc<Self>, caller: Caller, id: StreamId, at: Option<StartTime>) -> Reply {
         let entry = match self.get(caller, id) {
             Ok(e) => e,
+            Err(r) => return r,
+        };
+        let start_at = match at.map(|t| self.start_instant(t)).transpose() {
+            Ok(s) => s,
             Err(r) => return r,
         };
         let cancel = Arc::new(AtomicBool::new(false));
@@ -785,6 +944,14 @@ impl Streams {
                     format!("stream {id} is {}, not pending", e.state_name()),
                 );
             }
+            if start_at.is_some() && e.rate.is_none() && e.schedule.is_none() {
+                return Reply::new(
+                    ReplyCode::BAD_SYNTAX,
+                    "START AT needs a paced stream (OPEN with rate= or schedule=): a burst \
+                     stream has no schedule to start at a time",
+                );
+            }
+            e.start_at = start_at.map(|(instant, _)| instant);
             e.run = Run::Starting {
                 cancel: cancel.clone(),
             };
@@ -802,9 +969,16 @@ impl Streams {
                 return reply;
             }
         };
+        let due = |reply: Reply| match start_at {
+            Some((_, ahead_ns)) if reply.code.is_success() => Reply::new(
+                reply.code,
+                format!("{}; unit 0 due {}", reply.text, due_text(ahead_ns)),
+            ),
+            _ => reply,
+        };
         match (source, target) {
             (Prepared::Ready(source), Prepared::Ready(target)) => {
-                self.launch(&entry, &cancel, Ends { source, target })
+                due(self.launch(&entry, &cancel, Ends { source, target }))
             }
             (source, target) => {
                 let on: Vec<String> = [&source, &target]
@@ -838,7 +1012,7 @@ impl Streams {
                         move || me.await_peers(&entry, &cancel, source, target, deadline)
                     });
                 match spawned {
-                    Ok(_) => Reply::ok(format!("started, waiting for a peer on {on}")),
+                    Ok(_) => due(Reply::ok(format!("started, waiting for a peer on {on}"))),
                     Err(err) => {
                         let text = format!("could not start a waiter: {err}");
                         self.start_failed(&entry, &cancel, text.clone());
@@ -847,6 +1021,51 @@ impl Streams {
                 }
             }
         }
+    }
+
+    /// The engine-clock instant of a `START … AT` time and how far ahead of now it is (ns,
+    /// negative when past), or the refusal: more than `start_at_late_max_ms` past, or more
+    /// than `start_at_ahead_max_ms` ahead.
+    fn start_instant(&self, t: StartTime) -> Result<(penstock_core::time::Instant, i128), Reply> {
+        let now = penstock_driver::clock::now();
+        let ahead_ns: i128 = match t {
+            StartTime::In(d) => i128::try_from(d.as_nanos()).unwrap_or(i128::MAX),
+            StartTime::At { unix_ns } => {
+                let wall_ns = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos());
+                i128::from(unix_ns) - i128::try_from(wall_ns).unwrap_or(i128::MAX)
+            }
+        };
+        let late_max = self.config.start_at_late_max();
+        let ahead_max = self.config.start_at_ahead_max();
+        if ahead_ns < -(late_max.as_nanos() as i128) {
+            return Err(Reply::new(
+                ReplyCode::BAD_SYNTAX,
+                format!(
+                    "START AT {t}: that was {} ago, more than control.start_at_late_max_ms \
+                     ({} ms) allows",
+                    due_text(-ahead_ns).trim_start_matches("in "),
+                    late_max.as_millis()
+                ),
+            ));
+        }
+        if ahead_ns > ahead_max.as_nanos() as i128 {
+            return Err(Reply::new(
+                ReplyCode::BAD_SYNTAX,
+                format!(
+                    "START AT {t}: that is {}, further than control.start_at_ahead_max_ms \
+                     ({} ms) allows",
+                    due_text(ahead_ns),
+                    ahead_max.as_millis()
+                ),
+            ));
+        }
+        let at_ns = i128::from(now.as_nanos()) + ahead_ns;
+        let at = penstock_core::time::Instant::from_nanos(
+            u64::try_from(at_ns.max(0)).unwrap_or(u64::MAX),
+        );
+        Ok((at, ahead_ns))
     }
 
     /// A waiter thread: accepts each listening endpoint's peer, then starts the stream.
@@ -893,6 +1112,7 @@ impl Streams {
         match run(&*self.backend, &mut e, &ends, self.config.send_timeout()) {
             Ok(handle) => {
                 self.metrics.streams_active.inc();
+                e.mark_active();
                 e.run = Run::Running { handle, ends };
                 Reply::ok("started")
             }
@@ -955,7 +1175,9 @@ impl Streams {
                         );
                     }
                 }
-                let offset = e.offset_bytes + handle.counters().bytes_sent;
+                let offset =
+                    e.offset_bytes + handle.counters().bytes_sent + handle.lateness().bytes_skipped;
+                e.mark_idle();
                 e.run = Run::Paused {
                     handle: Some(handle),
                     ends,
@@ -985,6 +1207,7 @@ impl Streams {
             } => {
                 handle.resume();
                 self.metrics.streams_active.inc();
+                e.mark_active();
                 e.run = Run::Running { handle, ends };
                 Reply::ok("resumed")
             }
@@ -992,6 +1215,7 @@ impl Streams {
                 match run(&*self.backend, &mut e, &ends, self.config.send_timeout()) {
                     Ok(handle) => {
                         self.metrics.streams_active.inc();
+                        e.mark_active();
                         e.run = Run::Running { handle, ends };
                         Reply::ok("resumed")
                     }
@@ -1027,6 +1251,7 @@ impl Streams {
     fn finish_entry(&self, e: &Mutex<Entry>, now: bool) -> u64 {
         let mut e = lock(e);
         e.cancel_start();
+        e.mark_idle();
         let handle = match std::mem::replace(&mut e.run, Run::Done) {
             Run::Running { handle, .. } => {
                 self.metrics.streams_active.dec();
@@ -1066,13 +1291,13 @@ impl Streams {
                     .collect();
                 all.sort_by_key(|(k, _)| *k);
                 all.into_iter()
-                    .map(|(_, e)| lock(&e).state_line())
+                    .map(|(_, e)| lock(&e).state_line(&*self.backend))
                     .collect()
             }
             StreamSelector::Ids(ids) => ids
                 .iter()
                 .map(|id| match self.get(caller, *id) {
-                    Ok(e) => lock(&e).state_line(),
+                    Ok(e) => lock(&e).state_line(&*self.backend),
                     Err(r) if r.code == ReplyCode::AUTH_REQUIRED => format!("{id} forbidden"),
                     Err(_) => format!("{id} unknown"),
                 })
@@ -1080,6 +1305,23 @@ impl Streams {
         };
         let n = lines.len();
         Reply::multi(ReplyCode::STATE, lines, format!("end {n}"))
+    }
+
+    /// `TUNE disk`: changes the engine's disk scheduler settings (a query when nothing is
+    /// asked), replying with those in force. Who may is the control server's decision.
+    pub fn tune_disk(&self, t: &DiskTune) -> Reply {
+        let asked = DiskTuning {
+            rt_quantum_bytes: t.rt_quantum_bytes,
+            bulk_quantum_bytes: t.bulk_quantum_bytes,
+            disk_inflight_max: t.inflight_max,
+        };
+        match self.backend.tune_disk(&asked) {
+            Ok(d) => Reply::ok(format!(
+                "disk rt_quantum={} bulk_quantum={} inflight={}",
+                d.rt_quantum_bytes, d.bulk_quantum_bytes, d.disk_inflight_max
+            )),
+            Err(e) => Reply::new(ReplyCode::BAD_SYNTAX, format!("TUNE disk refused: {e}")),
+        }
     }
 
     /// `STATS` lines (the control server adds its own).
@@ -1118,6 +1360,18 @@ impl Streams {
                 u.net_bytes_per_s, cap.net_bytes_per_s
             ),
             format!("rt_buffers {} of {}", u.buffers, cap.buffers),
+        ]
+        .into_iter()
+        .chain(self.disk_lines())
+        .collect()
+    }
+
+    fn disk_lines(&self) -> [String; 3] {
+        let d = self.backend.disk_settings();
+        [
+            format!("disk_rt_quantum_bytes {}", d.rt_quantum_bytes),
+            format!("disk_bulk_quantum_bytes {}", d.bulk_quantum_bytes),
+            format!("disk_inflight_max {}", d.disk_inflight_max),
         ]
     }
 
@@ -1196,17 +1450,21 @@ impl Streams {
         if matches!(e.run, Run::Running { .. }) {
             self.metrics.streams_active.dec();
         }
+        e.mark_idle();
         // The report's count is final; the counters agree once it is in.
         let sent = e.engine_sent_bytes();
+        let last = e.handle().map(|h| h.lateness()).unwrap_or_default();
+        e.keep_lateness(&last);
         e.ended = Some(Instant::now());
         self.release(e);
         e.run = match result {
             Ok(report) => {
                 let sent = report.bytes.max(sent);
+                let moved = sent + last.bytes_skipped;
                 e.sent_before_bytes += sent;
-                e.offset_bytes += sent;
+                e.offset_bytes += moved;
                 if let Some(r) = &mut e.remaining_bytes {
-                    *r = r.saturating_sub(sent);
+                    *r = r.saturating_sub(moved);
                 }
                 Run::Done
             }

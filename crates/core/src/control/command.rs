@@ -3,8 +3,10 @@
 //! value: the client builds commands with this and the round-trip tests rely on it.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::schedule::LatePolicy;
+use crate::stream::CachePolicy;
 use crate::units::Rate;
 
 /// A stream's id: a u64 in decimal, unique for the server's lifetime (the server never reuses
@@ -155,6 +157,10 @@ pub struct OpenSpec {
     /// A file target that exists may be cut to length 0 and rewritten (without it, a file
     /// target must be new).
     pub truncate: bool,
+    /// What a paced stream does with a unit later than its miss threshold (`late=send|skip`).
+    pub late: Option<LatePolicy>,
+    /// What the stream does to the page cache (`cache=keep|bypass|drop`; bypass is O_DIRECT).
+    pub cache: Option<CachePolicy>,
 }
 
 impl OpenSpec {
@@ -174,7 +180,59 @@ impl OpenSpec {
             path: None,
             detached: false,
             truncate: false,
+            late: None,
+            cache: None,
         }
+    }
+}
+
+/// When a `START … AT` stream's unit 0 is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StartTime {
+    /// `+250ms`: this long after the server reads the command.
+    In(Duration),
+    /// An RFC 3339 instant (`2026-11-24T12:00:00.5Z`, `2026-11-24T13:00:00+01:00`), as
+    /// nanoseconds since the Unix epoch in UTC (1970 to 2554: what a u64 holds).
+    At { unix_ns: u64 },
+}
+
+impl StartTime {
+    /// The wall-clock instant of an [`StartTime::At`].
+    pub fn system_time(unix_ns: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_nanos(unix_ns)
+    }
+}
+
+impl fmt::Display for StartTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartTime::In(d) => write!(f, "+{}", DurationText(*d)),
+            // Every u64 of nanoseconds is before 9999, which humantime formats.
+            StartTime::At { unix_ns } => write!(
+                f,
+                "{}",
+                humantime::format_rfc3339_nanos(StartTime::system_time(*unix_ns))
+            ),
+        }
+    }
+}
+
+/// `TUNE disk`: the engine's disk scheduler settings to change (MARS's quanta "changed over
+/// time"); an absent one is kept. All absent: a query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct DiskTune {
+    /// Bytes of cost the `rt` class may read per DRR round.
+    pub rt_quantum_bytes: Option<u64>,
+    /// Bytes of cost the `bulk` class may read per DRR round.
+    pub bulk_quantum_bytes: Option<u64>,
+    /// Reads in flight per device at most (`disk_inflight_max`).
+    pub inflight_max: Option<u32>,
+}
+
+impl DiskTune {
+    /// Nothing to change: the command asks for the settings in force.
+    pub fn is_query(&self) -> bool {
+        *self == DiskTune::default()
     }
 }
 
@@ -207,8 +265,10 @@ pub enum Command {
         id: StreamId,
         schedule: KtSchedule,
     },
+    /// Start a pending stream, now or (`AT`) with its unit 0 due at a given time.
     Start {
         id: StreamId,
+        at: Option<StartTime>,
     },
     Pause {
         id: StreamId,
@@ -224,6 +284,8 @@ pub enum Command {
         now: bool,
     },
     Stats,
+    /// Change (or, with nothing to change, report) the engine's disk scheduler settings.
+    TuneDisk(DiskTune),
     Auth(Token),
     Help,
     Quit,
@@ -245,6 +307,7 @@ impl Command {
             Command::State(_) => "STATE",
             Command::Close { .. } => "CLOSE",
             Command::Stats => "STATS",
+            Command::TuneDisk(_) => "TUNE",
             Command::Auth(_) => "AUTH",
             Command::Help => "HELP",
             Command::Quit => "QUIT",
@@ -286,6 +349,12 @@ impl fmt::Display for Command {
                 if let Some(p) = o.path {
                     write!(f, " path={p}")?;
                 }
+                if let Some(l) = o.late {
+                    write!(f, " late={l}")?;
+                }
+                if let Some(c) = o.cache {
+                    write!(f, " cache={}", c.name())?;
+                }
                 if o.detached {
                     f.write_str(" DETACHED")?;
                 }
@@ -305,8 +374,26 @@ impl fmt::Display for Command {
             } => write!(f, " {id} {n}"),
             Command::Rate { id, rate } => write!(f, " {id} {}", RateText(*rate)),
             Command::Schedule { id, schedule } => write!(f, " {id} {schedule}"),
-            Command::Start { id } | Command::Pause { id } | Command::Resume { id } => {
-                write!(f, " {id}")
+            Command::Start { id, at } => {
+                write!(f, " {id}")?;
+                if let Some(at) = at {
+                    write!(f, " AT {at}")?;
+                }
+                Ok(())
+            }
+            Command::Pause { id } | Command::Resume { id } => write!(f, " {id}"),
+            Command::TuneDisk(t) => {
+                f.write_str(" disk")?;
+                if let Some(q) = t.rt_quantum_bytes {
+                    write!(f, " rt_quantum={q}")?;
+                }
+                if let Some(q) = t.bulk_quantum_bytes {
+                    write!(f, " bulk_quantum={q}")?;
+                }
+                if let Some(n) = t.inflight_max {
+                    write!(f, " inflight={n}")?;
+                }
+                Ok(())
             }
             Command::State(sel) => write!(f, " {sel}"),
             Command::Close { id, now } => {

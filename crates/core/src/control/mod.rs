@@ -16,7 +16,8 @@ mod parse;
 mod reply;
 
 pub use command::{
-    Class, Command, DataPath, KtSchedule, OpenSpec, StreamId, StreamSelector, Token,
+    Class, Command, DataPath, DiskTune, KtSchedule, OpenSpec, StartTime, StreamId, StreamSelector,
+    Token,
 };
 pub use parse::{next_line, parse_command, parse_command_bytes};
 pub use reply::{Reply, ReplyCode, ReplyParser};

@@ -1,12 +1,14 @@
 //! Lines → [`Command`]s. Verbs, option names and keywords are case-insensitive; endpoint
 //! tokens, class names and tokens are kept as written.
 
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use super::command::{
-    Class, Command, DataPath, KtSchedule, OpenSpec, StreamId, StreamSelector, Token,
+    Class, Command, DataPath, DiskTune, KtSchedule, OpenSpec, StartTime, StreamId, StreamSelector,
+    Token,
 };
 use super::{ControlError, Limits};
+use crate::schedule::LatePolicy;
 use crate::units::{parse_duration, parse_rate, parse_size};
 
 /// Finds the first line in `buf`: `Ok(Some((line, consumed_bytes)))` with the line's bytes
@@ -118,8 +120,29 @@ pub fn parse_command(line: &str, limits: &Limits) -> Result<Command, ControlErro
             },
         )
     } else if verb_is("START") {
-        let [id] = exact(&args, "START", "START <id>")?;
-        ("START", Command::Start { id: stream_id(id)? })
+        const EXPECTED: &str = "START <id> [AT <+duration or RFC 3339 time>]";
+        match args.as_slice() {
+            [id] => (
+                "START",
+                Command::Start {
+                    id: stream_id(id)?,
+                    at: None,
+                },
+            ),
+            [id, at, time] if at.eq_ignore_ascii_case("AT") => (
+                "START",
+                Command::Start {
+                    id: stream_id(id)?,
+                    at: Some(start_time(time)?),
+                },
+            ),
+            _ => {
+                return Err(ControlError::Arity {
+                    verb: "START",
+                    expected: EXPECTED,
+                });
+            }
+        }
     } else if verb_is("PAUSE") {
         let [id] = exact(&args, "PAUSE", "PAUSE <id>")?;
         ("PAUSE", Command::Pause { id: stream_id(id)? })
@@ -155,6 +178,8 @@ pub fn parse_command(line: &str, limits: &Limits) -> Result<Command, ControlErro
     } else if verb_is("AUTH") {
         let [t] = exact(&args, "AUTH", "AUTH <token>")?;
         ("AUTH", Command::Auth(Token(t.to_string())))
+    } else if verb_is("TUNE") {
+        ("TUNE", parse_tune(&args, limits)?)
     } else if verb_is("STATS") {
         let [] = exact(&args, "STATS", "no argument")?;
         ("STATS", Command::Stats)
@@ -221,10 +246,120 @@ fn parse_open(args: &[&str], limits: &Limits) -> Result<Command, ControlError> {
             "offset" => set(&mut o.offset_bytes, "offset", size("offset", value)?)?,
             "length" => set(&mut o.length_bytes, "length", size("length", value)?)?,
             "path" => set(&mut o.path, "path", data_path(value)?)?,
+            "late" => set(&mut o.late, "late", late_policy(value)?)?,
+            "cache" => set(
+                &mut o.cache,
+                "cache",
+                value
+                    .to_ascii_lowercase()
+                    .parse()
+                    .map_err(|_| bad("cache", value, "keep, bypass or drop"))?,
+            )?,
             _ => return Err(ControlError::UnknownOption(key.chars().take(32).collect())),
         }
     }
     Ok(Command::Open(Box::new(o)))
+}
+
+/// `TUNE disk [rt_quantum=SIZE] [bulk_quantum=SIZE] [inflight=N]`.
+fn parse_tune(args: &[&str], limits: &Limits) -> Result<Command, ControlError> {
+    const EXPECTED: &str = "TUNE disk [rt_quantum=SIZE] [bulk_quantum=SIZE] [inflight=N]";
+    let [target, options @ ..] = args else {
+        return Err(ControlError::Arity {
+            verb: "TUNE",
+            expected: EXPECTED,
+        });
+    };
+    if !target.eq_ignore_ascii_case("disk") {
+        return Err(bad("TUNE target", target, "disk"));
+    }
+    if options.len() > limits.open_options_max {
+        return Err(ControlError::TooManyOptions {
+            limit: limits.open_options_max,
+        });
+    }
+    let mut t = DiskTune::default();
+    for opt in options {
+        let Some((key, value)) = opt.split_once('=') else {
+            return Err(ControlError::UnknownOption(opt.chars().take(32).collect()));
+        };
+        match key.to_ascii_lowercase().as_str() {
+            "rt_quantum" => set(
+                &mut t.rt_quantum_bytes,
+                "rt_quantum",
+                nonzero_size("rt_quantum", value)?,
+            )?,
+            "bulk_quantum" => set(
+                &mut t.bulk_quantum_bytes,
+                "bulk_quantum",
+                nonzero_size("bulk_quantum", value)?,
+            )?,
+            "inflight" => set(
+                &mut t.inflight_max,
+                "inflight",
+                digits_u64(value)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| bad("inflight", value, "a count from 1 to 4294967295"))?,
+            )?,
+            other => {
+                return Err(ControlError::UnknownOption(
+                    other.chars().take(32).collect(),
+                ));
+            }
+        }
+    }
+    Ok(Command::TuneDisk(t))
+}
+
+/// `+DURATION` (after the server reads the line) or an RFC 3339 date-time.
+fn start_time(s: &str) -> Result<StartTime, ControlError> {
+    const EXPECTED: &str = "+DURATION like +250ms, or an RFC 3339 time like \
+                            2026-11-24T12:00:00.5Z or 2026-11-24T13:00:00+01:00";
+    if let Some(d) = s.strip_prefix('+') {
+        return parse_duration(d)
+            .map(StartTime::In)
+            .map_err(|_| bad("AT", s, EXPECTED));
+    }
+    rfc3339_unix_ns(s)
+        .map(|unix_ns| StartTime::At { unix_ns })
+        .ok_or_else(|| bad("AT", s, EXPECTED))
+}
+
+/// RFC 3339 §5.6 `date-time` — `YYYY-MM-DDTHH:MM:SS[.frac]` then `Z` or `±HH:MM` — as
+/// nanoseconds since the epoch (UTC); `None` when malformed or outside 1970..2554.
+/// humantime reads the UTC form; an offset is taken off here.
+fn rfc3339_unix_ns(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    let n = b.len();
+    let (utc, offset_s): (std::borrow::Cow<'_, str>, i64) = if s.ends_with('Z') {
+        (s.into(), 0)
+    } else if n > 6 && matches!(b[n - 6], b'+' | b'-') && b[n - 3] == b':' {
+        let two = |i: usize| -> Option<i64> {
+            (b[i].is_ascii_digit() && b[i + 1].is_ascii_digit())
+                .then(|| i64::from(b[i] - b'0') * 10 + i64::from(b[i + 1] - b'0'))
+        };
+        let (hh, mm) = (two(n - 5)?, two(n - 2)?);
+        if hh > 23 || mm > 59 {
+            return None;
+        }
+        let sign = if b[n - 6] == b'+' { 1 } else { -1 };
+        // b[n - 6] is ASCII, so n - 6 is a character boundary.
+        (
+            format!("{}Z", &s[..n - 6]).into(),
+            sign * (hh * 3600 + mm * 60),
+        )
+    } else {
+        return None;
+    };
+    let t = humantime::parse_rfc3339(&utc).ok()?;
+    let ns = i128::try_from(t.duration_since(UNIX_EPOCH).ok()?.as_nanos()).ok()?
+        - i128::from(offset_s) * 1_000_000_000;
+    u64::try_from(ns).ok()
+}
+
+fn late_policy(s: &str) -> Result<LatePolicy, ControlError> {
+    s.parse().map_err(|_| bad("late", s, "send or skip"))
 }
 
 fn set<T>(slot: &mut Option<T>, name: &'static str, value: T) -> Result<(), ControlError> {
@@ -515,7 +650,7 @@ mod tests {
                 }
             })
         );
-        assert_eq!(p("START 42"), Ok(Command::Start { id }));
+        assert_eq!(p("START 42"), Ok(Command::Start { id, at: None }));
         assert_eq!(p("PAUSE 42\r\n"), Ok(Command::Pause { id }));
         assert_eq!(p("  RESUME\t42  "), Ok(Command::Resume { id }));
         assert_eq!(p("CLOSE 42"), Ok(Command::Close { id, now: false }));
@@ -533,6 +668,156 @@ mod tests {
         assert_eq!(p("help"), Ok(Command::Help));
         assert_eq!(p("QUIT"), Ok(Command::Quit));
         assert_eq!(p("AUTH s3cr3t"), Ok(Command::Auth(Token("s3cr3t".into()))));
+    }
+
+    #[test]
+    fn start_at_relative_and_rfc3339() {
+        let id = StreamId(7);
+        let at = |s: &str| match p(&format!("START 7 AT {s}")) {
+            Ok(Command::Start { id: i, at: Some(a) }) if i == id => Ok(a),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e),
+        };
+        assert_eq!(at("+250ms"), Ok(StartTime::In(Duration::from_millis(250))));
+        // 2026-11-24T12:00:00Z is 1,795,521,600 s after the epoch.
+        let noon_ns = 1_795_521_600 * 1_000_000_000u64;
+        assert_eq!(
+            at("2026-11-24T12:00:00Z"),
+            Ok(StartTime::At { unix_ns: noon_ns })
+        );
+        assert_eq!(
+            at("2026-11-24T12:00:00.5Z"),
+            Ok(StartTime::At {
+                unix_ns: noon_ns + 500_000_000
+            })
+        );
+        assert_eq!(
+            at("2026-11-24T13:30:00+01:30"),
+            Ok(StartTime::At { unix_ns: noon_ns })
+        );
+        assert_eq!(
+            at("2026-11-24T07:00:00-05:00"),
+            Ok(StartTime::At { unix_ns: noon_ns })
+        );
+        assert_eq!(
+            p("start 7 at 2026-11-24T12:00:00Z").unwrap().to_string(),
+            "START 7 AT 2026-11-24T12:00:00.000000000Z"
+        );
+        assert_eq!(p("START 7 AT +1s").unwrap().to_string(), "START 7 AT +1s");
+        for bad in [
+            "soon",
+            "+",
+            "+-1s",
+            "250ms",
+            "2026-11-24t12:00:00Z",
+            "2026-11-24T12:00:00",
+            "2026-11-24T12:00:00+24:00",
+            "2026-11-24T12:00:00+01:60",
+            "2026-13-24T12:00:00Z",
+            "1969-12-31T23:59:59Z",
+            "1970-01-01T00:00:00+00:01",
+            "2600-01-01T00:00:00Z",
+            "2026-11-24T12:00:00+é:00",
+        ] {
+            assert!(
+                matches!(at(bad), Err(ControlError::BadValue { name: "AT", .. })),
+                "{bad}: {:?}",
+                at(bad)
+            );
+        }
+        assert!(matches!(
+            p("START 7 AT"),
+            Err(ControlError::Arity { verb: "START", .. })
+        ));
+        assert!(matches!(
+            p("START 7 AT 2026-11-24 12:00:00Z"),
+            Err(ControlError::Arity { verb: "START", .. })
+        ));
+        assert!(matches!(
+            p("START 7 WHEN +1s"),
+            Err(ControlError::Arity { verb: "START", .. })
+        ));
+    }
+
+    #[test]
+    fn tune_disk() {
+        assert_eq!(
+            p("tune DISK rt_quantum=4MiB bulk_quantum=1MiB inflight=8"),
+            Ok(Command::TuneDisk(DiskTune {
+                rt_quantum_bytes: Some(4 << 20),
+                bulk_quantum_bytes: Some(1 << 20),
+                inflight_max: Some(8),
+            }))
+        );
+        let q = p("TUNE disk").unwrap();
+        assert!(matches!(q, Command::TuneDisk(t) if t.is_query()));
+        assert_eq!(q.to_string(), "TUNE disk");
+        assert_eq!(
+            p("TUNE disk inflight=2").unwrap().to_string(),
+            "TUNE disk inflight=2"
+        );
+        assert!(matches!(
+            p("TUNE"),
+            Err(ControlError::Arity { verb: "TUNE", .. })
+        ));
+        assert!(matches!(
+            p("TUNE net rate=1"),
+            Err(ControlError::BadValue {
+                name: "TUNE target",
+                ..
+            })
+        ));
+        assert_eq!(
+            p("TUNE disk inflight=1 inflight=2"),
+            Err(ControlError::DuplicateOption("inflight"))
+        );
+        assert_eq!(
+            p("TUNE disk speed=11"),
+            Err(ControlError::UnknownOption("speed".into()))
+        );
+        for bad in [
+            "rt_quantum=0",
+            "bulk_quantum=lots",
+            "inflight=0",
+            "inflight=+1",
+            "inflight=4294967296",
+        ] {
+            assert!(
+                matches!(
+                    p(&format!("TUNE disk {bad}")),
+                    Err(ControlError::BadValue { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn open_cache_policy() {
+        let c = p("OPEN a b cache=Bypass").unwrap();
+        let Command::Open(o) = &c else { panic!() };
+        assert_eq!(o.cache, Some(crate::stream::CachePolicy::Bypass));
+        assert_eq!(c.to_string(), "OPEN a b cache=bypass");
+        assert!(matches!(
+            p("OPEN a b cache=never"),
+            Err(ControlError::BadValue { name: "cache", .. })
+        ));
+    }
+
+    #[test]
+    fn open_late_policy() {
+        let c = p("OPEN a b rate=30/s late=SKIP").unwrap();
+        let Command::Open(o) = &c else { panic!() };
+        assert_eq!(o.late, Some(LatePolicy::Skip));
+        assert_eq!(c.to_string(), "OPEN a b rate=30/s late=skip");
+        assert!(matches!(
+            p("OPEN a b late=drop"),
+            Err(ControlError::BadValue { name: "late", .. })
+        ));
+        assert_eq!(
+            p("OPEN a b late=send late=skip"),
+            Err(ControlError::DuplicateOption("late"))
+        );
     }
 
     #[test]
@@ -665,6 +950,13 @@ mod tests {
             (0u64..1_000_000_000_000).prop_map(Duration::from_nanos)
         }
 
+        fn start_time_strategy() -> impl Strategy<Value = StartTime> {
+            prop_oneof![
+                duration_strategy().prop_map(StartTime::In),
+                any::<u64>().prop_map(|unix_ns| StartTime::At { unix_ns }),
+            ]
+        }
+
         fn token() -> impl Strategy<Value = String> {
             "[!-~]{1,24}"
         }
@@ -702,6 +994,14 @@ mod tests {
                     )),
                     any::<bool>(),
                     any::<bool>(),
+                    proptest::option::of(proptest::sample::select(
+                        LatePolicy::ALL.map(|(_, p)| p).to_vec(),
+                    )),
+                    proptest::option::of(proptest::sample::select(vec![
+                        crate::stream::CachePolicy::Keep,
+                        crate::stream::CachePolicy::Bypass,
+                        crate::stream::CachePolicy::Drop,
+                    ])),
                 ),
             )
                 .prop_map(
@@ -710,7 +1010,7 @@ mod tests {
                         (rate, period),
                         (unit, sched),
                         (buffers, offset, length),
-                        (path, detached, truncate),
+                        (path, detached, truncate, late, cache),
                     )| {
                         Command::Open(Box::new(OpenSpec {
                             src,
@@ -726,6 +1026,8 @@ mod tests {
                             path,
                             detached,
                             truncate,
+                            late,
+                            cache,
                         }))
                     },
                 )
@@ -750,7 +1052,18 @@ mod tests {
                         schedule: KtSchedule { blocks, delay },
                     }
                 }),
-                id().prop_map(|id| Command::Start { id }),
+                (id(), proptest::option::of(start_time_strategy()))
+                    .prop_map(|(id, at)| Command::Start { id, at }),
+                (
+                    proptest::option::of(1u64..),
+                    proptest::option::of(1u64..),
+                    proptest::option::of(1u32..),
+                )
+                    .prop_map(|(rt, bulk, inflight)| Command::TuneDisk(DiskTune {
+                        rt_quantum_bytes: rt,
+                        bulk_quantum_bytes: bulk,
+                        inflight_max: inflight,
+                    })),
                 id().prop_map(|id| Command::Pause { id }),
                 id().prop_map(|id| Command::Resume { id }),
                 Just(Command::State(StreamSelector::All)),
@@ -778,7 +1091,7 @@ mod tests {
 
             #[test]
             fn near_miss_lines_never_panic(
-                verb in prop_oneof![Just("OPEN"), Just("STATE"), Just("SEEK"), Just("SCHEDULE"), Just("close")],
+                verb in prop_oneof![Just("OPEN"), Just("STATE"), Just("SEEK"), Just("SCHEDULE"), Just("close"), Just("TUNE"), Just("START")],
                 rest in "[ a-z0-9=,*./:-]{0,80}",
             ) {
                 if let Ok(c) = parse_command(&format!("{verb} {rest}"), &Limits::default()) {

@@ -31,6 +31,13 @@ use crate::time::Instant;
 pub const CLASSES_MAX: usize = 64;
 /// Most devices one scheduler may serve; `poll_dispatch` scans devices, so keep it bounded.
 pub const DEVICES_MAX: u32 = 4096;
+/// Largest quantum a class may have (1 TiB of cost per round). A deficit stays below a
+/// quantum plus the largest cost, so the bound keeps every deficit sum far from `u64`
+/// overflow; no device serves a round of this size in useful time anyway.
+pub const QUANTUM_BYTES_MAX: u64 = 1 << 40;
+/// Largest `disk_inflight_max`: far beyond any device's useful queue depth (NVMe queues hold
+/// 1024 and more, but past a few dozen the device, not the scheduler, orders the requests).
+pub const INFLIGHT_MAX_LIMIT: u32 = 4096;
 
 /// A class, as an index into the configured class list (see [`IoScheduler::class`]).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
@@ -186,6 +193,12 @@ pub enum SchedError {
     ZeroMaxRequest,
     #[error("disk_inflight_max is zero: no request could ever be dispatched")]
     ZeroInflightMax,
+    #[error(
+        "class {class:?}: quantum {quantum_bytes} B is above the limit {QUANTUM_BYTES_MAX} B (1 TiB)"
+    )]
+    QuantumTooLarge { class: String, quantum_bytes: u64 },
+    #[error("disk_inflight_max {inflight_max} is above the limit {INFLIGHT_MAX_LIMIT}")]
+    InflightMaxTooLarge { inflight_max: u32 },
     #[error("{devices} devices configured; between 1 and {DEVICES_MAX} allowed")]
     DeviceCount { devices: u32 },
     #[error("unknown device {device} (devices 0..{devices})")]
@@ -387,9 +400,7 @@ impl IoScheduler {
         if max_request_bytes == 0 {
             return Err(SchedError::ZeroMaxRequest);
         }
-        if disk_inflight_max == 0 {
-            return Err(SchedError::ZeroInflightMax);
-        }
+        check_inflight_max(disk_inflight_max)?;
         let cost_max = request_cost_bytes(max_request_bytes, request_overhead_bytes);
         for (i, c) in classes.iter().enumerate() {
             check_quantum(&c.name, c.quantum_bytes, cost_max)?;
@@ -483,9 +494,7 @@ impl IoScheduler {
     /// Changes the in-flight bound at run time. Lowering it below what is in flight
     /// dispatches nothing more on that device until enough requests complete.
     pub fn set_inflight_max(&mut self, disk_inflight_max: u32) -> Result<(), SchedError> {
-        if disk_inflight_max == 0 {
-            return Err(SchedError::ZeroInflightMax);
-        }
+        check_inflight_max(disk_inflight_max)?;
         self.disk_inflight_max = disk_inflight_max;
         Ok(())
     }
@@ -746,6 +755,24 @@ fn check_quantum(class: &str, quantum_bytes: u64, cost_max: u64) -> Result<(), S
             request_cost_max_bytes: cost_max,
         });
     }
+    if quantum_bytes > QUANTUM_BYTES_MAX {
+        return Err(SchedError::QuantumTooLarge {
+            class: class.into(),
+            quantum_bytes,
+        });
+    }
+    Ok(())
+}
+
+fn check_inflight_max(disk_inflight_max: u32) -> Result<(), SchedError> {
+    if disk_inflight_max == 0 {
+        return Err(SchedError::ZeroInflightMax);
+    }
+    if disk_inflight_max > INFLIGHT_MAX_LIMIT {
+        return Err(SchedError::InflightMaxTooLarge {
+            inflight_max: disk_inflight_max,
+        });
+    }
     Ok(())
 }
 
@@ -995,6 +1022,140 @@ mod tests {
         s.submit(t(0), req(3, bulk, 100, 10)).unwrap();
         let ids: Vec<u64> = drain(&mut s).iter().map(|r| r.id.0).collect();
         assert_eq!(ids, [1, 2, 3]);
+    }
+
+    #[test]
+    fn quanta_and_inflight_limits_are_typed() {
+        let mut s = IoScheduler::new(SchedConfig::rt_bulk(KIB, KIB, KIB, 1)).unwrap();
+        let rt = s.class("rt").unwrap();
+        assert!(matches!(
+            s.set_quantum(rt, QUANTUM_BYTES_MAX + 1),
+            Err(SchedError::QuantumTooLarge { .. })
+        ));
+        s.set_quantum(rt, QUANTUM_BYTES_MAX).unwrap();
+        assert_eq!(
+            s.set_inflight_max(INFLIGHT_MAX_LIMIT + 1),
+            Err(SchedError::InflightMaxTooLarge {
+                inflight_max: INFLIGHT_MAX_LIMIT + 1
+            })
+        );
+        assert_eq!(s.inflight_max(), 1);
+        let mut c = SchedConfig::rt_bulk(KIB, KIB, KIB, 1);
+        c.disk_inflight_max = INFLIGHT_MAX_LIMIT + 1;
+        assert!(IoScheduler::new(c).is_err());
+    }
+
+    /// Quanta changed at run time, between or in the middle of rounds (MARS: "quanta changed
+    /// over time"; `TUNE disk`): the new quanta take effect from the next round formed, the
+    /// carried deficit never reaches the quantum in force, and over every run of rounds
+    /// formed under one set of quanta, with both classes backlogged, each class is served
+    /// within one largest cost of `rounds × quantum` — DRR's share guarantee holds across the
+    /// change.
+    mod quantum_changes {
+        use super::*;
+        use proptest::prelude::*;
+
+        const MAX: u64 = 64 * KIB;
+
+        /// (quanta in force at formation, bytes of cost served per class) per round.
+        type Rounds = Vec<([u64; 2], [u64; 2])>;
+
+        fn run(
+            quanta0: [u64; 2],
+            changes: &[(usize, [u64; 2])],
+            lens: &[u64],
+            dispatches: usize,
+        ) -> Result<Rounds, TestCaseError> {
+            let mut s =
+                IoScheduler::new(SchedConfig::rt_bulk(quanta0[0], quanta0[1], MAX, 1)).unwrap();
+            let classes = [s.class("rt").unwrap(), s.class("bulk").unwrap()];
+            let mut quanta = quanta0;
+            let mut queued = [0usize; 2];
+            let mut next_id = 0u64;
+            let mut rounds: Rounds = Vec::new();
+            let mut change = changes.iter().peekable();
+            for step in 0..dispatches {
+                while let Some((_, q)) = change.next_if(|(at, _)| *at == step) {
+                    for (c, &qc) in classes.iter().zip(q) {
+                        s.set_quantum(*c, qc).unwrap();
+                    }
+                    quanta = *q;
+                }
+                // Both classes stay backlogged: more queued than any round can take.
+                for (ci, &c) in classes.iter().enumerate() {
+                    while queued[ci] < 2 * (8 * MAX / (MAX / 4)) as usize + 2 {
+                        let len = lens[next_id as usize % lens.len()];
+                        s.submit(t(0), req(next_id, c, next_id * MAX, len)).unwrap();
+                        next_id += 1;
+                        queued[ci] += 1;
+                    }
+                }
+                let before = s.rounds(DeviceId(0)).unwrap();
+                let r = s.poll_dispatch(t(0)).expect("backlogged");
+                if s.rounds(DeviceId(0)).unwrap() > before {
+                    rounds.push((quanta, [0, 0]));
+                }
+                let ci = usize::from(r.class == classes[1]);
+                queued[ci] -= 1;
+                rounds.last_mut().expect("a round was formed").1[ci] += s.cost_bytes(r.len_bytes);
+                s.complete(t(0), r.id).unwrap();
+                for (ci, &c) in classes.iter().enumerate() {
+                    let deficit = s.deficit_bytes(DeviceId(0), c).unwrap();
+                    prop_assert!(
+                        deficit < s.quantum_bytes(c).unwrap(),
+                        "class {ci}: deficit {deficit} not below its quantum"
+                    );
+                }
+            }
+            // The last round may be only partly dispatched.
+            rounds.pop();
+            Ok(rounds)
+        }
+
+        proptest! {
+            #[test]
+            fn shares_follow_the_quanta_in_force(
+                quanta0 in [MAX..=8 * MAX, MAX..=8 * MAX],
+                changes in proptest::collection::vec(
+                    (0usize..3000, [MAX..=8 * MAX, MAX..=8 * MAX]), 1..6),
+                lens in proptest::collection::vec(MAX / 4..=MAX, 1..50),
+            ) {
+                let mut changes = changes;
+                changes.sort_by_key(|(at, _)| *at);
+                let rounds = run(quanta0, &changes, &lens, 3000)?;
+                prop_assert!(rounds.len() > 10);
+                // Runs of consecutive rounds formed under the same quanta.
+                let mut i = 0;
+                while i < rounds.len() {
+                    let q = rounds[i].0;
+                    let mut served = [0u64; 2];
+                    let mut k = 0u64;
+                    while i < rounds.len() && rounds[i].0 == q {
+                        served[0] += rounds[i].1[0];
+                        served[1] += rounds[i].1[1];
+                        k += 1;
+                        i += 1;
+                    }
+                    for c in 0..2 {
+                        let due = k * q[c];
+                        prop_assert!(
+                            served[c].abs_diff(due) < MAX,
+                            "class {c}: {served:?} in {k} rounds of quanta {q:?}"
+                        );
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn a_change_mid_round_applies_from_the_next_round() {
+            // rt 4 requests per round, bulk 1; after the change bulk 4, rt 1.
+            let rounds = run([4 * MAX, MAX], &[(7, [MAX, 4 * MAX])], &[MAX], 40).unwrap();
+            assert_eq!(rounds[0], ([4 * MAX, MAX], [4 * MAX, MAX]));
+            // Dispatch 7 falls in round 2 (dispatches 5..=9): that round keeps the old quanta.
+            assert_eq!(rounds[1], ([4 * MAX, MAX], [4 * MAX, MAX]));
+            assert_eq!(rounds[2], ([MAX, 4 * MAX], [MAX, 4 * MAX]));
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! to a start instant and supports pause/resume and seeking by re-anchoring.
 
 mod kt;
+mod late;
 mod periodic;
 pub mod plan;
 mod rate;
@@ -24,6 +25,7 @@ mod rate;
 use std::time::Duration;
 
 pub use kt::parse_kt;
+pub use late::{LatePolicy, LatePolicyError, first_unit_in_time};
 pub use periodic::Period;
 pub use plan::{PlanError, UnitPlan, check_plan, units_fitting};
 

@@ -13,7 +13,7 @@
 //! the executor accepts, or is refused with a reason).
 
 use crate::admission::{QosClass, StreamQos};
-use crate::schedule::{PlanError as UnitPlanError, Schedule, UnitPlan, check_plan};
+use crate::schedule::{LatePolicy, PlanError as UnitPlanError, Schedule, UnitPlan, check_plan};
 
 use super::{
     CachePolicy, DataPath, Extent, ExtentError, IoKind, PathCaps, PathChoice, PathError,
@@ -82,6 +82,9 @@ pub struct PlanRequest<'a> {
     pub extent: Extent,
     /// Pool buffers an admitted rt stream reserves; `None`: the default.
     pub buffers: Option<u32>,
+    /// What a paced stream does with a unit later than its miss threshold
+    /// (`crate::schedule::LatePolicy`): send it anyway (default) or skip it.
+    pub late: LatePolicy,
 }
 
 /// What a socket endpoint is connected to.
@@ -173,6 +176,8 @@ pub struct StreamPlan {
     pub admission: Option<StreamQos>,
     /// Pool buffers an admitted uring-path stream reserves on its worker.
     pub buffers_reserved: Option<u32>,
+    /// A paced stream's late-unit policy (always `Send` for a burst stream).
+    pub late: LatePolicy,
     /// What the plan chose against the request, for the report.
     pub notes: Vec<String>,
 }
@@ -236,6 +241,14 @@ pub enum PlanError {
         "an rt stream reserves 1..={max} pool buffers (client_buffers_max, pool_buffers), not {asked}"
     )]
     RtBuffers { asked: u32, max: u32 },
+    #[error(
+        "late-unit policy skip needs a paced stream (a rate, period or schedule): a burst stream has no late units"
+    )]
+    SkipNeedsPacing,
+    #[error(
+        "late-unit policy skip moves past the skipped units' bytes, which needs a file source, not {source_kind:?}"
+    )]
+    SkipNeedsFile { source_kind: IoKind },
 }
 
 /// A schedule's bytes per second (rounded up): what an rt stream reserves.
@@ -371,6 +384,18 @@ pub fn plan_stream(
     }
     if units.is_some() && path != DataPath::Uring {
         return Err(PlanError::UnitsNeedUring { path });
+    }
+    if req.late == LatePolicy::Skip {
+        if schedule.is_none() && units.is_none() {
+            return Err(PlanError::SkipNeedsPacing);
+        }
+        // A socket or pipe cannot move past bytes without reading them; a late unit of a
+        // live source is not the source's to drop.
+        if src.kind != IoKind::File {
+            return Err(PlanError::SkipNeedsFile {
+                source_kind: src.kind,
+            });
+        }
     }
 
     // The extent.
@@ -557,6 +582,7 @@ pub fn plan_stream(
         buffered_target_volume: path == DataPath::Copy && dst.volume.is_some(),
         admission,
         buffers_reserved,
+        late: req.late,
         notes,
     })
 }

@@ -163,18 +163,20 @@ impl Worker {
     /// is left waiting is reported again at the next wait).
     pub(super) fn accept(&mut self) {
         for i in 0..self.listeners.len() {
-            self.accept_from(i);
+            let _ = self.accept_from(i);
         }
     }
 
-    fn accept_from(&mut self, listener: usize) {
+    /// Accepts up to the per-turn number from one listener; whether more may be waiting
+    /// (the turn ended on its budget, not on EAGAIN, a pause or a missing listener).
+    pub(super) fn accept_from(&mut self, listener: usize) -> bool {
         for _ in 0..ACCEPTS_PER_TURN {
             if self.accept_paused_until.is_some() {
                 // An event of the same epoll_wait batch as the failure.
-                return;
+                return false;
             }
             let Some(l) = self.listeners.get(listener) else {
-                return;
+                return false;
             };
             // accept4 with SOCK_NONBLOCK: no separate call to make the socket non-blocking.
             let sock = match rustix::net::accept_with(
@@ -182,7 +184,7 @@ impl Worker {
                 rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
             ) {
                 Ok(fd) => TcpStream::from(fd),
-                Err(Errno::AGAIN) => return,
+                Err(Errno::AGAIN) => return false,
                 Err(Errno::INTR) => continue,
                 Err(e) => {
                     self.shared.metrics.error("accept");
@@ -201,7 +203,7 @@ impl Worker {
                     );
                     match failure {
                         AcceptFailure::Connection => continue,
-                        AcceptFailure::Resource => return,
+                        AcceptFailure::Resource => return false,
                     }
                 }
             };
@@ -258,6 +260,7 @@ impl Worker {
             // penstock's without this).
             self.on_event(idx, generation, epoll::EventFlags::IN);
         }
+        true
     }
 }
 

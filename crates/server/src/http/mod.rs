@@ -88,6 +88,8 @@ const TOKEN_LISTENER: u64 = u64::MAX;
 const TOKEN_WAKER: u64 = u64::MAX - 1;
 const SCRATCH_BYTES: usize = 16 * 1024;
 const EVENTS_MAX: usize = 256;
+/// Rounds of accepts on a listener about to close (each up to the per-turn number).
+const DRAIN_TURNS_MAX: usize = 64;
 
 /// What is served: the root, the index file name and the configured types. SIGHUP may
 /// replace it as a whole (a new `root`); a worker takes the new one between requests.
@@ -452,17 +454,6 @@ impl Worker {
                     return;
                 }
             }
-            let v = self.shared.live_version.load(Ordering::Acquire);
-            if v != self.live_version {
-                self.live = self.shared.live();
-                self.site = self.shared.site();
-                self.live_version = v;
-            }
-            let v = self.shared.listen_version.load(Ordering::Acquire);
-            if v != self.listen_version {
-                self.listen_version = v;
-                self.take_listeners();
-            }
             let now = Instant::now();
             let mut timeout = self.next_sweep.saturating_duration_since(now);
             if let Some(Reverse((t, _, _))) = self.timers.peek() {
@@ -491,6 +482,10 @@ impl Worker {
                     return;
                 }
             }
+            // After the wait: a reload that woke this loop is seen before the events that
+            // came with the wake-up (a request right after `reload` returns is served with
+            // the new site and limits).
+            self.refresh();
             for ev in events.iter() {
                 let (flags, data) = (ev.flags, ev.data.u64());
                 match data {
@@ -540,6 +535,21 @@ impl Worker {
         self.slots.iter().filter(|s| s.conn.is_some()).count()
     }
 
+    /// Takes a reload's configuration, site and listeners, when there are new ones.
+    fn refresh(&mut self) {
+        let v = self.shared.live_version.load(Ordering::Acquire);
+        if v != self.live_version {
+            self.live = self.shared.live();
+            self.site = self.shared.site();
+            self.live_version = v;
+        }
+        let v = self.shared.listen_version.load(Ordering::Acquire);
+        if v != self.listen_version {
+            self.listen_version = v;
+            self.take_listeners();
+        }
+    }
+
     /// A reload's listeners replace this worker's (unless it is stopping).
     fn take_listeners(&mut self) {
         let new = self
@@ -552,6 +562,20 @@ impl Worker {
         let Some(new) = new else { return };
         if self.shared.stopping.load(Ordering::Acquire) {
             return;
+        }
+        // A listener whose address goes away is closed with this descriptor: first accept
+        // what already waits in its backlog (connections the clients see as established),
+        // which closing would reset. A kept address has a descriptor in `new`.
+        let kept: Vec<Option<SocketAddr>> = new.iter().map(|l| l.local_addr().ok()).collect();
+        for i in 0..self.listeners.len() {
+            let addr = self.listeners[i].local_addr().ok();
+            if addr.is_some() && !kept.contains(&addr) {
+                for _ in 0..DRAIN_TURNS_MAX {
+                    if !self.accept_from(i) {
+                        break;
+                    }
+                }
+            }
         }
         for l in self.listeners.drain(..) {
             let _ = epoll::delete(&self.epoll, &l);

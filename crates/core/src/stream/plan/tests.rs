@@ -275,6 +275,71 @@ fn volumes_move_on_uring_or_copy_and_refuse_the_rest_before_anything_starts() {
 }
 
 #[test]
+fn skip_needs_a_paced_file_source() {
+    let s = periodic(1316);
+    let req = PlanRequest {
+        pacing: Pacing::Schedule(&s),
+        late: LatePolicy::Skip,
+        ..PlanRequest::default()
+    };
+    let p = plan_stream(
+        &req,
+        &facts(file(1 << 20), socket(Datagram, true)),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    assert_eq!(p.late, LatePolicy::Skip);
+    let p = plan_stream(
+        &req,
+        &facts(file(1 << 20), socket(Datagram, true)),
+        NO_URING,
+        &LIMITS,
+    )
+    .unwrap();
+    assert_eq!((p.path, p.late), (DataPath::Copy, LatePolicy::Skip));
+    assert_eq!(
+        plan_stream(
+            &req,
+            &facts(socket(StreamSocket, true), socket(Datagram, true)),
+            URING,
+            &LIMITS
+        )
+        .unwrap_err(),
+        PlanError::SkipNeedsFile {
+            source_kind: StreamSocket
+        }
+    );
+    let burst = PlanRequest {
+        pacing: Pacing::Burst,
+        ..req
+    };
+    assert_eq!(
+        plan_stream(
+            &burst,
+            &facts(file(1 << 20), socket(StreamSocket, true)),
+            URING,
+            &LIMITS
+        )
+        .unwrap_err(),
+        PlanError::SkipNeedsPacing
+    );
+    // The default sends late units.
+    let send = PlanRequest {
+        late: LatePolicy::default(),
+        ..burst
+    };
+    let p = plan_stream(
+        &send,
+        &facts(file(1 << 20), socket(StreamSocket, true)),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    assert_eq!(p.late, LatePolicy::Send);
+}
+
+#[test]
 fn zero_copy_only_where_it_pays() {
     let req = PlanRequest {
         cache: CachePolicy::Bypass,
@@ -382,6 +447,7 @@ proptest! {
         resident in any::<bool>(),
         uring in any::<bool>(),
         buffer_kib in prop_oneof![Just(4u64), Just(64), Just(1024)],
+        late in prop_oneof![Just(LatePolicy::Send), Just(LatePolicy::Skip)],
     ) {
         let schedule = paced.and_then(|u| {
             Schedule::new(
@@ -400,6 +466,7 @@ proptest! {
             unit_bytes: unit,
             extent: Extent { offset, length },
             buffers,
+            late,
         };
         let limits = PlanLimits { buffer_bytes: buffer_kib << 10, ..LIMITS };
         let caps = PathCaps { uring };
@@ -447,6 +514,13 @@ proptest! {
                 }
                 if let (Some((s, e)), File, Some(size)) = (p.range, source.kind, source.size) {
                     prop_assert!(s <= e && e <= size);
+                }
+                prop_assert_eq!(p.late, late);
+                if late == LatePolicy::Skip {
+                    // Skipping is carried out by the paced paths, on a file source only.
+                    prop_assert!(schedule.is_some_and(|s| !s.is_burst()));
+                    prop_assert!(matches!(p.path, DataPath::Uring | DataPath::Copy));
+                    prop_assert_eq!(source.kind, File);
                 }
             }
         }

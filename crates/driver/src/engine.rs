@@ -32,6 +32,8 @@ use penstock_core::stream::plan::{
 use penstock_core::stream::{CachePolicy, DataPath, Extent, PathCaps, PathChoice};
 
 use crate::buffers::BufferGauges;
+pub use crate::files::OpenFileStats;
+use crate::files::OpenFileTable;
 use crate::open::{Opened, open_source, open_target};
 use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
@@ -362,6 +364,8 @@ pub struct Engine {
     open_count: Arc<AtomicUsize>,
     info: EngineInfo,
     admission: Arc<Mutex<Admission>>,
+    /// Read-only file sources shared among streams by (device, inode, open mode).
+    files: OpenFileTable,
 }
 
 /// Why the engine could not start.
@@ -442,6 +446,7 @@ impl Engine {
             open_count: Arc::new(AtomicUsize::new(0)),
             info,
             admission: Arc::new(Mutex::new(admission)),
+            files: OpenFileTable::new(),
         })
     }
 
@@ -478,6 +483,11 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// The open-file table now: files open for streams, and opens it saved by sharing.
+    pub fn open_files(&self) -> OpenFileStats {
+        self.files.stats()
     }
 
     /// The buffer pools' use now, all workers together.
@@ -684,8 +694,13 @@ impl Engine {
         let schedule = spec.schedule.filter(|s| !s.is_burst());
         let units = spec.units.clone();
         let request = spec.plan_request()?;
+        // A file source shares the descriptor of other streams of its file (the caller's is
+        // closed): one descriptor per file, not per stream. Targets are never shared.
+        if source.kind == penstock_core::stream::IoKind::File && source.volume.is_none() {
+            source.fd = self.files.share(source.fd);
+        }
         // The one decision: everything below carries it out.
-        let gathered = crate::facts::gather(&source, &target, &request);
+        let gathered = crate::facts::gather(&source, &target, &request, &self.files);
         let plan = plan_stream(&request, &gathered.facts, self.caps(), &self.plan_limits())?;
         let reopen = |v: &mut crate::volume::PartitionIo| {
             v.make_buffered().map_err(|source| StreamError::Io {

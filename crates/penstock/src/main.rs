@@ -97,6 +97,15 @@ fn main() {
         matches!(cli.command, Command::Serve(_)),
         cli.log_format == "json",
     );
+    // Commands that may hold many descriptors (a socket or two per stream, thousands in a
+    // benchmark) raise the soft RLIMIT_NOFILE to the hard limit, said at info level; `serve`
+    // does it in `Server::start`, where it also checks its connection limits against it.
+    if matches!(
+        cli.command,
+        Command::Stream(_) | Command::Demo(_) | Command::Record(_) | Command::Bench(_)
+    ) {
+        penstock_driver::rlimit::raise_nofile();
+    }
     let r = match cli.command {
         Command::Demo(a) => demo::run(a),
         Command::Stream(a) => cmd_stream::run(a),

@@ -336,9 +336,19 @@ mod tests {
         assert!(a.is_shared());
         assert_eq!(a.as_raw_fd(), first_raw, "the first open becomes the entry");
         let b = t.share(open(&p));
-        assert_eq!(b.as_raw_fd(), first_raw, "a second open of the inode shares the entry");
+        assert_eq!(
+            b.as_raw_fd(),
+            first_raw,
+            "a second open of the inode shares the entry"
+        );
         assert_eq!(fds_on(&p), 1, "the second descriptor was closed");
-        assert_eq!(t.stats(), OpenFileStats { files: 1, shares: 1 });
+        assert_eq!(
+            t.stats(),
+            OpenFileStats {
+                files: 1,
+                shares: 1
+            }
+        );
         drop(a);
         assert_eq!(fds_on(&p), 1, "still held by b");
         assert_eq!(t.stats().files, 1);
@@ -348,7 +358,13 @@ mod tests {
         // A later open starts a new entry.
         let c = t.share(open(&p));
         assert!(c.is_shared());
-        assert_eq!(t.stats(), OpenFileStats { files: 1, shares: 1 });
+        assert_eq!(
+            t.stats(),
+            OpenFileStats {
+                files: 1,
+                shares: 1
+            }
+        );
     }
 
     #[test]
@@ -378,7 +394,13 @@ mod tests {
         assert!(noatime.is_shared());
         assert_ne!(noatime.as_raw_fd(), a.as_raw_fd());
         assert_eq!(fds_on(&p), 3, "read-only, read-write, read-only O_NOATIME");
-        assert_eq!(t.stats(), OpenFileStats { files: 3, shares: 0 });
+        assert_eq!(
+            t.stats(),
+            OpenFileStats {
+                files: 3,
+                shares: 0
+            }
+        );
     }
 
     #[test]
@@ -398,7 +420,13 @@ mod tests {
         };
         assert_eq!(read(&old), b"old");
         assert_eq!(read(&new), b"new bytes");
-        assert_eq!(t.stats(), OpenFileStats { files: 2, shares: 0 });
+        assert_eq!(
+            t.stats(),
+            OpenFileStats {
+                files: 2,
+                shares: 0
+            }
+        );
     }
 
     #[test]
@@ -430,7 +458,10 @@ mod tests {
                 .map(OwnedFd::from)
         };
         let Some(d1) = t.direct_of(&src, reopen) else {
-            eprintln!("SKIPPED: O_DIRECT refused by the file system of {}", p.display());
+            eprintln!(
+                "SKIPPED: O_DIRECT refused by the file system of {}",
+                p.display()
+            );
             return;
         };
         assert_ne!(d1.as_raw_fd(), src.as_raw_fd());
@@ -441,10 +472,19 @@ mod tests {
                 reopen(d)
             })
             .unwrap();
-        assert_eq!(reopened, 0, "the live O_DIRECT entry is found without a reopen");
+        assert_eq!(
+            reopened, 0,
+            "the live O_DIRECT entry is found without a reopen"
+        );
         assert_eq!(d1.as_raw_fd(), d2.as_raw_fd());
         assert_eq!(fds_on(&p), 2, "one buffered, one O_DIRECT");
-        assert_eq!(t.stats(), OpenFileStats { files: 2, shares: 1 });
+        assert_eq!(
+            t.stats(),
+            OpenFileStats {
+                files: 2,
+                shares: 1
+            }
+        );
     }
 
     #[test]
@@ -471,7 +511,10 @@ mod tests {
         }
 
         fn op() -> impl Strategy<Value = Op> {
-            prop_oneof![(0usize..3).prop_map(Op::Open), any::<usize>().prop_map(Op::Drop)]
+            prop_oneof![
+                (0usize..3).prop_map(Op::Open),
+                any::<usize>().prop_map(Op::Drop)
+            ]
         }
 
         proptest! {

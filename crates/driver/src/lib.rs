@@ -30,7 +30,6 @@ mod worker;
 pub use engine::{
     Admitted, BufferUsage, CounterSnapshot, DiskClass, DiskQueueDepth, Engine, EngineConfig,
     EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, OpenFileStats, StreamError,
-    StreamHandle,
-    StreamReport, StreamSpec, TimerMode, ZeroCopy,
+    StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };
 pub use paths::{SendfileCall, sendfile_call};

@@ -46,7 +46,9 @@ pub fn raise_nofile() -> Nofile {
         ) {
             Ok(()) => {
                 soft = target;
-                tracing::info!("RLIMIT_NOFILE soft raised from {before} to {target} (the hard limit)");
+                tracing::info!(
+                    "RLIMIT_NOFILE soft raised from {before} to {target} (the hard limit)"
+                );
             }
             Err(e) => {
                 tracing::warn!("RLIMIT_NOFILE soft {before} could not be raised to {target}: {e}");

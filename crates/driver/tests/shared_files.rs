@@ -101,7 +101,9 @@ fn streams_of_one_file_share_a_descriptor_and_send_their_own_bytes_on_every_path
         for &offset in &OFFSETS {
             let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
             let port = listener.local_addr().unwrap().port();
-            let h = engine.open(spec(&source, port, offset, path, cache)).unwrap();
+            let h = engine
+                .open(spec(&source, port, offset, path, cache))
+                .unwrap();
             h.pause();
             streams.push((offset, listener, h));
         }

@@ -128,11 +128,22 @@ impl From<OwnedFd> for Descriptor {
     }
 }
 
-impl From<std::fs::File> for Descriptor {
-    fn from(f: std::fs::File) -> Descriptor {
-        Descriptor(Repr::Own(f.into()))
-    }
+/// What callers hand over as their own descriptor (`x.into()`, as for an `OwnedFd`).
+macro_rules! own_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Descriptor {
+            fn from(x: $t) -> Descriptor {
+                Descriptor(Repr::Own(x.into()))
+            }
+        }
+    )*};
 }
+own_from!(
+    std::fs::File,
+    std::net::TcpStream,
+    std::net::UdpSocket,
+    std::os::unix::net::UnixStream
+);
 
 impl AsFd for Descriptor {
     fn as_fd(&self) -> BorrowedFd<'_> {

@@ -5,9 +5,9 @@
 //!
 //! Logging goes to stderr: the filter is `PENSTOCK_LOG`, else `RUST_LOG` (tracing's
 //! `EnvFilter` syntax, e.g. `info` or `penstock_server=debug`), else warnings only — and for
-//! `serve` its lifecycle lines too (listening, reloaded, stopping) at info. Colours only when
-//! stderr is a terminal; `--log-format json` writes one JSON object per line for log
-//! shippers.
+//! `serve` its lifecycle lines too (listening, reloaded, stopping, RLIMIT_NOFILE raised) at
+//! info. Colours only when stderr is a terminal; `--log-format json` writes one JSON object
+//! per line for log shippers.
 
 mod calibrate;
 mod cmd_ctl;
@@ -157,7 +157,7 @@ fn init_logging(serve: bool, json: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let default = if serve {
-        "warn,penstock=info,penstock_server=info"
+        "warn,penstock=info,penstock_server=info,penstock_driver::rlimit=info"
     } else {
         "warn"
     };

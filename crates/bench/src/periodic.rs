@@ -26,7 +26,7 @@ use clap::Args;
 use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::lateness::{LatenessStats, TraceRecord};
 use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
-use penstock_core::stream::Extent;
+use penstock_core::stream::{Extent, PathChoice};
 use penstock_core::time::Instant;
 use penstock_core::units::{parse_duration, parse_size};
 use penstock_driver::clock::{self, CpuWho, cpu_times};
@@ -62,6 +62,10 @@ pub struct PeriodicArgs {
     /// Engine workers (default: one per core but one, left to the receiver).
     #[arg(long)]
     pub workers: Option<usize>,
+    /// The engine's data path: auto (the uring path, reading ahead into the pool), copy
+    /// (pread + send per unit), or another of `penstock stream --path`.
+    #[arg(long, default_value = "auto")]
+    pub path: PathChoice,
     /// Engine timer: uring or nanosleep.
     #[arg(long, default_value = "uring")]
     pub timer: String,
@@ -94,6 +98,9 @@ struct Row {
     expected: u64,
     cpu_percent: f64,
     note: String,
+    /// Source descriptors the engine held with every stream open (its open-file table: one
+    /// per file, whatever the stream count); `None` for thread-per-stream senders.
+    source_files: Option<u64>,
 }
 
 /// The sequence-stamped source: unit k starts with k as u64 LE.
@@ -128,6 +135,12 @@ impl Receiver {
         }
         let (child, out, port) = crate::paths::spawn_sink(&args)?;
         Ok(Receiver { child, out, port })
+    }
+
+    /// Stops a receiver whose run failed: it would wait for datagrams that never come.
+    fn abandon(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     fn finish(mut self) -> Result<serde_json::Value> {
@@ -179,21 +192,6 @@ impl Drop for Hogs {
     }
 }
 
-fn raise_nofile(n: u64) {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let cur = getrlimit(Resource::Nofile);
-    if cur.current.is_some_and(|c| c < n) {
-        let max = cur.maximum.map_or(n, |m| m.max(n));
-        let _ = setrlimit(
-            Resource::Nofile,
-            Rlimit {
-                current: Some(n),
-                maximum: Some(max),
-            },
-        );
-    }
-}
-
 /// Raises net.core.rmem_max so the receiver's 64 MiB buffer is granted; restores it on drop.
 struct RmemMax(Option<String>);
 
@@ -237,11 +235,12 @@ fn phase(spec: &RunSpec<'_>, t0: Instant, i: usize) -> Instant {
 
 fn run_engine(
     spec: &RunSpec<'_>,
+    path: PathChoice,
     realtime: bool,
     workers: usize,
     timer: TimerMode,
     spin: Duration,
-) -> Result<(LatenessStats, Vec<TraceRecord>, String)> {
+) -> Result<(LatenessStats, Vec<TraceRecord>, String, Option<u64>)> {
     let per_worker = spec.streams.div_ceil(workers);
     let depth = 2;
     let engine = Engine::new(EngineConfig {
@@ -276,6 +275,7 @@ fn run_engine(
                 length: Some(spec.units * spec.unit),
             },
             unit_bytes: spec.unit as usize,
+            path,
             zero_copy: ZeroCopy::Off,
             schedule: Some(schedule),
             trace: spec.trace,
@@ -296,6 +296,7 @@ fn run_engine(
     if clock::now() > t0 {
         note.push_str(" opening took longer than the start slack");
     }
+    let source_files = engine.open_files().files;
     let mut stats = LatenessStats::for_schedule(&schedule, None);
     let mut trace = Vec::new();
     for h in handles {
@@ -305,7 +306,7 @@ fn run_engine(
         }
         trace.extend(r.trace);
     }
-    Ok((stats, trace, note.trim().to_string()))
+    Ok((stats, trace, note.trim().to_string(), Some(source_files)))
 }
 
 fn run_threads(spec: &RunSpec<'_>, absolute: bool) -> Result<(LatenessStats, Vec<TraceRecord>)> {
@@ -452,8 +453,18 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
         }
         w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     }
-    let max_streams = a.streams.iter().copied().max().unwrap_or(1);
-    raise_nofile((max_streams as u64) * 3 + 1024);
+    // A penstock cell holds a UDP socket per stream and one source descriptor in all (the
+    // engine shares it among streams of one file); a thread-per-stream cell holds a socket
+    // and a file per stream, up to `threads_max`.
+    let max_streams = a.streams.iter().copied().max().unwrap_or(1) as u64;
+    let need = max_streams.max(2 * a.threads_max.min(max_streams as usize) as u64) + 256;
+    let nofile = penstock_driver::rlimit::raise_nofile();
+    if nofile.soft < need {
+        eprintln!(
+            "penstock: bench periodic: RLIMIT_NOFILE {} (hard {}) is below the ~{need} descriptors {max_streams} streams need: cells beyond it fail with EMFILE",
+            nofile.soft, nofile.hard
+        );
+    }
     let rmem = RmemMax::raise();
     if rmem.0.is_some() {
         eprintln!(
@@ -485,9 +496,9 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                 let c0 = cpu_times(CpuWho::Process);
                 let w0 = std::time::Instant::now();
                 let run = match sender.as_str() {
-                    "penstock" => run_engine(&spec, false, workers, timer, a.spin),
-                    "penstock-rt" => run_engine(&spec, true, workers, timer, a.spin),
-                    _ => Ok((LatenessStats::new(0), Vec::new(), String::new())),
+                    "penstock" => run_engine(&spec, a.path, false, workers, timer, a.spin),
+                    "penstock-rt" => run_engine(&spec, a.path, true, workers, timer, a.spin),
+                    _ => Ok((LatenessStats::new(0), Vec::new(), String::new(), None)),
                 };
                 // A cell that cannot run here (e.g. more descriptors than RLIMIT_NOFILE allows)
                 // is reported and skipped; the other cells still count.
@@ -495,19 +506,19 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                     Ok(r) => r,
                     Err(e) => {
                         eprintln!("  N={n:<5} load={load:<4} {sender:<11} FAILED: {e:#}");
-                        let _ = rx.finish();
+                        rx.abandon();
                         continue;
                     }
                 };
-                let (stats, trace, note) = match sender.as_str() {
+                let (stats, trace, note, source_files) = match sender.as_str() {
                     "penstock" | "penstock-rt" => run,
                     "usleep" => {
                         let (s, t) = run_threads(&spec, false)?;
-                        (s, t, String::new())
+                        (s, t, String::new(), None)
                     }
                     "nanosleep" => {
                         let (s, t) = run_threads(&spec, true)?;
-                        (s, t, String::new())
+                        (s, t, String::new(), None)
                     }
                     other => bail!("unknown sender {other:?}"),
                 };
@@ -529,6 +540,7 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                     lost: got["lost"].as_u64().unwrap_or(0),
                     expected: units * n as u64,
                     cpu_percent: cpu / wall * 100.0,
+                    source_files,
                     stats,
                     note,
                 };
@@ -560,6 +572,7 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                     "p50_ns": s.p50_ns, "p99_ns": s.p99_ns, "p999_ns": s.p999_ns, "max_ns": s.max_ns,
                     "misses": s.misses, "units": s.units, "received": r.received, "lost": r.lost,
                     "expected": r.expected, "cpu_percent": r.cpu_percent, "note": r.note,
+                    "source_files": r.source_files,
                 })
             })
             .collect();

@@ -33,6 +33,8 @@ use penstock_core::stream::{CachePolicy, DataPath, Extent, PathCaps, PathChoice}
 
 use crate::buffers::BufferGauges;
 pub use crate::disk::{DiskSettings, DiskTuning};
+pub use crate::files::OpenFileStats;
+use crate::files::OpenFileTable;
 use crate::open::{Opened, open_source, open_target};
 use crate::pace::Pace;
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
@@ -376,6 +378,8 @@ pub struct Engine {
     admission: Arc<Mutex<Admission>>,
     /// The disk scheduler settings every worker runs with; the lock also orders changes.
     disk: Mutex<DiskSettings>,
+    /// Read-only file sources shared among streams by (device, inode, open mode).
+    files: OpenFileTable,
 }
 
 /// Why the engine could not start.
@@ -458,6 +462,7 @@ impl Engine {
             open_count: Arc::new(AtomicUsize::new(0)),
             info,
             admission: Arc::new(Mutex::new(admission)),
+            files: OpenFileTable::new(),
         })
     }
 
@@ -520,6 +525,11 @@ impl Engine {
             *cur = new;
         }
         Ok(new)
+    }
+
+    /// The open-file table now: files open for streams, and opens it saved by sharing.
+    pub fn open_files(&self) -> OpenFileStats {
+        self.files.stats()
     }
 
     /// The buffer pools' use now, all workers together.
@@ -726,8 +736,13 @@ impl Engine {
         let schedule = spec.schedule.filter(|s| !s.is_burst());
         let units = spec.units.clone();
         let request = spec.plan_request()?;
+        // A file source shares the descriptor of other streams of its file (the caller's is
+        // closed): one descriptor per file, not per stream. Targets are never shared.
+        if source.kind == penstock_core::stream::IoKind::File && source.volume.is_none() {
+            source.fd = self.files.share(source.fd);
+        }
         // The one decision: everything below carries it out.
-        let gathered = crate::facts::gather(&source, &target, &request);
+        let gathered = crate::facts::gather(&source, &target, &request, &self.files);
         let plan = plan_stream(&request, &gathered.facts, self.caps(), &self.plan_limits())?;
         let reopen = |v: &mut crate::volume::PartitionIo| {
             v.make_buffered().map_err(|source| StreamError::Io {

@@ -14,24 +14,32 @@ use penstock_core::stream::plan::{
 use penstock_core::stream::{CachePolicy, Extent, IoKind, PathChoice};
 
 use crate::direct::direct_alignment;
+use crate::files::{Descriptor, OpenFileTable};
 use crate::open::Opened;
 
 /// The facts, and the O_DIRECT descriptor the facts were found with (kept for the stream when
 /// the plan reads with O_DIRECT).
 pub(crate) struct Gathered {
     pub facts: Facts,
-    pub direct: Option<OwnedFd>,
+    pub direct: Option<Descriptor>,
 }
 
 /// Finds out what [`penstock_core::stream::plan::plan_stream`] asks about `source` and
-/// `target` for `req` (the page cache and O_DIRECT only when the request can use them).
-pub(crate) fn gather(source: &Opened, target: &Opened, req: &PlanRequest<'_>) -> Gathered {
+/// `target` for `req` (the page cache and O_DIRECT only when the request can use them). The
+/// O_DIRECT descriptor is the one `files` holds for the source's inode when another stream
+/// has it open, else the reopened one, entered there.
+pub(crate) fn gather(
+    source: &Opened,
+    target: &Opened,
+    req: &PlanRequest<'_>,
+    files: &OpenFileTable,
+) -> Gathered {
     let mut src = endpoint_facts(source);
     let dst = endpoint_facts(target);
     let direct = (req.cache == CachePolicy::Bypass
         && source.kind == IoKind::File
         && source.volume.is_none())
-    .then(|| reopen_direct(source))
+    .then(|| files.direct_of(&source.fd, reopen_direct))
     .flatten();
     src.direct_align = direct.as_ref().map(direct_alignment);
     let resident = req.path == PathChoice::Auto
@@ -100,11 +108,11 @@ fn range_is_cached(source: &Opened, extent: Extent) -> bool {
 /// through `/proc/self/fd/N` (a `dup` would share the status flags, so setting O_DIRECT on
 /// it would change the original too). `None` where the file system refuses O_DIRECT (tmpfs,
 /// some FUSE) or /proc is not mounted: the caller reads through the page cache.
-pub(crate) fn reopen_direct(o: &Opened) -> Option<OwnedFd> {
+fn reopen_direct(fd: &Descriptor) -> Option<OwnedFd> {
     OpenOptions::new()
         .read(true)
         .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-        .open(format!("/proc/self/fd/{}", o.fd.as_raw_fd()))
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .ok()
         .map(OwnedFd::from)
 }

@@ -14,11 +14,13 @@ pub mod disk;
 pub mod engine;
 mod error;
 mod facts;
+pub mod files;
 pub mod open;
 mod pace;
 mod paths;
 pub mod record;
 mod report;
+pub mod rlimit;
 mod step;
 pub mod sys;
 mod uring_path;
@@ -27,7 +29,7 @@ mod worker;
 
 pub use engine::{
     Admitted, BufferUsage, CounterSnapshot, DiskClass, DiskQueueDepth, DiskSettings, DiskTuning,
-    Engine, EngineConfig, EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, StreamError,
-    StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
+    Engine, EngineConfig, EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, OpenFileStats,
+    StreamError, StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };
 pub use paths::{SendfileCall, sendfile_call};

@@ -16,12 +16,15 @@ use std::path::Path;
 use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::stream::IoKind;
 
+use crate::files::Descriptor;
 use crate::volume::{Access, PartitionIo, Volume, VolumeError};
 
 /// An opened endpoint.
 #[derive(Debug)]
 pub struct Opened {
-    pub fd: OwnedFd,
+    /// The caller's own descriptor (`OwnedFd::into`, `File::into`); the engine shares a
+    /// read-only file source's with other streams of the same file (`files`).
+    pub fd: Descriptor,
     pub kind: IoKind,
     /// Size in bytes, for files and block devices.
     pub size: Option<u64>,
@@ -125,7 +128,7 @@ fn any_local(remote: SocketAddr, port: u16) -> SocketAddr {
 
 fn stream_socket(fd: OwnedFd, label: String) -> Opened {
     Opened {
-        fd,
+        fd: fd.into(),
         kind: IoKind::StreamSocket,
         size: None,
         socket: true,
@@ -249,7 +252,7 @@ pub fn opened_partition(pio: PartitionIo) -> Result<Opened, OpenError> {
     // A volume has at least one member (checked when its layout was built).
     let fd = pio.members[0].try_clone().map_err(io_err(&label))?;
     Ok(Opened {
-        fd,
+        fd: fd.into(),
         kind: IoKind::File,
         size: Some(pio.size_bytes),
         socket: false,

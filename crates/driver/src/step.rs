@@ -3,7 +3,7 @@
 //! rather than in the worker so that the paths (`paths`, `uring_path`) need not import the
 //! worker that calls them.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -11,6 +11,7 @@ use penstock_core::stream::CachePolicy;
 use penstock_core::time::Instant;
 
 use crate::error::StreamError;
+use crate::files::Descriptor;
 use crate::open::Opened;
 use crate::pace::Pace;
 use crate::report::Counters;
@@ -47,7 +48,8 @@ pub(crate) enum Side {
 pub(crate) struct TaskIo {
     pub source: Opened,
     pub target: Opened,
-    pub direct: Option<OwnedFd>,
+    /// The source reopened with O_DIRECT (the plan's), shared like the source.
+    pub direct: Option<Descriptor>,
     /// Next source offset (files).
     pub pos: u64,
     /// End offset (files); `None` for sources read until EOF.

@@ -82,7 +82,7 @@ pub(crate) struct TaskInit {
     pub id: u64,
     pub source: Opened,
     pub target: Opened,
-    pub direct: Option<OwnedFd>,
+    pub direct: Option<crate::files::Descriptor>,
     pub range: Option<(u64, u64)>,
     pub unit: usize,
     /// The uring path's read alignment and read size (the plan's).

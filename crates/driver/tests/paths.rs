@@ -515,7 +515,7 @@ fn open_stream_source(kind: StreamSource, data: Vec<u8>) -> (Opened, JoinHandle<
             rustix::io::ioctl_fionbio(&r, true).expect("nonblocking");
             let writer = thread::spawn(move || File::from(w).write_all(&data));
             let opened = Opened {
-                fd: r,
+                fd: r.into(),
                 kind: IoKind::Pipe,
                 size: None,
                 socket: false,
@@ -997,7 +997,7 @@ fn bad_streams_are_refused_with_typed_errors() {
     }
     let (pipe, _w) = rustix::pipe::pipe().expect("pipe");
     let source = Opened {
-        fd: pipe,
+        fd: pipe.into(),
         kind: IoKind::Pipe,
         size: None,
         socket: false,
@@ -1061,7 +1061,7 @@ fn impossible_paths_are_refused() {
     ] {
         let (pipe, _w) = rustix::pipe::pipe().expect("pipe");
         let source = Opened {
-            fd: pipe,
+            fd: pipe.into(),
             kind: IoKind::Pipe,
             size: None,
             socket: false,
@@ -1070,7 +1070,7 @@ fn impossible_paths_are_refused() {
         };
         let (_r, w) = rustix::pipe::pipe().expect("pipe");
         let target = Opened {
-            fd: w,
+            fd: w.into(),
             kind: IoKind::Pipe,
             size: None,
             socket: false,

@@ -5,9 +5,9 @@
 //!
 //! Logging goes to stderr: the filter is `PENSTOCK_LOG`, else `RUST_LOG` (tracing's
 //! `EnvFilter` syntax, e.g. `info` or `penstock_server=debug`), else warnings only — and for
-//! `serve` its lifecycle lines too (listening, reloaded, stopping) at info. Colours only when
-//! stderr is a terminal; `--log-format json` writes one JSON object per line for log
-//! shippers.
+//! `serve` its lifecycle lines too (listening, reloaded, stopping, RLIMIT_NOFILE raised) at
+//! info. Colours only when stderr is a terminal; `--log-format json` writes one JSON object
+//! per line for log shippers.
 
 mod activation;
 mod calibrate;
@@ -106,6 +106,15 @@ fn main() {
         matches!(cli.command, Command::Serve(_)),
         cli.log_format == "json",
     );
+    // Commands that may hold many descriptors (a socket or two per stream, thousands in a
+    // benchmark) raise the soft RLIMIT_NOFILE to the hard limit, said at info level; `serve`
+    // does it in `Server::start`, where it also checks its connection limits against it.
+    if matches!(
+        cli.command,
+        Command::Stream(_) | Command::Demo(_) | Command::Record(_) | Command::Bench(_)
+    ) {
+        penstock_driver::rlimit::raise_nofile();
+    }
     let r = match cli.command {
         Command::Demo(a) => demo::run(a),
         Command::Stream(a) => cmd_stream::run(a),
@@ -159,7 +168,7 @@ fn init_logging(serve: bool, json: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let default = if serve {
-        "warn,penstock=info,penstock_server=info"
+        "warn,penstock=info,penstock_server=info,penstock_driver::rlimit=info"
     } else {
         "warn"
     };

@@ -197,7 +197,7 @@ impl Listener {
 
 fn stream_socket(fd: std::os::fd::OwnedFd, label: String) -> Opened {
     Opened {
-        fd,
+        fd: fd.into(),
         kind: IoKind::StreamSocket,
         size: None,
         socket: true,

@@ -149,7 +149,7 @@ impl Server {
         inherited: Vec<TcpListener>,
     ) -> Result<Server, ServerError> {
         cfg.check()?;
-        let nofile = raise_nofile(descriptors_wanted(cfg));
+        let nofile = raise_nofile(cfg);
         let root_fd = confine::Root::open(root).map_err(|source| ServerError::Root {
             path: root.to_path_buf(),
             source,
@@ -560,40 +560,73 @@ fn descriptors_wanted(cfg: &ServerConfig) -> u64 {
         .saturating_add(256)
 }
 
-/// Raises the soft RLIMIT_NOFILE towards `wanted` (at most the hard limit: raising that
-/// needs privilege) and says what it is now, for the start line. The default soft limit
-/// (often 1024) would make `accept` fail with EMFILE long before `connections_max`.
-fn raise_nofile(wanted: u64) -> String {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let cur = getrlimit(Resource::Nofile);
-    let soft = cur.current.unwrap_or(u64::MAX);
-    let hard = cur.maximum.unwrap_or(u64::MAX);
-    let target = wanted.min(hard);
-    let now = if soft < target {
-        match setrlimit(
-            Resource::Nofile,
-            Rlimit {
-                current: Some(target),
-                maximum: cur.maximum,
-            },
-        ) {
-            Ok(()) => target,
-            Err(e) => {
-                tracing::warn!(error = %e, soft, target, "could not raise RLIMIT_NOFILE");
-                soft
-            }
+/// Raises the soft RLIMIT_NOFILE to the hard limit (`penstock_driver::rlimit`, which logs
+/// it at info) and says what it is now, for the start line. The default soft limit (often
+/// 1024) would make `accept` fail with EMFILE long before `connections_max`. Below what the
+/// connection limits may need, a warning names the keys to lower ([`nofile_advice`]).
+fn raise_nofile(cfg: &ServerConfig) -> String {
+    let now = penstock_driver::rlimit::raise_nofile().soft;
+    match nofile_advice(cfg, now) {
+        None => format!("descriptors {now}"),
+        Some(advice) => {
+            tracing::warn!(descriptors = now, "{advice}");
+            format!("descriptors {now}, too few: see the warning")
         }
+    }
+}
+
+/// What to change when `nofile` descriptors are fewer than the connection limits of `cfg`
+/// may need ([`descriptors_wanted`]); `None` when they suffice.
+fn nofile_advice(cfg: &ServerConfig, nofile: u64) -> Option<String> {
+    let wanted = descriptors_wanted(cfg);
+    if nofile >= wanted {
+        return None;
+    }
+    let http = cfg.limits.connections_max as u64;
+    let control = cfg.control.tcp_connections_max + cfg.control.unix_connections_max;
+    // What `[limits] connections_max` may be for everything to fit.
+    let fits = nofile.saturating_sub(wanted.saturating_sub(http.saturating_mul(3))) / 3;
+    let lower = if fits > 0 {
+        format!("lower `[limits] connections_max` to {fits}")
     } else {
-        soft
+        "lower `[limits] connections_max` and `[control] tcp_connections_max` / \
+         `unix_connections_max`"
+            .to_string()
     };
-    if now < wanted {
-        tracing::warn!(
-            descriptors = now,
-            wanted,
-            "RLIMIT_NOFILE is below what connections_max may need: accept fails with EMFILE beyond it"
+    Some(format!(
+        "RLIMIT_NOFILE {nofile} is below the {wanted} descriptors the connection limits may \
+         need (3 per connection: `[limits] connections_max` = {http}, `[control] \
+         tcp_connections_max` + `unix_connections_max` = {control}; 256 more): accept fails \
+         with EMFILE beyond it; {lower}, or raise the hard limit (systemd LimitNOFILE=, \
+         ulimit -Hn)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn too_few_descriptors_name_the_key_to_lower_and_how_far() {
+        let mut cfg = ServerConfig::default();
+        cfg.limits.connections_max = 1000;
+        cfg.control.tcp_connections_max = 10;
+        cfg.control.unix_connections_max = 10;
+        // 3 × 1000 + 3 × 20 + 256 = 3316 wanted.
+        assert_eq!(descriptors_wanted(&cfg), 3316);
+        assert_eq!(nofile_advice(&cfg, 3316), None);
+        let advice = nofile_advice(&cfg, 1024).expect("1024 < 3316");
+        // (1024 - 316) / 3 = 236 connections fit.
+        assert!(
+            advice.contains("lower `[limits] connections_max` to 236"),
+            "{advice}"
         );
-        format!("descriptors {now} (below the {wanted} the connection limits may need)")
-    } else {
-        format!("descriptors {now}")
+        assert!(advice.contains("RLIMIT_NOFILE 1024"), "{advice}");
+        // Not even the control connections fit: both keys are named.
+        let advice = nofile_advice(&cfg, 200).expect("200 < 3316");
+        assert!(
+            advice.contains("`[limits] connections_max` and `[control] tcp_connections_max`"),
+            "{advice}"
+        );
     }
 }

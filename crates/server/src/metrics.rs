@@ -12,7 +12,9 @@
 //! in its true bucket (a lateness of exactly a bound may land one bucket up) and the sum is
 //! within a factor of two. `penstock_disk_queue_depth` and `penstock_engine_buffers` (the
 //! engine's pool: total, reserved, in use by rt, borrowed by bulk) are read from the engine at each
-//! scrape, as is `penstock_engine_buffer_repossessions` (buffers bulk streams gave back to rt).
+//! scrape, as are `penstock_engine_buffer_repossessions` (buffers bulk streams gave back to rt),
+//! `penstock_engine_open_files` and `penstock_engine_open_file_shares_total` (the engine's
+//! open-file table: files open for streams, and opens that shared an open file's descriptor).
 
 use std::sync::Mutex;
 
@@ -23,7 +25,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use penstock_driver::{BufferUsage, DiskQueueDepth, LATENESS_BUCKETS, LatenessCounts};
+use penstock_driver::{
+    BufferUsage, DiskQueueDepth, LATENESS_BUCKETS, LatenessCounts, OpenFileStats,
+};
 
 /// The lowest bound of the lateness histogram: 2^13 ns, so that every bound (×4) is a power
 /// of two nanoseconds like the engine's buckets.
@@ -99,6 +103,12 @@ pub struct Metrics {
     pub disk_queue_depth: Family<ClassLabel, Gauge>,
     pub engine_buffers: Family<PoolLabel, Gauge>,
     pub engine_repossessions: Gauge,
+    /// The engine's open-file table: files open for streams (one descriptor each, shared).
+    pub engine_open_files: Gauge,
+    /// Opens the table saved: a stream's file was already open for another stream.
+    pub engine_open_file_shares: Counter,
+    /// The table's share count at the last scrape (the counter is moved by the difference).
+    open_file_shares_seen: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -190,6 +200,18 @@ impl Metrics {
             "Buffers bulk streams were made to give back to rt streams, since start",
             engine_repossessions.clone(),
         );
+        let engine_open_files = Gauge::default();
+        r.register(
+            "engine_open_files",
+            "Files the engine holds open for streams: one descriptor each, shared by every stream of the file",
+            engine_open_files.clone(),
+        );
+        let engine_open_file_shares = Counter::default();
+        r.register(
+            "engine_open_file_shares",
+            "Stream opens that shared the descriptor of a file already open for another stream, since start",
+            engine_open_file_shares.clone(),
+        );
         let disk_queue_depth = Family::<ClassLabel, Gauge>::default();
         r.register(
             "disk_queue_depth",
@@ -212,6 +234,9 @@ impl Metrics {
             disk_queue_depth,
             engine_buffers,
             engine_repossessions,
+            engine_open_files,
+            engine_open_file_shares,
+            open_file_shares_seen: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -257,6 +282,19 @@ impl Metrics {
         }
         self.engine_repossessions
             .set(i64::try_from(u.repossessions).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the open-file table's gauge and moves its counter up to the table's count.
+    pub fn set_open_files(&self, f: OpenFileStats) {
+        self.engine_open_files
+            .set(i64::try_from(f.files).unwrap_or(i64::MAX));
+        // fetch_max: two scrapes at once each add only what the other has not.
+        let seen = self
+            .open_file_shares_seen
+            .fetch_max(f.shares, std::sync::atomic::Ordering::Relaxed);
+        if f.shares > seen {
+            self.engine_open_file_shares.inc_by(f.shares - seen);
+        }
     }
 
     /// Counts one error of `kind` (a short stable name: `bad_request`, `idle_timeout`, ...).

@@ -554,7 +554,7 @@ fn engine_path(p: CtlPath) -> PathChoice {
 
 fn dup(o: &Opened) -> std::io::Result<Opened> {
     Ok(Opened {
-        fd: o.fd.as_fd().try_clone_to_owned()?,
+        fd: o.fd.as_fd().try_clone_to_owned()?.into(),
         kind: o.kind,
         size: o.size,
         socket: o.socket,

@@ -792,3 +792,65 @@ fn a_control_stream_to_a_receiver_that_stops_reading_fails_at_the_send_timeout()
     let stats = c.cmd("STATS");
     assert!(stats.lines.iter().any(|l| l == "admitted 0"), "{stats:?}");
 }
+
+#[test]
+fn streams_of_one_file_share_its_descriptor_and_the_metrics_say_so() {
+    let f = start();
+    // Two paced streams of one file, 2 s each: both run when the metrics are read.
+    const UNIT: usize = 4096;
+    const UNITS: usize = 40;
+    let data = pattern(UNIT * UNITS, 23);
+    let src = f.path("shared.ts");
+    std::fs::write(&src, &data).unwrap();
+    let before = metrics_text(&f);
+    assert_eq!(
+        metric_value(&before, "penstock_engine_open_files"),
+        Some(0.0),
+        "{before}"
+    );
+    assert_eq!(
+        metric_value(&before, "penstock_engine_open_file_shares_total"),
+        Some(0.0),
+        "{before}"
+    );
+    let mut c = Ctl::authed(f.control());
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let (rx_addr, _count, receiver) = counting_receiver(Duration::ZERO);
+        let id = c
+            .cmd(&format!(
+                "OPEN file:{} tcp://{rx_addr} rate=20/s unit={UNIT}",
+                src.display()
+            ))
+            .stream_id()
+            .unwrap();
+        assert_eq!(c.cmd(&format!("START {id}")).code.code(), 200);
+        streams.push((id, receiver));
+    }
+    let during = metrics_text(&f);
+    assert_eq!(
+        metric_value(&during, "penstock_engine_open_files"),
+        Some(1.0),
+        "two streams of one file, one descriptor:\n{during}"
+    );
+    assert_eq!(
+        metric_value(&during, "penstock_engine_open_file_shares_total"),
+        Some(1.0),
+        "{during}"
+    );
+    for (id, receiver) in streams {
+        wait_done(&mut c, id);
+        assert!(receiver.join().unwrap() == data);
+    }
+    let after = metrics_text(&f);
+    assert_eq!(
+        metric_value(&after, "penstock_engine_open_files"),
+        Some(0.0),
+        "the last stream's end closed it:\n{after}"
+    );
+    assert_eq!(
+        metric_value(&after, "penstock_engine_open_file_shares_total"),
+        Some(1.0),
+        "{after}"
+    );
+}

@@ -75,7 +75,7 @@ impl Worker {
             volume: None,
         };
         let target = EngineOpened {
-            fd: target_fd,
+            fd: target_fd.into(),
             kind: IoKind::StreamSocket,
             size: None,
             socket: true,

@@ -212,6 +212,9 @@ impl Worker {
         self.shared
             .metrics
             .set_engine_buffers(self.shared.engine.buffer_usage());
+        self.shared
+            .metrics
+            .set_open_files(self.shared.engine.open_files());
         let body = self.shared.metrics.encode().into_bytes();
         let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
         let head = ResponseHead {

@@ -48,7 +48,8 @@ pub struct PathsArgs {
     #[arg(long, default_value = "4MiB", value_parser = parse_size)]
     pub unit: u64,
     /// Write all samples and medians as JSON here.
-    #[arg(long)]
+    /// A bare `--json` writes it on stdout (the table then goes to stderr).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
     /// Reads (and sends) a stream keeps in flight on the uring path. Two by default: this
     /// VM's virtio disk serves requests one at a time, and fio read it at 1.0-1.5 GB/s with
@@ -414,10 +415,11 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
         }
     );
     let table = render(&cells, a.reps, &setup);
-    println!("{table}");
+    let mut h = crate::out::human(a.json.as_deref());
+    writeln!(h, "{table}")?;
     let verdicts = verdicts(&cells);
     for v in &verdicts {
-        println!("{v}");
+        writeln!(h, "{v}")?;
     }
     if let Some(p) = &a.json {
         let rows: Vec<serde_json::Value> = cells
@@ -431,7 +433,7 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
             })
             .collect();
         let doc = serde_json::json!({ "bench": "paths", "reps": a.reps, "unit": unit, "setup": setup, "rows": rows, "verdicts": verdicts });
-        std::fs::write(p, serde_json::to_string_pretty(&doc)?)?;
+        crate::out::write_json(p, &doc)?;
     }
     Ok(())
 }

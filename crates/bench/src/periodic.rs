@@ -81,7 +81,8 @@ pub struct PeriodicArgs {
     #[arg(long)]
     pub quick: bool,
     /// Write the table and all figures as JSON here.
-    #[arg(long)]
+    /// A bare `--json` writes it on stdout (the table then goes to stderr).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
     /// Write traces (CSV, for `penstock plot`) of the 1-stream runs into this directory.
     #[arg(long)]
@@ -561,7 +562,8 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
         }
     }
     let table = render(&rows, &a, units);
-    println!("{table}");
+    let mut h = crate::out::human(a.json.as_deref());
+    writeln!(h, "{table}")?;
     if let Some(p) = &a.json {
         let v: Vec<serde_json::Value> = rows
             .iter()
@@ -576,10 +578,7 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                 })
             })
             .collect();
-        std::fs::write(
-            p,
-            serde_json::to_string_pretty(&serde_json::json!({"bench": "periodic", "rows": v}))?,
-        )?;
+        crate::out::write_json(p, &serde_json::json!({"bench": "periodic", "rows": v}))?;
     }
     Ok(())
 }

@@ -47,7 +47,8 @@ pub struct IsolationArgs {
     #[arg(long)]
     pub quick: bool,
     /// Write the table as JSON here.
-    #[arg(long)]
+    /// A bare `--json` writes it on stdout (the table then goes to stderr).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
     /// Instead of the MARS table: the DRR shares under live tuning. Runs `penstock serve`
     /// (one engine worker: one disk scheduler) with rt and bulk streams reading this disk
@@ -78,7 +79,8 @@ pub struct RtuArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Write the table as JSON here.
-    #[arg(long)]
+    /// A bare `--json` writes it on stdout (the table then goes to stderr).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
 }
 
@@ -381,7 +383,8 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
             r.background_mb_s
         ));
     }
-    println!("{t}");
+    let mut h = crate::out::human(a.json.as_deref());
+    writeln!(h, "{t}")?;
     if let Some(p) = &a.json {
         let v: Vec<_> = rows
             .iter()
@@ -389,11 +392,9 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                 "seconds": r.seconds, "misses": r.misses, "units": r.units, "p99_ms": r.p99_ms,
                 "background_mb_s": r.background_mb_s}))
             .collect();
-        std::fs::write(
+        crate::out::write_json(
             p,
-            serde_json::to_string_pretty(
-                &serde_json::json!({"bench": "isolation", "rate_bytes_per_s": rate, "kernel_scheduler": kernel_sched.trim(), "rows": v}),
-            )?,
+            &serde_json::json!({"bench": "isolation", "rate_bytes_per_s": rate, "kernel_scheduler": kernel_sched.trim(), "rows": v}),
         )?;
     }
     Ok(())
@@ -668,7 +669,8 @@ fn isolation_tune(a: &IsolationArgs) -> Result<()> {
             bulk / 1e6
         ));
     }
-    println!("{t}");
+    let mut h = crate::out::human(a.json.as_deref());
+    writeln!(h, "{t}")?;
     if let Some(p) = &a.json {
         let v: Vec<_> = rows
             .iter()
@@ -678,11 +680,11 @@ fn isolation_tune(a: &IsolationArgs) -> Result<()> {
                     "rt_share": share, "quanta_share": due})
             })
             .collect();
-        std::fs::write(
+        crate::out::write_json(
             p,
-            serde_json::to_string_pretty(&serde_json::json!({"bench": "isolation --tune",
+            &serde_json::json!({"bench": "isolation --tune",
                 "streams_per_class": a.streams, "inflight": a.inflight,
-                "phase_s": a.phase.as_secs_f64(), "kernel_scheduler": kernel_sched.trim(), "rows": v}))?,
+                "phase_s": a.phase.as_secs_f64(), "kernel_scheduler": kernel_sched.trim(), "rows": v}),
         )?;
     }
     Ok(())
@@ -789,7 +791,9 @@ pub fn rtu(a: RtuArgs) -> Result<()> {
             }
         }
     }
-    println!(
+    let mut h = crate::out::human(a.json.as_deref());
+    writeln!(
+        h,
         "\nbench rtu (MARS Table 3): three periodic streams of {} B units, O_DIRECT, TCP to a receiver process\n\
          {:<5} {:<4} {:>7} {:>10} {:>10} {:>8} {:>8} {:>10} {:>10}\n{}",
         a.unit,
@@ -803,12 +807,9 @@ pub fn rtu(a: RtuArgs) -> Result<()> {
         "p99 ms",
         "bytes",
         lines.join("\n")
-    );
+    )?;
     if let Some(p) = &a.json {
-        std::fs::write(
-            p,
-            serde_json::to_string_pretty(&serde_json::json!({"bench": "rtu", "rows": json}))?,
-        )?;
+        crate::out::write_json(p, &serde_json::json!({"bench": "rtu", "rows": json}))?;
     }
     Ok(())
 }

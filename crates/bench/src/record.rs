@@ -16,6 +16,7 @@
 //!    run: the recorded gaps against the CBR schedule's (1.316 ms) — what the sender and the
 //!    receive path added the first time.
 
+use std::io::Write;
 use std::net::UdpSocket;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -61,7 +62,8 @@ pub struct RecordBenchArgs {
     #[arg(long)]
     pub realtime: bool,
     /// Write the results as JSON here.
-    #[arg(long)]
+    /// A bare `--json` writes it on stdout (the table then goes to stderr).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
 }
 
@@ -136,7 +138,12 @@ pub fn run(a: RecordBenchArgs) -> Result<()> {
         Some(rec) => Some(playback_timing(rec, &dir, a.realtime)?),
         None => None,
     };
-    print_table(&rows, timing.as_ref(), duration);
+    print_table(
+        &mut crate::out::human(a.json.as_deref()),
+        &rows,
+        timing.as_ref(),
+        duration,
+    )?;
     if let Some(path) = &a.json {
         let v = serde_json::json!({
             "duration_s": duration.as_secs_f64(),
@@ -153,7 +160,7 @@ pub fn run(a: RecordBenchArgs) -> Result<()> {
                 "playback_sender_p50_us": t.sender.0, "playback_sender_p99_us": t.sender.1,
             })),
         });
-        std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
+        crate::out::write_json(path, &v)?;
     }
     Ok(())
 }
@@ -476,17 +483,25 @@ fn playback_timing(rec: &Path, dir: &Path, realtime: bool) -> Result<Timing> {
     })
 }
 
-fn print_table(rows: &[Row], timing: Option<&Timing>, duration: Duration) {
-    println!(
+fn print_table(
+    h: &mut dyn Write,
+    rows: &[Row],
+    timing: Option<&Timing>,
+    duration: Duration,
+) -> std::io::Result<()> {
+    writeln!(
+        h,
         "## penstock bench record — {:.0} s of an ~8 Mbit/s MPEG-TS per stream\n",
         duration.as_secs_f64()
-    );
-    println!(
+    )?;
+    writeln!(
+        h,
         "| streams | datagrams sent | recorded | streams with loss | recordings identical to source | socket drops | sender misses (>1.316 ms) | sender lateness p99 | CPU (s) |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    )?;
+    writeln!(h, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for r in rows {
-        println!(
+        writeln!(
+            h,
             "| {} | {} | {} | {} | {}/{} | {} | {} | {:.0} µs | {:.1} |",
             r.streams,
             r.sent,
@@ -498,34 +513,40 @@ fn print_table(rows: &[Row], timing: Option<&Timing>, duration: Duration) {
             r.sender_misses,
             r.sender_p99_us,
             r.cpu_s
-        );
+        )?;
     }
     let lossless = rows
         .iter()
         .filter(|r| r.lost_streams == 0 && r.identical == r.streams)
         .map(|r| r.streams)
         .max();
-    println!(
+    writeln!(
+        h,
         "\nLargest count recorded without loss: {}",
         lossless.map_or("none".to_string(), |n| n.to_string())
-    );
+    )?;
     if let Some(t) = timing {
-        println!(
+        writeln!(
+            h,
             "\n| inter-packet gap error ({} packets, kernel receive times) | p50 | p99 | max |",
             t.packets
-        );
-        println!("|---|---:|---:|---:|");
-        println!(
+        )?;
+        writeln!(h, "|---|---:|---:|---:|")?;
+        writeln!(
+            h,
             "| baseline: recorded gaps vs the CBR schedule (1.316 ms) | {:.1} µs | {:.1} µs | {:.1} µs |",
             t.baseline.0, t.baseline.1, t.baseline.2
-        );
-        println!(
+        )?;
+        writeln!(
+            h,
             "| playback (`--timing tracks`) vs recorded gaps | {:.1} µs | {:.1} µs | {:.1} µs |",
             t.playback.0, t.playback.1, t.playback.2
-        );
-        println!(
+        )?;
+        writeln!(
+            h,
             "\nPlayback sender lateness (deadline to send completion): p50 {:.1} µs, p99 {:.1} µs.",
             t.sender.0, t.sender.1
-        );
+        )?;
     }
+    Ok(())
 }

@@ -12,6 +12,7 @@
 //! Loop devices and the cgroup are removed on every exit path that unwinds (errors included);
 //! a SIGKILL leaves them behind (`losetup -d`, `rmdir` the `penstock-bench-*` cgroup).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -52,6 +53,10 @@ pub struct StripeArgs {
     /// Use plain files even where throttled loop devices are possible.
     #[arg(long)]
     pub no_throttle: bool,
+    /// Write the table as JSON here; a bare `--json` writes it on stdout (the table then
+    /// goes to stderr).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<PathBuf>,
 }
 
 const MEMBERS_MAX: usize = 4;
@@ -245,19 +250,35 @@ pub fn run(a: StripeArgs) -> Result<()> {
     }
     drop(engine);
     drop(guard);
-    println!(
+    let mut h = crate::out::human(a.json.as_deref());
+    writeln!(
+        h,
         "read of a {} MiB striped partition (stripe unit {} KiB, {} x 1 MiB in flight), median of {}",
         a.size >> 20,
         a.stripe_unit >> 10,
         a.depth,
         a.reps
-    );
-    println!("members: {mode}");
-    println!("| members | MB/s | ratio to 1 member | CPU s/GB |");
-    println!("|---:|---:|---:|---:|");
+    )?;
+    writeln!(h, "members: {mode}")?;
+    writeln!(h, "| members | MB/s | ratio to 1 member | CPU s/GB |")?;
+    writeln!(h, "|---:|---:|---:|---:|")?;
     let base = rows[0].1;
     for (k, mbps, cpu) in &rows {
-        println!("| {k} | {mbps:.1} | {:.2} | {cpu:.3} |", mbps / base);
+        writeln!(h, "| {k} | {mbps:.1} | {:.2} | {cpu:.3} |", mbps / base)?;
+    }
+    if let Some(p) = &a.json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(k, mbps, cpu)| {
+                serde_json::json!({"members": k, "mb_per_s": mbps, "ratio_to_1": mbps / base,
+                    "cpu_s_per_gb": cpu})
+            })
+            .collect();
+        crate::out::write_json(
+            p,
+            &serde_json::json!({"bench": "stripe", "members": mode.to_string(), "size": a.size,
+                "stripe_unit": a.stripe_unit, "depth": a.depth, "reps": a.reps, "rows": v}),
+        )?;
     }
     Ok(())
 }

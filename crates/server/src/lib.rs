@@ -20,17 +20,21 @@
 //!   commands may block on opening endpoints), one shared stream table, admission by the
 //!   engine's (the one admission control).
 //! - **Metrics** ([`metrics`]): prometheus-client, served by the HTTP workers at
-//!   `/metrics`.
+//!   `/metrics` and, when configured, on a separate listener ([`metrics_http`]).
+//! - **Access log** ([`access_log`]): nginx's combined format, formatted by each worker into
+//!   its own buffer and written by one writer thread; reopened on SIGUSR1.
 //!
 //! What is absent: TLS, request bodies (GET and HEAD only), HTTP/2, directory listings.
 #![forbid(unsafe_code)]
 
 pub mod access;
+pub mod access_log;
 pub mod config;
 pub mod confine;
 pub mod control;
 mod http;
 pub mod metrics;
+pub mod metrics_http;
 pub mod private;
 pub mod streams;
 
@@ -83,6 +87,7 @@ pub struct Server {
     control_threads: Vec<JoinHandle<()>>,
     paths: String,
     metrics: Arc<Metrics>,
+    metrics_listener: Option<metrics_http::MetricsListener>,
 }
 
 impl std::fmt::Debug for Server {
@@ -124,6 +129,12 @@ impl Server {
         let engine =
             Arc::new(Engine::new(engine_cfg).map_err(|e| ServerError::Engine(e.to_string()))?);
         let metrics = Arc::new(Metrics::new());
+        metrics.watch_engine(engine.clone());
+        let access_log = access_log::AccessLog::start(
+            &cfg.log.access_target(),
+            cfg.log.access_limits(),
+            metrics.clone(),
+        )?;
 
         let body_path = cfg.body_path()?;
         let shared = Arc::new(http::HttpShared::new(
@@ -136,6 +147,7 @@ impl Server {
             body_path,
             engine.clone(),
             metrics.clone(),
+            access_log,
         ));
         let addr: SocketAddr =
             cfg.http.listen.parse().map_err(|e| {
@@ -227,6 +239,25 @@ impl Server {
             Box::new(move || http_for_stats.connections()),
         ));
         let control_threads = control::start(control.clone(), tcp, unix)?;
+        let metrics_listener = if cfg.http.metrics_listen.is_empty() {
+            None
+        } else {
+            let a: SocketAddr = cfg.http.metrics_listen.parse().map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "http.metrics_listen {:?}: {e}",
+                    cfg.http.metrics_listen
+                ))
+            })?;
+            Some(
+                metrics_http::MetricsListener::start(a, metrics.clone()).map_err(|source| {
+                    ServerError::Bind {
+                        what: "metrics",
+                        addr: cfg.http.metrics_listen.clone(),
+                        source,
+                    }
+                })?,
+            )
+        };
 
         let uring = match &engine.info().uring {
             Ok(()) => "io_uring available".to_string(),
@@ -252,6 +283,7 @@ impl Server {
             control_threads,
             paths,
             metrics,
+            metrics_listener,
         })
     }
 
@@ -281,6 +313,19 @@ impl Server {
         &self.metrics
     }
 
+    /// The separate metrics listener's address, when `[http] metrics_listen` is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener.as_ref().map(|l| l.local_addr())
+    }
+
+    /// SIGUSR1: the access log's file is opened again by its path (after logrotate renamed
+    /// it). Nothing for stdout or without an access log.
+    pub fn reopen_access_log(&self) {
+        if let Some(l) = &self.http.access_log {
+            l.reopen();
+        }
+    }
+
     /// The one line printed at start: addresses and data paths.
     pub fn summary(&self) -> String {
         let mut s = format!("penstock serve: http://{}", self.http_addr);
@@ -289,6 +334,9 @@ impl Server {
         }
         if let Some(p) = &self.unix_path {
             s.push_str(&format!(", control unix:{}", p.display()));
+        }
+        if let Some(a) = self.metrics_addr() {
+            s.push_str(&format!(", metrics http://{a}/metrics"));
         }
         s.push_str(&format!("; {}", self.paths));
         s
@@ -314,6 +362,11 @@ impl Server {
         for t in self.http_threads {
             let _ = t.join();
         }
+        // The workers handed over their last lines; the writer writes them and stops.
+        if let Some(l) = &self.http.access_log {
+            l.stop(Instant::now() + deadline.saturating_sub(start.elapsed()).max(Duration::from_secs(1)));
+        }
+        drop(self.metrics_listener);
         self.control
             .streams
             .shutdown(deadline.saturating_sub(start.elapsed()));

@@ -323,8 +323,14 @@ impl Entry {
     /// Adds the current engine stream's new lateness counts to the metrics.
     fn feed_lateness(&mut self, metrics: &Metrics) {
         if let Some(now) = self.handle().map(|h| h.lateness()) {
-            metrics.add_lateness(&now, &mut self.lateness_seen);
+            metrics.add_lateness(self.disk_class(), &now, &mut self.lateness_seen);
         }
+    }
+
+    /// The engine's disk class of this stream (the `class` label of lateness): `rt` for
+    /// `class=rt`, `bulk` for every other class (as `spec_of` maps them).
+    fn disk_class(&self) -> &'static str {
+        if self.class == Class::Rt { "rt" } else { "bulk" }
     }
 
     fn state_name(&self) -> &'static str {
@@ -512,7 +518,7 @@ fn suspend(e: &mut Entry, handle: Handle, metrics: &Metrics) -> Result<(), Strin
         ));
     };
     let counted = handle.counters().bytes_sent;
-    metrics.add_lateness(&handle.lateness(), &mut e.lateness_seen);
+    metrics.add_lateness(e.disk_class(), &handle.lateness(), &mut e.lateness_seen);
     let sent = match outcome {
         Ok(report) => report.bytes.max(counted),
         Err(penstock_driver::StreamError::Cancelled { .. }) => counted,
@@ -1049,7 +1055,7 @@ impl Streams {
                 e.sent_before_bytes += handle.counters().bytes_sent;
             }
             self.metrics
-                .add_lateness(&handle.lateness(), &mut e.lateness_seen);
+                .add_lateness(e.disk_class(), &handle.lateness(), &mut e.lateness_seen);
         }
         self.release(&mut e);
         e.sent_bytes()

@@ -41,7 +41,23 @@ fn downloads_are_byte_exact_through_the_loop_and_the_engine() {
     let m = String::from_utf8(get(&f, "/metrics", &[]).2).unwrap();
     assert!(m.contains("data_path=\"engine-sendfile\""), "{m}");
     assert!(m.contains("data_path=\"sendfile\""), "{m}");
-    assert!(m.ends_with("# EOF\n"));
+    // Without an Accept naming OpenMetrics: the Prometheus text format 0.0.4 (no # EOF).
+    assert!(!m.contains("# EOF"), "{m}");
+    // A scraper that asks for OpenMetrics gets it.
+    let (st, hs, body) = get(
+        &f,
+        "/metrics",
+        &[(
+            "accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        )],
+    );
+    assert_eq!(st, 200);
+    assert!(
+        header(&hs, "content-type").is_some_and(|t| t.starts_with("application/openmetrics-text")),
+        "{hs:?}"
+    );
+    assert!(String::from_utf8(body).unwrap().ends_with("# EOF\n"));
 }
 
 #[test]

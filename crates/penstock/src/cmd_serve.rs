@@ -2,17 +2,25 @@
 //!
 //! Thin glue over `penstock_server::Server`: configuration, the sample tree of `--demo`,
 //! the start line, and signals (SIGTERM/SIGINT: stop accepting, finish or cut within
-//! `shutdown_deadline_ms`, exit 0; SIGHUP: reload the live part of `--config`).
+//! `shutdown_deadline_ms`, exit 0; SIGHUP: reload the live part of `--config`; SIGUSR1:
+//! reopen the access log file, for logrotate).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
 use penstock_server::{Server, ServerConfig};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
 #[derive(Args, Debug)]
+#[command(
+    after_help = "Access log: one line per request in nginx's combined format plus rt= and path=, \
+    on stdout by default ([log] access = stdout | off | FILE). Metrics: GET /metrics \
+    (Prometheus text, or OpenMetrics when asked), also on [http] metrics_listen. Signals: \
+    SIGTERM/SIGINT stop gracefully, SIGHUP reloads limits and locations from --config, \
+    SIGUSR1 reopens the access log file (logrotate)."
+)]
 pub struct ServeArgs {
     /// Directory to serve (default: `[http] root` of the configuration, else the current
     /// directory).
@@ -114,8 +122,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         std::env::current_dir()?
     };
     // Register before starting so that a signal during start-up is not lost.
-    let mut signals =
-        Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1])
+        .context("installing signal handlers")?;
     let server = Server::start(&cfg, &root)?;
     println!("{} (root {})", server.summary(), root.display());
     if let Some(f) = server.token_file() {
@@ -143,6 +151,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 },
                 None => tracing::info!("SIGHUP without --config: nothing to reload"),
             },
+            SIGUSR1 => server.reopen_access_log(),
             _ => break,
         }
     }

@@ -141,6 +141,7 @@ impl AccessLog {
             limits: self.limits,
             flush_at: None,
             clock: TimeCache::default(),
+            addr: AddrCache::default(),
             metrics: self.metrics.clone(),
         }
     }
@@ -279,12 +280,21 @@ impl LogEntry {
             escape_into(&mut text, &line[..line.len().min(REQUEST_LINE_LOG_BYTES_MAX)]);
         }
         let split = text.len();
-        for (i, name) in [&b"referer"[..], b"user-agent"].into_iter().enumerate() {
+        // One pass over the fields for both.
+        let (mut referer, mut agent) = (None, None);
+        for (name, value) in header_fields(head) {
+            if referer.is_none() && name.eq_ignore_ascii_case(b"referer") {
+                referer = Some(value);
+            } else if agent.is_none() && name.eq_ignore_ascii_case(b"user-agent") {
+                agent = Some(value);
+            }
+        }
+        for (i, v) in [referer, agent].into_iter().enumerate() {
             if i > 0 {
                 text.push(' ');
             }
             text.push('"');
-            match header_value(head, name) {
+            match v {
                 Some(v) => escape_into(&mut text, &v[..v.len().min(FIELD_LOG_BYTES_MAX)]),
                 None => text.push('-'),
             }
@@ -307,22 +317,28 @@ pub(crate) fn request_line(head: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-/// The value of the first header field called `name` (lower case) in a head, without the
-/// white space around it.
-pub(crate) fn header_value<'a>(head: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+/// The header fields of a head, `(name, value)`, the value without the white space around
+/// it; ends at the empty line.
+fn header_fields(head: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
     let start = head
         .iter()
         .position(|&b| b != b'\r' && b != b'\n')
         .unwrap_or(head.len());
-    let mut lines = head[start..].split(|&b| b == b'\n').skip(1);
-    lines.find_map(|l| {
-        let l = l.strip_suffix(b"\r").unwrap_or(l);
-        let colon = l.iter().position(|&b| b == b':')?;
-        if !l[..colon].eq_ignore_ascii_case(name) {
-            return None;
-        }
-        Some(l[colon + 1..].trim_ascii())
-    })
+    head[start..]
+        .split(|&b| b == b'\n')
+        .skip(1)
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| {
+            let colon = l.iter().position(|&b| b == b':')?;
+            Some((&l[..colon], l[colon + 1..].trim_ascii()))
+        })
+}
+
+/// The value of the first header field called `name` in a head (any case), without the
+/// white space around it.
+pub(crate) fn header_value<'a>(head: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    header_fields(head).find_map(|(n, v)| n.eq_ignore_ascii_case(name).then_some(v))
 }
 
 /// Appends `bytes` as nginx writes a variable in a log: `"`, `\`, bytes below 0x20 and
@@ -350,28 +366,71 @@ pub(crate) struct Finished<'a> {
     pub(crate) data_path: &'a str,
 }
 
-/// Formats one line into `out`.
-fn format_line(out: &mut Vec<u8>, f: &Finished<'_>, time: &[u8]) {
-    match f.peer {
-        Some(ip) => {
-            let _ = write!(out, "{ip}");
+/// Appends `n` in decimal (no formatting machinery: this runs once per field per line).
+fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
         }
-        None => out.push(b'-'),
     }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// Formats one line into `out`; `addr` is the client's address as text.
+fn format_line(out: &mut Vec<u8>, f: &Finished<'_>, addr: &[u8], time: &[u8]) {
+    out.extend_from_slice(addr);
     out.extend_from_slice(b" - - [");
     out.extend_from_slice(time);
     out.extend_from_slice(b"] \"");
     out.extend_from_slice(f.entry.text[..f.entry.split].as_bytes());
-    let ms = f.elapsed.as_millis();
-    let _ = write!(out, "\" {} {} ", f.status, f.body_bytes);
+    out.extend_from_slice(b"\" ");
+    push_u64(out, u64::from(f.status));
+    out.push(b' ');
+    push_u64(out, f.body_bytes);
+    out.push(b' ');
     out.extend_from_slice(f.entry.text[f.entry.split..].as_bytes());
-    let _ = writeln!(
-        out,
-        " rt={}.{:03} path={}",
-        ms / 1000,
-        ms % 1000,
-        f.data_path
-    );
+    let ms = u64::try_from(f.elapsed.as_millis()).unwrap_or(u64::MAX);
+    out.extend_from_slice(b" rt=");
+    push_u64(out, ms / 1000);
+    out.push(b'.');
+    let frac = ms % 1000;
+    out.extend_from_slice(&[
+        b'0' + (frac / 100) as u8,
+        b'0' + (frac / 10 % 10) as u8,
+        b'0' + (frac % 10) as u8,
+    ]);
+    out.extend_from_slice(b" path=");
+    out.extend_from_slice(f.data_path.as_bytes());
+    out.push(b'\n');
+}
+
+/// The text of the last client address logged (most lines in a row come from the same few
+/// clients), formatted again only when the address changes.
+#[derive(Default)]
+struct AddrCache {
+    addr: Option<IpAddr>,
+    text: Vec<u8>,
+}
+
+impl AddrCache {
+    fn get(&mut self, addr: Option<IpAddr>) -> &[u8] {
+        if addr != self.addr || self.text.is_empty() {
+            self.addr = addr;
+            self.text.clear();
+            match addr {
+                Some(a) => {
+                    let _ = write!(self.text, "{a}");
+                }
+                None => self.text.push(b'-'),
+            }
+        }
+        &self.text
+    }
 }
 
 /// A worker's lines not yet handed to the writer.
@@ -383,6 +442,7 @@ pub(crate) struct LogBuffer {
     /// When the buffer must go even if not full (its first line plus `flush`).
     flush_at: Option<Instant>,
     clock: TimeCache,
+    addr: AddrCache,
     metrics: Arc<Metrics>,
 }
 
@@ -390,7 +450,8 @@ impl LogBuffer {
     /// Adds one line; hands the buffer over when it is full.
     pub(crate) fn line(&mut self, f: &Finished<'_>, now: Instant) {
         let time = self.clock.get(SystemTime::now());
-        format_line(&mut self.buf, f, time);
+        let addr = self.addr.get(f.peer);
+        format_line(&mut self.buf, f, addr, time);
         self.lines += 1;
         if self.flush_at.is_none() {
             self.flush_at = Some(now + self.limits.flush);
@@ -465,16 +526,18 @@ mod tests {
     fn line_of(head: &[u8], status: u16, bytes: u64, ms: u64, path: &str) -> String {
         let entry = LogEntry::from_head(head);
         let mut out = Vec::new();
+        let peer = Some("192.0.2.7".parse().unwrap());
         format_line(
             &mut out,
             &Finished {
-                peer: Some("192.0.2.7".parse().unwrap()),
+                peer,
                 entry: &entry,
                 status,
                 body_bytes: bytes,
                 elapsed: Duration::from_millis(ms),
                 data_path: path,
             },
+            AddrCache::default().get(peer),
             b"06/Nov/1994:08:49:37 +0000",
         );
         String::from_utf8(out).unwrap()
@@ -538,6 +601,26 @@ mod tests {
     }
 
     #[test]
+    fn numbers_and_addresses_are_written_as_display_writes_them() {
+        for n in [0, 7, 10, 999, 1000, 16384, u64::MAX] {
+            let mut v = Vec::new();
+            push_u64(&mut v, n);
+            assert_eq!(v, n.to_string().into_bytes());
+        }
+        let mut c = AddrCache::default();
+        assert_eq!(c.get(None), b"-");
+        assert_eq!(c.get(Some("::1".parse().unwrap())), b"::1");
+        assert_eq!(c.get(Some("10.0.0.1".parse().unwrap())), b"10.0.0.1");
+        assert_eq!(c.get(None), b"-");
+        // The first header of a name counts; the body after the empty line is not a header.
+        let head = b"GET / HTTP/1.1\r\nuser-agent: one\r\nUser-Agent: two\r\n\r\nReferer: body\r\n";
+        let e = LogEntry::from_head(head);
+        assert_eq!(&e.text[e.split..], "\"-\" \"one\"");
+        assert_eq!(header_value(head, b"USER-AGENT"), Some(&b"one"[..]));
+        assert_eq!(header_value(head, b"referer"), None);
+    }
+
+    #[test]
     fn time_local_is_nginx_shaped() {
         let t = UNIX_EPOCH + Duration::from_secs(784_111_777);
         assert_eq!(time_local(t), "06/Nov/1994:08:49:37 +0000");
@@ -569,6 +652,7 @@ mod tests {
             },
             flush_at: None,
             clock: TimeCache::default(),
+            addr: AddrCache::default(),
             metrics: metrics.clone(),
         };
         let entry = LogEntry::from_head(b"GET / HTTP/1.1\r\n\r\n");

@@ -598,6 +598,9 @@ mod access_log {
         malformed: u64,
         server_cpu_s: f64,
         wrk_errors: String,
+        /// The machine's 1-minute load average at the end of the window (this run's server
+        /// and wrk make about 2): how much else ran.
+        load: f64,
     }
 
     impl Run {
@@ -721,6 +724,10 @@ mod access_log {
         std::thread::sleep(Duration::from_secs(window_s));
         let cpu1 = cpu_s(pid);
         let window = t0.elapsed().as_secs_f64();
+        let load = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+            .unwrap_or(f64::NAN);
         // The server ends the window: graceful stop, every read request answered.
         drop(server);
         let out = wrk.wait_with_output()?;
@@ -754,6 +761,7 @@ mod access_log {
             malformed,
             server_cpu_s: cpu1 - cpu0,
             wrk_errors: wrk_errors(&text),
+            load,
         })
     }
 
@@ -851,23 +859,36 @@ mod access_log {
         let mut table = format!(
             "penstock bench http --access-log: {machine}; {workers} HTTP worker(s); {placement}; wrk -c {clients} for a {window_s} s window (+{WRK_GRACE_S} s after the server's graceful stop) per run on a 16 KiB file, a fresh server per run, runs alternating off/file\n\n"
         );
-        table.push_str("| run | access log | wrk requests | req/s | log lines | lines - requests | malformed lines | server CPU µs/request | wrk errors |\n|---|---|---|---|---|---|---|---|---|\n");
+        table.push_str("| run | access log | wrk requests | req/s | log lines | lines - requests | malformed lines | server CPU µs/request | load avg | wrk errors (after the server's stop) |\n|---|---|---|---|---|---|---|---|---|---|\n");
         for (i, r) in runs.iter().enumerate() {
             table.push_str(&format!(
-                "| {} | {} | {} | {:.0} | {} | {} | {} | {:.1} | {} |\n",
+                "| {} | {} | {} | {:.0} | {} | {} | {} | {:.1} | {:.1} | {} |\n",
                 i + 1,
                 if r.log { "file" } else { "off" },
                 r.requests,
                 r.requests_per_s(),
-                if r.log { r.lines.to_string() } else { "-".into() },
+                if r.log {
+                    r.lines.to_string()
+                } else {
+                    "-".into()
+                },
                 if r.log {
                     (r.lines as i64 - r.requests as i64).to_string()
                 } else {
                     "-".into()
                 },
-                if r.log { r.malformed.to_string() } else { "-".into() },
+                if r.log {
+                    r.malformed.to_string()
+                } else {
+                    "-".into()
+                },
                 r.server_cpu_s / r.requests.max(1) as f64 * 1e6,
-                if r.wrk_errors.is_empty() { "-" } else { &r.wrk_errors },
+                r.load,
+                if r.wrk_errors.is_empty() {
+                    "-"
+                } else {
+                    &r.wrk_errors
+                },
             ));
         }
         let med = |log: bool, f: fn(&Run) -> f64| {

@@ -122,8 +122,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         std::env::current_dir()?
     };
     // Register before starting so that a signal during start-up is not lost.
-    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1])
-        .context("installing signal handlers")?;
+    let mut signals =
+        Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1]).context("installing signal handlers")?;
     let server = Server::start(&cfg, &root)?;
     println!("{} (root {})", server.summary(), root.display());
     if let Some(f) = server.token_file() {

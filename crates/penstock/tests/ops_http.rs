@@ -192,7 +192,14 @@ fn stream_serves_lateness_by_class_while_it_runs() {
         .arg("stream")
         .arg(&src)
         .arg(format!("udp://{}", rx.local_addr().unwrap()))
-        .args(["--rate", "100/s", "--unit", "1KiB", "--metrics", "127.0.0.1:0"])
+        .args([
+            "--rate",
+            "100/s",
+            "--unit",
+            "1KiB",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -227,7 +234,10 @@ fn stream_serves_lateness_by_class_while_it_runs() {
         "process_resident_memory_bytes ",
         "process_open_fds ",
     ] {
-        assert!(page.lines().any(|l| l.starts_with(w)), "{w} missing:\n{page}");
+        assert!(
+            page.lines().any(|l| l.starts_with(w)),
+            "{w} missing:\n{page}"
+        );
     }
     assert_promtool_clean(&page);
     let st = child.0.wait().unwrap();

@@ -160,12 +160,7 @@ impl AccessLog {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let Some(w) = self
-            .writer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        else {
+        let Some(w) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() else {
             return;
         };
         while !w.is_finished() && Instant::now() < deadline {
@@ -257,7 +252,13 @@ impl TimeCache {
 fn time_local(t: SystemTime) -> String {
     // `Sun, 06 Nov 1994 08:49:37 GMT`: fixed positions.
     let d = penstock_core::http::format_http_date(t);
-    format!("{}/{}/{}:{} +0000", &d[5..7], &d[8..11], &d[12..16], &d[17..25])
+    format!(
+        "{}/{}/{}:{} +0000",
+        &d[5..7],
+        &d[8..11],
+        &d[12..16],
+        &d[17..25]
+    )
 }
 
 /// What a request's line needs from its head, escaped when the request is read (the head's
@@ -277,7 +278,10 @@ impl LogEntry {
         if line.is_empty() {
             text.push('-');
         } else {
-            escape_into(&mut text, &line[..line.len().min(REQUEST_LINE_LOG_BYTES_MAX)]);
+            escape_into(
+                &mut text,
+                &line[..line.len().min(REQUEST_LINE_LOG_BYTES_MAX)],
+            );
         }
         let split = text.len();
         // One pass over the fields for both.
@@ -387,13 +391,13 @@ fn format_line(out: &mut Vec<u8>, f: &Finished<'_>, addr: &[u8], time: &[u8]) {
     out.extend_from_slice(b" - - [");
     out.extend_from_slice(time);
     out.extend_from_slice(b"] \"");
-    out.extend_from_slice(f.entry.text[..f.entry.split].as_bytes());
+    out.extend_from_slice(&f.entry.text.as_bytes()[..f.entry.split]);
     out.extend_from_slice(b"\" ");
     push_u64(out, u64::from(f.status));
     out.push(b' ');
     push_u64(out, f.body_bytes);
     out.push(b' ');
-    out.extend_from_slice(f.entry.text[f.entry.split..].as_bytes());
+    out.extend_from_slice(&f.entry.text.as_bytes()[f.entry.split..]);
     let ms = u64::try_from(f.elapsed.as_millis()).unwrap_or(u64::MAX);
     out.extend_from_slice(b" rt=");
     push_u64(out, ms / 1000);

@@ -678,12 +678,15 @@ impl ServerConfig {
             ConfigError::Invalid(format!("http.listen {:?}: {e}", self.http.listen))
         })?;
         if !self.http.metrics_listen.is_empty() {
-            self.http.metrics_listen.parse::<SocketAddr>().map_err(|e| {
-                ConfigError::Invalid(format!(
-                    "http.metrics_listen {:?}: {e}",
-                    self.http.metrics_listen
-                ))
-            })?;
+            self.http
+                .metrics_listen
+                .parse::<SocketAddr>()
+                .map_err(|e| {
+                    ConfigError::Invalid(format!(
+                        "http.metrics_listen {:?}: {e}",
+                        self.http.metrics_listen
+                    ))
+                })?;
         }
         self.log.check()?;
         if !self.control.listen.is_empty() {

@@ -364,7 +364,12 @@ impl Server {
         }
         // The workers handed over their last lines; the writer writes them and stops.
         if let Some(l) = &self.http.access_log {
-            l.stop(Instant::now() + deadline.saturating_sub(start.elapsed()).max(Duration::from_secs(1)));
+            l.stop(
+                Instant::now()
+                    + deadline
+                        .saturating_sub(start.elapsed())
+                        .max(Duration::from_secs(1)),
+            );
         }
         drop(self.metrics_listener);
         self.control

@@ -62,8 +62,14 @@ const HTTP_SECONDS_BUCKETS: [f64; 19] = [
 
 /// Every resource an admission refusal may name (`admission_refusals_total`), each present
 /// at 0 from the start.
-pub const REFUSAL_RESOURCES: [&str; 6] =
-    ["disk", "network", "buffers", "streams", "permission", "other"];
+pub const REFUSAL_RESOURCES: [&str; 6] = [
+    "disk",
+    "network",
+    "buffers",
+    "streams",
+    "permission",
+    "other",
+];
 
 /// The engine's disk classes: the `class` label of lateness and misses.
 pub const ENGINE_CLASSES: [&str; 2] = ["rt", "bulk"];
@@ -904,7 +910,9 @@ mod tests {
             "{t}"
         );
         assert!(
-            t.contains("penstock_http_time_to_first_byte_seconds_bucket{le=\"0.0005\",class=\"bulk\"} 1"),
+            t.contains(
+                "penstock_http_time_to_first_byte_seconds_bucket{le=\"0.0005\",class=\"bulk\"} 1"
+            ),
             "{t}"
         );
         // Every HELP line is followed by the TYPE line of the same name.
@@ -940,11 +948,16 @@ mod tests {
                 "{t}"
             );
             assert!(
-                t.contains(&format!("penstock_deadline_misses_total{{class=\"{c}\"}} 0\n")),
+                t.contains(&format!(
+                    "penstock_deadline_misses_total{{class=\"{c}\"}} 0\n"
+                )),
                 "{t}"
             );
         }
-        assert!(t.contains("penstock_access_log_dropped_lines_total 0\n"), "{t}");
+        assert!(
+            t.contains("penstock_access_log_dropped_lines_total 0\n"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -330,7 +330,11 @@ impl Entry {
     /// The engine's disk class of this stream (the `class` label of lateness): `rt` for
     /// `class=rt`, `bulk` for every other class (as `spec_of` maps them).
     fn disk_class(&self) -> &'static str {
-        if self.class == Class::Rt { "rt" } else { "bulk" }
+        if self.class == Class::Rt {
+            "rt"
+        } else {
+            "bulk"
+        }
     }
 
     fn state_name(&self) -> &'static str {

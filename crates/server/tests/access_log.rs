@@ -226,8 +226,14 @@ fn every_request_gets_exactly_one_well_formed_line() {
     assert_eq!(l.agent, "say \\x22hi\\x22 \\x5C \\xC3\\xA9");
     assert_eq!((by("pipe1").status, by("pipe2").status), (200, 200));
     let l = by("abort");
-    assert_eq!(l.status, 200, "the head went out: its status, as nginx logs it");
-    assert!(l.bytes < HUGE as u64, "a cut body logs what was sent: {l:?}");
+    assert_eq!(
+        l.status, 200,
+        "the head went out: its status, as nginx logs it"
+    );
+    assert!(
+        l.bytes < HUGE as u64,
+        "a cut body logs what was sent: {l:?}"
+    );
     assert_eq!(l.path, "engine-sendfile");
     // Request times are small here, but present and well-formed on every line.
     assert!(parsed.iter().all(|l| l.rt_ms < 60_000), "{parsed:#?}");
@@ -272,7 +278,8 @@ fn a_slow_head_is_logged_as_408() {
     cfg.limits.idle_timeout_ms = 300;
     let f = start_with(cfg);
     let mut s = TcpStream::connect(f.http).unwrap();
-    s.write_all(b"GET /small.txt?t=slow HTTP/1.1\r\nHost").unwrap();
+    s.write_all(b"GET /small.txt?t=slow HTTP/1.1\r\nHost")
+        .unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut r = Vec::new();
     let _ = s.read_to_end(&mut r);

@@ -89,7 +89,14 @@ fn every_family_is_there_after_http_a_refused_open_and_a_paced_stream() {
     // and the process.
     let (st, m) = scrape(sep, "/metrics", "*/*");
     assert_eq!(st, 200);
-    for r in ["disk", "network", "buffers", "streams", "permission", "other"] {
+    for r in [
+        "disk",
+        "network",
+        "buffers",
+        "streams",
+        "permission",
+        "other",
+    ] {
         assert_eq!(
             value(
                 &m,
@@ -99,7 +106,10 @@ fn every_family_is_there_after_http_a_refused_open_and_a_paced_stream() {
             "{r}:\n{m}"
         );
     }
-    assert_eq!(value(&m, "penstock_http_connections_refused_total"), Some(0.0));
+    assert_eq!(
+        value(&m, "penstock_http_connections_refused_total"),
+        Some(0.0)
+    );
 
     // HTTP traffic: the loop's sendfile, the engine, an error.
     assert_eq!(get(&f, "/small.txt", &[]).0, 200);
@@ -177,7 +187,10 @@ fn every_family_is_there_after_http_a_refused_open_and_a_paced_stream() {
         "penstock_disk_queue_depth{class=\"rt\"} ",
         "penstock_streams_active ",
         "penstock_access_log_dropped_lines_total 0",
-        &format!("penstock_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION")),
+        &format!(
+            "penstock_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        ),
         "process_cpu_seconds_total ",
         "process_resident_memory_bytes ",
         "process_virtual_memory_bytes ",
@@ -212,18 +225,31 @@ fn every_family_is_there_after_http_a_refused_open_and_a_paced_stream() {
     // The separate listener serves the same families; nothing else.
     let (st, sm) = scrape(sep, "/metrics", "*/*");
     assert_eq!(st, 200);
-    assert!(sm.contains("penstock_admission_refusals_total{resource=\"disk\"} 1"), "{sm}");
+    assert!(
+        sm.contains("penstock_admission_refusals_total{resource=\"disk\"} 1"),
+        "{sm}"
+    );
     assert_eq!(scrape(sep, "/small.txt", "*/*").0, 404);
-    let (st, om) = scrape(sep, "/metrics", "application/openmetrics-text; version=1.0.0");
+    let (st, om) = scrape(
+        sep,
+        "/metrics",
+        "application/openmetrics-text; version=1.0.0",
+    );
     assert_eq!(st, 200);
     assert!(om.ends_with("# EOF\n"), "{om}");
-    assert!(om.contains("# TYPE penstock_engine_buffer_repossessions counter\n"), "{om}");
+    assert!(
+        om.contains("# TYPE penstock_engine_buffer_repossessions counter\n"),
+        "{om}"
+    );
 
     match promtool(&m) {
         None => println!("SKIPPED: promtool is not installed (apt-get install prometheus)"),
         Some((ok, out)) => {
             assert!(ok, "promtool check metrics failed:\n{out}\n{m}");
-            assert!(out.trim().is_empty(), "promtool has something to say:\n{out}");
+            assert!(
+                out.trim().is_empty(),
+                "promtool has something to say:\n{out}"
+            );
         }
     }
 }

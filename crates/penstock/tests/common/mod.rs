@@ -72,7 +72,10 @@ pub fn assert_promtool_clean(page: &str) {
         None => println!("SKIPPED: promtool is not installed (apt-get install prometheus)"),
         Some((ok, out)) => {
             assert!(ok, "promtool check metrics failed:\n{out}\n{page}");
-            assert!(out.trim().is_empty(), "promtool has something to say:\n{out}");
+            assert!(
+                out.trim().is_empty(),
+                "promtool has something to say:\n{out}"
+            );
         }
     }
 }

@@ -49,6 +49,10 @@
 //! - `send`: `Out` and `write_out`, the sending state machine (head, memory pieces,
 //!   sendfile pieces, the rate limit);
 //! - `engine`: a body handed to the engine and its report collected.
+//!
+//! Every request that ends, answered or cut, goes through `record` once: the request
+//! metrics and the access log line (`crate::access_log`, formatted into this worker's buffer;
+//! the loop never writes the log itself).
 
 mod accept;
 mod engine;
@@ -825,7 +829,12 @@ pub(super) struct RequestEnd<'a> {
 }
 
 /// Counts a request that ended (answered or cut) and writes its access log line.
-fn record(shared: &HttpShared, access: &mut Option<LogBuffer>, peer: Option<IpAddr>, r: &RequestEnd<'_>) {
+fn record(
+    shared: &HttpShared,
+    access: &mut Option<LogBuffer>,
+    peer: Option<IpAddr>,
+    r: &RequestEnd<'_>,
+) {
     let now = Instant::now();
     let elapsed = now.saturating_duration_since(r.started);
     shared

@@ -12,7 +12,19 @@
 //! connection (4 KiB receive window) sends one GET and waits for the first byte of the
 //! response (connect included), then closes; the p99 of those samples is reported.
 //! nginx and wrk must be installed (`apt-get install nginx wrk`); without them the bench says
-//! so and exits 2 — it installs nothing itself.
+//! so and exits 2 — it installs nothing itself. Both run without an access log.
+//!
+//! `--access-log` measures penstock against itself instead (issue 16): its access log to a
+//! file against logging off, in the same run, alternating (off, file, file, off, …: `--reps`
+//! pairs), each run `--duration-s` (default 60) of wrk with `--clients` (default 64) on the
+//! 16 KiB file, a fresh server each run. The table gives requests/s and their ratio, and
+//! checks the log: exactly one well-formed line per request wrk completed. To make that
+//! count exact, the window ends with the *server*: at the end of the window it gets SIGTERM
+//! and stops gracefully (every request it has read is answered, then its connection closed;
+//! requests not yet read die with their connection), while wrk runs two seconds longer and
+//! so reads every answer the server wrote (its reconnects are refused). Had wrk stopped
+//! first, the requests in flight at its end (at most one per connection) would be answered
+//! and logged but never counted by wrk. Requests/s is wrk's count over the window.
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -28,12 +40,16 @@ pub struct HttpArgs {
     /// Smaller large file (64 MiB) and shorter runs (3 s).
     #[arg(long)]
     pub quick: bool,
-    /// Concurrent clients, comma-separated.
-    #[arg(long, default_value = "1,8,64,512")]
-    pub clients: String,
-    /// Seconds per wrk run (default 10, 3 with --quick).
+    /// Concurrent clients, comma-separated (default 1,8,64,512; with --access-log 64).
+    #[arg(long)]
+    pub clients: Option<String>,
+    /// Seconds per wrk run (default 10, 3 with --quick; with --access-log 60).
     #[arg(long)]
     pub duration_s: Option<u64>,
+    /// penstock with its access log to a file against logging off (see the module doc),
+    /// instead of penstock against nginx.
+    #[arg(long)]
+    pub access_log: bool,
     /// Server workers for both (penstock HTTP workers, nginx worker_processes); 0: the CPUs
     /// the servers run on.
     #[arg(long, default_value_t = 0)]
@@ -48,6 +64,20 @@ pub struct HttpArgs {
     /// Also write the table (Markdown) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write every cell's figures as JSON here; a bare `--json` writes them on stdout (the
+    /// table then goes to stderr).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<PathBuf>,
+}
+
+impl Measure {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bytes_per_s": self.bytes_per_s, "requests_per_s": self.requests_per_s,
+            "cpu_s_per_gb": self.cpu_s_per_gb, "machine_cpu_s_per_gb": self.machine_cpu_s_per_gb,
+            "p99_ms": self.p99_ms, "ttfb_p99_ms": self.ttfb_p99_ms, "errors": self.errors,
+        })
+    }
 }
 
 struct Measure {
@@ -80,7 +110,7 @@ impl Measure {
     }
 }
 
-fn ensure_tools() -> Result<()> {
+fn ensure_tools(tools: &[&'static str]) -> Result<()> {
     let have = |c: &str| {
         Command::new("sh")
             .args(["-c", &format!("command -v {c}")])
@@ -88,7 +118,7 @@ fn ensure_tools() -> Result<()> {
             .status()
             .is_ok_and(|s| s.success())
     };
-    let missing: Vec<&str> = ["nginx", "wrk"].into_iter().filter(|c| !have(c)).collect();
+    let missing: Vec<&str> = tools.iter().copied().filter(|c| !have(c)).collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -375,9 +405,14 @@ impl Drop for Child2 {
 }
 
 pub fn run(a: HttpArgs) -> Result<()> {
-    ensure_tools()?;
+    if a.access_log {
+        return access_log::run(a);
+    }
+    ensure_tools(&["nginx", "wrk"])?;
     let clients: Vec<usize> = a
         .clients
+        .as_deref()
+        .unwrap_or("1,8,64,512")
         .split(',')
         .map(|s| s.trim().parse().context("--clients"))
         .collect::<Result<_>>()?;
@@ -390,6 +425,8 @@ pub fn run(a: HttpArgs) -> Result<()> {
     // wrk and the server's workers share both CPUs and which one gets pulled onto the other's
     // CPU decides the CPU a server is charged (one run said 0.06, the next 0.4 s/GB). Pinned
     // apart — both servers on the same CPUs, wrk on the others — they are measured alike.
+    // Before pinning: the machine's CPUs, not this thread's.
+    let machine = machine_line();
     let cpus = penstock_driver::clock::allowed_cpus();
     let pinned = !a.no_pin && cpus.len() >= 2;
     let (server_cpus, client_cpus) = if pinned {
@@ -428,7 +465,7 @@ pub fn run(a: HttpArgs) -> Result<()> {
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:{p_port}\"\nworkers = {workers}\n[engine]\nworkers = {workers}\n[limits]\nrequests_per_connection_max = 1000000\n"
+            "[http]\nlisten = \"127.0.0.1:{p_port}\"\nworkers = {workers}\n[engine]\nworkers = {workers}\n[limits]\nrequests_per_connection_max = 1000000\n[log]\naccess = \"off\"\n"
         ),
     )?;
     let mut penstock = Child2(
@@ -480,7 +517,6 @@ pub fn run(a: HttpArgs) -> Result<()> {
         "servers and wrk placed by the scheduler".to_string()
     };
 
-    let machine = machine_line();
     let mut table = String::new();
     table.push_str(&format!(
         "penstock bench http: {machine}; {workers} workers each; {placement}; wrk {duration_s} s per run, medians of {} runs per cell; large = {} MiB, small = 16 KiB\n\n",
@@ -491,6 +527,7 @@ pub fn run(a: HttpArgs) -> Result<()> {
     let mut ratios = String::from(
         "\n| file | clients | throughput penstock/nginx | req/s penstock/nginx | server CPU/GB penstock/nginx | machine CPU/GB penstock/nginx | p99 TTFB penstock/nginx | p99 response penstock/nginx |\n|---|---|---|---|---|---|---|---|\n",
     );
+    let mut json_rows = Vec::new();
     for (name, path) in [("large", "/large.bin"), ("small", "/small.bin")] {
         for &c in &clients {
             let (mut ps, mut ns) = (Vec::new(), Vec::new());
@@ -499,6 +536,9 @@ pub fn run(a: HttpArgs) -> Result<()> {
                 ns.push(run_wrk(n_port, path, c, duration_s, nginx.0.id())?);
             }
             let (p, n) = (Measure::median(&ps), Measure::median(&ns));
+            json_rows.push(serde_json::json!({
+                "file": name, "clients": c, "penstock": p.json(), "nginx": n.json(),
+            }));
             for (server, m) in [("penstock", &p), ("nginx", &n)] {
                 table.push_str(&format!(
                     "| {name} | {c} | {server} | {:.0} | {:.0} | {:.3} | {:.3} | {:.2} | {:.1} | {} |\n",
@@ -524,9 +564,16 @@ pub fn run(a: HttpArgs) -> Result<()> {
         }
     }
     table.push_str(&ratios);
-    print!("{table}");
+    write!(crate::out::human(a.json.as_deref()), "{table}")?;
     if let Some(o) = &a.out {
         std::fs::write(o, &table)?;
+    }
+    if let Some(j) = &a.json {
+        crate::out::write_json(
+            j,
+            &serde_json::json!({"bench": "http", "machine": machine, "placement": placement,
+                "duration_s": duration_s, "reps": a.reps, "large_bytes": large_bytes, "rows": json_rows}),
+        )?;
     }
     drop(nginx);
     drop(penstock);
@@ -557,4 +604,395 @@ fn machine_line() -> String {
         .unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     format!("{cpus} x {cpu}, Linux {kernel}")
+}
+
+/// `bench http --access-log`: penstock's access log to a file against logging off (the
+/// module doc says how the count is made exact).
+mod access_log {
+    use super::*;
+
+    /// wrk runs this much longer than the server's window (its reconnects are refused then).
+    const WRK_GRACE_S: u64 = 2;
+    const SMALL_BYTES: u64 = 16 * 1024;
+
+    struct Run {
+        log: bool,
+        requests: u64,
+        window_s: f64,
+        lines: u64,
+        malformed: u64,
+        server_cpu_s: f64,
+        wrk_errors: String,
+        /// The machine's 1-minute load average at the end of the window (this run's server
+        /// and wrk make about 2): how much else ran.
+        load: f64,
+    }
+
+    impl Run {
+        fn requests_per_s(&self) -> f64 {
+            self.requests as f64 / self.window_s
+        }
+    }
+
+    /// The line of a request for the small file, as it must be (the time and `rt=` vary).
+    fn well_formed(line: &str) -> bool {
+        let Some(rest) = line.strip_prefix("127.0.0.1 - - [") else {
+            return false;
+        };
+        let Some((time, rest)) = rest.split_once("] ") else {
+            return false;
+        };
+        let Some(rest) = rest.strip_prefix(&format!(
+            "\"GET /small.bin HTTP/1.1\" 200 {SMALL_BYTES} \"-\" \"-\" rt="
+        )) else {
+            return false;
+        };
+        let Some((rt, path)) = rest.split_once(' ') else {
+            return false;
+        };
+        time.len() == 26
+            && time.ends_with(" +0000")
+            && rt.split_once('.').is_some_and(|(s, ms)| {
+                !s.is_empty()
+                    && ms.len() == 3
+                    && s.bytes().chain(ms.bytes()).all(|b| b.is_ascii_digit())
+            })
+            && path == "path=sendfile"
+    }
+
+    fn wrk_count(text: &str) -> Option<u64> {
+        text.lines().find_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() >= 3 && w[1] == "requests" && w[2] == "in")
+                .then(|| w[0].parse().ok())
+                .flatten()
+        })
+    }
+
+    fn wrk_errors(text: &str) -> String {
+        text.lines()
+            .filter(|l| {
+                let l = l.trim_start();
+                l.starts_with("Socket errors") || l.starts_with("Non-2xx")
+            })
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn one_run(
+        dir: &Path,
+        www: &Path,
+        log: bool,
+        workers: usize,
+        clients: usize,
+        window_s: u64,
+        client_cpus: &[usize],
+        pinned: bool,
+        n: usize,
+    ) -> Result<Run> {
+        let port = free_port()?;
+        let log_path = dir.join(format!("access-{n}.log"));
+        let conf = dir.join(format!("penstock-{n}.toml"));
+        let access = if log {
+            log_path.display().to_string()
+        } else {
+            "off".into()
+        };
+        std::fs::write(
+            &conf,
+            format!(
+                "[http]\nlisten = \"127.0.0.1:{port}\"\nworkers = {workers}\n[engine]\nworkers = {workers}\n[limits]\nrequests_per_connection_max = 1000000\n[log]\naccess = \"{access}\"\n"
+            ),
+        )?;
+        // The servers inherit this process's mask (the servers' CPUs), wrk the clients'.
+        let mut server = Child2(
+            Command::new(std::env::current_exe()?)
+                .args(["serve", "--config"])
+                .arg(&conf)
+                .arg("--root")
+                .arg(www)
+                .args(["--control", "", "--no-control-unix"])
+                .stdout(Stdio::null())
+                .spawn()
+                .context("starting penstock serve")?,
+        );
+        wait_listening(port, &mut server.0)?;
+        let pid = server.0.id();
+        let threads = clients.clamp(1, 2);
+        let mut wrk = Command::new("wrk");
+        wrk.args([
+            "-t",
+            &threads.to_string(),
+            "-c",
+            &clients.to_string(),
+            "-d",
+            &format!("{}s", window_s + WRK_GRACE_S),
+            "--timeout",
+            "30s",
+            &format!("http://127.0.0.1:{port}/small.bin"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        if pinned {
+            penstock_driver::clock::pin_to_cpus(client_cpus).context("pinning wrk")?;
+        }
+        let cpu0 = cpu_s(pid);
+        let t0 = Instant::now();
+        let wrk = wrk.spawn().context("running wrk");
+        if pinned {
+            penstock_driver::clock::pin_to_cpus(&server_cpus_of(client_cpus))
+                .context("pinning back")?;
+        }
+        let wrk = wrk?;
+        std::thread::sleep(Duration::from_secs(window_s));
+        let cpu1 = cpu_s(pid);
+        let window = t0.elapsed().as_secs_f64();
+        let load = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+            .unwrap_or(f64::NAN);
+        // The server ends the window: graceful stop, every read request answered.
+        drop(server);
+        let out = wrk.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if !out.status.success() {
+            bail!("wrk failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+        }
+        let requests =
+            wrk_count(&text).with_context(|| format!("could not read wrk's output:\n{text}"))?;
+        let (mut lines, mut malformed) = (0u64, 0u64);
+        if log {
+            let f = std::io::BufReader::new(std::fs::File::open(&log_path)?);
+            for l in std::io::BufRead::lines(f) {
+                let l = l?;
+                lines += 1;
+                if !well_formed(&l) {
+                    if malformed < 3 {
+                        eprintln!("bench http --access-log: malformed line: {l:?}");
+                    }
+                    malformed += 1;
+                }
+            }
+            // Not kept: a 60 s run writes hundreds of MB.
+            let _ = std::fs::remove_file(&log_path);
+        }
+        Ok(Run {
+            log,
+            requests,
+            window_s: window,
+            lines,
+            malformed,
+            server_cpu_s: cpu1 - cpu0,
+            wrk_errors: wrk_errors(&text),
+            load,
+        })
+    }
+
+    /// The allowed CPUs that are not `client_cpus` (the servers' half), or all of them.
+    fn server_cpus_of(client_cpus: &[usize]) -> Vec<usize> {
+        let all = penstock_driver::clock::allowed_cpus();
+        let rest: Vec<usize> = all
+            .iter()
+            .copied()
+            .filter(|c| !client_cpus.contains(c))
+            .collect();
+        if rest.is_empty() { all } else { rest }
+    }
+
+    pub(super) fn run(a: HttpArgs) -> Result<()> {
+        ensure_tools(&["wrk"])?;
+        let clients: usize = a
+            .clients
+            .as_deref()
+            .unwrap_or("64")
+            .trim()
+            .parse()
+            .context("--clients: one number with --access-log")?;
+        let window_s = a.duration_s.unwrap_or(60);
+        if a.reps == 0 || window_s == 0 {
+            bail!("--reps and --duration-s must be at least 1");
+        }
+        let machine = machine_line();
+        let cpus = penstock_driver::clock::allowed_cpus();
+        let pinned = !a.no_pin && cpus.len() >= 2;
+        let (server_cpus, client_cpus) = if pinned {
+            let half = cpus.len() / 2;
+            (cpus[..half].to_vec(), cpus[half..].to_vec())
+        } else {
+            (cpus.clone(), cpus.clone())
+        };
+        let workers = if a.workers == 0 {
+            server_cpus.len()
+        } else {
+            a.workers
+        };
+        if pinned {
+            penstock_driver::clock::pin_to_cpus(&server_cpus).context("pinning the servers")?;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("penstock-bench-http-log-")
+            .tempdir()?;
+        let www = dir.path().join("www");
+        std::fs::create_dir(&www)?;
+        write_file(&www.join("small.bin"), SMALL_BYTES)?;
+        std::io::copy(
+            &mut std::fs::File::open(www.join("small.bin"))?,
+            &mut std::io::sink(),
+        )?;
+        let mut runs = Vec::new();
+        for rep in 0..a.reps {
+            // off, file, then file, off: drift over the run hits both alike.
+            let order = if rep % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for log in order {
+                let r = one_run(
+                    dir.path(),
+                    &www,
+                    log,
+                    workers,
+                    clients,
+                    window_s,
+                    &client_cpus,
+                    pinned,
+                    runs.len(),
+                )?;
+                eprintln!(
+                    "bench http --access-log: run {} ({}) {} requests, {:.0} req/s{}",
+                    runs.len() + 1,
+                    if log { "file" } else { "off" },
+                    r.requests,
+                    r.requests_per_s(),
+                    if log {
+                        format!(", {} lines, {} malformed", r.lines, r.malformed)
+                    } else {
+                        String::new()
+                    }
+                );
+                runs.push(r);
+            }
+        }
+        let placement = if pinned {
+            format!("server on CPUs {server_cpus:?}, wrk on CPUs {client_cpus:?}")
+        } else {
+            "server and wrk placed by the scheduler".to_string()
+        };
+        let mut table = format!(
+            "penstock bench http --access-log: {machine}; {workers} HTTP worker(s); {placement}; wrk -c {clients} for a {window_s} s window (+{WRK_GRACE_S} s after the server's graceful stop) per run on a 16 KiB file, a fresh server per run, runs alternating off/file\n\n"
+        );
+        table.push_str("| run | access log | wrk requests | req/s | log lines | lines - requests | malformed lines | server CPU µs/request | load avg | wrk errors (after the server's stop) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        for (i, r) in runs.iter().enumerate() {
+            table.push_str(&format!(
+                "| {} | {} | {} | {:.0} | {} | {} | {} | {:.1} | {:.1} | {} |\n",
+                i + 1,
+                if r.log { "file" } else { "off" },
+                r.requests,
+                r.requests_per_s(),
+                if r.log {
+                    r.lines.to_string()
+                } else {
+                    "-".into()
+                },
+                if r.log {
+                    (r.lines as i64 - r.requests as i64).to_string()
+                } else {
+                    "-".into()
+                },
+                if r.log {
+                    r.malformed.to_string()
+                } else {
+                    "-".into()
+                },
+                r.server_cpu_s / r.requests.max(1) as f64 * 1e6,
+                r.load,
+                if r.wrk_errors.is_empty() {
+                    "-"
+                } else {
+                    &r.wrk_errors
+                },
+            ));
+        }
+        let med = |log: bool, f: fn(&Run) -> f64| {
+            crate::stats::median(
+                &runs
+                    .iter()
+                    .filter(|r| r.log == log)
+                    .map(f)
+                    .collect::<Vec<f64>>(),
+            )
+        };
+        let (off, on) = (
+            med(false, Run::requests_per_s),
+            med(true, Run::requests_per_s),
+        );
+        let cpu = |r: &Run| r.server_cpu_s / r.requests.max(1) as f64 * 1e6;
+        let exact = runs
+            .iter()
+            .filter(|r| r.log)
+            .all(|r| r.lines == r.requests && r.malformed == 0);
+        table.push_str(&format!(
+            "\nmedian req/s: off {off:.0}, file {on:.0}; file/off = {:.3} (cost {:.1} %); median server CPU per request: off {:.1} µs, file {:.1} µs\n\
+             every logged run has exactly one well-formed line per request wrk completed: {}\n",
+            ratio(on, off),
+            (1.0 - ratio(on, off)) * 100.0,
+            med(false, cpu),
+            med(true, cpu),
+            if exact { "yes" } else { "NO" }
+        ));
+        write!(crate::out::human(a.json.as_deref()), "{table}")?;
+        if let Some(o) = &a.out {
+            std::fs::write(o, &table)?;
+        }
+        if let Some(j) = &a.json {
+            let rows: Vec<serde_json::Value> = runs
+                .iter()
+                .map(|r| {
+                    serde_json::json!({"log": if r.log { "file" } else { "off" },
+                        "requests": r.requests, "window_s": r.window_s,
+                        "requests_per_s": r.requests_per_s(), "lines": r.lines,
+                        "malformed": r.malformed, "server_cpu_s": r.server_cpu_s,
+                        "wrk_errors": r.wrk_errors, "load": r.load})
+                })
+                .collect();
+            crate::out::write_json(
+                j,
+                &serde_json::json!({"bench": "http --access-log", "file_over_off": ratio(on, off),
+                    "exact": exact, "runs": rows}),
+            )?;
+        }
+        if !exact {
+            bail!("the access log did not hold exactly one well-formed line per request");
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn lines_are_checked_field_by_field() {
+            let good = "127.0.0.1 - - [24/Nov/2026:13:45:01 +0000] \"GET /small.bin HTTP/1.1\" 200 16384 \"-\" \"-\" rt=0.000 path=sendfile";
+            assert!(well_formed(good));
+            for bad in [
+                &good[..good.len() - 1],
+                &good.replace("200 16384", "200 16383"),
+                &good.replace("rt=0.000", "rt=0.00"),
+                &good.replace("+0000]", "+0000 ]"),
+                "",
+            ] {
+                assert!(!well_formed(bad), "{bad}");
+            }
+            let wrk = "Running 2s test\n  2 threads and 64 connections\n  123456 requests in 62.00s, 1.90GB read\n  Socket errors: connect 64, read 0, write 0, timeout 0\nRequests/sec: 1991.23\n";
+            assert_eq!(wrk_count(wrk), Some(123_456));
+            assert_eq!(
+                wrk_errors(wrk),
+                "Socket errors: connect 64, read 0, write 0, timeout 0"
+            );
+        }
+    }
 }

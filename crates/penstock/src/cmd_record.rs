@@ -22,6 +22,8 @@ use penstock_driver::record::{
     load_tracks, media_path, record_to,
 };
 use penstock_driver::volume::Access;
+use penstock_server::metrics::CliMetrics;
+use penstock_server::metrics_http::MetricsListener;
 
 /// Track records read at most per track (24 bytes each: 2.4 GB).
 const RECORDS_MAX: u64 = 100_000_000;
@@ -69,6 +71,11 @@ pub struct RecordArgs {
     /// `listen`); or with `--json=FILE` in FILE, stdout unchanged.
     #[arg(long, value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = "-")]
     pub json: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics while recording (packets, bytes and
+    /// syncs as of the last sync point, the process); port 0: the kernel chooses, the address
+    /// is printed on stderr.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 fn parse_frames(s: &str) -> Result<FrameChoice, String> {
@@ -163,12 +170,25 @@ pub fn run(a: RecordArgs) -> Result<()> {
         }
     })?;
     let progress = a.progress;
+    let metrics = match a.metrics {
+        Some(addr) => {
+            let m = Arc::new(CliMetrics::record());
+            let l = MetricsListener::start(addr, m.clone())
+                .with_context(|| format!("--metrics {addr}"))?;
+            eprintln!("penstock: metrics on http://{}/metrics", l.local_addr());
+            Some((m, l))
+        }
+        None => None,
+    };
     let report = record_to(
         std::os::fd::AsFd::as_fd(&opened.fd),
         dst,
         &cfg,
         &stop,
         &mut |p| {
+            if let Some((m, _)) = &metrics {
+                m.feed_record(p.packets, p.media_bytes);
+            }
             if progress && json {
                 eprintln!("{}", sync_line(p));
             } else if progress {

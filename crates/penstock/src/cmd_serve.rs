@@ -4,7 +4,7 @@
 //! the start line, socket activation, and signals (SIGTERM/SIGINT: stop accepting, finish
 //! or cut within `shutdown_deadline_ms`, exit 0; SIGHUP: reload `--config` — limits,
 //! locations, addresses and root — and say at warn level what else changed and was not
-//! applied).
+//! applied; SIGUSR1: reopen the access log file, for logrotate).
 //! As a service (`crate::service`): the switch to the configured `user` after binding, and
 //! the service manager's notifications (READY, RELOADING, STOPPING).
 
@@ -13,14 +13,19 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Args;
 use penstock_server::{Server, ServerConfig, listen::ListenAddrs};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
 use crate::service;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  penstock serve                      the current directory on 127.0.0.1:8080\n  penstock serve /srv/media --listen 8080 --listen '[::]:8080'\n  penstock serve --config /etc/penstock/penstock.toml --check-config"
+    after_help = "Examples:\n  penstock serve                      the current directory on 127.0.0.1:8080\n  penstock serve /srv/media --listen 8080 --listen '[::]:8080'\n  penstock serve --config /etc/penstock/penstock.toml --check-config\n\n\
+    Access log: one line per request in nginx's combined format plus rt= and path=, \
+    on stdout by default ([log] access = stdout | off | FILE). Metrics: GET /metrics \
+    (Prometheus text, or OpenMetrics when asked), also on [http] metrics_listen. Signals: \
+    SIGTERM/SIGINT stop gracefully, SIGHUP reloads --config (limits, locations, [disk], \
+    listen, root), SIGUSR1 reopens the access log file (logrotate)."
 )]
 pub struct ServeArgs {
     /// Directory to serve (default: `[http] root` of the configuration, else the current
@@ -167,7 +172,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     // ---
     // Register before starting so that a signal during start-up is not lost.
     let mut signals =
-        Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
+        Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1]).context("installing signal handlers")?;
     if !inherited.is_empty() {
         tracing::info!(
             sockets = inherited.len(),
@@ -218,6 +223,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 };
                 notify.ready(&status);
             }
+            SIGUSR1 => server.reopen_access_log(),
             _ => break,
         }
     }

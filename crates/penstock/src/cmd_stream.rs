@@ -17,6 +17,8 @@ use penstock_driver::disk::DiskConfig;
 use penstock_driver::{
     DiskClass, Engine, EngineConfig, StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };
+use penstock_server::metrics::{CliMetrics, StreamSeen};
+use penstock_server::metrics_http::MetricsListener;
 
 #[derive(Args, Debug)]
 pub struct StreamArgs {
@@ -126,6 +128,11 @@ pub struct StreamArgs {
     // The engine's SEND_TIMEOUT_DEFAULT.
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     pub send_timeout: Duration,
+    /// Serve Prometheus metrics at http://ADDR/metrics while the stream runs (lateness by
+    /// class, misses, bytes, the engine's pool, the process); port 0: the kernel chooses, the
+    /// address is printed on stderr.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 fn parse_late(s: &str) -> Result<LatePolicy, String> {
@@ -275,7 +282,23 @@ pub fn run(a: StreamArgs) -> Result<()> {
         order: a.order,
         ..EngineConfig::default()
     };
-    let engine = Engine::new(cfg)?;
+    let engine = std::sync::Arc::new(Engine::new(cfg)?);
+    let metrics = match a.metrics {
+        Some(addr) => {
+            let m = std::sync::Arc::new(CliMetrics::stream(engine.clone()));
+            let l = MetricsListener::start(addr, m.clone())
+                .with_context(|| format!("--metrics {addr}"))?;
+            eprintln!("penstock: metrics on http://{}/metrics", l.local_addr());
+            Some((m, l))
+        }
+        None => None,
+    };
+    let metrics_class = if a.class == Some(DiskClass::Rt) {
+        "rt"
+    } else {
+        "bulk"
+    };
+    let mut metrics_seen = StreamSeen::default();
     if let Err(why) = &engine.info().uring {
         eprintln!("penstock: note: {why}");
     }
@@ -331,6 +354,18 @@ pub fn run(a: StreamArgs) -> Result<()> {
         );
         b
     });
+    let feed = |seen: &mut StreamSeen| {
+        if let Some((m, _)) = &metrics {
+            let c = handle.counters();
+            m.feed_stream(
+                metrics_class,
+                &handle.lateness(),
+                c.bytes_sent,
+                c.units_sent,
+                seen,
+            );
+        }
+    };
     let result = loop {
         if let Some(r) = handle.wait_timeout(Duration::from_millis(100)) {
             break r;
@@ -338,7 +373,9 @@ pub fn run(a: StreamArgs) -> Result<()> {
         if let Some(b) = &bar {
             b.set_position(handle.counters().bytes_sent);
         }
+        feed(&mut metrics_seen);
     };
+    feed(&mut metrics_seen);
     if let Some(b) = &bar {
         b.finish_and_clear();
     }

@@ -49,7 +49,7 @@ enum Command {
     /// Stream a generated sample to a local receiver through every data path, checked byte for byte.
     Demo(demo::DemoArgs),
     /// Stream SRC to DST as fast as possible (a burst stream).
-    Stream(cmd_stream::StreamArgs),
+    Stream(Box<cmd_stream::StreamArgs>),
     /// Receive on a TCP address and count bytes (a receiver for tests and benchmarks).
     Sink(bench::sink::SinkArgs),
     /// Background load for benchmarks: `cpu` spins a core, `disk FILE` reads FILE with O_DIRECT.
@@ -117,7 +117,7 @@ fn main() {
     }
     let r = match cli.command {
         Command::Demo(a) => demo::run(a),
-        Command::Stream(a) => cmd_stream::run(a),
+        Command::Stream(a) => cmd_stream::run(*a),
         Command::Sink(a) => bench::sink::run(a),
         Command::Plot(a) => plot::run(a),
         Command::Record(a) => cmd_record::run(a),

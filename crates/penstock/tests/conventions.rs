@@ -131,6 +131,30 @@ fn json_goes_to_stdout_alone_or_to_a_file() {
     assert_eq!(v["bytes"], 100_000);
 }
 
+/// Every command that writes JSON takes it the same way (issue 16: `bench http` had
+/// `--out`, `stream` and `record` a bare flag, the other benches a required file).
+#[test]
+fn every_json_flag_is_json_with_an_optional_file() {
+    for cmd in [
+        &["stream"][..],
+        &["record"],
+        &["bench", "paths"],
+        &["bench", "periodic"],
+        &["bench", "record"],
+        &["bench", "isolation"],
+        &["bench", "rtu"],
+        &["bench", "stripe"],
+        &["bench", "http"],
+    ] {
+        let o = penstock().args(cmd).arg("--help").output().unwrap();
+        let help = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            help.contains("--json [<FILE>]") || help.contains("--json[=<FILE>]"),
+            "{cmd:?}: {help}"
+        );
+    }
+}
+
 /// Bad usage exits 2 (issue 16: conflicting pacing flags exited 1), before anything opens.
 #[test]
 fn conflicting_flags_are_bad_usage_and_exit_2() {

@@ -47,6 +47,8 @@ pub struct ServerConfig {
     pub limits: HttpLimits,
     /// `[[location]]`: class and rate per path prefix, longest prefix wins.
     pub location: Vec<Location>,
+    /// `[log]`: the access log.
+    pub log: LogConfig,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
@@ -81,8 +83,11 @@ pub struct HttpConfig {
     pub types: std::collections::BTreeMap<String, String>,
     /// The `Server` header (empty: none).
     pub server_name: String,
-    /// Where metrics are served (`GET` only); empty to disable.
+    /// Where metrics are served on the HTTP port (`GET` only); empty to disable.
     pub metrics_path: String,
+    /// A separate `host:port` serving only `GET /metrics` (a scraper's own port, e.g. one a
+    /// firewall keeps private); empty: none.
+    pub metrics_listen: String,
     /// A body of at least this many bytes without a rate limit goes to the engine (one
     /// extent, zero-copy path `body_path`); smaller ones, multipart bodies and rate-limited
     /// ones are sent with sendfile from the connection's own loop. 0: never the engine.
@@ -102,6 +107,7 @@ impl Default for HttpConfig {
             types: Default::default(),
             server_name: "penstock".into(),
             metrics_path: "/metrics".into(),
+            metrics_listen: String::new(),
             engine_body_bytes_min: 4 << 20,
             body_path: "sendfile".into(),
         }
@@ -207,6 +213,67 @@ impl HttpLimits {
         // would leave its backlog waiting for nothing.
         if self.accept_backoff_ms == 0 || self.accept_backoff_ms > 60_000 {
             return bad("limits.accept_backoff_ms must be 1 ..= 60000");
+        }
+        Ok(())
+    }
+}
+
+/// `[log]`: the access log (`crate::access_log` has the format and the design). Fixed at
+/// start; SIGUSR1 reopens the file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `stdout`, `off`, or the path of a file (created if missing, appended to).
+    pub access: String,
+    /// A worker hands its lines to the writer thread in batches of about this size ...
+    #[serde(deserialize_with = "units::size")]
+    pub access_buffer_bytes: usize,
+    /// ... or this long after the batch's first line, whichever comes first.
+    #[serde(deserialize_with = "units::ms")]
+    pub access_flush_ms: u64,
+    /// Batches waiting for the writer at most; beyond, a worker drops its batch rather
+    /// than wait (counted in `penstock_access_log_dropped_lines_total`). Memory bound:
+    /// `access_queue_batches × access_buffer_bytes`.
+    pub access_queue_batches: usize,
+}
+
+impl Default for LogConfig {
+    fn default() -> LogConfig {
+        LogConfig {
+            access: "stdout".into(),
+            access_buffer_bytes: 64 * 1024,
+            access_flush_ms: 1000,
+            access_queue_batches: 64,
+        }
+    }
+}
+
+impl LogConfig {
+    pub fn access_target(&self) -> crate::access_log::AccessTarget {
+        crate::access_log::AccessTarget::parse(&self.access)
+    }
+
+    pub fn access_limits(&self) -> crate::access_log::AccessLimits {
+        crate::access_log::AccessLimits {
+            buffer_bytes: self.access_buffer_bytes,
+            flush: Duration::from_millis(self.access_flush_ms),
+            queue_batches: self.access_queue_batches,
+        }
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        if self.access.is_empty() {
+            return bad("log.access must be stdout, off or a file path");
+        }
+        if self.access_buffer_bytes < 512 || self.access_buffer_bytes > (16 << 20) {
+            return bad("log.access_buffer_bytes must be 512 ..= 16 MiB");
+        }
+        if self.access_flush_ms == 0 || self.access_flush_ms > 60_000 {
+            return bad("log.access_flush_ms must be 1 ..= 60000");
+        }
+        if self.access_queue_batches == 0 || self.access_queue_batches > 4096 {
+            return bad("log.access_queue_batches must be 1 ..= 4096");
         }
         Ok(())
     }
@@ -749,6 +816,18 @@ impl ServerConfig {
             .listen
             .check()
             .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?;
+        if !self.http.metrics_listen.is_empty() {
+            self.http
+                .metrics_listen
+                .parse::<SocketAddr>()
+                .map_err(|e| {
+                    ConfigError::Invalid(format!(
+                        "http.metrics_listen {:?}: {e}",
+                        self.http.metrics_listen
+                    ))
+                })?;
+        }
+        self.log.check()?;
         if !self.control.listen.is_empty() {
             self.control.listen.parse::<SocketAddr>().map_err(|e| {
                 ConfigError::Invalid(format!("control.listen {:?}: {e}", self.control.listen))
@@ -1058,6 +1137,41 @@ idle_timeout_ms = \"soon\"
         // Units do not count as a change.
         let c: ServerConfig = toml::from_str("[limits]\nidle_timeout_ms = \"60s\"\n").unwrap();
         assert!(changed_keys(&a, &c).is_empty());
+    }
+
+    #[test]
+    fn the_example_file_has_the_log_and_metrics_defaults() {
+        let c: ServerConfig =
+            toml::from_str(include_str!("../../../docs/penstock.example.toml")).unwrap();
+        assert_eq!(c.log, LogConfig::default());
+        assert_eq!(c.http.metrics_listen, HttpConfig::default().metrics_listen);
+    }
+
+    #[test]
+    fn the_access_log_defaults_to_stdout_and_its_limits_are_checked() {
+        let c: ServerConfig = toml::from_str("").unwrap();
+        assert_eq!(
+            c.log.access_target(),
+            crate::access_log::AccessTarget::Stdout
+        );
+        let c: ServerConfig = toml::from_str("[log]\naccess = \"off\"\n").unwrap();
+        assert_eq!(c.log.access_target(), crate::access_log::AccessTarget::Off);
+        let c: ServerConfig = toml::from_str("[log]\naccess = \"/var/log/p.log\"\n").unwrap();
+        assert_eq!(
+            c.log.access_target(),
+            crate::access_log::AccessTarget::File("/var/log/p.log".into())
+        );
+        for bad in [
+            "access = \"\"",
+            "access_buffer_bytes = 0",
+            "access_flush_ms = 0",
+            "access_queue_batches = 0",
+        ] {
+            let c: ServerConfig = toml::from_str(&format!("[log]\n{bad}\n")).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+        let c: ServerConfig = toml::from_str("[http]\nmetrics_listen = \"nope\"\n").unwrap();
+        assert!(c.check().is_err());
     }
 
     #[test]

@@ -20,18 +20,22 @@
 //!   commands may block on opening endpoints), one shared stream table, admission by the
 //!   engine's (the one admission control).
 //! - **Metrics** ([`metrics`]): prometheus-client, served by the HTTP workers at
-//!   `/metrics`.
+//!   `/metrics` and, when configured, on a separate listener ([`metrics_http`]).
+//! - **Access log** ([`access_log`]): nginx's combined format, formatted by each worker into
+//!   its own buffer and written by one writer thread; reopened on SIGUSR1.
 //!
 //! What is absent: TLS, request bodies (GET and HEAD only), HTTP/2, directory listings.
 #![forbid(unsafe_code)]
 
 pub mod access;
+pub mod access_log;
 pub mod config;
 pub mod confine;
 pub mod control;
 mod http;
 pub mod listen;
 pub mod metrics;
+pub mod metrics_http;
 pub mod private;
 pub mod streams;
 
@@ -110,6 +114,7 @@ pub struct Server {
     paths: String,
     metrics: Arc<Metrics>,
     engine: Arc<Engine>,
+    metrics_listener: Option<metrics_http::MetricsListener>,
 }
 
 impl std::fmt::Debug for Server {
@@ -161,6 +166,12 @@ impl Server {
         let engine =
             Arc::new(Engine::new(engine_cfg).map_err(|e| ServerError::Engine(e.to_string()))?);
         let metrics = Arc::new(Metrics::new());
+        metrics.watch_engine(engine.clone());
+        let access_log = access_log::AccessLog::start(
+            &cfg.log.access_target(),
+            cfg.log.access_limits(),
+            metrics.clone(),
+        )?;
 
         let body_path = cfg.body_path()?;
         let shared = Arc::new(http::HttpShared::new(
@@ -172,6 +183,7 @@ impl Server {
             body_path,
             engine.clone(),
             metrics.clone(),
+            access_log,
         ));
         let workers = if cfg.http.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -286,6 +298,25 @@ impl Server {
             Box::new(move || http_for_stats.connections()),
         ));
         let control_threads = control::start(control.clone(), tcp, unix)?;
+        let metrics_listener = if cfg.http.metrics_listen.is_empty() {
+            None
+        } else {
+            let a: SocketAddr = cfg.http.metrics_listen.parse().map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "http.metrics_listen {:?}: {e}",
+                    cfg.http.metrics_listen
+                ))
+            })?;
+            Some(
+                metrics_http::MetricsListener::start(a, metrics.clone()).map_err(|source| {
+                    ServerError::Bind {
+                        what: "metrics",
+                        addr: cfg.http.metrics_listen.clone(),
+                        source,
+                    }
+                })?,
+            )
+        };
 
         let uring = match &engine.info().uring {
             Ok(()) => "io_uring available".to_string(),
@@ -316,6 +347,7 @@ impl Server {
             paths,
             metrics,
             engine,
+            metrics_listener,
         })
     }
 
@@ -361,6 +393,19 @@ impl Server {
         &self.metrics
     }
 
+    /// The separate metrics listener's address, when `[http] metrics_listen` is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener.as_ref().map(|l| l.local_addr())
+    }
+
+    /// SIGUSR1: the access log's file is opened again by its path (after logrotate renamed
+    /// it). Nothing for stdout or without an access log.
+    pub fn reopen_access_log(&self) {
+        if let Some(l) = &self.http.access_log {
+            l.reopen();
+        }
+    }
+
     /// The one line printed at start: addresses and data paths.
     pub fn summary(&self) -> String {
         let http: Vec<String> = self
@@ -374,6 +419,9 @@ impl Server {
         }
         if let Some(p) = &self.unix_path {
             s.push_str(&format!(", control unix:{}", p.display()));
+        }
+        if let Some(a) = self.metrics_addr() {
+            s.push_str(&format!(", metrics http://{a}/metrics"));
         }
         s.push_str(&format!("; {}", self.paths));
         s
@@ -533,6 +581,16 @@ impl Server {
         for t in self.http_threads {
             let _ = t.join();
         }
+        // The workers handed over their last lines; the writer writes them and stops.
+        if let Some(l) = &self.http.access_log {
+            l.stop(
+                Instant::now()
+                    + deadline
+                        .saturating_sub(start.elapsed())
+                        .max(Duration::from_secs(1)),
+            );
+        }
+        drop(self.metrics_listener);
         self.control
             .streams
             .shutdown(deadline.saturating_sub(start.elapsed()));

@@ -1,37 +1,80 @@
-//! The server's metrics, served as OpenMetrics text at `GET /metrics`.
+//! Metrics, Prometheus conventions: served at `GET /metrics` by the HTTP workers, on an
+//! optional separate listener (`[http] metrics_listen`, [`crate::metrics_http`]), and by
+//! `penstock stream --metrics` / `penstock record --metrics` ([`CliMetrics`]).
 //!
-//! Live now: requests and bytes by class and data path, connections, refused connections,
-//! active streams (HTTP bodies in the engine and control streams), admission refusals by
-//! resource, errors by kind, the buffers admission has reserved out of the pool.
+//! Two text formats, chosen by the request's `Accept` ([`Format::from_accept`]): OpenMetrics
+//! 1.0 (what Prometheus asks for first; ends with `# EOF`) and the Prometheus text format
+//! 0.0.4 (everything else: curl, `promtool check metrics`, which lints only 0.0.4 and reads
+//! OpenMetrics' counter `HELP` lines as missing). prometheus-client writes OpenMetrics; the
+//! 0.0.4 page is the same text with the few differences rewritten ([`to_text_004`]).
 //!
-//! Periodic streams (control streams with RATE or SCHEDULE): `penstock_stream_lateness_seconds`
-//! and `penstock_deadline_misses_total` are fed from the engine's live per-stream counts
-//! ([`penstock_driver::StreamHandle::lateness`]) by the control reaper every few milliseconds
-//! and when a stream ends. The engine counts lateness in power-of-two nanosecond buckets; the
-//! histogram's bounds are powers of two nanoseconds too (8.192 µs × 4ⁿ), so every unit lands
-//! in its true bucket (a lateness of exactly a bound may land one bucket up) and the sum is
-//! within a factor of two. `penstock_disk_queue_depth` and `penstock_engine_buffers` (the
-//! engine's pool: total, reserved, in use by rt, borrowed by bulk) are read from the engine at each
-//! scrape, as are `penstock_engine_buffer_repossessions` (buffers bulk streams gave back to rt),
-//! `penstock_engine_open_files` and `penstock_engine_open_file_shares_total` (the engine's
-//! open-file table: files open for streams, and opens that shared an open file's descriptor).
+//! The families (all `penstock_` but the standard `process_*`):
+//! - HTTP: `http_requests_total{class,data_path,code}` (code: the status class, `2xx` …),
+//!   `http_body_bytes_total{class,data_path}`, `http_request_duration_seconds{class}` (from
+//!   the first byte of the request head to the last byte of the response handed to the
+//!   kernel, or to the cut), `http_time_to_first_byte_seconds{class}` (from the first byte of
+//!   the head to the first byte of the response head sent), connections, refused
+//!   connections, accept failures and pauses, `errors_total{kind}`, the access log's lines
+//!   and dropped lines. `data_path` is how the body moved: `sendfile` (the connection's
+//!   loop), `engine-<path>`, `memory` (heads, errors, multipart part headers, metrics),
+//!   `none` (HEAD, 304).
+//! - Streams: `streams_active`, `admission_refusals_total{resource}` (every resource present
+//!   at 0 from the start), and for paced streams `stream_lateness_seconds{class}` and
+//!   `deadline_misses_total{class}` (class: the engine's disk class, `rt` or `bulk`), fed
+//!   from the engine's live per-stream counts ([`penstock_driver::StreamHandle::lateness`])
+//!   by the control reaper every few milliseconds and when a stream ends. The engine counts
+//!   lateness in power-of-two nanosecond buckets; the histogram's bounds are powers of two
+//!   nanoseconds too (8.192 µs × 4ⁿ), so every unit lands in its true bucket (a lateness of
+//!   exactly a bound may land one bucket up) and the sum is within a factor of two.
+//! - The engine, read at each scrape ([`Metrics::watch_engine`]): `engine_buffers{state}`
+//!   (the pool: total, reserved, in use by rt, borrowed by bulk), the counters
+//!   `engine_buffer_repossessions_total` (buffers bulk streams gave back to rt) and
+//!   `engine_buffer_rereads_total`, `disk_queue_depth{class}`; the open-file table:
+//!   `engine_open_files` (files open for streams, one descriptor each) and
+//!   `engine_open_file_shares_total` (opens that shared an open file's descriptor).
+//! - `penstock_build_info{version}` and the process: `process_cpu_seconds_total`,
+//!   `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`,
+//!   `process_max_fds`, `process_start_time_seconds`, `process_threads` (from `/proc/self`).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use penstock_driver::{
-    BufferUsage, DiskQueueDepth, LATENESS_BUCKETS, LatenessCounts, OpenFileStats,
-};
+use penstock_driver::{Engine, LATENESS_BUCKETS, LatenessCounts};
 
 /// The lowest bound of the lateness histogram: 2^13 ns, so that every bound (×4) is a power
 /// of two nanoseconds like the engine's buckets.
 const LATENESS_BUCKET_MIN_S: f64 = 8192e-9;
+
+/// Bounds of the HTTP duration and time-to-first-byte histograms, seconds: 100 µs (a
+/// cached small file on loopback) to 5 min (a long download).
+const HTTP_SECONDS_BUCKETS: [f64; 19] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// Every resource an admission refusal may name (`admission_refusals_total`), each present
+/// at 0 from the start.
+pub const REFUSAL_RESOURCES: [&str; 6] = [
+    "disk",
+    "network",
+    "buffers",
+    "streams",
+    "permission",
+    "other",
+];
+
+/// The engine's disk classes: the `class` label of lateness and misses.
+pub const ENGINE_CLASSES: [&str; 2] = ["rt", "bulk"];
 
 /// The value a unit counted in the engine's lateness bucket `i` is observed as: 0 for on
 /// time, the bucket's highest value `2^i - 1` ns otherwise (the open last bucket: its lowest).
@@ -44,12 +87,30 @@ fn bucket_value_s(i: usize) -> f64 {
     ns as f64 * 1e-9
 }
 
+fn lateness_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(LATENESS_BUCKET_MIN_S, 4.0, 10))
+}
+
+fn http_seconds_histogram() -> Histogram {
+    Histogram::new(HTTP_SECONDS_BUCKETS)
+}
+
+/// A family of histograms by one label set.
+pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClassPath {
     pub class: String,
-    /// How the body moved: `sendfile` (the connection's loop), `engine-<path>`, `memory`
-    /// (heads, errors, multipart part headers, metrics), `none` (HEAD, 304).
-    pub path: String,
+    /// How the body moved: `sendfile`, `engine-<path>`, `memory`, `none` (module doc).
+    pub data_path: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub class: String,
+    pub data_path: String,
+    /// The status class: `1xx` … `5xx`.
+    pub code: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -80,17 +141,135 @@ pub struct ClassLabel {
     pub class: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PoolLabel {
-    /// `total`, `reserved`, `rt_in_use` or `bulk_borrowed` (the engine's pool).
-    pub state: String,
+/// The status class of an HTTP status code, as the `code` label says it.
+pub fn status_class(code: u16) -> &'static str {
+    match code / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    }
 }
 
-/// Every metric, cheap to clone handles inside (prometheus-client metrics are `Arc`s).
+/// Which text a scrape gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0.0 text (ends with `# EOF`).
+    OpenMetrics,
+    /// The Prometheus text format 0.0.4.
+    Text004,
+}
+
+impl Format {
+    /// OpenMetrics when the `Accept` value names it (as Prometheus' scrapes do), else 0.0.4.
+    pub fn from_accept(accept: Option<&[u8]>) -> Format {
+        let wants = accept.is_some_and(|a| {
+            a.windows(b"application/openmetrics-text".len())
+                .any(|w| w.eq_ignore_ascii_case(b"application/openmetrics-text"))
+        });
+        if wants {
+            Format::OpenMetrics
+        } else {
+            Format::Text004
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Text004 => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+}
+
+/// Something a metrics listener can serve.
+pub trait MetricsPage: Send + Sync {
+    /// The whole page in `format`.
+    fn render(&self, format: Format) -> String;
+}
+
+/// A registry encoded in `format`.
+fn render_registry(registry: &Mutex<Registry>, format: Format) -> String {
+    let mut s = String::with_capacity(8192);
+    let r = registry.lock().unwrap_or_else(|p| p.into_inner());
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut s, &r);
+    drop(r);
+    match format {
+        Format::OpenMetrics => s,
+        Format::Text004 => to_text_004(&s),
+    }
+}
+
+/// The Prometheus 0.0.4 text of an OpenMetrics text from prometheus-client: no `# EOF` and
+/// no `# UNIT`; a counter's `HELP`/`TYPE` name its samples' `_total` name; an info family is
+/// a gauge named `<name>_info`; `unknown` is `untyped`. Samples are written the same in
+/// both (histogram bounds, label escaping).
+pub fn to_text_004(om: &str) -> String {
+    let mut out = String::with_capacity(om.len());
+    // A HELP line waits for its TYPE line, which says what the family's name becomes.
+    let mut help: Option<(&str, &str)> = None;
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
+            help = Some((name, text));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.rsplit_once(' ').unwrap_or((rest, "untyped"));
+            let (name, kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "info" => (format!("{name}_info"), "gauge"),
+                "gauge" | "histogram" | "summary" => (name.to_string(), kind),
+                _ => (name.to_string(), "untyped"),
+            };
+            if let Some((h, text)) = help.take() {
+                debug_assert_eq!(h, rest.rsplit_once(' ').map_or(rest, |x| x.0));
+                out.push_str("# HELP ");
+                out.push_str(&name);
+                out.push(' ');
+                out.push_str(text);
+                out.push('\n');
+            }
+            out.push_str("# TYPE ");
+            out.push_str(&name);
+            out.push(' ');
+            out.push_str(kind);
+            out.push('\n');
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// The registry every page starts from: the standard `process_*` families (no prefix) and
+/// `penstock_build_info`. Returns the root; metrics of penstock go into
+/// `root.sub_registry_with_prefix("penstock")`.
+fn base_registry() -> Registry {
+    let mut root = Registry::default();
+    root.register_collector(Box::new(ProcessCollector));
+    root.sub_registry_with_prefix("penstock").register(
+        "build",
+        "The running build: its version (value 1)",
+        Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+    );
+    root
+}
+
+/// Every metric of the server, cheap to clone handles inside (prometheus-client metrics are
+/// `Arc`s).
 pub struct Metrics {
     registry: Mutex<Registry>,
-    pub requests: Family<ClassPath, Counter>,
+    pub requests: Family<RequestLabels, Counter>,
     pub bytes: Family<ClassPath, Counter>,
+    pub request_duration: HistogramFamily<ClassLabel>,
+    pub time_to_first_byte: HistogramFamily<ClassLabel>,
     pub connections: Gauge,
     pub connections_refused: Counter,
     pub accept_failures: Family<AcceptErrorLabel, Counter>,
@@ -98,17 +277,15 @@ pub struct Metrics {
     pub streams_active: Gauge,
     pub admission_refusals: Family<ResourceLabel, Counter>,
     pub errors: Family<Kind, Counter>,
-    pub lateness: Histogram,
-    pub deadline_misses: Counter,
-    pub disk_queue_depth: Family<ClassLabel, Gauge>,
-    pub engine_buffers: Family<PoolLabel, Gauge>,
-    pub engine_repossessions: Gauge,
-    /// The engine's open-file table: files open for streams (one descriptor each, shared).
-    pub engine_open_files: Gauge,
-    /// Opens the table saved: a stream's file was already open for another stream.
-    pub engine_open_file_shares: Counter,
-    /// The table's share count at the last scrape (the counter is moved by the difference).
-    open_file_shares_seen: std::sync::atomic::AtomicU64,
+    pub lateness: HistogramFamily<ClassLabel>,
+    pub deadline_misses: Family<ClassLabel, Counter>,
+    /// Access log lines handed to the writer.
+    pub access_log_lines: Counter,
+    /// Access log lines dropped because the writer's queue was full (module doc of
+    /// `access_log`).
+    pub access_log_dropped: Counter,
+    /// Failed writes of the access log (the lines of such a write are lost).
+    pub access_log_write_errors: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -125,11 +302,12 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut r = Registry::with_prefix("penstock");
-        let requests = Family::<ClassPath, Counter>::default();
+        let mut root = base_registry();
+        let r = root.sub_registry_with_prefix("penstock");
+        let requests = Family::<RequestLabels, Counter>::default();
         r.register(
             "http_requests",
-            "HTTP requests answered, by class and data path",
+            "HTTP requests answered (or cut), by class, data path and status class",
             requests.clone(),
         );
         let bytes = Family::<ClassPath, Counter>::default();
@@ -137,6 +315,20 @@ impl Metrics {
             "http_body_bytes",
             "HTTP body bytes sent, by class and data path",
             bytes.clone(),
+        );
+        let request_duration: HistogramFamily<ClassLabel> =
+            Family::new_with_constructor(http_seconds_histogram);
+        r.register(
+            "http_request_duration_seconds",
+            "From the first byte of a request head to the last byte of its response handed to the kernel (or the cut)",
+            request_duration.clone(),
+        );
+        let time_to_first_byte: HistogramFamily<ClassLabel> =
+            Family::new_with_constructor(http_seconds_histogram);
+        r.register(
+            "http_time_to_first_byte_seconds",
+            "From the first byte of a request head to the first byte of its response sent",
+            time_to_first_byte.clone(),
         );
         let connections = Gauge::default();
         r.register(
@@ -169,59 +361,62 @@ impl Metrics {
             streams_active.clone(),
         );
         let admission_refusals = Family::<ResourceLabel, Counter>::default();
+        for resource in REFUSAL_RESOURCES {
+            let _ = admission_refusals.get_or_create(&ResourceLabel {
+                resource: resource.into(),
+            });
+        }
         r.register(
             "admission_refusals",
-            "OPENs refused by admission control, by the resource that was short",
+            "OPENs refused by admission control or the access rules, by the resource that was short",
             admission_refusals.clone(),
         );
         let errors = Family::<Kind, Counter>::default();
         r.register("errors", "Errors by kind", errors.clone());
-        let lateness = Histogram::new(exponential_buckets(LATENESS_BUCKET_MIN_S, 4.0, 10));
+        let lateness: HistogramFamily<ClassLabel> =
+            Family::new_with_constructor(lateness_histogram);
+        let deadline_misses = Family::<ClassLabel, Counter>::default();
+        for class in ENGINE_CLASSES {
+            let l = ClassLabel {
+                class: class.into(),
+            };
+            let _ = lateness.get_or_create(&l);
+            let _ = deadline_misses.get_or_create(&l);
+        }
         r.register(
             "stream_lateness_seconds",
-            "Lateness of the units of periodic control streams (bounds: 2^13 ns x 4^n)",
+            "Lateness of the units of paced streams, by disk class (bounds: 2^13 ns x 4^n)",
             lateness.clone(),
         );
-        let deadline_misses = Counter::default();
         r.register(
             "deadline_misses",
-            "Units of periodic control streams later than their miss threshold (default one period)",
+            "Units of paced streams later than their miss threshold (default one period), by disk class",
             deadline_misses.clone(),
         );
-        let engine_buffers = Family::<PoolLabel, Gauge>::default();
+        let access_log_lines = Counter::default();
         r.register(
-            "engine_buffers",
-            "The engine's buffer pool: total, reserved (admitted rt), rt_in_use, bulk_borrowed",
-            engine_buffers.clone(),
+            "access_log_lines",
+            "Access log lines handed to the log writer",
+            access_log_lines.clone(),
         );
-        let engine_repossessions = Gauge::default();
+        let access_log_dropped = Counter::default();
         r.register(
-            "engine_buffer_repossessions",
-            "Buffers bulk streams were made to give back to rt streams, since start",
-            engine_repossessions.clone(),
+            "access_log_dropped_lines",
+            "Access log lines dropped because the log writer fell behind (its queue was full)",
+            access_log_dropped.clone(),
         );
-        let engine_open_files = Gauge::default();
+        let access_log_write_errors = Counter::default();
         r.register(
-            "engine_open_files",
-            "Files the engine holds open for streams: one descriptor each, shared by every stream of the file",
-            engine_open_files.clone(),
-        );
-        let engine_open_file_shares = Counter::default();
-        r.register(
-            "engine_open_file_shares",
-            "Stream opens that shared the descriptor of a file already open for another stream, since start",
-            engine_open_file_shares.clone(),
-        );
-        let disk_queue_depth = Family::<ClassLabel, Gauge>::default();
-        r.register(
-            "disk_queue_depth",
-            "Disk reads queued in the engine's scheduler or in flight, per class",
-            disk_queue_depth.clone(),
+            "access_log_write_errors",
+            "Failed writes of the access log",
+            access_log_write_errors.clone(),
         );
         Metrics {
-            registry: Mutex::new(r),
+            registry: Mutex::new(root),
             requests,
             bytes,
+            request_duration,
+            time_to_first_byte,
             connections,
             connections_refused,
             accept_failures,
@@ -231,70 +426,33 @@ impl Metrics {
             errors,
             lateness,
             deadline_misses,
-            disk_queue_depth,
-            engine_buffers,
-            engine_repossessions,
-            engine_open_files,
-            engine_open_file_shares,
-            open_file_shares_seen: std::sync::atomic::AtomicU64::new(0),
+            access_log_lines,
+            access_log_dropped,
+            access_log_write_errors,
         }
     }
 
-    /// Adds the units counted since `seen` by a stream's live lateness counts, and makes
-    /// `seen` the new counts.
-    pub fn add_lateness(&self, now: &LatenessCounts, seen: &mut LatenessCounts) {
-        for (i, (&n, s)) in now.buckets.iter().zip(seen.buckets.iter_mut()).enumerate() {
-            let v = bucket_value_s(i);
-            for _ in 0..n.saturating_sub(*s) {
-                self.lateness.observe(v);
-            }
-            *s = n;
-        }
-        self.deadline_misses
-            .inc_by(now.misses.saturating_sub(seen.misses));
-        seen.misses = now.misses;
+    /// Reads `engine`'s pool, repossessions and disk queues at each scrape from now on.
+    pub fn watch_engine(&self, engine: Arc<Engine>) {
+        self.registry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .sub_registry_with_prefix("penstock")
+            .register_collector(Box::new(EngineCollector { engine }));
     }
 
-    /// Sets the disk queue gauges.
-    pub fn set_disk_queue_depth(&self, d: DiskQueueDepth) {
-        for (class, n) in [("rt", d.rt), ("bulk", d.bulk)] {
-            self.disk_queue_depth
-                .get_or_create(&ClassLabel {
-                    class: class.into(),
-                })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
-
-    /// Sets the engine's buffer pool gauges.
-    pub fn set_engine_buffers(&self, u: BufferUsage) {
-        for (state, n) in [
-            ("total", u.buffers_total),
-            ("reserved", u.reserved),
-            ("rt_in_use", u.rt_in_use),
-            ("bulk_borrowed", u.bulk_borrowed),
-        ] {
-            self.engine_buffers
-                .get_or_create(&PoolLabel {
-                    state: state.into(),
-                })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-        self.engine_repossessions
-            .set(i64::try_from(u.repossessions).unwrap_or(i64::MAX));
-    }
-
-    /// Sets the open-file table's gauge and moves its counter up to the table's count.
-    pub fn set_open_files(&self, f: OpenFileStats) {
-        self.engine_open_files
-            .set(i64::try_from(f.files).unwrap_or(i64::MAX));
-        // fetch_max: two scrapes at once each add only what the other has not.
-        let seen = self
-            .open_file_shares_seen
-            .fetch_max(f.shares, std::sync::atomic::Ordering::Relaxed);
-        if f.shares > seen {
-            self.engine_open_file_shares.inc_by(f.shares - seen);
-        }
+    /// Adds the units counted since `seen` by a stream's live lateness counts to `class`
+    /// (`rt` or `bulk`), and makes `seen` the new counts.
+    pub fn add_lateness(&self, class: &str, now: &LatenessCounts, seen: &mut LatenessCounts) {
+        let l = ClassLabel {
+            class: class.into(),
+        };
+        add_lateness(
+            &self.lateness.get_or_create(&l),
+            &self.deadline_misses.get_or_create(&l),
+            now,
+            seen,
+        );
     }
 
     /// Counts one error of `kind` (a short stable name: `bad_request`, `idle_timeout`, ...).
@@ -325,23 +483,402 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts one answered request and its body bytes.
-    pub fn request(&self, class: &str, path: &str, body_bytes: u64) {
-        let l = ClassPath {
-            class: class.to_string(),
-            path: path.to_string(),
-        };
-        self.requests.get_or_create(&l).inc();
-        self.bytes.get_or_create(&l).inc_by(body_bytes);
+    /// Counts one answered (or cut) request: its status, body bytes and duration.
+    pub fn request(
+        &self,
+        class: &str,
+        data_path: &str,
+        status_code: u16,
+        body_bytes: u64,
+        duration: Duration,
+    ) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                class: class.to_string(),
+                data_path: data_path.to_string(),
+                code: status_class(status_code).to_string(),
+            })
+            .inc();
+        self.bytes
+            .get_or_create(&ClassPath {
+                class: class.to_string(),
+                data_path: data_path.to_string(),
+            })
+            .inc_by(body_bytes);
+        self.request_duration
+            .get_or_create(&ClassLabel {
+                class: class.to_string(),
+            })
+            .observe(duration.as_secs_f64());
+    }
+
+    /// The first byte of a response of `class` went out `ttfb` after its request began.
+    pub fn first_byte(&self, class: &str, ttfb: Duration) {
+        self.time_to_first_byte
+            .get_or_create(&ClassLabel {
+                class: class.to_string(),
+            })
+            .observe(ttfb.as_secs_f64());
     }
 
     /// The OpenMetrics text (ends with `# EOF`).
     pub fn encode(&self) -> String {
-        let mut s = String::with_capacity(4096);
-        let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut s, &r);
-        s
+        render_registry(&self.registry, Format::OpenMetrics)
+    }
+}
+
+impl MetricsPage for Metrics {
+    fn render(&self, format: Format) -> String {
+        render_registry(&self.registry, format)
+    }
+}
+
+/// Adds what `now` counts beyond `seen` to `hist` and `misses`; `seen` becomes `now`.
+fn add_lateness(
+    hist: &Histogram,
+    misses: &Counter,
+    now: &LatenessCounts,
+    seen: &mut LatenessCounts,
+) {
+    for (i, (&n, s)) in now.buckets.iter().zip(seen.buckets.iter_mut()).enumerate() {
+        let v = bucket_value_s(i);
+        for _ in 0..n.saturating_sub(*s) {
+            hist.observe(v);
+        }
+        *s = n;
+    }
+    misses.inc_by(now.misses.saturating_sub(seen.misses));
+    seen.misses = now.misses;
+}
+
+/// The engine's figures, read at each scrape.
+#[derive(Debug)]
+struct EngineCollector {
+    engine: Arc<Engine>,
+}
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let u = self.engine.buffer_usage();
+        let gauge = |n: u64| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+        let mut m = encoder.encode_descriptor(
+            "engine_buffers",
+            "The engine's buffer pool: total, reserved (admitted rt), rt_in_use, bulk_borrowed",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (state, n) in [
+            ("total", u.buffers_total),
+            ("reserved", u.reserved),
+            ("rt_in_use", u.rt_in_use),
+            ("bulk_borrowed", u.bulk_borrowed),
+        ] {
+            let labels = [("state", state)];
+            gauge(n).encode(m.encode_family(&labels)?)?;
+        }
+        let m = encoder.encode_descriptor(
+            "engine_buffer_repossessions",
+            "Buffers bulk streams were made to give back to rt streams",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(u.repossessions).encode(m)?;
+        let m = encoder.encode_descriptor(
+            "engine_buffer_rereads",
+            "Full chunks given back before they were sent, read again",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(u.reread_chunks).encode(m)?;
+        let d = self.engine.disk_queue_depth();
+        let mut m = encoder.encode_descriptor(
+            "disk_queue_depth",
+            "Disk reads queued in the engine's scheduler or in flight, per class",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (class, n) in [("rt", d.rt), ("bulk", d.bulk)] {
+            let labels = [("class", class)];
+            gauge(n).encode(m.encode_family(&labels)?)?;
+        }
+        let f = self.engine.open_files();
+        let m = encoder.encode_descriptor(
+            "engine_open_files",
+            "Files the engine holds open for streams: one descriptor each, shared by every stream of the file",
+            None,
+            MetricType::Gauge,
+        )?;
+        gauge(f.files).encode(m)?;
+        let m = encoder.encode_descriptor(
+            "engine_open_file_shares",
+            "Stream opens that shared the descriptor of a file already open for another stream, since start",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(f.shares).encode(m)?;
+        Ok(())
+    }
+}
+
+/// The process's figures as the Prometheus client libraries name them, from `/proc/self`.
+#[derive(Debug)]
+struct ProcessCollector;
+
+/// What `/proc/self/stat` and `/proc/stat` say about this process.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ProcStat {
+    cpu_s: f64,
+    start_time_s: f64,
+    virtual_bytes: u64,
+    resident_bytes: u64,
+    threads: u64,
+}
+
+/// Parses `/proc/self/stat` (after the command's closing parenthesis, fields from `state`
+/// on) with the clock's ticks per second, the page size and the boot time (`btime`).
+fn parse_proc_stat(stat: &str, ticks_per_s: u64, page_bytes: u64, boot_s: u64) -> Option<ProcStat> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // proc(5) numbers fields from 1 (pid); `state` is field 3, so field N is f[N - 3].
+    let num = |n: usize| f.get(n - 3).and_then(|v| v.parse::<u64>().ok());
+    let ticks = ticks_per_s.max(1) as f64;
+    Some(ProcStat {
+        cpu_s: (num(14)? + num(15)?) as f64 / ticks,
+        threads: num(20)?,
+        start_time_s: boot_s as f64 + num(22)? as f64 / ticks,
+        virtual_bytes: num(23)?,
+        resident_bytes: num(24)?.saturating_mul(page_bytes),
+    })
+}
+
+fn boot_time_s() -> Option<u64> {
+    std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stat = std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|s| {
+                parse_proc_stat(
+                    &s,
+                    rustix::param::clock_ticks_per_second(),
+                    rustix::param::page_size() as u64,
+                    boot_time_s()?,
+                )
+            });
+        let gauge = |n: u64| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+        if let Some(st) = stat {
+            let m = encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "User and system CPU time spent, seconds",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(st.cpu_s).encode(m)?;
+            let m = encoder.encode_descriptor(
+                "process_resident_memory_bytes",
+                "Resident memory size, bytes",
+                None,
+                MetricType::Gauge,
+            )?;
+            gauge(st.resident_bytes).encode(m)?;
+            let m = encoder.encode_descriptor(
+                "process_virtual_memory_bytes",
+                "Virtual memory size, bytes",
+                None,
+                MetricType::Gauge,
+            )?;
+            gauge(st.virtual_bytes).encode(m)?;
+            let m = encoder.encode_descriptor(
+                "process_start_time_seconds",
+                "Start time of the process since the Unix epoch, seconds",
+                None,
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(st.start_time_s).encode(m)?;
+            let m = encoder.encode_descriptor(
+                "process_threads",
+                "Threads of the process",
+                None,
+                MetricType::Gauge,
+            )?;
+            gauge(st.threads).encode(m)?;
+        }
+        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+            let m = encoder.encode_descriptor(
+                "process_open_fds",
+                "Open file descriptors",
+                None,
+                MetricType::Gauge,
+            )?;
+            // Less the one this listing holds.
+            gauge((dir.count() as u64).saturating_sub(1)).encode(m)?;
+        }
+        if let Some(max) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current {
+            let m = encoder.encode_descriptor(
+                "process_max_fds",
+                "Maximum number of open file descriptors (the soft RLIMIT_NOFILE)",
+                None,
+                MetricType::Gauge,
+            )?;
+            gauge(max).encode(m)?;
+        }
+        Ok(())
+    }
+}
+
+/// What `penstock stream --metrics` or `penstock record --metrics` serves: the process,
+/// the build and the command's own families.
+pub struct CliMetrics {
+    registry: Mutex<Registry>,
+    lateness: HistogramFamily<ClassLabel>,
+    deadline_misses: Family<ClassLabel, Counter>,
+    stream_bytes: Counter,
+    stream_units: Counter,
+    record_packets: Counter,
+    record_bytes: Counter,
+    record_syncs: Counter,
+}
+
+impl std::fmt::Debug for CliMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CliMetrics")
+    }
+}
+
+/// A stream's live figures as last fed to [`CliMetrics`].
+#[derive(Debug, Clone, Default)]
+pub struct StreamSeen {
+    lateness: LatenessCounts,
+    bytes: u64,
+    units: u64,
+}
+
+impl CliMetrics {
+    /// For `penstock stream`: lateness and misses by class (a burst stream counts none),
+    /// bytes and units sent, and the engine's pool.
+    pub fn stream(engine: Arc<Engine>) -> CliMetrics {
+        let m = CliMetrics::empty();
+        {
+            let mut root = m.registry.lock().unwrap_or_else(|p| p.into_inner());
+            let r = root.sub_registry_with_prefix("penstock");
+            r.register(
+                "stream_lateness_seconds",
+                "Lateness of the units of the paced stream, by disk class (bounds: 2^13 ns x 4^n)",
+                m.lateness.clone(),
+            );
+            r.register(
+                "deadline_misses",
+                "Units of the paced stream later than their miss threshold, by disk class",
+                m.deadline_misses.clone(),
+            );
+            r.register(
+                "stream_bytes",
+                "Bytes the stream has sent",
+                m.stream_bytes.clone(),
+            );
+            r.register(
+                "stream_units",
+                "Units the stream has sent",
+                m.stream_units.clone(),
+            );
+            r.register_collector(Box::new(EngineCollector { engine }));
+        }
+        m
+    }
+
+    /// For `penstock record`: packets, bytes and sync points made durable.
+    pub fn record() -> CliMetrics {
+        let m = CliMetrics::empty();
+        {
+            let mut root = m.registry.lock().unwrap_or_else(|p| p.into_inner());
+            let r = root.sub_registry_with_prefix("penstock");
+            r.register(
+                "record_packets",
+                "Packets recorded and durable, as of the last sync point",
+                m.record_packets.clone(),
+            );
+            r.register(
+                "record_bytes",
+                "Media bytes recorded and durable, as of the last sync point",
+                m.record_bytes.clone(),
+            );
+            r.register(
+                "record_syncs",
+                "Sync points made durable (media, then tracks)",
+                m.record_syncs.clone(),
+            );
+        }
+        m
+    }
+
+    fn empty() -> CliMetrics {
+        let lateness: HistogramFamily<ClassLabel> =
+            Family::new_with_constructor(lateness_histogram);
+        let deadline_misses = Family::<ClassLabel, Counter>::default();
+        for class in ENGINE_CLASSES {
+            let l = ClassLabel {
+                class: class.into(),
+            };
+            let _ = lateness.get_or_create(&l);
+            let _ = deadline_misses.get_or_create(&l);
+        }
+        CliMetrics {
+            registry: Mutex::new(base_registry()),
+            lateness,
+            deadline_misses,
+            stream_bytes: Counter::default(),
+            stream_units: Counter::default(),
+            record_packets: Counter::default(),
+            record_bytes: Counter::default(),
+            record_syncs: Counter::default(),
+        }
+    }
+
+    /// Adds what a stream of `class` (`rt` or `bulk`) did since `seen`.
+    pub fn feed_stream(
+        &self,
+        class: &str,
+        lateness: &LatenessCounts,
+        bytes_sent: u64,
+        units_sent: u64,
+        seen: &mut StreamSeen,
+    ) {
+        let l = ClassLabel {
+            class: class.into(),
+        };
+        add_lateness(
+            &self.lateness.get_or_create(&l),
+            &self.deadline_misses.get_or_create(&l),
+            lateness,
+            &mut seen.lateness,
+        );
+        self.stream_bytes
+            .inc_by(bytes_sent.saturating_sub(seen.bytes));
+        seen.bytes = seen.bytes.max(bytes_sent);
+        self.stream_units
+            .inc_by(units_sent.saturating_sub(seen.units));
+        seen.units = seen.units.max(units_sent);
+    }
+
+    /// A recording's durable totals at a sync point (monotonic: the counters follow them).
+    pub fn feed_record(&self, packets: u64, media_bytes: u64) {
+        self.record_packets
+            .inc_by(packets.saturating_sub(self.record_packets.get()));
+        self.record_bytes
+            .inc_by(media_bytes.saturating_sub(self.record_bytes.get()));
+        self.record_syncs.inc();
+    }
+}
+
+impl MetricsPage for CliMetrics {
+    fn render(&self, format: Format) -> String {
+        render_registry(&self.registry, format)
     }
 }
 
@@ -350,13 +887,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn encodes_openmetrics() {
+    fn encodes_openmetrics_and_prometheus_text() {
         let m = Metrics::new();
-        m.request("bulk", "sendfile", 10);
+        m.request("bulk", "sendfile", 200, 10, Duration::from_millis(2));
+        m.first_byte("bulk", Duration::from_micros(300));
         m.error("bad_request");
         let s = m.encode();
         assert!(
-            s.contains("penstock_http_requests_total{class=\"bulk\",path=\"sendfile\"} 1"),
+            s.contains(
+                "penstock_http_requests_total{class=\"bulk\",data_path=\"sendfile\",code=\"2xx\"} 1"
+            ),
             "{s}"
         );
         assert!(
@@ -364,6 +904,132 @@ mod tests {
             "{s}"
         );
         assert!(s.ends_with("# EOF\n"), "{s}");
+        let t = m.render(Format::Text004);
+        assert!(!t.contains("# EOF") && !t.contains("# UNIT"), "{t}");
+        assert!(
+            t.contains("# TYPE penstock_http_requests_total counter\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("# HELP penstock_http_requests_total HTTP requests"),
+            "{t}"
+        );
+        assert!(t.contains("# TYPE penstock_build_info gauge\n"), "{t}");
+        assert!(
+            t.contains(&format!(
+                "penstock_build_info{{version=\"{}\"}} 1\n",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{t}"
+        );
+        assert!(
+            t.contains("# TYPE penstock_http_request_duration_seconds histogram\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "penstock_http_time_to_first_byte_seconds_bucket{le=\"0.0005\",class=\"bulk\"} 1"
+            ),
+            "{t}"
+        );
+        // Every HELP line is followed by the TYPE line of the same name.
+        let lines: Vec<&str> = t.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            if let Some(rest) = l.strip_prefix("# HELP ") {
+                let name = rest.split(' ').next().unwrap();
+                assert!(
+                    lines[i + 1].starts_with(&format!("# TYPE {name} ")),
+                    "{l} / {}",
+                    lines[i + 1]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn refusals_and_lateness_classes_are_present_at_zero_from_the_start() {
+        let t = Metrics::new().render(Format::Text004);
+        for r in REFUSAL_RESOURCES {
+            assert!(
+                t.contains(&format!(
+                    "penstock_admission_refusals_total{{resource=\"{r}\"}} 0\n"
+                )),
+                "{r}: {t}"
+            );
+        }
+        for c in ENGINE_CLASSES {
+            assert!(
+                t.contains(&format!(
+                    "penstock_stream_lateness_seconds_count{{class=\"{c}\"}} 0\n"
+                )),
+                "{t}"
+            );
+            assert!(
+                t.contains(&format!(
+                    "penstock_deadline_misses_total{{class=\"{c}\"}} 0\n"
+                )),
+                "{t}"
+            );
+        }
+        assert!(
+            t.contains("penstock_access_log_dropped_lines_total 0\n"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn format_follows_accept() {
+        assert_eq!(Format::from_accept(None), Format::Text004);
+        assert_eq!(Format::from_accept(Some(b"*/*")), Format::Text004);
+        assert_eq!(
+            Format::from_accept(Some(
+                b"application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+            )),
+            Format::OpenMetrics
+        );
+        assert_eq!(
+            Format::from_accept(Some(b"Application/OpenMetrics-Text")),
+            Format::OpenMetrics
+        );
+    }
+
+    #[test]
+    fn process_stat_fields_are_read_from_the_right_places() {
+        // A comm with spaces and a parenthesis, as proc(5) allows.
+        let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 7 0 1000 123456789 300 18446744073709551615";
+        let s = parse_proc_stat(stat, 100, 4096, 1_700_000_000).unwrap();
+        assert_eq!(s.cpu_s, 3.0);
+        assert_eq!(s.threads, 7);
+        assert_eq!(s.start_time_s, 1_700_000_010.0);
+        assert_eq!(s.virtual_bytes, 123_456_789);
+        assert_eq!(s.resident_bytes, 300 * 4096);
+        assert_eq!(parse_proc_stat("garbage", 100, 4096, 0), None);
+    }
+
+    #[test]
+    fn process_metrics_are_read_from_proc() {
+        let t = Metrics::new().render(Format::Text004);
+        for name in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_virtual_memory_bytes ",
+            "process_start_time_seconds ",
+            "process_open_fds ",
+            "process_max_fds ",
+            "process_threads ",
+        ] {
+            assert!(
+                t.lines().any(|l| l.starts_with(name)),
+                "{name} missing:\n{t}"
+            );
+        }
+        let rss: f64 = t
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(rss > 0.0, "{t}");
     }
 
     #[test]
@@ -377,22 +1043,46 @@ mod tests {
         now.buckets[penstock_driver::engine::lateness_bucket(10_000)] = 1;
         now.buckets[0] = 4;
         now.misses = 1;
-        m.add_lateness(&now, &mut seen);
+        m.add_lateness("rt", &now, &mut seen);
         // Again with nothing new: nothing added.
-        m.add_lateness(&now, &mut seen);
+        m.add_lateness("rt", &now, &mut seen);
         let s = m.encode();
         assert!(
-            s.contains("penstock_stream_lateness_seconds_count 7"),
+            s.contains("penstock_stream_lateness_seconds_count{class=\"rt\"} 7"),
             "{s}"
         );
         assert!(
-            s.contains("penstock_stream_lateness_seconds_bucket{le=\"0.000008192\"} 6"),
+            s.contains(
+                "penstock_stream_lateness_seconds_bucket{le=\"0.000008192\",class=\"rt\"} 6"
+            ),
             "{s}"
         );
         assert!(
-            s.contains("penstock_stream_lateness_seconds_bucket{le=\"0.000032768\"} 7"),
+            s.contains(
+                "penstock_stream_lateness_seconds_bucket{le=\"0.000032768\",class=\"rt\"} 7"
+            ),
             "{s}"
         );
-        assert!(s.contains("penstock_deadline_misses_total 1"), "{s}");
+        assert!(
+            s.contains("penstock_deadline_misses_total{class=\"rt\"} 1"),
+            "{s}"
+        );
+        assert!(
+            s.contains("penstock_stream_lateness_seconds_count{class=\"bulk\"} 0"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn cli_record_counters_follow_the_sync_points() {
+        let m = CliMetrics::record();
+        m.feed_record(10, 1000);
+        m.feed_record(25, 2500);
+        let t = m.render(Format::Text004);
+        assert!(t.contains("penstock_record_packets_total 25\n"), "{t}");
+        assert!(t.contains("penstock_record_bytes_total 2500\n"), "{t}");
+        assert!(t.contains("penstock_record_syncs_total 2\n"), "{t}");
+        assert!(t.contains("process_cpu_seconds_total "), "{t}");
+        assert!(!t.contains("stream_lateness"), "{t}");
     }
 }

@@ -396,7 +396,17 @@ impl Entry {
     /// Adds the current engine stream's new lateness counts to the metrics.
     fn feed_lateness(&mut self, metrics: &Metrics) {
         if let Some(now) = self.handle().map(|h| h.lateness()) {
-            metrics.add_lateness(&now, &mut self.lateness_seen);
+            metrics.add_lateness(self.disk_class(), &now, &mut self.lateness_seen);
+        }
+    }
+
+    /// The engine's disk class of this stream (the `class` label of lateness): `rt` for
+    /// `class=rt`, `bulk` for every other class (as `spec_of` maps them).
+    fn disk_class(&self) -> &'static str {
+        if self.class == Class::Rt {
+            "rt"
+        } else {
+            "bulk"
         }
     }
 
@@ -647,7 +657,7 @@ fn suspend(e: &mut Entry, handle: Handle, metrics: &Metrics) -> Result<(), Strin
     };
     let counted = handle.counters().bytes_sent;
     let last = handle.lateness();
-    metrics.add_lateness(&last, &mut e.lateness_seen);
+    metrics.add_lateness(e.disk_class(), &last, &mut e.lateness_seen);
     e.keep_lateness(&last);
     let sent = match outcome {
         Ok(report) => report.bytes.max(counted),
@@ -1274,7 +1284,7 @@ impl Streams {
                 e.sent_before_bytes += handle.counters().bytes_sent;
             }
             self.metrics
-                .add_lateness(&handle.lateness(), &mut e.lateness_seen);
+                .add_lateness(e.disk_class(), &handle.lateness(), &mut e.lateness_seen);
         }
         self.release(&mut e);
         e.sent_bytes()

@@ -448,7 +448,10 @@ fn a_periodic_stream_feeds_the_lateness_histogram_and_its_misses() {
         .unwrap();
     let before = metrics_text(&f);
     assert_eq!(
-        metric_value(&before, "penstock_stream_lateness_seconds_count"),
+        metric_value(
+            &before,
+            "penstock_stream_lateness_seconds_count{class=\"bulk\"}"
+        ),
         Some(0.0),
         "{before}"
     );
@@ -458,8 +461,9 @@ fn a_periodic_stream_feeds_the_lateness_histogram_and_its_misses() {
     assert!(got == data);
     let m = metrics_text(&f);
     println!("{m}");
-    let count = metric_value(&m, "penstock_stream_lateness_seconds_count").unwrap();
-    let misses = metric_value(&m, "penstock_deadline_misses_total").unwrap();
+    // Without class=, a control stream is in the engine's bulk class.
+    let count = metric_value(&m, "penstock_stream_lateness_seconds_count{class=\"bulk\"}").unwrap();
+    let misses = metric_value(&m, "penstock_deadline_misses_total{class=\"bulk\"}").unwrap();
     assert_eq!(
         count, UNITS as f64,
         "every unit's lateness is counted:\n{m}"
@@ -472,7 +476,7 @@ fn a_periodic_stream_feeds_the_lateness_histogram_and_its_misses() {
     // The late units are in the upper buckets: fewer than all are within 8 µs.
     let within_8us = metric_value(
         &m,
-        "penstock_stream_lateness_seconds_bucket{le=\"0.000008192\"}",
+        "penstock_stream_lateness_seconds_bucket{le=\"0.000008192\",class=\"bulk\"}",
     )
     .unwrap();
     assert!(within_8us < count, "{m}");

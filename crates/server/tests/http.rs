@@ -39,9 +39,25 @@ fn downloads_are_byte_exact_through_the_loop_and_the_engine() {
     assert_eq!(st, 200);
     assert!(body == pattern(1000, 1));
     let m = String::from_utf8(get(&f, "/metrics", &[]).2).unwrap();
-    assert!(m.contains("path=\"engine-sendfile\""), "{m}");
-    assert!(m.contains("path=\"sendfile\""), "{m}");
-    assert!(m.ends_with("# EOF\n"));
+    assert!(m.contains("data_path=\"engine-sendfile\""), "{m}");
+    assert!(m.contains("data_path=\"sendfile\""), "{m}");
+    // Without an Accept naming OpenMetrics: the Prometheus text format 0.0.4 (no # EOF).
+    assert!(!m.contains("# EOF"), "{m}");
+    // A scraper that asks for OpenMetrics gets it.
+    let (st, hs, body) = get(
+        &f,
+        "/metrics",
+        &[(
+            "accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        )],
+    );
+    assert_eq!(st, 200);
+    assert!(
+        header(&hs, "content-type").is_some_and(|t| t.starts_with("application/openmetrics-text")),
+        "{hs:?}"
+    );
+    assert!(String::from_utf8(body).unwrap().ends_with("# EOF\n"));
 }
 
 #[test]
@@ -354,7 +370,7 @@ fn rate_limit_per_location_still_delivers_exact_bytes() {
     assert!(body == pattern(300 * 1024, 2));
     // The server counts a body once its last byte is handed to the kernel, which can be
     // just after the client has read it: poll (bounded) rather than race.
-    let want = "penstock_http_body_bytes_total{class=\"rt\",path=\"sendfile\"} 307200";
+    let want = "penstock_http_body_bytes_total{class=\"rt\",data_path=\"sendfile\"} 307200";
     let mut m = String::new();
     for _ in 0..1000 {
         m = String::from_utf8(get(&f, "/metrics", &[]).2).unwrap();
@@ -595,7 +611,7 @@ fn engine_full_never_cuts_a_200_and_stalled_clients_are_cut_at_send_timeout() {
     let before = metric_sum(
         &f,
         "penstock_http_requests_total",
-        "path=\"engine-sendfile\"",
+        "data_path=\"engine-sendfile\"",
     );
     let (st, _, body) = get(&f, "/huge.bin", &[]);
     assert_eq!(st, 200);
@@ -603,7 +619,7 @@ fn engine_full_never_cuts_a_200_and_stalled_clients_are_cut_at_send_timeout() {
     let after = metric_sum(
         &f,
         "penstock_http_requests_total",
-        "path=\"engine-sendfile\"",
+        "data_path=\"engine-sendfile\"",
     );
     assert_eq!(
         after,

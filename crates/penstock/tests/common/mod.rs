@@ -22,3 +22,71 @@ pub fn serve_addresses(line: &str) -> (String, Option<String>) {
         .map(field_end);
     (http, control)
 }
+
+/// GET `http://ADDR/metrics` (Prometheus text 0.0.4): the body, or `None` on any failure.
+pub fn scrape(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    let text = String::from_utf8(out).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// `promtool check metrics` on `page`: `None` when promtool is not installed, else whether
+/// it passed and what it said.
+pub fn promtool(page: &str) -> Option<(bool, String)> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => panic!("promtool: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    Some((
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    ))
+}
+
+/// Asserts that `promtool check metrics` passes `page` without a word, or says SKIPPED.
+pub fn assert_promtool_clean(page: &str) {
+    match promtool(page) {
+        None => println!("SKIPPED: promtool is not installed (apt-get install prometheus)"),
+        Some((ok, out)) => {
+            assert!(ok, "promtool check metrics failed:\n{out}\n{page}");
+            assert!(
+                out.trim().is_empty(),
+                "promtool has something to say:\n{out}"
+            );
+        }
+    }
+}
+
+/// The value of the first sample line that starts with `sample` then a space.
+pub fn sample(page: &str, sample: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+}

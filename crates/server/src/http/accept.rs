@@ -179,11 +179,17 @@ impl Worker {
                 return false;
             };
             // accept4 with SOCK_NONBLOCK: no separate call to make the socket non-blocking.
-            let sock = match rustix::net::accept_with(
+            // The peer's address comes with the accept (the access log's `$remote_addr`):
+            // no getpeername per request.
+            let (sock, peer) = match rustix::net::acceptfrom_with(
                 l,
                 rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
             ) {
-                Ok(fd) => TcpStream::from(fd),
+                Ok((fd, addr)) => (
+                    TcpStream::from(fd),
+                    addr.and_then(|a| std::net::SocketAddr::try_from(a).ok())
+                        .map(|a| a.ip().to_canonical()),
+                ),
                 Err(Errno::AGAIN) => return false,
                 Err(Errno::INTR) => continue,
                 Err(e) => {
@@ -247,6 +253,8 @@ impl Worker {
             }
             slot.conn = Some(Conn {
                 sock,
+                peer,
+                head_started: None,
                 inbuf: Vec::new(),
                 requests: 0,
                 state: State::Reading,

@@ -14,7 +14,8 @@ use penstock_driver::open::Opened as EngineOpened;
 use penstock_driver::{StreamError, StreamHandle, StreamSpec};
 use rustix::event::epoll;
 
-use super::{Interest, State, Worker, conn_in, token};
+use super::{Interest, RequestEnd, State, Worker, conn_in, record, token};
+use crate::access_log::LogEntry;
 
 pub(super) struct EngineBody {
     pub(super) handle: StreamHandle,
@@ -22,7 +23,22 @@ pub(super) struct EngineBody {
     class: Arc<str>,
     path_label: &'static str,
     status: Status,
-    head_bytes: u64,
+    started: Instant,
+    log: Option<LogEntry>,
+}
+
+impl EngineBody {
+    /// This body ending now with `body_bytes` sent.
+    pub(super) fn request_end(&self, body_bytes: u64) -> RequestEnd<'_> {
+        RequestEnd {
+            class: &self.class,
+            data_path: self.path_label,
+            status: self.status.code(),
+            body_bytes,
+            started: self.started,
+            log: self.log.as_ref(),
+        }
+    }
 }
 
 impl Worker {
@@ -111,13 +127,21 @@ impl Worker {
                     class: out.class.clone(),
                     path_label,
                     status: out.status,
-                    head_bytes: out.head.len() as u64,
+                    started: out.started,
+                    log: out.log.take(),
                 }));
                 self.engine_conns.push((idx, generation));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "engine refused an HTTP body");
                 shared.metrics.error("engine_refused");
+                // The head is out, the body is not: logged with what was sent.
+                record(
+                    &shared,
+                    &mut self.access,
+                    c.peer,
+                    &out.request_end(out.status.code(), 0),
+                );
                 self.close(idx);
             }
         }
@@ -139,10 +163,14 @@ impl Worker {
             let State::Engine(e) = std::mem::replace(&mut c.state, State::Reading) else {
                 unreachable!("matched Engine above")
             };
-            let _ = (e.status, e.head_bytes);
             match result {
                 Ok(report) => {
-                    shared.metrics.request(&e.class, e.path_label, report.bytes);
+                    record(
+                        &shared,
+                        &mut self.access,
+                        c.peer,
+                        &e.request_end(report.bytes),
+                    );
                     if !e.keep_alive || shared.stopping.load(Ordering::Relaxed) {
                         self.close(idx);
                         continue;
@@ -165,6 +193,13 @@ impl Worker {
                 }
                 Err(err) => {
                     tracing::debug!(error = %err, "HTTP body stream ended early");
+                    // Cut: the bytes the engine counted as sent.
+                    record(
+                        &shared,
+                        &mut self.access,
+                        c.peer,
+                        &e.request_end(e.handle.counters().bytes_sent),
+                    );
                     shared.metrics.error(match err {
                         StreamError::Stalled { .. } => "send_timeout",
                         _ => "client_vanished",

@@ -49,6 +49,10 @@
 //! - `send`: `Out` and `write_out`, the sending state machine (head, memory pieces,
 //!   sendfile pieces, the rate limit);
 //! - `engine`: a body handed to the engine and its report collected.
+//!
+//! Every request that ends, answered or cut, goes through `record` once: the request
+//! metrics and the access log line (`crate::access_log`, formatted into this worker's buffer;
+//! the loop never writes the log itself).
 
 mod accept;
 mod engine;
@@ -59,7 +63,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -75,9 +79,10 @@ use rustix::event::epoll;
 use rustix::io::Errno;
 use rustix::net::SendFlags;
 
+use crate::access_log::{AccessLog, Finished, LogBuffer, LogEntry};
 use crate::config::LiveConfig;
 use crate::confine::Root;
-use crate::metrics::Metrics;
+use crate::metrics::{Format, Metrics};
 
 use accept::AcceptFailures;
 use engine::EngineBody;
@@ -133,6 +138,8 @@ pub(crate) struct HttpShared {
     pub(crate) body_path: PathChoice,
     pub(crate) engine: Arc<Engine>,
     pub(crate) metrics: Arc<Metrics>,
+    /// The access log's writer, if the log is on.
+    pub(crate) access_log: Option<AccessLog>,
     conns: AtomicUsize,
     /// Stop accepting, close idle connections, close each busy one after its response.
     stopping: AtomicBool,
@@ -152,6 +159,7 @@ impl HttpShared {
         body_path: PathChoice,
         engine: Arc<Engine>,
         metrics: Arc<Metrics>,
+        access_log: Option<AccessLog>,
     ) -> HttpShared {
         HttpShared {
             live: Mutex::new(Arc::new(live)),
@@ -165,6 +173,7 @@ impl HttpShared {
             body_path,
             engine,
             metrics,
+            access_log,
             conns: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             cut: AtomicBool::new(false),
@@ -327,6 +336,11 @@ enum Interest {
 
 struct Conn {
     sock: TcpStream,
+    /// The client's address (the access log's `$remote_addr`), from accept.
+    peer: Option<IpAddr>,
+    /// When the first byte of the request head being read arrived (`rt=` and the duration
+    /// and time-to-first-byte metrics start there).
+    head_started: Option<Instant>,
     inbuf: Vec<u8>,
     requests: u32,
     state: State,
@@ -367,6 +381,8 @@ struct Worker {
     /// While set, the listener is out of epoll until then (see the module doc).
     accept_paused_until: Option<Instant>,
     accept_failures: AcceptFailures,
+    /// This worker's access log lines not yet handed to the writer.
+    access: Option<LogBuffer>,
 }
 
 fn token(idx: u32, generation: u32) -> u64 {
@@ -400,6 +416,7 @@ impl Worker {
             .unwrap_or_else(|p| p.into_inner())
             .push(waker.try_clone()?);
         let engine_waker = Arc::new(waker.try_clone()?);
+        let access = shared.access_log.as_ref().map(|l| l.buffer());
         let live_version = shared.live_version.load(Ordering::Acquire);
         let listen_version = shared.listen_version.load(Ordering::Acquire);
         let live = shared.live();
@@ -433,6 +450,7 @@ impl Worker {
                 counts: Vec::new(),
                 next_log: Instant::now(),
             },
+            access,
         })
     }
 
@@ -446,11 +464,13 @@ impl Worker {
         loop {
             if self.shared.cut.load(Ordering::Acquire) {
                 self.close_all();
+                self.flush_log_at_exit();
                 return;
             }
             if self.shared.stopping.load(Ordering::Acquire) {
                 self.begin_stop();
                 if self.live_conns() == 0 {
+                    self.flush_log_at_exit();
                     return;
                 }
             }
@@ -460,6 +480,9 @@ impl Worker {
                 timeout = timeout.min(t.saturating_duration_since(now));
             }
             if let Some(t) = self.accept_paused_until {
+                timeout = timeout.min(t.saturating_duration_since(now));
+            }
+            if let Some(t) = self.access.as_ref().and_then(|a| a.flush_at()) {
                 timeout = timeout.min(t.saturating_duration_since(now));
             }
             if !self.ready.is_empty() {
@@ -479,6 +502,7 @@ impl Worker {
                 Err(e) => {
                     tracing::error!(error = %e, "epoll_wait failed; worker stops");
                     self.close_all();
+                    self.flush_log_at_exit();
                     return;
                 }
             }
@@ -517,6 +541,11 @@ impl Worker {
             if self.accept_paused_until.is_some_and(|t| now >= t) {
                 self.resume_accepting(now);
             }
+            if let Some(a) = &mut self.access
+                && a.flush_at().is_some_and(|t| now >= t)
+            {
+                a.flush();
+            }
             if now >= self.next_sweep {
                 if !self.engine_conns.is_empty() {
                     self.poll_engine();
@@ -528,6 +557,13 @@ impl Worker {
                     self.accept_failures
                         .report(now, self.index, self.live.limits.accept_backoff());
             }
+        }
+    }
+
+    /// The worker ends: its last lines go to the writer (waiting a little for room).
+    fn flush_log_at_exit(&mut self) {
+        if let Some(a) = &mut self.access {
+            a.flush_before(Instant::now() + Duration::from_secs(1));
         }
     }
 
@@ -662,6 +698,9 @@ impl Worker {
                 match c.sock.read(&mut scratch[..want]) {
                     Ok(0) => c.peer_eof = true,
                     Ok(n) => {
+                        if c.inbuf.is_empty() {
+                            c.head_started = Some(Instant::now());
+                        }
                         c.inbuf.extend_from_slice(&scratch[..n]);
                         if n < want {
                             break;
@@ -724,11 +763,28 @@ impl Worker {
                             request,
                             consumed_bytes,
                         }) => {
+                            let head = &c.inbuf[..consumed_bytes];
+                            let log = self.access.is_some().then(|| LogEntry::from_head(head));
+                            let metrics_format = if request.path == self.shared.metrics_path {
+                                Format::from_accept(crate::access_log::header_value(
+                                    head, b"accept",
+                                ))
+                            } else {
+                                Format::Text004
+                            };
                             c.inbuf.drain(..consumed_bytes);
+                            let now = Instant::now();
+                            let started = c.head_started.take().unwrap_or(now);
+                            // A pipelined request already buffered starts now.
+                            if !c.inbuf.is_empty() {
+                                c.head_started = Some(now);
+                            }
                             c.requests += 1;
                             let allowed =
                                 c.requests < live.limits.requests_per_connection_max && !stopping;
-                            let out = self.respond(&request, allowed, &live);
+                            let mut out = self.respond(&request, allowed, &live, metrics_format);
+                            out.started = started;
+                            out.log = log;
                             let c = self.conn_mut(idx, generation).expect("present above");
                             c.state = State::Sending(Box::new(out));
                             c.deadline = Instant::now() + live.limits.send_timeout();
@@ -737,6 +793,7 @@ impl Worker {
                             self.shared.metrics.error(error_kind(&e));
                             let ctx = error_ctx(&live);
                             let r = respond_error(e.status(), None, &ctx);
+                            let log = self.access.is_some().then(|| LogEntry::from_head(&c.inbuf));
                             let out = Out {
                                 head: r.head,
                                 head_pos: 0,
@@ -751,6 +808,8 @@ impl Worker {
                                 rate: None,
                                 to_engine: None,
                                 status: r.status,
+                                started: c.head_started.take().unwrap_or_else(Instant::now),
+                                log,
                             };
                             let c = self.conn_mut(idx, generation).expect("present above");
                             c.inbuf.clear();
@@ -761,9 +820,16 @@ impl Worker {
                 }
                 State::Sending(out) => {
                     let before = out.body_sent + out.head_pos as u64;
+                    let head_was_unsent = out.head_pos == 0;
                     let p = write_out(&c.sock, out, Instant::now());
                     if out.body_sent + out.head_pos as u64 > before {
-                        c.deadline = Instant::now() + live.limits.send_timeout();
+                        let now = Instant::now();
+                        c.deadline = now + live.limits.send_timeout();
+                        if head_was_unsent {
+                            self.shared
+                                .metrics
+                                .first_byte(&out.class, now.saturating_duration_since(out.started));
+                        }
                     }
                     match p {
                         Progress::Done => {
@@ -772,9 +838,12 @@ impl Worker {
                             else {
                                 unreachable!("matched Sending above")
                             };
-                            self.shared
-                                .metrics
-                                .request(&out.class, out.path_label, out.body_sent);
+                            record(
+                                &self.shared,
+                                &mut self.access,
+                                c.peer,
+                                &out.request_end(out.status.code(), out.body_sent),
+                            );
                             if !out.keep_alive || stopping {
                                 self.close(idx);
                                 return;
@@ -838,6 +907,20 @@ impl Worker {
                             SendFlags::NOSIGNAL,
                         );
                         self.shared.metrics.error("header_timeout");
+                        let log = self.access.is_some().then(|| LogEntry::from_head(&c.inbuf));
+                        record(
+                            &self.shared,
+                            &mut self.access,
+                            c.peer,
+                            &RequestEnd {
+                                class: "none",
+                                data_path: "memory",
+                                status: 408,
+                                body_bytes: 0,
+                                started: c.head_started.unwrap_or(now),
+                                log: log.as_ref(),
+                            },
+                        );
                     } else {
                         self.shared.metrics.error("idle_timeout");
                     }
@@ -854,15 +937,78 @@ impl Worker {
             if c.interest != Interest::Removed {
                 let _ = epoll::delete(&self.epoll, &c.sock);
             }
-            if let State::Engine(e) = &c.state {
-                e.handle.cancel();
-                self.shared.metrics.streams_active.dec();
+            // A response cut before its end is logged with what it sent (`access_log`).
+            match &c.state {
+                State::Sending(out) => {
+                    let status = if out.head_pos == 0 {
+                        CLIENT_CLOSED_REQUEST
+                    } else {
+                        out.status.code()
+                    };
+                    record(
+                        &self.shared,
+                        &mut self.access,
+                        c.peer,
+                        &out.request_end(status, out.body_sent),
+                    );
+                }
+                State::Engine(e) => {
+                    e.handle.cancel();
+                    self.shared.metrics.streams_active.dec();
+                    record(
+                        &self.shared,
+                        &mut self.access,
+                        c.peer,
+                        &e.request_end(e.handle.counters().bytes_sent),
+                    );
+                }
+                State::Reading => {}
             }
             drop(c);
             slot.generation = slot.generation.wrapping_add(1);
             self.free.push(idx);
             self.release_count();
         }
+    }
+}
+
+/// nginx's status for a request whose client went away before any byte of the response.
+const CLIENT_CLOSED_REQUEST: u16 = 499;
+
+/// A request at its end, as the metrics and the access log see it.
+pub(super) struct RequestEnd<'a> {
+    pub(super) class: &'a str,
+    pub(super) data_path: &'a str,
+    pub(super) status: u16,
+    pub(super) body_bytes: u64,
+    pub(super) started: Instant,
+    pub(super) log: Option<&'a LogEntry>,
+}
+
+/// Counts a request that ended (answered or cut) and writes its access log line.
+fn record(
+    shared: &HttpShared,
+    access: &mut Option<LogBuffer>,
+    peer: Option<IpAddr>,
+    r: &RequestEnd<'_>,
+) {
+    let now = Instant::now();
+    let elapsed = now.saturating_duration_since(r.started);
+    shared
+        .metrics
+        .request(r.class, r.data_path, r.status, r.body_bytes, elapsed);
+    if let (Some(a), Some(entry)) = (access.as_mut(), r.log) {
+        a.line(
+            &Finished {
+                peer,
+                entry,
+                status: r.status,
+                body_bytes: r.body_bytes,
+                elapsed,
+                data_path: r.data_path,
+            },
+            now,
+        );
     }
 }
 

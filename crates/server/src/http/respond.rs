@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use penstock_core::http::{
     BodyPiece, FileMeta, HttpError, Method, Request, ResponseContext, ResponseHead, Status,
@@ -20,6 +20,7 @@ use super::Worker;
 use super::send::{Out, RateLimit};
 use crate::config::LiveConfig;
 use crate::confine::{Opened, Refused};
+use crate::metrics::{Format, MetricsPage};
 
 impl Worker {
     /// The response to one parsed request.
@@ -28,6 +29,7 @@ impl Worker {
         req: &Request,
         keep_alive_allowed: bool,
         live: &LiveConfig,
+        metrics_format: Format,
     ) -> Out {
         self.boundary_seed = self
             .boundary_seed
@@ -60,9 +62,14 @@ impl Worker {
             rate: None,
             to_engine: None,
             status: r.status,
+            started: Instant::now(),
+            log: None,
         };
         if !shared.metrics_path.is_empty() && req.path == shared.metrics_path {
-            return memory(self.metrics_response(req, &ctx), Arc::from("metrics"));
+            return memory(
+                self.metrics_response(req, &ctx, metrics_format),
+                Arc::from("metrics"),
+            );
         }
         let opened = match site.root.open_path(req.relative_path()) {
             Ok(Opened::Directory(_)) if !req.path.ends_with('/') => {
@@ -197,6 +204,8 @@ impl Worker {
             rate,
             to_engine,
             status: r.status,
+            started: Instant::now(),
+            log: None,
         }
     }
 
@@ -204,24 +213,16 @@ impl Worker {
         &self,
         req: &Request,
         ctx: &ResponseContext<'_>,
+        format: Format,
     ) -> penstock_core::http::Response {
-        // Gauges read at scrape time: exact now, no feeder needed.
-        self.shared
-            .metrics
-            .set_disk_queue_depth(self.shared.engine.disk_queue_depth());
-        self.shared
-            .metrics
-            .set_engine_buffers(self.shared.engine.buffer_usage());
-        self.shared
-            .metrics
-            .set_open_files(self.shared.engine.open_files());
-        let body = self.shared.metrics.encode().into_bytes();
+        // The engine's figures are read by the registry's collector at each scrape.
+        let body = self.shared.metrics.render(format).into_bytes();
         let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
         let head = ResponseHead {
             status: Status::OK,
             date: ctx.date,
             server: ctx.server,
-            content_type: Some("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            content_type: Some(format.content_type()),
             content_length_bytes: Some(body.len() as u64),
             content_range: None,
             accept_ranges: false,

@@ -17,6 +17,9 @@ use penstock_driver::{SendfileCall, sendfile_call};
 use rustix::io::Errno;
 use rustix::net::SendFlags;
 
+use super::RequestEnd;
+use crate::access_log::LogEntry;
+
 /// Send calls per connection per turn before the loop serves the others.
 const BUDGET_SYSCALLS: usize = 16;
 /// Bytes per sendfile call from the loop (the socket buffer usually takes less).
@@ -41,6 +44,24 @@ pub(super) struct Out {
     /// the body to the engine once the head is out. Given back when the response is dropped.
     pub(super) to_engine: Option<StreamSlot>,
     pub(super) status: Status,
+    /// When the request's head began to arrive.
+    pub(super) started: Instant,
+    /// The access log's part of the request, when the log is on.
+    pub(super) log: Option<LogEntry>,
+}
+
+impl Out {
+    /// This response ending now with `status` and `body_bytes` sent.
+    pub(super) fn request_end(&self, status: u16, body_bytes: u64) -> RequestEnd<'_> {
+        RequestEnd {
+            class: &self.class,
+            data_path: self.path_label,
+            status,
+            body_bytes,
+            started: self.started,
+            log: self.log.as_ref(),
+        }
+    }
 }
 
 /// nginx's `limit_rate` / `limit_rate_after`: the first `after_bytes` go at full speed, then

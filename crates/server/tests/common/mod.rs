@@ -46,6 +46,9 @@ pub fn config() -> ServerConfig {
     c.control.listen = "127.0.0.1:0".into();
     c.control.token = Some(TOKEN.into());
     c.engine.workers = 1;
+    // The access log has its own tests (tests/access_log.rs); here it would fill the test
+    // runner's stdout.
+    c.log.access = "off".into();
     c
 }
 

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::serve_addresses;
+use common::{serve_addresses, start_line};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -67,13 +67,10 @@ fn serve(conf: &Path, root: &Path, sock: &Path) -> Served {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let line = start_line(&mut child);
     assert!(line.starts_with("penstock serve: http://"), "{line}");
     let (http, control) = serve_addresses(&line);
     let control = control.expect("a control address");
-    std::thread::spawn(move || for _ in out.lines() {});
     Served {
         child,
         http,

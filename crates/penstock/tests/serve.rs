@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::serve_addresses;
+use common::{serve_addresses, start_line};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -57,9 +57,7 @@ fn serve_prints_its_addresses_reloads_on_sighup_and_exits_0_on_sigterm() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let line = start_line(&mut child);
     // "penstock serve: http://127.0.0.1:PORT, control 127.0.0.1:PORT, control unix:..., ..."
     assert!(line.starts_with("penstock serve: http://"), "{line}");
     assert!(line.contains("http bodies:"), "{line}");
@@ -372,9 +370,7 @@ fn sighup_rebinds_a_new_port_and_follows_the_root_of_the_file() {
         .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let line = start_line(&mut child);
     let (http, _) = serve_addresses(&line);
     assert_eq!(http, format!("127.0.0.1:{p1}"));
     assert_eq!(get_status(&http, "/a.txt"), 200);
@@ -430,9 +426,7 @@ fn serve_takes_a_directory_argument_and_says_port_is_listen() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let line = start_line(&mut child);
     let (http, _) = serve_addresses(&line);
     assert_eq!(get_status(&http, "/x.txt"), 200);
     signal(child.id(), rustix::process::Signal::TERM);
@@ -547,9 +541,7 @@ fn a_socket_passed_by_the_service_manager_is_served() {
     }
     let mut child = cmd.spawn().unwrap();
     drop(passed);
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let line = start_line(&mut child);
     let (http, _) = serve_addresses(&line);
     assert_eq!(http, addr, "{line}");
     assert_eq!(get_status(&addr, "/x.txt"), 200);

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::serve_addresses;
+use common::{serve_addresses, start_line};
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -79,11 +79,8 @@ fn serve(t: &Tree) -> Served {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let line = start_line(&mut child);
     let (_, control) = serve_addresses(&line);
-    std::thread::spawn(move || for _ in out.lines() {});
     Served {
         child,
         control: control.expect("a control address"),

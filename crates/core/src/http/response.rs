@@ -376,36 +376,7 @@ fn error_text(status: Status) -> String {
 /// symlink escape, 404, 500, 503) of a parsed request, which may keep the connection.
 /// 405 carries `Allow: GET, HEAD`.
 pub fn respond_error(status: Status, req: Option<&Request>, ctx: &ResponseContext<'_>) -> Response {
-    let keep_alive = req.is_some_and(|r| r.keep_alive) && ctx.keep_alive_allowed;
-    let text = error_text(status);
-    let head = ResponseHead {
-        status,
-        date: ctx.date,
-        server: ctx.server,
-        content_type: Some(TEXT_PLAIN),
-        content_length_bytes: Some(text.len() as u64),
-        content_range: None,
-        accept_ranges: false,
-        etag: None,
-        last_modified: None,
-        allow: (status == Status::METHOD_NOT_ALLOWED).then_some(ALLOWED_METHODS),
-        location: None,
-        connection: connection_header(keep_alive, ctx),
-    };
-    let mut bytes = Vec::with_capacity(192);
-    write_response_head(&head, &mut bytes);
-    let is_head = req.is_some_and(|r| r.method == Method::Head);
-    let body = if is_head || !status.allows_body() {
-        Vec::new()
-    } else {
-        vec![BodyPiece::Bytes(text.into_bytes())]
-    };
-    Response {
-        status,
-        head: bytes,
-        body,
-        keep_alive,
-    }
+    short_text(status, req, None, ctx)
 }
 
 /// 301 to the directory form of a request that named a directory without the final `/`
@@ -421,10 +392,21 @@ pub fn respond_redirect_to_directory(req: &Request, ctx: &ResponseContext<'_>) -
         location.push('?');
         location.push_str(q);
     }
-    let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
-    let text = error_text(Status::MOVED_PERMANENTLY);
+    short_text(Status::MOVED_PERMANENTLY, Some(req), Some(&location), ctx)
+}
+
+/// A response whose body is its status line as text (`404 Not Found`), with a `Location`
+/// when given; no body for HEAD or a status without one.
+fn short_text(
+    status: Status,
+    req: Option<&Request>,
+    location: Option<&str>,
+    ctx: &ResponseContext<'_>,
+) -> Response {
+    let keep_alive = req.is_some_and(|r| r.keep_alive) && ctx.keep_alive_allowed;
+    let text = error_text(status);
     let head = ResponseHead {
-        status: Status::MOVED_PERMANENTLY,
+        status,
         date: ctx.date,
         server: ctx.server,
         content_type: Some(TEXT_PLAIN),
@@ -433,19 +415,20 @@ pub fn respond_redirect_to_directory(req: &Request, ctx: &ResponseContext<'_>) -
         accept_ranges: false,
         etag: None,
         last_modified: None,
-        allow: None,
-        location: Some(&location),
+        allow: (status == Status::METHOD_NOT_ALLOWED).then_some(ALLOWED_METHODS),
+        location,
         connection: connection_header(keep_alive, ctx),
     };
     let mut bytes = Vec::with_capacity(256);
     write_response_head(&head, &mut bytes);
-    let body = if req.method == Method::Head {
+    let is_head = req.is_some_and(|r| r.method == Method::Head);
+    let body = if is_head || !status.allows_body() {
         Vec::new()
     } else {
         vec![BodyPiece::Bytes(text.into_bytes())]
     };
     Response {
-        status: Status::MOVED_PERMANENTLY,
+        status,
         head: bytes,
         body,
         keep_alive,

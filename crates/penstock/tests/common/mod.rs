@@ -1,6 +1,17 @@
 //! Helpers shared by the tests that run `penstock serve` as a process.
 #![allow(dead_code)]
 
+/// Takes the child's piped stdout, returns its first line (`penstock serve`'s start line)
+/// and drains the rest on a thread, so that the server never blocks writing to it.
+pub fn start_line(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout piped"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("the start line");
+    std::thread::spawn(move || for _ in out.lines() {});
+    line
+}
+
 /// The HTTP address and, when the line has one, the control TCP address from `penstock
 /// serve`'s start line: `penstock serve: http://HOST:PORT, control HOST:PORT, control
 /// unix:PATH; http bodies: …`.

@@ -557,6 +557,17 @@ struct EngineCollector {
     engine: Arc<Engine>,
 }
 
+/// Encodes one family of one sample, its type from the metric.
+fn one(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    let kind = metric.metric_type();
+    metric.encode(encoder.encode_descriptor(name, help, None, kind)?)
+}
+
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let u = self.engine.buffer_usage();
@@ -576,20 +587,18 @@ impl Collector for EngineCollector {
             let labels = [("state", state)];
             gauge(n).encode(m.encode_family(&labels)?)?;
         }
-        let m = encoder.encode_descriptor(
+        one(
+            &mut encoder,
             "engine_buffer_repossessions",
             "Buffers bulk streams were made to give back to rt streams",
-            None,
-            MetricType::Counter,
+            ConstCounter::new(u.repossessions),
         )?;
-        ConstCounter::new(u.repossessions).encode(m)?;
-        let m = encoder.encode_descriptor(
+        one(
+            &mut encoder,
             "engine_buffer_rereads",
             "Full chunks given back before they were sent, read again",
-            None,
-            MetricType::Counter,
+            ConstCounter::new(u.reread_chunks),
         )?;
-        ConstCounter::new(u.reread_chunks).encode(m)?;
         let d = self.engine.disk_queue_depth();
         let mut m = encoder.encode_descriptor(
             "disk_queue_depth",
@@ -602,20 +611,18 @@ impl Collector for EngineCollector {
             gauge(n).encode(m.encode_family(&labels)?)?;
         }
         let f = self.engine.open_files();
-        let m = encoder.encode_descriptor(
+        one(
+            &mut encoder,
             "engine_open_files",
             "Files the engine holds open for streams: one descriptor each, shared by every stream of the file",
-            None,
-            MetricType::Gauge,
+            gauge(f.files),
         )?;
-        gauge(f.files).encode(m)?;
-        let m = encoder.encode_descriptor(
+        one(
+            &mut encoder,
             "engine_open_file_shares",
             "Stream opens that shared the descriptor of a file already open for another stream, since start",
-            None,
-            MetricType::Counter,
+            ConstCounter::new(f.shares),
         )?;
-        ConstCounter::new(f.shares).encode(m)?;
         Ok(())
     }
 }
@@ -673,60 +680,53 @@ impl Collector for ProcessCollector {
             });
         let gauge = |n: u64| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
         if let Some(st) = stat {
-            let m = encoder.encode_descriptor(
+            one(
+                &mut encoder,
                 "process_cpu_seconds",
                 "User and system CPU time spent, seconds",
-                None,
-                MetricType::Counter,
+                ConstCounter::new(st.cpu_s),
             )?;
-            ConstCounter::new(st.cpu_s).encode(m)?;
-            let m = encoder.encode_descriptor(
+            one(
+                &mut encoder,
                 "process_resident_memory_bytes",
                 "Resident memory size, bytes",
-                None,
-                MetricType::Gauge,
+                gauge(st.resident_bytes),
             )?;
-            gauge(st.resident_bytes).encode(m)?;
-            let m = encoder.encode_descriptor(
+            one(
+                &mut encoder,
                 "process_virtual_memory_bytes",
                 "Virtual memory size, bytes",
-                None,
-                MetricType::Gauge,
+                gauge(st.virtual_bytes),
             )?;
-            gauge(st.virtual_bytes).encode(m)?;
-            let m = encoder.encode_descriptor(
+            one(
+                &mut encoder,
                 "process_start_time_seconds",
                 "Start time of the process since the Unix epoch, seconds",
-                None,
-                MetricType::Gauge,
+                ConstGauge::new(st.start_time_s),
             )?;
-            ConstGauge::new(st.start_time_s).encode(m)?;
-            let m = encoder.encode_descriptor(
+            one(
+                &mut encoder,
                 "process_threads",
                 "Threads of the process",
-                None,
-                MetricType::Gauge,
+                gauge(st.threads),
             )?;
-            gauge(st.threads).encode(m)?;
         }
         if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
-            let m = encoder.encode_descriptor(
+            // Less the one this listing holds.
+            one(
+                &mut encoder,
                 "process_open_fds",
                 "Open file descriptors",
-                None,
-                MetricType::Gauge,
+                gauge((dir.count() as u64).saturating_sub(1)),
             )?;
-            // Less the one this listing holds.
-            gauge((dir.count() as u64).saturating_sub(1)).encode(m)?;
         }
         if let Some(max) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current {
-            let m = encoder.encode_descriptor(
+            one(
+                &mut encoder,
                 "process_max_fds",
                 "Maximum number of open file descriptors (the soft RLIMIT_NOFILE)",
-                None,
-                MetricType::Gauge,
+                gauge(max),
             )?;
-            gauge(max).encode(m)?;
         }
         Ok(())
     }

@@ -228,8 +228,7 @@ impl<K: Copy + Eq + Hash> EdfQueue<K> {
     pub fn peek_deadline(&self) -> Option<Instant> {
         // Every mutation ends with live tops (see `skip_stale`), so the tops are the answer.
         let top = |heap: &BinaryHeap<HeapItem<K>>| {
-            heap.peek()
-                .map(|Reverse((_, _, _, slot))| slot.release)
+            heap.peek().map(|Reverse((_, _, _, slot))| slot.release)
         };
         match (top(&self.ready), top(&self.pending)) {
             (Some(r), Some(p)) => Some(r.min(p)),

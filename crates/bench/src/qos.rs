@@ -1,4 +1,5 @@
-//! `penstock bench isolation` (MARS Table 2) and `penstock bench rtu` (MARS Table 3).
+//! `penstock bench isolation` (MARS Table 2) and `penstock bench rtu` (MARS Table 3, and with
+//! `--upcalls` its periods as Real-Time Upcalls).
 //!
 //! isolation: one `rt` stream of `--size` bytes, paced at a fixed rate near its share of the
 //! disk, O_DIRECT, is timed while 0, 2, 4, 6 background readers run — (a) inside penstock as

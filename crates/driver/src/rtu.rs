@@ -37,7 +37,8 @@
 //!   grid `start + n · period`.
 //!
 //! The callback runs on a worker's event loop: it must not block (no sleeping, no waiting
-//! on a lock or a socket), or every stream of that worker waits with it. A callback that
+//! on a lock or a socket, no `wait` on a stream or an upcall — its own would never end), or
+//! every stream of that worker waits with it. A callback that
 //! panics is caught: the upcall is cancelled, its CPU reservation given back, and
 //! [`RtuHandle::wait`] reports [`RtuError::Panicked`]; the worker and its streams go on.
 
@@ -354,6 +355,14 @@ impl Rtu {
                 report: Box::new(report),
             }),
         });
+    }
+}
+
+impl Drop for Rtu {
+    /// However it ends (`finish`, or dropped with its worker at engine stop), the handle's
+    /// `stats` no longer says running.
+    fn drop(&mut self) {
+        self.counters.ended.store(true, Ordering::Release);
     }
 }
 

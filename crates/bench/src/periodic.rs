@@ -105,7 +105,7 @@ struct Row {
 }
 
 /// The sequence-stamped source: unit k starts with k as u64 LE.
-fn make_source(path: &Path, units: u64, unit: u64) -> Result<()> {
+pub(crate) fn make_source(path: &Path, units: u64, unit: u64) -> Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     let mut block = vec![0xA5u8; unit as usize];
     for k in 0..units {
@@ -116,14 +116,14 @@ fn make_source(path: &Path, units: u64, unit: u64) -> Result<()> {
     Ok(())
 }
 
-struct Receiver {
+pub(crate) struct Receiver {
     child: Child,
     out: BufReader<std::process::ChildStdout>,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Receiver {
-    fn start(expect: u64, poll: bool) -> Result<Receiver> {
+    pub(crate) fn start(expect: u64, poll: bool) -> Result<Receiver> {
         let mut args = vec![
             "--udp".to_string(),
             "--idle".into(),
@@ -139,12 +139,12 @@ impl Receiver {
     }
 
     /// Stops a receiver whose run failed: it would wait for datagrams that never come.
-    fn abandon(mut self) {
+    pub(crate) fn abandon(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
-    fn finish(mut self) -> Result<serde_json::Value> {
+    pub(crate) fn finish(mut self) -> Result<serde_json::Value> {
         let mut line = String::new();
         self.out.read_line(&mut line)?;
         let _ = self.child.wait();
@@ -194,10 +194,10 @@ impl Drop for Hogs {
 }
 
 /// Raises net.core.rmem_max so the receiver's 64 MiB buffer is granted; restores it on drop.
-struct RmemMax(Option<String>);
+pub(crate) struct RmemMax(Option<String>);
 
 impl RmemMax {
-    fn raise() -> RmemMax {
+    pub(crate) fn raise() -> RmemMax {
         const P: &str = "/proc/sys/net/core/rmem_max";
         let old = std::fs::read_to_string(P).ok();
         if old

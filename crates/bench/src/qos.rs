@@ -1,4 +1,5 @@
-//! `penstock bench isolation` (MARS Table 2) and `penstock bench rtu` (MARS Table 3).
+//! `penstock bench isolation` (MARS Table 2) and `penstock bench rtu` (MARS Table 3, and with
+//! `--upcalls` its periods as Real-Time Upcalls).
 //!
 //! isolation: one `rt` stream of `--size` bytes, paced at a fixed rate near its share of the
 //! disk, O_DIRECT, is timed while 0, 2, 4, 6 background readers run — (a) inside penstock as
@@ -10,6 +11,15 @@
 //! rtu: three periodic streams with periods 60, 75 and 120 ms share the disk and the network
 //! (TCP to a receiver process); each should get the throughput its period implies and miss
 //! no deadline, with and without a CPU hog, in EDF and rate-monotonic order.
+//!
+//! rtu --upcalls (issue 14): the same three periods as Real-Time Upcalls
+//! (`Engine::rtu_create`), each activation using a fixed amount of CPU (`--work`) within its
+//! declared budget (`--budget`), on one engine worker whose dispatcher also paces `--streams`
+//! UDP streams (1 KiB at 30/s, to a `penstock sink --udp` child that checks sequence numbers);
+//! EDF and RM order, without and with CPU hogs. Per upcall: activations, overruns, misses,
+//! skipped, lateness (release → start) p50/p99/max; per run the streams' lateness and loss and
+//! the CPU the process used against what admission assumed. Then an over-committed set
+//! (budgets of a third of each period), which admission must refuse at create.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -25,9 +35,10 @@ use penstock_core::sched::edf::Order;
 use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::{CachePolicy, Extent, PathChoice};
 use penstock_core::units::{parse_duration, parse_size};
+use penstock_driver::clock::{self, CpuWho, cpu_times};
 use penstock_driver::disk::DiskConfig;
 use penstock_driver::sys::AlignedBuffer;
-use penstock_driver::{DiskClass, Engine, EngineConfig, StreamSpec, ZeroCopy};
+use penstock_driver::{DiskClass, Engine, EngineConfig, RtuSpec, StreamSpec, ZeroCopy};
 
 #[derive(Args, Debug)]
 pub struct IsolationArgs {
@@ -82,6 +93,21 @@ pub struct RtuArgs {
     /// A bare `--json` writes it on stdout (the table then goes to stderr).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
+    /// The upcall variant: the three periods as Real-Time Upcalls (each using --work of CPU
+    /// within --budget) on one engine worker beside --streams paced UDP streams (1 KiB at
+    /// 30/s), EDF and RM, without and with CPU hogs; then an over-committed set, which must
+    /// be refused at create.
+    #[arg(long)]
+    pub upcalls: bool,
+    /// With --upcalls: paced streams on the upcalls' worker.
+    #[arg(long, default_value_t = 100)]
+    pub streams: usize,
+    /// With --upcalls: each upcall's declared budget (CPU time per activation).
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    pub budget: Duration,
+    /// With --upcalls: the CPU time each activation uses.
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub work: Duration,
 }
 
 const UNIT: u64 = 1 << 20;
@@ -691,6 +717,9 @@ fn isolation_tune(a: &IsolationArgs) -> Result<()> {
 }
 
 pub fn rtu(a: RtuArgs) -> Result<()> {
+    if a.upcalls {
+        return rtu_upcalls(&a);
+    }
     let tmp;
     let dir = match &a.dir {
         Some(d) => d.clone(),
@@ -810,6 +839,265 @@ pub fn rtu(a: RtuArgs) -> Result<()> {
     )?;
     if let Some(p) = &a.json {
         crate::out::write_json(p, &serde_json::json!({"bench": "rtu", "rows": json}))?;
+    }
+    Ok(())
+}
+
+/// Uses `cpu` of the calling thread's CPU time (an upcall's work, whatever the machine).
+fn burn(cpu: Duration) {
+    let t0 = clock::thread_cpu_ns();
+    let mut x = 0u64;
+    while clock::thread_cpu_ns().saturating_sub(t0) < cpu.as_nanos() as u64 {
+        x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+    }
+}
+
+/// The upcalls' periods: MARS Table 3's.
+const UPCALL_PERIODS_MS: [u64; 3] = [60, 75, 120];
+
+/// `bench rtu --upcalls`: see `RtuArgs::upcalls`.
+fn rtu_upcalls(a: &RtuArgs) -> Result<()> {
+    const STREAM_UNIT: u64 = 1024;
+    let stream_period = Duration::from_nanos(1_000_000_000 / 30);
+    if a.work > a.budget {
+        eprintln!(
+            "penstock bench rtu --upcalls: --work {:?} is above --budget {:?}: every activation will overrun",
+            a.work, a.budget
+        );
+    }
+    let tmp;
+    let dir = match &a.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix("penstock-rtu-")
+                .tempdir_in(".")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let units = (a.duration.as_nanos() / stream_period.as_nanos()) as u64 + 1;
+    let file = dir.join("stamped.bin");
+    crate::periodic::make_source(&file, units, STREAM_UNIT)?;
+    let _rmem = crate::periodic::RmemMax::raise();
+    let n = a.streams;
+    let mut upcall_rows = Vec::new();
+    let mut run_rows = Vec::new();
+    let mut json_rows = Vec::new();
+    let mut json_runs = Vec::new();
+    for load in ["none", "cpu"] {
+        for (order, order_name) in [
+            (Order::EarliestDeadline, "edf"),
+            (Order::RateMonotonic, "rm"),
+        ] {
+            let _hogs = crate::periodic::start_hogs(load, Path::new("/dev/null"))?;
+            let e = Engine::new(EngineConfig {
+                workers: 1,
+                pool_buffers: (n * 2 + 8).min(penstock_driver::sys::POOL_BUFFERS_MAX),
+                buffer_bytes: 16 * 1024,
+                stream_depth: 2,
+                streams_max: n + 16,
+                order,
+                ..EngineConfig::default()
+            })?;
+            let rx = crate::periodic::Receiver::start(units, false)?;
+            let slack = Duration::from_millis(300) + Duration::from_micros(100) * n as u32;
+            let t0 = clock::now() + slack;
+            let mut rtus = Vec::new();
+            for p in UPCALL_PERIODS_MS {
+                let mut spec = RtuSpec::new(Duration::from_millis(p), a.budget);
+                spec.start_at = Some(t0);
+                let work = a.work;
+                rtus.push(e.rtu_create(spec, Box::new(move |_| burn(work)))?);
+            }
+            let schedule = Schedule::new(
+                &ScheduleSpec::Periodic {
+                    period: stream_period,
+                    unit_bytes: STREAM_UNIT,
+                },
+                &ScheduleLimits::new(16 * 1024),
+            )?;
+            let mut streams = Vec::with_capacity(n);
+            for i in 0..n {
+                let mut s = StreamSpec::new(
+                    Endpoint::File { path: file.clone() },
+                    Endpoint::UdpSend {
+                        host: Host::Ip([127, 0, 0, 1].into()),
+                        port: rx.port,
+                        local_port: None,
+                    },
+                );
+                s.unit_bytes = STREAM_UNIT as usize;
+                s.zero_copy = ZeroCopy::Off;
+                s.schedule = Some(schedule);
+                s.extent = Extent {
+                    offset: 0,
+                    length: Some(units * STREAM_UNIT),
+                };
+                s.start_at = Some(t0 + stream_period.mul_f64(i as f64 / n.max(1) as f64));
+                match e.open(s) {
+                    Ok(h) => streams.push(h),
+                    Err(err) => {
+                        rx.abandon();
+                        return Err(err.into());
+                    }
+                }
+            }
+            let mut note = String::new();
+            if clock::now() > t0 {
+                note.push_str("opening took longer than the start slack; ");
+            }
+            while clock::now() < t0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let c0 = cpu_times(CpuWho::Process);
+            let mut stream_stats = LatenessStats::for_schedule(&schedule, None);
+            let mut sent = 0;
+            for h in streams {
+                let r = h.wait()?;
+                sent += r.units;
+                if let Some(l) = &r.lateness {
+                    stream_stats.merge(l);
+                }
+            }
+            let elapsed_ns = clock::now().as_nanos() - t0.as_nanos();
+            let c1 = cpu_times(CpuWho::Process);
+            let mut reports = Vec::new();
+            for h in rtus {
+                reports.push(h.stop()?);
+            }
+            let got = rx.finish()?;
+            let cpu_s = (c1.user_ns + c1.sys_ns - c0.user_ns - c0.sys_ns) as f64 / 1e9;
+            let secs = elapsed_ns as f64 / 1e9;
+            let upcall_cpu_s: f64 = reports.iter().map(|r| r.cpu_total.as_secs_f64()).sum();
+            for (p, r) in UPCALL_PERIODS_MS.iter().zip(&reports) {
+                let l = r.lateness.summary();
+                let periods = elapsed_ns as f64 / (*p as f64 * 1e6);
+                let line = format!(
+                    "{load:<5} {order_name:<5} {p:>4} ms {periods:>8.1} {:>11} {:>9} {:>7} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>11.1} {:>11.1}",
+                    r.activations,
+                    r.overruns,
+                    l.misses,
+                    r.skipped,
+                    l.p50_ns as f64 / 1e3,
+                    l.p99_ns as f64 / 1e3,
+                    l.max_ns as f64 / 1e3,
+                    r.cpu_max.as_secs_f64() * 1e6,
+                    r.wall_max.as_secs_f64() * 1e6,
+                );
+                eprintln!("  {line}");
+                upcall_rows.push(line);
+                json_rows.push(serde_json::json!({"load": load, "order": order_name, "period_ms": p,
+                    "periods": periods, "activations": r.activations, "overruns": r.overruns,
+                    "misses": l.misses, "miss_after_ns": l.miss_after_ns, "skipped": r.skipped,
+                    "lateness_p50_ns": l.p50_ns, "lateness_p99_ns": l.p99_ns, "lateness_max_ns": l.max_ns,
+                    "cpu_max_ns": r.cpu_max.as_nanos() as u64, "wall_max_ns": r.wall_max.as_nanos() as u64,
+                    "cpu_total_ns": r.cpu_total.as_nanos() as u64}));
+            }
+            let s = stream_stats.summary();
+            let lost = got["lost"].as_u64().unwrap_or(0);
+            let received = got["received"].as_u64().unwrap_or(0);
+            let line = format!(
+                "{load:<5} {order_name:<5} {:>9} {:>9} {:>7} {:>9.1} {:>9.1} {:>9} {:>6} {:>12.1} {:>12.1}  {}",
+                sent,
+                units * n as u64,
+                s.misses,
+                s.p99_ns as f64 / 1e3,
+                s.max_ns as f64 / 1e3,
+                received,
+                lost,
+                cpu_s / secs * 100.0,
+                upcall_cpu_s / secs * 100.0,
+                note.trim_end_matches("; "),
+            );
+            eprintln!("  {line}");
+            run_rows.push(line);
+            json_runs.push(
+                serde_json::json!({"load": load, "order": order_name, "seconds": secs,
+                "stream_units_sent": sent, "stream_units_due": units * n as u64,
+                "stream_misses": s.misses, "stream_p99_ns": s.p99_ns, "stream_max_ns": s.max_ns,
+                "received": received, "lost": lost, "process_cpu_percent": cpu_s / secs * 100.0,
+                "upcalls_cpu_percent": upcall_cpu_s / secs * 100.0, "note": note}),
+            );
+        }
+    }
+    // An over-committed set: MARS's periods, each asking a third of its period.
+    let e = Engine::new(EngineConfig {
+        workers: 1,
+        ..EngineConfig::default()
+    })?;
+    let mut over = Vec::new();
+    let mut json_over = Vec::new();
+    let mut held = Vec::new();
+    for p in UPCALL_PERIODS_MS {
+        let spec = RtuSpec::new(Duration::from_millis(p), Duration::from_millis(p / 3));
+        let outcome = match e.rtu_create(spec, Box::new(|_| {})) {
+            Ok(h) => {
+                held.push(h);
+                "admitted".to_string()
+            }
+            Err(err) => err.to_string(),
+        };
+        over.push(format!("  {p} ms / {} ms: {outcome}", p / 3));
+        json_over.push(serde_json::json!({"period_ms": p, "budget_ms": p / 3, "outcome": outcome}));
+    }
+    for h in held {
+        h.stop()?;
+    }
+    let cpu = EngineConfig::default().cpu;
+    let mut h = crate::out::human(a.json.as_deref());
+    writeln!(
+        h,
+        "\nbench rtu --upcalls (MARS §4.5, Table 3's periods as Real-Time Upcalls): three upcalls using {:?} of CPU per activation \
+         within a {:?} budget, on one engine worker beside {n} paced UDP streams (1 KiB at 30/s), {:?} per run\n\
+         (lateness: release → start of the callback; a miss starts later than period − budget; an overrun uses more CPU than the budget)\n\
+         {:<5} {:<5} {:>7} {:>8} {:>11} {:>9} {:>7} {:>8} {:>9} {:>9} {:>9} {:>11} {:>11}\n{}\n\n\
+         the streams of each run (misses: later than one period; CPU: the process's, against admission's stream reserve {}% + the upcalls' declared {:.1}%)\n\
+         {:<5} {:<5} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>6} {:>12} {:>12}\n{}\n\n\
+         an over-committed set (each upcall asks a third of its period), created in turn on one worker:\n{}",
+        a.work,
+        a.budget,
+        a.duration,
+        "load",
+        "order",
+        "period",
+        "periods",
+        "activations",
+        "overruns",
+        "misses",
+        "skipped",
+        "p50 µs",
+        "p99 µs",
+        "max µs",
+        "cpu max µs",
+        "wall max µs",
+        upcall_rows.join("\n"),
+        cpu.stream_reserve_percent,
+        UPCALL_PERIODS_MS
+            .iter()
+            .map(|p| a.budget.as_secs_f64() / (*p as f64 / 1e3))
+            .sum::<f64>()
+            * 100.0,
+        "load",
+        "order",
+        "units",
+        "due",
+        "misses",
+        "p99 µs",
+        "max µs",
+        "received",
+        "lost",
+        "process CPU%",
+        "upcalls CPU%",
+        run_rows.join("\n"),
+        over.join("\n"),
+    )?;
+    if let Some(p) = &a.json {
+        crate::out::write_json(
+            p,
+            &serde_json::json!({"bench": "rtu --upcalls", "streams": n, "duration_s": a.duration.as_secs_f64(),
+                "budget_ns": a.budget.as_nanos() as u64, "work_ns": a.work.as_nanos() as u64,
+                "upcalls": json_rows, "runs": json_runs, "overcommitted": json_over}),
+        )?;
     }
     Ok(())
 }

@@ -19,6 +19,14 @@
 //!
 //! Utilisation is kept as disk nanoseconds per second (parts per billion) in integers, so the
 //! test is exact and the same on every machine.
+//!
+//! # The CPU
+//! Streams are not admitted against the CPU (what their dispatch costs is not theirs to
+//! declare); Real-Time Upcalls are, per worker, by [`cpu::CpuAdmission`]: each declares a
+//! period and a budget, and the set on a worker must pass the EDF or rate-monotonic
+//! utilization test with blocking, beside a configured reserve for the streams (see [`cpu`]).
+
+pub mod cpu;
 
 use std::collections::BTreeMap;
 use std::fmt;

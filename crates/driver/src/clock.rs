@@ -36,3 +36,10 @@ pub fn pin_to_cpus(cpus: &[usize]) -> std::io::Result<()> {
     }
     rustix::thread::sched_setaffinity(None, &set).map_err(std::io::Error::from)
 }
+
+/// CPU time the calling thread has used, in ns (CLOCK_THREAD_CPUTIME_ID): what an upcall's
+/// callback costs, whatever the kernel did with the thread meanwhile.
+pub fn thread_cpu_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use penstock_core::admission::cpu::CpuConfig;
 use penstock_core::admission::{AdmissionConfig, Capacity};
 use penstock_core::sched::edf::Order;
 
@@ -50,6 +51,10 @@ pub struct EngineConfig {
     /// Admission control for streams opened with `class: Some(DiskClass::Rt)` (the capacity
     /// comes from `penstock calibrate`).
     pub admission: AdmissionConfig,
+    /// Admission of Real-Time Upcalls (`Engine::rtu_create`) against each worker's CPU: the
+    /// test's bound, the share kept for the streams, how many upcalls a worker holds
+    /// (`penstock_core::admission::cpu`). The test follows `order`.
+    pub cpu: CpuConfig,
 }
 
 /// Admission with what is used when no calibration file exists.
@@ -93,6 +98,7 @@ impl Default for EngineConfig {
             trace_units_max: 10_000_000,
             disk: DiskConfig::default(),
             admission: conservative_admission(),
+            cpu: CpuConfig::default(),
         }
     }
 }

@@ -37,7 +37,9 @@ pub use crate::files::OpenFileStats;
 use crate::files::OpenFileTable;
 use crate::open::{Opened, open_source, open_target};
 use crate::pace::Pace;
+use crate::rtu::{CpuHold, Rtu, RtuCallback, RtuCounters, RtuError, RtuHandle, RtuSpec};
 use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
+use penstock_core::admission::cpu::{CpuAdmission, CpuLoad, CpuRefusal, RtuDemand};
 use penstock_core::sched::drr::SchedError;
 // Defined in modules of their own, so that the worker and the data paths need not import the
 // engine; re-exported where callers have always found them (`penstock_driver::engine::*`).
@@ -380,6 +382,8 @@ pub struct Engine {
     disk: Mutex<DiskSettings>,
     /// Read-only file sources shared among streams by (device, inode, open mode).
     files: OpenFileTable,
+    /// Each worker's CPU as upcall admission sees it, by worker index.
+    cpu: Arc<Mutex<Vec<CpuAdmission>>>,
 }
 
 /// Why the engine could not start.
@@ -450,6 +454,10 @@ impl Engine {
         let info = info.expect("at least one worker");
         let admission = Admission::new(cfg.admission)
             .map_err(|e| EngineError::Config(format!("admission: {e}")))?;
+        let cpu = (0..cfg.workers)
+            .map(|_| CpuAdmission::new(cfg.order, cfg.cpu))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| EngineError::Config(format!("upcall admission (cpu): {e}")))?;
         let disk = Mutex::new(DiskSettings::of(&cfg.disk, cfg.buffer_bytes as u64));
         Ok(Engine {
             disk,
@@ -463,6 +471,7 @@ impl Engine {
             info,
             admission: Arc::new(Mutex::new(admission)),
             files: OpenFileTable::new(),
+            cpu: Arc::new(Mutex::new(cpu)),
         })
     }
 
@@ -591,6 +600,73 @@ impl Engine {
             buffer_count: u32::try_from(self.cfg.pool_buffers).unwrap_or(u32::MAX),
         }
         .into())
+    }
+
+    /// Creates a Real-Time Upcall (MARS §4.5, see [`crate::rtu`]): `callback` runs every
+    /// `spec.period` on a worker's dispatcher beside the streams' units, after admission
+    /// against the CPU it declares (`spec.budget`). It goes to the worker with the least
+    /// upcall utilization whose set stays schedulable; when none does it is refused with
+    /// [`RtuError::Refused`], naming the utilization and the bound, and nothing changes.
+    /// The callback must not block: it runs on the worker's event loop.
+    pub fn rtu_create(&self, spec: RtuSpec, callback: RtuCallback) -> Result<RtuHandle, RtuError> {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let demand = RtuDemand {
+            period_ns: ns(spec.period),
+            budget_ns: ns(spec.budget),
+        };
+        let (w, id) = {
+            let mut cpu = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
+            let mut order: Vec<usize> = (0..cpu.len()).collect();
+            order.sort_by_key(|&w| (cpu[w].load().utilization_ppb, w));
+            let mut first_refusal: Option<CpuRefusal> = None;
+            let mut placed = None;
+            for w in order {
+                match cpu[w].admit(demand) {
+                    Ok(r) => {
+                        placed = Some((w, r.id));
+                        break;
+                    }
+                    Err(e) => {
+                        first_refusal.get_or_insert(e);
+                    }
+                }
+            }
+            match placed {
+                Some(p) => p,
+                None => {
+                    return Err(first_refusal
+                        .expect("at least one worker, so a refusal")
+                        .into());
+                }
+            }
+        };
+        let hold = CpuHold {
+            admission: self.cpu.clone(),
+            worker: w,
+            id,
+        };
+        let rtu_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let counters = Arc::new(RtuCounters::default());
+        let (done_tx, done) = sync_channel(1);
+        let rtu = Rtu::new(rtu_id, &spec, callback, counters.clone(), hold, done_tx);
+        let worker = self.workers[w].clone();
+        worker.send(Command::RtuCreate(Box::new(rtu)));
+        Ok(RtuHandle::new(
+            rtu_id,
+            counters,
+            Box::new(move || worker.send(Command::RtuCancel(rtu_id))),
+            done,
+        ))
+    }
+
+    /// Each worker's CPU as upcall admission sees it, by worker index.
+    pub fn cpu_load(&self) -> Vec<CpuLoad> {
+        self.cpu
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(CpuAdmission::load)
+            .collect()
     }
 
     /// What io_uring offers here, for path selection.

@@ -21,6 +21,7 @@ mod paths;
 pub mod record;
 mod report;
 pub mod rlimit;
+pub mod rtu;
 mod step;
 pub mod sys;
 mod uring_path;
@@ -33,3 +34,4 @@ pub use engine::{
     StreamError, StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };
 pub use paths::{SendfileCall, sendfile_call};
+pub use rtu::{RtuActivation, RtuCallback, RtuError, RtuHandle, RtuReport, RtuSpec, RtuStats};

@@ -34,6 +34,7 @@ use crate::open::Opened;
 use crate::pace::Pace;
 use crate::paths::{self, CopyState, SpliceState};
 use crate::report::{Counters, StreamReport};
+use crate::rtu::Rtu;
 use crate::step::{Side, Step, TAG_POLL, TaskIo};
 use crate::uring_path::UringState;
 
@@ -47,7 +48,18 @@ pub(crate) enum Command {
     Notify(u64, DoneHook),
     /// New disk scheduler settings (checked by the engine against this worker's reads).
     TuneDisk(crate::disk::DiskSettings),
+    /// An admitted upcall to run (`rtu`).
+    RtuCreate(Box<Rtu>),
+    RtuCancel(u64),
     Shutdown,
+}
+
+/// What the dispatcher's queue holds: a stream's next unit, or an upcall's next activation,
+/// by slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Entry {
+    Stream(usize),
+    Rtu(usize),
 }
 
 /// Called by the worker right after a stream's report is sent: lets an event loop learn of
@@ -248,9 +260,14 @@ struct Worker {
     ready: VecDeque<usize>,
     completions: Vec<Completion>,
     shutting_down: bool,
-    /// Paced streams waiting for their next unit's deadline.
-    edf: EdfQueue<usize>,
-    due: Vec<Due<usize>>,
+    /// Paced streams waiting for their next unit's deadline, and upcalls for their next
+    /// activation.
+    edf: EdfQueue<Entry>,
+    due: Vec<Due<Entry>>,
+    /// The upcalls on this worker, by slot; free slots; slot by upcall id.
+    rtus: Vec<Option<Box<Rtu>>>,
+    rtu_free: Vec<usize>,
+    rtu_by_id: HashMap<u64, usize>,
     timer_mode: TimerMode,
     spin: Duration,
     /// Deadline of the earliest timer armed in the ring, and how many are in flight.
@@ -297,7 +314,8 @@ pub(crate) fn spawn_worker(
     let depth = cfg.stream_depth;
     let wake2 = wake.clone();
     let (timer_mode, spin, order, realtime) = (cfg.timer, cfg.spin, cfg.order, cfg.realtime);
-    let streams_max = cfg.streams_max;
+    // One queue entry per stream and per upcall this worker may hold.
+    let entries_max = cfg.streams_max + cfg.cpu.rtus_max as usize;
     let disk_cfg = cfg.disk.clone();
     let buffer_bytes = cfg.buffer_bytes;
     let queue_max = u32::try_from(cfg.pool_buffers).unwrap_or(u32::MAX);
@@ -379,8 +397,11 @@ pub(crate) fn spawn_worker(
             ready: VecDeque::new(),
             completions: Vec::new(),
             shutting_down: false,
-            edf: EdfQueue::new(order, streams_max),
+            edf: EdfQueue::new(order, entries_max),
             due: Vec::new(),
+            rtus: Vec::new(),
+            rtu_free: Vec::new(),
+            rtu_by_id: HashMap::new(),
             timer_mode,
             spin,
             timers: [None; TIMERS_MAX as usize],
@@ -415,17 +436,22 @@ impl Worker {
             }
             self.watch();
             self.release_due();
-            let mut turns = self.ready.len();
-            while turns > 0 {
-                turns -= 1;
-                let Some(slot) = self.ready.pop_front() else {
-                    break;
-                };
-                self.step(slot);
-            }
+            self.step_ready();
             self.wake_buffer_waiters();
             self.wait();
             self.wake_buffer_waiters();
+        }
+    }
+
+    /// Steps every stream runnable now, once (a stream that yields is stepped next turn).
+    fn step_ready(&mut self) {
+        let mut turns = self.ready.len();
+        while turns > 0 {
+            turns -= 1;
+            let Some(slot) = self.ready.pop_front() else {
+                break;
+            };
+            self.step(slot);
         }
     }
 
@@ -474,7 +500,7 @@ impl Worker {
                 }
                 Command::Cancel(id) => {
                     if let Some(&slot) = self.by_id.get(&id) {
-                        self.edf.cancel(slot);
+                        self.edf.cancel(Entry::Stream(slot));
                         self.schedule(slot);
                     }
                 }
@@ -497,7 +523,7 @@ impl Worker {
                                 p.resume_after(at, now);
                             }
                         }
-                        self.edf.cancel(slot);
+                        self.edf.cancel(Entry::Stream(slot));
                         self.schedule(slot);
                     }
                 }
@@ -518,8 +544,40 @@ impl Worker {
                         debug_assert!(false, "the disk queue refused checked settings: {e}");
                     }
                 }
+                Command::RtuCreate(mut rtu) => {
+                    rtu.anchor(clock::now());
+                    let k = match self.rtu_free.pop() {
+                        Some(k) => k,
+                        None => {
+                            self.rtus.push(None);
+                            self.rtus.len() - 1
+                        }
+                    };
+                    let (release, deadline) = rtu.next_job();
+                    self.edf
+                        .push_job(Entry::Rtu(k), release, deadline, rtu.period_ns())
+                        .expect("the queue holds rtus_max entries beside the streams");
+                    self.rtu_by_id.insert(rtu.id, k);
+                    self.rtus[k] = Some(rtu);
+                }
+                Command::RtuCancel(id) => {
+                    if let Some(k) = self.rtu_by_id.remove(&id) {
+                        self.edf.cancel(Entry::Rtu(k));
+                        let rtu = self.rtus[k].take().expect("an upcall by id has a slot");
+                        self.rtu_free.push(k);
+                        rtu.finish(None);
+                    }
+                }
                 Command::Shutdown => {
                     self.shutting_down = true;
+                    // Upcalls end with the engine: their handles see `EngineStopped`, their
+                    // CPU is given back.
+                    for k in 0..self.rtus.len() {
+                        if self.rtus[k].take().is_some() {
+                            self.edf.cancel(Entry::Rtu(k));
+                        }
+                    }
+                    self.rtu_by_id.clear();
                     let slots: Vec<usize> = self.by_id.values().copied().collect();
                     for (_, t) in self.slots.iter_mut() {
                         if let Some(t) = t {
@@ -650,9 +708,9 @@ impl Worker {
                 Step::WaitUntil(deadline) => {
                     task.waited_until = deadline;
                     let period_ns = task.io.pace.as_ref().map_or(0, |p| p.period_ns());
-                    self.edf.cancel(slot);
+                    self.edf.cancel(Entry::Stream(slot));
                     self.edf
-                        .push(slot, deadline, period_ns)
+                        .push(Entry::Stream(slot), deadline, period_ns)
                         .expect("the queue holds streams_max entries, one per stream");
                 }
                 Step::Finish(r) => {
@@ -681,7 +739,7 @@ impl Worker {
         let outcome = task.outcome.take().expect("finish with an outcome");
         let started = task.started.unwrap_or_else(std::time::Instant::now);
         let ended = task.finished_at.unwrap_or_else(std::time::Instant::now);
-        self.edf.cancel(slot);
+        self.edf.cancel(Entry::Stream(slot));
         let mut pace = task.io.pace.take();
         if let Some(p) = &pace
             && p.trace_dropped > 0
@@ -715,8 +773,11 @@ impl Worker {
         self.free.push(slot);
     }
 
-    /// Makes every paced stream whose deadline has come runnable (spinning up to `spin` for a
-    /// deadline that is that close).
+    /// Makes every paced stream whose deadline has come runnable and runs every upcall
+    /// activation released (spinning up to `spin` for a deadline that is that close), in the
+    /// queue's order: before an activation runs, the streams popped ahead of it are stepped
+    /// and their sends handed to the kernel, so that a callback never delays a unit the order
+    /// puts first (under EDF, every unit due now).
     fn release_due(&mut self) {
         let Some(next) = self.edf.peek_deadline() else {
             return;
@@ -731,8 +792,41 @@ impl Worker {
         self.due.clear();
         self.edf.pop_due(now, DUE_BUDGET, &mut self.due);
         for i in 0..self.due.len() {
-            let slot = self.due[i].key;
-            self.schedule(slot);
+            match self.due[i].key {
+                Entry::Stream(slot) => self.schedule(slot),
+                Entry::Rtu(k) => {
+                    self.step_ready();
+                    if let Reactor::Ring(ring) = &mut self.reactor
+                        && let Err(e) = ring.submit()
+                    {
+                        panic!("io_uring submit failed: {e}");
+                    }
+                    self.run_rtu(k);
+                }
+            }
+        }
+    }
+
+    /// Runs upcall `k`'s released activation, then queues its next one; a callback that
+    /// panicked ends the upcall (reported by its handle).
+    fn run_rtu(&mut self, k: usize) {
+        let Some(rtu) = self.rtus.get_mut(k).and_then(Option::as_mut) else {
+            return;
+        };
+        match rtu.activate() {
+            Ok(()) => {
+                let (release, deadline) = rtu.next_job();
+                let period_ns = rtu.period_ns();
+                self.edf
+                    .push_job(Entry::Rtu(k), release, deadline, period_ns)
+                    .expect("the upcall's entry was just popped");
+            }
+            Err(panicked) => {
+                let rtu = self.rtus[k].take().expect("checked above");
+                self.rtu_by_id.remove(&rtu.id);
+                self.rtu_free.push(k);
+                rtu.finish(Some(panicked));
+            }
         }
     }
 
@@ -775,7 +869,7 @@ impl Worker {
             let since = t.progress_at.max(t.waited_until);
             if now.saturating_duration_since(since) > timeout {
                 t.stalled = true;
-                self.edf.cancel(slot);
+                self.edf.cancel(Entry::Stream(slot));
                 self.schedule(slot);
             }
         }

@@ -92,7 +92,8 @@ enum BenchCommand {
     Record(bench::record::RecordBenchArgs),
     /// MARS Table 2: an rt stream's completion time under background readers, DRR vs FIFO.
     Isolation(bench::qos::IsolationArgs),
-    /// MARS Table 3: three periodic streams (60, 75, 120 ms) sharing disk and network.
+    /// MARS Table 3: three periodic streams (60, 75, 120 ms) sharing disk and network;
+    /// --upcalls: the three periods as Real-Time Upcalls beside paced streams on one worker.
     Rtu(bench::qos::RtuArgs),
     /// penstock serve against nginx, with wrk: large and small files, 1 to 512 clients.
     Http(bench::http::HttpArgs),

@@ -5,11 +5,16 @@
 //! stream's next unit, sleeps until [`EdfQueue::peek_deadline`], then drains
 //! [`EdfQueue::pop_due`] and submits every unit it returned in one batch.
 //!
+//! An entry becomes due at its **release** and is owed by its **deadline**. A stream's unit
+//! is both at once (it is sent at its deadline, not before: [`EdfQueue::push`]); a Real-Time
+//! Upcall's activation is released at the start of its period and owed by its end
+//! ([`EdfQueue::push_job`]). Nothing leaves the queue before its release.
+//!
 //! Two orders, chosen at construction ([`Order`]):
 //! - [`Order::EarliestDeadline`] (EDF): due entries come out earliest deadline first.
 //! - [`Order::RateMonotonic`] (RM), for comparison with MARS's Real-Time Upcalls: among the
-//!   entries already due, the shortest period goes first (then the earliest deadline).
-//!   Nothing is preempted: an entry is only chosen among those whose deadline has come.
+//!   entries already due, the shortest period goes first (then the earliest release).
+//!   Nothing is preempted: an entry is only chosen among those already released.
 //!
 //! Ties are broken by insertion order (FIFO), so the order is a deterministic function of the
 //! calls, whatever the keys.
@@ -49,16 +54,23 @@ pub enum EdfError {
     /// to move it.
     #[error("the key already has a queued deadline; cancel it before pushing another")]
     AlreadyQueued,
+    /// A job's deadline before its release: it could never be met.
+    #[error("a deadline before its release ({deadline_ns} ns < {release_ns} ns)")]
+    DeadlineBeforeRelease { release_ns: u64, deadline_ns: u64 },
 }
 
 /// An entry that [`EdfQueue::pop_due`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Due<K> {
     pub key: K,
+    /// When it was owed (for a stream's unit, its release too).
     pub deadline: Instant,
+    /// When it became due.
+    pub release: Instant,
 }
 
-/// Heap order: `Reverse` turns std's max-heap into a min-heap on (rank, deadline, seq).
+/// Heap order: `Reverse` turns std's max-heap into a min-heap on (rank, time, seq), where
+/// time is the release in `pending` and in RM's `ready`, the deadline in EDF's `ready`.
 type HeapItem<K> = Reverse<(u64, Instant, u64, Slot<K>)>;
 
 /// The payload of a heap item; compares equal always so that ordering is by the tuple's
@@ -67,6 +79,8 @@ type HeapItem<K> = Reverse<(u64, Instant, u64, Slot<K>)>;
 struct Slot<K> {
     key: K,
     period_ns: u64,
+    release: Instant,
+    deadline: Instant,
 }
 
 impl<K> PartialEq for Slot<K> {
@@ -91,9 +105,12 @@ impl<K> Ord for Slot<K> {
 pub struct EdfQueue<K> {
     order: Order,
     entries_max: usize,
-    /// Entries not yet released, by (0, deadline, seq). In EDF order every entry lives here.
+    /// Entries by (0, release, seq): those not yet released, and in EDF order also released
+    /// entries whose deadline is their release (a stream's units), which leave from here in
+    /// deadline order.
     pending: BinaryHeap<HeapItem<K>>,
-    /// RM only: entries whose deadline has come, by (period_ns, deadline, seq).
+    /// Released entries waiting: in RM order all of them, by (period_ns, release, seq); in
+    /// EDF order those with a deadline after their release, by (0, deadline, seq).
     ready: BinaryHeap<HeapItem<K>>,
     /// key → seq of its live entry. Its length is the number of live entries.
     live: HashMap<K, u64>,
@@ -144,10 +161,29 @@ impl<K: Copy + Eq + Hash> EdfQueue<K> {
         self.live.contains_key(&key)
     }
 
-    /// Queues `key` to be due at `deadline`. `period_ns` is its rate-monotonic priority
-    /// (shorter first; use the schedule's [`crate::schedule::Period::ceil_ns`]); EDF order
-    /// ignores it.
+    /// Queues `key` to be due at `deadline` (released then too: a stream's unit). `period_ns`
+    /// is its rate-monotonic priority (shorter first; use the schedule's
+    /// [`crate::schedule::Period::ceil_ns`]); EDF order ignores it.
     pub fn push(&mut self, key: K, deadline: Instant, period_ns: u64) -> Result<(), EdfError> {
+        self.push_job(key, deadline, deadline, period_ns)
+    }
+
+    /// Queues `key` to be released (due) at `release` and owed by `deadline`: a Real-Time
+    /// Upcall's activation, released at the start of its period and owed by its end. EDF
+    /// order serves released entries by `deadline`; RM by `period_ns`.
+    pub fn push_job(
+        &mut self,
+        key: K,
+        release: Instant,
+        deadline: Instant,
+        period_ns: u64,
+    ) -> Result<(), EdfError> {
+        if deadline < release {
+            return Err(EdfError::DeadlineBeforeRelease {
+                release_ns: release.as_nanos(),
+                deadline_ns: deadline.as_nanos(),
+            });
+        }
         if self.live.len() >= self.entries_max {
             return Err(EdfError::Full {
                 entries_max: self.entries_max,
@@ -161,8 +197,13 @@ impl<K: Copy + Eq + Hash> EdfQueue<K> {
             }
         }
         self.seq_next += 1;
-        self.pending
-            .push(Reverse((0, deadline, seq, Slot { key, period_ns })));
+        let slot = Slot {
+            key,
+            period_ns,
+            release,
+            deadline,
+        };
+        self.pending.push(Reverse((0, release, seq, slot)));
         self.compact_if_mostly_stale();
         Ok(())
     }
@@ -178,14 +219,17 @@ impl<K: Copy + Eq + Hash> EdfQueue<K> {
         removed
     }
 
-    /// The deadline the dispatcher should wake at, or `None` when the queue is empty.
+    /// The instant the dispatcher should wake at, or `None` when the queue is empty.
     ///
-    /// In EDF order, the earliest deadline of any live entry. In RM order, when released
-    /// entries are still waiting (a budget ran out), the deadline of the next of them, which
-    /// is at or before the last `now` and so says "wake now"; otherwise the earliest deadline.
+    /// The earliest release of any live entry, except that when released entries are still
+    /// waiting (a budget ran out) it may be the release of another of them: at or before the
+    /// last `now`, so it says "wake now" all the same. For a queue of streams' units only
+    /// (every release its deadline) in EDF order, exactly the earliest deadline.
     pub fn peek_deadline(&self) -> Option<Instant> {
         // Every mutation ends with live tops (see `skip_stale`), so the tops are the answer.
-        let top = |heap: &BinaryHeap<HeapItem<K>>| heap.peek().map(|Reverse((_, d, _, _))| *d);
+        let top = |heap: &BinaryHeap<HeapItem<K>>| {
+            heap.peek().map(|Reverse((_, _, _, slot))| slot.release)
+        };
         match (top(&self.ready), top(&self.pending)) {
             (Some(r), Some(p)) => Some(r.min(p)),
             (r, p) => r.or(p),
@@ -201,41 +245,77 @@ impl<K: Copy + Eq + Hash> EdfQueue<K> {
         let mut popped = 0;
         match self.order {
             Order::EarliestDeadline => {
+                // Two sorted sources: `pending`'s released stream units (deadline = release,
+                // so its release order is their deadline order), and `ready`'s released jobs
+                // by deadline. A job still in `pending` behind the top was released no earlier
+                // than the top, so its deadline is later than a top unit's: merging the two
+                // tops is exact.
                 while popped < budget {
-                    let Some(Reverse((_, deadline, seq, slot))) = self.pending.peek().copied()
-                    else {
-                        break;
-                    };
-                    if !self.is_live(slot.key, seq) {
-                        self.pending.pop();
+                    if let Some(&Reverse((_, release, seq, slot))) = self.pending.peek()
+                        && release <= now
+                    {
+                        if !self.is_live(slot.key, seq) {
+                            self.pending.pop();
+                            continue;
+                        }
+                        if slot.deadline > slot.release {
+                            self.pending.pop();
+                            self.ready.push(Reverse((0, slot.deadline, seq, slot)));
+                            continue;
+                        }
+                    }
+                    if let Some(&Reverse((_, _, seq, slot))) = self.ready.peek()
+                        && !self.is_live(slot.key, seq)
+                    {
+                        self.ready.pop();
                         continue;
                     }
-                    if deadline > now {
-                        break;
-                    }
-                    self.pending.pop();
+                    let unit = self
+                        .pending
+                        .peek()
+                        .filter(|Reverse((_, release, _, _))| *release <= now)
+                        .map(|Reverse((_, _, seq, slot))| (slot.deadline, *seq));
+                    let job = self
+                        .ready
+                        .peek()
+                        .map(|Reverse((_, _, seq, slot))| (slot.deadline, *seq));
+                    let from_ready = match (unit, job) {
+                        (None, None) => break,
+                        (Some(_), None) => false,
+                        (None, Some(_)) => true,
+                        (Some(u), Some(j)) => j < u,
+                    };
+                    let heap = if from_ready {
+                        &mut self.ready
+                    } else {
+                        &mut self.pending
+                    };
+                    let Some(Reverse((_, _, _, slot))) = heap.pop() else {
+                        unreachable!("peeked just above");
+                    };
                     self.live.remove(&slot.key);
                     out.push(Due {
                         key: slot.key,
-                        deadline,
+                        deadline: slot.deadline,
+                        release: slot.release,
                     });
                     popped += 1;
                 }
             }
             Order::RateMonotonic => {
                 // Release every due entry, then serve the released ones by period.
-                while let Some(&Reverse((_, deadline, seq, slot))) = self.pending.peek() {
-                    if deadline > now {
+                while let Some(&Reverse((_, release, seq, slot))) = self.pending.peek() {
+                    if release > now {
                         break;
                     }
                     self.pending.pop();
                     if self.is_live(slot.key, seq) {
                         self.ready
-                            .push(Reverse((slot.period_ns, deadline, seq, slot)));
+                            .push(Reverse((slot.period_ns, release, seq, slot)));
                     }
                 }
                 while popped < budget {
-                    let Some(Reverse((_, deadline, seq, slot))) = self.ready.pop() else {
+                    let Some(Reverse((_, _, seq, slot))) = self.ready.pop() else {
                         break;
                     };
                     if !self.is_live(slot.key, seq) {
@@ -244,7 +324,8 @@ impl<K: Copy + Eq + Hash> EdfQueue<K> {
                     self.live.remove(&slot.key);
                     out.push(Due {
                         key: slot.key,
-                        deadline,
+                        deadline: slot.deadline,
+                        release: slot.release,
                     });
                     popped += 1;
                 }
@@ -374,6 +455,46 @@ mod tests {
     }
 
     #[test]
+    fn a_job_waits_for_its_release_then_goes_by_its_deadline() {
+        let mut q = EdfQueue::new(Order::EarliestDeadline, 8);
+        // An upcall released at 10, owed by 70; units due at 20 and 80.
+        q.push_job(1, at(10), at(70), 60).unwrap();
+        q.push(2, at(20), 33).unwrap();
+        q.push(3, at(80), 33).unwrap();
+        assert_eq!(q.peek_deadline(), Some(at(10)));
+        assert_eq!(drain(&mut q, 9, 10), vec![]);
+        // At 25 both are released: the unit (deadline 20) before the job (deadline 70).
+        let mut out = Vec::new();
+        q.pop_due(at(25), 10, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Due {
+                    key: 2,
+                    deadline: at(20),
+                    release: at(20)
+                },
+                Due {
+                    key: 1,
+                    deadline: at(70),
+                    release: at(10)
+                }
+            ]
+        );
+        // A job already late goes before a unit due later than its deadline.
+        q.push_job(4, at(30), at(40), 10).unwrap();
+        assert_eq!(drain(&mut q, 90, 10), vec![(4, 40), (3, 80)]);
+        assert_eq!(
+            q.push_job(5, at(10), at(9), 1),
+            Err(EdfError::DeadlineBeforeRelease {
+                release_ns: 10,
+                deadline_ns: 9
+            })
+        );
+        assert!(q.is_empty());
+    }
+
+    #[test]
     fn many_cancels_stay_bounded() {
         let mut q = EdfQueue::new(Order::EarliestDeadline, 10_000);
         for round in 0..20u64 {
@@ -397,7 +518,9 @@ mod tests {
     enum Op {
         Push {
             key: u32,
-            deadline: u64,
+            release: u64,
+            /// deadline − release: 0 for a stream's unit, more for an upcall's activation.
+            lead: u64,
             period_ns: u64,
         },
         Cancel {
@@ -409,9 +532,11 @@ mod tests {
         },
     }
 
-    fn op() -> impl Strategy<Value = Op> {
+    /// Operations on keys 0..40; pushes have deadlines up to `lead_max` after their release
+    /// (0: a queue of streams' units only).
+    fn op(lead_max: u64) -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => (0u32..40, 0u64..1_000, 1u64..5).prop_map(|(key, deadline, period_ns)| Op::Push { key, deadline, period_ns }),
+            4 => (0u32..40, 0u64..1_000, 0..=lead_max, 1u64..5).prop_map(|(key, release, lead, period_ns)| Op::Push { key, release, lead, period_ns }),
             1 => (0u32..40).prop_map(|key| Op::Cancel { key }),
             2 => (0u64..200, 0usize..8).prop_map(|(advance, budget)| Op::Pop { advance, budget }),
         ]
@@ -422,19 +547,22 @@ mod tests {
     fn check_against_model(order: Order, ops: Vec<Op>) -> Result<(), TestCaseError> {
         const ENTRIES_MAX: usize = 16;
         let mut q = EdfQueue::new(order, ENTRIES_MAX);
-        // (key, deadline, period_ns, seq)
-        let mut model: Vec<(u32, u64, u64, u64)> = Vec::new();
+        // (key, release, period_ns, seq, deadline)
+        let mut model: Vec<(u32, u64, u64, u64, u64)> = Vec::new();
         let mut seq = 0u64;
         let mut now = 0u64;
         let mut out = Vec::new();
+        let mut jobs = false;
         for op in ops {
             match op {
                 Op::Push {
                     key,
-                    deadline,
+                    release,
+                    lead,
                     period_ns,
                 } => {
-                    let got = q.push(key, at(deadline), period_ns);
+                    jobs |= lead > 0;
+                    let got = q.push_job(key, at(release), at(release + lead), period_ns);
                     let expected = if model.len() >= ENTRIES_MAX {
                         Err(EdfError::Full {
                             entries_max: ENTRIES_MAX,
@@ -442,7 +570,7 @@ mod tests {
                     } else if model.iter().any(|e| e.0 == key) {
                         Err(EdfError::AlreadyQueued)
                     } else {
-                        model.push((key, deadline, period_ns, seq));
+                        model.push((key, release, period_ns, seq, release + lead));
                         seq += 1;
                         Ok(())
                     };
@@ -459,7 +587,7 @@ mod tests {
                     q.pop_due(at(now), budget, &mut out);
                     let mut due: Vec<_> = model.iter().copied().filter(|e| e.1 <= now).collect();
                     match order {
-                        Order::EarliestDeadline => due.sort_by_key(|e| (e.1, e.3)),
+                        Order::EarliestDeadline => due.sort_by_key(|e| (e.4, e.3)),
                         Order::RateMonotonic => due.sort_by_key(|e| (e.2, e.1, e.3)),
                     }
                     due.truncate(budget);
@@ -467,7 +595,8 @@ mod tests {
                         .iter()
                         .map(|e| Due {
                             key: e.0,
-                            deadline: at(e.1),
+                            deadline: at(e.4),
+                            release: at(e.1),
                         })
                         .collect();
                     prop_assert_eq!(&out, &expected);
@@ -478,10 +607,11 @@ mod tests {
             let earliest = model.iter().map(|e| e.1).min();
             let peek = q.peek_deadline().map(Instant::as_nanos);
             match order {
-                Order::EarliestDeadline => prop_assert_eq!(peek, earliest),
-                // RM: released entries may hide a later-pushed earlier one, but then peek is
+                // Streams' units only: exactly the earliest deadline.
+                Order::EarliestDeadline if !jobs => prop_assert_eq!(peek, earliest),
+                // Released entries may hide a later-pushed earlier one, but then peek is
                 // already due (≤ now), so the dispatcher wakes at once either way.
-                Order::RateMonotonic => {
+                _ => {
                     prop_assert_eq!(peek.is_some(), earliest.is_some());
                     if let (Some(p), Some(e)) = (peek, earliest) {
                         prop_assert!(
@@ -500,12 +630,23 @@ mod tests {
 
     proptest! {
         #[test]
-        fn edf_pops_in_deadline_order(ops in prop::collection::vec(op(), 0..200)) {
+        fn edf_pops_in_deadline_order(ops in prop::collection::vec(op(0), 0..200)) {
             check_against_model(Order::EarliestDeadline, ops)?;
         }
 
         #[test]
-        fn rm_pops_in_period_order(ops in prop::collection::vec(op(), 0..200)) {
+        fn rm_pops_in_period_order(ops in prop::collection::vec(op(0), 0..200)) {
+            check_against_model(Order::RateMonotonic, ops)?;
+        }
+
+        /// Units and upcall activations in one queue: released entries leave by deadline.
+        #[test]
+        fn edf_pops_jobs_by_deadline_not_release(ops in prop::collection::vec(op(300), 0..200)) {
+            check_against_model(Order::EarliestDeadline, ops)?;
+        }
+
+        #[test]
+        fn rm_pops_jobs_by_period(ops in prop::collection::vec(op(300), 0..200)) {
             check_against_model(Order::RateMonotonic, ops)?;
         }
     }

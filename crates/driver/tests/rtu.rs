@@ -1,0 +1,388 @@
+//! Real-Time Upcalls (issue 14, MARS §4.5) on a real engine: periodic callbacks run by a
+//! worker's dispatcher beside paced streams (real files, UDP on loopback), admitted against
+//! the CPU they declare.
+//!
+//! A callback's work is a fixed amount of its thread's CPU time (`burn`), so "within its
+//! budget" does not depend on this machine's speed. Time appears as counts (activations,
+//! skipped, misses under the engine's miss threshold) and as the activations' own releases
+//! compared with each other, never as an absolute figure.
+
+use std::net::UdpSocket;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use penstock_core::admission::cpu::CpuRefusal;
+use penstock_core::endpoint::{Endpoint, Host};
+use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::stream::Extent;
+use penstock_core::time::Instant;
+use penstock_driver::clock;
+use penstock_driver::{
+    Engine, EngineConfig, RtuError, RtuHandle, RtuReport, RtuSpec, StreamHandle, StreamSpec,
+};
+
+const MS: Duration = Duration::from_millis(1);
+/// The streams' unit: one datagram.
+const UNIT: u64 = 1024;
+
+/// Uses `cpu` of this thread's CPU time.
+fn burn(cpu: Duration) {
+    let t0 = clock::thread_cpu_ns();
+    let mut x = 0u64;
+    while clock::thread_cpu_ns().saturating_sub(t0) < cpu.as_nanos() as u64 {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+}
+
+fn engine(workers: usize, streams: usize) -> Engine {
+    Engine::new(EngineConfig {
+        workers,
+        pool_buffers: streams * 2 + 8,
+        buffer_bytes: 16 * 1024,
+        stream_depth: 2,
+        streams_max: streams + 16,
+        ..EngineConfig::default()
+    })
+    .unwrap()
+}
+
+fn periodic(period: Duration, unit: u64) -> Schedule {
+    Schedule::new(
+        &ScheduleSpec::Periodic {
+            period,
+            unit_bytes: unit,
+        },
+        &ScheduleLimits::new(16 * 1024),
+    )
+    .unwrap()
+}
+
+/// `n` paced streams of `units` units of [`UNIT`] bytes from `file` to `port` on loopback,
+/// unit 0 of stream i due at `t0 + i·period/n`.
+fn paced_streams(
+    e: &Engine,
+    file: &Path,
+    port: u16,
+    n: usize,
+    units: u64,
+    period: Duration,
+    t0: Instant,
+) -> Vec<StreamHandle> {
+    let unit = UNIT;
+    (0..n)
+        .map(|i| {
+            let mut s = StreamSpec::new(
+                Endpoint::File {
+                    path: file.to_path_buf(),
+                },
+                Endpoint::UdpSend {
+                    host: Host::Ip([127, 0, 0, 1].into()),
+                    port,
+                    local_port: None,
+                },
+            );
+            s.unit_bytes = unit as usize;
+            s.schedule = Some(periodic(period, unit));
+            s.extent = Extent {
+                offset: 0,
+                length: Some(units * unit),
+            };
+            s.start_at = Some(t0 + period.mul_f64(i as f64 / n as f64));
+            e.open(s).unwrap()
+        })
+        .collect()
+}
+
+/// A UDP receiver on loopback counting datagrams until `stop`.
+fn receiver() -> (u16, Arc<AtomicBool>, std::thread::JoinHandle<u64>) {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(50 * MS)).unwrap();
+    let port = sock.local_addr().unwrap().port();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let j = std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        let mut n = 0;
+        while !stop2.load(Ordering::Relaxed) {
+            if sock.recv(&mut buf).is_ok() {
+                n += 1;
+            }
+        }
+        n
+    });
+    (port, stop, j)
+}
+
+fn source(dir: &Path, bytes: u64) -> std::path::PathBuf {
+    let p = dir.join("source.bin");
+    std::fs::write(&p, vec![0x5au8; bytes as usize]).unwrap();
+    p
+}
+
+/// An upcall that uses `work` of CPU per activation.
+fn working(e: &Engine, period: Duration, budget: Duration, work: Duration) -> RtuHandle {
+    e.rtu_create(RtuSpec::new(period, budget), Box::new(move |_| burn(work)))
+        .unwrap()
+}
+
+fn show(name: &str, r: &RtuReport) {
+    let l = r.lateness.summary();
+    println!(
+        "{name}: period {:?} budget {:?}: {} activations, {} overruns, {} misses, {} skipped; \
+         lateness p50 {} us p99 {} us max {} us; cpu max {:?} wall max {:?}",
+        r.period,
+        r.budget,
+        r.activations,
+        r.overruns,
+        l.misses,
+        r.skipped,
+        l.p50_ns / 1000,
+        l.p99_ns / 1000,
+        l.max_ns / 1000,
+        r.cpu_max,
+        r.wall_max
+    );
+}
+
+/// The acceptance run, shortened: MARS's three upcalls at 60, 75 and 120 ms, each doing
+/// 0.5 ms of work within a 5 ms budget, beside 100 streams paced at 30 units/s on the same
+/// worker (one dispatcher serves them all), for about 3 s.
+#[test]
+fn three_upcalls_beside_100_paced_streams_meet_every_deadline() {
+    const STREAMS: usize = 100;
+    const UNITS: u64 = 100;
+    let period = Duration::from_nanos(1_000_000_000 / 30);
+    let dir = tempfile::tempdir().unwrap();
+    let file = source(dir.path(), UNITS * UNIT);
+    let e = engine(1, STREAMS);
+    let (port, stop, rx) = receiver();
+    // The upcalls first, all released at t0; the streams' phases spread over one period
+    // from t0 (opening them takes less than the slack; if not, the streams start late).
+    let t0 = clock::now() + 500 * MS;
+    let periods = [60, 75, 120];
+    let rtus: Vec<RtuHandle> = periods
+        .iter()
+        .map(|&p| {
+            let mut spec = RtuSpec::new(p * MS, 5 * MS);
+            spec.start_at = Some(t0);
+            e.rtu_create(spec, Box::new(|_| burn(MS / 2))).unwrap()
+        })
+        .collect();
+    assert_eq!(e.cpu_load()[0].rtus, 3);
+    let streams = paced_streams(&e, &file, port, STREAMS, UNITS, period, t0);
+    assert!(
+        clock::now() < t0,
+        "opening 100 streams took longer than the slack"
+    );
+    let mut sent = 0;
+    let mut stream_misses = 0;
+    for h in streams {
+        let r = h.wait().unwrap();
+        assert_eq!(r.units, UNITS);
+        sent += r.units;
+        stream_misses += r.lateness.unwrap().misses();
+    }
+    let ran_ns = clock::now().as_nanos() - t0.as_nanos();
+    let reports: Vec<RtuReport> = rtus.into_iter().map(|h| h.stop().unwrap()).collect();
+    stop.store(true, Ordering::Relaxed);
+    let received = rx.join().unwrap();
+    println!(
+        "100 streams: {sent} units sent, {stream_misses} late by more than a period; {received} datagrams received"
+    );
+    for (p, r) in periods.iter().zip(&reports) {
+        show(&format!("{p} ms"), r);
+        // Every period since t0 had its activation: none skipped, none missed, none overran.
+        let due = ran_ns / (u64::from(*p) * 1_000_000) + 1;
+        assert!(
+            r.activations + 1 >= due && r.activations <= due + 1,
+            "{p} ms: {} activations, {due} periods",
+            r.activations
+        );
+        assert_eq!(r.skipped, 0, "{p} ms");
+        assert_eq!(r.lateness.misses(), 0, "{p} ms");
+        assert_eq!(r.overruns, 0, "{p} ms");
+        assert_eq!(
+            r.lateness.early_units(),
+            0,
+            "{p} ms: started before its release"
+        );
+    }
+    // Their CPU is given back.
+    assert_eq!(e.cpu_load()[0].rtus, 0);
+}
+
+#[test]
+fn an_over_committed_set_is_refused_at_create_and_removing_frees() {
+    let e = engine(1, 4);
+    let work = MS / 10;
+    // MARS's periods with budgets of a third of each: utilization 1.0 in all.
+    let first = working(&e, 60 * MS, 20 * MS, work);
+    let refused = e
+        .rtu_create(RtuSpec::new(75 * MS, 25 * MS), Box::new(|_| {}))
+        .unwrap_err();
+    let msg = refused.to_string();
+    println!("{msg}");
+    assert!(
+        matches!(
+            refused,
+            RtuError::Refused(CpuRefusal::Unschedulable { alone: false, .. })
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("utilization 0.667 of a worker") && msg.contains("> bound 0.700"),
+        "{msg}"
+    );
+    let load = e.cpu_load();
+    assert_eq!((load[0].rtus, load[0].utilization_ppb), (1, 333_333_334));
+    // Bad specs are refused as such.
+    for (p, b, what) in [(60, 0, "budget of 0"), (60, 61, "longer than the period")] {
+        let err = e
+            .rtu_create(RtuSpec::new(p * MS, b * MS), Box::new(|_| {}))
+            .unwrap_err();
+        assert!(
+            matches!(err, RtuError::Refused(CpuRefusal::Invalid { .. }))
+                && err.to_string().contains(what),
+            "{err}"
+        );
+    }
+    // Not even alone: more than the bound on an idle worker.
+    let alone = e
+        .rtu_create(RtuSpec::new(10 * MS, 6 * MS), Box::new(|_| {}))
+        .unwrap_err();
+    assert!(
+        alone.to_string().ends_with("(it would not fit even alone)"),
+        "{alone}"
+    );
+    // The refusals changed nothing: the first upcall runs on.
+    let before = first.stats().activations;
+    while first.stats().activations < before + 2 {
+        std::thread::sleep(10 * MS);
+    }
+    assert!(first.stats().running);
+    // Removing it frees its CPU: the refused one now fits.
+    let r = first.stop().unwrap();
+    assert!(r.activations >= 2);
+    assert_eq!(e.cpu_load()[0].rtus, 0);
+    let second = working(&e, 75 * MS, 25 * MS, work);
+    // A dropped handle cancels its upcall and frees its CPU too (when the worker takes it).
+    drop(second);
+    let mut polls = 0;
+    while e.cpu_load()[0].rtus != 0 {
+        polls += 1;
+        assert!(polls < 500, "the dropped upcall still holds its CPU");
+        std::thread::sleep(10 * MS);
+    }
+}
+
+#[test]
+fn upcalls_spread_over_workers_and_a_set_no_worker_takes_is_refused() {
+    let e = engine(2, 4);
+    let a = working(&e, 60 * MS, 20 * MS, MS / 10);
+    let b = working(&e, 75 * MS, 25 * MS, MS / 10);
+    let load = e.cpu_load();
+    assert_eq!((load[0].rtus, load[1].rtus), (1, 1));
+    let err = e
+        .rtu_create(RtuSpec::new(120 * MS, 40 * MS), Box::new(|_| {}))
+        .unwrap_err();
+    assert!(matches!(err, RtuError::Refused(_)), "{err}");
+    assert_eq!(e.cpu_load().iter().map(|l| l.rtus).sum::<u32>(), 2);
+    a.stop().unwrap();
+    b.stop().unwrap();
+}
+
+#[test]
+fn a_panicking_callback_is_cancelled_and_the_worker_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = source(dir.path(), 40 * 1024);
+    let e = engine(1, 4);
+    let calls = Arc::new(AtomicU64::new(0));
+    let calls2 = calls.clone();
+    let bad = e
+        .rtu_create(
+            RtuSpec::new(10 * MS, MS),
+            Box::new(move |a| {
+                calls2.fetch_add(1, Ordering::Relaxed);
+                if a.seq == 2 {
+                    panic!("boom in the callback");
+                }
+            }),
+        )
+        .unwrap();
+    let good = working(&e, 10 * MS, MS, MS / 10);
+    // A paced stream on the same worker.
+    let (port, stop, rx) = receiver();
+    let streams = paced_streams(&e, &file, port, 1, 40, 5 * MS, clock::now());
+    match bad.wait() {
+        Err(RtuError::Panicked {
+            seq,
+            message,
+            report,
+        }) => {
+            assert_eq!(seq, 2);
+            assert!(message.contains("boom in the callback"), "{message}");
+            assert_eq!(report.activations, 3);
+        }
+        other => panic!("expected a panic report, got {other:?}"),
+    }
+    assert_eq!(calls.load(Ordering::Relaxed), 3, "never called again");
+    assert_eq!(e.cpu_load()[0].rtus, 1, "its CPU was given back");
+    // The worker lives: the other upcall goes on, the stream completes.
+    let before = good.stats().activations;
+    for h in streams {
+        assert_eq!(h.wait().unwrap().units, 40);
+    }
+    while good.stats().activations < before + 3 {
+        std::thread::sleep(5 * MS);
+    }
+    assert!(good.stats().running);
+    let r = good.stop().unwrap();
+    assert_eq!(r.overruns, 0);
+    stop.store(true, Ordering::Relaxed);
+    rx.join().unwrap();
+}
+
+#[test]
+fn overruns_are_counted_and_activations_whose_period_passed_are_skipped_on_the_grid() {
+    let e = engine(1, 1);
+    // Declares 1 ms, uses 2 ms: every activation overruns.
+    let over = working(&e, 20 * MS, MS, 2 * MS);
+    // Declares 1 ms every 10 ms, uses 25 ms: each activation outlives the next periods.
+    let releases = Arc::new(Mutex::new(Vec::new()));
+    let rel2 = releases.clone();
+    let hog = e
+        .rtu_create(
+            RtuSpec::new(10 * MS, MS),
+            Box::new(move |a| {
+                rel2.lock().unwrap().push((a.seq, a.release, a.deadline));
+                burn(25 * MS);
+            }),
+        )
+        .unwrap();
+    while hog.stats().activations < 8 {
+        std::thread::sleep(10 * MS);
+    }
+    let (h, o) = (hog.stop().unwrap(), over.stop().unwrap());
+    show("hog", &h);
+    show("over", &o);
+    assert_eq!(o.overruns, o.activations);
+    assert!(o.cpu_max >= 2 * MS && o.cpu_max >= o.budget);
+    assert_eq!(h.overruns, h.activations);
+    assert!(h.skipped > 0, "{h:?}");
+    let rel = releases.lock().unwrap();
+    assert_eq!(rel.len() as u64, h.activations);
+    let (first_seq, first, _) = rel[0];
+    assert_eq!(first_seq, 0);
+    for w in rel.windows(2) {
+        let ((s0, _, _), (s1, r1, d1)) = (w[0], w[1]);
+        assert!(s1 > s0, "numbers only go up");
+        // Releases stay on the grid: activation s is released at first + s · period.
+        assert_eq!(r1.as_nanos() - first.as_nanos(), s1 * 10_000_000);
+        assert_eq!(d1.as_nanos() - r1.as_nanos(), 10_000_000);
+    }
+    // Every number up to the last is either run or skipped.
+    let last = rel.last().unwrap().0;
+    assert!(h.activations + h.skipped > last, "{h:?}");
+}

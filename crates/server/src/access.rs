@@ -537,34 +537,44 @@ impl Access {
         addrs: &[SocketAddr],
         local_port: Option<u16>,
     ) -> io::Result<std::os::fd::OwnedFd> {
-        use socket2::{Domain, Protocol, Socket, Type};
-        let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
-        for a in addrs {
-            let s = Socket::new(
-                Domain::for_address(*a),
-                Type::STREAM.cloexec(),
-                Some(Protocol::TCP),
-            )?;
-            if let Some(lp) = local_port {
-                let any: SocketAddr = if a.is_ipv4() {
-                    ([0, 0, 0, 0], lp).into()
-                } else {
-                    (std::net::Ipv6Addr::UNSPECIFIED, lp).into()
-                };
-                s.set_reuse_address(true)?;
-                s.bind(&any.into())?;
-            }
-            match s.connect_timeout(&(*a).into(), self.cfg.connect_timeout()) {
-                Ok(()) => {
-                    let _ = s.set_tcp_nodelay(true);
-                    s.set_nonblocking(true)?;
-                    return Ok(s.into());
-                }
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
+        connect_tcp(addrs, local_port, self.cfg.connect_timeout())
     }
+}
+
+/// Connects a TCP socket to the first of `addrs` that answers within `timeout` (each), from
+/// `local_port` when given; non-blocking once connected, with `TCP_NODELAY`.
+pub fn connect_tcp(
+    addrs: &[SocketAddr],
+    local_port: Option<u16>,
+    timeout: Duration,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+    for a in addrs {
+        let s = Socket::new(
+            Domain::for_address(*a),
+            Type::STREAM.cloexec(),
+            Some(Protocol::TCP),
+        )?;
+        if let Some(lp) = local_port {
+            let any: SocketAddr = if a.is_ipv4() {
+                ([0, 0, 0, 0], lp).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, lp).into()
+            };
+            s.set_reuse_address(true)?;
+            s.bind(&any.into())?;
+        }
+        match s.connect_timeout(&(*a).into(), timeout) {
+            Ok(()) => {
+                let _ = s.set_tcp_nodelay(true);
+                s.set_nonblocking(true)?;
+                return Ok(s.into());
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 fn list(dirs: &[Dir]) -> String {

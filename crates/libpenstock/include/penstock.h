@@ -105,8 +105,8 @@ typedef struct penstock_config {
   // Default 60000.
   uint64_t send_timeout_ms;
   // A control descriptor's stream not started within this long is closed, and a finished
-  // one forgotten this long after it ended (typed streams never expire: their handle
-  // closes them). Default 60000; at least 1.
+  // one whose descriptor is still open is forgotten this long after it ended (typed
+  // streams never expire: their handle closes them). Default 60000; at least 1.
   uint64_t pending_timeout_ms;
   // A `tcp://` endpoint's connect gives up after this long. Default 10000; at least 1.
   uint64_t connect_timeout_ms;
@@ -166,7 +166,8 @@ const char *penstock_version(void);
 // `CLOSE [NOW]`, `HELP`, `QUIT`; the stream's id may be left out, and no other stream can
 // be reached through it. It can be polled, and passed to another process. Closing it closes
 // the stream (cancelling it if still running) unless the options said `DETACHED`: a
-// detached stream runs to its end and is forgotten `pending_timeout_ms` later.
+// detached stream runs to its end and is then forgotten (one never started, or paused, is
+// closed with its descriptor: nobody could start or resume it any more).
 //
 // # Safety
 // `src`, `dst` and `options` are each NULL or a NUL-terminated string.

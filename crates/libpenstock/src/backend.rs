@@ -3,32 +3,17 @@
 //! the control protocol's meanings kept (`TRUNCATE`, listeners that wait off the caller's
 //! thread, a connect timeout).
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::fs::FileTypeExt;
 use std::time::Duration;
 
-use penstock_core::endpoint::{Endpoint, Host, Role};
+use penstock_core::endpoint::{Endpoint, Role};
 use penstock_driver::open::{classify_file, open_fd, open_source, open_target};
-use penstock_server::access::{Denied, Listener, Prepared, connect_tcp};
+use penstock_server::access::{Denied, Listener, Prepared, connect_tcp, resolve};
 use penstock_server::streams::EndpointPolicy;
 
 /// The in-process policy: every name the process could open itself.
 pub(crate) struct LocalPolicy {
     pub connect_timeout: Duration,
-}
-
-fn resolve(host: &Host, port: u16, label: &str) -> Result<Vec<SocketAddr>, Denied> {
-    let addrs: Vec<SocketAddr> = match host {
-        Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
-        Host::Name(n) => (n.as_str(), port)
-            .to_socket_addrs()
-            .map_err(|e| Denied::Failed(format!("{label}: cannot resolve host: {e}")))?
-            .collect(),
-    };
-    if addrs.is_empty() {
-        return Err(Denied::Failed(format!("{label}: no address")));
-    }
-    Ok(addrs)
 }
 
 impl EndpointPolicy for LocalPolicy {

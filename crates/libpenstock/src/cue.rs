@@ -32,6 +32,9 @@ pub(crate) fn parse_open(src: &str, dst: &str, options: &str) -> Result<(OpenSpe
         source: take(src, Role::Source)?,
         target: take(dst, Role::Target)?,
         expires: true,
+        // Once its descriptor is closed, nobody can reach a stream: a DETACHED one goes as
+        // soon as it ends (a busy server's finished bodies must not hold `streams_max`).
+        reachable_when_orphaned: false,
     };
     Ok((spec, given))
 }
@@ -42,7 +45,7 @@ pub(crate) fn open_stream(
     spec: &OpenSpec,
     given: Given,
 ) -> Result<(Caller, StreamId), Error> {
-    let caller = inner.caller();
+    let caller = inner.caller()?;
     let (id, _details) = inner.streams.open_given(caller, spec, given).map_err(|r| {
         let mut e = Error::from_reply(&r);
         // The table's limit is named after the control server's key; here it is the
@@ -76,7 +79,8 @@ pub(crate) fn open_stream(
 /// `CLOSE [NOW]`, `HELP`, `QUIT`; the stream's id may be left out, and no other stream can
 /// be reached through it. It can be polled, and passed to another process. Closing it closes
 /// the stream (cancelling it if still running) unless the options said `DETACHED`: a
-/// detached stream runs to its end and is forgotten `pending_timeout_ms` later.
+/// detached stream runs to its end and is then forgotten (one never started, or paused, is
+/// closed with its descriptor: nobody could start or resume it any more).
 ///
 /// # Safety
 /// `src`, `dst` and `options` are each NULL or a NUL-terminated string.

@@ -3,7 +3,7 @@
 
 use std::ffi::c_int;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -15,7 +15,9 @@ use penstock_server::control::{ControlShared, Session, serve_stream_descriptor, 
 use penstock_server::streams::{Caller, EngineBackend, Identity, Streams};
 
 use crate::backend::LocalPolicy;
-use crate::error::{Error, PENSTOCK_EINVAL, PENSTOCK_ENULL, PENSTOCK_ESYS, PENSTOCK_OK};
+use crate::error::{
+    Error, PENSTOCK_EHANDLE, PENSTOCK_EINVAL, PENSTOCK_ENULL, PENSTOCK_ESYS, PENSTOCK_OK,
+};
 use crate::ffi::{Registry, guard, guard_code};
 
 /// An engine (opaque). Made by `penstock_engine_new`, ended by `penstock_engine_free`.
@@ -43,8 +45,8 @@ pub struct penstock_config {
     /// Default 60000.
     pub send_timeout_ms: u64,
     /// A control descriptor's stream not started within this long is closed, and a finished
-    /// one forgotten this long after it ended (typed streams never expire: their handle
-    /// closes them). Default 60000; at least 1.
+    /// one whose descriptor is still open is forgotten this long after it ended (typed
+    /// streams never expire: their handle closes them). Default 60000; at least 1.
     pub pending_timeout_ms: u64,
     /// A `tcp://` endpoint's connect gives up after this long. Default 10000; at least 1.
     pub connect_timeout_ms: u64,
@@ -98,6 +100,9 @@ pub(crate) struct EngineInner {
     /// `penstock_config.streams_max`, for messages.
     pub streams_max: u32,
     next_conn: AtomicU64,
+    /// `penstock_engine_free` has begun: nothing new opens (a call that found the handle
+    /// just before the free is refused instead of opening a stream nobody would reap).
+    stopped: AtomicBool,
     reaper: Mutex<Option<JoinHandle<()>>>,
     /// The control descriptors' threads (finished ones are joined as new ones come).
     cues: Mutex<Vec<JoinHandle<()>>>,
@@ -180,17 +185,25 @@ impl EngineInner {
             uid,
             streams_max: c.streams_max,
             next_conn: AtomicU64::new(1),
+            stopped: AtomicBool::new(false),
             reaper: Mutex::new(Some(reaper)),
             cues: Mutex::new(Vec::new()),
         })
     }
 
-    /// A new caller of the table: a connection of its own, this process's identity.
-    pub fn caller(&self) -> Caller {
-        Caller {
+    /// A new caller of the table: a connection of its own, this process's identity; refused
+    /// once the engine is being freed.
+    pub fn caller(&self) -> Result<Caller, Error> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(Error::new(
+                PENSTOCK_EHANDLE,
+                "the penstock_engine is being freed: nothing new opens on it",
+            ));
+        }
+        Ok(Caller {
             conn: self.next_conn.fetch_add(1, Ordering::Relaxed),
             identity: Identity::Peer { uid: self.uid },
-        }
+        })
     }
 
     /// Serves `mine` (the library's end of a control descriptor) for stream `own` of
@@ -225,6 +238,7 @@ impl EngineInner {
     /// Stops everything: control descriptors answer 421 and close (within 200 ms), streams
     /// are cancelled (waiting up to 10 s in all for their in-flight I/O), the reaper ends.
     fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
         self.shared.stop();
         let cues = std::mem::take(&mut *self.cues.lock().unwrap_or_else(|p| p.into_inner()));
         for t in cues {

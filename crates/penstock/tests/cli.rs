@@ -718,12 +718,22 @@ fn stream_reads_a_descriptor_the_shell_opened() {
             .unwrap()
     };
     let ok = run(r#"exec "$1" stream fd:3 "$3" 3<"$2""#);
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    assert!(fs::read(&out).unwrap() == pattern(SIZE), "fd:3 → file differs");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(
+        fs::read(&out).unwrap() == pattern(SIZE),
+        "fd:3 → file differs"
+    );
     fs::remove_file(&out).unwrap();
     let bad = run(r#"exec "$1" stream fd:9 "$3""#);
     assert_eq!(bad.status.code(), Some(1));
     let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(err.contains("penstock: error: fd:9: Bad file descriptor"), "{err}");
+    assert!(
+        err.contains("penstock: error: fd:9: Bad file descriptor"),
+        "{err}"
+    );
     assert!(!out.exists());
 }

@@ -399,16 +399,7 @@ impl Access {
         label: &str,
         ok: impl Fn(&Self, IpAddr) -> Result<(), Denied>,
     ) -> Result<Vec<SocketAddr>, Denied> {
-        let addrs: Vec<SocketAddr> = match host {
-            Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
-            Host::Name(n) => (n.as_str(), port)
-                .to_socket_addrs()
-                .map_err(|e| Denied::Failed(format!("{label}: cannot resolve host: {e}")))?
-                .collect(),
-        };
-        if addrs.is_empty() {
-            return Err(Denied::Failed(format!("{label}: no address")));
-        }
+        let addrs = resolve(host, port, label)?;
         for a in &addrs {
             ok(self, a.ip())?;
         }
@@ -539,6 +530,21 @@ impl Access {
     ) -> io::Result<std::os::fd::OwnedFd> {
         connect_tcp(addrs, local_port, self.cfg.connect_timeout())
     }
+}
+
+/// Resolves `host:port` (a name through the system's resolver, once): at least one address.
+pub fn resolve(host: &Host, port: u16, label: &str) -> Result<Vec<SocketAddr>, Denied> {
+    let addrs: Vec<SocketAddr> = match host {
+        Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
+        Host::Name(n) => (n.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| Denied::Failed(format!("{label}: cannot resolve host: {e}")))?
+            .collect(),
+    };
+    if addrs.is_empty() {
+        return Err(Denied::Failed(format!("{label}: no address")));
+    }
+    Ok(addrs)
 }
 
 /// Connects a TCP socket to the first of `addrs` that answers within `timeout` (each), from

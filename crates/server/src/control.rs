@@ -486,20 +486,11 @@ const HELP: &[&str] = &[
     "On a stream's own descriptor (penstock_cue) the <id> may be left out: START, SEEK 4096, STATE, CLOSE.",
 ];
 
-/// The stream a command names (`STATE`: each one), for the own-descriptor rule.
+/// The streams a command names (`STATE`: each one), for the own-descriptor rule.
 fn named_streams(cmd: &Command) -> Vec<StreamId> {
     match cmd {
-        Command::Seek { id, .. }
-        | Command::Unit { id, .. }
-        | Command::Length { id, .. }
-        | Command::Rate { id, .. }
-        | Command::Schedule { id, .. }
-        | Command::Start { id }
-        | Command::Pause { id }
-        | Command::Resume { id }
-        | Command::Close { id, .. } => vec![*id],
         Command::State(StreamSelector::Ids(ids)) => ids.clone(),
-        _ => Vec::new(),
+        other => other.stream_id().into_iter().collect(),
     }
 }
 

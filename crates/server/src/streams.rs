@@ -283,6 +283,12 @@ pub struct Given {
     /// that long after it ended); `false` for a stream a C handle holds: it goes only when
     /// closed.
     pub expires: bool,
+    /// A `DETACHED` stream whose connection is gone stays reachable by id for holders of
+    /// the token (the server's remote control). `false` where nobody can reach it once its
+    /// connection is gone (the C library's control descriptors, with no token): it is then
+    /// closed as soon as it is not moving bytes (ended, or pending or paused, which nobody
+    /// could start or resume any more) instead of holding its place for `pending_timeout_ms`.
+    pub reachable_when_orphaned: bool,
 }
 
 impl Default for Given {
@@ -291,6 +297,7 @@ impl Default for Given {
             source: None,
             target: None,
             expires: true,
+            reachable_when_orphaned: true,
         }
     }
 }
@@ -549,6 +556,10 @@ struct Slot {
     detached: bool,
     /// Expires by `pending_timeout_ms` ([`Given::expires`]).
     expires: bool,
+    /// Its connection is gone and nobody can reach it ([`Given::reachable_when_orphaned`]):
+    /// closed once it does not move bytes.
+    unreachable: bool,
+    reachable_when_orphaned: bool,
     entry: Arc<Mutex<Entry>>,
 }
 
@@ -885,6 +896,8 @@ impl Streams {
                 identity: Some(identity),
                 detached: spec.detached,
                 expires: given.expires,
+                unreachable: false,
+                reachable_when_orphaned: given.reachable_when_orphaned,
                 entry: Arc::new(Mutex::new(entry)),
             },
         );
@@ -1226,8 +1239,17 @@ impl Streams {
 
     fn finish_entry(&self, e: &Mutex<Entry>, now: bool) -> u64 {
         let mut e = lock(e);
+        self.stop(&mut e, Run::Done, now);
+        self.release(&mut e);
+        self.notify_ended();
+        e.sent_bytes()
+    }
+
+    /// Stops whatever an entry runs — a `START` under way, its engine stream (folding what it
+    /// sent into the entry, see [`Streams::stop_engine`]) — and leaves it in state `then`.
+    fn stop(&self, e: &mut Entry, then: Run, now: bool) {
         e.cancel_start();
-        let handle = match std::mem::replace(&mut e.run, Run::Done) {
+        let handle = match std::mem::replace(&mut e.run, then) {
             Run::Running { handle, .. } => {
                 self.metrics.streams_active.dec();
                 Some(handle)
@@ -1236,11 +1258,8 @@ impl Streams {
             _ => None,
         };
         if let Some(handle) = handle {
-            self.stop_engine(&mut e, handle, now);
+            self.stop_engine(e, handle, now);
         }
-        self.release(&mut e);
-        self.notify_ended();
-        e.sent_bytes()
     }
 
     /// Cancels an entry's engine stream and folds what it sent into the entry's counts and
@@ -1278,18 +1297,7 @@ impl Streams {
                 format!("stream {id} is {} already", e.state_name()),
             );
         }
-        e.cancel_start();
-        let handle = match std::mem::replace(&mut e.run, Run::Pending) {
-            Run::Running { handle, .. } => {
-                self.metrics.streams_active.dec();
-                Some(handle)
-            }
-            Run::Paused { handle, .. } => handle,
-            _ => None,
-        };
-        if let Some(handle) = handle {
-            self.stop_engine(&mut e, handle, false);
-        }
+        self.stop(&mut e, Run::Pending, false);
         self.fail(&mut e, "cancelled".into());
         Reply::ok(format!(
             "cancelled {id} sent={} offset={}",
@@ -1450,6 +1458,11 @@ impl Streams {
     pub fn connection_closed(&self, conn: u64) {
         let mine: Vec<Slot> = {
             let mut t = lock(&self.table);
+            for s in t.values_mut() {
+                if s.owner == conn && s.detached && !s.reachable_when_orphaned {
+                    s.unreachable = true;
+                }
+            }
             let ids: Vec<u64> = t
                 .iter()
                 .filter(|(_, s)| s.owner == conn && !s.detached)
@@ -1479,18 +1492,26 @@ impl Streams {
     /// `pending_timeout_ms` is closed (its reservation returns), and a finished one is
     /// forgotten that long after it ended.
     pub fn reap(&self) {
-        let entries: Vec<(u64, bool, Arc<Mutex<Entry>>)> = lock(&self.table)
+        let entries: Vec<(u64, bool, bool, Arc<Mutex<Entry>>)> = lock(&self.table)
             .iter()
-            .map(|(k, s)| (*k, s.expires, s.entry.clone()))
+            .map(|(k, s)| (*k, s.expires, s.unreachable, s.entry.clone()))
             .collect();
         let linger = self.config.pending_timeout();
         let mut expired = Vec::new();
-        for (k, expires, e) in entries {
+        for (k, expires, unreachable, e) in entries {
             let Ok(mut e) = e.try_lock() else { continue };
             e.feed_lateness(&self.metrics);
             let result = e.handle().and_then(|h| h.wait_timeout(Duration::ZERO));
             if let Some(result) = result {
                 self.finished(&mut e, result);
+            }
+            let idle = matches!(
+                e.run,
+                Run::Pending | Run::Paused { .. } | Run::Done | Run::Failed(_)
+            );
+            if unreachable && idle {
+                expired.push(k);
+                continue;
             }
             if !expires {
                 continue;

@@ -992,15 +992,7 @@ mod tests {
                 // Half the time the descriptor's own stream is the command's.
                 let own = match &c {
                     Command::State(StreamSelector::Ids(ids)) if take => ids[0],
-                    Command::Seek { id, .. }
-                    | Command::Unit { id, .. }
-                    | Command::Length { id, .. }
-                    | Command::Rate { id, .. }
-                    | Command::Schedule { id, .. }
-                    | Command::Start { id }
-                    | Command::Pause { id }
-                    | Command::Resume { id }
-                    | Command::Close { id, .. } if take => *id,
+                    c if take => c.stream_id().unwrap_or(other),
                     _ => other,
                 };
                 let text = c.to_string();
@@ -1008,15 +1000,7 @@ mod tests {
                 let id = format!(" {own}");
                 let short = match &c {
                     Command::State(StreamSelector::Ids(ids)) if ids == &[own] => "STATE".to_string(),
-                    Command::Seek { id: i, .. }
-                    | Command::Unit { id: i, .. }
-                    | Command::Length { id: i, .. }
-                    | Command::Rate { id: i, .. }
-                    | Command::Schedule { id: i, .. }
-                    | Command::Start { id: i }
-                    | Command::Pause { id: i }
-                    | Command::Resume { id: i }
-                    | Command::Close { id: i, .. } if *i == own => text.replacen(&id, "", 1),
+                    c if c.stream_id() == Some(own) => text.replacen(&id, "", 1),
                     _ => return Ok(()),
                 };
                 prop_assert_eq!(parse_command_on(&short, &l, Some(own)), Ok(c), "{}", short);

@@ -183,6 +183,15 @@ HELPER void receiver_start(struct receiver *r, int fd) {
     DIE_UNLESS(pthread_create(&r->thread, NULL, receive_all, r) == 0);
 }
 
+/* A loopback TCP connection whose far end a receiver thread reads; the near end, to write
+ * to (or to hand to penstock), is returned. */
+HELPER int tcp_to_receiver(struct receiver *r) {
+    int send_end;
+    int recv_end = tcp_pair(&send_end);
+    receiver_start(r, recv_end);
+    return send_end;
+}
+
 /* Joins the receiver and closes its socket; the bytes stay in r->buf (free them). */
 HELPER void receiver_join(struct receiver *r) {
     pthread_join(r->thread, NULL);

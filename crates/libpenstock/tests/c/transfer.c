@@ -14,10 +14,8 @@ static void file_to_tcp_through_a_control_descriptor(void) {
     const size_t n = (3u << 20) + 4097;
     make_file(path, n);
     int src = open(path, O_RDONLY | O_CLOEXEC);
-    int send_end;
-    int recv_end = tcp_pair(&send_end);
     struct receiver r;
-    receiver_start(&r, recv_end);
+    int send_end = tcp_to_receiver(&r);
 
     char s[32], d[32], reply[256], line[512];
     snprintf(s, sizeof s, "fd:%d", src);
@@ -206,10 +204,8 @@ static void one_shot_stream_burst_and_periodic(void) {
     const size_t n = 777777;
     make_file(path, n);
     int src = open(path, O_RDONLY | O_CLOEXEC);
-    int send_end;
-    int recv_end = tcp_pair(&send_end);
     struct receiver r;
-    receiver_start(&r, recv_end);
+    int send_end = tcp_to_receiver(&r);
     CHECK(penstock_stream(src, send_end, 0, 0, 0) == (int64_t)n);
     /* The caller's descriptors are still the caller's: closing the socket ends the peer. */
     close(send_end);
@@ -218,8 +214,7 @@ static void one_shot_stream_burst_and_periodic(void) {
     free(r.buf);
 
     /* Periodic, with the copy path: 40 units of 1000 bytes, one every 2 ms. */
-    recv_end = tcp_pair(&send_end);
-    receiver_start(&r, recv_end);
+    send_end = tcp_to_receiver(&r);
     int p[2];
     DIE_UNLESS(pipe2(p, O_CLOEXEC) == 0);
     /* A pipe source holding exactly 40 units. */

@@ -24,6 +24,7 @@
 //! | `unix:PATH`                     | connect to a stream socket, read       | connect to a stream socket, write      |
 //! | `unix-listen:PATH`              | listen, accept one peer, read          | listen, accept one peer, write         |
 //! | `vol:VOLUME/PARTITION`          | read the partition                     | write the partition                    |
+//! | `fd:N`                          | read descriptor N of the caller        | write descriptor N of the caller       |
 //! | `/net/udp/PORT`                 | receive on 127.0.0.1:PORT              | send to 127.0.0.1:PORT                 |
 //! | `/net/udp/HOST/PORT`            | —                                      | send to HOST:PORT                      |
 //! | `/net/udp/LOCALPORT/PORT`       | —                                      | send to 127.0.0.1:PORT from LOCALPORT  |
@@ -73,9 +74,10 @@
 //!
 //! # What is a file
 //!
-//! A string is a network, socket or volume name only if it begins with a known prefix
-//! (`tcp://`, `tcp-listen://`, `udp://`, `udp-listen://`, `unix:`, `unix-listen:`, `vol:`,
-//! `file:`, or exactly `/net/udp` or `/net/tcp` followed by `/` or nothing) or is exactly `-`.
+//! A string is a network, socket, volume or descriptor name only if it begins with a known
+//! prefix (`tcp://`, `tcp-listen://`, `udp://`, `udp-listen://`, `unix:`, `unix-listen:`,
+//! `vol:`, `fd:`, `file:`, or exactly `/net/udp` or `/net/tcp` followed by `/` or nothing) or
+//! is exactly `-`.
 //! Everything else is a file path, spaces, non-ASCII and colons included (`./a:b`, `C:\x`,
 //! `notes: draft.txt`). Two shapes are refused rather than taken as files, because they are
 //! far more likely typos than file names, and writing a stream to a stray file would be a
@@ -83,6 +85,16 @@
 //! a known network scheme missing its slashes (`tcp:host:80`). To name such a file, or a real
 //! file under `/net/udp`, write `file:PATH` or `./PATH`. `file:PATH` is not a URL: the rest
 //! of the string after `file:` is the path, verbatim.
+//!
+//! # Descriptors
+//!
+//! `fd:N` names a descriptor the *calling process* already has open (N decimal, 0 to
+//! 2147483647, no leading zeros): a regular file, a block device, a pipe, a TCP, UDP or Unix
+//! socket. It is for programs that call penstock in process (the C library's `penstock_cue`,
+//! `penstock stream fd:3 ...` from a shell that opened 3); what the descriptor is, the driver
+//! finds out with fstat(2) and getsockopt(2) when it takes its own duplicate. A server never
+//! accepts it from a network peer: there the number would name one of the *server's*
+//! descriptors.
 //!
 //! Paths are limited to what Linux accepts (4095 bytes; a Unix socket path to 107 bytes, the
 //! size of `sun_path` less its NUL), so a name the kernel would refuse is refused here with a
@@ -129,6 +141,7 @@ accepted endpoints:
   unix:PATH                       connect to a Unix stream socket
   unix-listen:PATH                listen on a Unix stream socket and accept one peer
   vol:VOLUME/PARTITION            a partition of a striped volume
+  fd:N                            descriptor N of the calling process (file, device, pipe or socket)
   /net/udp/PORT                   source: receive on 127.0.0.1:PORT; target: send to 127.0.0.1:PORT
   /net/udp/[LOCALPORT/]HOST/PORT  target only: send to HOST:PORT [from LOCALPORT]
   /net/udp/LOCALPORT/PORT         target only: send to 127.0.0.1:PORT from LOCALPORT
@@ -186,11 +199,14 @@ pub enum Endpoint {
     Unix { path: PathBuf },
     /// Create a Unix stream socket at `path`, listen, and accept one peer.
     UnixListen { path: PathBuf },
-    /// A partition of a striped volume. Parsed only: volumes are a later issue.
+    /// A partition of a striped volume.
     Volume {
         volume: VolumeName,
         partition: PartitionName,
     },
+    /// Descriptor `fd` (0 to `i32::MAX`) of the calling process: the driver duplicates it, so
+    /// the caller keeps its own (see the module doc).
+    Fd { fd: i32 },
 }
 
 /// The variant of an [`Endpoint`] without its data, for matching, counters and messages.
@@ -205,6 +221,7 @@ pub enum EndpointKind {
     Unix,
     UnixListen,
     Volume,
+    Fd,
 }
 
 impl EndpointKind {
@@ -220,6 +237,7 @@ impl EndpointKind {
             EndpointKind::Unix => "unix",
             EndpointKind::UnixListen => "unix-listen",
             EndpointKind::Volume => "volume",
+            EndpointKind::Fd => "fd",
         }
     }
 }
@@ -279,6 +297,11 @@ pub enum EndpointError {
     PathTooLong { len: usize, max: usize },
     #[error("endpoint {input:?}: {reason}\n{ACCEPTED_FORMS}")]
     InvalidVolume { input: String, reason: &'static str },
+    #[error(
+        "endpoint {input:?}: fd:N takes a descriptor number, decimal, 0 to 2147483647, no \
+         leading zeros (for a file with this name, write file:{input})\n{ACCEPTED_FORMS}"
+    )]
+    InvalidFd { input: String },
     #[error("endpoint {input:?} cannot be a {role}: {hint}\n{ACCEPTED_FORMS}")]
     WrongRole {
         input: String,
@@ -333,6 +356,8 @@ enum Syntax<'a> {
     Unix(&'a str),
     UnixListen(&'a str),
     Volume(&'a str),
+    /// After `fd:`.
+    Fd(&'a str),
     Url(Scheme, &'a str),
     MissingSlashes(Scheme),
     /// After `/net/udp` or `/net/tcp`: empty, or starting with `/`.
@@ -355,6 +380,9 @@ fn classify(s: &str) -> Syntax<'_> {
     }
     if let Some(rest) = s.strip_prefix("vol:") {
         return Syntax::Volume(rest);
+    }
+    if let Some(rest) = s.strip_prefix("fd:") {
+        return Syntax::Fd(rest);
     }
     for scheme in Scheme::ALL {
         // "tcp-listen:" does not start with "tcp:", so no scheme shadows another.
@@ -414,6 +442,7 @@ impl Endpoint {
                 path: parse_path(s, p, UNIX_PATH_BYTES_MAX)?,
             }),
             Syntax::Volume(rest) => parse_volume(s, rest),
+            Syntax::Fd(rest) => parse_fd(s, rest),
             Syntax::Url(scheme, rest) => parse_url(s, scheme, rest, role),
             Syntax::MissingSlashes(scheme) => Err(EndpointError::MissingSlashes {
                 input: s.to_string(),
@@ -439,6 +468,7 @@ impl Endpoint {
             Endpoint::Unix { .. } => EndpointKind::Unix,
             Endpoint::UnixListen { .. } => EndpointKind::UnixListen,
             Endpoint::Volume { .. } => EndpointKind::Volume,
+            Endpoint::Fd { .. } => EndpointKind::Fd,
         }
     }
 
@@ -454,7 +484,8 @@ impl Endpoint {
 
     /// Named storage (a file or a volume partition): it has a size, and `--offset` and
     /// `--length` apply to it. By name only — a `File` may still turn out to be a FIFO or a
-    /// character device when the driver opens it.
+    /// character device when the driver opens it, and an `Fd` is none of these by name
+    /// (whatever its descriptor turns out to be).
     pub fn is_storage(&self) -> bool {
         matches!(self, Endpoint::File { .. } | Endpoint::Volume { .. })
     }
@@ -530,6 +561,7 @@ impl fmt::Display for Endpoint {
             Endpoint::Unix { path } => write!(f, "unix:{}", path.to_string_lossy()),
             Endpoint::UnixListen { path } => write!(f, "unix-listen:{}", path.to_string_lossy()),
             Endpoint::Volume { volume, partition } => write!(f, "vol:{volume}/{partition}"),
+            Endpoint::Fd { fd } => write!(f, "fd:{fd}"),
         }
     }
 }
@@ -730,6 +762,23 @@ fn parse_net(input: &str, proto: Proto, rest: &str, role: Role) -> Result<Endpoi
             local_port,
         }),
     }
+}
+
+/// `fd:N`: N decimal, 0 to `i32::MAX` (a descriptor number is a non-negative C `int`), one
+/// spelling each (no sign, no leading zero).
+fn parse_fd(input: &str, rest: &str) -> Result<Endpoint, EndpointError> {
+    let invalid = || EndpointError::InvalidFd {
+        input: input.to_string(),
+    };
+    if rest.is_empty()
+        || rest.len() > 10
+        || !rest.bytes().all(|b| b.is_ascii_digit())
+        || (rest.len() > 1 && rest.starts_with('0'))
+    {
+        return Err(invalid());
+    }
+    let fd: i32 = rest.parse().map_err(|_| invalid())?;
+    Ok(Endpoint::Fd { fd })
 }
 
 /// The longest volume path in `vol:/PATH/PARTITION` (Linux's PATH_MAX less its NUL).

@@ -104,6 +104,42 @@ pub fn lateness_bucket(ns: u64) -> usize {
     ((u64::BITS - ns.leading_zeros()) as usize).min(LATENESS_BUCKETS - 1)
 }
 
+/// The most lateness, in ns, that live bucket `i` holds: 0 for bucket 0, `2^i - 1` for the
+/// others; the last bucket has no upper end and gives its lower one, `2^(LATENESS_BUCKETS-2)`
+/// (a figure read as "at least").
+pub fn lateness_bucket_high_ns(i: usize) -> u64 {
+    match i {
+        0 => 0,
+        i if i >= LATENESS_BUCKETS - 1 => 1 << (LATENESS_BUCKETS - 2),
+        i => (1 << i) - 1,
+    }
+}
+
+/// From live bucket counts: the lateness at or below which `per_million` parts of a million
+/// of the units fall (`500_000`: the median, `990_000`: p99, `1_000_000`: the maximum), as the
+/// high end of its bucket ([`lateness_bucket_high_ns`]), so never below the true figure and
+/// less than twice it. `None` when nothing was counted.
+pub fn lateness_bucket_quantile_ns(
+    buckets: &[u64; LATENESS_BUCKETS],
+    per_million: u32,
+) -> Option<u64> {
+    let total: u128 = buckets.iter().map(|&n| u128::from(n)).sum();
+    if total == 0 {
+        return None;
+    }
+    // The rank of the unit asked for, 1-based: ceil(q * total), at least 1.
+    let q = u128::from(per_million.min(1_000_000));
+    let rank = (q * total).div_ceil(1_000_000).max(1);
+    let mut seen = 0u128;
+    for (i, &n) in buckets.iter().enumerate() {
+        seen += u128::from(n);
+        if seen >= rank {
+            return Some(lateness_bucket_high_ns(i));
+        }
+    }
+    unreachable!("rank ≤ total, and the counts sum to total")
+}
+
 /// Lateness statistics of one stream (or, after [`LatenessStats::merge`], of several).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LatenessStats {
@@ -417,6 +453,31 @@ mod tests {
 
     fn at(ns: u64) -> Instant {
         Instant::from_nanos(ns)
+    }
+
+    #[test]
+    fn quantiles_of_live_buckets_are_their_buckets_high_ends() {
+        let mut b = [0u64; LATENESS_BUCKETS];
+        assert_eq!(lateness_bucket_quantile_ns(&b, 500_000), None);
+        // 98 units on time, one 1000 ns late, one 2 ms late.
+        b[0] = 98;
+        b[lateness_bucket(1000)] += 1;
+        b[lateness_bucket(2_000_000)] += 1;
+        assert_eq!(lateness_bucket_quantile_ns(&b, 500_000), Some(0));
+        assert_eq!(lateness_bucket_quantile_ns(&b, 980_000), Some(0));
+        assert_eq!(lateness_bucket_quantile_ns(&b, 990_000), Some(1023));
+        let max = lateness_bucket_quantile_ns(&b, 1_000_000).unwrap();
+        assert!((2_000_000..4_000_000).contains(&max), "{max}");
+        // Each figure bounds the lateness it stands for from above, within a factor of two.
+        for ns in [1u64, 2, 3, 1000, 123_456, (1 << 29) + 5] {
+            let high = lateness_bucket_high_ns(lateness_bucket(ns));
+            assert!(high >= ns && high < 2 * ns.max(1), "{ns}: {high}");
+        }
+        // The open-ended last bucket gives its lower end.
+        let mut late = [0u64; LATENESS_BUCKETS];
+        late[lateness_bucket(u64::MAX)] = 1;
+        assert_eq!(lateness_bucket_quantile_ns(&late, 1_000_000), Some(1 << 30));
+        assert_eq!(lateness_bucket_quantile_ns(&late, 0), Some(1 << 30));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use penstock_core::endpoint::{Endpoint, Host};
+use penstock_core::endpoint::{Endpoint, Host, Role};
 use penstock_core::stream::IoKind;
 
 use crate::files::Descriptor;
@@ -53,6 +53,22 @@ pub enum OpenError {
     Volume { label: String, error: VolumeError },
     #[error("{label}: not supported as a {role} yet")]
     Unsupported { label: String, role: &'static str },
+    /// An `fd:N` descriptor that is open but cannot play its part (a directory, a listening
+    /// socket, a read-only descriptor as a target, ...): `reason` says what to pass instead.
+    #[error("{label}: {reason}")]
+    Descriptor { label: String, reason: String },
+}
+
+impl OpenError {
+    /// The OS error behind this one, when there is one (`EBADF` for a closed `fd:N`).
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            OpenError::Io { source, .. } | OpenError::Resolve { source, .. } => {
+                source.raw_os_error()
+            }
+            _ => None,
+        }
+    }
 }
 
 fn io_err(label: &str) -> impl FnOnce(io::Error) -> OpenError + '_ {
@@ -174,6 +190,7 @@ pub fn open_source(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
         Endpoint::Volume { volume, partition } => {
             open_volume(volume.as_str(), partition.as_str(), Access::Shared)
         }
+        Endpoint::Fd { fd } => open_fd(*fd, Role::Source),
         other => Err(OpenError::Unsupported {
             label: other.to_string(),
             role: "source",
@@ -214,11 +231,145 @@ pub fn open_target(ep: &Endpoint, on_listen: OnListen<'_>) -> Result<Opened, Ope
         Endpoint::Volume { volume, partition } => {
             open_volume(volume.as_str(), partition.as_str(), Access::SharedWrite)
         }
+        Endpoint::Fd { fd } => open_fd(*fd, Role::Target),
         other => Err(OpenError::Unsupported {
             label: other.to_string(),
             role: "target",
         }),
     }
+}
+
+/// Takes descriptor `fd` of this process for a stream (an `fd:N` endpoint): duplicates it (the
+/// caller keeps and may close its own) and finds out what it is — fstat(2) for files, block
+/// devices, pipes and character devices, getsockopt(2) `SO_TYPE`, `SO_ACCEPTCONN` for
+/// sockets. Refused, saying why: a descriptor not open (`EBADF`), a directory, an `O_PATH`
+/// descriptor, one not open for `role`'s direction (a read-only target, a write-only source),
+/// a listening socket, a stream socket without a peer, a UDP target without a peer to send to
+/// (`connect(2)` it first), a socket type other than stream or datagram.
+///
+/// A socket is made non-blocking, as every socket of a stream is; `O_NONBLOCK` belongs to
+/// the open file description, which the duplicate shares, so the caller's own descriptor
+/// becomes non-blocking too. A file source is read at the stream's offsets (pread), whatever
+/// the descriptor's position; a file or pipe target is written at its position, as write(2)
+/// would.
+pub fn open_fd(fd: i32, role: Role) -> Result<Opened, OpenError> {
+    use rustix::fs::{FileType, OFlags};
+    let label = format!("fd:{fd}");
+    let refuse = |reason: &str| OpenError::Descriptor {
+        label: label.clone(),
+        reason: reason.to_string(),
+    };
+    let own = penstock_uring::sys::dup_fd_number(fd).map_err(io_err(&label))?;
+    let flags = rustix::fs::fcntl_getfl(&own).map_err(|e| io_err(&label)(e.into()))?;
+    if flags.contains(OFlags::PATH) {
+        return Err(refuse(
+            "an O_PATH descriptor cannot be read or written; open the file for reading or writing",
+        ));
+    }
+    let stat = rustix::fs::fstat(&own).map_err(|e| io_err(&label)(e.into()))?;
+    let file_type = FileType::from_raw_mode(stat.st_mode);
+    if file_type == FileType::Socket {
+        return open_fd_socket(own, role, label);
+    }
+    let access = flags & OFlags::RWMODE;
+    match role {
+        Role::Source if access == OFlags::WRONLY => {
+            return Err(refuse(
+                "open for writing only; a source needs a descriptor open for reading",
+            ));
+        }
+        Role::Target if access == OFlags::RDONLY => {
+            return Err(refuse(
+                "open for reading only; a target needs a descriptor open for writing",
+            ));
+        }
+        _ => {}
+    }
+    match file_type {
+        FileType::Directory => Err(OpenError::Directory { label }),
+        FileType::RegularFile => Ok(Opened {
+            fd: own.into(),
+            kind: IoKind::File,
+            size: Some(u64::try_from(stat.st_size).unwrap_or(0)),
+            socket: false,
+            label,
+            volume: None,
+        }),
+        FileType::BlockDevice => {
+            // The size by seeking to the end, then back: the position is shared with the
+            // caller's descriptor, so it is put back where it was.
+            let seek = |to| rustix::fs::seek(&own, to).map_err(|e| io_err(&label)(e.into()));
+            let was = seek(rustix::fs::SeekFrom::Current(0))?;
+            let size = seek(rustix::fs::SeekFrom::End(0))?;
+            seek(rustix::fs::SeekFrom::Start(was))?;
+            Ok(Opened {
+                fd: own.into(),
+                kind: IoKind::File,
+                size: Some(size),
+                socket: false,
+                label,
+                volume: None,
+            })
+        }
+        // FIFOs and character devices: read or written in order, no size (as `classify_file`).
+        _ => Ok(Opened {
+            fd: own.into(),
+            kind: IoKind::Pipe,
+            size: None,
+            socket: false,
+            label,
+            volume: None,
+        }),
+    }
+}
+
+fn open_fd_socket(own: OwnedFd, role: Role, label: String) -> Result<Opened, OpenError> {
+    use rustix::net::SocketType;
+    let refuse = |reason: &str| OpenError::Descriptor {
+        label: label.clone(),
+        reason: reason.to_string(),
+    };
+    let sys = |e: rustix::io::Errno| io_err(&label)(e.into());
+    if rustix::net::sockopt::socket_acceptconn(&own).map_err(sys)? {
+        return Err(refuse(
+            "a listening socket; accept(2) a connection and pass the connected socket",
+        ));
+    }
+    let ty = rustix::net::sockopt::socket_type(&own).map_err(sys)?;
+    // ENOTCONN is the one answer that means no peer (an unnamed Unix peer, as a socketpair's,
+    // still is one).
+    let has_peer = !matches!(
+        rustix::net::getpeername(&own),
+        Err(rustix::io::Errno::NOTCONN)
+    );
+    let kind = if ty == SocketType::STREAM {
+        if !has_peer {
+            return Err(refuse(
+                "a stream socket with no peer; pass a connected (or accepted) socket",
+            ));
+        }
+        IoKind::StreamSocket
+    } else if ty == SocketType::DGRAM {
+        if role == Role::Target && !has_peer {
+            return Err(refuse(
+                "a datagram socket with no peer to send to; connect(2) it to the receiver first",
+            ));
+        }
+        IoKind::Datagram
+    } else {
+        return Err(refuse(
+            "a socket that is neither a stream (TCP, Unix) nor a datagram (UDP) socket",
+        ));
+    };
+    set_nonblocking(&own, &label)?;
+    Ok(Opened {
+        fd: own.into(),
+        kind,
+        size: None,
+        socket: true,
+        label,
+        volume: None,
+    })
 }
 
 /// Opens partition `partition` of volume `vol` (a name in `PENSTOCK_VOLUMES` or a member's

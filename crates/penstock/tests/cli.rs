@@ -695,3 +695,45 @@ fn receiver_that_never_reads_ends_the_stream_at_the_send_timeout() {
     holder.join().expect("holder");
     expect_error("stalled receiver", &o, "no progress for 1s");
 }
+
+/// `fd:N` names a descriptor the shell opened for penstock: `penstock stream fd:3 OUT 3<IN`
+/// copies it byte for byte; a number no descriptor has is an error naming it (exit 1), and
+/// the target is not created.
+#[test]
+fn stream_reads_a_descriptor_the_shell_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("in");
+    let out = dir.path().join("out");
+    fs::write(&src, pattern(SIZE)).unwrap();
+    let run = |script: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg("sh")
+            .arg(BIN)
+            .arg(&src)
+            .arg(&out)
+            .env_remove("PENSTOCK_NO_URING")
+            .output()
+            .unwrap()
+    };
+    let ok = run(r#"exec "$1" stream fd:3 "$3" 3<"$2""#);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(
+        fs::read(&out).unwrap() == pattern(SIZE),
+        "fd:3 → file differs"
+    );
+    fs::remove_file(&out).unwrap();
+    let bad = run(r#"exec "$1" stream fd:9 "$3""#);
+    assert_eq!(bad.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("penstock: error: fd:9: Bad file descriptor"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}

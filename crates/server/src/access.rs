@@ -14,7 +14,10 @@
 //! - **listening** sockets only on `listen_allow` addresses (default loopback), **connecting**
 //!   and sending ones only to `connect_allow` (default any), names resolved once and the
 //!   address checked is the one used;
-//! - never the server's own stdin or stdout (`-`).
+//! - never the server's own stdin or stdout (`-`), and never a descriptor named by number
+//!   (`fd:N`): the number would name one of the *server's* descriptors (its listeners, its
+//!   token file, another client's socket). Descriptors reach the server only by being
+//!   passed (SCM_RIGHTS hand-off, a later issue), never by a name.
 //!
 //! [`Access::check`] runs at `OPEN` (a refusal costs nothing: no admission, no slot);
 //! [`Access::prepare`] at `START` opens what opens at once and binds listeners, whose peer
@@ -137,6 +140,35 @@ impl Drop for Listener {
 const ACCEPT_SLICE: Duration = Duration::from_millis(100);
 
 impl Listener {
+    /// Binds a TCP listener on the first of `addrs` that binds (non-blocking, for
+    /// [`Listener::accept`]); `label` names the endpoint in messages.
+    pub fn bind_tcp(addrs: &[SocketAddr], label: String) -> Result<Listener, Denied> {
+        let failed = |e: io::Error| Denied::Failed(format!("{label}: {e}"));
+        let l = TcpListener::bind(addrs).map_err(failed)?;
+        l.set_nonblocking(true).map_err(failed)?;
+        let addr = l.local_addr().map_err(failed)?.to_string();
+        Ok(Listener {
+            kind: ListenerKind::Tcp(l),
+            label,
+            addr,
+        })
+    }
+
+    /// Binds a Unix stream listener at `path` (removed again when the listener goes).
+    pub fn bind_unix(path: &Path, label: String) -> Result<Listener, Denied> {
+        let failed = |e: io::Error| Denied::Failed(format!("{label}: {e}"));
+        let l = UnixListener::bind(path).map_err(failed)?;
+        if let Err(e) = l.set_nonblocking(true) {
+            let _ = std::fs::remove_file(path);
+            return Err(failed(e));
+        }
+        Ok(Listener {
+            kind: ListenerKind::Unix(l, path.to_path_buf()),
+            addr: format!("unix:{}", path.display()),
+            label,
+        })
+    }
+
     /// Waits for the peer until `deadline`, giving up as soon as `give_up()` says so
     /// (a `CLOSE`, the server stopping).
     pub fn accept(self, deadline: Instant, give_up: &dyn Fn() -> bool) -> Result<Opened, Denied> {
@@ -306,6 +338,10 @@ impl Access {
             Endpoint::Stdio => Err(Denied::Forbidden(
                 "- is the server's own stdin/stdout, not an endpoint for control streams".into(),
             )),
+            Endpoint::Fd { fd } => Err(Denied::Forbidden(format!(
+                "fd:{fd} names a descriptor of the server's own process; a control stream \
+                 may not name descriptors (use penstock's C library in your own process)"
+            ))),
             Endpoint::TcpConnect { host, .. } | Endpoint::UdpSend { host, .. } => match host {
                 Host::Ip(ip) => self.connect_ok(*ip),
                 Host::Name(_) => Ok(()),
@@ -363,16 +399,7 @@ impl Access {
         label: &str,
         ok: impl Fn(&Self, IpAddr) -> Result<(), Denied>,
     ) -> Result<Vec<SocketAddr>, Denied> {
-        let addrs: Vec<SocketAddr> = match host {
-            Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
-            Host::Name(n) => (n.as_str(), port)
-                .to_socket_addrs()
-                .map_err(|e| Denied::Failed(format!("{label}: cannot resolve host: {e}")))?
-                .collect(),
-        };
-        if addrs.is_empty() {
-            return Err(Denied::Failed(format!("{label}: no address")));
-        }
+        let addrs = resolve(host, port, label)?;
         for a in &addrs {
             ok(self, a.ip())?;
         }
@@ -451,23 +478,10 @@ impl Access {
             }
             Endpoint::TcpListen { host, port } => {
                 let addrs = self.resolve(host, *port, &label, Self::listen_ok)?;
-                let l = TcpListener::bind(&addrs[..]).map_err(|e| failed(&e))?;
-                l.set_nonblocking(true).map_err(|e| failed(&e))?;
-                let addr = l.local_addr().map_err(|e| failed(&e))?.to_string();
-                Ok(Prepared::Listening(Listener {
-                    kind: ListenerKind::Tcp(l),
-                    label: label.clone(),
-                    addr,
-                }))
+                Listener::bind_tcp(&addrs, label.clone()).map(Prepared::Listening)
             }
             Endpoint::UnixListen { path } => {
-                let l = UnixListener::bind(path).map_err(|e| failed(&e))?;
-                l.set_nonblocking(true).map_err(|e| failed(&e))?;
-                Ok(Prepared::Listening(Listener {
-                    kind: ListenerKind::Unix(l, path.clone()),
-                    label: label.clone(),
-                    addr: format!("unix:{}", path.display()),
-                }))
+                Listener::bind_unix(path, label.clone()).map(Prepared::Listening)
             }
             // The rest open at once through the driver, with names already resolved and
             // checked (so the address used is the address checked).
@@ -504,7 +518,7 @@ impl Access {
                 r.map(Prepared::Ready)
                     .map_err(|e| Denied::Failed(e.to_string()))
             }
-            Endpoint::Stdio => unreachable!("refused by check"),
+            Endpoint::Stdio | Endpoint::Fd { .. } => unreachable!("refused by check"),
         }
     }
 
@@ -514,34 +528,59 @@ impl Access {
         addrs: &[SocketAddr],
         local_port: Option<u16>,
     ) -> io::Result<std::os::fd::OwnedFd> {
-        use socket2::{Domain, Protocol, Socket, Type};
-        let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
-        for a in addrs {
-            let s = Socket::new(
-                Domain::for_address(*a),
-                Type::STREAM.cloexec(),
-                Some(Protocol::TCP),
-            )?;
-            if let Some(lp) = local_port {
-                let any: SocketAddr = if a.is_ipv4() {
-                    ([0, 0, 0, 0], lp).into()
-                } else {
-                    (std::net::Ipv6Addr::UNSPECIFIED, lp).into()
-                };
-                s.set_reuse_address(true)?;
-                s.bind(&any.into())?;
-            }
-            match s.connect_timeout(&(*a).into(), self.cfg.connect_timeout()) {
-                Ok(()) => {
-                    let _ = s.set_tcp_nodelay(true);
-                    s.set_nonblocking(true)?;
-                    return Ok(s.into());
-                }
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
+        connect_tcp(addrs, local_port, self.cfg.connect_timeout())
     }
+}
+
+/// Resolves `host:port` (a name through the system's resolver, once): at least one address.
+pub fn resolve(host: &Host, port: u16, label: &str) -> Result<Vec<SocketAddr>, Denied> {
+    let addrs: Vec<SocketAddr> = match host {
+        Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
+        Host::Name(n) => (n.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| Denied::Failed(format!("{label}: cannot resolve host: {e}")))?
+            .collect(),
+    };
+    if addrs.is_empty() {
+        return Err(Denied::Failed(format!("{label}: no address")));
+    }
+    Ok(addrs)
+}
+
+/// Connects a TCP socket to the first of `addrs` that answers within `timeout` (each), from
+/// `local_port` when given; non-blocking once connected, with `TCP_NODELAY`.
+pub fn connect_tcp(
+    addrs: &[SocketAddr],
+    local_port: Option<u16>,
+    timeout: Duration,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+    for a in addrs {
+        let s = Socket::new(
+            Domain::for_address(*a),
+            Type::STREAM.cloexec(),
+            Some(Protocol::TCP),
+        )?;
+        if let Some(lp) = local_port {
+            let any: SocketAddr = if a.is_ipv4() {
+                ([0, 0, 0, 0], lp).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, lp).into()
+            };
+            s.set_reuse_address(true)?;
+            s.bind(&any.into())?;
+        }
+        match s.connect_timeout(&(*a).into(), timeout) {
+            Ok(()) => {
+                let _ = s.set_tcp_nodelay(true);
+                s.set_nonblocking(true)?;
+                return Ok(s.into());
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 fn list(dirs: &[Dir]) -> String {
@@ -590,6 +629,28 @@ mod tests {
         assert!(e.to_string().contains("write_roots is empty"), "{e}");
         assert!(a.check(&Endpoint::Stdio, Role::Source).is_err());
         assert!(a.check(&Endpoint::Stdio, Role::Target).is_err());
+    }
+
+    /// `fd:N` is refused at OPEN (and so never reaches `prepare`), whatever N and role: a
+    /// number in a control line would name one of the server's own descriptors.
+    #[test]
+    fn descriptors_by_number_are_refused() {
+        let r = tempfile::tempdir().unwrap();
+        let a = access(r.path(), Some(r.path()));
+        for fd in [0, 1, 2, 3, 1000] {
+            for role in [Role::Source, Role::Target] {
+                let ep = Endpoint::parse(&format!("fd:{fd}"), role).unwrap();
+                let e = a.check(&ep, role).unwrap_err();
+                assert!(
+                    matches!(&e, Denied::Forbidden(m) if m.contains("descriptor of the server's own process")),
+                    "{e}"
+                );
+                assert!(matches!(
+                    a.prepare(&ep, role, true),
+                    Err(Denied::Forbidden(_))
+                ));
+            }
+        }
     }
 
     #[test]

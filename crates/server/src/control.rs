@@ -18,6 +18,11 @@
 //! answered more slowly each time and closes the connection after `auth_failures_max`.
 //! A connection with no stream of its own, silent for `idle_timeout_ms`, is closed.
 //! Out of descriptors, the listeners pause `accept_backoff_ms` and log once per interval.
+//!
+//! A *stream's own descriptor* (Cues' control descriptor: the C library's `penstock_cue()`)
+//! is a connection made for one stream ([`Session::for_stream`], served by
+//! [`serve_stream_descriptor`]): there the id may be left out of a command, and the
+//! connection drives that stream only (no `OPEN`, no other id).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -30,7 +35,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use penstock_core::control::{
-    Command, ControlError, Limits, Reply, ReplyCode, next_line, parse_command_bytes,
+    Command, ControlError, Limits, Reply, ReplyCode, StreamId, StreamSelector, next_line,
+    parse_command_bytes_on,
 };
 
 use crate::config::ControlConfig;
@@ -89,6 +95,12 @@ impl ControlShared {
     /// The stream table.
     pub fn streams(&self) -> &Arc<Streams> {
         &self.streams
+    }
+
+    /// Tells every connection and the reaper to stop (they notice within 200 ms; each
+    /// connection answers `421` and closes).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
     }
 
     fn conns(&self, unix: bool) -> &AtomicUsize {
@@ -151,6 +163,25 @@ impl Peer {
     }
 }
 
+/// Starts the reaper alone: a thread that moves finished streams out of `running` every 5 ms
+/// (closing their endpoints, so receivers see EOF) and expires stale ones, until
+/// [`ControlShared::stop`]. [`start`] runs it beside the listeners; a table without listeners
+/// (the C library's) runs it on its own.
+pub fn start_reaper(shared: Arc<ControlShared>) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("penstock-ctl-reaper".into())
+        .spawn(move || {
+            // Every 5 ms while streams are open; with none, every 50 ms (a stream opened
+            // meanwhile is first looked at up to 50 ms later), so that an idle control
+            // server does not wake 200 times a second on a server busy with HTTP.
+            while !shared.stop.load(Ordering::Acquire) {
+                let idle = shared.streams.is_empty();
+                shared.streams.reap();
+                std::thread::sleep(Duration::from_millis(if idle { 50 } else { 5 }));
+            }
+        })
+}
+
 /// Starts the TCP listener (if `addr`), the Unix listener (if `unix`) and the reaper.
 pub(crate) fn start(
     shared: Arc<ControlShared>,
@@ -191,21 +222,7 @@ pub(crate) fn start(
                 })?,
         );
     }
-    let s = shared.clone();
-    threads.push(
-        std::thread::Builder::new()
-            .name("penstock-ctl-reaper".into())
-            .spawn(move || {
-                // Every 5 ms while streams are open; with none, every 50 ms (a stream opened
-                // meanwhile is first looked at up to 50 ms later), so that an idle control
-                // server does not wake 200 times a second on a server busy with HTTP.
-                while !s.stop.load(Ordering::Acquire) {
-                    let idle = s.streams.is_empty();
-                    s.streams.reap();
-                    std::thread::sleep(Duration::from_millis(if idle { 50 } else { 5 }));
-                }
-            })?,
-    );
+    threads.push(start_reaper(shared)?);
     Ok(threads)
 }
 
@@ -315,6 +332,8 @@ pub struct Session {
     caller: Caller,
     auth_failures: u32,
     peer: String,
+    /// The one stream a stream's own descriptor drives.
+    own: Option<StreamId>,
 }
 
 impl Session {
@@ -324,7 +343,22 @@ impl Session {
             caller: Caller { conn, identity },
             auth_failures: 0,
             peer,
+            own: None,
         }
+    }
+
+    /// Stream `own`'s own descriptor (Cues' control descriptor), on connection `conn` (the
+    /// stream's owner): commands may leave the id out, and drive `own` only.
+    pub fn for_stream(conn: u64, identity: Identity, peer: String, own: StreamId) -> Session {
+        Session {
+            own: Some(own),
+            ..Session::new(conn, identity, peer)
+        }
+    }
+
+    /// The stream this connection was made for, if it is a stream's own descriptor.
+    pub fn own(&self) -> Option<StreamId> {
+        self.own
     }
 
     pub fn identity(&self) -> Identity {
@@ -348,14 +382,34 @@ pub fn handle_line(
         line_bytes_max: shared.config.line_bytes_max,
         ..Limits::default()
     };
-    match parse_command_bytes(line, &limits) {
+    match parse_command_bytes_on(line, &limits, session.own) {
         Ok(cmd) => execute(shared, session, cmd),
         Err(e) => (e.to_reply(), matches!(e, ControlError::LineTooLong { .. })),
     }
 }
 
-fn serve(shared: &Arc<ControlShared>, mut peer: Peer, conn: u64) {
+/// Serves a stream's own descriptor (the local end of a socketpair whose other end the
+/// caller holds) with `session` ([`Session::for_stream`]) until the peer closes it, sends
+/// `QUIT`, or the table stops; then returns. The caller then calls
+/// [`Streams::connection_closed`] (the stream is closed unless it was opened `DETACHED`).
+/// Lines, replies, limits and timeouts are those of any control connection.
+pub fn serve_stream_descriptor(
+    shared: &Arc<ControlShared>,
+    stream: std::os::unix::net::UnixStream,
+    session: Session,
+) {
+    serve_session(shared, Peer::Unix(stream), session);
+}
+
+fn serve(shared: &Arc<ControlShared>, peer: Peer, conn: u64) {
     let identity = peer.identity(&shared.config, shared.own_uid);
+    let session = Session::new(conn, identity, peer.describe());
+    serve_session(shared, peer, session);
+}
+
+fn serve_session(shared: &Arc<ControlShared>, mut peer: Peer, mut session: Session) {
+    let conn = session.conn();
+    let identity = session.identity();
     let timeout = Some(Duration::from_millis(POLL_MS));
     let _ = match &peer {
         Peer::Tcp(s, _) => s.set_read_timeout(timeout),
@@ -369,7 +423,6 @@ fn serve(shared: &Arc<ControlShared>, mut peer: Peer, conn: u64) {
         line_bytes_max: shared.config.line_bytes_max,
         ..Limits::default()
     };
-    let mut session = Session::new(conn, identity, peer.describe());
     let connected = Instant::now();
     let mut last_command = Instant::now();
     let mut buf: Vec<u8> = Vec::with_capacity(512);
@@ -431,7 +484,16 @@ const HELP: &[&str] = &[
     "CLOSE <id> [NOW]",
     "STATS   AUTH <token>   HELP   QUIT",
     "Before AUTH (or over the Unix socket as an allowed user) only HELP, QUIT and AUTH are answered.",
+    "On a stream's own descriptor (penstock_cue) the <id> may be left out: START, SEEK 4096, STATE, CLOSE.",
 ];
+
+/// The streams a command names (`STATE`: each one), for the own-descriptor rule.
+fn named_streams(cmd: &Command) -> Vec<StreamId> {
+    match cmd {
+        Command::State(StreamSelector::Ids(ids)) => ids.clone(),
+        other => other.stream_id().into_iter().collect(),
+    }
+}
 
 /// Runs one command; returns the reply and whether to close the connection after it.
 fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> (Reply, bool) {
@@ -473,6 +535,30 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
             ),
             false,
         );
+    }
+    if let Some(own) = session.own {
+        // A stream's own descriptor is a capability for that stream, whoever holds it now
+        // (it may have been passed to another process): nothing else is reachable through it.
+        if matches!(cmd, Command::Open(_)) {
+            return (
+                Reply::new(
+                    ReplyCode::FORBIDDEN,
+                    format!(
+                        "this descriptor drives stream {own} only; OPEN on a control connection"
+                    ),
+                ),
+                false,
+            );
+        }
+        if let Some(other) = named_streams(&cmd).into_iter().find(|id| *id != own) {
+            return (
+                Reply::new(
+                    ReplyCode::FORBIDDEN,
+                    format!("this descriptor drives stream {own} only, not {other}"),
+                ),
+                false,
+            );
+        }
     }
     let c = session.caller;
     let reply = match cmd {

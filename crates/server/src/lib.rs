@@ -283,10 +283,7 @@ impl Server {
             None => None,
         };
         let streams = Arc::new(streams::Streams::new(
-            Box::new(streams::EngineBackend {
-                engine: engine.clone(),
-                access,
-            }),
+            Box::new(streams::EngineBackend::new(engine.clone(), access)),
             metrics.clone(),
             cfg.control.clone(),
         ));

@@ -33,6 +33,14 @@
 //! within `pending_timeout_ms` is closed, and a finished one gives its reservation back at once
 //! and is forgotten `pending_timeout_ms` later.
 //!
+//! # Streams opened in process (the C library)
+//! The table also serves `libpenstock` (crates/libpenstock): its `penstock_cue()` descriptor
+//! is a control connection served by [`crate::control::serve_stream_descriptor`], and its
+//! typed calls ([`Streams::status`], [`Streams::wait`], [`Streams::cancel`]) read and drive the
+//! same entries. Such an `OPEN` may bring endpoints its caller opened already ([`Given`]: the
+//! library's `fd:N` descriptors, duplicated when the call is made), used at `START` in place
+//! of opening a name; and a stream held by a C handle does not expire (its handle closes it).
+//!
 //! No command blocks the table: the table's lock and an entry's lock are held only for
 //! bookkeeping. `START` marks the entry `starting` and opens the endpoints with no lock held
 //! (a connect is bounded by `connect_timeout_ms`); a listening endpoint is bound, the reply
@@ -42,7 +50,7 @@
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use penstock_core::admission::{Refusal, Resource, StreamQos, Usage};
@@ -167,18 +175,44 @@ impl RunningStream for StreamHandle {
     }
 }
 
-/// The real backend: the engine, and endpoints confined by [`Access`].
-pub struct EngineBackend {
-    pub(crate) engine: Arc<Engine>,
-    pub(crate) access: Access,
+/// Which endpoints a table's streams may name, and how they are opened: the half of a
+/// [`Backend`] that is policy. The server's is [`Access`] (confined); the C library's opens
+/// what its own process names, as `penstock stream` does.
+pub trait EndpointPolicy: Send + Sync {
+    /// Whether a stream may name `ep` in this role (at `OPEN`).
+    fn check(&self, ep: &Endpoint, role: Role) -> Result<(), Denied>;
+    /// Opens `ep` as far as it opens without a peer (at `START`).
+    fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied>;
 }
 
-impl Backend for EngineBackend {
+impl EndpointPolicy for Access {
     fn check(&self, ep: &Endpoint, role: Role) -> Result<(), Denied> {
-        self.access.check(ep, role)
+        Access::check(self, ep, role)
     }
     fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied> {
-        self.access.prepare(ep, role, truncate)
+        Access::prepare(self, ep, role, truncate)
+    }
+}
+
+/// The real backend: the engine, and endpoints as `policy` allows ([`Access`] for the server).
+pub struct EngineBackend<P: EndpointPolicy = Access> {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) policy: P,
+}
+
+impl<P: EndpointPolicy> EngineBackend<P> {
+    /// A backend running `engine`'s streams between endpoints `policy` allows.
+    pub fn new(engine: Arc<Engine>, policy: P) -> EngineBackend<P> {
+        EngineBackend { engine, policy }
+    }
+}
+
+impl<P: EndpointPolicy> Backend for EngineBackend<P> {
+    fn check(&self, ep: &Endpoint, role: Role) -> Result<(), Denied> {
+        self.policy.check(ep, role)
+    }
+    fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied> {
+        self.policy.prepare(ep, role, truncate)
     }
     fn admit(&self, spec: &StreamSpec) -> Result<Option<(Ticket, StreamQos)>, StreamError> {
         Ok(self.engine.admit(spec)?.map(|a| {
@@ -252,6 +286,129 @@ impl Caller {
 struct Ends {
     source: Opened,
     target: Opened,
+}
+
+/// What an `OPEN` brings besides its spec ([`Streams::open_given`]).
+pub struct Given {
+    /// The source, opened already by the caller (its name in the spec is only a label):
+    /// used at `START` instead of [`Backend::prepare`], and never put to [`Backend::check`]
+    /// (what the caller could open, it may stream).
+    pub source: Option<Opened>,
+    /// The target, likewise.
+    pub target: Option<Opened>,
+    /// Expires like any control stream (not started within `pending_timeout_ms`, forgotten
+    /// that long after it ended); `false` for a stream a C handle holds: it goes only when
+    /// closed.
+    pub expires: bool,
+    /// A `DETACHED` stream whose connection is gone stays reachable by id for holders of
+    /// the token (the server's remote control). `false` where nobody can reach it once its
+    /// connection is gone (the C library's control descriptors, with no token): it is then
+    /// closed as soon as it is not moving bytes (ended, or pending or paused, which nobody
+    /// could start or resume any more) instead of holding its place for `pending_timeout_ms`.
+    pub reachable_when_orphaned: bool,
+}
+
+impl Default for Given {
+    fn default() -> Given {
+        Given {
+            source: None,
+            target: None,
+            expires: true,
+            reachable_when_orphaned: true,
+        }
+    }
+}
+
+/// Where a stream is in its life (`STATE`'s second word).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StreamState {
+    Pending,
+    Starting,
+    Waiting,
+    Running,
+    Paused,
+    Done,
+    Failed,
+}
+
+impl StreamState {
+    /// The word `STATE` writes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamState::Pending => "pending",
+            StreamState::Starting => "starting",
+            StreamState::Waiting => "waiting",
+            StreamState::Running => "running",
+            StreamState::Paused => "paused",
+            StreamState::Done => "done",
+            StreamState::Failed => "failed",
+        }
+    }
+
+    /// Done or failed: nothing more will move.
+    pub fn is_final(self) -> bool {
+        matches!(self, StreamState::Done | StreamState::Failed)
+    }
+}
+
+/// A stream's state as values: what `STATE` writes as a line ([`Streams::status`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamStatus {
+    pub id: StreamId,
+    pub state: StreamState,
+    /// Where the stream is in its source: the next byte it sends.
+    pub offset_bytes: u64,
+    /// Bytes that reached the target, all engine runs together.
+    pub sent_bytes: u64,
+    /// Bytes still to send, when a length was set.
+    pub remaining_bytes: Option<u64>,
+    pub unit_bytes: Option<u64>,
+    pub class: Class,
+    /// A RATE or SCHEDULE paces it...
+    pub paced: bool,
+    /// ...at this many bytes per second (`None`: a burst stream, or a pace the engine would
+    /// refuse).
+    pub pace_bytes_per_s: Option<u64>,
+    /// The lateness counts of its current (or last) engine run: all zero for a burst stream.
+    pub lateness: LatenessCounts,
+    pub detached: bool,
+    /// Where a listening endpoint waits for its peer (`waiting`).
+    pub peer_on: Option<String>,
+    /// Why it failed (`failed`).
+    pub error: Option<String>,
+}
+
+impl StreamStatus {
+    /// The `STATE` reply's line for this stream.
+    pub fn line(&self) -> String {
+        let mut s = format!(
+            "{} {} offset={} sent={} class={}",
+            self.id,
+            self.state.as_str(),
+            self.offset_bytes,
+            self.sent_bytes,
+            self.class
+        );
+        if let Some(r) = self.remaining_bytes {
+            s.push_str(&format!(" remaining={r}"));
+        }
+        if let Some(u) = self.unit_bytes {
+            s.push_str(&format!(" unit={u}"));
+        }
+        if self.paced {
+            s.push_str(" paced=yes");
+        }
+        if self.detached {
+            s.push_str(" detached");
+        }
+        if let Some(on) = &self.peer_on {
+            s.push_str(&format!(" peer_on={on}"));
+        }
+        if let Some(e) = &self.error {
+            s.push_str(&format!(" error={}", e.replace(' ', "_")));
+        }
+        s
+    }
 }
 
 enum Run {
@@ -328,6 +485,9 @@ struct Entry {
     ticket: Option<Ticket>,
     /// Holds an admission reservation (in `ticket`, or through its engine stream).
     admitted: bool,
+    /// Endpoints the caller opened already ([`Given`]), taken by `START`.
+    given_source: Option<Opened>,
+    given_target: Option<Opened>,
     run: Run,
 }
 
@@ -410,15 +570,46 @@ impl Entry {
         }
     }
 
-    fn state_name(&self) -> &'static str {
+    fn state(&self) -> StreamState {
         match self.run {
-            Run::Pending => "pending",
-            Run::Starting { .. } => "starting",
-            Run::Waiting { .. } => "waiting",
-            Run::Running { .. } => "running",
-            Run::Paused { .. } => "paused",
-            Run::Done => "done",
-            Run::Failed(_) => "failed",
+            Run::Pending => StreamState::Pending,
+            Run::Starting { .. } => StreamState::Starting,
+            Run::Waiting { .. } => StreamState::Waiting,
+            Run::Running { .. } => StreamState::Running,
+            Run::Paused { .. } => StreamState::Paused,
+            Run::Done => StreamState::Done,
+            Run::Failed(_) => StreamState::Failed,
+        }
+    }
+
+    fn state_name(&self) -> &'static str {
+        self.state().as_str()
+    }
+
+    /// The entry as values (`pace_bytes_per_s` is the table's to fill: it needs the engine's
+    /// limits).
+    fn status(&self) -> StreamStatus {
+        let running_sent = self.engine_sent_bytes();
+        StreamStatus {
+            id: self.id,
+            state: self.state(),
+            offset_bytes: self.offset_bytes + running_sent,
+            sent_bytes: self.sent_bytes(),
+            remaining_bytes: self.remaining_bytes.map(|r| r.saturating_sub(running_sent)),
+            unit_bytes: self.unit_bytes,
+            class: self.class.clone(),
+            paced: self.rate.is_some() || self.schedule.is_some(),
+            pace_bytes_per_s: None,
+            lateness: self.handle().map_or(self.lateness_seen, |h| h.lateness()),
+            detached: self.detached,
+            peer_on: match &self.run {
+                Run::Waiting { on, .. } => Some(on.clone()),
+                _ => None,
+            },
+            error: match &self.run {
+                Run::Failed(e) => Some(e.clone()),
+                _ => None,
+            },
         }
     }
 
@@ -507,6 +698,12 @@ struct Slot {
     owner: u64,
     identity: Option<IdentityKey>,
     detached: bool,
+    /// Expires by `pending_timeout_ms` ([`Given::expires`]).
+    expires: bool,
+    /// Its connection is gone and nobody can reach it ([`Given::reachable_when_orphaned`]):
+    /// closed once it does not move bytes.
+    unreachable: bool,
+    reachable_when_orphaned: bool,
     entry: Arc<Mutex<Entry>>,
 }
 
@@ -519,6 +716,10 @@ pub struct Streams {
     config: ControlConfig,
     /// Set at shutdown: waiters stop waiting.
     stopping: AtomicBool,
+    /// Counts streams that ended (done, failed, closed), with `ended` notified each time:
+    /// what [`Streams::wait`] sleeps on.
+    ended_count: Mutex<u64>,
+    ended: Condvar,
 }
 
 impl std::fmt::Debug for Streams {
@@ -684,7 +885,15 @@ impl Streams {
             metrics,
             config,
             stopping: AtomicBool::new(false),
+            ended_count: Mutex::new(0),
+            ended: Condvar::new(),
         }
+    }
+
+    /// A stream ended: wakes [`Streams::wait`]ers.
+    fn notify_ended(&self) {
+        *lock(&self.ended_count) += 1;
+        self.ended.notify_all();
     }
 
     fn denied_reply(d: Denied) -> Reply {
@@ -735,22 +944,38 @@ impl Streams {
 
     /// `OPEN`: admission, then a pending stream.
     pub fn open(&self, caller: Caller, spec: &OpenSpec) -> Reply {
+        match self.open_given(caller, spec, Given::default()) {
+            Ok((id, details)) => Reply::opened(id, &details),
+            Err(reply) => reply,
+        }
+    }
+
+    /// `OPEN` with what the caller brings besides the spec ([`Given`]): the new stream's id and
+    /// the details `OPEN`'s reply gives (class, what admission reserved), or the refusal.
+    pub fn open_given(
+        &self,
+        caller: Caller,
+        spec: &OpenSpec,
+        given: Given,
+    ) -> Result<(StreamId, String), Reply> {
         let identity = match caller.identity {
             Identity::Anonymous => {
-                return Reply::new(ReplyCode::AUTH_REQUIRED, "AUTH <token> first");
+                return Err(Reply::new(ReplyCode::AUTH_REQUIRED, "AUTH <token> first"));
             }
             Identity::Token => IdentityKey::Token,
             Identity::Peer { uid } => IdentityKey::Uid(uid),
         };
-        let src = match Endpoint::parse(&spec.src, Role::Source) {
-            Ok(e) => e,
-            Err(e) => return Reply::new(ReplyCode::BAD_SYNTAX, format!("source: {e}")),
-        };
-        let dst = match Endpoint::parse(&spec.dst, Role::Target) {
-            Ok(e) => e,
-            Err(e) => return Reply::new(ReplyCode::BAD_SYNTAX, format!("target: {e}")),
-        };
-        for (ep, role) in [(&src, Role::Source), (&dst, Role::Target)] {
+        let src = Endpoint::parse(&spec.src, Role::Source)
+            .map_err(|e| Reply::new(ReplyCode::BAD_SYNTAX, format!("source: {e}")))?;
+        let dst = Endpoint::parse(&spec.dst, Role::Target)
+            .map_err(|e| Reply::new(ReplyCode::BAD_SYNTAX, format!("target: {e}")))?;
+        for (ep, role, opened) in [
+            (&src, Role::Source, given.source.is_some()),
+            (&dst, Role::Target, given.target.is_some()),
+        ] {
+            if opened {
+                continue;
+            }
             if let Err(d) = self.backend.check(ep, role) {
                 self.metrics
                     .admission_refusals
@@ -758,28 +983,28 @@ impl Streams {
                         resource: "permission".into(),
                     })
                     .inc();
-                return Self::denied_reply(d);
+                return Err(Self::denied_reply(d));
             }
         }
         if spec.path == Some(CtlPath::Uring) && !self.backend.uring_available() {
-            return Reply::new(
+            return Err(Reply::new(
                 ReplyCode::NOT_IMPLEMENTED,
                 "path=uring: io_uring is not available here",
-            );
+            ));
         }
         let late = spec.late.unwrap_or_default();
         if late == LatePolicy::Skip && spec.rate.is_none() && spec.schedule.is_none() {
-            return Reply::new(
+            return Err(Reply::new(
                 ReplyCode::BAD_SYNTAX,
                 "late=skip needs rate= or schedule= (a burst stream has no late units)",
-            );
+            ));
         }
         let class = spec.class.clone().unwrap_or(Class::Bulk);
         if class == Class::Rt && spec.rate.is_none() && spec.schedule.is_none() {
-            return Reply::new(
+            return Err(Reply::new(
                 ReplyCode::BAD_SYNTAX,
                 "class=rt needs rate= or schedule= (a guarantee is for a known bandwidth)",
-            );
+            ));
         }
         // Counted and inserted under the table's lock, so two OPENs cannot both take the last
         // place.
@@ -791,20 +1016,20 @@ impl Streams {
             )
         });
         if mine >= self.config.streams_per_connection_max {
-            return Reply::new(
+            return Err(Reply::new(
                 ReplyCode::REFUSED,
                 format!(
                     "refused: this connection holds {mine} streams (control.streams_per_connection_max)"
                 ),
-            );
+            ));
         }
         if ours >= self.config.streams_per_identity_max {
-            return Reply::new(
+            return Err(Reply::new(
                 ReplyCode::REFUSED,
                 format!(
                     "refused: this identity holds {ours} streams (control.streams_per_identity_max); CLOSE some"
                 ),
-            );
+            ));
         }
         let id = StreamId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let entry = Entry {
@@ -833,12 +1058,13 @@ impl Streams {
             active_before: Duration::ZERO,
             ticket: None,
             admitted: false,
+            given_source: given.source,
+            given_target: given.target,
             run: Run::Pending,
         };
-        let (ticket, qos) = match self.admit(&entry) {
-            Ok(Some((t, q))) => (Some(t), Some(q)),
-            Ok(None) => (None, None),
-            Err(reply) => return reply,
+        let (ticket, qos) = match self.admit(&entry)? {
+            Some((t, q)) => (Some(t), Some(q)),
+            None => (None, None),
         };
         let mut entry = entry;
         entry.admitted = ticket.is_some();
@@ -857,10 +1083,13 @@ impl Streams {
                 owner: caller.conn,
                 identity: Some(identity),
                 detached: spec.detached,
+                expires: given.expires,
+                unreachable: false,
+                reachable_when_orphaned: given.reachable_when_orphaned,
                 entry: Arc::new(Mutex::new(entry)),
             },
         );
-        Reply::opened(id, &details)
+        Ok((id, details))
     }
 
     /// The entry if it exists and `caller` may drive it; otherwise the reply (404, 401).
@@ -946,7 +1175,7 @@ impl Streams {
             Err(r) => return r,
         };
         let cancel = Arc::new(AtomicBool::new(false));
-        let (src, dst, truncate) = {
+        let (src, dst, truncate, given_source, given_target) = {
             let mut e = lock(&entry);
             if !matches!(e.run, Run::Pending) {
                 return Reply::new(
@@ -965,12 +1194,22 @@ impl Streams {
             e.run = Run::Starting {
                 cancel: cancel.clone(),
             };
-            (e.src.clone(), e.dst.clone(), e.truncate)
+            (
+                e.src.clone(),
+                e.dst.clone(),
+                e.truncate,
+                e.given_source.take(),
+                e.given_target.take(),
+            )
         };
-        let prepared = self
-            .backend
-            .prepare(&src, Role::Source, false)
-            .and_then(|s| Ok((s, self.backend.prepare(&dst, Role::Target, truncate)?)));
+        // Endpoints the caller opened already are used as they are; the others are opened now.
+        let prepare = |given: Option<Opened>, ep: &Endpoint, role: Role, truncate: bool| match given
+        {
+            Some(o) => Ok(Prepared::Ready(o)),
+            None => self.backend.prepare(ep, role, truncate),
+        };
+        let prepared = prepare(given_source, &src, Role::Source, false)
+            .and_then(|s| Ok((s, prepare(given_target, &dst, Role::Target, truncate)?)));
         let (source, target) = match prepared {
             Ok(p) => p,
             Err(d) => {
@@ -1151,6 +1390,7 @@ impl Streams {
         e.run = Run::Failed(why);
         e.ended = Some(Instant::now());
         self.release(e);
+        self.notify_ended();
     }
 
     /// Gives an entry's admission reservation back: its ticket (a running engine stream's is
@@ -1260,9 +1500,18 @@ impl Streams {
 
     fn finish_entry(&self, e: &Mutex<Entry>, now: bool) -> u64 {
         let mut e = lock(e);
+        self.stop(&mut e, Run::Done, now);
+        self.release(&mut e);
+        self.notify_ended();
+        e.sent_bytes()
+    }
+
+    /// Stops whatever an entry runs — a `START` under way, its engine stream (folding what it
+    /// sent into the entry, see [`Streams::stop_engine`]) — and leaves it in state `then`.
+    fn stop(&self, e: &mut Entry, then: Run, now: bool) {
         e.cancel_start();
         e.mark_idle();
-        let handle = match std::mem::replace(&mut e.run, Run::Done) {
+        let handle = match std::mem::replace(&mut e.run, then) {
             Run::Running { handle, .. } => {
                 self.metrics.streams_active.dec();
                 Some(handle)
@@ -1271,23 +1520,138 @@ impl Streams {
             _ => None,
         };
         if let Some(handle) = handle {
-            handle.cancel();
-            if now {
-                // The engine finishes the in-flight operations on its own; the handle's
-                // drop does not wait for them.
-                e.sent_before_bytes += handle.counters().bytes_sent;
-            } else {
-                // As in `suspend`: the counters are final once the report is in. A cancelled
-                // stream reports as soon as its in-flight operations complete; bounded all the
-                // same (the count is then as of the cancel).
-                let _ = handle.wait_timeout(CLOSE_WAIT);
-                e.sent_before_bytes += handle.counters().bytes_sent;
-            }
-            self.metrics
-                .add_lateness(e.disk_class(), &handle.lateness(), &mut e.lateness_seen);
+            self.stop_engine(e, handle, now);
         }
-        self.release(&mut e);
-        e.sent_bytes()
+    }
+
+    /// Cancels an entry's engine stream and folds what it sent into the entry's counts and
+    /// offset (waiting, unless `now`, at most [`CLOSE_WAIT`] for its in-flight operations).
+    fn stop_engine(&self, e: &mut Entry, handle: Handle, now: bool) {
+        handle.cancel();
+        if !now {
+            // As in `suspend`: the counters are final once the report is in. A cancelled
+            // stream reports as soon as its in-flight operations complete; bounded all the
+            // same (the count is then as of the cancel). With `now` the engine finishes the
+            // in-flight operations on its own; the handle's drop does not wait for them.
+            let _ = handle.wait_timeout(CLOSE_WAIT);
+        }
+        let sent = handle.counters().bytes_sent;
+        let last = handle.lateness();
+        self.metrics
+            .add_lateness(e.disk_class(), &last, &mut e.lateness_seen);
+        e.keep_lateness(&last);
+        // Units skipped (`late=skip`) were moved past too.
+        let moved = sent + last.bytes_skipped;
+        e.sent_before_bytes += sent;
+        e.offset_bytes += moved;
+        if let Some(r) = &mut e.remaining_bytes {
+            *r = r.saturating_sub(moved);
+        }
+    }
+
+    /// Stops a stream and keeps it, `failed` with the error "cancelled" (the C library's
+    /// `penstock_stream_cancel`; `CLOSE` also forgets it). In-flight I/O completes first.
+    pub fn cancel(&self, caller: Caller, id: StreamId) -> Reply {
+        let e = match self.get(caller, id) {
+            Ok(e) => e,
+            Err(r) => return r,
+        };
+        let mut e = lock(&e);
+        if e.state().is_final() {
+            return Reply::new(
+                ReplyCode::WRONG_STATE,
+                format!("stream {id} is {} already", e.state_name()),
+            );
+        }
+        self.stop(&mut e, Run::Pending, false);
+        self.fail(&mut e, "cancelled".into());
+        Reply::ok(format!(
+            "cancelled {id} sent={} offset={}",
+            e.sent_bytes(),
+            e.offset_bytes
+        ))
+    }
+
+    /// [`Streams::state`] of one stream as values.
+    pub fn status(&self, caller: Caller, id: StreamId) -> Result<StreamStatus, Reply> {
+        let e = self.get(caller, id)?;
+        let e = lock(&e);
+        let mut st = e.status();
+        st.pace_bytes_per_s = schedule_of(&*self.backend, &e)
+            .ok()
+            .flatten()
+            .map(|s| penstock_core::stream::plan::schedule_bytes_per_s(&s));
+        Ok(st)
+    }
+
+    /// Waits until stream `id` is done or failed, at most `timeout` (`None`: for as long as
+    /// it takes): its final status, or `Ok(None)` at the timeout. A stream closed meanwhile is
+    /// answered like any unknown one (404).
+    pub fn wait(
+        &self,
+        caller: Caller,
+        id: StreamId,
+        timeout: Option<Duration>,
+    ) -> Result<Option<StreamStatus>, Reply> {
+        self.wait_until(timeout, || {
+            let st = self.status(caller, id)?;
+            Ok(st.state.is_final().then_some(st))
+        })
+    }
+
+    /// Waits until no stream is starting, waiting for its peer or running (pending and paused
+    /// ones move nothing until told, and do not count), at most `timeout`: whether that came
+    /// (a graceful stop: the C library's `penstock_engine_drain`).
+    pub fn wait_idle(&self, timeout: Option<Duration>) -> bool {
+        let busy = || {
+            let entries: Vec<Arc<Mutex<Entry>>> = lock(&self.table)
+                .values()
+                .map(|s| s.entry.clone())
+                .collect();
+            entries.iter().any(|e| {
+                matches!(
+                    lock(e).run,
+                    Run::Starting { .. } | Run::Waiting { .. } | Run::Running { .. }
+                )
+            })
+        };
+        matches!(
+            self.wait_until(timeout, || Ok::<_, Reply>((!busy()).then_some(()))),
+            Ok(Some(()))
+        )
+    }
+
+    /// Calls `look` until it gives a value (or an error), sleeping between looks until a
+    /// stream ends (or 200 ms pass), at most `timeout`: `Ok(None)` at the timeout.
+    fn wait_until<T>(
+        &self,
+        timeout: Option<Duration>,
+        mut look: impl FnMut() -> Result<Option<T>, Reply>,
+    ) -> Result<Option<T>, Reply> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let seen = *lock(&self.ended_count);
+            if let Some(v) = look()? {
+                return Ok(Some(v));
+            }
+            let count = lock(&self.ended_count);
+            if *count != seen {
+                continue; // something ended between the look and the lock: look again
+            }
+            // Bounded slices, so that a change that ends nothing is seen too.
+            let slice = match deadline {
+                None => Duration::from_millis(200),
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => left.min(Duration::from_millis(200)),
+                    _ => return Ok(None),
+                },
+            };
+            drop(
+                self.ended
+                    .wait_timeout(count, slice)
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+        }
     }
 
     /// `STATE`: one line per selected stream.
@@ -1389,6 +1753,11 @@ impl Streams {
     pub fn connection_closed(&self, conn: u64) {
         let mine: Vec<Slot> = {
             let mut t = lock(&self.table);
+            for s in t.values_mut() {
+                if s.owner == conn && s.detached && !s.reachable_when_orphaned {
+                    s.unreachable = true;
+                }
+            }
             let ids: Vec<u64> = t
                 .iter()
                 .filter(|(_, s)| s.owner == conn && !s.detached)
@@ -1418,18 +1787,29 @@ impl Streams {
     /// `pending_timeout_ms` is closed (its reservation returns), and a finished one is
     /// forgotten that long after it ended.
     pub fn reap(&self) {
-        let entries: Vec<(u64, Arc<Mutex<Entry>>)> = lock(&self.table)
+        let entries: Vec<(u64, bool, bool, Arc<Mutex<Entry>>)> = lock(&self.table)
             .iter()
-            .map(|(k, s)| (*k, s.entry.clone()))
+            .map(|(k, s)| (*k, s.expires, s.unreachable, s.entry.clone()))
             .collect();
         let linger = self.config.pending_timeout();
         let mut expired = Vec::new();
-        for (k, e) in entries {
+        for (k, expires, unreachable, e) in entries {
             let Ok(mut e) = e.try_lock() else { continue };
             e.feed_lateness(&self.metrics);
             let result = e.handle().and_then(|h| h.wait_timeout(Duration::ZERO));
             if let Some(result) = result {
                 self.finished(&mut e, result);
+            }
+            let idle = matches!(
+                e.run,
+                Run::Pending | Run::Paused { .. } | Run::Done | Run::Failed(_)
+            );
+            if unreachable && idle {
+                expired.push(k);
+                continue;
+            }
+            if !expires {
+                continue;
             }
             let stale = match (&e.run, e.ended) {
                 (Run::Pending, _) => e.created.elapsed() > linger,
@@ -1483,6 +1863,7 @@ impl Streams {
                 Run::Failed(err.to_string())
             }
         };
+        self.notify_ended();
     }
 
     /// Before an edit of a stream paused in the engine: stops its engine stream and folds

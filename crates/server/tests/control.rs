@@ -858,3 +858,41 @@ fn streams_of_one_file_share_its_descriptor_and_the_metrics_say_so() {
         "{after}"
     );
 }
+
+/// `fd:N` names a descriptor of the process that parses it: over the control protocol that is
+/// the server, so every `fd:` endpoint is refused at OPEN (403, saying why), for the token's
+/// holder and the socket's own user alike, in either role, and nothing is opened, admitted or
+/// written (the server's stdout and its listeners are descriptors 1 and 3+).
+#[test]
+fn descriptors_by_number_are_refused_over_the_control_protocol() {
+    let run = tempfile::tempdir().unwrap();
+    let sock = run.path().join("ctl.sock");
+    let mut cfg = config();
+    cfg.control.unix = Some(sock.clone());
+    cfg.control.write_roots = vec![run.path().to_path_buf()];
+    let f = start_with(cfg);
+    let src = f.path("small.txt");
+    let out = run.path().join("out.bin");
+    let lines = [
+        format!("OPEN fd:0 file:{}", out.display()),
+        format!("OPEN file:{} fd:1", src.display()),
+        "OPEN fd:3 fd:4 class=rt rate=1/s".to_string(),
+    ];
+    let mut c = Ctl::authed(f.control());
+    let mut replies: Vec<Reply> = lines.iter().map(|l| c.cmd(l)).collect();
+    replies.extend(unix_cmds(
+        &sock,
+        &lines.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    for r in &replies {
+        assert_eq!(r.code.code(), 403, "{replies:?}");
+        assert!(r.text.contains("may not name descriptors"), "{r:?}");
+    }
+    assert!(!out.exists());
+    let st = c.cmd("STATS");
+    assert!(st.lines.iter().any(|l| l == "streams 0"), "{st:?}");
+    assert!(st.lines.iter().any(|l| l == "admitted 0"), "{st:?}");
+    // A malformed number is a syntax error of the name, not a file called "fd:x".
+    let r = c.cmd(&format!("OPEN fd:x file:{}", out.display()));
+    assert_eq!(r.code.code(), 400, "{r:?}");
+}

@@ -21,6 +21,25 @@ pub fn raise_memlock(bytes: u64) -> bool {
     setrlimit(Resource::Memlock, new).is_ok()
 }
 
+/// Duplicates descriptor number `fd` of this process (fcntl `F_DUPFD_CLOEXEC`), for an
+/// `fd:N` endpoint: the caller names a descriptor it owns and keeps it, penstock works on its
+/// own copy (which shares the open file description: its offset and status flags). `EBADF`
+/// when no descriptor `fd` is open (a negative number included).
+pub fn dup_fd_number(fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if fd < 0 {
+        return Err(std::io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes integers and touches no memory of ours: on a number
+    // that is not open it fails with EBADF, and it never changes descriptor `fd` itself.
+    let r = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `r` is a descriptor the kernel just made for this call; nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(r) })
+}
+
 /// I/O priority classes of ioprio_set(2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoprioClass {
@@ -415,6 +434,28 @@ mod tests {
         assert!(!batch.meta(1).truncated && batch.meta(2).truncated);
         assert!(batch.meta(0).kernel_time_ns.is_some());
         assert!(batch.meta(0).kernel_time_ns <= batch.meta(2).kernel_time_ns);
+    }
+
+    #[test]
+    fn dup_fd_number_copies_an_open_descriptor_and_refuses_a_closed_one() {
+        use std::io::{Read, Seek, Write};
+        use std::os::fd::AsRawFd;
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(b"hello").unwrap();
+        let copy = dup_fd_number(f.as_raw_fd()).unwrap();
+        assert_ne!(copy.as_raw_fd(), f.as_raw_fd());
+        // The same open file: the offset is shared.
+        let mut c = std::fs::File::from(copy);
+        c.rewind().unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "hello");
+        // Numbers no descriptor has (a number closed here could be reused at once by another
+        // test's thread).
+        for bad in [-1, 1_000_000, i32::MAX] {
+            let e = dup_fd_number(bad).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EBADF), "{bad}");
+        }
     }
 
     #[test]

@@ -292,6 +292,23 @@ pub enum Command {
 }
 
 impl Command {
+    /// The one stream a stream command names (`SEEK` … `CLOSE`, not `STATE`, which names a
+    /// set).
+    pub fn stream_id(&self) -> Option<StreamId> {
+        match self {
+            Command::Seek { id, .. }
+            | Command::Unit { id, .. }
+            | Command::Length { id, .. }
+            | Command::Rate { id, .. }
+            | Command::Schedule { id, .. }
+            | Command::Start { id, .. }
+            | Command::Pause { id }
+            | Command::Resume { id }
+            | Command::Close { id, .. } => Some(*id),
+            _ => None,
+        }
+    }
+
     /// The verb as written on the wire.
     pub fn verb(&self) -> &'static str {
         match self {

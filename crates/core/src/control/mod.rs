@@ -19,7 +19,10 @@ pub use command::{
     Class, Command, DataPath, DiskTune, KtSchedule, OpenSpec, StartTime, StreamId, StreamSelector,
     Token,
 };
-pub use parse::{next_line, parse_command, parse_command_bytes};
+pub use parse::{
+    next_line, parse_command, parse_command_bytes, parse_command_bytes_on, parse_command_on,
+    parse_open_options,
+};
 pub use reply::{Reply, ReplyCode, ReplyParser};
 
 /// Bounds on one line and what it may ask for; each overflow is a typed error, never an

@@ -42,17 +42,39 @@ pub fn next_line<'a>(
 
 /// [`parse_command`] on raw bytes (what [`next_line`] returns).
 pub fn parse_command_bytes(line: &[u8], limits: &Limits) -> Result<Command, ControlError> {
+    parse_command_bytes_on(line, limits, None)
+}
+
+/// [`parse_command_on`] on raw bytes (what [`next_line`] returns).
+pub fn parse_command_bytes_on(
+    line: &[u8],
+    limits: &Limits,
+    own: Option<StreamId>,
+) -> Result<Command, ControlError> {
     if line.len() > limits.line_bytes_max {
         return Err(ControlError::LineTooLong {
             limit_bytes: limits.line_bytes_max,
         });
     }
     let line = std::str::from_utf8(line).map_err(|_| ControlError::NotUtf8)?;
-    parse_command(line, limits)
+    parse_command_on(line, limits, own)
 }
 
 /// Parses one command line (a trailing `\r\n` or `\n` is allowed). Never panics.
 pub fn parse_command(line: &str, limits: &Limits) -> Result<Command, ControlError> {
+    parse_command_on(line, limits, None)
+}
+
+/// Parses one command line read on a stream's *own* control descriptor (Cues' `cue()`
+/// descriptor), where `own` is that stream: a stream command may leave its id out
+/// (`START`, `SEEK 4096`, `STATE`, `CLOSE NOW`) and then means `own`. With the id given the
+/// line means what it means anywhere; `own: None` is [`parse_command`]. Whether a given id
+/// other than `own` may be driven there is the executor's question, not the parser's.
+pub fn parse_command_on(
+    line: &str,
+    limits: &Limits,
+    own: Option<StreamId>,
+) -> Result<Command, ControlError> {
     let line = line.strip_suffix('\n').unwrap_or(line);
     let line = line.strip_suffix('\r').unwrap_or(line);
     if line.len() > limits.line_bytes_max {
@@ -74,107 +96,144 @@ pub fn parse_command(line: &str, limits: &Limits) -> Result<Command, ControlErro
     if verb_is("OPEN") {
         return parse_open(&args, limits);
     }
+    // A stream command's id and value: `<id> <value>`, or on a stream's own descriptor
+    // `<value>` alone.
+    let id_and = |verb: &'static str, expected: &'static str, own_expected: &'static str| match (
+        args.as_slice(),
+        own,
+    ) {
+        ([id, v], _) => Ok((stream_id(id)?, *v)),
+        ([v], Some(own)) => Ok((own, *v)),
+        (_, None) => Err(ControlError::Arity { verb, expected }),
+        (_, Some(_)) => Err(ControlError::Arity {
+            verb,
+            expected: own_expected,
+        }),
+    };
+    // A stream command's id alone: `<id>`, or nothing on a stream's own descriptor.
+    let id_only = |verb: &'static str, expected: &'static str, own_expected: &'static str| match (
+        args.as_slice(),
+        own,
+    ) {
+        ([id], _) => stream_id(id),
+        ([], Some(own)) => Ok(own),
+        (_, None) => Err(ControlError::Arity { verb, expected }),
+        (_, Some(_)) => Err(ControlError::Arity {
+            verb,
+            expected: own_expected,
+        }),
+    };
     let (name, cmd): (&'static str, Command) = if verb_is("SEEK") {
-        let [id, n] = exact(&args, "SEEK", "SEEK <id> <offset>")?;
+        let (id, n) = id_and("SEEK", "SEEK <id> <offset>", "SEEK [<id>] <offset>")?;
         (
             "SEEK",
             Command::Seek {
-                id: stream_id(id)?,
+                id,
                 offset_bytes: size("offset", n)?,
             },
         )
     } else if verb_is("UNIT") {
-        let [id, n] = exact(&args, "UNIT", "UNIT <id> <size>")?;
+        let (id, n) = id_and("UNIT", "UNIT <id> <size>", "UNIT [<id>] <size>")?;
         (
             "UNIT",
             Command::Unit {
-                id: stream_id(id)?,
+                id,
                 unit_bytes: nonzero_size("unit", n)?,
             },
         )
     } else if verb_is("LENGTH") {
-        let [id, n] = exact(&args, "LENGTH", "LENGTH <id> <size>")?;
+        let (id, n) = id_and("LENGTH", "LENGTH <id> <size>", "LENGTH [<id>] <size>")?;
         (
             "LENGTH",
             Command::Length {
-                id: stream_id(id)?,
+                id,
                 length_bytes: size("length", n)?,
             },
         )
     } else if verb_is("RATE") {
-        let [id, r] = exact(&args, "RATE", "RATE <id> <rate>")?;
-        (
-            "RATE",
-            Command::Rate {
-                id: stream_id(id)?,
-                rate: rate(r)?,
-            },
-        )
+        let (id, r) = id_and("RATE", "RATE <id> <rate>", "RATE [<id>] <rate>")?;
+        ("RATE", Command::Rate { id, rate: rate(r)? })
     } else if verb_is("SCHEDULE") {
-        let [id, s] = exact(&args, "SCHEDULE", "SCHEDULE <id> <k>,<t>")?;
+        let (id, s) = id_and(
+            "SCHEDULE",
+            "SCHEDULE <id> <k>,<t>",
+            "SCHEDULE [<id>] <k>,<t>",
+        )?;
         (
             "SCHEDULE",
             Command::Schedule {
-                id: stream_id(id)?,
+                id,
                 schedule: schedule(s)?,
             },
         )
     } else if verb_is("START") {
-        const EXPECTED: &str = "START <id> [AT <+duration or RFC 3339 time>]";
-        match args.as_slice() {
-            [id] => (
-                "START",
-                Command::Start {
-                    id: stream_id(id)?,
-                    at: None,
-                },
-            ),
-            [id, at, time] if at.eq_ignore_ascii_case("AT") => (
-                "START",
-                Command::Start {
-                    id: stream_id(id)?,
-                    at: Some(start_time(time)?),
-                },
-            ),
-            _ => {
+        // On a stream's own descriptor the id may be left out: `START`, `START AT <time>`.
+        let expected = if own.is_some() {
+            "START [<id>] [AT <+duration or RFC 3339 time>]"
+        } else {
+            "START <id> [AT <+duration or RFC 3339 time>]"
+        };
+        let arity = || ControlError::Arity {
+            verb: "START",
+            expected,
+        };
+        let (id, at) = match (args.as_slice(), own) {
+            ([id], _) => (stream_id(id)?, None),
+            ([id, at, time], _) if at.eq_ignore_ascii_case("AT") => {
+                (stream_id(id)?, Some(start_time(time)?))
+            }
+            ([], Some(own)) => (own, None),
+            ([at, time], Some(own)) if at.eq_ignore_ascii_case("AT") => {
+                (own, Some(start_time(time)?))
+            }
+            _ => return Err(arity()),
+        };
+        ("START", Command::Start { id, at })
+    } else if verb_is("PAUSE") {
+        let id = id_only("PAUSE", "PAUSE <id>", "PAUSE [<id>]")?;
+        ("PAUSE", Command::Pause { id })
+    } else if verb_is("RESUME") {
+        let id = id_only("RESUME", "RESUME <id>", "RESUME [<id>]")?;
+        ("RESUME", Command::Resume { id })
+    } else if verb_is("STATE") {
+        let sel = match (args.as_slice(), own) {
+            ([sel], _) => selector(sel, limits)?,
+            ([], Some(own)) => StreamSelector::Ids(vec![own]),
+            (_, None) => {
                 return Err(ControlError::Arity {
-                    verb: "START",
-                    expected: EXPECTED,
+                    verb: "STATE",
+                    expected: "STATE <id>[,<id>...] or STATE *",
                 });
             }
-        }
-    } else if verb_is("PAUSE") {
-        let [id] = exact(&args, "PAUSE", "PAUSE <id>")?;
-        ("PAUSE", Command::Pause { id: stream_id(id)? })
-    } else if verb_is("RESUME") {
-        let [id] = exact(&args, "RESUME", "RESUME <id>")?;
-        ("RESUME", Command::Resume { id: stream_id(id)? })
-    } else if verb_is("STATE") {
-        let [sel] = exact(&args, "STATE", "STATE <id>[,<id>...] or STATE *")?;
-        ("STATE", Command::State(selector(sel, limits)?))
+            (_, Some(_)) => {
+                return Err(ControlError::Arity {
+                    verb: "STATE",
+                    expected: "STATE [<id>[,<id>...] or *]",
+                });
+            }
+        };
+        ("STATE", Command::State(sel))
     } else if verb_is("CLOSE") {
-        match args.as_slice() {
-            [id] => (
-                "CLOSE",
-                Command::Close {
-                    id: stream_id(id)?,
-                    now: false,
-                },
-            ),
-            [id, now] if now.eq_ignore_ascii_case("NOW") => (
-                "CLOSE",
-                Command::Close {
-                    id: stream_id(id)?,
-                    now: true,
-                },
-            ),
-            _ => {
+        let is_now = |w: &str| w.eq_ignore_ascii_case("NOW");
+        let (id, now) = match (args.as_slice(), own) {
+            ([now], Some(own)) if is_now(now) => (own, true),
+            ([id], _) => (stream_id(id)?, false),
+            ([id, now], _) if is_now(now) => (stream_id(id)?, true),
+            ([], Some(own)) => (own, false),
+            (_, None) => {
                 return Err(ControlError::Arity {
                     verb: "CLOSE",
                     expected: "CLOSE <id> [NOW]",
                 });
             }
-        }
+            (_, Some(_)) => {
+                return Err(ControlError::Arity {
+                    verb: "CLOSE",
+                    expected: "CLOSE [<id>] [NOW]",
+                });
+            }
+        };
+        ("CLOSE", Command::Close { id, now })
     } else if verb_is("AUTH") {
         let [t] = exact(&args, "AUTH", "AUTH <token>")?;
         ("AUTH", Command::Auth(Token(t.to_string())))
@@ -211,12 +270,45 @@ fn parse_open(args: &[&str], limits: &Limits) -> Result<Command, ControlError> {
             expected: "OPEN <src> <dst> [options]",
         });
     };
+    Ok(Command::Open(Box::new(open_spec(
+        src, dst, options, limits,
+    )?)))
+}
+
+/// `OPEN`'s options given apart from a command line (the C library's `penstock_cue(engine,
+/// src, dst, options)`): `options` is what would follow `OPEN src dst`, words separated by
+/// white space (empty: none). `src` and `dst` are kept as given, spaces included: the
+/// endpoint parser judges them.
+pub fn parse_open_options(
+    src: &str,
+    dst: &str,
+    options: &str,
+    limits: &Limits,
+) -> Result<OpenSpec, ControlError> {
+    if options.len() > limits.line_bytes_max {
+        return Err(ControlError::LineTooLong {
+            limit_bytes: limits.line_bytes_max,
+        });
+    }
+    if options.chars().any(|c| c.is_control() && c != '\t') {
+        return Err(ControlError::ControlCharacter);
+    }
+    let words: Vec<&str> = options.split_ascii_whitespace().collect();
+    open_spec(src, dst, &words, limits)
+}
+
+fn open_spec(
+    src: &str,
+    dst: &str,
+    options: &[&str],
+    limits: &Limits,
+) -> Result<OpenSpec, ControlError> {
     if options.len() > limits.open_options_max {
         return Err(ControlError::TooManyOptions {
             limit: limits.open_options_max,
         });
     }
-    let mut o = OpenSpec::new(*src, *dst);
+    let mut o = OpenSpec::new(src, dst);
     for opt in options {
         if opt.eq_ignore_ascii_case("DETACHED") {
             if o.detached {
@@ -258,7 +350,7 @@ fn parse_open(args: &[&str], limits: &Limits) -> Result<Command, ControlError> {
             _ => return Err(ControlError::UnknownOption(key.chars().take(32).collect())),
         }
     }
-    Ok(Command::Open(Box::new(o)))
+    Ok(o)
 }
 
 /// `TUNE disk [rt_quantum=SIZE] [bulk_quantum=SIZE] [inflight=N]`.
@@ -870,6 +962,138 @@ mod tests {
     }
 
     #[test]
+    fn on_a_streams_own_descriptor_the_id_may_be_left_out() {
+        let own = StreamId(7);
+        let o = |s: &str| parse_command_on(s, &Limits::default(), Some(own));
+        assert_eq!(o("START"), Ok(Command::Start { id: own, at: None }));
+        assert!(matches!(
+            o("START AT +250ms"),
+            Ok(Command::Start { id, at: Some(_) }) if id == own
+        ));
+        assert!(matches!(
+            o("START 9 AT +1s"),
+            Ok(Command::Start {
+                id: StreamId(9),
+                at: Some(_)
+            })
+        ));
+        assert!(o("START AT").is_err());
+        assert_eq!(o("pause"), Ok(Command::Pause { id: own }));
+        assert_eq!(o("RESUME"), Ok(Command::Resume { id: own }));
+        assert_eq!(
+            o("SEEK 4KiB"),
+            Ok(Command::Seek {
+                id: own,
+                offset_bytes: 4096
+            })
+        );
+        assert_eq!(
+            o("LENGTH 10"),
+            Ok(Command::Length {
+                id: own,
+                length_bytes: 10
+            })
+        );
+        assert_eq!(
+            o("UNIT 1316"),
+            Ok(Command::Unit {
+                id: own,
+                unit_bytes: 1316
+            })
+        );
+        assert_eq!(
+            o("RATE 30/s"),
+            Ok(Command::Rate {
+                id: own,
+                rate: Rate::UnitsPerSecond { num: 30, den: 1 }
+            })
+        );
+        assert!(matches!(
+            o("SCHEDULE 8,10ms"),
+            Ok(Command::Schedule { id, .. }) if id == own
+        ));
+        assert_eq!(
+            o("STATE"),
+            Ok(Command::State(StreamSelector::Ids(vec![own])))
+        );
+        assert_eq!(
+            o("CLOSE"),
+            Ok(Command::Close {
+                id: own,
+                now: false
+            })
+        );
+        assert_eq!(o("close now"), Ok(Command::Close { id: own, now: true }));
+        // With the id, a line means what it means anywhere (another id included).
+        assert_eq!(o("SEEK 9 5"), p("SEEK 9 5"));
+        assert_eq!(o("CLOSE 9 NOW"), p("CLOSE 9 NOW"));
+        assert_eq!(o("STATE *"), p("STATE *"));
+        // Still refused: too many words, a bad value, and (without an own stream) no id.
+        assert!(matches!(
+            o("START 1 2"),
+            Err(ControlError::Arity {
+                expected: "START [<id>] [AT <+duration or RFC 3339 time>]",
+                ..
+            })
+        ));
+        assert!(matches!(o("SEEK"), Err(ControlError::Arity { .. })));
+        assert!(matches!(o("UNIT 0"), Err(ControlError::BadValue { .. })));
+        assert!(matches!(
+            o("CLOSE LATER"),
+            Err(ControlError::BadStreamId(_))
+        ));
+        assert!(matches!(
+            parse_command_on("START", &Limits::default(), None),
+            Err(ControlError::Arity {
+                expected: "START <id> [AT <+duration or RFC 3339 time>]",
+                ..
+            })
+        ));
+        assert_eq!(
+            parse_command_bytes_on(b"STATE", &Limits::default(), Some(own)),
+            o("STATE")
+        );
+    }
+
+    #[test]
+    fn open_options_apart_from_a_line() {
+        let limits = Limits::default();
+        let o = parse_open_options(
+            "fd:3",
+            "my file.ts",
+            " rate=30/s  unit=1316 DETACHED",
+            &limits,
+        )
+        .unwrap();
+        assert_eq!(o.src, "fd:3");
+        assert_eq!(o.dst, "my file.ts");
+        assert_eq!(o.rate, Some(Rate::UnitsPerSecond { num: 30, den: 1 }));
+        assert_eq!(o.unit_bytes, Some(1316));
+        assert!(o.detached);
+        assert_eq!(
+            parse_open_options("a", "b", "", &limits),
+            Ok(OpenSpec::new("a", "b"))
+        );
+        // The same refusals as in a line.
+        assert_eq!(
+            parse_open_options("a", "b", "colour=red", &limits),
+            Err(ControlError::UnknownOption("colour".into()))
+        );
+        assert!(matches!(
+            parse_open_options("a", "b", "unit=0", &limits),
+            Err(ControlError::BadValue { .. })
+        ));
+        assert_eq!(
+            parse_open_options("a", "b", "unit=1\nSTART", &limits),
+            Err(ControlError::ControlCharacter)
+        );
+        assert_eq!(
+            parse_open_options("a", "b", &"x".repeat(5000), &limits),
+            Err(ControlError::LineTooLong { limit_bytes: 4096 })
+        );
+    }
+
+    #[test]
     fn errors_map_to_reply_codes() {
         assert_eq!(p("FLY").unwrap_err().reply_code().code(), 400);
         let e = ControlError::LineTooLong { limit_bytes: 1 };
@@ -1084,9 +1308,32 @@ mod tests {
                 prop_assert_eq!(parse_command(&text, &Limits::default()), Ok(c), "{}", text);
             }
 
+            /// On a stream's own descriptor a canonical line means the same command, and so
+            /// does the line with the own stream's id left out.
             #[test]
-            fn never_panics(line in "\\PC{0,200}") {
+            fn own_descriptor_lines(c in command_strategy(), other in id(), take in any::<bool>()) {
+                let l = Limits::default();
+                // Half the time the descriptor's own stream is the command's.
+                let own = match &c {
+                    Command::State(StreamSelector::Ids(ids)) if take => ids[0],
+                    c if take => c.stream_id().unwrap_or(other),
+                    _ => other,
+                };
+                let text = c.to_string();
+                prop_assert_eq!(parse_command_on(&text, &l, Some(own)), Ok(c.clone()), "{}", text);
+                let id = format!(" {own}");
+                let short = match &c {
+                    Command::State(StreamSelector::Ids(ids)) if ids == &[own] => "STATE".to_string(),
+                    c if c.stream_id() == Some(own) => text.replacen(&id, "", 1),
+                    _ => return Ok(()),
+                };
+                prop_assert_eq!(parse_command_on(&short, &l, Some(own)), Ok(c), "{}", short);
+            }
+
+            #[test]
+            fn never_panics(line in "\\PC{0,200}", own in proptest::option::of(id())) {
                 let _ = parse_command(&line, &Limits::default());
+                let _ = parse_command_on(&line, &Limits::default(), own);
             }
 
             #[test]

@@ -246,6 +246,42 @@ fn volumes() {
 
 /// Roadrunner's Table 1, row by row, in the role each row's open mode maps to.
 #[test]
+fn descriptors() {
+    assert_eq!(both("fd:0"), Endpoint::Fd { fd: 0 });
+    assert_eq!(both("fd:7"), Endpoint::Fd { fd: 7 });
+    assert_eq!(both("fd:2147483647"), Endpoint::Fd { fd: i32::MAX });
+    // A file whose name starts with fd: is still reachable.
+    assert_eq!(both("file:fd:3"), file("fd:3"));
+    assert_eq!(both("./fd:3"), file("./fd:3"));
+    assert_eq!(file("fd:3").to_string(), "file:fd:3");
+}
+
+#[test]
+fn bad_descriptor_numbers_are_refused_not_taken_as_files() {
+    for bad in [
+        "fd:",
+        "fd:-1",
+        "fd:+1",
+        "fd:07",
+        "fd:2147483648",
+        "fd:99999999999",
+        "fd:x",
+        "fd:1 ",
+        "fd:1/2",
+    ] {
+        let e = err_both(bad);
+        assert!(
+            matches!(e, EndpointError::InvalidFd { .. }),
+            "{bad:?}: {e:?}"
+        );
+        assert!(
+            e.to_string().contains("file:"),
+            "{bad:?}: the message names file:"
+        );
+    }
+}
+
+#[test]
 fn roadrunner_table_1() {
     let lo = Host::LOCALHOST;
     let far = v4(128, 8, 130, 115);
@@ -694,6 +730,7 @@ fn kind_and_classification_helpers() {
             "unix-listen",
         ),
         ("vol:v/p", Role::Source, EndpointKind::Volume, "volume"),
+        ("fd:3", Role::Target, EndpointKind::Fd, "fd"),
     ];
     for (s, role, kind, kind_name) in cases {
         let e = Endpoint::parse(s, role).unwrap();
@@ -775,6 +812,7 @@ fn arb_path(max: usize) -> impl Strategy<Value = PathBuf> {
         Just("vol:a/b".to_string()),
         Just("x://y".to_string()),
         Just("udp:z".to_string()),
+        Just("fd:3".to_string()),
     ]
     .prop_filter("path length", move |s| s.len() <= max)
     .prop_map(PathBuf::from)
@@ -812,6 +850,7 @@ fn arb_endpoint() -> impl Strategy<Value = Endpoint> {
             volume: VolumeName::parse(&v).unwrap(),
             partition: PartitionName::parse(&p).unwrap(),
         }),
+        (0..=i32::MAX).prop_map(|fd| Endpoint::Fd { fd }),
     ]
 }
 
@@ -826,6 +865,7 @@ fn arb_name_like() -> impl Strategy<Value = String> {
         Just("unix:"),
         Just("unix-listen:"),
         Just("vol:"),
+        Just("fd:"),
         Just("file:"),
         Just("/net/udp"),
         Just("/net/tcp"),

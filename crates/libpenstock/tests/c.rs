@@ -1,0 +1,367 @@
+//! The C tests (`tests/c/*.c`), the example server's two builds (`examples/c/httpd.c`) and
+//! the Python example (`examples/python/cue.py`), each built against libpenstock and run
+//! here: under valgrind (memcheck, `--error-exitcode=1 --leak-check=full`) where it is
+//! installed, else plainly (said on stderr).
+//!
+//! How they link: by default against the library `cargo test` just built (its `deps`
+//! directory) and the checked-in header. With `PENSTOCK_C_PKG_CONFIG=1` (what `.ci/run` sets
+//! after `cargo cinstall --prefix …`), through `pkg-config --cflags --libs penstock` only —
+//! the acceptance test's "linked only through pkg-config".
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The flags that compile and link a C program against libpenstock, and the directory to
+/// find `libpenstock.so` in at run time.
+fn link_flags() -> (Vec<String>, PathBuf) {
+    if std::env::var_os("PENSTOCK_C_PKG_CONFIG").is_some() {
+        let out = Command::new("pkg-config")
+            .args(["--cflags", "--libs", "penstock"])
+            .output()
+            .expect("pkg-config runs");
+        assert!(
+            out.status.success(),
+            "pkg-config penstock: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let flags = String::from_utf8(out.stdout).unwrap();
+        let libdir = Command::new("pkg-config")
+            .args(["--variable=libdir", "penstock"])
+            .output()
+            .expect("pkg-config runs");
+        let libdir = PathBuf::from(String::from_utf8(libdir.stdout).unwrap().trim());
+        return (flags.split_whitespace().map(String::from).collect(), libdir);
+    }
+    // The test binary lives in target/<profile>/deps, where cargo put the cdylib it built.
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    assert!(
+        deps.join("libpenstock.so").exists(),
+        "libpenstock.so not in {}",
+        deps.display()
+    );
+    (
+        vec![
+            format!("-I{}", crate_dir().join("include").display()),
+            format!("-L{}", deps.display()),
+            "-lpenstock".into(),
+        ],
+        deps,
+    )
+}
+
+/// Compiles `sources` into `out` with `extra` flags (warnings are errors).
+fn compile(sources: &[&Path], out: &Path, extra: &[&str]) {
+    let (flags, libdir) = link_flags();
+    let status = Command::new("cc")
+        .args([
+            "-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-O1", "-pthread",
+        ])
+        .args(extra)
+        .args(sources)
+        .arg("-o")
+        .arg(out)
+        .args(&flags)
+        .arg(format!("-Wl,-rpath,{}", libdir.display()))
+        .status()
+        .expect("cc runs");
+    assert!(status.success(), "cc failed for {sources:?}");
+}
+
+/// Whether a C compiler is here (the tests say SKIPPED, loudly, without one).
+fn cc_present() -> bool {
+    let ok = Command::new("cc")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIPPED: no C compiler (cc) here");
+    }
+    ok
+}
+
+fn valgrind() -> bool {
+    Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A command that runs `exe` (under memcheck where valgrind is installed) with the library
+/// its run path names: cargo's `LD_LIBRARY_PATH` (which holds `target/<profile>`, where an
+/// older `cargo build` may have left another libpenstock.so) is not passed on.
+fn checked(exe: &Path) -> Command {
+    let mut c = checked_command(exe);
+    c.env_remove("LD_LIBRARY_PATH");
+    c
+}
+
+fn checked_command(exe: &Path) -> Command {
+    if valgrind() {
+        let mut c = Command::new("valgrind");
+        c.args([
+            "--quiet",
+            "--error-exitcode=1",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite,possible",
+            "--trace-children=no",
+        ])
+        .arg(format!(
+            "--suppressions={}",
+            crate_dir().join("tests/c/valgrind.supp").display()
+        ))
+        .arg(exe)
+        // valgrind 3.19 keeps its one big lock through a blocking io_uring_enter, so a worker
+        // waiting in its ring stops every other thread for good: under memcheck the engine
+        // runs without io_uring (its poll(2) fallback; the plain run covers the ring).
+        .env("PENSTOCK_NO_URING", "1");
+        c
+    } else {
+        eprintln!(
+            "valgrind is not installed: running {} without it",
+            exe.display()
+        );
+        Command::new(exe)
+    }
+}
+
+/// Waits for `child` at most `limit` (a hung test is killed and fails, not waited on forever).
+fn wait_for(mut child: Child, limit: Duration, what: &str) -> std::process::Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} still running after {limit:?}; killed.\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Builds and runs C test `name` twice: plainly (io_uring where the kernel allows), then
+/// under memcheck (see [`checked`]).
+fn run_c_test(name: &str) {
+    if !cc_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join(name);
+    let src = crate_dir().join("tests/c").join(format!("{name}.c"));
+    compile(
+        &[&src],
+        &exe,
+        &[&format!("-I{}", crate_dir().join("tests/c").display())],
+    );
+    let mut plain = Command::new(&exe);
+    plain.env_remove("LD_LIBRARY_PATH");
+    for (how, mut cmd) in [("plain", plain), ("memcheck", checked(&exe))] {
+        let child = cmd
+            .env("TMPDIR", dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait_for(child, Duration::from_secs(600), name);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stdout.contains(&format!("{name}: ok")),
+            "{name} ({how}) failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+            out.status
+        );
+    }
+}
+
+#[test]
+fn c_transfers_are_byte_exact() {
+    run_c_test("transfer");
+}
+
+#[test]
+fn c_control_descriptor_commands() {
+    run_c_test("control");
+}
+
+#[test]
+fn c_bad_input_gives_codes_and_messages_never_an_abort() {
+    run_c_test("errors");
+}
+
+// ---- the example server ------------------------------------------------------------------
+
+fn repo_dir() -> PathBuf {
+    crate_dir().join("../..")
+}
+
+/// Starts a build of the example server on a kernel-chosen port, serving `root` for
+/// `requests` requests; returns it and its port (read from its first line).
+fn start_httpd(exe: &Path, root: &Path, requests: usize, under_valgrind: bool) -> (Child, u16) {
+    let mut cmd = if under_valgrind {
+        checked(exe)
+    } else {
+        let mut c = Command::new(exe);
+        c.env_remove("LD_LIBRARY_PATH");
+        c
+    };
+    let mut child = cmd
+        .args(["-p", "0", "-n", &requests.to_string()])
+        .arg(root)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while out.read(&mut b).unwrap_or(0) == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    let line = String::from_utf8(line).unwrap();
+    let port = line
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    (child, port)
+}
+
+fn curl(port: u16, path: &str) -> (String, Vec<u8>) {
+    let out = Command::new("curl")
+        .args(["-s", "-S", "-i", "--http1.0", "--max-time", "120"])
+        .arg(format!("http://127.0.0.1:{port}{path}"))
+        .output()
+        .expect("curl runs");
+    let split = out
+        .stdout
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head");
+    let head = String::from_utf8_lossy(&out.stdout[..split]).to_string();
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        out.stdout[split + 4..].to_vec(),
+    )
+}
+
+/// A request curl would not send: the raw reply's status line.
+fn raw_status(port: u16, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(request).unwrap();
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply.lines().next().unwrap_or("").to_string()
+}
+
+/// Issue 14's "two lines": the example server built plainly (sendfile) and with
+/// `-DUSE_PENSTOCK` (penstock_cue + START) serves the same bytes to curl, and the same
+/// statuses for a missing file and a method it does not do; the penstock build runs under
+/// valgrind and shuts down clean (drain, free).
+#[test]
+fn the_example_servers_two_builds_serve_identical_bytes() {
+    if Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: curl is not installed");
+        return;
+    }
+    if !cc_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = repo_dir().join("examples/c/httpd.c");
+    let plain = dir.path().join("httpd");
+    let cued = dir.path().join("httpd-penstock");
+    compile(&[&src], &plain, &[]);
+    compile(&[&src], &cued, &["-DUSE_PENSTOCK"]);
+    let root = dir.path().join("www");
+    std::fs::create_dir(&root).unwrap();
+    let files: Vec<(&str, Vec<u8>)> = [0usize, 1, 4097, (3 << 20) + 7]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let name = ["empty", "one", "page", "big.bin"][i];
+            let bytes: Vec<u8> = (0..n).map(|j| (j * 13 + j / 7919) as u8).collect();
+            std::fs::write(root.join(name), &bytes).unwrap();
+            (name, bytes)
+        })
+        .collect();
+    let mut served: Vec<Vec<(String, Vec<u8>)>> = Vec::new();
+    for (exe, under_valgrind) in [(&plain, false), (&cued, true)] {
+        let requests = files.len() + 2;
+        let (child, port) = start_httpd(exe, &root, requests, under_valgrind);
+        let mut got: Vec<(String, Vec<u8>)> = files
+            .iter()
+            .map(|(name, _)| curl(port, &format!("/{name}")))
+            .collect();
+        got.push(curl(port, "/missing"));
+        got.push((raw_status(port, b"POST /page HTTP/1.0\r\n\r\n"), Vec::new()));
+        let out = wait_for(child, Duration::from_secs(300), &exe.display().to_string());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{} exited {}: {stderr}",
+            exe.display(),
+            out.status,
+        );
+        // The penstock build says on stderr when it had to send a body itself: it never did.
+        assert!(
+            !stderr.contains("penstock_cue") && !stderr.contains("START"),
+            "{}: fell back to sendfile: {stderr}",
+            exe.display()
+        );
+        for ((name, bytes), (status, body)) in files.iter().zip(&got) {
+            assert_eq!(status, "HTTP/1.0 200 OK", "{}: /{name}", exe.display());
+            assert!(
+                body == bytes,
+                "{}: /{name}: {} bytes differ",
+                exe.display(),
+                body.len()
+            );
+        }
+        assert_eq!(got[files.len()].0, "HTTP/1.0 404 Not Found");
+        assert_eq!(got[files.len() + 1].0, "HTTP/1.0 501 Not Implemented");
+        served.push(got);
+    }
+    assert!(
+        served[0] == served[1],
+        "the two builds served different bytes"
+    );
+}
+
+/// `examples/python/cue.py`: cue() from Python's ctypes, byte-exact.
+#[test]
+fn the_python_example_cues_a_file_to_a_socket() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: python3 is not installed");
+        return;
+    }
+    let (_, libdir) = link_flags();
+    let out = Command::new("python3")
+        .arg(repo_dir().join("examples/python/cue.py"))
+        .arg("--check")
+        .env("PENSTOCK_LIB", libdir.join("libpenstock.so"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("byte-exact"),
+        "cue.py: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

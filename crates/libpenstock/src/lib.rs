@@ -36,6 +36,7 @@ mod engine;
 mod error;
 mod ffi;
 mod oneshot;
+mod rtu;
 mod stream;
 
 pub use cue::penstock_cue;
@@ -45,6 +46,10 @@ pub use engine::{
 };
 pub use error::{penstock_error, penstock_last_error, penstock_last_error_code, penstock_strerror};
 pub use oneshot::{PENSTOCK_STREAM_COPY, PENSTOCK_STREAM_RT, penstock_stream};
+pub use rtu::{
+    penstock_rtu, penstock_rtu_create, penstock_rtu_fn, penstock_rtu_free, penstock_rtu_stats,
+    penstock_rtu_stats_t,
+};
 pub use stream::{
     penstock_state, penstock_stream_cancel, penstock_stream_close, penstock_stream_open,
     penstock_stream_pause, penstock_stream_resume, penstock_stream_start, penstock_stream_state,

@@ -204,6 +204,11 @@ fn c_bad_input_gives_codes_and_messages_never_an_abort() {
     run_c_test("errors");
 }
 
+#[test]
+fn c_real_time_upcalls_run_within_budget_and_overcommit_is_refused() {
+    run_c_test("rtu");
+}
+
 // ---- the example server ------------------------------------------------------------------
 
 fn repo_dir() -> PathBuf {

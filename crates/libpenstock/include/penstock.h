@@ -13,6 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The default of `penstock_conn_set_timeout`, in ms.
+#define PENSTOCK_CONN_TIMEOUT_MS 10000
+
 // `penstock_stream` flag: move the bytes with read(2)/write(2) through a buffer (the
 // baseline data path) instead of the one the planner picks (sendfile, splice, io_uring).
 #define PENSTOCK_STREAM_COPY 1
@@ -79,6 +82,10 @@ typedef enum penstock_error {
   // A bug in the library: a panic was caught at the boundary (the message says where).
   PENSTOCK_EPANIC = -15,
 } penstock_error;
+
+// A connection to a running server's Unix control socket (opaque). Made by
+// `penstock_connect`, ended by `penstock_conn_free`.
+typedef struct penstock_conn penstock_conn;
 
 // An engine (opaque). Made by `penstock_engine_new`, ended by `penstock_engine_free`.
 typedef struct penstock_engine penstock_engine;
@@ -180,6 +187,46 @@ extern "C" {
 
 // The library's version, `MAJOR.MINOR.PATCH` (a static string; never free it).
 const char *penstock_version(void);
+
+// Connects to a running `penstock serve`'s Unix control socket (`--control-unix PATH`,
+// `control.unix`) and writes the connection to `*out`. Waits on the server (each reply, each
+// send) are bounded by a timeout, 10 s unless `penstock_conn_set_timeout` says otherwise.
+// What the connection may do is the server's decision (`docs/security.md`): a peer whose
+// uid or gid the socket allows may open streams and pass descriptors.
+//
+// # Safety
+// `socket_path` is NULL or a NUL-terminated string; `out` is NULL or writable.
+int penstock_connect(const char *socket_path, struct penstock_conn **out);
+
+// Sets how long the connection's calls wait for the server (each send, each reply), in ms,
+// at least 1. `PENSTOCK_OK`, or `PENSTOCK_EINVAL` for 0.
+int penstock_conn_set_timeout(struct penstock_conn *conn, uint64_t timeout_ms);
+
+// Closes the connection. Streams it opened are closed by the server (cancelled if running)
+// unless they were opened `DETACHED`. NULL is ignored.
+void penstock_conn_free(struct penstock_conn *conn);
+
+// Hands `src_fd` and `dst_fd` to the server (`OPEN fd fd options`, both attached to the
+// line by SCM_RIGHTS) and returns the new stream's id (≥ 0), or a negative `PENSTOCK_E…`
+// code with the server's reply in `penstock_last_error()`. The server holds duplicates:
+// the caller may close its own at once. `options` as `penstock_cue`'s (NULL: none). The
+// stream then runs like any of the server's (admission, QoS class, pacing, metrics); drive
+// it with `penstock_conn_command` (`START <id>`, `STATE <id>`, ...). Refused (`PENSTOCK_EPERM`)
+// unless the server allows this process's uid or gid by SO_PEERCRED.
+//
+// # Safety
+// `options` is NULL or a NUL-terminated string.
+int penstock_conn_cue(struct penstock_conn *conn, int src_fd, int dst_fd, const char *options);
+
+// Sends one control-protocol line (`START 7`, `STATE 7`, `CLOSE 7`, ...; no line break) and
+// reads its reply: returns the reply code (200 to 599) and copies the reply's text — for a
+// multi-line reply its first line (the STATE line) — NUL-terminated, cut to fit, into
+// `reply` (`reply_len` bytes; NULL or 0: not copied). A negative `PENSTOCK_E…` code when the
+// line could not be sent or no reply came in time.
+//
+// # Safety
+// `line` is NULL or a NUL-terminated string; `reply` is NULL or `reply_len` writable bytes.
+int penstock_conn_command(struct penstock_conn *conn, const char *line, char *reply, size_t reply_len);
 
 // Cues' `cue(src, dst)`: opens a stream from `src` to `dst` and returns its **control
 // descriptor** (≥ 0), or a negative `PENSTOCK_E…` code.

@@ -31,6 +31,7 @@
 #![allow(non_camel_case_types)]
 
 mod backend;
+mod conn;
 mod cue;
 mod engine;
 mod error;
@@ -39,6 +40,10 @@ mod oneshot;
 mod rtu;
 mod stream;
 
+pub use conn::{
+    PENSTOCK_CONN_TIMEOUT_MS, penstock_conn, penstock_conn_command, penstock_conn_cue,
+    penstock_conn_free, penstock_conn_set_timeout, penstock_connect,
+};
 pub use cue::penstock_cue;
 pub use engine::{
     penstock_config, penstock_config_default, penstock_engine, penstock_engine_drain,

@@ -200,7 +200,12 @@ pub unsafe extern "C" fn penstock_rtu_stats(
         let obj = RTUS.get(rtu as u64)?;
         let s = match &*obj.handle.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(h) => live_stats(&h.stats()),
-            None => return Err(Error::new(PENSTOCK_EHANDLE, "the penstock_rtu is being freed")),
+            None => {
+                return Err(Error::new(
+                    PENSTOCK_EHANDLE,
+                    "the penstock_rtu is being freed",
+                ));
+            }
         };
         // SAFETY: not NULL (checked above), writable (the caller's promise).
         unsafe { stats.write(s) };
@@ -225,7 +230,10 @@ pub unsafe extern "C" fn penstock_rtu_free(
         let obj = RTUS.remove(rtu as u64)?;
         let handle = obj.handle.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some(handle) = handle else {
-            return Err(Error::new(PENSTOCK_EHANDLE, "the penstock_rtu is being freed"));
+            return Err(Error::new(
+                PENSTOCK_EHANDLE,
+                "the penstock_rtu is being freed",
+            ));
         };
         let r = handle.stop().map_err(|e| from_rtu_error(&e))?;
         if !report.is_null() {

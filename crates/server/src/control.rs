@@ -50,7 +50,8 @@ const POLL_MS: u64 = 200;
 /// Descriptors one message (one sendmsg(2)) may carry: `OPEN fd fd` needs two.
 pub const FDS_PER_MESSAGE_MAX: usize = 2;
 
-/// A message came with more descriptors than [`FDS_PER_MESSAGE_MAX`] (`MSG_CTRUNC`).
+/// A message came with more descriptors than [`FDS_PER_MESSAGE_MAX`] (some of them cut off
+/// by the kernel: `MSG_CTRUNC`, or all there but too many).
 #[derive(Debug)]
 struct TruncatedFds;
 
@@ -58,7 +59,7 @@ impl std::fmt::Display for TruncatedFds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "a message carried more than {FDS_PER_MESSAGE_MAX} descriptors (MSG_CTRUNC)"
+            "a message carried more than {FDS_PER_MESSAGE_MAX} descriptors"
         )
     }
 }
@@ -149,8 +150,8 @@ impl Peer {
 
     /// Reads like [`Peer::read`]; on a Unix connection with recvmsg(2), moving the
     /// descriptors that arrive with the bytes (SCM_RIGHTS, at most [`FDS_PER_MESSAGE_MAX`],
-    /// close-on-exec) into `fds`. A control message cut short (`MSG_CTRUNC`: more descriptors
-    /// than that) is an error, after what arrived is closed.
+    /// close-on-exec) into `fds`. More descriptors than that (some cut off by the kernel,
+    /// `MSG_CTRUNC`, or all there) is an error, after what arrived is closed.
     fn read_with_fds(&mut self, b: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
         let Peer::Unix(s) = self else {
             return self.read(b);
@@ -170,7 +171,9 @@ impl Peer {
                 arrived.extend(passed);
             }
         }
-        if got.flags.contains(ReturnFlags::CTRUNC) {
+        // The buffer is rounded up for alignment and may hold a few more than the limit:
+        // those are as refused as the ones the kernel cut off.
+        if got.flags.contains(ReturnFlags::CTRUNC) || arrived.len() > FDS_PER_MESSAGE_MAX {
             drop(arrived); // closes what did arrive
             return Err(io::Error::other(TruncatedFds));
         }

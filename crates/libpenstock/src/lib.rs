@@ -12,6 +12,10 @@
 //! - **`penstock_stream(src_fd, dst_fd, flags, period_ns, unit)`** — Roadrunner's one-shot,
 //!   blocking call on a private engine.
 //!
+//! Beside them: **`penstock_connect` + `penstock_conn_cue`** hand descriptors to a *running*
+//! `penstock serve` over its Unix control socket (`OPEN fd fd`, SCM_RIGHTS), and
+//! **`penstock_rtu_create`** runs a periodic upcall on an engine's worker (MARS's RTUs).
+//!
 //! Endpoints are the one namespace's names (`docs/control-protocol.md`), plus `fd:N`: a
 //! descriptor the caller owns, duplicated when the call is made (the caller may close its own
 //! right after).

@@ -19,6 +19,11 @@
 //! A connection with no stream of its own, silent for `idle_timeout_ms`, is closed.
 //! Out of descriptors, the listeners pause `accept_backoff_ms` and log once per interval.
 //!
+//! Descriptor hand-off: on a Unix connection lines are read with recvmsg(2), and the
+//! descriptors an allowed peer passes (SCM_RIGHTS, at most [`FDS_PER_MESSAGE_MAX`] a message,
+//! `unix_fds_held_max` held) are taken by the next line's `OPEN fd fd` or closed once that
+//! line is answered; anyone else's are closed on arrival and the line refused (403).
+//!
 //! A *stream's own descriptor* (Cues' control descriptor: the C library's `penstock_cue()`)
 //! is a connection made for one stream ([`Session::for_stream`], served by
 //! [`serve_stream_descriptor`]): there the id may be left out of a command, and the

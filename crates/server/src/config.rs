@@ -1148,6 +1148,21 @@ idle_timeout_ms = \"soon\"
     }
 
     #[test]
+    fn unix_fds_held_max_is_checked() {
+        for (v, ok) in [(1, false), (2, true), (64, true), (65, false)] {
+            let mut c = ServerConfig::default();
+            c.control.unix_fds_held_max = v;
+            match c.check() {
+                Ok(_) => assert!(ok, "{v} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{v} refused: {e}");
+                    assert!(e.to_string().contains("unix_fds_held_max"), "{e}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_example_file_has_the_log_and_metrics_defaults() {
         let c: ServerConfig =
             toml::from_str(include_str!("../../../docs/penstock.example.toml")).unwrap();

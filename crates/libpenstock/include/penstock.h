@@ -13,6 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The default of `penstock_conn_set_timeout`, in ms.
+#define PENSTOCK_CONN_TIMEOUT_MS 10000
+
 // `penstock_stream` flag: move the bytes with read(2)/write(2) through a buffer (the
 // baseline data path) instead of the one the planner picks (sendfile, splice, io_uring).
 #define PENSTOCK_STREAM_COPY 1
@@ -80,8 +83,15 @@ typedef enum penstock_error {
   PENSTOCK_EPANIC = -15,
 } penstock_error;
 
+// A connection to a running server's Unix control socket (opaque). Made by
+// `penstock_connect`, ended by `penstock_conn_free`.
+typedef struct penstock_conn penstock_conn;
+
 // An engine (opaque). Made by `penstock_engine_new`, ended by `penstock_engine_free`.
 typedef struct penstock_engine penstock_engine;
+
+// An upcall (opaque). Made by `penstock_rtu_create`, ended by `penstock_rtu_free`.
+typedef struct penstock_rtu penstock_rtu;
 
 // A stream held by a handle (opaque). Made by `penstock_stream_open`, ended by
 // `penstock_stream_close`. (Not `penstock_stream`: that name is the one-shot call's.)
@@ -118,6 +128,36 @@ typedef struct penstock_config {
   uint64_t idle_timeout_ms;
 } penstock_config;
 
+// An upcall's function: called with the `arg` given to `penstock_rtu_create`, on one of the
+// engine's worker threads. It must not block (no sleep, no lock another thread holds, no
+// wait on a stream or an upcall): while it runs, that worker sends nothing.
+typedef void (*penstock_rtu_fn)(void *arg);
+
+// What `penstock_rtu_stats` and `penstock_rtu_free` report.
+typedef struct penstock_rtu_stats_t {
+  // Activations run (the callback called).
+  uint64_t activations;
+  // Activations whose callback used more CPU time than `budget_ns`.
+  uint64_t overruns;
+  // Activations that started later than `period_ns - budget_ns` after their release.
+  uint64_t misses;
+  // Activations never run: their period had passed when the previous one ended.
+  uint64_t skipped;
+  // Lateness (release to start of the callback), in ns: median, 99th percentile, most.
+  // From `penstock_rtu_stats`: the upper ends of power-of-two buckets (never below the
+  // true figure, less than twice it; the maximum is exact); from `penstock_rtu_free`:
+  // within 1/2048 of the truth.
+  uint64_t lateness_p50_ns;
+  uint64_t lateness_p99_ns;
+  uint64_t lateness_max_ns;
+  // The most CPU time and wall time one activation took, and the CPU time of all, in ns.
+  uint64_t cpu_max_ns;
+  uint64_t wall_max_ns;
+  uint64_t cpu_total_ns;
+  // 1 while the upcall is on its worker; 0 once it was stopped (or its engine freed).
+  int running;
+} penstock_rtu_stats_t;
+
 // What `penstock_stream_state` reports.
 typedef struct penstock_stream_state_t {
   enum penstock_state state;
@@ -147,6 +187,46 @@ extern "C" {
 
 // The library's version, `MAJOR.MINOR.PATCH` (a static string; never free it).
 const char *penstock_version(void);
+
+// Connects to a running `penstock serve`'s Unix control socket (`--control-unix PATH`,
+// `control.unix`) and writes the connection to `*out`. Waits on the server (each reply, each
+// send) are bounded by a timeout, 10 s unless `penstock_conn_set_timeout` says otherwise.
+// What the connection may do is the server's decision (`docs/security.md`): a peer whose
+// uid or gid the socket allows may open streams and pass descriptors.
+//
+// # Safety
+// `socket_path` is NULL or a NUL-terminated string; `out` is NULL or writable.
+int penstock_connect(const char *socket_path, struct penstock_conn **out);
+
+// Sets how long the connection's calls wait for the server (each send, each reply), in ms,
+// at least 1. `PENSTOCK_OK`, or `PENSTOCK_EINVAL` for 0.
+int penstock_conn_set_timeout(struct penstock_conn *conn, uint64_t timeout_ms);
+
+// Closes the connection. Streams it opened are closed by the server (cancelled if running)
+// unless they were opened `DETACHED`. NULL is ignored.
+void penstock_conn_free(struct penstock_conn *conn);
+
+// Hands `src_fd` and `dst_fd` to the server (`OPEN fd fd options`, both attached to the
+// line by SCM_RIGHTS) and returns the new stream's id (≥ 0), or a negative `PENSTOCK_E…`
+// code with the server's reply in `penstock_last_error()`. The server holds duplicates:
+// the caller may close its own at once. `options` as `penstock_cue`'s (NULL: none). The
+// stream then runs like any of the server's (admission, QoS class, pacing, metrics); drive
+// it with `penstock_conn_command` (`START <id>`, `STATE <id>`, ...). Refused (`PENSTOCK_EPERM`)
+// unless the server allows this process's uid or gid by SO_PEERCRED.
+//
+// # Safety
+// `options` is NULL or a NUL-terminated string.
+int penstock_conn_cue(struct penstock_conn *conn, int src_fd, int dst_fd, const char *options);
+
+// Sends one control-protocol line (`START 7`, `STATE 7`, `CLOSE 7`, ...; no line break) and
+// reads its reply: returns the reply code (200 to 599) and copies the reply's text — for a
+// multi-line reply its first line (the STATE line) — NUL-terminated, cut to fit, into
+// `reply` (`reply_len` bytes; NULL or 0: not copied). A negative `PENSTOCK_E…` code when the
+// line could not be sent or no reply came in time.
+//
+// # Safety
+// `line` is NULL or a NUL-terminated string; `reply` is NULL or `reply_len` writable bytes.
+int penstock_conn_command(struct penstock_conn *conn, const char *line, char *reply, size_t reply_len);
 
 // Cues' `cue(src, dst)`: opens a stream from `src` to `dst` and returns its **control
 // descriptor** (≥ 0), or a negative `PENSTOCK_E…` code.
@@ -228,6 +308,38 @@ const char *penstock_strerror(int code);
 // and a pool of at least 8 MiB), so a program that streams often is better served by
 // `penstock_engine_new` and `penstock_cue` or `penstock_stream_open`.
 int64_t penstock_stream(int src_fd, int dst_fd, uint32_t flags, uint64_t period_ns, uint64_t unit);
+
+// Creates a Real-Time Upcall on `engine`: `callback(arg)` every `period_ns`, each call
+// declared to need at most `budget_ns` of CPU time. Admission decides now: a budget of 0 or
+// above the period, a period out of range, or a set of upcalls on the chosen worker that
+// would no longer be schedulable gives `PENSTOCK_EREFUSED` (the message names the
+// utilization and the bound); nothing runs then. On success `*out` holds the upcall and
+// `PENSTOCK_OK` is returned. The callback runs on a worker of the engine, in the same
+// EDF/RM order as the streams' paced units, never preempted: it must not block
+// (`docs/rtu.md`). An overrun (more CPU than `budget_ns`) is counted, never cut short.
+//
+// # Safety
+// `out` is NULL or points to a writable `penstock_rtu *`. `callback` may be called with
+// `arg` from another thread until `penstock_rtu_free(rtu)` (or `penstock_engine_free`)
+// returns; it must not unwind.
+int penstock_rtu_create(struct penstock_engine *engine, uint64_t period_ns, uint64_t budget_ns, penstock_rtu_fn callback, void *arg, struct penstock_rtu **out);
+
+// Fills `*stats` with the upcall's live counts. `PENSTOCK_OK`, `PENSTOCK_ENULL`, or
+// `PENSTOCK_EHANDLE` for a freed upcall.
+//
+// # Safety
+// `stats` is NULL or points to a writable `penstock_rtu_stats_t`.
+int penstock_rtu_stats(struct penstock_rtu *rtu, struct penstock_rtu_stats_t *stats);
+
+// Stops an upcall (waiting for an activation in progress to end: the callback is not
+// called after this returns) and frees it; with `report` not NULL, fills it with the
+// exact figures of its whole run. `PENSTOCK_OK`; `PENSTOCK_EHANDLE` if its engine was freed
+// first (the upcall stopped then; `*report` is not written); `PENSTOCK_EHANDLE` or
+// `PENSTOCK_ENULL` for a bad handle. The handle is dead afterwards in every case.
+//
+// # Safety
+// `report` is NULL or points to a writable `penstock_rtu_stats_t`.
+int penstock_rtu_free(struct penstock_rtu *rtu, struct penstock_rtu_stats_t *report);
 
 // Opens a stream as `penstock_cue` does (same names, `fd:N`, options and admission), held by
 // a handle instead of a control descriptor; `*out` receives it. It does not expire: it is

@@ -94,6 +94,8 @@ pub unsafe extern "C" fn penstock_config_default(cfg: *mut penstock_config) -> c
 
 /// A live engine: what every handle made from it shares.
 pub(crate) struct EngineInner {
+    /// The engine itself, for what is not a stream (`penstock_rtu_create`).
+    pub engine: Arc<Engine>,
     pub shared: Arc<ControlShared>,
     pub streams: Arc<Streams>,
     pub uid: u32,
@@ -158,8 +160,9 @@ impl EngineInner {
             idle_timeout_ms: c.idle_timeout_ms,
             ..ControlConfig::default()
         };
+        let engine = Arc::new(engine);
         let backend = EngineBackend::new(
-            Arc::new(engine),
+            engine.clone(),
             LocalPolicy {
                 connect_timeout: Duration::from_millis(c.connect_timeout_ms),
             },
@@ -180,6 +183,7 @@ impl EngineInner {
         let reaper = start_reaper(shared.clone())
             .map_err(|e| Error::new(PENSTOCK_ESYS, format!("could not start a thread: {e}")))?;
         Ok(EngineInner {
+            engine,
             shared,
             streams,
             uid,

@@ -85,16 +85,28 @@ impl Error {
 
     /// A control-protocol refusal, by its reply code.
     pub fn from_reply(r: &Reply) -> Error {
-        let code = match r.code {
-            ReplyCode::BAD_SYNTAX | ReplyCode::LINE_TOO_LONG => PENSTOCK_EINVAL,
-            ReplyCode::AUTH_REQUIRED | ReplyCode::FORBIDDEN => PENSTOCK_EPERM,
-            ReplyCode::NO_SUCH_STREAM => PENSTOCK_ENOSTREAM,
-            ReplyCode::WRONG_STATE => PENSTOCK_ESTATE,
-            ReplyCode::REFUSED => PENSTOCK_EREFUSED,
-            ReplyCode::NOT_IMPLEMENTED => PENSTOCK_ENOTSUP,
-            _ => PENSTOCK_EIO,
+        Error::from_reply_code(r.code.code(), r.text.clone())
+    }
+
+    /// A control-protocol refusal by its three digits (a reply read from a server).
+    pub fn from_reply_code(reply_code: u16, text: String) -> Error {
+        let is = |c: ReplyCode| reply_code == c.code();
+        let code = if is(ReplyCode::BAD_SYNTAX) || is(ReplyCode::LINE_TOO_LONG) {
+            PENSTOCK_EINVAL
+        } else if is(ReplyCode::AUTH_REQUIRED) || is(ReplyCode::FORBIDDEN) {
+            PENSTOCK_EPERM
+        } else if is(ReplyCode::NO_SUCH_STREAM) {
+            PENSTOCK_ENOSTREAM
+        } else if is(ReplyCode::WRONG_STATE) {
+            PENSTOCK_ESTATE
+        } else if is(ReplyCode::REFUSED) {
+            PENSTOCK_EREFUSED
+        } else if is(ReplyCode::NOT_IMPLEMENTED) {
+            PENSTOCK_ENOTSUP
+        } else {
+            PENSTOCK_EIO
         };
-        Error::new(code, r.text.clone())
+        Error::new(code, text)
     }
 
     /// An `fd:N` that could not be taken.

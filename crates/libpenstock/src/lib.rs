@@ -12,6 +12,10 @@
 //! - **`penstock_stream(src_fd, dst_fd, flags, period_ns, unit)`** — Roadrunner's one-shot,
 //!   blocking call on a private engine.
 //!
+//! Beside them: **`penstock_connect` + `penstock_conn_cue`** hand descriptors to a *running*
+//! `penstock serve` over its Unix control socket (`OPEN fd fd`, SCM_RIGHTS), and
+//! **`penstock_rtu_create`** runs a periodic upcall on an engine's worker (MARS's RTUs).
+//!
 //! Endpoints are the one namespace's names (`docs/control-protocol.md`), plus `fd:N`: a
 //! descriptor the caller owns, duplicated when the call is made (the caller may close its own
 //! right after).
@@ -31,13 +35,19 @@
 #![allow(non_camel_case_types)]
 
 mod backend;
+mod conn;
 mod cue;
 mod engine;
 mod error;
 mod ffi;
 mod oneshot;
+mod rtu;
 mod stream;
 
+pub use conn::{
+    PENSTOCK_CONN_TIMEOUT_MS, penstock_conn, penstock_conn_command, penstock_conn_cue,
+    penstock_conn_free, penstock_conn_set_timeout, penstock_connect,
+};
 pub use cue::penstock_cue;
 pub use engine::{
     penstock_config, penstock_config_default, penstock_engine, penstock_engine_drain,
@@ -45,6 +55,10 @@ pub use engine::{
 };
 pub use error::{penstock_error, penstock_last_error, penstock_last_error_code, penstock_strerror};
 pub use oneshot::{PENSTOCK_STREAM_COPY, PENSTOCK_STREAM_RT, penstock_stream};
+pub use rtu::{
+    penstock_rtu, penstock_rtu_create, penstock_rtu_fn, penstock_rtu_free, penstock_rtu_stats,
+    penstock_rtu_stats_t,
+};
 pub use stream::{
     penstock_state, penstock_stream_cancel, penstock_stream_close, penstock_stream_open,
     penstock_stream_pause, penstock_stream_resume, penstock_stream_start, penstock_stream_state,

@@ -204,6 +204,11 @@ fn c_bad_input_gives_codes_and_messages_never_an_abort() {
     run_c_test("errors");
 }
 
+#[test]
+fn c_real_time_upcalls_run_within_budget_and_overcommit_is_refused() {
+    run_c_test("rtu");
+}
+
 // ---- the example server ------------------------------------------------------------------
 
 fn repo_dir() -> PathBuf {
@@ -364,4 +369,115 @@ fn the_python_example_cues_a_file_to_a_socket() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+// ---- descriptor hand-off to a running server ------------------------------------------------
+
+const HANDOFF_TOKEN: &str = "handoff-test-token";
+const NOBODY: u32 = 65534;
+
+/// The server `penstock serve` runs (`Server::start`), with its Unix control socket in
+/// `dir/run/ctl.sock` (a 0755 directory: other users can reach the socket; SO_PEERCRED
+/// decides what they may do), allowing this test's uid and 4242 (not `nobody`).
+fn handoff_server(dir: &Path) -> (penstock_server::Server, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let run = dir.join("run");
+    let www = dir.join("www");
+    for p in [&run, &www] {
+        std::fs::create_dir(p).unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = run.join("ctl.sock");
+    let mut cfg = penstock_server::ServerConfig::default();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.http.workers = 1;
+    cfg.control.listen = String::new();
+    cfg.control.unix = Some(sock.clone());
+    cfg.control.token = Some(HANDOFF_TOKEN.into());
+    // Another uid allowed besides this one makes the socket 0666 (the server's rule), so
+    // nobody can connect — and be refused by SO_PEERCRED rather than by the file's mode.
+    cfg.control.unix_allow_uids = vec![rustix::process::geteuid().as_raw(), 4242];
+    cfg.engine.workers = 1;
+    cfg.log.access = "off".into();
+    (penstock_server::Server::start(&cfg, &www).unwrap(), sock)
+}
+
+/// Runs the hand-off program with `args`, plainly then under memcheck, as `uid` (None: this
+/// process's user).
+fn run_handoff(exe: &Path, tmp: &Path, uid: Option<u32>, args: &[&str]) {
+    let mut plain = Command::new(exe);
+    plain.env_remove("LD_LIBRARY_PATH");
+    for (how, cmd) in [("plain", plain), ("memcheck", checked(exe))] {
+        let mut cmd = match uid {
+            Some(u) => {
+                let mut c = Command::new("setpriv");
+                c.args([
+                    &format!("--reuid={u}"),
+                    &format!("--regid={u}"),
+                    "--clear-groups",
+                ])
+                .arg(cmd.get_program())
+                .args(cmd.get_args());
+                for (k, v) in cmd.get_envs() {
+                    match v {
+                        Some(v) => c.env(k, v),
+                        None => c.env_remove(k),
+                    };
+                }
+                c
+            }
+            None => cmd,
+        };
+        let child = cmd
+            .args(args)
+            .env("TMPDIR", tmp)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait_for(child, Duration::from_secs(300), "handoff");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stdout.contains("handoff: ok"),
+            "handoff {args:?} as {uid:?} ({how}) failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+            out.status
+        );
+    }
+}
+
+#[test]
+fn c_hands_a_file_and_a_socket_to_a_running_server_and_strangers_are_refused() {
+    if !cc_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (server, sock) = handoff_server(dir.path());
+    let exe = dir.path().join("handoff");
+    let src = crate_dir().join("tests/c/handoff.c");
+    compile(
+        &[&src],
+        &exe,
+        &[&format!("-I{}", crate_dir().join("tests/c").display())],
+    );
+    // Every user's temporary files (valgrind's, as nobody, too), like /tmp.
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    }
+    let sock = sock.to_str().unwrap();
+    run_handoff(&exe, &tmp, None, &[sock, "allowed"]);
+    // A peer that knows the token but whose uid the socket does not allow: still refused.
+    if rustix::process::geteuid().is_root()
+        && Command::new("setpriv").arg("--help").output().is_ok()
+    {
+        run_handoff(&exe, &tmp, Some(NOBODY), &[sock, "stranger"]);
+        run_handoff(&exe, &tmp, Some(NOBODY), &[sock, "token", HANDOFF_TOKEN]);
+    } else {
+        eprintln!("SKIPPED: the refusals need root and setpriv to run the client as uid {NOBODY}");
+    }
+    let _ = server.shutdown(Duration::from_secs(10));
 }

@@ -331,6 +331,10 @@ pub struct ControlConfig {
     /// Unix-socket control connections at once, counted apart from TCP so that TCP peers
     /// never lock the socket's users out.
     pub unix_connections_max: usize,
+    /// Descriptors (SCM_RIGHTS, `OPEN fd fd`) one Unix-socket connection may hold at once,
+    /// waiting for the command line they came with; more are closed and the line refused.
+    /// 2 to 64.
+    pub unix_fds_held_max: usize,
     /// One command line; beyond: 414 and the connection closes.
     #[serde(deserialize_with = "units::size")]
     pub line_bytes_max: usize,
@@ -402,6 +406,7 @@ impl Default for ControlConfig {
             unix_allow_gids: Vec::new(),
             tcp_connections_max: 64,
             unix_connections_max: 64,
+            unix_fds_held_max: 4,
             line_bytes_max: 4096,
             auth_timeout_ms: 10_000,
             idle_timeout_ms: 300_000,
@@ -466,6 +471,9 @@ impl ControlConfig {
             return bad(
                 "control.tcp_connections_max and control.unix_connections_max must be above 0",
             );
+        }
+        if !(2..=64).contains(&self.unix_fds_held_max) {
+            return bad("control.unix_fds_held_max must be 2 to 64 (OPEN fd fd passes two)");
         }
         if self.streams_per_connection_max == 0 || self.streams_per_identity_max == 0 {
             return bad(
@@ -1137,6 +1145,21 @@ idle_timeout_ms = \"soon\"
         // Units do not count as a change.
         let c: ServerConfig = toml::from_str("[limits]\nidle_timeout_ms = \"60s\"\n").unwrap();
         assert!(changed_keys(&a, &c).is_empty());
+    }
+
+    #[test]
+    fn unix_fds_held_max_is_checked() {
+        for (v, ok) in [(1, false), (2, true), (64, true), (65, false)] {
+            let mut c = ServerConfig::default();
+            c.control.unix_fds_held_max = v;
+            match c.check() {
+                Ok(_) => assert!(ok, "{v} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{v} refused: {e}");
+                    assert!(e.to_string().contains("unix_fds_held_max"), "{e}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -19,6 +19,11 @@
 //! A connection with no stream of its own, silent for `idle_timeout_ms`, is closed.
 //! Out of descriptors, the listeners pause `accept_backoff_ms` and log once per interval.
 //!
+//! Descriptor hand-off: on a Unix connection lines are read with recvmsg(2), and the
+//! descriptors an allowed peer passes (SCM_RIGHTS, at most [`FDS_PER_MESSAGE_MAX`] a message,
+//! `unix_fds_held_max` held) are taken by the next line's `OPEN fd fd` or closed once that
+//! line is answered; anyone else's are closed on arrival and the line refused (403).
+//!
 //! A *stream's own descriptor* (Cues' control descriptor: the C library's `penstock_cue()`)
 //! is a connection made for one stream ([`Session::for_stream`], served by
 //! [`serve_stream_descriptor`]): there the id may be left out of a command, and the
@@ -26,7 +31,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,10 +44,32 @@ use penstock_core::control::{
     parse_command_bytes_on,
 };
 
+use penstock_core::control::OpenSpec;
+use penstock_core::endpoint::Role;
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
+
 use crate::config::ControlConfig;
-use crate::streams::{Caller, Edit, Identity, Streams};
+use crate::streams::{Caller, Edit, Given, Identity, Streams};
 
 const POLL_MS: u64 = 200;
+/// Descriptors one message (one sendmsg(2)) may carry: `OPEN fd fd` needs two.
+pub const FDS_PER_MESSAGE_MAX: usize = 2;
+
+/// A message came with more descriptors than [`FDS_PER_MESSAGE_MAX`] (some of them cut off
+/// by the kernel: `MSG_CTRUNC`, or all there but too many).
+#[derive(Debug)]
+struct TruncatedFds;
+
+impl std::fmt::Display for TruncatedFds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a message carried more than {FDS_PER_MESSAGE_MAX} descriptors"
+        )
+    }
+}
+
+impl std::error::Error for TruncatedFds {}
 /// At most one "accept failed" warning per listener per this long (with a count).
 const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// A wrong token's reply waits this long times the connection's failures so far.
@@ -124,6 +151,39 @@ impl Peer {
             Peer::Tcp(s, _) => s.read(b),
             Peer::Unix(s) => s.read(b),
         }
+    }
+
+    /// Reads like [`Peer::read`]; on a Unix connection with recvmsg(2), moving the
+    /// descriptors that arrive with the bytes (SCM_RIGHTS, at most [`FDS_PER_MESSAGE_MAX`],
+    /// close-on-exec) into `fds`. More descriptors than that (some cut off by the kernel,
+    /// `MSG_CTRUNC`, or all there) is an error, after what arrived is closed.
+    fn read_with_fds(&mut self, b: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+        let Peer::Unix(s) = self else {
+            return self.read(b);
+        };
+        let mut space =
+            [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MESSAGE_MAX))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let got = rustix::net::recvmsg(
+            &*s,
+            &mut [io::IoSliceMut::new(b)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        )?;
+        let mut arrived = Vec::new();
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(passed) = m {
+                arrived.extend(passed);
+            }
+        }
+        // The buffer is rounded up for alignment and may hold a few more than the limit:
+        // those are as refused as the ones the kernel cut off.
+        if got.flags.contains(ReturnFlags::CTRUNC) || arrived.len() > FDS_PER_MESSAGE_MAX {
+            drop(arrived); // closes what did arrive
+            return Err(io::Error::other(TruncatedFds));
+        }
+        fds.extend(arrived);
+        Ok(got.bytes)
     }
 
     fn write_all(&mut self, b: &[u8]) -> io::Result<()> {
@@ -334,6 +394,15 @@ pub struct Session {
     peer: String,
     /// The one stream a stream's own descriptor drives.
     own: Option<StreamId>,
+    /// The peer's `SO_PEERCRED` is allowed (`ControlConfig::unix_peer_allowed`): it may pass
+    /// descriptors. The token never allows that.
+    may_pass_fds: bool,
+    /// Descriptors passed with the line being read, for its `OPEN fd …`; closed after the
+    /// next line is answered, whatever it was.
+    held_fds: Vec<OwnedFd>,
+    /// Why the descriptors that came with the next line were closed on arrival: that line
+    /// is answered with this refusal.
+    fds_refused: Option<Reply>,
 }
 
 impl Session {
@@ -344,6 +413,9 @@ impl Session {
             auth_failures: 0,
             peer,
             own: None,
+            may_pass_fds: false,
+            held_fds: Vec::new(),
+            fds_refused: None,
         }
     }
 
@@ -382,11 +454,118 @@ pub fn handle_line(
         line_bytes_max: shared.config.line_bytes_max,
         ..Limits::default()
     };
-    match parse_command_bytes_on(line, &limits, session.own) {
-        Ok(cmd) => execute(shared, session, cmd),
-        Err(e) => (e.to_reply(), matches!(e, ControlError::LineTooLong { .. })),
+    let answer = if let Some(refusal) = session.fds_refused.take() {
+        (refusal, false)
+    } else {
+        match parse_command_bytes_on(line, &limits, session.own) {
+            Ok(cmd) => execute(shared, session, cmd),
+            Err(e) => (e.to_reply(), matches!(e, ControlError::LineTooLong { .. })),
+        }
+    };
+    // Descriptors belong to the line they came with: whatever it did not take is closed.
+    session.held_fds.clear();
+    answer
+}
+
+/// Takes the descriptors just received on `session`'s connection: held for the next line if
+/// the peer may pass them and the connection's limit allows, else closed now and that line
+/// refused (saying why).
+fn receive_fds(shared: &ControlShared, session: &mut Session, mut fds: Vec<OwnedFd>) {
+    if fds.is_empty() {
+        return;
+    }
+    let n = fds.len();
+    if !session.may_pass_fds {
+        fds.clear();
+        tracing::warn!(peer = %session.peer, fds = n, "control: descriptors from a peer not allowed to pass them; closed");
+        session.fds_refused = Some(Reply::new(
+            ReplyCode::FORBIDDEN,
+            format!(
+                "descriptors refused and closed: only a Unix-socket peer whose SO_PEERCRED uid \
+                 or gid is allowed (control.unix_allow_uids, control.unix_allow_gids) may pass \
+                 them, not {} (the token does not allow it)",
+                session.peer
+            ),
+        ));
+        return;
+    }
+    let held_max = shared.config.unix_fds_held_max;
+    if session.held_fds.len() + n > held_max {
+        fds.clear();
+        session.held_fds.clear();
+        session.fds_refused = Some(Reply::new(
+            ReplyCode::REFUSED,
+            format!(
+                "descriptors refused and closed: this connection may hold {held_max} at once \
+                 (control.unix_fds_held_max); send them with the OPEN line that uses them"
+            ),
+        ));
+        return;
+    }
+    session.held_fds.append(&mut fds);
+}
+
+/// `OPEN` whose source and/or target is `fd`: the descriptors passed with the line, in
+/// order (source first), opened as `fd:N` would be and given to the stream.
+fn open_passed(shared: &ControlShared, session: &mut Session, spec: &OpenSpec) -> Reply {
+    let held = std::mem::take(&mut session.held_fds);
+    if !session.may_pass_fds {
+        return Reply::new(
+            ReplyCode::FORBIDDEN,
+            format!(
+                "OPEN fd: only a Unix-socket peer whose SO_PEERCRED uid or gid is allowed \
+                 (control.unix_allow_uids, control.unix_allow_gids) may pass descriptors, not \
+                 {} (the token does not allow it)",
+                session.peer
+            ),
+        );
+    }
+    let roles: Vec<Role> = [(&spec.src, Role::Source), (&spec.dst, Role::Target)]
+        .into_iter()
+        .filter(|(name, _)| name.as_str() == PASSED_FD)
+        .map(|(_, r)| r)
+        .collect();
+    if held.len() != roles.len() {
+        return Reply::new(
+            ReplyCode::BAD_SYNTAX,
+            format!(
+                "OPEN names {} passed descriptor(s) ('fd') but {} came with the line: send \
+                 them by SCM_RIGHTS in the same sendmsg(2) as the line, source first",
+                roles.len(),
+                held.len()
+            ),
+        );
+    }
+    let mut spec = spec.clone();
+    let mut given = Given::default();
+    for (fd, role) in held.into_iter().zip(roles) {
+        // open_fd duplicates it; the received one is closed when `fd` drops here.
+        let opened = match penstock_driver::open::open_fd(fd.as_raw_fd(), role) {
+            Ok(o) => o,
+            Err(e) => {
+                return Reply::new(ReplyCode::BAD_SYNTAX, format!("passed {role}: {e}"));
+            }
+        };
+        let label = format!("fd:{}", opened.fd.as_raw_fd());
+        match role {
+            Role::Source => {
+                spec.src = label;
+                given.source = Some(opened);
+            }
+            Role::Target => {
+                spec.dst = label;
+                given.target = Some(opened);
+            }
+        }
+    }
+    match shared.streams.open_given(session.caller, &spec, given) {
+        Ok((id, details)) => Reply::opened(id, &details),
+        Err(reply) => reply,
     }
 }
+
+/// The endpoint word of `OPEN` that means "a descriptor passed with this line".
+pub const PASSED_FD: &str = "fd";
 
 /// Serves a stream's own descriptor (the local end of a socketpair whose other end the
 /// caller holds) with `session` ([`Session::for_stream`]) until the peer closes it, sends
@@ -403,7 +582,8 @@ pub fn serve_stream_descriptor(
 
 fn serve(shared: &Arc<ControlShared>, peer: Peer, conn: u64) {
     let identity = peer.identity(&shared.config, shared.own_uid);
-    let session = Session::new(conn, identity, peer.describe());
+    let mut session = Session::new(conn, identity, peer.describe());
+    session.may_pass_fds = matches!(identity, Identity::Peer { .. });
     serve_session(shared, peer, session);
 }
 
@@ -459,9 +639,16 @@ fn serve_session(shared: &Arc<ControlShared>, mut peer: Peer, mut session: Sessi
             let _ = peer.write_all(b"421 idle timeout\n");
             return;
         }
-        match peer.read(&mut chunk) {
+        let mut fds = Vec::new();
+        let got = peer.read_with_fds(&mut chunk, &mut fds);
+        receive_fds(shared, &mut session, fds);
+        match got {
             Ok(0) => return,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.get_ref().is_some_and(|i| i.is::<TruncatedFds>()) => {
+                let _ = peer.write_all(format!("400 {e}; all were closed\n").as_bytes());
+                return;
+            }
             Err(e)
                 if matches!(
                     e.kind(),
@@ -475,6 +662,7 @@ fn serve_session(shared: &Arc<ControlShared>, mut peer: Peer, mut session: Sessi
 }
 
 const HELP: &[&str] = &[
+    "OPEN fd fd [options]   (Unix socket, allowed peers: the descriptors passed by SCM_RIGHTS with the line, source first; either side may be an endpoint name instead)",
     "OPEN <src> <dst> [class=rt|bulk|NAME] [rate=R] [period=D] [unit=SIZE] [schedule=K,T] [buffers=N] [offset=SIZE] [length=SIZE] [path=auto|copy|sendfile|splice|uring] [late=send|skip] [cache=keep|bypass|drop] [DETACHED] [TRUNCATE]",
     "SEEK|UNIT|LENGTH <id> <size>   (pending or paused streams)",
     "RATE <id> <rate>   SCHEDULE <id> <k>,<t>",
@@ -562,6 +750,9 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
     }
     let c = session.caller;
     let reply = match cmd {
+        Command::Open(spec) if spec.src == PASSED_FD || spec.dst == PASSED_FD => {
+            open_passed(shared, session, &spec)
+        }
         Command::Open(spec) => streams.open(c, &spec),
         Command::Seek { id, offset_bytes } => streams.edit(c, id, Edit::Seek(offset_bytes)),
         Command::Unit { id, unit_bytes } => streams.edit(c, id, Edit::Unit(unit_bytes)),

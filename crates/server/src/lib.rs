@@ -606,12 +606,17 @@ fn clone_all(v: &[TcpListener]) -> io::Result<Vec<TcpListener>> {
 
 /// Descriptors the server may hold at once at its limits: an HTTP connection holds its
 /// socket, the file of its body and, while the engine sends it, a dup of the socket; a
-/// control connection its socket; plus a margin for listeners, the engine's rings and files.
+/// control connection its socket, a Unix one also up to `unix_fds_held_max` passed
+/// descriptors waiting for their `OPEN fd fd`; plus a margin for listeners, the engine's
+/// rings and files.
 fn descriptors_wanted(cfg: &ServerConfig) -> u64 {
     let http = cfg.limits.connections_max as u64;
     let control = (cfg.control.tcp_connections_max + cfg.control.unix_connections_max) as u64;
+    let passed = (cfg.control.unix_connections_max as u64)
+        .saturating_mul(cfg.control.unix_fds_held_max as u64);
     http.saturating_mul(3)
         .saturating_add(control.saturating_mul(3))
+        .saturating_add(passed)
         .saturating_add(256)
 }
 
@@ -651,7 +656,8 @@ fn nofile_advice(cfg: &ServerConfig, nofile: u64) -> Option<String> {
     Some(format!(
         "RLIMIT_NOFILE {nofile} is below the {wanted} descriptors the connection limits may \
          need (3 per connection: `[limits] connections_max` = {http}, `[control] \
-         tcp_connections_max` + `unix_connections_max` = {control}; 256 more): accept fails \
+         tcp_connections_max` + `unix_connections_max` = {control}; `unix_fds_held_max` \
+         passed descriptors per Unix connection; 256 more): accept fails \
          with EMFILE beyond it; {lower}, or raise the hard limit (systemd LimitNOFILE=, \
          ulimit -Hn)"
     ))
@@ -667,18 +673,19 @@ mod tests {
         cfg.limits.connections_max = 1000;
         cfg.control.tcp_connections_max = 10;
         cfg.control.unix_connections_max = 10;
-        // 3 × 1000 + 3 × 20 + 256 = 3316 wanted.
-        assert_eq!(descriptors_wanted(&cfg), 3316);
-        assert_eq!(nofile_advice(&cfg, 3316), None);
-        let advice = nofile_advice(&cfg, 1024).expect("1024 < 3316");
-        // (1024 - 316) / 3 = 236 connections fit.
+        cfg.control.unix_fds_held_max = 4;
+        // 3 × 1000 + 3 × 20 + 4 × 10 (passed descriptors) + 256 = 3356 wanted.
+        assert_eq!(descriptors_wanted(&cfg), 3356);
+        assert_eq!(nofile_advice(&cfg, 3356), None);
+        let advice = nofile_advice(&cfg, 1024).expect("1024 < 3356");
+        // (1024 - 356) / 3 = 222 connections fit.
         assert!(
-            advice.contains("lower `[limits] connections_max` to 236"),
+            advice.contains("lower `[limits] connections_max` to 222"),
             "{advice}"
         );
         assert!(advice.contains("RLIMIT_NOFILE 1024"), "{advice}");
         // Not even the control connections fit: both keys are named.
-        let advice = nofile_advice(&cfg, 200).expect("200 < 3316");
+        let advice = nofile_advice(&cfg, 200).expect("200 < 3356");
         assert!(
             advice.contains("`[limits] connections_max` and `[control] tcp_connections_max`"),
             "{advice}"

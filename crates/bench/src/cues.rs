@@ -629,7 +629,7 @@ pub fn run(a: CuesArgs) -> Result<()> {
         )?;
         writeln!(
             h,
-            "| K | T | MB/s | K×unit/T MB/s | server CPU s/GB | machine CPU s/GB |\n|---:|---|---:|---:|---:|---:|"
+            "| K | T | MB/s | paced MB/s (transfers×K×unit/T) | server CPU s/GB | machine CPU s/GB |\n|---:|---|---:|---:|---:|---:|"
         )?;
         for t in &a.t {
             let t_s = parse_duration(t)
@@ -639,7 +639,7 @@ pub fn run(a: CuesArgs) -> Result<()> {
                 let opts = format!("schedule={k},{t} unit={}", a.unit);
                 let server = Server::start(exe, files.path(), Some(&opts))?;
                 let r = transfer(&server, a.transfers, Some(a.window))?;
-                let nominal = f64::from(k) * a.unit as f64 / t_s / 1e6;
+                let nominal = a.transfers as f64 * f64::from(k) * a.unit as f64 / t_s / 1e6;
                 writeln!(
                     h,
                     "| {k} | {t} | {:.0} | {:.0} | {:.3} | {:.3} |",
@@ -649,7 +649,7 @@ pub fn run(a: CuesArgs) -> Result<()> {
                     r.machine_s_per_gb()
                 )?;
                 sweep.push(json!({"k": k, "t": t, "unit": a.unit, "mb_s": r.mb_s(),
-                    "nominal_mb_s_per_stream": nominal, "bytes": r.bytes, "secs": r.secs,
+                    "paced_mb_s": nominal, "bytes": r.bytes, "secs": r.secs,
                     "server_cpu_s_per_gb": r.server_s_per_gb(),
                     "machine_cpu_s_per_gb": r.machine_s_per_gb()}));
             }
@@ -736,5 +736,11 @@ fn machine_line() -> String {
         .trim()
         .to_string();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("Machine: Linux {}, {cpus} CPUs ({model})", release.trim())
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!(
+        "Machine: Linux {}, {cpus} CPUs ({model}); load average at start {}",
+        release.trim(),
+        load.join(" ")
+    )
 }

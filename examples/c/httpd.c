@@ -1,6 +1,7 @@
 /* httpd.c: a small, honest HTTP/1.0 file server — and the same server with penstock.
  *
  *   cc -O2 -o httpd examples/c/httpd.c
+ *   cc -O2 -DUSE_READWRITE -o httpd-rw examples/c/httpd.c
  *   cc -O2 -DUSE_PENSTOCK -o httpd-penstock examples/c/httpd.c $(pkg-config --cflags --libs penstock)
  *   ./httpd [-p PORT] [-n REQUESTS] DOCROOT      (PORT 0: any free port; prints it)
  *
@@ -14,7 +15,13 @@
  * of running the sendfile loop — the server is free for the next connection at once while
  * penstock moves the bytes (Cues' "two lines", issue 14). Counted honestly, the build also
  * adds the block right below: the header, the engine's variable, the helper that does
- * penstock_cue() + START, and a drain-and-free at exit. Both builds serve the same bytes
+ * penstock_cue() + START, and a drain-and-free at exit. The environment variable
+ * HTTPD_PENSTOCK_OPTIONS, when set, is appended to the cue's options (OPEN's options, e.g.
+ * "schedule=16,1ms unit=65536": `penstock bench cues` sweeps (k, t) with it).
+ *
+ * The read/write build (-DUSE_READWRITE) sends the body the way most servers did before
+ * sendfile: a read(2)/write(2) loop through a 64 KiB buffer in user space — the baseline of
+ * Cues' experiments (`penstock bench cues`). All three builds serve the same bytes
  * (crates/libpenstock/tests/c.rs checks it with curl).
  *
  * -n REQUESTS: serve that many connections, then exit (0, the default: until SIGINT/SIGTERM).
@@ -46,7 +53,10 @@ static int penstock_send(int file, int client) {
     char src[32], dst[32], reply[256];
     snprintf(src, sizeof src, "fd:%d", file);
     snprintf(dst, sizeof dst, "fd:%d", client);
-    int ctl = penstock_cue(engine, src, dst, "DETACHED");
+    char options[512] = "DETACHED";
+    const char *extra = getenv("HTTPD_PENSTOCK_OPTIONS");
+    if (extra && *extra) snprintf(options, sizeof options, "DETACHED %s", extra);
+    int ctl = penstock_cue(engine, src, dst, options);
     if (ctl < 0) {
         fprintf(stderr, "penstock_cue: %s\n", penstock_last_error());
         return -1;
@@ -98,6 +108,7 @@ static void status(int client, const char *line) {
     write_all(client, head, (size_t)n);
 }
 
+#ifndef USE_READWRITE
 /* The plain build's body: sendfile(2) until the whole file is out (or the client left). */
 static void send_file(int client, int file, off_t size) {
     off_t off = 0;
@@ -107,6 +118,27 @@ static void send_file(int client, int file, off_t size) {
         if (n <= 0) break;
     }
 }
+#else
+#define COPY_BUFFER_BYTES 65536
+/* The read/write build's body: read(2) a buffer from the file, write(2) it to the client,
+ * until the file ends (or the client left) — every byte copied into user space and out. */
+static void send_file(int client, int file, off_t size) {
+    static char buf[COPY_BUFFER_BYTES];
+    off_t off = 0;
+    while (off < size) {
+        ssize_t n = read(file, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        for (ssize_t done = 0; done < n;) {
+            ssize_t w = write(client, buf + done, (size_t)(n - done));
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) return; /* the client left */
+            done += w;
+        }
+        off += n;
+    }
+}
+#endif
 
 /* Reads the request head; 0 when a whole head (ending in an empty line) arrived. */
 static int read_head(int client, char *buf, size_t cap) {

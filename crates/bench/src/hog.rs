@@ -1,7 +1,8 @@
-//! `penstock hog cpu|disk`: background load for the benchmarks.
+//! `penstock hog cpu|disk|read|meter`: background load for the benchmarks.
 //!
 //! `cpu` spins one core until killed; `disk FILE` reads FILE with O_DIRECT in 1 MiB requests,
-//! over and over, until killed. The benches start them as child processes and kill them.
+//! over and over, until killed; `meter` spins on CPU 0 printing its iteration count every
+//! 100 ms (`penstock bench cues`, §4.3). The benches start them as child processes and kill them.
 
 use std::path::Path;
 
@@ -53,6 +54,7 @@ pub fn run(kind: &str, file: Option<&Path>) -> Result<()> {
                 while f.read(&mut buf)? > 0 {}
             }
         }
-        other => bail!("unknown hog {other:?}: expected cpu, disk or read"),
+        "meter" => crate::cues::meter(),
+        other => bail!("unknown hog {other:?}: expected cpu, disk, read or meter"),
     }
 }

@@ -15,6 +15,7 @@
 //! `unsafe`.
 #![forbid(unsafe_code)]
 
+pub mod cues;
 pub mod hog;
 pub mod http;
 pub mod out;

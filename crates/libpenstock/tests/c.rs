@@ -274,12 +274,13 @@ fn raw_status(port: u16, request: &[u8]) -> String {
     reply.lines().next().unwrap_or("").to_string()
 }
 
-/// Issue 14's "two lines": the example server built plainly (sendfile) and with
+/// Issue 14's "two lines": the example server built plainly (sendfile), with
+/// `-DUSE_READWRITE` (a read/write loop, the baseline of `penstock bench cues`) and with
 /// `-DUSE_PENSTOCK` (penstock_cue + START) serves the same bytes to curl, and the same
 /// statuses for a missing file and a method it does not do; the penstock build runs under
 /// valgrind and shuts down clean (drain, free).
 #[test]
-fn the_example_servers_two_builds_serve_identical_bytes() {
+fn the_example_servers_builds_serve_identical_bytes() {
     if Command::new("curl").arg("--version").output().is_err() {
         eprintln!("SKIPPED: curl is not installed");
         return;
@@ -291,7 +292,9 @@ fn the_example_servers_two_builds_serve_identical_bytes() {
     let src = repo_dir().join("examples/c/httpd.c");
     let plain = dir.path().join("httpd");
     let cued = dir.path().join("httpd-penstock");
+    let copied = dir.path().join("httpd-rw");
     compile(&[&src], &plain, &[]);
+    compile(&[&src], &copied, &["-DUSE_READWRITE"]);
     compile(&[&src], &cued, &["-DUSE_PENSTOCK"]);
     let root = dir.path().join("www");
     std::fs::create_dir(&root).unwrap();
@@ -306,7 +309,7 @@ fn the_example_servers_two_builds_serve_identical_bytes() {
         })
         .collect();
     let mut served: Vec<Vec<(String, Vec<u8>)>> = Vec::new();
-    for (exe, under_valgrind) in [(&plain, false), (&cued, true)] {
+    for (exe, under_valgrind) in [(&plain, false), (&copied, false), (&cued, true)] {
         let requests = files.len() + 2;
         let (child, port) = start_httpd(exe, &root, requests, under_valgrind);
         let mut got: Vec<(String, Vec<u8>)> = files
@@ -343,8 +346,8 @@ fn the_example_servers_two_builds_serve_identical_bytes() {
         served.push(got);
     }
     assert!(
-        served[0] == served[1],
-        "the two builds served different bytes"
+        served[0] == served[1] && served[1] == served[2],
+        "the three builds served different bytes"
     );
 }
 

@@ -99,6 +99,9 @@ enum BenchCommand {
     Http(bench::http::HttpArgs),
     /// Clockwise Fig. 1 / MARS ccd: read throughput of a partition striped over 1-4 members.
     Stripe(bench::stripe::StripeArgs),
+    /// The Cues experiments (issue 14): the example C server built with read/write, sendfile
+    /// and cue(); throughput, CPU/GB, a (K, T) sweep and the CPU left to a metering process.
+    Cues(bench::cues::CuesArgs),
 }
 
 fn main() {
@@ -139,6 +142,7 @@ fn main() {
         Command::Bench(BenchCommand::Http(a)) => bench::http::run(a),
         Command::Volume(c) => cmd_volume::run(c),
         Command::Bench(BenchCommand::Stripe(a)) => bench::stripe::run(a),
+        Command::Bench(BenchCommand::Cues(a)) => bench::cues::run(a),
         Command::Completions(a) => cmd_manual::completions(a, Cli::command()),
         Command::Man(a) => cmd_manual::man(a, Cli::command()),
     };

@@ -145,6 +145,7 @@ fn every_json_flag_is_json_with_an_optional_file() {
         &["bench", "rtu"],
         &["bench", "stripe"],
         &["bench", "http"],
+        &["bench", "cues"],
     ] {
         let o = penstock().args(cmd).arg("--help").output().unwrap();
         let help = String::from_utf8_lossy(&o.stdout);
@@ -239,4 +240,28 @@ fn bench_http_without_its_peers_says_so_and_exits_2() {
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("apt-get install nginx wrk"), "{err}");
+}
+
+/// `bench cues` without a C compiler, or without libpenstock.so, says which and exits 2
+/// before it makes any file.
+#[test]
+fn bench_cues_without_cc_or_the_library_says_so_and_exits_2() {
+    let empty = tempfile::tempdir().unwrap();
+    let o = penstock()
+        .args(["bench", "cues"])
+        .env("PATH", empty.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no C compiler"), "{err}");
+
+    let o = penstock()
+        .args(["bench", "cues", "--lib-dir"])
+        .arg(empty.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("libpenstock.so not found"), "{err}");
 }

@@ -1,0 +1,773 @@
+//! `penstock bench cues` (issue 14 item 4): the Cues experiments through the example server
+//! `examples/c/httpd.c`, built several ways and compiled here with `cc`:
+//!
+//! - `sendfile`: the plain build (a sendfile(2) loop);
+//! - `read/write`: `-DUSE_READWRITE`, a read(2)/write(2) loop through a 64 KiB buffer;
+//! - `cue()`: `-DUSE_PENSTOCK`, libpenstock in process (penstock_cue + START);
+//! - `hand-off`: the same shape through `penstock_connect` to a running `penstock serve` —
+//!   skipped, with a note, while the library has no `penstock_connect`.
+//!
+//! The builds are entries of one list ([`builds`]); a build that needs a library symbol is
+//! skipped (said in the output) when the header lacks it.
+//!
+//! Measured, each server on loopback and its files in a page-cached (or tmpfs) directory:
+//! - Table 1 / Fig. 4: 1..=`--transfers` concurrent GETs of whole files (each file
+//!   `--file-size`), read into a discarding buffer by client threads of this process; the
+//!   aggregate throughput (bytes / time until the last client has its body), the server
+//!   process's CPU (utime+stime of all its threads, /proc/PID/stat) per GB and the machine's
+//!   (busy time in /proc/stat, clients included) per GB; medians of `--reps` runs.
+//! - Fig. 5: the cue() build with `schedule=K,T unit=--unit` for each K of `--k` and T of
+//!   `--t`, `--transfers` clients each reading for `--window`: throughput and CPU.
+//! - §4.3: a metering process (`penstock hog meter`, pinned to CPU 0: a busy loop printing its
+//!   iteration count) beside `--transfers` concurrent transfers of each build; its iterations
+//!   per second as a share of an idle machine's (measured first, in the same run).
+//!
+//! The example server serves one connection at a time (accept, send, close), as written: the
+//! sendfile and read/write builds send the concurrent requests one after another, the cue()
+//! build hands each body to the engine and accepts the next at once.
+//!
+//! Needs `cc`, libpenstock.so (`--lib-dir`, default: beside this executable, where
+//! `cargo build --release -p penstock -p penstock-c` puts it) and the repository's
+//! `examples/c/httpd.c` and `crates/libpenstock/include` (`--source-dir`); without them it
+//! says what is missing and exits 2.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use penstock_core::units::{parse_duration, parse_size};
+use serde_json::{Value, json};
+
+use crate::out;
+use crate::stats::median;
+
+#[derive(Args, Debug)]
+pub struct CuesArgs {
+    /// Size of each served file (one file per concurrent transfer).
+    #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+    pub file_size: u64,
+    /// Concurrent transfers: Table 1 runs 1..=this many; Fig. 5 and §4.3 run this many.
+    #[arg(long, default_value_t = 4)]
+    pub transfers: usize,
+    /// Runs of each Table 1 cell (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Fig. 5: the K values (units per cycle) of the (K, T) sweep.
+    #[arg(long, default_value = "1,4,16,64", value_delimiter = ',')]
+    pub k: Vec<u32>,
+    /// Fig. 5: the T values (cycle lengths) of the (K, T) sweep, as SCHEDULE takes them.
+    #[arg(long, default_value = "1ms,10ms", value_delimiter = ',')]
+    pub t: Vec<String>,
+    /// Fig. 5: the transfer unit of the sweep.
+    #[arg(long, default_value = "64KiB", value_parser = parse_size)]
+    pub unit: u64,
+    /// Fig. 5 and the idle meter: how long each measurement lasts.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub window: Duration,
+    /// Options for the cue() build's streams in Table 1 and §4.3 (OPEN's options, e.g.
+    /// `path=sendfile`; passed through HTTPD_PENSTOCK_OPTIONS). Default: none.
+    #[arg(long)]
+    pub cue_options: Option<String>,
+    /// Skip Fig. 5.
+    #[arg(long)]
+    pub no_sweep: bool,
+    /// Skip §4.3 (the metering process).
+    #[arg(long)]
+    pub no_meter: bool,
+    /// Directory for the served files (default: /dev/shm when it exists, else the temp dir).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Where libpenstock.so is (default: this executable's directory).
+    #[arg(long)]
+    pub lib_dir: Option<PathBuf>,
+    /// The repository (examples/c/httpd.c, crates/libpenstock/include); default: where this
+    /// binary was built from.
+    #[arg(long)]
+    pub source_dir: Option<PathBuf>,
+    /// Write the results as JSON here.
+    /// A bare `--json` writes it on stdout (the tables then go to stderr).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<PathBuf>,
+}
+
+/// One build of the example server.
+struct Build {
+    /// The name in the tables.
+    name: &'static str,
+    /// Extra `cc` flags.
+    defines: &'static [&'static str],
+    /// Links libpenstock.
+    penstock: bool,
+    /// A symbol the header must declare, else the build is skipped with a note.
+    needs: Option<&'static str>,
+}
+
+/// The builds, in table order. The hand-off build (issue 14 item 2's `penstock_connect`,
+/// on another branch) is one more entry: it runs once the header declares the call.
+fn builds() -> Vec<Build> {
+    vec![
+        Build {
+            name: "read/write",
+            defines: &["-DUSE_READWRITE"],
+            penstock: false,
+            needs: None,
+        },
+        Build {
+            name: "sendfile",
+            defines: &[],
+            penstock: false,
+            needs: None,
+        },
+        Build {
+            name: "cue()",
+            defines: &["-DUSE_PENSTOCK"],
+            penstock: true,
+            needs: None,
+        },
+        Build {
+            name: "hand-off",
+            defines: &["-DUSE_PENSTOCK", "-DUSE_PENSTOCK_CONNECT"],
+            penstock: true,
+            needs: Some("penstock_connect"),
+        },
+    ]
+}
+
+struct Paths {
+    httpd: PathBuf,
+    include: PathBuf,
+    lib_dir: PathBuf,
+}
+
+/// What the bench needs on this machine; `Err` says what is missing.
+fn find_paths(a: &CuesArgs) -> std::result::Result<Paths, String> {
+    let src = a
+        .source_dir
+        .clone()
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+    let httpd = src.join("examples/c/httpd.c");
+    let include = src.join("crates/libpenstock/include");
+    let lib_dir = match &a.lib_dir {
+        Some(d) => d.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("current_exe: {e}"))?
+            .parent()
+            .map(Path::to_path_buf)
+            .ok_or("current_exe has no directory")?,
+    };
+    let cc = Command::new("cc")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !cc {
+        return Err("no C compiler: `cc --version` does not run".into());
+    }
+    if !httpd.is_file() {
+        return Err(format!(
+            "{} not found (--source-dir: the repository)",
+            httpd.display()
+        ));
+    }
+    if !include.join("penstock.h").is_file() {
+        return Err(format!("{}/penstock.h not found", include.display()));
+    }
+    if !lib_dir.join("libpenstock.so").is_file() {
+        return Err(format!(
+            "{}/libpenstock.so not found: build it with `cargo build --release -p penstock-c`, or name its directory with --lib-dir",
+            lib_dir.display()
+        ));
+    }
+    Ok(Paths {
+        httpd,
+        include,
+        lib_dir,
+    })
+}
+
+/// Compiles one build; `Ok(None)` with the reason when the library lacks what it needs.
+fn compile(p: &Paths, b: &Build, out_dir: &Path) -> Result<std::result::Result<PathBuf, String>> {
+    if let Some(sym) = b.needs {
+        let header = std::fs::read_to_string(p.include.join("penstock.h"))?;
+        if !header.contains(sym) {
+            return Ok(Err(format!(
+                "skipped: the library has no {sym} (issue 14 item 2, not on this branch)"
+            )));
+        }
+        return Ok(Err(format!(
+            "skipped: {sym} is declared, but this bench does not start `penstock serve` for it yet"
+        )));
+    }
+    let exe = out_dir.join(format!("httpd-{}", b.name.replace(['/', '(', ')'], "")));
+    let mut cc = Command::new("cc");
+    cc.args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"])
+        .args(b.defines)
+        .arg(&p.httpd)
+        .arg("-o")
+        .arg(&exe);
+    if b.penstock {
+        cc.arg(format!("-I{}", p.include.display()))
+            .arg(format!("-L{}", p.lib_dir.display()))
+            .arg("-lpenstock")
+            .arg(format!("-Wl,-rpath,{}", p.lib_dir.display()));
+    }
+    let o = cc.output().context("running cc")?;
+    if !o.status.success() {
+        bail!(
+            "cc failed for the {} build: {}",
+            b.name,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    Ok(Ok(exe))
+}
+
+/// A running example server.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(exe: &Path, root: &Path, options: Option<&str>) -> Result<Server> {
+        let mut c = Command::new(exe);
+        c.args(["-p", "0"])
+            .arg(root)
+            .env_remove("LD_LIBRARY_PATH")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        match options {
+            Some(o) => c.env("HTTPD_PENSTOCK_OPTIONS", o),
+            None => c.env_remove("HTTPD_PENSTOCK_OPTIONS"),
+        };
+        let mut child = c
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("server stdout")?).read_line(&mut line)?;
+        let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok());
+        match port {
+            Some(port) => Ok(Server { child, port }),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("{}: no port in {line:?}", exe.display())
+            }
+        }
+    }
+
+    /// The server process's CPU time, all threads (utime + stime), in seconds.
+    fn cpu_s(&self) -> Result<f64> {
+        process_cpu_s(self.child.id())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ticks_per_s() -> f64 {
+    rustix::param::clock_ticks_per_second() as f64
+}
+
+fn process_cpu_s(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) end with ')'.
+    let rest = stat.rsplit_once(')').context("/proc/PID/stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): utime is field 14, stime 15.
+    let utime: f64 = f.get(11).context("utime")?.parse()?;
+    let stime: f64 = f.get(12).context("stime")?.parse()?;
+    Ok((utime + stime) / ticks_per_s())
+}
+
+/// The machine's busy CPU time (all CPUs, everything but idle and iowait), in seconds.
+fn machine_busy_s() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("/proc/stat")?;
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest is inside user).
+    let busy: f64 =
+        v.iter().take(8).sum::<f64>() - v.get(3).unwrap_or(&0.0) - v.get(4).unwrap_or(&0.0);
+    Ok(busy / ticks_per_s())
+}
+
+/// One client: GET /name, read the head and (at most until `deadline`) the body into a
+/// discarding buffer. Returns the body bytes; without a deadline, an error unless all of
+/// Content-Length arrived.
+fn fetch(port: u16, name: &str, deadline: Option<Instant>) -> Result<u64> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    write!(s, "GET /{name} HTTP/1.0\r\n\r\n")?;
+    let mut buf = vec![0u8; 256 << 10];
+    let mut have = 0usize;
+    let head_end = loop {
+        let n = s.read(&mut buf[have..])?;
+        if n == 0 {
+            bail!("/{name}: the server closed before the head ended");
+        }
+        have += n;
+        if let Some(i) = buf[..have].windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if have == buf.len() {
+            bail!("/{name}: head too long");
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    if !head.starts_with("HTTP/1.0 200") {
+        bail!("/{name}: {}", head.lines().next().unwrap_or(""));
+    }
+    let length: u64 = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .and_then(|v| v.trim().parse().ok())
+        .context("no Content-Length")?;
+    let mut body = (have - head_end) as u64;
+    if let Some(d) = deadline {
+        s.set_read_timeout(Some(Duration::from_millis(50)))?;
+        while Instant::now() < d && body < length {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => body += n as u64,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        return Ok(body);
+    }
+    loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        body += n as u64;
+    }
+    if body != length {
+        bail!("/{name}: {body} of {length} bytes");
+    }
+    Ok(body)
+}
+
+/// One measurement of `n` concurrent transfers.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    bytes: u64,
+    secs: f64,
+    server_cpu_s: f64,
+    machine_cpu_s: f64,
+}
+
+impl Run {
+    fn mb_s(&self) -> f64 {
+        self.bytes as f64 / self.secs / 1e6
+    }
+    fn server_s_per_gb(&self) -> f64 {
+        self.server_cpu_s / (self.bytes as f64 / 1e9)
+    }
+    fn machine_s_per_gb(&self) -> f64 {
+        self.machine_cpu_s / (self.bytes as f64 / 1e9)
+    }
+}
+
+fn transfer(server: &Server, n: usize, window: Option<Duration>) -> Result<Run> {
+    let cpu0 = server.cpu_s()?;
+    let busy0 = machine_busy_s()?;
+    let start = Instant::now();
+    let deadline = window.map(|w| start + w);
+    let port = server.port;
+    let handles: Vec<_> = (0..n)
+        .map(|i| std::thread::spawn(move || fetch(port, &format!("f{i}"), deadline)))
+        .collect();
+    let mut bytes = 0;
+    for h in handles {
+        bytes += h.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    // The cue() build's engine may still be closing a stream: give it a moment so its CPU
+    // is counted.
+    std::thread::sleep(Duration::from_millis(20));
+    Ok(Run {
+        bytes,
+        secs,
+        server_cpu_s: server.cpu_s()? - cpu0,
+        machine_cpu_s: machine_busy_s()? - busy0,
+    })
+}
+
+/// The metering process: `penstock hog meter` printing "<iterations>" lines; the latest
+/// count with the time it arrived.
+struct Meter {
+    child: Child,
+    samples: Arc<Mutex<Vec<(Instant, u64)>>>,
+}
+
+impl Meter {
+    fn start() -> Result<Meter> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["hog", "meter"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting penstock hog meter")?;
+        let out = child.stdout.take().context("meter stdout")?;
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let s2 = samples.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(n) = line.trim().parse::<u64>() {
+                    s2.lock().unwrap().push((Instant::now(), n));
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(Meter { child, samples })
+    }
+
+    fn count(&self) -> Result<(Instant, u64)> {
+        self.samples
+            .lock()
+            .unwrap()
+            .last()
+            .copied()
+            .context("the meter printed nothing")
+    }
+
+    /// Iterations per second while `f` runs.
+    fn rate_during<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(f64, T)> {
+        let (t0, c0) = self.count()?;
+        let r = f()?;
+        // Let the next sample arrive (the meter prints every 100 ms).
+        std::thread::sleep(Duration::from_millis(150));
+        let (t1, c1) = self.count()?;
+        Ok(((c1 - c0) as f64 / (t1 - t0).as_secs_f64(), r))
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `penstock hog meter`: a busy loop pinned to CPU 0 printing its iteration count (one
+/// iteration: a multiply-add) every 100 ms, until killed.
+pub fn meter() -> Result<()> {
+    let _ = penstock_driver::clock::pin_to_cpu(0);
+    let mut out = std::io::stdout().lock();
+    let mut x = 1u64;
+    let mut count = 0u64;
+    let mut next = Instant::now() + Duration::from_millis(100);
+    loop {
+        for _ in 0..100_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+        }
+        std::hint::black_box(x);
+        count += 100_000;
+        if Instant::now() >= next {
+            writeln!(out, "{count}")?;
+            out.flush()?;
+            next += Duration::from_millis(100);
+        }
+    }
+}
+
+fn make_files(dir: &Path, n: usize, size: u64) -> Result<()> {
+    let mut block = vec![0u8; 1 << 20];
+    for (i, b) in block.iter_mut().enumerate() {
+        *b = (i * 31 + i / 4093) as u8;
+    }
+    for i in 0..n {
+        let p = dir.join(format!("f{i}"));
+        if std::fs::metadata(&p).is_ok_and(|m| m.len() == size) {
+            continue;
+        }
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&p)?);
+        let mut left = size;
+        while left > 0 {
+            let k = left.min(block.len() as u64) as usize;
+            f.write_all(&block[..k])?;
+            left -= k as u64;
+        }
+        f.flush()?;
+    }
+    // Read them once: page-cached for every build alike.
+    for i in 0..n {
+        let mut f = std::fs::File::open(dir.join(format!("f{i}")))?;
+        while f.read(&mut block)? > 0 {}
+    }
+    Ok(())
+}
+
+pub fn run(a: CuesArgs) -> Result<()> {
+    let dest = out::dest(&a.json);
+    let mut h = out::human(dest);
+    if a.transfers == 0 || a.reps == 0 || a.file_size == 0 || a.k.is_empty() || a.t.is_empty() {
+        bail!("--transfers, --reps, --file-size, --k and --t must be non-zero / non-empty");
+    }
+    let paths = match find_paths(&a) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("penstock bench cues: {why}");
+            std::process::exit(2);
+        }
+    };
+    let work = tempfile::tempdir()?;
+    let base = a.dir.clone().unwrap_or_else(|| {
+        if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        }
+    });
+    let files = tempfile::Builder::new()
+        .prefix("penstock-cues")
+        .tempdir_in(&base)?;
+    make_files(files.path(), a.transfers, a.file_size)?;
+
+    let mut built: Vec<(&'static str, PathBuf)> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    for b in builds() {
+        match compile(&paths, &b, work.path())? {
+            Ok(exe) => built.push((b.name, exe)),
+            Err(why) => notes.push(format!("{}: {why}", b.name)),
+        }
+    }
+    let machine = machine_line();
+    writeln!(h, "# penstock bench cues\n\n{machine}\n")?;
+    writeln!(
+        h,
+        "Files: {} × {} MiB in {} (page-cached); clients: threads of the bench reading into a discarding buffer; loopback TCP.\n",
+        a.transfers,
+        a.file_size >> 20,
+        base.display()
+    )?;
+    writeln!(
+        h,
+        "cue() options in Table 1 and §4.3: {}\n",
+        a.cue_options
+            .as_deref()
+            .unwrap_or("(none: the engine's defaults)")
+    )?;
+    for n in &notes {
+        writeln!(h, "- {n}")?;
+    }
+
+    // Table 1 / Fig. 4.
+    writeln!(
+        h,
+        "\n## Table 1 / Fig. 4: concurrent whole-file transfers (median of {} runs)\n",
+        a.reps
+    )?;
+    writeln!(
+        h,
+        "| build | transfers | aggregate MB/s | server CPU s/GB | machine CPU s/GB |\n|---|---:|---:|---:|---:|"
+    )?;
+    let mut table1 = Vec::new();
+    let mut at_max: Vec<(&str, f64, f64)> = Vec::new();
+    for (name, exe) in &built {
+        let server = Server::start(exe, files.path(), a.cue_options.as_deref())?;
+        for n in 1..=a.transfers {
+            let runs: Vec<Run> = (0..a.reps)
+                .map(|_| transfer(&server, n, None))
+                .collect::<Result<_>>()?;
+            let mb_s = median(&runs.iter().map(Run::mb_s).collect::<Vec<_>>());
+            let srv = median(&runs.iter().map(Run::server_s_per_gb).collect::<Vec<_>>());
+            let mach = median(&runs.iter().map(Run::machine_s_per_gb).collect::<Vec<_>>());
+            writeln!(h, "| {name} | {n} | {mb_s:.0} | {srv:.3} | {mach:.3} |")?;
+            table1.push(json!({"build": name, "transfers": n, "mb_s": mb_s,
+                "server_cpu_s_per_gb": srv, "machine_cpu_s_per_gb": mach,
+                "runs": runs.iter().map(|r| json!({"bytes": r.bytes, "secs": r.secs,
+                    "server_cpu_s": r.server_cpu_s, "machine_cpu_s": r.machine_cpu_s})).collect::<Vec<_>>()}));
+            if n == a.transfers {
+                at_max.push((name, mb_s, srv));
+            }
+        }
+    }
+    let find = |n: &str| at_max.iter().find(|x| x.0 == n).copied();
+    let mut ratios = json!({});
+    if let Some((_, rw_mb, rw_cpu)) = find("read/write") {
+        writeln!(
+            h,
+            "\nAt {} transfers, against the read/write build:\n",
+            a.transfers
+        )?;
+        for (name, mb, cpu) in &at_max {
+            if *name == "read/write" {
+                continue;
+            }
+            let (tr, cr) = (mb / rw_mb, cpu / rw_cpu);
+            writeln!(h, "- {name}: throughput {tr:.2}×, server CPU/GB {cr:.2}×")?;
+            ratios[*name] = json!({"throughput_x": tr, "server_cpu_per_gb_x": cr});
+        }
+        if let Some((_, cue_mb, cue_cpu)) = find("cue()") {
+            let met = cue_mb / rw_mb >= 1.5 && cue_cpu / rw_cpu <= 0.6;
+            writeln!(
+                h,
+                "- acceptance (cue() ≥ 1.5× throughput at ≤ 0.6× CPU/GB): {}",
+                if met { "met" } else { "NOT met" }
+            )?;
+        }
+    }
+
+    // Fig. 5.
+    let mut sweep = Vec::new();
+    let cue_exe = built.iter().find(|b| b.0 == "cue()").map(|b| b.1.clone());
+    if !a.no_sweep
+        && let Some(exe) = &cue_exe
+    {
+        writeln!(
+            h,
+            "\n## Fig. 5: cue() with schedule=K,T unit={} — {} transfers, {:?} each\n",
+            a.unit, a.transfers, a.window
+        )?;
+        writeln!(
+            h,
+            "| K | T | MB/s | paced MB/s (transfers×K×unit/T) | server CPU s/GB | machine CPU s/GB |\n|---:|---|---:|---:|---:|---:|"
+        )?;
+        for t in &a.t {
+            let t_s = parse_duration(t)
+                .map_err(|e| anyhow::anyhow!("--t {t}: {e}"))?
+                .as_secs_f64();
+            for &k in &a.k {
+                let opts = format!("schedule={k},{t} unit={}", a.unit);
+                let server = Server::start(exe, files.path(), Some(&opts))?;
+                let r = transfer(&server, a.transfers, Some(a.window))?;
+                let nominal = a.transfers as f64 * f64::from(k) * a.unit as f64 / t_s / 1e6;
+                writeln!(
+                    h,
+                    "| {k} | {t} | {:.0} | {:.0} | {:.3} | {:.3} |",
+                    r.mb_s(),
+                    nominal,
+                    r.server_s_per_gb(),
+                    r.machine_s_per_gb()
+                )?;
+                sweep.push(json!({"k": k, "t": t, "unit": a.unit, "mb_s": r.mb_s(),
+                    "paced_mb_s": nominal, "bytes": r.bytes, "secs": r.secs,
+                    "server_cpu_s_per_gb": r.server_s_per_gb(),
+                    "machine_cpu_s_per_gb": r.machine_s_per_gb()}));
+            }
+        }
+    }
+
+    // §4.3.
+    let mut meter_rows = Vec::new();
+    let mut idle_rate = f64::NAN;
+    if !a.no_meter {
+        let m = Meter::start()?;
+        let (idle, ()) = m.rate_during(|| {
+            std::thread::sleep(a.window);
+            Ok(())
+        })?;
+        idle_rate = idle;
+        writeln!(
+            h,
+            "\n## §4.3: CPU left to others — a meter pinned to CPU 0 beside {} transfers\n",
+            a.transfers
+        )?;
+        writeln!(
+            h,
+            "Idle machine: {:.0} M iterations/s. The transfers are not paced, so a faster build also takes the CPU for a shorter time: the last column is the meter's iterations lost per GB moved ((idle − meter) / GB/s).\n\n| build | meter M it/s | share of idle | transfers MB/s | meter M it lost per GB |\n|---|---:|---:|---:|---:|",
+            idle / 1e6
+        )?;
+        for (name, exe) in &built {
+            let server = Server::start(exe, files.path(), a.cue_options.as_deref())?;
+            let (rate, r) = m.rate_during(|| transfer(&server, a.transfers, None))?;
+            writeln!(
+                h,
+                "| {name} | {:.0} | {:.2} | {:.0} | {:.0} |",
+                rate / 1e6,
+                rate / idle,
+                r.mb_s(),
+                (idle - rate) / 1e6 / (r.mb_s() / 1e3)
+            )?;
+            meter_rows.push(json!({"build": name, "iterations_per_s": rate,
+                "share_of_idle": rate / idle, "mb_s": r.mb_s(),
+                "iterations_lost_per_gb": (idle - rate) / (r.mb_s() / 1e3)}));
+        }
+        let share = |n: &str| {
+            meter_rows
+                .iter()
+                .find(|r| r["build"] == n)
+                .and_then(|r| r["iterations_per_s"].as_f64())
+        };
+        if let (Some(rw), Some(cue)) = (share("read/write"), share("cue()")) {
+            let gain = cue / rw - 1.0;
+            writeln!(
+                h,
+                "\nUnder cue() the meter keeps {:+.0}% iterations against read/write (acceptance: ≥ +30%: {}).",
+                gain * 100.0,
+                if gain >= 0.30 { "met" } else { "NOT met" }
+            )?;
+            let lost = |n: &str| {
+                meter_rows
+                    .iter()
+                    .find(|r| r["build"] == n)
+                    .and_then(|r| r["iterations_lost_per_gb"].as_f64())
+            };
+            if let (Some(rw), Some(cue)) = (lost("read/write"), lost("cue()")) {
+                writeln!(
+                    h,
+                    "Per GB moved, cue() costs the meter {:.2}× the iterations read/write does.",
+                    cue / rw
+                )?;
+            }
+        }
+    }
+
+    if let Some(d) = dest {
+        let v: Value = json!({
+            "bench": "cues",
+            "machine": machine,
+            "file_size": a.file_size,
+            "transfers": a.transfers,
+            "reps": a.reps,
+            "cue_options": a.cue_options,
+            "notes": notes,
+            "table1": table1,
+            "ratios_vs_read_write": ratios,
+            "sweep": sweep,
+            "meter": {"idle_iterations_per_s": idle_rate, "builds": meter_rows},
+        });
+        out::write_json(d, &v)?;
+    }
+    Ok(())
+}
+
+/// "Linux <release>, <n> CPUs (<model>), <MiB> MiB".
+fn machine_line() -> String {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("?")
+        .trim()
+        .to_string();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!(
+        "Machine: Linux {}, {cpus} CPUs ({model}); load average at start {}",
+        release.trim(),
+        load.join(" ")
+    )
+}

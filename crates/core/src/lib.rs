@@ -19,5 +19,6 @@ pub mod schedule;
 pub mod stream;
 pub mod time;
 pub mod track;
+pub mod ts;
 pub mod units;
 pub mod volume;

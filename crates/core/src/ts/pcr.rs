@@ -116,6 +116,9 @@ pub enum TsError {
     PacketsPerUnit(u8),
 }
 
+/// What a [`Framer`] calls with each packet and its index.
+type OnPacket<'a> = dyn FnMut(u64, &[u8; TS_PACKET_BYTES]) -> Result<(), TsError> + 'a;
+
 /// Cuts bytes fed in chunks of any size into 188-byte packets, checking the sync byte.
 #[derive(Debug, Clone)]
 struct Framer {
@@ -133,11 +136,7 @@ impl Framer {
         }
     }
 
-    fn feed(
-        &mut self,
-        mut bytes: &[u8],
-        f: &mut dyn FnMut(u64, &[u8; TS_PACKET_BYTES]) -> Result<(), TsError>,
-    ) -> Result<(), TsError> {
+    fn feed(&mut self, mut bytes: &[u8], f: &mut OnPacket<'_>) -> Result<(), TsError> {
         if self.carry_len > 0 {
             let take = (TS_PACKET_BYTES - self.carry_len).min(bytes.len());
             self.carry[self.carry_len..self.carry_len + take].copy_from_slice(&bytes[..take]);
@@ -161,11 +160,7 @@ impl Framer {
         Ok(())
     }
 
-    fn packet(
-        &mut self,
-        p: &[u8; TS_PACKET_BYTES],
-        f: &mut dyn FnMut(u64, &[u8; TS_PACKET_BYTES]) -> Result<(), TsError>,
-    ) -> Result<(), TsError> {
+    fn packet(&mut self, p: &[u8; TS_PACKET_BYTES], f: &mut OnPacket<'_>) -> Result<(), TsError> {
         let i = self.packets;
         if p[0] != TS_SYNC_BYTE {
             return Err(if i == 0 {

@@ -21,6 +21,7 @@ mod paths;
 pub mod record;
 mod report;
 pub mod rlimit;
+pub mod rtcp;
 mod step;
 pub mod sys;
 mod uring_path;

@@ -129,7 +129,7 @@ impl SenderSession {
         self.rng ^= self.rng << 25;
         self.rng ^= self.rng >> 27;
         let r = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32; // 0 .. 2^32
-        let scaled = u128::from(base) * u128::from((1u64 << 31) + r) >> 32;
+        let scaled = (u128::from(base) * u128::from((1u64 << 31) + r)) >> 32;
         u64::try_from(scaled).unwrap_or(u64::MAX)
     }
 

@@ -161,6 +161,20 @@ pub fn ntp_from_unix_ns(unix_ns: u64) -> u64 {
     (secs << 32) | frac
 }
 
+/// A minimal SDP (RFC 4566) of an MP2T RTP stream sent to `dest` from `origin`: what a
+/// receiver without RTSP needs (`ffmpeg -protocol_whitelist file,udp,rtp -i FILE.sdp`, VLC,
+/// GStreamer's `sdpdemux`). The RTCP port is the convention, `dest`'s port + 1.
+pub fn sdp_mp2t(dest: std::net::SocketAddr, origin: std::net::IpAddr, session_id: u32) -> String {
+    let family = |ip: std::net::IpAddr| if ip.is_ipv4() { "IP4" } else { "IP6" };
+    format!(
+        "v=0\r\no=- {session_id} 1 IN {} {origin}\r\ns=penstock\r\nc=IN {} {}\r\nt=0 0\r\nm=video {} RTP/AVP {PAYLOAD_TYPE_MP2T}\r\na=rtpmap:{PAYLOAD_TYPE_MP2T} MP2T/{RTP_CLOCK_HZ}\r\n",
+        family(origin),
+        family(dest.ip()),
+        dest.ip(),
+        dest.port(),
+    )
+}
+
 /// The middle 32 bits of an NTP timestamp: the unit of RTCP's LSR and DLSR (1/65536 s).
 pub fn ntp_middle(ntp: u64) -> u32 {
     (ntp >> 16) as u32

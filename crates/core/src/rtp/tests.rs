@@ -73,6 +73,21 @@ fn random_seeds_give_different_identities() {
 }
 
 #[test]
+fn the_sdp_names_the_port_the_payload_type_and_the_clock() {
+    let sdp = sdp_mp2t(
+        "127.0.0.1:5004".parse().unwrap(),
+        "127.0.0.1".parse().unwrap(),
+        7,
+    );
+    assert_eq!(
+        sdp,
+        "v=0\r\no=- 7 1 IN IP4 127.0.0.1\r\ns=penstock\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=video 5004 RTP/AVP 33\r\na=rtpmap:33 MP2T/90000\r\n"
+    );
+    let v6 = sdp_mp2t("[::1]:5004".parse().unwrap(), "::1".parse().unwrap(), 7);
+    assert!(v6.contains("c=IN IP6 ::1\r\n"));
+}
+
+#[test]
 fn ntp_times() {
     assert_eq!(ntp_from_unix_ns(0), NTP_UNIX_OFFSET_S << 32);
     assert_eq!(

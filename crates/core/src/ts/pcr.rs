@@ -99,7 +99,7 @@ pub enum TsError {
     )]
     SyncLost { packet: u64, offset_bytes: u64 },
     #[error(
-        "no PCR in the first {packets} packets: nothing to time the stream by (use --rate, or --timing burst)"
+        "no PCR in the first {packets} packets: nothing to time the stream by (pace it with --rate instead)"
     )]
     NoPcr { packets: u64 },
     #[error("PID {pid:#x} carries {found} PCR(s): at least 2 are needed to know the stream's rate")]
@@ -116,8 +116,9 @@ pub enum TsError {
     PacketsPerUnit(u8),
 }
 
-/// What a [`Framer`] calls with each packet and its index.
-type OnPacket<'a> = dyn FnMut(u64, &[u8; TS_PACKET_BYTES]) -> Result<(), TsError> + 'a;
+/// What a [`Framer`] calls with each packet and its index: `Ok(false)` stops the framing (the
+/// rest of the bytes is not read, not even for its sync bytes).
+type OnPacket<'a> = dyn FnMut(u64, &[u8; TS_PACKET_BYTES]) -> Result<bool, TsError> + 'a;
 
 /// Cuts bytes fed in chunks of any size into 188-byte packets, checking the sync byte.
 #[derive(Debug, Clone)]
@@ -147,12 +148,16 @@ impl Framer {
             }
             let p = self.carry;
             self.carry_len = 0;
-            self.packet(&p, f)?;
+            if !self.packet(&p, f)? {
+                return Ok(());
+            }
         }
         let mut chunks = bytes.chunks_exact(TS_PACKET_BYTES);
         for p in &mut chunks {
             let p: &[u8; TS_PACKET_BYTES] = p.try_into().expect("chunks_exact gives 188 bytes");
-            self.packet(p, f)?;
+            if !self.packet(p, f)? {
+                return Ok(());
+            }
         }
         let rest = chunks.remainder();
         self.carry[..rest.len()].copy_from_slice(rest);
@@ -160,7 +165,7 @@ impl Framer {
         Ok(())
     }
 
-    fn packet(&mut self, p: &[u8; TS_PACKET_BYTES], f: &mut OnPacket<'_>) -> Result<(), TsError> {
+    fn packet(&mut self, p: &[u8; TS_PACKET_BYTES], f: &mut OnPacket<'_>) -> Result<bool, TsError> {
         let i = self.packets;
         if p[0] != TS_SYNC_BYTE {
             return Err(if i == 0 {
@@ -229,21 +234,24 @@ impl PcrPidProbe {
             &mut self.first_pcr_pid,
             &mut self.decided,
         );
+        // The probe reads no packet past its decision or its limit: the same bytes give the
+        // same answer however they are cut into chunks.
+        if self.framer.packets >= self.probe_packets {
+            return self.finish().map(Some);
+        }
         self.framer.feed(bytes, &mut |i, raw| {
-            if decided.is_some() || i >= probe_packets {
-                return Ok(());
-            }
+            let more = i + 1 < probe_packets;
             let Some(p) = parse_packet(raw) else {
-                return Ok(());
+                return Ok(more);
             };
             if p.transport_error {
-                return Ok(());
+                return Ok(more);
             }
             if p.pcr.is_some() && first.is_none() && p.pid != NULL_PID {
                 *first = Some(p.pid);
             }
             if !p.payload_unit_start {
-                return Ok(());
+                return Ok(more);
             }
             if p.pid == PAT_PID && program.is_none() {
                 *program = pat_first_program(p.payload);
@@ -259,8 +267,9 @@ impl PcrPidProbe {
                         pmt_pid,
                     },
                 });
+                return Ok(false);
             }
-            Ok(())
+            Ok(more)
         })?;
         if self.decided.is_none() && self.framer.packets >= self.probe_packets {
             return self.finish().map(Some);
@@ -437,13 +446,13 @@ impl PcrPlanner {
         let mut framer = std::mem::replace(&mut self.framer, Framer::new());
         let r = framer.feed(bytes, &mut |i, raw| {
             let Some(p) = parse_packet(raw) else {
-                return Ok(());
+                return Ok(true);
             };
             match p.pcr {
                 Some(pcr) if p.pid == self.pid && !p.transport_error => {
-                    self.on_pcr(i, pcr, p.discontinuity)
+                    self.on_pcr(i, pcr, p.discontinuity).map(|()| true)
                 }
-                _ => Ok(()),
+                _ => Ok(true),
             }
         });
         self.framer = framer;

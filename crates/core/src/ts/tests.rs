@@ -512,3 +512,40 @@ fn data_pid_is_not_the_pcr_pid() {
     assert!(pids.contains(&SYNTH_DATA_PID));
     assert!(looks_like_ts(&bytes) && !looks_like_ts(b"GET / HTTP/1.1\r\n"));
 }
+
+#[test]
+fn the_probe_reads_nothing_past_its_limit_or_its_decision() {
+    // Found by the ts_pcr fuzz target: garbage after the probe's last packet was reported as
+    // lost sync when the bytes came whole, and not when they came in small chunks.
+    let mut bytes = cbr_ts(20, 1_000_000, 0, 5, 5, false);
+    bytes[10 * 188] = 0; // sync lost at packet 10
+    let limits = PcrLimits {
+        probe_packets: 1,
+        ..PcrLimits::default()
+    };
+    let whole = PcrPidProbe::new(&limits).handle(&bytes);
+    let mut chunked = PcrPidProbe::new(&limits);
+    let mut answer = Ok(None);
+    for b in bytes.chunks(1) {
+        answer = chunked.handle(b);
+        if !matches!(answer, Ok(None)) {
+            break;
+        }
+    }
+    assert_eq!(whole, Err(TsError::NoPcr { packets: 1 }));
+    assert_eq!(answer, whole);
+    // Decided by the PMT at packet 1: packet 10's lost sync is the planner's to find.
+    let mut bytes = cbr_ts(20, 1_000_000, 0, 5, 5, true);
+    bytes[10 * 188] = 0;
+    let pid = PcrPidProbe::new(&PcrLimits::default())
+        .handle(&bytes)
+        .unwrap();
+    assert_eq!(pid.map(|p| p.pid), Some(SYNTH_PCR_PID));
+    assert_eq!(
+        plan(&bytes),
+        Err(TsError::SyncLost {
+            packet: 10,
+            offset_bytes: 1880
+        })
+    );
+}

@@ -104,6 +104,11 @@ pub struct StreamSpec {
     /// position moves past them unsent, counted in `LatenessCounts::units_skipped`). The
     /// planner refuses `Skip` for a burst stream and for a source that is not a file.
     pub late: LatePolicy,
+    /// Send each unit as one RTP packet with this numbering (`penstock_core::rtp`): a 12-byte
+    /// header in front of each unit, its sequence number counting units, its timestamp from
+    /// the unit's deadline. Needs `units` and a datagram target (the planner checks). The
+    /// stream's byte counts stay payload bytes; `units_sent` counts RTP packets.
+    pub rtp: Option<penstock_core::rtp::Packetizer>,
 }
 
 /// The progress timeout of [`StreamSpec::new`] (nginx's `send_timeout` default).
@@ -139,6 +144,7 @@ impl StreamSpec {
             extent: self.extent,
             buffers: self.buffers,
             late: self.late,
+            rtp: self.rtp.is_some(),
         })
     }
 
@@ -165,6 +171,7 @@ impl StreamSpec {
             units: None,
             send_timeout: Some(SEND_TIMEOUT_DEFAULT),
             late: LatePolicy::Send,
+            rtp: None,
         }
     }
 }
@@ -909,6 +916,7 @@ impl Engine {
             zero_copy,
             notes,
             rt: plan.rt,
+            rtp: spec.rtp.filter(|_| plan.header_bytes > 0),
             buffers_reserved,
             pace: if let Some(units) = units {
                 let miss_after = spec.miss_after.unwrap_or(PLAN_MISS_AFTER_DEFAULT);

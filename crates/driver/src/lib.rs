@@ -21,6 +21,7 @@ mod paths;
 pub mod record;
 mod report;
 pub mod rlimit;
+pub mod rtcp;
 pub mod rtu;
 mod step;
 pub mod sys;

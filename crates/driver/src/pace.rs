@@ -201,6 +201,14 @@ impl Pace {
         }
     }
 
+    /// The next unit's index and its plan entry (`None`: not a plan, or past its end): the RTP
+    /// header's sequence number and timestamp come from them.
+    pub(crate) fn next_planned(&self) -> Option<(u64, UnitPlan)> {
+        let units = self.plan()?;
+        let u = *units.get(usize::try_from(self.next_unit).ok()?)?;
+        Some((self.next_unit, u))
+    }
+
     /// Bytes of the next unit when a plan says (`None`: the stream's fixed unit).
     pub(crate) fn next_unit_bytes(&self) -> Option<usize> {
         let units = self.plan()?;

@@ -7,6 +7,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use penstock_core::rtp::Packetizer;
 use penstock_core::stream::CachePolicy;
 use penstock_core::time::Instant;
 
@@ -69,6 +70,9 @@ pub(crate) struct TaskIo {
     pub pace: Option<Pace>,
     /// The stream's disk class: `rt` (true) or `bulk`.
     pub rt: bool,
+    /// Each unit goes out as an RTP packet: the header is written in front of it in the pool
+    /// buffer (the uring path; the plan allowed it only there, with a unit plan).
+    pub rtp: Option<Packetizer>,
 }
 
 impl TaskIo {
@@ -96,6 +100,15 @@ impl TaskIo {
         match side {
             Side::Source => self.source.fd.as_fd(),
             Side::Target => self.target.fd.as_fd(),
+        }
+    }
+
+    /// Bytes written in front of each unit (the RTP header), 0 for none.
+    pub(crate) fn header_bytes(&self) -> usize {
+        if self.rtp.is_some() {
+            penstock_core::rtp::RTP_HEADER_BYTES
+        } else {
+            0
         }
     }
 

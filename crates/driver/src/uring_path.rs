@@ -53,6 +53,13 @@ struct Chunk {
     got: usize,
     /// Planned units the read holds (a stream cut by a unit plan), to read them again.
     plan_units: usize,
+    /// RTP framing: bytes left free in front of the read for the units' headers
+    /// (`plan_units` × header), and how many of its units were framed or skipped so far.
+    head_room: usize,
+    units_passed: usize,
+    /// The next unit is framed but its send was not queued (the ring was full): it is sent
+    /// (or skipped) as it is, not framed again.
+    framed_pending: bool,
 }
 
 #[derive(Default)]
@@ -173,11 +180,13 @@ impl UringState {
             let mut want = (self.read_end - self.next_read).min(self.read_len as u64) as usize;
             // Planned units (playback): whole units per buffer, so that none straddles two.
             let mut plan_units = 0usize;
+            let header = io.header_bytes();
             if let Some(plan) = io.pace.as_ref().and_then(|p| p.plan()) {
                 let (n, bytes) = penstock_core::schedule::units_fitting(
                     plan,
                     self.plan_read_unit,
                     ring.pool().buffer_bytes() as u64,
+                    header as u64,
                 );
                 if n == 0 {
                     bufs.free(ring, client, buf);
@@ -186,6 +195,9 @@ impl UringState {
                 plan_units = n;
                 want = bytes as usize;
             }
+            // RTP: the units are read behind room for their headers; each is moved up to its
+            // place behind its header when it is sent (`frame_unit`).
+            let head_room = header * plan_units;
             // Every read goes through the worker's disk scheduler: a plain file's as one
             // request, a volume chunk's as one request per member piece (MARS's ccd under DRR).
             let class = disk.class(io.rt);
@@ -217,7 +229,7 @@ impl UringState {
                         fd: v.members[p.member.get()].as_raw_fd(),
                         dev: self.member_devs[p.member.get()],
                         buf,
-                        buf_offset: p.buf_offset_bytes as usize,
+                        buf_offset: head_room + p.buf_offset_bytes as usize,
                         len: p.len_bytes as usize,
                         file_offset: p.member_offset_bytes,
                         rw_flags: self.rw_flags,
@@ -235,7 +247,7 @@ impl UringState {
                     fd,
                     dev: self.dev,
                     buf,
-                    buf_offset: 0,
+                    buf_offset: head_room,
                     len: want,
                     file_offset: self.next_read,
                     rw_flags: self.rw_flags,
@@ -270,6 +282,9 @@ impl UringState {
                 pending,
                 got: 0,
                 plan_units,
+                head_room,
+                units_passed: 0,
+                framed_pending: false,
             });
             self.next_read += want as u64;
             self.plan_read_unit += plan_units;
@@ -288,6 +303,18 @@ impl UringState {
                 Err(at) => return Step::WaitUntil(at),
             };
             if let Some((len, new_unit)) = next {
+                let framed = self.chunks.front().is_some_and(|h| h.framed_pending);
+                if new_unit
+                    && !framed
+                    && let Some(rtp) = io.rtp
+                {
+                    let (unit, planned) = io
+                        .pace
+                        .as_ref()
+                        .and_then(|p| p.next_planned())
+                        .expect("RTP streams carry a unit plan (the planner's rule)");
+                    self.frame_unit(ring, len, &rtp.header(unit, planned.offset_ns));
+                }
                 let head = self.chunks.front_mut().expect("next_send found a head");
                 let from = head.send_from + head.sent;
                 let t = token(TAG_SEND, head.buf.index() as u16);
@@ -306,6 +333,7 @@ impl UringState {
                 if r.is_ok() {
                     bufs.start_io(client, head.buf);
                     head.sending = true;
+                    head.framed_pending = false;
                     if new_unit {
                         self.unit_left = len;
                         self.unit_len = len;
@@ -355,7 +383,7 @@ impl UringState {
             let (len, new_unit) = if self.unit_left > 0 {
                 (self.unit_left.min(left), false)
             } else if let Some(bytes) = io.pace.as_ref().and_then(|p| p.next_unit_bytes()) {
-                (left.min(bytes), true)
+                (left.min(bytes + io.header_bytes()), true)
             } else if by_unit {
                 (left.min(io.unit), true)
             } else {
@@ -369,8 +397,18 @@ impl UringState {
                 Gate::Wait(at) => return Err(at),
                 Gate::Skip(_) => {
                     *skipped = true;
-                    p.skipped(1, len as u64, &io.counters);
+                    let header = if io.rtp.is_some() {
+                        penstock_core::rtp::RTP_HEADER_BYTES
+                    } else {
+                        0
+                    };
+                    p.skipped(1, (len - header) as u64, &io.counters);
                     head.sent += len;
+                    if head.framed_pending {
+                        head.framed_pending = false; // counted when it was framed
+                    } else {
+                        head.units_passed += 1;
+                    }
                     self.retire_done_head(ring, bufs);
                 }
             }
@@ -429,6 +467,11 @@ impl UringState {
                 let to = end.min(data_end);
                 ch.send_from = (from - ch.file_off) as usize;
                 ch.send_to = ch.send_from.max((to.max(from) - ch.file_off) as usize);
+                if ch.head_room > 0 {
+                    // Planned reads start at their first unit: nothing before it to drop.
+                    assert_eq!(ch.send_from, 0, "a framed chunk starts at its first unit");
+                    ch.send_to += ch.head_room;
+                }
                 self.retire_done_head(ring, bufs);
             }
             TAG_SEND if self.vol_write => {
@@ -488,20 +531,46 @@ impl UringState {
                 ch.sent += n;
                 self.unit_left = self.unit_left.saturating_sub(n);
                 let units = u64::from(self.unit_left == 0);
+                // The stream's counts are the source's bytes: an RTP header is not one (a
+                // datagram goes whole, so its header is in this completion).
+                let header = io.header_bytes();
+                let payload = n.saturating_sub(header);
                 if self.unit_left == 0
                     && let Some(p) = &mut io.pace
                 {
-                    p.completed(clock::now(), self.unit_len as u64, &io.counters);
+                    let unit_payload = self.unit_len.saturating_sub(header);
+                    p.completed(clock::now(), unit_payload as u64, &io.counters);
                 }
                 if io.target.kind == IoKind::File {
                     self.target_off += n as u64;
                 }
-                io.add_sent(n, units);
+                io.add_sent(payload, units);
                 self.retire_done_head(ring, bufs);
             }
             _ => unreachable!("unknown tag {tag}"),
         }
         Ok(())
+    }
+
+    /// Writes the next unit of the head chunk as an RTP packet of `len` bytes in place: its
+    /// payload, read `head_room` bytes further on, is moved up behind the room for its header
+    /// (`copy_within`, a memmove of one datagram), and `header` is written in front of it.
+    ///
+    /// Unit `i` of a chunk of `n` units with payload sizes `s_j` was read to
+    /// `H·n + S_i` (`S_i = s_0 + … + s_{i−1}`) and goes out from `H·i + S_i`, header first.
+    /// Its new place ends at `H·(i+1) + S_i + s_i ≤ H·n + S_{i+1}`, where unit `i+1`'s payload
+    /// starts: framing in order never overwrites a payload not yet framed.
+    fn frame_unit(&mut self, ring: &mut Ring, len: usize, header: &[u8]) {
+        let head = self.chunks.front_mut().expect("a unit to frame");
+        let h = header.len();
+        let from = head.send_from + head.sent;
+        let src = from + h * (head.plan_units - head.units_passed);
+        let payload = len - h;
+        let bytes = ring.pool_mut().bytes_mut(head.buf);
+        bytes.copy_within(src..src + payload, from + h);
+        bytes[from..from + h].copy_from_slice(header);
+        head.units_passed += 1;
+        head.framed_pending = true;
     }
 
     /// Issues the per-member writes of every full chunk not yet written (volume targets).

@@ -106,6 +106,8 @@ pub(crate) struct TaskInit {
     pub notes: Vec<String>,
     pub pace: Option<Pace>,
     pub rt: bool,
+    /// RTP framing of each unit (the plan's `header_bytes` > 0).
+    pub rtp: Option<penstock_core::rtp::Packetizer>,
     /// Pool buffers reserved for an admitted `rt` stream on the uring path (the engine placed
     /// it on a worker whose pool holds them); `None`: the stream borrows.
     pub buffers_reserved: Option<u32>,
@@ -189,6 +191,7 @@ impl Task {
                 notes: init.notes,
                 pace: init.pace,
                 rt: init.rt,
+                rtp: init.rtp,
             },
             machine,
             cancel: init.cancel,

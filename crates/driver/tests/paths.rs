@@ -228,6 +228,7 @@ fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
         units: None,
         send_timeout: Some(SEND_TIMEOUT_DEFAULT),
         late: LatePolicy::Send,
+        rtp: None,
     }
 }
 
@@ -603,6 +604,7 @@ fn run_stream_source(
         units: None,
         send_timeout: Some(SEND_TIMEOUT_DEFAULT),
         late: LatePolicy::Send,
+        rtp: None,
     };
     let got = match target {
         TargetKind::File => {
@@ -951,6 +953,7 @@ fn bad_streams_are_refused_with_typed_errors() {
             units: None,
             send_timeout: Some(SEND_TIMEOUT_DEFAULT),
             late: LatePolicy::Send,
+            rtp: None,
         })
     };
     let r = open(&dir.path().join("missing"), 0, None, 0, DataPath::Copy);

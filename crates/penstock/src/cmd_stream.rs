@@ -20,6 +20,8 @@ use penstock_driver::{
 use penstock_server::metrics::{CliMetrics, StreamSeen};
 use penstock_server::metrics_http::MetricsListener;
 
+use crate::timing::{Timing, pcr_plan, pcr_playback};
+
 #[derive(Args, Debug)]
 pub struct StreamArgs {
     /// Source: a file, `-` (stdin), tcp://, tcp-listen://, udp-listen://, unix:, /net/...
@@ -108,11 +110,16 @@ pub struct StreamArgs {
     /// Dispatch order of due units: edf or rm (rate-monotonic, as MARS's RTUs).
     #[arg(long, default_value = "edf", value_parser = parse_order)]
     pub order: Order,
-    /// `tracks`: send each packet of a recording at its recorded time (its time and packet
-    /// tracks); excludes --period/--rate/--schedule/--offset/--length/--unit.
-    #[arg(long, value_parser = ["tracks"])]
-    pub timing: Option<String>,
-    /// With --timing tracks: start at the independent frame at or before this time.
+    /// Send each unit at its own time: `tracks` (each packet of a recording at its recorded
+    /// time, from its time and packet tracks), `pcr` (an MPEG-TS file at its program clock
+    /// reference: units of --ts-packets TS packets, each due at its first packet's PCR time),
+    /// or `auto` (tracks when the recording has them, else pcr for a TS file — by extension or
+    /// sync bytes —, else none). Excludes --period/--rate/--schedule/--offset/--length/--unit
+    /// (`auto` yields to them).
+    #[arg(long, value_parser = parse_timing)]
+    pub timing: Option<Timing>,
+    /// With --timing tracks: start at the independent frame at or before this time; with
+    /// --timing pcr: at the last PCR at or before it.
     #[arg(long, value_parser = parse_duration)]
     pub from: Option<Duration>,
     /// With --timing tracks: play this many times as fast (2, 0.5).
@@ -122,6 +129,32 @@ pub struct StreamArgs {
     /// PARTITION, in the current directory).
     #[arg(long)]
     pub tracks: Option<std::path::PathBuf>,
+    /// With --timing pcr: TS packets per unit (datagram), 1 to 7.
+    #[arg(long, default_value_t = penstock_core::ts::pcr::PACKETS_PER_UNIT_MAX)]
+    pub ts_packets: u8,
+    /// With --timing pcr: a PCR further than this ahead of the previous one is a gap, spliced
+    /// like a discontinuity (ISO/IEC 13818-1 wants one every 100 ms).
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub pcr_gap_max: Duration,
+    /// With --timing pcr: TS packets read for the PAT and PMT (which name the PCR PID) before
+    /// the first PID carrying a PCR is taken.
+    #[arg(long, default_value_t = penstock_core::ts::pcr::PROBE_PACKETS_DEFAULT)]
+    pub pcr_probe_packets: u64,
+    /// With --timing pcr: most entries (units and PCRs, 16 bytes each) the plan may hold.
+    #[arg(long, default_value_t = penstock_core::ts::pcr::PLAN_ENTRIES_MAX_DEFAULT)]
+    pub plan_entries_max: u64,
+    /// Send each unit as an RTP packet (RFC 2250 MPEG-TS: payload type 33, 90 kHz
+    /// timestamps from the unit times) to a udp:// target, with RTCP sender reports and a BYE
+    /// to its port + 1 and receiver reports taken in there. Needs --timing (default: auto).
+    #[arg(long)]
+    pub rtp: bool,
+    /// With --rtp: write an SDP describing the stream to this file before it starts (for
+    /// receivers without RTSP: `ffmpeg -protocol_whitelist file,udp,rtp -i FILE`).
+    #[arg(long, requires = "rtp")]
+    pub sdp: Option<std::path::PathBuf>,
+    /// With --rtp: time between RTCP sender reports (each drawn from 0.5 to 1.5 times it).
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub rtcp_interval: Duration,
     /// Fail when no byte moves for this long (the receiver stopped reading, or a socket
     /// source stopped sending); time paused or waiting for a paced unit's deadline does not
     /// count. 0: wait forever.
@@ -133,6 +166,10 @@ pub struct StreamArgs {
     /// address is printed on stderr.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+}
+
+fn parse_timing(s: &str) -> Result<Timing, String> {
+    s.parse()
 }
 
 fn parse_late(s: &str) -> Result<LatePolicy, String> {
@@ -212,6 +249,58 @@ pub struct Outcome {
     pub seconds: f64,
     pub cpu_user_s: f64,
     pub cpu_sys_s: f64,
+    pub rtp: Option<RtpOutcome>,
+}
+
+/// An RTP stream's identity and what its RTCP session saw.
+pub struct RtpOutcome {
+    pub packetizer: penstock_core::rtp::Packetizer,
+    pub sender_reports: u64,
+    pub receivers: penstock_core::rtp::ReceiverStats,
+}
+
+fn rtcp_line(r: &RtpOutcome) -> String {
+    let s = &r.receivers;
+    let mut line = format!(
+        "; RTP SSRC {:#010x}, {} RTCP sender reports",
+        r.packetizer.ssrc, r.sender_reports
+    );
+    if s.reports == 0 {
+        line += ", no receiver report";
+    } else {
+        line += &format!(
+            ", {} receiver reports (last: {:.1} % lost, {} lost in all, jitter {:.3} ms; largest jitter {:.3} ms",
+            s.reports,
+            s.fraction_lost_ratio() * 100.0,
+            s.cumulative_lost,
+            s.jitter_ns() as f64 / 1e6,
+            s.jitter_max_ns() as f64 / 1e6,
+        );
+        if let Some(rtt) = s.rtt_ns {
+            line += &format!(", round trip {:.3} ms", rtt as f64 / 1e6);
+        }
+        line += ")";
+    }
+    line
+}
+
+fn rtp_json(r: &RtpOutcome) -> serde_json::Value {
+    let s = &r.receivers;
+    serde_json::json!({
+        "ssrc": r.packetizer.ssrc,
+        "sequence_start": r.packetizer.sequence_start,
+        "timestamp_start": r.packetizer.timestamp_start,
+        "payload_type": r.packetizer.payload_type,
+        "rtcp_sender_reports": r.sender_reports,
+        "rtcp_receiver_reports": s.reports,
+        "fraction_lost": s.fraction_lost_ratio(),
+        "cumulative_lost": s.cumulative_lost,
+        "jitter_ns": s.jitter_ns(),
+        "jitter_max_ns": s.jitter_max_ns(),
+        "rtt_ns": s.rtt_ns,
+        "rtcp_byes": s.byes,
+        "rtcp_malformed": s.malformed,
+    })
 }
 
 pub fn run(a: StreamArgs) -> Result<()> {
@@ -225,36 +314,98 @@ pub fn run(a: StreamArgs) -> Result<()> {
         a.unit,
         a.buffer_size,
     )?;
-    let playback = match a.timing.as_deref() {
-        None => {
-            if a.from.is_some() || a.speed.is_some() || a.tracks.is_some() {
-                return Err(crate::Usage(
-                    "--from, --speed and --tracks need --timing tracks".into(),
-                )
-                .into());
-            }
-            None
+    if a.rtp && !matches!(target, Endpoint::UdpSend { .. }) {
+        return Err(crate::Usage(format!("--rtp sends to a udp:// target, not {target}")).into());
+    }
+    let extent_flags = a.offset.is_some() || a.length.is_some() || a.unit.is_some();
+    // --rtp needs unit times: it implies --timing auto.
+    let asked = a.timing.or(a.rtp.then_some(Timing::Auto));
+    let timing = match asked {
+        Some(Timing::Auto) if schedule.is_some() || extent_flags => None,
+        Some(Timing::Auto) => {
+            let t = crate::timing::auto(&source, a.tracks.as_deref());
+            eprintln!(
+                "penstock: note: --timing auto: {}",
+                match t {
+                    Some(Timing::Tracks) => "the recording's tracks",
+                    Some(_) => "the PCR of an MPEG-TS file",
+                    None => "no timing of its own (not a recording, not MPEG-TS): burst",
+                }
+            );
+            t
         }
-        Some("tracks") => {
-            if !matches!(source, Endpoint::File { .. } | Endpoint::Volume { .. }) {
-                anyhow::bail!(
-                    "--timing tracks plays a recording: SRC must be a file or a vol: partition"
-                );
-            }
-            if schedule.is_some() || a.offset.is_some() || a.length.is_some() || a.unit.is_some() {
-                return Err(crate::Usage(
-                    "--timing tracks takes units, times and the extent from the tracks: drop --period/--rate/--schedule/--offset/--length/--unit".into(),
-                )
-                .into());
-            }
-            Some(crate::cmd_record::playback_plan(
-                &crate::cmd_record::recording(&a.src, a.tracks.as_deref())?,
-                a.from,
-                a.speed.as_deref(),
-            )?)
-        }
-        Some(other) => anyhow::bail!("--timing must be tracks, not {other:?}"),
+        t => t,
     };
+    match timing {
+        None if a.from.is_some() || a.speed.is_some() || a.tracks.is_some() => {
+            return Err(crate::Usage(
+                "--from needs --timing tracks or pcr; --speed and --tracks need --timing tracks"
+                    .into(),
+            )
+            .into());
+        }
+        Some(Timing::Tracks | Timing::Pcr) if schedule.is_some() || extent_flags => {
+            return Err(crate::Usage(
+                "--timing tracks and pcr take units, times and the extent from the media: drop --period/--rate/--schedule/--offset/--length/--unit".into(),
+            )
+            .into());
+        }
+        Some(Timing::Tracks)
+            if !matches!(source, Endpoint::File { .. } | Endpoint::Volume { .. }) =>
+        {
+            anyhow::bail!(
+                "--timing tracks plays a recording: SRC must be a file or a vol: partition"
+            );
+        }
+        Some(Timing::Pcr) if !matches!(source, Endpoint::File { .. }) => {
+            anyhow::bail!("--timing pcr reads the PCR of an MPEG-TS file: SRC must be a file");
+        }
+        Some(Timing::Pcr) if a.speed.is_some() || a.tracks.is_some() => {
+            return Err(crate::Usage("--speed and --tracks are for --timing tracks".into()).into());
+        }
+        _ => {}
+    }
+    let pcr_limits = penstock_core::ts::PcrLimits {
+        probe_packets: a.pcr_probe_packets,
+        pcr_gap_ns_max: u64::try_from(a.pcr_gap_max.as_nanos()).unwrap_or(u64::MAX),
+        plan_entries_max: a.plan_entries_max,
+        packets_per_unit: a.ts_packets,
+    };
+    if !(1..=penstock_core::ts::pcr::PACKETS_PER_UNIT_MAX).contains(&a.ts_packets) {
+        return Err(crate::Usage(format!("--ts-packets {}: 1 to 7", a.ts_packets)).into());
+    }
+    // A stream timed by its media, or sent as RTP, opens its endpoints here: the PCR is read
+    // from the very descriptor the engine sends, and RTCP pairs with the RTP socket.
+    let mut opened = None;
+    if timing == Some(Timing::Pcr) || a.rtp {
+        let mut on_listen = |addr| eprintln!("penstock: listening on {addr}");
+        let src = penstock_driver::open::open_source(&source, &mut on_listen)?;
+        opened = Some((src, None));
+    }
+    let playback = match timing {
+        None | Some(Timing::Auto) => None,
+        Some(Timing::Tracks) => Some(crate::cmd_record::playback_plan(
+            &crate::cmd_record::recording(&a.src, a.tracks.as_deref())?,
+            a.from,
+            a.speed.as_deref(),
+        )?),
+        Some(Timing::Pcr) => {
+            use std::os::fd::AsFd;
+            let (src, _) = opened.as_ref().expect("opened above for --timing pcr");
+            let file = std::fs::File::from(src.fd.as_fd().try_clone_to_owned()?);
+            let (pid, plan) = pcr_plan(&file, &a.src, &pcr_limits)?;
+            let from_ns = a
+                .from
+                .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+            let (pb, line) = pcr_playback(&pid, &plan, from_ns);
+            eprintln!("penstock: {}: {line}", a.src);
+            Some(pb)
+        }
+    };
+    if let Some((_, dst)) = &mut opened {
+        let mut on_listen = |addr| eprintln!("penstock: listening on {addr}");
+        *dst = Some(penstock_driver::open::open_target(&target, &mut on_listen)?);
+    }
     let (admission, admission_note) = crate::calibrate::admission_config(
         a.calibration.as_deref(),
         a.net_rate.as_deref(),
@@ -286,6 +437,9 @@ pub fn run(a: StreamArgs) -> Result<()> {
     let metrics = match a.metrics {
         Some(addr) => {
             let m = std::sync::Arc::new(CliMetrics::stream(engine.clone()));
+            if a.rtp {
+                m.register_rtcp();
+            }
             let l = MetricsListener::start(addr, m.clone())
                 .with_context(|| format!("--metrics {addr}"))?;
             eprintln!("penstock: metrics on http://{}/metrics", l.local_addr());
@@ -307,6 +461,51 @@ pub fn run(a: StreamArgs) -> Result<()> {
     {
         eprintln!("penstock: note: --realtime: {why}; running with normal scheduling");
     }
+    // RTP: random identity and numbering (RFC 3550 §5.1), the stream's unit 0 due a moment
+    // from now (the anchor the RTCP link times its reports by), the RTCP link beside it.
+    let rtp = a
+        .rtp
+        .then(|| penstock_core::rtp::Packetizer::mp2t(random_u64()));
+    let start_at = rtp.map(|_| {
+        let now = penstock_driver::clock::now();
+        penstock_core::time::Instant::from_nanos(now.as_nanos() + RTP_START_DELAY_NS)
+    });
+    let mut link = match (rtp, start_at, &opened) {
+        (Some(rtp), Some(anchor), Some((_, Some(dst)))) => {
+            use std::os::fd::AsFd;
+            let (local, peer) = penstock_driver::rtcp::socket_addrs(dst.fd.as_fd())
+                .context("the RTP socket's addresses")?;
+            let session = penstock_core::rtp::SenderSession::new(
+                rtp.ssrc,
+                &format!("penstock-{}@{}", std::process::id(), local.ip()),
+                u64::try_from(a.rtcp_interval.as_nanos()).unwrap_or(u64::MAX),
+                random_u64(),
+            );
+            let link = penstock_driver::rtcp::RtcpLink::open(local, peer, rtp, anchor, session)
+                .context("opening the RTCP socket")?;
+            if let Some(path) = &a.sdp {
+                std::fs::write(
+                    path,
+                    penstock_core::rtp::sdp_mp2t(peer, local.ip(), rtp.ssrc),
+                )
+                .with_context(|| format!("writing {}", path.display()))?;
+            }
+            eprintln!(
+                "penstock: RTP to {peer} (SSRC {:#010x}, payload type 33, first sequence number {}), RTCP from {} to {}{}",
+                rtp.ssrc,
+                rtp.sequence_start,
+                link.local_addr()?,
+                link.peer(),
+                if link.paired() {
+                    ""
+                } else {
+                    " (the RTP port + 1 was taken)"
+                }
+            );
+            Some(link)
+        }
+        _ => None,
+    };
     let spec = StreamSpec {
         extent: match &playback {
             Some(p) => Extent {
@@ -330,11 +529,16 @@ pub fn run(a: StreamArgs) -> Result<()> {
         units: playback.map(|p| p.units.into()),
         send_timeout: (!a.send_timeout.is_zero()).then_some(a.send_timeout),
         late: a.late,
+        rtp,
+        start_at,
         ..StreamSpec::new(source, target)
     };
     let cpu0 = cpu_times(CpuWho::Process);
     let t0 = std::time::Instant::now();
-    let handle = engine.open_with(spec, &mut |addr| eprintln!("penstock: listening on {addr}"))?;
+    let handle = match opened {
+        Some((src, Some(dst))) => engine.open_opened(spec, src, dst)?,
+        _ => engine.open_with(spec, &mut |addr| eprintln!("penstock: listening on {addr}"))?,
+    };
     if let Err(why) = &engine.info().registered
         && handle.path() == penstock_core::stream::DataPath::Uring
     {
@@ -366,16 +570,41 @@ pub fn run(a: StreamArgs) -> Result<()> {
             );
         }
     };
+    let rtp_counts = || {
+        let c = handle.counters();
+        penstock_driver::rtcp::RtpCounts {
+            packets: c.units_sent,
+            octets: c.bytes_sent,
+        }
+    };
+    let turn_rtcp = |link: &mut Option<penstock_driver::rtcp::RtcpLink>| {
+        let Some(l) = link else { return };
+        if let Err(e) = l.turn(rtp_counts()) {
+            eprintln!("penstock: note: RTCP stopped: {e}");
+            *link = None;
+            return;
+        }
+        if let Some((m, _)) = &metrics {
+            m.feed_rtcp(l.stats());
+        }
+    };
     let result = loop {
-        if let Some(r) = handle.wait_timeout(Duration::from_millis(100)) {
+        if let Some(r) = handle.wait_timeout(penstock_driver::rtcp::TURN_INTERVAL_MAX) {
             break r;
         }
         if let Some(b) = &bar {
             b.set_position(handle.counters().bytes_sent);
         }
         feed(&mut metrics_seen);
+        turn_rtcp(&mut link);
     };
     feed(&mut metrics_seen);
+    turn_rtcp(&mut link);
+    if let Some(l) = &mut link
+        && let Err(e) = l.finish(rtp_counts(), "end of stream")
+    {
+        eprintln!("penstock: note: RTCP BYE not sent: {e}");
+    }
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -387,6 +616,11 @@ pub fn run(a: StreamArgs) -> Result<()> {
         seconds,
         cpu_user_s: (cpu1.user_ns - cpu0.user_ns) as f64 / 1e9,
         cpu_sys_s: (cpu1.sys_ns - cpu0.sys_ns) as f64 / 1e9,
+        rtp: rtp.zip(link.as_ref()).map(|(p, l)| RtpOutcome {
+            packetizer: p,
+            sender_reports: l.reports_sent(),
+            receivers: l.stats().clone(),
+        }),
     };
     for n in &out.report.notes {
         eprintln!("penstock: note: {n}");
@@ -402,6 +636,23 @@ pub fn run(a: StreamArgs) -> Result<()> {
         eprintln!("{}", summary_line(&out));
     }
     Ok(())
+}
+
+/// How long after the RTP stream is set up its unit 0 is due: the time to hand it to a worker,
+/// so that the RTCP link's anchor is the stream's.
+const RTP_START_DELAY_NS: u64 = 20_000_000;
+
+/// 64 random bits from the standard library's per-process random keys (RFC 3550 wants SSRC,
+/// first sequence number and timestamp random; no cryptographic strength is needed).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 fn cpu_s_per_gb(o: &Outcome) -> f64 {
@@ -469,6 +720,7 @@ pub fn summary_line(o: &Outcome) -> String {
         o.cpu_user_s,
         o.cpu_sys_s
     ) + &lateness
+        + &o.rtp.as_ref().map(rtcp_line).unwrap_or_default()
 }
 
 pub fn summary_json(o: &Outcome) -> serde_json::Value {
@@ -484,5 +736,6 @@ pub fn summary_json(o: &Outcome) -> serde_json::Value {
         "cpu_s_per_gb": cpu_s_per_gb(o),
         "notes": o.report.notes,
         "lateness": o.report.lateness.as_ref().map(|l| lateness_json(&l.summary())),
+        "rtp": o.rtp.as_ref().map(rtp_json),
     })
 }

@@ -20,6 +20,7 @@ mod cmd_volume;
 mod demo;
 mod plot;
 mod service;
+mod timing;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use penstock_bench as bench;

@@ -743,6 +743,11 @@ pub struct CliMetrics {
     record_packets: Counter,
     record_bytes: Counter,
     record_syncs: Counter,
+    rtcp_reports: Counter,
+    rtcp_fraction_lost: Gauge<f64, std::sync::atomic::AtomicU64>,
+    rtcp_packets_lost: Gauge,
+    rtcp_jitter_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    rtcp_rtt_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for CliMetrics {
@@ -837,6 +842,55 @@ impl CliMetrics {
             record_packets: Counter::default(),
             record_bytes: Counter::default(),
             record_syncs: Counter::default(),
+            rtcp_reports: Counter::default(),
+            rtcp_fraction_lost: Gauge::default(),
+            rtcp_packets_lost: Gauge::default(),
+            rtcp_jitter_seconds: Gauge::default(),
+            rtcp_rtt_seconds: Gauge::default(),
+        }
+    }
+
+    /// Adds the RTCP receiver-report families (`penstock stream --rtp`): what the receivers
+    /// said of the stream, as of their last report.
+    pub fn register_rtcp(&self) {
+        let mut root = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let r = root.sub_registry_with_prefix("penstock");
+        r.register(
+            "rtcp_receiver_reports",
+            "RTCP reception report blocks received about the stream",
+            self.rtcp_reports.clone(),
+        );
+        r.register(
+            "rtcp_fraction_lost_ratio",
+            "Fraction of RTP packets lost since the previous receiver report, as of the last one",
+            self.rtcp_fraction_lost.clone(),
+        );
+        r.register(
+            "rtcp_packets_lost",
+            "Cumulative RTP packets lost, as of the last receiver report",
+            self.rtcp_packets_lost.clone(),
+        );
+        r.register(
+            "rtcp_jitter_seconds",
+            "Interarrival jitter of the RTP packets, as of the last receiver report",
+            self.rtcp_jitter_seconds.clone(),
+        );
+        r.register(
+            "rtcp_round_trip_seconds",
+            "Round-trip time from the last receiver report naming a sender report",
+            self.rtcp_rtt_seconds.clone(),
+        );
+    }
+
+    /// The receivers' figures as the RTCP session has them now.
+    pub fn feed_rtcp(&self, stats: &penstock_core::rtp::ReceiverStats) {
+        self.rtcp_reports
+            .inc_by(stats.reports.saturating_sub(self.rtcp_reports.get()));
+        self.rtcp_fraction_lost.set(stats.fraction_lost_ratio());
+        self.rtcp_packets_lost.set(i64::from(stats.cumulative_lost));
+        self.rtcp_jitter_seconds.set(stats.jitter_ns() as f64 / 1e9);
+        if let Some(rtt) = stats.rtt_ns {
+            self.rtcp_rtt_seconds.set(rtt as f64 / 1e9);
         }
     }
 

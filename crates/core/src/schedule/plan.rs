@@ -65,15 +65,21 @@ pub fn check_plan(units: &[UnitPlan], unit_bytes_max: u64) -> Result<(u64, u32),
     Ok((total, largest))
 }
 
-/// How many whole units, starting at `first`, fit in `bytes_max` bytes (at least one, when a
-/// unit is left), and their bytes. The driver reads a buffer of whole units so that no unit
+/// How many whole units, starting at `first`, fit in `bytes_max` bytes with `header_bytes`
+/// in front of each (an RTP header; 0 for none) — at least one, when a unit is left — and
+/// their bytes without the headers. The driver reads a buffer of whole units so that no unit
 /// straddles two buffers.
-pub fn units_fitting(units: &[UnitPlan], first: usize, bytes_max: u64) -> (usize, u64) {
+pub fn units_fitting(
+    units: &[UnitPlan],
+    first: usize,
+    bytes_max: u64,
+    header_bytes: u64,
+) -> (usize, u64) {
     let mut n = 0usize;
     let mut bytes = 0u64;
     for u in units.iter().skip(first) {
         let next = bytes + u64::from(u.size_bytes);
-        if n > 0 && next > bytes_max {
+        if n > 0 && next + (n as u64 + 1) * header_bytes > bytes_max {
             break;
         }
         n += 1;
@@ -125,10 +131,13 @@ mod tests {
     #[test]
     fn units_fitting_takes_whole_units_and_at_least_one() {
         let p = [u(0, 400), u(0, 400), u(0, 400), u(0, 5000)];
-        assert_eq!(units_fitting(&p, 0, 1000), (2, 800));
-        assert_eq!(units_fitting(&p, 2, 1000), (1, 400));
+        assert_eq!(units_fitting(&p, 0, 1000, 0), (2, 800));
+        assert_eq!(units_fitting(&p, 2, 1000, 0), (1, 400));
         // A unit larger than the limit still goes alone (the caller bounds units separately).
-        assert_eq!(units_fitting(&p, 3, 1000), (1, 5000));
-        assert_eq!(units_fitting(&p, 4, 1000), (0, 0));
+        assert_eq!(units_fitting(&p, 3, 1000, 0), (1, 5000));
+        assert_eq!(units_fitting(&p, 4, 1000, 0), (0, 0));
+        // With a header in front of each unit: 2 × (400 + 100) fills 1000 exactly; 101 not.
+        assert_eq!(units_fitting(&p, 0, 1000, 100), (2, 800));
+        assert_eq!(units_fitting(&p, 0, 1000, 101), (1, 400));
     }
 }

@@ -85,6 +85,10 @@ pub struct PlanRequest<'a> {
     /// What a paced stream does with a unit later than its miss threshold
     /// (`crate::schedule::LatePolicy`): send it anyway (default) or skip it.
     pub late: LatePolicy,
+    /// Each unit goes out as one RTP packet: a 12-byte header in front of it
+    /// (`crate::rtp`). Needs a unit plan (the timestamps come from its deadlines) and a
+    /// datagram target.
+    pub rtp: bool,
 }
 
 /// What a socket endpoint is connected to.
@@ -178,6 +182,8 @@ pub struct StreamPlan {
     pub buffers_reserved: Option<u32>,
     /// A paced stream's late-unit policy (always `Send` for a burst stream).
     pub late: LatePolicy,
+    /// Bytes the data path writes in front of each unit (the RTP header), 0 for none.
+    pub header_bytes: u64,
     /// What the plan chose against the request, for the report.
     pub notes: Vec<String>,
 }
@@ -249,6 +255,12 @@ pub enum PlanError {
         "late-unit policy skip moves past the skipped units' bytes, which needs a file source, not {source_kind:?}"
     )]
     SkipNeedsFile { source_kind: IoKind },
+    #[error(
+        "RTP needs a unit plan (--timing pcr or tracks): its timestamps are the units' deadlines"
+    )]
+    RtpNeedsUnitPlan,
+    #[error("RTP goes to a datagram target (udp://), not {target_kind:?}")]
+    RtpNeedsDatagram { target_kind: IoKind },
 }
 
 /// A schedule's bytes per second (rounded up): what an rt stream reserves.
@@ -407,8 +419,23 @@ pub fn plan_stream(
     };
 
     // The unit.
+    let header_bytes = if req.rtp {
+        if units.is_none() {
+            return Err(PlanError::RtpNeedsUnitPlan);
+        }
+        if dst.kind != IoKind::Datagram {
+            return Err(PlanError::RtpNeedsDatagram {
+                target_kind: dst.kind,
+            });
+        }
+        crate::rtp::RTP_HEADER_BYTES as u64
+    } else {
+        0
+    };
     let unit_bytes = if let Some(units) = units {
-        let (total, largest) = check_plan(units, limits.buffer_bytes)?;
+        // A unit and its header share one pool buffer and one datagram.
+        let room = limits.buffer_bytes.saturating_sub(header_bytes);
+        let (total, largest) = check_plan(units, room)?;
         let extent_bytes = range.map(|(s, e)| e - s);
         if extent_bytes != Some(total) {
             return Err(PlanError::UnitsExtent {
@@ -416,7 +443,7 @@ pub fn plan_stream(
                 extent_bytes,
             });
         }
-        u64::from(largest)
+        u64::from(largest) + header_bytes
     } else if let Some(s) = schedule {
         s.unit_bytes()
     } else {
@@ -583,6 +610,7 @@ pub fn plan_stream(
         admission,
         buffers_reserved,
         late: req.late,
+        header_bytes,
         notes,
     })
 }

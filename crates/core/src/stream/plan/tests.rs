@@ -448,6 +448,7 @@ proptest! {
         uring in any::<bool>(),
         buffer_kib in prop_oneof![Just(4u64), Just(64), Just(1024)],
         late in prop_oneof![Just(LatePolicy::Send), Just(LatePolicy::Skip)],
+        rtp in any::<bool>(),
     ) {
         let schedule = paced.and_then(|u| {
             Schedule::new(
@@ -467,13 +468,17 @@ proptest! {
             extent: Extent { offset, length },
             buffers,
             late,
+            rtp,
         };
         let limits = PlanLimits { buffer_bytes: buffer_kib << 10, ..LIMITS };
         let caps = PathCaps { uring };
         let f = Facts { source, target, resident };
         match plan_stream(&req, &f, caps, &limits) {
             Err(e) => prop_assert!(!e.to_string().is_empty()),
+            // RTP needs a unit plan, which this request never has.
+            Ok(_) if rtp => prop_assert!(false, "RTP planned without a unit plan"),
             Ok(p) => {
+                prop_assert_eq!(p.header_bytes, 0);
                 if source.volume.is_none() && target.volume.is_none() {
                     prop_assert_eq!(check_path(p.path, source.kind, target.kind, cache, caps), Ok(()));
                 } else {
@@ -525,4 +530,65 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn rtp_needs_a_unit_plan_and_a_datagram_target_and_room_for_its_header() {
+    let units = [
+        UnitPlan {
+            offset_ns: 0,
+            size_bytes: 1316,
+        },
+        UnitPlan {
+            offset_ns: 10,
+            size_bytes: 188,
+        },
+    ];
+    let req = PlanRequest {
+        pacing: Pacing::Units(&units),
+        rtp: true,
+        ..PlanRequest::default()
+    };
+    let udp = facts(file(1504), socket(Datagram, true));
+    let p = plan_stream(&req, &udp, URING, &LIMITS).unwrap();
+    assert_eq!(
+        (p.path, p.header_bytes, p.unit_bytes),
+        (DataPath::Uring, 12, 1328)
+    );
+    let plain = PlanRequest { rtp: false, ..req };
+    assert_eq!(
+        plan_stream(&plain, &udp, URING, &LIMITS)
+            .unwrap()
+            .header_bytes,
+        0
+    );
+    assert_eq!(
+        plan_stream(
+            &req,
+            &facts(file(1504), socket(StreamSocket, true)),
+            URING,
+            &LIMITS
+        )
+        .unwrap_err(),
+        PlanError::RtpNeedsDatagram {
+            target_kind: StreamSocket
+        }
+    );
+    let burst = PlanRequest {
+        pacing: Pacing::Burst,
+        ..req
+    };
+    assert_eq!(
+        plan_stream(&burst, &udp, URING, &LIMITS).unwrap_err(),
+        PlanError::RtpNeedsUnitPlan
+    );
+    // A unit that fills a pool buffer leaves no room for the header.
+    let small = PlanLimits {
+        buffer_bytes: 1320,
+        ..LIMITS
+    };
+    assert!(matches!(
+        plan_stream(&req, &udp, URING, &small),
+        Err(PlanError::Units(_))
+    ));
 }

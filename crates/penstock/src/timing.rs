@@ -1,0 +1,161 @@
+//! `penstock stream --timing pcr|auto`: the unit plan of a TS file from its PCR
+//! (`penstock_core::ts`), read from the source the stream will send — the same open
+//! descriptor, in chunks — and `auto`'s choice between a recording's tracks, the PCR and the
+//! burst.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use penstock_core::endpoint::Endpoint;
+use penstock_core::track::{Playback, TrackKind};
+use penstock_core::ts::{PcrLimits, PcrPid, PcrPidProbe, PcrPidSource, PcrPlanner, TsPlan};
+use penstock_driver::record::track_path;
+
+/// Bytes read per call while planning.
+const READ_CHUNK_BYTES: usize = 1 << 20;
+/// Bytes `auto` reads to recognise MPEG-TS (five packets).
+const PROBE_BYTES: usize = 5 * 188;
+
+/// Extensions of MPEG-TS files (M2TS's `.m2ts`/`.mts` have 192-byte packets: not these).
+const TS_EXTENSIONS: [&str; 5] = ["ts", "m2t", "trp", "tsv", "mpegts"];
+
+/// What `--timing` asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    /// A recording's tracks.
+    Tracks,
+    /// The PCR of a TS file.
+    Pcr,
+    /// Tracks if the recording has them, else the PCR for a TS file, else none.
+    Auto,
+}
+
+impl std::str::FromStr for Timing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Timing, String> {
+        match s {
+            "tracks" => Ok(Timing::Tracks),
+            "pcr" => Ok(Timing::Pcr),
+            "auto" => Ok(Timing::Auto),
+            _ => Err(format!("expected tracks, pcr or auto, got {s:?}")),
+        }
+    }
+}
+
+/// `--timing auto`'s choice for a source (`None`: no timing of its own, the burst or the
+/// flags' schedule).
+pub fn auto(source: &Endpoint, tracks: Option<&Path>) -> Option<Timing> {
+    match source {
+        Endpoint::File { path } => {
+            let has_tracks = [TrackKind::Time, TrackKind::Packet]
+                .iter()
+                .all(|&k| track_path(path, k).exists());
+            if has_tracks {
+                return Some(Timing::Tracks);
+            }
+            let by_name = path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| TS_EXTENSIONS.iter().any(|t| e.eq_ignore_ascii_case(t)));
+            (by_name || starts_like_ts(path)).then_some(Timing::Pcr)
+        }
+        Endpoint::Volume { partition, .. } => {
+            let prefix = tracks.map_or_else(|| partition.as_str().into(), Path::to_path_buf);
+            let has_tracks = [TrackKind::Time, TrackKind::Packet]
+                .iter()
+                .all(|&k| track_path(&prefix, k).exists());
+            has_tracks.then_some(Timing::Tracks)
+        }
+        _ => None,
+    }
+}
+
+/// Whether a file's first bytes are MPEG-TS packets (sync bytes 188 apart).
+fn starts_like_ts(path: &Path) -> bool {
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut buf = [0u8; PROBE_BYTES];
+    let n = f.read_at(&mut buf, 0).unwrap_or(0);
+    penstock_core::ts::looks_like_ts(&buf[..n])
+}
+
+/// Reads `file` from its start in chunks and feeds each to `f` until it says stop.
+fn read_chunks(
+    file: &std::fs::File,
+    label: &str,
+    mut f: impl FnMut(&[u8]) -> Result<bool>,
+) -> Result<()> {
+    let mut buf = vec![0u8; READ_CHUNK_BYTES];
+    let mut offset = 0u64;
+    loop {
+        let n = file
+            .read_at(&mut buf, offset)
+            .with_context(|| format!("reading {label}"))?;
+        if n == 0 || !f(&buf[..n])? {
+            return Ok(());
+        }
+        offset += n as u64;
+    }
+}
+
+/// The PCR plan of the file behind `file` (both passes: the PCR PID, then the units).
+pub fn pcr_plan(file: &std::fs::File, label: &str, limits: &PcrLimits) -> Result<(PcrPid, TsPlan)> {
+    let mut probe = PcrPidProbe::new(limits);
+    let mut pid = None;
+    read_chunks(file, label, |chunk| {
+        pid = probe.handle(chunk)?;
+        Ok(pid.is_none())
+    })?;
+    let pid = match pid {
+        Some(p) => p,
+        None => probe.finish().with_context(|| label.to_string())?,
+    };
+    let mut planner = PcrPlanner::new(pid.pid, limits)?;
+    read_chunks(file, label, |chunk| {
+        planner.handle(chunk)?;
+        Ok(true)
+    })
+    .with_context(|| label.to_string())?;
+    let plan = planner.finish().with_context(|| label.to_string())?;
+    Ok((pid, plan))
+}
+
+/// The playback of a PCR plan from `from_ns`, and a line saying what was planned.
+pub fn pcr_playback(pid: &PcrPid, plan: &TsPlan, from_ns: Option<u64>) -> (Playback, String) {
+    let pb = plan.playback_from(from_ns);
+    let seconds = plan.duration_ns() as f64 / 1e9;
+    let why = match pid.source {
+        PcrPidSource::Pmt { program, .. } => format!("the PMT of program {program}"),
+        PcrPidSource::FirstPcr => "the first PID carrying a PCR".to_string(),
+    };
+    let mut line = format!(
+        "PCR of PID {:#x} ({why}): {} units of up to {} bytes over {seconds:.3} s, {:.2} Mbit/s",
+        pid.pid,
+        plan.units.len(),
+        plan.unit_bytes(),
+        if seconds > 0.0 {
+            plan.media_bytes as f64 * 8.0 / seconds / 1e6
+        } else {
+            0.0
+        },
+    );
+    if plan.discontinuities > 0 {
+        line += &format!("; {} PCR discontinuities spliced", plan.discontinuities);
+    }
+    if plan.tail_bytes > 0 {
+        line += &format!(
+            "; {} bytes after the last whole packet not sent",
+            plan.tail_bytes
+        );
+    }
+    if pb.media_offset_bytes > 0 {
+        line += &format!(
+            "; from byte {} ({:.3} s)",
+            pb.media_offset_bytes,
+            pb.start_time_ns as f64 / 1e9
+        );
+    }
+    (pb, line)
+}

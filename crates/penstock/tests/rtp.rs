@@ -7,7 +7,8 @@
 //! until the same deadlines) and holds penstock to 1 ms p99 where the baseline shows the
 //! machine can do it, else to the baseline plus 1 ms (and says so). The clip's length is
 //! `PENSTOCK_PCR_CLIP_S` seconds (default 10; the 60-second run of the acceptance is
-//! the same test with 60, recorded under bench/results).
+//! the same test with 60, recorded under bench/results); `PENSTOCK_PCR_ARGS` adds flags to
+//! penstock's command (e.g. `--realtime`).
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -18,6 +19,8 @@ use std::time::{Duration, Instant};
 use penstock_core::rtp::RtpHeader;
 use penstock_core::rtp::rtcp::{self, ReportBlock, RtcpItem};
 use penstock_core::ts::synth::cbr_ts;
+
+mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_penstock");
 
@@ -203,13 +206,19 @@ fn pcr_timing_sends_every_datagram_at_its_pcr_time() {
             tx.send_to(unit, base_to).unwrap();
         }
     });
-    let o = run(&[
-        "stream",
-        clip.to_str().unwrap(),
-        &format!("udp://{to}"),
-        "--timing",
-        "pcr",
-    ]);
+    let extra = std::env::var("PENSTOCK_PCR_ARGS").unwrap_or_default();
+    let mut args = vec![
+        "stream".to_string(),
+        clip.display().to_string(),
+        format!("udp://{to}"),
+        "--timing".into(),
+        "pcr".into(),
+    ];
+    args.extend(extra.split_whitespace().map(String::from));
+    let o = Command::new(BIN)
+        .args(&args)
+        .output()
+        .expect("run penstock");
     assert!(o.status.success(), "penstock: {}", text(&o.stderr));
     baseline.join().unwrap();
     let got = penstock_rx.join().unwrap();
@@ -443,10 +452,10 @@ fn ffmpeg_receives_rtp_from_an_sdp_and_ends_at_the_bye() {
 }
 
 #[test]
-fn rtp_packets_are_the_file_and_receiver_reports_reach_the_summary() {
+fn rtp_packets_are_the_file_and_receiver_reports_reach_the_summary_and_the_metrics() {
     let dir = tempfile::tempdir().unwrap();
-    // 1.5 s of a synthetic 4 Mbit/s TS.
-    let bytes = cbr_ts(4_000, 4_000_000, 123, 0, 15, true);
+    // 3 s of a synthetic 4 Mbit/s TS.
+    let bytes = cbr_ts(8_000, 4_000_000, 123, 0, 15, true);
     let clip = dir.path().join("clip.ts");
     std::fs::write(&clip, &bytes).unwrap();
     let port = free_port_pair();
@@ -492,16 +501,70 @@ fn rtp_packets_are_the_file_and_receiver_reports_reach_the_summary() {
         }
         (srs, bye)
     });
-    let o = run(&[
-        "stream",
-        clip.to_str().unwrap(),
-        &format!("udp://127.0.0.1:{port}"),
-        "--rtp",
-        "--rtcp-interval",
-        "200ms",
-        "--json",
-    ]);
-    assert!(o.status.success(), "penstock: {}", text(&o.stderr));
+    let mut child = Command::new(BIN)
+        .args(["stream", clip.to_str().unwrap()])
+        .arg(format!("udp://127.0.0.1:{port}"))
+        .args(["--rtp", "--rtcp-interval", "200ms", "--json"])
+        .args(["--metrics", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The metrics address from stderr; the rest of stderr kept for messages.
+    let stderr = child.stderr.take().unwrap();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let err_lines = thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(a) = line
+                .strip_prefix("penstock: metrics on http://")
+                .and_then(|r| r.strip_suffix("/metrics"))
+            {
+                let _ = addr_tx.send(a.to_string());
+            }
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    let addr = addr_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a metrics address");
+    // Scrape while the stream runs until the receiver's report shows (bounded wait).
+    let reports = "penstock_rtcp_receiver_reports_total";
+    let mut page = String::new();
+    for _ in 0..1000 {
+        page = common::scrape(&addr).unwrap_or_default();
+        if common::sample(&page, reports).is_some_and(|n| n >= 1.0) {
+            break;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        common::sample(&page, reports).is_some_and(|n| n >= 1.0),
+        "{page}"
+    );
+    assert_eq!(
+        common::sample(&page, "penstock_rtcp_packets_lost"),
+        Some(5.0),
+        "{page}"
+    );
+    assert_eq!(
+        common::sample(&page, "penstock_rtcp_fraction_lost_ratio"),
+        Some(0.25)
+    );
+    assert_eq!(
+        common::sample(&page, "penstock_rtcp_jitter_seconds"),
+        Some(0.002)
+    );
+    common::assert_promtool_clean(&page);
+    let o = child.wait_with_output().unwrap();
+    let err = err_lines.join().unwrap();
+    assert!(o.status.success(), "penstock: {err}");
     let got = media.join().unwrap();
     let (srs, bye) = control.join().unwrap();
     assert!(srs >= 2 && bye, "{srs} sender reports, BYE {bye}");

@@ -24,6 +24,14 @@ mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_penstock");
 
+/// The tests of this file one at a time: the timing test measures lateness against its
+/// own baseline, and an ffmpeg encode or decode of a sibling test on the same 2 CPUs would
+/// be noise in both (a flake seen under `cargo test --workspace`).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -177,6 +185,7 @@ fn timing_clip(dir: &Path, seconds: u32) -> (PathBuf, Vec<u8>, &'static str) {
 
 #[test]
 fn pcr_timing_sends_every_datagram_at_its_pcr_time() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let seconds = clip_seconds();
     let (clip, bytes, what) = timing_clip(dir.path(), seconds);
@@ -333,6 +342,7 @@ fn free_port_pair() -> u16 {
 
 #[test]
 fn ffmpeg_receives_every_packet_of_a_pcr_paced_stream() {
+    let _serial = serial();
     if !have_ffmpeg() {
         return;
     }
@@ -383,6 +393,7 @@ fn ffmpeg_receives_every_packet_of_a_pcr_paced_stream() {
 
 #[test]
 fn ffmpeg_receives_rtp_from_an_sdp_and_ends_at_the_bye() {
+    let _serial = serial();
     if !have_ffmpeg() {
         return;
     }
@@ -453,6 +464,7 @@ fn ffmpeg_receives_rtp_from_an_sdp_and_ends_at_the_bye() {
 
 #[test]
 fn rtp_packets_are_the_file_and_receiver_reports_reach_the_summary_and_the_metrics() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     // 3 s of a synthetic 4 Mbit/s TS.
     let bytes = cbr_ts(8_000, 4_000_000, 123, 0, 15, true);
@@ -595,6 +607,7 @@ fn rtp_packets_are_the_file_and_receiver_reports_reach_the_summary_and_the_metri
 
 #[test]
 fn bad_media_and_bad_flags_are_refused_before_anything_is_sent() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let junk = dir.path().join("junk.ts");
     std::fs::write(&junk, vec![0u8; 5000]).unwrap();

@@ -385,6 +385,37 @@ fn run_wrk(
 
 struct Child2(Child);
 
+/// `penstock serve` (this executable) with a configuration written to `conf`: `workers`
+/// loops on `127.0.0.1:port`, no control listeners, `access` (`off` or a file) as the access
+/// log, serving `www`; returns once it listens.
+fn start_penstock(
+    conf: &Path,
+    port: u16,
+    workers: usize,
+    www: &Path,
+    access: &str,
+) -> Result<Child2> {
+    std::fs::write(
+        conf,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:{port}\"\nworkers = {workers}\n[engine]\nworkers = {workers}\n[limits]\nrequests_per_connection_max = 1000000\n[log]\naccess = \"{access}\"\n"
+        ),
+    )?;
+    let mut server = Child2(
+        Command::new(std::env::current_exe()?)
+            .args(["serve", "--config"])
+            .arg(conf)
+            .arg("--root")
+            .arg(www)
+            .args(["--control", "", "--no-control-unix"])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting penstock serve")?,
+    );
+    wait_listening(port, &mut server.0)?;
+    Ok(server)
+}
+
 impl Drop for Child2 {
     fn drop(&mut self) {
         // SIGTERM (both servers stop gracefully on it), then reap.
@@ -461,25 +492,13 @@ pub fn run(a: HttpArgs) -> Result<()> {
     }
 
     let p_port = free_port()?;
-    let conf = dir.path().join("penstock.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "[http]\nlisten = \"127.0.0.1:{p_port}\"\nworkers = {workers}\n[engine]\nworkers = {workers}\n[limits]\nrequests_per_connection_max = 1000000\n[log]\naccess = \"off\"\n"
-        ),
+    let penstock = start_penstock(
+        &dir.path().join("penstock.toml"),
+        p_port,
+        workers,
+        &www,
+        "off",
     )?;
-    let mut penstock = Child2(
-        Command::new(std::env::current_exe()?)
-            .args(["serve", "--config"])
-            .arg(&conf)
-            .arg("--root")
-            .arg(&www)
-            .args(["--control", "", "--no-control-unix"])
-            .stdout(Stdio::null())
-            .spawn()
-            .context("starting penstock serve")?,
-    );
-    wait_listening(p_port, &mut penstock.0)?;
 
     let n_port = free_port()?;
     let prefix = dir.path().join("nginx");
@@ -700,25 +719,8 @@ mod access_log {
         } else {
             "off".into()
         };
-        std::fs::write(
-            &conf,
-            format!(
-                "[http]\nlisten = \"127.0.0.1:{port}\"\nworkers = {workers}\n[engine]\nworkers = {workers}\n[limits]\nrequests_per_connection_max = 1000000\n[log]\naccess = \"{access}\"\n"
-            ),
-        )?;
         // The servers inherit this process's mask (the servers' CPUs), wrk the clients'.
-        let mut server = Child2(
-            Command::new(std::env::current_exe()?)
-                .args(["serve", "--config"])
-                .arg(&conf)
-                .arg("--root")
-                .arg(www)
-                .args(["--control", "", "--no-control-unix"])
-                .stdout(Stdio::null())
-                .spawn()
-                .context("starting penstock serve")?,
-        );
-        wait_listening(port, &mut server.0)?;
+        let server = start_penstock(&conf, port, workers, www, &access)?;
         let pid = server.0.id();
         let threads = clients.clamp(1, 2);
         let mut wrk = Command::new("wrk");

@@ -49,7 +49,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use penstock_driver::{Engine, LATENESS_BUCKETS, LatenessCounts};
+use penstock_driver::{Engine, LatenessCounts};
 
 /// The lowest bound of the lateness histogram: 2^13 ns, so that every bound (×4) is a power
 /// of two nanoseconds like the engine's buckets.
@@ -76,15 +76,11 @@ pub const REFUSAL_RESOURCES: [&str; 6] = [
 /// The engine's disk classes: the `class` label of lateness and misses.
 pub const ENGINE_CLASSES: [&str; 2] = ["rt", "bulk"];
 
-/// The value a unit counted in the engine's lateness bucket `i` is observed as: 0 for on
-/// time, the bucket's highest value `2^i - 1` ns otherwise (the open last bucket: its lowest).
+/// The value a unit counted in the engine's lateness bucket `i` is observed as: the
+/// bucket's highest value (`penstock_core::lateness::lateness_bucket_high_ns`: 0 for on
+/// time, `2^i - 1` ns otherwise, the open last bucket its lowest).
 fn bucket_value_s(i: usize) -> f64 {
-    let ns = match i {
-        0 => 0,
-        i if i == LATENESS_BUCKETS - 1 => 1u64 << (i - 1),
-        i => (1u64 << i) - 1,
-    };
-    ns as f64 * 1e-9
+    penstock_core::lateness::lateness_bucket_high_ns(i) as f64 * 1e-9
 }
 
 fn lateness_histogram() -> Histogram {

@@ -535,19 +535,18 @@ impl Server {
                 .not_applied
                 .push("http.root (the command line's root wins)".into());
         }
+        let changed = config::changed_keys(&old, cfg);
         for key in ["http.index", "http.types"] {
-            if config::changed_keys(&old, cfg)
-                .iter()
-                .any(|k| k.starts_with(key))
-            {
+            if changed.iter().any(|k| k.starts_with(key)) {
                 report.applied.push(key.into());
             }
         }
-        if cfg.live() != old.live() {
+        let live = cfg.live();
+        if live != old.live() {
             report.applied.push("limits and locations".into());
         }
-        self.http.set_live(cfg.live());
-        for key in config::changed_keys(&old, cfg) {
+        self.http.set_live(live);
+        for key in changed {
             if !config::RELOADABLE
                 .iter()
                 .any(|r| key == *r || key.starts_with(&format!("{r}.")))

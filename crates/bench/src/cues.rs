@@ -277,7 +277,7 @@ fn ticks_per_s() -> f64 {
     rustix::param::clock_ticks_per_second() as f64
 }
 
-fn process_cpu_s(pid: u32) -> Result<f64> {
+pub(crate) fn process_cpu_s(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (which may hold spaces) end with ')'.
     let rest = stat.rsplit_once(')').context("/proc/PID/stat")?.1;
@@ -752,7 +752,7 @@ pub fn run(a: CuesArgs) -> Result<()> {
 }
 
 /// "Linux <release>, <n> CPUs (<model>), <MiB> MiB".
-fn machine_line() -> String {
+pub(crate) fn machine_line() -> String {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo

@@ -2,13 +2,25 @@
 //! names of the driver, so that no crate above the driver depends on `penstock-uring`.
 //!
 //! Nothing here is new mechanism: re-exported syscalls (SO_RCVLOWAT; cachestat, which the
-//! engine's `--path auto` asks too), the pool's size limit, and one O_DIRECT-aligned buffer
+//! engine's `--path auto` asks too; recvmmsg with kernel receive times, which `record` uses),
+//! the pool's size limit, and one O_DIRECT-aligned buffer
 //! for a caller's own `pread` loop (a baseline, a background load).
 
 use penstock_uring::{BufId, BufferPool, PoolError};
 
 pub use penstock_uring::BUFFER_ALIGN;
-pub use penstock_uring::sys::{cached_pages, set_rcvlowat};
+pub use penstock_uring::sys::{RecvBatch, RecvMeta, cached_pages, set_rcvlowat};
+
+/// Asks the kernel for each datagram's receive time (SO_TIMESTAMPNS) and the socket's drop
+/// counter (SO_RXQ_OVFL), which [`RecvBatch::recv`] then reports in [`RecvMeta`]; a receiver
+/// that times packets by the kernel's clock leaves its own scheduling delay out. Says which
+/// of the two the kernel took: `(timestamps, drops)`.
+pub fn enable_receive_meta(fd: std::os::fd::BorrowedFd<'_>) -> (bool, bool) {
+    use penstock_uring::sys::set_socket_int;
+    let ts = set_socket_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1).is_ok();
+    let drops = set_socket_int(fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1).is_ok();
+    (ts, drops)
+}
 
 /// The largest [`EngineConfig::pool_buffers`](crate::EngineConfig::pool_buffers) a pool can
 /// hold: the ring's registered-buffer index is 16 bits wide.

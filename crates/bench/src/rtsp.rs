@@ -332,7 +332,12 @@ fn check_server(kind: ServerKind, python: &Path) -> std::result::Result<(), Stri
 }
 
 /// Starts a fresh server of `kind` serving `clip`; returns it and the URL of the clip.
-fn start_server(kind: ServerKind, clip: &Path, python: &Path) -> Result<(Server, Url)> {
+fn start_server(
+    kind: ServerKind,
+    sessions: usize,
+    clip: &Path,
+    python: &Path,
+) -> Result<(Server, Url)> {
     let files = tempfile::tempdir()?;
     let name = clip
         .file_name()
@@ -345,10 +350,12 @@ fn start_server(kind: ServerKind, clip: &Path, python: &Path) -> Result<(Server,
             let port = free_port()?;
             let http_port = free_port()?;
             let conf = files.path().join("penstock.toml");
+            // Room for the step's sessions (the defaults allow 256).
+            let limit = sessions.max(256) + 16;
             std::fs::write(
                 &conf,
                 format!(
-                    "[http]\nlisten = \"127.0.0.1:{http_port}\"\n[rtsp]\nlisten = \"127.0.0.1:{port}\"\n[log]\naccess = \"off\"\n"
+                    "[http]\nlisten = \"127.0.0.1:{http_port}\"\n[rtsp]\nlisten = \"127.0.0.1:{port}\"\nsessions_max = {limit}\nconnections_max = {limit}\n[log]\naccess = \"off\"\n"
                 ),
             )?;
             let mut child = Command::new(std::env::current_exe()?)
@@ -1003,7 +1010,7 @@ fn run_step(
     a: &RtspArgs,
     python: &Path,
 ) -> Result<Step> {
-    let (server, url) = start_server(kind, &clip.path, python)?;
+    let (server, url) = start_server(kind, n, &clip.path, python)?;
     let mut pairs = Vec::with_capacity(n);
     for _ in 0..n {
         let (rtp, rtcp) = bind_pair()?;

@@ -1,0 +1,103 @@
+//! `penstock bench rtsp` at a tiny size (1 and 2 sessions, a few seconds each), as a user
+//! runs it: the built binary, GStreamer's RTSP server through python3-gi, ffmpeg's clip,
+//! real loopback sockets.
+//!
+//! What is asserted is behaviour, never a time of this machine: every session reached PLAY,
+//! packets arrived, none was lost at N = 1, the packets received up to the server's last RTCP
+//! sender report are the packets it says it sent, and the payload bytes are the file's bytes
+//! over the media time played. The lateness bound is set out of reach (`--lateness-max 1h`)
+//! so that a loaded machine fails no step on timing.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_penstock");
+
+/// The benches of this file one at a time: each is a timing measurement, and a sibling's
+/// encode or server on the same CPUs would be noise in it.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("-version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs the bench for one server; `None` (SKIPPED said) when the machine lacks it.
+fn bench(server: &str, dir: &Path) -> Option<Value> {
+    if !have("ffmpeg") || !have("ffprobe") {
+        eprintln!("SKIPPED: ffmpeg/ffprobe not installed (the bench makes its clip with them)");
+        return None;
+    }
+    let json = dir.join("rtsp.json");
+    let o = Command::new(BIN)
+        .args(["bench", "rtsp", "--servers", server])
+        .args(["--start", "1", "--max-sessions", "2", "--bisect", "0"])
+        .args(["--duration", "3s", "--clip", "8s", "--stagger", "300ms"])
+        .args(["--lateness-max", "1h", "--dir"])
+        .arg(dir.join("clip"))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run penstock bench rtsp");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    if o.status.code() == Some(2) && stderr.contains("no server to measure") {
+        eprintln!("SKIPPED: {}", stdout.trim());
+        return None;
+    }
+    assert!(o.status.success(), "bench failed: {stdout}\n{stderr}");
+    eprintln!("{stdout}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    Some(v)
+}
+
+fn check(v: &Value, name: &str) {
+    let servers = v["servers"].as_array().expect("servers");
+    assert_eq!(servers.len(), 1, "{v}");
+    let s = &servers[0];
+    assert_eq!(s["server"], name);
+    let steps = s["steps"].as_array().expect("steps");
+    // With the lateness bound out of reach, N = 1 is clean and the ramp goes on to 2.
+    assert_eq!(steps.len(), 2, "{v:#}");
+    for (i, st) in steps.iter().enumerate() {
+        let n = i as u64 + 1;
+        assert_eq!(st["sessions"], n, "{st:#}");
+        assert_eq!(st["error"], Value::Null, "{st:#}");
+        assert_eq!(st["playing"], n, "{st:#}");
+        // 8.5 Mbit/s in 1328-byte RTP packets is ~800 a second: a few seconds give thousands.
+        assert!(st["packets"].as_u64().unwrap() > 1000 * n, "{st:#}");
+        // The bytes received are the file's over the media time played (CBR clip), within
+        // a few packets.
+        let ratio = st["bytes_ratio"].as_f64().unwrap();
+        assert!(
+            (0.98..=1.02).contains(&ratio),
+            "bytes ratio {ratio}: {st:#}"
+        );
+        // Each session's last sender report counts exactly the packets received up to it.
+        assert_eq!(st["sr_match"], st["sessions_with_sr"], "{st:#}");
+        assert!(st["server_cpu_per_session"].as_f64().unwrap() >= 0.0);
+    }
+    let one = &steps[0];
+    assert_eq!(one["lost"], 0, "loss at N = 1: {one:#}");
+    assert_eq!(one["clean"], true, "{one:#}");
+    assert_eq!(one["sessions_with_sr"], 1, "no RTCP SR in the run: {one:#}");
+    assert!(one["jitter_ms_mean"].as_f64().unwrap() >= 0.0);
+    assert_eq!(s["largest_clean"].as_u64().unwrap() >= 1, true);
+}
+
+#[test]
+fn bench_rtsp_against_gstreamer_counts_every_packet_sent() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(v) = bench("gstreamer", dir.path()) else {
+        return;
+    };
+    check(&v, "GStreamer");
+}

@@ -246,7 +246,7 @@ fn ffmpeg_rate(s: &str) -> Result<u64> {
     let v: f64 = num
         .parse()
         .with_context(|| format!("--video-bitrate {s:?}"))?;
-    if !(v > 0.0) {
+    if !v.is_finite() || v <= 0.0 {
         bail!("--video-bitrate {s:?} must be more than 0");
     }
     Ok((v * mul) as u64)

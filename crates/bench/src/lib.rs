@@ -10,7 +10,8 @@
 //! this crate.
 //!
 //! The benches measure the engine from outside, through `penstock-driver`; the raw layer's
-//! few pieces they need (an O_DIRECT-aligned buffer, SO_RCVLOWAT, the pool's size limit) come
+//! few pieces they need (an O_DIRECT-aligned buffer, SO_RCVLOWAT, the pool's size limit, recvmmsg
+//! batches with kernel receive times) come
 //! through `penstock_driver::sys`, so this crate depends on neither `penstock-uring` nor any
 //! `unsafe`.
 #![forbid(unsafe_code)]

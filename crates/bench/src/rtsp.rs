@@ -120,6 +120,11 @@ pub struct RtspArgs {
         value_delimiter = ','
     )]
     pub servers: Vec<ServerKind>,
+    /// Run both servers at SCHED_FIFO priority PRIO (`chrt -f PRIO`, all their threads) and
+    /// the bench's receiving thread at PRIO + 1: the same for both, and out of reach of other
+    /// work on a shared machine. Needs root (or CAP_SYS_NICE) and chrt (util-linux).
+    #[arg(long, value_name = "PRIO", value_parser = clap::value_parser!(u8).range(1..=98))]
+    pub fifo: Option<u8>,
     /// A short run (the defaults marked --quick above).
     #[arg(long)]
     pub quick: bool,
@@ -332,9 +337,22 @@ fn check_server(kind: ServerKind, python: &Path) -> std::result::Result<(), Stri
 }
 
 /// Starts a fresh server of `kind` serving `clip`; returns it and the URL of the clip.
+/// `program`, under `chrt -f PRIO` when `fifo` says so.
+fn command(fifo: Option<u8>, program: &Path) -> Command {
+    match fifo {
+        Some(p) => {
+            let mut c = Command::new("chrt");
+            c.args(["-f", &p.to_string()]).arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
 fn start_server(
     kind: ServerKind,
     sessions: usize,
+    fifo: Option<u8>,
     clip: &Path,
     python: &Path,
 ) -> Result<(Server, Url)> {
@@ -358,12 +376,14 @@ fn start_server(
                     "[http]\nlisten = \"127.0.0.1:{http_port}\"\n[rtsp]\nlisten = \"127.0.0.1:{port}\"\nsessions_max = {limit}\nconnections_max = {limit}\n[log]\naccess = \"off\"\n"
                 ),
             )?;
-            let mut child = Command::new(std::env::current_exe()?)
+            let mut child = command(fifo, &std::env::current_exe()?)
                 .args(["serve", "--config"])
                 .arg(&conf)
                 .arg("--root")
                 .arg(root)
                 .args(["--control", "", "--no-control-unix"])
+                // Its errors only: the start lines and the root warning would break the table.
+                .env("PENSTOCK_LOG", "error")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .spawn()
@@ -398,7 +418,7 @@ fn start_server(
             let script = files.path().join("rtsp_gst.py");
             std::fs::write(&script, GST_SCRIPT)?;
             let mount = format!("/{name}");
-            let mut child = Command::new(python)
+            let mut child = command(fifo, python)
                 .arg(&script)
                 .arg(clip)
                 .arg(&mount)
@@ -1010,7 +1030,7 @@ fn run_step(
     a: &RtspArgs,
     python: &Path,
 ) -> Result<Step> {
-    let (server, url) = start_server(kind, n, &clip.path, python)?;
+    let (server, url) = start_server(kind, n, a.fifo, &clip.path, python)?;
     let mut pairs = Vec::with_capacity(n);
     for _ in 0..n {
         let (rtp, rtcp) = bind_pair()?;
@@ -1025,9 +1045,32 @@ fn run_step(
     let stop = Arc::new(AtomicBool::new(false));
     let receiver = {
         let stop = stop.clone();
+        let fifo = a.fifo;
         std::thread::Builder::new()
             .name("rtsp-receiver".into())
-            .spawn(move || receive(pairs, stop))?
+            .spawn(move || {
+                if let Some(p) = fifo {
+                    // This thread alone, by its id: chrt -p on a thread id sets that thread.
+                    let tid = rustix::thread::gettid().as_raw_nonzero().get();
+                    let ok = Command::new("chrt")
+                        .args([
+                            "-f",
+                            "-p",
+                            &(u32::from(p) + 1).to_string(),
+                            &tid.to_string(),
+                        ])
+                        .stdout(Stdio::null())
+                        .status()
+                        .is_ok_and(|s| s.success());
+                    if !ok {
+                        bail!(
+                            "chrt -f -p {} {tid}: could not make the receiver SCHED_FIFO",
+                            u32::from(p) + 1
+                        );
+                    }
+                }
+                receive(pairs, stop)
+            })?
     };
     // From here the receiver must be stopped on every way out.
     let result = drive(&server, &url, &ports, plan, a);
@@ -1295,14 +1338,21 @@ pub fn run(a: RtspArgs) -> Result<()> {
     writeln!(h, "# penstock bench rtsp\n\n{machine}\n")?;
     writeln!(
         h,
-        "Clip: {} ({} bytes, {:.1} s, {:.2} Mbit/s). Each step: a fresh server, N sessions opened over {:?}, {:?} measured once all play; clean = no loss and p99 lateness ≤ {:?}. Server CPU per session: the server process's CPU over the window / N / seconds (100% = one CPU); receiver CPU: this process's (one receiving thread, the RTSP clients); RTP sockets' receive buffer {rcvbuf} bytes.\n",
+        "Clip: {} ({} bytes, {:.1} s, {:.2} Mbit/s). Each step: a fresh server, N sessions opened over {:?}, {:?} measured once all play; clean = no loss and p99 lateness ≤ {:?}. Server CPU per session: the server process's CPU over the window / N / seconds (100% = one CPU); receiver CPU: this process's (one receiving thread, the RTSP clients); RTP sockets' receive buffer {rcvbuf} bytes. Scheduling: {}.\n",
         clip.path.display(),
         clip.bytes,
         clip.seconds,
         clip.bytes as f64 * 8.0 / clip.seconds / 1e6,
         a.stagger,
         plan.duration,
-        a.lateness_max
+        a.lateness_max,
+        match a.fifo {
+            Some(p) => format!(
+                "both servers SCHED_FIFO {p} (chrt), the receiving thread {}",
+                u32::from(p) + 1
+            ),
+            None => "the default (SCHED_OTHER) for servers and receiver".to_string(),
+        }
     )?;
     writeln!(h, "{HEADER}")?;
     let mut results = Vec::new();
@@ -1376,6 +1426,7 @@ pub fn run(a: RtspArgs) -> Result<()> {
             "stagger_s": a.stagger.as_secs_f64(),
             "lateness_max_ms": a.lateness_max.as_secs_f64() * 1e3,
             "max_sessions": plan.max_sessions,
+            "fifo": a.fifo,
             "notes": notes,
             "servers": results.iter().map(|(k, steps)| json!({
                 "server": k.name(),

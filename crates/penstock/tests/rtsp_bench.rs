@@ -1,5 +1,6 @@
 //! `penstock bench rtsp` at a tiny size (1 and 2 sessions, a few seconds each), as a user
-//! runs it: the built binary, GStreamer's RTSP server through python3-gi, ffmpeg's clip,
+//! runs it, against each server: the built binary (`penstock serve`), GStreamer's RTSP server
+//! through python3-gi, ffmpeg's clip,
 //! real loopback sockets.
 //!
 //! What is asserted is behaviour, never a time of this machine: every session reached PLAY,
@@ -39,7 +40,9 @@ fn bench(server: &str, dir: &Path) -> Option<Value> {
     let o = Command::new(BIN)
         .args(["bench", "rtsp", "--servers", server])
         .args(["--start", "1", "--max-sessions", "2", "--bisect", "0"])
-        .args(["--duration", "3s", "--clip", "8s", "--stagger", "300ms"])
+        // Sessions of about 4 s: both servers send their first RTCP SR after half their 5 s
+        // interval.
+        .args(["--duration", "4s", "--clip", "10s", "--stagger", "300ms"])
         .args(["--lateness-max", "1h", "--dir"])
         .arg(dir.join("clip"))
         .arg("--json")
@@ -100,4 +103,14 @@ fn bench_rtsp_against_gstreamer_counts_every_packet_sent() {
         return;
     };
     check(&v, "GStreamer");
+}
+
+#[test]
+fn bench_rtsp_against_penstock_counts_every_packet_sent() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(v) = bench("penstock", dir.path()) else {
+        return;
+    };
+    check(&v, "penstock");
 }

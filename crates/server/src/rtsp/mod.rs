@@ -575,6 +575,9 @@ impl RtspShared {
             }
         }
         s.next_sequence = p.packetizer.sequence(counts.packets);
-        s.state = SessionState::Ready;
+        // At the end of the media the session is as if paused there: clients send PAUSE or
+        // TEARDOWN when they see the end (GStreamer does), and a PLAY plays it again (from
+        // its Range, or from the start).
+        s.state = SessionState::Paused;
     }
 }

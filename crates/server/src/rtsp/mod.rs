@@ -18,7 +18,7 @@
 //! tears down sessions idle for longer than `session_timeout`.
 //!
 //! **The seam for live sources (issue 15 item 4).** A session's bytes come from
-//! [`Session::start_stream`]: today an engine stream from the file at a PCR playback. A live
+//! `start_stream` (`conn.rs`): today an engine stream from the file at a PCR playback. A live
 //! relay would give [`Media`] a second kind (a fan-out of datagrams arriving on a
 //! `udp-listen://`), and `start_stream` would subscribe the session's transport (the same UDP
 //! socket or interleaved relay) to it instead of opening an engine stream; the connection,

@@ -74,10 +74,13 @@ fn clip() -> Option<&'static Path> {
     .as_deref()
 }
 
+const CONTROL_TOKEN: &str = "rtsp-test-token-rtsp-test-token";
+
 /// A running `penstock serve` with the clip in its root.
 struct Served {
     child: Child,
     http: String,
+    control: String,
     rtsp: SocketAddr,
     dir: tempfile::TempDir,
 }
@@ -93,6 +96,31 @@ impl Drop for Served {
 impl Served {
     fn url(&self, path: &str) -> String {
         format!("rtsp://{}/{path}", self.rtsp)
+    }
+
+    /// The control protocol's `STATE *` lines after `AUTH`.
+    fn state_all(&self) -> Vec<String> {
+        use std::io::BufRead;
+        let mut s = TcpStream::connect(&self.control).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(format!("AUTH {CONTROL_TOKEN}\nSTATE *\n").as_bytes())
+            .unwrap();
+        let mut r = std::io::BufReader::new(s);
+        let mut lines = Vec::new();
+        loop {
+            let mut l = String::new();
+            if r.read_line(&mut l).unwrap() == 0 {
+                break;
+            }
+            let l = l.trim_end().to_string();
+            if l.starts_with("211 end") {
+                break;
+            }
+            if let Some(x) = l.strip_prefix("211-") {
+                lines.push(x.to_string());
+            }
+        }
+        lines
     }
 
     fn metrics(&self) -> String {
@@ -123,7 +151,7 @@ fn serve(clip: &Path, rtsp_extra: &str) -> Served {
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n[log]\naccess = \"off\"\n[rtsp]\nlisten = \"127.0.0.1:0\"\n{rtsp_extra}"
+            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{CONTROL_TOKEN}\"\n[log]\naccess = \"off\"\n[rtsp]\nlisten = \"127.0.0.1:0\"\n{rtsp_extra}"
         ),
     )
     .unwrap();
@@ -136,7 +164,8 @@ fn serve(clip: &Path, rtsp_extra: &str) -> Served {
         .spawn()
         .unwrap();
     let line = common::start_line(&mut child);
-    let (http, _) = common::serve_addresses(&line);
+    let (http, control) = common::serve_addresses(&line);
+    let control = control.expect("a control address");
     let rtsp = line
         .split("rtsp://")
         .nth(1)
@@ -147,6 +176,7 @@ fn serve(clip: &Path, rtsp_extra: &str) -> Served {
     Served {
         child,
         http,
+        control,
         rtsp,
         dir,
     }
@@ -581,6 +611,14 @@ fn seek_pause_resume_and_teardown_as_a_scripted_client_sees_them() {
     );
     let ka = c.request("GET_PARAMETER", &url, &[("Session", &id)]);
     assert_eq!(ka.status, 200);
+    // The session's engine stream shows in the control protocol's STATE *.
+    let state = s.state_all();
+    assert!(
+        state.iter().any(|l| l
+            .starts_with(&format!("rtsp-{id} running path=clip.ts transport=udp"))
+            && l.contains(" sent=")),
+        "STATE *: {state:?}"
+    );
 
     // TEARDOWN frees the session and its reservation; the id is gone after.
     let down = c.request("TEARDOWN", &url, &[("Session", &id)]);
@@ -593,6 +631,7 @@ fn seek_pause_resume_and_teardown_as_a_scripted_client_sees_them() {
     ));
     let again = c.request("PLAY", &url, &[("Session", &id)]);
     assert_eq!(again.status, 454, "{again:?}");
+    assert!(s.state_all().iter().all(|l| !l.starts_with("rtsp-")));
     let _ = rx.take(Duration::from_millis(300));
     assert!(
         rx.take(Duration::from_millis(500)).is_empty(),

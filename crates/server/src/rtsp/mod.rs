@@ -287,6 +287,12 @@ impl RtspServer {
         &self.addrs
     }
 
+    /// The control protocol's `STATE *` lines of the sessions (`RtspShared::state_lines`).
+    pub fn state_source(&self) -> crate::streams::StateSource {
+        let shared = self.shared.clone();
+        Box::new(move || shared.state_lines())
+    }
+
     /// Sessions now.
     pub fn sessions(&self) -> usize {
         self.shared.session_count()
@@ -422,6 +428,50 @@ impl RtspShared {
             self.metrics.rtsp_sessions.dec();
             self.metrics.rtsp_session_ended(why.word());
         }
+    }
+
+    /// One `STATE` line per session: `rtsp-<id> <ready|running|paused> path=<path>
+    /// transport=<udp|tcp> sent=<payload bytes> units=<RTP packets> class=rt [late_max_ns=<n>
+    /// misses=<n>]` (docs/control-protocol.md).
+    fn state_lines(&self) -> Vec<String> {
+        let all: Vec<Arc<Mutex<Session>>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut lines: Vec<(String, String)> = all
+            .iter()
+            .map(|s| {
+                let s = s.lock().unwrap_or_else(|p| p.into_inner());
+                let state = match s.state {
+                    SessionState::Ready => "ready",
+                    SessionState::Playing => "running",
+                    SessionState::Paused => "paused",
+                };
+                let transport = match s.transport {
+                    Transport::Udp { .. } => "udp",
+                    Transport::Interleaved { .. } => "tcp",
+                };
+                let mut line = format!(
+                    "rtsp-{} {state} path={} transport={transport} class=rt",
+                    s.id,
+                    s.path.replace(char::is_whitespace, "%20")
+                );
+                if let Some(p) = &s.playing {
+                    let c = p.handle.counters();
+                    let l = p.handle.lateness();
+                    line += &format!(
+                        " sent={} units={} late_max_ns={} misses={}",
+                        c.bytes_sent, c.units_sent, l.max_ns, l.misses
+                    );
+                }
+                (s.id.clone(), line)
+            })
+            .collect();
+        lines.sort();
+        lines.into_iter().map(|(_, l)| l).collect()
     }
 
     /// The interleaved sessions of a connection end with it.

@@ -291,6 +291,7 @@ impl Server {
             cfg.control.clone(),
         ));
         let http_for_stats = shared.clone();
+        let streams_for_rtsp = streams.clone();
         let control = Arc::new(control::ControlShared::new(
             streams,
             cfg.control.clone(),
@@ -321,12 +322,9 @@ impl Server {
         let rtsp = if cfg.rtsp.is_off() {
             None
         } else {
-            Some(Mutex::new(rtsp::RtspServer::start(
-                &cfg.rtsp,
-                root,
-                engine.clone(),
-                metrics.clone(),
-            )?))
+            let r = rtsp::RtspServer::start(&cfg.rtsp, root, engine.clone(), metrics.clone())?;
+            streams_for_rtsp.add_state_source(r.state_source());
+            Some(Mutex::new(r))
         };
         let uring = match &engine.info().uring {
             Ok(()) => "io_uring available".to_string(),

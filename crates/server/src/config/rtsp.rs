@@ -112,3 +112,43 @@ impl RtspConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::ServerConfig;
+
+    #[test]
+    fn rtsp_is_on_at_8554_by_default_and_off_with_an_empty_listen() {
+        let c: ServerConfig = toml::from_str("").unwrap();
+        assert_eq!(c.rtsp.listen.0, ["127.0.0.1:8554"]);
+        assert!(!c.rtsp.is_off());
+        c.check().unwrap();
+        for off in ["[rtsp]\nlisten = \"\"\n", "[rtsp]\nlisten = []\n"] {
+            let c: ServerConfig = toml::from_str(off).unwrap();
+            assert!(c.rtsp.is_off(), "{off}");
+            c.check().unwrap();
+        }
+    }
+
+    #[test]
+    fn rtsp_durations_and_sizes_take_units_and_bad_values_are_refused() {
+        let c: ServerConfig = toml::from_str(
+            "[rtsp]\nsession_timeout = \"30s\"\nrequest_bytes_max = \"4KiB\"\nsend_timeout_ms = \"2s\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.rtsp.session_timeout_ms, 30_000);
+        assert_eq!(c.rtsp.request_bytes_max, 4096);
+        assert_eq!(c.rtsp.send_timeout_ms, 2_000);
+        for bad in [
+            "[rtsp]\nsessions_max = 0\n",
+            "[rtsp]\nsession_timeout = \"10ms\"\n",
+            "[rtsp]\nrtp_port_min = 30000\nrtp_port_max = 30000\n",
+            "[rtsp]\nrtp_port_min = 80\n",
+            "[rtsp]\nlisten = \"nohost:\"\n",
+        ] {
+            let c: ServerConfig = toml::from_str(bad).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+        assert!(toml::from_str::<ServerConfig>("[rtsp]\nnope = 1\n").is_err());
+    }
+}

@@ -18,7 +18,7 @@
 //! tears down sessions idle for longer than `session_timeout`.
 //!
 //! **The seam for live sources (issue 15 item 4).** A session's bytes come from
-//! [`Session::start_stream`]: today an engine stream from the file at a PCR playback. A live
+//! `start_stream` (`conn.rs`): today an engine stream from the file at a PCR playback. A live
 //! relay would give [`Media`] a second kind (a fan-out of datagrams arriving on a
 //! `udp-listen://`), and `start_stream` would subscribe the session's transport (the same UDP
 //! socket or interleaved relay) to it instead of opening an engine stream; the connection,
@@ -287,6 +287,12 @@ impl RtspServer {
         &self.addrs
     }
 
+    /// The control protocol's `STATE *` lines of the sessions (`RtspShared::state_lines`).
+    pub fn state_source(&self) -> crate::streams::StateSource {
+        let shared = self.shared.clone();
+        Box::new(move || shared.state_lines())
+    }
+
     /// Sessions now.
     pub fn sessions(&self) -> usize {
         self.shared.session_count()
@@ -422,6 +428,50 @@ impl RtspShared {
             self.metrics.rtsp_sessions.dec();
             self.metrics.rtsp_session_ended(why.word());
         }
+    }
+
+    /// One `STATE` line per session: `rtsp-<id> <ready|running|paused> path=<path>
+    /// transport=<udp|tcp> sent=<payload bytes> units=<RTP packets> class=rt [late_max_ns=<n>
+    /// misses=<n>]` (docs/control-protocol.md).
+    fn state_lines(&self) -> Vec<String> {
+        let all: Vec<Arc<Mutex<Session>>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut lines: Vec<(String, String)> = all
+            .iter()
+            .map(|s| {
+                let s = s.lock().unwrap_or_else(|p| p.into_inner());
+                let state = match s.state {
+                    SessionState::Ready => "ready",
+                    SessionState::Playing => "running",
+                    SessionState::Paused => "paused",
+                };
+                let transport = match s.transport {
+                    Transport::Udp { .. } => "udp",
+                    Transport::Interleaved { .. } => "tcp",
+                };
+                let mut line = format!(
+                    "rtsp-{} {state} path={} transport={transport} class=rt",
+                    s.id,
+                    s.path.replace(char::is_whitespace, "%20")
+                );
+                if let Some(p) = &s.playing {
+                    let c = p.handle.counters();
+                    let l = p.handle.lateness();
+                    line += &format!(
+                        " sent={} units={} late_max_ns={} misses={}",
+                        c.bytes_sent, c.units_sent, l.max_ns, l.misses
+                    );
+                }
+                (s.id.clone(), line)
+            })
+            .collect();
+        lines.sort();
+        lines.into_iter().map(|(_, l)| l).collect()
     }
 
     /// The interleaved sessions of a connection end with it.
@@ -575,6 +625,9 @@ impl RtspShared {
             }
         }
         s.next_sequence = p.packetizer.sequence(counts.packets);
-        s.state = SessionState::Ready;
+        // At the end of the media the session is as if paused there: clients send PAUSE or
+        // TEARDOWN when they see the end (GStreamer does), and a PLAY plays it again (from
+        // its Range, or from the start).
+        s.state = SessionState::Paused;
     }
 }

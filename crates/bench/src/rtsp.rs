@@ -90,8 +90,9 @@ pub struct RtspArgs {
     /// Measured time of each step, once all its sessions play [default: 10s; --quick 3s].
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// Length of the clip; it must outlast --stagger + --duration + 3 s [default: 30s;
-    /// --quick 10s].
+    /// Length of the clip; it must outlast --stagger + --duration + 3 s, and the time opening
+    /// the sessions takes (a step whose sessions end before its window is flagged) [default:
+    /// 60s; --quick 10s].
     #[arg(long, value_parser = parse_duration)]
     pub clip: Option<Duration>,
     /// The clip's video bit rate, ffmpeg's syntax (`-b:v`, `-minrate`, `-maxrate`).
@@ -157,7 +158,7 @@ impl Plan {
                 .unwrap_or(Duration::from_secs(if a.quick { 3 } else { 10 })),
             clip: a
                 .clip
-                .unwrap_or(Duration::from_secs(if a.quick { 10 } else { 30 })),
+                .unwrap_or(Duration::from_secs(if a.quick { 10 } else { 60 })),
             max_sessions: a.max_sessions.unwrap_or(if a.quick { 4 } else { 256 }),
             bisect: a.bisect.unwrap_or(if a.quick { 0 } else { 3 }),
         };
@@ -368,12 +369,19 @@ fn start_server(
             let port = free_port()?;
             let http_port = free_port()?;
             let conf = files.path().join("penstock.toml");
-            // Room for the step's sessions (the defaults allow 256).
+            // Room for the step's sessions (the defaults allow 256), and an admission capacity
+            // for loopback and a page-cached clip: the defaults (Capacity::CONSERVATIVE,
+            // 100 Mbit/s of network, 50 MB/s and 75 seeks/s of disk, 64 buffers) would refuse the 10th
+            // 8.5 Mbit/s session with 453. GStreamer's server admits without limit.
             let limit = sessions.max(256) + 16;
+            // Each rt session reserves 4 pool buffers (the engine's stream depth) and the rt
+            // class may hold 80% of the pool: 5 per session plus room. 256 KiB buffers (the
+            // default is 1 MiB) keep that pool at 1.3 GiB for 1024 sessions.
+            let buffers = limit * 5 + 64;
             std::fs::write(
                 &conf,
                 format!(
-                    "[http]\nlisten = \"127.0.0.1:{http_port}\"\n[rtsp]\nlisten = \"127.0.0.1:{port}\"\nsessions_max = {limit}\nconnections_max = {limit}\n[log]\naccess = \"off\"\n"
+                    "[http]\nlisten = \"127.0.0.1:{http_port}\"\n[rtsp]\nlisten = \"127.0.0.1:{port}\"\nsessions_max = {limit}\nconnections_max = {limit}\n[engine]\npool_buffers = {buffers}\nbuffer_bytes = \"256KiB\"\n[admission]\nnet_bytes_per_s = 10000000000\ndisk_seq_bytes_per_s = 10000000000\ndisk_random_iops = 100000000\nstreams_max = {limit}\nbuffer_count = {buffers}\nbuffer_bytes = \"256KiB\"\n[log]\naccess = \"off\"\n"
                 ),
             )?;
             let mut child = command(fifo, &std::env::current_exe()?)
@@ -553,7 +561,15 @@ impl RtspConn {
 
 fn expect_ok(r: &Response<Vec<u8>>, what: &str) -> Result<()> {
     if r.status() != StatusCode::Ok {
-        bail!("{what}: {} {}", u16::from(r.status()), r.reason_phrase());
+        // The body says why, where the server writes one (penstock does).
+        let body = String::from_utf8_lossy(r.body());
+        let body: String = body.trim().chars().take(300).collect();
+        bail!(
+            "{what}: {} {}{}{body}",
+            u16::from(r.status()),
+            r.reason_phrase(),
+            if body.is_empty() { "" } else { ": " }
+        );
     }
     Ok(())
 }
@@ -731,7 +747,9 @@ struct Flow {
     /// The last SR: the packets it says were sent.
     sr_packets: Option<u32>,
     srs: u64,
-    bye: bool,
+    /// When the first RTCP BYE arrived (CLOCK_REALTIME ns): the media's end, or the server
+    /// giving the session up.
+    bye_at_ns: Option<i128>,
     /// SO_RXQ_OVFL's last value: datagrams the RTP socket dropped (receive buffer full).
     socket_drops: u32,
 }
@@ -785,7 +803,7 @@ impl Flow {
         self.last_transit = Some(transit);
     }
 
-    fn on_rtcp(&mut self, d: &[u8], items: &mut Vec<RtcpItem>) {
+    fn on_rtcp(&mut self, d: &[u8], items: &mut Vec<RtcpItem>, arrival_ns: i128) {
         items.clear();
         if rtcp::parse(d, items).is_err() {
             return;
@@ -796,7 +814,9 @@ impl Flow {
                     self.sr_packets = Some(info.packets);
                     self.srs += 1;
                 }
-                RtcpItem::Bye { .. } => self.bye = true,
+                RtcpItem::Bye { .. } => {
+                    self.bye_at_ns.get_or_insert(arrival_ns);
+                }
                 _ => {}
             }
         }
@@ -897,7 +917,7 @@ fn receive(sockets: Vec<(UdpSocket, UdpSocket)>, stop: Arc<AtomicBool>) -> Resul
                             let meta = batch.meta(j);
                             let d = batch.datagram(j);
                             if is_rtcp {
-                                flows[i].on_rtcp(d, &mut items);
+                                flows[i].on_rtcp(d, &mut items, now);
                             } else {
                                 let t = meta.kernel_time_ns.map_or(now, i128::from);
                                 flows[i].on_rtp(d, t);
@@ -1089,6 +1109,8 @@ fn run_step(
 /// What `drive` measured over the window.
 struct Window {
     seconds: f64,
+    /// The window's end, CLOCK_REALTIME ns (the receivers' clock).
+    end_ns: i128,
     server_cpu_s: f64,
     self_cpu_s: f64,
 }
@@ -1128,6 +1150,7 @@ fn drive(
         process_cpu_s(self_pid)?,
         Instant::now(),
     );
+    let end_ns = realtime_ns();
     let playing = sessions.len();
     for s in sessions {
         // A refused TEARDOWN is said, not fatal: the server is stopped next anyway.
@@ -1141,6 +1164,7 @@ fn drive(
         playing,
         Window {
             seconds: (t1 - t0).as_secs_f64(),
+            end_ns,
             server_cpu_s: c1 - c0,
             self_cpu_s: s1 - s0,
         },
@@ -1186,14 +1210,25 @@ fn summarize(
         .flat_map(|f| f.lateness_ns.iter().map(|&l| l as f64 / 1e6))
         .collect();
     let p99 = percentile(&lateness, 99);
-    let clean = playing == n
+    // A session whose media ended before the window did (opening N sessions took longer than
+    // the clip allows) was not measured for the whole window: the step says so and is not
+    // clean.
+    let ended = flows
+        .iter()
+        .filter(|f| f.bye_at_ns.is_some_and(|t| t < w.end_ns))
+        .count();
+    let error = (ended > 0).then(|| {
+        format!("{ended} of {n} sessions ended (RTCP BYE) before the measured window did: opening them took too long for the clip; raise --clip")
+    });
+    let clean = ended == 0
+        && playing == n
         && flows.iter().all(|f| f.received > 0)
         && lost == 0
         && p99 <= a.lateness_max.as_secs_f64() * 1e3;
     Step {
         sessions: n,
         playing,
-        error: None,
+        error,
         packets,
         lost,
         receiver_drops,
@@ -1267,7 +1302,12 @@ fn ramp(
 const HEADER: &str = "| server | N | clean | playing | RTP packets | lost (receiver drops) | bytes / file's | SR count = received | jitter mean / max ms | lateness p50 / p99 / max ms | server CPU per session | receiver CPU |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
 
 fn row(kind: ServerKind, s: &Step) -> String {
-    if let Some(e) = &s.error {
+    let note = s
+        .error
+        .as_ref()
+        .map(|e| format!("\n\n  (not clean: {})\n", e.replace('\n', " ")))
+        .unwrap_or_default();
+    if let (Some(e), 0) = (&s.error, s.packets) {
         return format!(
             "| {} | {} | no | {} | – | – | – | – | – | – | – | – |\n\n  (failed: {})\n",
             kind.name(),
@@ -1295,7 +1335,7 @@ fn row(kind: ServerKind, s: &Step) -> String {
         s.lateness_ms_max,
         s.server_cpu_per_session * 100.0,
         s.receiver_cpu_share * 100.0
-    )
+    ) + &note
 }
 
 /// A server's summary: the largest clean N and its step.

@@ -129,7 +129,8 @@ pub struct RtspArgs {
     /// A short run (the defaults marked --quick above).
     #[arg(long)]
     pub quick: bool,
-    /// Where the clip is made and kept for later runs [default: $TMPDIR/penstock-bench-rtsp].
+    /// Where the clip is made and kept for later runs [default: /dev/shm/penstock-bench-rtsp,
+    /// else $TMPDIR/penstock-bench-rtsp].
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// The Python that has python3-gi, for GStreamer's server [default: /usr/bin/python3
@@ -744,9 +745,8 @@ struct Flow {
     jitter: f64,
     last_transit: Option<f64>,
     lateness_ns: Vec<i64>,
-    /// The last SR: the packets it says were sent.
-    sr_packets: Option<u32>,
-    srs: u64,
+    /// The SRs: arrival (CLOCK_REALTIME ns) and the packets each says were sent.
+    srs: Vec<(i128, u32)>,
     /// When the first RTCP BYE arrived (CLOCK_REALTIME ns): the media's end, or the server
     /// giving the session up.
     bye_at_ns: Option<i128>,
@@ -810,9 +810,9 @@ impl Flow {
         }
         for it in items.iter() {
             match it {
-                RtcpItem::SenderReport { info, .. } => {
-                    self.sr_packets = Some(info.packets);
-                    self.srs += 1;
+                // At most 4096 kept (one every few seconds: hours of a session).
+                RtcpItem::SenderReport { info, .. } if self.srs.len() < 4096 => {
+                    self.srs.push((arrival_ns, info.packets));
                 }
                 RtcpItem::Bye { .. } => {
                     self.bye_at_ns.get_or_insert(arrival_ns);
@@ -1192,14 +1192,20 @@ fn summarize(
         let per_packet = f.payload_bytes as f64 / f.received as f64;
         expected += f.ts_span_max as f64 / RTP_CLOCK_HZ * bytes_per_s + per_packet;
     }
-    let with_sr: Vec<&Flow> = flows.iter().filter(|f| f.sr_packets.is_some()).collect();
-    let sr_match = with_sr
+    // The last SR that arrived within the window: the one a server sends with its BYE at
+    // TEARDOWN may count packets it then dropped from its queues (GStreamer's does).
+    let last_sr = |f: &Flow| {
+        f.srs
+            .iter()
+            .rev()
+            .find(|(t, _)| *t < w.end_ns)
+            .map(|&(_, c)| u64::from(c))
+    };
+    let with_sr: Vec<u64> = flows
         .iter()
-        .filter(|f| {
-            let c = u64::from(f.sr_packets.unwrap_or(0));
-            f.distinct_below(c) == c
-        })
-        .count();
+        .filter_map(|f| last_sr(f).map(|c| u64::from(f.distinct_below(c) == c)))
+        .collect();
+    let sr_match = with_sr.iter().sum::<u64>() as usize;
     let jitters: Vec<f64> = flows
         .iter()
         .filter(|f| f.received > 1)
@@ -1343,15 +1349,23 @@ fn best(steps: &[Step]) -> Option<&Step> {
     steps.iter().filter(|s| s.clean).max_by_key(|s| s.sessions)
 }
 
+/// /dev/shm where it exists (the clip in memory: the servers are measured, not the disk,
+/// and another process's I/O on a shared disk would show as lateness), else the temp dir.
+fn default_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.join("penstock-bench-rtsp")
+    } else {
+        std::env::temp_dir().join("penstock-bench-rtsp")
+    }
+}
+
 pub fn run(a: RtspArgs) -> Result<()> {
     let plan = Plan::of(&a)?;
     let dest = out::dest(&a.json);
     let mut h = out::human(dest);
     let python = python(&a);
-    let dir = a
-        .dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join("penstock-bench-rtsp"));
+    let dir = a.dir.clone().unwrap_or_else(default_dir);
     let mut notes = Vec::new();
     let rcvbuf = {
         let (rtp, _) = bind_pair()?;

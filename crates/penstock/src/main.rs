@@ -19,6 +19,7 @@ mod cmd_stream;
 mod cmd_volume;
 mod demo;
 mod plot;
+mod report;
 mod service;
 mod timing;
 
@@ -103,6 +104,9 @@ enum BenchCommand {
     /// The Cues experiments (issue 14): the example C server built with read/write, sendfile
     /// and cue(); throughput, CPU/GB, a (K, T) sweep and the CPU left to a metering process.
     Cues(bench::cues::CuesArgs),
+    /// Every bench above, one after another, and one report page beside the papers' numbers:
+    /// DIR/index.html, DIR/*.svg, DIR/results.json.
+    All(report::AllArgs),
 }
 
 fn main() {
@@ -144,6 +148,7 @@ fn main() {
         Command::Volume(c) => cmd_volume::run(c),
         Command::Bench(BenchCommand::Stripe(a)) => bench::stripe::run(a),
         Command::Bench(BenchCommand::Cues(a)) => bench::cues::run(a),
+        Command::Bench(BenchCommand::All(a)) => report::run(a),
         Command::Completions(a) => cmd_manual::completions(a, Cli::command()),
         Command::Man(a) => cmd_manual::man(a, Cli::command()),
     };

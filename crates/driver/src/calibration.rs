@@ -1,7 +1,9 @@
 //! `penstock calibrate`: measure the device under a path, like seastar's iotune, and keep the
 //! figures in a file the engine reads at start (admission control's capacity).
 //!
-//! Sequential bandwidth: O_DIRECT reads of 1 MiB at depth 1 and 4. Random IOPS: O_DIRECT reads
+//! Sequential bandwidth: O_DIRECT reads of 1 MiB at depths 1, 2, 4, 8 and 16; the smallest
+//! depth within 5% of the best is the device's read depth (`read_depth`), which the uring
+//! path's benches use when the file is on the calibrated device. Random IOPS: O_DIRECT reads
 //! of 4 KiB and 64 KiB at depth 1, 8 and 32, at uniformly random aligned offsets, each for a
 //! fixed time. All reads go through io_uring (the engine's own ring).
 
@@ -20,6 +22,28 @@ pub struct RandomFigure {
     pub iops: u64,
 }
 
+/// One sequential-read measurement at a read depth.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct DepthFigure {
+    pub depth: u32,
+    pub bytes_per_s: u64,
+}
+
+/// The read depths `penstock calibrate` (and [`measure_read_depth`]) try.
+pub const READ_DEPTHS: [u32; 5] = [1, 2, 4, 8, 16];
+
+/// The depth to read a stream at: the smallest whose rate is within 5% of the best measured
+/// (a deeper queue holds more buffers and adds latency for other streams' requests, so it
+/// must buy more than noise). `None` for no figures.
+pub fn best_read_depth(figures: &[DepthFigure]) -> Option<u32> {
+    let best = figures.iter().map(|f| f.bytes_per_s).max()?;
+    figures
+        .iter()
+        .filter(|f| f.bytes_per_s as f64 >= best as f64 * 0.95)
+        .map(|f| f.depth)
+        .min()
+}
+
 /// What `penstock calibrate` measured.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Calibration {
@@ -29,6 +53,13 @@ pub struct Calibration {
     pub seq_read_bytes_per_s_depth1: u64,
     pub seq_read_bytes_per_s_depth4: u64,
     pub random: Vec<RandomFigure>,
+    /// Sequential O_DIRECT reads of 1 MiB at each of [`READ_DEPTHS`] (absent in files
+    /// written before it was measured).
+    #[serde(default)]
+    pub seq_read_by_depth: Vec<DepthFigure>,
+    /// [`best_read_depth`] of `seq_read_by_depth`: the read depth for streams on this device.
+    #[serde(default)]
+    pub read_depth: Option<u32>,
 }
 
 /// Why calibration failed.
@@ -70,6 +101,21 @@ impl Calibration {
             buffer_count,
             buffer_bytes,
         }
+    }
+
+    /// The calibrated read depth if `file` is on the device this calibration measured (same
+    /// `st_dev` as its path, which must still exist); `None` otherwise.
+    pub fn read_depth_for(&self, file: &Path) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt;
+        let here = std::fs::metadata(file).ok()?.dev();
+        let there = std::fs::metadata(&self.path)
+            .or_else(|_| {
+                // A directory's calibration names its removed test file: its directory.
+                std::fs::metadata(Path::new(&self.path).parent().unwrap_or(Path::new("/")))
+            })
+            .ok()?
+            .dev();
+        (here == there).then_some(self.read_depth?)
     }
 
     /// Reads a calibration file.
@@ -181,8 +227,26 @@ fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, Calibrat
     })
     .map_err(|e| CalibrationError::Ring(e.to_string()))?;
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    let seq1 = run_reads(&mut ring, raw, size, 1 << 20, 1, Pattern::Sequential, None)?;
-    let seq4 = run_reads(&mut ring, raw, size, 1 << 20, 4, Pattern::Sequential, None)?;
+    let mut by_depth = Vec::new();
+    for depth in READ_DEPTHS {
+        let bytes_per_s = run_reads(
+            &mut ring,
+            raw,
+            size,
+            1 << 20,
+            depth,
+            Pattern::Sequential,
+            None,
+        )?;
+        by_depth.push(DepthFigure { depth, bytes_per_s });
+    }
+    let at = |d: u32| {
+        by_depth
+            .iter()
+            .find(|f| f.depth == d)
+            .map_or(0, |f| f.bytes_per_s)
+    };
+    let (seq1, seq4) = (at(1), at(4));
     let mut random = Vec::new();
     for request_bytes in [4096u64, 65536] {
         for depth in [1u32, 8, 32] {
@@ -207,7 +271,52 @@ fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, Calibrat
         seq_read_bytes_per_s_depth1: seq1,
         seq_read_bytes_per_s_depth4: seq4,
         random,
+        read_depth: best_read_depth(&by_depth),
+        seq_read_by_depth: by_depth,
     })
+}
+
+/// A short measurement of the read depth for files in `dir` when no calibration covers its
+/// device: writes a test file of `bytes` there (removed after), reads it with O_DIRECT
+/// through io_uring at each of [`READ_DEPTHS`], and returns [`best_read_depth`] with the
+/// figures.
+pub fn measure_read_depth(
+    dir: &Path,
+    bytes: u64,
+) -> Result<(u32, Vec<DepthFigure>), CalibrationError> {
+    let io = |source| CalibrationError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let f = dir.join(format!(".penstock-depth-{}", std::process::id()));
+    write_test_file(&f, bytes).map_err(io)?;
+    let r = (|| {
+        let fd =
+            crate::open::reopen_direct(&f).ok_or_else(|| CalibrationError::NoDirect(f.clone()))?;
+        let (mut ring, _) = Ring::new(&RingConfig {
+            buffers: 32,
+            buffer_bytes: 1 << 20,
+            ..RingConfig::default()
+        })
+        .map_err(|e| CalibrationError::Ring(e.to_string()))?;
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        let mut figs = Vec::new();
+        for depth in READ_DEPTHS {
+            let bytes_per_s = run_reads(
+                &mut ring,
+                raw,
+                bytes,
+                1 << 20,
+                depth,
+                Pattern::Sequential,
+                None,
+            )?;
+            figs.push(DepthFigure { depth, bytes_per_s });
+        }
+        Ok((best_read_depth(&figs).unwrap_or(1), figs))
+    })();
+    let _ = std::fs::remove_file(&f);
+    r
 }
 
 #[derive(Clone, Copy)]
@@ -294,4 +403,35 @@ fn run_reads(
     }
     let secs = t0.elapsed().as_secs_f64().max(1e-9);
     Ok((done_bytes as f64 / secs) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figs(rates: &[(u32, u64)]) -> Vec<DepthFigure> {
+        rates
+            .iter()
+            .map(|&(depth, bytes_per_s)| DepthFigure { depth, bytes_per_s })
+            .collect()
+    }
+
+    #[test]
+    fn best_read_depth_is_the_shallowest_within_five_per_cent_of_the_best() {
+        // A disk that scales to depth 8 (fio on one VM): 8.
+        let d = figs(&[(1, 400), (2, 600), (4, 800), (8, 1000), (16, 1010)]);
+        assert_eq!(best_read_depth(&d), Some(8));
+        // A disk that serves one request at a time: 1.
+        let d = figs(&[(1, 1000), (2, 990), (4, 970), (8, 980), (16, 960)]);
+        assert_eq!(best_read_depth(&d), Some(1));
+        assert_eq!(best_read_depth(&[]), None);
+    }
+
+    #[test]
+    fn a_calibration_file_without_depth_figures_still_loads() {
+        let text = "path = \"x\"\nseq_read_bytes_per_s_depth1 = 1\nseq_read_bytes_per_s_depth4 = 2\nrandom = []\n";
+        let c: Calibration = toml::from_str(text).unwrap();
+        assert!(c.seq_read_by_depth.is_empty());
+        assert_eq!(c.read_depth, None);
+    }
 }

@@ -52,6 +52,18 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         c.seq_read_bytes_per_s_depth1 as f64 / 1e6,
         c.seq_read_bytes_per_s_depth4 as f64 / 1e6
     );
+    for f in &c.seq_read_by_depth {
+        println!(
+            "sequential read, 1 MiB requests, depth {:>2}: {:.1} MB/s",
+            f.depth,
+            f.bytes_per_s as f64 / 1e6
+        );
+    }
+    if let Some(d) = c.read_depth {
+        println!(
+            "read depth for streams on this device: {d} (the shallowest within 5% of the best)"
+        );
+    }
     for r in &c.random {
         println!(
             "random read, {:>6} B requests, depth {:>2}: {:>8} IOPS",

@@ -51,6 +51,8 @@ fn small_calibration(dir: &std::path::Path) -> std::path::PathBuf {
             depth: 1,
             iops: 1000,
         }],
+        seq_read_by_depth: Vec::new(),
+        read_depth: None,
     };
     let p = dir.join("small.toml");
     cal.save(&p).unwrap();

@@ -303,6 +303,11 @@ pub fn run(a: AllArgs) -> Result<()> {
                     v["schema"]
                 );
             }
+            // The page links its results.json: keep one beside it.
+            let beside = a.report.join("results.json");
+            if std::fs::canonicalize(p).ok() != std::fs::canonicalize(&beside).ok() {
+                std::fs::write(&beside, text)?;
+            }
             v
         }
         None => {

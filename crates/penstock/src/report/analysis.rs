@@ -80,17 +80,27 @@ pub fn judge(measured: f64, paper: f64, tol: f64, higher_is_better: bool, what: 
     }
 }
 
-/// The worst of several verdicts, with the reasons of those at that level.
+/// Reasons a combined verdict quotes; the rest are counted (the table has every figure).
+const REASONS_MAX: usize = 3;
+
+/// The worst of several verdicts, with the reasons of those at that level (the first
+/// [`REASONS_MAX`], and how many more).
 pub fn combine(vs: &[Verdict]) -> Verdict {
     let Some(worst) = vs.iter().map(|v| v.kind).min() else {
         return Verdict::not_run("no figures");
     };
-    let why = vs
+    let at: Vec<&str> = vs
         .iter()
         .filter(|v| v.kind == worst)
         .map(|v| v.why.as_str())
-        .collect::<Vec<_>>()
-        .join("; ");
+        .collect();
+    let mut why = at[..at.len().min(REASONS_MAX)].join("; ");
+    if at.len() > REASONS_MAX {
+        why.push_str(&format!(
+            "; and {} more such cells (see the table)",
+            at.len() - REASONS_MAX
+        ));
+    }
     Verdict { kind: worst, why }
 }
 
@@ -98,6 +108,9 @@ pub fn combine(vs: &[Verdict]) -> Verdict {
 pub fn fmt(x: f64) -> String {
     if !x.is_finite() {
         return "n/a".into();
+    }
+    if x == 0.0 {
+        return "0".into();
     }
     let a = x.abs();
     if a >= 100.0 {
@@ -498,7 +511,7 @@ fn isolation(r: &Value, sec: &mut Section) {
     let queue_ms = f(r, "disk_inflight_max") * unit / f(r, "device_rate_bytes_per_s") * 1e3;
     let wait_bound = match slack_ms {
         Some(sl) if sl.is_finite() && queue_ms.is_finite() => format!(
-            "; a rt read may queue behind {} bulk reads of {} MiB already in the device ({} ms at the device's {} MB/s) against a read-ahead of {} units = {} ms of slack{}",
+            " — a rt read may queue behind {} bulk reads of {} MiB already in the device ({} ms at the device's {} MB/s) against a read-ahead of {} units = {} ms of slack{}",
             s(r, "disk_inflight_max"),
             fmt(unit / f64::from(1u32 << 20)),
             fmt(queue_ms),
@@ -546,18 +559,19 @@ fn isolation(r: &Value, sec: &mut Section) {
                             vs.push(Verdict {
                                 kind: VerdictKind::FallsShort,
                                 why: format!(
-                                    "{} {bg}: {late} of {} rt units later than a period{} (p99 {} ms){}",
-                                    s(x, "readers"),
+                                    "{}: {late} of {} rt units later than a period{} (p99 {} ms){}",
+                                    if x["readers"].as_u64() == Some(0) {
+                                        "with no background reader at all".to_string()
+                                    } else {
+                                        format!("{} {bg}", s(x, "readers"))
+                                    },
                                     s(x, "units"),
                                     period_ms.map_or(String::new(), |p| format!(" of {} ms", fmt(p))),
                                     fmt(f(x, "p99_ms")),
                                     if bg == "read() processes" {
-                                        format!(
-                                            "; these readers are other processes, ordered by the kernel's I/O scheduler ({}), not by penstock's DRR",
-                                            r["kernel_scheduler"].as_str().unwrap_or("?")
-                                        )
+                                        " (other processes: the kernel's I/O scheduler orders their reads, not penstock's DRR)"
                                     } else {
-                                        wait_bound.clone()
+                                        ""
                                     }
                                 ),
                             });
@@ -569,6 +583,15 @@ fn isolation(r: &Value, sec: &mut Section) {
     }
     sec.ratio = ratios.join("; ");
     sec.verdict = combine(&vs);
+    if sec.verdict.kind == VerdictKind::FallsShort && !wait_bound.is_empty() {
+        sec.verdict.why.push_str(&wait_bound);
+    }
+    if !wait_bound.is_empty() {
+        sec.notes.push(format!(
+            "From this run's figures{wait_bound}. Kernel I/O scheduler: {}.",
+            r["kernel_scheduler"].as_str().unwrap_or("?")
+        ));
+    }
 }
 
 fn rtu(r: &Value, sec: &mut Section) {
@@ -889,6 +912,10 @@ fn http(r: &Value, sec: &mut Section) {
             false,
             &format!("highest CPU/GB × nginx ({cell})"),
         ));
+    }
+    // No paper figure here: the target is parity with the peer.
+    for v in &mut vs {
+        v.why = v.why.replace("against the paper's", "against parity,");
     }
     sec.ratio = format!(
         "throughput penstock/nginx at worst {}; server CPU per GB penstock/nginx at worst {} (target: parity, 1.0×, ±10%)",

@@ -19,7 +19,7 @@ th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}\
 .verdict{padding:.4em .7em;border-radius:4px;margin:.6em 0;font-weight:bold}\
 .beats{background:#d8f0d8}.matches{background:#e4ecf7}.short{background:#f9e0d0}.notrun{background:#eee}\
 code,pre{background:#f6f6f6;padding:.1em .3em;font-size:.88em}pre{padding:.5em;overflow-x:auto;white-space:pre-wrap}\
-img{max-width:100%;border:1px solid #ddd;margin:.4em 0}.paper td{text-align:left}\
+img{max-width:100%;border:1px solid #ddd;margin:.4em 0}.paper td,.paper th{text-align:left}\
 .summary td,.summary th{text-align:left}";
 
 /// The whole page.
@@ -183,7 +183,7 @@ pub fn page(results: &Value, sections: &[Section]) -> String {
         }
         if let Some(b) = b {
             h.push_str(&format!(
-                "<p>Ran in {} s (exit {}). Re-run this bench alone:</p><pre>{}</pre>\n",
+                "<p>Ran in {} s (exit {}). Re-run this bench alone (from the report directory):</p><pre>{}</pre>\n",
                 fmt(b["seconds"].as_f64().unwrap_or(f64::NAN)),
                 b["exit_code"],
                 esc(b["command"].as_str().unwrap_or("?"))

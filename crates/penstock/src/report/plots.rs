@@ -13,7 +13,7 @@ use plotters::prelude::*;
 use serde_json::Value;
 
 const W: u32 = 760;
-const H: u32 = 420;
+const H: u32 = 470;
 const FONT: &str = "sans-serif";
 
 /// One line (or set of points) of a chart.
@@ -45,6 +45,7 @@ pub fn draw(b: &Value, dir: &Path, name: &str) -> Result<Vec<String>> {
             let mut paths: Vec<String> = Vec::new();
             for x in &at_size {
                 let p = x["path"].as_str().unwrap_or("?").to_string();
+                // The plot's labels are short; the table has the full names.
                 if !paths.contains(&p) {
                     paths.push(p);
                 }
@@ -87,7 +88,14 @@ pub fn draw(b: &Value, dir: &Path, name: &str) -> Result<Vec<String>> {
                         size / 1_000_000
                     ),
                     ylabel,
-                    &paths,
+                    &paths
+                        .iter()
+                        .map(|p| match p.as_str() {
+                            "bare sendfile loop" => "bare sendfile".to_string(),
+                            "O_DIRECT read (device rate)" => "device rate".to_string(),
+                            o => o.to_string(),
+                        })
+                        .collect::<Vec<_>>(),
                     &series,
                 )?;
                 out.push(file.to_string());
@@ -411,8 +419,41 @@ fn sender_label(s: &str) -> String {
     }
 }
 
-fn colour(i: usize) -> RGBColor {
-    crate::plot::PALETTE[i % crate::plot::PALETTE.len()]
+/// The colour of series `i` named `label`: a periodic sender has the same colour in every
+/// plot; others take the palette in order.
+fn colour(i: usize, label: &str) -> RGBColor {
+    let fixed = [
+        "penstock (engine",
+        "penstock --realtime",
+        "usleep",
+        "absolute nanosleep",
+    ]
+    .iter()
+    .position(|p| label.starts_with(p));
+    let palette = &crate::plot::PALETTE;
+    palette[fixed.unwrap_or(i) % palette.len()]
+}
+
+/// Height of the legend strip above a chart: the title and a row per two labels.
+fn legend_height(n: usize) -> u32 {
+    30 + 18 * n.div_ceil(2) as u32
+}
+
+/// The title and the legend (a coloured square and a label per series, two columns) in the
+/// strip above the chart, where they cover no data.
+fn title_and_legend(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    title: &str,
+    labels: &[(String, RGBColor)],
+) -> Result<()> {
+    area.draw(&Text::new(title.to_string(), (70, 6), (FONT, 17)))?;
+    for (i, (label, c)) in labels.iter().enumerate() {
+        let x = 70 + (i % 2) as i32 * 340;
+        let y = 30 + (i / 2) as i32 * 18;
+        area.draw(&Rectangle::new([(x, y + 2), (x + 14, y + 12)], c.filled()))?;
+        area.draw(&Text::new(label.clone(), (x + 20, y), (FONT, 12)))?;
+    }
+    Ok(())
 }
 
 fn log_label(v: f64) -> String {
@@ -459,6 +500,13 @@ fn lines(
 ) -> Result<()> {
     let root = SVGBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE)?;
+    let labels: Vec<(String, RGBColor)> = series
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.label.clone(), colour(i, &s.label)))
+        .collect();
+    let (top, body) = root.split_vertically(legend_height(labels.len()));
+    title_and_legend(&top, title, &labels)?;
     let (x0, x1) = range(
         series.iter().flat_map(|s| s.points.iter().map(|p| p.0)),
         log_x,
@@ -467,8 +515,7 @@ fn lines(
         series.iter().flat_map(|s| s.points.iter().map(|p| p.1)),
         log_y,
     );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 17))
+    let mut chart = ChartBuilder::on(&body)
         .margin(12)
         .x_label_area_size(42)
         .y_label_area_size(62)
@@ -497,30 +544,15 @@ fn lines(
         .axis_desc_style((FONT, 13))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
-    for (i, s) in series.iter().enumerate() {
-        let c = colour(i);
+    for (s, (_, c)) in series.iter().zip(&labels) {
+        let c = *c;
         if points_only {
-            chart
-                .draw_series(s.points.iter().map(|p| Circle::new(*p, 1, c.filled())))?
-                .label(s.label.clone())
-                .legend(move |(x, y)| Circle::new((x + 10, y), 3, c.filled()));
+            chart.draw_series(s.points.iter().map(|p| Circle::new(*p, 1, c.filled())))?;
         } else {
-            chart
-                .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))?
-                .label(s.label.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
-                });
+            chart.draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))?;
             chart.draw_series(s.points.iter().map(|p| Circle::new(*p, 2, c.filled())))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FONT, 12))
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(180, 180, 180))
-        .draw()?;
     root.present()?;
     Ok(())
 }
@@ -535,6 +567,13 @@ fn bars(
 ) -> Result<()> {
     let root = SVGBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE)?;
+    let labels: Vec<(String, RGBColor)> = series
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.0.clone(), colour(i, &s.0)))
+        .collect();
+    let (top, body) = root.split_vertically(legend_height(labels.len()));
+    title_and_legend(&top, title, &labels)?;
     let k = series.len().max(1) as i32;
     // Each category takes k slots for its bars and one empty slot.
     let slots = cats.len() as i32 * (k + 1);
@@ -543,8 +582,7 @@ fn bars(
         .flat_map(|s| s.1.iter().copied())
         .fold(0.0f64, f64::max);
     let ymax = if ymax > 0.0 { ymax * 1.25 } else { 1.0 };
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 17))
+    let mut chart = ChartBuilder::on(&body)
         .margin(12)
         .x_label_area_size(42)
         .y_label_area_size(62)
@@ -571,31 +609,21 @@ fn bars(
         .axis_desc_style((FONT, 13))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
-    for (si, (name, vals)) in series.iter().enumerate() {
-        let c = colour(si);
-        chart
-            .draw_series(vals.iter().enumerate().map(|(ci, v)| {
-                let j = ci as i32 * (k + 1) + si as i32;
-                let mut r = Rectangle::new(
-                    [
-                        (SegmentValue::Exact(j), 0.0),
-                        (SegmentValue::Exact(j + 1), *v),
-                    ],
-                    c.filled(),
-                );
-                r.set_margin(0, 0, 2, 2);
-                r
-            }))?
-            .label(name.clone())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
+    for (si, ((_, vals), (_, c))) in series.iter().zip(&labels).enumerate() {
+        let c = *c;
+        chart.draw_series(vals.iter().enumerate().map(|(ci, v)| {
+            let j = ci as i32 * (k + 1) + si as i32;
+            let mut r = Rectangle::new(
+                [
+                    (SegmentValue::Exact(j), 0.0),
+                    (SegmentValue::Exact(j + 1), *v),
+                ],
+                c.filled(),
+            );
+            r.set_margin(0, 0, 2, 2);
+            r
+        }))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FONT, 12))
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(180, 180, 180))
-        .draw()?;
     root.present()?;
     Ok(())
 }

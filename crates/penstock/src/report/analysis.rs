@@ -300,32 +300,39 @@ fn paths(r: &Value, sec: &mut Section) {
             true,
             &format!("{p} / copy throughput ({cache})"),
         );
-        if v.kind == VerdictKind::FallsShort {
-            if let Some(fail) = r["verdicts"]
+        if v.kind == VerdictKind::FallsShort
+            && let Some(fail) = r["verdicts"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter_map(Value::as_str)
                 .find(|l| l.starts_with("FAIL") && l.contains(cache))
-            {
-                v.why.push_str(&format!("; the bench's own check: {fail}"));
-            }
+        {
+            v.why.push_str(&format!("; the bench's own check: {fail}"));
         }
         sec.verdict = v;
     }
-    if let Some(dev) = at("O_DIRECT read (device rate)", "cold") {
-        if let Some(u) = at("uring", "cold") {
-            sec.notes.push(format!(
-                "uring (O_DIRECT) read {} MB/s = {}× the device's O_DIRECT read rate measured in the same run ({} MB/s){}",
-                fmt(f(u, "mb_per_s_median")),
-                fmt(f(u, "mb_per_s_median") / f(dev, "mb_per_s_median")),
-                fmt(f(dev, "mb_per_s_median")),
-                r["depth"].as_u64().map_or(String::new(), |d| format!(
-                    "; read depth {d} ({})",
-                    r["depth_from"].as_str().unwrap_or("?")
-                ))
-            ));
-        }
+    for check in r["verdicts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        sec.notes.push(format!("the bench's own check: {check}"));
+    }
+    if let Some(dev) = at("O_DIRECT read (device rate)", "cold")
+        && let Some(u) = at("uring", "cold")
+    {
+        sec.notes.push(format!(
+            "uring (O_DIRECT) read {} MB/s = {}× the device's O_DIRECT read rate measured in the same run ({} MB/s){}",
+            fmt(f(u, "mb_per_s_median")),
+            fmt(f(u, "mb_per_s_median") / f(dev, "mb_per_s_median")),
+            fmt(f(dev, "mb_per_s_median")),
+            r["depth"].as_u64().map_or(String::new(), |d| format!(
+                "; read depth {d} ({})",
+                r["depth_from"].as_str().unwrap_or("?")
+            ))
+        ));
     }
 }
 

@@ -104,8 +104,9 @@ enum BenchCommand {
     /// The Cues experiments (issue 14): the example C server built with read/write, sendfile
     /// and cue(); throughput, CPU/GB, a (K, T) sweep and the CPU left to a metering process.
     Cues(bench::cues::CuesArgs),
-    /// Every bench above, one after another, and one report page beside the papers' numbers:
-    /// DIR/index.html, DIR/*.svg, DIR/results.json.
+    /// Every bench (paths, periodic, isolation, rtu, stripe, record, http, cues), one after
+    /// another, and one report page beside the papers' numbers: DIR/index.html, DIR/*.svg,
+    /// DIR/results.json.
     All(report::AllArgs),
 }
 

@@ -244,7 +244,7 @@ fn bench_all_refuses_an_unknown_bench_with_usage_and_lists_its_benches() {
         "a refused run wrote a report"
     );
     let out = Command::new(EXE)
-        .args(["bench", "all", "--list", "--quick", "--report", "x"])
+        .args(["bench", "all", "--list", "--quick"])
         .output()
         .unwrap();
     let list = String::from_utf8_lossy(&out.stdout);
@@ -260,4 +260,54 @@ fn bench_all_refuses_an_unknown_bench_with_usage_and_lists_its_benches() {
     ] {
         assert!(list.contains(&format!("{b:<10} penstock bench ")), "{list}");
     }
+}
+
+/// The committed quick report's results.json (recorded figures) drawn again: every section,
+/// every plot, and the verdicts its figures decide — rtu missed no deadline (matches), four
+/// striped members read 4.00× one (matches Clockwise's 3.9×), 50 recordings were intact
+/// (beats the paper's 20), penstock's unprivileged engine fell behind at 1,000 streams under
+/// that run's load (falls short).
+#[test]
+fn the_committed_quick_report_renders_again_with_the_verdicts_of_its_figures() {
+    let results = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/results/2026-11-24-vm-2vcpu/report/results.json"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
+    let out = Command::new(EXE)
+        .args(["bench", "all", "--render", results, "--report"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all = [
+        "paths",
+        "periodic",
+        "isolation",
+        "rtu",
+        "stripe",
+        "record",
+        "http",
+        "cues",
+    ];
+    let page = check_page(&dir, &all);
+    let err = String::from_utf8_lossy(&out.stderr);
+    for (bench, word) in [
+        ("rtu", "matches"),
+        ("stripe", "matches"),
+        ("record", "beats"),
+        ("periodic", "falls short"),
+    ] {
+        assert!(
+            err.lines()
+                .any(|l| l.trim_start().starts_with(bench) && l.contains(&format!(" {word}: "))),
+            "{bench} should say {word}:\n{err}"
+        );
+    }
+    assert!(page.contains("Verdict: matches — no deadline missed in 12 runs"));
 }

@@ -35,8 +35,8 @@ pub const SCHEMA: &str = "penstock-bench-all/1";
 #[derive(Args, Debug)]
 pub struct AllArgs {
     /// Where the report goes (created): index.html, *.svg, results.json, logs/, raw/, traces/.
-    #[arg(long, value_name = "DIR")]
-    pub report: PathBuf,
+    #[arg(long, value_name = "DIR", required_unless_present = "list")]
+    pub report: Option<PathBuf>,
     /// The short runs: every bench, ≤ 10 minutes on a 2-core machine.
     #[arg(long)]
     pub quick: bool,
@@ -288,8 +288,10 @@ pub fn run(a: AllArgs) -> Result<()> {
         }
         return Ok(());
     }
-    std::fs::create_dir_all(&a.report)
-        .with_context(|| format!("creating {}", a.report.display()))?;
+    let Some(report) = a.report.as_deref() else {
+        bail!(crate::Usage("--report DIR is needed".into()));
+    };
+    std::fs::create_dir_all(report).with_context(|| format!("creating {}", report.display()))?;
     let results = match &a.render {
         Some(p) => {
             let text =
@@ -304,20 +306,20 @@ pub fn run(a: AllArgs) -> Result<()> {
                 );
             }
             // The page links its results.json: keep one beside it.
-            let beside = a.report.join("results.json");
+            let beside = report.join("results.json");
             if std::fs::canonicalize(p).ok() != std::fs::canonicalize(&beside).ok() {
                 std::fs::write(&beside, text)?;
             }
             v
         }
         None => {
-            let v = run_benches(&chosen, mode, &a.report)?;
+            let v = run_benches(&chosen, mode, report)?;
             let text = serde_json::to_string_pretty(&v)? + "\n";
-            std::fs::write(a.report.join("results.json"), text)?;
+            std::fs::write(report.join("results.json"), text)?;
             v
         }
     };
-    let sections = write_page(&results, &a.report)?;
+    let sections = write_page(&results, report)?;
     let wall = results["wall_s"].as_f64().unwrap_or(0.0);
     eprintln!(
         "penstock bench all: {} benches ({}), wall time {:.0} s ({:.1} min); report in {}",
@@ -325,7 +327,7 @@ pub fn run(a: AllArgs) -> Result<()> {
         mode_of(&results),
         wall,
         wall / 60.0,
-        a.report.join("index.html").display()
+        report.join("index.html").display()
     );
     for s in &sections {
         eprintln!("  {:<10} {}", s.name, s.verdict.line());

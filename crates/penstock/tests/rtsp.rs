@@ -750,6 +750,9 @@ fn ten_thousand_setups_stay_within_sessions_max_and_time_out() {
     ));
     let timed_out = s.metric("penstock_rtsp_sessions_ended_total{reason=\"timeout\"}");
     assert_eq!(timed_out, f64::from(ok));
+    // Their places are free again.
+    let after = c.request("SETUP", &url, &[("Transport", &tr)]);
+    assert_eq!(after.status, 200, "{after:?}");
 }
 
 /// A client that vanishes mid-PLAY: over UDP its session ends within the timeout (no request,

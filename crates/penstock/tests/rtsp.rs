@@ -612,6 +612,7 @@ fn seek_pause_resume_and_teardown_as_a_scripted_client_sees_them() {
     let ka = c.request("GET_PARAMETER", &url, &[("Session", &id)]);
     assert_eq!(ka.status, 200);
     // The session's engine stream shows in the control protocol's STATE *.
+    assert!(s.metric("penstock_engine_buffers{state=\"reserved\"}") > 0.0);
     let state = s.state_all();
     assert!(
         state.iter().any(|l| l
@@ -629,6 +630,14 @@ fn seek_pause_resume_and_teardown_as_a_scripted_client_sees_them() {
         0.0,
         Duration::from_secs(2)
     ));
+    assert!(
+        s.wait_metric(
+            "penstock_engine_buffers{state=\"reserved\"}",
+            0.0,
+            Duration::from_secs(2)
+        ),
+        "the session's pool buffers were not given back"
+    );
     let again = c.request("PLAY", &url, &[("Session", &id)]);
     assert_eq!(again.status, 454, "{again:?}");
     assert!(s.state_all().iter().all(|l| !l.starts_with("rtsp-")));

@@ -484,17 +484,21 @@ impl RtspShared {
 
     /// The interleaved sessions of a connection end with it.
     fn connection_closed(&self, conn_id: u64) {
-        let ids: Vec<String> = self
+        // The table's lock is not held while a session's is taken (a request may hold that).
+        let all: Vec<Arc<Mutex<Session>>> = self
             .sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let ids: Vec<String> = all
             .iter()
-            .filter(|(_, s)| {
-                s.lock().is_ok_and(|s| {
-                    matches!(s.transport, Transport::Interleaved { conn_id: c, .. } if c == conn_id)
-                })
+            .filter_map(|s| {
+                let s = s.lock().unwrap_or_else(|p| p.into_inner());
+                matches!(s.transport, Transport::Interleaved { conn_id: c, .. } if c == conn_id)
+                    .then(|| s.id.clone())
             })
-            .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
             self.end_session(&id, EndReason::ConnectionClosed);

@@ -360,6 +360,19 @@ fn players_play_the_clip_to_its_end() {
         played >= plays as f64,
         "{played} PLAYs answered 200 for {plays} players"
     );
+    // The sessions' units in the rt lateness histogram, and the players' RTCP receiver
+    // reports (loss, jitter) counted per class.
+    let page = s.metrics();
+    let value = |series: &str| common::sample(&page, series).unwrap_or(0.0);
+    let units = value("penstock_stream_lateness_seconds_count{class=\"rt\"}");
+    let reports = value("penstock_rtcp_receiver_reports_total{class=\"rt\"}");
+    let jitters = value("penstock_rtcp_jitter_seconds_count{class=\"rt\"}");
+    println!("rt lateness: {units} units; RTCP: {reports} receiver reports");
+    assert!(units >= 927.0, "{units} units in the rt lateness histogram");
+    assert!(
+        reports > 0.0 && jitters == reports,
+        "{reports} reports, {jitters} jitters"
+    );
 }
 
 /// The scripted client's view of a reply.

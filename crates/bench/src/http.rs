@@ -398,7 +398,7 @@ fn start_penstock(
     std::fs::write(
         conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:{port}\"\nworkers = {workers}\n[engine]\nworkers = {workers}\n[limits]\nrequests_per_connection_max = 1000000\n[log]\naccess = \"{access}\"\n"
+            "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:{port}\"\nworkers = {workers}\n[engine]\nworkers = {workers}\n[limits]\nrequests_per_connection_max = 1000000\n[log]\naccess = \"{access}\"\n"
         ),
     )?;
     let mut server = Child2(

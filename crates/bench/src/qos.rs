@@ -541,7 +541,7 @@ fn isolation_tune(a: &IsolationArgs) -> Result<()> {
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\
+            "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\
              [control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n\
              read_roots = [\"{d}\"]\ndevices = [\"/dev/null\"]\n\
              pending_timeout_ms = 3600000\nstreams_per_connection_max = 100000\n\

@@ -15,6 +15,7 @@ pub mod endpoint;
 pub mod http;
 pub mod lateness;
 pub mod rtp;
+pub mod rtsp;
 pub mod sched;
 pub mod schedule;
 pub mod stream;

@@ -15,6 +15,7 @@ pub mod engine;
 mod error;
 mod facts;
 pub mod files;
+pub mod media;
 pub mod open;
 mod pace;
 mod paths;

@@ -104,6 +104,36 @@ impl RtcpLink {
         })
     }
 
+    /// A link on a socket the caller bound already (an RTSP server's port pair: RTCP on the
+    /// RTP port + 1, held from SETUP), sending to `rtcp_peer` (the receiver's RTCP address as
+    /// it announced it) and reading what arrives from its host.
+    pub fn open_on(
+        socket: UdpSocket,
+        rtcp_peer: SocketAddr,
+        packetizer: Packetizer,
+        anchor: Instant,
+        mut session: SenderSession,
+    ) -> io::Result<RtcpLink> {
+        socket.set_nonblocking(true)?;
+        session.start(anchor);
+        Ok(RtcpLink {
+            socket,
+            peer: rtcp_peer,
+            session,
+            packetizer,
+            anchor,
+            buf: vec![0; DATAGRAM_BYTES_MAX],
+            foreign: 0,
+            paired: true,
+        })
+    }
+
+    /// Moves the instant unit 0 was due (the stream was paused: its later deadlines moved by
+    /// the pause), so that reports keep mapping the wall clock to the right RTP time.
+    pub fn reanchor(&mut self, anchor: Instant) {
+        self.anchor = anchor;
+    }
+
     /// The RTCP socket's own address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.socket.local_addr()

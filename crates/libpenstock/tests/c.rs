@@ -396,6 +396,7 @@ fn handoff_server(dir: &Path) -> (penstock_server::Server, PathBuf) {
     cfg.http.listen = "127.0.0.1:0".into();
     cfg.http.workers = 1;
     cfg.control.listen = String::new();
+    cfg.rtsp.listen = "".into();
     cfg.control.unix = Some(sock.clone());
     cfg.control.token = Some(HANDOFF_TOKEN.into());
     // Another uid allowed besides this one makes the socket 0666 (the server's rule), so

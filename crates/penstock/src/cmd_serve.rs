@@ -21,6 +21,8 @@ use crate::service;
 #[derive(Args, Debug)]
 #[command(
     after_help = "Examples:\n  penstock serve                      the current directory on 127.0.0.1:8080\n  penstock serve /srv/media --listen 8080 --listen '[::]:8080'\n  penstock serve --config /etc/penstock/penstock.toml --check-config\n\n\
+    RTSP: players open rtsp://127.0.0.1:8554/FILE for a TS file beneath the root (ffplay, ffmpeg, \
+    GStreamer, VLC; [rtsp] listen, --rtsp; docs/rtsp.md). \
     Access log: one line per request in nginx's combined format plus rt= and path=, \
     on stdout by default ([log] access = stdout | off | FILE). Metrics: GET /metrics \
     (Prometheus text, or OpenMetrics when asked), also on [http] metrics_listen. Signals: \
@@ -66,6 +68,10 @@ pub struct ServeArgs {
     /// No Unix control socket.
     #[arg(long)]
     pub no_control_unix: bool,
+    /// RTSP address (overrides `[rtsp] listen`; default 127.0.0.1:8554; empty: none).
+    /// Players open `rtsp://ADDR/FILE` for a TS file beneath the root (docs/rtsp.md).
+    #[arg(long)]
+    pub rtsp: Option<String>,
 }
 
 /// The default control socket; its private directory is made when it is the one in /tmp.
@@ -113,6 +119,9 @@ fn apply_flags(cfg: &mut ServerConfig, a: &ServeArgs) {
     }
     if let Some(c) = &a.control {
         cfg.control.listen = c.clone();
+    }
+    if let Some(r) = &a.rtsp {
+        cfg.rtsp.listen = ListenAddrs(vec![r.clone()]);
     }
 }
 
@@ -314,8 +323,19 @@ fn check_config(cfg: &ServerConfig, a: &ServeArgs) -> Result<()> {
             .with_context(|| format!("root {}", root.display()))?;
     }
     let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+    let rtsp = if cfg.rtsp.is_off() {
+        String::new()
+    } else {
+        let r = cfg
+            .rtsp
+            .listen
+            .resolve()
+            .map_err(|e| anyhow::anyhow!("rtsp.listen: {e}"))?;
+        let r: Vec<String> = r.iter().map(|a| format!("rtsp://{a}/")).collect();
+        format!(" rtsp {}", r.join(" "))
+    };
     println!(
-        "configuration {} is good: http {} root {}{}",
+        "configuration {} is good: http {} root {}{}{rtsp}",
         a.config
             .as_deref()
             .map_or_else(|| "(defaults)".to_string(), |p| p.display().to_string()),

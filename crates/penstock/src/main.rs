@@ -68,7 +68,8 @@ enum Command {
     Tracks(cmd_record::TracksArgs),
     /// Measure the disk under PATH (sequential MB/s, random IOPS) for admission control.
     Calibrate(calibrate::CalibrateArgs),
-    /// Serve a directory over HTTP/1.1, and the stream control protocol.
+    /// Serve a directory over HTTP/1.1 and RTSP (TS files to players), and the stream control
+    /// protocol.
     Serve(cmd_serve::ServeArgs),
     /// Send control protocol commands to a server (interactive without a command).
     Ctl(cmd_ctl::CtlArgs),

@@ -9,11 +9,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use penstock_core::endpoint::Endpoint;
 use penstock_core::track::{Playback, TrackKind};
-use penstock_core::ts::{PcrLimits, PcrPid, PcrPidProbe, PcrPidSource, PcrPlanner, TsPlan};
+use penstock_core::ts::{PcrLimits, PcrPid, PcrPidSource, TsPlan};
 use penstock_driver::record::track_path;
 
-/// Bytes read per call while planning.
-const READ_CHUNK_BYTES: usize = 1 << 20;
 /// Bytes `auto` reads to recognise MPEG-TS (five packets).
 const PROBE_BYTES: usize = 5 * 188;
 
@@ -81,45 +79,9 @@ fn starts_like_ts(path: &Path) -> bool {
     penstock_core::ts::looks_like_ts(&buf[..n])
 }
 
-/// Reads `file` from its start in chunks and feeds each to `f` until it says stop.
-fn read_chunks(
-    file: &std::fs::File,
-    label: &str,
-    mut f: impl FnMut(&[u8]) -> Result<bool>,
-) -> Result<()> {
-    let mut buf = vec![0u8; READ_CHUNK_BYTES];
-    let mut offset = 0u64;
-    loop {
-        let n = file
-            .read_at(&mut buf, offset)
-            .with_context(|| format!("reading {label}"))?;
-        if n == 0 || !f(&buf[..n])? {
-            return Ok(());
-        }
-        offset += n as u64;
-    }
-}
-
-/// The PCR plan of the file behind `file` (both passes: the PCR PID, then the units).
+/// The PCR plan of the file behind `file` (`penstock_driver::media::pcr_plan`).
 pub fn pcr_plan(file: &std::fs::File, label: &str, limits: &PcrLimits) -> Result<(PcrPid, TsPlan)> {
-    let mut probe = PcrPidProbe::new(limits);
-    let mut pid = None;
-    read_chunks(file, label, |chunk| {
-        pid = probe.handle(chunk)?;
-        Ok(pid.is_none())
-    })?;
-    let pid = match pid {
-        Some(p) => p,
-        None => probe.finish().with_context(|| label.to_string())?,
-    };
-    let mut planner = PcrPlanner::new(pid.pid, limits)?;
-    read_chunks(file, label, |chunk| {
-        planner.handle(chunk)?;
-        Ok(true)
-    })
-    .with_context(|| label.to_string())?;
-    let plan = planner.finish().with_context(|| label.to_string())?;
-    Ok((pid, plan))
+    penstock_driver::media::pcr_plan(file, limits).with_context(|| label.to_string())
 }
 
 /// The playback of a PCR plan from `from_ns`, and a line saying what was planned.

@@ -16,7 +16,7 @@ fn ctl_exits_non_zero_when_any_reply_on_stdin_is_an_error() {
     let conf = dir.path().join("p.toml");
     std::fs::write(
         &conf,
-        "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n",
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n",
     )
     .unwrap();
     let mut server = penstock()
@@ -180,7 +180,7 @@ fn serve_logs_its_lifecycle_plainly_or_as_json() {
         let conf = dir.path().join("p.toml");
         std::fs::write(
             &conf,
-            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n",
+            "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n",
         )
         .unwrap();
         let log = dir.path().join("stderr.log");

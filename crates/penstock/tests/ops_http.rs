@@ -88,7 +88,10 @@ fn serve(dir: &Path, conf: &str) -> (Reap, String, mpsc::Receiver<String>) {
 #[test]
 fn serve_logs_every_request_on_stdout_by_default() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, http, out) = serve(dir.path(), "[http]\nlisten = \"127.0.0.1:0\"\n");
+    let (mut child, http, out) = serve(
+        dir.path(),
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n",
+    );
     assert_eq!(get(&http, "/a.txt"), 200);
     assert_eq!(get(&http, "/missing"), 404);
     let mut got = vec![
@@ -139,7 +142,7 @@ fn sigusr1_reopens_the_access_log_after_logrotate_renamed_it() {
     let (mut child, http, out) = serve(
         dir.path(),
         &format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[log]\naccess = \"{}\"\naccess_flush_ms = 20\n",
+            "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[log]\naccess = \"{}\"\naccess_flush_ms = 20\n",
             log.display()
         ),
     );

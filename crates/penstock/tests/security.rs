@@ -161,7 +161,7 @@ fn config(t: &Tree, control_extra: &str) -> PathBuf {
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\n\
+            "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\n\
              write_roots = [\"{}\"]\n{control_extra}\n",
             t.rec.display()
         ),
@@ -343,7 +343,7 @@ fn planted_files_at_the_token_path_make_the_server_refuse_to_start() {
         std::fs::write(
             &conf,
             format!(
-                "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n",
+                "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n",
                 token_file.display()
             ),
         )
@@ -401,7 +401,7 @@ fn sigterm_stops_the_server_within_its_deadline_with_streams_in_every_state() {
     std::fs::write(
         &conf,
         format!(
-            "shutdown_deadline_ms = 2000\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\n\
+            "shutdown_deadline_ms = 2000\n[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\n\
              listen = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"
         ),
     )

@@ -42,7 +42,7 @@ fn serve_prints_its_addresses_reloads_on_sighup_and_exits_0_on_sigterm() {
     let conf = dir.path().join("penstock.toml");
     std::fs::write(
         &conf,
-        "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\n",
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\n",
     )
     .unwrap();
     let sock = dir.path().join("ctl.sock");
@@ -100,7 +100,7 @@ fn serve_prints_its_addresses_reloads_on_sighup_and_exits_0_on_sigterm() {
     // SIGHUP: a smaller head limit applies; a bad file is refused and the server keeps running.
     std::fs::write(
         &conf,
-        "[http]\nlisten = \"127.0.0.1:0\"\n[limits]\nheader_bytes_max = 100\n",
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[limits]\nheader_bytes_max = 100\n",
     )
     .unwrap();
     signal(child.id(), rustix::process::Signal::HUP);
@@ -226,8 +226,8 @@ fn out_of_descriptors(flood: Flood) {
     std::fs::write(
         &conf,
         match flood {
-            Flood::Http => "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n",
-            Flood::Control => "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"127.0.0.1:0\"\ntcp_connections_max = 1000\n",
+            Flood::Http => "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n",
+            Flood::Control => "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"127.0.0.1:0\"\ntcp_connections_max = 1000\n",
         },
     )
     .unwrap();
@@ -355,7 +355,7 @@ fn sighup_rebinds_a_new_port_and_follows_the_root_of_the_file() {
         std::fs::write(
             &conf,
             format!(
-                "[http]\nlisten = \"127.0.0.1:{port}\"\nroot = \"{}\"\nworkers = {workers}\n[control]\nlisten = \"\"\n",
+                "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:{port}\"\nroot = \"{}\"\nworkers = {workers}\n[control]\nlisten = \"\"\n",
                 if port == p1 { a.display() } else { b.display() }
             ),
         )
@@ -421,6 +421,8 @@ fn serve_takes_a_directory_argument_and_says_port_is_listen() {
             "--control",
             "",
             "--no-control-unix",
+            "--rtsp",
+            "",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -456,7 +458,7 @@ fn check_config_says_good_or_names_the_fault_and_binds_nothing() {
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = [\"{}\", \"localhost:0\"]\nroot = \"{}\"\n[limits]\nidle_timeout_ms = \"30s\"\n",
+            "[rtsp]\nlisten = \"\"\n[http]\nlisten = [\"{}\", \"localhost:0\"]\nroot = \"{}\"\n[limits]\nidle_timeout_ms = \"30s\"\n",
             held.local_addr().unwrap(),
             dir.path().display()
         ),
@@ -475,7 +477,10 @@ fn check_config_says_good_or_names_the_fault_and_binds_nothing() {
     );
     for (bad, says) in [
         ("[limits]\nidle_timeout_ms = \"soon\"\n", "idle_timeout_ms"),
-        ("[http]\nlisten = \"::1:80\"\n", "brackets"),
+        (
+            "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"::1:80\"\n",
+            "brackets",
+        ),
         (
             "[http]\nroot = \"/nonexistent/penstock\"\n",
             "/nonexistent/penstock",
@@ -521,6 +526,8 @@ fn a_socket_passed_by_the_service_manager_is_served() {
         "--control",
         "",
         "--no-control-unix",
+        "--rtsp",
+        "",
     ])
     .stdout(Stdio::piped())
     .stderr(Stdio::null());

@@ -126,7 +126,7 @@ fn ten_thousand_idle_connections_keep_memory_bounded_and_others_served() {
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n\
+            "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n\
              [limits]\nconnections_max = {CONNECTIONS_MAX}\nidle_timeout_ms = 300000\n"
         ),
     )

@@ -124,7 +124,7 @@ fn tree() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let conf = dir.path().join("penstock.toml");
     std::fs::write(
         &conf,
-        "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n",
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n",
     )
     .unwrap();
     (dir, www, conf)
@@ -167,7 +167,7 @@ fn serve_notifies_ready_then_reloading_and_ready_on_sighup_then_stopping_on_sigt
     // A good reload: RELOADING=1 with the monotonic time of its start, then READY=1.
     std::fs::write(
         &conf,
-        "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n[limits]\nheaders_max = 50\n",
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n[limits]\nheaders_max = 50\n",
     )
     .unwrap();
     let before = monotonic_usec();
@@ -269,7 +269,7 @@ fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_
     // Bodies of 4 MiB and more go through the engine; under /rt/ in the rt class, whose
     // reads would ask for IOPRIO_CLASS_RT, which root may and nobody may not.
     let (dir, www, conf) = open_tree(
-        "user = \"nobody\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\nbody_path = \"uring\"\n\
+        "user = \"nobody\"\n[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\nbody_path = \"uring\"\n\
          [control]\nlisten = \"\"\n[[location]]\nprefix = \"/rt/\"\nclass = \"rt\"\n",
     );
     std::fs::create_dir(www.join("rt")).unwrap();
@@ -401,7 +401,7 @@ fn serve_as_nobody(www: &Path, conf: &Path) -> Option<std::process::Output> {
 
 #[test]
 fn started_as_another_user_than_the_configured_one_it_refuses_before_binding() {
-    let text = "user = \"daemon\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n";
+    let text = "user = \"daemon\"\n[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n";
     let (_dir, www, conf) = open_tree(text);
     let Some(o) = serve_as_nobody(&www, &conf) else {
         return;
@@ -421,7 +421,7 @@ fn started_as_another_user_than_the_configured_one_it_refuses_before_binding() {
 
 #[test]
 fn started_as_the_configured_user_it_runs_unchanged() {
-    let text = "user = \"nobody\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n";
+    let text = "user = \"nobody\"\n[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n";
     let (_dir, www, conf) = open_tree(text);
     let Some(o) = serve_as_nobody(&www, &conf) else {
         return;
@@ -431,7 +431,7 @@ fn started_as_the_configured_user_it_runs_unchanged() {
 
 #[test]
 fn started_as_the_configured_user_in_another_group_it_refuses_before_binding() {
-    let text = "user = \"nobody\"\ngroup = \"daemon\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+    let text = "user = \"nobody\"\ngroup = \"daemon\"\n[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
                 [control]\nlisten = \"\"\n";
     let (_dir, www, conf) = open_tree(text);
     let Some(o) = serve_as_nobody(&www, &conf) else {
@@ -449,7 +449,7 @@ fn started_as_the_configured_user_in_another_group_it_refuses_before_binding() {
 
 #[test]
 fn an_unknown_user_refuses_the_start() {
-    let text = "user = \"no-such-user-penstock\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n";
+    let text = "user = \"no-such-user-penstock\"\n[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n";
     let (_dir, www, conf) = open_tree(text);
     let o = serve_cmd(&www, &conf)
         .stdout(Stdio::piped())

@@ -41,7 +41,7 @@ struct Tree {
 /// The server's configuration: `disk` is the `[disk]` table's body.
 fn config(t: &Tree, disk: &str) -> String {
     format!(
-        "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n\
          [control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
          unix_allow_uids = [0, {NOBODY}]\n\
          read_roots = [\"{dir}\"]\nwrite_roots = [\"{dir}\"]\n\

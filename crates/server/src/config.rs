@@ -16,7 +16,10 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::listen::ListenAddrs;
 
+pub mod rtsp;
 pub mod units;
+
+pub use rtsp::RtspConfig;
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +52,8 @@ pub struct ServerConfig {
     pub location: Vec<Location>,
     /// `[log]`: the access log.
     pub log: LogConfig,
+    /// `[rtsp]`: the RTSP server (on by default at 127.0.0.1:8554).
+    pub rtsp: RtspConfig,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
@@ -836,6 +841,7 @@ impl ServerConfig {
                 })?;
         }
         self.log.check()?;
+        self.rtsp.check()?;
         if !self.control.listen.is_empty() {
             self.control.listen.parse::<SocketAddr>().map_err(|e| {
                 ConfigError::Invalid(format!("control.listen {:?}: {e}", self.control.listen))

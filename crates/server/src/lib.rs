@@ -37,6 +37,7 @@ pub mod listen;
 pub mod metrics;
 pub mod metrics_http;
 pub mod private;
+pub mod rtsp;
 pub mod streams;
 
 use std::io::{self, Read};
@@ -115,6 +116,8 @@ pub struct Server {
     metrics: Arc<Metrics>,
     engine: Arc<Engine>,
     metrics_listener: Option<metrics_http::MetricsListener>,
+    /// The RTSP server (`None`: `[rtsp] listen` is empty).
+    rtsp: Option<Mutex<rtsp::RtspServer>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -288,6 +291,7 @@ impl Server {
             cfg.control.clone(),
         ));
         let http_for_stats = shared.clone();
+        let streams_for_rtsp = streams.clone();
         let control = Arc::new(control::ControlShared::new(
             streams,
             cfg.control.clone(),
@@ -315,6 +319,13 @@ impl Server {
             )
         };
 
+        let rtsp = if cfg.rtsp.is_off() {
+            None
+        } else {
+            let r = rtsp::RtspServer::start(&cfg.rtsp, root, engine.clone(), metrics.clone())?;
+            streams_for_rtsp.add_state_source(r.state_source());
+            Some(Mutex::new(r))
+        };
         let uring = match &engine.info().uring {
             Ok(()) => "io_uring available".to_string(),
             Err(e) => format!("io_uring refused ({e})"),
@@ -345,6 +356,21 @@ impl Server {
             metrics,
             engine,
             metrics_listener,
+            rtsp,
+        })
+    }
+
+    /// The RTSP addresses listened on (none when `[rtsp] listen` is empty).
+    pub fn rtsp_addrs(&self) -> Vec<SocketAddr> {
+        self.rtsp.as_ref().map_or_else(Vec::new, |r| {
+            r.lock().unwrap_or_else(|p| p.into_inner()).addrs().to_vec()
+        })
+    }
+
+    /// RTSP sessions now.
+    pub fn rtsp_sessions(&self) -> usize {
+        self.rtsp.as_ref().map_or(0, |r| {
+            r.lock().unwrap_or_else(|p| p.into_inner()).sessions()
         })
     }
 
@@ -419,6 +445,9 @@ impl Server {
         }
         if let Some(a) = self.metrics_addr() {
             s.push_str(&format!(", metrics http://{a}/metrics"));
+        }
+        for a in self.rtsp_addrs() {
+            s.push_str(&format!(", rtsp://{a}/"));
         }
         s.push_str(&format!("; {}", self.paths));
         s
@@ -587,6 +616,9 @@ impl Server {
             );
         }
         drop(self.metrics_listener);
+        if let Some(r) = &self.rtsp {
+            r.lock().unwrap_or_else(|p| p.into_inner()).stop();
+        }
         self.control
             .streams
             .shutdown(deadline.saturating_sub(start.elapsed()));

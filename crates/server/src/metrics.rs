@@ -137,6 +137,23 @@ pub struct ClassLabel {
     pub class: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RtspRequestLabels {
+    pub method: String,
+    /// The status code (`200`, `454`, ...).
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+/// Buckets of RTCP interarrival jitter in seconds: 10 µs to about 1.3 s.
+fn jitter_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-5, 2.0, 18))
+}
+
 /// The status class of an HTTP status code, as the `code` label says it.
 pub fn status_class(code: u16) -> &'static str {
     match code / 100 {
@@ -282,6 +299,16 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     /// Failed writes of the access log (the lines of such a write are lost).
     pub access_log_write_errors: Counter,
+    /// RTSP sessions now (set up, playing or paused).
+    pub rtsp_sessions: Gauge,
+    pub rtsp_sessions_ended: Family<ReasonLabel, Counter>,
+    pub rtsp_requests: Family<RtspRequestLabels, Counter>,
+    /// RTCP receiver reports about the server's RTP streams, per class.
+    pub rtcp_reports: Family<ClassLabel, Counter>,
+    /// RTP packets the receivers reported lost (increases of their cumulative counts).
+    pub rtcp_packets_lost: Family<ClassLabel, Counter>,
+    /// The interarrival jitter of each receiver report.
+    pub rtcp_jitter: HistogramFamily<ClassLabel>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -407,8 +434,51 @@ impl Metrics {
             "Failed writes of the access log",
             access_log_write_errors.clone(),
         );
+        let rtsp_sessions = Gauge::default();
+        r.register(
+            "rtsp_sessions",
+            "RTSP sessions now (set up, playing or paused)",
+            rtsp_sessions.clone(),
+        );
+        let rtsp_sessions_ended = Family::<ReasonLabel, Counter>::default();
+        r.register(
+            "rtsp_sessions_ended",
+            "RTSP sessions ended, by reason: teardown, timeout, connection_closed, shutdown",
+            rtsp_sessions_ended.clone(),
+        );
+        let rtsp_requests = Family::<RtspRequestLabels, Counter>::default();
+        r.register(
+            "rtsp_requests",
+            "RTSP requests answered, by method and status code",
+            rtsp_requests.clone(),
+        );
+        let rtcp_reports = Family::<ClassLabel, Counter>::default();
+        r.register(
+            "rtcp_receiver_reports",
+            "RTCP reception report blocks received about the server's RTP streams, by class",
+            rtcp_reports.clone(),
+        );
+        let rtcp_packets_lost = Family::<ClassLabel, Counter>::default();
+        r.register(
+            "rtcp_packets_lost",
+            "RTP packets the receivers reported lost, by class",
+            rtcp_packets_lost.clone(),
+        );
+        let rtcp_jitter: HistogramFamily<ClassLabel> =
+            Family::new_with_constructor(jitter_histogram);
+        r.register(
+            "rtcp_jitter_seconds",
+            "Interarrival jitter of the RTP packets in each receiver report, by class",
+            rtcp_jitter.clone(),
+        );
         Metrics {
             registry: Mutex::new(root),
+            rtsp_sessions,
+            rtsp_sessions_ended,
+            rtsp_requests,
+            rtcp_reports,
+            rtcp_packets_lost,
+            rtcp_jitter,
             requests,
             bytes,
             request_duration,
@@ -449,6 +519,49 @@ impl Metrics {
             now,
             seen,
         );
+    }
+
+    /// Counts an RTSP session's end.
+    pub fn rtsp_session_ended(&self, reason: &str) {
+        self.rtsp_sessions_ended
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Counts an RTSP request's reply.
+    pub fn rtsp_request(&self, method: &str, code: u16) {
+        self.rtsp_requests
+            .get_or_create(&RtspRequestLabels {
+                method: method.into(),
+                code: code.to_string(),
+            })
+            .inc();
+    }
+
+    /// A new receiver report of a stream of `class`: its jitter observed, the loss it adds
+    /// to `lost_seen` (the stream's last cumulative count) counted.
+    pub fn rtcp_report(
+        &self,
+        class: &str,
+        stats: &penstock_core::rtp::ReceiverStats,
+        lost_seen: &mut i64,
+    ) {
+        let l = ClassLabel {
+            class: class.into(),
+        };
+        self.rtcp_reports.get_or_create(&l).inc();
+        self.rtcp_jitter
+            .get_or_create(&l)
+            .observe(stats.jitter_ns() as f64 / 1e9);
+        let lost = i64::from(stats.cumulative_lost);
+        if lost > *lost_seen {
+            self.rtcp_packets_lost
+                .get_or_create(&l)
+                .inc_by(u64::try_from(lost - *lost_seen).unwrap_or(0));
+            *lost_seen = lost;
+        }
     }
 
     /// Counts one error of `kind` (a short stable name: `bad_request`, `idle_timeout`, ...).
@@ -606,6 +719,12 @@ impl Collector for EngineCollector {
             let labels = [("class", class)];
             gauge(n).encode(m.encode_family(&labels)?)?;
         }
+        one(
+            &mut encoder,
+            "admission_reservations",
+            "Admission reservations held now (admitted rt streams and RTSP sessions set up)",
+            gauge(self.engine.reservations().len() as u64),
+        )?;
         let f = self.engine.open_files();
         one(
             &mut encoder,

@@ -720,7 +720,12 @@ pub struct Streams {
     /// what [`Streams::wait`] sleeps on.
     ended_count: Mutex<u64>,
     ended: Condvar,
+    /// Streams of other servers in the process (RTSP sessions): their `STATE *` lines.
+    others: Mutex<Vec<StateSource>>,
 }
+
+/// The `STATE` lines of streams the table does not hold (an RTSP server's sessions).
+pub type StateSource = Box<dyn Fn() -> Vec<String> + Send + Sync>;
 
 impl std::fmt::Debug for Streams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -886,6 +891,7 @@ impl Streams {
             config,
             stopping: AtomicBool::new(false),
             ended_count: Mutex::new(0),
+            others: Mutex::new(Vec::new()),
             ended: Condvar::new(),
         }
     }
@@ -1654,6 +1660,12 @@ impl Streams {
         }
     }
 
+    /// Adds the streams `f` lists to `STATE *` (for authenticated callers): an RTSP
+    /// server's sessions, which live in its own table.
+    pub fn add_state_source(&self, f: StateSource) {
+        lock(&self.others).push(f);
+    }
+
     /// `STATE`: one line per selected stream.
     pub fn state(&self, caller: Caller, sel: &StreamSelector) -> Reply {
         let lines: Vec<String> = match sel {
@@ -1664,9 +1676,17 @@ impl Streams {
                     .map(|(k, s)| (*k, s.entry.clone()))
                     .collect();
                 all.sort_by_key(|(k, _)| *k);
-                all.into_iter()
+                let mut lines: Vec<String> = all
+                    .into_iter()
                     .map(|(_, e)| lock(&e).state_line(&*self.backend))
-                    .collect()
+                    .collect();
+                // Every stream after AUTH: the RTSP sessions too (docs/control-protocol.md).
+                if caller.may_drive_any() {
+                    for f in lock(&self.others).iter() {
+                        lines.extend(f());
+                    }
+                }
+                lines
             }
             StreamSelector::Ids(ids) => ids
                 .iter()

@@ -328,8 +328,17 @@ pub fn admission_request(
     if req.class != Some(DiskClass::Rt) || req.best_effort {
         return Ok(None);
     }
-    let Pacing::Schedule(s) = req.pacing else {
-        return Err(PlanError::RtNeedsRate);
+    let s = match req.pacing {
+        Pacing::Schedule(s) => s,
+        // A unit plan (a TS file's PCR, a recording's tracks): its mean rate over the whole
+        // plan, headers (RTP) included, and its largest unit.
+        Pacing::Units(u) => {
+            let buffers = req.buffers.unwrap_or(limits.rt_buffers_default);
+            return units_qos(u, req.rtp, buffers, limits.buffer_bytes)
+                .map(Some)
+                .ok_or(PlanError::RtNeedsRate);
+        }
+        Pacing::Burst => return Err(PlanError::RtNeedsRate),
     };
     if s.is_burst() {
         return Err(PlanError::RtNeedsRate);
@@ -340,6 +349,43 @@ pub fn admission_request(
         unit_bytes: s.unit_bytes(),
         buffers: req.buffers.unwrap_or(limits.rt_buffers_default),
     }))
+}
+
+/// The admission request of a unit plan: its bytes (with each unit's RTP header when `rtp`)
+/// over its length in time, rounded up; per disk request, the whole units one pool buffer
+/// holds (the uring path reads a buffer's worth of units at once: `buffer_bytes`, at least
+/// the largest unit, at most the plan). `None` for a plan with no length in time (one unit,
+/// or all due at once), which has no rate to guarantee.
+fn units_qos(units: &[UnitPlan], rtp: bool, buffers: u32, buffer_bytes: u64) -> Option<StreamQos> {
+    let header = if rtp {
+        crate::rtp::RTP_HEADER_BYTES as u64
+    } else {
+        0
+    };
+    let span_ns = units
+        .last()?
+        .offset_ns
+        .checked_sub(units.first()?.offset_ns)?;
+    if span_ns == 0 {
+        return None;
+    }
+    let bytes: u128 = units
+        .iter()
+        .map(|u| u128::from(u64::from(u.size_bytes) + header))
+        .sum();
+    let rate = (bytes * 1_000_000_000).div_ceil(u128::from(span_ns));
+    let largest = units
+        .iter()
+        .map(|u| u64::from(u.size_bytes) + header)
+        .max()?;
+    let total = u64::try_from(bytes).unwrap_or(u64::MAX);
+    let per_read = (buffer_bytes / largest * largest).clamp(largest, total.max(largest));
+    Some(StreamQos {
+        class: QosClass::Rt,
+        rate_bytes_per_s: u64::try_from(rate).unwrap_or(u64::MAX),
+        unit_bytes: per_read,
+        buffers,
+    })
 }
 
 /// Plans a stream (see the module doc).

@@ -40,6 +40,8 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 pub fn config() -> ServerConfig {
     let mut c = ServerConfig::default();
     c.http.listen = "127.0.0.1:0".into();
+    // No RTSP server unless a test asks (its default port would be shared by the tests).
+    c.rtsp.listen = "".into();
     c.http.workers = 2;
     // Bodies of 1 MiB and more go through the engine: both paths are exercised.
     c.http.engine_body_bytes_min = 1 << 20;

@@ -592,3 +592,40 @@ fn rtp_needs_a_unit_plan_and_a_datagram_target_and_room_for_its_header() {
         Err(PlanError::Units(_))
     ));
 }
+
+#[test]
+fn an_rt_unit_plan_asks_admission_for_its_mean_rate_with_rtp_headers() {
+    // 101 units of 1316 bytes, one every 10 ms: 1 s; with RTP each is 1328 bytes.
+    let units: Vec<UnitPlan> = (0..101)
+        .map(|i| UnitPlan {
+            offset_ns: i * 10_000_000,
+            size_bytes: 1316,
+        })
+        .collect();
+    let req = PlanRequest {
+        class: Some(DiskClass::Rt),
+        pacing: Pacing::Units(&units),
+        rtp: true,
+        ..PlanRequest::default()
+    };
+    let q = admission_request(&req, &LIMITS).unwrap().unwrap();
+    assert_eq!(q.rate_bytes_per_s, 101 * 1328);
+    // One disk request reads the whole units a pool buffer holds.
+    assert_eq!(
+        q.unit_bytes,
+        (LIMITS.buffer_bytes / 1328 * 1328).min(101 * 1328)
+    );
+    // A plan with no length in time has no rate to guarantee.
+    let one = [UnitPlan {
+        offset_ns: 0,
+        size_bytes: 1316,
+    }];
+    let req = PlanRequest {
+        pacing: Pacing::Units(&one),
+        ..req
+    };
+    assert_eq!(
+        admission_request(&req, &LIMITS).unwrap_err(),
+        PlanError::RtNeedsRate
+    );
+}

@@ -1,0 +1,155 @@
+use super::*;
+use proptest::prelude::*;
+
+const LIMITS: RtspLimits = RtspLimits {
+    request_bytes_max: 4096,
+};
+
+fn request(text: &str) -> Request {
+    match parse(text.as_bytes(), &LIMITS) {
+        Ok(Parsed::Request(r, n)) => {
+            assert_eq!(n, text.len());
+            *r
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn setup_udp_reads_client_ports_and_track_path() {
+    let r = request(
+        "SETUP rtsp://127.0.0.1:8554/dir/clip%20a.ts/trackID=0 RTSP/1.0\r\nCSeq: 3\r\nTransport: RTP/AVP;unicast;client_port=5000-5001\r\n\r\n",
+    );
+    assert_eq!(r.method, Method::Setup);
+    assert_eq!(r.cseq, Some(3));
+    assert_eq!(r.path.as_deref(), Some("dir/clip a.ts"));
+    assert_eq!(
+        r.transport,
+        Some(Ok(TransportAsk::Udp {
+            rtp_port: 5000,
+            rtcp_port: 5001
+        }))
+    );
+}
+
+#[test]
+fn setup_tcp_reads_interleaved_channels() {
+    let r = request(
+        "SETUP rtsp://h/c.ts RTSP/1.0\r\nCSeq: 1\r\nTransport: RTP/AVP/TCP;unicast;interleaved=2-3\r\n\r\n",
+    );
+    assert_eq!(
+        r.transport,
+        Some(Ok(TransportAsk::Interleaved {
+            rtp_channel: 2,
+            rtcp_channel: 3
+        }))
+    );
+}
+
+#[test]
+fn multicast_only_transport_is_unsupported() {
+    let r = request(
+        "SETUP rtsp://h/c.ts RTSP/1.0\r\nCSeq: 1\r\nTransport: RTP/AVP;multicast;port=5000-5001\r\n\r\n",
+    );
+    assert!(matches!(
+        r.transport,
+        Some(Err(TransportError::Unsupported(_)))
+    ));
+}
+
+#[test]
+fn play_range_and_session() {
+    let r = request(
+        "PLAY rtsp://h/c.ts RTSP/1.0\r\nCSeq: 5\r\nSession: abc;timeout=60\r\nRange: npt=20.5-\r\nScale: 1\r\n\r\n",
+    );
+    assert_eq!(r.session.as_deref(), Some("abc"));
+    assert_eq!(r.range_from_ns, Some(20_500_000_000));
+    assert_eq!(r.scale, Some(1.0));
+}
+
+#[test]
+fn incomplete_then_too_large() {
+    let part = b"OPTIONS * RTSP/1.0\r\nCSeq: 1\r\n";
+    assert_eq!(parse(part, &LIMITS), Ok(Parsed::Incomplete));
+    let small = RtspLimits {
+        request_bytes_max: part.len(),
+    };
+    assert_eq!(parse(part, &small), Err(RequestError::TooLarge(part.len())));
+}
+
+#[test]
+fn garbage_is_malformed_400() {
+    let e = parse(b"HELLO\r\n\r\n", &LIMITS).unwrap_err();
+    assert_eq!(e.status(), 400);
+}
+
+#[test]
+fn interleaved_frame_is_skipped_whole() {
+    let mut b = vec![b'$', 1, 0, 3, 9, 9, 9];
+    b.extend_from_slice(b"OPTIONS");
+    assert_eq!(
+        parse(&b, &LIMITS),
+        Ok(Parsed::Data {
+            channel: 1,
+            payload_at: 4,
+            consumed: 7
+        })
+    );
+}
+
+#[test]
+fn state_rules() {
+    assert_eq!(SessionState::Ready.check(&Method::Pause), Err(455));
+    assert_eq!(SessionState::Playing.check(&Method::Setup), Err(455));
+    assert_eq!(SessionState::Paused.check(&Method::Play), Ok(()));
+    assert_eq!(
+        SessionState::Paused.after(&Method::Play),
+        SessionState::Playing
+    );
+    assert_eq!(
+        SessionState::Playing.after(&Method::Pause),
+        SessionState::Paused
+    );
+}
+
+#[test]
+fn reply_encodes_cseq_and_headers() {
+    let r = Reply::new(454, Some(7))
+        .header("Session", "x;timeout=60")
+        .encode();
+    let s = String::from_utf8(r).unwrap();
+    assert!(s.starts_with("RTSP/1.0 454 "), "{s}");
+    assert!(s.contains("CSeq: 7\r\n"), "{s}");
+    assert!(s.contains("Session: x;timeout=60\r\n"), "{s}");
+}
+
+#[test]
+fn sdp_names_one_mp2t_track_and_its_range() {
+    let s = describe_sdp(1, "127.0.0.1".parse().unwrap(), 30_040_000_000);
+    assert!(s.contains("m=video 0 RTP/AVP 33\r\n"), "{s}");
+    assert!(s.contains("a=rtpmap:33 MP2T/90000\r\n"), "{s}");
+    assert!(s.contains("a=range:npt=0-30.040\r\n"), "{s}");
+    assert!(s.contains("a=control:trackID=0\r\n"), "{s}");
+    sdp_types::Session::parse(s.as_bytes()).expect("our SDP parses back");
+}
+
+proptest! {
+    /// Bytes from a socket never panic the reader, and what it takes is within the buffer.
+    #[test]
+    fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+        match parse(&bytes, &LIMITS) {
+            Ok(Parsed::Request(_, n)) => prop_assert!(n <= bytes.len()),
+            Ok(Parsed::Data { consumed, .. }) => prop_assert!(consumed <= bytes.len()),
+            _ => {}
+        }
+    }
+
+    /// Any request line with a CSeq parses back to its method and CSeq.
+    #[test]
+    fn cseq_round_trips(cseq in any::<u32>(), m in 0usize..4) {
+        let method = ["OPTIONS", "DESCRIBE", "TEARDOWN", "GET_PARAMETER"][m];
+        let text = format!("{method} rtsp://h/a.ts RTSP/1.0\r\nCSeq: {cseq}\r\n\r\n");
+        let r = request(&text);
+        prop_assert_eq!(r.cseq, Some(cseq));
+    }
+}

@@ -1,0 +1,57 @@
+//! The PCR plan of an opened TS file (`penstock_core::ts`), read from the descriptor in
+//! chunks at explicit offsets (the descriptor may be shared: its position means nothing).
+//! One reader for `penstock stream --timing pcr` and the RTSP server's media.
+
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use penstock_core::ts::{PcrLimits, PcrPid, PcrPidProbe, PcrPlanner, TsError, TsPlan};
+
+/// Bytes read per call while planning.
+const READ_CHUNK_BYTES: usize = 1 << 20;
+
+/// Why a file has no PCR plan.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MediaError {
+    #[error("reading: {0}")]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Ts(#[from] TsError),
+}
+
+/// Reads `file` from its start in chunks and feeds each to `f` until it says stop.
+fn read_chunks(
+    file: &std::fs::File,
+    mut f: impl FnMut(&[u8]) -> Result<bool, MediaError>,
+) -> Result<(), MediaError> {
+    let mut buf = vec![0u8; READ_CHUNK_BYTES];
+    let mut offset = 0u64;
+    loop {
+        let n = file.read_at(&mut buf, offset)?;
+        if n == 0 || !f(&buf[..n])? {
+            return Ok(());
+        }
+        offset += n as u64;
+    }
+}
+
+/// The PCR plan of the file behind `file` (both passes: the PCR PID, then the units).
+pub fn pcr_plan(file: &std::fs::File, limits: &PcrLimits) -> Result<(PcrPid, TsPlan), MediaError> {
+    let mut probe = PcrPidProbe::new(limits);
+    let mut pid = None;
+    read_chunks(file, |chunk| {
+        pid = probe.handle(chunk)?;
+        Ok(pid.is_none())
+    })?;
+    let pid = match pid {
+        Some(p) => p,
+        None => probe.finish()?,
+    };
+    let mut planner = PcrPlanner::new(pid.pid, limits)?;
+    read_chunks(file, |chunk| {
+        planner.handle(chunk)?;
+        Ok(true)
+    })?;
+    Ok((pid, planner.finish()?))
+}

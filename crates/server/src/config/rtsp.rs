@@ -1,0 +1,154 @@
+//! `[rtsp]`: the RTSP server (docs/rtsp.md). Fixed at start.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, ListenAddrs, units};
+
+/// `[rtsp]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RtspConfig {
+    /// Addresses (forms as `[http] listen`); `""` or `[]`: no RTSP server.
+    pub listen: ListenAddrs,
+    /// Sessions at once (set up, playing or paused); a SETUP beyond gets 453.
+    pub sessions_max: usize,
+    /// A session with no request (and, over UDP, no RTCP receiver report) for this long is
+    /// torn down; told to clients as `Session: ID;timeout=N`.
+    #[serde(alias = "session_timeout", deserialize_with = "units::ms")]
+    pub session_timeout_ms: u64,
+    /// A request (head and body) larger than this gets 400 and the connection is closed.
+    #[serde(deserialize_with = "units::size")]
+    pub request_bytes_max: usize,
+    /// RTSP connections at once; one beyond gets 503 and is closed.
+    pub connections_max: usize,
+    /// Lowest and highest UDP port of the server port pairs (RTP on an even port, RTCP on
+    /// the next).
+    pub rtp_port_min: u16,
+    pub rtp_port_max: u16,
+    /// A session's engine stream that moves nothing for this long fails (the engine's
+    /// `send_timeout`); over TCP also the longest wait of one write to the client.
+    #[serde(deserialize_with = "units::ms")]
+    pub send_timeout_ms: u64,
+    /// Time between RTCP sender reports (each drawn from 0.5 to 1.5 times it).
+    #[serde(deserialize_with = "units::ms")]
+    pub rtcp_interval_ms: u64,
+    /// TS files whose PCR plan is kept (one plan per file, shared by its sessions; a file
+    /// changed on disk is planned again).
+    pub media_cached_max: usize,
+    /// Most entries (units and PCRs, 16 bytes each) one file's plan may hold.
+    pub plan_entries_max: u64,
+}
+
+impl Default for RtspConfig {
+    fn default() -> RtspConfig {
+        RtspConfig {
+            listen: "127.0.0.1:8554".into(),
+            sessions_max: 256,
+            session_timeout_ms: 60_000,
+            request_bytes_max: 8192,
+            connections_max: 256,
+            rtp_port_min: 20_000,
+            rtp_port_max: 29_999,
+            send_timeout_ms: 10_000,
+            rtcp_interval_ms: 5_000,
+            media_cached_max: 64,
+            plan_entries_max: penstock_core::ts::pcr::PLAN_ENTRIES_MAX_DEFAULT,
+        }
+    }
+}
+
+impl RtspConfig {
+    /// Whether the RTSP server is off (`listen = ""` or `[]`).
+    pub fn is_off(&self) -> bool {
+        self.listen.0.iter().all(|a| a.trim().is_empty())
+    }
+
+    pub fn session_timeout(&self) -> Duration {
+        Duration::from_millis(self.session_timeout_ms)
+    }
+
+    pub fn send_timeout(&self) -> Duration {
+        Duration::from_millis(self.send_timeout_ms)
+    }
+
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if !self.is_off() {
+            self.listen
+                .check()
+                .map_err(|e| ConfigError::Invalid(format!("rtsp.listen: {e}")))?;
+        }
+        if self.sessions_max == 0 || self.sessions_max > 1_000_000 {
+            return bad("rtsp.sessions_max must be 1 ..= 1000000".into());
+        }
+        if self.session_timeout_ms < 1000 || self.session_timeout_ms > 3_600_000 {
+            return bad("rtsp.session_timeout_ms must be 1s ..= 1h".into());
+        }
+        if self.request_bytes_max < 256 || self.request_bytes_max > (1 << 20) {
+            return bad("rtsp.request_bytes_max must be 256 ..= 1 MiB".into());
+        }
+        if self.connections_max == 0 || self.connections_max > 1_000_000 {
+            return bad("rtsp.connections_max must be 1 ..= 1000000".into());
+        }
+        if self.rtp_port_min < 1024
+            || self.rtp_port_max == u16::MAX
+            || self.rtp_port_min.saturating_add(1) > self.rtp_port_max
+        {
+            return bad(format!(
+                "rtsp.rtp_port_min {} ..= rtsp.rtp_port_max {}: a range of at least one pair, within 1024 ..= 65534",
+                self.rtp_port_min, self.rtp_port_max
+            ));
+        }
+        if self.send_timeout_ms == 0 || self.rtcp_interval_ms < 100 {
+            return bad(
+                "rtsp.send_timeout_ms must be above 0, rtsp.rtcp_interval_ms at least 100ms".into(),
+            );
+        }
+        if self.media_cached_max == 0 || self.plan_entries_max == 0 {
+            return bad("rtsp.media_cached_max and rtsp.plan_entries_max must be above 0".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ServerConfig;
+
+    #[test]
+    fn rtsp_is_on_at_8554_by_default_and_off_with_an_empty_listen() {
+        let c: ServerConfig = toml::from_str("").unwrap();
+        assert_eq!(c.rtsp.listen.0, ["127.0.0.1:8554"]);
+        assert!(!c.rtsp.is_off());
+        c.check().unwrap();
+        for off in ["[rtsp]\nlisten = \"\"\n", "[rtsp]\nlisten = []\n"] {
+            let c: ServerConfig = toml::from_str(off).unwrap();
+            assert!(c.rtsp.is_off(), "{off}");
+            c.check().unwrap();
+        }
+    }
+
+    #[test]
+    fn rtsp_durations_and_sizes_take_units_and_bad_values_are_refused() {
+        let c: ServerConfig = toml::from_str(
+            "[rtsp]\nsession_timeout = \"30s\"\nrequest_bytes_max = \"4KiB\"\nsend_timeout_ms = \"2s\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.rtsp.session_timeout_ms, 30_000);
+        assert_eq!(c.rtsp.request_bytes_max, 4096);
+        assert_eq!(c.rtsp.send_timeout_ms, 2_000);
+        for bad in [
+            "[rtsp]\nsessions_max = 0\n",
+            "[rtsp]\nsession_timeout = \"10ms\"\n",
+            "[rtsp]\nrtp_port_min = 30000\nrtp_port_max = 30000\n",
+            "[rtsp]\nrtp_port_min = 80\n",
+            "[rtsp]\nlisten = \"nohost:\"\n",
+        ] {
+            let c: ServerConfig = toml::from_str(bad).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+        assert!(toml::from_str::<ServerConfig>("[rtsp]\nnope = 1\n").is_err());
+    }
+}

@@ -1,0 +1,712 @@
+//! One RTSP connection: requests in, replies out, and — for interleaved sessions — the RTP
+//! frames the engine hands over through each session's socket pair.
+//!
+//! **Interleaved writes.** This thread is the only writer of the TCP socket. The engine never
+//! sends on it: an interleaved session's engine stream sends each RTP packet as one datagram
+//! into a Unix datagram socket pair; this loop reads whole datagrams from the other end and
+//! writes each as one `$ channel length payload` frame with `write_all`, and writes replies
+//! only between frames. A reply can therefore never land inside a frame, and a slow client
+//! backs the datagrams up into the pair until the engine's sends wait (the engine's worker
+//! never blocks: its send waits in the ring) — or, past `send_timeout`, fails the write and
+//! the connection ends with its sessions.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixDatagram;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use penstock_core::rtp::{Packetizer, SenderSession};
+use penstock_core::rtsp::{
+    self, Method, Parsed, Reply, Request, RtspLimits, SessionState, TransportAsk,
+};
+use penstock_core::stream::{Extent, IoKind};
+use penstock_driver::open::Opened;
+use penstock_driver::{DiskClass, StreamError, StreamSpec};
+
+use super::{EndReason, Playing, RtspShared, Session, Transport, random_u64};
+use crate::confine;
+
+/// How long the loop waits for a request or a frame before it looks at its deadlines.
+const TURN: Duration = Duration::from_millis(100);
+/// Bytes read from the socket at once.
+const READ_BYTES: usize = 4096;
+/// Datagrams forwarded from one relay per turn at most (the others get their turn).
+const FRAMES_PER_TURN_MAX: usize = 64;
+/// Before unit 0 is due: time to answer PLAY before the first packet.
+const START_DELAY: Duration = Duration::from_millis(20);
+/// How long PLAY waits for a stream it replaces (a seek) to stop.
+const STOP_WAIT: Duration = Duration::from_secs(1);
+/// How long PAUSE waits for the worker to take the pause.
+const PAUSE_WAIT: Duration = Duration::from_millis(500);
+
+/// An interleaved session's frames, read here.
+struct Relay {
+    session: String,
+    socket: UnixDatagram,
+    channels: (u8, u8),
+}
+
+struct Conn<'a> {
+    shared: &'a Arc<RtspShared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    id: u64,
+    relays: Vec<Relay>,
+    /// One interleaved frame being written (allocated with the first relay).
+    frame: Vec<u8>,
+}
+
+/// Answers a connection beyond `connections_max` with 503 and closes it.
+pub(super) fn refuse(mut s: TcpStream, max: usize) {
+    let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+    let mut r = Reply::new(503, None);
+    r.body = format!("rtsp.connections_max {max} reached\n").into_bytes();
+    r.content_type = Some("text/plain");
+    let _ = s.write_all(&r.encode());
+}
+
+pub(super) fn serve(shared: &Arc<RtspShared>, stream: TcpStream, peer: SocketAddr, id: u64) {
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(shared.cfg.send_timeout()));
+    let mut c = Conn {
+        shared,
+        stream,
+        peer,
+        local,
+        id,
+        relays: Vec::new(),
+        frame: Vec::new(),
+    };
+    if let Err(e) = c.run() {
+        tracing::debug!("rtsp connection {peer}: {e}");
+    }
+}
+
+impl Conn<'_> {
+    fn run(&mut self) -> io::Result<()> {
+        let limits = RtspLimits {
+            request_bytes_max: self.shared.cfg.request_bytes_max,
+        };
+        let mut buf: Vec<u8> = Vec::with_capacity(READ_BYTES);
+        let mut chunk = [0u8; READ_BYTES];
+        let mut last_request = Instant::now();
+        let idle = self.shared.cfg.session_timeout();
+        loop {
+            if self.shared.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let (tcp_ready, relay_ready) = self.wait()?;
+            for i in relay_ready {
+                self.forward(i)?;
+            }
+            if tcp_ready {
+                let n = match self.stream.read(&mut chunk) {
+                    Ok(0) => return Ok(()),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+                buf.extend_from_slice(&chunk[..n]);
+                last_request = Instant::now();
+                loop {
+                    match rtsp::parse(&buf, &limits) {
+                        Ok(Parsed::Incomplete) => break,
+                        Ok(Parsed::Data { consumed, .. }) => {
+                            // RTCP receiver reports over TCP: the client is alive.
+                            self.touch_interleaved();
+                            buf.drain(..consumed);
+                        }
+                        Ok(Parsed::Request(req, consumed)) => {
+                            buf.drain(..consumed);
+                            let reply = self.handle(&req);
+                            self.shared
+                                .metrics
+                                .rtsp_request(method_word(&req.method), reply.status);
+                            self.stream.write_all(&reply.encode())?;
+                        }
+                        Err(e) => {
+                            self.shared.metrics.rtsp_request("malformed", e.status());
+                            let mut r = Reply::new(e.status(), None);
+                            r.body = format!("{e}\n").into_bytes();
+                            r.content_type = Some("text/plain");
+                            self.stream.write_all(&r.encode())?;
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+            // Drop relays whose session is gone (torn down, timed out).
+            let shared = self.shared;
+            self.relays.retain(|r| shared.session(&r.session).is_some());
+            if self.relays.is_empty() && last_request.elapsed() > idle {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Polls the socket and the relays for one turn.
+    fn wait(&self) -> io::Result<(bool, Vec<usize>)> {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut fds = Vec::with_capacity(1 + self.relays.len());
+        fds.push(PollFd::new(&self.stream, PollFlags::IN));
+        for r in &self.relays {
+            fds.push(PollFd::new(&r.socket, PollFlags::IN));
+        }
+        let t = Timespec {
+            tv_sec: 0,
+            tv_nsec: TURN.as_nanos() as i64,
+        };
+        match rustix::event::poll(&mut fds, Some(&t)) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => return Ok((false, Vec::new())),
+            Err(e) => return Err(e.into()),
+        }
+        let ready = |f: &PollFd<'_>| {
+            f.revents()
+                .intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR)
+        };
+        let tcp = ready(&fds[0]);
+        let relays = fds[1..]
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| ready(f))
+            .map(|(i, _)| i)
+            .collect();
+        Ok((tcp, relays))
+    }
+
+    /// Writes the datagrams waiting in relay `i` as interleaved frames: RTP on the first
+    /// channel, RTCP (second byte 200..=204, RFC 5761's rule) on the second.
+    fn forward(&mut self, i: usize) -> io::Result<()> {
+        if self.frame.is_empty() {
+            self.frame = vec![0u8; 4 + usize::from(u16::MAX)];
+        }
+        let frame = &mut self.frame;
+        for _ in 0..FRAMES_PER_TURN_MAX {
+            let n = match self.relays[i].socket.recv(&mut frame[4..]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            let (rtp_ch, rtcp_ch) = self.relays[i].channels;
+            let is_rtcp = n > 1 && (200..=204).contains(&frame[5]);
+            frame[0] = b'$';
+            frame[1] = if is_rtcp { rtcp_ch } else { rtp_ch };
+            frame[2..4].copy_from_slice(&(n as u16).to_be_bytes());
+            self.stream.write_all(&frame[..4 + n])?;
+        }
+        Ok(())
+    }
+
+    fn touch_interleaved(&self) {
+        for r in &self.relays {
+            if let Some(s) = self.shared.session(&r.session) {
+                s.lock().unwrap_or_else(|p| p.into_inner()).last_seen = Instant::now();
+            }
+        }
+    }
+
+    fn handle(&mut self, req: &Request) -> Reply {
+        let Some(cseq) = req.cseq else {
+            let mut r = Reply::new(400, None);
+            r.body = b"no CSeq header\n".to_vec();
+            r.content_type = Some("text/plain");
+            return r;
+        };
+        match &req.method {
+            Method::Options => {
+                if let Some(id) = &req.session
+                    && let Some(s) = self.shared.session(id)
+                {
+                    s.lock().unwrap_or_else(|p| p.into_inner()).last_seen = Instant::now();
+                }
+                Reply::new(200, Some(cseq)).header("Public", rtsp::PUBLIC)
+            }
+            Method::Describe => self.describe(req, cseq),
+            Method::Setup => self.setup(req, cseq),
+            Method::Play | Method::Pause | Method::GetParameter | Method::Teardown => {
+                self.in_session(req, cseq)
+            }
+            Method::SetParameter => text(451, cseq, "SET_PARAMETER: no parameter can be set"),
+            _ => Reply::new(501, Some(cseq)).header("Public", rtsp::PUBLIC),
+        }
+    }
+
+    /// Opens the request's file beneath the root (404 for anything that is not a file in it).
+    fn open(&self, req: &Request, cseq: u32) -> Result<(std::fs::File, String), Reply> {
+        let path = req.path.clone().unwrap_or_default();
+        if path.is_empty() {
+            return Err(text(404, cseq, "no file named in the URL"));
+        }
+        match self.shared.root.open_path(&path) {
+            Ok(confine::Opened::File { file, .. }) => Ok((file, path)),
+            Ok(confine::Opened::Directory(_)) => Err(text(404, cseq, "a directory")),
+            Err(confine::Refused::Failed) => Err(text(500, cseq, "the file could not be opened")),
+            // Outside the root, forbidden or missing: the same answer, nothing revealed.
+            Err(_) => Err(text(404, cseq, "not found")),
+        }
+    }
+
+    fn media(
+        &self,
+        file: &std::fs::File,
+        path: &str,
+        cseq: u32,
+    ) -> Result<Arc<super::Media>, Reply> {
+        self.shared
+            .media_for(file)
+            .map_err(|e| text(415, cseq, &format!("{path}: not playable as MPEG-TS: {e}")))
+    }
+
+    fn describe(&self, req: &Request, cseq: u32) -> Reply {
+        let (file, path) = match self.open(req, cseq) {
+            Ok(f) => f,
+            Err(r) => return r,
+        };
+        let media = match self.media(&file, &path, cseq) {
+            Ok(m) => m,
+            Err(r) => return r,
+        };
+        let sdp = rtsp::describe_sdp(random_u64() >> 1, self.local.ip(), media.end_ns());
+        let base = if req.uri.ends_with('/') {
+            req.uri.clone()
+        } else {
+            format!("{}/", req.uri)
+        };
+        let mut r = Reply::new(200, Some(cseq)).header("Content-Base", base);
+        r.content_type = Some("application/sdp");
+        r.body = sdp.into_bytes();
+        r
+    }
+
+    fn setup(&mut self, req: &Request, cseq: u32) -> Reply {
+        if let Some(id) = &req.session {
+            return match self.shared.session(id) {
+                None => text(454, cseq, "no such session"),
+                Some(_) => text(
+                    455,
+                    cseq,
+                    "the session's one track is set up already (TEARDOWN, then SETUP)",
+                ),
+            };
+        }
+        let ask = match &req.transport {
+            None => return text(461, cseq, "SETUP needs a Transport header"),
+            Some(Err(e)) => return text(461, cseq, &e.to_string()),
+            Some(Ok(a)) => *a,
+        };
+        let max = self.shared.cfg.sessions_max;
+        if self.shared.session_count() >= max {
+            self.shared.metrics.error("rtsp_sessions_max");
+            return text(453, cseq, &format!("rtsp.sessions_max {max} reached"));
+        }
+        let (file, path) = match self.open(req, cseq) {
+            Ok(f) => f,
+            Err(r) => return r,
+        };
+        let media = match self.media(&file, &path, cseq) {
+            Ok(m) => m,
+            Err(r) => return r,
+        };
+        let base = Packetizer::mp2t(random_u64());
+        // Admission now, for the whole file at its PCR rate: a refusal is a 453 before any
+        // port is taken; the reservation is held until TEARDOWN or the timeout.
+        let (spec, _) = stream_spec(&self.shared.cfg, &media, None, base, None);
+        let admitted = match self.shared.engine.admit(&spec) {
+            Ok(a) => a,
+            Err(e) => {
+                self.shared.metrics.error("rtsp_admission_refused");
+                return text(453, cseq, &format!("admission refused: {e}"));
+            }
+        };
+        let (transport, transport_reply) = match ask {
+            TransportAsk::Udp {
+                rtp_port,
+                rtcp_port,
+            } => {
+                // Data goes to the host that asked, never to a third party (`destination`
+                // is not honoured).
+                let (rtp, rtcp) = match self.shared.port_pair(self.local.ip()) {
+                    Ok(p) => p,
+                    Err(e) => return text(453, cseq, &e.to_string()),
+                };
+                if let Err(e) = rtp.connect((self.peer.ip(), rtp_port)) {
+                    return text(500, cseq, &format!("connecting the RTP socket: {e}"));
+                }
+                let ports = (
+                    rtp.local_addr().map_or(0, |a| a.port()),
+                    rtcp.local_addr().map_or(0, |a| a.port()),
+                );
+                let line = format!(
+                    "RTP/AVP;unicast;client_port={rtp_port}-{rtcp_port};server_port={}-{};ssrc={:08X}",
+                    ports.0, ports.1, base.ssrc
+                );
+                (
+                    Transport::Udp {
+                        rtp,
+                        rtcp,
+                        client_rtcp: SocketAddr::new(self.peer.ip(), rtcp_port),
+                    },
+                    line,
+                )
+            }
+            TransportAsk::Interleaved {
+                rtp_channel,
+                rtcp_channel,
+            } => {
+                let (engine_end, conn_end) = match UnixDatagram::pair() {
+                    Ok(p) => p,
+                    Err(e) => return text(500, cseq, &format!("socket pair: {e}")),
+                };
+                if let Err(e) = conn_end.set_nonblocking(true) {
+                    return text(500, cseq, &format!("socket pair: {e}"));
+                }
+                self.relays.push(Relay {
+                    session: String::new(),
+                    socket: conn_end,
+                    channels: (rtp_channel, rtcp_channel),
+                });
+                (
+                    Transport::Interleaved {
+                        engine_end,
+                        channels: (rtp_channel, rtcp_channel),
+                        conn_id: self.id,
+                    },
+                    format!(
+                        "RTP/AVP/TCP;unicast;interleaved={rtp_channel}-{rtcp_channel};ssrc={:08X}",
+                        base.ssrc
+                    ),
+                )
+            }
+        };
+        let id = format!("{:016x}", random_u64());
+        let track_url = req.uri.clone();
+        let session = Session {
+            id: id.clone(),
+            path,
+            track_url,
+            file,
+            media,
+            transport,
+            state: SessionState::Ready,
+            base,
+            next_sequence: base.sequence_start,
+            admitted,
+            playing: None,
+            last_seen: Instant::now(),
+        };
+        {
+            let mut map = self
+                .shared
+                .sessions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            // Checked again under the lock: two SETUPs at once never pass the limit.
+            if map.len() >= max {
+                self.relays.retain(|r| !r.session.is_empty());
+                return text(453, cseq, &format!("rtsp.sessions_max {max} reached"));
+            }
+            map.insert(id.clone(), Arc::new(std::sync::Mutex::new(session)));
+        }
+        if let Some(r) = self.relays.iter_mut().find(|r| r.session.is_empty()) {
+            r.session = id.clone();
+        }
+        self.shared.metrics.rtsp_sessions.inc();
+        Reply::new(200, Some(cseq))
+            .header("Transport", transport_reply)
+            .header("Session", self.session_header(&id))
+    }
+
+    fn session_header(&self, id: &str) -> String {
+        rtsp::session_header(id, self.shared.cfg.session_timeout().as_secs())
+    }
+
+    /// PLAY, PAUSE, GET_PARAMETER, TEARDOWN: methods on a session.
+    fn in_session(&mut self, req: &Request, cseq: u32) -> Reply {
+        let Some(id) = req.session.clone() else {
+            if req.method == Method::GetParameter {
+                return Reply::new(200, Some(cseq));
+            }
+            return text(454, cseq, "no Session header");
+        };
+        let Some(arc) = self.shared.session(&id) else {
+            return text(454, cseq, "no such session");
+        };
+        if req.method == Method::Teardown {
+            self.shared.end_session(&id, EndReason::Teardown);
+            self.relays.retain(|r| r.session != id);
+            return Reply::new(200, Some(cseq)).header("Session", id);
+        }
+        let mut s = arc.lock().unwrap_or_else(|p| p.into_inner());
+        s.last_seen = Instant::now();
+        if let Err(code) = s.state.check(&req.method) {
+            return text(
+                code,
+                cseq,
+                &format!("{} in state {:?}", method_word(&req.method), s.state),
+            );
+        }
+        let r = match req.method {
+            Method::Play => self.play(&mut s, req, cseq),
+            Method::Pause => pause(&mut s, cseq),
+            _ => Reply::new(200, Some(cseq)),
+        };
+        r.header("Session", self.session_header(&id))
+    }
+
+    fn play(&self, s: &mut Session, req: &Request, cseq: u32) -> Reply {
+        if let Some(scale) = req.scale
+            && (scale - 1.0).abs() > 1e-9
+        {
+            return text(
+                451,
+                cseq,
+                &format!("Scale {scale}: only 1 (normal play) is supported"),
+            );
+        }
+        let duration = s.media.end_ns();
+        if let Some(from) = req.range_from_ns
+            && from > duration
+        {
+            return text(
+                457,
+                cseq,
+                &format!(
+                    "npt={} is past the end (npt=0-{})",
+                    rtsp::npt_text(from),
+                    rtsp::npt_text(duration)
+                ),
+            );
+        }
+        let range = |start_ns: u64| {
+            format!(
+                "npt={}-{}",
+                rtsp::npt_text(start_ns),
+                rtsp::npt_text(duration)
+            )
+        };
+        match (s.state, req.range_from_ns, s.playing.as_mut()) {
+            (SessionState::Paused, None, Some(p)) => {
+                // Resume where it stopped: the same stream, its numbering continues.
+                let sent = p.handle.counters().units_sent;
+                p.handle.resume();
+                if let Some(at) = p.paused_at.take() {
+                    let now = penstock_driver::clock::now();
+                    p.anchor = p.anchor.saturating_add(now.saturating_duration_since(at));
+                    if let Some(l) = &mut p.link {
+                        l.reanchor(p.anchor);
+                    }
+                }
+                let at_ns = p
+                    .units
+                    .get(usize::try_from(sent).unwrap_or(usize::MAX))
+                    .map_or(0, |u| u.offset_ns);
+                let info = rtsp::rtp_info(
+                    &s.track_url,
+                    p.packetizer.sequence(sent),
+                    p.packetizer.timestamp(at_ns),
+                );
+                let start = p.start_time_ns + at_ns;
+                s.state = SessionState::Playing;
+                Reply::new(200, Some(cseq))
+                    .header("Range", range(start))
+                    .header("RTP-Info", info)
+            }
+            (SessionState::Playing, None, Some(_)) => Reply::new(200, Some(cseq)),
+            _ => match self.start_stream(s, req.range_from_ns) {
+                Ok((start, seq, rtptime)) => {
+                    s.state = SessionState::Playing;
+                    Reply::new(200, Some(cseq))
+                        .header("Range", range(start))
+                        .header("RTP-Info", rtsp::rtp_info(&s.track_url, seq, rtptime))
+                }
+                Err(r) => {
+                    let mut r = r;
+                    r.cseq = Some(cseq);
+                    r
+                }
+            },
+        }
+    }
+
+    /// Starts the session's engine stream from `from_ns` (the PCR at or before it), after
+    /// stopping the one it replaces. Returns the playback's start, first sequence number and
+    /// RTP time.
+    fn start_stream(
+        &self,
+        s: &mut Session,
+        from_ns: Option<u64>,
+    ) -> Result<(u64, u16, u32), Reply> {
+        if let Some(p) = s.playing.take() {
+            p.handle.cancel();
+            // Its packets in flight leave before the new stream's first.
+            let _ = p.handle.wait_timeout(STOP_WAIT);
+            s.next_sequence = p.packetizer.sequence(p.handle.counters().units_sent);
+        }
+        let packetizer_at = |start_time_ns: u64| Packetizer {
+            sequence_start: s.next_sequence,
+            timestamp_start: s.base.timestamp(start_time_ns),
+            ..s.base
+        };
+        let start_time_ns = s.media.plan.playback_from(from_ns).start_time_ns;
+        let packetizer = packetizer_at(start_time_ns);
+        let anchor_std = penstock_driver::clock::now();
+        let anchor = penstock_core::time::Instant::from_nanos(
+            anchor_std.as_nanos() + START_DELAY.as_nanos() as u64,
+        );
+        let (spec, pb) = stream_spec(
+            &self.shared.cfg,
+            &s.media,
+            from_ns,
+            packetizer,
+            Some(anchor),
+        );
+        let fail = |code: u16, m: String| text(code, 0, &m);
+        let src_file = s.file.try_clone().map_err(|e| fail(500, format!("{e}")))?;
+        let len = src_file.metadata().map_or(0, |m| m.len());
+        let source = Opened {
+            fd: src_file.into(),
+            kind: IoKind::File,
+            size: Some(len),
+            socket: false,
+            label: s.path.clone(),
+            volume: None,
+        };
+        let target_fd: std::os::fd::OwnedFd = match &s.transport {
+            Transport::Udp { rtp, .. } => rtp.try_clone().map(Into::into),
+            Transport::Interleaved { engine_end, .. } => engine_end.try_clone().map(Into::into),
+        }
+        .map_err(|e| fail(500, format!("{e}")))?;
+        let target = Opened {
+            fd: target_fd.into(),
+            kind: IoKind::Datagram,
+            size: None,
+            socket: true,
+            label: format!("rtsp session {}", s.id),
+            volume: None,
+        };
+        let handle = self
+            .shared
+            .engine
+            .open_admitted(s.admitted.take(), spec, source, target)
+            .map_err(|e| match e {
+                StreamError::Refused(_) | StreamError::TooManyStreams(_) => {
+                    self.shared.metrics.error("rtsp_admission_refused");
+                    fail(453, format!("{e}"))
+                }
+                e => fail(500, format!("{e}")),
+            })?;
+        let cname = format!("penstock@{}", self.local.ip());
+        let interval_ns = self.shared.cfg.rtcp_interval_ms.saturating_mul(1_000_000);
+        let (link, tcp_rtcp) = match &s.transport {
+            Transport::Udp {
+                rtcp, client_rtcp, ..
+            } => {
+                let session =
+                    SenderSession::new(packetizer.ssrc, &cname, interval_ns, random_u64());
+                let link = rtcp.try_clone().and_then(|sock| {
+                    penstock_driver::rtcp::RtcpLink::open_on(
+                        sock,
+                        *client_rtcp,
+                        packetizer,
+                        anchor,
+                        session,
+                    )
+                });
+                (link.ok(), None)
+            }
+            Transport::Interleaved { .. } => {
+                let mut session =
+                    SenderSession::new(packetizer.ssrc, &cname, interval_ns, random_u64());
+                session.start(anchor);
+                (None, Some(session))
+            }
+        };
+        s.playing = Some(Playing {
+            handle,
+            packetizer,
+            units: pb.units.into(),
+            start_time_ns: pb.start_time_ns,
+            anchor,
+            link,
+            tcp_rtcp,
+            paused_at: None,
+            seen: Default::default(),
+            rtcp_reports_seen: 0,
+            rtcp_lost_seen: 0,
+            ended_at: None,
+        });
+        Ok((
+            pb.start_time_ns,
+            packetizer.sequence_start,
+            packetizer.timestamp_start,
+        ))
+    }
+}
+
+fn pause(s: &mut Session, cseq: u32) -> Reply {
+    if s.state == SessionState::Playing
+        && let Some(p) = &mut s.playing
+    {
+        p.handle.pause();
+        let t0 = Instant::now();
+        while !p.handle.is_paused() && t0.elapsed() < PAUSE_WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        p.paused_at = Some(penstock_driver::clock::now());
+    }
+    s.state = SessionState::Paused;
+    Reply::new(200, Some(cseq))
+}
+
+/// The engine stream of a playback of `media` from `from_ns` (the whole file with `None`).
+fn stream_spec(
+    cfg: &crate::config::RtspConfig,
+    media: &super::Media,
+    from_ns: Option<u64>,
+    packetizer: Packetizer,
+    start_at: Option<penstock_core::time::Instant>,
+) -> (StreamSpec, penstock_core::track::Playback) {
+    let pb = media.plan.playback_from(from_ns);
+    let spec = StreamSpec {
+        extent: Extent {
+            offset: pb.media_offset_bytes,
+            length: Some(pb.media_bytes),
+        },
+        units: Some(pb.units.clone().into()),
+        class: Some(DiskClass::Rt),
+        rtp: Some(packetizer),
+        start_at,
+        send_timeout: Some(cfg.send_timeout()),
+        ..StreamSpec::opened()
+    };
+    (spec, pb)
+}
+
+fn text(status: u16, cseq: u32, msg: &str) -> Reply {
+    let mut r = Reply::new(status, (cseq != 0).then_some(cseq));
+    r.body = format!("{msg}\n").into_bytes();
+    r.content_type = Some("text/plain");
+    r
+}
+
+fn method_word(m: &Method) -> &'static str {
+    match m {
+        Method::Options => "OPTIONS",
+        Method::Describe => "DESCRIBE",
+        Method::Setup => "SETUP",
+        Method::Play => "PLAY",
+        Method::Pause => "PAUSE",
+        Method::Teardown => "TEARDOWN",
+        Method::GetParameter => "GET_PARAMETER",
+        Method::SetParameter => "SET_PARAMETER",
+        _ => "other",
+    }
+}

@@ -1,0 +1,666 @@
+//! The RTSP server (docs/rtsp.md): players (ffmpeg, GStreamer, VLC) set up, play, pause,
+//! seek and tear down MPEG-TS files beneath the served root, sent as RTP by the engine.
+//!
+//! Three pieces kept apart, as in gst-rtsp-server:
+//! - the **connection** ([`conn`]): one thread per RTSP TCP connection (few: players hold
+//!   one each, capped by `connections_max`); it reads requests (`penstock_core::rtsp`,
+//!   sans-IO), answers them and, for interleaved sessions, is the *only writer* of its socket;
+//! - the **session** ([`Session`]): by id in the shared table, outlives a connection over
+//!   UDP, holds the file, the transport, the admission reservation (from SETUP) and, while
+//!   played, one engine stream — paced by the EDF dispatcher from the PCR plan, class `rt`,
+//!   disk reads through the scheduler, RTP framing by the uring path — and its RTCP link;
+//! - the **media** ([`Media`]): one PCR plan per file (`driver::media::pcr_plan`, cached by
+//!   inode and mtime), shared by the sessions of that file.
+//!
+//! A reaper thread turns every played session's RTCP link (sender reports out, receiver
+//! reports in: loss and jitter into the metrics per class, and a report counts as the
+//! client being alive), sends the RTCP BYE when a stream reaches the end of its media, and
+//! tears down sessions idle for longer than `session_timeout`.
+//!
+//! **The seam for live sources (issue 15 item 4).** A session's bytes come from
+//! `start_stream` (`conn.rs`): today an engine stream from the file at a PCR playback. A live
+//! relay would give [`Media`] a second kind (a fan-out of datagrams arriving on a
+//! `udp-listen://`), and `start_stream` would subscribe the session's transport (the same UDP
+//! socket or interleaved relay) to it instead of opening an engine stream; the connection,
+//! the state machine and the transports stay as they are.
+
+mod conn;
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use penstock_core::rtp::Packetizer;
+use penstock_core::rtsp::SessionState;
+use penstock_core::ts::{PcrLimits, PcrPid, TsPlan};
+use penstock_driver::Engine;
+use penstock_driver::LatenessCounts;
+use penstock_driver::engine::{Admitted, StreamHandle};
+use penstock_driver::rtcp::RtcpLink;
+
+use crate::config::RtspConfig;
+use crate::confine;
+use crate::metrics::Metrics;
+
+/// How often the reaper runs (RTCP turns, ends of media, timeouts).
+const REAP_INTERVAL: Duration = penstock_driver::rtcp::TURN_INTERVAL_MAX;
+/// From the end of a stream to its RTCP BYE. Clients read their RTP and RTCP sockets in
+/// either order (ffmpeg polls both, GStreamer's jitter buffer holds packets): a BYE at once
+/// can overtake the last packets still queued on the RTP socket, and the client ends without
+/// them. Half a second lets them drain.
+const BYE_DELAY: Duration = Duration::from_millis(500);
+/// How long the accept loop waits before it looks at the stop flag again.
+const ACCEPT_POLL: Duration = Duration::from_millis(200);
+
+/// One file's PCR plan, shared by its sessions.
+#[derive(Debug)]
+pub struct Media {
+    /// (device, inode, size, mtime ns): a file changed on disk is planned again.
+    key: (u64, u64, u64, i64),
+    pub pid: PcrPid,
+    pub plan: TsPlan,
+}
+
+impl Media {
+    /// The media's end on its timeline: the last unit's time plus one mean unit interval
+    /// (the time its packets take to play). What DESCRIBE's `a=range` and PLAY's `Range`
+    /// say: a client that stops at the announced end (GStreamer's jitter buffer drops
+    /// packets past `npt` stop) then keeps the last unit, whose time is the plan's
+    /// `duration_ns` itself.
+    pub fn end_ns(&self) -> u64 {
+        let d = self.plan.duration_ns();
+        let gaps = self.plan.units.len().saturating_sub(1).max(1) as u64;
+        d.saturating_add(d.div_ceil(gaps))
+    }
+}
+
+/// The plans of the files played lately (at most `media_cached_max`).
+#[derive(Debug, Default)]
+struct MediaCache {
+    entries: VecDeque<Arc<Media>>,
+}
+
+/// How a session's RTP leaves.
+#[derive(Debug)]
+pub enum Transport {
+    /// RTP from a server port pair to the client's.
+    Udp {
+        /// Connected to the client's RTP port; the engine sends on a duplicate.
+        rtp: UdpSocket,
+        /// Bound to the RTP port + 1; each played stream's RTCP link uses a duplicate.
+        rtcp: UdpSocket,
+        client_rtcp: SocketAddr,
+    },
+    /// RTP framed `$ channel length` on the RTSP connection: the engine sends each packet
+    /// as one datagram into `engine_end` of a socket pair; the connection thread reads them
+    /// from the other end and writes the frames (docs/rtsp.md, "Interleaved writes").
+    Interleaved {
+        engine_end: UnixDatagram,
+        channels: (u8, u8),
+        /// The connection that carries it (the session ends with it).
+        conn_id: u64,
+    },
+}
+
+/// A session being played: its engine stream and what it was started with.
+#[derive(Debug)]
+struct Playing {
+    handle: StreamHandle,
+    packetizer: Packetizer,
+    /// Unit deadlines of the playback (to name the next unit's RTP time after a pause).
+    units: Arc<[penstock_core::schedule::UnitPlan]>,
+    /// The playback's start on the media timeline (ns).
+    start_time_ns: u64,
+    /// When unit 0 was due (moves by each pause).
+    anchor: penstock_core::time::Instant,
+    link: Option<RtcpLink>,
+    /// For interleaved transport: the sender session writing the BYE into the relay.
+    tcp_rtcp: Option<penstock_core::rtp::SenderSession>,
+    paused_at: Option<penstock_core::time::Instant>,
+    seen: LatenessCounts,
+    rtcp_reports_seen: u64,
+    rtcp_lost_seen: i64,
+    /// When the stream ended (the BYE follows [`BYE_DELAY`] later).
+    ended_at: Option<Instant>,
+}
+
+/// One RTSP session (see the module doc).
+#[derive(Debug)]
+pub struct Session {
+    pub id: String,
+    /// The file's path beneath the root, as the client named it.
+    path: String,
+    /// The track URL of SETUP (RTP-Info's `url`).
+    track_url: String,
+    file: File,
+    media: Arc<Media>,
+    transport: Transport,
+    state: SessionState,
+    /// SSRC, and the sequence number and RTP time at media time 0 of this session.
+    base: Packetizer,
+    /// The sequence number of the next packet after the last stream.
+    next_sequence: u16,
+    admitted: Option<Admitted>,
+    playing: Option<Playing>,
+    last_seen: Instant,
+}
+
+/// Why a session ended, for the metrics.
+#[derive(Debug, Clone, Copy)]
+enum EndReason {
+    Teardown,
+    Timeout,
+    ConnectionClosed,
+    Shutdown,
+}
+
+impl EndReason {
+    fn word(self) -> &'static str {
+        match self {
+            EndReason::Teardown => "teardown",
+            EndReason::Timeout => "timeout",
+            EndReason::ConnectionClosed => "connection_closed",
+            EndReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// What the RTSP threads share.
+pub struct RtspShared {
+    pub(crate) cfg: RtspConfig,
+    root: confine::Root,
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) metrics: Arc<Metrics>,
+    sessions: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
+    media: Mutex<MediaCache>,
+    port_cursor: Mutex<u16>,
+    connections: AtomicUsize,
+    next_conn_id: AtomicUsize,
+    stop: AtomicBool,
+}
+
+impl std::fmt::Debug for RtspShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RtspShared")
+            .field("sessions", &self.session_count())
+            .finish()
+    }
+}
+
+/// The running RTSP server: its addresses and threads.
+#[derive(Debug)]
+pub struct RtspServer {
+    shared: Arc<RtspShared>,
+    addrs: Vec<SocketAddr>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Random bits from the kernel (session ids, SSRCs, sequence starts).
+pub(crate) fn random_u64() -> u64 {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    // /dev/urandom does not fail once open; if it cannot be opened, the clock's low bits
+    // still make ids that differ (not secret: a session id is not a credential here, the
+    // transport's peer is).
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_err()
+    {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        b = t.to_ne_bytes();
+    }
+    u64::from_ne_bytes(b)
+}
+
+/// The wall clock as a 64-bit NTP timestamp (sender reports).
+fn wall_ntp() -> u64 {
+    let unix_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    penstock_core::rtp::ntp_from_unix_ns(unix_ns)
+}
+
+impl RtspServer {
+    /// Binds `cfg.listen` and starts the accept threads and the reaper. `root` is opened
+    /// again (its own descriptor: the RTSP server keeps it for its life).
+    pub fn start(
+        cfg: &RtspConfig,
+        root: &std::path::Path,
+        engine: Arc<Engine>,
+        metrics: Arc<Metrics>,
+    ) -> Result<RtspServer, crate::ServerError> {
+        let root_fd = confine::Root::open(root).map_err(|source| crate::ServerError::Root {
+            path: root.to_path_buf(),
+            source,
+        })?;
+        let addrs = cfg.listen.resolve().map_err(|e| {
+            crate::ServerError::Config(crate::ConfigError::Invalid(format!("rtsp.listen: {e}")))
+        })?;
+        let mut listeners = Vec::new();
+        for a in addrs {
+            let l = TcpListener::bind(a).map_err(|source| crate::ServerError::Bind {
+                what: "rtsp",
+                addr: a.to_string(),
+                source,
+            })?;
+            l.set_nonblocking(true)?;
+            listeners.push(l);
+        }
+        let shared = Arc::new(RtspShared {
+            cfg: cfg.clone(),
+            root: root_fd,
+            engine,
+            metrics,
+            sessions: Mutex::new(HashMap::new()),
+            media: Mutex::new(MediaCache::default()),
+            port_cursor: Mutex::new(cfg.rtp_port_min & !1),
+            connections: AtomicUsize::new(0),
+            next_conn_id: AtomicUsize::new(1),
+            stop: AtomicBool::new(false),
+        });
+        let mut bound = Vec::new();
+        let mut threads = Vec::new();
+        for l in listeners {
+            bound.push(l.local_addr()?);
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("rtsp-accept".into())
+                    .spawn(move || accept_loop(&s, &l))?,
+            );
+        }
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("rtsp-reaper".into())
+                .spawn(move || reaper(&s))?,
+        );
+        Ok(RtspServer {
+            shared,
+            addrs: bound,
+            threads,
+        })
+    }
+
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// The control protocol's `STATE *` lines of the sessions (`RtspShared::state_lines`).
+    pub fn state_source(&self) -> crate::streams::StateSource {
+        let shared = self.shared.clone();
+        Box::new(move || shared.state_lines())
+    }
+
+    /// Sessions now.
+    pub fn sessions(&self) -> usize {
+        self.shared.session_count()
+    }
+
+    /// Stops accepting, ends every session (their streams cancelled), joins the threads.
+    /// Connections end at their next turn (within their poll interval).
+    pub fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let all: Vec<String> = self
+            .shared
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        for id in all {
+            self.shared.end_session(&id, EndReason::Shutdown);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RtspServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
+    while !shared.stop.load(Ordering::Acquire) {
+        match l.accept() {
+            Ok((s, peer)) => {
+                let n = shared.connections.fetch_add(1, Ordering::AcqRel);
+                if n >= shared.cfg.connections_max {
+                    shared.connections.fetch_sub(1, Ordering::AcqRel);
+                    shared.metrics.error("rtsp_connections_max");
+                    conn::refuse(s, shared.cfg.connections_max);
+                    continue;
+                }
+                let id = shared.next_conn_id.fetch_add(1, Ordering::AcqRel) as u64;
+                let sh = shared.clone();
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("rtsp-conn".into())
+                        .spawn(move || {
+                            conn::serve(&sh, s, peer, id);
+                            sh.connection_closed(id);
+                            sh.connections.fetch_sub(1, Ordering::AcqRel);
+                        });
+                if spawned.is_err() {
+                    shared.connections.fetch_sub(1, Ordering::AcqRel);
+                    shared.metrics.error("rtsp_thread_spawn");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let _ = rustix::event::poll(
+                    &mut [rustix::event::PollFd::new(l, rustix::event::PollFlags::IN)],
+                    Some(&rustix::event::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: ACCEPT_POLL.as_nanos() as i64,
+                    }),
+                );
+            }
+            Err(e) => {
+                // EMFILE and friends: count, back off as the other listeners do.
+                shared.metrics.accept_failed("rtsp", &e.to_string());
+                std::thread::sleep(ACCEPT_POLL);
+            }
+        }
+    }
+}
+
+fn reaper(shared: &Arc<RtspShared>) {
+    while !shared.stop.load(Ordering::Acquire) {
+        std::thread::sleep(REAP_INTERVAL);
+        let all: Vec<Arc<Mutex<Session>>> = shared
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let timeout = shared.cfg.session_timeout();
+        let mut expired = Vec::new();
+        for s in all {
+            // A session busy with a request is looked at next turn.
+            let Ok(mut s) = s.try_lock() else { continue };
+            shared.turn(&mut s);
+            if s.last_seen.elapsed() > timeout {
+                expired.push(s.id.clone());
+            }
+        }
+        for id in expired {
+            shared.end_session(&id, EndReason::Timeout);
+        }
+    }
+}
+
+impl RtspShared {
+    fn session_count(&self) -> usize {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    fn session(&self, id: &str) -> Option<Arc<Mutex<Session>>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// Removes a session: its stream cancelled, its reservation, sockets and buffers given
+    /// back as its parts drop.
+    fn end_session(&self, id: &str, why: EndReason) {
+        let s = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        if let Some(s) = s {
+            let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(p) = s.playing.take() {
+                p.handle.cancel();
+            }
+            s.admitted = None;
+            self.metrics.rtsp_sessions.dec();
+            self.metrics.rtsp_session_ended(why.word());
+        }
+    }
+
+    /// One `STATE` line per session: `rtsp-<id> <ready|running|paused> path=<path>
+    /// transport=<udp|tcp> sent=<payload bytes> units=<RTP packets> class=rt [late_max_ns=<n>
+    /// misses=<n>]` (docs/control-protocol.md).
+    fn state_lines(&self) -> Vec<String> {
+        let all: Vec<Arc<Mutex<Session>>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut lines: Vec<(String, String)> = all
+            .iter()
+            .map(|s| {
+                let s = s.lock().unwrap_or_else(|p| p.into_inner());
+                let state = match s.state {
+                    SessionState::Ready => "ready",
+                    SessionState::Playing => "running",
+                    SessionState::Paused => "paused",
+                };
+                let transport = match s.transport {
+                    Transport::Udp { .. } => "udp",
+                    Transport::Interleaved { .. } => "tcp",
+                };
+                let mut line = format!(
+                    "rtsp-{} {state} path={} transport={transport} class=rt",
+                    s.id,
+                    s.path.replace(char::is_whitespace, "%20")
+                );
+                if let Some(p) = &s.playing {
+                    let c = p.handle.counters();
+                    let l = p.handle.lateness();
+                    line += &format!(
+                        " sent={} units={} late_max_ns={} misses={}",
+                        c.bytes_sent, c.units_sent, l.max_ns, l.misses
+                    );
+                }
+                (s.id.clone(), line)
+            })
+            .collect();
+        lines.sort();
+        lines.into_iter().map(|(_, l)| l).collect()
+    }
+
+    /// The interleaved sessions of a connection end with it.
+    fn connection_closed(&self, conn_id: u64) {
+        // The table's lock is not held while a session's is taken (a request may hold that).
+        let all: Vec<Arc<Mutex<Session>>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let ids: Vec<String> = all
+            .iter()
+            .filter_map(|s| {
+                let s = s.lock().unwrap_or_else(|p| p.into_inner());
+                matches!(s.transport, Transport::Interleaved { conn_id: c, .. } if c == conn_id)
+                    .then(|| s.id.clone())
+            })
+            .collect();
+        for id in ids {
+            self.end_session(&id, EndReason::ConnectionClosed);
+        }
+    }
+
+    /// The plan of an opened file, from the cache when the file is unchanged.
+    fn media_for(&self, file: &File) -> Result<Arc<Media>, penstock_driver::media::MediaError> {
+        let m = file.metadata()?;
+        let key = (
+            m.dev(),
+            m.ino(),
+            m.len(),
+            m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+        );
+        {
+            let c = self.media.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(hit) = c.entries.iter().find(|e| e.key == key) {
+                return Ok(hit.clone());
+            }
+        }
+        // Planned without the lock: a big file takes a while, other files need not wait.
+        let limits = PcrLimits {
+            plan_entries_max: self.cfg.plan_entries_max,
+            ..PcrLimits::default()
+        };
+        let (pid, plan) = penstock_driver::media::pcr_plan(file, &limits)?;
+        let media = Arc::new(Media { key, pid, plan });
+        let mut c = self.media.lock().unwrap_or_else(|p| p.into_inner());
+        c.entries.retain(|e| e.key.0 != key.0 || e.key.1 != key.1);
+        c.entries.push_front(media.clone());
+        c.entries.truncate(self.cfg.media_cached_max);
+        Ok(media)
+    }
+
+    /// A server port pair on `ip`: RTP on an even port, RTCP on the next, both free.
+    fn port_pair(&self, ip: std::net::IpAddr) -> io::Result<(UdpSocket, UdpSocket)> {
+        let min = (self.cfg.rtp_port_min + 1) & !1;
+        let max = self.cfg.rtp_port_max;
+        let pairs = (max.saturating_sub(min) / 2).max(1);
+        let mut cursor = self.port_cursor.lock().unwrap_or_else(|p| p.into_inner());
+        for _ in 0..pairs {
+            let p = if *cursor < min || cursor.saturating_add(1) > max {
+                min
+            } else {
+                *cursor
+            };
+            *cursor = p.saturating_add(2);
+            let Ok(rtp) = UdpSocket::bind((ip, p)) else {
+                continue;
+            };
+            let Ok(rtcp) = UdpSocket::bind((ip, p + 1)) else {
+                continue;
+            };
+            return Ok((rtp, rtcp));
+        }
+        Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "no free UDP port pair in rtsp.rtp_port_min {} ..= rtsp.rtp_port_max {}",
+                self.cfg.rtp_port_min, self.cfg.rtp_port_max
+            ),
+        ))
+    }
+
+    /// One reaper turn of a session: RTCP, metrics, the end of its media.
+    fn turn(&self, s: &mut Session) {
+        let Some(p) = &mut s.playing else { return };
+        let counts = {
+            let c = p.handle.counters();
+            penstock_driver::rtcp::RtpCounts {
+                packets: c.units_sent,
+                octets: c.bytes_sent,
+            }
+        };
+        self.metrics
+            .add_lateness("rt", &p.handle.lateness(), &mut p.seen);
+        if let Some(link) = &mut p.link {
+            if let Err(e) = link.turn(counts) {
+                tracing::debug!("rtsp session {}: RTCP stopped: {e}", s.id);
+                p.link = None;
+            } else {
+                let st = link.stats();
+                if st.reports > p.rtcp_reports_seen {
+                    // A receiver report: the client is there (RFC 2326 §12.37).
+                    s.last_seen = Instant::now();
+                    self.metrics.rtcp_report("rt", st, &mut p.rtcp_lost_seen);
+                    p.rtcp_reports_seen = st.reports;
+                }
+            }
+        }
+        // Interleaved: sender reports go through the relay like the RTP packets (the
+        // connection thread frames them on the RTCP channel).
+        if let (Some(rtcp), Transport::Interleaved { engine_end, .. }, None, None) =
+            (&mut p.tcp_rtcp, &s.transport, p.ended_at, p.paused_at)
+        {
+            let now = penstock_driver::clock::now();
+            let info = penstock_core::rtp::rtcp::SenderInfo {
+                ntp: wall_ntp(),
+                rtp_timestamp: p.packetizer.timestamp(
+                    u64::try_from(now.saturating_duration_since(p.anchor).as_nanos())
+                        .unwrap_or(u64::MAX),
+                ),
+                packets: counts.packets as u32,
+                octets: counts.octets as u32,
+            };
+            let mut out = [0u8; 1500];
+            if let Ok(Some(n)) = rtcp.poll_report(now, &info, &mut out) {
+                // A full relay drops the report: the next one follows.
+                let _ = engine_end.send(&out[..n]);
+            }
+        }
+        if p.ended_at.is_none() {
+            let Some(result) = p.handle.wait_timeout(Duration::ZERO) else {
+                return;
+            };
+            p.ended_at = Some(Instant::now());
+            match &result {
+                Err(e) => {
+                    tracing::info!("rtsp session {}: stream ended: {e}", s.id);
+                    self.metrics.error("rtsp_stream_failed");
+                }
+                Ok(_) => tracing::debug!(
+                    "rtsp session {}: end of media, {} packets of {} planned",
+                    s.id,
+                    counts.packets,
+                    p.units.len()
+                ),
+            }
+        }
+        if p.ended_at.is_some_and(|t| t.elapsed() < BYE_DELAY) {
+            return;
+        }
+        // The end of the media (or a failure): BYE, and the stream's resources back.
+        let Some(mut p) = s.playing.take() else {
+            return;
+        };
+        if let Some(link) = &mut p.link
+            && let Err(e) = link.finish(counts, "end of stream")
+        {
+            tracing::debug!("rtsp session {}: RTCP BYE not sent: {e}", s.id);
+        }
+        if let (Some(rtcp), Transport::Interleaved { engine_end, .. }) =
+            (&mut p.tcp_rtcp, &s.transport)
+        {
+            let info = penstock_core::rtp::rtcp::SenderInfo {
+                ntp: wall_ntp(),
+                rtp_timestamp: p
+                    .packetizer
+                    .timestamp(p.units.last().map_or(0, |u| u.offset_ns)),
+                packets: counts.packets as u32,
+                octets: counts.octets as u32,
+            };
+            let mut out = [0u8; 1500];
+            if let Ok(Some(n)) = rtcp.end(&info, "end of stream", &mut out) {
+                let _ = engine_end.send(&out[..n]);
+            }
+        }
+        s.next_sequence = p.packetizer.sequence(counts.packets);
+        // At the end of the media the session is as if paused there: clients send PAUSE or
+        // TEARDOWN when they see the end (GStreamer does), and a PLAY plays it again (from
+        // its Range, or from the start).
+        s.state = SessionState::Paused;
+    }
+}

@@ -3,9 +3,14 @@
 //!
 //! - `sendfile`: the plain build (a sendfile(2) loop);
 //! - `read/write`: `-DUSE_READWRITE`, a read(2)/write(2) loop through a 64 KiB buffer;
+//! - `sendfile non-blocking`: `-DUSE_SENDFILE_NONBLOCKING`, the same sendfile(2) on a
+//!   non-blocking socket with poll(2) for POLLOUT — the engine's pattern without the engine:
+//!   on loopback the kernel charges the receiver's TCP work partly to whichever side runs
+//!   it, and this row shows how much of cue()'s server CPU is that pattern's;
 //! - `cue()`: `-DUSE_PENSTOCK`, libpenstock in process (penstock_cue + START);
-//! - `hand-off`: the same shape through `penstock_connect` to a running `penstock serve` —
-//!   skipped, with a note, while the library has no `penstock_connect`.
+//! - `hand-off`: `-DUSE_PENSTOCK -DUSE_PENSTOCK_CONNECT`, the same shape through
+//!   `penstock_connect` + `penstock_conn_cue` to a `penstock serve` the bench starts (its
+//!   CPU counted as the server's).
 //!
 //! The builds are entries of one list ([`builds`]); a build that needs a library symbol is
 //! skipped (said in the output) when the header lacks it.
@@ -14,8 +19,9 @@
 //! - Table 1 / Fig. 4: 1..=`--transfers` concurrent GETs of whole files (each file
 //!   `--file-size`), read into a discarding buffer by client threads of this process; the
 //!   aggregate throughput (bytes / time until the last client has its body), the server
-//!   process's CPU (utime+stime of all its threads, /proc/PID/stat) per GB and the machine's
-//!   (busy time in /proc/stat, clients included) per GB; medians of `--reps` runs.
+//!   process's CPU (utime+stime of all its threads, /proc/PID/stat) per GB, the client
+//!   threads' own (CLOCK_THREAD_CPUTIME_ID) per GB, their sum, and the machine's (busy time
+//!   in /proc/stat) per GB; medians of `--reps` runs.
 //! - Fig. 5: the cue() build with `schedule=K,T unit=--unit` for each K of `--k` and T of
 //!   `--t`, `--transfers` clients each reading for `--window`: throughput and CPU.
 //! - §4.3: a metering process (`penstock hog meter`, pinned to CPU 0: a busy loop printing its
@@ -105,10 +111,12 @@ struct Build {
     penstock: bool,
     /// A symbol the header must declare, else the build is skipped with a note.
     needs: Option<&'static str>,
+    /// Hands its bodies to a `penstock serve` started for it (its Unix control socket in
+    /// PENSTOCK_SOCKET); that process's CPU counts as the server's too.
+    handoff: bool,
 }
 
-/// The builds, in table order. The hand-off build (issue 14 item 2's `penstock_connect`,
-/// on another branch) is one more entry: it runs once the header declares the call.
+/// The builds, in table order.
 fn builds() -> Vec<Build> {
     vec![
         Build {
@@ -116,24 +124,37 @@ fn builds() -> Vec<Build> {
             defines: &["-DUSE_READWRITE"],
             penstock: false,
             needs: None,
+            handoff: false,
         },
         Build {
             name: "sendfile",
             defines: &[],
             penstock: false,
             needs: None,
+            handoff: false,
+        },
+        // The engine's pattern without the engine: where the kernel charges a loopback
+        // receiver's TCP work when the sender waits in poll(2) instead of in sendfile(2).
+        Build {
+            name: "sendfile non-blocking",
+            defines: &["-DUSE_SENDFILE_NONBLOCKING"],
+            penstock: false,
+            needs: None,
+            handoff: false,
         },
         Build {
             name: "cue()",
             defines: &["-DUSE_PENSTOCK"],
             penstock: true,
             needs: None,
+            handoff: false,
         },
         Build {
             name: "hand-off",
             defines: &["-DUSE_PENSTOCK", "-DUSE_PENSTOCK_CONNECT"],
             penstock: true,
-            needs: Some("penstock_connect"),
+            needs: Some("penstock_conn_cue"),
+            handoff: true,
         },
     ]
 }
@@ -194,15 +215,13 @@ fn compile(p: &Paths, b: &Build, out_dir: &Path) -> Result<std::result::Result<P
     if let Some(sym) = b.needs {
         let header = std::fs::read_to_string(p.include.join("penstock.h"))?;
         if !header.contains(sym) {
-            return Ok(Err(format!(
-                "skipped: the library has no {sym} (issue 14 item 2, not on this branch)"
-            )));
+            return Ok(Err(format!("skipped: the library has no {sym}")));
         }
-        return Ok(Err(format!(
-            "skipped: {sym} is declared, but this bench does not start `penstock serve` for it yet"
-        )));
     }
-    let exe = out_dir.join(format!("httpd-{}", b.name.replace(['/', '(', ')'], "")));
+    let exe = out_dir.join(format!(
+        "httpd-{}",
+        b.name.replace(['/', '(', ')'], "").replace(' ', "-")
+    ));
     let mut cc = Command::new("cc");
     cc.args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"])
         .args(b.defines)
@@ -226,20 +245,92 @@ fn compile(p: &Paths, b: &Build, out_dir: &Path) -> Result<std::result::Result<P
     Ok(Ok(exe))
 }
 
-/// A running example server.
+/// A running example server (and, for the hand-off build, the `penstock serve` it hands
+/// its bodies to).
 struct Server {
     child: Child,
     port: u16,
+    penstock: Option<Penstock>,
+}
+
+/// `penstock serve` for the hand-off build: its Unix control socket in a directory of its own,
+/// no TCP control, no access log; stopped (SIGTERM, then kill) when dropped.
+struct Penstock {
+    child: Child,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Penstock {
+    fn start(root: &Path) -> Result<Penstock> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("ctl.sock");
+        let conf = dir.path().join("penstock.toml");
+        std::fs::write(&conf, "[log]\naccess = \"off\"\n")?;
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["serve", "--listen", "127.0.0.1:0", "--control", ""])
+            .arg("--config")
+            .arg(&conf)
+            .arg("--control-unix")
+            .arg(&socket)
+            .arg(root)
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting penstock serve")?;
+        let start = Instant::now();
+        while !socket.exists() {
+            if let Some(st) = child.try_wait()? {
+                bail!("penstock serve exited at start ({st})");
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("penstock serve made no control socket in 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Penstock {
+            child,
+            socket,
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for Penstock {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Server {
-    fn start(exe: &Path, root: &Path, options: Option<&str>) -> Result<Server> {
+    fn start(exe: &Path, root: &Path, options: Option<&str>, handoff: bool) -> Result<Server> {
+        let penstock = if handoff {
+            Some(Penstock::start(root)?)
+        } else {
+            None
+        };
         let mut c = Command::new(exe);
         c.args(["-p", "0"])
             .arg(root)
             .env_remove("LD_LIBRARY_PATH")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        match &penstock {
+            Some(p) => c.env("PENSTOCK_SOCKET", &p.socket),
+            None => c.env_remove("PENSTOCK_SOCKET"),
+        };
         match options {
             Some(o) => c.env("HTTPD_PENSTOCK_OPTIONS", o),
             None => c.env_remove("HTTPD_PENSTOCK_OPTIONS"),
@@ -251,7 +342,11 @@ impl Server {
         BufReader::new(child.stdout.take().context("server stdout")?).read_line(&mut line)?;
         let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok());
         match port {
-            Some(port) => Ok(Server { child, port }),
+            Some(port) => Ok(Server {
+                child,
+                port,
+                penstock,
+            }),
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -260,9 +355,14 @@ impl Server {
         }
     }
 
-    /// The server process's CPU time, all threads (utime + stime), in seconds.
+    /// The server process's CPU time, all threads (utime + stime), in seconds; with
+    /// `penstock serve`'s added for the hand-off build.
     fn cpu_s(&self) -> Result<f64> {
-        process_cpu_s(self.child.id())
+        let serve = match &self.penstock {
+            Some(p) => process_cpu_s(p.child.id())?,
+            None => 0.0,
+        };
+        Ok(process_cpu_s(self.child.id())? + serve)
     }
 }
 
@@ -306,7 +406,9 @@ fn machine_busy_s() -> Result<f64> {
 /// One client: GET /name, read the head and (at most until `deadline`) the body into a
 /// discarding buffer. Returns the body bytes; without a deadline, an error unless all of
 /// Content-Length arrived.
-fn fetch(port: u16, name: &str, deadline: Option<Instant>) -> Result<u64> {
+fn fetch(port: u16, name: &str, deadline: Option<Instant>) -> Result<(u64, f64)> {
+    let cpu0 = penstock_driver::clock::thread_cpu_ns();
+    let cpu_s = || penstock_driver::clock::thread_cpu_ns().saturating_sub(cpu0) as f64 / 1e9;
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     write!(s, "GET /{name} HTTP/1.0\r\n\r\n")?;
     let mut buf = vec![0u8; 256 << 10];
@@ -348,7 +450,7 @@ fn fetch(port: u16, name: &str, deadline: Option<Instant>) -> Result<u64> {
                 Err(e) => return Err(e.into()),
             }
         }
-        return Ok(body);
+        return Ok((body, cpu_s()));
     }
     loop {
         let n = s.read(&mut buf)?;
@@ -360,7 +462,7 @@ fn fetch(port: u16, name: &str, deadline: Option<Instant>) -> Result<u64> {
     if body != length {
         bail!("/{name}: {body} of {length} bytes");
     }
-    Ok(body)
+    Ok((body, cpu_s()))
 }
 
 /// One measurement of `n` concurrent transfers.
@@ -369,6 +471,8 @@ struct Run {
     bytes: u64,
     secs: f64,
     server_cpu_s: f64,
+    /// The client threads' own CPU time (this process's threads reading the bodies).
+    clients_cpu_s: f64,
     machine_cpu_s: f64,
 }
 
@@ -378,6 +482,14 @@ impl Run {
     }
     fn server_s_per_gb(&self) -> f64 {
         self.server_cpu_s / (self.bytes as f64 / 1e9)
+    }
+    fn clients_s_per_gb(&self) -> f64 {
+        self.clients_cpu_s / (self.bytes as f64 / 1e9)
+    }
+    /// Server and clients together: on loopback the kernel's TCP receive processing is
+    /// charged to whichever side's context runs it, so this sum is the comparable cost.
+    fn both_s_per_gb(&self) -> f64 {
+        (self.server_cpu_s + self.clients_cpu_s) / (self.bytes as f64 / 1e9)
     }
     fn machine_s_per_gb(&self) -> f64 {
         self.machine_cpu_s / (self.bytes as f64 / 1e9)
@@ -394,8 +506,11 @@ fn transfer(server: &Server, n: usize, window: Option<Duration>) -> Result<Run> 
         .map(|i| std::thread::spawn(move || fetch(port, &format!("f{i}"), deadline)))
         .collect();
     let mut bytes = 0;
+    let mut clients_cpu_s = 0.0;
     for h in handles {
-        bytes += h.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+        let (b, cpu) = h.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+        bytes += b;
+        clients_cpu_s += cpu;
     }
     let secs = start.elapsed().as_secs_f64();
     // The cue() build's engine may still be closing a stream: give it a moment so its CPU
@@ -405,6 +520,7 @@ fn transfer(server: &Server, n: usize, window: Option<Duration>) -> Result<Run> 
         bytes,
         secs,
         server_cpu_s: server.cpu_s()? - cpu0,
+        clients_cpu_s,
         machine_cpu_s: machine_busy_s()? - busy0,
     })
 }
@@ -542,11 +658,11 @@ pub fn run(a: CuesArgs) -> Result<()> {
         .tempdir_in(&base)?;
     make_files(files.path(), a.transfers, a.file_size)?;
 
-    let mut built: Vec<(&'static str, PathBuf)> = Vec::new();
+    let mut built: Vec<(&'static str, PathBuf, bool)> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
     for b in builds() {
         match compile(&paths, &b, work.path())? {
-            Ok(exe) => built.push((b.name, exe)),
+            Ok(exe) => built.push((b.name, exe, b.handoff)),
             Err(why) => notes.push(format!("{}: {why}", b.name)),
         }
     }
@@ -578,46 +694,58 @@ pub fn run(a: CuesArgs) -> Result<()> {
     )?;
     writeln!(
         h,
-        "| build | transfers | aggregate MB/s | server CPU s/GB | machine CPU s/GB |\n|---|---:|---:|---:|---:|"
+        "| build | transfers | aggregate MB/s | server CPU s/GB | clients CPU s/GB | server + clients s/GB | machine CPU s/GB |\n|---|---:|---:|---:|---:|---:|---:|"
     )?;
     let mut table1 = Vec::new();
-    let mut at_max: Vec<(&str, f64, f64)> = Vec::new();
-    for (name, exe) in &built {
-        let server = Server::start(exe, files.path(), a.cue_options.as_deref())?;
+    // (build, MB/s, server CPU/GB, server + clients CPU/GB) at `--transfers`.
+    let mut at_max: Vec<(&str, f64, f64, f64)> = Vec::new();
+    for (name, exe, handoff) in &built {
+        let server = Server::start(exe, files.path(), a.cue_options.as_deref(), *handoff)?;
         for n in 1..=a.transfers {
             let runs: Vec<Run> = (0..a.reps)
                 .map(|_| transfer(&server, n, None))
                 .collect::<Result<_>>()?;
             let mb_s = median(&runs.iter().map(Run::mb_s).collect::<Vec<_>>());
             let srv = median(&runs.iter().map(Run::server_s_per_gb).collect::<Vec<_>>());
+            let cli = median(&runs.iter().map(Run::clients_s_per_gb).collect::<Vec<_>>());
+            let both = median(&runs.iter().map(Run::both_s_per_gb).collect::<Vec<_>>());
             let mach = median(&runs.iter().map(Run::machine_s_per_gb).collect::<Vec<_>>());
-            writeln!(h, "| {name} | {n} | {mb_s:.0} | {srv:.3} | {mach:.3} |")?;
+            writeln!(
+                h,
+                "| {name} | {n} | {mb_s:.0} | {srv:.3} | {cli:.3} | {both:.3} | {mach:.3} |"
+            )?;
             table1.push(json!({"build": name, "transfers": n, "mb_s": mb_s,
-                "server_cpu_s_per_gb": srv, "machine_cpu_s_per_gb": mach,
+                "server_cpu_s_per_gb": srv, "clients_cpu_s_per_gb": cli,
+                "server_and_clients_cpu_s_per_gb": both, "machine_cpu_s_per_gb": mach,
                 "runs": runs.iter().map(|r| json!({"bytes": r.bytes, "secs": r.secs,
-                    "server_cpu_s": r.server_cpu_s, "machine_cpu_s": r.machine_cpu_s})).collect::<Vec<_>>()}));
+                    "server_cpu_s": r.server_cpu_s, "clients_cpu_s": r.clients_cpu_s,
+                    "machine_cpu_s": r.machine_cpu_s})).collect::<Vec<_>>()}));
             if n == a.transfers {
-                at_max.push((name, mb_s, srv));
+                at_max.push((name, mb_s, srv, both));
             }
         }
     }
     let find = |n: &str| at_max.iter().find(|x| x.0 == n).copied();
     let mut ratios = json!({});
-    if let Some((_, rw_mb, rw_cpu)) = find("read/write") {
+    if let Some((_, rw_mb, rw_cpu, rw_both)) = find("read/write") {
         writeln!(
             h,
             "\nAt {} transfers, against the read/write build:\n",
             a.transfers
         )?;
-        for (name, mb, cpu) in &at_max {
+        for (name, mb, cpu, both) in &at_max {
             if *name == "read/write" {
                 continue;
             }
-            let (tr, cr) = (mb / rw_mb, cpu / rw_cpu);
-            writeln!(h, "- {name}: throughput {tr:.2}×, server CPU/GB {cr:.2}×")?;
-            ratios[*name] = json!({"throughput_x": tr, "server_cpu_per_gb_x": cr});
+            let (tr, cr, br) = (mb / rw_mb, cpu / rw_cpu, both / rw_both);
+            writeln!(
+                h,
+                "- {name}: throughput {tr:.2}×, server CPU/GB {cr:.2}×, server + clients CPU/GB {br:.2}×"
+            )?;
+            ratios[*name] = json!({"throughput_x": tr, "server_cpu_per_gb_x": cr,
+                "server_and_clients_cpu_per_gb_x": br});
         }
-        if let Some((_, cue_mb, cue_cpu)) = find("cue()") {
+        if let Some((_, cue_mb, cue_cpu, _)) = find("cue()") {
             let met = cue_mb / rw_mb >= 1.5 && cue_cpu / rw_cpu <= 0.6;
             writeln!(
                 h,
@@ -648,7 +776,7 @@ pub fn run(a: CuesArgs) -> Result<()> {
                 .as_secs_f64();
             for &k in &a.k {
                 let opts = format!("schedule={k},{t} unit={}", a.unit);
-                let server = Server::start(exe, files.path(), Some(&opts))?;
+                let server = Server::start(exe, files.path(), Some(&opts), false)?;
                 let r = transfer(&server, a.transfers, Some(a.window))?;
                 let nominal = a.transfers as f64 * f64::from(k) * a.unit as f64 / t_s / 1e6;
                 writeln!(
@@ -687,8 +815,8 @@ pub fn run(a: CuesArgs) -> Result<()> {
             "Idle machine: {:.0} M iterations/s. The transfers are not paced, so a faster build also takes the CPU for a shorter time: the last column is the meter's iterations lost per GB moved ((idle − meter) / GB/s).\n\n| build | meter M it/s | share of idle | transfers MB/s | meter M it lost per GB |\n|---|---:|---:|---:|---:|",
             idle / 1e6
         )?;
-        for (name, exe) in &built {
-            let server = Server::start(exe, files.path(), a.cue_options.as_deref())?;
+        for (name, exe, handoff) in &built {
+            let server = Server::start(exe, files.path(), a.cue_options.as_deref(), *handoff)?;
             let (rate, r) = m.rate_during(|| transfer(&server, a.transfers, None))?;
             writeln!(
                 h,

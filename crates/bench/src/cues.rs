@@ -3,6 +3,8 @@
 //!
 //! - `sendfile`: the plain build (a sendfile(2) loop);
 //! - `read/write`: `-DUSE_READWRITE`, a read(2)/write(2) loop through a 64 KiB buffer;
+//! - `sendfile, a process per transfer`: the plain build, one server process per concurrent
+//!   transfer (their CPU summed) — concurrent sendfile loops without the engine;
 //! - `sendfile non-blocking`: `-DUSE_SENDFILE_NONBLOCKING`, the same sendfile(2) on a
 //!   non-blocking socket with poll(2) for POLLOUT — the engine's pattern without the engine:
 //!   on loopback the kernel charges the receiver's TCP work partly to whichever side runs
@@ -26,7 +28,8 @@
 //!   `--t`, `--transfers` clients each reading for `--window`: throughput and CPU.
 //! - §4.3: a metering process (`penstock hog meter`, pinned to CPU 0: a busy loop printing its
 //!   iteration count) beside `--transfers` concurrent transfers of each build; its iterations
-//!   per second as a share of an idle machine's (measured first, in the same run).
+//!   per second as a share of an idle machine's (measured in the same run): `--reps`
+//!   rounds of an idle window then every build in turn, medians.
 //!
 //! The example server serves one connection at a time (accept, send, close), as written: the
 //! sendfile and read/write builds send the concurrent requests one after another, the cue()
@@ -114,6 +117,9 @@ struct Build {
     /// Hands its bodies to a `penstock serve` started for it (its Unix control socket in
     /// PENSTOCK_SOCKET); that process's CPU counts as the server's too.
     handoff: bool,
+    /// One server process per concurrent transfer (their CPU summed): the plain build's
+    /// sendfile loops running at once, as the engine's streams do.
+    per_transfer: bool,
 }
 
 /// The builds, in table order.
@@ -125,6 +131,7 @@ fn builds() -> Vec<Build> {
             penstock: false,
             needs: None,
             handoff: false,
+            per_transfer: false,
         },
         Build {
             name: "sendfile",
@@ -132,6 +139,17 @@ fn builds() -> Vec<Build> {
             penstock: false,
             needs: None,
             handoff: false,
+            per_transfer: false,
+        },
+        // Concurrent sendfile loops without the engine: what running the transfers at once
+        // (not one after another, as one example server does) costs the senders on loopback.
+        Build {
+            name: "sendfile, a process per transfer",
+            defines: &[],
+            penstock: false,
+            needs: None,
+            handoff: false,
+            per_transfer: true,
         },
         // The engine's pattern without the engine: where the kernel charges a loopback
         // receiver's TCP work when the sender waits in poll(2) instead of in sendfile(2).
@@ -141,6 +159,7 @@ fn builds() -> Vec<Build> {
             penstock: false,
             needs: None,
             handoff: false,
+            per_transfer: false,
         },
         Build {
             name: "cue()",
@@ -148,6 +167,7 @@ fn builds() -> Vec<Build> {
             penstock: true,
             needs: None,
             handoff: false,
+            per_transfer: false,
         },
         Build {
             name: "hand-off",
@@ -155,8 +175,27 @@ fn builds() -> Vec<Build> {
             penstock: true,
             needs: Some("penstock_conn_cue"),
             handoff: true,
+            per_transfer: false,
         },
     ]
+}
+
+/// A compiled build.
+struct Built {
+    name: &'static str,
+    exe: PathBuf,
+    handoff: bool,
+    per_transfer: bool,
+}
+
+impl Built {
+    /// Its server (`transfers` of them for a process-per-transfer build).
+    fn start(&self, root: &Path, options: Option<&str>, transfers: usize) -> Result<Vec<Server>> {
+        let count = if self.per_transfer { transfers } else { 1 };
+        (0..count)
+            .map(|_| Server::start(&self.exe, root, options, self.handoff))
+            .collect()
+    }
 }
 
 struct Paths {
@@ -220,7 +259,7 @@ fn compile(p: &Paths, b: &Build, out_dir: &Path) -> Result<std::result::Result<P
     }
     let exe = out_dir.join(format!(
         "httpd-{}",
-        b.name.replace(['/', '(', ')'], "").replace(' ', "-")
+        b.name.replace(['/', '(', ')', ','], "").replace(' ', "-")
     ));
     let mut cc = Command::new("cc");
     cc.args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"])
@@ -496,14 +535,22 @@ impl Run {
     }
 }
 
-fn transfer(server: &Server, n: usize, window: Option<Duration>) -> Result<Run> {
-    let cpu0 = server.cpu_s()?;
+/// The servers' CPU time, summed.
+fn servers_cpu_s(servers: &[Server]) -> Result<f64> {
+    servers.iter().map(Server::cpu_s).sum()
+}
+
+/// `n` concurrent transfers, client `i` asking server `i` modulo their number.
+fn transfer(servers: &[Server], n: usize, window: Option<Duration>) -> Result<Run> {
+    let cpu0 = servers_cpu_s(servers)?;
     let busy0 = machine_busy_s()?;
     let start = Instant::now();
     let deadline = window.map(|w| start + w);
-    let port = server.port;
     let handles: Vec<_> = (0..n)
-        .map(|i| std::thread::spawn(move || fetch(port, &format!("f{i}"), deadline)))
+        .map(|i| {
+            let port = servers[i % servers.len()].port;
+            std::thread::spawn(move || fetch(port, &format!("f{i}"), deadline))
+        })
         .collect();
     let mut bytes = 0;
     let mut clients_cpu_s = 0.0;
@@ -519,7 +566,7 @@ fn transfer(server: &Server, n: usize, window: Option<Duration>) -> Result<Run> 
     Ok(Run {
         bytes,
         secs,
-        server_cpu_s: server.cpu_s()? - cpu0,
+        server_cpu_s: servers_cpu_s(servers)? - cpu0,
         clients_cpu_s,
         machine_cpu_s: machine_busy_s()? - busy0,
     })
@@ -658,11 +705,16 @@ pub fn run(a: CuesArgs) -> Result<()> {
         .tempdir_in(&base)?;
     make_files(files.path(), a.transfers, a.file_size)?;
 
-    let mut built: Vec<(&'static str, PathBuf, bool)> = Vec::new();
+    let mut built: Vec<Built> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
     for b in builds() {
         match compile(&paths, &b, work.path())? {
-            Ok(exe) => built.push((b.name, exe, b.handoff)),
+            Ok(exe) => built.push(Built {
+                name: b.name,
+                exe,
+                handoff: b.handoff,
+                per_transfer: b.per_transfer,
+            }),
             Err(why) => notes.push(format!("{}: {why}", b.name)),
         }
     }
@@ -699,11 +751,12 @@ pub fn run(a: CuesArgs) -> Result<()> {
     let mut table1 = Vec::new();
     // (build, MB/s, server CPU/GB, server + clients CPU/GB) at `--transfers`.
     let mut at_max: Vec<(&str, f64, f64, f64)> = Vec::new();
-    for (name, exe, handoff) in &built {
-        let server = Server::start(exe, files.path(), a.cue_options.as_deref(), *handoff)?;
+    for b in &built {
+        let name = b.name;
+        let servers = b.start(files.path(), a.cue_options.as_deref(), a.transfers)?;
         for n in 1..=a.transfers {
             let runs: Vec<Run> = (0..a.reps)
-                .map(|_| transfer(&server, n, None))
+                .map(|_| transfer(&servers, n, None))
                 .collect::<Result<_>>()?;
             let mb_s = median(&runs.iter().map(Run::mb_s).collect::<Vec<_>>());
             let srv = median(&runs.iter().map(Run::server_s_per_gb).collect::<Vec<_>>());
@@ -745,6 +798,22 @@ pub fn run(a: CuesArgs) -> Result<()> {
             ratios[*name] = json!({"throughput_x": tr, "server_cpu_per_gb_x": cr,
                 "server_and_clients_cpu_per_gb_x": br});
         }
+        if let (Some((_, cue_mb, cue_cpu, cue_both)), Some((_, p_mb, p_cpu, p_both))) =
+            (find("cue()"), find("sendfile, a process per transfer"))
+        {
+            writeln!(
+                h,
+                "- cue() against sendfile with a process per transfer (the same concurrency \
+                 without the engine): throughput {:.2}×, server CPU/GB {:.2}×, server + \
+                 clients CPU/GB {:.2}×",
+                cue_mb / p_mb,
+                cue_cpu / p_cpu,
+                cue_both / p_both
+            )?;
+            ratios["cue() vs sendfile, a process per transfer"] = json!({
+                "throughput_x": cue_mb / p_mb, "server_cpu_per_gb_x": cue_cpu / p_cpu,
+                "server_and_clients_cpu_per_gb_x": cue_both / p_both});
+        }
         if let Some((_, cue_mb, cue_cpu, _)) = find("cue()") {
             let met = cue_mb / rw_mb >= 1.5 && cue_cpu / rw_cpu <= 0.6;
             writeln!(
@@ -757,7 +826,10 @@ pub fn run(a: CuesArgs) -> Result<()> {
 
     // Fig. 5.
     let mut sweep = Vec::new();
-    let cue_exe = built.iter().find(|b| b.0 == "cue()").map(|b| b.1.clone());
+    let cue_exe = built
+        .iter()
+        .find(|b| b.name == "cue()")
+        .map(|b| b.exe.clone());
     if !a.no_sweep
         && let Some(exe) = &cue_exe
     {
@@ -777,7 +849,7 @@ pub fn run(a: CuesArgs) -> Result<()> {
             for &k in &a.k {
                 let opts = format!("schedule={k},{t} unit={}", a.unit);
                 let server = Server::start(exe, files.path(), Some(&opts), false)?;
-                let r = transfer(&server, a.transfers, Some(a.window))?;
+                let r = transfer(std::slice::from_ref(&server), a.transfers, Some(a.window))?;
                 let nominal = a.transfers as f64 * f64::from(k) * a.unit as f64 / t_s / 1e6;
                 writeln!(
                     h,
@@ -800,35 +872,55 @@ pub fn run(a: CuesArgs) -> Result<()> {
     let mut idle_rate = f64::NAN;
     if !a.no_meter {
         let m = Meter::start()?;
-        let (idle, ()) = m.rate_during(|| {
-            std::thread::sleep(a.window);
-            Ok(())
-        })?;
+        let idle_for = || {
+            m.rate_during(|| {
+                std::thread::sleep(a.window);
+                Ok(())
+            })
+            .map(|(r, ())| r)
+        };
+        // `--reps` rounds, each an idle window then every build in turn, so that a change in
+        // the machine's other load (it is shared) falls on all builds alike: medians per
+        // build, and of the idle windows.
+        let mut idles = Vec::new();
+        let mut samples: Vec<Vec<(f64, f64)>> = vec![Vec::new(); built.len()];
+        for _ in 0..a.reps {
+            idles.push(idle_for()?);
+            for (k, b) in built.iter().enumerate() {
+                let servers = b.start(files.path(), a.cue_options.as_deref(), a.transfers)?;
+                let (rate, r) = m.rate_during(|| transfer(&servers, a.transfers, None))?;
+                samples[k].push((rate, r.mb_s()));
+            }
+        }
+        let idle = median(&idles);
         idle_rate = idle;
         writeln!(
             h,
-            "\n## §4.3: CPU left to others — a meter pinned to CPU 0 beside {} transfers\n",
-            a.transfers
+            "\n## §4.3: CPU left to others — a meter pinned to CPU 0 beside {} transfers (median of {} rounds)\n",
+            a.transfers, a.reps
         )?;
         writeln!(
             h,
-            "Idle machine: {:.0} M iterations/s. The transfers are not paced, so a faster build also takes the CPU for a shorter time: the last column is the meter's iterations lost per GB moved ((idle − meter) / GB/s).\n\n| build | meter M it/s | share of idle | transfers MB/s | meter M it lost per GB |\n|---|---:|---:|---:|---:|",
+            "Idle machine: {:.0} M iterations/s (median; each round measured it again, then every build in turn). The transfers are not paced, so a faster build also takes the CPU for a shorter time: the last column is the meter's iterations lost per GB moved ((idle − meter) / GB/s).\n\n| build | meter M it/s | share of idle | transfers MB/s | meter M it lost per GB |\n|---|---:|---:|---:|---:|",
             idle / 1e6
         )?;
-        for (name, exe, handoff) in &built {
-            let server = Server::start(exe, files.path(), a.cue_options.as_deref(), *handoff)?;
-            let (rate, r) = m.rate_during(|| transfer(&server, a.transfers, None))?;
+        for (b, got) in built.iter().zip(&samples) {
+            let name = b.name;
+            let rate = median(&got.iter().map(|x| x.0).collect::<Vec<_>>());
+            let mb_s = median(&got.iter().map(|x| x.1).collect::<Vec<_>>());
             writeln!(
                 h,
                 "| {name} | {:.0} | {:.2} | {:.0} | {:.0} |",
                 rate / 1e6,
                 rate / idle,
-                r.mb_s(),
-                (idle - rate) / 1e6 / (r.mb_s() / 1e3)
+                mb_s,
+                (idle - rate) / 1e6 / (mb_s / 1e3)
             )?;
             meter_rows.push(json!({"build": name, "iterations_per_s": rate,
-                "share_of_idle": rate / idle, "mb_s": r.mb_s(),
-                "iterations_lost_per_gb": (idle - rate) / (r.mb_s() / 1e3)}));
+                "share_of_idle": rate / idle, "mb_s": mb_s,
+                "iterations_lost_per_gb": (idle - rate) / (mb_s / 1e3),
+                "rounds": got.iter().map(|x| json!({"iterations_per_s": x.0, "mb_s": x.1}))
+                    .collect::<Vec<_>>()}));
         }
         let share = |n: &str| {
             meter_rows

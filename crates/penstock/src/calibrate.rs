@@ -95,8 +95,9 @@ pub fn admission_config(
                 ..Capacity::CONSERVATIVE
             },
             Some(format!(
-                "no calibration at {} (run `penstock calibrate`): admission uses a conservative default \
-                 (50 MB/s, 75 IOPS)",
+                "no calibration at {} (run `penstock calibrate` for the full measurement): the \
+                 source's device is self-calibrated on first use (under 3 s, cached), else \
+                 admission uses conservative defaults (50 MB/s, 75 IOPS)",
                 path.display()
             )),
         ),

@@ -53,7 +53,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use penstock_core::admission::{Refusal, Resource, StreamQos, Usage};
+use penstock_core::admission::{Refusal, StreamQos, Usage};
 use penstock_core::control::{
     Class, DataPath as CtlPath, DiskTune, KtSchedule, OpenSpec, Reply, ReplyCode, StartTime,
     StreamId, StreamSelector,
@@ -916,14 +916,9 @@ impl Streams {
 
     fn refusal_reply(&self, r: Refusal) -> Reply {
         let resources: Vec<&str> = match &r {
-            Refusal::Short { shortages } | Refusal::NeverFits { shortages } => shortages
-                .iter()
-                .map(|s| match s.resource {
-                    Resource::Disk => "disk",
-                    Resource::Network => "network",
-                    Resource::Buffers => "buffers",
-                })
-                .collect(),
+            Refusal::Short { shortages, .. } | Refusal::NeverFits { shortages, .. } => {
+                shortages.iter().map(|s| s.resource.name()).collect()
+            }
             Refusal::StreamsMax { .. } => vec!["streams"],
             Refusal::InvalidQos { reason } => {
                 return Reply::new(ReplyCode::BAD_SYNTAX, format!("invalid QoS: {reason}"));

@@ -61,15 +61,25 @@ impl DeviceId {
     pub const UNKNOWN: DeviceId = DeviceId(0);
 }
 
+impl DeviceId {
+    /// `MAJ:MIN` (Linux's dev_t encoding, glibc's gnu_dev_major / gnu_dev_minor), or
+    /// `default` for [`DeviceId::UNKNOWN`].
+    pub fn name(&self) -> String {
+        if *self == DeviceId::UNKNOWN {
+            return "default".into();
+        }
+        let major = ((self.0 >> 32) & 0xffff_f000) | ((self.0 >> 8) & 0xfff);
+        let minor = ((self.0 >> 12) & 0xffff_ff00) | (self.0 & 0xff);
+        format!("{major}:{minor}")
+    }
+}
+
 impl fmt::Display for DeviceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if *self == DeviceId::UNKNOWN {
             return write!(f, "default device");
         }
-        // Linux's dev_t encoding (glibc's gnu_dev_major / gnu_dev_minor).
-        let major = ((self.0 >> 32) & 0xffff_f000) | ((self.0 >> 8) & 0xfff);
-        let minor = ((self.0 >> 12) & 0xffff_ff00) | (self.0 & 0xff);
-        write!(f, "device {major}:{minor}")
+        write!(f, "device {}", self.name())
     }
 }
 
@@ -120,18 +130,33 @@ impl DiskCapacity {
 /// Where a device's figures came from (said in every admission reply).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum FigureSource {
-    /// No measurement: [`Capacity::CONSERVATIVE`] or the configured figures.
+    /// No measurement: [`Capacity::CONSERVATIVE`].
     Defaults,
+    /// Figures set in the configuration.
+    Configured,
     /// `penstock calibrate`'s file.
     CalibrationFile,
     /// The engine's short self-calibration (or its cached result), at this Unix time.
     SelfCalibrated { unix_s: u64 },
 }
 
+impl FigureSource {
+    /// One word for metrics labels and STATS: `defaults`, `file`, `self-calibrated`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            FigureSource::Defaults => "defaults",
+            FigureSource::Configured => "configured",
+            FigureSource::CalibrationFile => "file",
+            FigureSource::SelfCalibrated { .. } => "self-calibrated",
+        }
+    }
+}
+
 impl fmt::Display for FigureSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FigureSource::Defaults => write!(f, "conservative defaults"),
+            FigureSource::Configured => write!(f, "configured"),
             FigureSource::CalibrationFile => write!(f, "calibration file"),
             FigureSource::SelfCalibrated { unix_s } => {
                 write!(f, "self-calibrated at {unix_s} (Unix time)")

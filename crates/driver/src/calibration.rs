@@ -502,7 +502,9 @@ pub fn device_figures(
             let fd = file?;
             // A file too small to time sequential reads on says little about the device.
             let st = rustix::fs::fstat(fd).ok()?;
-            if st.st_size < SELF_CALIBRATION_FILE_BYTES_MIN as i64 {
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
+                || st.st_size < SELF_CALIBRATION_FILE_BYTES_MIN as i64
+            {
                 return None;
             }
             let proc = PathBuf::from(format!(

@@ -103,6 +103,9 @@ enum BenchCommand {
     /// The Cues experiments (issue 14): the example C server built with read/write, sendfile
     /// and cue(); throughput, CPU/GB, a (K, T) sweep and the CPU left to a metering process.
     Cues(bench::cues::CuesArgs),
+    /// Issue 22: rt streams of an 8 Mbit/s TS ramped until admission refuses (N_adm), run
+    /// beside bulk readers (no misses), then forced beyond until units miss (N_miss).
+    Admission(bench::admission::AdmissionArgs),
 }
 
 fn main() {
@@ -144,6 +147,7 @@ fn main() {
         Command::Volume(c) => cmd_volume::run(c),
         Command::Bench(BenchCommand::Stripe(a)) => bench::stripe::run(a),
         Command::Bench(BenchCommand::Cues(a)) => bench::cues::run(a),
+        Command::Bench(BenchCommand::Admission(a)) => bench::admission::run(a),
         Command::Completions(a) => cmd_manual::completions(a, Cli::command()),
         Command::Man(a) => cmd_manual::man(a, Cli::command()),
     };

@@ -902,10 +902,13 @@ impl Engine {
     }
 
     /// Asks admission control now for what `spec` will ask when it starts (the planner's
-    /// admission request, which does not depend on the endpoints): a server admits a stream
-    /// when it is opened and starts it later with [`Engine::open_admitted`]. `None`: the
-    /// stream asks for no guarantee. The reservation is released when the [`Admitted`] is
-    /// dropped unused, or with the stream's handle.
+    /// admission request, which does not depend on the endpoints: its reads charged as a
+    /// paced stream's whole-unit read-ahead on the default device): a server admits a stream
+    /// when it is opened and starts it later with [`Engine::open_admitted`], which charges it
+    /// again for the reads planned on its real device, in one step (a refusal there fails the
+    /// start and gives the reservation back). `None`: the stream asks for no guarantee. The
+    /// reservation is released when the [`Admitted`] is dropped unused, or with the stream's
+    /// handle.
     pub fn admit(&self, spec: &StreamSpec) -> Result<Option<Admitted>, StreamError> {
         let Some(qos) = admission_request(&spec.plan_request()?, &self.plan_limits())? else {
             return Ok(None);

@@ -15,6 +15,7 @@
 //! `unsafe`.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod cues;
 pub mod hog;
 pub mod http;

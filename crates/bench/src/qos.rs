@@ -170,6 +170,7 @@ fn roomy_admission() -> penstock_core::admission::AdmissionConfig {
             net_bytes_per_s: 100_000_000_000,
             buffer_count: 1024,
             buffer_bytes: UNIT,
+            ..penstock_core::admission::Capacity::CONSERVATIVE
         },
         bulk_share_percent: 20,
         streams_max: 1024,

@@ -7,6 +7,7 @@
 //! of 4 KiB and 64 KiB at depth 1, 8 and 32, at uniformly random aligned offsets, each for a
 //! fixed time. All reads go through io_uring (the engine's own ring).
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,10 @@ pub struct Calibration {
     /// [`best_read_depth`] of `seq_read_by_depth`: the read depth for streams on this device.
     #[serde(default)]
     pub read_depth: Option<u32>,
+    /// CPU time of one 1316-byte UDP send to a loopback receiver, in ns (absent in files
+    /// written before it was measured).
+    #[serde(default)]
+    pub send_ns: Option<u64>,
 }
 
 /// Why calibration failed.
@@ -97,9 +102,12 @@ impl Calibration {
             disk_random_iops: random
                 .map_or(Capacity::CONSERVATIVE.disk_random_iops, |r| r.iops.max(1)),
             disk_random_request_bytes: random.map_or(4096, |r| r.request_bytes),
+            disk_source: penstock_core::admission::FigureSource::CalibrationFile,
             net_bytes_per_s,
             buffer_count,
             buffer_bytes,
+            cpu_send_ns: self.send_ns.unwrap_or(Capacity::CONSERVATIVE.cpu_send_ns),
+            ..Capacity::CONSERVATIVE
         }
     }
 
@@ -162,6 +170,21 @@ pub fn default_path() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
         .unwrap_or_else(|| PathBuf::from("."));
     base.join("penstock").join("calibration.toml")
+}
+
+/// The device a read of `fd` lands on: a block device's own number, else its file system's
+/// (the disk queue's device, `uring_path`); 0 when fstat fails.
+pub fn device_of(fd: impl AsFd) -> u64 {
+    match rustix::fs::fstat(fd) {
+        Ok(st)
+            if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                == rustix::fs::FileType::BlockDevice =>
+        {
+            st.st_rdev
+        }
+        Ok(st) => st.st_dev,
+        Err(_) => 0,
+    }
 }
 
 /// How long and how much to measure.
@@ -273,6 +296,7 @@ fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, Calibrat
         random,
         read_depth: best_read_depth(&by_depth),
         seq_read_by_depth: by_depth,
+        send_ns: measure_send_ns(opts.random_time).ok(),
     })
 }
 
@@ -319,6 +343,45 @@ pub fn measure_read_depth(
     r
 }
 
+/// The CPU time one 1316-byte UDP send to a loopback receiver costs the sending thread
+/// (its thread CPU time over the sends made in `time`; on loopback the receive path runs in
+/// the sender's context too, as it does for the engine's workers).
+pub fn measure_send_ns(time: Duration) -> std::io::Result<u64> {
+    use std::net::UdpSocket;
+    let rx = UdpSocket::bind("127.0.0.1:0")?;
+    rx.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let tx = UdpSocket::bind("127.0.0.1:0")?;
+    tx.connect(rx.local_addr()?)?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let drain = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = rx.recv(&mut buf);
+            }
+        })
+    };
+    let unit = [0x47u8; 1316];
+    let cpu = || rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    let ns = |t: rustix::time::Timespec| t.tv_sec as u128 * 1_000_000_000 + t.tv_nsec as u128;
+    let (t0, c0) = (Instant::now(), cpu());
+    let mut sends = 0u64;
+    while t0.elapsed() < time {
+        for _ in 0..64 {
+            // A full receive queue drops datagrams; the send's cost is paid all the same.
+            let _ = tx.send(&unit);
+            sends += 1;
+        }
+    }
+    let used = ns(cpu()).saturating_sub(ns(c0));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = drain.join();
+    Ok(u64::try_from(used / u128::from(sends.max(1)))
+        .unwrap_or(u64::MAX)
+        .max(1))
+}
+
 #[derive(Clone, Copy)]
 enum Pattern {
     Sequential,
@@ -350,7 +413,11 @@ fn run_reads(
         let block = match pattern {
             Pattern::Sequential => {
                 if *next_block >= blocks {
-                    return false;
+                    if time.is_none() {
+                        return false;
+                    }
+                    // Timed: around again (O_DIRECT reads the device each time).
+                    *next_block = 0;
                 }
                 *next_block += 1;
                 *next_block - 1
@@ -403,6 +470,238 @@ fn run_reads(
     }
     let secs = t0.elapsed().as_secs_f64().max(1e-9);
     Ok((done_bytes as f64 / secs) as u64)
+}
+
+/// The engine's self-calibration: on the first rt admission on a device without figures
+/// (and only when no calibration file gave them), a short measurement of that device —
+/// sequential O_DIRECT reads of 1 MiB and random O_DIRECT reads of 64 KiB, each at depth 1
+/// (the depth the disk queue gives one stream's read-ahead), `time` each — kept in a cache
+/// file per device and used again while the device is the same (its size and model, read
+/// from `/sys/dev/block/MAJ:MIN`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelfCalibration {
+    /// Off: devices without figures are charged with the default figures.
+    pub enabled: bool,
+    /// Where measured devices are cached (`None`: not cached, measured at each engine start).
+    pub cache_dir: Option<PathBuf>,
+    /// Time per measurement (two of them); at most [`SELF_CALIBRATION_TIME_MAX`].
+    pub time: Duration,
+}
+
+/// The longest self-calibration measurement (two are made: under 3 s in all).
+pub const SELF_CALIBRATION_TIME_MAX: Duration = Duration::from_millis(1500);
+
+impl Default for SelfCalibration {
+    /// Off (the library's default; `penstock stream` and `penstock serve` turn it on).
+    fn default() -> Self {
+        SelfCalibration {
+            enabled: false,
+            cache_dir: None,
+            time: Duration::from_millis(1000),
+        }
+    }
+}
+
+/// `$XDG_CACHE_HOME/penstock`, else `~/.cache/penstock`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|b| b.join("penstock"))
+}
+
+/// One device's self-calibration, as cached.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeviceRecord {
+    /// `MAJ:MIN`.
+    pub device: String,
+    /// From `/sys/dev/block/MAJ:MIN`: size in 512-byte sectors and model ("" when absent).
+    pub size_sectors: u64,
+    pub model: String,
+    pub seq_read_bytes_per_s: u64,
+    pub random_iops: u64,
+    pub random_request_bytes: u64,
+    /// When it was measured (Unix seconds).
+    pub measured_unix_s: u64,
+}
+
+impl DeviceRecord {
+    pub fn figures(&self) -> penstock_core::admission::DeviceFigures {
+        penstock_core::admission::DeviceFigures {
+            disk: penstock_core::admission::DiskCapacity {
+                seq_bytes_per_s: self.seq_read_bytes_per_s.max(1),
+                random_iops: self.random_iops.max(1),
+                random_request_bytes: self.random_request_bytes,
+            },
+            source: penstock_core::admission::FigureSource::SelfCalibrated {
+                unix_s: self.measured_unix_s,
+            },
+        }
+    }
+}
+
+fn major_minor(dev: u64) -> (u64, u64) {
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+    (major, minor)
+}
+
+/// A device's identity as sysfs tells it: size in sectors and model. `None` when the
+/// device has no sysfs entry (a virtual file system: nothing to calibrate).
+fn identity(dev: u64) -> Option<(u64, String)> {
+    let (major, minor) = major_minor(dev);
+    let base = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let size = std::fs::read_to_string(base.join("size"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    // A partition's model is its disk's.
+    let model = std::fs::read_to_string(base.join("device/model"))
+        .or_else(|_| std::fs::read_to_string(base.join("../device/model")))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    Some((size, model))
+}
+
+/// Why a device was not self-calibrated (said once per device; it is then charged with the
+/// default figures).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SelfCalibrationError {
+    #[error("device {0}: no block device behind it (no /sys/dev/block entry)")]
+    NotBlock(String),
+    #[error(
+        "device {0}: neither the device node nor a file on it of at least 16 MiB opens with O_DIRECT"
+    )]
+    NoDirect(String),
+    #[error(transparent)]
+    Measure(#[from] CalibrationError),
+}
+
+/// The figures of device `dev` from the cache when its identity is unchanged, else measured
+/// now (the block device node read in place when this process may open it, else `file`, a
+/// file on it, reopened with O_DIRECT) and cached. Never writes to the device.
+pub fn device_figures(
+    dev: u64,
+    file: Option<std::os::fd::BorrowedFd<'_>>,
+    cfg: &SelfCalibration,
+) -> Result<DeviceRecord, SelfCalibrationError> {
+    let (major, minor) = major_minor(dev);
+    let name = format!("{major}:{minor}");
+    let (size_sectors, model) =
+        identity(dev).ok_or_else(|| SelfCalibrationError::NotBlock(name.clone()))?;
+    let cache = cfg
+        .cache_dir
+        .as_ref()
+        .map(|d| d.join("devices").join(format!("{major}-{minor}.toml")));
+    if let Some(path) = &cache
+        && let Ok(text) = std::fs::read_to_string(path)
+        && let Ok(r) = toml::from_str::<DeviceRecord>(&text)
+        && r.device == name
+        && r.size_sectors == size_sectors
+        && r.model == model
+    {
+        return Ok(r);
+    }
+    let node = device_node(dev).unwrap_or_else(|| PathBuf::from(format!("/dev/block/{name}")));
+    let fd = crate::open::reopen_direct(&node)
+        .or_else(|| {
+            let fd = file?;
+            // A file too small to time sequential reads on says little about the device.
+            let st = rustix::fs::fstat(fd).ok()?;
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
+                || st.st_size < SELF_CALIBRATION_FILE_BYTES_MIN as i64
+            {
+                return None;
+            }
+            let proc = PathBuf::from(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&fd)
+            ));
+            crate::open::reopen_direct(&proc)
+        })
+        .ok_or_else(|| SelfCalibrationError::NoDirect(name.clone()))?;
+    let time = cfg.time.min(SELF_CALIBRATION_TIME_MAX);
+    let size =
+        rustix::fs::seek(&fd, rustix::fs::SeekFrom::End(0)).map_err(|e| CalibrationError::Io {
+            path: node.clone(),
+            source: e.into(),
+        })?;
+    let (mut ring, _) = Ring::new(&RingConfig {
+        buffers: 2,
+        buffer_bytes: 1 << 20,
+        ..RingConfig::default()
+    })
+    .map_err(|e| CalibrationError::Ring(e.to_string()))?;
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let seq = run_reads(
+        &mut ring,
+        raw,
+        size,
+        1 << 20,
+        1,
+        Pattern::Sequential,
+        Some(time),
+    )?;
+    let random_request_bytes = 65536;
+    let random = run_reads(
+        &mut ring,
+        raw,
+        size,
+        random_request_bytes,
+        1,
+        Pattern::Random,
+        Some(time),
+    )?;
+    let record = DeviceRecord {
+        device: name,
+        size_sectors,
+        model,
+        seq_read_bytes_per_s: seq.max(1),
+        random_iops: (random / random_request_bytes).max(1),
+        random_request_bytes,
+        measured_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    if let Some(path) = &cache {
+        // A cache that cannot be written costs a measurement next time, nothing more.
+        let _ = write_atomically(
+            path,
+            &toml::to_string(&record).expect("a record serializes"),
+        );
+    }
+    Ok(record)
+}
+
+/// The smallest file self-calibration measures a device through (when its node cannot be
+/// read).
+pub const SELF_CALIBRATION_FILE_BYTES_MIN: u64 = 16 << 20;
+
+/// `/dev/NAME` of device `dev`, from its sysfs `uevent`, when it is that block device.
+fn device_node(dev: u64) -> Option<PathBuf> {
+    let (major, minor) = major_minor(dev);
+    let uevent = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent")).ok()?;
+    let name = uevent.lines().find_map(|l| l.strip_prefix("DEVNAME="))?;
+    if name.contains("..") {
+        return None;
+    }
+    let path = PathBuf::from("/dev").join(name);
+    let st = rustix::fs::stat(&path).ok()?;
+    (rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::BlockDevice
+        && st.st_rdev == dev)
+        .then_some(path)
+}
+
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

@@ -109,6 +109,9 @@ enum BenchCommand {
     /// another, and one report page beside the papers' numbers: DIR/index.html, DIR/*.svg,
     /// DIR/results.json.
     All(report::AllArgs),
+    /// Issue 22: rt streams of an 8 Mbit/s TS ramped until admission refuses (N_adm), run
+    /// beside bulk readers (no misses), then forced beyond until units miss (N_miss).
+    Admission(bench::admission::AdmissionArgs),
 }
 
 fn main() {
@@ -151,6 +154,7 @@ fn main() {
         Command::Bench(BenchCommand::Stripe(a)) => bench::stripe::run(a),
         Command::Bench(BenchCommand::Cues(a)) => bench::cues::run(a),
         Command::Bench(BenchCommand::All(a)) => report::run(a),
+        Command::Bench(BenchCommand::Admission(a)) => bench::admission::run(a),
         Command::Completions(a) => cmd_manual::completions(a, Cli::command()),
         Command::Man(a) => cmd_manual::man(a, Cli::command()),
     };

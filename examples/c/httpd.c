@@ -3,6 +3,7 @@
  *   cc -O2 -o httpd examples/c/httpd.c
  *   cc -O2 -DUSE_READWRITE -o httpd-rw examples/c/httpd.c
  *   cc -O2 -DUSE_PENSTOCK -o httpd-penstock examples/c/httpd.c $(pkg-config --cflags --libs penstock)
+ *   cc -O2 -DUSE_PENSTOCK -DUSE_PENSTOCK_CONNECT -o httpd-handoff examples/c/httpd.c $(pkg-config --cflags --libs penstock)
  *   ./httpd [-p PORT] [-n REQUESTS] DOCROOT      (PORT 0: any free port; prints it)
  *
  * One thread, one connection at a time: accept, read the request head, answer GET for a
@@ -24,6 +25,20 @@
  * Cues' experiments (`penstock bench cues`). All three builds serve the same bytes
  * (crates/libpenstock/tests/c.rs checks it with curl).
  *
+ * The hand-off build (-DUSE_PENSTOCK -DUSE_PENSTOCK_CONNECT) changes the same two lines the
+ * other way: line 1 connects once to a running `penstock serve`'s Unix control socket (the
+ * path in the environment variable PENSTOCK_SOCKET) with penstock_connect(), and line 2's
+ * helper calls penstock_conn_cue() — the same shape as penstock_cue(), a control descriptor
+ * back — so the bodies are sent by the server process, with its admission, classes and
+ * metrics (issue 14 item 2).
+ *
+ * -DUSE_SENDFILE_NONBLOCKING (a measurement baseline, not a server anyone should prefer):
+ * the plain build's sendfile(2) on a non-blocking socket, 4 MiB a call, waiting in poll(2)
+ * for POLLOUT whenever the socket's buffer is full — the pattern of an event-loop server and
+ * of penstock's engine, without penstock. On loopback the kernel charges part of the
+ * receiver's TCP processing to whichever side runs it; this build shows how much of the
+ * sender's CPU per GB is that pattern's and not penstock's (`penstock bench cues`).
+ *
  * -n REQUESTS: serve that many connections, then exit (0, the default: until SIGINT/SIGTERM).
  */
 #define _GNU_SOURCE
@@ -43,7 +58,11 @@
 #ifdef USE_PENSTOCK /* what the penstock build adds */
 #include <penstock.h>
 
+#ifndef USE_PENSTOCK_CONNECT
 static penstock_engine *engine; /* opened by "penstock, line 1" */
+#else
+static penstock_conn *conn; /* the hand-off build: connected by "penstock, line 1" */
+#endif
 
 /* Hands `file` and `client` to penstock: a detached stream (it outlives its control
  * descriptor) started at once. penstock duplicates both descriptors, so the caller closes its
@@ -56,9 +75,13 @@ static int penstock_send(int file, int client) {
     char options[512] = "DETACHED";
     const char *extra = getenv("HTTPD_PENSTOCK_OPTIONS");
     if (extra && *extra) snprintf(options, sizeof options, "DETACHED %s", extra);
+#ifndef USE_PENSTOCK_CONNECT
     int ctl = penstock_cue(engine, src, dst, options);
+#else
+    int ctl = penstock_conn_cue(conn, src, dst, options);
+#endif
     if (ctl < 0) {
-        fprintf(stderr, "penstock_cue: %s\n", penstock_last_error());
+        fprintf(stderr, "penstock cue: %s\n", penstock_last_error());
         return -1;
     }
     ssize_t n = -1;
@@ -73,10 +96,14 @@ static int penstock_send(int file, int client) {
 
 /* At exit: the bodies still going are let finish (a minute at most), then the engine goes. */
 __attribute__((destructor)) static void penstock_stop(void) {
+#ifndef USE_PENSTOCK_CONNECT
     if (engine) {
         penstock_engine_drain(engine, 60000);
         penstock_engine_free(engine);
     }
+#else
+    penstock_conn_free(conn); /* detached streams go on in the server */
+#endif
 }
 #endif
 
@@ -108,7 +135,7 @@ static void status(int client, const char *line) {
     write_all(client, head, (size_t)n);
 }
 
-#ifndef USE_READWRITE
+#if !defined(USE_READWRITE) && !defined(USE_SENDFILE_NONBLOCKING)
 /* The plain build's body: sendfile(2) until the whole file is out (or the client left). */
 static void send_file(int client, int file, off_t size) {
     off_t off = 0;
@@ -116,6 +143,26 @@ static void send_file(int client, int file, off_t size) {
         ssize_t n = sendfile(client, file, &off, (size_t)(size - off));
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
+    }
+}
+#elif defined(USE_SENDFILE_NONBLOCKING)
+#include <poll.h>
+#define SENDFILE_CALL_BYTES_MAX (4 << 20)
+/* The baseline's body: sendfile(2) to the non-blocking socket, poll(2) for POLLOUT when its
+ * buffer is full (a short count or EAGAIN), a minute at most per wait. */
+static void send_file(int client, int file, off_t size) {
+    off_t off = 0;
+    fcntl(client, F_SETFL, fcntl(client, F_GETFL) | O_NONBLOCK);
+    while (off < size) {
+        size_t want = (size_t)(size - off);
+        if (want > SENDFILE_CALL_BYTES_MAX) want = SENDFILE_CALL_BYTES_MAX;
+        ssize_t n = sendfile(client, file, &off, want);
+        if (n < 0 && errno == EINTR) continue;
+        if (n == 0 || (n < 0 && errno != EAGAIN)) break;
+        if (n < 0 || (size_t)n < want) {
+            struct pollfd p = {.fd = client, .events = POLLOUT};
+            if (poll(&p, 1, 60000) != 1) break; /* a client that reads nothing for a minute */
+        }
     }
 }
 #else
@@ -228,8 +275,10 @@ int main(int argc, char **argv) {
     struct sigaction sa = {.sa_handler = on_signal}; /* no SA_RESTART: accept() returns EINTR */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-#ifdef USE_PENSTOCK
+#if defined(USE_PENSTOCK) && !defined(USE_PENSTOCK_CONNECT)
     engine = penstock_engine_new(NULL); /* penstock, line 1 (NULL: penstock_send says why) */
+#elif defined(USE_PENSTOCK)
+    penstock_connect(getenv("PENSTOCK_SOCKET"), &conn); /* penstock, line 1 (hand-off) */
 #endif
     int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;

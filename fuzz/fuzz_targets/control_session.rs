@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use penstock_core::admission::{QosClass, Refusal, StreamQos, Usage};
+use penstock_core::admission::{DeviceId, QosClass, ReadGeometry, Refusal, StreamQos, Usage};
 use penstock_core::endpoint::{Endpoint, Role};
 use penstock_core::stream::{CachePolicy, DataPath, IoKind};
 use penstock_driver::DiskClass;
@@ -158,6 +158,8 @@ impl Backend for FakeBackend {
             rate_bytes_per_s: 1,
             unit_bytes: 1316,
             buffers: 2,
+            reads: ReadGeometry::single(1316 * 796, DeviceId::UNKNOWN),
+            datagrams: true,
         };
         Ok(Some((
             Box::new(FakeTicket(self.tickets.clone())) as Ticket,

@@ -3,9 +3,16 @@
 //!
 //! - `sendfile`: the plain build (a sendfile(2) loop);
 //! - `read/write`: `-DUSE_READWRITE`, a read(2)/write(2) loop through a 64 KiB buffer;
+//! - `sendfile, a process per transfer`: the plain build, one server process per concurrent
+//!   transfer (their CPU summed) — concurrent sendfile loops without the engine;
+//! - `sendfile non-blocking`: `-DUSE_SENDFILE_NONBLOCKING`, the same sendfile(2) on a
+//!   non-blocking socket with poll(2) for POLLOUT — the engine's pattern without the engine:
+//!   on loopback the kernel charges the receiver's TCP work partly to whichever side runs
+//!   it, and this row shows how much of cue()'s server CPU is that pattern's;
 //! - `cue()`: `-DUSE_PENSTOCK`, libpenstock in process (penstock_cue + START);
-//! - `hand-off`: the same shape through `penstock_connect` to a running `penstock serve` —
-//!   skipped, with a note, while the library has no `penstock_connect`.
+//! - `hand-off`: `-DUSE_PENSTOCK -DUSE_PENSTOCK_CONNECT`, the same shape through
+//!   `penstock_connect` + `penstock_conn_cue` to a `penstock serve` the bench starts (its
+//!   CPU counted as the server's).
 //!
 //! The builds are entries of one list ([`builds`]); a build that needs a library symbol is
 //! skipped (said in the output) when the header lacks it.
@@ -14,13 +21,15 @@
 //! - Table 1 / Fig. 4: 1..=`--transfers` concurrent GETs of whole files (each file
 //!   `--file-size`), read into a discarding buffer by client threads of this process; the
 //!   aggregate throughput (bytes / time until the last client has its body), the server
-//!   process's CPU (utime+stime of all its threads, /proc/PID/stat) per GB and the machine's
-//!   (busy time in /proc/stat, clients included) per GB; medians of `--reps` runs.
+//!   process's CPU (utime+stime of all its threads, /proc/PID/stat) per GB, the client
+//!   threads' own (CLOCK_THREAD_CPUTIME_ID) per GB, their sum, and the machine's (busy time
+//!   in /proc/stat) per GB; medians of `--reps` runs.
 //! - Fig. 5: the cue() build with `schedule=K,T unit=--unit` for each K of `--k` and T of
 //!   `--t`, `--transfers` clients each reading for `--window`: throughput and CPU.
 //! - §4.3: a metering process (`penstock hog meter`, pinned to CPU 0: a busy loop printing its
 //!   iteration count) beside `--transfers` concurrent transfers of each build; its iterations
-//!   per second as a share of an idle machine's (measured first, in the same run).
+//!   per second as a share of an idle machine's (measured in the same run): `--reps`
+//!   rounds of an idle window then every build in turn, medians.
 //!
 //! The example server serves one connection at a time (accept, send, close), as written: the
 //! sendfile and read/write builds send the concurrent requests one after another, the cue()
@@ -105,10 +114,15 @@ struct Build {
     penstock: bool,
     /// A symbol the header must declare, else the build is skipped with a note.
     needs: Option<&'static str>,
+    /// Hands its bodies to a `penstock serve` started for it (its Unix control socket in
+    /// PENSTOCK_SOCKET); that process's CPU counts as the server's too.
+    handoff: bool,
+    /// One server process per concurrent transfer (their CPU summed): the plain build's
+    /// sendfile loops running at once, as the engine's streams do.
+    per_transfer: bool,
 }
 
-/// The builds, in table order. The hand-off build (issue 14 item 2's `penstock_connect`,
-/// on another branch) is one more entry: it runs once the header declares the call.
+/// The builds, in table order.
 fn builds() -> Vec<Build> {
     vec![
         Build {
@@ -116,26 +130,72 @@ fn builds() -> Vec<Build> {
             defines: &["-DUSE_READWRITE"],
             penstock: false,
             needs: None,
+            handoff: false,
+            per_transfer: false,
         },
         Build {
             name: "sendfile",
             defines: &[],
             penstock: false,
             needs: None,
+            handoff: false,
+            per_transfer: false,
+        },
+        // Concurrent sendfile loops without the engine: what running the transfers at once
+        // (not one after another, as one example server does) costs the senders on loopback.
+        Build {
+            name: "sendfile, a process per transfer",
+            defines: &[],
+            penstock: false,
+            needs: None,
+            handoff: false,
+            per_transfer: true,
+        },
+        // The engine's pattern without the engine: where the kernel charges a loopback
+        // receiver's TCP work when the sender waits in poll(2) instead of in sendfile(2).
+        Build {
+            name: "sendfile non-blocking",
+            defines: &["-DUSE_SENDFILE_NONBLOCKING"],
+            penstock: false,
+            needs: None,
+            handoff: false,
+            per_transfer: false,
         },
         Build {
             name: "cue()",
             defines: &["-DUSE_PENSTOCK"],
             penstock: true,
             needs: None,
+            handoff: false,
+            per_transfer: false,
         },
         Build {
             name: "hand-off",
             defines: &["-DUSE_PENSTOCK", "-DUSE_PENSTOCK_CONNECT"],
             penstock: true,
-            needs: Some("penstock_connect"),
+            needs: Some("penstock_conn_cue"),
+            handoff: true,
+            per_transfer: false,
         },
     ]
+}
+
+/// A compiled build.
+struct Built {
+    name: &'static str,
+    exe: PathBuf,
+    handoff: bool,
+    per_transfer: bool,
+}
+
+impl Built {
+    /// Its server (`transfers` of them for a process-per-transfer build).
+    fn start(&self, root: &Path, options: Option<&str>, transfers: usize) -> Result<Vec<Server>> {
+        let count = if self.per_transfer { transfers } else { 1 };
+        (0..count)
+            .map(|_| Server::start(&self.exe, root, options, self.handoff))
+            .collect()
+    }
 }
 
 struct Paths {
@@ -194,15 +254,13 @@ fn compile(p: &Paths, b: &Build, out_dir: &Path) -> Result<std::result::Result<P
     if let Some(sym) = b.needs {
         let header = std::fs::read_to_string(p.include.join("penstock.h"))?;
         if !header.contains(sym) {
-            return Ok(Err(format!(
-                "skipped: the library has no {sym} (issue 14 item 2, not on this branch)"
-            )));
+            return Ok(Err(format!("skipped: the library has no {sym}")));
         }
-        return Ok(Err(format!(
-            "skipped: {sym} is declared, but this bench does not start `penstock serve` for it yet"
-        )));
     }
-    let exe = out_dir.join(format!("httpd-{}", b.name.replace(['/', '(', ')'], "")));
+    let exe = out_dir.join(format!(
+        "httpd-{}",
+        b.name.replace(['/', '(', ')', ','], "").replace(' ', "-")
+    ));
     let mut cc = Command::new("cc");
     cc.args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"])
         .args(b.defines)
@@ -226,20 +284,92 @@ fn compile(p: &Paths, b: &Build, out_dir: &Path) -> Result<std::result::Result<P
     Ok(Ok(exe))
 }
 
-/// A running example server.
+/// A running example server (and, for the hand-off build, the `penstock serve` it hands
+/// its bodies to).
 struct Server {
     child: Child,
     port: u16,
+    penstock: Option<Penstock>,
+}
+
+/// `penstock serve` for the hand-off build: its Unix control socket in a directory of its own,
+/// no TCP control, no access log; stopped (SIGTERM, then kill) when dropped.
+struct Penstock {
+    child: Child,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Penstock {
+    fn start(root: &Path) -> Result<Penstock> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("ctl.sock");
+        let conf = dir.path().join("penstock.toml");
+        std::fs::write(&conf, "[log]\naccess = \"off\"\n")?;
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["serve", "--listen", "127.0.0.1:0", "--control", ""])
+            .arg("--config")
+            .arg(&conf)
+            .arg("--control-unix")
+            .arg(&socket)
+            .arg(root)
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting penstock serve")?;
+        let start = Instant::now();
+        while !socket.exists() {
+            if let Some(st) = child.try_wait()? {
+                bail!("penstock serve exited at start ({st})");
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("penstock serve made no control socket in 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Penstock {
+            child,
+            socket,
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for Penstock {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Server {
-    fn start(exe: &Path, root: &Path, options: Option<&str>) -> Result<Server> {
+    fn start(exe: &Path, root: &Path, options: Option<&str>, handoff: bool) -> Result<Server> {
+        let penstock = if handoff {
+            Some(Penstock::start(root)?)
+        } else {
+            None
+        };
         let mut c = Command::new(exe);
         c.args(["-p", "0"])
             .arg(root)
             .env_remove("LD_LIBRARY_PATH")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        match &penstock {
+            Some(p) => c.env("PENSTOCK_SOCKET", &p.socket),
+            None => c.env_remove("PENSTOCK_SOCKET"),
+        };
         match options {
             Some(o) => c.env("HTTPD_PENSTOCK_OPTIONS", o),
             None => c.env_remove("HTTPD_PENSTOCK_OPTIONS"),
@@ -251,7 +381,11 @@ impl Server {
         BufReader::new(child.stdout.take().context("server stdout")?).read_line(&mut line)?;
         let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok());
         match port {
-            Some(port) => Ok(Server { child, port }),
+            Some(port) => Ok(Server {
+                child,
+                port,
+                penstock,
+            }),
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -260,9 +394,14 @@ impl Server {
         }
     }
 
-    /// The server process's CPU time, all threads (utime + stime), in seconds.
+    /// The server process's CPU time, all threads (utime + stime), in seconds; with
+    /// `penstock serve`'s added for the hand-off build.
     fn cpu_s(&self) -> Result<f64> {
-        process_cpu_s(self.child.id())
+        let serve = match &self.penstock {
+            Some(p) => process_cpu_s(p.child.id())?,
+            None => 0.0,
+        };
+        Ok(process_cpu_s(self.child.id())? + serve)
     }
 }
 
@@ -306,7 +445,9 @@ fn machine_busy_s() -> Result<f64> {
 /// One client: GET /name, read the head and (at most until `deadline`) the body into a
 /// discarding buffer. Returns the body bytes; without a deadline, an error unless all of
 /// Content-Length arrived.
-fn fetch(port: u16, name: &str, deadline: Option<Instant>) -> Result<u64> {
+fn fetch(port: u16, name: &str, deadline: Option<Instant>) -> Result<(u64, f64)> {
+    let cpu0 = penstock_driver::clock::thread_cpu_ns();
+    let cpu_s = || penstock_driver::clock::thread_cpu_ns().saturating_sub(cpu0) as f64 / 1e9;
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     write!(s, "GET /{name} HTTP/1.0\r\n\r\n")?;
     let mut buf = vec![0u8; 256 << 10];
@@ -348,7 +489,7 @@ fn fetch(port: u16, name: &str, deadline: Option<Instant>) -> Result<u64> {
                 Err(e) => return Err(e.into()),
             }
         }
-        return Ok(body);
+        return Ok((body, cpu_s()));
     }
     loop {
         let n = s.read(&mut buf)?;
@@ -360,7 +501,7 @@ fn fetch(port: u16, name: &str, deadline: Option<Instant>) -> Result<u64> {
     if body != length {
         bail!("/{name}: {body} of {length} bytes");
     }
-    Ok(body)
+    Ok((body, cpu_s()))
 }
 
 /// One measurement of `n` concurrent transfers.
@@ -369,6 +510,8 @@ struct Run {
     bytes: u64,
     secs: f64,
     server_cpu_s: f64,
+    /// The client threads' own CPU time (this process's threads reading the bodies).
+    clients_cpu_s: f64,
     machine_cpu_s: f64,
 }
 
@@ -379,23 +522,42 @@ impl Run {
     fn server_s_per_gb(&self) -> f64 {
         self.server_cpu_s / (self.bytes as f64 / 1e9)
     }
+    fn clients_s_per_gb(&self) -> f64 {
+        self.clients_cpu_s / (self.bytes as f64 / 1e9)
+    }
+    /// Server and clients together: on loopback the kernel's TCP receive processing is
+    /// charged to whichever side's context runs it, so this sum is the comparable cost.
+    fn both_s_per_gb(&self) -> f64 {
+        (self.server_cpu_s + self.clients_cpu_s) / (self.bytes as f64 / 1e9)
+    }
     fn machine_s_per_gb(&self) -> f64 {
         self.machine_cpu_s / (self.bytes as f64 / 1e9)
     }
 }
 
-fn transfer(server: &Server, n: usize, window: Option<Duration>) -> Result<Run> {
-    let cpu0 = server.cpu_s()?;
+/// The servers' CPU time, summed.
+fn servers_cpu_s(servers: &[Server]) -> Result<f64> {
+    servers.iter().map(Server::cpu_s).sum()
+}
+
+/// `n` concurrent transfers, client `i` asking server `i` modulo their number.
+fn transfer(servers: &[Server], n: usize, window: Option<Duration>) -> Result<Run> {
+    let cpu0 = servers_cpu_s(servers)?;
     let busy0 = machine_busy_s()?;
     let start = Instant::now();
     let deadline = window.map(|w| start + w);
-    let port = server.port;
     let handles: Vec<_> = (0..n)
-        .map(|i| std::thread::spawn(move || fetch(port, &format!("f{i}"), deadline)))
+        .map(|i| {
+            let port = servers[i % servers.len()].port;
+            std::thread::spawn(move || fetch(port, &format!("f{i}"), deadline))
+        })
         .collect();
     let mut bytes = 0;
+    let mut clients_cpu_s = 0.0;
     for h in handles {
-        bytes += h.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+        let (b, cpu) = h.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+        bytes += b;
+        clients_cpu_s += cpu;
     }
     let secs = start.elapsed().as_secs_f64();
     // The cue() build's engine may still be closing a stream: give it a moment so its CPU
@@ -404,7 +566,8 @@ fn transfer(server: &Server, n: usize, window: Option<Duration>) -> Result<Run> 
     Ok(Run {
         bytes,
         secs,
-        server_cpu_s: server.cpu_s()? - cpu0,
+        server_cpu_s: servers_cpu_s(servers)? - cpu0,
+        clients_cpu_s,
         machine_cpu_s: machine_busy_s()? - busy0,
     })
 }
@@ -542,11 +705,16 @@ pub fn run(a: CuesArgs) -> Result<()> {
         .tempdir_in(&base)?;
     make_files(files.path(), a.transfers, a.file_size)?;
 
-    let mut built: Vec<(&'static str, PathBuf)> = Vec::new();
+    let mut built: Vec<Built> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
     for b in builds() {
         match compile(&paths, &b, work.path())? {
-            Ok(exe) => built.push((b.name, exe)),
+            Ok(exe) => built.push(Built {
+                name: b.name,
+                exe,
+                handoff: b.handoff,
+                per_transfer: b.per_transfer,
+            }),
             Err(why) => notes.push(format!("{}: {why}", b.name)),
         }
     }
@@ -578,46 +746,75 @@ pub fn run(a: CuesArgs) -> Result<()> {
     )?;
     writeln!(
         h,
-        "| build | transfers | aggregate MB/s | server CPU s/GB | machine CPU s/GB |\n|---|---:|---:|---:|---:|"
+        "| build | transfers | aggregate MB/s | server CPU s/GB | clients CPU s/GB | server + clients s/GB | machine CPU s/GB |\n|---|---:|---:|---:|---:|---:|---:|"
     )?;
     let mut table1 = Vec::new();
-    let mut at_max: Vec<(&str, f64, f64)> = Vec::new();
-    for (name, exe) in &built {
-        let server = Server::start(exe, files.path(), a.cue_options.as_deref())?;
+    // (build, MB/s, server CPU/GB, server + clients CPU/GB) at `--transfers`.
+    let mut at_max: Vec<(&str, f64, f64, f64)> = Vec::new();
+    for b in &built {
+        let name = b.name;
+        let servers = b.start(files.path(), a.cue_options.as_deref(), a.transfers)?;
         for n in 1..=a.transfers {
             let runs: Vec<Run> = (0..a.reps)
-                .map(|_| transfer(&server, n, None))
+                .map(|_| transfer(&servers, n, None))
                 .collect::<Result<_>>()?;
             let mb_s = median(&runs.iter().map(Run::mb_s).collect::<Vec<_>>());
             let srv = median(&runs.iter().map(Run::server_s_per_gb).collect::<Vec<_>>());
+            let cli = median(&runs.iter().map(Run::clients_s_per_gb).collect::<Vec<_>>());
+            let both = median(&runs.iter().map(Run::both_s_per_gb).collect::<Vec<_>>());
             let mach = median(&runs.iter().map(Run::machine_s_per_gb).collect::<Vec<_>>());
-            writeln!(h, "| {name} | {n} | {mb_s:.0} | {srv:.3} | {mach:.3} |")?;
+            writeln!(
+                h,
+                "| {name} | {n} | {mb_s:.0} | {srv:.3} | {cli:.3} | {both:.3} | {mach:.3} |"
+            )?;
             table1.push(json!({"build": name, "transfers": n, "mb_s": mb_s,
-                "server_cpu_s_per_gb": srv, "machine_cpu_s_per_gb": mach,
+                "server_cpu_s_per_gb": srv, "clients_cpu_s_per_gb": cli,
+                "server_and_clients_cpu_s_per_gb": both, "machine_cpu_s_per_gb": mach,
                 "runs": runs.iter().map(|r| json!({"bytes": r.bytes, "secs": r.secs,
-                    "server_cpu_s": r.server_cpu_s, "machine_cpu_s": r.machine_cpu_s})).collect::<Vec<_>>()}));
+                    "server_cpu_s": r.server_cpu_s, "clients_cpu_s": r.clients_cpu_s,
+                    "machine_cpu_s": r.machine_cpu_s})).collect::<Vec<_>>()}));
             if n == a.transfers {
-                at_max.push((name, mb_s, srv));
+                at_max.push((name, mb_s, srv, both));
             }
         }
     }
     let find = |n: &str| at_max.iter().find(|x| x.0 == n).copied();
     let mut ratios = json!({});
-    if let Some((_, rw_mb, rw_cpu)) = find("read/write") {
+    if let Some((_, rw_mb, rw_cpu, rw_both)) = find("read/write") {
         writeln!(
             h,
             "\nAt {} transfers, against the read/write build:\n",
             a.transfers
         )?;
-        for (name, mb, cpu) in &at_max {
+        for (name, mb, cpu, both) in &at_max {
             if *name == "read/write" {
                 continue;
             }
-            let (tr, cr) = (mb / rw_mb, cpu / rw_cpu);
-            writeln!(h, "- {name}: throughput {tr:.2}×, server CPU/GB {cr:.2}×")?;
-            ratios[*name] = json!({"throughput_x": tr, "server_cpu_per_gb_x": cr});
+            let (tr, cr, br) = (mb / rw_mb, cpu / rw_cpu, both / rw_both);
+            writeln!(
+                h,
+                "- {name}: throughput {tr:.2}×, server CPU/GB {cr:.2}×, server + clients CPU/GB {br:.2}×"
+            )?;
+            ratios[*name] = json!({"throughput_x": tr, "server_cpu_per_gb_x": cr,
+                "server_and_clients_cpu_per_gb_x": br});
         }
-        if let Some((_, cue_mb, cue_cpu)) = find("cue()") {
+        if let (Some((_, cue_mb, cue_cpu, cue_both)), Some((_, p_mb, p_cpu, p_both))) =
+            (find("cue()"), find("sendfile, a process per transfer"))
+        {
+            writeln!(
+                h,
+                "- cue() against sendfile with a process per transfer (the same concurrency \
+                 without the engine): throughput {:.2}×, server CPU/GB {:.2}×, server + \
+                 clients CPU/GB {:.2}×",
+                cue_mb / p_mb,
+                cue_cpu / p_cpu,
+                cue_both / p_both
+            )?;
+            ratios["cue() vs sendfile, a process per transfer"] = json!({
+                "throughput_x": cue_mb / p_mb, "server_cpu_per_gb_x": cue_cpu / p_cpu,
+                "server_and_clients_cpu_per_gb_x": cue_both / p_both});
+        }
+        if let Some((_, cue_mb, cue_cpu, _)) = find("cue()") {
             let met = cue_mb / rw_mb >= 1.5 && cue_cpu / rw_cpu <= 0.6;
             writeln!(
                 h,
@@ -629,7 +826,10 @@ pub fn run(a: CuesArgs) -> Result<()> {
 
     // Fig. 5.
     let mut sweep = Vec::new();
-    let cue_exe = built.iter().find(|b| b.0 == "cue()").map(|b| b.1.clone());
+    let cue_exe = built
+        .iter()
+        .find(|b| b.name == "cue()")
+        .map(|b| b.exe.clone());
     if !a.no_sweep
         && let Some(exe) = &cue_exe
     {
@@ -648,8 +848,8 @@ pub fn run(a: CuesArgs) -> Result<()> {
                 .as_secs_f64();
             for &k in &a.k {
                 let opts = format!("schedule={k},{t} unit={}", a.unit);
-                let server = Server::start(exe, files.path(), Some(&opts))?;
-                let r = transfer(&server, a.transfers, Some(a.window))?;
+                let server = Server::start(exe, files.path(), Some(&opts), false)?;
+                let r = transfer(std::slice::from_ref(&server), a.transfers, Some(a.window))?;
                 let nominal = a.transfers as f64 * f64::from(k) * a.unit as f64 / t_s / 1e6;
                 writeln!(
                     h,
@@ -672,35 +872,55 @@ pub fn run(a: CuesArgs) -> Result<()> {
     let mut idle_rate = f64::NAN;
     if !a.no_meter {
         let m = Meter::start()?;
-        let (idle, ()) = m.rate_during(|| {
-            std::thread::sleep(a.window);
-            Ok(())
-        })?;
+        let idle_for = || {
+            m.rate_during(|| {
+                std::thread::sleep(a.window);
+                Ok(())
+            })
+            .map(|(r, ())| r)
+        };
+        // `--reps` rounds, each an idle window then every build in turn, so that a change in
+        // the machine's other load (it is shared) falls on all builds alike: medians per
+        // build, and of the idle windows.
+        let mut idles = Vec::new();
+        let mut samples: Vec<Vec<(f64, f64)>> = vec![Vec::new(); built.len()];
+        for _ in 0..a.reps {
+            idles.push(idle_for()?);
+            for (k, b) in built.iter().enumerate() {
+                let servers = b.start(files.path(), a.cue_options.as_deref(), a.transfers)?;
+                let (rate, r) = m.rate_during(|| transfer(&servers, a.transfers, None))?;
+                samples[k].push((rate, r.mb_s()));
+            }
+        }
+        let idle = median(&idles);
         idle_rate = idle;
         writeln!(
             h,
-            "\n## §4.3: CPU left to others — a meter pinned to CPU 0 beside {} transfers\n",
-            a.transfers
+            "\n## §4.3: CPU left to others — a meter pinned to CPU 0 beside {} transfers (median of {} rounds)\n",
+            a.transfers, a.reps
         )?;
         writeln!(
             h,
-            "Idle machine: {:.0} M iterations/s. The transfers are not paced, so a faster build also takes the CPU for a shorter time: the last column is the meter's iterations lost per GB moved ((idle − meter) / GB/s).\n\n| build | meter M it/s | share of idle | transfers MB/s | meter M it lost per GB |\n|---|---:|---:|---:|---:|",
+            "Idle machine: {:.0} M iterations/s (median; each round measured it again, then every build in turn). The transfers are not paced, so a faster build also takes the CPU for a shorter time: the last column is the meter's iterations lost per GB moved ((idle − meter) / GB/s).\n\n| build | meter M it/s | share of idle | transfers MB/s | meter M it lost per GB |\n|---|---:|---:|---:|---:|",
             idle / 1e6
         )?;
-        for (name, exe) in &built {
-            let server = Server::start(exe, files.path(), a.cue_options.as_deref())?;
-            let (rate, r) = m.rate_during(|| transfer(&server, a.transfers, None))?;
+        for (b, got) in built.iter().zip(&samples) {
+            let name = b.name;
+            let rate = median(&got.iter().map(|x| x.0).collect::<Vec<_>>());
+            let mb_s = median(&got.iter().map(|x| x.1).collect::<Vec<_>>());
             writeln!(
                 h,
                 "| {name} | {:.0} | {:.2} | {:.0} | {:.0} |",
                 rate / 1e6,
                 rate / idle,
-                r.mb_s(),
-                (idle - rate) / 1e6 / (r.mb_s() / 1e3)
+                mb_s,
+                (idle - rate) / 1e6 / (mb_s / 1e3)
             )?;
             meter_rows.push(json!({"build": name, "iterations_per_s": rate,
-                "share_of_idle": rate / idle, "mb_s": r.mb_s(),
-                "iterations_lost_per_gb": (idle - rate) / (r.mb_s() / 1e3)}));
+                "share_of_idle": rate / idle, "mb_s": mb_s,
+                "iterations_lost_per_gb": (idle - rate) / (mb_s / 1e3),
+                "rounds": got.iter().map(|x| json!({"iterations_per_s": x.0, "mb_s": x.1}))
+                    .collect::<Vec<_>>()}));
         }
         let share = |n: &str| {
             meter_rows

@@ -16,6 +16,7 @@
 //! `unsafe`.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod cues;
 pub mod hog;
 pub mod http;

@@ -51,11 +51,13 @@ pub struct PathsArgs {
     /// A bare `--json` writes it on stdout (the table then goes to stderr).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
-    /// Reads (and sends) a stream keeps in flight on the uring path. Two by default: this
-    /// VM's virtio disk serves requests one at a time, and fio read it at 1.0-1.5 GB/s with
-    /// four 4 MiB reads in flight against 1.3-1.9 GB/s with one or two.
-    #[arg(long, default_value_t = 2)]
-    pub depth: usize,
+    /// Reads (and sends) a stream keeps in flight on the uring path. Default: the device's
+    /// calibrated read depth (`penstock calibrate`, when its file is on the same device), else
+    /// a short measurement here (128 MiB read with O_DIRECT at depths 1-16, the shallowest
+    /// within 5% of the best). Disks differ: one VM's served one request at a time, another's
+    /// read fastest with 8 in flight.
+    #[arg(long)]
+    pub depth: Option<usize>,
     /// Let the scheduler place sender and receiver (default: the sender on the first allowed
     /// CPU, the receiver on the last, when there are two or more).
     #[arg(long)]
@@ -263,6 +265,42 @@ fn odirect_read(file: &Path, unit: usize) -> Result<()> {
     Ok(())
 }
 
+/// The uring path's read depth and where it came from: `--depth`, the calibration of the
+/// device under `dir`, or a short measurement there.
+fn read_depth(given: Option<usize>, dir: &Path) -> (usize, String) {
+    use penstock_driver::calibration::{Calibration, default_path, measure_read_depth};
+    if let Some(d) = given {
+        return (d.max(1), "--depth".into());
+    }
+    let cal_path = default_path();
+    if let Some(d) = Calibration::load(&cal_path)
+        .ok()
+        .and_then(|c| c.read_depth_for(dir))
+    {
+        return (d as usize, format!("calibrated, {}", cal_path.display()));
+    }
+    match measure_read_depth(dir, 128 << 20) {
+        Ok((d, figs)) => {
+            let list = figs
+                .iter()
+                .map(|f| format!("{}: {:.0} MB/s", f.depth, f.bytes_per_s as f64 / 1e6))
+                .collect::<Vec<_>>()
+                .join(", ");
+            (
+                d as usize,
+                format!("measured here, no calibration for this device: {list}"),
+            )
+        }
+        Err(e) => {
+            let d = EngineConfig::default().stream_depth;
+            (
+                d,
+                format!("no calibration and the measurement failed ({e}): the engine's default"),
+            )
+        }
+    }
+}
+
 pub fn run(mut a: PathsArgs) -> Result<()> {
     if a.quick {
         a.sizes = vec![40_000_000];
@@ -300,11 +338,13 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
     if a.rcvlowat > 0 {
         sink_args.extend(["--rcvlowat".to_string(), a.rcvlowat.to_string()]);
     }
+    let (depth, depth_from) = read_depth(a.depth, &dir);
+    eprintln!("penstock bench paths: uring read depth {depth} ({depth_from})");
     let engine = Engine::new(EngineConfig {
         workers: 1,
-        pool_buffers: 16,
+        pool_buffers: 16.max(2 * depth),
         buffer_bytes: unit.div_ceil(4096) * 4096,
-        stream_depth: a.depth,
+        stream_depth: depth,
         ..EngineConfig::default()
     })?;
     let uring = engine.info().uring.is_ok();
@@ -432,7 +472,8 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
                 })
             })
             .collect();
-        let doc = serde_json::json!({ "bench": "paths", "reps": a.reps, "unit": unit, "setup": setup, "rows": rows, "verdicts": verdicts });
+        let doc = serde_json::json!({ "bench": "paths", "reps": a.reps, "unit": unit, "setup": setup,
+            "depth": depth, "depth_from": depth_from, "rows": rows, "verdicts": verdicts });
         crate::out::write_json(p, &doc)?;
     }
     Ok(())

@@ -76,6 +76,11 @@ pub struct IsolationArgs {
     /// With --tune: the disk scheduler's reads in flight (`[disk] inflight_max`).
     #[arg(long, default_value_t = 2)]
     pub inflight: u32,
+    /// The MARS table's engine: reads in flight per device at most (default: the engine's,
+    /// `DiskConfig::default().disk_inflight_max`). A real-time read waits behind the reads
+    /// already in the device, which DRR does not preempt: this bounds that wait.
+    #[arg(long)]
+    pub disk_inflight: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -165,6 +170,7 @@ fn roomy_admission() -> penstock_core::admission::AdmissionConfig {
             net_bytes_per_s: 100_000_000_000,
             buffer_count: 1024,
             buffer_bytes: UNIT,
+            ..penstock_core::admission::Capacity::CONSERVATIVE
         },
         bulk_share_percent: 20,
         streams_max: 1024,
@@ -191,17 +197,21 @@ fn kernel_scheduler_of(path: &Path) -> String {
     format!("none (device {maj}:{min} has no request queue)")
 }
 
-fn engine(mode: SchedMode, order: Order) -> Result<Engine> {
+/// Reads each isolation stream keeps ahead (the rt stream's slack: this many periods).
+const ISOLATION_STREAM_DEPTH: usize = 4;
+
+fn engine(mode: SchedMode, order: Order, inflight: Option<u32>) -> Result<Engine> {
     // One worker: the disk scheduler is per worker, so the streams that compete for the disk
     // must share one to be scheduled against each other.
     Ok(Engine::new(EngineConfig {
         workers: 1,
         pool_buffers: 64,
         buffer_bytes: UNIT as usize,
-        stream_depth: 4,
+        stream_depth: ISOLATION_STREAM_DEPTH,
         order,
         disk: DiskConfig {
             mode,
+            disk_inflight_max: inflight.unwrap_or(DiskConfig::default().disk_inflight_max),
             ..DiskConfig::default()
         },
         admission: roomy_admission(),
@@ -302,7 +312,7 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     for background in ["penstock bulk streams", "read() processes"] {
         for (mode, mode_name) in [(SchedMode::Drr, "drr"), (SchedMode::Fifo, "fifo")] {
             for &n in &a.readers {
-                let e = engine(mode, Order::EarliestDeadline)?;
+                let e = engine(mode, Order::EarliestDeadline, a.disk_inflight)?;
                 evict(&rt_file);
                 for f in &bg_files {
                     evict(f);
@@ -420,7 +430,9 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
             .collect();
         crate::out::write_json(
             p,
-            &serde_json::json!({"bench": "isolation", "rate_bytes_per_s": rate, "kernel_scheduler": kernel_sched.trim(), "rows": v}),
+            &serde_json::json!({"bench": "isolation", "rate_bytes_per_s": rate, "kernel_scheduler": kernel_sched.trim(),
+                "unit_bytes": UNIT, "stream_depth": ISOLATION_STREAM_DEPTH, "device_rate_bytes_per_s": rate / a.share,
+                "disk_inflight_max": a.disk_inflight.unwrap_or(DiskConfig::default().disk_inflight_max), "rows": v}),
         )?;
     }
     Ok(())

@@ -1,30 +1,44 @@
 //! Admission control, Clockwise style: a stream that asks for a guaranteed rate is admitted
-//! only if the disk, the network and the buffer pool can still carry it next to everything
-//! already admitted. Admitting is cheap to refuse and expensive to get wrong: once a
-//! reservation exists, the scheduler owes it every deadline, so the test is done up front,
-//! against calibrated figures, and a refusal says what is short and by how much.
+//! only if the disk, the network, the buffer pool and the CPU can still carry it next to
+//! everything already admitted. Admitting is cheap to refuse and expensive to get wrong: once
+//! a reservation exists, the scheduler owes it every deadline, so the test is done up front,
+//! against measured figures, and a refusal says what is short and by how much.
+//!
+//! # What a stream is charged: what the executor does
+//! The test charges the reads the executor will issue, not the units it sends: the planner
+//! (`crate::stream::plan`) decides the read-ahead chunk (a whole number of units filling a
+//! pool buffer for paced streams, aligned for O_DIRECT) and the placement over a volume's
+//! members, and hands admission a [`ReadGeometry`]: per chunk, how many requests and bytes
+//! land on which device. A stream of rate `r` reads one chunk of `R` bytes every
+//! `T = R / r`.
 //!
 //! # The disk model
-//! A request of `len` bytes occupies the disk for `positioning + len / bandwidth`, where
-//! `bandwidth` is the calibrated sequential rate and `positioning` (seek + rotation) is
-//! derived from the calibrated random IOPS at request size `a`:
-//! `positioning = 1/iops - a/bandwidth` (clamped at zero). A periodic stream reading
-//! `unit_bytes` every period `T = unit_bytes / rate_bytes_per_s` therefore uses the disk for
-//! the fraction `U = (positioning + unit/bandwidth) / T` of the time. With deadlines at
-//! period ends, preemptive EDF meets every deadline while `Σ U ≤ 1` (Liu & Layland). The
-//! disk is not preemptive and our scheduler serves rt in DRR rounds, so a request may wait up
-//! to `L = rt_latency_ns` before its service starts; we charge each stream its density
-//! `C / (T - L)` instead of `C / T` and test `Σ density ≤ 1 - bulk_share`, so `bulk` keeps
-//! its share (see `docs/io-scheduler.md` for the assumptions).
+//! A request of `len` bytes occupies its device for `positioning + len / bandwidth`, where
+//! `bandwidth` is the device's sequential rate and `positioning` (seek + rotation, or a flash
+//! device's per-command cost) is derived from its random IOPS at request size `a`:
+//! `positioning = 1/iops - a/bandwidth` (clamped at zero). One chunk costs a device
+//! `C = n·positioning + b/bandwidth` for its `n` requests of `b` bytes in all; the stream uses
+//! the device for `U = C / T`. With deadlines at period ends, preemptive EDF meets every
+//! deadline while `Σ U ≤ 1` (Liu & Layland). The disk is not preemptive and our scheduler
+//! serves rt in DRR rounds, so a request may wait up to `L = rt_latency_ns` before its
+//! service starts; we charge each stream its density `C / (T - L)` and test, per device,
+//! `Σ density ≤ 1 - bulk_share`, so `bulk` keeps its share (docs/io-scheduler.md). Figures
+//! are per device ([`Admission::set_device`]: self-calibrated, or from the calibration file)
+//! with [`Capacity`]'s as the default; each reservation names the figures it was charged
+//! with ([`FigureSource`]).
 //!
-//! Utilisation is kept as disk nanoseconds per second (parts per billion) in integers, so the
-//! test is exact and the same on every machine.
+//! # Network, buffers, CPU
+//! Network: the byte rate plus, per datagram, `net_packet_overhead_bytes` (the headers and
+//! framing a small datagram costs on the wire). Buffers: the read-ahead depth that covers
+//! the worst case from a chunk's release to its completion (`L + C`) at the stream's rate,
+//! plus the buffer being sent, at least what the stream asked. CPU: sends per second times
+//! the measured cost of one send (`cpu_send_ns`), against `cpu_ns_per_s` (the workers).
 //!
-//! # The CPU
-//! Streams are not admitted against the CPU (what their dispatch costs is not theirs to
-//! declare); Real-Time Upcalls are, per worker, by [`cpu::CpuAdmission`]: each declares a
-//! period and a budget, and the set on a worker must pass the EDF or rate-monotonic
-//! utilization test with blocking, beside a configured reserve for the streams (see [`cpu`]).
+//! Utilisation is kept as nanoseconds per second (parts per billion) in integers, so the
+//! test is exact and the same on every machine. Every charge is rounded up.
+//!
+//! Real-Time Upcalls are admitted per worker by [`cpu::CpuAdmission`] (their own periods and
+//! budgets, EDF / RM with blocking, beside a reserve for the streams).
 
 pub mod cpu;
 
@@ -34,42 +48,58 @@ use std::fmt;
 const NS_PER_S: u128 = 1_000_000_000;
 /// Most streams admitted at once (each holds a reservation the scheduler must honour).
 pub const STREAMS_MAX: u32 = 65_536;
+/// Most devices one stream reads from (a volume's members).
+pub const STREAM_DEVICES_MAX: usize = crate::volume::MEMBERS_MAX;
 
-/// What the device, the network and memory can do, as measured by `penstock calibrate`.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct Capacity {
-    /// Sequential read bandwidth of the disk.
-    pub disk_seq_bytes_per_s: u64,
-    /// Random reads per second at `disk_random_request_bytes`, at the in-flight depth used.
-    pub disk_random_iops: u64,
-    pub disk_random_request_bytes: u64,
-    /// Network send bandwidth.
-    pub net_bytes_per_s: u64,
-    /// The buffer pool: this many buffers of `buffer_bytes` each, fixed at start.
-    pub buffer_count: u32,
-    pub buffer_bytes: u64,
+/// A block device, by its number (`st_rdev` of a device node, `st_dev` of a file's file
+/// system); [`DeviceId::UNKNOWN`] when the executor's device is not known yet (admission
+/// ahead of the open): charged with the default figures.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+pub struct DeviceId(pub u64);
+
+impl DeviceId {
+    pub const UNKNOWN: DeviceId = DeviceId(0);
 }
 
-impl Capacity {
-    /// Used when no calibration file exists: a slow disk (50 MB/s, 75 IOPS at 4 KiB — an
-    /// old 7200 rpm drive), 100 Mbit/s, 64 buffers of 1 MiB. Low on purpose: admitting too
-    /// little is an inconvenience, admitting too much breaks promises. The driver says once
-    /// that it is in use.
-    pub const CONSERVATIVE: Capacity = Capacity {
-        disk_seq_bytes_per_s: 50_000_000,
-        disk_random_iops: 75,
-        disk_random_request_bytes: 4096,
-        net_bytes_per_s: 12_500_000,
-        buffer_count: 64,
-        buffer_bytes: 1 << 20,
-    };
+impl DeviceId {
+    /// `MAJ:MIN` (Linux's dev_t encoding, glibc's gnu_dev_major / gnu_dev_minor), or
+    /// `default` for [`DeviceId::UNKNOWN`].
+    pub fn name(&self) -> String {
+        if *self == DeviceId::UNKNOWN {
+            return "default".into();
+        }
+        let major = ((self.0 >> 32) & 0xffff_f000) | ((self.0 >> 8) & 0xfff);
+        let minor = ((self.0 >> 12) & 0xffff_ff00) | (self.0 & 0xff);
+        format!("{major}:{minor}")
+    }
+}
 
-    /// Seek plus rotation per request, from the calibration: `1/iops - a/bandwidth`,
-    /// clamped at zero (a device whose random reads are bandwidth-bound has none).
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == DeviceId::UNKNOWN {
+            return write!(f, "default device");
+        }
+        write!(f, "device {}", self.name())
+    }
+}
+
+/// What one device can do.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DiskCapacity {
+    /// Sequential read bandwidth.
+    pub seq_bytes_per_s: u64,
+    /// Random reads per second at `random_request_bytes`.
+    pub random_iops: u64,
+    pub random_request_bytes: u64,
+}
+
+impl DiskCapacity {
+    /// Seek plus rotation per request: `1/iops - a/bandwidth`, clamped at zero (a device
+    /// whose random reads are bandwidth-bound has none).
     pub fn positioning_ns(&self) -> u64 {
-        let per_request_ns = NS_PER_S / u128::from(self.disk_random_iops.max(1));
-        let transfer_ns = u128::from(self.disk_random_request_bytes) * NS_PER_S
-            / u128::from(self.disk_seq_bytes_per_s.max(1));
+        let per_request_ns = NS_PER_S / u128::from(self.random_iops.max(1));
+        let transfer_ns = u128::from(self.random_request_bytes) * NS_PER_S
+            / u128::from(self.seq_bytes_per_s.max(1));
         // Fits: at most 1e9 ns.
         per_request_ns.saturating_sub(transfer_ns) as u64
     }
@@ -77,9 +107,132 @@ impl Capacity {
     /// The positioning time in bytes of sequential bandwidth: the scheduler's
     /// `request_overhead_bytes`, so that DRR charges a request what it costs the disk.
     pub fn request_overhead_bytes(&self) -> u64 {
-        let b =
-            u128::from(self.positioning_ns()) * u128::from(self.disk_seq_bytes_per_s) / NS_PER_S;
+        let b = u128::from(self.positioning_ns()) * u128::from(self.seq_bytes_per_s) / NS_PER_S;
         u64::try_from(b).unwrap_or(u64::MAX)
+    }
+
+    /// What `requests` requests of `bytes` bytes in all occupy the device, in ns × bandwidth
+    /// (exact; divide by `seq_bytes_per_s` for ns).
+    fn service_ns_times_bw(&self, requests: u64, bytes: u64) -> u128 {
+        u128::from(requests) * u128::from(self.positioning_ns()) * u128::from(self.seq_bytes_per_s)
+            + u128::from(bytes) * NS_PER_S
+    }
+
+    /// Nanoseconds `requests` requests of `bytes` bytes in all occupy the device (rounded up).
+    pub fn service_ns(&self, requests: u64, bytes: u64) -> u64 {
+        let ns = self
+            .service_ns_times_bw(requests, bytes)
+            .div_ceil(u128::from(self.seq_bytes_per_s.max(1)));
+        u64::try_from(ns).unwrap_or(u64::MAX)
+    }
+}
+
+/// Where a device's figures came from (said in every admission reply).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum FigureSource {
+    /// No measurement: [`Capacity::CONSERVATIVE`].
+    Defaults,
+    /// Figures set in the configuration.
+    Configured,
+    /// `penstock calibrate`'s file.
+    CalibrationFile,
+    /// The engine's short self-calibration (or its cached result), at this Unix time.
+    SelfCalibrated { unix_s: u64 },
+}
+
+impl FigureSource {
+    /// One word for metrics labels and STATS: `defaults`, `file`, `self-calibrated`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            FigureSource::Defaults => "defaults",
+            FigureSource::Configured => "configured",
+            FigureSource::CalibrationFile => "file",
+            FigureSource::SelfCalibrated { .. } => "self-calibrated",
+        }
+    }
+}
+
+impl fmt::Display for FigureSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FigureSource::Defaults => write!(f, "conservative defaults"),
+            FigureSource::Configured => write!(f, "configured"),
+            FigureSource::CalibrationFile => write!(f, "calibration file"),
+            FigureSource::SelfCalibrated { unix_s } => {
+                write!(f, "self-calibrated at {unix_s} (Unix time)")
+            }
+        }
+    }
+}
+
+/// A device's figures and where they came from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DeviceFigures {
+    pub disk: DiskCapacity,
+    pub source: FigureSource,
+}
+
+/// What the devices, the network, memory and the CPU can do: the default device's figures
+/// (for devices without figures of their own) and the rest.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Capacity {
+    /// Sequential read bandwidth of the default device.
+    pub disk_seq_bytes_per_s: u64,
+    /// Random reads per second at `disk_random_request_bytes`, at the in-flight depth used.
+    pub disk_random_iops: u64,
+    pub disk_random_request_bytes: u64,
+    /// Where the default device's figures came from.
+    pub disk_source: FigureSource,
+    /// Network send bandwidth.
+    pub net_bytes_per_s: u64,
+    /// Bytes each datagram costs on the wire beyond its payload (headers, framing).
+    pub net_packet_overhead_bytes: u64,
+    /// The buffer pool: this many buffers of `buffer_bytes` each, fixed at start.
+    pub buffer_count: u32,
+    pub buffer_bytes: u64,
+    /// CPU time the streams' sends may take per second (the workers together).
+    pub cpu_ns_per_s: u64,
+    /// CPU time one send costs (measured by calibration; a conservative default otherwise).
+    pub cpu_send_ns: u64,
+}
+
+impl Capacity {
+    /// Used when nothing is measured: a slow disk (50 MB/s, 75 IOPS at 4 KiB — an old
+    /// 7200 rpm drive), 100 Mbit/s with Ethernet + IPv4 + UDP framing (66 bytes a datagram:
+    /// preamble, header, FCS, gap, IP and UDP headers), 64 buffers of 1 MiB, one core of which
+    /// each send costs 20 µs. Low on purpose: admitting too little is an inconvenience,
+    /// admitting too much breaks promises. The engine replaces the disk figures with measured
+    /// ones where it can (self-calibration) and says which it used.
+    pub const CONSERVATIVE: Capacity = Capacity {
+        disk_seq_bytes_per_s: 50_000_000,
+        disk_random_iops: 75,
+        disk_random_request_bytes: 4096,
+        disk_source: FigureSource::Defaults,
+        net_bytes_per_s: 12_500_000,
+        net_packet_overhead_bytes: 66,
+        buffer_count: 64,
+        buffer_bytes: 1 << 20,
+        cpu_ns_per_s: 1_000_000_000,
+        cpu_send_ns: 20_000,
+    };
+
+    /// The default device's figures.
+    pub fn disk(&self) -> DiskCapacity {
+        DiskCapacity {
+            seq_bytes_per_s: self.disk_seq_bytes_per_s,
+            random_iops: self.disk_random_iops,
+            random_request_bytes: self.disk_random_request_bytes,
+        }
+    }
+
+    /// See [`DiskCapacity::positioning_ns`] (the default device).
+    pub fn positioning_ns(&self) -> u64 {
+        self.disk().positioning_ns()
+    }
+
+    /// See [`DiskCapacity::request_overhead_bytes`] (the default device).
+    pub fn request_overhead_bytes(&self) -> u64 {
+        self.disk().request_overhead_bytes()
     }
 
     fn check(&self) -> Result<(), CapacityError> {
@@ -89,6 +242,7 @@ impl Capacity {
             ("net_bytes_per_s", self.net_bytes_per_s == 0),
             ("buffer_count", self.buffer_count == 0),
             ("buffer_bytes", self.buffer_bytes == 0),
+            ("cpu_ns_per_s", self.cpu_ns_per_s == 0),
         ];
         match zero.iter().find(|(_, z)| *z) {
             Some((field, _)) => Err(CapacityError::Zero { field }),
@@ -113,7 +267,7 @@ pub enum CapacityError {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct AdmissionConfig {
     pub capacity: Capacity,
-    /// Share of disk, network and buffers that `rt` reservations may never take, so that
+    /// Share of disk, network, buffers and CPU that `rt` reservations may never take, so that
     /// `bulk` always progresses (and the slack covers the non-preemptible request).
     pub bulk_share_percent: u8,
     pub streams_max: u32,
@@ -129,10 +283,82 @@ pub struct AdmissionConfig {
 /// Guaranteed (`Rt`) or best effort (`Bulk`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum QosClass {
-    /// Reserves disk time, network bandwidth and buffers; deadlines are owed.
+    /// Reserves disk time, network bandwidth, buffers and CPU; deadlines are owed.
     Rt,
     /// Reserves nothing: served from the bulk share and borrowed buffers.
     Bulk,
+}
+
+/// One device's part of one chunk's reads.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DiskDemand {
+    pub device: DeviceId,
+    /// Requests per chunk.
+    pub requests: u32,
+    /// Bytes per chunk.
+    pub bytes: u64,
+}
+
+/// What the executor reads for a stream: one chunk of `chunk_bytes` at a time, issued as
+/// `disks` (one entry per device; a plain file's one request, a volume chunk's pieces per
+/// member). From the planner, derived from the function that sizes the executor's reads.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ReadGeometry {
+    pub chunk_bytes: u64,
+    devices: u8,
+    disks: [DiskDemand; STREAM_DEVICES_MAX],
+}
+
+impl ReadGeometry {
+    /// One request of `chunk_bytes` per chunk on `device` (a plain file).
+    pub fn single(chunk_bytes: u64, device: DeviceId) -> ReadGeometry {
+        let mut g = ReadGeometry {
+            chunk_bytes,
+            devices: 0,
+            disks: [DiskDemand {
+                device: DeviceId::UNKNOWN,
+                requests: 0,
+                bytes: 0,
+            }; STREAM_DEVICES_MAX],
+        };
+        g.push(DiskDemand {
+            device,
+            requests: 1,
+            bytes: chunk_bytes,
+        });
+        g
+    }
+
+    /// A chunk of `chunk_bytes` whose requests spread over `disks` (at most
+    /// [`STREAM_DEVICES_MAX`]; one entry per device, requests of one device added up).
+    pub fn spread(chunk_bytes: u64, disks: &[DiskDemand]) -> ReadGeometry {
+        let mut g = ReadGeometry::single(chunk_bytes, DeviceId::UNKNOWN);
+        g.devices = 0;
+        for d in disks {
+            g.push(*d);
+        }
+        g
+    }
+
+    fn push(&mut self, d: DiskDemand) {
+        let n = usize::from(self.devices);
+        if let Some(e) = self.disks[..n].iter_mut().find(|e| e.device == d.device) {
+            e.requests += d.requests;
+            e.bytes += d.bytes;
+            return;
+        }
+        assert!(
+            n < STREAM_DEVICES_MAX,
+            "at most one entry per volume member"
+        );
+        self.disks[n] = d;
+        self.devices += 1;
+    }
+
+    /// Per device: requests and bytes of one chunk.
+    pub fn disks(&self) -> &[DiskDemand] {
+        &self.disks[..usize::from(self.devices)]
+    }
 }
 
 /// What a stream asks for when it opens.
@@ -140,10 +366,14 @@ pub enum QosClass {
 pub struct StreamQos {
     pub class: QosClass,
     pub rate_bytes_per_s: u64,
-    /// Bytes read per period (one disk request). The period is `unit / rate`.
+    /// Bytes per send (a datagram's payload on a datagram target).
     pub unit_bytes: u64,
-    /// Buffers the stream holds to keep a constant flow (2 = double buffering).
+    /// Buffers the stream asks to hold (at least what its read-ahead needs is reserved).
     pub buffers: u32,
+    /// What the executor reads, chunk by chunk.
+    pub reads: ReadGeometry,
+    /// The target is a datagram socket: each unit pays `net_packet_overhead_bytes`.
+    pub datagrams: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
@@ -155,26 +385,78 @@ impl fmt::Display for ReservationId {
     }
 }
 
-/// What an admitted stream holds. Zero everywhere for `Bulk`.
+/// One device's charge in a reservation, and the figures it was computed with.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DiskCharge {
+    pub device: DeviceId,
+    /// Device time per second (density × 1e9).
+    pub ns_per_s: u64,
+    pub figures: DeviceFigures,
+}
+
+/// What an admitted stream holds (or, from [`Admission::charge`], would hold). Zero
+/// everywhere for `Bulk`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Reservation {
     pub id: ReservationId,
     pub qos: StreamQos,
-    /// Disk time per second (utilisation × 1e9), seek overhead included.
+    /// The busiest device's time per second (utilisation × 1e9), positioning included.
     pub disk_ns_per_s: u64,
+    devices: u8,
+    disk: [Option<DiskCharge>; STREAM_DEVICES_MAX],
     pub net_bytes_per_s: u64,
     pub buffers: u32,
+    pub cpu_ns_per_s: u64,
+}
+
+impl Reservation {
+    /// The charge on each device the stream reads from.
+    pub fn disk_charges(&self) -> impl Iterator<Item = &DiskCharge> + '_ {
+        self.disk[..usize::from(self.devices)].iter().flatten()
+    }
+
+    /// Which figures the charges used, for a reply: "device 7:0: 900.0 MB/s, 11900 IOPS
+    /// (self-calibrated at …)".
+    pub fn figures(&self) -> String {
+        self.disk_charges()
+            .map(|c| {
+                format!(
+                    "{}: {:.1} MB/s, {} IOPS at {} B ({})",
+                    c.device,
+                    c.figures.disk.seq_bytes_per_s as f64 / 1e6,
+                    c.figures.disk.random_iops,
+                    c.figures.disk.random_request_bytes,
+                    c.figures.source
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
 }
 
 /// A resource admission checks.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Resource {
-    /// In disk ns per second; shown as equivalent sequential MB/s.
-    Disk,
-    /// In bytes per second.
+    /// One device's time, in ns per second; shown as equivalent sequential MB/s.
+    Disk(DeviceId),
+    /// In bytes per second (framing included).
     Network,
     /// In buffers.
     Buffers,
+    /// The workers' CPU time for sends, in ns per second.
+    Cpu,
+}
+
+impl Resource {
+    /// The resource's name in metrics and replies (`disk`, `network`, `buffers`, `cpu`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Resource::Disk(_) => "disk",
+            Resource::Network => "network",
+            Resource::Buffers => "buffers",
+            Resource::Cpu => "cpu",
+        }
+    }
 }
 
 /// One resource that is short: how much was needed, how much is left, out of what.
@@ -193,14 +475,14 @@ impl fmt::Display for Shortage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mbps = |v: u64| v as f64 / 1e6;
         match self.resource {
-            Resource::Disk => {
+            Resource::Disk(device) => {
                 let bw = |ns: u64| {
                     (u128::from(ns) * u128::from(self.disk_seq_bytes_per_s) / NS_PER_S) as u64
                 };
                 write!(
                     f,
-                    "disk: need {:.1} MB/s, {:.1} MB/s left of {:.1} MB/s rt capacity \
-                     (sequential-equivalent, seeks included)",
+                    "disk ({device}): need {:.1} MB/s, {:.1} MB/s left of {:.1} MB/s rt capacity \
+                     (sequential-equivalent, positioning included)",
                     mbps(bw(self.need)),
                     mbps(bw(self.left)),
                     mbps(bw(self.capacity))
@@ -217,6 +499,13 @@ impl fmt::Display for Shortage {
                 f,
                 "buffers: need {}, {} left of {} rt buffers",
                 self.need, self.left, self.capacity
+            ),
+            Resource::Cpu => write!(
+                f,
+                "cpu: need {:.1} ms/s, {:.1} ms/s left of {:.1} ms/s rt capacity (sends)",
+                self.need as f64 / 1e6,
+                self.left as f64 / 1e6,
+                self.capacity as f64 / 1e6
             ),
         }
     }
@@ -237,25 +526,53 @@ pub enum Refusal {
     #[error("invalid QoS: {reason}")]
     InvalidQos { reason: String },
     /// Busy: would fit once other streams close.
-    #[error("refused: {}", join(shortages))]
-    Short { shortages: Vec<Shortage> },
+    #[error("refused: {} [figures: {figures}]", join(shortages))]
+    Short {
+        shortages: Vec<Shortage>,
+        /// Which device figures the charge used and where they came from.
+        figures: String,
+    },
     /// Would not fit even on an idle server: the rate is above the calibrated capacity.
     #[error(
-        "refused, can never be admitted (more than the whole rt capacity): {}",
+        "refused, can never be admitted (more than the whole rt capacity): {} [figures: {figures}]",
         join(shortages)
     )]
-    NeverFits { shortages: Vec<Shortage> },
+    NeverFits {
+        shortages: Vec<Shortage>,
+        figures: String,
+    },
     #[error("refused: {streams_max} streams already admitted (streams_max)")]
     StreamsMax { streams_max: u32 },
+}
+
+impl Refusal {
+    /// The resources that are short (empty for the other refusals).
+    pub fn shortages(&self) -> &[Shortage] {
+        match self {
+            Refusal::Short { shortages, .. } | Refusal::NeverFits { shortages, .. } => shortages,
+            _ => &[],
+        }
+    }
 }
 
 /// Totals reserved (or, from [`Admission::rt_capacity`], reservable).
 #[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
 pub struct Usage {
+    /// The busiest device's reserved time per second (each device's capacity is the same
+    /// share of a second; [`Admission::disk_usage`] has them all).
     pub disk_ns_per_s: u64,
     pub net_bytes_per_s: u64,
     pub buffers: u32,
     pub streams: u32,
+    pub cpu_ns_per_s: u64,
+}
+
+/// One device's reserved time and the figures new charges on it use.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DeviceUsage {
+    pub device: DeviceId,
+    pub used_ns_per_s: u64,
+    pub figures: DeviceFigures,
 }
 
 /// The admission controller: the reservations and their totals.
@@ -264,6 +581,10 @@ pub struct Admission {
     config: AdmissionConfig,
     rt_capacity: Usage,
     used: Usage,
+    /// Reserved time per device (entries with reservations, or with figures of their own).
+    disk_used: BTreeMap<DeviceId, u64>,
+    /// Figures of devices measured apart from the default.
+    devices: BTreeMap<DeviceId, DeviceFigures>,
     reservations: BTreeMap<ReservationId, Reservation>,
     next_id: u64,
 }
@@ -289,11 +610,14 @@ impl Admission {
             net_bytes_per_s: share(u128::from(cap.net_bytes_per_s)),
             buffers: share(u128::from(cap.buffer_count)) as u32,
             streams: config.streams_max,
+            cpu_ns_per_s: share(u128::from(cap.cpu_ns_per_s)),
         };
         Ok(Admission {
             config,
             rt_capacity,
             used: Usage::default(),
+            disk_used: BTreeMap::new(),
+            devices: BTreeMap::new(),
             reservations: BTreeMap::new(),
             next_id: 0,
         })
@@ -303,7 +627,7 @@ impl Admission {
         &self.config
     }
 
-    /// What `rt` may reserve in total (capacity minus the bulk share).
+    /// What `rt` may reserve in total (capacity minus the bulk share; disk: per device).
     pub fn rt_capacity(&self) -> Usage {
         self.rt_capacity
     }
@@ -313,61 +637,309 @@ impl Admission {
         self.used
     }
 
-    /// Disk time per second a periodic stream of `rate_bytes_per_s` in units of `unit_bytes`
-    /// is charged: its density `C / (T - L)` with `C = positioning + unit/bandwidth`,
-    /// `T = unit/rate` and `L = rt_latency_ns`, rounded up (admission errs on the side of
+    /// Gives `device` figures of its own (measured); charges from now on use them. Existing
+    /// reservations keep what they were charged. Zero figures are refused.
+    pub fn set_device(
+        &mut self,
+        device: DeviceId,
+        figures: DeviceFigures,
+    ) -> Result<(), CapacityError> {
+        if figures.disk.seq_bytes_per_s == 0 {
+            return Err(CapacityError::Zero {
+                field: "disk_seq_bytes_per_s",
+            });
+        }
+        if figures.disk.random_iops == 0 {
+            return Err(CapacityError::Zero {
+                field: "disk_random_iops",
+            });
+        }
+        self.devices.insert(device, figures);
+        Ok(())
+    }
+
+    /// The figures charges on `device` use.
+    pub fn figures(&self, device: DeviceId) -> DeviceFigures {
+        self.devices.get(&device).copied().unwrap_or(DeviceFigures {
+            disk: self.config.capacity.disk(),
+            source: self.config.capacity.disk_source,
+        })
+    }
+
+    /// Whether `device` has figures of its own.
+    pub fn has_figures(&self, device: DeviceId) -> bool {
+        self.devices.contains_key(&device)
+    }
+
+    /// Every device with a reservation or figures of its own: reserved time and figures.
+    pub fn disk_usage(&self) -> Vec<DeviceUsage> {
+        let mut ids: Vec<DeviceId> = self.disk_used.keys().copied().collect();
+        ids.extend(self.devices.keys().copied());
+        ids.sort();
+        ids.dedup();
+        ids.into_iter()
+            .map(|device| DeviceUsage {
+                device,
+                used_ns_per_s: self.disk_used.get(&device).copied().unwrap_or(0),
+                figures: self.figures(device),
+            })
+            .collect()
+    }
+
+    /// Device time per second a stream of `rate_bytes_per_s` reading `requests` requests of
+    /// `bytes` bytes in all per chunk of `chunk_bytes` is charged on a device with `disk`'s
+    /// figures: its density `C / (T - L)` with `C` the chunk's service time,
+    /// `T = chunk / rate` and `L = rt_latency_ns`, rounded up (admission errs on the side of
     /// refusing). `None` when the period is not longer than `L`: no rate can be promised.
-    pub fn disk_ns_per_s(&self, rate_bytes_per_s: u64, unit_bytes: u64) -> Option<u64> {
-        let cap = &self.config.capacity;
-        let bw = u128::from(cap.disk_seq_bytes_per_s);
-        let s_ns = u128::from(cap.positioning_ns());
-        let unit = u128::from(unit_bytes.max(1));
+    pub fn device_ns_per_s(
+        &self,
+        disk: &DiskCapacity,
+        rate_bytes_per_s: u64,
+        chunk_bytes: u64,
+        requests: u32,
+        bytes: u64,
+    ) -> Option<u64> {
+        let bw = u128::from(disk.seq_bytes_per_s.max(1));
+        let chunk = u128::from(chunk_bytes.max(1));
         let rate = u128::from(rate_bytes_per_s);
-        // C = (s·B + u·1e9) / B ns; T - L = (u·1e9 - L·r) / r ns.
-        let slack = (unit * NS_PER_S).checked_sub(u128::from(self.config.rt_latency_ns) * rate)?;
+        // C = c_bw / B ns; T - L = (R·1e9 - L·r) / r ns.
+        let slack = (chunk * NS_PER_S).checked_sub(u128::from(self.config.rt_latency_ns) * rate)?;
         if slack == 0 {
             return None;
         }
-        let num = (s_ns * bw + unit * NS_PER_S) * rate * NS_PER_S;
+        let c_bw = disk.service_ns_times_bw(u64::from(requests), bytes);
+        let num = c_bw * rate * NS_PER_S;
         let den = bw * slack;
         Some(u64::try_from(num.div_ceil(den)).unwrap_or(u64::MAX))
     }
 
-    /// Admits `qos` if the schedulability test passes for disk, network and buffers;
-    /// otherwise names every resource that is short. A refusal changes nothing.
+    /// The default device's time per second for a stream reading one request of
+    /// `chunk_bytes` per chunk (see [`Admission::device_ns_per_s`]).
+    pub fn disk_ns_per_s(&self, rate_bytes_per_s: u64, chunk_bytes: u64) -> Option<u64> {
+        let disk = self.config.capacity.disk();
+        self.device_ns_per_s(&disk, rate_bytes_per_s, chunk_bytes, 1, chunk_bytes)
+    }
+
+    /// What `qos` would be charged now (nothing reserved; `id` unset). A bulk stream is
+    /// charged nothing.
+    pub fn charge(&self, qos: StreamQos) -> Result<Reservation, Refusal> {
+        let mut r = Reservation {
+            id: ReservationId(self.next_id),
+            qos,
+            disk_ns_per_s: 0,
+            devices: 0,
+            disk: [None; STREAM_DEVICES_MAX],
+            net_bytes_per_s: 0,
+            buffers: 0,
+            cpu_ns_per_s: 0,
+        };
+        if qos.class == QosClass::Bulk {
+            return Ok(r);
+        }
+        let invalid = |reason: String| Err(Refusal::InvalidQos { reason });
+        if qos.rate_bytes_per_s == 0 {
+            return invalid("an rt stream needs a rate above 0 B/s".into());
+        }
+        if qos.unit_bytes == 0 {
+            return invalid("an rt stream needs a unit above 0 bytes".into());
+        }
+        let chunk = qos.reads.chunk_bytes;
+        if chunk == 0 || qos.reads.disks().is_empty() {
+            return invalid("an rt stream reads chunks of more than 0 bytes".into());
+        }
+        let buffer_bytes = self.config.capacity.buffer_bytes;
+        let hold_bytes = u128::from(qos.buffers) * u128::from(buffer_bytes);
+        if hold_bytes < u128::from(qos.unit_bytes) {
+            return invalid(format!(
+                "{} buffers of {} B cannot hold one unit of {} B",
+                qos.buffers, buffer_bytes, qos.unit_bytes
+            ));
+        }
+        let rate = u128::from(qos.rate_bytes_per_s);
+        let mut service_ns_max = 0u64;
+        for (i, d) in qos.reads.disks().iter().enumerate() {
+            let figures = self.figures(d.device);
+            let Some(ns) = self.device_ns_per_s(
+                &figures.disk,
+                qos.rate_bytes_per_s,
+                chunk,
+                d.requests,
+                d.bytes,
+            ) else {
+                return invalid(format!(
+                    "period {} ns ({} B chunks at {} B/s) is not longer than the scheduler's rt latency {} ns",
+                    u128::from(chunk) * NS_PER_S / rate,
+                    chunk,
+                    qos.rate_bytes_per_s,
+                    self.config.rt_latency_ns
+                ));
+            };
+            service_ns_max =
+                service_ns_max.max(figures.disk.service_ns(u64::from(d.requests), d.bytes));
+            r.disk[i] = Some(DiskCharge {
+                device: d.device,
+                ns_per_s: ns,
+                figures,
+            });
+            r.disk_ns_per_s = r.disk_ns_per_s.max(ns);
+        }
+        r.devices = qos.reads.devices;
+        // Sends per second, rounded up.
+        let sends = rate.div_ceil(u128::from(qos.unit_bytes));
+        let overhead = if qos.datagrams {
+            sends * u128::from(self.config.capacity.net_packet_overhead_bytes)
+        } else {
+            0
+        };
+        r.net_bytes_per_s = u64::try_from(rate + overhead).unwrap_or(u64::MAX);
+        r.cpu_ns_per_s =
+            u64::try_from(sends * u128::from(self.config.capacity.cpu_send_ns)).unwrap_or(u64::MAX);
+        // Read-ahead: chunks consumed while one waits and is served, plus the one being sent.
+        let worst_ns = u128::from(self.config.rt_latency_ns) + u128::from(service_ns_max);
+        let ahead = (worst_ns * rate).div_ceil(u128::from(chunk) * NS_PER_S);
+        let chunk_buffers = u128::from(chunk.div_ceil(buffer_bytes.max(1)));
+        let needed = u32::try_from((ahead + 1) * chunk_buffers).unwrap_or(u32::MAX);
+        r.buffers = qos.buffers.max(needed);
+        Ok(r)
+    }
+
+    /// Admits `qos` if the schedulability test passes for every device it reads from, the
+    /// network, the buffers and the CPU; otherwise names every resource that is short. A
+    /// refusal changes nothing.
     pub fn admit(&mut self, qos: StreamQos) -> Result<Reservation, Refusal> {
         if self.used.streams >= self.config.streams_max {
             return Err(Refusal::StreamsMax {
                 streams_max: self.config.streams_max,
             });
         }
-        let reservation = match qos.class {
-            QosClass::Bulk => Reservation {
-                id: ReservationId(self.next_id),
-                qos,
-                disk_ns_per_s: 0,
-                net_bytes_per_s: 0,
-                buffers: 0,
-            },
-            QosClass::Rt => self.test_rt(qos)?,
+        let r = self.charge(qos)?;
+        self.test(&r, None)?;
+        Ok(self.book(r))
+    }
+
+    /// Replaces reservation `id` with what `qos` is charged (a stream admitted ahead, then
+    /// planned against its real device), in one step: no other stream can take the room in
+    /// between. On refusal `id` keeps what it held.
+    pub fn replace(&mut self, id: ReservationId, qos: StreamQos) -> Result<Reservation, Refusal> {
+        let Some(old) = self.reservations.get(&id).copied() else {
+            return self.admit(qos);
         };
+        let r = self.charge(qos)?;
+        self.test(&r, Some(&old))?;
+        self.release(id);
+        Ok(self.book(r))
+    }
+
+    /// Books `r` under a new id.
+    fn book(&mut self, mut r: Reservation) -> Reservation {
+        r.id = ReservationId(self.next_id);
         self.next_id += 1;
-        self.used.disk_ns_per_s += reservation.disk_ns_per_s;
-        self.used.net_bytes_per_s += reservation.net_bytes_per_s;
-        self.used.buffers += reservation.buffers;
+        for c in r.disk_charges() {
+            *self.disk_used.entry(c.device).or_insert(0) += c.ns_per_s;
+        }
+        self.used.net_bytes_per_s += r.net_bytes_per_s;
+        self.used.buffers += r.buffers;
+        self.used.cpu_ns_per_s += r.cpu_ns_per_s;
         self.used.streams += 1;
-        self.reservations.insert(reservation.id, reservation);
+        self.used.disk_ns_per_s = self.disk_used.values().copied().max().unwrap_or(0);
+        self.reservations.insert(r.id, r);
         self.check_totals();
-        Ok(reservation)
+        r
+    }
+
+    /// The schedulability test of `r` against what is reserved (less `instead`, which `r`
+    /// would replace).
+    fn test(&self, r: &Reservation, instead: Option<&Reservation>) -> Result<(), Refusal> {
+        if r.qos.class == QosClass::Bulk {
+            return Ok(());
+        }
+        let cap = self.rt_capacity;
+        let back = |f: &dyn Fn(&Reservation) -> u64| instead.map_or(0, f);
+        let mut checks: Vec<(Resource, u64, u64, u64, u64)> = Vec::new();
+        for c in r.disk_charges() {
+            let used = self.disk_used.get(&c.device).copied().unwrap_or(0);
+            let given_back = back(&|o: &Reservation| {
+                o.disk_charges()
+                    .filter(|oc| oc.device == c.device)
+                    .map(|oc| oc.ns_per_s)
+                    .sum()
+            });
+            checks.push((
+                Resource::Disk(c.device),
+                c.ns_per_s,
+                used - given_back,
+                cap.disk_ns_per_s,
+                c.figures.disk.seq_bytes_per_s,
+            ));
+        }
+        checks.push((
+            Resource::Network,
+            r.net_bytes_per_s,
+            self.used.net_bytes_per_s - back(&|o| o.net_bytes_per_s),
+            cap.net_bytes_per_s,
+            0,
+        ));
+        checks.push((
+            Resource::Buffers,
+            u64::from(r.buffers),
+            u64::from(self.used.buffers) - back(&|o| u64::from(o.buffers)),
+            u64::from(cap.buffers),
+            0,
+        ));
+        checks.push((
+            Resource::Cpu,
+            r.cpu_ns_per_s,
+            self.used.cpu_ns_per_s - back(&|o| o.cpu_ns_per_s),
+            cap.cpu_ns_per_s,
+            0,
+        ));
+        let shortage =
+            |&(resource, need, used, capacity, bw): &(Resource, u64, u64, u64, u64)| Shortage {
+                resource,
+                need,
+                left: capacity.saturating_sub(used),
+                capacity,
+                disk_seq_bytes_per_s: bw,
+            };
+        let never: Vec<Shortage> = checks.iter().filter(|c| c.1 > c.3).map(shortage).collect();
+        if !never.is_empty() {
+            return Err(Refusal::NeverFits {
+                shortages: never,
+                figures: r.figures(),
+            });
+        }
+        let short: Vec<Shortage> = checks
+            .iter()
+            .filter(|c| c.1 > c.3.saturating_sub(c.2))
+            .map(shortage)
+            .collect();
+        if !short.is_empty() {
+            return Err(Refusal::Short {
+                shortages: short,
+                figures: r.figures(),
+            });
+        }
+        Ok(())
     }
 
     /// Gives back what `id` reserved; `None` if it is not (or no longer) admitted.
     pub fn release(&mut self, id: ReservationId) -> Option<Reservation> {
         let r = self.reservations.remove(&id)?;
-        self.used.disk_ns_per_s -= r.disk_ns_per_s;
+        for c in r.disk_charges() {
+            let used = self
+                .disk_used
+                .get_mut(&c.device)
+                .expect("a charged device has an account");
+            *used -= c.ns_per_s;
+            if *used == 0 {
+                self.disk_used.remove(&c.device);
+            }
+        }
         self.used.net_bytes_per_s -= r.net_bytes_per_s;
         self.used.buffers -= r.buffers;
+        self.used.cpu_ns_per_s -= r.cpu_ns_per_s;
         self.used.streams -= 1;
+        self.used.disk_ns_per_s = self.disk_used.values().copied().max().unwrap_or(0);
         self.check_totals();
         Some(r)
     }
@@ -377,103 +949,22 @@ impl Admission {
         self.reservations.values()
     }
 
-    fn test_rt(&self, qos: StreamQos) -> Result<Reservation, Refusal> {
-        let invalid = |reason: String| Err(Refusal::InvalidQos { reason });
-        if qos.rate_bytes_per_s == 0 {
-            return invalid("an rt stream needs a rate above 0 B/s".into());
-        }
-        if qos.unit_bytes == 0 {
-            return invalid("an rt stream needs a unit above 0 bytes".into());
-        }
-        let hold_bytes = u128::from(qos.buffers) * u128::from(self.config.capacity.buffer_bytes);
-        if hold_bytes < u128::from(qos.unit_bytes) {
-            return invalid(format!(
-                "{} buffers of {} B cannot hold one unit of {} B",
-                qos.buffers, self.config.capacity.buffer_bytes, qos.unit_bytes
-            ));
-        }
-        let Some(disk_ns_per_s) = self.disk_ns_per_s(qos.rate_bytes_per_s, qos.unit_bytes) else {
-            return invalid(format!(
-                "period {} ns ({} B at {} B/s) is not longer than the scheduler's rt latency {} ns",
-                u128::from(qos.unit_bytes) * NS_PER_S / u128::from(qos.rate_bytes_per_s),
-                qos.unit_bytes,
-                qos.rate_bytes_per_s,
-                self.config.rt_latency_ns
-            ));
-        };
-        let need = Usage {
-            disk_ns_per_s,
-            net_bytes_per_s: qos.rate_bytes_per_s,
-            buffers: qos.buffers,
-            streams: 1,
-        };
-        let cap = self.rt_capacity;
-        let bw = self.config.capacity.disk_seq_bytes_per_s;
-        let checks = [
-            (
-                Resource::Disk,
-                need.disk_ns_per_s,
-                self.used.disk_ns_per_s,
-                cap.disk_ns_per_s,
-            ),
-            (
-                Resource::Network,
-                need.net_bytes_per_s,
-                self.used.net_bytes_per_s,
-                cap.net_bytes_per_s,
-            ),
-            (
-                Resource::Buffers,
-                u64::from(need.buffers),
-                u64::from(self.used.buffers),
-                u64::from(cap.buffers),
-            ),
-        ];
-        let shortage = |(resource, need, used, capacity): (Resource, u64, u64, u64)| Shortage {
-            resource,
-            need,
-            left: capacity.saturating_sub(used),
-            capacity,
-            disk_seq_bytes_per_s: bw,
-        };
-        let never: Vec<Shortage> = checks
-            .iter()
-            .filter(|c| c.1 > c.3)
-            .map(|&c| shortage(c))
-            .collect();
-        if !never.is_empty() {
-            return Err(Refusal::NeverFits { shortages: never });
-        }
-        let short: Vec<Shortage> = checks
-            .iter()
-            .filter(|c| c.1 > c.3.saturating_sub(c.2))
-            .map(|&c| shortage(c))
-            .collect();
-        if !short.is_empty() {
-            return Err(Refusal::Short { shortages: short });
-        }
-        Ok(Reservation {
-            id: ReservationId(self.next_id),
-            qos,
-            disk_ns_per_s: need.disk_ns_per_s,
-            net_bytes_per_s: need.net_bytes_per_s,
-            buffers: need.buffers,
-        })
-    }
-
     /// The totals equal the sum of the reservations and stay within the rt capacity.
     fn check_totals(&self) {
         debug_assert_eq!(self.used.streams as usize, self.reservations.len());
         debug_assert_eq!(
-            self.used.disk_ns_per_s,
+            self.disk_used.values().sum::<u64>(),
             self.reservations
                 .values()
-                .map(|r| r.disk_ns_per_s)
+                .flat_map(|r| r.disk_charges().map(|c| c.ns_per_s))
                 .sum::<u64>()
         );
-        assert!(self.used.disk_ns_per_s <= self.rt_capacity.disk_ns_per_s);
+        for used in self.disk_used.values() {
+            assert!(*used <= self.rt_capacity.disk_ns_per_s);
+        }
         assert!(self.used.net_bytes_per_s <= self.rt_capacity.net_bytes_per_s);
         assert!(self.used.buffers <= self.rt_capacity.buffers);
+        assert!(self.used.cpu_ns_per_s <= self.rt_capacity.cpu_ns_per_s);
     }
 }
 
@@ -490,6 +981,7 @@ mod tests {
             net_bytes_per_s: 125_000_000,
             buffer_count: 100,
             buffer_bytes: 1 << 20,
+            ..Capacity::CONSERVATIVE
         }
     }
 
@@ -509,6 +1001,8 @@ mod tests {
             rate_bytes_per_s,
             unit_bytes,
             buffers,
+            reads: ReadGeometry::single(unit_bytes, DeviceId::UNKNOWN),
+            datagrams: false,
         }
     }
 
@@ -545,7 +1039,7 @@ mod tests {
                     let msg = e.to_string();
                     assert!(
                         msg.starts_with(
-                            "refused: disk: need 15.0 MB/s, 5.2 MB/s left of 80.0 MB/s"
+                            "refused: disk (default device): need 15.0 MB/s, 5.2 MB/s left of 80.0 MB/s"
                         ),
                         "{msg}"
                     );
@@ -573,13 +1067,14 @@ mod tests {
         let msg = e.to_string();
         assert!(matches!(e, Refusal::NeverFits { .. }), "{msg}");
         assert!(
-            msg.contains("disk: need") && msg.contains("network: need 101.0 MB/s"),
+            msg.contains("disk (default device): need") && msg.contains("network: need 101.0 MB/s"),
             "{msg}"
         );
         let e = a.admit(rt(1_000_000, 1_000_000, 6)).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "refused: buffers: need 6, 5 left of 80 rt buffers"
+        assert!(
+            e.to_string()
+                .starts_with("refused: buffers: need 6, 5 left of 80 rt buffers [figures: default device: 100.0 MB/s, 200 IOPS at 4096 B (conservative defaults)]"),
+            "{e}"
         );
     }
 
@@ -631,10 +1126,255 @@ mod tests {
             rate_bytes_per_s: 0,
             unit_bytes: 0,
             buffers: 0,
+            reads: ReadGeometry::single(0, DeviceId::UNKNOWN),
+            datagrams: false,
         };
         let r = a.admit(bulk).unwrap();
         assert_eq!((r.disk_ns_per_s, r.buffers), (0, 0));
         assert_eq!(a.admit(bulk), Err(Refusal::StreamsMax { streams_max: 1 }));
         assert!(Capacity::CONSERVATIVE.check().is_ok());
+    }
+
+    /// The issue's new user: no calibration, `--class rt --rate 2Mbit/s --unit 1316` to a
+    /// UDP target. The executor reads 796 units (1,047,536 B) per chunk, one read every
+    /// ~4.2 s: admitted on the conservative defaults. Charged one read per unit (the old
+    /// model), it could never be.
+    #[test]
+    fn a_2_mbit_stream_of_datagrams_is_charged_its_chunks_and_admitted_on_defaults() {
+        let mut a = Admission::new(AdmissionConfig {
+            capacity: Capacity {
+                net_bytes_per_s: 1_250_000_000,
+                ..Capacity::CONSERVATIVE
+            },
+            bulk_share_percent: 20,
+            streams_max: 4096,
+            rt_latency_ns: 0,
+        })
+        .unwrap();
+        let chunk = 1316 * ((1 << 20) / 1316);
+        let qos = StreamQos {
+            class: QosClass::Rt,
+            rate_bytes_per_s: 250_000,
+            unit_bytes: 1316,
+            buffers: 4,
+            reads: ReadGeometry::single(chunk, DeviceId::UNKNOWN),
+            datagrams: true,
+        };
+        let r = a.admit(qos).unwrap();
+        // 250,000/1,047,536 chunks/s × (13.25 ms + 20.95 ms) ≈ 8.16 ms/s.
+        assert_eq!(r.disk_ns_per_s, a.disk_ns_per_s(250_000, chunk).unwrap());
+        assert!((8_000_000..8_300_000).contains(&r.disk_ns_per_s), "{r:?}");
+        // 190 datagrams/s, 66 B of framing each; 20 µs of CPU each.
+        assert_eq!(r.net_bytes_per_s, 250_000 + 190 * 66);
+        assert_eq!(r.cpu_ns_per_s, 190 * 20_000);
+        assert_eq!(r.buffers, 4);
+        assert!(
+            r.figures().contains("conservative defaults"),
+            "{}",
+            r.figures()
+        );
+        let per_unit = StreamQos {
+            reads: ReadGeometry::single(1316, DeviceId::UNKNOWN),
+            ..qos
+        };
+        assert!(matches!(a.admit(per_unit), Err(Refusal::NeverFits { .. })));
+    }
+
+    #[test]
+    fn each_device_is_charged_with_its_own_figures_and_named() {
+        let mut a = admission();
+        let fast = DeviceFigures {
+            disk: DiskCapacity {
+                seq_bytes_per_s: 1_000_000_000,
+                random_iops: 10_000,
+                random_request_bytes: 4096,
+            },
+            source: FigureSource::SelfCalibrated { unix_s: 42 },
+        };
+        a.set_device(DeviceId(7), fast).unwrap();
+        let on = |dev: u64| StreamQos {
+            reads: ReadGeometry::single(1_000_000, DeviceId(dev)),
+            ..rt(10_000_000, 1_000_000, 2)
+        };
+        let slow = a.admit(on(8)).unwrap();
+        let quick = a.admit(on(7)).unwrap();
+        // 10 chunks/s × (95.9 µs + 1 ms) vs × (4.96 ms + 10 ms).
+        assert_eq!(quick.disk_ns_per_s, 10_959_040);
+        assert_eq!(slow.disk_ns_per_s, 149_590_400);
+        assert!(quick.figures().contains("self-calibrated at 42"));
+        let usage = a.disk_usage();
+        assert_eq!(usage.len(), 2);
+        assert_eq!(a.usage().disk_ns_per_s, 149_590_400);
+        // Devices are independent: the slow one fills up, the fast one still takes streams.
+        while a.admit(on(8)).is_ok() {}
+        let e = a.admit(on(8)).unwrap_err();
+        assert_eq!(e.shortages()[0].resource, Resource::Disk(DeviceId(8)));
+        assert!(e.to_string().contains("disk (device 0:8)"), "{e}");
+        assert!(a.admit(on(7)).is_ok());
+        // A chunk spread over two members charges each its pieces.
+        let spread = StreamQos {
+            reads: ReadGeometry::spread(
+                1_000_000,
+                &[
+                    DiskDemand {
+                        device: DeviceId(7),
+                        requests: 2,
+                        bytes: 500_000,
+                    },
+                    DiskDemand {
+                        device: DeviceId(9),
+                        requests: 2,
+                        bytes: 500_000,
+                    },
+                ],
+            ),
+            ..rt(10_000_000, 1_000_000, 2)
+        };
+        let r = a.admit(spread).unwrap();
+        assert_eq!(r.disk_charges().count(), 2);
+        assert!(
+            a.set_device(
+                DeviceId(3),
+                DeviceFigures {
+                    disk: DiskCapacity {
+                        random_iops: 0,
+                        ..fast.disk
+                    },
+                    ..fast
+                }
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn replacing_a_reservation_is_one_step_and_a_refusal_keeps_the_old_one() {
+        let mut a = admission();
+        let ahead = a.admit(rt(10_000_000, 1_000_000, 2)).unwrap();
+        let planned = StreamQos {
+            reads: ReadGeometry::single(1_000_000, DeviceId(5)),
+            ..rt(10_000_000, 1_000_000, 2)
+        };
+        let r = a.replace(ahead.id, planned).unwrap();
+        assert_eq!(a.reservations().count(), 1);
+        assert_eq!(a.usage().disk_ns_per_s, r.disk_ns_per_s);
+        // Too big to replace: the old one stays.
+        let huge = rt(79_000_000, 1_000_000, 2);
+        assert!(a.replace(r.id, huge).is_err());
+        assert_eq!(a.reservations().next().map(|x| x.id), Some(r.id));
+    }
+
+    #[test]
+    fn cpu_and_framing_are_charged_per_send() {
+        let mut a = Admission::new(AdmissionConfig {
+            capacity: Capacity {
+                cpu_ns_per_s: 1_000_000_000,
+                cpu_send_ns: 10_000,
+                buffer_count: 1000,
+                disk_seq_bytes_per_s: 1_000_000_000,
+                disk_random_iops: 100_000,
+                ..capacity()
+            },
+            bulk_share_percent: 20,
+            streams_max: 100,
+            rt_latency_ns: 0,
+        })
+        .unwrap();
+        // 1 MB/s in 1000 B datagrams: 1000 sends/s = 10 ms/s of CPU; 80 fit in 800 ms/s.
+        let q = StreamQos {
+            reads: ReadGeometry::single(1_000_000, DeviceId::UNKNOWN),
+            datagrams: true,
+            ..rt(1_000_000, 1000, 2)
+        };
+        let mut n = 0;
+        let e = loop {
+            match a.admit(q) {
+                Ok(r) => {
+                    assert_eq!(r.cpu_ns_per_s, 10_000_000);
+                    assert_eq!(r.net_bytes_per_s, 1_000_000 + 66_000);
+                    n += 1;
+                }
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(n, 80);
+        assert_eq!(e.shortages().len(), 1, "{e}");
+        assert_eq!(e.shortages()[0].resource, Resource::Cpu);
+        assert!(
+            e.to_string()
+                .starts_with("refused: cpu: need 10.0 ms/s, 0.0 ms/s left"),
+            "{e}"
+        );
+    }
+
+    fn random_qos() -> impl proptest::strategy::Strategy<Value = StreamQos> {
+        use proptest::prelude::*;
+        (
+            1_000u64..20_000_000,
+            prop_oneof![Just(1316u64), Just(65_536), Just(1 << 20)],
+            1u32..8,
+            0u64..3,
+            any::<bool>(),
+        )
+            .prop_map(|(rate, unit, buffers, dev, datagrams)| {
+                let chunk = if unit < (1 << 20) {
+                    unit * ((1 << 20) / unit)
+                } else {
+                    unit
+                };
+                StreamQos {
+                    class: QosClass::Rt,
+                    rate_bytes_per_s: rate,
+                    unit_bytes: unit,
+                    buffers,
+                    reads: ReadGeometry::single(chunk, DeviceId(dev)),
+                    datagrams,
+                }
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// Removing a stream never turns an admission into a refusal: for a random set
+        /// admitted in turn and a newcomer it admits, the set less any one stream admits the
+        /// newcomer too. And every refusal leaves the reservations as they were.
+        #[test]
+        fn admission_is_monotone(
+            set in proptest::collection::vec(random_qos(), 1..40),
+            newcomer in random_qos(),
+            rt_latency_ms in 0u64..3,
+        ) {
+            let config = AdmissionConfig {
+                capacity: capacity(),
+                bulk_share_percent: 20,
+                streams_max: 64,
+                rt_latency_ns: rt_latency_ms * 1_000_000,
+            };
+            let mut all = Admission::new(config).unwrap();
+            let mut admitted = Vec::new();
+            for q in &set {
+                let before: Vec<Reservation> = all.reservations().copied().collect();
+                match all.admit(*q) {
+                    Ok(_) => admitted.push(*q),
+                    Err(_) => {
+                        let after: Vec<Reservation> = all.reservations().copied().collect();
+                        proptest::prop_assert_eq!(before, after);
+                    }
+                }
+            }
+            if all.admit(newcomer).is_err() {
+                return Ok(());
+            }
+            for skip in 0..admitted.len() {
+                let mut less = Admission::new(config).unwrap();
+                for (i, q) in admitted.iter().enumerate() {
+                    if i != skip {
+                        less.admit(*q).unwrap();
+                    }
+                }
+                proptest::prop_assert!(less.admit(newcomer).is_ok());
+            }
+        }
     }
 }

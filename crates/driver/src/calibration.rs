@@ -1,10 +1,13 @@
 //! `penstock calibrate`: measure the device under a path, like seastar's iotune, and keep the
 //! figures in a file the engine reads at start (admission control's capacity).
 //!
-//! Sequential bandwidth: O_DIRECT reads of 1 MiB at depth 1 and 4. Random IOPS: O_DIRECT reads
+//! Sequential bandwidth: O_DIRECT reads of 1 MiB at depths 1, 2, 4, 8 and 16; the smallest
+//! depth within 5% of the best is the device's read depth (`read_depth`), which the uring
+//! path's benches use when the file is on the calibrated device. Random IOPS: O_DIRECT reads
 //! of 4 KiB and 64 KiB at depth 1, 8 and 32, at uniformly random aligned offsets, each for a
 //! fixed time. All reads go through io_uring (the engine's own ring).
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -20,6 +23,28 @@ pub struct RandomFigure {
     pub iops: u64,
 }
 
+/// One sequential-read measurement at a read depth.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct DepthFigure {
+    pub depth: u32,
+    pub bytes_per_s: u64,
+}
+
+/// The read depths `penstock calibrate` (and [`measure_read_depth`]) try.
+pub const READ_DEPTHS: [u32; 5] = [1, 2, 4, 8, 16];
+
+/// The depth to read a stream at: the smallest whose rate is within 5% of the best measured
+/// (a deeper queue holds more buffers and adds latency for other streams' requests, so it
+/// must buy more than noise). `None` for no figures.
+pub fn best_read_depth(figures: &[DepthFigure]) -> Option<u32> {
+    let best = figures.iter().map(|f| f.bytes_per_s).max()?;
+    figures
+        .iter()
+        .filter(|f| f.bytes_per_s as f64 >= best as f64 * 0.95)
+        .map(|f| f.depth)
+        .min()
+}
+
 /// What `penstock calibrate` measured.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Calibration {
@@ -29,6 +54,17 @@ pub struct Calibration {
     pub seq_read_bytes_per_s_depth1: u64,
     pub seq_read_bytes_per_s_depth4: u64,
     pub random: Vec<RandomFigure>,
+    /// Sequential O_DIRECT reads of 1 MiB at each of [`READ_DEPTHS`] (absent in files
+    /// written before it was measured).
+    #[serde(default)]
+    pub seq_read_by_depth: Vec<DepthFigure>,
+    /// [`best_read_depth`] of `seq_read_by_depth`: the read depth for streams on this device.
+    #[serde(default)]
+    pub read_depth: Option<u32>,
+    /// CPU time of one 1316-byte UDP send to a loopback receiver, in ns (absent in files
+    /// written before it was measured).
+    #[serde(default)]
+    pub send_ns: Option<u64>,
 }
 
 /// Why calibration failed.
@@ -66,10 +102,28 @@ impl Calibration {
             disk_random_iops: random
                 .map_or(Capacity::CONSERVATIVE.disk_random_iops, |r| r.iops.max(1)),
             disk_random_request_bytes: random.map_or(4096, |r| r.request_bytes),
+            disk_source: penstock_core::admission::FigureSource::CalibrationFile,
             net_bytes_per_s,
             buffer_count,
             buffer_bytes,
+            cpu_send_ns: self.send_ns.unwrap_or(Capacity::CONSERVATIVE.cpu_send_ns),
+            ..Capacity::CONSERVATIVE
         }
+    }
+
+    /// The calibrated read depth if `file` is on the device this calibration measured (same
+    /// `st_dev` as its path, which must still exist); `None` otherwise.
+    pub fn read_depth_for(&self, file: &Path) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt;
+        let here = std::fs::metadata(file).ok()?.dev();
+        let there = std::fs::metadata(&self.path)
+            .or_else(|_| {
+                // A directory's calibration names its removed test file: its directory.
+                std::fs::metadata(Path::new(&self.path).parent().unwrap_or(Path::new("/")))
+            })
+            .ok()?
+            .dev();
+        (here == there).then_some(self.read_depth?)
     }
 
     /// Reads a calibration file.
@@ -116,6 +170,21 @@ pub fn default_path() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
         .unwrap_or_else(|| PathBuf::from("."));
     base.join("penstock").join("calibration.toml")
+}
+
+/// The device a read of `fd` lands on: a block device's own number, else its file system's
+/// (the disk queue's device, `uring_path`); 0 when fstat fails.
+pub fn device_of(fd: impl AsFd) -> u64 {
+    match rustix::fs::fstat(fd) {
+        Ok(st)
+            if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                == rustix::fs::FileType::BlockDevice =>
+        {
+            st.st_rdev
+        }
+        Ok(st) => st.st_dev,
+        Err(_) => 0,
+    }
 }
 
 /// How long and how much to measure.
@@ -181,8 +250,26 @@ fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, Calibrat
     })
     .map_err(|e| CalibrationError::Ring(e.to_string()))?;
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    let seq1 = run_reads(&mut ring, raw, size, 1 << 20, 1, Pattern::Sequential, None)?;
-    let seq4 = run_reads(&mut ring, raw, size, 1 << 20, 4, Pattern::Sequential, None)?;
+    let mut by_depth = Vec::new();
+    for depth in READ_DEPTHS {
+        let bytes_per_s = run_reads(
+            &mut ring,
+            raw,
+            size,
+            1 << 20,
+            depth,
+            Pattern::Sequential,
+            None,
+        )?;
+        by_depth.push(DepthFigure { depth, bytes_per_s });
+    }
+    let at = |d: u32| {
+        by_depth
+            .iter()
+            .find(|f| f.depth == d)
+            .map_or(0, |f| f.bytes_per_s)
+    };
+    let (seq1, seq4) = (at(1), at(4));
     let mut random = Vec::new();
     for request_bytes in [4096u64, 65536] {
         for depth in [1u32, 8, 32] {
@@ -207,7 +294,92 @@ fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, Calibrat
         seq_read_bytes_per_s_depth1: seq1,
         seq_read_bytes_per_s_depth4: seq4,
         random,
+        read_depth: best_read_depth(&by_depth),
+        seq_read_by_depth: by_depth,
+        send_ns: measure_send_ns(opts.random_time).ok(),
     })
+}
+
+/// A short measurement of the read depth for files in `dir` when no calibration covers its
+/// device: writes a test file of `bytes` there (removed after), reads it with O_DIRECT
+/// through io_uring at each of [`READ_DEPTHS`], and returns [`best_read_depth`] with the
+/// figures.
+pub fn measure_read_depth(
+    dir: &Path,
+    bytes: u64,
+) -> Result<(u32, Vec<DepthFigure>), CalibrationError> {
+    let io = |source| CalibrationError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let f = dir.join(format!(".penstock-depth-{}", std::process::id()));
+    write_test_file(&f, bytes).map_err(io)?;
+    let r = (|| {
+        let fd =
+            crate::open::reopen_direct(&f).ok_or_else(|| CalibrationError::NoDirect(f.clone()))?;
+        let (mut ring, _) = Ring::new(&RingConfig {
+            buffers: 32,
+            buffer_bytes: 1 << 20,
+            ..RingConfig::default()
+        })
+        .map_err(|e| CalibrationError::Ring(e.to_string()))?;
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        let mut figs = Vec::new();
+        for depth in READ_DEPTHS {
+            let bytes_per_s = run_reads(
+                &mut ring,
+                raw,
+                bytes,
+                1 << 20,
+                depth,
+                Pattern::Sequential,
+                None,
+            )?;
+            figs.push(DepthFigure { depth, bytes_per_s });
+        }
+        Ok((best_read_depth(&figs).unwrap_or(1), figs))
+    })();
+    let _ = std::fs::remove_file(&f);
+    r
+}
+
+/// The CPU time one 1316-byte UDP send to a loopback receiver costs the sending thread
+/// (its thread CPU time over the sends made in `time`; on loopback the receive path runs in
+/// the sender's context too, as it does for the engine's workers).
+pub fn measure_send_ns(time: Duration) -> std::io::Result<u64> {
+    use std::net::UdpSocket;
+    let rx = UdpSocket::bind("127.0.0.1:0")?;
+    rx.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let tx = UdpSocket::bind("127.0.0.1:0")?;
+    tx.connect(rx.local_addr()?)?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let drain = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = rx.recv(&mut buf);
+            }
+        })
+    };
+    let unit = [0x47u8; 1316];
+    let cpu = || rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    let ns = |t: rustix::time::Timespec| t.tv_sec as u128 * 1_000_000_000 + t.tv_nsec as u128;
+    let (t0, c0) = (Instant::now(), cpu());
+    let mut sends = 0u64;
+    while t0.elapsed() < time {
+        for _ in 0..64 {
+            // A full receive queue drops datagrams; the send's cost is paid all the same.
+            let _ = tx.send(&unit);
+            sends += 1;
+        }
+    }
+    let used = ns(cpu()).saturating_sub(ns(c0));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = drain.join();
+    Ok(u64::try_from(used / u128::from(sends.max(1)))
+        .unwrap_or(u64::MAX)
+        .max(1))
 }
 
 #[derive(Clone, Copy)]
@@ -241,7 +413,11 @@ fn run_reads(
         let block = match pattern {
             Pattern::Sequential => {
                 if *next_block >= blocks {
-                    return false;
+                    if time.is_none() {
+                        return false;
+                    }
+                    // Timed: around again (O_DIRECT reads the device each time).
+                    *next_block = 0;
                 }
                 *next_block += 1;
                 *next_block - 1
@@ -294,4 +470,267 @@ fn run_reads(
     }
     let secs = t0.elapsed().as_secs_f64().max(1e-9);
     Ok((done_bytes as f64 / secs) as u64)
+}
+
+/// The engine's self-calibration: on the first rt admission on a device without figures
+/// (and only when no calibration file gave them), a short measurement of that device —
+/// sequential O_DIRECT reads of 1 MiB and random O_DIRECT reads of 64 KiB, each at depth 1
+/// (the depth the disk queue gives one stream's read-ahead), `time` each — kept in a cache
+/// file per device and used again while the device is the same (its size and model, read
+/// from `/sys/dev/block/MAJ:MIN`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelfCalibration {
+    /// Off: devices without figures are charged with the default figures.
+    pub enabled: bool,
+    /// Where measured devices are cached (`None`: not cached, measured at each engine start).
+    pub cache_dir: Option<PathBuf>,
+    /// Time per measurement (two of them); at most [`SELF_CALIBRATION_TIME_MAX`].
+    pub time: Duration,
+}
+
+/// The longest self-calibration measurement (two are made: under 3 s in all).
+pub const SELF_CALIBRATION_TIME_MAX: Duration = Duration::from_millis(1500);
+
+impl Default for SelfCalibration {
+    /// Off (the library's default; `penstock stream` and `penstock serve` turn it on).
+    fn default() -> Self {
+        SelfCalibration {
+            enabled: false,
+            cache_dir: None,
+            time: Duration::from_millis(1000),
+        }
+    }
+}
+
+/// `$XDG_CACHE_HOME/penstock`, else `~/.cache/penstock`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|b| b.join("penstock"))
+}
+
+/// One device's self-calibration, as cached.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeviceRecord {
+    /// `MAJ:MIN`.
+    pub device: String,
+    /// From `/sys/dev/block/MAJ:MIN`: size in 512-byte sectors and model ("" when absent).
+    pub size_sectors: u64,
+    pub model: String,
+    pub seq_read_bytes_per_s: u64,
+    pub random_iops: u64,
+    pub random_request_bytes: u64,
+    /// When it was measured (Unix seconds).
+    pub measured_unix_s: u64,
+}
+
+impl DeviceRecord {
+    pub fn figures(&self) -> penstock_core::admission::DeviceFigures {
+        penstock_core::admission::DeviceFigures {
+            disk: penstock_core::admission::DiskCapacity {
+                seq_bytes_per_s: self.seq_read_bytes_per_s.max(1),
+                random_iops: self.random_iops.max(1),
+                random_request_bytes: self.random_request_bytes,
+            },
+            source: penstock_core::admission::FigureSource::SelfCalibrated {
+                unix_s: self.measured_unix_s,
+            },
+        }
+    }
+}
+
+fn major_minor(dev: u64) -> (u64, u64) {
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+    (major, minor)
+}
+
+/// A device's identity as sysfs tells it: size in sectors and model. `None` when the
+/// device has no sysfs entry (a virtual file system: nothing to calibrate).
+fn identity(dev: u64) -> Option<(u64, String)> {
+    let (major, minor) = major_minor(dev);
+    let base = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let size = std::fs::read_to_string(base.join("size"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    // A partition's model is its disk's.
+    let model = std::fs::read_to_string(base.join("device/model"))
+        .or_else(|_| std::fs::read_to_string(base.join("../device/model")))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    Some((size, model))
+}
+
+/// Why a device was not self-calibrated (said once per device; it is then charged with the
+/// default figures).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SelfCalibrationError {
+    #[error("device {0}: no block device behind it (no /sys/dev/block entry)")]
+    NotBlock(String),
+    #[error(
+        "device {0}: neither the device node nor a file on it of at least 16 MiB opens with O_DIRECT"
+    )]
+    NoDirect(String),
+    #[error(transparent)]
+    Measure(#[from] CalibrationError),
+}
+
+/// The figures of device `dev` from the cache when its identity is unchanged, else measured
+/// now (the block device node read in place when this process may open it, else `file`, a
+/// file on it, reopened with O_DIRECT) and cached. Never writes to the device.
+pub fn device_figures(
+    dev: u64,
+    file: Option<std::os::fd::BorrowedFd<'_>>,
+    cfg: &SelfCalibration,
+) -> Result<DeviceRecord, SelfCalibrationError> {
+    let (major, minor) = major_minor(dev);
+    let name = format!("{major}:{minor}");
+    let (size_sectors, model) =
+        identity(dev).ok_or_else(|| SelfCalibrationError::NotBlock(name.clone()))?;
+    let cache = cfg
+        .cache_dir
+        .as_ref()
+        .map(|d| d.join("devices").join(format!("{major}-{minor}.toml")));
+    if let Some(path) = &cache
+        && let Ok(text) = std::fs::read_to_string(path)
+        && let Ok(r) = toml::from_str::<DeviceRecord>(&text)
+        && r.device == name
+        && r.size_sectors == size_sectors
+        && r.model == model
+    {
+        return Ok(r);
+    }
+    let node = device_node(dev).unwrap_or_else(|| PathBuf::from(format!("/dev/block/{name}")));
+    let fd = crate::open::reopen_direct(&node)
+        .or_else(|| {
+            let fd = file?;
+            // A file too small to time sequential reads on says little about the device.
+            let st = rustix::fs::fstat(fd).ok()?;
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
+                || st.st_size < SELF_CALIBRATION_FILE_BYTES_MIN as i64
+            {
+                return None;
+            }
+            let proc = PathBuf::from(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&fd)
+            ));
+            crate::open::reopen_direct(&proc)
+        })
+        .ok_or_else(|| SelfCalibrationError::NoDirect(name.clone()))?;
+    let time = cfg.time.min(SELF_CALIBRATION_TIME_MAX);
+    let size =
+        rustix::fs::seek(&fd, rustix::fs::SeekFrom::End(0)).map_err(|e| CalibrationError::Io {
+            path: node.clone(),
+            source: e.into(),
+        })?;
+    let (mut ring, _) = Ring::new(&RingConfig {
+        buffers: 2,
+        buffer_bytes: 1 << 20,
+        ..RingConfig::default()
+    })
+    .map_err(|e| CalibrationError::Ring(e.to_string()))?;
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let seq = run_reads(
+        &mut ring,
+        raw,
+        size,
+        1 << 20,
+        1,
+        Pattern::Sequential,
+        Some(time),
+    )?;
+    let random_request_bytes = 65536;
+    let random = run_reads(
+        &mut ring,
+        raw,
+        size,
+        random_request_bytes,
+        1,
+        Pattern::Random,
+        Some(time),
+    )?;
+    let record = DeviceRecord {
+        device: name,
+        size_sectors,
+        model,
+        seq_read_bytes_per_s: seq.max(1),
+        random_iops: (random / random_request_bytes).max(1),
+        random_request_bytes,
+        measured_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    if let Some(path) = &cache {
+        // A cache that cannot be written costs a measurement next time, nothing more.
+        let _ = write_atomically(
+            path,
+            &toml::to_string(&record).expect("a record serializes"),
+        );
+    }
+    Ok(record)
+}
+
+/// The smallest file self-calibration measures a device through (when its node cannot be
+/// read).
+pub const SELF_CALIBRATION_FILE_BYTES_MIN: u64 = 16 << 20;
+
+/// `/dev/NAME` of device `dev`, from its sysfs `uevent`, when it is that block device.
+fn device_node(dev: u64) -> Option<PathBuf> {
+    let (major, minor) = major_minor(dev);
+    let uevent = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent")).ok()?;
+    let name = uevent.lines().find_map(|l| l.strip_prefix("DEVNAME="))?;
+    if name.contains("..") {
+        return None;
+    }
+    let path = PathBuf::from("/dev").join(name);
+    let st = rustix::fs::stat(&path).ok()?;
+    (rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::BlockDevice
+        && st.st_rdev == dev)
+        .then_some(path)
+}
+
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figs(rates: &[(u32, u64)]) -> Vec<DepthFigure> {
+        rates
+            .iter()
+            .map(|&(depth, bytes_per_s)| DepthFigure { depth, bytes_per_s })
+            .collect()
+    }
+
+    #[test]
+    fn best_read_depth_is_the_shallowest_within_five_per_cent_of_the_best() {
+        // A disk that scales to depth 8 (fio on one VM): 8.
+        let d = figs(&[(1, 400), (2, 600), (4, 800), (8, 1000), (16, 1010)]);
+        assert_eq!(best_read_depth(&d), Some(8));
+        // A disk that serves one request at a time: 1.
+        let d = figs(&[(1, 1000), (2, 990), (4, 970), (8, 980), (16, 960)]);
+        assert_eq!(best_read_depth(&d), Some(1));
+        assert_eq!(best_read_depth(&[]), None);
+    }
+
+    #[test]
+    fn a_calibration_file_without_depth_figures_still_loads() {
+        let text = "path = \"x\"\nseq_read_bytes_per_s_depth1 = 1\nseq_read_bytes_per_s_depth4 = 2\nrandom = []\n";
+        let c: Calibration = toml::from_str(text).unwrap();
+        assert!(c.seq_read_by_depth.is_empty());
+        assert_eq!(c.read_depth, None);
+    }
 }

@@ -51,6 +51,9 @@ pub struct EngineConfig {
     /// Admission control for streams opened with `class: Some(DiskClass::Rt)` (the capacity
     /// comes from `penstock calibrate`).
     pub admission: AdmissionConfig,
+    /// Measure a device on its first rt admission when no calibration file gave figures
+    /// (`calibration::SelfCalibration`; off by default in the library).
+    pub self_calibration: crate::calibration::SelfCalibration,
     /// Admission of Real-Time Upcalls (`Engine::rtu_create`) against each worker's CPU: the
     /// test's bound, the share kept for the streams, how many upcalls a worker holds
     /// (`penstock_core::admission::cpu`). The test follows `order`.
@@ -98,6 +101,7 @@ impl Default for EngineConfig {
             trace_units_max: 10_000_000,
             disk: DiskConfig::default(),
             admission: conservative_admission(),
+            self_calibration: crate::calibration::SelfCalibration::default(),
             cpu: CpuConfig::default(),
         }
     }

@@ -51,7 +51,13 @@ pub use crate::error::StreamError;
 pub use crate::report::{
     CounterSnapshot, Counters, LATENESS_BUCKETS, LatenessCounts, StreamReport, lateness_bucket,
 };
-use penstock_core::admission::{Admission, Reservation, ReservationId, StreamQos, Usage};
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd};
+
+use penstock_core::admission::{
+    Admission, DeviceFigures, DeviceId, DeviceUsage, FigureSource, Reservation, ReservationId,
+    StreamQos, Usage,
+};
 use penstock_core::lateness::LatenessStats;
 use penstock_core::schedule::{LatePolicy, Schedule, UnitPlan};
 
@@ -216,6 +222,18 @@ impl StreamHandle {
         self.id
     }
 
+    /// What admission reserved for this stream (an rt stream), with the figures it was
+    /// charged with ([`Reservation::figures`]).
+    pub fn reservation(&self) -> Option<Reservation> {
+        let (id, admission) = self.reservation.as_ref()?;
+        admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reservations()
+            .find(|r| r.id == *id)
+            .copied()
+    }
+
     pub fn path(&self) -> DataPath {
         self.path
     }
@@ -310,13 +328,19 @@ impl Drop for StreamHandle {
 pub struct Admitted {
     id: Option<ReservationId>,
     qos: StreamQos,
+    reservation: Reservation,
     admission: Arc<Mutex<Admission>>,
 }
 
 impl Admitted {
-    /// What was reserved.
+    /// What was asked for.
     pub fn qos(&self) -> StreamQos {
         self.qos
+    }
+
+    /// What was reserved, and with which figures ([`Reservation::figures`]).
+    pub fn reservation(&self) -> &Reservation {
+        &self.reservation
     }
 }
 
@@ -391,6 +415,9 @@ pub struct Engine {
     files: OpenFileTable,
     /// Each worker's CPU as upcall admission sees it, by worker index.
     cpu: Arc<Mutex<Vec<CpuAdmission>>>,
+    /// Devices self-calibrated (or tried): their figures, or why not. Held while one is
+    /// measured, so that a device is measured once.
+    measured: Mutex<BTreeMap<DeviceId, Result<DeviceFigures, String>>>,
 }
 
 /// Why the engine could not start.
@@ -479,6 +506,7 @@ impl Engine {
             admission: Arc::new(Mutex::new(admission)),
             files: OpenFileTable::new(),
             cpu: Arc::new(Mutex::new(cpu)),
+            measured: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -511,6 +539,107 @@ impl Engine {
     pub fn admission_usage(&self) -> (Usage, Usage) {
         let a = self.admission.lock().unwrap_or_else(|p| p.into_inner());
         (a.usage(), a.rt_capacity())
+    }
+
+    /// Each device with a reservation or figures of its own: its reserved time per second
+    /// (of `rt_capacity().disk_ns_per_s`) and the figures charges on it use.
+    pub fn disk_usage(&self) -> Vec<DeviceUsage> {
+        self.admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .disk_usage()
+    }
+
+    /// The devices self-calibrated so far: their figures, or why they could not be measured
+    /// (they are then charged with the default figures).
+    pub fn self_calibrations(&self) -> Vec<(DeviceId, Result<DeviceFigures, String>)> {
+        self.measured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(d, r)| (*d, r.clone()))
+            .collect()
+    }
+
+    /// Self-calibrates the device `file` is on now (a server's root at start), unless
+    /// self-calibration is off or a calibration file gave the figures; the device's figures
+    /// also become the default device's (what [`Engine::admit`] charges ahead of the open)
+    /// when it has none measured yet. The figures, or why not.
+    pub fn self_calibrate(&self, file: BorrowedFd<'_>) -> Option<Result<DeviceFigures, String>> {
+        let dev = DeviceId(crate::calibration::device_of(file));
+        self.measure(dev, Some(file))?;
+        let r = self
+            .measured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&dev)
+            .cloned();
+        if let Some(Ok(f)) = &r {
+            let mut a = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+            if !a.has_figures(DeviceId::UNKNOWN) {
+                let _ = a.set_device(DeviceId::UNKNOWN, *f);
+            }
+        }
+        r
+    }
+
+    /// Measures the devices `qos` reads from that have no figures yet (see
+    /// [`Engine::self_calibrate`]).
+    fn measure_devices(&self, qos: &StreamQos, source: &Opened) {
+        for d in qos.reads.disks() {
+            if d.device == DeviceId::UNKNOWN {
+                continue;
+            }
+            let file = match &source.volume {
+                Some(v) => v
+                    .members
+                    .iter()
+                    .find(|m| crate::calibration::device_of(*m) == d.device.0)
+                    .map(|m| m.as_fd()),
+                None => Some(source.fd.as_fd()),
+            };
+            let _ = self.measure(d.device, file);
+            let first = self
+                .measured
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&d.device)
+                .cloned();
+            if let Some(Ok(f)) = first {
+                let mut a = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+                if !a.has_figures(DeviceId::UNKNOWN) {
+                    let _ = a.set_device(DeviceId::UNKNOWN, f);
+                }
+            }
+        }
+    }
+
+    /// Measures `dev` once (through `file`, a file on it, when its node cannot be read).
+    /// `None` when self-calibration does not apply.
+    fn measure(&self, dev: DeviceId, file: Option<BorrowedFd<'_>>) -> Option<()> {
+        let cfg = &self.cfg.self_calibration;
+        if !cfg.enabled
+            || self.cfg.admission.capacity.disk_source != FigureSource::Defaults
+            || dev == DeviceId::UNKNOWN
+        {
+            return None;
+        }
+        let mut measured = self.measured.lock().unwrap_or_else(|p| p.into_inner());
+        if measured.contains_key(&dev) {
+            return Some(());
+        }
+        let r = crate::calibration::device_figures(dev.0, file, cfg)
+            .map(|rec| rec.figures())
+            .map_err(|e| e.to_string());
+        if let Ok(f) = &r {
+            let _ = self
+                .admission
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .set_device(dev, *f);
+        }
+        measured.insert(dev, r);
+        Some(())
     }
 
     /// The configuration the engine started with (the disk settings in force are
@@ -773,10 +902,13 @@ impl Engine {
     }
 
     /// Asks admission control now for what `spec` will ask when it starts (the planner's
-    /// admission request, which does not depend on the endpoints): a server admits a stream
-    /// when it is opened and starts it later with [`Engine::open_admitted`]. `None`: the
-    /// stream asks for no guarantee. The reservation is released when the [`Admitted`] is
-    /// dropped unused, or with the stream's handle.
+    /// admission request, which does not depend on the endpoints: its reads charged as a
+    /// paced stream's whole-unit read-ahead on the default device): a server admits a stream
+    /// when it is opened and starts it later with [`Engine::open_admitted`], which charges it
+    /// again for the reads planned on its real device, in one step (a refusal there fails the
+    /// start and gives the reservation back). `None`: the stream asks for no guarantee. The
+    /// reservation is released when the [`Admitted`] is dropped unused, or with the stream's
+    /// handle.
     pub fn admit(&self, spec: &StreamSpec) -> Result<Option<Admitted>, StreamError> {
         let Some(qos) = admission_request(&spec.plan_request()?, &self.plan_limits())? else {
             return Ok(None);
@@ -785,11 +917,11 @@ impl Engine {
             .admission
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .admit(qos)?
-            .id;
+            .admit(qos)?;
         Ok(Some(Admitted {
-            id: Some(id),
+            id: Some(id.id),
             qos,
+            reservation: id,
             admission: self.admission.clone(),
         }))
     }
@@ -844,12 +976,34 @@ impl Engine {
         {
             reopen(v)?;
         }
-        // Admission control, for streams that ask for a guarantee. The reservation is
-        // released when the caller drops the handle.
+        // Admission control, for streams that ask for a guarantee, charged the reads just
+        // planned on the source's real devices (self-calibrated first where the engine has
+        // no figures for them). What was reserved ahead (`Engine::admit`, charged on the
+        // default device) is replaced in one step; a refusal gives it back. The reservation
+        // is released when the caller drops the handle.
+        if let Some(qos) = &plan.admission {
+            self.measure_devices(qos, &source);
+        }
         let reservation = match (plan.admission, admitted) {
-            (Some(qos), Some(mut a)) if a.qos == qos => a.id.take(),
+            (Some(qos), Some(mut a)) => {
+                let ahead = a.id.take();
+                let mut adm = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+                let r = match ahead {
+                    Some(id) => adm.replace(id, qos),
+                    None => adm.admit(qos),
+                };
+                drop(adm);
+                match r {
+                    Ok(r) => Some(r.id),
+                    Err(e) => {
+                        a.id = ahead;
+                        drop(a);
+                        return Err(e.into());
+                    }
+                }
+            }
             (qos, other) => {
-                // What was reserved ahead does not match the plan: give it back first.
+                // Reserved ahead for a stream that asks for no guarantee now: give it back.
                 drop(other);
                 match qos {
                     Some(qos) => Some(

@@ -12,7 +12,9 @@ use penstock_core::stream::plan::{
     DiskClass, EndpointFacts, Facts, PlanRequest, SocketFacts, VolumeFacts,
 };
 use penstock_core::stream::{CachePolicy, Extent, IoKind, PathChoice};
+use penstock_core::volume::MEMBERS_MAX;
 
+use crate::calibration::device_of;
 use crate::direct::direct_alignment;
 use crate::files::{Descriptor, OpenFileTable};
 use crate::open::Opened;
@@ -63,11 +65,26 @@ fn endpoint_facts(o: &Opened) -> EndpointFacts {
         kind: o.kind,
         size: o.size,
         socket: o.socket.then(|| socket_facts(o)),
-        volume: o.volume.as_ref().map(|v| VolumeFacts {
-            size_bytes: v.size_bytes,
-            align_bytes: v.align_bytes,
+        volume: o.volume.as_ref().map(|v| {
+            let mut member_devices = [0; MEMBERS_MAX];
+            for (slot, m) in v.map.members().iter().enumerate() {
+                member_devices[slot] = v.members.get(m.get()).map_or(0, device_of);
+            }
+            VolumeFacts {
+                size_bytes: v.size_bytes,
+                align_bytes: v.align_bytes,
+                unit_bytes: v.map.unit_bytes(),
+                block_bytes: v.map.block_bytes(),
+                width: v.map.members().len() as u8,
+                member_devices,
+            }
         }),
         direct_align: None,
+        device: if o.kind == IoKind::File && o.volume.is_none() {
+            device_of(&o.fd)
+        } else {
+            0
+        },
     }
 }
 

@@ -19,7 +19,7 @@
 //! last written block is zero-filled, and the partition's blocks always hold that rounding.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 
 use penstock_core::buffers::ClientId;
 use penstock_core::stream::{CachePolicy, IoKind};
@@ -27,6 +27,7 @@ use penstock_uring::{BufId, Completion, Ring};
 use rustix::io::Errno;
 
 use crate::buffers::WorkerBuffers;
+use crate::calibration::device_of;
 use crate::clock;
 use crate::disk::{DiskQueue, ReadReq};
 use crate::error::StreamError;
@@ -92,20 +93,6 @@ pub(crate) struct UringState {
     vol_write: bool,
     /// The stream's account in the worker's buffer books (set when the worker takes it).
     pub(crate) client: Option<ClientId>,
-}
-
-/// The device a read of `fd` lands on: a block device's own number, else the file system's.
-fn device_of(fd: impl AsFd) -> u64 {
-    match rustix::fs::fstat(fd) {
-        Ok(st)
-            if rustix::fs::FileType::from_raw_mode(st.st_mode)
-                == rustix::fs::FileType::BlockDevice =>
-        {
-            st.st_rdev
-        }
-        Ok(st) => st.st_dev,
-        Err(_) => 0,
-    }
 }
 
 /// The bytes a disk read or write moved, or why it failed (cancelled, or an I/O error of `op`).
@@ -177,7 +164,12 @@ impl UringState {
             let Some(buf) = bufs.alloc(ring, client) else {
                 break;
             };
-            let mut want = (self.read_end - self.next_read).min(self.read_len as u64) as usize;
+            // The planner's reads (`chunk_reads`), which admission charged.
+            let mut want = penstock_core::stream::plan::next_read_len(
+                self.next_read,
+                self.read_end,
+                self.read_len as u64,
+            ) as usize;
             // Planned units (playback): whole units per buffer, so that none straddles two.
             let mut plan_units = 0usize;
             let header = io.header_bytes();

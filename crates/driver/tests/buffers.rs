@@ -52,6 +52,7 @@ fn engine(pool_buffers: usize, client_buffers_max: usize) -> Option<Engine> {
                 net_bytes_per_s: 10_000_000_000,
                 buffer_count: 1024,
                 buffer_bytes: BUFFER_BYTES as u64,
+                ..Capacity::CONSERVATIVE
             },
             bulk_share_percent: 20,
             streams_max: 64,

@@ -32,6 +32,7 @@ fn engine() -> Engine {
                 net_bytes_per_s: 1 << 30,
                 buffer_count: 64,
                 buffer_bytes: 1 << 20,
+                ..Capacity::CONSERVATIVE
             },
             bulk_share_percent: 20,
             streams_max: 16,

@@ -206,17 +206,26 @@ int penstock_conn_set_timeout(struct penstock_conn *conn, uint64_t timeout_ms);
 // unless they were opened `DETACHED`. NULL is ignored.
 void penstock_conn_free(struct penstock_conn *conn);
 
-// Hands `src_fd` and `dst_fd` to the server (`OPEN fd fd options`, both attached to the
-// line by SCM_RIGHTS) and returns the new stream's id (≥ 0), or a negative `PENSTOCK_E…`
-// code with the server's reply in `penstock_last_error()`. The server holds duplicates:
-// the caller may close its own at once. `options` as `penstock_cue`'s (NULL: none). The
-// stream then runs like any of the server's (admission, QoS class, pacing, metrics); drive
-// it with `penstock_conn_command` (`START <id>`, `STATE <id>`, ...). Refused (`PENSTOCK_EPERM`)
-// unless the server allows this process's uid or gid by SO_PEERCRED.
+// `penstock_cue()`'s shape over a connection to a running server: opens a stream from
+// `src` to `dst` *in the server* and returns its **control descriptor** (≥ 0), or a
+// negative `PENSTOCK_E…` code with the server's reply in `penstock_last_error()`.
+//
+// `src` and `dst` are `fd:N` — a descriptor of this process (a file, an accepted socket, a
+// pipe…), handed to the server by SCM_RIGHTS with the line (the server holds its own
+// duplicate: the caller may close N at once) — or an endpoint name the server opens under
+// its own access policy. `options` as `penstock_cue`'s (NULL: none). The line sent is
+// `CUE src dst options` (docs/control-protocol.md); the server answers with the stream's
+// own descriptor attached, which this call returns: write the control protocol's lines to
+// it (`START`, `STATE`, `SEEK n`, `CLOSE`…, the id left out) and read one reply per line,
+// exactly as on `penstock_cue()`'s. The stream runs like any of the server's (admission,
+// QoS class, pacing, metrics) and belongs to that descriptor, not to `conn`: closing it
+// closes the stream unless the options said `DETACHED` (then it runs to its end), and
+// `penstock_conn_free` leaves it alone. Refused (`PENSTOCK_EPERM`) unless the server allows
+// this process's uid or gid by SO_PEERCRED.
 //
 // # Safety
-// `options` is NULL or a NUL-terminated string.
-int penstock_conn_cue(struct penstock_conn *conn, int src_fd, int dst_fd, const char *options);
+// `src`, `dst` and `options` are each NULL or a NUL-terminated string.
+int penstock_conn_cue(struct penstock_conn *conn, const char *src, const char *dst, const char *options);
 
 // Sends one control-protocol line (`START 7`, `STATE 7`, `CLOSE 7`, ...; no line break) and
 // reads its reply: returns the reply code (200 to 599) and copies the reply's text — for a

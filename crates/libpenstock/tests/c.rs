@@ -217,13 +217,24 @@ fn repo_dir() -> PathBuf {
 
 /// Starts a build of the example server on a kernel-chosen port, serving `root` for
 /// `requests` requests; returns it and its port (read from its first line).
-fn start_httpd(exe: &Path, root: &Path, requests: usize, under_valgrind: bool) -> (Child, u16) {
+/// `socket`: the hand-off build's `penstock serve` control socket (PENSTOCK_SOCKET).
+fn start_httpd(
+    exe: &Path,
+    root: &Path,
+    requests: usize,
+    under_valgrind: bool,
+    socket: Option<&Path>,
+) -> (Child, u16) {
     let mut cmd = if under_valgrind {
         checked(exe)
     } else {
         let mut c = Command::new(exe);
         c.env_remove("LD_LIBRARY_PATH");
         c
+    };
+    match socket {
+        Some(s) => cmd.env("PENSTOCK_SOCKET", s),
+        None => cmd.env_remove("PENSTOCK_SOCKET"),
     };
     let mut child = cmd
         .args(["-p", "0", "-n", &requests.to_string()])
@@ -275,10 +286,12 @@ fn raw_status(port: u16, request: &[u8]) -> String {
 }
 
 /// Issue 14's "two lines": the example server built plainly (sendfile), with
-/// `-DUSE_READWRITE` (a read/write loop, the baseline of `penstock bench cues`) and with
-/// `-DUSE_PENSTOCK` (penstock_cue + START) serves the same bytes to curl, and the same
-/// statuses for a missing file and a method it does not do; the penstock build runs under
-/// valgrind and shuts down clean (drain, free).
+/// `-DUSE_READWRITE` (a read/write loop, the baseline of `penstock bench cues`), with
+/// `-DUSE_SENDFILE_NONBLOCKING` (the bench's non-blocking sendfile baseline), with
+/// `-DUSE_PENSTOCK` (penstock_cue + START) and with `-DUSE_PENSTOCK_CONNECT` too (hand-off to
+/// a running `penstock serve`: penstock_connect + penstock_conn_cue) serves the same bytes to
+/// curl, and the same statuses for a missing file and a method it does not do; the penstock
+/// builds run under valgrind and shut down clean (drain, free).
 #[test]
 fn the_example_servers_builds_serve_identical_bytes() {
     if Command::new("curl").arg("--version").output().is_err() {
@@ -293,9 +306,20 @@ fn the_example_servers_builds_serve_identical_bytes() {
     let plain = dir.path().join("httpd");
     let cued = dir.path().join("httpd-penstock");
     let copied = dir.path().join("httpd-rw");
+    let nonblocking = dir.path().join("httpd-nb");
+    let handed = dir.path().join("httpd-handoff");
     compile(&[&src], &plain, &[]);
     compile(&[&src], &copied, &["-DUSE_READWRITE"]);
+    compile(&[&src], &nonblocking, &["-DUSE_SENDFILE_NONBLOCKING"]);
     compile(&[&src], &cued, &["-DUSE_PENSTOCK"]);
+    compile(
+        &[&src],
+        &handed,
+        &["-DUSE_PENSTOCK", "-DUSE_PENSTOCK_CONNECT"],
+    );
+    let serve_dir = dir.path().join("serve");
+    std::fs::create_dir(&serve_dir).unwrap();
+    let (server, socket) = handoff_server(&serve_dir);
     let root = dir.path().join("www");
     std::fs::create_dir(&root).unwrap();
     let files: Vec<(&str, Vec<u8>)> = [0usize, 1, 4097, (3 << 20) + 7]
@@ -309,9 +333,15 @@ fn the_example_servers_builds_serve_identical_bytes() {
         })
         .collect();
     let mut served: Vec<Vec<(String, Vec<u8>)>> = Vec::new();
-    for (exe, under_valgrind) in [(&plain, false), (&copied, false), (&cued, true)] {
+    for (exe, under_valgrind, socket) in [
+        (&plain, false, None),
+        (&copied, false, None),
+        (&nonblocking, false, None),
+        (&cued, true, None),
+        (&handed, true, Some(socket.as_path())),
+    ] {
         let requests = files.len() + 2;
-        let (child, port) = start_httpd(exe, &root, requests, under_valgrind);
+        let (child, port) = start_httpd(exe, &root, requests, under_valgrind, socket);
         let mut got: Vec<(String, Vec<u8>)> = files
             .iter()
             .map(|(name, _)| curl(port, &format!("/{name}")))
@@ -328,7 +358,7 @@ fn the_example_servers_builds_serve_identical_bytes() {
         );
         // The penstock build says on stderr when it had to send a body itself: it never did.
         assert!(
-            !stderr.contains("penstock_cue") && !stderr.contains("START"),
+            !stderr.contains("penstock cue") && !stderr.contains("START"),
             "{}: fell back to sendfile: {stderr}",
             exe.display()
         );
@@ -346,9 +376,10 @@ fn the_example_servers_builds_serve_identical_bytes() {
         served.push(got);
     }
     assert!(
-        served[0] == served[1] && served[1] == served[2],
-        "the three builds served different bytes"
+        served.iter().all(|g| *g == served[0]),
+        "the builds served different bytes"
     );
+    let _ = server.shutdown(Duration::from_secs(10));
 }
 
 /// `examples/python/cue.py`: cue() from Python's ctypes, byte-exact.

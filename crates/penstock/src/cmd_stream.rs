@@ -98,6 +98,15 @@ pub struct StreamArgs {
     /// Network capacity for admission (default 10Gbit/s).
     #[arg(long)]
     pub net_rate: Option<String>,
+    /// Without a calibration file, do not measure the source's device on first use (a short
+    /// self-calibration, under 3 s, cached per device): admission then uses conservative
+    /// defaults.
+    #[arg(long)]
+    pub no_self_calibrate: bool,
+    /// Where self-calibrations are cached (default: $XDG_CACHE_HOME/penstock, else
+    /// ~/.cache/penstock).
+    #[arg(long)]
+    pub calibration_cache: Option<std::path::PathBuf>,
     /// Share of disk, network and buffers rt streams may never take (percent).
     #[arg(long, default_value_t = 20)]
     pub bulk_share: u8,
@@ -418,6 +427,14 @@ pub fn run(a: StreamArgs) -> Result<()> {
     }
     let cfg = EngineConfig {
         admission,
+        self_calibration: penstock_driver::calibration::SelfCalibration {
+            enabled: !a.no_self_calibrate,
+            cache_dir: a
+                .calibration_cache
+                .clone()
+                .or_else(penstock_driver::calibration::default_cache_dir),
+            ..Default::default()
+        },
         disk: DiskConfig {
             mode: a.sched,
             disk_inflight_max: a.disk_inflight_max,
@@ -539,6 +556,16 @@ pub fn run(a: StreamArgs) -> Result<()> {
         Some((src, Some(dst))) => engine.open_opened(spec, src, dst)?,
         _ => engine.open_with(spec, &mut |addr| eprintln!("penstock: listening on {addr}"))?,
     };
+    if let Some(r) = handle.reservation() {
+        eprintln!(
+            "penstock: admitted rt: disk {:.2} ms/s, network {:.2} MB/s, {} buffers, cpu {:.2} ms/s; figures: {}",
+            r.disk_ns_per_s as f64 / 1e6,
+            r.net_bytes_per_s as f64 / 1e6,
+            r.buffers,
+            r.cpu_ns_per_s as f64 / 1e6,
+            r.figures()
+        );
+    }
     if let Err(why) = &engine.info().registered
         && handle.path() == penstock_core::stream::DataPath::Uring
     {

@@ -19,6 +19,7 @@ mod cmd_stream;
 mod cmd_volume;
 mod demo;
 mod plot;
+mod report;
 mod service;
 mod timing;
 
@@ -67,7 +68,8 @@ enum Command {
     Tracks(cmd_record::TracksArgs),
     /// Measure the disk under PATH (sequential MB/s, random IOPS) for admission control.
     Calibrate(calibrate::CalibrateArgs),
-    /// Serve a directory over HTTP/1.1, and the stream control protocol.
+    /// Serve a directory over HTTP/1.1 and RTSP (TS files to players), and the stream control
+    /// protocol.
     Serve(cmd_serve::ServeArgs),
     /// Send control protocol commands to a server (interactive without a command).
     Ctl(cmd_ctl::CtlArgs),
@@ -106,6 +108,13 @@ enum BenchCommand {
     /// Issue 15: N RTSP sessions of an 8 Mbit/s TS over RTP/UDP from penstock serve and from
     /// GStreamer's RTSP server: the largest N each keeps without loss, CPU per session, jitter.
     Rtsp(bench::rtsp::RtspArgs),
+    /// Every bench (paths, periodic, isolation, rtu, stripe, record, http, cues), one after
+    /// another, and one report page beside the papers' numbers: DIR/index.html, DIR/*.svg,
+    /// DIR/results.json.
+    All(report::AllArgs),
+    /// Issue 22: rt streams of an 8 Mbit/s TS ramped until admission refuses (N_adm), run
+    /// beside bulk readers (no misses), then forced beyond until units miss (N_miss).
+    Admission(bench::admission::AdmissionArgs),
 }
 
 fn main() {
@@ -148,6 +157,8 @@ fn main() {
         Command::Bench(BenchCommand::Stripe(a)) => bench::stripe::run(a),
         Command::Bench(BenchCommand::Cues(a)) => bench::cues::run(a),
         Command::Bench(BenchCommand::Rtsp(a)) => bench::rtsp::run(a),
+        Command::Bench(BenchCommand::All(a)) => report::run(a),
+        Command::Bench(BenchCommand::Admission(a)) => bench::admission::run(a),
         Command::Completions(a) => cmd_manual::completions(a, Cli::command()),
         Command::Man(a) => cmd_manual::man(a, Cli::command()),
     };

@@ -47,7 +47,7 @@ const HISTOGRAM_COUNT_FLOOR: f64 = 0.5;
 
 /// Colour of trace `i` (matplotlib's "tab10"): distinct, and readable on white. Its length is
 /// the most traces a plot takes.
-const PALETTE: [RGBColor; 10] = [
+pub(crate) const PALETTE: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
@@ -218,7 +218,7 @@ pub fn run(args: PlotArgs) -> anyhow::Result<()> {
 
 /// Registers the embedded font as [`FONT`]. Registering twice replaces the entry with the
 /// same bytes, so this needs no `Once`.
-fn register_font() -> anyhow::Result<()> {
+pub(crate) fn register_font() -> anyhow::Result<()> {
     plotters::style::register_font(FONT, FontStyle::Normal, FONT_TTF)
         .map_err(|_| anyhow!("the embedded font (assets/DejaVuSans.ttf) is not a valid TTF"))
 }

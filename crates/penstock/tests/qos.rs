@@ -51,6 +51,9 @@ fn small_calibration(dir: &std::path::Path) -> std::path::PathBuf {
             depth: 1,
             iops: 1000,
         }],
+        seq_read_by_depth: Vec::new(),
+        read_depth: None,
+        send_ns: None,
     };
     let p = dir.join("small.toml");
     cal.save(&p).unwrap();
@@ -84,7 +87,7 @@ fn an_rt_stream_beyond_capacity_is_refused_naming_the_shortage() {
     let err = stderr(&o);
     assert!(err.contains("penstock: error: admission:"), "{err}");
     assert!(
-        err.contains("disk: need"),
+        err.contains("disk (device ") && err.contains("): need"),
         "the refusal names the disk shortage: {err}"
     );
     assert!(!err.contains("panicked"));
@@ -185,6 +188,7 @@ fn overload_is_refused_and_admitted_streams_finish() {
         net_bytes_per_s: 1_000_000_000,
         buffer_count: 64,
         buffer_bytes: 1 << 20,
+        ..Capacity::CONSERVATIVE
     };
     let engine = Engine::new(EngineConfig {
         workers: 1,
@@ -242,4 +246,66 @@ fn overload_is_refused_and_admitted_streams_finish() {
         engine.reservations().is_empty(),
         "reservations are released when streams end"
     );
+}
+
+/// The issue's new user (issue 22): no calibration file, a 2 Mbit/s rt stream of an
+/// ffmpeg-made TS in 1316-byte datagrams. Admission charges the executor's 1 MiB read-ahead
+/// chunks, not one seek per datagram: admitted on the device's self-calibration, and on the
+/// conservative defaults too (self-calibration off). The reply names the figures used.
+#[test]
+fn a_2_mbit_rt_stream_is_admitted_without_a_calibration_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ts = dir.path().join("movie.ts");
+    let made = Command::new("ffmpeg")
+        .args([
+            "-loglevel",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc=size=160x120:rate=25",
+        ])
+        .args([
+            "-t",
+            "2",
+            "-c:v",
+            "mpeg2video",
+            "-b:v",
+            "1500k",
+            "-f",
+            "mpegts",
+        ])
+        .arg(&ts)
+        .status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: ffmpeg is needed to make the TS");
+        return;
+    }
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let target = format!("udp://{}", rx.local_addr().unwrap());
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_penstock"))
+            .args(["stream", ts.to_str().unwrap(), &target])
+            .args(["--class", "rt", "--rate", "2Mbit/s", "--unit", "1316"])
+            .args(["--length", "64KiB"])
+            .args(extra)
+            .env("PENSTOCK_CALIBRATION", dir.path().join("absent.toml"))
+            .env("XDG_CACHE_HOME", dir.path().join("cache"))
+            .output()
+            .expect("run penstock")
+    };
+    let o = run(&[]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("penstock: admitted rt: disk "), "{err}");
+    assert!(
+        err.contains("(self-calibrated at ") || err.contains("(conservative defaults)"),
+        "the figures are named: {err}"
+    );
+    let o = run(&["--no-self-calibrate"]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("(conservative defaults)"), "{err}");
+    let mut buf = [0u8; 2048];
+    assert_eq!(rx.recv(&mut buf).unwrap(), 1316);
 }

@@ -251,8 +251,8 @@ fn run_player(mut cmd: Command, limit: Duration) -> (bool, Duration, String) {
     }
 }
 
-/// Real players, all at once on one server: ffprobe identifies the stream; ffmpeg over UDP
-/// and over TCP, GStreamer and VLC play it to its end and exit by themselves (the RTCP BYE),
+/// Real players, all at once on one server: ffprobe identifies the stream; ffmpeg and
+/// GStreamer over UDP and over TCP (interleaved), and VLC play it to its end and exit by themselves (the RTCP BYE),
 /// with the bytes the module doc says.
 #[test]
 fn players_play_the_clip_to_its_end() {
@@ -280,17 +280,14 @@ fn players_play_the_clip_to_its_end() {
         }
     }
     if tool("gst-launch-1.0", "--version") {
-        let mut c = Command::new("gst-launch-1.0");
-        c.args([
-            "-q",
-            "rtspsrc",
-            &format!("location={url}"),
-            "!",
-            "rtpmp2tdepay",
-        ])
-        .args(["!", "filesink"])
-        .arg(format!("location={}", out("gst.ts").display()));
-        players.push(("gst", c, Some(out("gst.ts"))));
+        for (name, protocols) in [("gst-udp", "udp"), ("gst-tcp", "tcp")] {
+            let mut c = Command::new("gst-launch-1.0");
+            c.args(["-q", "rtspsrc", &format!("protocols={protocols}")])
+                .args([&format!("location={url}"), "!", "rtpmp2tdepay"])
+                .args(["!", "filesink"])
+                .arg(format!("location={}", out(&format!("{name}.ts")).display()));
+            players.push((name, c, Some(out(&format!("{name}.ts")))));
+        }
     } else {
         println!("SKIPPED: gst-launch-1.0 not found (gstreamer1.0-tools, plugins good and bad)");
     }
@@ -334,7 +331,7 @@ fn players_play_the_clip_to_its_end() {
         println!("{name}: exited 0 after {:.1} s", elapsed.as_secs_f64());
         let Some(file) = file else { continue };
         let got = std::fs::read(&file).unwrap();
-        if name == "gst" {
+        if name.starts_with("gst") {
             assert!(
                 got == src,
                 "gst: {} bytes, not the source's {}",
@@ -362,6 +359,19 @@ fn players_play_the_clip_to_its_end() {
     assert!(
         played >= plays as f64,
         "{played} PLAYs answered 200 for {plays} players"
+    );
+    // The sessions' units in the rt lateness histogram, and the players' RTCP receiver
+    // reports (loss, jitter) counted per class.
+    let page = s.metrics();
+    let value = |series: &str| common::sample(&page, series).unwrap_or(0.0);
+    let units = value("penstock_stream_lateness_seconds_count{class=\"rt\"}");
+    let reports = value("penstock_rtcp_receiver_reports_total{class=\"rt\"}");
+    let jitters = value("penstock_rtcp_jitter_seconds_count{class=\"rt\"}");
+    println!("rt lateness: {units} units; RTCP: {reports} receiver reports");
+    assert!(units >= 927.0, "{units} units in the rt lateness histogram");
+    assert!(
+        reports > 0.0 && jitters == reports,
+        "{reports} reports, {jitters} jitters"
     );
 }
 
@@ -612,6 +622,7 @@ fn seek_pause_resume_and_teardown_as_a_scripted_client_sees_them() {
     let ka = c.request("GET_PARAMETER", &url, &[("Session", &id)]);
     assert_eq!(ka.status, 200);
     // The session's engine stream shows in the control protocol's STATE *.
+    assert!(s.metric("penstock_engine_buffers{state=\"reserved\"}") > 0.0);
     let state = s.state_all();
     assert!(
         state.iter().any(|l| l
@@ -629,6 +640,14 @@ fn seek_pause_resume_and_teardown_as_a_scripted_client_sees_them() {
         0.0,
         Duration::from_secs(2)
     ));
+    assert!(
+        s.wait_metric(
+            "penstock_engine_buffers{state=\"reserved\"}",
+            0.0,
+            Duration::from_secs(2)
+        ),
+        "the session's pool buffers were not given back"
+    );
     let again = c.request("PLAY", &url, &[("Session", &id)]);
     assert_eq!(again.status, 454, "{again:?}");
     assert!(s.state_all().iter().all(|l| !l.starts_with("rtsp-")));
@@ -750,6 +769,9 @@ fn ten_thousand_setups_stay_within_sessions_max_and_time_out() {
     ));
     let timed_out = s.metric("penstock_rtsp_sessions_ended_total{reason=\"timeout\"}");
     assert_eq!(timed_out, f64::from(ok));
+    // Their places are free again.
+    let after = c.request("SETUP", &url, &[("Transport", &tr)]);
+    assert_eq!(after.status, 200, "{after:?}");
 }
 
 /// A client that vanishes mid-PLAY: over UDP its session ends within the timeout (no request,

@@ -746,16 +746,56 @@ pub struct AdmissionSection {
     pub bulk_share_percent: Option<u8>,
     pub streams_max: Option<u32>,
     pub rt_latency_ns: Option<u64>,
+    /// Bytes each datagram costs on the wire beyond its payload (default 66: Ethernet,
+    /// IPv4, UDP).
+    #[serde(default, deserialize_with = "units::opt_size")]
+    pub net_packet_overhead_bytes: Option<u64>,
+    /// CPU time one send costs, in ns (default 20,000: conservative; `penstock calibrate`
+    /// measures it).
+    pub cpu_send_ns: Option<u64>,
+    /// CPU time per second the streams' sends may take, all workers (default: the workers ×
+    /// 1 s).
+    pub cpu_ns_per_s: Option<u64>,
+    /// Measure the device behind the root at start, and each device an rt stream reads
+    /// from on its first admission (under 3 s each, cached per device), unless disk figures
+    /// are configured here (default true).
+    pub self_calibrate: Option<bool>,
+    /// Where self-calibrations are cached (default: $XDG_CACHE_HOME/penstock, else
+    /// ~/.cache/penstock).
+    pub calibration_cache_dir: Option<std::path::PathBuf>,
 }
 
 impl AdmissionSection {
+    /// The engine's self-calibration as configured.
+    pub fn self_calibration(&self) -> penstock_driver::calibration::SelfCalibration {
+        penstock_driver::calibration::SelfCalibration {
+            enabled: self.self_calibrate.unwrap_or(true),
+            cache_dir: self
+                .calibration_cache_dir
+                .clone()
+                .or_else(penstock_driver::calibration::default_cache_dir),
+            ..Default::default()
+        }
+    }
+
     pub fn admission_config(&self) -> penstock_core::admission::AdmissionConfig {
         let mut cap = penstock_core::admission::Capacity::CONSERVATIVE;
         if let Some(v) = self.disk_seq_bytes_per_s {
             cap.disk_seq_bytes_per_s = v;
+            cap.disk_source = penstock_core::admission::FigureSource::Configured;
         }
         if let Some(v) = self.disk_random_iops {
             cap.disk_random_iops = v;
+            cap.disk_source = penstock_core::admission::FigureSource::Configured;
+        }
+        if let Some(v) = self.net_packet_overhead_bytes {
+            cap.net_packet_overhead_bytes = v;
+        }
+        if let Some(v) = self.cpu_send_ns {
+            cap.cpu_send_ns = v;
+        }
+        if let Some(v) = self.cpu_ns_per_s {
+            cap.cpu_ns_per_s = v;
         }
         if let Some(v) = self.net_bytes_per_s {
             cap.net_bytes_per_s = v;

@@ -27,7 +27,9 @@
 //! A *stream's own descriptor* (Cues' control descriptor: the C library's `penstock_cue()`)
 //! is a connection made for one stream ([`Session::for_stream`], served by
 //! [`serve_stream_descriptor`]): there the id may be left out of a command, and the
-//! connection drives that stream only (no `OPEN`, no other id).
+//! connection drives that stream only (no `OPEN`, no other id). `CUE` (an allowed Unix peer's
+//! `OPEN` whose reply carries such a descriptor, by SCM_RIGHTS) makes one in the server for a
+//! process that hands its descriptors over (the C library's `penstock_conn_cue()`).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -46,7 +48,10 @@ use penstock_core::control::{
 
 use penstock_core::control::OpenSpec;
 use penstock_core::endpoint::Role;
-use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
 
 use crate::config::ControlConfig;
 use crate::streams::{Caller, Edit, Given, Identity, Streams};
@@ -191,6 +196,28 @@ impl Peer {
             Peer::Tcp(s, _) => s.write_all(b),
             Peer::Unix(s) => s.write_all(b),
         }
+    }
+
+    /// Writes `b` with `fd` attached (SCM_RIGHTS) to its first byte; a Unix connection only
+    /// (on TCP the descriptor is dropped, and with it what it held open).
+    fn write_all_with_fd(&mut self, b: &[u8], fd: OwnedFd) -> io::Result<()> {
+        let Peer::Unix(s) = self else {
+            return self.write_all(b);
+        };
+        let fds = [fd.as_fd()];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(io::Error::other("no room for a descriptor"));
+        }
+        let sent = rustix::net::sendmsg(
+            &*s,
+            &[io::IoSlice::new(b)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )?;
+        // The descriptor went with the first byte; the rest of a cut line follows plainly.
+        s.write_all(&b[sent..])
     }
 
     fn is_unix(&self) -> bool {
@@ -403,6 +430,8 @@ pub struct Session {
     /// Why the descriptors that came with the next line were closed on arrival: that line
     /// is answered with this refusal.
     fds_refused: Option<Reply>,
+    /// A descriptor to send with the reply being written (`CUE`'s: the stream's own).
+    reply_fd: Option<OwnedFd>,
 }
 
 impl Session {
@@ -416,6 +445,7 @@ impl Session {
             may_pass_fds: false,
             held_fds: Vec::new(),
             fds_refused: None,
+            reply_fd: None,
         }
     }
 
@@ -508,9 +538,29 @@ fn receive_fds(shared: &ControlShared, session: &mut Session, mut fds: Vec<Owned
 /// `OPEN` whose source and/or target is `fd`: the descriptors passed with the line, in
 /// order (source first), opened as `fd:N` would be and given to the stream.
 fn open_passed(shared: &ControlShared, session: &mut Session, spec: &OpenSpec) -> Reply {
+    let (spec, given) = match passed_endpoints(session, spec, Given::default()) {
+        Ok(x) => x,
+        Err(reply) => return reply,
+    };
+    match shared.streams.open_given(session.caller, &spec, given) {
+        Ok((id, details)) => Reply::opened(id, &details),
+        Err(reply) => reply,
+    }
+}
+
+/// The descriptors passed with the line for `spec`'s `fd` endpoints (none: `spec` as it is),
+/// opened into `given`, with `spec`'s names for them made `fd:N` labels.
+fn passed_endpoints(
+    session: &mut Session,
+    spec: &OpenSpec,
+    mut given: Given,
+) -> Result<(OpenSpec, Given), Reply> {
     let held = std::mem::take(&mut session.held_fds);
+    if spec.src != PASSED_FD && spec.dst != PASSED_FD && held.is_empty() {
+        return Ok((spec.clone(), given));
+    }
     if !session.may_pass_fds {
-        return Reply::new(
+        return Err(Reply::new(
             ReplyCode::FORBIDDEN,
             format!(
                 "OPEN fd: only a Unix-socket peer whose SO_PEERCRED uid or gid is allowed \
@@ -518,7 +568,7 @@ fn open_passed(shared: &ControlShared, session: &mut Session, spec: &OpenSpec) -
                  {} (the token does not allow it)",
                 session.peer
             ),
-        );
+        ));
     }
     let roles: Vec<Role> = [(&spec.src, Role::Source), (&spec.dst, Role::Target)]
         .into_iter()
@@ -526,24 +576,26 @@ fn open_passed(shared: &ControlShared, session: &mut Session, spec: &OpenSpec) -
         .map(|(_, r)| r)
         .collect();
     if held.len() != roles.len() {
-        return Reply::new(
+        return Err(Reply::new(
             ReplyCode::BAD_SYNTAX,
             format!(
-                "OPEN names {} passed descriptor(s) ('fd') but {} came with the line: send \
+                "the line names {} passed descriptor(s) ('fd') but {} came with it: send \
                  them by SCM_RIGHTS in the same sendmsg(2) as the line, source first",
                 roles.len(),
                 held.len()
             ),
-        );
+        ));
     }
     let mut spec = spec.clone();
-    let mut given = Given::default();
     for (fd, role) in held.into_iter().zip(roles) {
         // open_fd duplicates it; the received one is closed when `fd` drops here.
         let opened = match penstock_driver::open::open_fd(fd.as_raw_fd(), role) {
             Ok(o) => o,
             Err(e) => {
-                return Reply::new(ReplyCode::BAD_SYNTAX, format!("passed {role}: {e}"));
+                return Err(Reply::new(
+                    ReplyCode::BAD_SYNTAX,
+                    format!("passed {role}: {e}"),
+                ));
             }
         };
         let label = format!("fd:{}", opened.fd.as_raw_fd());
@@ -558,10 +610,94 @@ fn open_passed(shared: &ControlShared, session: &mut Session, spec: &OpenSpec) -
             }
         }
     }
-    match shared.streams.open_given(session.caller, &spec, given) {
-        Ok((id, details)) => Reply::opened(id, &details),
-        Err(reply) => reply,
+    Ok((spec, given))
+}
+
+/// `CUE`: `OPEN` (with passed descriptors or names) whose stream belongs to a new
+/// connection of its own — one end of a socketpair served like any stream's own descriptor
+/// ([`serve_stream_descriptor`]) — and whose other end goes back with the reply
+/// (`session.reply_fd`). Counted against `unix_connections_max` while it is open. Only a
+/// peer that may pass descriptors may ask (a descriptor can only travel over the Unix
+/// socket, and the token does not allow it).
+fn cue(shared: &Arc<ControlShared>, session: &mut Session, spec: &OpenSpec) -> Reply {
+    if !session.may_pass_fds {
+        session.held_fds.clear();
+        return Reply::new(
+            ReplyCode::FORBIDDEN,
+            format!(
+                "CUE: only a Unix-socket peer whose SO_PEERCRED uid or gid is allowed \
+                 (control.unix_allow_uids, control.unix_allow_gids) receives a stream's \
+                 descriptor, not {}; use OPEN",
+                session.peer
+            ),
+        );
     }
+    // Like the C library's control descriptors: nobody reaches the stream once its
+    // descriptor is closed, so a DETACHED one goes as soon as it ends.
+    let given = Given {
+        reachable_when_orphaned: false,
+        ..Given::default()
+    };
+    let (spec, given) = match passed_endpoints(session, spec, given) {
+        Ok(x) => x,
+        Err(reply) => return reply,
+    };
+    let count = shared.conns(true);
+    let cap = shared.config.unix_connections_max;
+    if count.fetch_add(1, Ordering::AcqRel) >= cap {
+        count.fetch_sub(1, Ordering::AcqRel);
+        return Reply::new(
+            ReplyCode::REFUSED,
+            format!(
+                "CUE: {cap} Unix control connections and stream descriptors are open \
+                 (control.unix_connections_max); close some"
+            ),
+        );
+    }
+    let release = |r: Reply| {
+        shared.conns(true).fetch_sub(1, Ordering::AcqRel);
+        r
+    };
+    let (mine, theirs) = match std::os::unix::net::UnixStream::pair() {
+        Ok(p) => p,
+        Err(e) => {
+            return release(Reply::new(
+                ReplyCode::REFUSED,
+                format!("CUE: socketpair: {e}"),
+            ));
+        }
+    };
+    let caller = Caller {
+        conn: shared.next_conn.fetch_add(1, Ordering::Relaxed),
+        identity: session.caller.identity,
+    };
+    let (id, details) = match shared.streams.open_given(caller, &spec, given) {
+        Ok(x) => x,
+        Err(reply) => return release(reply),
+    };
+    let own = Session::for_stream(
+        caller.conn,
+        caller.identity,
+        format!("{} (stream {id}'s descriptor)", session.peer),
+        id,
+    );
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name("penstock-ctl-cue".into())
+        .spawn(move || {
+            serve_stream_descriptor(&s, mine, own);
+            s.streams.connection_closed(caller.conn);
+            s.conns(true).fetch_sub(1, Ordering::AcqRel);
+        });
+    if let Err(e) = spawned {
+        shared.streams.connection_closed(caller.conn);
+        return release(Reply::new(
+            ReplyCode::REFUSED,
+            format!("CUE: could not start a thread: {e}"),
+        ));
+    }
+    session.reply_fd = Some(OwnedFd::from(theirs));
+    Reply::opened(id, &details)
 }
 
 /// The endpoint word of `OPEN` that means "a descriptor passed with this line".
@@ -621,7 +757,12 @@ fn serve_session(shared: &Arc<ControlShared>, mut peer: Peer, mut session: Sessi
                 Err(e) => (e.to_reply(), buf.len(), true),
             };
             buf.drain(..consumed);
-            if peer.write_all(reply.to_line().as_bytes()).is_err() || close {
+            let line = reply.to_line();
+            let written = match session.reply_fd.take() {
+                Some(fd) => peer.write_all_with_fd(line.as_bytes(), fd),
+                None => peer.write_all(line.as_bytes()),
+            };
+            if written.is_err() || close {
                 return;
             }
         }
@@ -663,6 +804,7 @@ fn serve_session(shared: &Arc<ControlShared>, mut peer: Peer, mut session: Sessi
 
 const HELP: &[&str] = &[
     "OPEN fd fd [options]   (Unix socket, allowed peers: the descriptors passed by SCM_RIGHTS with the line, source first; either side may be an endpoint name instead)",
+    "CUE <src>|fd <dst>|fd [options]   (Unix socket, allowed peers: OPEN whose reply carries the stream's own descriptor by SCM_RIGHTS; closing it closes the stream unless DETACHED)",
     "OPEN <src> <dst> [class=rt|bulk|NAME] [rate=R] [period=D] [unit=SIZE] [schedule=K,T] [buffers=N] [offset=SIZE] [length=SIZE] [path=auto|copy|sendfile|splice|uring] [late=send|skip] [cache=keep|bypass|drop] [DETACHED] [TRUNCATE]",
     "SEEK|UNIT|LENGTH <id> <size>   (pending or paused streams)",
     "RATE <id> <rate>   SCHEDULE <id> <k>,<t>",
@@ -727,7 +869,7 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
     if let Some(own) = session.own {
         // A stream's own descriptor is a capability for that stream, whoever holds it now
         // (it may have been passed to another process): nothing else is reachable through it.
-        if matches!(cmd, Command::Open(_)) {
+        if matches!(cmd, Command::Open(_) | Command::Cue(_)) {
             return (
                 Reply::new(
                     ReplyCode::FORBIDDEN,
@@ -754,6 +896,7 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
             open_passed(shared, session, &spec)
         }
         Command::Open(spec) => streams.open(c, &spec),
+        Command::Cue(spec) => cue(shared, session, &spec),
         Command::Seek { id, offset_bytes } => streams.edit(c, id, Edit::Seek(offset_bytes)),
         Command::Unit { id, unit_bytes } => streams.edit(c, id, Edit::Unit(unit_bytes)),
         Command::Length { id, length_bytes } => streams.edit(c, id, Edit::Length(length_bytes)),

@@ -166,8 +166,19 @@ impl Server {
         // streams (and later RTSP sessions) ask it, as `penstock stream` does.
         let mut engine_cfg = cfg.engine_config();
         engine_cfg.admission = cfg.admission.admission_config();
+        if cfg.admission.cpu_ns_per_s.is_none() {
+            // The streams' sends run on the workers: each gives a second per second.
+            engine_cfg.admission.capacity.cpu_ns_per_s =
+                1_000_000_000u64.saturating_mul(engine_cfg.workers as u64);
+        }
+        engine_cfg.self_calibration = cfg.admission.self_calibration();
         let engine =
             Arc::new(Engine::new(engine_cfg).map_err(|e| ServerError::Engine(e.to_string()))?);
+        // The root's device, measured now (under 3 s; from the cache when it is the same
+        // device): what an `OPEN … class=rt` is charged before its file is opened.
+        if let Ok(dir) = std::fs::File::open(root) {
+            let _ = engine.self_calibrate(std::os::fd::AsFd::as_fd(&dir));
+        }
         let metrics = Arc::new(Metrics::new());
         metrics.watch_engine(engine.clone());
         let access_log = access_log::AccessLog::start(

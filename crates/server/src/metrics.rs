@@ -64,10 +64,11 @@ const HTTP_SECONDS_BUCKETS: [f64; 19] = [
 
 /// Every resource an admission refusal may name (`admission_refusals_total`), each present
 /// at 0 from the start.
-pub const REFUSAL_RESOURCES: [&str; 6] = [
+pub const REFUSAL_RESOURCES: [&str; 7] = [
     "disk",
     "network",
     "buffers",
+    "cpu",
     "streams",
     "permission",
     "other",
@@ -725,6 +726,40 @@ impl Collector for EngineCollector {
             "Admission reservations held now (admitted rt streams and RTSP sessions set up)",
             gauge(self.engine.reservations().len() as u64),
         )?;
+        // Admission: the share of each resource's rt capacity reserved (disk: the busiest
+        // device), and each device's with the source of its figures.
+        let (used, cap) = self.engine.admission_usage();
+        let ratio =
+            |u: u64, c: u64| ConstGauge::new(if c == 0 { 0.0 } else { u as f64 / c as f64 });
+        let mut m = encoder.encode_descriptor(
+            "admission_reserved_ratio",
+            "Share of each resource's rt capacity reserved by admitted streams (disk: the busiest device)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (resource, u, c) in [
+            ("disk", used.disk_ns_per_s, cap.disk_ns_per_s),
+            ("network", used.net_bytes_per_s, cap.net_bytes_per_s),
+            ("buffers", u64::from(used.buffers), u64::from(cap.buffers)),
+            ("cpu", used.cpu_ns_per_s, cap.cpu_ns_per_s),
+        ] {
+            let labels = [("resource", resource)];
+            ratio(u, c).encode(m.encode_family(&labels)?)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "admission_device_reserved_ratio",
+            "Share of a device's rt time reserved, by device and where its figures came from",
+            None,
+            MetricType::Gauge,
+        )?;
+        for d in self.engine.disk_usage() {
+            let name = d.device.name();
+            let labels = [
+                ("device", name.as_str()),
+                ("figures", d.figures.source.label()),
+            ];
+            ratio(d.used_ns_per_s, cap.disk_ns_per_s).encode(m.encode_family(&labels)?)?;
+        }
         let f = self.engine.open_files();
         one(
             &mut encoder,

@@ -53,7 +53,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use penstock_core::admission::{Refusal, Resource, StreamQos, Usage};
+use penstock_core::admission::{Refusal, StreamQos, Usage};
 use penstock_core::control::{
     Class, DataPath as CtlPath, DiskTune, KtSchedule, OpenSpec, Reply, ReplyCode, StartTime,
     StreamId, StreamSelector,
@@ -91,6 +91,10 @@ pub trait Backend: Send + Sync {
     ) -> Result<Box<dyn RunningStream>, StreamError>;
     /// Admission's reservations now, and the rt capacity they are taken from.
     fn admission_usage(&self) -> (Usage, Usage);
+    /// Reserved time per device and the figures charged on it (none known: empty).
+    fn disk_usage(&self) -> Vec<penstock_core::admission::DeviceUsage> {
+        Vec::new()
+    }
     /// The largest unit a paced stream may have.
     fn buffer_bytes(&self) -> usize;
     /// Whether `path=uring` can be honoured.
@@ -125,6 +129,9 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
     fn admission_usage(&self) -> (Usage, Usage) {
         (**self).admission_usage()
+    }
+    fn disk_usage(&self) -> Vec<penstock_core::admission::DeviceUsage> {
+        (**self).disk_usage()
     }
     fn buffer_bytes(&self) -> usize {
         (**self).buffer_bytes()
@@ -234,6 +241,9 @@ impl<P: EndpointPolicy> Backend for EngineBackend<P> {
     }
     fn admission_usage(&self) -> (Usage, Usage) {
         self.engine.admission_usage()
+    }
+    fn disk_usage(&self) -> Vec<penstock_core::admission::DeviceUsage> {
+        self.engine.disk_usage()
     }
     fn buffer_bytes(&self) -> usize {
         self.engine.config().buffer_bytes
@@ -922,14 +932,9 @@ impl Streams {
 
     fn refusal_reply(&self, r: Refusal) -> Reply {
         let resources: Vec<&str> = match &r {
-            Refusal::Short { shortages } | Refusal::NeverFits { shortages } => shortages
-                .iter()
-                .map(|s| match s.resource {
-                    Resource::Disk => "disk",
-                    Resource::Network => "network",
-                    Resource::Buffers => "buffers",
-                })
-                .collect(),
+            Refusal::Short { shortages, .. } | Refusal::NeverFits { shortages, .. } => {
+                shortages.iter().map(|s| s.resource.name()).collect()
+            }
             Refusal::StreamsMax { .. } => vec!["streams"],
             Refusal::InvalidQos { reason } => {
                 return Reply::new(ReplyCode::BAD_SYNTAX, format!("invalid QoS: {reason}"));
@@ -1754,8 +1759,20 @@ impl Streams {
                 u.net_bytes_per_s, cap.net_bytes_per_s
             ),
             format!("rt_buffers {} of {}", u.buffers, cap.buffers),
+            format!("rt_cpu_ns_per_s {} of {}", u.cpu_ns_per_s, cap.cpu_ns_per_s),
         ]
         .into_iter()
+        .chain(self.backend.disk_usage().into_iter().map(|d| {
+            format!(
+                "rt_disk_device {} {} of {} figures={} seq_bytes_per_s={} iops={}",
+                d.device.name(),
+                d.used_ns_per_s,
+                cap.disk_ns_per_s,
+                d.figures.source.label(),
+                d.figures.disk.seq_bytes_per_s,
+                d.figures.disk.random_iops
+            )
+        }))
         .chain(self.disk_lines())
         .collect()
     }

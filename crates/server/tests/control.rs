@@ -195,6 +195,25 @@ fn a_refused_open_names_the_shortage() {
     assert_eq!(r.code.code(), 201, "{r:?}");
     let stats = c.cmd("STATS");
     assert!(stats.lines.iter().any(|l| l == "admitted 1"), "{stats:?}");
+    // Reserved shares per resource: CPU for its sends, and the device it was charged on
+    // (admitted at OPEN, before the file is opened: the default device, with the figures of
+    // the root's device measured at start, or the defaults) with where its figures came from.
+    assert!(
+        stats
+            .lines
+            .iter()
+            .any(|l| l.starts_with("rt_cpu_ns_per_s ") && !l.starts_with("rt_cpu_ns_per_s 0 ")),
+        "{stats:?}"
+    );
+    assert!(
+        stats
+            .lines
+            .iter()
+            .any(|l| l.starts_with("rt_disk_device default ")
+                && !l.starts_with("rt_disk_device default 0 ")
+                && l.contains(" figures=")),
+        "{stats:?}"
+    );
     let m = String::from_utf8(
         agent()
             .get(f.url("/metrics"))
@@ -207,6 +226,16 @@ fn a_refused_open_names_the_shortage() {
     .unwrap();
     assert!(
         m.contains("penstock_admission_refusals_total{resource=\"disk\"} 1"),
+        "{m}"
+    );
+    let disk_share = m
+        .lines()
+        .find_map(|l| l.strip_prefix("penstock_admission_reserved_ratio{resource=\"disk\"} "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no reserved disk share: {m}"));
+    assert!(disk_share > 0.0 && disk_share < 1.0, "{disk_share}");
+    assert!(
+        m.contains("penstock_admission_device_reserved_ratio{device=\"default\",figures="),
         "{m}"
     );
 }

@@ -39,6 +39,9 @@ impl DiskModel {
             net_bytes_per_s,
             buffer_count,
             buffer_bytes,
+            // The simulation models the disk: sends cost no CPU, datagrams no framing here.
+            cpu_send_ns: 0,
+            ..Capacity::CONSERVATIVE
         }
     }
 }

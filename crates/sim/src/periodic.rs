@@ -125,6 +125,12 @@ fn run_inner(seed: u64, mode: SchedMode, release: Release) -> Result<PeriodicRep
             rate_bytes_per_s,
             unit_bytes,
             buffers: 2,
+            // The simulated stream reads one unit per period, one request each.
+            reads: penstock_core::admission::ReadGeometry::single(
+                unit_bytes,
+                penstock_core::admission::DeviceId::UNKNOWN,
+            ),
+            datagrams: false,
         };
         match admission.admit(qos) {
             Ok(_) => {

@@ -242,6 +242,10 @@ impl DiskTune {
 pub enum Command {
     /// Create a stream (→ 201 with its id, or 503 with the shortage).
     Open(Box<OpenSpec>),
+    /// `OPEN`, whose 201 reply carries the new stream's *own descriptor* (Cues' control
+    /// descriptor) by SCM_RIGHTS: Unix-socket connections only. The stream belongs to that
+    /// descriptor, not to the connection that sent `CUE`.
+    Cue(Box<OpenSpec>),
     /// Set the source offset of the next transfer.
     Seek {
         id: StreamId,
@@ -313,6 +317,7 @@ impl Command {
     pub fn verb(&self) -> &'static str {
         match self {
             Command::Open(_) => "OPEN",
+            Command::Cue(_) => "CUE",
             Command::Seek { .. } => "SEEK",
             Command::Unit { .. } => "UNIT",
             Command::Length { .. } => "LENGTH",
@@ -337,7 +342,7 @@ impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.verb())?;
         match self {
-            Command::Open(o) => {
+            Command::Open(o) | Command::Cue(o) => {
                 write!(f, " {} {}", o.src, o.dst)?;
                 if let Some(c) = &o.class {
                     write!(f, " class={c}")?;

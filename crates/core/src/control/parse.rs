@@ -96,6 +96,16 @@ pub fn parse_command_on(
     if verb_is("OPEN") {
         return parse_open(&args, limits);
     }
+    if verb_is("CUE") {
+        return match parse_open(&args, limits) {
+            Ok(Command::Open(spec)) => Ok(Command::Cue(spec)),
+            Err(ControlError::Arity { .. }) => Err(ControlError::Arity {
+                verb: "CUE",
+                expected: "CUE <src> <dst> [options]",
+            }),
+            other => other,
+        };
+    }
     // A stream command's id and value: `<id> <value>`, or on a stream's own descriptor
     // `<value>` alone.
     let id_and = |verb: &'static str, expected: &'static str, own_expected: &'static str| match (
@@ -580,6 +590,27 @@ mod tests {
     fn round_trip(c: &Command) {
         let text = c.to_string();
         assert_eq!(p(&text).as_ref(), Ok(c), "{text}");
+    }
+
+    #[test]
+    fn cue_is_open_whose_reply_carries_a_descriptor() {
+        let c = p("cue fd /a/b.ts rate=1MB/s DETACHED").unwrap();
+        let Command::Cue(o) = &c else { panic!("{c:?}") };
+        assert_eq!((o.src.as_str(), o.dst.as_str()), ("fd", "/a/b.ts"));
+        assert!(o.detached && o.rate.is_some());
+        assert_eq!(c.verb(), "CUE");
+        round_trip(&c);
+        assert_eq!(
+            p("CUE fd"),
+            Err(ControlError::Arity {
+                verb: "CUE",
+                expected: "CUE <src> <dst> [options]"
+            })
+        );
+        assert!(matches!(
+            p("CUE a b rate=fast"),
+            Err(ControlError::BadValue { .. } | ControlError::UnknownOption(_))
+        ));
     }
 
     #[test]

@@ -12,8 +12,10 @@
 //! Pure: no I/O, no clock. Exhaustively tested below (every request either plans to a plan
 //! the executor accepts, or is refused with a reason).
 
-use crate::admission::{QosClass, StreamQos};
+use crate::admission::{DeviceId, DiskDemand, QosClass, ReadGeometry, StreamQos};
 use crate::schedule::{LatePolicy, PlanError as UnitPlanError, Schedule, UnitPlan, check_plan};
+use crate::volume::MEMBERS_MAX;
+use crate::volume::layout::pieces_per_member_max;
 
 use super::{
     CachePolicy, DataPath, Extent, ExtentError, IoKind, PathCaps, PathChoice, PathError,
@@ -106,6 +108,27 @@ pub struct VolumeFacts {
     pub size_bytes: u64,
     /// The members' O_DIRECT alignment (1: buffered members).
     pub align_bytes: u64,
+    /// The partition's stripe unit (a placed partition's block) and block.
+    pub unit_bytes: u64,
+    pub block_bytes: u64,
+    /// The members it spreads over, in slot order: how many, and each one's device.
+    pub width: u8,
+    pub member_devices: [u64; MEMBERS_MAX],
+}
+
+impl VolumeFacts {
+    /// A partition over one member of unknown device, striped in 64 KiB units of 1 MiB
+    /// blocks (tests and callers that know only the size).
+    pub fn simple(size_bytes: u64, align_bytes: u64) -> VolumeFacts {
+        VolumeFacts {
+            size_bytes,
+            align_bytes,
+            unit_bytes: crate::volume::layout::STRIPE_UNIT_BYTES_DEFAULT,
+            block_bytes: crate::volume::layout::BLOCK_BYTES_DEFAULT,
+            width: 1,
+            member_devices: [0; MEMBERS_MAX],
+        }
+    }
 }
 
 /// What the driver found about one opened endpoint.
@@ -121,6 +144,9 @@ pub struct EndpointFacts {
     /// A file source's O_DIRECT alignment when its file system takes O_DIRECT (statx
     /// DIOALIGN, else 4096); `None`: O_DIRECT refused there.
     pub direct_align: Option<u64>,
+    /// The device a file's reads land on (a block device's own number, else its file
+    /// system's); 0: unknown.
+    pub device: u64,
 }
 
 impl EndpointFacts {
@@ -132,6 +158,7 @@ impl EndpointFacts {
             socket: None,
             volume: None,
             direct_align: None,
+            device: 0,
         }
     }
 }
@@ -176,7 +203,8 @@ pub struct StreamPlan {
     pub buffered_source_volume: bool,
     /// Reopen a volume target's members buffered (the copy path writes unaligned runs).
     pub buffered_target_volume: bool,
-    /// What admission control is asked for (rt streams).
+    /// What admission control is asked for (rt streams): the rate, and the reads above
+    /// (`read_bytes` chunks on the source's devices, [`read_geometry`]).
     pub admission: Option<StreamQos>,
     /// Pool buffers an admitted uring-path stream reserves on its worker.
     pub buffers_reserved: Option<u32>,
@@ -217,7 +245,9 @@ pub enum PlanError {
         "volume partitions move on the uring path, or copy from a socket or pipe (got --path {path})"
     )]
     VolumePath { path: DataPath },
-    #[error("datagram units from a volume need an offset that is a multiple of {align_bytes}")]
+    #[error(
+        "units sent one by one (datagrams, paced) from a volume need an offset that is a multiple of {align_bytes}"
+    )]
     VolumeDatagramOffset { align_bytes: u64 },
     #[error(
         "a paced stream from a file into a volume partition is not supported: write it unpaced, or pace a socket or pipe source"
@@ -317,10 +347,90 @@ fn volume_path(
     })
 }
 
+/// The bytes each read of the uring path asks for (the executor reads `[start, end)` in
+/// chunks of this size, the last one shorter: [`chunk_reads`]). Units sent one by one (a
+/// datagram target, a paced stream) are read a whole number of them at a time, as many as
+/// fill a pool buffer, so that none straddles two buffers; other reads are one unit rounded
+/// up to `len_align`. `None`: no read fits a buffer.
+pub fn read_bytes_for(
+    unit_bytes: u64,
+    align_bytes: u64,
+    len_align: u64,
+    by_unit: bool,
+    buffer_bytes: u64,
+) -> Option<u64> {
+    let r = if by_unit {
+        let l = unit_bytes / gcd(unit_bytes, align_bytes) * align_bytes; // lcm
+        if l > buffer_bytes {
+            return None;
+        }
+        l * (buffer_bytes / l)
+    } else {
+        unit_bytes
+            .div_ceil(len_align)
+            .saturating_mul(len_align)
+            .min(buffer_bytes / len_align * len_align)
+    };
+    (r > 0).then_some(r)
+}
+
+/// The executor's reads of a source range `[start, end)` read in chunks of `read_bytes` with
+/// alignment `align` (the uring path's loop: from `start` rounded down to `align`, up to `end`
+/// rounded up), as `(offset, len)`.
+pub fn chunk_reads(
+    start: u64,
+    end: u64,
+    align: u64,
+    read_bytes: u64,
+) -> impl Iterator<Item = (u64, u64)> {
+    let align = align.max(1);
+    let read_end = end.div_ceil(align) * align;
+    let mut next = start / align * align;
+    std::iter::from_fn(move || {
+        if next >= end || read_bytes == 0 {
+            return None;
+        }
+        let len = next_read_len(next, read_end, read_bytes);
+        let at = next;
+        next += len;
+        Some((at, len))
+    })
+}
+
+/// The length of the executor's next read at `next` (see [`chunk_reads`]).
+pub fn next_read_len(next: u64, read_end: u64, read_bytes: u64) -> u64 {
+    (read_end - next).min(read_bytes)
+}
+
+/// What the executor's chunks of `read_bytes` cost each device: one request on a file's
+/// device, or on a volume each member's pieces at most ([`pieces_per_member_max`]); nothing
+/// for a source that is not on a disk.
+pub fn read_geometry(read_bytes: u64, source: &EndpointFacts) -> ReadGeometry {
+    if let Some(v) = &source.volume {
+        let (requests, bytes) =
+            pieces_per_member_max(read_bytes, v.unit_bytes, v.block_bytes, v.width.into());
+        let disks: Vec<DiskDemand> = v.member_devices[..usize::from(v.width.max(1))]
+            .iter()
+            .map(|d| DiskDemand {
+                device: DeviceId(*d),
+                requests,
+                bytes,
+            })
+            .collect();
+        return ReadGeometry::spread(read_bytes, &disks);
+    }
+    match source.kind {
+        IoKind::File => ReadGeometry::single(read_bytes, DeviceId(source.device)),
+        _ => ReadGeometry::spread(read_bytes, &[]),
+    }
+}
+
 /// What a stream asks of admission control: a guarantee (`class: Some(Rt)`, not best
 /// effort) is for a known bandwidth, the schedule's. Independent of the endpoints, so that a
-/// server can admit a stream before it opens them (`Engine::admit`); [`plan_stream`] asks the
-/// same.
+/// server can admit a stream before it opens them (`Engine::admit`): the reads are charged
+/// as the uring path reads a paced file to a datagram target, unaligned, on the default
+/// device; [`plan_stream`] asks for the reads it planned on the real devices (the engine
+/// replaces the one with the other at the start).
 pub fn admission_request(
     req: &PlanRequest<'_>,
     limits: &PlanLimits,
@@ -343,11 +453,15 @@ pub fn admission_request(
     if s.is_burst() {
         return Err(PlanError::RtNeedsRate);
     }
+    let unit_bytes = s.unit_bytes();
+    let chunk = read_bytes_for(unit_bytes, 1, 1, true, limits.buffer_bytes).unwrap_or(unit_bytes);
     Ok(Some(StreamQos {
         class: QosClass::Rt,
         rate_bytes_per_s: schedule_bytes_per_s(s),
-        unit_bytes: s.unit_bytes(),
+        unit_bytes,
         buffers: req.buffers.unwrap_or(limits.rt_buffers_default),
+        reads: ReadGeometry::single(chunk, DeviceId::UNKNOWN),
+        datagrams: true,
     }))
 }
 
@@ -383,8 +497,10 @@ fn units_qos(units: &[UnitPlan], rtp: bool, buffers: u32, buffer_bytes: u64) -> 
     Some(StreamQos {
         class: QosClass::Rt,
         rate_bytes_per_s: u64::try_from(rate).unwrap_or(u64::MAX),
-        unit_bytes: per_read,
+        unit_bytes: largest,
         buffers,
+        reads: ReadGeometry::single(per_read, DeviceId::UNKNOWN),
+        datagrams: true,
     })
 }
 
@@ -537,6 +653,9 @@ pub fn plan_stream(
     if path == DataPath::Uring {
         let (start, end) = range.unwrap_or((0, 0));
         let datagram = dst.kind == IoKind::Datagram;
+        // Units sent one by one are read whole, a buffer's worth at a time (the uring path
+        // sends by unit for a datagram target or a paced stream).
+        let by_unit = datagram || schedule.is_some();
         if req.cache == CachePolicy::Bypass && src.volume.is_none() {
             match src.direct_align {
                 None => notes.push(
@@ -559,17 +678,27 @@ pub fn plan_stream(
             } else {
                 v.align_bytes.max(1)
             };
-            if datagram && !start.is_multiple_of(align_bytes) {
+            if by_unit && !start.is_multiple_of(align_bytes) {
                 return Err(PlanError::VolumeDatagramOffset { align_bytes });
             }
-        } else if direct && datagram && !start.is_multiple_of(align_bytes) {
+        } else if direct && by_unit && !start.is_multiple_of(align_bytes) {
             // Unit boundaries would not fall on aligned reads: read through the cache.
             direct = false;
             align_bytes = 1;
             notes.push(
-                "O_DIRECT needs an aligned offset for datagram units: reading through the page cache"
+                "O_DIRECT needs an aligned offset for units sent one by one: reading through the page cache"
                     .into(),
             );
+        } else if direct
+            && by_unit
+            && unit_bytes / gcd(unit_bytes, align_bytes) * align_bytes > limits.buffer_bytes
+        {
+            // No whole number of units ends on an aligned boundary within a buffer.
+            direct = false;
+            align_bytes = 1;
+            notes.push(format!(
+                "O_DIRECT reads of whole {unit_bytes}-byte units would not fit a pool buffer: reading through the page cache"
+            ));
         }
         let mut len_align = align_bytes;
         if let Some(v) = dst.volume {
@@ -594,30 +723,23 @@ pub fn plan_stream(
             // Every chunk starts at a partition block boundary: its writes stay aligned.
             len_align = align_bytes.max(v.align_bytes.max(1));
         }
-        let read_bytes_planned = if datagram {
-            let l = unit_bytes / gcd(unit_bytes, align_bytes) * align_bytes; // lcm
-            if l > limits.buffer_bytes {
-                return Err(PlanError::ReadOverBuffer {
-                    unit_bytes,
-                    align_bytes,
-                    read_bytes: l,
-                });
-            }
-            l * (limits.buffer_bytes / l)
-        } else {
-            unit_bytes
-                .div_ceil(len_align)
-                .saturating_mul(len_align)
-                .min(limits.buffer_bytes / len_align * len_align)
-        };
-        if read_bytes_planned == 0 {
-            // An alignment larger than a pool buffer: no read could be issued.
+        let Some(read_bytes_planned) = read_bytes_for(
+            unit_bytes,
+            align_bytes,
+            len_align,
+            by_unit,
+            limits.buffer_bytes,
+        ) else {
             return Err(PlanError::ReadOverBuffer {
                 unit_bytes,
-                align_bytes: len_align,
-                read_bytes: len_align,
+                align_bytes: if by_unit { align_bytes } else { len_align },
+                read_bytes: if by_unit {
+                    unit_bytes / gcd(unit_bytes, align_bytes) * align_bytes
+                } else {
+                    len_align
+                },
             });
-        }
+        };
         read_bytes = read_bytes_planned;
     }
 
@@ -638,6 +760,13 @@ pub fn plan_stream(
                 unit_bytes >= ZERO_COPY_UNIT_BYTES_MIN && dst.socket.is_some_and(|s| !s.loopback)
             }
         };
+
+    // What admission is charged: the reads just planned, on the source's devices.
+    let admission = admission.map(|q| StreamQos {
+        reads: read_geometry(read_bytes, src),
+        datagrams: dst.kind == IoKind::Datagram,
+        ..q
+    });
 
     Ok(StreamPlan {
         path,

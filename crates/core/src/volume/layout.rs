@@ -471,6 +471,31 @@ impl PartitionMap {
         })
     }
 
+    /// The members this partition spreads over, in slot order.
+    pub fn members(&self) -> &[MemberIndex] {
+        &self.members
+    }
+
+    /// Stripe unit of a striped partition, the block of a placed one.
+    pub fn unit_bytes(&self) -> u64 {
+        self.unit_bytes
+    }
+
+    pub fn block_bytes(&self) -> u64 {
+        self.block_bytes
+    }
+
+    /// The most pieces and bytes [`PartitionMap::split`] gives any one member for a request
+    /// of `len_bytes` at any offset (see [`pieces_per_member_max`]).
+    pub fn pieces_per_member_max(&self, len_bytes: u64) -> (u32, u64) {
+        pieces_per_member_max(
+            len_bytes,
+            self.unit_bytes,
+            self.block_bytes,
+            self.members.len(),
+        )
+    }
+
     /// Splits a request of `len_bytes` at `offset_bytes` into per-member pieces, ordered by
     /// `buf_offset_bytes`; adjacent pieces that are contiguous on the same member are merged.
     /// When `offset_bytes` and `len_bytes` are multiples of 4096, so is every piece (stripe unit,
@@ -512,4 +537,36 @@ impl PartitionMap {
         }
         Ok(pieces)
     }
+}
+
+/// The most pieces and bytes one member gets from a request of `len_bytes` at any offset of a
+/// partition over `width` members with units of `unit_bytes` in blocks of `block_bytes` (what
+/// admission charges a volume stream's chunk, per member). [`PartitionMap::split`] cuts at
+/// unit boundaries and sends consecutive units to consecutive slots, so a request touches at
+/// most `ceil(len / unit) + 1` units and one member at most `ceil(that / width)` of them; with
+/// one member, merged pieces break only where the member's blocks do:
+/// `ceil(len / block) + 1`. Each piece is at most one unit (one member: the request).
+pub fn pieces_per_member_max(
+    len_bytes: u64,
+    unit_bytes: u64,
+    block_bytes: u64,
+    width: usize,
+) -> (u32, u64) {
+    if len_bytes == 0 {
+        return (0, 0);
+    }
+    let unit = unit_bytes.max(1);
+    let units_touched = len_bytes.div_ceil(unit) + 1;
+    let width = width.max(1) as u64;
+    let pieces = if width == 1 {
+        units_touched.min(len_bytes.div_ceil(block_bytes.max(1)) + 1)
+    } else {
+        units_touched.div_ceil(width)
+    };
+    let bytes = if width == 1 {
+        len_bytes
+    } else {
+        len_bytes.min(pieces.saturating_mul(unit))
+    };
+    (u32::try_from(pieces).unwrap_or(u32::MAX), bytes)
 }

@@ -578,3 +578,41 @@ proptest! {
         prop_assert_eq!(decode(&encode(&meta, m, seq)).unwrap(), DecodedMeta { meta, member: m, seq });
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// What admission charges a volume chunk per member bounds what `split` (the executor's
+    /// pieces) gives any member, for any request size and offset.
+    #[test]
+    fn pieces_per_member_max_bounds_every_split(
+        width in 1usize..=4,
+        unit_pow in 12u32..=17,
+        len_blocks in 1u64..=512,
+        offset_blocks in 0u64..=4096,
+        placed: bool,
+    ) {
+        let mut meta = meta_with(
+            vec![META_AREA_BYTES + 64 * MIB; width],
+            1 << unit_pow,
+            BLOCK_BYTES_DEFAULT,
+        );
+        let placement = if placed {
+            Placement::Placed((0..width).rev().collect())
+        } else {
+            Placement::Striped
+        };
+        allocate(&mut meta, "p", 32 * MIB, &placement).unwrap();
+        let map = map_of(&meta, "p");
+        let len = len_blocks * ALIGN_BYTES;
+        let offset = (offset_blocks * ALIGN_BYTES).min(32 * MIB - len);
+        let (pieces_max, bytes_max) = map.pieces_per_member_max(len);
+        let pieces = map.split(offset, len).unwrap();
+        for m in 0..width {
+            let mine: Vec<_> = pieces.iter().filter(|p| p.member == member(m)).collect();
+            prop_assert!(mine.len() as u32 <= pieces_max, "{} > {pieces_max}", mine.len());
+            let bytes: u64 = mine.iter().map(|p| p.len_bytes).sum();
+            prop_assert!(bytes <= bytes_max, "{bytes} > {bytes_max}");
+        }
+    }
+}

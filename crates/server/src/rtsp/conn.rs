@@ -55,6 +55,8 @@ struct Conn<'a> {
     local: SocketAddr,
     id: u64,
     relays: Vec<Relay>,
+    /// One interleaved frame being written (allocated with the first relay).
+    frame: Vec<u8>,
 }
 
 /// Answers a connection beyond `connections_max` with 503 and closes it.
@@ -80,6 +82,7 @@ pub(super) fn serve(shared: &Arc<RtspShared>, stream: TcpStream, peer: SocketAdd
         local,
         id,
         relays: Vec::new(),
+        frame: Vec::new(),
     };
     if let Err(e) = c.run() {
         tracing::debug!("rtsp connection {peer}: {e}");
@@ -182,7 +185,10 @@ impl Conn<'_> {
     /// Writes the datagrams waiting in relay `i` as interleaved frames: RTP on the first
     /// channel, RTCP (second byte 200..=204, RFC 5761's rule) on the second.
     fn forward(&mut self, i: usize) -> io::Result<()> {
-        let mut frame = vec![0u8; 4 + 65_535];
+        if self.frame.is_empty() {
+            self.frame = vec![0u8; 4 + usize::from(u16::MAX)];
+        }
+        let frame = &mut self.frame;
         for _ in 0..FRAMES_PER_TURN_MAX {
             let n = match self.relays[i].socket.recv(&mut frame[4..]) {
                 Ok(n) => n,

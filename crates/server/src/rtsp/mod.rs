@@ -221,6 +221,14 @@ pub(crate) fn random_u64() -> u64 {
     u64::from_ne_bytes(b)
 }
 
+/// The wall clock as a 64-bit NTP timestamp (sender reports).
+fn wall_ntp() -> u64 {
+    let unix_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    penstock_core::rtp::ntp_from_unix_ns(unix_ns)
+}
+
 impl RtspServer {
     /// Binds `cfg.listen` and starts the accept threads and the reaper. `root` is opened
     /// again (its own descriptor: the RTSP server keeps it for its life).
@@ -476,17 +484,21 @@ impl RtspShared {
 
     /// The interleaved sessions of a connection end with it.
     fn connection_closed(&self, conn_id: u64) {
-        let ids: Vec<String> = self
+        // The table's lock is not held while a session's is taken (a request may hold that).
+        let all: Vec<Arc<Mutex<Session>>> = self
             .sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let ids: Vec<String> = all
             .iter()
-            .filter(|(_, s)| {
-                s.lock().is_ok_and(|s| {
-                    matches!(s.transport, Transport::Interleaved { conn_id: c, .. } if c == conn_id)
-                })
+            .filter_map(|s| {
+                let s = s.lock().unwrap_or_else(|p| p.into_inner());
+                matches!(s.transport, Transport::Interleaved { conn_id: c, .. } if c == conn_id)
+                    .then(|| s.id.clone())
             })
-            .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
             self.end_session(&id, EndReason::ConnectionClosed);
@@ -578,6 +590,27 @@ impl RtspShared {
                 }
             }
         }
+        // Interleaved: sender reports go through the relay like the RTP packets (the
+        // connection thread frames them on the RTCP channel).
+        if let (Some(rtcp), Transport::Interleaved { engine_end, .. }, None, None) =
+            (&mut p.tcp_rtcp, &s.transport, p.ended_at, p.paused_at)
+        {
+            let now = penstock_driver::clock::now();
+            let info = penstock_core::rtp::rtcp::SenderInfo {
+                ntp: wall_ntp(),
+                rtp_timestamp: p.packetizer.timestamp(
+                    u64::try_from(now.saturating_duration_since(p.anchor).as_nanos())
+                        .unwrap_or(u64::MAX),
+                ),
+                packets: counts.packets as u32,
+                octets: counts.octets as u32,
+            };
+            let mut out = [0u8; 1500];
+            if let Ok(Some(n)) = rtcp.poll_report(now, &info, &mut out) {
+                // A full relay drops the report: the next one follows.
+                let _ = engine_end.send(&out[..n]);
+            }
+        }
         if p.ended_at.is_none() {
             let Some(result) = p.handle.wait_timeout(Duration::ZERO) else {
                 return;
@@ -612,7 +645,7 @@ impl RtspShared {
             (&mut p.tcp_rtcp, &s.transport)
         {
             let info = penstock_core::rtp::rtcp::SenderInfo {
-                ntp: 0,
+                ntp: wall_ntp(),
                 rtp_timestamp: p
                     .packetizer
                     .timestamp(p.units.last().map_or(0, |u| u.offset_ns)),

@@ -220,10 +220,7 @@ fn units_need_the_uring_path_and_their_extent() {
 
 #[test]
 fn volumes_move_on_uring_or_copy_and_refuse_the_rest_before_anything_starts() {
-    let vol = VolumeFacts {
-        size_bytes: 1 << 20,
-        align_bytes: 4096,
-    };
+    let vol = VolumeFacts::simple(1 << 20, 4096);
     let into = EndpointFacts {
         volume: Some(vol),
         size: Some(1 << 20),
@@ -401,10 +398,7 @@ fn endpoint(source: bool) -> impl Strategy<Value = EndpointFacts> {
         .prop_map(move |(kind, size, ip, loopback, direct_align, volume)| {
             let volume = volume
                 .filter(|_| kind == File)
-                .map(|(size_bytes, align_bytes)| VolumeFacts {
-                    size_bytes,
-                    align_bytes,
-                });
+                .map(|(size_bytes, align_bytes)| VolumeFacts::simple(size_bytes, align_bytes));
             EndpointFacts {
                 kind,
                 size: (kind == File).then_some(volume.map_or(size, |v| v.size_bytes)),
@@ -414,6 +408,7 @@ fn endpoint(source: bool) -> impl Strategy<Value = EndpointFacts> {
                 }),
                 volume,
                 direct_align: direct_align.filter(|_| source && kind == File),
+                device: 0,
             }
         })
 }
@@ -611,8 +606,9 @@ fn an_rt_unit_plan_asks_admission_for_its_mean_rate_with_rtp_headers() {
     let q = admission_request(&req, &LIMITS).unwrap().unwrap();
     assert_eq!(q.rate_bytes_per_s, 101 * 1328);
     // One disk request reads the whole units a pool buffer holds.
+    assert_eq!(q.unit_bytes, 1328);
     assert_eq!(
-        q.unit_bytes,
+        q.reads.chunk_bytes,
         (LIMITS.buffer_bytes / 1328 * 1328).min(101 * 1328)
     );
     // A plan with no length in time has no rate to guarantee.
@@ -628,4 +624,72 @@ fn an_rt_unit_plan_asks_admission_for_its_mean_rate_with_rtp_headers() {
         admission_request(&req, &LIMITS).unwrap_err(),
         PlanError::RtNeedsRate
     );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// The disk time admission charges a planned rt stream equals the sum, over the reads the
+    /// executor issues for it (`chunk_reads` of the plan's `read_bytes`, the uring path's
+    /// loop), of each read's service time: per whole chunk the charge is that chunk's cost
+    /// (rounded up by less than 1 ns/s), so the model and the executor cannot drift.
+    #[test]
+    fn charged_disk_time_is_the_sum_over_the_executors_reads(
+        unit in prop_oneof![Just(1316u64), Just(188 * 7), Just(4096), Just(65_536), Just(1 << 20)],
+        chunks in 1u64..50,
+        rate in 10_000u64..50_000_000,
+        datagram in any::<bool>(),
+        bypass in any::<bool>(),
+    ) {
+        let unit = if datagram { unit.min(DATAGRAM_BYTES_MAX / 1316 * 1316) } else { unit };
+        let s = Schedule::new(
+            &ScheduleSpec::Periodic {
+                period: Duration::from_nanos((u128::from(unit) * 1_000_000_000 / u128::from(rate)) as u64),
+                unit_bytes: unit,
+            },
+            &ScheduleLimits::new(1 << 20),
+        );
+        let Ok(s) = s else { panic!("schedule {s:?}") };
+        let req = PlanRequest {
+            pacing: Pacing::Schedule(&s),
+            class: Some(DiskClass::Rt),
+            cache: if bypass { CachePolicy::Bypass } else { CachePolicy::Keep },
+            ..PlanRequest::default()
+        };
+        let target = if datagram { socket(Datagram, true) } else { socket(StreamSocket, true) };
+        // Size the file to whole chunks of the plan's reads.
+        let probe = plan_stream(&req, &facts(file(1 << 30), target), URING, &LIMITS);
+        let Ok(probe) = probe else { panic!("probe {probe:?}") };
+        let size = probe.read_bytes * chunks;
+        let mut src = file(size);
+        src.device = 0x0801;
+        let p = plan_stream(&req, &facts(src, target), URING, &LIMITS).unwrap();
+        let qos = p.admission.unwrap();
+        prop_assert_eq!(qos.reads.chunk_bytes, p.read_bytes);
+        prop_assert_eq!(qos.reads.disks().len(), 1);
+        prop_assert_eq!(qos.reads.disks()[0].device, crate::admission::DeviceId(0x0801));
+        let a = crate::admission::Admission::new(crate::admission::AdmissionConfig {
+            capacity: crate::admission::Capacity::CONSERVATIVE,
+            bulk_share_percent: 0,
+            streams_max: 1,
+            rt_latency_ns: 0,
+        })
+        .unwrap();
+        let disk = crate::admission::Capacity::CONSERVATIVE.disk();
+        let charged = a.charge(qos).unwrap().disk_ns_per_s;
+        let (start, end) = p.range.unwrap();
+        let reads: Vec<(u64, u64)> = chunk_reads(start, end, p.align_bytes, p.read_bytes).collect();
+        prop_assert_eq!(reads.len() as u64, chunks);
+        let bw = u128::from(disk.seq_bytes_per_s);
+        // Σ over reads of (positioning + len/bw), in ns × bw: exact.
+        let sum: u128 = reads
+            .iter()
+            .map(|&(_, len)| u128::from(disk.positioning_ns()) * bw + u128::from(len) * 1_000_000_000)
+            .sum();
+        // The charge over the stream's duration (bytes / rate), in ns × bw, against it.
+        let lhs = u128::from(charged) * u128::from(end - start) * bw;
+        let rhs = sum * u128::from(qos.rate_bytes_per_s);
+        prop_assert!(lhs >= rhs, "charged less than the reads cost");
+        prop_assert!(lhs - rhs < u128::from(end - start) * bw, "more than 1 ns/s of rounding");
+    }
 }

@@ -146,6 +146,7 @@ fn every_json_flag_is_json_with_an_optional_file() {
         &["bench", "stripe"],
         &["bench", "http"],
         &["bench", "cues"],
+        &["bench", "rtsp"],
     ] {
         let o = penstock().args(cmd).arg("--help").output().unwrap();
         let help = String::from_utf8_lossy(&o.stdout);

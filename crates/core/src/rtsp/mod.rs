@@ -388,11 +388,7 @@ pub fn npt_text(ns: u64) -> String {
 /// `a=control` relative to the content base, `a=range:npt=0-DURATION` — or, for a live
 /// source (`duration_ns` `None`), `a=range:npt=now-` (RFC 2326 §C.1.5). `origin` is the
 /// server's address on the connection.
-pub fn describe_sdp(
-    session_id: u64,
-    origin: std::net::IpAddr,
-    duration_ns: Option<u64>,
-) -> String {
+pub fn describe_sdp(session_id: u64, origin: std::net::IpAddr, duration_ns: Option<u64>) -> String {
     let addrtype = if origin.is_ipv4() { "IP4" } else { "IP6" };
     let any = if origin.is_ipv4() { "0.0.0.0" } else { "::" };
     let attr = |a: &str, v: Option<String>| sdp_types::Attribute {

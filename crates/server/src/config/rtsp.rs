@@ -193,7 +193,9 @@ impl RtspConfig {
                 .listen_addr()
                 .map_err(|e| ConfigError::Invalid(format!("rtsp.live.{name}: {e}")))?;
             if addrs.contains(&a) {
-                return bad(format!("rtsp.live.{name}: {a} is another live source's too"));
+                return bad(format!(
+                    "rtsp.live.{name}: {a} is another live source's too"
+                ));
             }
             addrs.push(a);
             if l.queue_datagrams_max == 0 || l.queue_datagrams_max > 1 << 20 {
@@ -202,7 +204,9 @@ impl RtspConfig {
                 ));
             }
             if l.idle_timeout_ms < 100 || l.idle_timeout_ms > 86_400_000 {
-                return bad(format!("rtsp.live.{name}.idle_timeout must be 100ms ..= 24h"));
+                return bad(format!(
+                    "rtsp.live.{name}.idle_timeout must be 100ms ..= 24h"
+                ));
             }
         }
         Ok(())

@@ -595,13 +595,7 @@ impl Conn<'_> {
         let anchor = penstock_core::time::Instant::from_nanos(
             anchor_std.as_nanos() + START_DELAY.as_nanos() as u64,
         );
-        let (spec, pb) = stream_spec(
-            &self.shared.cfg,
-            &media,
-            from_ns,
-            packetizer,
-            Some(anchor),
-        );
+        let (spec, pb) = stream_spec(&self.shared.cfg, &media, from_ns, packetizer, Some(anchor));
         let fail = |code: u16, m: String| text(code, 0, &m);
         let src_file = file.try_clone().map_err(|e| fail(500, format!("{e}")))?;
         let len = src_file.metadata().map_or(0, |m| m.len());
@@ -690,13 +684,7 @@ impl Conn<'_> {
     /// PLAY (or one after the source ended) subscribes the session's transport to the
     /// source, one after PAUSE lets it receive again. Sequence numbers continue; RTP times
     /// are arrival times (90 kHz since the subscription).
-    fn play_live(
-        &self,
-        s: &mut Session,
-        src: &Arc<LiveSource>,
-        req: &Request,
-        cseq: u32,
-    ) -> Reply {
+    fn play_live(&self, s: &mut Session, src: &Arc<LiveSource>, req: &Request, cseq: u32) -> Reply {
         if let Some(from) = req.range_from_ns {
             return text(
                 457,
@@ -722,7 +710,9 @@ impl Conn<'_> {
                 )
         };
         if let Some(l) = &s.live {
-            l.sub.paused.store(false, std::sync::atomic::Ordering::Release);
+            l.sub
+                .paused
+                .store(false, std::sync::atomic::Ordering::Release);
             let r = reply(&l.sub);
             s.state = SessionState::Playing;
             return r;

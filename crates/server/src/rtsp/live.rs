@@ -82,7 +82,8 @@ pub struct Subscriber {
 impl Subscriber {
     /// The sequence number the next queued datagram will carry.
     pub fn next_sequence(&self) -> u16 {
-        self.packetizer.sequence(self.queued.load(Ordering::Acquire))
+        self.packetizer
+            .sequence(self.queued.load(Ordering::Acquire))
     }
 
     /// Stops receiving (PAUSE): what was queued is dropped.

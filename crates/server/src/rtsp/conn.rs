@@ -111,7 +111,10 @@ impl Conn<'_> {
             }
             if tcp_ready {
                 let n = match self.stream.read(&mut chunk) {
-                    Ok(0) => return Ok(()),
+                    Ok(0) => {
+                        tracing::debug!("rtsp connection {}: closed by the client", self.peer);
+                        return Ok(());
+                    }
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(e),
@@ -135,6 +138,7 @@ impl Conn<'_> {
                             self.stream.write_all(&reply.encode())?;
                         }
                         Err(e) => {
+                            tracing::debug!("rtsp connection {}: unreadable: {e}", self.peer);
                             self.shared.metrics.rtsp_request("malformed", e.status());
                             let mut r = Reply::new(e.status(), None);
                             r.body = format!("{e}\n").into_bytes();
@@ -680,12 +684,14 @@ impl Conn<'_> {
 }
 
 impl Conn<'_> {
-    /// PLAY of a live session: from now only (a Range other than `now` is 457); the first
+    /// PLAY of a live session: from now only (a Range other than `now` or `0-` is 457); the first
     /// PLAY (or one after the source ended) subscribes the session's transport to the
     /// source, one after PAUSE lets it receive again. Sequence numbers continue; RTP times
     /// are arrival times (90 kHz since the subscription).
     fn play_live(&self, s: &mut Session, src: &Arc<LiveSource>, req: &Request, cseq: u32) -> Reply {
-        if let Some(from) = req.range_from_ns {
+        // `npt=0-` is what players send on their first PLAY (ffmpeg does): "from the
+        // start" of a live source is now. Any other start would be a seek: 457.
+        if let Some(from) = req.range_from_ns.filter(|&f| f != 0) {
             return text(
                 457,
                 cseq,

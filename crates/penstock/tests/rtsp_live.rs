@@ -303,7 +303,7 @@ impl Receiver {
 /// Where `got` (whole TS packets) starts in `src` if it is a contiguous run of `src`'s
 /// packets.
 fn run_in(src: &[u8], got: &[u8]) -> Option<usize> {
-    assert_eq!(got.len() % TS, 0, "not whole TS packets");
+    assert!(got.len().is_multiple_of(TS), "not whole TS packets");
     if got.is_empty() || got.len() > src.len() {
         return None;
     }

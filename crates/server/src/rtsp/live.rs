@@ -193,7 +193,7 @@ impl LiveSource {
 pub fn ts_payload(d: &[u8], format: LiveFormat) -> Option<&[u8]> {
     let is_ts = |b: &[u8]| {
         !b.is_empty()
-            && b.len() % TS_PACKET_BYTES == 0
+            && b.len().is_multiple_of(TS_PACKET_BYTES)
             && b.chunks(TS_PACKET_BYTES).all(|p| p[0] == 0x47)
     };
     let rtp = || {

@@ -178,6 +178,9 @@ impl RtspConfig {
         if self.media_cached_max == 0 || self.plan_entries_max == 0 {
             return bad("rtsp.media_cached_max and rtsp.plan_entries_max must be above 0".into());
         }
+        if self.is_off() && !self.live.is_empty() {
+            return bad("rtsp.live sources need the RTSP server: rtsp.listen is off".into());
+        }
         let mut addrs = Vec::new();
         for (name, l) in &self.live {
             if name.is_empty()
@@ -272,6 +275,7 @@ mod tests {
             "[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nqueue_datagrams_max = 0\n",
             "[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nidle_timeout = \"1ms\"\n",
             "[rtsp.live.a]\nsource = \"udp-listen://127.0.0.1:5004\"\n[rtsp.live.b]\nsource = \"udp-listen://127.0.0.1:5004\"\n",
+            "[rtsp]\nlisten = \"\"\n[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\n",
         ] {
             let c: ServerConfig = toml::from_str(bad).unwrap();
             assert!(c.check().is_err(), "{bad}");

@@ -519,7 +519,7 @@ impl RtspShared {
                 );
                 if let Some(l) = &s.live {
                     line += &format!(
-                        " live sent={} units={} dropped={}",
+                        " live=yes sent={} units={} dropped={}",
                         l.sub.octets.load(Ordering::Acquire),
                         l.sub.packets.load(Ordering::Acquire),
                         l.sub.dropped.load(Ordering::Acquire)

@@ -65,9 +65,12 @@ fn clip() -> Option<&'static Path> {
     .as_deref()
 }
 
+const CONTROL_TOKEN: &str = "rtsp-live-test-token-rtsp-live-test";
+
 struct Served {
     child: Child,
     http: String,
+    control: String,
     rtsp: SocketAddr,
     source: SocketAddr,
     record: PathBuf,
@@ -92,6 +95,26 @@ impl Served {
         common::scrape(&self.http)
             .and_then(|p| common::sample(&p, series))
             .unwrap_or(0.0)
+    }
+
+    /// The control protocol's `STATE *` lines after `AUTH`.
+    fn state_all(&self) -> Vec<String> {
+        use std::io::BufRead;
+        let mut s = TcpStream::connect(&self.control).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(format!("AUTH {CONTROL_TOKEN}\nSTATE *\n").as_bytes())
+            .unwrap();
+        let mut lines = Vec::new();
+        for l in std::io::BufReader::new(s).lines() {
+            let l = l.unwrap();
+            if l.starts_with("211 end") {
+                break;
+            }
+            if let Some(x) = l.strip_prefix("211-") {
+                lines.push(x.to_string());
+            }
+        }
+        lines
     }
 
     fn wait_metric(&self, series: &str, want: f64, deadline: Duration) -> bool {
@@ -123,7 +146,7 @@ fn serve(live_extra: &str) -> Served {
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n[log]\naccess = \"off\"\n[rtsp]\nlisten = \"127.0.0.1:0\"\n[rtsp.live.cam]\nsource = \"udp-listen://{source}\"\nrecord = \"{}\"\n{live_extra}",
+            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{CONTROL_TOKEN}\"\n[log]\naccess = \"off\"\n[rtsp]\nlisten = \"127.0.0.1:0\"\n[rtsp.live.cam]\nsource = \"udp-listen://{source}\"\nrecord = \"{}\"\n{live_extra}",
             record.display()
         ),
     )
@@ -139,7 +162,7 @@ fn serve(live_extra: &str) -> Served {
         .spawn()
         .unwrap();
     let line = common::start_line(&mut child);
-    let (http, _) = common::serve_addresses(&line);
+    let (http, control) = common::serve_addresses(&line);
     let rtsp = line
         .split("rtsp://")
         .nth(1)
@@ -150,6 +173,7 @@ fn serve(live_extra: &str) -> Served {
     Served {
         child,
         http,
+        control: control.expect("a control address"),
         rtsp,
         source,
         record,
@@ -549,6 +573,18 @@ fn pause_stops_a_live_session_and_play_resumes_its_numbering() {
         .unwrap();
     let (before, _) = rx.take(Duration::from_millis(1500));
     assert!(!before.is_empty(), "no packets while playing");
+    let state = s.state_all();
+    let line = state
+        .iter()
+        .find(|l| l.starts_with(&format!("rtsp-{id} running path=cam transport=udp")))
+        .unwrap_or_else(|| panic!("no running line for {id}: {state:?}"));
+    assert!(line.contains(" live=yes sent="), "{line}");
+    assert!(
+        state
+            .iter()
+            .any(|l| l.starts_with(&format!("rtsp-{sid} running path=cam transport=tcp"))),
+        "{state:?}"
+    );
     let pause = c.request("PAUSE", &url, &[("Session", &id)]);
     assert_eq!(pause.status, 200, "{pause:?}");
     let _ = rx.take(Duration::from_millis(100)); // in flight at the PAUSE

@@ -332,7 +332,13 @@ fn check_config(cfg: &ServerConfig, a: &ServeArgs) -> Result<()> {
             .resolve()
             .map_err(|e| anyhow::anyhow!("rtsp.listen: {e}"))?;
         let r: Vec<String> = r.iter().map(|a| format!("rtsp://{a}/")).collect();
-        format!(" rtsp {}", r.join(" "))
+        let live: Vec<String> = cfg
+            .rtsp
+            .live
+            .iter()
+            .map(|(name, l)| format!(" live {name}={}", l.source))
+            .collect();
+        format!(" rtsp {}{}", r.join(" "), live.concat())
     };
     println!(
         "configuration {} is good: http {} root {}{}{rtsp}",

@@ -146,6 +146,18 @@ pub struct RtspRequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LiveLabels {
+    pub source: String,
+    /// `in`, `garbage`, `dropped` (from slow sessions' queues), `record_dropped`.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: String,
 }
@@ -310,6 +322,10 @@ pub struct Metrics {
     pub rtcp_packets_lost: Family<ClassLabel, Counter>,
     /// The interarrival jitter of each receiver report.
     pub rtcp_jitter: HistogramFamily<ClassLabel>,
+    /// Datagrams of each RTSP live source, by outcome.
+    pub live_datagrams: Family<LiveLabels, Counter>,
+    /// Sessions subscribed to each live source now.
+    pub live_sessions: Family<SourceLabel, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -472,8 +488,22 @@ impl Metrics {
             "Interarrival jitter of the RTP packets in each receiver report, by class",
             rtcp_jitter.clone(),
         );
+        let live_datagrams = Family::<LiveLabels, Counter>::default();
+        r.register(
+            "rtsp_live_datagrams",
+            "Datagrams of each RTSP live source, by outcome: in (received), garbage (not TS, dropped), dropped (from slow sessions' queues), record_dropped (the recorder's queue was full)",
+            live_datagrams.clone(),
+        );
+        let live_sessions = Family::<SourceLabel, Gauge>::default();
+        r.register(
+            "rtsp_live_sessions",
+            "Sessions receiving each RTSP live source now",
+            live_sessions.clone(),
+        );
         Metrics {
             registry: Mutex::new(root),
+            live_datagrams,
+            live_sessions,
             rtsp_sessions,
             rtsp_sessions_ended,
             rtsp_requests,
@@ -520,6 +550,29 @@ impl Metrics {
             now,
             seen,
         );
+    }
+
+    /// Brings a live source's counters up to `now` (`seen`: what was added before, in the
+    /// order in, garbage, dropped, record_dropped) and sets its sessions gauge.
+    pub fn live_source(&self, source: &str, now: [u64; 4], seen: &mut [u64; 4], sessions: usize) {
+        for (i, outcome) in ["in", "garbage", "dropped", "record_dropped"]
+            .into_iter()
+            .enumerate()
+        {
+            let c = self.live_datagrams.get_or_create(&LiveLabels {
+                source: source.into(),
+                outcome: outcome.into(),
+            });
+            if now[i] > seen[i] {
+                c.inc_by(now[i] - seen[i]);
+                seen[i] = now[i];
+            }
+        }
+        self.live_sessions
+            .get_or_create(&SourceLabel {
+                source: source.into(),
+            })
+            .set(i64::try_from(sessions).unwrap_or(i64::MAX));
     }
 
     /// Counts an RTSP session's end.

@@ -385,9 +385,10 @@ pub fn npt_text(ns: u64) -> String {
 }
 
 /// The SDP (RFC 4566) of an MPEG-TS file served as one RTP/AVP 33 track (RFC 2250):
-/// `a=control` relative to the content base, `a=range:npt=0-DURATION`. `origin` is the
+/// `a=control` relative to the content base, `a=range:npt=0-DURATION` — or, for a live
+/// source (`duration_ns` `None`), `a=range:npt=now-` (RFC 2326 §C.1.5). `origin` is the
 /// server's address on the connection.
-pub fn describe_sdp(session_id: u64, origin: std::net::IpAddr, duration_ns: u64) -> String {
+pub fn describe_sdp(session_id: u64, origin: std::net::IpAddr, duration_ns: Option<u64>) -> String {
     let addrtype = if origin.is_ipv4() { "IP4" } else { "IP6" };
     let any = if origin.is_ipv4() { "0.0.0.0" } else { "::" };
     let attr = |a: &str, v: Option<String>| sdp_types::Attribute {
@@ -423,7 +424,13 @@ pub fn describe_sdp(session_id: u64, origin: std::net::IpAddr, duration_ns: u64)
         key: None,
         attributes: vec![
             attr("control", Some("*".into())),
-            attr("range", Some(format!("npt=0-{}", npt_text(duration_ns)))),
+            attr(
+                "range",
+                Some(match duration_ns {
+                    Some(d) => format!("npt=0-{}", npt_text(d)),
+                    None => "npt=now-".into(),
+                }),
+            ),
         ],
         medias: vec![sdp_types::Media {
             media: "video".into(),

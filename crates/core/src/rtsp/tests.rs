@@ -125,7 +125,9 @@ fn reply_encodes_cseq_and_headers() {
 
 #[test]
 fn sdp_names_one_mp2t_track_and_its_range() {
-    let s = describe_sdp(1, "127.0.0.1".parse().unwrap(), 30_040_000_000);
+    let live = describe_sdp(1, "127.0.0.1".parse().unwrap(), None);
+    assert!(live.contains("a=range:npt=now-\r\n"), "{live}");
+    let s = describe_sdp(1, "127.0.0.1".parse().unwrap(), Some(30_040_000_000));
     assert!(s.contains("m=video 0 RTP/AVP 33\r\n"), "{s}");
     assert!(s.contains("a=rtpmap:33 MP2T/90000\r\n"), "{s}");
     assert!(s.contains("a=range:npt=0-30.040\r\n"), "{s}");

@@ -1,5 +1,6 @@
 //! `[rtsp]`: the RTSP server (docs/rtsp.md). Fixed at start.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -39,6 +40,73 @@ pub struct RtspConfig {
     pub media_cached_max: usize,
     /// Most entries (units and PCRs, 16 bytes each) one file's plan may hold.
     pub plan_entries_max: u64,
+    /// `[rtsp.live.NAME]`: live sources, played as `rtsp://HOST:PORT/NAME` (docs/rtsp.md,
+    /// "Live relay").
+    pub live: BTreeMap<String, LiveConfig>,
+}
+
+/// What the datagrams of a live source carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LiveFormat {
+    /// Each datagram by itself: RTP carrying TS, else raw TS.
+    #[default]
+    Auto,
+    /// Raw MPEG-TS: a multiple of 188 bytes, each packet starting with 0x47.
+    Ts,
+    /// RTP (RFC 2250) whose payload is raw MPEG-TS.
+    Rtp,
+}
+
+/// `[rtsp.live.NAME]`: one live source.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveConfig {
+    /// `udp-listen://IP:PORT`: the one socket the source's datagrams arrive on.
+    pub source: String,
+    /// Record the datagrams (byte for byte, with index tracks, as `penstock record`) into
+    /// this file, or into `DIR/NAME.ts` when it names an existing directory.
+    #[serde(default)]
+    pub record: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub format: LiveFormat,
+    /// Datagrams (of at most 7 TS packets) queued per session; a session that cannot take
+    /// them drops its oldest.
+    #[serde(default = "live_queue_default")]
+    pub queue_datagrams_max: usize,
+    /// No datagram for this long: the source has ended, its sessions get an RTCP BYE.
+    #[serde(
+        default = "live_idle_default",
+        alias = "idle_timeout",
+        deserialize_with = "units::ms"
+    )]
+    pub idle_timeout_ms: u64,
+}
+
+fn live_queue_default() -> usize {
+    256
+}
+
+fn live_idle_default() -> u64 {
+    5_000
+}
+
+impl LiveConfig {
+    /// The address of `source`.
+    pub fn listen_addr(&self) -> Result<std::net::SocketAddr, String> {
+        let a = self.source.strip_prefix("udp-listen://").ok_or_else(|| {
+            format!(
+                "source {:?}: only udp-listen://IP:PORT is supported",
+                self.source
+            )
+        })?;
+        a.parse()
+            .map_err(|e| format!("source {:?}: {e} (want udp-listen://IP:PORT)", self.source))
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
 }
 
 impl Default for RtspConfig {
@@ -55,6 +123,7 @@ impl Default for RtspConfig {
             rtcp_interval_ms: 5_000,
             media_cached_max: 64,
             plan_entries_max: penstock_core::ts::pcr::PLAN_ENTRIES_MAX_DEFAULT,
+            live: BTreeMap::new(),
         }
     }
 }
@@ -109,6 +178,40 @@ impl RtspConfig {
         if self.media_cached_max == 0 || self.plan_entries_max == 0 {
             return bad("rtsp.media_cached_max and rtsp.plan_entries_max must be above 0".into());
         }
+        if self.is_off() && !self.live.is_empty() {
+            return bad("rtsp.live sources need the RTSP server: rtsp.listen is off".into());
+        }
+        let mut addrs = Vec::new();
+        for (name, l) in &self.live {
+            if name.is_empty()
+                || name.starts_with('/')
+                || name.contains(|c: char| c.is_whitespace() || c.is_control())
+                || name.split('/').any(|p| p == ".." || p == ".")
+            {
+                return bad(format!(
+                    "rtsp.live.{name:?}: a name is a URL path: not empty, no spaces, no leading /, no . or .."
+                ));
+            }
+            let a = l
+                .listen_addr()
+                .map_err(|e| ConfigError::Invalid(format!("rtsp.live.{name}: {e}")))?;
+            if addrs.contains(&a) {
+                return bad(format!(
+                    "rtsp.live.{name}: {a} is another live source's too"
+                ));
+            }
+            addrs.push(a);
+            if l.queue_datagrams_max == 0 || l.queue_datagrams_max > 1 << 20 {
+                return bad(format!(
+                    "rtsp.live.{name}.queue_datagrams_max must be 1 ..= 1048576"
+                ));
+            }
+            if l.idle_timeout_ms < 100 || l.idle_timeout_ms > 86_400_000 {
+                return bad(format!(
+                    "rtsp.live.{name}.idle_timeout must be 100ms ..= 24h"
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -150,5 +253,38 @@ mod tests {
             assert!(c.check().is_err(), "{bad}");
         }
         assert!(toml::from_str::<ServerConfig>("[rtsp]\nnope = 1\n").is_err());
+    }
+
+    #[test]
+    fn live_sources_parse_with_units_and_bad_ones_are_refused() {
+        let c: ServerConfig = toml::from_str(
+            "[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = \"/tmp/x.ts\"\nidle_timeout = \"2s\"\nformat = \"rtp\"\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        let l = &c.rtsp.live["cam"];
+        assert_eq!(l.idle_timeout_ms, 2_000);
+        assert_eq!(l.queue_datagrams_max, 256);
+        assert_eq!(l.format, super::LiveFormat::Rtp);
+        assert_eq!(l.listen_addr().unwrap().port(), 5004);
+        for bad in [
+            "[rtsp.live.cam]\nsource = \"udp://127.0.0.1:5004\"\n",
+            "[rtsp.live.cam]\nsource = \"udp-listen://nohost\"\n",
+            "[rtsp.live.\"a b\"]\nsource = \"udp-listen://127.0.0.1:5004\"\n",
+            "[rtsp.live.\"..\"]\nsource = \"udp-listen://127.0.0.1:5004\"\n",
+            "[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nqueue_datagrams_max = 0\n",
+            "[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nidle_timeout = \"1ms\"\n",
+            "[rtsp.live.a]\nsource = \"udp-listen://127.0.0.1:5004\"\n[rtsp.live.b]\nsource = \"udp-listen://127.0.0.1:5004\"\n",
+            "[rtsp]\nlisten = \"\"\n[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\n",
+        ] {
+            let c: ServerConfig = toml::from_str(bad).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+        assert!(
+            toml::from_str::<ServerConfig>(
+                "[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nnope = 1\n"
+            )
+            .is_err()
+        );
     }
 }

@@ -25,7 +25,10 @@ use penstock_core::stream::{Extent, IoKind};
 use penstock_driver::open::Opened;
 use penstock_driver::{DiskClass, StreamError, StreamSpec};
 
-use super::{EndReason, Playing, RtspShared, Session, Transport, random_u64};
+use super::live::LiveSource;
+use super::{
+    EndReason, LivePlaying, Playing, RtspShared, Session, SessionMedia, Transport, random_u64,
+};
 use crate::confine;
 
 /// How long the loop waits for a request or a frame before it looks at its deadlines.
@@ -108,7 +111,10 @@ impl Conn<'_> {
             }
             if tcp_ready {
                 let n = match self.stream.read(&mut chunk) {
-                    Ok(0) => return Ok(()),
+                    Ok(0) => {
+                        tracing::debug!("rtsp connection {}: closed by the client", self.peer);
+                        return Ok(());
+                    }
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(e),
@@ -132,6 +138,7 @@ impl Conn<'_> {
                             self.stream.write_all(&reply.encode())?;
                         }
                         Err(e) => {
+                            tracing::debug!("rtsp connection {}: unreadable: {e}", self.peer);
                             self.shared.metrics.rtsp_request("malformed", e.status());
                             let mut r = Reply::new(e.status(), None);
                             r.body = format!("{e}\n").into_bytes();
@@ -265,16 +272,25 @@ impl Conn<'_> {
             .map_err(|e| text(415, cseq, &format!("{path}: not playable as MPEG-TS: {e}")))
     }
 
+    /// The live source the request names (`[rtsp.live.NAME]`), if it names one.
+    fn live_source(&self, req: &Request) -> Option<Arc<LiveSource>> {
+        self.shared.live.get(req.path.as_deref()?).cloned()
+    }
+
     fn describe(&self, req: &Request, cseq: u32) -> Reply {
-        let (file, path) = match self.open(req, cseq) {
-            Ok(f) => f,
-            Err(r) => return r,
+        let end_ns = if self.live_source(req).is_some() {
+            None
+        } else {
+            let (file, path) = match self.open(req, cseq) {
+                Ok(f) => f,
+                Err(r) => return r,
+            };
+            match self.media(&file, &path, cseq) {
+                Ok(m) => Some(m.end_ns()),
+                Err(r) => return r,
+            }
         };
-        let media = match self.media(&file, &path, cseq) {
-            Ok(m) => m,
-            Err(r) => return r,
-        };
-        let sdp = rtsp::describe_sdp(random_u64() >> 1, self.local.ip(), media.end_ns());
+        let sdp = rtsp::describe_sdp(random_u64() >> 1, self.local.ip(), end_ns);
         let base = if req.uri.ends_with('/') {
             req.uri.clone()
         } else {
@@ -307,24 +323,35 @@ impl Conn<'_> {
             self.shared.metrics.error("rtsp_sessions_max");
             return text(453, cseq, &format!("rtsp.sessions_max {max} reached"));
         }
-        let (file, path) = match self.open(req, cseq) {
-            Ok(f) => f,
-            Err(r) => return r,
-        };
-        let media = match self.media(&file, &path, cseq) {
-            Ok(m) => m,
-            Err(r) => return r,
-        };
         let base = Packetizer::mp2t(random_u64());
-        // Admission now, for the whole file at its PCR rate: a refusal is a 453 before any
-        // port is taken; the reservation is held until TEARDOWN or the timeout.
-        let (spec, _) = stream_spec(&self.shared.cfg, &media, None, base, None);
-        let admitted = match self.shared.engine.admit(&spec) {
-            Ok(a) => a,
-            Err(e) => {
-                self.shared.metrics.error("rtsp_admission_refused");
-                return text(453, cseq, &format!("admission refused: {e}"));
-            }
+        let (smedia, path, admitted) = if let Some(src) = self.live_source(req) {
+            // A live session sends from the source's thread, not through the engine: no
+            // disk, no engine stream, nothing to admit (docs/rtsp.md, "Live relay").
+            (
+                SessionMedia::Live(src),
+                req.path.clone().unwrap_or_default(),
+                None,
+            )
+        } else {
+            let (file, path) = match self.open(req, cseq) {
+                Ok(f) => f,
+                Err(r) => return r,
+            };
+            let media = match self.media(&file, &path, cseq) {
+                Ok(m) => m,
+                Err(r) => return r,
+            };
+            // Admission now, for the whole file at its PCR rate: a refusal is a 453 before
+            // any port is taken; the reservation is held until TEARDOWN or the timeout.
+            let (spec, _) = stream_spec(&self.shared.cfg, &media, None, base, None);
+            let admitted = match self.shared.engine.admit(&spec) {
+                Ok(a) => a,
+                Err(e) => {
+                    self.shared.metrics.error("rtsp_admission_refused");
+                    return text(453, cseq, &format!("admission refused: {e}"));
+                }
+            };
+            (SessionMedia::File { file, media }, path, admitted)
         };
         let (transport, transport_reply) = match ask {
             TransportAsk::Udp {
@@ -392,8 +419,8 @@ impl Conn<'_> {
             id: id.clone(),
             path,
             track_url,
-            file,
-            media,
+            media: smedia,
+            live: None,
             transport,
             state: SessionState::Ready,
             base,
@@ -471,7 +498,14 @@ impl Conn<'_> {
                 &format!("Scale {scale}: only 1 (normal play) is supported"),
             );
         }
-        let duration = s.media.end_ns();
+        let media = match &s.media {
+            SessionMedia::File { media, .. } => media.clone(),
+            SessionMedia::Live(src) => {
+                let src = src.clone();
+                return self.play_live(s, &src, req, cseq);
+            }
+        };
+        let duration = media.end_ns();
         if let Some(from) = req.range_from_ns
             && from > duration
         {
@@ -555,21 +589,19 @@ impl Conn<'_> {
             timestamp_start: s.base.timestamp(start_time_ns),
             ..s.base
         };
-        let start_time_ns = s.media.plan.playback_from(from_ns).start_time_ns;
+        let (file, media) = match &s.media {
+            SessionMedia::File { file, media } => (file, media.clone()),
+            SessionMedia::Live(_) => return Err(text(500, 0, "a live session has no file")),
+        };
+        let start_time_ns = media.plan.playback_from(from_ns).start_time_ns;
         let packetizer = packetizer_at(start_time_ns);
         let anchor_std = penstock_driver::clock::now();
         let anchor = penstock_core::time::Instant::from_nanos(
             anchor_std.as_nanos() + START_DELAY.as_nanos() as u64,
         );
-        let (spec, pb) = stream_spec(
-            &self.shared.cfg,
-            &s.media,
-            from_ns,
-            packetizer,
-            Some(anchor),
-        );
+        let (spec, pb) = stream_spec(&self.shared.cfg, &media, from_ns, packetizer, Some(anchor));
         let fail = |code: u16, m: String| text(code, 0, &m);
-        let src_file = s.file.try_clone().map_err(|e| fail(500, format!("{e}")))?;
+        let src_file = file.try_clone().map_err(|e| fail(500, format!("{e}")))?;
         let len = src_file.metadata().map_or(0, |m| m.len());
         let source = Opened {
             fd: src_file.into(),
@@ -651,7 +683,105 @@ impl Conn<'_> {
     }
 }
 
+impl Conn<'_> {
+    /// PLAY of a live session: from now only (a Range other than `now` or `0-` is 457); the first
+    /// PLAY (or one after the source ended) subscribes the session's transport to the
+    /// source, one after PAUSE lets it receive again. Sequence numbers continue; RTP times
+    /// are arrival times (90 kHz since the subscription).
+    fn play_live(&self, s: &mut Session, src: &Arc<LiveSource>, req: &Request, cseq: u32) -> Reply {
+        // `npt=0-` is what players send on their first PLAY (ffmpeg does): "from the
+        // start" of a live source is now. Any other start would be a seek: 457.
+        if let Some(from) = req.range_from_ns.filter(|&f| f != 0) {
+            return text(
+                457,
+                cseq,
+                &format!(
+                    "npt={}-: a live source plays from now only (Range: npt=now-, or no Range)",
+                    rtsp::npt_text(from)
+                ),
+            );
+        }
+        let now = penstock_driver::clock::now();
+        let reply = |sub: &super::live::Subscriber| {
+            let at = now.saturating_duration_since(sub.anchor).as_nanos() as u64;
+            Reply::new(200, Some(cseq))
+                .header("Range", "npt=now-")
+                .header(
+                    "RTP-Info",
+                    rtsp::rtp_info(
+                        &s.track_url,
+                        sub.next_sequence(),
+                        sub.packetizer.timestamp(at),
+                    ),
+                )
+        };
+        if let Some(l) = &s.live {
+            l.sub
+                .paused
+                .store(false, std::sync::atomic::Ordering::Release);
+            let r = reply(&l.sub);
+            s.state = SessionState::Playing;
+            return r;
+        }
+        let packetizer = Packetizer {
+            sequence_start: s.next_sequence,
+            ..s.base
+        };
+        let subscribed = match &s.transport {
+            Transport::Udp { rtp, .. } => {
+                src.subscribe(std::os::fd::AsFd::as_fd(rtp), packetizer, now)
+            }
+            Transport::Interleaved { engine_end, .. } => {
+                src.subscribe(std::os::fd::AsFd::as_fd(engine_end), packetizer, now)
+            }
+        };
+        let sub = match subscribed {
+            Ok(x) => x,
+            Err(e) => return text(500, cseq, &format!("subscribing to the live source: {e}")),
+        };
+        let cname = format!("penstock@{}", self.local.ip());
+        let interval_ns = self.shared.cfg.rtcp_interval_ms.saturating_mul(1_000_000);
+        let mut session = SenderSession::new(packetizer.ssrc, &cname, interval_ns, random_u64());
+        let (link, tcp_rtcp) = match &s.transport {
+            Transport::Udp {
+                rtcp, client_rtcp, ..
+            } => (
+                rtcp.try_clone()
+                    .and_then(|sock| {
+                        penstock_driver::rtcp::RtcpLink::open_on(
+                            sock,
+                            *client_rtcp,
+                            packetizer,
+                            now,
+                            session,
+                        )
+                    })
+                    .ok(),
+                None,
+            ),
+            Transport::Interleaved { .. } => {
+                session.start(now);
+                (None, Some(session))
+            }
+        };
+        let r = reply(&sub);
+        s.live = Some(LivePlaying {
+            sub,
+            link,
+            tcp_rtcp,
+            rtcp_reports_seen: 0,
+            rtcp_lost_seen: 0,
+        });
+        s.state = SessionState::Playing;
+        r
+    }
+}
+
 fn pause(s: &mut Session, cseq: u32) -> Reply {
+    if let Some(l) = &s.live {
+        // A live session stops receiving: its queue is emptied, nothing more is queued.
+        l.sub.pause();
+    }
     if s.state == SessionState::Playing
         && let Some(p) = &mut s.playing
     {

@@ -17,14 +17,14 @@
 //! client being alive), sends the RTCP BYE when a stream reaches the end of its media, and
 //! tears down sessions idle for longer than `session_timeout`.
 //!
-//! **The seam for live sources (issue 15 item 4).** A session's bytes come from
-//! `start_stream` (`conn.rs`): today an engine stream from the file at a PCR playback. A live
-//! relay would give [`Media`] a second kind (a fan-out of datagrams arriving on a
-//! `udp-listen://`), and `start_stream` would subscribe the session's transport (the same UDP
-//! socket or interleaved relay) to it instead of opening an engine stream; the connection,
-//! the state machine and the transports stay as they are.
+//! **Live sources** ([`live`], docs/rtsp.md "Live relay"): a path named in `[rtsp.live.NAME]`
+//! is a fan-out of the datagrams arriving on a `udp-listen://` socket. Its sessions
+//! ([`SessionMedia::Live`]) have no engine stream: PLAY subscribes the session's transport
+//! (the same UDP socket or interleaved relay) to the source (`conn.rs`, `play_live`), PAUSE
+//! unsubscribes it, and the reaper turns its RTCP as for a file's session.
 
 mod conn;
+pub mod live;
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -131,6 +131,25 @@ struct Playing {
     ended_at: Option<Instant>,
 }
 
+/// What a session plays.
+#[derive(Debug)]
+enum SessionMedia {
+    /// A file beneath the root and its PCR plan.
+    File { file: File, media: Arc<Media> },
+    /// A live source (`[rtsp.live.NAME]`).
+    Live(Arc<live::LiveSource>),
+}
+
+/// A session receiving a live source.
+#[derive(Debug)]
+struct LivePlaying {
+    sub: Arc<live::Subscriber>,
+    link: Option<RtcpLink>,
+    tcp_rtcp: Option<penstock_core::rtp::SenderSession>,
+    rtcp_reports_seen: u64,
+    rtcp_lost_seen: i64,
+}
+
 /// One RTSP session (see the module doc).
 #[derive(Debug)]
 pub struct Session {
@@ -139,8 +158,8 @@ pub struct Session {
     path: String,
     /// The track URL of SETUP (RTP-Info's `url`).
     track_url: String,
-    file: File,
-    media: Arc<Media>,
+    media: SessionMedia,
+    live: Option<LivePlaying>,
     transport: Transport,
     state: SessionState,
     /// SSRC, and the sequence number and RTP time at media time 0 of this session.
@@ -184,6 +203,10 @@ pub struct RtspShared {
     connections: AtomicUsize,
     next_conn_id: AtomicUsize,
     stop: AtomicBool,
+    /// The live sources by path.
+    live: HashMap<String, Arc<live::LiveSource>>,
+    /// The live sources' counts as last put into the metrics.
+    live_seen: Mutex<HashMap<String, [u64; 4]>>,
 }
 
 impl std::fmt::Debug for RtspShared {
@@ -198,6 +221,8 @@ impl std::fmt::Debug for RtspShared {
 #[derive(Debug)]
 pub struct RtspServer {
     shared: Arc<RtspShared>,
+    /// Stops the live sources' threads (and their recordings).
+    live_stop: Arc<AtomicBool>,
     addrs: Vec<SocketAddr>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -255,6 +280,24 @@ impl RtspServer {
             l.set_nonblocking(true)?;
             listeners.push(l);
         }
+        // Live sources start with the server: a recording runs whether anyone watches or not.
+        let live_stop = Arc::new(AtomicBool::new(false));
+        let mut live_sources = HashMap::new();
+        let mut threads = Vec::new();
+        for (name, lc) in &cfg.live {
+            let started = match live::start(name, lc, live_stop.clone()) {
+                Ok(s) => s,
+                Err(e) => {
+                    live_stop.store(true, Ordering::Release);
+                    for t in threads {
+                        let _ = JoinHandle::join(t);
+                    }
+                    return Err(e);
+                }
+            };
+            threads.extend(started.threads);
+            live_sources.insert(name.clone(), started.source);
+        }
         let shared = Arc::new(RtspShared {
             cfg: cfg.clone(),
             root: root_fd,
@@ -266,9 +309,10 @@ impl RtspServer {
             connections: AtomicUsize::new(0),
             next_conn_id: AtomicUsize::new(1),
             stop: AtomicBool::new(false),
+            live: live_sources,
+            live_seen: Mutex::new(HashMap::new()),
         });
         let mut bound = Vec::new();
-        let mut threads = Vec::new();
         for l in listeners {
             bound.push(l.local_addr()?);
             let s = shared.clone();
@@ -286,6 +330,7 @@ impl RtspServer {
         );
         Ok(RtspServer {
             shared,
+            live_stop,
             addrs: bound,
             threads,
         })
@@ -321,6 +366,7 @@ impl RtspServer {
         for id in all {
             self.shared.end_session(&id, EndReason::Shutdown);
         }
+        self.live_stop.store(true, Ordering::Release);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -400,6 +446,7 @@ fn reaper(shared: &Arc<RtspShared>) {
         for id in expired {
             shared.end_session(&id, EndReason::Timeout);
         }
+        shared.live_metrics();
     }
 }
 
@@ -431,6 +478,9 @@ impl RtspShared {
             let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(p) = s.playing.take() {
                 p.handle.cancel();
+            }
+            if let (Some(l), SessionMedia::Live(src)) = (s.live.take(), &s.media) {
+                src.unsubscribe(&l.sub);
             }
             s.admitted = None;
             self.metrics.rtsp_sessions.dec();
@@ -467,6 +517,14 @@ impl RtspShared {
                     s.id,
                     s.path.replace(char::is_whitespace, "%20")
                 );
+                if let Some(l) = &s.live {
+                    line += &format!(
+                        " live=yes sent={} units={} dropped={}",
+                        l.sub.octets.load(Ordering::Acquire),
+                        l.sub.packets.load(Ordering::Acquire),
+                        l.sub.dropped.load(Ordering::Acquire)
+                    );
+                }
                 if let Some(p) = &s.playing {
                     let c = p.handle.counters();
                     let l = p.handle.lateness();
@@ -564,8 +622,92 @@ impl RtspShared {
         ))
     }
 
+    /// The live sources' counts into the metrics.
+    fn live_metrics(&self) {
+        let mut seen = self.live_seen.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, src) in &self.live {
+            let c = &src.counts;
+            let now = [
+                c.datagrams_in.load(Ordering::Acquire),
+                c.garbage.load(Ordering::Acquire),
+                c.session_dropped.load(Ordering::Acquire),
+                c.record_dropped.load(Ordering::Acquire),
+            ];
+            self.metrics.live_source(
+                name,
+                now,
+                seen.entry(name.clone()).or_default(),
+                src.sessions(),
+            );
+        }
+    }
+
+    /// One reaper turn of a live session: RTCP sender reports out, receiver reports in, and
+    /// the BYE once the source has gone idle.
+    fn turn_live(&self, s: &mut Session) {
+        let Some(l) = &mut s.live else { return };
+        let counts = penstock_driver::rtcp::RtpCounts {
+            packets: l.sub.packets.load(Ordering::Acquire),
+            octets: l.sub.octets.load(Ordering::Acquire),
+        };
+        let ended = l.sub.ended.load(Ordering::Acquire);
+        if let Some(link) = &mut l.link {
+            if ended {
+                if let Err(e) = link.finish(counts, "end of live source") {
+                    tracing::debug!("rtsp session {}: RTCP BYE not sent: {e}", s.id);
+                }
+            } else if let Err(e) = link.turn(counts) {
+                tracing::debug!("rtsp session {}: RTCP stopped: {e}", s.id);
+                l.link = None;
+            } else {
+                let st = link.stats();
+                if st.reports > l.rtcp_reports_seen {
+                    s.last_seen = Instant::now();
+                    self.metrics.rtcp_report("rt", st, &mut l.rtcp_lost_seen);
+                    l.rtcp_reports_seen = st.reports;
+                }
+            }
+        }
+        if let (Some(rtcp), Transport::Interleaved { engine_end, .. }) =
+            (&mut l.tcp_rtcp, &s.transport)
+            && !l.sub.paused.load(Ordering::Acquire)
+        {
+            let now = penstock_driver::clock::now();
+            let info = penstock_core::rtp::rtcp::SenderInfo {
+                ntp: wall_ntp(),
+                rtp_timestamp: l.sub.packetizer.timestamp(
+                    u64::try_from(now.saturating_duration_since(l.sub.anchor).as_nanos())
+                        .unwrap_or(u64::MAX),
+                ),
+                packets: counts.packets as u32,
+                octets: counts.octets as u32,
+            };
+            let mut out = [0u8; 1500];
+            let r = if ended {
+                rtcp.end(&info, "end of live source", &mut out)
+            } else {
+                rtcp.poll_report(now, &info, &mut out)
+            };
+            if let Ok(Some(n)) = r {
+                let _ = engine_end.send(&out[..n]);
+            }
+        }
+        if ended {
+            // As at the end of a file: the session stays, as if paused; a PLAY subscribes
+            // it again (when the source sends again).
+            if let (Some(l), SessionMedia::Live(src)) = (s.live.take(), &s.media) {
+                src.unsubscribe(&l.sub);
+                s.next_sequence = l.sub.next_sequence();
+            }
+            s.state = SessionState::Paused;
+        }
+    }
+
     /// One reaper turn of a session: RTCP, metrics, the end of its media.
     fn turn(&self, s: &mut Session) {
+        if s.live.is_some() {
+            return self.turn_live(s);
+        }
         let Some(p) = &mut s.playing else { return };
         let counts = {
             let c = p.handle.counters();

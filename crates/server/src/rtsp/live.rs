@@ -1,0 +1,442 @@
+//! Live relay (issue 15 item 4, docs/rtsp.md "Live relay"): the datagrams arriving on a
+//! `udp-listen://` socket, fanned out to every PLAYing session of the source's path, and
+//! recorded at the same time if configured.
+//!
+//! One thread per source, started with the server (a recording runs whether anyone watches
+//! or not), owns the one receiving socket. Each datagram is checked (raw TS: a multiple of 188
+//! bytes, each packet starting with 0x47; or RTP carrying that); anything else is counted as
+//! garbage and dropped. A good datagram goes, whole and unchanged, to the recorder (the
+//! driver's `record::record`, in its own thread, reading one end of a Unix datagram pair: the
+//! media byte for byte, with its time/packet/frame tracks), and its TS packets, in groups of
+//! at most seven, into each subscriber's **bounded queue**. The thread then sends what each
+//! queue holds, without blocking: a session whose socket is full keeps its queue, and when
+//! the queue is full its oldest datagrams are dropped and counted — it never holds the others
+//! back.
+//!
+//! RTP per session: its own SSRC, sequence numbers assigned when a datagram is queued (a
+//! dropped one leaves a gap the client's RTCP reports as loss) and timestamps from the
+//! arrival time (90 kHz since PLAY). A source silent for `idle_timeout` has ended: its
+//! subscribers are marked ended and the reaper sends their RTCP BYE.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::UdpSocket;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixDatagram;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use penstock_core::rtp::{Packetizer, RTP_HEADER_BYTES, RtpHeader};
+use penstock_core::time::Instant as CoreInstant;
+
+use crate::config::rtsp::{LiveConfig, LiveFormat};
+
+const TS_PACKET_BYTES: usize = 188;
+/// TS packets per RTP packet sent to sessions (RFC 2250's usual seven: 1316 bytes).
+const TS_PER_RTP: usize = 7;
+/// The longest the thread waits for a datagram before it looks at idle time and the stop flag.
+const POLL_MAX: Duration = Duration::from_millis(50);
+/// With datagrams queued for a session whose socket was full: how soon to try again.
+const RETRY: Duration = Duration::from_millis(2);
+/// Datagrams received per turn at most before the queues are drained.
+const RECV_PER_TURN_MAX: usize = 64;
+/// The recorder's end of the pair: room for a stall of the recorder's loop.
+const RECORD_SNDBUF_BYTES: usize = 8 << 20;
+
+/// What the source's datagrams say, counted (the `/metrics` live source lines).
+#[derive(Debug, Default)]
+pub struct LiveCounts {
+    pub datagrams_in: AtomicU64,
+    /// Not TS (nor RTP carrying TS): dropped.
+    pub garbage: AtomicU64,
+    /// Datagrams the recorder could not take at once (its queue full): not recorded.
+    pub record_dropped: AtomicU64,
+    /// Datagrams dropped from slow sessions' queues (all sessions together).
+    pub session_dropped: AtomicU64,
+}
+
+/// One session's subscription: its queue and numbering.
+#[derive(Debug)]
+pub struct Subscriber {
+    /// A duplicate of the session's RTP socket (UDP, connected) or interleaved relay end;
+    /// non-blocking.
+    socket: OwnedFd,
+    pub packetizer: Packetizer,
+    /// PLAY's instant: RTP time `timestamp_start` (arrival times count from it).
+    pub anchor: CoreInstant,
+    queue_max: usize,
+    /// (packet number, arrival offset ns, TS bytes).
+    queue: Mutex<VecDeque<(u64, u64, Vec<u8>)>>,
+    queued: AtomicU64,
+    pub paused: AtomicBool,
+    /// The source went idle: the reaper sends the BYE.
+    pub ended: AtomicBool,
+    pub packets: AtomicU64,
+    pub octets: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+impl Subscriber {
+    /// The sequence number the next queued datagram will carry.
+    pub fn next_sequence(&self) -> u16 {
+        self.packetizer
+            .sequence(self.queued.load(Ordering::Acquire))
+    }
+
+    /// Stops receiving (PAUSE): what was queued is dropped.
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::Release);
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    fn offer(&self, arrival_ns: u64, ts: &[u8]) -> bool {
+        if self.paused.load(Ordering::Acquire) || self.ended.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut dropped = false;
+        if q.len() >= self.queue_max {
+            q.pop_front();
+            self.dropped.fetch_add(1, Ordering::AcqRel);
+            dropped = true;
+        }
+        let n = self.queued.fetch_add(1, Ordering::AcqRel);
+        q.push_back((n, arrival_ns, ts.to_vec()));
+        dropped
+    }
+
+    /// Sends what is queued until the socket is full. Whether anything is left.
+    fn drain(&self, out: &mut Vec<u8>) -> bool {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some((n, at_ns, ts)) = q.front() {
+            out.clear();
+            out.extend_from_slice(&self.packetizer.header(*n, *at_ns));
+            out.extend_from_slice(ts);
+            match rustix::net::send(&self.socket, out, rustix::net::SendFlags::DONTWAIT) {
+                Ok(_) => {
+                    self.packets.fetch_add(1, Ordering::AcqRel);
+                    self.octets.fetch_add(ts.len() as u64, Ordering::AcqRel);
+                }
+                Err(rustix::io::Errno::AGAIN) => return true,
+                Err(rustix::io::Errno::INTR) => continue,
+                // The client's port refused it (ICMP) or the relay is gone: this one is
+                // lost, the session's timeout decides about the rest.
+                Err(_) => {}
+            }
+            q.pop_front();
+        }
+        false
+    }
+}
+
+/// One live source: its counts and subscribers, shared with the sessions.
+#[derive(Debug)]
+pub struct LiveSource {
+    pub name: String,
+    pub counts: LiveCounts,
+    subscribers: Mutex<Vec<Arc<Subscriber>>>,
+    queue_max: usize,
+    /// No datagram for `idle_timeout` (or none yet): a PLAY is answered, but nothing flows.
+    pub idle: AtomicBool,
+}
+
+impl LiveSource {
+    /// Subscribes a session's transport socket (`socket` is duplicated and made
+    /// non-blocking).
+    pub fn subscribe(
+        &self,
+        socket: std::os::fd::BorrowedFd<'_>,
+        packetizer: Packetizer,
+        anchor: CoreInstant,
+    ) -> io::Result<Arc<Subscriber>> {
+        let socket = socket.try_clone_to_owned()?;
+        rustix::io::ioctl_fionbio(&socket, true)?;
+        let s = Arc::new(Subscriber {
+            socket,
+            packetizer,
+            anchor,
+            queue_max: self.queue_max,
+            queue: Mutex::new(VecDeque::new()),
+            queued: AtomicU64::new(0),
+            paused: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            packets: AtomicU64::new(0),
+            octets: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        });
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(s.clone());
+        Ok(s)
+    }
+
+    pub fn unsubscribe(&self, s: &Arc<Subscriber>) {
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|x| !Arc::ptr_eq(x, s));
+    }
+
+    pub fn sessions(&self) -> usize {
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+}
+
+/// The TS bytes of a datagram, or `None` when it is garbage.
+pub fn ts_payload(d: &[u8], format: LiveFormat) -> Option<&[u8]> {
+    let is_ts = |b: &[u8]| {
+        !b.is_empty()
+            && b.len().is_multiple_of(TS_PACKET_BYTES)
+            && b.chunks(TS_PACKET_BYTES).all(|p| p[0] == 0x47)
+    };
+    let rtp = || {
+        RtpHeader::parse(d)
+            .filter(|(h, p)| h.payload_type == 33 || is_ts(p))
+            .map(|(_, p)| p)
+            .filter(|p| is_ts(p))
+    };
+    match format {
+        LiveFormat::Ts => is_ts(d).then_some(d),
+        LiveFormat::Rtp => rtp(),
+        // A raw TS datagram starts with 0x47, which is not RTP version 2 (0x80..): no doubt.
+        LiveFormat::Auto => {
+            if is_ts(d) {
+                Some(d)
+            } else {
+                rtp()
+            }
+        }
+    }
+}
+
+/// A started source: the shared part and its threads.
+#[derive(Debug)]
+pub struct LiveRunning {
+    pub source: Arc<LiveSource>,
+    pub threads: Vec<JoinHandle<()>>,
+}
+
+/// Where `record` records `name`: the file, or `DIR/NAME.ts` in an existing directory.
+fn record_file(record: &std::path::Path, name: &str) -> PathBuf {
+    if record.is_dir() {
+        record.join(format!("{}.ts", name.replace('/', "_")))
+    } else {
+        record.to_path_buf()
+    }
+}
+
+/// Binds the source's socket, starts its recorder (if configured) and its thread.
+pub fn start(
+    name: &str,
+    cfg: &LiveConfig,
+    stop: Arc<AtomicBool>,
+) -> Result<LiveRunning, crate::ServerError> {
+    let addr = cfg
+        .listen_addr()
+        .map_err(|e| crate::ServerError::Config(crate::ConfigError::Invalid(e)))?;
+    let socket = UdpSocket::bind(addr).map_err(|source| crate::ServerError::Bind {
+        what: "rtsp live source",
+        addr: addr.to_string(),
+        source,
+    })?;
+    // A large receive buffer absorbs a stall of the thread (as `penstock record` asks).
+    if rustix::net::sockopt::set_socket_recv_buffer_size_force(&socket, 8 << 20).is_err() {
+        let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&socket, 8 << 20);
+    }
+    socket.set_nonblocking(true)?;
+    let source = Arc::new(LiveSource {
+        name: name.to_string(),
+        counts: LiveCounts::default(),
+        subscribers: Mutex::new(Vec::new()),
+        queue_max: cfg.queue_datagrams_max,
+        idle: AtomicBool::new(true),
+    });
+    let mut threads = Vec::new();
+    let mut recorder = None;
+    if let Some(record) = &cfg.record {
+        let path = record_file(record, name);
+        let (ours, theirs) = UnixDatagram::pair()?;
+        ours.set_nonblocking(true)?;
+        let _ = rustix::net::sockopt::set_socket_send_buffer_size(&ours, RECORD_SNDBUF_BYTES);
+        let stop_rec = stop.clone();
+        let label = name.to_string();
+        threads.push(
+            std::thread::Builder::new()
+                .name("rtsp-live-rec".into())
+                .spawn(move || {
+                    let rc = penstock_driver::record::RecordConfig::default();
+                    match penstock_driver::record::record(
+                        theirs.as_fd(),
+                        &path,
+                        &rc,
+                        &stop_rec,
+                        &mut |_| {},
+                    ) {
+                        Ok(r) => tracing::info!(
+                            "live {label}: recorded {} datagrams, {} bytes into {}",
+                            r.packets,
+                            r.media_bytes,
+                            path.display()
+                        ),
+                        Err(e) => tracing::error!("live {label}: recording stopped: {e}"),
+                    }
+                })?,
+        );
+        recorder = Some(ours);
+    }
+    let src = source.clone();
+    let format = cfg.format;
+    let idle_timeout = cfg.idle_timeout();
+    threads.push(
+        std::thread::Builder::new()
+            .name("rtsp-live".into())
+            .spawn(move || relay(&src, &socket, recorder, format, idle_timeout, &stop))?,
+    );
+    Ok(LiveRunning { source, threads })
+}
+
+fn relay(
+    src: &LiveSource,
+    socket: &UdpSocket,
+    recorder: Option<UnixDatagram>,
+    format: LiveFormat,
+    idle_timeout: Duration,
+    stop: &AtomicBool,
+) {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut buf = vec![0u8; 65536];
+    let mut out = Vec::with_capacity(RTP_HEADER_BYTES + TS_PER_RTP * TS_PACKET_BYTES);
+    let mut last_rx = Instant::now();
+    let mut pending = false;
+    while !stop.load(Ordering::Acquire) {
+        let wait = if pending { RETRY } else { POLL_MAX };
+        let t = Timespec {
+            tv_sec: 0,
+            tv_nsec: wait.as_nanos() as i64,
+        };
+        let _ = rustix::event::poll(&mut [PollFd::new(socket, PollFlags::IN)], Some(&t));
+        let subs: Vec<Arc<Subscriber>> = src
+            .subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for _ in 0..RECV_PER_TURN_MAX {
+            let n = match socket.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::debug!("live {}: receive: {e}", src.name);
+                    break;
+                }
+            };
+            let d = &buf[..n];
+            src.counts.datagrams_in.fetch_add(1, Ordering::AcqRel);
+            let Some(ts) = ts_payload(d, format) else {
+                src.counts.garbage.fetch_add(1, Ordering::AcqRel);
+                continue;
+            };
+            last_rx = Instant::now();
+            src.idle.store(false, Ordering::Release);
+            if let Some(r) = &recorder
+                && r.send(d).is_err()
+            {
+                src.counts.record_dropped.fetch_add(1, Ordering::AcqRel);
+            }
+            let now = penstock_driver::clock::now();
+            for s in &subs {
+                let at_ns = now.saturating_duration_since(s.anchor).as_nanos() as u64;
+                for group in ts.chunks(TS_PER_RTP * TS_PACKET_BYTES) {
+                    if s.offer(at_ns, group) {
+                        src.counts.session_dropped.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+            }
+        }
+        pending = false;
+        for s in &subs {
+            pending |= s.drain(&mut out);
+        }
+        if !src.idle.load(Ordering::Acquire) && last_rx.elapsed() > idle_timeout {
+            // The source has ended: its sessions get their BYE from the reaper.
+            src.idle.store(true, Ordering::Release);
+            tracing::info!("live {}: idle for {idle_timeout:?}, sessions end", src.name);
+            for s in &subs {
+                s.ended.store(true, Ordering::Release);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n * 188];
+        for p in v.chunks_mut(188) {
+            p[0] = 0x47;
+        }
+        v
+    }
+
+    #[test]
+    fn raw_ts_rtp_ts_and_garbage_are_told_apart() {
+        let raw = ts(7);
+        assert_eq!(ts_payload(&raw, LiveFormat::Auto).unwrap().len(), 1316);
+        assert_eq!(ts_payload(&raw, LiveFormat::Ts).unwrap().len(), 1316);
+        assert!(ts_payload(&raw, LiveFormat::Rtp).is_none());
+        let mut rtp = Packetizer::mp2t(7).header(0, 0).to_vec();
+        rtp.extend_from_slice(&ts(3));
+        assert_eq!(ts_payload(&rtp, LiveFormat::Auto).unwrap(), &ts(3)[..]);
+        assert_eq!(ts_payload(&rtp, LiveFormat::Rtp).unwrap(), &ts(3)[..]);
+        assert!(ts_payload(&rtp, LiveFormat::Ts).is_none());
+        for bad in [
+            &b"hello"[..],
+            &[][..],
+            &raw[..187],
+            &[0x80u8; 200][..],
+            &[0x47u8; 189][..],
+        ] {
+            assert!(ts_payload(bad, LiveFormat::Auto).is_none(), "{bad:?}");
+        }
+        let mut wrong = ts(2);
+        wrong[188] = 0;
+        assert!(ts_payload(&wrong, LiveFormat::Auto).is_none());
+    }
+
+    #[test]
+    fn a_full_queue_drops_its_oldest_and_numbers_leave_a_gap() {
+        let (a, _b) = UnixDatagram::pair().unwrap();
+        let src = LiveSource {
+            name: "t".into(),
+            counts: LiveCounts::default(),
+            subscribers: Mutex::new(Vec::new()),
+            queue_max: 2,
+            idle: AtomicBool::new(false),
+        };
+        let s = src
+            .subscribe(a.as_fd(), Packetizer::mp2t(1), CoreInstant::from_nanos(0))
+            .unwrap();
+        assert!(!s.offer(0, &ts(1)));
+        assert!(!s.offer(0, &ts(1)));
+        assert!(s.offer(0, &ts(1)));
+        assert_eq!(s.dropped.load(Ordering::Acquire), 1);
+        let q = s.queue.lock().unwrap();
+        assert_eq!(q.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 2]);
+        drop(q);
+        s.pause();
+        assert!(!s.offer(0, &ts(1)), "a paused session takes nothing");
+        assert!(s.queue.lock().unwrap().is_empty());
+        assert_eq!(src.sessions(), 1);
+        src.unsubscribe(&s);
+        assert_eq!(src.sessions(), 0);
+    }
+}

@@ -23,6 +23,7 @@ pub mod paths;
 pub mod periodic;
 pub mod qos;
 pub mod record;
+pub mod schedstat;
 pub mod sink;
 mod stats;
 pub mod stripe;

@@ -26,6 +26,7 @@ pub mod periodic;
 pub mod qos;
 pub mod record;
 pub mod rtsp;
+pub mod schedstat;
 pub mod sink;
 mod stats;
 pub mod stripe;

@@ -102,6 +102,8 @@ struct Row {
     /// Source descriptors the engine held with every stream open (its open-file table: one
     /// per file, whatever the stream count); `None` for thread-per-stream senders.
     source_files: Option<u64>,
+    /// The engine's workers: time runnable but not running (waiting for a CPU), % of the run.
+    worker_wait_percent: Option<f64>,
 }
 
 /// The sequence-stamped source: unit k starts with k as u64 LE.
@@ -241,8 +243,10 @@ fn run_engine(
     workers: usize,
     timer: TimerMode,
     spin: Duration,
-) -> Result<(LatenessStats, Vec<TraceRecord>, String, Option<u64>)> {
+) -> Result<EngineRun> {
     let per_worker = spec.streams.div_ceil(workers);
+    let before = crate::schedstat::snapshot(WORKER_PREFIX);
+    let w0 = std::time::Instant::now();
     let depth = 2;
     let engine = Engine::new(EngineConfig {
         workers,
@@ -307,8 +311,30 @@ fn run_engine(
         }
         trace.extend(r.trace);
     }
-    Ok((stats, trace, note.trim().to_string(), Some(source_files)))
+    // While the engine (its workers) still lives: their run-queue wait over the run.
+    let waited = before.waited_since(WORKER_PREFIX).as_secs_f64();
+    let wait_percent = waited / (w0.elapsed().as_secs_f64() * workers as f64) * 100.0;
+    Ok((
+        stats,
+        trace,
+        note.trim().to_string(),
+        Some(source_files),
+        Some(wait_percent),
+    ))
 }
+
+/// The engine's worker threads' names start so (`penstock-w0`, …).
+const WORKER_PREFIX: &str = "penstock-w";
+
+/// A sender's run: its lateness, trace, note, source descriptors (the engine's) and its
+/// workers' run-queue wait as a % of their time (the engine's).
+type EngineRun = (
+    LatenessStats,
+    Vec<TraceRecord>,
+    String,
+    Option<u64>,
+    Option<f64>,
+);
 
 fn run_threads(spec: &RunSpec<'_>, absolute: bool) -> Result<(LatenessStats, Vec<TraceRecord>)> {
     let schedule = Schedule::new(
@@ -499,7 +525,7 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                 let run = match sender.as_str() {
                     "penstock" => run_engine(&spec, a.path, false, workers, timer, a.spin),
                     "penstock-rt" => run_engine(&spec, a.path, true, workers, timer, a.spin),
-                    _ => Ok((LatenessStats::new(0), Vec::new(), String::new(), None)),
+                    _ => Ok((LatenessStats::new(0), Vec::new(), String::new(), None, None)),
                 };
                 // A cell that cannot run here (e.g. more descriptors than RLIMIT_NOFILE allows)
                 // is reported and skipped; the other cells still count.
@@ -511,15 +537,16 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                         continue;
                     }
                 };
-                let (stats, trace, note, source_files) = match sender.as_str() {
+                let (stats, trace, note, source_files, worker_wait_percent) = match sender.as_str()
+                {
                     "penstock" | "penstock-rt" => run,
                     "usleep" => {
                         let (s, t) = run_threads(&spec, false)?;
-                        (s, t, String::new(), None)
+                        (s, t, String::new(), None, None)
                     }
                     "nanosleep" => {
                         let (s, t) = run_threads(&spec, true)?;
-                        (s, t, String::new(), None)
+                        (s, t, String::new(), None, None)
                     }
                     other => bail!("unknown sender {other:?}"),
                 };
@@ -542,12 +569,13 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                     expected: units * n as u64,
                     cpu_percent: cpu / wall * 100.0,
                     source_files,
+                    worker_wait_percent,
                     stats,
                     note,
                 };
                 let s = row.stats.summary();
                 eprintln!(
-                    "  N={n:<5} load={load:<4} {sender:<11} p50 {:>9.1} µs p99 {:>9.1} µs p99.9 {:>9.1} µs max {:>10.1} µs misses {:>6} lost {:>6} CPU {:>5.1}% {}",
+                    "  N={n:<5} load={load:<4} {sender:<11} p50 {:>9.1} µs p99 {:>9.1} µs p99.9 {:>9.1} µs max {:>10.1} µs misses {:>6} lost {:>6} CPU {:>5.1}%{} {}",
                     us(s.p50_ns),
                     us(s.p99_ns),
                     us(s.p999_ns),
@@ -555,6 +583,8 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                     s.misses,
                     row.lost,
                     row.cpu_percent,
+                    row.worker_wait_percent
+                        .map_or(String::new(), |w| format!(" worker run-queue wait {w:.1}%")),
                     row.note
                 );
                 rows.push(row);
@@ -574,7 +604,7 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                     "p50_ns": s.p50_ns, "p99_ns": s.p99_ns, "p999_ns": s.p999_ns, "max_ns": s.max_ns,
                     "misses": s.misses, "units": s.units, "received": r.received, "lost": r.lost,
                     "expected": r.expected, "cpu_percent": r.cpu_percent, "note": r.note,
-                    "source_files": r.source_files,
+                    "source_files": r.source_files, "worker_wait_percent": r.worker_wait_percent,
                 })
             })
             .collect();

@@ -81,6 +81,11 @@ pub struct IsolationArgs {
     /// already in the device, which DRR does not preempt: this bounds that wait.
     #[arg(long)]
     pub disk_inflight: Option<u32>,
+    /// The MARS table's engine worker at SCHED_FIFO with mlockall (`stream --realtime`): tells
+    /// the rt stream's late units that come from the worker waiting for a CPU (a loaded
+    /// machine) from those the disk causes. Each row reports the worker's run-queue wait.
+    #[arg(long)]
+    pub realtime: bool,
 }
 
 #[derive(Args, Debug)]
@@ -197,10 +202,13 @@ fn kernel_scheduler_of(path: &Path) -> String {
     format!("none (device {maj}:{min} has no request queue)")
 }
 
+/// The engine's worker threads' names start so (`penstock-w0`, …).
+const WORKER_PREFIX: &str = "penstock-w";
+
 /// Reads each isolation stream keeps ahead (the rt stream's slack: this many periods).
 const ISOLATION_STREAM_DEPTH: usize = 4;
 
-fn engine(mode: SchedMode, order: Order, inflight: Option<u32>) -> Result<Engine> {
+fn engine(mode: SchedMode, order: Order, inflight: Option<u32>, realtime: bool) -> Result<Engine> {
     // One worker: the disk scheduler is per worker, so the streams that compete for the disk
     // must share one to be scheduled against each other.
     Ok(Engine::new(EngineConfig {
@@ -215,6 +223,7 @@ fn engine(mode: SchedMode, order: Order, inflight: Option<u32>) -> Result<Engine
             ..DiskConfig::default()
         },
         admission: roomy_admission(),
+        realtime,
         ..EngineConfig::default()
     })?)
 }
@@ -257,6 +266,10 @@ struct IsoRow {
     units: u64,
     p99_ms: f64,
     background_mb_s: f64,
+    /// How long the engine's worker was runnable but not running during the rt stream.
+    worker_wait_ms: f64,
+    /// The device's mean time per completed read during the rt stream (kernel queue + device).
+    disk_read_ms: Option<f64>,
 }
 
 pub fn isolation(mut a: IsolationArgs) -> Result<()> {
@@ -312,7 +325,13 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     for background in ["penstock bulk streams", "read() processes"] {
         for (mode, mode_name) in [(SchedMode::Drr, "drr"), (SchedMode::Fifo, "fifo")] {
             for &n in &a.readers {
-                let e = engine(mode, Order::EarliestDeadline, a.disk_inflight)?;
+                let before = crate::schedstat::snapshot(WORKER_PREFIX);
+                let e = engine(mode, Order::EarliestDeadline, a.disk_inflight, a.realtime)?;
+                if a.realtime
+                    && let Err(why) = &e.info().realtime
+                {
+                    bail!("--realtime: {why}");
+                }
                 evict(&rt_file);
                 for f in &bg_files {
                     evict(f);
@@ -337,6 +356,8 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                 std::thread::sleep(Duration::from_millis(300));
                 let read0: u64 = procs.0.iter().map(|c| proc_read_bytes(c.id())).sum();
                 let bulk0: u64 = bulk.iter().map(|h| h.counters().bytes_read).sum();
+                let wait0 = before.waited_since(WORKER_PREFIX);
+                let disk0 = crate::schedstat::disk_reads(&rt_file);
                 let t0 = std::time::Instant::now();
                 let mut s = StreamSpec::new(
                     Endpoint::File {
@@ -355,6 +376,13 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                 s.zero_copy = ZeroCopy::Off;
                 let report = e.open(s)?.wait()?;
                 let secs = t0.elapsed().as_secs_f64();
+                let worker_wait = before.waited_since(WORKER_PREFIX).saturating_sub(wait0);
+                let disk_read_ms = match (disk0, crate::schedstat::disk_reads(&rt_file)) {
+                    (Some((n0, ms0)), Some((n1, ms1))) if n1 > n0 => {
+                        Some((ms1 - ms0) as f64 / (n1 - n0) as f64)
+                    }
+                    _ => None,
+                };
                 let bg_bytes = bulk.iter().map(|h| h.counters().bytes_read).sum::<u64>() - bulk0
                     + procs.0.iter().map(|c| proc_read_bytes(c.id())).sum::<u64>()
                     - read0;
@@ -378,10 +406,16 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                     units: l.units,
                     p99_ms: l.p99_ns as f64 / 1e6,
                     background_mb_s: bg_bytes as f64 / secs / 1e6,
+                    worker_wait_ms: worker_wait.as_secs_f64() * 1e3,
+                    disk_read_ms,
                 };
                 eprintln!(
-                    "  {background:<22} {mode_name:<4} readers {n}: {secs:.2} s, misses {} of {}, background {:.1} MB/s",
-                    row.misses, row.units, row.background_mb_s
+                    "  {background:<22} {mode_name:<4} readers {n}: {secs:.2} s, misses {} of {}, background {:.1} MB/s, worker run-queue wait {:.1} ms, disk {} ms/read",
+                    row.misses,
+                    row.units,
+                    row.background_mb_s,
+                    row.worker_wait_ms,
+                    row.disk_read_ms.map_or("?".into(), |d| format!("{d:.2}"))
                 );
                 rows.push(row);
             }
@@ -389,7 +423,7 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     }
     let mut t = format!(
         "\nbench isolation (MARS Table 2): rt stream of {} bytes at {:.1} MB/s (O_DIRECT, 1 MiB units), /dev/null targets\n\
-         {:<22} {:<5} {:>7} {:>10} {:>12} {:>14} {:>12} {:>14}\n",
+         {:<22} {:<5} {:>7} {:>10} {:>12} {:>14} {:>12} {:>14} {:>14} {:>12}\n",
         a.size,
         rate / 1e6,
         "background",
@@ -399,7 +433,9 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
         "x unloaded",
         "rt misses",
         "rt p99 ms",
-        "background MB/s"
+        "background MB/s",
+        "worker wait ms",
+        "disk ms/read"
     );
     for r in &rows {
         let base = rows
@@ -407,7 +443,7 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
             .find(|x| x.background == r.background && x.mode == r.mode && x.readers == 0)
             .map_or(f64::NAN, |x| x.seconds);
         t.push_str(&format!(
-            "{:<22} {:<5} {:>7} {:>10.2} {:>12.2} {:>9} of {:<4} {:>10.2} {:>14.1}\n",
+            "{:<22} {:<5} {:>7} {:>10.2} {:>12.2} {:>9} of {:<4} {:>10.2} {:>14.1} {:>14.1} {:>12}\n",
             r.background,
             r.mode,
             r.readers,
@@ -416,7 +452,9 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
             r.misses,
             r.units,
             r.p99_ms,
-            r.background_mb_s
+            r.background_mb_s,
+            r.worker_wait_ms,
+            r.disk_read_ms.map_or("?".into(), |d| format!("{d:.2}"))
         ));
     }
     let mut h = crate::out::human(a.json.as_deref());
@@ -426,13 +464,15 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
             .iter()
             .map(|r| serde_json::json!({"background": r.background, "sched": r.mode, "readers": r.readers,
                 "seconds": r.seconds, "misses": r.misses, "units": r.units, "p99_ms": r.p99_ms,
-                "background_mb_s": r.background_mb_s}))
+                "background_mb_s": r.background_mb_s, "worker_wait_ms": r.worker_wait_ms,
+                "disk_read_ms": r.disk_read_ms}))
             .collect();
         crate::out::write_json(
             p,
             &serde_json::json!({"bench": "isolation", "rate_bytes_per_s": rate, "kernel_scheduler": kernel_sched.trim(),
                 "unit_bytes": UNIT, "stream_depth": ISOLATION_STREAM_DEPTH, "device_rate_bytes_per_s": rate / a.share,
-                "disk_inflight_max": a.disk_inflight.unwrap_or(DiskConfig::default().disk_inflight_max), "rows": v}),
+                "disk_inflight_max": a.disk_inflight.unwrap_or(DiskConfig::default().disk_inflight_max),
+                "realtime": a.realtime, "rows": v}),
         )?;
     }
     Ok(())

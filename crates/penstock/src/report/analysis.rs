@@ -357,6 +357,7 @@ fn periodic(r: &Value, b: &Value, sec: &mut Section) {
         "misses",
         "lost",
         "CPU %",
+        "worker CPU wait %",
     ]
     .map(String::from)
     .to_vec();
@@ -373,6 +374,7 @@ fn periodic(r: &Value, b: &Value, sec: &mut Section) {
             format!("{} / {}", s(x, "misses"), s(x, "units")),
             s(x, "lost"),
             fmt(f(x, "cpu_percent")),
+            opt(x, "worker_wait_percent"),
         ]);
     }
     let find = |n: &Value, load: &Value, sender: &str| {
@@ -389,10 +391,11 @@ fn periodic(r: &Value, b: &Value, sec: &mut Section) {
             verdicts.push(Verdict {
                 kind: VerdictKind::FallsShort,
                 why: format!(
-                    "{cell}: penstock missed {} of {} units (later than a period), {} lost",
+                    "{cell}: penstock missed {} of {} units (later than a period), {} lost{}",
                     s(x, "misses"),
                     s(x, "units"),
-                    s(x, "lost")
+                    s(x, "lost"),
+                    periodic_cause(x, find(n, load, "penstock-rt"))
                 ),
             });
         }
@@ -477,6 +480,43 @@ fn periodic(r: &Value, b: &Value, sec: &mut Section) {
     }
 }
 
+/// Why a periodic cell fell short, from the same run: the same dispatcher with its workers at
+/// SCHED_FIFO (`penstock-rt`) in the same cell, and how long the workers waited for a CPU.
+fn periodic_cause(x: &Value, rt: Option<&Value>) -> String {
+    let wait = x["worker_wait_percent"]
+        .as_f64()
+        .map(|w| format!("its worker waited for a CPU {}% of the run", fmt(w)));
+    let rt_fig = rt.map(|t| {
+        (
+            t["misses"].as_u64().unwrap_or(0) + t["lost"].as_u64().unwrap_or(0),
+            format!(
+                "the same dispatcher at SCHED_FIFO (penstock-rt): {} missed, p99 {} µs{}",
+                s(t, "misses"),
+                fmt(us(f(t, "p99_ns"))),
+                t["worker_wait_percent"]
+                    .as_f64()
+                    .map_or(String::new(), |w| format!(", CPU wait {}%", fmt(w)))
+            ),
+        )
+    });
+    let mut parts: Vec<String> = wait.into_iter().collect();
+    let verdict = match &rt_fig {
+        Some((0, fig)) => {
+            parts.push(fig.clone());
+            " → the machine's CPU (the worker's wait to run), not the dispatcher"
+        }
+        Some((_, fig)) => {
+            parts.push(fig.clone());
+            ""
+        }
+        None => "",
+    };
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!(" — {}{verdict}", parts.join("; "))
+}
+
 fn isolation(r: &Value, sec: &mut Section) {
     sec.title = "Real-time stream under background readers — MARS Table 2".into();
     sec.paper = vec![
@@ -493,6 +533,8 @@ fn isolation(r: &Value, sec: &mut Section) {
         "late units",
         "p99 ms",
         "background MB/s",
+        "worker CPU wait ms",
+        "disk ms/read",
     ]
     .map(String::from)
     .to_vec();
@@ -506,6 +548,8 @@ fn isolation(r: &Value, sec: &mut Section) {
             format!("{} / {}", s(x, "misses"), s(x, "units")),
             fmt(f(x, "p99_ms")),
             fmt(f(x, "background_mb_s")),
+            opt(x, "worker_wait_ms"),
+            opt(x, "disk_read_ms"),
         ]);
     }
     let mut vs = Vec::new();
@@ -576,9 +620,9 @@ fn isolation(r: &Value, sec: &mut Section) {
                                     period_ms.map_or(String::new(), |p| format!(" of {} ms", fmt(p))),
                                     fmt(f(x, "p99_ms")),
                                     if bg == "read() processes" {
-                                        " (other processes: the kernel's I/O scheduler orders their reads, not penstock's DRR)"
+                                        " (other processes: the kernel's I/O scheduler orders their reads, not penstock's DRR)".to_string()
                                     } else {
-                                        ""
+                                        cpu_or_disk(x, period_ms)
                                     }
                                 ),
                             });
@@ -590,6 +634,11 @@ fn isolation(r: &Value, sec: &mut Section) {
     }
     sec.ratio = ratios.join("; ");
     sec.verdict = combine(&vs);
+    if r["realtime"].as_bool() == Some(true) {
+        sec.notes.push(
+            "the engine's worker ran at SCHED_FIFO (--realtime): its CPU wait is the kernel's, not other work's".into(),
+        );
+    }
     if sec.verdict.kind == VerdictKind::FallsShort && !wait_bound.is_empty() {
         sec.verdict.why.push_str(&wait_bound);
     }
@@ -599,6 +648,44 @@ fn isolation(r: &Value, sec: &mut Section) {
             r["kernel_scheduler"].as_str().unwrap_or("?")
         ));
     }
+}
+
+/// A number field, or "–" when the run did not record it (older results).
+fn opt(v: &Value, k: &str) -> String {
+    v[k].as_f64().map_or("–".into(), fmt)
+}
+
+/// A late rt row's split between CPU and disk, from its figures: how long the engine's worker
+/// waited for a CPU (runnable, not running) against the device's time per read, each against
+/// the stream's period. Empty when the row has neither figure.
+fn cpu_or_disk(x: &Value, period_ms: Option<f64>) -> String {
+    let (Some(w), Some(d)) = (x["worker_wait_ms"].as_f64(), x["disk_read_ms"].as_f64()) else {
+        return String::new();
+    };
+    let run_ms = f(x, "seconds") * 1e3;
+    let share = w / run_ms * 100.0;
+    let per = period_ms.filter(|p| *p > 0.0);
+    let cause = match per {
+        Some(p) if d >= p => "disk: a read alone takes longer than a period",
+        Some(_) if share >= 5.0 => "CPU: the worker waited for a CPU, reads stayed within a period",
+        Some(_) => "neither figure alone exceeds its budget",
+        None => "",
+    };
+    format!(
+        " — CPU: the engine's worker waited {} ms for a CPU ({}% of the run); disk: {} ms per read{}{}",
+        fmt(w),
+        fmt(share),
+        fmt(d),
+        per.map_or(String::new(), |p| format!(
+            " ({} of the period)",
+            fmt(d / p)
+        )),
+        if cause.is_empty() {
+            String::new()
+        } else {
+            format!(" → {cause}")
+        }
+    )
 }
 
 fn rtu(r: &Value, sec: &mut Section) {
@@ -1144,6 +1231,61 @@ mod tests {
             v.why.contains("N=1000") && v.why.contains("900 µs"),
             "{}",
             v.why
+        );
+    }
+
+    /// The 2026-11-24 quick run's N=1000 cell: penstock missed 41,607 units while the same
+    /// dispatcher at SCHED_FIFO missed none — the verdict blames the CPU, with the figures.
+    #[test]
+    fn periodic_shortfall_that_sched_fifo_removes_is_put_on_the_cpu() {
+        let row = |sender: &str, p99: u64, misses: u64, wait: Option<f64>| {
+            json!({"streams": 1000, "load": "none", "sender": sender, "p50_ns": 1, "p99_ns": p99, "p999_ns": p99, "max_ns": p99,
+                   "misses": misses, "units": 240_000, "lost": 0, "cpu_percent": 30.0, "worker_wait_percent": wait})
+        };
+        let cpu = json!({"rows": [row("penstock", 623_902_719, 41_607, Some(61.5)),
+            row("penstock-rt", 97_311, 0, Some(0.4)), row("usleep", 57_343_999, 75_219, None)]});
+        let s = section(&entry("periodic", cpu));
+        let why = &s.verdict.why;
+        assert_eq!(s.verdict.kind, VerdictKind::FallsShort);
+        assert!(why.contains("waited for a CPU 61.5% of the run"), "{why}");
+        assert!(
+            why.contains("SCHED_FIFO (penstock-rt): 0 missed, p99 97.3 µs"),
+            "{why}"
+        );
+        assert!(why.contains("the machine's CPU"), "{why}");
+        assert_eq!(s.rows[0].last().map(String::as_str), Some("61.5"));
+        // The same dispatcher late at SCHED_FIFO too: not put on the CPU.
+        let ours = json!({"rows": [row("penstock", 623_902_719, 41_607, Some(61.5)),
+            row("penstock-rt", 623_902_719, 40_000, Some(0.4))]});
+        let why = section(&entry("periodic", ours)).verdict.why;
+        assert!(!why.contains("the machine's CPU"), "{why}");
+    }
+
+    #[test]
+    fn isolation_late_units_are_split_between_cpu_and_disk() {
+        let row = |misses: u64, wait: f64, disk: f64| {
+            json!({"background": "penstock bulk streams", "background_mb_s": 500.0, "misses": misses, "p99_ms": 9.0,
+                   "readers": 4, "sched": "drr", "seconds": 0.8, "units": 191, "worker_wait_ms": wait, "disk_read_ms": disk})
+        };
+        let base = json!({"background": "penstock bulk streams", "misses": 0, "p99_ms": 0.2, "readers": 0,
+                          "sched": "drr", "seconds": 0.8, "units": 191, "worker_wait_ms": 1.0, "disk_read_ms": 1.0});
+        let r = |x: Value| json!({"rate_bytes_per_s": 262_144_000.0, "unit_bytes": 1_048_576, "rows": [base.clone(), x]});
+        // 4 ms period; 200 ms of CPU wait in 800 ms, reads of 2 ms: the CPU.
+        let why = section(&entry("isolation", r(row(50, 200.0, 2.0))))
+            .verdict
+            .why;
+        assert!(
+            why.contains("waited 200 ms for a CPU (25.0% of the run)"),
+            "{why}"
+        );
+        assert!(why.contains("→ CPU"), "{why}");
+        // Reads of 6 ms against a 4 ms period: the disk.
+        let why = section(&entry("isolation", r(row(50, 1.0, 6.0))))
+            .verdict
+            .why;
+        assert!(
+            why.contains("6.00 ms per read (1.50 of the period) → disk"),
+            "{why}"
         );
     }
 

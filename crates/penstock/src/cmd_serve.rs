@@ -107,7 +107,13 @@ fn demo_tree(dir: &Path) -> Result<()> {
     };
     std::fs::write(dir.join("small.bin"), rng(16 * 1024))?;
     std::fs::create_dir(dir.join("media"))?;
-    std::fs::write(dir.join("media/clip.ts"), rng(8 << 20))?;
+    // A real MPEG-TS multiplex (PAT, PMT, a PCR every 20 packets, 2 Mbit/s: 33 s), so that
+    // the RTSP server can time it: `ffprobe rtsp://127.0.0.1:8554/media/clip.ts`.
+    let packets = (8u64 << 20) / penstock_core::ts::TS_PACKET_BYTES as u64;
+    std::fs::write(
+        dir.join("media/clip.ts"),
+        penstock_core::ts::synth::cbr_ts(packets, 2_000_000, 0, 0, 20, true),
+    )?;
     Ok(())
 }
 
@@ -200,6 +206,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let base = format!("http://{}", server.http_addr());
         println!("try: curl -O {base}/small.bin   curl {base}/media/clip.ts -r 0-99 | xxd | head");
         println!("     {base}/   {base}/metrics");
+        if let Some(r) = server.rtsp_addrs().first() {
+            println!(
+                "     ffprobe rtsp://{r}/media/clip.ts   (a synthetic 2 Mbit/s MPEG-TS, no picture)"
+            );
+        }
         if let Some(c) = server.control_addr() {
             println!("     penstock ctl {c} HELP");
         }

@@ -27,51 +27,11 @@ const CLIP_S: u32 = 30;
 const TS: usize = 188;
 const VIDEO_PID: u16 = 0x100;
 
-fn tool(name: &str, arg: &str) -> bool {
-    Command::new(name)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// The 30-second clip, made once per test binary (ffmpeg, or `None` with a SKIPPED line).
 fn clip() -> Option<&'static Path> {
     static CLIP: OnceLock<Option<PathBuf>> = OnceLock::new();
-    CLIP.get_or_init(|| {
-        if !tool("ffmpeg", "-version") {
-            println!("SKIPPED: ffmpeg not found (apt-get install ffmpeg)");
-            return None;
-        }
-        let dir = std::env::temp_dir().join(format!("penstock-rtsp-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("clip.ts");
-        let o = Command::new("ffmpeg")
-            .args(["-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi"])
-            .args(["-i", "testsrc=size=320x240:rate=25", "-t"])
-            .arg(CLIP_S.to_string())
-            .args([
-                "-c:v",
-                "mpeg2video",
-                "-b:v",
-                "2M",
-                "-g",
-                "25",
-                "-f",
-                "mpegts",
-            ])
-            .arg(&path)
-            .output()
-            .expect("ffmpeg");
-        assert!(
-            o.status.success(),
-            "ffmpeg: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        Some(path)
-    })
-    .as_deref()
+    CLIP.get_or_init(|| common::mpeg2_ts_clip("rtsp", CLIP_S))
+        .as_deref()
 }
 
 const CONTROL_TOKEN: &str = "rtsp-test-token-rtsp-test-token";
@@ -264,7 +224,7 @@ fn players_play_the_clip_to_its_end() {
     let limit = Duration::from_secs(u64::from(CLIP_S) + 20);
     let out = |n: &str| s.dir.path().join(n);
     let mut players: Vec<(&str, Command, Option<PathBuf>)> = Vec::new();
-    if tool("ffmpeg", "-version") {
+    if common::tool("ffmpeg", "-version") {
         for transport in ["udp", "tcp"] {
             let mut c = Command::new("ffmpeg");
             c.args(["-hide_banner", "-loglevel", "error", "-y"])
@@ -279,7 +239,7 @@ fn players_play_the_clip_to_its_end() {
             players.push((name, c, Some(out(&format!("ffmpeg-{transport}.ts")))));
         }
     }
-    if tool("gst-launch-1.0", "--version") {
+    if common::tool("gst-launch-1.0", "--version") {
         for (name, protocols) in [("gst-udp", "udp"), ("gst-tcp", "tcp")] {
             let mut c = Command::new("gst-launch-1.0");
             c.args(["-q", "rtspsrc", &format!("protocols={protocols}")])
@@ -291,8 +251,8 @@ fn players_play_the_clip_to_its_end() {
     } else {
         println!("SKIPPED: gst-launch-1.0 not found (gstreamer1.0-tools, plugins good and bad)");
     }
-    if tool("cvlc", "--version")
-        || tool("runuser", "--version") && Path::new("/usr/bin/cvlc").exists()
+    if common::tool("cvlc", "--version")
+        || common::tool("runuser", "--version") && Path::new("/usr/bin/cvlc").exists()
     {
         let mut c = Command::new("runuser");
         c.args(["-u", "nobody", "--", "cvlc", "--play-and-exit"])
@@ -301,7 +261,7 @@ fn players_play_the_clip_to_its_end() {
     } else {
         println!("SKIPPED: cvlc not found (vlc-bin, vlc-plugin-base)");
     }
-    let probe = if tool("ffprobe", "-version") {
+    let probe = if common::tool("ffprobe", "-version") {
         let mut c = Command::new("ffprobe");
         c.args(["-v", "error", "-show_streams", &url]);
         Some(c)

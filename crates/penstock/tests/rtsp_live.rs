@@ -22,47 +22,11 @@ const BIN: &str = env!("CARGO_BIN_EXE_penstock");
 const CLIP_S: u32 = 6;
 const TS: usize = 188;
 
-fn tool(name: &str, arg: &str) -> bool {
-    Command::new(name)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// A 6-second MPEG-2 TS clip (ffmpeg), or `None` with a SKIPPED line.
 fn clip() -> Option<&'static Path> {
     static CLIP: OnceLock<Option<PathBuf>> = OnceLock::new();
-    CLIP.get_or_init(|| {
-        if !tool("ffmpeg", "-version") {
-            println!("SKIPPED: ffmpeg not found (apt-get install ffmpeg)");
-            return None;
-        }
-        let dir = std::env::temp_dir().join(format!("penstock-live-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("clip.ts");
-        let o = Command::new("ffmpeg")
-            .args(["-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi"])
-            .args(["-i", "testsrc=size=320x240:rate=25", "-t"])
-            .arg(CLIP_S.to_string())
-            .args([
-                "-c:v",
-                "mpeg2video",
-                "-b:v",
-                "2M",
-                "-g",
-                "25",
-                "-f",
-                "mpegts",
-            ])
-            .arg(&path)
-            .output()
-            .expect("ffmpeg");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        Some(path)
-    })
-    .as_deref()
+    CLIP.get_or_init(|| common::mpeg2_ts_clip("live", CLIP_S))
+        .as_deref()
 }
 
 const CONTROL_TOKEN: &str = "rtsp-live-test-token-rtsp-live-test";
@@ -368,7 +332,7 @@ fn a_live_source_reaches_two_clients_and_its_recording_byte_for_byte() {
     let first_seq = play.rtp_seq();
 
     let gst_out = s.dir.as_ref().unwrap().path().join("gst.ts");
-    let gst = if tool("gst-launch-1.0", "--version") {
+    let gst = if common::tool("gst-launch-1.0", "--version") {
         let c = Command::new("gst-launch-1.0")
             .args(["-q", "rtspsrc", "protocols=tcp"])
             .args([&format!("location={url}"), "!", "rtpmp2tdepay"])

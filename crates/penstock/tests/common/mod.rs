@@ -101,3 +101,49 @@ pub fn sample(page: &str, sample: &str) -> Option<f64> {
     page.lines()
         .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
 }
+
+/// Whether `name arg` runs and exits 0 (a tool is installed: `tool("ffmpeg", "-version")`).
+pub fn tool(name: &str, arg: &str) -> bool {
+    std::process::Command::new(name)
+        .arg(arg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A `seconds`-long MPEG-2 video TS at 2 Mbit/s, GOP 1 s (ffmpeg's testsrc), written to
+/// `clip.ts` in a temporary directory named after `tag` and this process; `None` with a
+/// SKIPPED line when ffmpeg is missing.
+pub fn mpeg2_ts_clip(tag: &str, seconds: u32) -> Option<std::path::PathBuf> {
+    if !tool("ffmpeg", "-version") {
+        println!("SKIPPED: ffmpeg not found (apt-get install ffmpeg)");
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("penstock-{tag}-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("clip.ts");
+    let o = std::process::Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi"])
+        .args(["-i", "testsrc=size=320x240:rate=25", "-t"])
+        .arg(seconds.to_string())
+        .args([
+            "-c:v",
+            "mpeg2video",
+            "-b:v",
+            "2M",
+            "-g",
+            "25",
+            "-f",
+            "mpegts",
+        ])
+        .arg(&path)
+        .output()
+        .expect("ffmpeg");
+    assert!(
+        o.status.success(),
+        "ffmpeg: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Some(path)
+}

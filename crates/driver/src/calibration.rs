@@ -235,6 +235,33 @@ fn write_test_file(path: &Path, bytes: u64) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// The ring calibration reads through: 32 buffers of 1 MiB.
+fn calibration_ring() -> Result<Ring, CalibrationError> {
+    let (ring, _) = Ring::new(&RingConfig {
+        buffers: 32,
+        buffer_bytes: 1 << 20,
+        ..RingConfig::default()
+    })
+    .map_err(|e| CalibrationError::Ring(e.to_string()))?;
+    Ok(ring)
+}
+
+/// Sequential O_DIRECT reads of 1 MiB over the first `size` bytes of `fd`, at each of
+/// [`READ_DEPTHS`].
+fn sequential_by_depth(
+    ring: &mut Ring,
+    fd: std::os::fd::RawFd,
+    size: u64,
+) -> Result<Vec<DepthFigure>, CalibrationError> {
+    READ_DEPTHS
+        .into_iter()
+        .map(|depth| {
+            run_reads(ring, fd, size, 1 << 20, depth, Pattern::Sequential, None)
+                .map(|bytes_per_s| DepthFigure { depth, bytes_per_s })
+        })
+        .collect()
+}
+
 fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, CalibrationError> {
     let fd = crate::open::reopen_direct(file)
         .ok_or_else(|| CalibrationError::NoDirect(file.to_path_buf()))?;
@@ -243,26 +270,9 @@ fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, Calibrat
             path: file.to_path_buf(),
             source: e.into(),
         })?;
-    let (mut ring, _) = Ring::new(&RingConfig {
-        buffers: 32,
-        buffer_bytes: 1 << 20,
-        ..RingConfig::default()
-    })
-    .map_err(|e| CalibrationError::Ring(e.to_string()))?;
+    let mut ring = calibration_ring()?;
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    let mut by_depth = Vec::new();
-    for depth in READ_DEPTHS {
-        let bytes_per_s = run_reads(
-            &mut ring,
-            raw,
-            size,
-            1 << 20,
-            depth,
-            Pattern::Sequential,
-            None,
-        )?;
-        by_depth.push(DepthFigure { depth, bytes_per_s });
-    }
+    let by_depth = sequential_by_depth(&mut ring, raw, size)?;
     let at = |d: u32| {
         by_depth
             .iter()
@@ -317,26 +327,9 @@ pub fn measure_read_depth(
     let r = (|| {
         let fd =
             crate::open::reopen_direct(&f).ok_or_else(|| CalibrationError::NoDirect(f.clone()))?;
-        let (mut ring, _) = Ring::new(&RingConfig {
-            buffers: 32,
-            buffer_bytes: 1 << 20,
-            ..RingConfig::default()
-        })
-        .map_err(|e| CalibrationError::Ring(e.to_string()))?;
+        let mut ring = calibration_ring()?;
         let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-        let mut figs = Vec::new();
-        for depth in READ_DEPTHS {
-            let bytes_per_s = run_reads(
-                &mut ring,
-                raw,
-                bytes,
-                1 << 20,
-                depth,
-                Pattern::Sequential,
-                None,
-            )?;
-            figs.push(DepthFigure { depth, bytes_per_s });
-        }
+        let figs = sequential_by_depth(&mut ring, raw, bytes)?;
         Ok((best_read_depth(&figs).unwrap_or(1), figs))
     })();
     let _ = std::fs::remove_file(&f);

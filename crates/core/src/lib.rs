@@ -10,6 +10,7 @@
 
 pub mod admission;
 pub mod buffers;
+pub mod cluster;
 pub mod control;
 pub mod endpoint;
 pub mod http;

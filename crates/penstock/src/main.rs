@@ -11,6 +11,7 @@
 
 mod activation;
 mod calibrate;
+mod cmd_cluster;
 mod cmd_ctl;
 mod cmd_manual;
 mod cmd_record;
@@ -76,6 +77,10 @@ enum Command {
     /// Volumes: striped members, dynamic partitions (see docs/volume-format.md).
     #[command(subcommand)]
     Volume(cmd_volume::VolumeCommand),
+    /// A cluster of serve nodes on etcd: list the nodes, render HAProxy's configuration
+    /// (docs/cluster.md).
+    #[command(subcommand)]
+    Cluster(cmd_cluster::ClusterCommand),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -154,6 +159,7 @@ fn main() {
         }),
         Command::Bench(BenchCommand::Http(a)) => bench::http::run(a),
         Command::Volume(c) => cmd_volume::run(c),
+        Command::Cluster(c) => cmd_cluster::run(c),
         Command::Bench(BenchCommand::Stripe(a)) => bench::stripe::run(a),
         Command::Bench(BenchCommand::Cues(a)) => bench::cues::run(a),
         Command::Bench(BenchCommand::Rtsp(a)) => bench::rtsp::run(a),

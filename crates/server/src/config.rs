@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::listen::ListenAddrs;
 
+pub mod cluster;
 pub mod rtsp;
 pub mod units;
 
@@ -54,6 +55,8 @@ pub struct ServerConfig {
     pub log: LogConfig,
     /// `[rtsp]`: the RTSP server (on by default at 127.0.0.1:8554).
     pub rtsp: RtspConfig,
+    /// `[cluster]`: membership in etcd, redirects (off unless `etcd` is set; docs/cluster.md).
+    pub cluster: cluster::ClusterConfig,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
@@ -90,6 +93,9 @@ pub struct HttpConfig {
     pub server_name: String,
     /// Where metrics are served on the HTTP port (`GET` only); empty to disable.
     pub metrics_path: String,
+    /// The health check (`GET` or `HEAD`: `200 ok` while the server serves, also while etcd
+    /// is unreachable; HAProxy's `option httpchk` asks it); empty to disable.
+    pub health_path: String,
     /// A separate `host:port` serving only `GET /metrics` (a scraper's own port, e.g. one a
     /// firewall keeps private); empty: none.
     pub metrics_listen: String,
@@ -112,6 +118,7 @@ impl Default for HttpConfig {
             types: Default::default(),
             server_name: "penstock".into(),
             metrics_path: "/metrics".into(),
+            health_path: "/healthz".into(),
             metrics_listen: String::new(),
             engine_body_bytes_min: 4 << 20,
             body_path: "sendfile".into(),
@@ -882,6 +889,16 @@ impl ServerConfig {
         }
         self.log.check()?;
         self.rtsp.check()?;
+        self.cluster.check()?;
+        if !self.http.health_path.is_empty()
+            && (!self.http.health_path.starts_with('/')
+                || self.http.health_path == self.http.metrics_path)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "http.health_path {:?}: a path starting with / other than metrics_path",
+                self.http.health_path
+            )));
+        }
         if !self.control.listen.is_empty() {
             self.control.listen.parse::<SocketAddr>().map_err(|e| {
                 ConfigError::Invalid(format!("control.listen {:?}: {e}", self.control.listen))

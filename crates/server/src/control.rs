@@ -80,6 +80,35 @@ const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// A wrong token's reply waits this long times the connection's failures so far.
 const AUTH_FAIL_DELAY: Duration = Duration::from_millis(250);
 
+/// An `OPEN` refused by admission (503) while in a cluster: the reply names a node with
+/// rt bandwidth left, chosen by the ring from the stream's source (docs/control-protocol.md,
+/// "Redirects"): `503 refused …; redirect node=NAME control=HOST:PORT`. The code stays 503,
+/// so clients that do not look for the redirect see the refusal they always saw.
+fn redirect_refused(
+    shared: &ControlShared,
+    reply: Reply,
+    spec: &penstock_core::control::OpenSpec,
+) -> Reply {
+    if reply.code != ReplyCode::REFUSED || !reply.text.starts_with("refused") {
+        return reply;
+    }
+    let Some(view) = shared.cluster.get() else {
+        return reply;
+    };
+    // The rate asked, where it is in bytes; else any node with bandwidth left.
+    let need = match spec.rate {
+        Some(penstock_core::units::Rate::BitsPerSecond(b)) => b / 8,
+        _ => 1,
+    };
+    match view.redirect_control(&spec.src, need) {
+        Some((node, addr)) => Reply::new(
+            reply.code,
+            format!("{}; redirect node={node} control={addr}", reply.text),
+        ),
+        None => reply,
+    }
+}
+
 /// The control server's shared state: the stream table, the configuration, the token.
 pub struct ControlShared {
     pub(crate) streams: Arc<Streams>,
@@ -94,6 +123,8 @@ pub struct ControlShared {
     own_uid: u32,
     /// Extra `STATS` lines from the HTTP side.
     pub(crate) http_connections: Box<dyn Fn() -> usize + Send + Sync>,
+    /// The cluster's membership, for redirects of refused OPENs (set once, after start).
+    pub(crate) cluster: std::sync::OnceLock<Arc<crate::cluster::View>>,
 }
 
 impl ControlShared {
@@ -113,6 +144,7 @@ impl ControlShared {
             next_conn: AtomicU64::new(1),
             own_uid: rustix::process::geteuid().as_raw(),
             http_connections,
+            cluster: std::sync::OnceLock::new(),
             auth_fail_delay: AUTH_FAIL_DELAY,
         }
     }
@@ -895,7 +927,7 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
         Command::Open(spec) if spec.src == PASSED_FD || spec.dst == PASSED_FD => {
             open_passed(shared, session, &spec)
         }
-        Command::Open(spec) => streams.open(c, &spec),
+        Command::Open(spec) => redirect_refused(shared, streams.open(c, &spec), &spec),
         Command::Cue(spec) => cue(shared, session, &spec),
         Command::Seek { id, offset_bytes } => streams.edit(c, id, Edit::Seek(offset_bytes)),
         Command::Unit { id, unit_bytes } => streams.edit(c, id, Edit::Unit(unit_bytes)),

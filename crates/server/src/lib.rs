@@ -29,6 +29,7 @@
 
 pub mod access;
 pub mod access_log;
+pub mod cluster;
 pub mod config;
 pub mod confine;
 pub mod control;
@@ -118,6 +119,8 @@ pub struct Server {
     metrics_listener: Option<metrics_http::MetricsListener>,
     /// The RTSP server (`None`: `[rtsp] listen` is empty).
     rtsp: Option<Mutex<rtsp::RtspServer>>,
+    /// Membership in etcd (`None`: `[cluster] etcd` is empty).
+    membership: Option<Mutex<cluster::Membership>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -193,6 +196,7 @@ impl Server {
             http::Site::new(root_fd, cfg.http.index.clone(), &cfg.http.types),
             cfg.http.server_name.clone(),
             cfg.http.metrics_path.clone(),
+            cfg.http.health_path.clone(),
             cfg.http.engine_body_bytes_min,
             body_path,
             engine.clone(),
@@ -337,6 +341,34 @@ impl Server {
             streams_for_rtsp.add_state_source(r.state_source());
             Some(Mutex::new(r))
         };
+        let membership = if cfg.cluster.is_off() {
+            None
+        } else {
+            let http_bound = listening.first().map(|l| l.bound);
+            let rtsp_bound = rtsp.as_ref().and_then(|r| {
+                r.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .addrs()
+                    .first()
+                    .copied()
+            });
+            let m = start_membership(
+                cfg,
+                http_bound,
+                rtsp_bound,
+                control_addr,
+                engine.clone(),
+                &metrics,
+            )?;
+            let view = m.view();
+            if let Some(r) = &rtsp {
+                r.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .set_cluster(view.clone());
+            }
+            let _ = control.cluster.set(view);
+            Some(Mutex::new(m))
+        };
         let uring = match &engine.info().uring {
             Ok(()) => "io_uring available".to_string(),
             Err(e) => format!("io_uring refused ({e})"),
@@ -368,7 +400,15 @@ impl Server {
             engine,
             metrics_listener,
             rtsp,
+            membership,
         })
+    }
+
+    /// The cluster membership as last read from etcd (`None` without `[cluster]`).
+    pub fn cluster_view(&self) -> Option<Arc<cluster::View>> {
+        self.membership
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()).view())
     }
 
     /// The RTSP addresses listened on (none when `[rtsp] listen` is empty).
@@ -607,6 +647,11 @@ impl Server {
     /// Stops accepting; lets responses and streams finish until `deadline`, then cuts them.
     pub fn shutdown(self, deadline: Duration) -> ShutdownReport {
         let start = Instant::now();
+        // Leave the cluster first: HAProxy and the other nodes stop sending work here now,
+        // not a lease TTL later, while what is under way drains.
+        if let Some(m) = &self.membership {
+            m.lock().unwrap_or_else(|p| p.into_inner()).stop();
+        }
         self.http.stop();
         self.control.stop.store(true, Ordering::Release);
         while start.elapsed() < deadline && self.http_threads.iter().any(|t| !t.is_finished()) {
@@ -640,6 +685,67 @@ impl Server {
             http_connections_cut,
         }
     }
+}
+
+/// Starts the membership thread of `[cluster]`: the node's name (default: the host name) and
+/// the addresses it publishes (default: the bound ones, on the advertised host).
+fn start_membership(
+    cfg: &ServerConfig,
+    http_bound: Option<SocketAddr>,
+    rtsp_bound: Option<SocketAddr>,
+    control_bound: Option<SocketAddr>,
+    engine: Arc<Engine>,
+    metrics: &Metrics,
+) -> Result<cluster::Membership, ServerError> {
+    let c = &cfg.cluster;
+    let invalid = |m: String| ServerError::Config(ConfigError::Invalid(m));
+    let node = if c.node.is_empty() {
+        rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        c.node.clone()
+    };
+    penstock_core::cluster::NodeName::new(&node)
+        .map_err(|e| invalid(format!("cluster.node (default: the host name): {e}")))?;
+    let http = match (c.advertise_addr(), http_bound) {
+        (Some(a), _) => a,
+        (None, Some(b)) if !b.ip().is_unspecified() => b.to_string(),
+        _ => {
+            return Err(invalid(
+                "cluster.advertise: needed when the HTTP address is a wildcard (or socket-activated): the address other nodes and HAProxy reach this node at".into(),
+            ));
+        }
+    };
+    // The advertised host, for the other protocols' default addresses.
+    let host = http
+        .rsplit_once(':')
+        .map_or_else(|| http.clone(), |(h, _)| h.to_string());
+    let with_port = |explicit: &str, bound: Option<SocketAddr>| {
+        if !explicit.is_empty() {
+            Some(explicit.to_string())
+        } else {
+            bound.map(|b| format!("{host}:{}", b.port()))
+        }
+    };
+    let addrs = cluster::Addresses {
+        http,
+        rtsp: with_port(&c.rtsp_advertise, rtsp_bound),
+        control: with_port(&c.control_advertise, control_bound),
+    };
+    let cm = metrics.register_cluster(&node);
+    let load = Box::new(move || {
+        let (used, cap) = engine.admission_usage();
+        cluster::NodeLoad {
+            rt_bytes_per_s: cap.net_bytes_per_s,
+            rt_bytes_per_s_left: cap.net_bytes_per_s.saturating_sub(used.net_bytes_per_s),
+            streams: used.streams,
+            streams_max: cap.streams,
+        }
+    });
+    cluster::Membership::start(c, node, addrs, load, cm)
+        .map_err(|e| invalid(format!("cluster.etcd: {e}")))
 }
 
 fn clone_all(v: &[TcpListener]) -> io::Result<Vec<TcpListener>> {

@@ -32,6 +32,12 @@
 //!   `engine_buffer_rereads_total`, `disk_queue_depth{class}`; the open-file table:
 //!   `engine_open_files` (files open for streams, one descriptor each) and
 //!   `engine_open_file_shares_total` (opens that shared an open file's descriptor).
+//! - The cluster, when `[cluster] etcd` is set ([`Metrics::register_cluster`]):
+//!   `penstock_node_info{node}` (1; the Prometheus info-metric convention: join on it to
+//!   label any series by node), `cluster_membership` (1 while the lease is held and
+//!   refreshed, 0 while etcd cannot be reached or the lease was lost),
+//!   `cluster_etcd_failures_total`, `cluster_nodes` (nodes in the last listing) and
+//!   `cluster_redirects_total{protocol}` (opens refused here and sent to another node).
 //! - `penstock_build_info{version}` and the process: `process_cpu_seconds_total`,
 //!   `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`,
 //!   `process_max_fds`, `process_start_time_seconds`, `process_threads` (from `/proc/self`).
@@ -155,6 +161,20 @@ pub struct LiveLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
     pub source: String,
+}
+
+/// The cluster's series ([`Metrics::register_cluster`]).
+#[derive(Clone, Debug, Default)]
+pub struct ClusterMetrics {
+    pub membership: Gauge,
+    pub etcd_failures: Counter,
+    pub nodes: Gauge,
+    pub redirects: Family<ProtocolLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProtocolLabel {
+    pub protocol: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -527,6 +547,39 @@ impl Metrics {
             access_log_dropped,
             access_log_write_errors,
         }
+    }
+
+    /// Adds the cluster's families (module doc) for node `node`.
+    pub fn register_cluster(&self, node: &str) -> ClusterMetrics {
+        let m = ClusterMetrics::default();
+        let mut root = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let r = root.sub_registry_with_prefix("penstock");
+        r.register(
+            "node",
+            "This node's name in the cluster",
+            Info::new(vec![("node", node.to_string())]),
+        );
+        r.register(
+            "cluster_membership",
+            "1 while this node's etcd lease is held and refreshed, 0 while membership is lost",
+            m.membership.clone(),
+        );
+        r.register(
+            "cluster_etcd_failures",
+            "Calls to etcd that failed (unreachable, timed out, refused)",
+            m.etcd_failures.clone(),
+        );
+        r.register(
+            "cluster_nodes",
+            "Nodes in the last membership listing read from etcd",
+            m.nodes.clone(),
+        );
+        r.register(
+            "cluster_redirects",
+            "Stream opens refused here by admission and redirected to another node",
+            m.redirects.clone(),
+        );
+        m
     }
 
     /// Reads `engine`'s pool, repossessions and disk queues at each scrape from now on.

@@ -26,7 +26,8 @@ pub struct HaproxyOptions {
     pub timeout_client_ms: u64,
     pub timeout_server_ms: u64,
     pub timeout_http_request_ms: u64,
-    /// `maxconn` of the process.
+    /// `maxconn` of the process (HAProxy needs about two descriptors a connection and
+    /// refuses to start when it cannot raise RLIMIT_NOFILE that far).
     pub connections_max: u32,
 }
 
@@ -43,7 +44,7 @@ impl Default for HaproxyOptions {
             timeout_client_ms: 60_000,
             timeout_server_ms: 60_000,
             timeout_http_request_ms: 10_000,
-            connections_max: 10_000,
+            connections_max: 4_096,
         }
     }
 }

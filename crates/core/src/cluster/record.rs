@@ -122,7 +122,8 @@ impl NodeRecord {
             self.rt_bytes_per_s_left,
             self.streams,
             self.streams_max,
-            self.cache_bytes.map_or_else(|| "-".into(), |b| b.to_string()),
+            self.cache_bytes
+                .map_or_else(|| "-".into(), |b| b.to_string()),
         );
         s
     }
@@ -276,12 +277,24 @@ mod tests {
         let good = "penstock-node=1\nname=a\nhttp=127.0.0.1:80\nrtsp=-\ncontrol=-\nrt_bytes_per_s=10\nrt_bytes_per_s_left=5\nstreams=0\nstreams_max=4\ncache_bytes=-\n";
         assert!(NodeRecord::decode(good).is_ok());
         let newer = format!("{good}gpu=yes\n");
-        assert!(NodeRecord::decode(&newer).is_ok(), "unknown keys are skipped");
+        assert!(
+            NodeRecord::decode(&newer).is_ok(),
+            "unknown keys are skipped"
+        );
         for (bad, says) in [
             (good.replace("name=a", "name=a b"), "node name"),
-            (good.replace("http=127.0.0.1:80", "http=x\nserver evil"), "not key=value"),
-            (good.replace("http=127.0.0.1:80", "http=host"), "not HOST:PORT"),
-            (good.replace("penstock-node=1", "penstock-node=2"), "version"),
+            (
+                good.replace("http=127.0.0.1:80", "http=x\nserver evil"),
+                "not key=value",
+            ),
+            (
+                good.replace("http=127.0.0.1:80", "http=host"),
+                "not HOST:PORT",
+            ),
+            (
+                good.replace("penstock-node=1", "penstock-node=2"),
+                "version",
+            ),
             (good.replace("left=5", "left=50"), "above"),
             (format!("{good}name=b\n"), "twice"),
         ] {

@@ -71,6 +71,9 @@ impl Worker {
                 Arc::from("metrics"),
             );
         }
+        if !shared.health_path.is_empty() && req.path == shared.health_path {
+            return memory(health_response(req, &ctx), Arc::from("health"));
+        }
         let opened = match site.root.open_path(req.relative_path()) {
             Ok(Opened::Directory(_)) if !req.path.ends_with('/') => {
                 return memory(respond_redirect_to_directory(req, &ctx), class);
@@ -208,7 +211,42 @@ impl Worker {
             log: None,
         }
     }
+}
 
+/// `200 ok`: the server accepts and answers (what a load balancer's health check asks; it
+/// does not depend on etcd: a node cut off from etcd still serves).
+fn health_response(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http::Response {
+    let body = b"ok\n".to_vec();
+    let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+    let head = ResponseHead {
+        status: Status::OK,
+        date: ctx.date,
+        server: ctx.server,
+        content_type: Some("text/plain"),
+        content_length_bytes: Some(body.len() as u64),
+        content_range: None,
+        accept_ranges: false,
+        etag: None,
+        last_modified: None,
+        allow: None,
+        location: None,
+        connection: connection_header(keep_alive, ctx),
+    };
+    let mut bytes = Vec::with_capacity(160);
+    write_response_head(&head, &mut bytes);
+    penstock_core::http::Response {
+        status: Status::OK,
+        head: bytes,
+        body: if req.method == Method::Head {
+            Vec::new()
+        } else {
+            vec![BodyPiece::Bytes(body)]
+        },
+        keep_alive,
+    }
+}
+
+impl Worker {
     fn metrics_response(
         &self,
         req: &Request,

@@ -290,6 +290,26 @@ impl Conn<'_> {
                 Err(r) => return r,
             }
         };
+        // In a cluster, a media this node could not admit now is sent to a node that can,
+        // before the player sets anything up: players follow a 302 to DESCRIBE (ffmpeg
+        // follows none to SETUP). The reservation made for the check is dropped at once.
+        if self.shared.cluster.get().is_some()
+            && let Ok((file, path)) = self.open(req, cseq)
+            && let Ok(media) = self.media(&file, &path, cseq)
+        {
+            let (spec, _) = stream_spec(
+                &self.shared.cfg,
+                &media,
+                None,
+                Packetizer::mp2t(random_u64()),
+                None,
+            );
+            if let Err(e) = self.shared.engine.admit(&spec)
+                && let Some(r) = self.redirect(&path, &media, cseq, &e)
+            {
+                return r;
+            }
+        }
         let sdp = rtsp::describe_sdp(random_u64() >> 1, self.local.ip(), end_ns);
         let base = if req.uri.ends_with('/') {
             req.uri.clone()
@@ -348,6 +368,9 @@ impl Conn<'_> {
                 Ok(a) => a,
                 Err(e) => {
                     self.shared.metrics.error("rtsp_admission_refused");
+                    if let Some(r) = self.redirect(&path, &media, cseq, &e) {
+                        return r;
+                    }
                     return text(453, cseq, &format!("admission refused: {e}"));
                 }
             };
@@ -449,6 +472,26 @@ impl Conn<'_> {
         Reply::new(200, Some(cseq))
             .header("Transport", transport_reply)
             .header("Session", self.session_header(&id))
+    }
+
+    /// `302 Moved Temporarily` to another node of the cluster with the media's rate left
+    /// (docs/cluster.md, "Redirects"), when admission refused `path` here and there is one.
+    fn redirect(
+        &self,
+        path: &str,
+        media: &super::Media,
+        cseq: u32,
+        refusal: &StreamError,
+    ) -> Option<Reply> {
+        let view = self.shared.cluster.get()?;
+        let d = media.plan.duration_ns().max(1);
+        let bytes = media.plan.playback_from(None).media_bytes;
+        let need =
+            u64::try_from(u128::from(bytes) * 1_000_000_000 / u128::from(d)).unwrap_or(u64::MAX);
+        let to = view.redirect_rtsp(path, need)?;
+        let location = format!("rtsp://{to}/{}", path.trim_start_matches('/'));
+        tracing::info!(path, to = %location, refusal = %refusal, "rtsp: redirected an open admission refused here");
+        Some(Reply::new(302, Some(cseq)).header("Location", location))
     }
 
     fn session_header(&self, id: &str) -> String {

@@ -207,6 +207,9 @@ pub struct RtspShared {
     live: HashMap<String, Arc<live::LiveSource>>,
     /// The live sources' counts as last put into the metrics.
     live_seen: Mutex<HashMap<String, [u64; 4]>>,
+    /// The cluster's membership, for redirects of opens admission refuses (set once, after
+    /// the membership starts).
+    pub(crate) cluster: std::sync::OnceLock<Arc<crate::cluster::View>>,
 }
 
 impl std::fmt::Debug for RtspShared {
@@ -311,6 +314,7 @@ impl RtspServer {
             stop: AtomicBool::new(false),
             live: live_sources,
             live_seen: Mutex::new(HashMap::new()),
+            cluster: std::sync::OnceLock::new(),
         });
         let mut bound = Vec::new();
         for l in listeners {
@@ -334,6 +338,11 @@ impl RtspServer {
             addrs: bound,
             threads,
         })
+    }
+
+    /// Refused opens are redirected to other nodes of `view` from now on.
+    pub fn set_cluster(&self, view: Arc<crate::cluster::View>) {
+        let _ = self.shared.cluster.set(view);
     }
 
     pub fn addrs(&self) -> &[SocketAddr] {

@@ -1,0 +1,333 @@
+//! Membership in etcd (docs/cluster.md): a thread keeps this node's lease and record,
+//! lists the other nodes for redirects, and revokes the lease at a graceful stop.
+//!
+//! The thread's loop, every `lease_ttl / 3`: keep the lease alive (`grant` when there is
+//! none, `keepalive` else; a keepalive that finds the lease expired — etcd was unreachable
+//! for longer than the TTL — grants a new one), put the record when it changed or is not in
+//! the listing, list `PREFIX/nodes/` into the [`View`]. A failed call marks membership lost
+//! (`penstock_cluster_membership 0`, a warning) and is retried after 250 ms, doubling to
+//! `retry_max`; the node keeps serving, its `/healthz` unaffected, redirects use the last
+//! listing. Every call has `etcd_timeout` as its deadline, and the loop's sleeps wake at
+//! once on [`Membership::stop`], which then revokes the lease (one call, same deadline).
+
+pub mod etcd;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use penstock_core::cluster::{NodeRecord, choose_redirect};
+
+use crate::config::cluster::ClusterConfig;
+use crate::metrics::{ClusterMetrics, ProtocolLabel};
+use etcd::{Etcd, EtcdError};
+
+/// What this node can still take, read when its record is refreshed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeLoad {
+    pub rt_bytes_per_s: u64,
+    pub rt_bytes_per_s_left: u64,
+    pub streams: u32,
+    pub streams_max: u32,
+}
+
+/// The membership as last read, shared with the RTSP and control servers for redirects.
+#[derive(Debug)]
+pub struct View {
+    pub node: String,
+    redirect: bool,
+    nodes: Mutex<Vec<NodeRecord>>,
+    metrics: ClusterMetrics,
+}
+
+impl View {
+    /// The nodes of the last listing (this one included when it is registered).
+    pub fn nodes(&self) -> Vec<NodeRecord> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Where to send an RTSP open of `path` refused here: `HOST:PORT` of another node's
+    /// RTSP server with `need_bytes_per_s` left, by the ring (counted in the metrics).
+    pub fn redirect_rtsp(&self, path: &str, need_bytes_per_s: u64) -> Option<String> {
+        self.redirect_to(path, need_bytes_per_s, "rtsp", |n| n.rtsp.clone())
+    }
+
+    /// As [`View::redirect_rtsp`] for a control `OPEN`: (node name, control `HOST:PORT`).
+    pub fn redirect_control(&self, key: &str, need_bytes_per_s: u64) -> Option<(String, String)> {
+        let mut name = String::new();
+        let addr = self.redirect_to(key, need_bytes_per_s, "control", |n| {
+            name = n.name.to_string();
+            n.control.clone()
+        })?;
+        Some((name, addr))
+    }
+
+    fn redirect_to(
+        &self,
+        key: &str,
+        need: u64,
+        protocol: &str,
+        mut addr: impl FnMut(&NodeRecord) -> Option<String>,
+    ) -> Option<String> {
+        if !self.redirect {
+            return None;
+        }
+        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let wants_rtsp = protocol == "rtsp";
+        let to = choose_redirect(key, &self.node, &nodes, need, |n| {
+            if wants_rtsp {
+                n.rtsp.is_some()
+            } else {
+                n.control.is_some()
+            }
+        })?;
+        let a = addr(to)?;
+        self.metrics
+            .redirects
+            .get_or_create(&ProtocolLabel {
+                protocol: protocol.into(),
+            })
+            .inc();
+        Some(a)
+    }
+}
+
+/// The running membership thread.
+pub struct Membership {
+    view: Arc<View>,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    lease: Arc<Mutex<Option<i64>>>,
+    etcd: Etcd,
+    thread: Option<JoinHandle<()>>,
+    stopped: AtomicBool,
+}
+
+impl std::fmt::Debug for Membership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Membership")
+            .field("node", &self.view.node)
+            .finish()
+    }
+}
+
+/// Where this node is reached, as published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addresses {
+    pub http: String,
+    pub rtsp: Option<String>,
+    pub control: Option<String>,
+}
+
+impl Membership {
+    /// Starts the thread; returns at once (etcd may be down: the node serves anyway).
+    pub fn start(
+        cfg: &ClusterConfig,
+        node: String,
+        addrs: Addresses,
+        load: Box<dyn Fn() -> NodeLoad + Send>,
+        metrics: ClusterMetrics,
+    ) -> Result<Membership, EtcdError> {
+        let etcd = Etcd::new(&cfg.etcd, Duration::from_millis(cfg.etcd_timeout_ms))?;
+        let view = Arc::new(View {
+            node: node.clone(),
+            redirect: cfg.redirect,
+            nodes: Mutex::new(Vec::new()),
+            metrics,
+        });
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let lease = Arc::new(Mutex::new(None));
+        let mut keeper = Keeper {
+            etcd: etcd.clone(),
+            cfg: cfg.clone(),
+            node,
+            addrs,
+            load,
+            view: view.clone(),
+            lease: lease.clone(),
+            last_put: None,
+        };
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("cluster".into())
+            .spawn(move || keeper.run(&s))
+            .map_err(|e| EtcdError::Reply {
+                path: "(thread)".into(),
+                why: e.to_string(),
+            })?;
+        Ok(Membership {
+            view,
+            stop,
+            lease,
+            etcd,
+            thread: Some(thread),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    pub fn view(&self) -> Arc<View> {
+        self.view.clone()
+    }
+
+    /// Graceful stop: ends the thread and revokes the lease, so that the node leaves the
+    /// membership now rather than a TTL later. Idempotent.
+    pub fn stop(&mut self) {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        {
+            let (m, c) = &*self.stop;
+            *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            c.notify_all();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(id) = lease {
+            match self.etcd.revoke(id) {
+                Ok(()) => {
+                    tracing::info!(node = %self.view.node, "left the cluster (lease revoked)")
+                }
+                Err(e) => tracing::warn!(
+                    node = %self.view.node,
+                    error = %e,
+                    "could not revoke the lease: the node leaves the membership when it expires"
+                ),
+            }
+        }
+        self.view.metrics.membership.set(0);
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Keeper {
+    etcd: Etcd,
+    cfg: ClusterConfig,
+    node: String,
+    addrs: Addresses,
+    load: Box<dyn Fn() -> NodeLoad + Send>,
+    view: Arc<View>,
+    lease: Arc<Mutex<Option<i64>>>,
+    /// The record as last put under the current lease.
+    last_put: Option<String>,
+}
+
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+
+impl Keeper {
+    fn run(&mut self, stop: &(Mutex<bool>, Condvar)) {
+        let period = Duration::from_millis(self.cfg.lease_ttl_ms / 3);
+        let retry_max = Duration::from_millis(self.cfg.retry_max_ms);
+        let mut retry = RETRY_FIRST;
+        let mut lost_since_logged = false;
+        loop {
+            let wait = match self.turn() {
+                Ok(()) => {
+                    if lost_since_logged {
+                        tracing::info!(node = %self.node, "cluster membership restored");
+                        lost_since_logged = false;
+                    }
+                    self.view.metrics.membership.set(1);
+                    retry = RETRY_FIRST;
+                    period
+                }
+                Err(e) => {
+                    self.view.metrics.membership.set(0);
+                    self.view.metrics.etcd_failures.inc();
+                    tracing::warn!(
+                        node = %self.node,
+                        error = %e,
+                        retry_ms = retry.as_millis() as u64,
+                        "cluster membership lost: still serving, with the last membership read; retrying"
+                    );
+                    lost_since_logged = true;
+                    let w = retry;
+                    retry = (retry * 2).min(retry_max);
+                    w
+                }
+            };
+            let (m, c) = stop;
+            let guard = m.lock().unwrap_or_else(|p| p.into_inner());
+            let (guard, _) = c
+                .wait_timeout_while(guard, wait, |stopped| !*stopped)
+                .unwrap_or_else(|p| p.into_inner());
+            if *guard {
+                return;
+            }
+        }
+    }
+
+    fn record(&self) -> NodeRecord {
+        let l = (self.load)();
+        NodeRecord {
+            name: penstock_core::cluster::NodeName::new(&self.node)
+                .expect("the node name was checked at start"),
+            http: self.addrs.http.clone(),
+            rtsp: self.addrs.rtsp.clone(),
+            control: self.addrs.control.clone(),
+            rt_bytes_per_s: l.rt_bytes_per_s,
+            rt_bytes_per_s_left: l.rt_bytes_per_s_left.min(l.rt_bytes_per_s),
+            streams: l.streams,
+            streams_max: l.streams_max,
+            // The origin cache (issue 18 item 1) fills this in when it exists.
+            cache_bytes: None,
+        }
+    }
+
+    /// One refresh: the lease, the record, the listing.
+    fn turn(&mut self) -> Result<(), EtcdError> {
+        let ttl_s = (self.cfg.lease_ttl_ms / 1000) as i64;
+        let current = *self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        let id = match current {
+            Some(id) => match self.etcd.keepalive(id)? {
+                Some(_) => id,
+                None => {
+                    tracing::warn!(node = %self.node, "the lease expired (etcd out of reach longer than lease_ttl): granting a new one");
+                    self.grant(ttl_s)?
+                }
+            },
+            None => self.grant(ttl_s)?,
+        };
+        let key = self.cfg.node_key(&self.node);
+        let text = self.record().encode();
+        if self.last_put.as_deref() != Some(text.as_str()) {
+            self.etcd.put(&key, text.as_bytes(), id)?;
+            self.last_put = Some(text);
+        }
+        let (kvs, _) = self.etcd.range_prefix(&self.cfg.nodes_prefix())?;
+        let mut nodes = Vec::with_capacity(kvs.len());
+        for kv in kvs {
+            match std::str::from_utf8(&kv.value)
+                .map_err(|e| e.to_string())
+                .and_then(|t| NodeRecord::decode(t).map_err(|e| e.0))
+            {
+                Ok(r) => nodes.push(r),
+                Err(e) => {
+                    tracing::warn!(key = %kv.key, error = %e, "a node record in etcd that cannot be read: skipped")
+                }
+            }
+        }
+        let listed = nodes.iter().any(|n| n.name.as_str() == self.node);
+        self.view.metrics.nodes.set(nodes.len() as i64);
+        *self.view.nodes.lock().unwrap_or_else(|p| p.into_inner()) = nodes;
+        if !listed {
+            // Deleted from outside (etcdctl del): put again at the next turn.
+            self.last_put = None;
+        }
+        Ok(())
+    }
+
+    fn grant(&mut self, ttl_s: i64) -> Result<i64, EtcdError> {
+        let lease = self.etcd.grant(ttl_s)?;
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease.id);
+        self.last_put = None;
+        tracing::info!(node = %self.node, lease = lease.id, ttl_s = lease.ttl_s, "joined the cluster (lease granted)");
+        Ok(lease.id)
+    }
+}

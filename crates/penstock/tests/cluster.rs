@@ -48,12 +48,25 @@ fn free_port(ip: &str) -> u16 {
 struct Etcd {
     _proc: Proc,
     url: String,
-    _dir: tempfile::TempDir,
+    client: u16,
+    peer: u16,
+    dir: std::sync::Arc<tempfile::TempDir>,
 }
 
 fn etcd() -> Etcd {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
     let (client, peer) = (free_port("127.0.0.1"), free_port("127.0.0.1"));
+    etcd_on(dir, client, peer)
+}
+
+impl Etcd {
+    /// Stops this etcd; returns what starts it again on the same ports and data.
+    fn stop(self) -> (std::sync::Arc<tempfile::TempDir>, u16, u16) {
+        (self.dir.clone(), self.client, self.peer)
+    }
+}
+
+fn etcd_on(dir: std::sync::Arc<tempfile::TempDir>, client: u16, peer: u16) -> Etcd {
     let url = format!("http://127.0.0.1:{client}");
     let peer_url = format!("http://127.0.0.1:{peer}");
     let child = Command::new("etcd")
@@ -71,7 +84,9 @@ fn etcd() -> Etcd {
     let e = Etcd {
         _proc: Proc(child),
         url,
-        _dir: dir,
+        client,
+        peer,
+        dir,
     };
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(30) {
@@ -97,11 +112,14 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
     out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
 }
 
+const TOKEN: &str = "cluster-test-token-cluster-test";
+
 struct Node {
     proc: Proc,
     name: String,
     http: String,
     rtsp: String,
+    control: String,
     dir: tempfile::TempDir,
 }
 
@@ -135,7 +153,7 @@ fn node(etcd: &Etcd, name: &str, ip: &str, files: &[(String, Vec<u8>)], extra: &
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"{ip}:0\"\n[control]\nlisten = \"{ip}:0\"\ntoken = \"cluster-test-token-cluster-test\"\n\
+            "[http]\nlisten = \"{ip}:0\"\n[control]\nlisten = \"{ip}:0\"\ntoken = \"{TOKEN}\"\n\
              [log]\naccess = \"{}\"\naccess_flush_ms = 50\n[rtsp]\nlisten = \"{ip}:0\"\n\
              [cluster]\netcd = \"{}\"\nnode = \"{name}\"\nlease_ttl = \"{TTL_S}s\"\netcd_timeout = \"500ms\"\nretry_max = \"1s\"\n{extra}",
             dir.path().join("access.log").display(),
@@ -152,7 +170,8 @@ fn node(etcd: &Etcd, name: &str, ip: &str, files: &[(String, Vec<u8>)], extra: &
         .spawn()
         .unwrap();
     let line = common::start_line(&mut child);
-    let (http, _) = common::serve_addresses(&line);
+    let (http, control) = common::serve_addresses(&line);
+    let control = control.expect("a control address");
     let rtsp = line
         .split("rtsp://")
         .nth(1)
@@ -164,6 +183,7 @@ fn node(etcd: &Etcd, name: &str, ip: &str, files: &[(String, Vec<u8>)], extra: &
         name: name.into(),
         http,
         rtsp,
+        control,
         dir,
     }
 }
@@ -259,8 +279,8 @@ fn nodes_register_leave_at_the_ttl_when_killed_and_at_once_when_stopped() {
     assert_eq!(listed(&etcd), names(&["a"]));
 
     // etcd down: a keeps serving, its health check says fine, a metric says membership is
-    // lost; back up, it registers again.
-    drop(etcd);
+    // lost; back up, it is listed again.
+    let (dir, client, peer) = etcd.stop();
     assert!(
         wait_for(Duration::from_secs(10), || a
             .metric("penstock_cluster_membership")
@@ -270,6 +290,14 @@ fn nodes_register_leave_at_the_ttl_when_killed_and_at_once_when_stopped() {
     );
     assert_eq!(http_get(&a.http, "/healthz").as_deref(), Some("ok\n"));
     assert!(a.metric("penstock_cluster_etcd_failures_total") >= 1.0);
+    let etcd = etcd_on(dir, client, peer);
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            a.metric("penstock_cluster_membership") == 1.0 && listed(&etcd) == names(&["a"])
+        })
+        .is_some(),
+        "a registered again once etcd is back"
+    );
 }
 
 /// The same bytes in every node's root: `f{i}.bin`, 256 KiB each, distinct.
@@ -540,4 +568,113 @@ fn an_rtsp_open_a_full_node_refuses_is_redirected_and_ffprobe_follows() {
     // b served the player's SETUP and PLAY; a none.
     let played = roomy.metric("penstock_rtsp_requests_total{method=\"PLAY\",code=\"200\"}");
     assert!(played >= 1.0, "b played: {played}");
+
+    // The control protocol: an rt OPEN a cannot admit is refused (503) and names b.
+    let mut c = TcpStream::connect(&full.control).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let clip_path = full.dir.path().join("root/clip.ts");
+    c.write_all(
+        format!(
+            "AUTH {TOKEN}\nOPEN file:{} udp://127.0.0.1:9 class=rt rate=2Mbit/s unit=1316\nQUIT\n",
+            clip_path.display()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut replies = String::new();
+    let _ = c.read_to_string(&mut replies);
+    let refused = replies
+        .lines()
+        .find(|l| l.starts_with("503"))
+        .unwrap_or_else(|| panic!("no 503 in {replies:?}"));
+    assert!(
+        refused.ends_with(&format!("; redirect node=b control={}", roomy.control)),
+        "{refused}"
+    );
+    assert!(full.metric("penstock_cluster_redirects_total{protocol=\"control\"}") >= 1.0);
+}
+
+fn repo() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// deploy/kubernetes: the YAML parses (python3's yaml), the DaemonSet runs on the host's
+/// network with /healthz probes, and its ConfigMap's penstock.toml is a valid configuration
+/// with a `[cluster]`.
+#[test]
+fn the_kubernetes_daemonset_parses_and_carries_a_valid_cluster_configuration() {
+    let file = repo().join("deploy/kubernetes/penstock-daemonset.yaml");
+    let o = Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
+        ])
+        .arg(&file)
+        .output();
+    let o = match o {
+        Ok(o) if o.status.success() => o,
+        _ => {
+            println!(
+                "SKIPPED: python3 with its yaml module not found (apt-get install python3-yaml)"
+            );
+            return;
+        }
+    };
+    let docs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let docs = docs.as_array().unwrap();
+    let kind = |k: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == k)
+            .unwrap_or_else(|| panic!("no {k}"))
+    };
+    let ds = kind("DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    let ctr = &pod["containers"][0];
+    assert_eq!(ctr["readinessProbe"]["httpGet"]["path"], "/healthz");
+    let toml = kind("ConfigMap")["data"]["penstock.toml"].as_str().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("penstock.toml");
+    std::fs::write(&p, toml).unwrap();
+    let cfg = penstock_server::ServerConfig::load(&p).unwrap();
+    assert!(!cfg.cluster.is_off());
+    assert_eq!(cfg.cluster.lease_ttl_ms, 5000);
+}
+
+/// deploy/systemd/penstock-haproxy-config.service passes `systemd-analyze verify` (its
+/// ExecStart pointed at the binary just built; its man page from `penstock man`).
+#[test]
+fn systemd_analyze_verify_accepts_the_haproxy_config_unit() {
+    if !common::tool("systemd-analyze", "--version") {
+        println!("SKIPPED: systemd-analyze not found (apt-get install systemd)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let unit =
+        std::fs::read_to_string(repo().join("deploy/systemd/penstock-haproxy-config.service"))
+            .unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/penstock cluster haproxy-config"));
+    assert!(unit.contains("--watch") && unit.contains("--master-socket"));
+    let path = d.path().join("penstock-haproxy-config.service");
+    std::fs::write(&path, unit.replace("/usr/local/bin/penstock", BIN)).unwrap();
+    let man1 = d.path().join("man/man1");
+    std::fs::create_dir_all(&man1).unwrap();
+    assert!(
+        Command::new(BIN)
+            .args(["man", "--dir"])
+            .arg(&man1)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let o = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .env("MANPATH", d.path().join("man"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    // verify exits 0 on unknown keys and bad values too, and says so on stderr.
+    let about_ours: Vec<&str> = err.lines().filter(|l| l.contains("penstock")).collect();
+    assert!(o.status.success() && about_ours.is_empty(), "{err}");
 }

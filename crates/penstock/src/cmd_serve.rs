@@ -27,7 +27,9 @@ use crate::service;
     on stdout by default ([log] access = stdout | off | FILE). Metrics: GET /metrics \
     (Prometheus text, or OpenMetrics when asked), also on [http] metrics_listen. Signals: \
     SIGTERM/SIGINT stop gracefully, SIGHUP reloads --config (limits, locations, [disk], \
-    listen, root), SIGUSR1 reopens the access log file (logrotate)."
+    listen, root), SIGUSR1 reopens the access log file (logrotate). Health: GET /healthz. \
+    Cluster: [cluster] etcd = \"http://HOST:2379\" registers this node in etcd with a lease \
+    (revoked on SIGTERM) and redirects opens it cannot admit (docs/cluster.md)."
 )]
 pub struct ServeArgs {
     /// Directory to serve (default: `[http] root` of the configuration, else the current

@@ -213,6 +213,31 @@ mod tests {
         );
     }
 
+    /// The commented `[cluster]` of docs/penstock.example.toml, uncommented, is a valid
+    /// section with the defaults' TTL, timeouts and prefix.
+    #[test]
+    fn the_example_cluster_section_is_valid() {
+        let ex = include_str!("../../../../docs/penstock.example.toml");
+        let start = ex.find("# [cluster]").expect("a [cluster] example");
+        let text: String = ex[start..]
+            .lines()
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c: crate::ServerConfig = toml::from_str(&text).unwrap();
+        c.cluster.check().unwrap();
+        let d = ClusterConfig::default();
+        assert_eq!(
+            (
+                c.cluster.lease_ttl_ms,
+                c.cluster.etcd_timeout_ms,
+                c.cluster.retry_max_ms
+            ),
+            (d.lease_ttl_ms, d.etcd_timeout_ms, d.retry_max_ms)
+        );
+        assert_eq!(c.cluster.prefix, d.prefix);
+    }
+
     #[test]
     fn lease_ttl_takes_a_duration() {
         let c: ClusterConfig =

@@ -250,6 +250,15 @@ fn nodes_register_leave_at_the_ttl_when_killed_and_at_once_when_stopped() {
     );
     assert_eq!(a.metric("penstock_cluster_membership"), 1.0);
     assert_eq!(a.metric("penstock_node_info{node=\"a\"}"), 1.0);
+    // a's own listing follows at its next refresh (every lease_ttl / 3).
+    assert!(
+        wait_for(Duration::from_secs(TTL_S * 2), || a
+            .metric("penstock_cluster_nodes")
+            == 3.0)
+        .is_some(),
+        "a lists 3 nodes"
+    );
+    common::assert_promtool_clean(&common::scrape(&a.http).unwrap());
 
     // SIGKILL: nothing revokes the lease; the node stays listed until it expires.
     let t_kill = Instant::now();

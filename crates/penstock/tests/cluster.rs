@@ -307,6 +307,23 @@ fn nodes_register_leave_at_the_ttl_when_killed_and_at_once_when_stopped() {
         .is_some(),
         "a registered again once etcd is back"
     );
+
+    // A lease revoked from outside (as if it had expired): a's next keepalive finds it
+    // gone, grants a new lease and puts its record again.
+    let client =
+        penstock_server::cluster::etcd::Etcd::new(&etcd.url, Duration::from_secs(2)).unwrap();
+    let (kvs, _) = client.range_prefix("/penstock/nodes/a").unwrap();
+    let old_lease = kvs[0].lease;
+    client.revoke(old_lease).unwrap();
+    assert!(listed(&etcd).is_empty());
+    assert!(
+        wait_for(Duration::from_secs(TTL_S * 3), || listed(&etcd)
+            == names(&["a"]))
+        .is_some(),
+        "a put its record again under a new lease"
+    );
+    let (kvs, _) = client.range_prefix("/penstock/nodes/a").unwrap();
+    assert_ne!(kvs[0].lease, old_lease);
 }
 
 /// The same bytes in every node's root: `f{i}.bin`, 256 KiB each, distinct.

@@ -33,6 +33,8 @@ pub enum EtcdError {
     },
     #[error("etcd {path}: unexpected reply: {why}")]
     Reply { path: String, why: String },
+    #[error("starting the membership thread: {0}")]
+    Spawn(std::io::Error),
 }
 
 /// A lease: its id and the TTL etcd granted (seconds).

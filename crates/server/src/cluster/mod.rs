@@ -151,10 +151,7 @@ impl Membership {
         let thread = std::thread::Builder::new()
             .name("cluster".into())
             .spawn(move || keeper.run(&s))
-            .map_err(|e| EtcdError::Reply {
-                path: "(thread)".into(),
-                why: e.to_string(),
-            })?;
+            .map_err(EtcdError::Spawn)?;
         Ok(Membership {
             view,
             stop,

@@ -845,3 +845,282 @@ fn the_end_of_the_media_sends_an_rtcp_bye() {
     let again = c.request("PLAY", &url, &[("Session", &id), ("Range", "npt=29-")]);
     assert_eq!(again.status, 200, "{again:?}");
 }
+
+/// Packets (arrival, sequence, timestamp, payload) until `quiet` passes without one (or
+/// `limit` in all).
+fn take_until_quiet(
+    rx: &Receiver,
+    quiet: Duration,
+    limit: Duration,
+) -> Vec<(Instant, u16, u32, Vec<u8>)> {
+    let t0 = Instant::now();
+    let mut last = Instant::now();
+    let mut v = Vec::new();
+    let mut b = [0u8; 2048];
+    while t0.elapsed() < limit && last.elapsed() < quiet {
+        if let Ok(n) = rx.rtp.recv(&mut b) {
+            last = Instant::now();
+            let (h, payload) = penstock_core::rtp::RtpHeader::parse(&b[..n]).unwrap();
+            v.push((last, h.sequence, h.timestamp, payload.to_vec()));
+        }
+    }
+    v
+}
+
+/// The `npt=` start of a PLAY reply's Range.
+fn npt_start(r: &Reply) -> f64 {
+    r.header("Range")
+        .and_then(|v| v.strip_prefix("npt="))
+        .and_then(|v| v.split('-').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no npt Range: {r:?}"))
+}
+
+/// Whether a TS packet's adaptation field sets random_access_indicator (a key frame).
+fn random_access(p: &[u8]) -> bool {
+    p[3] & 0x20 != 0 && p[4] >= 1 && p[5] & 0x40 != 0
+}
+
+/// Records `src` with `penstock record` (sent by `penstock stream` at 10 Mbit/s, 1316-byte
+/// datagrams) into `rec`, with its tracks beside it.
+fn record(src: &Path, rec: &Path) {
+    use std::io::BufRead;
+    let mut child = Command::new(BIN)
+        .args(["record", "udp-listen://127.0.0.1:0"])
+        .arg(rec)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| panic!("penstock record said {first:?}"))
+        .to_string();
+    let o = Command::new(BIN)
+        .arg("stream")
+        .arg(src)
+        .arg(format!("udp://{addr}"))
+        .args(["--rate", "10Mbit/s", "--unit", "1316"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "recorder did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// PLAY `Range: npt=20-` of a recording with its index tracks starts at the frame track's
+/// last independent frame at or before 20 s (`seek=track`); the same file without tracks
+/// starts at the last PCR at or before it (`seek=pcr`).
+#[test]
+fn play_seeks_by_a_recordings_frame_track_else_by_pcr() {
+    let Some(clip) = clip() else { return };
+    let src = std::fs::read(clip).unwrap();
+    let first_pcr = src.chunks_exact(TS).find_map(pcr).unwrap();
+    let s = serve(clip, "");
+    let rec = s.dir.path().join("rec.ts");
+    record(clip, &rec);
+    assert!(
+        std::fs::read(&rec).unwrap() == src,
+        "the recording is the clip, byte for byte"
+    );
+    // The frame track's entries (datagram indices: datagram n starts at byte 1316·n).
+    let o = Command::new(BIN)
+        .args(["tracks", rec.to_str().unwrap(), "--track", "frame"])
+        .output()
+        .unwrap();
+    let frames: Vec<usize> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split(',').next()?.parse().ok())
+        .collect();
+    assert!(frames.len() >= 25, "a key frame per second: {frames:?}");
+    // The media time of byte `offset`: its next PCR's (within a PCR interval).
+    let time_at = |offset: usize| {
+        let p = src[offset..]
+            .chunks_exact(TS)
+            .find_map(pcr)
+            .expect("a PCR after the start");
+        (p - first_pcr) as f64 / 27e6
+    };
+
+    for (path, seek) in [("rec.ts", "track"), ("clip.ts", "pcr")] {
+        let url = s.url(path);
+        let mut c = Client::connect(s.rtsp);
+        let rx = Receiver::new();
+        let setup = c.request("SETUP", &url, &[("Transport", &rx.transport())]);
+        assert_eq!(setup.status, 200, "{setup:?}");
+        let id = session_id(&setup);
+        let play = c.request("PLAY", &url, &[("Session", &id), ("Range", "npt=20-")]);
+        assert_eq!(play.status, 200, "{play:?}");
+        let (seq0, rtptime0) = rtp_info(&play);
+        let got = rx.take(Duration::from_millis(800));
+        assert!(got.len() > 5, "{path}: {} packets", got.len());
+        assert_eq!((got[0].0, got[0].1), (seq0, rtptime0), "{path}: RTP-Info");
+        let offset = src
+            .windows(got[0].2.len())
+            .position(|w| w == got[0].2.as_slice())
+            .expect("the first payload is source bytes");
+        let start_s = time_at(offset);
+        let npt = npt_start(&play);
+        println!("{path}: PLAY npt=20- started at byte {offset}, {start_s:.3} s (Range npt={npt})");
+        assert!(
+            (19.0..=20.0).contains(&start_s) && (19.0..=20.0).contains(&npt),
+            "{path}: started at {start_s:.3} s, Range npt={npt}: not within one GOP before 20 s"
+        );
+        let state = s.state_all();
+        let line = state
+            .iter()
+            .find(|l| l.starts_with(&format!("rtsp-{id} running path={path}")))
+            .unwrap_or_else(|| panic!("{path}: no running session in {state:?}"));
+        assert!(line.contains(&format!(" seek={seek} ")), "{line}");
+        if seek == "track" {
+            // A frame track entry, the last one at or before 20 s (the next is after it;
+            // media times here are the next PCR's, so within a PCR interval), and a key
+            // frame there.
+            assert!(
+                offset % 1316 == 0 && frames.contains(&(offset / 1316)),
+                "byte {offset} is no frame track entry"
+            );
+            let next = frames.iter().find(|&&f| f * 1316 > offset).unwrap();
+            assert!(
+                time_at(next * 1316) > 19.9,
+                "the next key frame, at {:.3} s, was not after 20 s",
+                time_at(next * 1316)
+            );
+            assert!(
+                got[0].2.chunks_exact(TS).any(random_access),
+                "the first packet holds no random-access TS packet"
+            );
+        }
+        assert_eq!(c.request("TEARDOWN", &url, &[("Session", &id)]).status, 200);
+    }
+}
+
+/// `Scale: 2` plays the last 10 s of the clip in about half the wall time of `Scale: 1` (same
+/// run), with media-time RTP timestamps; the reply names the scale; zero, negative and
+/// above-`scale_max` scales are 451; a scale whose bit rate admission cannot carry is 453
+/// and the session keeps playing at scale 1 after.
+#[test]
+fn scale_plays_faster_within_scale_max_and_admission() {
+    let Some(clip) = clip() else { return };
+    let bytes = std::fs::metadata(clip).unwrap().len();
+    // Room for the clip at 3× its bit rate (RTP headers and no per-packet overhead): scale 2
+    // fits, scale 4 does not.
+    let net = bytes * 3 / u64::from(CLIP_S);
+    let s = serve(
+        clip,
+        &format!(
+            "scale_max = 4\n[admission]\nnet_bytes_per_s = {net}\nnet_packet_overhead_bytes = 0\nbulk_share_percent = 0\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\ndisk_random_iops = 100000\n"
+        ),
+    );
+    let url = s.url("clip.ts");
+    let mut c = Client::connect(s.rtsp);
+    let rx = Receiver::new();
+    let setup = c.request("SETUP", &url, &[("Transport", &rx.transport())]);
+    assert_eq!(setup.status, 200, "{setup:?}");
+    let id = session_id(&setup);
+    for bad in ["0", "-1", "5", "-0.5"] {
+        let r = c.request("PLAY", &url, &[("Session", &id), ("Scale", bad)]);
+        assert_eq!(r.status, 451, "Scale {bad}: {r:?}");
+        assert!(r.body.contains("Scale"), "{}", r.body);
+    }
+    let mut runs = Vec::new();
+    for scale in ["1", "2"] {
+        let play = c.request(
+            "PLAY",
+            &url,
+            &[("Session", &id), ("Range", "npt=20-"), ("Scale", scale)],
+        );
+        assert_eq!(play.status, 200, "{play:?}");
+        assert_eq!(play.header("Scale"), Some(scale), "{play:?}");
+        let got = take_until_quiet(&rx, Duration::from_millis(1500), Duration::from_secs(30));
+        assert!(got.len() > 50, "Scale {scale}: {} packets", got.len());
+        let wall = got.last().unwrap().0 - got[0].0;
+        let media = got.last().unwrap().2.wrapping_sub(got[0].2) as f64 / 90_000.0;
+        println!(
+            "Scale {scale}: {} packets, {media:.3} s of media in {:.3} s",
+            got.len(),
+            wall.as_secs_f64()
+        );
+        runs.push((wall.as_secs_f64(), media, got.len()));
+    }
+    let (w1, m1, n1) = runs[0];
+    let (w2, m2, n2) = runs[1];
+    assert_eq!(n1, n2, "the same packets at either scale");
+    assert!(
+        (m2 / m1 - 1.0).abs() < 0.01,
+        "RTP timestamps stay media time: {m1:.3} s at scale 1, {m2:.3} s at scale 2"
+    );
+    let ratio = w2 / w1;
+    assert!(
+        (0.35..=0.7).contains(&ratio),
+        "scale 2 took {w2:.3} s against {w1:.3} s at scale 1 (ratio {ratio:.3})"
+    );
+    // Scale 4 needs 4× the bit rate: admission refuses it; the session is stopped, keeps
+    // its reservation, and plays at scale 1 again.
+    let r = c.request(
+        "PLAY",
+        &url,
+        &[("Session", &id), ("Range", "npt=20-"), ("Scale", "4")],
+    );
+    assert_eq!(r.status, 453, "{r:?}");
+    assert!(r.body.contains("Scale 4"), "{}", r.body);
+    assert_eq!(s.metric("penstock_admission_reservations"), 1.0);
+    let r = c.request(
+        "PLAY",
+        &url,
+        &[("Session", &id), ("Range", "npt=28-"), ("Scale", "1")],
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("Scale"), Some("1"));
+    assert!(!rx.take(Duration::from_millis(500)).is_empty());
+}
+
+/// GStreamer over interleaved TCP sends its RTCP receiver reports on the connection: they
+/// reach the same metrics as UDP reports (count and jitter per class).
+#[test]
+fn gstreamer_receiver_reports_over_tcp_reach_the_metrics() {
+    let Some(clip) = clip() else { return };
+    if !common::tool("gst-launch-1.0", "--version") {
+        println!("SKIPPED: gst-launch-1.0 not found (gstreamer1.0-tools, plugins good and bad)");
+        return;
+    }
+    let s = serve(clip, "");
+    let reports = "penstock_rtcp_receiver_reports_total{class=\"rt\"}";
+    assert_eq!(s.metric(reports), 0.0);
+    let mut gst = Command::new("gst-launch-1.0")
+        .args(["-q", "rtspsrc", "protocols=tcp"])
+        .arg(format!("location={}", s.url("clip.ts")))
+        .args(["!", "rtpmp2tdepay", "!", "fakesink"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let mut n = 0.0;
+    while t0.elapsed() < Duration::from_secs(25) && n < 2.0 {
+        std::thread::sleep(Duration::from_millis(200));
+        n = s.metric(reports);
+    }
+    let state = s.state_all();
+    let _ = gst.kill();
+    let _ = gst.wait();
+    assert!(
+        state.iter().any(|l| l.contains("transport=tcp")),
+        "GStreamer played over TCP: {state:?}"
+    );
+    let jitters = s.metric("penstock_rtcp_jitter_seconds_count{class=\"rt\"}");
+    println!("{n} receiver reports over TCP, {jitters} jitter samples");
+    assert!(n >= 2.0, "{n} receiver reports over TCP within 25 s");
+    assert!(jitters >= n, "{jitters} jitter samples for {n} reports");
+}

@@ -66,6 +66,30 @@ pub struct Media {
     key: (u64, u64, u64, i64),
     pub pid: PcrPid,
     pub plan: TsPlan,
+    /// Where a recording's frame track says independent frames begin: the plan's units that
+    /// hold them, in order (`None`: no usable tracks beside the file; seeks go by PCR).
+    pub keys: Option<Vec<usize>>,
+}
+
+/// How a PLAY found its start (`seek=` in `STATE *`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seek {
+    /// No Range: from the start (or where a pause stopped).
+    Start,
+    /// By the recording's frame track: the last independent frame at or before the time.
+    Track,
+    /// By PCR search: the last PCR at or before the time.
+    Pcr,
+}
+
+impl Seek {
+    pub fn word(self) -> &'static str {
+        match self {
+            Seek::Start => "start",
+            Seek::Track => "track",
+            Seek::Pcr => "pcr",
+        }
+    }
 }
 
 impl Media {
@@ -78,6 +102,23 @@ impl Media {
         let d = self.plan.duration_ns();
         let gaps = self.plan.units.len().saturating_sub(1).max(1) as u64;
         d.saturating_add(d.div_ceil(gaps))
+    }
+
+    /// What to send to play from `from_ns` (`None`: the start), and how its start was found:
+    /// by the frame track where the file is a recording with tracks (the unit holding the
+    /// last independent frame at or before `from_ns`; the start when none is), else by PCR.
+    pub fn playback(&self, from_ns: Option<u64>) -> (penstock_core::track::Playback, Seek) {
+        match (from_ns, &self.keys) {
+            (None, _) => (self.plan.playback_from(None), Seek::Start),
+            (Some(t), Some(keys)) => {
+                let n = keys.partition_point(|&k| {
+                    self.plan.units.get(k).is_some_and(|u| u.offset_ns <= t)
+                });
+                let first = n.checked_sub(1).map_or(0, |i| keys[i]);
+                (self.plan.playback_at_unit(first), Seek::Track)
+            }
+            (Some(t), None) => (self.plan.playback_from(Some(t)), Seek::Pcr),
+        }
     }
 }
 
@@ -129,6 +170,8 @@ struct Playing {
     rtcp_lost_seen: i64,
     /// When the stream ended (the BYE follows [`BYE_DELAY`] later).
     ended_at: Option<Instant>,
+    /// How its start was found.
+    seek: Seek,
 }
 
 /// What a session plays.
@@ -166,6 +209,8 @@ pub struct Session {
     base: Packetizer,
     /// The sequence number of the next packet after the last stream.
     next_sequence: u16,
+    /// The scale of the last PLAY (`Scale`; kept by a PLAY without one).
+    scale: penstock_core::track::Speed,
     admitted: Option<Admitted>,
     playing: Option<Playing>,
     last_seen: Instant,
@@ -244,6 +289,17 @@ pub(crate) fn random_u64() -> u64 {
         b = t.to_ne_bytes();
     }
     u64::from_ne_bytes(b)
+}
+
+/// A scale as RTSP writes it: `2`, `0.5`, `1.25`.
+pub(crate) fn scale_text(s: penstock_core::track::Speed) -> String {
+    let whole = s.num() / s.den();
+    let frac = s.num() % s.den();
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let t = format!("{:.6}", s.num() as f64 / s.den() as f64);
+    t.trim_end_matches('0').to_string()
 }
 
 /// The wall clock as a 64-bit NTP timestamp (sender reports).
@@ -529,8 +585,13 @@ impl RtspShared {
                     let c = p.handle.counters();
                     let l = p.handle.lateness();
                     line += &format!(
-                        " sent={} units={} late_max_ns={} misses={}",
-                        c.bytes_sent, c.units_sent, l.max_ns, l.misses
+                        " sent={} units={} late_max_ns={} misses={} seek={} scale={}",
+                        c.bytes_sent,
+                        c.units_sent,
+                        l.max_ns,
+                        l.misses,
+                        p.seek.word(),
+                        scale_text(p.packetizer.scale)
                     );
                 }
                 (s.id.clone(), line)
@@ -563,8 +624,67 @@ impl RtspShared {
         }
     }
 
+    /// The units of a recording's independent frames, from the frame track beside `path`
+    /// (`PATH.time`, `.packet`, `.frame`, opened beneath the root like the media); `None`
+    /// when there are no tracks or they cannot be read (seeks then go by PCR). Tracks that
+    /// disagree with the media are used up to their readable prefix, as `--timing tracks`
+    /// does.
+    fn track_keys(&self, path: &str, media_len: u64, plan: &TsPlan) -> Option<Vec<usize>> {
+        use std::io::Read;
+        let read = |p: &std::path::Path| -> io::Result<Vec<u8>> {
+            let rel = p
+                .to_str()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not UTF-8"))?;
+            match self.root.open_path(rel) {
+                Ok(confine::Opened::File { mut file, .. }) => {
+                    let mut v = Vec::new();
+                    file.read_to_end(&mut v)?;
+                    Ok(v)
+                }
+                _ => Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "no such file beneath the root",
+                )),
+            }
+        };
+        let rec = match penstock_driver::record::load_tracks_with(
+            std::path::Path::new(path),
+            media_len,
+            self.cfg.plan_entries_max,
+            read,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!("rtsp {path}: no index tracks, seeks go by PCR: {e}");
+                return None;
+            }
+        };
+        let readable = rec.report.readable_packets;
+        let mut keys: Vec<usize> = rec
+            .frame
+            .records
+            .iter()
+            .filter(|f| f.packet_index < readable)
+            .map(|f| plan.unit_at_offset(f.media_offset_bytes))
+            .collect();
+        keys.dedup();
+        if keys.is_empty() {
+            tracing::debug!("rtsp {path}: the frame track has no entry, seeks go by PCR");
+            return None;
+        }
+        tracing::debug!(
+            "rtsp {path}: seeks go by the frame track ({} independent frames)",
+            keys.len()
+        );
+        Some(keys)
+    }
+
     /// The plan of an opened file, from the cache when the file is unchanged.
-    fn media_for(&self, file: &File) -> Result<Arc<Media>, penstock_driver::media::MediaError> {
+    fn media_for(
+        &self,
+        file: &File,
+        path: &str,
+    ) -> Result<Arc<Media>, penstock_driver::media::MediaError> {
         let m = file.metadata()?;
         let key = (
             m.dev(),
@@ -584,7 +704,13 @@ impl RtspShared {
             ..PcrLimits::default()
         };
         let (pid, plan) = penstock_driver::media::pcr_plan(file, &limits)?;
-        let media = Arc::new(Media { key, pid, plan });
+        let keys = self.track_keys(path, m.len(), &plan);
+        let media = Arc::new(Media {
+            key,
+            pid,
+            plan,
+            keys,
+        });
         let mut c = self.media.lock().unwrap_or_else(|p| p.into_inner());
         c.entries.retain(|e| e.key.0 != key.0 || e.key.1 != key.1);
         c.entries.push_front(media.clone());
@@ -651,6 +777,13 @@ impl RtspShared {
             octets: l.sub.octets.load(Ordering::Acquire),
         };
         let ended = l.sub.ended.load(Ordering::Acquire);
+        if let Some(rtcp) = &l.tcp_rtcp {
+            let st = rtcp.stats();
+            if st.reports > l.rtcp_reports_seen {
+                self.metrics.rtcp_report("rt", st, &mut l.rtcp_lost_seen);
+                l.rtcp_reports_seen = st.reports;
+            }
+        }
         if let Some(link) = &mut l.link {
             if ended {
                 if let Err(e) = link.finish(counts, "end of live source") {
@@ -730,6 +863,14 @@ impl RtspShared {
                     self.metrics.rtcp_report("rt", st, &mut p.rtcp_lost_seen);
                     p.rtcp_reports_seen = st.reports;
                 }
+            }
+        }
+        // Interleaved: receiver reports came in on the connection (`conn.rs`, `rtcp_in`).
+        if let Some(rtcp) = &p.tcp_rtcp {
+            let st = rtcp.stats();
+            if st.reports > p.rtcp_reports_seen {
+                self.metrics.rtcp_report("rt", st, &mut p.rtcp_lost_seen);
+                p.rtcp_reports_seen = st.reports;
             }
         }
         // Interleaved: sender reports go through the relay like the RTP packets (the

@@ -657,8 +657,11 @@ fn bad_requests_get_their_codes() {
         455,
         "PAUSE before PLAY"
     );
-    let scale = c.request("PLAY", &url, &[("Session", &id), ("Scale", "2")]);
+    // Above scale_max (4 by default): 451 (scale_plays_faster_within_scale_max_and_admission
+    // tests the scales served).
+    let scale = c.request("PLAY", &url, &[("Session", &id), ("Scale", "9")]);
     assert_eq!(scale.status, 451, "{scale:?}");
+    assert!(scale.body.contains("rtsp.scale_max 4"), "{}", scale.body);
     let past = c.request("PLAY", &url, &[("Session", &id), ("Range", "npt=99-")]);
     assert_eq!(past.status, 457, "{past:?}");
     let full = c.request("SETUP", &url, &[("Transport", &tr)]);

@@ -49,6 +49,8 @@ const PAUSE_WAIT: Duration = Duration::from_millis(500);
 struct Relay {
     session: String,
     socket: UnixDatagram,
+    /// The reaper's RTCP for this session, written after the pair is drained.
+    rtcp_out: super::RtcpOut,
     channels: (u8, u8),
 }
 
@@ -110,6 +112,7 @@ impl Conn<'_> {
             for i in relay_ready {
                 self.forward(i)?;
             }
+            self.forward_rtcp()?;
             if tcp_ready {
                 let n = match self.stream.read(&mut chunk) {
                     Ok(0) => {
@@ -198,7 +201,8 @@ impl Conn<'_> {
 
     /// Writes the datagrams waiting in relay `i` as interleaved frames: RTP on the first
     /// channel, RTCP (second byte 200..=204, RFC 5761's rule) on the second.
-    fn forward(&mut self, i: usize) -> io::Result<()> {
+    /// Returns whether the relay is drained (else: `FRAMES_PER_TURN_MAX` were written).
+    fn forward(&mut self, i: usize) -> io::Result<bool> {
         if self.frame.is_empty() {
             self.frame = vec![0u8; 4 + usize::from(u16::MAX)];
         }
@@ -206,7 +210,7 @@ impl Conn<'_> {
         for _ in 0..FRAMES_PER_TURN_MAX {
             let n = match self.relays[i].socket.recv(&mut frame[4..]) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
                 Err(e) => return Err(e),
             };
             let (rtp_ch, rtcp_ch) = self.relays[i].channels;
@@ -215,6 +219,40 @@ impl Conn<'_> {
             frame[1] = if is_rtcp { rtcp_ch } else { rtp_ch };
             frame[2..4].copy_from_slice(&(n as u16).to_be_bytes());
             self.stream.write_all(&frame[..4 + n])?;
+        }
+        Ok(false)
+    }
+
+    /// Writes the reaper's RTCP packets (sender reports, the BYE) of each relay on its RTCP
+    /// channel, after the RTP packets already in its pair (a BYE never overtakes them).
+    fn forward_rtcp(&mut self) -> io::Result<()> {
+        for i in 0..self.relays.len() {
+            if self.relays[i]
+                .rtcp_out
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+                || !self.forward(i)?
+            {
+                continue;
+            }
+            let packets: Vec<Vec<u8>> = self.relays[i]
+                .rtcp_out
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .drain(..)
+                .collect();
+            let ch = self.relays[i].channels.1;
+            for p in packets {
+                let Ok(len) = u16::try_from(p.len()) else {
+                    continue;
+                };
+                let mut f = Vec::with_capacity(4 + p.len());
+                f.extend_from_slice(&[b'$', ch]);
+                f.extend_from_slice(&len.to_be_bytes());
+                f.extend_from_slice(&p);
+                self.stream.write_all(&f)?;
+            }
         }
         Ok(())
     }
@@ -426,14 +464,17 @@ impl Conn<'_> {
                 if let Err(e) = conn_end.set_nonblocking(true) {
                     return text(500, cseq, &format!("socket pair: {e}"));
                 }
+                let rtcp_out = super::RtcpOut::default();
                 self.relays.push(Relay {
                     session: String::new(),
                     socket: conn_end,
+                    rtcp_out: rtcp_out.clone(),
                     channels: (rtp_channel, rtcp_channel),
                 });
                 (
                     Transport::Interleaved {
                         engine_end,
+                        rtcp_out,
                         channels: (rtp_channel, rtcp_channel),
                         conn_id: self.id,
                     },

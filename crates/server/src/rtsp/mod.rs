@@ -144,10 +144,32 @@ pub enum Transport {
     /// from the other end and writes the frames (docs/rtsp.md, "Interleaved writes").
     Interleaved {
         engine_end: UnixDatagram,
+        /// RTCP from the reaper (sender reports, the BYE), written by the connection thread
+        /// once the pair is drained: the reaper never waits on a client's socket.
+        rtcp_out: RtcpOut,
         channels: (u8, u8),
         /// The connection that carries it (the session ends with it).
         conn_id: u64,
     },
+}
+
+/// RTCP packets waiting for an interleaved session's connection thread (at most
+/// [`RTCP_OUT_MAX`]; the oldest is dropped beyond).
+pub(crate) type RtcpOut = Arc<Mutex<VecDeque<Vec<u8>>>>;
+/// RTCP packets an interleaved session may have waiting for its connection.
+const RTCP_OUT_MAX: usize = 8;
+
+/// Queues an RTCP packet for an interleaved session's connection thread (which frames it on
+/// the RTCP channel after the RTP packets already in the pair). Never waits: the reaper
+/// holds the session's lock, and the connection thread may need that lock to go on (a
+/// blocking send into a full pair, with the connection thread waiting for the lock, would
+/// stop both).
+fn queue_rtcp(out: &RtcpOut, packet: &[u8]) {
+    let mut q = out.lock().unwrap_or_else(|p| p.into_inner());
+    if q.len() >= RTCP_OUT_MAX {
+        q.pop_front();
+    }
+    q.push_back(packet.to_vec());
 }
 
 /// A session being played: its engine stream and what it was started with.
@@ -801,7 +823,7 @@ impl RtspShared {
                 }
             }
         }
-        if let (Some(rtcp), Transport::Interleaved { engine_end, .. }) =
+        if let (Some(rtcp), Transport::Interleaved { rtcp_out, .. }) =
             (&mut l.tcp_rtcp, &s.transport)
             && !l.sub.paused.load(Ordering::Acquire)
         {
@@ -822,7 +844,7 @@ impl RtspShared {
                 rtcp.poll_report(now, &info, &mut out)
             };
             if let Ok(Some(n)) = r {
-                let _ = engine_end.send(&out[..n]);
+                queue_rtcp(rtcp_out, &out[..n]);
             }
         }
         if ended {
@@ -875,7 +897,7 @@ impl RtspShared {
         }
         // Interleaved: sender reports go through the relay like the RTP packets (the
         // connection thread frames them on the RTCP channel).
-        if let (Some(rtcp), Transport::Interleaved { engine_end, .. }, None, None) =
+        if let (Some(rtcp), Transport::Interleaved { rtcp_out, .. }, None, None) =
             (&mut p.tcp_rtcp, &s.transport, p.ended_at, p.paused_at)
         {
             let now = penstock_driver::clock::now();
@@ -890,8 +912,7 @@ impl RtspShared {
             };
             let mut out = [0u8; 1500];
             if let Ok(Some(n)) = rtcp.poll_report(now, &info, &mut out) {
-                // A full relay drops the report: the next one follows.
-                let _ = engine_end.send(&out[..n]);
+                queue_rtcp(rtcp_out, &out[..n]);
             }
         }
         if p.ended_at.is_none() {
@@ -924,7 +945,7 @@ impl RtspShared {
         {
             tracing::debug!("rtsp session {}: RTCP BYE not sent: {e}", s.id);
         }
-        if let (Some(rtcp), Transport::Interleaved { engine_end, .. }) =
+        if let (Some(rtcp), Transport::Interleaved { rtcp_out, .. }) =
             (&mut p.tcp_rtcp, &s.transport)
         {
             let info = penstock_core::rtp::rtcp::SenderInfo {
@@ -937,7 +958,7 @@ impl RtspShared {
             };
             let mut out = [0u8; 1500];
             if let Ok(Some(n)) = rtcp.end(&info, "end of stream", &mut out) {
-                let _ = engine_end.send(&out[..n]);
+                queue_rtcp(rtcp_out, &out[..n]);
             }
         }
         s.next_sequence = p.packetizer.sequence(counts.packets);

@@ -916,7 +916,10 @@ fn record(src: &Path, rec: &Path) {
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let t0 = Instant::now();
     while child.try_wait().unwrap().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "recorder did not exit");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "recorder did not exit"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

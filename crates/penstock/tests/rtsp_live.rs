@@ -392,9 +392,7 @@ fn a_live_source_reaches_two_clients_and_its_recording_byte_for_byte() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (got, bye) = rx.take(Duration::from_secs(
-        u64::from(CLIP_S) + IDLE_TIMEOUT_S + 10,
-    ));
+    let (got, bye) = rx.take(Duration::from_secs(u64::from(CLIP_S) + IDLE_TIMEOUT_S + 10));
     let out = sender.wait_with_output().unwrap();
     assert!(
         out.status.success(),

@@ -375,7 +375,10 @@ fn a_scaled_packetizer_stamps_media_time() {
     let s = Speed::from_ratio(3, 1).unwrap();
     for media_ns in [0u64, 1, 333, 11_111_111, 40_000_001, 29_999_999_999] {
         let back = s.media_ns(s.scale_ns(media_ns));
-        assert!(back >= media_ns && back - media_ns < 3, "{media_ns} → {back}");
+        assert!(
+            back >= media_ns && back - media_ns < 3,
+            "{media_ns} → {back}"
+        );
     }
     assert!(Speed::from_ratio(0, 1).is_none());
     assert!(Speed::from_ratio(1, 0).is_none());

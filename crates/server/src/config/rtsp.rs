@@ -182,7 +182,9 @@ impl RtspConfig {
         if self.media_cached_max == 0 || self.plan_entries_max == 0 {
             return bad("rtsp.media_cached_max and rtsp.plan_entries_max must be above 0".into());
         }
-        if self.scale_max == 0 || u64::from(self.scale_max) > penstock_core::track::playback::SPEED_MAX {
+        if self.scale_max == 0
+            || u64::from(self.scale_max) > penstock_core::track::playback::SPEED_MAX
+        {
             return bad(format!(
                 "rtsp.scale_max must be 1 ..= {}",
                 penstock_core::track::playback::SPEED_MAX

@@ -753,10 +753,7 @@ impl Conn<'_> {
                 return Err(match e {
                     StreamError::Refused(_) | StreamError::TooManyStreams(_) => {
                         self.shared.metrics.error("rtsp_admission_refused");
-                        fail(
-                            453,
-                            format!("Scale {}: {e}", super::scale_text(scale)),
-                        )
+                        fail(453, format!("Scale {}: {e}", super::scale_text(scale)))
                     }
                     e => fail(500, format!("{e}")),
                 });

@@ -111,9 +111,8 @@ impl Media {
         match (from_ns, &self.keys) {
             (None, _) => (self.plan.playback_from(None), Seek::Start),
             (Some(t), Some(keys)) => {
-                let n = keys.partition_point(|&k| {
-                    self.plan.units.get(k).is_some_and(|u| u.offset_ns <= t)
-                });
+                let n = keys
+                    .partition_point(|&k| self.plan.units.get(k).is_some_and(|u| u.offset_ns <= t));
                 let first = n.checked_sub(1).map_or(0, |i| keys[i]);
                 (self.plan.playback_at_unit(first), Seek::Track)
             }

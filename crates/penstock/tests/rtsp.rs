@@ -50,12 +50,31 @@ impl Drop for Served {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(self.log_path());
     }
 }
 
 impl Served {
     fn url(&self, path: &str) -> String {
         format!("rtsp://{}/{path}", self.rtsp)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "penstock-rtsp-serve-{}-{}.log",
+            std::process::id(),
+            self.dir.path().file_name().unwrap().to_string_lossy()
+        ))
+    }
+
+    /// The server's debug log's RTSP lines so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("rtsp"))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// The control protocol's `STATE *` lines after `AUTH`.
@@ -115,12 +134,20 @@ fn serve(clip: &Path, rtsp_extra: &str) -> Served {
         ),
     )
     .unwrap();
+    // The server's debug log, for failure messages (`Served::log`).
+    let log = std::fs::File::create(std::env::temp_dir().join(format!(
+        "penstock-rtsp-serve-{}-{}.log",
+        std::process::id(),
+        dir.path().file_name().unwrap().to_string_lossy()
+    )))
+    .unwrap();
     let mut child = Command::new(BIN)
         .args(["serve", "--no-control-unix", "--config"])
         .arg(&conf)
         .arg(dir.path())
+        .env("PENSTOCK_LOG", "penstock_server=debug")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap();
     let line = common::start_line(&mut child);
@@ -287,7 +314,11 @@ fn players_play_the_clip_to_its_end() {
     }
     for (name, file, h) in handles {
         let (ok, elapsed, log) = h.join().unwrap();
-        assert!(ok, "{name} failed after {elapsed:?}: {log}");
+        assert!(
+            ok,
+            "{name} failed after {elapsed:?}: {log}\nserver log:\n{}",
+            s.log()
+        );
         println!("{name}: exited 0 after {:.1} s", elapsed.as_secs_f64());
         let Some(file) = file else { continue };
         let got = std::fs::read(&file).unwrap();
@@ -1129,4 +1160,169 @@ fn gstreamer_receiver_reports_over_tcp_reach_the_metrics() {
     println!("{n} receiver reports over TCP, {jitters} jitter samples");
     assert!(n >= 2.0, "{n} receiver reports over TCP within 25 s");
     assert!(jitters >= n, "{jitters} jitter samples for {n} reports");
+}
+
+/// A client connected with a small receive buffer (its frames back up quickly).
+fn connect_small_rcvbuf(addr: SocketAddr) -> Client {
+    use rustix::net::{AddressFamily, SocketType, sockopt};
+    let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+    sockopt::set_socket_recv_buffer_size(&fd, 4096).unwrap();
+    rustix::net::connect(&fd, &addr).unwrap();
+    let s = TcpStream::from(fd);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    Client {
+        s,
+        cseq: 0,
+        buf: Vec::new(),
+    }
+}
+
+/// Reads an interleaved connection until the reply to `cseq` (frames skipped and counted:
+/// RTP on channel 0, RTCP on channel 1), or `None` when nothing comes for 10 s.
+fn reply_among_frames(c: &mut Client, cseq: u32) -> Option<(Reply, usize, usize)> {
+    let (mut rtp, mut rtcp) = (0, 0);
+    loop {
+        while c.buf.first() == Some(&b'$') && c.buf.len() >= 4 {
+            let len = usize::from(u16::from_be_bytes([c.buf[2], c.buf[3]]));
+            if c.buf.len() < 4 + len {
+                break;
+            }
+            if c.buf[1] == 0 {
+                rtp += 1
+            } else {
+                rtcp += 1
+            }
+            c.buf.drain(..4 + len);
+        }
+        if c.buf.first().is_some_and(|&b| b != b'$')
+            && let Some(end) = c.buf.windows(4).position(|w| w == b"\r\n\r\n")
+        {
+            let head = String::from_utf8_lossy(&c.buf[..end]).into_owned();
+            c.buf.drain(..end + 4);
+            let status = head.split(' ').nth(1)?.parse().ok()?;
+            let r = Reply {
+                status,
+                head,
+                body: String::new(),
+            };
+            if r.header("CSeq") == Some(cseq.to_string().as_str()) {
+                return Some((r, rtp, rtcp));
+            }
+            continue;
+        }
+        let mut b = [0u8; 65536];
+        let n = c.s.read(&mut b).ok()?;
+        if n == 0 {
+            return None;
+        }
+        c.buf.extend_from_slice(&b[..n]);
+    }
+}
+
+/// An interleaved client that stops reading backs its session's frames up into the
+/// server's socket pair; the reaper (sender reports every 100 ms here) must not wait on it:
+/// another session still gets its end-of-media BYE, and once the client reads again its
+/// keep-alive is answered and its frames flow (RTCP among them).
+#[test]
+fn a_stalled_interleaved_client_holds_back_neither_the_reaper_nor_its_connection() {
+    let Some(clip) = clip() else { return };
+    let s = serve(
+        clip,
+        "rtcp_interval_ms = \"100ms\"\nsend_timeout_ms = \"60s\"\n[admission]\nnet_bytes_per_s = 1000000000\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\ndisk_random_iops = 100000\n",
+    );
+    // A 10 Mbit/s clip, played at scale 4: 5 MB/s backs up TCP's buffers (up to 4 MiB
+    // here) within a second or two, then the pair (10 datagrams: net.unix.max_dgram_qlen).
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi"])
+        .args(["-i", "testsrc=size=320x240:rate=25", "-t", "10"])
+        .args([
+            "-c:v",
+            "mpeg2video",
+            "-b:v",
+            "8M",
+            "-minrate",
+            "8M",
+            "-maxrate",
+            "8M",
+        ])
+        .args([
+            "-bufsize", "2M", "-g", "25", "-muxrate", "10M", "-f", "mpegts",
+        ])
+        .arg(s.dir.path().join("fast.ts"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let fast = s.url("fast.ts");
+    let url = s.url("clip.ts");
+    let mut tcp = connect_small_rcvbuf(s.rtsp);
+    let setup = tcp.request(
+        "SETUP",
+        &fast,
+        &[("Transport", "RTP/AVP/TCP;unicast;interleaved=0-1")],
+    );
+    assert_eq!(setup.status, 200, "{setup:?}");
+    let tcp_id = session_id(&setup);
+    let play = tcp.request("PLAY", &fast, &[("Session", &tcp_id), ("Scale", "4")]);
+    assert_eq!(play.status, 200, "{play:?}");
+    // Not read from now on: TCP's buffers, then the session's pair, fill.
+    std::thread::sleep(Duration::from_secs(3));
+
+    // Another session, over UDP, to the end of the media: its BYE comes from the reaper.
+    let mut c = Client::connect(s.rtsp);
+    let rx = Receiver::new();
+    let setup = c.request("SETUP", &url, &[("Transport", &rx.transport())]);
+    let id = session_id(&setup);
+    let play = c.request("PLAY", &url, &[("Session", &id), ("Range", "npt=29-")]);
+    assert_eq!(play.status, 200, "{play:?}");
+    let t0 = Instant::now();
+    let mut bye = false;
+    let mut b = [0u8; 2048];
+    while !bye && t0.elapsed() < Duration::from_secs(8) {
+        let _ = rx.rtp.recv(&mut b);
+        while let Ok(n) = rx.rtcp.recv(&mut b) {
+            let mut at = 0;
+            while at + 4 <= n {
+                bye |= b[at + 1] == 203;
+                at += 4 * (usize::from(u16::from_be_bytes([b[at + 2], b[at + 3]])) + 1);
+            }
+        }
+    }
+    assert!(
+        bye,
+        "no BYE for the UDP session while the TCP client stalled"
+    );
+
+    // The stalled client asks for a keep-alive, then reads again: answered, frames flow.
+    tcp.cseq += 1;
+    let cseq = tcp.cseq;
+    tcp.s
+        .write_all(
+            format!("GET_PARAMETER {fast} RTSP/1.0\r\nCSeq: {cseq}\r\nSession: {tcp_id}\r\n\r\n")
+                .as_bytes(),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let (r, rtp, rtcp) = reply_among_frames(&mut tcp, cseq).expect("no reply to GET_PARAMETER");
+    assert_eq!(r.status, 200, "{r:?}");
+    println!("after the stall: {rtp} RTP and {rtcp} RTCP frames before the keep-alive's reply");
+    assert!(rtp > 0, "no RTP frames after the stall");
+    let (r, _, rtcp_after) = {
+        tcp.cseq += 1;
+        let cseq = tcp.cseq;
+        tcp.s
+            .write_all(
+                format!(
+                    "GET_PARAMETER {fast} RTSP/1.0\r\nCSeq: {cseq}\r\nSession: {tcp_id}\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        reply_among_frames(&mut tcp, cseq).expect("no reply to the second GET_PARAMETER")
+    };
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        rtcp + rtcp_after > 0,
+        "no sender report framed on the RTCP channel"
+    );
 }

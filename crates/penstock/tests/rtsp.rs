@@ -36,6 +36,14 @@ fn clip() -> Option<&'static Path> {
 
 const CONTROL_TOKEN: &str = "rtsp-test-token-rtsp-test-token";
 
+/// The tests that measure timing or packet counts against real players, and the one that
+/// pushes 5 MB/s through loopback, one at a time: on 2 CPUs one beside another was noise in
+/// both (a GStreamer player short of packets, a pause's tail late).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A running `penstock serve` with the clip in its root.
 struct Served {
     child: Child,
@@ -243,6 +251,7 @@ fn run_player(mut cmd: Command, limit: Duration) -> (bool, Duration, String) {
 /// with the bytes the module doc says.
 #[test]
 fn players_play_the_clip_to_its_end() {
+    let _serial = serial();
     let Some(clip) = clip() else { return };
     let src = std::fs::read(clip).unwrap();
     let s = serve(clip, "");
@@ -519,6 +528,7 @@ fn rtp_info(r: &Reply) -> (u16, u32) {
 /// Seeking, pausing and resuming, tearing down — checked on the packets themselves.
 #[test]
 fn seek_pause_resume_and_teardown_as_a_scripted_client_sees_them() {
+    let _serial = serial();
     let Some(clip) = clip() else { return };
     let src = std::fs::read(clip).unwrap();
     let first_pcr = src.chunks_exact(TS).find_map(pcr).unwrap();
@@ -1054,6 +1064,7 @@ fn play_seeks_by_a_recordings_frame_track_else_by_pcr() {
 /// and the session keeps playing at scale 1 after.
 #[test]
 fn scale_plays_faster_within_scale_max_and_admission() {
+    let _serial = serial();
     let Some(clip) = clip() else { return };
     let bytes = std::fs::metadata(clip).unwrap().len();
     // Room for the clip at 3× its bit rate (RTP headers and no per-packet overhead): scale 2
@@ -1230,6 +1241,7 @@ fn reply_among_frames(c: &mut Client, cseq: u32) -> Option<(Reply, usize, usize)
 /// keep-alive is answered and its frames flow (RTCP among them).
 #[test]
 fn a_stalled_interleaved_client_holds_back_neither_the_reaper_nor_its_connection() {
+    let _serial = serial();
     let Some(clip) = clip() else { return };
     let s = serve(
         clip,

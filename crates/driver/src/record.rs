@@ -887,8 +887,19 @@ pub fn load_tracks(
     media_len_bytes: u64,
     records_max: u64,
 ) -> Result<LoadedRecording, LoadError> {
+    load_tracks_with(prefix, media_len_bytes, records_max, |p| std::fs::read(p))
+}
+
+/// [`load_tracks`] with the track files read by `read_file` (the RTSP server reads them
+/// beneath its root, confined like the media).
+pub fn load_tracks_with(
+    prefix: &Path,
+    media_len_bytes: u64,
+    records_max: u64,
+    read_file: impl Fn(&Path) -> std::io::Result<Vec<u8>>,
+) -> Result<LoadedRecording, LoadError> {
     let read = |path: PathBuf| {
-        std::fs::read(&path)
+        read_file(&path)
             .map(|b| (path.clone(), b))
             .map_err(|source| LoadError::Io { path, source })
     };

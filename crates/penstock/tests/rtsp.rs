@@ -36,6 +36,14 @@ fn clip() -> Option<&'static Path> {
 
 const CONTROL_TOKEN: &str = "rtsp-test-token-rtsp-test-token";
 
+/// The tests that measure timing or packet counts against real players, and the one that
+/// pushes 5 MB/s through loopback, one at a time: on 2 CPUs one beside another was noise in
+/// both (a GStreamer player short of packets, a pause's tail late).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A running `penstock serve` with the clip in its root.
 struct Served {
     child: Child,
@@ -50,12 +58,31 @@ impl Drop for Served {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(self.log_path());
     }
 }
 
 impl Served {
     fn url(&self, path: &str) -> String {
         format!("rtsp://{}/{path}", self.rtsp)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "penstock-rtsp-serve-{}-{}.log",
+            std::process::id(),
+            self.dir.path().file_name().unwrap().to_string_lossy()
+        ))
+    }
+
+    /// The server's debug log's RTSP lines so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("rtsp"))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// The control protocol's `STATE *` lines after `AUTH`.
@@ -115,12 +142,20 @@ fn serve(clip: &Path, rtsp_extra: &str) -> Served {
         ),
     )
     .unwrap();
+    // The server's debug log, for failure messages (`Served::log`).
+    let log = std::fs::File::create(std::env::temp_dir().join(format!(
+        "penstock-rtsp-serve-{}-{}.log",
+        std::process::id(),
+        dir.path().file_name().unwrap().to_string_lossy()
+    )))
+    .unwrap();
     let mut child = Command::new(BIN)
         .args(["serve", "--no-control-unix", "--config"])
         .arg(&conf)
         .arg(dir.path())
+        .env("PENSTOCK_LOG", "penstock_server=debug")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap();
     let line = common::start_line(&mut child);
@@ -216,6 +251,7 @@ fn run_player(mut cmd: Command, limit: Duration) -> (bool, Duration, String) {
 /// with the bytes the module doc says.
 #[test]
 fn players_play_the_clip_to_its_end() {
+    let _serial = serial();
     let Some(clip) = clip() else { return };
     let src = std::fs::read(clip).unwrap();
     let s = serve(clip, "");
@@ -287,7 +323,11 @@ fn players_play_the_clip_to_its_end() {
     }
     for (name, file, h) in handles {
         let (ok, elapsed, log) = h.join().unwrap();
-        assert!(ok, "{name} failed after {elapsed:?}: {log}");
+        assert!(
+            ok,
+            "{name} failed after {elapsed:?}: {log}\nserver log:\n{}",
+            s.log()
+        );
         println!("{name}: exited 0 after {:.1} s", elapsed.as_secs_f64());
         let Some(file) = file else { continue };
         let got = std::fs::read(&file).unwrap();
@@ -488,6 +528,7 @@ fn rtp_info(r: &Reply) -> (u16, u32) {
 /// Seeking, pausing and resuming, tearing down — checked on the packets themselves.
 #[test]
 fn seek_pause_resume_and_teardown_as_a_scripted_client_sees_them() {
+    let _serial = serial();
     let Some(clip) = clip() else { return };
     let src = std::fs::read(clip).unwrap();
     let first_pcr = src.chunks_exact(TS).find_map(pcr).unwrap();
@@ -657,8 +698,11 @@ fn bad_requests_get_their_codes() {
         455,
         "PAUSE before PLAY"
     );
-    let scale = c.request("PLAY", &url, &[("Session", &id), ("Scale", "2")]);
+    // Above scale_max (4 by default): 451 (scale_plays_faster_within_scale_max_and_admission
+    // tests the scales served).
+    let scale = c.request("PLAY", &url, &[("Session", &id), ("Scale", "9")]);
     assert_eq!(scale.status, 451, "{scale:?}");
+    assert!(scale.body.contains("rtsp.scale_max 4"), "{}", scale.body);
     let past = c.request("PLAY", &url, &[("Session", &id), ("Range", "npt=99-")]);
     assert_eq!(past.status, 457, "{past:?}");
     let full = c.request("SETUP", &url, &[("Transport", &tr)]);
@@ -844,4 +888,458 @@ fn the_end_of_the_media_sends_an_rtcp_bye() {
     );
     let again = c.request("PLAY", &url, &[("Session", &id), ("Range", "npt=29-")]);
     assert_eq!(again.status, 200, "{again:?}");
+}
+
+/// Packets (arrival, sequence, timestamp, payload) until the stream's RTCP BYE has come and
+/// the RTP socket has been quiet for 300 ms after it (or `limit` in all): the end of the
+/// media, however late a loaded machine makes it.
+fn take_until_bye(rx: &Receiver, limit: Duration) -> Vec<(Instant, u16, u32, Vec<u8>)> {
+    let t0 = Instant::now();
+    let mut last = Instant::now();
+    let mut bye = false;
+    let mut v = Vec::new();
+    let mut b = [0u8; 2048];
+    while t0.elapsed() < limit && !(bye && last.elapsed() > Duration::from_millis(300)) {
+        if let Ok(n) = rx.rtp.recv(&mut b) {
+            last = Instant::now();
+            let (h, payload) = penstock_core::rtp::RtpHeader::parse(&b[..n]).unwrap();
+            v.push((last, h.sequence, h.timestamp, payload.to_vec()));
+        }
+        while let Ok(n) = rx.rtcp.recv(&mut b) {
+            let mut at = 0;
+            while at + 4 <= n {
+                bye |= b[at + 1] == 203;
+                at += 4 * (usize::from(u16::from_be_bytes([b[at + 2], b[at + 3]])) + 1);
+            }
+        }
+    }
+    v
+}
+
+/// The `npt=` start of a PLAY reply's Range.
+fn npt_start(r: &Reply) -> f64 {
+    r.header("Range")
+        .and_then(|v| v.strip_prefix("npt="))
+        .and_then(|v| v.split('-').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no npt Range: {r:?}"))
+}
+
+/// Whether a TS packet's adaptation field sets random_access_indicator (a key frame).
+fn random_access(p: &[u8]) -> bool {
+    p[3] & 0x20 != 0 && p[4] >= 1 && p[5] & 0x40 != 0
+}
+
+/// Records `src` with `penstock record` (sent by `penstock stream` at 10 Mbit/s, 1316-byte
+/// datagrams) into `rec`, with its tracks beside it.
+fn record(src: &Path, rec: &Path) {
+    use std::io::BufRead;
+    let mut child = Command::new(BIN)
+        .args(["record", "udp-listen://127.0.0.1:0"])
+        .arg(rec)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| panic!("penstock record said {first:?}"))
+        .to_string();
+    let o = Command::new(BIN)
+        .arg("stream")
+        .arg(src)
+        .arg(format!("udp://{addr}"))
+        .args(["--rate", "10Mbit/s", "--unit", "1316"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "recorder did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// PLAY `Range: npt=20-` of a recording with its index tracks starts at the frame track's
+/// last independent frame at or before 20 s (`seek=track`); the same file without tracks
+/// starts at the last PCR at or before it (`seek=pcr`).
+#[test]
+fn play_seeks_by_a_recordings_frame_track_else_by_pcr() {
+    let Some(clip) = clip() else { return };
+    let src = std::fs::read(clip).unwrap();
+    let first_pcr = src.chunks_exact(TS).find_map(pcr).unwrap();
+    let s = serve(clip, "");
+    let rec = s.dir.path().join("rec.ts");
+    record(clip, &rec);
+    assert!(
+        std::fs::read(&rec).unwrap() == src,
+        "the recording is the clip, byte for byte"
+    );
+    // The frame track's entries (datagram indices: datagram n starts at byte 1316·n).
+    let o = Command::new(BIN)
+        .args(["tracks", rec.to_str().unwrap(), "--track", "frame"])
+        .output()
+        .unwrap();
+    let frames: Vec<usize> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split(',').next()?.parse().ok())
+        .collect();
+    assert!(frames.len() >= 25, "a key frame per second: {frames:?}");
+    // The media time of byte `offset`: its next PCR's (within a PCR interval).
+    let time_at = |offset: usize| {
+        let p = src[offset..]
+            .chunks_exact(TS)
+            .find_map(pcr)
+            .expect("a PCR after the start");
+        (p - first_pcr) as f64 / 27e6
+    };
+
+    for (path, seek) in [("rec.ts", "track"), ("clip.ts", "pcr")] {
+        let url = s.url(path);
+        let mut c = Client::connect(s.rtsp);
+        let rx = Receiver::new();
+        let setup = c.request("SETUP", &url, &[("Transport", &rx.transport())]);
+        assert_eq!(setup.status, 200, "{setup:?}");
+        let id = session_id(&setup);
+        let play = c.request("PLAY", &url, &[("Session", &id), ("Range", "npt=20-")]);
+        assert_eq!(play.status, 200, "{play:?}");
+        let (seq0, rtptime0) = rtp_info(&play);
+        let got = rx.take(Duration::from_millis(800));
+        assert!(got.len() > 5, "{path}: {} packets", got.len());
+        assert_eq!((got[0].0, got[0].1), (seq0, rtptime0), "{path}: RTP-Info");
+        let offset = src
+            .windows(got[0].2.len())
+            .position(|w| w == got[0].2.as_slice())
+            .expect("the first payload is source bytes");
+        let start_s = time_at(offset);
+        let npt = npt_start(&play);
+        println!("{path}: PLAY npt=20- started at byte {offset}, {start_s:.3} s (Range npt={npt})");
+        assert!(
+            (19.0..=20.0).contains(&start_s) && (19.0..=20.0).contains(&npt),
+            "{path}: started at {start_s:.3} s, Range npt={npt}: not within one GOP before 20 s"
+        );
+        let state = s.state_all();
+        let line = state
+            .iter()
+            .find(|l| l.starts_with(&format!("rtsp-{id} running path={path}")))
+            .unwrap_or_else(|| panic!("{path}: no running session in {state:?}"));
+        assert!(line.contains(&format!(" seek={seek} ")), "{line}");
+        if seek == "track" {
+            // A frame track entry, the last one at or before 20 s (the next is after it;
+            // media times here are the next PCR's, so within a PCR interval), and a key
+            // frame there.
+            assert!(
+                offset % 1316 == 0 && frames.contains(&(offset / 1316)),
+                "byte {offset} is no frame track entry"
+            );
+            let next = frames.iter().find(|&&f| f * 1316 > offset).unwrap();
+            assert!(
+                time_at(next * 1316) > 19.9,
+                "the next key frame, at {:.3} s, was not after 20 s",
+                time_at(next * 1316)
+            );
+            assert!(
+                got[0].2.chunks_exact(TS).any(random_access),
+                "the first packet holds no random-access TS packet"
+            );
+        }
+        assert_eq!(c.request("TEARDOWN", &url, &[("Session", &id)]).status, 200);
+    }
+}
+
+/// `Scale: 2` plays the last 10 s of the clip in about half the wall time of `Scale: 1` (same
+/// run), with media-time RTP timestamps; the reply names the scale; zero, negative and
+/// above-`scale_max` scales are 451; a scale whose bit rate admission cannot carry is 453
+/// and the session keeps playing at scale 1 after.
+#[test]
+fn scale_plays_faster_within_scale_max_and_admission() {
+    let _serial = serial();
+    let Some(clip) = clip() else { return };
+    let bytes = std::fs::metadata(clip).unwrap().len();
+    // Room for the clip at 3× its bit rate (RTP headers and no per-packet overhead): scale 2
+    // fits, scale 4 does not.
+    let net = bytes * 3 / u64::from(CLIP_S);
+    let s = serve(
+        clip,
+        &format!(
+            "scale_max = 4\n[admission]\nnet_bytes_per_s = {net}\nnet_packet_overhead_bytes = 0\nbulk_share_percent = 0\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\ndisk_random_iops = 100000\n"
+        ),
+    );
+    let url = s.url("clip.ts");
+    let mut c = Client::connect(s.rtsp);
+    let rx = Receiver::new();
+    let setup = c.request("SETUP", &url, &[("Transport", &rx.transport())]);
+    assert_eq!(setup.status, 200, "{setup:?}");
+    let id = session_id(&setup);
+    for bad in ["0", "-1", "5", "-0.5"] {
+        let r = c.request("PLAY", &url, &[("Session", &id), ("Scale", bad)]);
+        assert_eq!(r.status, 451, "Scale {bad}: {r:?}");
+        assert!(r.body.contains("Scale"), "{}", r.body);
+    }
+    let mut runs = Vec::new();
+    for scale in ["1", "2"] {
+        let play = c.request(
+            "PLAY",
+            &url,
+            &[("Session", &id), ("Range", "npt=20-"), ("Scale", scale)],
+        );
+        assert_eq!(play.status, 200, "{play:?}");
+        assert_eq!(play.header("Scale"), Some(scale), "{play:?}");
+        let got = take_until_bye(&rx, Duration::from_secs(40));
+        assert!(got.len() > 50, "Scale {scale}: {} packets", got.len());
+        let wall = got.last().unwrap().0 - got[0].0;
+        let media = got.last().unwrap().2.wrapping_sub(got[0].2) as f64 / 90_000.0;
+        println!(
+            "Scale {scale}: {} packets, {media:.3} s of media in {:.3} s",
+            got.len(),
+            wall.as_secs_f64()
+        );
+        runs.push((wall.as_secs_f64(), media, got.len()));
+    }
+    let (w1, m1, n1) = runs[0];
+    let (w2, m2, n2) = runs[1];
+    assert_eq!(n1, n2, "the same packets at either scale");
+    assert!(
+        (m2 / m1 - 1.0).abs() < 0.01,
+        "RTP timestamps stay media time: {m1:.3} s at scale 1, {m2:.3} s at scale 2"
+    );
+    let ratio = w2 / w1;
+    assert!(
+        (0.35..=0.7).contains(&ratio),
+        "scale 2 took {w2:.3} s against {w1:.3} s at scale 1 (ratio {ratio:.3})"
+    );
+    // Scale 4 needs 4× the bit rate: admission refuses it; the session is stopped, keeps
+    // its reservation, and plays at scale 1 again.
+    let r = c.request(
+        "PLAY",
+        &url,
+        &[("Session", &id), ("Range", "npt=20-"), ("Scale", "4")],
+    );
+    assert_eq!(r.status, 453, "{r:?}");
+    assert!(r.body.contains("Scale 4"), "{}", r.body);
+    assert_eq!(s.metric("penstock_admission_reservations"), 1.0);
+    let r = c.request(
+        "PLAY",
+        &url,
+        &[("Session", &id), ("Range", "npt=28-"), ("Scale", "1")],
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("Scale"), Some("1"));
+    assert!(!rx.take(Duration::from_millis(500)).is_empty());
+}
+
+/// GStreamer over interleaved TCP sends its RTCP receiver reports on the connection: they
+/// reach the same metrics as UDP reports (count and jitter per class).
+#[test]
+fn gstreamer_receiver_reports_over_tcp_reach_the_metrics() {
+    let Some(clip) = clip() else { return };
+    if !common::tool("gst-launch-1.0", "--version") {
+        println!("SKIPPED: gst-launch-1.0 not found (gstreamer1.0-tools, plugins good and bad)");
+        return;
+    }
+    let s = serve(clip, "");
+    let reports = "penstock_rtcp_receiver_reports_total{class=\"rt\"}";
+    assert_eq!(s.metric(reports), 0.0);
+    let mut gst = Command::new("gst-launch-1.0")
+        .args(["-q", "rtspsrc", "protocols=tcp"])
+        .arg(format!("location={}", s.url("clip.ts")))
+        .args(["!", "rtpmp2tdepay", "!", "fakesink"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let mut n = 0.0;
+    while t0.elapsed() < Duration::from_secs(25) && n < 2.0 {
+        std::thread::sleep(Duration::from_millis(200));
+        n = s.metric(reports);
+    }
+    let state = s.state_all();
+    let _ = gst.kill();
+    let _ = gst.wait();
+    assert!(
+        state.iter().any(|l| l.contains("transport=tcp")),
+        "GStreamer played over TCP: {state:?}"
+    );
+    let jitters = s.metric("penstock_rtcp_jitter_seconds_count{class=\"rt\"}");
+    println!("{n} receiver reports over TCP, {jitters} jitter samples");
+    assert!(n >= 2.0, "{n} receiver reports over TCP within 25 s");
+    assert!(jitters >= n, "{jitters} jitter samples for {n} reports");
+}
+
+/// A client connected with a small receive buffer (its frames back up quickly).
+fn connect_small_rcvbuf(addr: SocketAddr) -> Client {
+    use rustix::net::{AddressFamily, SocketType, sockopt};
+    let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+    sockopt::set_socket_recv_buffer_size(&fd, 4096).unwrap();
+    rustix::net::connect(&fd, &addr).unwrap();
+    let s = TcpStream::from(fd);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    Client {
+        s,
+        cseq: 0,
+        buf: Vec::new(),
+    }
+}
+
+/// Reads an interleaved connection until the reply to `cseq` (frames skipped and counted:
+/// RTP on channel 0, RTCP on channel 1), or `None` when nothing comes for 10 s.
+fn reply_among_frames(c: &mut Client, cseq: u32) -> Option<(Reply, usize, usize)> {
+    let (mut rtp, mut rtcp) = (0, 0);
+    loop {
+        while c.buf.first() == Some(&b'$') && c.buf.len() >= 4 {
+            let len = usize::from(u16::from_be_bytes([c.buf[2], c.buf[3]]));
+            if c.buf.len() < 4 + len {
+                break;
+            }
+            if c.buf[1] == 0 {
+                rtp += 1
+            } else {
+                rtcp += 1
+            }
+            c.buf.drain(..4 + len);
+        }
+        if c.buf.first().is_some_and(|&b| b != b'$')
+            && let Some(end) = c.buf.windows(4).position(|w| w == b"\r\n\r\n")
+        {
+            let head = String::from_utf8_lossy(&c.buf[..end]).into_owned();
+            c.buf.drain(..end + 4);
+            let status = head.split(' ').nth(1)?.parse().ok()?;
+            let r = Reply {
+                status,
+                head,
+                body: String::new(),
+            };
+            if r.header("CSeq") == Some(cseq.to_string().as_str()) {
+                return Some((r, rtp, rtcp));
+            }
+            continue;
+        }
+        let mut b = [0u8; 65536];
+        let n = c.s.read(&mut b).ok()?;
+        if n == 0 {
+            return None;
+        }
+        c.buf.extend_from_slice(&b[..n]);
+    }
+}
+
+/// An interleaved client that stops reading backs its session's frames up into the
+/// server's socket pair; the reaper (sender reports every 100 ms here) must not wait on it:
+/// another session still gets its end-of-media BYE, and once the client reads again its
+/// keep-alive is answered and its frames flow (RTCP among them).
+#[test]
+fn a_stalled_interleaved_client_holds_back_neither_the_reaper_nor_its_connection() {
+    let _serial = serial();
+    let Some(clip) = clip() else { return };
+    let s = serve(
+        clip,
+        "rtcp_interval_ms = \"100ms\"\nsend_timeout_ms = \"60s\"\n[admission]\nnet_bytes_per_s = 1000000000\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\ndisk_random_iops = 100000\n",
+    );
+    // A 10 Mbit/s clip, played at scale 4: 5 MB/s backs up TCP's buffers (up to 4 MiB
+    // here) within a second or two, then the pair (10 datagrams: net.unix.max_dgram_qlen).
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi"])
+        .args(["-i", "testsrc=size=320x240:rate=25", "-t", "10"])
+        .args([
+            "-c:v",
+            "mpeg2video",
+            "-b:v",
+            "8M",
+            "-minrate",
+            "8M",
+            "-maxrate",
+            "8M",
+        ])
+        .args([
+            "-bufsize", "2M", "-g", "25", "-muxrate", "10M", "-f", "mpegts",
+        ])
+        .arg(s.dir.path().join("fast.ts"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let fast = s.url("fast.ts");
+    let url = s.url("clip.ts");
+    let mut tcp = connect_small_rcvbuf(s.rtsp);
+    let setup = tcp.request(
+        "SETUP",
+        &fast,
+        &[("Transport", "RTP/AVP/TCP;unicast;interleaved=0-1")],
+    );
+    assert_eq!(setup.status, 200, "{setup:?}");
+    let tcp_id = session_id(&setup);
+    let play = tcp.request("PLAY", &fast, &[("Session", &tcp_id), ("Scale", "4")]);
+    assert_eq!(play.status, 200, "{play:?}");
+    // Not read from now on: TCP's buffers, then the session's pair, fill.
+    std::thread::sleep(Duration::from_secs(3));
+
+    // Another session, over UDP, to the end of the media: its BYE comes from the reaper.
+    let mut c = Client::connect(s.rtsp);
+    let rx = Receiver::new();
+    let setup = c.request("SETUP", &url, &[("Transport", &rx.transport())]);
+    let id = session_id(&setup);
+    let play = c.request("PLAY", &url, &[("Session", &id), ("Range", "npt=29-")]);
+    assert_eq!(play.status, 200, "{play:?}");
+    let t0 = Instant::now();
+    let mut bye = false;
+    let mut b = [0u8; 2048];
+    while !bye && t0.elapsed() < Duration::from_secs(8) {
+        let _ = rx.rtp.recv(&mut b);
+        while let Ok(n) = rx.rtcp.recv(&mut b) {
+            let mut at = 0;
+            while at + 4 <= n {
+                bye |= b[at + 1] == 203;
+                at += 4 * (usize::from(u16::from_be_bytes([b[at + 2], b[at + 3]])) + 1);
+            }
+        }
+    }
+    assert!(
+        bye,
+        "no BYE for the UDP session while the TCP client stalled"
+    );
+
+    // The stalled client asks for a keep-alive, then reads again: answered, frames flow.
+    tcp.cseq += 1;
+    let cseq = tcp.cseq;
+    tcp.s
+        .write_all(
+            format!("GET_PARAMETER {fast} RTSP/1.0\r\nCSeq: {cseq}\r\nSession: {tcp_id}\r\n\r\n")
+                .as_bytes(),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let (r, rtp, rtcp) = reply_among_frames(&mut tcp, cseq).expect("no reply to GET_PARAMETER");
+    assert_eq!(r.status, 200, "{r:?}");
+    println!("after the stall: {rtp} RTP and {rtcp} RTCP frames before the keep-alive's reply");
+    assert!(rtp > 0, "no RTP frames after the stall");
+    let (r, _, rtcp_after) = {
+        tcp.cseq += 1;
+        let cseq = tcp.cseq;
+        tcp.s
+            .write_all(
+                format!(
+                    "GET_PARAMETER {fast} RTSP/1.0\r\nCSeq: {cseq}\r\nSession: {tcp_id}\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        reply_among_frames(&mut tcp, cseq).expect("no reply to the second GET_PARAMETER")
+    };
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        rtcp + rtcp_after > 0,
+        "no sender report framed on the RTCP channel"
+    );
 }

@@ -25,6 +25,8 @@ pub mod session;
 
 pub use session::{ReceiverStats, SenderSession};
 
+use crate::track::Speed;
+
 /// Bytes of the RTP header penstock writes (no CSRC, no extension).
 pub const RTP_HEADER_BYTES: usize = 12;
 /// RFC 3551's static payload type of MPEG-2 transport streams.
@@ -99,6 +101,11 @@ pub struct Packetizer {
     pub sequence_start: u16,
     pub timestamp_start: u32,
     pub payload_type: u8,
+    /// How much faster than media time the plan's deadlines run (RTSP `Scale`): a unit due
+    /// `offset_ns` after the start carries the media time `offset_ns · scale`, so that a
+    /// player sees the media's own timestamps go by faster. [`Speed::NORMAL`] for plans whose
+    /// deadlines are media time.
+    pub scale: Speed,
 }
 
 /// 90 kHz ticks in `ns`, rounded down. A plan's offsets are its PCR times rounded up to the
@@ -125,6 +132,7 @@ impl Packetizer {
             sequence_start: next() as u16,
             timestamp_start: next() as u32,
             payload_type: PAYLOAD_TYPE_MP2T,
+            scale: Speed::NORMAL,
         }
     }
 
@@ -136,8 +144,13 @@ impl Packetizer {
     /// The RTP timestamp of a unit due `offset_ns` after the plan's start (also: the RTP time
     /// that corresponds to that instant, for a sender report).
     pub fn timestamp(&self, offset_ns: u64) -> u32 {
+        let media_ns = if self.scale == Speed::NORMAL {
+            offset_ns
+        } else {
+            self.scale.media_ns(offset_ns)
+        };
         self.timestamp_start
-            .wrapping_add(rtp_ticks(offset_ns) as u32)
+            .wrapping_add(rtp_ticks(media_ns) as u32)
     }
 
     /// The header of unit `unit`, due `offset_ns` after the plan's start.

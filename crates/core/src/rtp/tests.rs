@@ -34,6 +34,7 @@ fn the_header_is_rfc_2250s() {
         sequence_start: 0xfffe,
         timestamp_start: 0xffff_fff0,
         payload_type: PAYLOAD_TYPE_MP2T,
+        scale: crate::track::Speed::NORMAL,
     };
     let h = p.header(3, 1_000_000); // 1 ms: 90 ticks
     assert_eq!(
@@ -327,7 +328,7 @@ proptest! {
 
     #[test]
     fn sequence_numbers_count_units_modulo_2_16(start in any::<u16>(), unit in any::<u64>()) {
-        let p = Packetizer { ssrc: 1, sequence_start: start, timestamp_start: 0, payload_type: 33 };
+        let p = Packetizer { ssrc: 1, sequence_start: start, timestamp_start: 0, payload_type: 33, scale: crate::track::Speed::NORMAL };
         prop_assert_eq!(p.sequence(unit), start.wrapping_add(unit as u16));
         prop_assert_eq!(p.sequence(unit.wrapping_add(1)), p.sequence(unit).wrapping_add(1));
     }
@@ -342,4 +343,44 @@ proptest! {
             prop_assert_eq!(s.stats().malformed, before + 1);
         }
     }
+}
+
+/// RTSP `Scale`: deadlines run `scale` times faster than media time; timestamps stay media
+/// time (1 ms of deadline at scale 2 is 2 ms of media: 180 ticks), sequence numbers unchanged.
+#[test]
+fn a_scaled_packetizer_stamps_media_time() {
+    use crate::track::Speed;
+    let normal = Packetizer::mp2t(7);
+    let fast = Packetizer {
+        scale: Speed::from_ratio(2, 1).unwrap(),
+        ..normal
+    };
+    let slow = Packetizer {
+        scale: Speed::from_ratio(1, 2).unwrap(),
+        ..normal
+    };
+    for ms in [0u64, 1, 40, 1000, 7_000] {
+        let ns = ms * 1_000_000;
+        assert_eq!(
+            fast.timestamp(ns).wrapping_sub(normal.timestamp_start),
+            (ms * 180) as u32
+        );
+        assert_eq!(
+            slow.timestamp(ns).wrapping_sub(normal.timestamp_start),
+            (ms * 45) as u32
+        );
+        assert_eq!(fast.sequence(ms), normal.sequence(ms));
+    }
+    // A deadline made by `scale_ns` maps back to its media time within one tick.
+    let s = Speed::from_ratio(3, 1).unwrap();
+    for media_ns in [0u64, 1, 333, 11_111_111, 40_000_001, 29_999_999_999] {
+        let back = s.media_ns(s.scale_ns(media_ns));
+        assert!(
+            back >= media_ns && back - media_ns < 3,
+            "{media_ns} → {back}"
+        );
+    }
+    assert!(Speed::from_ratio(0, 1).is_none());
+    assert!(Speed::from_ratio(1, 0).is_none());
+    assert!(Speed::from_ratio(1001, 1).is_none());
 }

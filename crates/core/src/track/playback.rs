@@ -60,6 +60,30 @@ impl Speed {
         Ok(Speed { num, den })
     }
 
+    /// `num / den` when it lies within [1/[`SPEED_MAX`], [`SPEED_MAX`]] (`den` above 0).
+    pub fn from_ratio(num: u64, den: u64) -> Option<Speed> {
+        let ok = den > 0
+            && num > 0
+            && u128::from(num) * u128::from(SPEED_MAX) >= u128::from(den)
+            && u128::from(num) <= u128::from(SPEED_MAX) * u128::from(den);
+        ok.then_some(Speed { num, den })
+    }
+
+    pub fn num(self) -> u64 {
+        self.num
+    }
+
+    pub fn den(self) -> u64 {
+        self.den
+    }
+
+    /// Recorded (media) time of `ns` played at this speed, rounded down: the inverse of
+    /// [`Speed::scale_ns`] (within a nanosecond per unit of `num`).
+    pub fn media_ns(self, ns: u64) -> u64 {
+        let media = u128::from(ns) * u128::from(self.num) / u128::from(self.den);
+        u64::try_from(media).unwrap_or(u64::MAX)
+    }
+
     /// `ns` of recorded time at this speed, rounded up (a unit is never due early).
     pub fn scale_ns(self, ns: u64) -> u64 {
         let scaled = (u128::from(ns) * u128::from(self.den)).div_ceil(u128::from(self.num));

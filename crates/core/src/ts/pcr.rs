@@ -357,9 +357,20 @@ impl TsPlan {
         let first = from_ns
             .and_then(|t| self.pcr_at_or_before(t))
             .map_or(0, |p| p.offset_bytes / self.unit_bytes());
-        let first = usize::try_from(first)
+        self.playback_at_unit(usize::try_from(first).unwrap_or(usize::MAX))
+    }
+
+    /// The unit holding byte `offset` of the media (the last unit for one past the end).
+    pub fn unit_at_offset(&self, offset: u64) -> usize {
+        usize::try_from(offset / self.unit_bytes())
             .unwrap_or(usize::MAX)
-            .min(self.units.len().saturating_sub(1));
+            .min(self.units.len().saturating_sub(1))
+    }
+
+    /// What to send to play from unit `first` (the last unit when past the end) to the end;
+    /// deadlines made relative to it. (Seeking by a recording's frame track picks `first`.)
+    pub fn playback_at_unit(&self, first: usize) -> Playback {
+        let first = first.min(self.units.len().saturating_sub(1));
         let t0 = self.units.get(first).map_or(0, |u| u.offset_ns);
         let media_offset_bytes = first as u64 * self.unit_bytes();
         Playback {

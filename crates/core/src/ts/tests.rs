@@ -384,6 +384,16 @@ fn seeking_finds_the_last_pcr_at_or_before_a_time() {
     // From the start, and from before the first PCR: the whole plan.
     assert_eq!(p.playback_from(None).units, p.units);
     assert_eq!(p.playback_from(Some(0)).media_offset_bytes, 0);
+    // From a unit picked by other means (a recording's frame track): that unit's bytes and
+    // time; a byte offset maps to the unit holding it; past the end: the last unit.
+    let u = p.unit_at_offset(pcr.offset_bytes + 100);
+    assert_eq!(u as u64, (pcr.offset_bytes + 100) / 1316);
+    let at = p.playback_at_unit(u);
+    assert_eq!(at, pb);
+    assert_eq!(p.unit_at_offset(u64::MAX), p.units.len() - 1);
+    let last = p.playback_at_unit(usize::MAX);
+    assert_eq!(last.units.len(), 1);
+    assert_eq!(last.start_time_ns, p.duration_ns());
 }
 
 #[test]

@@ -40,6 +40,9 @@ pub struct RtspConfig {
     pub media_cached_max: usize,
     /// Most entries (units and PCRs, 16 bytes each) one file's plan may hold.
     pub plan_entries_max: u64,
+    /// The fastest `Scale` a PLAY may ask (fast forward: deadlines divided by the scale, the
+    /// session admitted at that many times the bit rate); above it, or zero or negative: 451.
+    pub scale_max: u32,
     /// `[rtsp.live.NAME]`: live sources, played as `rtsp://HOST:PORT/NAME` (docs/rtsp.md,
     /// "Live relay").
     pub live: BTreeMap<String, LiveConfig>,
@@ -123,6 +126,7 @@ impl Default for RtspConfig {
             rtcp_interval_ms: 5_000,
             media_cached_max: 64,
             plan_entries_max: penstock_core::ts::pcr::PLAN_ENTRIES_MAX_DEFAULT,
+            scale_max: 4,
             live: BTreeMap::new(),
         }
     }
@@ -177,6 +181,14 @@ impl RtspConfig {
         }
         if self.media_cached_max == 0 || self.plan_entries_max == 0 {
             return bad("rtsp.media_cached_max and rtsp.plan_entries_max must be above 0".into());
+        }
+        if self.scale_max == 0
+            || u64::from(self.scale_max) > penstock_core::track::playback::SPEED_MAX
+        {
+            return bad(format!(
+                "rtsp.scale_max must be 1 ..= {}",
+                penstock_core::track::playback::SPEED_MAX
+            ));
         }
         if self.is_off() && !self.live.is_empty() {
             return bad("rtsp.live sources need the RTSP server: rtsp.listen is off".into());

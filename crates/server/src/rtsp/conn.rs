@@ -22,6 +22,7 @@ use penstock_core::rtsp::{
     self, Method, Parsed, Reply, Request, RtspLimits, SessionState, TransportAsk,
 };
 use penstock_core::stream::{Extent, IoKind};
+use penstock_core::track::Speed;
 use penstock_driver::open::Opened;
 use penstock_driver::{DiskClass, StreamError, StreamSpec};
 
@@ -48,6 +49,8 @@ const PAUSE_WAIT: Duration = Duration::from_millis(500);
 struct Relay {
     session: String,
     socket: UnixDatagram,
+    /// The reaper's RTCP for this session, written after the pair is drained.
+    rtcp_out: super::RtcpOut,
     channels: (u8, u8),
 }
 
@@ -109,6 +112,7 @@ impl Conn<'_> {
             for i in relay_ready {
                 self.forward(i)?;
             }
+            self.forward_rtcp()?;
             if tcp_ready {
                 let n = match self.stream.read(&mut chunk) {
                     Ok(0) => {
@@ -124,9 +128,15 @@ impl Conn<'_> {
                 loop {
                     match rtsp::parse(&buf, &limits) {
                         Ok(Parsed::Incomplete) => break,
-                        Ok(Parsed::Data { consumed, .. }) => {
-                            // RTCP receiver reports over TCP: the client is alive.
+                        Ok(Parsed::Data {
+                            channel,
+                            payload_at,
+                            consumed,
+                        }) => {
+                            // RTCP receiver reports over TCP: the client is alive, and what
+                            // they say goes into the metrics as a UDP report's does.
                             self.touch_interleaved();
+                            self.rtcp_in(channel, &buf[payload_at..consumed]);
                             buf.drain(..consumed);
                         }
                         Ok(Parsed::Request(req, consumed)) => {
@@ -191,7 +201,8 @@ impl Conn<'_> {
 
     /// Writes the datagrams waiting in relay `i` as interleaved frames: RTP on the first
     /// channel, RTCP (second byte 200..=204, RFC 5761's rule) on the second.
-    fn forward(&mut self, i: usize) -> io::Result<()> {
+    /// Returns whether the relay is drained (else: `FRAMES_PER_TURN_MAX` were written).
+    fn forward(&mut self, i: usize) -> io::Result<bool> {
         if self.frame.is_empty() {
             self.frame = vec![0u8; 4 + usize::from(u16::MAX)];
         }
@@ -199,7 +210,7 @@ impl Conn<'_> {
         for _ in 0..FRAMES_PER_TURN_MAX {
             let n = match self.relays[i].socket.recv(&mut frame[4..]) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
                 Err(e) => return Err(e),
             };
             let (rtp_ch, rtcp_ch) = self.relays[i].channels;
@@ -209,7 +220,65 @@ impl Conn<'_> {
             frame[2..4].copy_from_slice(&(n as u16).to_be_bytes());
             self.stream.write_all(&frame[..4 + n])?;
         }
+        Ok(false)
+    }
+
+    /// Writes the reaper's RTCP packets (sender reports, the BYE) of each relay on its RTCP
+    /// channel, after the RTP packets already in its pair (a BYE never overtakes them).
+    fn forward_rtcp(&mut self) -> io::Result<()> {
+        for i in 0..self.relays.len() {
+            if self.relays[i]
+                .rtcp_out
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+                || !self.forward(i)?
+            {
+                continue;
+            }
+            let packets: Vec<Vec<u8>> = self.relays[i]
+                .rtcp_out
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .drain(..)
+                .collect();
+            let ch = self.relays[i].channels.1;
+            for p in packets {
+                let Ok(len) = u16::try_from(p.len()) else {
+                    continue;
+                };
+                let mut f = Vec::with_capacity(4 + p.len());
+                f.extend_from_slice(&[b'$', ch]);
+                f.extend_from_slice(&len.to_be_bytes());
+                f.extend_from_slice(&p);
+                self.stream.write_all(&f)?;
+            }
+        }
         Ok(())
+    }
+
+    /// An interleaved frame from the client on an RTCP channel of one of this connection's
+    /// sessions: into that session's RTCP state (the reaper moves it into the metrics).
+    /// Frames on other channels (RTP from a client, unknown channels) are dropped.
+    fn rtcp_in(&self, channel: u8, payload: &[u8]) {
+        let Some(r) = self.relays.iter().find(|r| r.channels.1 == channel) else {
+            return;
+        };
+        let Some(s) = self.shared.session(&r.session) else {
+            return;
+        };
+        let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
+        let rtcp = if let Some(p) = &mut s.playing {
+            p.tcp_rtcp.as_mut()
+        } else if let Some(l) = &mut s.live {
+            l.tcp_rtcp.as_mut()
+        } else {
+            None
+        };
+        if let Some(rtcp) = rtcp {
+            // A malformed report is counted by the session and changes nothing else.
+            let _ = rtcp.handle_datagram(super::wall_ntp(), payload);
+        }
     }
 
     fn touch_interleaved(&self) {
@@ -268,7 +337,7 @@ impl Conn<'_> {
         cseq: u32,
     ) -> Result<Arc<super::Media>, Reply> {
         self.shared
-            .media_for(file)
+            .media_for(file, path)
             .map_err(|e| text(415, cseq, &format!("{path}: not playable as MPEG-TS: {e}")))
     }
 
@@ -418,14 +487,17 @@ impl Conn<'_> {
                 if let Err(e) = conn_end.set_nonblocking(true) {
                     return text(500, cseq, &format!("socket pair: {e}"));
                 }
+                let rtcp_out = super::RtcpOut::default();
                 self.relays.push(Relay {
                     session: String::new(),
                     socket: conn_end,
+                    rtcp_out: rtcp_out.clone(),
                     channels: (rtp_channel, rtcp_channel),
                 });
                 (
                     Transport::Interleaved {
                         engine_end,
+                        rtcp_out,
                         channels: (rtp_channel, rtcp_channel),
                         conn_id: self.id,
                     },
@@ -448,6 +520,7 @@ impl Conn<'_> {
             state: SessionState::Ready,
             base,
             next_sequence: base.sequence_start,
+            scale: Speed::NORMAL,
             admitted,
             playing: None,
             last_seen: Instant::now(),
@@ -532,22 +605,30 @@ impl Conn<'_> {
     }
 
     fn play(&self, s: &mut Session, req: &Request, cseq: u32) -> Reply {
-        if let Some(scale) = req.scale
-            && (scale - 1.0).abs() > 1e-9
-        {
-            return text(
-                451,
-                cseq,
-                &format!("Scale {scale}: only 1 (normal play) is supported"),
-            );
-        }
+        let asked = match scale_asked(req.scale, self.shared.cfg.scale_max) {
+            Ok(a) => a,
+            Err(why) => return text(451, cseq, &why),
+        };
         let media = match &s.media {
             SessionMedia::File { media, .. } => media.clone(),
             SessionMedia::Live(src) => {
+                if let Some(x) = asked.filter(|&x| x != Speed::NORMAL) {
+                    return text(
+                        451,
+                        cseq,
+                        &format!(
+                            "Scale {}: a live source plays at scale 1 only",
+                            super::scale_text(x)
+                        ),
+                    );
+                }
                 let src = src.clone();
                 return self.play_live(s, &src, req, cseq);
             }
         };
+        // Without a Scale header the session keeps the scale of its last PLAY.
+        let scale = asked.unwrap_or(s.scale);
+        let scale_hdr = super::scale_text(scale);
         let duration = media.end_ns();
         if let Some(from) = req.range_from_ns
             && from > duration
@@ -569,7 +650,17 @@ impl Conn<'_> {
                 rtsp::npt_text(duration)
             )
         };
-        match (s.state, req.range_from_ns, s.playing.as_mut()) {
+        // A new scale without a Range goes on from where the stream is, at the new pace.
+        let mut from_ns = req.range_from_ns;
+        if from_ns.is_none()
+            && scale != s.scale
+            && let Some(p) = &s.playing
+        {
+            let sent = usize::try_from(p.handle.counters().units_sent).unwrap_or(usize::MAX);
+            let at_ns = p.units.get(sent).map_or(0, |u| u.offset_ns);
+            from_ns = Some(p.start_time_ns + p.packetizer.scale.media_ns(at_ns));
+        }
+        match (s.state, from_ns, s.playing.as_mut()) {
             (SessionState::Paused, None, Some(p)) => {
                 // Resume where it stopped: the same stream, its numbering continues.
                 let sent = p.handle.counters().units_sent;
@@ -590,18 +681,23 @@ impl Conn<'_> {
                     p.packetizer.sequence(sent),
                     p.packetizer.timestamp(at_ns),
                 );
-                let start = p.start_time_ns + at_ns;
+                let start = p.start_time_ns + p.packetizer.scale.media_ns(at_ns);
                 s.state = SessionState::Playing;
                 Reply::new(200, Some(cseq))
                     .header("Range", range(start))
+                    .header("Scale", scale_hdr)
                     .header("RTP-Info", info)
             }
-            (SessionState::Playing, None, Some(_)) => Reply::new(200, Some(cseq)),
-            _ => match self.start_stream(s, req.range_from_ns) {
+            (SessionState::Playing, None, Some(_)) => {
+                Reply::new(200, Some(cseq)).header("Scale", scale_hdr)
+            }
+            _ => match self.start_stream(s, from_ns, scale) {
                 Ok((start, seq, rtptime)) => {
                     s.state = SessionState::Playing;
+                    s.scale = scale;
                     Reply::new(200, Some(cseq))
                         .header("Range", range(start))
+                        .header("Scale", scale_hdr)
                         .header("RTP-Info", rtsp::rtp_info(&s.track_url, seq, rtptime))
                 }
                 Err(r) => {
@@ -620,7 +716,9 @@ impl Conn<'_> {
         &self,
         s: &mut Session,
         from_ns: Option<u64>,
+        scale: Speed,
     ) -> Result<(u64, u16, u32), Reply> {
+        let was_played = s.playing.is_some();
         if let Some(p) = s.playing.take() {
             p.handle.cancel();
             // Its packets in flight leave before the new stream's first.
@@ -630,19 +728,31 @@ impl Conn<'_> {
         let packetizer_at = |start_time_ns: u64| Packetizer {
             sequence_start: s.next_sequence,
             timestamp_start: s.base.timestamp(start_time_ns),
+            scale,
             ..s.base
         };
         let (file, media) = match &s.media {
             SessionMedia::File { file, media } => (file, media.clone()),
             SessionMedia::Live(_) => return Err(text(500, 0, "a live session has no file")),
         };
-        let start_time_ns = media.plan.playback_from(from_ns).start_time_ns;
+        let start_time_ns = media.playback(from_ns).0.start_time_ns;
         let packetizer = packetizer_at(start_time_ns);
         let anchor_std = penstock_driver::clock::now();
         let anchor = penstock_core::time::Instant::from_nanos(
             anchor_std.as_nanos() + START_DELAY.as_nanos() as u64,
         );
         let (spec, pb) = stream_spec(&self.shared.cfg, &media, from_ns, packetizer, Some(anchor));
+        let seek = pb.1;
+        let pb = pb.0;
+        tracing::debug!(
+            "rtsp session {}: PLAY from {} by {} at scale {}: media {} s, unit {} of the plan",
+            s.id,
+            from_ns.map_or("the start".into(), rtsp::npt_text),
+            seek.word(),
+            super::scale_text(scale),
+            rtsp::npt_text(pb.start_time_ns),
+            media.plan.units.len() - pb.units.len()
+        );
         let fail = |code: u16, m: String| text(code, 0, &m);
         let src_file = file.try_clone().map_err(|e| fail(500, format!("{e}")))?;
         let len = src_file.metadata().map_or(0, |m| m.len());
@@ -667,17 +777,31 @@ impl Conn<'_> {
             label: format!("rtsp session {}", s.id),
             volume: None,
         };
-        let handle = self
+        // The reservation from SETUP (or the one before) is used when the plan asks the same;
+        // a scaled plan asks `scale` times the bit rate, and the engine asks admission afresh.
+        let handle = match self
             .shared
             .engine
             .open_admitted(s.admitted.take(), spec, source, target)
-            .map_err(|e| match e {
-                StreamError::Refused(_) | StreamError::TooManyStreams(_) => {
-                    self.shared.metrics.error("rtsp_admission_refused");
-                    fail(453, format!("{e}"))
+        {
+            Ok(h) => h,
+            Err(e) => {
+                // Stopped: the session keeps a scale-1 reservation for the whole file (as from
+                // SETUP) when it still fits, and a PLAY starts again.
+                let (whole, _) = stream_spec(&self.shared.cfg, &media, None, s.base, None);
+                s.admitted = self.shared.engine.admit(&whole).ok().flatten();
+                if was_played {
+                    s.state = penstock_core::rtsp::SessionState::Paused;
                 }
-                e => fail(500, format!("{e}")),
-            })?;
+                return Err(match e {
+                    StreamError::Refused(_) | StreamError::TooManyStreams(_) => {
+                        self.shared.metrics.error("rtsp_admission_refused");
+                        fail(453, format!("Scale {}: {e}", super::scale_text(scale)))
+                    }
+                    e => fail(500, format!("{e}")),
+                });
+            }
+        };
         let cname = format!("penstock@{}", self.local.ip());
         let interval_ns = self.shared.cfg.rtcp_interval_ms.saturating_mul(1_000_000);
         let (link, tcp_rtcp) = match &s.transport {
@@ -717,6 +841,7 @@ impl Conn<'_> {
             rtcp_reports_seen: 0,
             rtcp_lost_seen: 0,
             ended_at: None,
+            seek,
         });
         Ok((
             pb.start_time_ns,
@@ -840,14 +965,21 @@ fn pause(s: &mut Session, cseq: u32) -> Reply {
 }
 
 /// The engine stream of a playback of `media` from `from_ns` (the whole file with `None`).
+/// At `packetizer.scale` (RTSP `Scale`) the deadlines are the media's divided by the scale: the
+/// plan asks admission for `scale` times the bit rate.
 fn stream_spec(
     cfg: &crate::config::RtspConfig,
     media: &super::Media,
     from_ns: Option<u64>,
     packetizer: Packetizer,
     start_at: Option<penstock_core::time::Instant>,
-) -> (StreamSpec, penstock_core::track::Playback) {
-    let pb = media.plan.playback_from(from_ns);
+) -> (StreamSpec, (penstock_core::track::Playback, super::Seek)) {
+    let (mut pb, seek) = media.playback(from_ns);
+    if packetizer.scale != Speed::NORMAL {
+        for u in &mut pb.units {
+            u.offset_ns = packetizer.scale.scale_ns(u.offset_ns);
+        }
+    }
     let spec = StreamSpec {
         extent: Extent {
             offset: pb.media_offset_bytes,
@@ -860,7 +992,30 @@ fn stream_spec(
         send_timeout: Some(cfg.send_timeout()),
         ..StreamSpec::opened()
     };
-    (spec, pb)
+    (spec, (pb, seek))
+}
+
+/// The `Scale` of a PLAY: `None` without the header; 451's reason for a scale not served
+/// (zero or negative: no reverse play or stills; above `rtsp.scale_max`; finer than 0.001).
+fn scale_asked(scale: Option<f64>, scale_max: u32) -> Result<Option<Speed>, String> {
+    let Some(x) = scale else { return Ok(None) };
+    if !x.is_finite() || x <= 0.0 {
+        return Err(format!(
+            "Scale {x}: only positive scales are served (no reverse play, no stills)"
+        ));
+    }
+    if x > f64::from(scale_max) {
+        return Err(format!("Scale {x}: above rtsp.scale_max {scale_max}"));
+    }
+    let num = (x * 1000.0).round() as u64;
+    let g = gcd(num, 1000);
+    Speed::from_ratio(num / g.max(1), 1000 / g.max(1))
+        .map(Some)
+        .ok_or_else(|| format!("Scale {x}: below 0.001"))
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 fn text(status: u16, cseq: u32, msg: &str) -> Reply {

@@ -66,6 +66,30 @@ pub struct Media {
     key: (u64, u64, u64, i64),
     pub pid: PcrPid,
     pub plan: TsPlan,
+    /// Where a recording's frame track says independent frames begin: the plan's units that
+    /// hold them, in order (`None`: no usable tracks beside the file; seeks go by PCR).
+    pub keys: Option<Vec<usize>>,
+}
+
+/// How a PLAY found its start (`seek=` in `STATE *`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seek {
+    /// No Range: from the start (or where a pause stopped).
+    Start,
+    /// By the recording's frame track: the last independent frame at or before the time.
+    Track,
+    /// By PCR search: the last PCR at or before the time.
+    Pcr,
+}
+
+impl Seek {
+    pub fn word(self) -> &'static str {
+        match self {
+            Seek::Start => "start",
+            Seek::Track => "track",
+            Seek::Pcr => "pcr",
+        }
+    }
 }
 
 impl Media {
@@ -78,6 +102,22 @@ impl Media {
         let d = self.plan.duration_ns();
         let gaps = self.plan.units.len().saturating_sub(1).max(1) as u64;
         d.saturating_add(d.div_ceil(gaps))
+    }
+
+    /// What to send to play from `from_ns` (`None`: the start), and how its start was found:
+    /// by the frame track where the file is a recording with tracks (the unit holding the
+    /// last independent frame at or before `from_ns`; the start when none is), else by PCR.
+    pub fn playback(&self, from_ns: Option<u64>) -> (penstock_core::track::Playback, Seek) {
+        match (from_ns, &self.keys) {
+            (None, _) => (self.plan.playback_from(None), Seek::Start),
+            (Some(t), Some(keys)) => {
+                let n = keys
+                    .partition_point(|&k| self.plan.units.get(k).is_some_and(|u| u.offset_ns <= t));
+                let first = n.checked_sub(1).map_or(0, |i| keys[i]);
+                (self.plan.playback_at_unit(first), Seek::Track)
+            }
+            (Some(t), None) => (self.plan.playback_from(Some(t)), Seek::Pcr),
+        }
     }
 }
 
@@ -103,10 +143,32 @@ pub enum Transport {
     /// from the other end and writes the frames (docs/rtsp.md, "Interleaved writes").
     Interleaved {
         engine_end: UnixDatagram,
+        /// RTCP from the reaper (sender reports, the BYE), written by the connection thread
+        /// once the pair is drained: the reaper never waits on a client's socket.
+        rtcp_out: RtcpOut,
         channels: (u8, u8),
         /// The connection that carries it (the session ends with it).
         conn_id: u64,
     },
+}
+
+/// RTCP packets waiting for an interleaved session's connection thread (at most
+/// [`RTCP_OUT_MAX`]; the oldest is dropped beyond).
+pub(crate) type RtcpOut = Arc<Mutex<VecDeque<Vec<u8>>>>;
+/// RTCP packets an interleaved session may have waiting for its connection.
+const RTCP_OUT_MAX: usize = 8;
+
+/// Queues an RTCP packet for an interleaved session's connection thread (which frames it on
+/// the RTCP channel after the RTP packets already in the pair). Never waits: the reaper
+/// holds the session's lock, and the connection thread may need that lock to go on (a
+/// blocking send into a full pair, with the connection thread waiting for the lock, would
+/// stop both).
+fn queue_rtcp(out: &RtcpOut, packet: &[u8]) {
+    let mut q = out.lock().unwrap_or_else(|p| p.into_inner());
+    if q.len() >= RTCP_OUT_MAX {
+        q.pop_front();
+    }
+    q.push_back(packet.to_vec());
 }
 
 /// A session being played: its engine stream and what it was started with.
@@ -129,6 +191,8 @@ struct Playing {
     rtcp_lost_seen: i64,
     /// When the stream ended (the BYE follows [`BYE_DELAY`] later).
     ended_at: Option<Instant>,
+    /// How its start was found.
+    seek: Seek,
 }
 
 /// What a session plays.
@@ -166,6 +230,8 @@ pub struct Session {
     base: Packetizer,
     /// The sequence number of the next packet after the last stream.
     next_sequence: u16,
+    /// The scale of the last PLAY (`Scale`; kept by a PLAY without one).
+    scale: penstock_core::track::Speed,
     admitted: Option<Admitted>,
     playing: Option<Playing>,
     last_seen: Instant,
@@ -247,6 +313,17 @@ pub(crate) fn random_u64() -> u64 {
         b = t.to_ne_bytes();
     }
     u64::from_ne_bytes(b)
+}
+
+/// A scale as RTSP writes it: `2`, `0.5`, `1.25`.
+pub(crate) fn scale_text(s: penstock_core::track::Speed) -> String {
+    let whole = s.num() / s.den();
+    let frac = s.num() % s.den();
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let t = format!("{:.6}", s.num() as f64 / s.den() as f64);
+    t.trim_end_matches('0').to_string()
 }
 
 /// The wall clock as a 64-bit NTP timestamp (sender reports).
@@ -538,8 +615,13 @@ impl RtspShared {
                     let c = p.handle.counters();
                     let l = p.handle.lateness();
                     line += &format!(
-                        " sent={} units={} late_max_ns={} misses={}",
-                        c.bytes_sent, c.units_sent, l.max_ns, l.misses
+                        " sent={} units={} late_max_ns={} misses={} seek={} scale={}",
+                        c.bytes_sent,
+                        c.units_sent,
+                        l.max_ns,
+                        l.misses,
+                        p.seek.word(),
+                        scale_text(p.packetizer.scale)
                     );
                 }
                 (s.id.clone(), line)
@@ -572,8 +654,67 @@ impl RtspShared {
         }
     }
 
+    /// The units of a recording's independent frames, from the frame track beside `path`
+    /// (`PATH.time`, `.packet`, `.frame`, opened beneath the root like the media); `None`
+    /// when there are no tracks or they cannot be read (seeks then go by PCR). Tracks that
+    /// disagree with the media are used up to their readable prefix, as `--timing tracks`
+    /// does.
+    fn track_keys(&self, path: &str, media_len: u64, plan: &TsPlan) -> Option<Vec<usize>> {
+        use std::io::Read;
+        let read = |p: &std::path::Path| -> io::Result<Vec<u8>> {
+            let rel = p
+                .to_str()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not UTF-8"))?;
+            match self.root.open_path(rel) {
+                Ok(confine::Opened::File { mut file, .. }) => {
+                    let mut v = Vec::new();
+                    file.read_to_end(&mut v)?;
+                    Ok(v)
+                }
+                _ => Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "no such file beneath the root",
+                )),
+            }
+        };
+        let rec = match penstock_driver::record::load_tracks_with(
+            std::path::Path::new(path),
+            media_len,
+            self.cfg.plan_entries_max,
+            read,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!("rtsp {path}: no index tracks, seeks go by PCR: {e}");
+                return None;
+            }
+        };
+        let readable = rec.report.readable_packets;
+        let mut keys: Vec<usize> = rec
+            .frame
+            .records
+            .iter()
+            .filter(|f| f.packet_index < readable)
+            .map(|f| plan.unit_at_offset(f.media_offset_bytes))
+            .collect();
+        keys.dedup();
+        if keys.is_empty() {
+            tracing::debug!("rtsp {path}: the frame track has no entry, seeks go by PCR");
+            return None;
+        }
+        tracing::debug!(
+            "rtsp {path}: seeks go by the frame track ({} independent frames)",
+            keys.len()
+        );
+        Some(keys)
+    }
+
     /// The plan of an opened file, from the cache when the file is unchanged.
-    fn media_for(&self, file: &File) -> Result<Arc<Media>, penstock_driver::media::MediaError> {
+    fn media_for(
+        &self,
+        file: &File,
+        path: &str,
+    ) -> Result<Arc<Media>, penstock_driver::media::MediaError> {
         let m = file.metadata()?;
         let key = (
             m.dev(),
@@ -593,7 +734,13 @@ impl RtspShared {
             ..PcrLimits::default()
         };
         let (pid, plan) = penstock_driver::media::pcr_plan(file, &limits)?;
-        let media = Arc::new(Media { key, pid, plan });
+        let keys = self.track_keys(path, m.len(), &plan);
+        let media = Arc::new(Media {
+            key,
+            pid,
+            plan,
+            keys,
+        });
         let mut c = self.media.lock().unwrap_or_else(|p| p.into_inner());
         c.entries.retain(|e| e.key.0 != key.0 || e.key.1 != key.1);
         c.entries.push_front(media.clone());
@@ -660,6 +807,13 @@ impl RtspShared {
             octets: l.sub.octets.load(Ordering::Acquire),
         };
         let ended = l.sub.ended.load(Ordering::Acquire);
+        if let Some(rtcp) = &l.tcp_rtcp {
+            let st = rtcp.stats();
+            if st.reports > l.rtcp_reports_seen {
+                self.metrics.rtcp_report("rt", st, &mut l.rtcp_lost_seen);
+                l.rtcp_reports_seen = st.reports;
+            }
+        }
         if let Some(link) = &mut l.link {
             if ended {
                 if let Err(e) = link.finish(counts, "end of live source") {
@@ -677,7 +831,7 @@ impl RtspShared {
                 }
             }
         }
-        if let (Some(rtcp), Transport::Interleaved { engine_end, .. }) =
+        if let (Some(rtcp), Transport::Interleaved { rtcp_out, .. }) =
             (&mut l.tcp_rtcp, &s.transport)
             && !l.sub.paused.load(Ordering::Acquire)
         {
@@ -698,7 +852,7 @@ impl RtspShared {
                 rtcp.poll_report(now, &info, &mut out)
             };
             if let Ok(Some(n)) = r {
-                let _ = engine_end.send(&out[..n]);
+                queue_rtcp(rtcp_out, &out[..n]);
             }
         }
         if ended {
@@ -741,9 +895,17 @@ impl RtspShared {
                 }
             }
         }
+        // Interleaved: receiver reports came in on the connection (`conn.rs`, `rtcp_in`).
+        if let Some(rtcp) = &p.tcp_rtcp {
+            let st = rtcp.stats();
+            if st.reports > p.rtcp_reports_seen {
+                self.metrics.rtcp_report("rt", st, &mut p.rtcp_lost_seen);
+                p.rtcp_reports_seen = st.reports;
+            }
+        }
         // Interleaved: sender reports go through the relay like the RTP packets (the
         // connection thread frames them on the RTCP channel).
-        if let (Some(rtcp), Transport::Interleaved { engine_end, .. }, None, None) =
+        if let (Some(rtcp), Transport::Interleaved { rtcp_out, .. }, None, None) =
             (&mut p.tcp_rtcp, &s.transport, p.ended_at, p.paused_at)
         {
             let now = penstock_driver::clock::now();
@@ -758,8 +920,7 @@ impl RtspShared {
             };
             let mut out = [0u8; 1500];
             if let Ok(Some(n)) = rtcp.poll_report(now, &info, &mut out) {
-                // A full relay drops the report: the next one follows.
-                let _ = engine_end.send(&out[..n]);
+                queue_rtcp(rtcp_out, &out[..n]);
             }
         }
         if p.ended_at.is_none() {
@@ -792,7 +953,7 @@ impl RtspShared {
         {
             tracing::debug!("rtsp session {}: RTCP BYE not sent: {e}", s.id);
         }
-        if let (Some(rtcp), Transport::Interleaved { engine_end, .. }) =
+        if let (Some(rtcp), Transport::Interleaved { rtcp_out, .. }) =
             (&mut p.tcp_rtcp, &s.transport)
         {
             let info = penstock_core::rtp::rtcp::SenderInfo {
@@ -805,7 +966,7 @@ impl RtspShared {
             };
             let mut out = [0u8; 1500];
             if let Ok(Some(n)) = rtcp.end(&info, "end of stream", &mut out) {
-                let _ = engine_end.send(&out[..n]);
+                queue_rtcp(rtcp_out, &out[..n]);
             }
         }
         s.next_sequence = p.packetizer.sequence(counts.packets);

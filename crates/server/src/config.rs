@@ -649,6 +649,12 @@ pub struct EngineSection {
     /// off when it switches to an unprivileged `user`: the capability goes with root, and
     /// the ring would refuse every such read.
     pub rt_ioprio: Option<bool>,
+    /// The dispatch slack (`penstock_driver::EngineConfig::dispatch_slack`): a worker that
+    /// wakes for a deadline sends every paced unit due within this much more, in one
+    /// submission. Microseconds, or `"250us"`; at most 1 ms; 0 turns batching off. Default
+    /// 500 µs (docs/pacing.md).
+    #[serde(default, deserialize_with = "units::opt_us")]
+    pub dispatch_slack_us: Option<u64>,
 }
 
 impl EngineSection {
@@ -668,6 +674,9 @@ impl EngineSection {
         }
         if let Some(on) = self.rt_ioprio {
             c.disk.rt_ioprio = on;
+        }
+        if let Some(us) = self.dispatch_slack_us {
+            c.dispatch_slack = std::time::Duration::from_micros(us);
         }
         c
     }
@@ -882,6 +891,14 @@ impl ServerConfig {
         }
         self.log.check()?;
         self.rtsp.check()?;
+        if let Some(us) = self.engine.dispatch_slack_us
+            && std::time::Duration::from_micros(us) > penstock_driver::engine::DISPATCH_SLACK_MAX
+        {
+            return Err(ConfigError::Invalid(format!(
+                "engine.dispatch_slack_us must be at most {} µs, got {us}",
+                penstock_driver::engine::DISPATCH_SLACK_MAX.as_micros()
+            )));
+        }
         if !self.control.listen.is_empty() {
             self.control.listen.parse::<SocketAddr>().map_err(|e| {
                 ConfigError::Invalid(format!("control.listen {:?}: {e}", self.control.listen))

@@ -788,6 +788,36 @@ mod tests {
     }
 
     #[test]
+    fn the_send_cost_is_measured_once_then_read_from_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = send_cost(Some(dir.path()), Duration::from_millis(50)).unwrap();
+        assert!(first.send_ns > 0);
+        assert!(dir.path().join("send.toml").exists());
+        // The same machine: the cached record, not a new measurement (which would differ
+        // at least in its time stamp or its figure).
+        let mut cached = first.clone();
+        cached.send_ns = 12_345;
+        std::fs::write(
+            dir.path().join("send.toml"),
+            toml::to_string(&cached).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            send_cost(Some(dir.path()), Duration::from_millis(50)).unwrap(),
+            cached
+        );
+        // Another kernel: measured again.
+        cached.kernel.push_str("-other");
+        std::fs::write(
+            dir.path().join("send.toml"),
+            toml::to_string(&cached).unwrap(),
+        )
+        .unwrap();
+        let again = send_cost(Some(dir.path()), Duration::from_millis(50)).unwrap();
+        assert_eq!(again.kernel, first.kernel);
+    }
+
+    #[test]
     fn a_calibration_file_without_depth_figures_still_loads() {
         let text = "path = \"x\"\nseq_read_bytes_per_s_depth1 = 1\nseq_read_bytes_per_s_depth4 = 2\nrandom = []\n";
         let c: Calibration = toml::from_str(text).unwrap();

@@ -1093,6 +1093,30 @@ mod tests {
     }
 
     #[test]
+    fn dispatch_slack_takes_microseconds_and_is_bounded() {
+        let default: ServerConfig = toml::from_str("").unwrap();
+        assert_eq!(
+            default.engine_config().dispatch_slack,
+            penstock_driver::engine::DISPATCH_SLACK_DEFAULT
+        );
+        for (text, us) in [("\"250us\"", 250), ("0", 0), ("\"1ms\"", 1000)] {
+            let c: ServerConfig =
+                toml::from_str(&format!("[engine]\ndispatch_slack_us = {text}\n")).unwrap();
+            c.check().unwrap();
+            assert_eq!(
+                c.engine_config().dispatch_slack,
+                std::time::Duration::from_micros(us)
+            );
+        }
+        let c: ServerConfig = toml::from_str("[engine]\ndispatch_slack_us = 1001\n").unwrap();
+        let e = c.check().unwrap_err().to_string();
+        assert!(e.contains("dispatch_slack_us"), "{e}");
+        assert!(
+            toml::from_str::<ServerConfig>("[engine]\ndispatch_slack_us = \"1.5us\"\n").is_err()
+        );
+    }
+
+    #[test]
     fn disk_section_sets_the_scheduler_and_is_checked() {
         let c: ServerConfig =
             toml::from_str("[disk]\nrt_quantum_bytes = 8388608\ninflight_max = 2\n").unwrap();

@@ -58,6 +58,8 @@ pub const GST_SCRIPT: &str = include_str!("rtsp_gst.py");
 const RTP_CLOCK_HZ: f64 = 90_000.0;
 /// Every wait on a server (connect, a response, its start line) ends after this long.
 const PEER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the bench times UDP sends to find what one costs (`--send-cost` not given).
+const SEND_COST_TIME: Duration = Duration::from_millis(500);
 /// The receive buffer asked of each RTP socket (the kernel caps it at `net.core.rmem_max`;
 /// the figure it kept is printed).
 const RCVBUF_BYTES: usize = 8 << 20;
@@ -137,6 +139,15 @@ pub struct RtspArgs {
     /// where it exists (the distribution's, which python3-gi installs into), else python3].
     #[arg(long)]
     pub python: Option<PathBuf>,
+    /// penstock's dispatch slack (`[engine] dispatch_slack_us`): each wake-up of a worker
+    /// sends the units due within this much more [default: the engine's, 500us].
+    #[arg(long, value_parser = parse_duration)]
+    pub dispatch_slack: Option<Duration>,
+    /// The CPU time of one send penstock's admission charges (`[admission] cpu_send_ns`)
+    /// [default: measured on this machine at the start of the run, as `penstock calibrate`
+    /// measures it].
+    #[arg(long, value_parser = parse_duration)]
+    pub send_cost: Option<Duration>,
     /// Write the results as JSON here.
     /// A bare `--json` writes it on stdout (the tables then go to stderr).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
@@ -149,6 +160,10 @@ struct Plan {
     clip: Duration,
     max_sessions: usize,
     bisect: u32,
+    /// `[engine] dispatch_slack_us` for penstock (`None`: its default).
+    slack_us: Option<u64>,
+    /// `[admission] cpu_send_ns` for penstock: `--send-cost`, else measured by `run`.
+    send_ns: u64,
 }
 
 impl Plan {
@@ -162,6 +177,12 @@ impl Plan {
                 .unwrap_or(Duration::from_secs(if a.quick { 10 } else { 60 })),
             max_sessions: a.max_sessions.unwrap_or(if a.quick { 4 } else { 256 }),
             bisect: a.bisect.unwrap_or(if a.quick { 0 } else { 3 }),
+            slack_us: a
+                .dispatch_slack
+                .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+            send_ns: a
+                .send_cost
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         };
         if a.start == 0 || p.max_sessions < a.start {
             bail!("--start must be at least 1 and at most --max-sessions");
@@ -357,6 +378,7 @@ fn start_server(
     fifo: Option<u8>,
     clip: &Path,
     python: &Path,
+    plan: &Plan,
 ) -> Result<(Server, Url)> {
     let files = tempfile::tempdir()?;
     let name = clip
@@ -379,10 +401,16 @@ fn start_server(
             // class may hold 80% of the pool: 5 per session plus room. 256 KiB buffers (the
             // default is 1 MiB) keep that pool at 1.3 GiB for 1024 sessions.
             let buffers = limit * 5 + 64;
+            // Admission's CPU charge per send: the cost measured on this machine (not the
+            // conservative 20 µs default, which refused the 100th session).
+            let send_ns = plan.send_ns;
+            let slack = plan
+                .slack_us
+                .map_or(String::new(), |us| format!("dispatch_slack_us = {us}\n"));
             std::fs::write(
                 &conf,
                 format!(
-                    "[http]\nlisten = \"127.0.0.1:{http_port}\"\n[rtsp]\nlisten = \"127.0.0.1:{port}\"\nsessions_max = {limit}\nconnections_max = {limit}\n[engine]\npool_buffers = {buffers}\nbuffer_bytes = \"256KiB\"\n[admission]\nnet_bytes_per_s = 10000000000\ndisk_seq_bytes_per_s = 10000000000\ndisk_random_iops = 100000000\nstreams_max = {limit}\nbuffer_count = {buffers}\nbuffer_bytes = \"256KiB\"\n[log]\naccess = \"off\"\n"
+                    "[http]\nlisten = \"127.0.0.1:{http_port}\"\n[rtsp]\nlisten = \"127.0.0.1:{port}\"\nsessions_max = {limit}\nconnections_max = {limit}\n[engine]\npool_buffers = {buffers}\nbuffer_bytes = \"256KiB\"\n{slack}[admission]\nnet_bytes_per_s = 10000000000\ndisk_seq_bytes_per_s = 10000000000\ndisk_random_iops = 100000000\nstreams_max = {limit}\nbuffer_count = {buffers}\nbuffer_bytes = \"256KiB\"\ncpu_send_ns = {send_ns}\n[log]\naccess = \"off\"\n"
                 ),
             )?;
             let mut child = command(fifo, &std::env::current_exe()?)
@@ -1050,7 +1078,7 @@ fn run_step(
     a: &RtspArgs,
     python: &Path,
 ) -> Result<Step> {
-    let (server, url) = start_server(kind, n, a.fifo, &clip.path, python)?;
+    let (server, url) = start_server(kind, n, a.fifo, &clip.path, python, plan)?;
     let mut pairs = Vec::with_capacity(n);
     for _ in 0..n {
         let (rtp, rtcp) = bind_pair()?;
@@ -1361,7 +1389,14 @@ fn default_dir() -> PathBuf {
 }
 
 pub fn run(a: RtspArgs) -> Result<()> {
-    let plan = Plan::of(&a)?;
+    let mut plan = Plan::of(&a)?;
+    let send_cost = if plan.send_ns > 0 {
+        "given (--send-cost)"
+    } else {
+        plan.send_ns = penstock_driver::calibration::measure_send_ns(SEND_COST_TIME)
+            .context("measuring the CPU cost of a UDP send")?;
+        "measured here at the start"
+    };
     let dest = out::dest(&a.json);
     let mut h = out::human(dest);
     let python = python(&a);
@@ -1407,6 +1442,13 @@ pub fn run(a: RtspArgs) -> Result<()> {
             ),
             None => "the default (SCHED_OTHER) for servers and receiver".to_string(),
         }
+    )?;
+    writeln!(
+        h,
+        "penstock: admission charges {} ns of CPU per send ({send_cost}; 1316-byte UDP sends to a loopback receiver); dispatch slack {}.\n",
+        plan.send_ns,
+        plan.slack_us
+            .map_or("the engine's default".to_string(), |us| format!("{us} µs"))
     )?;
     writeln!(h, "{HEADER}")?;
     let mut results = Vec::new();
@@ -1507,6 +1549,8 @@ pub fn run(a: RtspArgs) -> Result<()> {
             "lateness_max_ms": a.lateness_max.as_secs_f64() * 1e3,
             "max_sessions": plan.max_sessions,
             "fifo": a.fifo,
+            "penstock_cpu_send_ns": plan.send_ns,
+            "penstock_dispatch_slack_us": plan.slack_us,
             "notes": notes,
             "servers": results.iter().map(|(k, steps)| json!({
                 "server": k.name(),

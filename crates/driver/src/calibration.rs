@@ -375,6 +375,74 @@ pub fn measure_send_ns(time: Duration) -> std::io::Result<u64> {
         .max(1))
 }
 
+/// How long [`send_cost`] times sends when it measures.
+pub const SEND_COST_TIME: Duration = Duration::from_millis(300);
+
+/// One machine's measured send cost ([`measure_send_ns`]), as cached in
+/// `<cache dir>/send.toml`, with what it was measured on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SendCostRecord {
+    pub send_ns: u64,
+    /// The kernel release (`uname -r`) and the CPU (model name × CPUs): measured again when
+    /// either changes.
+    pub kernel: String,
+    pub cpu: String,
+    /// When it was measured (Unix seconds).
+    pub measured_unix_s: u64,
+}
+
+fn this_machine() -> (String, String) {
+    let kernel = rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (kernel, format!("{model} x {cpus}"))
+}
+
+/// The CPU time of one datagram send on this machine, for admission's CPU charge
+/// (`Capacity::cpu_send_ns`): the cached figure (`<cache_dir>/send.toml`) when the kernel
+/// and the CPU are those it was measured on, else [`measure_send_ns`] for `time` now, cached
+/// (a cache that cannot be written costs a measurement next time, nothing more). With no
+/// cache directory it is measured at each call.
+pub fn send_cost(cache_dir: Option<&Path>, time: Duration) -> std::io::Result<SendCostRecord> {
+    let (kernel, cpu) = this_machine();
+    let path = cache_dir.map(|d| d.join("send.toml"));
+    if let Some(path) = &path
+        && let Ok(text) = std::fs::read_to_string(path)
+        && let Ok(r) = toml::from_str::<SendCostRecord>(&text)
+        && r.kernel == kernel
+        && r.cpu == cpu
+        && r.send_ns > 0
+    {
+        return Ok(r);
+    }
+    let record = SendCostRecord {
+        send_ns: measure_send_ns(time.min(SELF_CALIBRATION_TIME_MAX))?,
+        kernel,
+        cpu,
+        measured_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    if let Some(path) = &path {
+        let _ = write_atomically(
+            path,
+            &toml::to_string(&record).expect("a record serializes"),
+        );
+    }
+    Ok(record)
+}
+
 #[derive(Clone, Copy)]
 enum Pattern {
     Sequential,
@@ -717,6 +785,36 @@ mod tests {
         let d = figs(&[(1, 1000), (2, 990), (4, 970), (8, 980), (16, 960)]);
         assert_eq!(best_read_depth(&d), Some(1));
         assert_eq!(best_read_depth(&[]), None);
+    }
+
+    #[test]
+    fn the_send_cost_is_measured_once_then_read_from_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = send_cost(Some(dir.path()), Duration::from_millis(50)).unwrap();
+        assert!(first.send_ns > 0);
+        assert!(dir.path().join("send.toml").exists());
+        // The same machine: the cached record, not a new measurement (which would differ
+        // at least in its time stamp or its figure).
+        let mut cached = first.clone();
+        cached.send_ns = 12_345;
+        std::fs::write(
+            dir.path().join("send.toml"),
+            toml::to_string(&cached).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            send_cost(Some(dir.path()), Duration::from_millis(50)).unwrap(),
+            cached
+        );
+        // Another kernel: measured again.
+        cached.kernel.push_str("-other");
+        std::fs::write(
+            dir.path().join("send.toml"),
+            toml::to_string(&cached).unwrap(),
+        )
+        .unwrap();
+        let again = send_cost(Some(dir.path()), Duration::from_millis(50)).unwrap();
+        assert_eq!(again.kernel, first.kernel);
     }
 
     #[test]

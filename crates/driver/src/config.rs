@@ -40,6 +40,12 @@ pub struct EngineConfig {
     pub timer: TimerMode,
     /// Wake this much before a deadline and spin until it (0: off). Bounded by `SPIN_MAX`.
     pub spin: Duration,
+    /// The dispatch slack: each time a worker wakes for a deadline it sends every paced unit
+    /// due by now plus this much, across all its streams, in one submission — never a unit
+    /// earlier than its deadline minus the slack; the earliest goes at its deadline. 0: each
+    /// unit at its own deadline (one wake-up each, unless deadlines coincide). Bounded by
+    /// [`DISPATCH_SLACK_MAX`]; docs/pacing.md says why the default is what it is.
+    pub dispatch_slack: Duration,
     /// Order of the dispatch queue: earliest deadline first, or rate-monotonic (MARS's RTU).
     pub order: Order,
     /// SCHED_FIFO for the workers and mlockall; falls back (with a message) when refused.
@@ -73,6 +79,13 @@ pub fn conservative_admission() -> AdmissionConfig {
 /// The longest spin before a deadline the engine accepts.
 pub const SPIN_MAX: Duration = Duration::from_millis(2);
 
+/// The largest [`EngineConfig::dispatch_slack`] the engine accepts: units sent this early
+/// would no longer keep a media stream's timing (issue 15: arrival within 1 ms of the PCR).
+pub const DISPATCH_SLACK_MAX: Duration = Duration::from_millis(1);
+
+/// The default [`EngineConfig::dispatch_slack`] (docs/pacing.md, "Dispatch slack").
+pub const DISPATCH_SLACK_DEFAULT: Duration = Duration::from_micros(500);
+
 /// How a worker waits for the next deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TimerMode {
@@ -96,6 +109,7 @@ impl Default for EngineConfig {
             register_buffers: true,
             timer: TimerMode::Uring,
             spin: Duration::ZERO,
+            dispatch_slack: DISPATCH_SLACK_DEFAULT,
             order: Order::EarliestDeadline,
             realtime: false,
             trace_units_max: 10_000_000,

@@ -44,8 +44,8 @@ use penstock_core::sched::drr::SchedError;
 // Defined in modules of their own, so that the worker and the data paths need not import the
 // engine; re-exported where callers have always found them (`penstock_driver::engine::*`).
 pub use crate::config::{
-    BUFFER_BYTES_MAX, EngineConfig, EngineInfo, SPIN_MAX, STREAMS_MAX_LIMIT, TimerMode,
-    conservative_admission,
+    BUFFER_BYTES_MAX, DISPATCH_SLACK_DEFAULT, DISPATCH_SLACK_MAX, EngineConfig, EngineInfo,
+    SPIN_MAX, STREAMS_MAX_LIMIT, TimerMode, conservative_admission,
 };
 pub use crate::error::StreamError;
 pub use crate::report::{
@@ -455,6 +455,12 @@ impl Engine {
                 cfg.spin
             )));
         }
+        if cfg.dispatch_slack > DISPATCH_SLACK_MAX {
+            return Err(EngineError::Config(format!(
+                "dispatch_slack must be at most {DISPATCH_SLACK_MAX:?}, got {:?}",
+                cfg.dispatch_slack
+            )));
+        }
         if cfg.streams_max == 0 || cfg.streams_max > STREAMS_MAX_LIMIT {
             return Err(EngineError::Config(format!(
                 "streams_max must be 1..={STREAMS_MAX_LIMIT}, got {}",
@@ -539,6 +545,13 @@ impl Engine {
     pub fn admission_usage(&self) -> (Usage, Usage) {
         let a = self.admission.lock().unwrap_or_else(|p| p.into_inner());
         (a.usage(), a.rt_capacity())
+    }
+
+    /// System calls (io_uring_enter, clock_nanosleep) the workers' loops made so far to
+    /// submit operations and to wait, all workers: with `units_sent`, what dispatch costs per
+    /// unit (`EngineConfig::dispatch_slack` batches many units into one submission).
+    pub fn worker_syscalls(&self) -> u64 {
+        self.workers.iter().map(|w| w.syscalls()).sum()
     }
 
     /// Each device with a reservation or figures of its own: its reserved time per second
@@ -1085,7 +1098,8 @@ impl Engine {
                         id,
                         spec.start_at,
                     )
-                    .with_late(plan.late),
+                    .with_late(plan.late)
+                    .with_slack(self.cfg.dispatch_slack),
                 )
             } else {
                 schedule.map(|s| {
@@ -1099,6 +1113,7 @@ impl Engine {
                         spec.start_at,
                     )
                     .with_late(plan.late)
+                    .with_slack(self.cfg.dispatch_slack)
                 })
             },
             send_timeout: spec.send_timeout.filter(|t| !t.is_zero()),

@@ -56,6 +56,8 @@ pub(crate) struct Pace {
     stream: u64,
     /// Units dropped from the trace because it reached `trace_units_max`.
     pub(crate) trace_dropped: u64,
+    /// A unit due at most this long after `now` is sent at `now` (`EngineConfig::dispatch_slack`).
+    slack_ns: u64,
 }
 
 impl Pace {
@@ -117,7 +119,16 @@ impl Pace {
             trace_units_max,
             stream,
             trace_dropped: 0,
+            slack_ns: 0,
         }
+    }
+
+    /// The dispatch slack (0 unless set): [`Pace::gate`] answers `Send` for a unit due at
+    /// most `slack` after `now`, so that one wake-up of the worker sends every unit due
+    /// within it. Lateness is still measured against the unit's own deadline.
+    pub(crate) fn with_slack(mut self, slack: std::time::Duration) -> Pace {
+        self.slack_ns = u64::try_from(slack.as_nanos()).unwrap_or(u64::MAX);
+        self
     }
 
     /// The late-unit policy (`Send` unless set).
@@ -138,8 +149,9 @@ impl Pace {
         }
     }
 
-    /// Whether the next unit goes at `now`, waits, or (`late=skip`) is skipped with the
-    /// units after it that are later than the miss threshold.
+    /// Whether the next unit goes at `now` (it is due by `now` plus the slack), waits, or
+    /// (`late=skip`) is skipped with the units after it that are later than the miss
+    /// threshold.
     pub(crate) fn gate(&mut self, now: Instant) -> Gate {
         self.anchor(now);
         if self.late == LatePolicy::Skip {
@@ -149,8 +161,9 @@ impl Pace {
                 return Gate::Skip(first - self.next_unit);
             }
         }
+        let horizon = Instant::from_nanos(now.as_nanos().saturating_add(self.slack_ns));
         match self.deadline(self.next_unit) {
-            Some(d) if d > now => Gate::Wait(d),
+            Some(d) if d > horizon => Gate::Wait(d),
             _ => Gate::Send,
         }
     }

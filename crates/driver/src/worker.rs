@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 use std::thread::JoinHandle;
 
@@ -73,12 +73,20 @@ pub(crate) struct WorkerHandle {
     wake: Arc<OwnedFd>,
     /// The worker's disk queue depth, published by its loop.
     disk_depth: Arc<DiskDepth>,
+    /// System calls the worker's loop made to submit and to wait (io_uring_enter,
+    /// clock_nanosleep).
+    syscalls: Arc<AtomicU64>,
 }
 
 impl WorkerHandle {
     /// Disk reads (rt, bulk) queued or in flight on this worker.
     pub(crate) fn disk_depth(&self) -> (u64, u64) {
         self.disk_depth.get()
+    }
+
+    /// System calls this worker's loop made so far to submit operations and to wait.
+    pub(crate) fn syscalls(&self) -> u64 {
+        self.syscalls.load(Ordering::Relaxed)
     }
 
     pub(crate) fn send(&self, c: Command) {
@@ -273,6 +281,12 @@ struct Worker {
     rtu_by_id: HashMap<u64, usize>,
     timer_mode: TimerMode,
     spin: Duration,
+    /// `EngineConfig::dispatch_slack`: each wake-up releases the streams due up to now plus
+    /// this (none with upcalls on the worker: see `release_due`).
+    slack: Duration,
+    /// io_uring_enter and clock_nanosleep calls of the loop, published for
+    /// `Engine::worker_syscalls`.
+    syscalls: Arc<AtomicU64>,
     /// Deadline of the earliest timer armed in the ring, and how many are in flight.
     /// The deadline each timer slot is armed for (`None`: free). A timer at or before the
     /// next deadline must exist whenever the loop blocks.
@@ -317,6 +331,9 @@ pub(crate) fn spawn_worker(
     let depth = cfg.stream_depth;
     let wake2 = wake.clone();
     let (timer_mode, spin, order, realtime) = (cfg.timer, cfg.spin, cfg.order, cfg.realtime);
+    let slack = cfg.dispatch_slack;
+    let syscalls = Arc::new(AtomicU64::new(0));
+    let syscalls_pub = syscalls.clone();
     // One queue entry per stream and per upcall this worker may hold.
     let entries_max = cfg.streams_max + cfg.cpu.rtus_max as usize;
     let disk_cfg = cfg.disk.clone();
@@ -407,6 +424,8 @@ pub(crate) fn spawn_worker(
             rtu_by_id: HashMap::new(),
             timer_mode,
             spin,
+            slack,
+            syscalls: syscalls_pub,
             timers: [None; TIMERS_MAX as usize],
             disk,
             synthetic: Vec::new(),
@@ -424,6 +443,7 @@ pub(crate) fn spawn_worker(
             tx,
             wake,
             disk_depth,
+            syscalls,
         },
         join,
         info,
@@ -776,11 +796,17 @@ impl Worker {
         self.free.push(slot);
     }
 
-    /// Makes every paced stream whose deadline has come runnable and runs every upcall
-    /// activation released (spinning up to `spin` for a deadline that is that close), in the
-    /// queue's order: before an activation runs, the streams popped ahead of it are stepped
-    /// and their sends handed to the kernel, so that a callback never delays a unit the order
-    /// puts first (under EDF, every unit due now).
+    /// Makes every paced stream whose deadline has come — or comes within the dispatch slack —
+    /// runnable and runs every upcall activation released (spinning up to `spin` for a
+    /// deadline that is that close), in the queue's order: before an activation runs, the
+    /// streams popped ahead of it are stepped and their sends handed to the kernel, so that a
+    /// callback never delays a unit the order puts first (under EDF, every unit due now).
+    ///
+    /// The slack batches: the streams released here are stepped in this turn and their sends
+    /// go to the kernel in one submission (`wait`), and their gates (`Pace::gate`) use the same
+    /// slack. It applies only while the worker holds no upcall, whose activations must never
+    /// run before their release (after the first upcall arrives, an activation released
+    /// within one slack of an earlier wake-up may still run at that wake-up's horizon, once).
     fn release_due(&mut self) {
         let Some(next) = self.edf.peek_deadline() else {
             return;
@@ -792,15 +818,23 @@ impl Worker {
                 now = clock::now();
             }
         }
+        let horizon = if self.rtu_by_id.is_empty() {
+            now + self.slack
+        } else {
+            now
+        };
         self.due.clear();
-        self.edf.pop_due(now, DUE_BUDGET, &mut self.due);
+        self.edf.pop_due(horizon, DUE_BUDGET, &mut self.due);
         for i in 0..self.due.len() {
             match self.due[i].key {
                 Entry::Stream(slot) => self.schedule(slot),
                 Entry::Rtu(k) => {
                     self.step_ready();
                     if let Reactor::Ring(ring) = &mut self.reactor
-                        && let Err(e) = ring.submit()
+                        && let Err(e) = {
+                            self.syscalls.fetch_add(1, Ordering::Relaxed);
+                            ring.submit()
+                        }
                     {
                         panic!("io_uring submit failed: {e}");
                     }
@@ -917,6 +951,7 @@ impl Worker {
             && (mode == TimerMode::Nanosleep || short)
         {
             // Hand queued sends to the kernel, take what completed, then sleep to the deadline.
+            self.syscalls.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = ring.submit() {
                 panic!("io_uring submit failed: {e}");
             }
@@ -928,6 +963,7 @@ impl Worker {
                     tv_sec: (at.as_nanos() / 1_000_000_000) as i64,
                     tv_nsec: (at.as_nanos() % 1_000_000_000) as i64,
                 };
+                self.syscalls.fetch_add(1, Ordering::Relaxed);
                 let _ = rustix::thread::clock_nanosleep_absolute(
                     rustix::thread::ClockId::Monotonic,
                     &ts,
@@ -968,6 +1004,7 @@ impl Worker {
                         }
                     }
                 }
+                self.syscalls.fetch_add(1, Ordering::Relaxed);
                 let r = if block {
                     ring.submit_and_wait(1, bound)
                 } else {

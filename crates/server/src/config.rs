@@ -656,6 +656,12 @@ pub struct EngineSection {
     /// off when it switches to an unprivileged `user`: the capability goes with root, and
     /// the ring would refuse every such read.
     pub rt_ioprio: Option<bool>,
+    /// The dispatch slack (`penstock_driver::EngineConfig::dispatch_slack`): a worker that
+    /// wakes for a deadline sends every paced unit due within this much more, in one
+    /// submission. Microseconds, or `"250us"`; at most 1 ms; 0 turns batching off. Default
+    /// 500 µs (docs/pacing.md).
+    #[serde(default, deserialize_with = "units::opt_us")]
+    pub dispatch_slack_us: Option<u64>,
 }
 
 impl EngineSection {
@@ -675,6 +681,9 @@ impl EngineSection {
         }
         if let Some(on) = self.rt_ioprio {
             c.disk.rt_ioprio = on;
+        }
+        if let Some(us) = self.dispatch_slack_us {
+            c.dispatch_slack = std::time::Duration::from_micros(us);
         }
         c
     }
@@ -899,6 +908,14 @@ impl ServerConfig {
                 self.http.health_path
             )));
         }
+        if let Some(us) = self.engine.dispatch_slack_us
+            && std::time::Duration::from_micros(us) > penstock_driver::engine::DISPATCH_SLACK_MAX
+        {
+            return Err(ConfigError::Invalid(format!(
+                "engine.dispatch_slack_us must be at most {} µs, got {us}",
+                penstock_driver::engine::DISPATCH_SLACK_MAX.as_micros()
+            )));
+        }
         if !self.control.listen.is_empty() {
             self.control.listen.parse::<SocketAddr>().map_err(|e| {
                 ConfigError::Invalid(format!("control.listen {:?}: {e}", self.control.listen))
@@ -1089,6 +1106,30 @@ mod tests {
                 c.control.start_at_ahead_max_ms
             ),
             (d.start_at_late_max_ms, d.start_at_ahead_max_ms)
+        );
+    }
+
+    #[test]
+    fn dispatch_slack_takes_microseconds_and_is_bounded() {
+        let default: ServerConfig = toml::from_str("").unwrap();
+        assert_eq!(
+            default.engine_config().dispatch_slack,
+            penstock_driver::engine::DISPATCH_SLACK_DEFAULT
+        );
+        for (text, us) in [("\"250us\"", 250), ("0", 0), ("\"1ms\"", 1000)] {
+            let c: ServerConfig =
+                toml::from_str(&format!("[engine]\ndispatch_slack_us = {text}\n")).unwrap();
+            c.check().unwrap();
+            assert_eq!(
+                c.engine_config().dispatch_slack,
+                std::time::Duration::from_micros(us)
+            );
+        }
+        let c: ServerConfig = toml::from_str("[engine]\ndispatch_slack_us = 1001\n").unwrap();
+        let e = c.check().unwrap_err().to_string();
+        assert!(e.contains("dispatch_slack_us"), "{e}");
+        assert!(
+            toml::from_str::<ServerConfig>("[engine]\ndispatch_slack_us = \"1.5us\"\n").is_err()
         );
     }
 

@@ -175,6 +175,22 @@ impl Server {
                 1_000_000_000u64.saturating_mul(engine_cfg.workers as u64);
         }
         engine_cfg.self_calibration = cfg.admission.self_calibration();
+        if cfg.admission.cpu_send_ns.is_none() && engine_cfg.self_calibration.enabled {
+            // Admission's CPU charge per send: this machine's, measured once and cached with
+            // the device figures (not the conservative 20 µs, which refused the 100th
+            // 8 Mbit/s RTSP session on two CPUs that carried more).
+            let cache = engine_cfg.self_calibration.cache_dir.as_deref();
+            match penstock_driver::calibration::send_cost(
+                cache,
+                penstock_driver::calibration::SEND_COST_TIME,
+            ) {
+                Ok(r) => engine_cfg.admission.capacity.cpu_send_ns = r.send_ns,
+                Err(e) => tracing::warn!(
+                    "the CPU cost of a send could not be measured ({e}): admission charges the default {} ns",
+                    engine_cfg.admission.capacity.cpu_send_ns
+                ),
+            }
+        }
         let engine =
             Arc::new(Engine::new(engine_cfg).map_err(|e| ServerError::Engine(e.to_string()))?);
         // The root's device, measured now (under 3 s; from the cache when it is the same

@@ -1,4 +1,4 @@
-//! Configuration values with units: a field named `…_ms`, `…_bytes` or `…_bytes_per_s` takes a
+//! Configuration values with units: a field named `…_ms`, `…_us`, `…_bytes` or `…_bytes_per_s` takes a
 //! number in the unit its name says, or a string in the command line's units — `"30s"`,
 //! `"250ms"`, `"64KiB"`, `"1 MiB"`, `"8Mbps"` (megabits), `"100MB/s"` — parsed by
 //! `penstock_core::units`, so the file and the command line read the same.
@@ -36,6 +36,14 @@ fn millis(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?}: not a whole number of milliseconds"))
 }
 
+fn micros(s: &str) -> Result<u64, String> {
+    let d = parse_duration(s).map_err(|e| format!("{e} (a duration such as 250us, 1ms)"))?;
+    u64::try_from(d.as_micros())
+        .ok()
+        .filter(|_| d.subsec_nanos() % 1_000 == 0)
+        .ok_or_else(|| format!("{s:?}: not a whole number of microseconds"))
+}
+
 fn bytes(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| format!("{e} (a size such as 64KiB, 1MiB, 4096)"))
 }
@@ -67,6 +75,11 @@ pub fn rate<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<T, D::Er
 /// The same for optional fields.
 pub fn opt_ms<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
     convert(d, millis).map(Some)
+}
+
+/// `…_us`: microseconds, or `"250us"` / `"1ms"`.
+pub fn opt_us<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
+    convert(d, micros).map(Some)
 }
 
 pub fn opt_size<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {

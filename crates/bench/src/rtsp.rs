@@ -1512,26 +1512,39 @@ pub fn run(a: RtspArgs) -> Result<()> {
             let (common_n, same) = common.unwrap_or((0, f64::NAN));
             let met = gn > 0 && pn >= 2 * gn && own <= 0.5 && same <= 0.5;
             let capped = pn >= plan.max_sessions && pn < 2 * gn;
-            let line = format!(
-                "Goal: ≥ 2× GStreamer's sessions at ≤ 0.5× its CPU per session: {} (sessions {pn} vs {gn}, {:.2}×{}; CPU per session {:.2}× at each one's largest clean N, {:.2}× at N = {common_n}, the largest both kept clean){}",
-                if met { "met" } else { "NOT met" },
-                pn as f64 / gn as f64,
-                if pn >= plan.max_sessions {
-                    ", penstock at the cap"
-                } else {
-                    ""
-                },
-                own,
-                same,
-                if capped {
-                    " — penstock reached --max-sessions: raise it"
-                } else {
-                    ""
-                }
-            );
+            let line = if gn == 0 || pn == 0 {
+                // No ratio exists: say which server kept no step clean instead of
+                // printing NaN or inf (a stalled machine does this to both).
+                format!(
+                    "Goal: ≥ 2× GStreamer's sessions at ≤ 0.5× its CPU per session: NOT judged ({} kept no step clean: sessions {pn} vs {gn})",
+                    match (pn, gn) {
+                        (0, 0) => "neither server",
+                        (0, _) => "penstock",
+                        _ => "GStreamer",
+                    }
+                )
+            } else {
+                format!(
+                    "Goal: ≥ 2× GStreamer's sessions at ≤ 0.5× its CPU per session: {} (sessions {pn} vs {gn}, {:.2}×{}; CPU per session {:.2}× at each one's largest clean N, {:.2}× at N = {common_n}, the largest both kept clean){}",
+                    if met { "met" } else { "NOT met" },
+                    pn as f64 / gn as f64,
+                    if pn >= plan.max_sessions {
+                        ", penstock at the cap"
+                    } else {
+                        ""
+                    },
+                    own,
+                    same,
+                    if capped {
+                        " — penstock reached --max-sessions: raise it"
+                    } else {
+                        ""
+                    }
+                )
+            };
             writeln!(h, "\n{line}")?;
             Some(json!({
-                "met": met, "sessions_ratio": pn as f64 / gn as f64,
+                "met": met, "sessions_ratio": finite(pn as f64 / gn as f64),
                 "cpu_per_session_ratio": finite(own),
                 "common_sessions": common_n, "cpu_per_session_ratio_at_common": finite(same),
                 "line": line,

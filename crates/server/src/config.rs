@@ -16,9 +16,11 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::listen::ListenAddrs;
 
+pub mod origin;
 pub mod rtsp;
 pub mod units;
 
+pub use origin::OriginConfig;
 pub use rtsp::RtspConfig;
 
 /// Why a configuration was refused.
@@ -54,6 +56,9 @@ pub struct ServerConfig {
     pub log: LogConfig,
     /// `[rtsp]`: the RTSP server (on by default at 127.0.0.1:8554).
     pub rtsp: RtspConfig,
+    /// `[origin]`: paths missing beneath the root read from an HTTP or S3 origin through a
+    /// local block cache (docs/origin.md). Off by default.
+    pub origin: OriginConfig,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
@@ -882,6 +887,7 @@ impl ServerConfig {
         }
         self.log.check()?;
         self.rtsp.check()?;
+        self.origin.check()?;
         if !self.control.listen.is_empty() {
             self.control.listen.parse::<SocketAddr>().map_err(|e| {
                 ConfigError::Invalid(format!("control.listen {:?}: {e}", self.control.listen))

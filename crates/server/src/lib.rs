@@ -36,6 +36,7 @@ mod http;
 pub mod listen;
 pub mod metrics;
 pub mod metrics_http;
+mod origin;
 pub mod private;
 pub mod rtsp;
 pub mod streams;
@@ -188,17 +189,27 @@ impl Server {
         )?;
 
         let body_path = cfg.body_path()?;
-        let shared = Arc::new(http::HttpShared::new(
-            cfg.live(),
-            http::Site::new(root_fd, cfg.http.index.clone(), &cfg.http.types),
-            cfg.http.server_name.clone(),
-            cfg.http.metrics_path.clone(),
-            cfg.http.engine_body_bytes_min,
-            body_path,
-            engine.clone(),
-            metrics.clone(),
-            access_log,
-        ));
+        let origin = if cfg.origin.enabled() {
+            let o = origin::Origin::start(&cfg.origin).map_err(ConfigError::Invalid)?;
+            metrics.register_with(|r| o.metrics.register(r));
+            Some(Arc::new(o))
+        } else {
+            None
+        };
+        let shared = Arc::new(
+            http::HttpShared::new(
+                cfg.live(),
+                http::Site::new(root_fd, cfg.http.index.clone(), &cfg.http.types),
+                cfg.http.server_name.clone(),
+                cfg.http.metrics_path.clone(),
+                cfg.http.engine_body_bytes_min,
+                body_path,
+                engine.clone(),
+                metrics.clone(),
+                access_log,
+            )
+            .with_origin(origin),
+        );
         let workers = if cfg.http.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {

@@ -53,9 +53,7 @@ impl Geometry {
     /// The pieces of blocks that make the byte range `[offset, offset + len)`, in order; the
     /// range is cut at the object's end.
     pub fn pieces(&self, offset_bytes: u64, len_bytes: u64) -> Pieces {
-        let end = offset_bytes
-            .saturating_add(len_bytes)
-            .min(self.size_bytes);
+        let end = offset_bytes.saturating_add(len_bytes).min(self.size_bytes);
         Pieces {
             geometry: *self,
             at: offset_bytes.min(end),

@@ -81,7 +81,10 @@ mod tests {
         let text = "# comment\n[default]\naws_access_key_id = A\naws_secret_access_key=S\n\n\
                     [profile other]\naws_access_key_id = B\n";
         let k = parse_credentials(text, "default").unwrap();
-        assert_eq!((k.access_key_id.as_str(), k.secret_access_key.as_str()), ("A", "S"));
+        assert_eq!(
+            (k.access_key_id.as_str(), k.secret_access_key.as_str()),
+            ("A", "S")
+        );
         assert!(!format!("{k:?}").contains('S') || !format!("{k:?}").contains("\"S\""));
         assert_eq!(
             parse_credentials(text, "other"),

@@ -33,7 +33,9 @@ pub enum ReplyError {
     },
     #[error("the origin's object size is {got} bytes, expected {expected}")]
     SizeChanged { expected: u64, got: u64 },
-    #[error("the origin answered 200 with the whole object ({0} bytes) to a range request: it does not serve ranges")]
+    #[error(
+        "the origin answered 200 with the whole object ({0} bytes) to a range request: it does not serve ranges"
+    )]
     NoRanges(u64),
     #[error("the origin did not say the object's size")]
     UnknownSize,
@@ -42,7 +44,11 @@ pub enum ReplyError {
 /// Parses `bytes a-b/n`, `bytes a-b/*` or `bytes */n`.
 pub fn parse_content_range(v: &str) -> Result<ContentRange, ReplyError> {
     let bad = || ReplyError::BadContentRange(v.chars().take(80).collect());
-    let rest = v.trim().strip_prefix("bytes ").ok_or_else(bad)?.trim_start();
+    let rest = v
+        .trim()
+        .strip_prefix("bytes ")
+        .ok_or_else(bad)?
+        .trim_start();
     let (range, complete) = rest.split_once('/').ok_or_else(bad)?;
     let num = |s: &str| -> Result<u64, ReplyError> {
         if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
@@ -102,11 +108,14 @@ pub fn check_reply(
         _ => Ok(got),
     };
     match (status, cr) {
-        (206, Some(ContentRange::Bytes {
-            first,
-            last,
-            complete,
-        })) => {
+        (
+            206,
+            Some(ContentRange::Bytes {
+                first,
+                last,
+                complete,
+            }),
+        ) => {
             let size = expect_size(complete.ok_or(ReplyError::UnknownSize)?)?;
             let want_last = (asked.start + asked.len_bytes).min(size).saturating_sub(1);
             if first != asked.start || last != want_last {
@@ -124,12 +133,10 @@ pub fn check_reply(
         }
         (206, _) => Err(ReplyError::MissingContentRange),
         // An empty object: no range of it exists.
-        (416, Some(ContentRange::Unsatisfied { complete })) if asked.start == 0 => {
-            Ok(Shape {
-                size_bytes: expect_size(complete)?,
-                body_bytes: 0,
-            })
-        }
+        (416, Some(ContentRange::Unsatisfied { complete })) if asked.start == 0 => Ok(Shape {
+            size_bytes: expect_size(complete)?,
+            body_bytes: 0,
+        }),
         (416, _) => Err(ReplyError::MissingContentRange),
         // A whole object that fits in the block asked from its start (some servers answer
         // 200 when the range covers everything).

@@ -138,7 +138,8 @@ impl<K: Clone + Eq + Hash> BlockTable<K> {
         }
         let stamp = self.stamp();
         self.lru.insert(stamp, key.clone());
-        self.entries.insert(key.clone(), Entry::Cached { bytes, stamp });
+        self.entries
+            .insert(key.clone(), Entry::Cached { bytes, stamp });
         self.bytes_cached += bytes;
         debug_assert!(self.bytes_cached <= self.bytes_max);
         Stored {

@@ -1,0 +1,524 @@
+//! `[origin]` (issue 18 item 1, docs/origin.md) on loopback with real parts: nginx as the
+//! HTTP origin (started and stopped here), penstock serving an empty root, ureq clients;
+//! and small origins written here where a fault must be exact (a body cut mid-block, a
+//! garbled range, an origin that never answers). Every byte is compared; origin bytes are
+//! counted by nginx's access log and by penstock's metric. No assertion on wall-clock time.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+struct Nginx {
+    child: Child,
+    port: u16,
+    www: PathBuf,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// nginx on loopback serving a fresh directory, logging `status body_bytes_sent uri`.
+fn nginx() -> Option<Nginx> {
+    if Command::new("nginx").arg("-v").output().is_err() {
+        println!("SKIPPED: nginx is not installed");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().to_path_buf();
+    let www = p.join("www");
+    std::fs::create_dir(&www).unwrap();
+    let log = p.join("access.log");
+    let port = free_port();
+    std::fs::write(
+        p.join("nginx.conf"),
+        format!(
+            "user root;\nworker_processes 1;\ndaemon off;\npid {p}/nginx.pid;\nerror_log {p}/error.log warn;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n  log_format b '$status $body_bytes_sent $request_uri';\n  access_log {log} b;\n  sendfile on;\n\
+               client_body_temp_path {p}/cb; proxy_temp_path {p}/px; fastcgi_temp_path {p}/fc; uwsgi_temp_path {p}/uw; scgi_temp_path {p}/sc;\n\
+               server {{ listen 127.0.0.1:{port}; root {www}; location / {{ }} }}\n}}\n",
+            p = p.display(),
+            log = log.display(),
+            www = www.display(),
+        ),
+    )
+    .unwrap();
+    let child = Command::new("nginx")
+        .arg("-p")
+        .arg(&p)
+        .arg("-c")
+        .arg(p.join("nginx.conf"))
+        .arg("-e")
+        .arg(p.join("error.log"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..200 {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Some(Nginx {
+                child,
+                port,
+                www,
+                log,
+                _dir: dir,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("nginx did not listen");
+}
+
+impl Nginx {
+    /// Body bytes nginx sent (its access log; it writes each line at the request's end).
+    fn bytes_sent(&self) -> u64 {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(1)?.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+/// penstock with an empty root, its origin `url`, the cache in a directory of its own.
+fn penstock(
+    url: &str,
+    tune: impl FnOnce(&mut penstock_server::config::OriginConfig),
+) -> (Fixture, tempfile::TempDir) {
+    let cache = tempfile::tempdir().unwrap();
+    let mut cfg = config();
+    cfg.origin.url = url.to_string();
+    cfg.origin.cache_dir = Some(cache.path().to_path_buf());
+    cfg.origin.block_bytes = MIB;
+    cfg.origin.cache_bytes_max = 256 * MIB;
+    tune(&mut cfg.origin);
+    (start_with(cfg), cache)
+}
+
+fn metric(f: &Fixture, name: &str) -> u64 {
+    let page = String::from_utf8(get(f, "/metrics", &[]).2).unwrap();
+    page.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("{name} not in the metrics"))
+        .round() as u64
+}
+
+/// Block files and temporary files left in the cache: (blocks, bytes of blocks, temps).
+fn cache_files(cache: &Path) -> (usize, u64, usize) {
+    let dir = cache.join("penstock-origin");
+    let blocks: Vec<_> = std::fs::read_dir(dir.join("blocks"))
+        .unwrap()
+        .flatten()
+        .collect();
+    let bytes = blocks.iter().map(|e| e.metadata().unwrap().len()).sum();
+    let temps = std::fs::read_dir(dir.join("tmp")).unwrap().count();
+    (blocks.len(), bytes, temps)
+}
+
+fn fetch(
+    f: &Fixture,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    get(f, path, headers)
+}
+
+#[test]
+fn concurrent_clients_get_exact_bytes_and_each_block_is_fetched_once() {
+    let Some(n) = nginx() else { return };
+    let files: Vec<(String, Vec<u8>)> = (0..16)
+        .map(|i| {
+            // Sizes around a few MB, most not a multiple of the block.
+            let len = 2_500_000 + i * 123_457;
+            (format!("/v/f{i}.bin"), pattern(len, 100 + i as u64))
+        })
+        .collect();
+    std::fs::create_dir(n.www.join("v")).unwrap();
+    for (name, data) in &files {
+        std::fs::write(n.www.join(&name[1..]), data).unwrap();
+    }
+    let unique: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+    let (f, _cache) = penstock(&format!("http://127.0.0.1:{}", n.port), |_| {});
+    let clients = 8;
+    std::thread::scope(|s| {
+        for c in 0..clients {
+            let (f, files) = (&f, &files);
+            s.spawn(move || {
+                // Every client reads every file, all starting together on the same ones
+                // (readers of one block at once: coalescing), half of them in another order.
+                for k in 0..files.len() {
+                    let i = if c % 2 == 0 {
+                        k
+                    } else {
+                        (k * 7 + c) % files.len()
+                    };
+                    let (name, data) = &files[i];
+                    let (st, _, body) = fetch(f, name, &[]);
+                    assert_eq!(st, 200, "{name}");
+                    assert!(
+                        body == *data,
+                        "{name}: {} bytes differ from the origin's",
+                        body.len()
+                    );
+                }
+            });
+        }
+    });
+    let ours = metric(&f, "penstock_origin_fetched_bytes_total");
+    // nginx writes its log line after the response: bounded wait for the last ones.
+    let mut theirs = n.bytes_sent();
+    for _ in 0..100 {
+        if theirs >= unique {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        theirs = n.bytes_sent();
+    }
+    let waits = metric(&f, "penstock_origin_coalesced_waits_total");
+    let hits = metric(&f, "penstock_origin_cache_hits_total");
+    println!(
+        "unique {unique} B, origin sent {theirs} B (nginx log), fetched {ours} B (metric): {:.4} × unique; coalesced waits {waits}, hits {hits}",
+        theirs as f64 / unique as f64
+    );
+    assert_eq!(ours, theirs, "the metric counts what nginx sent");
+    assert!(
+        theirs >= unique,
+        "every byte came from the origin once at least"
+    );
+    assert!(
+        theirs as f64 <= 1.05 * unique as f64,
+        "origin bytes {theirs} > 1.05 × unique {unique}"
+    );
+    // Every later read is a hit: clients × files reads, each object's blocks once fetched.
+    assert!(hits > 0);
+}
+
+#[test]
+fn ranges_head_and_conditionals_work_as_on_local_files() {
+    let Some(n) = nginx() else { return };
+    let data = pattern(3 * MIB as usize + 1000, 7);
+    std::fs::write(n.www.join("r.bin"), &data).unwrap();
+    std::fs::write(n.www.join("empty.bin"), b"").unwrap();
+    let (f, _cache) = penstock(&format!("http://127.0.0.1:{}/", n.port), |o| {
+        o.read_ahead_blocks = 0;
+    });
+    // Across a block boundary, from the middle of one block.
+    let (st, hs, body) = fetch(&f, "/r.bin", &[("range", "bytes=1000000-2100000")]);
+    assert_eq!(st, 206);
+    assert!(body == data[1_000_000..=2_100_000]);
+    let cr = hs
+        .iter()
+        .find(|(k, _)| k == "content-range")
+        .map(|(_, v)| v.clone());
+    assert_eq!(
+        cr.as_deref(),
+        Some(format!("bytes 1000000-2100000/{}", data.len()).as_str())
+    );
+    // Only the blocks of that range (and the first, which tells the size) were fetched.
+    assert_eq!(metric(&f, "penstock_origin_fetched_bytes_total"), 3 * MIB);
+    // A suffix, the last (short) block.
+    let (st, _, body) = fetch(&f, "/r.bin", &[("range", "bytes=-500")]);
+    assert_eq!(st, 206);
+    assert!(body == data[data.len() - 500..]);
+    // Two ranges: multipart, each part exact.
+    let (st, hs, body) = fetch(&f, "/r.bin", &[("range", "bytes=0-9,3145728-3145737")]);
+    assert_eq!(st, 206);
+    let ct = hs
+        .iter()
+        .find(|(k, _)| k == "content-type")
+        .unwrap()
+        .1
+        .clone();
+    assert!(ct.starts_with("multipart/byteranges"), "{ct}");
+    let text = body.clone();
+    let find = |needle: &[u8]| text.windows(needle.len()).any(|w| w == needle);
+    assert!(find(&data[0..10]) && find(&data[3145728..3145738]));
+    // Past the end: 416; HEAD: the length, no body.
+    let (st, _, _) = fetch(&f, "/r.bin", &[("range", "bytes=99999999-")]);
+    assert_eq!(st, 416);
+    let r = agent().head(f.url("/r.bin")).call().unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers().get("content-length").unwrap().to_str().unwrap(),
+        data.len().to_string()
+    );
+    // The whole object, then a conditional GET with the validator penstock gave: 304.
+    let (st, hs, body) = fetch(&f, "/r.bin", &[]);
+    assert_eq!(st, 200);
+    assert!(body == data);
+    let etag = hs.iter().find(|(k, _)| k == "etag").unwrap().1.clone();
+    let (st, _, body) = fetch(&f, "/r.bin", &[("if-none-match", &etag)]);
+    assert_eq!((st, body.len()), (304, 0));
+    // An empty object.
+    let (st, _, body) = fetch(&f, "/empty.bin", &[]);
+    assert_eq!((st, body.len()), (200, 0));
+    // Missing at the origin: 404, and a local path still wins over the origin.
+    assert_eq!(fetch(&f, "/nope.bin", &[]).0, 404);
+    assert!(fetch(&f, "/small.txt", &[]).2 == pattern(1000, 1));
+}
+
+#[test]
+fn lru_eviction_under_a_small_limit_keeps_every_byte_exact() {
+    let Some(n) = nginx() else { return };
+    let files: Vec<(String, Vec<u8>)> = (0..8)
+        .map(|i| {
+            (
+                format!("/e{i}.bin"),
+                pattern(2 * MIB as usize + 5000, 300 + i),
+            )
+        })
+        .collect();
+    for (name, data) in &files {
+        std::fs::write(n.www.join(&name[1..]), data).unwrap();
+    }
+    let (f, cache) = penstock(&format!("http://127.0.0.1:{}", n.port), |o| {
+        o.cache_bytes_max = 3 * MIB;
+    });
+    for round in 0..2 {
+        std::thread::scope(|s| {
+            for chunk in files.chunks(2) {
+                let f = &f;
+                s.spawn(move || {
+                    for (name, data) in chunk {
+                        let (st, _, body) = fetch(f, name, &[]);
+                        assert_eq!(st, 200);
+                        assert!(body == *data, "{name} differs in round {round}");
+                    }
+                });
+            }
+        });
+    }
+    let evictions = metric(&f, "penstock_origin_cache_evictions_total");
+    let cached = metric(&f, "penstock_origin_cache_bytes");
+    let (_, bytes, temps) = cache_files(cache.path());
+    println!(
+        "evictions {evictions}, cache bytes {cached} (files {bytes}), limit {}",
+        3 * MIB
+    );
+    assert!(evictions > 0, "a 3 MiB cache for 16 MiB of objects evicts");
+    assert!(cached <= 3 * MIB && bytes <= 3 * MIB, "{cached} {bytes}");
+    assert_eq!(temps, 0, "no temporary file is left");
+}
+
+#[test]
+fn a_changed_object_is_revalidated_and_its_new_bytes_served() {
+    let Some(n) = nginx() else { return };
+    let old = pattern(2 * MIB as usize + 77, 11);
+    let new = pattern(2 * MIB as usize + 77, 12);
+    let path = n.www.join("c.bin");
+    std::fs::write(&path, &old).unwrap();
+    let (f, _cache) = penstock(&format!("http://127.0.0.1:{}", n.port), |o| {
+        o.revalidate_after_ms = 100;
+    });
+    assert!(fetch(&f, "/c.bin", &[]).2 == old);
+    // Unchanged: after the TTL a conditional request, answered 304 (no body).
+    std::thread::sleep(Duration::from_millis(150));
+    let before = metric(&f, "penstock_origin_fetched_bytes_total");
+    assert!(fetch(&f, "/c.bin", &[]).2 == old);
+    assert_eq!(metric(&f, "penstock_origin_fetched_bytes_total"), before);
+    assert!(metric(&f, "penstock_origin_revalidations_total") >= 1);
+    // Changed (new bytes, another mtime: nginx's ETag changes): the new bytes.
+    std::fs::write(&path, &new).unwrap();
+    let t = std::time::SystemTime::now() + Duration::from_secs(5);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    let (st, _, body) = fetch(&f, "/c.bin", &[]);
+    assert_eq!(st, 200);
+    assert!(body == new, "the changed object's new bytes");
+    assert_eq!(metric(&f, "penstock_origin_objects_changed_total"), 1);
+}
+
+/// A one-object origin written here: `size` bytes of `pattern(size, 5)`, ranges served
+/// exactly except for the requests `fault` rewrites. Runs until the test ends.
+fn fake_origin(size: usize, fault: fn(u64, &mut Vec<u8>, &mut Vec<u8>)) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let data = pattern(size, 5);
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let data = data.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                loop {
+                    let mut range = None;
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if h == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                            let (a, b) = v.trim().split_once('-').unwrap();
+                            range = Some((a.parse::<u64>().unwrap(), b.parse::<u64>().unwrap()));
+                        }
+                    }
+                    let (a, b) = range.expect("penstock always asks for a range");
+                    let b = b.min(data.len() as u64 - 1);
+                    let mut body = data[a as usize..=b as usize].to_vec();
+                    let mut head = format!(
+                        "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {a}-{b}/{}\r\nContent-Length: {}\r\nETag: \"x\"\r\n\r\n",
+                        data.len(),
+                        body.len()
+                    )
+                    .into_bytes();
+                    fault(a, &mut head, &mut body);
+                    if s.write_all(&head).is_err() || s.write_all(&body).is_err() {
+                        return;
+                    }
+                    if head.is_empty() {
+                        // The fault cut the connection.
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Block 1 (from 1 MiB) is cut after half its body: the origin dies mid-transfer.
+fn cut_second_block(start: u64, head: &mut Vec<u8>, body: &mut Vec<u8>) {
+    if start == MIB {
+        body.truncate(body.len() / 2);
+        let mut h = std::mem::take(head);
+        h.extend_from_slice(body);
+        *body = h;
+        // An empty head tells the responder to close after writing `body`.
+    }
+}
+
+/// Block 1 is answered with another range than the one asked.
+fn garble_second_block(start: u64, head: &mut Vec<u8>, _body: &mut Vec<u8>) {
+    if start == MIB {
+        let h = String::from_utf8(head.clone()).unwrap();
+        *head = h
+            .replace(&format!("bytes {}-", MIB), &format!("bytes {}-", MIB + 1))
+            .into_bytes();
+    }
+}
+
+/// Block 0 is cut: the object cannot even be opened.
+fn cut_first_block(start: u64, head: &mut Vec<u8>, body: &mut Vec<u8>) {
+    if start == 0 {
+        cut_second_block(MIB, head, body);
+    }
+}
+
+/// Reads a whole response on a raw connection (until the server closes): head and body.
+fn raw_get(f: &Fixture, path: &str) -> (u16, usize, Option<usize>) {
+    let resp = raw(
+        f.http,
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    );
+    let end = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(resp.len(), |p| p + 4);
+    let head = String::from_utf8_lossy(&resp[..end]).to_ascii_lowercase();
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: ")?.trim().parse().ok());
+    (status_of(&resp), resp.len() - end, len)
+}
+
+#[test]
+fn an_origin_dying_mid_block_cuts_the_body_and_caches_nothing_partial() {
+    let size = 3 * MIB as usize;
+    for (fault, label) in [
+        (
+            cut_second_block as fn(u64, &mut Vec<u8>, &mut Vec<u8>),
+            "cut",
+        ),
+        (garble_second_block, "garbled"),
+    ] {
+        let port = fake_origin(size, fault);
+        let (f, cache) = penstock(&format!("http://127.0.0.1:{port}"), |o| {
+            o.read_ahead_blocks = 0;
+            o.timeout_ms = 2000;
+        });
+        // The head (200, the whole length) went before block 1 failed: the body is short
+        // and the connection closes, as HTTP/1.1 has it.
+        let (st, body_len, len) = raw_get(&f, "/o.bin");
+        assert_eq!((st, len), (200, Some(size)), "{label}");
+        assert_eq!(
+            body_len, MIB as usize,
+            "{label}: block 0 only, then the cut"
+        );
+        // Only the complete block 0 is cached; no temporary file stays.
+        let (blocks, bytes, temps) = cache_files(cache.path());
+        assert_eq!((blocks, bytes, temps), (1, MIB, 0), "{label}");
+        assert!(metric(&f, "penstock_origin_fetch_failures_total") >= 1);
+        // Block 1 is asked again (not served from a poisoned entry), and fails again.
+        let (_, body_len, _) = raw_get(&f, "/o.bin");
+        assert_eq!(body_len, MIB as usize, "{label}");
+        // A range inside block 0 is still served whole from the cache.
+        let (st, _, body) = fetch(&f, "/o.bin", &[("range", "bytes=10-99")]);
+        assert_eq!(st, 206);
+        assert!(body == pattern(size, 5)[10..100]);
+    }
+    // The first block cut: no head was sent yet, so 502, nothing cached.
+    let port = fake_origin(size, cut_first_block);
+    let (f, cache) = penstock(&format!("http://127.0.0.1:{port}"), |_| {});
+    assert_eq!(fetch(&f, "/o.bin", &[]).0, 502);
+    assert_eq!(cache_files(cache.path()), (0, 0, 0));
+}
+
+#[test]
+fn origin_down_is_502_and_origin_silent_is_504() {
+    // Nothing listens: connection refused.
+    let port = free_port();
+    let (f, cache) = penstock(&format!("http://127.0.0.1:{port}"), |_| {});
+    assert_eq!(fetch(&f, "/x.bin", &[]).0, 502);
+    assert_eq!(cache_files(cache.path()), (0, 0, 0));
+    // Accepts and never answers: the origin timeout, then 504.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (f, cache) = penstock(&format!("http://127.0.0.1:{port}"), |o| {
+        o.timeout_ms = 300;
+    });
+    let (st, _, _) = fetch(&f, "/x.bin", &[]);
+    assert_eq!(st, 504);
+    assert_eq!(cache_files(cache.path()), (0, 0, 0));
+    drop(l);
+}

@@ -76,15 +76,17 @@ fn nginx() -> Option<Nginx> {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    // Killed and waited for by Drop, whatever happens next.
+    let n = Nginx {
+        child,
+        port,
+        www,
+        log,
+        _dir: dir,
+    };
     for _ in 0..200 {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(Nginx {
-                child,
-                port,
-                www,
-                log,
-                _dir: dir,
-            });
+            return Some(n);
         }
         std::thread::sleep(Duration::from_millis(25));
     }

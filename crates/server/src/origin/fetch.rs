@@ -19,13 +19,18 @@ use crate::config::origin::OriginUrl;
 /// Where objects come from.
 pub(super) enum Source {
     /// `base` (scheme, authority, prefix without a final `/`) followed by the path.
-    Http { base: String },
-    S3 {
-        bucket: rusty_s3::Bucket,
-        credentials: rusty_s3::Credentials,
-        prefix: String,
-        presign_ttl: Duration,
+    Http {
+        base: String,
     },
+    S3(Box<S3Source>),
+}
+
+/// An S3 bucket, the key pair that signs and the key prefix.
+pub(super) struct S3Source {
+    bucket: rusty_s3::Bucket,
+    credentials: rusty_s3::Credentials,
+    prefix: String,
+    presign_ttl: Duration,
 }
 
 impl Source {
@@ -65,7 +70,7 @@ impl Source {
                         }
                     }
                 };
-                Ok(Source::S3 {
+                Ok(Source::S3(Box::new(S3Source {
                     bucket,
                     credentials: rusty_s3::Credentials::new(
                         keys.access_key_id,
@@ -73,7 +78,7 @@ impl Source {
                     ),
                     prefix,
                     presign_ttl: Duration::from_millis(cfg.s3.presign_ttl_ms),
-                })
+                })))
             }
         }
     }
@@ -82,16 +87,11 @@ impl Source {
     pub(super) fn url(&self, path: &str) -> String {
         match self {
             Source::Http { base } => format!("{base}{}", encode_path(path)),
-            Source::S3 {
-                bucket,
-                credentials,
-                prefix,
-                presign_ttl,
-            } => {
-                let key = s3_key(prefix, path);
-                bucket
-                    .get_object(Some(credentials), &key)
-                    .sign(*presign_ttl)
+            Source::S3(s3) => {
+                let key = s3_key(&s3.prefix, path);
+                s3.bucket
+                    .get_object(Some(&s3.credentials), &key)
+                    .sign(s3.presign_ttl)
                     .to_string()
             }
         }

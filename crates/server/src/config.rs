@@ -1220,6 +1220,7 @@ idle_timeout_ms = \"soon\"
             toml::from_str(include_str!("../../../docs/penstock.example.toml")).unwrap();
         assert_eq!(c.log, LogConfig::default());
         assert_eq!(c.http.metrics_listen, HttpConfig::default().metrics_listen);
+        assert_eq!(c.origin, OriginConfig::default());
     }
 
     #[test]

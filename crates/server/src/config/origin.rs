@@ -38,6 +38,9 @@ pub struct OriginConfig {
     /// validated; then the next request revalidates it (If-None-Match / If-Modified-Since).
     #[serde(deserialize_with = "units::ms")]
     pub revalidate_after_ms: u64,
+    /// Tries of one origin request that failed (an error status, a refused connection, a
+    /// short or garbled reply); a timeout, a 404 or a changed object is not tried again.
+    pub attempts: u32,
     /// Origin requests at once (reads and read-ahead together; read-ahead never waits for a
     /// place, it is skipped).
     pub fetches_max: usize,
@@ -90,6 +93,7 @@ impl Default for OriginConfig {
             connect_timeout_ms: 3_000,
             timeout_ms: 10_000,
             revalidate_after_ms: 60_000,
+            attempts: 2,
             fetches_max: 16,
             requests_max: 256,
             s3: S3Config::default(),
@@ -183,6 +187,7 @@ impl OriginConfig {
         for (key, v) in [
             ("fetches_max", self.fetches_max),
             ("requests_max", self.requests_max),
+            ("attempts", self.attempts as usize),
         ] {
             if v == 0 {
                 return bad(format!("origin.{key} must be at least 1"));

@@ -156,13 +156,24 @@ pub(super) fn fetch(
     validators: Option<&Object>,
     tmp: &Path,
 ) -> Result<Fetched, OriginError> {
-    let r = fetch_inner(origin, path, block, known, validators, tmp);
-    origin.metrics.fetches.inc();
-    if r.is_err() {
-        origin.metrics.fetch_failures.inc();
-        let _ = std::fs::remove_file(tmp);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let r = fetch_inner(origin, path, block, known, validators, tmp);
+        origin.metrics.fetches.inc();
+        match r {
+            Err(e) => {
+                origin.metrics.fetch_failures.inc();
+                let _ = std::fs::remove_file(tmp);
+                // Only what may go right the next time is tried again.
+                if !matches!(e, OriginError::Failed(_)) || attempt >= origin.attempts {
+                    return Err(e);
+                }
+                tracing::debug!(path, block, error = %e, "origin request failed; trying again");
+            }
+            ok => return ok,
+        }
     }
-    r
 }
 
 fn fetch_inner(

@@ -199,6 +199,10 @@ struct State {
     next_id: u64,
 }
 
+/// Times a reader finds a cached block's file gone (evicted after the table answered) before
+/// it gives up.
+const OPENS_FAILED_MAX: u32 = 8;
+
 /// Failures remembered for waiters, each map (see [`State`]).
 const FAILURES_MAX: usize = 4096;
 
@@ -208,6 +212,7 @@ pub(crate) struct Origin {
     agent: ureq::Agent,
     pub(crate) block_bytes: u64,
     read_ahead_blocks: u64,
+    attempts: u32,
     revalidate_after: Duration,
     /// How long a reader waits for another's fetch (the fetch's own timeouts bound it).
     wait_max: Duration,
@@ -283,6 +288,7 @@ impl Origin {
             agent,
             block_bytes: cfg.block_bytes,
             read_ahead_blocks: cfg.read_ahead_blocks,
+            attempts: cfg.attempts,
             revalidate_after: cfg.revalidate_after(),
             // A wait outlives the fetch it waits for (connect, then reads that each have
             // the timeout, a block's worth): waking on its end is what ends it normally.
@@ -575,8 +581,9 @@ impl Origin {
         let mut waited = false;
         let mut st = lock(&self.state);
         // A block can be evicted between the table's answer and the open: ask again, a few
-        // times (each time it was cached a moment ago).
-        for _ in 0..8 {
+        // times (each time it was cached a moment ago). Waits are bounded by `deadline`.
+        let mut opens_failed = 0;
+        while opens_failed < OPENS_FAILED_MAX {
             if waited
                 && !st.table.is_cached(&key)
                 && let Some(e) = st.block_failures.get(&key)
@@ -592,6 +599,7 @@ impl Origin {
                             return Ok(f);
                         }
                         Err(_) => {
+                            opens_failed += 1;
                             st = lock(&self.state);
                             st.table.remove(&key);
                         }

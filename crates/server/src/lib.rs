@@ -196,6 +196,7 @@ impl Server {
         } else {
             None
         };
+        let origin_for_rtsp = origin.clone();
         let shared = Arc::new(
             http::HttpShared::new(
                 cfg.live(),
@@ -345,6 +346,9 @@ impl Server {
             None
         } else {
             let r = rtsp::RtspServer::start(&cfg.rtsp, root, engine.clone(), metrics.clone())?;
+            if let Some(o) = &origin_for_rtsp {
+                r.set_origin(o.clone());
+            }
             streams_for_rtsp.add_state_source(r.state_source());
             Some(Mutex::new(r))
         };

@@ -724,3 +724,146 @@ fn s3_origin_on_garage_serves_exact_bytes_fetching_each_block_once() {
     // A key that is not there: Garage's 404 (NoSuchKey) is ours.
     assert_eq!(fetch(&f, "/missing.bin", &[]).0, 404);
 }
+
+/// One RTSP request on a fresh connection: the reply's head and body as text.
+fn rtsp(addr: std::net::SocketAddr, method: &str, url: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "{method} {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = BufReader::new(s);
+    let mut head = String::new();
+    let mut len = 0usize;
+    loop {
+        let mut l = String::new();
+        if r.read_line(&mut l).unwrap() == 0 || l == "\r\n" {
+            break;
+        }
+        if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap();
+        }
+        head.push_str(&l);
+    }
+    let mut body = vec![0u8; len];
+    std::io::Read::read_exact(&mut r, &mut body).unwrap();
+    head + &String::from_utf8_lossy(&body)
+}
+
+#[test]
+fn rtsp_plays_a_file_missing_beneath_the_root_from_the_origin() {
+    let Some(n) = nginx() else { return };
+    // 10 s of MPEG-TS at 2 Mbit/s with PCRs (2.5 MB: three 1 MiB blocks).
+    let clip = penstock_core::ts::synth::cbr_ts(13_300, 2_000_000, 0, 0, 20, true);
+    std::fs::write(n.www.join("clip.ts"), &clip).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut cfg = config();
+    cfg.rtsp.listen = format!("127.0.0.1:{}", free_port()).as_str().into();
+    cfg.origin.url = format!("http://127.0.0.1:{}", n.port);
+    cfg.origin.cache_dir = Some(cache.path().to_path_buf());
+    cfg.origin.block_bytes = MIB;
+    let f = start_with(cfg);
+    // The same clip beneath the root: what DESCRIBE says of a local file.
+    std::fs::write(f.path("local.ts"), &clip).unwrap();
+    let addr = f.server.as_ref().unwrap().rtsp_addrs()[0];
+    let local = rtsp(addr, "DESCRIBE", &format!("rtsp://{addr}/local.ts"));
+    let remote = rtsp(addr, "DESCRIBE", &format!("rtsp://{addr}/clip.ts"));
+    assert!(local.starts_with("RTSP/1.0 200"), "{local}");
+    assert!(remote.starts_with("RTSP/1.0 200"), "{remote}");
+    let range = |r: &str| {
+        r.lines()
+            .find(|l| l.starts_with("a=range:"))
+            .map(str::to_string)
+    };
+    assert!(range(&local).is_some(), "{local}");
+    assert_eq!(
+        range(&remote),
+        range(&local),
+        "the origin's copy has the local file's timing"
+    );
+    // The copy in the cache is the origin's object, byte for byte; each block came once.
+    let whole = std::fs::read_dir(cache.path().join("penstock-origin/blocks"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with("-whole"))
+        .expect("the whole-object copy");
+    assert!(std::fs::read(whole.path()).unwrap() == clip);
+    assert_eq!(
+        metric(&f, "penstock_origin_fetched_bytes_total"),
+        clip.len() as u64
+    );
+    // Played over interleaved TCP: the RTP payloads are the origin's bytes from the start.
+    let played = play_interleaved(addr, &format!("rtsp://{addr}/clip.ts"), 200_000);
+    assert!(played.len() >= 200_000);
+    assert!(
+        played[..] == clip[..played.len()],
+        "RTP payloads differ from the origin's clip"
+    );
+    // Missing at the origin: 404.
+    let missing = rtsp(addr, "DESCRIBE", &format!("rtsp://{addr}/nope.ts"));
+    assert!(missing.starts_with("RTSP/1.0 404"), "{missing}");
+}
+
+/// SETUP (interleaved) and PLAY `url` on one connection; the RTP payloads of channel 0 until
+/// at least `bytes` arrived.
+fn play_interleaved(addr: std::net::SocketAddr, url: &str, bytes: usize) -> Vec<u8> {
+    use std::io::Read;
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut buf: Vec<u8> = Vec::new();
+    let fill = |s: &mut TcpStream, buf: &mut Vec<u8>| {
+        let mut b = [0u8; 65536];
+        let n = s.read(&mut b).unwrap();
+        assert!(n > 0, "the RTSP connection closed");
+        buf.extend_from_slice(&b[..n]);
+    };
+    // One reply head (our replies to SETUP and PLAY have no body).
+    let reply = |s: &mut TcpStream, buf: &mut Vec<u8>| -> String {
+        loop {
+            if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..p]).to_string();
+                buf.drain(..p + 4);
+                return head;
+            }
+            fill(s, buf);
+        }
+    };
+    write!(
+        s,
+        "SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 1\r\nTransport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n\r\n"
+    )
+    .unwrap();
+    let setup = reply(&mut s, &mut buf);
+    assert!(setup.starts_with("RTSP/1.0 200"), "{setup}");
+    let session = setup
+        .lines()
+        .find_map(|l| l.strip_prefix("Session: "))
+        .map(|v| v.split(';').next().unwrap().trim().to_string())
+        .expect("a Session header");
+    write!(
+        s,
+        "PLAY {url} RTSP/1.0\r\nCSeq: 2\r\nSession: {session}\r\n\r\n"
+    )
+    .unwrap();
+    let play = reply(&mut s, &mut buf);
+    assert!(play.starts_with("RTSP/1.0 200"), "{play}");
+    let mut out = Vec::new();
+    while out.len() < bytes {
+        while buf.len() < 4 {
+            fill(&mut s, &mut buf);
+        }
+        assert_eq!(buf[0], b'$', "an interleaved frame");
+        let (channel, len) = (buf[1], usize::from(u16::from_be_bytes([buf[2], buf[3]])));
+        while buf.len() < 4 + len {
+            fill(&mut s, &mut buf);
+        }
+        if channel == 0 {
+            // A 12-byte RTP header (no CSRC, no extension), then TS packets.
+            out.extend_from_slice(&buf[4 + 12..4 + len]);
+        }
+        buf.drain(..4 + len);
+    }
+    out
+}

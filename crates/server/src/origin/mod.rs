@@ -199,6 +199,10 @@ struct State {
     next_id: u64,
 }
 
+/// The block number of an object's whole-file copy (`Origin::whole_file`), in the same
+/// table and under the same byte limit as its blocks.
+const WHOLE: u64 = u64::MAX;
+
 /// Times a reader finds a cached block's file gone (evicted after the table answered) before
 /// it gives up.
 const OPENS_FAILED_MAX: u32 = 8;
@@ -314,6 +318,11 @@ impl Origin {
     }
 
     fn block_path(&self, k: BlockKey) -> PathBuf {
+        if k.block == WHOLE {
+            return self
+                .blocks_dir
+                .join(format!("{}-{}-whole", k.object, k.version));
+        }
         self.blocks_dir
             .join(format!("{}-{}-{}", k.object, k.version, k.block))
     }
@@ -403,6 +412,16 @@ impl Origin {
     /// The object at `path` (the request's decoded path), known and fresh: from memory, or
     /// from the origin (its first block's request, which also caches that block).
     pub(crate) fn object(&self, path: &str) -> Result<Arc<Object>, OriginError> {
+        // The HTTP parser normalizes paths; RTSP's are only decoded: nothing that could
+        // climb out of the origin's prefix goes there.
+        if !path.starts_with('/')
+            || path
+                .split('/')
+                .skip(1)
+                .any(|s| s.is_empty() || s == "." || s == "..")
+        {
+            return Err(OriginError::NotFound);
+        }
         let deadline = Instant::now() + self.wait_max;
         let mut st = lock(&self.state);
         let mut waited = false;
@@ -687,6 +706,74 @@ impl Origin {
         self.changed.notify_all();
         self.delete(&gone, false);
         out
+    }
+
+    /// The whole object at `path` as one local file, for the users of a descriptor (RTSP
+    /// plays a file): its blocks fetched (or found) as for HTTP, copied in order into a
+    /// temporary file whose length is checked, renamed into place. Kept in the cache under
+    /// the same LRU byte limit as blocks (one copy per object version; readers of the same
+    /// object at once wait for one copy); a file larger than the limit is served and deleted.
+    pub(crate) fn whole_file(self: &Arc<Self>, path: &str) -> Result<File, OriginError> {
+        let object = self.object(path)?;
+        let key = BlockKey {
+            object: object.id,
+            version: object.version,
+            block: WHOLE,
+        };
+        let deadline = Instant::now() + self.wait_max;
+        let mut st = lock(&self.state);
+        let mut opens_failed = 0;
+        while opens_failed < OPENS_FAILED_MAX {
+            match st.table.want(&key) {
+                Want::Hit => {
+                    drop(st);
+                    if let Ok(f) = File::open(self.block_path(key)) {
+                        return Ok(f);
+                    }
+                    opens_failed += 1;
+                    st = lock(&self.state);
+                    st.table.remove(&key);
+                }
+                Want::Wait => st = self.wait(st, deadline)?,
+                Want::Fetch => {
+                    drop(st);
+                    let r = self.assemble(&object);
+                    return self.fetched(key, r);
+                }
+            }
+        }
+        Err(OriginError::Cache(
+            "an object's copy kept being evicted before it could be opened".into(),
+        ))
+    }
+
+    fn assemble(
+        self: &Arc<Self>,
+        object: &Arc<Object>,
+    ) -> Result<(File, PathBuf, u64), OriginError> {
+        let tmp = self.tmp_path();
+        let cache = |e: std::io::Error| OriginError::Cache(e.to_string());
+        let r = (|| {
+            let mut out = File::create(&tmp).map_err(cache)?;
+            for b in 0..object.geometry(self.block_bytes).blocks() {
+                let mut f = self.block(object, b)?;
+                self.read_ahead(object, b);
+                std::io::copy(&mut f, &mut out).map_err(cache)?;
+            }
+            let len = out.metadata().map_err(cache)?.len();
+            if len != object.size_bytes {
+                return Err(OriginError::Cache(format!(
+                    "the copy has {len} bytes, the object {}",
+                    object.size_bytes
+                )));
+            }
+            let f = File::open(&tmp).map_err(cache)?;
+            Ok((f, tmp.clone(), len))
+        })();
+        if r.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        r
     }
 
     /// Starts background fetches of the blocks after `block` (up to `read_ahead_blocks`)

@@ -207,6 +207,9 @@ pub struct RtspShared {
     live: HashMap<String, Arc<live::LiveSource>>,
     /// The live sources' counts as last put into the metrics.
     live_seen: Mutex<HashMap<String, [u64; 4]>>,
+    /// `[origin]`: files missing beneath the root are played from a copy of the origin's
+    /// object (docs/origin.md).
+    pub(crate) origin: std::sync::OnceLock<Arc<crate::origin::Origin>>,
 }
 
 impl std::fmt::Debug for RtspShared {
@@ -308,6 +311,7 @@ impl RtspServer {
             port_cursor: Mutex::new(cfg.rtp_port_min & !1),
             connections: AtomicUsize::new(0),
             next_conn_id: AtomicUsize::new(1),
+            origin: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             live: live_sources,
             live_seen: Mutex::new(HashMap::new()),
@@ -341,6 +345,11 @@ impl RtspServer {
     }
 
     /// The control protocol's `STATE *` lines of the sessions (`RtspShared::state_lines`).
+    /// Plays files missing beneath the root from `origin` (set once, before clients come).
+    pub(crate) fn set_origin(&self, origin: Arc<crate::origin::Origin>) {
+        let _ = self.shared.origin.set(origin);
+    }
+
     pub fn state_source(&self) -> crate::streams::StateSource {
         let shared = self.shared.clone();
         Box::new(move || shared.state_lines())

@@ -606,20 +606,22 @@ fn garage() -> Option<Garage> {
             .success()
             .then(|| String::from_utf8_lossy(&o.stdout).to_string())
     };
-    let mut id = None;
-    for _ in 0..200 {
-        id = cli(&["node", "id", "-q"]);
-        if id.is_some() {
-            break;
+    // Each step retried while the daemon settles (bounded: 10 s a step).
+    let step = |args: &[&str]| -> String {
+        for _ in 0..200 {
+            if let Some(out) = cli(args) {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let id = id.expect("garage answers its CLI");
+        panic!("garage {args:?} kept failing");
+    };
+    let id = step(&["node", "id", "-q"]);
     let node = id.trim().split('@').next().unwrap().to_string();
-    cli(&["layout", "assign", "-z", "dc1", "-c", "1G", &node]).expect("layout assign");
-    cli(&["layout", "apply", "--version", "1"]).expect("layout apply");
-    cli(&["bucket", "create", &g.bucket]).expect("bucket create");
-    let key = cli(&["key", "create", "penstock-test"]).expect("key create");
+    step(&["layout", "assign", "-z", "dc1", "-c", "1G", &node]);
+    step(&["layout", "apply", "--version", "1"]);
+    step(&["bucket", "create", &g.bucket]);
+    let key = step(&["key", "create", "penstock-test"]);
     let field = |name: &str| {
         key.lines()
             .find_map(|l| l.trim().strip_prefix(name).map(|v| v.trim().to_string()))
@@ -627,7 +629,7 @@ fn garage() -> Option<Garage> {
     };
     g.key_id = field("Key ID:");
     g.secret = field("Secret key:");
-    cli(&[
+    step(&[
         "bucket",
         "allow",
         "--read",
@@ -635,8 +637,7 @@ fn garage() -> Option<Garage> {
         &g.bucket,
         "--key",
         "penstock-test",
-    ])
-    .expect("bucket allow");
+    ]);
     for _ in 0..200 {
         if TcpStream::connect(g.s3.trim_start_matches("http://")).is_ok() {
             return Some(g);
@@ -866,4 +867,83 @@ fn play_interleaved(addr: std::net::SocketAddr, url: &str, bytes: usize) -> Vec<
         buf.drain(..4 + len);
     }
     out
+}
+
+/// A tmpfs of `size` mounted on a fresh directory (root only), unmounted when dropped.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(size: &str) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            println!("SKIPPED: cannot mount a tmpfs here (not root, or no mount permission)");
+            return None;
+        }
+        Some(SmallDisk { dir })
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn a_full_cache_disk_serves_through_without_caching() {
+    let Some(n) = nginx() else { return };
+    // 1.5 MiB of disk for a cache configured far larger: the second 1 MiB block does not fit.
+    let Some(disk) = SmallDisk::mount("1536k") else {
+        return;
+    };
+    let data = pattern(4 * MIB as usize + 99, 21);
+    std::fs::write(n.www.join("far.bin"), &data).unwrap();
+    let cache_dir = disk.dir.path().to_path_buf();
+    let mut cfg = config();
+    cfg.origin.url = format!("http://127.0.0.1:{}", n.port);
+    cfg.origin.cache_dir = Some(cache_dir.clone());
+    cfg.origin.block_bytes = MIB;
+    cfg.origin.cache_bytes_max = 256 * MIB;
+    cfg.origin.read_ahead_blocks = 0;
+    let f = start_with(cfg);
+    for round in 0..2 {
+        let (st, _, body) = fetch(&f, "/far.bin", &[]);
+        assert_eq!(st, 200);
+        let diff = body.iter().zip(&data).position(|(a, b)| a != b);
+        assert!(
+            body == data,
+            "round {round}: {} bytes of {}, first difference at {diff:?}",
+            body.len(),
+            data.len()
+        );
+    }
+    let failures = metric(&f, "penstock_origin_cache_write_failures_total");
+    let through = metric(&f, "penstock_origin_served_through_total");
+    let (blocks, bytes, temps) = cache_files(&cache_dir);
+    println!(
+        "write failures {failures}, served through {through}, blocks on disk {blocks} ({bytes} B)"
+    );
+    assert!(failures > 0 && through > 0);
+    // What is on disk is whole blocks only (each file the length of its block); no
+    // temporary file is left.
+    assert!(blocks > 0 && bytes > 0);
+    for e in std::fs::read_dir(cache_dir.join("penstock-origin/blocks"))
+        .unwrap()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().to_string();
+        let i: u64 = name.rsplit('-').next().unwrap().parse().unwrap();
+        let want = MIB.min(data.len() as u64 - i * MIB);
+        assert_eq!(e.metadata().unwrap().len(), want, "{name}");
+    }
+    assert_eq!(temps, 0);
+    drop(f);
 }

@@ -132,6 +132,8 @@ pub(super) enum Fetched {
         body_bytes: u64,
         etag: Option<String>,
         last_modified: Option<String>,
+        /// The body, when the disk refused it (served through, not cached).
+        memory: Option<Vec<u8>>,
     },
 }
 
@@ -246,7 +248,16 @@ fn fetch_inner(
             Some((start, shape.body_bytes))
         );
     }
-    let mut file = std::fs::File::create(tmp).map_err(|e| OriginError::Cache(e.to_string()))?;
+    // To the temporary file while the disk takes it; when it does not (full), the bytes
+    // written so far are read back and the rest kept in memory: the block is served through
+    // and not cached.
+    let mut sink = match std::fs::File::create(tmp) {
+        Ok(f) => Sink::File(f, 0),
+        Err(e) => {
+            origin.cache_write_failed(&e);
+            Sink::Memory(Vec::new())
+        }
+    };
     let mut body = resp
         .body_mut()
         .with_config()
@@ -268,8 +279,7 @@ fn fetch_inner(
             )));
         }
         origin.metrics.fetched_bytes.inc_by(n as u64);
-        file.write_all(&buf[..n])
-            .map_err(|e| OriginError::Cache(e.to_string()))?;
+        sink.write(origin, tmp, &buf[..n])?;
     }
     if got != shape.body_bytes {
         return Err(OriginError::Failed(format!(
@@ -282,7 +292,78 @@ fn fetch_inner(
         body_bytes: got,
         etag,
         last_modified,
+        memory: match sink {
+            Sink::File(..) => None,
+            Sink::Memory(v) => Some(v),
+        },
     })
+}
+
+/// Where a block's body goes: the temporary file (and the bytes written to it), or memory
+/// once the disk refused a write.
+enum Sink {
+    File(std::fs::File, u64),
+    Memory(Vec<u8>),
+}
+
+impl Sink {
+    fn write(&mut self, origin: &Origin, tmp: &Path, mut b: &[u8]) -> Result<(), OriginError> {
+        if let Sink::File(f, written) = self {
+            while !b.is_empty() {
+                match f.write(b) {
+                    Ok(0) => {
+                        return self.to_memory(
+                            origin,
+                            tmp,
+                            b,
+                            &std::io::ErrorKind::WriteZero.into(),
+                        );
+                    }
+                    Ok(n) => {
+                        *written += n as u64;
+                        b = &b[n..];
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return self.to_memory(origin, tmp, b, &e),
+                }
+            }
+            return Ok(());
+        }
+        if let Sink::Memory(v) = self {
+            v.extend_from_slice(b);
+        }
+        Ok(())
+    }
+
+    /// The disk refused `rest`: what reached the file is read back, the file deleted.
+    fn to_memory(
+        &mut self,
+        origin: &Origin,
+        tmp: &Path,
+        rest: &[u8],
+        e: &std::io::Error,
+    ) -> Result<(), OriginError> {
+        origin.cache_write_failed(e);
+        let Sink::File(_, written) = self else {
+            return Ok(());
+        };
+        let mut v = Vec::with_capacity(*written as usize + rest.len());
+        std::fs::File::open(tmp)
+            .and_then(|mut f| f.read_to_end(&mut v))
+            .map_err(|e| {
+                OriginError::Cache(format!("reading back a block the disk refused: {e}"))
+            })?;
+        v.truncate(*written as usize);
+        if v.len() as u64 != *written {
+            return Err(OriginError::Cache(
+                "a block the disk refused could not be read back".into(),
+            ));
+        }
+        let _ = std::fs::remove_file(tmp);
+        v.extend_from_slice(rest);
+        *self = Sink::Memory(v);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -75,6 +75,8 @@ pub(crate) struct OriginMetrics {
     pub(crate) revalidations: Counter,
     pub(crate) changed: Counter,
     pub(crate) read_ahead: Counter,
+    pub(crate) cache_write_failures: Counter,
+    pub(crate) served_through: Counter,
     pub(crate) cache_bytes: Gauge,
 }
 
@@ -143,12 +145,36 @@ impl OriginMetrics {
             "Blocks fetched ahead of a reader",
             &self.read_ahead,
         );
+        c(
+            r,
+            "origin_cache_write_failures",
+            "Writes to the cache directory that failed (disk full): the block is served from memory, not cached",
+            &self.cache_write_failures,
+        );
+        c(
+            r,
+            "origin_served_through",
+            "Blocks served from memory without being cached (the cache's disk refused them)",
+            &self.served_through,
+        );
         r.register(
             "origin_cache_bytes",
             "Bytes of blocks in the cache",
             self.cache_bytes.clone(),
         );
     }
+}
+
+/// A block for a reader: its cached file, or its bytes when the disk refused them.
+pub(crate) enum BlockData {
+    File(File),
+    Memory(Arc<Vec<u8>>),
+}
+
+/// What a fetch brought: a complete temporary file to keep, or bytes the disk refused.
+enum Got {
+    File(File, PathBuf, u64),
+    Memory(Vec<u8>),
 }
 
 /// A block of one version of one object.
@@ -315,6 +341,16 @@ impl Origin {
             tmp_seq: AtomicU64::new(0),
             metrics: OriginMetrics::default(),
         })
+    }
+
+    /// A write to the cache directory failed: counted, said once.
+    pub(super) fn cache_write_failed(&self, e: &std::io::Error) {
+        self.metrics.cache_write_failures.inc();
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %e, dir = %self.tmp_dir.display(),
+                "origin cache: a write failed (disk full?): blocks are served through without being cached (counted in penstock_origin_cache_write_failures_total)");
+        }
     }
 
     fn block_path(&self, k: BlockKey) -> PathBuf {
@@ -551,6 +587,7 @@ impl Origin {
                 body_bytes,
                 etag,
                 last_modified,
+                memory,
             }) => {
                 let same = previous.filter(|p| {
                     p.size_bytes == size_bytes
@@ -581,7 +618,8 @@ impl Origin {
                     validated: now,
                     stale: AtomicBool::new(false),
                 };
-                let first = (body_bytes > 0).then_some((tmp, body_bytes));
+                // Bytes the disk refused are not kept: block 0 is asked again when read.
+                let first = (body_bytes > 0 && memory.is_none()).then_some((tmp, body_bytes));
                 Ok((object, first))
             }
             Err(e) => Err(e),
@@ -590,7 +628,7 @@ impl Origin {
 
     /// The file of block `block` of `object`, fetched if it is not cached (once, whoever
     /// else wants it: they wait for this fetch).
-    pub(crate) fn block(&self, object: &Object, block: u64) -> Result<File, OriginError> {
+    pub(crate) fn block(&self, object: &Object, block: u64) -> Result<BlockData, OriginError> {
         let key = BlockKey {
             object: object.id,
             version: object.version,
@@ -615,7 +653,7 @@ impl Origin {
                     match File::open(self.block_path(key)) {
                         Ok(f) => {
                             self.metrics.hits.inc();
-                            return Ok(f);
+                            return Ok(BlockData::File(f));
                         }
                         Err(_) => {
                             opens_failed += 1;
@@ -647,19 +685,18 @@ impl Origin {
     }
 
     /// Fetches one block (a fetch place held) into a temporary file.
-    fn fetch_block(
-        &self,
-        object: &Object,
-        key: BlockKey,
-    ) -> Result<(File, PathBuf, u64), OriginError> {
+    fn fetch_block(&self, object: &Object, key: BlockKey) -> Result<Got, OriginError> {
         let tmp = self.tmp_path();
         match fetch::fetch(self, &object.path, key.block, Some(object), None, &tmp)? {
+            fetch::Fetched::Block {
+                memory: Some(v), ..
+            } => Ok(Got::Memory(v)),
             fetch::Fetched::Block { body_bytes, .. } => {
                 let f = File::open(&tmp).map_err(|e| {
                     let _ = std::fs::remove_file(&tmp);
                     OriginError::Cache(e.to_string())
                 })?;
-                Ok((f, tmp, body_bytes))
+                Ok(Got::File(f, tmp, body_bytes))
             }
             fetch::Fetched::NotModified => {
                 let _ = std::fs::remove_file(&tmp);
@@ -674,14 +711,21 @@ impl Origin {
     fn fetched(
         &self,
         key: BlockKey,
-        r: Result<(File, PathBuf, u64), OriginError>,
-    ) -> Result<File, OriginError> {
+        r: Result<Got, OriginError>,
+    ) -> Result<BlockData, OriginError> {
         let mut st = lock(&self.state);
         let (out, gone) = match r {
-            Ok((file, tmp, bytes)) => {
+            Ok(Got::File(file, tmp, bytes)) => {
                 st.block_failures.remove(&key);
                 let gone = self.keep(&mut st, key, &tmp, bytes);
-                (Ok(file), gone)
+                (Ok(BlockData::File(file)), gone)
+            }
+            Ok(Got::Memory(v)) => {
+                // Served through: absent again, the next reader fetches (while the disk is
+                // full, every reader does).
+                st.table.failed(&key);
+                self.metrics.served_through.inc();
+                (Ok(BlockData::Memory(Arc::new(v))), Vec::new())
             }
             Err(e) => {
                 st.table.failed(&key);
@@ -738,7 +782,10 @@ impl Origin {
                 Want::Fetch => {
                     drop(st);
                     let r = self.assemble(&object);
-                    return self.fetched(key, r);
+                    return match self.fetched(key, r)? {
+                        BlockData::File(f) => Ok(f),
+                        BlockData::Memory(_) => unreachable!("assemble makes files only"),
+                    };
                 }
             }
         }
@@ -747,18 +794,21 @@ impl Origin {
         ))
     }
 
-    fn assemble(
-        self: &Arc<Self>,
-        object: &Arc<Object>,
-    ) -> Result<(File, PathBuf, u64), OriginError> {
+    fn assemble(self: &Arc<Self>, object: &Arc<Object>) -> Result<Got, OriginError> {
         let tmp = self.tmp_path();
         let cache = |e: std::io::Error| OriginError::Cache(e.to_string());
         let r = (|| {
             let mut out = File::create(&tmp).map_err(cache)?;
             for b in 0..object.geometry(self.block_bytes).blocks() {
-                let mut f = self.block(object, b)?;
+                match self.block(object, b)? {
+                    BlockData::File(mut f) => std::io::copy(&mut f, &mut out).map(|_| ()),
+                    BlockData::Memory(v) => std::io::Write::write_all(&mut out, &v),
+                }
+                .map_err(|e| {
+                    self.cache_write_failed(&e);
+                    cache(e)
+                })?;
                 self.read_ahead(object, b);
-                std::io::copy(&mut f, &mut out).map_err(cache)?;
             }
             let len = out.metadata().map_err(cache)?.len();
             if len != object.size_bytes {
@@ -768,7 +818,7 @@ impl Origin {
                 )));
             }
             let f = File::open(&tmp).map_err(cache)?;
-            Ok((f, tmp.clone(), len))
+            Ok(Got::File(f, tmp.clone(), len))
         })();
         if r.is_err() {
             let _ = std::fs::remove_file(&tmp);

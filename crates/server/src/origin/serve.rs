@@ -18,7 +18,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 use rustix::net::SendFlags;
 
-use super::Origin;
+use super::{BlockData, Origin};
 
 /// What the HTTP loop hands the thread.
 pub(crate) struct OriginJob {
@@ -141,7 +141,15 @@ fn serve(job: &OriginJob) -> OriginEnd {
                         }
                     };
                     origin.read_ahead(&object, p.block);
-                    match sendfile_all(job, &file, p.offset_bytes, p.len_bytes) {
+                    let sent = match file {
+                        BlockData::File(f) => sendfile_all(job, &f, p.offset_bytes, p.len_bytes),
+                        BlockData::Memory(v) => {
+                            let a = p.offset_bytes as usize;
+                            let b = (p.offset_bytes + p.len_bytes) as usize;
+                            send_all(job, &v[a..b]).map_err(|()| 0)
+                        }
+                    };
+                    match sent {
                         Ok(()) => end.body_bytes += p.len_bytes,
                         Err(sent) => {
                             end.body_bytes += sent;

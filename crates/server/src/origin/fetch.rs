@@ -312,7 +312,7 @@ impl Sink {
             while !b.is_empty() {
                 match f.write(b) {
                     Ok(0) => {
-                        return self.to_memory(
+                        return self.spill_to_memory(
                             origin,
                             tmp,
                             b,
@@ -324,7 +324,7 @@ impl Sink {
                         b = &b[n..];
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return self.to_memory(origin, tmp, b, &e),
+                    Err(e) => return self.spill_to_memory(origin, tmp, b, &e),
                 }
             }
             return Ok(());
@@ -336,7 +336,7 @@ impl Sink {
     }
 
     /// The disk refused `rest`: what reached the file is read back, the file deleted.
-    fn to_memory(
+    fn spill_to_memory(
         &mut self,
         origin: &Origin,
         tmp: &Path,

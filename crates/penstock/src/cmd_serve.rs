@@ -198,6 +198,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
     }
     let server = Server::start_with_listeners(&cfg, &root, inherited)?;
+    // --- service: the origin cache's directories, made at start, become the user's (it
+    // writes blocks there after the switch).
+    if let (Some(r), true) = (
+        run_as.as_ref().filter(|r| r.switches()),
+        cfg.origin.enabled(),
+    ) && let Some(dirs) = cfg.origin.cache_dirs()
+    {
+        for d in dirs {
+            std::os::unix::fs::chown(&d, Some(r.uid()), Some(r.gid()))
+                .with_context(|| format!("giving {} to the configured user", d.display()))?;
+        }
+    }
     // --- service: every listener, the token and the control socket exist; drop root.
     service::switch_user(run_as.as_ref(), &root)?;
     // ---

@@ -131,6 +131,14 @@ impl OriginConfig {
         Duration::from_millis(self.revalidate_after_ms)
     }
 
+    /// The directories the server makes (and empties) at start beneath `cache_dir`: its own
+    /// `penstock-origin`, then `blocks` and `tmp` in it. `penstock serve` gives them to the
+    /// configured `user` before switching to it.
+    pub fn cache_dirs(&self) -> Option<[PathBuf; 3]> {
+        let base = self.cache_dir.as_ref()?.join("penstock-origin");
+        Some([base.clone(), base.join("blocks"), base.join("tmp")])
+    }
+
     /// The origin's location.
     pub fn origin_url(&self) -> Result<OriginUrl, ConfigError> {
         let bad = |why: &str| ConfigError::Invalid(format!("origin.url {:?}: {why}", self.url));

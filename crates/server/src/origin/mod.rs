@@ -286,11 +286,7 @@ impl Origin {
     /// Checks the configuration's origin, empties and prepares the cache directory.
     pub(crate) fn start(cfg: &OriginConfig) -> Result<Origin, String> {
         let source = fetch::Source::new(cfg)?;
-        let dir = cfg
-            .cache_dir
-            .as_ref()
-            .ok_or("origin.cache_dir is not set")?
-            .join("penstock-origin");
+        let [dir, blocks_dir, tmp_dir] = cfg.cache_dirs().ok_or("origin.cache_dir is not set")?;
         // The cache does not outlive the process: what a previous run left (complete or
         // not) is not trusted.
         match std::fs::remove_dir_all(&dir) {
@@ -298,8 +294,6 @@ impl Origin {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("emptying {}: {e}", dir.display())),
         }
-        let blocks_dir = dir.join("blocks");
-        let tmp_dir = dir.join("tmp");
         for d in [&blocks_dir, &tmp_dir] {
             std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
         }

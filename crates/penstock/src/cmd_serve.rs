@@ -23,8 +23,8 @@ use crate::service;
     after_help = "Examples:\n  penstock serve                      the current directory on 127.0.0.1:8080\n  penstock serve /srv/media --listen 8080 --listen '[::]:8080'\n  penstock serve --config /etc/penstock/penstock.toml --check-config\n\n\
     RTSP: players open rtsp://127.0.0.1:8554/FILE for a TS file beneath the root (ffplay, ffmpeg, \
     GStreamer, VLC; [rtsp] listen, --rtsp; docs/rtsp.md). \
-    Origin: with [origin] url = http://HOST:PORT/PREFIX or s3://BUCKET/PREFIX, HTTP GET/HEAD \
-    and RTSP for paths missing beneath the root are read from there through a block cache \
+    Origin: with [origin] url = http://HOST:PORT/PREFIX or s3://BUCKET/PREFIX, HTTP GET/HEAD, \
+    RTSP and control streams for paths missing beneath the root are read from there through a block cache \
     ([origin] cache_dir; docs/origin.md). \
     Access log: one line per request in nginx's combined format plus rt= and path=, \
     on stdout by default ([log] access = stdout | off | FILE). Metrics: GET /metrics \

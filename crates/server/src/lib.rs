@@ -250,11 +250,12 @@ impl Server {
         }
         let http_threads = http::start(shared.clone(), handed, workers)?;
 
-        let access =
-            access::Access::new(&cfg.control, root).map_err(|source| ServerError::Root {
+        let access = access::Access::new(&cfg.control, root)
+            .map_err(|source| ServerError::Root {
                 path: root.to_path_buf(),
                 source,
-            })?;
+            })?
+            .with_origin(origin_for_rtsp.clone());
         let (token, token_file) = match &cfg.control.token {
             Some(t) => (t.clone(), None),
             None => {

@@ -947,3 +947,59 @@ fn a_full_cache_disk_serves_through_without_caching() {
     assert_eq!(temps, 0);
     drop(f);
 }
+
+#[test]
+fn a_control_stream_sends_a_file_missing_beneath_the_root_from_the_origin() {
+    use penstock_core::control::{Limits, ReplyParser};
+    let Some(n) = nginx() else { return };
+    let data = pattern(3 * MIB as usize + 12_345, 31);
+    std::fs::write(n.www.join("ctl.bin"), &data).unwrap();
+    let (f, _cache) = penstock(&format!("http://127.0.0.1:{}", n.port), |_| {});
+    let rx = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rx_addr = rx.local_addr().unwrap();
+    let receiver = std::thread::spawn(move || {
+        let (mut s, _) = rx.accept().unwrap();
+        let mut all = Vec::new();
+        std::io::Read::read_to_end(&mut s, &mut all).unwrap();
+        all
+    });
+    let s = TcpStream::connect(f.control()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut r = BufReader::new(s);
+    let mut cmd = |line: &str| {
+        r.get_mut()
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+        let mut p = ReplyParser::new(Limits::default());
+        loop {
+            let mut l = String::new();
+            assert!(r.read_line(&mut l).unwrap() > 0, "server closed on {line}");
+            if let Some(reply) = p.push_line(l.trim_end()).unwrap() {
+                return reply;
+            }
+        }
+    };
+    assert_eq!(cmd(&format!("AUTH {TOKEN}")).code.code(), 200);
+    // The path names a file beneath the served root that is not there: the origin's.
+    let src = f.path("ctl.bin");
+    let opened = cmd(&format!("OPEN file:{} tcp://{rx_addr}", src.display()));
+    assert_eq!(opened.code.code(), 201, "{opened:?}");
+    let id = opened.stream_id().unwrap();
+    let started = cmd(&format!("START {id}"));
+    assert_eq!(started.code.code(), 200, "{started:?}");
+    let got = receiver.join().unwrap();
+    assert_eq!(got.len(), data.len());
+    assert!(got == data, "the stream's bytes differ from the origin's");
+    // Missing at the origin too: START fails and says why.
+    let opened = cmd(&format!(
+        "OPEN file:{} tcp://{rx_addr}",
+        f.path("nope.bin").display()
+    ));
+    let id = opened.stream_id().unwrap();
+    let started = cmd(&format!("START {id}"));
+    assert_ne!(started.code.code(), 200, "{started:?}");
+    assert!(
+        format!("{started:?}").contains("not found at the origin"),
+        "{started:?}"
+    );
+}

@@ -133,10 +133,14 @@ pub fn check_reply(
         }
         (206, _) => Err(ReplyError::MissingContentRange),
         // An empty object: no range of it exists.
-        (416, Some(ContentRange::Unsatisfied { complete })) if asked.start == 0 => Ok(Shape {
-            size_bytes: expect_size(complete)?,
-            body_bytes: 0,
-        }),
+        (416, Some(ContentRange::Unsatisfied { complete }))
+            if asked.start == 0 && complete == 0 =>
+        {
+            Ok(Shape {
+                size_bytes: expect_size(complete)?,
+                body_bytes: 0,
+            })
+        }
         (416, _) => Err(ReplyError::MissingContentRange),
         // A whole object that fits in the block asked from its start (some servers answer
         // 200 when the range covers everything).
@@ -236,6 +240,9 @@ mod tests {
             Err(ReplyError::NoRanges(5000))
         );
         assert!(check_reply(known, 200, None, Some(100)).is_err());
+        // A 416 for a non-empty object is no block (seen while writing the origin_reply fuzz
+        // target's assertion).
+        assert!(check_reply(FIRST, 416, Some("bytes */100"), None).is_err());
         // An empty object answers 416 */0.
         assert_eq!(
             check_reply(FIRST, 416, Some("bytes */0"), None),

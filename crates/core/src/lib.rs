@@ -15,6 +15,7 @@ pub mod control;
 pub mod endpoint;
 pub mod http;
 pub mod lateness;
+pub mod origin;
 pub mod rtp;
 pub mod rtsp;
 pub mod sched;

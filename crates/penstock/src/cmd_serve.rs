@@ -23,6 +23,9 @@ use crate::service;
     after_help = "Examples:\n  penstock serve                      the current directory on 127.0.0.1:8080\n  penstock serve /srv/media --listen 8080 --listen '[::]:8080'\n  penstock serve --config /etc/penstock/penstock.toml --check-config\n\n\
     RTSP: players open rtsp://127.0.0.1:8554/FILE for a TS file beneath the root (ffplay, ffmpeg, \
     GStreamer, VLC; [rtsp] listen, --rtsp; docs/rtsp.md). \
+    Origin: with [origin] url = http://HOST:PORT/PREFIX or s3://BUCKET/PREFIX, HTTP GET/HEAD, \
+    RTSP and control streams for paths missing beneath the root are read from there through a block cache \
+    ([origin] cache_dir; docs/origin.md). \
     Access log: one line per request in nginx's combined format plus rt= and path=, \
     on stdout by default ([log] access = stdout | off | FILE). Metrics: GET /metrics \
     (Prometheus text, or OpenMetrics when asked), also on [http] metrics_listen. Signals: \
@@ -197,6 +200,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
     }
     let server = Server::start_with_listeners(&cfg, &root, inherited)?;
+    // --- service: the origin cache's directories, made at start, become the user's (it
+    // writes blocks there after the switch).
+    if let (Some(r), true) = (
+        run_as.as_ref().filter(|r| r.switches()),
+        cfg.origin.enabled(),
+    ) && let Some(dirs) = cfg.origin.cache_dirs()
+    {
+        for d in dirs {
+            std::os::unix::fs::chown(&d, Some(r.uid()), Some(r.gid()))
+                .with_context(|| format!("giving {} to the configured user", d.display()))?;
+        }
+    }
     // --- service: every listener, the token and the control socket exist; drop root.
     service::switch_user(run_as.as_ref(), &root)?;
     // ---

@@ -268,10 +268,22 @@ fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_
     }
     // Bodies of 4 MiB and more go through the engine; under /rt/ in the rt class, whose
     // reads would ask for IOPRIO_CLASS_RT, which root may and nobody may not.
-    let (dir, www, conf) = open_tree(
+    // An origin (docs/origin.md) for paths missing beneath the root: its cache directories
+    // are made by root at start and must be nobody's after the switch.
+    let origin_object: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let origin_port = range_origin(origin_object.clone());
+    let (dir, www, conf) = open_tree(&format!(
         "user = \"nobody\"\n[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\nbody_path = \"uring\"\n\
-         [control]\nlisten = \"\"\n[[location]]\nprefix = \"/rt/\"\nclass = \"rt\"\n",
-    );
+         [control]\nlisten = \"\"\n[[location]]\nprefix = \"/rt/\"\nclass = \"rt\"\n\
+         [origin]\nurl = \"http://127.0.0.1:{origin_port}\"\ncache_dir = \"CACHE\"\nblock_bytes = \"1MiB\"\n",
+    ));
+    std::fs::write(
+        &conf,
+        std::fs::read_to_string(&conf)
+            .unwrap()
+            .replace("CACHE", &dir.path().join("cache").display().to_string()),
+    )
+    .unwrap();
     std::fs::create_dir(www.join("rt")).unwrap();
     std::fs::set_permissions(www.join("rt"), std::fs::Permissions::from_mode(0o755)).unwrap();
     let big: Vec<u8> = (0..8u32 << 20)
@@ -333,6 +345,21 @@ fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_
         big.len()
     );
 
+    // Read through the origin as nobody: the blocks are written by nobody into the cache.
+    let (code, body) = get(&http, "/from-origin.bin");
+    assert_eq!(code, 200);
+    assert!(
+        body == origin_object,
+        "{} bytes from the origin",
+        body.len()
+    );
+    let blocks = dir.path().join("cache/penstock-origin/blocks");
+    let owners: Vec<u32> = std::fs::read_dir(&blocks)
+        .unwrap()
+        .map(|e| std::os::unix::fs::MetadataExt::uid(&e.unwrap().metadata().unwrap()))
+        .collect();
+    assert_eq!(owners, vec![65534; 3], "three blocks, written by nobody");
+
     // The control socket, made by root before the switch, still answers root (the user
     // that started the server is its owner and its SO_PEERCRED identity).
     let ctl = Command::new(BIN)
@@ -348,6 +375,51 @@ fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_
 
     let status = served.stop();
     assert!(status.success(), "{status}");
+}
+
+/// An HTTP origin of one object on loopback: every request a range GET answered 206 (what
+/// penstock's origin reads ask). Its port; it runs until the test process ends.
+fn range_origin(data: Vec<u8>) -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { return };
+            let data = data.clone();
+            std::thread::spawn(move || {
+                let mut w = s.try_clone().unwrap();
+                let mut r = BufReader::new(s);
+                loop {
+                    let mut range = None;
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if h == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                            let (a, b) = v.trim().split_once('-').unwrap();
+                            range =
+                                Some((a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap()));
+                        }
+                    }
+                    let (a, b) = range.expect("a range GET");
+                    let b = b.min(data.len() - 1);
+                    let head = format!(
+                        "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {a}-{b}/{}\r\nContent-Length: {}\r\n\r\n",
+                        data.len(),
+                        b + 1 - a
+                    );
+                    if w.write_all(head.as_bytes()).is_err() || w.write_all(&data[a..=b]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
 }
 
 /// `penstock serve` as nobody (setpriv), with `conf`: its output.

@@ -82,6 +82,11 @@ pub struct Access {
     volumes: Option<Vec<String>>,
     unix_paths: Vec<PathBuf>,
     cfg: ControlConfig,
+    /// The served root (absolute) and `[origin]`: a source file missing beneath the served
+    /// root is the origin's object at the same path, copied whole into the cache
+    /// (docs/origin.md).
+    served_root: PathBuf,
+    origin: Option<std::sync::Arc<crate::origin::Origin>>,
 }
 
 impl std::fmt::Debug for Access {
@@ -249,8 +254,9 @@ impl Access {
     pub fn new(cfg: &ControlConfig, served_root: &Path) -> io::Result<Access> {
         let with =
             |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
+        let served = std::path::absolute(served_root)?;
         let read_paths: Vec<PathBuf> = if cfg.read_roots.is_empty() {
-            vec![std::path::absolute(served_root)?]
+            vec![served.clone()]
         } else {
             cfg.read_roots.clone()
         };
@@ -269,6 +275,9 @@ impl Access {
             Some(cfg.volumes.clone())
         };
         Ok(Access {
+            // Resolved, as `Dir::canonical`, so that a read root written another way matches.
+            served_root: std::fs::canonicalize(&served).unwrap_or(served),
+            origin: None,
             read,
             write,
             devices: cfg.devices.clone(),
@@ -327,6 +336,15 @@ impl Access {
 
     /// Whether a client may name `ep` in this role (at `OPEN`; addresses given as names are
     /// checked again, resolved, at `START`).
+    /// Reads source files missing beneath the served root from `origin`.
+    pub(crate) fn with_origin(
+        mut self,
+        origin: Option<std::sync::Arc<crate::origin::Origin>>,
+    ) -> Access {
+        self.origin = origin;
+        self
+    }
+
     pub fn check(&self, ep: &Endpoint, role: Role) -> Result<(), Denied> {
         match ep {
             Endpoint::File { path } => {
@@ -444,11 +462,21 @@ impl Access {
                     Refused::Failed => Denied::Failed(format!("{label}: could not be opened")),
                 };
                 let file = match role {
-                    Role::Source => match dir.root.open_path(&rel).map_err(refused)? {
-                        confine::Opened::File { file, .. } => file,
-                        confine::Opened::Directory(_) => {
+                    Role::Source => match dir.root.open_path(&rel) {
+                        Ok(confine::Opened::File { file, .. }) => file,
+                        Ok(confine::Opened::Directory(_)) => {
                             return Err(Denied::Failed(format!("{label}: is a directory")));
                         }
+                        // Missing beneath the served root: the origin's object at that path.
+                        Err(Refused::NotFound)
+                            if self.origin.is_some() && dir.canonical == self.served_root =>
+                        {
+                            let origin = self.origin.as_ref().expect("checked in the guard");
+                            origin
+                                .whole_file(&format!("/{}", rel.trim_start_matches('/')))
+                                .map_err(|e| Denied::Failed(format!("{label}: origin: {e}")))?
+                        }
+                        Err(r) => return Err(refused(r)),
                     },
                     Role::Target => {
                         let how = if truncate {

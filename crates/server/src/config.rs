@@ -17,9 +17,11 @@ use serde::{Deserialize, Serialize};
 pub use crate::listen::ListenAddrs;
 
 pub mod cluster;
+pub mod origin;
 pub mod rtsp;
 pub mod units;
 
+pub use origin::OriginConfig;
 pub use rtsp::RtspConfig;
 
 /// Why a configuration was refused.
@@ -57,6 +59,9 @@ pub struct ServerConfig {
     pub rtsp: RtspConfig,
     /// `[cluster]`: membership in etcd, redirects (off unless `etcd` is set; docs/cluster.md).
     pub cluster: cluster::ClusterConfig,
+    /// `[origin]`: paths missing beneath the root read from an HTTP or S3 origin through a
+    /// local block cache (docs/origin.md). Off by default.
+    pub origin: OriginConfig,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
@@ -916,6 +921,7 @@ impl ServerConfig {
                 penstock_driver::engine::DISPATCH_SLACK_MAX.as_micros()
             )));
         }
+        self.origin.check()?;
         if !self.control.listen.is_empty() {
             self.control.listen.parse::<SocketAddr>().map_err(|e| {
                 ConfigError::Invalid(format!("control.listen {:?}: {e}", self.control.listen))
@@ -1272,6 +1278,7 @@ idle_timeout_ms = \"soon\"
             toml::from_str(include_str!("../../../docs/penstock.example.toml")).unwrap();
         assert_eq!(c.log, LogConfig::default());
         assert_eq!(c.http.metrics_listen, HttpConfig::default().metrics_listen);
+        assert_eq!(c.origin, OriginConfig::default());
     }
 
     #[test]

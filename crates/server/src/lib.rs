@@ -37,6 +37,7 @@ mod http;
 pub mod listen;
 pub mod metrics;
 pub mod metrics_http;
+mod origin;
 pub mod private;
 pub mod rtsp;
 pub mod streams;
@@ -207,18 +208,29 @@ impl Server {
         )?;
 
         let body_path = cfg.body_path()?;
-        let shared = Arc::new(http::HttpShared::new(
-            cfg.live(),
-            http::Site::new(root_fd, cfg.http.index.clone(), &cfg.http.types),
-            cfg.http.server_name.clone(),
-            cfg.http.metrics_path.clone(),
-            cfg.http.health_path.clone(),
-            cfg.http.engine_body_bytes_min,
-            body_path,
-            engine.clone(),
-            metrics.clone(),
-            access_log,
-        ));
+        let origin = if cfg.origin.enabled() {
+            let o = origin::Origin::start(&cfg.origin).map_err(ConfigError::Invalid)?;
+            metrics.register_with(|r| o.metrics.register(r));
+            Some(Arc::new(o))
+        } else {
+            None
+        };
+        let origin_for_rtsp = origin.clone();
+        let shared = Arc::new(
+            http::HttpShared::new(
+                cfg.live(),
+                http::Site::new(root_fd, cfg.http.index.clone(), &cfg.http.types),
+                cfg.http.server_name.clone(),
+                cfg.http.metrics_path.clone(),
+                cfg.http.health_path.clone(),
+                cfg.http.engine_body_bytes_min,
+                body_path,
+                engine.clone(),
+                metrics.clone(),
+                access_log,
+            )
+            .with_origin(origin),
+        );
         let workers = if cfg.http.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -258,11 +270,12 @@ impl Server {
         }
         let http_threads = http::start(shared.clone(), handed, workers)?;
 
-        let access =
-            access::Access::new(&cfg.control, root).map_err(|source| ServerError::Root {
+        let access = access::Access::new(&cfg.control, root)
+            .map_err(|source| ServerError::Root {
                 path: root.to_path_buf(),
                 source,
-            })?;
+            })?
+            .with_origin(origin_for_rtsp.clone());
         let (token, token_file) = match &cfg.control.token {
             Some(t) => (t.clone(), None),
             None => {
@@ -354,6 +367,9 @@ impl Server {
             None
         } else {
             let r = rtsp::RtspServer::start(&cfg.rtsp, root, engine.clone(), metrics.clone())?;
+            if let Some(o) = &origin_for_rtsp {
+                r.set_origin(o.clone());
+            }
             streams_for_rtsp.add_state_source(r.state_source());
             Some(Mutex::new(r))
         };

@@ -582,6 +582,15 @@ impl Metrics {
         m
     }
 
+    /// Registers more metrics under the `penstock_` prefix (the origin's, when it is on).
+    pub(crate) fn register_with(&self, f: impl FnOnce(&mut Registry)) {
+        f(self
+            .registry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .sub_registry_with_prefix("penstock"));
+    }
+
     /// Reads `engine`'s pool, repossessions and disk queues at each scrape from now on.
     pub fn watch_engine(&self, engine: Arc<Engine>) {
         self.registry

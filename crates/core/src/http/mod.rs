@@ -90,7 +90,11 @@ impl Status {
     pub const REQUEST_HEADER_FIELDS_TOO_LARGE: Status = Status(431);
     pub const INTERNAL_SERVER_ERROR: Status = Status(500);
     pub const NOT_IMPLEMENTED: Status = Status(501);
+    /// The origin failed or answered nonsense (docs/origin.md).
+    pub const BAD_GATEWAY: Status = Status(502);
     pub const SERVICE_UNAVAILABLE: Status = Status(503);
+    /// The origin did not answer in time (docs/origin.md).
+    pub const GATEWAY_TIMEOUT: Status = Status(504);
     pub const HTTP_VERSION_NOT_SUPPORTED: Status = Status(505);
 
     /// A status from its number; `None` outside 100..=599.
@@ -126,7 +130,9 @@ impl Status {
             431 => "Request Header Fields Too Large",
             500 => "Internal Server Error",
             501 => "Not Implemented",
+            502 => "Bad Gateway",
             503 => "Service Unavailable",
+            504 => "Gateway Timeout",
             505 => "HTTP Version Not Supported",
             _ => "",
         }

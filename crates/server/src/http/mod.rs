@@ -56,6 +56,7 @@
 
 mod accept;
 mod engine;
+mod origin;
 mod respond;
 mod send;
 
@@ -147,6 +148,8 @@ pub(crate) struct HttpShared {
     /// Close everything now.
     cut: AtomicBool,
     wakers: Mutex<Vec<OwnedFd>>,
+    /// `[origin]`: paths missing beneath the root are answered from there.
+    pub(crate) origin: Option<Arc<crate::origin::Origin>>,
 }
 
 impl HttpShared {
@@ -181,7 +184,14 @@ impl HttpShared {
             stopping: AtomicBool::new(false),
             cut: AtomicBool::new(false),
             wakers: Mutex::new(Vec::new()),
+            origin: None,
         }
+    }
+
+    /// Answers paths missing beneath the root from `origin`.
+    pub(crate) fn with_origin(mut self, origin: Option<Arc<crate::origin::Origin>>) -> HttpShared {
+        self.origin = origin;
+        self
     }
 
     fn live(&self) -> Arc<LiveConfig> {
@@ -325,6 +335,8 @@ enum State {
     Reading,
     Sending(Box<Out>),
     Engine(Box<EngineBody>),
+    /// A thread answers from the origin (`origin.rs`); not in epoll meanwhile.
+    Origin(Box<origin::OriginBody>),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -370,6 +382,8 @@ struct Worker {
     ready: Vec<(u32, u32)>,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
     engine_conns: Vec<(u32, u32)>,
+    /// Connections answered by an origin thread.
+    origin_conns: Vec<(u32, u32)>,
     /// The waker, for engine workers to write when a body's report is ready.
     engine_waker: Arc<OwnedFd>,
     /// Woken since the last look at the engine bodies' reports.
@@ -440,6 +454,7 @@ impl Worker {
             ready: Vec::new(),
             timers: BinaryHeap::new(),
             engine_conns: Vec::new(),
+            origin_conns: Vec::new(),
             engine_waker,
             engine_woken: false,
             live,
@@ -540,6 +555,9 @@ impl Worker {
             if self.engine_woken && !self.engine_conns.is_empty() {
                 self.poll_engine();
             }
+            if self.engine_woken && !self.origin_conns.is_empty() {
+                self.poll_origin();
+            }
             self.engine_woken = false;
             if self.accept_paused_until.is_some_and(|t| now >= t) {
                 self.resume_accepting(now);
@@ -552,6 +570,9 @@ impl Worker {
             if now >= self.next_sweep {
                 if !self.engine_conns.is_empty() {
                     self.poll_engine();
+                }
+                if !self.origin_conns.is_empty() {
+                    self.poll_origin();
                 }
                 self.sweep(now);
                 self.next_sweep = now + self.sweep_interval();
@@ -677,7 +698,7 @@ impl Worker {
         let Some(c) = conn_in(&mut self.slots, idx, generation) else {
             return;
         };
-        if matches!(c.state, State::Engine(_)) {
+        if matches!(c.state, State::Engine(_) | State::Origin(_)) {
             return;
         }
         let reading = matches!(c.state, State::Reading);
@@ -731,7 +752,7 @@ impl Worker {
                 return;
             };
             match &mut c.state {
-                State::Engine(_) => return,
+                State::Engine(_) | State::Origin(_) => return,
                 State::Reading => {
                     if budget == 0 {
                         self.ready.push((idx, generation));
@@ -788,6 +809,10 @@ impl Worker {
                             let mut out = self.respond(&request, allowed, &live, metrics_format);
                             out.started = started;
                             out.log = log;
+                            if out.origin_type.is_some() {
+                                self.hand_to_origin(idx, generation, request, out);
+                                return;
+                            }
                             let c = self.conn_mut(idx, generation).expect("present above");
                             c.state = State::Sending(Box::new(out));
                             c.deadline = Instant::now() + live.limits.send_timeout();
@@ -810,6 +835,7 @@ impl Worker {
                                 body_sent: 0,
                                 rate: None,
                                 to_engine: None,
+                                origin_type: None,
                                 status: r.status,
                                 started: c.head_started.take().unwrap_or_else(Instant::now),
                                 log,
@@ -897,7 +923,8 @@ impl Worker {
             let Some(c) = &self.slots[idx].conn else {
                 continue;
             };
-            if c.deadline > now || matches!(c.state, State::Engine(_)) {
+            // Engine bodies and origin threads have their own timeouts.
+            if c.deadline > now || matches!(c.state, State::Engine(_) | State::Origin(_)) {
                 continue;
             }
             match c.state {
@@ -963,6 +990,15 @@ impl Worker {
                         &mut self.access,
                         c.peer,
                         &e.request_end(e.handle.counters().bytes_sent),
+                    );
+                }
+                State::Origin(o) => {
+                    o.cancel.store(true, Ordering::Relaxed);
+                    record(
+                        &self.shared,
+                        &mut self.access,
+                        c.peer,
+                        &o.request_end(CLIENT_CLOSED_REQUEST, 0),
                     );
                 }
                 State::Reading => {}

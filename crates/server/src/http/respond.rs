@@ -61,6 +61,7 @@ impl Worker {
             body_sent: 0,
             rate: None,
             to_engine: None,
+            origin_type: None,
             status: r.status,
             started: Instant::now(),
             log: None,
@@ -110,6 +111,18 @@ impl Worker {
             Ok((Opened::Directory(_), _)) | Err(Refused::Forbidden) => {
                 shared.metrics.error("forbidden");
                 return memory(respond_error(Status::FORBIDDEN, Some(req), &ctx), class);
+            }
+            Err(Refused::NotFound)
+                if shared.origin.is_some()
+                    && matches!(req.method, Method::Get | Method::Head)
+                    && !req.names_directory() =>
+            {
+                // Answered from the origin by a thread of its own (`origin.rs`).
+                let mut out = memory(respond_error(Status::NOT_FOUND, Some(req), &ctx), class);
+                out.keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+                out.path_label = "origin";
+                out.origin_type = Some(site.content_type(&req.path).to_string());
+                return out;
             }
             Err(Refused::NotFound) => {
                 shared.metrics.error("not_found");
@@ -206,6 +219,7 @@ impl Worker {
             body_sent: 0,
             rate,
             to_engine,
+            origin_type: None,
             status: r.status,
             started: Instant::now(),
             log: None,

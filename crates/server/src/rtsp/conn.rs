@@ -325,6 +325,21 @@ impl Conn<'_> {
             Ok(confine::Opened::File { file, .. }) => Ok((file, path)),
             Ok(confine::Opened::Directory(_)) => Err(text(404, cseq, "a directory")),
             Err(confine::Refused::Failed) => Err(text(500, cseq, "the file could not be opened")),
+            // Missing beneath the root: the origin's object, copied whole into the cache
+            // (docs/origin.md), with the origin's answer mapped as for HTTP.
+            Err(confine::Refused::NotFound) if self.shared.origin.get().is_some() => {
+                let origin = self.shared.origin.get().expect("checked in the guard");
+                match origin.whole_file(&format!("/{path}")) {
+                    Ok(file) => Ok((file, path)),
+                    Err(e) => {
+                        let code = e.status().code();
+                        if code != 404 {
+                            tracing::warn!(path = %path, error = %e, "RTSP: origin");
+                        }
+                        Err(text(code, cseq, &e.to_string()))
+                    }
+                }
+            }
             // Outside the root, forbidden or missing: the same answer, nothing revealed.
             Err(_) => Err(text(404, cseq, "not found")),
         }

@@ -276,6 +276,9 @@ pub struct RtspShared {
     /// The cluster's membership, for redirects of opens admission refuses (set once, after
     /// the membership starts).
     pub(crate) cluster: std::sync::OnceLock<Arc<crate::cluster::View>>,
+    /// `[origin]`: files missing beneath the root are played from a copy of the origin's
+    /// object (docs/origin.md).
+    pub(crate) origin: std::sync::OnceLock<Arc<crate::origin::Origin>>,
 }
 
 impl std::fmt::Debug for RtspShared {
@@ -388,6 +391,7 @@ impl RtspServer {
             port_cursor: Mutex::new(cfg.rtp_port_min & !1),
             connections: AtomicUsize::new(0),
             next_conn_id: AtomicUsize::new(1),
+            origin: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             live: live_sources,
             live_seen: Mutex::new(HashMap::new()),
@@ -427,6 +431,11 @@ impl RtspServer {
     }
 
     /// The control protocol's `STATE *` lines of the sessions (`RtspShared::state_lines`).
+    /// Plays files missing beneath the root from `origin` (set once, before clients come).
+    pub(crate) fn set_origin(&self, origin: Arc<crate::origin::Origin>) {
+        let _ = self.shared.origin.set(origin);
+    }
+
     pub fn state_source(&self) -> crate::streams::StateSource {
         let shared = self.shared.clone();
         Box::new(move || shared.state_lines())

@@ -236,6 +236,38 @@ fn find_mut<'a>(meta: &'a mut VolumeMeta, name: &str) -> Result<&'a mut Partitio
         })
 }
 
+/// The most bytes partition `p` can hold by growing now: its blocks' capacity and the free
+/// blocks of its members, as its placement can use them.
+pub fn room_bytes(meta: &VolumeMeta, p: &Partition) -> u64 {
+    let block_bytes = meta.layout.block_bytes();
+    let free: Vec<u64> = p
+        .members
+        .iter()
+        .map(|m| meta.used.get(m.get()).map_or(0, |u| u64::from(u.free_blocks())))
+        .collect();
+    let have = allocated_blocks(p);
+    let width = p.members.len().max(1);
+    // Continue the round-robin where it stands: with whole groups for a striped partition.
+    let more = match p.kind {
+        PartitionKind::Striped => free.iter().copied().min().unwrap_or(0) * width as u64,
+        PartitionKind::Placed => {
+            let mut free = free;
+            let mut n = 0u64;
+            let min = free.iter().copied().min().unwrap_or(0);
+            n += min * width as u64;
+            free.iter_mut().for_each(|f| *f -= min);
+            let mut slot = (have % width as u64) as usize;
+            while free[slot] > 0 {
+                free[slot] -= 1;
+                n += 1;
+                slot = (slot + 1) % width;
+            }
+            n
+        }
+    };
+    (have + more).saturating_mul(block_bytes)
+}
+
 /// Grows partition `name` until its blocks hold `capacity_bytes` at least, dealing new blocks
 /// round-robin over its members exactly as [`allocate`] would have (so the mapping of every
 /// offset already written stays the same), each the lowest free block of its member. Returns

@@ -978,9 +978,9 @@ struct Growth {
     room_bytes: u64,
 }
 
-/// Growth steps: a quarter of the capacity, within these bounds (a striped partition's step is
-/// also at least one block per member).
-pub const GROW_STEP_MIN_BYTES: u64 = 4 << 20;
+/// Growth steps: a quarter of the capacity, at least one block per member of the partition and
+/// at most this (so a writer holds at most this much ahead of what it wrote; the ahead part is
+/// given back when it finishes).
 pub const GROW_STEP_MAX_BYTES: u64 = 256 << 20;
 
 fn lock_ignoring_poison<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1090,7 +1090,8 @@ impl PartitionIo {
         if end <= cap {
             return Ok(());
         }
-        let step = (cap / 4).clamp(GROW_STEP_MIN_BYTES, GROW_STEP_MAX_BYTES);
+        let group = self.map.block_bytes() * self.map.members().len() as u64;
+        let step = (cap / 4).clamp(group.min(GROW_STEP_MAX_BYTES), GROW_STEP_MAX_BYTES);
         let ahead = end.max(cap.saturating_add(step));
         let name = g.name.as_str();
         let full = |e: &VolumeError| {

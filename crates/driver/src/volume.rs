@@ -974,6 +974,9 @@ struct Growth {
     written_end: AtomicU64,
     /// The size last committed.
     committed: AtomicU64,
+    /// Bytes were written since the last commit (a rewrite inside the size too: it still
+    /// needs a new generation).
+    dirty: std::sync::atomic::AtomicBool,
     /// The most bytes the partition could hold at open (capacity and free blocks).
     room_bytes: u64,
 }
@@ -1019,6 +1022,7 @@ impl PartitionIo {
                 map: Mutex::new(map.clone()),
                 written_end: AtomicU64::new(0),
                 committed: AtomicU64::new(p.size_bytes),
+                dirty: std::sync::atomic::AtomicBool::new(false),
                 room_bytes: volume::room_bytes(&vol.meta, p),
             })
         } else {
@@ -1066,8 +1070,11 @@ impl PartitionIo {
 
     /// Records that bytes up to `end` were written (by the uring path's member writes).
     pub fn note_written(&self, end: u64) {
-        if let Some(g) = &self.growth {
+        if let Some(g) = &self.growth
+            && end > 0
+        {
             g.written_end.fetch_max(end, Ordering::AcqRel);
+            g.dirty.store(true, Ordering::Release);
         }
     }
 
@@ -1125,18 +1132,29 @@ impl PartitionIo {
         let Some(g) = &self.growth else {
             return Ok(());
         };
+        // Taken before the sync: what the sync covers.
+        let dirty = g.dirty.swap(false, Ordering::AcqRel);
         let end = g.written_end.load(Ordering::Acquire);
-        self.sync_data()?;
-        if end <= g.committed.load(Ordering::Acquire) {
+        let committed = |r: io::Result<()>| {
+            if r.is_err() {
+                g.dirty.store(true, Ordering::Release);
+            }
+            r
+        };
+        committed(self.sync_data())?;
+        if !dirty {
             return Ok(());
         }
         let mut vol = lock_ignoring_poison(&g.vol);
         let name = g.name.as_str();
-        vol.update(|m| {
-            let cur = m.partition(name).map_or(0, |p| p.size_bytes);
-            volume::set_size(m, name, cur.max(end))
-        })
-        .map_err(|e| io::Error::other(e.to_string()))?;
+        committed(
+            vol.update(|m| {
+                let cur = m.partition(name).map_or(0, |p| p.size_bytes);
+                volume::set_size(m, name, cur.max(end))
+            })
+            .map(|_| ())
+            .map_err(|e| io::Error::other(e.to_string())),
+        )?;
         g.committed.fetch_max(end, Ordering::AcqRel);
         Ok(())
     }
@@ -1299,7 +1317,7 @@ impl Drop for PartitionIo {
         let Some(g) = &self.growth else {
             return;
         };
-        if g.written_end.load(Ordering::Acquire) == 0 {
+        if !g.dirty.load(Ordering::Acquire) && g.written_end.load(Ordering::Acquire) == 0 {
             return;
         }
         if let Err(e) = self.finish() {

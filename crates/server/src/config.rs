@@ -54,6 +54,9 @@ pub struct ServerConfig {
     pub log: LogConfig,
     /// `[rtsp]`: the RTSP server (on by default at 127.0.0.1:8554).
     pub rtsp: RtspConfig,
+    /// `[volumes]`: `NAME = "/path/of/a/member"`; partition PART of volume NAME is served at
+    /// `/vol/NAME/PART` over HTTP (reloadable with the root).
+    pub volumes: std::collections::BTreeMap<String, PathBuf>,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,

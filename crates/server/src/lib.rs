@@ -190,7 +190,12 @@ impl Server {
         let body_path = cfg.body_path()?;
         let shared = Arc::new(http::HttpShared::new(
             cfg.live(),
-            http::Site::new(root_fd, cfg.http.index.clone(), &cfg.http.types),
+            http::Site::new(
+                root_fd,
+                cfg.http.index.clone(),
+                &cfg.http.types,
+                &cfg.volumes,
+            ),
             cfg.http.server_name.clone(),
             cfg.http.metrics_path.clone(),
             cfg.http.engine_body_bytes_min,
@@ -490,7 +495,9 @@ impl Server {
         let old_root = self.root.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let new_root = root.map_or_else(|| old_root.clone(), Path::to_path_buf);
         let site = confine::Root::open(&new_root)
-            .map(|fd| http::Site::new(fd, cfg.http.index.clone(), &cfg.http.types))
+            .map(|fd| {
+                http::Site::new(fd, cfg.http.index.clone(), &cfg.http.types, &cfg.volumes)
+            })
             .map_err(|source| ServerError::Root {
                 path: new_root.clone(),
                 source,

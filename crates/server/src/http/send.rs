@@ -43,6 +43,9 @@ pub(super) struct Out {
     /// The engine place reserved for the (single, file) body, before the head was made: hand
     /// the body to the engine once the head is out. Given back when the response is dropped.
     pub(super) to_engine: Option<StreamSlot>,
+    /// A volume partition's body (`/vol/NAME/PART`): the engine reads it from the members
+    /// (its place is always reserved: the loop has no single file to sendfile from).
+    pub(super) volume: Option<Box<penstock_driver::volume::PartitionIo>>,
     pub(super) status: Status,
     /// When the request's head began to arrive.
     pub(super) started: Instant,

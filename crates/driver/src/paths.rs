@@ -116,11 +116,7 @@ pub(crate) fn finish_volume(io: &TaskIo) -> Result<(), StreamError> {
 }
 
 pub(crate) fn volume_write_error(io: &TaskIo, e: io::Error) -> StreamError {
-    let size = io
-        .target
-        .volume
-        .as_ref()
-        .map_or(0, |v| v.capacity_bytes());
+    let size = io.target.volume.as_ref().map_or(0, |v| v.capacity_bytes());
     if e.raw_os_error() == Some(libc::ENOSPC) && io.sent >= size {
         StreamError::TargetFull {
             target: io.target.label.clone(),

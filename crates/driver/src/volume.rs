@@ -1058,7 +1058,9 @@ impl PartitionIo {
     /// The most bytes this partition takes: a writer's, its blocks and the free blocks of its
     /// members (at open); a reader's, its size.
     pub fn room_bytes(&self) -> u64 {
-        self.growth.as_ref().map_or(self.size_bytes, |g| g.room_bytes)
+        self.growth
+            .as_ref()
+            .map_or(self.size_bytes, |g| g.room_bytes)
     }
 
     /// The end of the bytes written through this writer (0 for a reader).
@@ -1120,7 +1122,8 @@ impl PartitionIo {
         let p = meta
             .partition(name)
             .ok_or_else(|| io::Error::other(format!("partition {name} vanished")))?;
-        let map = PartitionMap::new(&meta.layout, p).map_err(|e| io::Error::other(e.to_string()))?;
+        let map =
+            PartitionMap::new(&meta.layout, p).map_err(|e| io::Error::other(e.to_string()))?;
         *lock_ignoring_poison(&g.map) = map;
         Ok(())
     }

@@ -62,12 +62,10 @@ fn raw_get(addr: &str, path: &str, extra: &str) -> (u16, String) {
 }
 
 fn header(resp: &str, name: &str) -> Option<String> {
-    resp.lines()
-        .take_while(|l| !l.is_empty())
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-        })
+    resp.lines().take_while(|l| !l.is_empty()).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+    })
 }
 
 fn curl(args: &[&str]) -> Output {
@@ -148,11 +146,27 @@ fn partitions_are_served_over_http_with_ranges_resume_etags_and_404s() {
     assert!(std::fs::read(&whole).unwrap() == bytes, "the body differs");
 
     // One range: 206 with exactly those bytes.
-    let o = curl(&["-f", "-r", "1000000-1999999", "-D", "-", "-o", "/dev/null", &url]);
+    let o = curl(&[
+        "-f",
+        "-r",
+        "1000000-1999999",
+        "-D",
+        "-",
+        "-o",
+        "/dev/null",
+        &url,
+    ]);
     let head = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(head.starts_with("HTTP/1.1 206"), "{head}");
     let part = d.join("range.out");
-    let o = curl(&["-f", "-r", "1000000-1999999", "-o", part.to_str().unwrap(), &url]);
+    let o = curl(&[
+        "-f",
+        "-r",
+        "1000000-1999999",
+        "-o",
+        part.to_str().unwrap(),
+        &url,
+    ]);
     assert!(o.status.success());
     assert!(std::fs::read(&part).unwrap() == bytes[1_000_000..2_000_000]);
 
@@ -161,7 +175,10 @@ fn partitions_are_served_over_http_with_ranges_resume_etags_and_404s() {
     std::fs::write(&resumed, &bytes[..777_777]).unwrap();
     let o = curl(&["-f", "-C", "-", "-o", resumed.to_str().unwrap(), &url]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(std::fs::read(&resumed).unwrap() == bytes, "resumed body differs");
+    assert!(
+        std::fs::read(&resumed).unwrap() == bytes,
+        "resumed body differs"
+    );
 
     // The ETag is the generation: a conditional GET with it is 304; a new write changes it.
     let (code, resp) = raw_get(&http, "/vol/hv/data.bin", "Range: bytes=0-0\r\n");
@@ -200,7 +217,12 @@ fn partitions_are_served_over_http_with_ranges_resume_etags_and_404s() {
     if clip.is_some() {
         if tool("ffprobe", "-version") {
             let o = Command::new("ffprobe")
-                .args(["-v", "error", "-show_entries", "format=format_name,duration"])
+                .args([
+                    "-v",
+                    "error",
+                    "-show_entries",
+                    "format=format_name,duration",
+                ])
                 .args(["-of", "default=nw=1"])
                 .arg(format!("http://{http}/vol/hv/clip.ts"))
                 .output()

@@ -647,9 +647,15 @@ fn sigkill_during_growth_and_truncation_keeps_every_committed_byte() {
                 truncs_done += 1;
             }
         } else {
-            assert!(size == 0 || size == len, "seed {seed}: size {size} of {len}");
+            assert!(
+                size == 0 || size == len,
+                "seed {seed}: size {size} of {len}"
+            );
             if out.status.success() {
-                assert_eq!(size, len, "seed {seed}: stream reported, size not committed");
+                assert_eq!(
+                    size, len,
+                    "seed {seed}: stream reported, size not committed"
+                );
                 streams_done += 1;
             }
         }
@@ -658,7 +664,10 @@ fn sigkill_during_growth_and_truncation_keeps_every_committed_byte() {
         ok(&["volume", "export", s(&m[2]), &name, s(&exported)]);
         let back = std::fs::read(&exported).unwrap();
         assert_eq!(back.len() as u64, size, "seed {seed}");
-        assert!(back[..] == bytes[..size as usize], "seed {seed}: {name} differs");
+        assert!(
+            back[..] == bytes[..size as usize],
+            "seed {seed}: {name} differs"
+        );
         // What a truncation cut is gone from the model too.
         if let Some(c) = content.iter_mut().find(|(n, _)| *n == name) {
             c.1.truncate(size as usize);
@@ -938,7 +947,10 @@ fn a_partition_created_empty_grows_to_300_mb_byte_exact() {
     let d = dir.path();
     let m = create(d, "big", 2, "200MiB");
     let out = ok(&["volume", "add-partition", s(&m[0]), "rec"]);
-    assert!(out.contains("created partition rec 0 (reserved 0)"), "{out}");
+    assert!(
+        out.contains("created partition rec 0 (reserved 0)"),
+        "{out}"
+    );
     let len = 300_000_000usize;
     let src = d.join("src.bin");
     {
@@ -1042,8 +1054,11 @@ fn two_hundred_partitions_created_and_grown_concurrently_check_clean() {
                     let src = d.join(format!("{name}.in"));
                     std::fs::write(&src, &bytes).unwrap();
                     let target = format!("vol:{vol}/{name}");
-                    let o = if i % 2 == 0 {
-                        penstock().args(["stream", s(&src), &target]).output().unwrap()
+                    let o = if i.is_multiple_of(2) {
+                        penstock()
+                            .args(["stream", s(&src), &target])
+                            .output()
+                            .unwrap()
                     } else {
                         penstock()
                             .args(["stream", "-", &target])

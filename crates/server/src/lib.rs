@@ -495,9 +495,7 @@ impl Server {
         let old_root = self.root.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let new_root = root.map_or_else(|| old_root.clone(), Path::to_path_buf);
         let site = confine::Root::open(&new_root)
-            .map(|fd| {
-                http::Site::new(fd, cfg.http.index.clone(), &cfg.http.types, &cfg.volumes)
-            })
+            .map(|fd| http::Site::new(fd, cfg.http.index.clone(), &cfg.http.types, &cfg.volumes))
             .map_err(|source| ServerError::Root {
                 path: new_root.clone(),
                 source,

@@ -73,6 +73,8 @@ pub enum AllocError {
         size_bytes: u64,
         to_bytes: u64,
     },
+    #[error("partition {name} cannot grow: {why}")]
+    Inconsistent { name: String, why: String },
     #[error("partition {name}: size {size_bytes} beyond its blocks' {capacity_bytes} bytes")]
     BeyondCapacity {
         name: String,
@@ -243,7 +245,11 @@ pub fn room_bytes(meta: &VolumeMeta, p: &Partition) -> u64 {
     let free: Vec<u64> = p
         .members
         .iter()
-        .map(|m| meta.used.get(m.get()).map_or(0, |u| u64::from(u.free_blocks())))
+        .map(|m| {
+            meta.used
+                .get(m.get())
+                .map_or(0, |u| u64::from(u.free_blocks()))
+        })
         .collect();
     let have = allocated_blocks(p);
     let width = p.members.len().max(1);
@@ -280,6 +286,13 @@ pub fn grow(meta: &mut VolumeMeta, name: &str, capacity_wanted: u64) -> Result<u
         name: name.to_string(),
     })?;
     let p = &meta.partitions[i];
+    // Only a partition that maps can grow (one edited by hand or damaged is left to check).
+    if let Err(e) = PartitionMap::new(&meta.layout, p) {
+        return Err(AllocError::Inconsistent {
+            name: name.to_string(),
+            why: e.to_string(),
+        });
+    }
     let have = allocated_blocks(p);
     let width = p.members.len();
     let full = |free_bytes: u64| AllocError::Full {

@@ -514,7 +514,10 @@ fn decode_body(body: &[u8], version: u32) -> Result<(VolumeMeta, MemberIndex), M
         let size_bytes = r.u64("partition size")?;
         // Version 1 partitions had a fixed size: all of it reserved.
         let (reserve_bytes, generation) = if version >= 2 {
-            (r.u64("partition reservation")?, r.u64("partition generation")?)
+            (
+                r.u64("partition reservation")?,
+                r.u64("partition generation")?,
+            )
         } else {
             (size_bytes, 1)
         };

@@ -396,7 +396,7 @@ impl PartitionMap {
                 partition.size_bytes
             )));
         }
-        if partition.kind == PartitionKind::Striped && total % width as u64 != 0 {
+        if partition.kind == PartitionKind::Striped && !total.is_multiple_of(width as u64) {
             return Err(bad(format!(
                 "striped over {width} members with {total} blocks (not whole groups)"
             )));

@@ -694,7 +694,11 @@ fn an_empty_partition_grows_writes_map_and_truncate_gives_blocks_back() {
     set_size(&mut meta, "g", 9 * MIB).unwrap();
     assert_eq!(meta.partition("g").unwrap().generation, 2);
     assert!(set_size(&mut meta, "g", 12 * MIB + 1).is_err());
-    assert!(check(&meta).iter().all(|p| matches!(p, Problem::Interrupted { .. })));
+    assert!(
+        check(&meta)
+            .iter()
+            .all(|p| matches!(p, Problem::Interrupted { .. }))
+    );
     // Truncate: only shrinks, frees what the new size does not need.
     assert!(matches!(
         truncate(&mut meta, "g", 10 * MIB),

@@ -770,6 +770,9 @@ impl Volume {
     /// Reads every member's metadata again and assembles it (another process may have
     /// committed since this one read it).
     fn reload(&mut self) -> Result<()> {
+        if self.newest_seq_on_disk()? == Some(self.seq) {
+            return Ok(());
+        }
         let mut opened = Vec::with_capacity(self.members.len());
         for m in &self.members {
             let c = read_slots(m).map_err(|error| VolumeError::Metadata {
@@ -798,6 +801,27 @@ impl Volume {
         self.stale = fresh.stale;
         self.slot_errors = fresh.slot_errors;
         Ok(())
+    }
+
+    /// The highest sequence in any whole slot header of any member (4 KiB read per slot):
+    /// when it is the one this handle read, nobody committed since and a full re-read is
+    /// not needed.
+    fn newest_seq_on_disk(&self) -> Result<Option<u64>> {
+        let mut pool = BufferPool::new(1, ALIGN_BYTES as usize)
+            .map_err(|e| VolumeError::Invalid(format!("metadata buffer: {e}")))?;
+        let id = pool
+            .alloc()
+            .expect("a fresh pool of one buffer has it free");
+        let mut newest = None;
+        for m in &self.members {
+            for slot in [Slot::A, Slot::B] {
+                let buf = pool.bytes_mut(id);
+                pread_full(m, buf, slot.offset_bytes())?;
+                let seq = volume::format::header_seq(buf);
+                newest = newest.max(seq);
+            }
+        }
+        Ok(newest)
     }
 
     /// A second handle on this volume for metadata updates (a growing partition's writer):
@@ -979,6 +1003,9 @@ struct Growth {
     dirty: std::sync::atomic::AtomicBool,
     /// The most bytes the partition could hold at open (capacity and free blocks).
     room_bytes: u64,
+    /// Opened while `Creating` (an import): nobody reads it yet, so a write within its size
+    /// needs no new generation (its creator commits `Ready` after syncing).
+    creating: bool,
 }
 
 /// Growth steps: a quarter of the capacity, at least one block per member of the partition and
@@ -1024,6 +1051,7 @@ impl PartitionIo {
                 committed: AtomicU64::new(p.size_bytes),
                 dirty: std::sync::atomic::AtomicBool::new(false),
                 room_bytes: volume::room_bytes(&vol.meta, p),
+                creating: p.state == PartitionState::Creating,
             })
         } else {
             None
@@ -1145,7 +1173,7 @@ impl PartitionIo {
             r
         };
         committed(self.sync_data())?;
-        if !dirty {
+        if !dirty || (g.creating && end <= g.committed.load(Ordering::Acquire)) {
             return Ok(());
         }
         let mut vol = lock_ignoring_poison(&g.vol);

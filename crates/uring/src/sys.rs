@@ -506,4 +506,3 @@ mod tests {
         assert!(after.user_ns + after.sys_ns > before.user_ns + before.sys_ns);
     }
 }
-

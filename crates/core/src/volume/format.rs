@@ -415,6 +415,26 @@ pub fn decode(slot: &[u8]) -> Result<DecodedMeta, MetaError> {
     Ok(DecodedMeta { meta, member, seq })
 }
 
+/// The sequence number in a slot's header, when the header is whole (magic, a version this
+/// code reads, its checksum): enough to tell whether a member holds a newer update than one
+/// already read, without decoding the body. `None` for anything else.
+pub fn header_seq(header: &[u8]) -> Option<u64> {
+    if header.len() < META_HEADER_BYTES || header[0..8] != META_MAGIC {
+        return None;
+    }
+    let le32 = |at: usize| {
+        u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+    };
+    if !(META_VERSION_MIN..=META_VERSION).contains(&le32(8))
+        || le32(60) != crc32c::crc32c(&header[0..60])
+    {
+        return None;
+    }
+    let mut seq = [0u8; 8];
+    seq.copy_from_slice(&header[16..24]);
+    Some(u64::from_le_bytes(seq))
+}
+
 /// Reads little-endian fields from a byte slice, failing with the field's name at the end.
 struct Reader<'a> {
     bytes: &'a [u8],

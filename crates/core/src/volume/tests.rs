@@ -810,3 +810,14 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn header_seq_reads_whole_headers_only() {
+    let img = encode(&sample_meta(), member(0), 41);
+    assert_eq!(format::header_seq(&img[..64]), Some(41));
+    let mut bad = img[..64].to_vec();
+    bad[20] ^= 1; // the sequence, without fixing the header checksum
+    assert_eq!(format::header_seq(&bad), None);
+    assert_eq!(format::header_seq(&[0u8; 64]), None);
+    assert_eq!(format::header_seq(&img[..63]), None);
+}

@@ -541,6 +541,17 @@ impl fmt::Display for Problem {
                 blocks,
                 first,
                 second,
+            } if first == second => write!(
+                f,
+                "member {member} blocks {start_block}..{}: listed twice by {first}",
+                start_block + blocks
+            ),
+            Problem::SharedBlocks {
+                member,
+                start_block,
+                blocks,
+                first,
+                second,
             } => write!(
                 f,
                 "member {member} blocks {start_block}..{}: listed by both {first} and {second}",
@@ -626,7 +637,9 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
                     let o = &mut owner[b as usize];
                     if *o == NO_OWNER {
                         *o = pi as u16;
-                    } else if usize::from(*o) != pi {
+                    } else {
+                        // Another partition's, or this one's twice (two of its offsets would
+                        // land on one place).
                         shared.push((b, *o, pi as u16));
                     }
                 }

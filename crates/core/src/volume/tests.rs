@@ -821,3 +821,36 @@ fn header_seq_reads_whole_headers_only() {
     assert_eq!(format::header_seq(&[0u8; 64]), None);
     assert_eq!(format::header_seq(&img[..63]), None);
 }
+
+#[test]
+fn a_block_listed_twice_by_one_partition_is_reported() {
+    let mut meta = meta4();
+    allocate(&mut meta, "p", 4 * MIB, &Placement::Placed(vec![0])).unwrap();
+    mark_ready(&mut meta, "p").unwrap();
+    assert!(check(&meta).is_empty());
+    // Hand edit: its 4 blocks become blocks 0, 1, 0, 1 (two offsets, one place).
+    let p = meta
+        .partitions
+        .iter_mut()
+        .find(|p| p.name.as_str() == "p")
+        .unwrap();
+    p.extents = vec![
+        Extent {
+            member: member(0),
+            start_block: 0,
+            blocks: 2,
+        },
+        Extent {
+            member: member(0),
+            start_block: 0,
+            blocks: 2,
+        },
+    ];
+    let problems = check(&meta);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.to_string().contains("listed twice by p") && !p.repairable()),
+        "{problems:?}"
+    );
+}

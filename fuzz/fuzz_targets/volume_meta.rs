@@ -35,18 +35,22 @@ use std::ops::ControlFlow;
 
 use arbitrary::{Arbitrary, Result as ArbResult, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use penstock_core::volume::format::{META_AREA_BYTES, META_HEADER_BYTES, META_SLOT_BYTES};
+use penstock_core::volume::format::{
+    META_AREA_BYTES, META_HEADER_BYTES, META_SLOT_BYTES, META_VERSION,
+};
 use penstock_core::volume::layout::{ALIGN_BYTES, BLOCK_BYTES_MAX};
 use penstock_core::volume::{
     BLOCKS_PER_MEMBER_MAX, DecodedMeta, EXTENTS_MAX, MEMBER_PATH_BYTES_MAX, MEMBERS_MAX,
     MemberIndex, MetaError, NAME_BYTES_MAX, Name, PARTITIONS_MAX, PartitionKind, PartitionMap,
-    PartitionState, Placement, VolumeLayout, VolumeMeta, VolumeUuid, allocate, check, decode,
-    encode, free, mark_ready, repair,
+    PartitionState, Placement, VolumeLayout, VolumeMeta, VolumeUuid, allocate, allocate_with,
+    allocated_blocks, check, decode, encode, free, grow, mark_ready, repair, set_size, trim,
+    truncate,
 };
 
 const SLOT_BYTES: usize = META_SLOT_BYTES as usize;
 const HEADER: usize = META_HEADER_BYTES;
 /// Header field offsets (docs/volume-format.md, "Slot image").
+const VERSION_AT: usize = 8;
 const BODY_LEN_AT: usize = 24;
 const BODY_CRC_AT: usize = 28;
 const HEADER_CRC_AT: usize = 60;
@@ -77,23 +81,42 @@ fuzz_target!(|data: &[u8]| {
 /// The decoder accepts nothing the encoder cannot express: what `decode` accepted from `slot`
 /// re-encodes to the same header and body bytes (the padding after the body is not read), and
 /// that decodes equal.
+///
+/// A version 1 image (no reservation or generation per partition) re-encodes as version 2,
+/// whose bytes differ; it must still decode to the same metadata.
 fn reencodes(d: &DecodedMeta, slot: &[u8]) {
     let again = encode(&d.meta, d.member, d.seq);
-    let end = HEADER + le32(&again, BODY_LEN_AT) as usize;
-    assert!(
-        again[..end] == slot[..end],
-        "decoded metadata re-encodes to different bytes"
-    );
+    if le32(slot, VERSION_AT) == META_VERSION {
+        let end = HEADER + le32(&again, BODY_LEN_AT) as usize;
+        assert!(
+            again[..end] == slot[..end],
+            "decoded metadata re-encodes to different bytes"
+        );
+    } else {
+        assert_eq!(le32(slot, VERSION_AT), 1, "only versions 1 and 2 decode");
+        for p in &d.meta.partitions {
+            assert_eq!(p.reserve_bytes, p.size_bytes, "a version 1 partition is fixed-size");
+            assert_eq!(p.generation, 1);
+        }
+    }
     assert_eq!(decode(&again).as_ref(), Ok(d));
 }
 
 /// What the rest of penstock does with decoded metadata must not panic either.
 fn exercise(d: &DecodedMeta) {
-    // Every partition the table maps consistently can be located and split.
+    // Every partition the table maps consistently can be located and split, up to its
+    // blocks' capacity (a growing partition's writer writes ahead of its size) and no further.
     for p in &d.meta.partitions {
         let Ok(map) = PartitionMap::new(&d.meta.layout, p) else {
             continue;
         };
+        let capacity = allocated_blocks(p) * d.meta.layout.block_bytes();
+        assert_eq!(map.capacity_bytes(), capacity);
+        assert!(capacity >= p.size_bytes);
+        assert!(map.locate(capacity).is_err());
+        if capacity > 0 {
+            map.locate(capacity - 1).expect("last byte of the blocks");
+        }
         if p.size_bytes == 0 {
             continue;
         }
@@ -120,7 +143,35 @@ fn exercise(d: &DecodedMeta) {
     if blocks_total > CHECK_BLOCKS_MAX {
         return;
     }
-    let _ = check(&d.meta);
+    let problems = check(&d.meta);
+    // On a consistent volume, growing, resizing and truncating any partition keep it
+    // consistent: no block handed out twice, the map equal to what the table lists.
+    if problems.is_empty()
+        && let Some(p) = d.meta.partitions.first()
+    {
+        let name = p.name.as_str();
+        let mut m = d.meta.clone();
+        let before = allocated_blocks(p);
+        let block = m.layout.block_bytes();
+        let cap = before * block;
+        if grow(&mut m, name, cap.saturating_add(block * 3)).is_ok() {
+            assert!(check(&m).is_empty(), "grow broke the volume: {:?}", check(&m));
+            let size = p.size_bytes + 1;
+            set_size(&mut m, name, size).expect("within the grown blocks");
+        }
+        let grown = m.partition(name).expect("still there");
+        let (size, had) = (grown.size_bytes, allocated_blocks(grown));
+        let free_before: u64 = m.used.iter().map(|u| u64::from(u.free_blocks())).sum();
+        let freed = truncate(&mut m, name, size / 2).expect("a shrink");
+        assert!(check(&m).is_empty(), "truncate broke the volume: {:?}", check(&m));
+        let after = m.partition(name).expect("still there");
+        assert_eq!(allocated_blocks(after) + freed, had, "truncate lost blocks");
+        let free_after: u64 = m.used.iter().map(|u| u64::from(u.free_blocks())).sum();
+        assert_eq!(free_after, free_before + freed, "truncate freed other blocks");
+        assert!(before <= had);
+        let _ = trim(&mut m, name);
+        assert!(check(&m).is_empty());
+    }
     let mut repaired = d.meta.clone();
     repair(&mut repaired);
     let left = check(&repaired);
@@ -389,6 +440,31 @@ enum Op {
         index: u8,
         extent: u16,
     },
+    /// Growable partitions (format version 2): empty with a reservation, grown, sized, trimmed,
+    /// truncated, and the two new fields edited by hand.
+    AllocateEmpty {
+        name: ArbName,
+        reserve_blocks: u16,
+        placement: Place,
+    },
+    Grow {
+        index: u8,
+        blocks: u16,
+    },
+    SetSize {
+        index: u8,
+        size_bytes: u64,
+    },
+    Trim(u8),
+    Truncate {
+        index: u8,
+        size_bytes: u64,
+    },
+    SetReserveGeneration {
+        index: u8,
+        reserve_bytes: u64,
+        generation: u64,
+    },
 }
 
 #[derive(Debug, Arbitrary)]
@@ -520,6 +596,22 @@ fn index(i: impl Into<usize>, len: usize) -> Option<usize> {
     (len > 0).then(|| i.into() % len)
 }
 
+fn placement_of(place: Place, count: usize) -> Placement {
+    match place {
+        Place::Striped => Placement::Striped,
+        Place::Placed(members, width) => {
+            let mut list: Vec<usize> = Vec::new();
+            for &m in &members[..usize::from(width) % members.len() + 1] {
+                let m = usize::from(m) % count;
+                if !list.contains(&m) {
+                    list.push(m);
+                }
+            }
+            Placement::Placed(list)
+        }
+    }
+}
+
 /// Applies `op` to `meta`, keeping it encodable and decodable (within the format's limits,
 /// extents inside their members) but not necessarily consistent. Refused operations are fine.
 fn apply(meta: &mut VolumeMeta, op: Op) {
@@ -538,20 +630,59 @@ fn apply(meta: &mut VolumeMeta, op: Op) {
                     .saturating_sub(u64::from(slack) % block_bytes),
                 Size::Bytes(b) => b,
             };
-            let placement = match placement {
-                Place::Striped => Placement::Striped,
-                Place::Placed(members, width) => {
-                    let mut list: Vec<usize> = Vec::new();
-                    for &m in &members[..usize::from(width) % members.len() + 1] {
-                        let m = member_of(m);
-                        if !list.contains(&m) {
-                            list.push(m);
-                        }
-                    }
-                    Placement::Placed(list)
-                }
-            };
+            let placement = placement_of(placement, count);
             let _ = allocate(meta, name.0.as_str(), size_bytes, &placement);
+        }
+        Op::AllocateEmpty {
+            name,
+            reserve_blocks,
+            placement,
+        } => {
+            let placement = placement_of(placement, count);
+            let reserve = u64::from(reserve_blocks % 512) * block_bytes;
+            let _ = allocate_with(meta, name.0.as_str(), 0, reserve, &placement);
+        }
+        Op::Grow { index: i, blocks } => {
+            if let Some(i) = index(i, meta.partitions.len()) {
+                let name = meta.partitions[i].name.clone();
+                let want = (allocated_blocks(&meta.partitions[i]) + u64::from(blocks % 512))
+                    * block_bytes;
+                let _ = grow(meta, name.as_str(), want);
+            }
+        }
+        Op::SetSize {
+            index: i,
+            size_bytes,
+        } => {
+            if let Some(i) = index(i, meta.partitions.len()) {
+                let name = meta.partitions[i].name.clone();
+                let _ = set_size(meta, name.as_str(), size_bytes);
+            }
+        }
+        Op::Trim(i) => {
+            if let Some(i) = index(i, meta.partitions.len()) {
+                let name = meta.partitions[i].name.clone();
+                let _ = trim(meta, name.as_str());
+            }
+        }
+        Op::Truncate {
+            index: i,
+            size_bytes,
+        } => {
+            if let Some(i) = index(i, meta.partitions.len()) {
+                let name = meta.partitions[i].name.clone();
+                let _ = truncate(meta, name.as_str(), size_bytes);
+            }
+        }
+        Op::SetReserveGeneration {
+            index: i,
+            reserve_bytes,
+            generation,
+        } => {
+            if let Some(i) = index(i, meta.partitions.len()) {
+                meta.partitions[i].reserve_bytes = reserve_bytes;
+                meta.partitions[i].generation = generation;
+            }
         }
         Op::Many {
             count: n,

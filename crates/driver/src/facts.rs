@@ -71,7 +71,8 @@ fn endpoint_facts(o: &Opened) -> EndpointFacts {
                 member_devices[slot] = v.members.get(m.get()).map_or(0, device_of);
             }
             VolumeFacts {
-                size_bytes: v.size_bytes,
+                // A target partition grows: what it can take is its room, not its size.
+                size_bytes: v.room_bytes(),
                 align_bytes: v.align_bytes,
                 unit_bytes: v.map.unit_bytes(),
                 block_bytes: v.map.block_bytes(),

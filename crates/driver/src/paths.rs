@@ -99,21 +99,24 @@ fn drop_cached(io: &TaskIo, from: u64, len: usize) {
     }
 }
 
-/// A volume target's bytes are durable when its stream reports success, as they are when
-/// written with O_DIRECT on the uring path: fdatasync the members.
-fn finish_volume(io: &TaskIo) -> Result<(), StreamError> {
+/// A volume target's bytes are durable and the partition's size covers them when its stream
+/// reports success: fdatasync the members, commit the size, give back the blocks grown ahead.
+pub(crate) fn finish_volume(io: &TaskIo) -> Result<(), StreamError> {
     match &io.target.volume {
-        Some(v) => v.sync_data().map_err(|source| StreamError::Io {
-            op: "fdatasync of the volume's members",
-            bytes_sent: io.sent,
-            source,
-        }),
+        Some(v) => {
+            v.note_written(io.sent);
+            v.finish().map_err(|source| StreamError::Io {
+                op: "fdatasync of the volume's members and commit of the partition's size",
+                bytes_sent: io.sent,
+                source,
+            })
+        }
         None => Ok(()),
     }
 }
 
-fn volume_write_error(io: &TaskIo, e: io::Error) -> StreamError {
-    let size = io.target.volume.as_ref().map_or(0, |v| v.size_bytes);
+pub(crate) fn volume_write_error(io: &TaskIo, e: io::Error) -> StreamError {
+    let size = io.target.volume.as_ref().map_or(0, |v| v.capacity_bytes());
     if e.raw_os_error() == Some(libc::ENOSPC) && io.sent >= size {
         StreamError::TargetFull {
             target: io.target.label.clone(),

@@ -220,7 +220,8 @@ impl Media {
     fn sync_data(&self) -> io::Result<()> {
         match self {
             Media::File(f) => rustix::fs::fdatasync(f.as_fd()).map_err(Into::into),
-            Media::Partition(p) => p.sync_data(),
+            // Synced, then the size that covers what was synced is committed.
+            Media::Partition(p) => p.commit(),
         }
     }
 
@@ -228,7 +229,7 @@ impl Media {
     fn len(&self) -> io::Result<u64> {
         match self {
             Media::File(f) => Ok(f.metadata()?.len()),
-            Media::Partition(p) => Ok(p.size_bytes),
+            Media::Partition(p) => Ok(p.size_bytes.max(p.written_end())),
         }
     }
 

@@ -337,6 +337,9 @@ impl UringState {
             }
         }
         if self.chunks.is_empty() && self.next_read >= end.min(self.read_end) {
+            if self.vol_write {
+                return Step::Finish(crate::paths::finish_volume(io));
+            }
             return Step::Finish(Ok(()));
         }
         if skipped {
@@ -593,6 +596,10 @@ impl UringState {
             );
             let padded = len.div_ceil(align) * align;
             let part_off = ch.file_off - io.start;
+            // A growing partition allocates blocks before the write that needs them.
+            if let Err(e) = v.ensure_capacity(part_off + padded as u64) {
+                return Err(crate::paths::volume_write_error(io, e));
+            }
             let pieces = v
                 .split(part_off, padded as u64)
                 .map_err(StreamError::Layout)?;

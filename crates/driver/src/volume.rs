@@ -16,9 +16,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Read};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use penstock_core::volume::format::{META_SLOT_BYTES, Slot};
 use penstock_core::volume::layout::ALIGN_BYTES;
@@ -292,6 +294,23 @@ fn lock(m: &Member, access: Access) -> Result<()> {
 
 /// How long a volume held by another process is asked again before "in use" is reported.
 pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a metadata update waits for another one (of this or another process) to finish.
+/// An update is a few milliseconds (1 MiB and an fdatasync per member), so this is hundreds
+/// of updates queued ahead.
+pub const UPDATE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Held while an update runs; unlocks when dropped. It holds its own descriptor of member 0
+/// (a duplicate: the same open file description, which owns the lock).
+struct UpdateLock {
+    fd: OwnedFd,
+}
+
+impl Drop for UpdateLock {
+    fn drop(&mut self) {
+        let _ = penstock_uring::sys::ofd_lock_byte0(self.fd.as_fd(), None);
+    }
+}
 
 /// An aligned buffer for one metadata area (both slots), usable with O_DIRECT.
 fn meta_buffer() -> Result<(BufferPool, penstock_uring::BufId)> {
@@ -691,6 +710,146 @@ impl Volume {
         Ok(())
     }
 
+    /// One change of the metadata, safe against other processes and streams changing it too
+    /// (growing partitions, adding ones): takes the volume's update lock, reads the newest
+    /// metadata from the members, applies `change` and commits the result. On an error from
+    /// `change` nothing is written.
+    pub fn update<T>(
+        &mut self,
+        change: impl FnOnce(&mut VolumeMeta) -> std::result::Result<T, AllocError>,
+    ) -> Result<T> {
+        let _lock = self.lock_updates()?;
+        self.reload()?;
+        let mut meta = self.meta.clone();
+        let volume = self.meta.name.to_string();
+        let out = change(&mut meta).map_err(|e| match e {
+            AllocError::NotFound { name } => VolumeError::NoSuchPartition { volume, name },
+            e => e.into(),
+        })?;
+        self.commit(meta)?;
+        Ok(out)
+    }
+
+    /// The update lock: an open-file-description lock on member 0's first metadata byte,
+    /// taken by every metadata change (as well as the `flock` that keeps streams and table
+    /// changes apart). Waits up to [`UPDATE_LOCK_WAIT`] for another update to finish.
+    fn lock_updates(&self) -> Result<UpdateLock> {
+        let m = &self.members[0];
+        let started = std::time::Instant::now();
+        loop {
+            match penstock_uring::sys::ofd_lock_byte0(m.file.as_fd(), Some(true)) {
+                Ok(()) => {
+                    let fd = m.file.try_clone().map_err(io_err(&m.path, "dup"));
+                    let fd = match fd {
+                        Ok(f) => OwnedFd::from(f),
+                        Err(e) => {
+                            let _ = penstock_uring::sys::ofd_lock_byte0(m.file.as_fd(), None);
+                            return Err(e);
+                        }
+                    };
+                    return Ok(UpdateLock { fd });
+                }
+                Err(e)
+                    if (e.raw_os_error() == Some(libc::EAGAIN)
+                        || e.raw_os_error() == Some(libc::EACCES))
+                        && started.elapsed() < UPDATE_LOCK_WAIT =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    return Err(VolumeError::Busy {
+                        path: m.path.clone(),
+                    });
+                }
+                Err(e) => return Err(io_err(&m.path, "lock for an update")(e)),
+            }
+        }
+    }
+
+    /// Reads every member's metadata again and assembles it (another process may have
+    /// committed since this one read it).
+    fn reload(&mut self) -> Result<()> {
+        if self.newest_seq_on_disk()? == Some(self.seq) {
+            return Ok(());
+        }
+        let mut opened = Vec::with_capacity(self.members.len());
+        for m in &self.members {
+            let c = read_slots(m).map_err(|error| VolumeError::Metadata {
+                path: m.path.clone(),
+                error,
+            })?;
+            let file = m.file.try_clone().map_err(io_err(&m.path, "dup"))?;
+            opened.push((
+                Member {
+                    path: m.path.clone(),
+                    file,
+                    direct: m.direct,
+                },
+                c,
+            ));
+        }
+        let fresh = Self::assemble(opened)?;
+        if fresh.meta.uuid != self.meta.uuid {
+            return Err(VolumeError::Membership(
+                "the members now hold another volume".to_string(),
+            ));
+        }
+        // Same members in the same order (assemble orders them by index, as they were).
+        self.meta = fresh.meta;
+        self.seq = fresh.seq;
+        self.stale = fresh.stale;
+        self.slot_errors = fresh.slot_errors;
+        Ok(())
+    }
+
+    /// The highest sequence in any whole slot header of any member (4 KiB read per slot):
+    /// when it is the one this handle read, nobody committed since and a full re-read is
+    /// not needed.
+    fn newest_seq_on_disk(&self) -> Result<Option<u64>> {
+        let mut pool = BufferPool::new(1, ALIGN_BYTES as usize)
+            .map_err(|e| VolumeError::Invalid(format!("metadata buffer: {e}")))?;
+        let id = pool
+            .alloc()
+            .expect("a fresh pool of one buffer has it free");
+        let mut newest = None;
+        for m in &self.members {
+            for slot in [Slot::A, Slot::B] {
+                let buf = pool.bytes_mut(id);
+                pread_full(m, buf, slot.offset_bytes())?;
+                let seq = volume::format::header_seq(buf);
+                newest = newest.max(seq);
+            }
+        }
+        Ok(newest)
+    }
+
+    /// A second handle on this volume for metadata updates (a growing partition's writer):
+    /// every member reopened (new open file descriptions, so its update lock is its own),
+    /// read-write, without `flock` (the streams' descriptors hold those).
+    pub fn reopen_for_updates(&self) -> Result<Volume> {
+        let mut members = Vec::with_capacity(self.members.len());
+        for m in &self.members {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("/proc/self/fd/{}", m.file.as_raw_fd()))
+                .map_err(io_err(&m.path, "reopen"))?;
+            members.push(Member {
+                path: m.path.clone(),
+                file,
+                direct: false,
+            });
+        }
+        Ok(Volume {
+            members,
+            meta: self.meta.clone(),
+            seq: self.seq,
+            stale: self.stale.clone(),
+            slot_errors: self.slot_errors.clone(),
+        })
+    }
+
     /// Allocates partition `name` and persists it as `Creating`: nobody is told it exists yet.
     pub fn begin_partition(
         &mut self,
@@ -698,31 +857,36 @@ impl Volume {
         size_bytes: u64,
         placement: &Placement,
     ) -> Result<()> {
-        let mut meta = self.meta.clone();
-        volume::allocate(&mut meta, name, size_bytes, placement)?;
-        self.commit(meta)
+        self.update(|meta| volume::allocate(meta, name, size_bytes, placement))
+    }
+
+    /// As [`Volume::begin_partition`] for an empty partition that grows as it is written,
+    /// with blocks for `reserve_bytes` allocated now.
+    pub fn begin_growable_partition(
+        &mut self,
+        name: &str,
+        reserve_bytes: u64,
+        placement: &Placement,
+    ) -> Result<()> {
+        self.update(|meta| volume::allocate_with(meta, name, 0, reserve_bytes, placement))
     }
 
     /// Makes every write to the members durable, then persists partition `name` as `Ready`.
     /// Only after this returns may the partition be reported created.
     pub fn finish_partition(&mut self, name: &str) -> Result<()> {
         self.sync_data()?;
-        let mut meta = self.meta.clone();
-        volume::mark_ready(&mut meta, name)?;
-        self.commit(meta)
+        self.update(|meta| volume::mark_ready(meta, name))
     }
 
     /// Removes partition `name` and frees its blocks.
     pub fn remove_partition(&mut self, name: &str) -> Result<()> {
-        let mut meta = self.meta.clone();
-        volume::free(&mut meta, name).map_err(|e| match e {
-            AllocError::NotFound { name } => VolumeError::NoSuchPartition {
-                volume: self.meta.name.to_string(),
-                name,
-            },
-            e => e.into(),
-        })?;
-        self.commit(meta)
+        self.update(|meta| volume::free(meta, name))
+    }
+
+    /// Cuts partition `name` to `size_bytes` and gives back the blocks beyond; returns the
+    /// blocks freed.
+    pub fn truncate_partition(&mut self, name: &str, size_bytes: u64) -> Result<u64> {
+        self.update(|meta| volume::truncate(meta, name, size_bytes))
     }
 
     /// `fdatasync` on every member (data written through other descriptors of the same files
@@ -752,6 +916,8 @@ impl Volume {
     /// every member (two updates), so that stale members and damaged copies are current again.
     /// Returns the problems that were fixed.
     pub fn repair(&mut self) -> Result<Vec<Problem>> {
+        let _lock = self.lock_updates()?;
+        self.reload()?;
         let mut meta = self.meta.clone();
         let fixed = volume::repair(&mut meta);
         self.commit(meta.clone())?;
@@ -813,6 +979,46 @@ pub struct PartitionIo {
     /// The member descriptors [`make_buffered`](Self::make_buffered) replaced: kept open
     /// because the volume's locks live on their open file descriptions.
     locked: Vec<OwnedFd>,
+    /// A writer's: how the partition grows and how its size is committed. `None` for readers.
+    growth: Option<Growth>,
+}
+
+/// A growing partition's writer state. Writes past the blocks' capacity allocate more blocks
+/// first (one metadata update, ahead by a quarter of the capacity); the size readers see is
+/// committed after the data is synced ([`PartitionIo::commit`]), so every byte a committed size
+/// covers is durable.
+#[derive(Debug)]
+struct Growth {
+    /// A handle of its own on the volume (see [`Volume::reopen_for_updates`]).
+    vol: Mutex<Volume>,
+    name: String,
+    /// The mapping over the blocks allocated so far.
+    map: Mutex<PartitionMap>,
+    /// The end of the bytes written, as a partition offset.
+    written_end: AtomicU64,
+    /// The size last committed.
+    committed: AtomicU64,
+    /// Bytes were written since the last commit (a rewrite inside the size too: it still
+    /// needs a new generation).
+    dirty: std::sync::atomic::AtomicBool,
+    /// The most bytes the partition could hold at open (capacity and free blocks).
+    room_bytes: u64,
+    /// Opened while `Creating` (an import): nobody reads it yet, so a write within its size
+    /// needs no new generation (its creator commits `Ready` after syncing).
+    creating: bool,
+}
+
+/// Growth steps: a quarter of the capacity, at least one block per member of the partition and
+/// at most this (so a writer holds at most this much ahead of what it wrote; the ahead part is
+/// given back when it finishes).
+pub const GROW_STEP_MAX_BYTES: u64 = 256 << 20;
+
+fn lock_ignoring_poison<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn enospc() -> io::Error {
+    io::Error::from_raw_os_error(libc::ENOSPC)
 }
 
 impl PartitionIo {
@@ -832,11 +1038,24 @@ impl PartitionIo {
                 "a member needs O_DIRECT alignment of {align_bytes} bytes; volumes use {ALIGN_BYTES}"
             )));
         }
-        let rounded = Partition {
-            size_bytes: p.size_bytes.div_ceil(ALIGN_BYTES) * ALIGN_BYTES,
-            ..p.clone()
+        let map = PartitionMap::new(&vol.meta.layout, p)?;
+        let writable = rustix::fs::fcntl_getfl(&vol.members[0].file)
+            .map(|f| f & rustix::fs::OFlags::RWMODE != rustix::fs::OFlags::RDONLY)
+            .unwrap_or(false);
+        let growth = if writable {
+            Some(Growth {
+                vol: Mutex::new(vol.reopen_for_updates()?),
+                name: p.name.to_string(),
+                map: Mutex::new(map.clone()),
+                written_end: AtomicU64::new(0),
+                committed: AtomicU64::new(p.size_bytes),
+                dirty: std::sync::atomic::AtomicBool::new(false),
+                room_bytes: volume::room_bytes(&vol.meta, p),
+                creating: p.state == PartitionState::Creating,
+            })
+        } else {
+            None
         };
-        let map = PartitionMap::new(&vol.meta.layout, &rounded)?;
         let piece_bytes_max = vol
             .members
             .iter()
@@ -852,7 +1071,154 @@ impl PartitionIo {
             label: format!("{}/{}", vol.meta.name, p.name),
             piece_bytes_max,
             locked: Vec::new(),
+            growth,
         })
+    }
+
+    /// Bytes the partition's blocks hold now (a writer's grow as it writes).
+    pub fn capacity_bytes(&self) -> u64 {
+        match &self.growth {
+            Some(g) => lock_ignoring_poison(&g.map).capacity_bytes(),
+            None => self.map.capacity_bytes(),
+        }
+    }
+
+    /// The most bytes this partition takes: a writer's, its blocks and the free blocks of its
+    /// members (at open); a reader's, its size.
+    pub fn room_bytes(&self) -> u64 {
+        self.growth
+            .as_ref()
+            .map_or(self.size_bytes, |g| g.room_bytes)
+    }
+
+    /// The end of the bytes written through this writer (0 for a reader).
+    pub fn written_end(&self) -> u64 {
+        self.growth
+            .as_ref()
+            .map_or(0, |g| g.written_end.load(Ordering::Acquire))
+    }
+
+    /// Records that bytes up to `end` were written (by the uring path's member writes).
+    pub fn note_written(&self, end: u64) {
+        if let Some(g) = &self.growth
+            && end > 0
+        {
+            g.written_end.fetch_max(end, Ordering::AcqRel);
+            g.dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// Makes sure the blocks hold `end` bytes, growing the partition when they do not
+    /// (ENOSPC: the volume is full for this partition's placement; the partition is then as
+    /// it was).
+    pub fn ensure_capacity(&self, end: u64) -> io::Result<()> {
+        let Some(g) = &self.growth else {
+            return if end <= self.map.capacity_bytes() {
+                Ok(())
+            } else {
+                Err(enospc())
+            };
+        };
+        if end <= lock_ignoring_poison(&g.map).capacity_bytes() {
+            return Ok(());
+        }
+        let mut vol = lock_ignoring_poison(&g.vol);
+        let cap = lock_ignoring_poison(&g.map).capacity_bytes();
+        if end <= cap {
+            return Ok(());
+        }
+        let group = self.map.block_bytes() * self.map.members().len() as u64;
+        let step = (cap / 4).clamp(group.min(GROW_STEP_MAX_BYTES), GROW_STEP_MAX_BYTES);
+        let ahead = end.max(cap.saturating_add(step));
+        let name = g.name.as_str();
+        let full = |e: &VolumeError| {
+            matches!(
+                e,
+                VolumeError::Alloc(AllocError::Full { .. } | AllocError::TooManyExtents)
+            )
+        };
+        let grown = match vol.update(|m| volume::grow(m, name, ahead)) {
+            Err(e) if full(&e) && ahead > end => vol.update(|m| volume::grow(m, name, end)),
+            r => r,
+        };
+        match grown {
+            Ok(_) => {}
+            Err(e) if full(&e) => return Err(enospc()),
+            Err(e) => return Err(io::Error::other(e.to_string())),
+        }
+        let meta = vol.meta();
+        let p = meta
+            .partition(name)
+            .ok_or_else(|| io::Error::other(format!("partition {name} vanished")))?;
+        let map =
+            PartitionMap::new(&meta.layout, p).map_err(|e| io::Error::other(e.to_string()))?;
+        *lock_ignoring_poison(&g.map) = map;
+        Ok(())
+    }
+
+    /// Makes every byte written so far durable and part of the partition: fdatasync the
+    /// members, then commit the size (the end written before the sync, when it grew) with a
+    /// new generation. A reader's: nothing to do.
+    pub fn commit(&self) -> io::Result<()> {
+        let Some(g) = &self.growth else {
+            return Ok(());
+        };
+        // Taken before the sync: what the sync covers.
+        let dirty = g.dirty.swap(false, Ordering::AcqRel);
+        let end = g.written_end.load(Ordering::Acquire);
+        let committed = |r: io::Result<()>| {
+            if r.is_err() {
+                g.dirty.store(true, Ordering::Release);
+            }
+            r
+        };
+        committed(self.sync_data())?;
+        if !dirty || (g.creating && end <= g.committed.load(Ordering::Acquire)) {
+            return Ok(());
+        }
+        let mut vol = lock_ignoring_poison(&g.vol);
+        let name = g.name.as_str();
+        committed(
+            vol.update(|m| {
+                let cur = m.partition(name).map_or(0, |p| p.size_bytes);
+                volume::set_size(m, name, cur.max(end))
+            })
+            .map(|_| ())
+            .map_err(|e| io::Error::other(e.to_string())),
+        )?;
+        g.committed.fetch_max(end, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// [`commit`](Self::commit), then gives back the blocks grown ahead that the size (and the
+    /// reservation) do not need. A writer calls it when done; dropping a writer does it too.
+    pub fn finish(&self) -> io::Result<()> {
+        self.commit()?;
+        let Some(g) = &self.growth else {
+            return Ok(());
+        };
+        let mut vol = lock_ignoring_poison(&g.vol);
+        let name = g.name.as_str();
+        let needs_trim = vol.meta().partition(name).is_some_and(|p| {
+            let need = volume::layout::partition_blocks(
+                p.kind,
+                p.members.len(),
+                p.size_bytes.max(p.reserve_bytes),
+                vol.meta().layout.block_bytes(),
+            );
+            need.is_some_and(|n| n < volume::allocated_blocks(p))
+        });
+        if needs_trim {
+            vol.update(|m| volume::trim(m, name))
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            let meta = vol.meta();
+            if let Some(p) = meta.partition(name)
+                && let Ok(map) = PartitionMap::new(&meta.layout, p)
+            {
+                *lock_ignoring_poison(&g.map) = map;
+            }
+        }
+        Ok(())
     }
 
     /// Reopens every member without O_DIRECT — new open file descriptions, so the volume's own
@@ -879,11 +1245,22 @@ impl PartitionIo {
     /// (always a prefix of the run) and the error that stopped it early, if any.
     pub fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> (u64, Option<io::Error>) {
         let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
-        let room = self.size_bytes.saturating_sub(offset);
+        if total == 0 {
+            return (0, None);
+        }
+        // Grow first when the blocks do not hold the run (a reader's partition never grows).
+        let grow_error = self
+            .ensure_capacity(offset.saturating_add(total))
+            .err()
+            .filter(|e| e.raw_os_error() != Some(libc::ENOSPC));
+        if let Some(e) = grow_error {
+            return (0, Some(e));
+        }
+        let room = self.capacity_bytes().saturating_sub(offset);
         let len = total.min(room);
         let full = |done: u64| (done, Some(io::Error::from_raw_os_error(libc::ENOSPC)));
         if len == 0 {
-            return if total == 0 { (0, None) } else { full(0) };
+            return full(0);
         }
         let mut pieces = match self.split(offset, len) {
             Ok(p) => p,
@@ -906,6 +1283,7 @@ impl PartitionIo {
                     Ok(n) => {
                         done += n as u64;
                         at += n as u64;
+                        self.note_written(offset + done);
                         IoSlice::advance_slices(&mut slices, n);
                     }
                     Err(rustix::io::Errno::INTR) => {}
@@ -938,7 +1316,10 @@ impl PartitionIo {
         offset_bytes: u64,
         len_bytes: u64,
     ) -> Result<Vec<volume::MemberIo>, LayoutError> {
-        let pieces = self.map.split(offset_bytes, len_bytes)?;
+        let pieces = match &self.growth {
+            Some(g) => lock_ignoring_poison(&g.map).split(offset_bytes, len_bytes)?,
+            None => self.map.split(offset_bytes, len_bytes)?,
+        };
         if pieces.iter().all(|p| p.len_bytes <= self.piece_bytes_max) {
             return Ok(pieces);
         }
@@ -957,6 +1338,22 @@ impl PartitionIo {
             }
         }
         Ok(out)
+    }
+}
+
+impl Drop for PartitionIo {
+    /// A writer that was not finished commits what it wrote and gives back the blocks grown
+    /// ahead (best effort: `volume check` reports leftovers as repairable).
+    fn drop(&mut self) {
+        let Some(g) = &self.growth else {
+            return;
+        };
+        if !g.dirty.load(Ordering::Acquire) && g.written_end.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if let Err(e) = self.finish() {
+            tracing::warn!("{}: committing the partition's size: {e}", self.label);
+        }
     }
 }
 

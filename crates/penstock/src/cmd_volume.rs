@@ -24,7 +24,7 @@ pub enum VolumeCommand {
     Create(CreateArgs),
     /// List a volume's geometry, members and partitions.
     Ls(VolArg),
-    /// Add an empty partition.
+    /// Add an empty partition; it grows as it is written (--size reserves blocks ahead).
     AddPartition(AddArgs),
     /// Create partition NAME holding FILE's bytes (a stream through the engine).
     Import(ImportArgs),
@@ -32,6 +32,9 @@ pub enum VolumeCommand {
     Export(ExportArgs),
     /// Remove a partition and free its blocks.
     Rm(RmArgs),
+    /// Cut a partition to SIZE bytes and give back the blocks beyond (its reservation is
+    /// lowered to SIZE too).
+    Truncate(TruncateArgs),
     /// Verify both metadata copies of every member and the allocation map; --repair fixes
     /// what can be proven (exit 1 while problems remain).
     Check(CheckArgs),
@@ -68,8 +71,10 @@ pub struct VolArg {
 pub struct AddArgs {
     pub vol: String,
     pub name: String,
+    /// Reserve blocks for this many bytes now (the partition still starts empty and grows
+    /// past it as written). Default: none, blocks are allocated as the partition is written.
     #[arg(long, value_parser = parse_size)]
-    pub size: u64,
+    pub size: Option<u64>,
     /// Place whole blocks on these members in turn (index or path; Clockwise). Default:
     /// striped over every member (ccd).
     #[arg(long, num_args = 1..)]
@@ -100,6 +105,15 @@ pub struct RmArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct TruncateArgs {
+    pub vol: String,
+    pub name: String,
+    /// The new size (at most the current one), e.g. 0, 100MiB.
+    #[arg(value_parser = parse_size)]
+    pub size: u64,
+}
+
+#[derive(Args, Debug)]
 pub struct CheckArgs {
     pub vol: String,
     #[arg(long)]
@@ -114,6 +128,7 @@ pub fn run(cmd: VolumeCommand) -> Result<()> {
         VolumeCommand::Import(a) => import(a),
         VolumeCommand::Export(a) => export(a),
         VolumeCommand::Rm(a) => rm(a),
+        VolumeCommand::Truncate(a) => truncate(a),
         VolumeCommand::Check(a) => check(a),
     }
 }
@@ -173,9 +188,12 @@ fn ls(vol: &str) -> Result<()> {
     for p in &m.partitions {
         let members: Vec<String> = p.members.iter().map(|x| x.to_string()).collect();
         println!(
-            "partition {} {} bytes {} on members {} ({} extents){}",
+            "partition {} {} bytes (allocated {}, reserved {}, generation {}) {} on members {} ({} extents){}",
             p.name,
             p.size_bytes,
+            penstock_core::volume::capacity_bytes(p, l.block_bytes()),
+            p.reserve_bytes,
+            p.generation,
             match p.kind {
                 PartitionKind::Striped => "striped",
                 PartitionKind::Placed => "placed",
@@ -214,12 +232,29 @@ fn placement(v: &Volume, place: &[String]) -> Result<Placement> {
     Ok(Placement::Placed(list))
 }
 
+/// Adding a partition shares the volume with running streams (its update takes the volume's
+/// update lock, re-reading the table first), so partitions are created while others grow.
 fn add_partition(a: AddArgs) -> Result<()> {
-    let mut v = open(&a.vol, Access::Exclusive)?;
+    let mut v = open(&a.vol, Access::SharedWrite)?;
     let place = placement(&v, &a.place)?;
-    v.begin_partition(&a.name, a.size, &place)?;
+    v.begin_growable_partition(&a.name, a.size.unwrap_or(0), &place)?;
     v.finish_partition(&a.name)?;
-    println!("created partition {} {}", a.name, a.size);
+    println!(
+        "created partition {} 0 (reserved {})",
+        a.name,
+        a.size.unwrap_or(0)
+    );
+    Ok(())
+}
+
+/// Truncating frees blocks, so it waits for no stream: the volume alone (as rm).
+fn truncate(a: TruncateArgs) -> Result<()> {
+    let mut v = open(&a.vol, Access::Exclusive)?;
+    let freed = v.truncate_partition(&a.name, a.size)?;
+    println!(
+        "truncated partition {} {} ({} blocks freed)",
+        a.name, a.size, freed
+    );
     Ok(())
 }
 
@@ -259,7 +294,7 @@ fn import(a: ImportArgs) -> Result<()> {
     let Some(size) = source.size.filter(|_| source.volume.is_none()) else {
         bail!("{}: import needs a regular file", a.file.display());
     };
-    let mut v = open(&a.vol, Access::Exclusive)?;
+    let mut v = open(&a.vol, Access::SharedWrite)?;
     let place = placement(&v, &a.place)?;
     let target_ep = endpoint(&v, &a.name)?;
     let engine = engine()?;

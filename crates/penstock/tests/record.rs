@@ -940,7 +940,16 @@ fn mpegts_from_ffmpeg_records_plays_back_and_matches_ffprobe_key_frames() {
 /// partitions of the given sizes; the environment value to pass.
 fn volume_with(dir: &Path, partitions: &[(&str, &str)]) -> String {
     let members: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("tv-m{i}"))).collect();
-    let mut args = vec!["volume", "create", "tv", "--member-size", "4MiB"];
+    // 2 members of 4 blocks of 256 KiB: small enough that a growing partition fills it.
+    let mut args = vec![
+        "volume",
+        "create",
+        "tv",
+        "--member-size",
+        "3MiB",
+        "--block",
+        "256KiB",
+    ];
     for m in &members {
         args.extend(["--member", m.to_str().unwrap()]);
     }
@@ -1058,8 +1067,9 @@ fn recording_into_a_volume_partition_plays_back_byte_exact_and_stops_cleanly_whe
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(h.join().unwrap() == sent, "played-back datagrams differ");
 
-    // A partition too small for the stream: the recording stops, says what it kept, and the
-    // kept part is valid.
+    // A partition reserved at 100 KiB grows past it as the recording goes, until the volume is
+    // full (its 2 free blocks and its own 2: 1 MiB): the recording stops, says what it kept,
+    // and the kept part is valid.
     let small_tracks = dir.path().join("small-tracks");
     let mut cmd = penstock(&[
         "record",
@@ -1090,5 +1100,11 @@ fn recording_into_a_volume_partition_plays_back_byte_exact_and_stops_cleanly_whe
         "kept packets differ from those sent"
     );
     let kept_bytes: usize = kept.iter().map(Vec::len).sum();
-    assert!(kept_bytes <= 100 * 1024, "{kept_bytes}");
+    assert!(
+        kept_bytes > 100 * 1024 && kept_bytes <= 1024 * 1024,
+        "{kept_bytes}"
+    );
+    let member = env.split_once('=').unwrap().1;
+    let o = run(&["volume", "check", member]);
+    assert!(o.status.success(), "{}", text(&o.stdout));
 }

@@ -62,6 +62,9 @@ pub struct ServerConfig {
     /// `[origin]`: paths missing beneath the root read from an HTTP or S3 origin through a
     /// local block cache (docs/origin.md). Off by default.
     pub origin: OriginConfig,
+    /// `[volumes]`: `NAME = "/path/of/a/member"`; partition PART of volume NAME is served at
+    /// `/vol/NAME/PART` over HTTP (reloadable with the root).
+    pub volumes: std::collections::BTreeMap<String, PathBuf>,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,

@@ -219,7 +219,12 @@ impl Server {
         let shared = Arc::new(
             http::HttpShared::new(
                 cfg.live(),
-                http::Site::new(root_fd, cfg.http.index.clone(), &cfg.http.types),
+                http::Site::new(
+                    root_fd,
+                    cfg.http.index.clone(),
+                    &cfg.http.types,
+                    &cfg.volumes,
+                ),
                 cfg.http.server_name.clone(),
                 cfg.http.metrics_path.clone(),
                 cfg.http.health_path.clone(),
@@ -562,7 +567,7 @@ impl Server {
         let old_root = self.root.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let new_root = root.map_or_else(|| old_root.clone(), Path::to_path_buf);
         let site = confine::Root::open(&new_root)
-            .map(|fd| http::Site::new(fd, cfg.http.index.clone(), &cfg.http.types))
+            .map(|fd| http::Site::new(fd, cfg.http.index.clone(), &cfg.http.types, &cfg.volumes))
             .map_err(|source| ServerError::Root {
                 path: new_root.clone(),
                 source,

@@ -382,6 +382,35 @@ impl RecvBatch {
     }
 }
 
+/// An open-file-description (OFD) record lock on byte 0 of `fd`: `Some(true)` exclusive,
+/// `Some(false)` shared, `None` unlock; never waits (EAGAIN when held elsewhere). Unlike POSIX
+/// record locks (rustix's `fcntl_lock`), an OFD lock belongs to the open file description, so
+/// two descriptions of one file in one process exclude each other, and closing another
+/// descriptor of the file does not drop it. Independent of `flock`.
+pub fn ofd_lock_byte0(fd: std::os::fd::BorrowedFd<'_>, lock: Option<bool>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let kind = match lock {
+        Some(true) => libc::F_WRLCK,
+        Some(false) => libc::F_RDLCK,
+        None => libc::F_UNLCK,
+    };
+    let fl = libc::flock {
+        l_type: kind as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 1,
+        l_pid: 0,
+    };
+    // SAFETY: F_OFD_SETLK reads one `struct flock`, which `fl` is; it lives across the call,
+    // and `fd` is a valid descriptor for the call's duration (borrowed).
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &fl as *const libc::flock) };
+    if r == -1 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,12 @@ impl ETag {
         ETag(format!("\"{mtime_ns:x}-{len_bytes:x}\""))
     }
 
+    /// The tag of version `generation` (of `len_bytes` bytes) of a resource that counts its
+    /// versions, such as a volume partition (bumped by every committed write or truncation).
+    pub fn for_generation(generation: u64, len_bytes: u64) -> ETag {
+        ETag(format!("\"g{generation:x}-{len_bytes:x}\""))
+    }
+
     /// The header value, quotes included.
     pub fn as_str(&self) -> &str {
         &self.0

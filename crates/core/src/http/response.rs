@@ -16,6 +16,9 @@ use super::request::{Method, Request};
 pub struct FileMeta {
     pub len_bytes: u64,
     pub mtime: SystemTime,
+    /// A version number that names this content better than length and mtime do (a volume
+    /// partition's generation): the `ETag` is then [`super::ETag::for_generation`].
+    pub generation: Option<u64>,
 }
 
 /// The `Connection` header we send, and so what the driver does after the response.
@@ -280,7 +283,10 @@ pub fn respond_file(
     ctx: &ResponseContext<'_>,
 ) -> Response {
     let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
-    let etag = ETag::for_file(file.len_bytes, file.mtime);
+    let etag = match file.generation {
+        Some(g) => ETag::for_generation(g, file.len_bytes),
+        None => ETag::for_file(file.len_bytes, file.mtime),
+    };
     let mut head = ResponseHead {
         status: Status::OK,
         date: ctx.date,
@@ -505,6 +511,7 @@ mod tests {
         FileMeta {
             len_bytes,
             mtime: UNIX_EPOCH + Duration::from_secs(MTIME_S),
+            generation: None,
         }
     }
 

@@ -55,17 +55,58 @@ pub enum AllocError {
     TooManyPartitions,
     #[error("the free space is too fragmented: the volume would exceed {EXTENTS_MAX} extents")]
     TooManyExtents,
+    #[error(
+        "the volume is full: partition {name} cannot grow to {wanted_bytes} bytes \
+         (it holds {capacity_bytes}; {free_bytes} bytes are free for its placement)"
+    )]
+    Full {
+        name: String,
+        wanted_bytes: u64,
+        capacity_bytes: u64,
+        free_bytes: u64,
+    },
+    #[error(
+        "partition {name} has {size_bytes} bytes: truncate only shrinks a partition, not to {to_bytes}"
+    )]
+    TruncateGrows {
+        name: String,
+        size_bytes: u64,
+        to_bytes: u64,
+    },
+    #[error("partition {name} cannot grow: {why}")]
+    Inconsistent { name: String, why: String },
+    #[error("partition {name}: size {size_bytes} beyond its blocks' {capacity_bytes} bytes")]
+    BeyondCapacity {
+        name: String,
+        size_bytes: u64,
+        capacity_bytes: u64,
+    },
 }
 
-/// Allocates a partition of `size_bytes` called `name`, in state [`PartitionState::Creating`],
-/// taking the lowest free blocks of each member (so a fresh volume gives one extent per member).
-/// On error `meta` is unchanged.
+/// Allocates a partition of `size_bytes` called `name` (all of it reserved), in state
+/// [`PartitionState::Creating`], taking the lowest free blocks of each member (so a fresh
+/// volume gives one extent per member). On error `meta` is unchanged.
 pub fn allocate(
     meta: &mut VolumeMeta,
     name: &str,
     size_bytes: u64,
     placement: &Placement,
 ) -> Result<(), AllocError> {
+    allocate_with(meta, name, size_bytes, size_bytes, placement)
+}
+
+/// Allocates partition `name` of `size_bytes`, with blocks for `reserve_bytes` at least
+/// (`allocate_with(meta, name, 0, 0, p)` makes an empty partition that owns no block and grows
+/// as it is written, see [`grow`]). In state [`PartitionState::Creating`], generation 1. On
+/// error `meta` is unchanged.
+pub fn allocate_with(
+    meta: &mut VolumeMeta,
+    name: &str,
+    size_bytes: u64,
+    reserve_bytes: u64,
+    placement: &Placement,
+) -> Result<(), AllocError> {
+    let hold_bytes = size_bytes.max(reserve_bytes);
     let name = Name::new(name)?;
     if meta.partition(name.as_str()).is_some() {
         return Err(AllocError::Duplicate {
@@ -114,6 +155,8 @@ pub fn allocate(
         free_bytes,
         members: width,
     };
+    let size_bytes_asked = size_bytes;
+    let size_bytes = hold_bytes;
     let total =
         partition_blocks(kind, width, size_bytes, block_bytes).ok_or(too_large(u64::MAX))?;
     let needed_bytes = total.saturating_mul(block_bytes);
@@ -154,7 +197,9 @@ pub fn allocate(
         name,
         kind,
         members,
-        size_bytes,
+        size_bytes: size_bytes_asked,
+        reserve_bytes,
+        generation: 1,
         state: PartitionState::Creating,
         extents,
     };
@@ -172,6 +217,242 @@ fn usable_blocks(kind: PartitionKind, free: &[u64]) -> u64 {
         // After `min` full rounds, the round continues while slots have one more block.
         PartitionKind::Placed => min * width + free.iter().take_while(|&&f| f > min).count() as u64,
     }
+}
+
+/// Blocks partition `p` owns.
+pub fn allocated_blocks(p: &Partition) -> u64 {
+    p.extents.iter().map(|e| u64::from(e.blocks)).sum()
+}
+
+/// Bytes partition `p`'s blocks hold: offsets below it can be written.
+pub fn capacity_bytes(p: &Partition, block_bytes: u64) -> u64 {
+    allocated_blocks(p).saturating_mul(block_bytes)
+}
+
+fn find_mut<'a>(meta: &'a mut VolumeMeta, name: &str) -> Result<&'a mut Partition, AllocError> {
+    meta.partitions
+        .iter_mut()
+        .find(|p| p.name.as_str() == name)
+        .ok_or_else(|| AllocError::NotFound {
+            name: name.to_string(),
+        })
+}
+
+/// The most bytes partition `p` can hold by growing now: its blocks' capacity and the free
+/// blocks of its members, as its placement can use them.
+pub fn room_bytes(meta: &VolumeMeta, p: &Partition) -> u64 {
+    let block_bytes = meta.layout.block_bytes();
+    let free: Vec<u64> = p
+        .members
+        .iter()
+        .map(|m| {
+            meta.used
+                .get(m.get())
+                .map_or(0, |u| u64::from(u.free_blocks()))
+        })
+        .collect();
+    let have = allocated_blocks(p);
+    let width = p.members.len().max(1);
+    // Continue the round-robin where it stands: with whole groups for a striped partition.
+    let more = match p.kind {
+        PartitionKind::Striped => free.iter().copied().min().unwrap_or(0) * width as u64,
+        PartitionKind::Placed => {
+            let mut free = free;
+            let mut n = 0u64;
+            let min = free.iter().copied().min().unwrap_or(0);
+            n += min * width as u64;
+            free.iter_mut().for_each(|f| *f -= min);
+            let mut slot = (have % width as u64) as usize;
+            while free[slot] > 0 {
+                free[slot] -= 1;
+                n += 1;
+                slot = (slot + 1) % width;
+            }
+            n
+        }
+    };
+    (have + more).saturating_mul(block_bytes)
+}
+
+/// Grows partition `name` until its blocks hold `capacity_bytes` at least, dealing new blocks
+/// round-robin over its members exactly as [`allocate`] would have (so the mapping of every
+/// offset already written stays the same), each the lowest free block of its member. Returns
+/// the new capacity. Nothing changes when it already holds that much, or on error (the volume
+/// is full for this placement, or too fragmented).
+pub fn grow(meta: &mut VolumeMeta, name: &str, capacity_wanted: u64) -> Result<u64, AllocError> {
+    let block_bytes = meta.layout.block_bytes();
+    let i = meta.partitions.iter().position(|p| p.name.as_str() == name);
+    let i = i.ok_or_else(|| AllocError::NotFound {
+        name: name.to_string(),
+    })?;
+    let p = &meta.partitions[i];
+    // Only a partition that maps can grow (one edited by hand or damaged is left to check).
+    if let Err(e) = PartitionMap::new(&meta.layout, p) {
+        return Err(AllocError::Inconsistent {
+            name: name.to_string(),
+            why: e.to_string(),
+        });
+    }
+    let have = allocated_blocks(p);
+    let width = p.members.len();
+    let full = |free_bytes: u64| AllocError::Full {
+        name: name.to_string(),
+        wanted_bytes: capacity_wanted,
+        capacity_bytes: have * block_bytes,
+        free_bytes,
+    };
+    let free: Vec<u64> = p
+        .members
+        .iter()
+        .map(|m| u64::from(meta.used[m.get()].free_blocks()))
+        .collect();
+    let free_bytes = usable_blocks(p.kind, &free).saturating_mul(block_bytes);
+    let want = partition_blocks(p.kind, width, capacity_wanted, block_bytes)
+        .ok_or_else(|| full(free_bytes))?;
+    if want <= have {
+        return Ok(have * block_bytes);
+    }
+    // Plan first: per slot, the lowest free blocks of its member.
+    let mut new: Vec<(MemberIndex, Vec<u32>)> = Vec::with_capacity(width);
+    for (slot, &member) in p.members.iter().enumerate() {
+        let n = slot_blocks(want, width, slot) - slot_blocks(have, width, slot);
+        let blocks: Vec<u32> = meta.used[member.get()]
+            .free_iter()
+            .take(n as usize)
+            .collect();
+        if (blocks.len() as u64) < n {
+            return Err(full(free_bytes));
+        }
+        new.push((member, blocks));
+    }
+    let mut extents = p.extents.clone();
+    for (member, blocks) in &new {
+        for &b in blocks {
+            let last = extents.iter().rposition(|e| e.member == *member);
+            match last {
+                Some(l) if extents[l].start_block + extents[l].blocks == b => {
+                    extents[l].blocks += 1
+                }
+                _ => extents.push(Extent {
+                    member: *member,
+                    start_block: b,
+                    blocks: 1,
+                }),
+            }
+        }
+    }
+    let extents_now: usize = meta.partitions.iter().map(|p| p.extents.len()).sum();
+    if extents_now - meta.partitions[i].extents.len() + extents.len() > EXTENTS_MAX {
+        return Err(AllocError::TooManyExtents);
+    }
+    for (member, blocks) in &new {
+        for &b in blocks {
+            meta.used[member.get()].set(b, true);
+        }
+    }
+    meta.partitions[i].extents = extents;
+    debug_assert!(PartitionMap::new(&meta.layout, &meta.partitions[i]).is_ok());
+    Ok(want * block_bytes)
+}
+
+/// Sets partition `name`'s size (what was written and made durable) and bumps its generation.
+/// The size must be within its blocks.
+pub fn set_size(meta: &mut VolumeMeta, name: &str, size_bytes: u64) -> Result<(), AllocError> {
+    let block_bytes = meta.layout.block_bytes();
+    let p = find_mut(meta, name)?;
+    let capacity = capacity_bytes(p, block_bytes);
+    if size_bytes > capacity {
+        return Err(AllocError::BeyondCapacity {
+            name: name.to_string(),
+            size_bytes,
+            capacity_bytes: capacity,
+        });
+    }
+    p.size_bytes = size_bytes;
+    p.generation = p.generation.wrapping_add(1);
+    Ok(())
+}
+
+/// Gives back the blocks of partition `name` beyond what its size and reservation need (the
+/// last ones dealt: every offset below the size keeps its place). Returns the blocks freed.
+pub fn trim(meta: &mut VolumeMeta, name: &str) -> Result<u64, AllocError> {
+    let block_bytes = meta.layout.block_bytes();
+    let i = meta.partitions.iter().position(|p| p.name.as_str() == name);
+    let i = i.ok_or_else(|| AllocError::NotFound {
+        name: name.to_string(),
+    })?;
+    let p = &meta.partitions[i];
+    let width = p.members.len();
+    let have = allocated_blocks(p);
+    let keep = partition_blocks(
+        p.kind,
+        width,
+        p.size_bytes.max(p.reserve_bytes),
+        block_bytes,
+    )
+    .unwrap_or(u64::MAX);
+    if keep >= have {
+        return Ok(0);
+    }
+    let mut left: Vec<u64> = (0..width).map(|s| slot_blocks(keep, width, s)).collect();
+    let mut kept: Vec<Extent> = Vec::with_capacity(p.extents.len());
+    let mut freed: Vec<Extent> = Vec::new();
+    for e in &p.extents {
+        // An extent on a member the partition does not use is left alone (check reports it).
+        let Some(slot) = p.members.iter().position(|m| *m == e.member) else {
+            kept.push(*e);
+            continue;
+        };
+        let k = left[slot].min(u64::from(e.blocks)) as u32;
+        left[slot] -= u64::from(k);
+        if k > 0 {
+            kept.push(Extent { blocks: k, ..*e });
+        }
+        if k < e.blocks {
+            freed.push(Extent {
+                member: e.member,
+                start_block: e.start_block + k,
+                blocks: e.blocks - k,
+            });
+        }
+    }
+    meta.partitions[i].extents = kept;
+    let mut count = 0u64;
+    for e in &freed {
+        for b in e.start_block..e.start_block + e.blocks {
+            if !listed(meta, e.member, b) {
+                meta.used[e.member.get()].set(b, false);
+            }
+            count += 1;
+        }
+    }
+    Ok(count)
+}
+
+/// Cuts partition `name` to `size_bytes` (at most its size), lowers its reservation to that,
+/// gives back the blocks beyond it and bumps its generation. Returns the blocks freed.
+pub fn truncate(meta: &mut VolumeMeta, name: &str, size_bytes: u64) -> Result<u64, AllocError> {
+    let p = find_mut(meta, name)?;
+    if size_bytes > p.size_bytes {
+        return Err(AllocError::TruncateGrows {
+            name: name.to_string(),
+            size_bytes: p.size_bytes,
+            to_bytes: size_bytes,
+        });
+    }
+    p.size_bytes = size_bytes;
+    p.reserve_bytes = p.reserve_bytes.min(size_bytes);
+    p.generation = p.generation.wrapping_add(1);
+    trim(meta, name)
+}
+
+/// Whether some partition lists block `b` of `member`.
+fn listed(meta: &VolumeMeta, member: MemberIndex, b: u32) -> bool {
+    meta.partitions.iter().any(|p| {
+        p.extents
+            .iter()
+            .any(|o| o.member == member && o.start_block <= b && b < o.start_block + o.blocks)
+    })
 }
 
 /// Marks partition `name` ready: from now on it may be reported as created.
@@ -194,12 +475,7 @@ pub fn free(meta: &mut VolumeMeta, name: &str) -> Result<(), AllocError> {
     let gone = meta.partitions.remove(i);
     for e in &gone.extents {
         for b in e.start_block..e.start_block + e.blocks {
-            let still_listed = meta.partitions.iter().any(|p| {
-                p.extents.iter().any(|o| {
-                    o.member == e.member && o.start_block <= b && b < o.start_block + o.blocks
-                })
-            });
-            if !still_listed {
+            if !listed(meta, e.member, b) {
                 meta.used[e.member.get()].set(b, false);
             }
         }
@@ -259,6 +535,17 @@ impl fmt::Display for Problem {
         match self {
             Problem::DuplicateName { name } => write!(f, "two partitions are named {name}"),
             Problem::BadPartition { error } => write!(f, "{error}"),
+            Problem::SharedBlocks {
+                member,
+                start_block,
+                blocks,
+                first,
+                second,
+            } if first == second => write!(
+                f,
+                "member {member} blocks {start_block}..{}: listed twice by {first}",
+                start_block + blocks
+            ),
             Problem::SharedBlocks {
                 member,
                 start_block,
@@ -350,7 +637,9 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
                     let o = &mut owner[b as usize];
                     if *o == NO_OWNER {
                         *o = pi as u16;
-                    } else if usize::from(*o) != pi {
+                    } else {
+                        // Another partition's, or this one's twice (two of its offsets would
+                        // land on one place).
                         shared.push((b, *o, pi as u16));
                     }
                 }

@@ -23,8 +23,12 @@ pub const META_SLOT_BYTES: u64 = 1 << 20;
 pub const META_AREA_BYTES: u64 = 2 * META_SLOT_BYTES;
 /// Identifies a penstock volume member ("PeNSTocK VOLume").
 pub const META_MAGIC: [u8; 8] = *b"PNSTKVOL";
-/// The format version this code writes and the only one it reads.
-pub const META_VERSION: u32 = 1;
+/// The format version this code writes: 2 (growable partitions: a reservation and a
+/// generation per partition). It also reads version 1, whose partitions become fixed-size ones
+/// (reserve = size, generation 1) and are written back as version 2 by the next update.
+pub const META_VERSION: u32 = 2;
+/// The oldest format version this code reads.
+pub const META_VERSION_MIN: u32 = 1;
 /// Bytes of the slot header (magic, version, sequence, lengths, checksums).
 pub const META_HEADER_BYTES: usize = 64;
 
@@ -40,7 +44,7 @@ const _: () = assert!(
         + 8 * 3
         + 8 * MEMBERS_MAX
         + 2
-        + PARTITIONS_MAX * (1 + NAME_BYTES_MAX + 1 + 1 + MEMBERS_MAX + 8 + 1 + 4)
+        + PARTITIONS_MAX * (1 + NAME_BYTES_MAX + 1 + 1 + MEMBERS_MAX + 8 * 3 + 1 + 4)
         + EXTENTS_MAX * 9
         + MEMBERS_MAX * (4 + (BLOCKS_PER_MEMBER_MAX as usize) / 8)
         + MEMBERS_MAX * (2 + MEMBER_PATH_BYTES_MAX)
@@ -226,7 +230,9 @@ pub enum MetaError {
         "no penstock volume magic: not a member of any penstock volume (or the header is destroyed)"
     )]
     BadMagic,
-    #[error("metadata format version {found}: this penstock reads version {META_VERSION} only")]
+    #[error(
+        "metadata format version {found}: this penstock reads versions {META_VERSION_MIN} to {META_VERSION} (a newer penstock wrote it?)"
+    )]
     UnknownVersion { found: u32 },
     #[error(
         "header checksum mismatch (stored {stored:#010x}, computed {computed:#010x}): corrupt header"
@@ -299,6 +305,8 @@ pub fn encode(meta: &VolumeMeta, member: MemberIndex, seq: u64) -> Vec<u8> {
         body.push(p.members.len() as u8);
         body.extend(p.members.iter().map(|m| m.get() as u8));
         body.extend_from_slice(&p.size_bytes.to_le_bytes());
+        body.extend_from_slice(&p.reserve_bytes.to_le_bytes());
+        body.extend_from_slice(&p.generation.to_le_bytes());
         body.push(match p.state {
             PartitionState::Creating => 1,
             PartitionState::Ready => 2,
@@ -371,7 +379,7 @@ pub fn decode(slot: &[u8]) -> Result<DecodedMeta, MetaError> {
     }
     let le32 = |at: usize| u32::from_le_bytes([slot[at], slot[at + 1], slot[at + 2], slot[at + 3]]);
     let version = le32(8);
-    if version != META_VERSION {
+    if !(META_VERSION_MIN..=META_VERSION).contains(&version) {
         return Err(MetaError::UnknownVersion { found: version });
     }
     let stored = le32(60);
@@ -403,8 +411,28 @@ pub fn decode(slot: &[u8]) -> Result<DecodedMeta, MetaError> {
     if stored != computed {
         return Err(MetaError::BodyChecksum { stored, computed });
     }
-    let (meta, member) = decode_body(body)?;
+    let (meta, member) = decode_body(body, version)?;
     Ok(DecodedMeta { meta, member, seq })
+}
+
+/// The sequence number in a slot's header, when the header is whole (magic, a version this
+/// code reads, its checksum): enough to tell whether a member holds a newer update than one
+/// already read, without decoding the body. `None` for anything else.
+pub fn header_seq(header: &[u8]) -> Option<u64> {
+    if header.len() < META_HEADER_BYTES || header[0..8] != META_MAGIC {
+        return None;
+    }
+    let le32 = |at: usize| {
+        u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+    };
+    if !(META_VERSION_MIN..=META_VERSION).contains(&le32(8))
+        || le32(60) != crc32c::crc32c(&header[0..60])
+    {
+        return None;
+    }
+    let mut seq = [0u8; 8];
+    seq.copy_from_slice(&header[16..24]);
+    Some(u64::from_le_bytes(seq))
 }
 
 /// Reads little-endian fields from a byte slice, failing with the field's name at the end.
@@ -456,7 +484,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn decode_body(body: &[u8]) -> Result<(VolumeMeta, MemberIndex), MetaError> {
+fn decode_body(body: &[u8], version: u32) -> Result<(VolumeMeta, MemberIndex), MetaError> {
     let mut r = Reader { bytes: body, at: 0 };
     let mut uuid = [0u8; 16];
     uuid.copy_from_slice(r.take(16, "volume uuid")?);
@@ -504,6 +532,15 @@ fn decode_body(body: &[u8]) -> Result<(VolumeMeta, MemberIndex), MetaError> {
             members.push(r.member(count, "partition member")?);
         }
         let size_bytes = r.u64("partition size")?;
+        // Version 1 partitions had a fixed size: all of it reserved.
+        let (reserve_bytes, generation) = if version >= 2 {
+            (
+                r.u64("partition reservation")?,
+                r.u64("partition generation")?,
+            )
+        } else {
+            (size_bytes, 1)
+        };
         let state = match r.u8("partition state")? {
             1 => PartitionState::Creating,
             2 => PartitionState::Ready,
@@ -537,6 +574,8 @@ fn decode_body(body: &[u8]) -> Result<(VolumeMeta, MemberIndex), MetaError> {
             kind,
             members,
             size_bytes,
+            reserve_bytes,
+            generation,
             state,
             extents,
         });

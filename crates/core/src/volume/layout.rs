@@ -269,8 +269,15 @@ pub struct Partition {
     pub kind: PartitionKind,
     /// The members, in slot order: partition block `i` is on `members[i % members.len()]`.
     pub members: Vec<MemberIndex>,
-    /// The size clients see; the blocks may hold a little more (rounding up).
+    /// The size clients see: the bytes written so far (or given at creation). The blocks hold
+    /// at least this much; usually more (rounding up, a reservation, growth ahead).
     pub size_bytes: u64,
+    /// Bytes kept allocated even while the partition is smaller (`--size` of add-partition):
+    /// trimming after a write never goes below it. 0: grow only as written.
+    pub reserve_bytes: u64,
+    /// Bumped by every change of the partition's size or bytes made through penstock (a write
+    /// that was committed, a truncate): the HTTP `ETag` of the partition.
+    pub generation: u64,
     pub state: PartitionState,
     pub extents: Vec<Extent>,
 }
@@ -339,6 +346,8 @@ impl SlotRuns {
 #[derive(Debug, Clone)]
 pub struct PartitionMap {
     size_bytes: u64,
+    /// Bytes the partition's blocks hold: offsets below it map (writes may go there).
+    capacity_bytes: u64,
     /// Stripe unit for striped partitions, the block for placed ones.
     unit_bytes: u64,
     block_bytes: u64,
@@ -349,8 +358,10 @@ pub struct PartitionMap {
 
 impl PartitionMap {
     /// Checks that `partition` is consistent with `layout` (members in range and distinct,
-    /// extents within their members, on members of the partition, exactly as many blocks per
-    /// member as its size needs) and prepares the mapping.
+    /// extents within their members, on members of the partition, its blocks dealt round-robin
+    /// over its members — whole groups for a striped one — and at least as many as its size
+    /// needs) and prepares the mapping. Offsets up to the blocks' capacity map, so that a
+    /// growing partition's writer can write ahead of the committed size.
     pub fn new(layout: &VolumeLayout, partition: &Partition) -> Result<PartitionMap, LayoutError> {
         let bad = |why: String| LayoutError::Partition {
             name: partition.name.to_string(),
@@ -371,13 +382,25 @@ impl PartitionMap {
                 return Err(bad(format!("member {m} listed twice")));
             }
         }
-        let total = partition_blocks(
+        let need = partition_blocks(
             partition.kind,
             width,
             partition.size_bytes,
             layout.block_bytes,
         )
         .ok_or_else(|| bad("size overflows".to_string()))?;
+        let total: u64 = partition.extents.iter().map(|e| u64::from(e.blocks)).sum();
+        if total < need {
+            return Err(bad(format!(
+                "{total} blocks; its size of {} bytes needs {need}",
+                partition.size_bytes
+            )));
+        }
+        if partition.kind == PartitionKind::Striped && !total.is_multiple_of(width as u64) {
+            return Err(bad(format!(
+                "striped over {width} members with {total} blocks (not whole groups)"
+            )));
+        }
         let mut slots = Vec::with_capacity(width);
         for (slot, &member) in partition.members.iter().enumerate() {
             let member_blocks = layout.member_blocks(member);
@@ -398,11 +421,10 @@ impl PartitionMap {
                 runs.runs.push((e.start_block, e.blocks));
                 count += u64::from(e.blocks);
             }
-            let need = slot_blocks(total, width, slot);
-            if count != need {
+            let want = slot_blocks(total, width, slot);
+            if count != want {
                 return Err(bad(format!(
-                    "{count} blocks on member {member}, its size of {} bytes needs {need}",
-                    partition.size_bytes
+                    "{count} blocks on member {member}; {total} blocks dealt over {width} members put {want} there"
                 )));
             }
             slots.push(runs);
@@ -423,6 +445,7 @@ impl PartitionMap {
         };
         Ok(PartitionMap {
             size_bytes: partition.size_bytes,
+            capacity_bytes: total * layout.block_bytes,
             unit_bytes,
             block_bytes: layout.block_bytes,
             data_start_bytes: layout.data_start_bytes,
@@ -436,6 +459,12 @@ impl PartitionMap {
         self.size_bytes
     }
 
+    /// Bytes its blocks hold (≥ the size): [`PartitionMap::locate`] and
+    /// [`PartitionMap::split`] map offsets below it.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
     /// Bytes that stay contiguous on one member from `offset_bytes` on (to the end of its unit).
     fn run_bytes(&self, offset_bytes: u64) -> u64 {
         self.unit_bytes - offset_bytes % self.unit_bytes
@@ -446,11 +475,11 @@ impl PartitionMap {
     /// group `g = o / (M·block)`, `r = o mod (M·block)`, unit `k = r / unit`; slot `j = k mod M`;
     /// within that slot's `g`-th block the byte is at `(k / M)·unit + r mod unit`.
     pub fn locate(&self, offset_bytes: u64) -> Result<MemberLocation, LayoutError> {
-        if offset_bytes >= self.size_bytes {
+        if offset_bytes >= self.capacity_bytes {
             return Err(LayoutError::OutOfRange {
                 offset_bytes,
                 len_bytes: 1,
-                size_bytes: self.size_bytes,
+                size_bytes: self.capacity_bytes,
             });
         }
         let width = self.members.len() as u64;
@@ -460,8 +489,8 @@ impl PartitionMap {
         let unit = rest / self.unit_bytes;
         let slot = (unit % width) as usize;
         let within_block = (unit / width) * self.unit_bytes + rest % self.unit_bytes;
-        // `group` < the slot's block count: offset < size and PartitionMap::new checked that
-        // every slot holds the blocks the size needs.
+        // `group` < the slot's block count: offset < capacity, and PartitionMap::new checked
+        // that the blocks are dealt round-robin (whole groups for a striped partition).
         let block = self.slots[slot].block(group);
         Ok(MemberLocation {
             member: self.members[slot],
@@ -505,11 +534,11 @@ impl PartitionMap {
             return Err(LayoutError::RequestTooLarge { len_bytes });
         }
         let end = offset_bytes.checked_add(len_bytes);
-        if end.is_none_or(|end| end > self.size_bytes) {
+        if end.is_none_or(|end| end > self.capacity_bytes) {
             return Err(LayoutError::OutOfRange {
                 offset_bytes,
                 len_bytes,
-                size_bytes: self.size_bytes,
+                size_bytes: self.capacity_bytes,
             });
         }
         let mut pieces: Vec<MemberIo> =

@@ -19,7 +19,10 @@ pub mod format;
 pub mod layout;
 pub mod member;
 
-pub use alloc::{AllocError, Placement, Problem, allocate, check, free, mark_ready, repair};
+pub use alloc::{
+    AllocError, Placement, Problem, allocate, allocate_with, allocated_blocks, capacity_bytes,
+    check, free, grow, mark_ready, repair, room_bytes, set_size, trim, truncate,
+};
 pub use format::{
     BlockMap, Chosen, DecodedMeta, MetaError, Slot, VolumeMeta, VolumeUuid, choose, decode, encode,
 };

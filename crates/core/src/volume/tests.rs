@@ -103,7 +103,9 @@ fn placed_uses_whole_blocks_in_turn() {
     assert_eq!(members, vec![2, 0, 2, 0]);
     // Within a block, the whole block is contiguous: one piece.
     assert_eq!(map.split(0, MIB).unwrap().len(), 1);
-    assert!(map.split(0, 3 * MIB + 2).is_err());
+    // The map covers the blocks (4 MiB), not just the size: a writer may go past the size.
+    assert_eq!(map.capacity_bytes(), 4 * MIB);
+    assert!(map.split(0, 4 * MIB + 1).is_err());
     assert_eq!(map.split(3 * MIB, 1).unwrap().len(), 1);
 }
 
@@ -241,9 +243,12 @@ fn decode_errors_are_typed() {
         decode(&vec![0; META_SLOT_BYTES as usize]),
         Err(MetaError::BadMagic)
     );
-    let mut v2 = img.clone();
-    v2[8] = 2;
-    assert_eq!(decode(&v2), Err(MetaError::UnknownVersion { found: 2 }));
+    let mut v3 = img.clone();
+    v3[8] = 3;
+    assert_eq!(decode(&v3), Err(MetaError::UnknownVersion { found: 3 }));
+    let mut v0 = img.clone();
+    v0[8] = 0;
+    assert_eq!(decode(&v0), Err(MetaError::UnknownVersion { found: 0 }));
     let mut hdr = img.clone();
     hdr[17] ^= 1;
     assert!(matches!(
@@ -615,4 +620,237 @@ proptest! {
             prop_assert!(bytes <= bytes_max, "{bytes} > {bytes_max}");
         }
     }
+}
+
+/// A version 1 image (no reservation, no generation): the partition entries of version 2
+/// without those two fields.
+fn encode_v1(meta: &VolumeMeta, m: MemberIndex, seq: u64) -> Vec<u8> {
+    let v2 = encode(meta, m, seq);
+    let body_len = u32::from_le_bytes(v2[24..28].try_into().unwrap()) as usize;
+    let body = &v2[64..64 + body_len];
+    // Walk the v2 body, dropping 16 bytes after each partition's size.
+    let mut out = Vec::new();
+    let name_len = body[16] as usize;
+    let mut at = 16 + 1 + name_len + 2 + 2 + 24 + 8 * meta.layout.member_count();
+    out.extend_from_slice(&body[..at]);
+    let count = u16::from_le_bytes([body[at], body[at + 1]]) as usize;
+    out.extend_from_slice(&body[at..at + 2]);
+    at += 2;
+    for _ in 0..count {
+        let start = at;
+        at += 1 + body[at] as usize; // name
+        at += 1; // kind
+        at += 1 + body[at] as usize; // width, members
+        at += 8; // size
+        out.extend_from_slice(&body[start..at]);
+        at += 16; // reserve, generation: not in v1
+        let n = u32::from_le_bytes(body[at + 1..at + 5].try_into().unwrap()) as usize;
+        let end = at + 1 + 4 + 9 * n;
+        out.extend_from_slice(&body[at..end]);
+        at = end;
+    }
+    out.extend_from_slice(&body[at..]);
+    let mut img = vec![0u8; META_SLOT_BYTES as usize];
+    img[..64].copy_from_slice(&v2[..64]);
+    img[8..12].copy_from_slice(&1u32.to_le_bytes());
+    img[24..28].copy_from_slice(&(out.len() as u32).to_le_bytes());
+    img[28..32].copy_from_slice(&crc32c::crc32c(&out).to_le_bytes());
+    let crc = crc32c::crc32c(&img[0..60]);
+    img[60..64].copy_from_slice(&crc.to_le_bytes());
+    img[64..64 + out.len()].copy_from_slice(&out);
+    img
+}
+
+#[test]
+fn version_1_images_still_decode_as_fixed_size_partitions() {
+    let mut meta = sample_meta();
+    for p in &mut meta.partitions {
+        p.reserve_bytes = p.size_bytes;
+        p.generation = 1;
+    }
+    let img = encode_v1(&meta, member(0), 5);
+    assert_eq!(u32::from_le_bytes(img[8..12].try_into().unwrap()), 1);
+    let d = decode(&img).unwrap();
+    assert_eq!(d.meta, meta);
+    assert_eq!(d.seq, 5);
+    // Written back as version 2.
+    let again = encode(&d.meta, member(0), 6);
+    assert_eq!(u32::from_le_bytes(again[8..12].try_into().unwrap()), 2);
+    assert_eq!(decode(&again).unwrap().meta, meta);
+}
+
+#[test]
+fn an_empty_partition_grows_writes_map_and_truncate_gives_blocks_back() {
+    let mut meta = meta4();
+    let free0: u32 = meta.used.iter().map(|m| m.free_blocks()).sum();
+    allocate_with(&mut meta, "g", 0, 0, &Placement::Striped).unwrap();
+    let p = meta.partition("g").unwrap();
+    assert!(p.extents.is_empty());
+    assert_eq!(map_of(&meta, "g").capacity_bytes(), 0);
+    // Growing takes whole groups (4 members × 1 MiB).
+    assert_eq!(grow(&mut meta, "g", 1).unwrap(), 4 * MIB);
+    assert_eq!(grow(&mut meta, "g", 4 * MIB).unwrap(), 4 * MIB);
+    assert_eq!(grow(&mut meta, "g", 9 * MIB).unwrap(), 12 * MIB);
+    set_size(&mut meta, "g", 9 * MIB).unwrap();
+    assert_eq!(meta.partition("g").unwrap().generation, 2);
+    assert!(set_size(&mut meta, "g", 12 * MIB + 1).is_err());
+    assert!(
+        check(&meta)
+            .iter()
+            .all(|p| matches!(p, Problem::Interrupted { .. }))
+    );
+    // Truncate: only shrinks, frees what the new size does not need.
+    assert!(matches!(
+        truncate(&mut meta, "g", 10 * MIB),
+        Err(AllocError::TruncateGrows { .. })
+    ));
+    assert_eq!(truncate(&mut meta, "g", 3 * MIB).unwrap(), 8);
+    assert_eq!(map_of(&meta, "g").capacity_bytes(), 4 * MIB);
+    assert_eq!(truncate(&mut meta, "g", 0).unwrap(), 4);
+    let free1: u32 = meta.used.iter().map(|m| m.free_blocks()).sum();
+    assert_eq!(free0, free1);
+    // A full volume: refused, unchanged.
+    let before = meta.clone();
+    assert!(matches!(
+        grow(&mut meta, "g", 1 << 40),
+        Err(AllocError::Full { .. })
+    ));
+    assert_eq!(meta, before);
+}
+
+/// Random interleaved growth, size changes and truncations of several partitions.
+fn arb_growth() -> impl Strategy<Value = (usize, u64, Vec<(usize, u8, u64)>)> {
+    (
+        1usize..=4,
+        0u32..2,
+        prop::collection::vec((0usize..5, 0u8..4, 0u64..24 * MIB), 1..60),
+    )
+        .prop_map(|(members, block_shift, ops)| (members, MIB << block_shift, ops))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Growth never hands out a block twice, keeps the map equal to what the table lists,
+    /// never moves a byte already placed, truncate frees exactly the blocks the new size no
+    /// longer needs, and every offset below the written size maps.
+    #[test]
+    fn growth_and_truncation_keep_the_volume_consistent((members, block, ops) in arb_growth()) {
+        let mut meta = meta_with(vec![META_AREA_BYTES + 40 * block; members], 64 << 10, block);
+        for i in 0..5 {
+            let place = if i % 2 == 0 {
+                Placement::Striped
+            } else {
+                Placement::Placed((0..members).rev().take(1 + i % members).collect())
+            };
+            allocate_with(&mut meta, &format!("p{i}"), 0, (i as u64) * block / 2, &place).unwrap();
+            mark_ready(&mut meta, &format!("p{i}")).unwrap();
+        }
+        for (i, op, arg) in ops {
+            let name = format!("p{i}");
+            let before_map = map_of(&meta, &name);
+            let before = meta.partition(&name).unwrap().clone();
+            let free_before: u64 = meta.used.iter().map(|m| u64::from(m.free_blocks())).sum();
+            match op {
+                0 | 1 => {
+                    let want = before.size_bytes + arg;
+                    match grow(&mut meta, &name, want) {
+                        Ok(cap) => {
+                            prop_assert!(cap >= want);
+                            prop_assert_eq!(map_of(&meta, &name).capacity_bytes(), cap);
+                            set_size(&mut meta, &name, want).unwrap();
+                        }
+                        Err(AllocError::Full { .. }) | Err(AllocError::TooManyExtents) => {
+                            prop_assert_eq!(meta.partition(&name).unwrap(), &before);
+                        }
+                        Err(e) => prop_assert!(false, "{e}"),
+                    }
+                }
+                2 => {
+                    let to = arg.min(before.size_bytes);
+                    let freed = truncate(&mut meta, &name, to).unwrap();
+                    let after = meta.partition(&name).unwrap();
+                    let need = layout::partition_blocks(after.kind, after.members.len(), to.max(after.reserve_bytes), block).unwrap();
+                    let had = allocated_blocks(&before);
+                    prop_assert_eq!(allocated_blocks(after), need.min(had));
+                    prop_assert_eq!(freed, had - allocated_blocks(after));
+                    let free_after: u64 = meta.used.iter().map(|m| u64::from(m.free_blocks())).sum();
+                    prop_assert_eq!(free_after, free_before + freed);
+                    prop_assert!(after.generation > before.generation);
+                }
+                _ => {
+                    trim(&mut meta, &name).unwrap();
+                }
+            }
+            // No block in two partitions, the map is exactly what the table lists.
+            prop_assert!(check(&meta).is_empty(), "{:?}", check(&meta));
+            // Bytes below the smaller of the old and new sizes did not move.
+            let map = map_of(&meta, &name);
+            let keep = before.size_bytes.min(map.size_bytes());
+            let mut o = 0;
+            while o < keep {
+                prop_assert_eq!(map.locate(o).unwrap(), before_map.locate(o).unwrap());
+                o += 61 * 4096;
+            }
+            // Everything below the size maps; nothing at or past the capacity does.
+            if map.size_bytes() > 0 {
+                map.locate(map.size_bytes() - 1).unwrap();
+                prop_assert!(map.split(0, map.size_bytes().min(1 << 30)).is_ok());
+            }
+            prop_assert!(map.locate(map.capacity_bytes()).is_err());
+        }
+        // Every partition's blocks are distinct across the volume.
+        let mut seen = HashSet::new();
+        for p in &meta.partitions {
+            for e in &p.extents {
+                for b in e.start_block..e.start_block + e.blocks {
+                    prop_assert!(seen.insert((e.member, b)), "block given twice");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn header_seq_reads_whole_headers_only() {
+    let img = encode(&sample_meta(), member(0), 41);
+    assert_eq!(format::header_seq(&img[..64]), Some(41));
+    let mut bad = img[..64].to_vec();
+    bad[20] ^= 1; // the sequence, without fixing the header checksum
+    assert_eq!(format::header_seq(&bad), None);
+    assert_eq!(format::header_seq(&[0u8; 64]), None);
+    assert_eq!(format::header_seq(&img[..63]), None);
+}
+
+#[test]
+fn a_block_listed_twice_by_one_partition_is_reported() {
+    let mut meta = meta4();
+    allocate(&mut meta, "p", 4 * MIB, &Placement::Placed(vec![0])).unwrap();
+    mark_ready(&mut meta, "p").unwrap();
+    assert!(check(&meta).is_empty());
+    // Hand edit: its 4 blocks become blocks 0, 1, 0, 1 (two offsets, one place).
+    let p = meta
+        .partitions
+        .iter_mut()
+        .find(|p| p.name.as_str() == "p")
+        .unwrap();
+    p.extents = vec![
+        Extent {
+            member: member(0),
+            start_block: 0,
+            blocks: 2,
+        },
+        Extent {
+            member: member(0),
+            start_block: 0,
+            blocks: 2,
+        },
+    ];
+    let problems = check(&meta);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.to_string().contains("listed twice by p") && !p.repairable()),
+        "{problems:?}"
+    );
 }

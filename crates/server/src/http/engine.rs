@@ -68,27 +68,51 @@ impl Worker {
                 return;
             }
         };
-        let (
-            Some(BodyPiece::File {
-                offset_bytes,
-                len_bytes,
-            }),
-            Some(file),
-        ) = (out.pieces.pop_front(), out.file.take())
+        let Some(BodyPiece::File {
+            offset_bytes,
+            len_bytes,
+        }) = out.pieces.pop_front()
         else {
             unreachable!("to_engine is set only for one file piece")
         };
         let peer = c.sock.peer_addr().ok();
-        let file_len = file
-            .metadata()
-            .map_or(offset_bytes + len_bytes, |m| m.len());
-        let source = EngineOpened {
-            fd: file.into(),
-            kind: IoKind::File,
-            size: Some(file_len),
-            socket: false,
-            label: out.file_label.clone(),
-            volume: None,
+        let mut body_path = shared.body_path;
+        let source = match (out.volume.take(), out.file.take()) {
+            (Some(pio), _) => {
+                // The partition's members, read on the engine's uring path (or copy); the
+                // path configured for file bodies (sendfile) does not apply.
+                body_path = penstock_core::stream::PathChoice::Auto;
+                penstock_driver::open::opened_partition(*pio).map_err(|e| e.to_string())
+            }
+            (None, Some(file)) => {
+                let file_len = file
+                    .metadata()
+                    .map_or(offset_bytes + len_bytes, |m| m.len());
+                Ok(EngineOpened {
+                    fd: file.into(),
+                    kind: IoKind::File,
+                    size: Some(file_len),
+                    socket: false,
+                    label: out.file_label.clone(),
+                    volume: None,
+                })
+            }
+            (None, None) => unreachable!("to_engine is set only with a file or a partition"),
+        };
+        let source = match source {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "a partition's members could not be reopened");
+                shared.metrics.error("engine_refused");
+                record(
+                    &shared,
+                    &mut self.access,
+                    c.peer,
+                    &out.request_end(out.status.code(), 0),
+                );
+                self.close(idx);
+                return;
+            }
         };
         let target = EngineOpened {
             fd: target_fd.into(),
@@ -98,7 +122,7 @@ impl Worker {
             label: peer.map_or_else(|| "http client".to_string(), |p| p.to_string()),
             volume: None,
         };
-        let mut spec = body_spec(shared.body_path, &out.class, offset_bytes, len_bytes);
+        let mut spec = body_spec(body_path, &out.class, offset_bytes, len_bytes);
         // nginx's send_timeout, as the loop applies it to its own bodies.
         spec.send_timeout = Some(self.live.limits.send_timeout());
         // Leave epoll while the engine owns the socket's writes.

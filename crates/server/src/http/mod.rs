@@ -104,10 +104,17 @@ pub(crate) struct Site {
     pub(crate) index: Option<String>,
     /// Extension (lower case) → `Content-Type`, ahead of the built-in table.
     pub(crate) types: HashMap<String, String>,
+    /// `[volumes]`: name → the path of one of its members; served under `/vol/NAME/PART`.
+    pub(crate) volumes: BTreeMap<String, std::path::PathBuf>,
 }
 
 impl Site {
-    pub(crate) fn new(root: Root, index: Option<String>, types: &BTreeMap<String, String>) -> Site {
+    pub(crate) fn new(
+        root: Root,
+        index: Option<String>,
+        types: &BTreeMap<String, String>,
+        volumes: &BTreeMap<String, std::path::PathBuf>,
+    ) -> Site {
         Site {
             root,
             index: index.filter(|i| !i.is_empty()),
@@ -115,6 +122,7 @@ impl Site {
                 .iter()
                 .map(|(e, t)| (e.to_ascii_lowercase(), t.clone()))
                 .collect(),
+            volumes: volumes.clone(),
         }
     }
 
@@ -836,6 +844,7 @@ impl Worker {
                                 rate: None,
                                 to_engine: None,
                                 origin_type: None,
+                                volume: None,
                                 status: r.status,
                                 started: c.head_started.take().unwrap_or_else(Instant::now),
                                 log,

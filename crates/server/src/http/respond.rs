@@ -62,6 +62,7 @@ impl Worker {
             rate: None,
             to_engine: None,
             origin_type: None,
+            volume: None,
             status: r.status,
             started: Instant::now(),
             log: None,
@@ -74,6 +75,11 @@ impl Worker {
         }
         if !shared.health_path.is_empty() && req.path == shared.health_path {
             return memory(health_response(req, &ctx), Arc::from("health"));
+        }
+        if let Some(rest) = req.path.strip_prefix("/vol/")
+            && !site.volumes.is_empty()
+        {
+            return self.respond_volume(req, rest, &ctx, class, &memory);
         }
         let opened = match site.root.open_path(req.relative_path()) {
             Ok(Opened::Directory(_)) if !req.path.ends_with('/') => {
@@ -136,7 +142,11 @@ impl Worker {
                 );
             }
         };
-        let meta = FileMeta { len_bytes, mtime };
+        let meta = FileMeta {
+            len_bytes,
+            mtime,
+            generation: None,
+        };
         let r = respond_file(req, &meta, site.content_type(&type_name), &ctx);
         if r.status == Status::RANGE_NOT_SATISFIABLE {
             shared.metrics.error("range_not_satisfiable");
@@ -219,6 +229,107 @@ impl Worker {
             body_sent: 0,
             rate,
             to_engine,
+            origin_type: None,
+            volume: None,
+            status: r.status,
+            started: Instant::now(),
+            log: None,
+        }
+    }
+
+    /// `/vol/NAME/PART`: partition PART of the configured volume NAME, as a file whose `ETag`
+    /// is the partition's generation (it changes with every committed write or truncation).
+    /// Ranges (one per request), conditionals and HEAD as for files; the body always goes to
+    /// the engine, which reads the members (a partition is no single file to sendfile from).
+    /// Anything that does not name a ready partition of a configured volume is a 404.
+    fn respond_volume(
+        &mut self,
+        req: &Request,
+        rest: &str,
+        ctx: &ResponseContext<'_>,
+        class: Arc<str>,
+        memory: &dyn Fn(penstock_core::http::Response, Arc<str>) -> Out,
+    ) -> Out {
+        use penstock_driver::volume::{Access, Volume, VolumeError};
+        let shared = self.shared.clone();
+        let not_found = |shared: &super::HttpShared| {
+            shared.metrics.error("not_found");
+            memory(
+                respond_error(Status::NOT_FOUND, Some(req), ctx),
+                class.clone(),
+            )
+        };
+        let Some((vname, pname)) = rest.split_once('/') else {
+            return not_found(&shared);
+        };
+        let valid = |n: &str| penstock_core::volume::Name::new(n).is_ok();
+        if !valid(vname) || !valid(pname) {
+            return not_found(&shared);
+        }
+        let Some(member) = self.site.volumes.get(vname).cloned() else {
+            return not_found(&shared);
+        };
+        let opened = Volume::open(&member, Access::Shared).and_then(|v| {
+            let p = v.meta().partition(pname).map(|p| p.generation);
+            let pio = v.partition_io(pname, false)?;
+            Ok((pio, p.unwrap_or(0)))
+        });
+        let (pio, generation) = match opened {
+            Ok(x) => x,
+            Err(VolumeError::NoSuchPartition { .. } | VolumeError::NotReady { .. }) => {
+                return not_found(&shared);
+            }
+            Err(e) => {
+                tracing::warn!(volume = vname, error = %e, "a configured volume does not open");
+                shared.metrics.error("open_failed");
+                return memory(
+                    respond_error(Status::INTERNAL_SERVER_ERROR, Some(req), ctx),
+                    class,
+                );
+            }
+        };
+        let mtime = std::fs::metadata(&member)
+            .and_then(|m| m.modified())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let meta = FileMeta {
+            len_bytes: pio.size_bytes,
+            mtime,
+            generation: Some(generation),
+        };
+        // One range per request: the engine sends one extent.
+        let one_range = ResponseContext {
+            ranges_max: 1,
+            ..*ctx
+        };
+        let r = respond_file(req, &meta, self.site.content_type(pname), &one_range);
+        if r.status == Status::RANGE_NOT_SATISFIABLE {
+            shared.metrics.error("range_not_satisfiable");
+        }
+        let has_body = r.body.iter().any(|p| matches!(p, BodyPiece::File { .. }));
+        if !has_body {
+            return memory(r, class);
+        }
+        let to_engine = match shared.engine.reserve_stream() {
+            Ok(slot) => slot,
+            Err(_) => {
+                shared.metrics.error("engine_full");
+                return memory(unavailable(req, ctx), class);
+            }
+        };
+        Out {
+            head: r.head,
+            head_pos: 0,
+            pieces: r.body.into(),
+            piece_pos: 0,
+            file: None,
+            file_label: req.path.clone(),
+            keep_alive: r.keep_alive,
+            class,
+            path_label: "volume",
+            body_sent: 0,
+            rate: None,
+            to_engine: Some(to_engine),
+            volume: Some(Box::new(pio)),
             origin_type: None,
             status: r.status,
             started: Instant::now(),

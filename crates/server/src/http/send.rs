@@ -47,6 +47,9 @@ pub(super) struct Out {
     /// origin answers it: the loop hands the request to an origin thread (`origin.rs`),
     /// nothing else of this `Out` but its class, start, log entry and keep-alive is used.
     pub(super) origin_type: Option<String>,
+    /// A volume partition's body (`/vol/NAME/PART`): the engine reads it from the members
+    /// (its place is always reserved: the loop has no single file to sendfile from).
+    pub(super) volume: Option<Box<penstock_driver::volume::PartitionIo>>,
     pub(super) status: Status,
     /// When the request's head began to arrive.
     pub(super) started: Instant,

@@ -107,6 +107,7 @@ fn serve(job: &OriginJob) -> OriginEnd {
     let meta = FileMeta {
         len_bytes: object.size_bytes,
         mtime: object.mtime,
+        generation: None,
     };
     let r = respond_file(&job.req, &meta, &job.content_type, &ctx);
     end.status = r.status;

@@ -395,6 +395,7 @@ impl Server {
                 rtsp_bound,
                 control_addr,
                 engine.clone(),
+                origin_for_rtsp.clone(),
                 &metrics,
             )?;
             let view = m.view();
@@ -732,6 +733,7 @@ fn start_membership(
     rtsp_bound: Option<SocketAddr>,
     control_bound: Option<SocketAddr>,
     engine: Arc<Engine>,
+    origin: Option<Arc<origin::Origin>>,
     metrics: &Metrics,
 ) -> Result<cluster::Membership, ServerError> {
     let c = &cfg.cluster;
@@ -779,6 +781,10 @@ fn start_membership(
             rt_bytes_per_s_left: cap.net_bytes_per_s.saturating_sub(used.net_bytes_per_s),
             streams: used.streams,
             streams_max: cap.streams,
+            // The origin cache's bytes on disk (its own gauge), when there is an origin.
+            cache_bytes: origin
+                .as_ref()
+                .map(|o| o.metrics.cache_bytes.get().max(0) as u64),
         }
     });
     cluster::Membership::start(c, node, addrs, load, cm)

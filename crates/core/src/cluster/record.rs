@@ -15,9 +15,9 @@
 //! cache_bytes=-
 //! ```
 //!
-//! `rtsp`, `control` and `cache_bytes` may be `-` (none; `cache_bytes` waits for the origin
-//! cache). Keys a newer version adds are skipped by older readers; a missing required key,
-//! a duplicate key or a bad value refuses the record. Text rather than JSON: readable with
+//! `rtsp`, `control` and `cache_bytes` may be `-` (none; `cache_bytes` is `-` on a node
+//! without an origin cache). Keys a newer version adds are skipped by older readers; a
+//! missing required key, a duplicate key or a bad value refuses the record. Text rather than JSON: readable with
 //! `etcdctl get`, and no serializer in the core.
 
 use std::fmt::Write as _;

@@ -30,6 +30,8 @@ pub struct NodeLoad {
     pub rt_bytes_per_s_left: u64,
     pub streams: u32,
     pub streams_max: u32,
+    /// The origin cache's bytes (`[origin]`, docs/origin.md); `None` without an origin.
+    pub cache_bytes: Option<u64>,
 }
 
 /// The membership as last read, shared with the RTSP and control servers for redirects.
@@ -272,8 +274,7 @@ impl Keeper {
             rt_bytes_per_s_left: l.rt_bytes_per_s_left.min(l.rt_bytes_per_s),
             streams: l.streams,
             streams_max: l.streams_max,
-            // The origin cache (issue 18 item 1) fills this in when it exists.
-            cache_bytes: None,
+            cache_bytes: l.cache_bytes,
         }
     }
 

@@ -257,6 +257,8 @@ fn bench_all_refuses_an_unknown_bench_with_usage_and_lists_its_benches() {
         "record",
         "http",
         "cues",
+        "rtsp",
+        "admission",
     ] {
         assert!(list.contains(&format!("{b:<10} penstock bench ")), "{list}");
     }

@@ -190,7 +190,7 @@ pub fn run(a: StripeArgs) -> Result<()> {
             Ok(devs) => (
                 devs,
                 format!(
-                    "loop devices over sparse files, each read-throttled to {} MB/s by a cgroup",
+                    "loop devices over sparse files, each read- and write-throttled to {} MB/s by a cgroup",
                     a.rate as f64 / 1e6
                 ),
             ),

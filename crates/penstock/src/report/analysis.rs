@@ -1232,11 +1232,17 @@ fn rtsp(r: &Value, sec: &mut Section) {
         rtsp_server(r, "GStreamer").map_or(0, |s| s["largest_clean"].as_u64().unwrap_or(0)),
     );
     let goal = &r["goal"];
-    sec.ratio = format!(
-        "largest clean N: penstock {p}, GStreamer {g}; CPU per session {}× GStreamer's at N = {}, the largest both kept clean",
-        fmt(f(goal, "cpu_per_session_ratio_at_common")),
-        s(goal, "common_sessions"),
-    );
+    let common = goal["common_sessions"].as_u64().unwrap_or(0);
+    sec.ratio = if common > 0 {
+        format!(
+            "largest clean N: penstock {p}, GStreamer {g}; CPU per session {}× GStreamer's at N = {common}, the largest both kept clean",
+            fmt(f(goal, "cpu_per_session_ratio_at_common")),
+        )
+    } else {
+        format!(
+            "largest clean N: penstock {p}, GStreamer {g}; no N both kept clean, so CPU per session is not compared"
+        )
+    };
 }
 
 /// Issue 15's goal on a run: sessions (≥ 2×) and CPU per session at the largest N both

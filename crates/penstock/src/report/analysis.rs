@@ -1259,6 +1259,12 @@ pub fn rtsp_verdict(r: &Value) -> Verdict {
     let gn = g["largest_clean"].as_u64().unwrap_or(0);
     let goal = &r["goal"];
     let cpu = f(goal, "cpu_per_session_ratio_at_common");
+    if pn == 0 && gn == 0 {
+        return Verdict::not_run(format!(
+            "neither server kept one session clean (p99 lateness above {} ms or loss at N = 1: the machine, not a server, sets the bar in this run); nothing to compare",
+            fmt(f(r, "lateness_max_ms"))
+        ));
+    }
     if pn == 0 {
         return Verdict {
             kind: VerdictKind::FallsShort,
@@ -1739,6 +1745,11 @@ mod tests {
         assert!(v.why.contains("not compared"), "{}", v.why);
         let r = rtsp_run(&[(16, true, 0.004)], &[(16, true, 0.015)], 16, (16, 0.27));
         assert_eq!(rtsp_verdict(&r).kind, VerdictKind::Beats);
+        // Neither kept one session clean (a loaded machine): undecided.
+        let r = rtsp_run(&[(1, false, 0.03)], &[(1, false, 0.02)], 16, (0, f64::NAN));
+        assert_eq!(rtsp_verdict(&r).kind, VerdictKind::NotRun);
+        let r = rtsp_run(&[(1, false, 0.03)], &[(1, true, 0.02)], 16, (0, f64::NAN));
+        assert_eq!(rtsp_verdict(&r).kind, VerdictKind::FallsShort);
         // Without the peer there is nothing to compare.
         let mut r = rtsp_run(&[(16, true, 0.004)], &[], 16, (0, f64::NAN));
         r["servers"].as_array_mut().unwrap().pop();

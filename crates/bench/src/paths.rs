@@ -51,11 +51,11 @@ pub struct PathsArgs {
     /// A bare `--json` writes it on stdout (the table then goes to stderr).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
-    /// Reads (and sends) a stream keeps in flight on the uring path. Default: the device's
-    /// calibrated read depth (`penstock calibrate`, when its file is on the same device), else
-    /// a short measurement here (128 MiB read with O_DIRECT at depths 1-16, the shallowest
-    /// within 5% of the best). Disks differ: one VM's served one request at a time, another's
-    /// read fastest with 8 in flight.
+    /// Disk reads a stream keeps in flight on the uring path, for every device. Default: the
+    /// engine's choice for the file's device — the depth `penstock calibrate` measured there,
+    /// else self-calibration's (measured once, before anything is timed, and cached in
+    /// ~/.cache/penstock), else the engine's default (4). Disks differ: one VM's served one
+    /// request at a time, another's read fastest with 8 in flight.
     #[arg(long)]
     pub depth: Option<usize>,
     /// Let the scheduler place sender and receiver (default: the sender on the first allowed
@@ -199,7 +199,7 @@ fn run_engine(
     path: DataPath,
     cache: CachePolicy,
     unit: usize,
-) -> Result<()> {
+) -> Result<u64> {
     let spec = StreamSpec {
         unit_bytes: unit,
         path: PathChoice::Fixed(path),
@@ -215,11 +215,13 @@ fn run_engine(
             },
         )
     };
-    let report = engine.open(spec)?.wait()?;
+    let h = engine.open(spec)?;
+    let in_flight_max = h.read_depth().map_or(0, |d| d.in_flight_max);
+    let report = h.wait()?;
     if report.notes.iter().any(|n| n.contains("O_DIRECT refused")) {
         bail!("{}", report.notes.join("; "));
     }
-    Ok(())
+    Ok(in_flight_max)
 }
 
 /// The bare baseline: sendfile of the whole file, unit by unit, on a non-blocking socket with
@@ -265,39 +267,17 @@ fn odirect_read(file: &Path, unit: usize) -> Result<()> {
     Ok(())
 }
 
-/// The uring path's read depth and where it came from: `--depth`, the calibration of the
-/// device under `dir`, or a short measurement there.
-fn read_depth(given: Option<usize>, dir: &Path) -> (usize, String) {
-    use penstock_driver::calibration::{Calibration, default_path, measure_read_depth};
-    if let Some(d) = given {
-        return (d.max(1), "--depth".into());
-    }
-    let cal_path = default_path();
-    if let Some(d) = Calibration::load(&cal_path)
-        .ok()
-        .and_then(|c| c.read_depth_for(dir))
-    {
-        return (d as usize, format!("calibrated, {}", cal_path.display()));
-    }
-    match measure_read_depth(dir, 128 << 20) {
-        Ok((d, figs)) => {
-            let list = figs
-                .iter()
-                .map(|f| format!("{}: {:.0} MB/s", f.depth, f.bytes_per_s as f64 / 1e6))
-                .collect::<Vec<_>>()
-                .join(", ");
-            (
-                d as usize,
-                format!("measured here, no calibration for this device: {list}"),
-            )
-        }
-        Err(e) => {
-            let d = EngineConfig::default().stream_depth;
-            (
-                d,
-                format!("no calibration and the measurement failed ({e}): the engine's default"),
-            )
-        }
+/// The engine's read depth settings: `--depth` for every device, else the engine's own
+/// choice per device — the calibration file's depth for its device (`penstock calibrate`),
+/// else self-calibration (cached per device in `~/.cache/penstock`), else its default.
+fn read_depth_config(given: Option<usize>) -> penstock_driver::ReadDepthConfig {
+    use penstock_driver::calibration::{Calibration, default_path};
+    penstock_driver::ReadDepthConfig {
+        fixed: given.map(|d| d.max(1)),
+        calibrated: Calibration::load(&default_path())
+            .map(|c| c.read_depths())
+            .unwrap_or_default(),
+        ..Default::default()
     }
 }
 
@@ -338,13 +318,16 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
     if a.rcvlowat > 0 {
         sink_args.extend(["--rcvlowat".to_string(), a.rcvlowat.to_string()]);
     }
-    let (depth, depth_from) = read_depth(a.depth, &dir);
-    eprintln!("penstock bench paths: uring read depth {depth} ({depth_from})");
     let engine = Engine::new(EngineConfig {
         workers: 1,
-        pool_buffers: 16.max(2 * depth),
+        pool_buffers: 32,
         buffer_bytes: unit.div_ceil(4096) * 4096,
-        stream_depth: depth,
+        read_depth: read_depth_config(a.depth),
+        self_calibration: penstock_driver::calibration::SelfCalibration {
+            enabled: true,
+            cache_dir: penstock_driver::calibration::default_cache_dir(),
+            ..Default::default()
+        },
         ..EngineConfig::default()
     })?;
     let uring = engine.info().uring.is_ok();
@@ -353,6 +336,10 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
     }
     let mut sink = Sink::start_with(&sink_args)?;
     let mut cells: Vec<Cell> = Vec::new();
+    // The uring path's read depth the engine chose (and from where), and the most reads a
+    // uring stream had in flight (from its counters).
+    let mut depth: Option<(usize, String)> = None;
+    let mut in_flight_max = 0u64;
     let hot_paths: Vec<(String, Option<(DataPath, CachePolicy)>)> = {
         let mut v = vec![
             (
@@ -390,6 +377,15 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
             file.display()
         );
         make_file(&file, size)?;
+        if depth.is_none() {
+            // The engine's choice for the file's device, asked (and self-calibrated, when
+            // nothing is known of it) before anything is timed.
+            let f = std::fs::File::open(&file)?;
+            let (d, from) =
+                engine.device_read_depth(penstock_driver::calibration::device_of(&f), f.as_fd());
+            eprintln!("penstock bench paths: the engine's uring read depth here: {d} ({from})");
+            depth = Some((d, from.to_string()));
+        }
         for cold in [false, true] {
             if cold && a.no_cold {
                 continue;
@@ -419,7 +415,9 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
                     let s = match how {
                         Some((path, cache)) => {
                             let s = measure(size, || {
-                                run_engine(&engine, &file, sink.port, *path, *cache, unit)
+                                let m = run_engine(&engine, &file, sink.port, *path, *cache, unit)?;
+                                in_flight_max = in_flight_max.max(m);
+                                Ok(())
                             })?;
                             check_received(&mut sink, size, name)?;
                             s
@@ -446,8 +444,14 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
             let _ = std::fs::remove_file(&file);
         }
     }
+    let (depth, depth_from) = match (a.depth, depth) {
+        (Some(d), _) => (d.max(1), "--depth".to_string()),
+        (None, Some(d)) => d,
+        (None, None) => (0, "no file streamed".to_string()),
+    };
     let setup = format!(
-        "{placement}; receiver SO_RCVLOWAT {}; unit {unit} bytes",
+        "{placement}; receiver SO_RCVLOWAT {}; unit {unit} bytes; uring read depth {depth} \
+         ({depth_from}), at most {in_flight_max} reads in flight",
         if a.rcvlowat > 0 {
             a.rcvlowat.to_string()
         } else {
@@ -473,7 +477,7 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
             })
             .collect();
         let doc = serde_json::json!({ "bench": "paths", "reps": a.reps, "unit": unit, "setup": setup,
-            "depth": depth, "depth_from": depth_from, "rows": rows, "verdicts": verdicts });
+            "depth": depth, "depth_from": depth_from, "reads_in_flight_max": in_flight_max, "rows": rows, "verdicts": verdicts });
         crate::out::write_json(p, &doc)?;
     }
     Ok(())

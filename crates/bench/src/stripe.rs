@@ -1,13 +1,18 @@
-//! `penstock bench stripe`: Clockwise Fig. 1 and MARS Table 1's ccd column — read throughput
-//! of a partition striped over 1, 2, 3 and 4 members.
+//! `penstock bench stripe`: Clockwise Fig. 1 and MARS Table 1's ccd column — read and write
+//! throughput of a partition striped over 1, 2, 3 and 4 members.
 //!
 //! Members must behave like independent disks for the ratio to mean anything. Where this
 //! process may (root, `losetup`, a blkio/io cgroup), each member is a loop device over a sparse
-//! file, and a cgroup throttles reads of each loop device to `--rate` (cgroup v1
-//! `blkio.throttle.read_bps_device` or v2 `io.max rbps=`); this process moves into that cgroup
-//! before its engine starts, so its io_uring reads are the ones throttled. Otherwise members
-//! are plain sparse files, and the table shows only the striping overhead (holes read at
-//! memory speed), which the output says.
+//! file, and a cgroup throttles reads and writes of each loop device to `--rate` (cgroup v1
+//! `blkio.throttle.{read,write}_bps_device` or v2 `io.max rbps= wbps=`); this process moves
+//! into that cgroup before its engine starts, so its io_uring reads and writes are the ones
+//! throttled. Otherwise members are plain sparse files, and the table shows only the striping
+//! overhead (holes read at memory speed), which the output says.
+//!
+//! Writes: a file of `--size` bytes (in the page cache: the source costs no disk) streamed
+//! into the striped partition, timed up to the members' data being synced; the baselines are
+//! the members' own rate (`k × --rate`) and the same stream into a plain file beside the
+//! members (same disk, not throttled), synced likewise.
 //!
 //! Loop devices and the cgroup are removed on every exit path that unwinds (errors included);
 //! a SIGKILL leaves them behind (`losetup -d`, `rmdir` the `penstock-bench-*` cgroup).
@@ -44,7 +49,7 @@ pub struct StripeArgs {
     /// Repetitions per member count (medians are reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    /// Pool buffers a stream keeps in flight.
+    /// Reads (and writes) a stream keeps in flight on each member.
     #[arg(long, default_value_t = 8)]
     pub depth: usize,
     /// Directory for the member files.
@@ -138,8 +143,15 @@ fn throttle(files: &[PathBuf], rate: u64, t: &mut Throttle) -> Result<Vec<PathBu
                 &cg.join("blkio.throttle.read_bps_device"),
                 &format!("{maj}:{min} {rate}"),
             )?;
+            write(
+                &cg.join("blkio.throttle.write_bps_device"),
+                &format!("{maj}:{min} {rate}"),
+            )?;
         } else {
-            write(&cg.join("io.max"), &format!("{maj}:{min} rbps={rate}"))?;
+            write(
+                &cg.join("io.max"),
+                &format!("{maj}:{min} rbps={rate} wbps={rate}"),
+            )?;
         }
     }
     write(&cg.join("cgroup.procs"), &std::process::id().to_string())?;
@@ -178,7 +190,7 @@ pub fn run(a: StripeArgs) -> Result<()> {
             Ok(devs) => (
                 devs,
                 format!(
-                    "loop devices over sparse files, each read-throttled to {} MB/s by a cgroup",
+                    "loop devices over sparse files, each read- and write-throttled to {} MB/s by a cgroup",
                     a.rate as f64 / 1e6
                 ),
             ),
@@ -194,14 +206,60 @@ pub fn run(a: StripeArgs) -> Result<()> {
         }
     };
     eprintln!("penstock bench stripe: {mode}");
+    // `--depth` reads in flight on every member (loop devices: nothing calibrated them), and
+    // the buffer being sent or written.
+    let depth = a.depth.max(1);
     let engine = Engine::new(EngineConfig {
         workers: 1,
-        pool_buffers: a.depth.max(1) * 2,
+        pool_buffers: (depth + 1) * 2,
         buffer_bytes: 1 << 20,
-        stream_depth: a.depth.max(1),
-        client_buffers_max: a.depth.max(1),
+        stream_depth: depth + 1,
+        client_buffers_max: depth + 1,
+        read_depth: penstock_driver::ReadDepthConfig {
+            fixed: Some(depth),
+            ..Default::default()
+        },
         ..EngineConfig::default()
     })?;
+    // The writes' source: `--size` bytes in the page cache.
+    let source_path = dir.path().join("source");
+    {
+        let mut f = std::fs::File::create(&source_path)?;
+        let block: Vec<u8> = (0..1u32 << 20).map(|i| (i * 31 + 7) as u8).collect();
+        let mut left = a.size;
+        while left > 0 {
+            let n = left.min(block.len() as u64) as usize;
+            f.write_all(&block[..n])?;
+            left -= n as u64;
+        }
+    }
+    let file_ep = Endpoint::File {
+        path: source_path.clone(),
+    };
+    // The baseline of the writes: the same stream into a plain file on the members' disk.
+    let plain_path = dir.path().join("plain");
+    let mut plain_mbps = Vec::new();
+    for _ in 0..a.reps {
+        let _ = std::fs::remove_file(&plain_path);
+        let plain_ep = Endpoint::File {
+            path: plain_path.clone(),
+        };
+        let t0 = Instant::now();
+        let report = engine
+            .open(StreamSpec {
+                zero_copy: ZeroCopy::Off,
+                ..StreamSpec::new(file_ep.clone(), plain_ep)
+            })?
+            .wait()?;
+        std::fs::File::open(&plain_path)?.sync_all()?;
+        let secs = t0.elapsed().as_secs_f64();
+        if report.bytes != a.size {
+            bail!("wrote {} bytes of {} to a plain file", report.bytes, a.size);
+        }
+        plain_mbps.push(a.size as f64 / secs / 1e6);
+    }
+    let _ = std::fs::remove_file(&plain_path);
+    let plain_mbps = median(&plain_mbps);
     if let Err(why) = &engine.info().uring {
         bail!("the volume data path needs io_uring: {why}");
     }
@@ -246,39 +304,111 @@ pub fn run(a: StripeArgs) -> Result<()> {
             mbps.push(a.size as f64 / secs / 1e6);
             cpu.push(((c1.user_ns - c0.user_ns) + (c1.sys_ns - c0.sys_ns)) as f64 / 1e9 / gb);
         }
-        rows.push((k, median(&mbps), median(&cpu)));
+        // Writes: the source file streamed into the same partition, up to the members'
+        // data synced.
+        let (mut wmbps, mut wcpu) = (Vec::new(), Vec::new());
+        for _ in 0..a.reps {
+            let source = penstock_driver::open::open_source(&file_ep, &mut |_| {})?;
+            let target = opened_partition(v.partition_io("p", false)?)?;
+            let spec = StreamSpec {
+                zero_copy: ZeroCopy::Off,
+                ..StreamSpec::new(
+                    file_ep.clone(),
+                    Endpoint::Volume {
+                        volume: VolumeName::parse("bench")?,
+                        partition: PartitionName::parse("p")?,
+                    },
+                )
+            };
+            let c0 = cpu_times(CpuWho::Process);
+            let t0 = Instant::now();
+            let report = engine.open_opened(spec, source, target)?.wait()?;
+            for m in &members[..k] {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(m)?
+                    .sync_data()?;
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            let c1 = cpu_times(CpuWho::Process);
+            if report.bytes != a.size {
+                bail!("wrote {} bytes of {}", report.bytes, a.size);
+            }
+            let gb = a.size as f64 / 1e9;
+            wmbps.push(a.size as f64 / secs / 1e6);
+            wcpu.push(((c1.user_ns - c0.user_ns) + (c1.sys_ns - c0.sys_ns)) as f64 / 1e9 / gb);
+        }
+        rows.push(Row {
+            members: k,
+            read_mbps: median(&mbps),
+            read_cpu: median(&cpu),
+            write_mbps: median(&wmbps),
+            write_cpu: median(&wcpu),
+        });
     }
     drop(engine);
     drop(guard);
     let mut h = crate::out::human(a.json.as_deref());
     writeln!(
         h,
-        "read of a {} MiB striped partition (stripe unit {} KiB, {} x 1 MiB in flight), median of {}",
+        "read and write of a {} MiB striped partition (stripe unit {} KiB, {} x 1 MiB in flight), median of {}",
         a.size >> 20,
         a.stripe_unit >> 10,
-        a.depth,
+        depth,
         a.reps
     )?;
     writeln!(h, "members: {mode}")?;
-    writeln!(h, "| members | MB/s | ratio to 1 member | CPU s/GB |")?;
-    writeln!(h, "|---:|---:|---:|---:|")?;
-    let base = rows[0].1;
-    for (k, mbps, cpu) in &rows {
-        writeln!(h, "| {k} | {mbps:.1} | {:.2} | {cpu:.3} |", mbps / base)?;
+    writeln!(
+        h,
+        "writes: a {} MiB file in the page cache streamed in, timed up to the members synced; \
+         the same stream into a plain file on the members' disk (synced): {plain_mbps:.1} MB/s",
+        a.size >> 20
+    )?;
+    writeln!(
+        h,
+        "| members | read MB/s | read × 1 member | read CPU s/GB | write MB/s | write × 1 member | write CPU s/GB |"
+    )?;
+    writeln!(h, "|---:|---:|---:|---:|---:|---:|---:|")?;
+    let (rbase, wbase) = (rows[0].read_mbps, rows[0].write_mbps);
+    for r in &rows {
+        writeln!(
+            h,
+            "| {} | {:.1} | {:.2} | {:.3} | {:.1} | {:.2} | {:.3} |",
+            r.members,
+            r.read_mbps,
+            r.read_mbps / rbase,
+            r.read_cpu,
+            r.write_mbps,
+            r.write_mbps / wbase,
+            r.write_cpu
+        )?;
     }
     if let Some(p) = &a.json {
         let v: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(k, mbps, cpu)| {
-                serde_json::json!({"members": k, "mb_per_s": mbps, "ratio_to_1": mbps / base,
-                    "cpu_s_per_gb": cpu})
+            .map(|r| {
+                serde_json::json!({"members": r.members, "mb_per_s": r.read_mbps,
+                    "ratio_to_1": r.read_mbps / rbase, "cpu_s_per_gb": r.read_cpu,
+                    "write_mb_per_s": r.write_mbps, "write_ratio_to_1": r.write_mbps / wbase,
+                    "write_cpu_s_per_gb": r.write_cpu})
             })
             .collect();
         crate::out::write_json(
             p,
             &serde_json::json!({"bench": "stripe", "members": mode.to_string(), "size": a.size,
-                "stripe_unit": a.stripe_unit, "depth": a.depth, "reps": a.reps, "rows": v}),
+                "stripe_unit": a.stripe_unit, "depth": depth, "reps": a.reps,
+                "member_rate_bytes_per_s": a.rate, "plain_file_write_mb_per_s": plain_mbps,
+                "rows": v}),
         )?;
     }
     Ok(())
+}
+
+/// One member count's medians.
+struct Row {
+    members: usize,
+    read_mbps: f64,
+    read_cpu: f64,
+    write_mbps: f64,
+    write_cpu: f64,
 }

@@ -30,8 +30,19 @@ pub struct DepthFigure {
     pub bytes_per_s: u64,
 }
 
-/// The read depths `penstock calibrate` (and [`measure_read_depth`]) try.
+/// The read depths `penstock calibrate` (and [`measure_read_depth`], and self-calibration)
+/// try.
 pub const READ_DEPTHS: [u32; 5] = [1, 2, 4, 8, 16];
+
+/// The uring path's read depth (a stream's disk reads in flight) on a device nothing is known
+/// of: no calibration file covers it and self-calibration is off or failed. 4 was the engine's
+/// one depth before depths were measured: deep enough to keep a disk that scales busy (the
+/// VMs here measured 1 to 8 best), shallow enough that a stream holds 5 pool buffers (4 reads
+/// and the one being sent) — a device that wants more is measured, not guessed.
+pub const READ_DEPTH_DEFAULT: usize = 4;
+
+/// The deepest read depth measured ([`READ_DEPTHS`]): the engine's default cap.
+pub const READ_DEPTH_MAX: usize = 16;
 
 /// The depth to read a stream at: the smallest whose rate is within 5% of the best measured
 /// (a deeper queue holds more buffers and adds latency for other streams' requests, so it
@@ -116,14 +127,28 @@ impl Calibration {
     pub fn read_depth_for(&self, file: &Path) -> Option<u32> {
         use std::os::unix::fs::MetadataExt;
         let here = std::fs::metadata(file).ok()?.dev();
-        let there = std::fs::metadata(&self.path)
+        (Some(here) == self.device()).then_some(self.read_depth?)
+    }
+
+    /// The device this calibration measured, as the engine names it ([`device_of`]: a block
+    /// device's own number, a file's `st_dev`); `None` when its path no longer exists (nor its
+    /// directory: a directory's calibration names its removed test file).
+    pub fn device(&self) -> Option<u64> {
+        let f = std::fs::File::open(&self.path)
             .or_else(|_| {
-                // A directory's calibration names its removed test file: its directory.
-                std::fs::metadata(Path::new(&self.path).parent().unwrap_or(Path::new("/")))
+                std::fs::File::open(Path::new(&self.path).parent().unwrap_or(Path::new("/")))
             })
-            .ok()?
-            .dev();
-        (here == there).then_some(self.read_depth?)
+            .ok()?;
+        Some(device_of(&f))
+    }
+
+    /// The engine's read depths from this calibration: its device's, when it has one
+    /// (`EngineConfig::read_depth`).
+    pub fn read_depths(&self) -> Vec<(u64, usize)> {
+        match (self.device(), self.read_depth) {
+            (Some(dev), Some(d)) => vec![(dev, d as usize)],
+            _ => Vec::new(),
+        }
     }
 
     /// Reads a calibration file.
@@ -247,16 +272,17 @@ fn calibration_ring() -> Result<Ring, CalibrationError> {
 }
 
 /// Sequential O_DIRECT reads of 1 MiB over the first `size` bytes of `fd`, at each of
-/// [`READ_DEPTHS`].
+/// [`READ_DEPTHS`] (each for `time` at most when given, else the whole `size`).
 fn sequential_by_depth(
     ring: &mut Ring,
     fd: std::os::fd::RawFd,
     size: u64,
+    time: Option<Duration>,
 ) -> Result<Vec<DepthFigure>, CalibrationError> {
     READ_DEPTHS
         .into_iter()
         .map(|depth| {
-            run_reads(ring, fd, size, 1 << 20, depth, Pattern::Sequential, None)
+            run_reads(ring, fd, size, 1 << 20, depth, Pattern::Sequential, time)
                 .map(|bytes_per_s| DepthFigure { depth, bytes_per_s })
         })
         .collect()
@@ -272,7 +298,7 @@ fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, Calibrat
         })?;
     let mut ring = calibration_ring()?;
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    let by_depth = sequential_by_depth(&mut ring, raw, size)?;
+    let by_depth = sequential_by_depth(&mut ring, raw, size, None)?;
     let at = |d: u32| {
         by_depth
             .iter()
@@ -329,7 +355,7 @@ pub fn measure_read_depth(
             crate::open::reopen_direct(&f).ok_or_else(|| CalibrationError::NoDirect(f.clone()))?;
         let mut ring = calibration_ring()?;
         let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-        let figs = sequential_by_depth(&mut ring, raw, bytes)?;
+        let figs = sequential_by_depth(&mut ring, raw, bytes, None)?;
         Ok((best_read_depth(&figs).unwrap_or(1), figs))
     })();
     let _ = std::fs::remove_file(&f);
@@ -533,12 +559,13 @@ fn run_reads(
     Ok((done_bytes as f64 / secs) as u64)
 }
 
-/// The engine's self-calibration: on the first rt admission on a device without figures
-/// (and only when no calibration file gave them), a short measurement of that device —
-/// sequential O_DIRECT reads of 1 MiB and random O_DIRECT reads of 64 KiB, each at depth 1
-/// (the depth the disk queue gives one stream's read-ahead), `time` each — kept in a cache
-/// file per device and used again while the device is the same (its size and model, read
-/// from `/sys/dev/block/MAJ:MIN`).
+/// The engine's self-calibration: on the first stream from a device no calibration file
+/// covers (for its read depth), or the first rt admission on a device without figures (and
+/// only when no calibration file gave them), a short measurement of that device —
+/// sequential O_DIRECT reads of 1 MiB and random O_DIRECT reads of 64 KiB, each at depth 1,
+/// `time` each, then sequential reads of 1 MiB at each of [`READ_DEPTHS`], `time / 4` each
+/// (the read depth, [`best_read_depth`]) — kept in a cache file per device and used again
+/// while the device is the same (its size and model, read from `/sys/dev/block/MAJ:MIN`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SelfCalibration {
     /// Off: devices without figures are charged with the default figures.
@@ -549,7 +576,8 @@ pub struct SelfCalibration {
     pub time: Duration,
 }
 
-/// The longest self-calibration measurement (two are made: under 3 s in all).
+/// The longest self-calibration measurement (two are made, then five of a quarter of it:
+/// under 5 s in all).
 pub const SELF_CALIBRATION_TIME_MAX: Duration = Duration::from_millis(1500);
 
 impl Default for SelfCalibration {
@@ -584,6 +612,12 @@ pub struct DeviceRecord {
     pub random_request_bytes: u64,
     /// When it was measured (Unix seconds).
     pub measured_unix_s: u64,
+    /// [`best_read_depth`] of `seq_read_by_depth`: the uring path's read depth on this device
+    /// (absent in records cached before it was measured: those are measured again).
+    #[serde(default)]
+    pub read_depth: Option<u32>,
+    #[serde(default)]
+    pub seq_read_by_depth: Vec<DepthFigure>,
 }
 
 impl DeviceRecord {
@@ -663,6 +697,7 @@ pub fn device_figures(
         && r.device == name
         && r.size_sectors == size_sectors
         && r.model == model
+        && r.read_depth.is_some()
     {
         return Ok(r);
     }
@@ -691,7 +726,7 @@ pub fn device_figures(
             source: e.into(),
         })?;
     let (mut ring, _) = Ring::new(&RingConfig {
-        buffers: 2,
+        buffers: READ_DEPTH_MAX,
         buffer_bytes: 1 << 20,
         ..RingConfig::default()
     })
@@ -716,6 +751,7 @@ pub fn device_figures(
         Pattern::Random,
         Some(time),
     )?;
+    let by_depth = sequential_by_depth(&mut ring, raw, size, Some(time / 4))?;
     let record = DeviceRecord {
         device: name,
         size_sectors,
@@ -726,6 +762,8 @@ pub fn device_figures(
         measured_unix_s: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        read_depth: best_read_depth(&by_depth),
+        seq_read_by_depth: by_depth,
     };
     if let Some(path) = &cache {
         // A cache that cannot be written costs a measurement next time, nothing more.

@@ -14,6 +14,9 @@ use crate::disk::DiskConfig;
 /// at start.
 pub const BUFFER_BYTES_MAX: usize = 64 << 20;
 
+/// The largest [`EngineConfig::stream_depth`] the engine accepts.
+pub const STREAM_DEPTH_LIMIT: usize = 1024;
+
 /// The largest `streams_max`: completion tokens carry a worker's stream slot in 22 bits.
 pub const STREAMS_MAX_LIMIT: usize = 1 << 20;
 
@@ -26,8 +29,12 @@ pub struct EngineConfig {
     pub pool_buffers: usize,
     /// Bytes per pool buffer (a multiple of 4096). Bounds the transfer unit of the uring path.
     pub buffer_bytes: usize,
-    /// Pool buffers one stream keeps in flight at most (read-ahead depth).
+    /// Pool buffers one uring-path stream keeps in flight at most: the cap of its read depth
+    /// plus the buffer being sent (the read depth itself is chosen per device: `read_depth`).
     pub stream_depth: usize,
+    /// The uring path's read depth (disk reads one stream keeps in flight) per device: from
+    /// a calibration file, else self-calibration, else a safe default.
+    pub read_depth: ReadDepthConfig,
     /// Pool buffers one uring-path stream may hold at once: what a `bulk` stream borrows at
     /// most, and the most an `rt` stream may reserve. At least 1; a cap above `pool_buffers`
     /// is the whole pool. A stream holds at most `min(stream_depth, client_buffers_max)`.
@@ -64,6 +71,53 @@ pub struct EngineConfig {
     /// test's bound, the share kept for the streams, how many upcalls a worker holds
     /// (`penstock_core::admission::cpu`). The test follows `order`.
     pub cpu: CpuConfig,
+}
+
+/// How the engine chooses a uring-path stream's read depth: the disk reads it keeps in
+/// flight on its source's device (for a volume: on each member's). The first that applies:
+/// `fixed`; the device's depth in `calibrated` (a `penstock calibrate` file:
+/// `Calibration::read_depths`); the depth self-calibration measured for the device (cached in
+/// `self_calibration.cache_dir`, when self-calibration is on); `default`. Always at most
+/// `stream_depth - 1` (one buffer is being sent while the others are read), at least 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadDepthConfig {
+    /// One depth for every device (a bench comparing depths); `None`: per device.
+    pub fixed: Option<usize>,
+    /// Depths measured by a calibration: (device as `calibration::device_of` names it, depth).
+    pub calibrated: Vec<(u64, usize)>,
+    /// The depth on a device nothing is known of
+    /// ([`crate::calibration::READ_DEPTH_DEFAULT`]).
+    pub default: usize,
+}
+
+impl Default for ReadDepthConfig {
+    fn default() -> Self {
+        ReadDepthConfig {
+            fixed: None,
+            calibrated: Vec::new(),
+            default: crate::calibration::READ_DEPTH_DEFAULT,
+        }
+    }
+}
+
+/// Where a stream's read depth came from ([`ReadDepthConfig`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadDepthSource {
+    Fixed,
+    CalibrationFile,
+    SelfCalibrated,
+    Default,
+}
+
+impl std::fmt::Display for ReadDepthSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ReadDepthSource::Fixed => "fixed",
+            ReadDepthSource::CalibrationFile => "calibration file",
+            ReadDepthSource::SelfCalibrated => "self-calibrated",
+            ReadDepthSource::Default => "default",
+        })
+    }
 }
 
 /// Admission with what is used when no calibration file exists.
@@ -103,7 +157,9 @@ impl Default for EngineConfig {
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             pool_buffers: 32,
             buffer_bytes: 1 << 20,
-            stream_depth: 4,
+            // The deepest calibrated depth and the buffer being sent.
+            stream_depth: crate::calibration::READ_DEPTH_MAX + 1,
+            read_depth: ReadDepthConfig::default(),
             client_buffers_max: 32,
             streams_max: 4096,
             register_buffers: true,

@@ -45,11 +45,13 @@ use penstock_core::sched::drr::SchedError;
 // engine; re-exported where callers have always found them (`penstock_driver::engine::*`).
 pub use crate::config::{
     BUFFER_BYTES_MAX, DISPATCH_SLACK_DEFAULT, DISPATCH_SLACK_MAX, EngineConfig, EngineInfo,
-    SPIN_MAX, STREAMS_MAX_LIMIT, TimerMode, conservative_admission,
+    ReadDepthConfig, ReadDepthSource, SPIN_MAX, STREAM_DEPTH_LIMIT, STREAMS_MAX_LIMIT, TimerMode,
+    conservative_admission,
 };
 pub use crate::error::StreamError;
 pub use crate::report::{
-    CounterSnapshot, Counters, LATENESS_BUCKETS, LatenessCounts, StreamReport, lateness_bucket,
+    CounterSnapshot, Counters, LATENESS_BUCKETS, LatenessCounts, ReadDepthCounts, StreamReport,
+    lateness_bucket,
 };
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -208,6 +210,7 @@ pub struct StreamHandle {
     path: DataPath,
     expected_bytes: Option<u64>,
     counters: Arc<Counters>,
+    read_depth_source: ReadDepthSource,
     cancel: Arc<AtomicBool>,
     worker: WorkerHandle,
     done: Receiver<Result<StreamReport, StreamError>>,
@@ -249,6 +252,17 @@ impl StreamHandle {
             bytes_sent: self.counters.bytes_sent.load(Ordering::Relaxed),
             units_sent: self.counters.units_sent.load(Ordering::Relaxed),
         }
+    }
+
+    /// The uring path's read depth this stream was given (from where) and the most reads it
+    /// had in flight so far; `None` for the other paths.
+    pub fn read_depth(&self) -> Option<ReadDepthCounts> {
+        let depth = self.counters.read_depth.load(Ordering::Relaxed);
+        (self.path == DataPath::Uring && depth > 0).then(|| ReadDepthCounts {
+            depth,
+            source: self.read_depth_source,
+            in_flight_max: self.counters.reads_in_flight_max.load(Ordering::Relaxed),
+        })
     }
 
     /// The live lateness counts of a paced stream (all zero for a burst stream). Read while
@@ -418,6 +432,9 @@ pub struct Engine {
     /// Devices self-calibrated (or tried): their figures, or why not. Held while one is
     /// measured, so that a device is measured once.
     measured: Mutex<BTreeMap<DeviceId, Result<DeviceFigures, String>>>,
+    /// Read depths self-calibration found, by device (`None`: measuring failed; the default
+    /// depth applies). Held while one is measured, so that a device is measured once.
+    depths: Mutex<BTreeMap<u64, Option<usize>>>,
 }
 
 /// Why the engine could not start.
@@ -467,11 +484,20 @@ impl Engine {
                 cfg.streams_max
             )));
         }
-        if cfg.stream_depth == 0 || cfg.stream_depth > cfg.pool_buffers {
+        // A cap: a stream holds at most `min(stream_depth, pool_buffers)`, so the default
+        // (the deepest calibrated depth and one) fits a smaller pool too.
+        if cfg.stream_depth == 0 || cfg.stream_depth > STREAM_DEPTH_LIMIT {
             return Err(EngineError::Config(format!(
-                "stream_depth must be 1..=pool_buffers ({}), got {}",
-                cfg.pool_buffers, cfg.stream_depth
+                "stream_depth must be 1..={STREAM_DEPTH_LIMIT}, got {}",
+                cfg.stream_depth
             )));
+        }
+        let rd = &cfg.read_depth;
+        if rd.default == 0 || rd.fixed == Some(0) || rd.calibrated.iter().any(|&(_, d)| d == 0) {
+            return Err(EngineError::Config(
+                "read depths must be at least 1 (a stream reads one buffer at a time at least)"
+                    .into(),
+            ));
         }
         if cfg.client_buffers_max == 0 {
             return Err(EngineError::Config(
@@ -513,6 +539,7 @@ impl Engine {
             files: OpenFileTable::new(),
             cpu: Arc::new(Mutex::new(cpu)),
             measured: Mutex::new(BTreeMap::new()),
+            depths: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -704,24 +731,104 @@ impl Engine {
         u
     }
 
-    /// The engine's sizes, as the planner checks them.
+    /// The engine's sizes, as the planner checks them (an rt stream reserving by default
+    /// what a stream at the default read depth uses).
     pub fn plan_limits(&self) -> PlanLimits {
+        let depth = self.clamp_depth(
+            self.cfg
+                .read_depth
+                .fixed
+                .unwrap_or(self.cfg.read_depth.default),
+        );
+        self.plan_limits_at(depth)
+    }
+
+    /// [`Engine::plan_limits`] for a stream at read depth `depth`.
+    fn plan_limits_at(&self, depth: usize) -> PlanLimits {
         PlanLimits {
             buffer_bytes: self.cfg.buffer_bytes as u64,
-            rt_buffers_default: self.default_rt_buffers(),
+            rt_buffers_default: self.default_rt_buffers(depth),
             rt_buffers_max: u32::try_from(self.cfg.client_buffers_max.min(self.cfg.pool_buffers))
                 .unwrap_or(u32::MAX),
         }
     }
 
-    /// What an `rt` stream reserves unless it says: the buffers it can use.
-    fn default_rt_buffers(&self) -> u32 {
-        let n = self
-            .cfg
-            .stream_depth
-            .min(self.cfg.client_buffers_max)
-            .min(self.cfg.pool_buffers);
+    /// What an `rt` stream reserves unless it says: the buffers it can use at read depth
+    /// `depth` (its reads and the one being sent).
+    fn default_rt_buffers(&self, depth: usize) -> u32 {
+        let n = (depth + 1)
+            .min(self.stream_buffers_max())
+            .min(self.cfg.client_buffers_max);
         u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// The pool buffers one uring-path stream holds at most.
+    fn stream_buffers_max(&self) -> usize {
+        self.cfg.stream_depth.min(self.cfg.pool_buffers).max(1)
+    }
+
+    /// A read depth within what a stream may hold: one buffer is being sent while the others
+    /// are read (a stream allowed one buffer reads and sends it in turn).
+    fn clamp_depth(&self, depth: usize) -> usize {
+        depth
+            .min(self.stream_buffers_max().saturating_sub(1))
+            .min(self.cfg.client_buffers_max.saturating_sub(1))
+            .max(1)
+    }
+
+    /// The uring path's read depth for a stream from `source` and where it came from
+    /// ([`ReadDepthConfig`]): a volume's, the smallest of its members' (each chunk is one
+    /// read per member); self-calibrates a device not yet measured when self-calibration is
+    /// on (once per device; cached across runs).
+    pub fn read_depth_of(&self, source: &Opened) -> (usize, ReadDepthSource) {
+        let devs: Vec<(u64, BorrowedFd<'_>)> = match &source.volume {
+            Some(v) => v
+                .members
+                .iter()
+                .map(|m| (crate::calibration::device_of(m), m.as_fd()))
+                .collect(),
+            None => vec![(crate::calibration::device_of(&source.fd), source.fd.as_fd())],
+        };
+        let mut worst: Option<(usize, ReadDepthSource)> = None;
+        for (dev, fd) in devs {
+            let d = self.device_read_depth(dev, fd);
+            if worst.is_none_or(|w| d.0 < w.0) {
+                worst = Some(d);
+            }
+        }
+        let (d, from) = worst.unwrap_or((self.cfg.read_depth.default, ReadDepthSource::Default));
+        (self.clamp_depth(d), from)
+    }
+
+    /// The read depth of device `dev` (see [`Engine::read_depth_of`]); `file` is on it.
+    pub fn device_read_depth(&self, dev: u64, file: BorrowedFd<'_>) -> (usize, ReadDepthSource) {
+        let rd = &self.cfg.read_depth;
+        if let Some(d) = rd.fixed {
+            return (d, ReadDepthSource::Fixed);
+        }
+        if let Some(&(_, d)) = rd.calibrated.iter().find(|(c, _)| *c == dev) {
+            return (d, ReadDepthSource::CalibrationFile);
+        }
+        let sc = &self.cfg.self_calibration;
+        if sc.enabled && dev != 0 {
+            let mut depths = self.depths.lock().unwrap_or_else(|p| p.into_inner());
+            let d = match depths.get(&dev) {
+                Some(d) => *d,
+                None => match crate::calibration::device_figures(dev, Some(file), sc) {
+                    Ok(r) => *depths
+                        .entry(dev)
+                        .or_insert(r.read_depth.map(|d| d as usize)),
+                    // Neither the node nor this file opened with O_DIRECT (a small file):
+                    // a later stream's file may do; the default until then.
+                    Err(crate::calibration::SelfCalibrationError::NoDirect(_)) => None,
+                    Err(_) => *depths.entry(dev).or_insert(None),
+                },
+            };
+            if let Some(d) = d {
+                return (d, ReadDepthSource::SelfCalibrated);
+            }
+        }
+        (rd.default, ReadDepthSource::Default)
     }
 
     /// Places a stream on a worker: round robin; an `rt` stream on the uring path reserving
@@ -969,9 +1076,29 @@ impl Engine {
         if source.kind == penstock_core::stream::IoKind::File && source.volume.is_none() {
             source.fd = self.files.share(source.fd);
         }
+        // The read depth on the source's device(s), for the uring path: what an rt stream
+        // reserves by default depends on it. Only a file (or volume) source has one.
+        let (read_depth, read_depth_source) = if source.kind == penstock_core::stream::IoKind::File
+            && self.caps().uring
+            && matches!(
+                request.path,
+                PathChoice::Auto | PathChoice::Fixed(DataPath::Uring)
+            ) {
+            self.read_depth_of(&source)
+        } else {
+            (
+                self.clamp_depth(self.cfg.read_depth.default),
+                ReadDepthSource::Default,
+            )
+        };
         // The one decision: everything below carries it out.
         let gathered = crate::facts::gather(&source, &target, &request, &self.files);
-        let plan = plan_stream(&request, &gathered.facts, self.caps(), &self.plan_limits())?;
+        let plan = plan_stream(
+            &request,
+            &gathered.facts,
+            self.caps(),
+            &self.plan_limits_at(read_depth),
+        )?;
         let reopen = |v: &mut crate::volume::PartitionIo| {
             v.make_buffered().map_err(|source| StreamError::Io {
                 op: "reopening the volume's members",
@@ -1066,6 +1193,11 @@ impl Engine {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let worker = self.workers[w].clone();
         let counters = Arc::new(Counters::default());
+        if path == DataPath::Uring {
+            counters
+                .read_depth
+                .store(read_depth as u64, Ordering::Relaxed);
+        }
         let cancel = Arc::new(AtomicBool::new(false));
         let (done_tx, done): (SyncSender<_>, _) = sync_channel(1);
         let expected_bytes = range.map(|(s, e)| e - s);
@@ -1127,6 +1259,7 @@ impl Engine {
             path,
             expected_bytes,
             counters,
+            read_depth_source,
             cancel,
             worker,
             done,

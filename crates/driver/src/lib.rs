@@ -33,7 +33,8 @@ mod worker;
 pub use engine::{
     Admitted, BufferUsage, CounterSnapshot, DiskClass, DiskQueueDepth, DiskSettings, DiskTuning,
     Engine, EngineConfig, EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, OpenFileStats,
-    StreamError, StreamHandle, StreamReport, StreamSpec, TimerMode, ZeroCopy,
+    ReadDepthConfig, ReadDepthCounts, ReadDepthSource, StreamError, StreamHandle, StreamReport,
+    StreamSpec, TimerMode, ZeroCopy,
 };
 pub use paths::{SendfileCall, sendfile_call};
 pub use rtu::{RtuActivation, RtuCallback, RtuError, RtuHandle, RtuReport, RtuSpec, RtuStats};

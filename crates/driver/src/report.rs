@@ -25,6 +25,10 @@ pub struct Counters {
     /// Units the late-unit policy `skip` dropped unsent, and their bytes.
     pub(crate) units_skipped: AtomicU64,
     pub(crate) bytes_skipped: AtomicU64,
+    /// The uring path's read depth the engine chose for the stream (0: another path), and
+    /// the most reads it had in flight at once.
+    pub(crate) read_depth: AtomicU64,
+    pub(crate) reads_in_flight_max: AtomicU64,
     /// The worker has taken a [`StreamHandle::pause`](crate::engine::StreamHandle::pause) (cleared when it takes the resume).
     pub(crate) paused: AtomicBool,
 }
@@ -77,6 +81,17 @@ impl LatenessCounts {
         }
         self.max_ns
     }
+}
+
+/// A uring-path stream's read depth ([`StreamHandle::read_depth`](crate::engine::StreamHandle::read_depth)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadDepthCounts {
+    /// Disk reads the stream may keep in flight on its device.
+    pub depth: u64,
+    /// Where the depth came from (`EngineConfig::read_depth`).
+    pub source: crate::config::ReadDepthSource,
+    /// The most reads it had in flight at once so far.
+    pub in_flight_max: u64,
 }
 
 /// A snapshot of [`Counters`].

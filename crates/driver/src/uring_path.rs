@@ -20,6 +20,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 
 use penstock_core::buffers::ClientId;
 use penstock_core::stream::{CachePolicy, IoKind};
@@ -158,9 +159,17 @@ impl UringState {
         let client = self.client.expect("registered with the buffer books");
         self.pay_debt(ring, bufs);
         let end = io.end.expect("file end");
-        // Reads ahead, while buffers are free; each goes through the worker's disk scheduler.
+        // Reads ahead, while buffers are free, up to the read depth the engine chose for the
+        // source's device (`EngineConfig::read_depth`); `depth`, the engine's `stream_depth`,
+        // caps the buffers held (reads, full buffers and the one being sent). Each read goes
+        // through the worker's disk scheduler.
         let now = clock::now();
-        while self.chunks.len() < depth && self.next_read < end {
+        let read_depth = match io.counters.read_depth.load(Ordering::Relaxed) {
+            0 => depth,
+            d => usize::try_from(d).unwrap_or(usize::MAX),
+        };
+        let mut reading = self.chunks.iter().filter(|c| c.filled.is_none()).count();
+        while self.chunks.len() < depth && reading < read_depth && self.next_read < end {
             let Some(buf) = bufs.alloc(ring, client) else {
                 break;
             };
@@ -280,6 +289,10 @@ impl UringState {
             });
             self.next_read += want as u64;
             self.plan_read_unit += plan_units;
+            reading += 1;
+            io.counters
+                .reads_in_flight_max
+                .fetch_max(reading as u64, Ordering::Relaxed);
         }
         // The next send, in order. Datagram targets and paced streams send unit by unit; a
         // paced stream's unit goes when its deadline has come. A volume target takes whole

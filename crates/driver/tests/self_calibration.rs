@@ -1,4 +1,4 @@
-//! Self-calibration on first use: a device is measured once (under 3 s), cached by its
+//! Self-calibration on first use: a device is measured once (under 3 s at 300 ms a measurement), cached by its
 //! identity, used again from the cache, measured again when the cache says another device.
 
 use std::os::fd::AsFd;
@@ -31,6 +31,20 @@ fn a_device_is_measured_once_cached_and_measured_again_when_it_changed() {
     println!("measured {first:?} in {took:?}");
     assert!(took < Duration::from_secs(3), "{took:?}");
     assert!(first.seq_read_bytes_per_s > 0 && first.random_iops > 0);
+    // The read depth: one of the depths swept, the shallowest within 5% of the best.
+    let depth = first.read_depth.expect("a read depth is measured");
+    assert_eq!(
+        first
+            .seq_read_by_depth
+            .iter()
+            .map(|f| f.depth)
+            .collect::<Vec<_>>(),
+        penstock_driver::calibration::READ_DEPTHS
+    );
+    assert_eq!(
+        penstock_driver::calibration::best_read_depth(&first.seq_read_by_depth),
+        Some(depth)
+    );
     let cached = std::fs::read_dir(dir.path().join("devices"))
         .unwrap()
         .next()

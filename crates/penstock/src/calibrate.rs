@@ -1,6 +1,6 @@
 //! `penstock calibrate [PATH]`: measure the device, write the figures the engine reads.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -86,6 +86,16 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     c.save(&out)?;
     println!("wrote {}", out.display());
     Ok(())
+}
+
+/// The read depths of the calibration file (`--calibration`, else the default path) for the
+/// engine (`EngineConfig::read_depth`): its device's, when it still exists; none without a
+/// file (the engine then self-calibrates the device, or uses its default depth).
+pub fn read_depths(calibration: Option<&Path>) -> Vec<(u64, usize)> {
+    let path = calibration.map(PathBuf::from).unwrap_or_else(default_path);
+    Calibration::load(&path)
+        .map(|c| c.read_depths())
+        .unwrap_or_default()
 }
 
 /// The admission configuration for a CLI run: the calibration file's capacity, or the

@@ -447,7 +447,13 @@ pub fn run(a: StreamArgs) -> Result<()> {
         workers: 1,
         pool_buffers: a.buffers,
         buffer_bytes: usize::try_from(a.buffer_size).context("buffer size")?,
-        stream_depth: 4.min(a.buffers.max(1)),
+        // A cap; the read depth is the source device's (calibration file, else
+        // self-calibration, else the engine's default).
+        stream_depth: (penstock_driver::calibration::READ_DEPTH_MAX + 1).min(a.buffers.max(1)),
+        read_depth: penstock_driver::ReadDepthConfig {
+            calibrated: crate::calibrate::read_depths(a.calibration.as_deref()),
+            ..Default::default()
+        },
         timer: a.timer,
         spin: a.spin.unwrap_or_default(),
         dispatch_slack: a

@@ -74,6 +74,18 @@ fn attrs<'a>(text: &'a str, attr: &str) -> Vec<&'a str> {
 }
 
 fn check_page(dir: &Path, benches: &[&str]) -> String {
+    let page = check_page_not_run(dir, benches, &[]);
+    // Every verdict cell says something.
+    assert!(
+        !page.contains("Verdict: not run"),
+        "a bench did not run:\n{page}"
+    );
+    page
+}
+
+/// [`check_page`] where the benches `undecided` may say "not run" (their figures decide
+/// nothing in that run), each with its reason.
+fn check_page_not_run(dir: &Path, benches: &[&str], undecided: &[&str]) -> String {
     let page = std::fs::read_to_string(dir.join("index.html")).expect("index.html");
     let names = balanced(&page, true).unwrap_or_else(|e| panic!("index.html not well-formed: {e}"));
     assert_eq!(names.first().map(String::as_str), Some("html"));
@@ -117,10 +129,10 @@ fn check_page(dir: &Path, benches: &[&str]) -> String {
             "{img} has no labels"
         );
     }
-    // Every verdict cell says something.
-    assert!(
-        !page.contains("Verdict: not run"),
-        "a bench did not run:\n{page}"
+    assert_eq!(
+        page.matches("Verdict: not run — ").count(),
+        undecided.len(),
+        "not run: only {undecided:?}"
     );
     page
 }
@@ -257,6 +269,8 @@ fn bench_all_refuses_an_unknown_bench_with_usage_and_lists_its_benches() {
         "record",
         "http",
         "cues",
+        "rtsp",
+        "admission",
     ] {
         assert!(list.contains(&format!("{b:<10} penstock bench ")), "{list}");
     }
@@ -311,4 +325,94 @@ fn a_recorded_quick_report_renders_again_with_the_verdicts_of_its_figures() {
         );
     }
     assert!(page.contains("Verdict: matches — no deadline missed in 12 runs"));
+}
+
+/// The verdicts of the 07:06 run's figures: four striped members read 4.23× and write 3.82×
+/// one (matches); the 105 admitted 1316-byte streams missed 13,811 units on that loaded
+/// machine (admission falls short: unsafe); neither RTSP server kept one session clean (p99
+/// 14.6 and 19.5 ms against 5 ms: not decided).
+const VERDICTS_T07: [(&str, &str); 5] = [
+    ("stripe", "matches"),
+    ("rtu", "matches"),
+    ("record", "beats"),
+    ("admission", "falls short"),
+    ("rtsp", "not run"),
+];
+
+/// A recorded quick report with the benches added since (the run of 2026-11-24 07:06 UTC,
+/// load average 10-22, kept as a fixture) drawn again: the rtsp and admission sections and
+/// plots, striping's write lines, and the verdicts its figures decide ([`VERDICTS_T07`]).
+#[test]
+fn a_recorded_report_with_rtsp_admission_and_striped_writes_renders_with_their_verdicts() {
+    let results = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/report-quick-2026-11-24T07.json"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
+    let out = Command::new(EXE)
+        .args(["bench", "all", "--render", results, "--report"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = check_page_not_run(
+        &dir,
+        &[
+            "paths",
+            "periodic",
+            "isolation",
+            "rtu",
+            "stripe",
+            "record",
+            "http",
+            "cues",
+            "rtsp",
+            "admission",
+        ],
+        &["rtsp"],
+    );
+    let imgs = attrs(&page, "src");
+    for plot in ["rtsp-cpu.svg", "rtsp-lateness.svg", "stripe.svg"] {
+        assert!(imgs.contains(&plot), "no {plot} in {imgs:?}");
+    }
+    // The recorded results against the schema (rtsp's and admission's shapes included).
+    let schema = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/bench-report.schema.json"
+    );
+    match Command::new("python3")
+        .args([
+            "-c",
+            "import json,sys,jsonschema; jsonschema.validate(json.load(open(sys.argv[1])), json.load(open(sys.argv[2])))",
+            results,
+            schema,
+        ])
+        .output()
+    {
+        Ok(o) if o.status.success() => {}
+        Ok(o) if String::from_utf8_lossy(&o.stderr).contains("No module named") => {
+            eprintln!("SKIPPED (schema part): python3 has no jsonschema module")
+        }
+        Ok(o) => panic!(
+            "the fixture does not validate against the schema:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => eprintln!("SKIPPED (schema part): no python3: {e}"),
+    }
+    let stripe = std::fs::read_to_string(dir.join("stripe.svg")).unwrap();
+    assert!(stripe.contains("penstock writes"), "no write line");
+    assert!(page.contains("write × 1 member"), "no write columns");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for (bench, word) in VERDICTS_T07 {
+        assert!(
+            err.lines()
+                .any(|l| l.trim_start().starts_with(bench) && l.contains(&format!(" {word}: "))),
+            "{bench} should say {word}:\n{err}"
+        );
+    }
 }

@@ -781,8 +781,9 @@ pub struct AdmissionSection {
     /// 1 s).
     pub cpu_ns_per_s: Option<u64>,
     /// Measure the device behind the root at start, and each device an rt stream reads
-    /// from on its first admission (under 3 s each, cached per device), unless disk figures
-    /// are configured here (default true).
+    /// from on its first admission (under 5 s each, cached per device), unless disk figures
+    /// are configured here (default true); the measurement also gives the uring path's read
+    /// depth on each device a stream reads from.
     pub self_calibrate: Option<bool>,
     /// Where self-calibrations are cached (default: $XDG_CACHE_HOME/penstock, else
     /// ~/.cache/penstock).

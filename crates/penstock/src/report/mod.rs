@@ -253,6 +253,37 @@ pub fn entries() -> Vec<Entry> {
             estimate_s: [240, 15, 15],
             traces: false,
         },
+        Entry {
+            name: "rtsp",
+            subcommand: &["rtsp"],
+            full: &[],
+            // Steps of 1-16 sessions per server, 3 s each: GStreamer's one pipeline per
+            // session keeps a step's start short enough.
+            quick: &["--quick", "--max-sessions", "16"],
+            smoke: &["--quick", "--max-sessions", "1", "--duration", "1s"],
+            estimate_s: [400, 90, 30],
+            traces: false,
+        },
+        Entry {
+            name: "admission",
+            subcommand: &["admission"],
+            full: &[],
+            // 1316-byte datagrams only (the case whose bound is the CPU), 4 s runs, two
+            // forced steps beyond N_adm.
+            quick: &["--duration", "4s", "--units", "1316", "--force-steps", "2"],
+            smoke: &[
+                "--duration",
+                "1s",
+                "--units",
+                "1316",
+                "--force-steps",
+                "1",
+                "--streams-max",
+                "8",
+            ],
+            estimate_s: [480, 100, 20],
+            traces: false,
+        },
     ]
 }
 

@@ -297,11 +297,21 @@ pub fn draw(b: &Value, dir: &Path, name: &str) -> Result<Vec<String>> {
                 .iter()
                 .filter_map(|x| Some((x["members"].as_f64()?, x["ratio_to_1"].as_f64()?)))
                 .collect();
-            let series = vec![
-                Series {
-                    label: "penstock, here".into(),
-                    points: measured,
-                },
+            let written: Vec<(f64, f64)> = rows
+                .iter()
+                .filter_map(|x| Some((x["members"].as_f64()?, x["write_ratio_to_1"].as_f64()?)))
+                .collect();
+            let mut series = vec![Series {
+                label: "penstock reads, here".into(),
+                points: measured,
+            }];
+            if !written.is_empty() {
+                series.push(Series {
+                    label: "penstock writes, here".into(),
+                    points: written,
+                });
+            }
+            series.extend([
                 Series {
                     label: "Clockwise (paper)".into(),
                     points: vec![(1.0, 1.0), (2.0, 2.0), (3.0, 2.95), (4.0, 3.9)],
@@ -310,10 +320,10 @@ pub fn draw(b: &Value, dir: &Path, name: &str) -> Result<Vec<String>> {
                     label: "linear".into(),
                     points: vec![(1.0, 1.0), (4.0, 4.0)],
                 },
-            ];
+            ]);
             lines(
                 &dir.join("stripe.svg"),
-                "Striped read throughput against members",
+                "Striped read and write throughput against members",
                 "members (disks)",
                 "throughput / one member's (×)",
                 &series,
@@ -322,6 +332,59 @@ pub fn draw(b: &Value, dir: &Path, name: &str) -> Result<Vec<String>> {
                 false,
             )?;
             out.push("stripe.svg".into());
+        }
+        "rtsp" => {
+            for (file, key, ylabel, scale) in [
+                (
+                    "rtsp-cpu.svg",
+                    "server_cpu_per_session",
+                    "server CPU per session (% of one CPU)",
+                    100.0,
+                ),
+                (
+                    "rtsp-lateness.svg",
+                    "lateness_ms_p99",
+                    "RTP lateness p99 (ms)",
+                    1.0,
+                ),
+            ] {
+                let mut series = Vec::new();
+                for srv in r["servers"].as_array().into_iter().flatten() {
+                    let mut pts: Vec<(f64, f64)> = srv["steps"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|x| {
+                            Some((
+                                x["sessions"].as_f64()?.max(1.0).log10(),
+                                x[key].as_f64()? * scale,
+                            ))
+                        })
+                        .collect();
+                    // Bisection steps come after the ramp: in order of N for a line.
+                    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    if !pts.is_empty() {
+                        series.push(Series {
+                            label: srv["server"].as_str().unwrap_or("?").to_string(),
+                            points: pts,
+                        });
+                    }
+                }
+                if series.is_empty() {
+                    continue;
+                }
+                lines(
+                    &dir.join(file),
+                    "RTSP: penstock serve against GStreamer's RTSP server (8 Mbit/s RTP sessions)",
+                    "concurrent sessions (log)",
+                    ylabel,
+                    &series,
+                    true,
+                    false,
+                    false,
+                )?;
+                out.push(file.to_string());
+            }
         }
         "http" => {
             for (file, key, ylabel, scale) in [

@@ -113,9 +113,9 @@ enum BenchCommand {
     /// Issue 15: N RTSP sessions of an 8 Mbit/s TS over RTP/UDP from penstock serve and from
     /// GStreamer's RTSP server: the largest N each keeps without loss, CPU per session, jitter.
     Rtsp(bench::rtsp::RtspArgs),
-    /// Every bench (paths, periodic, isolation, rtu, stripe, record, http, cues, rtsp, admission), one after
-    /// another, and one report page beside the papers' numbers: DIR/index.html, DIR/*.svg,
-    /// DIR/results.json.
+    /// Every bench (paths, periodic, isolation, rtu, stripe, record, http, cues, rtsp,
+    /// admission), one after another, and one report page beside the papers' numbers:
+    /// DIR/index.html, DIR/*.svg, DIR/results.json.
     All(report::AllArgs),
     /// Issue 22: rt streams of an 8 Mbit/s TS ramped until admission refuses (N_adm), run
     /// beside bulk readers (no misses), then forced beyond until units miss (N_miss).

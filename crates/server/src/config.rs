@@ -753,6 +753,14 @@ pub struct AdmissionSection {
     /// CPU time one send costs, in ns (default 20,000: conservative; `penstock calibrate`
     /// measures it).
     pub cpu_send_ns: Option<u64>,
+    /// CPU time each byte sent adds to a send, in picoseconds (default 2,000: a 1 MiB unit
+    /// costs 2.1 ms; `penstock bench admission` measures it).
+    pub cpu_send_byte_ps: Option<u64>,
+    /// How late a unit may go out when one unit of every rt stream falls due at the same
+    /// instant: the burst test (docs/io-scheduler.md §4b) keeps the network's and the CPU's
+    /// backlog at that instant within it (default 50 ms; above zero).
+    #[serde(default, deserialize_with = "units::opt_ms")]
+    pub lateness_tolerance_ms: Option<u64>,
     /// CPU time per second the streams' sends may take, all workers (default: the workers ×
     /// 1 s).
     pub cpu_ns_per_s: Option<u64>,
@@ -794,6 +802,9 @@ impl AdmissionSection {
         if let Some(v) = self.cpu_send_ns {
             cap.cpu_send_ns = v;
         }
+        if let Some(v) = self.cpu_send_byte_ps {
+            cap.cpu_send_byte_ps = v;
+        }
         if let Some(v) = self.cpu_ns_per_s {
             cap.cpu_ns_per_s = v;
         }
@@ -811,6 +822,10 @@ impl AdmissionSection {
             bulk_share_percent: self.bulk_share_percent.unwrap_or(20),
             streams_max: self.streams_max.unwrap_or(1024),
             rt_latency_ns: self.rt_latency_ns.unwrap_or(0),
+            lateness_tolerance_ns: self.lateness_tolerance_ms.map_or(
+                penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT,
+                |ms| ms.saturating_mul(1_000_000),
+            ),
         }
     }
 }

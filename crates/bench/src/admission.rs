@@ -122,6 +122,12 @@ pub struct AdmissionArgs {
 const POOL_BUFFERS: usize = 512;
 const BUFFER_BYTES: usize = 1 << 20;
 
+/// Pool buffers' size: 1 MiB, or 2 MiB on a volume (its members are read with O_DIRECT:
+/// a chunk of whole 1316-byte units on 4 KiB boundaries is 1,347,584 bytes).
+fn buffer_bytes(a: &AdmissionArgs) -> usize {
+    if a.loop_volume { 2 << 20 } else { BUFFER_BYTES }
+}
+
 /// One run of a stream set.
 #[derive(Debug, Clone, Copy, Default)]
 struct RunResult {
@@ -188,7 +194,7 @@ impl Bench<'_> {
                 rate: Rate::BitsPerSecond(self.a.rate_bits_per_s),
                 unit_bytes: unit,
             },
-            &ScheduleLimits::new(BUFFER_BYTES as u64),
+            &ScheduleLimits::new(buffer_bytes(self.a) as u64),
         )
         .expect("a valid rate and unit");
         StreamSpec {
@@ -212,6 +218,43 @@ impl Bench<'_> {
                 },
             )
         }
+    }
+
+    /// How fast loopback TCP drains `n` units of 1 MiB due at the same instant (one stream
+    /// each, from the page cache, nothing else running): `n` MiB over the largest lateness
+    /// of their units, the worst of 3 periods. Loopback has no wire: this is what the
+    /// machine's CPUs (senders and receivers) and TCP do with a burst.
+    fn loopback_drain_bytes_per_s(&self, n: usize) -> Result<u64> {
+        let engine = Engine::new(engine_config(
+            self.a,
+            forced_admission(
+                self.a.workers,
+                (POOL_BUFFERS * self.a.workers) as u32,
+                buffer_bytes(self.a) as u64,
+            ),
+            &self.dir.join("probe-cache"),
+        ))?;
+        let start_at = penstock_driver::clock::now()
+            + Duration::from_secs(1)
+            + Duration::from_millis(20) * n as u32;
+        let mut handles = Vec::new();
+        for _ in 0..n {
+            let spec = StreamSpec {
+                extent: penstock_core::stream::Extent {
+                    offset: 0,
+                    length: Some(3 << 20),
+                },
+                ..self.spec(&self.ts, 1 << 20, start_at)
+            };
+            handles.push(engine.open(spec)?);
+        }
+        let mut max_ns = 0;
+        for h in handles {
+            let rep = h.wait()?;
+            max_ns = max_ns.max(rep.lateness.map_or(0, |l| l.max_ns()));
+        }
+        let bytes = (n as u128) << 20;
+        Ok(u64::try_from(bytes * 1_000_000_000 / u128::from(max_ns.max(1))).unwrap_or(u64::MAX))
     }
 
     /// Opens streams one by one until `engine` refuses (or `limit` are open): the handles,
@@ -451,11 +494,11 @@ fn make_bulk_file(path: &Path, bytes: u64) -> Result<()> {
 /// Loopback has no wire: its cost is the CPU's (charged per send and per byte).
 const LOOPBACK_BYTES_PER_S: u64 = 1 << 40;
 
-fn capacity(workers: usize, pool_total: u32) -> Capacity {
+fn capacity(workers: usize, pool_total: u32, buffer_bytes: u64) -> Capacity {
     Capacity {
         net_bytes_per_s: LOOPBACK_BYTES_PER_S,
         buffer_count: pool_total,
-        buffer_bytes: BUFFER_BYTES as u64,
+        buffer_bytes,
         cpu_ns_per_s: 1_000_000_000 * workers as u64,
         ..Capacity::CONSERVATIVE
     }
@@ -465,7 +508,7 @@ fn engine_config(a: &AdmissionArgs, admission: AdmissionConfig, cache: &Path) ->
     EngineConfig {
         workers: a.workers,
         pool_buffers: POOL_BUFFERS,
-        buffer_bytes: BUFFER_BYTES,
+        buffer_bytes: buffer_bytes(a),
         stream_depth: 4,
         client_buffers_max: 8,
         streams_max: 4096,
@@ -481,7 +524,7 @@ fn engine_config(a: &AdmissionArgs, admission: AdmissionConfig, cache: &Path) ->
 
 /// The bench-only override: a capacity no stream set here reaches, so that streams beyond
 /// what admission allows can be run. Built only in this module.
-fn forced_admission(workers: usize, pool_total: u32) -> AdmissionConfig {
+fn forced_admission(workers: usize, pool_total: u32, buffer_bytes: u64) -> AdmissionConfig {
     AdmissionConfig {
         capacity: Capacity {
             disk_seq_bytes_per_s: 1 << 50,
@@ -490,7 +533,7 @@ fn forced_admission(workers: usize, pool_total: u32) -> AdmissionConfig {
             net_bytes_per_s: 1 << 50,
             cpu_send_ns: 0,
             cpu_send_byte_ps: 0,
-            ..capacity(workers, pool_total)
+            ..capacity(workers, pool_total, buffer_bytes)
         },
         bulk_share_percent: 0,
         streams_max: 65_536,
@@ -587,8 +630,29 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     };
     let pool_total = (POOL_BUFFERS * a.workers) as u32;
     let tolerance_ns = u64::try_from(a.miss_after.as_nanos()).unwrap_or(u64::MAX);
+    // The network is loopback: its rate is how fast it drains a burst of large units, measured
+    // at about the size the tolerance lets through (16 MiB first, then at that rate's
+    // admissible burst plus a quarter); the lower of the two.
+    let mut net_bytes_per_s = LOOPBACK_BYTES_PER_S;
+    if a.units.iter().any(|&u| u > penstock_core::stream::plan::DATAGRAM_BYTES_MAX) {
+        let first = b.loopback_drain_bytes_per_s(16)?;
+        let burst = u128::from(first) * u128::from(tolerance_ns) * 8 / 10 / 1_000_000_000;
+        let n = ((burst >> 20) as usize * 5 / 4).clamp(4, 4 * a.streams_max.max(1));
+        let second = b.loopback_drain_bytes_per_s(n)?;
+        net_bytes_per_s = first.min(second);
+        writeln!(
+            out,
+            "loopback TCP drains a burst of 1 MiB units at {:.0} MB/s (16 at once: {:.0} MB/s; {n} at once: {:.0} MB/s): the network figure",
+            net_bytes_per_s as f64 / 1e6,
+            first as f64 / 1e6,
+            second as f64 / 1e6
+        )?;
+    }
     let admission = AdmissionConfig {
-        capacity: capacity(a.workers, pool_total),
+        capacity: Capacity {
+            net_bytes_per_s,
+            ..capacity(a.workers, pool_total, buffer_bytes(&a) as u64)
+        },
         bulk_share_percent: 20,
         streams_max: 4096,
         rt_latency_ns: 0,
@@ -610,7 +674,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     }
     // The CPU a byte costs: 1 MiB units over loopback TCP, receivers included.
     let byte_ps = engine_byte_ps(256 << 20).context("measuring the CPU per byte sent")?;
-    let mut cal_capacity = cal.capacity(LOOPBACK_BYTES_PER_S, pool_total, BUFFER_BYTES as u64);
+    let mut cal_capacity = cal.capacity(net_bytes_per_s, pool_total, buffer_bytes(&a) as u64);
     cal_capacity.cpu_ns_per_s = 1_000_000_000 * a.workers as u64;
     cal_capacity.cpu_send_byte_ps = byte_ps;
     // The send cost was measured with 1316-byte datagrams: its bytes are in the per-byte part.
@@ -654,26 +718,41 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     let mut rows = Vec::new();
     for &unit in &a.units.clone() {
         // 1. Admission with self-calibration (no calibration file): ramp, then run.
-        b.evict_all();
-        let engine = Arc::new(Engine::new(engine_config(&a, admission, &cache))?);
         // Measured through a file of 256 MiB on the same device (the device node may not be
         // readable here); the first rt admission would measure through the stream's own file.
         // With a volume, each member is measured through its device node on the first
         // admission.
-        let figures = if b.volume.is_some() {
-            None
-        } else {
-            let probe = match b.bulk_files.first() {
-                Some(f) => f.clone(),
-                None => {
-                    let p = dir.join("probe.bin");
-                    make_bulk_file(&p, 64 << 20)?;
-                    p
-                }
-            };
-            let probe_fd = std::fs::File::open(&probe)?;
-            engine.self_calibrate(std::os::fd::AsFd::as_fd(&probe_fd))
+        let probe = match b.bulk_files.first() {
+            Some(f) if b.volume.is_none() => Some(f.clone()),
+            Some(_) => None,
+            None => {
+                let p = dir.join("probe.bin");
+                make_bulk_file(&p, 64 << 20)?;
+                Some(p)
+            }
         };
+        let self_calibrate = |engine: &Engine| -> Result<_> {
+            let Some(probe) = &probe else {
+                return Ok(None);
+            };
+            let probe_fd = std::fs::File::open(probe)?;
+            Ok(engine.self_calibrate(std::os::fd::AsFd::as_fd(&probe_fd)))
+        };
+        // A ramp with nothing run first (all due in an hour, then cancelled) makes each
+        // stream's file, so that the timed ramp only opens (copying a file during it could
+        // outlast the lead); the self-calibration is cached for the engine that runs.
+        {
+            let dry = Engine::new(engine_config(&a, admission, &cache))?;
+            self_calibrate(&dry)?;
+            let far = penstock_driver::clock::now() + Duration::from_secs(3600);
+            let (handles, _) = b.ramp(&dry, unit, a.streams_max, far)?;
+            for h in &handles {
+                h.cancel();
+            }
+        }
+        b.evict_all();
+        let engine = Arc::new(Engine::new(engine_config(&a, admission, &cache))?);
+        let figures = self_calibrate(&engine)?;
         match &figures {
             Some(Ok(f)) => writeln!(
                 out,
@@ -758,10 +837,13 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                 if n > a.streams_max {
                     break;
                 }
+                for i in 0..n {
+                    b.file(i)?;
+                }
                 b.evict_all();
                 let engine = Arc::new(Engine::new(engine_config(
                     &a,
-                    forced_admission(a.workers, pool_total),
+                    forced_admission(a.workers, pool_total, buffer_bytes(&a) as u64),
                     &cache,
                 ))?);
                 let start_at = penstock_driver::clock::now() + lead;
@@ -852,6 +934,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                     "members": 4, "rate_bytes_per_s": a.loop_rate, "iops": a.loop_iops,
                     "stripe_unit": a.stripe_unit})),
                 "lateness_tolerance_ns": tolerance_ns,
+                "net_bytes_per_s": net_bytes_per_s,
                 "calibration": {
                     "seq_bytes_per_s": cal_capacity.disk_seq_bytes_per_s,
                     "random_iops": cal_capacity.disk_random_iops,

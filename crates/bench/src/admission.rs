@@ -81,8 +81,8 @@ pub struct AdmissionArgs {
     pub streams_max: usize,
     /// A unit is a miss when sent later than this after its deadline (a receiver's jitter
     /// buffer; the engine's own default, one period, is 1.3 ms for 1316-byte units at
-    /// 8 Mbit/s — below this VM's timer noise). The lateness p99 and maximum are reported
-    /// besides.
+    /// 8 Mbit/s — below this VM's timer noise); also the lateness tolerance admission's
+    /// burst test is configured with. The lateness p99 and maximum are reported besides.
     #[arg(long, default_value = "50ms", value_parser = parse_duration)]
     pub miss_after: Duration,
     /// Spread the streams' phases over one period (as independent sessions would start)
@@ -634,7 +634,10 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     // at about the size the tolerance lets through (16 MiB first, then at that rate's
     // admissible burst plus a quarter); the lower of the two.
     let mut net_bytes_per_s = LOOPBACK_BYTES_PER_S;
-    if a.units.iter().any(|&u| u > penstock_core::stream::plan::DATAGRAM_BYTES_MAX) {
+    if a.units
+        .iter()
+        .any(|&u| u > penstock_core::stream::plan::DATAGRAM_BYTES_MAX)
+    {
         let first = b.loopback_drain_bytes_per_s(16)?;
         let burst = u128::from(first) * u128::from(tolerance_ns) * 8 / 10 / 1_000_000_000;
         let n = ((burst >> 20) as usize * 5 / 4).clamp(4, 4 * a.streams_max.max(1));

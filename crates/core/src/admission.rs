@@ -204,7 +204,8 @@ impl Capacity {
     /// Used when nothing is measured: a slow disk (50 MB/s, 75 IOPS at 4 KiB — an old
     /// 7200 rpm drive), 100 Mbit/s with Ethernet + IPv4 + UDP framing (66 bytes a datagram:
     /// preamble, header, FCS, gap, IP and UDP headers), 64 buffers of 1 MiB, one core of which
-    /// each send costs 20 µs plus 2 ns a byte (1 MiB: 2.1 ms). Low on purpose: admitting too little is an inconvenience,
+    /// each send costs 17.368 µs plus 2 ns a byte: 20 µs for a 1316-byte datagram, 2.1 ms for
+    /// 1 MiB. Low on purpose: admitting too little is an inconvenience,
     /// admitting too much breaks promises. The engine replaces the disk figures with measured
     /// ones where it can (self-calibration) and says which it used.
     pub const CONSERVATIVE: Capacity = Capacity {
@@ -217,7 +218,7 @@ impl Capacity {
         buffer_count: 64,
         buffer_bytes: 1 << 20,
         cpu_ns_per_s: 1_000_000_000,
-        cpu_send_ns: 20_000,
+        cpu_send_ns: 17_368,
         cpu_send_byte_ps: 2_000,
     };
 
@@ -1106,7 +1107,7 @@ mod tests {
             match a.admit(q) {
                 Ok(r) => {
                     assert_eq!(r.burst_net_bytes, 1 << 20);
-                    assert_eq!(r.burst_cpu_ns, 20_000 + 2_097_152);
+                    assert_eq!(r.burst_cpu_ns, 17_368 + 2_097_152);
                     n += 1;
                 }
                 Err(e) => break e,
@@ -1323,10 +1324,10 @@ mod tests {
         // 250,000/1,047,536 chunks/s × (13.25 ms + 20.95 ms) ≈ 8.16 ms/s.
         assert_eq!(r.disk_ns_per_s, a.disk_ns_per_s(250_000, chunk).unwrap());
         assert!((8_000_000..8_300_000).contains(&r.disk_ns_per_s), "{r:?}");
-        // 190 datagrams/s, 66 B of framing each; 20 µs + 1316 × 2 ns of CPU each.
+        // 190 datagrams/s, 66 B of framing each; 17.368 µs + 1316 × 2 ns = 20 µs of CPU each.
         assert_eq!(r.net_bytes_per_s, 250_000 + 190 * 66);
-        assert_eq!(r.cpu_ns_per_s, 190 * (20_000 + 2_632));
-        assert_eq!((r.burst_net_bytes, r.burst_cpu_ns), (1316 + 66, 22_632));
+        assert_eq!(r.cpu_ns_per_s, 190 * 20_000);
+        assert_eq!((r.burst_net_bytes, r.burst_cpu_ns), (1316 + 66, 20_000));
         assert_eq!(r.buffers, 4);
         assert!(
             r.figures().contains("conservative defaults"),

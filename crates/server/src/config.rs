@@ -1170,6 +1170,33 @@ idle_timeout_ms = \"soon\"
     }
 
     #[test]
+    fn admission_takes_a_lateness_tolerance_and_a_cost_per_byte() {
+        let d: ServerConfig = toml::from_str("").unwrap();
+        let a = d.admission.admission_config();
+        assert_eq!(
+            a.lateness_tolerance_ns,
+            penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT
+        );
+        assert_eq!(
+            a.capacity.cpu_send_byte_ps,
+            penstock_core::admission::Capacity::CONSERVATIVE.cpu_send_byte_ps
+        );
+        let c: ServerConfig = toml::from_str(
+            "[admission]\nlateness_tolerance_ms = \"20ms\"\ncpu_send_byte_ps = 500\n",
+        )
+        .unwrap();
+        let a = c.admission.admission_config();
+        assert_eq!(a.lateness_tolerance_ns, 20_000_000);
+        assert_eq!(a.capacity.cpu_send_byte_ps, 500);
+        // Zero would promise nothing: refused when admission is built, with the reason.
+        let z: ServerConfig = toml::from_str("[admission]\nlateness_tolerance_ms = 0\n").unwrap();
+        let e = penstock_core::admission::Admission::new(z.admission.admission_config())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lateness tolerance is zero"), "{e}");
+    }
+
+    #[test]
     fn media_types_are_checked_before_they_can_reach_a_head() {
         let c: ServerConfig =
             toml::from_str("[http.types]\nm3u8 = \"application/x-mpegURL\"\n").unwrap();

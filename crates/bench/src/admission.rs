@@ -19,8 +19,17 @@
 //! figures of a full calibration (`penstock calibrate --quick` on the same directory), and
 //! the two are compared (the issue asks for them within 2×).
 //!
-//! Stream phases are spread over one period (64 offsets), as independent sessions start; with
-//! `--synchronized` every deadline coincides (the critical instant).
+//! Every stream's first unit is due at the same instant, so that one unit of each falls due
+//! together every period: the critical instant, which admission's burst test promises to
+//! carry within the lateness tolerance (`--miss-after`, which is also the tolerance the
+//! engine's admission is configured with); `--spread` spreads the phases over one period
+//! (64 offsets) instead, as independent sessions would start.
+//!
+//! `--loop-volume`: the streams read partitions of a volume striped over 4 loop devices, each
+//! throttled (`--loop-rate`, `--loop-iops`) by a cgroup this process moves into (cgroup v1
+//! `blkio.throttle.read_{bps,iops}_device`, or v2 `io.max`), so that the disk, not the CPU,
+//! binds. Each member is self-calibrated through its device node on the first admission.
+//! Loop devices and the cgroup are removed on every exit that unwinds (as `bench stripe`).
 //!
 //! `--streams-max` bounds the ramp (disk space: each stream has its own file of
 //! `rate × (duration + lead)` bytes); when admission admits that many, `N_adm` is reported
@@ -36,12 +45,19 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use penstock_core::admission::{AdmissionConfig, Capacity};
 use penstock_core::endpoint::Endpoint;
+use penstock_core::endpoint::{PartitionName, VolumeName};
 use penstock_core::lateness::LatenessStats;
 use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::CachePolicy;
 use penstock_core::units::{Rate, parse_duration, parse_size};
+use penstock_core::volume::Placement;
+use penstock_core::volume::layout::BLOCK_BYTES_DEFAULT;
 use penstock_driver::calibration::{CalibrateOptions, SelfCalibration, calibrate};
+use penstock_driver::open::{open_target, opened_partition};
+use penstock_driver::volume::{CreateSpec, Volume};
 use penstock_driver::{DiskClass, Engine, EngineConfig, StreamError, StreamHandle, StreamSpec};
+
+use crate::stripe::{Throttle, throttle};
 
 #[derive(Args, Debug)]
 pub struct AdmissionArgs {
@@ -65,15 +81,27 @@ pub struct AdmissionArgs {
     pub streams_max: usize,
     /// A unit is a miss when sent later than this after its deadline (a receiver's jitter
     /// buffer; the engine's own default, one period, is 1.3 ms for 1316-byte units at
-    /// 8 Mbit/s — below this VM's timer noise). The lateness p99 and maximum are reported
-    /// besides.
+    /// 8 Mbit/s — below this VM's timer noise); also the lateness tolerance admission's
+    /// burst test is configured with. The lateness p99 and maximum are reported besides.
     #[arg(long, default_value = "50ms", value_parser = parse_duration)]
     pub miss_after: Duration,
-    /// Start every stream at the same instant (the critical instant: all deadlines
-    /// coincide) instead of spreading their phases over one period as independent sessions
-    /// would.
+    /// Spread the streams' phases over one period (as independent sessions would start)
+    /// instead of starting all at the same instant (the critical instant, the default).
     #[arg(long)]
-    pub synchronized: bool,
+    pub spread: bool,
+    /// Read partitions of a volume striped over 4 throttled loop devices (root; a blkio or
+    /// io cgroup controller) instead of plain files.
+    #[arg(long)]
+    pub loop_volume: bool,
+    /// With --loop-volume: each member's read rate.
+    #[arg(long, default_value = "20MB", value_parser = parse_size)]
+    pub loop_rate: u64,
+    /// With --loop-volume: each member's reads per second.
+    #[arg(long, default_value_t = 400)]
+    pub loop_iops: u64,
+    /// With --loop-volume: the stripe unit.
+    #[arg(long, default_value = "256KiB", value_parser = parse_size)]
+    pub stripe_unit: u64,
     /// Engine workers.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -93,6 +121,12 @@ pub struct AdmissionArgs {
 /// buffer test (and not the pool) is what binds.
 const POOL_BUFFERS: usize = 512;
 const BUFFER_BYTES: usize = 1 << 20;
+
+/// Pool buffers' size: 1 MiB, or 2 MiB on a volume (its members are read with O_DIRECT:
+/// a chunk of whole 1316-byte units on 4 KiB boundaries is 1,347,584 bytes).
+fn buffer_bytes(a: &AdmissionArgs) -> usize {
+    if a.loop_volume { 2 << 20 } else { BUFFER_BYTES }
+}
 
 /// One run of a stream set.
 #[derive(Debug, Clone, Copy, Default)]
@@ -117,10 +151,17 @@ struct Bench<'a> {
     udp: Endpoint,
     tcp: Endpoint,
     rate_bytes_per_s: u64,
+    /// With --loop-volume: the volume (partitions `s0000`… per stream, `bulk0`… for the
+    /// bulk readers); its loop devices and cgroup are in `run`'s guard.
+    volume: Option<Arc<Volume>>,
 }
 
 impl Bench<'_> {
     fn file(&mut self, i: usize) -> Result<PathBuf> {
+        if self.volume.is_some() {
+            // Every partition was written when the volume was made.
+            return Ok(PathBuf::from(format!("s{i:04}")));
+        }
         while self.files.len() <= i {
             let p = self.dir.join(format!("s{:04}.ts", self.files.len()));
             std::fs::copy(&self.ts, &p).with_context(|| format!("copying to {}", p.display()))?;
@@ -134,6 +175,17 @@ impl Bench<'_> {
         for f in self.files.iter().chain(&self.bulk_files) {
             evict(f);
         }
+        if let Some(v) = &self.volume {
+            for m in v.member_paths() {
+                evict(m);
+            }
+        }
+    }
+
+    /// Opens `spec` on the engine: a volume's partition (named by the spec's source path)
+    /// through its member devices, or a plain file.
+    fn open(&self, engine: &Engine, spec: StreamSpec) -> Result<Result<StreamHandle, StreamError>> {
+        open_on(engine, self.volume.as_deref(), spec)
     }
 
     fn spec(&self, file: &Path, unit: u64, start_at: penstock_core::time::Instant) -> StreamSpec {
@@ -142,7 +194,7 @@ impl Bench<'_> {
                 rate: Rate::BitsPerSecond(self.a.rate_bits_per_s),
                 unit_bytes: unit,
             },
-            &ScheduleLimits::new(BUFFER_BYTES as u64),
+            &ScheduleLimits::new(buffer_bytes(self.a) as u64),
         )
         .expect("a valid rate and unit");
         StreamSpec {
@@ -168,6 +220,43 @@ impl Bench<'_> {
         }
     }
 
+    /// How fast loopback TCP drains `n` units of 1 MiB due at the same instant (one stream
+    /// each, from the page cache, nothing else running): `n` MiB over the largest lateness
+    /// of their units, the worst of 3 periods. Loopback has no wire: this is what the
+    /// machine's CPUs (senders and receivers) and TCP do with a burst.
+    fn loopback_drain_bytes_per_s(&self, n: usize) -> Result<u64> {
+        let engine = Engine::new(engine_config(
+            self.a,
+            forced_admission(
+                self.a.workers,
+                (POOL_BUFFERS * self.a.workers) as u32,
+                buffer_bytes(self.a) as u64,
+            ),
+            &self.dir.join("probe-cache"),
+        ))?;
+        let start_at = penstock_driver::clock::now()
+            + Duration::from_secs(1)
+            + Duration::from_millis(20) * n as u32;
+        let mut handles = Vec::new();
+        for _ in 0..n {
+            let spec = StreamSpec {
+                extent: penstock_core::stream::Extent {
+                    offset: 0,
+                    length: Some(3 << 20),
+                },
+                ..self.spec(&self.ts, 1 << 20, start_at)
+            };
+            handles.push(engine.open(spec)?);
+        }
+        let mut max_ns = 0;
+        for h in handles {
+            let rep = h.wait()?;
+            max_ns = max_ns.max(rep.lateness.map_or(0, |l| l.max_ns()));
+        }
+        let bytes = (n as u128) << 20;
+        Ok(u64::try_from(bytes * 1_000_000_000 / u128::from(max_ns.max(1))).unwrap_or(u64::MAX))
+    }
+
     /// Opens streams one by one until `engine` refuses (or `limit` are open): the handles,
     /// and the refusal.
     fn ramp(
@@ -182,12 +271,12 @@ impl Bench<'_> {
         let period_ns = u128::from(unit) * 1_000_000_000 / u128::from(self.rate_bytes_per_s.max(1));
         for i in 0..limit {
             let f = self.file(i)?;
-            let phase = if self.a.synchronized {
+            let phase = if !self.a.spread {
                 Duration::ZERO
             } else {
                 Duration::from_nanos((period_ns * (i as u128 % 64) / 64) as u64)
             };
-            match engine.open(self.spec(&f, unit, start_at + phase)) {
+            match self.open(engine, self.spec(&f, unit, start_at + phase))? {
                 Ok(h) => handles.push(h),
                 Err(StreamError::Refused(r)) => return Ok((handles, Some(r.to_string()))),
                 // The pool or the engine's own limits: no further stream can be placed.
@@ -210,6 +299,7 @@ impl Bench<'_> {
             .iter()
             .map(|f| {
                 let (engine, stop, f) = (engine.clone(), stop.clone(), f.clone());
+                let volume = self.volume.clone();
                 std::thread::spawn(move || {
                     let wait = start_at.signed_nanos_since(penstock_driver::clock::now());
                     if wait > 0 {
@@ -226,7 +316,9 @@ impl Bench<'_> {
                                 },
                             )
                         };
-                        let Ok(h) = engine.open(spec) else { break };
+                        let Ok(Ok(h)) = open_on(&engine, volume.as_deref(), spec) else {
+                            break;
+                        };
                         let _ = h.wait();
                     }
                 })
@@ -265,6 +357,93 @@ impl Bench<'_> {
         }
         Ok(r)
     }
+}
+
+/// Opens `spec` on `engine`: with a volume, the source's path names its partition.
+fn open_on(
+    engine: &Engine,
+    volume: Option<&Volume>,
+    spec: StreamSpec,
+) -> Result<Result<StreamHandle, StreamError>> {
+    let Some(v) = volume else {
+        return Ok(engine.open(spec));
+    };
+    let Some(Endpoint::File { path }) = &spec.source else {
+        bail!("a volume stream's source names its partition");
+    };
+    let name = path.display().to_string();
+    let pio = v
+        .partition_io(&name, false)
+        .with_context(|| format!("partition {name}"))?;
+    let source = match opened_partition(pio) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(e.into())),
+    };
+    let target_ep = spec.target.clone().context("no target")?;
+    let target = match open_target(&target_ep, &mut |_| {}) {
+        Ok(t) => t,
+        Err(e) => return Ok(Err(e.into())),
+    };
+    let spec = StreamSpec {
+        source: Some(Endpoint::Volume {
+            volume: VolumeName::parse("admission")?,
+            partition: PartitionName::parse(&name)?,
+        }),
+        ..spec
+    };
+    Ok(engine.open_opened(spec, source, target))
+}
+
+/// Makes a volume striped over 4 throttled loop devices holding `streams` partitions of the
+/// media (`s0000`…) and `bulk` unwritten partitions of 256 MiB for the bulk readers.
+fn loop_volume(
+    a: &AdmissionArgs,
+    dir: &Path,
+    ts: &Path,
+    streams: usize,
+    bulk: usize,
+    guard: &mut Throttle,
+) -> Result<Volume> {
+    let media = std::fs::read(ts)?;
+    let part = |bytes: u64| bytes.div_ceil(BLOCK_BYTES_DEFAULT) * BLOCK_BYTES_DEFAULT;
+    let total = part(media.len() as u64) * streams as u64 + part(256 << 20) * bulk as u64;
+    let member_bytes = part(total.div_ceil(4)) + 64 * BLOCK_BYTES_DEFAULT;
+    let mut files = Vec::new();
+    for i in 0..4 {
+        let p = dir.join(format!("member{i}"));
+        let f = std::fs::File::create(&p)?;
+        f.set_len(member_bytes)?;
+        files.push(p);
+    }
+    let members = throttle(&files, a.loop_rate, Some(a.loop_iops), guard)
+        .context("throttled loop devices (--loop-volume needs root and a blkio/io cgroup)")?;
+    let mut v = Volume::create(&CreateSpec {
+        name: "admission".to_string(),
+        members,
+        member_size_bytes: None,
+        stripe_unit_bytes: a.stripe_unit,
+        block_bytes: BLOCK_BYTES_DEFAULT,
+        force: true,
+    })?;
+    for i in 0..streams {
+        let name = format!("s{i:04}");
+        v.begin_partition(&name, media.len() as u64, &Placement::Striped)?;
+        let mut pio = v.partition_io(&name, true)?;
+        pio.make_buffered()?;
+        let (n, e) = pio.write_vectored_at(&[&media], 0);
+        if let Some(e) = e {
+            bail!("writing partition {name}: {e} after {n} bytes");
+        }
+        pio.sync_data()?;
+        drop(pio);
+        v.finish_partition(&name)?;
+    }
+    for i in 0..bulk {
+        let name = format!("bulk{i}");
+        v.begin_partition(&name, 256 << 20, &Placement::Striped)?;
+        v.finish_partition(&name)?;
+    }
+    Ok(v)
 }
 
 fn evict(path: &Path) {
@@ -312,12 +491,14 @@ fn make_bulk_file(path: &Path, bytes: u64) -> Result<()> {
     Ok(())
 }
 
-fn capacity(workers: usize, pool_total: u32) -> Capacity {
+/// Loopback has no wire: its cost is the CPU's (charged per send and per byte).
+const LOOPBACK_BYTES_PER_S: u64 = 1 << 40;
+
+fn capacity(workers: usize, pool_total: u32, buffer_bytes: u64) -> Capacity {
     Capacity {
-        // Loopback: the network is not what binds; the CPU (sends) is charged apart.
-        net_bytes_per_s: 1_250_000_000,
+        net_bytes_per_s: LOOPBACK_BYTES_PER_S,
         buffer_count: pool_total,
-        buffer_bytes: BUFFER_BYTES as u64,
+        buffer_bytes,
         cpu_ns_per_s: 1_000_000_000 * workers as u64,
         ..Capacity::CONSERVATIVE
     }
@@ -327,7 +508,7 @@ fn engine_config(a: &AdmissionArgs, admission: AdmissionConfig, cache: &Path) ->
     EngineConfig {
         workers: a.workers,
         pool_buffers: POOL_BUFFERS,
-        buffer_bytes: BUFFER_BYTES,
+        buffer_bytes: buffer_bytes(a),
         stream_depth: 4,
         client_buffers_max: 8,
         streams_max: 4096,
@@ -343,7 +524,7 @@ fn engine_config(a: &AdmissionArgs, admission: AdmissionConfig, cache: &Path) ->
 
 /// The bench-only override: a capacity no stream set here reaches, so that streams beyond
 /// what admission allows can be run. Built only in this module.
-fn forced_admission(workers: usize, pool_total: u32) -> AdmissionConfig {
+fn forced_admission(workers: usize, pool_total: u32, buffer_bytes: u64) -> AdmissionConfig {
     AdmissionConfig {
         capacity: Capacity {
             disk_seq_bytes_per_s: 1 << 50,
@@ -351,11 +532,13 @@ fn forced_admission(workers: usize, pool_total: u32) -> AdmissionConfig {
             disk_source: penstock_core::admission::FigureSource::Configured,
             net_bytes_per_s: 1 << 50,
             cpu_send_ns: 0,
-            ..capacity(workers, pool_total)
+            cpu_send_byte_ps: 0,
+            ..capacity(workers, pool_total, buffer_bytes)
         },
         bulk_share_percent: 0,
         streams_max: 65_536,
         rt_latency_ns: 0,
+        lateness_tolerance_ns: 1_000_000_000_000,
     }
 }
 
@@ -383,8 +566,20 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
             a.duration.as_secs()
         );
     }
+    // Declared before the volume: dropped after it (the loop devices outlive its descriptors).
+    let mut guard = Throttle::default();
+    let volume = if a.loop_volume {
+        let v = loop_volume(&a, &dir, &ts, a.streams_max, a.bulk_readers, &mut guard)?;
+        Some(Arc::new(v))
+    } else {
+        None
+    };
     let mut bulk_files = Vec::new();
     for i in 0..a.bulk_readers {
+        if volume.is_some() {
+            bulk_files.push(PathBuf::from(format!("bulk{i}")));
+            continue;
+        }
         let p = dir.join(format!("bulk{i}.bin"));
         make_bulk_file(&p, 256 << 20)?;
         bulk_files.push(p);
@@ -431,13 +626,40 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         udp: target,
         tcp,
         rate_bytes_per_s,
+        volume,
     };
     let pool_total = (POOL_BUFFERS * a.workers) as u32;
+    let tolerance_ns = u64::try_from(a.miss_after.as_nanos()).unwrap_or(u64::MAX);
+    // The network is loopback: its rate is how fast it drains a burst of large units, measured
+    // at about the size the tolerance lets through (16 MiB first, then at that rate's
+    // admissible burst plus a quarter); the lower of the two.
+    let mut net_bytes_per_s = LOOPBACK_BYTES_PER_S;
+    if a.units
+        .iter()
+        .any(|&u| u > penstock_core::stream::plan::DATAGRAM_BYTES_MAX)
+    {
+        let first = b.loopback_drain_bytes_per_s(16)?;
+        let burst = u128::from(first) * u128::from(tolerance_ns) * 8 / 10 / 1_000_000_000;
+        let n = ((burst >> 20) as usize * 5 / 4).clamp(4, 4 * a.streams_max.max(1));
+        let second = b.loopback_drain_bytes_per_s(n)?;
+        net_bytes_per_s = first.min(second);
+        writeln!(
+            out,
+            "loopback TCP drains a burst of 1 MiB units at {:.0} MB/s (16 at once: {:.0} MB/s; {n} at once: {:.0} MB/s): the network figure",
+            net_bytes_per_s as f64 / 1e6,
+            first as f64 / 1e6,
+            second as f64 / 1e6
+        )?;
+    }
     let admission = AdmissionConfig {
-        capacity: capacity(a.workers, pool_total),
+        capacity: Capacity {
+            net_bytes_per_s,
+            ..capacity(a.workers, pool_total, buffer_bytes(&a) as u64)
+        },
         bulk_share_percent: 20,
         streams_max: 4096,
         rt_latency_ns: 0,
+        lateness_tolerance_ns: tolerance_ns,
     };
 
     // The full calibration, for the comparison of N_adm.
@@ -453,8 +675,16 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     if let Ok(ns) = engine_send_ns(Duration::from_millis(500)) {
         cal.send_ns = Some(cal.send_ns.unwrap_or(0).max(ns));
     }
-    let mut cal_capacity = cal.capacity(1_250_000_000, pool_total, BUFFER_BYTES as u64);
+    // The CPU a byte costs: 1 MiB units over loopback TCP, receivers included.
+    let byte_ps = engine_byte_ps(256 << 20).context("measuring the CPU per byte sent")?;
+    let mut cal_capacity = cal.capacity(net_bytes_per_s, pool_total, buffer_bytes(&a) as u64);
     cal_capacity.cpu_ns_per_s = 1_000_000_000 * a.workers as u64;
+    cal_capacity.cpu_send_byte_ps = byte_ps;
+    // The send cost was measured with 1316-byte datagrams: its bytes are in the per-byte part.
+    cal_capacity.cpu_send_ns = cal_capacity
+        .cpu_send_ns
+        .saturating_sub(1316 * byte_ps / 1000)
+        .max(1);
     writeln!(
         out,
         "penstock bench admission: {} Mbit/s TS ({} bytes a file, one file per stream, cold cache), {} workers, {} bulk readers, {} s runs, miss = later than {:?}",
@@ -467,28 +697,65 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     )?;
     writeln!(
         out,
-        "calibration (--quick): {:.0} MB/s sequential, 64 KiB random {} IOPS, send {} ns",
+        "calibration (--quick): {:.0} MB/s sequential, 64 KiB random {} IOPS, send {} ns + {} ps a byte; {}; phases: {}",
         cal_capacity.disk_seq_bytes_per_s as f64 / 1e6,
         cal_capacity.disk_random_iops,
-        cal_capacity.cpu_send_ns
+        cal_capacity.cpu_send_ns,
+        cal_capacity.cpu_send_byte_ps,
+        if a.loop_volume {
+            format!(
+                "streams read a volume striped ({} KiB) over 4 loop devices, each throttled to {:.0} MB/s and {} reads/s",
+                a.stripe_unit >> 10,
+                a.loop_rate as f64 / 1e6,
+                a.loop_iops
+            )
+        } else {
+            "streams read plain files".to_string()
+        },
+        if a.spread {
+            "spread over one period"
+        } else {
+            "all due at one instant"
+        }
     )?;
     let mut rows = Vec::new();
     for &unit in &a.units.clone() {
         // 1. Admission with self-calibration (no calibration file): ramp, then run.
-        b.evict_all();
-        let engine = Arc::new(Engine::new(engine_config(&a, admission, &cache))?);
         // Measured through a file of 256 MiB on the same device (the device node may not be
         // readable here); the first rt admission would measure through the stream's own file.
+        // With a volume, each member is measured through its device node on the first
+        // admission.
         let probe = match b.bulk_files.first() {
-            Some(f) => f.clone(),
+            Some(f) if b.volume.is_none() => Some(f.clone()),
+            Some(_) => None,
             None => {
                 let p = dir.join("probe.bin");
                 make_bulk_file(&p, 64 << 20)?;
-                p
+                Some(p)
             }
         };
-        let probe_fd = std::fs::File::open(&probe)?;
-        let figures = engine.self_calibrate(std::os::fd::AsFd::as_fd(&probe_fd));
+        let self_calibrate = |engine: &Engine| -> Result<_> {
+            let Some(probe) = &probe else {
+                return Ok(None);
+            };
+            let probe_fd = std::fs::File::open(probe)?;
+            Ok(engine.self_calibrate(std::os::fd::AsFd::as_fd(&probe_fd)))
+        };
+        // A ramp with nothing run first (all due in an hour, then cancelled) makes each
+        // stream's file, so that the timed ramp only opens (copying a file during it could
+        // outlast the lead); the self-calibration is cached for the engine that runs.
+        {
+            let dry = Engine::new(engine_config(&a, admission, &cache))?;
+            self_calibrate(&dry)?;
+            let far = penstock_driver::clock::now() + Duration::from_secs(3600);
+            let (handles, _) = b.ramp(&dry, unit, a.streams_max, far)?;
+            for h in &handles {
+                h.cancel();
+            }
+        }
+        b.evict_all();
+        let engine = Arc::new(Engine::new(engine_config(&a, admission, &cache))?);
+        let figures = self_calibrate(&engine)?;
         match &figures {
             Some(Ok(f)) => writeln!(
                 out,
@@ -498,12 +765,25 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                 f.source
             )?,
             Some(Err(why)) => writeln!(out, "self-calibration failed: {why}")?,
+            None if b.volume.is_some() => {}
             None => writeln!(out, "self-calibration off")?,
         }
         let start_at = penstock_driver::clock::now() + lead;
         let (handles, refusal) = b.ramp(&engine, unit, a.streams_max, start_at)?;
         let n_adm = handles.len();
         let reserved = handles.first().and_then(|h| h.reservation());
+        for (dev, f) in engine.self_calibrations() {
+            match f {
+                Ok(f) => writeln!(
+                    out,
+                    "self-calibration of {}: {:.1} MB/s sequential, 64 KiB random {} IOPS",
+                    dev,
+                    f.disk.seq_bytes_per_s as f64 / 1e6,
+                    f.disk.random_iops
+                )?,
+                Err(e) => writeln!(out, "self-calibration of {dev} failed: {e}")?,
+            }
+        }
         let admitted = b.run(&engine, handles, start_at)?;
         drop(engine);
         // 2. N_adm with the full calibration's figures (admission only).
@@ -542,11 +822,12 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         if let Some(r) = &reserved {
             writeln!(
                 out,
-                "  one stream reserves: disk {:.3} ms/s, network {:.3} MB/s, {} buffers, cpu {:.3} ms/s; figures: {}",
+                "  one stream reserves: disk {:.3} ms/s, network {:.3} MB/s, {} buffers, cpu {:.3} ms/s, {:.3} ms of cpu at the critical instant; figures: {}",
                 r.disk_ns_per_s as f64 / 1e6,
                 r.net_bytes_per_s as f64 / 1e6,
                 r.buffers,
                 r.cpu_ns_per_s as f64 / 1e6,
+                r.burst_cpu_ns as f64 / 1e6,
                 r.figures()
             )?;
         }
@@ -559,10 +840,13 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                 if n > a.streams_max {
                     break;
                 }
+                for i in 0..n {
+                    b.file(i)?;
+                }
                 b.evict_all();
                 let engine = Arc::new(Engine::new(engine_config(
                     &a,
-                    forced_admission(a.workers, pool_total),
+                    forced_admission(a.workers, pool_total, buffer_bytes(&a) as u64),
                     &cache,
                 ))?);
                 let start_at = penstock_driver::clock::now() + lead;
@@ -648,11 +932,17 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                 "workers": a.workers,
                 "bulk_readers": a.bulk_readers,
                 "miss_after_ns": a.miss_after.as_nanos() as u64,
-                "synchronized": a.synchronized,
+                "spread": a.spread,
+                "loop_volume": a.loop_volume.then(|| serde_json::json!({
+                    "members": 4, "rate_bytes_per_s": a.loop_rate, "iops": a.loop_iops,
+                    "stripe_unit": a.stripe_unit})),
+                "lateness_tolerance_ns": tolerance_ns,
+                "net_bytes_per_s": net_bytes_per_s,
                 "calibration": {
                     "seq_bytes_per_s": cal_capacity.disk_seq_bytes_per_s,
                     "random_iops": cal_capacity.disk_random_iops,
                     "send_ns": cal_capacity.cpu_send_ns,
+                    "send_byte_ps": cal_capacity.cpu_send_byte_ps,
                 },
                 "rows": rows,
             }),
@@ -712,4 +1002,81 @@ pub fn engine_send_ns(time: Duration) -> Result<u64> {
     drop(rx);
     let used = (cpu1.user_ns + cpu1.sys_ns).saturating_sub(cpu0.user_ns + cpu0.sys_ns);
     Ok(used / units.max(1))
+}
+
+/// CPU time per byte of 1 MiB units paced at 100 MB/s each by 2 streams from cached data over
+/// loopback TCP to receivers in this process (on loopback the receiver's copy takes the same
+/// CPUs), `total` bytes in all: the process's CPU time over the bytes, in picoseconds.
+pub fn engine_byte_ps(total: u64) -> Result<u64> {
+    use penstock_driver::clock::{CpuWho, cpu_times};
+    let dir = tempfile::tempdir()?;
+    let src = dir.path().join("units.bin");
+    let per_stream = total / 2;
+    std::fs::write(&src, vec![0x47u8; per_stream as usize])?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let target = Endpoint::parse(
+        &format!("tcp://{}", listener.local_addr()?),
+        penstock_core::endpoint::Role::Target,
+    )?;
+    let receivers = std::thread::spawn(move || {
+        let mut got = 0u64;
+        let mut threads = Vec::new();
+        for _ in 0..2 {
+            let Ok((mut c, _)) = listener.accept() else {
+                break;
+            };
+            threads.push(std::thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 16];
+                let mut n = 0u64;
+                while let Ok(k) = std::io::Read::read(&mut c, &mut buf) {
+                    if k == 0 {
+                        break;
+                    }
+                    n += k as u64;
+                }
+                n
+            }));
+        }
+        for t in threads {
+            got += t.join().unwrap_or(0);
+        }
+        got
+    });
+    let engine = Engine::new(EngineConfig {
+        workers: 2,
+        ..EngineConfig::default()
+    })?;
+    let schedule = Schedule::new(
+        &ScheduleSpec::Rate {
+            rate: Rate::BitsPerSecond(800_000_000),
+            unit_bytes: 1 << 20,
+        },
+        &ScheduleLimits::new(1 << 20),
+    )?;
+    let cpu0 = cpu_times(CpuWho::Process);
+    let mut handles = Vec::new();
+    for _ in 0..2 {
+        handles.push(engine.open(StreamSpec {
+            schedule: Some(schedule),
+            extent: penstock_core::stream::Extent {
+                offset: 0,
+                length: Some(per_stream),
+            },
+            ..StreamSpec::new(Endpoint::File { path: src.clone() }, target.clone())
+        })?);
+    }
+    let mut bytes = 0;
+    for h in handles {
+        bytes += h.wait()?.bytes;
+    }
+    drop(engine);
+    let received = receivers
+        .join()
+        .map_err(|_| anyhow::anyhow!("a receiver panicked"))?;
+    let cpu1 = cpu_times(CpuWho::Process);
+    if received < bytes {
+        bail!("sent {bytes} bytes, received {received}");
+    }
+    let used = (cpu1.user_ns + cpu1.sys_ns).saturating_sub(cpu0.user_ns + cpu0.sys_ns);
+    Ok(u64::try_from(u128::from(used) * 1000 / u128::from(bytes.max(1))).unwrap_or(u64::MAX))
 }

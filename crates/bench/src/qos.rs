@@ -180,6 +180,7 @@ fn roomy_admission() -> penstock_core::admission::AdmissionConfig {
         bulk_share_percent: 20,
         streams_max: 1024,
         rt_latency_ns: 0,
+        lateness_tolerance_ns: penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT,
     }
 }
 

@@ -70,7 +70,7 @@ const CGROUP_V2: &str = "/sys/fs/cgroup";
 
 /// Loop devices and a cgroup, torn down on drop.
 #[derive(Default)]
-struct Throttle {
+pub(crate) struct Throttle {
     loops: Vec<String>,
     cgroup: Option<PathBuf>,
     /// The cgroup this process came from (to move back before removing ours).
@@ -101,8 +101,14 @@ fn write(path: &Path, what: &str) -> Result<()> {
     std::fs::write(path, what).with_context(|| format!("write {what:?} to {}", path.display()))
 }
 
-/// Makes each file a loop device and throttles its reads in a new cgroup holding this process.
-fn throttle(files: &[PathBuf], rate: u64, t: &mut Throttle) -> Result<Vec<PathBuf>> {
+/// Makes each file a loop device and throttles its reads (to `rate` bytes/s, and `iops`
+/// reads/s if given) in a new cgroup holding this process.
+pub(crate) fn throttle(
+    files: &[PathBuf],
+    rate: u64,
+    iops: Option<u64>,
+    t: &mut Throttle,
+) -> Result<Vec<PathBuf>> {
     if !rustix::process::geteuid().is_root() {
         bail!("not root");
     }
@@ -147,10 +153,17 @@ fn throttle(files: &[PathBuf], rate: u64, t: &mut Throttle) -> Result<Vec<PathBu
                 &cg.join("blkio.throttle.write_bps_device"),
                 &format!("{maj}:{min} {rate}"),
             )?;
+            if let Some(iops) = iops {
+                write(
+                    &cg.join("blkio.throttle.read_iops_device"),
+                    &format!("{maj}:{min} {iops}"),
+                )?;
+            }
         } else {
+            let iops = iops.map(|n| format!(" riops={n}")).unwrap_or_default();
             write(
                 &cg.join("io.max"),
-                &format!("{maj}:{min} rbps={rate} wbps={rate}"),
+                &format!("{maj}:{min} rbps={rate} wbps={rate}{iops}"),
             )?;
         }
     }
@@ -186,7 +199,7 @@ pub fn run(a: StripeArgs) -> Result<()> {
             "plain files (--no-throttle): the table shows only overhead".to_string(),
         )
     } else {
-        match throttle(&files, a.rate, &mut guard) {
+        match throttle(&files, a.rate, None, &mut guard) {
             Ok(devs) => (
                 devs,
                 format!(

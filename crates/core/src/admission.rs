@@ -194,13 +194,18 @@ pub struct Capacity {
     pub cpu_ns_per_s: u64,
     /// CPU time one send costs (measured by calibration; a conservative default otherwise).
     pub cpu_send_ns: u64,
+    /// CPU time each byte sent costs on top of `cpu_send_ns`, in picoseconds (the copy into
+    /// the socket, checksums; on loopback the receiver's copy as well): what makes a 1 MiB
+    /// unit cost more than a datagram.
+    pub cpu_send_byte_ps: u64,
 }
 
 impl Capacity {
     /// Used when nothing is measured: a slow disk (50 MB/s, 75 IOPS at 4 KiB — an old
     /// 7200 rpm drive), 100 Mbit/s with Ethernet + IPv4 + UDP framing (66 bytes a datagram:
     /// preamble, header, FCS, gap, IP and UDP headers), 64 buffers of 1 MiB, one core of which
-    /// each send costs 20 µs. Low on purpose: admitting too little is an inconvenience,
+    /// each send costs 17.368 µs plus 2 ns a byte: 20 µs for a 1316-byte datagram, 2.1 ms for
+    /// 1 MiB. Low on purpose: admitting too little is an inconvenience,
     /// admitting too much breaks promises. The engine replaces the disk figures with measured
     /// ones where it can (self-calibration) and says which it used.
     pub const CONSERVATIVE: Capacity = Capacity {
@@ -213,7 +218,8 @@ impl Capacity {
         buffer_count: 64,
         buffer_bytes: 1 << 20,
         cpu_ns_per_s: 1_000_000_000,
-        cpu_send_ns: 20_000,
+        cpu_send_ns: 17_368,
+        cpu_send_byte_ps: 2_000,
     };
 
     /// The default device's figures.
@@ -261,6 +267,10 @@ pub enum CapacityError {
     BulkShare { percent: u8 },
     #[error("streams_max {streams_max} is outside 1..={STREAMS_MAX}")]
     StreamsMax { streams_max: u32 },
+    #[error(
+        "lateness tolerance is zero: no unit could ever be promised when several fall due at once"
+    )]
+    LatenessTolerance,
 }
 
 /// Everything admission needs, fixed at start.
@@ -278,7 +288,15 @@ pub struct AdmissionConfig {
     /// served in: the test charges `C / (T - L)` instead of `C / T` (the EDF density test).
     /// Zero gives the plain Liu & Layland utilisation test.
     pub rt_latency_ns: u64,
+    /// How late a unit may be sent when every admitted stream's unit falls due at the same
+    /// instant (the critical instant): the burst test requires, for the network and the CPU,
+    /// that the work of one unit of every rt stream fits the rt share of this much time
+    /// (docs/io-scheduler.md §4b). Above zero.
+    pub lateness_tolerance_ns: u64,
 }
+
+/// The default [`AdmissionConfig::lateness_tolerance_ns`]: 50 ms (a receiver's jitter buffer).
+pub const LATENESS_TOLERANCE_NS_DEFAULT: u64 = 50_000_000;
 
 /// Guaranteed (`Rt`) or best effort (`Bulk`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -407,6 +425,11 @@ pub struct Reservation {
     pub net_bytes_per_s: u64,
     pub buffers: u32,
     pub cpu_ns_per_s: u64,
+    /// Bytes one unit puts on the wire (framing included): its part of the network's
+    /// backlog when every stream's unit falls due at once.
+    pub burst_net_bytes: u64,
+    /// CPU time one unit's send costs: its part of the CPU's backlog at that instant.
+    pub burst_cpu_ns: u64,
 }
 
 impl Reservation {
@@ -445,6 +468,12 @@ pub enum Resource {
     Buffers,
     /// The workers' CPU time for sends, in ns per second.
     Cpu,
+    /// The network's backlog when one unit of every rt stream falls due at the same instant,
+    /// in bytes, against what the rt share sends within the lateness tolerance.
+    NetworkBurst,
+    /// The CPU's backlog at that instant (one send of every rt stream), in ns, against the
+    /// rt share of the workers' time within the lateness tolerance.
+    CpuBurst,
 }
 
 impl Resource {
@@ -455,6 +484,8 @@ impl Resource {
             Resource::Network => "network",
             Resource::Buffers => "buffers",
             Resource::Cpu => "cpu",
+            Resource::NetworkBurst => "network_burst",
+            Resource::CpuBurst => "cpu_burst",
         }
     }
 }
@@ -503,6 +534,22 @@ impl fmt::Display for Shortage {
             Resource::Cpu => write!(
                 f,
                 "cpu: need {:.1} ms/s, {:.1} ms/s left of {:.1} ms/s rt capacity (sends)",
+                self.need as f64 / 1e6,
+                self.left as f64 / 1e6,
+                self.capacity as f64 / 1e6
+            ),
+            Resource::NetworkBurst => write!(
+                f,
+                "network burst: one unit needs {:.3} MB, {:.3} MB left of {:.3} MB that can be \
+                 sent within the lateness tolerance when every stream's unit is due at once",
+                mbps(self.need),
+                mbps(self.left),
+                mbps(self.capacity)
+            ),
+            Resource::CpuBurst => write!(
+                f,
+                "cpu burst: one send needs {:.3} ms, {:.3} ms left of {:.3} ms of rt CPU within \
+                 the lateness tolerance when every stream's unit is due at once",
                 self.need as f64 / 1e6,
                 self.left as f64 / 1e6,
                 self.capacity as f64 / 1e6
@@ -565,6 +612,10 @@ pub struct Usage {
     pub buffers: u32,
     pub streams: u32,
     pub cpu_ns_per_s: u64,
+    /// Bytes on the wire when one unit of every rt stream is due at once.
+    pub burst_net_bytes: u64,
+    /// CPU time the sends of one unit of every rt stream take.
+    pub burst_cpu_ns: u64,
 }
 
 /// One device's reserved time and the figures new charges on it use.
@@ -602,15 +653,22 @@ impl Admission {
                 streams_max: config.streams_max,
             });
         }
+        if config.lateness_tolerance_ns == 0 {
+            return Err(CapacityError::LatenessTolerance);
+        }
         let rt_percent = u128::from(100 - config.bulk_share_percent);
-        let share = |v: u128| (v * rt_percent / 100) as u64;
+        let share = |v: u128| u64::try_from(v * rt_percent / 100).unwrap_or(u64::MAX);
         let cap = config.capacity;
+        let tolerance = u128::from(config.lateness_tolerance_ns);
+        let within = |per_s: u64| share(u128::from(per_s) * tolerance / NS_PER_S);
         let rt_capacity = Usage {
             disk_ns_per_s: share(NS_PER_S),
             net_bytes_per_s: share(u128::from(cap.net_bytes_per_s)),
             buffers: share(u128::from(cap.buffer_count)) as u32,
             streams: config.streams_max,
             cpu_ns_per_s: share(u128::from(cap.cpu_ns_per_s)),
+            burst_net_bytes: within(cap.net_bytes_per_s),
+            burst_cpu_ns: within(cap.cpu_ns_per_s),
         };
         Ok(Admission {
             config,
@@ -732,6 +790,8 @@ impl Admission {
             net_bytes_per_s: 0,
             buffers: 0,
             cpu_ns_per_s: 0,
+            burst_net_bytes: 0,
+            burst_cpu_ns: 0,
         };
         if qos.class == QosClass::Bulk {
             return Ok(r);
@@ -786,14 +846,20 @@ impl Admission {
         r.devices = qos.reads.devices;
         // Sends per second, rounded up.
         let sends = rate.div_ceil(u128::from(qos.unit_bytes));
-        let overhead = if qos.datagrams {
-            sends * u128::from(self.config.capacity.net_packet_overhead_bytes)
+        let framing = if qos.datagrams {
+            self.config.capacity.net_packet_overhead_bytes
         } else {
             0
         };
+        let overhead = sends * u128::from(framing);
         r.net_bytes_per_s = u64::try_from(rate + overhead).unwrap_or(u64::MAX);
-        r.cpu_ns_per_s =
-            u64::try_from(sends * u128::from(self.config.capacity.cpu_send_ns)).unwrap_or(u64::MAX);
+        // One send: its fixed cost and its bytes (rounded up).
+        let cap = &self.config.capacity;
+        let send_ns = u128::from(cap.cpu_send_ns)
+            + (u128::from(qos.unit_bytes) * u128::from(cap.cpu_send_byte_ps)).div_ceil(1000);
+        r.cpu_ns_per_s = u64::try_from(sends * send_ns).unwrap_or(u64::MAX);
+        r.burst_net_bytes = qos.unit_bytes.saturating_add(framing);
+        r.burst_cpu_ns = u64::try_from(send_ns).unwrap_or(u64::MAX);
         // Read-ahead: chunks consumed while one waits and is served, plus the one being sent.
         let worst_ns = u128::from(self.config.rt_latency_ns) + u128::from(service_ns_max);
         let ahead = (worst_ns * rate).div_ceil(u128::from(chunk) * NS_PER_S);
@@ -840,6 +906,8 @@ impl Admission {
         self.used.net_bytes_per_s += r.net_bytes_per_s;
         self.used.buffers += r.buffers;
         self.used.cpu_ns_per_s += r.cpu_ns_per_s;
+        self.used.burst_net_bytes += r.burst_net_bytes;
+        self.used.burst_cpu_ns += r.burst_cpu_ns;
         self.used.streams += 1;
         self.used.disk_ns_per_s = self.disk_used.values().copied().max().unwrap_or(0);
         self.reservations.insert(r.id, r);
@@ -893,6 +961,20 @@ impl Admission {
             cap.cpu_ns_per_s,
             0,
         ));
+        checks.push((
+            Resource::NetworkBurst,
+            r.burst_net_bytes,
+            self.used.burst_net_bytes - back(&|o| o.burst_net_bytes),
+            cap.burst_net_bytes,
+            0,
+        ));
+        checks.push((
+            Resource::CpuBurst,
+            r.burst_cpu_ns,
+            self.used.burst_cpu_ns - back(&|o| o.burst_cpu_ns),
+            cap.burst_cpu_ns,
+            0,
+        ));
         let shortage =
             |&(resource, need, used, capacity, bw): &(Resource, u64, u64, u64, u64)| Shortage {
                 resource,
@@ -938,6 +1020,8 @@ impl Admission {
         self.used.net_bytes_per_s -= r.net_bytes_per_s;
         self.used.buffers -= r.buffers;
         self.used.cpu_ns_per_s -= r.cpu_ns_per_s;
+        self.used.burst_net_bytes -= r.burst_net_bytes;
+        self.used.burst_cpu_ns -= r.burst_cpu_ns;
         self.used.streams -= 1;
         self.used.disk_ns_per_s = self.disk_used.values().copied().max().unwrap_or(0);
         self.check_totals();
@@ -965,6 +1049,8 @@ impl Admission {
         assert!(self.used.net_bytes_per_s <= self.rt_capacity.net_bytes_per_s);
         assert!(self.used.buffers <= self.rt_capacity.buffers);
         assert!(self.used.cpu_ns_per_s <= self.rt_capacity.cpu_ns_per_s);
+        assert!(self.used.burst_net_bytes <= self.rt_capacity.burst_net_bytes);
+        assert!(self.used.burst_cpu_ns <= self.rt_capacity.burst_cpu_ns);
     }
 }
 
@@ -985,14 +1071,85 @@ mod tests {
         }
     }
 
+    /// Rates bind here, not the burst: a 1 s lateness tolerance.
     fn admission() -> Admission {
         Admission::new(AdmissionConfig {
             capacity: capacity(),
             bulk_share_percent: 20,
             streams_max: 16,
             rt_latency_ns: 0,
+            lateness_tolerance_ns: 1_000_000_000,
         })
         .unwrap()
+    }
+
+    /// Large units all due at one instant: 1 MiB units at 1 MB/s need little of any rate,
+    /// but one unit each of 18 streams is 18.9 MB through 125 MB/s (151 ms); with a 50 ms
+    /// tolerance and 80% for rt, 5 MB may be due at once: 4 streams, refused by the network's
+    /// burst. With byte costs of 20 ns/B, the CPU's burst binds instead (40 ms of rt CPU in
+    /// 50 ms, 21 ms a unit: 1 stream).
+    #[test]
+    fn units_due_at_one_instant_must_go_out_within_the_tolerance() {
+        let config = AdmissionConfig {
+            capacity: capacity(),
+            bulk_share_percent: 20,
+            streams_max: 64,
+            rt_latency_ns: 0,
+            lateness_tolerance_ns: LATENESS_TOLERANCE_NS_DEFAULT,
+        };
+        let mut a = Admission::new(config).unwrap();
+        let q = StreamQos {
+            reads: ReadGeometry::single(1 << 20, DeviceId::UNKNOWN),
+            ..rt(1_000_000, 1 << 20, 2)
+        };
+        let mut n = 0;
+        let e = loop {
+            match a.admit(q) {
+                Ok(r) => {
+                    assert_eq!(r.burst_net_bytes, 1 << 20);
+                    assert_eq!(r.burst_cpu_ns, 17_368 + 2_097_152);
+                    n += 1;
+                }
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(n, 4, "{e}");
+        assert_eq!(a.rt_capacity().burst_net_bytes, 5_000_000);
+        assert_eq!(e.shortages().len(), 1, "{e}");
+        assert_eq!(e.shortages()[0].resource, Resource::NetworkBurst);
+        assert!(
+            e.to_string().starts_with(
+                "refused: network burst: one unit needs 1.049 MB, 0.806 MB left of 5.000 MB"
+            ),
+            "{e}"
+        );
+        assert_eq!(a.usage().burst_net_bytes, 4 << 20);
+        // Releasing gives the burst room back.
+        let first = a.reservations().next().unwrap().id;
+        a.release(first).unwrap();
+        assert_eq!(a.usage().burst_net_bytes, 3 << 20);
+        assert!(a.admit(q).is_ok());
+        // CPU-bound: 20 ns a byte.
+        let mut c = config;
+        c.capacity.cpu_send_byte_ps = 20_000;
+        let mut a = Admission::new(c).unwrap();
+        a.admit(q).unwrap();
+        let e = a.admit(q).unwrap_err();
+        assert_eq!(e.shortages()[0].resource, Resource::CpuBurst, "{e}");
+        // A unit bigger than the whole burst can never be admitted; a zero tolerance is refused.
+        let huge = StreamQos {
+            reads: ReadGeometry::single(8 << 20, DeviceId::UNKNOWN),
+            ..rt(1_000_000, 8 << 20, 8)
+        };
+        assert!(matches!(
+            Admission::new(config).unwrap().admit(huge),
+            Err(Refusal::NeverFits { .. })
+        ));
+        c.lateness_tolerance_ns = 0;
+        assert_eq!(
+            Admission::new(c).unwrap_err(),
+            CapacityError::LatenessTolerance
+        );
     }
 
     fn rt(rate_bytes_per_s: u64, unit_bytes: u64, buffers: u32) -> StreamQos {
@@ -1097,6 +1254,7 @@ mod tests {
             bulk_share_percent: 101,
             streams_max: 1,
             rt_latency_ns: 0,
+            lateness_tolerance_ns: LATENESS_TOLERANCE_NS_DEFAULT,
         };
         assert_eq!(
             Admission::new(c).unwrap_err(),
@@ -1119,6 +1277,7 @@ mod tests {
             bulk_share_percent: 20,
             streams_max: 1,
             rt_latency_ns: 0,
+            lateness_tolerance_ns: LATENESS_TOLERANCE_NS_DEFAULT,
         })
         .unwrap();
         let bulk = StreamQos {
@@ -1149,6 +1308,7 @@ mod tests {
             bulk_share_percent: 20,
             streams_max: 4096,
             rt_latency_ns: 0,
+            lateness_tolerance_ns: LATENESS_TOLERANCE_NS_DEFAULT,
         })
         .unwrap();
         let chunk = 1316 * ((1 << 20) / 1316);
@@ -1164,9 +1324,10 @@ mod tests {
         // 250,000/1,047,536 chunks/s × (13.25 ms + 20.95 ms) ≈ 8.16 ms/s.
         assert_eq!(r.disk_ns_per_s, a.disk_ns_per_s(250_000, chunk).unwrap());
         assert!((8_000_000..8_300_000).contains(&r.disk_ns_per_s), "{r:?}");
-        // 190 datagrams/s, 66 B of framing each; 20 µs of CPU each.
+        // 190 datagrams/s, 66 B of framing each; 17.368 µs + 1316 × 2 ns = 20 µs of CPU each.
         assert_eq!(r.net_bytes_per_s, 250_000 + 190 * 66);
         assert_eq!(r.cpu_ns_per_s, 190 * 20_000);
+        assert_eq!((r.burst_net_bytes, r.burst_cpu_ns), (1316 + 66, 20_000));
         assert_eq!(r.buffers, 4);
         assert!(
             r.figures().contains("conservative defaults"),
@@ -1270,6 +1431,7 @@ mod tests {
             capacity: Capacity {
                 cpu_ns_per_s: 1_000_000_000,
                 cpu_send_ns: 10_000,
+                cpu_send_byte_ps: 0,
                 buffer_count: 1000,
                 disk_seq_bytes_per_s: 1_000_000_000,
                 disk_random_iops: 100_000,
@@ -1278,6 +1440,7 @@ mod tests {
             bulk_share_percent: 20,
             streams_max: 100,
             rt_latency_ns: 0,
+            lateness_tolerance_ns: LATENESS_TOLERANCE_NS_DEFAULT,
         })
         .unwrap();
         // 1 MB/s in 1000 B datagrams: 1000 sends/s = 10 ms/s of CPU; 80 fit in 800 ms/s.
@@ -1344,12 +1507,14 @@ mod tests {
             set in proptest::collection::vec(random_qos(), 1..40),
             newcomer in random_qos(),
             rt_latency_ms in 0u64..3,
+            tolerance_ms in 1u64..100,
         ) {
             let config = AdmissionConfig {
                 capacity: capacity(),
                 bulk_share_percent: 20,
                 streams_max: 64,
                 rt_latency_ns: rt_latency_ms * 1_000_000,
+                lateness_tolerance_ns: tolerance_ms * 1_000_000,
             };
             let mut all = Admission::new(config).unwrap();
             let mut admitted = Vec::new();
@@ -1374,6 +1539,106 @@ mod tests {
                     }
                 }
                 proptest::prop_assert!(less.admit(newcomer).is_ok());
+            }
+        }
+
+        /// The critical instant: one unit of every admitted stream falls due at the same
+        /// moment (phases that drift apart meet again). Served one after the other, in any
+        /// order, at the rt share of the network's rate and of the workers' CPU, the last
+        /// one goes out within the lateness tolerance; a newcomer refused for the burst alone
+        /// would have pushed it past. On each device, one chunk of every stream released
+        /// together (the read-ahead's release) and then periodically: the demand due by any
+        /// deadline `t` fits the rt share of `t - L` (the density test covers it).
+        #[test]
+        fn the_critical_instant_fits_the_lateness_tolerance(
+            set in proptest::collection::vec(random_qos(), 1..60),
+            newcomer in random_qos(),
+            tolerance_ms in 1u64..100,
+            byte_ps in 0u64..20_000,
+            send_ns in 1_000u64..30_000,
+            cpu_ms_per_s in 100u64..2_000,
+            order_seed in proptest::prelude::any::<u64>(),
+        ) {
+            let config = AdmissionConfig {
+                capacity: Capacity {
+                    cpu_send_ns: send_ns,
+                    cpu_send_byte_ps: byte_ps,
+                    cpu_ns_per_s: cpu_ms_per_s * 1_000_000,
+                    buffer_count: 4000,
+                    ..capacity()
+                },
+                bulk_share_percent: 20,
+                streams_max: 4096,
+                rt_latency_ns: 1_000_000,
+                lateness_tolerance_ns: tolerance_ms * 1_000_000,
+            };
+            let rho = 0.8;
+            let tolerance_s = tolerance_ms as f64 / 1e3;
+            let cap = config.capacity;
+            // One unit's wire bytes and CPU seconds, from the QoS alone.
+            let unit = |q: &StreamQos| {
+                let wire = q.unit_bytes + if q.datagrams { cap.net_packet_overhead_bytes } else { 0 };
+                let cpu = (cap.cpu_send_ns as f64 + q.unit_bytes as f64 * cap.cpu_send_byte_ps as f64 / 1e3) / 1e9;
+                (wire as f64 / (rho * cap.net_bytes_per_s as f64), cpu / (rho * cap.cpu_ns_per_s as f64 / 1e9))
+            };
+            // Served back to back in a random order: each unit's send time.
+            let last_out = |qs: &[StreamQos]| {
+                let mut order: Vec<usize> = (0..qs.len()).collect();
+                let mut x = order_seed | 1;
+                for i in (1..order.len()).rev() {
+                    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                    order.swap(i, (x % (i as u64 + 1)) as usize);
+                }
+                let (mut net, mut cpu) = (0f64, 0f64);
+                for i in order {
+                    let (n, c) = unit(&qs[i]);
+                    net += n;
+                    cpu += c;
+                }
+                (net, cpu)
+            };
+            let mut a = Admission::new(config).unwrap();
+            let mut admitted = Vec::new();
+            for q in &set {
+                if a.admit(*q).is_ok() {
+                    admitted.push(*q);
+                }
+            }
+            let (net, cpu) = last_out(&admitted);
+            proptest::prop_assert!(net <= tolerance_s * (1.0 + 1e-9), "network {net} s");
+            proptest::prop_assert!(cpu <= tolerance_s * (1.0 + 1e-9), "cpu {cpu} s");
+            if let Err(e) = a.charge(newcomer).and_then(|r| a.test(&r, None).map(|_| r)) {
+                let burst_only = !e.shortages().is_empty() && e.shortages().iter().all(|s| {
+                    matches!(s.resource, Resource::NetworkBurst | Resource::CpuBurst)
+                });
+                if burst_only {
+                    let mut more = admitted.clone();
+                    more.push(newcomer);
+                    let (net, cpu) = last_out(&more);
+                    proptest::prop_assert!(net > tolerance_s * (1.0 - 1e-6) || cpu > tolerance_s * (1.0 - 1e-6), "{e}");
+                }
+            }
+            // The disk: demand due by each deadline t (all released at 0) against rho·(t - L).
+            let latency_s = config.rt_latency_ns as f64 / 1e9;
+            for dev in 0..3u64 {
+                let tasks: Vec<(f64, f64)> = a
+                    .reservations()
+                    .filter_map(|r| {
+                        let c = r.disk_charges().find(|c| c.device == DeviceId(dev))?;
+                        let d = r.qos.reads.disks()[0];
+                        let period = r.qos.reads.chunk_bytes as f64 / r.qos.rate_bytes_per_s as f64;
+                        let service = c.figures.disk.service_ns(u64::from(d.requests), d.bytes) as f64 / 1e9;
+                        Some((period, service))
+                    })
+                    .collect();
+                for &(t0, _) in &tasks {
+                    for k in 1..=4 {
+                        let t = t0 * k as f64;
+                        let demand: f64 = tasks.iter().map(|(p, c)| (t / p).floor() * c).sum();
+                        proptest::prop_assert!(demand <= rho * (t - latency_s) * (1.0 + 1e-9) + 1e-9,
+                            "device {dev}: {demand} s due by {t} s");
+                    }
+                }
             }
         }
     }

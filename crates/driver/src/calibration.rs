@@ -732,11 +732,17 @@ pub fn device_figures(
     })
     .map_err(|e| CalibrationError::Ring(e.to_string()))?;
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    // Requests the device's queue takes whole (a loop device splits a 1 MiB read of scattered
+    // pages in two, which its cgroup throttle charges twice: half the rate); the volume path
+    // cuts its pieces to the same size.
+    let seq_request = crate::volume::queue_request_bytes_max_of(major, minor)
+        .unwrap_or(1 << 20)
+        .min(1 << 20);
     let seq = run_reads(
         &mut ring,
         raw,
         size,
-        1 << 20,
+        seq_request,
         1,
         Pattern::Sequential,
         Some(time),

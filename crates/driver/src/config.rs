@@ -127,6 +127,7 @@ pub fn conservative_admission() -> AdmissionConfig {
         bulk_share_percent: 20,
         streams_max: 4096,
         rt_latency_ns: 0,
+        lateness_tolerance_ns: penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT,
     }
 }
 

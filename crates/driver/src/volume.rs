@@ -1384,7 +1384,14 @@ fn queue_request_bytes_max(file: &File) -> Option<u64> {
     if !md.file_type().is_block_device() {
         return None;
     }
-    let (maj, min) = (rustix::fs::major(md.rdev()), rustix::fs::minor(md.rdev()));
+    queue_request_bytes_max_of(
+        u64::from(rustix::fs::major(md.rdev())),
+        u64::from(rustix::fs::minor(md.rdev())),
+    )
+}
+
+/// [`queue_request_bytes_max`] of block device `maj:min` (`None` when sysfs does not say).
+pub(crate) fn queue_request_bytes_max_of(maj: u64, min: u64) -> Option<u64> {
     let read = |name: &str| -> Option<u64> {
         std::fs::read_to_string(format!("/sys/dev/block/{maj}:{min}/queue/{name}"))
             .ok()?

@@ -57,6 +57,7 @@ fn engine(pool_buffers: usize, client_buffers_max: usize) -> Option<Engine> {
             bulk_share_percent: 20,
             streams_max: 64,
             rt_latency_ns: 0,
+            lateness_tolerance_ns: penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT,
         },
         ..EngineConfig::default()
     };

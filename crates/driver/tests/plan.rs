@@ -37,6 +37,7 @@ fn engine() -> Engine {
             bulk_share_percent: 20,
             streams_max: 16,
             rt_latency_ns: 0,
+            lateness_tolerance_ns: penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT,
         },
         ..EngineConfig::default()
     })

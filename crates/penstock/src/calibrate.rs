@@ -142,6 +142,7 @@ pub fn admission_config(
             bulk_share_percent,
             streams_max: 4096,
             rt_latency_ns: 0,
+            lateness_tolerance_ns: penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT,
         },
         note,
     ))

@@ -197,6 +197,7 @@ fn overload_is_refused_and_admitted_streams_finish() {
             bulk_share_percent: 20,
             streams_max: 64,
             rt_latency_ns: 0,
+            lateness_tolerance_ns: penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT,
         },
         ..EngineConfig::default()
     })

@@ -774,9 +774,17 @@ pub struct AdmissionSection {
     /// IPv4, UDP).
     #[serde(default, deserialize_with = "units::opt_size")]
     pub net_packet_overhead_bytes: Option<u64>,
-    /// CPU time one send costs, in ns (default 20,000: conservative; `penstock calibrate`
-    /// measures it).
+    /// CPU time one send costs beside its bytes, in ns (default 17,368: with 2 ns a byte,
+    /// 20 µs for a 1316-byte datagram; conservative; `penstock calibrate` measures it).
     pub cpu_send_ns: Option<u64>,
+    /// CPU time each byte sent adds to a send, in picoseconds (default 2,000: a 1 MiB unit
+    /// costs 2.1 ms; `penstock bench admission` measures it).
+    pub cpu_send_byte_ps: Option<u64>,
+    /// How late a unit may go out when one unit of every rt stream falls due at the same
+    /// instant: the burst test (docs/io-scheduler.md §4b) keeps the network's and the CPU's
+    /// backlog at that instant within it (default 50 ms; above zero).
+    #[serde(default, deserialize_with = "units::opt_ms")]
+    pub lateness_tolerance_ms: Option<u64>,
     /// CPU time per second the streams' sends may take, all workers (default: the workers ×
     /// 1 s).
     pub cpu_ns_per_s: Option<u64>,
@@ -819,6 +827,9 @@ impl AdmissionSection {
         if let Some(v) = self.cpu_send_ns {
             cap.cpu_send_ns = v;
         }
+        if let Some(v) = self.cpu_send_byte_ps {
+            cap.cpu_send_byte_ps = v;
+        }
         if let Some(v) = self.cpu_ns_per_s {
             cap.cpu_ns_per_s = v;
         }
@@ -836,6 +847,10 @@ impl AdmissionSection {
             bulk_share_percent: self.bulk_share_percent.unwrap_or(20),
             streams_max: self.streams_max.unwrap_or(1024),
             rt_latency_ns: self.rt_latency_ns.unwrap_or(0),
+            lateness_tolerance_ns: self.lateness_tolerance_ms.map_or(
+                penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT,
+                |ms| ms.saturating_mul(1_000_000),
+            ),
         }
     }
 }
@@ -1220,6 +1235,33 @@ idle_timeout_ms = \"soon\"
             e.contains("idle_timeout_ms") && e.contains("duration"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn admission_takes_a_lateness_tolerance_and_a_cost_per_byte() {
+        let d: ServerConfig = toml::from_str("").unwrap();
+        let a = d.admission.admission_config();
+        assert_eq!(
+            a.lateness_tolerance_ns,
+            penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT
+        );
+        assert_eq!(
+            a.capacity.cpu_send_byte_ps,
+            penstock_core::admission::Capacity::CONSERVATIVE.cpu_send_byte_ps
+        );
+        let c: ServerConfig = toml::from_str(
+            "[admission]\nlateness_tolerance_ms = \"20ms\"\ncpu_send_byte_ps = 500\n",
+        )
+        .unwrap();
+        let a = c.admission.admission_config();
+        assert_eq!(a.lateness_tolerance_ns, 20_000_000);
+        assert_eq!(a.capacity.cpu_send_byte_ps, 500);
+        // Zero would promise nothing: refused when admission is built, with the reason.
+        let z: ServerConfig = toml::from_str("[admission]\nlateness_tolerance_ms = 0\n").unwrap();
+        let e = penstock_core::admission::Admission::new(z.admission.admission_config())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lateness tolerance is zero"), "{e}");
     }
 
     #[test]

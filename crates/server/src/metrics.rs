@@ -857,6 +857,8 @@ impl Collector for EngineCollector {
             ("network", used.net_bytes_per_s, cap.net_bytes_per_s),
             ("buffers", u64::from(used.buffers), u64::from(cap.buffers)),
             ("cpu", used.cpu_ns_per_s, cap.cpu_ns_per_s),
+            ("network_burst", used.burst_net_bytes, cap.burst_net_bytes),
+            ("cpu_burst", used.burst_cpu_ns, cap.burst_cpu_ns),
         ] {
             let labels = [("resource", resource)];
             ratio(u, c).encode(m.encode_family(&labels)?)?;

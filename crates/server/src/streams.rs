@@ -1760,6 +1760,11 @@ impl Streams {
             ),
             format!("rt_buffers {} of {}", u.buffers, cap.buffers),
             format!("rt_cpu_ns_per_s {} of {}", u.cpu_ns_per_s, cap.cpu_ns_per_s),
+            format!(
+                "rt_burst_net_bytes {} of {}",
+                u.burst_net_bytes, cap.burst_net_bytes
+            ),
+            format!("rt_burst_cpu_ns {} of {}", u.burst_cpu_ns, cap.burst_cpu_ns),
         ]
         .into_iter()
         .chain(self.backend.disk_usage().into_iter().map(|d| {

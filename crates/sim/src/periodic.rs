@@ -105,6 +105,7 @@ fn run_inner(seed: u64, mode: SchedMode, release: Release) -> Result<PeriodicRep
         bulk_share_percent: 20,
         streams_max: 1024,
         rt_latency_ns,
+        lateness_tolerance_ns: penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT,
     })
     .map_err(|e| e.to_string())?;
 

@@ -673,6 +673,7 @@ proptest! {
             bulk_share_percent: 0,
             streams_max: 1,
             rt_latency_ns: 0,
+            lateness_tolerance_ns: crate::admission::LATENESS_TOLERANCE_NS_DEFAULT,
         })
         .unwrap();
         let disk = crate::admission::Capacity::CONSERVATIVE.disk();

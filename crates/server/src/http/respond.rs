@@ -341,13 +341,22 @@ impl Worker {
 /// `200 ok`: the server accepts and answers (what a load balancer's health check asks; it
 /// does not depend on etcd: a node cut off from etcd still serves).
 fn health_response(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http::Response {
-    let body = b"ok\n".to_vec();
+    small_ok(req, ctx, "text/plain", b"ok\n".to_vec())
+}
+
+/// A `200` whose body is `body` in memory (none for HEAD): the health and metrics pages.
+fn small_ok(
+    req: &Request,
+    ctx: &ResponseContext<'_>,
+    content_type: &'static str,
+    body: Vec<u8>,
+) -> penstock_core::http::Response {
     let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
     let head = ResponseHead {
         status: Status::OK,
         date: ctx.date,
         server: ctx.server,
-        content_type: Some("text/plain"),
+        content_type: Some(content_type),
         content_length_bytes: Some(body.len() as u64),
         content_range: None,
         accept_ranges: false,
@@ -357,7 +366,7 @@ fn health_response(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::h
         location: None,
         connection: connection_header(keep_alive, ctx),
     };
-    let mut bytes = Vec::with_capacity(160);
+    let mut bytes = Vec::with_capacity(256);
     write_response_head(&head, &mut bytes);
     penstock_core::http::Response {
         status: Status::OK,
@@ -380,33 +389,7 @@ impl Worker {
     ) -> penstock_core::http::Response {
         // The engine's figures are read by the registry's collector at each scrape.
         let body = self.shared.metrics.render(format).into_bytes();
-        let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
-        let head = ResponseHead {
-            status: Status::OK,
-            date: ctx.date,
-            server: ctx.server,
-            content_type: Some(format.content_type()),
-            content_length_bytes: Some(body.len() as u64),
-            content_range: None,
-            accept_ranges: false,
-            etag: None,
-            last_modified: None,
-            allow: None,
-            location: None,
-            connection: connection_header(keep_alive, ctx),
-        };
-        let mut bytes = Vec::with_capacity(256);
-        write_response_head(&head, &mut bytes);
-        penstock_core::http::Response {
-            status: Status::OK,
-            head: bytes,
-            body: if req.method == Method::Head {
-                Vec::new()
-            } else {
-                vec![BodyPiece::Bytes(body)]
-            },
-            keep_alive,
-        }
+        small_ok(req, ctx, format.content_type(), body)
     }
 }
 

@@ -171,6 +171,30 @@ impl Worker {
         }
     }
 
+    /// A connection whose body another thread sent (the engine's stream, an origin thread)
+    /// goes back to reading requests: its idle deadline restarts, it is in epoll again and
+    /// looked at once now (pipelined requests may already be buffered); closed if epoll
+    /// refuses it.
+    pub(super) fn resume_reading(&mut self, idx: u32, generation: u32) {
+        let Some(c) = conn_in(&mut self.slots, idx, generation) else {
+            return;
+        };
+        c.deadline = Instant::now() + self.live.limits.idle_timeout();
+        if epoll::add(
+            &self.epoll,
+            &c.sock,
+            epoll::EventData::new_u64(token(idx, generation)),
+            epoll::EventFlags::IN,
+        )
+        .is_err()
+        {
+            self.close(idx);
+            return;
+        }
+        c.interest = Interest::Read;
+        self.ready.push((idx, generation));
+    }
+
     pub(super) fn poll_engine(&mut self) {
         let list = std::mem::take(&mut self.engine_conns);
         for (idx, generation) in list {
@@ -199,21 +223,7 @@ impl Worker {
                         self.close(idx);
                         continue;
                     }
-                    c.deadline = Instant::now() + self.live.limits.idle_timeout();
-                    if epoll::add(
-                        &self.epoll,
-                        &c.sock,
-                        epoll::EventData::new_u64(token(idx, generation)),
-                        epoll::EventFlags::IN,
-                    )
-                    .is_err()
-                    {
-                        self.close(idx);
-                        continue;
-                    }
-                    c.interest = Interest::Read;
-                    // Pipelined requests may already be buffered.
-                    self.ready.push((idx, generation));
+                    self.resume_reading(idx, generation);
                 }
                 Err(err) => {
                     tracing::debug!(error = %err, "HTTP body stream ended early");

@@ -13,7 +13,7 @@ use rustix::event::epoll;
 use rustix::net::SendFlags;
 
 use super::send::Out;
-use super::{Interest, RequestEnd, State, Worker, conn_in, record, token};
+use super::{Interest, RequestEnd, State, Worker, conn_in, record};
 use crate::access_log::LogEntry;
 use crate::origin::{OriginEnd, OriginJob};
 
@@ -156,20 +156,7 @@ impl Worker {
                 self.close(idx);
                 continue;
             }
-            c.deadline = Instant::now() + self.live.limits.idle_timeout();
-            if epoll::add(
-                &self.epoll,
-                &c.sock,
-                epoll::EventData::new_u64(token(idx, generation)),
-                epoll::EventFlags::IN,
-            )
-            .is_err()
-            {
-                self.close(idx);
-                continue;
-            }
-            c.interest = Interest::Read;
-            self.ready.push((idx, generation));
+            self.resume_reading(idx, generation);
         }
     }
 }

@@ -396,7 +396,18 @@ fn kill_minus_9_at_random_points_leaves_every_recording_readable_to_its_last_syn
             }
             sent
         });
-        thread::sleep(Duration::from_millis(60 + rng.below(300)));
+        // The kill lands at a random point after the recorder's first sync: a fixed delay
+        // from its start raced its start-up on a loaded machine (no sync yet, nothing to
+        // check). Bounded: a recorder that never syncs fails the test here.
+        let first_sync = std::time::Instant::now();
+        while last_synced(&r.lines.lock().unwrap()).packets == 0 {
+            assert!(
+                first_sync.elapsed() < Duration::from_secs(60),
+                "seed {seed}: no sync within 60 s of the start"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+        thread::sleep(Duration::from_millis(rng.below(300)));
         r.child.kill().expect("kill -9");
         stop.store(true, Ordering::Relaxed);
         let sent = sender.join().unwrap();

@@ -323,12 +323,22 @@ fn players_play_the_clip_to_its_end() {
     }
     for (name, file, h) in handles {
         let (ok, elapsed, log) = h.join().unwrap();
+        // GStreamer's own PAUSE-at-EOS race (`common::gst_teardown_race`) is no failure of
+        // the server's: the bytes it wrote are still checked below, every one.
+        let race = !ok && name.starts_with("gst") && common::gst_teardown_race(&log);
         assert!(
-            ok,
+            ok || race,
             "{name} failed after {elapsed:?}: {log}\nserver log:\n{}",
             s.log()
         );
-        println!("{name}: exited 0 after {:.1} s", elapsed.as_secs_f64());
+        if race {
+            println!(
+                "{name}: exited 1 after {:.1} s by GStreamer's PAUSE-at-EOS race: {log}",
+                elapsed.as_secs_f64()
+            );
+        } else {
+            println!("{name}: exited 0 after {:.1} s", elapsed.as_secs_f64());
+        }
         let Some(file) = file else { continue };
         let got = std::fs::read(&file).unwrap();
         if name.starts_with("gst") {
@@ -1342,4 +1352,36 @@ fn a_stalled_interleaved_client_holds_back_neither_the_reaper_nor_its_connection
         rtcp + rtcp_after > 0,
         "no sender report framed on the RTCP channel"
     );
+}
+
+/// The classifier of GStreamer's end-of-stream race, on gst-launch's own words (from a CI run
+/// and a stress run against gst-rtsp-server), and on failures it must not excuse.
+#[test]
+fn gstreamers_pause_at_eos_race_is_told_from_real_failures() {
+    let race = "ERROR: from element /GstPipeline:pipeline0/GstRTSPSrc:rtspsrc0: Could not write to resource.
+Additional debug info:
+../gst/rtsp/gstrtspsrc.c(6766): gst_rtspsrc_try_send (): /GstPipeline:pipeline0/GstRTSPSrc:rtspsrc0:
+Could not send message. (Received end-of-file)
+ERROR: from element /GstPipeline:pipeline0/GstRTSPSrc:rtspsrc0: Could not write to resource.
+Additional debug info:
+../gst/rtsp/gstrtspsrc.c(9235): gst_rtspsrc_pause (): /GstPipeline:pipeline0/GstRTSPSrc:rtspsrc0:
+Could not send message. (Received end-of-file)
+";
+    assert!(common::gst_teardown_race(race));
+    assert!(!common::gst_teardown_race(""), "no error at all is no race");
+    let refused = "ERROR: from element /GstPipeline:pipeline0/GstRTSPSrc:rtspsrc0: Could not open resource for reading and writing.
+Additional debug info:
+../gst/rtsp/gstrtspsrc.c(8331): gst_rtspsrc_retrieve_sdp (): /GstPipeline:pipeline0/GstRTSPSrc:rtspsrc0:
+Failed to connect. (Generic error)
+ERROR: pipeline doesn't want to preroll.
+";
+    assert!(!common::gst_teardown_race(refused));
+    let mid_stream = "ERROR: from element /GstPipeline:pipeline0/GstRTSPSrc:rtspsrc0: Could not read from resource.
+Additional debug info:
+../gst/rtsp/gstrtspsrc.c(6013): gst_rtspsrc_loop_udp (): /GstPipeline:pipeline0/GstRTSPSrc:rtspsrc0:
+Could not receive message. (Received end-of-file)
+";
+    assert!(!common::gst_teardown_race(mid_stream));
+    // The race plus another error: not excused.
+    assert!(!common::gst_teardown_race(&format!("{race}{refused}")));
 }

@@ -442,8 +442,10 @@ fn a_live_source_reaches_two_clients_and_its_recording_byte_for_byte() {
         let _ = g.stderr.take().unwrap().read_to_string(&mut err);
         let log = std::fs::read_to_string(s.dir.as_ref().unwrap().path().join("serve.log"))
             .unwrap_or_default();
+        // Exited 1 by GStreamer's own PAUSE-at-EOS race (`common::gst_teardown_race`): it
+        // did end by itself, and its bytes are checked below.
         assert!(
-            status.is_some_and(|s| s.success()),
+            status.is_some_and(|s| s.success() || common::gst_teardown_race(&err)),
             "GStreamer did not end by itself: {err}\nserver log:\n{log}"
         );
         let got = std::fs::read(&gst_out).unwrap();

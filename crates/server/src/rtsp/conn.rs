@@ -116,7 +116,12 @@ impl Conn<'_> {
             if tcp_ready {
                 let n = match self.stream.read(&mut chunk) {
                     Ok(0) => {
-                        tracing::debug!("rtsp connection {}: closed by the client", self.peer);
+                        use std::os::fd::AsRawFd;
+                        tracing::debug!(
+                            "rtsp connection {}: closed by the client (fd {})",
+                            self.peer,
+                            self.stream.as_raw_fd()
+                        );
                         return Ok(());
                     }
                     Ok(n) => n,

@@ -486,6 +486,10 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
                     continue;
                 }
                 let id = shared.next_conn_id.fetch_add(1, Ordering::AcqRel) as u64;
+                tracing::debug!(
+                    "rtsp connection {peer}: accepted (fd {})",
+                    std::os::fd::AsRawFd::as_raw_fd(&s)
+                );
                 let sh = shared.clone();
                 let spawned =
                     std::thread::Builder::new()

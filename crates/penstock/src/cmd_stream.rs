@@ -34,7 +34,9 @@ pub struct StreamArgs {
     /// Move this many bytes (default: to the end).
     #[arg(long, value_parser = parse_size)]
     pub length: Option<u64>,
-    /// Transfer unit (bytes per read/send; one datagram for UDP).
+    /// Transfer unit (bytes per read/send; one datagram for UDP). Paced streams default to
+    /// 1316 bytes, a bit rate to a byte stream (TCP, a pipe, a file) to multiples of 1316
+    /// bytes 1 ms apart.
     #[arg(long, value_parser = parse_size)]
     pub unit: Option<u64>,
     /// Data path: auto, copy, sendfile, splice, uring.
@@ -222,13 +224,16 @@ fn parse_order(s: &str) -> Result<Order, String> {
     }
 }
 
-/// The schedule the pacing flags ask for; `None` for a burst stream.
+/// The schedule the pacing flags ask for; `None` for a burst stream. Without `--unit`, a bit
+/// rate to a byte-stream target (not `datagram`) gets units a millisecond apart
+/// (`paced_unit_bytes_default`), anything else seven TS packets.
 pub fn schedule_from_flags(
     period: Option<&str>,
     rate: Option<&str>,
     kt: Option<&str>,
     unit: Option<u64>,
     buffer_bytes: u64,
+    datagram: bool,
 ) -> Result<Option<Schedule>> {
     if period.is_none() && rate.is_none() && kt.is_none() {
         return Ok(None); // a burst stream: its unit is checked against the path it takes
@@ -239,10 +244,16 @@ pub fn schedule_from_flags(
         unit: None,
         kt,
     };
-    let spec = ScheduleSpec::from_flags(
+    let mut spec = ScheduleSpec::from_flags(
         &flags,
         unit.unwrap_or(penstock_core::stream::plan::DATAGRAM_UNIT_BYTES_DEFAULT),
     )?;
+    if unit.is_none()
+        && let ScheduleSpec::Rate { rate, unit_bytes } = &mut spec
+    {
+        *unit_bytes =
+            penstock_core::stream::plan::paced_unit_bytes_default(*rate, datagram, buffer_bytes);
+    }
     let schedule = Schedule::new(&spec, &ScheduleLimits::new(buffer_bytes))?;
     Ok((!schedule.is_burst()).then_some(schedule))
 }
@@ -326,6 +337,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
         a.schedule.as_deref(),
         a.unit,
         a.buffer_size,
+        matches!(target, Endpoint::UdpSend { .. }),
     )?;
     if a.rtp && !matches!(target, Endpoint::UdpSend { .. }) {
         return Err(crate::Usage(format!("--rtp sends to a udp:// target, not {target}")).into());

@@ -737,3 +737,24 @@ fn stream_reads_a_descriptor_the_shell_opened() {
     );
     assert!(!out.exists());
 }
+
+/// A fast bit rate to a TCP target without `--unit` moves in units a millisecond apart (whole
+/// multiples of seven TS packets), not in 1316-byte ones whose per-send cost capped what
+/// such a stream moved (47 MB/s asked 230 MB/s); every byte arrives.
+#[test]
+fn a_fast_rate_to_tcp_without_a_unit_sends_millisecond_units() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = dir.path().join("rate.bin");
+    let data: Vec<u8> = (0..8_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(&src, &data).expect("write");
+    let sink = Sink::start();
+    let target = sink.target();
+    let o = stream_output(&[src.to_str().unwrap(), &target, "--rate", "1GB/s", "--json"]);
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // 1 GB/s is 1,000,000 bytes a millisecond: 760 × 1316 = 1,000,160-byte units, 8 of them.
+    assert_eq!(json["lateness"]["units"], 8, "{json}");
+    assert_eq!(sink.result(), (data.len() as u64, crc32c::crc32c(&data)));
+}

@@ -835,8 +835,8 @@ fn run(
 }
 
 /// The engine schedule for an entry's RATE or SCHEDULE (units default to the planner's
-/// datagram unit, seven MPEG-TS packets); `None` for a burst stream. Checked against the
-/// engine's buffer size.
+/// datagram unit, seven MPEG-TS packets, but a bit rate to a byte stream to units a
+/// millisecond apart); `None` for a burst stream. Checked against the engine's buffer size.
 fn schedule_of(backend: &dyn Backend, e: &Entry) -> Result<Option<Schedule>, String> {
     let unit_bytes = e
         .unit_bytes
@@ -845,7 +845,15 @@ fn schedule_of(backend: &dyn Backend, e: &Entry) -> Result<Option<Schedule>, Str
         (None, None) => return Ok(None),
         (Some(rate), _) => ScheduleSpec::Rate {
             rate: *rate,
-            unit_bytes,
+            // A bit rate to a byte stream without UNIT: units a millisecond apart, as
+            // `penstock stream` does.
+            unit_bytes: e.unit_bytes.unwrap_or_else(|| {
+                penstock_core::stream::plan::paced_unit_bytes_default(
+                    *rate,
+                    matches!(e.dst, Endpoint::UdpSend { .. }),
+                    backend.buffer_bytes() as u64,
+                )
+            }),
         },
         (None, Some(kt)) => ScheduleSpec::Kt {
             cycle_units: u64::from(kt.blocks),

@@ -178,7 +178,16 @@ fn every_request_gets_exactly_one_well_formed_line() {
     assert_eq!(lines.len(), LINES, "{lines:#?}");
     // The server counted as many as were written, and dropped none.
     let server = f.server.take().unwrap();
-    let m = server.metrics().render(Format::Text004);
+    // A worker counts a batch once its send to the writer returned, so the writer may have
+    // written the lines a moment before they are counted: wait for the count (bounded).
+    let t0 = std::time::Instant::now();
+    let mut m = server.metrics().render(Format::Text004);
+    while metric(&m, "penstock_access_log_lines_total") < LINES as f64
+        && t0.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(10));
+        m = server.metrics().render(Format::Text004);
+    }
     assert_eq!(metric(&m, "penstock_access_log_lines_total"), LINES as f64);
     assert_eq!(metric(&m, "penstock_access_log_dropped_lines_total"), 0.0);
     let requests: f64 = m

@@ -29,6 +29,9 @@ pub const DATAGRAM_BYTES_MAX: u64 = 65_507;
 /// Seven MPEG-TS packets: the default unit of a datagram target, and of a paced stream that
 /// names no unit (fits a 1500-byte MTU with IP, UDP and RTP headers).
 pub const DATAGRAM_UNIT_BYTES_DEFAULT: u64 = 1316;
+/// A bit-rate stream to a byte-stream target (TCP, a pipe, a file) that names no unit gets
+/// units at least this far apart (see [`paced_unit_bytes_default`]).
+pub const PACED_STREAM_UNIT_PERIOD_MIN_NS: u64 = 1_000_000;
 /// The default unit of the sendfile, splice and copy paths (measured: fewer, larger calls move
 /// loopback data markedly faster than 1 MiB ones, see bench/results).
 pub const UNIT_BYTES_DEFAULT: u64 = 4 << 20;
@@ -301,6 +304,33 @@ pub fn schedule_bytes_per_s(s: &Schedule) -> u64 {
     // cycle_units units of unit_bytes every num_ns/den nanoseconds.
     let bytes = u128::from(k) * u128::from(s.unit_bytes()) * 1_000_000_000 * u128::from(p.den());
     u64::try_from(bytes.div_ceil(p.num_ns().max(1))).unwrap_or(u64::MAX)
+}
+
+/// The unit of a paced stream that names none: [`DATAGRAM_UNIT_BYTES_DEFAULT`] for a datagram
+/// target and for a frame rate (a unit is a frame); for a bit rate to a byte-stream target,
+/// whole multiples of it large enough that units are [`PACED_STREAM_UNIT_PERIOD_MIN_NS`] or
+/// more apart, up to the largest multiple that fits a pool buffer of `buffer_bytes`. Seven TS
+/// packets a unit at 230 MB/s would ask for a send every 5.7 µs: the rate the stream could
+/// keep was set by the per-send cost, not by what was asked.
+pub fn paced_unit_bytes_default(
+    rate: crate::units::Rate,
+    datagram: bool,
+    buffer_bytes: u64,
+) -> u64 {
+    let crate::units::Rate::BitsPerSecond(bits) = rate else {
+        return DATAGRAM_UNIT_BYTES_DEFAULT;
+    };
+    if datagram {
+        return DATAGRAM_UNIT_BYTES_DEFAULT;
+    }
+    let unit = DATAGRAM_UNIT_BYTES_DEFAULT;
+    let bytes_per_period =
+        u128::from(bits.div_ceil(8)) * u128::from(PACED_STREAM_UNIT_PERIOD_MIN_NS) / 1_000_000_000;
+    let want = u64::try_from(bytes_per_period.div_ceil(u128::from(unit)))
+        .unwrap_or(u64::MAX)
+        .saturating_mul(unit);
+    let cap = (buffer_bytes / unit).max(1) * unit;
+    want.clamp(unit, cap)
 }
 
 /// The default transfer unit of `path` to a `target`: a safe datagram for UDP; for the uring

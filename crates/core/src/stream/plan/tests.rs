@@ -694,3 +694,47 @@ proptest! {
         prop_assert!(lhs - rhs < u128::from(end - start) * bw, "more than 1 ns/s of rounding");
     }
 }
+
+#[test]
+fn a_fast_bit_rate_to_a_byte_stream_gets_units_a_millisecond_apart() {
+    use crate::units::Rate;
+    let mib = 1 << 20;
+    // 230 MB/s: 230,000 bytes a millisecond, in whole 1316-byte multiples.
+    let u = paced_unit_bytes_default(Rate::BitsPerSecond(230_000_000 * 8), false, mib);
+    assert_eq!(u, 175 * 1316);
+    // The datagram target and the frame rate keep seven TS packets.
+    assert_eq!(
+        paced_unit_bytes_default(Rate::BitsPerSecond(230_000_000 * 8), true, mib),
+        1316
+    );
+    assert_eq!(
+        paced_unit_bytes_default(Rate::UnitsPerSecond { num: 30, den: 1 }, false, mib),
+        1316
+    );
+    // A slow rate keeps the datagram unit (8 Mbit/s is 1000 bytes a millisecond).
+    assert_eq!(
+        paced_unit_bytes_default(Rate::BitsPerSecond(8_000_000), false, mib),
+        1316
+    );
+    // 10 GB/s: capped at the pool buffer (796 units of 1316 fit 1 MiB).
+    assert_eq!(
+        paced_unit_bytes_default(Rate::BitsPerSecond(80_000_000_000), false, mib),
+        796 * 1316
+    );
+}
+
+proptest! {
+    #[test]
+    fn the_default_paced_unit_is_whole_ts_units_within_the_buffer(
+        bits in 1u64..=u64::MAX / 2,
+        buffer in 4096u64..=64 << 20,
+    ) {
+        let u = paced_unit_bytes_default(crate::units::Rate::BitsPerSecond(bits), false, buffer);
+        prop_assert_eq!(u % 1316, 0);
+        prop_assert!(u >= 1316);
+        prop_assert!(u <= buffer.max(1316));
+        // Units are a millisecond or more apart unless the buffer caps them.
+        let per_ms = u128::from(bits.div_ceil(8)) / 1000;
+        prop_assert!(u128::from(u) >= per_ms.min(u128::from(buffer / 1316 * 1316)) || u == 1316);
+    }
+}

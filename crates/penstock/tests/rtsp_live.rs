@@ -516,7 +516,10 @@ fn a_live_source_reaches_two_clients_and_its_recording_byte_for_byte() {
 fn pause_stops_a_live_session_and_play_resumes_its_numbering() {
     let Some(clip) = clip() else { return };
     let src = std::fs::read(clip).unwrap();
-    let s = serve("queue_datagrams_max = 8\n");
+    // 64 datagrams are 0.35 s of this 2 Mbit/s clip: a session thread kept off the CPU that
+    // long on a loaded machine drops nothing (with 8, 42 ms, it dropped the head of the run
+    // at load averages of 15-20), while the slow session's queue still fills.
+    let s = serve("queue_datagrams_max = 64\n");
     let url = s.url();
     let mut c = Client::connect(s.rtsp);
     let rx = Receiver::new();

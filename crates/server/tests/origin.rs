@@ -557,8 +557,11 @@ fn rewrite(head: &mut Vec<u8>, from: &str, to: &str) {
     *head = h.replace(from, to).into_bytes();
 }
 
+/// A rewrite of a reply's head and body.
+type Garble = fn(&mut Vec<u8>, &mut Vec<u8>);
+
 /// The ways an origin garbles block 1 (from 1 MiB, of a 3 MiB object): each is refused.
-fn garbles() -> Vec<(&'static str, fn(&mut Vec<u8>, &mut Vec<u8>))> {
+fn garbles() -> Vec<(&'static str, Garble)> {
     vec![
         // A shorter range than asked, consistently framed (as a truncating proxy would).
         ("short range", |head, body| {

@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use penstock_core::cluster::NodeRecord;
 use penstock_core::cluster::haproxy::{HaproxyOptions, render};
-use penstock_server::cluster::etcd::Etcd;
+use penstock_server::cluster::etcd::{Etcd, EtcdError};
 
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
@@ -139,7 +139,7 @@ fn read_nodes(etcd: &Etcd, prefix: &str) -> Result<(Vec<(NodeRecord, i64)>, i64)
 
 fn status(a: StatusArgs) -> Result<()> {
     let etcd = client(&a.etcd)?;
-    let (nodes, _) = read_nodes(&etcd, &a.etcd.prefix)?;
+    let (nodes, _) = read_nodes(&etcd, &a.etcd.prefix).map_err(|e| unreachable(&etcd, e))?;
     let mut rows = Vec::new();
     for (n, lease) in &nodes {
         let ttl = if *lease == 0 {
@@ -188,6 +188,20 @@ fn status(a: StatusArgs) -> Result<()> {
     }
     println!("{} node(s) in {}", rows.len(), etcd.endpoint());
     Ok(())
+}
+
+/// An etcd that cannot be reached said so in plain words: what the nodes do meanwhile
+/// and where each one says how stale its membership is (docs/cluster.md).
+fn unreachable(etcd: &Etcd, e: anyhow::Error) -> anyhow::Error {
+    match e.downcast_ref::<EtcdError>() {
+        Some(EtcdError::Transport { .. }) => e.context(format!(
+            "etcd at {} is unreachable: the membership cannot be read. Nodes keep serving \
+             with the membership they last read; each one's /metrics says since when \
+             (penstock_cluster_membership 0, penstock_cluster_last_refresh_timestamp_seconds)",
+            etcd.endpoint()
+        )),
+        _ => e,
+    }
 }
 
 fn options(a: &HaproxyArgs) -> HaproxyOptions {

@@ -288,7 +288,14 @@ fn nodes_register_leave_at_the_ttl_when_killed_and_at_once_when_stopped() {
     assert_eq!(listed(&etcd), names(&["a"]));
 
     // etcd down: a keeps serving, its health check says fine, a metric says membership is
-    // lost; back up, it is listed again.
+    // lost; back up, it is listed again. First a's own listing catches up (b gone).
+    assert!(
+        wait_for(Duration::from_secs(TTL_S * 2), || a
+            .metric("penstock_cluster_nodes")
+            == 1.0)
+        .is_some(),
+        "a lists itself only"
+    );
     let (dir, client, peer) = etcd.stop();
     assert!(
         wait_for(Duration::from_secs(10), || a
@@ -299,6 +306,39 @@ fn nodes_register_leave_at_the_ttl_when_killed_and_at_once_when_stopped() {
     );
     assert_eq!(http_get(&a.http, "/healthz").as_deref(), Some("ok\n"));
     assert!(a.metric("penstock_cluster_etcd_failures_total") >= 1.0);
+    // ... with the membership it last read (itself), and says since when: the time of the
+    // last refresh stays where it was while etcd is away.
+    assert_eq!(a.metric("penstock_cluster_nodes"), 1.0);
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let last = a.metric("penstock_cluster_last_refresh_timestamp_seconds");
+    assert!(last > 0.0 && last <= unix_now(), "last refresh {last}");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        a.metric("penstock_cluster_last_refresh_timestamp_seconds"),
+        last,
+        "no refresh while etcd is down"
+    );
+    // `cluster status` says etcd is unreachable, in words, and fails.
+    let o = Command::new(BIN)
+        .args([
+            "cluster",
+            "status",
+            "--etcd",
+            &format!("http://127.0.0.1:{client}"),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("etcd at http://127.0.0.1:{client} is unreachable")),
+        "{err}"
+    );
     let etcd = etcd_on(dir, client, peer);
     assert!(
         wait_for(Duration::from_secs(20), || {
@@ -307,6 +347,7 @@ fn nodes_register_leave_at_the_ttl_when_killed_and_at_once_when_stopped() {
         .is_some(),
         "a registered again once etcd is back"
     );
+    assert!(a.metric("penstock_cluster_last_refresh_timestamp_seconds") > last);
 
     // A lease revoked from outside (as if it had expired): a's next keepalive finds it
     // gone, grants a new lease and puts its record again.

@@ -36,6 +36,8 @@
 //!   `penstock_node_info{node}` (1; the Prometheus info-metric convention: join on it to
 //!   label any series by node), `cluster_membership` (1 while the lease is held and
 //!   refreshed, 0 while etcd cannot be reached or the lease was lost),
+//!   `cluster_last_refresh_timestamp_seconds` (when a refresh last reached etcd: how stale
+//!   the membership in use is, `time() - …` in PromQL),
 //!   `cluster_etcd_failures_total`, `cluster_nodes` (nodes in the last listing) and
 //!   `cluster_redirects_total{protocol}` (opens refused here and sent to another node).
 //! - `penstock_build_info{version}` and the process: `process_cpu_seconds_total`,
@@ -167,6 +169,9 @@ pub struct SourceLabel {
 #[derive(Clone, Debug, Default)]
 pub struct ClusterMetrics {
     pub membership: Gauge,
+    /// Unix time of the last refresh that reached etcd (0: none yet): while etcd is out of
+    /// reach, the membership a node uses is that old.
+    pub last_refresh: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub etcd_failures: Counter,
     pub nodes: Gauge,
     pub redirects: Family<ProtocolLabel, Counter>,
@@ -563,6 +568,11 @@ impl Metrics {
             "cluster_membership",
             "1 while this node's etcd lease is held and refreshed, 0 while membership is lost",
             m.membership.clone(),
+        );
+        r.register(
+            "cluster_last_refresh_timestamp_seconds",
+            "Unix time of the last membership refresh that reached etcd (0: none yet); the membership used since is that old",
+            m.last_refresh.clone(),
         );
         r.register(
             "cluster_etcd_failures",

@@ -382,11 +382,31 @@ fn a_changed_object_is_revalidated_and_its_new_bytes_served() {
 fn fake_origin(size: usize, fault: fn(u64, &mut Vec<u8>, &mut Vec<u8>)) -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    let data = pattern(size, 5);
+    scripted_origin(l, size, move |start, _, head, body| {
+        fault(start, head, body)
+    });
+    port
+}
+
+/// How many requests a scripted origin received for each range start.
+type Asked = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u64, u32>>>;
+
+/// The origin of [`fake_origin`] on the listener `l`, with a fault that also sees how many
+/// times this range start was asked before (0 the first time): transient faults. Returns
+/// the requests counted per range start.
+fn scripted_origin(
+    l: TcpListener,
+    size: usize,
+    fault: impl Fn(u64, u32, &mut Vec<u8>, &mut Vec<u8>) + Send + Sync + 'static,
+) -> Asked {
+    let data = std::sync::Arc::new(pattern(size, 5));
+    let asked: Asked = Default::default();
+    let counts = asked.clone();
+    let fault = std::sync::Arc::new(fault);
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(mut s) = s else { return };
-            let data = data.clone();
+            let (data, counts, fault) = (data.clone(), counts.clone(), fault.clone());
             std::thread::spawn(move || {
                 let mut r = BufReader::new(s.try_clone().unwrap());
                 loop {
@@ -409,6 +429,12 @@ fn fake_origin(size: usize, fault: fn(u64, &mut Vec<u8>, &mut Vec<u8>)) -> u16 {
                         }
                     }
                     let (a, b) = range.expect("penstock always asks for a range");
+                    let nth = {
+                        let mut c = counts.lock().unwrap();
+                        let n = c.entry(a).or_insert(0);
+                        *n += 1;
+                        *n - 1
+                    };
                     let b = b.min(data.len() as u64 - 1);
                     let mut body = data[a as usize..=b as usize].to_vec();
                     let mut head = format!(
@@ -417,7 +443,7 @@ fn fake_origin(size: usize, fault: fn(u64, &mut Vec<u8>, &mut Vec<u8>)) -> u16 {
                         body.len()
                     )
                     .into_bytes();
-                    fault(a, &mut head, &mut body);
+                    fault(a, nth, &mut head, &mut body);
                     if s.write_all(&head).is_err() || s.write_all(&body).is_err() {
                         return;
                     }
@@ -430,7 +456,7 @@ fn fake_origin(size: usize, fault: fn(u64, &mut Vec<u8>, &mut Vec<u8>)) -> u16 {
             });
         }
     });
-    port
+    asked
 }
 
 /// Block 1 (from 1 MiB) is cut after half its body: the origin dies mid-transfer.
@@ -522,6 +548,204 @@ fn an_origin_dying_mid_block_cuts_the_body_and_caches_nothing_partial() {
     let (f, cache) = penstock(&format!("http://127.0.0.1:{port}"), |_| {});
     assert_eq!(fetch(&f, "/o.bin", &[]).0, 502);
     assert_eq!(cache_files(cache.path()), (0, 0, 0));
+}
+
+/// `from` replaced by `to` in a reply head.
+fn rewrite(head: &mut Vec<u8>, from: &str, to: &str) {
+    let h = String::from_utf8(head.clone()).unwrap();
+    assert!(h.contains(from), "{from:?} not in {h:?}");
+    *head = h.replace(from, to).into_bytes();
+}
+
+/// A rewrite of a reply's head and body.
+type Garble = fn(&mut Vec<u8>, &mut Vec<u8>);
+
+/// The ways an origin garbles block 1 (from 1 MiB, of a 3 MiB object): each is refused.
+fn garbles() -> Vec<(&'static str, Garble)> {
+    vec![
+        // A shorter range than asked, consistently framed (as a truncating proxy would).
+        ("short range", |head, body| {
+            let half = MIB / 2;
+            rewrite(
+                head,
+                &format!("bytes {}-{}", MIB, 2 * MIB - 1),
+                &format!("bytes {}-{}", MIB, MIB + half - 1),
+            );
+            rewrite(
+                head,
+                &format!("Content-Length: {MIB}"),
+                &format!("Content-Length: {half}"),
+            );
+            body.truncate(half as usize);
+        }),
+        // Content-Length longer than the range, with that many bytes.
+        ("long length", |head, body| {
+            rewrite(
+                head,
+                &format!("Content-Length: {MIB}"),
+                &format!("Content-Length: {}", MIB + 10),
+            );
+            body.extend_from_slice(&[0xAA; 10]);
+        }),
+        // Content-Length shorter than the range, the connection kept open.
+        ("short length", |head, body| {
+            rewrite(
+                head,
+                &format!("Content-Length: {MIB}"),
+                &format!("Content-Length: {}", MIB - 10),
+            );
+            body.truncate(MIB as usize - 10);
+        }),
+        // Another object's size in the Content-Range.
+        ("wrong size", |head, _| {
+            rewrite(head, &format!("/{}", 3 * MIB), &format!("/{}", 3 * MIB + 1));
+        }),
+        // A 206 without a Content-Range.
+        ("no content-range", |head, _| {
+            rewrite(
+                head,
+                &format!(
+                    "Content-Range: bytes {}-{}/{}\r\n",
+                    MIB,
+                    2 * MIB - 1,
+                    3 * MIB
+                ),
+                "",
+            );
+        }),
+    ]
+}
+
+/// Each block file in the cache against the object's bytes: (block, equal).
+fn blocks_match(cache: &Path, data: &[u8]) -> Vec<(u64, bool)> {
+    let mut out: Vec<(u64, bool)> = std::fs::read_dir(cache.join("penstock-origin/blocks"))
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let i: u64 = name.rsplit('-').next().unwrap().parse().unwrap();
+            let start = (i * MIB) as usize;
+            let want = &data[start..(start + MIB as usize).min(data.len())];
+            (i, std::fs::read(e.path()).unwrap() == want)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn a_short_or_garbled_range_is_retried_up_to_attempts_and_never_cached() {
+    let size = 3 * MIB as usize;
+    let data = pattern(size, 5);
+    for (label, garble) in garbles() {
+        // Always garbled: tried `attempts` times (3 here), then the body is cut after block
+        // 0 and only block 0 is on disk.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let asked = scripted_origin(l, size, move |start, _, head, body| {
+            if start == MIB {
+                garble(head, body)
+            }
+        });
+        let (f, cache) = penstock(&format!("http://127.0.0.1:{port}"), |o| {
+            o.read_ahead_blocks = 0;
+            o.attempts = 3;
+            o.timeout_ms = 2000;
+        });
+        let (st, body_len, len) = raw_get(&f, "/o.bin");
+        assert_eq!(
+            (st, len, body_len),
+            (200, Some(size), MIB as usize),
+            "{label}"
+        );
+        assert_eq!(
+            asked.lock().unwrap().get(&MIB),
+            Some(&3),
+            "{label}: attempts = 3"
+        );
+        assert_eq!(cache_files(cache.path()), (1, MIB, 0), "{label}");
+        assert_eq!(
+            blocks_match(cache.path(), &data),
+            vec![(0, true)],
+            "{label}"
+        );
+        assert_eq!(
+            metric(&f, "penstock_origin_fetch_failures_total"),
+            3,
+            "{label}"
+        );
+
+        // Garbled once only: the second attempt is right; the client gets every byte and
+        // the cache holds the three blocks exactly.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let asked = scripted_origin(l, size, move |start, nth, head, body| {
+            if start == MIB && nth == 0 {
+                garble(head, body)
+            }
+        });
+        let (f, cache) = penstock(&format!("http://127.0.0.1:{port}"), |o| {
+            o.read_ahead_blocks = 0;
+            o.timeout_ms = 2000;
+        });
+        let (st, _, body) = fetch(&f, "/o.bin", &[]);
+        assert!(st == 200 && body == data, "{label}: retried, exact");
+        assert_eq!(asked.lock().unwrap().get(&MIB), Some(&2), "{label}");
+        assert_eq!(
+            blocks_match(cache.path(), &data),
+            vec![(0, true), (1, true), (2, true)],
+            "{label}"
+        );
+        assert_eq!(cache_files(cache.path()).2, 0, "{label}: no temporary file");
+    }
+    // `attempts = 1`: a transient fault is not tried again (the limit is the configured one).
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let asked = scripted_origin(l, size, |start, nth, head, body| {
+        if start == MIB && nth == 0 {
+            garble_second_block(start, head, body)
+        }
+    });
+    let (f, cache) = penstock(&format!("http://127.0.0.1:{port}"), |o| {
+        o.read_ahead_blocks = 0;
+        o.attempts = 1;
+    });
+    assert_eq!(raw_get(&f, "/o.bin").1, MIB as usize);
+    assert_eq!(asked.lock().unwrap().get(&MIB), Some(&1));
+    assert_eq!(cache_files(cache.path()), (1, MIB, 0));
+}
+
+#[test]
+fn an_origin_back_after_a_502_serves_exact_bytes_from_an_unpoisoned_cache() {
+    let size = 3 * MIB as usize + 7;
+    let data = pattern(size, 5);
+    // Nothing listens on the port yet: 502, twice (the second asks again), nothing kept.
+    let port = free_port();
+    let (f, cache) = penstock(&format!("http://127.0.0.1:{port}"), |o| {
+        o.read_ahead_blocks = 0;
+    });
+    for _ in 0..2 {
+        assert_eq!(fetch(&f, "/o.bin", &[]).0, 502);
+        assert_eq!(cache_files(cache.path()), (0, 0, 0));
+    }
+    let failures = metric(&f, "penstock_origin_fetch_failures_total");
+    assert!(failures >= 2, "{failures} failures counted");
+    // The origin comes up on that port: the same server, no restart, exact bytes, each
+    // block asked once.
+    let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let asked = scripted_origin(l, size, |_, _, _, _| {});
+    let (st, _, body) = fetch(&f, "/o.bin", &[]);
+    assert_eq!(st, 200);
+    assert!(body == data, "{} bytes of {size}", body.len());
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 4, "{asked:?}");
+    assert!(asked.values().all(|&n| n == 1), "{asked:?}");
+    assert_eq!(
+        blocks_match(cache.path(), &data),
+        vec![(0, true), (1, true), (2, true), (3, true)]
+    );
+    let (st, _, body) = fetch(&f, "/o.bin", &[("range", "bytes=1048570-2097160")]);
+    assert!(st == 206 && body == data[1048570..=2097160]);
 }
 
 #[test]

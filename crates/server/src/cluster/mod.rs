@@ -5,7 +5,8 @@
 //! none, `keepalive` else; a keepalive that finds the lease expired — etcd was unreachable
 //! for longer than the TTL — grants a new one), put the record when it changed or is not in
 //! the listing, list `PREFIX/nodes/` into the [`View`]. A failed call marks membership lost
-//! (`penstock_cluster_membership 0`, a warning) and is retried after 250 ms, doubling to
+//! (`penstock_cluster_membership 0`, a warning with the age of the membership in use;
+//! `penstock_cluster_last_refresh_timestamp_seconds` says when it was read) and is retried after 250 ms, doubling to
 //! `retry_max`; the node keeps serving, its `/healthz` unaffected, redirects use the last
 //! listing. Every call has `etcd_timeout` as its deadline, and the loop's sleeps wake at
 //! once on [`Membership::stop`], which then revokes the lease (one call, same deadline).
@@ -225,9 +226,15 @@ impl Keeper {
         let retry_max = Duration::from_millis(self.cfg.retry_max_ms);
         let mut retry = RETRY_FIRST;
         let mut lost_since_logged = false;
+        let mut last_ok: Option<std::time::Instant> = None;
         loop {
             let wait = match self.turn() {
                 Ok(()) => {
+                    last_ok = Some(std::time::Instant::now());
+                    let unix_s = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64());
+                    self.view.metrics.last_refresh.set(unix_s);
                     if lost_since_logged {
                         tracing::info!(node = %self.node, "cluster membership restored");
                         lost_since_logged = false;
@@ -239,10 +246,16 @@ impl Keeper {
                 Err(e) => {
                     self.view.metrics.membership.set(0);
                     self.view.metrics.etcd_failures.inc();
+                    // How old the membership in use is (none read yet: `never`).
+                    let stale = last_ok.map_or_else(
+                        || "never read".to_string(),
+                        |t| format!("{:.1}s", t.elapsed().as_secs_f64()),
+                    );
                     tracing::warn!(
                         node = %self.node,
                         error = %e,
                         retry_ms = retry.as_millis() as u64,
+                        membership_age = %stale,
                         "cluster membership lost: still serving, with the last membership read; retrying"
                     );
                     lost_since_logged = true;

@@ -242,6 +242,17 @@ fn fetch_inner(
         content_length,
     )
     .map_err(|e| OriginError::Failed(e.to_string()))?;
+    // A 206 whose Content-Length disagrees with its Content-Range is garbled: refused
+    // before its body is read (the body would end early or run over the range anyway).
+    if status == 206
+        && let Some(l) = content_length
+        && l != shape.body_bytes
+    {
+        return Err(OriginError::Failed(format!(
+            "Content-Length {l} disagrees with the {} bytes of the Content-Range",
+            shape.body_bytes
+        )));
+    }
     if known.is_some() {
         debug_assert_eq!(
             Geometry::new(shape.size_bytes, origin.block_bytes).extent(block),

@@ -936,7 +936,10 @@ fn run_clients(
                     let Some(&i) = jobs.get(k) else { break };
                     let (name, _, sha) = &corpus.files[i];
                     let out = out_dir.path().join(format!("{c}-{name}"));
-                    let d = download(&format!("{base}/{name}"), &out, sha, limit_rate, 3);
+                    // A stall of 30 s on a healthy cluster is a failure worth counting;
+                    // shorter ones happen on a loaded 2-core machine (cold blocks queue
+                    // for fetch places).
+                    let d = download(&format!("{base}/{name}"), &out, sha, limit_rate, 30);
                     results.lock().unwrap().push(d);
                 }
             });
@@ -1183,10 +1186,10 @@ fn garage() -> Option<Garage> {
     // The CLI reaches the daemon by RPC: each step retried while it settles (bounded).
     let step = |args: &[&str]| -> String {
         for _ in 0..300 {
-            if let Ok(o) = Command::new(&bin).arg("-c").arg(&conf).args(args).output() {
-                if o.status.success() {
-                    return String::from_utf8_lossy(&o.stdout).to_string();
-                }
+            if let Ok(o) = Command::new(&bin).arg("-c").arg(&conf).args(args).output()
+                && o.status.success()
+            {
+                return String::from_utf8_lossy(&o.stdout).to_string();
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -1327,7 +1330,7 @@ fn combined_run_through_haproxy_fetches_each_block_once_from_garage_and_nginx() 
 /// bytes; `kill -CONT` brings the node back into etcd, the file and HAProxy's routing.
 #[test]
 fn a_stopped_node_leaves_haproxy_within_two_ttls_clients_resume_exactly_and_it_returns() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, Ordering};
     if !have("etcd", "--version")
         || !have("haproxy", "-v")
         || !have("curl", "--version")
@@ -1335,7 +1338,9 @@ fn a_stopped_node_leaves_haproxy_within_two_ttls_clients_resume_exactly_and_it_r
     {
         return;
     }
-    let corpus = corpus(24, 4_000_000);
+    // 64 MB files at 4 MB/s a client: a transfer lasts about 15 s, and most of a file is not
+    // yet in the socket buffers (loopback's hold about 10 MB) when its node stops.
+    let corpus = corpus(12, 64_000_000);
     let etcd = etcd();
     let nodes: Vec<Node> = [("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4")]
         .iter()
@@ -1362,53 +1367,80 @@ fn a_stopped_node_leaves_haproxy_within_two_ttls_clients_resume_exactly_and_it_r
             .spawn()
             .unwrap(),
     );
-    // The victim: the node HAProxy sends c0.bin to (the probe above read it).
+    // The victim and client 0's file: with every server up in HAProxy and no load, each
+    // file goes to its owner on HAProxy's ring; one byte of each is asked, and the victim
+    // is the node that got the first file (`pin`), which client 0 then reads over and over.
     let refs: Vec<&Node> = nodes.iter().collect();
     assert!(
-        wait_for(Duration::from_secs(10), || hits(&refs, "c0.bin")
+        wait_for(Duration::from_secs(30), || nodes
             .iter()
-            .sum::<usize>()
-            >= 1)
+            .all(|n| h.routes_to(&n.name)))
         .is_some(),
-        "the probe is logged"
+        "HAProxy routes to the 3 nodes"
     );
-    let vi = hits(&refs, "c0.bin").iter().position(|&k| k > 0).unwrap();
+    let before: Vec<Vec<usize>> = corpus.files.iter().map(|f| hits(&refs, &f.0)).collect();
+    for (name, _, _) in &corpus.files {
+        let st = Command::new("curl")
+            .args([
+                "-s",
+                "-f",
+                "-r",
+                "0-0",
+                "--max-time",
+                "30",
+                "-o",
+                "/dev/null",
+            ])
+            .arg(format!("{}/{name}", h.base))
+            .status()
+            .unwrap();
+        assert!(st.success(), "probe {name}");
+    }
+    let owner = |i: usize| -> Option<usize> {
+        let now = hits(&refs, &corpus.files[i].0);
+        (0..nodes.len()).find(|&n| now[n] > before[i][n])
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || (0..corpus.files.len())
+            .all(|i| owner(i).is_some()))
+        .is_some(),
+        "the probes are logged"
+    );
+    let pin = 0;
+    let vi = owner(pin).unwrap();
     let victim = &nodes[vi];
+    let pin_name = corpus.files[pin].0.clone();
     let server_line = format!("server {} ", victim.name);
 
     let stop = AtomicBool::new(false);
-    let completed = AtomicU64::new(0);
     let results = std::sync::Mutex::new(Vec::new());
     let out_dir = tempfile::tempdir().unwrap();
     let clients = 8usize;
     let (t_check, t_watch, t_lease, t_back, reached_again) = std::thread::scope(|s| {
         for c in 0..clients {
-            let (stop, completed, results, out_dir, corpus, base) =
-                (&stop, &completed, &results, &out_dir, &corpus, &h.base);
+            let (stop, results, out_dir, corpus, base) =
+                (&stop, &results, &out_dir, &corpus, &h.base);
             s.spawn(move || {
-                // Client 0 reads c0.bin (the victim's) over and over, the others every
-                // file in turn; 1 MB/s each, so that transfers are under way at the stop.
+                // Client 0 reads `pin` (the victim's) over and over, the others every
+                // file in turn; 4 MB/s each, so that transfers are under way at the stop.
+                // The others start a second later: client 0's first request finds every
+                // node idle, so HAProxy's bounded loads send it to c0.bin's owner.
+                if c > 0 {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
                 let mut k = c;
                 while !stop.load(Ordering::Acquire) {
-                    let i = if c == 0 { 0 } else { k % corpus.files.len() };
+                    let i = if c == 0 { pin } else { k % corpus.files.len() };
                     k += clients;
                     let (name, _, sha) = &corpus.files[i];
                     let out = out_dir.path().join(format!("{c}-{name}"));
-                    let d = download(&format!("{base}/{name}"), &out, sha, Some("1M"), 2);
+                    let d = download(&format!("{base}/{name}"), &out, sha, Some("4M"), 2);
                     results.lock().unwrap().push(d);
-                    completed.fetch_add(1, Ordering::AcqRel);
                 }
             });
         }
-        // Mid-run: some downloads done, client 0 inside one of c0.bin.
-        assert!(
-            wait_for(Duration::from_secs(120), || completed
-                .load(Ordering::Acquire)
-                >= 4)
-            .is_some(),
-            "downloads complete before the stop"
-        );
-        std::thread::sleep(Duration::from_millis(1500));
+        // Mid-run: every client downloading, client 0 a few seconds into its file.
+        std::thread::sleep(Duration::from_secs(4));
         let t_stop = Instant::now();
         victim.signal(rustix::process::Signal::STOP);
         let (mut t_check, mut t_watch, mut t_lease) = (None, None, None);
@@ -1430,22 +1462,27 @@ fn a_stopped_node_leaves_haproxy_within_two_ttls_clients_resume_exactly_and_it_r
         std::thread::sleep(Duration::from_secs(3));
         let t_cont = Instant::now();
         victim.signal(rustix::process::Signal::CONT);
-        let before = hits(&refs, "c0.bin")[vi];
+        let before = hits(&refs, &pin_name)[vi];
         let t_back = wait_for(Duration::from_secs(60), || {
             listed(&etcd).contains(&victim.name)
                 && std::fs::read_to_string(&h.cfg).is_ok_and(|t| t.contains(&server_line))
                 && h.routes_to(&victim.name)
         })
         .map(|_| t_cont.elapsed());
-        // Routed again: client 0's c0.bin reaches it again (bounded wait).
+        // Routed again: client 0's file reaches it again (bounded wait).
         let reached_again = wait_for(Duration::from_secs(60), || {
-            hits(&refs, "c0.bin")[vi] > before
+            hits(&refs, &pin_name)[vi] > before
         })
         .is_some();
         stop.store(true, Ordering::Release);
         (t_check, t_watch, t_lease, t_back, reached_again)
     });
     let done = results.into_inner().unwrap();
+    println!(
+        "victim {}; {pin_name} requests per node {:?}",
+        victim.name,
+        hits(&refs, &pin_name)
+    );
     let failed: u32 = done.iter().map(|d| d.failed).sum();
     let resumed: Vec<u64> = done
         .iter()

@@ -725,7 +725,14 @@ impl Origin {
     fn fetch_block(&self, object: &Object, key: BlockKey) -> Result<Got, OriginError> {
         let tmp = self.tmp_path();
         let via = object.via.as_deref();
-        match fetch::fetch(self, &object.path, key.block, Some(object), None, &tmp, via)? {
+        let fetched = fetch::fetch(self, &object.path, key.block, Some(object), None, &tmp, via);
+        if fetched.is_err() && via.is_some() {
+            // The filling node failed (stopped, gone): the next request opens the object
+            // again, from whichever node fills it by then (or the origin), rather than
+            // asking the same peer until the revalidation.
+            object.stale.store(true, Ordering::Relaxed);
+        }
+        match fetched? {
             fetch::Fetched::Block {
                 memory: Some(v), ..
             } => Ok(Got::Memory(v)),

@@ -794,7 +794,15 @@ struct Download {
 /// A real client: `curl -C -` into `out` until it completes (each retry asks `Range:
 /// bytes=N-` from the last byte it has), at most `attempts` runs; a run that receives less
 /// than 1 B/s for `stall_s` gives up (a stopped node). The file's SHA-256 must be `sha`.
-fn download(url: &str, out: &Path, sha: &str, limit_rate: Option<&str>, stall_s: u64) -> Download {
+/// `cuts` counts the failed runs as they happen (for a test that waits for one).
+fn download(
+    url: &str,
+    out: &Path,
+    sha: &str,
+    limit_rate: Option<&str>,
+    stall_s: u64,
+    cuts: &std::sync::atomic::AtomicU32,
+) -> Download {
     let mut d = Download::default();
     let attempts = 40;
     for _ in 0..attempts {
@@ -821,6 +829,7 @@ fn download(url: &str, out: &Path, sha: &str, limit_rate: Option<&str>, stall_s:
             d.resumed_from = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
         }
         d.failed += 1;
+        cuts.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         std::thread::sleep(Duration::from_millis(200));
     }
     panic!("{url}: {attempts} curl runs failed");
@@ -939,7 +948,14 @@ fn run_clients(
                     // A stall of 30 s on a healthy cluster is a failure worth counting;
                     // shorter ones happen on a loaded 2-core machine (cold blocks queue
                     // for fetch places).
-                    let d = download(&format!("{base}/{name}"), &out, sha, limit_rate, 30);
+                    let d = download(
+                        &format!("{base}/{name}"),
+                        &out,
+                        sha,
+                        limit_rate,
+                        30,
+                        &std::sync::atomic::AtomicU32::new(0),
+                    );
                     results.lock().unwrap().push(d);
                 }
             });
@@ -1416,10 +1432,11 @@ fn a_stopped_node_leaves_haproxy_within_two_ttls_clients_resume_exactly_and_it_r
     let results = std::sync::Mutex::new(Vec::new());
     let out_dir = tempfile::tempdir().unwrap();
     let clients = 8usize;
+    let cuts = std::sync::atomic::AtomicU32::new(0);
     let (t_check, t_watch, t_lease, t_back, reached_again) = std::thread::scope(|s| {
         for c in 0..clients {
-            let (stop, results, out_dir, corpus, base) =
-                (&stop, &results, &out_dir, &corpus, &h.base);
+            let (stop, results, out_dir, corpus, base, cuts) =
+                (&stop, &results, &out_dir, &corpus, &h.base, &cuts);
             s.spawn(move || {
                 // Client 0 reads `pin` (the victim's) over and over, the others every
                 // file in turn; 4 MB/s each, so that transfers are under way at the stop.
@@ -1434,7 +1451,7 @@ fn a_stopped_node_leaves_haproxy_within_two_ttls_clients_resume_exactly_and_it_r
                     k += clients;
                     let (name, _, sha) = &corpus.files[i];
                     let out = out_dir.path().join(format!("{c}-{name}"));
-                    let d = download(&format!("{base}/{name}"), &out, sha, Some("4M"), 2);
+                    let d = download(&format!("{base}/{name}"), &out, sha, Some("4M"), 2, cuts);
                     results.lock().unwrap().push(d);
                 }
             });
@@ -1458,8 +1475,15 @@ fn a_stopped_node_leaves_haproxy_within_two_ttls_clients_resume_exactly_and_it_r
             }
             t_check.is_some() && t_watch.is_some() && t_lease.is_some()
         });
-        // Let the cut clients resume elsewhere before the node comes back.
-        std::thread::sleep(Duration::from_secs(3));
+        // The node stays stopped until a client's transfer from it was cut (HAProxy's and
+        // the sockets' buffers hold seconds of data at 4 MB/s), then 2 s more for the cut
+        // clients to resume elsewhere.
+        let cut = wait_for(Duration::from_secs(60), || cuts.load(Ordering::Acquire) > 0);
+        assert!(
+            cut.is_some(),
+            "no transfer was cut while the node was stopped"
+        );
+        std::thread::sleep(Duration::from_secs(2));
         let t_cont = Instant::now();
         victim.signal(rustix::process::Signal::CONT);
         let before = hits(&refs, &pin_name)[vi];

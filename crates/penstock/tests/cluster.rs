@@ -261,8 +261,22 @@ fn nodes_register_leave_at_the_ttl_when_killed_and_at_once_when_stopped() {
         table.contains(&a.http) && table.contains("3 node(s)"),
         "{table}"
     );
-    assert_eq!(a.metric("penstock_cluster_membership"), 1.0);
-    assert_eq!(a.metric("penstock_node_info{node=\"a\"}"), 1.0);
+    // Bounded waits, not one scrape: the heavy tests of this file run beside this one and a
+    // scrape may time out on a loaded machine (`metric` is then -1).
+    assert!(
+        wait_for(Duration::from_secs(20), || a
+            .metric("penstock_cluster_membership")
+            == 1.0)
+        .is_some(),
+        "a's membership metric: {}",
+        a.metric("penstock_cluster_membership")
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || a
+            .metric("penstock_node_info{node=\"a\"}")
+            == 1.0)
+        .is_some()
+    );
     // a's own listing follows at its next refresh (every lease_ttl / 3).
     assert!(
         wait_for(Duration::from_secs(TTL_S * 2), || a

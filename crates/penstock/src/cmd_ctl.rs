@@ -4,6 +4,11 @@
 //! the reply, and exits 0 on a 2xx reply, 1 otherwise. Without one, reads command lines from
 //! stdin and prints each reply; exits 0 when every reply was 2xx, 1 when any was not. Over the Unix socket the server knows the user without a
 //! token.
+//!
+//! A command refused by a cluster node with a redirect (`503 …; redirect node=N
+//! control=HOST:PORT`, docs/control-protocol.md) is sent again to that node, with the same
+//! token, up to `--redirects-max` hops; stderr names each hop. Interactive mode does not
+//! follow redirects: streams opened earlier on the connection belong to it.
 
 use std::io::{BufRead, BufReader, Write};
 
@@ -26,6 +31,22 @@ pub struct CtlArgs {
     /// (`/dev/null`): no token.
     #[arg(long)]
     pub token_file: Option<std::path::PathBuf>,
+    /// With a command: follow at most this many redirects (`503 …; redirect node=N
+    /// control=HOST:PORT` from a cluster node) to the node named; 0: print the 503.
+    #[arg(long, default_value_t = 3)]
+    pub redirects_max: u32,
+}
+
+/// The node a refusal redirects to: `(name, control address)` from the end of a 503's text
+/// (`…; redirect node=NAME control=HOST:PORT`), or `None`.
+fn redirect_of(reply: &Reply) -> Option<(&str, &str)> {
+    if reply.code.code() != 503 {
+        return None;
+    }
+    let (_, tail) = reply.text.rsplit_once("; redirect node=")?;
+    let (node, addr) = tail.split_once(" control=")?;
+    (!node.is_empty() && !addr.is_empty() && !addr.contains(char::is_whitespace))
+        .then_some((node, addr))
 }
 
 /// The token to send, if any.
@@ -68,26 +89,64 @@ fn read_reply(r: &mut impl BufRead) -> Result<Reply> {
     }
 }
 
-pub fn run(a: CtlArgs) -> Result<i32> {
-    let stream: Box<dyn Conn> = if let Some(p) = a.addr.strip_prefix("unix:") {
-        Box::new(std::os::unix::net::UnixStream::connect(p).with_context(|| a.addr.clone())?)
+fn send(r: &mut BufReader<Box<dyn Conn>>, line: &str) -> Result<Reply> {
+    r.get_mut().write_all(format!("{line}\n").as_bytes())?;
+    read_reply(r)
+}
+
+/// A connection to `addr`, authenticated with `token` when there is one: the connection, or
+/// the refused AUTH's reply.
+fn connect(
+    addr: &str,
+    token: Option<&str>,
+) -> Result<std::result::Result<BufReader<Box<dyn Conn>>, Reply>> {
+    let stream: Box<dyn Conn> = if let Some(p) = addr.strip_prefix("unix:") {
+        Box::new(std::os::unix::net::UnixStream::connect(p).with_context(|| addr.to_string())?)
     } else {
-        Box::new(std::net::TcpStream::connect(&a.addr).with_context(|| a.addr.clone())?)
+        Box::new(std::net::TcpStream::connect(addr).with_context(|| addr.to_string())?)
     };
     let mut r = BufReader::new(stream);
-    let send = |r: &mut BufReader<Box<dyn Conn>>, line: &str| -> Result<Reply> {
-        r.get_mut().write_all(format!("{line}\n").as_bytes())?;
-        read_reply(r)
-    };
-    if let Some(t) = token(&a)?.filter(|t| !t.is_empty()) {
-        let reply = send(&mut r, &format!("AUTH {t}"))?;
+    if let Some(t) = token {
+        let reply = send(&mut r, &format!("AUTH {t}")).with_context(|| addr.to_string())?;
         if !reply.code.is_success() {
-            print!("{reply}");
-            return Ok(1);
+            return Ok(Err(reply));
         }
     }
+    Ok(Ok(r))
+}
+
+pub fn run(a: CtlArgs) -> Result<i32> {
+    let token = token(&a)?.filter(|t| !t.is_empty());
+    let mut r = match connect(&a.addr, token.as_deref())? {
+        Ok(r) => r,
+        Err(refused) => {
+            print!("{refused}");
+            return Ok(1);
+        }
+    };
     if !a.command.is_empty() {
-        let reply = send(&mut r, &a.command.join(" "))?;
+        let line = a.command.join(" ");
+        let mut reply = send(&mut r, &line)?;
+        let mut hops = 0;
+        while let Some((node, addr)) = redirect_of(&reply) {
+            if hops == a.redirects_max {
+                if hops > 0 {
+                    eprintln!("penstock: not following more than {hops} redirect(s)");
+                }
+                break;
+            }
+            hops += 1;
+            eprintln!("penstock: redirected to node={node} control={addr}");
+            let addr = addr.to_string();
+            r = match connect(&addr, token.as_deref())? {
+                Ok(r) => r,
+                Err(refused) => {
+                    print!("{refused}");
+                    return Ok(1);
+                }
+            };
+            reply = send(&mut r, &line).with_context(|| addr.clone())?;
+        }
         print!("{reply}");
         return Ok(if reply.code.is_success() { 0 } else { 1 });
     }
@@ -107,4 +166,48 @@ pub fn run(a: CtlArgs) -> Result<i32> {
         }
     }
     Ok(if all_ok { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use penstock_core::control::ReplyCode;
+
+    fn reply(code: ReplyCode, text: &str) -> Reply {
+        Reply::new(code, text.to_string())
+    }
+
+    #[test]
+    fn a_refusal_naming_a_node_is_a_redirect_and_nothing_else_is() {
+        let r = reply(
+            ReplyCode::REFUSED,
+            "refused net: need 262500 B/s, 100000 B/s free; redirect node=b control=10.0.0.2:7070",
+        );
+        assert_eq!(redirect_of(&r), Some(("b", "10.0.0.2:7070")));
+        assert_eq!(
+            redirect_of(&reply(
+                ReplyCode::REFUSED,
+                "refused net: need 1 B/s, 0 B/s free"
+            )),
+            None
+        );
+        assert_eq!(
+            redirect_of(&reply(
+                ReplyCode::REFUSED,
+                "refused; redirect node= control=x:1"
+            )),
+            None
+        );
+        assert_eq!(
+            redirect_of(&reply(
+                ReplyCode::REFUSED,
+                "refused; redirect node=b control=a b"
+            )),
+            None
+        );
+        // Only a 503 redirects, whatever its text says.
+        let mut ok = r.clone();
+        ok.code = ReplyCode::OK;
+        assert_eq!(redirect_of(&ok), None);
+    }
 }

@@ -404,6 +404,9 @@ impl Server {
                     .unwrap_or_else(|p| p.into_inner())
                     .set_cluster(view.clone());
             }
+            if let Some(o) = &origin_for_rtsp {
+                o.set_cluster(view.clone());
+            }
             let _ = control.cluster.set(view);
             Some(Mutex::new(m))
         };

@@ -37,6 +37,24 @@ pub fn choose_redirect<'a>(
     ring.owner(key).map(|i| candidates[i])
 }
 
+/// The node that fills `key` (a path) from the origin for the whole cluster: the owner of
+/// `key` on the ring of the names of the nodes that have an origin cache (`cache_bytes`
+/// published), this one included — the same answer on every node with the same listing.
+/// `None` when that is this node (or no node has a cache): fetch from the origin itself.
+/// Every other node fetches the path's blocks from the owner, so that the origin sends each
+/// block once however HAProxy spreads the path's readers (docs/origin.md, "In a cluster").
+pub fn fill_owner<'a>(
+    key: &str,
+    self_name: &str,
+    nodes: &'a [NodeRecord],
+) -> Option<&'a NodeRecord> {
+    let caching: Vec<&NodeRecord> = nodes.iter().filter(|n| n.cache_bytes.is_some()).collect();
+    let names: Vec<&str> = caching.iter().map(|n| n.name.as_str()).collect();
+    let ring = Ring::new(&names, ring::POINTS_PER_NODE);
+    let owner = caching[ring.owner(key)?];
+    (owner.name.as_str() != self_name).then_some(owner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +115,34 @@ mod tests {
                 prop_assert!(nodes.iter().all(|x| x.name.as_str() == "n0" || x.rt_bytes_per_s_left < 100));
             }
         }
+    }
+
+    #[test]
+    fn one_node_fills_each_path_and_every_node_agrees_which() {
+        let mut nodes: Vec<NodeRecord> = ["a", "b", "c", "d"].iter().map(|n| node(n, 0)).collect();
+        for n in &mut nodes[..3] {
+            n.cache_bytes = Some(0);
+        }
+        for k in 0..200 {
+            let key = format!("/v/f{k}.bin");
+            let answers: Vec<Option<&str>> = ["a", "b", "c", "d"]
+                .iter()
+                .map(|me| fill_owner(&key, me, &nodes).map(|n| n.name.as_str()))
+                .collect();
+            // Exactly one of the caching nodes answers "myself" (None); all others name it.
+            let selves: Vec<usize> = (0..3).filter(|&i| answers[i].is_none()).collect();
+            assert_eq!(selves.len(), 1, "{key}: {answers:?}");
+            let owner = ["a", "b", "c"][selves[0]];
+            for (i, a) in answers.iter().enumerate() {
+                if i != selves[0] {
+                    assert_eq!(*a, Some(owner), "{key}: {answers:?}");
+                }
+            }
+        }
+        // No node with a cache: everyone asks the origin.
+        for n in &mut nodes {
+            n.cache_bytes = None;
+        }
+        assert!(fill_owner("/x", "a", &nodes).is_none());
     }
 }

@@ -66,6 +66,13 @@ impl View {
         Some((name, addr))
     }
 
+    /// The HTTP address of the node that fills `path` from the origin for the cluster, when
+    /// that is another node ([`penstock_core::cluster::fill_owner`]).
+    pub fn fill_peer(&self, path: &str) -> Option<String> {
+        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        penstock_core::cluster::fill_owner(path, &self.node, &nodes).map(|n| n.http.clone())
+    }
+
     fn redirect_to(
         &self,
         key: &str,

@@ -46,6 +46,10 @@ pub struct OriginConfig {
     pub fetches_max: usize,
     /// Client requests served from the origin at once (a thread each); beyond: 503.
     pub requests_max: usize,
+    /// In a cluster (`[cluster]`): fetch a path's blocks from the node that owns the path on
+    /// the ring of caching nodes (its HTTP server, which fetches them from the origin once)
+    /// rather than from the origin, so that the origin sends each block once cluster-wide.
+    pub fill_from_peers: bool,
     /// `[origin.s3]`: for an `s3://` url.
     pub s3: S3Config,
 }
@@ -96,6 +100,7 @@ impl Default for OriginConfig {
             attempts: 2,
             fetches_max: 16,
             requests_max: 256,
+            fill_from_peers: true,
             s3: S3Config::default(),
         }
     }

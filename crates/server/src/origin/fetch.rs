@@ -16,6 +16,10 @@ use super::{Object, Origin, OriginError};
 use crate::config::OriginConfig;
 use crate::config::origin::OriginUrl;
 
+/// The query of a block request from a peer (`GET /path?penstock-fill`): the receiving node
+/// reads a path it does not have from the origin itself, never from another peer.
+pub(crate) const PEER_FILL_QUERY: &str = "penstock-fill";
+
 /// Where objects come from.
 pub(super) enum Source {
     /// `base` (scheme, authority, prefix without a final `/`) followed by the path.
@@ -157,11 +161,12 @@ pub(super) fn fetch(
     known: Option<&Object>,
     validators: Option<&Object>,
     tmp: &Path,
+    via: Option<&str>,
 ) -> Result<Fetched, OriginError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let r = fetch_inner(origin, path, block, known, validators, tmp);
+        let r = fetch_inner(origin, path, block, known, validators, tmp, via);
         origin.metrics.fetches.inc();
         match r {
             Err(e) => {
@@ -185,6 +190,7 @@ fn fetch_inner(
     known: Option<&Object>,
     validators: Option<&Object>,
     tmp: &Path,
+    via: Option<&str>,
 ) -> Result<Fetched, OriginError> {
     let (start, len_bytes) = match known {
         Some(o) => o
@@ -193,7 +199,12 @@ fn fetch_inner(
             .ok_or_else(|| OriginError::Failed(format!("block {block} is past the end")))?,
         None => (0, origin.block_bytes),
     };
-    let url = origin.source.url(path);
+    // From a peer: its HTTP server, which reads the path from the origin itself (the query
+    // tells it so: a peer never forwards a fill, so fills cannot loop).
+    let url = match via {
+        Some(peer) => format!("http://{peer}{}?{PEER_FILL_QUERY}", encode_path(path)),
+        None => origin.source.url(path),
+    };
     let mut req = origin
         .agent
         .get(&url)
@@ -289,7 +300,11 @@ fn fetch_inner(
                 shape.body_bytes
             )));
         }
-        origin.metrics.fetched_bytes.inc_by(n as u64);
+        if via.is_some() {
+            origin.metrics.peer_fetched_bytes.inc_by(n as u64);
+        } else {
+            origin.metrics.fetched_bytes.inc_by(n as u64);
+        }
         sink.write(origin, tmp, &buf[..n])?;
     }
     if got != shape.body_bytes {

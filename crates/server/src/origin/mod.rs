@@ -66,6 +66,7 @@ impl OriginError {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct OriginMetrics {
     pub(crate) fetched_bytes: Counter,
+    pub(crate) peer_fetched_bytes: Counter,
     pub(crate) fetches: Counter,
     pub(crate) fetch_failures: Counter,
     pub(crate) hits: Counter,
@@ -90,6 +91,12 @@ impl OriginMetrics {
             "origin_fetched_bytes",
             "Body bytes received from the origin (blocks and their revalidations)",
             &self.fetched_bytes,
+        );
+        c(
+            r,
+            "origin_peer_fetched_bytes",
+            "Body bytes of blocks received from the node that fills the path (fill_from_peers), not from the origin",
+            &self.peer_fetched_bytes,
         );
         c(
             r,
@@ -198,6 +205,10 @@ pub(crate) struct Object {
     /// `Last-Modified`, or when it was first fetched (the client's validators are made from
     /// it and the size).
     pub(crate) mtime: SystemTime,
+    /// The peer node (`HOST:PORT` of its HTTP server) this object's blocks come from, or
+    /// `None`: the origin. Chosen when the object is opened; all its blocks come from there
+    /// (validators are the source's).
+    via: Option<String>,
     validated: Instant,
     /// Set when a block's reply showed the object changed: the next request revalidates.
     stale: AtomicBool,
@@ -258,6 +269,9 @@ pub(crate) struct Origin {
     pub(crate) requests: AtomicUsize,
     tmp_seq: AtomicU64,
     pub(crate) metrics: OriginMetrics,
+    fill_from_peers: bool,
+    /// The cluster's membership (set once it started): who fills which path.
+    cluster: std::sync::OnceLock<Arc<crate::cluster::View>>,
 }
 
 impl std::fmt::Debug for Origin {
@@ -334,6 +348,8 @@ impl Origin {
             requests: AtomicUsize::new(0),
             tmp_seq: AtomicU64::new(0),
             metrics: OriginMetrics::default(),
+            fill_from_peers: cfg.fill_from_peers,
+            cluster: std::sync::OnceLock::new(),
         })
     }
 
@@ -439,9 +455,29 @@ impl Origin {
         gone
     }
 
+    /// In a cluster: the membership that says which node fills which path.
+    pub(crate) fn set_cluster(&self, view: Arc<crate::cluster::View>) {
+        let _ = self.cluster.set(view);
+    }
+
+    /// Where a new object at `path` is read from: the peer that fills it, or `None` (the
+    /// origin: no cluster, `fill_from_peers` off, this node fills it, or `direct`).
+    fn source_of(&self, path: &str, direct: bool) -> Option<String> {
+        if direct || !self.fill_from_peers {
+            return None;
+        }
+        self.cluster.get()?.fill_peer(path)
+    }
+
     /// The object at `path` (the request's decoded path), known and fresh: from memory, or
     /// from the origin (its first block's request, which also caches that block).
     pub(crate) fn object(&self, path: &str) -> Result<Arc<Object>, OriginError> {
+        self.object_from(path, false)
+    }
+
+    /// As [`Origin::object`]; `direct`: a new object is read from the origin itself, never
+    /// from a peer (the request came from a peer filling from this node: no loops).
+    pub(crate) fn object_from(&self, path: &str, direct: bool) -> Result<Arc<Object>, OriginError> {
         // The HTTP parser normalizes paths; RTSP's are only decoded: nothing that could
         // climb out of the origin's prefix goes there.
         if !path.starts_with('/')
@@ -492,7 +528,8 @@ impl Origin {
             );
             st.objects.insert(path.to_string(), ObjectState::Opening);
             drop(st);
-            let r = self.open(path, id, previous.as_deref(), deadline);
+            let via = self.source_of(path, direct);
+            let r = self.open(path, id, previous.as_deref(), deadline, via);
             st = lock(&self.state);
             let mut gone = Vec::new();
             let out = match r {
@@ -550,17 +587,21 @@ impl Origin {
         id: u64,
         previous: Option<&Object>,
         deadline: Instant,
+        via: Option<String>,
     ) -> Result<(Object, Option<(PathBuf, u64)>), OriginError> {
         let _place = self.fetch_place(deadline)?;
         if previous.is_some() {
             self.metrics.revalidations.inc();
         }
         let tmp = self.tmp_path();
-        let r = fetch::fetch(self, path, 0, None, previous, &tmp);
+        // Validators from another source (a peer's ETag, the origin's) say nothing here:
+        // from a new source, the object is a new version.
+        let comparable = previous.filter(|p| p.via == via);
+        let r = fetch::fetch(self, path, 0, None, comparable, &tmp, via.as_deref());
         let now = Instant::now();
         match r {
             Ok(fetch::Fetched::NotModified) => {
-                let p = previous.expect("a conditional request has a previous object");
+                let p = comparable.expect("a conditional request has a previous object");
                 Ok((
                     Object {
                         path: path.to_string(),
@@ -572,6 +613,7 @@ impl Origin {
                         mtime: p.mtime,
                         validated: now,
                         stale: AtomicBool::new(false),
+                        via,
                     },
                     None,
                 ))
@@ -583,7 +625,7 @@ impl Origin {
                 last_modified,
                 memory,
             }) => {
-                let same = previous.filter(|p| {
+                let same = comparable.filter(|p| {
                     p.size_bytes == size_bytes
                         && (p.etag.is_some() || p.last_modified.is_some())
                         && p.etag == etag
@@ -611,6 +653,7 @@ impl Origin {
                     mtime,
                     validated: now,
                     stale: AtomicBool::new(false),
+                    via,
                 };
                 // Bytes the disk refused are not kept: block 0 is asked again when read.
                 let first = (body_bytes > 0 && memory.is_none()).then_some((tmp, body_bytes));
@@ -681,7 +724,15 @@ impl Origin {
     /// Fetches one block (a fetch place held) into a temporary file.
     fn fetch_block(&self, object: &Object, key: BlockKey) -> Result<Got, OriginError> {
         let tmp = self.tmp_path();
-        match fetch::fetch(self, &object.path, key.block, Some(object), None, &tmp)? {
+        let via = object.via.as_deref();
+        let fetched = fetch::fetch(self, &object.path, key.block, Some(object), None, &tmp, via);
+        if fetched.is_err() && via.is_some() {
+            // The filling node failed (stopped, gone): the next request opens the object
+            // again, from whichever node fills it by then (or the origin), rather than
+            // asking the same peer until the revalidation.
+            object.stale.store(true, Ordering::Relaxed);
+        }
+        match fetched? {
             fetch::Fetched::Block {
                 memory: Some(v), ..
             } => Ok(Got::Memory(v)),

@@ -79,7 +79,8 @@ fn serve(job: &OriginJob) -> OriginEnd {
         complete: false,
         head_sent: None,
     };
-    let object = match origin.object(&job.req.path) {
+    let direct = job.req.query.as_deref() == Some(super::fetch::PEER_FILL_QUERY);
+    let object = match origin.object_from(&job.req.path, direct) {
         Ok(o) => o,
         Err(e) => {
             if !matches!(e, super::OriginError::NotFound) {

@@ -1126,6 +1126,37 @@ pub fn changed_keys(old: &ServerConfig, new: &ServerConfig) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// `[volumes]`: the reserved keys are limits and the tracks directory, every other key a
+    /// volume; units as elsewhere; a zero growth step is refused.
+    #[test]
+    fn volumes_take_limits_and_tracks_beside_the_volume_names() {
+        let c: ServerConfig = toml::from_str(
+            "[volumes]\nhv = \"/srv/m0\"\ntracks = \"/srv/tracks\"\nlock_wait_ms = \"5s\"\ngrow_step_bytes = \"64MiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.volumes.members.keys().collect::<Vec<_>>(), ["hv"]);
+        assert_eq!(c.volumes.tracks.as_deref(), Some(Path::new("/srv/tracks")));
+        let l = c.volumes.limits().unwrap();
+        assert_eq!(l.update_lock_wait, Duration::from_secs(5));
+        assert_eq!(l.grow_step_bytes, 64 << 20);
+        c.check().unwrap();
+        let d: ServerConfig = toml::from_str("").unwrap();
+        assert_eq!(
+            d.volumes.limits().unwrap(),
+            penstock_driver::volume::VolumeLimits::default()
+        );
+        let z: ServerConfig = toml::from_str("[volumes]\ngrow_step_bytes = 0\n").unwrap();
+        assert!(
+            z.check()
+                .unwrap_err()
+                .to_string()
+                .contains("grow_step_bytes")
+        );
+        assert!(
+            toml::from_str::<ServerConfig>("[volumes]\nlock_wait_ms = \"5 parsecs\"\n").is_err()
+        );
+    }
+
     #[test]
     fn empty_file_gives_defaults() {
         let c: ServerConfig = toml::from_str("").unwrap();

@@ -20,15 +20,15 @@ pub enum MediaError {
     Ts(#[from] TsError),
 }
 
-/// Reads `file` from its start in chunks and feeds each to `f` until it says stop.
+/// Reads from offset 0 with `read_at` in chunks and feeds each to `f` until it says stop.
 fn read_chunks(
-    file: &std::fs::File,
+    read_at: &impl Fn(&mut [u8], u64) -> io::Result<usize>,
     mut f: impl FnMut(&[u8]) -> Result<bool, MediaError>,
 ) -> Result<(), MediaError> {
     let mut buf = vec![0u8; READ_CHUNK_BYTES];
     let mut offset = 0u64;
     loop {
-        let n = file.read_at(&mut buf, offset)?;
+        let n = read_at(&mut buf, offset)?;
         if n == 0 || !f(&buf[..n])? {
             return Ok(());
         }
@@ -38,6 +38,16 @@ fn read_chunks(
 
 /// The PCR plan of the file behind `file` (both passes: the PCR PID, then the units).
 pub fn pcr_plan(file: &std::fs::File, limits: &PcrLimits) -> Result<(PcrPid, TsPlan), MediaError> {
+    pcr_plan_with(|buf, offset| file.read_at(buf, offset), limits)
+}
+
+/// [`pcr_plan`] of bytes read by `read_at(buf, offset)` (0 at the end): a volume partition's
+/// ([`crate::volume::PartitionIo::read_at`]).
+pub fn pcr_plan_with(
+    read_at: impl Fn(&mut [u8], u64) -> io::Result<usize>,
+    limits: &PcrLimits,
+) -> Result<(PcrPid, TsPlan), MediaError> {
+    let file = &read_at;
     let mut probe = PcrPidProbe::new(limits);
     let mut pid = None;
     read_chunks(file, |chunk| {

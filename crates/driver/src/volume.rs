@@ -295,10 +295,65 @@ fn lock(m: &Member, access: Access) -> Result<()> {
 /// How long a volume held by another process is asked again before "in use" is reported.
 pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// How long a metadata update waits for another one (of this or another process) to finish.
-/// An update is a few milliseconds (1 MiB and an fdatasync per member), so this is hundreds
-/// of updates queued ahead.
+/// How long a metadata update waits for another one (of this or another process) to finish,
+/// by default. An update is a few milliseconds (1 MiB and an fdatasync per member), so this is
+/// hundreds of updates queued ahead. [`set_limits`] changes it for the process.
 pub const UPDATE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The process's update-lock wait in ms ([`set_limits`]; [`UPDATE_LOCK_WAIT`] by default).
+static UPDATE_LOCK_WAIT_MS: AtomicU64 = AtomicU64::new(UPDATE_LOCK_WAIT.as_millis() as u64);
+/// The process's largest growth step in bytes ([`set_limits`]; [`GROW_STEP_MAX_BYTES`] by
+/// default).
+static GROW_STEP_BYTES: AtomicU64 = AtomicU64::new(GROW_STEP_MAX_BYTES);
+
+/// Limits of volume updates, for every volume this process opens (`penstock volume
+/// --lock-wait/--grow-step`, `penstock record --lock-wait/--grow-step`, `[volumes]
+/// lock_wait_ms/grow_step_bytes` of `penstock serve`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeLimits {
+    /// How long a metadata update waits for another one to finish before failing.
+    pub update_lock_wait: std::time::Duration,
+    /// The largest step a growing partition allocates ahead of its writes (rounded up to a
+    /// block per member of the partition).
+    pub grow_step_bytes: u64,
+}
+
+impl Default for VolumeLimits {
+    fn default() -> VolumeLimits {
+        VolumeLimits {
+            update_lock_wait: UPDATE_LOCK_WAIT,
+            grow_step_bytes: GROW_STEP_MAX_BYTES,
+        }
+    }
+}
+
+/// Sets the limits of every volume update from now on in this process. A zero growth step is
+/// refused (a writer would allocate one group at a time: say so with the smallest step, one
+/// block).
+pub fn set_limits(l: VolumeLimits) -> Result<()> {
+    if l.grow_step_bytes == 0 {
+        return Err(VolumeError::Invalid(
+            "the growth step must be at least one byte (it is rounded up to a block per member)"
+                .into(),
+        ));
+    }
+    UPDATE_LOCK_WAIT_MS.store(
+        u64::try_from(l.update_lock_wait.as_millis()).unwrap_or(u64::MAX),
+        Ordering::Release,
+    );
+    GROW_STEP_BYTES.store(l.grow_step_bytes, Ordering::Release);
+    Ok(())
+}
+
+/// The limits [`set_limits`] set (the defaults before).
+pub fn limits() -> VolumeLimits {
+    VolumeLimits {
+        update_lock_wait: std::time::Duration::from_millis(
+            UPDATE_LOCK_WAIT_MS.load(Ordering::Acquire),
+        ),
+        grow_step_bytes: GROW_STEP_BYTES.load(Ordering::Acquire),
+    }
+}
 
 /// Held while an update runs; unlocks when dropped. It holds its own descriptor of member 0
 /// (a duplicate: the same open file description, which owns the lock).
@@ -732,9 +787,10 @@ impl Volume {
 
     /// The update lock: an open-file-description lock on member 0's first metadata byte,
     /// taken by every metadata change (as well as the `flock` that keeps streams and table
-    /// changes apart). Waits up to [`UPDATE_LOCK_WAIT`] for another update to finish.
+    /// changes apart). Waits up to [`limits`]' `update_lock_wait` for another update to finish.
     fn lock_updates(&self) -> Result<UpdateLock> {
         let m = &self.members[0];
+        let wait = limits().update_lock_wait;
         let started = std::time::Instant::now();
         loop {
             match penstock_uring::sys::ofd_lock_byte0(m.file.as_fd(), Some(true)) {
@@ -752,7 +808,7 @@ impl Volume {
                 Err(e)
                     if (e.raw_os_error() == Some(libc::EAGAIN)
                         || e.raw_os_error() == Some(libc::EACCES))
-                        && started.elapsed() < UPDATE_LOCK_WAIT =>
+                        && started.elapsed() < wait =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(2));
                 }
@@ -1009,8 +1065,9 @@ struct Growth {
 }
 
 /// Growth steps: a quarter of the capacity, at least one block per member of the partition and
-/// at most this (so a writer holds at most this much ahead of what it wrote; the ahead part is
-/// given back when it finishes).
+/// at most this by default ([`set_limits`]) (so a writer holds at most this much ahead of what
+/// it wrote; the ahead part is given back when it finishes, or by `volume check --repair`
+/// after a writer was killed).
 pub const GROW_STEP_MAX_BYTES: u64 = 256 << 20;
 
 fn lock_ignoring_poison<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1128,7 +1185,8 @@ impl PartitionIo {
             return Ok(());
         }
         let group = self.map.block_bytes() * self.map.members().len() as u64;
-        let step = (cap / 4).clamp(group.min(GROW_STEP_MAX_BYTES), GROW_STEP_MAX_BYTES);
+        let step_max = limits().grow_step_bytes.max(group);
+        let step = (cap / 4).clamp(group, step_max);
         let ahead = end.max(cap.saturating_add(step));
         let name = g.name.as_str();
         let full = |e: &VolumeError| {
@@ -1296,6 +1354,74 @@ impl PartitionIo {
         } else {
             (done, None)
         }
+    }
+
+    /// Another reader of the same bytes: duplicates of the member descriptors (the same open
+    /// file descriptions, so it holds the volume's locks as this one does), the same mapping
+    /// and size, no writer state. What a stream consumes while its opener keeps the original
+    /// (an RTSP session plays its partition once per PLAY).
+    pub fn try_clone_reader(&self) -> io::Result<PartitionIo> {
+        let dup = |fds: &[OwnedFd]| -> io::Result<Vec<OwnedFd>> {
+            fds.iter().map(OwnedFd::try_clone).collect()
+        };
+        Ok(PartitionIo {
+            map: self.map.clone(),
+            size_bytes: self.size_bytes,
+            members: dup(&self.members)?,
+            direct: self.direct,
+            align_bytes: self.align_bytes,
+            label: self.label.clone(),
+            piece_bytes_max: self.piece_bytes_max,
+            locked: dup(&self.locked)?,
+            growth: None,
+        })
+    }
+
+    /// Reads partition bytes at `offset` into `buf` with pread, piece by piece (buffered members
+    /// only: see [`make_buffered`](Self::make_buffered)). Stops at the partition's size; returns
+    /// the bytes read (0 at or past the end).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if self.direct {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "read_at needs buffered members (make_buffered)",
+            ));
+        }
+        let len = (buf.len() as u64).min(self.size_bytes.saturating_sub(offset));
+        if len == 0 {
+            return Ok(0);
+        }
+        let pieces = self
+            .split(offset, len)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        for p in pieces {
+            let fd = self.members.get(p.member.get()).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, "a piece on no member")
+            })?;
+            let (a, z) = (
+                p.buf_offset_bytes as usize,
+                (p.buf_offset_bytes + p.len_bytes) as usize,
+            );
+            let mut done = 0usize;
+            while a + done < z {
+                match rustix::io::pread(
+                    fd,
+                    &mut buf[a + done..z],
+                    p.member_offset_bytes + done as u64,
+                ) {
+                    Ok(0) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("{}: a member ends inside the partition", self.label),
+                        ));
+                    }
+                    Ok(n) => done += n,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(len as usize)
     }
 
     /// fdatasync every member.

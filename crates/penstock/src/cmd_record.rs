@@ -30,6 +30,9 @@ const RECORDS_MAX: u64 = 100_000_000;
 
 #[derive(Args, Debug)]
 pub struct RecordArgs {
+    /// Growth step and update-lock wait of a vol: destination (as for `penstock volume`).
+    #[command(flatten)]
+    pub volume_limits: crate::cmd_volume::VolumeLimitArgs,
     /// Source: udp-listen://HOST:PORT or /net/udp/PORT (port 0: the kernel chooses; the bound
     /// address is printed on stdout as `listening ADDR`, on stderr with a bare --json).
     pub src: String,
@@ -113,6 +116,7 @@ pub fn sync_line(p: &SyncPoint) -> String {
 }
 
 pub fn run(a: RecordArgs) -> Result<()> {
+    a.volume_limits.apply()?;
     let source = Endpoint::parse(&a.src, Role::Source)?;
     if !matches!(source, Endpoint::UdpListen { .. }) {
         bail!(

@@ -11,12 +11,49 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use penstock_core::endpoint::{Endpoint, PartitionName, VolumeName};
-use penstock_core::units::parse_size;
+use penstock_core::units::{parse_duration, parse_size};
 use penstock_core::volume::layout::{BLOCK_BYTES_DEFAULT, STRIPE_UNIT_BYTES_DEFAULT};
 use penstock_core::volume::{PartitionKind, PartitionState, Placement};
 use penstock_driver::open::{open_source, open_target, opened_partition};
 use penstock_driver::volume::{Access, CreateSpec, Volume, resolve};
 use penstock_driver::{Engine, EngineConfig, StreamReport, StreamSpec, ZeroCopy};
+
+/// `penstock volume [--grow-step SIZE] [--lock-wait DURATION] COMMAND`.
+#[derive(Args, Debug)]
+pub struct VolumeArgs {
+    #[command(flatten)]
+    pub limits: VolumeLimitArgs,
+    #[command(subcommand)]
+    pub cmd: VolumeCommand,
+}
+
+/// The limits of volume updates made by this process (`penstock volume`, `penstock record`).
+#[derive(Args, Debug, Default)]
+pub struct VolumeLimitArgs {
+    /// The largest step a growing partition allocates ahead of its writes (rounded up to one
+    /// block per member of the partition; given back when the writer finishes, or by `volume
+    /// check --repair` after it was killed).
+    #[arg(long, global = true, value_parser = parse_size, default_value = "256MiB")]
+    pub grow_step: u64,
+    /// How long a metadata update (growth, truncation, add, rm) waits for another process's
+    /// update to finish before failing.
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "30s")]
+    pub lock_wait: std::time::Duration,
+}
+
+impl VolumeLimitArgs {
+    /// Sets them for this process.
+    pub fn apply(&self) -> Result<()> {
+        if self.grow_step == 0 {
+            bail!("--grow-step must be above 0");
+        }
+        penstock_driver::volume::set_limits(penstock_driver::volume::VolumeLimits {
+            update_lock_wait: self.lock_wait,
+            grow_step_bytes: self.grow_step,
+        })?;
+        Ok(())
+    }
+}
 
 #[derive(Subcommand, Debug)]
 pub enum VolumeCommand {
@@ -120,8 +157,9 @@ pub struct CheckArgs {
     pub repair: bool,
 }
 
-pub fn run(cmd: VolumeCommand) -> Result<()> {
-    match cmd {
+pub fn run(a: VolumeArgs) -> Result<()> {
+    a.limits.apply()?;
+    match a.cmd {
         VolumeCommand::Create(a) => create(a),
         VolumeCommand::Ls(a) => ls(&a.vol),
         VolumeCommand::AddPartition(a) => add_partition(a),

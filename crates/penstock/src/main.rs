@@ -75,8 +75,7 @@ enum Command {
     /// Send control protocol commands to a server (interactive without a command).
     Ctl(cmd_ctl::CtlArgs),
     /// Volumes: striped members, dynamic partitions (see docs/volume-format.md).
-    #[command(subcommand)]
-    Volume(cmd_volume::VolumeCommand),
+    Volume(cmd_volume::VolumeArgs),
     /// A cluster of serve nodes on etcd: list the nodes, render HAProxy's configuration
     /// (docs/cluster.md).
     #[command(subcommand)]

@@ -943,10 +943,26 @@ fn random_access(p: &[u8]) -> bool {
 /// Records `src` with `penstock record` (sent by `penstock stream` at 10 Mbit/s, 1316-byte
 /// datagrams) into `rec`, with its tracks beside it.
 fn record(src: &Path, rec: &Path) {
+    record_with(src, &[rec.as_os_str()]);
+}
+
+/// [`record`] into a volume partition `vol:…`, with its tracks at `tracks`.
+fn record_into(src: &Path, dst: &str, tracks: &Path) {
+    record_with(
+        src,
+        &[
+            std::ffi::OsStr::new(dst),
+            std::ffi::OsStr::new("--tracks"),
+            tracks.as_os_str(),
+        ],
+    );
+}
+
+fn record_with(src: &Path, dst_args: &[&std::ffi::OsStr]) {
     use std::io::BufRead;
     let mut child = Command::new(BIN)
         .args(["record", "udp-listen://127.0.0.1:0"])
-        .arg(rec)
+        .args(dst_args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -1384,4 +1400,185 @@ Could not receive message. (Received end-of-file)
     assert!(!common::gst_teardown_race(mid_stream));
     // The race plus another error: not excused.
     assert!(!common::gst_teardown_race(&format!("{race}{refused}")));
+}
+
+/// Runs a `penstock` command that must succeed; its stdout.
+fn penstock_ok(args: &[&str]) -> String {
+    let o = Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        o.status.success(),
+        "penstock {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// RTSP of volume partitions (`[volumes]`, `rtsp://…/vol/NAME/PART`; issue 21 item 3): the
+/// clip recorded into a partition (its tracks in `[volumes] tracks`) and imported into
+/// another. ffprobe identifies the recorded one; GStreamer (interleaved) receives the
+/// imported partition and the plain file, each byte for byte the clip; `PLAY npt=20-` of
+/// the recording starts by its frame track within [19, 20] s, of the imported one by PCR;
+/// unknown volumes and partitions are 404, a partition that is no TS 415.
+#[test]
+fn partitions_play_over_rtsp_and_seek_by_their_tracks() {
+    let _serial = serial();
+    let Some(clip) = clip() else { return };
+    let src = std::fs::read(clip).unwrap();
+    let first_pcr = src.chunks_exact(TS).find_map(pcr).unwrap();
+    let vdir = tempfile::tempdir().unwrap();
+    let d = vdir.path();
+    let (m0, m1) = (d.join("pv-m0"), d.join("pv-m1"));
+    penstock_ok(&[
+        "volume",
+        "create",
+        "pv",
+        "--member-size",
+        "64MiB",
+        "--member",
+        m0.to_str().unwrap(),
+        "--member",
+        m1.to_str().unwrap(),
+    ]);
+    let m0s = m0.to_str().unwrap();
+    // The recording: an empty partition grown by `penstock record`, tracks under DIR/pv/.
+    penstock_ok(&["volume", "add-partition", m0s, "rec"]);
+    let tracks = d.join("tracks");
+    std::fs::create_dir_all(tracks.join("pv")).unwrap();
+    record_into(
+        clip,
+        &format!("vol:{m0s}/rec"),
+        &tracks.join("pv").join("rec"),
+    );
+    penstock_ok(&["volume", "import", m0s, "imp", clip.to_str().unwrap()]);
+    let junk = d.join("junk.bin");
+    std::fs::write(&junk, vec![0x47u8; 1 << 20]).unwrap();
+    penstock_ok(&["volume", "import", m0s, "junk", junk.to_str().unwrap()]);
+    let exported = d.join("rec.out");
+    penstock_ok(&["volume", "export", m0s, "rec", exported.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&exported).unwrap() == src,
+        "the recorded partition is the clip, byte for byte"
+    );
+
+    let s = serve(
+        clip,
+        &format!(
+            "[volumes]\npv = \"{}\"\ntracks = \"{}\"\n",
+            m1.display(),
+            tracks.display()
+        ),
+    );
+    // 404s and 415, as for files.
+    let mut c = Client::connect(s.rtsp);
+    for (path, want) in [
+        ("vol/pv/nope", 404),
+        ("vol/nope/rec", 404),
+        ("vol/pv/../rec", 404),
+        ("vol/pv", 404),
+        ("vol/pv/junk", 415),
+        ("vol/pv/rec", 200),
+    ] {
+        let r = c.request("DESCRIBE", &s.url(path), &[("Accept", "application/sdp")]);
+        assert_eq!(r.status, want, "DESCRIBE {path}: {r:?}");
+    }
+    if common::tool("ffprobe", "-version") {
+        let mut c = Command::new("ffprobe");
+        c.args(["-v", "error", "-show_streams", &s.url("vol/pv/rec")]);
+        let (ok, _, log) = run_player(c, Duration::from_secs(20));
+        assert!(ok, "ffprobe: {log}");
+        assert!(log.contains("codec_name=mpeg2video"), "ffprobe: {log}");
+    } else {
+        println!("SKIPPED (ffprobe part): ffprobe not found");
+    }
+
+    // Seeks: by the recording's frame track, by PCR for the imported partition.
+    let time_at = |offset: usize| {
+        let p = src[offset..]
+            .chunks_exact(TS)
+            .find_map(pcr)
+            .expect("a PCR after the start");
+        (p - first_pcr) as f64 / 27e6
+    };
+    for (path, seek) in [("vol/pv/rec", "track"), ("vol/pv/imp", "pcr")] {
+        let url = s.url(path);
+        let rx = Receiver::new();
+        let setup = c.request("SETUP", &url, &[("Transport", &rx.transport())]);
+        assert_eq!(setup.status, 200, "{setup:?}");
+        let id = session_id(&setup);
+        let play = c.request("PLAY", &url, &[("Session", &id), ("Range", "npt=20-")]);
+        assert_eq!(play.status, 200, "{play:?}");
+        let got = rx.take(Duration::from_millis(800));
+        assert!(got.len() > 5, "{path}: {} packets", got.len());
+        let offset = src
+            .windows(got[0].2.len())
+            .position(|w| w == got[0].2.as_slice())
+            .expect("the first payload is source bytes");
+        let start_s = time_at(offset);
+        let npt = npt_start(&play);
+        println!("{path}: PLAY npt=20- started at byte {offset}, {start_s:.3} s (Range npt={npt})");
+        assert!(
+            (19.0..=20.0).contains(&start_s) && (19.0..=20.0).contains(&npt),
+            "{path}: started at {start_s:.3} s, Range npt={npt}"
+        );
+        let state = s.state_all();
+        let line = state
+            .iter()
+            .find(|l| l.starts_with(&format!("rtsp-{id} running path={path}")))
+            .unwrap_or_else(|| panic!("{path}: no running session in {state:?}"));
+        assert!(line.contains(&format!(" seek={seek} ")), "{line}");
+        if seek == "track" {
+            assert!(offset % 1316 == 0, "byte {offset} is no datagram start");
+            assert!(
+                got[0].2.chunks_exact(TS).any(random_access),
+                "the first packet holds no random-access TS packet"
+            );
+        }
+        // PAUSE, then PLAY goes on from where it stopped.
+        assert_eq!(c.request("PAUSE", &url, &[("Session", &id)]).status, 200);
+        let again = c.request("PLAY", &url, &[("Session", &id)]);
+        assert_eq!(again.status, 200, "{again:?}");
+        assert!(npt_start(&again) >= npt, "{again:?}");
+        assert_eq!(c.request("TEARDOWN", &url, &[("Session", &id)]).status, 200);
+    }
+
+    // Whole plays, at once: the partition and the plain file give GStreamer the same bytes.
+    if !common::tool("gst-launch-1.0", "--version") {
+        println!("SKIPPED (GStreamer part): gst-launch-1.0 not found");
+        return;
+    }
+    let limit = Duration::from_secs(u64::from(CLIP_S) + 20);
+    let plays: Vec<_> = [("vol/pv/rec", "gst-rec.ts"), ("clip.ts", "gst-file.ts")]
+        .into_iter()
+        .map(|(path, name)| {
+            let out = s.dir.path().join(name);
+            let mut c = Command::new("gst-launch-1.0");
+            c.args(["-q", "rtspsrc", "protocols=tcp"])
+                .args([&format!("location={}", s.url(path)), "!", "rtpmp2tdepay"])
+                .args(["!", "filesink"])
+                .arg(format!("location={}", out.display()));
+            (path, out, std::thread::spawn(move || run_player(c, limit)))
+        })
+        .collect();
+    for (path, out, h) in plays {
+        let (ok, elapsed, log) = h.join().unwrap();
+        // GStreamer's own PAUSE-at-EOS race (`common::gst_teardown_race`; seen here in 2 of 7
+        // runs, for the plain file and the partition alike); the bytes are compared below.
+        let teardown_eof = !ok && common::gst_teardown_race(&log);
+        if !ok && teardown_eof {
+            println!("gst {path}: exited 1 after {elapsed:?} by GStreamer's PAUSE-at-EOS race");
+        }
+        assert!(
+            ok || teardown_eof,
+            "gst {path} failed after {elapsed:?}: {log}\n{}",
+            s.log()
+        );
+        let got = std::fs::read(&out).unwrap();
+        assert!(
+            got == src,
+            "gst {path}: {} bytes, not the clip's {} byte for byte",
+            got.len(),
+            src.len()
+        );
+        println!("gst {path}: {} bytes, the clip byte for byte", got.len());
+    }
 }

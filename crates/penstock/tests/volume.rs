@@ -7,7 +7,7 @@ use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
@@ -1084,4 +1084,138 @@ fn two_hundred_partitions_created_and_grown_concurrently_check_clean() {
         ok(&["volume", "export", &vol, &name, s(&back)]);
         same_file(&d.join(format!("{name}.in")), &back);
     }
+}
+
+/// A recorder killed with SIGKILL holds blocks it grew ahead of its committed size (`--grow-step
+/// 8MiB`: each step at most 8 blocks of 1 MiB, rounded up to whole groups of 4): `volume
+/// check` reports them as allocated past the end and reclaimable, `check --repair` gives
+/// them back, and the committed bytes export as they did before the kill.
+///
+/// Deterministic: the sender stops before each look, so the recorder's synced size is final;
+/// `check` (shared, beside the live recorder) sees the blocks ahead, then the kill.
+#[test]
+fn blocks_grown_ahead_by_a_killed_recorder_are_reported_and_repaired() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    if !uring_works(dir.path()) {
+        return;
+    }
+    let d = dir.path();
+    let m = create(d, "ahead", 4, "64MiB");
+    ok(&["volume", "add-partition", s(&m[0]), "rec"]);
+    let chunk = d.join("chunk.in");
+    std::fs::write(&chunk, data(3 * MIB as usize, 77)).unwrap();
+    let canon = std::fs::canonicalize(&m[0]).unwrap();
+    let mut rec = penstock()
+        .args(["record", "udp-listen://127.0.0.1:0"])
+        .arg(format!("vol:{}/rec", s(&canon)))
+        .args(["--tracks", s(&d.join("rec"))])
+        .args(["--grow-step", "8MiB", "--sync-every", "50ms", "--progress"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(rec.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap_or_else(|| panic!("penstock record said {first:?}"))
+        .to_string();
+    let (lines_tx, lines) = std::sync::mpsc::channel::<u64>();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            if let Some(b) = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("media_bytes="))
+                && lines_tx.send(b.parse().unwrap_or(0)).is_err()
+            {
+                return;
+            }
+        }
+    });
+    let past_end = |o: &Output| -> Option<u64> {
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        let line = stdout
+            .lines()
+            .find(|l| l.contains("allocated past the end, reclaimable"))?;
+        line.split("rec: ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+    };
+    // Rounds of 3 MiB until the synced size leaves blocks ahead (a round whose end falls in
+    // the last group grown leaves none).
+    let mut ahead = None;
+    let mut committed = 0u64;
+    for round in 0..12 {
+        ok(&[
+            "stream",
+            s(&chunk),
+            &format!("udp://{addr}"),
+            "--rate",
+            "200Mbit/s",
+            "--unit",
+            "1316",
+        ]);
+        // The sender is done; the synced size stops moving: ten syncs in a row (at least
+        // 500 ms) without a change.
+        let (t0, mut same) = (Instant::now(), 0);
+        while same < 10 {
+            match lines.recv_timeout(Duration::from_secs(1)) {
+                Ok(b) if b == committed => same += 1,
+                Ok(b) => (committed, same) = (b, 0),
+                Err(_) => {}
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the recorder never settles"
+            );
+        }
+        let o = run(&["volume", "check", s(&m[1])]);
+        ahead = past_end(&o);
+        eprintln!("round {round}: committed {committed}, blocks ahead {ahead:?}");
+        if ahead.is_some() {
+            break;
+        }
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let ahead = ahead.expect("12 rounds and never a block ahead of the synced size");
+    let before = d.join("rec.before");
+    ok(&["volume", "export", s(&m[2]), "rec", s(&before)]);
+    let _ = rec.kill(); // SIGKILL
+    let _ = rec.wait();
+    // Every sync line it printed (the reader ends at EOF): none moved the size since.
+    let last = lines.iter().max().unwrap_or(committed);
+    assert_eq!(
+        last, committed,
+        "the recorder synced more after it had settled"
+    );
+    let o = run(&["volume", "check", s(&m[1])]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("all repairable"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(past_end(&o), Some(ahead), "{}", text(&o));
+    assert!(
+        ahead <= 8,
+        "{ahead} blocks ahead: more than one --grow-step of 8 MiB"
+    );
+    let ls = ok(&["volume", "ls", s(&m[0])]);
+    let size = size_of(&ls, "rec").unwrap();
+    assert_eq!(size, committed, "the committed size is the last synced one");
+    let fixed = ok(&["volume", "check", "--repair", s(&m[2])]);
+    assert!(fixed.contains("allocated past the end"), "{fixed}");
+    ok(&["volume", "check", s(&m[3])]);
+    assert_eq!(size_of(&ok(&["volume", "ls", s(&m[0])]), "rec"), Some(size));
+    let after = d.join("rec.after");
+    ok(&["volume", "export", s(&m[2]), "rec", s(&after)]);
+    assert_eq!(std::fs::metadata(&after).unwrap().len(), size);
+    assert!(
+        std::fs::read(&after).unwrap() == std::fs::read(&before).unwrap(),
+        "the committed bytes changed"
+    );
 }

@@ -63,8 +63,9 @@ pub struct ServerConfig {
     /// local block cache (docs/origin.md). Off by default.
     pub origin: OriginConfig,
     /// `[volumes]`: `NAME = "/path/of/a/member"`; partition PART of volume NAME is served at
-    /// `/vol/NAME/PART` over HTTP (reloadable with the root).
-    pub volumes: std::collections::BTreeMap<String, PathBuf>,
+    /// `/vol/NAME/PART` over HTTP (reloadable with the root) and RTSP (fixed at start); and
+    /// the limits of volume updates.
+    pub volumes: VolumesConfig,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
@@ -76,6 +77,56 @@ pub struct ServerConfig {
     /// The group to switch to with `user` (a name or a number; default: the user's primary
     /// group). Supplementary groups are cleared.
     pub group: Option<String>,
+}
+
+/// `[volumes]`: the served volumes (every key but the reserved ones below names a volume by
+/// the path of one of its members) and the limits of volume updates made by this server (a
+/// recording into a partition over the control protocol). The reserved keys are not volume
+/// names.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct VolumesConfig {
+    /// How long a metadata update (growth, truncation) waits for another process's update
+    /// to finish: `"30s"` (the default).
+    #[serde(
+        deserialize_with = "units::opt_ms",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lock_wait_ms: Option<u64>,
+    /// The largest step a growing partition allocates ahead of its writes: `"256MiB"` (the
+    /// default); rounded up to one block per member of the partition.
+    #[serde(
+        deserialize_with = "units::opt_size",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub grow_step_bytes: Option<u64>,
+    /// A directory of index tracks for RTSP: partition PART of volume NAME seeks by the
+    /// tracks `DIR/NAME/PART.{time,packet,frame}` when they are there (what `penstock record
+    /// … vol:NAME/PART --tracks DIR/NAME/PART` writes), else by PCR.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tracks: Option<PathBuf>,
+    /// NAME → the path of one member of the volume.
+    #[serde(flatten)]
+    pub members: std::collections::BTreeMap<String, PathBuf>,
+}
+
+impl VolumesConfig {
+    /// The update limits these settings ask (the driver's defaults where unset).
+    pub fn limits(&self) -> Result<penstock_driver::volume::VolumeLimits, ConfigError> {
+        let mut l = penstock_driver::volume::VolumeLimits::default();
+        if let Some(ms) = self.lock_wait_ms {
+            l.update_lock_wait = Duration::from_millis(ms);
+        }
+        if let Some(b) = self.grow_step_bytes {
+            if b == 0 {
+                return Err(ConfigError::Invalid(
+                    "volumes.grow_step_bytes must be above 0".into(),
+                ));
+            }
+            l.grow_step_bytes = b;
+        }
+        Ok(l)
+    }
 }
 
 /// `[http]`.
@@ -923,6 +974,7 @@ impl ServerConfig {
         self.log.check()?;
         self.rtsp.check()?;
         self.cluster.check()?;
+        self.volumes.limits()?;
         if !self.http.health_path.is_empty()
             && (!self.http.health_path.starts_with('/')
                 || self.http.health_path == self.http.metrics_path)
@@ -1073,6 +1125,37 @@ pub fn changed_keys(old: &ServerConfig, new: &ServerConfig) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `[volumes]`: the reserved keys are limits and the tracks directory, every other key a
+    /// volume; units as elsewhere; a zero growth step is refused.
+    #[test]
+    fn volumes_take_limits_and_tracks_beside_the_volume_names() {
+        let c: ServerConfig = toml::from_str(
+            "[volumes]\nhv = \"/srv/m0\"\ntracks = \"/srv/tracks\"\nlock_wait_ms = \"5s\"\ngrow_step_bytes = \"64MiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.volumes.members.keys().collect::<Vec<_>>(), ["hv"]);
+        assert_eq!(c.volumes.tracks.as_deref(), Some(Path::new("/srv/tracks")));
+        let l = c.volumes.limits().unwrap();
+        assert_eq!(l.update_lock_wait, Duration::from_secs(5));
+        assert_eq!(l.grow_step_bytes, 64 << 20);
+        c.check().unwrap();
+        let d: ServerConfig = toml::from_str("").unwrap();
+        assert_eq!(
+            d.volumes.limits().unwrap(),
+            penstock_driver::volume::VolumeLimits::default()
+        );
+        let z: ServerConfig = toml::from_str("[volumes]\ngrow_step_bytes = 0\n").unwrap();
+        assert!(
+            z.check()
+                .unwrap_err()
+                .to_string()
+                .contains("grow_step_bytes")
+        );
+        assert!(
+            toml::from_str::<ServerConfig>("[volumes]\nlock_wait_ms = \"5 parsecs\"\n").is_err()
+        );
+    }
 
     #[test]
     fn empty_file_gives_defaults() {

@@ -161,6 +161,9 @@ impl Server {
         inherited: Vec<TcpListener>,
     ) -> Result<Server, ServerError> {
         cfg.check()?;
+        // `[volumes]` limits: every volume update this process makes (control recordings).
+        penstock_driver::volume::set_limits(cfg.volumes.limits()?)
+            .map_err(|e| ConfigError::Invalid(format!("volumes: {e}")))?;
         let nofile = raise_nofile(cfg);
         let root_fd = confine::Root::open(root).map_err(|source| ServerError::Root {
             path: root.to_path_buf(),
@@ -223,7 +226,7 @@ impl Server {
                     root_fd,
                     cfg.http.index.clone(),
                     &cfg.http.types,
-                    &cfg.volumes,
+                    &cfg.volumes.members,
                 ),
                 cfg.http.server_name.clone(),
                 cfg.http.metrics_path.clone(),
@@ -371,7 +374,13 @@ impl Server {
         let rtsp = if cfg.rtsp.is_off() {
             None
         } else {
-            let r = rtsp::RtspServer::start(&cfg.rtsp, root, engine.clone(), metrics.clone())?;
+            let r = rtsp::RtspServer::start(
+                &cfg.rtsp,
+                &cfg.volumes,
+                root,
+                engine.clone(),
+                metrics.clone(),
+            )?;
             if let Some(o) = &origin_for_rtsp {
                 r.set_origin(o.clone());
             }
@@ -571,7 +580,14 @@ impl Server {
         let old_root = self.root.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let new_root = root.map_or_else(|| old_root.clone(), Path::to_path_buf);
         let site = confine::Root::open(&new_root)
-            .map(|fd| http::Site::new(fd, cfg.http.index.clone(), &cfg.http.types, &cfg.volumes))
+            .map(|fd| {
+                http::Site::new(
+                    fd,
+                    cfg.http.index.clone(),
+                    &cfg.http.types,
+                    &cfg.volumes.members,
+                )
+            })
             .map_err(|source| ServerError::Root {
                 path: new_root.clone(),
                 source,

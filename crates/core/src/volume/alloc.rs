@@ -516,6 +516,11 @@ pub enum Problem {
     /// A partition still `Creating`: its add-partition or import was interrupted and never
     /// reported success. Repairable: remove it and free its blocks.
     Interrupted { partition: Name },
+    /// Blocks a partition holds beyond what its committed size and reservation need: grown
+    /// ahead by a writer that was killed before it gave them back (a running writer holds
+    /// some too). Repairable (with no writer left: `--repair` takes the volume exclusively):
+    /// give back the last ones dealt, as a finishing writer does; no byte of the size moves.
+    AllocatedPastEnd { partition: Name, blocks: u64 },
     /// More problems than [`PROBLEMS_MAX`]; this many were left out.
     More { omitted: usize },
 }
@@ -525,7 +530,10 @@ impl Problem {
     pub fn repairable(&self) -> bool {
         matches!(
             self,
-            Problem::OwnedButFree { .. } | Problem::Leaked { .. } | Problem::Interrupted { .. }
+            Problem::OwnedButFree { .. }
+                | Problem::Leaked { .. }
+                | Problem::Interrupted { .. }
+                | Problem::AllocatedPastEnd { .. }
         )
     }
 }
@@ -582,6 +590,10 @@ impl fmt::Display for Problem {
                     "partition {partition} was never completed (interrupted create; repairable: removed)"
                 )
             }
+            Problem::AllocatedPastEnd { partition, blocks } => write!(
+                f,
+                "partition {partition}: {blocks} block(s) allocated past the end, reclaimable (grown ahead by a writer that did not finish; repairable)"
+            ),
             Problem::More { omitted } => write!(f, "... and {omitted} more problems"),
         }
     }
@@ -618,6 +630,14 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
             report(
                 Problem::Interrupted {
                     partition: p.name.clone(),
+                },
+                &mut problems,
+            );
+        } else if let Some(blocks) = past_end_blocks(meta, p) {
+            report(
+                Problem::AllocatedPastEnd {
+                    partition: p.name.clone(),
+                    blocks,
                 },
                 &mut problems,
             );
@@ -694,6 +714,17 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
     problems
 }
 
+/// The blocks partition `p` holds beyond what its size and reservation need (`None`: none).
+fn past_end_blocks(meta: &VolumeMeta, p: &Partition) -> Option<u64> {
+    let keep = partition_blocks(
+        p.kind,
+        p.members.len(),
+        p.size_bytes.max(p.reserve_bytes),
+        meta.layout.block_bytes(),
+    )?;
+    allocated_blocks(p).checked_sub(keep).filter(|&n| n > 0)
+}
+
 /// Groups ascending `(block, tag)` pairs into runs of consecutive blocks with equal tags.
 fn runs<T: PartialEq + Copy>(items: impl Iterator<Item = (u32, T)>) -> Vec<(u32, u32, T)> {
     let mut out: Vec<(u32, u32, T)> = Vec::new();
@@ -706,8 +737,9 @@ fn runs<T: PartialEq + Copy>(items: impl Iterator<Item = (u32, T)>) -> Vec<(u32,
     out
 }
 
-/// Fixes what can be proven: removes partitions left `Creating` (never reported created), then
-/// rebuilds every free-block map from the partition table (a block is used iff some partition
+/// Fixes what can be proven: removes partitions left `Creating` (never reported created), gives
+/// back the blocks of the others beyond their size and reservation ([`trim`]), then rebuilds
+/// every free-block map from the partition table (a block is used iff some partition
 /// lists it), which fixes leaks and owned-but-free blocks and never frees a listed block.
 /// Returns the repairable problems found before; what [`check`] still reports afterwards needs
 /// a human.
@@ -718,6 +750,18 @@ pub fn repair(meta: &mut VolumeMeta) -> Vec<Problem> {
         .collect();
     meta.partitions
         .retain(|p| p.state != PartitionState::Creating);
+    let past_end: Vec<String> = fixed
+        .iter()
+        .filter_map(|p| match p {
+            Problem::AllocatedPastEnd { partition, .. } => Some(partition.to_string()),
+            _ => None,
+        })
+        .collect();
+    for name in past_end {
+        // Found by check just above (a unique, mappable partition); a name now missing is
+        // nothing left to give back.
+        let _ = trim(meta, &name);
+    }
     for member in meta.layout.members() {
         let map = &mut meta.used[member.get()];
         for b in 0..map.blocks() {

@@ -854,3 +854,46 @@ fn a_block_listed_twice_by_one_partition_is_reported() {
         "{problems:?}"
     );
 }
+
+/// Blocks grown ahead past a partition's committed size (a writer killed before it gave them
+/// back) are reported as reclaimable, and `repair` gives back exactly those: the bytes of the
+/// size keep their places, the free map is the table's again.
+#[test]
+fn blocks_allocated_past_the_end_are_reported_and_repaired() {
+    let mut meta = meta4();
+    let free0: u64 = meta.used.iter().map(|m| u64::from(m.free_blocks())).sum();
+    allocate_with(&mut meta, "g", 0, 0, &Placement::Striped).unwrap();
+    mark_ready(&mut meta, "g").unwrap();
+    // Grown ahead to 3 groups (12 blocks), committed 3 MiB (one group's worth).
+    assert_eq!(grow(&mut meta, "g", 9 * MIB).unwrap(), 12 * MIB);
+    set_size(&mut meta, "g", 3 * MIB).unwrap();
+    let before = map_of(&meta, "g");
+    let problems = check(&meta);
+    assert_eq!(
+        problems,
+        vec![Problem::AllocatedPastEnd {
+            partition: Name::new("g").unwrap(),
+            blocks: 8
+        }]
+    );
+    assert!(problems[0].repairable());
+    assert!(
+        problems[0]
+            .to_string()
+            .contains("allocated past the end, reclaimable")
+    );
+    assert_eq!(repair(&mut meta), problems);
+    assert!(check(&meta).is_empty(), "{:?}", check(&meta));
+    let p = meta.partition("g").unwrap();
+    assert_eq!((p.size_bytes, allocated_blocks(p)), (3 * MIB, 4));
+    let free: u64 = meta.used.iter().map(|m| u64::from(m.free_blocks())).sum();
+    assert_eq!(free, free0 - 4);
+    let after = map_of(&meta, "g");
+    for o in (0..3 * MIB).step_by(4096 * 7) {
+        assert_eq!(after.locate(o).unwrap(), before.locate(o).unwrap());
+    }
+    // A reservation is not past the end: 12 MiB reserved keeps its 12 blocks.
+    allocate_with(&mut meta, "r", 0, 12 * MIB, &Placement::Striped).unwrap();
+    mark_ready(&mut meta, "r").unwrap();
+    assert!(check(&meta).is_empty(), "{:?}", check(&meta));
+}

@@ -28,7 +28,8 @@ use penstock_driver::{DiskClass, StreamError, StreamSpec};
 
 use super::live::LiveSource;
 use super::{
-    EndReason, LivePlaying, Playing, RtspShared, Session, SessionMedia, Transport, random_u64,
+    EndReason, LivePlaying, Playing, RtspShared, Session, SessionMedia, Source, Transport,
+    random_u64,
 };
 use crate::confine;
 
@@ -320,14 +321,22 @@ impl Conn<'_> {
         }
     }
 
-    /// Opens the request's file beneath the root (404 for anything that is not a file in it).
-    fn open(&self, req: &Request, cseq: u32) -> Result<(std::fs::File, String), Reply> {
+    /// Opens the request's file beneath the root, or with `[volumes]` the partition
+    /// `vol/NAME/PART` (404 for anything that is not a file in it, or not a ready partition
+    /// of a configured volume).
+    fn open(&self, req: &Request, cseq: u32) -> Result<(Source, String), Reply> {
         let path = req.path.clone().unwrap_or_default();
         if path.is_empty() {
             return Err(text(404, cseq, "no file named in the URL"));
         }
+        if let Some(opened) = self.shared.open_partition(&path) {
+            return opened
+                .map(|s| (s, path))
+                .map_err(|(code, m)| text(code, cseq, &m));
+        }
+        let file = |(f, p)| (Source::File(f), p);
         match self.shared.root.open_path(&path) {
-            Ok(confine::Opened::File { file, .. }) => Ok((file, path)),
+            Ok(confine::Opened::File { file: f, .. }) => Ok(file((f, path))),
             Ok(confine::Opened::Directory(_)) => Err(text(404, cseq, "a directory")),
             Err(confine::Refused::Failed) => Err(text(500, cseq, "the file could not be opened")),
             // Missing beneath the root: the origin's object, copied whole into the cache
@@ -335,7 +344,7 @@ impl Conn<'_> {
             Err(confine::Refused::NotFound) if self.shared.origin.get().is_some() => {
                 let origin = self.shared.origin.get().expect("checked in the guard");
                 match origin.whole_file(&format!("/{path}")) {
-                    Ok(file) => Ok((file, path)),
+                    Ok(f) => Ok(file((f, path))),
                     Err(e) => {
                         let code = e.status().code();
                         if code != 404 {
@@ -350,12 +359,7 @@ impl Conn<'_> {
         }
     }
 
-    fn media(
-        &self,
-        file: &std::fs::File,
-        path: &str,
-        cseq: u32,
-    ) -> Result<Arc<super::Media>, Reply> {
+    fn media(&self, file: &Source, path: &str, cseq: u32) -> Result<Arc<super::Media>, Reply> {
         self.shared
             .media_for(file, path)
             .map_err(|e| text(415, cseq, &format!("{path}: not playable as MPEG-TS: {e}")))
@@ -774,15 +778,26 @@ impl Conn<'_> {
             media.plan.units.len() - pb.units.len()
         );
         let fail = |code: u16, m: String| text(code, 0, &m);
-        let src_file = file.try_clone().map_err(|e| fail(500, format!("{e}")))?;
-        let len = src_file.metadata().map_or(0, |m| m.len());
-        let source = Opened {
-            fd: src_file.into(),
-            kind: IoKind::File,
-            size: Some(len),
-            socket: false,
-            label: s.path.clone(),
-            volume: None,
+        let source = match file {
+            Source::File(file) => {
+                let src_file = file.try_clone().map_err(|e| fail(500, format!("{e}")))?;
+                let len = src_file.metadata().map_or(0, |m| m.len());
+                Opened {
+                    fd: src_file.into(),
+                    kind: IoKind::File,
+                    size: Some(len),
+                    socket: false,
+                    label: s.path.clone(),
+                    volume: None,
+                }
+            }
+            // A reader of its own per stream (the engine consumes it); the session's keeps
+            // the volume's shared lock until TEARDOWN.
+            Source::Partition { pio, .. } => pio
+                .try_clone_reader()
+                .map_err(|e| e.to_string())
+                .and_then(|r| penstock_driver::open::opened_partition(r).map_err(|e| e.to_string()))
+                .map_err(|e| fail(500, e))?,
         };
         let target_fd: std::os::fd::OwnedFd = match &s.transport {
             Transport::Udp { rtp, .. } => rtp.try_clone().map(Into::into),

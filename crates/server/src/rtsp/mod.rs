@@ -12,6 +12,12 @@
 //! - the **media** ([`Media`]): one PCR plan per file (`driver::media::pcr_plan`, cached by
 //!   inode and mtime), shared by the sessions of that file.
 //!
+//! **Volume partitions** (docs/rtsp.md "Volume partitions"): with `[volumes]`, the path
+//! `vol/NAME/PART` is partition PART of volume NAME ([`Source::Partition`]): planned from its
+//! committed bytes (cached by volume, name and generation), seeked by the tracks in
+//! `[volumes] tracks` when they are there, and played by the engine from the members (the
+//! `vol:` source: the uring path), each PLAY from a duplicate of the session's reader.
+//!
 //! A reaper thread turns every played session's RTCP link (sender reports out, receiver
 //! reports in: loss and jitter into the metrics per class, and a report counts as the
 //! client being alive), sends the RTCP BYE when a stream reaches the end of its media, and
@@ -59,11 +65,52 @@ const BYE_DELAY: Duration = Duration::from_millis(500);
 /// How long the accept loop waits before it looks at the stop flag again.
 const ACCEPT_POLL: Duration = Duration::from_millis(200);
 
+/// What a media's plan was made from: the same key, the same bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum MediaKey {
+    /// (device, inode, size, mtime ns): a file changed on disk is planned again.
+    File(u64, u64, u64, i64),
+    /// (device and inode of the member named in `[volumes]`, partition, generation, size):
+    /// every committed write or truncation bumps the generation.
+    Partition(u64, u64, String, u64, u64),
+}
+
+impl MediaKey {
+    /// The same file or partition (perhaps changed since).
+    fn same_media(&self, other: &MediaKey) -> bool {
+        match (self, other) {
+            (MediaKey::File(d, i, ..), MediaKey::File(e, j, ..)) => d == e && i == j,
+            (MediaKey::Partition(d, i, n, ..), MediaKey::Partition(e, j, m, ..)) => {
+                d == e && i == j && n == m
+            }
+            _ => false,
+        }
+    }
+}
+
+/// What an RTSP path names: a file (beneath the root, or a copy of the origin's object), or a
+/// volume partition.
+#[derive(Debug)]
+pub(crate) enum Source {
+    File(File),
+    /// A ready partition: a reader holding the volume's shared lock for the session's life
+    /// (`volume rm` and `truncate` wait for it), with the key of its bytes and where its
+    /// tracks would be.
+    Partition {
+        pio: Box<penstock_driver::volume::PartitionIo>,
+        key: MediaKeyOf,
+        tracks: Option<std::path::PathBuf>,
+    },
+}
+
+/// A partition's media key (kept opaque outside this module).
+#[derive(Debug, Clone)]
+pub(crate) struct MediaKeyOf(MediaKey);
+
 /// One file's PCR plan, shared by its sessions.
 #[derive(Debug)]
 pub struct Media {
-    /// (device, inode, size, mtime ns): a file changed on disk is planned again.
-    key: (u64, u64, u64, i64),
+    key: MediaKey,
     pub pid: PcrPid,
     pub plan: TsPlan,
     /// Where a recording's frame track says independent frames begin: the plan's units that
@@ -198,8 +245,8 @@ struct Playing {
 /// What a session plays.
 #[derive(Debug)]
 enum SessionMedia {
-    /// A file beneath the root and its PCR plan.
-    File { file: File, media: Arc<Media> },
+    /// A file beneath the root (or a volume partition) and its PCR plan.
+    File { file: Source, media: Arc<Media> },
     /// A live source (`[rtsp.live.NAME]`).
     Live(Arc<live::LiveSource>),
 }
@@ -260,6 +307,9 @@ impl EndReason {
 /// What the RTSP threads share.
 pub struct RtspShared {
     pub(crate) cfg: RtspConfig,
+    /// `[volumes]`: partitions played at `vol/NAME/PART` (none configured: `vol/` is an
+    /// ordinary path beneath the root).
+    volumes: crate::config::VolumesConfig,
     root: confine::Root,
     pub(crate) engine: Arc<Engine>,
     pub(crate) metrics: Arc<Metrics>,
@@ -342,6 +392,7 @@ impl RtspServer {
     /// again (its own descriptor: the RTSP server keeps it for its life).
     pub fn start(
         cfg: &RtspConfig,
+        volumes: &crate::config::VolumesConfig,
         root: &std::path::Path,
         engine: Arc<Engine>,
         metrics: Arc<Metrics>,
@@ -383,6 +434,7 @@ impl RtspServer {
         }
         let shared = Arc::new(RtspShared {
             cfg: cfg.clone(),
+            volumes: volumes.clone(),
             root: root_fd,
             engine,
             metrics,
@@ -690,12 +742,24 @@ impl RtspShared {
                 )),
             }
         };
-        let rec = match penstock_driver::record::load_tracks_with(
+        let rec = penstock_driver::record::load_tracks_with(
             std::path::Path::new(path),
             media_len,
             self.cfg.plan_entries_max,
             read,
-        ) {
+        );
+        self.keys_of(path, rec, plan)
+    }
+
+    /// The plan's units holding the independent frames of a recording's loaded tracks (`None`
+    /// when they did not load or list no frame).
+    fn keys_of(
+        &self,
+        path: &str,
+        rec: Result<penstock_driver::record::LoadedRecording, penstock_driver::record::LoadError>,
+        plan: &TsPlan,
+    ) -> Option<Vec<usize>> {
+        let rec = match rec {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!("rtsp {path}: no index tracks, seeks go by PCR: {e}");
@@ -722,19 +786,24 @@ impl RtspShared {
         Some(keys)
     }
 
-    /// The plan of an opened file, from the cache when the file is unchanged.
+    /// The plan of an opened file or partition, from the cache when it is unchanged.
     fn media_for(
         &self,
-        file: &File,
+        source: &Source,
         path: &str,
     ) -> Result<Arc<Media>, penstock_driver::media::MediaError> {
-        let m = file.metadata()?;
-        let key = (
-            m.dev(),
-            m.ino(),
-            m.len(),
-            m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-        );
+        let key = match source {
+            Source::File(file) => {
+                let m = file.metadata()?;
+                MediaKey::File(
+                    m.dev(),
+                    m.ino(),
+                    m.len(),
+                    m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+                )
+            }
+            Source::Partition { key, .. } => key.0.clone(),
+        };
         {
             let c = self.media.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(hit) = c.entries.iter().find(|e| e.key == key) {
@@ -746,19 +815,92 @@ impl RtspShared {
             plan_entries_max: self.cfg.plan_entries_max,
             ..PcrLimits::default()
         };
-        let (pid, plan) = penstock_driver::media::pcr_plan(file, &limits)?;
-        let keys = self.track_keys(path, m.len(), &plan);
+        let (pid, plan, keys) = match source {
+            Source::File(file) => {
+                let (pid, plan) = penstock_driver::media::pcr_plan(file, &limits)?;
+                let len = file.metadata()?.len();
+                let keys = self.track_keys(path, len, &plan);
+                (pid, plan, keys)
+            }
+            Source::Partition { pio, tracks, .. } => {
+                // Planned through the page cache (a reader of its own: the session's keeps
+                // the members as the volume opened them, O_DIRECT or not, for the engine).
+                let mut reader = pio.try_clone_reader()?;
+                reader.make_buffered()?;
+                let (pid, plan) = penstock_driver::media::pcr_plan_with(
+                    |buf, offset| reader.read_at(buf, offset),
+                    &limits,
+                )?;
+                let keys = tracks.as_deref().and_then(|prefix| {
+                    let rec = penstock_driver::record::load_tracks(
+                        prefix,
+                        pio.size_bytes,
+                        self.cfg.plan_entries_max,
+                    );
+                    self.keys_of(path, rec, &plan)
+                });
+                (pid, plan, keys)
+            }
+        };
         let media = Arc::new(Media {
-            key,
+            key: key.clone(),
             pid,
             plan,
             keys,
         });
         let mut c = self.media.lock().unwrap_or_else(|p| p.into_inner());
-        c.entries.retain(|e| e.key.0 != key.0 || e.key.1 != key.1);
+        c.entries.retain(|e| !e.key.same_media(&key));
         c.entries.push_front(media.clone());
         c.entries.truncate(self.cfg.media_cached_max);
         Ok(media)
+    }
+
+    /// The partition a path `vol/NAME/PART` names, when `[volumes]` configures volumes
+    /// (`None`: the path is an ordinary one beneath the root). `Err(404)` for anything that
+    /// is not a ready partition of a configured volume, as over HTTP.
+    fn open_partition(&self, path: &str) -> Option<Result<Source, (u16, String)>> {
+        use penstock_driver::volume::{Access, Volume, VolumeError};
+        let rest = path.strip_prefix("vol/")?;
+        if self.volumes.members.is_empty() {
+            return None;
+        }
+        let not_found = || Some(Err((404, "no such volume partition".to_string())));
+        let Some((vname, pname)) = rest.split_once('/') else {
+            return not_found();
+        };
+        let valid = |n: &str| penstock_core::volume::Name::new(n).is_ok();
+        if !valid(vname) || !valid(pname) {
+            return not_found();
+        }
+        let Some(member) = self.volumes.members.get(vname) else {
+            return not_found();
+        };
+        let opened = Volume::open(member, Access::Shared).and_then(|v| {
+            let g = v.meta().partition(pname).map_or(0, |p| p.generation);
+            Ok((v.partition_io(pname, false)?, g))
+        });
+        let (pio, generation) = match opened {
+            Ok(x) => x,
+            Err(VolumeError::NoSuchPartition { .. } | VolumeError::NotReady { .. }) => {
+                return not_found();
+            }
+            Err(e) => {
+                tracing::warn!(volume = vname, error = %e, "RTSP: a configured volume does not open");
+                return Some(Err((500, format!("volume {vname}: {e}"))));
+            }
+        };
+        let (dev, ino) = std::fs::metadata(member).map_or((0, 0), |m| (m.dev(), m.ino()));
+        let key = MediaKey::Partition(dev, ino, pname.to_string(), generation, pio.size_bytes);
+        let tracks = self
+            .volumes
+            .tracks
+            .as_ref()
+            .map(|d| d.join(vname).join(pname));
+        Some(Ok(Source::Partition {
+            pio: Box::new(pio),
+            key: MediaKeyOf(key),
+            tracks,
+        }))
     }
 
     /// A server port pair on `ip`: RTP on an even port, RTCP on the next, both free.

@@ -38,6 +38,9 @@ pub enum VolumeCommand {
     /// Verify both metadata copies of every member and the allocation map; --repair fixes
     /// what can be proven (exit 1 while problems remain).
     Check(CheckArgs),
+    /// Mount the volume's partitions as regular files in DIR (FUSE); unmount with
+    /// `fusermount3 -u DIR`, `umount DIR` or SIGTERM (see docs/volume-format.md, "Mount").
+    Mount(crate::cmd_mount::MountArgs),
 }
 
 #[derive(Args, Debug)]
@@ -130,6 +133,7 @@ pub fn run(cmd: VolumeCommand) -> Result<()> {
         VolumeCommand::Rm(a) => rm(a),
         VolumeCommand::Truncate(a) => truncate(a),
         VolumeCommand::Check(a) => check(a),
+        VolumeCommand::Mount(a) => crate::cmd_mount::run(a),
     }
 }
 

@@ -154,7 +154,13 @@ impl Mount {
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        if mounted(&self.dir) {
+        // Anything mounted there (also a mount whose server died): detach it.
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let want = self.dir.to_string_lossy();
+        if info
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(want.as_ref()))
+        {
             let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
         }
         if let Some(mut c) = self.child.take() {

@@ -86,6 +86,11 @@ pub struct IsolationArgs {
     /// machine) from those the disk causes. Each row reports the worker's run-queue wait.
     #[arg(long)]
     pub realtime: bool,
+    /// Instead of readers, N `cp` processes writing copies of the background files (issue 21):
+    /// onto a plain file of this disk, and onto `penstock volume mount` of a volume whose
+    /// member is on this disk (the engine's scheduler on). Use with `--readers 0,1`.
+    #[arg(long)]
+    pub fuse_cp: bool,
 }
 
 #[derive(Args, Debug)]
@@ -258,6 +263,99 @@ fn proc_read_bytes(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// A background process's bytes: a reader's from the disk (`read_bytes`), a `cp`'s copied
+/// (`rchar`: a copy onto the FUSE mount is written to the disk by the mount's server).
+fn proc_bg_bytes(pid: u32, cp: bool) -> u64 {
+    if !cp {
+        return proc_read_bytes(pid);
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("rchar: ")
+                    .and_then(|v| v.trim().parse().ok())
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// `--fuse-cp`: a one-member volume on the measured disk, mounted with `penstock volume
+/// mount`; unmounted when dropped.
+struct FuseCp {
+    member: PathBuf,
+    mnt: PathBuf,
+}
+
+impl FuseCp {
+    fn mount(exe: &Path, dir: &Path, bg_size: u64, copies: usize) -> Result<FuseCp> {
+        let member = dir.join("fusevol-m0");
+        let mnt = dir.join("fuse-mnt");
+        std::fs::create_dir_all(&mnt)?;
+        let member_size = bg_size * copies.max(1) as u64 + (256 << 20);
+        let run = |args: &[&std::ffi::OsStr]| -> Result<()> {
+            let o = Command::new(exe).args(args).output()?;
+            if !o.status.success() {
+                bail!(
+                    "penstock {args:?}: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+            }
+            Ok(())
+        };
+        run(&[
+            "volume".as_ref(),
+            "create".as_ref(),
+            "isolation".as_ref(),
+            "--member".as_ref(),
+            member.as_os_str(),
+            "--member-size".as_ref(),
+            member_size.to_string().as_ref(),
+        ])?;
+        run(&[
+            "volume".as_ref(),
+            "mount".as_ref(),
+            member.as_os_str(),
+            mnt.as_os_str(),
+        ])?;
+        Ok(FuseCp { member, mnt })
+    }
+
+    /// Removes the copies of the previous run and writes back dirty pages, so that each run
+    /// starts from the same state.
+    fn clear(&self, dir: &Path) -> Result<()> {
+        for d in [dir, self.mnt.as_path()] {
+            for e in std::fs::read_dir(d)? {
+                let p = e?.path();
+                if p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("cp"))
+                {
+                    // A copy killed at the end of the previous run is released by the mount
+                    // a moment later: until then its removal is EBUSY.
+                    let started = std::time::Instant::now();
+                    while let Err(e) = std::fs::remove_file(&p) {
+                        if e.raw_os_error() != Some(rustix::io::Errno::BUSY.raw_os_error())
+                            || started.elapsed() > Duration::from_secs(10)
+                        {
+                            return Err(e).with_context(|| format!("removing {}", p.display()));
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            }
+        }
+        rustix::fs::sync();
+        Ok(())
+    }
+}
+
+impl Drop for FuseCp {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = std::fs::remove_file(&self.member);
+    }
+}
+
 struct IsoRow {
     background: &'static str,
     mode: &'static str,
@@ -323,8 +421,24 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
         &ScheduleLimits::new(UNIT),
     )?;
     let mut rows = Vec::new();
-    for background in ["penstock bulk streams", "read() processes"] {
-        for (mode, mode_name) in [(SchedMode::Drr, "drr"), (SchedMode::Fifo, "fifo")] {
+    let exe = std::env::current_exe()?;
+    let fuse = if a.fuse_cp {
+        Some(FuseCp::mount(&exe, &dir, bg_size, max_readers)?)
+    } else {
+        None
+    };
+    let backgrounds: &[&'static str] = if a.fuse_cp {
+        &["cp to a plain file", "cp to the FUSE mount"]
+    } else {
+        &["penstock bulk streams", "read() processes"]
+    };
+    let modes: &[(SchedMode, &'static str)] = if a.fuse_cp {
+        &[(SchedMode::Drr, "drr")]
+    } else {
+        &[(SchedMode::Drr, "drr"), (SchedMode::Fifo, "fifo")]
+    };
+    for &background in backgrounds {
+        for &(mode, mode_name) in modes {
             for &n in &a.readers {
                 let before = crate::schedstat::snapshot(WORKER_PREFIX);
                 let e = engine(mode, Order::EarliestDeadline, a.disk_inflight, a.realtime)?;
@@ -339,9 +453,18 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                 }
                 let mut bulk = Vec::new();
                 let mut procs = Procs(Vec::new());
-                let exe = std::env::current_exe()?;
-                for f in bg_files.iter().take(n) {
-                    if background.starts_with("penstock") {
+                if let Some(fuse) = &fuse {
+                    fuse.clear(&dir)?;
+                }
+                for (i, f) in bg_files.iter().enumerate().take(n) {
+                    if let Some(fuse) = fuse.as_ref().filter(|_| background.starts_with("cp")) {
+                        let to = if background.contains("FUSE") {
+                            fuse.mnt.join(format!("cp{i}.bin"))
+                        } else {
+                            dir.join(format!("cp{i}.bin"))
+                        };
+                        procs.0.push(Command::new("cp").arg(f).arg(to).spawn()?);
+                    } else if background.starts_with("penstock") {
                         let mut s = StreamSpec::new(Endpoint::File { path: f.clone() }, devnull());
                         s.path = PathChoice::Fixed(penstock_core::stream::DataPath::Uring);
                         s.cache = CachePolicy::Bypass;
@@ -355,7 +478,11 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                     }
                 }
                 std::thread::sleep(Duration::from_millis(300));
-                let read0: u64 = procs.0.iter().map(|c| proc_read_bytes(c.id())).sum();
+                let read0: u64 = procs
+                    .0
+                    .iter()
+                    .map(|c| proc_bg_bytes(c.id(), a.fuse_cp))
+                    .sum();
                 let bulk0: u64 = bulk.iter().map(|h| h.counters().bytes_read).sum();
                 let wait0 = before.waited_since(WORKER_PREFIX);
                 let disk0 = crate::schedstat::disk_reads(&rt_file);
@@ -385,7 +512,11 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                     _ => None,
                 };
                 let bg_bytes = bulk.iter().map(|h| h.counters().bytes_read).sum::<u64>() - bulk0
-                    + procs.0.iter().map(|c| proc_read_bytes(c.id())).sum::<u64>()
+                    + procs
+                        .0
+                        .iter()
+                        .map(|c| proc_bg_bytes(c.id(), a.fuse_cp))
+                        .sum::<u64>()
                     - read0;
                 for h in &bulk {
                     h.cancel();

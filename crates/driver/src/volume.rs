@@ -945,6 +945,19 @@ impl Volume {
         self.update(|meta| volume::truncate(meta, name, size_bytes))
     }
 
+    /// Renames partition `from` to `to`; with `replace`, a partition called `to` is removed
+    /// first (see `penstock_core::volume::rename`).
+    pub fn rename_partition(&mut self, from: &str, to: &str, replace: bool) -> Result<()> {
+        self.update(|meta| volume::rename(meta, from, to, replace))
+    }
+
+    /// Reads the newest metadata (what other handles and processes committed since this
+    /// handle last did), under the update lock so that no update is seen half-written.
+    pub fn refresh(&mut self) -> Result<()> {
+        let _lock = self.lock_updates()?;
+        self.reload()
+    }
+
     /// `fdatasync` on every member (data written through other descriptors of the same files
     /// included: the sync is per file).
     pub fn sync_data(&self) -> Result<()> {

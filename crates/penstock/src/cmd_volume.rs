@@ -75,6 +75,9 @@ pub enum VolumeCommand {
     /// Verify both metadata copies of every member and the allocation map; --repair fixes
     /// what can be proven (exit 1 while problems remain).
     Check(CheckArgs),
+    /// Mount the volume's partitions as regular files in DIR (FUSE); unmount with
+    /// `fusermount3 -u DIR`, `umount DIR` or SIGTERM (see docs/volume-format.md, "Mount").
+    Mount(crate::cmd_mount::MountArgs),
 }
 
 #[derive(Args, Debug)]
@@ -168,6 +171,7 @@ pub fn run(a: VolumeArgs) -> Result<()> {
         VolumeCommand::Rm(a) => rm(a),
         VolumeCommand::Truncate(a) => truncate(a),
         VolumeCommand::Check(a) => check(a),
+        VolumeCommand::Mount(a) => crate::cmd_mount::run(a),
     }
 }
 

@@ -14,6 +14,7 @@ mod calibrate;
 mod cmd_cluster;
 mod cmd_ctl;
 mod cmd_manual;
+mod cmd_mount;
 mod cmd_record;
 mod cmd_serve;
 mod cmd_stream;

@@ -483,6 +483,35 @@ pub fn free(meta: &mut VolumeMeta, name: &str) -> Result<(), AllocError> {
     Ok(())
 }
 
+/// Renames partition `from` to `to` (a new generation: its name is part of what a client
+/// addressed). With `replace`, a partition already called `to` is removed first and its blocks
+/// freed (POSIX `rename` over an existing file); without, that is [`AllocError::Duplicate`].
+/// Renaming a partition to its own name changes nothing. On error `meta` is unchanged.
+pub fn rename(
+    meta: &mut VolumeMeta,
+    from: &str,
+    to: &str,
+    replace: bool,
+) -> Result<(), AllocError> {
+    let new_name = Name::new(to)?;
+    find_mut(meta, from)?;
+    if from == to {
+        return Ok(());
+    }
+    if meta.partition(to).is_some() {
+        if !replace {
+            return Err(AllocError::Duplicate {
+                name: to.to_string(),
+            });
+        }
+        free(meta, to)?;
+    }
+    let p = find_mut(meta, from)?;
+    p.name = new_name;
+    p.generation = p.generation.wrapping_add(1);
+    Ok(())
+}
+
 /// One inconsistency found by [`check`]. Block problems are reported as runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

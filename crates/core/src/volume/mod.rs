@@ -21,7 +21,7 @@ pub mod member;
 
 pub use alloc::{
     AllocError, Placement, Problem, allocate, allocate_with, allocated_blocks, capacity_bytes,
-    check, free, grow, mark_ready, repair, room_bytes, set_size, trim, truncate,
+    check, free, grow, mark_ready, rename, repair, room_bytes, set_size, trim, truncate,
 };
 pub use format::{
     BlockMap, Chosen, DecodedMeta, MetaError, Slot, VolumeMeta, VolumeUuid, choose, decode, encode,

@@ -897,3 +897,42 @@ fn blocks_allocated_past_the_end_are_reported_and_repaired() {
     mark_ready(&mut meta, "r").unwrap();
     assert!(check(&meta).is_empty(), "{:?}", check(&meta));
 }
+
+#[test]
+fn rename_moves_the_name_and_replaces_only_when_asked() {
+    let mut meta = meta4();
+    allocate(&mut meta, "a", 3 * MIB, &Placement::Striped).unwrap();
+    allocate(&mut meta, "b", 5 * MIB, &Placement::Striped).unwrap();
+    mark_ready(&mut meta, "a").unwrap();
+    mark_ready(&mut meta, "b").unwrap();
+    let free_before: u32 = meta.used.iter().map(BlockMap::free_blocks).sum();
+    let gen_a = meta.partition("a").unwrap().generation;
+    // Bad names and missing sources change nothing.
+    let before = meta.clone();
+    assert!(matches!(
+        rename(&mut meta, "a", "x/y", true),
+        Err(AllocError::Name(_))
+    ));
+    assert!(matches!(
+        rename(&mut meta, "nope", "c", true),
+        Err(AllocError::NotFound { .. })
+    ));
+    assert!(matches!(
+        rename(&mut meta, "a", "b", false),
+        Err(AllocError::Duplicate { .. })
+    ));
+    assert_eq!(meta, before);
+    rename(&mut meta, "a", "a", true).unwrap();
+    assert_eq!(meta, before);
+    // Over an existing partition: it is removed, its blocks freed, the source keeps its blocks.
+    let extents_a = meta.partition("a").unwrap().extents.clone();
+    let blocks_b = allocated_blocks(meta.partition("b").unwrap());
+    rename(&mut meta, "a", "b", true).unwrap();
+    assert!(meta.partition("a").is_none());
+    let b = meta.partition("b").unwrap();
+    assert_eq!(b.extents, extents_a);
+    assert!(b.generation > gen_a);
+    let free_after: u32 = meta.used.iter().map(BlockMap::free_blocks).sum();
+    assert_eq!(u64::from(free_after - free_before), blocks_b);
+    assert_eq!(check(&meta), vec![]);
+}

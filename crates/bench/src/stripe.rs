@@ -285,6 +285,7 @@ pub fn run(a: StripeArgs) -> Result<()> {
             stripe_unit_bytes: a.stripe_unit,
             block_bytes: BLOCK_BYTES_DEFAULT,
             force: true,
+            copies: 1,
         })?;
         v.begin_partition("p", a.size, &Placement::Striped)?;
         v.finish_partition("p")?;

@@ -1540,7 +1540,14 @@ impl PartitionIo {
             )));
         }
         let map = PartitionMap::new(&vol.meta.layout, p)?;
-        let writable = rustix::fs::fcntl_getfl(&vol.members[0].file)
+        // The access the members were opened with (a mirrored volume's stand-in for a missing
+        // member is read-only whatever it is: ask a present one).
+        let probe = vol
+            .members
+            .iter()
+            .find(|m| m.present)
+            .unwrap_or(&vol.members[0]);
+        let writable = rustix::fs::fcntl_getfl(&probe.file)
             .map(|f| f & rustix::fs::OFlags::RWMODE != rustix::fs::OFlags::RDONLY)
             .unwrap_or(false);
         let growth = if writable {

@@ -546,6 +546,9 @@ impl Volume {
         // the next update by anyone records it).
         if writable && !v.failures.is_empty() {
             let _lock = v.lock_updates()?;
+            // Another process may have committed since: re-read (the failed members stay
+            // marked), then commit.
+            v.reload()?;
             let meta = v.meta.clone();
             v.commit(meta)?;
         }

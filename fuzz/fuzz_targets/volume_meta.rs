@@ -2,9 +2,10 @@
 //! Volume metadata slots, structure-aware.
 //!
 //! Most inputs are read (with `arbitrary`) as a small description of a volume: members, stripe
-//! unit, block size, data start, a list of operations (allocate striped or placed, mark ready,
-//! free, repair, and hand edits that leave the volume encodable but inconsistent), path hints,
-//! member index and sequence. The description is turned into real metadata with the core's own
+//! unit, block size, data start, whether it is mirrored (one in four: failure domains, member
+//! states, each partition's copies), a list of operations (allocate striped or placed, grow,
+//! mark ready, free, repair, and hand edits that leave the volume encodable but inconsistent,
+//! the copies' members and extents too), path hints, member index and sequence. The description is turned into real metadata with the core's own
 //! allocator and encoder, and then:
 //!
 //! 1. the image decodes to exactly that metadata (`decode(encode(x)) == x`);
@@ -41,11 +42,12 @@ use penstock_core::volume::format::{
 use penstock_core::volume::layout::{ALIGN_BYTES, BLOCK_BYTES_MAX};
 use penstock_core::volume::{
     BLOCKS_PER_MEMBER_MAX, DecodedMeta, EXTENTS_MAX, MEMBER_PATH_BYTES_MAX, MEMBERS_MAX,
-    MemberIndex, MetaError, NAME_BYTES_MAX, Name, PARTITIONS_MAX, PartitionKind, PartitionMap,
+    MemberIndex, MemberState, MetaError, NAME_BYTES_MAX, Name, PARTITIONS_MAX, PartitionKind, PartitionMap,
     PartitionState, Placement, VolumeLayout, VolumeMeta, VolumeUuid, allocate, allocate_with,
     allocated_blocks, check, decode, encode, free, grow, mark_ready, repair, set_size, trim,
     truncate,
 };
+use penstock_core::volume::alloc::set_member_state;
 
 const SLOT_BYTES: usize = META_SLOT_BYTES as usize;
 const HEADER: usize = META_HEADER_BYTES;
@@ -83,17 +85,22 @@ fuzz_target!(|data: &[u8]| {
 /// that decodes equal.
 ///
 /// A version 1 image (no reservation or generation per partition) re-encodes as version 2,
-/// whose bytes differ; it must still decode to the same metadata.
+/// whose bytes differ, and so does a version 3 image of a volume that uses nothing of version
+/// 3 (one copy, every member ok); each must still decode to the same metadata.
 fn reencodes(d: &DecodedMeta, slot: &[u8]) {
     let again = encode(&d.meta, d.member, d.seq);
-    if le32(slot, VERSION_AT) == META_VERSION {
+    let version = le32(slot, VERSION_AT);
+    assert!((1..=META_VERSION).contains(&version), "only versions 1 to 3 decode");
+    if version == d.meta.format_version() {
         let end = HEADER + le32(&again, BODY_LEN_AT) as usize;
         assert!(
             again[..end] == slot[..end],
             "decoded metadata re-encodes to different bytes"
         );
+    } else if version == META_VERSION {
+        assert!(!d.meta.mirrored(), "a mirrored volume is written as version 3");
     } else {
-        assert_eq!(le32(slot, VERSION_AT), 1, "only versions 1 and 2 decode");
+        assert_eq!(version, 1, "a version 2 image re-encodes as version 2");
         for p in &d.meta.partitions {
             assert_eq!(p.reserve_bytes, p.size_bytes, "a version 1 partition is fixed-size");
             assert_eq!(p.generation, 1);
@@ -134,6 +141,19 @@ fn exercise(d: &DecodedMeta) {
             at += piece.len_bytes;
         }
         assert_eq!(at, len_bytes);
+        // A mirrored partition: every piece has its copy, of the same length, elsewhere.
+        let pairs = map.split_copies(offset_bytes, len_bytes).expect("split in range");
+        let mut at = 0;
+        for pair in &pairs {
+            assert_eq!(pair.primary.buf_offset_bytes, at);
+            if let Some(c) = pair.mirror {
+                assert_eq!(c.len_bytes, pair.primary.len_bytes);
+                assert_eq!(c.buf_offset_bytes, at);
+                assert_ne!(c.member, pair.primary.member);
+            }
+            at += pair.primary.len_bytes;
+        }
+        assert_eq!(at, len_bytes);
     }
 
     // check() and repair() run on metadata read from disk (`volume check --repair`). Both visit
@@ -167,7 +187,9 @@ fn exercise(d: &DecodedMeta) {
         let after = m.partition(name).expect("still there");
         assert_eq!(allocated_blocks(after) + freed, had, "truncate lost blocks");
         let free_after: u64 = m.used.iter().map(|u| u64::from(u.free_blocks())).sum();
-        assert_eq!(free_after, free_before + freed, "truncate freed other blocks");
+        // `freed` counts the partition's own blocks; its copies free as many again.
+        let copies = if after.mirror.is_some() { 2 } else { 1 };
+        assert_eq!(free_after, free_before + copies * freed, "truncate freed other blocks");
         assert!(before <= had);
         let _ = trim(&mut m, name);
         assert!(check(&m).is_empty());
@@ -465,6 +487,22 @@ enum Op {
         reserve_bytes: u64,
         generation: u64,
     },
+    /// Mirroring (format version 3): a member's state, a partition's copies swapped with its
+    /// own blocks, a copy's extent dropped, a copy moved onto another member.
+    SetState {
+        member: u8,
+        state: u8,
+    },
+    SwapMirror(u8),
+    DropMirrorExtent {
+        index: u8,
+        extent: u16,
+    },
+    SetMirrorMember {
+        index: u8,
+        slot: u8,
+        member: u8,
+    },
 }
 
 #[derive(Debug, Arbitrary)]
@@ -552,6 +590,13 @@ impl<'a> Arbitrary<'a> for Case {
         let layout = layout(u)?;
         let count = layout.member_count();
         let mut meta = VolumeMeta::new(uuid, name, layout);
+        // One volume in four is mirrored, its members in up to 3 failure domains.
+        if count > 1 && rarely(u, 4)? {
+            meta.copies = 2;
+            for d in &mut meta.member_domains {
+                *d = u64::from(u.int_in_range(0..=2u8)?);
+            }
+        }
         u.arbitrary_loop(None, Some(OPS_MAX), |u| {
             apply(&mut meta, u.arbitrary()?);
             Ok(ControlFlow::Continue(()))
@@ -617,7 +662,7 @@ fn placement_of(place: Place, count: usize) -> Placement {
 fn apply(meta: &mut VolumeMeta, op: Op) {
     let count = meta.layout.member_count();
     let block_bytes = meta.layout.block_bytes();
-    let extents_total: usize = meta.partitions.iter().map(|p| p.extents.len()).sum();
+    let extents_total: usize = meta.partitions.iter().map(|p| p.all_extents().count()).sum();
     let member_of = |m: u8| usize::from(m) % count;
     match op {
         Op::Allocate {
@@ -733,7 +778,7 @@ fn apply(meta: &mut VolumeMeta, op: Op) {
             if let Some(i) = index(i, meta.partitions.len()) {
                 let p = meta.partitions[i].clone();
                 if meta.partitions.len() < PARTITIONS_MAX
-                    && extents_total + p.extents.len() <= EXTENTS_MAX
+                    && extents_total + p.all_extents().count() <= EXTENTS_MAX
                 {
                     meta.partitions.push(p);
                 }
@@ -768,6 +813,47 @@ fn apply(meta: &mut VolumeMeta, op: Op) {
                     .iter()
                     .map(|&m| MemberIndex::new(member_of(m)).expect("below MEMBERS_MAX"))
                     .collect();
+                // The format keeps a mirror as wide as its partition.
+                if let Some(mirror) = &mut meta.partitions[i].mirror {
+                    mirror.members.resize(
+                        width,
+                        MemberIndex::new(member_of(members[0])).expect("below MEMBERS_MAX"),
+                    );
+                }
+            }
+        }
+        Op::SetState { member, state } => {
+            let state = match state % 3 {
+                0 => MemberState::Ok,
+                1 => MemberState::Degraded,
+                _ => MemberState::Rebuilding,
+            };
+            let m = MemberIndex::new(member_of(member)).expect("below MEMBERS_MAX");
+            let _ = set_member_state(meta, m, state);
+        }
+        Op::SwapMirror(i) => {
+            if let Some(i) = index(i, meta.partitions.len()) {
+                meta.partitions[i].swap_mirror();
+            }
+        }
+        Op::DropMirrorExtent { index: i, extent } => {
+            if let Some(i) = index(i, meta.partitions.len())
+                && let Some(mirror) = &mut meta.partitions[i].mirror
+                && let Some(e) = index(extent, mirror.extents.len())
+            {
+                mirror.extents.remove(e);
+            }
+        }
+        Op::SetMirrorMember {
+            index: i,
+            slot,
+            member,
+        } => {
+            if let Some(i) = index(i, meta.partitions.len())
+                && let Some(mirror) = &mut meta.partitions[i].mirror
+                && let Some(slot) = index(slot, mirror.members.len())
+            {
+                mirror.members[slot] = MemberIndex::new(member_of(member)).expect("below MEMBERS_MAX");
             }
         }
         Op::DropExtent { index: i, extent } => {

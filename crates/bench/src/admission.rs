@@ -424,6 +424,7 @@ fn loop_volume(
         stripe_unit_bytes: a.stripe_unit,
         block_bytes: BLOCK_BYTES_DEFAULT,
         force: true,
+        copies: 1,
     })?;
     for i in 0..streams {
         let name = format!("s{i:04}");

@@ -58,6 +58,10 @@ pub struct StripeArgs {
     /// Use plain files even where throttled loop devices are possible.
     #[arg(long)]
     pub no_throttle: bool,
+    /// Compare reads of a mirrored volume (`volume create --mirror 2`) over the 4 members
+    /// with an unmirrored one over the same members, instead of the 1..4 member table.
+    #[arg(long)]
+    pub mirror: bool,
     /// Write the table as JSON here; a bare `--json` writes it on stdout (the table then
     /// goes to stderr).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
@@ -234,6 +238,15 @@ pub fn run(a: StripeArgs) -> Result<()> {
         },
         ..EngineConfig::default()
     })?;
+    if a.mirror {
+        if let Err(why) = &engine.info().uring {
+            bail!("the volume data path needs io_uring: {why}");
+        }
+        let rows = mirror_rows(&a, &members, &engine)?;
+        drop(engine);
+        drop(guard);
+        return mirror_table(&a, &mode, depth, &rows);
+    }
     // The writes' source: `--size` bytes in the page cache.
     let source_path = dir.path().join("source");
     {
@@ -285,6 +298,7 @@ pub fn run(a: StripeArgs) -> Result<()> {
             stripe_unit_bytes: a.stripe_unit,
             block_bytes: BLOCK_BYTES_DEFAULT,
             force: true,
+            copies: 1,
         })?;
         v.begin_partition("p", a.size, &Placement::Striped)?;
         v.finish_partition("p")?;
@@ -412,6 +426,100 @@ pub fn run(a: StripeArgs) -> Result<()> {
                 "stripe_unit": a.stripe_unit, "depth": depth, "reps": a.reps,
                 "member_rate_bytes_per_s": a.rate, "plain_file_write_mb_per_s": plain_mbps,
                 "rows": v}),
+        )?;
+    }
+    Ok(())
+}
+
+/// Reads of a `--size` striped partition over all members, unmirrored then mirrored (each
+/// piece read from the copy on the less loaded member): (copies, median MB/s, median CPU
+/// s/GB). The members are the same devices in both runs, so the ratio is the mirror's cost.
+fn mirror_rows(
+    a: &StripeArgs,
+    members: &[PathBuf],
+    engine: &Engine,
+) -> Result<Vec<(u8, f64, f64)>> {
+    let mut rows = Vec::new();
+    for copies in [1u8, 2] {
+        let mut v = Volume::create(&CreateSpec {
+            name: "bench".to_string(),
+            members: members.to_vec(),
+            member_size_bytes: None,
+            stripe_unit_bytes: a.stripe_unit,
+            block_bytes: BLOCK_BYTES_DEFAULT,
+            force: true,
+            copies,
+        })?;
+        v.begin_partition("p", a.size, &Placement::Striped)?;
+        v.finish_partition("p")?;
+        let (mut mbps, mut cpu) = (Vec::new(), Vec::new());
+        for _ in 0..a.reps {
+            let source = opened_partition(v.partition_io("p", false)?)?;
+            let null = Endpoint::File {
+                path: PathBuf::from("/dev/null"),
+            };
+            let target = open_target(&null, &mut |_| {})?;
+            let spec = StreamSpec {
+                zero_copy: ZeroCopy::Off,
+                ..StreamSpec::new(
+                    Endpoint::Volume {
+                        volume: VolumeName::parse("bench")?,
+                        partition: PartitionName::parse("p")?,
+                    },
+                    null,
+                )
+            };
+            let c0 = cpu_times(CpuWho::Process);
+            let t0 = Instant::now();
+            let report = engine.open_opened(spec, source, target)?.wait()?;
+            let secs = t0.elapsed().as_secs_f64();
+            let c1 = cpu_times(CpuWho::Process);
+            if report.bytes != a.size {
+                bail!("read {} bytes of {}", report.bytes, a.size);
+            }
+            let gb = a.size as f64 / 1e9;
+            mbps.push(a.size as f64 / secs / 1e6);
+            cpu.push(((c1.user_ns - c0.user_ns) + (c1.sys_ns - c0.sys_ns)) as f64 / 1e9 / gb);
+        }
+        rows.push((copies, median(&mbps), median(&cpu)));
+    }
+    Ok(rows)
+}
+
+fn mirror_table(a: &StripeArgs, mode: &str, depth: usize, rows: &[(u8, f64, f64)]) -> Result<()> {
+    let mut h = crate::out::human(a.json.as_deref());
+    writeln!(
+        h,
+        "read of a {} MiB partition striped over {MEMBERS_MAX} members (stripe unit {} KiB, {} x 1 MiB in flight), unmirrored and mirrored, median of {}",
+        a.size >> 20,
+        a.stripe_unit >> 10,
+        depth,
+        a.reps
+    )?;
+    writeln!(h, "members: {mode}")?;
+    writeln!(h, "| copies | read MB/s | × unmirrored | read CPU s/GB |")?;
+    writeln!(h, "|---:|---:|---:|---:|")?;
+    let base = rows[0].1;
+    for (copies, mbps, cpu) in rows {
+        writeln!(
+            h,
+            "| {copies} | {mbps:.1} | {:.2} | {cpu:.3} |",
+            mbps / base
+        )?;
+    }
+    if let Some(p) = &a.json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(c, m, cpu)| {
+                serde_json::json!({"copies": c, "mb_per_s": m, "ratio_to_unmirrored": m / base,
+                    "cpu_s_per_gb": cpu})
+            })
+            .collect();
+        crate::out::write_json(
+            p,
+            &serde_json::json!({"bench": "stripe-mirror", "members": mode.to_string(),
+                "size": a.size, "stripe_unit": a.stripe_unit, "depth": depth, "reps": a.reps,
+                "member_rate_bytes_per_s": a.rate, "rows": v}),
         )?;
     }
     Ok(())

@@ -166,8 +166,10 @@ pub(crate) struct DiskQueue {
     devices: HashMap<u64, DeviceId>,
     /// Queued reads by request number.
     queued: HashMap<u64, Queued>,
-    /// Dispatched reads: request number → the stream's token.
-    inflight: HashMap<u64, u64>,
+    /// Dispatched reads: request number → the read (its stream's token in it).
+    inflight: HashMap<u64, ReadReq>,
+    /// Reads queued, not yet dispatched, per device (`ReadReq::dev`).
+    queued_per_dev: HashMap<u64, u64>,
     /// The next request number.
     next_id: u64,
     rt: ClassId,
@@ -207,6 +209,7 @@ impl DiskQueue {
             devices: HashMap::new(),
             queued: HashMap::new(),
             inflight: HashMap::new(),
+            queued_per_dev: HashMap::new(),
             next_id: 0,
             rt,
             bulk,
@@ -288,6 +291,7 @@ impl DiskQueue {
             },
         )?;
         self.next_id = (id + 1) % DISK_TOKEN_BASE;
+        *self.queued_per_dev.entry(req.dev).or_insert(0) += 1;
         self.queued.insert(
             id,
             Queued {
@@ -310,7 +314,7 @@ impl DiskQueue {
         let mine: Vec<u64> = self
             .inflight
             .iter()
-            .filter(|(_, t)| pred(**t))
+            .filter(|(_, r)| pred(r.token))
             .map(|(id, _)| DISK_TOKEN_BASE + id)
             .collect();
         if !mine.is_empty() {
@@ -327,6 +331,9 @@ impl DiskQueue {
                 .queued
                 .remove(&r.id.0)
                 .expect("a dispatched read was queued");
+            if let Some(n) = self.queued_per_dev.get_mut(&q.req.dev) {
+                *n = n.saturating_sub(1);
+            }
             if q.cancelled {
                 let _ = self.sched.complete(now, r.id);
                 self.publish_depth();
@@ -354,23 +361,50 @@ impl DiskQueue {
                 DISK_TOKEN_BASE + r.id.0,
             )
             .expect("the ring had room for one more operation");
-            self.inflight.insert(r.id.0, q.req.token);
+            self.inflight.insert(r.id.0, q.req);
         }
     }
 
+    /// Reads on device `dev` queued or in flight in this worker's queue: how loaded it is
+    /// (a mirrored volume reads each piece from the copy on the less loaded device).
+    pub(crate) fn device_depth(&self, dev: u64) -> u64 {
+        let queued = self.queued_per_dev.get(&dev).copied().unwrap_or(0);
+        let inflight = self
+            .devices
+            .get(&dev)
+            .and_then(|d| self.sched.inflight(*d).ok())
+            .map_or(0, u64::from);
+        queued + inflight
+    }
+
     /// Translates a completion of a dispatched read back to its stream's token and frees the
-    /// read's device slot; any other completion is returned as it is.
-    pub(crate) fn translate(&mut self, now: Instant, c: Completion) -> Completion {
+    /// read's device slot; any other completion is returned as it is. A read that failed
+    /// (an error other than ECANCELED) or came back short is returned too, so that a
+    /// mirrored volume's stream can read those bytes from the other copy.
+    pub(crate) fn translate(
+        &mut self,
+        now: Instant,
+        c: Completion,
+    ) -> (Completion, Option<ReadReq>) {
         if !is_disk_token(c.token) {
-            return c;
+            return (c, None);
         }
         let id = c.token - DISK_TOKEN_BASE;
-        let Some(token) = self.inflight.remove(&id) else {
-            return c;
+        let Some(req) = self.inflight.remove(&id) else {
+            return (c, None);
         };
         let _ = self.sched.complete(now, RequestId(id));
         self.publish_depth();
-        Completion { token, ..c }
+        let failed = (c.result != -libc_ecanceled()
+            && (c.result < 0 || (c.result as usize) < req.len))
+            .then_some(req);
+        (
+            Completion {
+                token: req.token,
+                ..c
+            },
+            failed,
+        )
     }
 
     /// Completions of reads cancelled before they reached the disk.

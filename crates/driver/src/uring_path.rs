@@ -62,6 +62,11 @@ struct Chunk {
     /// The next unit is framed but its send was not queued (the ring was full): it is sent
     /// (or skipped) as it is, not framed again.
     framed_pending: bool,
+    /// A mirrored volume's reads of pieces whose first copy failed, from the other copy:
+    /// counted in `pending`, handed to the disk queue by the next step.
+    retries: Vec<ReadReq>,
+    /// Bytes the member writes of a volume target's chunk carry (both copies, mirrored).
+    write_bytes: usize,
 }
 
 #[derive(Default)]
@@ -159,6 +164,18 @@ impl UringState {
         let client = self.client.expect("registered with the buffer books");
         self.pay_debt(ring, bufs);
         let end = io.end.expect("file end");
+        // Reads from the other copy first (a mirrored volume whose member failed a read).
+        for ch in self.chunks.iter_mut().filter(|c| !c.retries.is_empty()) {
+            if !disk.has_room(ch.retries[0].class, ch.retries.len()) {
+                *refused = true;
+                break;
+            }
+            for mut req in ch.retries.drain(..) {
+                req.token = token(TAG_READ, ch.buf.index() as u16);
+                disk.submit(clock::now(), req)
+                    .expect("room in the class's queue was checked");
+            }
+        }
         // Reads ahead, while buffers are free, up to the read depth the engine chose for the
         // source's device (`EngineConfig::read_depth`); `depth`, the engine's `stream_depth`,
         // caps the buffers held (reads, full buffers and the one being sent). Each read goes
@@ -217,7 +234,11 @@ impl UringState {
             let mut reqs = std::mem::take(&mut self.reqs);
             reqs.clear();
             if let Some(v) = &io.source.volume {
-                let pieces = match v.split(self.next_read, want as u64) {
+                let devs = &self.member_devs;
+                let pieces = v.split_read(self.next_read, want as u64, &mut |m| {
+                    devs.get(m.get()).map_or(0, |d| disk.device_depth(*d))
+                });
+                let pieces = match pieces {
                     Ok(p) => p,
                     Err(e) => {
                         bufs.free(ring, client, buf);
@@ -286,6 +307,8 @@ impl UringState {
                 head_room,
                 units_passed: 0,
                 framed_pending: false,
+                retries: Vec::new(),
+                write_bytes: 0,
             });
             self.next_read += want as u64;
             self.plan_read_unit += plan_units;
@@ -424,6 +447,8 @@ impl UringState {
     }
 
     /// Handles one of this stream's completions.
+    // The worker hands over what it knows of the completion.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_completion(
         &mut self,
         io: &mut TaskIo,
@@ -432,6 +457,7 @@ impl UringState {
         tag: u64,
         buf_index: u16,
         c: &Completion,
+        failed: Option<&ReadReq>,
     ) -> Result<(), StreamError> {
         if c.notification {
             self.free_retired(ring, bufs);
@@ -450,6 +476,33 @@ impl UringState {
         };
         match tag {
             TAG_READ => {
+                if let Some(req) = failed
+                    && let Some(v) = io.source.volume.as_ref()
+                    && v.mirrored()
+                {
+                    // The piece failed or came back short: read it from the other copy.
+                    let ch = &mut self.chunks[pos];
+                    let part_off = ch.file_off + (req.buf_offset - ch.head_room) as u64;
+                    let why = match c.io_result() {
+                        Ok(n) => format!("short read: {n} of {} bytes", req.len),
+                        Err(e) => format!("read: {e}"),
+                    };
+                    if let Some(pieces) = v.reroute(req.fd, part_off, req.len as u64, &why) {
+                        ch.pending -= 1;
+                        for p in pieces {
+                            ch.retries.push(ReadReq {
+                                fd: v.members[p.member.get()].as_raw_fd(),
+                                dev: self.member_devs[p.member.get()],
+                                buf_offset: req.buf_offset + p.buf_offset_bytes as usize,
+                                len: p.len_bytes as usize,
+                                file_offset: p.member_offset_bytes,
+                                ..*req
+                            });
+                            ch.pending += 1;
+                        }
+                        return Ok(());
+                    }
+                }
                 let piece = disk_result(c, "read", io.sent)?;
                 io.add_read(piece);
                 let ch = &mut self.chunks[pos];
@@ -493,13 +546,13 @@ impl UringState {
                 ch.sending = false;
                 bufs.finish_io(ch.buf);
                 let len = ch.send_to - ch.send_from;
-                if ch.got < len {
+                if ch.got < ch.write_bytes.max(len) {
                     return Err(StreamError::Io {
                         op: "write to a volume member",
                         bytes_sent: io.sent,
                         source: std::io::Error::new(
                             std::io::ErrorKind::WriteZero,
-                            format!("short write: {} of {len} bytes", ch.got),
+                            format!("short write: {} of {} bytes", ch.got, ch.write_bytes),
                         ),
                     });
                 }
@@ -613,8 +666,9 @@ impl UringState {
             if let Err(e) = v.ensure_capacity(part_off + padded as u64) {
                 return Err(crate::paths::volume_write_error(io, e));
             }
+            // Both copies of a mirrored partition.
             let pieces = v
-                .split(part_off, padded as u64)
+                .split_write(part_off, padded as u64)
                 .map_err(StreamError::Layout)?;
             if ring.ops_available() < pieces.len() {
                 break; // the ring is busy: next turn
@@ -639,6 +693,7 @@ impl UringState {
             }
             ch.pending = pieces.len() as u32;
             ch.got = 0;
+            ch.write_bytes = pieces.iter().map(|p| p.len_bytes as usize).sum();
             ch.sending = true;
         }
         Ok(())

@@ -19,15 +19,15 @@ use std::io::{self, IoSlice, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use penstock_core::volume::format::{META_SLOT_BYTES, Slot};
 use penstock_core::volume::layout::ALIGN_BYTES;
 use penstock_core::volume::{
-    self, AllocError, Assembly, Chosen, LayoutError, MemberCopy, MemberIndex, MembershipError,
-    MetaError, Name, NameError, Partition, PartitionMap, PartitionState, Placement, Problem,
-    VolumeLayout, VolumeMeta, VolumeUuid,
+    self, AllocError, Assembly, Chosen, LayoutError, MemberCopy, MemberIndex, MemberState,
+    MembershipError, MetaError, Name, NameError, Partition, PartitionMap, PartitionState,
+    Placement, Problem, VolumeLayout, VolumeMeta, VolumeUuid,
 };
 use penstock_uring::BufferPool;
 
@@ -155,6 +155,30 @@ struct Member {
     file: File,
     /// Opened with O_DIRECT.
     direct: bool,
+    /// `false`: a member of a mirrored volume that could not be opened. `file` is then
+    /// `/dev/null`, so that member indices stay dense; the member is degraded, and nothing
+    /// reads or writes it (see [`MemberState`]).
+    present: bool,
+}
+
+/// The stand-in for a member of a mirrored volume that could not be opened.
+fn absent_member(path: &Path) -> Result<Member> {
+    let file = File::open("/dev/null").map_err(io_err(Path::new("/dev/null"), "open"))?;
+    Ok(Member {
+        path: path.to_path_buf(),
+        file,
+        direct: false,
+        present: false,
+    })
+}
+
+/// A member's failure domain: the device it is on (a block device: itself).
+fn domain_of(md: &std::fs::Metadata) -> u64 {
+    if md.file_type().is_block_device() {
+        md.rdev()
+    } else {
+        md.dev()
+    }
 }
 
 /// What `check` found.
@@ -166,11 +190,17 @@ pub struct CheckReport {
     pub slot_errors: Vec<(MemberIndex, PathBuf, Slot, MetaError)>,
     /// Members one update behind (an update was interrupted between members).
     pub stale: Vec<(MemberIndex, PathBuf)>,
+    /// Members of a mirrored volume that are not `Ok`: their state, and why they failed when
+    /// that was found at this open (missing, bad metadata, shorter than recorded).
+    pub degraded: Vec<(MemberIndex, PathBuf, MemberState, Option<String>)>,
 }
 
 impl CheckReport {
     pub fn is_clean(&self) -> bool {
-        self.problems.is_empty() && self.slot_errors.is_empty() && self.stale.is_empty()
+        self.problems.is_empty()
+            && self.slot_errors.is_empty()
+            && self.stale.is_empty()
+            && self.degraded.is_empty()
     }
 
     /// Whether `repair` fixes everything found (slot and stale problems always are: the next
@@ -188,6 +218,9 @@ pub struct Volume {
     seq: u64,
     stale: Vec<MemberIndex>,
     slot_errors: Vec<(MemberIndex, Slot, MetaError)>,
+    /// Members of a mirrored volume found failed at open, and why (marked `Degraded` in
+    /// `meta`; persisted by the next update).
+    failures: Vec<(MemberIndex, String)>,
 }
 
 /// How to create a volume.
@@ -201,6 +234,9 @@ pub struct CreateSpec {
     pub block_bytes: u64,
     /// Overwrite members that belong to another volume.
     pub force: bool,
+    /// Copies of every block: 1, or 2 for a mirrored volume (each copy on a member in
+    /// another failure domain: another device).
+    pub copies: u8,
 }
 
 /// A device or file identity: two paths to one member are one member.
@@ -262,6 +298,7 @@ fn open_member(path: &Path, writable: bool) -> Result<Member> {
         path: path.to_path_buf(),
         file,
         direct,
+        present: true,
     })
 }
 
@@ -444,6 +481,11 @@ fn write_all(members: &[Member], meta: &VolumeMeta, seq: u64) -> Result<()> {
     let slot = Slot::for_seq(seq);
     for (i, m) in members.iter().enumerate() {
         let member = MemberIndex::new(i).expect("member count ≤ MEMBERS_MAX");
+        // A degraded member is left as it is: its copy of the metadata stays older, and
+        // assembly goes by the newest sequence.
+        if !m.present || !meta.member_states[i].writable() {
+            continue;
+        }
         let image = volume::encode(meta, member, seq);
         let buf = &mut pool.bytes_mut(id)[..image.len()];
         buf.copy_from_slice(&image);
@@ -514,7 +556,11 @@ impl Volume {
         let count = chosen.decoded.meta.layout.member_count();
         let hints = chosen.decoded.meta.member_paths.clone();
         let own = chosen.decoded.member.get();
+        // A mirrored volume opens without a member that is missing or whose metadata is bad
+        // (assembly then checks that every block still has a copy).
+        let mirrored = chosen.decoded.meta.mirrored();
         let mut opened: Vec<(Member, Chosen)> = vec![(first, chosen)];
+        let mut failed: Vec<(usize, Member, String)> = Vec::new();
         for (i, hint) in hints.iter().enumerate() {
             if i == own {
                 continue;
@@ -528,18 +574,48 @@ impl Volume {
             if hint.is_empty() {
                 return Err(missing("no path recorded".to_string()));
             }
-            let m = open_member(Path::new(hint), writable).map_err(|e| missing(e.to_string()))?;
+            let m = match open_member(Path::new(hint), writable) {
+                Ok(m) => m,
+                Err(e) if mirrored => {
+                    failed.push((i, absent_member(Path::new(hint))?, format!("missing: {e}")));
+                    continue;
+                }
+                Err(e) => return Err(missing(e.to_string())),
+            };
             lock(&m, access)?;
-            let c = read_slots(&m).map_err(|error| VolumeError::Metadata {
-                path: PathBuf::from(hint),
-                error,
-            })?;
-            opened.push((m, c));
+            match read_slots(&m) {
+                Ok(c) => opened.push((m, c)),
+                Err(error) if mirrored => {
+                    failed.push((i, m, format!("bad metadata: {error}")));
+                }
+                Err(error) => {
+                    return Err(VolumeError::Metadata {
+                        path: PathBuf::from(hint),
+                        error,
+                    });
+                }
+            }
         }
-        Self::assemble(opened)
+        let mut v = Self::assemble(opened, failed)?;
+        // Record what was found, when this handle may write (a read-only one reports it;
+        // the next update by anyone records it).
+        if writable && !v.failures.is_empty() {
+            let _lock = v.lock_updates()?;
+            // Another process may have committed since: re-read (the failed members stay
+            // marked), then commit.
+            v.reload()?;
+            let meta = v.meta.clone();
+            v.commit(meta)?;
+        }
+        Ok(v)
     }
 
-    fn assemble(opened: Vec<(Member, Chosen)>) -> Result<Volume> {
+    /// Puts the members in index order: `opened` read their metadata; `failed` (members of a
+    /// mirrored volume, by index) did not, and why.
+    fn assemble(
+        opened: Vec<(Member, Chosen)>,
+        failed: Vec<(usize, Member, String)>,
+    ) -> Result<Volume> {
         let paths: Vec<PathBuf> = opened.iter().map(|(m, _)| m.path.clone()).collect();
         let mut copies = Vec::with_capacity(opened.len());
         for (m, c) in &opened {
@@ -549,22 +625,63 @@ impl Volume {
             });
         }
         let Assembly {
-            meta,
+            mut meta,
             seq,
             positions,
+            failed: lost,
             stale,
         } = volume::assemble(&copies)
             .map_err(|e| VolumeError::Membership(describe_membership(&e, &paths)))?;
+        if !meta.mirrored()
+            && let Some((i, m, why)) = failed.first()
+        {
+            return Err(VolumeError::MemberMissing {
+                member: *i,
+                count: meta.layout.member_count(),
+                last_seen: m.path.display().to_string(),
+                why: why.clone(),
+            });
+        }
         let mut slots: Vec<Option<(Member, Chosen)>> = opened.into_iter().map(Some).collect();
+        let mut failed: Vec<Option<(usize, Member, String)>> =
+            failed.into_iter().map(Some).collect();
         let mut members = Vec::with_capacity(positions.len());
         let mut slot_errors = Vec::new();
+        let mut failures = Vec::new();
         for (i, &pos) in positions.iter().enumerate() {
-            let (m, c) = slots[pos]
-                .take()
-                .expect("assemble gives each position once");
-            if let Some(e) = c.other_error {
-                let other = if c.slot == Slot::A { Slot::B } else { Slot::A };
-                slot_errors.push((MemberIndex::new(i).expect("i < count"), other, e));
+            let index = MemberIndex::new(i).expect("i < count");
+            if let Some(pos) = pos {
+                let (m, c) = slots[pos]
+                    .take()
+                    .expect("assemble gives each position once");
+                if let Some(e) = c.other_error {
+                    let other = if c.slot == Slot::A { Slot::B } else { Slot::A };
+                    slot_errors.push((index, other, e));
+                }
+                members.push(m);
+                continue;
+            }
+            // Lost: not opened, bad metadata, or shorter than recorded.
+            let (m, why) = if let Some(f) = failed
+                .iter_mut()
+                .find(|f| f.as_ref().is_some_and(|f| f.0 == i))
+            {
+                let (_, m, why) = f.take().expect("found");
+                (m, why)
+            } else if let Some(sl) = slots
+                .iter_mut()
+                .find(|s| s.as_ref().is_some_and(|(_, c)| c.decoded.member == index))
+            {
+                let (m, _) = sl.take().expect("found");
+                (m, "shorter than recorded".to_string())
+            } else {
+                let hint = meta.member_paths.get(i).cloned().unwrap_or_default();
+                (absent_member(Path::new(&hint))?, "missing".to_string())
+            };
+            debug_assert!(lost.contains(&index));
+            if meta.member_states[i] != MemberState::Degraded {
+                meta.member_states[i] = MemberState::Degraded;
+                failures.push((index, why));
             }
             members.push(m);
         }
@@ -574,6 +691,7 @@ impl Volume {
             seq,
             stale,
             slot_errors,
+            failures,
         })
     }
 
@@ -599,9 +717,12 @@ impl Volume {
             size_bytes: u64,
             extend_to: Option<u64>,
             identity: Option<Identity>,
+            /// The failure domain (device) it is on.
+            domain: u64,
         }
         let mut planned: Vec<Planned> = Vec::new();
         for given in &spec.members {
+            let mut parent_domain = 0;
             let (path, exists) = match std::fs::canonicalize(given) {
                 Ok(p) => (p, true),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -616,6 +737,9 @@ impl Volume {
                         .unwrap_or(Path::new("."));
                     let parent =
                         std::fs::canonicalize(parent).map_err(io_err(given, "parent directory"))?;
+                    parent_domain = std::fs::metadata(&parent)
+                        .map(|md| domain_of(&md))
+                        .map_err(io_err(&parent, "stat"))?;
                     let file = given.file_name().ok_or_else(|| {
                         VolumeError::Invalid(format!("{}: not a file path", given.display()))
                     })?;
@@ -623,19 +747,19 @@ impl Volume {
                 }
                 Err(e) => return Err(io_err(given, "resolve")(e)),
             };
-            let (size_bytes, extend_to, ident) = if exists {
+            let (size_bytes, extend_to, ident, domain) = if exists {
                 let f = File::open(&path).map_err(io_err(&path, "open"))?;
                 let md = f.metadata().map_err(io_err(&path, "stat"))?;
                 let size = storage_size(&path, &f)?;
                 match spec.member_size_bytes {
                     Some(want) if md.file_type().is_file() && want > size => {
-                        (want, Some(want), Some(identity(&md)))
+                        (want, Some(want), Some(identity(&md)), domain_of(&md))
                     }
-                    _ => (size, None, Some(identity(&md))),
+                    _ => (size, None, Some(identity(&md)), domain_of(&md)),
                 }
             } else {
                 let size = spec.member_size_bytes.expect("checked above");
-                (size, Some(size), None)
+                (size, Some(size), None, parent_domain)
             };
             if let Some(first) = planned
                 .iter()
@@ -652,6 +776,7 @@ impl Volume {
                 size_bytes,
                 extend_to,
                 identity: ident,
+                domain,
             });
         }
         let sizes: Vec<u64> = planned.iter().map(|p| p.size_bytes).collect();
@@ -685,6 +810,34 @@ impl Volume {
             })?;
             member_paths.push(s.to_string());
         }
+        let mut meta = VolumeMeta::new(random_uuid()?, name, layout);
+        meta.member_paths = member_paths;
+        if !(1..=volume::COPIES_MAX).contains(&spec.copies) {
+            return Err(VolumeError::Invalid(format!(
+                "--mirror {}: a volume keeps 1 or {} copies of each block",
+                spec.copies,
+                volume::COPIES_MAX
+            )));
+        }
+        if spec.copies > 1 {
+            meta.copies = spec.copies;
+            meta.member_domains = planned.iter().map(|p| p.domain).collect();
+            // A striped partition spreads over every member: its copies need a member in
+            // another domain for each, so this is the test that the mirror is possible.
+            let all: Vec<MemberIndex> = meta.layout.members().collect();
+            if let Err(why) = volume::alloc::mirror_members(&meta, &all) {
+                let on: Vec<String> = planned
+                    .iter()
+                    .map(|p| format!("{} (device {:#x})", p.path.display(), p.domain))
+                    .collect();
+                return Err(VolumeError::Invalid(format!(
+                    "--mirror {}: each block's copy must be on a member on another device, and \
+                     these members cannot pair up that way ({why}): {}",
+                    spec.copies,
+                    on.join(", ")
+                )));
+            }
+        }
         // 2. Members that already hold penstock metadata belong to someone.
         if !spec.force {
             for p in planned.iter().filter(|p| p.exists) {
@@ -717,8 +870,6 @@ impl Volume {
             lock(&m, Access::Exclusive)?;
             members.push(m);
         }
-        let mut meta = VolumeMeta::new(random_uuid()?, name, layout);
-        meta.member_paths = member_paths;
         write_all(&members, &meta, 1)?;
         write_all(&members, &meta, 2)?;
         Ok(Volume {
@@ -727,6 +878,7 @@ impl Volume {
             seq: 2,
             stale: Vec::new(),
             slot_errors: Vec::new(),
+            failures: Vec::new(),
         })
     }
 
@@ -747,7 +899,25 @@ impl Volume {
 
     /// Whether every member is open with O_DIRECT.
     pub fn direct(&self) -> bool {
-        self.members.iter().all(|m| m.direct)
+        self.members.iter().filter(|m| m.present).all(|m| m.direct)
+    }
+
+    /// Each member's state (all `Ok` in an unmirrored volume), with why it failed when that
+    /// was found by this open.
+    pub fn member_states(&self) -> Vec<(MemberState, Option<&str>)> {
+        self.meta
+            .member_states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let why = self
+                    .failures
+                    .iter()
+                    .find(|(m, _)| m.get() == i)
+                    .map(|(_, w)| w.as_str());
+                (*s, why)
+            })
+            .collect()
     }
 
     /// Persists `meta` as the next sequence on every member (see the module documentation).
@@ -789,7 +959,13 @@ impl Volume {
     /// taken by every metadata change (as well as the `flock` that keeps streams and table
     /// changes apart). Waits up to [`limits`]' `update_lock_wait` for another update to finish.
     fn lock_updates(&self) -> Result<UpdateLock> {
-        let m = &self.members[0];
+        // Member 0, or in a mirrored volume the first member still written to.
+        let m = self
+            .members
+            .iter()
+            .enumerate()
+            .find(|(i, m)| m.present && self.meta.member_states[*i].writable())
+            .map_or(&self.members[0], |(_, m)| m);
         let wait = limits().update_lock_wait;
         let started = std::time::Instant::now();
         loop {
@@ -830,22 +1006,33 @@ impl Volume {
             return Ok(());
         }
         let mut opened = Vec::with_capacity(self.members.len());
-        for m in &self.members {
-            let c = read_slots(m).map_err(|error| VolumeError::Metadata {
-                path: m.path.clone(),
-                error,
-            })?;
+        let mut failed = Vec::new();
+        for (i, m) in self.members.iter().enumerate() {
             let file = m.file.try_clone().map_err(io_err(&m.path, "dup"))?;
-            opened.push((
-                Member {
-                    path: m.path.clone(),
-                    file,
-                    direct: m.direct,
-                },
-                c,
-            ));
+            let copy = Member {
+                path: m.path.clone(),
+                file,
+                direct: m.direct,
+                present: m.present,
+            };
+            if !m.present || self.meta.member_states[i] == MemberState::Degraded {
+                failed.push((i, copy, "degraded".to_string()));
+                continue;
+            }
+            match read_slots(m) {
+                Ok(c) => opened.push((copy, c)),
+                Err(error) if self.meta.mirrored() => {
+                    failed.push((i, copy, format!("bad metadata: {error}")));
+                }
+                Err(error) => {
+                    return Err(VolumeError::Metadata {
+                        path: m.path.clone(),
+                        error,
+                    });
+                }
+            }
         }
-        let fresh = Self::assemble(opened)?;
+        let fresh = Self::assemble(opened, failed)?;
         if fresh.meta.uuid != self.meta.uuid {
             return Err(VolumeError::Membership(
                 "the members now hold another volume".to_string(),
@@ -856,6 +1043,7 @@ impl Volume {
         self.seq = fresh.seq;
         self.stale = fresh.stale;
         self.slot_errors = fresh.slot_errors;
+        self.failures.extend(fresh.failures);
         Ok(())
     }
 
@@ -869,7 +1057,7 @@ impl Volume {
             .alloc()
             .expect("a fresh pool of one buffer has it free");
         let mut newest = None;
-        for m in &self.members {
+        for m in self.members.iter().filter(|m| m.present) {
             for slot in [Slot::A, Slot::B] {
                 let buf = pool.bytes_mut(id);
                 pread_full(m, buf, slot.offset_bytes())?;
@@ -895,6 +1083,7 @@ impl Volume {
                 path: m.path.clone(),
                 file,
                 direct: false,
+                present: m.present,
             });
         }
         Ok(Volume {
@@ -903,6 +1092,7 @@ impl Volume {
             seq: self.seq,
             stale: self.stale.clone(),
             slot_errors: self.slot_errors.clone(),
+            failures: self.failures.clone(),
         })
     }
 
@@ -961,7 +1151,11 @@ impl Volume {
     /// `fdatasync` on every member (data written through other descriptors of the same files
     /// included: the sync is per file).
     pub fn sync_data(&self) -> Result<()> {
-        self.members.iter().try_for_each(fdatasync)
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| m.present && self.meta.member_states[*i].writable())
+            .try_for_each(|(_, m)| fdatasync(m))
     }
 
     /// Checks the metadata copies and the partition table.
@@ -978,7 +1172,28 @@ impl Volume {
                 .iter()
                 .map(|m| (*m, self.members[m.get()].path.clone()))
                 .collect(),
+            degraded: self
+                .member_states()
+                .into_iter()
+                .enumerate()
+                .filter(|(_, (s, _))| *s != MemberState::Ok)
+                .map(|(i, (s, why))| {
+                    (
+                        MemberIndex::new(i).expect("i < count"),
+                        self.members[i].path.clone(),
+                        s,
+                        why.map(str::to_string),
+                    )
+                })
+                .collect(),
         }
+    }
+
+    /// Marks member `member` of a mirrored volume degraded (it failed a read or a write):
+    /// persisted, so that every reader and writer leaves it alone until it is replaced and
+    /// rebuilt.
+    pub fn mark_degraded(&mut self, member: MemberIndex) -> Result<()> {
+        self.update(|m| volume::alloc::set_member_state(m, member, MemberState::Degraded))
     }
 
     /// Repairs what can be proven (`penstock_core::volume::repair`) and rewrites both slots of
@@ -993,6 +1208,271 @@ impl Volume {
         self.commit(meta)?;
         self.slot_errors.clear();
         Ok(fixed)
+    }
+
+    /// Replaces member `old` of a mirrored volume by the storage at `new` (a block device, or
+    /// a plain file, created with the member's recorded size when missing): `new` becomes
+    /// member `old`, in state `Rebuilding` — written to, not read — until
+    /// [`Volume::rebuild`] has copied every block it holds from the other copies. `new` must
+    /// be on another device than every member its blocks are paired with. Needs the volume
+    /// alone ([`Access::Exclusive`]); on a refusal nothing changes.
+    pub fn replace(&mut self, old: MemberIndex, new: &Path) -> Result<()> {
+        if !self.meta.mirrored() {
+            return Err(VolumeError::Invalid(
+                "replace needs a mirrored volume (created with --mirror 2): without a second \
+                 copy there is nothing to rebuild the member from"
+                    .to_string(),
+            ));
+        }
+        let count = self.meta.layout.member_count();
+        let i = old.get();
+        if i >= count {
+            return Err(VolumeError::Alloc(AllocError::MemberOutOfRange {
+                member: i,
+                count,
+            }));
+        }
+        let need_bytes = self.meta.layout.member_sizes_bytes()[i];
+        // A missing file is created only once every check passed (a refusal changes nothing).
+        let (path, exists) = match std::fs::canonicalize(new) {
+            Ok(p) => (p, true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let parent = new
+                    .parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."));
+                let parent =
+                    std::fs::canonicalize(parent).map_err(io_err(new, "parent directory"))?;
+                let file = new.file_name().ok_or_else(|| {
+                    VolumeError::Invalid(format!("{}: not a file path", new.display()))
+                })?;
+                (parent.join(file), false)
+            }
+            Err(e) => return Err(io_err(new, "resolve")(e)),
+        };
+        let md_path = if exists {
+            path.clone()
+        } else {
+            path.parent().map(Path::to_path_buf).unwrap_or_default()
+        };
+        let md = std::fs::metadata(&md_path).map_err(io_err(&md_path, "stat"))?;
+        if exists {
+            for (j, m) in self.members.iter().enumerate() {
+                let same = m.present
+                    && m.file
+                        .metadata()
+                        .is_ok_and(|o| identity(&o) == identity(&md));
+                if same && j != i {
+                    return Err(VolumeError::ListedTwice {
+                        path: path.clone(),
+                        first: m.path.clone(),
+                    });
+                }
+            }
+            let f = File::open(&path).map_err(io_err(&path, "open"))?;
+            let size = storage_size(&path, &f)?;
+            if size < need_bytes {
+                return Err(VolumeError::TooSmall {
+                    path,
+                    size_bytes: size,
+                    min_bytes: need_bytes,
+                });
+            }
+            let m = open_member(&path, false)?;
+            if let Ok(c) = read_slots(&m)
+                && c.decoded.meta.uuid != self.meta.uuid
+            {
+                return Err(VolumeError::Foreign {
+                    path,
+                    name: c.decoded.meta.name.to_string(),
+                    uuid: c.decoded.meta.uuid,
+                });
+            }
+        }
+        let domain = domain_of(&md);
+        let paired_on_same_device = self.meta.partitions.iter().find_map(|p| {
+            let mirror = p.mirror.as_ref()?;
+            p.members.iter().zip(&mirror.members).find_map(|(a, b)| {
+                let other = if a.get() == i {
+                    *b
+                } else if b.get() == i {
+                    *a
+                } else {
+                    return None;
+                };
+                (self.meta.member_domains[other.get()] == domain)
+                    .then(|| (p.name.to_string(), other))
+            })
+        });
+        if let Some((name, other)) = paired_on_same_device {
+            return Err(VolumeError::Invalid(format!(
+                "{}: on the same device as member {other} ({}), which holds the other copy of \
+                 blocks of partition {name}: a mirror's copies must be on different devices",
+                path.display(),
+                self.members[other.get()].path.display()
+            )));
+        }
+        let hint = path
+            .to_str()
+            .filter(|s| s.len() <= volume::MEMBER_PATH_BYTES_MAX && !s.contains('\0'))
+            .ok_or_else(|| {
+                VolumeError::Invalid(format!(
+                    "{}: a member path must be UTF-8 and at most {} bytes",
+                    path.display(),
+                    volume::MEMBER_PATH_BYTES_MAX
+                ))
+            })?
+            .to_string();
+        if !exists {
+            let f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&path)
+                .map_err(io_err(&path, "create"))?;
+            f.set_len(need_bytes).map_err(io_err(&path, "extend"))?;
+        }
+        let m = open_member(&path, true)?;
+        lock(&m, Access::Exclusive)?;
+        let _lock = self.lock_updates()?;
+        self.reload()?;
+        let mut meta = self.meta.clone();
+        meta.member_paths[i] = hint;
+        meta.member_domains[i] = domain;
+        meta.member_states[i] = MemberState::Rebuilding;
+        self.members[i] = m;
+        self.failures.retain(|(f, _)| f.get() != i);
+        self.stale.retain(|s| s.get() != i);
+        self.slot_errors.retain(|(s, _, _)| s.get() != i);
+        // Twice: both metadata slots of the new member hold a valid copy.
+        self.commit(meta.clone())?;
+        self.commit(meta)?;
+        Ok(())
+    }
+
+    /// Copies, onto every member being rebuilt (state `Rebuilding`, or a `Degraded` member
+    /// that is present: rebuilt in place), each block it holds from the other copy, then
+    /// marks it `Ok`. A background job: its reads and writes run at the lowest best-effort
+    /// I/O priority (below the engine's bulk class), one stripe unit at a time, and
+    /// `progress(done, total)` is called after each unit. Returns the bytes copied.
+    pub fn rebuild(&mut self, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+        if !self.meta.mirrored() {
+            return Ok(0);
+        }
+        let _lock = self.lock_updates()?;
+        self.reload()?;
+        let targets: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].present && self.meta.member_states[i] != MemberState::Ok)
+            .collect();
+        if targets.is_empty() {
+            return Ok(0);
+        }
+        // A degraded member rebuilt in place takes writes (its metadata too) from now on.
+        if targets
+            .iter()
+            .any(|&i| self.meta.member_states[i] == MemberState::Degraded)
+        {
+            let mut meta = self.meta.clone();
+            for &i in &targets {
+                meta.member_states[i] = MemberState::Rebuilding;
+            }
+            self.commit(meta.clone())?;
+            self.commit(meta)?;
+        }
+        // What to copy: (from member, from offset, to member, to offset, bytes).
+        let mut plan: Vec<(usize, u64, usize, u64, u64)> = Vec::new();
+        for p in &self.meta.partitions {
+            let map = PartitionMap::new(&self.meta.layout, p)?;
+            let Some(copies) = map.mirror() else {
+                continue;
+            };
+            let unit = map.unit_bytes();
+            let mut off = 0;
+            while off < map.capacity_bytes() {
+                let a = map.locate(off)?;
+                let b = copies.locate(off)?;
+                let (src, dst) = if targets.contains(&a.member.get()) {
+                    (b, a)
+                } else if targets.contains(&b.member.get()) {
+                    (a, b)
+                } else {
+                    off += unit;
+                    continue;
+                };
+                if self.meta.member_states[src.member.get()] != MemberState::Ok {
+                    return Err(VolumeError::Invalid(format!(
+                        "partition {}: both copies of bytes at {off} are on members being \
+                         rebuilt or degraded ({} and {}): nothing to rebuild them from",
+                        p.name, src.member, dst.member
+                    )));
+                }
+                plan.push((
+                    src.member.get(),
+                    src.member_offset_bytes,
+                    dst.member.get(),
+                    dst.member_offset_bytes,
+                    unit,
+                ));
+                off += unit;
+            }
+        }
+        let total: u64 = plan.iter().map(|p| p.4).sum();
+        let unit_max = plan.iter().map(|p| p.4).max().unwrap_or(ALIGN_BYTES);
+        let mut pool = BufferPool::new(1, unit_max as usize)
+            .map_err(|e| VolumeError::Invalid(format!("rebuild buffer: {e}")))?;
+        let id = pool
+            .alloc()
+            .expect("a fresh pool of one buffer has it free");
+        use penstock_uring::sys::{IoprioClass, ioprio_set_current_thread, ioprio_value};
+        let _ = ioprio_set_current_thread(ioprio_value(IoprioClass::BestEffort, 7));
+        let mut done = 0u64;
+        let copied = (|| -> Result<()> {
+            for &(src, src_off, dst, dst_off, len) in &plan {
+                let buf = &mut pool.bytes_mut(id)[..len as usize];
+                let (s, d) = (&self.members[src], &self.members[dst]);
+                let mut got = 0usize;
+                while got < buf.len() {
+                    match rustix::io::pread(&s.file, &mut buf[got..], src_off + got as u64) {
+                        Ok(0) => {
+                            return Err(io_err(&s.path, "read for the rebuild")(io::Error::from(
+                                io::ErrorKind::UnexpectedEof,
+                            )));
+                        }
+                        Ok(n) => got += n,
+                        Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(io_err(&s.path, "read for the rebuild")(e.into())),
+                    }
+                }
+                let mut put = 0usize;
+                while put < buf.len() {
+                    match rustix::io::pwrite(&d.file, &buf[put..], dst_off + put as u64) {
+                        Ok(0) => {
+                            return Err(io_err(&d.path, "rebuild")(io::Error::from(
+                                io::ErrorKind::WriteZero,
+                            )));
+                        }
+                        Ok(n) => put += n,
+                        Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(io_err(&d.path, "rebuild")(e.into())),
+                    }
+                }
+                done += len;
+                progress(done, total);
+            }
+            Ok(())
+        })();
+        let _ = ioprio_set_current_thread(ioprio_value(IoprioClass::BestEffort, 4));
+        copied?;
+        for &i in &targets {
+            fdatasync(&self.members[i])?;
+        }
+        let mut meta = self.meta.clone();
+        for &i in &targets {
+            meta.member_states[i] = MemberState::Ok;
+        }
+        self.commit(meta)?;
+        self.failures.clear();
+        Ok(total)
     }
 
     /// The descriptors and mapping to stream partition `name`. Reading needs a `Ready`
@@ -1050,6 +1530,27 @@ pub struct PartitionIo {
     locked: Vec<OwnedFd>,
     /// A writer's: how the partition grows and how its size is committed. `None` for readers.
     growth: Option<Growth>,
+    /// Each member's state as this stream knows it ([`MemberState`] as a number:
+    /// [`STATE_OK`], [`STATE_DEGRADED`], [`STATE_REBUILDING`]); a read or write failure of a
+    /// mirrored partition's member turns it degraded here at once, and in the metadata soon
+    /// after ([`PartitionIo::mark_failed`]).
+    states: Arc<[AtomicU8]>,
+    /// Member paths, by index (to record a failure through a handle of its own).
+    member_paths: Vec<PathBuf>,
+    /// Threads recording failures in the metadata; joined when the stream is dropped.
+    recorders: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+const STATE_OK: u8 = 0;
+const STATE_DEGRADED: u8 = 1;
+const STATE_REBUILDING: u8 = 2;
+
+fn state_code(s: MemberState) -> u8 {
+    match s {
+        MemberState::Ok => STATE_OK,
+        MemberState::Degraded => STATE_DEGRADED,
+        MemberState::Rebuilding => STATE_REBUILDING,
+    }
 }
 
 /// A growing partition's writer state. Writes past the blocks' capacity allocate more blocks
@@ -1077,6 +1578,9 @@ struct Growth {
     creating: bool,
 }
 
+/// Members found failed by streams of this process since it started (a metric).
+pub static DEGRADED_MEMBERS: AtomicU64 = AtomicU64::new(0);
+
 /// Growth steps: a quarter of the capacity, at least one block per member of the partition and
 /// at most this by default ([`set_limits`]) (so a writer holds at most this much ahead of what
 /// it wrote; the ahead part is given back when it finishes, or by `volume check --repair`
@@ -1097,7 +1601,7 @@ impl PartitionIo {
         let mut align_bytes = ALIGN_BYTES;
         let mut members = Vec::with_capacity(vol.members.len());
         for m in &vol.members {
-            if direct {
+            if direct && m.present {
                 align_bytes = align_bytes.max(direct_alignment(&m.file));
             }
             let fd = m.file.try_clone().map_err(io_err(&m.path, "dup"))?;
@@ -1109,7 +1613,14 @@ impl PartitionIo {
             )));
         }
         let map = PartitionMap::new(&vol.meta.layout, p)?;
-        let writable = rustix::fs::fcntl_getfl(&vol.members[0].file)
+        // The access the members were opened with (a mirrored volume's stand-in for a missing
+        // member is read-only whatever it is: ask a present one).
+        let probe = vol
+            .members
+            .iter()
+            .find(|m| m.present)
+            .unwrap_or(&vol.members[0]);
+        let writable = rustix::fs::fcntl_getfl(&probe.file)
             .map(|f| f & rustix::fs::OFlags::RWMODE != rustix::fs::OFlags::RDONLY)
             .unwrap_or(false);
         let growth = if writable {
@@ -1142,7 +1653,196 @@ impl PartitionIo {
             piece_bytes_max,
             locked: Vec::new(),
             growth,
+            states: vol
+                .meta
+                .member_states
+                .iter()
+                .zip(&vol.members)
+                .map(|(s, m)| {
+                    AtomicU8::new(if m.present {
+                        state_code(*s)
+                    } else {
+                        STATE_DEGRADED
+                    })
+                })
+                .collect(),
+            member_paths: vol.members.iter().map(|m| m.path.clone()).collect(),
+            recorders: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Whether every block has a second copy.
+    pub fn mirrored(&self) -> bool {
+        self.map.mirror().is_some()
+    }
+
+    fn state(&self, member: MemberIndex) -> u8 {
+        self.states
+            .get(member.get())
+            .map_or(STATE_DEGRADED, |s| s.load(Ordering::Acquire))
+    }
+
+    /// The pieces to read `len_bytes` at `offset_bytes` (cut as [`split`](Self::split)). A
+    /// mirrored partition reads each piece from one of its two copies: not from a member
+    /// that is degraded or being rebuilt, and otherwise from the one whose device is less
+    /// loaded — `load(member)` is the disk queue's depth (queued and in flight) on that
+    /// member's device; the pieces chosen here count too, so one chunk spreads over both.
+    pub fn split_read(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        load: &mut dyn FnMut(MemberIndex) -> u64,
+    ) -> Result<Vec<volume::MemberIo>, LayoutError> {
+        if !self.mirrored() {
+            return self.split(offset_bytes, len_bytes);
+        }
+        let pairs = self.map_split_copies(offset_bytes, len_bytes)?;
+        let mut chosen_here = [0u64; volume::MEMBERS_MAX];
+        let mut out = Vec::with_capacity(pairs.len());
+        for pair in pairs {
+            let copy = pair.mirror.expect("a mirrored partition's pairs");
+            let a_ok = self.state(pair.primary.member) == STATE_OK;
+            let b_ok = self.state(copy.member) == STATE_OK;
+            let pick = match (a_ok, b_ok) {
+                (true, false) => pair.primary,
+                (false, true) => copy,
+                // Neither is readable: try the primary; its failure ends the stream.
+                (false, false) => pair.primary,
+                (true, true) => {
+                    let la = load(pair.primary.member) + chosen_here[pair.primary.member.get()];
+                    let lb = load(copy.member) + chosen_here[copy.member.get()];
+                    if lb < la { copy } else { pair.primary }
+                }
+            };
+            chosen_here[pick.member.get()] += 1;
+            out.push(pick);
+        }
+        Ok(self.cut(out))
+    }
+
+    /// The pieces to write `len_bytes` at `offset_bytes`: each copy's, on every member that
+    /// is written (not degraded), cut as [`split`](Self::split). The same buffer range
+    /// appears twice in a mirrored partition's pieces.
+    pub fn split_write(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<Vec<volume::MemberIo>, LayoutError> {
+        if !self.mirrored() {
+            return self.split(offset_bytes, len_bytes);
+        }
+        let pairs = self.map_split_copies(offset_bytes, len_bytes)?;
+        let mut out = Vec::with_capacity(2 * pairs.len());
+        for pair in pairs {
+            for p in std::iter::once(pair.primary).chain(pair.mirror) {
+                if self.state(p.member) != STATE_DEGRADED {
+                    out.push(p);
+                }
+            }
+        }
+        Ok(self.cut(out))
+    }
+
+    /// A mirrored partition's read of `len_bytes` at partition offset `offset_bytes` failed
+    /// on the member read through `fd` (`why`): marks that member failed and returns the
+    /// pieces that read the same bytes from the other copies (buffer offsets from 0 at
+    /// `offset_bytes`). `None` when there is no other copy to read.
+    pub fn reroute(
+        &self,
+        fd: std::os::fd::RawFd,
+        offset_bytes: u64,
+        len_bytes: u64,
+        why: &str,
+    ) -> Option<Vec<volume::MemberIo>> {
+        if !self.mirrored() {
+            return None;
+        }
+        let failed = self.members.iter().position(|m| m.as_raw_fd() == fd)?;
+        self.mark_failed(MemberIndex::new(failed)?, why);
+        let pairs = self.map_split_copies(offset_bytes, len_bytes).ok()?;
+        let mut out = Vec::with_capacity(pairs.len());
+        for pair in pairs {
+            let copy = pair.mirror?;
+            let pick = [pair.primary, copy]
+                .into_iter()
+                .find(|p| self.state(p.member) == STATE_OK)?;
+            out.push(pick);
+        }
+        Some(self.cut(out))
+    }
+
+    /// Member `member` failed (`why`): nothing of this stream reads or writes it from now
+    /// on, and the failure is recorded in the volume's metadata by a thread of its own (a
+    /// metadata update syncs every member: not work for the engine's loop).
+    pub fn mark_failed(&self, member: MemberIndex, why: &str) {
+        let Some(state) = self.states.get(member.get()) else {
+            return;
+        };
+        if state.swap(STATE_DEGRADED, Ordering::AcqRel) == STATE_DEGRADED {
+            return;
+        }
+        tracing::warn!(
+            "{}: member {member} ({}) failed: {why}; reading its blocks from the mirror",
+            self.label,
+            self.member_paths[member.get()].display()
+        );
+        DEGRADED_MEMBERS.fetch_add(1, Ordering::Relaxed);
+        let Some(via) = (0..self.states.len())
+            .find(|&i| self.states[i].load(Ordering::Acquire) == STATE_OK)
+            .map(|i| self.member_paths[i].clone())
+        else {
+            return;
+        };
+        let label = self.label.clone();
+        let spawned = std::thread::Builder::new()
+            .name("penstock-degrade".to_string())
+            .spawn(move || {
+                let r = Volume::open(&via, Access::SharedWrite).and_then(|mut v| {
+                    if v.meta.member_states[member.get()] == MemberState::Degraded {
+                        return Ok(());
+                    }
+                    v.mark_degraded(member)
+                });
+                if let Err(e) = r {
+                    tracing::warn!("{label}: recording member {member} as degraded: {e}");
+                }
+            });
+        if let Ok(h) = spawned {
+            lock_ignoring_poison(&self.recorders).push(h);
+        }
+    }
+
+    fn map_split_copies(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<Vec<volume::CopyPair>, LayoutError> {
+        match &self.growth {
+            Some(g) => lock_ignoring_poison(&g.map).split_copies(offset_bytes, len_bytes),
+            None => self.map.split_copies(offset_bytes, len_bytes),
+        }
+    }
+
+    /// Cuts pieces to what every member's queue takes whole (see [`split`](Self::split)).
+    fn cut(&self, pieces: Vec<volume::MemberIo>) -> Vec<volume::MemberIo> {
+        if pieces.iter().all(|p| p.len_bytes <= self.piece_bytes_max) {
+            return pieces;
+        }
+        let mut out = Vec::with_capacity(pieces.len() * 2);
+        for p in pieces {
+            let mut done = 0;
+            while done < p.len_bytes {
+                let len = (p.len_bytes - done).min(self.piece_bytes_max);
+                out.push(volume::MemberIo {
+                    member: p.member,
+                    member_offset_bytes: p.member_offset_bytes + done,
+                    len_bytes: len,
+                    buf_offset_bytes: p.buf_offset_bytes + done,
+                });
+                done += len;
+            }
+        }
+        out
     }
 
     /// Bytes the partition's blocks hold now (a writer's grow as it writes).
@@ -1333,7 +2033,7 @@ impl PartitionIo {
         if len == 0 {
             return full(0);
         }
-        let mut pieces = match self.split(offset, len) {
+        let mut pieces = match self.split_write(offset, len) {
             Ok(p) => p,
             Err(e) => {
                 return (
@@ -1343,25 +2043,43 @@ impl PartitionIo {
             }
         };
         pieces.sort_by_key(|p| p.buf_offset_bytes);
-        let mut done = 0u64;
+        let mirrored = self.mirrored();
+        // The run's prefix every copy holds when piece `p` stopped after `wrote` bytes.
+        let prefix = |p: &volume::MemberIo, wrote: u64| {
+            if mirrored {
+                p.buf_offset_bytes
+            } else {
+                p.buf_offset_bytes + wrote
+            }
+        };
+        // Ranges (by buffer offset) whose one copy failed: the other copy must not.
+        let mut one_copy_failed: Vec<u64> = Vec::new();
         for p in &pieces {
             let mut slices = gather(bufs, p.buf_offset_bytes, p.len_bytes);
             let mut slices = &mut slices[..];
             let mut at = p.member_offset_bytes;
+            let mut wrote = 0u64;
             while !slices.is_empty() {
                 match rustix::io::pwritev(&self.members[p.member.get()], slices, at) {
-                    Ok(0) => return full(done),
+                    Ok(0) => return full(prefix(p, wrote)),
                     Ok(n) => {
-                        done += n as u64;
+                        wrote += n as u64;
                         at += n as u64;
-                        self.note_written(offset + done);
+                        self.note_written(offset + p.buf_offset_bytes + wrote);
                         IoSlice::advance_slices(&mut slices, n);
                     }
                     Err(rustix::io::Errno::INTR) => {}
-                    Err(e) => return (done, Some(e.into())),
+                    Err(e) if mirrored && !one_copy_failed.contains(&p.buf_offset_bytes) => {
+                        // The other copy carries the range; this member is degraded.
+                        self.mark_failed(p.member, &format!("write: {e}"));
+                        one_copy_failed.push(p.buf_offset_bytes);
+                        break;
+                    }
+                    Err(e) => return (prefix(p, wrote), Some(e.into())),
                 }
             }
         }
+        let done = len;
         if len < total {
             full(done)
         } else {
@@ -1439,7 +2157,10 @@ impl PartitionIo {
 
     /// fdatasync every member.
     pub fn sync_data(&self) -> io::Result<()> {
-        for m in &self.members {
+        for (i, m) in self.members.iter().enumerate() {
+            if self.states[i].load(Ordering::Acquire) == STATE_DEGRADED {
+                continue;
+            }
             rustix::fs::fdatasync(m)?;
         }
         Ok(())
@@ -1459,24 +2180,7 @@ impl PartitionIo {
             Some(g) => lock_ignoring_poison(&g.map).split(offset_bytes, len_bytes)?,
             None => self.map.split(offset_bytes, len_bytes)?,
         };
-        if pieces.iter().all(|p| p.len_bytes <= self.piece_bytes_max) {
-            return Ok(pieces);
-        }
-        let mut out = Vec::with_capacity(pieces.len() * 2);
-        for p in pieces {
-            let mut done = 0;
-            while done < p.len_bytes {
-                let len = (p.len_bytes - done).min(self.piece_bytes_max);
-                out.push(volume::MemberIo {
-                    member: p.member,
-                    member_offset_bytes: p.member_offset_bytes + done,
-                    len_bytes: len,
-                    buf_offset_bytes: p.buf_offset_bytes + done,
-                });
-                done += len;
-            }
-        }
-        Ok(out)
+        Ok(self.cut(pieces))
     }
 }
 
@@ -1484,6 +2188,10 @@ impl Drop for PartitionIo {
     /// A writer that was not finished commits what it wrote and gives back the blocks grown
     /// ahead (best effort: `volume check` reports leftovers as repairable).
     fn drop(&mut self) {
+        // Failures found by this stream are in the metadata before it is reported done.
+        for h in lock_ignoring_poison(&self.recorders).drain(..) {
+            let _ = h.join();
+        }
         let Some(g) = &self.growth else {
             return;
         };

@@ -1084,10 +1084,11 @@ impl Worker {
     fn route(&mut self, c: &Completion) {
         // Only a dispatched read's completion needs the disk queue (and the clock): sends,
         // the bulk of completions, pass straight through.
-        let c = &match &mut self.disk {
+        let (c, failed) = match &mut self.disk {
             Some(disk) if crate::disk::is_disk_token(c.token) => disk.translate(clock::now(), *c),
-            _ => *c,
+            _ => (*c, None),
         };
+        let c = &c;
         if (TIMER_TOKEN_BASE..TIMER_TOKEN_BASE + TIMERS_MAX as u64).contains(&c.token) {
             self.timers[(c.token - TIMER_TOKEN_BASE) as usize] = None;
             return;
@@ -1111,7 +1112,7 @@ impl Worker {
         if tag != TAG_POLL
             && let (Machine::Uring(u), Reactor::Ring(ring), Some(bufs)) =
                 (&mut task.machine, &mut self.reactor, &mut self.bufs)
-            && let Err(e) = u.on_completion(&mut task.io, ring, bufs, tag, arg, c)
+            && let Err(e) = u.on_completion(&mut task.io, ring, bufs, tag, arg, c, failed.as_ref())
             && task.outcome.is_none()
         {
             task.finished_at = Some(std::time::Instant::now());

@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use penstock_core::endpoint::{Endpoint, PartitionName, VolumeName};
 use penstock_core::units::{parse_duration, parse_size};
 use penstock_core::volume::layout::{BLOCK_BYTES_DEFAULT, STRIPE_UNIT_BYTES_DEFAULT};
-use penstock_core::volume::{PartitionKind, PartitionState, Placement};
+use penstock_core::volume::{MemberIndex, MemberState, PartitionKind, PartitionState, Placement};
 use penstock_driver::open::{open_source, open_target, opened_partition};
 use penstock_driver::volume::{Access, CreateSpec, Volume, resolve};
 use penstock_driver::{Engine, EngineConfig, StreamReport, StreamSpec, ZeroCopy};
@@ -72,12 +72,26 @@ pub enum VolumeCommand {
     /// Cut a partition to SIZE bytes and give back the blocks beyond (its reservation is
     /// lowered to SIZE too).
     Truncate(TruncateArgs),
-    /// Verify both metadata copies of every member and the allocation map; --repair fixes
-    /// what can be proven (exit 1 while problems remain).
+    /// Verify both metadata copies of every member, the allocation map and (mirrored) every
+    /// member's health; --repair fixes what can be proven and rebuilds replaced members from
+    /// the mirror (exit 1 while problems remain).
     Check(CheckArgs),
     /// Mount the volume's partitions as regular files in DIR (FUSE); unmount with
     /// `fusermount3 -u DIR`, `umount DIR` or SIGTERM (see docs/volume-format.md, "Mount").
     Mount(crate::cmd_mount::MountArgs),
+    /// Replace member OLD (its index or recorded path) of a mirrored volume by NEW (a block
+    /// device, or a plain file created with OLD's size when missing); then
+    /// `volume check --repair` copies its blocks from the mirror.
+    Replace(ReplaceArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ReplaceArgs {
+    pub vol: String,
+    /// The member to replace: its index (as `volume ls` shows) or its recorded path.
+    pub old: String,
+    /// The replacement.
+    pub new: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -99,6 +113,10 @@ pub struct CreateArgs {
     /// Overwrite members that belong to another volume.
     #[arg(long)]
     pub force: bool,
+    /// Copies of every block: 2 keeps each block on two members on different devices
+    /// (st_dev; a block device is its own), so the volume survives the loss of one member.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub mirror: u8,
 }
 
 #[derive(Args, Debug)]
@@ -172,6 +190,7 @@ pub fn run(a: VolumeArgs) -> Result<()> {
         VolumeCommand::Truncate(a) => truncate(a),
         VolumeCommand::Check(a) => check(a),
         VolumeCommand::Mount(a) => crate::cmd_mount::run(a),
+        VolumeCommand::Replace(a) => replace(a),
     }
 }
 
@@ -188,17 +207,23 @@ fn create(a: CreateArgs) -> Result<()> {
         stripe_unit_bytes: a.stripe_unit,
         block_bytes: a.block,
         force: a.force,
+        copies: a.mirror,
     })?;
     let m = v.meta();
     let blocks: u64 = m.used.iter().map(|b| u64::from(b.blocks())).sum();
     println!(
-        "created volume {} ({}): {} members, {} blocks of {} bytes, stripe unit {} bytes",
+        "created volume {} ({}): {} members, {} blocks of {} bytes, stripe unit {} bytes{}",
         m.name,
         m.uuid,
         m.layout.member_count(),
         blocks,
         m.layout.block_bytes(),
-        m.layout.stripe_unit_bytes()
+        m.layout.stripe_unit_bytes(),
+        if m.mirrored() {
+            ", mirrored (2 copies)"
+        } else {
+            ""
+        }
     );
     Ok(())
 }
@@ -207,24 +232,37 @@ fn ls(vol: &str) -> Result<()> {
     let v = open(vol, Access::Shared)?;
     let m = v.meta();
     let l = &m.layout;
+    let states = v.member_states();
+    let degraded = states.iter().filter(|(s, _)| *s != MemberState::Ok).count();
     println!(
-        "volume {} ({}) seq {}: stripe unit {} bytes, block {} bytes, data from byte {}{}",
+        "volume {} ({}) seq {}: stripe unit {} bytes, block {} bytes, data from byte {}{}{}",
         m.name,
         m.uuid,
         v.seq(),
         l.stripe_unit_bytes(),
         l.block_bytes(),
         l.data_start_bytes(),
-        if v.direct() { "" } else { " (no O_DIRECT)" }
+        if v.direct() { "" } else { " (no O_DIRECT)" },
+        match (m.mirrored(), degraded) {
+            (false, _) => String::new(),
+            (true, 0) => ", mirrored (2 copies)".to_string(),
+            (true, n) => format!(", mirrored (2 copies), DEGRADED: {n} member(s) not ok"),
+        }
     );
     for (i, path) in v.member_paths().iter().enumerate() {
         let map = &m.used[i];
+        let (state, why) = states[i];
         println!(
-            "member {i} {}: {} bytes, {} blocks, {} free",
+            "member {i} {}: {} bytes, {} blocks, {} free{}",
             path.display(),
             l.member_sizes_bytes()[i],
             map.blocks(),
-            map.free_blocks()
+            map.free_blocks(),
+            match (m.mirrored(), state, why) {
+                (false, _, _) => String::new(),
+                (true, s, None) => format!(", {s}"),
+                (true, s, Some(why)) => format!(", {s} ({why})"),
+            }
         );
     }
     for p in &m.partitions {
@@ -240,8 +278,14 @@ fn ls(vol: &str) -> Result<()> {
                 PartitionKind::Striped => "striped",
                 PartitionKind::Placed => "placed",
             },
-            members.join(","),
-            p.extents.len(),
+            match &p.mirror {
+                None => members.join(","),
+                Some(mi) => {
+                    let copies: Vec<String> = mi.members.iter().map(|x| x.to_string()).collect();
+                    format!("{} (copies on {})", members.join(","), copies.join(","))
+                }
+            },
+            p.all_extents().count(),
             if p.state == PartitionState::Creating {
                 " [creating: interrupted, see volume check]"
             } else {
@@ -421,6 +465,23 @@ fn check(a: CheckArgs) -> Result<()> {
             path.display()
         );
     }
+    for (m, path, state, why) in &report.degraded {
+        let why = why.as_deref().map_or(String::new(), |w| format!(": {w}"));
+        let fix = match state {
+            MemberState::Rebuilding => "check --repair rebuilds it from the mirror",
+            _ if v.member_states()[m.get()]
+                .1
+                .is_some_and(|w| w.starts_with("missing")) =>
+            {
+                "replace it: penstock volume replace VOL OLD NEW, then check --repair"
+            }
+            _ => "check --repair rebuilds it in place, or replace it",
+        };
+        println!(
+            "member {m} {}: {state}{why}; the mirror serves its blocks ({fix})",
+            path.display()
+        );
+    }
     for p in &report.problems {
         println!("{p}");
     }
@@ -436,6 +497,10 @@ fn check(a: CheckArgs) -> Result<()> {
     }
     let fixed = v.repair()?;
     println!("repaired {} problem(s)", fixed.len());
+    let rebuilt = rebuild(&mut v)?;
+    if rebuilt > 0 {
+        println!("rebuilt {rebuilt} bytes from the mirror");
+    }
     let after = v.check();
     if !after.is_clean() {
         for p in &after.problems {
@@ -444,5 +509,51 @@ fn check(a: CheckArgs) -> Result<()> {
         bail!("problems remain that repair cannot prove safe to fix");
     }
     println!("volume {} is consistent", v.meta().name);
+    Ok(())
+}
+
+/// `check --repair`'s rebuild of replaced (or degraded, present) members, with progress on
+/// stderr: a line per 5% and at the end.
+fn rebuild(v: &mut Volume) -> Result<u64> {
+    let mut shown = 0u64;
+    let started = std::time::Instant::now();
+    let bytes = v.rebuild(&mut |done, total| {
+        let pct = (done * 100).checked_div(total).unwrap_or(100);
+        if pct >= shown + 5 || done == total {
+            shown = pct;
+            eprintln!(
+                "rebuild: {} of {} MiB ({pct}%), {:.1} s",
+                done >> 20,
+                total >> 20,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    })?;
+    Ok(bytes)
+}
+
+fn replace(a: ReplaceArgs) -> Result<()> {
+    let mut v = open(&a.vol, Access::Exclusive)?;
+    let count = v.meta().layout.member_count();
+    let old = match a.old.parse::<usize>() {
+        Ok(i) => i,
+        Err(_) => {
+            let want = std::path::Path::new(&a.old);
+            let canonical = std::fs::canonicalize(want).ok();
+            v.member_paths()
+                .iter()
+                .position(|m| *m == want || canonical.as_deref() == Some(*m))
+                .with_context(|| format!("{}: not a member of this volume", a.old))?
+        }
+    };
+    let member = MemberIndex::new(old)
+        .filter(|m| m.get() < count)
+        .with_context(|| format!("member {old}: the volume has members 0 to {}", count - 1))?;
+    v.replace(member, &a.new)?;
+    println!(
+        "replaced member {old} by {}: rebuilding; run `penstock volume check --repair {}`",
+        a.new.display(),
+        a.vol
+    );
     Ok(())
 }

@@ -29,7 +29,8 @@
 //! - The engine, read at each scrape ([`Metrics::watch_engine`]): `engine_buffers{state}`
 //!   (the pool: total, reserved, in use by rt, borrowed by bulk), the counters
 //!   `engine_buffer_repossessions_total` (buffers bulk streams gave back to rt) and
-//!   `engine_buffer_rereads_total`, `disk_queue_depth{class}`; the open-file table:
+//!   `engine_buffer_rereads_total`, `volume_members_degraded_total` (members of mirrored
+//!   volumes that streams found failing, read around since), `disk_queue_depth{class}`; the open-file table:
 //!   `engine_open_files` (files open for streams, one descriptor each) and
 //!   `engine_open_file_shares_total` (opens that shared an open file's descriptor).
 //! - The cluster, when `[cluster] etcd` is set ([`Metrics::register_cluster`]):
@@ -833,6 +834,15 @@ impl Collector for EngineCollector {
             "engine_buffer_rereads",
             "Full chunks given back before they were sent, read again",
             ConstCounter::new(u.reread_chunks),
+        )?;
+        one(
+            &mut encoder,
+            "volume_members_degraded",
+            "Members of mirrored volumes that streams of this process found failing (read from the mirror since)",
+            ConstCounter::new(
+                penstock_driver::volume::DEGRADED_MEMBERS
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
         )?;
         let d = self.engine.disk_queue_depth();
         let mut m = encoder.encode_descriptor(

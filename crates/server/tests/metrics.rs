@@ -183,6 +183,7 @@ fn every_family_is_there_after_http_a_refused_open_and_a_paced_stream() {
         "penstock_deadline_misses_total{class=\"rt\"} 0",
         "penstock_engine_buffer_repossessions_total ",
         "penstock_engine_buffer_rereads_total ",
+        "penstock_volume_members_degraded_total 0",
         "penstock_engine_buffers{state=\"total\"} ",
         "penstock_disk_queue_depth{class=\"rt\"} ",
         "penstock_streams_active ",

@@ -6,10 +6,10 @@
 
 use std::fmt;
 
-use super::format::VolumeMeta;
+use super::format::{MemberState, VolumeMeta};
 use super::layout::{
-    Extent, LayoutError, MemberIndex, Partition, PartitionKind, PartitionMap, PartitionState,
-    partition_blocks, slot_blocks,
+    Extent, LayoutError, MemberIndex, Mirror, Partition, PartitionKind, PartitionMap,
+    PartitionState, partition_blocks, slot_blocks,
 };
 use super::{EXTENTS_MAX, Name, NameError, PARTITIONS_MAX};
 
@@ -75,6 +75,12 @@ pub enum AllocError {
     },
     #[error("partition {name} cannot grow: {why}")]
     Inconsistent { name: String, why: String },
+    #[error(
+        "no member can hold the copies of partition {name}: each copy of a block must be on \
+         another member in another failure domain (device) than the block, and these members \
+         are on too few devices ({why})"
+    )]
+    NoMirror { name: String, why: String },
     #[error("partition {name}: size {size_bytes} beyond its blocks' {capacity_bytes} bytes")]
     BeyondCapacity {
         name: String,
@@ -163,36 +169,34 @@ pub fn allocate_with(
     if (0..width).any(|slot| slot_blocks(total, width, slot) > free[slot]) {
         return Err(too_large(needed_bytes));
     }
-    // Plan first, mutate after: on any error the meta is unchanged.
-    let mut extents: Vec<Extent> = Vec::new();
-    for (slot, &member) in members.iter().enumerate() {
-        let mut want = slot_blocks(total, width, slot);
-        let mut free_iter = meta.used[member.get()].free_iter();
-        while want > 0 {
-            // free[slot] ≥ want was checked above.
-            let Some(block) = free_iter.next() else {
-                return Err(too_large(needed_bytes));
-            };
-            match extents.last_mut() {
-                Some(e) if e.member == member && e.start_block + e.blocks == block => e.blocks += 1,
-                _ => extents.push(Extent {
-                    member,
-                    start_block: block,
-                    blocks: 1,
-                }),
-            }
-            want -= 1;
+    let mirror_members = if meta.mirrored() {
+        Some(
+            mirror_members(meta, &members).map_err(|why| AllocError::NoMirror {
+                name: name.to_string(),
+                why,
+            })?,
+        )
+    } else {
+        None
+    };
+    // Plan on a copy, keep it only when everything fits: on any error the meta is unchanged.
+    let mut planned = meta.clone();
+    let extents = take_blocks(&mut planned, &members, total).ok_or(too_large(needed_bytes))?;
+    let mirror = match mirror_members {
+        None => None,
+        Some(mm) => {
+            let me = take_blocks(&mut planned, &mm, total).ok_or(too_large(needed_bytes))?;
+            Some(Mirror {
+                members: mm,
+                extents: me,
+            })
         }
-    }
-    let extents_now: usize = meta.partitions.iter().map(|p| p.extents.len()).sum();
-    if extents_now + extents.len() > EXTENTS_MAX {
+    };
+    let added = extents.len() + mirror.as_ref().map_or(0, |m| m.extents.len());
+    if extents_total(meta) + added > EXTENTS_MAX {
         return Err(AllocError::TooManyExtents);
     }
-    for e in &extents {
-        for b in e.start_block..e.start_block + e.blocks {
-            meta.used[e.member.get()].set(b, true);
-        }
-    }
+    *meta = planned;
     let partition = Partition {
         name,
         kind,
@@ -202,9 +206,123 @@ pub fn allocate_with(
         generation: 1,
         state: PartitionState::Creating,
         extents,
+        mirror,
     };
     debug_assert!(PartitionMap::new(&meta.layout, &partition).is_ok());
     meta.partitions.push(partition);
+    Ok(())
+}
+
+/// Takes `total` blocks dealt round-robin over `members` (slot `j` gets
+/// [`slot_blocks`]`(total, width, j)`), the lowest free blocks of each member, and marks them
+/// used. `None` when a member has too few free blocks (the maps may then be half-marked: the
+/// caller works on a copy).
+fn take_blocks(meta: &mut VolumeMeta, members: &[MemberIndex], total: u64) -> Option<Vec<Extent>> {
+    let width = members.len();
+    let mut extents: Vec<Extent> = Vec::new();
+    for (slot, &member) in members.iter().enumerate() {
+        let want = slot_blocks(total, width, slot);
+        let blocks: Vec<u32> = meta.used[member.get()]
+            .free_iter()
+            .take(want as usize)
+            .collect();
+        if (blocks.len() as u64) < want {
+            return None;
+        }
+        for b in blocks {
+            meta.used[member.get()].set(b, true);
+            match extents.last_mut() {
+                Some(e) if e.member == member && e.start_block + e.blocks == b => e.blocks += 1,
+                _ => extents.push(Extent {
+                    member,
+                    start_block: b,
+                    blocks: 1,
+                }),
+            }
+        }
+    }
+    Some(extents)
+}
+
+/// Extents over all partitions, their mirrors' included (bounded by [`EXTENTS_MAX`]).
+pub fn extents_total(meta: &VolumeMeta) -> usize {
+    meta.partitions
+        .iter()
+        .map(|p| p.all_extents().count())
+        .sum()
+}
+
+/// The members that hold the copies of a partition over `members`: slot `j`'s copy on a
+/// member that is not `members[j]` and is in another failure domain
+/// ([`VolumeMeta::member_domains`]). The volume's members, rotated by the smallest shift that
+/// satisfies every slot (a striped partition over 4 members on 2 devices, members 0,1 on one
+/// and 2,3 on the other, gets copies on 2,3,0,1). Why none exists, when none does.
+pub fn mirror_members(
+    meta: &VolumeMeta,
+    members: &[MemberIndex],
+) -> Result<Vec<MemberIndex>, String> {
+    let n = meta.layout.member_count();
+    let domain = |m: usize| meta.member_domains.get(m).copied().unwrap_or(0);
+    for shift in 1..n {
+        let cand: Vec<usize> = members.iter().map(|m| (m.get() + shift) % n).collect();
+        let ok = members
+            .iter()
+            .zip(&cand)
+            .all(|(m, &c)| domain(m.get()) != domain(c) && meta.member_states[c].writable());
+        if ok {
+            return Ok(cand.into_iter().filter_map(MemberIndex::new).collect());
+        }
+    }
+    let mut domains: Vec<u64> = meta.member_domains.clone();
+    domains.sort_unstable();
+    domains.dedup();
+    Err(format!(
+        "{n} member(s) in {} failure domain(s)",
+        domains.len()
+    ))
+}
+
+/// Partitions that some member in `failed` (by member index, `true` = unusable) leaves
+/// without a readable copy of some block: an unmirrored partition on a failed member, or a
+/// mirrored one with both copies of a slot on failed members.
+pub fn unreadable_partitions(meta: &VolumeMeta, failed: &[bool]) -> Vec<Name> {
+    let bad = |m: &MemberIndex| failed.get(m.get()).copied().unwrap_or(true);
+    meta.partitions
+        .iter()
+        .filter(|p| match &p.mirror {
+            None => p.members.iter().any(bad),
+            Some(mirror) => p
+                .members
+                .iter()
+                .zip(&mirror.members)
+                .any(|(a, b)| bad(a) && bad(b)),
+        })
+        .map(|p| p.name.clone())
+        .collect()
+}
+
+/// Sets member `member`'s state (see [`MemberState`]). Only a mirrored volume has states
+/// other than `Ok`: in an unmirrored one, a failed member is simply missing data.
+pub fn set_member_state(
+    meta: &mut VolumeMeta,
+    member: MemberIndex,
+    state: MemberState,
+) -> Result<(), AllocError> {
+    if !meta.mirrored() && state != MemberState::Ok {
+        return Err(AllocError::Inconsistent {
+            name: meta.name.to_string(),
+            why: "an unmirrored volume has no member states".to_string(),
+        });
+    }
+    let count = meta.layout.member_count();
+    let s = meta
+        .member_states
+        .get_mut(member.get())
+        .ok_or(AllocError::MemberOutOfRange {
+            member: member.get(),
+            count,
+        })?;
+    *s = state;
     Ok(())
 }
 
@@ -241,6 +359,14 @@ fn find_mut<'a>(meta: &'a mut VolumeMeta, name: &str) -> Result<&'a mut Partitio
 /// The most bytes partition `p` can hold by growing now: its blocks' capacity and the free
 /// blocks of its members, as its placement can use them.
 pub fn room_bytes(meta: &VolumeMeta, p: &Partition) -> u64 {
+    if p.mirror.is_some() {
+        let mut copies = p.clone();
+        copies.swap_mirror();
+        copies.mirror = None;
+        let mut own = p.clone();
+        own.mirror = None;
+        return room_bytes(meta, &own).min(room_bytes(meta, &copies));
+    }
     let block_bytes = meta.layout.block_bytes();
     let free: Vec<u64> = p
         .members
@@ -279,7 +405,47 @@ pub fn room_bytes(meta: &VolumeMeta, p: &Partition) -> u64 {
 /// offset already written stays the same), each the lowest free block of its member. Returns
 /// the new capacity. Nothing changes when it already holds that much, or on error (the volume
 /// is full for this placement, or too fragmented).
+///
+/// A mirrored partition's copies grow the same way, on their members; both or neither.
 pub fn grow(meta: &mut VolumeMeta, name: &str, capacity_wanted: u64) -> Result<u64, AllocError> {
+    let mirrored = meta.partition(name).is_some_and(|p| p.mirror.is_some());
+    if !mirrored {
+        return grow_one(meta, name, capacity_wanted);
+    }
+    let mut planned = meta.clone();
+    let got = grow_one(&mut planned, name, capacity_wanted)?;
+    on_mirror(&mut planned, name, |m| grow_one(m, name, capacity_wanted))?;
+    *meta = planned;
+    Ok(got)
+}
+
+/// Runs `f` with partition `name`'s mirror in place of its own blocks (see
+/// [`Partition::swap_mirror`]), and puts them back.
+fn on_mirror<T>(
+    meta: &mut VolumeMeta,
+    name: &str,
+    f: impl FnOnce(&mut VolumeMeta) -> Result<T, AllocError>,
+) -> Result<T, AllocError> {
+    let swap = |meta: &mut VolumeMeta| {
+        if let Some(p) = meta.partitions.iter_mut().find(|p| p.name.as_str() == name) {
+            p.swap_mirror();
+        }
+    };
+    swap(meta);
+    let out = f(meta);
+    swap(meta);
+    out
+}
+
+/// `p` as an unmirrored partition (its own blocks only).
+fn without_mirror(p: &Partition) -> Partition {
+    Partition {
+        mirror: None,
+        ..p.clone()
+    }
+}
+
+fn grow_one(meta: &mut VolumeMeta, name: &str, capacity_wanted: u64) -> Result<u64, AllocError> {
     let block_bytes = meta.layout.block_bytes();
     let i = meta.partitions.iter().position(|p| p.name.as_str() == name);
     let i = i.ok_or_else(|| AllocError::NotFound {
@@ -287,7 +453,8 @@ pub fn grow(meta: &mut VolumeMeta, name: &str, capacity_wanted: u64) -> Result<u
     })?;
     let p = &meta.partitions[i];
     // Only a partition that maps can grow (one edited by hand or damaged is left to check).
-    if let Err(e) = PartitionMap::new(&meta.layout, p) {
+    // Its own blocks only: a mirror grows after them (see `grow`).
+    if let Err(e) = PartitionMap::new(&meta.layout, &without_mirror(p)) {
         return Err(AllocError::Inconsistent {
             name: name.to_string(),
             why: e.to_string(),
@@ -341,7 +508,7 @@ pub fn grow(meta: &mut VolumeMeta, name: &str, capacity_wanted: u64) -> Result<u
             }
         }
     }
-    let extents_now: usize = meta.partitions.iter().map(|p| p.extents.len()).sum();
+    let extents_now = extents_total(meta);
     if extents_now - meta.partitions[i].extents.len() + extents.len() > EXTENTS_MAX {
         return Err(AllocError::TooManyExtents);
     }
@@ -351,7 +518,7 @@ pub fn grow(meta: &mut VolumeMeta, name: &str, capacity_wanted: u64) -> Result<u
         }
     }
     meta.partitions[i].extents = extents;
-    debug_assert!(PartitionMap::new(&meta.layout, &meta.partitions[i]).is_ok());
+    debug_assert!(PartitionMap::new(&meta.layout, &without_mirror(&meta.partitions[i])).is_ok());
     Ok(want * block_bytes)
 }
 
@@ -376,6 +543,14 @@ pub fn set_size(meta: &mut VolumeMeta, name: &str, size_bytes: u64) -> Result<()
 /// Gives back the blocks of partition `name` beyond what its size and reservation need (the
 /// last ones dealt: every offset below the size keeps its place). Returns the blocks freed.
 pub fn trim(meta: &mut VolumeMeta, name: &str) -> Result<u64, AllocError> {
+    let freed = trim_one(meta, name)?;
+    if meta.partition(name).is_some_and(|p| p.mirror.is_some()) {
+        on_mirror(meta, name, |m| trim_one(m, name))?;
+    }
+    Ok(freed)
+}
+
+fn trim_one(meta: &mut VolumeMeta, name: &str) -> Result<u64, AllocError> {
     let block_bytes = meta.layout.block_bytes();
     let i = meta.partitions.iter().position(|p| p.name.as_str() == name);
     let i = i.ok_or_else(|| AllocError::NotFound {
@@ -449,8 +624,7 @@ pub fn truncate(meta: &mut VolumeMeta, name: &str, size_bytes: u64) -> Result<u6
 /// Whether some partition lists block `b` of `member`.
 fn listed(meta: &VolumeMeta, member: MemberIndex, b: u32) -> bool {
     meta.partitions.iter().any(|p| {
-        p.extents
-            .iter()
+        p.all_extents()
             .any(|o| o.member == member && o.start_block <= b && b < o.start_block + o.blocks)
     })
 }
@@ -473,7 +647,7 @@ pub fn free(meta: &mut VolumeMeta, name: &str) -> Result<(), AllocError> {
         name: name.to_string(),
     })?;
     let gone = meta.partitions.remove(i);
-    for e in &gone.extents {
+    for e in gone.all_extents() {
         for b in e.start_block..e.start_block + e.blocks {
             if !listed(meta, e.member, b) {
                 meta.used[e.member.get()].set(b, false);
@@ -654,6 +828,17 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
         }
         if let Err(error) = PartitionMap::new(&meta.layout, p) {
             report(Problem::BadPartition { error }, &mut problems);
+        } else if p.mirror.is_some() != meta.mirrored() {
+            let why = if meta.mirrored() {
+                "no mirror in a mirrored volume"
+            } else {
+                "a mirror in an unmirrored volume"
+            };
+            let error = LayoutError::Partition {
+                name: p.name.to_string(),
+                why: why.to_string(),
+            };
+            report(Problem::BadPartition { error }, &mut problems);
         }
         if p.state == PartitionState::Creating {
             report(
@@ -678,7 +863,7 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
         let mut owner = vec![NO_OWNER; map.blocks() as usize];
         let mut shared: Vec<(u32, u16, u16)> = Vec::new();
         for (pi, p) in meta.partitions.iter().enumerate() {
-            for e in p.extents.iter().filter(|e| e.member == member) {
+            for e in p.all_extents().filter(|e| e.member == member) {
                 // decode() and allocate() keep extents within the member's blocks; an extent
                 // built by hand that is not is reported by PartitionMap::new above.
                 let end = (e.start_block.saturating_add(e.blocks)).min(map.blocks());
@@ -799,7 +984,7 @@ pub fn repair(meta: &mut VolumeMeta) -> Vec<Problem> {
         for e in meta
             .partitions
             .iter()
-            .flat_map(|p| &p.extents)
+            .flat_map(|p| p.all_extents())
             .filter(|e| e.member == member)
         {
             let end = e.start_block.saturating_add(e.blocks).min(map.blocks());

@@ -11,10 +11,12 @@
 
 use std::fmt;
 
-use super::layout::{Extent, MemberIndex, Partition, PartitionKind, PartitionState, VolumeLayout};
+use super::layout::{
+    Extent, MemberIndex, Mirror, Partition, PartitionKind, PartitionState, VolumeLayout,
+};
 use super::{
-    BLOCKS_PER_MEMBER_MAX, EXTENTS_MAX, MEMBER_PATH_BYTES_MAX, MEMBERS_MAX, NAME_BYTES_MAX, Name,
-    PARTITIONS_MAX,
+    BLOCKS_PER_MEMBER_MAX, COPIES_MAX, EXTENTS_MAX, MEMBER_PATH_BYTES_MAX, MEMBERS_MAX,
+    NAME_BYTES_MAX, Name, PARTITIONS_MAX,
 };
 
 /// Bytes of one metadata slot; slot A at member offset 0, slot B right after it.
@@ -23,10 +25,15 @@ pub const META_SLOT_BYTES: u64 = 1 << 20;
 pub const META_AREA_BYTES: u64 = 2 * META_SLOT_BYTES;
 /// Identifies a penstock volume member ("PeNSTocK VOLume").
 pub const META_MAGIC: [u8; 8] = *b"PNSTKVOL";
-/// The format version this code writes: 2 (growable partitions: a reservation and a
-/// generation per partition). It also reads version 1, whose partitions become fixed-size ones
-/// (reserve = size, generation 1) and are written back as version 2 by the next update.
-pub const META_VERSION: u32 = 2;
+/// The newest format version this code writes: 3 (mirroring: a copy count, each member's
+/// failure domain and state, each partition's mirror). A volume that uses none of it (one
+/// copy, every member healthy) is still written as version 2 (growable partitions: a
+/// reservation and a generation per partition), so older penstocks keep reading it. Version
+/// 1 is read too: its partitions become fixed-size ones (reserve = size, generation 1) and are
+/// written back as version 2 by the next update.
+pub const META_VERSION: u32 = 3;
+/// The version written for volumes that use nothing of version 3.
+pub const META_VERSION_UNMIRRORED: u32 = 2;
 /// The oldest format version this code reads.
 pub const META_VERSION_MIN: u32 = 1;
 /// Bytes of the slot header (magic, version, sequence, lengths, checksums).
@@ -48,6 +55,10 @@ const _: () = assert!(
         + EXTENTS_MAX * 9
         + MEMBERS_MAX * (4 + (BLOCKS_PER_MEMBER_MAX as usize) / 8)
         + MEMBERS_MAX * (2 + MEMBER_PATH_BYTES_MAX)
+        // version 3: copies, domain and state per member, a mirror per partition.
+        + 1
+        + MEMBERS_MAX * 9
+        + PARTITIONS_MAX * (1 + 1 + MEMBERS_MAX + 4)
         <= BODY_BYTES_MAX
 );
 
@@ -153,6 +164,50 @@ pub struct VolumeMeta {
     /// and each is still checked by uuid and index, so a renamed device is reported missing
     /// (with the path it was last seen at) rather than silently mistaken.
     pub member_paths: Vec<String>,
+    /// Copies of every block: 1, or 2 in a mirrored volume (each partition then has a
+    /// [`Mirror`]).
+    pub copies: u8,
+    /// Each member's failure domain, by member index: the device it was on when it joined
+    /// the volume (`st_dev` of a file, the device number of a block device). A block's two
+    /// copies are placed in different domains. Zeros in an unmirrored volume.
+    pub member_domains: Vec<u64>,
+    /// Each member's health, by member index (all [`MemberState::Ok`] unless mirrored).
+    pub member_states: Vec<MemberState>,
+}
+
+/// A member's health in a mirrored volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemberState {
+    /// Both reads and writes use it.
+    Ok,
+    /// It failed (a read error, missing, bad metadata, shorter than recorded): nothing reads
+    /// or writes it, the mirror serves its blocks. `volume replace` swaps it for a new member.
+    Degraded,
+    /// A replacement (or a degraded member being rebuilt in place): writes go to it, reads do
+    /// not, until `volume check --repair` has copied every block it holds from the mirror.
+    Rebuilding,
+}
+
+impl MemberState {
+    /// Whether reads may use the member.
+    pub fn readable(self) -> bool {
+        self == MemberState::Ok
+    }
+
+    /// Whether writes (data and metadata) go to the member.
+    pub fn writable(self) -> bool {
+        self != MemberState::Degraded
+    }
+}
+
+impl fmt::Display for MemberState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MemberState::Ok => "ok",
+            MemberState::Degraded => "degraded",
+            MemberState::Rebuilding => "rebuilding",
+        })
+    }
 }
 
 impl VolumeMeta {
@@ -163,6 +218,8 @@ impl VolumeMeta {
             .map(|m| BlockMap::new(layout.member_blocks(m)))
             .collect();
         let member_paths = vec![String::new(); layout.member_count()];
+        let member_domains = vec![0; layout.member_count()];
+        let member_states = vec![MemberState::Ok; layout.member_count()];
         VolumeMeta {
             uuid,
             name,
@@ -170,6 +227,26 @@ impl VolumeMeta {
             partitions: Vec::new(),
             used,
             member_paths,
+            copies: 1,
+            member_domains,
+            member_states,
+        }
+    }
+
+    /// Whether the volume keeps two copies of every block.
+    pub fn mirrored(&self) -> bool {
+        self.copies >= 2
+    }
+
+    /// The format version [`encode`] writes for this meta: 3 when it uses mirroring, else 2.
+    pub fn format_version(&self) -> u32 {
+        let v3 = self.copies > 1
+            || self.member_states.iter().any(|s| *s != MemberState::Ok)
+            || self.partitions.iter().any(|p| p.mirror.is_some());
+        if v3 {
+            META_VERSION
+        } else {
+            META_VERSION_UNMIRRORED
         }
     }
 
@@ -273,8 +350,28 @@ pub fn encode(meta: &VolumeMeta, member: MemberIndex, seq: u64) -> Vec<u8> {
         meta.partitions.len() <= PARTITIONS_MAX,
         "too many partitions"
     );
-    let extents: usize = meta.partitions.iter().map(|p| p.extents.len()).sum();
+    let extents: usize = meta
+        .partitions
+        .iter()
+        .map(|p| p.all_extents().count())
+        .sum();
     assert!(extents <= EXTENTS_MAX, "too many extents");
+    let version = meta.format_version();
+    let v3 = version >= 3;
+    assert!(
+        (1..=COPIES_MAX).contains(&meta.copies),
+        "copies must be 1..={COPIES_MAX}"
+    );
+    assert_eq!(
+        meta.member_domains.len(),
+        layout.member_count(),
+        "one domain per member"
+    );
+    assert_eq!(
+        meta.member_states.len(),
+        layout.member_count(),
+        "one state per member"
+    );
     assert_eq!(
         meta.used.len(),
         layout.member_count(),
@@ -292,6 +389,17 @@ pub fn encode(meta: &VolumeMeta, member: MemberIndex, seq: u64) -> Vec<u8> {
     body.extend_from_slice(&layout.data_start_bytes().to_le_bytes());
     for size in layout.member_sizes_bytes() {
         body.extend_from_slice(&size.to_le_bytes());
+    }
+    if v3 {
+        body.push(meta.copies);
+        for (domain, state) in meta.member_domains.iter().zip(&meta.member_states) {
+            body.extend_from_slice(&domain.to_le_bytes());
+            body.push(match state {
+                MemberState::Ok => 1,
+                MemberState::Degraded => 2,
+                MemberState::Rebuilding => 3,
+            });
+        }
     }
     // Partition table.
     body.extend_from_slice(&(meta.partitions.len() as u16).to_le_bytes());
@@ -311,11 +419,18 @@ pub fn encode(meta: &VolumeMeta, member: MemberIndex, seq: u64) -> Vec<u8> {
             PartitionState::Creating => 1,
             PartitionState::Ready => 2,
         });
-        body.extend_from_slice(&(p.extents.len() as u32).to_le_bytes());
-        for e in &p.extents {
-            body.push(e.member.get() as u8);
-            body.extend_from_slice(&e.start_block.to_le_bytes());
-            body.extend_from_slice(&e.blocks.to_le_bytes());
+        put_extents(&mut body, &p.extents);
+        if v3 {
+            match &p.mirror {
+                None => body.push(0),
+                Some(m) => {
+                    body.push(1);
+                    assert!(m.members.len() <= MEMBERS_MAX, "too many mirror members");
+                    body.push(m.members.len() as u8);
+                    body.extend(m.members.iter().map(|m| m.get() as u8));
+                    put_extents(&mut body, &m.extents);
+                }
+            }
         }
     }
     // Free-block maps.
@@ -349,7 +464,7 @@ pub fn encode(meta: &VolumeMeta, member: MemberIndex, seq: u64) -> Vec<u8> {
 
     let mut out = vec![0u8; SLOT_BYTES];
     out[0..8].copy_from_slice(&META_MAGIC);
-    out[8..12].copy_from_slice(&META_VERSION.to_le_bytes());
+    out[8..12].copy_from_slice(&version.to_le_bytes());
     out[12..16].copy_from_slice(&(META_HEADER_BYTES as u32).to_le_bytes());
     out[16..24].copy_from_slice(&seq.to_le_bytes());
     out[24..28].copy_from_slice(&(body.len() as u32).to_le_bytes());
@@ -358,6 +473,15 @@ pub fn encode(meta: &VolumeMeta, member: MemberIndex, seq: u64) -> Vec<u8> {
     out[60..64].copy_from_slice(&header_crc.to_le_bytes());
     out[META_HEADER_BYTES..META_HEADER_BYTES + body.len()].copy_from_slice(&body);
     out
+}
+
+fn put_extents(body: &mut Vec<u8>, extents: &[Extent]) {
+    body.extend_from_slice(&(extents.len() as u32).to_le_bytes());
+    for e in extents {
+        body.push(e.member.get() as u8);
+        body.extend_from_slice(&e.start_block.to_le_bytes());
+        body.extend_from_slice(&e.blocks.to_le_bytes());
+    }
 }
 
 fn put_name(out: &mut Vec<u8>, name: &Name) {
@@ -507,6 +631,26 @@ fn decode_body(body: &[u8], version: u32) -> Result<(VolumeMeta, MemberIndex), M
     let layout =
         VolumeLayout::with_data_start(sizes, stripe_unit_bytes, block_bytes, data_start_bytes)
             .map_err(|e| corrupt(format!("superblock: {e}")))?;
+    let (copies, member_domains, member_states) = if version >= 3 {
+        let copies = r.u8("copy count")?;
+        if !(1..=COPIES_MAX).contains(&copies) {
+            return Err(corrupt(format!("{copies} copies, 1 to {COPIES_MAX}")));
+        }
+        let mut domains = Vec::with_capacity(count);
+        let mut states = Vec::with_capacity(count);
+        for m in 0..count {
+            domains.push(r.u64("member domain")?);
+            states.push(match r.u8("member state")? {
+                1 => MemberState::Ok,
+                2 => MemberState::Degraded,
+                3 => MemberState::Rebuilding,
+                s => return Err(corrupt(format!("member {m}: unknown state {s}"))),
+            });
+        }
+        (copies, domains, states)
+    } else {
+        (1, vec![0; count], vec![MemberState::Ok; count])
+    };
 
     let partition_count = r.u16("partition count")? as usize;
     if partition_count > PARTITIONS_MAX {
@@ -546,28 +690,38 @@ fn decode_body(body: &[u8], version: u32) -> Result<(VolumeMeta, MemberIndex), M
             2 => PartitionState::Ready,
             s => return Err(corrupt(format!("partition {pname}: unknown state {s}"))),
         };
-        let n = r.u32("extent count")? as usize;
-        extents_total = extents_total.saturating_add(n);
-        if extents_total > EXTENTS_MAX {
-            return Err(corrupt(format!("more than {EXTENTS_MAX} extents")));
-        }
-        let mut extents = Vec::with_capacity(n);
-        for _ in 0..n {
-            let member = r.member(count, "extent member")?;
-            let start_block = r.u32("extent start")?;
-            let blocks = r.u32("extent length")?;
-            // Range-checked here so that check() and the map never index outside a BlockMap.
-            let end = u64::from(start_block) + u64::from(blocks);
-            if blocks == 0 || end > u64::from(layout.member_blocks(member)) {
-                return Err(corrupt(format!(
-                    "partition {pname}: extent {start_block}+{blocks} outside member {member}"
-                )));
+        let extents = read_extents(&mut r, &layout, &pname, &mut extents_total)?;
+        let mirror = if version >= 3 {
+            match r.u8("mirror flag")? {
+                0 => None,
+                1 => {
+                    let w = r.u8("mirror member count")? as usize;
+                    if w != width {
+                        return Err(corrupt(format!(
+                            "partition {pname}: mirror over {w} members, the partition over {width}"
+                        )));
+                    }
+                    let mut members = Vec::with_capacity(w);
+                    for _ in 0..w {
+                        members.push(r.member(count, "mirror member")?);
+                    }
+                    let extents = read_extents(&mut r, &layout, &pname, &mut extents_total)?;
+                    Some(Mirror { members, extents })
+                }
+                f => return Err(corrupt(format!("partition {pname}: mirror flag {f}"))),
             }
-            extents.push(Extent {
-                member,
-                start_block,
-                blocks,
-            });
+        } else {
+            None
+        };
+        if mirror.is_some() != (copies >= 2) {
+            return Err(corrupt(format!(
+                "partition {pname}: {} in a volume of {copies} copies",
+                if mirror.is_some() {
+                    "mirrored"
+                } else {
+                    "unmirrored"
+                }
+            )));
         }
         partitions.push(Partition {
             name: pname,
@@ -578,6 +732,7 @@ fn decode_body(body: &[u8], version: u32) -> Result<(VolumeMeta, MemberIndex), M
             generation,
             state,
             extents,
+            mirror,
         });
     }
 
@@ -633,9 +788,46 @@ fn decode_body(body: &[u8], version: u32) -> Result<(VolumeMeta, MemberIndex), M
             partitions,
             used,
             member_paths,
+            copies,
+            member_domains,
+            member_states,
         },
         member,
     ))
+}
+
+/// An extent list (count, then member, start, length each), counted into `total`.
+fn read_extents(
+    r: &mut Reader<'_>,
+    layout: &VolumeLayout,
+    pname: &Name,
+    total: &mut usize,
+) -> Result<Vec<Extent>, MetaError> {
+    let count = layout.member_count();
+    let n = r.u32("extent count")? as usize;
+    *total = total.saturating_add(n);
+    if *total > EXTENTS_MAX {
+        return Err(corrupt(format!("more than {EXTENTS_MAX} extents")));
+    }
+    let mut extents = Vec::with_capacity(n);
+    for _ in 0..n {
+        let member = r.member(count, "extent member")?;
+        let start_block = r.u32("extent start")?;
+        let blocks = r.u32("extent length")?;
+        // Range-checked here so that check() and the map never index outside a BlockMap.
+        let end = u64::from(start_block) + u64::from(blocks);
+        if blocks == 0 || end > u64::from(layout.member_blocks(member)) {
+            return Err(corrupt(format!(
+                "partition {pname}: extent {start_block}+{blocks} outside member {member}"
+            )));
+        }
+        extents.push(Extent {
+            member,
+            start_block,
+            blocks,
+        });
+    }
+    Ok(extents)
 }
 
 /// The copy [`choose`] picked.

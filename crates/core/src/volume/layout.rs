@@ -280,6 +280,40 @@ pub struct Partition {
     pub generation: u64,
     pub state: PartitionState,
     pub extents: Vec<Extent>,
+    /// The second copy of every block, in a mirrored volume (`volume create --mirror 2`);
+    /// `None` in an unmirrored one.
+    pub mirror: Option<Mirror>,
+}
+
+/// Where a mirrored partition's second copies live: the same dealing as the partition's own
+/// blocks (same kind, width and block count, so partition block `i` is on slot `i % M` in
+/// both), over other members. Slot `j`'s copy is never on the member of slot `j` (and
+/// allocation puts it in another failure domain, see [`super::format::VolumeMeta::member_domains`]),
+/// so losing one member loses one copy of each of its blocks, never both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mirror {
+    /// The members of the copies, in slot order.
+    pub members: Vec<MemberIndex>,
+    /// The copies' blocks, per member in slot order (as [`Partition::extents`]).
+    pub extents: Vec<Extent>,
+}
+
+impl Partition {
+    /// The partition with its mirror's members and extents in place of its own (and its own
+    /// as the mirror): every rule for a partition's blocks then applies to the copies.
+    pub fn swap_mirror(&mut self) {
+        if let Some(m) = &mut self.mirror {
+            std::mem::swap(&mut self.members, &mut m.members);
+            std::mem::swap(&mut self.extents, &mut m.extents);
+        }
+    }
+
+    /// Every extent the partition owns: its own, then its mirror's.
+    pub fn all_extents(&self) -> impl Iterator<Item = &Extent> + '_ {
+        self.extents
+            .iter()
+            .chain(self.mirror.iter().flat_map(|m| m.extents.iter()))
+    }
 }
 
 /// Blocks a partition of `size_bytes` needs: whole blocks for a placed partition, whole groups
@@ -354,6 +388,16 @@ pub struct PartitionMap {
     data_start_bytes: u64,
     members: Vec<MemberIndex>,
     slots: Vec<SlotRuns>,
+    /// A mirrored partition's copies (a map of the same shape over other members).
+    mirror: Option<Box<PartitionMap>>,
+}
+
+/// One piece of a request on a mirrored partition: the same bytes on two members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyPair {
+    pub primary: MemberIo,
+    /// `None` for an unmirrored partition.
+    pub mirror: Option<MemberIo>,
 }
 
 impl PartitionMap {
@@ -443,6 +487,39 @@ impl PartitionMap {
             PartitionKind::Striped => layout.stripe_unit_bytes,
             PartitionKind::Placed => layout.block_bytes,
         };
+        let mirror = match &partition.mirror {
+            None => None,
+            Some(m) => {
+                if m.members.len() != width {
+                    return Err(bad(format!(
+                        "mirror over {} members, the partition over {width}",
+                        m.members.len()
+                    )));
+                }
+                if let Some(j) = (0..width).find(|&j| m.members[j] == partition.members[j]) {
+                    return Err(bad(format!(
+                        "slot {j}'s copy is on its own member {}",
+                        m.members[j]
+                    )));
+                }
+                let shadow = Partition {
+                    members: m.members.clone(),
+                    extents: m.extents.clone(),
+                    mirror: None,
+                    ..partition.clone()
+                };
+                let map =
+                    PartitionMap::new(layout, &shadow).map_err(|e| bad(format!("mirror: {e}")))?;
+                if map.capacity_bytes != total * layout.block_bytes {
+                    return Err(bad(format!(
+                        "mirror holds {} bytes, the partition {}",
+                        map.capacity_bytes,
+                        total * layout.block_bytes
+                    )));
+                }
+                Some(Box::new(map))
+            }
+        };
         Ok(PartitionMap {
             size_bytes: partition.size_bytes,
             capacity_bytes: total * layout.block_bytes,
@@ -451,7 +528,75 @@ impl PartitionMap {
             data_start_bytes: layout.data_start_bytes,
             members: partition.members.clone(),
             slots,
+            mirror,
         })
+    }
+
+    /// The map of a mirrored partition's copies.
+    pub fn mirror(&self) -> Option<&PartitionMap> {
+        self.mirror.as_deref()
+    }
+
+    /// As [`PartitionMap::split`], each piece with where its copy is (mirrored partitions):
+    /// pieces are cut where either copy stops being contiguous, so that each piece can be
+    /// read whole from either member.
+    pub fn split_copies(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<Vec<CopyPair>, LayoutError> {
+        let Some(mirror) = &self.mirror else {
+            return Ok(self
+                .split(offset_bytes, len_bytes)?
+                .into_iter()
+                .map(|primary| CopyPair {
+                    primary,
+                    mirror: None,
+                })
+                .collect());
+        };
+        // Both maps cut at the same unit boundaries (same kind, unit and width): a run of one
+        // unit is contiguous on both; runs merge while both stay contiguous.
+        let primary = self.split(offset_bytes, len_bytes)?;
+        let mut out: Vec<CopyPair> = Vec::with_capacity(primary.len());
+        let mut done: u64 = 0;
+        while done < len_bytes {
+            let at = offset_bytes + done;
+            let p = self.locate(at)?;
+            let m = mirror.locate(at)?;
+            let piece_bytes = self.run_bytes(at).min(len_bytes - done);
+            let merged = out.last_mut().is_some_and(|last| {
+                let lm = last.mirror.as_mut().expect("mirrored pairs");
+                let ok = last.primary.member == p.member
+                    && last.primary.member_offset_bytes + last.primary.len_bytes
+                        == p.member_offset_bytes
+                    && lm.member == m.member
+                    && lm.member_offset_bytes + lm.len_bytes == m.member_offset_bytes;
+                if ok {
+                    last.primary.len_bytes += piece_bytes;
+                    lm.len_bytes += piece_bytes;
+                }
+                ok
+            });
+            if !merged {
+                out.push(CopyPair {
+                    primary: MemberIo {
+                        member: p.member,
+                        member_offset_bytes: p.member_offset_bytes,
+                        len_bytes: piece_bytes,
+                        buf_offset_bytes: done,
+                    },
+                    mirror: Some(MemberIo {
+                        member: m.member,
+                        member_offset_bytes: m.member_offset_bytes,
+                        len_bytes: piece_bytes,
+                        buf_offset_bytes: done,
+                    }),
+                });
+            }
+            done += piece_bytes;
+        }
+        Ok(out)
     }
 
     /// The partition's size as clients see it.

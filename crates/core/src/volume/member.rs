@@ -24,8 +24,13 @@ pub struct Assembly {
     /// The current metadata (from the newest sequence).
     pub meta: VolumeMeta,
     pub seq: u64,
-    /// `positions[i]` = the position in the input of member `i`.
-    pub positions: Vec<usize>,
+    /// `positions[i]` = the position in the input of member `i`; `None` for a member of a
+    /// mirrored volume that is missing (see `failed`).
+    pub positions: Vec<Option<usize>>,
+    /// Members of a mirrored volume that were not given or are shorter than recorded: the
+    /// volume works from the other copies (the caller marks them degraded). Always empty for
+    /// an unmirrored volume, which needs every member.
+    pub failed: Vec<MemberIndex>,
     /// Members whose copy is older than `seq` (an interrupted update); the next write fixes them.
     pub stale: Vec<MemberIndex>,
 }
@@ -69,6 +74,14 @@ pub enum MembershipError {
         position: usize,
         size_bytes: u64,
         need_bytes: u64,
+    },
+    #[error(
+        "members {failed:?} failed or are missing, and they hold both copies of some blocks of \
+         partition(s) {partitions}: the volume cannot be read"
+    )]
+    BothCopiesLost {
+        failed: Vec<usize>,
+        partitions: String,
     },
     #[error("members {first} and {second} hold different metadata under the same sequence {seq}")]
     CopiesDisagree {
@@ -118,10 +131,6 @@ pub fn assemble(copies: &[MemberCopy]) -> Result<Assembly, MembershipError> {
         }
         *slot = Some(position);
     }
-    let mut ordered = Vec::with_capacity(count);
-    for (member, p) in positions.iter().enumerate() {
-        ordered.push(p.ok_or(MembershipError::MissingMember { member, count })?);
-    }
     let seq = copies
         .iter()
         .map(|c| c.chosen.decoded.seq)
@@ -141,10 +150,26 @@ pub fn assemble(copies: &[MemberCopy]) -> Result<Assembly, MembershipError> {
             });
         }
     }
+    let mirrored = current.meta.mirrored();
+    let mut failed: Vec<bool> = vec![false; count];
+    for (member, p) in positions.iter().enumerate() {
+        if p.is_none() {
+            if !mirrored {
+                return Err(MembershipError::MissingMember { member, count });
+            }
+            failed[member] = true;
+        }
+    }
     for (position, c) in copies.iter().enumerate() {
         let member = c.chosen.decoded.member;
         let need_bytes = current.meta.layout.member_sizes_bytes()[member.get()];
         if c.size_bytes < need_bytes {
+            if mirrored {
+                // Shorter than recorded: its tail is gone; the mirror has those blocks.
+                failed[member.get()] = true;
+                positions[member.get()] = None;
+                continue;
+            }
             return Err(MembershipError::MemberTooSmall {
                 member,
                 position,
@@ -153,15 +178,34 @@ pub fn assemble(copies: &[MemberCopy]) -> Result<Assembly, MembershipError> {
             });
         }
     }
+    if failed.iter().any(|&f| f) {
+        let unusable: Vec<bool> = (0..count)
+            .map(|m| failed[m] || !current.meta.member_states[m].readable())
+            .collect();
+        let lost = super::alloc::unreadable_partitions(&current.meta, &unusable);
+        if !lost.is_empty() {
+            let names: Vec<&str> = lost.iter().map(|n| n.as_str()).collect();
+            return Err(MembershipError::BothCopiesLost {
+                failed: (0..count).filter(|&m| unusable[m]).collect(),
+                partitions: names.join(","),
+            });
+        }
+    }
+    let failed: Vec<MemberIndex> = (0..count)
+        .filter(|&m| failed[m])
+        .filter_map(MemberIndex::new)
+        .collect();
     let stale = copies
         .iter()
         .filter(|c| c.chosen.decoded.seq < seq)
+        .filter(|c| !failed.contains(&c.chosen.decoded.member))
         .map(|c| c.chosen.decoded.member)
         .collect();
     Ok(Assembly {
         meta: current.meta.clone(),
         seq,
-        positions: ordered,
+        positions,
+        failed,
         stale,
     })
 }

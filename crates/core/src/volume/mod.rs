@@ -24,11 +24,12 @@ pub use alloc::{
     check, free, grow, mark_ready, rename, repair, room_bytes, set_size, trim, truncate,
 };
 pub use format::{
-    BlockMap, Chosen, DecodedMeta, MetaError, Slot, VolumeMeta, VolumeUuid, choose, decode, encode,
+    BlockMap, Chosen, DecodedMeta, MemberState, MetaError, Slot, VolumeMeta, VolumeUuid, choose,
+    decode, encode,
 };
 pub use layout::{
-    Extent, LayoutError, MemberIndex, MemberIo, MemberLocation, Partition, PartitionKind,
-    PartitionMap, PartitionState, VolumeLayout,
+    CopyPair, Extent, LayoutError, MemberIndex, MemberIo, MemberLocation, Mirror, Partition,
+    PartitionKind, PartitionMap, PartitionState, VolumeLayout,
 };
 pub use member::{Assembly, MemberCopy, MembershipError, assemble};
 
@@ -49,6 +50,8 @@ pub const EXTENTS_MAX: usize = 16_384;
 pub const BLOCKS_PER_MEMBER_MAX: u32 = 1 << 18;
 /// Longest member path hint recorded in the metadata, in bytes: Linux's `PATH_MAX` less the NUL.
 pub const MEMBER_PATH_BYTES_MAX: usize = 4095;
+/// Most copies of each block: 1 (unmirrored) or 2 (`volume create --mirror 2`).
+pub const COPIES_MAX: u8 = 2;
 /// Longest volume or partition name, in bytes (ASCII).
 pub const NAME_BYTES_MAX: usize = 64;
 

@@ -243,9 +243,9 @@ fn decode_errors_are_typed() {
         decode(&vec![0; META_SLOT_BYTES as usize]),
         Err(MetaError::BadMagic)
     );
-    let mut v3 = img.clone();
-    v3[8] = 3;
-    assert_eq!(decode(&v3), Err(MetaError::UnknownVersion { found: 3 }));
+    let mut v4 = img.clone();
+    v4[8] = 4;
+    assert_eq!(decode(&v4), Err(MetaError::UnknownVersion { found: 4 }));
     let mut v0 = img.clone();
     v0[8] = 0;
     assert_eq!(decode(&v0), Err(MetaError::UnknownVersion { found: 0 }));
@@ -408,7 +408,7 @@ fn membership() {
     let asm = assemble(&all).unwrap();
     assert_eq!(
         (asm.seq, asm.positions.clone(), asm.stale.clone()),
-        (10, vec![0, 1, 2, 3], vec![])
+        (10, vec![Some(0), Some(1), Some(2), Some(3)], vec![])
     );
 
     let mut shuffled = all.clone();
@@ -417,7 +417,7 @@ fn membership() {
     let asm = assemble(&shuffled).unwrap();
     assert_eq!(
         (asm.positions.clone(), asm.stale.clone()),
-        (vec![3, 1, 2, 0], vec![member(1)])
+        (vec![Some(3), Some(1), Some(2), Some(0)], vec![member(1)])
     );
 
     assert_eq!(assemble(&[]).unwrap_err(), MembershipError::NoMembers);
@@ -935,4 +935,146 @@ fn rename_moves_the_name_and_replaces_only_when_asked() {
     let free_after: u32 = meta.used.iter().map(BlockMap::free_blocks).sum();
     assert_eq!(u64::from(free_after - free_before), blocks_b);
     assert_eq!(check(&meta), vec![]);
+}
+
+/// meta4 mirrored, members 0,1 in one failure domain and 2,3 in another.
+fn mirrored4() -> VolumeMeta {
+    let mut m = meta4();
+    m.copies = 2;
+    m.member_domains = vec![10, 10, 20, 20];
+    m
+}
+
+#[test]
+fn mirrored_partitions_keep_each_copy_in_another_domain() {
+    let mut m = mirrored4();
+    allocate(&mut m, "s", 10 * MIB, &Placement::Striped).unwrap();
+    allocate_with(&mut m, "p", 0, 3 * MIB, &Placement::Placed(vec![1])).unwrap();
+    grow(&mut m, "p", 7 * MIB).unwrap();
+    for p in &m.partitions {
+        let mirror = p
+            .mirror
+            .as_ref()
+            .expect("every partition of a mirrored volume");
+        for (a, b) in p.members.iter().zip(&mirror.members) {
+            assert_ne!(m.member_domains[a.get()], m.member_domains[b.get()]);
+        }
+        let map = PartitionMap::new(&m.layout, p).unwrap();
+        let copies = map.mirror().unwrap();
+        assert_eq!(map.capacity_bytes(), copies.capacity_bytes());
+        // split_copies: each pair is the same partition bytes on two members, and the pairs
+        // cover the request in order.
+        let len = map.capacity_bytes() - 8192;
+        let pairs = map.split_copies(4096, len).unwrap();
+        let mut next = 0;
+        for pair in &pairs {
+            let c = pair.mirror.unwrap();
+            assert_eq!(pair.primary.buf_offset_bytes, next);
+            assert_eq!(c.buf_offset_bytes, next);
+            assert_eq!(pair.primary.len_bytes, c.len_bytes);
+            assert_ne!(pair.primary.member, c.member);
+            for at in [0, pair.primary.len_bytes - 1] {
+                let off = 4096 + next + at;
+                let (lp, lc) = (map.locate(off).unwrap(), copies.locate(off).unwrap());
+                assert_eq!(lp.member, pair.primary.member);
+                assert_eq!(
+                    lp.member_offset_bytes,
+                    pair.primary.member_offset_bytes + at
+                );
+                assert_eq!(lc.member, c.member);
+                assert_eq!(lc.member_offset_bytes, c.member_offset_bytes + at);
+            }
+            next += pair.primary.len_bytes;
+        }
+        assert_eq!(next, len);
+    }
+    mark_ready(&mut m, "s").unwrap();
+    mark_ready(&mut m, "p").unwrap();
+    assert_eq!(check(&m), vec![]);
+    // Copies take blocks too: the free maps count both.
+    let used: u64 = m
+        .used
+        .iter()
+        .map(|u| u64::from(u.blocks() - u.free_blocks()))
+        .sum();
+    let owned: u64 = m
+        .partitions
+        .iter()
+        .flat_map(|p| p.all_extents())
+        .map(|e| u64::from(e.blocks))
+        .sum();
+    assert_eq!(used, owned);
+    assert_eq!(owned, 2 * (12 + 7));
+    // Version 3 round trip; trim and truncate give back both copies' blocks.
+    let img = encode(&m, member(2), 5);
+    assert_eq!(u32::from_le_bytes(img[8..12].try_into().unwrap()), 3);
+    assert_eq!(decode(&img).unwrap().meta, m);
+    set_size(&mut m, "p", 5 * MIB).unwrap();
+    truncate(&mut m, "p", MIB).unwrap();
+    free(&mut m, "s").unwrap();
+    assert_eq!(check(&m), vec![]);
+    let owned: u64 = m
+        .partitions
+        .iter()
+        .flat_map(|p| p.all_extents())
+        .map(|e| u64::from(e.blocks))
+        .sum();
+    assert_eq!(owned, 2);
+}
+
+#[test]
+fn unmirrored_volumes_are_still_written_as_version_2() {
+    let mut m = meta4();
+    allocate(&mut m, "a", 3 * MIB, &Placement::Striped).unwrap();
+    let img = encode(&m, member(0), 1);
+    assert_eq!(u32::from_le_bytes(img[8..12].try_into().unwrap()), 2);
+    assert_eq!(decode(&img).unwrap().meta, m);
+}
+
+#[test]
+fn a_mirror_in_one_failure_domain_is_refused() {
+    let mut m = mirrored4();
+    m.member_domains = vec![10; 4];
+    let before = m.clone();
+    let e = allocate(&mut m, "s", MIB, &Placement::Striped).unwrap_err();
+    assert!(matches!(e, AllocError::NoMirror { .. }), "{e}");
+    assert_eq!(m, before, "a refused allocation changes nothing");
+}
+
+#[test]
+fn assembly_of_a_mirrored_volume_survives_one_lost_member() {
+    let mut m = mirrored4();
+    allocate(&mut m, "s", 8 * MIB, &Placement::Striped).unwrap();
+    mark_ready(&mut m, "s").unwrap();
+    let copy = |i: usize| MemberCopy {
+        size_bytes: m.layout.member_sizes_bytes()[i],
+        chosen: Chosen {
+            decoded: DecodedMeta {
+                meta: m.clone(),
+                member: member(i),
+                seq: 4,
+            },
+            slot: Slot::B,
+            other_error: None,
+        },
+    };
+    // Member 1 missing: its blocks' copies are on member 3 (and its copies' blocks on 0).
+    let a = assemble(&[copy(0), copy(2), copy(3)]).unwrap();
+    assert_eq!(a.failed, vec![member(1)]);
+    assert_eq!(a.positions, vec![Some(0), None, Some(1), Some(2)]);
+    // Members 1 and 3 hold both copies of slot 1: nothing can read it.
+    let e = assemble(&[copy(0), copy(2)]).unwrap_err();
+    assert!(matches!(e, MembershipError::BothCopiesLost { .. }), "{e}");
+    // A member shorter than recorded is a failed one too.
+    let mut short = copy(2);
+    short.size_bytes -= MIB;
+    let a = assemble(&[copy(0), copy(1), short, copy(3)]).unwrap();
+    assert_eq!(a.failed, vec![member(2)]);
+    // Unmirrored volumes still need every member.
+    let mut plain = copy(0);
+    plain.chosen.decoded.meta.copies = 1;
+    assert!(matches!(
+        assemble(&[plain]),
+        Err(MembershipError::MissingMember { .. })
+    ));
 }

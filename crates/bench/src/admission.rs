@@ -708,7 +708,8 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         // the figure is the rate that admits exactly that n.
         let share_ns = u128::from(tolerance_ns) * 8 / 10;
         let first = b.loopback_drain_bytes_per_s(16)?;
-        let limit = 4 * a.streams_max.max(1);
+        // The probe's engine places at most its pool over the streams' 4 buffers.
+        let limit = (4 * a.streams_max.max(1)).min(POOL_BUFFERS * a.workers / 4);
         let mut n =
             ((u128::from(first) * share_ns / 1_000_000_000) >> 20).clamp(4, limit as u128) as usize;
         let (mut lo, mut hi) = (0usize, None::<usize>);

@@ -105,9 +105,13 @@ pub struct AdmissionArgs {
     /// Engine workers.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
-    /// Forced runs at most, after the admitted one.
+    /// Growing forced runs at most, after the admitted one (+10 %, then +25 % a step).
     #[arg(long, default_value_t = 4)]
     pub force_steps: usize,
+    /// Bisection probes at most between the last clean and the first missing forced count
+    /// (down to 2 % of N_miss, at least one stream); the boundary is then run once more.
+    #[arg(long, default_value_t = 6)]
+    pub bisect_steps: usize,
     /// Directory for the test files (on the disk to measure); removed at the end.
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -116,6 +120,11 @@ pub struct AdmissionArgs {
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
     pub json: Option<PathBuf>,
 }
+
+/// Probes of loopback's drain of a burst of 1 MiB units per count tried (their median
+/// counts), and counts tried at most.
+const DRAIN_PROBES: usize = 3;
+const DRAIN_STEPS: usize = 6;
 
 /// Pool buffers per worker: room for every stream's reservation, so that admission's
 /// buffer test (and not the pool) is what binds.
@@ -126,6 +135,12 @@ const BUFFER_BYTES: usize = 1 << 20;
 /// a chunk of whole 1316-byte units on 4 KiB boundaries is 1,347,584 bytes).
 fn buffer_bytes(a: &AdmissionArgs) -> usize {
     if a.loop_volume { 2 << 20 } else { BUFFER_BYTES }
+}
+
+/// Bisection stops when the last clean and the first missing counts are this close: 2 % of
+/// the missing count, at least one stream.
+fn resolution(missed: usize) -> usize {
+    (missed / 50).max(1)
 }
 
 /// One run of a stream set.
@@ -284,6 +299,53 @@ impl Bench<'_> {
             }
         }
         Ok((handles, None))
+    }
+
+    /// One forced run of `n` streams (an engine whose admission nothing reaches): its result,
+    /// printed, or `None` when the engine could not place them all.
+    fn forced(
+        &mut self,
+        out: &mut dyn Write,
+        unit: u64,
+        n: usize,
+        pool_total: u32,
+        cache: &Path,
+        what: &str,
+    ) -> Result<Option<RunResult>> {
+        for i in 0..n {
+            self.file(i)?;
+        }
+        self.evict_all();
+        let engine = Arc::new(Engine::new(engine_config(
+            self.a,
+            forced_admission(self.a.workers, pool_total, buffer_bytes(self.a) as u64),
+            cache,
+        ))?);
+        let lead = Duration::from_secs(2) + Duration::from_millis(20) * self.a.streams_max as u32;
+        let start_at = penstock_driver::clock::now() + lead;
+        let (handles, refused) = self.ramp(&engine, unit, n, start_at)?;
+        if let Some(why) = refused {
+            writeln!(
+                out,
+                "  forced {n}: the engine placed only {} ({why}); stopping",
+                handles.len()
+            )?;
+            for h in &handles {
+                h.cancel();
+            }
+            return Ok(None);
+        }
+        let r = self.run(&engine, handles, start_at)?;
+        writeln!(
+            out,
+            "  forced {n} ({what}): {} units, {} misses, lateness p99 {:.2} ms, max {:.2} ms, {} failed",
+            r.units,
+            r.misses,
+            r.p99_ns as f64 / 1e6,
+            r.max_ns as f64 / 1e6,
+            r.failed
+        )?;
+        Ok(Some(r))
     }
 
     /// Runs `handles` (due at `start_at`) to their end beside the bulk readers.
@@ -635,21 +697,70 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     // at about the size the tolerance lets through (16 MiB first, then at that rate's
     // admissible burst plus a quarter); the lower of the two.
     let mut net_bytes_per_s = LOOPBACK_BYTES_PER_S;
+    let mut drain_probes = Vec::new();
     if a.units
         .iter()
         .any(|&u| u > penstock_core::stream::plan::DATAGRAM_BYTES_MAX)
     {
+        // The drain of one burst is noisy here (0.74-4.29 GB/s in one session) and slower
+        // for larger bursts (queues fill): the figure is found at the burst size in
+        // question. Bisection on the count n of 1 MiB units due at once for the largest n
+        // whose median drain time (DRAIN_PROBES probes) fits the rt share of the tolerance;
+        // the figure is the rate that admits exactly that n.
+        let share_ns = u128::from(tolerance_ns) * 8 / 10;
         let first = b.loopback_drain_bytes_per_s(16)?;
-        let burst = u128::from(first) * u128::from(tolerance_ns) * 8 / 10 / 1_000_000_000;
-        let n = ((burst >> 20) as usize * 5 / 4).clamp(4, 4 * a.streams_max.max(1));
-        let second = b.loopback_drain_bytes_per_s(n)?;
-        net_bytes_per_s = first.min(second);
+        // The probe's engine places at most its pool over the streams' 4 buffers.
+        let limit = (4 * a.streams_max.max(1)).min(POOL_BUFFERS * a.workers / 4);
+        let mut n =
+            ((u128::from(first) * share_ns / 1_000_000_000) >> 20).clamp(4, limit as u128) as usize;
+        let (mut lo, mut hi) = (0usize, None::<usize>);
+        let mut lo_rate = first;
+        for _ in 0..DRAIN_STEPS {
+            let mut probes = Vec::new();
+            for _ in 0..DRAIN_PROBES {
+                probes.push(b.loopback_drain_bytes_per_s(n)?);
+            }
+            probes.sort_unstable();
+            let median = probes[probes.len() / 2];
+            let took_ns = ((n as u128) << 20) * 1_000_000_000 / u128::from(median.max(1));
+            let fits = took_ns <= share_ns;
+            writeln!(
+                out,
+                "loopback drain of {n} 1 MiB units at once: {} MB/s (median {:.0} MB/s, {:.1} ms): {}",
+                probes
+                    .iter()
+                    .map(|p| format!("{:.0}", *p as f64 / 1e6))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                median as f64 / 1e6,
+                took_ns as f64 / 1e6,
+                if fits { "fits" } else { "too slow" }
+            )?;
+            drain_probes.push(serde_json::json!({"units": n, "bytes_per_s": probes, "fits": fits}));
+            if fits {
+                lo = n;
+                lo_rate = median;
+            } else {
+                hi = Some(n);
+            }
+            let next = match hi {
+                Some(h) => lo + (h - lo) / 2,
+                None => (n * 2).min(limit),
+            };
+            if next == n || next <= lo || hi.is_some_and(|h| h - lo <= (h / 20).max(1)) {
+                break;
+            }
+            n = next;
+        }
+        net_bytes_per_s = if lo > 0 {
+            u64::try_from(((lo as u128) << 20) * 1_000_000_000 / share_ns).unwrap_or(u64::MAX)
+        } else {
+            lo_rate
+        };
         writeln!(
             out,
-            "loopback TCP drains a burst of 1 MiB units at {:.0} MB/s (16 at once: {:.0} MB/s; {n} at once: {:.0} MB/s): the network figure",
-            net_bytes_per_s as f64 / 1e6,
-            first as f64 / 1e6,
-            second as f64 / 1e6
+            "loopback TCP drains {lo} 1 MiB units due at once within the rt share of the tolerance: the network figure {:.0} MB/s",
+            net_bytes_per_s as f64 / 1e6
         )?;
     }
     let admission = AdmissionConfig {
@@ -673,9 +784,19 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     )
     .context("penstock calibrate --quick on the bench directory")?;
     let mut cal = cal;
-    if let Ok(ns) = engine_send_ns(Duration::from_millis(500)) {
+    let send_probes = engine_send_ns_probes(Duration::from_millis(500)).unwrap_or_default();
+    if let Some(&(_, ns)) = send_probes.last() {
         cal.send_ns = Some(cal.send_ns.unwrap_or(0).max(ns));
     }
+    writeln!(
+        out,
+        "the engine's CPU per paced 1316-byte datagram, receiver included (streams: ns): {}",
+        send_probes
+            .iter()
+            .map(|(n, ns)| format!("{n}: {ns}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )?;
     // The CPU a byte costs: 1 MiB units over loopback TCP, receivers included.
     let byte_ps = engine_byte_ps(256 << 20).context("measuring the CPU per byte sent")?;
     let mut cal_capacity = cal.capacity(net_bytes_per_s, pool_total, buffer_bytes(&a) as u64);
@@ -787,23 +908,71 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         }
         let admitted = b.run(&engine, handles, start_at)?;
         drop(engine);
-        // 2. N_adm with the full calibration's figures (admission only).
-        let cal_engine = Engine::new(engine_config(
+        // 2. N_adm with the full calibration's figures, and that set run too when it differs
+        // from the self-calibrated one (the ratio is claimed for it: it must be safe).
+        // A dry ramp first (nothing run) makes the files the calibrated set needs.
+        {
+            let dry = Engine::new(engine_config(
+                &a,
+                AdmissionConfig {
+                    capacity: cal_capacity,
+                    ..admission
+                },
+                &cache,
+            ))?;
+            let far = penstock_driver::clock::now() + Duration::from_secs(3600);
+            let (handles, _) = b.ramp(&dry, unit, a.streams_max, far)?;
+            for h in &handles {
+                h.cancel();
+            }
+        }
+        b.evict_all();
+        let cal_engine = Arc::new(Engine::new(engine_config(
             &a,
             AdmissionConfig {
                 capacity: cal_capacity,
                 ..admission
             },
             &cache,
-        ))?;
-        let far = penstock_driver::clock::now() + Duration::from_secs(3600);
-        let (cal_handles, _) = b.ramp(&cal_engine, unit, a.streams_max, far)?;
+        ))?);
+        let cal_start = penstock_driver::clock::now() + lead;
+        let (cal_handles, cal_refusal) = b.ramp(&cal_engine, unit, a.streams_max, cal_start)?;
         let n_adm_cal = cal_handles.len();
-        for h in &cal_handles {
-            h.cancel();
-        }
-        drop(cal_handles);
+        // On the loop volume `penstock calibrate`'s figures are the bench directory's disk,
+        // not the throttled members: the count is shown, the set not run, no ratio claimed.
+        let cal_run = if n_adm_cal == n_adm || b.volume.is_some() {
+            for h in &cal_handles {
+                h.cancel();
+            }
+            drop(cal_handles);
+            None
+        } else {
+            Some(b.run(&cal_engine, cal_handles, cal_start)?)
+        };
         drop(cal_engine);
+        let cal_admitted = cal_run.unwrap_or(admitted);
+        writeln!(
+            out,
+            "  calibrated: N_adm {n_adm_cal} ({}); {}",
+            cal_refusal
+                .as_deref()
+                .unwrap_or("the ramp's limit, not a refusal"),
+            match cal_run {
+                Some(r) => format!(
+                    "run: {} units, {} misses, lateness p99 {:.2} ms, max {:.2} ms, {} failed",
+                    r.units,
+                    r.misses,
+                    r.p99_ns as f64 / 1e6,
+                    r.max_ns as f64 / 1e6,
+                    r.failed
+                ),
+                None if b.volume.is_some() => {
+                    "not run (the figures of the bench directory's disk, not the volume's members)"
+                        .to_string()
+                }
+                None => "the same set as above".to_string(),
+            }
+        )?;
         writeln!(
             out,
             "unit {unit} B: N_adm {}{} ({}), calibrated N_adm {}{}; admitted set: {} units, {} misses, lateness p99 {:.2} ms, max {:.2} ms, {} failed",
@@ -832,53 +1001,75 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                 r.figures()
             )?;
         }
-        // 3. Forced: more than admission allows, until units miss.
+        // 3. Forced: more than admission allows, growing (+10 %, then +25 % a step) until
+        // units miss; then bisection between the last clean count and the first that missed,
+        // each probe a full-length run, a probe clean only with 0 misses; the boundary (the
+        // largest clean and the smallest missing count) is run again to show it is stable.
         let mut forced = Vec::new();
         let mut n_miss = None;
+        let mut boundary = None;
         if refusal.is_some() {
+            let mut clean = n_adm;
             let mut n = n_adm + (n_adm / 10).max(1);
             for _ in 0..a.force_steps {
                 if n > a.streams_max {
                     break;
                 }
-                for i in 0..n {
-                    b.file(i)?;
-                }
-                b.evict_all();
-                let engine = Arc::new(Engine::new(engine_config(
-                    &a,
-                    forced_admission(a.workers, pool_total, buffer_bytes(&a) as u64),
-                    &cache,
-                ))?);
-                let start_at = penstock_driver::clock::now() + lead;
-                let (handles, refused) = b.ramp(&engine, unit, n, start_at)?;
-                if let Some(why) = refused {
-                    writeln!(
-                        out,
-                        "  forced {n}: the engine placed only {} ({why}); stopping",
-                        handles.len()
-                    )?;
-                    for h in &handles {
-                        h.cancel();
-                    }
+                let Some(r) = b.forced(&mut *out, unit, n, pool_total, &cache, "step")? else {
                     break;
-                }
-                let r = b.run(&engine, handles, start_at)?;
-                writeln!(
-                    out,
-                    "  forced {n}: {} units, {} misses, lateness p99 {:.2} ms, max {:.2} ms, {} failed",
-                    r.units,
-                    r.misses,
-                    r.p99_ns as f64 / 1e6,
-                    r.max_ns as f64 / 1e6,
-                    r.failed
-                )?;
+                };
                 forced.push(r);
                 if r.misses > 0 || r.failed > 0 {
                     n_miss = Some(n);
                     break;
                 }
+                clean = n;
                 n += (n / 4).max(1);
+            }
+            if let Some(mut missed) = n_miss {
+                let mut probes = 0;
+                while missed - clean > resolution(missed) && probes < a.bisect_steps {
+                    let mid = clean + (missed - clean) / 2;
+                    let Some(r) = b.forced(&mut *out, unit, mid, pool_total, &cache, "bisect")?
+                    else {
+                        break;
+                    };
+                    forced.push(r);
+                    probes += 1;
+                    if r.misses > 0 || r.failed > 0 {
+                        missed = mid;
+                    } else {
+                        clean = mid;
+                    }
+                }
+                // The boundary again: the largest clean count must stay clean and the
+                // smallest missing one miss again; a clean count that misses now is the new
+                // N_miss (the smaller figure, against admission).
+                let mut again = Vec::new();
+                for m in [clean, missed] {
+                    if m == n_adm {
+                        continue;
+                    }
+                    if let Some(r) = b.forced(&mut *out, unit, m, pool_total, &cache, "repeat")? {
+                        forced.push(r);
+                        again.push((m, r.misses > 0 || r.failed > 0));
+                    }
+                }
+                if let Some(&(m, true)) = again.iter().find(|&&(m, _)| m == clean)
+                    && m != missed
+                {
+                    writeln!(
+                        out,
+                        "  the clean boundary {m} missed when run again: N_miss {m}"
+                    )?;
+                    missed = m;
+                }
+                boundary = Some(serde_json::json!({
+                    "largest_clean": clean,
+                    "smallest_missing": missed,
+                    "repeated": again.iter().map(|&(m, miss)| serde_json::json!({"streams": m, "missed": miss})).collect::<Vec<_>>(),
+                }));
+                n_miss = Some(missed);
             }
         }
         // A ratio only for an admitted set that missed nothing: otherwise admission was not
@@ -892,6 +1083,17 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
             )?;
         }
         let ratio = n_miss.filter(|_| safe).map(|m| n_adm as f64 / m as f64);
+        let cal_safe = cal_admitted.misses == 0 && cal_admitted.failed == 0;
+        let ratio_cal = n_miss
+            .filter(|_| cal_safe && cal_refusal.is_some() && b.volume.is_none())
+            .map(|m| n_adm_cal as f64 / m as f64);
+        if !cal_safe {
+            writeln!(
+                out,
+                "  UNSAFE: the calibrated set itself missed deadlines ({} of {} units)",
+                cal_admitted.misses, cal_admitted.units
+            )?;
+        }
         writeln!(
             out,
             "  N_adm / N_miss: {}",
@@ -901,12 +1103,25 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                 _ => "not measured (no misses up to the forced runs' limit, or no refusal)".into(),
             }
         )?;
+        writeln!(
+            out,
+            "  calibrated N_adm / N_miss: {}",
+            match (ratio_cal, n_miss) {
+                (Some(r), Some(m)) => format!("{n_adm_cal} / {m} = {r:.2}"),
+                _ if !cal_safe => "none (the calibrated set missed)".into(),
+                _ => "not measured".into(),
+            }
+        )?;
         rows.push(serde_json::json!({
             "unit_bytes": unit,
             "n_adm": n_adm,
             "n_adm_is_limit": refusal.is_none(),
             "refusal": refusal,
             "n_adm_calibrated": n_adm_cal,
+            "refusal_calibrated": cal_refusal,
+            "calibrated_run": cal_run.map(|r| serde_json::json!({"streams": r.streams, "units": r.units,
+                "misses": r.misses, "p99_ns": r.p99_ns, "max_ns": r.max_ns, "failed": r.failed})),
+            "ratio_calibrated": ratio_cal,
             "figures": figures.map(|f| match f {
                 Ok(f) => format!("{:?}", f),
                 Err(e) => e,
@@ -916,6 +1131,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
             "forced": forced.iter().map(|r| serde_json::json!({"streams": r.streams, "units": r.units,
                 "misses": r.misses, "p99_ns": r.p99_ns, "max_ns": r.max_ns, "failed": r.failed})).collect::<Vec<_>>(),
             "n_miss": n_miss,
+            "boundary": boundary,
             "admitted_set_safe": safe,
             "ratio": ratio,
         }));
@@ -939,6 +1155,8 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                     "stripe_unit": a.stripe_unit})),
                 "lateness_tolerance_ns": tolerance_ns,
                 "net_bytes_per_s": net_bytes_per_s,
+                "drain_probes_bytes_per_s": drain_probes,
+                "send_probes_streams_ns": send_probes,
                 "calibration": {
                     "seq_bytes_per_s": cal_capacity.disk_seq_bytes_per_s,
                     "random_iops": cal_capacity.disk_random_iops,
@@ -952,11 +1170,39 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     Ok(())
 }
 
-/// CPU time per unit of 32 paced UDP streams of 1316-byte units at 8 Mbit/s from memory-cached
-/// data to a loopback socket nobody reads (its queue full, datagrams dropped: the receive
-/// path's cost stays with the sender, no reader's), over `time`: the process's CPU time over
-/// the units sent.
+/// The CPU one paced 1316-byte datagram of the engine costs this machine at the rate
+/// admission would fill it to, with its receiver: see [`engine_send_ns_probes`]; the last
+/// probe's figure.
 pub fn engine_send_ns(time: Duration) -> Result<u64> {
+    let probes = engine_send_ns_probes(time)?;
+    Ok(probes.last().map_or(1, |&(_, ns)| ns))
+}
+
+/// [`engine_send_ns_at`] at 32 streams, then at the number of 8 Mbit/s streams the previous
+/// figure would let admission fill (80 % of this machine's CPUs, 32 to 256 streams), twice:
+/// `(streams, ns a send)` per probe. The cost of a send depends on the rate: at a low rate
+/// each of the workers' wake-ups sends few units and the receiver sleeps between datagrams
+/// (a wake-up each), at a high one the dispatch slack batches sends and the receiver finds
+/// datagrams queued; a figure taken at one rate and used at another is wrong either way (issue
+/// 22: 4.1 µs a send with nobody reading admitted 204 streams, of which 143 missed).
+pub fn engine_send_ns_probes(time: Duration) -> Result<Vec<(usize, u64)>> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let mut probes = vec![(32, engine_send_ns_at(time, 32)?)];
+    for _ in 0..2 {
+        let last = probes.last().map_or(1, |&(_, ns)| ns);
+        // 8 Mbit/s in 1316-byte units: 760 sends a second a stream.
+        let n = (cpus * 800_000_000 / (760 * last.max(1))).clamp(32, 256) as usize;
+        probes.push((n, engine_send_ns_at(time, n)?));
+    }
+    Ok(probes)
+}
+
+/// CPU time per unit of `streams` paced UDP streams of 1316-byte units at 8 Mbit/s from
+/// memory-cached data to a loopback socket that a thread of this process reads (on loopback
+/// the receiver's copy and the kernel's delivery run on the same CPUs as the workers), over
+/// `time`: the process's CPU time (workers, receiver, the kernel's work in their context)
+/// over the units sent.
+pub fn engine_send_ns_at(time: Duration, streams: usize) -> Result<u64> {
     use penstock_core::endpoint::Endpoint;
     use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
     use penstock_core::units::Rate;
@@ -967,12 +1213,24 @@ pub fn engine_send_ns(time: Duration) -> Result<u64> {
     let bytes = 1_000_000 * time.as_secs_f64().ceil() as u64 + (1 << 20);
     std::fs::write(&src, vec![0x47u8; bytes as usize])?;
     let rx = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    rx.set_read_timeout(Some(Duration::from_millis(100)))?;
     let target = Endpoint::parse(
         &format!("udp://{}", rx.local_addr()?),
         penstock_core::endpoint::Role::Target,
     )?;
+    let reading = Arc::new(AtomicBool::new(true));
+    let receiver = {
+        let reading = reading.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while reading.load(Ordering::Relaxed) {
+                let _ = rx.recv(&mut buf);
+            }
+        })
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let engine = Engine::new(EngineConfig {
-        workers: 1,
+        workers: cpus.min(streams.div_ceil(32)).max(1),
         ..EngineConfig::default()
     })?;
     let schedule = Schedule::new(
@@ -983,11 +1241,13 @@ pub fn engine_send_ns(time: Duration) -> Result<u64> {
         &ScheduleLimits::new(1 << 20),
     )?;
     let length = 1_000_000 * time.as_millis() as u64 / 1000;
-    let cpu0 = cpu_times(CpuWho::Process);
+    // Opened ahead and started together, so that the measured time is the paced run's.
+    let start_at = penstock_driver::clock::now() + Duration::from_millis(100 + 2 * streams as u64);
     let mut handles = Vec::new();
-    for _ in 0..32 {
+    for _ in 0..streams {
         handles.push(engine.open(StreamSpec {
             schedule: Some(schedule),
+            start_at: Some(start_at),
             extent: penstock_core::stream::Extent {
                 offset: 0,
                 length: Some(length),
@@ -995,12 +1255,14 @@ pub fn engine_send_ns(time: Duration) -> Result<u64> {
             ..StreamSpec::new(Endpoint::File { path: src.clone() }, target.clone())
         })?);
     }
+    let cpu0 = cpu_times(CpuWho::Process);
     let mut units = 0;
     for h in handles {
         units += h.wait()?.units;
     }
     let cpu1 = cpu_times(CpuWho::Process);
-    drop(rx);
+    reading.store(false, Ordering::Relaxed);
+    let _ = receiver.join();
     let used = (cpu1.user_ns + cpu1.sys_ns).saturating_sub(cpu0.user_ns + cpu0.sys_ns);
     Ok(used / units.max(1))
 }

@@ -269,8 +269,17 @@ pub fn entries() -> Vec<Entry> {
             subcommand: &["admission"],
             full: &[],
             // 1316-byte datagrams only (the case whose bound is the CPU), 4 s runs, two
-            // forced steps beyond N_adm.
-            quick: &["--duration", "4s", "--units", "1316", "--force-steps", "2"],
+            // forced steps beyond N_adm and two bisection probes.
+            quick: &[
+                "--duration",
+                "4s",
+                "--units",
+                "1316",
+                "--force-steps",
+                "2",
+                "--bisect-steps",
+                "2",
+            ],
             smoke: &[
                 "--duration",
                 "1s",
@@ -278,6 +287,8 @@ pub fn entries() -> Vec<Entry> {
                 "1316",
                 "--force-steps",
                 "1",
+                "--bisect-steps",
+                "0",
                 "--streams-max",
                 "8",
             ],

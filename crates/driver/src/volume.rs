@@ -2105,6 +2105,10 @@ impl PartitionIo {
             piece_bytes_max: self.piece_bytes_max,
             locked: dup(&self.locked)?,
             growth: None,
+            // The same member states: a failure one reader finds, the other sees.
+            states: self.states.clone(),
+            member_paths: self.member_paths.clone(),
+            recorders: Mutex::new(Vec::new()),
         })
     }
 

@@ -950,7 +950,9 @@ fn mirrored_partitions_keep_each_copy_in_another_domain() {
     let mut m = mirrored4();
     allocate(&mut m, "s", 10 * MIB, &Placement::Striped).unwrap();
     allocate_with(&mut m, "p", 0, 3 * MIB, &Placement::Placed(vec![1])).unwrap();
-    grow(&mut m, "p", 7 * MIB).unwrap();
+    let grown = grow(&mut m, "p", 7 * MIB).unwrap();
+    // Committed as a writer does: blocks grown and not written would be "past the end".
+    set_size(&mut m, "p", grown).unwrap();
     for p in &m.partitions {
         let mirror = p
             .mirror

@@ -1895,3 +1895,169 @@ fn the_fourth_stream_on_a_full_node_is_redirected_and_no_node_is_over_admitted()
     );
     drop(held);
 }
+
+/// A GET with one extra header line (`None`: none) on a fresh connection: the whole body
+/// of a 200, else `None`.
+fn get_with(addr: &str, target: &str, header: Option<&str>) -> Option<Vec<u8>> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let extra = header.map(|h| format!("{h}\r\n")).unwrap_or_default();
+    s.write_all(
+        format!("GET {target} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n").as_bytes(),
+    )
+    .ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    if !out.starts_with(b"HTTP/1.1 200") {
+        return None;
+    }
+    let at = out.windows(4).position(|w| w == b"\r\n\r\n")?;
+    Some(out[at + 4..].to_vec())
+}
+
+/// `GET /path?penstock-fill` (issue 18, docs/origin.md) makes a node read the path from the
+/// origin itself, never from the peer that fills it. Only a listed node's name and the fill
+/// key of its record in `Penstock-Fill` get that: without it, or with a wrong key, or with
+/// one node's key under another's name, the query is a plain request and the node that does
+/// not fill the path still reads it from the node that does (the origin sends it once).
+#[test]
+fn a_peer_fill_is_honoured_only_with_a_listed_nodes_name_and_key() {
+    if !have("etcd", "--version") || !have("nginx", "-v") {
+        return;
+    }
+    let etcd = etcd();
+    let www = tempfile::tempdir().unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..16u32)
+        .map(|i| {
+            let body: Vec<u8> = (0..(100_000 + i * 1000))
+                .map(|j| (j.wrapping_mul(31) ^ i) as u8)
+                .collect();
+            (format!("f{i}.bin"), body)
+        })
+        .collect();
+    for (f, b) in &files {
+        std::fs::write(www.path().join(f), b).unwrap();
+    }
+    let origin = nginx(www.path());
+    let caches = tempfile::tempdir().unwrap();
+    let empty = caches.path().join("empty-root");
+    std::fs::create_dir(&empty).unwrap();
+    let nodes: Vec<Node> = [("a", "127.0.0.2"), ("b", "127.0.0.3")]
+        .iter()
+        .map(|(name, ip)| {
+            let cache = caches.path().join(name);
+            std::fs::create_dir(&cache).unwrap();
+            let extra = format!(
+                "[origin]\nurl = \"http://127.0.0.1:{}\"\ncache_dir = \"{}\"\nblock_bytes = \"4MiB\"\n",
+                origin.port,
+                cache.display()
+            );
+            node_in(&etcd, name, ip, tempfile::tempdir().unwrap(), &empty, &extra)
+        })
+        .collect();
+    let (a, b) = (&nodes[0], &nodes[1]);
+    // The records as etcd has them: both with an origin cache and a fill key, and both nodes
+    // listing both (who fills which path depends on the listing).
+    let client =
+        penstock_server::cluster::etcd::Etcd::new(&etcd.url, Duration::from_secs(5)).unwrap();
+    let mut records = Vec::new();
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            records = client
+                .range_prefix("/penstock/nodes/")
+                .map(|(kvs, _)| {
+                    kvs.iter()
+                        .filter_map(|kv| {
+                            penstock_core::cluster::NodeRecord::decode(
+                                std::str::from_utf8(&kv.value).ok()?,
+                            )
+                            .ok()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            records.len() == 2
+                && records
+                    .iter()
+                    .all(|r| r.cache_bytes.is_some() && r.fill_key.is_some())
+                && nodes
+                    .iter()
+                    .all(|n| n.metric("penstock_cluster_nodes") == 2.0)
+        })
+        .is_some(),
+        "two records with a cache and a fill key, listed by both nodes: {records:?}"
+    );
+    let key_of = |name: &str| {
+        records
+            .iter()
+            .find(|r| r.name.as_str() == name)
+            .and_then(|r| r.fill_key.clone())
+            .unwrap()
+    };
+    assert_ne!(key_of("a"), key_of("b"));
+    // Paths that a fills: b reads them from a unless b honours the query.
+    let filled_by_a: Vec<&(String, Vec<u8>)> = files
+        .iter()
+        .filter(|(f, _)| {
+            penstock_core::cluster::fill_owner(&format!("/{f}"), "b", &records)
+                .is_some_and(|o| o.name.as_str() == "a")
+        })
+        .collect();
+    assert!(
+        filled_by_a.len() >= 5,
+        "the ring gives a {} of 16",
+        filled_by_a.len()
+    );
+    let counters = |n: &Node| {
+        (
+            n.metric("penstock_origin_fetched_bytes_total") as u64,
+            n.metric("penstock_origin_peer_fetched_bytes_total") as u64,
+        )
+    };
+    let a_key = key_of("a");
+    let b_key = key_of("b");
+    let plain = [
+        None,
+        Some(format!("Penstock-Fill: a {}", "0".repeat(a_key.len()))),
+        Some(format!("Penstock-Fill: a {b_key}")),
+        Some(format!("Penstock-Fill: c {a_key}")),
+    ];
+    let mut peer_bytes = 0;
+    for (file, header) in filled_by_a.iter().zip(&plain) {
+        let got = get_with(
+            &b.http,
+            &format!("/{}?penstock-fill", file.0),
+            header.as_deref(),
+        );
+        assert!(
+            got.as_deref() == Some(&file.1[..]),
+            "{header:?}: exact bytes"
+        );
+        peer_bytes += file.1.len() as u64;
+        assert_eq!(
+            counters(b),
+            (0, peer_bytes),
+            "{header:?}: b read {} from a, not from the origin",
+            file.0
+        );
+    }
+    assert_eq!(
+        counters(a).0,
+        peer_bytes,
+        "a read each from the origin once"
+    );
+    // A listed node's name and key: b reads the path from the origin itself.
+    let file = filled_by_a[plain.len()];
+    let got = get_with(
+        &b.http,
+        &format!("/{}?penstock-fill", file.0),
+        Some(&format!("Penstock-Fill: a {a_key}")),
+    );
+    assert!(got.as_deref() == Some(&file.1[..]), "exact bytes");
+    assert_eq!(
+        counters(b),
+        (file.1.len() as u64, peer_bytes),
+        "with a's key, b read {} from the origin",
+        file.0
+    );
+}

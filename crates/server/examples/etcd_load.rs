@@ -36,6 +36,7 @@ fn record(i: usize, http: &str) -> NodeRecord {
         streams: 3,
         streams_max: 1024,
         cache_bytes: Some(1 << 30),
+        fill_key: None,
     }
 }
 

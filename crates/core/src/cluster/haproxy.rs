@@ -139,6 +139,7 @@ mod tests {
             streams: 0,
             streams_max: 0,
             cache_bytes: None,
+            fill_key: None,
         }
     }
 

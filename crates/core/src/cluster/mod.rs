@@ -11,7 +11,7 @@ pub mod haproxy;
 pub mod record;
 pub mod ring;
 
-pub use record::{NodeName, NodeRecord, RecordError};
+pub use record::{NodeName, NodeRecord, RecordError, check_fill_key};
 pub use ring::Ring;
 
 /// The node a stream open refused here is sent to: among the other nodes that advertise
@@ -71,6 +71,7 @@ mod tests {
             streams: 0,
             streams_max: 10,
             cache_bytes: None,
+            fill_key: None,
         }
     }
 

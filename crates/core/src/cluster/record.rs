@@ -80,6 +80,22 @@ pub struct NodeRecord {
     pub streams_max: u32,
     /// Bytes in the origin cache (none until the node has one).
     pub cache_bytes: Option<u64>,
+    /// The node's key for peer fills (lower-case hex, random per start): a node filling
+    /// from another sends its name and this key, and the other honours the fill only when
+    /// they match its listing (docs/origin.md). Anyone who can read etcd can read it, as
+    /// they can read or change the membership itself. Absent in a record of an older node.
+    pub fill_key: Option<String>,
+}
+
+/// Checks a fill key: 16 to 64 lower-case hex digits.
+pub fn check_fill_key(k: &str) -> Result<(), RecordError> {
+    if (16..=64).contains(&k.len()) && k.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        Ok(())
+    } else {
+        Err(RecordError(
+            "fill_key: not 16 to 64 lower-case hex digits".into(),
+        ))
+    }
 }
 
 /// Checks a `host:port` address: a port, and a host of name characters or an IP literal
@@ -113,7 +129,7 @@ impl NodeRecord {
         let _ = write!(
             s,
             "penstock-node=1\nname={}\nhttp={}\nrtsp={}\ncontrol={}\nrt_bytes_per_s={}\n\
-             rt_bytes_per_s_left={}\nstreams={}\nstreams_max={}\ncache_bytes={}\n",
+             rt_bytes_per_s_left={}\nstreams={}\nstreams_max={}\ncache_bytes={}\nfill_key={}\n",
             self.name,
             self.http,
             opt(&self.rtsp),
@@ -124,6 +140,7 @@ impl NodeRecord {
             self.streams_max,
             self.cache_bytes
                 .map_or_else(|| "-".into(), |b| b.to_string()),
+            opt(&self.fill_key),
         );
         s
     }
@@ -136,7 +153,7 @@ impl NodeRecord {
                 text.len()
             )));
         }
-        const KEYS: [&str; 10] = [
+        const KEYS: [&str; 11] = [
             "penstock-node",
             "name",
             "http",
@@ -147,8 +164,9 @@ impl NodeRecord {
             "streams",
             "streams_max",
             "cache_bytes",
+            "fill_key",
         ];
-        let mut vals: [Option<&str>; 10] = [None; 10];
+        let mut vals: [Option<&str>; 11] = [None; 11];
         for line in text.lines() {
             if line.is_empty() {
                 continue;
@@ -209,6 +227,14 @@ impl NodeRecord {
                 "-" => None,
                 _ => Some(num(9)?),
             },
+            // Optional: a record of a node older than the key has none.
+            fill_key: match vals[10] {
+                None | Some("-") => None,
+                Some(k) => {
+                    check_fill_key(k)?;
+                    Some(k.to_string())
+                }
+            },
         })
     }
 }
@@ -238,8 +264,9 @@ mod tests {
             any::<u32>(),
             any::<u32>(),
             proptest::option::of(any::<u64>()),
+            proptest::option::of("[0-9a-f]{16,64}"),
         )
-            .prop_map(|(name, h, p, r, c, a, b, s, sm, cache)| NodeRecord {
+            .prop_map(|(name, h, p, r, c, a, b, s, sm, cache, key)| NodeRecord {
                 name: NodeName::new(&name).unwrap(),
                 http: format!("{h}:{p}"),
                 rtsp: r.map(|(h, p)| format!("{h}:{p}")),
@@ -249,6 +276,7 @@ mod tests {
                 streams: s,
                 streams_max: sm,
                 cache_bytes: cache,
+                fill_key: key,
             })
     }
 
@@ -297,10 +325,20 @@ mod tests {
             ),
             (good.replace("left=5", "left=50"), "above"),
             (format!("{good}name=b\n"), "twice"),
+            (format!("{good}fill_key=0123\n"), "fill_key"),
+            (format!("{good}fill_key={}\n", "G".repeat(32)), "fill_key"),
         ] {
             let e = NodeRecord::decode(&bad).unwrap_err().0;
             assert!(e.contains(says), "{e}");
         }
+        // A record without a key (an older node's) has none.
+        assert_eq!(NodeRecord::decode(good).unwrap().fill_key, None);
+        assert_eq!(
+            NodeRecord::decode(&format!("{good}fill_key={}\n", "ab".repeat(16)))
+                .unwrap()
+                .fill_key,
+            Some("ab".repeat(16))
+        );
         assert!(NodeName::new("-a").is_err());
         assert!(NodeName::new(&"a".repeat(64)).is_err());
     }

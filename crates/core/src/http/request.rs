@@ -62,6 +62,9 @@ pub struct Request {
     pub if_modified_since: Option<SystemTime>,
     /// The raw `If-Range` value (an entity-tag or an HTTP-date); `None` if absent or repeated.
     pub if_range: Option<String>,
+    /// The raw `Penstock-Fill` value (a cluster node's name and fill key, sent with a peer
+    /// fill, docs/origin.md); `None` if absent or repeated. Never logged.
+    pub penstock_fill: Option<String>,
 }
 
 impl Request {
@@ -178,6 +181,7 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> Result<Parsed, HttpError> {
             .single()
             .and_then(|v| super::parse_http_date(&v)),
         if_range: fields.if_range.single(),
+        penstock_fill: fields.penstock_fill.single(),
     };
     Ok(Parsed::Complete {
         request,
@@ -386,6 +390,7 @@ struct HeaderFields {
     if_none_match: Option<String>,
     if_modified_since: Singleton,
     if_range: Singleton,
+    penstock_fill: Singleton,
 }
 
 impl HeaderFields {
@@ -447,6 +452,8 @@ impl HeaderFields {
                 f.if_modified_since.add(h.value);
             } else if name.eq_ignore_ascii_case("if-range") {
                 f.if_range.add(h.value);
+            } else if name.eq_ignore_ascii_case("penstock-fill") {
+                f.penstock_fill.add(h.value);
             }
         }
         if transfer_encoding && content_length.is_some() {
@@ -798,6 +805,13 @@ mod tests {
             Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(784111777))
         );
         assert_eq!(r.if_range.as_deref(), Some("\"a\""));
+        assert_eq!(r.penstock_fill, None);
+        let (r, _) = complete("GET /v HTTP/1.1\r\nHost: x\r\npenstock-fill: b 00ff\r\n\r\n");
+        assert_eq!(r.penstock_fill.as_deref(), Some("b 00ff"));
+        let (r, _) = complete(
+            "GET /v HTTP/1.1\r\nHost: x\r\nPenstock-Fill: b 1\r\nPenstock-Fill: b 1\r\n\r\n",
+        );
+        assert_eq!(r.penstock_fill, None, "repeated: ignored");
         // Repeated Range and invalid dates are ignored, not errors.
         let s = "GET / HTTP/1.1\r\nHost: x\r\nRange: bytes=0-1\r\nRange: bytes=2-3\r\n\
                  If-Modified-Since: yesterday\r\n\r\n";

@@ -41,13 +41,50 @@ pub struct View {
     pub node: String,
     redirect: bool,
     nodes: Mutex<Vec<NodeRecord>>,
+    /// This node's fill key (published in its record): sent with its peer fills.
+    fill_key: String,
     metrics: ClusterMetrics,
 }
 
 impl View {
+    fn new(node: String, redirect: bool, fill_key: String, metrics: ClusterMetrics) -> View {
+        View {
+            node,
+            redirect,
+            nodes: Mutex::new(Vec::new()),
+            fill_key,
+            metrics,
+        }
+    }
+
     /// The nodes of the last listing (this one included when it is registered).
     pub fn nodes(&self) -> Vec<NodeRecord> {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_nodes(&self, nodes: Vec<NodeRecord>) {
+        *self.nodes.lock().unwrap_or_else(|p| p.into_inner()) = nodes;
+    }
+
+    /// The value of the `Penstock-Fill` header this node sends with a peer fill:
+    /// `NODE KEY`, its name and the fill key of its record.
+    pub fn fill_credential(&self) -> String {
+        format!("{} {}", self.node, self.fill_key)
+    }
+
+    /// Whether `credential` (a `Penstock-Fill` header) is a listed node's name and the fill
+    /// key of its record: only then is a `?penstock-fill` honoured (docs/origin.md).
+    pub fn is_member_fill(&self, credential: &str) -> bool {
+        let Some((name, key)) = credential.split_once(' ') else {
+            return false;
+        };
+        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        nodes.iter().any(|n| {
+            n.name.as_str() == name
+                && n.fill_key
+                    .as_deref()
+                    .is_some_and(|k| constant_time_eq(k.as_bytes(), key.as_bytes()))
+        })
     }
 
     /// Where to send an RTSP open of `path` refused here: `HOST:PORT` of another node's
@@ -139,12 +176,12 @@ impl Membership {
         metrics: ClusterMetrics,
     ) -> Result<Membership, EtcdError> {
         let etcd = Etcd::new(&cfg.etcd, Duration::from_millis(cfg.etcd_timeout_ms))?;
-        let view = Arc::new(View {
-            node: node.clone(),
-            redirect: cfg.redirect,
-            nodes: Mutex::new(Vec::new()),
+        let view = Arc::new(View::new(
+            node.clone(),
+            cfg.redirect,
+            new_fill_key().map_err(EtcdError::Spawn)?,
             metrics,
-        });
+        ));
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let lease = Arc::new(Mutex::new(None));
         let mut keeper = Keeper {
@@ -295,6 +332,7 @@ impl Keeper {
             streams: l.streams,
             streams_max: l.streams_max,
             cache_bytes: l.cache_bytes,
+            fill_key: Some(self.view.fill_key.clone()),
         }
     }
 
@@ -333,7 +371,7 @@ impl Keeper {
         }
         let listed = nodes.iter().any(|n| n.name.as_str() == self.node);
         self.view.metrics.nodes.set(nodes.len() as i64);
-        *self.view.nodes.lock().unwrap_or_else(|p| p.into_inner()) = nodes;
+        self.view.set_nodes(nodes);
         if !listed {
             // Deleted from outside (etcdctl del): put again at the next turn.
             self.last_put = None;
@@ -347,5 +385,76 @@ impl Keeper {
         self.last_put = None;
         tracing::info!(node = %self.node, lease = lease.id, ttl_s = lease.ttl_s, "joined the cluster (lease granted)");
         Ok(lease.id)
+    }
+}
+
+/// A new fill key: 128 random bits from the kernel, in hex.
+fn new_fill_key() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Compares without stopping at the first difference (the time does not tell a prober how
+/// much of a key it guessed).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use penstock_core::cluster::NodeName;
+
+    fn node(name: &str, http: &str) -> NodeRecord {
+        NodeRecord {
+            name: NodeName::new(name).unwrap(),
+            http: http.into(),
+            rtsp: None,
+            control: None,
+            rt_bytes_per_s: 0,
+            rt_bytes_per_s_left: 0,
+            streams: 0,
+            streams_max: 0,
+            cache_bytes: None,
+            fill_key: None,
+        }
+    }
+
+    #[test]
+    fn a_fill_is_honoured_only_with_a_listed_nodes_name_and_key() {
+        let key = new_fill_key().unwrap();
+        penstock_core::cluster::check_fill_key(&key).unwrap();
+        assert_ne!(key, new_fill_key().unwrap(), "a new key per start");
+        let v = View::new("a".into(), false, key.clone(), ClusterMetrics::default());
+        let b_key = "0123456789abcdef0123456789abcdef";
+        let mut b = node("b", "192.0.2.2:80");
+        b.fill_key = Some(b_key.into());
+        // Before any listing, nobody.
+        assert!(!v.is_member_fill(&format!("b {b_key}")));
+        let mut a = node("a", "192.0.2.1:80");
+        a.fill_key = Some(key.clone());
+        // c is listed but publishes no key (an older node): never honoured.
+        v.set_nodes(vec![a, b.clone(), node("c", "192.0.2.3:80")]);
+        assert!(v.is_member_fill(&format!("b {b_key}")));
+        assert!(v.is_member_fill(&v.fill_credential()), "its own");
+        for bad in [
+            "".to_string(),
+            "b".to_string(),
+            format!("b {}", &b_key[..31]),
+            format!("b {b_key}0"),
+            format!("b {}", b_key.replace('0', "1")),
+            format!("a {b_key}"),
+            format!("c {b_key}"),
+            "c -".to_string(),
+            format!("d {b_key}"),
+            format!("b  {b_key}"),
+        ] {
+            assert!(!v.is_member_fill(&bad), "{bad:?}");
+        }
+        // A node that leaves is no longer honoured.
+        v.set_nodes(vec![node("a", "192.0.2.1:80")]);
+        assert!(!v.is_member_fill(&format!("b {b_key}")));
     }
 }

@@ -211,6 +211,10 @@ fn fetch_inner(
         .header("range", range_header(start, len_bytes))
         // S3 servers (Garage) want it on every request; plain HTTP servers ignore it.
         .header("x-amz-content-sha256", "UNSIGNED-PAYLOAD");
+    // Who is asking: the peer honours the query only from a listed node.
+    if let (Some(_), Some(v)) = (via, origin.cluster.get()) {
+        req = req.header("penstock-fill", v.fill_credential());
+    }
     if let Some(v) = validators {
         if let Some(etag) = &v.etag {
             req = req.header("if-none-match", etag.as_str());

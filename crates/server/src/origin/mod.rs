@@ -460,6 +460,14 @@ impl Origin {
         let _ = self.cluster.set(view);
     }
 
+    /// Whether `credential` (a `Penstock-Fill` header) names a node of the cluster and its
+    /// fill key (never without a cluster).
+    pub(crate) fn is_member_fill(&self, credential: &str) -> bool {
+        self.cluster
+            .get()
+            .is_some_and(|v| v.is_member_fill(credential))
+    }
+
     /// Where a new object at `path` is read from: the peer that fills it, or `None` (the
     /// origin: no cluster, `fill_from_peers` off, this node fills it, or `direct`).
     fn source_of(&self, path: &str, direct: bool) -> Option<String> {

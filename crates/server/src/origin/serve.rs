@@ -79,7 +79,14 @@ fn serve(job: &OriginJob) -> OriginEnd {
         complete: false,
         head_sent: None,
     };
-    let direct = job.req.query.as_deref() == Some(super::fetch::PEER_FILL_QUERY);
+    // `?penstock-fill` (read from the origin itself, never from a peer) is honoured only with
+    // a listed node's name and fill key; from anyone else it is a plain request.
+    let direct = job.req.query.as_deref() == Some(super::fetch::PEER_FILL_QUERY)
+        && job
+            .req
+            .penstock_fill
+            .as_deref()
+            .is_some_and(|c| origin.is_member_fill(c));
     let object = match origin.object_from(&job.req.path, direct) {
         Ok(o) => o,
         Err(e) => {

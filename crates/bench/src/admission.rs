@@ -102,9 +102,19 @@ pub struct AdmissionArgs {
     /// With --loop-volume: the stripe unit.
     #[arg(long, default_value = "256KiB", value_parser = parse_size)]
     pub stripe_unit: u64,
+    /// The engines' workers at SCHED_FIFO with memory locked (`EngineConfig::realtime`,
+    /// `[engine] realtime` of `penstock serve`), the rest of the bench at its own priority:
+    /// how an rt service keeps its CPU on a machine shared with other work.
+    #[arg(long)]
+    pub realtime: bool,
     /// Engine workers.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
+    /// Pool buffers per worker (0: room for 4 buffers a stream of `--streams-max` in the rt
+    /// share, 5 a stream over the workers, plus 64, at least 512), so that admission's
+    /// buffer test and not the pool binds, and forced runs can place every stream.
+    #[arg(long, default_value_t = 0)]
+    pub pool_buffers: usize,
     /// Growing forced runs at most, after the admitted one (+10 %, then +25 % a step).
     #[arg(long, default_value_t = 4)]
     pub force_steps: usize,
@@ -126,9 +136,18 @@ pub struct AdmissionArgs {
 const DRAIN_PROBES: usize = 3;
 const DRAIN_STEPS: usize = 6;
 
-/// Pool buffers per worker: room for every stream's reservation, so that admission's
-/// buffer test (and not the pool) is what binds.
-const POOL_BUFFERS: usize = 512;
+/// Pool buffers per worker: `--pool-buffers`, else room for every stream's 4 buffers, so that
+/// admission's buffer test (and not the pool) is what binds.
+fn pool_buffers(a: &AdmissionArgs) -> usize {
+    // 4 a stream over the rt share (80 %): 5 a stream.
+    let auto = (5 * a.streams_max).div_ceil(a.workers.max(1)) + 64;
+    let n = if a.pool_buffers > 0 {
+        a.pool_buffers
+    } else {
+        auto.max(512)
+    };
+    n.min(penstock_driver::sys::POOL_BUFFERS_MAX)
+}
 const BUFFER_BYTES: usize = 1 << 20;
 
 /// Pool buffers' size: 1 MiB, or 2 MiB on a volume (its members are read with O_DIRECT:
@@ -153,6 +172,16 @@ struct RunResult {
     max_ns: u64,
     /// Streams that failed (other than by missing deadlines).
     failed: usize,
+    /// What the bulk readers read while the rt streams ran, per second.
+    bulk_bytes_per_s: u64,
+}
+
+impl RunResult {
+    /// Clean: nothing missed or failed, and the bulk readers kept their share (`bulk_min`
+    /// bytes a second; 0 when not asked).
+    fn clean(&self, bulk_min: u64) -> bool {
+        self.misses == 0 && self.failed == 0 && self.bulk_bytes_per_s >= bulk_min
+    }
 }
 
 struct Bench<'a> {
@@ -244,7 +273,7 @@ impl Bench<'_> {
             self.a,
             forced_admission(
                 self.a.workers,
-                (POOL_BUFFERS * self.a.workers) as u32,
+                (pool_buffers(self.a) * self.a.workers) as u32,
                 buffer_bytes(self.a) as u64,
             ),
             &self.dir.join("probe-cache"),
@@ -338,17 +367,19 @@ impl Bench<'_> {
         let r = self.run(&engine, handles, start_at)?;
         writeln!(
             out,
-            "  forced {n} ({what}): {} units, {} misses, lateness p99 {:.2} ms, max {:.2} ms, {} failed",
+            "  forced {n} ({what}): {} units, {} misses, lateness p99 {:.2} ms, max {:.2} ms, {} failed, bulk {:.1} MB/s",
             r.units,
             r.misses,
             r.p99_ns as f64 / 1e6,
             r.max_ns as f64 / 1e6,
-            r.failed
+            r.failed,
+            r.bulk_bytes_per_s as f64 / 1e6
         )?;
         Ok(Some(r))
     }
 
-    /// Runs `handles` (due at `start_at`) to their end beside the bulk readers.
+    /// Runs `handles` (due at `start_at`) to their end beside the bulk readers; with no
+    /// handles, the bulk readers alone for `--duration` (their rate alone).
     fn run(
         &self,
         engine: &Arc<Engine>,
@@ -356,11 +387,14 @@ impl Bench<'_> {
         start_at: penstock_core::time::Instant,
     ) -> Result<RunResult> {
         let stop = Arc::new(AtomicBool::new(false));
+        // Bytes the bulk readers read, finished streams and the one under way.
+        let bulk_bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let readers: Vec<_> = self
             .bulk_files
             .iter()
             .map(|f| {
                 let (engine, stop, f) = (engine.clone(), stop.clone(), f.clone());
+                let bulk_bytes = bulk_bytes.clone();
                 let volume = self.volume.clone();
                 std::thread::spawn(move || {
                     let wait = start_at.signed_nanos_since(penstock_driver::clock::now());
@@ -381,7 +415,23 @@ impl Bench<'_> {
                         let Ok(Ok(h)) = open_on(&engine, volume.as_deref(), spec) else {
                             break;
                         };
-                        let _ = h.wait();
+                        // Counted as it goes: the stream under way at the end counts
+                        // what it read by then, and is cancelled.
+                        let mut counted = 0;
+                        loop {
+                            let done = h.wait_timeout(Duration::from_millis(20));
+                            let now = h.counters().bytes_read;
+                            bulk_bytes.fetch_add(now.saturating_sub(counted), Ordering::Relaxed);
+                            counted = counted.max(now);
+                            if done.is_some() {
+                                break;
+                            }
+                            if stop.load(Ordering::Relaxed) {
+                                h.cancel();
+                                let _ = h.wait_timeout(Duration::from_secs(30));
+                                break;
+                            }
+                        }
                     }
                 })
             })
@@ -392,6 +442,7 @@ impl Bench<'_> {
         };
         let mut all = LatenessStats::new(1);
         let mut first = true;
+        let alone = handles.is_empty();
         for h in handles {
             match h.wait() {
                 Ok(rep) => {
@@ -407,6 +458,16 @@ impl Bench<'_> {
                 Err(_) => r.failed += 1,
             }
         }
+        if alone {
+            let wait = start_at.signed_nanos_since(penstock_driver::clock::now());
+            std::thread::sleep(Duration::from_nanos(wait.max(0) as u64) + self.a.duration);
+        }
+        // The rt streams' run: from their start to the last one's end.
+        let ran = penstock_driver::clock::now()
+            .signed_nanos_since(start_at)
+            .max(1) as u128;
+        let read = u128::from(bulk_bytes.load(Ordering::Relaxed));
+        r.bulk_bytes_per_s = u64::try_from(read * 1_000_000_000 / ran).unwrap_or(u64::MAX);
         stop.store(true, Ordering::Relaxed);
         for t in readers {
             let _ = t.join();
@@ -570,7 +631,8 @@ fn capacity(workers: usize, pool_total: u32, buffer_bytes: u64) -> Capacity {
 fn engine_config(a: &AdmissionArgs, admission: AdmissionConfig, cache: &Path) -> EngineConfig {
     EngineConfig {
         workers: a.workers,
-        pool_buffers: POOL_BUFFERS,
+        pool_buffers: pool_buffers(a),
+        realtime: a.realtime,
         buffer_bytes: buffer_bytes(a),
         stream_depth: 4,
         client_buffers_max: 8,
@@ -691,7 +753,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         rate_bytes_per_s,
         volume,
     };
-    let pool_total = (POOL_BUFFERS * a.workers) as u32;
+    let pool_total = (pool_buffers(&a) * a.workers) as u32;
     let tolerance_ns = u64::try_from(a.miss_after.as_nanos()).unwrap_or(u64::MAX);
     // The network is loopback: its rate is how fast it drains a burst of large units, measured
     // at about the size the tolerance lets through (16 MiB first, then at that rate's
@@ -710,7 +772,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         let share_ns = u128::from(tolerance_ns) * 8 / 10;
         let first = b.loopback_drain_bytes_per_s(16)?;
         // The probe's engine places at most its pool over the streams' 4 buffers.
-        let limit = (4 * a.streams_max.max(1)).min(POOL_BUFFERS * a.workers / 4);
+        let limit = (4 * a.streams_max.max(1)).min(pool_buffers(&a) * a.workers / 4);
         let mut n =
             ((u128::from(first) * share_ns / 1_000_000_000) >> 20).clamp(4, limit as u128) as usize;
         let (mut lo, mut hi) = (0usize, None::<usize>);
@@ -763,9 +825,24 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
             net_bytes_per_s as f64 / 1e6
         )?;
     }
+    // Without a calibration file: the engine's send costs as `penstock serve` measures them on
+    // first use (self-calibration, about 2 s; a cache of this run's own, so measured now).
+    let self_cal = penstock_driver::calibration::send_cost(
+        Some(&dir.join("send-cache")),
+        penstock_driver::calibration::SEND_COST_TIME,
+    )
+    .context("the self-calibration of the send cost")?;
+    let (self_ns, self_ps) = self_cal.charged();
+    writeln!(
+        out,
+        "self-calibrated send cost (what `penstock serve` measures on first use): {} ns + {} ps a byte, charged {} ns + {} ps",
+        self_cal.send_ns, self_cal.send_byte_ps, self_ns, self_ps
+    )?;
     let admission = AdmissionConfig {
         capacity: Capacity {
             net_bytes_per_s,
+            cpu_send_ns: self_ns,
+            cpu_send_byte_ps: self_ps,
             ..capacity(a.workers, pool_total, buffer_bytes(&a) as u64)
         },
         bulk_share_percent: 20,
@@ -783,11 +860,12 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         },
     )
     .context("penstock calibrate --quick on the bench directory")?;
+    // What `penstock calibrate` adds: the engine's send costs at length.
     let mut cal = cal;
-    let send_probes = engine_send_ns_probes(Duration::from_millis(500)).unwrap_or_default();
-    if let Some(&(_, ns)) = send_probes.last() {
-        cal.send_ns = Some(cal.send_ns.unwrap_or(0).max(ns));
-    }
+    // 2 s a probe, as `penstock calibrate` without --quick (0.5 s probes varied by ±15 %
+    // between runs here).
+    let send_probes = penstock_driver::cpu_probe::send_ns_probes(Duration::from_secs(2), 256)
+        .context("measuring the CPU per send")?;
     writeln!(
         out,
         "the engine's CPU per paced 1316-byte datagram, receiver included (streams: ns): {}",
@@ -798,15 +876,16 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
             .join(", ")
     )?;
     // The CPU a byte costs: 1 MiB units over loopback TCP, receivers included.
-    let byte_ps = engine_byte_ps(256 << 20).context("measuring the CPU per byte sent")?;
+    let byte_ps = penstock_driver::cpu_probe::byte_ps(256 << 20)
+        .context("measuring the CPU per byte sent")?;
+    let (send_ns, byte_ps) = penstock_driver::calibration::split_send_cost(
+        send_probes.last().map_or(1, |&(_, ns)| ns),
+        byte_ps,
+    );
+    cal.send_ns = Some(send_ns);
+    cal.send_byte_ps = Some(byte_ps);
     let mut cal_capacity = cal.capacity(net_bytes_per_s, pool_total, buffer_bytes(&a) as u64);
     cal_capacity.cpu_ns_per_s = 1_000_000_000 * a.workers as u64;
-    cal_capacity.cpu_send_byte_ps = byte_ps;
-    // The send cost was measured with 1316-byte datagrams: its bytes are in the per-byte part.
-    cal_capacity.cpu_send_ns = cal_capacity
-        .cpu_send_ns
-        .saturating_sub(1316 * byte_ps / 1000)
-        .max(1);
     writeln!(
         out,
         "penstock bench admission: {} Mbit/s TS ({} bytes a file, one file per stream, cold cache), {} workers, {} bulk readers, {} s runs, miss = later than {:?}",
@@ -839,6 +918,32 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         } else {
             "all due at one instant"
         }
+    )?;
+    // The bulk readers alone, through the admitting engine's scheduler: their rate, of which
+    // a forced run must leave them their share (`bulk_share_percent`, less a tenth for the
+    // noise of a run) to count as clean. Forcing rt streams past admission takes time from
+    // bulk before it makes rt units late (the DRR quanta give bulk its share only while it
+    // is backlogged); a machine that carries more rt streams only by starving bulk does not
+    // carry them under the share the operator set (issue 22).
+    let bulk_alone = if b.bulk_files.is_empty() {
+        0
+    } else {
+        let engine = Arc::new(Engine::new(engine_config(&a, admission, &cache))?);
+        b.evict_all();
+        b.run(
+            &engine,
+            Vec::new(),
+            penstock_driver::clock::now() + Duration::from_millis(200),
+        )?
+        .bulk_bytes_per_s
+    };
+    let bulk_min = bulk_alone / 100 * u64::from(admission.bulk_share_percent) * 9 / 10;
+    writeln!(
+        out,
+        "bulk readers alone: {:.1} MB/s; a forced run is clean when no unit misses and they keep {:.1} MB/s ({} % of that, less a tenth)",
+        bulk_alone as f64 / 1e6,
+        bulk_min as f64 / 1e6,
+        admission.bulk_share_percent
     )?;
     let mut rows = Vec::new();
     for &unit in &a.units.clone() {
@@ -975,7 +1080,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         )?;
         writeln!(
             out,
-            "unit {unit} B: N_adm {}{} ({}), calibrated N_adm {}{}; admitted set: {} units, {} misses, lateness p99 {:.2} ms, max {:.2} ms, {} failed",
+            "unit {unit} B: N_adm {}{} ({}), calibrated N_adm {}{}; admitted set: {} units, {} misses, lateness p99 {:.2} ms, max {:.2} ms, {} failed, bulk {:.1} MB/s",
             n_adm,
             if refusal.is_none() { "+" } else { "" },
             refusal
@@ -987,7 +1092,8 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
             admitted.misses,
             admitted.p99_ns as f64 / 1e6,
             admitted.max_ns as f64 / 1e6,
-            admitted.failed
+            admitted.failed,
+            admitted.bulk_bytes_per_s as f64 / 1e6
         )?;
         if let Some(r) = &reserved {
             writeln!(
@@ -1006,12 +1112,30 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         // each probe a full-length run, a probe clean only with 0 misses; the boundary (the
         // largest clean and the smallest missing count) is run again to show it is stable.
         let mut forced = Vec::new();
-        let mut n_miss = None;
         let mut boundary = None;
-        if refusal.is_some() {
-            let mut clean = n_adm;
-            let mut n = n_adm + (n_adm / 10).max(1);
+        // What the admitted sets already showed: the larger clean one bounds N_miss from
+        // below, a set that missed from above (then bisection starts at once).
+        let mut shown = vec![(n_adm, admitted)];
+        if let Some(r) = cal_run {
+            shown.push((n_adm_cal, r));
+        }
+        let clean_lo = shown
+            .iter()
+            .filter(|(_, r)| r.clean(bulk_min))
+            .map(|&(n, _)| n)
+            .max();
+        let mut n_miss = shown
+            .iter()
+            .filter(|(_, r)| !r.clean(bulk_min))
+            .map(|&(n, _)| n)
+            .min();
+        if refusal.is_some() && (clean_lo.is_some() || n_miss.is_some()) {
+            let mut clean = clean_lo.unwrap_or(0);
+            let mut n = clean + (clean / 10).max(1);
             for _ in 0..a.force_steps {
+                if n_miss.is_some() {
+                    break;
+                }
                 if n > a.streams_max {
                     break;
                 }
@@ -1019,7 +1143,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                     break;
                 };
                 forced.push(r);
-                if r.misses > 0 || r.failed > 0 {
+                if !r.clean(bulk_min) {
                     n_miss = Some(n);
                     break;
                 }
@@ -1036,7 +1160,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                     };
                     forced.push(r);
                     probes += 1;
-                    if r.misses > 0 || r.failed > 0 {
+                    if !r.clean(bulk_min) {
                         missed = mid;
                     } else {
                         clean = mid;
@@ -1047,12 +1171,12 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                 // N_miss (the smaller figure, against admission).
                 let mut again = Vec::new();
                 for m in [clean, missed] {
-                    if m == n_adm {
+                    if m == 0 || shown.iter().any(|&(n, _)| n == m) {
                         continue;
                     }
                     if let Some(r) = b.forced(&mut *out, unit, m, pool_total, &cache, "repeat")? {
                         forced.push(r);
-                        again.push((m, r.misses > 0 || r.failed > 0));
+                        again.push((m, !r.clean(bulk_min)));
                     }
                 }
                 if let Some(&(m, true)) = again.iter().find(|&&(m, _)| m == clean)
@@ -1120,20 +1244,25 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
             "n_adm_calibrated": n_adm_cal,
             "refusal_calibrated": cal_refusal,
             "calibrated_run": cal_run.map(|r| serde_json::json!({"streams": r.streams, "units": r.units,
-                "misses": r.misses, "p99_ns": r.p99_ns, "max_ns": r.max_ns, "failed": r.failed})),
+                "misses": r.misses, "p99_ns": r.p99_ns, "max_ns": r.max_ns, "failed": r.failed,
+                "bulk_bytes_per_s": r.bulk_bytes_per_s})),
             "ratio_calibrated": ratio_cal,
             "figures": figures.map(|f| match f {
                 Ok(f) => format!("{:?}", f),
                 Err(e) => e,
             }),
             "admitted": {"streams": admitted.streams, "units": admitted.units, "misses": admitted.misses,
-                "p99_ns": admitted.p99_ns, "max_ns": admitted.max_ns, "failed": admitted.failed},
+                "p99_ns": admitted.p99_ns, "max_ns": admitted.max_ns, "failed": admitted.failed,
+                "bulk_bytes_per_s": admitted.bulk_bytes_per_s},
             "forced": forced.iter().map(|r| serde_json::json!({"streams": r.streams, "units": r.units,
-                "misses": r.misses, "p99_ns": r.p99_ns, "max_ns": r.max_ns, "failed": r.failed})).collect::<Vec<_>>(),
+                "misses": r.misses, "p99_ns": r.p99_ns, "max_ns": r.max_ns, "failed": r.failed,
+                "bulk_bytes_per_s": r.bulk_bytes_per_s, "clean": r.clean(bulk_min)})).collect::<Vec<_>>(),
             "n_miss": n_miss,
             "boundary": boundary,
             "admitted_set_safe": safe,
             "ratio": ratio,
+            "bulk_alone_bytes_per_s": bulk_alone,
+            "bulk_min_bytes_per_s": bulk_min,
         }));
     }
     draining.store(false, Ordering::Relaxed);
@@ -1168,178 +1297,4 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         )?;
     }
     Ok(())
-}
-
-/// The CPU one paced 1316-byte datagram of the engine costs this machine at the rate
-/// admission would fill it to, with its receiver: see [`engine_send_ns_probes`]; the last
-/// probe's figure.
-pub fn engine_send_ns(time: Duration) -> Result<u64> {
-    let probes = engine_send_ns_probes(time)?;
-    Ok(probes.last().map_or(1, |&(_, ns)| ns))
-}
-
-/// [`engine_send_ns_at`] at 32 streams, then at the number of 8 Mbit/s streams the previous
-/// figure would let admission fill (80 % of this machine's CPUs, 32 to 256 streams), twice:
-/// `(streams, ns a send)` per probe. The cost of a send depends on the rate: at a low rate
-/// each of the workers' wake-ups sends few units and the receiver sleeps between datagrams
-/// (a wake-up each), at a high one the dispatch slack batches sends and the receiver finds
-/// datagrams queued; a figure taken at one rate and used at another is wrong either way (issue
-/// 22: 4.1 µs a send with nobody reading admitted 204 streams, of which 143 missed).
-pub fn engine_send_ns_probes(time: Duration) -> Result<Vec<(usize, u64)>> {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    let mut probes = vec![(32, engine_send_ns_at(time, 32)?)];
-    for _ in 0..2 {
-        let last = probes.last().map_or(1, |&(_, ns)| ns);
-        // 8 Mbit/s in 1316-byte units: 760 sends a second a stream.
-        let n = (cpus * 800_000_000 / (760 * last.max(1))).clamp(32, 256) as usize;
-        probes.push((n, engine_send_ns_at(time, n)?));
-    }
-    Ok(probes)
-}
-
-/// CPU time per unit of `streams` paced UDP streams of 1316-byte units at 8 Mbit/s from
-/// memory-cached data to a loopback socket that a thread of this process reads (on loopback
-/// the receiver's copy and the kernel's delivery run on the same CPUs as the workers), over
-/// `time`: the process's CPU time (workers, receiver, the kernel's work in their context)
-/// over the units sent.
-pub fn engine_send_ns_at(time: Duration, streams: usize) -> Result<u64> {
-    use penstock_core::endpoint::Endpoint;
-    use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
-    use penstock_core::units::Rate;
-    use penstock_driver::clock::{CpuWho, cpu_times};
-    use penstock_driver::{Engine, EngineConfig, StreamSpec};
-    let dir = tempfile::tempdir()?;
-    let src = dir.path().join("units.bin");
-    let bytes = 1_000_000 * time.as_secs_f64().ceil() as u64 + (1 << 20);
-    std::fs::write(&src, vec![0x47u8; bytes as usize])?;
-    let rx = std::net::UdpSocket::bind("127.0.0.1:0")?;
-    rx.set_read_timeout(Some(Duration::from_millis(100)))?;
-    let target = Endpoint::parse(
-        &format!("udp://{}", rx.local_addr()?),
-        penstock_core::endpoint::Role::Target,
-    )?;
-    let reading = Arc::new(AtomicBool::new(true));
-    let receiver = {
-        let reading = reading.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 2048];
-            while reading.load(Ordering::Relaxed) {
-                let _ = rx.recv(&mut buf);
-            }
-        })
-    };
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let engine = Engine::new(EngineConfig {
-        workers: cpus.min(streams.div_ceil(32)).max(1),
-        ..EngineConfig::default()
-    })?;
-    let schedule = Schedule::new(
-        &ScheduleSpec::Rate {
-            rate: Rate::BitsPerSecond(8_000_000),
-            unit_bytes: 1316,
-        },
-        &ScheduleLimits::new(1 << 20),
-    )?;
-    let length = 1_000_000 * time.as_millis() as u64 / 1000;
-    // Opened ahead and started together, so that the measured time is the paced run's.
-    let start_at = penstock_driver::clock::now() + Duration::from_millis(100 + 2 * streams as u64);
-    let mut handles = Vec::new();
-    for _ in 0..streams {
-        handles.push(engine.open(StreamSpec {
-            schedule: Some(schedule),
-            start_at: Some(start_at),
-            extent: penstock_core::stream::Extent {
-                offset: 0,
-                length: Some(length),
-            },
-            ..StreamSpec::new(Endpoint::File { path: src.clone() }, target.clone())
-        })?);
-    }
-    let cpu0 = cpu_times(CpuWho::Process);
-    let mut units = 0;
-    for h in handles {
-        units += h.wait()?.units;
-    }
-    let cpu1 = cpu_times(CpuWho::Process);
-    reading.store(false, Ordering::Relaxed);
-    let _ = receiver.join();
-    let used = (cpu1.user_ns + cpu1.sys_ns).saturating_sub(cpu0.user_ns + cpu0.sys_ns);
-    Ok(used / units.max(1))
-}
-
-/// CPU time per byte of 1 MiB units paced at 100 MB/s each by 2 streams from cached data over
-/// loopback TCP to receivers in this process (on loopback the receiver's copy takes the same
-/// CPUs), `total` bytes in all: the process's CPU time over the bytes, in picoseconds.
-pub fn engine_byte_ps(total: u64) -> Result<u64> {
-    use penstock_driver::clock::{CpuWho, cpu_times};
-    let dir = tempfile::tempdir()?;
-    let src = dir.path().join("units.bin");
-    let per_stream = total / 2;
-    std::fs::write(&src, vec![0x47u8; per_stream as usize])?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let target = Endpoint::parse(
-        &format!("tcp://{}", listener.local_addr()?),
-        penstock_core::endpoint::Role::Target,
-    )?;
-    let receivers = std::thread::spawn(move || {
-        let mut got = 0u64;
-        let mut threads = Vec::new();
-        for _ in 0..2 {
-            let Ok((mut c, _)) = listener.accept() else {
-                break;
-            };
-            threads.push(std::thread::spawn(move || {
-                let mut buf = vec![0u8; 1 << 16];
-                let mut n = 0u64;
-                while let Ok(k) = std::io::Read::read(&mut c, &mut buf) {
-                    if k == 0 {
-                        break;
-                    }
-                    n += k as u64;
-                }
-                n
-            }));
-        }
-        for t in threads {
-            got += t.join().unwrap_or(0);
-        }
-        got
-    });
-    let engine = Engine::new(EngineConfig {
-        workers: 2,
-        ..EngineConfig::default()
-    })?;
-    let schedule = Schedule::new(
-        &ScheduleSpec::Rate {
-            rate: Rate::BitsPerSecond(800_000_000),
-            unit_bytes: 1 << 20,
-        },
-        &ScheduleLimits::new(1 << 20),
-    )?;
-    let cpu0 = cpu_times(CpuWho::Process);
-    let mut handles = Vec::new();
-    for _ in 0..2 {
-        handles.push(engine.open(StreamSpec {
-            schedule: Some(schedule),
-            extent: penstock_core::stream::Extent {
-                offset: 0,
-                length: Some(per_stream),
-            },
-            ..StreamSpec::new(Endpoint::File { path: src.clone() }, target.clone())
-        })?);
-    }
-    let mut bytes = 0;
-    for h in handles {
-        bytes += h.wait()?.bytes;
-    }
-    drop(engine);
-    let received = receivers
-        .join()
-        .map_err(|_| anyhow::anyhow!("a receiver panicked"))?;
-    let cpu1 = cpu_times(CpuWho::Process);
-    if received < bytes {
-        bail!("sent {bytes} bytes, received {received}");
-    }
-    let used = (cpu1.user_ns + cpu1.sys_ns).saturating_sub(cpu0.user_ns + cpu0.sys_ns);
-    Ok(u64::try_from(u128::from(used) * 1000 / u128::from(bytes.max(1))).unwrap_or(u64::MAX))
 }

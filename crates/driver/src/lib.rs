@@ -9,6 +9,7 @@ mod buffers;
 pub mod calibration;
 pub mod clock;
 mod config;
+pub mod cpu_probe;
 mod direct;
 pub mod disk;
 pub mod engine;

@@ -29,6 +29,7 @@ fn calibration(path: &Path, depth: u32) -> Calibration {
         seq_read_by_depth: vec![],
         read_depth: Some(depth),
         send_ns: None,
+        send_byte_ps: None,
     }
 }
 

@@ -47,13 +47,17 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         a.path.display()
     );
     let mut c = calibrate(&a.path, &opts)?;
-    // What admission charges per send is the engine's whole cost of one paced datagram
-    // (timer, dispatch, completion, the kernel's send and loopback delivery), not a bare
-    // send(2): measured by running paced streams, the larger of the two kept.
-    match penstock_bench::admission::engine_send_ns(
+    // What admission charges per send and per byte is the engine's whole cost of paced
+    // units (timer, dispatch, completion, the kernel's send and loopback delivery), not a
+    // bare send(2): measured by running paced streams at the rate admission would fill.
+    match penstock_driver::calibration::measure_engine_send_cost(
         opts.random_time.max(Duration::from_millis(500)),
+        256 << 20,
     ) {
-        Ok(ns) => c.send_ns = Some(c.send_ns.unwrap_or(0).max(ns)),
+        Ok((ns, ps)) => {
+            c.send_ns = Some(ns);
+            c.send_byte_ps = Some(ps);
+        }
         Err(e) => eprintln!("penstock calibrate: note: the engine's send cost not measured: {e}"),
     }
     println!(
@@ -79,8 +83,11 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
             r.request_bytes, r.depth, r.iops
         );
     }
-    if let Some(ns) = c.send_ns {
-        println!("one paced 1316-byte datagram: {ns} ns of CPU");
+    if let (Some(ns), Some(ps)) = (c.send_ns, c.send_byte_ps) {
+        println!(
+            "the engine's CPU for a paced send: {ns} ns + {ps} ps a byte ({} ns a 1316-byte datagram)",
+            ns + 1316 * ps / 1000
+        );
     }
     let out = a.out.unwrap_or_else(default_path);
     c.save(&out)?;

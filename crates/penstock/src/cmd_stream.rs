@@ -431,7 +431,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
         let mut on_listen = |addr| eprintln!("penstock: listening on {addr}");
         *dst = Some(penstock_driver::open::open_target(&target, &mut on_listen)?);
     }
-    let (admission, admission_note) = crate::calibrate::admission_config(
+    let (mut admission, admission_note) = crate::calibrate::admission_config(
         a.calibration.as_deref(),
         a.net_rate.as_deref(),
         u32::try_from(a.buffers).unwrap_or(u32::MAX),
@@ -441,16 +441,35 @@ pub fn run(a: StreamArgs) -> Result<()> {
     if let (Some(note), Some(DiskClass::Rt)) = (&admission_note, a.class) {
         eprintln!("penstock: note: {note}");
     }
+    let self_calibration = penstock_driver::calibration::SelfCalibration {
+        enabled: !a.no_self_calibrate,
+        cache_dir: a
+            .calibration_cache
+            .clone()
+            .or_else(penstock_driver::calibration::default_cache_dir),
+        ..Default::default()
+    };
+    if admission_note.is_some() && a.class == Some(DiskClass::Rt) && self_calibration.enabled {
+        // No calibration file: the engine's send costs, measured once and cached, as
+        // `penstock serve` does (docs/io-scheduler.md, "CPU").
+        match penstock_driver::calibration::send_cost(
+            self_calibration.cache_dir.as_deref(),
+            penstock_driver::calibration::SEND_COST_TIME,
+        ) {
+            Ok(r) => {
+                (
+                    admission.capacity.cpu_send_ns,
+                    admission.capacity.cpu_send_byte_ps,
+                ) = r.charged();
+            }
+            Err(e) => eprintln!(
+                "penstock: note: the CPU cost of a send could not be measured ({e}): admission charges the defaults"
+            ),
+        }
+    }
     let cfg = EngineConfig {
         admission,
-        self_calibration: penstock_driver::calibration::SelfCalibration {
-            enabled: !a.no_self_calibrate,
-            cache_dir: a
-                .calibration_cache
-                .clone()
-                .or_else(penstock_driver::calibration::default_cache_dir),
-            ..Default::default()
-        },
+        self_calibration,
         disk: DiskConfig {
             mode: a.sched,
             disk_inflight_max: a.disk_inflight_max,

@@ -33,6 +33,11 @@ fn calibrate_writes_figures_the_engine_reads() {
     assert!(cal.seq_read_bytes_per_s_depth1 > 0 && cal.seq_read_bytes_per_s_depth4 > 0);
     assert_eq!(cal.random.len(), 6);
     assert!(cal.random.iter().all(|r| r.iops > 0), "{cal:?}");
+    // The engine's send costs, measured by running it: a send and a byte.
+    assert!(
+        cal.send_ns.is_some_and(|n| n > 0) && cal.send_byte_ps.is_some_and(|p| p > 0),
+        "{cal:?}"
+    );
     // The test file is gone.
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -54,6 +59,7 @@ fn small_calibration(dir: &std::path::Path) -> std::path::PathBuf {
         seq_read_by_depth: Vec::new(),
         read_depth: None,
         send_ns: None,
+        send_byte_ps: None,
     };
     let p = dir.join("small.toml");
     cal.save(&p).unwrap();

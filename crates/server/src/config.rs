@@ -721,6 +721,12 @@ pub struct EngineSection {
     /// 500 µs (docs/pacing.md).
     #[serde(default, deserialize_with = "units::opt_us")]
     pub dispatch_slack_us: Option<u64>,
+    /// The workers at SCHED_FIFO (priority 50) with the process's memory locked
+    /// (`penstock_driver::EngineConfig::realtime`); where refused (no CAP_SYS_NICE nor
+    /// RLIMIT_RTPRIO), said once and run at normal priority. Default false. On a machine
+    /// shared with other work, what keeps admitted rt streams on time: admission's CPU test
+    /// assumes the workers get the CPU (docs/io-scheduler.md §4b).
+    pub realtime: Option<bool>,
 }
 
 impl EngineSection {
@@ -743,6 +749,9 @@ impl EngineSection {
         }
         if let Some(us) = self.dispatch_slack_us {
             c.dispatch_slack = std::time::Duration::from_micros(us);
+        }
+        if let Some(on) = self.realtime {
+            c.realtime = on;
         }
         c
     }
@@ -1233,6 +1242,10 @@ mod tests {
                 std::time::Duration::from_micros(us)
             );
         }
+        let c: ServerConfig = toml::from_str("[engine]\nrealtime = true\n").unwrap();
+        assert!(c.engine.engine_config().realtime);
+        let c: ServerConfig = toml::from_str("[engine]\n").unwrap();
+        assert!(!c.engine.engine_config().realtime, "off by default");
         let c: ServerConfig = toml::from_str("[engine]\ndispatch_slack_us = 1001\n").unwrap();
         let e = c.check().unwrap_err().to_string();
         assert!(e.contains("dispatch_slack_us"), "{e}");

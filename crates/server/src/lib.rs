@@ -179,16 +179,27 @@ impl Server {
                 1_000_000_000u64.saturating_mul(engine_cfg.workers as u64);
         }
         engine_cfg.self_calibration = cfg.admission.self_calibration();
-        if cfg.admission.cpu_send_ns.is_none() && engine_cfg.self_calibration.enabled {
-            // Admission's CPU charge per send: this machine's, measured once and cached with
-            // the device figures (not the conservative 20 µs, which refused the 100th
-            // 8 Mbit/s RTSP session on two CPUs that carried more).
+        if (cfg.admission.cpu_send_ns.is_none() || cfg.admission.cpu_send_byte_ps.is_none())
+            && engine_cfg.self_calibration.enabled
+        {
+            // Admission's CPU charge per send and per byte: this machine's engine's, measured
+            // once (about 2 s) and cached with the device figures (not the conservative 17 µs
+            // + 2 ns a byte, which refused the 100th 8 Mbit/s RTSP session on two CPUs that
+            // carried more). A figure set in `[admission]` is kept.
             let cache = engine_cfg.self_calibration.cache_dir.as_deref();
             match penstock_driver::calibration::send_cost(
                 cache,
                 penstock_driver::calibration::SEND_COST_TIME,
             ) {
-                Ok(r) => engine_cfg.admission.capacity.cpu_send_ns = r.send_ns,
+                Ok(r) => {
+                    let (ns, ps) = r.charged();
+                    if cfg.admission.cpu_send_ns.is_none() {
+                        engine_cfg.admission.capacity.cpu_send_ns = ns;
+                    }
+                    if cfg.admission.cpu_send_byte_ps.is_none() {
+                        engine_cfg.admission.capacity.cpu_send_byte_ps = ps;
+                    }
+                }
                 Err(e) => tracing::warn!(
                     "the CPU cost of a send could not be measured ({e}): admission charges the default {} ns",
                     engine_cfg.admission.capacity.cpu_send_ns

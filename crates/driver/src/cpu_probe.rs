@@ -1,0 +1,242 @@
+//! The CPU the engine spends to send, measured by running it (issue 22): what admission
+//! charges per send (`Capacity::cpu_send_ns`) and per byte (`Capacity::cpu_send_byte_ps`).
+//! `penstock calibrate` runs these at length, the engine's self-calibration
+//! ([`crate::calibration::send_cost`]) briefly; `penstock bench admission` both.
+//!
+//! Each probe runs a private [`Engine`] with paced streams from a page-cached file to
+//! loopback receivers in this process (on loopback the receiver's copy and the kernel's
+//! delivery run on the same CPUs as the workers, as a remote receiver's would not: the
+//! figures are an upper bound for a real network), and divides the process's CPU time
+//! over what was sent.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use penstock_core::endpoint::{Endpoint, Role};
+use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::stream::Extent;
+use penstock_core::units::Rate;
+
+use crate::clock::{CpuWho, cpu_times};
+use crate::{Engine, EngineConfig, StreamSpec};
+
+/// A file of `bytes` 0x47 bytes in the temporary directory, removed when dropped.
+struct ScratchFile(PathBuf);
+
+impl ScratchFile {
+    fn new(bytes: u64) -> io::Result<ScratchFile> {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "penstock-cpu-probe-{}-{}.bin",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let f = ScratchFile(path);
+        let len = usize::try_from(bytes).map_err(io::Error::other)?;
+        std::fs::write(&f.0, vec![0x47u8; len])?;
+        Ok(f)
+    }
+}
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn cpu_used_ns(f: impl FnOnce() -> io::Result<()>) -> io::Result<u64> {
+    let c0 = cpu_times(CpuWho::Process);
+    f()?;
+    let c1 = cpu_times(CpuWho::Process);
+    Ok((c1.user_ns + c1.sys_ns).saturating_sub(c0.user_ns + c0.sys_ns))
+}
+
+/// CPU time per unit of `streams` paced UDP streams of 1316-byte units at 8 Mbit/s from a
+/// page-cached file to a loopback socket a thread of this process reads, over `time`.
+pub fn send_ns_at(time: Duration, streams: usize) -> io::Result<u64> {
+    let bytes = 1_000_000 * time.as_secs_f64().ceil() as u64 + (1 << 20);
+    let src = ScratchFile::new(bytes)?;
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    rx.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let target = Endpoint::parse(&format!("udp://{}", rx.local_addr()?), Role::Target)
+        .map_err(io::Error::other)?;
+    let reading = Arc::new(AtomicBool::new(true));
+    let receiver = {
+        let reading = reading.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while reading.load(Ordering::Relaxed) {
+                let _ = rx.recv(&mut buf);
+            }
+        })
+    };
+    let result = (|| {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let engine = Engine::new(EngineConfig {
+            workers: cpus.min(streams.div_ceil(32)).max(1),
+            ..EngineConfig::default()
+        })
+        .map_err(io::Error::other)?;
+        let schedule = Schedule::new(
+            &ScheduleSpec::Rate {
+                rate: Rate::BitsPerSecond(8_000_000),
+                unit_bytes: 1316,
+            },
+            &ScheduleLimits::new(1 << 20),
+        )
+        .map_err(io::Error::other)?;
+        let length = 1_000_000 * time.as_millis() as u64 / 1000;
+        // Opened ahead and started together, so that the measured time is the paced run's.
+        let start_at = crate::clock::now() + Duration::from_millis(100 + 2 * streams as u64);
+        let mut handles = Vec::new();
+        for _ in 0..streams {
+            handles.push(
+                engine
+                    .open(StreamSpec {
+                        schedule: Some(schedule),
+                        start_at: Some(start_at),
+                        extent: Extent {
+                            offset: 0,
+                            length: Some(length),
+                        },
+                        ..StreamSpec::new(
+                            Endpoint::File {
+                                path: src.0.clone(),
+                            },
+                            target.clone(),
+                        )
+                    })
+                    .map_err(io::Error::other)?,
+            );
+        }
+        let mut units = 0;
+        let used = cpu_used_ns(|| {
+            for h in handles {
+                units += h.wait().map_err(io::Error::other)?.units;
+            }
+            Ok(())
+        })?;
+        Ok(used / units.max(1))
+    })();
+    reading.store(false, Ordering::Relaxed);
+    let _ = receiver.join();
+    result
+}
+
+/// [`send_ns_at`] at 32 streams, then at the number of 8 Mbit/s streams the previous figure
+/// would let admission fill (80 % of this machine's CPUs, 32 to `streams_max` streams),
+/// twice: `(streams, ns a send)` per probe. The cost of a send depends on the rate: at a low
+/// rate each of the workers' wake-ups sends few units and the receiver sleeps between
+/// datagrams (a wake-up each), at a high one the dispatch slack batches sends and the
+/// receiver finds datagrams queued; a figure taken at one rate and used at another is wrong
+/// either way (issue 22: 12.1 µs a send at 32 streams, 3.4-3.7 µs at 174-256).
+pub fn send_ns_probes(time: Duration, streams_max: usize) -> io::Result<Vec<(usize, u64)>> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let mut probes = vec![(32, send_ns_at(time, 32)?)];
+    for _ in 0..2 {
+        let last = probes.last().map_or(1, |&(_, ns)| ns);
+        // 8 Mbit/s in 1316-byte units: 760 sends a second a stream.
+        let n = (cpus * 800_000_000 / (760 * last.max(1))).clamp(32, streams_max.max(32) as u64)
+            as usize;
+        probes.push((n, send_ns_at(time, n)?));
+    }
+    Ok(probes)
+}
+
+/// CPU time per byte of 1 MiB units paced at 100 MB/s each by 2 streams from a page-cached
+/// file over loopback TCP to receivers in this process, `total` bytes in all: the process's
+/// CPU time over the bytes, in picoseconds.
+pub fn byte_ps(total: u64) -> io::Result<u64> {
+    let per_stream = (total / 2).max(1 << 20);
+    let src = ScratchFile::new(per_stream)?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let target = Endpoint::parse(&format!("tcp://{}", listener.local_addr()?), Role::Target)
+        .map_err(io::Error::other)?;
+    // Nothing connects when the engine fails to start: the accepts give up after a while.
+    listener.set_nonblocking(true)?;
+    let receivers = std::thread::spawn(move || {
+        let mut threads = Vec::new();
+        let t0 = std::time::Instant::now();
+        while threads.len() < 2 && t0.elapsed() < Duration::from_secs(10) {
+            let Ok((c, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            threads.push(std::thread::spawn(move || {
+                let mut c = c;
+                let _ = c.set_nonblocking(false);
+                let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut buf = vec![0u8; 1 << 16];
+                let mut n = 0u64;
+                while let Ok(k) = io::Read::read(&mut c, &mut buf) {
+                    if k == 0 {
+                        break;
+                    }
+                    n += k as u64;
+                }
+                n
+            }));
+        }
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or(0))
+            .sum::<u64>()
+    });
+    let mut bytes = 0;
+    let c0 = cpu_times(CpuWho::Process);
+    let sent = (|| {
+        let engine = Engine::new(EngineConfig {
+            workers: 2,
+            ..EngineConfig::default()
+        })
+        .map_err(io::Error::other)?;
+        let schedule = Schedule::new(
+            &ScheduleSpec::Rate {
+                rate: Rate::BitsPerSecond(800_000_000),
+                unit_bytes: 1 << 20,
+            },
+            &ScheduleLimits::new(1 << 20),
+        )
+        .map_err(io::Error::other)?;
+        let mut handles = Vec::new();
+        for _ in 0..2 {
+            handles.push(
+                engine
+                    .open(StreamSpec {
+                        schedule: Some(schedule),
+                        extent: Extent {
+                            offset: 0,
+                            length: Some(per_stream),
+                        },
+                        ..StreamSpec::new(
+                            Endpoint::File {
+                                path: src.0.clone(),
+                            },
+                            target.clone(),
+                        )
+                    })
+                    .map_err(io::Error::other)?,
+            );
+        }
+        for h in handles {
+            bytes += h.wait().map_err(io::Error::other)?.bytes;
+        }
+        Ok::<(), io::Error>(())
+    })();
+    // The engine is gone: its connections are closed and the receivers end.
+    let received = receivers
+        .join()
+        .map_err(|_| io::Error::other("a receiver panicked"))?;
+    let c1 = cpu_times(CpuWho::Process);
+    sent?;
+    let used = (c1.user_ns + c1.sys_ns).saturating_sub(c0.user_ns + c0.sys_ns);
+    if received < bytes {
+        return Err(io::Error::other(format!(
+            "sent {bytes} bytes, received {received}"
+        )));
+    }
+    Ok(u64::try_from(u128::from(used) * 1000 / u128::from(bytes.max(1))).unwrap_or(u64::MAX))
+}

@@ -51,7 +51,10 @@ pub enum AllocError {
         free_bytes: u64,
         members: usize,
     },
-    #[error("the volume already has {PARTITIONS_MAX} partitions")]
+    #[error(
+        "the volume already has {PARTITIONS_MAX} partitions, the most its partition table \
+         holds (a mount: files): remove one first (volume rm)"
+    )]
     TooManyPartitions,
     #[error("the free space is too fragmented: the volume would exceed {EXTENTS_MAX} extents")]
     TooManyExtents,
@@ -803,6 +806,8 @@ impl fmt::Display for Problem {
 }
 
 const NO_OWNER: u16 = u16::MAX;
+// A partition index always fits below NO_OWNER.
+const _: () = assert!(PARTITIONS_MAX < NO_OWNER as usize);
 
 /// Checks the partition table against itself and the free-block map: every listed block is
 /// owned by exactly one partition and marked used, no used block is unowned, every partition's

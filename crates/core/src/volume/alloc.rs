@@ -822,8 +822,17 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
             omitted += 1
         }
     };
-    for (i, p) in meta.partitions.iter().enumerate() {
-        if meta.partitions[..i].iter().any(|q| q.name == p.name) {
+    // How many partitions carry each name (a hash map: a table holds up to PARTITIONS_MAX).
+    let mut named: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(meta.partitions.len());
+    for p in &meta.partitions {
+        *named.entry(p.name.as_str()).or_default() += 1;
+    }
+    let mut seen: std::collections::HashSet<&str> =
+        std::collections::HashSet::with_capacity(meta.partitions.len());
+    for p in &meta.partitions {
+        let unique = named.get(p.name.as_str()) == Some(&1);
+        if !seen.insert(p.name.as_str()) {
             report(
                 Problem::DuplicateName {
                     name: p.name.clone(),
@@ -831,7 +840,9 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
                 &mut problems,
             );
         }
-        if let Err(error) = PartitionMap::new(&meta.layout, p) {
+        let mappable = PartitionMap::new(&meta.layout, p);
+        let mappable_ok = mappable.is_ok();
+        if let Err(error) = mappable {
             report(Problem::BadPartition { error }, &mut problems);
         } else if p.mirror.is_some() != meta.mirrored() {
             let why = if meta.mirrored() {
@@ -852,7 +863,10 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
                 },
                 &mut problems,
             );
-        } else if let Some(blocks) = past_end_blocks(meta, p) {
+        } else if let Some(blocks) = past_end_blocks(meta, p).filter(|_| unique && mappable_ok) {
+            // Only for a partition its name designates and that maps: repair gives the blocks
+            // back by name (trim), and a duplicate name or a bad map is a human's problem
+            // already.
             report(
                 Problem::AllocatedPastEnd {
                     partition: p.name.clone(),

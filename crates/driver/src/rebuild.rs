@@ -67,7 +67,7 @@ impl RebuildOptions {
     /// Refuses options outside their limits, saying which.
     pub fn check(&self) -> Result<(), VolumeError> {
         if !(4096..=REBUILD_CHUNK_BYTES_MAX).contains(&self.chunk_bytes)
-            || self.chunk_bytes % 4096 != 0
+            || !self.chunk_bytes.is_multiple_of(4096)
         {
             return Err(VolumeError::Invalid(format!(
                 "rebuild chunk of {} bytes: a multiple of 4096 from 4KiB to {REBUILD_CHUNK_BYTES_MAX} bytes",

@@ -75,7 +75,8 @@ pub enum VolumeCommand {
     Truncate(TruncateArgs),
     /// Verify both metadata copies of every member, the allocation map and (mirrored) every
     /// member's health; --repair fixes what can be proven and rebuilds replaced members from
-    /// the mirror (exit 1 while problems remain).
+    /// the mirror as bulk-class engine streams, with progress on stderr (SIGINT stops it; the
+    /// member stays rebuilding) (exit 1 while problems remain).
     Check(CheckArgs),
     /// Mount the volume's partitions as regular files in DIR (FUSE); unmount with
     /// `fusermount3 -u DIR`, `umount DIR` or SIGTERM (see docs/volume-format.md, "Mount").

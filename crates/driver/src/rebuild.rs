@@ -109,6 +109,17 @@ impl RebuildProgress {
     }
 }
 
+/// Gives the calling thread the lowest best-effort I/O priority (IOPRIO_CLASS_BE, level 7),
+/// which threads it creates afterwards inherit: call it before creating the engine that runs
+/// a rebuild, so that the worker's reads and writes (io_uring requests without an ioprio of
+/// their own take their submitter's) yield to other processes' at the kernel's scheduler
+/// (bfq, mq-deadline: docs/io-scheduler.md §7) as well as to rt streams in the engine's own
+/// disk queue. An error (ioprio refused) leaves the priority as it was.
+pub fn background_io_priority() -> std::io::Result<()> {
+    use penstock_uring::sys::{IoprioClass, ioprio_set_current_thread, ioprio_value};
+    ioprio_set_current_thread(ioprio_value(IoprioClass::BestEffort, 7))
+}
+
 /// Rebuilds `vol`'s members being rebuilt through `engine` (see the module doc). Returns the
 /// bytes copied (0: nothing to rebuild). `progress` is called at most every
 /// `opts.progress_interval` and once at the end.

@@ -369,11 +369,16 @@ fn truncate(a: TruncateArgs) -> Result<()> {
 }
 
 fn engine() -> Result<Engine> {
+    engine_with(penstock_driver::disk::DiskConfig::default())
+}
+
+fn engine_with(disk: penstock_driver::disk::DiskConfig) -> Result<Engine> {
     let engine = Engine::new(EngineConfig {
         workers: 1,
         pool_buffers: 16,
         buffer_bytes: 1 << 20,
         stream_depth: 8,
+        disk,
         ..EngineConfig::default()
     })?;
     if let Err(why) = &engine.info().uring {
@@ -554,7 +559,15 @@ fn rebuild(v: &mut Volume, opts: &RebuildOptions) -> Result<u64> {
     if !pending {
         return Ok(0);
     }
-    let engine = engine()?;
+    // The engine's worker inherits it: the rebuild yields to other processes' I/O too. (No
+    // rt reads here, so the worker does not probe IOPRIO_CLASS_RT, which would reset it.)
+    if let Err(e) = penstock_driver::rebuild::background_io_priority() {
+        eprintln!("rebuild: I/O priority left as it was ({e})");
+    }
+    let engine = engine_with(penstock_driver::disk::DiskConfig {
+        rt_ioprio: false,
+        ..Default::default()
+    })?;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut ids = Vec::new();
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

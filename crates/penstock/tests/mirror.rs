@@ -573,6 +573,26 @@ fn an_interrupted_rebuild_leaves_the_volume_degraded_and_a_second_repair_complet
         first.starts_with("rebuild: ") && first.contains("MiB/s") && !first.contains("(100%)"),
         "{first}"
     );
+    // The engine's worker copies at the lowest best-effort I/O priority (it yields to
+    // other processes' I/O at the kernel's scheduler too).
+    if tool_runs("ionice") {
+        let mut workers = 0;
+        for task in std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap() {
+            let task = task.unwrap().path();
+            let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+            if !comm.starts_with("penstock-w") {
+                continue;
+            }
+            let tid = task.file_name().unwrap().to_str().unwrap().to_string();
+            let o = Command::new("ionice").args(["-p", &tid]).output().unwrap();
+            let prio = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            assert_eq!(prio, "best-effort: prio 7", "worker {tid}");
+            workers += 1;
+        }
+        assert!(workers > 0, "no engine worker thread found");
+    } else {
+        println!("SKIPPED (ioprio check only): ionice not found (apt-get install util-linux)");
+    }
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
     let status = child.wait().unwrap();
@@ -605,4 +625,12 @@ fn an_interrupted_rebuild_leaves_the_volume_degraded_and_a_second_repair_complet
     //    serves them: byte-exact.
     std::fs::remove_file(&m[3]).unwrap();
     export_equals(&m[0], "clip", &clip, a.path());
+}
+
+/// Whether `name` runs (`name --version`).
+fn tool_runs(name: &str) -> bool {
+    Command::new(name)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }

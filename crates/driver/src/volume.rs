@@ -1225,7 +1225,7 @@ impl Volume {
     /// Replaces member `old` of a mirrored volume by the storage at `new` (a block device, or
     /// a plain file, created with the member's recorded size when missing): `new` becomes
     /// member `old`, in state `Rebuilding` — written to, not read — until
-    /// [`Volume::rebuild`] has copied every block it holds from the other copies. `new` must
+    /// [`Volume::rebuild_with`] has copied every block it holds from the other copies. `new` must
     /// be on another device than every member its blocks are paired with. Needs the volume
     /// alone ([`Access::Exclusive`]); on a refusal nothing changes.
     pub fn replace(&mut self, old: MemberIndex, new: &Path) -> Result<()> {

@@ -56,7 +56,11 @@ pub enum AllocError {
          holds (a mount: files): remove one first (volume rm)"
     )]
     TooManyPartitions,
-    #[error("the free space is too fragmented: the volume would exceed {EXTENTS_MAX} extents")]
+    #[error(
+        "the partition table would exceed {EXTENTS_MAX} extents (runs of blocks; a partition \
+         takes one per member it is on, two when mirrored, more when the free space is \
+         fragmented): remove partitions, or place small ones on fewer members (--place)"
+    )]
     TooManyExtents,
     #[error(
         "the volume is full: partition {name} cannot grow to {wanted_bytes} bytes \

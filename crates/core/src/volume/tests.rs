@@ -1178,3 +1178,49 @@ fn versions_before_4_hold_at_most_256_partitions() {
     assert_eq!(v3[8..12], 3u32.to_le_bytes());
     assert_eq!(decode(&with_version(&v3, 4)).unwrap().meta, few);
 }
+
+/// On a wide striped volume the extent bound, not the partition bound, limits the files of a
+/// mount: each one-block file of a 16-member volume takes 16 extents, so 1024 fit (16384
+/// extents) and the next one's growth is refused, saying why, the meta unchanged.
+#[test]
+fn extents_bound_the_small_partitions_of_a_wide_volume() {
+    let mut m = meta_with(
+        vec![META_AREA_BYTES + 1100 * 64 * 1024; MEMBERS_MAX],
+        64 * 1024,
+        64 * 1024,
+    );
+    for i in 0..1024 {
+        let name = format!("f{i}");
+        allocate_with(&mut m, &name, 0, 0, &Placement::Striped).unwrap();
+        grow(&mut m, &name, 1).unwrap();
+        set_size(&mut m, &name, 1).unwrap();
+        mark_ready(&mut m, &name).unwrap();
+    }
+    assert_eq!(alloc::extents_total(&m), EXTENTS_MAX);
+    allocate_with(&mut m, "next", 0, 0, &Placement::Striped).unwrap();
+    let before = m.clone();
+    let e = grow(&mut m, "next", 1).unwrap_err();
+    assert_eq!(e, AllocError::TooManyExtents);
+    assert!(e.to_string().contains("--place"), "{e}");
+    assert_eq!(m, before);
+    // Placed on one member, a small partition takes one extent: refused all the same here
+    // (the table is full), and accepted once a striped one is gone.
+    assert_eq!(
+        grow(&mut m, "next", 1).unwrap_err(),
+        AllocError::TooManyExtents
+    );
+    free(&mut m, "f0").unwrap();
+    allocate_with(&mut m, "one", 0, 0, &Placement::Placed(vec![3])).unwrap();
+    grow(&mut m, "one", 1).unwrap();
+    set_size(&mut m, "one", 1).unwrap();
+    for name in ["one", "next"] {
+        mark_ready(&mut m, name).unwrap();
+    }
+    let problems = check(&m);
+    assert!(
+        problems.is_empty(),
+        "{} problems: {:?}",
+        problems.len(),
+        problems.first()
+    );
+}

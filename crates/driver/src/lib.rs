@@ -20,6 +20,7 @@ pub mod media;
 pub mod open;
 mod pace;
 mod paths;
+pub mod rebuild;
 pub mod record;
 mod report;
 pub mod rlimit;

@@ -85,7 +85,7 @@ pub(crate) struct UringState {
     /// End of reads: the stream's end, rounded up to the alignment when direct.
     read_end: u64,
     chunks: VecDeque<Chunk>,
-    /// Next offset in a file target.
+    /// Next offset in a file target (from the descriptor's position at the start).
     target_off: u64,
     rw_flags: i32,
     /// Buffers whose sends are complete but whose zero-copy notification has not arrived.
@@ -138,6 +138,14 @@ impl UringState {
             self.member_devs = v.members.iter().map(device_of).collect();
         }
         self.read_end = end.div_ceil(align) * align;
+        // A file target is written from its position, as write(2) and the other paths
+        // (sendfile, copy) write it: 0 for a file the stream opened, where the caller put
+        // it for a descriptor it handed over (`fd:N`, a volume rebuild's member at the
+        // block being rebuilt). A descriptor that cannot seek starts at 0.
+        if io.target.kind == IoKind::File && io.target.volume.is_none() {
+            self.target_off =
+                rustix::fs::seek(&io.target.fd, rustix::fs::SeekFrom::Current(0)).unwrap_or(0);
+        }
         if io.cache == CachePolicy::Drop {
             self.rw_flags = penstock_uring::sys::RWF_DONTCACHE;
         }

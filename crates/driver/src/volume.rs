@@ -104,6 +104,18 @@ pub enum VolumeError {
     Alloc(#[from] AllocError),
     #[error("{0}")]
     Invalid(String),
+    /// A rebuild stopped (cancelled, or its copy failed) after writing part of the members
+    /// being rebuilt: they stay `rebuilding` (written to, never read), so the volume is as
+    /// consistent as before it started, and `volume check --repair` starts the copy again.
+    #[error(
+        "rebuild stopped after {done_bytes} of {total_bytes} bytes: {why}; the member(s) stay \
+         rebuilding (the mirror serves their blocks): run `penstock volume check --repair` again"
+    )]
+    RebuildStopped {
+        done_bytes: u64,
+        total_bytes: u64,
+        why: String,
+    },
 }
 
 type Result<T, E = VolumeError> = std::result::Result<T, E>;
@@ -1213,7 +1225,7 @@ impl Volume {
     /// Replaces member `old` of a mirrored volume by the storage at `new` (a block device, or
     /// a plain file, created with the member's recorded size when missing): `new` becomes
     /// member `old`, in state `Rebuilding` — written to, not read — until
-    /// [`Volume::rebuild`] has copied every block it holds from the other copies. `new` must
+    /// [`Volume::rebuild_with`] has copied every block it holds from the other copies. `new` must
     /// be on another device than every member its blocks are paired with. Needs the volume
     /// alone ([`Access::Exclusive`]); on a refusal nothing changes.
     pub fn replace(&mut self, old: MemberIndex, new: &Path) -> Result<()> {
@@ -1350,12 +1362,18 @@ impl Volume {
         Ok(())
     }
 
-    /// Copies, onto every member being rebuilt (state `Rebuilding`, or a `Degraded` member
-    /// that is present: rebuilt in place), each block it holds from the other copy, then
-    /// marks it `Ok`. A background job: its reads and writes run at the lowest best-effort
-    /// I/O priority (below the engine's bulk class), one stripe unit at a time, and
-    /// `progress(done, total)` is called after each unit. Returns the bytes copied.
-    pub fn rebuild(&mut self, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+    /// Rebuilds every member being rebuilt (state `Rebuilding`, or a `Degraded` member that
+    /// is present: rebuilt in place, marked `Rebuilding` first): works out every run of bytes
+    /// it holds whose other copy is on a healthy member, hands them to `copy` (which moves
+    /// them; `penstock volume check --repair` streams them through the engine's disk
+    /// scheduler in the bulk class, [`crate::rebuild`]), then syncs the members and marks them
+    /// `Ok`. Holds the update lock throughout (no partition grows or is added meanwhile).
+    /// When `copy` fails nothing is marked: the members stay `Rebuilding` and a later call
+    /// starts again. Returns the bytes copied (0: nothing to rebuild).
+    pub fn rebuild_with(
+        &mut self,
+        copy: &mut dyn FnMut(&RebuildJob<'_>) -> Result<()>,
+    ) -> Result<u64> {
         if !self.meta.mirrored() {
             return Ok(0);
         }
@@ -1379,18 +1397,17 @@ impl Volume {
             self.commit(meta.clone())?;
             self.commit(meta)?;
         }
-        // What to copy: (from member, from offset, to member, to offset, bytes).
-        let mut plan: Vec<(usize, u64, usize, u64, u64)> = Vec::new();
+        let mut copies: Vec<RebuildCopy> = Vec::new();
         for p in &self.meta.partitions {
             let map = PartitionMap::new(&self.meta.layout, p)?;
-            let Some(copies) = map.mirror() else {
+            let Some(mirror) = map.mirror() else {
                 continue;
             };
             let unit = map.unit_bytes();
             let mut off = 0;
             while off < map.capacity_bytes() {
                 let a = map.locate(off)?;
-                let b = copies.locate(off)?;
+                let b = mirror.locate(off)?;
                 let (src, dst) = if targets.contains(&a.member.get()) {
                     (b, a)
                 } else if targets.contains(&b.member.get()) {
@@ -1406,63 +1423,35 @@ impl Volume {
                         p.name, src.member, dst.member
                     )));
                 }
-                plan.push((
-                    src.member.get(),
-                    src.member_offset_bytes,
-                    dst.member.get(),
-                    dst.member_offset_bytes,
-                    unit,
-                ));
+                let next = RebuildCopy {
+                    from: src.member,
+                    from_offset_bytes: src.member_offset_bytes,
+                    to: dst.member,
+                    to_offset_bytes: dst.member_offset_bytes,
+                    len_bytes: unit,
+                };
+                // Consecutive units that continue on both members make one run.
+                match copies.last_mut() {
+                    Some(c)
+                        if c.from == next.from
+                            && c.to == next.to
+                            && c.from_offset_bytes + c.len_bytes == next.from_offset_bytes
+                            && c.to_offset_bytes + c.len_bytes == next.to_offset_bytes =>
+                    {
+                        c.len_bytes += unit
+                    }
+                    _ => copies.push(next),
+                }
                 off += unit;
             }
         }
-        let total: u64 = plan.iter().map(|p| p.4).sum();
-        let unit_max = plan.iter().map(|p| p.4).max().unwrap_or(ALIGN_BYTES);
-        let mut pool = BufferPool::new(1, unit_max as usize)
-            .map_err(|e| VolumeError::Invalid(format!("rebuild buffer: {e}")))?;
-        let id = pool
-            .alloc()
-            .expect("a fresh pool of one buffer has it free");
-        use penstock_uring::sys::{IoprioClass, ioprio_set_current_thread, ioprio_value};
-        let _ = ioprio_set_current_thread(ioprio_value(IoprioClass::BestEffort, 7));
-        let mut done = 0u64;
-        let copied = (|| -> Result<()> {
-            for &(src, src_off, dst, dst_off, len) in &plan {
-                let buf = &mut pool.bytes_mut(id)[..len as usize];
-                let (s, d) = (&self.members[src], &self.members[dst]);
-                let mut got = 0usize;
-                while got < buf.len() {
-                    match rustix::io::pread(&s.file, &mut buf[got..], src_off + got as u64) {
-                        Ok(0) => {
-                            return Err(io_err(&s.path, "read for the rebuild")(io::Error::from(
-                                io::ErrorKind::UnexpectedEof,
-                            )));
-                        }
-                        Ok(n) => got += n,
-                        Err(rustix::io::Errno::INTR) => {}
-                        Err(e) => return Err(io_err(&s.path, "read for the rebuild")(e.into())),
-                    }
-                }
-                let mut put = 0usize;
-                while put < buf.len() {
-                    match rustix::io::pwrite(&d.file, &buf[put..], dst_off + put as u64) {
-                        Ok(0) => {
-                            return Err(io_err(&d.path, "rebuild")(io::Error::from(
-                                io::ErrorKind::WriteZero,
-                            )));
-                        }
-                        Ok(n) => put += n,
-                        Err(rustix::io::Errno::INTR) => {}
-                        Err(e) => return Err(io_err(&d.path, "rebuild")(e.into())),
-                    }
-                }
-                done += len;
-                progress(done, total);
-            }
-            Ok(())
-        })();
-        let _ = ioprio_set_current_thread(ioprio_value(IoprioClass::BestEffort, 4));
-        copied?;
+        let total_bytes = copies.iter().map(|c| c.len_bytes).sum();
+        let job = RebuildJob {
+            copies,
+            total_bytes,
+            members: &self.members,
+        };
+        copy(&job)?;
         for &i in &targets {
             fdatasync(&self.members[i])?;
         }
@@ -1472,7 +1461,7 @@ impl Volume {
         }
         self.commit(meta)?;
         self.failures.clear();
-        Ok(total)
+        Ok(total_bytes)
     }
 
     /// The descriptors and mapping to stream partition `name`. Reading needs a `Ready`
@@ -1491,6 +1480,46 @@ impl Volume {
             });
         }
         PartitionIo::new(self, p)
+    }
+}
+
+/// One run of a rebuild: `len_bytes` of member `from` (the healthy copy) at
+/// `from_offset_bytes`, onto member `to` (being rebuilt) at `to_offset_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RebuildCopy {
+    pub from: MemberIndex,
+    pub from_offset_bytes: u64,
+    pub to: MemberIndex,
+    pub to_offset_bytes: u64,
+    pub len_bytes: u64,
+}
+
+/// What [`Volume::rebuild_with`] hands its copier: the runs to copy (in partition order,
+/// consecutive stripe units merged) and access to the members.
+#[derive(Debug)]
+pub struct RebuildJob<'a> {
+    pub copies: Vec<RebuildCopy>,
+    pub total_bytes: u64,
+    members: &'a [Member],
+}
+
+impl RebuildJob<'_> {
+    /// Where member `m` is.
+    pub fn member_path(&self, m: MemberIndex) -> &Path {
+        &self.members[m.get()].path
+    }
+
+    /// A new descriptor of member `m` — the same inode, reopened through `/proc/self/fd`
+    /// without O_DIRECT (never by its path, which may name another file by now) — for
+    /// reading, or for writing (never truncated).
+    pub fn reopen_member(&self, m: MemberIndex, write: bool) -> Result<File> {
+        let member = &self.members[m.get()];
+        let proc = PathBuf::from(format!("/proc/self/fd/{}", member.file.as_raw_fd()));
+        OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .open(&proc)
+            .map_err(io_err(&member.path, "reopen for the rebuild"))
     }
 }
 

@@ -222,3 +222,65 @@ fn file_to_socket_and_socket_to_file_through_descriptors_byte_exact() {
     let ep = Endpoint::Fd { fd: f.as_raw_fd() };
     assert_eq!(open_target(&ep, &mut |_| {}).unwrap().kind, IoKind::File);
 }
+
+/// A file target handed over positioned is written from its position on every path that can
+/// write a file (copy, sendfile, uring — the uring path used to write from 0): the bytes
+/// before it stay as they were. A volume rebuild relies on it (a member written at a block's
+/// offset).
+#[test]
+fn a_positioned_file_target_is_written_from_its_position_on_every_path() {
+    use penstock_core::stream::{DataPath, Extent, PathChoice};
+    use std::io::{Seek, SeekFrom};
+    let engine = engine();
+    let dir = tempfile::tempdir().unwrap();
+    let src_path = dir.path().join("src");
+    let bytes = data((1 << 20) + 12_288);
+    std::fs::write(&src_path, &bytes).unwrap();
+    let mut paths = vec![DataPath::Copy, DataPath::Sendfile];
+    match &engine.info().uring {
+        Ok(_) => paths.push(DataPath::Uring),
+        Err(why) => println!("SKIPPED (uring path only): io_uring unavailable: {why}"),
+    }
+    for path in paths {
+        let out_path = dir.path().join(format!("out-{path:?}"));
+        let before = vec![0xA5u8; 3 << 20];
+        std::fs::write(&out_path, &before).unwrap();
+        let mut out = OpenOptions::new().write(true).open(&out_path).unwrap();
+        let at = (1 << 20) + 8192;
+        out.seek(SeekFrom::Start(at)).unwrap();
+        let src = File::open(&src_path).unwrap();
+        // The source's second 4 KiB onwards, 1 MiB of it.
+        let spec = StreamSpec {
+            path: PathChoice::Fixed(path),
+            extent: Extent {
+                offset: 4096,
+                length: Some(1 << 20),
+            },
+            ..StreamSpec::new(
+                Endpoint::Fd {
+                    fd: src.as_raw_fd(),
+                },
+                Endpoint::Fd {
+                    fd: out.as_raw_fd(),
+                },
+            )
+        };
+        let report = engine.open(spec).unwrap().wait().unwrap();
+        assert_eq!(report.bytes, 1 << 20, "{path:?}");
+        let got = std::fs::read(&out_path).unwrap();
+        assert_eq!(got.len(), 3 << 20, "{path:?}: the file grew or shrank");
+        let at = at as usize;
+        assert!(
+            got[..at] == before[..at],
+            "{path:?}: bytes before the position changed"
+        );
+        assert!(
+            got[at..at + (1 << 20)] == bytes[4096..4096 + (1 << 20)],
+            "{path:?}: not written from the position"
+        );
+        assert!(
+            got[at + (1 << 20)..] == before[at + (1 << 20)..],
+            "{path:?}: past the end"
+        );
+    }
+}

@@ -15,6 +15,7 @@ use penstock_core::units::{parse_duration, parse_size};
 use penstock_core::volume::layout::{BLOCK_BYTES_DEFAULT, STRIPE_UNIT_BYTES_DEFAULT};
 use penstock_core::volume::{MemberIndex, MemberState, PartitionKind, PartitionState, Placement};
 use penstock_driver::open::{open_source, open_target, opened_partition};
+use penstock_driver::rebuild::RebuildOptions;
 use penstock_driver::volume::{Access, CreateSpec, Volume, resolve};
 use penstock_driver::{Engine, EngineConfig, StreamReport, StreamSpec, ZeroCopy};
 
@@ -74,7 +75,8 @@ pub enum VolumeCommand {
     Truncate(TruncateArgs),
     /// Verify both metadata copies of every member, the allocation map and (mirrored) every
     /// member's health; --repair fixes what can be proven and rebuilds replaced members from
-    /// the mirror (exit 1 while problems remain).
+    /// the mirror as bulk-class engine streams, with progress on stderr (SIGINT stops it; the
+    /// member stays rebuilding) (exit 1 while problems remain).
     Check(CheckArgs),
     /// Mount the volume's partitions as regular files in DIR (FUSE); unmount with
     /// `fusermount3 -u DIR`, `umount DIR` or SIGTERM (see docs/volume-format.md, "Mount").
@@ -176,6 +178,28 @@ pub struct CheckArgs {
     pub vol: String,
     #[arg(long)]
     pub repair: bool,
+    /// With --repair: the largest run of bytes one rebuild stream copies (a multiple of 4KiB,
+    /// at most 1GiB). The rebuild is a sequence of bulk-class engine streams; SIGINT stops it
+    /// within one poll (100 ms), cancelling the stream under way.
+    #[arg(long, value_parser = parse_size, default_value = "16MiB")]
+    pub rebuild_chunk: u64,
+    /// With --repair: an average rate limit for the rebuild (bytes: 50MB/s, 200MiB/s; bits:
+    /// 400Mbps). Default: none, the rebuild takes the bulk class's share of the disk.
+    #[arg(long, value_parser = parse_byte_rate)]
+    pub rebuild_rate: Option<u64>,
+    /// With --repair: time between two rebuild progress lines on stderr (at least 100ms).
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub progress_interval: std::time::Duration,
+}
+
+/// A rate in bytes per second (`parse_rate`'s bit and byte rates; not units per second).
+fn parse_byte_rate(s: &str) -> Result<u64, String> {
+    match penstock_core::units::parse_rate(s).map_err(|e| e.to_string())? {
+        penstock_core::units::Rate::BitsPerSecond(bits) if bits >= 8 => Ok(bits / 8),
+        _ => Err(format!(
+            "{s:?}: a rate of bytes (50MB/s, 200MiB/s) or bits (400Mbps) per second, at least 1 byte/s"
+        )),
+    }
 }
 
 pub fn run(a: VolumeArgs) -> Result<()> {
@@ -345,11 +369,16 @@ fn truncate(a: TruncateArgs) -> Result<()> {
 }
 
 fn engine() -> Result<Engine> {
+    engine_with(penstock_driver::disk::DiskConfig::default())
+}
+
+fn engine_with(disk: penstock_driver::disk::DiskConfig) -> Result<Engine> {
     let engine = Engine::new(EngineConfig {
         workers: 1,
         pool_buffers: 16,
         buffer_bytes: 1 << 20,
         stream_depth: 8,
+        disk,
         ..EngineConfig::default()
     })?;
     if let Err(why) = &engine.info().uring {
@@ -497,7 +526,13 @@ fn check(a: CheckArgs) -> Result<()> {
     }
     let fixed = v.repair()?;
     println!("repaired {} problem(s)", fixed.len());
-    let rebuilt = rebuild(&mut v)?;
+    let opts = RebuildOptions {
+        chunk_bytes: a.rebuild_chunk,
+        rate_bytes_per_s: a.rebuild_rate,
+        progress_interval: a.progress_interval,
+        ..RebuildOptions::default()
+    };
+    let rebuilt = rebuild(&mut v, &opts)?;
     if rebuilt > 0 {
         println!("rebuilt {rebuilt} bytes from the mirror");
     }
@@ -512,24 +547,50 @@ fn check(a: CheckArgs) -> Result<()> {
     Ok(())
 }
 
-/// `check --repair`'s rebuild of replaced (or degraded, present) members, with progress on
-/// stderr: a line per 5% and at the end.
-fn rebuild(v: &mut Volume) -> Result<u64> {
-    let mut shown = 0u64;
-    let started = std::time::Instant::now();
-    let bytes = v.rebuild(&mut |done, total| {
-        let pct = (done * 100).checked_div(total).unwrap_or(100);
-        if pct >= shown + 5 || done == total {
-            shown = pct;
-            eprintln!(
-                "rebuild: {} of {} MiB ({pct}%), {:.1} s",
-                done >> 20,
-                total >> 20,
-                started.elapsed().as_secs_f64()
-            );
-        }
+/// `check --repair`'s rebuild of replaced (or degraded, present) members: bulk-class engine
+/// streams (`penstock_driver::rebuild`), a progress line on stderr every `progress_interval`
+/// and at the end, stopped by SIGINT or SIGTERM (the members stay `rebuilding`).
+fn rebuild(v: &mut Volume, opts: &RebuildOptions) -> Result<u64> {
+    opts.check()?;
+    let pending = v.meta().mirrored()
+        && v.member_states()
+            .iter()
+            .any(|(state, _)| *state != MemberState::Ok);
+    if !pending {
+        return Ok(0);
+    }
+    // The engine's worker inherits it: the rebuild yields to other processes' I/O too. (No
+    // rt reads here, so the worker does not probe IOPRIO_CLASS_RT, which would reset it.)
+    if let Err(e) = penstock_driver::rebuild::background_io_priority() {
+        eprintln!("rebuild: I/O priority left as it was ({e})");
+    }
+    let engine = engine_with(penstock_driver::disk::DiskConfig {
+        rt_ioprio: false,
+        ..Default::default()
     })?;
-    Ok(bytes)
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut ids = Vec::new();
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        ids.push(
+            signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?,
+        );
+    }
+    let result = penstock_driver::rebuild::rebuild(&engine, v, opts, &stop, &mut |p| {
+        let pct = (p.done_bytes * 100)
+            .checked_div(p.total_bytes)
+            .unwrap_or(100);
+        eprintln!(
+            "rebuild: {} of {} MiB ({pct}%), {:.1} MiB/s, {:.1} s",
+            p.done_bytes >> 20,
+            p.total_bytes >> 20,
+            p.rate_bytes_per_s() as f64 / f64::from(1u32 << 20),
+            p.elapsed.as_secs_f64()
+        );
+    });
+    for id in ids {
+        signal_hook::low_level::unregister(id);
+    }
+    Ok(result?)
 }
 
 fn replace(a: ReplaceArgs) -> Result<()> {

@@ -467,3 +467,170 @@ fn sigkill_during_mirrored_growth_keeps_every_committed_byte_on_both_copies() {
         export_equals(&m[0], name, bytes, d);
     }
 }
+
+/// `check --repair`'s rebuild is a sequence of bulk-class engine streams with progress lines;
+/// SIGINT stops it part way, leaving the replaced member `rebuilding` (the volume degraded,
+/// `check` saying it is repairable); a second `check --repair` completes it, and the rebuilt
+/// member alone then serves every byte. The rate limit keeps the first run slow enough to
+/// be interrupted; no duration is asserted.
+#[test]
+fn an_interrupted_rebuild_leaves_the_volume_degraded_and_a_second_repair_completes() {
+    use std::io::BufRead;
+    let (a, b) = match two_devices() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("SKIPPED: a mirror needs two devices: {why}");
+            return;
+        }
+    };
+    if !uring_works(a.path()) {
+        return;
+    }
+    let m: Vec<PathBuf> = vec![
+        a.path().join("m0"),
+        a.path().join("m1"),
+        b.path().join("m2"),
+        b.path().join("m3"),
+    ];
+    let mut args = vec![
+        "volume",
+        "create",
+        "rb",
+        "--mirror",
+        "2",
+        "--member-size",
+        "40MiB",
+    ];
+    for p in &m {
+        args.extend(["--member", s(p)]);
+    }
+    ok(&args);
+    let clip = data(24 * MIB + 999, 31);
+    let src = a.path().join("clip.in");
+    std::fs::write(&src, &clip).unwrap();
+    ok(&["volume", "import", s(&m[0]), "clip", s(&src)]);
+    std::fs::remove_file(&m[1]).unwrap();
+    let m1new = a.path().join("m1new");
+    ok(&["volume", "replace", s(&m[0]), "1", s(&m1new)]);
+
+    // Bad limits are refused before anything is copied.
+    fails(
+        &[
+            "volume",
+            "check",
+            "--repair",
+            s(&m[0]),
+            "--rebuild-chunk",
+            "1000",
+        ],
+        "multiple of 4096",
+    );
+    fails(
+        &[
+            "volume",
+            "check",
+            "--repair",
+            s(&m[0]),
+            "--rebuild-rate",
+            "30/s",
+        ],
+        "a rate of bytes",
+    );
+
+    // 1. A slow rebuild (4 MB/s, 1 MiB per stream), interrupted after its first progress.
+    let mut child = penstock()
+        .args([
+            "volume",
+            "check",
+            "--repair",
+            s(&m[0]),
+            "--rebuild-rate",
+            "4MB/s",
+            "--rebuild-chunk",
+            "1MiB",
+            "--progress-interval",
+            "200ms",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let line = line.unwrap();
+            let _ = tx.send(line.clone());
+            all.push(line);
+        }
+        all
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a progress line");
+    assert!(
+        first.starts_with("rebuild: ") && first.contains("MiB/s") && !first.contains("(100%)"),
+        "{first}"
+    );
+    // The engine's worker copies at the lowest best-effort I/O priority (it yields to
+    // other processes' I/O at the kernel's scheduler too).
+    if tool_runs("ionice") {
+        let mut workers = 0;
+        for task in std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap() {
+            let task = task.unwrap().path();
+            let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+            if !comm.starts_with("penstock-w") {
+                continue;
+            }
+            let tid = task.file_name().unwrap().to_str().unwrap().to_string();
+            let o = Command::new("ionice").args(["-p", &tid]).output().unwrap();
+            let prio = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            assert_eq!(prio, "best-effort: prio 7", "worker {tid}");
+            workers += 1;
+        }
+        assert!(workers > 0, "no engine worker thread found");
+    } else {
+        println!("SKIPPED (ioprio check only): ionice not found (apt-get install util-linux)");
+    }
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    let status = child.wait().unwrap();
+    let lines = reader.join().unwrap().join("\n");
+    assert!(!status.success(), "an interrupted rebuild exits 1: {lines}");
+    assert!(
+        lines.contains("rebuild stopped after") && lines.contains("cancelled"),
+        "{lines}"
+    );
+    assert!(!lines.contains("(100%)"), "{lines}");
+    // The volume: degraded, member 1 still rebuilding, check says repairable.
+    let ls = ok(&["volume", "ls", s(&m[0])]);
+    assert!(ls.contains("DEGRADED"), "{ls}");
+    assert!(member_line(&ls, 1).contains("rebuilding"), "{ls}");
+    let all = fails(&["volume", "check", s(&m[0])], "all repairable");
+    assert!(all.contains("rebuilding"), "{all}");
+    // Reads meanwhile come from the healthy copies.
+    export_equals(&m[0], "clip", &clip, a.path());
+
+    // 2. The second repair completes, with progress to 100%.
+    let o = run(&["volume", "check", "--repair", s(&m[0])]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("(100%)") && err.contains("MiB/s"), "{err}");
+    ok(&["volume", "check", s(&m[0])]);
+    let ls = ok(&["volume", "ls", s(&m[0])]);
+    assert!(!ls.contains("DEGRADED"), "{ls}");
+
+    // 3. Without member 3 (the other copy of member 1's blocks), the rebuilt member 1
+    //    serves them: byte-exact.
+    std::fs::remove_file(&m[3]).unwrap();
+    export_equals(&m[0], "clip", &clip, a.path());
+}
+
+/// Whether `name` runs (`name --version`).
+fn tool_runs(name: &str) -> bool {
+    Command::new(name)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}

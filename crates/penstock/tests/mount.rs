@@ -283,8 +283,9 @@ fn rsync_of_a_tree_of_small_files_round_trips() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    // A volume holds at most 256 partitions (PARTITIONS_MAX) and the mount is one flat
-    // directory: 200 files, each of one 64 KiB block at most.
+    // The mount is one flat directory (a partition is a file; directories are refused with
+    // EOPNOTSUPP), so the tree is 500 files side by side, each of one 64 KiB block at most:
+    // more than the 256 partitions of format version 3, so the table is written as version 4.
     let member = create(
         tmp.path(),
         "many",
@@ -297,7 +298,7 @@ fn rsync_of_a_tree_of_small_files_round_trips() {
     };
     let src = tmp.path().join("src");
     std::fs::create_dir(&src).unwrap();
-    for i in 0..200u64 {
+    for i in 0..500u64 {
         let len = (i * 331) % 60_000;
         std::fs::write(src.join(format!("f{i:03}.idx")), data(len as usize, i)).unwrap();
     }
@@ -318,9 +319,64 @@ fn rsync_of_a_tree_of_small_files_round_trips() {
         .arg(format!("{}/", s(&src)))
         .arg(&m.dir));
     sh(Command::new("diff").arg("-r").arg(&src).arg(&m.dir));
+    // df -i: the partition table's bound is the file count, 500 of it used.
+    let st = rustix::fs::statvfs(&m.dir).unwrap();
+    assert_eq!((st.f_files, st.f_ffree), (2048, 2048 - 500));
     sh(Command::new("umount").arg(&m.dir));
     assert!(m.wait().success(), "{}", m.stderr());
     ok(&["volume", "check", s(&member)]);
+}
+
+/// The partition table bounds the files of a mount (PARTITIONS_MAX = 2048): the file past it
+/// is ENOSPC (as a file system out of inodes), `df -i` shows the table full, the files already
+/// there are untouched, and the CLI says why `add-partition` is refused.
+#[test]
+fn a_full_partition_table_is_enospc_on_the_mount_and_explained_by_the_cli() {
+    let tmp = tempfile::tempdir().unwrap();
+    let member = create(
+        tmp.path(),
+        "full",
+        1,
+        "16MiB",
+        &["--block", "64KiB", "--stripe-unit", "64KiB"],
+    );
+    let Some(mut m) = mount_or_skip(&member, &tmp.path().join("mnt"), &[]) else {
+        return;
+    };
+    std::fs::write(m.path("first.idx"), b"first").unwrap();
+    for i in 1..2048 {
+        // Empty files own no block: only the table fills.
+        File::create(m.path(&format!("e{i:04}"))).unwrap();
+    }
+    assert_eq!(errno(File::create(m.path("one-more"))), libc::ENOSPC);
+    assert!(!m.path("one-more").exists());
+    let st = rustix::fs::statvfs(&m.dir).unwrap();
+    assert_eq!((st.f_files, st.f_ffree), (2048, 0));
+    assert_eq!(std::fs::read(m.path("first.idx")).unwrap(), b"first");
+    // Removing one makes room for one.
+    std::fs::remove_file(m.path("e0001")).unwrap();
+    std::fs::write(m.path("last.idx"), b"last").unwrap();
+    assert_eq!(std::fs::read_dir(&m.dir).unwrap().count(), 2048);
+    sh(Command::new("umount").arg(&m.dir));
+    assert!(m.wait().success(), "{}", m.stderr());
+    ok(&["volume", "check", s(&member)]);
+    let o = penstock()
+        .args([
+            "volume",
+            "add-partition",
+            s(&member),
+            "more",
+            "--size",
+            "64KiB",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("already has 2048 partitions") && err.contains("volume rm"),
+        "{err}"
+    );
 }
 
 #[test]

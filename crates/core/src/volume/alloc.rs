@@ -51,9 +51,16 @@ pub enum AllocError {
         free_bytes: u64,
         members: usize,
     },
-    #[error("the volume already has {PARTITIONS_MAX} partitions")]
+    #[error(
+        "the volume already has {PARTITIONS_MAX} partitions, the most its partition table \
+         holds (a mount: files): remove one first (volume rm)"
+    )]
     TooManyPartitions,
-    #[error("the free space is too fragmented: the volume would exceed {EXTENTS_MAX} extents")]
+    #[error(
+        "the partition table would exceed {EXTENTS_MAX} extents (runs of blocks; a partition \
+         takes one per member it is on, two when mirrored, more when the free space is \
+         fragmented): remove partitions, or place small ones on fewer members (--place)"
+    )]
     TooManyExtents,
     #[error(
         "the volume is full: partition {name} cannot grow to {wanted_bytes} bytes \
@@ -803,6 +810,8 @@ impl fmt::Display for Problem {
 }
 
 const NO_OWNER: u16 = u16::MAX;
+// A partition index always fits below NO_OWNER.
+const _: () = assert!(PARTITIONS_MAX < NO_OWNER as usize);
 
 /// Checks the partition table against itself and the free-block map: every listed block is
 /// owned by exactly one partition and marked used, no used block is unowned, every partition's
@@ -817,8 +826,17 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
             omitted += 1
         }
     };
-    for (i, p) in meta.partitions.iter().enumerate() {
-        if meta.partitions[..i].iter().any(|q| q.name == p.name) {
+    // How many partitions carry each name (a hash map: a table holds up to PARTITIONS_MAX).
+    let mut named: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(meta.partitions.len());
+    for p in &meta.partitions {
+        *named.entry(p.name.as_str()).or_default() += 1;
+    }
+    let mut seen: std::collections::HashSet<&str> =
+        std::collections::HashSet::with_capacity(meta.partitions.len());
+    for p in &meta.partitions {
+        let unique = named.get(p.name.as_str()) == Some(&1);
+        if !seen.insert(p.name.as_str()) {
             report(
                 Problem::DuplicateName {
                     name: p.name.clone(),
@@ -826,7 +844,9 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
                 &mut problems,
             );
         }
-        if let Err(error) = PartitionMap::new(&meta.layout, p) {
+        let mappable = PartitionMap::new(&meta.layout, p);
+        let mappable_ok = mappable.is_ok();
+        if let Err(error) = mappable {
             report(Problem::BadPartition { error }, &mut problems);
         } else if p.mirror.is_some() != meta.mirrored() {
             let why = if meta.mirrored() {
@@ -847,7 +867,10 @@ pub fn check(meta: &VolumeMeta) -> Vec<Problem> {
                 },
                 &mut problems,
             );
-        } else if let Some(blocks) = past_end_blocks(meta, p) {
+        } else if let Some(blocks) = past_end_blocks(meta, p).filter(|_| unique && mappable_ok) {
+            // Only for a partition its name designates and that maps: repair gives the blocks
+            // back by name (trim), and a duplicate name or a bad map is a human's problem
+            // already.
             report(
                 Problem::AllocatedPastEnd {
                     partition: p.name.clone(),

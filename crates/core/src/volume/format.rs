@@ -16,7 +16,7 @@ use super::layout::{
 };
 use super::{
     BLOCKS_PER_MEMBER_MAX, COPIES_MAX, EXTENTS_MAX, MEMBER_PATH_BYTES_MAX, MEMBERS_MAX,
-    NAME_BYTES_MAX, Name, PARTITIONS_MAX,
+    NAME_BYTES_MAX, Name, PARTITIONS_MAX, PARTITIONS_MAX_V3,
 };
 
 /// Bytes of one metadata slot; slot A at member offset 0, slot B right after it.
@@ -25,13 +25,19 @@ pub const META_SLOT_BYTES: u64 = 1 << 20;
 pub const META_AREA_BYTES: u64 = 2 * META_SLOT_BYTES;
 /// Identifies a penstock volume member ("PeNSTocK VOLume").
 pub const META_MAGIC: [u8; 8] = *b"PNSTKVOL";
-/// The newest format version this code writes: 3 (mirroring: a copy count, each member's
-/// failure domain and state, each partition's mirror). A volume that uses none of it (one
-/// copy, every member healthy) is still written as version 2 (growable partitions: a
-/// reservation and a generation per partition), so older penstocks keep reading it. Version
-/// 1 is read too: its partitions become fixed-size ones (reserve = size, generation 1) and are
-/// written back as version 2 by the next update.
-pub const META_VERSION: u32 = 3;
+/// The newest format version this code writes: 4, the layout of version 3 with a partition
+/// table of up to [`PARTITIONS_MAX`] partitions (versions 1 to 3 hold at most
+/// [`PARTITIONS_MAX_V3`]). Each volume is written in the oldest version that can express it,
+/// so that older penstocks keep reading what they can: version 4 only for a table of more
+/// than [`PARTITIONS_MAX_V3`] partitions (an older penstock then says "unknown version",
+/// not "corrupt"); version 3 for mirroring (a copy count, each member's failure domain and
+/// state, each partition's mirror); else version 2 (growable partitions: a reservation and
+/// a generation per partition). Version 1 is read too: its partitions become fixed-size ones
+/// (reserve = size, generation 1) and are written back as version 2 by the next update.
+pub const META_VERSION: u32 = 4;
+/// The version written for a mirrored volume (or one with a member not ok) of at most
+/// [`PARTITIONS_MAX_V3`] partitions.
+pub const META_VERSION_MIRRORED: u32 = 3;
 /// The version written for volumes that use nothing of version 3.
 pub const META_VERSION_UNMIRRORED: u32 = 2;
 /// The oldest format version this code reads.
@@ -55,7 +61,7 @@ const _: () = assert!(
         + EXTENTS_MAX * 9
         + MEMBERS_MAX * (4 + (BLOCKS_PER_MEMBER_MAX as usize) / 8)
         + MEMBERS_MAX * (2 + MEMBER_PATH_BYTES_MAX)
-        // version 3: copies, domain and state per member, a mirror per partition.
+        // versions 3 and 4: copies, domain and state per member, a mirror per partition.
         + 1
         + MEMBERS_MAX * 9
         + PARTITIONS_MAX * (1 + 1 + MEMBERS_MAX + 4)
@@ -238,13 +244,16 @@ impl VolumeMeta {
         self.copies >= 2
     }
 
-    /// The format version [`encode`] writes for this meta: 3 when it uses mirroring, else 2.
+    /// The format version [`encode`] writes for this meta, the oldest that expresses it: 4
+    /// for more than [`PARTITIONS_MAX_V3`] partitions, else 3 when it uses mirroring, else 2.
     pub fn format_version(&self) -> u32 {
         let v3 = self.copies > 1
             || self.member_states.iter().any(|s| *s != MemberState::Ok)
             || self.partitions.iter().any(|p| p.mirror.is_some());
-        if v3 {
+        if self.partitions.len() > PARTITIONS_MAX_V3 {
             META_VERSION
+        } else if v3 {
+            META_VERSION_MIRRORED
         } else {
             META_VERSION_UNMIRRORED
         }
@@ -653,9 +662,14 @@ fn decode_body(body: &[u8], version: u32) -> Result<(VolumeMeta, MemberIndex), M
     };
 
     let partition_count = r.u16("partition count")? as usize;
-    if partition_count > PARTITIONS_MAX {
+    let partitions_max = if version >= 4 {
+        PARTITIONS_MAX
+    } else {
+        PARTITIONS_MAX_V3
+    };
+    if partition_count > partitions_max {
         return Err(corrupt(format!(
-            "{partition_count} partitions, at most {PARTITIONS_MAX}"
+            "{partition_count} partitions, at most {partitions_max} in version {version}"
         )));
     }
     let mut partitions = Vec::with_capacity(partition_count);

@@ -39,8 +39,15 @@ use std::fmt;
 /// because the metadata image must hold one free-block map per member (see
 /// [`format::META_SLOT_BYTES`]).
 pub const MEMBERS_MAX: usize = 16;
-/// Most partitions in one volume: bounds the partition table in the metadata image.
-pub const PARTITIONS_MAX: usize = 256;
+/// Most partitions in one volume: bounds the partition table in the metadata image. A mount
+/// shows each partition as a file, so this is also the most files a mounted volume holds.
+/// 2048 is what the 1 MiB metadata slot holds next to the other bounds at their largest
+/// (see [`format::META_SLOT_BYTES`] and docs/volume-format.md: about 988 KiB of the slot's
+/// 1 MiB); more needs a larger slot, that is a new data start and a new member layout.
+/// A table of more than [`PARTITIONS_MAX_V3`] partitions is written as format version 4.
+pub const PARTITIONS_MAX: usize = 2048;
+/// Most partitions format versions 1 to 3 hold (what penstocks before version 4 accept).
+pub const PARTITIONS_MAX_V3: usize = 256;
 /// Most extents over all partitions of a volume: bounds the partition table in the metadata
 /// image. A fresh volume uses one extent per member per partition; fragmentation adds more.
 pub const EXTENTS_MAX: usize = 16_384;

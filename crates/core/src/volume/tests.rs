@@ -243,9 +243,9 @@ fn decode_errors_are_typed() {
         decode(&vec![0; META_SLOT_BYTES as usize]),
         Err(MetaError::BadMagic)
     );
-    let mut v4 = img.clone();
-    v4[8] = 4;
-    assert_eq!(decode(&v4), Err(MetaError::UnknownVersion { found: 4 }));
+    let mut v5 = img.clone();
+    v5[8] = 5;
+    assert_eq!(decode(&v5), Err(MetaError::UnknownVersion { found: 5 }));
     let mut v0 = img.clone();
     v0[8] = 0;
     assert_eq!(decode(&v0), Err(MetaError::UnknownVersion { found: 0 }));
@@ -1079,4 +1079,148 @@ fn assembly_of_a_mirrored_volume_survives_one_lost_member() {
         assemble(&[plain]),
         Err(MembershipError::MissingMember { .. })
     ));
+}
+
+/// Sets the version field of a slot image and its header checksum.
+fn with_version(img: &[u8], version: u32) -> Vec<u8> {
+    let mut img = img.to_vec();
+    img[8..12].copy_from_slice(&version.to_le_bytes());
+    let crc = crc32c::crc32c(&img[0..60]);
+    img[60..64].copy_from_slice(&crc.to_le_bytes());
+    img
+}
+
+/// A mount shows partitions as files: a table of PARTITIONS_MAX (2048) one-block partitions,
+/// every one of them empty-grown as a small file is, round-trips; the next one is refused;
+/// the version written is the oldest that holds the table (4 only above 256).
+#[test]
+fn partition_table_holds_partitions_max_and_refuses_one_more() {
+    let blocks = PARTITIONS_MAX as u64 + 8;
+    for mirrored in [false, true] {
+        let mut m = meta_with(
+            vec![META_AREA_BYTES + blocks * 64 * 1024; 2],
+            64 * 1024,
+            64 * 1024,
+        );
+        if mirrored {
+            m.copies = 2;
+            m.member_domains = vec![1, 2];
+        }
+        let place = Placement::Placed(vec![0]);
+        for i in 0..PARTITIONS_MAX {
+            allocate_with(&mut m, &format!("f{i:04}.idx"), 0, 0, &place).unwrap();
+            let name = format!("f{i:04}.idx");
+            let grown = grow(&mut m, &name, 100).unwrap();
+            set_size(&mut m, &name, grown.min(100)).unwrap();
+            mark_ready(&mut m, &name).unwrap();
+            let expect = if i + 1 > PARTITIONS_MAX_V3 {
+                4
+            } else if mirrored {
+                3
+            } else {
+                2
+            };
+            if i + 1 == PARTITIONS_MAX_V3 || i + 1 == PARTITIONS_MAX_V3 + 1 {
+                assert_eq!(m.format_version(), expect, "{} partitions", i + 1);
+            }
+        }
+        assert_eq!(m.format_version(), format::META_VERSION);
+        assert_eq!(check(&m), vec![]);
+        let img = encode(&m, member(1), 9);
+        let d = decode(&img).unwrap();
+        assert_eq!(d.meta, m);
+        assert_eq!(d.meta.partitions.len(), PARTITIONS_MAX);
+        // One more: refused, the meta unchanged.
+        let before = m.clone();
+        assert_eq!(
+            allocate_with(&mut m, "one-more", 0, 0, &place),
+            Err(AllocError::TooManyPartitions)
+        );
+        assert_eq!(m, before);
+        let msg = AllocError::TooManyPartitions.to_string();
+        assert!(msg.contains("2048 partitions"), "{msg}");
+        // Back to 256: written as version 2 (3 mirrored) again, for older penstocks.
+        while m.partitions.len() > PARTITIONS_MAX_V3 {
+            let name = m.partitions.last().unwrap().name.to_string();
+            free(&mut m, &name).unwrap();
+        }
+        let img = encode(&m, member(0), 10);
+        assert_eq!(img[8..12], (if mirrored { 3u32 } else { 2 }).to_le_bytes());
+        assert_eq!(decode(&img).unwrap().meta, m);
+    }
+}
+
+/// Versions 1 to 3 hold at most 256 partitions: an image claiming more under those
+/// versions is refused as corrupt, naming the limit of its version; a version 4 image of
+/// few partitions (never written, but harmless) reads.
+#[test]
+fn versions_before_4_hold_at_most_256_partitions() {
+    let mut m = meta_with(vec![META_AREA_BYTES + 64 * MIB; 1], 64 * 1024, 64 * 1024);
+    for i in 0..=PARTITIONS_MAX_V3 {
+        allocate_with(&mut m, &format!("p{i}"), 0, 0, &Placement::Striped).unwrap();
+    }
+    let v4 = encode(&m, member(0), 3);
+    assert_eq!(v4[8..12], 4u32.to_le_bytes());
+    let v3 = with_version(&v4, 3);
+    match decode(&v3) {
+        Err(MetaError::Corrupt { what }) => {
+            assert!(
+                what.contains("257 partitions, at most 256 in version 3"),
+                "{what}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    // Version 4 has version 3's layout: a version 3 image relabelled 4 reads the same.
+    let mut few = mirrored4();
+    allocate(&mut few, "one", MIB, &Placement::Striped).unwrap();
+    let v3 = encode(&few, member(0), 3);
+    assert_eq!(v3[8..12], 3u32.to_le_bytes());
+    assert_eq!(decode(&with_version(&v3, 4)).unwrap().meta, few);
+}
+
+/// On a wide striped volume the extent bound, not the partition bound, limits the files of a
+/// mount: each one-block file of a 16-member volume takes 16 extents, so 1024 fit (16384
+/// extents) and the next one's growth is refused, saying why, the meta unchanged.
+#[test]
+fn extents_bound_the_small_partitions_of_a_wide_volume() {
+    let mut m = meta_with(
+        vec![META_AREA_BYTES + 1100 * 64 * 1024; MEMBERS_MAX],
+        64 * 1024,
+        64 * 1024,
+    );
+    for i in 0..1024 {
+        let name = format!("f{i}");
+        allocate_with(&mut m, &name, 0, 0, &Placement::Striped).unwrap();
+        grow(&mut m, &name, 1).unwrap();
+        set_size(&mut m, &name, 1).unwrap();
+        mark_ready(&mut m, &name).unwrap();
+    }
+    assert_eq!(alloc::extents_total(&m), EXTENTS_MAX);
+    allocate_with(&mut m, "next", 0, 0, &Placement::Striped).unwrap();
+    let before = m.clone();
+    let e = grow(&mut m, "next", 1).unwrap_err();
+    assert_eq!(e, AllocError::TooManyExtents);
+    assert!(e.to_string().contains("--place"), "{e}");
+    assert_eq!(m, before);
+    // Placed on one member, a small partition takes one extent: refused all the same here
+    // (the table is full), and accepted once a striped one is gone.
+    assert_eq!(
+        grow(&mut m, "next", 1).unwrap_err(),
+        AllocError::TooManyExtents
+    );
+    free(&mut m, "f0").unwrap();
+    allocate_with(&mut m, "one", 0, 0, &Placement::Placed(vec![3])).unwrap();
+    grow(&mut m, "one", 1).unwrap();
+    set_size(&mut m, "one", 1).unwrap();
+    for name in ["one", "next"] {
+        mark_ready(&mut m, name).unwrap();
+    }
+    let problems = check(&m);
+    assert!(
+        problems.is_empty(),
+        "{} problems: {:?}",
+        problems.len(),
+        problems.first()
+    );
 }

@@ -99,6 +99,11 @@ pub struct IsolationArgs {
     /// made that large) instead of `--size`.
     #[arg(long, value_parser = parse_duration)]
     pub rt_duration: Option<Duration>,
+    /// The rt stream's rate (e.g. `40MB/s`) instead of `--share` of the O_DIRECT rate measured
+    /// at start: a virtual disk's measurement can be its host's cache (this VM's read 235 MB/s
+    /// to 3 GB/s from one run to the next).
+    #[arg(long, value_parser = penstock_core::units::parse_rate)]
+    pub rate: Option<penstock_core::units::Rate>,
 }
 
 #[derive(Args, Debug)]
@@ -419,7 +424,14 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     for f in &bg_files {
         make_file(f, bg_size)?;
     }
-    let rate = device_rate(&rt_file, a.size.min(200 << 20))? * a.share;
+    let device = device_rate(&rt_file, a.size.min(200 << 20))?;
+    let rate = match a.rate {
+        Some(r) => {
+            let (num, den) = r.bytes_per_second(UNIT);
+            num as f64 / den as f64
+        }
+        None => device * a.share,
+    };
     if let Some(d) = a.rt_duration {
         // Whole units: the stream's length is what the schedule sends in `d`.
         a.size = ((rate * d.as_secs_f64()) as u64).div_ceil(UNIT).max(1) * UNIT;
@@ -427,10 +439,11 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     }
     let kernel_sched = kernel_scheduler_of(&rt_file);
     eprintln!(
-        "penstock bench isolation: rt stream {} bytes paced at {:.1} MB/s ({}% of this disk's O_DIRECT rate); kernel I/O scheduler: {}",
+        "penstock bench isolation: rt stream {} bytes paced at {:.1} MB/s ({:.0}% of this disk's O_DIRECT rate, {:.1} MB/s at start); kernel I/O scheduler: {}",
         a.size,
         rate / 1e6,
-        (a.share * 100.0) as u32,
+        rate / device * 100.0,
+        device / 1e6,
         kernel_sched.trim()
     );
     let units_per_s = rate / UNIT as f64;
@@ -463,14 +476,7 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                 FUSE_WB0,
             ),
             (
-                FuseCp::mount(
-                    &exe,
-                    &dir,
-                    "rt",
-                    bg_size,
-                    max_readers,
-                    &["--class", "rt"],
-                )?,
+                FuseCp::mount(&exe, &dir, "rt", bg_size, max_readers, &["--class", "rt"])?,
                 FUSE_RT,
             ),
         ]
@@ -684,7 +690,7 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
         crate::out::write_json(
             p,
             &serde_json::json!({"bench": "isolation", "rate_bytes_per_s": rate, "kernel_scheduler": kernel_sched.trim(),
-                "unit_bytes": UNIT, "stream_depth": ISOLATION_STREAM_DEPTH, "device_rate_bytes_per_s": rate / a.share,
+                "unit_bytes": UNIT, "stream_depth": ISOLATION_STREAM_DEPTH, "device_rate_bytes_per_s": device,
                 "disk_inflight_max": a.disk_inflight.unwrap_or(DiskConfig::default().disk_inflight_max),
                 "realtime": a.realtime, "rows": v}),
         )?;

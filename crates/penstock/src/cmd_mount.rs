@@ -131,11 +131,6 @@ pub fn run(a: MountArgs) -> Result<()> {
     if !a.foreground {
         return run_in_background(&a);
     }
-    let md = std::fs::metadata(&a.dir).with_context(|| format!("{}", a.dir.display()))?;
-    if !md.is_dir() {
-        bail!("{}: not a directory", a.dir.display());
-    }
-    let path = resolve(&a.vol)?;
     // Set on this thread before the FUSE thread exists: threads inherit it.
     penstock_driver::sys::ioprio_set_current_thread(a.class.ioprio()).with_context(|| {
         format!(
@@ -148,6 +143,11 @@ pub fn run(a: MountArgs) -> Result<()> {
             }
         )
     })?;
+    let md = std::fs::metadata(&a.dir).with_context(|| format!("{}", a.dir.display()))?;
+    if !md.is_dir() {
+        bail!("{}: not a directory", a.dir.display());
+    }
+    let path = resolve(&a.vol)?;
     let (fs, note) = MountFs::open(&path, &a)?;
     if let Some(note) = &note {
         eprintln!("penstock: {note}");

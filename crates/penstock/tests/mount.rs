@@ -780,3 +780,87 @@ fn class_sets_the_io_priority_and_write_behind_bounds_the_cache_it_leaves() {
         ok(&["volume", "check", s(&member)]);
     }
 }
+
+#[test]
+fn an_unlinked_file_left_by_a_killed_mount_is_removed_by_the_next_mount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let member = create(tmp.path(), "orphan", 1, "16MiB", &[]);
+    let Some(mut m) = mount_or_skip(&member, &tmp.path().join("mnt1"), &[]) else {
+        return;
+    };
+    std::fs::write(m.path("gone.idx"), b"bytes").unwrap();
+    std::fs::write(m.path("kept.idx"), b"kept").unwrap();
+    let open = File::open(m.path("gone.idx")).unwrap();
+    std::fs::remove_file(m.path("gone.idx")).unwrap();
+    assert!(listed(&member).contains(".unlinked."));
+    // SIGKILL: no unmount, no cleanup.
+    let mut child = m.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(open);
+    drop(m);
+    assert!(
+        listed(&member).contains(".unlinked."),
+        "{}",
+        listed(&member)
+    );
+    let Some(mut m) = mount_or_skip(&member, &tmp.path().join("mnt2"), &[]) else {
+        return;
+    };
+    let ls = listed(&member);
+    assert!(!ls.contains(".unlinked."), "{ls}");
+    assert_eq!(std::fs::read(m.path("kept.idx")).unwrap(), b"kept");
+    assert_eq!(errno(std::fs::metadata(m.path("gone.idx"))), libc::ENOENT);
+    sh(Command::new("umount").arg(&m.dir));
+    assert!(m.wait().success(), "{}", m.stderr());
+    ok(&["volume", "check", s(&member)]);
+}
+
+#[test]
+fn class_rt_without_the_privilege_is_refused_with_a_message() {
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        println!("SKIPPED: setpriv is not installed");
+        return;
+    }
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_penstock"))
+        .args([
+            "volume",
+            "mount",
+            "--foreground",
+            "--class",
+            "rt",
+            "/nonexistent-volume",
+            "/nonexistent-dir",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--class rt") && err.contains("IOPRIO_CLASS_RT needs CAP_SYS_ADMIN"),
+        "{}",
+        text(&o)
+    );
+    // bulk (idle) needs no privilege: the same command gets as far as the directory.
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_penstock"))
+        .args([
+            "volume",
+            "mount",
+            "--foreground",
+            "/nonexistent-volume",
+            "/nonexistent-dir",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("/nonexistent-dir") && !err.contains("--class"),
+        "{}",
+        text(&o)
+    );
+}

@@ -86,11 +86,24 @@ pub struct IsolationArgs {
     /// machine) from those the disk causes. Each row reports the worker's run-queue wait.
     #[arg(long)]
     pub realtime: bool,
-    /// Instead of readers, N `cp` processes writing copies of the background files (issue 21):
-    /// onto a plain file of this disk, and onto `penstock volume mount` of a volume whose
-    /// member is on this disk (the engine's scheduler on). Use with `--readers 0,1`.
+    /// Instead of readers, N `cp` processes writing copies of the background files (issue 21),
+    /// each started again when it finishes, for as long as the rt stream lasts: onto a plain
+    /// file of this disk, onto `penstock volume mount` (its defaults: `--class bulk`,
+    /// `--write-behind 8MiB`) of a volume whose member is a file on this disk, onto such a
+    /// mount with `--write-behind 0` (written pages left to the kernel's flusher threads), and
+    /// onto one with `--class rt` (write-behind without the idle I/O class).
+    /// Use with `--readers 0,1`.
     #[arg(long)]
     pub fuse_cp: bool,
+    /// The rt stream lasts about this long (its length is the rate times this, the rt file
+    /// made that large) instead of `--size`.
+    #[arg(long, value_parser = parse_duration)]
+    pub rt_duration: Option<Duration>,
+    /// The rt stream's rate (e.g. `40MB/s`) instead of `--share` of the O_DIRECT rate measured
+    /// at start: a virtual disk's measurement can be its host's cache (this VM's read 235 MB/s
+    /// to 3 GB/s from one run to the next).
+    #[arg(long, value_parser = penstock_core::units::parse_rate)]
+    pub rate: Option<penstock_core::units::Rate>,
 }
 
 #[derive(Args, Debug)]
@@ -288,9 +301,19 @@ struct FuseCp {
 }
 
 impl FuseCp {
-    fn mount(exe: &Path, dir: &Path, bg_size: u64, copies: usize) -> Result<FuseCp> {
-        let member = dir.join("fusevol-m0");
-        let mnt = dir.join("fuse-mnt");
+    fn mount(
+        exe: &Path,
+        dir: &Path,
+        tag: &str,
+        bg_size: u64,
+        copies: usize,
+        extra: &[&str],
+    ) -> Result<FuseCp> {
+        let member = dir.join(format!("fusevol-{tag}-m0"));
+        let mnt = dir.join(format!("fuse-mnt-{tag}"));
+        if member.exists() {
+            std::fs::remove_file(&member)?;
+        }
         std::fs::create_dir_all(&mnt)?;
         let member_size = bg_size * copies.max(1) as u64 + (256 << 20);
         let run = |args: &[&std::ffi::OsStr]| -> Result<()> {
@@ -312,12 +335,14 @@ impl FuseCp {
             "--member-size".as_ref(),
             member_size.to_string().as_ref(),
         ])?;
-        run(&[
+        let mut args: Vec<&std::ffi::OsStr> = vec![
             "volume".as_ref(),
             "mount".as_ref(),
             member.as_os_str(),
             mnt.as_os_str(),
-        ])?;
+        ];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        run(&args)?;
         Ok(FuseCp { member, mnt })
     }
 
@@ -330,17 +355,8 @@ impl FuseCp {
                 if p.file_name()
                     .is_some_and(|n| n.to_string_lossy().starts_with("cp"))
                 {
-                    // A copy killed at the end of the previous run is released by the mount
-                    // a moment later: until then its removal is EBUSY.
-                    let started = std::time::Instant::now();
-                    while let Err(e) = std::fs::remove_file(&p) {
-                        if e.raw_os_error() != Some(rustix::io::Errno::BUSY.raw_os_error())
-                            || started.elapsed() > Duration::from_secs(10)
-                        {
-                            return Err(e).with_context(|| format!("removing {}", p.display()));
-                        }
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
+                    std::fs::remove_file(&p)
+                        .with_context(|| format!("removing {}", p.display()))?;
                 }
             }
         }
@@ -355,6 +371,12 @@ impl Drop for FuseCp {
         let _ = std::fs::remove_file(&self.member);
     }
 }
+
+/// `--fuse-cp` backgrounds.
+const CP_PLAIN: &str = "cp to a plain file";
+const FUSE_DEFAULT: &str = "cp to the mount";
+const FUSE_WB0: &str = "cp to mount, wb 0";
+const FUSE_RT: &str = "cp to mount, class rt";
 
 struct IsoRow {
     background: &'static str,
@@ -402,13 +424,26 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     for f in &bg_files {
         make_file(f, bg_size)?;
     }
-    let rate = device_rate(&rt_file, a.size.min(200 << 20))? * a.share;
+    let device = device_rate(&rt_file, a.size.min(200 << 20))?;
+    let rate = match a.rate {
+        Some(r) => {
+            let (num, den) = r.bytes_per_second(UNIT);
+            num as f64 / den as f64
+        }
+        None => device * a.share,
+    };
+    if let Some(d) = a.rt_duration {
+        // Whole units: the stream's length is what the schedule sends in `d`.
+        a.size = ((rate * d.as_secs_f64()) as u64).div_ceil(UNIT).max(1) * UNIT;
+        make_file(&rt_file, a.size)?;
+    }
     let kernel_sched = kernel_scheduler_of(&rt_file);
     eprintln!(
-        "penstock bench isolation: rt stream {} bytes paced at {:.1} MB/s ({}% of this disk's O_DIRECT rate); kernel I/O scheduler: {}",
+        "penstock bench isolation: rt stream {} bytes paced at {:.1} MB/s ({:.0}% of this disk's O_DIRECT rate, {:.1} MB/s at start); kernel I/O scheduler: {}",
         a.size,
         rate / 1e6,
-        (a.share * 100.0) as u32,
+        rate / device * 100.0,
+        device / 1e6,
         kernel_sched.trim()
     );
     let units_per_s = rate / UNIT as f64;
@@ -422,13 +457,34 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     )?;
     let mut rows = Vec::new();
     let exe = std::env::current_exe()?;
-    let fuse = if a.fuse_cp {
-        Some(FuseCp::mount(&exe, &dir, bg_size, max_readers)?)
+    // (mount, the background's name) for --fuse-cp: the mount's defaults, and write-behind off.
+    let mounts: Vec<(FuseCp, &'static str)> = if a.fuse_cp {
+        vec![
+            (
+                FuseCp::mount(&exe, &dir, "bulk", bg_size, max_readers, &[])?,
+                FUSE_DEFAULT,
+            ),
+            (
+                FuseCp::mount(
+                    &exe,
+                    &dir,
+                    "wb0",
+                    bg_size,
+                    max_readers,
+                    &["--write-behind", "0"],
+                )?,
+                FUSE_WB0,
+            ),
+            (
+                FuseCp::mount(&exe, &dir, "rt", bg_size, max_readers, &["--class", "rt"])?,
+                FUSE_RT,
+            ),
+        ]
     } else {
-        None
+        Vec::new()
     };
     let backgrounds: &[&'static str] = if a.fuse_cp {
-        &["cp to a plain file", "cp to the FUSE mount"]
+        &[CP_PLAIN, FUSE_DEFAULT, FUSE_WB0, FUSE_RT]
     } else {
         &["penstock bulk streams", "read() processes"]
     };
@@ -453,17 +509,21 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                 }
                 let mut bulk = Vec::new();
                 let mut procs = Procs(Vec::new());
-                if let Some(fuse) = &fuse {
+                for (fuse, _) in &mounts {
                     fuse.clear(&dir)?;
                 }
+                // --fuse-cp: each cp's command, started again when it finishes.
+                let mut cps: Vec<Command> = Vec::new();
                 for (i, f) in bg_files.iter().enumerate().take(n) {
-                    if let Some(fuse) = fuse.as_ref().filter(|_| background.starts_with("cp")) {
-                        let to = if background.contains("FUSE") {
-                            fuse.mnt.join(format!("cp{i}.bin"))
-                        } else {
-                            dir.join(format!("cp{i}.bin"))
+                    if a.fuse_cp {
+                        let to = match mounts.iter().find(|(_, name)| *name == background) {
+                            Some((fuse, _)) => fuse.mnt.join(format!("cp{i}.bin")),
+                            None => dir.join(format!("cp{i}.bin")),
                         };
-                        procs.0.push(Command::new("cp").arg(f).arg(to).spawn()?);
+                        let mut c = Command::new("cp");
+                        c.arg(f).arg(to);
+                        procs.0.push(c.spawn()?);
+                        cps.push(c);
                     } else if background.starts_with("penstock") {
                         let mut s = StreamSpec::new(Endpoint::File { path: f.clone() }, devnull());
                         s.path = PathChoice::Fixed(penstock_core::stream::DataPath::Uring);
@@ -484,6 +544,8 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                     .map(|c| proc_bg_bytes(c.id(), a.fuse_cp))
                     .sum();
                 let bulk0: u64 = bulk.iter().map(|h| h.counters().bytes_read).sum();
+                // Bytes of the cp processes that finished during the rt stream.
+                let mut copied_before = 0u64;
                 let wait0 = before.waited_since(WORKER_PREFIX);
                 let disk0 = crate::schedstat::disk_reads(&rt_file);
                 let t0 = std::time::Instant::now();
@@ -502,7 +564,32 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                     length: Some(a.size),
                 };
                 s.zero_copy = ZeroCopy::Off;
-                let report = e.open(s)?.wait()?;
+                let handle = e.open(s)?;
+                let report = if cps.is_empty() {
+                    handle.wait()?
+                } else {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    let waiter = std::thread::spawn(move || {
+                        let r = handle.wait();
+                        let _ = tx.send(());
+                        r
+                    });
+                    // Keeps a cp running for as long as the rt stream: the stream's own
+                    // schedule bounds this wait.
+                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        rx.recv_timeout(Duration::from_millis(20))
+                    {
+                        for (c, cmd) in procs.0.iter_mut().zip(cps.iter_mut()) {
+                            if c.try_wait()?.is_some() {
+                                copied_before += bg_size;
+                                *c = cmd.spawn()?;
+                            }
+                        }
+                    }
+                    waiter
+                        .join()
+                        .map_err(|_| anyhow::anyhow!("the rt stream's waiter panicked"))??
+                };
                 let secs = t0.elapsed().as_secs_f64();
                 let worker_wait = before.waited_since(WORKER_PREFIX).saturating_sub(wait0);
                 let disk_read_ms = match (disk0, crate::schedstat::disk_reads(&rt_file)) {
@@ -517,6 +604,7 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                         .iter()
                         .map(|c| proc_bg_bytes(c.id(), a.fuse_cp))
                         .sum::<u64>()
+                    + copied_before
                     - read0;
                 for h in &bulk {
                     h.cancel();
@@ -602,7 +690,7 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
         crate::out::write_json(
             p,
             &serde_json::json!({"bench": "isolation", "rate_bytes_per_s": rate, "kernel_scheduler": kernel_sched.trim(),
-                "unit_bytes": UNIT, "stream_depth": ISOLATION_STREAM_DEPTH, "device_rate_bytes_per_s": rate / a.share,
+                "unit_bytes": UNIT, "stream_depth": ISOLATION_STREAM_DEPTH, "device_rate_bytes_per_s": device,
                 "disk_inflight_max": a.disk_inflight.unwrap_or(DiskConfig::default().disk_inflight_max),
                 "realtime": a.realtime, "rows": v}),
         )?;

@@ -10,10 +10,25 @@
 //! and at unmount. Reads of a partition with a writer go through the writer (its mapping
 //! covers the blocks grown so far), others through a reader of the newest metadata.
 //!
+//! Disk I/O (docs/volume-format.md, "The mount's disk I/O"): the mount is a process of its
+//! own, so the engine's DRR/EDF disk scheduler, which orders the requests of one engine
+//! worker, cannot order its requests. It uses what acts across processes: every read and
+//! write is issued by the one FUSE thread (one request at a time), at the I/O priority of
+//! `--class` (bulk: IOPRIO_CLASS_IDLE; rt: IOPRIO_CLASS_RT), and written bytes are not left
+//! to the kernel's flusher threads (which write at their own priority, in bursts): each write
+//! starts its writeback at once from the FUSE thread, and at most `--write-behind` bytes per
+//! file are dirty or under writeback before the thread waits for the oldest; written ranges
+//! are then dropped from the members' page cache.
+//!
+//! Unlinking or renaming over a partition that is open keeps it, under a hidden name
+//! (`.unlinked.PID.INO`, not listed), readable and writable through the open handles until
+//! the last is closed, when it is removed; a mount that starts removes those its dead
+//! predecessors left. Renaming an open partition commits its writer first.
+//!
 //! Not supported (refused, never half done): directories, links, special files, xattrs,
-//! fallocate, locks; unlinking or renaming a partition that is open (EBUSY).
+//! fallocate, locks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -71,12 +86,63 @@ pub struct MountArgs {
     /// the server stops.
     #[arg(long, value_parser = penstock_core::units::parse_duration, default_value = "30s")]
     pub unmount_timeout: Duration,
+    /// Disk class of the mount's reads and writes. The mount is a process of its own: the
+    /// engine's DRR/EDF scheduler (one per engine worker) does not see its requests, so the
+    /// class is carried by the kernel's I/O priority, which `mq-deadline` and `bfq` honour
+    /// (`none` and `kyber` ignore it): `bulk` = IOPRIO_CLASS_IDLE (served when the device has
+    /// nothing of a higher class waiting: a copy onto the mount yields to streams' reads);
+    /// `rt` = IOPRIO_CLASS_RT (needs CAP_SYS_ADMIN or CAP_SYS_NICE; refused otherwise).
+    #[arg(long, value_enum, default_value = "bulk")]
+    pub class: MountClass,
+    /// Write-behind bound per open file: each write's writeback is started at once by the
+    /// mount's thread (at --class's priority), and once more than this is dirty or being
+    /// written back, the thread waits for the oldest writes to reach the disk and drops them
+    /// from the page cache. 0: leave written pages to the kernel's flusher threads (at their
+    /// priority, not --class's).
+    #[arg(long, value_parser = parse_size, default_value = "8MiB")]
+    pub write_behind: u64,
+}
+
+/// `--class`: the engine's disk classes.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MountClass {
+    Bulk,
+    Rt,
+}
+
+impl MountClass {
+    fn ioprio(self) -> u16 {
+        use penstock_driver::sys::{IoprioClass, ioprio_value};
+        match self {
+            MountClass::Bulk => ioprio_value(IoprioClass::Idle, 0),
+            MountClass::Rt => ioprio_value(IoprioClass::RealTime, 0),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            MountClass::Bulk => "bulk",
+            MountClass::Rt => "rt",
+        }
+    }
 }
 
 pub fn run(a: MountArgs) -> Result<()> {
     if !a.foreground {
         return run_in_background(&a);
     }
+    // Set on this thread before the FUSE thread exists: threads inherit it.
+    penstock_driver::sys::ioprio_set_current_thread(a.class.ioprio()).with_context(|| {
+        format!(
+            "--class {}: the kernel refused its I/O priority{}",
+            a.class.name(),
+            if a.class == MountClass::Rt {
+                " (IOPRIO_CLASS_RT needs CAP_SYS_ADMIN or CAP_SYS_NICE)"
+            } else {
+                ""
+            }
+        )
+    })?;
     let md = std::fs::metadata(&a.dir).with_context(|| format!("{}", a.dir.display()))?;
     if !md.is_dir() {
         bail!("{}: not a directory", a.dir.display());
@@ -198,6 +264,8 @@ fn run_in_background(a: &MountArgs) -> Result<()> {
         .arg(&dir)
         .arg(format!("--direct-io-min={}", a.direct_io_min))
         .arg(format!("--direct-io-ext={}", a.direct_io_ext.join(",")))
+        .arg(format!("--class={}", a.class.name()))
+        .arg(format!("--write-behind={}", a.write_behind))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log.reopen()?);
@@ -275,6 +343,10 @@ struct Part {
     dirty: bool,
     open_handles: u32,
     open_writers: u32,
+    /// The writer's member ranges (member, offset, length) whose writeback was started and
+    /// not yet waited for, oldest first, and their bytes (see [`MountArgs::write_behind`]).
+    behind: VecDeque<(usize, u64, u64)>,
+    behind_bytes: u64,
 }
 
 struct Handle {
@@ -291,6 +363,39 @@ struct State {
     handles: HashMap<u64, Handle>,
     next_fh: u64,
     mtime: SystemTime,
+    write_behind: u64,
+}
+
+/// An unlinked partition that is still open is kept under a name starting so until its last
+/// close (`.unlinked.PID.INO`); such names are not listed and cannot be made by clients.
+const HIDDEN_PREFIX: &str = ".unlinked.";
+
+fn hidden_name(ino: u64) -> String {
+    format!("{HIDDEN_PREFIX}{}.{ino}", std::process::id())
+}
+
+/// The pid of the mount that hid a partition under `name`, if it is such a name.
+fn hidden_owner(name: &str) -> Option<u32> {
+    name.strip_prefix(HIDDEN_PREFIX)?
+        .split_once('.')?
+        .0
+        .parse()
+        .ok()
+}
+
+/// sync_file_range(2) on a member range; errors are left to the commit's fdatasync, which
+/// reports a failed writeback.
+fn sync_range(fd: &std::os::fd::OwnedFd, offset: u64, len: u64, flags: libc::c_uint) {
+    use std::os::fd::AsRawFd;
+    let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: sync_file_range takes a descriptor we own (borrowed for the call) and integers;
+    // it touches no memory of ours.
+    let r = unsafe { libc::sync_file_range(fd.as_raw_fd(), off, n, flags) };
+    if r != 0 {
+        tracing::debug!("sync_file_range: {}", io::Error::last_os_error());
+    }
 }
 
 pub struct MountFs {
@@ -343,6 +448,10 @@ fn part_name(name: &OsStr) -> Result<String, Errno> {
         }
     })?;
     Name::new(s).map_err(|e| name_errno(&e))?;
+    if s.starts_with(HIDDEN_PREFIX) {
+        // Kept for unlinked partitions still open.
+        return Err(Errno::EINVAL);
+    }
     Ok(s.to_string())
 }
 
@@ -380,12 +489,32 @@ impl MountFs {
             ));
             read_only = true;
         }
-        let vol = if read_only {
+        let mut vol = if read_only {
             probe
         } else {
             drop(probe);
             Volume::open(path, Access::SharedWrite)?
         };
+        if !read_only {
+            // Unlinked partitions a mount kept open when it died: nobody can reach them.
+            let orphans: Vec<String> = vol
+                .meta()
+                .partitions
+                .iter()
+                .map(|p| p.name.to_string())
+                .filter(|n| {
+                    hidden_owner(n).is_some_and(|pid| {
+                        rustix::process::Pid::from_raw(pid as i32).is_none_or(|p| {
+                            rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH)
+                        })
+                    })
+                })
+                .collect();
+            for n in orphans {
+                vol.remove_partition(&n)
+                    .with_context(|| format!("removing {n}, unlinked while open"))?;
+            }
+        }
         let mtime = std::fs::metadata(path)
             .and_then(|m| m.modified())
             .unwrap_or(SystemTime::UNIX_EPOCH);
@@ -400,6 +529,7 @@ impl MountFs {
                 handles: HashMap::new(),
                 next_fh: 1,
                 mtime,
+                write_behind: a.write_behind,
             })),
             read_only,
             volume_name,
@@ -456,7 +586,11 @@ impl MountFs {
             blocks: size.div_ceil(512),
             kind: FileType::RegularFile,
             perm: if self.read_only { 0o444 } else { 0o644 },
-            nlink: 1,
+            nlink: u32::from(
+                !st.names
+                    .get(&ino)
+                    .is_some_and(|n| n.starts_with(HIDDEN_PREFIX)),
+            ),
             ..self.dir_attr(st)
         }
     }
@@ -569,11 +703,119 @@ impl State {
             return Ok(());
         };
         p.reader = None;
+        p.behind.clear();
+        p.behind_bytes = 0;
         if let Some(w) = p.writer.take() {
             w.finish().map_err(|e| io_errno(&e))?;
             p.dirty = false;
         }
         Ok(())
+    }
+
+    /// Renames `from`, open or not, to `to` (`replace`: over an existing one), and moves
+    /// what is known of it and its inode along. An open writer is committed and closed
+    /// first (its growth names the partition); the next write reopens it under `to`.
+    fn move_part(&mut self, from: &str, to: &str, replace: bool) -> Result<(), Errno> {
+        self.close_writer(from)?;
+        self.vol
+            .rename_partition(from, to, replace)
+            .map_err(|e| errno_of(&e))?;
+        if from == to {
+            return Ok(());
+        }
+        self.parts.remove(to);
+        if let Some(mut p) = self.parts.remove(from) {
+            p.reader = None;
+            self.parts.insert(to.to_string(), p);
+        }
+        if let Some(i) = self.inos.remove(to) {
+            self.names.remove(&i);
+        }
+        if let Some(i) = self.inos.remove(from) {
+            self.names.insert(i, to.to_string());
+            self.inos.insert(to.to_string(), i);
+        }
+        Ok(())
+    }
+
+    /// Whether `name` has open handles.
+    fn busy(&self, name: &str) -> bool {
+        self.parts.get(name).is_some_and(|p| p.open_handles > 0)
+    }
+
+    /// Keeps open partition `name` under a hidden name until its last close (unlink, or a
+    /// rename over it).
+    fn hide(&mut self, name: &str) -> Result<(), Errno> {
+        let ino = self.ino_of(name);
+        self.move_part(name, &hidden_name(ino), false)
+    }
+
+    /// Removes a hidden partition once nothing has it open.
+    fn remove_if_hidden_and_closed(&mut self, name: &str) -> Result<(), Errno> {
+        if !name.starts_with(HIDDEN_PREFIX) || self.busy(name) {
+            return Ok(());
+        }
+        if let Some(p) = self.parts.remove(name) {
+            // Nobody can read it again: what it holds need not be committed.
+            drop(p);
+        }
+        if let Some(i) = self.inos.remove(name) {
+            self.names.remove(&i);
+        }
+        self.vol.remove_partition(name).map_err(|e| errno_of(&e))
+    }
+
+    /// Write-behind (see [`MountArgs::write_behind`]) of bytes `from..to` just written to
+    /// `name`: starts their writeback from this thread, then waits for the oldest ranges
+    /// while more than the bound is outstanding and drops them from the page cache.
+    fn write_behind(&mut self, name: &str, from: u64, to: u64) {
+        let window = self.write_behind;
+        if window == 0 || to <= from {
+            return;
+        }
+        let Some(Part {
+            writer: Some(w),
+            behind,
+            behind_bytes,
+            ..
+        }) = self.parts.get_mut(name)
+        else {
+            return;
+        };
+        let Ok(pieces) = w.split_write(from, to - from) else {
+            return;
+        };
+        for p in pieces {
+            let m = p.member.get();
+            sync_range(
+                &w.members[m],
+                p.member_offset_bytes,
+                p.len_bytes,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+            behind.push_back((m, p.member_offset_bytes, p.len_bytes));
+            *behind_bytes += p.len_bytes;
+        }
+        while *behind_bytes > window {
+            let Some((m, off, len)) = behind.pop_front() else {
+                break;
+            };
+            *behind_bytes -= len;
+            sync_range(
+                &w.members[m],
+                off,
+                len,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                    | libc::SYNC_FILE_RANGE_WRITE
+                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            );
+            let _ = rustix::fs::fadvise(
+                &w.members[m],
+                off,
+                std::num::NonZeroU64::new(len),
+                rustix::fs::Advice::DontNeed,
+            );
+        }
     }
 
     /// Forgets what is known of `name` unless it is open.
@@ -622,6 +864,7 @@ impl State {
         };
         if written_to > size || result.as_ref().is_ok_and(|n| *n > 0) {
             self.note_written(name, written_to);
+            self.write_behind(name, size.min(offset), written_to);
         }
         result
     }
@@ -689,13 +932,24 @@ impl State {
         Ok(())
     }
 
-    /// Commits every writer (unmount).
+    /// Commits every writer and removes the unlinked partitions still open (unmount).
     fn flush_all(&mut self) -> Vec<(String, Errno)> {
         let names: Vec<String> = self.parts.keys().cloned().collect();
-        names
-            .into_iter()
-            .filter_map(|n| self.close_writer(&n).err().map(|e| (n, e)))
-            .collect()
+        let mut failed = Vec::new();
+        for n in names {
+            let r = if n.starts_with(HIDDEN_PREFIX) {
+                if let Some(p) = self.parts.get_mut(&n) {
+                    p.open_handles = 0;
+                }
+                self.remove_if_hidden_and_closed(&n)
+            } else {
+                self.close_writer(&n)
+            };
+            if let Err(e) = r {
+                failed.push((n, e));
+            }
+        }
+        failed
     }
 }
 
@@ -986,9 +1240,12 @@ impl Filesystem for MountFs {
             if h.write {
                 p.open_writers = p.open_writers.saturating_sub(1);
             }
-            if p.open_writers == 0 {
+            if p.open_writers == 0 && !name.starts_with(HIDDEN_PREFIX) {
                 result = st.close_writer(&name);
             }
+        }
+        if let Err(e) = st.remove_if_hidden_and_closed(&name) {
+            result = result.and(Err(e));
         }
         st.forget_if_closed(&name);
         match result {
@@ -1009,8 +1266,12 @@ impl Filesystem for MountFs {
             Err(e) => return reply.error(e),
         };
         let mut st = self.state();
-        if st.parts.get(&name).is_some_and(|p| p.open_handles > 0) {
-            return reply.error(Errno::EBUSY);
+        if st.busy(&name) {
+            // POSIX: the name goes, the open file stays until its last close.
+            return match st.hide(&name) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
         }
         st.parts.remove(&name);
         match st.vol.remove_partition(&name) {
@@ -1050,26 +1311,22 @@ impl Filesystem for MountFs {
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
         let mut st = self.state();
-        let busy = |n: &str| st.parts.get(n).is_some_and(|p| p.open_handles > 0);
-        if busy(&from) || busy(&to) {
-            return reply.error(Errno::EBUSY);
-        }
-        st.parts.remove(&from);
-        st.parts.remove(&to);
-        match st.vol.rename_partition(&from, &to, !noreplace) {
-            Ok(()) => {
-                if from != to {
-                    if let Some(i) = st.inos.remove(&to) {
-                        st.names.remove(&i);
-                    }
-                    if let Some(i) = st.inos.remove(&from) {
-                        st.names.insert(i, to.clone());
-                        st.inos.insert(to, i);
-                    }
-                }
-                reply.ok()
+        if from != to && st.busy(&to) {
+            // Replacing an open file: it stays open under a hidden name, as if unlinked.
+            if noreplace || st.size_of(&from).is_err() {
+                return reply.error(if noreplace {
+                    Errno::EEXIST
+                } else {
+                    Errno::ENOENT
+                });
             }
-            Err(e) => reply.error(errno_of(&e)),
+            if let Err(e) = st.hide(&to) {
+                return reply.error(e);
+            }
+        }
+        match st.move_part(&from, &to, !noreplace) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -1093,6 +1350,7 @@ impl Filesystem for MountFs {
             .iter()
             .filter(|p| p.state == PartitionState::Ready)
             .map(|p| p.name.to_string())
+            .filter(|n| !n.starts_with(HIDDEN_PREFIX))
             .collect();
         let mut entries = vec![
             (ROOT, FileType::Directory, ".".to_string()),

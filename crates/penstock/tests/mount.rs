@@ -494,10 +494,8 @@ fn posix_operations_and_bad_input() {
     std::fs::remove_file(&d).unwrap();
     std::fs::write(m.path("e"), b"after").unwrap();
     assert_eq!(std::fs::read(m.path("e")).unwrap(), b"after");
-    // Unlinking an open partition is refused (EBUSY), not half done.
-    let open = File::open(m.path("e")).unwrap();
-    assert_eq!(errno(std::fs::remove_file(m.path("e"))), libc::EBUSY);
-    drop(open);
+    // The name the mount keeps unlinked open files under cannot be made.
+    assert_eq!(errno(File::create(m.path(".unlinked.1.2"))), libc::EINVAL);
     sh(Command::new("umount").arg(&m.dir));
     assert!(m.wait().success(), "{}", m.stderr());
     ok(&["volume", "check", s(&member)]);
@@ -657,4 +655,268 @@ fn a_damaged_volume_mounts_read_only_or_is_refused_with_a_message() {
         text(&o)
     );
     assert!(!mounted(&std::fs::canonicalize(&dir).unwrap()));
+}
+
+/// The partitions `volume ls` lists (first word of each partition line).
+fn listed(member: &Path) -> String {
+    ok(&["volume", "ls", s(member)])
+}
+
+/// Waits (at most 30 s) until no hidden partition is left: the kernel sends FUSE's release
+/// after close(2) has returned.
+#[track_caller]
+fn no_hidden_left(member: &Path) {
+    let started = Instant::now();
+    while listed(member).contains(".unlinked.") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "still there after the last close: {}",
+            listed(member)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn unlink_or_rename_over_an_open_file_keeps_it_until_the_last_close() {
+    let tmp = tempfile::tempdir().unwrap();
+    let member = create(tmp.path(), "ul", 2, "24MiB", &[]);
+    let Some(mut m) = mount_or_skip(&member, &tmp.path().join("mnt"), &[]) else {
+        return;
+    };
+    let a = m.path("a.ts");
+    let old = data(3 * MIB as usize, 1);
+    std::fs::write(&a, &old).unwrap();
+    let mut w = OpenOptions::new().read(true).write(true).open(&a).unwrap();
+    let r = File::open(&a).unwrap();
+    // unlink: the name goes at once ...
+    std::fs::remove_file(&a).unwrap();
+    assert_eq!(errno(std::fs::metadata(&a)), libc::ENOENT);
+    let names: Vec<String> = std::fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.is_empty(), "listed after unlink: {names:?}");
+    // ... the open file stays readable and writable, and has no link.
+    assert_eq!(r.metadata().unwrap().len(), old.len() as u64);
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::nlink(&r.metadata().unwrap()),
+        0
+    );
+    let mut got = vec![0u8; old.len()];
+    r.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == old);
+    w.seek(SeekFrom::End(0)).unwrap();
+    w.write_all(b"more").unwrap();
+    w.write_all_at(b"HEAD", 0).unwrap();
+    let mut head = [0u8; 4];
+    r.read_exact_at(&mut head, 0).unwrap();
+    assert_eq!(&head, b"HEAD");
+    let mut tail = [0u8; 4];
+    r.read_exact_at(&mut tail, old.len() as u64).unwrap();
+    assert_eq!(&tail, b"more");
+    // A new file of the same name is another partition.
+    let new = data(MIB as usize, 2);
+    std::fs::write(&a, &new).unwrap();
+    assert!(std::fs::read(&a).unwrap() == new);
+    r.read_exact_at(&mut head, 0).unwrap();
+    assert_eq!(&head, b"HEAD", "the unlinked file changed with the new one");
+    // Both exist in the volume while the old one is open; the last close removes it.
+    assert!(
+        listed(&member).contains(".unlinked."),
+        "{}",
+        listed(&member)
+    );
+    drop(w);
+    assert!(
+        listed(&member).contains(".unlinked."),
+        "a reader is still open"
+    );
+    drop(r);
+    no_hidden_left(&member);
+    assert!(std::fs::read(&a).unwrap() == new);
+
+    // rename over an open file: its readers keep the old bytes, the name has the new ones.
+    let b = m.path("b.idx");
+    std::fs::write(&b, b"old b").unwrap();
+    let rb = File::open(&b).unwrap();
+    std::fs::write(m.path("c.idx"), b"new c").unwrap();
+    let wc = OpenOptions::new()
+        .write(true)
+        .open(m.path("c.idx"))
+        .unwrap();
+    std::fs::rename(m.path("c.idx"), &b).unwrap();
+    assert_eq!(std::fs::read(&b).unwrap(), b"new c");
+    let mut got = [0u8; 5];
+    rb.read_exact_at(&mut got, 0).unwrap();
+    assert_eq!(&got, b"old b");
+    // The renamed file's open writer writes under its new name.
+    wc.write_all_at(b"N", 0).unwrap();
+    drop(wc);
+    assert_eq!(std::fs::read(&b).unwrap(), b"New c");
+    drop(rb);
+    no_hidden_left(&member);
+
+    // An unlinked file still open at the unmount is removed by it.
+    let kept = File::open(&b).unwrap();
+    std::fs::remove_file(&b).unwrap();
+    let mut got = [0u8; 5];
+    kept.read_exact_at(&mut got, 0).unwrap();
+    assert_eq!(&got, b"New c");
+    drop(kept);
+    sh(Command::new("umount").arg(&m.dir));
+    assert!(m.wait().success(), "{}", m.stderr());
+    assert!(!listed(&member).contains(".unlinked."));
+    ok(&["volume", "check", s(&member)]);
+}
+
+/// The I/O priority class `ionice -p TID` reports for every thread of `pid`.
+fn ionice_of_threads(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| {
+            let tid = t.unwrap().file_name().to_string_lossy().into_owned();
+            sh(Command::new("ionice").args(["-p", &tid]))
+                .trim()
+                .to_string()
+        })
+        .collect()
+}
+
+/// Pages of `path` in the page cache (cachestat).
+fn cached_bytes(path: &Path) -> u64 {
+    let f = File::open(path).unwrap();
+    use std::os::fd::AsFd;
+    let (cached, _) =
+        penstock_uring::sys::cached_pages(f.as_fd(), 0, std::fs::metadata(path).unwrap().len())
+            .expect("cachestat");
+    cached * 4096
+}
+
+#[test]
+fn class_sets_the_io_priority_and_write_behind_bounds_the_cache_it_leaves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src.bin");
+    let body = data(48 * MIB as usize, 5);
+    std::fs::write(&src, &body).unwrap();
+    for (class, want, write_behind) in [("bulk", "idle", "4MiB"), ("rt", "realtime: prio 0", "0")] {
+        let member = create(tmp.path(), class, 1, "80MiB", &[]);
+        let Some(mut m) = mount_or_skip(
+            &member,
+            &tmp.path().join(format!("mnt-{class}")),
+            &["--class", class, "--write-behind", write_behind],
+        ) else {
+            return;
+        };
+        let pid = m.child.as_ref().unwrap().id();
+        for got in ionice_of_threads(pid) {
+            assert_eq!(got, want, "--class {class}");
+        }
+        // Evict the member's pages, copy onto the mount, close (commit): with write-behind
+        // at most about its bound stays cached, without it the whole copy does.
+        let f = File::open(&member).unwrap();
+        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+        sh(Command::new("cp").arg(&src).arg(m.path("copy.ts")));
+        let cached = cached_bytes(&member);
+        if write_behind == "0" {
+            assert!(
+                cached >= 40 * MIB,
+                "--write-behind 0: {cached} bytes cached"
+            );
+        } else {
+            // The bound, plus the metadata slots and what the last close wrote.
+            assert!(
+                cached <= 12 * MIB,
+                "--write-behind 4MiB: {cached} bytes cached"
+            );
+        }
+        assert_eq!(sha256(&m.path("copy.ts")), sha256(&src));
+        sh(Command::new("umount").arg(&m.dir));
+        assert!(m.wait().success(), "{}", m.stderr());
+        ok(&["volume", "check", s(&member)]);
+    }
+}
+
+#[test]
+fn an_unlinked_file_left_by_a_killed_mount_is_removed_by_the_next_mount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let member = create(tmp.path(), "orphan", 1, "16MiB", &[]);
+    let Some(mut m) = mount_or_skip(&member, &tmp.path().join("mnt1"), &[]) else {
+        return;
+    };
+    std::fs::write(m.path("gone.idx"), b"bytes").unwrap();
+    std::fs::write(m.path("kept.idx"), b"kept").unwrap();
+    let open = File::open(m.path("gone.idx")).unwrap();
+    std::fs::remove_file(m.path("gone.idx")).unwrap();
+    assert!(listed(&member).contains(".unlinked."));
+    // SIGKILL: no unmount, no cleanup.
+    let mut child = m.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(open);
+    drop(m);
+    assert!(
+        listed(&member).contains(".unlinked."),
+        "{}",
+        listed(&member)
+    );
+    let Some(mut m) = mount_or_skip(&member, &tmp.path().join("mnt2"), &[]) else {
+        return;
+    };
+    let ls = listed(&member);
+    assert!(!ls.contains(".unlinked."), "{ls}");
+    assert_eq!(std::fs::read(m.path("kept.idx")).unwrap(), b"kept");
+    assert_eq!(errno(std::fs::metadata(m.path("gone.idx"))), libc::ENOENT);
+    sh(Command::new("umount").arg(&m.dir));
+    assert!(m.wait().success(), "{}", m.stderr());
+    ok(&["volume", "check", s(&member)]);
+}
+
+#[test]
+fn class_rt_without_the_privilege_is_refused_with_a_message() {
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        println!("SKIPPED: setpriv is not installed");
+        return;
+    }
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_penstock"))
+        .args([
+            "volume",
+            "mount",
+            "--foreground",
+            "--class",
+            "rt",
+            "/nonexistent-volume",
+            "/nonexistent-dir",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--class rt") && err.contains("IOPRIO_CLASS_RT needs CAP_SYS_ADMIN"),
+        "{}",
+        text(&o)
+    );
+    // bulk (idle) needs no privilege: the same command gets as far as the directory.
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_penstock"))
+        .args([
+            "volume",
+            "mount",
+            "--foreground",
+            "/nonexistent-volume",
+            "/nonexistent-dir",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("/nonexistent-dir") && !err.contains("--class"),
+        "{}",
+        text(&o)
+    );
 }

@@ -21,7 +21,7 @@ use penstock_core::stream::Extent;
 use penstock_core::units::Rate;
 
 use crate::clock::{CpuWho, cpu_times};
-use crate::{Engine, EngineConfig, StreamSpec};
+use crate::{Engine, EngineConfig, StreamHandle, StreamSpec};
 
 /// A file of `bytes` 0x47 bytes in the temporary directory, removed when dropped.
 struct ScratchFile(PathBuf);
@@ -47,11 +47,59 @@ impl Drop for ScratchFile {
     }
 }
 
-fn cpu_used_ns(f: impl FnOnce() -> io::Result<()>) -> io::Result<u64> {
-    let c0 = cpu_times(CpuWho::Process);
-    f()?;
-    let c1 = cpu_times(CpuWho::Process);
-    Ok((c1.user_ns + c1.sys_ns).saturating_sub(c0.user_ns + c0.sys_ns))
+/// The process's CPU time so far (user and system, every thread), in ns.
+fn process_cpu_ns() -> u64 {
+    let c = cpu_times(CpuWho::Process);
+    c.user_ns + c.sys_ns
+}
+
+/// A private engine of `workers` running `n` streams of `src`'s first `length` bytes to
+/// `target`, paced at `rate_bits_per_s` in units of `unit_bytes` (from `start_at`, else at
+/// once); the engine must outlive the handles' waits.
+fn paced_streams(
+    workers: usize,
+    (rate_bits_per_s, unit_bytes): (u64, u64),
+    n: usize,
+    src: &ScratchFile,
+    target: &Endpoint,
+    length: u64,
+    start_at: Option<penstock_core::time::Instant>,
+) -> io::Result<(Engine, Vec<StreamHandle>)> {
+    let engine = Engine::new(EngineConfig {
+        workers,
+        ..EngineConfig::default()
+    })
+    .map_err(io::Error::other)?;
+    let schedule = Schedule::new(
+        &ScheduleSpec::Rate {
+            rate: Rate::BitsPerSecond(rate_bits_per_s),
+            unit_bytes,
+        },
+        &ScheduleLimits::new(1 << 20),
+    )
+    .map_err(io::Error::other)?;
+    let mut handles = Vec::with_capacity(n);
+    for _ in 0..n {
+        handles.push(
+            engine
+                .open(StreamSpec {
+                    schedule: Some(schedule),
+                    start_at,
+                    extent: Extent {
+                        offset: 0,
+                        length: Some(length),
+                    },
+                    ..StreamSpec::new(
+                        Endpoint::File {
+                            path: src.0.clone(),
+                        },
+                        target.clone(),
+                    )
+                })
+                .map_err(io::Error::other)?,
+        );
+    }
+    Ok((engine, handles))
 }
 
 /// CPU time per unit of `streams` paced UDP streams of 1316-byte units at 8 Mbit/s from a
@@ -75,51 +123,24 @@ pub fn send_ns_at(time: Duration, streams: usize) -> io::Result<u64> {
     };
     let result = (|| {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let engine = Engine::new(EngineConfig {
-            workers: cpus.min(streams.div_ceil(32)).max(1),
-            ..EngineConfig::default()
-        })
-        .map_err(io::Error::other)?;
-        let schedule = Schedule::new(
-            &ScheduleSpec::Rate {
-                rate: Rate::BitsPerSecond(8_000_000),
-                unit_bytes: 1316,
-            },
-            &ScheduleLimits::new(1 << 20),
-        )
-        .map_err(io::Error::other)?;
         let length = 1_000_000 * time.as_millis() as u64 / 1000;
         // Opened ahead and started together, so that the measured time is the paced run's.
         let start_at = crate::clock::now() + Duration::from_millis(100 + 2 * streams as u64);
-        let mut handles = Vec::new();
-        for _ in 0..streams {
-            handles.push(
-                engine
-                    .open(StreamSpec {
-                        schedule: Some(schedule),
-                        start_at: Some(start_at),
-                        extent: Extent {
-                            offset: 0,
-                            length: Some(length),
-                        },
-                        ..StreamSpec::new(
-                            Endpoint::File {
-                                path: src.0.clone(),
-                            },
-                            target.clone(),
-                        )
-                    })
-                    .map_err(io::Error::other)?,
-            );
-        }
+        let (_engine, handles) = paced_streams(
+            cpus.min(streams.div_ceil(32)).max(1),
+            (8_000_000, 1316),
+            streams,
+            &src,
+            &target,
+            length,
+            Some(start_at),
+        )?;
+        let c0 = process_cpu_ns();
         let mut units = 0;
-        let used = cpu_used_ns(|| {
-            for h in handles {
-                units += h.wait().map_err(io::Error::other)?.units;
-            }
-            Ok(())
-        })?;
-        Ok(used / units.max(1))
+        for h in handles {
+            units += h.wait().map_err(io::Error::other)?.units;
+        }
+        Ok(process_cpu_ns().saturating_sub(c0) / units.max(1))
     })();
     reading.store(false, Ordering::Relaxed);
     let _ = receiver.join();
@@ -186,41 +207,17 @@ pub fn byte_ps(total: u64) -> io::Result<u64> {
             .sum::<u64>()
     });
     let mut bytes = 0;
-    let c0 = cpu_times(CpuWho::Process);
+    let c0 = process_cpu_ns();
     let sent = (|| {
-        let engine = Engine::new(EngineConfig {
-            workers: 2,
-            ..EngineConfig::default()
-        })
-        .map_err(io::Error::other)?;
-        let schedule = Schedule::new(
-            &ScheduleSpec::Rate {
-                rate: Rate::BitsPerSecond(800_000_000),
-                unit_bytes: 1 << 20,
-            },
-            &ScheduleLimits::new(1 << 20),
-        )
-        .map_err(io::Error::other)?;
-        let mut handles = Vec::new();
-        for _ in 0..2 {
-            handles.push(
-                engine
-                    .open(StreamSpec {
-                        schedule: Some(schedule),
-                        extent: Extent {
-                            offset: 0,
-                            length: Some(per_stream),
-                        },
-                        ..StreamSpec::new(
-                            Endpoint::File {
-                                path: src.0.clone(),
-                            },
-                            target.clone(),
-                        )
-                    })
-                    .map_err(io::Error::other)?,
-            );
-        }
+        let (_engine, handles) = paced_streams(
+            2,
+            (800_000_000, 1 << 20),
+            2,
+            &src,
+            &target,
+            per_stream,
+            None,
+        )?;
         for h in handles {
             bytes += h.wait().map_err(io::Error::other)?.bytes;
         }
@@ -230,9 +227,8 @@ pub fn byte_ps(total: u64) -> io::Result<u64> {
     let received = receivers
         .join()
         .map_err(|_| io::Error::other("a receiver panicked"))?;
-    let c1 = cpu_times(CpuWho::Process);
+    let used = process_cpu_ns().saturating_sub(c0);
     sent?;
-    let used = (c1.user_ns + c1.sys_ns).saturating_sub(c0.user_ns + c0.sys_ns);
     if received < bytes {
         return Err(io::Error::other(format!(
             "sent {bytes} bytes, received {received}"

@@ -1026,14 +1026,28 @@ impl Streams {
             ));
         }
         // Counted and inserted under the table's lock, so two OPENs cannot both take the last
-        // place.
+        // place. A full count is taken again after one reap: a stream whose receiver already
+        // saw EOF may not be reaped yet (the reaper runs every few milliseconds), and a caller
+        // that opens its next stream at once must find that place free.
+        let count = |table: &HashMap<u64, Slot>| {
+            table.values().fold((0, 0), |(c, i), s| {
+                (
+                    c + usize::from(s.owner == caller.conn),
+                    i + usize::from(s.identity == Some(identity)),
+                )
+            })
+        };
+        let full = |(mine, ours): (usize, usize)| {
+            mine >= self.config.streams_per_connection_max
+                || ours >= self.config.streams_per_identity_max
+        };
         let mut table = lock(&self.table);
-        let (mine, ours) = table.values().fold((0, 0), |(c, i), s| {
-            (
-                c + usize::from(s.owner == caller.conn),
-                i + usize::from(s.identity == Some(identity)),
-            )
-        });
+        if full(count(&table)) {
+            drop(table);
+            self.reap();
+            table = lock(&self.table);
+        }
+        let (mine, ours) = count(&table);
         if mine >= self.config.streams_per_connection_max {
             return Err(Reply::new(
                 ReplyCode::REFUSED,

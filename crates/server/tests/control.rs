@@ -925,3 +925,82 @@ fn descriptors_by_number_are_refused_over_the_control_protocol() {
     let r = c.cmd(&format!("OPEN fd:x file:{}", out.display()));
     assert_eq!(r.code.code(), 400, "{r:?}");
 }
+
+/// A stream that ended frees its place for the next `OPEN` at once, before the reaper has
+/// looked at it: a client whose receiver saw EOF opens its next stream immediately. No
+/// reaper runs here at all, so only `OPEN`'s own look at the table can free the place.
+#[test]
+fn an_ended_streams_place_is_free_for_the_next_open_before_any_reaper_runs() {
+    use penstock_core::control::parse_open_options;
+    use penstock_driver::{Engine, EngineConfig};
+    use penstock_server::Metrics;
+    use penstock_server::access::Access;
+    use penstock_server::config::ControlConfig;
+    use penstock_server::streams::{Caller, EngineBackend, Given, Identity, Streams};
+    use std::sync::Arc;
+
+    let read = tempfile::tempdir().unwrap();
+    let write = tempfile::tempdir().unwrap();
+    let src = read.path().join("a");
+    std::fs::write(&src, vec![7u8; 100_000]).unwrap();
+    let cfg = ControlConfig {
+        read_roots: vec![read.path().to_path_buf()],
+        write_roots: vec![write.path().to_path_buf()],
+        streams_per_identity_max: 1,
+        ..ControlConfig::default()
+    };
+    let access = Access::new(&cfg, read.path()).unwrap();
+    let engine = Arc::new(Engine::new(EngineConfig::default()).unwrap());
+    let streams = Arc::new(Streams::new(
+        Box::new(EngineBackend::new(engine, access)),
+        Arc::new(Metrics::new()),
+        cfg,
+    ));
+    let orphaned = || Given {
+        reachable_when_orphaned: false,
+        ..Given::default()
+    };
+    let src_name = src.to_str().unwrap();
+    for i in 0..3u64 {
+        let dst = write.path().join(format!("b{i}"));
+        let spec = parse_open_options(
+            src_name,
+            dst.to_str().unwrap(),
+            "DETACHED",
+            &Limits::default(),
+        )
+        .unwrap();
+        let caller = Caller {
+            conn: i + 1,
+            identity: Identity::Token,
+        };
+        let (id, _) = streams
+            .open_given(caller, &spec, orphaned())
+            .unwrap_or_else(|r| panic!("open {i}: {} {:?}", r.code.code(), r.lines));
+        assert_eq!(streams.start(caller, id, None).code.code(), 200);
+        streams.connection_closed(caller.conn);
+        // Every byte is out; the stream is over (or about to be) in the engine.
+        let t = std::time::Instant::now();
+        while std::fs::metadata(&dst).map(|m| m.len()).unwrap_or(0) < 100_000 {
+            assert!(t.elapsed() < Duration::from_secs(30), "stream {i} stalled");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The engine reports the end just after the last byte: give it a moment.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Refusal still happens while a place is really held.
+    let held = write.path().join("held");
+    let spec =
+        parse_open_options(src_name, held.to_str().unwrap(), "", &Limits::default()).unwrap();
+    let holder = Caller {
+        conn: 100,
+        identity: Identity::Token,
+    };
+    streams.open_given(holder, &spec, orphaned()).unwrap();
+    let other = Caller {
+        conn: 101,
+        identity: Identity::Token,
+    };
+    let refused = streams.open_given(other, &spec, orphaned()).unwrap_err();
+    assert_eq!(refused.code.code(), 503, "{:?}", refused.lines);
+}

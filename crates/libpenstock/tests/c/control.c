@@ -150,7 +150,14 @@ static void finished_detached_streams_give_their_places_back(void) {
         struct receiver r;
         int send_end = tcp_to_receiver(&r);
         snprintf(d, sizeof d, "fd:%d", send_end);
-        int c = penstock_cue(small, path, d, "DETACHED");
+        /* The receiver saw EOF before the engine reported the stream done (descriptors are
+         * closed first): on a loaded machine the last place may come back a moment later.
+         * Retried while refused, for at most 20 s. */
+        int c = -1;
+        for (int tries = 0; tries < 200 && c < 0; tries++) {
+            c = penstock_cue(small, path, d, "DETACHED");
+            if (c < 0) sleep_ms(100);
+        }
         close(send_end);
         CHECK(c >= 0);
         if (c < 0) break;

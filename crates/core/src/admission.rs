@@ -308,13 +308,36 @@ pub enum QosClass {
 }
 
 /// One device's part of one chunk's reads.
+///
+/// A plain file's chunk is one request of the chunk's bytes on its device, every chunk
+/// alike. A volume member's part varies from chunk to chunk (where the stripe units fall):
+/// the rate is charged on `bytes`, the long-run mean a chunk, and the read-ahead covers the
+/// rest — `peak_bytes` in one chunk, and over any run of chunks at most `excess_bytes` more
+/// than the mean (a `(σ, ρ)` bound; see [`Admission::charge`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct DiskDemand {
     pub device: DeviceId,
-    /// Requests per chunk.
+    /// Requests per chunk, at most (every chunk is charged this many).
     pub requests: u32,
-    /// Bytes per chunk.
+    /// Bytes per chunk, on average over consecutive chunks (rounded up).
     pub bytes: u64,
+    /// Bytes of the largest single chunk (≥ `bytes`).
+    pub peak_bytes: u64,
+    /// How far consecutive chunks can run ahead of `bytes` a chunk, in bytes (σ).
+    pub excess_bytes: u64,
+}
+
+impl DiskDemand {
+    /// The same requests and bytes every chunk.
+    pub fn exact(device: DeviceId, requests: u32, bytes: u64) -> DiskDemand {
+        DiskDemand {
+            device,
+            requests,
+            bytes,
+            peak_bytes: bytes,
+            excess_bytes: 0,
+        }
+    }
 }
 
 /// What the executor reads for a stream: one chunk of `chunk_bytes` at a time, issued as
@@ -333,17 +356,9 @@ impl ReadGeometry {
         let mut g = ReadGeometry {
             chunk_bytes,
             devices: 0,
-            disks: [DiskDemand {
-                device: DeviceId::UNKNOWN,
-                requests: 0,
-                bytes: 0,
-            }; STREAM_DEVICES_MAX],
+            disks: [DiskDemand::exact(DeviceId::UNKNOWN, 0, 0); STREAM_DEVICES_MAX],
         };
-        g.push(DiskDemand {
-            device,
-            requests: 1,
-            bytes: chunk_bytes,
-        });
+        g.push(DiskDemand::exact(device, 1, chunk_bytes));
         g
     }
 
@@ -363,6 +378,8 @@ impl ReadGeometry {
         if let Some(e) = self.disks[..n].iter_mut().find(|e| e.device == d.device) {
             e.requests += d.requests;
             e.bytes += d.bytes;
+            e.peak_bytes += d.peak_bytes;
+            e.excess_bytes += d.excess_bytes;
             return;
         }
         assert!(
@@ -409,6 +426,13 @@ pub struct DiskCharge {
     pub device: DeviceId,
     /// Device time per second (density × 1e9).
     pub ns_per_s: u64,
+    /// Device time the stream's reads can run ahead of `ns_per_s` (σ: its chunks' excess
+    /// over their mean, [`DiskDemand::excess_bytes`]); 0 for a plain file.
+    pub excess_ns: u64,
+    /// How much longer than the scheduler's latency and its largest chunk's service time a
+    /// read may wait before the stream runs dry (what its read-ahead covers beyond those):
+    /// the device's backlog of every stream's excess must drain within it.
+    pub backlog_slack_ns: u64,
     pub figures: DeviceFigures,
 }
 
@@ -462,6 +486,10 @@ impl Reservation {
 pub enum Resource {
     /// One device's time, in ns per second; shown as equivalent sequential MB/s.
     Disk(DeviceId),
+    /// One device's backlog when every stream's reads run ahead of their mean at once (a
+    /// volume member's σ), in ns of device time, against what the rt share drains before
+    /// the stream with the least read-ahead runs dry.
+    DiskBacklog(DeviceId),
     /// In bytes per second (framing included).
     Network,
     /// In buffers.
@@ -481,6 +509,7 @@ impl Resource {
     pub fn name(&self) -> &'static str {
         match self {
             Resource::Disk(_) => "disk",
+            Resource::DiskBacklog(_) => "disk_backlog",
             Resource::Network => "network",
             Resource::Buffers => "buffers",
             Resource::Cpu => "cpu",
@@ -519,6 +548,15 @@ impl fmt::Display for Shortage {
                     mbps(bw(self.capacity))
                 )
             }
+            Resource::DiskBacklog(device) => write!(
+                f,
+                "disk backlog ({device}): reads running ahead need {:.1} ms, {:.1} ms left of \
+                 {:.1} ms the rt share drains before the stream with the least read-ahead \
+                 runs dry (more buffers= raise it)",
+                self.need as f64 / 1e6,
+                self.left as f64 / 1e6,
+                self.capacity as f64 / 1e6
+            ),
             Resource::Network => write!(
                 f,
                 "network: need {:.1} MB/s, {:.1} MB/s left of {:.1} MB/s rt capacity",
@@ -634,6 +672,9 @@ pub struct Admission {
     used: Usage,
     /// Reserved time per device (entries with reservations, or with figures of their own).
     disk_used: BTreeMap<DeviceId, u64>,
+    /// Per device, the sum of the reservations' excess ([`DiskCharge::excess_ns`]; only
+    /// devices where it is above 0).
+    disk_excess: BTreeMap<DeviceId, u64>,
     /// Figures of devices measured apart from the default.
     devices: BTreeMap<DeviceId, DeviceFigures>,
     reservations: BTreeMap<ReservationId, Reservation>,
@@ -675,6 +716,7 @@ impl Admission {
             rt_capacity,
             used: Usage::default(),
             disk_used: BTreeMap::new(),
+            disk_excess: BTreeMap::new(),
             devices: BTreeMap::new(),
             reservations: BTreeMap::new(),
             next_id: 0,
@@ -817,6 +859,10 @@ impl Admission {
         }
         let rate = u128::from(qos.rate_bytes_per_s);
         let mut service_ns_max = 0u64;
+        // Per device: its largest chunk's service time, and how long the backlog of this
+        // stream's excess takes to drain at its rate's share (σ/ρ).
+        let mut peak_ns = [0u64; STREAM_DEVICES_MAX];
+        let mut own_backlog_ns = 0u64;
         for (i, d) in qos.reads.disks().iter().enumerate() {
             let figures = self.figures(d.device);
             let Some(ns) = self.device_ns_per_s(
@@ -834,11 +880,25 @@ impl Admission {
                     self.config.rt_latency_ns
                 ));
             };
-            service_ns_max =
-                service_ns_max.max(figures.disk.service_ns(u64::from(d.requests), d.bytes));
+            let peak = figures
+                .disk
+                .service_ns(u64::from(d.requests), d.peak_bytes.max(d.bytes));
+            peak_ns[i] = peak;
+            service_ns_max = service_ns_max.max(peak);
+            let excess_ns = if d.excess_bytes == 0 {
+                0
+            } else {
+                figures.disk.service_ns(0, d.excess_bytes)
+            };
+            if excess_ns > 0 {
+                let own = (u128::from(excess_ns) * NS_PER_S).div_ceil(u128::from(ns.max(1)));
+                own_backlog_ns = own_backlog_ns.max(u64::try_from(own).unwrap_or(u64::MAX));
+            }
             r.disk[i] = Some(DiskCharge {
                 device: d.device,
                 ns_per_s: ns,
+                excess_ns,
+                backlog_slack_ns: 0,
                 figures,
             });
             r.disk_ns_per_s = r.disk_ns_per_s.max(ns);
@@ -861,11 +921,25 @@ impl Admission {
         r.burst_net_bytes = qos.unit_bytes.saturating_add(framing);
         r.burst_cpu_ns = u64::try_from(send_ns).unwrap_or(u64::MAX);
         // Read-ahead: chunks consumed while one waits and is served, plus the one being sent.
-        let worst_ns = u128::from(self.config.rt_latency_ns) + u128::from(service_ns_max);
+        // A volume stream's reads also wait behind the backlog of every stream's excess on a
+        // member (σ): enough to cover its own (σ/ρ, what a device full of streams like it
+        // builds up) is asked for, and [`Admission::test`] checks the set's against what
+        // each stream's read-ahead really covers.
+        let latency = u128::from(self.config.rt_latency_ns);
+        let worst_ns = latency + u128::from(service_ns_max) + u128::from(own_backlog_ns);
         let ahead = (worst_ns * rate).div_ceil(u128::from(chunk) * NS_PER_S);
         let chunk_buffers = u128::from(chunk.div_ceil(buffer_bytes.max(1)));
         let needed = u32::try_from((ahead + 1) * chunk_buffers).unwrap_or(u32::MAX);
         r.buffers = qos.buffers.max(needed);
+        // What the buffers the stream holds cover: all chunks but the one being sent.
+        let held_chunks = u128::from(qos.buffers) / chunk_buffers.max(1);
+        let covered_ns = held_chunks.saturating_sub(1) * u128::from(chunk) * NS_PER_S / rate;
+        for (i, c) in r.disk[..usize::from(r.devices)].iter_mut().enumerate() {
+            if let Some(c) = c {
+                let slack = covered_ns.saturating_sub(latency + u128::from(peak_ns[i]));
+                c.backlog_slack_ns = u64::try_from(slack).unwrap_or(u64::MAX);
+            }
+        }
         Ok(r)
     }
 
@@ -902,6 +976,9 @@ impl Admission {
         self.next_id += 1;
         for c in r.disk_charges() {
             *self.disk_used.entry(c.device).or_insert(0) += c.ns_per_s;
+            if c.excess_ns > 0 {
+                *self.disk_excess.entry(c.device).or_insert(0) += c.excess_ns;
+            }
         }
         self.used.net_bytes_per_s += r.net_bytes_per_s;
         self.used.buffers += r.buffers;
@@ -975,6 +1052,58 @@ impl Admission {
             cap.burst_cpu_ns,
             0,
         ));
+        // The backlog of excess on each device this stream reads from must drain, at the rt
+        // share, within the least slack of the streams that read from it (this one
+        // included). Only where some stream has an excess (volume members).
+        let mut backlog_never: Vec<Shortage> = Vec::new();
+        let mut backlog_short: Vec<Shortage> = Vec::new();
+        for c in r.disk_charges() {
+            let given_back = back(&|o: &Reservation| {
+                o.disk_charges()
+                    .filter(|oc| oc.device == c.device)
+                    .map(|oc| oc.excess_ns)
+                    .sum()
+            });
+            let used = self.disk_excess.get(&c.device).copied().unwrap_or(0) - given_back;
+            if used + c.excess_ns == 0 {
+                continue;
+            }
+            let slack_min = self
+                .reservations
+                .values()
+                .filter(|o| instead.is_none_or(|i| i.id != o.id))
+                .flat_map(|o| o.disk_charges())
+                .filter(|oc| oc.device == c.device)
+                .map(|oc| oc.backlog_slack_ns)
+                .fold(c.backlog_slack_ns, u64::min);
+            let drains = |slack: u64| {
+                u64::try_from(u128::from(slack) * u128::from(cap.disk_ns_per_s) / NS_PER_S)
+                    .unwrap_or(u64::MAX)
+            };
+            let capacity = drains(slack_min);
+            // Checked here, not with the others: a stream without an excess of its own
+            // (need 0) is refused too when its slack is less than the backlog needs.
+            if used + c.excess_ns > capacity {
+                backlog_short.push(Shortage {
+                    resource: Resource::DiskBacklog(c.device),
+                    need: c.excess_ns,
+                    left: capacity.saturating_sub(used),
+                    capacity,
+                    disk_seq_bytes_per_s: c.figures.disk.seq_bytes_per_s,
+                });
+            }
+            // Alone on the device, with only its own slack: it could never be admitted.
+            let alone = drains(c.backlog_slack_ns);
+            if c.excess_ns > alone {
+                backlog_never.push(Shortage {
+                    resource: Resource::DiskBacklog(c.device),
+                    need: c.excess_ns,
+                    left: alone,
+                    capacity: alone,
+                    disk_seq_bytes_per_s: c.figures.disk.seq_bytes_per_s,
+                });
+            }
+        }
         let shortage =
             |&(resource, need, used, capacity, bw): &(Resource, u64, u64, u64, u64)| Shortage {
                 resource,
@@ -983,18 +1112,22 @@ impl Admission {
                 capacity,
                 disk_seq_bytes_per_s: bw,
             };
-        let never: Vec<Shortage> = checks.iter().filter(|c| c.1 > c.3).map(shortage).collect();
+        // A backlog's capacity depends on the other streams' slack: only its own decides
+        // whether the stream could ever fit.
+        let mut never: Vec<Shortage> = checks.iter().filter(|c| c.1 > c.3).map(shortage).collect();
+        never.extend(backlog_never);
         if !never.is_empty() {
             return Err(Refusal::NeverFits {
                 shortages: never,
                 figures: r.figures(),
             });
         }
-        let short: Vec<Shortage> = checks
+        let mut short: Vec<Shortage> = checks
             .iter()
             .filter(|c| c.1 > c.3.saturating_sub(c.2))
             .map(shortage)
             .collect();
+        short.extend(backlog_short);
         if !short.is_empty() {
             return Err(Refusal::Short {
                 shortages: short,
@@ -1015,6 +1148,16 @@ impl Admission {
             *used -= c.ns_per_s;
             if *used == 0 {
                 self.disk_used.remove(&c.device);
+            }
+            if c.excess_ns > 0 {
+                let excess = self
+                    .disk_excess
+                    .get_mut(&c.device)
+                    .expect("a device charged an excess has an account");
+                *excess -= c.excess_ns;
+                if *excess == 0 {
+                    self.disk_excess.remove(&c.device);
+                }
             }
         }
         self.used.net_bytes_per_s -= r.net_bytes_per_s;
@@ -1046,6 +1189,13 @@ impl Admission {
         for used in self.disk_used.values() {
             assert!(*used <= self.rt_capacity.disk_ns_per_s);
         }
+        debug_assert_eq!(
+            self.disk_excess.values().sum::<u64>(),
+            self.reservations
+                .values()
+                .flat_map(|r| r.disk_charges().map(|c| c.excess_ns))
+                .sum::<u64>()
+        );
         assert!(self.used.net_bytes_per_s <= self.rt_capacity.net_bytes_per_s);
         assert!(self.used.buffers <= self.rt_capacity.buffers);
         assert!(self.used.cpu_ns_per_s <= self.rt_capacity.cpu_ns_per_s);
@@ -1377,16 +1527,8 @@ mod tests {
             reads: ReadGeometry::spread(
                 1_000_000,
                 &[
-                    DiskDemand {
-                        device: DeviceId(7),
-                        requests: 2,
-                        bytes: 500_000,
-                    },
-                    DiskDemand {
-                        device: DeviceId(9),
-                        requests: 2,
-                        bytes: 500_000,
-                    },
+                    DiskDemand::exact(DeviceId(7), 2, 500_000),
+                    DiskDemand::exact(DeviceId(9), 2, 500_000),
                 ],
             ),
             ..rt(10_000_000, 1_000_000, 2)
@@ -1496,6 +1638,144 @@ mod tests {
             })
     }
 
+    /// [`random_qos`], or the same stream on a volume striped over devices 0 and 1 with
+    /// stripe units of `unit`: each member's mean half a chunk, up to `requests` pieces of a
+    /// unit in one chunk, and one unit of excess.
+    fn random_mixed_qos() -> impl proptest::strategy::Strategy<Value = StreamQos> {
+        use proptest::prelude::*;
+        (
+            random_qos(),
+            any::<bool>(),
+            1u32..4,
+            prop_oneof![Just(65_536u64), Just(262_144), Just(1 << 20)],
+        )
+            .prop_map(|(q, striped, requests, unit)| {
+                if !striped {
+                    return q;
+                }
+                let chunk = q.reads.chunk_bytes;
+                let mean = chunk.div_ceil(2);
+                let member = |d: u64| DiskDemand {
+                    device: DeviceId(d),
+                    requests,
+                    bytes: mean,
+                    peak_bytes: (u64::from(requests) * unit).clamp(mean, chunk),
+                    excess_bytes: unit,
+                };
+                StreamQos {
+                    reads: ReadGeometry::spread(chunk, &[member(0), member(1)]),
+                    ..q
+                }
+            })
+    }
+
+    /// On every device, the backlog of every reservation's excess drains at the rt share
+    /// before the one with the least read-ahead runs dry.
+    fn backlogs_drain_in_time(a: &Admission) -> Result<(), String> {
+        for (device, excess) in &a.disk_excess {
+            let slack_min = a
+                .reservations()
+                .flat_map(|r| r.disk_charges())
+                .filter(|c| c.device == *device)
+                .map(|c| c.backlog_slack_ns)
+                .min()
+                .unwrap_or(0);
+            let drain_ns =
+                u128::from(*excess) * NS_PER_S / u128::from(a.rt_capacity().disk_ns_per_s);
+            if drain_ns > u128::from(slack_min) {
+                return Err(format!(
+                    "{device}: backlog {excess} ns drains in {drain_ns} ns, slack {slack_min} ns"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_volume_stream_is_charged_its_mean_and_its_excess_is_bounded_by_the_read_ahead() {
+        // 1 MB/s reading 1 MiB chunks over 4 members with 256 KiB units; every member
+        // 20 MB/s, 400 IOPS (a throttled loop device).
+        let member = DeviceFigures {
+            disk: DiskCapacity {
+                seq_bytes_per_s: 20_000_000,
+                random_iops: 400,
+                random_request_bytes: 4096,
+            },
+            source: FigureSource::Defaults,
+        };
+        let chunk = 1 << 20;
+        // What `read_geometry` gives a member (pieces_per_member_max, then
+        // member_bytes_sequential), or (`mean` false) the worst chunk as every chunk's.
+        let stream = |buffers: u32, mean: bool, unit: u64| {
+            let (requests, peak) = if unit < chunk {
+                (2, 2 * unit)
+            } else {
+                (1, chunk)
+            };
+            let d = |dev: u64| DiskDemand {
+                device: DeviceId(dev),
+                requests,
+                bytes: if mean { chunk / 4 } else { peak },
+                peak_bytes: peak,
+                excess_bytes: if mean { unit } else { 0 },
+            };
+            StreamQos {
+                reads: ReadGeometry::spread(chunk, &[d(10), d(11), d(12), d(13)]),
+                ..rt(1_000_000, 1316, buffers)
+            }
+        };
+        let fill = |buffers: u32, mean: bool, unit: u64| {
+            let mut a = Admission::new(AdmissionConfig {
+                capacity: Capacity {
+                    buffer_count: 100_000,
+                    cpu_ns_per_s: 100_000_000_000,
+                    net_bytes_per_s: 100_000_000_000,
+                    ..capacity()
+                },
+                bulk_share_percent: 20,
+                streams_max: 4096,
+                rt_latency_ns: 10_000_000,
+                lateness_tolerance_ns: LATENESS_TOLERANCE_NS_DEFAULT,
+            })
+            .unwrap();
+            for d in 10..14 {
+                a.set_device(DeviceId(d), member).unwrap();
+            }
+            let mut n = 0;
+            let e = loop {
+                match a.admit(stream(buffers, mean, unit)) {
+                    Ok(_) => n += 1,
+                    Err(e) => break e,
+                }
+            };
+            backlogs_drain_in_time(&a).unwrap();
+            (n, e)
+        };
+        let only = |e: &Refusal, what: &dyn Fn(Resource) -> bool| {
+            e.shortages().len() == 4 && e.shortages().iter().all(|s| what(s.resource))
+        };
+        let disk = |r: Resource| matches!(r, Resource::Disk(_));
+        let backlog = |r: Resource| matches!(r, Resource::DiskBacklog(_));
+        // 256 KiB units. Each chunk's worst case on every member (512 KiB), as before.
+        let (peak, e) = fill(8, false, 262_144);
+        assert!(only(&e, &disk), "{e}");
+        // The mean (256 KiB) with one unit of excess: more streams, and still the disk
+        // binds: 7 chunks ahead (7 s) cover the backlog.
+        let (mean, e) = fill(8, true, 262_144);
+        assert!(only(&e, &disk), "{e}");
+        assert!(mean * 10 >= peak * 15, "mean {mean}, peak {peak}");
+        // 1 MiB units: one member may get a whole chunk ahead of its mean (52 ms of its
+        // time a stream). One chunk ahead (1 s, 2 buffers) holds the backlog of about 15
+        // such streams; the backlog refuses, and says what would help.
+        let (short, e) = fill(2, true, 1 << 20);
+        assert!(only(&e, &backlog), "{e}");
+        assert!(e.to_string().contains("more buffers= raise it"), "{e}");
+        // More read-ahead: the disk binds again.
+        let (long, e) = fill(8, true, 1 << 20);
+        assert!(only(&e, &disk), "{e}");
+        assert!(short < long, "{short} vs {long}");
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
 
@@ -1504,8 +1784,8 @@ mod tests {
         /// newcomer too. And every refusal leaves the reservations as they were.
         #[test]
         fn admission_is_monotone(
-            set in proptest::collection::vec(random_qos(), 1..40),
-            newcomer in random_qos(),
+            set in proptest::collection::vec(random_mixed_qos(), 1..40),
+            newcomer in random_mixed_qos(),
             rt_latency_ms in 0u64..3,
             tolerance_ms in 1u64..100,
         ) {
@@ -1528,9 +1808,11 @@ mod tests {
                     }
                 }
             }
+            proptest::prop_assert_eq!(backlogs_drain_in_time(&all), Ok(()));
             if all.admit(newcomer).is_err() {
                 return Ok(());
             }
+            proptest::prop_assert_eq!(backlogs_drain_in_time(&all), Ok(()));
             for skip in 0..admitted.len() {
                 let mut less = Admission::new(config).unwrap();
                 for (i, q) in admitted.iter().enumerate() {

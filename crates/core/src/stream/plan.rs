@@ -15,7 +15,7 @@
 use crate::admission::{DeviceId, DiskDemand, QosClass, ReadGeometry, StreamQos};
 use crate::schedule::{LatePolicy, PlanError as UnitPlanError, Schedule, UnitPlan, check_plan};
 use crate::volume::MEMBERS_MAX;
-use crate::volume::layout::pieces_per_member_max;
+use crate::volume::layout::{member_bytes_sequential, pieces_per_member_max};
 
 use super::{
     CachePolicy, DataPath, Extent, ExtentError, IoKind, PathCaps, PathChoice, PathError,
@@ -433,18 +433,24 @@ pub fn next_read_len(next: u64, read_end: u64, read_bytes: u64) -> u64 {
 }
 
 /// What the executor's chunks of `read_bytes` cost each device: one request on a file's
-/// device, or on a volume each member's pieces at most ([`pieces_per_member_max`]); nothing
-/// for a source that is not on a disk.
+/// device; on a volume, each member's pieces at most ([`pieces_per_member_max`]) and its
+/// bytes as a sequential reader's long-run share with the excess of any run of chunks over
+/// it ([`member_bytes_sequential`]: a member gets a quarter of a 4-wide stripe's bytes, give
+/// or take one unit, however one chunk falls); nothing for a source that is not on a disk.
 pub fn read_geometry(read_bytes: u64, source: &EndpointFacts) -> ReadGeometry {
     if let Some(v) = &source.volume {
-        let (requests, bytes) =
-            pieces_per_member_max(read_bytes, v.unit_bytes, v.block_bytes, v.width.into());
-        let disks: Vec<DiskDemand> = v.member_devices[..usize::from(v.width.max(1))]
+        let width = usize::from(v.width.max(1));
+        let (requests, peak_bytes) =
+            pieces_per_member_max(read_bytes, v.unit_bytes, v.block_bytes, width);
+        let (mean_bytes, excess_bytes) = member_bytes_sequential(read_bytes, v.unit_bytes, width);
+        let disks: Vec<DiskDemand> = v.member_devices[..width]
             .iter()
             .map(|d| DiskDemand {
                 device: DeviceId(*d),
                 requests,
-                bytes,
+                bytes: mean_bytes.min(peak_bytes),
+                peak_bytes,
+                excess_bytes,
             })
             .collect();
         return ReadGeometry::spread(read_bytes, &disks);

@@ -713,6 +713,21 @@ impl PartitionMap {
     }
 }
 
+/// What one member reads of a sequential reader's requests of `len_bytes` each over a
+/// partition of `width` members with units of `unit_bytes`, in the long run: at most
+/// `mean_bytes` a request on average, and over any run of consecutive requests at most
+/// `excess_bytes` more than that (a `(σ, ρ)` bound). Consecutive units go to consecutive
+/// members, so a contiguous range of `X` bytes gives a member at most `X / width` plus one
+/// unit: `mean_bytes = ceil(len / width)`, `excess_bytes = unit`. One member: the request
+/// itself, nothing in excess.
+pub fn member_bytes_sequential(len_bytes: u64, unit_bytes: u64, width: usize) -> (u64, u64) {
+    let width = width.max(1) as u64;
+    if width == 1 || len_bytes == 0 {
+        return (len_bytes, 0);
+    }
+    (len_bytes.div_ceil(width), unit_bytes.max(1))
+}
+
 /// The most pieces and bytes one member gets from a request of `len_bytes` at any offset of a
 /// partition over `width` members with units of `unit_bytes` in blocks of `block_bytes` (what
 /// admission charges a volume stream's chunk, per member). [`PartitionMap::split`] cuts at

@@ -622,6 +622,53 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// A sequential reader's consecutive requests (the executor's chunks) give each member
+    /// at most `member_bytes_sequential`'s mean a request plus its excess, over every run
+    /// from the first request: what admission charges a volume stream's rate and what its
+    /// read-ahead must cover beyond it.
+    #[test]
+    fn consecutive_requests_give_each_member_its_mean_and_at_most_the_excess_more(
+        width in 1usize..=4,
+        unit_pow in 12u32..=18,
+        len_blocks in 1u64..=400,
+        offset_blocks in 0u64..=2048,
+        placed: bool,
+    ) {
+        let mut meta = meta_with(
+            vec![META_AREA_BYTES + 64 * MIB; width],
+            1 << unit_pow,
+            BLOCK_BYTES_DEFAULT,
+        );
+        let placement = if placed {
+            Placement::Placed((0..width).rev().collect())
+        } else {
+            Placement::Striped
+        };
+        allocate(&mut meta, "p", 32 * MIB, &placement).unwrap();
+        let map = map_of(&meta, "p");
+        let len = len_blocks * ALIGN_BYTES;
+        let (mean, excess) =
+            crate::volume::layout::member_bytes_sequential(len, map.unit_bytes(), width);
+        let mut got = vec![0u64; width];
+        let mut at = offset_blocks * ALIGN_BYTES;
+        let mut n = 0u64;
+        while at + len <= 32 * MIB && n < 200 {
+            for p in map.split(at, len).unwrap() {
+                got[p.member.get()] += p.len_bytes;
+            }
+            n += 1;
+            at += len;
+            for (m, bytes) in got.iter().enumerate() {
+                prop_assert!(*bytes <= n * mean + excess,
+                    "member {m}: {bytes} B after {n} requests of {len} B, mean {mean}, excess {excess}");
+            }
+        }
+    }
+}
+
 /// A version 1 image (no reservation, no generation): the partition entries of version 2
 /// without those two fields.
 fn encode_v1(meta: &VolumeMeta, m: MemberIndex, seq: u64) -> Vec<u8> {

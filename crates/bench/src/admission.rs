@@ -658,6 +658,7 @@ fn forced_admission(workers: usize, pool_total: u32, buffer_bytes: u64) -> Admis
             net_bytes_per_s: 1 << 50,
             cpu_send_ns: 0,
             cpu_send_byte_ps: 0,
+            cpu_burst_byte_ps: 0,
             ..capacity(workers, pool_total, buffer_bytes)
         },
         bulk_share_percent: 0,
@@ -832,17 +833,23 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         penstock_driver::calibration::SEND_COST_TIME,
     )
     .context("the self-calibration of the send cost")?;
-    let (self_ns, self_ps) = self_cal.charged();
+    let self_charged = self_cal.charged();
     writeln!(
         out,
-        "self-calibrated send cost (what `penstock serve` measures on first use): {} ns + {} ps a byte, charged {} ns + {} ps",
-        self_cal.send_ns, self_cal.send_byte_ps, self_ns, self_ps
+        "self-calibrated send cost (what `penstock serve` measures on first use): {} ns + {} ps a byte ({} ps a byte in a burst), charged {} ns + {} ps ({} ps)",
+        self_cal.send_ns,
+        self_cal.send_byte_ps,
+        self_cal.burst_byte_ps,
+        self_charged.send_ns,
+        self_charged.send_byte_ps,
+        self_charged.burst_byte_ps
     )?;
     let admission = AdmissionConfig {
         capacity: Capacity {
             net_bytes_per_s,
-            cpu_send_ns: self_ns,
-            cpu_send_byte_ps: self_ps,
+            cpu_send_ns: self_charged.send_ns,
+            cpu_send_byte_ps: self_charged.send_byte_ps,
+            cpu_burst_byte_ps: self_charged.burst_byte_ps,
             ..capacity(a.workers, pool_total, buffer_bytes(&a) as u64)
         },
         bulk_share_percent: 20,
@@ -884,6 +891,13 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     );
     cal.send_ns = Some(send_ns);
     cal.send_byte_ps = Some(byte_ps);
+    // The CPU a byte costs when every stream's 1 MiB unit is due at once (what `penstock
+    // calibrate` measures for the CPU burst test).
+    let burst_byte_ps = penstock_driver::cpu_probe::burst_byte_ps(
+        penstock_driver::calibration::burst_probe_units(256 << 20),
+    )
+    .context("measuring the CPU per byte of a burst")?;
+    cal.send_burst_byte_ps = Some(burst_byte_ps);
     let mut cal_capacity = cal.capacity(net_bytes_per_s, pool_total, buffer_bytes(&a) as u64);
     cal_capacity.cpu_ns_per_s = 1_000_000_000 * a.workers as u64;
     writeln!(
@@ -898,11 +912,12 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     )?;
     writeln!(
         out,
-        "calibration (--quick): {:.0} MB/s sequential, 64 KiB random {} IOPS, send {} ns + {} ps a byte; {}; phases: {}",
+        "calibration (--quick): {:.0} MB/s sequential, 64 KiB random {} IOPS, send {} ns + {} ps a byte ({} ps a byte in a burst); {}; phases: {}",
         cal_capacity.disk_seq_bytes_per_s as f64 / 1e6,
         cal_capacity.disk_random_iops,
         cal_capacity.cpu_send_ns,
         cal_capacity.cpu_send_byte_ps,
+        cal_capacity.cpu_burst_byte_ps,
         if a.loop_volume {
             format!(
                 "streams read a volume striped ({} KiB) over 4 loop devices, each throttled to {:.0} MB/s and {} reads/s",
@@ -1300,6 +1315,13 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                     "random_iops": cal_capacity.disk_random_iops,
                     "send_ns": cal_capacity.cpu_send_ns,
                     "send_byte_ps": cal_capacity.cpu_send_byte_ps,
+                    "burst_byte_ps": cal_capacity.cpu_burst_byte_ps,
+                },
+                "self_calibration": {
+                    "send_ns": self_cal.send_ns,
+                    "send_byte_ps": self_cal.send_byte_ps,
+                    "burst_byte_ps": self_cal.burst_byte_ps,
+                    "margin_percent": penstock_driver::calibration::SELF_CALIBRATED_SEND_MARGIN_PERCENT,
                 },
                 "rows": rows,
             }),

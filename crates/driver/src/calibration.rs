@@ -81,6 +81,22 @@ pub struct Calibration {
     /// files, which are then charged the conservative figure per byte).
     #[serde(default)]
     pub send_byte_ps: Option<u64>,
+    /// CPU time per byte when 1 MiB units fall due at once ([`crate::cpu_probe::burst_byte_ps`]:
+    /// admission's CPU burst test); absent in older files, which then use `send_byte_ps`.
+    #[serde(default)]
+    pub send_burst_byte_ps: Option<u64>,
+}
+
+/// The engine's send costs as admission charges them (`Capacity::cpu_send_ns`,
+/// `cpu_send_byte_ps`, `cpu_burst_byte_ps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendCost {
+    /// A paced send without its bytes, in ns.
+    pub send_ns: u64,
+    /// A byte of a paced send, in ps.
+    pub send_byte_ps: u64,
+    /// A byte of a unit sent among everyone's at the critical instant, in ps.
+    pub burst_byte_ps: u64,
 }
 
 /// The engine's send costs as admission charges them, from a paced 1316-byte datagram's
@@ -94,13 +110,26 @@ pub fn split_send_cost(datagram_ns: u64, byte_ps: u64) -> (u64, u64) {
 }
 
 /// The engine's send costs measured by running it ([`crate::cpu_probe`]): paced 1316-byte
-/// datagrams at the rate admission would fill (`time` a probe, three probes) and 1 MiB
-/// units over TCP (`bytes` in all); [`split_send_cost`] of the two.
-pub fn measure_engine_send_cost(time: Duration, bytes: u64) -> std::io::Result<(u64, u64)> {
+/// datagrams at the rate admission would fill (`time` a probe, three probes), 1 MiB units
+/// over TCP (`bytes` in all; [`split_send_cost`] of the two), and as many 1 MiB units as
+/// fit in `bytes` due at once.
+pub fn measure_engine_send_cost(time: Duration, bytes: u64) -> std::io::Result<SendCost> {
     let probes = crate::cpu_probe::send_ns_probes(time, 256)?;
     let datagram = probes.last().map_or(1, |&(_, ns)| ns);
     let byte_ps = crate::cpu_probe::byte_ps(bytes)?;
-    Ok(split_send_cost(datagram, byte_ps))
+    let (send_ns, send_byte_ps) = split_send_cost(datagram, byte_ps);
+    let burst_byte_ps = crate::cpu_probe::burst_byte_ps(burst_probe_units(bytes))?;
+    Ok(SendCost {
+        send_ns,
+        send_byte_ps,
+        burst_byte_ps,
+    })
+}
+
+/// The 1 MiB units [`crate::cpu_probe::burst_byte_ps`] sends at once for a budget of `bytes`
+/// (16 to 256: one receiving thread each).
+pub fn burst_probe_units(bytes: u64) -> usize {
+    (bytes >> 20).clamp(16, 256) as usize
 }
 
 /// Why calibration failed.
@@ -146,6 +175,10 @@ impl Calibration {
             cpu_send_byte_ps: self
                 .send_byte_ps
                 .unwrap_or(Capacity::CONSERVATIVE.cpu_send_byte_ps),
+            cpu_burst_byte_ps: self
+                .send_burst_byte_ps
+                .or(self.send_byte_ps)
+                .unwrap_or(Capacity::CONSERVATIVE.cpu_burst_byte_ps),
             ..Capacity::CONSERVATIVE
         }
     }
@@ -362,6 +395,7 @@ fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, Calibrat
         seq_read_by_depth: by_depth,
         send_ns: None,
         send_byte_ps: None,
+        send_burst_byte_ps: None,
     })
 }
 
@@ -446,7 +480,7 @@ pub const SEND_COST_BYTES: u64 = 64 << 20;
 pub const SELF_CALIBRATED_SEND_MARGIN_PERCENT: u64 = 150;
 
 /// The way [`send_cost`] measures; a cached record of another way is measured again.
-pub const SEND_COST_PROBE: u32 = 2;
+pub const SEND_COST_PROBE: u32 = 3;
 
 /// One machine's measured send costs ([`measure_engine_send_cost`]), as cached in
 /// `<cache dir>/send.toml`, with what it was measured on.
@@ -457,6 +491,9 @@ pub struct SendCostRecord {
     /// CPU a byte sent costs, in ps (0 in a record of the first probe, which is not used).
     #[serde(default)]
     pub send_byte_ps: u64,
+    /// CPU a byte costs at the critical instant, in ps (0 in a record of before probe 3).
+    #[serde(default)]
+    pub burst_byte_ps: u64,
     /// [`SEND_COST_PROBE`] when measured (0: the first probe, a bare send loop that
     /// nobody read, which issue 22 found too low at load).
     #[serde(default)]
@@ -470,11 +507,15 @@ pub struct SendCostRecord {
 }
 
 impl SendCostRecord {
-    /// (ns a send, ps a byte) as admission charges them: the measured figures plus
+    /// The costs as admission charges them: the measured figures plus
     /// [`SELF_CALIBRATED_SEND_MARGIN_PERCENT`].
-    pub fn charged(&self) -> (u64, u64) {
+    pub fn charged(&self) -> SendCost {
         let m = |v: u64| v.saturating_mul(SELF_CALIBRATED_SEND_MARGIN_PERCENT) / 100;
-        (m(self.send_ns), m(self.send_byte_ps))
+        SendCost {
+            send_ns: m(self.send_ns),
+            send_byte_ps: m(self.send_byte_ps),
+            burst_byte_ps: m(self.burst_byte_ps),
+        }
     }
 }
 
@@ -512,6 +553,7 @@ pub fn send_cost(cache_dir: Option<&Path>, time: Duration) -> std::io::Result<Se
             && r.cpu == cpu
             && r.send_ns > 0
             && r.send_byte_ps > 0
+            && r.burst_byte_ps > 0
             && r.probe == SEND_COST_PROBE)
             .then_some(r)
     };
@@ -535,11 +577,11 @@ pub fn send_cost(cache_dir: Option<&Path>, time: Duration) -> std::io::Result<Se
     if let Some(r) = cached() {
         return Ok(r);
     }
-    let (send_ns, send_byte_ps) =
-        measure_engine_send_cost(time.min(SELF_CALIBRATION_TIME_MAX), SEND_COST_BYTES)?;
+    let cost = measure_engine_send_cost(time.min(SELF_CALIBRATION_TIME_MAX), SEND_COST_BYTES)?;
     let record = SendCostRecord {
-        send_ns,
-        send_byte_ps,
+        send_ns: cost.send_ns,
+        send_byte_ps: cost.send_byte_ps,
+        burst_byte_ps: cost.burst_byte_ps,
         probe: SEND_COST_PROBE,
         kernel,
         cpu,
@@ -933,17 +975,32 @@ mod tests {
             read_depth: None,
             send_ns: Some(3_835),
             send_byte_ps: Some(430),
+            send_burst_byte_ps: Some(230),
         };
         let cap = c.capacity(1, 1, 1);
-        assert_eq!((cap.cpu_send_ns, cap.cpu_send_byte_ps), (3_835, 430));
+        assert_eq!(
+            (cap.cpu_send_ns, cap.cpu_send_byte_ps, cap.cpu_burst_byte_ps),
+            (3_835, 430, 230)
+        );
+        // A file of before the burst figure: the paced one stands for it.
+        let no_burst = Calibration {
+            send_burst_byte_ps: None,
+            ..c.clone()
+        };
+        assert_eq!(no_burst.capacity(1, 1, 1).cpu_burst_byte_ps, 430);
         // A file of before the per-byte figure: the conservative one per byte.
         let old = Calibration {
             send_byte_ps: None,
+            send_burst_byte_ps: None,
             ..c
         };
         assert_eq!(
             old.capacity(1, 1, 1).cpu_send_byte_ps,
             Capacity::CONSERVATIVE.cpu_send_byte_ps
+        );
+        assert_eq!(
+            old.capacity(1, 1, 1).cpu_burst_byte_ps,
+            Capacity::CONSERVATIVE.cpu_burst_byte_ps
         );
     }
 
@@ -951,7 +1008,7 @@ mod tests {
     fn the_send_cost_is_measured_once_then_read_from_the_cache() {
         let dir = tempfile::tempdir().unwrap();
         let first = send_cost(Some(dir.path()), Duration::from_millis(50)).unwrap();
-        assert!(first.send_ns > 0 && first.send_byte_ps > 0);
+        assert!(first.send_ns > 0 && first.send_byte_ps > 0 && first.burst_byte_ps > 0);
         assert_eq!(first.probe, SEND_COST_PROBE);
         assert!(dir.path().join("send.toml").exists());
         // The same machine: the cached record, not a new measurement (which would differ
@@ -985,6 +1042,14 @@ mod tests {
         let remeasured = send_cost(Some(dir.path()), Duration::from_millis(50)).unwrap();
         assert_eq!(remeasured.probe, SEND_COST_PROBE);
         assert!(remeasured.send_byte_ps > 0);
+        // A record of probe 2 (no burst figure): measured again.
+        let mut two = remeasured.clone();
+        two.probe = 2;
+        two.burst_byte_ps = 0;
+        std::fs::write(dir.path().join("send.toml"), toml::to_string(&two).unwrap()).unwrap();
+        let three = send_cost(Some(dir.path()), Duration::from_millis(50)).unwrap();
+        assert_eq!(three.probe, SEND_COST_PROBE);
+        assert!(three.burst_byte_ps > 0);
     }
 
     #[test]

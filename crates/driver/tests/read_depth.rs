@@ -30,6 +30,7 @@ fn calibration(path: &Path, depth: u32) -> Calibration {
         read_depth: Some(depth),
         send_ns: None,
         send_byte_ps: None,
+        send_burst_byte_ps: None,
     }
 }
 

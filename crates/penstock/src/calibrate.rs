@@ -54,9 +54,10 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         opts.random_time.max(Duration::from_millis(500)),
         256 << 20,
     ) {
-        Ok((ns, ps)) => {
-            c.send_ns = Some(ns);
-            c.send_byte_ps = Some(ps);
+        Ok(cost) => {
+            c.send_ns = Some(cost.send_ns);
+            c.send_byte_ps = Some(cost.send_byte_ps);
+            c.send_burst_byte_ps = Some(cost.burst_byte_ps);
         }
         Err(e) => eprintln!("penstock calibrate: note: the engine's send cost not measured: {e}"),
     }
@@ -87,6 +88,12 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         println!(
             "the engine's CPU for a paced send: {ns} ns + {ps} ps a byte ({} ns a 1316-byte datagram)",
             ns + 1316 * ps / 1000
+        );
+    }
+    if let Some(ps) = c.send_burst_byte_ps {
+        println!(
+            "the engine's CPU a byte when 1 MiB units fall due at once: {ps} ps ({:.3} ms a unit)",
+            (ps as f64 * (1u64 << 20) as f64) / 1e9
         );
     }
     let out = a.out.unwrap_or_else(default_path);

@@ -457,10 +457,10 @@ pub fn run(a: StreamArgs) -> Result<()> {
             penstock_driver::calibration::SEND_COST_TIME,
         ) {
             Ok(r) => {
-                (
-                    admission.capacity.cpu_send_ns,
-                    admission.capacity.cpu_send_byte_ps,
-                ) = r.charged();
+                let c = r.charged();
+                admission.capacity.cpu_send_ns = c.send_ns;
+                admission.capacity.cpu_send_byte_ps = c.send_byte_ps;
+                admission.capacity.cpu_burst_byte_ps = c.burst_byte_ps;
             }
             Err(e) => eprintln!(
                 "penstock: note: the CPU cost of a send could not be measured ({e}): admission charges the defaults"

@@ -60,6 +60,7 @@ fn small_calibration(dir: &std::path::Path) -> std::path::PathBuf {
         read_depth: None,
         send_ns: None,
         send_byte_ps: None,
+        send_burst_byte_ps: None,
     };
     let p = dir.join("small.toml");
     cal.save(&p).unwrap();

@@ -840,6 +840,9 @@ pub struct AdmissionSection {
     /// CPU time each byte sent adds to a send, in picoseconds (default 2,000: a 1 MiB unit
     /// costs 2.1 ms; `penstock bench admission` measures it).
     pub cpu_send_byte_ps: Option<u64>,
+    /// The same when every stream's unit falls due at once (the CPU burst test; default:
+    /// `cpu_send_byte_ps`; self-calibrated with it, or measured by `penstock calibrate`).
+    pub cpu_burst_byte_ps: Option<u64>,
     /// How late a unit may go out when one unit of every rt stream falls due at the same
     /// instant: the burst test (docs/io-scheduler.md §4b) keeps the network's and the CPU's
     /// backlog at that instant within it (default 50 ms; above zero).
@@ -889,6 +892,10 @@ impl AdmissionSection {
         }
         if let Some(v) = self.cpu_send_byte_ps {
             cap.cpu_send_byte_ps = v;
+            cap.cpu_burst_byte_ps = v;
+        }
+        if let Some(v) = self.cpu_burst_byte_ps {
+            cap.cpu_burst_byte_ps = v;
         }
         if let Some(v) = self.cpu_ns_per_s {
             cap.cpu_ns_per_s = v;

@@ -179,7 +179,10 @@ impl Server {
                 1_000_000_000u64.saturating_mul(engine_cfg.workers as u64);
         }
         engine_cfg.self_calibration = cfg.admission.self_calibration();
-        if (cfg.admission.cpu_send_ns.is_none() || cfg.admission.cpu_send_byte_ps.is_none())
+        let a = &cfg.admission;
+        if (a.cpu_send_ns.is_none()
+            || a.cpu_send_byte_ps.is_none()
+            || a.cpu_burst_byte_ps.is_none())
             && engine_cfg.self_calibration.enabled
         {
             // Admission's CPU charge per send and per byte: this machine's engine's, measured
@@ -192,12 +195,17 @@ impl Server {
                 penstock_driver::calibration::SEND_COST_TIME,
             ) {
                 Ok(r) => {
-                    let (ns, ps) = r.charged();
-                    if cfg.admission.cpu_send_ns.is_none() {
-                        engine_cfg.admission.capacity.cpu_send_ns = ns;
+                    let c = r.charged();
+                    let cap = &mut engine_cfg.admission.capacity;
+                    if a.cpu_send_ns.is_none() {
+                        cap.cpu_send_ns = c.send_ns;
                     }
-                    if cfg.admission.cpu_send_byte_ps.is_none() {
-                        engine_cfg.admission.capacity.cpu_send_byte_ps = ps;
+                    if a.cpu_send_byte_ps.is_none() {
+                        cap.cpu_send_byte_ps = c.send_byte_ps;
+                    }
+                    // A configured figure a byte stands for the burst's too (set above).
+                    if a.cpu_burst_byte_ps.is_none() && a.cpu_send_byte_ps.is_none() {
+                        cap.cpu_burst_byte_ps = c.burst_byte_ps;
                     }
                 }
                 Err(e) => tracing::warn!(

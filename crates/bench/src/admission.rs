@@ -110,6 +110,11 @@ pub struct AdmissionArgs {
     /// Engine workers.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
+    /// Admission's bulk share (`[admission] bulk_share_percent`): what every resource keeps
+    /// from rt streams; the forced runs count as clean only while the bulk readers keep it
+    /// (less a tenth). The default is the server's.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..=90))]
+    pub bulk_share: u8,
     /// Pool buffers per worker (0: room for 4 buffers a stream of `--streams-max` in the rt
     /// share, 5 a stream over the workers, plus 64, at least 512), so that admission's
     /// buffer test and not the pool binds, and forced runs can place every stream.
@@ -852,7 +857,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
             cpu_burst_byte_ps: self_charged.burst_byte_ps,
             ..capacity(a.workers, pool_total, buffer_bytes(&a) as u64)
         },
-        bulk_share_percent: 20,
+        bulk_share_percent: a.bulk_share,
         streams_max: 4096,
         rt_latency_ns: 0,
         lateness_tolerance_ns: tolerance_ns,
@@ -1307,6 +1312,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                     "members": 4, "rate_bytes_per_s": a.loop_rate, "iops": a.loop_iops,
                     "stripe_unit": a.stripe_unit})),
                 "lateness_tolerance_ns": tolerance_ns,
+                "bulk_share_percent": a.bulk_share,
                 "net_bytes_per_s": net_bytes_per_s,
                 "drain_probes_bytes_per_s": drain_probes,
                 "send_probes_streams_ns": send_probes,

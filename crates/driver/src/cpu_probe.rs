@@ -191,21 +191,22 @@ pub fn send_ns_probes(time: Duration, streams_max: usize) -> io::Result<Vec<(usi
     Ok(probes)
 }
 
-/// CPU time per byte of 1 MiB units paced at 100 MB/s each by 2 streams from a page-cached
-/// file over loopback TCP to receivers in this process, `total` bytes in all: the process's
-/// CPU time over the bytes, in picoseconds.
-pub fn byte_ps(total: u64) -> io::Result<u64> {
-    let per_stream = (total / 2).max(1 << 20);
-    let src = ScratchFile::new(per_stream)?;
+/// A loopback TCP listener for `n` connections, each read to its end by a thread of its own
+/// (a read waits 10 s at most): the target to name, and the thread that accepts them (for
+/// `accept_for`, then gives up: nothing connects when the engine fails to start) and
+/// returns the bytes they all received.
+fn tcp_receivers(
+    n: usize,
+    accept_for: Duration,
+) -> io::Result<(Endpoint, std::thread::JoinHandle<u64>)> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let target = Endpoint::parse(&format!("tcp://{}", listener.local_addr()?), Role::Target)
         .map_err(io::Error::other)?;
-    // Nothing connects when the engine fails to start: the accepts give up after a while.
     listener.set_nonblocking(true)?;
     let receivers = std::thread::spawn(move || {
         let mut threads = Vec::new();
         let t0 = std::time::Instant::now();
-        while threads.len() < 2 && t0.elapsed() < Duration::from_secs(10) {
+        while threads.len() < n && t0.elapsed() < accept_for {
             let Ok((c, _)) = listener.accept() else {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
@@ -215,14 +216,14 @@ pub fn byte_ps(total: u64) -> io::Result<u64> {
                 let _ = c.set_nonblocking(false);
                 let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
                 let mut buf = vec![0u8; 1 << 16];
-                let mut n = 0u64;
+                let mut got = 0u64;
                 while let Ok(k) = io::Read::read(&mut c, &mut buf) {
                     if k == 0 {
                         break;
                     }
-                    n += k as u64;
+                    got += k as u64;
                 }
-                n
+                got
             }));
         }
         threads
@@ -230,6 +231,16 @@ pub fn byte_ps(total: u64) -> io::Result<u64> {
             .map(|t| t.join().unwrap_or(0))
             .sum::<u64>()
     });
+    Ok((target, receivers))
+}
+
+/// CPU time per byte of 1 MiB units paced at 100 MB/s each by 2 streams from a page-cached
+/// file over loopback TCP to receivers in this process, `total` bytes in all: the process's
+/// CPU time over the bytes, in picoseconds.
+pub fn byte_ps(total: u64) -> io::Result<u64> {
+    let per_stream = (total / 2).max(1 << 20);
+    let src = ScratchFile::new(per_stream)?;
+    let (target, receivers) = tcp_receivers(2, Duration::from_secs(10))?;
     let mut bytes = 0;
     let c0 = process_cpu_ns();
     let sent = (|| {
@@ -281,39 +292,7 @@ pub fn burst_byte_ps(units: usize) -> io::Result<u64> {
     const BURSTS: u64 = 3;
     let units = units.max(1);
     let src = ScratchFile::new(BURSTS * UNIT)?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let target = Endpoint::parse(&format!("tcp://{}", listener.local_addr()?), Role::Target)
-        .map_err(io::Error::other)?;
-    // Nothing connects when the engine fails to start: the accepts give up after a while.
-    listener.set_nonblocking(true)?;
-    let receivers = std::thread::spawn(move || {
-        let mut threads = Vec::new();
-        let t0 = std::time::Instant::now();
-        while threads.len() < units && t0.elapsed() < Duration::from_secs(30) {
-            let Ok((c, _)) = listener.accept() else {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            };
-            threads.push(std::thread::spawn(move || {
-                let mut c = c;
-                let _ = c.set_nonblocking(false);
-                let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut buf = vec![0u8; 1 << 16];
-                let mut n = 0u64;
-                while let Ok(k) = io::Read::read(&mut c, &mut buf) {
-                    if k == 0 {
-                        break;
-                    }
-                    n += k as u64;
-                }
-                n
-            }));
-        }
-        threads
-            .into_iter()
-            .map(|t| t.join().unwrap_or(0))
-            .sum::<u64>()
-    });
+    let (target, receivers) = tcp_receivers(units, Duration::from_secs(30))?;
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut bytes = 0;
     let mut drain_ns = 0;

@@ -584,6 +584,23 @@ proptest! {
     }
 }
 
+/// The map of a 32 MiB partition over `width` members of 64 MiB with stripe units of
+/// `2^unit_pow` bytes: striped, or placed on the members in reverse order.
+fn split_map(width: usize, unit_pow: u32, placed: bool) -> PartitionMap {
+    let mut meta = meta_with(
+        vec![META_AREA_BYTES + 64 * MIB; width],
+        1 << unit_pow,
+        BLOCK_BYTES_DEFAULT,
+    );
+    let placement = if placed {
+        Placement::Placed((0..width).rev().collect())
+    } else {
+        Placement::Striped
+    };
+    allocate(&mut meta, "p", 32 * MIB, &placement).unwrap();
+    map_of(&meta, "p")
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -597,18 +614,7 @@ proptest! {
         offset_blocks in 0u64..=4096,
         placed: bool,
     ) {
-        let mut meta = meta_with(
-            vec![META_AREA_BYTES + 64 * MIB; width],
-            1 << unit_pow,
-            BLOCK_BYTES_DEFAULT,
-        );
-        let placement = if placed {
-            Placement::Placed((0..width).rev().collect())
-        } else {
-            Placement::Striped
-        };
-        allocate(&mut meta, "p", 32 * MIB, &placement).unwrap();
-        let map = map_of(&meta, "p");
+        let map = split_map(width, unit_pow, placed);
         let len = len_blocks * ALIGN_BYTES;
         let offset = (offset_blocks * ALIGN_BYTES).min(32 * MIB - len);
         let (pieces_max, bytes_max) = map.pieces_per_member_max(len);
@@ -637,18 +643,7 @@ proptest! {
         offset_blocks in 0u64..=2048,
         placed: bool,
     ) {
-        let mut meta = meta_with(
-            vec![META_AREA_BYTES + 64 * MIB; width],
-            1 << unit_pow,
-            BLOCK_BYTES_DEFAULT,
-        );
-        let placement = if placed {
-            Placement::Placed((0..width).rev().collect())
-        } else {
-            Placement::Striped
-        };
-        allocate(&mut meta, "p", 32 * MIB, &placement).unwrap();
-        let map = map_of(&meta, "p");
+        let map = split_map(width, unit_pow, placed);
         let len = len_blocks * ALIGN_BYTES;
         let (mean, excess) =
             crate::volume::layout::member_bytes_sequential(len, map.unit_bytes(), width);

@@ -276,10 +276,10 @@ pub fn byte_ps(total: u64) -> io::Result<u64> {
 /// The workers' time a byte costs when `units` streams' 1 MiB units fall due at the same
 /// instant (admission's critical instant), in picoseconds: each stream sends a unit of a
 /// page-cached file over loopback TCP to a receiver in this process every 210 ms, the
-/// engine has a worker per CPU, and a burst's drain — from the instant to its last unit's
-/// send, the largest lateness of the second and third bursts — times the workers, over the
-/// burst's bytes. That is the quantity the CPU burst
-/// test charges (`Σ cost ≤ ρ · cpu_ns_per_s · tolerance`, the workers sharing the burst); it
+/// engine has a worker per CPU (at most one a stream), and a burst's drain — from the
+/// instant to its last unit's send, the largest lateness of the second and third bursts —
+/// times the workers, over the burst's bytes. That is the quantity the CPU burst test
+/// charges (`Σ cost ≤ ρ · cpu_ns_per_s · tolerance`, the workers sharing the burst); it
 /// counts whatever kept the units from going out sooner (the receivers' copies on the same
 /// CPUs, the sockets' buffers filling), so on loopback it is what the bench's forced runs
 /// meet, and above what a remote receiver costs. Sent back to back, units batch what paced
@@ -293,7 +293,11 @@ pub fn burst_byte_ps(units: usize) -> io::Result<u64> {
     let units = units.max(1);
     let src = ScratchFile::new(BURSTS * UNIT)?;
     let (target, receivers) = tcp_receivers(units, Duration::from_secs(30))?;
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // A worker per CPU, but no idle ones: the drain times the workers would count a worker
+    // with no unit to send as busy.
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(units);
     let mut bytes = 0;
     let mut drain_ns = 0;
     let sent = (|| {

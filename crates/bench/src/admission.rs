@@ -874,10 +874,13 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     .context("penstock calibrate --quick on the bench directory")?;
     // What `penstock calibrate` adds: the engine's send costs at length.
     let mut cal = cal;
-    // 2 s a probe, as `penstock calibrate` without --quick (0.5 s probes varied by ±15 %
-    // between runs here).
-    let send_probes = penstock_driver::cpu_probe::send_ns_probes(Duration::from_secs(2), 256)
-        .context("measuring the CPU per send")?;
+    // As `penstock calibrate` without --quick measures them: 2 s a paced probe (0.5 s probes
+    // varied by ±15 % between runs here), 256 MiB of 1 MiB units over loopback TCP,
+    // receivers included, paced and (for the CPU burst test) due at once.
+    let (send_cost, send_probes) =
+        penstock_driver::calibration::measure_engine_send_cost(Duration::from_secs(2), 256 << 20)
+            .context("measuring the engine's send costs")?;
+    cal.set_send_cost(send_cost);
     writeln!(
         out,
         "the engine's CPU per paced 1316-byte datagram, receiver included (streams: ns): {}",
@@ -887,22 +890,6 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     )?;
-    // The CPU a byte costs: 1 MiB units over loopback TCP, receivers included.
-    let byte_ps = penstock_driver::cpu_probe::byte_ps(256 << 20)
-        .context("measuring the CPU per byte sent")?;
-    let (send_ns, byte_ps) = penstock_driver::calibration::split_send_cost(
-        send_probes.last().map_or(1, |&(_, ns)| ns),
-        byte_ps,
-    );
-    cal.send_ns = Some(send_ns);
-    cal.send_byte_ps = Some(byte_ps);
-    // The CPU a byte costs when every stream's 1 MiB unit is due at once (what `penstock
-    // calibrate` measures for the CPU burst test).
-    let burst_byte_ps = penstock_driver::cpu_probe::burst_byte_ps(
-        penstock_driver::calibration::burst_probe_units(256 << 20),
-    )
-    .context("measuring the CPU per byte of a burst")?;
-    cal.send_burst_byte_ps = Some(burst_byte_ps);
     let mut cal_capacity = cal.capacity(net_bytes_per_s, pool_total, buffer_bytes(&a) as u64);
     cal_capacity.cpu_ns_per_s = 1_000_000_000 * a.workers as u64;
     writeln!(

@@ -468,6 +468,11 @@ impl Reservation {
         self.disk[..usize::from(self.devices)].iter().flatten()
     }
 
+    /// The charge on `device`, if the stream reads from it.
+    fn charge_on(&self, device: DeviceId) -> Option<&DiskCharge> {
+        self.disk_charges().find(|c| c.device == device)
+    }
+
     /// Which figures the charges used, for a reply: "device 7:0: 900.0 MB/s, 11900 IOPS
     /// (self-calibrated at …)".
     pub fn figures(&self) -> String {
@@ -919,16 +924,16 @@ impl Admission {
         };
         let overhead = sends * u128::from(framing);
         r.net_bytes_per_s = u64::try_from(rate + overhead).unwrap_or(u64::MAX);
-        // One send: its fixed cost and its bytes (rounded up).
+        // One send: its fixed cost and its bytes (rounded up) at `byte_ps` a byte.
         let cap = &self.config.capacity;
-        let send_ns = u128::from(cap.cpu_send_ns)
-            + (u128::from(qos.unit_bytes) * u128::from(cap.cpu_send_byte_ps)).div_ceil(1000);
-        r.cpu_ns_per_s = u64::try_from(sends * send_ns).unwrap_or(u64::MAX);
+        let send_ns = |byte_ps: u64| {
+            u128::from(cap.cpu_send_ns)
+                + (u128::from(qos.unit_bytes) * u128::from(byte_ps)).div_ceil(1000)
+        };
+        r.cpu_ns_per_s = u64::try_from(sends * send_ns(cap.cpu_send_byte_ps)).unwrap_or(u64::MAX);
         r.burst_net_bytes = qos.unit_bytes.saturating_add(framing);
         // At the critical instant its unit goes out among everyone's, at the burst's cost.
-        let burst_ns = u128::from(cap.cpu_send_ns)
-            + (u128::from(qos.unit_bytes) * u128::from(cap.cpu_burst_byte_ps)).div_ceil(1000);
-        r.burst_cpu_ns = u64::try_from(burst_ns).unwrap_or(u64::MAX);
+        r.burst_cpu_ns = u64::try_from(send_ns(cap.cpu_burst_byte_ps)).unwrap_or(u64::MAX);
         // Read-ahead: chunks consumed while one waits and is served, plus the one being sent.
         // A volume stream's reads also wait behind the backlog of every stream's excess on a
         // member (σ): enough to cover its own (σ/ρ, what a device full of streams like it
@@ -1012,12 +1017,7 @@ impl Admission {
         let mut checks: Vec<(Resource, u64, u64, u64, u64)> = Vec::new();
         for c in r.disk_charges() {
             let used = self.disk_used.get(&c.device).copied().unwrap_or(0);
-            let given_back = back(&|o: &Reservation| {
-                o.disk_charges()
-                    .filter(|oc| oc.device == c.device)
-                    .map(|oc| oc.ns_per_s)
-                    .sum()
-            });
+            let given_back = back(&|o| o.charge_on(c.device).map_or(0, |oc| oc.ns_per_s));
             checks.push((
                 Resource::Disk(c.device),
                 c.ns_per_s,
@@ -1067,12 +1067,7 @@ impl Admission {
         let mut backlog_never: Vec<Shortage> = Vec::new();
         let mut backlog_short: Vec<Shortage> = Vec::new();
         for c in r.disk_charges() {
-            let given_back = back(&|o: &Reservation| {
-                o.disk_charges()
-                    .filter(|oc| oc.device == c.device)
-                    .map(|oc| oc.excess_ns)
-                    .sum()
-            });
+            let given_back = back(&|o| o.charge_on(c.device).map_or(0, |oc| oc.excess_ns));
             let used = self.disk_excess.get(&c.device).copied().unwrap_or(0) - given_back;
             if used + c.excess_ns == 0 {
                 continue;
@@ -1081,8 +1076,7 @@ impl Admission {
                 .reservations
                 .values()
                 .filter(|o| instead.is_none_or(|i| i.id != o.id))
-                .flat_map(|o| o.disk_charges())
-                .filter(|oc| oc.device == c.device)
+                .filter_map(|o| o.charge_on(c.device))
                 .map(|oc| oc.backlog_slack_ns)
                 .fold(c.backlog_slack_ns, u64::min);
             let drains = |slack: u64| {
@@ -1711,8 +1705,7 @@ mod tests {
         for (device, excess) in &a.disk_excess {
             let slack_min = a
                 .reservations()
-                .flat_map(|r| r.disk_charges())
-                .filter(|c| c.device == *device)
+                .filter_map(|r| r.charge_on(*device))
                 .map(|c| c.backlog_slack_ns)
                 .min()
                 .unwrap_or(0);
@@ -1944,7 +1937,7 @@ mod tests {
                 let tasks: Vec<(f64, f64)> = a
                     .reservations()
                     .filter_map(|r| {
-                        let c = r.disk_charges().find(|c| c.device == DeviceId(dev))?;
+                        let c = r.charge_on(DeviceId(dev))?;
                         let d = r.qos.reads.disks()[0];
                         let period = r.qos.reads.chunk_bytes as f64 / r.qos.rate_bytes_per_s as f64;
                         let service = c.figures.disk.service_ns(u64::from(d.requests), d.bytes) as f64 / 1e9;

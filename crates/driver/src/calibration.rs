@@ -112,18 +112,23 @@ pub fn split_send_cost(datagram_ns: u64, byte_ps: u64) -> (u64, u64) {
 /// The engine's send costs measured by running it ([`crate::cpu_probe`]): paced 1316-byte
 /// datagrams at the rate admission would fill (`time` a probe, three probes), 1 MiB units
 /// over TCP (`bytes` in all; [`split_send_cost`] of the two), and as many 1 MiB units as
-/// fit in `bytes` due at once.
-pub fn measure_engine_send_cost(time: Duration, bytes: u64) -> std::io::Result<SendCost> {
+/// fit in `bytes` due at once. With the paced probes, `(streams, ns a datagram)` each (the
+/// last one counts), for a caller that shows them.
+pub fn measure_engine_send_cost(
+    time: Duration,
+    bytes: u64,
+) -> std::io::Result<(SendCost, Vec<(usize, u64)>)> {
     let probes = crate::cpu_probe::send_ns_probes(time, 256)?;
     let datagram = probes.last().map_or(1, |&(_, ns)| ns);
     let byte_ps = crate::cpu_probe::byte_ps(bytes)?;
     let (send_ns, send_byte_ps) = split_send_cost(datagram, byte_ps);
     let burst_byte_ps = crate::cpu_probe::burst_byte_ps(burst_probe_units(bytes))?;
-    Ok(SendCost {
+    let cost = SendCost {
         send_ns,
         send_byte_ps,
         burst_byte_ps,
-    })
+    };
+    Ok((cost, probes))
 }
 
 /// The 1 MiB units [`crate::cpu_probe::burst_byte_ps`] sends at once for a budget of `bytes`
@@ -150,6 +155,13 @@ pub enum CalibrationError {
 }
 
 impl Calibration {
+    /// Keeps the engine's measured send costs ([`measure_engine_send_cost`]).
+    pub fn set_send_cost(&mut self, cost: SendCost) {
+        self.send_ns = Some(cost.send_ns);
+        self.send_byte_ps = Some(cost.send_byte_ps);
+        self.send_burst_byte_ps = Some(cost.burst_byte_ps);
+    }
+
     /// The capacity admission control works with: the sequential rate at depth 4, random
     /// IOPS of 64 KiB reads at depth 1 (a stream's read-ahead is sequential but interleaved with
     /// others: each request may cost a seek).
@@ -577,7 +589,7 @@ pub fn send_cost(cache_dir: Option<&Path>, time: Duration) -> std::io::Result<Se
     if let Some(r) = cached() {
         return Ok(r);
     }
-    let cost = measure_engine_send_cost(time.min(SELF_CALIBRATION_TIME_MAX), SEND_COST_BYTES)?;
+    let (cost, _) = measure_engine_send_cost(time.min(SELF_CALIBRATION_TIME_MAX), SEND_COST_BYTES)?;
     let record = SendCostRecord {
         send_ns: cost.send_ns,
         send_byte_ps: cost.send_byte_ps,

@@ -54,11 +54,7 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         opts.random_time.max(Duration::from_millis(500)),
         256 << 20,
     ) {
-        Ok(cost) => {
-            c.send_ns = Some(cost.send_ns);
-            c.send_byte_ps = Some(cost.send_byte_ps);
-            c.send_burst_byte_ps = Some(cost.burst_byte_ps);
-        }
+        Ok((cost, _)) => c.set_send_cost(cost),
         Err(e) => eprintln!("penstock calibrate: note: the engine's send cost not measured: {e}"),
     }
     println!(

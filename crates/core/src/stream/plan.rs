@@ -448,7 +448,7 @@ pub fn read_geometry(read_bytes: u64, source: &EndpointFacts) -> ReadGeometry {
             .map(|d| DiskDemand {
                 device: DeviceId(*d),
                 requests,
-                bytes: mean_bytes.min(peak_bytes),
+                bytes: mean_bytes,
                 peak_bytes,
                 excess_bytes,
             })

@@ -137,6 +137,18 @@ static void closing_the_descriptor_closes_the_stream_unless_detached(void) {
  * of two places serves five bodies in a row (a busy server's finished streams must not hold
  * streams_max); a detached stream never started is closed with its descriptor (nobody could
  * start it any more). */
+/* penstock_cue, retried while refused for at most 20 s: a place that must come back may come
+ * back late on a loaded machine (under valgrind), but it must come back. */
+static int cue_when_placed(penstock_engine *e, const char *src, const char *dst,
+                           const char *options) {
+    int c = -1;
+    for (int tries = 0; tries < 200 && c < 0; tries++) {
+        c = penstock_cue(e, src, dst, options);
+        if (c < 0) sleep_ms(100);
+    }
+    return c;
+}
+
 static void finished_detached_streams_give_their_places_back(void) {
     penstock_config cfg;
     penstock_config_default(&cfg);
@@ -151,13 +163,8 @@ static void finished_detached_streams_give_their_places_back(void) {
         int send_end = tcp_to_receiver(&r);
         snprintf(d, sizeof d, "fd:%d", send_end);
         /* The receiver saw EOF before the engine reported the stream done (descriptors are
-         * closed first): on a loaded machine the last place may come back a moment later.
-         * Retried while refused, for at most 20 s. */
-        int c = -1;
-        for (int tries = 0; tries < 200 && c < 0; tries++) {
-            c = penstock_cue(small, path, d, "DETACHED");
-            if (c < 0) sleep_ms(100);
-        }
+         * closed first): the last place may come back a moment later. */
+        int c = cue_when_placed(small, path, d, "DETACHED");
         close(send_end);
         CHECK(c >= 0);
         if (c < 0) break;
@@ -168,15 +175,10 @@ static void finished_detached_streams_give_their_places_back(void) {
         free(r.buf);
     }
     /* Never started, descriptor closed: its place comes back too. The library sees the
-     * descriptor close within ~0.2 s; under valgrind on a loaded machine it may take longer,
-     * so each cue is retried while refused, for at most 20 s: the places must come back,
-     * however slowly (two places, three cues: the third needs a returned one). */
+     * descriptor close within ~0.2 s, longer under valgrind on a loaded machine (two places,
+     * three cues: the third needs a returned one). */
     for (int i = 0; i < 3; i++) {
-        int c = -1;
-        for (int tries = 0; tries < 200 && c < 0; tries++) {
-            c = penstock_cue(small, path, "/dev/null", "DETACHED");
-            if (c < 0) sleep_ms(100);
-        }
+        int c = cue_when_placed(small, path, "/dev/null", "DETACHED");
         CHECK(c >= 0);
         if (c >= 0) close(c);
     }

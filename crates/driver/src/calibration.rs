@@ -344,21 +344,27 @@ fn calibration_ring() -> Result<Ring, CalibrationError> {
     Ok(ring)
 }
 
-/// Sequential O_DIRECT reads of 1 MiB over the first `size` bytes of `fd`, at each of
-/// [`READ_DEPTHS`] (each for `time` at most when given, else the whole `size`).
+/// Sequential O_DIRECT reads of 1 MiB at each of [`READ_DEPTHS`], each depth over its own
+/// region of `fd` (each for `time` at most when given, else its whole region): no block is
+/// read twice, so no depth is timed on what an earlier one left in a cache below. The
+/// figures and the bytes read.
 fn sequential_by_depth(
     ring: &mut Ring,
     fd: std::os::fd::RawFd,
-    size: u64,
+    regions: &[Region],
     time: Option<Duration>,
-) -> Result<Vec<DepthFigure>, CalibrationError> {
-    READ_DEPTHS
-        .into_iter()
-        .map(|depth| {
-            run_reads(ring, fd, size, 1 << 20, depth, Pattern::Sequential, time)
-                .map(|bytes_per_s| DepthFigure { depth, bytes_per_s })
-        })
-        .collect()
+) -> Result<(Vec<DepthFigure>, u64), CalibrationError> {
+    let mut bytes = 0;
+    let mut figures = Vec::with_capacity(READ_DEPTHS.len());
+    for (depth, &region) in READ_DEPTHS.into_iter().zip(regions) {
+        let r = run_reads(ring, fd, region, 1 << 20, depth, Pattern::Sequential, time)?;
+        bytes += r.bytes;
+        figures.push(DepthFigure {
+            depth,
+            bytes_per_s: r.bytes_per_s,
+        });
+    }
+    Ok((figures, bytes))
 }
 
 fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, CalibrationError> {
@@ -371,7 +377,10 @@ fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, Calibrat
         })?;
     let mut ring = calibration_ring()?;
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    let by_depth = sequential_by_depth(&mut ring, raw, size, None)?;
+    // Half the file for the sequential depths, half for the six random measurements, each
+    // its own region: every block is read once.
+    let regions = Region::split(size, &[1; 11]);
+    let (by_depth, _) = sequential_by_depth(&mut ring, raw, &regions[..READ_DEPTHS.len()], None)?;
     let at = |d: u32| {
         by_depth
             .iter()
@@ -380,12 +389,16 @@ fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, Calibrat
     };
     let (seq1, seq4) = (at(1), at(4));
     let mut random = Vec::new();
+    let mut random_regions = regions[READ_DEPTHS.len()..].iter();
     for request_bytes in [4096u64, 65536] {
         for depth in [1u32, 8, 32] {
-            let per_s = run_reads(
+            let region = *random_regions
+                .next()
+                .expect("six regions for six measurements");
+            let r = run_reads(
                 &mut ring,
                 raw,
-                size,
+                region,
                 request_bytes,
                 depth,
                 Pattern::Random,
@@ -394,7 +407,7 @@ fn measure(file: &Path, opts: &CalibrateOptions) -> Result<Calibration, Calibrat
             random.push(RandomFigure {
                 request_bytes,
                 depth,
-                iops: per_s / request_bytes,
+                iops: r.bytes_per_s / request_bytes,
             });
         }
     }
@@ -430,7 +443,8 @@ pub fn measure_read_depth(
             crate::open::reopen_direct(&f).ok_or_else(|| CalibrationError::NoDirect(f.clone()))?;
         let mut ring = calibration_ring()?;
         let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-        let figs = sequential_by_depth(&mut ring, raw, bytes, None)?;
+        let regions = Region::split(bytes, &[1; READ_DEPTHS.len()]);
+        let (figs, _) = sequential_by_depth(&mut ring, raw, &regions, None)?;
         Ok((best_read_depth(&figs).unwrap_or(1), figs))
     })();
     let _ = std::fs::remove_file(&f);
@@ -616,19 +630,91 @@ enum Pattern {
     Random,
 }
 
-/// Reads at `depth` until the file is read (sequential) or `time` passed; bytes per second.
+/// A part of the measured file or device that one measurement reads, each block at most
+/// once. Nothing is timed on bytes read before in the same calibration: a re-read is served
+/// by whatever cache sits below (a VM host's page cache served a 64 MiB file read over and
+/// over at 31 GB/s, where the disk under it reads 1 GB/s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Region {
+    start: u64,
+    len: u64,
+}
+
+impl Region {
+    /// Splits `size` bytes into consecutive regions in proportion to `weights`, each
+    /// boundary on a 1 MiB multiple (the largest request; O_DIRECT's alignment); the last
+    /// takes what is left.
+    fn split(size: u64, weights: &[u64]) -> Vec<Region> {
+        const ALIGN: u64 = 1 << 20;
+        let total: u64 = weights.iter().sum::<u64>().max(1);
+        let mut start = 0;
+        let mut out = Vec::with_capacity(weights.len());
+        for (i, w) in weights.iter().enumerate() {
+            let end = if i + 1 == weights.len() {
+                size
+            } else {
+                let share = u64::try_from(u128::from(size) * u128::from(*w) / u128::from(total))
+                    .unwrap_or(size);
+                (start + share / ALIGN * ALIGN).min(size)
+            };
+            out.push(Region {
+                start,
+                len: end - start,
+            });
+            start = end;
+        }
+        out
+    }
+}
+
+/// What one measurement read.
+#[derive(Debug, Clone, Copy)]
+struct Reads {
+    bytes_per_s: u64,
+    bytes: u64,
+}
+
+/// A step through `blocks` that visits each once: the smallest stride from about 0.618 of
+/// them (golden ratio: far apart, no pattern a read-ahead follows) that is coprime with them.
+fn coprime_stride(blocks: u64) -> u64 {
+    fn gcd(mut a: u64, mut b: u64) -> u64 {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    }
+    let mut s = (blocks as f64 * 0.618_033_988_7) as u64;
+    s = s.max(1);
+    while gcd(s, blocks) != 1 {
+        s += 1;
+    }
+    s
+}
+
+/// Reads `region` at `depth`, each block of `request_bytes` at most once: in order
+/// (sequential) or in a permutation of its blocks (random), until every block was read or
+/// `time` passed. The rate and the bytes read.
 fn run_reads(
     ring: &mut Ring,
     fd: std::os::fd::RawFd,
-    size: u64,
+    region: Region,
     request_bytes: u64,
     depth: u32,
     pattern: Pattern,
     time: Option<Duration>,
-) -> Result<u64, CalibrationError> {
-    let blocks = (size / request_bytes).max(1);
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next_block = 0u64;
+) -> Result<Reads, CalibrationError> {
+    let blocks = region.len / request_bytes;
+    if blocks == 0 {
+        return Ok(Reads {
+            bytes_per_s: 0,
+            bytes: 0,
+        });
+    }
+    let stride = match pattern {
+        Pattern::Sequential => 1,
+        Pattern::Random => coprime_stride(blocks),
+    };
+    let mut next = 0u64;
     let mut bufs = Vec::new();
     for _ in 0..depth {
         bufs.push(ring.pool_mut().alloc().expect("32 buffers cover depth 32"));
@@ -637,32 +723,20 @@ fn run_reads(
     let mut done_bytes = 0u64;
     let mut in_flight = 0u32;
     let mut out = Vec::new();
-    let issue = |ring: &mut Ring, i: usize, next_block: &mut u64, rng: &mut u64| -> bool {
-        let block = match pattern {
-            Pattern::Sequential => {
-                if *next_block >= blocks {
-                    if time.is_none() {
-                        return false;
-                    }
-                    // Timed: around again (O_DIRECT reads the device each time).
-                    *next_block = 0;
-                }
-                *next_block += 1;
-                *next_block - 1
-            }
-            Pattern::Random => {
-                *rng ^= *rng << 13;
-                *rng ^= *rng >> 7;
-                *rng ^= *rng << 17;
-                *rng % blocks
-            }
-        };
+    let issue = |ring: &mut Ring, i: usize, next: &mut u64| -> bool {
+        if *next >= blocks {
+            return false;
+        }
+        // The n-th block visited: n × stride modulo the blocks, a permutation (coprime).
+        let block = u64::try_from(u128::from(*next) * u128::from(stride) % u128::from(blocks))
+            .expect("below blocks");
+        *next += 1;
         ring.read(
             fd,
             bufs[i],
             0,
             request_bytes as usize,
-            block * request_bytes,
+            region.start + block * request_bytes,
             0,
             0,
             i as u64,
@@ -671,7 +745,7 @@ fn run_reads(
         true
     };
     for i in 0..depth as usize {
-        if issue(ring, i, &mut next_block, &mut rng) {
+        if issue(ring, i, &mut next) {
             in_flight += 1;
         }
     }
@@ -688,7 +762,7 @@ fn run_reads(
             })?;
             done_bytes += n as u64;
             let more = time.is_none_or(|t| t0.elapsed() < t);
-            if more && issue(ring, c.token as usize, &mut next_block, &mut rng) {
+            if more && issue(ring, c.token as usize, &mut next) {
                 in_flight += 1;
             }
         }
@@ -697,7 +771,10 @@ fn run_reads(
         ring.pool_mut().free(b);
     }
     let secs = t0.elapsed().as_secs_f64().max(1e-9);
-    Ok((done_bytes as f64 / secs) as u64)
+    Ok(Reads {
+        bytes_per_s: (done_bytes as f64 / secs) as u64,
+        bytes: done_bytes,
+    })
 }
 
 /// The engine's self-calibration: on the first stream from a device no calibration file
@@ -706,7 +783,14 @@ fn run_reads(
 /// sequential O_DIRECT reads of 1 MiB and random O_DIRECT reads of 64 KiB, each at depth 1,
 /// `time` each, then sequential reads of 1 MiB at each of [`READ_DEPTHS`], `time / 4` each
 /// (the read depth, [`best_read_depth`]) — kept in a cache file per device and used again
-/// while the device is the same (its size and model, read from `/sys/dev/block/MAJ:MIN`).
+/// while the device is the same (its size and model, read from `/sys/dev/block/MAJ:MIN`)
+/// and the record is of this probe ([`DEVICE_PROBE`]).
+///
+/// Cold reads: each measurement reads its own region of the device or file, and no block is
+/// read twice in one calibration ([`DEVICE_PROBE`] 2). Data that was written or read a moment
+/// ago can still be served by a cache no O_DIRECT read bypasses (a VM host's page cache, a
+/// drive's): the record says how old the measured file's data was (`data_age_s`), and the
+/// server measures its root's device through the oldest large file it finds there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SelfCalibration {
     /// Off: devices without figures are charged with the default figures.
@@ -759,7 +843,22 @@ pub struct DeviceRecord {
     pub read_depth: Option<u32>,
     #[serde(default)]
     pub seq_read_by_depth: Vec<DepthFigure>,
+    /// [`DEVICE_PROBE`] when measured (0 in records of the probe that read a file over and
+    /// over, which a cache below the device answered: those are measured again).
+    #[serde(default)]
+    pub probe: u32,
+    /// Bytes the measurement read, every block once (at most the file's or device's size).
+    #[serde(default)]
+    pub bytes_read: u64,
+    /// How long before the measurement the measured file's data was last written (its
+    /// mtime), in seconds; `None` for a device node read in place. Data written a moment ago
+    /// may still be in a cache below the device, and then the figures are too high.
+    #[serde(default)]
+    pub data_age_s: Option<u64>,
 }
+
+/// The way [`device_figures`] measures; a cached record of another way is measured again.
+pub const DEVICE_PROBE: u32 = 2;
 
 impl DeviceRecord {
     pub fn figures(&self) -> penstock_core::admission::DeviceFigures {
@@ -839,6 +938,7 @@ pub fn device_figures(
         && r.size_sectors == size_sectors
         && r.model == model
         && r.read_depth.is_some()
+        && r.probe == DEVICE_PROBE
     {
         return Ok(r);
     }
@@ -866,6 +966,13 @@ pub fn device_figures(
             path: node.clone(),
             source: e.into(),
         })?;
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let data_age_s = rustix::fs::fstat(&fd).ok().and_then(|st| {
+        (rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile)
+            .then(|| now_s.saturating_sub(u64::try_from(st.st_mtime).unwrap_or(0)))
+    });
     let (mut ring, _) = Ring::new(&RingConfig {
         buffers: READ_DEPTH_MAX,
         buffer_bytes: 1 << 20,
@@ -879,10 +986,13 @@ pub fn device_figures(
     let seq_request = crate::volume::queue_request_bytes_max_of(major, minor)
         .unwrap_or(1 << 20)
         .min(1 << 20);
+    // Each measurement its own region, every block read once: sequential and random twice
+    // the share of a depth (they are timed twice as long), then one for each depth.
+    let regions = Region::split(size, &[2, 2, 1, 1, 1, 1, 1]);
     let seq = run_reads(
         &mut ring,
         raw,
-        size,
+        regions[0],
         seq_request,
         1,
         Pattern::Sequential,
@@ -892,25 +1002,27 @@ pub fn device_figures(
     let random = run_reads(
         &mut ring,
         raw,
-        size,
+        regions[1],
         random_request_bytes,
         1,
         Pattern::Random,
         Some(time),
     )?;
-    let by_depth = sequential_by_depth(&mut ring, raw, size, Some(time / 4))?;
+    let (by_depth, depth_bytes) =
+        sequential_by_depth(&mut ring, raw, &regions[2..], Some(time / 4))?;
     let record = DeviceRecord {
         device: name,
         size_sectors,
         model,
-        seq_read_bytes_per_s: seq.max(1),
-        random_iops: (random / random_request_bytes).max(1),
+        seq_read_bytes_per_s: seq.bytes_per_s.max(1),
+        random_iops: (random.bytes_per_s / random_request_bytes).max(1),
         random_request_bytes,
-        measured_unix_s: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        measured_unix_s: now_s,
         read_depth: best_read_depth(&by_depth),
         seq_read_by_depth: by_depth,
+        probe: DEVICE_PROBE,
+        bytes_read: seq.bytes + random.bytes + depth_bytes,
+        data_age_s,
     };
     if let Some(path) = &cache {
         // A cache that cannot be written costs a measurement next time, nothing more.
@@ -925,6 +1037,50 @@ pub fn device_figures(
 /// The smallest file self-calibration measures a device through (when its node cannot be
 /// read).
 pub const SELF_CALIBRATION_FILE_BYTES_MIN: u64 = 16 << 20;
+
+/// The file under `dir` that self-calibration measures `dir`'s device through when its node
+/// cannot be read: of the regular files of at least [`SELF_CALIBRATION_FILE_BYTES_MIN`] on
+/// the same device, the one written longest ago (its data the least likely to sit in a cache
+/// below the device), looking at no more than `entries_max` directory entries (breadth
+/// first, symbolic links not followed). `None` when there is none.
+/// How many directory entries a server's start looks at for [`cold_file_under`] its root.
+pub const COLD_FILE_ENTRIES_MAX: usize = 4096;
+
+pub fn cold_file_under(dir: &Path, entries_max: usize) -> Option<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(dir).ok()?.dev();
+    let mut queue = std::collections::VecDeque::from([dir.to_path_buf()]);
+    let mut seen = 0usize;
+    let mut best: Option<(i64, PathBuf)> = None;
+    while let Some(d) = queue.pop_front() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > entries_max {
+                queue.clear();
+                break;
+            }
+            // symlink_metadata: a link is not followed out of the tree.
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.dev() != dev {
+                continue;
+            }
+            if m.is_dir() {
+                queue.push_back(e.path());
+            } else if m.is_file()
+                && m.len() >= SELF_CALIBRATION_FILE_BYTES_MIN
+                && best.as_ref().is_none_or(|(t, _)| m.mtime() < *t)
+            {
+                best = Some((m.mtime(), e.path()));
+            }
+        }
+    }
+    std::fs::File::open(best?.1).ok()
+}
 
 /// `/dev/NAME` of device `dev`, from its sysfs `uevent`, when it is that block device.
 fn device_node(dev: u64) -> Option<PathBuf> {
@@ -959,6 +1115,36 @@ mod tests {
             .iter()
             .map(|&(depth, bytes_per_s)| DepthFigure { depth, bytes_per_s })
             .collect()
+    }
+
+    #[test]
+    fn regions_cover_the_size_once_on_mebibyte_boundaries() {
+        for size in [0u64, 1 << 20, (64 << 20) + 4096, 256 << 30, 123_456_789] {
+            for weights in [&[1u64; 11][..], &[2, 2, 1, 1, 1, 1, 1], &[1]] {
+                let r = Region::split(size, weights);
+                assert_eq!(r.len(), weights.len());
+                assert_eq!(r[0].start, 0);
+                for w in r.windows(2) {
+                    assert_eq!(w[0].start + w[0].len, w[1].start);
+                    assert_eq!(w[1].start % (1 << 20), 0);
+                }
+                let last = r.last().unwrap();
+                assert_eq!(last.start + last.len, size);
+            }
+        }
+    }
+
+    #[test]
+    fn the_random_stride_visits_every_block_once() {
+        for blocks in [1u64, 2, 3, 10, 64, 97, 1000, 1024, 4096] {
+            let s = coprime_stride(blocks);
+            let mut seen = vec![false; blocks as usize];
+            for n in 0..blocks {
+                let b = (n * s % blocks) as usize;
+                assert!(!seen[b], "block {b} of {blocks} twice (stride {s})");
+                seen[b] = true;
+            }
+        }
     }
 
     #[test]

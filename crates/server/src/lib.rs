@@ -216,10 +216,29 @@ impl Server {
         }
         let engine =
             Arc::new(Engine::new(engine_cfg).map_err(|e| ServerError::Engine(e.to_string()))?);
-        // The root's device, measured now (under 3 s; from the cache when it is the same
-        // device): what an `OPEN … class=rt` is charged before its file is opened.
-        if let Ok(dir) = std::fs::File::open(root) {
-            let _ = engine.self_calibrate(std::os::fd::AsFd::as_fd(&dir));
+        // The root's device, measured now (under 5 s; from the cache when it is the same
+        // device): what an `OPEN … class=rt` is charged before its file is opened. Through
+        // the oldest large file under the root when the device node cannot be read (cold
+        // data: see `calibration::device_figures`).
+        let probe = penstock_driver::calibration::cold_file_under(
+            root,
+            penstock_driver::calibration::COLD_FILE_ENTRIES_MAX,
+        )
+        .map_or_else(|| std::fs::File::open(root), Ok);
+        if let Ok(f) = probe {
+            match engine.self_calibrate(std::os::fd::AsFd::as_fd(&f)) {
+                Some(Ok(fig)) => tracing::info!(
+                    "the root's device: {} B/s sequential, {} reads/s of {} B ({})",
+                    fig.disk.seq_bytes_per_s,
+                    fig.disk.random_iops,
+                    fig.disk.random_request_bytes,
+                    fig.source
+                ),
+                Some(Err(e)) => tracing::info!(
+                    "the root's device is not self-calibrated ({e}): rt admissions ahead of the open are charged the default figures"
+                ),
+                None => {}
+            }
         }
         let metrics = Arc::new(Metrics::new());
         metrics.watch_engine(engine.clone());

@@ -175,7 +175,12 @@ fn seek_and_length_edit_a_pending_stream() {
 
 #[test]
 fn a_refused_open_names_the_shortage() {
-    let f = start();
+    // The disk's figures set here: 100 MB/s, 1,000 reads/s (not this machine's, which the
+    // test cannot know).
+    let mut cfg = config();
+    cfg.admission.disk_seq_bytes_per_s = Some(100_000_000);
+    cfg.admission.disk_random_iops = Some(1000);
+    let f = start_with(cfg);
     let src = f.path("small.txt");
     let mut c = Ctl::authed(f.control());
     let r = c.cmd(&format!(
@@ -196,8 +201,8 @@ fn a_refused_open_names_the_shortage() {
     let stats = c.cmd("STATS");
     assert!(stats.lines.iter().any(|l| l == "admitted 1"), "{stats:?}");
     // Reserved shares per resource: CPU for its sends, and the device it was charged on
-    // (admitted at OPEN, before the file is opened: the default device, with the figures of
-    // the root's device measured at start, or the defaults) with where its figures came from.
+    // (admitted at OPEN, before the file is opened: the default device, with the configured
+    // figures) with where its figures came from.
     assert!(
         stats
             .lines
@@ -211,7 +216,7 @@ fn a_refused_open_names_the_shortage() {
             .iter()
             .any(|l| l.starts_with("rt_disk_device default ")
                 && !l.starts_with("rt_disk_device default 0 ")
-                && l.contains(" figures=")),
+                && l.contains(" figures=configured")),
         "{stats:?}"
     );
     let m = String::from_utf8(

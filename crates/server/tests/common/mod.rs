@@ -51,6 +51,10 @@ pub fn config() -> ServerConfig {
     // The access log has its own tests (tests/access_log.rs); here it would fill the test
     // runner's stdout.
     c.log.access = "off".into();
+    // Nothing from the machine's history: no device measured or read from a cache (a test
+    // that needs disk figures sets them; the driver's tests measure).
+    c.admission.self_calibrate = Some(false);
+    c.admission.calibration_cache_dir = Some("/nonexistent/penstock-test-cache".into());
     c
 }
 

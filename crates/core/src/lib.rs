@@ -13,6 +13,7 @@ pub mod buffers;
 pub mod cluster;
 pub mod control;
 pub mod endpoint;
+pub mod hls;
 pub mod http;
 pub mod lateness;
 pub mod origin;

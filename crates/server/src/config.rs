@@ -66,6 +66,8 @@ pub struct ServerConfig {
     /// `/vol/NAME/PART` over HTTP (reloadable with the root) and RTSP (fixed at start); and
     /// the limits of volume updates.
     pub volumes: VolumesConfig,
+    /// `[hls]`: HLS playlists of the TS files beneath the root (docs/hls.md).
+    pub hls: HlsConfig,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
@@ -77,6 +79,30 @@ pub struct ServerConfig {
     /// The group to switch to with `user` (a name or a number; default: the user's primary
     /// group). Supplementary groups are cleared.
     pub group: Option<String>,
+}
+
+/// `[hls]`: `GET /PATH/index.m3u8` for each TS file PATH beneath the root (docs/hls.md).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct HlsConfig {
+    /// Answer playlists (default true). Off: `index.m3u8` is an ordinary path.
+    pub enabled: bool,
+    /// A segment is cut at the first key frame at least this long after its start (default
+    /// 6 s, what RFC 8216's authors and Apple's authoring rules suggest).
+    #[serde(deserialize_with = "units::ms")]
+    pub target_duration_ms: u64,
+    /// Key-frame indexes kept in memory (one per file version; default 256).
+    pub index_cache_entries: usize,
+}
+
+impl Default for HlsConfig {
+    fn default() -> Self {
+        HlsConfig {
+            enabled: true,
+            target_duration_ms: 6000,
+            index_cache_entries: 256,
+        }
+    }
 }
 
 /// `[volumes]`: the served volumes (every key but the reserved ones below names a volume by

@@ -33,6 +33,7 @@ pub mod cluster;
 pub mod config;
 pub mod confine;
 pub mod control;
+mod hls;
 mod http;
 pub mod listen;
 pub mod metrics;
@@ -275,7 +276,8 @@ impl Server {
                 metrics.clone(),
                 access_log,
             )
-            .with_origin(origin),
+            .with_origin(origin)
+            .with_hls(hls::Hls::new(cfg.hls.clone())),
         );
         let workers = if cfg.http.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())

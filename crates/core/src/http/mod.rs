@@ -86,6 +86,7 @@ impl Status {
     pub const PRECONDITION_FAILED: Status = Status(412);
     pub const CONTENT_TOO_LARGE: Status = Status(413);
     pub const URI_TOO_LONG: Status = Status(414);
+    pub const UNSUPPORTED_MEDIA_TYPE: Status = Status(415);
     pub const RANGE_NOT_SATISFIABLE: Status = Status(416);
     pub const REQUEST_HEADER_FIELDS_TOO_LARGE: Status = Status(431);
     pub const INTERNAL_SERVER_ERROR: Status = Status(500);
@@ -126,6 +127,7 @@ impl Status {
             412 => "Precondition Failed",
             413 => "Content Too Large",
             414 => "URI Too Long",
+            415 => "Unsupported Media Type",
             416 => "Range Not Satisfiable",
             431 => "Request Header Fields Too Large",
             500 => "Internal Server Error",

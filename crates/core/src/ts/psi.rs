@@ -60,6 +60,26 @@ pub fn pmt_pcr_pid(payload: &[u8]) -> Option<u16> {
     Some(u16::from_be_bytes([b[0] & 0x1f, b[1]]))
 }
 
+/// The elementary streams of a PMT payload: `(stream_type, elementary_PID)` in the table's
+/// order (the program-info and each stream's descriptors skipped).
+pub fn pmt_streams(payload: &[u8]) -> Option<Vec<(u8, u16)>> {
+    let (table_id, body) = section(payload)?;
+    if table_id != PMT_TABLE_ID {
+        return None;
+    }
+    let info_len = usize::from(u16::from_be_bytes([body.get(2)? & 0x0f, *body.get(3)?]));
+    let mut es = body.get(4 + info_len..)?;
+    let mut out = Vec::new();
+    while es.len() >= 5 {
+        let stream_type = es[0];
+        let pid = u16::from_be_bytes([es[1] & 0x1f, es[2]]);
+        let es_info_len = usize::from(u16::from_be_bytes([es[3] & 0x0f, es[4]]));
+        out.push((stream_type, pid));
+        es = es.get(5 + es_info_len..)?;
+    }
+    Some(out)
+}
+
 /// CRC-32/MPEG-2 (polynomial 0x04C11DB7, initial value all ones, no reflection, no final
 /// xor). Over a whole section including its CRC field it is 0. Bitwise: it runs on a few
 /// sections per file.

@@ -158,6 +158,8 @@ pub(crate) struct HttpShared {
     wakers: Mutex<Vec<OwnedFd>>,
     /// `[origin]`: paths missing beneath the root are answered from there.
     pub(crate) origin: Option<Arc<crate::origin::Origin>>,
+    /// `[hls]`: playlists of the TS files beneath the root.
+    pub(crate) hls: crate::hls::Hls,
 }
 
 impl HttpShared {
@@ -193,7 +195,14 @@ impl HttpShared {
             cut: AtomicBool::new(false),
             wakers: Mutex::new(Vec::new()),
             origin: None,
+            hls: crate::hls::Hls::new(crate::config::HlsConfig::default()),
         }
+    }
+
+    /// Answers `PATH/index.m3u8` for the TS files beneath the root with `hls`.
+    pub(crate) fn with_hls(mut self, hls: crate::hls::Hls) -> HttpShared {
+        self.hls = hls;
+        self
     }
 
     /// Answers paths missing beneath the root from `origin`.

@@ -81,6 +81,9 @@ impl Worker {
         {
             return self.respond_volume(req, rest, &ctx, class, &memory);
         }
+        if let Some(out) = self.respond_hls(req, &ctx, &class, &memory) {
+            return out;
+        }
         let opened = match site.root.open_path(req.relative_path()) {
             Ok(Opened::Directory(_)) if !req.path.ends_with('/') => {
                 return memory(respond_redirect_to_directory(req, &ctx), class);
@@ -237,6 +240,53 @@ impl Worker {
         }
     }
 
+    /// `PATH/index.m3u8` where PATH is a `.ts` file beneath the root: its HLS playlist
+    /// (`crate::hls`); `None` for every other request (and for this one when PATH is not such
+    /// a file: a real `index.m3u8` in a directory is served as it is).
+    fn respond_hls(
+        &mut self,
+        req: &Request,
+        ctx: &ResponseContext<'_>,
+        class: &Arc<str>,
+        memory: &dyn Fn(penstock_core::http::Response, Arc<str>) -> Out,
+    ) -> Option<Out> {
+        let shared = self.shared.clone();
+        if !shared.hls.enabled() || !matches!(req.method, Method::Get | Method::Head) {
+            return None;
+        }
+        let ts_path = req.path.strip_suffix("/index.m3u8")?;
+        let ext = ts_path
+            .rsplit_once('.')
+            .map(|(_, e)| e.to_ascii_lowercase());
+        if !matches!(ext.as_deref(), Some("ts" | "m2ts")) {
+            return None;
+        }
+        let rel = ts_path.trim_start_matches('/');
+        let Ok(Opened::File { file, mtime, .. }) = self.site.root.open_path(rel) else {
+            return None;
+        };
+        let r = match shared
+            .hls
+            .playlist(&file, &crate::hls::segment_uri(ts_path))
+        {
+            Ok(p) => {
+                let etag = penstock_core::http::ETag::for_file(p.len() as u64, mtime);
+                playlist_ok(req, ctx, &etag, mtime, p.into_bytes())
+            }
+            Err(crate::hls::HlsError::Index(e)) => {
+                tracing::debug!(path = %ts_path, error = %e, "no HLS playlist");
+                shared.metrics.error("hls_not_indexable");
+                respond_error(Status::UNSUPPORTED_MEDIA_TYPE, Some(req), ctx)
+            }
+            Err(crate::hls::HlsError::Io(e)) => {
+                tracing::warn!(path = %ts_path, error = %e, "reading a file to index it");
+                shared.metrics.error("open_failed");
+                respond_error(Status::INTERNAL_SERVER_ERROR, Some(req), ctx)
+            }
+        };
+        Some(memory(r, class.clone()))
+    }
+
     /// `/vol/NAME/PART`: partition PART of the configured volume NAME, as a file whose `ETag`
     /// is the partition's generation (it changes with every committed write or truncation).
     /// Ranges (one per request), conditionals and HEAD as for files; the body always goes to
@@ -342,6 +392,44 @@ impl Worker {
 /// does not depend on etcd: a node cut off from etcd still serves).
 fn health_response(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http::Response {
     small_ok(req, ctx, "text/plain", b"ok\n".to_vec())
+}
+
+/// A `200` with a playlist in memory (none for HEAD), its `ETag` and `Last-Modified` those
+/// of the file it was cut from.
+fn playlist_ok(
+    req: &Request,
+    ctx: &ResponseContext<'_>,
+    etag: &penstock_core::http::ETag,
+    mtime: SystemTime,
+    body: Vec<u8>,
+) -> penstock_core::http::Response {
+    let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+    let head = ResponseHead {
+        status: Status::OK,
+        date: ctx.date,
+        server: ctx.server,
+        content_type: Some("application/vnd.apple.mpegurl"),
+        content_length_bytes: Some(body.len() as u64),
+        content_range: None,
+        accept_ranges: false,
+        etag: Some(etag),
+        last_modified: Some(mtime),
+        allow: None,
+        location: None,
+        connection: connection_header(keep_alive, ctx),
+    };
+    let mut bytes = Vec::with_capacity(256);
+    write_response_head(&head, &mut bytes);
+    penstock_core::http::Response {
+        status: Status::OK,
+        head: bytes,
+        body: if req.method == Method::Head {
+            Vec::new()
+        } else {
+            vec![BodyPiece::Bytes(body)]
+        },
+        keep_alive,
+    }
 }
 
 /// A `200` whose body is `body` in memory (none for HEAD): the health and metrics pages.

@@ -1,0 +1,205 @@
+//! HLS cut from a TS file's own key frames: `GET /clip.ts/index.m3u8` answers a playlist whose
+//! segments are byte ranges of clip.ts, checked against RFC 8216's rules here and played by
+//! ffmpeg, whose packets must be the source's, each identical.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// Whether ffmpeg runs. Under CI (`CI` set) a missing ffmpeg fails the test: `.ci/run`
+/// installs it, and a suite that skips quietly would hide that it did not.
+fn have_ffmpeg() -> bool {
+    let ok = Command::new("ffmpeg")
+        .arg("-version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "ffmpeg is needed (apt-get install ffmpeg)"
+        );
+        println!("SKIPPED: ffmpeg not found (apt-get install ffmpeg)");
+    }
+    ok
+}
+
+/// 13 s of H.264 (key frame every 2 s, as `-g 50` at 25 fps) and AAC in TS, as a
+/// camera or an encoder writes them.
+fn h264_clip(path: &Path) {
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x240:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args([
+            "-t",
+            "13",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-g",
+            "50",
+        ])
+        .args(["-keyint_min", "50", "-sc_threshold", "0", "-c:a", "aac"])
+        .args(["-f", "mpegts"])
+        .arg(path)
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `ffmpeg -c copy -f framemd5` of `input`: one line per packet (stream, dts, pts, duration,
+/// size, md5), the header comments left out.
+fn packets(input: &str) -> Vec<String> {
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-i", input])
+        .args(["-map", "0", "-c", "copy", "-f", "framemd5", "-"])
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+fn get(f: &Fixture, path: &str) -> (u16, String, Vec<u8>) {
+    let mut r = agent().get(f.url(path)).call().unwrap();
+    let ty = r
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (r.status().as_u16(), ty, r.body_mut().read_to_vec().unwrap())
+}
+
+#[test]
+fn a_ts_file_plays_as_hls_from_byte_ranges_of_itself() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let f = start();
+    let clip = f.path("clip.ts");
+    h264_clip(&clip);
+    let file = std::fs::read(&clip).unwrap();
+
+    let (status, ty, body) = get(&f, "/clip.ts/index.m3u8");
+    assert_eq!(status, 200);
+    assert_eq!(ty, "application/vnd.apple.mpegurl");
+    let playlist = String::from_utf8(body).unwrap();
+    println!("{playlist}");
+
+    // RFC 8216's rules, as a checker applies them.
+    let lines: Vec<&str> = playlist.lines().collect();
+    assert_eq!(lines[0], "#EXTM3U");
+    assert_eq!(lines.last(), Some(&"#EXT-X-ENDLIST"));
+    assert!(lines.contains(&"#EXT-X-PLAYLIST-TYPE:VOD"));
+    let target: f64 = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("#EXT-X-TARGETDURATION:"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let map = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("#EXT-X-MAP:"))
+        .expect("a map");
+    // The map is the PAT and the PMT (ffmpeg writes its SDT before them).
+    let (len, at) = map
+        .strip_prefix("URI=\"../clip.ts\",BYTERANGE=\"")
+        .and_then(|r| r.strip_suffix('"'))
+        .and_then(|r| r.split_once('@'))
+        .unwrap_or_else(|| panic!("{map}"));
+    let (len, at): (usize, usize) = (len.parse().unwrap(), at.parse().unwrap());
+    assert_eq!(len, 376);
+    assert_eq!((file[at], file[at + 1] & 0x1f, file[at + 2]), (0x47, 0, 0));
+    // Pointer field 0, then the PMT's table id.
+    assert_eq!(
+        (file[at + 188], file[at + 188 + 4], file[at + 188 + 5]),
+        (0x47, 0, 0x02)
+    );
+    let mut end = 0u64;
+    let mut total = 0.0;
+    let mut n = 0;
+    for w in lines.windows(3) {
+        let Some(extinf) = w[0].strip_prefix("#EXTINF:") else {
+            continue;
+        };
+        let secs: f64 = extinf.trim_end_matches(',').parse().unwrap();
+        assert!(secs.round() <= target, "{secs} > {target}");
+        total += secs;
+        let (len, at) = w[1]
+            .strip_prefix("#EXT-X-BYTERANGE:")
+            .unwrap()
+            .split_once('@')
+            .unwrap();
+        let (len, at): (u64, u64) = (len.parse().unwrap(), at.parse().unwrap());
+        assert_eq!(w[2], "../clip.ts");
+        // Contiguous, inside the file.
+        assert_eq!(at, end);
+        end = at + len;
+        assert!(end <= file.len() as u64);
+        // Every segment after the first starts with a key frame: a TS packet whose
+        // adaptation field says random access, beginning a PES.
+        if n > 0 {
+            let p = &file[at as usize..at as usize + 188];
+            assert_eq!(p[0], 0x47);
+            assert!(p[1] & 0x40 != 0, "segment {n} does not begin a PES");
+            assert!(
+                p[3] & 0x20 != 0 && p[5] & 0x40 != 0,
+                "segment {n}: no key frame"
+            );
+        }
+        n += 1;
+    }
+    assert_eq!(end, file.len() as u64);
+    // 13 s in 6 s segments cut at 2 s key frames: 6, 6, 1.
+    assert_eq!(n, 3, "{playlist}");
+    assert!((total - 13.0).abs() < 0.05, "{total}");
+
+    // A player: ffmpeg's packets through the playlist are the file's, in order, identical.
+    let through_hls = packets(&f.url("/clip.ts/index.m3u8"));
+    let direct = packets(clip.to_str().unwrap());
+    assert!(direct.len() > 300, "{}", direct.len());
+    assert_eq!(through_hls, direct);
+
+    // Cached: the same playlist again; a changed file gets a new one.
+    assert_eq!(get(&f, "/clip.ts/index.m3u8").2, playlist.as_bytes());
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y", "-i"])
+        .arg(&clip)
+        .args(["-t", "7", "-c", "copy", "-f", "mpegts"])
+        .arg(f.path("short.ts"))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    std::fs::rename(f.path("short.ts"), &clip).unwrap();
+    let again = String::from_utf8(get(&f, "/clip.ts/index.m3u8").2).unwrap();
+    assert_ne!(again, playlist);
+    assert_eq!(again.matches("#EXTINF:").count(), 2, "{again}");
+}
+
+#[test]
+fn what_is_not_a_playable_ts_file_gets_no_playlist() {
+    let f = start();
+    // Not TS: 415, and the server goes on serving.
+    std::fs::write(f.path("fake.ts"), pattern(100_000, 9)).unwrap();
+    assert_eq!(get(&f, "/fake.ts/index.m3u8").0, 415);
+    // TS without video: 415.
+    let psi_only: Vec<u8> = penstock_core::ts::synth::psi_packets(0x100).concat();
+    std::fs::write(f.path("empty.ts"), psi_only).unwrap();
+    assert_eq!(get(&f, "/empty.ts/index.m3u8").0, 415);
+    // Not a .ts name, missing files, directories: the ordinary answers.
+    assert_eq!(get(&f, "/small.txt/index.m3u8").0, 404);
+    assert_eq!(get(&f, "/none.ts/index.m3u8").0, 404);
+    std::fs::create_dir(f.path("d.ts")).unwrap();
+    std::fs::write(f.path("d.ts/index.m3u8"), b"#EXTM3U\n").unwrap();
+    let (status, _, body) = get(&f, "/d.ts/index.m3u8");
+    assert_eq!((status, body.as_slice()), (200, b"#EXTM3U\n".as_slice()));
+    assert_eq!(get(&f, "/small.txt").0, 200);
+}

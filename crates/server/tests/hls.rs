@@ -203,3 +203,67 @@ fn what_is_not_a_playable_ts_file_gets_no_playlist() {
     assert_eq!((status, body.as_slice()), (200, b"#EXTM3U\n".as_slice()));
     assert_eq!(get(&f, "/small.txt").0, 200);
 }
+
+/// `tests/player`: hls.js and playwright-core, installed by `.ci/run` (`npm ci`); Chromium
+/// from Debian. `None` (SKIPPED) without them, a failure under CI.
+fn player_dir() -> Option<std::path::PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/player");
+    let ready = dir.join("node_modules/hls.js/dist/hls.min.js").is_file()
+        && dir.join("node_modules/playwright-core").is_dir()
+        && Command::new("node")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        && Path::new("/usr/bin/chromium").is_file();
+    if !ready {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the browser player is needed: node, chromium (apt-get install chromium) and \
+             `npm ci --prefix crates/server/tests/player`"
+        );
+        println!("SKIPPED: no browser player (node, chromium, tests/player/node_modules)");
+        return None;
+    }
+    Some(dir)
+}
+
+#[test]
+fn hls_js_in_chromium_plays_the_playlist_and_a_seek() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let Some(player) = player_dir() else {
+        return;
+    };
+    let f = start();
+    h264_clip(&f.path("clip.ts"));
+    std::fs::copy(player.join("index.html"), f.path("player.html")).unwrap();
+    std::fs::copy(
+        player.join("node_modules/hls.js/dist/hls.min.js"),
+        f.path("hls.min.js"),
+    )
+    .unwrap();
+    let shot = std::env::temp_dir().join(format!("penstock-hls-{}.png", std::process::id()));
+    let o = Command::new("node")
+        .arg(player.join("play.mjs"))
+        .arg(f.url("/player.html?src=/clip.ts/index.m3u8"))
+        // Past the first segment: the second and third begin without PAT/PMT of their own.
+        .arg("8")
+        .env("SCREENSHOT", &shot)
+        .output()
+        .expect("node");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("{out}\n{err}\nscreenshot: {}", shot.display());
+    let line = out.lines().last().unwrap_or_default();
+    assert!(line.contains("\"ok\":true"), "{line}\n{err}");
+    assert!(line.contains("\"width\":320"), "{line}");
+    let t: f64 = line
+        .split("\"currentTime\":")
+        .nth(1)
+        .and_then(|r| r.split([',', '}']).next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(t > 9.0, "{line}");
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
+}

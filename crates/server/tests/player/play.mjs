@@ -1,0 +1,41 @@
+// Plays an HLS playlist with hls.js in headless Chromium (Debian's /usr/bin/chromium) and
+// prints one JSON line: what the player reached. Usage: node play.mjs PAGE_URL [SEEK_S]
+// The page (served by penstock from the test's root) loads hls.js and the playlist itself;
+// this script only drives the browser and waits for events, bounded in time.
+import { chromium } from 'playwright-core';
+
+const [page_url, seek_s] = process.argv.slice(2);
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync',
+    '--autoplay-policy=no-user-gesture-required'],
+});
+const result = { ok: false };
+try {
+  const page = await browser.newPage();
+  page.on('console', (m) => console.error(`console: ${m.text()}`));
+  await page.goto(page_url);
+  // Played past 5 s with no fatal error, or an error.
+  await page.waitForFunction(() => window.hlsFatal || document.querySelector('video').currentTime > 5,
+    null, { timeout: 60000 });
+  if (seek_s !== undefined) {
+    const to = Number(seek_s);
+    await page.evaluate((t) => { document.querySelector('video').currentTime = t; }, to);
+    await page.waitForFunction((t) => window.hlsFatal || document.querySelector('video').currentTime > t + 1,
+      to, { timeout: 60000 });
+  }
+  Object.assign(result, await page.evaluate(() => ({
+    currentTime: document.querySelector('video').currentTime,
+    width: document.querySelector('video').videoWidth,
+    errors: window.hlsErrors,
+    fatal: window.hlsFatal || null,
+  })));
+  result.ok = !result.fatal;
+  await page.screenshot({ path: process.env.SCREENSHOT || 'hls-playing.png' });
+} catch (e) {
+  result.error = String(e);
+} finally {
+  await browser.close();
+}
+console.log(JSON.stringify(result));

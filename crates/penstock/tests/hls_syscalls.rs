@@ -1,0 +1,183 @@
+//! HLS segments leave by sendfile, checked where it happens: `penstock serve` runs under
+//! strace, a player's requests (the playlist, then every segment as a range of the file) are
+//! made, and the system calls the server made are added up. The segments' bytes must have
+//! gone out through sendfile; what went through write/writev/sendto/sendmsg (copied from the
+//! server's memory) must be the heads and the playlist, nothing of the segments.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{serve_addresses, start_line};
+
+/// Whether `tool -version`/`--version` runs; a missing tool fails under CI (`.ci/run`
+/// installs them), says SKIPPED elsewhere.
+fn needs(tool: &str, arg: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg(arg)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{tool} is needed (apt-get install {tool})"
+        );
+        println!("SKIPPED: {tool} not found");
+    }
+    ok
+}
+
+/// One GET with `Connection: close`: the status and the body.
+fn get(addr: &str, path: &str, range: Option<(u64, u64)>) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let range = range.map_or(String::new(), |(at, len)| {
+        format!("Range: bytes={at}-{}\r\n", at + len - 1)
+    });
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{range}Connection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let head_end = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    let status = String::from_utf8_lossy(&out[9..12]).parse().unwrap();
+    (status, out[head_end..].to_vec())
+}
+
+/// The sum of the return values of the calls named `names` in an strace `-f` log.
+fn bytes_of(trace: &str, names: &[&str]) -> u64 {
+    trace
+        .lines()
+        .filter_map(|l| {
+            // "PID name(args) = N" (resumed calls: "PID <... name resumed>...) = N").
+            let call = l.split_whitespace().nth(1)?;
+            let name = call
+                .strip_prefix("<...")
+                .map_or_else(|| call.split('(').next(), |_| l.split_whitespace().nth(2))?;
+            if !names.contains(&name) {
+                return None;
+            }
+            l.rsplit_once(" = ")?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[test]
+fn hls_segments_leave_by_sendfile_not_through_user_space() {
+    if !needs("ffmpeg", "-version") || !needs("strace", "-V") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let clip = www.join("clip.ts");
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x240:rate=25"])
+        .args([
+            "-t",
+            "13",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-g",
+            "50",
+        ])
+        .args(["-keyint_min", "50", "-sc_threshold", "0", "-f", "mpegts"])
+        .arg(&clip)
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let file = std::fs::read(&clip).unwrap();
+    let conf = dir.path().join("penstock.toml");
+    std::fs::write(
+        &conf,
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\n\
+         [log]\naccess = \"off\"\n[admission]\nself_calibrate = false\n",
+    )
+    .unwrap();
+    let trace_path = dir.path().join("trace");
+    let mut child = Command::new("strace")
+        .args(["-f", "-qq", "-e", "signal=none", "-o"])
+        .arg(&trace_path)
+        .args([
+            "-e",
+            "trace=sendfile,splice,write,writev,sendto,sendmsg,pwrite64,pwritev",
+        ])
+        .arg(env!("CARGO_BIN_EXE_penstock"))
+        .args(["serve", "--config"])
+        .arg(&conf)
+        .arg("--root")
+        .arg(&www)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = start_line(&mut child);
+    let (http, _) = serve_addresses(&line);
+
+    // A player: the playlist, then every segment (and the map) as a range of the file.
+    let (status, playlist) = get(&http, "/clip.ts/index.m3u8", None);
+    assert_eq!(status, 200);
+    let playlist = String::from_utf8(playlist).unwrap();
+    let mut ranges = Vec::new();
+    for l in playlist.lines() {
+        let r = l.strip_prefix("#EXT-X-BYTERANGE:").or_else(|| {
+            l.strip_prefix("#EXT-X-MAP:URI=\"../clip.ts\",BYTERANGE=\"")
+                .and_then(|r| r.strip_suffix('"'))
+        });
+        if let Some((len, at)) = r.and_then(|r| r.split_once('@')) {
+            ranges.push((at.parse::<u64>().unwrap(), len.parse::<u64>().unwrap()));
+        }
+    }
+    assert!(ranges.len() >= 3, "{playlist}");
+    let mut segment_bytes = 0;
+    for &(at, len) in &ranges {
+        let (status, body) = get(&http, "/clip.ts", Some((at, len)));
+        assert_eq!(status, 206);
+        assert_eq!(body, file[at as usize..(at + len) as usize]);
+        segment_bytes += len;
+    }
+    // SIGTERM to the server itself (strace's child; strace then exits with its status).
+    let server =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).unwrap();
+    let server = server.split_whitespace().next().expect("strace's child");
+    let _ = Command::new("kill").args(["-TERM", server]).status();
+    assert!(child.wait().unwrap().success());
+
+    let trace = std::fs::read_to_string(&trace_path).unwrap();
+    let zero_copy = bytes_of(&trace, &["sendfile", "splice"]);
+    let copied = bytes_of(
+        &trace,
+        &[
+            "write", "writev", "sendto", "sendmsg", "pwrite64", "pwritev",
+        ],
+    );
+    println!(
+        "segments {segment_bytes} B; sendfile/splice {zero_copy} B; write family {copied} B (playlist {} B)",
+        playlist.len()
+    );
+    assert!(zero_copy >= segment_bytes, "{zero_copy} < {segment_bytes}");
+    // Heads (~250 B each), the playlist, the start line and a few eventfd writes: not one
+    // segment's worth.
+    let smallest = ranges.iter().map(|r| r.1).min().unwrap();
+    assert!(
+        copied < playlist.len() as u64 + 2048 * (ranges.len() as u64 + 2),
+        "{copied} B copied out of user space"
+    );
+    assert!(copied < smallest.max(4096) * 2, "{copied} vs {smallest}");
+}

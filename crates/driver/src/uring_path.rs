@@ -521,6 +521,24 @@ impl UringState {
                 }
                 bufs.finish_io(ch.buf);
                 let n = ch.got;
+                // A volume with block checksums: the chunk's bytes are checked before any is
+                // sent; a bad sum unit is read from the other copy (and repaired) or fails
+                // the stream, naming the block. (Synchronous: rare, and the records are
+                // small reads, mostly from the page cache.)
+                if let Some(v) = io.source.volume.as_ref()
+                    && v.has_sums()
+                {
+                    let (a, z) = (ch.head_room, ch.head_room + n);
+                    let bytes = &mut ring.pool_mut().bytes_mut(ch.buf)[a..z];
+                    if let Err(source) = v.verify(ch.file_off, bytes, end, &[]) {
+                        return Err(StreamError::Io {
+                            op: "block checksum of a volume read",
+                            bytes_sent: io.sent,
+                            source,
+                        });
+                    }
+                }
+                let n = ch.got;
                 ch.filled = Some(n);
                 let data_end = ch.file_off + n as u64;
                 let want_end = (ch.file_off + ch.want as u64).min(end);

@@ -6,7 +6,7 @@
 
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use penstock_core::volume::layout::ALIGN_BYTES;
@@ -175,11 +175,24 @@ impl SumIo {
         let mut at = units.start;
         while at < units.end {
             let n = (units.end - at).min(CHUNK_BYTES);
+            // Mostly not cached (a mount's write-behind dropped it, an O_DIRECT writer never
+            // had it): the read back must not leave it there.
+            let uncached = penstock_uring::sys::cached_pages(self.fd(m)?.as_fd(), at, n)
+                .is_none_or(|(cached, pages)| cached * 2 < pages);
             let bytes = self.read_bytes(m, at, n as usize)?;
             let prev = self.read_records(m, at, (n / SUM_UNIT_BYTES) as usize)?;
             let valid = valid_from(at).min(bytes.len() as u64) as usize;
             let records = sums::sealed_records(&bytes, valid, &prev);
             self.write_records(m, at, &records)?;
+            if uncached {
+                // Dirty pages are only queued for writeback; the commit's fdatasync follows.
+                let _ = rustix::fs::fadvise(
+                    self.fd(m)?,
+                    at,
+                    std::num::NonZeroU64::new(n),
+                    rustix::fs::Advice::DontNeed,
+                );
+            }
             at += n;
         }
         Ok(())

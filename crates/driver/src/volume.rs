@@ -2348,9 +2348,8 @@ impl PartitionIo {
                     continue;
                 }
                 // A unit only partly in `buf`, or one that failed: each copy from the disk.
-                let good =
-                    self.recover_unit(s, &copies, lead, u_mo, u_part, need, whole.is_some())?;
-                if whole.is_some() {
+                let (good, had_bad) = self.recover_unit(s, &copies, lead, u_mo, u_part, need)?;
+                if had_bad {
                     failed += 1;
                     first_bad.get_or_insert(u_part);
                 }
@@ -2381,9 +2380,9 @@ impl PartitionIo {
 
     /// The unit at partition offset `u_part` (at `u_mo` on the `lead` copy) read from each
     /// readable copy and checked; returns the bytes of one that verifies, after rewriting the
-    /// copies that do not with them. `counted`: the unit failed in the caller's buffer (a
-    /// unit only partly there is read here first, and counted only when a copy is bad).
-    #[allow(clippy::too_many_arguments)]
+    /// copies that do not with them, and whether one did not. (The caller's bytes may have
+    /// failed only because a writer of another process sealed the unit between its reads of
+    /// the data and of the records: then every copy verifies here, and nothing is counted.)
     fn recover_unit(
         &self,
         s: &SumIo,
@@ -2392,8 +2391,7 @@ impl PartitionIo {
         u_mo: u64,
         u_part: u64,
         need: usize,
-        counted: bool,
-    ) -> io::Result<Vec<u8>> {
+    ) -> io::Result<(Vec<u8>, bool)> {
         let mut good: Option<(Vec<u8>, SumRecord)> = None;
         let mut bad: Vec<(MemberIndex, u64, String)> = Vec::new();
         for copy in copies {
@@ -2407,7 +2405,7 @@ impl PartitionIo {
             }
         }
         let block = u_part / self.map.block_bytes();
-        if counted || !bad.is_empty() {
+        if !bad.is_empty() {
             SUM_FAILURES.fetch_add(1, Ordering::Relaxed);
         }
         let Some((bytes, rec)) = good else {
@@ -2436,6 +2434,7 @@ impl PartitionIo {
                 ),
             ));
         };
+        let had_bad = !bad.is_empty();
         for (m, at, why) in bad {
             let repaired = s.writable() && s.write_unit(m, at, &bytes, rec).is_ok();
             if repaired {
@@ -2456,7 +2455,7 @@ impl PartitionIo {
                 }
             );
         }
-        Ok(bytes)
+        Ok((bytes, had_bad))
     }
 
     /// Makes sure the blocks hold `end` bytes, growing the partition when they do not

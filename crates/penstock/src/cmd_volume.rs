@@ -646,6 +646,11 @@ fn check(a: CheckArgs) -> Result<()> {
         }
         bail!("problems remain that repair cannot prove safe to fix");
     }
+    if bad_left > 0 {
+        bail!(
+            "{bad_left} bad block unit(s) without a good copy remain (see above): those bytes are lost"
+        );
+    }
     println!("volume {} is consistent", v.meta().name);
     Ok(())
 }

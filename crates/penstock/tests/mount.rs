@@ -285,7 +285,8 @@ fn rsync_of_a_tree_of_small_files_round_trips() {
     let tmp = tempfile::tempdir().unwrap();
     // The mount is one flat directory (a partition is a file; directories are refused with
     // EOPNOTSUPP), so the tree is 500 files side by side, each of one 64 KiB block at most:
-    // more than the 256 partitions of format version 3, so the table is written as version 4.
+    // more than the 256 partitions of format version 3, so the table is version 4's (written
+    // as version 5, which adds the block checksums).
     let member = create(
         tmp.path(),
         "many",

@@ -587,8 +587,9 @@ fn sigkill_during_growth_and_truncation_keeps_every_committed_byte() {
     }
     let d = dir.path();
     let m = create(d, "grow", 4, "64MiB");
-    // More partitions than format version 3 holds: every update below writes a version 4
-    // table (the crash safety of the larger table is what is tested, not only growth's).
+    // More partitions than format version 3 holds: every update below writes a version 5
+    // table (version 4's larger table, and block checksums: the crash safety of both is
+    // what is tested, not only growth's; after each kill `check` reads every block).
     for i in 0..=256 {
         ok(&["volume", "add-partition", s(&m[0]), &format!("fill{i}")]);
     }
@@ -597,7 +598,7 @@ fn sigkill_during_growth_and_truncation_keeps_every_committed_byte() {
         let at = |o: usize| u32::from_le_bytes(img[o + 8..o + 12].try_into().unwrap());
         (at(0), at(1 << 20))
     };
-    assert_eq!(versions(), (4, 4));
+    assert_eq!(versions(), (5, 5));
     // name -> the bytes it holds (its committed size is a prefix of them).
     let mut content: Vec<(String, Vec<u8>)> = Vec::new();
     let (mut streams_done, mut truncs_done) = (0, 0);
@@ -684,7 +685,7 @@ fn sigkill_during_growth_and_truncation_keeps_every_committed_byte() {
             c.1.truncate(size as usize);
         }
     }
-    assert_eq!(versions(), (4, 4));
+    assert_eq!(versions(), (5, 5));
     eprintln!("{streams_done} streams and {truncs_done} truncations completed before their kill");
     assert!(
         streams_done > 0 && truncs_done > 0,
@@ -697,7 +698,8 @@ fn sigkill_during_growth_and_truncation_keeps_every_committed_byte() {
 #[test]
 fn a_tcp_socket_and_a_pipe_stream_into_a_partition_byte_exact() {
     let dir = tempfile::tempdir().unwrap();
-    let m = create(dir.path(), "sock", 3, "8MiB");
+    // 6 blocks per member: 2 MiB of metadata, the block checksums' area (24 KiB), 6 MiB.
+    let m = create(dir.path(), "sock", 3, "9MiB");
     ok(&[
         "volume",
         "add-partition",

@@ -2229,6 +2229,66 @@ impl PartitionIo {
         self.sums.is_some()
     }
 
+    fn has_unsealed(&self) -> bool {
+        self.growth
+            .as_ref()
+            .is_some_and(|g| !lock_ignoring_poison(&g.unsealed).is_empty())
+    }
+
+    /// Before a write of `bufs` at `offset` that rewrites bytes below the committed size:
+    /// makes what was written so far durable, then writes and syncs the records of the units
+    /// the write touches below that size as they will be after it (each unit's durable
+    /// checksum kept as its older one), so that a crash leaving either the old bytes or the
+    /// new ones leaves a checksum that matches (an append needs none of this: it never changes
+    /// the bytes a committed checksum covers). Two fdatasyncs per such write: the price of
+    /// rewriting committed bytes in place.
+    fn seal_ahead(&self, bufs: &[&[u8]], offset: u64, len: u64) -> io::Result<()> {
+        let (Some(s), Some(g)) = (&self.sums, &self.growth) else {
+            return Ok(());
+        };
+        let committed = g.committed.load(Ordering::Acquire);
+        let end = offset + len;
+        if offset >= committed {
+            return Ok(());
+        }
+        let unit = SUM_UNIT_BYTES;
+        let new_size = committed.max(end);
+        let lo = offset / unit * unit;
+        let hi = end.min(committed).div_ceil(unit) * unit;
+        self.sync_data()?;
+        let pieces = self
+            .split_write(lo, hi - lo)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        for p in pieces {
+            let n = (p.len_bytes / unit) as usize;
+            let prev = s.read_records(p.member, p.member_offset_bytes, n)?;
+            let mut records = Vec::with_capacity(n);
+            for (k, prev) in prev.into_iter().enumerate() {
+                let u_part = lo + p.buf_offset_bytes + k as u64 * unit;
+                let at = p.member_offset_bytes + k as u64 * unit;
+                let mut content = s.read_unit(p.member, at)?;
+                content.resize(unit as usize, 0);
+                // The write's bytes over the unit's.
+                let (a, z) = (u_part.max(offset), (u_part + unit).min(end));
+                for (i, b) in gather(bufs, a - offset, z - a)
+                    .iter()
+                    .scan(a - u_part, |pos, sl| {
+                        let at = *pos;
+                        *pos += sl.len() as u64;
+                        Some((at, sl))
+                    })
+                {
+                    let i = i as usize;
+                    content[i..i + b.len()].copy_from_slice(b);
+                }
+                let valid = (new_size - u_part).min(unit) as usize;
+                records.push(prev.sealed(&content[..valid]));
+            }
+            s.write_records(p.member, p.member_offset_bytes, &records)?;
+        }
+        self.sync_data()
+    }
+
     /// Writes the block checksums of every range written since the last seal, each unit's
     /// covering its bytes below `size` (the size about to be committed), on every copy
     /// written. Not synced: the commit's fdatasync follows, before the size.
@@ -2260,10 +2320,15 @@ impl PartitionIo {
             }
             Ok(())
         })();
-        if r.is_err() {
-            let mut u = lock_ignoring_poison(&g.unsealed);
-            for (lo, hi) in ranges {
+        let mut u = lock_ignoring_poison(&g.unsealed);
+        for (lo, hi) in ranges {
+            if r.is_err() {
                 add_range(&mut u, lo, hi);
+            } else if hi > size {
+                // Written past the size this commit covers (a writer thread beside the
+                // committing one): the unit holding `size` and what follows are sealed again
+                // by the next commit, for the size it covers.
+                add_range(&mut u, lo.max(size / unit * unit), hi);
             }
         }
         r
@@ -2523,10 +2588,14 @@ impl PartitionIo {
             }
             r
         };
-        // The block checksums of what was written, before the sync that makes them durable
-        // with the data, before the size that makes the data readable.
-        committed(self.seal(g, g.committed.load(Ordering::Acquire).max(end)))?;
+        // The data first, then the block checksums of what was written (each unit's previous
+        // checksum kept as its older one: it matches what was durable before this commit,
+        // whichever of the two a crash leaves), then the size that makes the data readable.
         committed(self.sync_data())?;
+        if self.has_unsealed() {
+            committed(self.seal(g, g.committed.load(Ordering::Acquire).max(end)))?;
+            committed(self.sync_data())?;
+        }
         if !dirty || (g.creating && end <= g.committed.load(Ordering::Acquire)) {
             return Ok(());
         }
@@ -2615,6 +2684,9 @@ impl PartitionIo {
         let full = |done: u64| (done, Some(io::Error::from_raw_os_error(libc::ENOSPC)));
         if len == 0 {
             return full(0);
+        }
+        if let Err(e) = self.seal_ahead(bufs, offset, len) {
+            return (0, Some(e));
         }
         let mut pieces = match self.split_write(offset, len) {
             Ok(p) => p,

@@ -279,7 +279,7 @@ fn ls(vol: &str) -> Result<()> {
     let states = v.member_states();
     let degraded = states.iter().filter(|(s, _)| *s != MemberState::Ok).count();
     println!(
-        "volume {} ({}) seq {}: stripe unit {} bytes, block {} bytes, data from byte {}{}{}",
+        "volume {} ({}) seq {}: stripe unit {} bytes, block {} bytes, data from byte {}{}{}{}",
         m.name,
         m.uuid,
         v.seq(),
@@ -291,7 +291,8 @@ fn ls(vol: &str) -> Result<()> {
             (false, _) => String::new(),
             (true, 0) => ", mirrored (2 copies)".to_string(),
             (true, n) => format!(", mirrored (2 copies), DEGRADED: {n} member(s) not ok"),
-        }
+        },
+        if m.sums { ", block checksums" } else { "" }
     );
     for (i, path) in v.member_paths().iter().enumerate() {
         let map = &m.used[i];

@@ -1351,9 +1351,11 @@ fn a_record_is_tagged_and_a_zeroed_one_is_missing() {
     assert!(r.verify(b"jello world", 11).is_err());
 }
 
-/// A member's data and records as the driver keeps them, with what the last commit made
-/// durable: writes change the data; a commit seals the units written since the last one (each
-/// record covering its unit's bytes below the new size) and makes everything durable.
+/// A member's data and records as the driver keeps them, and what is durable: a write that
+/// rewrites committed bytes first syncs, then writes and syncs the records of the units it
+/// touches below the committed size as they will be (the previous newest checksum kept as the
+/// older one), then the data; a commit syncs the data, seals the units written since the last
+/// one (each record covering its unit's bytes below the new size), syncs the records.
 #[derive(Clone)]
 struct FakeMember {
     data: Vec<u8>,
@@ -1379,22 +1381,32 @@ impl FakeMember {
     }
 
     fn write(&mut self, offset: usize, bytes: &[u8]) {
-        self.data[offset..offset + bytes.len()].copy_from_slice(bytes);
+        let end = offset + bytes.len();
+        if offset < self.committed {
+            // Seal ahead: sync, the records as they will be, sync, then the data.
+            self.durable.0 = self.data.clone();
+            let new_size = self.committed.max(end);
+            let r = units_of(offset as u64, (end.min(self.committed) - offset) as u64);
+            for u in r.start as usize / UNIT..r.end as usize / UNIT {
+                let a = u * UNIT;
+                let mut content = self.data[a..a + UNIT].to_vec();
+                let (from, to) = (a.max(offset), (a + UNIT).min(end));
+                content[from - a..to - a].copy_from_slice(&bytes[from - offset..to - offset]);
+                let valid = (new_size - a).min(UNIT);
+                self.records[u] = self.records[u].sealed(&content[..valid]);
+            }
+            self.durable.1 = self.records.clone();
+        }
+        self.data[offset..end].copy_from_slice(bytes);
         let r = units_of(offset as u64, bytes.len() as u64);
         for u in r.start as usize / UNIT..r.end as usize / UNIT {
             self.dirty[u] = true;
         }
     }
 
-    /// Seals the dirty units for `size` and makes everything durable.
-    fn commit(&mut self, size: usize) {
-        self.seal(size);
-        self.durable = (self.data.clone(), self.records.clone());
-        self.committed = size;
-    }
-
-    /// Seals the dirty units for `size` (the first step of a commit; the sync follows).
-    fn seal(&mut self, size: usize) {
+    /// Syncs the data and seals the dirty units for `size`: a commit up to its last sync.
+    fn sync_and_seal(&mut self, size: usize) {
+        self.durable.0 = self.data.clone();
         for u in 0..self.dirty.len() {
             if std::mem::take(&mut self.dirty[u]) {
                 let a = u * UNIT;
@@ -1408,9 +1420,15 @@ impl FakeMember {
         }
     }
 
-    /// A crash: each unit's data and record are independently what the last commit made
-    /// durable or what was written since (whole units: no torn page), `pick(unit)` saying
-    /// which; the size is the committed one.
+    fn commit(&mut self, size: usize) {
+        self.sync_and_seal(size);
+        self.durable.1 = self.records.clone();
+        self.committed = size;
+    }
+
+    /// A crash: each unit's data and record are independently what is durable or what was
+    /// written since (whole units: no torn page), `pick(unit)` saying which; the size is the
+    /// committed one.
     fn crash(&mut self, pick: impl Fn(usize) -> (bool, bool)) {
         for u in 0..self.records.len() {
             let (new_data, new_record) = pick(u);
@@ -1425,7 +1443,7 @@ impl FakeMember {
         self.dirty.fill(false);
     }
 
-    /// The units among the first `len` bytes that do not verify for a size of `size`.
+    /// The units that do not verify for a size of `size`.
     fn bad_units(&self, size: usize) -> Vec<usize> {
         (0..self.records.len())
             .filter(|&u| {
@@ -1441,7 +1459,7 @@ impl FakeMember {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
-    /// Appends and rewrites of any sizes, committed now and then: after each commit every
+    /// Appends and overwrites of any sizes, committed now and then: after each commit every
     /// byte below the size verifies; a flipped bit in a byte a reader gets fails exactly its
     /// unit; and a crash at any point — each unit's bytes and record independently old or
     /// new — leaves every unit below the committed size verifying.
@@ -1460,10 +1478,7 @@ proptest! {
         let mut m = FakeMember::new(units);
         let mut end = 0usize;
         for (at, len, fill, append, commit) in writes {
-            // Appends, and overwrites of bytes not yet committed (an overwrite of committed
-            // bytes interrupted by a crash may leave a unit that verifies against neither
-            // checksum: docs/volume-format.md says so).
-            let at = if append { end } else { at.clamp(m.committed, end) };
+            let at = if append { end } else { at.min(end) };
             let len = len.min(cap - at);
             if len > 0 {
                 let bytes: Vec<u8> = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
@@ -1475,11 +1490,15 @@ proptest! {
                 prop_assert_eq!(m.bad_units(end), Vec::<usize>::new());
             }
         }
-        // A crash now, in the middle of the next commit (sealed, not yet synced): what was
-        // committed still reads.
+        // A crash now, between writes: what was committed still reads.
+        let pick = |u: usize| (crash_picks >> (2 * u) & 1 == 1, crash_picks >> (2 * u + 1) & 1 == 1);
         let mut crashed = m.clone();
-        crashed.seal(end);
-        crashed.crash(|u| (crash_picks >> (2 * u) & 1 == 1, crash_picks >> (2 * u + 1) & 1 == 1));
+        crashed.crash(pick);
+        prop_assert_eq!(crashed.bad_units(m.committed), Vec::<usize>::new());
+        // And in the middle of the next commit (data synced, sealed, records not synced).
+        let mut crashed = m.clone();
+        crashed.sync_and_seal(end);
+        crashed.crash(pick);
         prop_assert_eq!(crashed.bad_units(m.committed), Vec::<usize>::new());
         // A flip in a byte a reader gets, after a final commit: found, in its unit only.
         m.commit(end);

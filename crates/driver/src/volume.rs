@@ -1483,9 +1483,9 @@ impl Volume {
     }
 
     /// Scrubs every `Ready` partition ([`PartitionIo::scrub`]): reads every copy of every
-    /// byte, checks it, and with `repair` rewrites a bad unit from a copy that verifies.
-    /// `None` for a volume without checksums.
-    pub fn scrub(&self, repair: bool) -> Result<Option<ScrubReport>> {
+    /// byte, checks it, and with `repair` rewrites a bad unit from a copy that verifies;
+    /// `pace` as there. `None` for a volume without checksums.
+    pub fn scrub(&self, repair: bool, pace: &mut dyn FnMut(u64)) -> Result<Option<ScrubReport>> {
         if !self.meta.sums {
             return Ok(None);
         }
@@ -1495,7 +1495,7 @@ impl Volume {
                 continue;
             }
             let pio = self.partition_io(p.name.as_str(), false)?;
-            pio.scrub(repair, &mut report)
+            pio.scrub(repair, &mut report, pace)
                 .map_err(io_err(&self.members[0].path, "scrub"))?;
         }
         Ok(Some(report))
@@ -2018,8 +2018,16 @@ impl PartitionIo {
 
     /// Reads every copy of every byte below the size and checks it against its checksum;
     /// with `repair`, a unit that fails on one copy and verifies on another is rewritten from
-    /// it (synced). Adds what it found to `report`. A volume without checksums: nothing.
-    pub fn scrub(&self, repair: bool, report: &mut ScrubReport) -> io::Result<()> {
+    /// it (synced). Adds what it found to `report`; `pace(bytes)` is called after each chunk
+    /// (up to 1 MiB of the partition) with the bytes read for it over every copy, for the
+    /// caller's rate limit. A
+    /// volume without checksums: nothing.
+    pub fn scrub(
+        &self,
+        repair: bool,
+        report: &mut ScrubReport,
+        pace: &mut dyn FnMut(u64),
+    ) -> io::Result<()> {
         let Some(s) = &self.sums else {
             return Ok(());
         };
@@ -2032,6 +2040,7 @@ impl PartitionIo {
             let pairs = self
                 .map_split_copies(off, len)
                 .map_err(|e| io::Error::other(format!("{}: {e}", self.label)))?;
+            let mut chunk_read = 0u64;
             for pair in pairs {
                 let copies: Vec<volume::MemberIo> = std::iter::once(pair.primary)
                     .chain(pair.mirror)
@@ -2040,6 +2049,7 @@ impl PartitionIo {
                 let p0 = off + pair.primary.buf_offset_bytes;
                 // Each copy's bytes and records, whole units (pieces start at a unit).
                 let mut read = Vec::with_capacity(copies.len());
+                chunk_read += pair.primary.len_bytes * copies.len() as u64;
                 for c in &copies {
                     let n = c.len_bytes.div_ceil(unit);
                     let bytes =
@@ -2093,6 +2103,7 @@ impl PartitionIo {
                     }
                 }
             }
+            pace(chunk_read);
             off += len;
         }
         Ok(())

@@ -97,6 +97,12 @@ pub struct ScrubArgs {
     /// Report only; rewrite nothing.
     #[arg(long)]
     pub no_repair: bool,
+    /// An average rate limit on the bytes read (every copy counted; bytes: 50MB/s,
+    /// 200MiB/s; bits: 400Mbps), enforced between 1 MiB chunks. Default: none. The scrub's
+    /// reads run at the idle I/O priority whatever the rate (streams of the same disks go
+    /// first where the disk's scheduler honours priorities: mq-deadline, bfq).
+    #[arg(long, value_parser = parse_byte_rate)]
+    pub rate: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -195,6 +201,10 @@ pub struct CheckArgs {
     pub vol: String,
     #[arg(long)]
     pub repair: bool,
+    /// Check the metadata only: do not read the data to verify its block checksums
+    /// (`volume scrub` does that alone).
+    #[arg(long)]
+    pub no_data: bool,
     /// With --repair: the largest run of bytes one rebuild stream copies (a multiple of 4KiB,
     /// at most 1GiB). The rebuild is a sequence of bulk-class engine streams; SIGINT stops it
     /// within one poll (100 ms), cancelling the stream under way.
@@ -502,7 +512,22 @@ fn print_sum_counters() {
 
 fn scrub(a: ScrubArgs) -> Result<()> {
     let v = open(&a.vol, Access::SharedWrite)?;
-    let Some(report) = v.scrub(!a.no_repair)? else {
+    // The bulk class's place in the kernel's queue (as `volume mount --class bulk`).
+    use penstock_driver::sys::{IoprioClass, ioprio_value};
+    penstock_driver::sys::ioprio_set_current_thread(ioprio_value(IoprioClass::Idle, 0))
+        .context("setting the idle I/O priority")?;
+    let started = std::time::Instant::now();
+    let mut read_bytes = 0u64;
+    let mut pace = |n: u64| {
+        read_bytes += n;
+        if let Some(rate) = a.rate {
+            let due = std::time::Duration::from_secs_f64(read_bytes as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    };
+    let Some(report) = v.scrub(!a.no_repair, &mut pace)? else {
         println!(
             "volume {} has no block checksums (format version {}): nothing to scrub; a volume \
              created by this penstock has them (export, create, import to move data over)",
@@ -581,7 +606,12 @@ fn check(a: CheckArgs) -> Result<()> {
     }
     // Block checksums: every copy of every byte, read and checked (rewriting a bad unit from
     // its good copy only with --repair).
-    let sums = v.scrub(a.repair)?;
+    let sums = if a.no_data {
+        println!("block checksums: data not read (--no-data)");
+        Some(penstock_driver::volume::ScrubReport::default())
+    } else {
+        v.scrub(a.repair, &mut |_| {})?
+    };
     let bad_left = match &sums {
         None => {
             println!(

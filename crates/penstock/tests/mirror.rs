@@ -741,10 +741,22 @@ fn random_bytes_over_a_mirrored_member_are_found_read_from_the_mirror_and_scrubb
     assert!(said.contains("block checksum failures:"), "{said}");
     assert!(said.contains("repaired from the other copy"), "{said}");
 
-    // scrub: finds what is left (the copies the export did not read), repairs it all.
-    let o = run(&["volume", "scrub", s(&m[0])]);
+    // scrub: finds what is left (the copies the export did not read), repairs it all, at
+    // most at the rate asked (a lower bound on its time: it read every copy).
+    let rate = 400e6;
+    let t0 = std::time::Instant::now();
+    let o = run(&["volume", "scrub", s(&m[0]), "--rate", "400MB/s"]);
+    let took = t0.elapsed().as_secs_f64();
     assert!(o.status.success(), "{}", text(&o));
     let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let bytes: f64 = stdout
+        .split(" units (")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count: {stdout}"));
+    assert!(bytes >= 2.0 * clip.len() as f64, "{stdout}");
+    assert!(took >= bytes / rate, "{bytes} bytes in {took} s at --rate 400MB/s");
     let left = bad_count(&stdout, "scrubbed volume");
     assert!(
         left > 0 && left < found,

@@ -703,6 +703,15 @@ impl UringState {
                 // The buffer may hold an older chunk's bytes there: write zeros, not them.
                 ring.pool_mut().bytes_mut(ch.buf)[len..padded].fill(0);
             }
+            // Bytes below the partition's committed size (a stream rewriting a partition in
+            // place): their block checksums are sealed ahead of the data (as written, with the
+            // padding), synchronously — two fdatasyncs per chunk, only for such a stream;
+            // others return at once.
+            if v.has_sums() {
+                let bytes = &ring.pool().bytes(ch.buf)[..padded];
+                v.seal_ahead(&[bytes], part_off, padded as u64)
+                    .map_err(|e| crate::paths::volume_write_error(io, e))?;
+            }
             bufs.start_io(client, ch.buf);
             for p in &pieces {
                 let t = token(TAG_SEND, ch.buf.index() as u16);

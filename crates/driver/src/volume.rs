@@ -2253,7 +2253,7 @@ impl PartitionIo {
     /// new ones leaves a checksum that matches (an append needs none of this: it never changes
     /// the bytes a committed checksum covers). Two fdatasyncs per such write: the price of
     /// rewriting committed bytes in place.
-    fn seal_ahead(&self, bufs: &[&[u8]], offset: u64, len: u64) -> io::Result<()> {
+    pub fn seal_ahead(&self, bufs: &[&[u8]], offset: u64, len: u64) -> io::Result<()> {
         let (Some(s), Some(g)) = (&self.sums, &self.growth) else {
             return Ok(());
         };

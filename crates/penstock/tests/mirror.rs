@@ -756,7 +756,10 @@ fn random_bytes_over_a_mirrored_member_are_found_read_from_the_mirror_and_scrubb
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no byte count: {stdout}"));
     assert!(bytes >= 2.0 * clip.len() as f64, "{stdout}");
-    assert!(took >= bytes / rate, "{bytes} bytes in {took} s at --rate 400MB/s");
+    assert!(
+        took >= bytes / rate,
+        "{bytes} bytes in {took} s at --rate 400MB/s"
+    );
     let left = bad_count(&stdout, "scrubbed volume");
     assert!(
         left > 0 && left < found,

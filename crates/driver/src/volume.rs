@@ -1516,39 +1516,50 @@ impl Volume {
             let Some(mirror) = map.mirror() else {
                 continue;
             };
+            // A stripe unit (placed: a block) at a time: one contiguous run on each copy.
+            let run = map.unit_bytes();
             let mut off = 0;
             while off < p.size_bytes {
                 let a = map.locate(off)?;
                 let b = mirror.locate(off)?;
+                let len = run.min(p.size_bytes - off).div_ceil(unit) * unit;
                 let src = if targets.contains(&a.member.get()) {
                     b
                 } else if targets.contains(&b.member.get()) {
                     a
                 } else {
-                    off += unit;
+                    off += run;
                     continue;
                 };
-                let need = needed_bytes(off, p.size_bytes);
-                let at = src.member_offset_bytes / unit * unit;
+                let path = &self.members[src.member.get()].path;
                 let bytes = s
-                    .read_unit(src.member, at)
-                    .map_err(io_err(&self.members[src.member.get()].path, "read"))?;
-                let rec = s
-                    .read_records(src.member, at, 1)
-                    .map_err(io_err(&self.members[src.member.get()].path, "read"))?[0];
-                if let Err(why) = rec.verify(&bytes, need) {
-                    return Err(VolumeError::Invalid(format!(
-                        "partition {} block {} (bytes {off}..{}): the copy on member {} ({}) at \
-                         offset {at} fails its checksum ({why}) and the other copy is the one \
-                         being rebuilt: nothing good to rebuild it from; nothing was copied",
-                        p.name,
-                        off / map.block_bytes(),
-                        off + unit,
-                        src.member,
-                        self.members[src.member.get()].path.display()
-                    )));
+                    .read_bytes(src.member, src.member_offset_bytes, len as usize)
+                    .map_err(io_err(path, "read"))?;
+                let recs = s
+                    .read_records(src.member, src.member_offset_bytes, (len / unit) as usize)
+                    .map_err(io_err(path, "read"))?;
+                for (i, rec) in recs.iter().enumerate() {
+                    let u = i as u64 * unit;
+                    let need = needed_bytes(off + u, p.size_bytes);
+                    let from = (u as usize).min(bytes.len());
+                    let unit_bytes = &bytes[from..(from + unit as usize).min(bytes.len())];
+                    if let Err(why) = rec.verify(unit_bytes, need) {
+                        return Err(VolumeError::Invalid(format!(
+                            "partition {} block {} (bytes {}..{}): the copy on member {} ({}) \
+                             at offset {} fails its checksum ({why}) and the other copy is the \
+                             one being rebuilt: nothing good to rebuild it from; nothing was \
+                             copied",
+                            p.name,
+                            (off + u) / map.block_bytes(),
+                            off + u,
+                            off + u + unit,
+                            src.member,
+                            path.display(),
+                            src.member_offset_bytes + u
+                        )));
+                    }
                 }
-                off += unit;
+                off += run;
             }
         }
         Ok(())

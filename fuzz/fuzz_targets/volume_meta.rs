@@ -38,7 +38,7 @@ use std::ops::ControlFlow;
 use arbitrary::{Arbitrary, Result as ArbResult, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use penstock_core::volume::format::{
-    META_AREA_BYTES, META_HEADER_BYTES, META_SLOT_BYTES, META_VERSION,
+    META_AREA_BYTES, META_HEADER_BYTES, META_SLOT_BYTES, META_VERSION, META_VERSION_WIDE,
 };
 use penstock_core::volume::layout::{ALIGN_BYTES, BLOCK_BYTES_MAX};
 use penstock_core::volume::{
@@ -88,18 +88,19 @@ fuzz_target!(|data: &[u8]| {
 /// A version 1 image (no reservation or generation per partition) re-encodes as version 2,
 /// whose bytes differ, and so does a version 3 image of a volume that uses nothing of version
 /// 3 (one copy, every member ok), and a version 4 image of at most 256 partitions as version
-/// 3 or 2; each must still decode to the same metadata.
+/// 3 or 2; each must still decode to the same metadata. A version 5 image (block checksums)
+/// always re-encodes as version 5.
 fn reencodes(d: &DecodedMeta, slot: &[u8]) {
     let again = encode(&d.meta, d.member, d.seq);
     let version = le32(slot, VERSION_AT);
-    assert!((1..=META_VERSION).contains(&version), "only versions 1 to 4 decode");
+    assert!((1..=META_VERSION).contains(&version), "only versions 1 to 5 decode");
     if version == d.meta.format_version() {
         let end = HEADER + le32(&again, BODY_LEN_AT) as usize;
         assert!(
             again[..end] == slot[..end],
             "decoded metadata re-encodes to different bytes"
         );
-    } else if version == META_VERSION {
+    } else if version == META_VERSION_WIDE {
         assert!(
             d.meta.partitions.len() <= PARTITIONS_MAX_V3,
             "a table of more than {PARTITIONS_MAX_V3} partitions is written as version 4"
@@ -604,6 +605,10 @@ impl<'a> Arbitrary<'a> for Case {
             for d in &mut meta.member_domains {
                 *d = u64::from(u.int_in_range(0..=2u8)?);
             }
+        }
+        // Block checksums (format version 5) where the data start leaves room for them.
+        if penstock_core::volume::sums::area_fits(&meta.layout) && rarely(u, 2)? {
+            meta.sums = true;
         }
         u.arbitrary_loop(None, Some(OPS_MAX), |u| {
             apply(&mut meta, u.arbitrary()?);

@@ -553,6 +553,7 @@ fn loop_volume(
         block_bytes: BLOCK_BYTES_DEFAULT,
         force: true,
         copies: 1,
+        sums: true,
     })?;
     for i in 0..streams {
         let name = format!("s{i:04}");

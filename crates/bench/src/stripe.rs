@@ -62,6 +62,12 @@ pub struct StripeArgs {
     /// with an unmirrored one over the same members, instead of the 1..4 member table.
     #[arg(long)]
     pub mirror: bool,
+    /// The block checksums' cost: reads of the same bytes from a volume with checksums
+    /// (verified on every read) and from one without, over plain member files in `--dir`
+    /// (tmpfs, e.g. /dev/shm, so that the disk's noise does not hide it), runs alternating,
+    /// instead of the 1..4 member table.
+    #[arg(long, conflicts_with = "mirror")]
+    pub checksums: bool,
     /// Write the table as JSON here; a bare `--json` writes it on stdout (the table then
     /// goes to stderr).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
@@ -197,7 +203,8 @@ pub fn run(a: StripeArgs) -> Result<()> {
         files.push(p);
     }
     let mut guard = Throttle::default();
-    let (members, mode) = if a.no_throttle {
+    // The checksums' cost is CPU: plain files in `--dir` (tmpfs), never throttled devices.
+    let (members, mode) = if a.no_throttle || a.checksums {
         (
             files.clone(),
             "plain files (--no-throttle): the table shows only overhead".to_string(),
@@ -238,6 +245,15 @@ pub fn run(a: StripeArgs) -> Result<()> {
         },
         ..EngineConfig::default()
     })?;
+    if a.checksums {
+        if let Err(why) = &engine.info().uring {
+            bail!("the volume data path needs io_uring: {why}");
+        }
+        let rows = checksum_rows(&a, dir.path(), member_bytes, &engine)?;
+        drop(engine);
+        drop(guard);
+        return checksum_table(&a, depth, &rows);
+    }
     if a.mirror {
         if let Err(why) = &engine.info().uring {
             bail!("the volume data path needs io_uring: {why}");
@@ -299,6 +315,8 @@ pub fn run(a: StripeArgs) -> Result<()> {
             block_bytes: BLOCK_BYTES_DEFAULT,
             force: true,
             copies: 1,
+            // Unwritten blocks (allocated, never written) have no checksums to verify.
+            sums: false,
         })?;
         v.begin_partition("p", a.size, &Placement::Striped)?;
         v.finish_partition("p")?;
@@ -449,6 +467,7 @@ fn mirror_rows(
             block_bytes: BLOCK_BYTES_DEFAULT,
             force: true,
             copies,
+            sums: false,
         })?;
         v.begin_partition("p", a.size, &Placement::Striped)?;
         v.finish_partition("p")?;
@@ -520,6 +539,171 @@ fn mirror_table(a: &StripeArgs, mode: &str, depth: usize, rows: &[(u8, f64, f64)
             &serde_json::json!({"bench": "stripe-mirror", "members": mode.to_string(),
                 "size": a.size, "stripe_unit": a.stripe_unit, "depth": depth, "reps": a.reps,
                 "member_rate_bytes_per_s": a.rate, "rows": v}),
+        )?;
+    }
+    Ok(())
+}
+
+/// Reads of one `--size` partition striped over 4 plain member files, from a volume with
+/// block checksums and from one without (the same bytes, members side by side in `dir`), the
+/// runs alternating.
+fn checksum_rows(
+    a: &StripeArgs,
+    dir: &Path,
+    member_bytes: u64,
+    engine: &Engine,
+) -> Result<Vec<ChecksumRow>> {
+    let media: Vec<u8> = {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..a.size)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    let mut vols = Vec::new();
+    for sums in [false, true] {
+        let name = if sums { "sums" } else { "plain" };
+        let members: Vec<PathBuf> = (0..MEMBERS_MAX)
+            .map(|i| dir.join(format!("{name}{i}")))
+            .collect();
+        for m in &members {
+            // Room for the sum area too (a few hundred KiB per GiB).
+            std::fs::File::create(m)?.set_len(member_bytes + (1 << 20))?;
+        }
+        let mut v = Volume::create(&CreateSpec {
+            name: name.to_string(),
+            members: members.clone(),
+            member_size_bytes: None,
+            stripe_unit_bytes: a.stripe_unit,
+            block_bytes: BLOCK_BYTES_DEFAULT,
+            force: true,
+            copies: 1,
+            sums,
+        })?;
+        v.begin_partition("p", a.size, &Placement::Striped)?;
+        {
+            let mut pio = v.partition_io("p", true)?;
+            pio.make_buffered()?;
+            let (n, e) = pio.write_vectored_at(&[&media], 0);
+            if let Some(e) = e {
+                bail!("writing the partition: {e} after {n} bytes");
+            }
+            pio.finish()?; // seals the checksums, syncs
+        }
+        v.finish_partition("p")?;
+        vols.push((sums, name, v));
+    }
+    let mut runs: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); 2];
+    for _ in 0..a.reps {
+        for (i, (_, name, v)) in vols.iter().enumerate() {
+            let source = opened_partition(v.partition_io("p", false)?)?;
+            let null = Endpoint::File {
+                path: PathBuf::from("/dev/null"),
+            };
+            let target = open_target(&null, &mut |_| {})?;
+            let spec = StreamSpec {
+                zero_copy: ZeroCopy::Off,
+                ..StreamSpec::new(
+                    Endpoint::Volume {
+                        volume: VolumeName::parse(name)?,
+                        partition: PartitionName::parse("p")?,
+                    },
+                    null,
+                )
+            };
+            let c0 = cpu_times(CpuWho::Process);
+            let t0 = Instant::now();
+            let report = engine.open_opened(spec, source, target)?.wait()?;
+            let secs = t0.elapsed().as_secs_f64();
+            let c1 = cpu_times(CpuWho::Process);
+            if report.bytes != a.size {
+                bail!("read {} bytes of {}", report.bytes, a.size);
+            }
+            let gb = a.size as f64 / 1e9;
+            runs[i].0.push(a.size as f64 / secs / 1e6);
+            runs[i]
+                .1
+                .push(((c1.user_ns - c0.user_ns) + (c1.sys_ns - c0.sys_ns)) as f64 / 1e9 / gb);
+        }
+    }
+    let (failed, _, _) = penstock_driver::sums::counters();
+    if failed > 0 {
+        bail!("{failed} block checksum failures while reading what was just written");
+    }
+    Ok(vols
+        .iter()
+        .zip(runs)
+        .map(|((sums, _, _), (mbps, cpu))| ChecksumRow {
+            sums: *sums,
+            mbps: median(&mbps),
+            cpu: median(&cpu),
+            runs: mbps,
+        })
+        .collect())
+}
+
+/// One side of `--checksums`: medians over the runs, and each run's MB/s.
+struct ChecksumRow {
+    sums: bool,
+    mbps: f64,
+    /// CPU seconds per GB read (= ns per byte).
+    cpu: f64,
+    runs: Vec<f64>,
+}
+
+fn checksum_table(a: &StripeArgs, depth: usize, rows: &[ChecksumRow]) -> Result<()> {
+    let mut h = crate::out::human(a.json.as_deref());
+    writeln!(
+        h,
+        "read of a {} MiB partition striped over {MEMBERS_MAX} plain member files (stripe unit {} KiB, {} x 1 MiB in flight), without and with block checksums, runs alternating, median of {}",
+        a.size >> 20,
+        a.stripe_unit >> 10,
+        depth,
+        a.reps
+    )?;
+    writeln!(
+        h,
+        "| checksums | read MB/s | × without | read CPU s/GB | runs MB/s |"
+    )?;
+    writeln!(h, "|---|---:|---:|---:|---|")?;
+    let (base, base_cpu) = (rows[0].mbps, rows[0].cpu);
+    for r in rows {
+        let all: Vec<String> = r.runs.iter().map(|m| format!("{m:.0}")).collect();
+        writeln!(
+            h,
+            "| {} | {:.1} | {:.3} | {:.3} | {} |",
+            if r.sums { "verified" } else { "none" },
+            r.mbps,
+            r.mbps / base,
+            r.cpu,
+            all.join(", ")
+        )?;
+    }
+    // CPU s/GB is ns/B.
+    let added_ns_per_byte = rows[1].cpu - base_cpu;
+    writeln!(
+        h,
+        "checksums cost {:.1} % of the read throughput and {added_ns_per_byte:.3} CPU ns per byte",
+        (1.0 - rows[1].mbps / base) * 100.0,
+    )?;
+    if let Some(p) = &a.json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({"checksums": r.sums, "mb_per_s": r.mbps,
+                    "ratio_to_none": r.mbps / base, "cpu_s_per_gb": r.cpu,
+                    "runs_mb_per_s": r.runs})
+            })
+            .collect();
+        crate::out::write_json(
+            p,
+            &serde_json::json!({"bench": "stripe-checksums", "size": a.size,
+                "stripe_unit": a.stripe_unit, "depth": depth, "reps": a.reps,
+                "added_cpu_ns_per_byte": added_ns_per_byte, "rows": v}),
         )?;
     }
     Ok(())

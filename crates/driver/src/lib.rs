@@ -27,6 +27,7 @@ pub mod rlimit;
 pub mod rtcp;
 pub mod rtu;
 mod step;
+pub mod sums;
 pub mod sys;
 mod uring_path;
 pub mod volume;

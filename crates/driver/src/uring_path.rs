@@ -521,6 +521,24 @@ impl UringState {
                 }
                 bufs.finish_io(ch.buf);
                 let n = ch.got;
+                // A volume with block checksums: the chunk's bytes are checked before any is
+                // sent; a bad sum unit is read from the other copy (and repaired) or fails
+                // the stream, naming the block. (Synchronous: rare, and the records are
+                // small reads, mostly from the page cache.)
+                if let Some(v) = io.source.volume.as_ref()
+                    && v.has_sums()
+                {
+                    let (a, z) = (ch.head_room, ch.head_room + n);
+                    let bytes = &mut ring.pool_mut().bytes_mut(ch.buf)[a..z];
+                    if let Err(source) = v.verify(ch.file_off, bytes, end, &[]) {
+                        return Err(StreamError::Io {
+                            op: "block checksum of a volume read",
+                            bytes_sent: io.sent,
+                            source,
+                        });
+                    }
+                }
+                let n = ch.got;
                 ch.filled = Some(n);
                 let data_end = ch.file_off + n as u64;
                 let want_end = (ch.file_off + ch.want as u64).min(end);
@@ -684,6 +702,15 @@ impl UringState {
             if padded > len {
                 // The buffer may hold an older chunk's bytes there: write zeros, not them.
                 ring.pool_mut().bytes_mut(ch.buf)[len..padded].fill(0);
+            }
+            // Bytes below the partition's committed size (a stream rewriting a partition in
+            // place): their block checksums are sealed ahead of the data (as written, with the
+            // padding), synchronously — two fdatasyncs per chunk, only for such a stream;
+            // others return at once.
+            if v.has_sums() {
+                let bytes = &ring.pool().bytes(ch.buf)[..padded];
+                v.seal_ahead(&[bytes], part_off, padded as u64)
+                    .map_err(|e| crate::paths::volume_write_error(io, e))?;
             }
             bufs.start_io(client, ch.buf);
             for p in &pieces {

@@ -32,6 +32,8 @@ use penstock_core::volume::{
 use penstock_uring::BufferPool;
 
 use crate::direct::direct_alignment;
+use crate::sums::{SUM_FAILURES, SUM_REPAIRS, SUM_UNREPAIRED, SumIo};
+use penstock_core::volume::sums::{SUM_UNIT_BYTES, SumRecord, needed_bytes};
 
 /// The environment variable naming volumes: `NAME=MEMBER_PATH[,NAME=MEMBER_PATH]…`. It stands
 /// in for a configuration file until there is one, so that `vol:NAME/PARTITION` (whose NAME
@@ -249,6 +251,8 @@ pub struct CreateSpec {
     /// Copies of every block: 1, or 2 for a mirrored volume (each copy on a member in
     /// another failure domain: another device).
     pub copies: u8,
+    /// Keep a crc32c per 4 KiB of data (format version 5: older penstocks do not read it).
+    pub sums: bool,
 }
 
 /// A device or file identity: two paths to one member are one member.
@@ -792,7 +796,12 @@ impl Volume {
             });
         }
         let sizes: Vec<u64> = planned.iter().map(|p| p.size_bytes).collect();
-        let layout = match VolumeLayout::new(sizes, spec.stripe_unit_bytes, spec.block_bytes) {
+        let layout = if spec.sums {
+            volume::sums::layout_with_sums(sizes, spec.stripe_unit_bytes, spec.block_bytes)
+        } else {
+            VolumeLayout::new(sizes, spec.stripe_unit_bytes, spec.block_bytes)
+        };
+        let layout = match layout {
             Ok(l) => l,
             Err(LayoutError::MemberTooSmall {
                 member,
@@ -824,6 +833,7 @@ impl Volume {
         }
         let mut meta = VolumeMeta::new(random_uuid()?, name, layout);
         meta.member_paths = member_paths;
+        meta.sums = spec.sums;
         if !(1..=volume::COPIES_MAX).contains(&spec.copies) {
             return Err(VolumeError::Invalid(format!(
                 "--mirror {}: a volume keeps 1 or {} copies of each block",
@@ -1445,6 +1455,8 @@ impl Volume {
                 off += unit;
             }
         }
+        // No bad block is copied onto the member: every source unit verifies first.
+        self.verify_rebuild_sources(&targets)?;
         let total_bytes = copies.iter().map(|c| c.len_bytes).sum();
         let job = RebuildJob {
             copies,
@@ -1452,6 +1464,7 @@ impl Volume {
             members: &self.members,
         };
         copy(&job)?;
+        self.copy_rebuild_records(&job.copies)?;
         for &i in &targets {
             fdatasync(&self.members[i])?;
         }
@@ -1462,6 +1475,119 @@ impl Volume {
         self.commit(meta)?;
         self.failures.clear();
         Ok(total_bytes)
+    }
+
+    /// Whether the volume keeps block checksums (format version 5).
+    pub fn has_sums(&self) -> bool {
+        self.meta.sums
+    }
+
+    /// Scrubs every `Ready` partition ([`PartitionIo::scrub`]): reads every copy of every
+    /// byte, checks it, and with `repair` rewrites a bad unit from a copy that verifies;
+    /// `pace` as there. `None` for a volume without checksums.
+    pub fn scrub(&self, repair: bool, pace: &mut dyn FnMut(u64)) -> Result<Option<ScrubReport>> {
+        if !self.meta.sums {
+            return Ok(None);
+        }
+        let mut report = ScrubReport::default();
+        for p in &self.meta.partitions {
+            if p.state != PartitionState::Ready {
+                continue;
+            }
+            let pio = self.partition_io(p.name.as_str(), false)?;
+            pio.scrub(repair, &mut report, pace)
+                .map_err(io_err(&self.members[0].path, "scrub"))?;
+        }
+        Ok(Some(report))
+    }
+
+    /// Before a rebuild: every byte below a partition's size that the rebuild copies from
+    /// `sources` (member, offset) verifies there, or the rebuild must not copy it.
+    fn verify_rebuild_sources(&self, targets: &[usize]) -> Result<()> {
+        if !self.meta.sums {
+            return Ok(());
+        }
+        let fds: Vec<_> = self.members.iter().map(|m| m.file.as_raw_fd()).collect();
+        let s = SumIo::open(&self.meta.layout, &fds, false)
+            .map_err(io_err(&self.members[0].path, "reopen for block checksums"))?;
+        let unit = SUM_UNIT_BYTES;
+        for p in &self.meta.partitions {
+            let map = PartitionMap::new(&self.meta.layout, p)?;
+            let Some(mirror) = map.mirror() else {
+                continue;
+            };
+            // A stripe unit (placed: a block) at a time: one contiguous run on each copy.
+            let run = map.unit_bytes();
+            let mut off = 0;
+            while off < p.size_bytes {
+                let a = map.locate(off)?;
+                let b = mirror.locate(off)?;
+                let len = run.min(p.size_bytes - off).div_ceil(unit) * unit;
+                let src = if targets.contains(&a.member.get()) {
+                    b
+                } else if targets.contains(&b.member.get()) {
+                    a
+                } else {
+                    off += run;
+                    continue;
+                };
+                let path = &self.members[src.member.get()].path;
+                let bytes = s
+                    .read_bytes(src.member, src.member_offset_bytes, len as usize)
+                    .map_err(io_err(path, "read"))?;
+                let recs = s
+                    .read_records(src.member, src.member_offset_bytes, (len / unit) as usize)
+                    .map_err(io_err(path, "read"))?;
+                for (i, rec) in recs.iter().enumerate() {
+                    let u = i as u64 * unit;
+                    let need = needed_bytes(off + u, p.size_bytes);
+                    let from = (u as usize).min(bytes.len());
+                    let unit_bytes = &bytes[from..(from + unit as usize).min(bytes.len())];
+                    if let Err(why) = rec.verify(unit_bytes, need) {
+                        return Err(VolumeError::Invalid(format!(
+                            "partition {} block {} (bytes {}..{}): the copy on member {} ({}) \
+                             at offset {} fails its checksum ({why}) and the other copy is the \
+                             one being rebuilt: nothing good to rebuild it from; nothing was \
+                             copied",
+                            p.name,
+                            (off + u) / map.block_bytes(),
+                            off + u,
+                            off + u + unit,
+                            src.member,
+                            path.display(),
+                            src.member_offset_bytes + u
+                        )));
+                    }
+                }
+                off += run;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a rebuild's copy: the records of what was copied, from the source's sum area to
+    /// the target's (the same bytes, so the same checksums).
+    fn copy_rebuild_records(&self, copies: &[RebuildCopy]) -> Result<()> {
+        if !self.meta.sums {
+            return Ok(());
+        }
+        let fds: Vec<_> = self.members.iter().map(|m| m.file.as_raw_fd()).collect();
+        let s = SumIo::open(&self.meta.layout, &fds, true)
+            .map_err(io_err(&self.members[0].path, "reopen for block checksums"))?;
+        let unit = SUM_UNIT_BYTES;
+        for c in copies {
+            let mut done = 0;
+            while done < c.len_bytes {
+                let n = ((c.len_bytes - done).min(64 << 20) / unit) as usize;
+                let recs = s
+                    .read_records(c.from, c.from_offset_bytes + done, n)
+                    .map_err(io_err(&self.members[c.from.get()].path, "read"))?;
+                s.write_records(c.to, c.to_offset_bytes + done, &recs)
+                    .map_err(io_err(&self.members[c.to.get()].path, "write"))?;
+                done += n as u64 * unit;
+            }
+        }
+        Ok(())
     }
 
     /// The descriptors and mapping to stream partition `name`. Reading needs a `Ready`
@@ -1534,6 +1660,66 @@ fn random_uuid() -> Result<VolumeUuid> {
     Ok(VolumeUuid(b))
 }
 
+/// A sum unit that failed its checksum on one copy (`volume scrub`, `volume check`).
+#[derive(Debug, Clone)]
+pub struct BadUnit {
+    /// `VOLUME/PARTITION`.
+    pub partition: String,
+    /// The partition block it is in, and its partition offset.
+    pub block: u64,
+    pub offset_bytes: u64,
+    pub member: MemberIndex,
+    pub member_path: PathBuf,
+    pub member_offset_bytes: u64,
+    pub why: String,
+    /// Rewritten from the other copy.
+    pub repaired: bool,
+    /// Another copy verifies (what a repair would copy).
+    pub repairable: bool,
+}
+
+impl std::fmt::Display for BadUnit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "partition {} block {} (bytes {}..{}): member {} ({}) at offset {}: {}; {}",
+            self.partition,
+            self.block,
+            self.offset_bytes,
+            self.offset_bytes + SUM_UNIT_BYTES,
+            self.member,
+            self.member_path.display(),
+            self.member_offset_bytes,
+            self.why,
+            match (self.repaired, self.repairable) {
+                (true, _) => "repaired from the other copy",
+                (false, true) => "the other copy is good (repairable: volume scrub)",
+                (false, false) => "no good copy: these bytes are lost",
+            }
+        )
+    }
+}
+
+/// What a scrub read and found.
+#[derive(Debug, Default, Clone)]
+pub struct ScrubReport {
+    /// Sum units verified, over every copy, and their bytes below the partitions' sizes.
+    pub units: u64,
+    pub bytes: u64,
+    pub bad: Vec<BadUnit>,
+}
+
+impl ScrubReport {
+    pub fn repaired(&self) -> usize {
+        self.bad.iter().filter(|b| b.repaired).count()
+    }
+
+    /// Bad units not repaired.
+    pub fn left(&self) -> usize {
+        self.bad.len() - self.repaired()
+    }
+}
+
 /// Everything a stream needs to move one partition's bytes: a descriptor per member (sharing
 /// the volume's locks), the mapping, and the alignment O_DIRECT asks for.
 #[derive(Debug)]
@@ -1568,6 +1754,9 @@ pub struct PartitionIo {
     member_paths: Vec<PathBuf>,
     /// Threads recording failures in the metadata; joined when the stream is dropped.
     recorders: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The members' block checksums (a volume of format version 5): every read is verified
+    /// ([`verify`](Self::verify)), a writer seals what it wrote when it commits.
+    sums: Option<Arc<SumIo>>,
 }
 
 const STATE_OK: u8 = 0;
@@ -1605,6 +1794,34 @@ struct Growth {
     /// Opened while `Creating` (an import): nobody reads it yet, so a write within its size
     /// needs no new generation (its creator commits `Ready` after syncing).
     creating: bool,
+    /// Partition byte ranges written since the last commit, whose block checksums the next
+    /// commit writes (sorted, disjoint, at most [`UNSEALED_RANGES_MAX`]).
+    unsealed: Mutex<Vec<(u64, u64)>>,
+}
+
+/// Most ranges a writer keeps apart for its next seal; beyond, they merge into one (a seal
+/// then reads back what lies between them too: more work, never a wrong checksum).
+const UNSEALED_RANGES_MAX: usize = 64;
+
+/// Adds `lo .. hi` to sorted, disjoint `ranges`, merging what touches.
+fn add_range(ranges: &mut Vec<(u64, u64)>, lo: u64, hi: u64) {
+    if hi <= lo {
+        return;
+    }
+    ranges.push((lo, hi));
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for &(a, z) in ranges.iter() {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(z),
+            _ => out.push((a, z)),
+        }
+    }
+    if out.len() > UNSEALED_RANGES_MAX {
+        let (a, z) = (out[0].0, out[out.len() - 1].1);
+        out = vec![(a, z)];
+    }
+    *ranges = out;
 }
 
 /// Members found failed by streams of this process since it started (a metric).
@@ -1662,6 +1879,7 @@ impl PartitionIo {
                 dirty: std::sync::atomic::AtomicBool::new(false),
                 room_bytes: volume::room_bytes(&vol.meta, p),
                 creating: p.state == PartitionState::Creating,
+                unsealed: Mutex::new(Vec::new()),
             })
         } else {
             None
@@ -1675,7 +1893,6 @@ impl PartitionIo {
         Ok(PartitionIo {
             map,
             size_bytes: p.size_bytes,
-            members,
             direct,
             align_bytes: ALIGN_BYTES,
             label: format!("{}/{}", vol.meta.name, p.name),
@@ -1697,6 +1914,16 @@ impl PartitionIo {
                 .collect(),
             member_paths: vol.members.iter().map(|m| m.path.clone()).collect(),
             recorders: Mutex::new(Vec::new()),
+            sums: if vol.meta.sums {
+                // Read-write when the process may: a reader repairs a bad block in place.
+                let fds: Vec<_> = members.iter().map(AsRawFd::as_raw_fd).collect();
+                let s = SumIo::open(&vol.meta.layout, &fds, true)
+                    .map_err(io_err(&vol.members[0].path, "reopen for block checksums"))?;
+                Some(Arc::new(s))
+            } else {
+                None
+            },
+            members,
         })
     }
 
@@ -1800,6 +2027,99 @@ impl PartitionIo {
         Some(self.cut(out))
     }
 
+    /// Reads every copy of every byte below the size and checks it against its checksum;
+    /// with `repair`, a unit that fails on one copy and verifies on another is rewritten from
+    /// it (synced). Adds what it found to `report`; `pace(bytes)` is called after each chunk
+    /// (up to 1 MiB of the partition) with the bytes read for it over every copy, for the
+    /// caller's rate limit. A
+    /// volume without checksums: nothing.
+    pub fn scrub(
+        &self,
+        repair: bool,
+        report: &mut ScrubReport,
+        pace: &mut dyn FnMut(u64),
+    ) -> io::Result<()> {
+        let Some(s) = &self.sums else {
+            return Ok(());
+        };
+        const CHUNK_BYTES: u64 = 1 << 20;
+        let unit = SUM_UNIT_BYTES;
+        let size = self.size_bytes;
+        let mut off = 0;
+        while off < size {
+            let len = (size - off).min(CHUNK_BYTES);
+            let pairs = self
+                .map_split_copies(off, len)
+                .map_err(|e| io::Error::other(format!("{}: {e}", self.label)))?;
+            let mut chunk_read = 0u64;
+            for pair in pairs {
+                let copies: Vec<volume::MemberIo> = std::iter::once(pair.primary)
+                    .chain(pair.mirror)
+                    .filter(|c| self.state(c.member) == STATE_OK)
+                    .collect();
+                let p0 = off + pair.primary.buf_offset_bytes;
+                // Each copy's bytes and records, whole units (pieces start at a unit).
+                let mut read = Vec::with_capacity(copies.len());
+                chunk_read += pair.primary.len_bytes * copies.len() as u64;
+                for c in &copies {
+                    let n = c.len_bytes.div_ceil(unit);
+                    let bytes =
+                        s.read_bytes(c.member, c.member_offset_bytes, (n * unit) as usize)?;
+                    let recs = s.read_records(c.member, c.member_offset_bytes, n as usize)?;
+                    read.push((bytes, recs));
+                }
+                let n = pair.primary.len_bytes.div_ceil(unit) as usize;
+                for i in 0..n {
+                    let u_part = p0 + i as u64 * unit;
+                    let need = needed_bytes(u_part, size);
+                    if need == 0 {
+                        continue;
+                    }
+                    let unit_of = |c: usize| {
+                        let b = &read[c].0;
+                        let a = (i as u64 * unit) as usize;
+                        &b[a.min(b.len())..(a + unit as usize).min(b.len())]
+                    };
+                    let verdicts: Vec<Result<(), volume::SumFailure>> = (0..copies.len())
+                        .map(|c| read[c].1[i].verify(unit_of(c), need))
+                        .collect();
+                    report.units += copies.len() as u64;
+                    report.bytes += need as u64 * copies.len() as u64;
+                    let good = verdicts.iter().position(Result::is_ok);
+                    for (c, v) in verdicts.iter().enumerate() {
+                        let Err(why) = v else { continue };
+                        SUM_FAILURES.fetch_add(1, Ordering::Relaxed);
+                        let copy = &copies[c];
+                        let at = copy.member_offset_bytes + i as u64 * unit;
+                        let repaired = match good {
+                            Some(g) if repair && s.writable() => {
+                                let (bytes, rec) = (unit_of(g).to_vec(), read[g].1[i]);
+                                s.write_unit(copy.member, at, &bytes, rec)?;
+                                SUM_REPAIRS.fetch_add(1, Ordering::Relaxed);
+                                true
+                            }
+                            _ => false,
+                        };
+                        report.bad.push(BadUnit {
+                            partition: self.label.clone(),
+                            block: u_part / self.map.block_bytes(),
+                            offset_bytes: u_part,
+                            member: copy.member,
+                            member_path: self.member_paths[copy.member.get()].clone(),
+                            member_offset_bytes: at,
+                            why: why.to_string(),
+                            repaired,
+                            repairable: good.is_some(),
+                        });
+                    }
+                }
+            }
+            pace(chunk_read);
+            off += len;
+        }
+        Ok(())
+    }
+
     /// Member `member` failed (`why`): nothing of this stream reads or writes it from now
     /// on, and the failure is recorded in the volume's metadata by a thread of its own (a
     /// metadata update syncs every member: not work for the engine's loop).
@@ -1897,14 +2217,332 @@ impl PartitionIo {
             .map_or(0, |g| g.written_end.load(Ordering::Acquire))
     }
 
-    /// Records that bytes up to `end` were written (by the uring path's member writes).
+    /// Records that the bytes from 0 up to `end` were written (a stream's member writes,
+    /// which start at offset 0).
     pub fn note_written(&self, end: u64) {
+        self.note_range(0, end);
+    }
+
+    /// Records that the bytes `lo .. hi` were written: the size to commit, and the range
+    /// whose block checksums the next commit writes.
+    fn note_range(&self, lo: u64, hi: u64) {
         if let Some(g) = &self.growth
-            && end > 0
+            && hi > lo
         {
-            g.written_end.fetch_max(end, Ordering::AcqRel);
+            g.written_end.fetch_max(hi, Ordering::AcqRel);
             g.dirty.store(true, Ordering::Release);
+            if self.sums.is_some() {
+                add_range(&mut lock_ignoring_poison(&g.unsealed), lo, hi);
+            }
         }
+    }
+
+    /// The partition ranges this writer wrote and has not sealed yet (their block checksums
+    /// are written by the next commit): a reader of the same process reads them unverified
+    /// (see [`verify`](Self::verify)). Empty for readers and volumes without checksums.
+    pub fn unsealed(&self) -> Vec<(u64, u64)> {
+        self.growth
+            .as_ref()
+            .map_or_else(Vec::new, |g| lock_ignoring_poison(&g.unsealed).clone())
+    }
+
+    /// Whether the volume keeps block checksums (format version 5).
+    pub fn has_sums(&self) -> bool {
+        self.sums.is_some()
+    }
+
+    fn has_unsealed(&self) -> bool {
+        self.growth
+            .as_ref()
+            .is_some_and(|g| !lock_ignoring_poison(&g.unsealed).is_empty())
+    }
+
+    /// Before a write of `bufs` at `offset` that rewrites bytes below the committed size:
+    /// makes what was written so far durable, then writes and syncs the records of the units
+    /// the write touches below that size as they will be after it (each unit's durable
+    /// checksum kept as its older one), so that a crash leaving either the old bytes or the
+    /// new ones leaves a checksum that matches (an append needs none of this: it never changes
+    /// the bytes a committed checksum covers). Two fdatasyncs per such write: the price of
+    /// rewriting committed bytes in place.
+    pub fn seal_ahead(&self, bufs: &[&[u8]], offset: u64, len: u64) -> io::Result<()> {
+        let (Some(s), Some(g)) = (&self.sums, &self.growth) else {
+            return Ok(());
+        };
+        let committed = g.committed.load(Ordering::Acquire);
+        let end = offset + len;
+        if offset >= committed {
+            return Ok(());
+        }
+        let unit = SUM_UNIT_BYTES;
+        let new_size = committed.max(end);
+        let lo = offset / unit * unit;
+        let hi = end.min(committed).div_ceil(unit) * unit;
+        self.sync_data()?;
+        let pieces = self
+            .split_write(lo, hi - lo)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        for p in pieces {
+            let n = (p.len_bytes / unit) as usize;
+            let prev = s.read_records(p.member, p.member_offset_bytes, n)?;
+            let mut records = Vec::with_capacity(n);
+            for (k, prev) in prev.into_iter().enumerate() {
+                let u_part = lo + p.buf_offset_bytes + k as u64 * unit;
+                let at = p.member_offset_bytes + k as u64 * unit;
+                let mut content = s.read_unit(p.member, at)?;
+                content.resize(unit as usize, 0);
+                // The write's bytes over the unit's.
+                let (a, z) = (u_part.max(offset), (u_part + unit).min(end));
+                for (i, b) in gather(bufs, a - offset, z - a)
+                    .iter()
+                    .scan(a - u_part, |pos, sl| {
+                        let at = *pos;
+                        *pos += sl.len() as u64;
+                        Some((at, sl))
+                    })
+                {
+                    let i = i as usize;
+                    content[i..i + b.len()].copy_from_slice(b);
+                }
+                let valid = (new_size - u_part).min(unit) as usize;
+                records.push(prev.sealed(&content[..valid]));
+            }
+            s.write_records(p.member, p.member_offset_bytes, &records)?;
+        }
+        self.sync_data()
+    }
+
+    /// Writes the block checksums of every range written since the last seal, each unit's
+    /// covering its bytes below `size` (the size about to be committed), on every copy
+    /// written. Not synced: the commit's fdatasync follows, before the size.
+    fn seal(&self, g: &Growth, size: u64) -> io::Result<()> {
+        let Some(s) = &self.sums else {
+            return Ok(());
+        };
+        let ranges = std::mem::take(&mut *lock_ignoring_poison(&g.unsealed));
+        let cap = self.capacity_bytes();
+        let unit = SUM_UNIT_BYTES;
+        let r = (|| -> io::Result<()> {
+            for &(lo, hi) in &ranges {
+                let mut at = lo / unit * unit;
+                let end = hi.div_ceil(unit).saturating_mul(unit).min(cap);
+                while at < end {
+                    let len = (end - at).min(64 << 20);
+                    let pieces = self
+                        .split_write(at, len)
+                        .map_err(|e| io::Error::other(e.to_string()))?;
+                    for p in pieces {
+                        let p0 = at + p.buf_offset_bytes;
+                        let mo = p.member_offset_bytes;
+                        s.seal(p.member, mo, p.len_bytes, &|u| {
+                            size.saturating_sub(p0 + (u - mo))
+                        })?;
+                    }
+                    at += len;
+                }
+            }
+            Ok(())
+        })();
+        let mut u = lock_ignoring_poison(&g.unsealed);
+        for (lo, hi) in ranges {
+            if r.is_err() {
+                add_range(&mut u, lo, hi);
+            } else if hi > size {
+                // Written past the size this commit covers (a writer thread beside the
+                // committing one): the unit holding `size` and what follows are sealed again
+                // by the next commit, for the size it covers.
+                add_range(&mut u, lo.max(size / unit * unit), hi);
+            }
+        }
+        r
+    }
+
+    /// Verifies `buf`, the partition's bytes at `offset` (read from either copy, through any
+    /// pieces), against the members' block checksums, for a reader of a partition of
+    /// `size_bytes` (bytes at or past it are not checked: no reader gets them). Ranges in
+    /// `unverified` (a writer's of this process, not yet sealed) are not checked either.
+    ///
+    /// A sum unit that matches neither copy's checksum is read again from each copy; the
+    /// bytes of a copy that verifies replace it in `buf` and are written over every copy that
+    /// does not (repaired in place, synced; when this process may write the member), each
+    /// counted ([`crate::sums::counters`]) and logged. Without a copy that verifies, the read
+    /// fails with an I/O error naming the block: never wrong bytes. A volume without checksums:
+    /// nothing to do.
+    pub fn verify(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        size_bytes: u64,
+        unverified: &[(u64, u64)],
+    ) -> io::Result<()> {
+        let Some(s) = &self.sums else {
+            return Ok(());
+        };
+        let unit = SUM_UNIT_BYTES;
+        let len = (buf.len() as u64).min(size_bytes.saturating_sub(offset));
+        if len == 0 {
+            return Ok(());
+        }
+        let pairs = self
+            .map_split_copies(offset, len)
+            .map_err(|e| io::Error::other(format!("{}: {e}", self.label)))?;
+        let mut failed = 0u64;
+        let mut first_bad: Option<u64> = None;
+        for pair in pairs {
+            let copies: Vec<volume::MemberIo> = std::iter::once(pair.primary)
+                .chain(pair.mirror)
+                .filter(|c| self.state(c.member) == STATE_OK)
+                .collect();
+            let Some(lead) = copies.first() else {
+                continue; // no readable copy: the read itself failed already
+            };
+            let p0 = offset + lead.buf_offset_bytes;
+            let units = volume::sums::units_of(lead.member_offset_bytes, lead.len_bytes);
+            let n = ((units.end - units.start) / unit) as usize;
+            // Each copy's records, read when first needed.
+            let mut records: Vec<Option<Vec<SumRecord>>> = vec![None; copies.len()];
+            for i in 0..n {
+                let u_mo = units.start + i as u64 * unit; // on the lead copy
+                // Units are aligned alike on members and in the partition: never below 0.
+                let u_part = (p0 + u_mo) - lead.member_offset_bytes;
+                let need = needed_bytes(u_part, size_bytes);
+                if need == 0
+                    || unverified
+                        .iter()
+                        .any(|&(a, z)| a < u_part + unit && u_part < z)
+                {
+                    continue;
+                }
+                // The unit's bytes in `buf`, when it holds the whole unit.
+                let b0 = u_part.checked_sub(offset);
+                let whole = b0.filter(|b| b + unit <= buf.len() as u64);
+                let mut ok = false;
+                if let Some(b) = whole {
+                    let bytes = &buf[b as usize..(b + unit) as usize];
+                    for (c, copy) in copies.iter().enumerate() {
+                        if records[c].is_none() {
+                            let at =
+                                (units.start + copy.member_offset_bytes) - lead.member_offset_bytes;
+                            records[c] = Some(s.read_records(copy.member, at, n)?);
+                        }
+                        let rec = records[c].as_ref().expect("read above")[i];
+                        if rec.verify(bytes, need).is_ok() {
+                            ok = true;
+                            break;
+                        }
+                    }
+                }
+                if ok {
+                    continue;
+                }
+                // A unit only partly in `buf`, or one that failed: each copy from the disk.
+                let (good, had_bad) = self.recover_unit(s, &copies, lead, u_mo, u_part, need)?;
+                if had_bad {
+                    failed += 1;
+                    first_bad.get_or_insert(u_part);
+                }
+                // Copy the verified bytes over what `buf` holds of the unit.
+                let (from, to) = (
+                    u_part.max(offset),
+                    (u_part + unit).min(offset + buf.len() as u64),
+                );
+                let (bf, bt) = ((from - offset) as usize, (to - offset) as usize);
+                let (gf, gt) = ((from - u_part) as usize, (to - u_part) as usize);
+                if gt <= good.len() {
+                    buf[bf..bt].copy_from_slice(&good[gf..gt]);
+                }
+            }
+        }
+        if failed > 0 {
+            let at = first_bad.unwrap_or(offset);
+            tracing::warn!(
+                "{}: {failed} block checksum failure(s) reading bytes {offset}..{} (first in \
+                 partition block {}): read from the other copy",
+                self.label,
+                offset + len,
+                at / self.map.block_bytes()
+            );
+        }
+        Ok(())
+    }
+
+    /// The unit at partition offset `u_part` (at `u_mo` on the `lead` copy) read from each
+    /// readable copy and checked; returns the bytes of one that verifies, after rewriting the
+    /// copies that do not with them, and whether one did not. (The caller's bytes may have
+    /// failed only because a writer of another process sealed the unit between its reads of
+    /// the data and of the records: then every copy verifies here, and nothing is counted.)
+    fn recover_unit(
+        &self,
+        s: &SumIo,
+        copies: &[volume::MemberIo],
+        lead: &volume::MemberIo,
+        u_mo: u64,
+        u_part: u64,
+        need: usize,
+    ) -> io::Result<(Vec<u8>, bool)> {
+        let mut good: Option<(Vec<u8>, SumRecord)> = None;
+        let mut bad: Vec<(MemberIndex, u64, String)> = Vec::new();
+        for copy in copies {
+            let at = (u_mo + copy.member_offset_bytes) - lead.member_offset_bytes;
+            let bytes = s.read_unit(copy.member, at)?;
+            let rec = s.read_records(copy.member, at, 1)?[0];
+            match rec.verify(&bytes, need) {
+                Ok(()) if good.is_none() => good = Some((bytes, rec)),
+                Ok(()) => {}
+                Err(e) => bad.push((copy.member, at, e.to_string())),
+            }
+        }
+        let block = u_part / self.map.block_bytes();
+        if !bad.is_empty() {
+            SUM_FAILURES.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some((bytes, rec)) = good else {
+            let (m, at, why) =
+                bad.first()
+                    .cloned()
+                    .unwrap_or((lead.member, u_mo, "no readable copy".into()));
+            tracing::warn!(
+                "{}: partition block {block} (bytes {u_part}..{}) fails its checksum on every copy: {why}",
+                self.label,
+                u_part + SUM_UNIT_BYTES
+            );
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: block checksum failure in partition block {block} (bytes {u_part}..{}, \
+                     member {m} ({}) at offset {at}): {why}; {}",
+                    self.label,
+                    u_part + SUM_UNIT_BYTES,
+                    self.member_paths[m.get()].display(),
+                    if self.mirrored() {
+                        "the other copy fails too"
+                    } else {
+                        "no other copy"
+                    }
+                ),
+            ));
+        };
+        let had_bad = !bad.is_empty();
+        for (m, at, why) in bad {
+            let repaired = s.writable() && s.write_unit(m, at, &bytes, rec).is_ok();
+            if repaired {
+                SUM_REPAIRS.fetch_add(1, Ordering::Relaxed);
+            } else {
+                SUM_UNREPAIRED.fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::warn!(
+                "{}: partition block {block} (bytes {u_part}..{}) on member {m} ({}) at offset \
+                 {at}: {why}; {}",
+                self.label,
+                u_part + SUM_UNIT_BYTES,
+                self.member_paths[m.get()].display(),
+                if repaired {
+                    "repaired from the other copy"
+                } else {
+                    "read from the other copy (not repaired: the member is not writable here)"
+                }
+            );
+        }
+        Ok((bytes, had_bad))
     }
 
     /// Makes sure the blocks hold `end` bytes, growing the partition when they do not
@@ -1972,7 +2610,14 @@ impl PartitionIo {
             }
             r
         };
+        // The data first, then the block checksums of what was written (each unit's previous
+        // checksum kept as its older one: it matches what was durable before this commit,
+        // whichever of the two a crash leaves), then the size that makes the data readable.
         committed(self.sync_data())?;
+        if self.has_unsealed() {
+            committed(self.seal(g, g.committed.load(Ordering::Acquire).max(end)))?;
+            committed(self.sync_data())?;
+        }
         if !dirty || (g.creating && end <= g.committed.load(Ordering::Acquire)) {
             return Ok(());
         }
@@ -2062,6 +2707,9 @@ impl PartitionIo {
         if len == 0 {
             return full(0);
         }
+        if let Err(e) = self.seal_ahead(bufs, offset, len) {
+            return (0, Some(e));
+        }
         let mut pieces = match self.split_write(offset, len) {
             Ok(p) => p,
             Err(e) => {
@@ -2092,9 +2740,10 @@ impl PartitionIo {
                 match rustix::io::pwritev(&self.members[p.member.get()], slices, at) {
                     Ok(0) => return full(prefix(p, wrote)),
                     Ok(n) => {
+                        let from = offset + p.buf_offset_bytes + wrote;
                         wrote += n as u64;
                         at += n as u64;
-                        self.note_written(offset + p.buf_offset_bytes + wrote);
+                        self.note_range(from, offset + p.buf_offset_bytes + wrote);
                         IoSlice::advance_slices(&mut slices, n);
                     }
                     Err(rustix::io::Errno::INTR) => {}
@@ -2138,6 +2787,7 @@ impl PartitionIo {
             states: self.states.clone(),
             member_paths: self.member_paths.clone(),
             recorders: Mutex::new(Vec::new()),
+            sums: self.sums.clone(),
         })
     }
 
@@ -2185,6 +2835,7 @@ impl PartitionIo {
                 }
             }
         }
+        self.verify(offset, &mut buf[..len as usize], self.size_bytes, &[])?;
         Ok(len as usize)
     }
 

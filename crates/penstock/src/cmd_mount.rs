@@ -904,6 +904,14 @@ impl State {
                 }
             }
         }
+        // Block checksums: what this mount's writer wrote and has not committed yet has
+        // none so far (they are written by its commit), the rest is checked; a bad block
+        // comes from the other copy, or the read fails with EIO (logged, naming the block).
+        let unsealed = r.unsealed();
+        if let Err(e) = r.verify(offset, &mut buf, size, &unsealed) {
+            tracing::error!("{e}");
+            return Err(Errno::EIO);
+        }
         Ok(buf)
     }
 
@@ -1379,6 +1387,10 @@ impl Filesystem for MountFs {
             .map(|m| u64::from(meta.layout.member_blocks(m)))
             .sum();
         let free: u64 = meta.used.iter().map(|u| u64::from(u.free_blocks())).sum();
+        // A mirrored volume keeps every block twice: what a file can use is half the blocks
+        // (issue 30: `df` showed the raw space, twice what could be written).
+        let copies = u64::from(meta.copies.max(1));
+        let (total, free) = (total / copies, free / copies);
         let frsize = 4096u64;
         let per = block / frsize;
         let files = PARTITIONS_MAX as u64;

@@ -634,3 +634,432 @@ fn tool_runs(name: &str) -> bool {
         .output()
         .is_ok_and(|o| o.status.success())
 }
+
+/// `data from byte N` of `volume ls`: where the data area starts on every member.
+fn data_start(ls: &str) -> u64 {
+    ls.split("data from byte ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no data start in {ls}"))
+}
+
+/// Writes `bytes` over `path` at `offset` and syncs (what a failing disk returns).
+fn scribble(path: &Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// `N bad` in a scrub's or check's summary line.
+fn bad_count(out: &str, prefix: &str) -> u64 {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line in {out}"));
+    line.split(", ")
+        .find_map(|p| p.strip_suffix(" bad"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no bad count in {line:?}"))
+}
+
+/// Issue 30's reproducer: 8 MiB of random bytes over one member's data area of a `--mirror 2`
+/// volume. `volume check` reports the bad blocks (naming the member), the export is
+/// byte-exact (each bad unit read from the other copy, repaired, counted), `volume scrub`
+/// finds and repairs what the export did not read, and then a second export meets no bad
+/// block and `check` is clean.
+#[test]
+fn random_bytes_over_a_mirrored_member_are_found_read_from_the_mirror_and_scrubbed() {
+    let (a, b) = match two_devices() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("SKIPPED: a mirror needs two devices: {why}");
+            return;
+        }
+    };
+    if !uring_works(a.path()) {
+        return;
+    }
+    let m: Vec<PathBuf> = vec![
+        a.path().join("c0"),
+        a.path().join("c1"),
+        b.path().join("c2"),
+        b.path().join("c3"),
+    ];
+    let mut args = vec![
+        "volume",
+        "create",
+        "sum",
+        "--mirror",
+        "2",
+        "--member-size",
+        "40MiB",
+    ];
+    for p in &m {
+        args.extend(["--member", s(p)]);
+    }
+    assert!(ok(&args).contains("block checksums"));
+    let clip = data(60 * MIB + 1234, 30);
+    let src = a.path().join("clip.in");
+    std::fs::write(&src, &clip).unwrap();
+    ok(&["volume", "import", s(&m[0]), "clip", s(&src)]);
+    ok(&["volume", "check", s(&m[0])]);
+    let start = data_start(&ok(&["volume", "ls", s(&m[0])]));
+
+    scribble(&m[1], start, &data(8 * MIB, 31));
+
+    // check: reports them, all repairable, and changes nothing.
+    let o = run(&["volume", "check", s(&m[0])]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("run `penstock volume scrub`"), "{out}");
+    let found = bad_count(&String::from_utf8_lossy(&o.stdout), "block checksums:");
+    assert!(
+        found >= 8 * MIB as u64 / 4096 / 2,
+        "{found} bad units: {out}"
+    );
+    assert!(out.contains("member 1 ("), "{out}");
+    assert_eq!(
+        bad_count(
+            &String::from_utf8_lossy(&run(&["volume", "check", s(&m[0])]).stdout),
+            "block checksums:"
+        ),
+        found,
+        "check repaired something"
+    );
+
+    // export: byte-exact, the bad units it met read from the other copy and repaired.
+    let out_file = a.path().join("clip.out");
+    let o = run(&["volume", "export", s(&m[0]), "clip", s(&out_file)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        std::fs::read(&out_file).unwrap() == clip,
+        "the export differs"
+    );
+    let said = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(said.contains("block checksum failures:"), "{said}");
+    assert!(said.contains("repaired from the other copy"), "{said}");
+
+    // scrub: finds what is left (the copies the export did not read), repairs it all, at
+    // most at the rate asked (a lower bound on its time: it read every copy).
+    let rate = 400e6;
+    let t0 = std::time::Instant::now();
+    let o = run(&["volume", "scrub", s(&m[0]), "--rate", "400MB/s"]);
+    let took = t0.elapsed().as_secs_f64();
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let bytes: f64 = stdout
+        .split(" units (")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count: {stdout}"));
+    assert!(bytes >= 2.0 * clip.len() as f64, "{stdout}");
+    assert!(
+        took >= bytes / rate,
+        "{bytes} bytes in {took} s at --rate 400MB/s"
+    );
+    let left = bad_count(&stdout, "scrubbed volume");
+    assert!(
+        left > 0 && left < found,
+        "scrub found {left} of {found}: {stdout}"
+    );
+    assert!(stdout.contains(&format!("{left} repaired")), "{stdout}");
+
+    // Nothing bad is left: a second export meets no bad block, check and scrub are clean.
+    let o = run(&["volume", "export", s(&m[0]), "clip", s(&out_file)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        std::fs::read(&out_file).unwrap() == clip,
+        "the second export differs"
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("block checksum failures"),
+        "{}",
+        text(&o)
+    );
+    let out = ok(&["volume", "check", s(&m[0])]);
+    assert!(out.contains("consistent"), "{out}");
+    assert_eq!(
+        bad_count(&ok(&["volume", "scrub", s(&m[0])]), "scrubbed volume"),
+        0
+    );
+    // Each copy alone is whole: member 3 holds copies of member 1's blocks.
+    std::fs::remove_file(&m[3]).unwrap();
+    export_equals(&m[0], "clip", &clip, a.path());
+}
+
+/// The same over an unmirrored volume: the export fails with an I/O error naming the block
+/// (never wrong bytes); check and scrub report it as lost; a volume created with
+/// `--checksums off` (the format of before) still reads, unverified.
+#[test]
+fn a_bad_block_without_a_mirror_fails_the_read_naming_the_block() {
+    let d = tempfile::tempdir().unwrap();
+    if !uring_works(d.path()) {
+        return;
+    }
+    let m = [d.path().join("u0"), d.path().join("u1")];
+    let mut args = vec!["volume", "create", "one", "--member-size", "24MiB"];
+    for p in &m {
+        args.extend(["--member", s(p)]);
+    }
+    ok(&args);
+    let clip = data(10 * MIB + 99, 32);
+    let src = d.path().join("clip.in");
+    std::fs::write(&src, &clip).unwrap();
+    ok(&["volume", "import", s(&m[0]), "clip", s(&src)]);
+    let start = data_start(&ok(&["volume", "ls", s(&m[0])]));
+    // Member 1's first block holds partition bytes from 64 KiB (stripe unit 2 of block 0's
+    // group is back on member 0): 16 bytes at 5000 into it are partition byte 70536, in
+    // partition block 0.
+    scribble(&m[1], start + 5000, &[0xA5; 16]);
+    let out_file = d.path().join("clip.out");
+    let e = fails(
+        &["volume", "export", s(&m[0]), "clip", s(&out_file)],
+        "block checksum failure in partition block 0 (bytes 69632..73728, member 1",
+    );
+    assert!(e.contains("no other copy"), "{e}");
+    // Never wrong bytes: the export stopped before the bad unit's bytes were written.
+    let got = std::fs::read(&out_file).unwrap_or_default();
+    assert!(got.len() <= 69632, "{} bytes exported", got.len());
+    assert!(got[..] == clip[..got.len()], "the exported prefix differs");
+    let e = fails(&["volume", "check", s(&m[0])], "without a good copy");
+    assert!(e.contains("no good copy: these bytes are lost"), "{e}");
+    let e = fails(&["volume", "scrub", s(&m[0])], "1 bad block unit(s) remain");
+    assert!(
+        e.contains("partition one/clip block 0 (bytes 69632..73728)"),
+        "{e}"
+    );
+
+    // The format of before: no checksums, the damaged bytes read as they are (what this
+    // penstock did before version 5), and check says the data is not verified.
+    let old = [d.path().join("o0")];
+    ok(&[
+        "volume",
+        "create",
+        "old",
+        "--member-size",
+        "8MiB",
+        "--checksums",
+        "off",
+        "--member",
+        s(&old[0]),
+    ]);
+    let small = data(MIB, 33);
+    std::fs::write(&src, &small).unwrap();
+    ok(&["volume", "import", s(&old[0]), "p", s(&src)]);
+    let ls = ok(&["volume", "ls", s(&old[0])]);
+    let start = data_start(&ls);
+    assert_eq!(start, 2 * MIB as u64, "{ls}");
+    scribble(&old[0], start + 10, &[0x5A; 4]);
+    let out = ok(&["volume", "check", s(&old[0])]);
+    assert!(
+        out.contains("no block checksums (format version 2)"),
+        "{out}"
+    );
+    ok(&["volume", "export", s(&old[0]), "p", s(&out_file)]);
+    let got = std::fs::read(&out_file).unwrap();
+    assert_eq!(&got[10..14], &[0x5A; 4]);
+    assert_eq!(&got[14..], &small[14..]);
+}
+
+/// A rebuild never copies a bad block onto the new member: with member 1 replaced and a
+/// unit of member 3 (the copy of member 1's blocks) damaged, `check --repair` refuses naming
+/// the block, copies nothing, and the new member stays `rebuilding` (never read).
+#[test]
+fn a_rebuild_refuses_a_source_block_that_fails_its_checksum() {
+    let (a, b) = match two_devices() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("SKIPPED: a mirror needs two devices: {why}");
+            return;
+        }
+    };
+    if !uring_works(a.path()) {
+        return;
+    }
+    let m: Vec<PathBuf> = vec![
+        a.path().join("r0"),
+        a.path().join("r1"),
+        b.path().join("r2"),
+        b.path().join("r3"),
+    ];
+    let mut args = vec![
+        "volume",
+        "create",
+        "reb",
+        "--mirror",
+        "2",
+        "--member-size",
+        "24MiB",
+    ];
+    for p in &m {
+        args.extend(["--member", s(p)]);
+    }
+    ok(&args);
+    let clip = data(12 * MIB, 34);
+    let src = a.path().join("clip.in");
+    std::fs::write(&src, &clip).unwrap();
+    ok(&["volume", "import", s(&m[0]), "clip", s(&src)]);
+    let start = data_start(&ok(&["volume", "ls", s(&m[0])]));
+    std::fs::remove_file(&m[1]).unwrap();
+    let m1new = a.path().join("r1new");
+    ok(&["volume", "replace", s(&m[0]), "1", s(&m1new)]);
+    // Member 3's first block: the copy of member 1's first block (copies rotate by 2).
+    scribble(&m[3], start + 4096 * 3 + 7, &[0xEE; 3]);
+    let e = fails(
+        &["volume", "check", "--repair", s(&m[0])],
+        "fails its checksum",
+    );
+    assert!(e.contains("nothing good to rebuild it from"), "{e}");
+    assert!(e.contains("member 3 ("), "{e}");
+    let ls = ok(&["volume", "ls", s(&m[0])]);
+    assert!(member_line(&ls, 1).contains("rebuilding"), "{ls}");
+}
+
+/// Issue 30's acceptance: bit flips at 1,000 random places over the members' data areas of a
+/// mirrored volume while 4 streams read its partition: every byte a stream delivers is right,
+/// or the stream fails (both copies of a unit flipped) — 0 wrong bytes delivered. Then a scrub
+/// repairs what has a good copy, and reports the rest.
+#[test]
+fn bit_flips_while_four_streams_read_deliver_no_wrong_byte() {
+    let (a, b) = match two_devices() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("SKIPPED: a mirror needs two devices: {why}");
+            return;
+        }
+    };
+    if !uring_works(a.path()) {
+        return;
+    }
+    let m: Vec<PathBuf> = vec![a.path().join("f0"), b.path().join("f1")];
+    ok(&[
+        "volume",
+        "create",
+        "flip",
+        "--mirror",
+        "2",
+        "--member-size",
+        "40MiB",
+        "--member",
+        s(&m[0]),
+        "--member",
+        s(&m[1]),
+    ]);
+    let clip = data(30 * MIB + 77, 40);
+    let src = a.path().join("clip.in");
+    std::fs::write(&src, &clip).unwrap();
+    ok(&["volume", "import", s(&m[0]), "clip", s(&src)]);
+    let ls = ok(&["volume", "ls", s(&m[0])]);
+    let start = data_start(&ls);
+    let env = format!("flip={}", s(&m[0]));
+
+    // Four readers, each a stream to a slow TCP receiver.
+    let mut readers = Vec::new();
+    let (tx, rx) = mpsc::channel();
+    for _ in 0..4 {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tx = tx.clone();
+        let receiver = std::thread::spawn(move || {
+            let (mut sock, _) = listener.accept().unwrap();
+            sock.set_read_timeout(Some(Duration::from_secs(60)))
+                .unwrap();
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 64 << 10];
+            let mut told = false;
+            loop {
+                let n = match sock.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                got.extend_from_slice(&buf[..n]);
+                if !told && got.len() >= MIB {
+                    told = true;
+                    tx.send(()).unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            got
+        });
+        let child = penstock()
+            .args(["stream", "vol:flip/clip", &format!("tcp://{addr}")])
+            .env("PENSTOCK_VOLUMES", &env)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        readers.push((child, receiver));
+    }
+    for _ in 0..4 {
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("every receiver got 1 MiB");
+    }
+    // 1,000 flips over both members' first 16 MiB of data (the clip's blocks), seeded.
+    let mut rng = Rng(0x5eed_f11b);
+    let files: Vec<std::fs::File> = m
+        .iter()
+        .map(|p| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .unwrap()
+        })
+        .collect();
+    for _ in 0..1000 {
+        use std::os::unix::fs::FileExt;
+        let f = &files[(rng.next() % 2) as usize];
+        let at = start + rng.next() % (16 * MIB as u64);
+        let mut byte = [0u8];
+        f.read_exact_at(&mut byte, at).unwrap();
+        byte[0] ^= 1 << (rng.next() % 8);
+        f.write_all_at(&byte, at).unwrap();
+    }
+    for f in &files {
+        f.sync_all().unwrap();
+    }
+    let mut completed = 0;
+    for (child, receiver) in readers {
+        let o = child.wait_with_output().unwrap();
+        let got = receiver.join().unwrap();
+        assert!(got.len() <= clip.len());
+        assert!(
+            got[..] == clip[..got.len()],
+            "a stream delivered wrong bytes: {}",
+            text(&o)
+        );
+        if o.status.success() {
+            assert_eq!(got.len(), clip.len(), "{}", text(&o));
+            completed += 1;
+        } else {
+            assert!(
+                text(&o).contains("block checksum failure"),
+                "a stream failed otherwise: {}",
+                text(&o)
+            );
+        }
+    }
+    eprintln!("{completed} of 4 streams completed, byte-exact");
+    // A scrub repairs every unit with a good copy; those with both copies flipped are lost
+    // and reported so, and the repaired ones read back exactly afterwards.
+    let o = run(&["volume", "scrub", s(&m[0])]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let lost = out
+        .lines()
+        .filter(|l| l.contains("these bytes are lost"))
+        .count();
+    assert_eq!(o.status.success(), lost == 0, "{}", text(&o));
+    let o = run(&["volume", "scrub", "--no-repair", s(&m[0])]);
+    let again = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(
+        bad_count(&again, "scrubbed volume") as usize,
+        lost,
+        "{again}"
+    );
+    if lost == 0 {
+        export_equals(&m[0], "clip", &clip, a.path());
+    }
+}

@@ -587,8 +587,9 @@ fn sigkill_during_growth_and_truncation_keeps_every_committed_byte() {
     }
     let d = dir.path();
     let m = create(d, "grow", 4, "64MiB");
-    // More partitions than format version 3 holds: every update below writes a version 4
-    // table (the crash safety of the larger table is what is tested, not only growth's).
+    // More partitions than format version 3 holds: every update below writes a version 5
+    // table (version 4's larger table, and block checksums: the crash safety of both is
+    // what is tested, not only growth's; after each kill `check` reads every block).
     for i in 0..=256 {
         ok(&["volume", "add-partition", s(&m[0]), &format!("fill{i}")]);
     }
@@ -597,7 +598,7 @@ fn sigkill_during_growth_and_truncation_keeps_every_committed_byte() {
         let at = |o: usize| u32::from_le_bytes(img[o + 8..o + 12].try_into().unwrap());
         (at(0), at(1 << 20))
     };
-    assert_eq!(versions(), (4, 4));
+    assert_eq!(versions(), (5, 5));
     // name -> the bytes it holds (its committed size is a prefix of them).
     let mut content: Vec<(String, Vec<u8>)> = Vec::new();
     let (mut streams_done, mut truncs_done) = (0, 0);
@@ -684,7 +685,7 @@ fn sigkill_during_growth_and_truncation_keeps_every_committed_byte() {
             c.1.truncate(size as usize);
         }
     }
-    assert_eq!(versions(), (4, 4));
+    assert_eq!(versions(), (5, 5));
     eprintln!("{streams_done} streams and {truncs_done} truncations completed before their kill");
     assert!(
         streams_done > 0 && truncs_done > 0,
@@ -697,7 +698,8 @@ fn sigkill_during_growth_and_truncation_keeps_every_committed_byte() {
 #[test]
 fn a_tcp_socket_and_a_pipe_stream_into_a_partition_byte_exact() {
     let dir = tempfile::tempdir().unwrap();
-    let m = create(dir.path(), "sock", 3, "8MiB");
+    // 6 blocks per member: 2 MiB of metadata, the block checksums' area (24 KiB), 6 MiB.
+    let m = create(dir.path(), "sock", 3, "9MiB");
     ok(&[
         "volume",
         "add-partition",
@@ -1229,5 +1231,45 @@ fn blocks_grown_ahead_by_a_killed_recorder_are_reported_and_repaired() {
     assert!(
         std::fs::read(&after).unwrap() == std::fs::read(&before).unwrap(),
         "the committed bytes changed"
+    );
+}
+
+/// A stream rewriting a partition in place (a file into a partition that holds bytes: the
+/// uring path overwrites from offset 0 in whole pages, the size stays at least what it was):
+/// its chunks' block checksums are sealed ahead of their data, then sealed again by the
+/// commit; the partition reads back as the new bytes over the old tail, and `check` (reading
+/// every unit) is clean.
+#[test]
+fn a_stream_rewriting_a_partition_in_place_keeps_its_checksums_true() {
+    let dir = tempfile::tempdir().unwrap();
+    if !uring_works(dir.path()) {
+        return;
+    }
+    let m = create(dir.path(), "rew", 2, "24MiB");
+    let old = data(5 * MIB as usize + 123, 90);
+    let src = dir.path().join("old.in");
+    std::fs::write(&src, &old).unwrap();
+    ok(&["volume", "import", s(&m[0]), "p", s(&src)]);
+    let new = data(3 * MIB as usize + 4000, 91);
+    let src2 = dir.path().join("new.in");
+    std::fs::write(&src2, &new).unwrap();
+    let canon = std::fs::canonicalize(&m[0]).unwrap();
+    ok(&["stream", s(&src2), &format!("vol:{}/p", s(&canon))]);
+    // The new bytes over the old, and zeros to the end of the last 4 KiB written (the uring
+    // path writes whole pages).
+    let mut want = old.clone();
+    want[..new.len()].copy_from_slice(&new);
+    let padded = new.len().div_ceil(4096) * 4096;
+    want[new.len()..padded].fill(0);
+    let out = dir.path().join("p.out");
+    ok(&["volume", "export", s(&m[0]), "p", s(&out)]);
+    assert!(
+        std::fs::read(&out).unwrap() == want,
+        "the rewritten partition differs"
+    );
+    let checked = ok(&["volume", "check", s(&m[0])]);
+    assert!(
+        checked.contains(", 0 bad") && checked.contains("consistent"),
+        "{checked}"
     );
 }

@@ -30,7 +30,10 @@
 //!   (the pool: total, reserved, in use by rt, borrowed by bulk), the counters
 //!   `engine_buffer_repossessions_total` (buffers bulk streams gave back to rt) and
 //!   `engine_buffer_rereads_total`, `volume_members_degraded_total` (members of mirrored
-//!   volumes that streams found failing, read around since), `disk_queue_depth{class}`; the open-file table:
+//!   volumes that streams found failing, read around since), `volume_checksum_failures_total`,
+//!   `volume_checksum_repairs_total`, `volume_checksum_unrepaired_total` (4 KiB units of
+//!   volume reads that failed their block checksum on a copy; rewritten from the other copy;
+//!   read around only), `disk_queue_depth{class}`; the open-file table:
 //!   `engine_open_files` (files open for streams, one descriptor each) and
 //!   `engine_open_file_shares_total` (opens that shared an open file's descriptor).
 //! - The cluster, when `[cluster] etcd` is set ([`Metrics::register_cluster`]):
@@ -843,6 +846,25 @@ impl Collector for EngineCollector {
                 penstock_driver::volume::DEGRADED_MEMBERS
                     .load(std::sync::atomic::Ordering::Relaxed),
             ),
+        )?;
+        let (failed, repaired, unrepaired) = penstock_driver::sums::counters();
+        one(
+            &mut encoder,
+            "volume_checksum_failures",
+            "4 KiB units of volume reads that failed their block checksum on a copy",
+            ConstCounter::new(failed),
+        )?;
+        one(
+            &mut encoder,
+            "volume_checksum_repairs",
+            "Of those, units rewritten in place from a copy that verified",
+            ConstCounter::new(repaired),
+        )?;
+        one(
+            &mut encoder,
+            "volume_checksum_unrepaired",
+            "Of those, units read from the other copy but not rewritten (member not writable here)",
+            ConstCounter::new(unrepaired),
         )?;
         let d = self.engine.disk_queue_depth();
         let mut m = encoder.encode_descriptor(

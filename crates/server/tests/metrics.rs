@@ -184,6 +184,8 @@ fn every_family_is_there_after_http_a_refused_open_and_a_paced_stream() {
         "penstock_engine_buffer_repossessions_total ",
         "penstock_engine_buffer_rereads_total ",
         "penstock_volume_members_degraded_total 0",
+        "penstock_volume_checksum_failures_total 0",
+        "penstock_volume_checksum_repairs_total 0",
         "penstock_engine_buffers{state=\"total\"} ",
         "penstock_disk_queue_depth{class=\"rt\"} ",
         "penstock_streams_active ",

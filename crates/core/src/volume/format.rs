@@ -34,7 +34,13 @@ pub const META_MAGIC: [u8; 8] = *b"PNSTKVOL";
 /// state, each partition's mirror); else version 2 (growable partitions: a reservation and
 /// a generation per partition). Version 1 is read too: its partitions become fixed-size ones
 /// (reserve = size, generation 1) and are written back as version 2 by the next update.
-pub const META_VERSION: u32 = 4;
+pub const META_VERSION: u32 = 5;
+/// The version written for a volume with block checksums ([`VolumeMeta::sums`]): the layout
+/// of version 4 and, after the member paths, the sum unit (`docs/volume-format.md`).
+pub const META_VERSION_SUMS: u32 = 5;
+/// The version written for a table of more than [`PARTITIONS_MAX_V3`] partitions without
+/// checksums.
+pub const META_VERSION_WIDE: u32 = 4;
 /// The version written for a mirrored volume (or one with a member not ok) of at most
 /// [`PARTITIONS_MAX_V3`] partitions.
 pub const META_VERSION_MIRRORED: u32 = 3;
@@ -179,6 +185,10 @@ pub struct VolumeMeta {
     pub member_domains: Vec<u64>,
     /// Each member's health, by member index (all [`MemberState::Ok`] unless mirrored).
     pub member_states: Vec<MemberState>,
+    /// Every member keeps a crc32c per 4 KiB of its data area in its sum area, between the
+    /// metadata slots and the data start ([`super::sums`]; format version 5). `false` for
+    /// volumes of versions 1 to 4, which are read and written without verification.
+    pub sums: bool,
 }
 
 /// A member's health in a mirrored volume.
@@ -236,6 +246,7 @@ impl VolumeMeta {
             copies: 1,
             member_domains,
             member_states,
+            sums: false,
         }
     }
 
@@ -250,8 +261,10 @@ impl VolumeMeta {
         let v3 = self.copies > 1
             || self.member_states.iter().any(|s| *s != MemberState::Ok)
             || self.partitions.iter().any(|p| p.mirror.is_some());
-        if self.partitions.len() > PARTITIONS_MAX_V3 {
-            META_VERSION
+        if self.sums {
+            META_VERSION_SUMS
+        } else if self.partitions.len() > PARTITIONS_MAX_V3 {
+            META_VERSION_WIDE
         } else if v3 {
             META_VERSION_MIRRORED
         } else {
@@ -464,6 +477,13 @@ pub fn encode(meta: &VolumeMeta, member: MemberIndex, seq: u64) -> Vec<u8> {
         );
         body.extend_from_slice(&(path.len() as u16).to_le_bytes());
         body.extend_from_slice(path.as_bytes());
+    }
+    if version >= META_VERSION_SUMS {
+        assert!(
+            super::sums::area_fits(layout),
+            "the sum area holds every member's entries"
+        );
+        body.extend_from_slice(&(super::sums::SUM_UNIT_BYTES as u32).to_le_bytes());
     }
     assert!(
         body.len() <= BODY_BYTES_MAX,
@@ -786,6 +806,19 @@ fn decode_body(body: &[u8], version: u32) -> Result<(VolumeMeta, MemberIndex), M
             .ok_or_else(|| corrupt(format!("path of member {m} is not UTF-8 without NUL")))?;
         member_paths.push(path.to_string());
     }
+    let sums = version >= META_VERSION_SUMS;
+    if sums {
+        let unit = r.u32("sum unit")?;
+        if u64::from(unit) != super::sums::SUM_UNIT_BYTES {
+            return Err(corrupt(format!(
+                "sum unit of {unit} bytes, not {}",
+                super::sums::SUM_UNIT_BYTES
+            )));
+        }
+        if !super::sums::area_fits(&layout) {
+            return Err(corrupt("the data start leaves no room for the sum area"));
+        }
+    }
     if r.at != body.len() {
         return Err(corrupt(format!(
             "{} bytes after the member paths",
@@ -805,6 +838,7 @@ fn decode_body(body: &[u8], version: u32) -> Result<(VolumeMeta, MemberIndex), M
             copies,
             member_domains,
             member_states,
+            sums,
         },
         member,
     ))

@@ -18,6 +18,7 @@ pub mod alloc;
 pub mod format;
 pub mod layout;
 pub mod member;
+pub mod sums;
 
 pub use alloc::{
     AllocError, Placement, Problem, allocate, allocate_with, allocated_blocks, capacity_bytes,
@@ -32,6 +33,7 @@ pub use layout::{
     PartitionKind, PartitionMap, PartitionState, VolumeLayout,
 };
 pub use member::{Assembly, MemberCopy, MembershipError, assemble};
+pub use sums::{SumEntry, SumFailure, SumRecord};
 
 use std::fmt;
 

@@ -38,6 +38,7 @@ pub mod listen;
 pub mod metrics;
 pub mod metrics_http;
 mod origin;
+pub mod peer_log;
 pub mod private;
 pub mod rtsp;
 pub mod streams;

@@ -280,6 +280,10 @@ pub struct Session {
     /// The scale of the last PLAY (`Scale`; kept by a PLAY without one).
     scale: penstock_core::track::Speed,
     admitted: Option<Admitted>,
+    /// When `admitted` was reserved: one not played within `setup_timeout` is given back.
+    admitted_at: Instant,
+    /// The address that set the session up (`sessions_per_address_max`).
+    client: std::net::IpAddr,
     playing: Option<Playing>,
     last_seen: Instant,
 }
@@ -317,6 +321,12 @@ pub struct RtspShared {
     media: Mutex<MediaCache>,
     port_cursor: Mutex<u16>,
     connections: AtomicUsize,
+    /// Connections open per client address (`connections_per_address_max`); an address
+    /// with none is removed.
+    per_address: Mutex<HashMap<std::net::IpAddr, usize>>,
+    /// Sessions per client address (`sessions_per_address_max`), changed under the lock of
+    /// `sessions` as sessions are added and removed.
+    sessions_per_address: Mutex<HashMap<std::net::IpAddr, usize>>,
     next_conn_id: AtomicUsize,
     stop: AtomicBool,
     /// The live sources by path.
@@ -442,6 +452,8 @@ impl RtspServer {
             media: Mutex::new(MediaCache::default()),
             port_cursor: Mutex::new(cfg.rtp_port_min & !1),
             connections: AtomicUsize::new(0),
+            per_address: Mutex::new(HashMap::new()),
+            sessions_per_address: Mutex::new(HashMap::new()),
             next_conn_id: AtomicUsize::new(1),
             origin: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
@@ -534,9 +546,28 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
                 if n >= shared.cfg.connections_max {
                     shared.connections.fetch_sub(1, Ordering::AcqRel);
                     shared.metrics.error("rtsp_connections_max");
-                    conn::refuse(s, shared.cfg.connections_max);
+                    conn::refuse(
+                        s,
+                        &format!(
+                            "rtsp.connections_max {} reached",
+                            shared.cfg.connections_max
+                        ),
+                    );
                     continue;
                 }
+                let Some(place) = AddressPlace::take(shared, peer.ip()) else {
+                    shared.connections.fetch_sub(1, Ordering::AcqRel);
+                    shared.metrics.error("rtsp_connections_per_address_max");
+                    conn::refuse(
+                        s,
+                        &format!(
+                            "rtsp.connections_per_address_max {} reached for {}",
+                            shared.cfg.connections_per_address_max,
+                            peer.ip()
+                        ),
+                    );
+                    continue;
+                };
                 let id = shared.next_conn_id.fetch_add(1, Ordering::AcqRel) as u64;
                 tracing::debug!(
                     "rtsp connection {peer}: accepted (fd {})",
@@ -549,9 +580,11 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
                         .spawn(move || {
                             conn::serve(&sh, s, peer, id);
                             sh.connection_closed(id);
+                            drop(place);
                             sh.connections.fetch_sub(1, Ordering::AcqRel);
                         });
                 if spawned.is_err() {
+                    // The closure (and the place in it) was dropped with the error.
                     shared.connections.fetch_sub(1, Ordering::AcqRel);
                     shared.metrics.error("rtsp_thread_spawn");
                 }
@@ -574,6 +607,45 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
     }
 }
 
+/// One connection's place among its address's `connections_per_address_max`, given back
+/// when dropped.
+struct AddressPlace {
+    shared: Arc<RtspShared>,
+    ip: std::net::IpAddr,
+}
+
+impl AddressPlace {
+    /// A place for a connection from `ip`, or `None` when that address holds its maximum.
+    fn take(shared: &Arc<RtspShared>, ip: std::net::IpAddr) -> Option<AddressPlace> {
+        let mut m = shared.per_address.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= shared.cfg.connections_per_address_max {
+            return None;
+        }
+        *n += 1;
+        Some(AddressPlace {
+            shared: shared.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for AddressPlace {
+    fn drop(&mut self) {
+        let mut m = self
+            .shared
+            .per_address
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
 fn reaper(shared: &Arc<RtspShared>) {
     while !shared.stop.load(Ordering::Acquire) {
         std::thread::sleep(REAP_INTERVAL);
@@ -585,11 +657,25 @@ fn reaper(shared: &Arc<RtspShared>) {
             .cloned()
             .collect();
         let timeout = shared.cfg.session_timeout();
+        let setup_timeout = shared.cfg.setup_timeout();
         let mut expired = Vec::new();
         for s in all {
             // A session busy with a request is looked at next turn.
             let Ok(mut s) = s.try_lock() else { continue };
             shared.turn(&mut s);
+            // Set up and not played in time: its reservation goes back (a PLAY later asks
+            // admission afresh), so that SETUPs without PLAY hold no capacity for long.
+            if s.playing.is_none()
+                && s.admitted.is_some()
+                && s.admitted_at.elapsed() > setup_timeout
+            {
+                s.admitted = None;
+                shared.metrics.error("rtsp_setup_timeout");
+                tracing::debug!(
+                    "rtsp session {}: not played within rtsp.setup_timeout_ms, its admission given back",
+                    s.id
+                );
+            }
             if s.last_seen.elapsed() > timeout {
                 expired.push(s.id.clone());
             }
@@ -634,6 +720,17 @@ impl RtspShared {
                 src.unsubscribe(&l.sub);
             }
             s.admitted = None;
+            let mut per = self
+                .sessions_per_address
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = per.get_mut(&s.client) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    per.remove(&s.client);
+                }
+            }
+            drop(per);
             self.metrics.rtsp_sessions.dec();
             self.metrics.rtsp_session_ended(why.word());
         }

@@ -588,6 +588,25 @@ struct FloodCounts {
 /// `n` connections to `addr`, each sending one GET of `/a.txt` as soon as it is connected,
 /// read until a whole head (then classified), a close, or `deadline`.
 fn flood(addr: SocketAddr, n: usize, deadline: Duration) -> FloodCounts {
+    flood_with(
+        addr,
+        n,
+        deadline,
+        b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n",
+        "http/1.1",
+    )
+}
+
+/// [`flood`] with request `req`, replies of protocol `proto` (lower case: `http/1.1`,
+/// `rtsp/1.0`; an HTTP 503 counts only with `Connection: close`, an RTSP one is followed by
+/// the close).
+fn flood_with(
+    addr: SocketAddr,
+    n: usize,
+    deadline: Duration,
+    req: &[u8],
+    proto: &str,
+) -> FloodCounts {
     use rustix::event::{PollFd, PollFlags};
     struct C {
         s: socket2::Socket,
@@ -611,7 +630,6 @@ fn flood(addr: SocketAddr, n: usize, deadline: Duration) -> FloodCounts {
         .collect();
     let mut counts = FloodCounts::default();
     let t0 = Instant::now();
-    let req = b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n";
     while t0.elapsed() < deadline && conns.iter().any(|c| !c.done) {
         let open: Vec<usize> = (0..conns.len()).filter(|&i| !conns[i].done).collect();
         let mut fds: Vec<PollFd<'_>> = open
@@ -668,10 +686,10 @@ fn flood(addr: SocketAddr, n: usize, deadline: Duration) -> FloodCounts {
                     c.got.extend_from_slice(&b[..n]);
                     if let Some(end) = c.got.windows(4).position(|w| w == b"\r\n\r\n") {
                         let head = String::from_utf8_lossy(&c.got[..end]).to_lowercase();
-                        if head.starts_with("http/1.1 200") {
+                        if head.starts_with(&format!("{proto} 200")) {
                             counts.ok_200 += 1;
-                        } else if head.starts_with("http/1.1 503")
-                            && head.contains("connection: close")
+                        } else if head.starts_with(&format!("{proto} 503"))
+                            && (proto != "http/1.1" || head.contains("connection: close"))
                         {
                             counts.refused_503_close += 1;
                         } else {
@@ -1010,4 +1028,64 @@ fn small_refusals_are_the_codes_the_docs_say() {
     let mut text = String::new();
     let _ = h.read_to_string(&mut text);
     assert!(text.starts_with("HTTP/1.1 403"), "{text}");
+}
+
+/// The RTSP listener likewise: out of descriptors (`nofile` 256, the connection caps set
+/// above it), each of 2,000 connections sending OPTIONS is answered 200 while there is room,
+/// else refused with 503 and closed through the accept loop's spare descriptor: never left
+/// waiting in the backlog.
+#[test]
+fn out_of_descriptors_every_rtsp_connection_gets_an_answer_or_a_close() {
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: prlimit (util-linux) is not installed");
+        return;
+    }
+    let n = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("penstock.toml");
+    std::fs::write(
+        &conf,
+        "[http]\nlisten = \"127.0.0.1:0\"\nworkers = 1\n[control]\nlisten = \"\"\n[log]\naccess = \"off\"\n[rtsp]\nlisten = \"127.0.0.1:0\"\nconnections_max = 100000\nconnections_per_address_max = 100000\n",
+    )
+    .unwrap();
+    let mut child = Command::new("prlimit")
+        .arg("--nofile=256:256")
+        .arg("--")
+        .arg(BIN)
+        .args(["serve", "--no-control-unix", "--config"])
+        .arg(&conf)
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let line = common::start_line(&mut child);
+    let rtsp: SocketAddr = line
+        .split("rtsp://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let c = flood_with(
+        rtsp,
+        n,
+        Duration::from_secs(120),
+        b"OPTIONS * RTSP/1.0\r\nCSeq: 1\r\n\r\n",
+        "rtsp/1.0",
+    );
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let _ = child.wait();
+    println!(
+        "{n} RTSP connections at nofile 256: {} 200, {} 503, {} closed without a reply, {} other, {} silent",
+        c.ok_200,
+        c.refused_503_close,
+        c.closed,
+        c.other.len(),
+        c.silent
+    );
+    assert!(c.other.is_empty(), "{:?}", &c.other[..c.other.len().min(3)]);
+    assert_eq!(c.silent, 0);
+    assert!(c.refused_503_close > 0, "{c:?}");
 }

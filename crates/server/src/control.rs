@@ -377,6 +377,8 @@ fn accept_loop<L: AsFd>(
     let mut failed = 0u64;
     let mut last_error = String::new();
     let mut logged_at: Option<Instant> = None;
+    // Out of descriptors, a waiting connection is refused through this one.
+    let mut spare = crate::listen::spare_descriptor();
     while !shared.stop.load(Ordering::Acquire) {
         if failed > 0 && logged_at.is_none_or(|t| t.elapsed() >= ACCEPT_LOG_INTERVAL) {
             tracing::warn!(
@@ -401,15 +403,34 @@ fn accept_loop<L: AsFd>(
             Ok(p) => p,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) if out_of_resources(&e) => {
-                // The pending connection stays in the backlog; try again after a pause
-                // instead of spinning on a listener that stays readable.
                 failed += 1;
                 last_error = e.to_string();
+                // Out of descriptors: the spare makes room to refuse one waiting connection
+                // (503, closed) instead of leaving it in silence.
+                if crate::listen::out_of_descriptors(&e) && spare.take().is_some() {
+                    let refused = accept(l).ok();
+                    let was_one = refused.is_some();
+                    if let Some(mut p) = refused {
+                        let _ =
+                            p.write_all(b"503 the server is out of descriptors: try again later\n");
+                    }
+                    spare = crate::listen::spare_descriptor();
+                    // Accept fails with EMFILE even when nobody waits: then back off, never
+                    // spin.
+                    if was_one && spare.is_some() {
+                        continue;
+                    }
+                }
+                // The pending connection stays in the backlog; try again after a pause
+                // instead of spinning on a listener that stays readable.
                 let until = Instant::now() + shared.config.accept_backoff();
                 while Instant::now() < until && !shared.stop.load(Ordering::Acquire) {
                     std::thread::sleep(
                         Duration::from_millis(POLL_MS).min(shared.config.accept_backoff()),
                     );
+                }
+                if spare.is_none() {
+                    spare = crate::listen::spare_descriptor();
                 }
                 continue;
             }

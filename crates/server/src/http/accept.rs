@@ -291,15 +291,10 @@ impl Worker {
     }
 }
 
-/// `/dev/null` opened as the worker's spare descriptor (`None` if even that fails: then
-/// accepts out of descriptors pause without answering).
+/// The worker's spare descriptor (`None` if even that fails: then accepts out of
+/// descriptors pause without answering).
 pub(super) fn spare_fd() -> Option<std::os::fd::OwnedFd> {
-    rustix::fs::open(
-        "/dev/null",
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .ok()
+    crate::listen::spare_descriptor()
 }
 
 /// What a connection refused for want of descriptors reads before the server closes it.

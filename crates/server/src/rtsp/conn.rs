@@ -70,10 +70,22 @@ struct Conn<'a> {
 /// closes it.
 pub(super) fn refuse(mut s: TcpStream, why: &str) {
     let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+    // What the client already sent is read first (bounded), so that the close is a FIN:
+    // unread input would turn it into a reset.
+    if s.set_nonblocking(true).is_ok() {
+        let mut b = [0u8; 4096];
+        for _ in 0..16 {
+            if !matches!(s.read(&mut b), Ok(n) if n > 0) {
+                break;
+            }
+        }
+        let _ = s.set_nonblocking(false);
+    }
     let mut r = Reply::new(503, None);
     r.body = format!("{why}\n").into_bytes();
     r.content_type = Some("text/plain");
     let _ = s.write_all(&r.encode());
+    let _ = s.shutdown(std::net::Shutdown::Write);
 }
 
 pub(super) fn serve(shared: &Arc<RtspShared>, stream: TcpStream, peer: SocketAddr, id: u64) {

@@ -539,6 +539,8 @@ impl Drop for RtspServer {
 }
 
 fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
+    // Out of descriptors, a waiting connection is refused through this one.
+    let mut spare = crate::listen::spare_descriptor();
     while !shared.stop.load(Ordering::Acquire) {
         match l.accept() {
             Ok((s, peer)) => {
@@ -599,9 +601,28 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
                 );
             }
             Err(e) => {
-                // EMFILE and friends: count, back off as the other listeners do.
                 shared.metrics.accept_failed("rtsp", &e.to_string());
+                // Out of descriptors: the spare makes room to refuse one waiting connection
+                // (503, closed) instead of leaving it in silence.
+                if crate::listen::out_of_descriptors(&e) && spare.take().is_some() {
+                    let refused = l.accept().ok();
+                    let was_one = refused.is_some();
+                    if let Some((s, _)) = refused {
+                        shared.metrics.error("rtsp_out_of_descriptors");
+                        conn::refuse(s, "the server is out of descriptors: try again later");
+                    }
+                    spare = crate::listen::spare_descriptor();
+                    // Accept fails with EMFILE even when nobody waits: then back off, never
+                    // spin.
+                    if was_one && spare.is_some() {
+                        continue;
+                    }
+                }
+                // EMFILE and friends: count, back off as the other listeners do.
                 std::thread::sleep(ACCEPT_POLL);
+                if spare.is_none() {
+                    spare = crate::listen::spare_descriptor();
+                }
             }
         }
     }

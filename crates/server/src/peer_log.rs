@@ -57,6 +57,38 @@ impl PeerLog {
     }
 }
 
+impl PeerLog {
+    /// The kinds whose window is over with lines suppressed in it, and how many: each
+    /// returned once (its count starts again at zero). For [`flush`]: a flood that stops
+    /// still has its suppressed lines reported.
+    pub fn due(&self, now: Instant) -> Vec<(&'static str, u64)> {
+        let mut m = self.kinds.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for (kind, w) in m.iter_mut() {
+            if w.suppressed > 0 && now.saturating_duration_since(w.started) >= WINDOW {
+                out.push((*kind, std::mem::take(&mut w.suppressed)));
+            }
+        }
+        // Windows with nothing to say are dropped (the table holds active kinds only).
+        m.retain(|_, w| now.saturating_duration_since(w.started) < WINDOW || w.suppressed > 0);
+        out
+    }
+}
+
+/// Writes one line per kind whose window ended with lines suppressed (called from the HTTP
+/// workers' sweep, every few seconds): the count is reported even when no line of that
+/// kind follows.
+pub fn flush() {
+    for (kind, suppressed) in global().due(Instant::now()) {
+        tracing::warn!(
+            kind,
+            suppressed,
+            "warnings a peer caused were suppressed (at most {LINES_PER_WINDOW} a kind per {} s)",
+            WINDOW.as_secs()
+        );
+    }
+}
+
 /// The process's limiter.
 pub fn global() -> &'static PeerLog {
     static LOG: std::sync::OnceLock<PeerLog> = std::sync::OnceLock::new();
@@ -94,5 +126,19 @@ mod tests {
             Some(1000 - u64::from(LINES_PER_WINDOW))
         );
         assert_eq!(log.allow("a", t0 + WINDOW), Some(0));
+    }
+
+    #[test]
+    fn suppressed_counts_are_due_once_their_window_is_over() {
+        let log = PeerLog::default();
+        let t0 = Instant::now();
+        for _ in 0..25 {
+            let _ = log.allow("a", t0);
+        }
+        assert!(log.due(t0).is_empty(), "the window is not over");
+        assert_eq!(log.due(t0 + WINDOW), vec![("a", 15)]);
+        assert!(log.due(t0 + WINDOW).is_empty(), "reported once");
+        // The kind's window starts afresh.
+        assert_eq!(log.allow("a", t0 + WINDOW * 2), Some(0));
     }
 }

@@ -962,6 +962,7 @@ impl Worker {
     }
 
     fn sweep(&mut self, now: Instant) {
+        crate::peer_log::flush();
         for idx in 0..self.slots.len() {
             let Some(c) = &self.slots[idx].conn else {
                 continue;

@@ -998,6 +998,11 @@ impl Worker {
                                 log: log.as_ref(),
                             },
                         );
+                        // The client is still sending its head: closed lingering, so that
+                        // the 408 is not lost to a reset.
+                        let generation = self.slots[idx].generation;
+                        self.linger(idx as u32, generation);
+                        continue;
                     } else {
                         self.shared.metrics.error("idle_timeout");
                     }

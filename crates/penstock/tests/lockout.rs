@@ -429,12 +429,13 @@ fn trickling_control_connections_neither_hold_their_place_nor_lock_others_out() 
 /// everyone else got 453. Now a reservation not played within `setup_timeout_ms` is given
 /// back, and one address sets up at most `sessions_per_address_max` sessions: a flooder on
 /// 127.0.0.2 sending 10,000 SETUPs (and keeping its sessions alive) is refused by name, and
-/// the normal client on 127.0.0.1 plays once the setup timeout has passed.
+/// the normal client on 127.0.0.1 plays once the setup timeout has passed. A flooder that
+/// tears down and sets up again is refused at `unplayed_setups_max`.
 #[test]
 fn setups_without_play_give_their_admission_back_and_are_capped_per_address() {
     // Admission fits two 1 Mbit/s streams (the rt share of 400 kB/s), below every other cap.
     let s = Served::start(
-        "[rtsp]\nsessions_per_address_max = 4\nsetup_timeout = \"1s\"\nsession_timeout = \"60s\"\n[admission]\nself_calibrate = false\nnet_bytes_per_s = 400000\n",
+        "[rtsp]\nsessions_per_address_max = 4\nunplayed_setups_max = 4\nsetup_timeout = \"1s\"\nsession_timeout = \"60s\"\n[admission]\nself_calibrate = false\nnet_bytes_per_s = 400000\n",
         &["--no-control-unix"],
     );
     let addr = s.rtsp.unwrap();
@@ -489,7 +490,23 @@ fn setups_without_play_give_their_admission_back_and_are_capped_per_address() {
         }
     });
     assert!(played, "the normal client never played: {last}");
-    assert!(s.metric("penstock_errors_total{kind=\"rtsp_setup_timeout\"}") >= 1.0);
+    // Its four sessions given back unplayed, the flooder tears them down and sets up again:
+    // refused, by name, for as long as the window (`session_timeout`) lasts.
+    assert!(wait_for(Duration::from_secs(30), || {
+        s.metric("penstock_errors_total{kind=\"rtsp_setup_timeout\"}") >= 4.0
+    }));
+    for id in &ids {
+        let r = flood.request("TEARDOWN", &url, &[("Session", id)]).unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let again = flood.request("SETUP", &url, &[("Transport", &tr)]).unwrap();
+    assert_eq!(again.status, 453, "{again:?}");
+    assert!(
+        again
+            .body
+            .contains("rtsp.unplayed_setups_max 4 reached for 127.0.0.2"),
+        "{again:?}"
+    );
 }
 
 /// Reads HTTP/1.1 responses from `s` until EOF: (responses whose status is 200 and body

@@ -23,6 +23,10 @@ pub struct RtspConfig {
     /// beyond it.
     #[serde(alias = "setup_timeout", deserialize_with = "units::ms")]
     pub setup_timeout_ms: u64,
+    /// Sessions of one client address whose admission `setup_timeout_ms` gave back unplayed,
+    /// within one `session_timeout_ms`; beyond, that address's SETUPs get 453 until the
+    /// window is over (a client that sets up, never plays, tears down and sets up again).
+    pub unplayed_setups_max: u32,
     /// A session with no request (and, over UDP, no RTCP receiver report) for this long is
     /// torn down; told to clients as `Session: ID;timeout=N`.
     #[serde(alias = "session_timeout", deserialize_with = "units::ms")]
@@ -135,6 +139,7 @@ impl Default for RtspConfig {
             sessions_max: 256,
             sessions_per_address_max: 16,
             setup_timeout_ms: 10_000,
+            unplayed_setups_max: 16,
             session_timeout_ms: 60_000,
             request_bytes_max: 8192,
             connections_max: 256,
@@ -184,8 +189,10 @@ impl RtspConfig {
         if self.sessions_max == 0 || self.sessions_max > 1_000_000 {
             return bad("rtsp.sessions_max must be 1 ..= 1000000".into());
         }
-        if self.sessions_per_address_max == 0 {
-            return bad("rtsp.sessions_per_address_max must be above 0".into());
+        if self.sessions_per_address_max == 0 || self.unplayed_setups_max == 0 {
+            return bad(
+                "rtsp.sessions_per_address_max and rtsp.unplayed_setups_max must be above 0".into(),
+            );
         }
         if self.setup_timeout_ms < 100 || self.setup_timeout_ms > 3_600_000 {
             return bad("rtsp.setup_timeout_ms must be 100ms ..= 1h".into());
@@ -303,6 +310,7 @@ mod tests {
             "[rtsp]\nconnections_per_address_max = 0\n",
             "[rtsp]\nrequest_timeout = \"10ms\"\n",
             "[rtsp]\nsessions_per_address_max = 0\n",
+            "[rtsp]\nunplayed_setups_max = 0\n",
             "[rtsp]\nsetup_timeout = \"1ms\"\n",
             "[rtsp]\nsessions_max = 2000\n",
         ] {

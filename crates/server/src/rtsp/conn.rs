@@ -503,6 +503,19 @@ impl Conn<'_> {
         if let Some(r) = self.address_full(cseq) {
             return r;
         }
+        if self.shared.unplayed_too_often(self.peer.ip()) {
+            self.shared.metrics.error("rtsp_unplayed_setups_max");
+            return text(
+                453,
+                cseq,
+                &format!(
+                    "rtsp.unplayed_setups_max {} reached for {}: sessions set up and never \
+                     played; SETUP again after rtsp.session_timeout_ms",
+                    self.shared.cfg.unplayed_setups_max,
+                    self.peer.ip()
+                ),
+            );
+        }
         let base = Packetizer::mp2t(random_u64());
         let (smedia, path, admitted) = if let Some(src) = self.live_source(req) {
             // A live session sends from the source's thread, not through the engine: no

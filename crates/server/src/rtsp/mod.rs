@@ -327,6 +327,9 @@ pub struct RtspShared {
     /// Sessions per client address (`sessions_per_address_max`), changed under the lock of
     /// `sessions` as sessions are added and removed.
     sessions_per_address: Mutex<HashMap<std::net::IpAddr, usize>>,
+    /// Per client address: sessions whose admission the setup timeout gave back unplayed,
+    /// and when the first of them in the current window did (`unplayed_setups_max`).
+    unplayed: Mutex<HashMap<std::net::IpAddr, (u32, Instant)>>,
     next_conn_id: AtomicUsize,
     stop: AtomicBool,
     /// The live sources by path.
@@ -454,6 +457,7 @@ impl RtspServer {
             connections: AtomicUsize::new(0),
             per_address: Mutex::new(HashMap::new()),
             sessions_per_address: Mutex::new(HashMap::new()),
+            unplayed: Mutex::new(HashMap::new()),
             next_conn_id: AtomicUsize::new(1),
             origin: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
@@ -692,6 +696,7 @@ fn reaper(shared: &Arc<RtspShared>) {
             {
                 s.admitted = None;
                 shared.metrics.error("rtsp_setup_timeout");
+                shared.count_unplayed(s.client);
                 tracing::debug!(
                     "rtsp session {}: not played within rtsp.setup_timeout_ms, its admission given back",
                     s.id
@@ -709,6 +714,25 @@ fn reaper(shared: &Arc<RtspShared>) {
 }
 
 impl RtspShared {
+    /// One more session of `ip` given back unplayed (the window is `session_timeout`).
+    fn count_unplayed(&self, ip: std::net::IpAddr) {
+        let window = self.cfg.session_timeout();
+        let mut m = self.unplayed.lock().unwrap_or_else(|p| p.into_inner());
+        // Old windows go (the table holds only addresses with a current window).
+        m.retain(|_, (_, since)| since.elapsed() < window);
+        let e = m.entry(ip).or_insert((0, Instant::now()));
+        e.0 = e.0.saturating_add(1);
+    }
+
+    /// Whether `ip` set up `unplayed_setups_max` sessions that it never played within the
+    /// current window: its SETUPs are refused until the window is over.
+    fn unplayed_too_often(&self, ip: std::net::IpAddr) -> bool {
+        let m = self.unplayed.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&ip).is_some_and(|(n, since)| {
+            *n >= self.cfg.unplayed_setups_max && since.elapsed() < self.cfg.session_timeout()
+        })
+    }
+
     fn session_count(&self) -> usize {
         self.sessions
             .lock()

@@ -419,7 +419,7 @@ impl RtspServer {
         })?;
         let mut listeners = Vec::new();
         for a in addrs {
-            let l = TcpListener::bind(a).map_err(|source| crate::ServerError::Bind {
+            let l = bind_listener(a).map_err(|source| crate::ServerError::Bind {
                 what: "rtsp",
                 addr: a.to_string(),
                 source,
@@ -540,6 +540,20 @@ impl Drop for RtspServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Connections the kernel queues for the accept loop (std's `bind` asks 128: a burst of
+/// players, or a flood the loop refuses one by one, would overflow it and have SYNs dropped
+/// and retried for seconds).
+const LISTEN_BACKLOG: i32 = 1024;
+
+fn bind_listener(a: SocketAddr) -> io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(a), Type::STREAM.cloexec(), None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&a.into())?;
+    s.listen(LISTEN_BACKLOG)?;
+    Ok(s.into())
 }
 
 fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {

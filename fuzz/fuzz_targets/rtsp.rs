@@ -45,6 +45,11 @@ fuzz_target!(|data: &[u8]| {
                 }
                 at += consumed;
             }
+            Ok(Parsed::Refused { error, consumed, .. }) => {
+                assert!((400..600).contains(&error.status()));
+                assert!(consumed > 0 && consumed <= rest.len().min(limits.request_bytes_max));
+                at += consumed;
+            }
             Err(e) => {
                 assert!((400..600).contains(&e.status()));
                 break;

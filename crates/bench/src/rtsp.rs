@@ -392,7 +392,8 @@ fn start_server(
             let port = free_port()?;
             let http_port = free_port()?;
             let conf = files.path().join("penstock.toml");
-            // Room for the step's sessions (the defaults allow 256), and an admission capacity
+            // Room for the step's sessions (the defaults allow 256; every client is on
+            // 127.0.0.1, so the per-address caps too), and an admission capacity
             // for loopback and a page-cached clip: the defaults (Capacity::CONSERVATIVE,
             // 100 Mbit/s of network, 50 MB/s and 75 seeks/s of disk, 64 buffers) would refuse the 10th
             // 8.5 Mbit/s session with 453. GStreamer's server admits without limit.
@@ -410,7 +411,7 @@ fn start_server(
             std::fs::write(
                 &conf,
                 format!(
-                    "[http]\nlisten = \"127.0.0.1:{http_port}\"\n[rtsp]\nlisten = \"127.0.0.1:{port}\"\nsessions_max = {limit}\nconnections_max = {limit}\n[engine]\npool_buffers = {buffers}\nbuffer_bytes = \"256KiB\"\n{slack}[admission]\nnet_bytes_per_s = 10000000000\ndisk_seq_bytes_per_s = 10000000000\ndisk_random_iops = 100000000\nstreams_max = {limit}\nbuffer_count = {buffers}\nbuffer_bytes = \"256KiB\"\ncpu_send_ns = {send_ns}\n[log]\naccess = \"off\"\n"
+                    "[http]\nlisten = \"127.0.0.1:{http_port}\"\n[rtsp]\nlisten = \"127.0.0.1:{port}\"\nsessions_max = {limit}\nconnections_max = {limit}\nsessions_per_address_max = {limit}\nconnections_per_address_max = {limit}\n[engine]\npool_buffers = {buffers}\nbuffer_bytes = \"256KiB\"\n{slack}[admission]\nnet_bytes_per_s = 10000000000\ndisk_seq_bytes_per_s = 10000000000\ndisk_random_iops = 100000000\nstreams_max = {limit}\nbuffer_count = {buffers}\nbuffer_bytes = \"256KiB\"\ncpu_send_ns = {send_ns}\n[log]\naccess = \"off\"\n"
                 ),
             )?;
             let mut child = command(fifo, &std::env::current_exe()?)

@@ -227,7 +227,7 @@ fn out_of_descriptors(flood: Flood) {
         &conf,
         match flood {
             Flood::Http => "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n",
-            Flood::Control => "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"127.0.0.1:0\"\ntcp_connections_max = 1000\n",
+            Flood::Control => "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"127.0.0.1:0\"\ntcp_connections_max = 1000\ntcp_connections_per_address_max = 1000\n",
         },
     )
     .unwrap();

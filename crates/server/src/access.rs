@@ -460,6 +460,9 @@ impl Access {
                         "{label}: a link, a file with several links, or not a regular file"
                     )),
                     Refused::Failed => Denied::Failed(format!("{label}: could not be opened")),
+                    Refused::Exhausted => Denied::Failed(format!(
+                        "{label}: could not be opened: the server is out of descriptors"
+                    )),
                 };
                 let file = match role {
                     Role::Source => match dir.root.open_path(&rel) {

@@ -233,6 +233,16 @@ pub struct HttpLimits {
     pub send_timeout_ms: u64,
     /// Requests on one connection before the server answers `Connection: close`.
     pub requests_per_connection_max: u32,
+    /// A connection the server closes after a response (`Connection: close`: the last of
+    /// `requests_per_connection_max`, an error) is closed lingering, as nginx's
+    /// `lingering_close`: its write side is shut down (the client reads every response,
+    /// then EOF) and what the client still sends is read and dropped for at most this long
+    /// — a close with unread input would send a reset that destroys responses in flight.
+    #[serde(deserialize_with = "units::ms")]
+    pub lingering_time_ms: u64,
+    /// Bytes read and dropped at most while lingering; beyond, the connection is closed.
+    #[serde(deserialize_with = "units::size")]
+    pub lingering_bytes_max: u64,
     /// Open connections, all workers together; beyond, new ones get 503 and are closed.
     pub connections_max: usize,
     /// Default rate per connection (nginx `limit_rate`); 0: unlimited.
@@ -259,6 +269,8 @@ impl Default for HttpLimits {
             idle_timeout_ms: 60_000,
             send_timeout_ms: 60_000,
             requests_per_connection_max: 10_000,
+            lingering_time_ms: 5_000,
+            lingering_bytes_max: 1 << 20,
             connections_max: 16_384,
             limit_rate_bytes_per_s: 0,
             limit_rate_after_bytes: 0,
@@ -278,6 +290,10 @@ impl HttpLimits {
 
     pub fn accept_backoff(&self) -> Duration {
         Duration::from_millis(self.accept_backoff_ms)
+    }
+
+    pub fn lingering_time(&self) -> Duration {
+        Duration::from_millis(self.lingering_time_ms)
     }
 
     /// The core parser's limits.
@@ -305,6 +321,9 @@ impl HttpLimits {
             return bad(
                 "http.requests_per_connection_max and http.connections_max must be above 0",
             );
+        }
+        if self.lingering_time_ms > 600_000 {
+            return bad("limits.lingering_time_ms must be 0 ..= 600000 (0: close at once)");
         }
         // 0 would be the spin this exists to stop; beyond a minute a recovered server
         // would leave its backlog waiting for nothing.
@@ -425,9 +444,16 @@ pub struct ControlConfig {
     /// TCP control connections at once; beyond, a new one gets `503` and is closed.
     #[serde(alias = "connections_max")]
     pub tcp_connections_max: usize,
+    /// TCP control connections at once from one client address; beyond, `503` and closed
+    /// (in effect at most `tcp_connections_max`).
+    pub tcp_connections_per_address_max: usize,
     /// Unix-socket control connections at once, counted apart from TCP so that TCP peers
     /// never lock the socket's users out.
     pub unix_connections_max: usize,
+    /// Of `unix_connections_max`, the places only the server's own uid may take: other
+    /// users (allowed or not) hold at most `unix_connections_max - unix_owner_reserved` (at
+    /// least 1), so they never lock the server's owner out of its own socket.
+    pub unix_owner_reserved: usize,
     /// Descriptors (SCM_RIGHTS, `OPEN fd fd`) one Unix-socket connection may hold at once,
     /// waiting for the command line they came with; more are closed and the line refused.
     /// 2 to 64.
@@ -435,6 +461,10 @@ pub struct ControlConfig {
     /// One command line; beyond: 414 and the connection closes.
     #[serde(deserialize_with = "units::size")]
     pub line_bytes_max: usize,
+    /// A command line must be complete this long after its first byte, however slowly it
+    /// trickles; else `421` and the connection is closed.
+    #[serde(deserialize_with = "units::ms")]
+    pub request_timeout_ms: u64,
     /// A connection that has not authenticated is closed after this long.
     #[serde(deserialize_with = "units::ms")]
     pub auth_timeout_ms: u64,
@@ -502,9 +532,12 @@ impl Default for ControlConfig {
             unix_allow_uids: Vec::new(),
             unix_allow_gids: Vec::new(),
             tcp_connections_max: 64,
+            tcp_connections_per_address_max: 8,
             unix_connections_max: 64,
+            unix_owner_reserved: 8,
             unix_fds_held_max: 4,
             line_bytes_max: 4096,
+            request_timeout_ms: 10_000,
             auth_timeout_ms: 10_000,
             idle_timeout_ms: 300_000,
             auth_failures_max: 3,
@@ -569,6 +602,9 @@ impl ControlConfig {
                 "control.tcp_connections_max and control.unix_connections_max must be above 0",
             );
         }
+        if self.tcp_connections_per_address_max == 0 {
+            return bad("control.tcp_connections_per_address_max must be above 0");
+        }
         if !(2..=64).contains(&self.unix_fds_held_max) {
             return bad("control.unix_fds_held_max must be 2 to 64 (OPEN fd fd passes two)");
         }
@@ -578,6 +614,7 @@ impl ControlConfig {
             );
         }
         if self.auth_timeout_ms == 0
+            || self.request_timeout_ms == 0
             || self.idle_timeout_ms == 0
             || self.pending_timeout_ms == 0
             || self.connect_timeout_ms == 0
@@ -585,7 +622,7 @@ impl ControlConfig {
             || self.accept_backoff_ms == 0
         {
             return bad(
-                "control timeouts (auth, idle, pending, connect, accept, accept_backoff) must be above 0",
+                "control timeouts (request, auth, idle, pending, connect, accept, accept_backoff) must be above 0",
             );
         }
         if self.auth_failures_max == 0 {
@@ -618,6 +655,17 @@ impl ControlConfig {
 
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_millis(self.idle_timeout_ms)
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// Unix-socket connections other uids than the server's own may hold at once.
+    pub fn unix_others_max(&self) -> usize {
+        self.unix_connections_max
+            .saturating_sub(self.unix_owner_reserved)
+            .max(1)
     }
 
     pub fn pending_timeout(&self) -> Duration {
@@ -1015,6 +1063,14 @@ impl ServerConfig {
         }
         self.log.check()?;
         self.rtsp.check()?;
+        let admitted_max = self.admission.admission_config().streams_max;
+        if !self.rtsp.is_off() && self.rtsp.sessions_max as u64 > u64::from(admitted_max) {
+            return Err(ConfigError::Invalid(format!(
+                "rtsp.sessions_max {} is above admission.streams_max {admitted_max}: the two \
+                 caps must agree (lower rtsp.sessions_max or raise admission.streams_max)",
+                self.rtsp.sessions_max
+            )));
+        }
         self.cluster.check()?;
         self.volumes.limits()?;
         if !self.http.health_path.is_empty()

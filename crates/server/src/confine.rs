@@ -41,7 +41,9 @@ pub enum Refused {
     NotFound,
     /// Escape attempt (EXDEV, ELOOP), permission, or not a regular file: 403.
     Forbidden,
-    /// Anything else (EMFILE, EIO): 500.
+    /// Out of descriptors or memory (EMFILE, ENFILE, ENOMEM): 503, the connection closed.
+    Exhausted,
+    /// Anything else (EIO): 500.
     Failed,
     /// Creating a file that must be new, and it exists.
     Exists,
@@ -176,7 +178,9 @@ impl Root {
 fn refusal(e: Errno) -> Refused {
     match e {
         Errno::NOENT | Errno::NOTDIR | Errno::NAMETOOLONG => Refused::NotFound,
-        Errno::XDEV | Errno::LOOP | Errno::ACCESS | Errno::PERM => Refused::Forbidden,
+        // ENXIO: a Unix socket (open(2) cannot open one): not a regular file, 403.
+        Errno::XDEV | Errno::LOOP | Errno::ACCESS | Errno::PERM | Errno::NXIO => Refused::Forbidden,
+        Errno::MFILE | Errno::NFILE | Errno::NOMEM => Refused::Exhausted,
         _ => Refused::Failed,
     }
 }

@@ -119,6 +119,10 @@ pub struct ControlShared {
     auth_fail_delay: Duration,
     tcp_conns: AtomicUsize,
     unix_conns: AtomicUsize,
+    /// Unix connections of other uids than the server's own (`unix_owner_reserved`).
+    unix_others: AtomicUsize,
+    /// TCP connections per client address (`tcp_connections_per_address_max`).
+    tcp_per_address: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
     next_conn: AtomicU64,
     own_uid: u32,
     /// Extra `STATS` lines from the HTTP side.
@@ -141,6 +145,8 @@ impl ControlShared {
             stop: AtomicBool::new(false),
             tcp_conns: AtomicUsize::new(0),
             unix_conns: AtomicUsize::new(0),
+            unix_others: AtomicUsize::new(0),
+            tcp_per_address: std::sync::Mutex::new(std::collections::HashMap::new()),
             next_conn: AtomicU64::new(1),
             own_uid: rustix::process::geteuid().as_raw(),
             http_connections,
@@ -371,6 +377,8 @@ fn accept_loop<L: AsFd>(
     let mut failed = 0u64;
     let mut last_error = String::new();
     let mut logged_at: Option<Instant> = None;
+    // Out of descriptors, a waiting connection is refused through this one.
+    let mut spare = crate::listen::spare_descriptor();
     while !shared.stop.load(Ordering::Acquire) {
         if failed > 0 && logged_at.is_none_or(|t| t.elapsed() >= ACCEPT_LOG_INTERVAL) {
             tracing::warn!(
@@ -395,42 +403,161 @@ fn accept_loop<L: AsFd>(
             Ok(p) => p,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) if out_of_resources(&e) => {
-                // The pending connection stays in the backlog; try again after a pause
-                // instead of spinning on a listener that stays readable.
                 failed += 1;
                 last_error = e.to_string();
+                // Out of descriptors: the spare makes room to refuse one waiting connection
+                // (503, closed) instead of leaving it in silence.
+                if crate::listen::out_of_descriptors(&e) && spare.take().is_some() {
+                    let refused = accept(l).ok();
+                    let was_one = refused.is_some();
+                    if let Some(mut p) = refused {
+                        let _ =
+                            p.write_all(b"503 the server is out of descriptors: try again later\n");
+                    }
+                    spare = crate::listen::spare_descriptor();
+                    // Accept fails with EMFILE even when nobody waits: then back off, never
+                    // spin.
+                    if was_one && spare.is_some() {
+                        continue;
+                    }
+                }
+                // The pending connection stays in the backlog; try again after a pause
+                // instead of spinning on a listener that stays readable.
                 let until = Instant::now() + shared.config.accept_backoff();
                 while Instant::now() < until && !shared.stop.load(Ordering::Acquire) {
                     std::thread::sleep(
                         Duration::from_millis(POLL_MS).min(shared.config.accept_backoff()),
                     );
                 }
+                if spare.is_none() {
+                    spare = crate::listen::spare_descriptor();
+                }
                 continue;
             }
             Err(_) => continue, // ECONNABORTED and the like: that peer is gone.
         };
-        let unix = peer.is_unix();
-        let (count, cap) = if unix {
-            (shared.conns(true), shared.config.unix_connections_max)
-        } else {
-            (shared.conns(false), shared.config.tcp_connections_max)
+        let place = match ConnPlace::take(shared, &peer) {
+            Ok(p) => p,
+            Err(why) => {
+                let _ = peer.write_all(format!("503 {why}\n").as_bytes());
+                continue;
+            }
         };
-        if count.fetch_add(1, Ordering::AcqRel) >= cap {
-            count.fetch_sub(1, Ordering::AcqRel);
-            let _ = peer.write_all(b"503 too many control connections\n");
-            continue;
-        }
         let s = shared.clone();
-        let spawned = std::thread::Builder::new()
+        // A thread that does not start drops the closure, and the place with it.
+        let _ = std::thread::Builder::new()
             .name("penstock-ctl".into())
             .spawn(move || {
                 let conn = s.next_conn.fetch_add(1, Ordering::Relaxed);
                 serve(&s, peer, conn);
                 s.streams.connection_closed(conn);
-                s.conns(unix).fetch_sub(1, Ordering::AcqRel);
+                drop(place);
             });
-        if spawned.is_err() {
-            shared.conns(unix).fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A control connection's place among the connection limits, given back when dropped:
+/// `tcp_connections_max` and `tcp_connections_per_address_max` for TCP;
+/// `unix_connections_max` for the Unix socket, of which other uids than the server's own
+/// hold at most `unix_connections_max - unix_owner_reserved`.
+struct ConnPlace {
+    shared: Arc<ControlShared>,
+    unix: bool,
+    /// A Unix peer of another uid (counted in `unix_others`).
+    other_uid: bool,
+    /// A TCP peer's address (counted in `tcp_per_address`).
+    ip: Option<std::net::IpAddr>,
+}
+
+impl ConnPlace {
+    /// A place for `peer`, or why there is none (the refusal's text, after `503 `).
+    fn take(shared: &Arc<ControlShared>, peer: &Peer) -> Result<ConnPlace, String> {
+        let cfg = &shared.config;
+        let unix = peer.is_unix();
+        let (count, cap, key) = if unix {
+            (
+                &shared.unix_conns,
+                cfg.unix_connections_max,
+                "control.unix_connections_max",
+            )
+        } else {
+            (
+                &shared.tcp_conns,
+                cfg.tcp_connections_max,
+                "control.tcp_connections_max",
+            )
+        };
+        if count.fetch_add(1, Ordering::AcqRel) >= cap {
+            count.fetch_sub(1, Ordering::AcqRel);
+            return Err(format!("too many control connections ({key} {cap})"));
+        }
+        // From here on, dropping `place` gives back what it counted.
+        let mut place = ConnPlace {
+            shared: shared.clone(),
+            unix,
+            other_uid: false,
+            ip: None,
+        };
+        match peer {
+            Peer::Unix(s) => {
+                let uid = rustix::net::sockopt::socket_peercred(s)
+                    .map(|c| c.uid.as_raw())
+                    .ok();
+                if uid != Some(shared.own_uid) {
+                    place.other_uid = true;
+                    let others = cfg.unix_others_max();
+                    if shared.unix_others.fetch_add(1, Ordering::AcqRel) >= others {
+                        // Dropping `place` gives back both counts.
+                        return Err(format!(
+                            "too many control connections of other users than the server's \
+                             ({others}: control.unix_connections_max {cap} less \
+                             control.unix_owner_reserved {})",
+                            cfg.unix_owner_reserved
+                        ));
+                    }
+                }
+            }
+            Peer::Tcp(_, addr) => {
+                let ip = addr.ip();
+                let max = cfg.tcp_connections_per_address_max;
+                let mut m = shared
+                    .tcp_per_address
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let n = m.entry(ip).or_insert(0);
+                if *n >= max {
+                    drop(m);
+                    return Err(format!(
+                        "too many control connections from {ip} \
+                         (control.tcp_connections_per_address_max {max})"
+                    ));
+                }
+                *n += 1;
+                place.ip = Some(ip);
+            }
+        }
+        Ok(place)
+    }
+}
+
+impl Drop for ConnPlace {
+    fn drop(&mut self) {
+        self.shared.conns(self.unix).fetch_sub(1, Ordering::AcqRel);
+        if self.other_uid {
+            self.shared.unix_others.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Some(ip) = self.ip {
+            let mut m = self
+                .shared
+                .tcp_per_address
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = m.get_mut(&ip) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    m.remove(&ip);
+                }
+            }
         }
     }
 }
@@ -539,7 +666,7 @@ fn receive_fds(shared: &ControlShared, session: &mut Session, mut fds: Vec<Owned
     let n = fds.len();
     if !session.may_pass_fds {
         fds.clear();
-        tracing::warn!(peer = %session.peer, fds = n, "control: descriptors from a peer not allowed to pass them; closed");
+        crate::peer_warn!("control_fds_refused", peer = %session.peer, fds = n, "control: descriptors from a peer not allowed to pass them; closed");
         session.fds_refused = Some(Reply::new(
             ReplyCode::FORBIDDEN,
             format!(
@@ -773,6 +900,9 @@ fn serve_session(shared: &Arc<ControlShared>, mut peer: Peer, mut session: Sessi
     };
     let connected = Instant::now();
     let mut last_command = Instant::now();
+    // When the first byte of the line not yet complete arrived: the line must be complete
+    // within `request_timeout_ms`, however slowly it trickles.
+    let mut line_began: Option<Instant> = None;
     let mut buf: Vec<u8> = Vec::with_capacity(512);
     let mut chunk = [0u8; 4096];
     tracing::debug!(conn, peer = %session.peer, ?identity, "control connection");
@@ -783,6 +913,7 @@ fn serve_session(shared: &Arc<ControlShared>, mut peer: Peer, mut session: Sessi
                 Ok(None) => break,
                 Ok(Some((line, consumed))) => {
                     last_command = Instant::now();
+                    line_began = None;
                     let (reply, close) = handle_line(shared, &mut session, line);
                     (reply, consumed, close)
                 }
@@ -798,8 +929,24 @@ fn serve_session(shared: &Arc<ControlShared>, mut peer: Peer, mut session: Sessi
                 return;
             }
         }
+        if buf.is_empty() {
+            line_began = None;
+        } else if line_began.is_none() {
+            line_began = Some(Instant::now());
+        }
         if shared.stop.load(Ordering::Acquire) {
             let _ = peer.write_all(b"421 server shutting down\n");
+            return;
+        }
+        if line_began.is_some_and(|t| t.elapsed() >= shared.config.request_timeout()) {
+            let _ = peer.write_all(
+                format!(
+                    "421 request timeout: a line must be complete within \
+                     control.request_timeout_ms {}\n",
+                    shared.config.request_timeout_ms
+                )
+                .as_bytes(),
+            );
             return;
         }
         if !session.caller.may_act() && connected.elapsed() >= shared.config.auth_timeout() {
@@ -876,7 +1023,7 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
             }
             session.auth_failures += 1;
             let n = session.auth_failures;
-            tracing::warn!(peer = %session.peer, failures = n, "control: wrong token");
+            crate::peer_warn!("control_wrong_token", peer = %session.peer, failures = n, "control: wrong token");
             // Slower each time (guessing costs time), bounded by the few tries allowed.
             std::thread::sleep(shared.auth_fail_delay * n.min(8));
             let last = n >= shared.config.auth_failures_max;

@@ -39,6 +39,7 @@ pub mod listen;
 pub mod metrics;
 pub mod metrics_http;
 mod origin;
+pub mod peer_log;
 pub mod private;
 pub mod rtsp;
 pub mod streams;

@@ -157,6 +157,28 @@ fn resolve_one(spec: &str) -> Result<Vec<SocketAddr>, String> {
     }
 }
 
+/// A descriptor held in reserve (`/dev/null`) by an accept loop: out of descriptors
+/// (EMFILE, ENFILE) the loop closes it, accepts one waiting connection, refuses it (a 503
+/// and a close) and takes the reserve again, so that a client waiting in the backlog gets
+/// a refusal rather than silence. `None` if even this cannot be opened.
+pub(crate) fn spare_descriptor() -> Option<std::os::fd::OwnedFd> {
+    rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .ok()
+}
+
+/// Whether an accept failed for want of a descriptor (then [`spare_descriptor`] helps).
+pub(crate) fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(x) if x == rustix::io::Errno::MFILE.raw_os_error()
+            || x == rustix::io::Errno::NFILE.raw_os_error()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -101,7 +101,7 @@ fn accept_loop(listener: &TcpListener, page: &dyn MetricsPage, stop: &AtomicBool
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 // Out of descriptors and the like: do not spin on a readable listener.
-                tracing::warn!(error = %e, "metrics listener: accept failed");
+                crate::peer_warn!("metrics_accept_failed", error = %e, "metrics listener: accept failed");
                 std::thread::sleep(TICK);
             }
         }

@@ -41,6 +41,8 @@ pub enum RequestError {
     BadHeader { header: &'static str },
     #[error("request URI without a path")]
     NoPath,
+    #[error("request path with a NUL or control character")]
+    BadPath,
 }
 
 impl RequestError {
@@ -48,6 +50,8 @@ impl RequestError {
     pub fn status(&self) -> u16 {
         match self {
             RequestError::NotRequest => 505,
+            // RFC 2326 §11.3.15 Invalid Range.
+            RequestError::BadHeader { header: "Range" } => 457,
             _ => 400,
         }
     }
@@ -107,6 +111,14 @@ pub enum Parsed {
         payload_at: usize,
         consumed: usize,
     },
+    /// A whole request whose content cannot be served (a bad header, a path with a NUL): it
+    /// is answered with `error`'s status and the connection goes on, the request's bytes
+    /// (`consumed`) dropped. `cseq` when its CSeq could be read.
+    Refused {
+        error: RequestError,
+        cseq: Option<u32>,
+        consumed: usize,
+    },
 }
 
 /// The control suffix of a track URL in our SDP.
@@ -130,9 +142,17 @@ pub fn parse(buf: &[u8], limits: &RtspLimits) -> Result<Parsed, RequestError> {
     }
     let window = &buf[..buf.len().min(limits.request_bytes_max)];
     match rtsp_types::Message::<Vec<u8>>::parse(window) {
-        Ok((rtsp_types::Message::Request(r), consumed)) => {
-            Ok(Parsed::Request(Box::new(typed(&r)?), consumed))
-        }
+        Ok((rtsp_types::Message::Request(r), consumed)) => match typed(&r) {
+            Ok(req) => Ok(Parsed::Request(Box::new(req), consumed)),
+            // A version we do not speak ends the connection (the next bytes may not be
+            // RTSP/1.0 framing); anything else is one request refused.
+            Err(RequestError::NotRequest) => Err(RequestError::NotRequest),
+            Err(error) => Ok(Parsed::Refused {
+                error,
+                cseq: r.typed_header::<headers::CSeq>().ok().flatten().map(|c| *c),
+                consumed,
+            }),
+        },
         Ok(_) => Err(RequestError::NotRequest),
         Err(rtsp_types::ParseError::Incomplete(_)) => {
             if buf.len() >= limits.request_bytes_max {
@@ -193,6 +213,10 @@ fn typed(r: &rtsp_types::Request<Vec<u8>>) -> Result<Request, RequestError> {
 /// The path of a request URI: percent-decoded, the leading `/` and a track suffix removed.
 fn track_path(raw: &str) -> Result<String, RequestError> {
     let decoded = percent_decode(raw).ok_or(RequestError::NoPath)?;
+    // A NUL cannot name a file (open(2) would refuse it: a 500), nor can other controls here.
+    if decoded.chars().any(char::is_control) {
+        return Err(RequestError::BadPath);
+    }
     let mut p = decoded.trim_start_matches('/').to_string();
     for suffix in ["/trackID=0", "/streamid=0"] {
         if let Some(stripped) = p.strip_suffix(suffix) {

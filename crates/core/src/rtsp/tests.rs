@@ -155,3 +155,31 @@ proptest! {
         prop_assert_eq!(r.cseq, Some(cseq));
     }
 }
+
+/// Issue 30, finding 8: a request that is whole but cannot be served is one refusal, not the
+/// end of the connection: a malformed `Range` is 457, a `%00` in the path 400, each with
+/// the request's CSeq and the bytes it took.
+#[test]
+fn a_whole_request_with_a_bad_range_or_path_is_refused_alone() {
+    for (text, status) in [
+        (
+            "PLAY rtsp://h/c.ts RTSP/1.0\r\nCSeq: 7\r\nRange: npt=abc-\r\n\r\n",
+            457,
+        ),
+        ("DESCRIBE rtsp://h/c%00.ts RTSP/1.0\r\nCSeq: 7\r\n\r\n", 400),
+        ("DESCRIBE rtsp://h/c%0a.ts RTSP/1.0\r\nCSeq: 7\r\n\r\n", 400),
+    ] {
+        match parse(text.as_bytes(), &LIMITS) {
+            Ok(Parsed::Refused {
+                error,
+                cseq,
+                consumed,
+            }) => {
+                assert_eq!(error.status(), status, "{text}");
+                assert_eq!(cseq, Some(7));
+                assert_eq!(consumed, text.len());
+            }
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}

@@ -13,8 +13,20 @@ use super::{ConfigError, ListenAddrs, units};
 pub struct RtspConfig {
     /// Addresses (forms as `[http] listen`); `""` or `[]`: no RTSP server.
     pub listen: ListenAddrs,
-    /// Sessions at once (set up, playing or paused); a SETUP beyond gets 453.
+    /// Sessions at once (set up, playing or paused); a SETUP beyond gets 453. At most
+    /// `[admission] streams_max` (checked at start: the two caps agree).
     pub sessions_max: usize,
+    /// Sessions at once set up from one client address; a SETUP beyond gets 453 naming it.
+    pub sessions_per_address_max: usize,
+    /// A session set up and not played within this long gives its admission reservation
+    /// back (a PLAY after it asks admission afresh): SETUPs without PLAY hold no capacity
+    /// beyond it.
+    #[serde(alias = "setup_timeout", deserialize_with = "units::ms")]
+    pub setup_timeout_ms: u64,
+    /// Sessions of one client address whose admission `setup_timeout_ms` gave back unplayed,
+    /// within one `session_timeout_ms`; beyond, that address's SETUPs get 453 until the
+    /// window is over (a client that sets up, never plays, tears down and sets up again).
+    pub unplayed_setups_max: u32,
     /// A session with no request (and, over UDP, no RTCP receiver report) for this long is
     /// torn down; told to clients as `Session: ID;timeout=N`.
     #[serde(alias = "session_timeout", deserialize_with = "units::ms")]
@@ -24,6 +36,14 @@ pub struct RtspConfig {
     pub request_bytes_max: usize,
     /// RTSP connections at once; one beyond gets 503 and is closed.
     pub connections_max: usize,
+    /// RTSP connections at once from one client address; one beyond gets 503 and is closed
+    /// (a few addresses cannot take every place of `connections_max`; in effect at most
+    /// `connections_max`).
+    pub connections_per_address_max: usize,
+    /// A request (or an interleaved frame) must be complete this long after its first byte,
+    /// however slowly it trickles; else 408 and the connection is closed (slowloris).
+    #[serde(alias = "request_timeout", deserialize_with = "units::ms")]
+    pub request_timeout_ms: u64,
     /// Lowest and highest UDP port of the server port pairs (RTP on an even port, RTCP on
     /// the next).
     pub rtp_port_min: u16,
@@ -117,9 +137,14 @@ impl Default for RtspConfig {
         RtspConfig {
             listen: "127.0.0.1:8554".into(),
             sessions_max: 256,
+            sessions_per_address_max: 16,
+            setup_timeout_ms: 10_000,
+            unplayed_setups_max: 16,
             session_timeout_ms: 60_000,
             request_bytes_max: 8192,
             connections_max: 256,
+            connections_per_address_max: 32,
+            request_timeout_ms: 10_000,
             rtp_port_min: 20_000,
             rtp_port_max: 29_999,
             send_timeout_ms: 10_000,
@@ -146,6 +171,14 @@ impl RtspConfig {
         Duration::from_millis(self.send_timeout_ms)
     }
 
+    pub fn setup_timeout(&self) -> Duration {
+        Duration::from_millis(self.setup_timeout_ms)
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
     pub(super) fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if !self.is_off() {
@@ -156,6 +189,14 @@ impl RtspConfig {
         if self.sessions_max == 0 || self.sessions_max > 1_000_000 {
             return bad("rtsp.sessions_max must be 1 ..= 1000000".into());
         }
+        if self.sessions_per_address_max == 0 || self.unplayed_setups_max == 0 {
+            return bad(
+                "rtsp.sessions_per_address_max and rtsp.unplayed_setups_max must be above 0".into(),
+            );
+        }
+        if self.setup_timeout_ms < 100 || self.setup_timeout_ms > 3_600_000 {
+            return bad("rtsp.setup_timeout_ms must be 100ms ..= 1h".into());
+        }
         if self.session_timeout_ms < 1000 || self.session_timeout_ms > 3_600_000 {
             return bad("rtsp.session_timeout_ms must be 1s ..= 1h".into());
         }
@@ -164,6 +205,12 @@ impl RtspConfig {
         }
         if self.connections_max == 0 || self.connections_max > 1_000_000 {
             return bad("rtsp.connections_max must be 1 ..= 1000000".into());
+        }
+        if self.connections_per_address_max == 0 {
+            return bad("rtsp.connections_per_address_max must be above 0".into());
+        }
+        if self.request_timeout_ms < 100 || self.request_timeout_ms > 3_600_000 {
+            return bad("rtsp.request_timeout_ms must be 100ms ..= 1h".into());
         }
         if self.rtp_port_min < 1024
             || self.rtp_port_max == u16::MAX
@@ -260,6 +307,12 @@ mod tests {
             "[rtsp]\nrtp_port_min = 30000\nrtp_port_max = 30000\n",
             "[rtsp]\nrtp_port_min = 80\n",
             "[rtsp]\nlisten = \"nohost:\"\n",
+            "[rtsp]\nconnections_per_address_max = 0\n",
+            "[rtsp]\nrequest_timeout = \"10ms\"\n",
+            "[rtsp]\nsessions_per_address_max = 0\n",
+            "[rtsp]\nunplayed_setups_max = 0\n",
+            "[rtsp]\nsetup_timeout = \"1ms\"\n",
+            "[rtsp]\nsessions_max = 2000\n",
         ] {
             let c: ServerConfig = toml::from_str(bad).unwrap();
             assert!(c.check().is_err(), "{bad}");

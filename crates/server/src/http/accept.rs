@@ -133,6 +133,7 @@ impl Worker {
     /// backlog is reported at the next wait).
     pub(super) fn resume_accepting(&mut self, now: Instant) {
         self.accept_paused_until = None;
+        self.retake_spare();
         let backoff = self.live.limits.accept_backoff();
         let mut failed = None;
         for l in &self.listeners {
@@ -192,6 +193,24 @@ impl Worker {
                 ),
                 Err(Errno::AGAIN) => return false,
                 Err(Errno::INTR) => continue,
+                Err(e @ (Errno::MFILE | Errno::NFILE)) if self.spare_fd.is_some() => {
+                    self.accept_failures.add(e);
+                    self.shared
+                        .metrics
+                        .accept_failed("http", &errno_name(e).to_lowercase());
+                    let refused = self.refuse_exhausted(listener);
+                    let _ = self.accept_failures.report(
+                        Instant::now(),
+                        self.index,
+                        self.live.limits.accept_backoff(),
+                    );
+                    if !refused {
+                        // The spare did not make room (another thread took it): pause.
+                        self.pause_accepting();
+                        return false;
+                    }
+                    continue;
+                }
                 Err(e) => {
                     self.shared.metrics.error("accept");
                     self.shared
@@ -269,6 +288,60 @@ impl Worker {
             self.on_event(idx, generation, epoll::EventFlags::IN);
         }
         true
+    }
+}
+
+/// The worker's spare descriptor (`None` if even that fails: then accepts out of
+/// descriptors pause without answering).
+pub(super) fn spare_fd() -> Option<std::os::fd::OwnedFd> {
+    crate::listen::spare_descriptor()
+}
+
+/// What a connection refused for want of descriptors reads before the server closes it.
+const EXHAUSTED_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\nRetry-After: 1\r\n\r\n";
+
+impl Worker {
+    /// Takes the spare descriptor again if it was lost (another thread took the one it
+    /// freed): called when this worker closes a connection and when a pause ends.
+    pub(super) fn retake_spare(&mut self) {
+        if self.spare_fd.is_none() {
+            self.spare_fd = spare_fd();
+        }
+    }
+
+    /// Out of descriptors with a connection waiting: the spare descriptor is closed, the
+    /// connection accepted, answered `503` with `Connection: close` and closed, and the spare
+    /// taken again (nginx leaves such connections in the backlog, unanswered, until it has
+    /// room; a client then waits for nothing). What the client already sent is read and
+    /// dropped first, so that the close is a FIN, not a reset that could destroy the 503.
+    /// Returns whether a connection was refused so (else the spare could not be used).
+    fn refuse_exhausted(&mut self, listener: usize) -> bool {
+        drop(self.spare_fd.take());
+        let accepted = self.listeners.get(listener).map(|l| {
+            rustix::net::accept_with(
+                l,
+                rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
+            )
+        });
+        let refused = match accepted {
+            Some(Ok(fd)) => {
+                let mut b = [0u8; 4096];
+                for _ in 0..16 {
+                    match rustix::net::recv(&fd, &mut b, rustix::net::RecvFlags::empty()) {
+                        Ok((n, _)) if n > 0 => {}
+                        _ => break,
+                    }
+                }
+                let _ = rustix::net::send(&fd, EXHAUSTED_503, SendFlags::NOSIGNAL);
+                let _ = rustix::net::shutdown(&fd, rustix::net::Shutdown::Write);
+                self.shared.metrics.connections_refused.inc();
+                self.shared.metrics.error("accept_out_of_descriptors");
+                true
+            }
+            _ => false,
+        };
+        self.spare_fd = spare_fd();
+        refused
     }
 }
 

@@ -219,8 +219,12 @@ impl Worker {
                         c.peer,
                         &e.request_end(report.bytes),
                     );
-                    if !e.keep_alive || shared.stopping.load(Ordering::Relaxed) {
+                    if shared.stopping.load(Ordering::Relaxed) {
                         self.close(idx);
+                        continue;
+                    }
+                    if !e.keep_alive {
+                        self.linger(idx, generation);
                         continue;
                     }
                     self.resume_reading(idx, generation);

@@ -354,6 +354,11 @@ enum State {
     Engine(Box<EngineBody>),
     /// A thread answers from the origin (`origin.rs`); not in epoll meanwhile.
     Origin(Box<origin::OriginBody>),
+    /// Closing lingering ([`Worker::linger`]): the write side shut down, the client's bytes
+    /// read and dropped until its EOF, `lingering_bytes_max` or the deadline.
+    Lingering {
+        dropped_bytes: u64,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -415,6 +420,10 @@ struct Worker {
     /// While set, the listener is out of epoll until then (see the module doc).
     accept_paused_until: Option<Instant>,
     accept_failures: AcceptFailures,
+    /// A descriptor held in reserve (`/dev/null`): out of descriptors, it is closed to
+    /// accept one waiting connection, answer it 503 and close it, then taken again
+    /// (`accept::refuse_exhausted`), so that clients get a refusal rather than silence.
+    spare_fd: Option<OwnedFd>,
     /// This worker's access log lines not yet handed to the writer.
     access: Option<LogBuffer>,
 }
@@ -485,6 +494,7 @@ impl Worker {
                 counts: Vec::new(),
                 next_log: Instant::now(),
             },
+            spare_fd: accept::spare_fd(),
             access,
         })
     }
@@ -718,6 +728,26 @@ impl Worker {
         if matches!(c.state, State::Engine(_) | State::Origin(_)) {
             return;
         }
+        if let State::Lingering { dropped_bytes } = &mut c.state {
+            let max = self.live.limits.lingering_bytes_max;
+            let scratch = &mut self.scratch;
+            let done = loop {
+                if *dropped_bytes > max {
+                    break true;
+                }
+                match c.sock.read(scratch) {
+                    Ok(0) => break true,
+                    Ok(n) => *dropped_bytes += n as u64,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break true,
+                }
+            };
+            if done || flags.intersects(epoll::EventFlags::ERR) {
+                self.close(idx);
+            }
+            return;
+        }
         let reading = matches!(c.state, State::Reading);
         if flags.intersects(epoll::EventFlags::ERR)
             || (flags.contains(epoll::EventFlags::HUP) && !reading)
@@ -769,7 +799,7 @@ impl Worker {
                 return;
             };
             match &mut c.state {
-                State::Engine(_) | State::Origin(_) => return,
+                State::Engine(_) | State::Origin(_) | State::Lingering { .. } => return,
                 State::Reading => {
                     if budget == 0 {
                         self.ready.push((idx, generation));
@@ -891,8 +921,12 @@ impl Worker {
                                 c.peer,
                                 &out.request_end(out.status.code(), out.body_sent),
                             );
-                            if !out.keep_alive || stopping {
+                            if stopping {
                                 self.close(idx);
+                                return;
+                            }
+                            if !out.keep_alive {
+                                self.linger(idx, generation);
                                 return;
                             }
                             let c = self.conn_mut(idx, generation).expect("present above");
@@ -937,6 +971,7 @@ impl Worker {
     }
 
     fn sweep(&mut self, now: Instant) {
+        crate::peer_log::flush();
         for idx in 0..self.slots.len() {
             let Some(c) = &self.slots[idx].conn else {
                 continue;
@@ -946,6 +981,9 @@ impl Worker {
                 continue;
             }
             match c.state {
+                // The lingering time is over: closed (what the client sent since is lost
+                // with it, the responses were all delivered or given up on).
+                State::Lingering { .. } => {}
                 State::Reading => {
                     if !c.inbuf.is_empty() {
                         // A head that did not complete in time (slowloris): 408, best effort.
@@ -969,6 +1007,11 @@ impl Worker {
                                 log: log.as_ref(),
                             },
                         );
+                        // The client is still sending its head: closed lingering, so that
+                        // the 408 is not lost to a reset.
+                        let generation = self.slots[idx].generation;
+                        self.linger(idx as u32, generation);
+                        continue;
                     } else {
                         self.shared.metrics.error("idle_timeout");
                     }
@@ -977,6 +1020,49 @@ impl Worker {
             }
             self.close(idx as u32);
         }
+    }
+
+    /// Closes a connection after its last response as nginx's `lingering_close` does: the
+    /// write side is shut down (the responses already queued are delivered, then a FIN), and
+    /// the client's bytes (pipelined requests that will not be answered) are read and
+    /// dropped until its EOF, `lingering_bytes_max` or `lingering_time_ms`. A close with
+    /// unread input would send a reset instead, and the client's kernel would drop the
+    /// responses it had not read yet.
+    pub(super) fn linger(&mut self, idx: u32, generation: u32) {
+        let time = self.live.limits.lingering_time();
+        let Some(c) = conn_in(&mut self.slots, idx, generation) else {
+            return;
+        };
+        if time.is_zero() || rustix::net::shutdown(&c.sock, rustix::net::Shutdown::Write).is_err() {
+            self.close(idx);
+            return;
+        }
+        c.inbuf = Vec::new();
+        c.state = State::Lingering { dropped_bytes: 0 };
+        c.deadline = Instant::now() + time;
+        let tok = token(idx, generation);
+        let registered = if c.interest == Interest::Removed {
+            epoll::add(
+                &self.epoll,
+                &c.sock,
+                epoll::EventData::new_u64(tok),
+                epoll::EventFlags::IN,
+            )
+            .map(|()| c.interest = Interest::Read)
+            .map_err(io::Error::from)
+        } else {
+            set_interest(&self.epoll, c, tok, Interest::Read)
+        };
+        if registered.is_err() {
+            self.close(idx);
+            return;
+        }
+        // What is already there is dropped now (an EOF already seen ends it at once).
+        if c.peer_eof {
+            self.close(idx);
+            return;
+        }
+        self.on_event(idx, generation, epoll::EventFlags::IN);
     }
 
     fn close(&mut self, idx: u32) {
@@ -1019,12 +1105,13 @@ impl Worker {
                         &o.request_end(CLIENT_CLOSED_REQUEST, 0),
                     );
                 }
-                State::Reading => {}
+                State::Reading | State::Lingering { .. } => {}
             }
             drop(c);
             slot.generation = slot.generation.wrapping_add(1);
             self.free.push(idx);
             self.release_count();
+            self.retake_spare();
         }
     }
 }

@@ -149,11 +149,15 @@ impl Worker {
                 c.peer,
                 &o.request_end(end.status.code(), end.body_bytes),
             );
-            if !end.complete || !end.keep_alive || shared.stopping.load(Ordering::Relaxed) {
+            if !end.complete || shared.stopping.load(Ordering::Relaxed) {
                 if !end.complete {
                     shared.metrics.error("origin_cut");
                 }
                 self.close(idx);
+                continue;
+            }
+            if !end.keep_alive {
+                self.linger(idx, generation);
                 continue;
             }
             self.resume_reading(idx, generation);

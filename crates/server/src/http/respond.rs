@@ -137,6 +137,19 @@ impl Worker {
                 shared.metrics.error("not_found");
                 return memory(respond_error(Status::NOT_FOUND, Some(req), &ctx), class);
             }
+            Err(Refused::Exhausted) => {
+                // Out of descriptors: 503 and the connection closed (it holds one), never a
+                // 500 kept alive.
+                shared.metrics.error("open_exhausted");
+                let ctx = ResponseContext {
+                    keep_alive_allowed: false,
+                    ..ctx
+                };
+                return memory(
+                    respond_error(Status::SERVICE_UNAVAILABLE, Some(req), &ctx),
+                    class,
+                );
+            }
             Err(Refused::Failed | Refused::Exists) => {
                 shared.metrics.error("open_failed");
                 return memory(

@@ -91,7 +91,8 @@ fn serve(job: &OriginJob) -> OriginEnd {
         Ok(o) => o,
         Err(e) => {
             if !matches!(e, super::OriginError::NotFound) {
-                tracing::warn!(path = %job.req.path, error = %e, "origin");
+                // A client asks for paths: a line per request would be theirs to flood.
+                crate::peer_warn!("http_origin", path = %job.req.path, error = %e, "origin");
             }
             let r = respond_error(e.status(), Some(&job.req), &ctx);
             end.status = r.status;
@@ -144,7 +145,7 @@ fn serve(job: &OriginJob) -> OriginEnd {
                     let file = match origin.block(&object, p.block) {
                         Ok(f) => f,
                         Err(e) => {
-                            tracing::warn!(path = %job.req.path, block = p.block, error = %e,
+                            crate::peer_warn!("http_origin_cut", path = %job.req.path, block = p.block, error = %e,
                                 "origin: response cut after its head");
                             return end;
                         }

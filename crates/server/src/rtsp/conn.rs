@@ -66,13 +66,26 @@ struct Conn<'a> {
     frame: Vec<u8>,
 }
 
-/// Answers a connection beyond `connections_max` with 503 and closes it.
-pub(super) fn refuse(mut s: TcpStream, max: usize) {
+/// Answers a connection beyond a connection limit with 503 naming the limit (`why`), and
+/// closes it.
+pub(super) fn refuse(mut s: TcpStream, why: &str) {
     let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+    // What the client already sent is read first (bounded), so that the close is a FIN:
+    // unread input would turn it into a reset.
+    if s.set_nonblocking(true).is_ok() {
+        let mut b = [0u8; 4096];
+        for _ in 0..16 {
+            if !matches!(s.read(&mut b), Ok(n) if n > 0) {
+                break;
+            }
+        }
+        let _ = s.set_nonblocking(false);
+    }
     let mut r = Reply::new(503, None);
-    r.body = format!("rtsp.connections_max {max} reached\n").into_bytes();
+    r.body = format!("{why}\n").into_bytes();
     r.content_type = Some("text/plain");
     let _ = s.write_all(&r.encode());
+    let _ = s.shutdown(std::net::Shutdown::Write);
 }
 
 pub(super) fn serve(shared: &Arc<RtspShared>, stream: TcpStream, peer: SocketAddr, id: u64) {
@@ -103,8 +116,13 @@ impl Conn<'_> {
         };
         let mut buf: Vec<u8> = Vec::with_capacity(READ_BYTES);
         let mut chunk = [0u8; READ_BYTES];
+        // Idle: from the last complete message (a byte alone does not count: a trickle is
+        // bounded by the request deadline below, not renewed by it).
         let mut last_request = Instant::now();
+        // When the first byte of the message not yet complete arrived.
+        let mut request_began: Option<Instant> = None;
         let idle = self.shared.cfg.session_timeout();
+        let request_timeout = self.shared.cfg.request_timeout();
         loop {
             if self.shared.stop.load(Ordering::Acquire) {
                 return Ok(());
@@ -129,8 +147,10 @@ impl Conn<'_> {
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(e),
                 };
+                if buf.is_empty() {
+                    request_began = Some(Instant::now());
+                }
                 buf.extend_from_slice(&chunk[..n]);
-                last_request = Instant::now();
                 loop {
                     match rtsp::parse(&buf, &limits) {
                         Ok(Parsed::Incomplete) => break,
@@ -144,9 +164,30 @@ impl Conn<'_> {
                             self.touch_interleaved();
                             self.rtcp_in(channel, &buf[payload_at..consumed]);
                             buf.drain(..consumed);
+                            last_request = Instant::now();
+                            request_began = (!buf.is_empty()).then_some(last_request);
+                        }
+                        Ok(Parsed::Refused {
+                            error,
+                            cseq,
+                            consumed,
+                        }) => {
+                            // A whole request that cannot be served: refused alone, the
+                            // connection (and its sessions) go on.
+                            buf.drain(..consumed);
+                            last_request = Instant::now();
+                            request_began = (!buf.is_empty()).then_some(last_request);
+                            tracing::debug!("rtsp connection {}: refused: {error}", self.peer);
+                            self.shared.metrics.rtsp_request("refused", error.status());
+                            let mut r = Reply::new(error.status(), cseq);
+                            r.body = format!("{error}\n").into_bytes();
+                            r.content_type = Some("text/plain");
+                            self.stream.write_all(&r.encode())?;
                         }
                         Ok(Parsed::Request(req, consumed)) => {
                             buf.drain(..consumed);
+                            last_request = Instant::now();
+                            request_began = (!buf.is_empty()).then_some(last_request);
                             let reply = self.handle(&req);
                             self.shared
                                 .metrics
@@ -164,6 +205,24 @@ impl Conn<'_> {
                         }
                     }
                 }
+            }
+            if let Some(t) = request_began
+                && t.elapsed() >= request_timeout
+            {
+                tracing::debug!(
+                    "rtsp connection {}: request not complete within rtsp.request_timeout_ms",
+                    self.peer
+                );
+                self.shared.metrics.rtsp_request("incomplete", 408);
+                let mut r = Reply::new(408, None);
+                r.body = format!(
+                    "rtsp.request_timeout_ms {}: a request must be complete within it\n",
+                    request_timeout.as_millis()
+                )
+                .into_bytes();
+                r.content_type = Some("text/plain");
+                self.stream.write_all(&r.encode())?;
+                return Ok(());
             }
             // Drop relays whose session is gone (torn down, timed out).
             let shared = self.shared;
@@ -339,6 +398,11 @@ impl Conn<'_> {
             Ok(confine::Opened::File { file: f, .. }) => Ok(file((f, path))),
             Ok(confine::Opened::Directory(_)) => Err(text(404, cseq, "a directory")),
             Err(confine::Refused::Failed) => Err(text(500, cseq, "the file could not be opened")),
+            Err(confine::Refused::Exhausted) => Err(text(
+                503,
+                cseq,
+                "the server is out of descriptors: try again later",
+            )),
             // Missing beneath the root: the origin's object, copied whole into the cache
             // (docs/origin.md), with the origin's answer mapped as for HTTP.
             Err(confine::Refused::NotFound) if self.shared.origin.get().is_some() => {
@@ -348,7 +412,7 @@ impl Conn<'_> {
                     Err(e) => {
                         let code = e.status().code();
                         if code != 404 {
-                            tracing::warn!(path = %path, error = %e, "RTSP: origin");
+                            crate::peer_warn!("rtsp_origin", path = %path, error = %e, "RTSP: origin");
                         }
                         Err(text(code, cseq, &e.to_string()))
                     }
@@ -436,6 +500,22 @@ impl Conn<'_> {
             self.shared.metrics.error("rtsp_sessions_max");
             return text(453, cseq, &format!("rtsp.sessions_max {max} reached"));
         }
+        if let Some(r) = self.address_full(cseq) {
+            return r;
+        }
+        if self.shared.unplayed_too_often(self.peer.ip()) {
+            self.shared.metrics.error("rtsp_unplayed_setups_max");
+            return text(
+                453,
+                cseq,
+                &format!(
+                    "rtsp.unplayed_setups_max {} reached for {}: sessions set up and never \
+                     played; SETUP again after rtsp.session_timeout_ms",
+                    self.shared.cfg.unplayed_setups_max,
+                    self.peer.ip()
+                ),
+            );
+        }
         let base = Packetizer::mp2t(random_u64());
         let (smedia, path, admitted) = if let Some(src) = self.live_source(req) {
             // A live session sends from the source's thread, not through the engine: no
@@ -464,7 +544,14 @@ impl Conn<'_> {
                     if let Some(r) = self.redirect(&path, &media, cseq, &e) {
                         return r;
                     }
-                    return text(453, cseq, &format!("admission refused: {e}"));
+                    return text(
+                        453,
+                        cseq,
+                        &format!(
+                            "admission refused (the server's rt capacity, not rtsp.sessions_max \
+                             {max}): {e}"
+                        ),
+                    );
                 }
             };
             (SessionMedia::File { file, media }, path, admitted)
@@ -546,6 +633,8 @@ impl Conn<'_> {
             next_sequence: base.sequence_start,
             scale: Speed::NORMAL,
             admitted,
+            admitted_at: Instant::now(),
+            client: self.peer.ip(),
             playing: None,
             last_seen: Instant::now(),
         };
@@ -555,11 +644,25 @@ impl Conn<'_> {
                 .sessions
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            // Checked again under the lock: two SETUPs at once never pass the limit.
+            // Checked again under the lock: two SETUPs at once never pass the limits.
             if map.len() >= max {
                 self.relays.retain(|r| !r.session.is_empty());
                 return text(453, cseq, &format!("rtsp.sessions_max {max} reached"));
             }
+            let mut per = self
+                .shared
+                .sessions_per_address
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let n = per.entry(self.peer.ip()).or_insert(0);
+            if *n >= self.shared.cfg.sessions_per_address_max {
+                drop(per);
+                self.relays.retain(|r| !r.session.is_empty());
+                self.shared.metrics.error("rtsp_sessions_per_address_max");
+                return self.address_refusal(cseq);
+            }
+            *n += 1;
+            drop(per);
             map.insert(id.clone(), Arc::new(std::sync::Mutex::new(session)));
         }
         if let Some(r) = self.relays.iter_mut().find(|r| r.session.is_empty()) {
@@ -569,6 +672,33 @@ impl Conn<'_> {
         Reply::new(200, Some(cseq))
             .header("Transport", transport_reply)
             .header("Session", self.session_header(&id))
+    }
+
+    /// 453 when the client's address holds `sessions_per_address_max` sessions already.
+    fn address_full(&self, cseq: u32) -> Option<Reply> {
+        let per = self
+            .shared
+            .sessions_per_address
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let n = per.get(&self.peer.ip()).copied().unwrap_or(0);
+        drop(per);
+        (n >= self.shared.cfg.sessions_per_address_max).then(|| {
+            self.shared.metrics.error("rtsp_sessions_per_address_max");
+            self.address_refusal(cseq)
+        })
+    }
+
+    fn address_refusal(&self, cseq: u32) -> Reply {
+        text(
+            453,
+            cseq,
+            &format!(
+                "rtsp.sessions_per_address_max {} reached for {}",
+                self.shared.cfg.sessions_per_address_max,
+                self.peer.ip()
+            ),
+        )
     }
 
     /// `302 Moved Temporarily` to another node of the cluster with the media's rate left
@@ -825,6 +955,7 @@ impl Conn<'_> {
                 // SETUP) when it still fits, and a PLAY starts again.
                 let (whole, _) = stream_spec(&self.shared.cfg, &media, None, s.base, None);
                 s.admitted = self.shared.engine.admit(&whole).ok().flatten();
+                s.admitted_at = Instant::now();
                 if was_played {
                     s.state = penstock_core::rtsp::SessionState::Paused;
                 }
@@ -1041,6 +1172,11 @@ fn scale_asked(scale: Option<f64>, scale_max: u32) -> Result<Option<Speed>, Stri
     }
     if x > f64::from(scale_max) {
         return Err(format!("Scale {x}: above rtsp.scale_max {scale_max}"));
+    }
+    // Finer than 0.001 is not served (docs/rtsp.md); rounding to the nearest thousandth
+    // would make 0.0005 a scale of 0.001.
+    if x < 0.001 {
+        return Err(format!("Scale {x}: below 0.001"));
     }
     let num = (x * 1000.0).round() as u64;
     let g = gcd(num, 1000);

@@ -280,6 +280,10 @@ pub struct Session {
     /// The scale of the last PLAY (`Scale`; kept by a PLAY without one).
     scale: penstock_core::track::Speed,
     admitted: Option<Admitted>,
+    /// When `admitted` was reserved: one not played within `setup_timeout` is given back.
+    admitted_at: Instant,
+    /// The address that set the session up (`sessions_per_address_max`).
+    client: std::net::IpAddr,
     playing: Option<Playing>,
     last_seen: Instant,
 }
@@ -317,6 +321,15 @@ pub struct RtspShared {
     media: Mutex<MediaCache>,
     port_cursor: Mutex<u16>,
     connections: AtomicUsize,
+    /// Connections open per client address (`connections_per_address_max`); an address
+    /// with none is removed.
+    per_address: Mutex<HashMap<std::net::IpAddr, usize>>,
+    /// Sessions per client address (`sessions_per_address_max`), changed under the lock of
+    /// `sessions` as sessions are added and removed.
+    sessions_per_address: Mutex<HashMap<std::net::IpAddr, usize>>,
+    /// Per client address: sessions whose admission the setup timeout gave back unplayed,
+    /// and when the first of them in the current window did (`unplayed_setups_max`).
+    unplayed: Mutex<HashMap<std::net::IpAddr, (u32, Instant)>>,
     next_conn_id: AtomicUsize,
     stop: AtomicBool,
     /// The live sources by path.
@@ -406,7 +419,7 @@ impl RtspServer {
         })?;
         let mut listeners = Vec::new();
         for a in addrs {
-            let l = TcpListener::bind(a).map_err(|source| crate::ServerError::Bind {
+            let l = bind_listener(a).map_err(|source| crate::ServerError::Bind {
                 what: "rtsp",
                 addr: a.to_string(),
                 source,
@@ -442,6 +455,9 @@ impl RtspServer {
             media: Mutex::new(MediaCache::default()),
             port_cursor: Mutex::new(cfg.rtp_port_min & !1),
             connections: AtomicUsize::new(0),
+            per_address: Mutex::new(HashMap::new()),
+            sessions_per_address: Mutex::new(HashMap::new()),
+            unplayed: Mutex::new(HashMap::new()),
             next_conn_id: AtomicUsize::new(1),
             origin: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
@@ -526,7 +542,23 @@ impl Drop for RtspServer {
     }
 }
 
+/// Connections the kernel queues for the accept loop (std's `bind` asks 128: a burst of
+/// players, or a flood the loop refuses one by one, would overflow it and have SYNs dropped
+/// and retried for seconds).
+const LISTEN_BACKLOG: i32 = 1024;
+
+fn bind_listener(a: SocketAddr) -> io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(a), Type::STREAM.cloexec(), None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&a.into())?;
+    s.listen(LISTEN_BACKLOG)?;
+    Ok(s.into())
+}
+
 fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
+    // Out of descriptors, a waiting connection is refused through this one.
+    let mut spare = crate::listen::spare_descriptor();
     while !shared.stop.load(Ordering::Acquire) {
         match l.accept() {
             Ok((s, peer)) => {
@@ -534,9 +566,28 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
                 if n >= shared.cfg.connections_max {
                     shared.connections.fetch_sub(1, Ordering::AcqRel);
                     shared.metrics.error("rtsp_connections_max");
-                    conn::refuse(s, shared.cfg.connections_max);
+                    conn::refuse(
+                        s,
+                        &format!(
+                            "rtsp.connections_max {} reached",
+                            shared.cfg.connections_max
+                        ),
+                    );
                     continue;
                 }
+                let Some(place) = AddressPlace::take(shared, peer.ip()) else {
+                    shared.connections.fetch_sub(1, Ordering::AcqRel);
+                    shared.metrics.error("rtsp_connections_per_address_max");
+                    conn::refuse(
+                        s,
+                        &format!(
+                            "rtsp.connections_per_address_max {} reached for {}",
+                            shared.cfg.connections_per_address_max,
+                            peer.ip()
+                        ),
+                    );
+                    continue;
+                };
                 let id = shared.next_conn_id.fetch_add(1, Ordering::AcqRel) as u64;
                 tracing::debug!(
                     "rtsp connection {peer}: accepted (fd {})",
@@ -549,9 +600,11 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
                         .spawn(move || {
                             conn::serve(&sh, s, peer, id);
                             sh.connection_closed(id);
+                            drop(place);
                             sh.connections.fetch_sub(1, Ordering::AcqRel);
                         });
                 if spawned.is_err() {
+                    // The closure (and the place in it) was dropped with the error.
                     shared.connections.fetch_sub(1, Ordering::AcqRel);
                     shared.metrics.error("rtsp_thread_spawn");
                 }
@@ -566,9 +619,67 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
                 );
             }
             Err(e) => {
-                // EMFILE and friends: count, back off as the other listeners do.
                 shared.metrics.accept_failed("rtsp", &e.to_string());
+                // Out of descriptors: the spare makes room to refuse one waiting connection
+                // (503, closed) instead of leaving it in silence.
+                if crate::listen::out_of_descriptors(&e) && spare.take().is_some() {
+                    let refused = l.accept().ok();
+                    let was_one = refused.is_some();
+                    if let Some((s, _)) = refused {
+                        shared.metrics.error("rtsp_out_of_descriptors");
+                        conn::refuse(s, "the server is out of descriptors: try again later");
+                    }
+                    spare = crate::listen::spare_descriptor();
+                    // Accept fails with EMFILE even when nobody waits: then back off, never
+                    // spin.
+                    if was_one && spare.is_some() {
+                        continue;
+                    }
+                }
+                // EMFILE and friends: count, back off as the other listeners do.
                 std::thread::sleep(ACCEPT_POLL);
+                if spare.is_none() {
+                    spare = crate::listen::spare_descriptor();
+                }
+            }
+        }
+    }
+}
+
+/// One connection's place among its address's `connections_per_address_max`, given back
+/// when dropped.
+struct AddressPlace {
+    shared: Arc<RtspShared>,
+    ip: std::net::IpAddr,
+}
+
+impl AddressPlace {
+    /// A place for a connection from `ip`, or `None` when that address holds its maximum.
+    fn take(shared: &Arc<RtspShared>, ip: std::net::IpAddr) -> Option<AddressPlace> {
+        let mut m = shared.per_address.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= shared.cfg.connections_per_address_max {
+            return None;
+        }
+        *n += 1;
+        Some(AddressPlace {
+            shared: shared.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for AddressPlace {
+    fn drop(&mut self) {
+        let mut m = self
+            .shared
+            .per_address
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.ip);
             }
         }
     }
@@ -585,11 +696,26 @@ fn reaper(shared: &Arc<RtspShared>) {
             .cloned()
             .collect();
         let timeout = shared.cfg.session_timeout();
+        let setup_timeout = shared.cfg.setup_timeout();
         let mut expired = Vec::new();
         for s in all {
             // A session busy with a request is looked at next turn.
             let Ok(mut s) = s.try_lock() else { continue };
             shared.turn(&mut s);
+            // Set up and not played in time: its reservation goes back (a PLAY later asks
+            // admission afresh), so that SETUPs without PLAY hold no capacity for long.
+            if s.playing.is_none()
+                && s.admitted.is_some()
+                && s.admitted_at.elapsed() > setup_timeout
+            {
+                s.admitted = None;
+                shared.metrics.error("rtsp_setup_timeout");
+                shared.count_unplayed(s.client);
+                tracing::debug!(
+                    "rtsp session {}: not played within rtsp.setup_timeout_ms, its admission given back",
+                    s.id
+                );
+            }
             if s.last_seen.elapsed() > timeout {
                 expired.push(s.id.clone());
             }
@@ -602,6 +728,25 @@ fn reaper(shared: &Arc<RtspShared>) {
 }
 
 impl RtspShared {
+    /// One more session of `ip` given back unplayed (the window is `session_timeout`).
+    fn count_unplayed(&self, ip: std::net::IpAddr) {
+        let window = self.cfg.session_timeout();
+        let mut m = self.unplayed.lock().unwrap_or_else(|p| p.into_inner());
+        // Old windows go (the table holds only addresses with a current window).
+        m.retain(|_, (_, since)| since.elapsed() < window);
+        let e = m.entry(ip).or_insert((0, Instant::now()));
+        e.0 = e.0.saturating_add(1);
+    }
+
+    /// Whether `ip` set up `unplayed_setups_max` sessions that it never played within the
+    /// current window: its SETUPs are refused until the window is over.
+    fn unplayed_too_often(&self, ip: std::net::IpAddr) -> bool {
+        let m = self.unplayed.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&ip).is_some_and(|(n, since)| {
+            *n >= self.cfg.unplayed_setups_max && since.elapsed() < self.cfg.session_timeout()
+        })
+    }
+
     fn session_count(&self) -> usize {
         self.sessions
             .lock()
@@ -634,6 +779,17 @@ impl RtspShared {
                 src.unsubscribe(&l.sub);
             }
             s.admitted = None;
+            let mut per = self
+                .sessions_per_address
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = per.get_mut(&s.client) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    per.remove(&s.client);
+                }
+            }
+            drop(per);
             self.metrics.rtsp_sessions.dec();
             self.metrics.rtsp_session_ended(why.word());
         }

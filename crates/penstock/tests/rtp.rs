@@ -251,7 +251,10 @@ fn pcr_timing_sends_every_datagram_at_its_pcr_time() {
     // Against the baseline of the same run, never an absolute time (issue 31: a loaded CI
     // machine made penstock 1.11 ms beside a 0.19 ms baseline); the absolute p99 is the
     // benches' (`bench periodic`).
-    assert!(ours <= theirs + 1.0, "{line}: more than the baseline + 1 ms p99");
+    assert!(
+        ours <= theirs + 1.0,
+        "{line}: more than the baseline + 1 ms p99"
+    );
 }
 
 /// ffprobe's video packets of a TS in decoding order, as MD5s of their data.

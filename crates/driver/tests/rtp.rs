@@ -10,6 +10,7 @@
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use penstock_core::endpoint::Endpoint;
@@ -20,7 +21,7 @@ use penstock_core::stream::Extent;
 use penstock_core::ts::synth::cbr_ts;
 use penstock_core::ts::{PcrLimits, TsPlan, plan_bytes};
 use penstock_driver::rtcp::{RtcpLink, RtpCounts, socket_addrs};
-use penstock_driver::{Engine, EngineConfig, StreamReport, StreamSpec};
+use penstock_driver::{Engine, EngineConfig, StreamHandle, StreamReport, StreamSpec};
 
 /// 3,000 packets at 40 Mbit/s (113 ms), a PCR every 10 packets.
 fn ts(dir: &std::path::Path) -> (PathBuf, Vec<u8>, TsPlan) {
@@ -42,15 +43,30 @@ fn engine(buffer_bytes: usize) -> Engine {
     .unwrap()
 }
 
-/// Receives datagrams until `quiet` passes without one.
-fn receive(rx: &UdpSocket, quiet: Duration) -> Vec<Vec<u8>> {
-    rx.set_read_timeout(Some(quiet)).unwrap();
-    let mut out = Vec::new();
-    let mut buf = [0u8; 2048];
-    while let Ok(n) = rx.recv(&mut buf) {
-        out.push(buf[..n].to_vec());
-    }
-    out
+/// Every datagram `rx` gets while the stream `h` runs, and what is queued when it has ended,
+/// with the stream's report: it waits for the stream's end, not for a quiet time (a loaded
+/// machine paused a sender longer than the 500 ms this once waited, and units went missing).
+/// Loopback UDP queues a datagram in the send call, so once the stream has ended the queue
+/// only shrinks.
+fn receive(rx: &UdpSocket, h: StreamHandle) -> (Vec<Vec<u8>>, StreamReport) {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            rx.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            let mut out = Vec::new();
+            let mut buf = [0u8; 2048];
+            loop {
+                match rx.recv(&mut buf) {
+                    Ok(n) => out.push(buf[..n].to_vec()),
+                    Err(_) if done.load(Ordering::Acquire) => return out,
+                    Err(_) => {}
+                }
+            }
+        });
+        let report = h.wait().unwrap();
+        done.store(true, Ordering::Release);
+        (reader.join().unwrap(), report)
+    })
 }
 
 fn spec(src: &std::path::Path, to: SocketAddr, plan: &TsPlan, rtp: Packetizer) -> StreamSpec {
@@ -110,8 +126,7 @@ fn each_unit_leaves_whole_behind_its_rtp_header_in_any_buffer_size() {
         let h = e
             .open(spec(&src, rx.local_addr().unwrap(), &plan, rtp))
             .unwrap();
-        let got = receive(&rx, Duration::from_millis(500));
-        let report: StreamReport = h.wait().unwrap();
+        let (got, report) = receive(&rx, h);
         let units = check_datagrams(&got, &bytes, &plan, &rtp);
         assert_eq!(
             units,
@@ -141,8 +156,7 @@ fn late_units_skipped_leave_gaps_in_the_sequence_and_the_rest_go_whole() {
         now.as_nanos() - 60_000_000,
     ));
     let h = e.open(s).unwrap();
-    let got = receive(&rx, Duration::from_millis(500));
-    let report = h.wait().unwrap();
+    let (got, report) = receive(&rx, h);
     let units = check_datagrams(&got, &bytes, &plan, &rtp);
     let skipped = report.lateness.as_ref().unwrap().skipped_units();
     assert!(skipped > 50, "{skipped} units skipped");

@@ -184,7 +184,14 @@ impl Hls {
 /// cannot hold the lock before `lookup` has registered the build: `lookup` holds it while
 /// spawning.
 fn indexer(cache: &Mutex<Cache>, build: &Build, key: FileKey, entries: usize, file: &File) {
-    let result = read_index(file, key.2);
+    // A panic in the indexer (a bug) must not leave the build registered and its waiters
+    // parked for good: it ends the build as a read error would.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_index(file, key.2)))
+        .unwrap_or_else(|_| {
+            Err(HlsError::Io(Arc::new(std::io::Error::other(
+                "the index thread panicked",
+            ))))
+        });
     {
         let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
         c.building.remove(&key);

@@ -360,6 +360,8 @@ fn the_index_is_built_off_the_loop_once_per_file_within_indexers_max() {
         w.flush().unwrap();
     }
     std::fs::write(f.path("other.ts"), &clip).unwrap();
+    let big2 = f.path("big2.ts");
+    std::fs::copy(&big, &big2).unwrap();
     let (mut proven_free, mut proven_busy) = (false, false);
     for attempt in 0..5u64 {
         if attempt > 0 {
@@ -439,4 +441,55 @@ fn the_index_is_built_off_the_loop_once_per_file_within_indexers_max() {
             .any(|l| l.contains("kind=\"hls_busy\"") && !l.ends_with(" 0")),
         "{m}"
     );
+
+    // A client that leaves while its index is built: the build goes on and is kept. Proof
+    // that it was kept: big.ts's playlist is a 200 while big2.ts's build holds the one
+    // indexer (a new build of big.ts would be a 503). Conclusive when big2.ts was still
+    // being indexed after that answer came; else the next attempt, with new versions.
+    let mut proven_kept = false;
+    for attempt in 0..5u64 {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(2_000_000 + attempt);
+        for name in ["big.ts", "big2.ts"] {
+            let file = std::fs::File::options()
+                .write(true)
+                .open(f.path(name))
+                .unwrap();
+            file.set_modified(t).unwrap();
+        }
+        let hung = std::time::Instant::now() + std::time::Duration::from_secs(300);
+        let a = send_get(&f, "/big.ts/index.m3u8");
+        while !open_here(&big) && !has_answer(&a) {
+            assert!(
+                std::time::Instant::now() < hung,
+                "the request was never read"
+            );
+            std::thread::yield_now();
+        }
+        drop(a);
+        // The build ends (its thread closes the file) with no one to answer.
+        while open_here(&big) {
+            assert!(std::time::Instant::now() < hung, "the build never ended");
+            std::thread::yield_now();
+        }
+        let b = send_get(&f, "/big2.ts/index.m3u8");
+        while !open_here(&big2) && !has_answer(&b) {
+            assert!(
+                std::time::Instant::now() < hung,
+                "the request was never read"
+            );
+            std::thread::yield_now();
+        }
+        let r = read_all(send_get(&f, "/big.ts/index.m3u8"));
+        assert!(r.starts_with("HTTP/1.1 200 "), "{r}");
+        let kept = !has_answer(&b);
+        let b = read_all(b);
+        assert!(b.starts_with("HTTP/1.1 200 "), "{b}");
+        assert_eq!(body_of(&b), body_of(&r).replace("../big.ts", "../big2.ts"));
+        println!("gone client, attempt {attempt}: conclusive {kept}");
+        if kept {
+            proven_kept = true;
+            break;
+        }
+    }
+    assert!(proven_kept, "big2.ts's build always ended first");
 }

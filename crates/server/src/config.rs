@@ -93,6 +93,10 @@ pub struct HlsConfig {
     pub target_duration_ms: u64,
     /// Key-frame indexes kept in memory (one per file version; default 256).
     pub index_cache_entries: usize,
+    /// Index builds running at once, each a thread reading one file through (default 2;
+    /// requests for a file being indexed share its build). Beyond it, a new file's playlist
+    /// is a `503` with `Retry-After: 1`.
+    pub indexers_max: usize,
 }
 
 impl Default for HlsConfig {
@@ -101,6 +105,7 @@ impl Default for HlsConfig {
             enabled: true,
             target_duration_ms: 6000,
             index_cache_entries: 256,
+            indexers_max: 2,
         }
     }
 }

@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Mutex};
 
@@ -21,27 +22,83 @@ use crate::config::HlsConfig;
 type FileKey = (u64, u64, u64, i64, i64);
 
 /// Why a playlist cannot be made.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub(crate) enum HlsError {
-    /// The file is not TS with a video stream and key frames: 415.
+    /// The file is not TS with a video stream and key frames: 415 (remembered for the file
+    /// version, like an index).
     #[error("{0}")]
     Index(#[from] TsIndexError),
-    /// Reading the file failed: 500.
+    /// Reading the file failed: 500 (not remembered: the next request tries again).
     #[error("reading the file: {0}")]
-    Io(#[from] std::io::Error),
+    Io(Arc<std::io::Error>),
 }
 
-/// The key-frame indexes of the files played, and the settings.
+/// What an index build ends with.
+pub(crate) type Built = Result<Arc<TsIndex>, HlsError>;
+
+/// The key-frame indexes of the files played, the builds under way, and the settings.
 pub(crate) struct Hls {
     cfg: HlsConfig,
-    cache: Mutex<Cache>,
+    cache: Arc<Mutex<Cache>>,
 }
 
 #[derive(Default)]
 struct Cache {
-    map: HashMap<FileKey, Arc<TsIndex>>,
+    /// Indexes, and the files that have none (not TS, no video, no key frame).
+    map: HashMap<FileKey, Built>,
     /// Insertion order: the oldest goes first when the cache is full.
     order: VecDeque<FileKey>,
+    /// The builds under way (at most `indexers_max`), one per file version.
+    building: HashMap<FileKey, Arc<Build>>,
+}
+
+/// One index being built on a thread of its own; the requests that wait for it.
+pub(crate) struct Build {
+    state: Mutex<BuildState>,
+}
+
+#[derive(Default)]
+struct BuildState {
+    result: Option<Built>,
+    /// The eventfds of the HTTP loops whose connections wait (written once, at the end).
+    wakers: Vec<Arc<OwnedFd>>,
+}
+
+impl Build {
+    /// The end of the build, once it has one.
+    pub(crate) fn result(&self) -> Option<Built> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .result
+            .clone()
+    }
+
+    /// Writes `waker` when the build ends (at once if it has).
+    fn wake_at_end(&self, waker: &Arc<OwnedFd>) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.result.is_some() {
+            drop(st);
+            wake(waker);
+        } else if !st.wakers.iter().any(|w| Arc::ptr_eq(w, waker)) {
+            st.wakers.push(waker.clone());
+        }
+    }
+}
+
+fn wake(waker: &OwnedFd) {
+    // A full counter (EAGAIN) still wakes the loop.
+    let _ = rustix::io::write(waker, &1u64.to_ne_bytes());
+}
+
+/// What [`Hls::lookup`] found for a file.
+pub(crate) enum Lookup {
+    /// Cached: the index, or why the file has none.
+    Ready(Built),
+    /// Being built: the caller waits for the build (its loop's eventfd is written at the end).
+    Building(Arc<Build>),
+    /// `indexers_max` builds are under way (or no thread could be started): 503.
+    Busy,
 }
 
 /// Bytes read at a time while indexing.
@@ -51,7 +108,7 @@ impl Hls {
     pub(crate) fn new(cfg: HlsConfig) -> Hls {
         Hls {
             cfg,
-            cache: Mutex::new(Cache::default()),
+            cache: Arc::new(Mutex::new(Cache::default())),
         }
     }
 
@@ -59,52 +116,124 @@ impl Hls {
         self.cfg.enabled
     }
 
-    /// The media playlist of `file`, whose segments name it as `uri` (relative to the
+    /// The media playlist of `index`, whose segments name the file as `uri` (relative to the
     /// playlist's own URL; escaped by the caller).
-    pub(crate) fn playlist(&self, file: &File, uri: &str) -> Result<String, HlsError> {
-        let index = self.index(file)?;
+    pub(crate) fn playlist(&self, index: &TsIndex, uri: &str) -> String {
         let target_ticks = self.cfg.target_duration_ms.max(1) * PTS_TICKS_PER_S / 1000;
-        let segs = segments(&index, target_ticks);
-        Ok(media_playlist(&segs, uri, map_range(&index)))
+        let segs = segments(index, target_ticks);
+        media_playlist(&segs, uri, map_range(index))
     }
 
-    /// The index of `file`, from the cache while the file is unchanged, else read now.
-    fn index(&self, file: &File) -> Result<Arc<TsIndex>, HlsError> {
-        let m = file.metadata()?;
+    /// The index of `file` if cached; else the build under way for this file version (one per
+    /// version, however many ask), or a new one on a thread of its own (`indexer`), within
+    /// `indexers_max`. `waker` is written when a build the caller waits for ends.
+    pub(crate) fn lookup(&self, file: &File, waker: &Arc<OwnedFd>) -> Lookup {
+        let m = match file.metadata() {
+            Ok(m) => m,
+            Err(e) => return Lookup::Ready(Err(HlsError::Io(Arc::new(e)))),
+        };
         let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
-        if let Some(ix) = self
-            .cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .map
-            .get(&key)
-        {
-            return Ok(ix.clone());
-        }
-        let mut indexer = TsIndexer::new(TsIndexLimits::default());
-        let mut buf = vec![0u8; READ_BYTES];
-        let mut at = 0u64;
-        while at < m.len() {
-            let n = file.read_at(&mut buf, at)?;
-            if n == 0 {
-                break;
-            }
-            indexer.push(&buf[..n]);
-            at += n as u64;
-        }
-        let ix = Arc::new(indexer.finish()?);
         let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if c.map.insert(key, ix.clone()).is_none() {
-            c.order.push_back(key);
+        if let Some(r) = c.map.get(&key) {
+            return Lookup::Ready(r.clone());
         }
-        while c.map.len() > self.cfg.index_cache_entries.max(1) {
-            let Some(old) = c.order.pop_front() else {
-                break;
-            };
-            c.map.remove(&old);
+        if let Some(b) = c.building.get(&key) {
+            b.wake_at_end(waker);
+            return Lookup::Building(b.clone());
         }
-        Ok(ix)
+        if c.building.len() >= self.cfg.indexers_max.max(1) {
+            return Lookup::Busy;
+        }
+        let file = match file.try_clone() {
+            Ok(f) => f,
+            Err(e) => return Lookup::Ready(Err(HlsError::Io(Arc::new(e)))),
+        };
+        let build = Arc::new(Build {
+            state: Mutex::new(BuildState {
+                result: None,
+                wakers: vec![waker.clone()],
+            }),
+        });
+        let job = (
+            self.cache.clone(),
+            build.clone(),
+            key,
+            self.cfg.index_cache_entries,
+        );
+        let spawned = std::thread::Builder::new()
+            .name("penstock-index".into())
+            .spawn(move || {
+                let (cache, build, key, entries) = job;
+                indexer(&cache, &build, key, entries, &file);
+            });
+        match spawned {
+            Ok(_) => {
+                c.building.insert(key, build.clone());
+                Lookup::Building(build)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no thread for an HLS index");
+                Lookup::Busy
+            }
+        }
     }
+}
+
+/// An index thread: reads `file` through, keeps the index (or why there is none) in the
+/// cache, then ends the build and wakes the loops whose connections wait for it. The thread
+/// cannot hold the lock before `lookup` has registered the build: `lookup` holds it while
+/// spawning.
+fn indexer(cache: &Mutex<Cache>, build: &Build, key: FileKey, entries: usize, file: &File) {
+    // A panic in the indexer (a bug) must not leave the build registered and its waiters
+    // parked for good: it ends the build as a read error would.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_index(file, key.2)))
+        .unwrap_or_else(|_| {
+            Err(HlsError::Io(Arc::new(std::io::Error::other(
+                "the index thread panicked",
+            ))))
+        });
+    {
+        let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+        c.building.remove(&key);
+        // An I/O error is not kept: the next request tries again.
+        if !matches!(result, Err(HlsError::Io(_))) {
+            if c.map.insert(key, result.clone()).is_none() {
+                c.order.push_back(key);
+            }
+            while c.map.len() > entries.max(1) {
+                let Some(old) = c.order.pop_front() else {
+                    break;
+                };
+                c.map.remove(&old);
+            }
+        }
+    }
+    let wakers = {
+        let mut st = build.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.result = Some(result);
+        std::mem::take(&mut st.wakers)
+    };
+    for w in &wakers {
+        wake(w);
+    }
+}
+
+/// The index of `file` (`len` bytes), read through once.
+fn read_index(file: &File, len: u64) -> Built {
+    let mut indexer = TsIndexer::new(TsIndexLimits::default());
+    let mut buf = vec![0u8; READ_BYTES];
+    let mut at = 0u64;
+    while at < len {
+        let n = file
+            .read_at(&mut buf, at)
+            .map_err(|e| HlsError::Io(Arc::new(e)))?;
+        if n == 0 {
+            break;
+        }
+        indexer.push(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(Arc::new(indexer.finish()?))
 }
 
 /// The last component of `path`, percent-escaped for a URI reference: what a playlist at
@@ -131,5 +260,86 @@ mod tests {
         assert_eq!(segment_uri("/movies/clip.ts"), "../clip.ts");
         assert_eq!(segment_uri("/a b/c d\".ts"), "../c%20d%22.ts");
         assert_eq!(segment_uri("/x/é.ts"), "../%C3%A9.ts");
+    }
+
+    /// Waits (at most a minute) until `fd` is written.
+    fn woken(fd: &OwnedFd) {
+        let ts = rustix::event::Timespec {
+            tv_sec: 60,
+            tv_nsec: 0,
+        };
+        let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+        assert_eq!(
+            rustix::event::poll(&mut fds, Some(&ts)).unwrap(),
+            1,
+            "no wake"
+        );
+        let mut b = [0u8; 8];
+        rustix::io::read(fd, &mut b).unwrap();
+    }
+
+    #[test]
+    fn a_file_without_an_index_is_read_once_and_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fake.ts");
+        std::fs::write(&path, vec![0x11u8; 1000]).unwrap();
+        let file = File::open(&path).unwrap();
+        let hls = Hls::new(HlsConfig::default());
+        let waker =
+            Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap());
+        let Lookup::Building(build) = hls.lookup(&file, &waker) else {
+            panic!("a new file is built on a thread");
+        };
+        woken(&waker);
+        assert!(matches!(
+            build.result(),
+            Some(Err(HlsError::Index(TsIndexError::NotTs(_))))
+        ));
+        // The same version again: the failure from the cache, no build.
+        assert!(matches!(
+            hls.lookup(&file, &waker),
+            Lookup::Ready(Err(HlsError::Index(TsIndexError::NotTs(_))))
+        ));
+    }
+
+    #[test]
+    fn requests_for_a_file_being_indexed_share_its_build_within_indexers_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let hls = Hls::new(HlsConfig {
+            indexers_max: 1,
+            ..HlsConfig::default()
+        });
+        let a = File::open({
+            let p = dir.path().join("a.ts");
+            std::fs::write(&p, b"x").unwrap();
+            p
+        })
+        .unwrap();
+        let b = File::open({
+            let p = dir.path().join("b.ts");
+            std::fs::write(&p, b"y").unwrap();
+            p
+        })
+        .unwrap();
+        let waker =
+            Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap());
+        // A build registered by hand (no thread): it stays under way for this test.
+        let build = Arc::new(Build {
+            state: Mutex::new(BuildState::default()),
+        });
+        let m = a.metadata().unwrap();
+        let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
+        hls.cache
+            .lock()
+            .unwrap()
+            .building
+            .insert(key, build.clone());
+        let Lookup::Building(same) = hls.lookup(&a, &waker) else {
+            panic!("joins the build under way");
+        };
+        assert!(Arc::ptr_eq(&same, &build));
+        assert_eq!(build.state.lock().unwrap().wakers.len(), 1);
+        // Another file, with the one indexer busy: refused.
+        assert!(matches!(hls.lookup(&b, &waker), Lookup::Busy));
     }
 }

@@ -267,3 +267,229 @@ fn hls_js_in_chromium_plays_the_playlist_and_a_seek() {
     assert!(t > 9.0, "{line}");
     assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
 }
+
+/// `n` TS null packets (PID 0x1FFF): stuffing, as a constant-bitrate mux writes it. The
+/// indexer reads them as any other packet.
+fn null_packets(n: usize) -> Vec<u8> {
+    let mut p = [0xFFu8; 188];
+    p[..4].copy_from_slice(&[0x47, 0x1F, 0xFF, 0x10]);
+    p.repeat(n)
+}
+
+/// A GET with `Connection: close` on a fresh connection, not read yet.
+fn send_get(f: &Fixture, path: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(f.http).unwrap();
+    // A bound on a hung server, not a measure of anything.
+    s.set_read_timeout(Some(std::time::Duration::from_secs(300)))
+        .unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    s
+}
+
+/// The whole response (the server closes after it), non-UTF-8 bytes replaced.
+fn read_all(mut s: std::net::TcpStream) -> String {
+    use std::io::Read;
+    let mut v = Vec::new();
+    s.read_to_end(&mut v).unwrap();
+    String::from_utf8_lossy(&v).into_owned()
+}
+
+/// Whether a byte of the response has arrived (without waiting or taking it).
+fn has_answer(s: &std::net::TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let r = s.peek(&mut [0u8; 1]);
+    s.set_nonblocking(false).unwrap();
+    match r {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Whether this process (the server runs in it) has `path` open: the server is indexing it.
+fn open_here(path: &Path) -> bool {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == path))
+}
+
+fn body_of(resp: &str) -> &str {
+    resp.split_once("\r\n\r\n").map_or("", |(_, b)| b)
+}
+
+/// The key-frame index of a large title is built by a thread, not by the HTTP worker: with one
+/// worker, `/small.txt` is answered while the worker's own playlist request waits for its
+/// index. Requests for the file being indexed share its build (with `indexers_max = 1`, a
+/// second build would be a 503), and another file's playlist meanwhile is a 503 with
+/// `Retry-After`.
+///
+/// Not a race the test can lose by being slow: the order is taken from events, never from
+/// a clock. The small request is sent only once the server has big.ts open (it has read the
+/// playlist request: a worker that indexed on its loop would answer nothing else until the
+/// playlist), and "the playlist not answered yet" is read off its socket after the small
+/// answer came. Where a build ends before the checks (the 256 MiB read faster than a
+/// loopback GET: never seen, but not impossible), that attempt proves nothing either way and
+/// the next one indexes a new version of the file (a new mtime), five at most.
+#[test]
+fn the_index_is_built_off_the_loop_once_per_file_within_indexers_max() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let mut c = config();
+    c.http.workers = 1;
+    c.hls.indexers_max = 1;
+    let f = start_with(c);
+    let clip_path = f.path("clip.ts");
+    h264_clip(&clip_path);
+    let clip = std::fs::read(&clip_path).unwrap();
+    let big = f.path("big.ts");
+    {
+        use std::io::Write;
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&big).unwrap());
+        w.write_all(&clip).unwrap();
+        let stuffing = null_packets(1 << 14); // 3 MiB
+        for _ in 0..(256 << 20) / stuffing.len() {
+            w.write_all(&stuffing).unwrap();
+        }
+        w.flush().unwrap();
+    }
+    std::fs::write(f.path("other.ts"), &clip).unwrap();
+    let big2 = f.path("big2.ts");
+    std::fs::copy(&big, &big2).unwrap();
+    let (mut proven_free, mut proven_busy) = (false, false);
+    for attempt in 0..5u64 {
+        if attempt > 0 {
+            // New versions of both files: not cached any more.
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + attempt);
+            for name in ["big.ts", "other.ts"] {
+                let file = std::fs::File::options()
+                    .write(true)
+                    .open(f.path(name))
+                    .unwrap();
+                file.set_modified(t).unwrap();
+            }
+        }
+        let a = send_get(&f, "/big.ts/index.m3u8");
+        // Until the server has read the request: big.ts open (or already answered).
+        let hung = std::time::Instant::now() + std::time::Duration::from_secs(300);
+        while !open_here(&big) && !has_answer(&a) {
+            assert!(
+                std::time::Instant::now() < hung,
+                "the request was never read"
+            );
+            std::thread::yield_now();
+        }
+        let small = read_all(send_get(&f, "/small.txt"));
+        assert!(small.starts_with("HTTP/1.1 200 "), "{small}");
+        assert!(small.contains("\r\nContent-Length: 1000\r\n"), "{small}");
+        let free = !has_answer(&a);
+        let same: Vec<_> = (0..3).map(|_| send_get(&f, "/big.ts/index.m3u8")).collect();
+        let other = read_all(send_get(&f, "/other.ts/index.m3u8"));
+        let a = read_all(a);
+        assert!(a.starts_with("HTTP/1.1 200 "), "{a}");
+        let playlist = body_of(&a);
+        assert!(playlist.starts_with("#EXTM3U\n"), "{playlist}");
+        assert!(playlist.contains("#EXT-X-ENDLIST"), "{playlist}");
+        for s in same {
+            let r = read_all(s);
+            assert!(r.starts_with("HTTP/1.1 200 "), "{r}");
+            assert_eq!(body_of(&r), playlist);
+        }
+        if other.starts_with("HTTP/1.1 503 ") {
+            let head = other.split_once("\r\n\r\n").unwrap().0;
+            assert!(head.contains("\r\nRetry-After: 1"), "{other}");
+            assert!(head.contains("\r\nConnection: close"), "{other}");
+            proven_busy = true;
+        } else {
+            // The build had ended (the playlist was answered or about to be).
+            assert!(other.starts_with("HTTP/1.1 200 "), "{other}");
+        }
+        // big.ts's build has ended (its answer came): other.ts is indexed now.
+        let again = read_all(send_get(&f, "/other.ts/index.m3u8"));
+        assert!(again.starts_with("HTTP/1.1 200 "), "{again}");
+        // And big.ts's playlist is the cached one.
+        assert_eq!(
+            body_of(&read_all(send_get(&f, "/big.ts/index.m3u8"))),
+            playlist
+        );
+        proven_free |= free;
+        println!(
+            "attempt {attempt}: loop free {free}, other file {}",
+            &other[9..12]
+        );
+        if proven_free && proven_busy {
+            break;
+        }
+    }
+    assert!(
+        proven_free,
+        "small.txt was never answered while big.ts was being indexed"
+    );
+    assert!(
+        proven_busy,
+        "no 503 for a second file while one was indexed"
+    );
+    let m = read_all(send_get(&f, "/metrics"));
+    assert!(
+        m.lines()
+            .any(|l| l.contains("kind=\"hls_busy\"") && !l.ends_with(" 0")),
+        "{m}"
+    );
+
+    // A client that leaves while its index is built: the build goes on and is kept. Proof
+    // that it was kept: big.ts's playlist is a 200 while big2.ts's build holds the one
+    // indexer (a new build of big.ts would be a 503). Conclusive when big2.ts was still
+    // being indexed after that answer came; else the next attempt, with new versions.
+    let mut proven_kept = false;
+    for attempt in 0..5u64 {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(2_000_000 + attempt);
+        for name in ["big.ts", "big2.ts"] {
+            let file = std::fs::File::options()
+                .write(true)
+                .open(f.path(name))
+                .unwrap();
+            file.set_modified(t).unwrap();
+        }
+        let hung = std::time::Instant::now() + std::time::Duration::from_secs(300);
+        let a = send_get(&f, "/big.ts/index.m3u8");
+        while !open_here(&big) && !has_answer(&a) {
+            assert!(
+                std::time::Instant::now() < hung,
+                "the request was never read"
+            );
+            std::thread::yield_now();
+        }
+        drop(a);
+        // The build ends (its thread closes the file) with no one to answer.
+        while open_here(&big) {
+            assert!(std::time::Instant::now() < hung, "the build never ended");
+            std::thread::yield_now();
+        }
+        let b = send_get(&f, "/big2.ts/index.m3u8");
+        while !open_here(&big2) && !has_answer(&b) {
+            assert!(
+                std::time::Instant::now() < hung,
+                "the request was never read"
+            );
+            std::thread::yield_now();
+        }
+        let r = read_all(send_get(&f, "/big.ts/index.m3u8"));
+        assert!(r.starts_with("HTTP/1.1 200 "), "{r}");
+        let kept = !has_answer(&b);
+        let b = read_all(b);
+        assert!(b.starts_with("HTTP/1.1 200 "), "{b}");
+        assert_eq!(body_of(&b), body_of(&r).replace("../big.ts", "../big2.ts"));
+        println!("gone client, attempt {attempt}: conclusive {kept}");
+        if kept {
+            proven_kept = true;
+            break;
+        }
+    }
+    assert!(proven_kept, "big2.ts's build always ended first");
+}

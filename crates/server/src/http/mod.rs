@@ -56,6 +56,7 @@
 
 mod accept;
 mod engine;
+mod indexing;
 mod origin;
 mod respond;
 mod send;
@@ -354,6 +355,8 @@ enum State {
     Engine(Box<EngineBody>),
     /// A thread answers from the origin (`origin.rs`); not in epoll meanwhile.
     Origin(Box<origin::OriginBody>),
+    /// Waits for an HLS index built by a thread (`indexing.rs`); not in epoll meanwhile.
+    Index(Box<indexing::IndexWait>),
     /// Closing lingering ([`Worker::linger`]): the write side shut down, the client's bytes
     /// read and dropped until its EOF, `lingering_bytes_max` or the deadline.
     Lingering {
@@ -406,6 +409,8 @@ struct Worker {
     engine_conns: Vec<(u32, u32)>,
     /// Connections answered by an origin thread.
     origin_conns: Vec<(u32, u32)>,
+    /// Connections waiting for an HLS index (`State::Index`).
+    index_conns: Vec<(u32, u32)>,
     /// The waker, for engine workers to write when a body's report is ready.
     engine_waker: Arc<OwnedFd>,
     /// Woken since the last look at the engine bodies' reports.
@@ -481,6 +486,7 @@ impl Worker {
             timers: BinaryHeap::new(),
             engine_conns: Vec::new(),
             origin_conns: Vec::new(),
+            index_conns: Vec::new(),
             engine_waker,
             engine_woken: false,
             live,
@@ -585,6 +591,9 @@ impl Worker {
             if self.engine_woken && !self.origin_conns.is_empty() {
                 self.poll_origin();
             }
+            if self.engine_woken && !self.index_conns.is_empty() {
+                self.poll_index();
+            }
             self.engine_woken = false;
             if self.accept_paused_until.is_some_and(|t| now >= t) {
                 self.resume_accepting(now);
@@ -600,6 +609,9 @@ impl Worker {
                 }
                 if !self.origin_conns.is_empty() {
                     self.poll_origin();
+                }
+                if !self.index_conns.is_empty() {
+                    self.poll_index();
                 }
                 self.sweep(now);
                 self.next_sweep = now + self.sweep_interval();
@@ -725,7 +737,10 @@ impl Worker {
         let Some(c) = conn_in(&mut self.slots, idx, generation) else {
             return;
         };
-        if matches!(c.state, State::Engine(_) | State::Origin(_)) {
+        if matches!(
+            c.state,
+            State::Engine(_) | State::Origin(_) | State::Index(_)
+        ) {
             return;
         }
         if let State::Lingering { dropped_bytes } = &mut c.state {
@@ -799,7 +814,9 @@ impl Worker {
                 return;
             };
             match &mut c.state {
-                State::Engine(_) | State::Origin(_) | State::Lingering { .. } => return,
+                State::Engine(_) | State::Origin(_) | State::Index(_) | State::Lingering { .. } => {
+                    return;
+                }
                 State::Reading => {
                     if budget == 0 {
                         self.ready.push((idx, generation));
@@ -860,6 +877,10 @@ impl Worker {
                                 self.hand_to_origin(idx, generation, request, out);
                                 return;
                             }
+                            if out.hls_wait.is_some() {
+                                self.wait_for_index(idx, generation, request, out);
+                                return;
+                            }
                             let c = self.conn_mut(idx, generation).expect("present above");
                             c.state = State::Sending(Box::new(out));
                             c.deadline = Instant::now() + live.limits.send_timeout();
@@ -883,6 +904,7 @@ impl Worker {
                                 rate: None,
                                 to_engine: None,
                                 origin_type: None,
+                                hls_wait: None,
                                 volume: None,
                                 status: r.status,
                                 started: c.head_started.take().unwrap_or_else(Instant::now),
@@ -976,8 +998,14 @@ impl Worker {
             let Some(c) = &self.slots[idx].conn else {
                 continue;
             };
-            // Engine bodies and origin threads have their own timeouts.
-            if c.deadline > now || matches!(c.state, State::Engine(_) | State::Origin(_)) {
+            // Engine bodies and origin threads have their own timeouts; a connection waiting
+            // for an HLS index waits for the read of a local file, which ends.
+            if c.deadline > now
+                || matches!(
+                    c.state,
+                    State::Engine(_) | State::Origin(_) | State::Index(_)
+                )
+            {
                 continue;
             }
             match c.state {
@@ -1094,6 +1122,15 @@ impl Worker {
                         &mut self.access,
                         c.peer,
                         &e.request_end(e.handle.counters().bytes_sent),
+                    );
+                }
+                State::Index(w) => {
+                    // The build goes on (the next request finds the index cached).
+                    record(
+                        &self.shared,
+                        &mut self.access,
+                        c.peer,
+                        &w.out.request_end(CLIENT_CLOSED_REQUEST, 0),
                     );
                 }
                 State::Origin(o) => {

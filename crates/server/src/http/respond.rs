@@ -62,6 +62,7 @@ impl Worker {
             rate: None,
             to_engine: None,
             origin_type: None,
+            hls_wait: None,
             volume: None,
             status: r.status,
             started: Instant::now(),
@@ -246,6 +247,7 @@ impl Worker {
             rate,
             to_engine,
             origin_type: None,
+            hls_wait: None,
             volume: None,
             status: r.status,
             started: Instant::now(),
@@ -278,23 +280,30 @@ impl Worker {
         let Ok(Opened::File { file, mtime, .. }) = self.site.root.open_path(rel) else {
             return None;
         };
-        let r = match shared
-            .hls
-            .playlist(&file, &crate::hls::segment_uri(ts_path))
-        {
-            Ok(p) => {
-                let etag = penstock_core::http::ETag::for_file(p.len() as u64, mtime);
-                playlist_ok(req, ctx, &etag, mtime, p.into_bytes())
+        let r = match shared.hls.lookup(&file, &self.engine_waker) {
+            crate::hls::Lookup::Ready(built) => hls_response(&shared, req, ctx, built, mtime),
+            crate::hls::Lookup::Building(build) => {
+                // Not indexed yet: the connection waits off the loop for the build
+                // (`indexing.rs`), which answers it with `hls_response` when it ends.
+                let r = unavailable(req, ctx);
+                let mut out = memory(r, class.clone());
+                out.keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+                out.hls_wait = Some(Box::new(super::indexing::IndexPending {
+                    build,
+                    mtime,
+                    keep_alive_allowed: ctx.keep_alive_allowed,
+                }));
+                return Some(out);
             }
-            Err(crate::hls::HlsError::Index(e)) => {
-                tracing::debug!(path = %ts_path, error = %e, "no HLS playlist");
-                shared.metrics.error("hls_not_indexable");
-                respond_error(Status::UNSUPPORTED_MEDIA_TYPE, Some(req), ctx)
-            }
-            Err(crate::hls::HlsError::Io(e)) => {
-                tracing::warn!(path = %ts_path, error = %e, "reading a file to index it");
-                shared.metrics.error("open_failed");
-                respond_error(Status::INTERNAL_SERVER_ERROR, Some(req), ctx)
+            crate::hls::Lookup::Busy => {
+                // `indexers_max` builds under way: come back later, as the origin's busy
+                // answer says it.
+                shared.metrics.error("hls_busy");
+                let closing = ResponseContext {
+                    keep_alive_allowed: false,
+                    ..*ctx
+                };
+                unavailable(req, &closing)
             }
         };
         Some(memory(r, class.clone()))
@@ -394,9 +403,41 @@ impl Worker {
             to_engine: Some(to_engine),
             volume: Some(Box::new(pio)),
             origin_type: None,
+            hls_wait: None,
             status: r.status,
             started: Instant::now(),
             log: None,
+        }
+    }
+}
+
+/// The answer to `PATH/index.m3u8` (`req.path`) once PATH's index is `built`: the playlist,
+/// a 415 for a file that has none, a 500 when it could not be read.
+pub(super) fn hls_response(
+    shared: &super::HttpShared,
+    req: &Request,
+    ctx: &ResponseContext<'_>,
+    built: crate::hls::Built,
+    mtime: SystemTime,
+) -> penstock_core::http::Response {
+    let ts_path = req.path.strip_suffix("/index.m3u8").unwrap_or(&req.path);
+    match built {
+        Ok(index) => {
+            let p = shared
+                .hls
+                .playlist(&index, &crate::hls::segment_uri(ts_path));
+            let etag = penstock_core::http::ETag::for_file(p.len() as u64, mtime);
+            playlist_ok(req, ctx, &etag, mtime, p.into_bytes())
+        }
+        Err(crate::hls::HlsError::Index(e)) => {
+            tracing::debug!(path = %ts_path, error = %e, "no HLS playlist");
+            shared.metrics.error("hls_not_indexable");
+            respond_error(Status::UNSUPPORTED_MEDIA_TYPE, Some(req), ctx)
+        }
+        Err(crate::hls::HlsError::Io(e)) => {
+            tracing::warn!(path = %ts_path, error = %e, "reading a file to index it");
+            shared.metrics.error("open_failed");
+            respond_error(Status::INTERNAL_SERVER_ERROR, Some(req), ctx)
         }
     }
 }

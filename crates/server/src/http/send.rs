@@ -47,6 +47,10 @@ pub(super) struct Out {
     /// origin answers it: the loop hands the request to an origin thread (`origin.rs`),
     /// nothing else of this `Out` but its class, start, log entry and keep-alive is used.
     pub(super) origin_type: Option<String>,
+    /// Set when the playlist asked for waits for its file's index to be built: the loop parks
+    /// the connection until the build ends (`indexing.rs`); as with `origin_type`, only the
+    /// class, start, log entry and keep-alive of this `Out` are used.
+    pub(super) hls_wait: Option<Box<super::indexing::IndexPending>>,
     /// A volume partition's body (`/vol/NAME/PART`): the engine reads it from the members
     /// (its place is always reserved: the loop has no single file to sendfile from).
     pub(super) volume: Option<Box<penstock_driver::volume::PartitionIo>>,

@@ -1,0 +1,107 @@
+//! A playlist request whose TS file is not indexed yet (`crate::hls`): the file is read through
+//! by an index thread, never by the loop. [`Worker::wait_for_index`] takes the connection out
+//! of epoll (as an origin request's, `origin.rs`) and parks it; the index thread writes the
+//! loop's eventfd when the build ends (every loop with a connection waiting for it: requests
+//! for the same file share one build), and [`Worker::poll_index`] answers each parked
+//! connection from the build's result with the loop's ordinary sending (non-blocking, the
+//! send timeout, keep-alive), the connection back in epoll. A client gone meanwhile costs the
+//! build only: its connection is closed as any other, the index is kept in the cache.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use penstock_core::http::{Request, ResponseContext};
+use rustix::event::epoll;
+
+use super::send::Out;
+use super::{Interest, State, Worker, conn_in, set_interest, token};
+
+/// What `respond` hands the loop for a playlist whose index is being built.
+pub(super) struct IndexPending {
+    pub(super) build: Arc<crate::hls::Build>,
+    /// The TS file's modification time (the playlist's `Last-Modified` and `ETag`).
+    pub(super) mtime: SystemTime,
+    pub(super) keep_alive_allowed: bool,
+}
+
+/// A parked connection: its request, and the `Out` made for it (its class, start, log entry;
+/// `hls_wait` set).
+pub(super) struct IndexWait {
+    req: Request,
+    pub(super) out: Box<Out>,
+}
+
+impl Worker {
+    /// `out.hls_wait` is set: park the connection until the build ends.
+    pub(super) fn wait_for_index(&mut self, idx: u32, generation: u32, req: Request, out: Out) {
+        let Some(c) = conn_in(&mut self.slots, idx, generation) else {
+            return;
+        };
+        if epoll::delete(&self.epoll, &c.sock).is_ok() {
+            c.interest = Interest::Removed;
+        }
+        c.state = State::Index(Box::new(IndexWait {
+            req,
+            out: Box::new(out),
+        }));
+        self.index_conns.push((idx, generation));
+    }
+
+    /// Answers the parked connections whose build has ended.
+    pub(super) fn poll_index(&mut self) {
+        let list = std::mem::take(&mut self.index_conns);
+        for (idx, generation) in list {
+            let shared = self.shared.clone();
+            let live = self.live.clone();
+            let Some(c) = conn_in(&mut self.slots, idx, generation) else {
+                continue;
+            };
+            let State::Index(w) = &c.state else { continue };
+            let built = w.out.hls_wait.as_ref().and_then(|p| p.build.result());
+            let Some(built) = built else {
+                self.index_conns.push((idx, generation));
+                continue;
+            };
+            let State::Index(w) = std::mem::replace(&mut c.state, State::Reading) else {
+                unreachable!("matched Index above")
+            };
+            let IndexWait { req, mut out } = *w;
+            let pending = out.hls_wait.take().expect("checked above");
+            let ctx = ResponseContext {
+                date: SystemTime::now(),
+                server: &shared.server_name,
+                keep_alive_allowed: pending.keep_alive_allowed,
+                keep_alive_timeout_s: Some(live.limits.idle_timeout_ms / 1000),
+                ranges_max: live.limits.ranges_max,
+                boundary: "",
+            };
+            let r = super::respond::hls_response(&shared, &req, &ctx, built, pending.mtime);
+            out.head = r.head;
+            out.head_pos = 0;
+            out.pieces = r.body.into();
+            out.piece_pos = 0;
+            out.keep_alive = r.keep_alive;
+            out.status = r.status;
+            let tok = token(idx, generation);
+            let registered = if c.interest == Interest::Removed {
+                epoll::add(
+                    &self.epoll,
+                    &c.sock,
+                    epoll::EventData::new_u64(tok),
+                    epoll::EventFlags::IN,
+                )
+                .map(|()| c.interest = Interest::Read)
+                .map_err(std::io::Error::from)
+            } else {
+                set_interest(&self.epoll, c, tok, Interest::Read)
+            };
+            c.state = State::Sending(out);
+            if registered.is_err() {
+                self.close(idx);
+                continue;
+            }
+            c.deadline = Instant::now() + live.limits.send_timeout();
+            self.ready.push((idx, generation));
+        }
+    }
+}

@@ -93,6 +93,9 @@ pub struct HlsConfig {
     pub target_duration_ms: u64,
     /// Key-frame indexes kept in memory (one per file version; default 256).
     pub index_cache_entries: usize,
+    /// `DIR/master.m3u8` lists at most this many TS files of DIR (default 16; the first by
+    /// name, each indexed when the playlist is asked for).
+    pub renditions_max: usize,
 }
 
 impl Default for HlsConfig {
@@ -101,6 +104,7 @@ impl Default for HlsConfig {
             enabled: true,
             target_duration_ms: 6000,
             index_cache_entries: 256,
+            renditions_max: 16,
         }
     }
 }

@@ -11,8 +11,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Mutex};
 
 use penstock_core::hls::{
-    PTS_TICKS_PER_S, TsIndex, TsIndexError, TsIndexLimits, TsIndexer, map_range, media_playlist,
-    segments,
+    PTS_TICKS_PER_S, TsIndex, TsIndexError, TsIndexLimits, TsIndexer, Variant, bandwidth,
+    map_range, media_playlist, segments, stream_info,
 };
 
 use crate::config::HlsConfig;
@@ -59,13 +59,37 @@ impl Hls {
         self.cfg.enabled
     }
 
+    /// The most TS files a multivariant playlist lists.
+    pub(crate) fn renditions_max(&self) -> usize {
+        self.cfg.renditions_max
+    }
+
+    fn target_ticks(&self) -> u64 {
+        self.cfg.target_duration_ms.max(1) * PTS_TICKS_PER_S / 1000
+    }
+
     /// The media playlist of `file`, whose segments name it as `uri` (relative to the
     /// playlist's own URL; escaped by the caller).
     pub(crate) fn playlist(&self, file: &File, uri: &str) -> Result<String, HlsError> {
         let index = self.index(file)?;
-        let target_ticks = self.cfg.target_duration_ms.max(1) * PTS_TICKS_PER_S / 1000;
-        let segs = segments(&index, target_ticks);
+        let segs = segments(&index, self.target_ticks());
         Ok(media_playlist(&segs, uri, map_range(&index)))
+    }
+
+    /// `file` as one rendition of a multivariant playlist, its media playlist named `uri`:
+    /// the bandwidth of the segments [`Hls::playlist`] cuts, the size and codecs its streams
+    /// say.
+    pub(crate) fn variant(&self, file: &File, uri: String) -> Result<Variant, HlsError> {
+        let index = self.index(file)?;
+        let (peak, average) = bandwidth(&segments(&index, self.target_ticks()));
+        let info = stream_info(&index);
+        Ok(Variant {
+            uri,
+            bandwidth: peak,
+            average_bandwidth: average,
+            resolution: info.resolution,
+            codecs: info.codecs,
+        })
     }
 
     /// The index of `file`, from the cache while the file is unchanged, else read now.
@@ -111,7 +135,18 @@ impl Hls {
 /// `PATH/index.m3u8` names PATH by (`../NAME`).
 pub(crate) fn segment_uri(path: &str) -> String {
     let name = path.rsplit('/').next().unwrap_or(path);
-    let mut out = String::from("../");
+    format!("../{}", escape(name))
+}
+
+/// What a multivariant playlist in the file's directory names its media playlist by
+/// (`NAME/index.m3u8`, escaped).
+pub(crate) fn media_playlist_uri(name: &str) -> String {
+    format!("{}/index.m3u8", escape(name))
+}
+
+/// `name` percent-escaped for a URI path segment.
+fn escape(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
     for b in name.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
             out.push(b as char);
@@ -120,6 +155,13 @@ pub(crate) fn segment_uri(path: &str) -> String {
         }
     }
     out
+}
+
+/// Whether a directory entry named `name` is a rendition a multivariant playlist considers:
+/// not hidden, named `.ts` or `.m2ts` (any case).
+pub(crate) fn is_rendition_name(name: &str) -> bool {
+    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    !name.starts_with('.') && matches!(ext.as_deref(), Some("ts" | "m2ts"))
 }
 
 #[cfg(test)]
@@ -131,5 +173,15 @@ mod tests {
         assert_eq!(segment_uri("/movies/clip.ts"), "../clip.ts");
         assert_eq!(segment_uri("/a b/c d\".ts"), "../c%20d%22.ts");
         assert_eq!(segment_uri("/x/é.ts"), "../%C3%A9.ts");
+        assert_eq!(media_playlist_uri("a b.ts"), "a%20b.ts/index.m3u8");
+    }
+
+    #[test]
+    fn renditions_are_visible_ts_files() {
+        assert!(is_rendition_name("1080p.ts"));
+        assert!(is_rendition_name("x.M2TS"));
+        assert!(!is_rendition_name(".hidden.ts"));
+        assert!(!is_rendition_name("master.m3u8"));
+        assert!(!is_rendition_name("ts"));
     }
 }

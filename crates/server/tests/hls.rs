@@ -553,3 +553,63 @@ fn hls_js_in_chromium_plays_the_multivariant_playlist_and_a_level_switch() {
     assert!(field("currentTime") > at + 4.0, "{line}");
     assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
 }
+
+#[test]
+fn an_h265_rendition_is_listed_with_its_size_and_codecs() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let f = start();
+    std::fs::create_dir(f.path("hevc")).unwrap();
+    let path = f.path("hevc/main.ts");
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x180:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args([
+            "-t",
+            "4",
+            "-pix_fmt",
+            "yuv420p",
+            "-c:v",
+            "libx265",
+            "-preset",
+            "ultrafast",
+        ])
+        .args(["-x265-params", "log-level=none:keyint=50:min-keyint=50"])
+        .args(["-c:a", "aac", "-f", "mpegts"])
+        .arg(&path)
+        .output()
+        .expect("ffmpeg");
+    if !o.status.success() {
+        // An ffmpeg built without libx265.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        println!("SKIPPED: ffmpeg cannot encode H.265");
+        return;
+    }
+    let master = String::from_utf8(get(&f, "/hevc/master.m3u8").2).unwrap();
+    println!("{master}");
+    let infs = stream_infs(&master);
+    assert_eq!(infs.len(), 1, "{master}");
+    let streams = ffprobe_streams(&path);
+    let v = streams.iter().find(|s| s["codec_name"] == "hevc").unwrap();
+    assert_eq!(v["profile"], "Main");
+    assert_eq!(infs[0].resolution, Some((320, 180)));
+    // hvc1, general_profile_idc 1 (Main), tier L and level_idc as ffprobe reports it.
+    let codecs = infs[0]
+        .codecs
+        .as_deref()
+        .unwrap_or_else(|| panic!("{master}"));
+    let (video, audio) = codecs.split_once(',').unwrap();
+    assert!(video.starts_with("hvc1.1."), "{codecs}");
+    assert_eq!(
+        video.split('.').nth(3),
+        Some(format!("L{}", v["level"]).as_str()),
+        "{codecs} vs {v:?}"
+    );
+    assert_eq!(audio, "mp4a.40.2");
+}

@@ -1,10 +1,9 @@
 //! What a multivariant playlist says of a rendition, read from its streams: the picture size
 //! and the `CODECS` string of H.264 from its sequence parameter set (ITU-T H.264 §7.3.2.1.1,
-//! RFC 6381 §3.3 for `avc1.PPCCLL`), and the AAC object type from an ADTS header (ISO/IEC
+//! RFC 6381 §3.3 for `avc1.PPCCLL`) and of H.265 from its own (ITU-T H.265 §7.3.2.2, ISO/IEC
+//! 14496-15 Annex E for `hvc1.…`), and the AAC object type from an ADTS header (ISO/IEC
 //! 13818-7 §6.2, `mp4a.40.OT`). Any bytes give a value or an error, never a panic; what cannot
 //! be read is left out rather than guessed ([`stream_info`]).
-//!
-//! H.265 is not parsed: its renditions get neither `RESOLUTION` nor `CODECS`.
 
 use super::ts_index::{TsIndex, VideoCodec};
 
@@ -234,6 +233,141 @@ pub fn parse_h264_sps(nal: &[u8]) -> Result<H264Sps, MediaError> {
     })
 }
 
+/// What an H.265 SPS says of the stream: the general profile, tier and level and the picture
+/// size after the conformance window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct H265Sps {
+    pub profile_space: u8,
+    pub tier: bool,
+    pub profile_idc: u8,
+    pub compatibility_flags: u32,
+    /// The 48 bits after the compatibility flags (progressive, interlaced, non-packed,
+    /// frame-only and the rest), as six bytes.
+    pub constraint_flags: [u8; 6],
+    pub level_idc: u8,
+    pub width: u32,
+    pub height: u32,
+}
+
+impl H265Sps {
+    /// ISO/IEC 14496-15 E.3's `hvc1.[A-C]P.C.TL.B…`: profile space (none, A, B, C) and
+    /// profile_idc; the compatibility flags bit-reversed, in hex; tier (L or H) and level_idc;
+    /// the constraint bytes in hex, trailing zero bytes left out. `hvc1` as Apple's HLS
+    /// authoring rules ask of HEVC.
+    pub fn codecs(&self) -> String {
+        let space = ["", "A", "B", "C"][usize::from(self.profile_space & 3)];
+        let mut c = format!(
+            "hvc1.{space}{}.{:X}.{}{}",
+            self.profile_idc,
+            self.compatibility_flags.reverse_bits(),
+            if self.tier { 'H' } else { 'L' },
+            self.level_idc
+        );
+        let used = self
+            .constraint_flags
+            .iter()
+            .rposition(|&b| b != 0)
+            .map_or(0, |i| i + 1);
+        for b in &self.constraint_flags[..used] {
+            c.push_str(&format!(".{b:X}"));
+        }
+        c
+    }
+}
+
+/// Parses an H.265 SPS NAL unit (its two header bytes first, emulation prevention bytes as in
+/// the stream) as far as the picture size and conformance window.
+pub fn parse_h265_sps(nal: &[u8]) -> Result<H265Sps, MediaError> {
+    let header = nal.get(..2).ok_or(MediaError::Truncated)?;
+    if header[0] & 0x80 != 0 {
+        return Err(MediaError::Invalid("NAL forbidden_zero_bit"));
+    }
+    let nal_type = (header[0] >> 1) & 0x3f;
+    if nal_type != 33 {
+        return Err(MediaError::NotSps(nal_type));
+    }
+    let bytes = rbsp(&nal[2..]);
+    let mut r = Bits {
+        bytes: &bytes,
+        pos: 0,
+    };
+    r.bits(4)?; // sps_video_parameter_set_id
+    let sub_layers = r.bits(3)?; // sps_max_sub_layers_minus1
+    if sub_layers > 6 {
+        return Err(MediaError::Invalid("sps_max_sub_layers_minus1"));
+    }
+    r.bit()?; // sps_temporal_id_nesting_flag
+    // profile_tier_level(1, sps_max_sub_layers_minus1)
+    let profile_space = r.bits(2)? as u8;
+    let tier = r.bit()? == 1;
+    let profile_idc = r.bits(5)? as u8;
+    let compatibility_flags = r.bits(32)?;
+    let mut constraint_flags = [0u8; 6];
+    for b in &mut constraint_flags {
+        *b = r.bits(8)? as u8;
+    }
+    let level_idc = r.bits(8)? as u8;
+    let mut present = Vec::with_capacity(sub_layers as usize);
+    for _ in 0..sub_layers {
+        present.push((r.bit()? == 1, r.bit()? == 1));
+    }
+    if sub_layers > 0 {
+        for _ in sub_layers..8 {
+            r.bits(2)?;
+        }
+    }
+    for (profile, level) in present {
+        if profile {
+            r.bits(32)?;
+            r.bits(32)?;
+            r.bits(24)?;
+        }
+        if level {
+            r.bits(8)?;
+        }
+    }
+    if r.ue()? > 15 {
+        return Err(MediaError::Invalid("sps_seq_parameter_set_id"));
+    }
+    let chroma_format_idc = r.ue()?;
+    if chroma_format_idc > 3 {
+        return Err(MediaError::Invalid("chroma_format_idc"));
+    }
+    let separate_colour_plane = chroma_format_idc == 3 && r.bit()? == 1;
+    let width = u64::from(r.ue()?);
+    let height = u64::from(r.ue()?);
+    let (mut left, mut right, mut top, mut bottom) = (0u64, 0u64, 0u64, 0u64);
+    if r.bit()? == 1 {
+        left = r.ue()?.into();
+        right = r.ue()?.into();
+        top = r.ue()?.into();
+        bottom = r.ue()?.into();
+    }
+    let (sub_w, sub_h) = match (separate_colour_plane, chroma_format_idc) {
+        (false, 1) => (2, 2),
+        (false, 2) => (2, 1),
+        _ => (1, 1),
+    };
+    let width = width
+        .checked_sub(sub_w * (left + right))
+        .filter(|&w| w > 0)
+        .ok_or(MediaError::Invalid("conformance window"))?;
+    let height = height
+        .checked_sub(sub_h * (top + bottom))
+        .filter(|&h| h > 0)
+        .ok_or(MediaError::Invalid("conformance window"))?;
+    Ok(H265Sps {
+        profile_space,
+        tier,
+        profile_idc,
+        compatibility_flags,
+        constraint_flags,
+        level_idc,
+        width: u32::try_from(width).map_err(|_| MediaError::Invalid("width"))?,
+        height: u32::try_from(height).map_err(|_| MediaError::Invalid("height"))?,
+    })
+}
+
 /// The bytes of an ADTS header penstock keeps (the fixed header and the frame length).
 pub const ADTS_HEADER_BYTES: usize = 7;
 
@@ -299,15 +433,23 @@ pub struct StreamInfo {
     pub codecs: Option<String>,
 }
 
-/// The [`StreamInfo`] of an indexed file: H.264's SPS and AAC's ADTS header read; MP3, AC-3
-/// and E-AC-3 named by their stream type alone; anything else (H.265, MPEG-2 video, LATM, an
-/// SPS or header that did not parse) left out.
+/// The [`StreamInfo`] of an indexed file: H.264's and H.265's SPS and AAC's ADTS header read;
+/// MP3, AC-3 and E-AC-3 named by their stream type alone; anything else (MPEG-2 video, LATM,
+/// an SPS or header that did not parse) left out.
 pub fn stream_info(index: &TsIndex) -> StreamInfo {
     let sps = match (index.codec, &index.sps) {
-        (VideoCodec::H264, Some(nal)) => parse_h264_sps(nal).ok(),
+        (VideoCodec::H264, Some(nal)) => parse_h264_sps(nal)
+            .ok()
+            .map(|s| (s.codecs(), (s.width, s.height))),
+        (VideoCodec::H265, Some(nal)) => parse_h265_sps(nal)
+            .ok()
+            .map(|s| (s.codecs(), (s.width, s.height))),
         _ => None,
     };
-    let video = sps.map(|s| s.codecs());
+    let (video, resolution) = match sps {
+        Some((c, r)) => (Some(c), Some(r)),
+        None => (None, None),
+    };
     let audio = match &index.audio {
         None => Some(None),
         Some(a) => match a.stream_type {
@@ -327,8 +469,5 @@ pub fn stream_info(index: &TsIndex) -> StreamInfo {
         (Some(v), Some(Some(a))) => Some(format!("{v},{a}")),
         _ => None,
     };
-    StreamInfo {
-        resolution: sps.map(|s| (s.width, s.height)),
-        codecs,
-    }
+    StreamInfo { resolution, codecs }
 }

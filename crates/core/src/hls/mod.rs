@@ -11,7 +11,10 @@ pub mod playlist;
 pub mod ts_index;
 
 pub use master::{Variant, bandwidth, master_playlist};
-pub use media::{Adts, H264Sps, MediaError, StreamInfo, parse_adts, parse_h264_sps, stream_info};
+pub use media::{
+    Adts, H264Sps, H265Sps, MediaError, StreamInfo, parse_adts, parse_h264_sps, parse_h265_sps,
+    stream_info,
+};
 pub use playlist::{Segment, map_range, media_playlist, segments};
 pub use ts_index::{
     AudioStream, KeyFrame, PTS_TICKS_PER_S, SPS_SCAN_BYTES, TsIndex, TsIndexError, TsIndexLimits,

@@ -237,6 +237,50 @@ fn an_h264_sps_gives_the_picture_size_and_codecs() {
     assert_eq!(parse_h264_sps(&full[..6]), Err(MediaError::Truncated));
 }
 
+/// SPS NAL units x265 wrote (yuv420p, Main), as ffprobe describes them (level 63 and 120:
+/// level_idc is 30 × the level).
+const H265_SPS_SAMPLES: &[(&str, u32, u32, &str)] = &[
+    (
+        "42010101600000030090000003000003003fa00502016965959a4932bc05a0200000030020000003032100",
+        640,
+        360,
+        "hvc1.1.6.L63.90",
+    ),
+    (
+        "420101016000000300900000030000030078a003c08010e596566924caf0168080000003008000000c84",
+        1920,
+        1080,
+        "hvc1.1.6.L120.90",
+    ),
+];
+
+#[test]
+fn an_h265_sps_gives_the_picture_size_and_codecs() {
+    for &(h, w, ht, codecs) in H265_SPS_SAMPLES {
+        let sps = parse_h265_sps(&hex(h)).unwrap();
+        assert_eq!(
+            (sps.width, sps.height, sps.codecs().as_str()),
+            (w, ht, codecs)
+        );
+    }
+    // Profile space, tier, constraint bytes past the first.
+    let s = H265Sps {
+        profile_space: 1,
+        tier: true,
+        profile_idc: 2,
+        compatibility_flags: 0x2000_0000,
+        constraint_flags: [0xb0, 0, 0x01, 0, 0, 0],
+        level_idc: 153,
+        width: 1,
+        height: 1,
+    };
+    assert_eq!(s.codecs(), "hvc1.A2.4.H153.B0.0.1");
+    assert_eq!(parse_h265_sps(&[0x40, 0x01]), Err(MediaError::NotSps(32)));
+    assert_eq!(parse_h265_sps(&[0x42]), Err(MediaError::Truncated));
+    let full = hex(H265_SPS_SAMPLES[0].0);
+    assert_eq!(parse_h265_sps(&full[..10]), Err(MediaError::Truncated));
+}
+
 #[test]
 fn an_adts_header_gives_the_object_type() {
     let h = parse_adts(&ADTS_LC_48K_STEREO).unwrap();
@@ -425,6 +469,12 @@ proptest! {
             prop_assert!(s.width > 0 && s.height > 0);
         }
         let _ = parse_h264_sps(&bytes);
+        let mut nal = vec![0x42, 0x01];
+        nal.extend_from_slice(&bytes);
+        if let Ok(s) = parse_h265_sps(&nal) {
+            prop_assert!(s.width > 0 && s.height > 0);
+        }
+        let _ = parse_h265_sps(&bytes);
         let _ = parse_adts(&bytes);
         let _ = media::find_adts(&bytes);
     }
@@ -434,6 +484,8 @@ proptest! {
     fn truncated_sps_is_an_error_or_a_value(cut in 0usize..60, which in 0usize..4) {
         let full = hex(SPS_SAMPLES[which].0);
         let _ = parse_h264_sps(&full[..cut.min(full.len())]);
+        let full = hex(H265_SPS_SAMPLES[which % 2].0);
+        let _ = parse_h265_sps(&full[..cut.min(full.len())]);
     }
 
     /// The peak is never below the average; the average lies between the slowest and the

@@ -94,7 +94,8 @@ pub struct HlsConfig {
     /// Key-frame indexes kept in memory (one per file version; default 256).
     pub index_cache_entries: usize,
     /// `DIR/master.m3u8` lists at most this many TS files of DIR (default 16; the first by
-    /// name, each indexed when the playlist is asked for).
+    /// name, each indexed when the playlist is asked for; 0: none, every generated one is
+    /// 404).
     pub renditions_max: usize,
 }
 

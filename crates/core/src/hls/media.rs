@@ -378,6 +378,8 @@ pub struct Adts {
     pub object_type: u8,
     pub sampling_frequency_index: u8,
     pub channel_configuration: u8,
+    /// The frame's length, this header included.
+    pub frame_length: u16,
 }
 
 impl Adts {
@@ -409,12 +411,21 @@ pub fn parse_adts(b: &[u8]) -> Result<Adts, MediaError> {
         object_type: (h[2] >> 6) + 1,
         sampling_frequency_index,
         channel_configuration: ((h[2] & 0x01) << 2) | (h[3] >> 6),
+        frame_length,
     })
 }
 
-/// The offset in `es` of the first ADTS header that parses, if any.
+/// The offset in `es` (the start of an audio PES) of the first ADTS header: at the start, or
+/// further on only where the next frame's header follows it (a sync word inside audio data
+/// is not taken for a header).
 pub fn find_adts(es: &[u8]) -> Option<usize> {
-    (0..es.len().saturating_sub(ADTS_HEADER_BYTES - 1)).find(|&i| parse_adts(&es[i..]).is_ok())
+    (0..es.len().saturating_sub(ADTS_HEADER_BYTES - 1)).find(|&i| match parse_adts(&es[i..]) {
+        Ok(_) if i == 0 => true,
+        Ok(h) => es
+            .get(i + usize::from(h.frame_length)..)
+            .is_some_and(|next| parse_adts(next).is_ok()),
+        Err(_) => false,
+    })
 }
 
 /// Stream types of audio in a PMT that penstock names (ISO/IEC 13818-1 table 2-34, ATSC A/52

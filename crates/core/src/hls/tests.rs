@@ -293,6 +293,15 @@ fn an_adts_header_gives_the_object_type() {
         (2, 3, 2)
     );
     assert_eq!(h.codecs(), "mp4a.40.2");
+    assert_eq!(h.frame_length, 256);
+    // Found at the start of a PES, or later only when the next frame's header follows.
+    let mut es = vec![0x11; 5];
+    es.extend_from_slice(&ADTS_LC_48K_STEREO);
+    assert_eq!(media::find_adts(&es), None);
+    es.resize(5 + 256, 0x11);
+    es.extend_from_slice(&ADTS_LC_48K_STEREO);
+    assert_eq!(media::find_adts(&es), Some(5));
+    assert_eq!(media::find_adts(&ADTS_LC_48K_STEREO), Some(0));
     assert_eq!(
         parse_adts(&ADTS_LC_48K_STEREO[..6]),
         Err(MediaError::Truncated)

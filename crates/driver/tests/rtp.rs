@@ -52,7 +52,8 @@ fn receive(rx: &UdpSocket, h: StreamHandle) -> (Vec<Vec<u8>>, StreamReport) {
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         let reader = s.spawn(|| {
-            rx.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            rx.set_read_timeout(Some(Duration::from_millis(20)))
+                .unwrap();
             let mut out = Vec::new();
             let mut buf = [0u8; 2048];
             loop {

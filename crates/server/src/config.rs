@@ -97,6 +97,10 @@ pub struct HlsConfig {
     /// requests for a file being indexed share its build). Beyond it, a new file's playlist
     /// is a `503` with `Retry-After: 1`.
     pub indexers_max: usize,
+    /// `DIR/master.m3u8` lists at most this many TS files of DIR (default 16; the first by
+    /// name, each indexed when the playlist is asked for; 0: none, every generated one is
+    /// 404).
+    pub renditions_max: usize,
 }
 
 impl Default for HlsConfig {
@@ -106,6 +110,7 @@ impl Default for HlsConfig {
             target_duration_ms: 6000,
             index_cache_entries: 256,
             indexers_max: 2,
+            renditions_max: 16,
         }
     }
 }

@@ -12,8 +12,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Mutex};
 
 use penstock_core::hls::{
-    PTS_TICKS_PER_S, TsIndex, TsIndexError, TsIndexLimits, TsIndexer, map_range, media_playlist,
-    segments,
+    PTS_TICKS_PER_S, TsIndex, TsIndexError, TsIndexLimits, TsIndexer, Variant, bandwidth,
+    map_range, media_playlist, segments, stream_info,
 };
 
 use crate::config::HlsConfig;
@@ -116,11 +116,61 @@ impl Hls {
         self.cfg.enabled
     }
 
+    /// The most TS files a multivariant playlist lists.
+    pub(crate) fn renditions_max(&self) -> usize {
+        self.cfg.renditions_max
+    }
+
+    fn target_ticks(&self) -> u64 {
+        self.cfg.target_duration_ms.max(1) * PTS_TICKS_PER_S / 1000
+    }
+
+    /// `file` as one rendition of a multivariant playlist, its media playlist named `uri`:
+    /// the bandwidth of the segments [`Hls::playlist`] cuts, the size and codecs its streams
+    /// say. An index not cached yet is read here, on the caller's thread (docs/hls.md's
+    /// limits: a `master.m3u8` of a title nobody played yet holds its HTTP worker meanwhile).
+    pub(crate) fn variant(&self, file: &File, uri: String) -> Result<Variant, HlsError> {
+        let index = self.index_now(file)?;
+        let (peak, average) = bandwidth(&segments(&index, self.target_ticks()));
+        let info = stream_info(&index);
+        Ok(Variant {
+            uri,
+            bandwidth: peak,
+            average_bandwidth: average,
+            resolution: info.resolution,
+            codecs: info.codecs,
+        })
+    }
+
+    /// The index of `file` from the cache, else read now on this thread and cached.
+    fn index_now(&self, file: &File) -> Built {
+        let m = file.metadata().map_err(|e| HlsError::Io(Arc::new(e)))?;
+        let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
+        if let Some(r) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map
+            .get(&key)
+        {
+            return r.clone();
+        }
+        let result = read_index(file, key.2);
+        if !matches!(result, Err(HlsError::Io(_))) {
+            keep(
+                &mut self.cache.lock().unwrap_or_else(|p| p.into_inner()),
+                key,
+                result.clone(),
+                self.cfg.index_cache_entries,
+            );
+        }
+        result
+    }
+
     /// The media playlist of `index`, whose segments name the file as `uri` (relative to the
     /// playlist's own URL; escaped by the caller).
     pub(crate) fn playlist(&self, index: &TsIndex, uri: &str) -> String {
-        let target_ticks = self.cfg.target_duration_ms.max(1) * PTS_TICKS_PER_S / 1000;
-        let segs = segments(index, target_ticks);
+        let segs = segments(index, self.target_ticks());
         media_playlist(&segs, uri, map_range(index))
     }
 
@@ -197,15 +247,7 @@ fn indexer(cache: &Mutex<Cache>, build: &Build, key: FileKey, entries: usize, fi
         c.building.remove(&key);
         // An I/O error is not kept: the next request tries again.
         if !matches!(result, Err(HlsError::Io(_))) {
-            if c.map.insert(key, result.clone()).is_none() {
-                c.order.push_back(key);
-            }
-            while c.map.len() > entries.max(1) {
-                let Some(old) = c.order.pop_front() else {
-                    break;
-                };
-                c.map.remove(&old);
-            }
+            keep(&mut c, key, result.clone(), entries);
         }
     }
     let wakers = {
@@ -215,6 +257,19 @@ fn indexer(cache: &Mutex<Cache>, build: &Build, key: FileKey, entries: usize, fi
     };
     for w in &wakers {
         wake(w);
+    }
+}
+
+/// Keeps `result` for `key`, the oldest leaving first beyond `entries`.
+fn keep(c: &mut Cache, key: FileKey, result: Built, entries: usize) {
+    if c.map.insert(key, result).is_none() {
+        c.order.push_back(key);
+    }
+    while c.map.len() > entries.max(1) {
+        let Some(old) = c.order.pop_front() else {
+            break;
+        };
+        c.map.remove(&old);
     }
 }
 
@@ -240,7 +295,18 @@ fn read_index(file: &File, len: u64) -> Built {
 /// `PATH/index.m3u8` names PATH by (`../NAME`).
 pub(crate) fn segment_uri(path: &str) -> String {
     let name = path.rsplit('/').next().unwrap_or(path);
-    let mut out = String::from("../");
+    format!("../{}", escape(name))
+}
+
+/// What a multivariant playlist in the file's directory names its media playlist by
+/// (`NAME/index.m3u8`, escaped).
+pub(crate) fn media_playlist_uri(name: &str) -> String {
+    format!("{}/index.m3u8", escape(name))
+}
+
+/// `name` percent-escaped for a URI path segment.
+fn escape(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
     for b in name.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
             out.push(b as char);
@@ -249,6 +315,13 @@ pub(crate) fn segment_uri(path: &str) -> String {
         }
     }
     out
+}
+
+/// Whether a directory entry named `name` is a rendition a multivariant playlist considers:
+/// not hidden, named `.ts` or `.m2ts` (any case).
+pub(crate) fn is_rendition_name(name: &str) -> bool {
+    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    !name.starts_with('.') && matches!(ext.as_deref(), Some("ts" | "m2ts"))
 }
 
 #[cfg(test)]
@@ -260,6 +333,16 @@ mod tests {
         assert_eq!(segment_uri("/movies/clip.ts"), "../clip.ts");
         assert_eq!(segment_uri("/a b/c d\".ts"), "../c%20d%22.ts");
         assert_eq!(segment_uri("/x/é.ts"), "../%C3%A9.ts");
+        assert_eq!(media_playlist_uri("a b.ts"), "a%20b.ts/index.m3u8");
+    }
+
+    #[test]
+    fn renditions_are_visible_ts_files() {
+        assert!(is_rendition_name("1080p.ts"));
+        assert!(is_rendition_name("x.M2TS"));
+        assert!(!is_rendition_name(".hidden.ts"));
+        assert!(!is_rendition_name("master.m3u8"));
+        assert!(!is_rendition_name("ts"));
     }
 
     /// Waits (at most a minute) until `fd` is written.

@@ -493,3 +493,349 @@ fn the_index_is_built_off_the_loop_once_per_file_within_indexers_max() {
     }
     assert!(proven_kept, "big2.ts's build always ended first");
 }
+
+/// One rendition: 20 s of H.264 at `size` and about `kbit` kbit/s (yuv420p, `-preset
+/// ultrafast`: Constrained Baseline), a key frame every 2 s in both renditions, and AAC LC.
+fn rendition(path: &Path, size: &str, kbit: u32) {
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", &format!("testsrc=size={size}:rate=25")])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args(["-t", "20", "-c:v", "libx264", "-preset", "ultrafast"])
+        .args(["-pix_fmt", "yuv420p", "-b:v", &format!("{kbit}k")])
+        .args([
+            "-maxrate",
+            &format!("{kbit}k"),
+            "-bufsize",
+            &format!("{kbit}k"),
+        ])
+        .args(["-g", "50", "-keyint_min", "50", "-sc_threshold", "0"])
+        .args(["-c:a", "aac", "-b:a", "64k", "-f", "mpegts"])
+        .arg(path)
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// What ffprobe says of `path`'s streams: one map of `key=value` per stream.
+fn ffprobe_streams(path: &Path) -> Vec<std::collections::HashMap<String, String>> {
+    let o = Command::new("ffprobe")
+        .args(["-v", "error", "-show_entries"])
+        .args([
+            "stream=codec_name,profile,level,width,height",
+            "-of",
+            "default=nw=0",
+        ])
+        .arg(path)
+        .output()
+        .expect("ffprobe");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .split("[/STREAM]")
+        .filter(|s| s.contains("codec_name="))
+        .map(|s| {
+            s.lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// The `CODECS` that ffprobe's description of `path` implies: `avc1.` with its profile's
+/// profile_idc and its level (the constraint byte is not in ffprobe's output, so it is left
+/// as `..`), `mp4a.40.2` for AAC LC.
+fn codecs_per_ffprobe(path: &Path) -> (String, String, (u32, u32)) {
+    let streams = ffprobe_streams(path);
+    let v = streams.iter().find(|s| s["codec_name"] == "h264").unwrap();
+    let a = streams.iter().find(|s| s["codec_name"] == "aac").unwrap();
+    let idc = match v["profile"].as_str() {
+        "Baseline" | "Constrained Baseline" => 66,
+        "Main" => 77,
+        "High" => 100,
+        p => panic!("profile {p}"),
+    };
+    let level: u8 = v["level"].parse().unwrap();
+    assert_eq!(a["profile"], "LC");
+    (
+        format!("avc1.{idc:02x}..{level:02x}"),
+        "mp4a.40.2".to_string(),
+        (v["width"].parse().unwrap(), v["height"].parse().unwrap()),
+    )
+}
+
+/// One `EXT-X-STREAM-INF` of a multivariant playlist: its attributes and its URI.
+#[derive(Debug)]
+struct StreamInf {
+    bandwidth: u64,
+    average: u64,
+    codecs: Option<String>,
+    resolution: Option<(u32, u32)>,
+    uri: String,
+}
+
+fn stream_infs(master: &str) -> Vec<StreamInf> {
+    let lines: Vec<&str> = master.lines().collect();
+    assert_eq!(lines[0], "#EXTM3U");
+    lines
+        .windows(2)
+        .filter_map(|w| Some((w[0].strip_prefix("#EXT-X-STREAM-INF:")?, w[1])))
+        .map(|(attrs, uri)| {
+            // Attributes split at commas outside quotes.
+            let mut fields = Vec::new();
+            let (mut cur, mut quoted) = (String::new(), false);
+            for c in attrs.chars() {
+                match c {
+                    '"' => quoted = !quoted,
+                    ',' if !quoted => fields.push(std::mem::take(&mut cur)),
+                    c => cur.push(c),
+                }
+            }
+            fields.push(cur);
+            let get = |k: &str| {
+                fields
+                    .iter()
+                    .find_map(|f| f.strip_prefix(&format!("{k}=")).map(str::to_string))
+            };
+            StreamInf {
+                bandwidth: get("BANDWIDTH").unwrap().parse().unwrap(),
+                average: get("AVERAGE-BANDWIDTH").unwrap().parse().unwrap(),
+                codecs: get("CODECS"),
+                resolution: get("RESOLUTION").map(|r| {
+                    let (w, h) = r.split_once('x').unwrap();
+                    (w.parse().unwrap(), h.parse().unwrap())
+                }),
+                uri: uri.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// `movie/`: high.ts (640x360, ~800 kbit/s) and low.ts (320x180, ~300 kbit/s), beside a
+/// hidden copy, a text file and garbage named `.ts` that the playlist leaves out.
+fn title_dir(f: &Fixture) -> std::path::PathBuf {
+    let dir = f.path("movie");
+    std::fs::create_dir(&dir).unwrap();
+    rendition(&dir.join("high.ts"), "640x360", 800);
+    rendition(&dir.join("low.ts"), "320x180", 300);
+    std::fs::copy(dir.join("low.ts"), dir.join(".hidden.ts")).unwrap();
+    std::fs::write(dir.join("notes.txt"), b"not a rendition").unwrap();
+    std::fs::write(dir.join("junk.ts"), pattern(50_000, 5)).unwrap();
+    dir
+}
+
+#[test]
+fn a_directory_of_renditions_gets_a_multivariant_playlist_measured_from_the_files() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let f = start();
+    let dir = title_dir(&f);
+
+    let (status, ty, body) = get(&f, "/movie/master.m3u8");
+    assert_eq!(status, 200);
+    assert_eq!(ty, "application/vnd.apple.mpegurl");
+    let master = String::from_utf8(body).unwrap();
+    println!("{master}");
+    let infs = stream_infs(&master);
+    // Sorted by bandwidth: low first. The hidden copy, the text and the garbage are not listed.
+    let uris: Vec<&str> = infs.iter().map(|i| i.uri.as_str()).collect();
+    assert_eq!(
+        uris,
+        ["low.ts/index.m3u8", "high.ts/index.m3u8"],
+        "{master}"
+    );
+    assert!(infs[0].bandwidth <= infs[1].bandwidth);
+    for (inf, name) in infs.iter().zip(["low.ts", "high.ts"]) {
+        let path = dir.join(name);
+        let (video, audio, size) = codecs_per_ffprobe(&path);
+        assert_eq!(inf.resolution, Some(size), "{name}");
+        let codecs = inf.codecs.as_deref().unwrap_or_else(|| panic!("{master}"));
+        let (v, a) = codecs.split_once(',').unwrap();
+        // avc1.PPCCLL: profile and level as ffprobe has them.
+        assert_eq!(
+            (&v[..7], &v[9..]),
+            (&video[..7], &video[9..]),
+            "{codecs} vs {video}"
+        );
+        assert_eq!(v.len(), 11);
+        assert_eq!(a, audio);
+        // Peak over average; the average is the file's bits over its 20 s (within 5%: the
+        // last frame's duration and the audio's tail).
+        assert!(inf.bandwidth >= inf.average, "{inf:?}");
+        let file_bps = std::fs::metadata(&path).unwrap().len() as f64 * 8.0 / 20.0;
+        assert!(
+            (inf.average as f64 - file_bps).abs() < file_bps * 0.05,
+            "{inf:?} vs {file_bps}"
+        );
+        // Each URI is the media playlist penstock already answers.
+        assert_eq!(get(&f, &format!("/movie/{}", inf.uri)).0, 200);
+    }
+    // ~300 and ~800 kbit/s of video, + 64 kbit/s AAC and the TS overhead.
+    assert!(
+        infs[0].average > 250_000 && infs[0].average < 600_000,
+        "{master}"
+    );
+    assert!(
+        infs[1].average > 600_000 && infs[1].average < 1_300_000,
+        "{master}"
+    );
+
+    // ffmpeg plays the multivariant playlist: the higher variant's packets are high.ts's.
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-i"])
+        .arg(f.url("/movie/master.m3u8"))
+        .args(["-map", "0:p:1", "-c", "copy", "-f", "framemd5", "-"])
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let through_master: Vec<String> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        through_master,
+        packets(dir.join("high.ts").to_str().unwrap())
+    );
+
+    // A real master.m3u8 is served as it is.
+    std::fs::create_dir(f.path("own")).unwrap();
+    std::fs::copy(dir.join("low.ts"), f.path("own/a.ts")).unwrap();
+    std::fs::write(f.path("own/master.m3u8"), b"#EXTM3U\n# mine\n").unwrap();
+    assert_eq!(get(&f, "/own/master.m3u8").2, b"#EXTM3U\n# mine\n");
+    // No playable TS file: 404; not a directory: 404; the server goes on.
+    std::fs::create_dir(f.path("none")).unwrap();
+    std::fs::write(f.path("none/junk.ts"), pattern(10_000, 6)).unwrap();
+    std::fs::copy(dir.join("low.ts"), f.path("none/.hidden.ts")).unwrap();
+    assert_eq!(get(&f, "/none/master.m3u8").0, 404);
+    assert_eq!(get(&f, "/dir/master.m3u8").0, 404);
+    assert_eq!(get(&f, "/small.txt/master.m3u8").0, 404);
+    assert_eq!(get(&f, "/nowhere/master.m3u8").0, 404);
+    assert_eq!(get(&f, "/movie/master.m3u8").2, master.as_bytes());
+}
+
+#[test]
+fn a_multivariant_playlist_lists_at_most_renditions_max_files() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let mut cfg = config();
+    cfg.hls.renditions_max = 1;
+    let f = start_with(cfg);
+    title_dir(&f);
+    // The first by name: high.ts (junk.ts and low.ts come after it).
+    let infs = stream_infs(&String::from_utf8(get(&f, "/movie/master.m3u8").2).unwrap());
+    let uris: Vec<&str> = infs.iter().map(|i| i.uri.as_str()).collect();
+    assert_eq!(uris, ["high.ts/index.m3u8"]);
+}
+
+#[test]
+fn hls_js_in_chromium_plays_the_multivariant_playlist_and_a_level_switch() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let Some(player) = player_dir() else {
+        return;
+    };
+    let f = start();
+    title_dir(&f);
+    std::fs::copy(player.join("index.html"), f.path("player.html")).unwrap();
+    std::fs::copy(
+        player.join("node_modules/hls.js/dist/hls.min.js"),
+        f.path("hls.min.js"),
+    )
+    .unwrap();
+    let shot = std::env::temp_dir().join(format!("penstock-hls-master-{}.png", std::process::id()));
+    let o = Command::new("node")
+        .arg(player.join("play.mjs"))
+        .arg(f.url("/player.html?src=/movie/master.m3u8"))
+        .args(["-", "switch"])
+        .env("SCREENSHOT", &shot)
+        .output()
+        .expect("node");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("{out}\n{err}\nscreenshot: {}", shot.display());
+    let line = out.lines().last().unwrap_or_default();
+    assert!(line.contains("\"ok\":true"), "{line}\n{err}");
+    assert!(line.contains("\"levels\":[\"320x180@"), "{line}");
+    assert!(line.contains("\"640x360@"), "{line}");
+    let field = |k: &str| -> f64 {
+        line.rsplit(&format!("\"{k}\":"))
+            .next()
+            .and_then(|r| r.split([',', '}']).next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{k}: {line}"))
+    };
+    // Ended on the level it was forced to, showing that level's pictures, played on 4 s past
+    // the switch.
+    let (to, level, at) = (field("to"), field("level"), field("at"));
+    assert_eq!(level, to, "{line}");
+    let width = field("width");
+    assert_eq!(width, if to == 0.0 { 320.0 } else { 640.0 }, "{line}");
+    assert!(field("currentTime") > at + 4.0, "{line}");
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
+}
+
+#[test]
+fn an_h265_rendition_is_listed_with_its_size_and_codecs() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let f = start();
+    std::fs::create_dir(f.path("hevc")).unwrap();
+    let path = f.path("hevc/main.ts");
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x180:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args([
+            "-t",
+            "4",
+            "-pix_fmt",
+            "yuv420p",
+            "-c:v",
+            "libx265",
+            "-preset",
+            "ultrafast",
+        ])
+        .args(["-x265-params", "log-level=none:keyint=50:min-keyint=50"])
+        .args(["-c:a", "aac", "-f", "mpegts"])
+        .arg(&path)
+        .output()
+        .expect("ffmpeg");
+    if !o.status.success() {
+        // An ffmpeg built without libx265.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        println!("SKIPPED: ffmpeg cannot encode H.265");
+        return;
+    }
+    let master = String::from_utf8(get(&f, "/hevc/master.m3u8").2).unwrap();
+    println!("{master}");
+    let infs = stream_infs(&master);
+    assert_eq!(infs.len(), 1, "{master}");
+    let streams = ffprobe_streams(&path);
+    let v = streams.iter().find(|s| s["codec_name"] == "hevc").unwrap();
+    assert_eq!(v["profile"], "Main");
+    assert_eq!(infs[0].resolution, Some((320, 180)));
+    // hvc1, general_profile_idc 1 (Main), tier L and level_idc as ffprobe reports it.
+    let codecs = infs[0]
+        .codecs
+        .as_deref()
+        .unwrap_or_else(|| panic!("{master}"));
+    let (video, audio) = codecs.split_once(',').unwrap();
+    assert!(video.starts_with("hvc1.1."), "{codecs}");
+    assert_eq!(
+        video.split('.').nth(3),
+        Some(format!("L{}", v["level"]).as_str()),
+        "{codecs} vs {v:?}"
+    );
+    assert_eq!(audio, "mp4a.40.2");
+}

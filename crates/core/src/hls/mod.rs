@@ -2,13 +2,23 @@
 //! that are byte ranges of the file itself, and [`playlist`] writes the media playlist
 //! (RFC 8216) that names them. The server answers `GET /PATH/index.m3u8` with it and each
 //! segment is an ordinary range request of PATH (sendfile: no segment files, no remux).
+//! A directory of renditions of one title gets a multivariant playlist ([`master`]) whose
+//! figures are measured from the cut segments and read from the streams ([`media`]).
 
+pub mod master;
+pub mod media;
 pub mod playlist;
 pub mod ts_index;
 
+pub use master::{Variant, bandwidth, master_playlist};
+pub use media::{
+    Adts, H264Sps, H265Sps, MediaError, StreamInfo, parse_adts, parse_h264_sps, parse_h265_sps,
+    stream_info,
+};
 pub use playlist::{Segment, map_range, media_playlist, segments};
 pub use ts_index::{
-    KeyFrame, PTS_TICKS_PER_S, TsIndex, TsIndexError, TsIndexLimits, TsIndexer, VideoCodec,
+    AudioStream, KeyFrame, PTS_TICKS_PER_S, SPS_SCAN_BYTES, TsIndex, TsIndexError, TsIndexLimits,
+    TsIndexer, VideoCodec,
 };
 
 #[cfg(test)]

@@ -172,3 +172,344 @@ proptest! {
         }
     }
 }
+
+// ---- Renditions: SPS and ADTS read while indexing, bandwidth, the multivariant playlist ----
+
+/// SPS NAL units x264 wrote (ffmpeg's testsrc; the first three yuv444p, High 4:4:4
+/// Predictive, the last yuv420p High), as ffprobe describes them.
+const SPS_SAMPLES: &[(&str, u32, u32, &str)] = &[
+    (
+        "67f40028919680780227e27011000003000100000300320f1832a0",
+        1920,
+        1080,
+        "avc1.f40028",
+    ),
+    (
+        "67f4000c919681419f8dc044000003000400000300c83c50aa80",
+        320,
+        180,
+        "avc1.f4000c",
+    ),
+    (
+        "67f4001e919680a02ff89c0440000003004000000c83c58ba8",
+        640,
+        360,
+        "avc1.f4001e",
+    ),
+    (
+        "6764001facd9405005bb011000000300100000030320f1831960",
+        1280,
+        720,
+        "avc1.64001f",
+    ),
+];
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// An ADTS header: AAC LC (profile 1), 48 kHz (index 3), stereo, a 256-byte frame.
+const ADTS_LC_48K_STEREO: [u8; 7] = [0xff, 0xf1, 0x4c, 0x80, 0x20, 0x1f, 0xfc];
+
+#[test]
+fn an_h264_sps_gives_the_picture_size_and_codecs() {
+    for &(h, w, ht, codecs) in SPS_SAMPLES {
+        let sps = parse_h264_sps(&hex(h)).unwrap();
+        assert_eq!(
+            (sps.width, sps.height, sps.codecs().as_str()),
+            (w, ht, codecs)
+        );
+    }
+    // x264's Constrained Baseline at 640x360 (what `-preset ultrafast -pix_fmt yuv420p`
+    // writes): 368 lines coded, 8 cropped.
+    let sps = parse_h264_sps(&hex("6742c01eda0280bfe5c044000003000400000300c83c58ba80")).unwrap();
+    assert_eq!(
+        (sps.width, sps.height, sps.codecs().as_str()),
+        (640, 360, "avc1.42c01e")
+    );
+    // Not an SPS, empty, truncated before the size: errors.
+    assert_eq!(parse_h264_sps(&[0x68, 0xce]), Err(MediaError::NotSps(8)));
+    assert_eq!(parse_h264_sps(&[]), Err(MediaError::Truncated));
+    let full = hex(SPS_SAMPLES[0].0);
+    assert_eq!(parse_h264_sps(&full[..6]), Err(MediaError::Truncated));
+}
+
+/// SPS NAL units x265 wrote (yuv420p, Main), as ffprobe describes them (level 63 and 120:
+/// level_idc is 30 × the level).
+const H265_SPS_SAMPLES: &[(&str, u32, u32, &str)] = &[
+    (
+        "42010101600000030090000003000003003fa00502016965959a4932bc05a0200000030020000003032100",
+        640,
+        360,
+        "hvc1.1.6.L63.90",
+    ),
+    (
+        "420101016000000300900000030000030078a003c08010e596566924caf0168080000003008000000c84",
+        1920,
+        1080,
+        "hvc1.1.6.L120.90",
+    ),
+];
+
+#[test]
+fn an_h265_sps_gives_the_picture_size_and_codecs() {
+    for &(h, w, ht, codecs) in H265_SPS_SAMPLES {
+        let sps = parse_h265_sps(&hex(h)).unwrap();
+        assert_eq!(
+            (sps.width, sps.height, sps.codecs().as_str()),
+            (w, ht, codecs)
+        );
+    }
+    // Profile space, tier, constraint bytes past the first.
+    let s = H265Sps {
+        profile_space: 1,
+        tier: true,
+        profile_idc: 2,
+        compatibility_flags: 0x2000_0000,
+        constraint_flags: [0xb0, 0, 0x01, 0, 0, 0],
+        level_idc: 153,
+        width: 1,
+        height: 1,
+    };
+    assert_eq!(s.codecs(), "hvc1.A2.4.H153.B0.0.1");
+    assert_eq!(parse_h265_sps(&[0x40, 0x01]), Err(MediaError::NotSps(32)));
+    assert_eq!(parse_h265_sps(&[0x42]), Err(MediaError::Truncated));
+    let full = hex(H265_SPS_SAMPLES[0].0);
+    assert_eq!(parse_h265_sps(&full[..10]), Err(MediaError::Truncated));
+}
+
+#[test]
+fn an_adts_header_gives_the_object_type() {
+    let h = parse_adts(&ADTS_LC_48K_STEREO).unwrap();
+    assert_eq!(
+        (
+            h.object_type,
+            h.sampling_frequency_index,
+            h.channel_configuration
+        ),
+        (2, 3, 2)
+    );
+    assert_eq!(h.codecs(), "mp4a.40.2");
+    assert_eq!(h.frame_length, 256);
+    // Found at the start of a PES, or later only when the next frame's header follows.
+    let mut es = vec![0x11; 5];
+    es.extend_from_slice(&ADTS_LC_48K_STEREO);
+    assert_eq!(media::find_adts(&es), None);
+    es.resize(5 + 256, 0x11);
+    es.extend_from_slice(&ADTS_LC_48K_STEREO);
+    assert_eq!(media::find_adts(&es), Some(5));
+    assert_eq!(media::find_adts(&ADTS_LC_48K_STEREO), Some(0));
+    assert_eq!(
+        parse_adts(&ADTS_LC_48K_STEREO[..6]),
+        Err(MediaError::Truncated)
+    );
+    assert_eq!(parse_adts(&[0; 7]), Err(MediaError::NoAdtsSync));
+    let mut bad = ADTS_LC_48K_STEREO;
+    bad[2] |= 0x3c; // sampling frequency index 15
+    assert!(parse_adts(&bad).is_err());
+}
+
+/// The packets of one PES on `pid` (the first with the random-access flag when `key`), the
+/// last padded with 0xff in the payload.
+fn pes_packets(pid: u16, pts: u64, stream_id: u8, es: &[u8], key: bool) -> Vec<u8> {
+    let mut pes = vec![0, 0, 1, stream_id, 0, 0, 0x80, 0x80, 5];
+    pes.extend_from_slice(&encode_pts(0b0010, pts));
+    pes.extend_from_slice(es);
+    let mut out = Vec::new();
+    let mut first = true;
+    let mut rest = &pes[..];
+    while first || !rest.is_empty() {
+        let mut p = [0xffu8; TS_PACKET_BYTES];
+        p[0] = 0x47;
+        p[1] = if first { 0x40 } else { 0 } | (pid >> 8) as u8;
+        p[2] = pid as u8;
+        let at = if first {
+            p[3] = 0x30;
+            p[4] = 1;
+            p[5] = if key { 0x40 } else { 0 };
+            6
+        } else {
+            p[3] = 0x10;
+            4
+        };
+        let n = rest.len().min(TS_PACKET_BYTES - at);
+        p[at..at + n].copy_from_slice(&rest[..n]);
+        rest = &rest[n..];
+        out.extend_from_slice(&p);
+        first = false;
+    }
+    out
+}
+
+const AUDIO_PID: u16 = 0x102;
+
+/// PAT, a PMT naming H.264 on the synthetic PID and `audio_type` on [`AUDIO_PID`], a key
+/// frame whose SPS (`sps`) straddles its first two TS packets, an audio PES beginning with
+/// `adts`, then 49 frames more (2 s at 25 fps).
+fn rendition(sps: &[u8], audio_type: u8, adts: &[u8]) -> Vec<u8> {
+    let mut v = psi_packets(SYNTH_PCR_PID)[0].to_vec();
+    let mut body = (0xe000 | SYNTH_DATA_PID).to_be_bytes().to_vec();
+    body.extend_from_slice(&[0xf0, 0x00]);
+    for (t, pid) in [(0x1b, SYNTH_DATA_PID), (audio_type, AUDIO_PID)] {
+        body.push(t);
+        body.extend_from_slice(&(0xe000 | pid).to_be_bytes());
+        body.extend_from_slice(&[0xf0, 0x00]);
+    }
+    let mut pmt = [0u8; TS_PACKET_BYTES];
+    pmt[..4].copy_from_slice(&[
+        0x47,
+        0x40 | (crate::ts::synth::SYNTH_PMT_PID >> 8) as u8,
+        crate::ts::synth::SYNTH_PMT_PID as u8,
+        0x10,
+    ]);
+    pmt[4..].copy_from_slice(&crate::ts::psi::section_payload(0x02, 1, &body, 184).expect("fits"));
+    v.extend_from_slice(&pmt);
+    // AUD, a filler NAL unit, then SPS and PPS: the SPS starts ~10 bytes before the end of the
+    // first packet.
+    let mut es = vec![0, 0, 0, 1, 0x09, 0xf0, 0, 0, 0, 1, 0x0c];
+    es.resize(160, 0xff);
+    es.extend_from_slice(&[0, 0, 0, 1]);
+    es.extend_from_slice(sps);
+    es.extend_from_slice(&[0, 0, 0, 1, 0x68, 0xce, 0x3c, 0x80, 0, 0, 1, 0x65, 0x88]);
+    v.extend_from_slice(&pes_packets(SYNTH_DATA_PID, 0, 0xe0, &es, true));
+    v.extend_from_slice(&pes_packets(AUDIO_PID, 0, 0xc0, adts, false));
+    for f in 1..50 {
+        v.extend_from_slice(&pes_start(f * 3600, false));
+    }
+    v
+}
+
+#[test]
+fn the_indexer_keeps_the_first_sps_and_adts_header() {
+    let sps = hex(SPS_SAMPLES[2].0);
+    let mut adts = ADTS_LC_48K_STEREO.to_vec();
+    adts.extend_from_slice(&[0x21; 40]);
+    let bytes = rendition(&sps, 0x0f, &adts);
+    for chunk in [1, 7, 188, 1000, bytes.len()] {
+        let ix = index_of(&bytes, chunk).unwrap();
+        assert_eq!(ix.sps.as_deref(), Some(&sps[..]), "chunk {chunk}");
+        let a = ix.audio.as_ref().unwrap();
+        assert_eq!((a.pid, a.stream_type), (AUDIO_PID, 0x0f));
+        assert_eq!(a.adts, Some(ADTS_LC_48K_STEREO));
+        assert_eq!(
+            stream_info(&ix),
+            StreamInfo {
+                resolution: Some((640, 360)),
+                codecs: Some("avc1.f4001e,mp4a.40.2".into()),
+            }
+        );
+    }
+    // AC-3 is named by its stream type; AAC without a readable header, or video whose SPS does
+    // not parse, leaves CODECS out (a partial list would deny a stream); the size stays when
+    // only the audio is unknown.
+    let ix = index_of(&rendition(&sps, 0x81, &[0; 8]), 188).unwrap();
+    assert_eq!(stream_info(&ix).codecs.as_deref(), Some("avc1.f4001e,ac-3"));
+    let ix = index_of(&rendition(&sps, 0x0f, &[0; 8]), 188).unwrap();
+    assert_eq!(
+        stream_info(&ix),
+        StreamInfo {
+            resolution: Some((640, 360)),
+            codecs: None
+        }
+    );
+    let ix = index_of(&rendition(&[0x67, 0x42], 0x0f, &adts), 188).unwrap();
+    assert_eq!(stream_info(&ix), StreamInfo::default());
+    // Bounded: an SPS longer than the scan is kept cut at the bound (and then fails to parse).
+    let mut long = sps.clone();
+    long.resize(3 * SPS_SCAN_BYTES, 0x55);
+    let ix = index_of(&rendition(&long, 0x0f, &adts), 188).unwrap();
+    assert!(ix.sps.unwrap().len() <= SPS_SCAN_BYTES);
+}
+
+fn seg(len: u64, secs: f64) -> Segment {
+    Segment {
+        offset: 0,
+        len,
+        duration_ticks: (secs * PTS_TICKS_PER_S as f64) as u64,
+    }
+}
+
+#[test]
+fn bandwidth_is_the_peak_segment_and_the_whole_file_average() {
+    // 750,000 bytes over 6 s (1 Mbit/s), 250,000 over 4 s (500 kbit/s).
+    let (peak, avg) = bandwidth(&[seg(750_000, 6.0), seg(250_000, 4.0)]);
+    assert_eq!((peak, avg), (1_000_000, 800_000));
+    assert_eq!(bandwidth(&[]), (0, 0));
+}
+
+#[test]
+fn the_multivariant_playlist_lists_renditions_by_bandwidth() {
+    let v = |uri: &str, bw, res, codecs: Option<&str>| Variant {
+        uri: uri.into(),
+        bandwidth: bw,
+        average_bandwidth: bw / 2,
+        resolution: res,
+        codecs: codecs.map(str::to_string),
+    };
+    let p = master_playlist(&[
+        v(
+            "hi.ts/index.m3u8",
+            900_000,
+            Some((640, 360)),
+            Some("avc1.42c01e,mp4a.40.2"),
+        ),
+        v("lo.ts/index.m3u8", 300_000, None, None),
+    ]);
+    assert_eq!(
+        p,
+        "#EXTM3U\n#EXT-X-INDEPENDENT-SEGMENTS\n\
+         #EXT-X-STREAM-INF:BANDWIDTH=300000,AVERAGE-BANDWIDTH=150000\nlo.ts/index.m3u8\n\
+         #EXT-X-STREAM-INF:BANDWIDTH=900000,AVERAGE-BANDWIDTH=450000,\
+         CODECS=\"avc1.42c01e,mp4a.40.2\",RESOLUTION=640x360\nhi.ts/index.m3u8\n"
+    );
+}
+
+proptest! {
+    /// Any bytes: a value or an error, never a panic, for the SPS and ADTS readers; an SPS
+    /// that parses has a picture.
+    #[test]
+    fn any_bytes_give_an_sps_adts_or_an_error(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let mut nal = vec![0x67];
+        nal.extend_from_slice(&bytes);
+        if let Ok(s) = parse_h264_sps(&nal) {
+            prop_assert!(s.width > 0 && s.height > 0);
+        }
+        let _ = parse_h264_sps(&bytes);
+        let mut nal = vec![0x42, 0x01];
+        nal.extend_from_slice(&bytes);
+        if let Ok(s) = parse_h265_sps(&nal) {
+            prop_assert!(s.width > 0 && s.height > 0);
+        }
+        let _ = parse_h265_sps(&bytes);
+        let _ = parse_adts(&bytes);
+        let _ = media::find_adts(&bytes);
+    }
+
+    /// Every prefix of a real SPS: a value or an error.
+    #[test]
+    fn truncated_sps_is_an_error_or_a_value(cut in 0usize..60, which in 0usize..4) {
+        let full = hex(SPS_SAMPLES[which].0);
+        let _ = parse_h264_sps(&full[..cut.min(full.len())]);
+        let full = hex(H265_SPS_SAMPLES[which % 2].0);
+        let _ = parse_h265_sps(&full[..cut.min(full.len())]);
+    }
+
+    /// The peak is never below the average; the average lies between the slowest and the
+    /// fastest segment.
+    #[test]
+    fn peak_bandwidth_is_at_least_the_average(
+        segs in proptest::collection::vec((1u64..10_000_000, 1u64..2_000_000), 1..50),
+    ) {
+        let segs: Vec<Segment> = segs
+            .into_iter()
+            .map(|(len, t)| Segment { offset: 0, len, duration_ticks: t })
+            .collect();
+        let (peak, avg) = bandwidth(&segs);
+        prop_assert!(peak >= avg);
+        let slowest = segs.iter().map(|s| s.len * 8 * PTS_TICKS_PER_S / s.duration_ticks).min().unwrap();
+        prop_assert!(avg >= slowest);
+    }
+}

@@ -12,6 +12,7 @@
 //! for H.265, an IRAP NAL unit (types 16-21) or a VPS/SPS before any other slice. A key frame
 //! whose PES carries no PTS is not indexed (it could not be placed in time).
 
+use super::media::{ADTS_HEADER_BYTES, find_adts, is_audio_stream_type};
 use crate::track::mpegts::annexb_has_key_nal;
 use crate::ts::psi::{PAT_PID, pat_first_program, pmt_streams};
 use crate::ts::{TS_PACKET_BYTES, parse_packet};
@@ -76,6 +77,21 @@ pub struct KeyFrame {
     pub pts: u64,
 }
 
+/// Bytes of the video stream searched for its first SPS, from the start of each PES, until
+/// one is found (an SPS is tens of bytes and follows the access unit delimiter).
+pub const SPS_SCAN_BYTES: usize = 1024;
+
+/// The first audio stream of the first program's PMT (MPEG audio, AAC in ADTS or LATM, AC-3,
+/// E-AC-3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AudioStream {
+    pub pid: u16,
+    pub stream_type: u8,
+    /// The first ADTS header of the stream (stream type 0x0f), when one was found at the start
+    /// of a PES.
+    pub adts: Option<[u8; ADTS_HEADER_BYTES]>,
+}
+
 /// The index of one TS file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TsIndex {
@@ -94,6 +110,10 @@ pub struct TsIndex {
     /// decoded alone: HLS's `EXT-X-MAP`).
     pub pat_offset: u64,
     pub pmt_offset: u64,
+    /// The video stream's first sequence parameter set NAL unit (its header byte first, as in
+    /// the stream), at most [`SPS_SCAN_BYTES`]: H.264 (type 7) or H.265 (type 33).
+    pub sps: Option<Vec<u8>>,
+    pub audio: Option<AudioStream>,
 }
 
 impl TsIndex {
@@ -135,6 +155,10 @@ pub struct TsIndexer {
     last_pts: u64,
     frames: u64,
     error: Option<TsIndexError>,
+    audio: Option<AudioStream>,
+    sps: Option<Vec<u8>>,
+    /// The start of the current video PES, while no SPS is found (at most SPS_SCAN_BYTES).
+    sps_scan: Vec<u8>,
 }
 
 impl TsIndexer {
@@ -154,6 +178,9 @@ impl TsIndexer {
             last_pts: 0,
             frames: 0,
             error: None,
+            audio: None,
+            sps: None,
+            sps_scan: Vec::new(),
         }
     }
 
@@ -195,7 +222,19 @@ impl TsIndexer {
             }
             return;
         };
-        if pkt.transport_error || !pkt.payload_unit_start {
+        if pkt.transport_error {
+            return;
+        }
+        if !pkt.payload_unit_start {
+            if self.sps.is_none()
+                && !self.sps_scan.is_empty()
+                && self.video.is_some_and(|(pid, _)| pid == pkt.pid)
+            {
+                let room = SPS_SCAN_BYTES - self.sps_scan.len();
+                let take = room.min(pkt.payload.len());
+                self.sps_scan.extend_from_slice(&pkt.payload[..take]);
+                self.find_sps(false);
+            }
             return;
         }
         if pkt.pid == PAT_PID {
@@ -216,6 +255,13 @@ impl TsIndexer {
                     .find_map(|&(t, pid)| VideoCodec::of_stream_type(t).map(|c| (pid, c)));
                 if self.video.is_some() {
                     self.pmt_offset = Some(at);
+                    self.audio = streams.iter().find(|&&(t, _)| is_audio_stream_type(t)).map(
+                        |&(stream_type, pid)| AudioStream {
+                            pid,
+                            stream_type,
+                            adts: None,
+                        },
+                    );
                 }
             }
             return;
@@ -223,8 +269,32 @@ impl TsIndexer {
         let Some((pid, codec)) = self.video else {
             return;
         };
+        if let Some(a) = &mut self.audio
+            && a.pid == pkt.pid
+        {
+            if a.stream_type == 0x0f
+                && a.adts.is_none()
+                && let Some(es) = pes_es(pkt.payload)
+                && let Some(i) = find_adts(es)
+            {
+                a.adts = es[i..i + ADTS_HEADER_BYTES].try_into().ok();
+            }
+            return;
+        }
         if pkt.pid != pid {
             return;
+        }
+        if self.sps.is_none() && codec != VideoCodec::Mpeg2 {
+            // The previous PES ended: an SPS begun in it runs to its end.
+            self.find_sps(true);
+            if self.sps.is_none() {
+                self.sps_scan.clear();
+                if let Some(es) = pes_es(pkt.payload) {
+                    self.sps_scan
+                        .extend_from_slice(&es[..es.len().min(SPS_SCAN_BYTES)]);
+                    self.find_sps(false);
+                }
+            }
         }
         let Some(raw) = pes_pts(pkt.payload) else {
             return;
@@ -261,8 +331,44 @@ impl TsIndexer {
         raw + self.wrap_ticks
     }
 
+    /// Looks for the first SPS NAL unit in the bytes kept of the current video PES: kept when
+    /// the next start code ends it, or when `ended` (the PES is over) or the scan is full (it
+    /// runs to there). Once the scan is full without an SPS, the rest of this PES is skipped.
+    fn find_sps(&mut self, ended: bool) {
+        let Some((_, codec)) = self.video else {
+            return;
+        };
+        let is_sps = |header: u8| match codec {
+            VideoCodec::H264 => header & 0x1f == 7,
+            VideoCodec::H265 => (header >> 1) & 0x3f == 33,
+            VideoCodec::Mpeg2 => false,
+        };
+        let b = &self.sps_scan;
+        let full = b.len() >= SPS_SCAN_BYTES;
+        let Some(start) = start_codes(b).find(|&i| is_sps(b[i])) else {
+            if full {
+                // Nothing to find in this PES: stop collecting it (an empty scan is idle).
+                self.sps_scan.clear();
+            }
+            return;
+        };
+        let end = start_codes(&b[start..]).next().map(|e| start + e - 3);
+        let nal = match end {
+            Some(end) => &b[start..end],
+            None if ended || full => &b[start..],
+            None => return,
+        };
+        // A NAL unit ends with its stop bit: zeros after it belong to the next start code.
+        let len = nal.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
+        self.sps = Some(nal[..len].to_vec());
+        self.sps_scan = Vec::new();
+    }
+
     /// The index, or why there is none.
-    pub fn finish(self) -> Result<TsIndex, TsIndexError> {
+    pub fn finish(mut self) -> Result<TsIndex, TsIndexError> {
+        if self.sps.is_none() {
+            self.find_sps(true);
+        }
         if let Some(e) = self.error {
             return Err(e);
         }
@@ -284,8 +390,15 @@ impl TsIndexer {
             key_frames: self.key_frames,
             pat_offset,
             pmt_offset,
+            sps: self.sps,
+            audio: self.audio,
         })
     }
+}
+
+/// The offsets just after each `00 00 01` start code in `b` (where a NAL header byte is).
+fn start_codes(b: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    (3..b.len()).filter(move |&i| b[i - 3] == 0 && b[i - 2] == 0 && b[i - 1] == 1)
 }
 
 /// The PTS of a PES packet's header, when the payload starts a PES that carries one.

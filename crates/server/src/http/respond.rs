@@ -85,6 +85,9 @@ impl Worker {
         if let Some(out) = self.respond_hls(req, &ctx, &class, &memory) {
             return out;
         }
+        if let Some(out) = self.respond_hls_master(req, &ctx, &class, &memory) {
+            return out;
+        }
         let opened = match site.root.open_path(req.relative_path()) {
             Ok(Opened::Directory(_)) if !req.path.ends_with('/') => {
                 return memory(respond_redirect_to_directory(req, &ctx), class);
@@ -307,6 +310,105 @@ impl Worker {
             }
         };
         Some(memory(r, class.clone()))
+    }
+
+    /// `DIR/master.m3u8` where that path does not exist and DIR is a directory beneath the
+    /// root: the multivariant playlist of DIR's renditions (its visible `.ts`/`.m2ts` files,
+    /// the first `[hls] renditions_max` by name, those that index; `crate::hls`), 404 when none
+    /// does. `None` for every other request: a real `master.m3u8` is served as it is.
+    fn respond_hls_master(
+        &mut self,
+        req: &Request,
+        ctx: &ResponseContext<'_>,
+        class: &Arc<str>,
+        memory: &dyn Fn(penstock_core::http::Response, Arc<str>) -> Out,
+    ) -> Option<Out> {
+        let shared = self.shared.clone();
+        if !shared.hls.enabled() || !matches!(req.method, Method::Get | Method::Head) {
+            return None;
+        }
+        let dir_path = req.path.strip_suffix("/master.m3u8")?;
+        if !matches!(
+            self.site.root.open_path(req.relative_path()),
+            Err(Refused::NotFound)
+        ) {
+            return None;
+        }
+        let dir_rel = dir_path.trim_start_matches('/');
+        let Ok(Opened::Directory(dir)) =
+            self.site
+                .root
+                .open_path(if dir_rel.is_empty() { "." } else { dir_rel })
+        else {
+            return None;
+        };
+        let max = shared.hls.renditions_max();
+        let listed = rustix::fs::Dir::read_from(&dir).and_then(|entries| {
+            let mut names: Vec<String> = Vec::new();
+            for e in entries {
+                let e = e?;
+                if let Ok(name) = e.file_name().to_str()
+                    && crate::hls::is_rendition_name(name)
+                {
+                    names.push(name.to_string());
+                    // Only the first `max` by name are kept, whatever the directory holds.
+                    if names.len() > max.saturating_mul(2).max(64) {
+                        names.sort_unstable();
+                        names.truncate(max);
+                    }
+                }
+            }
+            names.sort_unstable();
+            names.truncate(max);
+            Ok(names)
+        });
+        let fail = |what: &str, e: &dyn std::fmt::Display| {
+            tracing::warn!(path = %req.path, error = %e, "{what}");
+            shared.metrics.error("open_failed");
+            Some(memory(
+                respond_error(Status::INTERNAL_SERVER_ERROR, Some(req), ctx),
+                class.clone(),
+            ))
+        };
+        let names = match listed {
+            Ok(n) => n,
+            Err(e) => return fail("listing a directory of renditions", &e),
+        };
+        let mut variants = Vec::with_capacity(names.len());
+        let mut newest = SystemTime::UNIX_EPOCH;
+        for name in &names {
+            let Ok(Opened::File { file, mtime, .. }) = self.site.root.open_in(&dir, name) else {
+                continue;
+            };
+            match shared
+                .hls
+                .variant(&file, crate::hls::media_playlist_uri(name))
+            {
+                Ok(v) => {
+                    variants.push(v);
+                    newest = newest.max(mtime);
+                }
+                Err(crate::hls::HlsError::Index(e)) => {
+                    tracing::debug!(path = %dir_path, file = %name, error = %e, "not a rendition");
+                }
+                Err(crate::hls::HlsError::Io(e)) => {
+                    return fail("reading a file to index it", &e);
+                }
+            }
+        }
+        if variants.is_empty() {
+            shared.metrics.error("not_found");
+            return Some(memory(
+                respond_error(Status::NOT_FOUND, Some(req), ctx),
+                class.clone(),
+            ));
+        }
+        let body = penstock_core::hls::master_playlist(&variants);
+        let etag = penstock_core::http::ETag::for_file(body.len() as u64, newest);
+        Some(memory(
+            playlist_ok(req, ctx, &etag, newest, body.into_bytes()),
+            class.clone(),
+        ))
     }
 
     /// `/vol/NAME/PART`: partition PART of the configured volume NAME, as a file whose `ETag`

@@ -1,10 +1,13 @@
 // Plays an HLS playlist with hls.js in headless Chromium (Debian's /usr/bin/chromium) and
-// prints one JSON line: what the player reached. Usage: node play.mjs PAGE_URL [SEEK_S]
+// prints one JSON line: what the player reached. Usage: node play.mjs PAGE_URL [SEEK_S|-] [switch]
 // The page (served by penstock from the test's root) loads hls.js and the playlist itself;
 // this script only drives the browser and waits for events, bounded in time.
+// `switch` (a multivariant playlist): once playing past 5 s, force hls.js onto a level other
+// than the one it plays (`hls.currentLevel = N`), then wait until that level's pictures show
+// (videoWidth) and currentTime has advanced 4 s past the switch.
 import { chromium } from 'playwright-core';
 
-const [page_url, seek_s] = process.argv.slice(2);
+const [page_url, seek_s, level_step] = process.argv.slice(2);
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
   args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
@@ -19,7 +22,22 @@ try {
   // Played past 5 s with no fatal error, or an error.
   await page.waitForFunction(() => window.hlsFatal || document.querySelector('video').currentTime > 5,
     null, { timeout: 60000 });
-  if (seek_s !== undefined) {
+  if (level_step === 'switch') {
+    const sw = await page.evaluate(() => {
+      const from = window.hls.currentLevel;
+      const to = (from + 1) % window.hls.levels.length;
+      const at = document.querySelector('video').currentTime;
+      window.hls.currentLevel = to;
+      return { from, to, at, levels: window.hls.levels.map((l) => `${l.width}x${l.height}@${l.bitrate}`) };
+    });
+    result.levelSwitch = sw;
+    await page.waitForFunction((s) => {
+      const v = document.querySelector('video');
+      return window.hlsFatal || (window.hls.currentLevel === s.to
+        && v.videoWidth === window.hls.levels[s.to].width && v.currentTime > s.at + 4);
+    }, sw, { timeout: 60000 });
+  }
+  if (seek_s !== undefined && seek_s !== '-') {
     const to = Number(seek_s);
     await page.evaluate((t) => { document.querySelector('video').currentTime = t; }, to);
     await page.waitForFunction((t) => window.hlsFatal || document.querySelector('video').currentTime > t + 1,
@@ -28,6 +46,7 @@ try {
   Object.assign(result, await page.evaluate(() => ({
     currentTime: document.querySelector('video').currentTime,
     width: document.querySelector('video').videoWidth,
+    level: window.hls.currentLevel,
     errors: window.hlsErrors,
     fatal: window.hlsFatal || null,
   })));

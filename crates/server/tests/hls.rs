@@ -227,6 +227,38 @@ fn player_dir() -> Option<std::path::PathBuf> {
     Some(dir)
 }
 
+/// hls.js in Chromium (`tests/player/play.mjs ARGS`) on the page penstock serves from the
+/// fixture's root, playing `src`: its last line (JSON, checked to say `"ok":true`) and the
+/// screenshot's path.
+fn play(
+    f: &Fixture,
+    player: &Path,
+    src: &str,
+    args: &[&str],
+    tag: &str,
+) -> (String, std::path::PathBuf) {
+    std::fs::copy(player.join("index.html"), f.path("player.html")).unwrap();
+    std::fs::copy(
+        player.join("node_modules/hls.js/dist/hls.min.js"),
+        f.path("hls.min.js"),
+    )
+    .unwrap();
+    let shot = std::env::temp_dir().join(format!("penstock-{tag}-{}.png", std::process::id()));
+    let o = Command::new("node")
+        .arg(player.join("play.mjs"))
+        .arg(f.url(&format!("/player.html?src={src}")))
+        .args(args)
+        .env("SCREENSHOT", &shot)
+        .output()
+        .expect("node");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("{out}\n{err}\nscreenshot: {}", shot.display());
+    let line = out.lines().last().unwrap_or_default().to_string();
+    assert!(line.contains("\"ok\":true"), "{line}\n{err}");
+    (line, shot)
+}
+
 #[test]
 fn hls_js_in_chromium_plays_the_playlist_and_a_seek() {
     if !have_ffmpeg() {
@@ -237,26 +269,8 @@ fn hls_js_in_chromium_plays_the_playlist_and_a_seek() {
     };
     let f = start();
     h264_clip(&f.path("clip.ts"));
-    std::fs::copy(player.join("index.html"), f.path("player.html")).unwrap();
-    std::fs::copy(
-        player.join("node_modules/hls.js/dist/hls.min.js"),
-        f.path("hls.min.js"),
-    )
-    .unwrap();
-    let shot = std::env::temp_dir().join(format!("penstock-hls-{}.png", std::process::id()));
-    let o = Command::new("node")
-        .arg(player.join("play.mjs"))
-        .arg(f.url("/player.html?src=/clip.ts/index.m3u8"))
-        // Past the first segment: the second and third begin without PAT/PMT of their own.
-        .arg("8")
-        .env("SCREENSHOT", &shot)
-        .output()
-        .expect("node");
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
-    println!("{out}\n{err}\nscreenshot: {}", shot.display());
-    let line = out.lines().last().unwrap_or_default();
-    assert!(line.contains("\"ok\":true"), "{line}\n{err}");
+    // Past the first segment: the second and third begin without PAT/PMT of their own.
+    let (line, shot) = play(&f, &player, "/clip.ts/index.m3u8", &["8"], "hls");
     assert!(line.contains("\"width\":320"), "{line}");
     let t: f64 = line
         .split("\"currentTime\":")
@@ -742,25 +756,13 @@ fn hls_js_in_chromium_plays_the_multivariant_playlist_and_a_level_switch() {
     };
     let f = start();
     title_dir(&f);
-    std::fs::copy(player.join("index.html"), f.path("player.html")).unwrap();
-    std::fs::copy(
-        player.join("node_modules/hls.js/dist/hls.min.js"),
-        f.path("hls.min.js"),
-    )
-    .unwrap();
-    let shot = std::env::temp_dir().join(format!("penstock-hls-master-{}.png", std::process::id()));
-    let o = Command::new("node")
-        .arg(player.join("play.mjs"))
-        .arg(f.url("/player.html?src=/movie/master.m3u8"))
-        .args(["-", "switch"])
-        .env("SCREENSHOT", &shot)
-        .output()
-        .expect("node");
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
-    println!("{out}\n{err}\nscreenshot: {}", shot.display());
-    let line = out.lines().last().unwrap_or_default();
-    assert!(line.contains("\"ok\":true"), "{line}\n{err}");
+    let (line, shot) = play(
+        &f,
+        &player,
+        "/movie/master.m3u8",
+        &["-", "switch"],
+        "hls-master",
+    );
     assert!(line.contains("\"levels\":[\"320x180@"), "{line}");
     assert!(line.contains("\"640x360@"), "{line}");
     let field = |k: &str| -> f64 {

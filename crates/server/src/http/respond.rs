@@ -550,8 +550,18 @@ fn health_response(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::h
     small_ok(req, ctx, "text/plain", b"ok\n".to_vec())
 }
 
-/// A `200` with a playlist in memory (none for HEAD), its `ETag` and `Last-Modified` those
-/// of the file it was cut from.
+/// A `200` whose body is `body` in memory (none for HEAD): the health and metrics pages.
+fn small_ok(
+    req: &Request,
+    ctx: &ResponseContext<'_>,
+    content_type: &'static str,
+    body: Vec<u8>,
+) -> penstock_core::http::Response {
+    made_ok(req, ctx, content_type, None, body)
+}
+
+/// A `200` with a playlist made in memory (none for HEAD), its `ETag` and `Last-Modified`
+/// those of the files it was made from.
 fn playlist_ok(
     req: &Request,
     ctx: &ResponseContext<'_>,
@@ -559,40 +569,21 @@ fn playlist_ok(
     mtime: SystemTime,
     body: Vec<u8>,
 ) -> penstock_core::http::Response {
-    let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
-    let head = ResponseHead {
-        status: Status::OK,
-        date: ctx.date,
-        server: ctx.server,
-        content_type: Some("application/vnd.apple.mpegurl"),
-        content_length_bytes: Some(body.len() as u64),
-        content_range: None,
-        accept_ranges: false,
-        etag: Some(etag),
-        last_modified: Some(mtime),
-        allow: None,
-        location: None,
-        connection: connection_header(keep_alive, ctx),
-    };
-    let mut bytes = Vec::with_capacity(256);
-    write_response_head(&head, &mut bytes);
-    penstock_core::http::Response {
-        status: Status::OK,
-        head: bytes,
-        body: if req.method == Method::Head {
-            Vec::new()
-        } else {
-            vec![BodyPiece::Bytes(body)]
-        },
-        keep_alive,
-    }
+    made_ok(
+        req,
+        ctx,
+        "application/vnd.apple.mpegurl",
+        Some((etag, mtime)),
+        body,
+    )
 }
 
-/// A `200` whose body is `body` in memory (none for HEAD): the health and metrics pages.
-fn small_ok(
+/// A `200` whose body is `body` in memory, with the validators when given.
+fn made_ok(
     req: &Request,
     ctx: &ResponseContext<'_>,
     content_type: &'static str,
+    validators: Option<(&penstock_core::http::ETag, SystemTime)>,
     body: Vec<u8>,
 ) -> penstock_core::http::Response {
     let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
@@ -604,8 +595,8 @@ fn small_ok(
         content_length_bytes: Some(body.len() as u64),
         content_range: None,
         accept_ranges: false,
-        etag: None,
-        last_modified: None,
+        etag: validators.map(|(e, _)| e),
+        last_modified: validators.map(|(_, t)| t),
         allow: None,
         location: None,
         connection: connection_header(keep_alive, ctx),

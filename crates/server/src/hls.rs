@@ -317,11 +317,16 @@ fn escape(name: &str) -> String {
     out
 }
 
-/// Whether a directory entry named `name` is a rendition a multivariant playlist considers:
-/// not hidden, named `.ts` or `.m2ts` (any case).
-pub(crate) fn is_rendition_name(name: &str) -> bool {
+/// Whether `name` (a file name or a path) names a TS file: `.ts` or `.m2ts`, any case.
+pub(crate) fn is_ts_name(name: &str) -> bool {
     let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
-    !name.starts_with('.') && matches!(ext.as_deref(), Some("ts" | "m2ts"))
+    matches!(ext.as_deref(), Some("ts" | "m2ts"))
+}
+
+/// Whether a directory entry named `name` is a rendition a multivariant playlist considers:
+/// not hidden, a TS file.
+pub(crate) fn is_rendition_name(name: &str) -> bool {
+    !name.starts_with('.') && is_ts_name(name)
 }
 
 #[cfg(test)]

@@ -273,10 +273,7 @@ impl Worker {
             return None;
         }
         let ts_path = req.path.strip_suffix("/index.m3u8")?;
-        let ext = ts_path
-            .rsplit_once('.')
-            .map(|(_, e)| e.to_ascii_lowercase());
-        if !matches!(ext.as_deref(), Some("ts" | "m2ts")) {
+        if !crate::hls::is_ts_name(ts_path) {
             return None;
         }
         let rel = ts_path.trim_start_matches('/');

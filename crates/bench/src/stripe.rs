@@ -322,32 +322,9 @@ pub fn run(a: StripeArgs) -> Result<()> {
         v.finish_partition("p")?;
         let (mut mbps, mut cpu) = (Vec::new(), Vec::new());
         for _ in 0..a.reps {
-            let source = opened_partition(v.partition_io("p", false)?)?;
-            let null = Endpoint::File {
-                path: PathBuf::from("/dev/null"),
-            };
-            let target = open_target(&null, &mut |_| {})?;
-            let spec = StreamSpec {
-                zero_copy: ZeroCopy::Off,
-                ..StreamSpec::new(
-                    Endpoint::Volume {
-                        volume: VolumeName::parse("bench")?,
-                        partition: PartitionName::parse("p")?,
-                    },
-                    null,
-                )
-            };
-            let c0 = cpu_times(CpuWho::Process);
-            let t0 = Instant::now();
-            let report = engine.open_opened(spec, source, target)?.wait()?;
-            let secs = t0.elapsed().as_secs_f64();
-            let c1 = cpu_times(CpuWho::Process);
-            if report.bytes != a.size {
-                bail!("read {} bytes of {}", report.bytes, a.size);
-            }
-            let gb = a.size as f64 / 1e9;
-            mbps.push(a.size as f64 / secs / 1e6);
-            cpu.push(((c1.user_ns - c0.user_ns) + (c1.sys_ns - c0.sys_ns)) as f64 / 1e9 / gb);
+            let (r, c) = read_partition(&engine, &v, "bench", a.size)?;
+            mbps.push(r);
+            cpu.push(c);
         }
         // Writes: the source file streamed into the same partition, up to the members'
         // data synced.
@@ -600,34 +577,9 @@ fn checksum_rows(
     let mut runs: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); 2];
     for _ in 0..a.reps {
         for (i, (_, name, v)) in vols.iter().enumerate() {
-            let source = opened_partition(v.partition_io("p", false)?)?;
-            let null = Endpoint::File {
-                path: PathBuf::from("/dev/null"),
-            };
-            let target = open_target(&null, &mut |_| {})?;
-            let spec = StreamSpec {
-                zero_copy: ZeroCopy::Off,
-                ..StreamSpec::new(
-                    Endpoint::Volume {
-                        volume: VolumeName::parse(name)?,
-                        partition: PartitionName::parse("p")?,
-                    },
-                    null,
-                )
-            };
-            let c0 = cpu_times(CpuWho::Process);
-            let t0 = Instant::now();
-            let report = engine.open_opened(spec, source, target)?.wait()?;
-            let secs = t0.elapsed().as_secs_f64();
-            let c1 = cpu_times(CpuWho::Process);
-            if report.bytes != a.size {
-                bail!("read {} bytes of {}", report.bytes, a.size);
-            }
-            let gb = a.size as f64 / 1e9;
-            runs[i].0.push(a.size as f64 / secs / 1e6);
-            runs[i]
-                .1
-                .push(((c1.user_ns - c0.user_ns) + (c1.sys_ns - c0.sys_ns)) as f64 / 1e9 / gb);
+            let (r, c) = read_partition(engine, v, name, a.size)?;
+            runs[i].0.push(r);
+            runs[i].1.push(c);
         }
     }
     let (failed, _, _) = penstock_driver::sums::counters();
@@ -653,6 +605,39 @@ struct ChecksumRow {
     /// CPU seconds per GB read (= ns per byte).
     cpu: f64,
     runs: Vec<f64>,
+}
+
+/// Partition `p` of `v` (volume `name`) read once through the engine to /dev/null, checked
+/// to be `size` bytes: MB/s and the process's CPU (user + system) in ns per byte.
+fn read_partition(engine: &Engine, v: &Volume, name: &str, size: u64) -> Result<(f64, f64)> {
+    let source = opened_partition(v.partition_io("p", false)?)?;
+    let null = Endpoint::File {
+        path: PathBuf::from("/dev/null"),
+    };
+    let target = open_target(&null, &mut |_| {})?;
+    let spec = StreamSpec {
+        zero_copy: ZeroCopy::Off,
+        ..StreamSpec::new(
+            Endpoint::Volume {
+                volume: VolumeName::parse(name)?,
+                partition: PartitionName::parse("p")?,
+            },
+            null,
+        )
+    };
+    let c0 = cpu_times(CpuWho::Process);
+    let t0 = Instant::now();
+    let report = engine.open_opened(spec, source, target)?.wait()?;
+    let secs = t0.elapsed().as_secs_f64();
+    let c1 = cpu_times(CpuWho::Process);
+    if report.bytes != size {
+        bail!("read {} bytes of {}", report.bytes, size);
+    }
+    let gb = size as f64 / 1e9;
+    Ok((
+        size as f64 / secs / 1e6,
+        ((c1.user_ns - c0.user_ns) + (c1.sys_ns - c0.sys_ns)) as f64 / 1e9 / gb,
+    ))
 }
 
 fn checksum_table(a: &StripeArgs, depth: usize, rows: &[ChecksumRow]) -> Result<()> {

@@ -700,8 +700,15 @@ impl UringState {
                 break; // the ring is busy: next turn
             }
             if padded > len {
-                // The buffer may hold an older chunk's bytes there: write zeros, not them.
-                ring.pool_mut().bytes_mut(ch.buf)[len..padded].fill(0);
+                // The stream's last, partial block: its padding carries the partition's own
+                // bytes where it holds some (a rewrite with fewer bytes than the partition
+                // has must not zero the rest of that block: the copy path leaves them too),
+                // zeros past its size — never an older chunk's bytes left in the buffer. A
+                // synchronous read, once per stream and only for such a rewrite.
+                let tail = &mut ring.pool_mut().bytes_mut(ch.buf)[len..padded];
+                if let Err(e) = v.fill_kept_tail(part_off + len as u64, tail) {
+                    return Err(crate::paths::volume_write_error(io, e));
+                }
             }
             // Bytes below the partition's committed size (a stream rewriting a partition in
             // place): their block checksums are sealed ahead of the data (as written, with the

@@ -2866,6 +2866,50 @@ impl PartitionIo {
         };
         Ok(self.cut(pieces))
     }
+
+    /// The bytes the padding of an O_DIRECT write must carry: `out` covers partition offsets
+    /// `offset .. offset + out.len()` past a write's last byte, up to the end of its last
+    /// block. Below the committed size (a stream rewriting a partition with fewer bytes than
+    /// it holds) they are the partition's own bytes, read from a copy in good state and
+    /// verified against its checksums, so the padding rewrites them as they were; past it,
+    /// zeros (no reader sees them). Buffered reads through the member's path: the stream's
+    /// descriptors are O_DIRECT, whose buffers must be aligned.
+    pub fn fill_kept_tail(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        out.fill(0);
+        let size = match &self.growth {
+            Some(g) => g.committed.load(Ordering::Acquire),
+            None => self.size_bytes,
+        };
+        let len = (out.len() as u64).min(size.saturating_sub(offset));
+        if len == 0 {
+            return Ok(());
+        }
+        let pairs = self
+            .map_split_copies(offset, len)
+            .map_err(|e| io::Error::other(format!("{}: {e}", self.label)))?;
+        for pair in pairs {
+            let copy = std::iter::once(pair.primary)
+                .chain(pair.mirror)
+                .find(|c| self.state(c.member) == STATE_OK)
+                .ok_or_else(|| {
+                    io::Error::other(format!(
+                        "{}: no copy in good state holds offset {offset}",
+                        self.label
+                    ))
+                })?;
+            let file = File::open(&self.member_paths[copy.member.get()])?;
+            let (a, z) = (
+                copy.buf_offset_bytes as usize,
+                (copy.buf_offset_bytes + copy.len_bytes) as usize,
+            );
+            std::os::unix::fs::FileExt::read_exact_at(
+                &file,
+                &mut out[a..z],
+                copy.member_offset_bytes,
+            )?;
+        }
+        self.verify(offset, &mut out[..len as usize], size, &[])
+    }
 }
 
 impl Drop for PartitionIo {

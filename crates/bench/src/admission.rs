@@ -834,9 +834,9 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     }
     // Without a calibration file: the engine's send costs as `penstock serve` measures them on
     // first use (self-calibration, about 2 s; a cache of this run's own, so measured now).
-    let self_cal = penstock_driver::calibration::send_cost(
+    let self_cal = penstock_driver::send_cost::send_cost(
         Some(&dir.join("send-cache")),
-        penstock_driver::calibration::SEND_COST_TIME,
+        penstock_driver::send_cost::SEND_COST_TIME,
     )
     .context("the self-calibration of the send cost")?;
     let self_charged = self_cal.charged();
@@ -879,7 +879,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
     // varied by ±15 % between runs here), 256 MiB of 1 MiB units over loopback TCP,
     // receivers included, paced and (for the CPU burst test) due at once.
     let (send_cost, send_probes) =
-        penstock_driver::calibration::measure_engine_send_cost(Duration::from_secs(2), 256 << 20)
+        penstock_driver::send_cost::measure_engine_send_cost(Duration::from_secs(2), 256 << 20)
             .context("measuring the engine's send costs")?;
     cal.set_send_cost(send_cost);
     writeln!(
@@ -1315,7 +1315,7 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
                     "send_ns": self_cal.send_ns,
                     "send_byte_ps": self_cal.send_byte_ps,
                     "burst_byte_ps": self_cal.burst_byte_ps,
-                    "margin_percent": penstock_driver::calibration::SELF_CALIBRATED_SEND_MARGIN_PERCENT,
+                    "margin_percent": penstock_driver::send_cost::SELF_CALIBRATED_SEND_MARGIN_PERCENT,
                 },
                 "rows": rows,
             }),

@@ -1394,7 +1394,7 @@ pub fn run(a: RtspArgs) -> Result<()> {
     let send_cost = if plan.send_ns > 0 {
         "given (--send-cost)"
     } else {
-        plan.send_ns = penstock_driver::calibration::measure_send_ns(SEND_COST_TIME)
+        plan.send_ns = penstock_driver::send_cost::measure_send_ns(SEND_COST_TIME)
             .context("measuring the CPU cost of a UDP send")?;
         "measured here at the start"
     };

@@ -1,7 +1,7 @@
 //! The CPU the engine spends to send, measured by running it (issue 22): what admission
 //! charges per send (`Capacity::cpu_send_ns`) and per byte (`Capacity::cpu_send_byte_ps`).
 //! `penstock calibrate` runs these at length, the engine's self-calibration
-//! ([`crate::calibration::send_cost`]) briefly; `penstock bench admission` both.
+//! ([`crate::send_cost::send_cost`]) briefly; `penstock bench admission` both.
 //!
 //! Each probe runs a private [`Engine`] with paced streams from a page-cached file to
 //! loopback receivers in this process (on loopback the receiver's copy and the kernel's

@@ -2,7 +2,10 @@
 //! can be read, and changed, knowing only those below it. The graph is read from the sources
 //! (`use crate::m…` and `crate::m::…` outside comments), so it cannot drift from the code.
 //!
-//! `lib.rs` is left out: it declares the modules and re-exports from them.
+//! `lib.rs` declares the modules and re-exports from them: a use of a re-exported name
+//! (`use crate::Engine`) is an edge to the module it comes from (`engine`), or a cycle
+//! through the crate root would stay unseen (one did: engine → calibration → cpu_probe →
+//! `crate::Engine`, until the send cost moved to `send_cost`, above the engine).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -18,6 +21,12 @@ fn driver_modules_import_one_another_without_a_cycle() {
     assert!(
         graph.get("engine").is_some_and(|u| u.contains("worker")),
         "the import reader lost `engine` → `worker`:\n{}",
+        show(&graph)
+    );
+    // ... and the edges through the crate root's re-exports.
+    assert!(
+        graph.get("cpu_probe").is_some_and(|u| u.contains("engine")),
+        "the import reader lost `cpu_probe` → `engine` (through `crate::Engine`):\n{}",
         show(&graph)
     );
     if let Some(cycle) = find_cycle(&graph) {
@@ -54,6 +63,45 @@ fn a_cycle_is_found_and_a_tree_passes() {
     let crate_uses =
         uses_of("use crate::{a::X, b};\n// use crate::c;\nlet x = crate::d::f();\n$crate::e::g();");
     assert_eq!(crate_uses, ["a", "b", "d"].map(String::from).into());
+    let exports = re_exports(
+        "mod a;\npub use engine::{\n    Engine, EngineConfig,\n};\npub use paths::sendfile_call;\n// pub use x::Y;",
+    );
+    assert_eq!(exports.get("Engine").map(String::as_str), Some("engine"));
+    assert_eq!(
+        exports.get("EngineConfig").map(String::as_str),
+        Some("engine")
+    );
+    assert_eq!(
+        exports.get("sendfile_call").map(String::as_str),
+        Some("paths")
+    );
+    assert_eq!(exports.get("Y"), None);
+}
+
+/// Names the crate root re-exports (`pub use m::{A, B};`, `pub use m::A;`) → their module.
+fn re_exports(lib: &str) -> BTreeMap<String, String> {
+    let code: String = lib
+        .lines()
+        .map(|l| l.find("//").map_or(l, |i| &l[..i]))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = BTreeMap::new();
+    for stmt in code.split(';') {
+        let Some(rest) = stmt.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let Some((module, names)) = rest.split_once("::") else {
+            continue;
+        };
+        let names = names.trim().trim_start_matches('{').trim_end_matches('}');
+        for name in names.split(',') {
+            let name = name.trim();
+            if !name.is_empty() && !name.contains("::") {
+                out.insert(name.to_string(), module.trim().to_string());
+            }
+        }
+    }
+    out
 }
 
 /// The module graph of the crate whose sources are in `src`: a module is a file `src/m.rs`
@@ -62,12 +110,15 @@ fn read_graph(src: &Path) -> Graph {
     let mut files: Vec<(String, PathBuf)> = Vec::new();
     collect(src, None, &mut files);
     let modules: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap_or_default();
+    let exports = re_exports(&lib);
     let mut graph = Graph::new();
     for (module, path) in &files {
         let text = std::fs::read_to_string(path)
             .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         let used = graph.entry(module.clone()).or_default();
         for u in uses_of(&text) {
+            let u = exports.get(&u).cloned().unwrap_or(u);
             if u != *module && modules.contains(&u) {
                 used.insert(u);
             }

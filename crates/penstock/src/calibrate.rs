@@ -50,7 +50,7 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     // What admission charges per send and per byte is the engine's whole cost of paced
     // units (timer, dispatch, completion, the kernel's send and loopback delivery), not a
     // bare send(2): measured by running paced streams at the rate admission would fill.
-    match penstock_driver::calibration::measure_engine_send_cost(
+    match penstock_driver::send_cost::measure_engine_send_cost(
         opts.random_time.max(Duration::from_millis(500)),
         256 << 20,
     ) {

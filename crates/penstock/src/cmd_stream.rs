@@ -452,9 +452,9 @@ pub fn run(a: StreamArgs) -> Result<()> {
     if admission_note.is_some() && a.class == Some(DiskClass::Rt) && self_calibration.enabled {
         // No calibration file: the engine's send costs, measured once and cached, as
         // `penstock serve` does (docs/io-scheduler.md, "CPU").
-        match penstock_driver::calibration::send_cost(
+        match penstock_driver::send_cost::send_cost(
             self_calibration.cache_dir.as_deref(),
-            penstock_driver::calibration::SEND_COST_TIME,
+            penstock_driver::send_cost::SEND_COST_TIME,
         ) {
             Ok(r) => {
                 let c = r.charged();

@@ -192,9 +192,9 @@ impl Server {
             // + 2 ns a byte, which refused the 100th 8 Mbit/s RTSP session on two CPUs that
             // carried more). A figure set in `[admission]` is kept.
             let cache = engine_cfg.self_calibration.cache_dir.as_deref();
-            match penstock_driver::calibration::send_cost(
+            match penstock_driver::send_cost::send_cost(
                 cache,
-                penstock_driver::calibration::SEND_COST_TIME,
+                penstock_driver::send_cost::SEND_COST_TIME,
             ) {
                 Ok(r) => {
                     let c = r.charged();

@@ -39,6 +39,37 @@ fn driver_modules_import_one_another_without_a_cycle() {
     println!("{}", show(&graph));
 }
 
+/// Every crate of the workspace, read the same way (the modules of `src/`, edges through its
+/// root's re-exports): none has a cycle between its modules.
+#[test]
+fn no_crate_of_the_workspace_has_a_module_cycle() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("crates/");
+    let mut read = 0;
+    for entry in std::fs::read_dir(crates).expect("crates/ is readable") {
+        let src = entry.expect("a directory entry").path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let graph = read_graph(&src);
+        read += 1;
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!(
+                "{}: modules import one another in a cycle: {}\n\nthe graph:\n{}",
+                src.display(),
+                cycle.join(" → "),
+                show(&graph)
+            );
+        }
+    }
+    assert!(
+        read >= 8,
+        "only {read} crates found under {}",
+        crates.display()
+    );
+}
+
 #[test]
 fn a_cycle_is_found_and_a_tree_passes() {
     let g = |edges: &[(&str, &str)]| {
@@ -110,7 +141,9 @@ fn read_graph(src: &Path) -> Graph {
     let mut files: Vec<(String, PathBuf)> = Vec::new();
     collect(src, None, &mut files);
     let modules: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
-    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap_or_default();
+    let lib = std::fs::read_to_string(src.join("lib.rs"))
+        .or_else(|_| std::fs::read_to_string(src.join("main.rs")))
+        .unwrap_or_default();
     let exports = re_exports(&lib);
     let mut graph = Graph::new();
     for (module, path) in &files {
@@ -141,7 +174,7 @@ fn collect(dir: &Path, module: Option<&str>, out: &mut Vec<(String, PathBuf)>) {
         } else if path.extension().is_some_and(|e| e == "rs") {
             match module {
                 Some(m) => out.push((m.to_string(), path)),
-                None if stem == "lib" => {}
+                None if stem == "lib" || stem == "main" => {}
                 None => out.push((stem, path)),
             }
         }

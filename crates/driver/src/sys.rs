@@ -11,6 +11,7 @@ use penstock_uring::{BufId, BufferPool, PoolError};
 pub use penstock_uring::BUFFER_ALIGN;
 pub use penstock_uring::sys::{IoprioClass, ioprio_set_current_thread, ioprio_value};
 pub use penstock_uring::sys::{RecvBatch, RecvMeta, cached_pages, set_rcvlowat};
+pub use penstock_uring::sys::{setsid_on_exec, sync_file_range};
 
 /// Asks the kernel for each datagram's receive time (SO_TIMESTAMPNS) and the socket's drop
 /// counter (SO_RXQ_OVFL), which [`RecvBatch::recv`] then reports in [`RecvMeta`]; a receiver

@@ -201,7 +201,7 @@ pub fn run(a: MountArgs) -> Result<()> {
     handle.close();
     let _ = sig_thread.join();
     if why == "signal" {
-        match umount2(&a.dir, 0) {
+        match umount2(&a.dir, rustix::mount::UnmountFlags::empty()) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                 eprintln!(
@@ -209,7 +209,7 @@ pub fn run(a: MountArgs) -> Result<()> {
                     a.dir.display(),
                     a.unmount_timeout
                 );
-                umount2(&a.dir, libc::MNT_DETACH)
+                umount2(&a.dir, rustix::mount::UnmountFlags::DETACH)
                     .with_context(|| format!("unmounting {}", a.dir.display()))?;
             }
             Err(e) => {
@@ -239,16 +239,9 @@ pub fn run(a: MountArgs) -> Result<()> {
     Ok(())
 }
 
-/// umount2(2).
-fn umount2(dir: &Path, flags: libc::c_int) -> io::Result<()> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: `c` is a NUL-terminated path that outlives the call; umount2 reads only it.
-    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+/// umount2(2), through rustix.
+fn umount2(dir: &Path, flags: rustix::mount::UnmountFlags) -> io::Result<()> {
+    rustix::mount::unmount(dir, flags).map_err(io::Error::from)
 }
 
 /// Without --foreground: runs `penstock volume mount … --foreground` as a child in its own
@@ -272,13 +265,7 @@ fn run_in_background(a: &MountArgs) -> Result<()> {
     if a.read_only {
         cmd.arg("--read-only");
     }
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            rustix::process::setsid()?;
-            Ok(())
-        });
-    }
+    penstock_driver::sys::setsid_on_exec(&mut cmd);
     let mut child = cmd.spawn()?;
     let started = std::time::Instant::now();
     loop {
@@ -390,11 +377,8 @@ fn sync_range(fd: &std::os::fd::OwnedFd, offset: u64, len: u64, flags: libc::c_u
     let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
         return;
     };
-    // SAFETY: sync_file_range takes a descriptor we own (borrowed for the call) and integers;
-    // it touches no memory of ours.
-    let r = unsafe { libc::sync_file_range(fd.as_raw_fd(), off, n, flags) };
-    if r != 0 {
-        tracing::debug!("sync_file_range: {}", io::Error::last_os_error());
+    if let Err(e) = penstock_driver::sys::sync_file_range(fd.as_raw_fd(), off, n, flags) {
+        tracing::debug!("sync_file_range: {e}");
     }
 }
 

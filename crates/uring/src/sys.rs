@@ -75,6 +75,38 @@ pub fn ioprio_set_current_thread(value: u16) -> std::io::Result<()> {
     }
 }
 
+/// sync_file_range(2) on `fd` (a descriptor the caller holds open for the call).
+pub fn sync_file_range(
+    fd: std::os::fd::RawFd,
+    offset: i64,
+    len: i64,
+    flags: libc::c_uint,
+) -> std::io::Result<()> {
+    // SAFETY: sync_file_range takes a descriptor and integers; it touches no memory of ours
+    // (a descriptor that is not open is EBADF, not undefined behaviour).
+    let r = unsafe { libc::sync_file_range(fd, offset, len, flags) };
+    if r != 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Makes the child that `cmd` spawns start a session of its own (setsid(2) between fork and
+/// exec), detached from the caller's terminal and process group.
+pub fn setsid_on_exec(cmd: &mut std::process::Command) {
+    // SAFETY: the closure runs in the forked child before exec; setsid is async-signal-safe,
+    // allocates nothing and touches no memory shared with the parent.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Puts the calling thread in SCHED_FIFO at `priority` (1..=99).
 pub fn set_fifo_scheduling(priority: i32) -> std::io::Result<()> {
     let param = libc::sched_param {

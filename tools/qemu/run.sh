@@ -42,6 +42,8 @@ done
 copy_with_libs() {
   local bin="$1" dest="$stage/bin/$(basename "$1")"
   cp "$bin" "$dest"
+  # A debug build carries ~200 MB of debug info the guest does not need in its RAM disk.
+  strip --strip-debug "$dest" 2>/dev/null || true
   ldd "$bin" 2>/dev/null | grep -o '/[^ ]*' | while read -r lib; do
     mkdir -p "$stage$(dirname "$lib")"
     cp -L "$lib" "$stage$lib"

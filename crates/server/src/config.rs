@@ -141,6 +141,21 @@ pub struct VolumesConfig {
     /// … vol:NAME/PART --tracks DIR/NAME/PART` writes), else by PCR.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tracks: Option<PathBuf>,
+    /// The background scrub's rate limit, every copy counted: `"50MB/s"` (the default); 0
+    /// turns the background scrub off (see [`crate::scrub`]).
+    #[serde(
+        deserialize_with = "units::opt_rate",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub scrub_rate_bytes_per_s: Option<u64>,
+    /// The time between background scrub passes over the served volumes (from the server's
+    /// start to the first, from the end of one to the start of the next): `"168h"` (a week,
+    /// the default); 0 turns the background scrub off.
+    #[serde(
+        deserialize_with = "units::opt_ms",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub scrub_interval_ms: Option<u64>,
     /// NAME → the path of one member of the volume.
     #[serde(flatten)]
     pub members: std::collections::BTreeMap<String, PathBuf>,
@@ -162,6 +177,17 @@ impl VolumesConfig {
             l.grow_step_bytes = b;
         }
         Ok(l)
+    }
+
+    /// The background scrub's rate and interval, `None` when it is off (a 0, or no volume).
+    pub fn scrub(&self) -> Option<(u64, Duration)> {
+        let rate = self
+            .scrub_rate_bytes_per_s
+            .unwrap_or(crate::scrub::RATE_BYTES_PER_S_DEFAULT);
+        let interval = self
+            .scrub_interval_ms
+            .map_or(crate::scrub::INTERVAL_DEFAULT, Duration::from_millis);
+        (rate > 0 && !interval.is_zero() && !self.members.is_empty()).then_some((rate, interval))
     }
 }
 
@@ -1253,6 +1279,29 @@ mod tests {
             d.volumes.limits().unwrap(),
             penstock_driver::volume::VolumeLimits::default()
         );
+        // The background scrub: on by default for the served volumes, off with a 0 or none.
+        assert_eq!(
+            c.volumes.scrub(),
+            Some((
+                crate::scrub::RATE_BYTES_PER_S_DEFAULT,
+                crate::scrub::INTERVAL_DEFAULT
+            ))
+        );
+        let sc: ServerConfig = toml::from_str(
+            "[volumes]\nhv = \"/m\"\nscrub_rate_bytes_per_s = \"8MB/s\"\nscrub_interval_ms = \"1h\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            sc.volumes.scrub(),
+            Some((8_000_000, Duration::from_secs(3600)))
+        );
+        assert_eq!(sc.volumes.members.len(), 1);
+        for off in ["scrub_rate_bytes_per_s = 0", "scrub_interval_ms = 0"] {
+            let c: ServerConfig =
+                toml::from_str(&format!("[volumes]\nhv = \"/m\"\n{off}\n")).unwrap();
+            assert_eq!(c.volumes.scrub(), None, "{off}");
+        }
+        assert_eq!(d.volumes.scrub(), None, "no volume, no scrub");
         let z: ServerConfig = toml::from_str("[volumes]\ngrow_step_bytes = 0\n").unwrap();
         assert!(
             z.check()

@@ -33,7 +33,11 @@
 //!   volumes that streams found failing, read around since), `volume_checksum_failures_total`,
 //!   `volume_checksum_repairs_total`, `volume_checksum_unrepaired_total` (4 KiB units of
 //!   volume reads that failed their block checksum on a copy; rewritten from the other copy;
-//!   read around only), `disk_queue_depth{class}`; the open-file table:
+//!   read around only), `disk_queue_depth{class}`;
+//!   the background scrub of the served volumes ([`crate::scrub`], present at 0 when it is
+//!   off): `volume_scrub_passes_total`, `volume_scrub_read_bytes_total`,
+//!   `volume_scrub_bad_units_total`, `volume_scrub_repaired_units_total`,
+//!   `volume_scrub_errors_total`; the open-file table:
 //!   `engine_open_files` (files open for streams, one descriptor each) and
 //!   `engine_open_file_shares_total` (opens that shared an open file's descriptor).
 //! - The cluster, when `[cluster] etcd` is set ([`Metrics::register_cluster`]):

@@ -920,6 +920,16 @@ fn twenty_thousand_refused_descriptor_messages_write_few_log_lines() {
         n as u64,
         "every refusal is a line or counted"
     );
+    // The same count on the metrics page (counted as suppressed, whether reported yet or not).
+    let page = common::scrape(&s.http).expect("the metrics page");
+    assert_eq!(
+        common::sample(
+            &page,
+            "penstock_peer_log_suppressed_lines_total{kind=\"control_fds_refused\"}"
+        ),
+        Some(said as f64),
+        "{page}"
+    );
 }
 
 /// The other user's half of `the_unix_socket_keeps_places_for_its_owner`: run as uid 65534

@@ -234,13 +234,18 @@ impl Rtsp {
 
 /// A UDP port pair for RTP and RTCP on 127.0.0.1: (RTP socket, Transport header).
 fn udp_receiver() -> (std::net::UdpSocket, std::net::UdpSocket, String) {
+    udp_receiver_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+/// The same on `ip` (where RTP goes for a client connected from `ip`).
+fn udp_receiver_on(ip: IpAddr) -> (std::net::UdpSocket, std::net::UdpSocket, String) {
     for _ in 0..100 {
-        let rtp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let rtp = std::net::UdpSocket::bind((ip, 0)).unwrap();
         let p = rtp.local_addr().unwrap().port();
         if !p.is_multiple_of(2) || p == u16::MAX {
             continue;
         }
-        if let Ok(rtcp) = std::net::UdpSocket::bind(("127.0.0.1", p + 1)) {
+        if let Ok(rtcp) = std::net::UdpSocket::bind((ip, p + 1)) {
             rtp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             return (
                 rtp,
@@ -528,6 +533,112 @@ fn setups_without_play_give_their_admission_back_and_are_capped_per_address() {
             .contains("rtsp.unplayed_setups_max 4 reached for 127.0.0.2"),
         "{again:?}"
     );
+}
+
+/// Issue 30, "reservations follow use": a PAUSEd session kept alive held its admission until
+/// it was torn down. Now a session paused for longer than `pause_hold_ms` has its stream
+/// stopped and its reservation given back: a client refused by admission while the paused
+/// one played sets up and plays (waited for as an event), the paused client's PLAY is then
+/// refused (453) while the capacity is taken, and once it is free again the PLAY re-admits
+/// and resumes where the pause stopped (Range past the start, sequence numbers going on).
+#[test]
+fn a_paused_session_gives_its_admission_back_after_the_pause_hold_and_play_readmits() {
+    // Admission fits one 1 Mbit/s stream (the rt share of 200 kB/s), below every other cap.
+    let s = Served::start(
+        "[rtsp]\npause_hold = \"500ms\"\nsetup_timeout = \"60s\"\nsession_timeout = \"60s\"\n[admission]\nself_calibrate = false\nnet_bytes_per_s = 200000\n",
+        &["--no-control-unix"],
+    );
+    let addr = s.rtsp.unwrap();
+    let url = format!("rtsp://{addr}/clip.ts");
+    let seq_of = |r: &Reply| -> u32 {
+        r.header("RTP-Info")
+            .and_then(|v| v.split("seq=").nth(1))
+            .and_then(|v| v.split([';', ',']).next())
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no seq in {r:?}"))
+    };
+    let npt_from = |r: &Reply| -> f64 {
+        r.header("Range")
+            .and_then(|v| v.strip_prefix("npt="))
+            .and_then(|v| v.split('-').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no Range in {r:?}"))
+    };
+
+    // A, on 127.0.0.2: plays half a second's packets, then pauses.
+    let mut a = Rtsp::on(connect_from(flooder_ip(0), addr).unwrap());
+    let (a_rtp, _a_rtcp, a_tr) = udp_receiver_on(flooder_ip(0));
+    let r = a.request("SETUP", &url, &[("Transport", &a_tr)]).unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    let a_id = r.session();
+    let r = a.request("PLAY", &url, &[("Session", &a_id)]).unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    let first_seq = seq_of(&r);
+    let mut b = [0u8; 2048];
+    for i in 0..50 {
+        a_rtp
+            .recv(&mut b)
+            .unwrap_or_else(|e| panic!("RTP packet {i}: {e}"));
+    }
+
+    // B, on 127.0.0.1: refused by admission while A plays.
+    let mut c = Rtsp::connect(addr);
+    let (c_rtp, _c_rtcp, c_tr) = udp_receiver();
+    let r = c.request("SETUP", &url, &[("Transport", &c_tr)]).unwrap();
+    assert_eq!(r.status, 453, "{r:?}");
+    assert!(
+        r.body
+            .contains("admission refused (the server's rt capacity"),
+        "{r:?}"
+    );
+
+    let r = a.request("PAUSE", &url, &[("Session", &a_id)]).unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    // A keeps its session alive; B sets up once A's reservation is given back.
+    let mut c_id = None;
+    let mut last = None;
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            let k = a
+                .request("GET_PARAMETER", &url, &[("Session", &a_id)])
+                .unwrap();
+            assert_eq!(k.status, 200, "{k:?}");
+            let r = c.request("SETUP", &url, &[("Transport", &c_tr)]).unwrap();
+            if r.status == 200 {
+                c_id = Some(r.session());
+                return true;
+            }
+            last = Some(r);
+            false
+        }),
+        "the paused session's admission was never given back: {last:?}"
+    );
+    assert!(s.metric("penstock_errors_total{kind=\"rtsp_pause_released\"}") >= 1.0);
+    let c_id = c_id.unwrap();
+    let r = c.request("PLAY", &url, &[("Session", &c_id)]).unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    c_rtp.recv(&mut b).expect("B receives RTP");
+
+    // A's PLAY asks admission afresh: refused while B plays, the session kept ...
+    let r = a.request("PLAY", &url, &[("Session", &a_id)]).unwrap();
+    assert_eq!(r.status, 453, "{r:?}");
+    assert!(r.body.contains("admission: refused: network"), "{r:?}");
+    // ... and admitted once B is gone: it resumes past the start, its numbering going on.
+    let r = c.request("TEARDOWN", &url, &[("Session", &c_id)]).unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    let mut resumed = None;
+    assert!(wait_for(Duration::from_secs(30), || {
+        let r = a.request("PLAY", &url, &[("Session", &a_id)]).unwrap();
+        let ok = r.status == 200;
+        resumed = Some(r);
+        ok
+    }));
+    let r = resumed.unwrap();
+    assert!(npt_from(&r) > 0.0, "resumed from the start: {r:?}");
+    assert!(seq_of(&r) >= first_seq + 50, "{r:?}");
+    a_rtp.recv(&mut b).expect("A receives RTP again");
+    let r = a.request("TEARDOWN", &url, &[("Session", &a_id)]).unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
 }
 
 /// Reads HTTP/1.1 responses from `s` until EOF: (responses whose status is 200 and body

@@ -490,6 +490,10 @@ pub struct ControlConfig {
     /// users (allowed or not) hold at most `unix_connections_max - unix_owner_reserved` (at
     /// least 1), so they never lock the server's owner out of its own socket.
     pub unix_owner_reserved: usize,
+    /// Unix-socket connections at once of one uid other than the server's own (allowed or
+    /// not); beyond, `503` and closed: one other user does not take every place the owner
+    /// leaves to others (in effect at most `unix_connections_max - unix_owner_reserved`).
+    pub unix_connections_per_uid_max: usize,
     /// Descriptors (SCM_RIGHTS, `OPEN fd fd`) one Unix-socket connection may hold at once,
     /// waiting for the command line they came with; more are closed and the line refused.
     /// 2 to 64.
@@ -571,6 +575,7 @@ impl Default for ControlConfig {
             tcp_connections_per_address_max: 8,
             unix_connections_max: 64,
             unix_owner_reserved: 8,
+            unix_connections_per_uid_max: 16,
             unix_fds_held_max: 4,
             line_bytes_max: 4096,
             request_timeout_ms: 10_000,
@@ -637,6 +642,9 @@ impl ControlConfig {
             return bad(
                 "control.tcp_connections_max and control.unix_connections_max must be above 0",
             );
+        }
+        if self.unix_connections_per_uid_max == 0 {
+            return bad("control.unix_connections_per_uid_max must be above 0");
         }
         if self.tcp_connections_per_address_max == 0 {
             return bad("control.tcp_connections_per_address_max must be above 0");

@@ -1484,8 +1484,13 @@ impl Volume {
 
     /// Scrubs every `Ready` partition ([`PartitionIo::scrub`]): reads every copy of every
     /// byte, checks it, and with `repair` rewrites a bad unit from a copy that verifies;
-    /// `pace` as there. `None` for a volume without checksums.
-    pub fn scrub(&self, repair: bool, pace: &mut dyn FnMut(u64)) -> Result<Option<ScrubReport>> {
+    /// `pace` as there (returning `false` stops the scrub: [`ScrubReport::stopped`]). `None`
+    /// for a volume without checksums.
+    pub fn scrub(
+        &self,
+        repair: bool,
+        pace: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<Option<ScrubReport>> {
         if !self.meta.sums {
             return Ok(None);
         }
@@ -1497,6 +1502,9 @@ impl Volume {
             let pio = self.partition_io(p.name.as_str(), false)?;
             pio.scrub(repair, &mut report, pace)
                 .map_err(io_err(&self.members[0].path, "scrub"))?;
+            if report.stopped {
+                break;
+            }
         }
         Ok(Some(report))
     }
@@ -1707,6 +1715,8 @@ pub struct ScrubReport {
     pub units: u64,
     pub bytes: u64,
     pub bad: Vec<BadUnit>,
+    /// The caller's `pace` asked to stop before the end: not everything was read.
+    pub stopped: bool,
 }
 
 impl ScrubReport {
@@ -2031,13 +2041,13 @@ impl PartitionIo {
     /// with `repair`, a unit that fails on one copy and verifies on another is rewritten from
     /// it (synced). Adds what it found to `report`; `pace(bytes)` is called after each chunk
     /// (up to 1 MiB of the partition) with the bytes read for it over every copy, for the
-    /// caller's rate limit. A
-    /// volume without checksums: nothing.
+    /// caller's rate limit; when it returns `false` the scrub stops there
+    /// ([`ScrubReport::stopped`]). A volume without checksums: nothing.
     pub fn scrub(
         &self,
         repair: bool,
         report: &mut ScrubReport,
-        pace: &mut dyn FnMut(u64),
+        pace: &mut dyn FnMut(u64) -> bool,
     ) -> io::Result<()> {
         let Some(s) = &self.sums else {
             return Ok(());
@@ -2114,8 +2124,11 @@ impl PartitionIo {
                     }
                 }
             }
-            pace(chunk_read);
             off += len;
+            if !pace(chunk_read) && off < size {
+                report.stopped = true;
+                return Ok(());
+            }
         }
         Ok(())
     }

@@ -526,6 +526,7 @@ fn scrub(a: ScrubArgs) -> Result<()> {
                 std::thread::sleep(wait);
             }
         }
+        true
     };
     let Some(report) = v.scrub(!a.no_repair, &mut pace)? else {
         println!(
@@ -610,7 +611,7 @@ fn check(a: CheckArgs) -> Result<()> {
         println!("block checksums: data not read (--no-data)");
         Some(penstock_driver::volume::ScrubReport::default())
     } else {
-        v.scrub(a.repair, &mut |_| {})?
+        v.scrub(a.repair, &mut |_| true)?
     };
     let bad_left = match &sums {
         None => {

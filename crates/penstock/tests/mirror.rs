@@ -7,6 +7,8 @@
 //! Skips (loudly) when io_uring is refused or when no second device is at hand. No test
 //! asserts a duration.
 
+mod common;
+
 use std::io::Read;
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
@@ -1062,4 +1064,169 @@ fn bit_flips_while_four_streams_read_deliver_no_wrong_byte() {
     if lost == 0 {
         export_equals(&m[0], "clip", &clip, a.path());
     }
+}
+
+/// GET `path` on `addr` (HTTP/1.1, `Connection: close`) with `extra` header lines: the
+/// status and the body.
+fn http_get(addr: &str, path: &str, extra: &str) -> (u16, Vec<u8>) {
+    use std::io::Write;
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    write!(
+        sock,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = sock.read_to_end(&mut out);
+    let Some(end) = out.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return (0, Vec::new());
+    };
+    let head = String::from_utf8_lossy(&out[..end]).into_owned();
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, out.split_off(end + 4))
+}
+
+/// The background scrub of `penstock serve` (`[volumes] scrub_rate_bytes_per_s`,
+/// `scrub_interval_ms`): a block of one copy of a served mirrored volume is overwritten while
+/// an HTTP reader streams the partition over and over; the server's scrub finds it and
+/// rewrites it from the other copy (waited for on its metric), every response the reader got
+/// is byte-exact, and afterwards `volume scrub --no-repair` finds nothing bad. (A reader
+/// repairs what it reads too: this one reads from the partition's second MiB on, so the
+/// bad block, in the first, is the scrub's to find.)
+#[test]
+fn the_background_scrub_of_serve_repairs_a_bad_block_while_a_reader_streams() {
+    let (a, b) = match two_devices() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("SKIPPED: a mirror needs two devices: {why}");
+            return;
+        }
+    };
+    if !uring_works(a.path()) {
+        return;
+    }
+    let m: Vec<PathBuf> = vec![a.path().join("b0"), b.path().join("b1")];
+    ok(&[
+        "volume",
+        "create",
+        "bg",
+        "--mirror",
+        "2",
+        "--member-size",
+        "40MiB",
+        "--member",
+        s(&m[0]),
+        "--member",
+        s(&m[1]),
+    ]);
+    let clip = data(20 * MIB + 4321, 50);
+    let src = a.path().join("clip.in");
+    std::fs::write(&src, &clip).unwrap();
+    ok(&["volume", "import", s(&m[0]), "clip", s(&src)]);
+    let start = data_start(&ok(&["volume", "ls", s(&m[0])]));
+
+    let root = a.path().join("www");
+    std::fs::create_dir(&root).unwrap();
+    let conf = a.path().join("penstock.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[rtsp]\nlisten = \"\"\n[control]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nroot = \"{}\"\n\
+             [volumes]\nbg = \"{}\"\nscrub_rate_bytes_per_s = \"400MB/s\"\nscrub_interval_ms = \"100ms\"\n",
+            root.display(),
+            m[0].display()
+        ),
+    )
+    .unwrap();
+    let log = a.path().join("serve.log");
+    let mut child = penstock()
+        .args(["serve", "--no-control-unix", "--config"])
+        .arg(&conf)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let line = common::start_line(&mut child);
+    let (http, _) = common::serve_addresses(&line);
+    let metric = |name: &str| {
+        common::scrape(&http)
+            .and_then(|p| common::sample(&p, name))
+            .unwrap_or_else(|| panic!("no {name} on the metrics page"))
+    };
+    assert_eq!(metric("penstock_volume_scrub_bad_units_total"), 0.0);
+
+    // The reader: the whole partition, again and again, until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (http, stop, clip) = (http.clone(), stop.clone(), clip.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0u32;
+            let want = &clip[MIB..];
+            while !stop.load(std::sync::atomic::Ordering::Acquire) || rounds < 2 {
+                let (code, body) =
+                    http_get(&http, "/vol/bg/clip", &format!("Range: bytes={MIB}-\r\n"));
+                assert_eq!(code, 206, "round {rounds}");
+                assert_eq!(body.len(), want.len(), "round {rounds}: length");
+                assert!(body == want, "round {rounds}: the body differs");
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+
+    // 64 KiB (16 units) of random bytes over the second copy's first data block.
+    scribble(&m[1], start, &data(64 << 10, 51));
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        if metric("penstock_volume_scrub_repaired_units_total") >= 16.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the background scrub repaired nothing in 300 s: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let repaired = metric("penstock_volume_scrub_repaired_units_total");
+    assert_eq!(metric("penstock_volume_scrub_bad_units_total"), repaired);
+    assert!(metric("penstock_volume_checksum_repairs_total") >= repaired);
+    assert!(metric("penstock_volume_scrub_read_bytes_total") >= 2.0 * clip.len() as f64);
+    assert_eq!(metric("penstock_volume_scrub_errors_total"), 0.0);
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let rounds = reader.join().expect("every round byte-exact");
+    assert!(rounds >= 2);
+    let (code, body) = http_get(&http, "/vol/bg/clip", "");
+    assert_eq!(code, 200);
+    assert!(body == clip, "the whole partition differs after the scrub");
+
+    // Repaired on the member itself: a scrub that repairs nothing finds nothing bad.
+    assert_eq!(
+        bad_count(
+            &ok(&["volume", "scrub", s(&m[0]), "--no-repair"]),
+            "scrubbed volume"
+        ),
+        0
+    );
+    terminate(&mut child);
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("volume scrub: partition bg/clip block 0"),
+        "{said}"
+    );
+    assert!(said.contains("repaired from the other copy"), "{said}");
+}
+
+/// SIGTERM to `child`, then waits for it.
+fn terminate(child: &mut std::process::Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
 }

@@ -141,6 +141,21 @@ pub struct VolumesConfig {
     /// … vol:NAME/PART --tracks DIR/NAME/PART` writes), else by PCR.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tracks: Option<PathBuf>,
+    /// The background scrub's rate limit, every copy counted: `"50MB/s"` (the default); 0
+    /// turns the background scrub off (see [`crate::scrub`]).
+    #[serde(
+        deserialize_with = "units::opt_rate",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub scrub_rate_bytes_per_s: Option<u64>,
+    /// The time between background scrub passes over the served volumes (from the server's
+    /// start to the first, from the end of one to the start of the next): `"168h"` (a week,
+    /// the default); 0 turns the background scrub off.
+    #[serde(
+        deserialize_with = "units::opt_ms",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub scrub_interval_ms: Option<u64>,
     /// NAME → the path of one member of the volume.
     #[serde(flatten)]
     pub members: std::collections::BTreeMap<String, PathBuf>,
@@ -162,6 +177,17 @@ impl VolumesConfig {
             l.grow_step_bytes = b;
         }
         Ok(l)
+    }
+
+    /// The background scrub's rate and interval, `None` when it is off (a 0, or no volume).
+    pub fn scrub(&self) -> Option<(u64, Duration)> {
+        let rate = self
+            .scrub_rate_bytes_per_s
+            .unwrap_or(crate::scrub::RATE_BYTES_PER_S_DEFAULT);
+        let interval = self
+            .scrub_interval_ms
+            .map_or(crate::scrub::INTERVAL_DEFAULT, Duration::from_millis);
+        (rate > 0 && !interval.is_zero() && !self.members.is_empty()).then_some((rate, interval))
     }
 }
 
@@ -464,6 +490,10 @@ pub struct ControlConfig {
     /// users (allowed or not) hold at most `unix_connections_max - unix_owner_reserved` (at
     /// least 1), so they never lock the server's owner out of its own socket.
     pub unix_owner_reserved: usize,
+    /// Unix-socket connections at once of one uid other than the server's own (allowed or
+    /// not); beyond, `503` and closed: one other user does not take every place the owner
+    /// leaves to others (in effect at most `unix_connections_max - unix_owner_reserved`).
+    pub unix_connections_per_uid_max: usize,
     /// Descriptors (SCM_RIGHTS, `OPEN fd fd`) one Unix-socket connection may hold at once,
     /// waiting for the command line they came with; more are closed and the line refused.
     /// 2 to 64.
@@ -545,6 +575,7 @@ impl Default for ControlConfig {
             tcp_connections_per_address_max: 8,
             unix_connections_max: 64,
             unix_owner_reserved: 8,
+            unix_connections_per_uid_max: 16,
             unix_fds_held_max: 4,
             line_bytes_max: 4096,
             request_timeout_ms: 10_000,
@@ -611,6 +642,9 @@ impl ControlConfig {
             return bad(
                 "control.tcp_connections_max and control.unix_connections_max must be above 0",
             );
+        }
+        if self.unix_connections_per_uid_max == 0 {
+            return bad("control.unix_connections_per_uid_max must be above 0");
         }
         if self.tcp_connections_per_address_max == 0 {
             return bad("control.tcp_connections_per_address_max must be above 0");
@@ -1253,6 +1287,29 @@ mod tests {
             d.volumes.limits().unwrap(),
             penstock_driver::volume::VolumeLimits::default()
         );
+        // The background scrub: on by default for the served volumes, off with a 0 or none.
+        assert_eq!(
+            c.volumes.scrub(),
+            Some((
+                crate::scrub::RATE_BYTES_PER_S_DEFAULT,
+                crate::scrub::INTERVAL_DEFAULT
+            ))
+        );
+        let sc: ServerConfig = toml::from_str(
+            "[volumes]\nhv = \"/m\"\nscrub_rate_bytes_per_s = \"8MB/s\"\nscrub_interval_ms = \"1h\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            sc.volumes.scrub(),
+            Some((8_000_000, Duration::from_secs(3600)))
+        );
+        assert_eq!(sc.volumes.members.len(), 1);
+        for off in ["scrub_rate_bytes_per_s = 0", "scrub_interval_ms = 0"] {
+            let c: ServerConfig =
+                toml::from_str(&format!("[volumes]\nhv = \"/m\"\n{off}\n")).unwrap();
+            assert_eq!(c.volumes.scrub(), None, "{off}");
+        }
+        assert_eq!(d.volumes.scrub(), None, "no volume, no scrub");
         let z: ServerConfig = toml::from_str("[volumes]\ngrow_step_bytes = 0\n").unwrap();
         assert!(
             z.check()

@@ -121,6 +121,8 @@ pub struct ControlShared {
     unix_conns: AtomicUsize,
     /// Unix connections of other uids than the server's own (`unix_owner_reserved`).
     unix_others: AtomicUsize,
+    /// Of those, per uid (`unix_connections_per_uid_max`); a uid with none is removed.
+    unix_per_uid: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
     /// TCP connections per client address (`tcp_connections_per_address_max`).
     tcp_per_address: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
     next_conn: AtomicU64,
@@ -146,6 +148,7 @@ impl ControlShared {
             tcp_conns: AtomicUsize::new(0),
             unix_conns: AtomicUsize::new(0),
             unix_others: AtomicUsize::new(0),
+            unix_per_uid: std::sync::Mutex::new(std::collections::HashMap::new()),
             tcp_per_address: std::sync::Mutex::new(std::collections::HashMap::new()),
             next_conn: AtomicU64::new(1),
             own_uid: rustix::process::geteuid().as_raw(),
@@ -459,12 +462,16 @@ fn accept_loop<L: AsFd>(
 /// A control connection's place among the connection limits, given back when dropped:
 /// `tcp_connections_max` and `tcp_connections_per_address_max` for TCP;
 /// `unix_connections_max` for the Unix socket, of which other uids than the server's own
-/// hold at most `unix_connections_max - unix_owner_reserved`.
+/// hold at most `unix_connections_max - unix_owner_reserved`, each at most
+/// `unix_connections_per_uid_max`.
 struct ConnPlace {
     shared: Arc<ControlShared>,
     unix: bool,
     /// A Unix peer of another uid (counted in `unix_others`).
     other_uid: bool,
+    /// That peer's uid, when counted in `unix_per_uid` (`None`: its credentials could not
+    /// be read; it is held to `unix_others` alone).
+    uid: Option<u32>,
     /// A TCP peer's address (counted in `tcp_per_address`).
     ip: Option<std::net::IpAddr>,
 }
@@ -496,6 +503,7 @@ impl ConnPlace {
             shared: shared.clone(),
             unix,
             other_uid: false,
+            uid: None,
             ip: None,
         };
         match peer {
@@ -514,6 +522,22 @@ impl ConnPlace {
                              control.unix_owner_reserved {})",
                             cfg.unix_owner_reserved
                         ));
+                    }
+                    if let Some(u) = uid {
+                        let max = cfg.unix_connections_per_uid_max;
+                        let mut m = shared
+                            .unix_per_uid
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner());
+                        let n = m.entry(u).or_insert(0);
+                        if *n >= max {
+                            return Err(format!(
+                                "too many control connections of uid {u} \
+                                 (control.unix_connections_per_uid_max {max})"
+                            ));
+                        }
+                        *n += 1;
+                        place.uid = Some(u);
                     }
                 }
             }
@@ -545,6 +569,19 @@ impl Drop for ConnPlace {
         self.shared.conns(self.unix).fetch_sub(1, Ordering::AcqRel);
         if self.other_uid {
             self.shared.unix_others.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Some(u) = self.uid {
+            let mut m = self
+                .shared
+                .unix_per_uid
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = m.get_mut(&u) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    m.remove(&u);
+                }
+            }
         }
         if let Some(ip) = self.ip {
             let mut m = self

@@ -42,6 +42,7 @@ mod origin;
 pub mod peer_log;
 pub mod private;
 pub mod rtsp;
+pub mod scrub;
 pub mod streams;
 
 use std::io::{self, Read};
@@ -124,6 +125,8 @@ pub struct Server {
     rtsp: Option<Mutex<rtsp::RtspServer>>,
     /// Membership in etcd (`None`: `[cluster] etcd` is empty).
     membership: Option<Mutex<cluster::Membership>>,
+    /// The background scrub of the served volumes (`None`: off, or no `[volumes]`).
+    scrub: Option<scrub::Scrubber>,
 }
 
 impl std::fmt::Debug for Server {
@@ -244,6 +247,16 @@ impl Server {
         }
         let metrics = Arc::new(Metrics::new());
         metrics.watch_engine(engine.clone());
+        // The background scrub's families are there (at 0) whether it runs or not.
+        let scrub_counters = scrub::ScrubCounters::default();
+        metrics.register_with(|r| scrub_counters.register(r));
+        let scrub = cfg
+            .volumes
+            .scrub()
+            .map(|(rate, interval)| {
+                scrub::Scrubber::start(cfg.volumes.members.clone(), rate, interval, scrub_counters)
+            })
+            .transpose()?;
         let access_log = access_log::AccessLog::start(
             &cfg.log.access_target(),
             cfg.log.access_limits(),
@@ -492,6 +505,7 @@ impl Server {
             metrics_listener,
             rtsp,
             membership,
+            scrub,
         })
     }
 
@@ -749,6 +763,11 @@ impl Server {
         // not a lease TTL later, while what is under way drains.
         if let Some(m) = &self.membership {
             m.lock().unwrap_or_else(|p| p.into_inner()).stop();
+        }
+        // The scrub stops at its next chunk (its repairs are whole units, synced).
+        let mut scrub = self.scrub;
+        if let Some(s) = &mut scrub {
+            s.stop();
         }
         self.http.stop();
         self.control.stop.store(true, Ordering::Release);

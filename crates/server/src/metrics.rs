@@ -33,9 +33,16 @@
 //!   volumes that streams found failing, read around since), `volume_checksum_failures_total`,
 //!   `volume_checksum_repairs_total`, `volume_checksum_unrepaired_total` (4 KiB units of
 //!   volume reads that failed their block checksum on a copy; rewritten from the other copy;
-//!   read around only), `disk_queue_depth{class}`; the open-file table:
+//!   read around only), `disk_queue_depth{class}`;
+//!   the background scrub of the served volumes ([`crate::scrub`], present at 0 when it is
+//!   off): `volume_scrub_passes_total`, `volume_scrub_read_bytes_total`,
+//!   `volume_scrub_bad_units_total`, `volume_scrub_repaired_units_total`,
+//!   `volume_scrub_errors_total`; the open-file table:
 //!   `engine_open_files` (files open for streams, one descriptor each) and
 //!   `engine_open_file_shares_total` (opens that shared an open file's descriptor).
+//! - Logs: `peer_log_suppressed_lines_total{kind}`, warning lines a peer's behaviour caused
+//!   that the one rate limiter ([`crate::peer_log`]) suppressed, every kind it knows present
+//!   at 0 from the start.
 //! - The cluster, when `[cluster] etcd` is set ([`Metrics::register_cluster`]):
 //!   `penstock_node_info{node}` (1; the Prometheus info-metric convention: join on it to
 //!   label any series by node), `cluster_membership` (1 while the lease is held and
@@ -373,6 +380,7 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut root = base_registry();
         let r = root.sub_registry_with_prefix("penstock");
+        r.register_collector(Box::new(PeerLogCollector));
         let requests = Family::<RequestLabels, Counter>::default();
         r.register(
             "http_requests",
@@ -788,6 +796,26 @@ fn add_lateness(
     }
     misses.inc_by(now.misses.saturating_sub(seen.misses));
     seen.misses = now.misses;
+}
+
+/// The peer-log limiter's suppressed lines ([`crate::peer_log`]), read at each scrape.
+#[derive(Debug)]
+struct PeerLogCollector;
+
+impl Collector for PeerLogCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut m = encoder.encode_descriptor(
+            "peer_log_suppressed_lines",
+            "Warning lines a peer's behaviour caused that the log rate limiter suppressed, by kind",
+            None,
+            MetricType::Counter,
+        )?;
+        for (kind, n) in crate::peer_log::global().suppressed_totals() {
+            let labels = [("kind", kind)];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
 }
 
 /// The engine's figures, read at each scrape.

@@ -9,6 +9,10 @@
 //! over and over; the accept back-off lines already have their own interval.
 //!
 //! Kinds are few and fixed in the code, so the table is bounded by them, never by peers.
+//!
+//! The lines suppressed are also counted for good, per kind ([`PeerLog::suppressed_totals`]):
+//! the metric `penstock_peer_log_suppressed_lines_total{kind}`, every kind of [`KINDS`]
+//! present at 0 from the start.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -18,6 +22,17 @@ use std::time::{Duration, Instant};
 pub const LINES_PER_WINDOW: u32 = 10;
 /// The window.
 pub const WINDOW: Duration = Duration::from_secs(10);
+
+/// The kinds [`peer_warn!`](crate::peer_warn) is called with in this crate (a metric's label
+/// values, present at 0 from the start; a kind not listed is counted all the same).
+pub const KINDS: [&str; 6] = [
+    "control_fds_refused",
+    "control_wrong_token",
+    "http_origin",
+    "http_origin_cut",
+    "metrics_accept_failed",
+    "rtsp_origin",
+];
 
 #[derive(Debug)]
 struct Window {
@@ -33,6 +48,8 @@ struct Window {
 #[derive(Debug, Default)]
 pub struct PeerLog {
     kinds: Mutex<BTreeMap<&'static str, Window>>,
+    /// Lines suppressed since the start, per kind (never reset; bounded by the kinds).
+    totals: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl PeerLog {
@@ -52,6 +69,13 @@ impl PeerLog {
         }
         if w.lines >= LINES_PER_WINDOW {
             w.suppressed += 1;
+            drop(m);
+            *self
+                .totals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(kind)
+                .or_insert(0) += 1;
             return None;
         }
         w.lines += 1;
@@ -60,6 +84,16 @@ impl PeerLog {
 }
 
 impl PeerLog {
+    /// Lines suppressed since the start, per kind: every kind of [`KINDS`] (0 when none was)
+    /// and any other that had lines suppressed.
+    pub fn suppressed_totals(&self) -> BTreeMap<&'static str, u64> {
+        let mut out: BTreeMap<&'static str, u64> = KINDS.iter().map(|&k| (k, 0)).collect();
+        for (k, n) in self.totals.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            out.insert(k, *n);
+        }
+        out
+    }
+
     /// The kinds whose window is over with lines suppressed in it, and how many: each
     /// returned once (its count starts again at zero). For [`flush`]: a flood that stops
     /// still has its suppressed lines reported.
@@ -128,6 +162,11 @@ mod tests {
             Some(1000 - u64::from(LINES_PER_WINDOW))
         );
         assert_eq!(log.allow("a", t0 + WINDOW), Some(0));
+        // The totals keep every suppressed line, beside the known kinds at 0.
+        let totals = log.suppressed_totals();
+        assert_eq!(totals["a"], 1000 - u64::from(LINES_PER_WINDOW));
+        assert_eq!(totals.get("b"), None);
+        assert!(KINDS.iter().all(|k| totals[k] == 0));
     }
 
     #[test]

@@ -190,6 +190,10 @@ fn every_family_is_there_after_http_a_refused_open_and_a_paced_stream() {
         "penstock_disk_queue_depth{class=\"rt\"} ",
         "penstock_streams_active ",
         "penstock_access_log_dropped_lines_total 0",
+        "penstock_peer_log_suppressed_lines_total{kind=\"control_fds_refused\"} 0",
+        "penstock_peer_log_suppressed_lines_total{kind=\"control_wrong_token\"} ",
+        "penstock_volume_scrub_passes_total 0",
+        "penstock_volume_scrub_repaired_units_total 0",
         &format!(
             "penstock_build_info{{version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")

@@ -27,6 +27,11 @@ pub struct RtspConfig {
     /// within one `session_timeout_ms`; beyond, that address's SETUPs get 453 until the
     /// window is over (a client that sets up, never plays, tears down and sets up again).
     pub unplayed_setups_max: u32,
+    /// A session paused for longer than this has its stream stopped and its admission
+    /// reservation given back (the session stays; a PLAY resumes where it paused, admitted
+    /// afresh or refused with 453): a paused client kept alive holds no capacity beyond it.
+    #[serde(alias = "pause_hold", deserialize_with = "units::ms")]
+    pub pause_hold_ms: u64,
     /// A session with no request (and, over UDP, no RTCP receiver report) for this long is
     /// torn down; told to clients as `Session: ID;timeout=N`.
     #[serde(alias = "session_timeout", deserialize_with = "units::ms")]
@@ -140,6 +145,7 @@ impl Default for RtspConfig {
             sessions_per_address_max: 16,
             setup_timeout_ms: 10_000,
             unplayed_setups_max: 16,
+            pause_hold_ms: 60_000,
             session_timeout_ms: 60_000,
             request_bytes_max: 8192,
             connections_max: 256,
@@ -175,6 +181,10 @@ impl RtspConfig {
         Duration::from_millis(self.setup_timeout_ms)
     }
 
+    pub fn pause_hold(&self) -> Duration {
+        Duration::from_millis(self.pause_hold_ms)
+    }
+
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
     }
@@ -196,6 +206,9 @@ impl RtspConfig {
         }
         if self.setup_timeout_ms < 100 || self.setup_timeout_ms > 3_600_000 {
             return bad("rtsp.setup_timeout_ms must be 100ms ..= 1h".into());
+        }
+        if self.pause_hold_ms < 100 || self.pause_hold_ms > 86_400_000 {
+            return bad("rtsp.pause_hold_ms must be 100ms ..= 24h".into());
         }
         if self.session_timeout_ms < 1000 || self.session_timeout_ms > 3_600_000 {
             return bad("rtsp.session_timeout_ms must be 1s ..= 1h".into());
@@ -312,6 +325,7 @@ mod tests {
             "[rtsp]\nsessions_per_address_max = 0\n",
             "[rtsp]\nunplayed_setups_max = 0\n",
             "[rtsp]\nsetup_timeout = \"1ms\"\n",
+            "[rtsp]\npause_hold = \"1ms\"\n",
             "[rtsp]\nsessions_max = 2000\n",
         ] {
             let c: ServerConfig = toml::from_str(bad).unwrap();

@@ -636,6 +636,7 @@ impl Conn<'_> {
             admitted_at: Instant::now(),
             client: self.peer.ip(),
             playing: None,
+            resume_from_ns: None,
             last_seen: Instant::now(),
         };
         {
@@ -804,8 +805,12 @@ impl Conn<'_> {
                 rtsp::npt_text(duration)
             )
         };
-        // A new scale without a Range goes on from where the stream is, at the new pace.
+        // A new scale without a Range goes on from where the stream is, at the new pace; a
+        // session whose pause outlasted `pause_hold_ms` resumes where it stopped.
         let mut from_ns = req.range_from_ns;
+        if from_ns.is_none() && s.playing.is_none() && s.state == SessionState::Paused {
+            from_ns = s.resume_from_ns;
+        }
         if from_ns.is_none()
             && scale != s.scale
             && let Some(p) = &s.playing
@@ -849,6 +854,7 @@ impl Conn<'_> {
                 Ok((start, seq, rtptime)) => {
                     s.state = SessionState::Playing;
                     s.scale = scale;
+                    s.resume_from_ns = None;
                     Reply::new(200, Some(cseq))
                         .header("Range", range(start))
                         .header("Scale", scale_hdr)

@@ -285,6 +285,9 @@ pub struct Session {
     /// The address that set the session up (`sessions_per_address_max`).
     client: std::net::IpAddr,
     playing: Option<Playing>,
+    /// Paused longer than `pause_hold_ms`: the stream was stopped and its reservation given
+    /// back; the media time a PLAY without Range resumes from (asking admission afresh).
+    resume_from_ns: Option<u64>,
     last_seen: Instant,
 }
 
@@ -697,6 +700,7 @@ fn reaper(shared: &Arc<RtspShared>) {
             .collect();
         let timeout = shared.cfg.session_timeout();
         let setup_timeout = shared.cfg.setup_timeout();
+        let pause_hold = shared.cfg.pause_hold();
         let mut expired = Vec::new();
         for s in all {
             // A session busy with a request is looked at next turn.
@@ -716,6 +720,18 @@ fn reaper(shared: &Arc<RtspShared>) {
                     s.id
                 );
             }
+            // Paused for longer than `pause_hold_ms`: the stream stops and its reservation
+            // goes back (a PLAY later resumes where it was, asking admission afresh).
+            let now = penstock_driver::clock::now();
+            if s.state == SessionState::Paused
+                && s.playing.as_ref().is_some_and(|p| {
+                    p.ended_at.is_none()
+                        && p.paused_at
+                            .is_some_and(|at| now.saturating_duration_since(at) > pause_hold)
+                })
+            {
+                shared.release_paused(&mut s);
+            }
             if s.last_seen.elapsed() > timeout {
                 expired.push(s.id.clone());
             }
@@ -728,6 +744,33 @@ fn reaper(shared: &Arc<RtspShared>) {
 }
 
 impl RtspShared {
+    /// Stops a paused session's stream, giving its admission reservation back; the session
+    /// stays (paused), remembering where a PLAY resumes ([`Session::resume_from_ns`]).
+    fn release_paused(&self, s: &mut Session) {
+        let Some(p) = s.playing.take() else {
+            return;
+        };
+        let sent = p.handle.counters().units_sent;
+        p.handle.cancel();
+        let at_ns = usize::try_from(sent)
+            .ok()
+            .and_then(|i| p.units.get(i))
+            .map(|u| u.offset_ns);
+        let from_ns = match (at_ns, &s.media) {
+            (Some(at), _) => p.start_time_ns + p.packetizer.scale.media_ns(at),
+            (None, SessionMedia::File { media, .. }) => media.end_ns(),
+            (None, SessionMedia::Live(_)) => 0,
+        };
+        s.next_sequence = p.packetizer.sequence(sent);
+        s.resume_from_ns = Some(from_ns);
+        self.metrics.error("rtsp_pause_released");
+        tracing::debug!(
+            "rtsp session {}: paused longer than rtsp.pause_hold_ms, its stream stopped and its admission given back (a PLAY resumes at npt={})",
+            s.id,
+            penstock_core::rtsp::npt_text(from_ns)
+        );
+    }
+
     /// One more session of `ip` given back unplayed (the window is `session_timeout`).
     fn count_unplayed(&self, ip: std::net::IpAddr) {
         let window = self.cfg.session_timeout();

@@ -116,6 +116,11 @@ impl Hls {
         self.cfg.enabled
     }
 
+    /// `[hls] cache_max_age_s`: how long playlists and media files may be cached.
+    pub(crate) fn cache_max_age_s(&self) -> u64 {
+        self.cfg.cache_max_age_s
+    }
+
     /// The most TS files a multivariant playlist lists.
     pub(crate) fn renditions_max(&self) -> usize {
         self.cfg.renditions_max

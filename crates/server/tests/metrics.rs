@@ -190,6 +190,9 @@ fn every_family_is_there_after_http_a_refused_open_and_a_paced_stream() {
         "penstock_disk_queue_depth{class=\"rt\"} ",
         "penstock_streams_active ",
         "penstock_access_log_dropped_lines_total 0",
+        "penstock_hls_playlist_requests_total{kind=\"media\"} 0",
+        "penstock_hls_playlist_requests_total{kind=\"master\"} 0",
+        "penstock_hls_segment_requests_total 0",
         &format!(
             "penstock_build_info{{version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")

@@ -55,6 +55,7 @@
 //! the loop never writes the log itself).
 
 mod accept;
+pub(crate) mod cors;
 mod engine;
 mod indexing;
 mod origin;
@@ -431,6 +432,8 @@ struct Worker {
     spare_fd: Option<OwnedFd>,
     /// This worker's access log lines not yet handed to the writer.
     access: Option<LogBuffer>,
+    /// Set by `respond` when the answer is a playlist made here (its `Cache-Control`).
+    playlist_made: bool,
 }
 
 fn token(idx: u32, generation: u32) -> u64 {
@@ -501,6 +504,7 @@ impl Worker {
                 next_log: Instant::now(),
             },
             spare_fd: accept::spare_fd(),
+            playlist_made: false,
             access,
         })
     }
@@ -905,6 +909,7 @@ impl Worker {
                                 to_engine: None,
                                 origin_type: None,
                                 hls_wait: None,
+                                delivery: Default::default(),
                                 volume: None,
                                 status: r.status,
                                 started: c.head_started.take().unwrap_or_else(Instant::now),

@@ -161,7 +161,7 @@ pub(crate) struct HttpShared {
     /// `[origin]`: paths missing beneath the root are answered from there.
     pub(crate) origin: Option<Arc<crate::origin::Origin>>,
     /// `[hls]`: playlists of the TS files beneath the root.
-    pub(crate) hls: crate::hls::Hls,
+    pub(crate) hls: Arc<crate::hls::Hls>,
 }
 
 impl HttpShared {
@@ -197,12 +197,12 @@ impl HttpShared {
             cut: AtomicBool::new(false),
             wakers: Mutex::new(Vec::new()),
             origin: None,
-            hls: crate::hls::Hls::new(crate::config::HlsConfig::default()),
+            hls: Arc::new(crate::hls::Hls::new(crate::config::HlsConfig::default())),
         }
     }
 
     /// Answers `PATH/index.m3u8` for the TS files beneath the root with `hls`.
-    pub(crate) fn with_hls(mut self, hls: crate::hls::Hls) -> HttpShared {
+    pub(crate) fn with_hls(mut self, hls: Arc<crate::hls::Hls>) -> HttpShared {
         self.hls = hls;
         self
     }

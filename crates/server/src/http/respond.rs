@@ -643,7 +643,9 @@ fn playlist_ok(
     )
 }
 
-/// A `200` whose body is `body` in memory, with the validators when given.
+/// A `200` whose body is `body` in memory, with the validators when given: then a `304`
+/// without a body when the request's `If-None-Match` / `If-Modified-Since` says the client's
+/// copy is current (what a player's cache revalidating a playlist asks).
 fn made_ok(
     req: &Request,
     ctx: &ResponseContext<'_>,
@@ -652,6 +654,34 @@ fn made_ok(
     body: Vec<u8>,
 ) -> penstock_core::http::Response {
     let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+    let not_modified = validators.is_some_and(|(etag, mtime)| {
+        penstock_core::http::evaluate_preconditions(req, etag, mtime)
+            == penstock_core::http::Precondition::NotModified
+    });
+    if not_modified {
+        let head = ResponseHead {
+            status: Status::NOT_MODIFIED,
+            date: ctx.date,
+            server: ctx.server,
+            content_type: None,
+            content_length_bytes: None,
+            content_range: None,
+            accept_ranges: false,
+            etag: validators.map(|(e, _)| e),
+            last_modified: validators.map(|(_, t)| t),
+            allow: None,
+            location: None,
+            connection: connection_header(keep_alive, ctx),
+        };
+        let mut bytes = Vec::with_capacity(256);
+        write_response_head(&head, &mut bytes);
+        return penstock_core::http::Response {
+            status: Status::NOT_MODIFIED,
+            head: bytes,
+            body: Vec::new(),
+            keep_alive,
+        };
+    }
     let head = ResponseHead {
         status: Status::OK,
         date: ctx.date,

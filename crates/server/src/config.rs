@@ -51,7 +51,7 @@ pub struct ServerConfig {
     pub admission: AdmissionSection,
     /// `[limits]`: per-connection HTTP limits (reloadable).
     pub limits: HttpLimits,
-    /// `[[location]]`: class and rate per path prefix, longest prefix wins.
+    /// `[[location]]`: class, rate and CORS per path prefix, longest prefix wins.
     pub location: Vec<Location>,
     /// `[log]`: the access log.
     pub log: LogConfig,

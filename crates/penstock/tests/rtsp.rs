@@ -998,9 +998,10 @@ fn record_with(src: &Path, dst_args: &[&std::ffi::OsStr]) {
 
 /// PLAY `Range: npt=20-` of a recording with its index tracks starts at the frame track's
 /// last independent frame at or before 20 s (`seek=track`); the same file without tracks
-/// starts at the last PCR at or before it (`seek=pcr`).
+/// starts at the last key frame at or before it by the file's key-frame index, the one HLS
+/// cuts its segments from (`seek=key`).
 #[test]
-fn play_seeks_by_a_recordings_frame_track_else_by_pcr() {
+fn play_seeks_by_a_recordings_frame_track_else_by_the_key_frame_index() {
     let Some(clip) = clip() else { return };
     let src = std::fs::read(clip).unwrap();
     let first_pcr = src.chunks_exact(TS).find_map(pcr).unwrap();
@@ -1031,7 +1032,7 @@ fn play_seeks_by_a_recordings_frame_track_else_by_pcr() {
         (p - first_pcr) as f64 / 27e6
     };
 
-    for (path, seek) in [("rec.ts", "track"), ("clip.ts", "pcr")] {
+    for (path, seek) in [("rec.ts", "track"), ("clip.ts", "key")] {
         let url = s.url(path);
         let mut c = Client::connect(s.rtsp);
         let rx = Receiver::new();
@@ -1075,11 +1076,11 @@ fn play_seeks_by_a_recordings_frame_track_else_by_pcr() {
                 "the next key frame, at {:.3} s, was not after 20 s",
                 time_at(next * 1316)
             );
-            assert!(
-                got[0].2.chunks_exact(TS).any(random_access),
-                "the first packet holds no random-access TS packet"
-            );
         }
+        assert!(
+            got[0].2.chunks_exact(TS).any(random_access),
+            "{path}: the first packet holds no random-access TS packet"
+        );
         assert_eq!(c.request("TEARDOWN", &url, &[("Session", &id)]).status, 200);
     }
 }
@@ -1580,5 +1581,245 @@ fn partitions_play_over_rtsp_and_seek_by_their_tracks() {
             src.len()
         );
         println!("gst {path}: {} bytes, the clip byte for byte", got.len());
+    }
+}
+
+/// `seconds` of H.264 at 160x120, 25 fps, a key frame every 10 s (`-g 250`, no scene cuts),
+/// in TS: what the issue tried (`ffmpeg -ss 20` and `mpv --start=20` got nothing decodable
+/// when a seek landed on a PCR time 20 s after the last key frame).
+fn long_gop_clip(path: &Path, seconds: u32) {
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=160x120:rate=25"])
+        .args(["-t", &seconds.to_string()])
+        .args([
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+        ])
+        .args(["-g", "250", "-keyint_min", "250", "-sc_threshold", "0"])
+        .args(["-f", "mpegts"])
+        .arg(path)
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The checksums (showinfo's, of the decoded picture) of `input`'s video frames by their
+/// time from the first frame, in ms: `ffmpeg ARGS -i input -vf showinfo`.
+fn frame_sums(
+    args: &[&str],
+    input: &str,
+    frames: Option<u32>,
+) -> (bool, Vec<(u64, String)>, String) {
+    let mut c = Command::new("ffmpeg");
+    c.arg("-hide_banner").args(args).args(["-i", input]);
+    if let Some(n) = frames {
+        c.args(["-frames:v", &n.to_string()]);
+    }
+    c.args(["-an", "-vf", "showinfo", "-f", "null", "-"]);
+    let (ok, _, log) = run_player(c, Duration::from_secs(120));
+    let sums = log
+        .lines()
+        .filter(|l| l.contains("Parsed_showinfo") && l.contains(" pts_time:"))
+        .filter_map(|l| {
+            let t: f64 = l
+                .split(" pts_time:")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()?;
+            let sum = l
+                .split(" checksum:")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(((t * 1000.0).round() as u64, sum))
+        })
+        .collect();
+    (ok, sums, log)
+}
+
+/// Issue 32, item 6: a seek lands on a picture. On a clip with key frames 10 s apart, PLAY
+/// `Range: npt=T-` starts at the key frame at or before T (the file's key-frame index) and the
+/// reply's Range says that start; `ffmpeg -ss T -i rtsp://…` (which asks `npt=T+S-`, S the
+/// stream's first PTS, taken off again for it) decodes a picture, and with
+/// `-fflags +discardcorrupt` exactly the source's picture at T (the packet ffmpeg still holds
+/// from before its seek is the only corrupt one: docs/rtsp.md); mpv, where installed (CI
+/// installs it), writes a picture with `--start=T`.
+#[test]
+fn seeks_land_on_the_key_frame_at_or_before_the_time_for_ffmpeg_and_mpv() {
+    if !common::tool("ffmpeg", "-version") {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "ffmpeg is needed under CI"
+        );
+        println!("SKIPPED: ffmpeg not found");
+        return;
+    }
+    let _serial = serial();
+    let work = tempfile::tempdir().unwrap();
+    let clip = work.path().join("gop10.ts");
+    long_gop_clip(&clip, 30);
+    let s = serve(&clip, "");
+    let url = s.url("clip.ts");
+    // The source, decoded through: each picture's checksum by its time; and its key frames.
+    let (ok, reference, log) = frame_sums(&[], clip.to_str().unwrap(), None);
+    assert!(
+        ok && reference.len() == 750,
+        "{} pictures: {log}",
+        reference.len()
+    );
+    let o = Command::new("ffprobe")
+        .args([
+            "-v",
+            "error",
+            "-select_streams",
+            "v",
+            "-skip_frame",
+            "nokey",
+        ])
+        .args(["-show_entries", "frame=pts_time", "-of", "csv=p=0"])
+        .arg(&clip)
+        .output()
+        .unwrap();
+    let keys_abs: Vec<f64> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.trim().trim_end_matches(',').parse().ok())
+        .collect();
+    let keys: Vec<f64> = keys_abs.iter().map(|k| k - keys_abs[0]).collect();
+    assert_eq!(keys.len(), 3, "key frames at 0, 10, 20 s: {keys:?}");
+
+    let times = [5u64, 9, 12, 20, 27];
+    // The scripted client: the reply's Range start is the key frame at or before T (its
+    // unit's time: within a PCR interval before the frame).
+    for &t in &times {
+        let mut c = Client::connect(s.rtsp);
+        let rx = Receiver::new();
+        let setup = c.request("SETUP", &url, &[("Transport", &rx.transport())]);
+        assert_eq!(setup.status, 200, "{setup:?}");
+        let id = session_id(&setup);
+        let play = c.request(
+            "PLAY",
+            &url,
+            &[("Session", &id), ("Range", &format!("npt={t}-"))],
+        );
+        assert_eq!(play.status, 200, "{play:?}");
+        let start = npt_start(&play);
+        let key = keys
+            .iter()
+            .rev()
+            .find(|&&k| k <= t as f64)
+            .copied()
+            .unwrap();
+        println!("PLAY npt={t}-: Range npt={start}, key frame at {key:.3} s");
+        assert!(
+            start <= t as f64 && (start - key).abs() < 0.1,
+            "PLAY npt={t}-: Range starts at {start}, the key frame at or before is at {key}"
+        );
+        assert_eq!(c.request("TEARDOWN", &url, &[("Session", &id)]).status, 200);
+    }
+
+    // Real players, one thread per T (the streams are paced in real time).
+    let runs: Vec<_> = times
+        .iter()
+        .map(|&t| {
+            let url = url.clone();
+            let png = work.path().join(format!("ffmpeg-{t}.png"));
+            std::thread::spawn(move || {
+                let mut c = Command::new("ffmpeg");
+                c.args([
+                    "-hide_banner",
+                    "-loglevel",
+                    "error",
+                    "-y",
+                    "-rtsp_transport",
+                    "tcp",
+                ])
+                .args(["-ss", &t.to_string(), "-i", &url, "-frames:v", "1"])
+                .arg(&png);
+                let plain = run_player(c, Duration::from_secs(120));
+                let exact = frame_sums(
+                    &[
+                        "-fflags",
+                        "+discardcorrupt",
+                        "-rtsp_transport",
+                        "tcp",
+                        "-ss",
+                        &t.to_string(),
+                    ],
+                    &url,
+                    Some(1),
+                );
+                (t, plain, png, exact)
+            })
+        })
+        .collect();
+    for r in runs {
+        let (t, (ok, took, log), png, (exact_ok, sums, exact_log)) = r.join().unwrap();
+        let size = std::fs::metadata(&png).map_or(0, |m| m.len());
+        println!("ffmpeg -ss {t}: ok={ok} in {took:?}, {size}-byte picture");
+        assert!(ok && size > 0, "ffmpeg -ss {t}: no picture: {log}");
+        let want = reference
+            .iter()
+            .find(|(ms, _)| *ms == t * 1000)
+            .unwrap_or_else(|| panic!("no source picture at {t} s"));
+        println!("ffmpeg -fflags +discardcorrupt -ss {t}: {sums:?}, the source's: {want:?}");
+        assert!(
+            exact_ok && sums.first().map(|(_, s)| s) == Some(&want.1),
+            "ffmpeg -ss {t}: not the source's picture at {t} s ({want:?}): {sums:?}\n{exact_log}"
+        );
+    }
+    let log = s.log();
+    assert!(
+        log.contains("PLAY from 9.000 by key") && log.contains("PLAY from 27.000 by key"),
+        "ffmpeg's npt=T+S is taken as T, by the key-frame index:\n{log}"
+    );
+
+    if !common::tool("mpv", "--version") {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "mpv is needed under CI (.ci/run installs it)"
+        );
+        println!("SKIPPED: mpv not found (apt-get install mpv)");
+        return;
+    }
+    let runs: Vec<_> = times
+        .iter()
+        .map(|&t| {
+            let url = url.clone();
+            let dir = work.path().join(format!("mpv-{t}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::thread::spawn(move || {
+                let mut c = Command::new("mpv");
+                c.args(["--no-config", "--really-quiet", "--ao=null", "--vo=image"])
+                    .args([
+                        "--vo-image-format=png",
+                        "--frames=1",
+                        "--rtsp-transport=tcp",
+                    ])
+                    .arg(format!("--vo-image-outdir={}", dir.display()))
+                    .arg(format!("--start={t}"))
+                    .arg(&url);
+                (t, run_player(c, Duration::from_secs(120)), dir)
+            })
+        })
+        .collect();
+    for r in runs {
+        let (t, (ok, took, log), dir) = r.join().unwrap();
+        let pictures: Vec<u64> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.metadata().ok().map(|m| m.len()))
+            .collect();
+        println!("mpv --start={t}: ok={ok} in {took:?}, pictures {pictures:?}");
+        assert!(
+            ok && pictures.len() == 1 && pictures[0] > 0,
+            "mpv --start={t}: no picture: {log}"
+        );
     }
 }

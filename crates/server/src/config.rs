@@ -51,7 +51,7 @@ pub struct ServerConfig {
     pub admission: AdmissionSection,
     /// `[limits]`: per-connection HTTP limits (reloadable).
     pub limits: HttpLimits,
-    /// `[[location]]`: class and rate per path prefix, longest prefix wins.
+    /// `[[location]]`: class, rate and CORS per path prefix, longest prefix wins.
     pub location: Vec<Location>,
     /// `[log]`: the access log.
     pub log: LogConfig,
@@ -101,6 +101,10 @@ pub struct HlsConfig {
     /// name, each indexed when the playlist is asked for; 0: none, every generated one is
     /// 404).
     pub renditions_max: usize,
+    /// `Cache-Control: public, max-age=` of the playlists made here and of the TS and MP4
+    /// files served (seconds; default 86400: VOD titles do not change, and their `ETag`
+    /// changes when a file does; 0: `no-cache`, every use revalidates).
+    pub cache_max_age_s: u64,
 }
 
 impl Default for HlsConfig {
@@ -111,6 +115,7 @@ impl Default for HlsConfig {
             index_cache_entries: 256,
             indexers_max: 2,
             renditions_max: 16,
+            cache_max_age_s: 86_400,
         }
     }
 }
@@ -448,6 +453,12 @@ pub struct Location {
     pub limit_rate_bytes_per_s: Option<u64>,
     #[serde(default, deserialize_with = "units::opt_size")]
     pub limit_rate_after_bytes: Option<u64>,
+    /// CORS (docs/hls.md "Delivery"): the origins whose pages may read these responses from
+    /// their scripts (`["https://player.example"]`), or `["*"]` for any; every response of
+    /// the location says so, and `OPTIONS` is answered as a preflight. Empty (the default):
+    /// no CORS headers, and `OPTIONS` is a 405.
+    #[serde(default)]
+    pub cors_allow_origins: Vec<String>,
 }
 
 /// `[control]`: who may use the control protocol and what its streams may touch
@@ -1040,6 +1051,45 @@ impl AdmissionSection {
     }
 }
 
+/// The most origins one location's `cors_allow_origins` lists.
+pub const CORS_ORIGINS_MAX: usize = 64;
+
+/// A location's `cors_allow_origins`: `["*"]`, or origins as browsers send them in `Origin`
+/// (RFC 6454: `http://host` or `https://host:port`, no path, visible ASCII), at most
+/// [`CORS_ORIGINS_MAX`].
+fn check_cors_origins(prefix: &str, origins: &[String]) -> Result<(), ConfigError> {
+    let bad = |why: String| {
+        Err(ConfigError::Invalid(format!(
+            "location {prefix:?}: cors_allow_origins: {why}"
+        )))
+    };
+    if origins.len() > CORS_ORIGINS_MAX {
+        return bad(format!("more than {CORS_ORIGINS_MAX} origins"));
+    }
+    if origins.iter().any(|o| o == "*") {
+        if origins.len() > 1 {
+            return bad("\"*\" allows every origin: list it alone".into());
+        }
+        return Ok(());
+    }
+    for o in origins {
+        let host = o
+            .strip_prefix("https://")
+            .or_else(|| o.strip_prefix("http://"));
+        let ok = host.is_some_and(|h| {
+            !h.is_empty()
+                && h.bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'/' && b != b',')
+        });
+        if !ok {
+            return bad(format!(
+                "{o:?} is not an origin (scheme://host[:port], http or https, no path), nor \"*\""
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What SIGHUP reloads: the limits and the locations.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveConfig {
@@ -1054,6 +1104,8 @@ pub struct PathPolicy<'a> {
     pub class: &'a str,
     pub limit_rate_bytes_per_s: u64,
     pub limit_rate_after_bytes: u64,
+    /// The location's `cors_allow_origins` (empty: no CORS).
+    pub cors_allow_origins: &'a [String],
 }
 
 impl LiveConfig {
@@ -1068,6 +1120,7 @@ impl LiveConfig {
             limit_rate_after_bytes: loc
                 .and_then(|l| l.limit_rate_after_bytes)
                 .unwrap_or(self.limits.limit_rate_after_bytes),
+            cors_allow_origins: loc.map_or(&[], |l| l.cors_allow_origins.as_slice()),
         }
     }
 }
@@ -1167,6 +1220,7 @@ impl ServerConfig {
                     l.prefix
                 )));
             }
+            check_cors_origins(&l.prefix, &l.cors_allow_origins)?;
         }
         self.control.check()?;
         for (key, v) in [("user", &self.user), ("group", &self.group)] {

@@ -116,6 +116,11 @@ impl Hls {
         self.cfg.enabled
     }
 
+    /// `[hls] cache_max_age_s`: how long playlists and media files may be cached.
+    pub(crate) fn cache_max_age_s(&self) -> u64 {
+        self.cfg.cache_max_age_s
+    }
+
     /// The most TS files a multivariant playlist lists.
     pub(crate) fn renditions_max(&self) -> usize {
         self.cfg.renditions_max
@@ -142,8 +147,9 @@ impl Hls {
         })
     }
 
-    /// The index of `file` from the cache, else read now on this thread and cached.
-    fn index_now(&self, file: &File) -> Built {
+    /// The index of `file` from the cache, else read now on this thread and cached (RTSP's
+    /// seeks use it too: one index per file version).
+    pub(crate) fn index_now(&self, file: &File) -> Built {
         let m = file.metadata().map_err(|e| HlsError::Io(Arc::new(e)))?;
         let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
         if let Some(r) = self

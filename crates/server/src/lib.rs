@@ -272,6 +272,8 @@ impl Server {
             None
         };
         let origin_for_rtsp = origin.clone();
+        // The key-frame indexes of TS files: HLS playlists and RTSP seeks share them.
+        let hls_indexes = Arc::new(hls::Hls::new(cfg.hls.clone()));
         let shared = Arc::new(
             http::HttpShared::new(
                 cfg.live(),
@@ -291,7 +293,7 @@ impl Server {
                 access_log,
             )
             .with_origin(origin)
-            .with_hls(hls::Hls::new(cfg.hls.clone())),
+            .with_hls(hls_indexes.clone()),
         );
         let workers = if cfg.http.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -438,6 +440,7 @@ impl Server {
             if let Some(o) = &origin_for_rtsp {
                 r.set_origin(o.clone());
             }
+            r.set_hls(hls_indexes.clone());
             streams_for_rtsp.add_state_source(r.state_source());
             Some(Mutex::new(r))
         };

@@ -18,6 +18,8 @@
 //!   and dropped lines. `data_path` is how the body moved: `sendfile` (the connection's
 //!   loop), `engine-<path>`, `memory` (heads, errors, multipart part headers, metrics),
 //!   `none` (HEAD, 304).
+//! - HLS: `hls_playlist_requests_total{kind}` (playlists made and answered: `media`, `master`)
+//!   and `hls_segment_requests_total` (range GETs of a TS file, which is what a segment is).
 //! - Streams: `streams_active`, `admission_refusals_total{resource}` (every resource present
 //!   at 0 from the start), and for paced streams `stream_lateness_seconds{class}` and
 //!   `deadline_misses_total{class}` (class: the engine's disk class, `rt` or `bulk`), fed
@@ -362,6 +364,11 @@ pub struct Metrics {
     pub live_datagrams: Family<LiveLabels, Counter>,
     /// Sessions subscribed to each live source now.
     pub live_sessions: Family<SourceLabel, Gauge>,
+    /// HLS playlists answered (made here), by kind: `media` (`PATH/index.m3u8`) or `master`.
+    pub hls_playlists: Family<Kind, Counter>,
+    /// HLS segment requests: range GETs of a TS file (what a playlist's `EXT-X-BYTERANGE`
+    /// segments are).
+    pub hls_segments: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -537,8 +544,25 @@ impl Metrics {
             "Sessions receiving each RTSP live source now",
             live_sessions.clone(),
         );
+        let hls_playlists = Family::<Kind, Counter>::default();
+        for kind in ["media", "master"] {
+            let _ = hls_playlists.get_or_create(&Kind { kind: kind.into() });
+        }
+        r.register(
+            "hls_playlist_requests",
+            "HLS playlists answered (made by the server), by kind: media (PATH/index.m3u8) or master (DIR/master.m3u8)",
+            hls_playlists.clone(),
+        );
+        let hls_segments = Counter::default();
+        r.register(
+            "hls_segment_requests",
+            "HLS segment requests: range GETs of a TS file",
+            hls_segments.clone(),
+        );
         Metrics {
             registry: Mutex::new(root),
+            hls_playlists,
+            hls_segments,
             live_datagrams,
             live_sessions,
             rtsp_sessions,
@@ -703,6 +727,15 @@ impl Metrics {
     }
 
     /// Counts one error of `kind` (a short stable name: `bad_request`, `idle_timeout`, ...).
+    /// Counts one HLS playlist request of `kind` (`media` or `master`).
+    pub fn hls_playlist(&self, kind: &str) {
+        self.hls_playlists
+            .get_or_create(&Kind {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
     pub fn error(&self, kind: &str) {
         self.errors
             .get_or_create(&Kind {

@@ -237,6 +237,19 @@ fn play(
     args: &[&str],
     tag: &str,
 ) -> (String, std::path::PathBuf) {
+    let (line, shot, err) = play_page(f, player, src, args, tag);
+    assert!(line.contains("\"ok\":true"), "{line}\n{err}");
+    (line, shot)
+}
+
+/// [`play`] without the check: the player's last line, the screenshot's path, its stderr.
+fn play_page(
+    f: &Fixture,
+    player: &Path,
+    src: &str,
+    args: &[&str],
+    tag: &str,
+) -> (String, std::path::PathBuf, String) {
     std::fs::copy(player.join("index.html"), f.path("player.html")).unwrap();
     std::fs::copy(
         player.join("node_modules/hls.js/dist/hls.min.js"),
@@ -252,11 +265,10 @@ fn play(
         .output()
         .expect("node");
     let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
     println!("{out}\n{err}\nscreenshot: {}", shot.display());
     let line = out.lines().last().unwrap_or_default().to_string();
-    assert!(line.contains("\"ok\":true"), "{line}\n{err}");
-    (line, shot)
+    (line, shot, err)
 }
 
 #[test]
@@ -840,4 +852,337 @@ fn an_h265_rendition_is_listed_with_its_size_and_codecs() {
         "{codecs} vs {v:?}"
     );
     assert_eq!(audio, "mp4a.40.2");
+}
+
+/// The head of the answer to `METHOD path` with `headers` (one request, then the server
+/// closes): its status and its header lines.
+fn ask(f: &Fixture, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    for (n, v) in headers {
+        req += &format!("{n}: {v}\r\n");
+    }
+    req += "\r\n";
+    let resp = raw(f.http, req.as_bytes());
+    let text = String::from_utf8_lossy(&resp);
+    let head = text
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    (status_of(&resp), head)
+}
+
+/// The value of header `name` in `head` (`None`: absent).
+fn field<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+const PLAYER_ORIGIN: &str = "https://player.example";
+const EXPOSED: &str = "Content-Range, Content-Length, Accept-Ranges, ETag";
+
+fn location(prefix: &str, origins: &[&str]) -> penstock_server::config::Location {
+    penstock_server::config::Location {
+        prefix: prefix.into(),
+        class: None,
+        limit_rate_bytes_per_s: None,
+        limit_rate_after_bytes: None,
+        cors_allow_origins: origins.iter().map(|o| o.to_string()).collect(),
+    }
+}
+
+/// Issue 32, item 5: delivery like a CDN origin. Each response of a location with
+/// `cors_allow_origins` says so (the listed origin echoed with `Vary: Origin`, or `*`; the
+/// range headers exposed; no `Access-Control-Allow-Origin` for another origin): playlists
+/// (the first one answered after its index build), segments (ranges), 304s and 404s; `OPTIONS`
+/// is its preflight; the media types are a player's; playlists and media files carry the
+/// configured `Cache-Control` and an `ETag`; a location without CORS has none of it and
+/// answers `OPTIONS` 405; the metrics count playlists and segments.
+#[test]
+fn cors_caching_and_types_per_location_on_every_response() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let mut cfg = config();
+    cfg.location.push(location("/", &[PLAYER_ORIGIN]));
+    cfg.location.push(location("/open/", &["*"]));
+    cfg.location.push(location("/plain/", &[]));
+    cfg.hls.cache_max_age_s = 600;
+    let f = start_with(cfg);
+    h264_clip(&f.path("clip.ts"));
+    for d in ["open", "plain"] {
+        std::fs::create_dir(f.path(d)).unwrap();
+        std::fs::copy(f.path("clip.ts"), f.path(&format!("{d}/clip.ts"))).unwrap();
+    }
+    let allowed = [("Origin", PLAYER_ORIGIN)];
+    let cors_ok = |head: &str, what: &str| {
+        assert_eq!(
+            field(head, "Access-Control-Allow-Origin"),
+            Some(PLAYER_ORIGIN),
+            "{what}: {head}"
+        );
+        assert_eq!(field(head, "Vary"), Some("Origin"), "{what}: {head}");
+        assert_eq!(
+            field(head, "Access-Control-Expose-Headers"),
+            Some(EXPOSED),
+            "{what}: {head}"
+        );
+    };
+
+    // The first playlist request waits for the index build: its head gets the lines too.
+    let (st, head) = ask(&f, "GET", "/clip.ts/index.m3u8", &allowed);
+    assert_eq!(st, 200, "{head}");
+    assert_eq!(
+        field(&head, "Content-Type"),
+        Some("application/vnd.apple.mpegurl")
+    );
+    assert_eq!(
+        field(&head, "Cache-Control"),
+        Some("public, max-age=600"),
+        "{head}"
+    );
+    cors_ok(&head, "playlist after its build");
+    let etag = field(&head, "ETag").expect("a playlist ETag").to_string();
+    // Cached now: the same.
+    let (_, again) = ask(&f, "GET", "/clip.ts/index.m3u8", &allowed);
+    cors_ok(&again, "cached playlist");
+    assert_eq!(field(&again, "ETag"), Some(etag.as_str()));
+    let (st, nm) = ask(
+        &f,
+        "GET",
+        "/clip.ts/index.m3u8",
+        &[("Origin", PLAYER_ORIGIN), ("If-None-Match", &etag)],
+    );
+    assert_eq!(st, 304, "{nm}");
+    cors_ok(&nm, "304");
+    assert_eq!(
+        field(&nm, "Cache-Control"),
+        Some("public, max-age=600"),
+        "{nm}"
+    );
+
+    // A segment: a range of the TS file.
+    let (st, seg) = ask(
+        &f,
+        "GET",
+        "/clip.ts",
+        &[("Origin", PLAYER_ORIGIN), ("Range", "bytes=0-1879")],
+    );
+    assert_eq!(st, 206, "{seg}");
+    assert_eq!(field(&seg, "Content-Type"), Some("video/mp2t"));
+    assert!(field(&seg, "Content-Range").is_some_and(|v| v.starts_with("bytes 0-1879/")));
+    assert_eq!(field(&seg, "Cache-Control"), Some("public, max-age=600"));
+    assert!(field(&seg, "ETag").is_some());
+    cors_ok(&seg, "segment");
+    // Another origin: no Access-Control-Allow-Origin (the browser refuses the script), and
+    // Vary, so that a shared cache does not hand the allowed answer to it.
+    let (st, evil) = ask(
+        &f,
+        "GET",
+        "/clip.ts",
+        &[("Origin", "https://evil.example"), ("Range", "bytes=0-187")],
+    );
+    assert_eq!(st, 206);
+    assert_eq!(field(&evil, "Access-Control-Allow-Origin"), None, "{evil}");
+    assert_eq!(field(&evil, "Vary"), Some("Origin"));
+    // Errors carry the lines too (a player must be able to read a 404).
+    let (st, nf) = ask(&f, "GET", "/nothing.ts", &allowed);
+    assert_eq!(st, 404);
+    cors_ok(&nf, "404");
+    assert_eq!(field(&nf, "Cache-Control"), None, "{nf}");
+
+    // The preflight.
+    let (st, pf) = ask(
+        &f,
+        "OPTIONS",
+        "/clip.ts",
+        &[
+            ("Origin", PLAYER_ORIGIN),
+            ("Access-Control-Request-Method", "GET"),
+            ("Access-Control-Request-Headers", "range"),
+        ],
+    );
+    assert_eq!(st, 204, "{pf}");
+    assert_eq!(
+        field(&pf, "Access-Control-Allow-Origin"),
+        Some(PLAYER_ORIGIN),
+        "{pf}"
+    );
+    assert_eq!(
+        field(&pf, "Access-Control-Allow-Methods"),
+        Some("GET, HEAD")
+    );
+    assert_eq!(field(&pf, "Access-Control-Allow-Headers"), Some("Range"));
+    assert!(field(&pf, "Access-Control-Max-Age").is_some_and(|v| v.parse::<u64>().is_ok()));
+    assert_eq!(
+        field(&pf, "Content-Length"),
+        None,
+        "a 204 has no body: {pf}"
+    );
+    let (st, pf_evil) = ask(
+        &f,
+        "OPTIONS",
+        "/clip.ts",
+        &[
+            ("Origin", "https://evil.example"),
+            ("Access-Control-Request-Method", "GET"),
+        ],
+    );
+    assert_eq!(st, 204);
+    assert_eq!(
+        field(&pf_evil, "Access-Control-Allow-Origin"),
+        None,
+        "{pf_evil}"
+    );
+    assert_eq!(
+        field(&pf_evil, "Access-Control-Allow-Methods"),
+        None,
+        "{pf_evil}"
+    );
+
+    // `*`: any origin, not echoed.
+    let (st, open) = ask(
+        &f,
+        "GET",
+        "/open/clip.ts/index.m3u8",
+        &[("Origin", "https://any.example")],
+    );
+    assert_eq!(st, 200, "{open}");
+    assert_eq!(
+        field(&open, "Access-Control-Allow-Origin"),
+        Some("*"),
+        "{open}"
+    );
+    assert_eq!(field(&open, "Access-Control-Expose-Headers"), Some(EXPOSED));
+    // No CORS: nothing, and OPTIONS is not served.
+    let (st, plain) = ask(
+        &f,
+        "GET",
+        "/plain/clip.ts",
+        &[("Origin", PLAYER_ORIGIN), ("Range", "bytes=0-187")],
+    );
+    assert_eq!(st, 206);
+    assert!(!plain.contains("Access-Control-"), "{plain}");
+    assert_eq!(field(&plain, "Vary"), None);
+    assert_eq!(field(&plain, "Cache-Control"), Some("public, max-age=600"));
+    let (st, _) = ask(&f, "OPTIONS", "/plain/clip.ts", &allowed);
+    assert_eq!(st, 405);
+    // Not media: no Cache-Control.
+    let (st, txt) = ask(&f, "GET", "/small.txt", &allowed);
+    assert_eq!(st, 200);
+    assert_eq!(field(&txt, "Cache-Control"), None, "{txt}");
+    cors_ok(&txt, "a plain file");
+
+    // Types of what players fetch.
+    for (name, ty) in [
+        ("a.m3u8", "application/vnd.apple.mpegurl"),
+        ("a.ts", "video/mp2t"),
+        ("a.mp4", "video/mp4"),
+        ("a.m4s", "video/mp4"),
+        ("a.mpd", "application/dash+xml"),
+    ] {
+        std::fs::write(f.path(name), b"0123456789").unwrap();
+        let (st, h) = ask(&f, "HEAD", &format!("/{name}"), &[]);
+        assert_eq!(
+            (st, field(&h, "Content-Type")),
+            (200, Some(ty)),
+            "{name}: {h}"
+        );
+    }
+
+    // The metrics: 4 media playlists asked (3 at /, 1 at /open/), 3 ranges of TS files (2
+    // at /, 1 at /plain/: counted wherever they are).
+    let m = String::from_utf8(get(&f, "/metrics").2).unwrap();
+    let value = |series: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{m}"))
+    };
+    assert_eq!(
+        value("penstock_hls_playlist_requests_total{kind=\"media\"}"),
+        4.0
+    );
+    assert_eq!(
+        value("penstock_hls_playlist_requests_total{kind=\"master\"}"),
+        0.0
+    );
+    assert_eq!(value("penstock_hls_segment_requests_total"), 3.0);
+}
+
+/// A location's `cors_allow_origins` is checked at load: origins as browsers send them, or
+/// `*` alone.
+#[test]
+fn cors_origins_are_checked_at_load() {
+    for (origins, ok) in [
+        (vec!["https://player.example"], true),
+        (vec!["http://127.0.0.1:8080", "https://b.example"], true),
+        (vec!["*"], true),
+        (vec!["*", "https://a.example"], false),
+        (vec!["player.example"], false),
+        (vec!["https://player.example/"], false),
+        (vec!["https://a.example/path"], false),
+        (vec!["ftp://a.example"], false),
+        (vec!["https://a b"], false),
+    ] {
+        let mut cfg = config();
+        cfg.location.push(location("/", &origins));
+        assert_eq!(cfg.check().is_ok(), ok, "{origins:?}: {:?}", cfg.check());
+    }
+}
+
+/// A player page on one origin (a penstock on one port) plays the playlist of another (a
+/// second penstock, its own port) in hls.js when the second's location allows the first's
+/// origin; when it does not, hls.js reports an error (the browser refuses the playlist).
+#[test]
+fn hls_js_plays_across_origins_only_where_cors_allows_the_page() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let Some(player) = player_dir() else {
+        return;
+    };
+    // Origin A: the page.
+    let page = start();
+    let page_origin = format!("http://{}", page.http);
+    // Origin B: the media, allowing A; origin C: the same media, allowing someone else.
+    let mut cfg = config();
+    cfg.location.push(location("/", &[&page_origin]));
+    let media = start_with(cfg);
+    let mut cfg = config();
+    cfg.location
+        .push(location("/", &["https://player.example"]));
+    let refused = start_with(cfg);
+    h264_clip(&media.path("clip.ts"));
+    std::fs::copy(media.path("clip.ts"), refused.path("clip.ts")).unwrap();
+
+    let src = media.url("/clip.ts/index.m3u8");
+    let (line, shot) = play(&page, &player, &src, &["8"], "hls-cors");
+    assert!(line.contains("\"width\":320"), "{line}");
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
+    // Segments were fetched cross-origin, as ranges of the file.
+    let m = String::from_utf8(get(&media, "/metrics").2).unwrap();
+    let segments: f64 = m
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("penstock_hls_segment_requests_total")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap();
+    assert!(segments >= 2.0, "{segments} segment requests");
+
+    let (line, _, err) = play_page(
+        &page,
+        &player,
+        &refused.url("/clip.ts/index.m3u8"),
+        &[],
+        "hls-cors-refused",
+    );
+    assert!(
+        line.contains("\"ok\":false") && line.contains("networkError"),
+        "hls.js must fail on a playlist its page's origin may not read: {line}\n{err}"
+    );
 }

@@ -363,6 +363,7 @@ fn rate_limit_per_location_still_delivers_exact_bytes() {
         class: Some("rt".into()),
         limit_rate_bytes_per_s: Some(2 << 20),
         limit_rate_after_bytes: Some(100 * 1024),
+        cors_allow_origins: Vec::new(),
     });
     let f = start_with(cfg);
     let (st, _, body) = get(&f, "/mid.bin", &[]);

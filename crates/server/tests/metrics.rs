@@ -194,6 +194,9 @@ fn every_family_is_there_after_http_a_refused_open_and_a_paced_stream() {
         "penstock_peer_log_suppressed_lines_total{kind=\"control_wrong_token\"} ",
         "penstock_volume_scrub_passes_total 0",
         "penstock_volume_scrub_repaired_units_total 0",
+        "penstock_hls_playlist_requests_total{kind=\"media\"} 0",
+        "penstock_hls_playlist_requests_total{kind=\"master\"} 0",
+        "penstock_hls_segment_requests_total 0",
         &format!(
             "penstock_build_info{{version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")

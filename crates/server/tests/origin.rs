@@ -1239,3 +1239,57 @@ fn a_control_stream_sends_a_file_missing_beneath_the_root_from_the_origin() {
         "{started:?}"
     );
 }
+
+/// Issue 32, item 5: the origin's answers (made on its own thread) carry the location's CORS
+/// lines, and media files their `Cache-Control`, as local files do.
+#[test]
+fn origin_answers_carry_the_locations_cors_and_caching_lines() {
+    let port = fake_origin(3000, |_, _, _| {});
+    let cache = tempfile::tempdir().unwrap();
+    let mut cfg = config();
+    cfg.origin.url = format!("http://127.0.0.1:{port}/");
+    cfg.origin.cache_dir = Some(cache.path().to_path_buf());
+    cfg.origin.block_bytes = MIB;
+    cfg.origin.cache_bytes_max = 16 * MIB;
+    cfg.location.push(penstock_server::config::Location {
+        prefix: "/".into(),
+        class: None,
+        limit_rate_bytes_per_s: None,
+        limit_rate_after_bytes: None,
+        cors_allow_origins: vec!["https://player.example".into()],
+    });
+    let f = start_with(cfg);
+    let header = |hs: &[(String, String)], name: &str| {
+        hs.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    let origin = [
+        ("origin", "https://player.example"),
+        ("range", "bytes=0-187"),
+    ];
+    let (st, hs, body) = fetch(&f, "/obj.ts", &origin);
+    assert_eq!(st, 206, "{hs:?}");
+    assert!(body == pattern(3000, 5)[..188]);
+    assert_eq!(
+        header(&hs, "access-control-allow-origin").as_deref(),
+        Some("https://player.example"),
+        "{hs:?}"
+    );
+    assert_eq!(header(&hs, "vary").as_deref(), Some("Origin"));
+    assert_eq!(
+        header(&hs, "cache-control").as_deref(),
+        Some("public, max-age=86400"),
+        "{hs:?}"
+    );
+    let (st, hs, _) = fetch(&f, "/obj.bin", &[("origin", "https://player.example")]);
+    assert_eq!(st, 200);
+    assert!(
+        header(&hs, "access-control-allow-origin").is_some(),
+        "{hs:?}"
+    );
+    assert_eq!(header(&hs, "cache-control"), None, "not media: {hs:?}");
+    let (st, hs, _) = fetch(&f, "/obj.ts", &[("origin", "https://evil.example")]);
+    assert_eq!(st, 200);
+    assert_eq!(header(&hs, "access-control-allow-origin"), None, "{hs:?}");
+}

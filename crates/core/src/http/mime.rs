@@ -9,7 +9,8 @@ const TYPES: &[(&str, &str)] = &[
     ("m2ts", "video/mp2t"),
     ("mp4", "video/mp4"),
     ("m4v", "video/mp4"),
-    ("m4s", "video/iso.segment"),
+    // What HLS (RFC 8216 §3.3) and DASH players expect of fMP4 segments.
+    ("m4s", "video/mp4"),
     ("m4a", "audio/mp4"),
     ("m3u8", "application/vnd.apple.mpegurl"),
     ("m3u", "audio/x-mpegurl"),
@@ -113,7 +114,7 @@ mod tests {
             "application/vnd.apple.mpegurl"
         );
         assert_eq!(content_type_for_path("/x.mpd"), "application/dash+xml");
-        assert_eq!(content_type_for_path("/x.m4s"), "video/iso.segment");
+        assert_eq!(content_type_for_path("/x.m4s"), "video/mp4");
         assert_eq!(content_type_for_path("/x.wasm"), "application/wasm");
         assert_eq!(
             content_type_for_path("/index.html"),

@@ -75,6 +75,8 @@ pub struct Status(u16);
 
 impl Status {
     pub const OK: Status = Status(200);
+    /// A CORS preflight's answer.
+    pub const NO_CONTENT: Status = Status(204);
     pub const PARTIAL_CONTENT: Status = Status(206);
     pub const MOVED_PERMANENTLY: Status = Status(301);
     pub const NOT_MODIFIED: Status = Status(304);
@@ -116,6 +118,7 @@ impl Status {
     pub const fn reason(self) -> &'static str {
         match self.0 {
             200 => "OK",
+            204 => "No Content",
             206 => "Partial Content",
             301 => "Moved Permanently",
             304 => "Not Modified",

@@ -95,6 +95,20 @@ pub struct Request {
     pub range_from_ns: Option<u64>,
     /// `Scale`, when given.
     pub scale: Option<f64>,
+    /// `User-Agent`, when given (at most [`USER_AGENT_BYTES_MAX`] bytes kept).
+    pub user_agent: Option<String>,
+}
+
+/// The bytes of a `User-Agent` kept (what names the client is at its start).
+pub const USER_AGENT_BYTES_MAX: usize = 64;
+
+/// Whether the client named by `user_agent` asks `Range: npt=T+S-` to seek to T, S being the
+/// stream's first presentation time: libavformat's RTSP demuxer does (`ffmpeg -ss T` adds
+/// the input's start time, which for MPEG-TS over RTP is the first PTS of the TS, not 0),
+/// and so does mpv, which plays through it. Its user agent is `Lavf<version>` (ffmpeg,
+/// ffplay, ffprobe) or `libmpv` (mpv's default).
+pub fn adds_stream_start(user_agent: Option<&str>) -> bool {
+    user_agent.is_some_and(|ua| ua.starts_with("Lavf") || ua.starts_with("libmpv"))
 }
 
 /// What [`parse`] found at the start of a connection's bytes.
@@ -198,7 +212,16 @@ fn typed(r: &rtsp_types::Request<Vec<u8>>) -> Result<Request, RequestError> {
         .typed_header::<headers::Scale>()
         .map_err(|_| RequestError::BadHeader { header: "Scale" })?
         .map(|s| *s);
+    let user_agent = r.header(&headers::USER_AGENT).map(|v| {
+        let v = v.as_str();
+        let mut end = v.len().min(USER_AGENT_BYTES_MAX);
+        while !v.is_char_boundary(end) {
+            end -= 1;
+        }
+        v[..end].to_string()
+    });
     Ok(Request {
+        user_agent,
         method: r.method().clone(),
         uri,
         path,

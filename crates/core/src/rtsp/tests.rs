@@ -183,3 +183,27 @@ fn a_whole_request_with_a_bad_range_or_path_is_refused_alone() {
         }
     }
 }
+
+/// ffmpeg and mpv (libavformat) add the stream's start time to a seek's npt: told by their
+/// user agents.
+#[test]
+fn libavformat_clients_are_told_by_their_user_agent() {
+    let r = request(
+        "PLAY rtsp://h/clip.ts RTSP/1.0\r\nCSeq: 5\r\nUser-Agent: Lavf60.16.100\r\nRange: npt=21.400-\r\n\r\n",
+    );
+    assert_eq!(r.user_agent.as_deref(), Some("Lavf60.16.100"));
+    assert_eq!(r.range_from_ns, Some(21_400_000_000));
+    assert!(adds_stream_start(r.user_agent.as_deref()));
+    assert!(adds_stream_start(Some("libmpv")));
+    assert!(!adds_stream_start(Some("GStreamer/1.22.0")));
+    assert!(!adds_stream_start(Some(
+        "LibVLC/3.0.18 (LIVE555 Streaming Media v2016.11.28)"
+    )));
+    assert!(!adds_stream_start(None));
+    let long = format!(
+        "OPTIONS * RTSP/1.0\r\nCSeq: 1\r\nUser-Agent: {}\r\n\r\n",
+        "é".repeat(100)
+    );
+    let ua = request(&long).user_agent.unwrap();
+    assert!(ua.len() <= USER_AGENT_BYTES_MAX && ua.chars().all(|c| c == 'é'));
+}

@@ -77,6 +77,7 @@ impl Worker {
             };
             let r = super::respond::hls_response(&shared, &req, &ctx, built, pending.mtime);
             out.head = r.head;
+            out.delivery.apply(&mut out.head, r.status);
             out.head_pos = 0;
             out.pieces = r.body.into();
             out.piece_pos = 0;

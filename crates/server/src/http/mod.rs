@@ -55,6 +55,7 @@
 //! the loop never writes the log itself).
 
 mod accept;
+pub(crate) mod cors;
 mod engine;
 mod indexing;
 mod origin;
@@ -160,7 +161,7 @@ pub(crate) struct HttpShared {
     /// `[origin]`: paths missing beneath the root are answered from there.
     pub(crate) origin: Option<Arc<crate::origin::Origin>>,
     /// `[hls]`: playlists of the TS files beneath the root.
-    pub(crate) hls: crate::hls::Hls,
+    pub(crate) hls: Arc<crate::hls::Hls>,
 }
 
 impl HttpShared {
@@ -196,12 +197,12 @@ impl HttpShared {
             cut: AtomicBool::new(false),
             wakers: Mutex::new(Vec::new()),
             origin: None,
-            hls: crate::hls::Hls::new(crate::config::HlsConfig::default()),
+            hls: Arc::new(crate::hls::Hls::new(crate::config::HlsConfig::default())),
         }
     }
 
     /// Answers `PATH/index.m3u8` for the TS files beneath the root with `hls`.
-    pub(crate) fn with_hls(mut self, hls: crate::hls::Hls) -> HttpShared {
+    pub(crate) fn with_hls(mut self, hls: Arc<crate::hls::Hls>) -> HttpShared {
         self.hls = hls;
         self
     }
@@ -431,6 +432,8 @@ struct Worker {
     spare_fd: Option<OwnedFd>,
     /// This worker's access log lines not yet handed to the writer.
     access: Option<LogBuffer>,
+    /// Set by `respond` when the answer is a playlist made here (its `Cache-Control`).
+    playlist_made: bool,
 }
 
 fn token(idx: u32, generation: u32) -> u64 {
@@ -501,6 +504,7 @@ impl Worker {
                 next_log: Instant::now(),
             },
             spare_fd: accept::spare_fd(),
+            playlist_made: false,
             access,
         })
     }
@@ -905,6 +909,7 @@ impl Worker {
                                 to_engine: None,
                                 origin_type: None,
                                 hls_wait: None,
+                                delivery: Default::default(),
                                 volume: None,
                                 status: r.status,
                                 started: c.head_started.take().unwrap_or_else(Instant::now),

@@ -95,6 +95,7 @@ impl Worker {
             cancel: cancel.clone(),
             done: done.clone(),
             waker: self.engine_waker.clone(),
+            delivery: out.delivery.clone(),
         };
         let mut out = out;
         let body = OriginBody {

@@ -23,8 +23,44 @@ use crate::confine::{Opened, Refused};
 use crate::metrics::{Format, MetricsPage};
 
 impl Worker {
-    /// The response to one parsed request.
+    /// The response to one parsed request, with what its location adds to every head
+    /// (`cors.rs`: CORS lines; `Cache-Control` for the playlists made here and for media
+    /// files), and counted as an HLS request where it is one.
     pub(super) fn respond(
+        &mut self,
+        req: &Request,
+        keep_alive_allowed: bool,
+        live: &LiveConfig,
+        metrics_format: Format,
+    ) -> Out {
+        self.playlist_made = false;
+        let mut out = self.respond_any(req, keep_alive_allowed, live, metrics_format);
+        if req.method == Method::Options {
+            // The preflight carries its own lines (and a 405 elsewhere has none to carry).
+            return out;
+        }
+        let policy = live.policy(&req.path);
+        let media = self.playlist_made || is_media_file_name(&req.path);
+        let delivery = super::cors::Delivery {
+            cors: super::cors::cors_lines(policy.cors_allow_origins, req.origin.as_deref()),
+            cache: if media {
+                super::cors::cache_line(self.shared.hls.cache_max_age_s())
+            } else {
+                String::new()
+            },
+        };
+        if req.method == Method::Get && req.range.is_some() && crate::hls::is_ts_name(&req.path) {
+            self.shared.metrics.hls_segments.inc();
+        }
+        if out.hls_wait.is_none() && out.origin_type.is_none() {
+            delivery.apply(&mut out.head, out.status);
+        }
+        out.delivery = delivery;
+        out
+    }
+
+    /// [`Worker::respond`] before the location's lines.
+    fn respond_any(
         &mut self,
         req: &Request,
         keep_alive_allowed: bool,
@@ -63,11 +99,27 @@ impl Worker {
             to_engine: None,
             origin_type: None,
             hls_wait: None,
+            delivery: Default::default(),
             volume: None,
             status: r.status,
             started: Instant::now(),
             log: None,
         };
+        if req.method == Method::Options {
+            // A CORS preflight where the location allows cross-origin reads; elsewhere the
+            // method is not served.
+            if policy.cors_allow_origins.is_empty() {
+                shared.metrics.error("method_not_allowed");
+                return memory(
+                    respond_error(Status::METHOD_NOT_ALLOWED, Some(req), &ctx),
+                    class,
+                );
+            }
+            return memory(
+                super::cors::preflight(req, &ctx, policy.cors_allow_origins),
+                class,
+            );
+        }
         if !shared.metrics_path.is_empty() && req.path == shared.metrics_path {
             return memory(
                 self.metrics_response(req, &ctx, metrics_format),
@@ -251,6 +303,7 @@ impl Worker {
             to_engine,
             origin_type: None,
             hls_wait: None,
+            delivery: Default::default(),
             volume: None,
             status: r.status,
             started: Instant::now(),
@@ -280,6 +333,8 @@ impl Worker {
         let Ok(Opened::File { file, mtime, .. }) = self.site.root.open_path(rel) else {
             return None;
         };
+        self.playlist_made = true;
+        shared.metrics.hls_playlist("media");
         let r = match shared.hls.lookup(&file, &self.engine_waker) {
             crate::hls::Lookup::Ready(built) => hls_response(&shared, req, ctx, built, mtime),
             crate::hls::Lookup::Building(build) => {
@@ -339,6 +394,8 @@ impl Worker {
         else {
             return None;
         };
+        self.playlist_made = true;
+        shared.metrics.hls_playlist("master");
         let max = shared.hls.renditions_max();
         let listed = rustix::fs::Dir::read_from(&dir).and_then(|entries| {
             let mut names: Vec<String> = Vec::new();
@@ -503,6 +560,7 @@ impl Worker {
             volume: Some(Box::new(pio)),
             origin_type: None,
             hls_wait: None,
+            delivery: Default::default(),
             status: r.status,
             started: Instant::now(),
             log: None,
@@ -541,6 +599,16 @@ pub(super) fn hls_response(
     }
 }
 
+/// Whether `path` names a media file a player fetches whole or by ranges (TS, MP4 and its
+/// fragments): served with the HLS `Cache-Control`.
+fn is_media_file_name(path: &str) -> bool {
+    let ext = path.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    matches!(
+        ext.as_deref(),
+        Some("ts" | "m2ts" | "mp4" | "m4s" | "m4v" | "m4a")
+    )
+}
+
 /// `200 ok`: the server accepts and answers (what a load balancer's health check asks; it
 /// does not depend on etcd: a node cut off from etcd still serves).
 fn health_response(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http::Response {
@@ -575,7 +643,9 @@ fn playlist_ok(
     )
 }
 
-/// A `200` whose body is `body` in memory, with the validators when given.
+/// A `200` whose body is `body` in memory, with the validators when given: then a `304`
+/// without a body when the request's `If-None-Match` / `If-Modified-Since` says the client's
+/// copy is current (what a player's cache revalidating a playlist asks).
 fn made_ok(
     req: &Request,
     ctx: &ResponseContext<'_>,
@@ -584,6 +654,34 @@ fn made_ok(
     body: Vec<u8>,
 ) -> penstock_core::http::Response {
     let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+    let not_modified = validators.is_some_and(|(etag, mtime)| {
+        penstock_core::http::evaluate_preconditions(req, etag, mtime)
+            == penstock_core::http::Precondition::NotModified
+    });
+    if not_modified {
+        let head = ResponseHead {
+            status: Status::NOT_MODIFIED,
+            date: ctx.date,
+            server: ctx.server,
+            content_type: None,
+            content_length_bytes: None,
+            content_range: None,
+            accept_ranges: false,
+            etag: validators.map(|(e, _)| e),
+            last_modified: validators.map(|(_, t)| t),
+            allow: None,
+            location: None,
+            connection: connection_header(keep_alive, ctx),
+        };
+        let mut bytes = Vec::with_capacity(256);
+        write_response_head(&head, &mut bytes);
+        return penstock_core::http::Response {
+            status: Status::NOT_MODIFIED,
+            head: bytes,
+            body: Vec::new(),
+            keep_alive,
+        };
+    }
     let head = ResponseHead {
         status: Status::OK,
         date: ctx.date,

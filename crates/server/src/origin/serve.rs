@@ -39,6 +39,8 @@ pub(crate) struct OriginJob {
     pub(crate) done: Arc<Mutex<Option<OriginEnd>>>,
     /// Written when `done` is set (the loop's eventfd).
     pub(crate) waker: Arc<OwnedFd>,
+    /// The location's CORS and caching lines, added to the head made here.
+    pub(crate) delivery: crate::http::cors::Delivery,
 }
 
 /// How the response ended.
@@ -94,7 +96,8 @@ fn serve(job: &OriginJob) -> OriginEnd {
                 // A client asks for paths: a line per request would be theirs to flood.
                 crate::peer_warn!("http_origin", path = %job.req.path, error = %e, "origin");
             }
-            let r = respond_error(e.status(), Some(&job.req), &ctx);
+            let mut r = respond_error(e.status(), Some(&job.req), &ctx);
+            job.delivery.apply(&mut r.head, r.status);
             end.status = r.status;
             end.keep_alive = r.keep_alive;
             if send_all(job, &r.head).is_err() {
@@ -118,7 +121,8 @@ fn serve(job: &OriginJob) -> OriginEnd {
         mtime: object.mtime,
         generation: None,
     };
-    let r = respond_file(&job.req, &meta, &job.content_type, &ctx);
+    let mut r = respond_file(&job.req, &meta, &job.content_type, &ctx);
+    job.delivery.apply(&mut r.head, r.status);
     end.status = r.status;
     end.keep_alive = r.keep_alive;
     if send_all(job, &r.head).is_err() {

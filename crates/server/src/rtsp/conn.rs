@@ -785,7 +785,8 @@ impl Conn<'_> {
         let scale = asked.unwrap_or(s.scale);
         let scale_hdr = super::scale_text(scale);
         let duration = media.end_ns();
-        if let Some(from) = req.range_from_ns
+        let asked_ns = seek_asked_ns(req, &media);
+        if let Some(from) = asked_ns
             && from > duration
         {
             return text(
@@ -807,7 +808,7 @@ impl Conn<'_> {
         };
         // A new scale without a Range goes on from where the stream is, at the new pace; a
         // session whose pause outlasted `pause_hold_ms` resumes where it stopped.
-        let mut from_ns = req.range_from_ns;
+        let mut from_ns = asked_ns;
         if from_ns.is_none() && s.playing.is_none() && s.state == SessionState::Paused {
             from_ns = s.resume_from_ns;
         }
@@ -1134,6 +1135,20 @@ fn pause(s: &mut Session, cseq: u32) -> Reply {
     }
     s.state = SessionState::Paused;
     Reply::new(200, Some(cseq))
+}
+
+/// Where a PLAY's `Range: npt=T-` asks to start on the media's timeline. libavformat's
+/// clients (ffmpeg, mpv) ask `T + S` for a seek to T, S the stream's first presentation time
+/// (`penstock_core::rtsp::adds_stream_start`): S is taken off again for them when the file's
+/// key-frame index knows it (a start of 0, their first PLAY, stays 0).
+fn seek_asked_ns(req: &Request, media: &super::Media) -> Option<u64> {
+    let t = req.range_from_ns?;
+    match media.pts_start_ns {
+        Some(s) if t > 0 && rtsp::adds_stream_start(req.user_agent.as_deref()) => {
+            Some(t.saturating_sub(s))
+        }
+        _ => Some(t),
+    }
 }
 
 /// The engine stream of a playback of `media` from `from_ns` (the whole file with `None`).

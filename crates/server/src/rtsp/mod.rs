@@ -113,9 +113,16 @@ pub struct Media {
     key: MediaKey,
     pub pid: PcrPid,
     pub plan: TsPlan,
-    /// Where a recording's frame track says independent frames begin: the plan's units that
-    /// hold them, in order (`None`: no usable tracks beside the file; seeks go by PCR).
+    /// Where independent frames begin: the plan's units that hold them, in order, from a
+    /// recording's frame track or else from the file's key-frame index (the one HLS cuts
+    /// segments from); `None`: neither (seeks go by PCR).
     pub keys: Option<Vec<usize>>,
+    /// Where `keys` came from: [`Seek::Track`] or [`Seek::KeyFrame`].
+    pub keys_from: Seek,
+    /// The first video PTS of a file with a key-frame index, in ns (`None` without one): what
+    /// libavformat's clients add to the npt of their seeks
+    /// (`penstock_core::rtsp::adds_stream_start`), taken off again here.
+    pub pts_start_ns: Option<u64>,
 }
 
 /// How a PLAY found its start (`seek=` in `STATE *`).
@@ -125,6 +132,9 @@ pub enum Seek {
     Start,
     /// By the recording's frame track: the last independent frame at or before the time.
     Track,
+    /// By the file's key-frame index (`crate::hls`, the one HLS segments are cut from): the
+    /// last key frame at or before the time.
+    KeyFrame,
     /// By PCR search: the last PCR at or before the time.
     Pcr,
 }
@@ -134,6 +144,7 @@ impl Seek {
         match self {
             Seek::Start => "start",
             Seek::Track => "track",
+            Seek::KeyFrame => "key",
             Seek::Pcr => "pcr",
         }
     }
@@ -152,8 +163,9 @@ impl Media {
     }
 
     /// What to send to play from `from_ns` (`None`: the start), and how its start was found:
-    /// by the frame track where the file is a recording with tracks (the unit holding the
-    /// last independent frame at or before `from_ns`; the start when none is), else by PCR.
+    /// by the frame track where the file is a recording with tracks, else by its key-frame
+    /// index (the unit holding the last independent frame at or before `from_ns`; the start
+    /// when none is), else by PCR.
     pub fn playback(&self, from_ns: Option<u64>) -> (penstock_core::track::Playback, Seek) {
         match (from_ns, &self.keys) {
             (None, _) => (self.plan.playback_from(None), Seek::Start),
@@ -161,11 +173,26 @@ impl Media {
                 let n = keys
                     .partition_point(|&k| self.plan.units.get(k).is_some_and(|u| u.offset_ns <= t));
                 let first = n.checked_sub(1).map_or(0, |i| keys[i]);
-                (self.plan.playback_at_unit(first), Seek::Track)
+                (self.plan.playback_at_unit(first), self.keys_from)
             }
             (Some(t), None) => (self.plan.playback_from(Some(t)), Seek::Pcr),
         }
     }
+}
+
+/// The plan's units holding the key frames of `index`, in order.
+fn index_keys(path: &str, index: &penstock_core::hls::TsIndex, plan: &TsPlan) -> Vec<usize> {
+    let mut keys: Vec<usize> = index
+        .key_frames
+        .iter()
+        .map(|k| plan.unit_at_offset(k.offset))
+        .collect();
+    keys.dedup();
+    tracing::debug!(
+        "rtsp {path}: seeks go by the key-frame index ({} key frames)",
+        keys.len()
+    );
+    keys
 }
 
 /// The plans of the files played lately (at most `media_cached_max`).
@@ -345,6 +372,9 @@ pub struct RtspShared {
     /// `[origin]`: files missing beneath the root are played from a copy of the origin's
     /// object (docs/origin.md).
     pub(crate) origin: std::sync::OnceLock<Arc<crate::origin::Origin>>,
+    /// The key-frame indexes HLS keeps (`crate::hls`): a file without tracks seeks by its
+    /// key frames. Unset (an RTSP server alone): seeks go by PCR.
+    hls: std::sync::OnceLock<Arc<crate::hls::Hls>>,
 }
 
 impl std::fmt::Debug for RtspShared {
@@ -463,6 +493,7 @@ impl RtspServer {
             unplayed: Mutex::new(HashMap::new()),
             next_conn_id: AtomicUsize::new(1),
             origin: std::sync::OnceLock::new(),
+            hls: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             live: live_sources,
             live_seen: Mutex::new(HashMap::new()),
@@ -505,6 +536,12 @@ impl RtspServer {
     /// Plays files missing beneath the root from `origin` (set once, before clients come).
     pub(crate) fn set_origin(&self, origin: Arc<crate::origin::Origin>) {
         let _ = self.shared.origin.set(origin);
+    }
+
+    /// Seeks in files without tracks go by the key-frame indexes of `hls` (shared with the
+    /// HTTP server: one index per file version).
+    pub(crate) fn set_hls(&self, hls: Arc<crate::hls::Hls>) {
+        let _ = self.shared.hls.set(hls);
     }
 
     pub fn state_source(&self) -> crate::streams::StateSource {
@@ -950,6 +987,19 @@ impl RtspShared {
         self.keys_of(path, rec, plan)
     }
 
+    /// `file`'s key-frame index (`crate::hls`: from its cache, else read now and kept there
+    /// for HLS too); `None` without HLS's indexes or when the file has none (not TS with a
+    /// video stream and key frames).
+    fn key_frame_index(&self, path: &str, file: &File) -> Option<Arc<penstock_core::hls::TsIndex>> {
+        match self.hls.get()?.index_now(file) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                tracing::debug!("rtsp {path}: no key-frame index, seeks go by PCR: {e}");
+                None
+            }
+        }
+    }
+
     /// The plan's units holding the independent frames of a recording's loaded tracks (`None`
     /// when they did not load or list no frame).
     fn keys_of(
@@ -1014,12 +1064,22 @@ impl RtspShared {
             plan_entries_max: self.cfg.plan_entries_max,
             ..PcrLimits::default()
         };
-        let (pid, plan, keys) = match source {
+        let mut pts_start_ns = None;
+        let (pid, plan, keys, keys_from) = match source {
             Source::File(file) => {
                 let (pid, plan) = penstock_driver::media::pcr_plan(file, &limits)?;
                 let len = file.metadata()?.len();
-                let keys = self.track_keys(path, len, &plan);
-                (pid, plan, keys)
+                let index = self.key_frame_index(path, file);
+                pts_start_ns = index.as_ref().map(|i| {
+                    i.first_pts % (1 << 33) * 1_000_000_000 / penstock_core::hls::PTS_TICKS_PER_S
+                });
+                match self.track_keys(path, len, &plan) {
+                    Some(keys) => (pid, plan, Some(keys), Seek::Track),
+                    None => {
+                        let keys = index.map(|i| index_keys(path, &i, &plan));
+                        (pid, plan, keys, Seek::KeyFrame)
+                    }
+                }
             }
             Source::Partition { pio, tracks, .. } => {
                 // Planned through the page cache (a reader of its own: the session's keeps
@@ -1038,7 +1098,7 @@ impl RtspShared {
                     );
                     self.keys_of(path, rec, &plan)
                 });
-                (pid, plan, keys)
+                (pid, plan, keys, Seek::Track)
             }
         };
         let media = Arc::new(Media {
@@ -1046,6 +1106,8 @@ impl RtspShared {
             pid,
             plan,
             keys,
+            keys_from,
+            pts_start_ns,
         });
         let mut c = self.media.lock().unwrap_or_else(|p| p.into_inner());
         c.entries.retain(|e| !e.key.same_media(&key));

@@ -1147,8 +1147,11 @@ fn hls_js_plays_across_origins_only_where_cors_allows_the_page() {
     let page = start();
     let page_origin = format!("http://{}", page.http);
     // Origin B: the media, allowing A; origin C: the same media, allowing someone else.
+    let log_dir = tempfile::tempdir().unwrap();
+    let access = log_dir.path().join("access.log");
     let mut cfg = config();
     cfg.location.push(location("/", &[&page_origin]));
+    cfg.log.access = access.to_str().unwrap().into();
     let media = start_with(cfg);
     let mut cfg = config();
     cfg.location
@@ -1173,6 +1176,12 @@ fn hls_js_plays_across_origins_only_where_cors_allows_the_page() {
         })
         .unwrap();
     assert!(segments >= 2.0, "{segments} segment requests");
+    let log = std::fs::read_to_string(&access).unwrap_or_default();
+    println!(
+        "media server's access log: {} lines, {} OPTIONS (preflights)",
+        log.lines().count(),
+        log.lines().filter(|l| l.contains("OPTIONS")).count()
+    );
 
     let (line, _, err) = play_page(
         &page,

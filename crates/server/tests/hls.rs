@@ -237,7 +237,7 @@ fn play(
     args: &[&str],
     tag: &str,
 ) -> (String, std::path::PathBuf) {
-    let (line, shot, err) = play_page(f, player, src, args, tag);
+    let (line, shot, err) = play_page(f, player, src, args, tag, None);
     assert!(line.contains("\"ok\":true"), "{line}\n{err}");
     (line, shot)
 }
@@ -249,6 +249,7 @@ fn play_page(
     src: &str,
     args: &[&str],
     tag: &str,
+    cross_origin_url: Option<&str>,
 ) -> (String, std::path::PathBuf, String) {
     std::fs::copy(player.join("index.html"), f.path("player.html")).unwrap();
     std::fs::copy(
@@ -262,6 +263,7 @@ fn play_page(
         .arg(f.url(&format!("/player.html?src={src}")))
         .args(args)
         .env("SCREENSHOT", &shot)
+        .env("CROSS_ORIGIN_URL", cross_origin_url.unwrap_or_default())
         .output()
         .expect("node");
     let out = String::from_utf8_lossy(&o.stdout);
@@ -1147,8 +1149,11 @@ fn hls_js_plays_across_origins_only_where_cors_allows_the_page() {
     let page = start();
     let page_origin = format!("http://{}", page.http);
     // Origin B: the media, allowing A; origin C: the same media, allowing someone else.
+    let log_dir = tempfile::tempdir().unwrap();
+    let access = log_dir.path().join("access.log");
     let mut cfg = config();
     cfg.location.push(location("/", &[&page_origin]));
+    cfg.log.access = access.to_str().unwrap().into();
     let media = start_with(cfg);
     let mut cfg = config();
     cfg.location
@@ -1158,8 +1163,25 @@ fn hls_js_plays_across_origins_only_where_cors_allows_the_page() {
     std::fs::copy(media.path("clip.ts"), refused.path("clip.ts")).unwrap();
 
     let src = media.url("/clip.ts/index.m3u8");
-    let (line, shot) = play(&page, &player, &src, &["8"], "hls-cors");
+    let (line, shot, err) = play_page(
+        &page,
+        &player,
+        &src,
+        &["8"],
+        "hls-cors",
+        Some(&media.url("/clip.ts")),
+    );
+    assert!(line.contains("\"ok\":true"), "{line}\n{err}");
     assert!(line.contains("\"width\":320"), "{line}");
+    // The page's script reads a range and the exposed headers; two ranges go through the
+    // preflight.
+    assert!(
+        line.contains("\"single\":{\"status\":206,\"contentRange\":\"bytes 0-187/")
+            && line.contains("\"bytes\":188")
+            && !line.contains("\"etag\":null"),
+        "{line}"
+    );
+    assert!(line.contains("\"preflighted\":{\"status\":206}"), "{line}");
     assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
     // Segments were fetched cross-origin, as ranges of the file.
     let m = String::from_utf8(get(&media, "/metrics").2).unwrap();
@@ -1173,6 +1195,24 @@ fn hls_js_plays_across_origins_only_where_cors_allows_the_page() {
         })
         .unwrap();
     assert!(segments >= 2.0, "{segments} segment requests");
+    // The access log is written by a thread of its own: wait (bounded) for the preflight.
+    let t0 = std::time::Instant::now();
+    let preflights = loop {
+        let log = std::fs::read_to_string(&access).unwrap_or_default();
+        let n = log.lines().filter(|l| l.contains("\"OPTIONS ")).count();
+        if n > 0 || t0.elapsed() > std::time::Duration::from_secs(10) {
+            println!(
+                "media server's access log: {} lines, {n} preflights",
+                log.lines().count()
+            );
+            break n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(
+        preflights >= 1,
+        "no OPTIONS in the media server's access log"
+    );
 
     let (line, _, err) = play_page(
         &page,
@@ -1180,6 +1220,7 @@ fn hls_js_plays_across_origins_only_where_cors_allows_the_page() {
         &refused.url("/clip.ts/index.m3u8"),
         &[],
         "hls-cors-refused",
+        None,
     );
     assert!(
         line.contains("\"ok\":false") && line.contains("networkError"),

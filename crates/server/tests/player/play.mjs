@@ -50,6 +50,24 @@ try {
     errors: window.hlsErrors,
     fatal: window.hlsFatal || null,
   })));
+  // CROSS_ORIGIN_URL (a media file on another origin): what the page's script may read of
+  // it. A single range is a CORS-safelisted request (no preflight); the headers read back are
+  // those the server exposes. Two ranges are not: the browser asks OPTIONS first.
+  if (process.env.CROSS_ORIGIN_URL) {
+    result.crossOrigin = await page.evaluate(async (u) => {
+      const out = {};
+      try {
+        const r = await fetch(u, { headers: { Range: 'bytes=0-187' } });
+        out.single = { status: r.status, contentRange: r.headers.get('Content-Range'),
+          etag: r.headers.get('ETag'), bytes: (await r.arrayBuffer()).byteLength };
+      } catch (e) { out.single = { error: String(e) }; }
+      try {
+        const r = await fetch(u, { headers: { Range: 'bytes=0-0, 2-2' } });
+        out.preflighted = { status: r.status };
+      } catch (e) { out.preflighted = { error: String(e) }; }
+      return out;
+    }, process.env.CROSS_ORIGIN_URL);
+  }
   result.ok = !result.fatal;
   await page.screenshot({ path: process.env.SCREENSHOT || 'hls-playing.png' });
 } catch (e) {

@@ -77,10 +77,7 @@ struct Run {
 
 fn run(slack: Duration, source: &Path) -> Option<Run> {
     let e = engine(slack);
-    if let Err(why) = &e.info().uring {
-        eprintln!("SKIPPED: the uring data path needs io_uring: {why}");
-        return None;
-    }
+    penstock_testreq::require_ok("io_uring", e.info().uring.clone())?;
     let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
     // Nothing reads it: a full receive queue drops datagrams, and sends complete all the same.
     let to = rx.local_addr().unwrap();

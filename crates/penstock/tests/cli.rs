@@ -168,10 +168,7 @@ fn uring_available(dir: &Path) -> bool {
     )
     .output()
     .expect("run probe");
-    if !o.status.success() {
-        eprintln!("SKIPPED uring cases: {}", stderr_of(&o));
-    }
-    o.status.success()
+    penstock_testreq::require_that("io_uring", (!o.status.success()).then(|| stderr_of(&o)))
 }
 
 fn source_file(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
@@ -236,12 +233,12 @@ fn auto_reads_an_uncached_file_on_the_uring_path() {
     let f = fs::File::open(&src).expect("open source");
     f.sync_all().expect("sync source");
     rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).expect("fadvise");
-    match penstock_uring::sys::cached_pages(f.as_fd(), 0, data.len() as u64) {
-        Some((cached, pages)) if cached < pages => {}
-        other => {
-            eprintln!("SKIPPED: the source did not leave the page cache ({other:?})");
-            return;
-        }
+    let cached = penstock_uring::sys::cached_pages(f.as_fd(), 0, data.len() as u64);
+    if !penstock_testreq::require_that(
+        "a source evicted from the page cache (fadvise DONTNEED)",
+        (!matches!(cached, Some((c, pages)) if c < pages)).then(|| format!("{cached:?}")),
+    ) {
+        return;
     }
     stream_to_sink("auto, not cached", &src, &[], &[], &data, "uring");
     // That stream read it through the cache (`--cache keep`): now it is all there.

@@ -29,12 +29,8 @@ impl Drop for Proc {
     }
 }
 
-fn have(tool: &str, arg: &str) -> bool {
-    if common::tool(tool, arg) {
-        return true;
-    }
-    println!("SKIPPED: {tool} not found (apt-get install etcd-server haproxy ffmpeg curl)");
-    false
+fn have(tool: &str, _arg: &str) -> bool {
+    penstock_testreq::require(tool)
 }
 
 fn free_port(ip: &str) -> u16 {
@@ -718,9 +714,7 @@ fn the_kubernetes_daemonset_parses_and_carries_a_valid_cluster_configuration() {
     let o = match o {
         Ok(o) if o.status.success() => o,
         _ => {
-            println!(
-                "SKIPPED: python3 with its yaml module not found (apt-get install python3-yaml)"
-            );
+            penstock_testreq::require_python_module("yaml");
             return;
         }
     };
@@ -749,8 +743,7 @@ fn the_kubernetes_daemonset_parses_and_carries_a_valid_cluster_configuration() {
 /// ExecStart pointed at the binary just built; its man page from `penstock man`).
 #[test]
 fn systemd_analyze_verify_accepts_the_haproxy_config_unit() {
-    if !common::tool("systemd-analyze", "--version") {
-        println!("SKIPPED: systemd-analyze not found (apt-get install systemd)");
+    if !penstock_testreq::require("systemd-analyze") {
         return;
     }
     let d = tempfile::tempdir().unwrap();
@@ -1223,10 +1216,10 @@ struct Garage {
 }
 
 fn garage() -> Option<Garage> {
-    let Some(bin) = garage_bin() else {
-        println!("SKIPPED: garage is not installed (cargo install garage --locked)");
-        return None;
-    };
+    let bin = penstock_testreq::require_ok(
+        "garage",
+        garage_bin().ok_or("not on PATH nor in ~/.cargo/bin (cargo install garage --locked)"),
+    )?;
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path();
     let (rpc, s3) = (free_port("127.0.0.1"), free_port("127.0.0.1"));

@@ -636,8 +636,7 @@ fn assert_kept_part_valid(rec: &Path, err: &str, sent: &[Vec<u8>]) {
 
 #[test]
 fn file_size_limit_efbig_stops_cleanly_and_keeps_a_valid_prefix() {
-    if Command::new("prlimit").arg("--version").output().is_err() {
-        println!("SKIPPED: prlimit (util-linux) not found");
+    if !penstock_testreq::require("prlimit") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -678,14 +677,15 @@ fn enospc_on_a_tiny_tmpfs_stops_cleanly_and_keeps_a_valid_prefix() {
     match m {
         Ok(o) if o.status.success() => {}
         Ok(o) => {
-            println!(
-                "SKIPPED: cannot mount a tmpfs here ({}); the EFBIG test covers the same path",
-                text(&o.stderr).trim()
+            // The EFBIG test covers the same path.
+            penstock_testreq::require_that(
+                "a tmpfs mount",
+                Some(text(&o.stderr).trim().to_string()),
             );
             return;
         }
         Err(e) => {
-            println!("SKIPPED: no mount(8) ({e})");
+            penstock_testreq::require_that("mount", Some(e.to_string()));
             return;
         }
     }
@@ -715,32 +715,10 @@ fn enospc_on_a_tiny_tmpfs_stops_cleanly_and_keeps_a_valid_prefix() {
     assert_kept_part_valid(&rec, &err, &sent);
 }
 
-/// ffmpeg and ffprobe, installed if missing and permitted; `None` (and a SKIPPED line) if not.
+/// ffmpeg and ffprobe (installed by `.ci/run`, never by a test); `None` when missing:
+/// SKIPPED and counted, or a failure under PENSTOCK_TEST_REQUIRE=all.
 fn ffmpeg() -> Option<()> {
-    let have = || {
-        Command::new("ffmpeg")
-            .arg("-version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-            && Command::new("ffprobe")
-                .arg("-version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-    };
-    if have() {
-        return Some(());
-    }
-    let _ = Command::new("apt-get")
-        .args(["install", "-y", "--no-install-recommends", "ffmpeg"])
-        .output();
-    if have() {
-        Some(())
-    } else {
-        println!(
-            "SKIPPED: ffmpeg/ffprobe not found and could not be installed (apt-get install ffmpeg)"
-        );
-        None
-    }
+    penstock_testreq::require_all(&["ffmpeg", "ffprobe"]).then_some(())
 }
 
 /// Makes a `seconds`-long MPEG-TS at 8 Mbit/s (constant mux rate) from testsrc, 640x360 H.264

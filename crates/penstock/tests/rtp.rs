@@ -39,19 +39,10 @@ fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run penstock")
 }
 
-/// ffmpeg and ffprobe, or a SKIPPED line.
+/// ffmpeg and ffprobe (penstock_testreq: SKIPPED and counted, or a failure under
+/// PENSTOCK_TEST_REQUIRE=all).
 fn have_ffmpeg() -> bool {
-    let ok = |tool: &str| {
-        Command::new(tool)
-            .arg("-version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let have = ok("ffmpeg") && ok("ffprobe");
-    if !have {
-        println!("SKIPPED: ffmpeg/ffprobe not found (apt-get install ffmpeg)");
-    }
-    have
+    penstock_testreq::require_all(&["ffmpeg", "ffprobe"])
 }
 
 /// A `seconds`-long MPEG-2 video TS at 4 Mbit/s in a 4.5 Mbit/s constant-rate multiplex.

@@ -27,7 +27,7 @@ const CLIP_S: u32 = 30;
 const TS: usize = 188;
 const VIDEO_PID: u16 = 0x100;
 
-/// The 30-second clip, made once per test binary (ffmpeg, or `None` with a SKIPPED line).
+/// The 30-second clip, made once per test binary (ffmpeg, or `None`: SKIPPED, counted).
 fn clip() -> Option<&'static Path> {
     static CLIP: OnceLock<Option<PathBuf>> = OnceLock::new();
     CLIP.get_or_init(|| common::mpeg2_ts_clip("rtsp", CLIP_S))
@@ -260,7 +260,7 @@ fn players_play_the_clip_to_its_end() {
     let limit = Duration::from_secs(u64::from(CLIP_S) + 20);
     let out = |n: &str| s.dir.path().join(n);
     let mut players: Vec<(&str, Command, Option<PathBuf>)> = Vec::new();
-    if common::tool("ffmpeg", "-version") {
+    if penstock_testreq::require("ffmpeg") {
         for transport in ["udp", "tcp"] {
             let mut c = Command::new("ffmpeg");
             c.args(["-hide_banner", "-loglevel", "error", "-y"])
@@ -275,7 +275,7 @@ fn players_play_the_clip_to_its_end() {
             players.push((name, c, Some(out(&format!("ffmpeg-{transport}.ts")))));
         }
     }
-    if common::tool("gst-launch-1.0", "--version") {
+    if penstock_testreq::require("gst-launch-1.0") {
         for (name, protocols) in [("gst-udp", "udp"), ("gst-tcp", "tcp")] {
             let mut c = Command::new("gst-launch-1.0");
             c.args(["-q", "rtspsrc", &format!("protocols={protocols}")])
@@ -284,20 +284,14 @@ fn players_play_the_clip_to_its_end() {
                 .arg(format!("location={}", out(&format!("{name}.ts")).display()));
             players.push((name, c, Some(out(&format!("{name}.ts")))));
         }
-    } else {
-        println!("SKIPPED: gst-launch-1.0 not found (gstreamer1.0-tools, plugins good and bad)");
     }
-    if common::tool("cvlc", "--version")
-        || common::tool("runuser", "--version") && Path::new("/usr/bin/cvlc").exists()
-    {
+    if penstock_testreq::require("cvlc") && penstock_testreq::require("runuser") {
         let mut c = Command::new("runuser");
         c.args(["-u", "nobody", "--", "cvlc", "--play-and-exit"])
             .args(["--vout", "dummy", "--aout", "dummy", &url]);
         players.push(("vlc", c, None));
-    } else {
-        println!("SKIPPED: cvlc not found (vlc-bin, vlc-plugin-base)");
     }
-    let probe = if common::tool("ffprobe", "-version") {
+    let probe = if penstock_testreq::require("ffprobe") {
         let mut c = Command::new("ffprobe");
         c.args(["-v", "error", "-show_streams", &url]);
         Some(c)
@@ -1170,8 +1164,7 @@ fn scale_plays_faster_within_scale_max_and_admission() {
 #[test]
 fn gstreamer_receiver_reports_over_tcp_reach_the_metrics() {
     let Some(clip) = clip() else { return };
-    if !common::tool("gst-launch-1.0", "--version") {
-        println!("SKIPPED: gst-launch-1.0 not found (gstreamer1.0-tools, plugins good and bad)");
+    if !penstock_testreq::require("gst-launch-1.0") {
         return;
     }
     let s = serve(clip, "");
@@ -1481,14 +1474,12 @@ fn partitions_play_over_rtsp_and_seek_by_their_tracks() {
         let r = c.request("DESCRIBE", &s.url(path), &[("Accept", "application/sdp")]);
         assert_eq!(r.status, want, "DESCRIBE {path}: {r:?}");
     }
-    if common::tool("ffprobe", "-version") {
+    if penstock_testreq::require("ffprobe") {
         let mut c = Command::new("ffprobe");
         c.args(["-v", "error", "-show_streams", &s.url("vol/pv/rec")]);
         let (ok, _, log) = run_player(c, Duration::from_secs(20));
         assert!(ok, "ffprobe: {log}");
         assert!(log.contains("codec_name=mpeg2video"), "ffprobe: {log}");
-    } else {
-        println!("SKIPPED (ffprobe part): ffprobe not found");
     }
 
     // Seeks: by the recording's frame track, by PCR for the imported partition.
@@ -1542,8 +1533,7 @@ fn partitions_play_over_rtsp_and_seek_by_their_tracks() {
     }
 
     // Whole plays, at once: the partition and the plain file give GStreamer the same bytes.
-    if !common::tool("gst-launch-1.0", "--version") {
-        println!("SKIPPED (GStreamer part): gst-launch-1.0 not found");
+    if !penstock_testreq::require("gst-launch-1.0") {
         return;
     }
     let limit = Duration::from_secs(u64::from(CLIP_S) + 20);

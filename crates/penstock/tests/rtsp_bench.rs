@@ -23,17 +23,10 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("-version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// Runs the bench for one server; `None` (SKIPPED said) when the machine lacks it.
 fn bench(server: &str, dir: &Path) -> Option<Value> {
-    if !have("ffmpeg") || !have("ffprobe") {
-        eprintln!("SKIPPED: ffmpeg/ffprobe not installed (the bench makes its clip with them)");
+    // The bench makes its clip with ffmpeg and ffprobe.
+    if !penstock_testreq::require_all(&["ffmpeg", "ffprobe"]) {
         return None;
     }
     let json = dir.join("rtsp.json");
@@ -51,8 +44,11 @@ fn bench(server: &str, dir: &Path) -> Option<Value> {
         .expect("run penstock bench rtsp");
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
-    if o.status.code() == Some(2) && stderr.contains("no server to measure") {
-        eprintln!("SKIPPED: {}", stdout.trim());
+    if !penstock_testreq::require_that(
+        &format!("RTSP server {server} for the bench"),
+        (o.status.code() == Some(2) && stderr.contains("no server to measure"))
+            .then(|| stdout.trim().to_string()),
+    ) {
         return None;
     }
     assert!(o.status.success(), "bench failed: {stdout}\n{stderr}");

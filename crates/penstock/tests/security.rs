@@ -18,24 +18,9 @@ use std::time::{Duration, Instant};
 const NOBODY: u32 = 65534;
 const TOKEN: &str = "security-test-token-0123456789";
 
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
-fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {cmd}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// Skips (loudly) where the probes cannot run as another user.
 fn can_probe_as_nobody() -> bool {
-    if !is_root() || !have("setpriv") {
-        eprintln!("SKIPPED: needs root and setpriv to probe as uid {NOBODY}");
-        return false;
-    }
-    true
+    penstock_testreq::require_root() && penstock_testreq::require("setpriv")
 }
 
 fn sum(p: &Path) -> Vec<u8> {

@@ -110,11 +110,15 @@ fn ten_thousand_idle_connections_keep_memory_bounded_and_others_served() {
     // The client holds IDLE + a few descriptors; the server (a child, which inherits this
     // soft limit and raises its own towards what its limits need) the same.
     let need = IDLE as u64 + 200;
-    if nofile_soft() < need {
-        eprintln!(
-            "SKIPPED: RLIMIT_NOFILE hard limit {} is below the {need} descriptors this test needs",
-            nofile_soft()
-        );
+    if !penstock_testreq::require_that(
+        "RLIMIT_NOFILE for 10000 connections",
+        (nofile_soft() < need).then(|| {
+            format!(
+                "the hard limit {} is below the {need} descriptors this test needs",
+                nofile_soft()
+            )
+        }),
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -97,8 +97,7 @@ fn uring_works(dir: &Path) -> bool {
         "probe import failed: {}",
         text(&o)
     );
-    eprintln!("SKIPPED: io_uring unavailable here: {err}");
-    false
+    penstock_testreq::require_that("io_uring", Some(err.into_owned()))
 }
 
 fn round_trip(member: &Path, dir: &Path, name: &str, bytes: &[u8]) {

@@ -384,10 +384,13 @@ fn rate_limit_per_location_still_delivers_exact_bytes() {
 
 #[test]
 fn curl_resumes_with_c_dash() {
-    let Ok(out) = std::process::Command::new("curl").arg("--version").output() else {
-        eprintln!("SKIPPED: curl is not installed");
+    if !penstock_testreq::require("curl") {
         return;
-    };
+    }
+    let out = std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let f = start();
     let big = pattern(3 << 20, 3);

@@ -82,18 +82,18 @@ pub fn promtool(page: &str) -> Option<(bool, String)> {
     ))
 }
 
-/// Asserts that `promtool check metrics` passes `page` without a word, or says SKIPPED.
+/// Asserts that `promtool check metrics` passes `page` without a word, or says SKIPPED
+/// (penstock_testreq: counted, a failure under PENSTOCK_TEST_REQUIRE=all).
 pub fn assert_promtool_clean(page: &str) {
-    match promtool(page) {
-        None => println!("SKIPPED: promtool is not installed (apt-get install prometheus)"),
-        Some((ok, out)) => {
-            assert!(ok, "promtool check metrics failed:\n{out}\n{page}");
-            assert!(
-                out.trim().is_empty(),
-                "promtool has something to say:\n{out}"
-            );
-        }
+    if !penstock_testreq::require("promtool") {
+        return;
     }
+    let (ok, out) = promtool(page).expect("promtool runs");
+    assert!(ok, "promtool check metrics failed:\n{out}\n{page}");
+    assert!(
+        out.trim().is_empty(),
+        "promtool has something to say:\n{out}"
+    );
 }
 
 /// The value of the first sample line that starts with `sample` then a space.
@@ -148,10 +148,9 @@ pub fn tool(name: &str, arg: &str) -> bool {
 
 /// A `seconds`-long MPEG-2 video TS at 2 Mbit/s, GOP 1 s (ffmpeg's testsrc), written to
 /// `clip.ts` in a temporary directory named after `tag` and this process; `None` with a
-/// SKIPPED line when ffmpeg is missing.
+/// SKIPPED line (counted; a failure under PENSTOCK_TEST_REQUIRE=all) when ffmpeg is missing.
 pub fn mpeg2_ts_clip(tag: &str, seconds: u32) -> Option<std::path::PathBuf> {
-    if !tool("ffmpeg", "-version") {
-        println!("SKIPPED: ffmpeg not found (apt-get install ffmpeg)");
+    if !penstock_testreq::require("ffmpeg") {
         return None;
     }
     let dir = std::env::temp_dir().join(format!("penstock-{tag}-test-{}", std::process::id()));

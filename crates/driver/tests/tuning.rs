@@ -109,10 +109,8 @@ fn skip_drops_the_late_units_and_resumes_on_schedule_send_bursts() {
     let src = source(dir.path());
     let e = engine();
     let mut paths = vec![DataPath::Copy];
-    if e.info().uring.is_ok() {
+    if penstock_testreq::require_ok("io_uring", e.info().uring.clone()).is_some() {
         paths.push(DataPath::Uring);
-    } else {
-        eprintln!("io_uring unavailable here: the uring path is not tested");
     }
     for path in paths {
         let (skip, units) = late_start(&e, &src, dir.path(), path, LatePolicy::Skip);

@@ -180,3 +180,32 @@ pub fn mpeg2_ts_clip(tag: &str, seconds: u32) -> Option<std::path::PathBuf> {
     );
     Some(path)
 }
+
+/// Bytes waiting in the receive queue of the UDP socket bound to local `port`
+/// (/proc/net/udp's `tx_queue:rx_queue`, hex), or `None` when no socket has that port.
+pub fn udp_rx_queue(port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/udp").ok()?;
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let (_, p) = f.get(1)?.rsplit_once(':')?;
+        (u16::from_str_radix(p, 16).ok()? == port)
+            .then(|| u64::from_str_radix(f.get(4)?.split_once(':')?.1, 16).ok())
+            .flatten()
+    })
+}
+
+/// Waits (a bounded poll, never a fixed sleep) until the process `child`, which reads the UDP
+/// socket on `port`, has read everything queued on it, or has exited.
+pub fn wait_udp_read(port: u16, child: &mut std::process::Child) {
+    let t0 = std::time::Instant::now();
+    while udp_rx_queue(port).is_some_and(|q| q > 0) {
+        if child.try_wait().expect("wait").is_some() {
+            return;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "the receiver on port {port} never read its socket empty"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}

@@ -285,6 +285,24 @@ fn out_of_descriptors(flood: Flood) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+    // And it has taken what it could: its descriptor count no longer grows (the same over
+    // ten polls in a row; bounded) — the flood's accepted half is set up.
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let (mut last, mut same) = (fds(), 0);
+    while same < 10 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the server's descriptors never settled"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        let now = fds();
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+    }
     // Then its CPU use while the flood stays: a server that backs off sleeps through
     // accept_backoff_ms, one that spins on accept burns a CPU. Measured as a ratio over a
     // window of at least 3 s (a lower bound: a loaded machine only lengthens it, and a
@@ -306,9 +324,10 @@ fn out_of_descriptors(flood: Flood) {
         "EMFILE for {window_s:.1} s: {cpu_s_in_window:.3} CPU-seconds ({:.2} % of a CPU), {lines} stderr lines; first lines:\n{head}",
         cpu_share * 100.0
     );
-    // 2 % of a CPU (a spinning accept loop uses tens of %, even on a loaded machine).
+    // 5 % of a CPU (a spinning accept loop uses most of one, and tens of % even on a
+    // loaded machine; a server backing off uses well under 1 %).
     assert!(
-        cpu_share < 0.02,
+        cpu_share < 0.05,
         "{cpu_s_in_window:.3} CPU-seconds in {window_s:.1} s at EMFILE"
     );
     assert!(lines < 100, "{lines} stderr lines at EMFILE");

@@ -1310,8 +1310,37 @@ fn a_stalled_interleaved_client_holds_back_neither_the_reaper_nor_its_connection
     let tcp_id = session_id(&setup);
     let play = tcp.request("PLAY", &fast, &[("Session", &tcp_id), ("Scale", "4")]);
     assert_eq!(play.status, 200, "{play:?}");
-    // Not read from now on: TCP's buffers, then the session's pair, fill.
-    std::thread::sleep(Duration::from_secs(3));
+    // Not read from now on: TCP's buffers, then the session's pair, fill. The event, not a
+    // fixed wait: this client's receive queue (/proc/net/tcp, `tx_queue:rx_queue`) holds
+    // data and has stopped growing (the same over 20 polls in a row; bounded).
+    let port = tcp.s.local_addr().unwrap().port();
+    let rx_queue = || -> u64 {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        table
+            .lines()
+            .skip(1)
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let (_, p) = f.get(1)?.rsplit_once(':')?;
+                (u16::from_str_radix(p, 16).ok()? == port)
+                    .then(|| u64::from_str_radix(f.get(4)?.split_once(':')?.1, 16).ok())
+                    .flatten()
+            })
+            .unwrap_or(0)
+    };
+    let t_fill = Instant::now();
+    let (mut last, mut same) = (rx_queue(), 0);
+    while last == 0 || same < 20 {
+        assert!(
+            t_fill.elapsed() < Duration::from_secs(120),
+            "the stalled client's receive queue never filled ({last} bytes)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        let now = rx_queue();
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+    }
+    println!("the stalled client's receive queue holds {last} bytes");
 
     // Another session, over UDP, to the end of the media: its BYE comes from the reaper.
     let mut c = Client::connect(s.rtsp);
@@ -1323,7 +1352,7 @@ fn a_stalled_interleaved_client_holds_back_neither_the_reaper_nor_its_connection
     let t0 = Instant::now();
     let mut bye = false;
     let mut b = [0u8; 2048];
-    while !bye && t0.elapsed() < Duration::from_secs(8) {
+    while !bye && t0.elapsed() < Duration::from_secs(60) {
         let _ = rx.rtp.recv(&mut b);
         while let Ok(n) = rx.rtcp.recv(&mut b) {
             let mut at = 0;

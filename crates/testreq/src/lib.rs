@@ -12,7 +12,8 @@
 //!   it either way).
 //!
 //! Either way, with `PENSTOCK_TEST_SUMMARY=DIR` set, one line per question is appended to
-//! `DIR/requirements.tsv`: `ran|skipped`, the requirement, the test, the reason — `.ci/run`
+//! `DIR/requirements.tsv`: `ran|skipped|failed` (failed: missing under the strict mode), the
+//! requirement, the test, the reason — `.ci/run`
 //! adds them up per requirement at the end. Lines are written with one `write` to a file
 //! opened `O_APPEND`, so concurrent test threads and processes do not interleave them.
 //!
@@ -80,8 +81,9 @@ pub fn require_that(what: &str, missing: Option<String>) -> bool {
             true
         }
         Some(why) => {
-            record("skipped", what, &test, &why);
-            if strict() {
+            let strict = strict();
+            record(if strict { "failed" } else { "skipped" }, what, &test, &why);
+            if strict {
                 panic!(
                     "{test} needs {what} ({why}); PENSTOCK_TEST_REQUIRE=all (or CI) makes a missing \
                      requirement a failure: install it (.ci/run lists what the suite needs)"

@@ -62,10 +62,8 @@ fn engine(pool_buffers: usize, client_buffers_max: usize) -> Option<Engine> {
         ..EngineConfig::default()
     };
     let e = Engine::new(cfg).expect("engine starts");
-    if let Err(why) = &e.info().uring {
-        eprintln!("SKIPPED: the buffer manager accounts the io_uring pool: {why}");
-        return None;
-    }
+    // The buffer manager accounts the io_uring pool.
+    penstock_testreq::require_ok("io_uring", e.info().uring.clone())?;
     Some(e)
 }
 

@@ -237,9 +237,8 @@ fn a_positioned_file_target_is_written_from_its_position_on_every_path() {
     let bytes = data((1 << 20) + 12_288);
     std::fs::write(&src_path, &bytes).unwrap();
     let mut paths = vec![DataPath::Copy, DataPath::Sendfile];
-    match &engine.info().uring {
-        Ok(_) => paths.push(DataPath::Uring),
-        Err(why) => println!("SKIPPED (uring path only): io_uring unavailable: {why}"),
+    if penstock_testreq::require_ok("io_uring", engine.info().uring.clone()).is_some() {
+        paths.push(DataPath::Uring);
     }
     for path in paths {
         let out_path = dir.path().join(format!("out-{path:?}"));

@@ -193,8 +193,7 @@ fn engine() -> Engine {
 fn runnable(engine: &Engine, m: &Mode) -> bool {
     match (&engine.info().uring, m.path) {
         (Err(why), DataPath::Uring) => {
-            eprintln!("SKIPPED {m}: {why}");
-            false
+            penstock_testreq::require_that(&format!("io_uring ({m})"), Some(why.to_string()))
         }
         _ => true,
     }

@@ -51,10 +51,7 @@ fn run(
         ..EngineConfig::default()
     })
     .expect("engine starts");
-    if let Err(why) = &engine.info().uring {
-        println!("SKIPPED: io_uring refused here: {why}");
-        return None;
-    }
+    penstock_testreq::require_ok("io_uring", engine.info().uring.clone())?;
     let out = tempfile::tempdir().unwrap();
     let mut spec = StreamSpec::new(
         Endpoint::File {

@@ -68,9 +68,8 @@ fn spec(source: &Path, target: Endpoint, path: DataPath, timeout: Duration) -> S
 /// The paths that can run here (the uring path needs io_uring; skipped loudly without it).
 fn paths(engine: &Engine) -> Vec<DataPath> {
     let mut v = vec![DataPath::Copy, DataPath::Sendfile, DataPath::Splice];
-    match &engine.info().uring {
-        Ok(()) => v.push(DataPath::Uring),
-        Err(why) => eprintln!("SKIPPED the uring path: {why}"),
+    if penstock_testreq::require_ok("io_uring", engine.info().uring.clone()).is_some() {
+        v.push(DataPath::Uring);
     }
     v
 }

@@ -78,23 +78,15 @@ fn compile(sources: &[&Path], out: &Path, extra: &[&str]) {
     assert!(status.success(), "cc failed for {sources:?}");
 }
 
-/// Whether a C compiler is here (the tests say SKIPPED, loudly, without one).
+/// Whether a C compiler is here (penstock_testreq: SKIPPED and counted without one, a
+/// failure under PENSTOCK_TEST_REQUIRE=all).
 fn cc_present() -> bool {
-    let ok = Command::new("cc")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("SKIPPED: no C compiler (cc) here");
-    }
-    ok
+    penstock_testreq::require("cc")
 }
 
+/// valgrind's memcheck (the C programs run without it when it is missing, said and counted).
 fn valgrind() -> bool {
-    Command::new("valgrind")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
+    penstock_testreq::require("valgrind")
 }
 
 /// A command that runs `exe` (under memcheck where valgrind is installed) with the library
@@ -127,10 +119,6 @@ fn checked_command(exe: &Path) -> Command {
         .env("PENSTOCK_NO_URING", "1");
         c
     } else {
-        eprintln!(
-            "valgrind is not installed: running {} without it",
-            exe.display()
-        );
         Command::new(exe)
     }
 }
@@ -294,8 +282,7 @@ fn raw_status(port: u16, request: &[u8]) -> String {
 /// builds run under valgrind and shut down clean (drain, free).
 #[test]
 fn the_example_servers_builds_serve_identical_bytes() {
-    if Command::new("curl").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: curl is not installed");
+    if !penstock_testreq::require("curl") {
         return;
     }
     if !cc_present() {
@@ -385,8 +372,7 @@ fn the_example_servers_builds_serve_identical_bytes() {
 /// `examples/python/cue.py`: cue() from Python's ctypes, byte-exact.
 #[test]
 fn the_python_example_cues_a_file_to_a_socket() {
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: python3 is not installed");
+    if !penstock_testreq::require("python3") {
         return;
     }
     let (_, libdir) = link_flags();
@@ -506,13 +492,10 @@ fn c_hands_a_file_and_a_socket_to_a_running_server_and_strangers_are_refused() {
     let sock = sock.to_str().unwrap();
     run_handoff(&exe, &tmp, None, &[sock, "allowed"]);
     // A peer that knows the token but whose uid the socket does not allow: still refused.
-    if rustix::process::geteuid().is_root()
-        && Command::new("setpriv").arg("--help").output().is_ok()
-    {
+    // The refusals run the client as uid NOBODY: root and setpriv.
+    if penstock_testreq::require_root() && penstock_testreq::require("setpriv") {
         run_handoff(&exe, &tmp, Some(NOBODY), &[sock, "stranger"]);
         run_handoff(&exe, &tmp, Some(NOBODY), &[sock, "token", HANDOFF_TOKEN]);
-    } else {
-        eprintln!("SKIPPED: the refusals need root and setpriv to run the client as uid {NOBODY}");
     }
     let _ = server.shutdown(Duration::from_secs(10));
 }

@@ -168,10 +168,7 @@ fn uring_available(dir: &Path) -> bool {
     )
     .output()
     .expect("run probe");
-    if !o.status.success() {
-        eprintln!("SKIPPED uring cases: {}", stderr_of(&o));
-    }
-    o.status.success()
+    penstock_testreq::require_that("io_uring", (!o.status.success()).then(|| stderr_of(&o)))
 }
 
 fn source_file(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
@@ -236,12 +233,12 @@ fn auto_reads_an_uncached_file_on_the_uring_path() {
     let f = fs::File::open(&src).expect("open source");
     f.sync_all().expect("sync source");
     rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).expect("fadvise");
-    match penstock_uring::sys::cached_pages(f.as_fd(), 0, data.len() as u64) {
-        Some((cached, pages)) if cached < pages => {}
-        other => {
-            eprintln!("SKIPPED: the source did not leave the page cache ({other:?})");
-            return;
-        }
+    let cached = penstock_uring::sys::cached_pages(f.as_fd(), 0, data.len() as u64);
+    if !penstock_testreq::require_that(
+        "a source evicted from the page cache (fadvise DONTNEED)",
+        (!matches!(cached, Some((c, pages)) if c < pages)).then(|| format!("{cached:?}")),
+    ) {
+        return;
     }
     stream_to_sink("auto, not cached", &src, &[], &[], &data, "uring");
     // That stream read it through the cache (`--cache keep`): now it is all there.
@@ -553,7 +550,9 @@ fn malformed_endpoint_lists_the_accepted_forms() {
 }
 
 /// A paced stream to a UDP receiver: exactly the file, one datagram per unit, a trace with
-/// one line per unit in sequence, and lateness statistics in the JSON. No timing is asserted.
+/// one line per unit in sequence, and lateness statistics in the JSON. Paced: the units are
+/// due one period (5 ms at 200/s) apart and none completes before it is due, so the run
+/// takes at least 20 periods (lower bounds only; no upper bound on any time).
 #[test]
 fn paced_stream_sends_exactly_the_file_unit_by_unit() {
     let dir = tempfile::tempdir().unwrap();
@@ -566,6 +565,7 @@ fn paced_stream_sends_exactly_the_file_unit_by_unit() {
     let target = format!("udp://{}", rx.local_addr().unwrap());
     let trace = dir.path().join("t.csv");
     for timer in ["uring", "nanosleep"] {
+        let t0 = std::time::Instant::now();
         let o = stream_output(&[
             src.to_str().unwrap(),
             &target,
@@ -579,7 +579,13 @@ fn paced_stream_sends_exactly_the_file_unit_by_unit() {
             trace.to_str().unwrap(),
             "--json",
         ]);
+        let took = t0.elapsed();
         assert!(o.status.success(), "{timer}: {}", stderr_of(&o));
+        // 21 units at 200/s: the last is due 20 periods (100 ms) after the first.
+        assert!(
+            took >= std::time::Duration::from_millis(100),
+            "{timer}: 21 units at 200/s sent in {took:?}: not paced"
+        );
         let mut got = Vec::new();
         let mut buf = [0u8; 2048];
         let mut sizes = Vec::new();
@@ -600,14 +606,28 @@ fn paced_stream_sends_exactly_the_file_unit_by_unit() {
         assert!(penstock_core::lateness::TraceRecord::is_csv_header(
             lines.next().unwrap()
         ));
-        let seqs: Vec<u64> = lines
-            .map(|l| {
-                penstock_core::lateness::TraceRecord::from_csv_line(l)
-                    .unwrap()
-                    .seq
-            })
+        let records: Vec<_> = lines
+            .map(|l| penstock_core::lateness::TraceRecord::from_csv_line(l).unwrap())
             .collect();
+        let seqs: Vec<u64> = records.iter().map(|r| r.seq).collect();
         assert_eq!(seqs, (0..21).collect::<Vec<_>>(), "{timer}: trace sequence");
+        // The schedule: one period (5 ms) between due times, exactly.
+        for w in records.windows(2) {
+            assert_eq!(
+                w[1].scheduled.as_nanos() - w[0].scheduled.as_nanos(),
+                5_000_000,
+                "{timer}: {w:?}"
+            );
+        }
+        // Paced: none sent before its due time (the engine's dispatch slack aside).
+        let slack = penstock_driver::engine::DISPATCH_SLACK_DEFAULT.as_nanos() as u64;
+        for r in &records {
+            assert!(
+                r.completed.as_nanos() + slack >= r.scheduled.as_nanos(),
+                "{timer}: unit {} completed before it was due: {r:?}",
+                r.seq
+            );
+        }
     }
 }
 

@@ -866,15 +866,18 @@ fn flood_with(
 /// `Connection: close`, or accepted and closed: never a 500, never silence.
 #[test]
 fn out_of_descriptors_every_http_connection_gets_a_503_or_a_close() {
-    if Command::new("prlimit").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: prlimit (util-linux) is not installed");
+    if !penstock_testreq::require("prlimit") {
         return;
     }
     let n = 10_000;
     let need = n as u64 + 256;
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
-    if lim.maximum.is_some_and(|m| m < need) {
-        eprintln!("SKIPPED: the test needs {need} descriptors, the hard RLIMIT_NOFILE is lower");
+    if !penstock_testreq::require_that(
+        "hard RLIMIT_NOFILE for 10000 connections",
+        lim.maximum
+            .filter(|&m| m < need)
+            .map(|m| format!("{m} is below the {need} descriptors the test needs")),
+    ) {
         return;
     }
     rustix::process::setrlimit(
@@ -1097,8 +1100,8 @@ fn unix_holder_helper() {
 fn the_unix_socket_keeps_places_for_its_owner() {
     use std::io::BufRead;
     use std::os::unix::process::CommandExt;
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED: running a client as another uid needs root");
+    // Running a client as another uid needs root.
+    if !penstock_testreq::require_root() {
         return;
     }
     // One other uid may hold every place left to others here (the per-uid cap is tested by
@@ -1341,8 +1344,7 @@ fn small_refusals_are_the_codes_the_docs_say() {
 /// waiting in the backlog.
 #[test]
 fn out_of_descriptors_every_rtsp_connection_gets_an_answer_or_a_close() {
-    if Command::new("prlimit").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: prlimit (util-linux) is not installed");
+    if !penstock_testreq::require("prlimit") {
         return;
     }
     let n = 2_000;

@@ -107,8 +107,7 @@ fn uring_works(dir: &Path) -> bool {
         "probe import failed: {}",
         text(&o)
     );
-    eprintln!("SKIPPED: io_uring unavailable here: {err}");
-    false
+    penstock_testreq::require_that("io_uring", Some(err.into_owned()))
 }
 
 /// Streams `vol:VOL/PART` to a slow TCP receiver through the engine; `during` runs once the
@@ -171,12 +170,9 @@ fn member_line(ls: &str, i: usize) -> &str {
 
 #[test]
 fn a_mirrored_volume_survives_a_member_truncated_or_deleted_mid_stream_and_is_rebuilt() {
-    let (a, b) = match two_devices() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("SKIPPED: a mirror needs two devices: {why}");
-            return;
-        }
+    let Some((a, b)) = penstock_testreq::require_ok("two devices for a mirror", two_devices())
+    else {
+        return;
     };
     if !uring_works(a.path()) {
         return;
@@ -353,12 +349,9 @@ fn size_of(ls: &str, name: &str) -> Option<u64> {
 /// from the copies alone (both copies were written and synced before each size was committed).
 #[test]
 fn sigkill_during_mirrored_growth_keeps_every_committed_byte_on_both_copies() {
-    let (a, b) = match two_devices() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("SKIPPED: a mirror needs two devices: {why}");
-            return;
-        }
+    let Some((a, b)) = penstock_testreq::require_ok("two devices for a mirror", two_devices())
+    else {
+        return;
     };
     if !uring_works(a.path()) {
         return;
@@ -478,12 +471,9 @@ fn sigkill_during_mirrored_growth_keeps_every_committed_byte_on_both_copies() {
 #[test]
 fn an_interrupted_rebuild_leaves_the_volume_degraded_and_a_second_repair_completes() {
     use std::io::BufRead;
-    let (a, b) = match two_devices() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("SKIPPED: a mirror needs two devices: {why}");
-            return;
-        }
+    let Some((a, b)) = penstock_testreq::require_ok("two devices for a mirror", two_devices())
+    else {
+        return;
     };
     if !uring_works(a.path()) {
         return;
@@ -577,7 +567,7 @@ fn an_interrupted_rebuild_leaves_the_volume_degraded_and_a_second_repair_complet
     );
     // The engine's worker copies at the lowest best-effort I/O priority (it yields to
     // other processes' I/O at the kernel's scheduler too).
-    if tool_runs("ionice") {
+    if penstock_testreq::require("ionice") {
         let mut workers = 0;
         for task in std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap() {
             let task = task.unwrap().path();
@@ -592,8 +582,6 @@ fn an_interrupted_rebuild_leaves_the_volume_degraded_and_a_second_repair_complet
             workers += 1;
         }
         assert!(workers > 0, "no engine worker thread found");
-    } else {
-        println!("SKIPPED (ioprio check only): ionice not found (apt-get install util-linux)");
     }
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
@@ -630,13 +618,6 @@ fn an_interrupted_rebuild_leaves_the_volume_degraded_and_a_second_repair_complet
 }
 
 /// Whether `name` runs (`name --version`).
-fn tool_runs(name: &str) -> bool {
-    Command::new(name)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// `data from byte N` of `volume ls`: where the data area starts on every member.
 fn data_start(ls: &str) -> u64 {
     ls.split("data from byte ")
@@ -673,12 +654,9 @@ fn bad_count(out: &str, prefix: &str) -> u64 {
 /// block and `check` is clean.
 #[test]
 fn random_bytes_over_a_mirrored_member_are_found_read_from_the_mirror_and_scrubbed() {
-    let (a, b) = match two_devices() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("SKIPPED: a mirror needs two devices: {why}");
-            return;
-        }
+    let Some((a, b)) = penstock_testreq::require_ok("two devices for a mirror", two_devices())
+    else {
+        return;
     };
     if !uring_works(a.path()) {
         return;
@@ -871,12 +849,9 @@ fn a_bad_block_without_a_mirror_fails_the_read_naming_the_block() {
 /// the block, copies nothing, and the new member stays `rebuilding` (never read).
 #[test]
 fn a_rebuild_refuses_a_source_block_that_fails_its_checksum() {
-    let (a, b) = match two_devices() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("SKIPPED: a mirror needs two devices: {why}");
-            return;
-        }
+    let Some((a, b)) = penstock_testreq::require_ok("two devices for a mirror", two_devices())
+    else {
+        return;
     };
     if !uring_works(a.path()) {
         return;
@@ -926,12 +901,9 @@ fn a_rebuild_refuses_a_source_block_that_fails_its_checksum() {
 /// repairs what has a good copy, and reports the rest.
 #[test]
 fn bit_flips_while_four_streams_read_deliver_no_wrong_byte() {
-    let (a, b) = match two_devices() {
-        Ok(d) => d,
-        Err(why) => {
-            eprintln!("SKIPPED: a mirror needs two devices: {why}");
-            return;
-        }
+    let Some((a, b)) = penstock_testreq::require_ok("two devices for a mirror", two_devices())
+    else {
+        return;
     };
     if !uring_works(a.path()) {
         return;

@@ -1,6 +1,7 @@
 //! `penstock volume mount` (issue 21 item 2) through real FUSE, real files and real tools
-//! (cp, rsync, ffprobe, sha256sum, fusermount3). Each test prints `SKIPPED: …` and returns
-//! when /dev/fuse or the permission to mount is missing. No test asserts a duration.
+//! (cp, rsync, ffprobe, sha256sum, fusermount3). Each test says `SKIPPED: …` (counted by
+//! penstock_testreq; a failure under PENSTOCK_TEST_REQUIRE=all) and returns when /dev/fuse or
+//! the permission to mount is missing. No test asserts a duration.
 
 mod common;
 
@@ -170,16 +171,15 @@ impl Drop for Mount {
     }
 }
 
-/// Mounts, or prints SKIPPED and returns `None` when FUSE is unavailable here.
+/// Mounts, or says SKIPPED and returns `None` when FUSE is unavailable here.
 fn mount_or_skip(member: &Path, dir: &Path, extra: &[&str]) -> Option<Mount> {
-    if File::open("/dev/fuse").is_err() {
-        println!("SKIPPED: /dev/fuse cannot be opened here");
+    if !penstock_testreq::require_fuse() {
         return None;
     }
     match Mount::start(member, dir, extra) {
         Ok(m) => Some(m),
         Err(e) if e.contains("Operation not permitted") || e.contains("Permission denied") => {
-            println!("SKIPPED: no permission to mount FUSE here: {e}");
+            penstock_testreq::require_that("permission to mount FUSE", Some(e));
             None
         }
         Err(e) => panic!("mount failed: {e}"),
@@ -238,7 +238,7 @@ fn cp_of_200_mb_onto_the_mount_and_back_is_byte_exact_and_tools_work() {
     // ffprobe reads a TS from the mount.
     if let Some(clip) = common::mpeg2_ts_clip("mount", 3) {
         sh(Command::new("cp").arg(&clip).arg(m.path("clip.ts")));
-        if common::tool("ffprobe", "-version") {
+        if penstock_testreq::require("ffprobe") {
             let out = sh(Command::new("ffprobe")
                 .args([
                     "-v",
@@ -262,12 +262,8 @@ fn cp_of_200_mb_onto_the_mount_and_back_is_byte_exact_and_tools_work() {
     }
 
     // fusermount3 -u unmounts; the server exits 0 and the volume checks clean.
-    if common::tool("fusermount3", "-V") {
-        sh(Command::new("fusermount3").arg("-u").arg(&m.dir));
-    } else {
-        println!("fusermount3 not found: unmounting with umount");
-        sh(Command::new("umount").arg(&m.dir));
-    }
+    // (mount_or_skip required fusermount3.)
+    sh(Command::new("fusermount3").arg("-u").arg(&m.dir));
     let st = m.wait();
     assert!(st.success(), "{st}: {}", m.stderr());
     ok(&["volume", "check", s(&member)]);
@@ -278,8 +274,7 @@ fn cp_of_200_mb_onto_the_mount_and_back_is_byte_exact_and_tools_work() {
 
 #[test]
 fn rsync_of_a_tree_of_small_files_round_trips() {
-    if !common::tool("rsync", "--version") {
-        println!("SKIPPED: rsync not found (apt-get install rsync)");
+    if !penstock_testreq::require("rsync") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -603,8 +598,11 @@ fn a_damaged_volume_mounts_read_only_or_is_refused_with_a_message() {
         .args(["volume", "import", s(&member), "p", s(&f)])
         .output()
         .unwrap();
-    if !imported.status.success() {
-        println!("SKIPPED: volume import failed here: {}", text(&imported));
+    // The import needs io_uring (its only reason to fail here).
+    if !penstock_testreq::require_that(
+        "io_uring",
+        (!imported.status.success()).then(|| text(&imported)),
+    ) {
         return;
     }
     // Damage the older metadata copy: the volume still opens from the newer one, and
@@ -875,8 +873,7 @@ fn an_unlinked_file_left_by_a_killed_mount_is_removed_by_the_next_mount() {
 
 #[test]
 fn class_rt_without_the_privilege_is_refused_with_a_message() {
-    if Command::new("setpriv").arg("--version").output().is_err() {
-        println!("SKIPPED: setpriv is not installed");
+    if !penstock_testreq::require("setpriv") {
         return;
     }
     let o = Command::new("setpriv")
@@ -947,16 +944,18 @@ fn listed_all(member: &Path) -> String {
 #[test]
 fn statfs_of_a_mirrored_mount_counts_usable_space_and_reads_verify_checksums() {
     let tmp = tempfile::tempdir().unwrap();
-    let shm = match tempfile::tempdir_in("/dev/shm") {
-        Ok(d) => d,
-        Err(e) => {
-            println!("SKIPPED: /dev/shm: {e}");
-            return;
-        }
+    let Some(shm) = penstock_testreq::require_ok(
+        "two devices (the temp directory and /dev/shm)",
+        tempfile::tempdir_in("/dev/shm").map_err(|e| format!("/dev/shm: {e}")),
+    ) else {
+        return;
     };
     let dev = |p: &Path| std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(p).unwrap());
-    if dev(tmp.path()) == dev(shm.path()) {
-        println!("SKIPPED: the temp directory and /dev/shm are on one device");
+    if !penstock_testreq::require_that(
+        "two devices (the temp directory and /dev/shm)",
+        (dev(tmp.path()) == dev(shm.path()))
+            .then(|| "the temp directory and /dev/shm are on one device".to_string()),
+    ) {
         return;
     }
     let m: Vec<PathBuf> = vec![tmp.path().join("s0"), shm.path().join("s1")];

@@ -27,10 +27,11 @@ fn periodic_10000_streams_of_one_file_fit_a_soft_nofile_of_4096() {
     let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .maximum
         .unwrap_or(u64::MAX);
-    if hard < NEED {
-        eprintln!(
-            "SKIPPED: the hard RLIMIT_NOFILE {hard} is below the {NEED} descriptors {STREAMS} streams need"
-        );
+    if !penstock_testreq::require_that(
+        "hard RLIMIT_NOFILE for 10000 streams",
+        (hard < NEED)
+            .then(|| format!("{hard} is below the {NEED} descriptors {STREAMS} streams need")),
+    ) {
         return;
     }
     let hard_arg = if hard == u64::MAX {
@@ -38,8 +39,7 @@ fn periodic_10000_streams_of_one_file_fit_a_soft_nofile_of_4096() {
     } else {
         hard.to_string()
     };
-    if Command::new("prlimit").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: prlimit (util-linux) is not installed");
+    if !penstock_testreq::require("prlimit") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -111,6 +111,33 @@ impl Recorder {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Waits (a bounded poll, not a fixed sleep) until the recorder has read every datagram
+    /// sent to it: its socket's receive queue in /proc/net/udp (`tx_queue:rx_queue`, hex)
+    /// is empty, or it has exited on its own. Then a signal cannot overtake a datagram.
+    fn drained(&mut self) {
+        let queued = |port: u16| -> Option<u64> {
+            let table = std::fs::read_to_string("/proc/net/udp").ok()?;
+            table.lines().skip(1).find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let (_, p) = f.get(1)?.rsplit_once(':')?;
+                (u16::from_str_radix(p, 16).ok()? == port)
+                    .then(|| u64::from_str_radix(f.get(4)?.split_once(':')?.1, 16).ok())
+                    .flatten()
+            })
+        };
+        let t0 = std::time::Instant::now();
+        while queued(self.port).is_some_and(|q| q > 0) {
+            if self.child.try_wait().expect("wait").is_some() {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the recorder never read its socket empty"
+            );
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     fn signal(&self, sig: rustix::process::Signal) {
         let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("pid");
         rustix::process::kill_process(pid, sig).expect("kill");
@@ -240,9 +267,9 @@ fn record_then_playback_is_byte_exact_with_varying_sizes() {
     let rec = dir.path().join("rec.bin");
     let mut rng = Rng::new(8);
     let sent: Vec<Vec<u8>> = (0..400).map(|i| datagram(&mut rng, i)).collect();
-    let r = Recorder::start(&rec, &["--frames", "every", "--sync-every", "50ms"]);
+    let mut r = Recorder::start(&rec, &["--frames", "every", "--sync-every", "50ms"]);
     send_all(&r.addr(), &sent, &mut rng);
-    thread::sleep(Duration::from_millis(100));
+    r.drained();
     r.signal(rustix::process::Signal::TERM);
     let (status, _, err) = r.wait();
     assert!(status.success(), "{err}");
@@ -462,9 +489,9 @@ fn small_recording(dir: &Path, name: &str, seed: u64, n: u64) -> (PathBuf, Vec<V
     let rec = dir.join(name);
     let mut rng = Rng::new(seed);
     let sent: Vec<Vec<u8>> = (0..n).map(|i| datagram(&mut rng, i)).collect();
-    let r = Recorder::start(&rec, &["--frames", "every"]);
+    let mut r = Recorder::start(&rec, &["--frames", "every"]);
     send_all(&r.addr(), &sent, &mut Rng::new(seed));
-    thread::sleep(Duration::from_millis(50));
+    r.drained();
     r.signal(rustix::process::Signal::INT);
     let (status, _, err) = r.wait();
     assert!(status.success(), "{err}");
@@ -582,7 +609,7 @@ fn unknown_track_version_is_refused_by_name() {
 /// the recorder's exit, stderr and what was sent.
 fn record_until_full(rec: &Path, cmd: Command) -> (std::process::ExitStatus, String, Vec<Vec<u8>>) {
     let _ = rec;
-    let r = Recorder::start_with(cmd);
+    let mut r = Recorder::start_with(cmd);
     let to = r.addr();
     let mut rng = Rng::new(31);
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -600,7 +627,7 @@ fn record_until_full(rec: &Path, cmd: Command) -> (std::process::ExitStatus, Str
             thread::sleep(Duration::from_millis(1));
         }
     }
-    thread::sleep(Duration::from_millis(100));
+    r.drained();
     let _ = rustix::process::kill_process(
         rustix::process::Pid::from_raw(r.child.id() as i32).unwrap(),
         rustix::process::Signal::TERM,
@@ -636,8 +663,7 @@ fn assert_kept_part_valid(rec: &Path, err: &str, sent: &[Vec<u8>]) {
 
 #[test]
 fn file_size_limit_efbig_stops_cleanly_and_keeps_a_valid_prefix() {
-    if Command::new("prlimit").arg("--version").output().is_err() {
-        println!("SKIPPED: prlimit (util-linux) not found");
+    if !penstock_testreq::require("prlimit") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -678,14 +704,15 @@ fn enospc_on_a_tiny_tmpfs_stops_cleanly_and_keeps_a_valid_prefix() {
     match m {
         Ok(o) if o.status.success() => {}
         Ok(o) => {
-            println!(
-                "SKIPPED: cannot mount a tmpfs here ({}); the EFBIG test covers the same path",
-                text(&o.stderr).trim()
+            // The EFBIG test covers the same path.
+            penstock_testreq::require_that(
+                "a tmpfs mount",
+                Some(text(&o.stderr).trim().to_string()),
             );
             return;
         }
         Err(e) => {
-            println!("SKIPPED: no mount(8) ({e})");
+            penstock_testreq::require_that("mount", Some(e.to_string()));
             return;
         }
     }
@@ -715,32 +742,10 @@ fn enospc_on_a_tiny_tmpfs_stops_cleanly_and_keeps_a_valid_prefix() {
     assert_kept_part_valid(&rec, &err, &sent);
 }
 
-/// ffmpeg and ffprobe, installed if missing and permitted; `None` (and a SKIPPED line) if not.
+/// ffmpeg and ffprobe (installed by `.ci/run`, never by a test); `None` when missing:
+/// SKIPPED and counted, or a failure under PENSTOCK_TEST_REQUIRE=all.
 fn ffmpeg() -> Option<()> {
-    let have = || {
-        Command::new("ffmpeg")
-            .arg("-version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-            && Command::new("ffprobe")
-                .arg("-version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-    };
-    if have() {
-        return Some(());
-    }
-    let _ = Command::new("apt-get")
-        .args(["install", "-y", "--no-install-recommends", "ffmpeg"])
-        .output();
-    if have() {
-        Some(())
-    } else {
-        println!(
-            "SKIPPED: ffmpeg/ffprobe not found and could not be installed (apt-get install ffmpeg)"
-        );
-        None
-    }
+    penstock_testreq::require_all(&["ffmpeg", "ffprobe"]).then_some(())
 }
 
 /// Makes a `seconds`-long MPEG-TS at 8 Mbit/s (constant mux rate) from testsrc, 640x360 H.264
@@ -846,7 +851,7 @@ fn mpegts_from_ffmpeg_records_plays_back_and_matches_ffprobe_key_frames() {
 
     // Send it at its bit rate, 7 TS packets per datagram, with penstock's own CBR stream.
     let rec = dir.path().join("rec.ts");
-    let r = Recorder::start(&rec, &[]);
+    let mut r = Recorder::start(&rec, &[]);
     let o = run(&[
         "stream",
         ts.to_str().unwrap(),
@@ -857,7 +862,7 @@ fn mpegts_from_ffmpeg_records_plays_back_and_matches_ffprobe_key_frames() {
         "1316",
     ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
-    thread::sleep(Duration::from_millis(100));
+    r.drained();
     r.signal(rustix::process::Signal::TERM);
     let (status, _, err) = r.wait();
     assert!(status.success(), "{err}");
@@ -893,7 +898,7 @@ fn mpegts_from_ffmpeg_records_plays_back_and_matches_ffprobe_key_frames() {
 
     // Play it back with its recorded timing into a second recording: the same datagrams.
     let cap = dir.path().join("capture.ts");
-    let r = Recorder::start(&cap, &[]);
+    let mut r = Recorder::start(&cap, &[]);
     let o = run(&[
         "stream",
         rec.to_str().unwrap(),
@@ -902,7 +907,7 @@ fn mpegts_from_ffmpeg_records_plays_back_and_matches_ffprobe_key_frames() {
         "tracks",
     ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
-    thread::sleep(Duration::from_millis(100));
+    r.drained();
     r.signal(rustix::process::Signal::TERM);
     let (status, _, err) = r.wait();
     assert!(status.success(), "{err}");
@@ -914,7 +919,7 @@ fn mpegts_from_ffmpeg_records_plays_back_and_matches_ffprobe_key_frames() {
 
     // --from 2.5s starts at the key frame of second 2: a valid TS from a key frame.
     let cap2 = dir.path().join("from.ts");
-    let r = Recorder::start(&cap2, &[]);
+    let mut r = Recorder::start(&cap2, &[]);
     let o = run(&[
         "stream",
         rec.to_str().unwrap(),
@@ -927,7 +932,7 @@ fn mpegts_from_ffmpeg_records_plays_back_and_matches_ffprobe_key_frames() {
         "4",
     ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
-    thread::sleep(Duration::from_millis(100));
+    r.drained();
     r.signal(rustix::process::Signal::TERM);
     let (status, _, err) = r.wait();
     assert!(status.success(), "{err}");
@@ -1045,9 +1050,9 @@ fn recording_into_a_volume_partition_plays_back_byte_exact_and_stops_cleanly_whe
         "--progress",
     ]);
     cmd.env("PENSTOCK_VOLUMES", &env);
-    let r = Recorder::start_with(cmd);
+    let mut r = Recorder::start_with(cmd);
     send_all(&r.addr(), &sent, &mut rng);
-    thread::sleep(Duration::from_millis(100));
+    r.drained();
     r.signal(rustix::process::Signal::TERM);
     let (status, _, err) = r.wait();
     assert!(status.success(), "{err}");

@@ -210,13 +210,15 @@ fn bench_all_writes_a_self_contained_page_with_every_section_and_plot() {
     match py {
         Ok(o) if o.status.success() => {}
         Ok(o) if String::from_utf8_lossy(&o.stderr).contains("No module named") => {
-            eprintln!("SKIPPED (schema part): python3 has no jsonschema module")
+            penstock_testreq::require_python_module("jsonschema");
         }
         Ok(o) => panic!(
             "results.json does not validate against the schema:\n{}",
             String::from_utf8_lossy(&o.stderr)
         ),
-        Err(e) => eprintln!("SKIPPED (schema part): no python3: {e}"),
+        Err(e) => {
+            penstock_testreq::require_that("python3", Some(e.to_string()));
+        }
     }
 
     // Drawn again from results.json alone: the same page.
@@ -396,13 +398,15 @@ fn a_recorded_report_with_rtsp_admission_and_striped_writes_renders_with_their_v
     {
         Ok(o) if o.status.success() => {}
         Ok(o) if String::from_utf8_lossy(&o.stderr).contains("No module named") => {
-            eprintln!("SKIPPED (schema part): python3 has no jsonschema module")
+            penstock_testreq::require_python_module("jsonschema");
         }
         Ok(o) => panic!(
             "the fixture does not validate against the schema:\n{}",
             String::from_utf8_lossy(&o.stderr)
         ),
-        Err(e) => eprintln!("SKIPPED (schema part): no python3: {e}"),
+        Err(e) => {
+            penstock_testreq::require_that("python3", Some(e.to_string()));
+        }
     }
     let stripe = std::fs::read_to_string(dir.join("stripe.svg")).unwrap();
     assert!(stripe.contains("penstock writes"), "no write line");

@@ -39,19 +39,10 @@ fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run penstock")
 }
 
-/// ffmpeg and ffprobe, or a SKIPPED line.
+/// ffmpeg and ffprobe (penstock_testreq: SKIPPED and counted, or a failure under
+/// PENSTOCK_TEST_REQUIRE=all).
 fn have_ffmpeg() -> bool {
-    let ok = |tool: &str| {
-        Command::new(tool)
-            .arg("-version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let have = ok("ffmpeg") && ok("ffprobe");
-    if !have {
-        println!("SKIPPED: ffmpeg/ffprobe not found (apt-get install ffmpeg)");
-    }
-    have
+    penstock_testreq::require_all(&["ffmpeg", "ffprobe"])
 }
 
 /// A `seconds`-long MPEG-2 video TS at 4 Mbit/s in a 4.5 Mbit/s constant-rate multiplex.
@@ -325,6 +316,38 @@ fn wait_with_limit(
     }
 }
 
+/// Waits (a bounded poll, no fixed sleep) until a UDP socket is bound to each of `ports`
+/// (the kernel's /proc/net/udp and udp6 tables: local address `HEXADDR:HEXPORT`), i.e. until
+/// the receiver `child` listens; fails if the receiver exits first or never binds.
+fn wait_udp_bound(child: &mut std::process::Child, ports: &[u16], log: &Path) {
+    let bound = |port: u16| {
+        ["/proc/net/udp", "/proc/net/udp6"].iter().any(|t| {
+            std::fs::read_to_string(t).is_ok_and(|table| {
+                table.lines().skip(1).any(|l| {
+                    l.split_whitespace()
+                        .nth(1)
+                        .and_then(|local| local.rsplit_once(':'))
+                        .is_some_and(|(_, p)| u16::from_str_radix(p, 16) == Ok(port))
+                })
+            })
+        })
+    };
+    let t0 = Instant::now();
+    while !ports.iter().all(|&p| bound(p)) {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!(
+                "the receiver exited ({st}) before binding {ports:?}: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the receiver did not bind {ports:?}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// A free UDP port on loopback whose successor is free too (an RTP/RTCP pair); the sockets are
 /// closed again for the receiver to bind.
 fn free_port_pair() -> u16 {
@@ -356,7 +379,7 @@ fn ffmpeg_receives_every_packet_of_a_pcr_paced_stream() {
         &out,
         &log,
     );
-    thread::sleep(Duration::from_millis(700));
+    wait_udp_bound(&mut ff, &[port], &log);
     let o = run(&[
         "stream",
         clip.to_str().unwrap(),
@@ -414,7 +437,8 @@ fn ffmpeg_receives_rtp_from_an_sdp_and_ends_at_the_bye() {
         &out,
         &log,
     );
-    thread::sleep(Duration::from_millis(700));
+    // ffmpeg's RTP input binds the RTP port and the RTCP port after it.
+    wait_udp_bound(&mut ff, &[port, port + 1], &log);
     let written = dir.path().join("written.sdp");
     let o = run(&[
         "stream",

@@ -24,7 +24,7 @@ const CLIP_S: u32 = 6;
 const IDLE_TIMEOUT_S: u64 = 4;
 const TS: usize = 188;
 
-/// A 6-second MPEG-2 TS clip (ffmpeg), or `None` with a SKIPPED line.
+/// A 6-second MPEG-2 TS clip (ffmpeg), or `None`: SKIPPED, counted.
 fn clip() -> Option<&'static Path> {
     static CLIP: OnceLock<Option<PathBuf>> = OnceLock::new();
     CLIP.get_or_init(|| common::mpeg2_ts_clip("live", CLIP_S))
@@ -337,7 +337,7 @@ fn a_live_source_reaches_two_clients_and_its_recording_byte_for_byte() {
     let first_seq = play.rtp_seq();
 
     let gst_out = s.dir.as_ref().unwrap().path().join("gst.ts");
-    let gst = if common::tool("gst-launch-1.0", "--version") {
+    let gst = if penstock_testreq::require("gst-launch-1.0") {
         let c = Command::new("gst-launch-1.0")
             .args(["-q", "rtspsrc", "protocols=tcp"])
             .args([&format!("location={url}"), "!", "rtpmp2tdepay"])
@@ -349,9 +349,6 @@ fn a_live_source_reaches_two_clients_and_its_recording_byte_for_byte() {
             .unwrap();
         Some(c)
     } else {
-        println!(
-            "SKIPPED (GStreamer part): gst-launch-1.0 not found (gstreamer1.0-tools, plugins good and bad)"
-        );
         None
     };
     let sessions = if gst.is_some() { 2.0 } else { 1.0 };

@@ -110,11 +110,15 @@ fn ten_thousand_idle_connections_keep_memory_bounded_and_others_served() {
     // The client holds IDLE + a few descriptors; the server (a child, which inherits this
     // soft limit and raises its own towards what its limits need) the same.
     let need = IDLE as u64 + 200;
-    if nofile_soft() < need {
-        eprintln!(
-            "SKIPPED: RLIMIT_NOFILE hard limit {} is below the {need} descriptors this test needs",
-            nofile_soft()
-        );
+    if !penstock_testreq::require_that(
+        "RLIMIT_NOFILE for 10000 connections",
+        (nofile_soft() < need).then(|| {
+            format!(
+                "the hard limit {} is below the {need} descriptors this test needs",
+                nofile_soft()
+            )
+        }),
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -127,7 +131,7 @@ fn ten_thousand_idle_connections_keep_memory_bounded_and_others_served() {
         &conf,
         format!(
             "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\nworkers = 2\n[control]\nlisten = \"\"\n\
-             [limits]\nconnections_max = {CONNECTIONS_MAX}\nidle_timeout_ms = 300000\n"
+             [limits]\nconnections_max = {CONNECTIONS_MAX}\nidle_timeout_ms = 86400000\n"
         ),
     )
     .unwrap();
@@ -209,24 +213,40 @@ fn ten_thousand_idle_connections_keep_memory_bounded_and_others_served() {
     for _ in 0..(CONNECTIONS_MAX - IDLE + 10) {
         extra.push(TcpStream::connect(&http).unwrap());
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // The 10 past the limit are answered 503: a bounded poll over the connections not
+    // answered yet (no fixed wait for the server to reach them).
     let mut refused = 0;
+    let mut answered = vec![false; extra.len()];
     for s in &mut extra {
         s.set_nonblocking(true).unwrap();
-        let mut buf = [0u8; 256];
-        match s.read(&mut buf) {
-            Ok(n) if n > 0 => {
-                let text = String::from_utf8_lossy(&buf[..n]);
-                assert!(
-                    text.starts_with("HTTP/1.1 503 "),
-                    "a refused connection got {text:?}"
-                );
-                refused += 1;
+    }
+    let t0 = std::time::Instant::now();
+    while refused < 10 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "only {refused} refused past connections_max"
+        );
+        for (s, done) in extra.iter_mut().zip(&mut answered) {
+            if *done {
+                continue;
             }
-            Ok(_) => panic!("a connection was closed without a reply"),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("{e}"),
+            let mut buf = [0u8; 256];
+            match s.read(&mut buf) {
+                Ok(n) if n > 0 => {
+                    let text = String::from_utf8_lossy(&buf[..n]);
+                    assert!(
+                        text.starts_with("HTTP/1.1 503 "),
+                        "a refused connection got {text:?}"
+                    );
+                    refused += 1;
+                    *done = true;
+                }
+                Ok(_) => panic!("a connection was closed without a reply"),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
         }
+        std::thread::sleep(Duration::from_millis(10));
     }
     println!(
         "{} connections past {IDLE}: {refused} refused with 503",
@@ -243,8 +263,6 @@ fn ten_thousand_idle_connections_keep_memory_bounded_and_others_served() {
     let rss_end = rss_kb(pid);
     println!("server VmRSS at the limit: {rss_end} kB");
     assert!(rss_end < RSS_BOUND_KB);
-    assert!(
-        opened_at.elapsed() < Duration::from_secs(280),
-        "the idle timeout would have cut them: the checks above are not about idle connections"
-    );
+    // (The idle timeout is a day: no check above can be about idle cuts, however slow the
+    // machine.)
 }

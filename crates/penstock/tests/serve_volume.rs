@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{mpeg2_ts_clip, serve_addresses, start_line, tool};
+use common::{mpeg2_ts_clip, serve_addresses, start_line};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -87,8 +87,7 @@ fn stream_into(member: &Path, part: &str, src: &Path) {
 
 #[test]
 fn partitions_are_served_over_http_with_ranges_resume_etags_and_404s() {
-    if !tool("curl", "--version") {
-        println!("SKIPPED: curl not found (apt-get install curl)");
+    if !penstock_testreq::require("curl") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -214,31 +213,27 @@ fn partitions_are_served_over_http_with_ranges_resume_etags_and_404s() {
     assert!(o.stdout == bytes2, "the rewritten bytes are served");
 
     // ffprobe reads a recorded TS from the volume over HTTP.
-    if clip.is_some() {
-        if tool("ffprobe", "-version") {
-            let o = Command::new("ffprobe")
-                .args([
-                    "-v",
-                    "error",
-                    "-show_entries",
-                    "format=format_name,duration",
-                ])
-                .args(["-of", "default=nw=1"])
-                .arg(format!("http://{http}/vol/hv/clip.ts"))
-                .output()
-                .unwrap();
-            let out = String::from_utf8_lossy(&o.stdout);
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-            assert!(out.contains("format_name=mpegts"), "{out}");
-            let duration: f64 = out
-                .lines()
-                .find_map(|l| l.strip_prefix("duration="))
-                .and_then(|v| v.parse().ok())
-                .expect("a duration");
-            assert!((3.5..4.5).contains(&duration), "{out}");
-        } else {
-            println!("SKIPPED: ffprobe not found (apt-get install ffmpeg)");
-        }
+    if clip.is_some() && penstock_testreq::require("ffprobe") {
+        let o = Command::new("ffprobe")
+            .args([
+                "-v",
+                "error",
+                "-show_entries",
+                "format=format_name,duration",
+            ])
+            .args(["-of", "default=nw=1"])
+            .arg(format!("http://{http}/vol/hv/clip.ts"))
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(out.contains("format_name=mpegts"), "{out}");
+        let duration: f64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("duration="))
+            .and_then(|v| v.parse().ok())
+            .expect("a duration");
+        assert!((3.5..4.5).contains(&duration), "{out}");
     }
 
     // Bad names: 404, and the server keeps serving.

@@ -24,10 +24,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
 fn signal(pid: u32, sig: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
     rustix::process::kill_process(pid, sig).unwrap();
@@ -262,8 +258,8 @@ fn open_tree(conf_text: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
 
 #[test]
 fn started_as_root_with_user_nobody_every_thread_runs_as_nobody_and_serves_what_nobody_may_read() {
-    if !is_root() {
-        eprintln!("SKIPPED: switching users needs a test run as root");
+    // Switching users needs a test run as root.
+    if !penstock_testreq::require_root() {
         return;
     }
     // Bodies of 4 MiB and more go through the engine; under /rt/ in the rt class, whose
@@ -424,8 +420,8 @@ fn range_origin(data: Vec<u8>) -> u16 {
 
 /// `penstock serve` as nobody (setpriv), with `conf`: its output.
 fn serve_as_nobody(www: &Path, conf: &Path) -> Option<std::process::Output> {
-    if !is_root() {
-        eprintln!("SKIPPED: starting as another user needs a test run as root");
+    // Starting as another user needs a test run as root.
+    if !penstock_testreq::require_root() {
         return None;
     }
     let mut c = Command::new("setpriv");
@@ -534,35 +530,12 @@ fn an_unknown_user_refuses_the_start() {
     assert!(err.contains("no such user"), "{err}");
 }
 
-/// `systemd-analyze`, installed with apt-get when missing and permitted.
-fn systemd_analyze() -> Option<&'static str> {
-    let found = || {
-        Command::new("systemd-analyze")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if found() {
-        return Some("systemd-analyze");
-    }
-    if is_root() && Path::new("/usr/bin/apt-get").exists() {
-        let _ = Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends", "systemd"])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status();
-        if found() {
-            return Some("systemd-analyze");
-        }
-    }
-    None
-}
-
 #[test]
 fn systemd_analyze_verify_accepts_the_service_and_socket_units() {
-    let Some(analyze) = systemd_analyze() else {
-        eprintln!("SKIPPED: systemd-analyze is missing and could not be installed");
+    if !penstock_testreq::require("systemd-analyze") {
         return;
-    };
+    }
+    let analyze = "systemd-analyze";
     let d = tempfile::Builder::new()
         .prefix("penstock-units")
         .tempdir()
@@ -629,12 +602,15 @@ fn completions_for_bash_zsh_and_fish_name_the_subcommands() {
         for sub in ["serve", "stream", "ctl", "volume", "completions", "man"] {
             assert!(script.contains(sub), "{shell} completions lack {sub}");
         }
-        // The script parses in its shell (bash always here; zsh and fish when installed).
+        // The script parses in its shell (bash, zsh and fish: `.ci/run` installs them).
         let check: &[&str] = match shell {
             "bash" => &["bash", "-n"],
             "zsh" => &["zsh", "-n"],
             _ => &["fish", "--no-execute"],
         };
+        if !penstock_testreq::require(check[0]) {
+            continue;
+        }
         let f = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(f.path(), &script).unwrap();
         match Command::new(check[0])
@@ -647,8 +623,7 @@ fn completions_for_bash_zsh_and_fish_name_the_subcommands() {
                 "{shell} -n: {}",
                 String::from_utf8_lossy(&o.stderr)
             ),
-            Err(_) if shell != "bash" => eprintln!("SKIPPED: {shell} is not installed"),
-            Err(e) => panic!("bash: {e}"),
+            Err(e) => panic!("{shell}: {e}"),
         }
     }
     let o = Command::new(BIN)
@@ -678,8 +653,9 @@ fn the_man_page_renders_and_names_the_subcommands() {
             );
             String::from_utf8_lossy(&g.stdout).to_string()
         }
-        Err(_) => {
-            eprintln!("SKIPPED: groff is not installed; checking the roff source only");
+        Err(e) => {
+            // The roff source alone is checked without groff.
+            penstock_testreq::require_that("groff", Some(e.to_string()));
             String::from_utf8_lossy(&o.stdout).to_string()
         }
     };

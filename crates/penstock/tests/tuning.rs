@@ -76,7 +76,8 @@ fn serve(t: &Tree) -> Served {
         .arg("--control-unix")
         .arg(&t.sock)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        // Its log, for the tests that wait for a line of it.
+        .stderr(std::fs::File::create(t.conf.with_file_name("serve.stderr")).unwrap())
         .spawn()
         .unwrap();
     let line = start_line(&mut child);
@@ -217,7 +218,8 @@ fn tune_disk_is_the_operators_and_a_reload_sets_it_back() {
     let mut anon = Ctl::connect(&s.control);
     assert!(anon.cmd("TUNE disk inflight=1").starts_with("401 "));
 
-    if rustix::process::geteuid().is_root() && Path::new("/usr/bin/setpriv").exists() {
+    // The refused-peer half runs a client as nobody: root and setpriv.
+    if penstock_testreq::require_root() && penstock_testreq::require("setpriv") {
         // nobody is an allowed Unix peer (it may open streams) but not the operator: a
         // change is refused with the reason, a query answered.
         let out = ctl_as_nobody(&t.sock, &["TUNE disk inflight=1", "TUNE disk"]);
@@ -226,8 +228,6 @@ fn tune_disk_is_the_operators_and_a_reload_sets_it_back() {
             "{out}"
         );
         assert!(out.contains(&r), "{out}");
-    } else {
-        eprintln!("SKIPPED: the refused-peer half needs root and setpriv");
     }
     assert_eq!(op.cmd("TUNE disk"), r, "the refused change changed nothing");
 
@@ -266,7 +266,16 @@ fn tune_disk_is_the_operators_and_a_reload_sets_it_back() {
         rustix::process::Signal::HUP,
     )
     .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    // The event, not a fixed wait: the server logged the refusal.
+    let log = t.conf.with_file_name("serve.stderr");
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("reload refused")) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no reload refusal logged"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(op.cmd("TUNE disk"), want);
 }
 
@@ -299,11 +308,12 @@ fn state_reports_plan_rate_and_lateness_and_start_at_anchors_the_schedule() {
     let st = c.wait_ended(&id);
     assert!(st.contains(" done "), "{st}");
     assert_eq!(field(&st, "sent"), Some(100 * UNIT), "{st}");
-    // 100 units at 200/s take about half a second: the measured rate is the plan's order of
-    // magnitude (a ratio, generous both ways for a loaded machine).
+    // 100 units at 200/s take about half a second: paced, the measured rate is not above
+    // twice the plan (late units sent together after a stall can raise it above the plan).
+    // No lower bound: a slow machine lowers it, and that is no failure of pacing.
     let rate = field(&st, "rate_bytes_per_s").unwrap();
     assert!(
-        rate > 200 * UNIT / 4 && rate < 200 * UNIT * 2,
+        rate > 0 && rate < 200 * UNIT * 2,
         "measured {rate} B/s for a plan of {} B/s",
         200 * UNIT
     );
@@ -334,8 +344,8 @@ fn state_reports_plan_rate_and_lateness_and_start_at_anchors_the_schedule() {
     assert!(st.contains(" done ") && st.contains(" late=skip"), "{st}");
     let skipped = field(&st, "skipped").unwrap();
     // 500 ms at 5 ms per unit: at least 98 units were over one period late when the line
-    // was read (more if the server was slow to start the stream); not all 200.
-    assert!((98..190).contains(&skipped), "{skipped} skipped: {st}");
+    // was read (more, up to all 200, if a loaded server was slow to start the stream).
+    assert!((98..=200).contains(&skipped), "{skipped} skipped: {st}");
     assert_eq!(
         field(&st, "sent").unwrap() + skipped * UNIT,
         200 * UNIT,

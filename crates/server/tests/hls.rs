@@ -9,21 +9,10 @@ use std::process::Command;
 
 use common::*;
 
-/// Whether ffmpeg runs. Under CI (`CI` set) a missing ffmpeg fails the test: `.ci/run`
-/// installs it, and a suite that skips quietly would hide that it did not.
+/// Whether ffmpeg is here (penstock_testreq: a failure under PENSTOCK_TEST_REQUIRE=all, or
+/// CI; `.ci/run` installs it, and a suite that skips quietly would hide that it did not).
 fn have_ffmpeg() -> bool {
-    let ok = Command::new("ffmpeg")
-        .arg("-version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "ffmpeg is needed (apt-get install ffmpeg)"
-        );
-        println!("SKIPPED: ffmpeg not found (apt-get install ffmpeg)");
-    }
-    ok
+    penstock_testreq::require("ffmpeg")
 }
 
 /// 13 s of H.264 (key frame every 2 s, as `-g 50` at 25 fps) and AAC in TS, as a
@@ -205,26 +194,22 @@ fn what_is_not_a_playable_ts_file_gets_no_playlist() {
 }
 
 /// `tests/player`: hls.js and playwright-core, installed by `.ci/run` (`npm ci`); Chromium
-/// from Debian. `None` (SKIPPED) without them, a failure under CI.
+/// from Debian. `None` (SKIPPED) without them, a failure under PENSTOCK_TEST_REQUIRE=all.
 fn player_dir() -> Option<std::path::PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/player");
     let ready = dir.join("node_modules/hls.js/dist/hls.min.js").is_file()
         && dir.join("node_modules/playwright-core").is_dir()
-        && Command::new("node")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
+        && penstock_testreq::which("node").is_some()
         && Path::new("/usr/bin/chromium").is_file();
-    if !ready {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the browser player is needed: node, chromium (apt-get install chromium) and \
-             `npm ci --prefix crates/server/tests/player`"
-        );
-        println!("SKIPPED: no browser player (node, chromium, tests/player/node_modules)");
-        return None;
-    }
-    Some(dir)
+    penstock_testreq::require_that(
+        "browser player",
+        (!ready).then(|| {
+            "node, chromium (apt-get install chromium) and `npm ci --prefix \
+             crates/server/tests/player`"
+                .to_string()
+        }),
+    )
+    .then_some(dir)
 }
 
 /// hls.js in Chromium (`tests/player/play.mjs ARGS`) on the page penstock serves from the
@@ -823,14 +808,11 @@ fn an_h265_rendition_is_listed_with_its_size_and_codecs() {
         .arg(&path)
         .output()
         .expect("ffmpeg");
-    if !o.status.success() {
-        // An ffmpeg built without libx265.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        println!("SKIPPED: ffmpeg cannot encode H.265");
+    // An ffmpeg built without libx265 cannot.
+    if !penstock_testreq::require_that(
+        "ffmpeg with libx265",
+        (!o.status.success()).then(|| String::from_utf8_lossy(&o.stderr).into_owned()),
+    ) {
         return;
     }
     let master = String::from_utf8(get(&f, "/hevc/master.m3u8").2).unwrap();

@@ -35,8 +35,10 @@ fn two_thousand_idle_connections_stay_small_and_others_are_served() {
     let cur = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current
         .unwrap_or(u64::MAX);
-    if cur < (2 * N + 200) as u64 {
-        eprintln!("SKIPPED: RLIMIT_NOFILE {cur} is below {}", 2 * N + 200);
+    if !penstock_testreq::require_that(
+        "RLIMIT_NOFILE for 2000 connections",
+        (cur < (2 * N + 200) as u64).then(|| format!("{cur} is below {}", 2 * N + 200)),
+    ) {
         return;
     }
     let f = start();

@@ -53,8 +53,7 @@ fn free_port() -> u16 {
 
 /// nginx on loopback serving a fresh directory, logging `status body_bytes_sent uri`.
 fn nginx() -> Option<Nginx> {
-    if Command::new("nginx").arg("-v").output().is_err() {
-        println!("SKIPPED: nginx is not installed");
+    if !penstock_testreq::require("nginx") {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -795,10 +794,10 @@ fn garage_bin() -> Option<PathBuf> {
 }
 
 fn garage() -> Option<Garage> {
-    let Some(bin) = garage_bin() else {
-        println!("SKIPPED: garage is not installed (cargo install garage --locked)");
-        return None;
-    };
+    let bin = penstock_testreq::require_ok(
+        "garage",
+        garage_bin().ok_or("not on PATH nor in ~/.cargo/bin (cargo install garage --locked)"),
+    )?;
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path();
     let (rpc, s3) = (free_port(), free_port());
@@ -1119,8 +1118,10 @@ impl SmallDisk {
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
-        if !ok {
-            println!("SKIPPED: cannot mount a tmpfs here (not root, or no mount permission)");
+        if !penstock_testreq::require_that(
+            "a tmpfs mount",
+            (!ok).then(|| "not root, or no mount permission".to_string()),
+        ) {
             return None;
         }
         Some(SmallDisk { dir })

@@ -12,11 +12,8 @@ fn ring() -> Option<Ring> {
         buffer_bytes: 8192,
         ..RingConfig::default()
     }) {
-        Ok((r, _)) => Some(r),
-        Err(RingError::Unavailable(e)) => {
-            eprintln!("SKIPPED: io_uring unavailable here: {e}");
-            None
-        }
+        Ok((r, _)) => penstock_testreq::require_ok("io_uring", Ok::<_, String>(r)),
+        Err(RingError::Unavailable(e)) => penstock_testreq::require_ok("io_uring", Err(e)),
         Err(e) => panic!("{e}"),
     }
 }
@@ -59,8 +56,10 @@ fn read_then_send_the_same_buffer() {
 #[test]
 fn zero_copy_send_holds_the_buffer_until_notification() {
     let Some(mut r) = ring() else { return };
-    if !r.features().send_zc {
-        eprintln!("SKIPPED: no SEND_ZC");
+    if !penstock_testreq::require_that(
+        "io_uring SEND_ZC",
+        (!r.features().send_zc).then(|| "the kernel's ring has no SEND_ZC".to_string()),
+    ) {
         return;
     }
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

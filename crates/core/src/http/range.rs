@@ -468,7 +468,17 @@ mod tests {
 
             #[test]
             fn arbitrary_strings_never_panic(v in ".{0,64}", len in any::<u64>()) {
-                let _ = parse_range(&v, len, 16);
+                // And a satisfiable answer keeps its promise: at most 16 ranges, each inside
+                // the file, sorted, neither overlapping nor adjacent.
+                if let RangeSet::Satisfiable(r) = parse_range(&v, len, 16) {
+                    prop_assert!(!r.is_empty() && r.len() <= 16, "{:?}", r);
+                    for b in &r {
+                        prop_assert!(b.start <= b.end_inclusive && b.end_inclusive < len, "{:?} of {}", b, len);
+                    }
+                    for w in r.windows(2) {
+                        prop_assert!(w[0].end_inclusive + 1 < w[1].start, "{:?}", r);
+                    }
+                }
             }
         }
     }

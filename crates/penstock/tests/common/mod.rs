@@ -82,18 +82,18 @@ pub fn promtool(page: &str) -> Option<(bool, String)> {
     ))
 }
 
-/// Asserts that `promtool check metrics` passes `page` without a word, or says SKIPPED.
+/// Asserts that `promtool check metrics` passes `page` without a word, or says SKIPPED
+/// (penstock_testreq: counted, a failure under PENSTOCK_TEST_REQUIRE=all).
 pub fn assert_promtool_clean(page: &str) {
-    match promtool(page) {
-        None => println!("SKIPPED: promtool is not installed (apt-get install prometheus)"),
-        Some((ok, out)) => {
-            assert!(ok, "promtool check metrics failed:\n{out}\n{page}");
-            assert!(
-                out.trim().is_empty(),
-                "promtool has something to say:\n{out}"
-            );
-        }
+    if !penstock_testreq::require("promtool") {
+        return;
     }
+    let (ok, out) = promtool(page).expect("promtool runs");
+    assert!(ok, "promtool check metrics failed:\n{out}\n{page}");
+    assert!(
+        out.trim().is_empty(),
+        "promtool has something to say:\n{out}"
+    );
 }
 
 /// The value of the first sample line that starts with `sample` then a space.
@@ -148,10 +148,9 @@ pub fn tool(name: &str, arg: &str) -> bool {
 
 /// A `seconds`-long MPEG-2 video TS at 2 Mbit/s, GOP 1 s (ffmpeg's testsrc), written to
 /// `clip.ts` in a temporary directory named after `tag` and this process; `None` with a
-/// SKIPPED line when ffmpeg is missing.
+/// SKIPPED line (counted; a failure under PENSTOCK_TEST_REQUIRE=all) when ffmpeg is missing.
 pub fn mpeg2_ts_clip(tag: &str, seconds: u32) -> Option<std::path::PathBuf> {
-    if !tool("ffmpeg", "-version") {
-        println!("SKIPPED: ffmpeg not found (apt-get install ffmpeg)");
+    if !penstock_testreq::require("ffmpeg") {
         return None;
     }
     let dir = std::env::temp_dir().join(format!("penstock-{tag}-test-{}", std::process::id()));
@@ -180,4 +179,33 @@ pub fn mpeg2_ts_clip(tag: &str, seconds: u32) -> Option<std::path::PathBuf> {
         String::from_utf8_lossy(&o.stderr)
     );
     Some(path)
+}
+
+/// Bytes waiting in the receive queue of the UDP socket bound to local `port`
+/// (/proc/net/udp's `tx_queue:rx_queue`, hex), or `None` when no socket has that port.
+pub fn udp_rx_queue(port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/udp").ok()?;
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let (_, p) = f.get(1)?.rsplit_once(':')?;
+        (u16::from_str_radix(p, 16).ok()? == port)
+            .then(|| u64::from_str_radix(f.get(4)?.split_once(':')?.1, 16).ok())
+            .flatten()
+    })
+}
+
+/// Waits (a bounded poll, never a fixed sleep) until the process `child`, which reads the UDP
+/// socket on `port`, has read everything queued on it, or has exited.
+pub fn wait_udp_read(port: u16, child: &mut std::process::Child) {
+    let t0 = std::time::Instant::now();
+    while udp_rx_queue(port).is_some_and(|q| q > 0) {
+        if child.try_wait().expect("wait").is_some() {
+            return;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "the receiver on port {port} never read its socket empty"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }

@@ -68,6 +68,9 @@ pub struct ServerConfig {
     pub volumes: VolumesConfig,
     /// `[hls]`: HLS playlists of the TS files beneath the root (docs/hls.md).
     pub hls: HlsConfig,
+    /// `[tls]`: certificates and keys for the `https://` listeners (docs/tls.md); the
+    /// files are read again on SIGHUP.
+    pub tls: crate::tls::TlsConfig,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
@@ -1060,6 +1063,12 @@ impl ServerConfig {
             .listen
             .check()
             .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?;
+        self.tls.check().map_err(ConfigError::Invalid)?;
+        if self.http.listen.has_tls() && self.tls.certificates.is_empty() {
+            return Err(ConfigError::Invalid(
+                "http.listen has https:// addresses but [tls] names no certificate ([[tls.certificates]] cert = \"chain.pem\", key = \"key.pem\")".into(),
+            ));
+        }
         if !self.http.metrics_listen.is_empty() {
             self.http
                 .metrics_listen
@@ -1200,6 +1209,7 @@ pub const RELOADABLE: &[&str] = &[
     "http.root",
     "http.index",
     "http.types",
+    "tls",
 ];
 
 /// The dotted keys whose values differ between two configurations (a table's keys one by

@@ -43,6 +43,7 @@ pub mod peer_log;
 pub mod private;
 pub mod rtsp;
 pub mod streams;
+pub mod tls;
 
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener};
@@ -87,6 +88,8 @@ pub enum ServerError {
 struct Listening {
     wanted: SocketAddr,
     bound: SocketAddr,
+    /// An `https://` listener.
+    tls: bool,
     socks: Vec<TcpListener>,
 }
 
@@ -259,6 +262,14 @@ impl Server {
             None
         };
         let origin_for_rtsp = origin.clone();
+        // `[tls]`: its files are read (and refused if bad) before anything is bound.
+        let tls = if cfg.tls.certificates.is_empty() {
+            None
+        } else {
+            let t = tls::Tls::start(&cfg.tls).map_err(ConfigError::Invalid)?;
+            tracing::info!(names = %tls::describe(&t), "tls: certificates loaded");
+            Some(Arc::new(t))
+        };
         let shared = Arc::new(
             http::HttpShared::new(
                 cfg.live(),
@@ -278,7 +289,8 @@ impl Server {
                 access_log,
             )
             .with_origin(origin)
-            .with_hls(hls::Hls::new(cfg.hls.clone())),
+            .with_hls(hls::Hls::new(cfg.hls.clone()))
+            .with_tls(tls),
         );
         let workers = if cfg.http.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -290,13 +302,13 @@ impl Server {
         if activated {
             for l in inherited {
                 let addr = l.local_addr()?;
-                groups.push((addr, http::shared_group(l, workers)?));
+                groups.push((addr, false, http::shared_group(l, workers)?));
             }
         } else {
-            for addr in cfg
+            for (addr, tls) in cfg
                 .http
                 .listen
-                .resolve()
+                .resolve_schemed()
                 .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?
             {
                 let g = http::bind_group(addr, workers).map_err(|source| ServerError::Bind {
@@ -304,19 +316,27 @@ impl Server {
                     addr: addr.to_string(),
                     source,
                 })?;
-                groups.push((addr, g));
+                groups.push((addr, tls, g));
             }
         }
         let mut listening = Vec::new();
         let mut handed = Vec::new();
-        for (wanted, g) in groups {
+        for (wanted, tls, g) in groups {
             listening.push(Listening {
                 wanted,
                 bound: g[0].local_addr()?,
+                tls,
                 socks: clone_all(&g)?,
             });
             handed.push(g);
         }
+        shared.set_tls_addrs(
+            listening
+                .iter()
+                .filter(|l| l.tls)
+                .map(|l| l.bound)
+                .collect(),
+        );
         let http_threads = http::start(shared.clone(), handed, workers)?;
 
         let access = access::Access::new(&cfg.control, root)
@@ -531,6 +551,17 @@ impl Server {
             .collect()
     }
 
+    /// The HTTP addresses listened on with TLS (`https://`), in the configured order.
+    pub fn https_addrs(&self) -> Vec<SocketAddr> {
+        self.listening
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|l| l.tls)
+            .map(|l| l.bound)
+            .collect()
+    }
+
     /// Whether the HTTP sockets came from the service manager.
     pub fn socket_activated(&self) -> bool {
         self.activated
@@ -574,9 +605,14 @@ impl Server {
     /// The one line printed at start: addresses and data paths.
     pub fn summary(&self) -> String {
         let http: Vec<String> = self
-            .http_addrs()
+            .listening
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|a| format!("http://{a}"))
+            .map(|l| {
+                let scheme = if l.tls { "https" } else { "http" };
+                format!("{scheme}://{}", l.bound)
+            })
             .collect();
         let mut s = format!("penstock serve: {}", http.join(" "));
         if let Some(a) = self.control_addr {
@@ -633,6 +669,30 @@ impl Server {
                 path: new_root.clone(),
                 source,
             })?;
+        // The certificates: read and checked now, applied with the rest (a broken file
+        // refuses the reload, and the certificates in force stay).
+        let tls_staged = match (&self.http.tls, cfg.tls.certificates.is_empty()) {
+            (Some(t), false) => Some(t.stage(&cfg.tls).map_err(ConfigError::Invalid)?),
+            (Some(_), true) => {
+                return Err(ConfigError::Invalid(
+                    "tls: the certificates cannot all be removed while serving (restart without [tls])".into(),
+                )
+                .into());
+            }
+            (None, false) => {
+                report
+                    .not_applied
+                    .push("tls (added while serving: TLS starts at a restart)".into());
+                None
+            }
+            (None, true) => None,
+        };
+        if self.http.tls.is_none() && cfg.http.listen.has_tls() && !self.activated {
+            return Err(ConfigError::Invalid(
+                "http.listen: https:// needs [tls] at start (restart to add TLS)".into(),
+            )
+            .into());
+        }
         // Then the addresses: bind every new one before giving up any old one (they are
         // handed over only when nothing else can refuse).
         let mut new_listening = None;
@@ -646,11 +706,11 @@ impl Server {
                 let wanted = cfg
                     .http
                     .listen
-                    .resolve()
+                    .resolve_schemed()
                     .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?;
                 let current = self.listening.lock().unwrap_or_else(|p| p.into_inner());
                 let mut next = Vec::new();
-                for addr in wanted {
+                for (addr, tls) in wanted {
                     let socks = match current.iter().find(|l| l.wanted == addr) {
                         Some(l) => clone_all(&l.socks)?,
                         None => http::bind_group(addr, self.workers).map_err(|source| {
@@ -664,6 +724,7 @@ impl Server {
                     next.push(Listening {
                         wanted: addr,
                         bound: socks[0].local_addr()?,
+                        tls,
                         socks,
                     });
                 }
@@ -690,11 +751,26 @@ impl Server {
                 .map(|l| clone_all(&l.socks))
                 .collect::<io::Result<Vec<_>>>()?;
             let bound: Vec<String> = next.iter().map(|l| l.bound.to_string()).collect();
+            self.http
+                .set_tls_addrs(next.iter().filter(|l| l.tls).map(|l| l.bound).collect());
             self.http.hand_over(groups, self.workers);
             *self.listening.lock().unwrap_or_else(|p| p.into_inner()) = next;
             report
                 .applied
                 .push(format!("http.listen: now {}", bound.join(", ")));
+        }
+        if let (Some(t), Some(set)) = (&self.http.tls, tls_staged) {
+            let warnings = set.warnings.len();
+            t.commit(&cfg.tls, set);
+            report.applied.push(format!(
+                "tls: certificates read again ({}){}",
+                tls::describe(t),
+                if warnings > 0 {
+                    format!(", {warnings} warning(s) logged")
+                } else {
+                    String::new()
+                }
+            ));
         }
         self.http.set_site(site);
         if new_root != old_root {

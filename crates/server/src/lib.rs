@@ -711,7 +711,10 @@ impl Server {
                 let current = self.listening.lock().unwrap_or_else(|p| p.into_inner());
                 let mut next = Vec::new();
                 for (addr, tls) in wanted {
-                    let socks = match current.iter().find(|l| l.wanted == addr) {
+                    let socks = match current
+                        .iter()
+                        .find(|l| l.wanted == addr && (addr.port() != 0 || l.tls == tls))
+                    {
                         Some(l) => clone_all(&l.socks)?,
                         None => http::bind_group(addr, self.workers).map_err(|source| {
                             ServerError::Bind {

@@ -85,7 +85,11 @@ impl ListenAddrs {
         for spec in &self.0 {
             let (tls, rest) = scheme(spec)?;
             for a in resolve_one(rest)? {
-                match out.iter().find(|(b, _)| *b == a) {
+                // Port 0 twice is two listeners when the schemes differ (tests).
+                match out
+                    .iter()
+                    .find(|(b, t)| *b == a && (a.port() != 0 || *t == tls))
+                {
                     None => out.push((a, tls)),
                     Some((_, t)) if *t == tls => {}
                     Some(_) => {
@@ -294,6 +298,8 @@ mod tests {
         assert!(l.resolve().unwrap_err().contains("https://"));
         let both = ListenAddrs(vec!["https://127.0.0.1:1".into(), "127.0.0.1:1".into()]);
         assert!(both.resolve_schemed().unwrap_err().contains("both"));
+        let any = ListenAddrs(vec!["https://127.0.0.1:0".into(), "127.0.0.1:0".into()]);
+        assert_eq!(any.resolve_schemed().unwrap().len(), 2);
         let bad = ListenAddrs(vec!["ftp://127.0.0.1:1".into()]);
         assert!(bad.check().unwrap_err().contains("unknown scheme"));
     }

@@ -324,8 +324,9 @@ pub(super) fn read_tls_into(
 }
 
 /// [`super::send::write_out`] for a `tls-user` connection: the same pieces, encrypted by
-/// rustls. What rustls holds is sent before more plaintext goes in, so it holds at most
-/// one chunk (`buf.len()` bytes) plus its records' overhead.
+/// rustls. Plaintext goes in a chunk (`buf.len()` bytes) at a time until rustls's bounded
+/// outgoing buffer (64 KiB) refuses more; then the records go out, and more is added only
+/// once they all left.
 pub(super) fn write_out_tls(
     sock: &TcpStream,
     tls: &mut ServerConnection,
@@ -334,39 +335,62 @@ pub(super) fn write_out_tls(
     buf: &mut [u8],
 ) -> Progress {
     let mut calls = 0;
+    // rustls's outgoing buffer refused part of the last chunk: send before adding more.
+    let mut full = false;
     loop {
-        if tls.wants_write() {
+        let more = out.head_pos < out.head.len() || !out.pieces.is_empty();
+        // Records go out when the buffer is full or nothing more is to be added: a few
+        // records per `write` call rather than one.
+        if tls.wants_write() && (full || !more) {
             if calls >= BUDGET_SYSCALLS {
                 return Progress::Yield;
             }
             calls += 1;
             match flush(tls, sock) {
-                Ok(true) => {}
+                Ok(true) => full = false,
                 Ok(false) => return Progress::WouldBlock,
                 Err(kind) => return Progress::Failed(kind),
             }
         }
+        if !more {
+            return Progress::Done;
+        }
         if out.head_pos < out.head.len() {
+            let want = out.head.len() - out.head_pos;
             match tls.writer().write(&out.head[out.head_pos..]) {
-                Ok(n) if n > 0 => out.head_pos += n,
-                _ => return Progress::Failed("tls_write"),
+                Ok(n) => {
+                    out.head_pos += n;
+                    full = n < want;
+                }
+                Err(_) => return Progress::Failed("tls_write"),
             }
             continue;
         }
         let Some(front) = out.pieces.front() else {
-            return Progress::Done;
+            continue;
         };
         let allowance = match out.rate.as_mut().map(|r| r.allowance(now, out.body_sent)) {
             None => u64::MAX,
             Some(Ok(n)) => n,
-            Some(Err(at)) => return Progress::RateWait(at),
+            Some(Err(at)) => {
+                // What is buffered goes now, not after the wait.
+                return match flush(tls, sock) {
+                    Ok(true) => Progress::RateWait(at),
+                    Ok(false) => Progress::WouldBlock,
+                    Err(kind) => Progress::Failed(kind),
+                };
+            }
         };
         let left = front.len_bytes() - out.piece_pos;
         let want = left.min(allowance).min(buf.len() as u64) as usize;
         let written = match front {
             BodyPiece::Bytes(b) => {
                 let start = out.piece_pos as usize;
-                tls.writer().write(&b[start..start + want])
+                tls.writer().write(&b[start..start + want]).inspect(|&n| {
+                    if n < want {
+                        full = true;
+                    }
+                })
             }
             BodyPiece::File { offset_bytes, .. } => {
                 let Some(file) = &out.file else {
@@ -381,13 +405,24 @@ pub(super) fn write_out_tls(
                         Err(_) => return Progress::Failed("read_failed"),
                     }
                 };
-                tls.writer().write(&buf[..got])
+                tls.writer().write(&buf[..got]).inspect(|&n| {
+                    // Bytes read but refused are read again next time (from the page cache).
+                    if n < got {
+                        full = true;
+                    }
+                })
             }
         };
         let n = match written {
-            Ok(n) if n > 0 => n as u64,
-            _ => return Progress::Failed("tls_write"),
+            Ok(n) => n as u64,
+            Err(_) => return Progress::Failed("tls_write"),
         };
+        if n == 0 {
+            full = true;
+            if !tls.wants_write() {
+                return Progress::Failed("tls_write");
+            }
+        }
         out.piece_pos += n;
         out.body_sent += n;
         if out.piece_pos == front.len_bytes() {

@@ -696,3 +696,53 @@ fn ktls_serves_a_file_with_sendfile() {
         assert!(after > before, "TlsTxSw {before} -> {after}");
     }
 }
+
+#[test]
+fn an_expired_certificate_is_served_with_a_warning() {
+    let (dir, conf) = prepare("");
+    // The same key, a certificate that ended yesterday.
+    openssl(
+        &[
+            "x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-days", "-1",
+            "-extfile", "ext.cnf", "-out", "srv.pem",
+        ],
+        dir.path(),
+    );
+    let mut child = spawn(dir.path(), &conf);
+    let line = start_line(&mut child);
+    let _guard = Serve {
+        child,
+        dir,
+        http: String::new(),
+        https: String::new(),
+        conf,
+    };
+    assert!(line.contains("https://"), "it starts: {line:?}");
+    let e = _guard.stderr();
+    assert!(e.contains("expired") && e.contains("srv.pem"), "{e}");
+    // Served as it is: a client that checks dates refuses it, one told not to gets the file.
+    let port = line
+        .split("https://")
+        .nth(1)
+        .and_then(|r| r.split([',', ' ', ';']).next())
+        .and_then(|a| a.rsplit(':').next())
+        .unwrap()
+        .to_string();
+    let url = format!("https://localhost:{port}/hello.txt");
+    let ca = _guard.ca();
+    let strict = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--cacert", &ca, &url])
+        .output()
+        .unwrap();
+    assert!(!strict.status.success());
+    assert!(
+        String::from_utf8_lossy(&strict.stderr).contains("expired"),
+        "{}",
+        String::from_utf8_lossy(&strict.stderr)
+    );
+    let lax = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "-k", &url])
+        .output()
+        .unwrap();
+    assert_eq!(lax.stdout, b"hello\n");
+}

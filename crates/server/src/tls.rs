@@ -197,15 +197,8 @@ impl Tls {
     /// Loads the certificates (refusing bad files) and builds the rustls configuration.
     /// Says once whether kernel TLS will be used, and why not.
     pub fn start(cfg: &TlsConfig) -> Result<Tls, String> {
-        cfg.check()?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let set = load(cfg, &provider)?;
-        let store = Arc::new(CertStore {
-            set: RwLock::new(Arc::new(set)),
-            provider: provider.clone(),
-        });
         let ulp = ktls::ulp_available();
-        let ktls = cfg.ktls && ulp;
+        let tls = Tls::build(cfg, cfg.ktls && ulp)?;
         if !cfg.ktls {
             tracing::info!("tls: kernel TLS off ([tls] ktls = false): user-space TLS (rustls)");
         } else if !ulp {
@@ -217,6 +210,19 @@ impl Tls {
                 "tls: kernel TLS available: after each handshake the keys go to the kernel and bodies keep sendfile (path=ktls)"
             );
         }
+        Ok(tls)
+    }
+
+    /// [`Tls::start`] with the kTLS decision given (`ktls`: secrets extractable, no TLS 1.3
+    /// tickets).
+    pub(crate) fn build(cfg: &TlsConfig, ktls: bool) -> Result<Tls, String> {
+        cfg.check()?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let set = load(cfg, &provider)?;
+        let store = Arc::new(CertStore {
+            set: RwLock::new(Arc::new(set)),
+            provider: provider.clone(),
+        });
         let mut sc = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| format!("tls: {e}"))?
@@ -547,6 +553,101 @@ mod tests {
         assert!(!name_matches("*.example", "x.y.example"));
         assert!(!name_matches("*.example", "example"));
         assert!(!name_matches("a.example", "b.example"));
+    }
+
+    /// A server with secret extraction on (as where the kernel has the ULP), the fixture
+    /// certificate of fuzz/fixtures, and a client trusting it; handshaken in memory.
+    fn handshaken() -> (rustls::ClientConnection, ServerConnection) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("penstock-ktls-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (dir.join("c.pem"), dir.join("k.pem"));
+        std::fs::write(
+            &cert,
+            include_bytes!("../../../fuzz/fixtures/tls-fuzz-cert.pem"),
+        )
+        .unwrap();
+        std::fs::write(
+            &key,
+            include_bytes!("../../../fuzz/fixtures/tls-fuzz-key.pem"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let cfg = TlsConfig {
+            certificates: vec![CertificatePair {
+                cert: cert.clone(),
+                key,
+            }],
+            ..TlsConfig::default()
+        };
+        let tls = Tls::build(&cfg, true).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(&cert).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let mut cc = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        cc.enable_secret_extraction = true;
+        cc.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let mut client =
+            rustls::ClientConnection::new(Arc::new(cc), "localhost".try_into().unwrap()).unwrap();
+        let mut server = tls.accept().unwrap();
+        for _ in 0..10 {
+            let mut b = Vec::new();
+            while client.wants_write() {
+                client.write_tls(&mut b).unwrap();
+            }
+            server.read_tls(&mut &b[..]).unwrap();
+            server.process_new_packets().unwrap();
+            let mut b = Vec::new();
+            while server.wants_write() {
+                server.write_tls(&mut b).unwrap();
+            }
+            client.read_tls(&mut &b[..]).unwrap();
+            client.process_new_packets().unwrap();
+            if !client.is_handshaking() && !server.is_handshaking() {
+                break;
+            }
+        }
+        assert!(!server.is_handshaking());
+        assert!(
+            !server.wants_write(),
+            "no ticket or other record left to send"
+        );
+        (client, server)
+    }
+
+    /// The kernel's keys made from the server's TX are the client's RX (and the other way),
+    /// numbered from where the peer expects the next record.
+    #[test]
+    fn kernel_keys_are_the_peer_s() {
+        let (client, server) = handshaken();
+        assert_eq!(
+            plan(true, server.negotiated_cipher_suite().unwrap().suite()),
+            TlsPath::Ktls
+        );
+        let v = ktls::Version::Tls13;
+        let s = server.dangerous_extract_secrets().unwrap();
+        let c = client.dangerous_extract_secrets().unwrap();
+        let (s_tx, s_rx) = (kernel_keys(v, s.tx).unwrap(), kernel_keys(v, s.rx).unwrap());
+        let (c_tx, c_rx) = (kernel_keys(v, c.tx).unwrap(), kernel_keys(v, c.rx).unwrap());
+        assert!(s_tx.cipher == c_rx.cipher && s_tx.seq == c_rx.seq);
+        assert!(s_rx.cipher == c_tx.cipher && s_rx.seq == c_tx.seq);
+        assert!(s_tx.cipher != s_rx.cipher, "each direction has its own key");
+    }
+
+    /// A socket without the ULP refuses the keys: an error (the loop then closes the
+    /// connection), not a panic.
+    #[test]
+    fn a_socket_without_the_ulp_refuses_the_keys() {
+        let (_client, server) = handshaken();
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(hand_to_kernel(&a, server).is_err());
     }
 
     #[test]

@@ -358,6 +358,8 @@ pub(super) fn write_out_tls(
         if out.head_pos < out.head.len() {
             let want = out.head.len() - out.head_pos;
             match tls.writer().write(&out.head[out.head_pos..]) {
+                // Nothing taken with nothing to send would never end.
+                Ok(0) if !tls.wants_write() => return Progress::Failed("tls_write"),
                 Ok(n) => {
                     out.head_pos += n;
                     full = n < want;

@@ -225,6 +225,10 @@ fn spawn(dir: &Path, conf: &Path) -> Child {
 
 fn start(tls_extra: &str) -> Serve {
     let (dir, conf) = prepare(tls_extra);
+    launch(dir, conf)
+}
+
+fn launch(dir: tempfile::TempDir, conf: PathBuf) -> Serve {
     let mut child = spawn(dir.path(), &conf);
     let line = start_line(&mut child);
     // "penstock serve: http://A https://B, control …"
@@ -745,4 +749,56 @@ fn an_expired_certificate_is_served_with_a_warning() {
         .output()
         .unwrap();
     assert_eq!(lax.stdout, b"hello\n");
+}
+
+/// Started as root with `user = "nobody"`: the key is read at start as root; a SIGHUP
+/// after the switch reads it as nobody — refused while the key is root's (the old
+/// certificate stays), applied once nobody owns it.
+#[test]
+fn after_the_switch_to_user_a_reload_reads_the_key_as_that_user() {
+    if !rustix::process::geteuid().is_root() {
+        println!("SKIPPED: switching users needs a test run as root");
+        return;
+    }
+    let (dir, conf) = prepare("");
+    let text = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(&conf, format!("user = \"nobody\"\n{text}")).unwrap();
+    // Everything nobody needs to read is readable; the key is root's, mode 0600.
+    for p in [dir.path().to_path_buf(), dir.path().join("www")] {
+        set_mode(&p, 0o755);
+    }
+    for f in ["penstock.toml", "srv.pem", "www/hello.txt"] {
+        set_mode(&dir.path().join(f), 0o644);
+    }
+    let s = launch(dir, conf);
+    assert_eq!(served_cn(&s), "penstock-test-1");
+    s.sighup();
+    poll(Duration::from_secs(20), || {
+        s.stderr().contains("reload refused").then_some(())
+    })
+    .unwrap_or_else(|| panic!("no refusal logged: {}", s.stderr()));
+    let refused = s
+        .stderr()
+        .lines()
+        .find(|l| l.contains("reload refused"))
+        .unwrap()
+        .to_string();
+    println!("{refused}");
+    assert!(
+        refused.contains("srv.key") && refused.contains("ermission denied"),
+        "{refused}"
+    );
+    assert_eq!(served_cn(&s), "penstock-test-1");
+    // Given to nobody, the key is read at the next reload.
+    let out = Command::new("id").args(["-u", "nobody"]).output().unwrap();
+    let uid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    std::os::unix::fs::chown(s.path("srv.key"), Some(uid), None).unwrap();
+    s.sighup();
+    poll(Duration::from_secs(20), || {
+        s.stderr()
+            .contains("tls: certificates read again")
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("no reload logged: {}", s.stderr()));
+    assert_eq!(served_cn(&s), "penstock-test-1");
 }

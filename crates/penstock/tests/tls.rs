@@ -802,3 +802,85 @@ fn after_the_switch_to_user_a_reload_reads_the_key_as_that_user() {
     .unwrap_or_else(|| panic!("no reload logged: {}", s.stderr()));
     assert_eq!(served_cn(&s), "penstock-test-1");
 }
+
+/// `[control] listen = "tls://…"`: `penstock ctl tls://…` with the CA works, with another
+/// CA it is refused at the handshake; a control listener off loopback in clear refuses the
+/// start (the AUTH token would cross the network readable).
+#[test]
+fn the_control_port_speaks_tls_and_off_loopback_it_must() {
+    const TOKEN: &str = "tls-test-token-0123456789";
+    let (dir, conf) = prepare("");
+    let text = std::fs::read_to_string(&conf).unwrap();
+    let clear = text.replace(
+        "[control]\nlisten = \"\"\n",
+        "[control]\nlisten = \"0.0.0.0:0\"\n",
+    );
+    assert_ne!(clear, text);
+    std::fs::write(&conf, &clear).unwrap();
+    let e = refused_start(dir.path(), &conf);
+    assert!(e.contains("must use TLS") && e.contains("tls://"), "{e}");
+    std::fs::write(
+        &conf,
+        text.replace(
+            "[control]\nlisten = \"\"\n",
+            &format!("[control]\nlisten = \"tls://127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"),
+        ),
+    )
+    .unwrap();
+    let mut child = spawn(dir.path(), &conf);
+    let line = start_line(&mut child);
+    let s = Serve {
+        child,
+        dir,
+        http: String::new(),
+        https: String::new(),
+        conf,
+    };
+    let control = line
+        .split(", control tls://")
+        .nth(1)
+        .and_then(|r| r.split([',', ';', ' ']).next())
+        .unwrap_or_else(|| panic!("no control tls:// in {line:?}"))
+        .to_string();
+    let port = control.rsplit(':').next().unwrap();
+    let ctl = |ca: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_penstock"))
+            .args(["ctl", &format!("tls://localhost:{port}"), "STATS"])
+            .args(["--token", TOKEN, "--cacert"])
+            .arg(ca)
+            .output()
+            .unwrap()
+    };
+    let o = ctl(&s.path("ca.pem"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("streams"),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // Another CA: the handshake fails on the client's side, said as such.
+    let other = tempfile::tempdir().unwrap();
+    make_ca(other.path());
+    let o = ctl(&other.path().join("ca.pem"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("TLS handshake"),
+        "{err}"
+    );
+    // openssl agrees on the protocol.
+    let o = Command::new("openssl")
+        .args([
+            "s_client",
+            "-connect",
+            &control,
+            "-CAfile",
+            &s.ca(),
+            "-servername",
+            "localhost",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("Verify return code: 0 (ok)"), "{text}");
+}

@@ -585,6 +585,21 @@ impl ControlConfig {
         uid_ok || self.unix_allow_gids.contains(&gid)
     }
 
+    /// `listen` as (TLS, address): `tls://ADDR` or `ADDR`.
+    pub fn listen_addr(&self) -> Result<(bool, SocketAddr), ConfigError> {
+        let (tls, a) = match self.listen.strip_prefix("tls://") {
+            Some(a) => (true, a),
+            None => (false, self.listen.as_str()),
+        };
+        let addr = a.parse::<SocketAddr>().map_err(|e| {
+            ConfigError::Invalid(format!(
+                "control.listen {:?}: {e} (forms: 127.0.0.1:7070, tls://0.0.0.0:7070)",
+                self.listen
+            ))
+        })?;
+        Ok((tls, addr))
+    }
+
     /// Whether a listening endpoint may bind `ip`.
     pub fn may_listen_on(&self, ip: IpAddr) -> bool {
         if self.listen_allow.is_empty() {
@@ -1111,9 +1126,19 @@ impl ServerConfig {
         }
         self.origin.check()?;
         if !self.control.listen.is_empty() {
-            self.control.listen.parse::<SocketAddr>().map_err(|e| {
-                ConfigError::Invalid(format!("control.listen {:?}: {e}", self.control.listen))
-            })?;
+            let (tls, addr) = self.control.listen_addr()?;
+            if tls && self.tls.certificates.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "control.listen {:?}: tls:// needs a certificate in [tls]",
+                    self.control.listen
+                )));
+            }
+            if !tls && !addr.ip().is_loopback() {
+                return Err(ConfigError::Invalid(format!(
+                    "control.listen {:?}: off loopback the control port must use TLS, \"tls://{addr}\" with a [tls] certificate (the AUTH token would cross the network in clear)",
+                    self.control.listen
+                )));
+            }
         }
         self.body_path()?;
         if let Some(i) = &self.http.index

@@ -113,6 +113,8 @@ pub struct Server {
     /// The served directory, as given.
     root: Mutex<PathBuf>,
     control_addr: Option<SocketAddr>,
+    /// The control TCP listener is `tls://`.
+    control_tls: bool,
     unix_path: Option<PathBuf>,
     token_file: Option<PathBuf>,
     http: Arc<http::HttpShared>,
@@ -360,17 +362,23 @@ impl Server {
                 (t, file)
             }
         };
+        let mut control_tls = None;
         let tcp = if cfg.control.listen.is_empty() {
             None
         } else {
-            Some(
-                TcpListener::bind(&cfg.control.listen).map_err(|source| ServerError::Bind {
-                    what: "control",
-                    addr: cfg.control.listen.clone(),
-                    source,
-                })?,
-            )
+            let (tls, addr) = cfg.control.listen_addr()?;
+            if tls {
+                control_tls = Some(shared.tls.clone().ok_or_else(|| {
+                    ConfigError::Invalid("control.listen: tls:// needs [tls] certificates".into())
+                })?);
+            }
+            Some(TcpListener::bind(addr).map_err(|source| ServerError::Bind {
+                what: "control",
+                addr: cfg.control.listen.clone(),
+                source,
+            })?)
         };
+        let control_is_tls = control_tls.is_some();
         let control_addr = tcp.as_ref().map(|l| l.local_addr()).transpose()?;
         let unix = match &cfg.control.unix {
             Some(p) => {
@@ -411,7 +419,7 @@ impl Server {
             token,
             Box::new(move || http_for_stats.connections()),
         ));
-        let control_threads = control::start(control.clone(), tcp, unix)?;
+        let control_threads = control::start(control.clone(), tcp, unix, control_tls)?;
         let metrics_listener = if cfg.http.metrics_listen.is_empty() {
             None
         } else {
@@ -500,6 +508,7 @@ impl Server {
             running: Mutex::new(cfg.clone()),
             root: Mutex::new(root.to_path_buf()),
             control_addr,
+            control_tls: control_is_tls,
             unix_path: cfg.control.unix.clone(),
             token_file,
             http: shared,
@@ -616,7 +625,8 @@ impl Server {
             .collect();
         let mut s = format!("penstock serve: {}", http.join(" "));
         if let Some(a) = self.control_addr {
-            s.push_str(&format!(", control {a}"));
+            let scheme = if self.control_tls { "tls://" } else { "" };
+            s.push_str(&format!(", control {scheme}{a}"));
         }
         if let Some(p) = &self.unix_path {
             s.push_str(&format!(", control unix:{}", p.display()));

@@ -18,7 +18,7 @@ use penstock_core::control::{Limits, Reply, ReplyParser};
 
 #[derive(Args, Debug)]
 pub struct CtlArgs {
-    /// `host:port`, or `unix:/path/to/socket`.
+    /// `host:port`, `tls://host:port` (with `--cacert`), or `unix:/path/to/socket`.
     pub addr: String,
     /// The command line to send, e.g. `STATE '*'`. None: interactive (stdin).
     pub command: Vec<String>,
@@ -35,6 +35,10 @@ pub struct CtlArgs {
     /// control=HOST:PORT` from a cluster node) to the node named; 0: print the 503.
     #[arg(long, default_value_t = 3)]
     pub redirects_max: u32,
+    /// For `tls://` addresses: the CA certificate(s), PEM, that the server's certificate
+    /// must chain to (the system's roots are not read).
+    #[arg(long)]
+    pub cacert: Option<std::path::PathBuf>,
 }
 
 /// The node a refusal redirects to: `(name, control address)` from the end of a 503's text
@@ -99,8 +103,11 @@ fn send(r: &mut BufReader<Box<dyn Conn>>, line: &str) -> Result<Reply> {
 fn connect(
     addr: &str,
     token: Option<&str>,
+    cacert: Option<&std::path::Path>,
 ) -> Result<std::result::Result<BufReader<Box<dyn Conn>>, Reply>> {
-    let stream: Box<dyn Conn> = if let Some(p) = addr.strip_prefix("unix:") {
+    let stream: Box<dyn Conn> = if let Some(a) = addr.strip_prefix("tls://") {
+        Box::new(tls_connect(a, cacert)?)
+    } else if let Some(p) = addr.strip_prefix("unix:") {
         Box::new(std::os::unix::net::UnixStream::connect(p).with_context(|| addr.to_string())?)
     } else {
         Box::new(std::net::TcpStream::connect(addr).with_context(|| addr.to_string())?)
@@ -115,9 +122,53 @@ fn connect(
     Ok(Ok(r))
 }
 
+/// A TLS connection to `host:port`, the server's certificate checked against `cacert` for
+/// the name `host` (a DNS name or an IP address).
+fn tls_connect(
+    addr: &str,
+    cacert: Option<&std::path::Path>,
+) -> Result<rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let Some(ca) = cacert else {
+        anyhow::bail!(
+            "tls://{addr}: --cacert FILE names the CA the server's certificate chains to"
+        );
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).with_context(|| ca.display().to_string())? {
+        roots
+            .add(c.with_context(|| ca.display().to_string())?)
+            .with_context(|| ca.display().to_string())?;
+    }
+    let host = addr
+        .rsplit_once(':')
+        .map_or(addr, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let name = rustls_pki_types::ServerName::try_from(host.to_string())
+        .with_context(|| format!("tls://{addr}: {host:?} is not a server name"))?;
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name)?;
+    let tcp = std::net::TcpStream::connect(addr).with_context(|| format!("tls://{addr}"))?;
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    // The handshake now, so that a refused certificate is said as such.
+    while s.conn.is_handshaking() {
+        s.conn
+            .complete_io(&mut s.sock)
+            .with_context(|| format!("tls://{addr}: TLS handshake"))?;
+    }
+    Ok(s)
+}
+
 pub fn run(a: CtlArgs) -> Result<i32> {
     let token = token(&a)?.filter(|t| !t.is_empty());
-    let mut r = match connect(&a.addr, token.as_deref())? {
+    let mut r = match connect(&a.addr, token.as_deref(), a.cacert.as_deref())? {
         Ok(r) => r,
         Err(refused) => {
             print!("{refused}");
@@ -138,7 +189,7 @@ pub fn run(a: CtlArgs) -> Result<i32> {
             hops += 1;
             eprintln!("penstock: redirected to node={node} control={addr}");
             let addr = addr.to_string();
-            r = match connect(&addr, token.as_deref())? {
+            r = match connect(&addr, token.as_deref(), a.cacert.as_deref())? {
                 Ok(r) => r,
                 Err(refused) => {
                     print!("{refused}");

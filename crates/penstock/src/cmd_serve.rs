@@ -339,8 +339,12 @@ fn check_config(cfg: &ServerConfig, a: &ServeArgs) -> Result<()> {
     let addrs = cfg
         .http
         .listen
-        .resolve()
+        .resolve_schemed()
         .map_err(|e| anyhow::anyhow!("http.listen: {e}"))?;
+    // The certificates are read and checked as at start (modes, key match, dates).
+    if !cfg.tls.certificates.is_empty() {
+        penstock_server::tls::Tls::start(&cfg.tls).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     let root = match a.dir.clone().or_else(|| a.root.clone()) {
         Some(r) => r,
         None if a.demo => PathBuf::from("(a generated sample tree)"),
@@ -350,7 +354,16 @@ fn check_config(cfg: &ServerConfig, a: &ServeArgs) -> Result<()> {
         penstock_server::confine::Root::open(&root)
             .with_context(|| format!("root {}", root.display()))?;
     }
-    let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+    let addrs: Vec<String> = addrs
+        .iter()
+        .map(|(a, tls)| {
+            if *tls {
+                format!("https://{a}")
+            } else {
+                a.to_string()
+            }
+        })
+        .collect();
     let rtsp = if cfg.rtsp.is_off() {
         String::new()
     } else {

@@ -68,6 +68,9 @@ pub struct ServerConfig {
     pub volumes: VolumesConfig,
     /// `[hls]`: HLS playlists of the TS files beneath the root (docs/hls.md).
     pub hls: HlsConfig,
+    /// `[tls]`: certificates and keys for the `https://` listeners (docs/tls.md); the
+    /// files are read again on SIGHUP.
+    pub tls: crate::tls::TlsConfig,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
@@ -624,6 +627,21 @@ impl ControlConfig {
         uid_ok || self.unix_allow_gids.contains(&gid)
     }
 
+    /// `listen` as (TLS, address): `tls://ADDR` or `ADDR`.
+    pub fn listen_addr(&self) -> Result<(bool, SocketAddr), ConfigError> {
+        let (tls, a) = match self.listen.strip_prefix("tls://") {
+            Some(a) => (true, a),
+            None => (false, self.listen.as_str()),
+        };
+        let addr = a.parse::<SocketAddr>().map_err(|e| {
+            ConfigError::Invalid(format!(
+                "control.listen {:?}: {e} (forms: 127.0.0.1:7070, tls://0.0.0.0:7070)",
+                self.listen
+            ))
+        })?;
+        Ok((tls, addr))
+    }
+
     /// Whether a listening endpoint may bind `ip`.
     pub fn may_listen_on(&self, ip: IpAddr) -> bool {
         if self.listen_allow.is_empty() {
@@ -1147,6 +1165,12 @@ impl ServerConfig {
             .listen
             .check()
             .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?;
+        self.tls.check().map_err(ConfigError::Invalid)?;
+        if self.http.listen.has_tls() && self.tls.certificates.is_empty() {
+            return Err(ConfigError::Invalid(
+                "http.listen has https:// addresses but [tls] names no certificate ([[tls.certificates]] cert = \"chain.pem\", key = \"key.pem\")".into(),
+            ));
+        }
         if !self.http.metrics_listen.is_empty() {
             self.http
                 .metrics_listen
@@ -1189,9 +1213,19 @@ impl ServerConfig {
         }
         self.origin.check()?;
         if !self.control.listen.is_empty() {
-            self.control.listen.parse::<SocketAddr>().map_err(|e| {
-                ConfigError::Invalid(format!("control.listen {:?}: {e}", self.control.listen))
-            })?;
+            let (tls, addr) = self.control.listen_addr()?;
+            if tls && self.tls.certificates.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "control.listen {:?}: tls:// needs a certificate in [tls]",
+                    self.control.listen
+                )));
+            }
+            if !tls && !addr.ip().is_loopback() {
+                return Err(ConfigError::Invalid(format!(
+                    "control.listen {:?}: off loopback the control port must use TLS, \"tls://{addr}\" with a [tls] certificate (the AUTH token would cross the network in clear)",
+                    self.control.listen
+                )));
+            }
         }
         self.body_path()?;
         if let Some(i) = &self.http.index
@@ -1288,6 +1322,7 @@ pub const RELOADABLE: &[&str] = &[
     "http.root",
     "http.index",
     "http.types",
+    "tls",
 ];
 
 /// The dotted keys whose values differ between two configurations (a table's keys one by

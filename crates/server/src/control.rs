@@ -188,6 +188,12 @@ impl ControlShared {
 /// A connection's transport.
 enum Peer {
     Tcp(std::net::TcpStream, SocketAddr),
+    /// A `tls://` listener's connection: the handshake runs at its first read, under the
+    /// connection's read timeouts (docs/tls.md).
+    Tls(
+        Box<rustls::StreamOwned<rustls::ServerConnection, std::net::TcpStream>>,
+        SocketAddr,
+    ),
     Unix(std::os::unix::net::UnixStream),
 }
 
@@ -195,6 +201,7 @@ impl Peer {
     fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
         match self {
             Peer::Tcp(s, _) => s.read(b),
+            Peer::Tls(s, _) => s.read(b),
             Peer::Unix(s) => s.read(b),
         }
     }
@@ -235,6 +242,7 @@ impl Peer {
     fn write_all(&mut self, b: &[u8]) -> io::Result<()> {
         match self {
             Peer::Tcp(s, _) => s.write_all(b),
+            Peer::Tls(s, _) => s.write_all(b).and_then(|()| s.flush()),
             Peer::Unix(s) => s.write_all(b),
         }
     }
@@ -268,6 +276,7 @@ impl Peer {
     fn describe(&self) -> String {
         match self {
             Peer::Tcp(_, a) => a.to_string(),
+            Peer::Tls(_, a) => format!("tls {a}"),
             Peer::Unix(s) => match rustix::net::sockopt::socket_peercred(s) {
                 Ok(c) => format!("unix uid {} pid {}", c.uid.as_raw(), c.pid.as_raw_nonzero()),
                 Err(_) => "unix".into(),
@@ -278,7 +287,7 @@ impl Peer {
     /// Who the peer is before any `AUTH`: an allowed Unix peer, or nobody in particular.
     fn identity(&self, config: &ControlConfig, own_uid: u32) -> Identity {
         match self {
-            Peer::Tcp(..) => Identity::Anonymous,
+            Peer::Tcp(..) | Peer::Tls(..) => Identity::Anonymous,
             Peer::Unix(s) => match rustix::net::sockopt::socket_peercred(s) {
                 Ok(c) if config.unix_peer_allowed(c.uid.as_raw(), c.gid.as_raw(), own_uid) => {
                     Identity::Peer {
@@ -315,6 +324,7 @@ pub(crate) fn start(
     shared: Arc<ControlShared>,
     tcp: Option<TcpListener>,
     unix: Option<(UnixListener, PathBuf)>,
+    tls: Option<Arc<crate::tls::Tls>>,
 ) -> io::Result<Vec<JoinHandle<()>>> {
     let mut threads = Vec::new();
     if let Some(l) = tcp {
@@ -325,10 +335,15 @@ pub(crate) fn start(
                 .name("penstock-ctl-tcp".into())
                 .spawn(move || {
                     accept_loop(&s, &l, "tcp", |l| {
-                        l.accept().map(|(c, a)| {
-                            let _ = c.set_nonblocking(false);
-                            Peer::Tcp(c, a)
-                        })
+                        let (c, a) = l.accept()?;
+                        let _ = c.set_nonblocking(false);
+                        match &tls {
+                            None => Ok(Peer::Tcp(c, a)),
+                            Some(t) => {
+                                let session = t.accept().map_err(io::Error::other)?;
+                                Ok(Peer::Tls(Box::new(rustls::StreamOwned::new(session, c)), a))
+                            }
+                        }
                     })
                 })?,
         );
@@ -541,7 +556,7 @@ impl ConnPlace {
                     }
                 }
             }
-            Peer::Tcp(_, addr) => {
+            Peer::Tcp(_, addr) | Peer::Tls(_, addr) => {
                 let ip = addr.ip();
                 let max = cfg.tcp_connections_per_address_max;
                 let mut m = shared
@@ -925,10 +940,12 @@ fn serve_session(shared: &Arc<ControlShared>, mut peer: Peer, mut session: Sessi
     let timeout = Some(Duration::from_millis(POLL_MS));
     let _ = match &peer {
         Peer::Tcp(s, _) => s.set_read_timeout(timeout),
+        Peer::Tls(s, _) => s.sock.set_read_timeout(timeout),
         Peer::Unix(s) => s.set_read_timeout(timeout),
     };
     let _ = match &peer {
         Peer::Tcp(s, _) => s.set_write_timeout(Some(shared.config.idle_timeout())),
+        Peer::Tls(s, _) => s.sock.set_write_timeout(Some(shared.config.idle_timeout())),
         Peer::Unix(s) => s.set_write_timeout(Some(shared.config.idle_timeout())),
     };
     let limits = Limits {

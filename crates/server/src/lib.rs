@@ -44,6 +44,7 @@ pub mod private;
 pub mod rtsp;
 pub mod scrub;
 pub mod streams;
+pub mod tls;
 
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener};
@@ -88,6 +89,8 @@ pub enum ServerError {
 struct Listening {
     wanted: SocketAddr,
     bound: SocketAddr,
+    /// An `https://` listener.
+    tls: bool,
     socks: Vec<TcpListener>,
 }
 
@@ -111,6 +114,8 @@ pub struct Server {
     /// The served directory, as given.
     root: Mutex<PathBuf>,
     control_addr: Option<SocketAddr>,
+    /// The control TCP listener is `tls://`.
+    control_tls: bool,
     unix_path: Option<PathBuf>,
     token_file: Option<PathBuf>,
     http: Arc<http::HttpShared>,
@@ -274,6 +279,14 @@ impl Server {
         let origin_for_rtsp = origin.clone();
         // The key-frame indexes of TS files: HLS playlists and RTSP seeks share them.
         let hls_indexes = Arc::new(hls::Hls::new(cfg.hls.clone()));
+        // `[tls]`: its files are read (and refused if bad) before anything is bound.
+        let tls = if cfg.tls.certificates.is_empty() {
+            None
+        } else {
+            let t = tls::Tls::start(&cfg.tls).map_err(ConfigError::Invalid)?;
+            tracing::info!(names = %tls::describe(&t), "tls: certificates loaded");
+            Some(Arc::new(t))
+        };
         let shared = Arc::new(
             http::HttpShared::new(
                 cfg.live(),
@@ -293,7 +306,8 @@ impl Server {
                 access_log,
             )
             .with_origin(origin)
-            .with_hls(hls_indexes.clone()),
+            .with_hls(hls_indexes.clone())
+            .with_tls(tls),
         );
         let workers = if cfg.http.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -305,13 +319,13 @@ impl Server {
         if activated {
             for l in inherited {
                 let addr = l.local_addr()?;
-                groups.push((addr, http::shared_group(l, workers)?));
+                groups.push((addr, false, http::shared_group(l, workers)?));
             }
         } else {
-            for addr in cfg
+            for (addr, tls) in cfg
                 .http
                 .listen
-                .resolve()
+                .resolve_schemed()
                 .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?
             {
                 let g = http::bind_group(addr, workers).map_err(|source| ServerError::Bind {
@@ -319,19 +333,27 @@ impl Server {
                     addr: addr.to_string(),
                     source,
                 })?;
-                groups.push((addr, g));
+                groups.push((addr, tls, g));
             }
         }
         let mut listening = Vec::new();
         let mut handed = Vec::new();
-        for (wanted, g) in groups {
+        for (wanted, tls, g) in groups {
             listening.push(Listening {
                 wanted,
                 bound: g[0].local_addr()?,
+                tls,
                 socks: clone_all(&g)?,
             });
             handed.push(g);
         }
+        shared.set_tls_addrs(
+            listening
+                .iter()
+                .filter(|l| l.tls)
+                .map(|l| l.bound)
+                .collect(),
+        );
         let http_threads = http::start(shared.clone(), handed, workers)?;
 
         let access = access::Access::new(&cfg.control, root)
@@ -355,17 +377,23 @@ impl Server {
                 (t, file)
             }
         };
+        let mut control_tls = None;
         let tcp = if cfg.control.listen.is_empty() {
             None
         } else {
-            Some(
-                TcpListener::bind(&cfg.control.listen).map_err(|source| ServerError::Bind {
-                    what: "control",
-                    addr: cfg.control.listen.clone(),
-                    source,
-                })?,
-            )
+            let (tls, addr) = cfg.control.listen_addr()?;
+            if tls {
+                control_tls = Some(shared.tls.clone().ok_or_else(|| {
+                    ConfigError::Invalid("control.listen: tls:// needs [tls] certificates".into())
+                })?);
+            }
+            Some(TcpListener::bind(addr).map_err(|source| ServerError::Bind {
+                what: "control",
+                addr: cfg.control.listen.clone(),
+                source,
+            })?)
         };
+        let control_is_tls = control_tls.is_some();
         let control_addr = tcp.as_ref().map(|l| l.local_addr()).transpose()?;
         let unix = match &cfg.control.unix {
             Some(p) => {
@@ -406,7 +434,7 @@ impl Server {
             token,
             Box::new(move || http_for_stats.connections()),
         ));
-        let control_threads = control::start(control.clone(), tcp, unix)?;
+        let control_threads = control::start(control.clone(), tcp, unix, control_tls)?;
         let metrics_listener = if cfg.http.metrics_listen.is_empty() {
             None
         } else {
@@ -496,6 +524,7 @@ impl Server {
             running: Mutex::new(cfg.clone()),
             root: Mutex::new(root.to_path_buf()),
             control_addr,
+            control_tls: control_is_tls,
             unix_path: cfg.control.unix.clone(),
             token_file,
             http: shared,
@@ -548,6 +577,17 @@ impl Server {
             .collect()
     }
 
+    /// The HTTP addresses listened on with TLS (`https://`), in the configured order.
+    pub fn https_addrs(&self) -> Vec<SocketAddr> {
+        self.listening
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|l| l.tls)
+            .map(|l| l.bound)
+            .collect()
+    }
+
     /// Whether the HTTP sockets came from the service manager.
     pub fn socket_activated(&self) -> bool {
         self.activated
@@ -591,13 +631,19 @@ impl Server {
     /// The one line printed at start: addresses and data paths.
     pub fn summary(&self) -> String {
         let http: Vec<String> = self
-            .http_addrs()
+            .listening
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|a| format!("http://{a}"))
+            .map(|l| {
+                let scheme = if l.tls { "https" } else { "http" };
+                format!("{scheme}://{}", l.bound)
+            })
             .collect();
         let mut s = format!("penstock serve: {}", http.join(" "));
         if let Some(a) = self.control_addr {
-            s.push_str(&format!(", control {a}"));
+            let scheme = if self.control_tls { "tls://" } else { "" };
+            s.push_str(&format!(", control {scheme}{a}"));
         }
         if let Some(p) = &self.unix_path {
             s.push_str(&format!(", control unix:{}", p.display()));
@@ -650,6 +696,30 @@ impl Server {
                 path: new_root.clone(),
                 source,
             })?;
+        // The certificates: read and checked now, applied with the rest (a broken file
+        // refuses the reload, and the certificates in force stay).
+        let tls_staged = match (&self.http.tls, cfg.tls.certificates.is_empty()) {
+            (Some(t), false) => Some(t.stage(&cfg.tls).map_err(ConfigError::Invalid)?),
+            (Some(_), true) => {
+                return Err(ConfigError::Invalid(
+                    "tls: the certificates cannot all be removed while serving (restart without [tls])".into(),
+                )
+                .into());
+            }
+            (None, false) => {
+                report
+                    .not_applied
+                    .push("tls (added while serving: TLS starts at a restart)".into());
+                None
+            }
+            (None, true) => None,
+        };
+        if self.http.tls.is_none() && cfg.http.listen.has_tls() && !self.activated {
+            return Err(ConfigError::Invalid(
+                "http.listen: https:// needs [tls] at start (restart to add TLS)".into(),
+            )
+            .into());
+        }
         // Then the addresses: bind every new one before giving up any old one (they are
         // handed over only when nothing else can refuse).
         let mut new_listening = None;
@@ -663,12 +733,15 @@ impl Server {
                 let wanted = cfg
                     .http
                     .listen
-                    .resolve()
+                    .resolve_schemed()
                     .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?;
                 let current = self.listening.lock().unwrap_or_else(|p| p.into_inner());
                 let mut next = Vec::new();
-                for addr in wanted {
-                    let socks = match current.iter().find(|l| l.wanted == addr) {
+                for (addr, tls) in wanted {
+                    let socks = match current
+                        .iter()
+                        .find(|l| l.wanted == addr && (addr.port() != 0 || l.tls == tls))
+                    {
                         Some(l) => clone_all(&l.socks)?,
                         None => http::bind_group(addr, self.workers).map_err(|source| {
                             ServerError::Bind {
@@ -681,6 +754,7 @@ impl Server {
                     next.push(Listening {
                         wanted: addr,
                         bound: socks[0].local_addr()?,
+                        tls,
                         socks,
                     });
                 }
@@ -707,11 +781,26 @@ impl Server {
                 .map(|l| clone_all(&l.socks))
                 .collect::<io::Result<Vec<_>>>()?;
             let bound: Vec<String> = next.iter().map(|l| l.bound.to_string()).collect();
+            self.http
+                .set_tls_addrs(next.iter().filter(|l| l.tls).map(|l| l.bound).collect());
             self.http.hand_over(groups, self.workers);
             *self.listening.lock().unwrap_or_else(|p| p.into_inner()) = next;
             report
                 .applied
                 .push(format!("http.listen: now {}", bound.join(", ")));
+        }
+        if let (Some(t), Some(set)) = (&self.http.tls, tls_staged) {
+            let warnings = set.warnings.len();
+            t.commit(&cfg.tls, set);
+            report.applied.push(format!(
+                "tls: certificates read again ({}){}",
+                tls::describe(t),
+                if warnings > 0 {
+                    format!(", {warnings} warning(s) logged")
+                } else {
+                    String::new()
+                }
+            ));
         }
         self.http.set_site(site);
         if new_root != old_root {

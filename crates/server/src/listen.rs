@@ -9,6 +9,9 @@
 //! | `localhost:8080`   | each address the name resolves to (127.0.0.1 and ::1), once |
 //!
 //! Port 0 lets the kernel choose (tests). A name is resolved once, at start or reload.
+//!
+//! Any form may start with a scheme: `http://` (the same as none) or, in `[http] listen`
+//! only, `https://` — a TLS listener using the `[tls]` certificates (docs/tls.md).
 
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 
@@ -60,20 +63,49 @@ impl std::fmt::Display for ListenAddrs {
 }
 
 impl ListenAddrs {
-    /// Every socket address, in order, without repeats. Resolves names.
+    /// Every socket address, in order, without repeats. Resolves names. `https://` is
+    /// refused here: only the HTTP server has TLS listeners ([`ListenAddrs::resolve_schemed`]).
     pub fn resolve(&self) -> Result<Vec<SocketAddr>, String> {
+        let all = self.resolve_schemed()?;
+        if let Some(spec) = self.0.iter().find(|s| matches!(scheme(s), Ok((true, _)))) {
+            return Err(format!(
+                "{spec:?}: https:// is for [http] listen only (TLS on this listener is not built yet)"
+            ));
+        }
+        Ok(all.into_iter().map(|(a, _)| a).collect())
+    }
+
+    /// Every socket address with whether it is a TLS (`https://`) listener, in order,
+    /// without repeats; an address named both with and without TLS is an error.
+    pub fn resolve_schemed(&self) -> Result<Vec<(SocketAddr, bool)>, String> {
         if self.0.is_empty() {
             return Err("no listening address".into());
         }
-        let mut out: Vec<SocketAddr> = Vec::new();
+        let mut out: Vec<(SocketAddr, bool)> = Vec::new();
         for spec in &self.0 {
-            for a in resolve_one(spec)? {
-                if !out.contains(&a) {
-                    out.push(a);
+            let (tls, rest) = scheme(spec)?;
+            for a in resolve_one(rest)? {
+                // Port 0 twice is two listeners when the schemes differ (tests).
+                match out
+                    .iter()
+                    .find(|(b, t)| *b == a && (a.port() != 0 || *t == tls))
+                {
+                    None => out.push((a, tls)),
+                    Some((_, t)) if *t == tls => {}
+                    Some(_) => {
+                        return Err(format!(
+                            "{a} is named both with and without https://: one listener, one scheme"
+                        ));
+                    }
                 }
             }
         }
         Ok(out)
+    }
+
+    /// Whether any address is `https://`.
+    pub fn has_tls(&self) -> bool {
+        self.0.iter().any(|s| matches!(scheme(s), Ok((true, _))))
     }
 
     /// Checks the form of every address without resolving names.
@@ -82,6 +114,7 @@ impl ListenAddrs {
             return Err("no listening address".into());
         }
         for spec in &self.0 {
+            let (_, spec) = scheme(spec)?;
             if let Literal::Name(host, _) = literal(spec)?
                 && host.is_empty()
             {
@@ -90,6 +123,23 @@ impl ListenAddrs {
         }
         Ok(())
     }
+}
+
+/// `https://REST` → (true, REST); `http://REST` → (false, REST); no scheme → (false, spec).
+fn scheme(spec: &str) -> Result<(bool, &str), String> {
+    let s = spec.trim();
+    if let Some(rest) = s.strip_prefix("https://") {
+        return Ok((true, rest.trim_end_matches('/')));
+    }
+    if let Some(rest) = s.strip_prefix("http://") {
+        return Ok((false, rest.trim_end_matches('/')));
+    }
+    if let Some((sch, _)) = s.split_once("://") {
+        return Err(format!(
+            "{spec:?}: unknown scheme {sch:?} (http:// or https://, or none)"
+        ));
+    }
+    Ok((false, s))
 }
 
 enum Literal<'a> {
@@ -223,6 +273,35 @@ mod tests {
                 .check()
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn https_names_a_tls_listener() {
+        let l = ListenAddrs(vec![
+            "https://127.0.0.1:8443".into(),
+            "http://127.0.0.1:8080/".into(),
+            "127.0.0.1:8081".into(),
+        ]);
+        let r = l.resolve_schemed().unwrap();
+        let r: Vec<(String, bool)> = r.iter().map(|(a, t)| (a.to_string(), *t)).collect();
+        assert_eq!(
+            r,
+            [
+                ("127.0.0.1:8443".to_string(), true),
+                ("127.0.0.1:8080".to_string(), false),
+                ("127.0.0.1:8081".to_string(), false)
+            ]
+        );
+        assert!(l.has_tls());
+        assert!(l.check().is_ok());
+        // Other servers have no TLS listener yet: said, not ignored.
+        assert!(l.resolve().unwrap_err().contains("https://"));
+        let both = ListenAddrs(vec!["https://127.0.0.1:1".into(), "127.0.0.1:1".into()]);
+        assert!(both.resolve_schemed().unwrap_err().contains("both"));
+        let any = ListenAddrs(vec!["https://127.0.0.1:0".into(), "127.0.0.1:0".into()]);
+        assert_eq!(any.resolve_schemed().unwrap().len(), 2);
+        let bad = ListenAddrs(vec!["ftp://127.0.0.1:1".into()]);
+        assert!(bad.check().unwrap_err().contains("unknown scheme"));
     }
 
     #[test]

@@ -143,6 +143,12 @@ pub struct ListenerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TlsPathLabel {
+    /// `ktls` or `tls-user`.
+    pub path: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AcceptErrorLabel {
     pub listener: String,
     /// The errno, lower case: `emfile`, `enfile`, `enobufs`, `enomem`, `econnaborted`, ...
@@ -338,6 +344,8 @@ pub struct Metrics {
     pub connections_refused: Counter,
     pub accept_failures: Family<AcceptErrorLabel, Counter>,
     pub accept_pauses: Family<ListenerLabel, Counter>,
+    /// TLS handshakes completed, by data path (`ktls`, `tls-user`).
+    pub tls_handshakes: Family<TlsPathLabel, Counter>,
     pub streams_active: Gauge,
     pub admission_refusals: Family<ResourceLabel, Counter>,
     pub errors: Family<Kind, Counter>,
@@ -431,6 +439,12 @@ impl Metrics {
             "accept_failures",
             "Failed accept calls, by listener and errno",
             accept_failures.clone(),
+        );
+        let tls_handshakes = Family::<TlsPathLabel, Counter>::default();
+        r.register(
+            "tls_handshakes",
+            "TLS handshakes completed, by the data path planned for the connection: ktls (keys in the kernel, sendfile kept) or tls-user (rustls encrypts)",
+            tls_handshakes.clone(),
         );
         let accept_pauses = Family::<ListenerLabel, Counter>::default();
         r.register(
@@ -579,6 +593,7 @@ impl Metrics {
             connections_refused,
             accept_failures,
             accept_pauses,
+            tls_handshakes,
             streams_active,
             admission_refusals,
             errors,

@@ -5,6 +5,7 @@
 //! rule they all serve: a buffer handed to the kernel stays the kernel's until the operation's
 //! last completion arrives, whatever became of the stream that asked for it.
 
+pub mod ktls;
 pub mod pool;
 pub mod ring;
 pub mod sys;

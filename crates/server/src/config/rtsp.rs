@@ -195,6 +195,12 @@ impl RtspConfig {
             self.listen
                 .check()
                 .map_err(|e| ConfigError::Invalid(format!("rtsp.listen: {e}")))?;
+            if self.listen.has_tls() {
+                return bad(
+                    "rtsp.listen: https:// is for [http] listen (RTSP over TLS, rtsps://, is not built yet)"
+                        .into(),
+                );
+            }
         }
         if self.sessions_max == 0 || self.sessions_max > 1_000_000 {
             return bad("rtsp.sessions_max must be 1 ..= 1000000".into());

@@ -9,6 +9,7 @@ use rustix::event::epoll;
 use rustix::io::Errno;
 use rustix::net::SendFlags;
 
+use super::tls_io::ConnTls;
 use super::{Conn, Interest, Slot, State, TOKEN_LISTENER, Worker, token};
 
 const ACCEPTS_PER_TURN: usize = 64;
@@ -232,17 +233,47 @@ impl Worker {
                     }
                 }
             };
+            let tls_listener = self.listener_tls.get(listener).copied().unwrap_or(false);
             let limits = &self.live.limits;
             if self.shared.conns.fetch_add(1, Ordering::AcqRel) >= limits.connections_max {
                 self.shared.conns.fetch_sub(1, Ordering::AcqRel);
                 self.shared.metrics.connections_refused.inc();
-                let _ = rustix::net::send(
-                    &sock,
-                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                    SendFlags::NOSIGNAL,
-                );
+                // A TLS client could not read a 503 in clear: it only sees the close.
+                if !tls_listener {
+                    let _ = rustix::net::send(
+                        &sock,
+                        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        SendFlags::NOSIGNAL,
+                    );
+                }
                 continue;
             }
+            // A TLS listener's connection starts with a session of its own.
+            let (tls, state, first_deadline) = if tls_listener {
+                let session = self
+                    .shared
+                    .tls
+                    .as_ref()
+                    .map(|t| (t.accept(), t.handshake_timeout()));
+                match session {
+                    Some((Ok(s), timeout)) => (
+                        ConnTls::Handshake(Box::new(s)),
+                        State::Handshake,
+                        Instant::now() + timeout,
+                    ),
+                    _ => {
+                        self.shared.conns.fetch_sub(1, Ordering::AcqRel);
+                        self.shared.metrics.error("tls_session");
+                        continue;
+                    }
+                }
+            } else {
+                (
+                    ConnTls::Plain,
+                    State::Reading,
+                    Instant::now() + self.live.limits.idle_timeout(),
+                )
+            };
             self.shared.metrics.connections.inc();
             let _ = sock.set_nodelay(true);
             let idx = match self.free.pop() {
@@ -276,10 +307,11 @@ impl Worker {
                 head_started: None,
                 inbuf: Vec::new(),
                 requests: 0,
-                state: State::Reading,
-                deadline: Instant::now() + self.live.limits.idle_timeout(),
+                state,
+                deadline: first_deadline,
                 interest: Interest::Read,
                 peer_eof: false,
+                tls,
             });
             // A client sends its request right after connecting: read it now rather than a
             // loop turn later (under load a turn is every other connection's work; the probe

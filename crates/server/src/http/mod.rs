@@ -61,6 +61,7 @@ mod indexing;
 mod origin;
 mod respond;
 mod send;
+mod tls_io;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -80,7 +81,6 @@ use penstock_core::stream::PathChoice;
 use penstock_driver::Engine;
 use rustix::event::epoll;
 use rustix::io::Errno;
-use rustix::net::SendFlags;
 
 use crate::access_log::{AccessLog, Finished, LogBuffer, LogEntry};
 use crate::config::LiveConfig;
@@ -91,6 +91,7 @@ use accept::AcceptFailures;
 use engine::EngineBody;
 use respond::{error_ctx, error_kind};
 use send::{Out, Progress, write_out};
+use tls_io::ConnTls;
 
 const TOKEN_LISTENER: u64 = u64::MAX;
 const TOKEN_WAKER: u64 = u64::MAX - 1;
@@ -162,6 +163,11 @@ pub(crate) struct HttpShared {
     pub(crate) origin: Option<Arc<crate::origin::Origin>>,
     /// `[hls]`: playlists of the TS files beneath the root.
     pub(crate) hls: Arc<crate::hls::Hls>,
+    /// `[tls]`, when configured: the sessions of the `https://` listeners.
+    pub(crate) tls: Option<Arc<crate::tls::Tls>>,
+    /// The bound addresses of the `https://` listeners (a worker's listener whose address
+    /// is here accepts TLS connections).
+    tls_addrs: Mutex<Vec<SocketAddr>>,
 }
 
 impl HttpShared {
@@ -198,7 +204,29 @@ impl HttpShared {
             wakers: Mutex::new(Vec::new()),
             origin: None,
             hls: Arc::new(crate::hls::Hls::new(crate::config::HlsConfig::default())),
+            tls: None,
+            tls_addrs: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Serves the `https://` listeners with `tls`.
+    pub(crate) fn with_tls(mut self, tls: Option<Arc<crate::tls::Tls>>) -> HttpShared {
+        self.tls = tls;
+        self
+    }
+
+    /// Which bound addresses are TLS listeners; set before the listeners are handed over.
+    pub(crate) fn set_tls_addrs(&self, addrs: Vec<SocketAddr>) {
+        *self.tls_addrs.lock().unwrap_or_else(|p| p.into_inner()) = addrs;
+    }
+
+    /// For each listener, whether it is a TLS one.
+    fn tls_flags(&self, listeners: &[TcpListener]) -> Vec<bool> {
+        let addrs = self.tls_addrs.lock().unwrap_or_else(|p| p.into_inner());
+        listeners
+            .iter()
+            .map(|l| l.local_addr().is_ok_and(|a| addrs.contains(&a)))
+            .collect()
     }
 
     /// Answers `PATH/index.m3u8` for the TS files beneath the root with `hls`.
@@ -351,6 +379,9 @@ fn reuseport_listener(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 enum State {
+    /// A TLS connection before its handshake ended (`tls_io.rs`), under the handshake's
+    /// deadline.
+    Handshake,
     Reading,
     Sending(Box<Out>),
     Engine(Box<EngineBody>),
@@ -388,6 +419,8 @@ struct Conn {
     deadline: Instant,
     interest: Interest,
     peer_eof: bool,
+    /// Plain, or TLS: in its handshake, encrypted by rustls, or by the kernel.
+    tls: ConnTls,
 }
 
 struct Slot {
@@ -400,6 +433,8 @@ struct Worker {
     epoll: OwnedFd,
     /// One per listening address; all polled under one token (accept tries each).
     listeners: Vec<TcpListener>,
+    /// For each listener, whether it is an `https://` one.
+    listener_tls: Vec<bool>,
     listen_version: u64,
     site: Arc<Site>,
     waker: OwnedFd,
@@ -476,10 +511,12 @@ impl Worker {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
             ^ ((i as u64) << 56);
+        let listener_tls = shared.tls_flags(&listeners);
         Ok(Worker {
             shared,
             epoll,
             listeners,
+            listener_tls,
             listen_version,
             site,
             waker,
@@ -683,6 +720,7 @@ impl Worker {
         for l in self.listeners.drain(..) {
             let _ = epoll::delete(&self.epoll, &l);
         }
+        self.listener_tls = self.shared.tls_flags(&new);
         self.listeners = new;
         if self.accept_paused_until.is_none() {
             for l in &self.listeners {
@@ -702,11 +740,13 @@ impl Worker {
         for l in self.listeners.drain(..) {
             let _ = epoll::delete(&self.epoll, &l);
         }
-        // Idle connections (waiting for a head, nothing buffered) go now.
+        // Idle connections (waiting for a head, nothing buffered, or still in their TLS
+        // handshake) go now.
         for idx in 0..self.slots.len() {
             let idle = matches!(
                 &self.slots[idx].conn,
-                Some(c) if matches!(c.state, State::Reading) && c.inbuf.is_empty()
+                Some(c) if (matches!(c.state, State::Reading) && c.inbuf.is_empty())
+                    || matches!(c.state, State::Handshake)
             );
             if idle {
                 self.close(idx as u32);
@@ -747,6 +787,10 @@ impl Worker {
         ) {
             return;
         }
+        if matches!(c.state, State::Handshake) {
+            self.handshake_event(idx, generation, flags);
+            return;
+        }
         if let State::Lingering { dropped_bytes } = &mut c.state {
             let max = self.live.limits.lingering_bytes_max;
             let scratch = &mut self.scratch;
@@ -780,7 +824,20 @@ impl Worker {
             self.close(idx);
             return;
         }
-        if reading && flags.intersects(epoll::EventFlags::IN | epoll::EventFlags::HUP) {
+        if reading
+            && flags.intersects(epoll::EventFlags::IN | epoll::EventFlags::HUP)
+            && let ConnTls::User(tls) = &mut c.tls
+        {
+            tls_io::read_tls_into(
+                tls,
+                &c.sock,
+                &mut c.inbuf,
+                cap,
+                &mut c.peer_eof,
+                &mut c.head_started,
+                &self.shared.metrics,
+            );
+        } else if reading && flags.intersects(epoll::EventFlags::IN | epoll::EventFlags::HUP) {
             let scratch = &mut self.scratch;
             // Read what is there, up to the cap (the rest waits in the socket).
             while c.inbuf.len() < cap && !c.peer_eof {
@@ -811,6 +868,7 @@ impl Worker {
     /// Runs a connection's state machine as far as it goes without waiting.
     fn drive(&mut self, idx: u32, generation: u32) {
         let live = self.live.clone();
+        let cap = live.limits.header_bytes_max + SCRATCH_BYTES;
         let mut budget = 8; // requests per turn (pipelining)
         loop {
             let stopping = self.shared.stopping.load(Ordering::Relaxed);
@@ -818,7 +876,11 @@ impl Worker {
                 return;
             };
             match &mut c.state {
-                State::Engine(_) | State::Origin(_) | State::Index(_) | State::Lingering { .. } => {
+                State::Engine(_)
+                | State::Origin(_)
+                | State::Index(_)
+                | State::Lingering { .. }
+                | State::Handshake => {
                     return;
                 }
                 State::Reading => {
@@ -836,6 +898,14 @@ impl Worker {
                     }
                     match parse_request(&c.inbuf, &live.limits.parse_limits()) {
                         Ok(Parsed::Partial) => {
+                            // Plaintext rustls already decrypted is not in the socket: no
+                            // event would announce it.
+                            if let ConnTls::User(tls) = &mut c.tls
+                                && tls_io::take_buffered(tls, &mut c.inbuf, cap, &mut c.peer_eof)
+                                    > 0
+                            {
+                                continue;
+                            }
                             if c.peer_eof {
                                 if !c.inbuf.is_empty() {
                                     self.shared.metrics.error("incomplete_request");
@@ -874,7 +944,9 @@ impl Worker {
                             c.requests += 1;
                             let allowed =
                                 c.requests < live.limits.requests_per_connection_max && !stopping;
-                            let mut out = self.respond(&request, allowed, &live, metrics_format);
+                            let mode = c.tls.mode();
+                            let mut out =
+                                self.respond(&request, allowed, &live, metrics_format, mode);
                             out.started = started;
                             out.log = log;
                             if out.origin_type.is_some() {
@@ -925,7 +997,16 @@ impl Worker {
                 State::Sending(out) => {
                     let before = out.body_sent + out.head_pos as u64;
                     let head_was_unsent = out.head_pos == 0;
-                    let p = write_out(&c.sock, out, Instant::now());
+                    let p = match &mut c.tls {
+                        ConnTls::User(tls) => tls_io::write_out_tls(
+                            &c.sock,
+                            tls,
+                            out,
+                            Instant::now(),
+                            &mut self.scratch,
+                        ),
+                        _ => write_out(&c.sock, out, Instant::now()),
+                    };
                     if out.body_sent + out.head_pos as u64 > before {
                         let now = Instant::now();
                         c.deadline = now + live.limits.send_timeout();
@@ -1014,17 +1095,19 @@ impl Worker {
                 continue;
             }
             match c.state {
+                State::Handshake => self.shared.metrics.error("tls_handshake_timeout"),
                 // The lingering time is over: closed (what the client sent since is lost
                 // with it, the responses were all delivered or given up on).
                 State::Lingering { .. } => {}
                 State::Reading => {
                     if !c.inbuf.is_empty() {
                         // A head that did not complete in time (slowloris): 408, best effort.
-                        let _ = rustix::net::send(
-                            &c.sock,
+                        let c = self.slots[idx].conn.as_mut().expect("present above");
+                        tls_io::send_small(
+                            c,
                             b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                            SendFlags::NOSIGNAL,
                         );
+                        let c = self.slots[idx].conn.as_ref().expect("present above");
                         self.shared.metrics.error("header_timeout");
                         let log = self.access.is_some().then(|| LogEntry::from_head(&c.inbuf));
                         record(
@@ -1066,6 +1149,7 @@ impl Worker {
         let Some(c) = conn_in(&mut self.slots, idx, generation) else {
             return;
         };
+        tls_io::close_notify(c);
         if time.is_zero() || rustix::net::shutdown(&c.sock, rustix::net::Shutdown::Write).is_err() {
             self.close(idx);
             return;
@@ -1147,7 +1231,7 @@ impl Worker {
                         &o.request_end(CLIENT_CLOSED_REQUEST, 0),
                     );
                 }
-                State::Reading | State::Lingering { .. } => {}
+                State::Reading | State::Lingering { .. } | State::Handshake => {}
             }
             drop(c);
             slot.generation = slot.generation.wrapping_add(1);

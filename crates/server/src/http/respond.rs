@@ -18,6 +18,7 @@ use penstock_driver::StreamError;
 
 use super::Worker;
 use super::send::{Out, RateLimit};
+use super::tls_io::Mode;
 use crate::config::LiveConfig;
 use crate::confine::{Opened, Refused};
 use crate::metrics::{Format, MetricsPage};
@@ -32,9 +33,10 @@ impl Worker {
         keep_alive_allowed: bool,
         live: &LiveConfig,
         metrics_format: Format,
+        tls: Mode,
     ) -> Out {
         self.playlist_made = false;
-        let mut out = self.respond_any(req, keep_alive_allowed, live, metrics_format);
+        let mut out = self.respond_any(req, keep_alive_allowed, live, metrics_format, tls);
         if req.method == Method::Options {
             // The preflight carries its own lines (and a 405 elsewhere has none to carry).
             return out;
@@ -66,6 +68,7 @@ impl Worker {
         keep_alive_allowed: bool,
         live: &LiveConfig,
         metrics_format: Format,
+        tls: Mode,
     ) -> Out {
         self.boundary_seed = self
             .boundary_seed
@@ -132,6 +135,12 @@ impl Worker {
         if let Some(rest) = req.path.strip_prefix("/vol/")
             && !site.volumes.is_empty()
         {
+            if tls == Mode::User {
+                // The engine writes a partition to the socket itself: not through rustls.
+                not_over_user_tls("volume partitions");
+                shared.metrics.error("tls_user_unsupported");
+                return memory(unavailable(req, &ctx), class);
+            }
             return self.respond_volume(req, rest, &ctx, class, &memory);
         }
         if let Some(out) = self.respond_hls(req, &ctx, &class, &memory) {
@@ -182,6 +191,12 @@ impl Worker {
                     && matches!(req.method, Method::Get | Method::Head)
                     && !req.names_directory() =>
             {
+                if tls == Mode::User {
+                    // The origin thread writes to the socket itself: not through rustls.
+                    not_over_user_tls("origin fills");
+                    shared.metrics.error("tls_user_unsupported");
+                    return memory(unavailable(req, &ctx), class);
+                }
                 // Answered from the origin by a thread of its own (`origin.rs`).
                 let mut out = memory(respond_error(Status::NOT_FOUND, Some(req), &ctx), class);
                 out.keep_alive = req.keep_alive && ctx.keep_alive_allowed;
@@ -229,7 +244,10 @@ impl Worker {
             after_bytes: policy.limit_rate_after_bytes,
             rate_start: None,
         });
-        let for_engine = shared.engine_body_bytes_min > 0
+        // Only plain connections hand bodies to the engine: on a TLS one this loop sends
+        // them (sendfile on kTLS, rustls in user space; SEND_ZC is not planned on kTLS).
+        let for_engine = tls == Mode::Plain
+            && shared.engine_body_bytes_min > 0
             && rate.is_none()
             && r.body.len() == 1
             && matches!(r.body[0], BodyPiece::File { len_bytes, .. } if len_bytes >= shared.engine_body_bytes_min);
@@ -292,7 +310,11 @@ impl Worker {
             keep_alive: r.keep_alive,
             class,
             path_label: if has_file {
-                "sendfile"
+                match tls {
+                    Mode::Plain => "sendfile",
+                    Mode::Ktls => "ktls",
+                    Mode::User => "tls-user",
+                }
             } else if req.method == Method::Head || !r.status.allows_body() {
                 "none"
             } else {
@@ -611,6 +633,16 @@ fn is_media_file_name(path: &str) -> bool {
 
 /// `200 ok`: the server accepts and answers (what a load balancer's health check asks; it
 /// does not depend on etcd: a node cut off from etcd still serves).
+/// Said once per process: what user-space TLS connections do not get yet (answered 503).
+fn not_over_user_tls(what: &'static str) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "{what} are not served over user-space TLS yet (no kernel TLS here): answered 503 on https:// listeners"
+        );
+    }
+}
+
 fn health_response(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http::Response {
     small_ok(req, ctx, "text/plain", b"ok\n".to_vec())
 }

@@ -21,7 +21,7 @@ use super::RequestEnd;
 use crate::access_log::LogEntry;
 
 /// Send calls per connection per turn before the loop serves the others.
-const BUDGET_SYSCALLS: usize = 16;
+pub(super) const BUDGET_SYSCALLS: usize = 16;
 /// Bytes per sendfile call from the loop (the socket buffer usually takes less).
 const SENDFILE_CHUNK_BYTES: u64 = 4 << 20;
 
@@ -89,7 +89,7 @@ pub(super) struct RateLimit {
 
 impl RateLimit {
     /// Bytes that may go now (`body_sent` so far), or when to come back.
-    fn allowance(&mut self, now: Instant, body_sent: u64) -> Result<u64, Instant> {
+    pub(super) fn allowance(&mut self, now: Instant, body_sent: u64) -> Result<u64, Instant> {
         if body_sent < self.after_bytes {
             return Ok(self.after_bytes - body_sent);
         }

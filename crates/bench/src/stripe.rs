@@ -68,6 +68,11 @@ pub struct StripeArgs {
     /// instead of the 1..4 member table.
     #[arg(long, conflicts_with = "mirror")]
     pub checksums: bool,
+    /// With `--checksums`: the members of both volumes are loop devices over the files in
+    /// `--dir`, each read-throttled to `--rate` by a cgroup (a disk-bound read: the cost
+    /// that shows when the disk, not the CPU, sets the pace), instead of plain files.
+    #[arg(long, requires = "checksums")]
+    pub throttled: bool,
     /// Write the table as JSON here; a bare `--json` writes it on stdout (the table then
     /// goes to stderr).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
@@ -207,7 +212,11 @@ pub fn run(a: StripeArgs) -> Result<()> {
     let (members, mode) = if a.no_throttle || a.checksums {
         (
             files.clone(),
-            "plain files (--no-throttle): the table shows only overhead".to_string(),
+            if a.checksums {
+                "--checksums: two volumes over members of their own (said below)".to_string()
+            } else {
+                "plain files (--no-throttle): the table shows only overhead".to_string()
+            },
         )
     } else {
         match throttle(&files, a.rate, None, &mut guard) {
@@ -249,7 +258,7 @@ pub fn run(a: StripeArgs) -> Result<()> {
         if let Err(why) = &engine.info().uring {
             bail!("the volume data path needs io_uring: {why}");
         }
-        let rows = checksum_rows(&a, dir.path(), member_bytes, &engine)?;
+        let rows = checksum_rows(&a, dir.path(), member_bytes, &engine, &mut guard)?;
         drop(engine);
         drop(guard);
         return checksum_table(&a, depth, &rows);
@@ -529,6 +538,7 @@ fn checksum_rows(
     dir: &Path,
     member_bytes: u64,
     engine: &Engine,
+    guard: &mut Throttle,
 ) -> Result<Vec<ChecksumRow>> {
     let media: Vec<u8> = {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -541,9 +551,8 @@ fn checksum_rows(
             })
             .collect()
     };
-    let mut vols = Vec::new();
-    for sums in [false, true] {
-        let name = if sums { "sums" } else { "plain" };
+    let mut files: Vec<Vec<PathBuf>> = Vec::new();
+    for name in ["plain", "sums"] {
         let members: Vec<PathBuf> = (0..MEMBERS_MAX)
             .map(|i| dir.join(format!("{name}{i}")))
             .collect();
@@ -551,6 +560,20 @@ fn checksum_rows(
             // Room for the sum area too (a few hundred KiB per GiB).
             std::fs::File::create(m)?.set_len(member_bytes + (1 << 20))?;
         }
+        files.push(members);
+    }
+    if a.throttled {
+        let all: Vec<PathBuf> = files.concat();
+        let devs = throttle(&all, a.rate, None, guard).context("--throttled")?;
+        eprintln!(
+            "penstock bench stripe: members are loop devices, each read-throttled to {} MB/s",
+            a.rate as f64 / 1e6
+        );
+        files = devs.chunks(MEMBERS_MAX).map(<[PathBuf]>::to_vec).collect();
+    }
+    let mut vols = Vec::new();
+    for (sums, members) in [false, true].into_iter().zip(files) {
+        let name = if sums { "sums" } else { "plain" };
         let mut v = Volume::create(&CreateSpec {
             name: name.to_string(),
             members: members.clone(),
@@ -644,8 +667,16 @@ fn checksum_table(a: &StripeArgs, depth: usize, rows: &[ChecksumRow]) -> Result<
     let mut h = crate::out::human(a.json.as_deref());
     writeln!(
         h,
-        "read of a {} MiB partition striped over {MEMBERS_MAX} plain member files (stripe unit {} KiB, {} x 1 MiB in flight), without and with block checksums, runs alternating, median of {}",
+        "read of a {} MiB partition striped over {MEMBERS_MAX} {} (stripe unit {} KiB, {} x 1 MiB in flight), without and with block checksums, runs alternating, median of {}",
         a.size >> 20,
+        if a.throttled {
+            format!(
+                "loop devices each read-throttled to {} MB/s",
+                a.rate as f64 / 1e6
+            )
+        } else {
+            "plain member files".to_string()
+        },
         a.stripe_unit >> 10,
         depth,
         a.reps
@@ -687,6 +718,7 @@ fn checksum_table(a: &StripeArgs, depth: usize, rows: &[ChecksumRow]) -> Result<
         crate::out::write_json(
             p,
             &serde_json::json!({"bench": "stripe-checksums", "size": a.size,
+                "throttled_rate_bytes_per_s": a.throttled.then_some(a.rate),
                 "stripe_unit": a.stripe_unit, "depth": depth, "reps": a.reps,
                 "added_cpu_ns_per_byte": added_ns_per_byte, "rows": v}),
         )?;

@@ -87,7 +87,10 @@ fn crates_depend_only_downward() {
         ("uring", &[]),
         ("driver", &["penstock-core", "penstock-uring"]),
         ("sim", &["penstock-core"]),
-        ("server", &["penstock-core", "penstock-driver", "penstock-uring"]),
+        (
+            "server",
+            &["penstock-core", "penstock-driver", "penstock-uring"],
+        ),
         ("bench", &["penstock-core", "penstock-driver"]),
         (
             "libpenstock",

@@ -33,6 +33,7 @@ pub mod cluster;
 pub mod config;
 pub mod confine;
 pub mod control;
+mod delivery;
 mod hls;
 mod http;
 pub mod listen;

@@ -55,7 +55,6 @@
 //! the loop never writes the log itself).
 
 mod accept;
-pub(crate) mod cors;
 mod engine;
 mod indexing;
 mod origin;

@@ -25,7 +25,7 @@ use crate::metrics::{Format, MetricsPage};
 
 impl Worker {
     /// The response to one parsed request, with what its location adds to every head
-    /// (`cors.rs`: CORS lines; `Cache-Control` for the playlists made here and for media
+    /// (`crate::delivery`: CORS lines; `Cache-Control` for the playlists made here and for media
     /// files), and counted as an HLS request where it is one.
     pub(super) fn respond(
         &mut self,
@@ -43,10 +43,10 @@ impl Worker {
         }
         let policy = live.policy(&req.path);
         let media = self.playlist_made || is_media_file_name(&req.path);
-        let delivery = super::cors::Delivery {
-            cors: super::cors::cors_lines(policy.cors_allow_origins, req.origin.as_deref()),
+        let delivery = crate::delivery::Delivery {
+            cors: crate::delivery::cors_lines(policy.cors_allow_origins, req.origin.as_deref()),
             cache: if media {
-                super::cors::cache_line(self.shared.hls.cache_max_age_s())
+                crate::delivery::cache_line(self.shared.hls.cache_max_age_s())
             } else {
                 String::new()
             },
@@ -119,7 +119,7 @@ impl Worker {
                 );
             }
             return memory(
-                super::cors::preflight(req, &ctx, policy.cors_allow_origins),
+                crate::delivery::preflight(req, &ctx, policy.cors_allow_origins),
                 class,
             );
         }

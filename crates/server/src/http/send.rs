@@ -51,9 +51,9 @@ pub(super) struct Out {
     /// the connection until the build ends (`indexing.rs`); as with `origin_type`, only the
     /// class, start, log entry and keep-alive of this `Out` are used.
     pub(super) hls_wait: Option<Box<super::indexing::IndexPending>>,
-    /// The location's CORS lines and the caching of HLS media (`cors.rs`), for the heads
+    /// The location's CORS lines and the caching of HLS media (`crate::delivery`), for the heads
     /// made after `respond` (a playlist after its index build, the origin's answer).
-    pub(super) delivery: super::cors::Delivery,
+    pub(super) delivery: crate::delivery::Delivery,
     /// A volume partition's body (`/vol/NAME/PART`): the engine reads it from the members
     /// (its place is always reserved: the loop has no single file to sendfile from).
     pub(super) volume: Option<Box<penstock_driver::volume::PartitionIo>>,

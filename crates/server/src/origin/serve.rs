@@ -40,7 +40,7 @@ pub(crate) struct OriginJob {
     /// Written when `done` is set (the loop's eventfd).
     pub(crate) waker: Arc<OwnedFd>,
     /// The location's CORS and caching lines, added to the head made here.
-    pub(crate) delivery: crate::http::cors::Delivery,
+    pub(crate) delivery: crate::delivery::Delivery,
 }
 
 /// How the response ended.

@@ -1,4 +1,4 @@
-//! Delivery like a CDN origin (docs/hls.md "Delivery"): CORS per `[[location]]`
+//! Delivery like a CDN origin, for the HTTP loop and the origin threads alike (docs/hls.md "Delivery"): CORS per `[[location]]`
 //! (`cors_allow_origins`), the preflight `OPTIONS`, and the `Cache-Control` of HLS playlists
 //! and media files. The lines are added to a head the core already wrote, before its empty
 //! line, so every response of a location carries them: files, ranges, 304s, errors,
@@ -15,8 +15,8 @@ use penstock_core::http::{
 /// 206, 304).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Delivery {
-    pub(super) cors: String,
-    pub(super) cache: String,
+    pub(crate) cors: String,
+    pub(crate) cache: String,
 }
 
 impl Delivery {
@@ -34,7 +34,7 @@ impl Delivery {
 const EXPOSE: &str = "Content-Range, Content-Length, Accept-Ranges, ETag";
 
 /// How long a browser may keep a preflight's answer (Chromium keeps at most 2 hours).
-pub(super) const PREFLIGHT_MAX_AGE_S: u64 = 7200;
+pub(crate) const PREFLIGHT_MAX_AGE_S: u64 = 7200;
 
 /// The CORS header lines for a request from `origin` to a location allowing `allow` (each
 /// line ending in CRLF; empty where the location has no CORS). `*` in the list allows any
@@ -42,7 +42,7 @@ pub(super) const PREFLIGHT_MAX_AGE_S: u64 = 7200;
 /// echoed with `Vary: Origin`, so that a shared cache keeps one copy per origin, and an
 /// origin not listed gets `Vary: Origin` alone: no `Access-Control-Allow-Origin`, and the
 /// browser refuses the page's script the answer.
-pub(super) fn cors_lines(allow: &[String], origin: Option<&str>) -> String {
+pub(crate) fn cors_lines(allow: &[String], origin: Option<&str>) -> String {
     if allow.is_empty() {
         return String::new();
     }
@@ -68,7 +68,7 @@ fn allows(lines: &str) -> bool {
 /// `Cache-Control` for a VOD playlist or media file: cached `max_age_s` seconds by browsers
 /// and shared caches (the `ETag` changes with the file, so a revalidation is cheap); with 0,
 /// every use revalidates (`no-cache`).
-pub(super) fn cache_line(max_age_s: u64) -> String {
+pub(crate) fn cache_line(max_age_s: u64) -> String {
     if max_age_s == 0 {
         "Cache-Control: no-cache\r\n".to_string()
     } else {
@@ -77,7 +77,7 @@ pub(super) fn cache_line(max_age_s: u64) -> String {
 }
 
 /// Adds `lines` (each ending in CRLF) to a complete response head, before its empty line.
-pub(super) fn add_lines(head: &mut Vec<u8>, lines: &str) {
+pub(crate) fn add_lines(head: &mut Vec<u8>, lines: &str) {
     if lines.is_empty() || head.len() < 4 || !head.ends_with(b"\r\n\r\n") {
         return;
     }
@@ -89,7 +89,7 @@ pub(super) fn add_lines(head: &mut Vec<u8>, lines: &str) {
 /// preflight. `204` with the allowed methods (`GET, HEAD`) and request header (`Range`),
 /// how long to keep the answer, and the origin's lines from [`cors_lines`] (none for an
 /// origin not allowed: the browser then refuses the real request).
-pub(super) fn preflight(
+pub(crate) fn preflight(
     req: &Request,
     ctx: &ResponseContext<'_>,
     allow: &[String],

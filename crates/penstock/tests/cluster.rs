@@ -1631,6 +1631,12 @@ fn control_line(r: &mut std::io::BufReader<TcpStream>, line: &str) -> String {
     }
 }
 
+/// Disk and CPU figures set, not self-calibrated, on the nodes of the admission test: the
+/// network is the resource it fills, and a send cost measured while the machine was loaded
+/// refused a node's third player ("a admitted the three players: 2").
+const FIXED_FIGURES: &str = "self_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\n\
+     disk_random_iops = 100000\ncpu_send_ns = 5000\ncpu_send_byte_ps = 500\n";
+
 /// Admission across nodes (issue 18): every node admits three rt streams and not four (its
 /// capacity 3.5 × what a player of the clip reserves, measured first on a probe node). Three RTSP players (ffmpeg) on node a, then a fourth (ffprobe): a answers 302 and it
 /// plays from another node; the same with three control streams started on a and a fourth
@@ -1660,7 +1666,7 @@ fn the_fourth_stream_on_a_full_node_is_redirected_and_no_node_is_over_admitted()
             "127.0.0.5",
             tempfile::tempdir().unwrap(),
             shared.path(),
-            &format!("[admission]\nnet_bytes_per_s = {probe_cap}\n"),
+            &format!("[admission]\nnet_bytes_per_s = {probe_cap}\n{FIXED_FIGURES}"),
         );
         let share = || probe.metric("penstock_admission_reserved_ratio{resource=\"network\"}");
         let player = Proc(
@@ -1710,7 +1716,7 @@ fn the_fourth_stream_on_a_full_node_is_redirected_and_no_node_is_over_admitted()
         "a player reserves {player_need:.0} B/s; control streams at {control_rate} bit/s reserve as much"
     );
     let cap = format!(
-        "[admission]\nnet_bytes_per_s = {}\n",
+        "[admission]\nnet_bytes_per_s = {}\n{FIXED_FIGURES}",
         (3.5 * player_need).round() as u64
     );
     let nodes: Vec<Node> = [("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4")]

@@ -690,36 +690,17 @@ fn made_ok(
         penstock_core::http::evaluate_preconditions(req, etag, mtime)
             == penstock_core::http::Precondition::NotModified
     });
-    if not_modified {
-        let head = ResponseHead {
-            status: Status::NOT_MODIFIED,
-            date: ctx.date,
-            server: ctx.server,
-            content_type: None,
-            content_length_bytes: None,
-            content_range: None,
-            accept_ranges: false,
-            etag: validators.map(|(e, _)| e),
-            last_modified: validators.map(|(_, t)| t),
-            allow: None,
-            location: None,
-            connection: connection_header(keep_alive, ctx),
-        };
-        let mut bytes = Vec::with_capacity(256);
-        write_response_head(&head, &mut bytes);
-        return penstock_core::http::Response {
-            status: Status::NOT_MODIFIED,
-            head: bytes,
-            body: Vec::new(),
-            keep_alive,
-        };
-    }
+    let status = if not_modified {
+        Status::NOT_MODIFIED
+    } else {
+        Status::OK
+    };
     let head = ResponseHead {
-        status: Status::OK,
+        status,
         date: ctx.date,
         server: ctx.server,
-        content_type: Some(content_type),
-        content_length_bytes: Some(body.len() as u64),
+        content_type: (!not_modified).then_some(content_type),
+        content_length_bytes: (!not_modified).then_some(body.len() as u64),
         content_range: None,
         accept_ranges: false,
         etag: validators.map(|(e, _)| e),
@@ -731,9 +712,9 @@ fn made_ok(
     let mut bytes = Vec::with_capacity(256);
     write_response_head(&head, &mut bytes);
     penstock_core::http::Response {
-        status: Status::OK,
+        status,
         head: bytes,
-        body: if req.method == Method::Head {
+        body: if not_modified || req.method == Method::Head {
             Vec::new()
         } else {
             vec![BodyPiece::Bytes(body)]

@@ -6,6 +6,8 @@
 //! which `.ci/run` runs), or directly where the host kernel has the ULP. The guest's script,
 //! `tests/ktls/guest.sh`, prints what it saw; this test reads it.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,70 +23,6 @@ fn run(cmd: &mut Command) -> std::process::Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-/// A throwaway CA and a certificate for localhost and 127.0.0.1 it signed (P-256: quick
-/// under emulation), the key 0600 as penstock demands.
-fn make_certs(dir: &Path) {
-    let o = |args: &[&str]| {
-        run(Command::new("openssl").args(args).current_dir(dir));
-    };
-    o(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=penstock test CA",
-    ]);
-    o(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        "key.pem",
-        "-out",
-        "leaf.csr",
-        "-subj",
-        "/CN=localhost",
-    ]);
-    std::fs::write(
-        dir.join("ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-         keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    o(&[
-        "x509",
-        "-req",
-        "-in",
-        "leaf.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "cert.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "ext",
-    ]);
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir.join("key.pem"), std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 fn host_has_ktls() -> bool {
@@ -147,7 +85,9 @@ fn a_100_mb_body_leaves_by_sendfile_on_a_ktls_socket_and_through_user_space_with
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("conf");
     std::fs::create_dir(&conf).unwrap();
-    make_certs(&conf);
+    common::make_ca(&conf);
+    // `cert.pem` (the chain) and `cert.key`, as tests/ktls/guest.sh names them.
+    common::make_cert(&conf, "cert", "localhost");
     let srv = dir.path().join("srv");
     std::fs::create_dir(&srv).unwrap();
     write_body(&srv.join("big.bin"));
@@ -184,7 +124,7 @@ fn a_100_mb_body_leaves_by_sendfile_on_a_ktls_socket_and_through_user_space_with
             .arg("--bin")
             .arg(which("strace"))
             .args(["--mem", "1024", "--timeout", "900"]);
-        for f in ["ca.pem", "cert.pem", "key.pem"] {
+        for f in ["ca.pem", "cert.pem", "cert.key"] {
             cmd.arg("--file")
                 .arg(format!("{}:/etc/ktls/{f}", conf.join(f).display()));
         }

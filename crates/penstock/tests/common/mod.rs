@@ -209,3 +209,107 @@ pub fn wait_udp_read(port: u16, child: &mut std::process::Child) {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
+
+/// Runs the `openssl` command in `dir`; its failure fails the test.
+pub fn openssl(args: &[&str], dir: &std::path::Path) {
+    let o = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (apt-get install openssl)");
+    assert!(
+        o.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A throwaway CA (`ca.pem`) and a certificate for localhost / 127.0.0.1 signed by it
+/// (`NAME.pem`, the chain leaf first; `NAME.key`, mode 0600) with subject CN `cn`.
+pub fn make_ca(dir: &std::path::Path) {
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=penstock-test-ca",
+        ],
+        dir,
+    );
+}
+
+pub fn make_cert(
+    dir: &std::path::Path,
+    name: &str,
+    cn: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let key = format!("{name}.key");
+    let csr = format!("{name}.csr");
+    let leaf = format!("{name}.leaf");
+    openssl(
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={cn}"),
+        ],
+        dir,
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    openssl(
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+            "-out",
+            &leaf,
+        ],
+        dir,
+    );
+    // The chain as served: leaf, then the CA (an intermediate's place).
+    let mut chain = std::fs::read(dir.join(&leaf)).unwrap();
+    chain.extend(std::fs::read(dir.join("ca.pem")).unwrap());
+    let cert = dir.join(format!("{name}.pem"));
+    std::fs::write(&cert, chain).unwrap();
+    let key = dir.join(key);
+    set_mode(&key, 0o600);
+    (cert, key)
+}
+
+pub fn set_mode(p: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}

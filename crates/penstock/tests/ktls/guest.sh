@@ -34,7 +34,7 @@ self_calibrate = false
 ktls = $on
 [[tls.certificates]]
 cert = "$CONF/cert.pem"
-key = "$CONF/key.pem"
+key = "$CONF/cert.key"
 CFG
   strace -f -qq --seccomp-bpf -e trace=sendfile,splice,read,pread64,readv,preadv,write,writev,sendto,sendmsg \
     -o "$WORK/strace-$mode" "$PENSTOCK" serve --config "$cfg" --root "$SRV" --no-control-unix \

@@ -459,32 +459,9 @@ fn mirror_rows(
         v.finish_partition("p")?;
         let (mut mbps, mut cpu) = (Vec::new(), Vec::new());
         for _ in 0..a.reps {
-            let source = opened_partition(v.partition_io("p", false)?)?;
-            let null = Endpoint::File {
-                path: PathBuf::from("/dev/null"),
-            };
-            let target = open_target(&null, &mut |_| {})?;
-            let spec = StreamSpec {
-                zero_copy: ZeroCopy::Off,
-                ..StreamSpec::new(
-                    Endpoint::Volume {
-                        volume: VolumeName::parse("bench")?,
-                        partition: PartitionName::parse("p")?,
-                    },
-                    null,
-                )
-            };
-            let c0 = cpu_times(CpuWho::Process);
-            let t0 = Instant::now();
-            let report = engine.open_opened(spec, source, target)?.wait()?;
-            let secs = t0.elapsed().as_secs_f64();
-            let c1 = cpu_times(CpuWho::Process);
-            if report.bytes != a.size {
-                bail!("read {} bytes of {}", report.bytes, a.size);
-            }
-            let gb = a.size as f64 / 1e9;
-            mbps.push(a.size as f64 / secs / 1e6);
-            cpu.push(((c1.user_ns - c0.user_ns) + (c1.sys_ns - c0.sys_ns)) as f64 / 1e9 / gb);
+            let (m, c) = read_partition(engine, &v, "bench", a.size)?;
+            mbps.push(m);
+            cpu.push(c);
         }
         rows.push((copies, median(&mbps), median(&cpu)));
     }

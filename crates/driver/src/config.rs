@@ -6,6 +6,7 @@ use std::time::Duration;
 use penstock_core::admission::cpu::CpuConfig;
 use penstock_core::admission::{AdmissionConfig, Capacity};
 use penstock_core::sched::edf::Order;
+use penstock_core::sched::policy::{DeadlineConfig, SchedAsk};
 
 use crate::disk::DiskConfig;
 
@@ -55,8 +56,22 @@ pub struct EngineConfig {
     pub dispatch_slack: Duration,
     /// Order of the dispatch queue: earliest deadline first, or rate-monotonic (MARS's RTU).
     pub order: Order,
-    /// SCHED_FIFO for the workers and mlockall; falls back (with a message) when refused.
+    /// mlockall, and (with `sched` left at `Other`) `SCHED_FIFO` for timed workers: the
+    /// older switch, kept for `--realtime`. Falls back (with a message) when refused.
     pub realtime: bool,
+    /// The CPU policy asked for the timed workers (`penstock_core::sched::policy`): `Auto`
+    /// takes the strongest the process may (deadline, FIFO); `Other` (the library's
+    /// default) runs no timed workers, every worker carrying every class as before.
+    pub sched: SchedAsk,
+    /// Timed workers beside the `workers` general ones, when a real-time policy may be had
+    /// (0..=64; 0, the default: as many as `workers`, so paced streams spread over as many
+    /// threads as without timed workers). They carry the paced and `rt` streams and the
+    /// upcalls, never bulk.
+    pub timed_workers: usize,
+    /// `SCHED_FIFO`'s priority for timed workers (1..=99; default 50).
+    pub fifo_priority: u8,
+    /// How a timed worker's `SCHED_DEADLINE` runtime follows its grant.
+    pub deadline: DeadlineConfig,
     /// Units kept in a stream's trace at most (the rest are counted, not kept).
     pub trace_units_max: usize,
     /// The disk request scheduler every uring-path read goes through.
@@ -169,6 +184,10 @@ impl Default for EngineConfig {
             dispatch_slack: DISPATCH_SLACK_DEFAULT,
             order: Order::EarliestDeadline,
             realtime: false,
+            sched: SchedAsk::Other,
+            timed_workers: 0,
+            fifo_priority: 50,
+            deadline: DeadlineConfig::default(),
             trace_units_max: 10_000_000,
             disk: DiskConfig::default(),
             admission: conservative_admission(),
@@ -185,8 +204,13 @@ pub struct EngineInfo {
     pub uring: Result<(), String>,
     /// Buffers registered with the ring; otherwise why not.
     pub registered: Result<(), String>,
-    /// Real-time scheduling as asked (`EngineConfig::realtime`); otherwise why not.
+    /// Real-time scheduling as asked (`EngineConfig::realtime`, or a real-time policy for
+    /// the timed workers); otherwise why not.
     pub realtime: Result<(), String>,
+    /// Every worker's policy, general ones first (`crate::sched`).
+    pub workers: Vec<crate::sched::WorkerSched>,
+    /// Why stronger policies were not even tried (what the process may not do).
+    pub sched_notes: Vec<String>,
     /// `rt` disk reads carry IOPRIO_CLASS_RT (permitted here).
     pub rt_ioprio: bool,
 }

@@ -38,9 +38,13 @@ use crate::files::OpenFileTable;
 use crate::open::{Opened, open_source, open_target};
 use crate::pace::Pace;
 use crate::rtu::{CpuHold, Rtu, RtuCallback, RtuCounters, RtuError, RtuHandle, RtuSpec};
-use crate::worker::{Command, Task, WorkerHandle, spawn_worker};
+use crate::sched::{TimedBooks, TimedHold};
+use crate::worker::{Command, Task, TimedRole, WorkerHandle, spawn_worker};
 use penstock_core::admission::cpu::{CpuAdmission, CpuLoad, CpuRefusal, RtuDemand};
 use penstock_core::sched::drr::SchedError;
+use penstock_core::sched::policy::{
+    SchedAsk, SchedPolicy, candidates as sched_candidates, deadline_params,
+};
 // Defined in modules of their own, so that the worker and the data paths need not import the
 // engine; re-exported where callers have always found them (`penstock_driver::engine::*`).
 pub use crate::config::{
@@ -218,11 +222,21 @@ pub struct StreamHandle {
     _slot: StreamSlot,
     /// The admission reservation this stream holds, released on drop.
     reservation: Option<(ReservationId, Arc<Mutex<Admission>>)>,
+    /// Its part of a timed worker's CPU reservation, given back on drop.
+    _timed: Option<TimedHold>,
+    /// The worker it runs on ([`EngineInfo::workers`]' index).
+    worker_index: usize,
 }
 
 impl StreamHandle {
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The worker the stream runs on: an index into [`EngineInfo::workers`], which says
+    /// whether it is a timed worker and the CPU policy it got.
+    pub fn worker_index(&self) -> usize {
+        self.worker_index
     }
 
     /// What admission reserved for this stream (an rt stream), with the figures it was
@@ -435,6 +449,12 @@ pub struct Engine {
     /// Read depths self-calibration found, by device (`None`: measuring failed; the default
     /// depth applies). Held while one is measured, so that a device is measured once.
     depths: Mutex<BTreeMap<u64, Option<usize>>>,
+    /// Timed workers, after the `cfg.workers` general ones (0: every worker carries every
+    /// class; `crate::sched`).
+    timed_count: usize,
+    /// What admission granted on each timed worker, and its deadline reservation.
+    timed_books: Arc<Mutex<TimedBooks>>,
+    next_timed: AtomicUsize,
 }
 
 /// Why the engine could not start.
@@ -504,23 +524,78 @@ impl Engine {
                 "client_buffers_max must be at least 1 (a stream needs a buffer)".into(),
             ));
         }
+        if cfg.timed_workers > 64 {
+            return Err(EngineError::Config(format!(
+                "timed_workers must be 0..=64 (0: as many as workers), got {}",
+                cfg.timed_workers
+            )));
+        }
+        cfg.deadline.check().map_err(EngineError::Config)?;
+        // The one decision on CPU policy (penstock_core::sched::policy), from what this
+        // process may do; `realtime` alone asks FIFO, as it always did.
+        let ask = if cfg.sched == SchedAsk::Other && cfg.realtime {
+            SchedAsk::Fifo
+        } else {
+            cfg.sched
+        };
+        let sched_plan = sched_candidates(ask, crate::sched::gather_facts(), cfg.fifo_priority);
+        let timed_count = if sched_plan.separate_timed() {
+            if cfg.timed_workers == 0 {
+                cfg.workers.min(64)
+            } else {
+                cfg.timed_workers
+            }
+        } else {
+            0
+        };
+        let floor = deadline_params(0, &cfg.deadline)
+            .ok_or_else(|| EngineError::Config("deadline floor above its maximum".into()))?;
         let mut workers = Vec::new();
         let mut joins = Vec::new();
         let mut gauges = Vec::new();
-        let mut info = None;
-        for i in 0..cfg.workers {
+        let mut info: Option<EngineInfo> = None;
+        let mut scheds = Vec::new();
+        let mut mlock: Result<(), String> = Err("not asked for".to_string());
+        for i in 0..cfg.workers + timed_count {
             let g = Arc::new(BufferGauges::default());
-            let (handle, join, winfo) =
-                spawn_worker(i, &cfg, g.clone()).map_err(|e| EngineError::Worker(e.to_string()))?;
+            let role = (i >= cfg.workers).then(|| TimedRole {
+                tries: sched_plan.timed.clone(),
+                floor,
+            });
+            let (handle, join, mut winfo) = spawn_worker(i, &cfg, g.clone(), role)
+                .map_err(|e| EngineError::Worker(e.to_string()))?;
             workers.push(handle);
             joins.push(join);
             gauges.push(g);
+            scheds.append(&mut winfo.workers);
+            if i == 0 {
+                mlock = winfo.realtime.clone();
+            }
             info.get_or_insert(winfo);
         }
-        let info = info.expect("at least one worker");
+        let mut info = info.expect("at least one worker");
+        info.realtime = if cfg.realtime {
+            let timed_rt = scheds
+                .iter()
+                .any(|w| w.timed && w.policy != SchedPolicy::Other);
+            match (mlock, timed_rt) {
+                (Err(e), _) => Err(e),
+                (Ok(()), true) => Ok(()),
+                (Ok(()), false) => {
+                    let mut why = sched_plan.skipped.clone();
+                    why.extend(scheds.iter().flat_map(|w| w.notes.iter().cloned()));
+                    Err(format!("no real-time policy: {}", why.join("; ")))
+                }
+            }
+        } else {
+            Err("not asked for".to_string())
+        };
+        info.sched_notes = sched_plan.skipped.clone();
+        info.workers = scheds;
+        let timed_books = Arc::new(Mutex::new(TimedBooks::new(cfg.deadline, &info.workers)));
         let admission = Admission::new(cfg.admission)
             .map_err(|e| EngineError::Config(format!("admission: {e}")))?;
-        let cpu = (0..cfg.workers)
+        let cpu = (0..cfg.workers + timed_count)
             .map(|_| CpuAdmission::new(cfg.order, cfg.cpu))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| EngineError::Config(format!("upcall admission (cpu): {e}")))?;
@@ -540,6 +615,9 @@ impl Engine {
             cpu: Arc::new(Mutex::new(cpu)),
             measured: Mutex::new(BTreeMap::new()),
             depths: Mutex::new(BTreeMap::new()),
+            timed_count,
+            timed_books,
+            next_timed: AtomicUsize::new(0),
         })
     }
 
@@ -831,10 +909,19 @@ impl Engine {
         (rd.default, ReadDepthSource::Default)
     }
 
-    /// Places a stream on a worker: round robin; an `rt` stream on the uring path reserving
-    /// `reserve` pool buffers goes to the first worker from there whose pool still holds them.
-    fn place(&self, reserve: Option<u32>) -> Result<usize, StreamError> {
-        let first = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+    /// Places a stream on a worker: round robin among the timed workers for a `timed` stream
+    /// (paced or `rt`) when there are any, else among the general ones; an `rt` stream on
+    /// the uring path reserving `reserve` pool buffers goes to the first worker from there
+    /// whose pool still holds them.
+    fn place(&self, reserve: Option<u32>, timed: bool) -> Result<usize, StreamError> {
+        let (base, count, next) = if timed && self.timed_count > 0 {
+            (self.cfg.workers, self.timed_count, &self.next_timed)
+        } else if self.timed_count > 0 {
+            (0, self.cfg.workers, &self.next_worker)
+        } else {
+            (0, self.workers.len(), &self.next_worker)
+        };
+        let first = base + next.fetch_add(1, Ordering::Relaxed) % count;
         let Some(n) = reserve else {
             return Ok(first);
         };
@@ -843,8 +930,8 @@ impl Engine {
             n >= 1 && n as usize <= self.cfg.client_buffers_max.min(self.cfg.pool_buffers)
         );
         let mut most_left = 0;
-        for k in 0..self.workers.len() {
-            let w = (first + k) % self.workers.len();
+        for k in 0..count {
+            let w = base + (first - base + k) % count;
             match self.gauges[w].try_reserve(n) {
                 Ok(()) => return Ok(w),
                 Err(left) => most_left = most_left.max(left),
@@ -872,7 +959,13 @@ impl Engine {
         };
         let (w, id) = {
             let mut cpu = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
-            let mut order: Vec<usize> = (0..cpu.len()).collect();
+            // Upcalls run on the timed workers when there are any.
+            let first = if self.timed_count > 0 {
+                self.cfg.workers
+            } else {
+                0
+            };
+            let mut order: Vec<usize> = (first..cpu.len()).collect();
             order.sort_by_key(|&w| (cpu[w].load().utilization_ppb, w));
             let mut first_refusal: Option<CpuRefusal> = None;
             let mut placed = None;
@@ -896,11 +989,32 @@ impl Engine {
                 }
             }
         };
-        let hold = CpuHold {
+        let mut hold = CpuHold {
             admission: self.cpu.clone(),
             worker: w,
             id,
+            timed: None,
         };
+        // Its CPU widens the timed worker's reservation, as an rt stream's does.
+        if let Some(k) = w
+            .checked_sub(self.cfg.workers)
+            .filter(|_| self.timed_count > 0)
+        {
+            let ns_per_s = u64::try_from(
+                u128::from(demand.budget_ns) * 1_000_000_000 / u128::from(demand.period_ns.max(1)),
+            )
+            .unwrap_or(u64::MAX);
+            self.timed_books
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .grant(k, ns_per_s)
+                .map_err(RtuError::Reservation)?;
+            hold.timed = Some(TimedHold {
+                books: self.timed_books.clone(),
+                timed_index: k,
+                ns_per_s,
+            });
+        }
         let rtu_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let counters = Arc::new(RtuCounters::default());
         let (done_tx, done) = sync_channel(1);
@@ -1183,9 +1297,23 @@ impl Engine {
         };
         // An admitted rt stream on the uring path holds its buffers in its worker's pool.
         let buffers_reserved = plan.buffers_reserved;
-        let w = match self.place(buffers_reserved) {
+        // Paced and rt streams go to a timed worker (when there are any); bulk never does.
+        let timed = plan.rt || units.is_some() || schedule.is_some();
+        let w = match self.place(buffers_reserved, timed) {
             Ok(w) => w,
             Err(e) => {
+                drop(slot);
+                return refuse(e);
+            }
+        };
+        // The CPU admission granted an rt stream widens its timed worker's reservation
+        // (SCHED_DEADLINE); the kernel refusing it is an admission refusal.
+        let timed_hold = match self.grant_timed(w, reservation) {
+            Ok(h) => h,
+            Err(e) => {
+                if let Some(n) = buffers_reserved {
+                    self.gauges[w].unreserve(n);
+                }
                 drop(slot);
                 return refuse(e);
             }
@@ -1265,7 +1393,57 @@ impl Engine {
             done,
             _slot: slot,
             reservation: reservation.map(|id| (id, self.admission.clone())),
+            _timed: timed_hold,
+            worker_index: w,
         })
+    }
+
+    /// Charges timed worker `w` with the CPU the stream's reservation holds (`None`: not a
+    /// timed worker, or nothing reserved).
+    fn grant_timed(
+        &self,
+        w: usize,
+        reservation: Option<ReservationId>,
+    ) -> Result<Option<TimedHold>, StreamError> {
+        let (Some(k), Some(id)) = (w.checked_sub(self.cfg.workers), reservation) else {
+            return Ok(None);
+        };
+        if self.timed_count == 0 {
+            return Ok(None);
+        }
+        let ns_per_s = self
+            .admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reservations()
+            .find(|r| r.id == id)
+            .map_or(0, |r| r.cpu_ns_per_s);
+        self.timed_books
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .grant(k, ns_per_s)
+            .map_err(StreamError::CpuReservation)?;
+        Ok(Some(TimedHold {
+            books: self.timed_books.clone(),
+            timed_index: k,
+            ns_per_s,
+        }))
+    }
+
+    /// Fixes the timed workers' SCHED_DEADLINE reservations at their widest before the
+    /// process gives up the right to change them (`TimedBooks::fix`); what could not be.
+    pub fn fix_timed_reservations(&self) -> Vec<String> {
+        self.timed_books
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .fix()
+    }
+
+    /// CPU time per second granted on each timed worker now (streams' sends and upcalls),
+    /// by timed worker (worker index minus the general workers).
+    pub fn timed_granted(&self) -> Vec<u64> {
+        let b = self.timed_books.lock().unwrap_or_else(|p| p.into_inner());
+        (0..self.timed_count).map(|k| b.granted(k)).collect()
     }
 }
 

@@ -68,6 +68,8 @@ pub enum StreamError {
     #[error("engine stopped")]
     EngineStopped,
     /// Admission control refused the stream; the refusal names what is short, by how much.
+    #[error("admission: cpu: {0}")]
+    CpuReservation(String),
     #[error("admission: {0}")]
     Refused(#[from] Refusal),
     /// The pool buffers an `rt` stream reserves do not fit (the message says what is short).

@@ -26,6 +26,7 @@ mod report;
 pub mod rlimit;
 pub mod rtcp;
 pub mod rtu;
+pub mod sched;
 pub mod send_cost;
 mod step;
 pub mod sums;

@@ -139,6 +139,10 @@ pub enum RtuError {
     /// is invalid.
     #[error("upcall admission: {0}")]
     Refused(#[from] CpuRefusal),
+    /// The timed worker's CPU reservation could not be widened for it (the kernel refused
+    /// the SCHED_DEADLINE bandwidth, or it would pass the reservation's cap).
+    #[error("upcall admission: cpu: {0}")]
+    Reservation(String),
     /// The callback panicked: the upcall was cancelled then, and its reservation given back.
     #[error(
         "the upcall's callback panicked in activation {seq} ({message}); the upcall was cancelled"
@@ -174,6 +178,8 @@ pub(crate) struct CpuHold {
     pub(crate) admission: Arc<Mutex<Vec<CpuAdmission>>>,
     pub(crate) worker: usize,
     pub(crate) id: RtuId,
+    /// Its part of a timed worker's CPU reservation.
+    pub(crate) timed: Option<crate::sched::TimedHold>,
 }
 
 impl Drop for CpuHold {

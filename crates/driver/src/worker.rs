@@ -23,6 +23,9 @@ use penstock_uring::{Completion, Registration, Ring, RingConfig, RingError};
 use std::time::Duration;
 
 use penstock_core::sched::edf::{Due, EdfQueue};
+use penstock_core::sched::policy::{DeadlineParams, SchedPolicy};
+
+use crate::sched::WorkerSched;
 use penstock_core::time::Instant;
 
 use crate::buffers::{BufferGauges, WorkerBuffers};
@@ -307,10 +310,18 @@ struct Worker {
 /// Steps one stream may take per turn before others get theirs.
 const STEP_BUDGET: usize = 16;
 
+/// A timed worker's policies to try, strongest first, and its deadline reservation with
+/// nothing granted yet (`crate::sched`).
+pub(crate) struct TimedRole {
+    pub(crate) tries: Vec<SchedPolicy>,
+    pub(crate) floor: DeadlineParams,
+}
+
 pub(crate) fn spawn_worker(
     index: usize,
     cfg: &EngineConfig,
     gauges: Arc<BufferGauges>,
+    timed: Option<TimedRole>,
 ) -> io::Result<(WorkerHandle, JoinHandle<()>, EngineInfo)> {
     let wake = Arc::new(
         rustix::event::eventfd(
@@ -346,7 +357,13 @@ pub(crate) fn spawn_worker(
     let join = std::thread::Builder::new().name(format!("penstock-w{index}")).spawn(move || {
         // Timer slack of 1 ns: the kernel's default 50 µs slack would be added to every wake-up.
         let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
-        let rt = if realtime { enter_realtime() } else { Err("not asked for".to_string()) };
+        let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        let (policy, notes) = match &timed {
+            Some(t) => crate::sched::enter(&t.tries, t.floor),
+            None => (SchedPolicy::Other, Vec::new()),
+        };
+        let sched = WorkerSched { index, timed: timed.is_some(), tid, policy, notes };
+        let rt = if realtime { lock_memory() } else { Err("not asked for".to_string()) };
         // The ring is built on the thread that submits to it (IORING_SETUP_SINGLE_ISSUER).
         let (reactor, mut info) = match Ring::new(&ring_cfg) {
             Ok((ring, reg)) => {
@@ -359,7 +376,7 @@ pub(crate) fn spawn_worker(
                         io::Error::from_raw_os_error(errno)
                     )),
                 };
-                (Reactor::Ring(Box::new(ring)), EngineInfo { uring: Ok(()), registered, realtime: Ok(()), rt_ioprio: false })
+                (Reactor::Ring(Box::new(ring)), EngineInfo { uring: Ok(()), registered, realtime: Ok(()), rt_ioprio: false, workers: Vec::new(), sched_notes: Vec::new() })
             }
             Err(RingError::Unavailable(e)) => (
                 Reactor::Poll { waiting: Vec::new() },
@@ -368,17 +385,20 @@ pub(crate) fn spawn_worker(
                     registered: Err("no io_uring".to_string()),
                     realtime: Ok(()),
                     rt_ioprio: false,
+                    workers: Vec::new(),
+                    sched_notes: Vec::new(),
                 },
             ),
             Err(e) => {
                 let msg = format!("io_uring setup failed ({e}): using sendfile/splice/copy on poll(2)");
                 (
                     Reactor::Poll { waiting: Vec::new() },
-                    EngineInfo { uring: Err(msg), registered: Err("no io_uring".to_string()), realtime: Ok(()), rt_ioprio: false },
+                    EngineInfo { uring: Err(msg), registered: Err("no io_uring".to_string()), realtime: Ok(()), rt_ioprio: false, workers: Vec::new(), sched_notes: Vec::new() },
                 )
             }
         };
         info.realtime = rt;
+        info.workers = vec![sched];
         let disk = match &reactor {
             Reactor::Ring(_) => match DiskQueue::new(&disk_cfg, buffer_bytes as u64, queue_max, depth_pub) {
                 Ok(d) => {
@@ -1132,10 +1152,9 @@ impl Worker {
     }
 }
 
-/// SCHED_FIFO for this worker thread and mlockall for the process; the reason when refused.
-fn enter_realtime() -> Result<(), String> {
-    penstock_uring::sys::set_fifo_scheduling(50)
-        .map_err(|e| format!("SCHED_FIFO refused ({e})"))?;
+/// mlockall for the process (`EngineConfig::realtime`); the reason when refused. The policy
+/// itself is the timed workers' (`crate::sched`).
+fn lock_memory() -> Result<(), String> {
     rustix::mm::mlockall(rustix::mm::MlockAllFlags::CURRENT | rustix::mm::MlockAllFlags::FUTURE)
         .map_err(|e| format!("mlockall refused ({e})"))?;
     Ok(())

@@ -127,9 +127,10 @@ impl Error {
             | StreamError::Extent(_)
             | StreamError::Plan(_)
             | StreamError::UnitsAndSchedule => PENSTOCK_EINVAL,
-            StreamError::Refused(_) | StreamError::TooManyStreams(_) | StreamError::Buffers(_) => {
-                PENSTOCK_EREFUSED
-            }
+            StreamError::Refused(_)
+            | StreamError::TooManyStreams(_)
+            | StreamError::Buffers(_)
+            | StreamError::CpuReservation(_) => PENSTOCK_EREFUSED,
             StreamError::Cancelled { .. } => PENSTOCK_ECANCELED,
             StreamError::Stalled { .. } => PENSTOCK_ETIMEDOUT,
             _ => PENSTOCK_EIO,

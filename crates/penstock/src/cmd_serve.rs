@@ -213,6 +213,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
     }
     // --- service: every listener, the token and the control socket exist; drop root.
+    if run_as.as_ref().is_some_and(|r| r.switches()) {
+        server.before_privilege_drop();
+    }
     service::switch_user(run_as.as_ref(), &root)?;
     // ---
     println!("{} (root {})", server.summary(), root.display());

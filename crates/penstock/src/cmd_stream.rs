@@ -89,9 +89,14 @@ pub struct StreamArgs {
     /// more (default 500us; 0: each unit at its own deadline; at most 1ms).
     #[arg(long, value_parser = parse_duration)]
     pub dispatch_slack: Option<Duration>,
-    /// SCHED_FIFO and mlockall for the workers (falls back with a message when refused).
+    /// mlockall, and SCHED_FIFO for the timed worker when --sched is other (falls back
+    /// with a message when refused).
     #[arg(long)]
     pub realtime: bool,
+    /// CPU policy of the timed worker that carries paced and rt streams: auto (deadline
+    /// where permitted, else fifo, else none), deadline, fifo, other (no timed worker).
+    #[arg(long, default_value = "auto", value_parser = parse_cpu_sched)]
+    pub cpu_sched: penstock_core::sched::policy::SchedAsk,
     /// Disk class: rt (a guarantee: admission control first) or bulk.
     #[arg(long, value_parser = parse_class)]
     pub class: Option<DiskClass>,
@@ -491,6 +496,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
             .dispatch_slack
             .unwrap_or(penstock_driver::engine::DISPATCH_SLACK_DEFAULT),
         realtime: a.realtime,
+        sched: a.cpu_sched,
         order: a.order,
         ..EngineConfig::default()
     };
@@ -809,4 +815,8 @@ pub fn summary_json(o: &Outcome) -> serde_json::Value {
         "lateness": o.report.lateness.as_ref().map(|l| lateness_json(&l.summary())),
         "rtp": o.rtp.as_ref().map(rtp_json),
     })
+}
+
+fn parse_cpu_sched(s: &str) -> Result<penstock_core::sched::policy::SchedAsk, String> {
+    s.parse()
 }

@@ -874,6 +874,19 @@ pub struct EngineSection {
     /// shared with other work, what keeps admitted rt streams on time: admission's CPU test
     /// assumes the workers get the CPU (docs/io-scheduler.md §4b).
     pub realtime: Option<bool>,
+    /// The CPU policy of the timed workers, which carry the paced and rt streams and the
+    /// upcalls (never bulk): `"auto"` (default: SCHED_DEADLINE where the process may,
+    /// else SCHED_FIFO, else none), `"deadline"`, `"fifo"`, `"other"` (no timed workers;
+    /// every worker carries every class). What each worker got is logged at start and in
+    /// `penstock_worker_sched` (docs/io-scheduler.md §4c).
+    pub sched: Option<String>,
+    /// Timed workers beside the general ones (0..=64; 0, the default: as many as the
+    /// general workers).
+    pub timed_workers: Option<usize>,
+    /// SCHED_FIFO's priority for the timed workers (1..=99; default 50).
+    pub rt_priority: Option<u8>,
+    /// SCHED_DEADLINE's period for the timed workers, µs (100..=1,000,000; default 1,000).
+    pub deadline_period_us: Option<u64>,
 }
 
 impl EngineSection {
@@ -899,6 +912,22 @@ impl EngineSection {
         }
         if let Some(on) = self.realtime {
             c.realtime = on;
+        }
+        // Checked at load (`ServerConfig::check`): an unknown name never gets here.
+        c.sched = self
+            .sched
+            .as_deref()
+            .map_or(penstock_core::sched::policy::SchedAsk::Auto, |s| {
+                s.parse().unwrap_or_default()
+            });
+        if let Some(n) = self.timed_workers {
+            c.timed_workers = n;
+        }
+        if let Some(p) = self.rt_priority {
+            c.fifo_priority = p;
+        }
+        if let Some(us) = self.deadline_period_us {
+            c.deadline.period_ns = us.saturating_mul(1000);
         }
         c
     }
@@ -1201,6 +1230,31 @@ impl ServerConfig {
             return Err(ConfigError::Invalid(format!(
                 "http.health_path {:?}: a path starting with / other than metrics_path",
                 self.http.health_path
+            )));
+        }
+        if let Some(s) = &self.engine.sched {
+            s.parse::<penstock_core::sched::policy::SchedAsk>()
+                .map_err(|e| ConfigError::Invalid(format!("engine.{e}")))?;
+        }
+        if let Some(n) = self.engine.timed_workers
+            && n > 64
+        {
+            return Err(ConfigError::Invalid(format!(
+                "engine.timed_workers must be 0..=64 (0: as many as the general workers), got {n}"
+            )));
+        }
+        if let Some(p) = self.engine.rt_priority
+            && !(1..=99).contains(&p)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "engine.rt_priority must be 1..=99, got {p}"
+            )));
+        }
+        if let Some(us) = self.engine.deadline_period_us
+            && !(100..=1_000_000).contains(&us)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "engine.deadline_period_us must be 100..=1,000,000, got {us}"
             )));
         }
         if let Some(us) = self.engine.dispatch_slack_us

@@ -160,6 +160,14 @@ fn random_token() -> io::Result<String> {
 
 impl Server {
     /// Starts everything described by `cfg`, serving `root`.
+    /// Before a switch to an unprivileged user: the timed workers' CPU reservations are
+    /// fixed at their widest, since the user may not change them (docs/service.md).
+    pub fn before_privilege_drop(&self) {
+        for why in self.engine.fix_timed_reservations() {
+            tracing::warn!("{why}");
+        }
+    }
+
     pub fn start(cfg: &ServerConfig, root: &Path) -> Result<Server, ServerError> {
         Server::start_with_listeners(cfg, root, Vec::new())
     }
@@ -517,7 +525,7 @@ impl Server {
                 cfg.http.engine_body_bytes_min, cfg.http.body_path
             )
         };
-        let paths = format!("{paths}; {nofile}");
+        let paths = format!("{paths}; {nofile}; {}", sched_line(engine.info()));
         Ok(Server {
             listening: Mutex::new(listening),
             activated,
@@ -1024,6 +1032,37 @@ fn nofile_advice(cfg: &ServerConfig, nofile: u64) -> Option<String> {
          with EMFILE beyond it; {lower}, or raise the hard limit (systemd LimitNOFILE=, \
          ulimit -Hn)"
     ))
+}
+
+/// The workers' CPU policies in one phrase for the start line: "workers: 2 general (other),
+/// 1 timed (deadline)", with why a timed worker got less than the strongest policy.
+fn sched_line(info: &penstock_driver::EngineInfo) -> String {
+    let general = info.workers.iter().filter(|w| !w.timed).count();
+    let timed: Vec<_> = info.workers.iter().filter(|w| w.timed).collect();
+    let mut line = format!("workers: {general} general (other)");
+    if timed.is_empty() {
+        line.push_str(", no timed workers");
+        if !info.sched_notes.is_empty() {
+            line.push_str(&format!(" ({})", info.sched_notes.join("; ")));
+        }
+        return line;
+    }
+    let policies: Vec<&str> = timed.iter().map(|w| w.policy.name()).collect();
+    line.push_str(&format!(
+        ", {} timed ({})",
+        timed.len(),
+        policies.join(", ")
+    ));
+    let notes: Vec<String> = info
+        .sched_notes
+        .iter()
+        .cloned()
+        .chain(timed.iter().flat_map(|w| w.notes.iter().cloned()))
+        .collect();
+    if !notes.is_empty() {
+        line.push_str(&format!(" [{}]", notes.join("; ")));
+    }
+    line
 }
 
 #[cfg(test)]

@@ -942,6 +942,35 @@ impl Collector for EngineCollector {
             "Of those, units read from the other copy but not rewritten (member not writable here)",
             ConstCounter::new(unrepaired),
         )?;
+        // Each worker's CPU policy, and its SCHED_DEADLINE runtime as the kernel has it now.
+        let scheds = &self.engine.info().workers;
+        let mut m = encoder.encode_descriptor(
+            "worker_sched",
+            "The engine's workers by role (timed: paced and rt streams, upcalls; general) and the CPU policy each got (1)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for w in scheds {
+            let index = w.index.to_string();
+            let labels = [
+                ("worker", index.as_str()),
+                ("role", if w.timed { "timed" } else { "general" }),
+                ("policy", w.policy.name()),
+            ];
+            gauge(1).encode(m.encode_family(&labels)?)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "worker_sched_runtime_ns",
+            "A timed worker's SCHED_DEADLINE runtime per period now (sched_getattr), ns",
+            None,
+            MetricType::Gauge,
+        )?;
+        for w in scheds.iter().filter(|w| w.policy.name() == "deadline") {
+            if let Ok(a) = penstock_driver::sched::thread_sched(w.tid) {
+                let index = w.index.to_string();
+                gauge(a.runtime_ns).encode(m.encode_family(&[("worker", index.as_str())])?)?;
+            }
+        }
         let d = self.engine.disk_queue_depth();
         let mut m = encoder.encode_descriptor(
             "disk_queue_depth",

@@ -121,6 +121,100 @@ pub fn set_fifo_scheduling(priority: i32) -> std::io::Result<()> {
     }
 }
 
+/// A thread's scheduling policy as `sched_getattr(2)` reports it (the fields penstock sets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SchedAttr {
+    /// `SCHED_OTHER` (0), `SCHED_FIFO` (1), `SCHED_DEADLINE` (6), …
+    pub policy: u32,
+    /// `SCHED_FLAG_*`.
+    pub flags: u64,
+    /// The nice value (`SCHED_OTHER`).
+    pub nice: i32,
+    /// The static priority (`SCHED_FIFO`).
+    pub priority: u32,
+    /// `SCHED_DEADLINE`'s budget per period, in ns (and, on Linux 6.12+, `SCHED_OTHER`'s
+    /// requested slice).
+    pub runtime_ns: u64,
+    pub deadline_ns: u64,
+    pub period_ns: u64,
+}
+
+/// `SCHED_DEADLINE` (not in rustix).
+pub const SCHED_DEADLINE: u32 = 6;
+/// `SCHED_FLAG_RESET_ON_FORK`: children (io_uring's io-wq workers among them) start at
+/// `SCHED_OTHER`; the kernel refuses to fork a `SCHED_DEADLINE` task without it.
+pub const SCHED_FLAG_RESET_ON_FORK: u64 = libc::SCHED_FLAG_RESET_ON_FORK as u64;
+/// `SCHED_FLAG_RECLAIM`: a `SCHED_DEADLINE` task may use bandwidth other deadline tasks
+/// leave unused (GRUB) rather than be throttled at its runtime.
+pub const SCHED_FLAG_RECLAIM: u64 = libc::SCHED_FLAG_RECLAIM as u64;
+
+/// `sched_setattr(2)` for thread `tid` (0: the calling thread).
+pub fn sched_setattr(tid: i32, a: &SchedAttr) -> std::io::Result<()> {
+    let mut attr = libc::sched_attr {
+        size: std::mem::size_of::<libc::sched_attr>() as u32,
+        sched_policy: a.policy,
+        sched_flags: a.flags,
+        sched_nice: a.nice,
+        sched_priority: a.priority,
+        sched_runtime: a.runtime_ns,
+        sched_deadline: a.deadline_ns,
+        sched_period: a.period_ns,
+    };
+    // SAFETY: `attr` is a valid, fully initialised sched_attr whose `size` field is its own
+    // size; the kernel only reads it for the call's duration. A bad tid is ESRCH.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setattr,
+            tid,
+            &mut attr as *mut libc::sched_attr,
+            0,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `sched_getattr(2)` of thread `tid` (0: the calling thread).
+pub fn sched_getattr(tid: i32) -> std::io::Result<SchedAttr> {
+    let size = std::mem::size_of::<libc::sched_attr>() as u32;
+    let mut attr = libc::sched_attr {
+        size,
+        sched_policy: 0,
+        sched_flags: 0,
+        sched_nice: 0,
+        sched_priority: 0,
+        sched_runtime: 0,
+        sched_deadline: 0,
+        sched_period: 0,
+    };
+    // SAFETY: the kernel writes at most `size` bytes into `attr`, which is that large and
+    // lives for the call's duration.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            tid,
+            &mut attr as *mut libc::sched_attr,
+            size,
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(SchedAttr {
+        policy: attr.sched_policy,
+        flags: attr.sched_flags,
+        nice: attr.sched_nice,
+        priority: attr.sched_priority,
+        runtime_ns: attr.sched_runtime,
+        deadline_ns: attr.sched_deadline,
+        period_ns: attr.sched_period,
+    })
+}
+
 /// CPU time consumed, in nanoseconds of user and system time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuTimes {

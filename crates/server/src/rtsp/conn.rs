@@ -967,7 +967,9 @@ impl Conn<'_> {
                     s.state = penstock_core::rtsp::SessionState::Paused;
                 }
                 return Err(match e {
-                    StreamError::Refused(_) | StreamError::TooManyStreams(_) => {
+                    StreamError::Refused(_)
+                    | StreamError::TooManyStreams(_)
+                    | StreamError::CpuReservation(_) => {
                         self.shared.metrics.error("rtsp_admission_refused");
                         fail(453, format!("Scale {}: {e}", super::scale_text(scale)))
                     }

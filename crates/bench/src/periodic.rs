@@ -13,6 +13,7 @@
 //! of its send. Stream i's periods start at t0 + i·period/N for every sender, so all face the
 //! same phases.
 
+use penstock_core::sched::policy::SchedAsk;
 use std::io::{BufRead, BufReader, Write};
 use std::net::UdpSocket;
 use std::os::fd::AsFd;
@@ -49,10 +50,13 @@ pub struct PeriodicArgs {
     /// Loads to run under: none, cpu (both cores spun by hogs), disk (an O_DIRECT read hog).
     #[arg(long, default_value = "none,cpu,disk", value_delimiter = ',')]
     pub loads: Vec<String>,
-    /// Senders: penstock, penstock-rt (with --realtime), usleep, nanosleep.
+    /// Senders: penstock (as `penstock serve` and `penstock stream` start: `sched = auto`,
+    /// timed workers under SCHED_DEADLINE where permitted), penstock-rt (`--realtime`:
+    /// SCHED_FIFO and mlockall), penstock-other (no timed workers: ordinary threads), usleep,
+    /// nanosleep.
     #[arg(
         long,
-        default_value = "penstock,penstock-rt,usleep,nanosleep",
+        default_value = "penstock,penstock-rt,penstock-other,usleep,nanosleep",
         value_delimiter = ','
     )]
     pub senders: Vec<String>,
@@ -239,6 +243,7 @@ fn phase(spec: &RunSpec<'_>, t0: Instant, i: usize) -> Instant {
 fn run_engine(
     spec: &RunSpec<'_>,
     path: PathChoice,
+    sched: SchedAsk,
     realtime: bool,
     workers: usize,
     timer: TimerMode,
@@ -255,13 +260,26 @@ fn run_engine(
         stream_depth: depth,
         streams_max: spec.streams + 16,
         realtime,
+        sched,
         timer,
         spin,
         ..EngineConfig::default()
     })?;
-    let mut note = String::new();
+    // The policy each timed worker got, in the table.
+    let timed: Vec<&str> = engine
+        .info()
+        .workers
+        .iter()
+        .filter(|w| w.timed)
+        .map(|w| w.policy.name())
+        .collect();
+    let mut note = if timed.is_empty() {
+        "workers: other".to_string()
+    } else {
+        format!("timed workers: {}", timed.join(","))
+    };
     if realtime && let Err(why) = &engine.info().realtime {
-        note = format!("realtime refused: {why}");
+        note.push_str(&format!("; realtime refused: {why}"));
     }
     let schedule = Schedule::new(
         &ScheduleSpec::Periodic {
@@ -523,8 +541,21 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                 let c0 = cpu_times(CpuWho::Process);
                 let w0 = std::time::Instant::now();
                 let run = match sender.as_str() {
-                    "penstock" => run_engine(&spec, a.path, false, workers, timer, a.spin),
-                    "penstock-rt" => run_engine(&spec, a.path, true, workers, timer, a.spin),
+                    "penstock" => {
+                        run_engine(&spec, a.path, SchedAsk::Auto, false, workers, timer, a.spin)
+                    }
+                    "penstock-rt" => {
+                        run_engine(&spec, a.path, SchedAsk::Other, true, workers, timer, a.spin)
+                    }
+                    "penstock-other" => run_engine(
+                        &spec,
+                        a.path,
+                        SchedAsk::Other,
+                        false,
+                        workers,
+                        timer,
+                        a.spin,
+                    ),
                     _ => Ok((LatenessStats::new(0), Vec::new(), String::new(), None, None)),
                 };
                 // A cell that cannot run here (e.g. more descriptors than RLIMIT_NOFILE allows)
@@ -539,7 +570,7 @@ pub fn run(mut a: PeriodicArgs) -> Result<()> {
                 };
                 let (stats, trace, note, source_files, worker_wait_percent) = match sender.as_str()
                 {
-                    "penstock" | "penstock-rt" => run,
+                    "penstock" | "penstock-rt" | "penstock-other" => run,
                     "usleep" => {
                         let (s, t) = run_threads(&spec, false)?;
                         (s, t, String::new(), None, None)

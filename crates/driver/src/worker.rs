@@ -403,6 +403,15 @@ pub(crate) fn spawn_worker(
             Reactor::Ring(_) => match DiskQueue::new(&disk_cfg, buffer_bytes as u64, queue_max, depth_pub) {
                 Ok(d) => {
                     info.rt_ioprio = d.rt_ioprio();
+                    // A timed worker carries no bulk: its own thread's I/O class is RT too,
+                    // which bfq takes from the submitting thread rather than the SQE
+                    // (docs/io-scheduler.md §7).
+                    if d.rt_ioprio() && info.workers.first().is_some_and(|w| w.timed) {
+                        let _ = crate::sys::ioprio_set_current_thread(crate::sys::ioprio_value(
+                            crate::sys::IoprioClass::RealTime,
+                            0,
+                        ));
+                    }
                     Some(d)
                 }
                 Err(e) => {

@@ -960,15 +960,16 @@ impl Collector for EngineCollector {
             gauge(1).encode(m.encode_family(&labels)?)?;
         }
         let mut m = encoder.encode_descriptor(
-            "worker_sched_runtime_ns",
-            "A timed worker's SCHED_DEADLINE runtime per period now (sched_getattr), ns",
+            "worker_sched_runtime_seconds",
+            "A timed worker's SCHED_DEADLINE runtime per period now (sched_getattr)",
             None,
             MetricType::Gauge,
         )?;
         for w in scheds.iter().filter(|w| w.policy.name() == "deadline") {
             if let Ok(a) = penstock_driver::sched::thread_sched(w.tid) {
                 let index = w.index.to_string();
-                gauge(a.runtime_ns).encode(m.encode_family(&[("worker", index.as_str())])?)?;
+                ConstGauge::new(a.runtime_ns as f64 / 1e9)
+                    .encode(m.encode_family(&[("worker", index.as_str())])?)?;
             }
         }
         let d = self.engine.disk_queue_depth();

@@ -1299,21 +1299,17 @@ impl Engine {
         let buffers_reserved = plan.buffers_reserved;
         // Paced and rt streams go to a timed worker (when there are any); bulk never does.
         let timed = plan.rt || units.is_some() || schedule.is_some();
-        let w = match self.place(buffers_reserved, timed) {
-            Ok(w) => w,
-            Err(e) => {
-                drop(slot);
-                return refuse(e);
-            }
+        let placed = if timed && self.timed_count > 0 && reservation.is_some() {
+            // An admitted stream: to the timed worker with the least CPU granted that can
+            // take its CPU (and its buffers), widening that worker's reservation
+            // (SCHED_DEADLINE); the kernel refusing it everywhere is an admission refusal.
+            self.place_granted(buffers_reserved, reservation)
+        } else {
+            self.place(buffers_reserved, timed).map(|w| (w, None))
         };
-        // The CPU admission granted an rt stream widens its timed worker's reservation
-        // (SCHED_DEADLINE); the kernel refusing it is an admission refusal.
-        let timed_hold = match self.grant_timed(w, reservation) {
-            Ok(h) => h,
+        let (w, timed_hold) = match placed {
+            Ok(p) => p,
             Err(e) => {
-                if let Some(n) = buffers_reserved {
-                    self.gauges[w].unreserve(n);
-                }
                 drop(slot);
                 return refuse(e);
             }
@@ -1398,36 +1394,68 @@ impl Engine {
         })
     }
 
-    /// Charges timed worker `w` with the CPU the stream's reservation holds (`None`: not a
-    /// timed worker, or nothing reserved).
-    fn grant_timed(
+    /// Places an admitted timed stream: the timed workers in order of the CPU granted on
+    /// them (least first: the load spreads, and a worker whose reservation cannot widen is
+    /// passed over), the first whose pool holds `reserve` buffers and whose reservation
+    /// takes the stream's CPU. The first refusal when none does.
+    fn place_granted(
         &self,
-        w: usize,
+        reserve: Option<u32>,
         reservation: Option<ReservationId>,
-    ) -> Result<Option<TimedHold>, StreamError> {
-        let (Some(k), Some(id)) = (w.checked_sub(self.cfg.workers), reservation) else {
-            return Ok(None);
+    ) -> Result<(usize, Option<TimedHold>), StreamError> {
+        let ns_per_s = reservation.map_or(0, |id| {
+            self.admission
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .reservations()
+                .find(|r| r.id == id)
+                .map_or(0, |r| r.cpu_ns_per_s)
+        });
+        let mut order: Vec<(u64, usize)> = {
+            let b = self.timed_books.lock().unwrap_or_else(|p| p.into_inner());
+            (0..self.timed_count).map(|k| (b.granted(k), k)).collect()
         };
-        if self.timed_count == 0 {
-            return Ok(None);
+        order.sort_unstable();
+        let mut first_refusal = None;
+        for (_, k) in order {
+            let w = self.cfg.workers + k;
+            if let Some(n) = reserve
+                && let Err(left) = self.gauges[w].try_reserve(n)
+            {
+                first_refusal.get_or_insert(StreamError::from(
+                    penstock_core::buffers::BufferError::ReserveShort {
+                        need: n,
+                        left,
+                        buffer_count: u32::try_from(self.cfg.pool_buffers).unwrap_or(u32::MAX),
+                    },
+                ));
+                continue;
+            }
+            let granted = self
+                .timed_books
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .grant(k, ns_per_s);
+            match granted {
+                Ok(()) => {
+                    return Ok((
+                        w,
+                        Some(TimedHold {
+                            books: self.timed_books.clone(),
+                            timed_index: k,
+                            ns_per_s,
+                        }),
+                    ));
+                }
+                Err(why) => {
+                    if let Some(n) = reserve {
+                        self.gauges[w].unreserve(n);
+                    }
+                    first_refusal.get_or_insert(StreamError::CpuReservation(why));
+                }
+            }
         }
-        let ns_per_s = self
-            .admission
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .reservations()
-            .find(|r| r.id == id)
-            .map_or(0, |r| r.cpu_ns_per_s);
-        self.timed_books
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .grant(k, ns_per_s)
-            .map_err(StreamError::CpuReservation)?;
-        Ok(Some(TimedHold {
-            books: self.timed_books.clone(),
-            timed_index: k,
-            ns_per_s,
-        }))
+        Err(first_refusal.expect("at least one timed worker, so a refusal"))
     }
 
     /// Fixes the timed workers' SCHED_DEADLINE reservations at their widest before the

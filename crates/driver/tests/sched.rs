@@ -29,9 +29,13 @@ const SCHED_DEADLINE: u32 = 6;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn engine(ask: SchedAsk, deadline: DeadlineConfig) -> Engine {
+    engine_with(ask, deadline, 1)
+}
+
+fn engine_with(ask: SchedAsk, deadline: DeadlineConfig, timed_workers: usize) -> Engine {
     let cfg = EngineConfig {
         workers: 1,
-        timed_workers: 1,
+        timed_workers,
         sched: ask,
         deadline,
         pool_buffers: 64,
@@ -65,7 +69,7 @@ fn deadline_worker(e: &Engine) -> Option<i32> {
         return None;
     }
     let timed: Vec<_> = e.info().workers.iter().filter(|w| w.timed).collect();
-    assert_eq!(timed.len(), 1, "one timed worker: {:?}", e.info().workers);
+    assert!(!timed.is_empty(), "timed workers: {:?}", e.info().workers);
     let w = timed[0];
     let missing = (w.policy != SchedPolicy::Deadline)
         .then(|| format!("the kernel did not grant SCHED_DEADLINE: {:?}", w.notes));
@@ -317,4 +321,46 @@ fn the_kernel_refusing_deadline_bandwidth_refuses_the_stream() {
     let o = open(&e, &file, Some(Duration::from_millis(2))).expect("admitted now");
     assert!(runtime_of(tid) > deadline_params(0, &cfg).unwrap().runtime_ns);
     finish(o);
+}
+
+#[test]
+fn admitted_streams_go_to_the_timed_worker_with_the_least_granted() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let cfg = DeadlineConfig::default();
+    let e = engine_with(SchedAsk::Deadline, cfg, 2);
+    if deadline_worker(&e).is_none() {
+        return;
+    }
+    let tids: Vec<i32> = e
+        .info()
+        .workers
+        .iter()
+        .filter(|w| w.timed)
+        .map(|w| w.tid)
+        .collect();
+    assert_eq!(tids.len(), 2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("src.bin");
+    make_file(&file);
+    let mut open_ones = Vec::new();
+    for _ in 0..4 {
+        open_ones.push(open(&e, &file, Some(Duration::from_millis(4))).expect("rt stream opens"));
+    }
+    // Four equal streams: two on each timed worker, each worker's runtime the same.
+    let on: Vec<usize> = open_ones.iter().map(|o| o.handle.worker_index()).collect();
+    let first = e.info().workers.iter().position(|w| w.timed).unwrap();
+    assert_eq!(on.iter().filter(|&&w| w == first).count(), 2, "{on:?}");
+    assert_eq!(on.iter().filter(|&&w| w == first + 1).count(), 2, "{on:?}");
+    let g = e.timed_granted();
+    assert_eq!(g[0], g[1]);
+    assert!(g[0] > 0);
+    assert_eq!(runtime_of(tids[0]), runtime_of(tids[1]));
+    assert_eq!(
+        runtime_of(tids[0]),
+        deadline_params(g[0], &cfg).unwrap().runtime_ns
+    );
+    for o in open_ones {
+        finish(o);
+    }
+    assert_eq!(e.timed_granted(), vec![0, 0]);
 }

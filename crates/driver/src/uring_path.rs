@@ -361,7 +361,7 @@ impl UringState {
                         ring.send(fd, head.buf, from, len, flags, io.zero_copy, t)
                     }
                     IoKind::Datagram => {
-                        ring.send(fd, head.buf, from, len, libc::MSG_NOSIGNAL, false, t)
+                        ring.send(fd, head.buf, from, len, libc::MSG_NOSIGNAL, io.zero_copy, t)
                     }
                     IoKind::File => ring.write(fd, head.buf, from, len, self.target_off, t),
                     IoKind::Pipe => ring.write(fd, head.buf, from, len, u64::MAX, t),

@@ -122,14 +122,14 @@ fn hls_segments_leave_by_sendfile_not_through_user_space() {
     // would add its length, and its write would show above.
     let copied = tally.written_to_sockets();
     let indexed = tally.read_from_file(&clip);
+    println!(
+        "segments {segment_bytes} B; sendfile/splice to sockets {zero_copy} B; written to sockets {copied} B, read from the clip {indexed} B (playlist {} B)\n{tally}",
+        playlist.len()
+    );
     assert!(
         indexed <= file.len() as u64,
         "{indexed} B read from a {} B clip:\n{tally}",
         file.len()
-    );
-    println!(
-        "segments {segment_bytes} B; sendfile/splice to sockets {zero_copy} B; written to sockets {copied} B, read from the clip {indexed} B (playlist {} B)\n{tally}",
-        playlist.len()
     );
     assert!(zero_copy >= segment_bytes, "{zero_copy} < {segment_bytes}");
     // Heads (~250 B each), the playlist, the start line and a few eventfd writes: not one

@@ -346,9 +346,14 @@ fn engine_moved(http: &str) -> (std::collections::BTreeMap<String, u64>, u64) {
 }
 
 /// HTTP bodies: a small file (sent by sendfile from the connection's loop), a large one
-/// (handed to the engine, `engine_body_bytes_min` = 1 MiB, its path `auto`) and a range of
-/// it, fetched with curl. Bound: each response's head (under 512 B each here: status line,
-/// ~8 fields) plus the metrics page the test scrapes; no byte of a body.
+/// (handed to the engine, `engine_body_bytes_min` = 1 MiB) and a range of it, fetched with
+/// curl. Bound: each response's head (under 512 B each here: status line, ~8 fields) plus
+/// the metrics page the test scrapes; no byte of a body.
+///
+/// The engine's path is set (`body_path = "sendfile"`), not `auto`: `auto` takes sendfile
+/// for a range in the page cache and the uring path otherwise, whose buffered reads copy the
+/// page cache into the pool (docs/data-paths.md) — which one ran would depend on what the
+/// machine evicted.
 #[test]
 fn http_bodies_leave_without_a_copy_through_user_space() {
     if !require_strace() || !penstock_testreq::require("curl") {
@@ -361,7 +366,7 @@ fn http_bodies_leave_without_a_copy_through_user_space() {
     let small = www.join("small.bin");
     std::fs::write(&small, &bytes[..300_001]).unwrap();
     let conf = "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
-                engine_body_bytes_min = 1048576\n[control]\nlisten = \"\"\n\
+                engine_body_bytes_min = 1048576\nbody_path = \"sendfile\"\n[control]\nlisten = \"\"\n\
                 [log]\naccess = \"off\"\n[admission]\nself_calibrate = false\n";
     let (mut child, http, trace) = serve_traced(dir.path(), conf, &www);
     let base = format!("http://{http}");
@@ -398,6 +403,9 @@ fn http_bodies_leave_without_a_copy_through_user_space() {
     ] {
         assert_eq!(moved.get(how), Some(&0), "{how}: {moved:?}");
     }
+    // The two large bodies went to the engine, whose sendfile path moved them.
+    let engine_bodies = (bytes.len() + end + 1 - at) as u64;
+    assert_eq!(moved.get("sendfile"), Some(&engine_bodies), "{moved:?}");
 }
 
 /// One RTSP request on `s` (replies read from `buf`, which keeps any interleaved frames that

@@ -98,6 +98,9 @@ pub struct Tally {
     pub bytes: BTreeMap<(String, FdKind), u64>,
     /// Calls counted (with a positive result).
     pub calls: u64,
+    /// Lines not understood: [`Tally::read`] fails on any, so that a format this parser
+    /// misreads cannot pass as "nothing copied".
+    pub unparsed: Vec<String>,
 }
 
 impl Tally {
@@ -105,7 +108,16 @@ impl Tally {
     pub fn read(trace: &Path) -> Tally {
         let text = std::fs::read_to_string(trace)
             .unwrap_or_else(|e| panic!("strace log {}: {e}", trace.display()));
-        Tally::parse(&text)
+        let t = Tally::parse(&text);
+        assert!(
+            t.unparsed.is_empty() && t.calls > 0,
+            "{} lines of {} not understood (of {} calls counted), first: {:?}",
+            t.unparsed.len(),
+            trace.display(),
+            t.calls,
+            &t.unparsed[..t.unparsed.len().min(5)]
+        );
+        t
     }
 
     /// Adds up an `strace -f -yy` log.
@@ -115,14 +127,18 @@ impl Tally {
         // later "PID <... name resumed>rest) = N". Its arguments wait here, by pid.
         let mut unfinished: BTreeMap<&str, String> = BTreeMap::new();
         for line in text.lines() {
+            // strace pads the pid column ("3993  read(…" beside five-digit pids).
             let Some((pid, rest)) = line.split_once(' ') else {
+                t.unparsed.push(line.to_string());
                 continue;
             };
+            let rest = rest.trim_start();
             let call = if let Some(head) = rest.strip_suffix(" <unfinished ...>") {
                 unfinished.insert(pid, head.to_string());
                 continue;
             } else if let Some(resumed) = rest.strip_prefix("<... ") {
                 let Some(head) = unfinished.remove(pid) else {
+                    t.unparsed.push(line.to_string());
                     continue;
                 };
                 let tail = resumed.split_once(" resumed>").map_or("", |x| x.1);
@@ -130,33 +146,40 @@ impl Tally {
             } else {
                 rest.to_string()
             };
-            t.add(&call);
+            if !t.add(&call) {
+                t.unparsed.push(line.to_string());
+            }
         }
         t
     }
 
-    fn add(&mut self, call: &str) {
+    /// Adds one whole call line; false when it is not one this parser understands.
+    fn add(&mut self, call: &str) -> bool {
         let Some((name, args)) = call.split_once('(') else {
-            return;
+            return false;
         };
         let known = READS.contains(&name)
             || WRITES.contains(&name)
             || ["sendfile", "splice", "copy_file_range", "tee"].contains(&name);
         if !known {
-            return;
+            return false;
         }
         // "…) = N", or "…)    = N" (strace aligns the results of resumed calls).
         let Some((before, ret)) = call.rsplit_once(" = ") else {
-            return;
+            return false;
         };
         if !before.trim_end().ends_with(')') {
-            return;
+            return false;
         }
-        let Ok(ret) = ret.split_whitespace().next().unwrap_or("").parse::<i64>() else {
-            return;
+        let ret = ret.split_whitespace().next().unwrap_or("");
+        if ret == "?" {
+            return true; // the thread exited inside the call: no result
+        }
+        let Ok(ret) = ret.parse::<i64>() else {
+            return false;
         };
         if ret <= 0 {
-            return;
+            return true;
         }
         let bytes = if name.ends_with("mmsg") {
             // The result counts messages; their lengths are in msg_len=.
@@ -181,13 +204,14 @@ impl Tally {
             _ => fds.first(),
         };
         let Some(fd) = fd else {
-            return;
+            return false; // no descriptor annotation: not `-yy` output
         };
         *self
             .bytes
             .entry((name.to_string(), FdKind::of(fd)))
             .or_default() += bytes;
         self.calls += 1;
+        true
     }
 
     fn sum(&self, pred: impl Fn(&str, &FdKind) -> bool) -> u64 {
@@ -320,15 +344,23 @@ pub fn self_check() {
 16290 write(2</dev/null<char 1:3>>, \"\"..., 237) = 237
 16290 write(9<TCP:[1->2]>, \"\"..., 237) = -1 EAGAIN (Resource temporarily unavailable)
 16290 pread64(3</tmp/zc-x.bin>, \"\"..., 100, 0) = 100
+3993  pread64(3</tmp/zc-x.bin>, \"\"..., 100, 0) = 100
 ";
     let t = Tally::parse(log);
+    assert!(t.unparsed.is_empty(), "{:?}", t.unparsed);
+    let odd = Tally::parse("12 read(3, \"\"..., 5) = 5\n12 <... write resumed>) = 1\n");
+    assert_eq!(
+        odd.unparsed.len(),
+        2,
+        "no -yy annotation, a resumption of nothing"
+    );
     assert_eq!(t.zero_copy_to_sockets(), 1000 + 4096, "{t}");
     assert_eq!(t.written_to_sockets(), 10, "{t}");
     assert_eq!(t.bytes.get(&("read".into(), FdKind::Pipe)), Some(&5), "{t}");
     assert_eq!(
         t.bytes
             .get(&("pread64".into(), FdKind::File("/tmp/zc-x.bin".into()))),
-        Some(&100),
+        Some(&200),
         "{t}"
     );
 }

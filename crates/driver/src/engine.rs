@@ -54,8 +54,8 @@ pub use crate::config::{
 };
 pub use crate::error::StreamError;
 pub use crate::report::{
-    CounterSnapshot, Counters, LATENESS_BUCKETS, LatenessCounts, ReadDepthCounts, StreamReport,
-    lateness_bucket,
+    CounterSnapshot, Counters, LATENESS_BUCKETS, LatenessCounts, MovedBytes, ReadDepthCounts,
+    StreamReport, lateness_bucket,
 };
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd};

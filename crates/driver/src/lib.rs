@@ -37,9 +37,9 @@ mod worker;
 
 pub use engine::{
     Admitted, BufferUsage, CounterSnapshot, DiskClass, DiskQueueDepth, DiskSettings, DiskTuning,
-    Engine, EngineConfig, EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, OpenFileStats,
-    ReadDepthConfig, ReadDepthCounts, ReadDepthSource, StreamError, StreamHandle, StreamReport,
-    StreamSpec, TimerMode, ZeroCopy,
+    Engine, EngineConfig, EngineError, EngineInfo, LATENESS_BUCKETS, LatenessCounts, MovedBytes,
+    OpenFileStats, ReadDepthConfig, ReadDepthCounts, ReadDepthSource, StreamError, StreamHandle,
+    StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };
 pub use paths::{SendfileCall, sendfile_call};
 pub use rtu::{RtuActivation, RtuCallback, RtuError, RtuHandle, RtuReport, RtuSpec, RtuStats};

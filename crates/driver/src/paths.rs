@@ -145,6 +145,7 @@ pub(crate) fn copy_step(
                 // A volume partition (members reopened buffered): written at the stream's
                 // position in it, piece by piece.
                 let (n, e) = v.write_vectored_at(&[chunk], io.sent);
+                io.moved.copy_written += n;
                 c.pos += n as usize;
                 io.add_sent(n as usize, u64::from(c.pos == c.have));
                 if let Some(e) = e {
@@ -164,6 +165,7 @@ pub(crate) fn copy_step(
             };
             match r {
                 Ok(n) => {
+                    io.moved.copy_written += n as u64;
                     c.pos += n;
                     let units = u64::from(c.pos == c.have);
                     io.add_sent(n, units);
@@ -243,6 +245,7 @@ pub(crate) fn copy_step(
             Ok(0) if io.end.is_some() => return Err(shrank(io)),
             Ok(0) => return Ok(Step::Finish(finish_volume(io))),
             Ok(n) => {
+                io.moved.copy_read += n as u64;
                 io.pos += n as u64;
                 io.add_read(n);
                 c.have = n;
@@ -311,6 +314,7 @@ pub(crate) fn sendfile_step(io: &mut TaskIo, budget: usize) -> Result<Step, Stre
         match sendfile_call(io.target.fd.as_fd(), io.source.fd.as_fd(), &mut off, want) {
             SendfileCall::SourceEnded => return Err(shrank(io)),
             SendfileCall::Sent(n) => {
+                io.moved.sendfile += n as u64;
                 drop_cached(io, io.pos, n);
                 io.pos = off;
                 io.add_read(n);
@@ -379,6 +383,7 @@ pub(crate) fn splice_step(
             {
                 Ok(0) => return Err(peer_error("splice", Errno::PIPE, io.sent)),
                 Ok(n) => {
+                    io.moved.splice += n as u64;
                     s.in_pipe -= n;
                     io.add_sent(n, u64::from(s.in_pipe == 0));
                 }

@@ -15,7 +15,7 @@ use crate::error::StreamError;
 use crate::files::Descriptor;
 use crate::open::Opened;
 use crate::pace::Pace;
-use crate::report::Counters;
+use crate::report::{Counters, MovedBytes};
 
 /// Tags of a stream's ring operations, in their completion tokens (`worker::token`): the
 /// worker handles its readiness polls itself and hands reads and sends to the uring path.
@@ -73,6 +73,8 @@ pub(crate) struct TaskIo {
     /// Each unit goes out as an RTP packet: the header is written in front of it in the pool
     /// buffer (the uring path; the plan allowed it only there, with a unit plan).
     pub rtp: Option<Packetizer>,
+    /// What each mechanism moved, counted where its call returned (the report's `executed`).
+    pub moved: MovedBytes,
 }
 
 impl TaskIo {

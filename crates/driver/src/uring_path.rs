@@ -361,7 +361,7 @@ impl UringState {
                         ring.send(fd, head.buf, from, len, flags, io.zero_copy, t)
                     }
                     IoKind::Datagram => {
-                        ring.send(fd, head.buf, from, len, libc::MSG_NOSIGNAL, false, t)
+                        ring.send(fd, head.buf, from, len, libc::MSG_NOSIGNAL, io.zero_copy, t)
                     }
                     IoKind::File => ring.write(fd, head.buf, from, len, self.target_off, t),
                     IoKind::Pipe => ring.write(fd, head.buf, from, len, u64::MAX, t),
@@ -513,6 +513,11 @@ impl UringState {
                 }
                 let piece = disk_result(c, "read", io.sent)?;
                 io.add_read(piece);
+                if self.direct {
+                    io.moved.ring_read_direct += piece as u64;
+                } else {
+                    io.moved.ring_read_buffered += piece as u64;
+                }
                 let ch = &mut self.chunks[pos];
                 ch.got += piece;
                 ch.pending -= 1;
@@ -564,6 +569,7 @@ impl UringState {
             TAG_SEND if self.vol_write => {
                 let ch = &mut self.chunks[pos];
                 let n = disk_result(c, "write to a volume member", io.sent)?;
+                io.moved.ring_written_copied += n as u64;
                 ch.got += n;
                 ch.pending -= 1;
                 if ch.pending > 0 {
@@ -614,6 +620,13 @@ impl UringState {
                 };
                 if n == 0 && ch.send_to > ch.send_from + ch.sent {
                     return Err(peer_error("send", Errno::PIPE, io.sent));
+                }
+                // A SEND_ZC's first completion says a notification follows (F_MORE); a
+                // plain SEND or WRITE copied the bytes out of the pool.
+                if c.more {
+                    io.moved.ring_send_zc += n as u64;
+                } else {
+                    io.moved.ring_written_copied += n as u64;
                 }
                 ch.sent += n;
                 self.unit_left = self.unit_left.saturating_sub(n);

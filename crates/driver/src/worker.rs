@@ -203,6 +203,7 @@ impl Task {
                 pace: init.pace,
                 rt: init.rt,
                 rtp: init.rtp,
+                moved: Default::default(),
             },
             machine,
             cancel: init.cancel,
@@ -799,10 +800,13 @@ impl Worker {
             task.io
                 .note_once(&format!("trace full: {} units not kept", p.trace_dropped));
         }
+        task.io.moved.add_to_process_total();
         let report = outcome.map(|()| StreamReport {
             bytes: task.io.sent,
             units: task.io.units,
-            path: task.path,
+            planned: task.path,
+            executed: task.io.moved.path(),
+            moved: task.io.moved,
             cache: task.io.cache,
             elapsed: ended.duration_since(started),
             notes: std::mem::take(&mut task.io.notes),

@@ -269,8 +269,33 @@ fn check_report(case: &Case, r: &StreamReport, want: usize) -> Result<(), String
     if r.bytes != want as u64 {
         return Err(format!("report says {} bytes, expected {want}", r.bytes));
     }
-    if r.path != case.mode.path || r.cache != case.mode.cache {
-        return Err(format!("report says {}/{}", r.path, r.cache.name()));
+    // The path that *ran*: the one whose calls moved the bytes, as the data path counted
+    // them where each call returned (`planned` only echoes the request).
+    let want_path = (want > 0).then_some(case.mode.path);
+    if r.planned != case.mode.path || r.executed != want_path || r.cache != case.mode.cache {
+        return Err(format!(
+            "report says planned {}, executed {:?}, cache {} (moved {:?})",
+            r.planned,
+            r.executed,
+            r.cache.name(),
+            r.moved
+        ));
+    }
+    let m = &r.moved;
+    let (by_path, copied) = match case.mode.path {
+        DataPath::Copy => (m.copy_written, m.copy_written),
+        DataPath::Sendfile => (m.sendfile, m.through_user_space()),
+        DataPath::Splice => (m.splice, m.through_user_space()),
+        DataPath::Uring => (
+            m.ring_send_zc + m.ring_written_copied,
+            m.copy_read + m.copy_written,
+        ),
+    };
+    if by_path != want as u64 || (case.mode.path != DataPath::Copy && copied != 0) {
+        return Err(format!(
+            "{} moved {by_path} of {want} bytes, {copied} through user space calls ({m:?})",
+            case.mode.path
+        ));
     }
     // The only note a small transfer may carry: O_DIRECT refused (then reads are buffered).
     let unexpected: Vec<&String> = r

@@ -15,7 +15,7 @@ use penstock_core::units::{parse_duration, parse_size};
 use penstock_driver::clock::{CpuWho, cpu_times};
 use penstock_driver::disk::DiskConfig;
 use penstock_driver::{
-    DiskClass, Engine, EngineConfig, StreamReport, StreamSpec, TimerMode, ZeroCopy,
+    DiskClass, Engine, EngineConfig, MovedBytes, StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };
 use penstock_server::metrics::{CliMetrics, StreamSeen};
 use penstock_server::metrics_http::MetricsListener;
@@ -787,11 +787,17 @@ pub fn summary_line(o: &Outcome) -> String {
         .map(|l| format!("; {}", lateness_line(&l.summary())))
         .unwrap_or_default();
     format!(
-        "penstock: {} bytes in {:.3} s, {:.1} MB/s, path {} (cache {}), CPU {:.3} s/GB (user {:.3} s, sys {:.3} s)",
+        "penstock: {} bytes in {:.3} s, {:.1} MB/s, path {}{} (cache {}), CPU {:.3} s/GB (user {:.3} s, sys {:.3} s)",
         o.report.bytes,
         o.seconds,
         o.report.bytes as f64 / o.seconds.max(1e-9) / 1e6,
-        o.report.path,
+        executed_path(&o.report),
+        match o.report.executed {
+            Some(p) if p != o.report.planned => format!(" (planned {p})", p = o.report.planned),
+            Some(_) => String::new(),
+            None if o.report.bytes == 0 => String::new(),
+            None => format!(" (planned {})", o.report.planned),
+        },
         o.report.cache.name(),
         cpu_s_per_gb(o),
         o.cpu_user_s,
@@ -800,13 +806,37 @@ pub fn summary_line(o: &Outcome) -> String {
         + &o.rtp.as_ref().map(rtcp_line).unwrap_or_default()
 }
 
+/// The path the stream executed: the one whose calls moved its bytes (`StreamReport::executed`);
+/// "mixed" when calls of several paths did, the planned one when no byte moved.
+pub fn executed_path(r: &StreamReport) -> &'static str {
+    match r.executed {
+        Some(p) => p.name(),
+        None if r.bytes == 0 => r.planned.name(),
+        None => "mixed",
+    }
+}
+
+/// The bytes each mechanism moved (`StreamReport::moved`), for `--json`.
+pub fn moved_json(m: &MovedBytes) -> serde_json::Value {
+    let mut o: serde_json::Map<String, serde_json::Value> = m
+        .by_name()
+        .iter()
+        .map(|(k, v)| (k.to_string(), (*v).into()))
+        .collect();
+    o.insert("through_user_space".into(), m.through_user_space().into());
+    serde_json::Value::Object(o)
+}
+
 pub fn summary_json(o: &Outcome) -> serde_json::Value {
     serde_json::json!({
         "bytes": o.report.bytes,
         "units": o.report.units,
         "seconds": o.seconds,
         "mb_per_s": o.report.bytes as f64 / o.seconds.max(1e-9) / 1e6,
-        "path": o.report.path.name(),
+        "path": executed_path(&o.report),
+        "path_planned": o.report.planned.name(),
+        "path_executed": o.report.executed.map(|p| p.name()),
+        "moved": moved_json(&o.report.moved),
         "cache": o.report.cache.name(),
         "cpu_user_s": o.cpu_user_s,
         "cpu_sys_s": o.cpu_sys_s,

@@ -11,6 +11,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::zerocopy::{Tally, stop_traced, traced};
 use common::{serve_addresses, start_line};
 
 /// Whether `tool` is here; a missing tool fails under PENSTOCK_TEST_REQUIRE=all or CI
@@ -39,29 +40,6 @@ fn get(addr: &str, path: &str, range: Option<(u64, u64)>) -> (u16, Vec<u8>) {
         + 4;
     let status = String::from_utf8_lossy(&out[9..12]).parse().unwrap();
     (status, out[head_end..].to_vec())
-}
-
-/// The sum of the return values of the calls named `names` in an strace `-f` log.
-fn bytes_of(trace: &str, names: &[&str]) -> u64 {
-    trace
-        .lines()
-        .filter_map(|l| {
-            // "PID name(args) = N" (resumed calls: "PID <... name resumed>...) = N").
-            let call = l.split_whitespace().nth(1)?;
-            let name = call
-                .strip_prefix("<...")
-                .map_or_else(|| call.split('(').next(), |_| l.split_whitespace().nth(2))?;
-            if !names.contains(&name) {
-                return None;
-            }
-            l.rsplit_once(" = ")?
-                .1
-                .split_whitespace()
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
 }
 
 #[test]
@@ -100,14 +78,7 @@ fn hls_segments_leave_by_sendfile_not_through_user_space() {
     )
     .unwrap();
     let trace_path = dir.path().join("trace");
-    let mut child = Command::new("strace")
-        .args(["-f", "-qq", "-e", "signal=none", "-o"])
-        .arg(&trace_path)
-        .args([
-            "-e",
-            "trace=sendfile,splice,write,writev,sendto,sendmsg,pwrite64,pwritev",
-        ])
-        .arg(env!("CARGO_BIN_EXE_penstock"))
+    let mut child = traced(&trace_path, env!("CARGO_BIN_EXE_penstock"))
         .args(["serve", "--config"])
         .arg(&conf)
         .arg("--root")
@@ -141,24 +112,24 @@ fn hls_segments_leave_by_sendfile_not_through_user_space() {
         assert_eq!(body, file[at as usize..(at + len) as usize]);
         segment_bytes += len;
     }
-    // SIGTERM to the server itself (strace's child; strace then exits with its status).
-    let server =
-        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).unwrap();
-    let server = server.split_whitespace().next().expect("strace's child");
-    let _ = Command::new("kill").args(["-TERM", server]).status();
-    assert!(child.wait().unwrap().success());
+    stop_traced(&mut child);
 
-    let trace = std::fs::read_to_string(&trace_path).unwrap();
-    let zero_copy = bytes_of(&trace, &["sendfile", "splice"]);
-    let copied = bytes_of(
-        &trace,
-        &[
-            "write", "writev", "sendto", "sendmsg", "pwrite64", "pwritev",
-        ],
-    );
+    let tally = Tally::read(&trace_path);
+    let zero_copy = tally.zero_copy_to_sockets();
+    // What the write family sent to sockets went through the server's memory: heads and the
+    // playlist only. The read family on the clip is the index thread's one pass over the
+    // file (key frames for the playlist), at most the file once: a segment read to be sent
+    // would add its length, and its write would show above.
+    let copied = tally.written_to_sockets();
+    let indexed = tally.read_from_file(&clip);
     println!(
-        "segments {segment_bytes} B; sendfile/splice {zero_copy} B; write family {copied} B (playlist {} B)",
+        "segments {segment_bytes} B; sendfile/splice to sockets {zero_copy} B; written to sockets {copied} B, read from the clip {indexed} B (playlist {} B)\n{tally}",
         playlist.len()
+    );
+    assert!(
+        indexed <= file.len() as u64,
+        "{indexed} B read from a {} B clip:\n{tally}",
+        file.len()
     );
     assert!(zero_copy >= segment_bytes, "{zero_copy} < {segment_bytes}");
     // Heads (~250 B each), the playlist, the start line and a few eventfd writes: not one

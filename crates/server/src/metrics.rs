@@ -1025,6 +1025,17 @@ impl Collector for EngineCollector {
             ];
             ratio(d.used_ns_per_s, cap.disk_ns_per_s).encode(m.encode_family(&labels)?)?;
         }
+        let mut m = encoder.encode_descriptor(
+            "engine_moved_bytes",
+            "Bytes the engine's streams that ended moved, by the mechanism whose call moved them \
+             (copy_*, ring_read_buffered and ring_written_copied went through process memory)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (how, n) in penstock_driver::MovedBytes::process_total().by_name() {
+            let labels = [("how", how)];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+        }
         let f = self.engine.open_files();
         one(
             &mut encoder,

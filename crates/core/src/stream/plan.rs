@@ -779,21 +779,23 @@ pub fn plan_stream(
         read_bytes = read_bytes_planned;
     }
 
-    // Zero-copy sends (the uring path's only) exist for TCP and UDP; the uring path sends
-    // datagrams with copies.
+    // Zero-copy sends (the uring path's only) exist for TCP and UDP. `auto` picks them for
+    // TCP only: a datagram is one send, and SEND_ZC's second completion per datagram costs
+    // more than the copy of a small one; `on` asks for them on UDP too.
+    let ip_target = matches!(dst.kind, IoKind::StreamSocket | IoKind::Datagram)
+        && dst.socket.is_some_and(|s| s.ip);
     let zero_copy = path == DataPath::Uring
         && match req.zero_copy {
-            ZeroCopy::On
-                if path == DataPath::Uring
-                    && !(dst.kind == IoKind::StreamSocket && dst.socket.is_some_and(|s| s.ip)) =>
-            {
-                notes.push("zero-copy sends need a TCP target: sending with copies".into());
+            ZeroCopy::On if path == DataPath::Uring && !ip_target => {
+                notes.push("zero-copy sends need a TCP or UDP target: sending with copies".into());
                 false
             }
             ZeroCopy::On => true,
             ZeroCopy::Off => false,
             ZeroCopy::Auto => {
-                unit_bytes >= ZERO_COPY_UNIT_BYTES_MIN && dst.socket.is_some_and(|s| !s.loopback)
+                dst.kind == IoKind::StreamSocket
+                    && unit_bytes >= ZERO_COPY_UNIT_BYTES_MIN
+                    && dst.socket.is_some_and(|s| !s.loopback)
             }
         };
 

@@ -1,6 +1,8 @@
 //! Helpers shared by the tests that run `penstock serve` as a process.
 #![allow(dead_code)]
 
+pub mod zerocopy;
+
 /// Takes the child's piped stdout, returns its first line (`penstock serve`'s start line)
 /// and drains the rest on a thread, so that the server never blocks writing to it.
 pub fn start_line(child: &mut std::process::Child) -> String {

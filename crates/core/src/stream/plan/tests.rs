@@ -370,6 +370,27 @@ fn zero_copy_only_where_it_pays() {
         &LIMITS,
     )
     .unwrap();
+    assert!(p.zero_copy, "asked for on UDP: SEND_ZC sends datagrams too");
+    // `auto` leaves datagrams to copies.
+    let auto_udp = plan_stream(
+        &PlanRequest {
+            zero_copy: ZeroCopy::Auto,
+            ..on_udp
+        },
+        &facts(file(8 << 20), socket(Datagram, false)),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    assert!(!auto_udp.zero_copy);
+    let unix = EndpointFacts {
+        socket: Some(SocketFacts {
+            ip: false,
+            loopback: true,
+        }),
+        ..EndpointFacts::of(StreamSocket)
+    };
+    let p = plan_stream(&on_udp, &facts(file(8 << 20), unix), URING, &LIMITS).unwrap();
     assert!(!p.zero_copy);
     assert!(p.notes.iter().any(|n| n.contains("zero-copy")));
 }

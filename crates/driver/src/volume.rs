@@ -887,6 +887,12 @@ impl Volume {
                 if f.metadata().map_err(io_err(&p.path, "stat"))?.len() < size {
                     f.set_len(size).map_err(io_err(&p.path, "extend"))?;
                 }
+                if !p.exists {
+                    // The new member's name survives a power cut (its size is made durable
+                    // by the fdatasync after the metadata write).
+                    crate::sys::sync_parent_dir(&p.path)
+                        .map_err(io_err(&p.path, "fsync of its directory"))?;
+                }
             }
             let m = open_member(&p.path, true)?;
             lock(&m, Access::Exclusive)?;
@@ -1353,6 +1359,10 @@ impl Volume {
                 .open(&path)
                 .map_err(io_err(&path, "create"))?;
             f.set_len(need_bytes).map_err(io_err(&path, "extend"))?;
+            // Before the metadata names it, its size and then its name are durable: a power
+            // cut after the commit must not leave a member shorter than recorded, or none.
+            f.sync_all().map_err(io_err(&path, "fsync"))?;
+            crate::sys::sync_parent_dir(&path).map_err(io_err(&path, "fsync of its directory"))?;
         }
         let m = open_member(&path, true)?;
         lock(&m, Access::Exclusive)?;

@@ -1405,6 +1405,19 @@ impl Volume {
         if targets.is_empty() {
             return Ok(0);
         }
+        // A plain-file member shorter than recorded (cut short by hand, or by a power cut
+        // that lost its growth) gets its recorded size back first, durably: the copies below
+        // fill only the blocks partitions use, and a member left short is degraded again at
+        // the next open.
+        for &i in &targets {
+            let m = &self.members[i];
+            let want = self.meta.layout.member_sizes_bytes()[i];
+            let md = m.file.metadata().map_err(io_err(&m.path, "stat"))?;
+            if md.file_type().is_file() && md.len() < want {
+                m.file.set_len(want).map_err(io_err(&m.path, "extend"))?;
+                m.file.sync_all().map_err(io_err(&m.path, "fsync"))?;
+            }
+        }
         // A degraded member rebuilt in place takes writes (its metadata too) from now on.
         if targets
             .iter()

@@ -15,10 +15,11 @@
 //! Workloads: volume metadata and growth (create, add-partition, import, a stream growing a
 //! partition, truncate, rm), mirroring (create --mirror 2 over two mounts = two devices,
 //! import, replace, check --repair's rebuild), and the recorder with its three tracks, into
-//! a file and into a growing volume partition. The FUSE mount (`penstock volume mount`) on
-//! top of crashfs is not exercised (not done).
+//! a file and into a growing volume partition, and writes through `penstock volume mount`
+//! (the volume's members on crashfs; a file written through the mount in chunks, each
+//! fsynced: every byte before a successful fsync is acknowledged).
 //!
-//! `PENSTOCK_POWERCUT_POINTS` (default 200) is the total number of cut points over the four
+//! `PENSTOCK_POWERCUT_POINTS` (default 200) is the total number of cut points over the five
 //! workloads; `PENSTOCK_POWERCUT_SEED` replays a run (every failure names its seed and k).
 //! Needs FUSE, root and io_uring. No test asserts a duration.
 
@@ -280,7 +281,8 @@ fn export(m: &Machine, member: &Path, name: &str, ctx: &str) -> Vec<u8> {
 }
 
 thread_local! {
-    /// Cut points of this test (its own thread) whose recording had reported a sync point.
+    /// Cut points of this test (its own thread) with acknowledged synced data (a recording's
+    /// sync point, an fsync through the FUSE mount).
     static SYNCED_POINTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
@@ -324,7 +326,7 @@ fn campaign(
     }
     eprintln!(
         "{label}: {n} cut points passed ({acked_steps} commands that exited 0 checked; \
-         {} recordings with a reported sync point checked)",
+         {} runs with acknowledged synced data checked: a sync point or an fsync)",
         SYNCED_POINTS.get()
     );
 }
@@ -444,7 +446,7 @@ fn volume_verify(m: &Machine, acks: &[bool], ctx: &str) {
 
 #[test]
 fn power_cuts_during_volume_updates_and_growth_keep_every_acknowledged_byte() {
-    campaign("volume", 30, 1, &volume_workload, &volume_verify);
+    campaign("volume", 25, 1, &volume_workload, &volume_verify);
 }
 
 // ---- mirroring --------------------------------------------------------------------------
@@ -537,7 +539,7 @@ fn mirror_verify(m: &Machine, acks: &[bool], ctx: &str) {
 
 #[test]
 fn power_cuts_during_mirror_import_replace_and_rebuild_keep_every_acknowledged_byte() {
-    campaign("mirror", 20, 2, &mirror_workload, &mirror_verify);
+    campaign("mirror", 15, 2, &mirror_workload, &mirror_verify);
 }
 
 // ---- the recorder ---------------------------------------------------------------------
@@ -785,7 +787,7 @@ fn record_file_verify(m: &Machine, acks: &[bool], ctx: &str) {
 
 #[test]
 fn power_cuts_during_a_recording_keep_every_synced_packet() {
-    campaign("record", 25, 1, &record_file_workload, &record_file_verify);
+    campaign("record", 20, 1, &record_file_workload, &record_file_verify);
 }
 
 fn record_vol_workload(m: &mut Machine, rng: &mut Rng, _ctx: &str) -> Vec<bool> {
@@ -891,9 +893,174 @@ fn record_vol_verify(m: &Machine, acks: &[bool], ctx: &str) {
 fn power_cuts_during_a_recording_into_a_growing_partition_keep_every_synced_packet() {
     campaign(
         "record-vol",
-        25,
+        20,
         1,
         &record_vol_workload,
         &record_vol_verify,
     );
+}
+
+// ---- writes through `penstock volume mount` -------------------------------------------
+
+const MOUNTED_BYTES: usize = 400 * 1024 + 99;
+const CHUNK_BYTES: usize = 48 * 1024;
+
+/// Whether a penstock FUSE mount is on `dir` (/proc/self/mountinfo).
+fn penstock_mounted(dir: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = dir.to_string_lossy();
+    info.lines().any(|l| {
+        let tail: Vec<&str> = l.split(" - ").nth(1).unwrap_or("").split(' ').collect();
+        l.split(' ').nth(4) == Some(want.as_ref())
+            && tail.len() > 1
+            && tail[1].starts_with("penstock:")
+    })
+}
+
+/// Writes `bytes` to `path` in chunks, each fsynced; returns the bytes a successful fsync
+/// covered (the acknowledged ones).
+fn write_synced(path: &Path, bytes: &[u8]) -> usize {
+    use std::io::Write;
+    let Ok(mut f) = std::fs::File::create(path) else {
+        return 0;
+    };
+    let mut acked = 0;
+    for chunk in bytes.chunks(CHUNK_BYTES) {
+        if f.write_all(chunk).is_err() || f.sync_all().is_err() {
+            break;
+        }
+        acked += chunk.len();
+    }
+    acked
+}
+
+fn mount_workload(m: &mut Machine, _rng: &mut Rng, _ctx: &str) -> Vec<bool> {
+    let a = m.dev(0).join("a");
+    let b = m.dev(0).join("b");
+    let create = [
+        "volume",
+        "create",
+        "fv",
+        "--member",
+        s(&a),
+        "--member",
+        s(&b),
+        "--member-size",
+        "4MiB",
+        "--block",
+        "64KiB",
+    ];
+    match step(m, &create) {
+        Some(r) if r.acked => {}
+        Some(r) => {
+            assert!(
+                m.power.is_cut(),
+                "create failed with the power on: {}",
+                r.stderr
+            );
+            return vec![false];
+        }
+        None => return Vec::new(),
+    }
+    let dir = m.scratch.path().join("mnt");
+    std::fs::create_dir_all(&dir).expect("mount point");
+    let mut child = Command::new(BIN)
+        .args(["volume", "mount", "--foreground", s(&a), s(&dir)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start penstock volume mount");
+    let err = drain(child.stderr.take().expect("stderr"));
+    let t0 = Instant::now();
+    let mut up = false;
+    while !m.power.is_cut() && child.try_wait().expect("wait").is_none() {
+        if penstock_mounted(&dir) {
+            up = true;
+            break;
+        }
+        assert!(
+            t0.elapsed() < STEP_WAIT,
+            "penstock volume mount never mounted"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    let acked_bytes = if up {
+        write_synced(&dir.join("f.bin"), &data(MOUNTED_BYTES, 9))
+    } else {
+        0
+    };
+    std::fs::write(m.scratch.path().join("acked"), acked_bytes.to_string()).expect("note");
+    let unmounted = if up && !m.power.is_cut() {
+        // A clean unmount: the server commits and exits 0.
+        Command::new("fusermount3")
+            .arg("-u")
+            .arg(&dir)
+            .status()
+            .expect("fusermount3")
+            .success()
+    } else {
+        false
+    };
+    let (_, exited_0) = finish(child, &m.power);
+    if penstock_mounted(&dir) {
+        // The server was killed: detach its dead mount.
+        let _ = rustix::mount::unmount(&dir, rustix::mount::UnmountFlags::DETACH);
+    }
+    let stderr = err.join().unwrap_or_default();
+    std::fs::write(m.scratch.path().join("record.stderr"), &stderr).expect("note");
+    assert!(
+        exited_0 || m.power.is_cut(),
+        "penstock volume mount failed with the power on: {stderr}"
+    );
+    vec![true, unmounted && exited_0]
+}
+
+fn mount_verify(m: &Machine, acks: &[bool], ctx: &str) {
+    let acked = |i: usize| acks.get(i).copied().unwrap_or(false);
+    let a = m.dev(0).join("a");
+    if !acked(0) {
+        return;
+    }
+    let acked_bytes: usize = std::fs::read_to_string(m.scratch.path().join("acked"))
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let repaired = check_or_repair(&a, ctx);
+    let ls = ok(&["volume", "ls", s(&a)], ctx);
+    let ctx = format!(
+        "{ctx} (repaired: {repaired}, {acked_bytes} bytes fsynced through the mount; the \
+         mount said: {})\n{ls}",
+        record_stderr(m).trim()
+    );
+    let Some(_) = size_of(&ls, "f.bin") else {
+        assert_eq!(acked_bytes, 0, "{ctx}: f.bin is gone");
+        return;
+    };
+    if acked_bytes > 0 {
+        SYNCED_POINTS.set(SYNCED_POINTS.get() + 1);
+    }
+    let back = export(m, &a, "f.bin", &ctx);
+    let want = data(MOUNTED_BYTES, 9);
+    assert!(
+        back.len() >= acked_bytes && back.len() <= want.len(),
+        "{ctx}: f.bin holds {} bytes, {acked_bytes} were fsynced",
+        back.len()
+    );
+    assert!(
+        back[..] == want[..back.len()],
+        "{ctx}: f.bin's bytes differ"
+    );
+    if acked(1) {
+        assert_eq!(
+            back.len(),
+            want.len(),
+            "{ctx}: unmounted cleanly, f.bin is short"
+        );
+    }
+}
+
+#[test]
+fn power_cuts_under_writes_through_the_fuse_mount_keep_every_fsynced_byte() {
+    campaign("mount", 20, 1, &mount_workload, &mount_verify);
 }

@@ -686,6 +686,10 @@ impl Filesystem for Fs {
             if !st.exists(&from) {
                 return Err(Errno::ENOENT);
             }
+            if from == to {
+                // rename(2) of a name onto itself changes nothing.
+                return Ok(());
+            }
             if st.exists(&to) && noreplace {
                 return Err(Errno::EEXIST);
             }

@@ -464,6 +464,10 @@ pub fn record_to(
         RecordDst::File(p) => p.display().to_string(),
         RecordDst::Partition { io, .. } => format!("vol:{}", io.label),
     };
+    let media_path = match &dst {
+        RecordDst::File(p) => Some(p.clone()),
+        RecordDst::Partition { .. } => None,
+    };
     let media = match dst {
         RecordDst::File(p) => Media::File(create(p)?),
         RecordDst::Partition { mut io, .. } => {
@@ -480,6 +484,20 @@ pub fn record_to(
         create(track_path(dst, TrackKind::Packet))?,
         create(track_path(dst, TrackKind::Frame))?,
     ];
+    // The new names must survive a power cut: their directories are fsynced once, before any
+    // sync point is reported (a sync point's fdatasyncs make the files' bytes durable, not
+    // their names).
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for p in media_path.iter().chain([&track_path(dst, TrackKind::Time)]) {
+        let dir = p.parent().map(Path::to_path_buf).unwrap_or_default();
+        if !dirs.contains(&dir) {
+            crate::sys::sync_parent_dir(p).map_err(|source| RecordError::Open {
+                path: dir.clone(),
+                source,
+            })?;
+            dirs.push(dir);
+        }
+    }
     let start_wall_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);

@@ -73,6 +73,18 @@ impl AlignedBuffer {
     }
 }
 
+/// fsyncs the directory holding `path`, so that a file just created there (or renamed into
+/// it) keeps its name after a power cut: POSIX makes a new name durable only with its
+/// directory's fsync (ext4 and XFS happen to do it with the file's own, other file systems
+/// do not; `crates/crashfs` models the POSIX rule).
+pub fn sync_parent_dir(path: &std::path::Path) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    std::fs::File::open(dir)?.sync_all()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -887,6 +887,12 @@ impl Volume {
                 if f.metadata().map_err(io_err(&p.path, "stat"))?.len() < size {
                     f.set_len(size).map_err(io_err(&p.path, "extend"))?;
                 }
+                if !p.exists {
+                    // The new member's name survives a power cut (its size is made durable
+                    // by the fdatasync after the metadata write).
+                    crate::sys::sync_parent_dir(&p.path)
+                        .map_err(io_err(&p.path, "fsync of its directory"))?;
+                }
             }
             let m = open_member(&p.path, true)?;
             lock(&m, Access::Exclusive)?;
@@ -1353,6 +1359,10 @@ impl Volume {
                 .open(&path)
                 .map_err(io_err(&path, "create"))?;
             f.set_len(need_bytes).map_err(io_err(&path, "extend"))?;
+            // Before the metadata names it, its size and then its name are durable: a power
+            // cut after the commit must not leave a member shorter than recorded, or none.
+            f.sync_all().map_err(io_err(&path, "fsync"))?;
+            crate::sys::sync_parent_dir(&path).map_err(io_err(&path, "fsync of its directory"))?;
         }
         let m = open_member(&path, true)?;
         lock(&m, Access::Exclusive)?;
@@ -1394,6 +1404,19 @@ impl Volume {
             .collect();
         if targets.is_empty() {
             return Ok(0);
+        }
+        // A plain-file member shorter than recorded (cut short by hand, or by a power cut
+        // that lost its growth) gets its recorded size back first, durably: the copies below
+        // fill only the blocks partitions use, and a member left short is degraded again at
+        // the next open.
+        for &i in &targets {
+            let m = &self.members[i];
+            let want = self.meta.layout.member_sizes_bytes()[i];
+            let md = m.file.metadata().map_err(io_err(&m.path, "stat"))?;
+            if md.file_type().is_file() && md.len() < want {
+                m.file.set_len(want).map_err(io_err(&m.path, "extend"))?;
+                m.file.sync_all().map_err(io_err(&m.path, "fsync"))?;
+            }
         }
         // A degraded member rebuilt in place takes writes (its metadata too) from now on.
         if targets

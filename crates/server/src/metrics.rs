@@ -559,7 +559,7 @@ impl Metrics {
             live_sessions.clone(),
         );
         let hls_playlists = Family::<Kind, Counter>::default();
-        for kind in ["media", "master"] {
+        for kind in ["media", "master", "dash"] {
             let _ = hls_playlists.get_or_create(&Kind { kind: kind.into() });
         }
         r.register(

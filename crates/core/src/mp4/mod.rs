@@ -28,6 +28,7 @@
 pub mod boxes;
 pub mod movie;
 pub mod package;
+pub mod timing;
 pub mod write;
 
 #[cfg(test)]
@@ -38,6 +39,7 @@ pub use movie::{Codec, Edit, Movie, Sample, Track, TrackKind, parse_movie};
 pub use package::{
     CutTrack, MediaSegment, Packaging, SegmentSpan, dash_manifest, hls_master, hls_media,
 };
+pub use timing::{Mp4PlanError, plan_mp4};
 
 /// Bounds on what an MP4 may make the reader allocate (a file is input like any other).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

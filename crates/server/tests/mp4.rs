@@ -47,13 +47,13 @@ fn movie(path: &Path, codec: &str, faststart: bool) {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
-/// `ffmpeg -c copy -f framemd5` of one stream of `input` (`v` or `a`): per packet (duration,
-/// size, md5), the header comments left out. Timestamps are left out of the comparison:
-/// the HLS demuxer offsets every stream by the first segment's start (it plays a timeline
-/// that starts at 0 where the MP4 demuxer applies the edit list to shift the video's first
-/// picture to 0), so the same packets carry other dts/pts; durations, sizes and bytes must
-/// be identical.
-fn packets(input: &str, stream: &str) -> Vec<String> {
+/// `ffmpeg -c copy -f framemd5` of one stream of `input` (`v` or `a`): per packet its dts and
+/// (duration, size, md5), the header comments left out. The MP4 demuxer applies the edit
+/// lists (the AAC priming frame at -1024, the first picture at 0, with "skip samples" side
+/// data on the first audio packet); the HLS and DASH demuxers put the earliest packet at 0,
+/// so every packet of both streams comes 1024/48000 s later: the dts are compared as one
+/// constant shift per stream, the rest exactly (side data left out).
+fn packets(input: &str, stream: &str) -> Vec<(i64, String)> {
     let o = Command::new("ffmpeg")
         .args(["-hide_banner", "-loglevel", "error", "-i", input])
         .args([
@@ -74,7 +74,7 @@ fn packets(input: &str, stream: &str) -> Vec<String> {
         .filter(|l| !l.starts_with('#'))
         .map(|l| {
             let f: Vec<&str> = l.split(',').map(str::trim).collect();
-            format!("{},{},{}", f[3], f[4], f[5])
+            (f[1].parse().unwrap(), format!("{},{},{}", f[3], f[4], f[5]))
         })
         .collect()
 }
@@ -133,11 +133,14 @@ fn plays_as_the_source(f: &Fixture, name: &str) {
 /// edit makes it 384 of 1024 samples here), while a fragment carries the frame's whole
 /// duration from `stts` (a fragmented track's end is its last sample's end). Its bytes
 /// must still be identical.
-fn same_packets(got: &[String], want: &[String], stream: &str) {
+fn same_packets(got: &[(i64, String)], want: &[(i64, String)], stream: &str) {
     assert!(want.len() > 100, "{} packets", want.len());
     assert_eq!(got.len(), want.len(), "{stream}: packet count");
+    let shift = got[0].0 - want[0].0;
+    println!("{stream}: {} packets, dts shifted by {shift}", got.len());
     let last = want.len() - 1;
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+    for (i, ((gd, g), (wd, w))) in got.iter().zip(want).enumerate() {
+        assert_eq!(gd - wd, shift, "{stream} packet {i}: dts {gd} for {wd}");
         if i == last {
             let tail = |s: &str| s.split_once(',').unwrap().1.to_string();
             assert_eq!(tail(g), tail(w), "{stream} last packet's size and md5");

@@ -10,15 +10,17 @@
 //! (at the start with `-movflags +faststart`, at the end without), and [`movie::parse_movie`]
 //! turns it into a [`Movie`].
 //!
-//! **Our own reader, not a crate.** `mp4-atom` (kixelated), `mp4` (alfg) and `re_mp4` were
-//! compared (2026-11): each decodes every table into owned `Vec`s of typed entries before the
-//! caller sees a count, so a 2^32-entry `stsz` is an allocation attempt before it is a
-//! refusal, and none keeps the offsets of a box in the file (what a zero-copy packager
-//! needs: sample byte ranges of the original file). `mp4-atom` also pulls `num`,
-//! `derive_more`, `paste` and `tracing` into the core. The tables this needs are a dozen
-//! fixed layouts; reading them from a slice with every count checked against the box's own
-//! length and against [`Mp4Limits`] before anything is allocated is short, and fuzzed
-//! (`fuzz/fuzz_targets/mp4.rs`).
+//! **Our own reader, not a crate.** `mp4-atom` (kixelated), `mp4` (alfg) and `re_mp4` (its
+//! fork) were compared (2026-11): each decodes every table into owned `Vec`s of typed entries
+//! (`StszBox::sample_sizes: Vec<u32>` and the like) — a second copy of each table before an
+//! index is built from it — and none gives a sample index: the stsc/stco expansion into
+//! byte ranges of the file, which is what a zero-copy packager sends, would be ours either
+//! way. `mp4-atom` also pulls `num`, `derive_more`, `paste` and `tracing` into the core. The
+//! tables this needs are a dozen fixed layouts; reading them straight from the `moov` slice,
+//! every count checked against the box's own length and against [`Mp4Limits`] before
+//! anything is allocated (a 2^32-entry `stsz` is refused, not attempted), is short and
+//! fuzzed (`fuzz/fuzz_targets/mp4.rs`). Issue 32's fragmented MP4 (not built yet) should
+//! extend this reader rather than add a second one.
 //!
 //! The sample index is built to serve RTSP next (issue 36 item 3): samples in decode order
 //! with their file byte ranges, the sync samples as a sorted list (seek: the sync sample at

@@ -241,49 +241,47 @@ fn lookup_in<T: Send + Sync + 'static>(
     waker: &Arc<OwnedFd>,
     read: impl FnOnce(&File, u64) -> Built<T> + Send + 'static,
 ) -> Lookup<T> {
-    {
-        let m = match file.metadata() {
-            Ok(m) => m,
-            Err(e) => return Lookup::Ready(Err(HlsError::Io(Arc::new(e)))),
-        };
-        let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
-        let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = c.map.get(&key) {
-            return Lookup::Ready(r.clone());
-        }
-        if let Some(b) = c.building.get(&key) {
-            b.wake_at_end(waker);
-            return Lookup::Building(b.clone());
-        }
-        if c.building.len() >= cfg.indexers_max.max(1) {
-            return Lookup::Busy;
-        }
-        let file = match file.try_clone() {
-            Ok(f) => f,
-            Err(e) => return Lookup::Ready(Err(HlsError::Io(Arc::new(e)))),
-        };
-        let build = Arc::new(Build {
-            state: Mutex::new(BuildState {
-                result: None,
-                wakers: vec![waker.clone()],
-            }),
+    let m = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return Lookup::Ready(Err(HlsError::Io(Arc::new(e)))),
+    };
+    let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
+    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(r) = c.map.get(&key) {
+        return Lookup::Ready(r.clone());
+    }
+    if let Some(b) = c.building.get(&key) {
+        b.wake_at_end(waker);
+        return Lookup::Building(b.clone());
+    }
+    if c.building.len() >= cfg.indexers_max.max(1) {
+        return Lookup::Busy;
+    }
+    let file = match file.try_clone() {
+        Ok(f) => f,
+        Err(e) => return Lookup::Ready(Err(HlsError::Io(Arc::new(e)))),
+    };
+    let build = Arc::new(Build {
+        state: Mutex::new(BuildState {
+            result: None,
+            wakers: vec![waker.clone()],
+        }),
+    });
+    let job = (cache.clone(), build.clone(), key, cfg.index_cache_entries);
+    let spawned = std::thread::Builder::new()
+        .name("penstock-index".into())
+        .spawn(move || {
+            let (cache, build, key, entries) = job;
+            indexer(&cache, &build, key, entries, &file, read);
         });
-        let job = (cache.clone(), build.clone(), key, cfg.index_cache_entries);
-        let spawned = std::thread::Builder::new()
-            .name("penstock-index".into())
-            .spawn(move || {
-                let (cache, build, key, entries) = job;
-                indexer(&cache, &build, key, entries, &file, read);
-            });
-        match spawned {
-            Ok(_) => {
-                c.building.insert(key, build.clone());
-                Lookup::Building(build)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "no thread for an HLS index");
-                Lookup::Busy
-            }
+    match spawned {
+        Ok(_) => {
+            c.building.insert(key, build.clone());
+            Lookup::Building(build)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no thread for an HLS index");
+            Lookup::Busy
         }
     }
 }

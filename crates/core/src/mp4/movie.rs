@@ -191,6 +191,13 @@ pub fn parse_movie(moov: &[u8], file_len: u64, limits: &Mp4Limits) -> Result<Mov
             continue;
         }
         if let Some(t) = parse_trak(body, file_len, limits, &mut samples_total)? {
+            // Tracks are named by their ids (URLs, segments): two with one id are refused.
+            if tracks.iter().any(|x: &Track| x.id == t.id) {
+                return Err(Mp4Error::Inconsistent {
+                    track: t.id,
+                    why: "two tracks have this id",
+                });
+            }
             if tracks.len() >= limits.tracks_max {
                 return Err(Mp4Error::TooManyTracks(limits.tracks_max));
             }

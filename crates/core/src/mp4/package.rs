@@ -121,7 +121,8 @@ impl MediaSegment {
     pub fn build(track: &Track, span: &SegmentSpan, k: usize) -> MediaSegment {
         let header = media_segment_header(track, k as u32 + 1, span.first, span.end);
         let mut ranges: Vec<(u64, u64)> = Vec::new();
-        for s in &track.samples[span.first..span.end] {
+        let end = span.end.min(track.samples.len());
+        for s in &track.samples[span.first.min(end)..end] {
             match ranges.last_mut() {
                 Some((off, len)) if *off + *len == s.offset => *len += u64::from(s.size),
                 _ => ranges.push((s.offset, u64::from(s.size))),

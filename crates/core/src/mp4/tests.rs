@@ -309,3 +309,17 @@ fn the_init_segment_reads_back_with_empty_tables_and_mvex() {
         Err(Mp4Error::Fragmented)
     );
 }
+
+/// Found by the fuzz target: two tracks with one id made a segment of one index the other's
+/// samples (a panic where the server looks a track up by id).
+#[test]
+fn two_tracks_with_one_id_are_refused() {
+    let mut a = video(10, 512, 100, 5);
+    let mut b = video(20, 512, 100_000, 5);
+    a.id = 3;
+    b.id = 3;
+    assert!(matches!(
+        parse(&plain_moov(1000, &[a, b]), 1 << 20),
+        Err(Mp4Error::Inconsistent { track: 3, .. })
+    ));
+}

@@ -123,6 +123,9 @@ pub const NON_SYNC_FLAGS: u32 = 0x0101_0000;
 /// The generated part of a media segment: `moof` + the `mdat` header; the `mdat` payload is
 /// the samples' bytes, `payload_bytes` of them, which the caller sends from the file.
 pub fn media_segment_header(track: &Track, sequence: u32, first: usize, end: usize) -> Vec<u8> {
+    // A span cut from another track cannot index past this one's samples.
+    let end = end.min(track.samples.len());
+    let first = first.min(end);
     let s = &track.samples[first..end];
     let payload: u64 = s.iter().map(|x| u64::from(x.size)).sum();
     let duration = |i: usize| -> u32 {

@@ -16,6 +16,7 @@ pub mod endpoint;
 pub mod hls;
 pub mod http;
 pub mod lateness;
+pub mod mp4;
 pub mod origin;
 pub mod rtp;
 pub mod rtsp;

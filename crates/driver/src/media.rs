@@ -18,6 +18,44 @@ pub enum MediaError {
     Io(#[from] io::Error),
     #[error(transparent)]
     Ts(#[from] TsError),
+    #[error(transparent)]
+    Mp4(#[from] penstock_core::mp4::Mp4Error),
+}
+
+/// The movie (sample index) of the MP4 behind `file`, `len` bytes: its top-level boxes walked
+/// (16 bytes read at each, at explicit offsets), its `moov` read whole with one range read
+/// (at the start with faststart, at the end without) and parsed (`penstock_core::mp4`). One
+/// reader for HLS/DASH packaging and `penstock stream --timing samples`.
+pub fn mp4_movie(
+    file: &std::fs::File,
+    len: u64,
+    limits: &penstock_core::mp4::Mp4Limits,
+) -> Result<penstock_core::mp4::Movie, MediaError> {
+    use penstock_core::mp4::{Mp4Error, boxes::TOP_HEADER_BYTES, parse_movie, top_level};
+    let mut at = 0u64;
+    let mut head = [0u8; TOP_HEADER_BYTES];
+    for _ in 0..limits.top_boxes_max {
+        if at >= len {
+            return Err(Mp4Error::NoMoov.into());
+        }
+        let want = head.len().min((len - at) as usize);
+        file.read_exact_at(&mut head[..want], at)?;
+        let b = top_level(&head[..want], at, len)?;
+        match &b.kind {
+            b"moov" => {
+                let body_len = b.size - u64::from(b.header_len);
+                if body_len > limits.moov_bytes_max {
+                    return Err(Mp4Error::MoovTooLarge(body_len, limits.moov_bytes_max).into());
+                }
+                let mut moov = vec![0u8; body_len as usize];
+                file.read_exact_at(&mut moov, at + u64::from(b.header_len))?;
+                return Ok(parse_movie(&moov, len, limits)?);
+            }
+            b"moof" => return Err(Mp4Error::Fragmented.into()),
+            _ => at = b.end(),
+        }
+    }
+    Err(Mp4Error::TooManyBoxes(limits.top_boxes_max).into())
 }
 
 /// Reads from offset 0 with `read_at` in chunks and feeds each to `f` until it says stop.

@@ -133,13 +133,16 @@ pub struct StreamArgs {
     /// Send each unit at its own time: `tracks` (each packet of a recording at its recorded
     /// time, from its time and packet tracks), `pcr` (an MPEG-TS file at its program clock
     /// reference: units of --ts-packets TS packets, each due at its first packet's PCR time),
-    /// or `auto` (tracks when the recording has them, else pcr for a TS file — by extension or
-    /// sync bytes —, else none). Excludes --period/--rate/--schedule/--offset/--length/--unit
+    /// `samples` (a plain MP4's bytes, each sample in file order due at its decode time; units
+    /// of at most --unit-max bytes), or `auto` (tracks when the recording has them, else pcr
+    /// for a TS file — by extension or sync bytes —, else samples for an MP4 — by extension or
+    /// `ftyp` —, else none). Excludes --period/--rate/--schedule/--offset/--length/--unit
     /// (`auto` yields to them).
     #[arg(long, value_parser = parse_timing)]
     pub timing: Option<Timing>,
     /// With --timing tracks: start at the independent frame at or before this time; with
-    /// --timing pcr: at the last PCR at or before it.
+    /// --timing pcr: at the last PCR at or before it; with --timing samples: at the video
+    /// sync sample at or before it.
     #[arg(long, value_parser = parse_duration)]
     pub from: Option<Duration>,
     /// With --timing tracks: play this many times as fast (2, 0.5).
@@ -149,6 +152,9 @@ pub struct StreamArgs {
     /// PARTITION, in the current directory).
     #[arg(long)]
     pub tracks: Option<std::path::PathBuf>,
+    /// With --timing samples: the largest unit (one datagram on UDP), bytes.
+    #[arg(long, default_value_t = 1316)]
+    pub unit_max: u32,
     /// With --timing pcr: TS packets per unit (datagram), 1 to 7.
     #[arg(long, default_value_t = penstock_core::ts::pcr::PACKETS_PER_UNIT_MAX)]
     pub ts_packets: u8,
@@ -358,6 +364,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
                 "penstock: note: --timing auto: {}",
                 match t {
                     Some(Timing::Tracks) => "the recording's tracks",
+                    Some(Timing::Samples) => "the samples' decode times of an MP4",
                     Some(_) => "the PCR of an MPEG-TS file",
                     None => "no timing of its own (not a recording, not MPEG-TS): burst",
                 }
@@ -374,9 +381,11 @@ pub fn run(a: StreamArgs) -> Result<()> {
             )
             .into());
         }
-        Some(Timing::Tracks | Timing::Pcr) if schedule.is_some() || extent_flags => {
+        Some(Timing::Tracks | Timing::Pcr | Timing::Samples)
+            if schedule.is_some() || extent_flags =>
+        {
             return Err(crate::Usage(
-                "--timing tracks and pcr take units, times and the extent from the media: drop --period/--rate/--schedule/--offset/--length/--unit".into(),
+                "--timing tracks, pcr and samples take units, times and the extent from the media: drop --period/--rate/--schedule/--offset/--length/--unit".into(),
             )
             .into());
         }
@@ -390,7 +399,17 @@ pub fn run(a: StreamArgs) -> Result<()> {
         Some(Timing::Pcr) if !matches!(source, Endpoint::File { .. }) => {
             anyhow::bail!("--timing pcr reads the PCR of an MPEG-TS file: SRC must be a file");
         }
-        Some(Timing::Pcr) if a.speed.is_some() || a.tracks.is_some() => {
+        Some(Timing::Samples) if !matches!(source, Endpoint::File { .. }) => {
+            anyhow::bail!("--timing samples reads an MP4's sample tables: SRC must be a file");
+        }
+        Some(Timing::Samples) if a.rtp => {
+            return Err(crate::Usage(
+                "--rtp sends MPEG-TS (RFC 2250): not an MP4's bytes (RTSP of MP4 is issue 36)"
+                    .into(),
+            )
+            .into());
+        }
+        Some(Timing::Pcr | Timing::Samples) if a.speed.is_some() || a.tracks.is_some() => {
             return Err(crate::Usage("--speed and --tracks are for --timing tracks".into()).into());
         }
         _ => {}
@@ -407,7 +426,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
     // A stream timed by its media, or sent as RTP, opens its endpoints here: the PCR is read
     // from the very descriptor the engine sends, and RTCP pairs with the RTP socket.
     let mut opened = None;
-    if timing == Some(Timing::Pcr) || a.rtp {
+    if matches!(timing, Some(Timing::Pcr | Timing::Samples)) || a.rtp {
         let mut on_listen = |addr| eprintln!("penstock: listening on {addr}");
         let src = penstock_driver::open::open_source(&source, &mut on_listen)?;
         opened = Some((src, None));
@@ -428,6 +447,23 @@ pub fn run(a: StreamArgs) -> Result<()> {
                 .from
                 .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
             let (pb, line) = pcr_playback(&pid, &plan, from_ns);
+            eprintln!("penstock: {}: {line}", a.src);
+            Some(pb)
+        }
+        Some(Timing::Samples) => {
+            use std::os::fd::AsFd;
+            let (src, _) = opened.as_ref().expect("opened above for --timing samples");
+            let file = std::fs::File::from(src.fd.as_fd().try_clone_to_owned()?);
+            let from_ns = a
+                .from
+                .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+            let (pb, line) = crate::timing::samples_playback(
+                &file,
+                &a.src,
+                from_ns,
+                a.unit_max,
+                usize::try_from(a.plan_entries_max).unwrap_or(usize::MAX),
+            )?;
             eprintln!("penstock: {}: {line}", a.src);
             Some(pb)
         }

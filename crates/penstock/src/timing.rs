@@ -25,6 +25,8 @@ pub enum Timing {
     Tracks,
     /// The PCR of a TS file.
     Pcr,
+    /// The samples' decode times of a plain MP4 (`penstock_core::mp4::timing`).
+    Samples,
     /// Tracks if the recording has them, else the PCR for a TS file, else none.
     Auto,
 }
@@ -35,8 +37,9 @@ impl std::str::FromStr for Timing {
         match s {
             "tracks" => Ok(Timing::Tracks),
             "pcr" => Ok(Timing::Pcr),
+            "samples" => Ok(Timing::Samples),
             "auto" => Ok(Timing::Auto),
-            _ => Err(format!("expected tracks, pcr or auto, got {s:?}")),
+            _ => Err(format!("expected tracks, pcr, samples or auto, got {s:?}")),
         }
     }
 }
@@ -56,7 +59,14 @@ pub fn auto(source: &Endpoint, tracks: Option<&Path>) -> Option<Timing> {
                 .extension()
                 .and_then(|e| e.to_str())
                 .is_some_and(|e| TS_EXTENSIONS.iter().any(|t| e.eq_ignore_ascii_case(t)));
-            (by_name || starts_like_ts(path)).then_some(Timing::Pcr)
+            if by_name || starts_like_ts(path) {
+                return Some(Timing::Pcr);
+            }
+            let mp4_by_name = path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| MP4_EXTENSIONS.iter().any(|t| e.eq_ignore_ascii_case(t)));
+            (mp4_by_name || starts_like_mp4(path)).then_some(Timing::Samples)
         }
         Endpoint::Volume { partition, .. } => {
             let prefix = tracks.map_or_else(|| partition.as_str().into(), Path::to_path_buf);
@@ -67,6 +77,61 @@ pub fn auto(source: &Endpoint, tracks: Option<&Path>) -> Option<Timing> {
         }
         _ => None,
     }
+}
+
+/// Extensions of MP4 files timed by their samples.
+const MP4_EXTENSIONS: [&str; 3] = ["mp4", "m4v", "mov"];
+
+/// Whether a file starts with an `ftyp` box (an ISO BMFF file).
+fn starts_like_mp4(path: &Path) -> bool {
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut buf = [0u8; 8];
+    f.read_exact_at(&mut buf, 0).is_ok() && &buf[4..8] == b"ftyp"
+}
+
+/// The samples' playback of the MP4 behind `file` from `from_ns`, units of at most
+/// `unit_bytes_max`, and a line saying what was planned.
+pub fn samples_playback(
+    file: &std::fs::File,
+    label: &str,
+    from_ns: Option<u64>,
+    unit_bytes_max: u32,
+    units_max: usize,
+) -> Result<(Playback, String)> {
+    let len = file.metadata().with_context(|| label.to_string())?.len();
+    let movie = penstock_driver::media::mp4_movie(file, len, &Default::default())
+        .with_context(|| label.to_string())?;
+    let pb = penstock_core::mp4::plan_mp4(&movie, len, from_ns, unit_bytes_max, units_max)
+        .with_context(|| label.to_string())?;
+    let tracks: Vec<String> = movie
+        .tracks
+        .iter()
+        .map(|t| {
+            format!(
+                "track {} {} ({} samples, {:.3} s)",
+                t.id,
+                t.codec.rfc6381(),
+                t.samples.len(),
+                t.duration_ticks() as f64 / f64::from(t.timescale.max(1))
+            )
+        })
+        .collect();
+    let mut line = format!(
+        "MP4 samples: {}; {} units of up to {unit_bytes_max} bytes over {:.3} s",
+        tracks.join(", "),
+        pb.units.len(),
+        pb.units.last().map_or(0, |u| u.offset_ns) as f64 / 1e9
+    );
+    if pb.media_offset_bytes > 0 {
+        line += &format!(
+            "; from byte {} ({:.3} s)",
+            pb.media_offset_bytes,
+            pb.start_time_ns as f64 / 1e9
+        );
+    }
+    Ok((pb, line))
 }
 
 /// Whether a file's first bytes are MPEG-TS packets (sync bytes 188 apart).

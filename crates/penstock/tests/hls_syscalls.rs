@@ -141,3 +141,136 @@ fn hls_segments_leave_by_sendfile_not_through_user_space() {
     );
     assert!(copied < smallest.max(4096) * 2, "{copied} vs {smallest}");
 }
+
+/// The `moof` + `mdat` header length of a media segment (`moof`'s size, plus 8 or 16).
+fn fmp4_header_len(seg: &[u8]) -> u64 {
+    assert_eq!(&seg[4..8], b"moof");
+    let moof = u64::from(u32::from_be_bytes(seg[0..4].try_into().unwrap()));
+    let m = moof as usize;
+    assert_eq!(&seg[m + 4..m + 8], b"mdat");
+    moof + if seg[m..m + 4] == [0, 0, 0, 1] { 16 } else { 8 }
+}
+
+#[test]
+fn mp4_segments_send_their_samples_by_sendfile_and_only_headers_from_memory() {
+    if !needs("ffmpeg", "-version") || !needs("strace", "-V") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    // A 2 Mbit/s H.264 + 128 kbit/s AAC MP4, moov at the end.
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc2=size=640x360:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args(["-t", "13", "-c:v", "libx264", "-preset", "ultrafast"])
+        .args(["-b:v", "2M", "-maxrate", "2M", "-bufsize", "4M", "-g", "50"])
+        .args(["-keyint_min", "50", "-sc_threshold", "0"])
+        .args(["-c:a", "aac", "-b:a", "128k"])
+        .arg(www.join("movie.mp4"))
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let conf = dir.path().join("penstock.toml");
+    std::fs::write(
+        &conf,
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\n\
+         [log]\naccess = \"off\"\n[admission]\nself_calibrate = false\n",
+    )
+    .unwrap();
+    let trace_path = dir.path().join("trace");
+    let mut child = Command::new("strace")
+        .args(["-f", "-qq", "-e", "signal=none", "-o"])
+        .arg(&trace_path)
+        .args([
+            "-e",
+            "trace=sendfile,splice,write,writev,sendto,sendmsg,pwrite64,pwritev",
+        ])
+        .arg(env!("CARGO_BIN_EXE_penstock"))
+        .args(["serve", "--config"])
+        .arg(&conf)
+        .arg("--root")
+        .arg(&www)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = start_line(&mut child);
+    let (http, _) = serve_addresses(&line);
+
+    // A player: the multivariant playlist, each media playlist, init and every segment.
+    let mut made_in_memory = 0u64; // playlists and init segments
+    let (status, master) = get(&http, "/movie.mp4/index.m3u8", None);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&master));
+    made_in_memory += master.len() as u64;
+    let mut requests = 1u64;
+    let (mut payload, mut headers, mut segments) = (0u64, 0u64, 0u64);
+    let medias: Vec<String> = String::from_utf8(master)
+        .unwrap()
+        .lines()
+        .filter_map(|l| match l.split_once("URI=\"") {
+            Some((_, r)) => r.split('"').next().map(str::to_string),
+            None => (!l.starts_with('#') && !l.is_empty()).then(|| l.to_string()),
+        })
+        .collect();
+    assert_eq!(medias, ["track-2.m3u8", "track-1.m3u8"]);
+    for media in medias {
+        let (status, playlist) = get(&http, &format!("/movie.mp4/{media}"), None);
+        assert_eq!(status, 200, "{media}");
+        made_in_memory += playlist.len() as u64;
+        requests += 1;
+        for l in String::from_utf8(playlist).unwrap().lines() {
+            let uri = l
+                .strip_prefix("#EXT-X-MAP:URI=\"")
+                .map(|r| r.trim_end_matches('"'))
+                .or_else(|| (!l.starts_with('#') && !l.is_empty()).then_some(l));
+            let Some(uri) = uri else { continue };
+            let (status, body) = get(&http, &format!("/movie.mp4/{uri}"), None);
+            assert_eq!(status, 200, "{uri}");
+            requests += 1;
+            if uri.ends_with("init.mp4") {
+                made_in_memory += body.len() as u64;
+            } else {
+                let h = fmp4_header_len(&body);
+                headers += h;
+                payload += body.len() as u64 - h;
+                segments += 1;
+            }
+        }
+    }
+    let server =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).unwrap();
+    let server = server.split_whitespace().next().expect("strace's child");
+    let _ = Command::new("kill").args(["-TERM", server]).status();
+    assert!(child.wait().unwrap().success());
+
+    let trace = std::fs::read_to_string(&trace_path).unwrap();
+    let zero_copy = bytes_of(&trace, &["sendfile", "splice"]);
+    let copied = bytes_of(
+        &trace,
+        &[
+            "write", "writev", "sendto", "sendmsg", "pwrite64", "pwritev",
+        ],
+    );
+    println!(
+        "{segments} segments: payload {payload} B, moof+mdat headers {headers} B ({:.3} %); \
+         sendfile/splice {zero_copy} B; write family {copied} B (playlists and inits \
+         {made_in_memory} B, {requests} requests)",
+        headers as f64 * 100.0 / payload as f64
+    );
+    assert!(segments >= 6);
+    // Every sample byte left by sendfile.
+    assert!(zero_copy >= payload, "{zero_copy} < {payload}");
+    // The generated headers are at most 2 % of the payload.
+    assert!(
+        headers * 50 <= payload,
+        "{headers} header bytes for {payload}"
+    );
+    // What left from memory: those headers, the playlists and inits, the HTTP heads
+    // (< 512 B each) and the start line: nothing of the samples.
+    assert!(
+        copied <= headers + made_in_memory + 512 * requests + 4096,
+        "{copied} B copied out of user space"
+    );
+}

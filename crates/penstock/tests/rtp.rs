@@ -697,3 +697,132 @@ fn bad_media_and_bad_flags_are_refused_before_anything_is_sent() {
     assert!(text(&o.stderr).contains("burst"), "{}", text(&o.stderr));
     assert_eq!(std::fs::read(&out).unwrap(), b"hello\n");
 }
+
+/// A 6 s H.264 + AAC MP4 (moov at the end), key frames every 2 s.
+fn mp4_clip(path: &Path) {
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x240:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args([
+            "-t",
+            "6",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-g",
+            "50",
+        ])
+        .args(["-keyint_min", "50", "-sc_threshold", "0", "-c:a", "aac"])
+        .arg(path)
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}
+
+/// The movie of an MP4 file, read by the core (the moov found by its type).
+fn mp4_movie(file: &[u8]) -> penstock_core::mp4::Movie {
+    let at = file.windows(4).position(|w| w == b"moov").unwrap() - 4;
+    let len = u32::from_be_bytes(file[at..at + 4].try_into().unwrap()) as usize;
+    penstock_core::mp4::parse_movie(
+        &file[at + 8..at + len],
+        file.len() as u64,
+        &Default::default(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn an_mp4_is_paced_by_its_samples_and_from_starts_at_a_sync_sample() {
+    let _serial = serial();
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    mp4_clip(&clip);
+    let bytes = std::fs::read(&clip).unwrap();
+    let movie = mp4_movie(&bytes);
+    let video = movie.video().unwrap();
+
+    // --timing auto: the samples' decode times (the whole file, in order, over ~6 s).
+    let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let to = rx.local_addr().unwrap();
+    let got = thread::spawn(move || receive(rx, Duration::from_secs(30), Duration::from_secs(3)));
+    let o = run(&[
+        "stream",
+        clip.to_str().unwrap(),
+        &format!("udp://{to}"),
+        "--timing",
+        "auto",
+    ]);
+    assert!(o.status.success(), "penstock: {}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("the samples' decode times of an MP4"), "{err}");
+    assert!(err.contains("MP4 samples: track 1 avc1."), "{err}");
+    let got = got.join().unwrap();
+    let received: Vec<u8> = got.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+    assert!(received == bytes, "the datagrams put together are the file");
+    // Paced, not a burst: the last video sample is due 5.96 s after the first; the datagrams
+    // arrive spread over (at least most of) that. A lower bound only.
+    let span = got.last().unwrap().0.duration_since(got[0].0).as_secs_f64();
+    let last_due = (video.samples.last().unwrap().dts - video.edit.media_time) as f64
+        / f64::from(video.timescale);
+    println!(
+        "{} datagrams over {span:.3} s; last video sample due at {last_due:.3} s",
+        got.len()
+    );
+    assert!(
+        span >= 0.9 * last_due,
+        "{span} s for {last_due} s of samples"
+    );
+
+    // --from 3s: the video sync sample at or before 3 s is the one at 2 s (frame 50).
+    let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let to = rx.local_addr().unwrap();
+    let got = thread::spawn(move || receive(rx, Duration::from_secs(30), Duration::from_secs(3)));
+    let o = run(&[
+        "stream",
+        clip.to_str().unwrap(),
+        &format!("udp://{to}"),
+        "--timing",
+        "auto",
+        "--from",
+        "3s",
+    ]);
+    assert!(o.status.success(), "penstock: {}", text(&o.stderr));
+    let got = got.join().unwrap();
+    let received: Vec<u8> = got.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+    let sync = video.sync_at_or_before(3 * u64::from(video.timescale) + video.edit.media_time);
+    assert_eq!(sync, 50);
+    // From the first sample of any track at or after that sync sample's offset.
+    let from = video.samples[sync].offset;
+    let first = movie
+        .tracks
+        .iter()
+        .flat_map(|t| t.samples.iter().map(|s| s.offset))
+        .filter(|&o| o >= from)
+        .min()
+        .unwrap();
+    assert_eq!(first, from);
+    assert!(
+        text(&o.stderr).contains(&format!("from byte {from}")),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(
+        received == bytes[from as usize..],
+        "the bytes from the sync sample on"
+    );
+
+    // --timing samples of a file that is no MP4: refused, nothing sent.
+    let o = run(&[
+        "stream",
+        "/etc/hostname",
+        &format!("udp://{to}"),
+        "--timing",
+        "samples",
+    ]);
+    assert!(!o.status.success());
+}

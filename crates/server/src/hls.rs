@@ -15,6 +15,7 @@ use penstock_core::hls::{
     PTS_TICKS_PER_S, TsIndex, TsIndexError, TsIndexLimits, TsIndexer, Variant, bandwidth,
     map_range, media_playlist, segments, stream_info,
 };
+use penstock_core::mp4::{Movie, Mp4Error, Mp4Limits, Packaging};
 
 use crate::config::HlsConfig;
 
@@ -28,45 +29,78 @@ pub(crate) enum HlsError {
     /// version, like an index).
     #[error("{0}")]
     Index(#[from] TsIndexError),
+    /// The file is not an MP4 penstock packages (`crate::mp4`): 415 naming why.
+    #[error("{0}")]
+    Mp4(#[from] Mp4Error),
     /// Reading the file failed: 500 (not remembered: the next request tries again).
     #[error("reading the file: {0}")]
     Io(Arc<std::io::Error>),
 }
 
-/// What an index build ends with.
-pub(crate) type Built = Result<Arc<TsIndex>, HlsError>;
+/// What an index build ends with: a TS file's key-frame index, or an MP4's package
+/// ([`Mp4Package`]).
+pub(crate) type Built<T = TsIndex> = Result<Arc<T>, HlsError>;
+
+/// An MP4 packaged for HLS and DASH: its movie (the sample index), its segments for the
+/// configured target duration, and each track's init segment, made once.
+#[derive(Debug)]
+pub(crate) struct Mp4Package {
+    pub(crate) movie: Movie,
+    pub(crate) packaging: Packaging,
+    /// (track id, init segment).
+    pub(crate) inits: Vec<(u32, Vec<u8>)>,
+}
 
 /// The key-frame indexes of the files played, the builds under way, and the settings.
 pub(crate) struct Hls {
     cfg: HlsConfig,
     cache: Arc<Mutex<Cache>>,
+    /// MP4 packages: the same mechanism, keyed the same way, its own entries.
+    mp4: Arc<Mutex<Cache<Mp4Package>>>,
 }
 
-#[derive(Default)]
-struct Cache {
+struct Cache<T = TsIndex> {
     /// Indexes, and the files that have none (not TS, no video, no key frame).
-    map: HashMap<FileKey, Built>,
+    map: HashMap<FileKey, Built<T>>,
     /// Insertion order: the oldest goes first when the cache is full.
     order: VecDeque<FileKey>,
     /// The builds under way (at most `indexers_max`), one per file version.
-    building: HashMap<FileKey, Arc<Build>>,
+    building: HashMap<FileKey, Arc<Build<T>>>,
+}
+
+impl<T> Default for Cache<T> {
+    fn default() -> Self {
+        Cache {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            building: HashMap::new(),
+        }
+    }
 }
 
 /// One index being built on a thread of its own; the requests that wait for it.
-pub(crate) struct Build {
-    state: Mutex<BuildState>,
+pub(crate) struct Build<T = TsIndex> {
+    state: Mutex<BuildState<T>>,
 }
 
-#[derive(Default)]
-struct BuildState {
-    result: Option<Built>,
+struct BuildState<T = TsIndex> {
+    result: Option<Built<T>>,
     /// The eventfds of the HTTP loops whose connections wait (written once, at the end).
     wakers: Vec<Arc<OwnedFd>>,
 }
 
-impl Build {
+impl<T> Default for BuildState<T> {
+    fn default() -> Self {
+        BuildState {
+            result: None,
+            wakers: Vec::new(),
+        }
+    }
+}
+
+impl<T> Build<T> {
     /// The end of the build, once it has one.
-    pub(crate) fn result(&self) -> Option<Built> {
+    pub(crate) fn result(&self) -> Option<Built<T>> {
         self.state
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -92,11 +126,11 @@ fn wake(waker: &OwnedFd) {
 }
 
 /// What [`Hls::lookup`] found for a file.
-pub(crate) enum Lookup {
+pub(crate) enum Lookup<T = TsIndex> {
     /// Cached: the index, or why the file has none.
-    Ready(Built),
+    Ready(Built<T>),
     /// Being built: the caller waits for the build (its loop's eventfd is written at the end).
-    Building(Arc<Build>),
+    Building(Arc<Build<T>>),
     /// `indexers_max` builds are under way (or no thread could be started): 503.
     Busy,
 }
@@ -109,6 +143,7 @@ impl Hls {
         Hls {
             cfg,
             cache: Arc::new(Mutex::new(Cache::default())),
+            mp4: Arc::new(Mutex::new(Cache::default())),
         }
     }
 
@@ -184,53 +219,69 @@ impl Hls {
     /// version, however many ask), or a new one on a thread of its own (`indexer`), within
     /// `indexers_max`. `waker` is written when a build the caller waits for ends.
     pub(crate) fn lookup(&self, file: &File, waker: &Arc<OwnedFd>) -> Lookup {
-        let m = match file.metadata() {
-            Ok(m) => m,
-            Err(e) => return Lookup::Ready(Err(HlsError::Io(Arc::new(e)))),
-        };
-        let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
-        let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = c.map.get(&key) {
-            return Lookup::Ready(r.clone());
-        }
-        if let Some(b) = c.building.get(&key) {
-            b.wake_at_end(waker);
-            return Lookup::Building(b.clone());
-        }
-        if c.building.len() >= self.cfg.indexers_max.max(1) {
-            return Lookup::Busy;
-        }
-        let file = match file.try_clone() {
-            Ok(f) => f,
-            Err(e) => return Lookup::Ready(Err(HlsError::Io(Arc::new(e)))),
-        };
-        let build = Arc::new(Build {
-            state: Mutex::new(BuildState {
-                result: None,
-                wakers: vec![waker.clone()],
-            }),
+        lookup_in(&self.cache, &self.cfg, file, waker, read_index)
+    }
+
+    /// [`Hls::lookup`] for an MP4 (`PATH.mp4/…`): its package, built once per file version
+    /// on an index thread (the top-level boxes walked, the `moov` read with one range read).
+    pub(crate) fn lookup_mp4(&self, file: &File, waker: &Arc<OwnedFd>) -> Lookup<Mp4Package> {
+        let target_ms = self.cfg.target_duration_ms;
+        lookup_in(&self.mp4, &self.cfg, file, waker, move |f, len| {
+            read_mp4(f, len, target_ms)
+        })
+    }
+}
+
+/// The cached result for `file` in `cache`, the build under way, or a new build on a thread
+/// of its own (`read` reads the file), within `indexers_max`.
+fn lookup_in<T: Send + Sync + 'static>(
+    cache: &Arc<Mutex<Cache<T>>>,
+    cfg: &HlsConfig,
+    file: &File,
+    waker: &Arc<OwnedFd>,
+    read: impl FnOnce(&File, u64) -> Built<T> + Send + 'static,
+) -> Lookup<T> {
+    let m = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return Lookup::Ready(Err(HlsError::Io(Arc::new(e)))),
+    };
+    let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
+    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(r) = c.map.get(&key) {
+        return Lookup::Ready(r.clone());
+    }
+    if let Some(b) = c.building.get(&key) {
+        b.wake_at_end(waker);
+        return Lookup::Building(b.clone());
+    }
+    if c.building.len() >= cfg.indexers_max.max(1) {
+        return Lookup::Busy;
+    }
+    let file = match file.try_clone() {
+        Ok(f) => f,
+        Err(e) => return Lookup::Ready(Err(HlsError::Io(Arc::new(e)))),
+    };
+    let build = Arc::new(Build {
+        state: Mutex::new(BuildState {
+            result: None,
+            wakers: vec![waker.clone()],
+        }),
+    });
+    let job = (cache.clone(), build.clone(), key, cfg.index_cache_entries);
+    let spawned = std::thread::Builder::new()
+        .name("penstock-index".into())
+        .spawn(move || {
+            let (cache, build, key, entries) = job;
+            indexer(&cache, &build, key, entries, &file, read);
         });
-        let job = (
-            self.cache.clone(),
-            build.clone(),
-            key,
-            self.cfg.index_cache_entries,
-        );
-        let spawned = std::thread::Builder::new()
-            .name("penstock-index".into())
-            .spawn(move || {
-                let (cache, build, key, entries) = job;
-                indexer(&cache, &build, key, entries, &file);
-            });
-        match spawned {
-            Ok(_) => {
-                c.building.insert(key, build.clone());
-                Lookup::Building(build)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "no thread for an HLS index");
-                Lookup::Busy
-            }
+    match spawned {
+        Ok(_) => {
+            c.building.insert(key, build.clone());
+            Lookup::Building(build)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no thread for an HLS index");
+            Lookup::Busy
         }
     }
 }
@@ -239,10 +290,17 @@ impl Hls {
 /// cache, then ends the build and wakes the loops whose connections wait for it. The thread
 /// cannot hold the lock before `lookup` has registered the build: `lookup` holds it while
 /// spawning.
-fn indexer(cache: &Mutex<Cache>, build: &Build, key: FileKey, entries: usize, file: &File) {
+fn indexer<T>(
+    cache: &Mutex<Cache<T>>,
+    build: &Build<T>,
+    key: FileKey,
+    entries: usize,
+    file: &File,
+    read: impl FnOnce(&File, u64) -> Built<T>,
+) {
     // A panic in the indexer (a bug) must not leave the build registered and its waiters
     // parked for good: it ends the build as a read error would.
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_index(file, key.2)))
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(file, key.2)))
         .unwrap_or_else(|_| {
             Err(HlsError::Io(Arc::new(std::io::Error::other(
                 "the index thread panicked",
@@ -267,7 +325,7 @@ fn indexer(cache: &Mutex<Cache>, build: &Build, key: FileKey, entries: usize, fi
 }
 
 /// Keeps `result` for `key`, the oldest leaving first beyond `entries`.
-fn keep(c: &mut Cache, key: FileKey, result: Built, entries: usize) {
+fn keep<T>(c: &mut Cache<T>, key: FileKey, result: Built<T>, entries: usize) {
     if c.map.insert(key, result).is_none() {
         c.order.push_back(key);
     }
@@ -295,6 +353,38 @@ fn read_index(file: &File, len: u64) -> Built {
         at += n as u64;
     }
     Ok(Arc::new(indexer.finish()?))
+}
+
+/// The package of the MP4 `file` (`len` bytes): its top-level boxes walked (16 bytes read at
+/// each), its `moov` read whole with one range read (at the start or at the end), the movie
+/// and its sample index parsed, cut into segments of `target_ms`, the init segments made.
+fn read_mp4(file: &File, len: u64, target_ms: u64) -> Built<Mp4Package> {
+    use penstock_driver::media::MediaError;
+    let movie = penstock_driver::media::mp4_movie(file, len, &Mp4Limits::default()).map_err(
+        |e| match e {
+            MediaError::Mp4(e) => HlsError::Mp4(e),
+            MediaError::Io(e) => HlsError::Io(Arc::new(e)),
+            e => HlsError::Io(Arc::new(std::io::Error::other(e.to_string()))),
+        },
+    )?;
+    let packaging = Packaging::cut(&movie, target_ms);
+    let inits = movie
+        .tracks
+        .iter()
+        .map(|t| (t.id, penstock_core::mp4::write::init_segment(&movie, t)))
+        .collect();
+    Ok(Arc::new(Mp4Package {
+        movie,
+        packaging,
+        inits,
+    }))
+}
+
+/// Whether `name` names an MP4 file packaged for HLS and DASH: `.mp4`, `.m4v`, `.mov`, any
+/// case.
+pub(crate) fn is_mp4_name(name: &str) -> bool {
+    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    matches!(ext.as_deref(), Some("mp4" | "m4v" | "mov"))
 }
 
 /// The last component of `path`, percent-escaped for a URI reference: what a playlist at

@@ -18,7 +18,8 @@
 //!   and dropped lines. `data_path` is how the body moved: `sendfile` (the connection's
 //!   loop), `engine-<path>`, `memory` (heads, errors, multipart part headers, metrics),
 //!   `none` (HEAD, 304).
-//! - HLS: `hls_playlist_requests_total{kind}` (playlists made and answered: `media`, `master`)
+//! - HLS: `hls_playlist_requests_total{kind}` (playlists made and answered: `media`, `master`,
+//!   `dash`)
 //!   and `hls_segment_requests_total` (range GETs of a TS file, which is what a segment is).
 //! - Streams: `streams_active`, `admission_refusals_total{resource}` (every resource present
 //!   at 0 from the start), and for paced streams `stream_lateness_seconds{class}` and
@@ -559,7 +560,7 @@ impl Metrics {
             live_sessions.clone(),
         );
         let hls_playlists = Family::<Kind, Counter>::default();
-        for kind in ["media", "master"] {
+        for kind in ["media", "master", "dash"] {
             let _ = hls_playlists.get_or_create(&Kind { kind: kind.into() });
         }
         r.register(

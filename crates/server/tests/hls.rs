@@ -281,6 +281,109 @@ fn hls_js_in_chromium_plays_the_playlist_and_a_seek() {
     assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
 }
 
+#[test]
+fn hls_js_in_chromium_plays_an_mp4_packaged_on_the_fly_and_a_seek() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let Some(player) = player_dir() else {
+        return;
+    };
+    let f = start();
+    // H.264 + AAC, moov at the end: video and audio as separate renditions (the audio an
+    // EXT-X-MEDIA group), fMP4 segments of the file's own samples.
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x240:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args([
+            "-t",
+            "13",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-g",
+            "50",
+        ])
+        .args(["-keyint_min", "50", "-sc_threshold", "0", "-c:a", "aac"])
+        .arg(f.path("movie.mp4"))
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (line, shot) = play(&f, &player, "/movie.mp4/index.m3u8", &["8"], "hls-mp4");
+    assert!(line.contains("\"width\":320"), "{line}");
+    let t: f64 = line
+        .split("\"currentTime\":")
+        .nth(1)
+        .and_then(|r| r.split([',', '}']).next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(t > 9.0, "{line}");
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
+}
+
+#[test]
+fn shaka_player_in_chromium_plays_an_mp4s_dash_manifest_and_a_seek() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let Some(player) = player_dir() else {
+        return;
+    };
+    let shaka = player.join("node_modules/shaka-player/dist/shaka-player.compiled.js");
+    if !penstock_testreq::require_that(
+        "shaka-player",
+        (!shaka.is_file()).then(|| "`npm ci --prefix crates/server/tests/player`".to_string()),
+    ) {
+        return;
+    }
+    let f = start();
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x240:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args([
+            "-t",
+            "13",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-g",
+            "50",
+        ])
+        .args(["-keyint_min", "50", "-sc_threshold", "0", "-c:a", "aac"])
+        .args(["-movflags", "+faststart"])
+        .arg(f.path("movie.mp4"))
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::copy(player.join("shaka.html"), f.path("shaka.html")).unwrap();
+    std::fs::copy(&shaka, f.path("shaka-player.compiled.js")).unwrap();
+    let shot = std::env::temp_dir().join(format!("penstock-dash-{}.png", std::process::id()));
+    let o = Command::new("node")
+        .arg(player.join("play.mjs"))
+        .arg(f.url("/shaka.html?src=/movie.mp4/manifest.mpd"))
+        .arg("8")
+        .env("SCREENSHOT", &shot)
+        .output()
+        .expect("node");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("{out}\n{err}\nscreenshot: {}", shot.display());
+    let line = out.lines().last().unwrap_or_default();
+    assert!(line.contains("\"ok\":true"), "{line}\n{err}");
+    assert!(line.contains("\"width\":320"), "{line}");
+    let t: f64 = line
+        .split("\"currentTime\":")
+        .nth(1)
+        .and_then(|r| r.split([',', '}']).next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(t > 9.0, "{line}");
+}
+
 /// `n` TS null packets (PID 0x1FFF): stuffing, as a constant-bitrate mux writes it. The
 /// indexer reads them as any other packet.
 fn null_packets(n: usize) -> Vec<u8> {

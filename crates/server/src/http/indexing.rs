@@ -18,10 +18,30 @@ use super::{Interest, State, Worker, conn_in, set_interest, token};
 
 /// What `respond` hands the loop for a playlist whose index is being built.
 pub(super) struct IndexPending {
-    pub(super) build: Arc<crate::hls::Build>,
+    pub(super) build: PendingBuild,
     /// The TS file's modification time (the playlist's `Last-Modified` and `ETag`).
     pub(super) mtime: SystemTime,
     pub(super) keep_alive_allowed: bool,
+}
+
+/// The build a parked request waits for: a TS file's key-frame index (its playlist), or an
+/// MP4's package (any of `PATH.mp4/…`: the file kept for the segments' sendfile).
+pub(super) enum PendingBuild {
+    Ts(Arc<crate::hls::Build>),
+    Mp4 {
+        build: Arc<crate::hls::Build<crate::hls::Mp4Package>>,
+        file: std::fs::File,
+        what: super::mp4::Mp4Request,
+    },
+}
+
+impl PendingBuild {
+    fn done(&self) -> bool {
+        match self {
+            PendingBuild::Ts(b) => b.result().is_some(),
+            PendingBuild::Mp4 { build, .. } => build.result().is_some(),
+        }
+    }
 }
 
 /// A parked connection: its request, and the `Out` made for it (its class, start, log entry;
@@ -57,11 +77,10 @@ impl Worker {
                 continue;
             };
             let State::Index(w) = &c.state else { continue };
-            let built = w.out.hls_wait.as_ref().and_then(|p| p.build.result());
-            let Some(built) = built else {
+            if !w.out.hls_wait.as_ref().is_some_and(|p| p.build.done()) {
                 self.index_conns.push((idx, generation));
                 continue;
-            };
+            }
             let State::Index(w) = std::mem::replace(&mut c.state, State::Reading) else {
                 unreachable!("matched Index above")
             };
@@ -75,7 +94,25 @@ impl Worker {
                 ranges_max: live.limits.ranges_max,
                 boundary: "",
             };
-            let r = super::respond::hls_response(&shared, &req, &ctx, built, pending.mtime);
+            let r = match pending.build {
+                PendingBuild::Ts(build) => {
+                    let built = build.result().expect("checked above");
+                    super::respond::hls_response(&shared, &req, &ctx, built, pending.mtime)
+                }
+                PendingBuild::Mp4 { build, file, what } => {
+                    let built = build.result().expect("checked above");
+                    let r =
+                        super::mp4::mp4_response(&shared, &req, &ctx, built, pending.mtime, what);
+                    if r.body
+                        .iter()
+                        .any(|p| matches!(p, penstock_core::http::BodyPiece::File { .. }))
+                    {
+                        out.file = Some(file);
+                        out.path_label = "sendfile";
+                    }
+                    r
+                }
+            };
             out.head = r.head;
             out.delivery.apply(&mut out.head, r.status);
             out.head_pos = 0;

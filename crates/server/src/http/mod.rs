@@ -57,6 +57,7 @@
 mod accept;
 mod engine;
 mod indexing;
+mod mp4;
 mod origin;
 mod respond;
 mod send;
@@ -980,6 +981,7 @@ impl Worker {
                                 to_engine: None,
                                 origin_type: None,
                                 hls_wait: None,
+                                corked: false,
                                 delivery: Default::default(),
                                 volume: None,
                                 status: r.status,

@@ -102,6 +102,7 @@ impl Worker {
             to_engine: None,
             origin_type: None,
             hls_wait: None,
+            corked: false,
             delivery: Default::default(),
             volume: None,
             status: r.status,
@@ -142,6 +143,9 @@ impl Worker {
                 return memory(unavailable(req, &ctx), class);
             }
             return self.respond_volume(req, rest, &ctx, class, &memory);
+        }
+        if let Some(out) = self.respond_mp4(req, &ctx, &class, &memory) {
+            return out;
         }
         if let Some(out) = self.respond_hls(req, &ctx, &class, &memory) {
             return out;
@@ -325,6 +329,7 @@ impl Worker {
             to_engine,
             origin_type: None,
             hls_wait: None,
+            corked: false,
             delivery: Default::default(),
             volume: None,
             status: r.status,
@@ -366,7 +371,7 @@ impl Worker {
                 let mut out = memory(r, class.clone());
                 out.keep_alive = req.keep_alive && ctx.keep_alive_allowed;
                 out.hls_wait = Some(Box::new(super::indexing::IndexPending {
-                    build,
+                    build: super::indexing::PendingBuild::Ts(build),
                     mtime,
                     keep_alive_allowed: ctx.keep_alive_allowed,
                 }));
@@ -464,7 +469,7 @@ impl Worker {
                     variants.push(v);
                     newest = newest.max(mtime);
                 }
-                Err(crate::hls::HlsError::Index(e)) => {
+                Err(e @ (crate::hls::HlsError::Index(_) | crate::hls::HlsError::Mp4(_))) => {
                     tracing::debug!(path = %dir_path, file = %name, error = %e, "not a rendition");
                 }
                 Err(crate::hls::HlsError::Io(e)) => {
@@ -582,6 +587,7 @@ impl Worker {
             volume: Some(Box::new(pio)),
             origin_type: None,
             hls_wait: None,
+            corked: false,
             delivery: Default::default(),
             status: r.status,
             started: Instant::now(),
@@ -608,7 +614,7 @@ pub(super) fn hls_response(
             let etag = penstock_core::http::ETag::for_file(p.len() as u64, mtime);
             playlist_ok(req, ctx, &etag, mtime, p.into_bytes())
         }
-        Err(crate::hls::HlsError::Index(e)) => {
+        Err(e @ (crate::hls::HlsError::Index(_) | crate::hls::HlsError::Mp4(_))) => {
             tracing::debug!(path = %ts_path, error = %e, "no HLS playlist");
             shared.metrics.error("hls_not_indexable");
             respond_error(Status::UNSUPPORTED_MEDIA_TYPE, Some(req), ctx)
@@ -659,7 +665,7 @@ fn small_ok(
 
 /// A `200` with a playlist made in memory (none for HEAD), its `ETag` and `Last-Modified`
 /// those of the files it was made from.
-fn playlist_ok(
+pub(super) fn playlist_ok(
     req: &Request,
     ctx: &ResponseContext<'_>,
     etag: &penstock_core::http::ETag,
@@ -678,12 +684,33 @@ fn playlist_ok(
 /// A `200` whose body is `body` in memory, with the validators when given: then a `304`
 /// without a body when the request's `If-None-Match` / `If-Modified-Since` says the client's
 /// copy is current (what a player's cache revalidating a playlist asks).
-fn made_ok(
+pub(super) fn made_ok(
     req: &Request,
     ctx: &ResponseContext<'_>,
     content_type: &'static str,
     validators: Option<(&penstock_core::http::ETag, SystemTime)>,
     body: Vec<u8>,
+) -> penstock_core::http::Response {
+    let len = body.len() as u64;
+    pieces_ok(
+        req,
+        ctx,
+        content_type,
+        validators,
+        vec![BodyPiece::Bytes(body)],
+        len,
+    )
+}
+
+/// [`made_ok`] with a body of `pieces` (`len` bytes): memory and byte ranges of the request's
+/// file (an MP4 segment: its generated header, then its samples sent by sendfile).
+pub(super) fn pieces_ok(
+    req: &Request,
+    ctx: &ResponseContext<'_>,
+    content_type: &'static str,
+    validators: Option<(&penstock_core::http::ETag, SystemTime)>,
+    pieces: Vec<BodyPiece>,
+    len: u64,
 ) -> penstock_core::http::Response {
     let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
     let not_modified = validators.is_some_and(|(etag, mtime)| {
@@ -700,7 +727,7 @@ fn made_ok(
         date: ctx.date,
         server: ctx.server,
         content_type: (!not_modified).then_some(content_type),
-        content_length_bytes: (!not_modified).then_some(body.len() as u64),
+        content_length_bytes: (!not_modified).then_some(len),
         content_range: None,
         accept_ranges: false,
         etag: validators.map(|(e, _)| e),
@@ -717,7 +744,7 @@ fn made_ok(
         body: if not_modified || req.method == Method::Head {
             Vec::new()
         } else {
-            vec![BodyPiece::Bytes(body)]
+            pieces
         },
         keep_alive,
     }
@@ -738,7 +765,10 @@ impl Worker {
 
 /// 503 with `Retry-After` and no body: the engine cannot take a body now and the head is
 /// not written yet (see `respond`).
-fn unavailable(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http::Response {
+pub(super) fn unavailable(
+    req: &Request,
+    ctx: &ResponseContext<'_>,
+) -> penstock_core::http::Response {
     let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
     let head = ResponseHead {
         status: Status::SERVICE_UNAVAILABLE,

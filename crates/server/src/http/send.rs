@@ -51,6 +51,9 @@ pub(super) struct Out {
     /// the connection until the build ends (`indexing.rs`); as with `origin_type`, only the
     /// class, start, log entry and keep-alive of this `Out` are used.
     pub(super) hls_wait: Option<Box<super::indexing::IndexPending>>,
+    /// TCP_CORK is set for this body (several pieces: an MP4 segment's generated header and
+    /// its samples' ranges leave in full packets); cleared when the body is out.
+    pub(super) corked: bool,
     /// The location's CORS lines and the caching of HLS media (`crate::delivery`), for the heads
     /// made after `respond` (a playlist after its index build, the origin's answer).
     pub(super) delivery: crate::delivery::Delivery,
@@ -140,6 +143,11 @@ pub(super) fn write_out(sock: &TcpStream, out: &mut Out, now: Instant) -> Progre
     if out.to_engine.is_some() {
         return Progress::HandOff;
     }
+    if !out.corked && out.body_sent == 0 && out.pieces.len() > 1 {
+        // A body of several pieces (memory then file ranges): corked, so the pieces' seams
+        // do not each end a short packet. Best effort: a socket that refuses it still works.
+        out.corked = rustix::net::sockopt::set_tcp_cork(sock, true).is_ok();
+    }
     while let Some(front) = out.pieces.front() {
         if calls >= BUDGET_SYSCALLS {
             return Progress::Yield;
@@ -157,7 +165,12 @@ pub(super) fn write_out(sock: &TcpStream, out: &mut Out, now: Instant) -> Progre
                 let start = out.piece_pos as usize;
                 let end = start + left.min(allowance) as usize;
                 asked = end - start;
-                rustix::net::send(sock, &b[start..end], SendFlags::NOSIGNAL)
+                let more = if out.pieces.len() > 1 {
+                    SendFlags::MORE
+                } else {
+                    SendFlags::empty()
+                };
+                rustix::net::send(sock, &b[start..end], SendFlags::NOSIGNAL | more)
             }
             BodyPiece::File { offset_bytes, .. } => {
                 let Some(file) = &out.file else {
@@ -197,6 +210,11 @@ pub(super) fn write_out(sock: &TcpStream, out: &mut Out, now: Instant) -> Progre
             Err(Errno::INTR) => {}
             Err(e) => return Progress::Failed(peer_kind(e)),
         }
+    }
+    if out.corked {
+        // Uncorking pushes what is queued.
+        let _ = rustix::net::sockopt::set_tcp_cork(sock, false);
+        out.corked = false;
     }
     Progress::Done
 }

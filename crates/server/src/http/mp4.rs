@@ -1,0 +1,288 @@
+//! HLS and DASH of a plain MP4 beneath the root, packaged on the fly (docs/hls.md): for PATH
+//! an `.mp4` (`.m4v`, `.mov`), `PATH/index.m3u8` (multivariant: the audio track as an
+//! `EXT-X-MEDIA` rendition, the video track a variant), `PATH/track-N.m3u8` (media playlists,
+//! fMP4 with `EXT-X-MAP`), `PATH/manifest.mpd` (DASH), `PATH/track-N/init.mp4` and
+//! `PATH/track-N/K.m4s`. The package (sample index, segments, init segments) is built once
+//! per file version by an index thread (`crate::hls`); a media segment is its `moof` + `mdat`
+//! header from memory, then the samples' byte ranges of PATH by sendfile (`send.rs` corks
+//! the socket around a body of several pieces). A file that is no MP4 penstock packages is a
+//! 415 whose body names why.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use penstock_core::http::{
+    BodyPiece, ETag, Method, Request, ResponseContext, ResponseHead, Status, connection_header,
+    respond_error, write_response_head,
+};
+use penstock_core::mp4::{MediaSegment, dash_manifest, hls_master, hls_media};
+
+use super::Worker;
+use super::send::Out;
+use crate::confine::Opened;
+
+/// What a request beneath `PATH.mp4/` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mp4Request {
+    Master,
+    Manifest,
+    Media(u32),
+    Init(u32),
+    Segment(u32, usize),
+}
+
+impl Mp4Request {
+    fn parse(rest: &str) -> Option<Mp4Request> {
+        match rest {
+            "index.m3u8" => return Some(Mp4Request::Master),
+            "manifest.mpd" => return Some(Mp4Request::Manifest),
+            _ => {}
+        }
+        let t = rest.strip_prefix("track-")?;
+        if let Some(id) = t.strip_suffix(".m3u8") {
+            return id.parse().ok().map(Mp4Request::Media);
+        }
+        let (id, file) = t.split_once('/')?;
+        let id: u32 = id.parse().ok()?;
+        if file == "init.mp4" {
+            return Some(Mp4Request::Init(id));
+        }
+        let k = file.strip_suffix(".m4s")?.parse().ok()?;
+        Some(Mp4Request::Segment(id, k))
+    }
+}
+
+/// `/a/b.mp4/rest` → (`/a/b.mp4`, `rest`): the first path component named as an MP4.
+fn split_mp4_path(path: &str) -> Option<(&str, &str)> {
+    let mut from = 0;
+    while let Some(i) = path[from..].find('/') {
+        let end = from + i;
+        if end > 0 && crate::hls::is_mp4_name(&path[..end]) {
+            return Some((&path[..end], &path[end + 1..]));
+        }
+        from = end + 1;
+    }
+    None
+}
+
+impl Worker {
+    /// A request beneath `PATH/` where PATH is an MP4 file beneath the root: its playlists,
+    /// manifest, init and media segments; `None` for every other request.
+    pub(super) fn respond_mp4(
+        &mut self,
+        req: &Request,
+        ctx: &ResponseContext<'_>,
+        class: &Arc<str>,
+        memory: &dyn Fn(penstock_core::http::Response, Arc<str>) -> Out,
+    ) -> Option<Out> {
+        let shared = self.shared.clone();
+        if !shared.hls.enabled() || !matches!(req.method, Method::Get | Method::Head) {
+            return None;
+        }
+        let (mp4_path, rest) = split_mp4_path(&req.path)?;
+        let what = Mp4Request::parse(rest)?;
+        let rel = mp4_path.trim_start_matches('/');
+        let Ok(Opened::File { file, mtime, .. }) = self.site.root.open_path(rel) else {
+            return None;
+        };
+        self.playlist_made = true;
+        match what {
+            Mp4Request::Master => shared.metrics.hls_playlist("master"),
+            Mp4Request::Media(_) => shared.metrics.hls_playlist("media"),
+            Mp4Request::Manifest => shared.metrics.hls_playlist("dash"),
+            Mp4Request::Init(_) | Mp4Request::Segment(..) => {
+                shared.metrics.hls_segments.inc();
+            }
+        }
+        let r = match shared.hls.lookup_mp4(&file, &self.engine_waker) {
+            crate::hls::Lookup::Ready(built) => {
+                let r = mp4_response(&shared, req, ctx, built, mtime, what);
+                let has_file = r.body.iter().any(|p| matches!(p, BodyPiece::File { .. }));
+                let mut out = memory(r, class.clone());
+                if has_file {
+                    out.file = Some(file);
+                    out.file_label = mp4_path.to_string();
+                    out.path_label = "sendfile";
+                }
+                return Some(out);
+            }
+            crate::hls::Lookup::Building(build) => {
+                // Not packaged yet: the connection waits off the loop (`indexing.rs`).
+                let r = super::respond::unavailable(req, ctx);
+                let mut out = memory(r, class.clone());
+                out.keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+                out.file_label = mp4_path.to_string();
+                out.hls_wait = Some(Box::new(super::indexing::IndexPending {
+                    build: super::indexing::PendingBuild::Mp4 { build, file, what },
+                    mtime,
+                    keep_alive_allowed: ctx.keep_alive_allowed,
+                }));
+                return Some(out);
+            }
+            crate::hls::Lookup::Busy => {
+                shared.metrics.error("hls_busy");
+                let closing = ResponseContext {
+                    keep_alive_allowed: false,
+                    ..*ctx
+                };
+                super::respond::unavailable(req, &closing)
+            }
+        };
+        Some(memory(r, class.clone()))
+    }
+}
+
+/// The answer to `what` once the MP4's package is `built`.
+pub(super) fn mp4_response(
+    shared: &super::HttpShared,
+    req: &Request,
+    ctx: &ResponseContext<'_>,
+    built: crate::hls::Built<crate::hls::Mp4Package>,
+    mtime: SystemTime,
+    what: Mp4Request,
+) -> penstock_core::http::Response {
+    let pkg = match built {
+        Ok(p) => p,
+        Err(crate::hls::HlsError::Io(e)) => {
+            tracing::warn!(path = %req.path, error = %e, "reading an MP4 to package it");
+            shared.metrics.error("open_failed");
+            return respond_error(Status::INTERNAL_SERVER_ERROR, Some(req), ctx);
+        }
+        Err(e) => {
+            tracing::debug!(path = %req.path, error = %e, "no HLS/DASH for this MP4");
+            shared.metrics.error("hls_not_indexable");
+            return unsupported(req, ctx, &e.to_string());
+        }
+    };
+    let not_found = || {
+        shared.metrics.error("not_found");
+        respond_error(Status::NOT_FOUND, Some(req), ctx)
+    };
+    let text = |body: String, content_type: &'static str| {
+        let etag = ETag::for_file(body.len() as u64, mtime);
+        super::respond::made_ok(
+            req,
+            ctx,
+            content_type,
+            Some((&etag, mtime)),
+            body.into_bytes(),
+        )
+    };
+    match what {
+        Mp4Request::Master => text(
+            hls_master(&pkg.movie, &pkg.packaging),
+            "application/vnd.apple.mpegurl",
+        ),
+        Mp4Request::Media(id) => match hls_media(&pkg.movie, &pkg.packaging, id) {
+            Some(p) => text(p, "application/vnd.apple.mpegurl"),
+            None => not_found(),
+        },
+        Mp4Request::Manifest => text(
+            dash_manifest(&pkg.movie, &pkg.packaging),
+            "application/dash+xml",
+        ),
+        Mp4Request::Init(id) => match pkg.inits.iter().find(|(t, _)| *t == id) {
+            Some((_, init)) => {
+                let etag = ETag::for_file(init.len() as u64, mtime);
+                super::respond::made_ok(req, ctx, "video/mp4", Some((&etag, mtime)), init.clone())
+            }
+            None => not_found(),
+        },
+        Mp4Request::Segment(id, k) => {
+            let (Some(track), Some(cut)) = (pkg.movie.track(id), pkg.packaging.track(id)) else {
+                return not_found();
+            };
+            let Some(span) = cut.segments.get(k) else {
+                return not_found();
+            };
+            let seg = MediaSegment::build(track, span, k);
+            let len = seg.len_bytes();
+            let mut pieces = Vec::with_capacity(1 + seg.ranges.len());
+            pieces.push(BodyPiece::Bytes(seg.header));
+            pieces.extend(
+                seg.ranges
+                    .iter()
+                    .map(|&(offset_bytes, len_bytes)| BodyPiece::File {
+                        offset_bytes,
+                        len_bytes,
+                    }),
+            );
+            // The segment's validator: its size and the file's mtime, with its number mixed
+            // into the time (two segments of one size differ).
+            let etag = ETag::for_file(len, mtime + std::time::Duration::from_nanos(k as u64 + 1));
+            super::respond::pieces_ok(req, ctx, "video/mp4", Some((&etag, mtime)), pieces, len)
+        }
+    }
+}
+
+/// `415 Unsupported Media Type` whose text names why (the codec, the table, the box).
+fn unsupported(
+    req: &Request,
+    ctx: &ResponseContext<'_>,
+    why: &str,
+) -> penstock_core::http::Response {
+    let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+    let body = format!("415 Unsupported Media Type: {why}\n").into_bytes();
+    let head = ResponseHead {
+        status: Status::UNSUPPORTED_MEDIA_TYPE,
+        date: ctx.date,
+        server: ctx.server,
+        content_type: Some("text/plain; charset=utf-8"),
+        content_length_bytes: Some(body.len() as u64),
+        content_range: None,
+        accept_ranges: false,
+        etag: None,
+        last_modified: None,
+        allow: None,
+        location: None,
+        connection: connection_header(keep_alive, ctx),
+    };
+    let mut bytes = Vec::with_capacity(256);
+    write_response_head(&head, &mut bytes);
+    penstock_core::http::Response {
+        status: Status::UNSUPPORTED_MEDIA_TYPE,
+        head: bytes,
+        body: if req.method == Method::Head {
+            Vec::new()
+        } else {
+            vec![BodyPiece::Bytes(body)]
+        },
+        keep_alive,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mp4_paths_split_at_the_mp4_component() {
+        assert_eq!(
+            split_mp4_path("/films/a b.mp4/track-1/3.m4s"),
+            Some(("/films/a b.mp4", "track-1/3.m4s"))
+        );
+        assert_eq!(
+            split_mp4_path("/x.MP4/index.m3u8"),
+            Some(("/x.MP4", "index.m3u8"))
+        );
+        assert_eq!(split_mp4_path("/x.ts/index.m3u8"), None);
+        assert_eq!(
+            Mp4Request::parse("track-2/17.m4s"),
+            Some(Mp4Request::Segment(2, 17))
+        );
+        assert_eq!(
+            Mp4Request::parse("track-2/init.mp4"),
+            Some(Mp4Request::Init(2))
+        );
+        assert_eq!(
+            Mp4Request::parse("track-1.m3u8"),
+            Some(Mp4Request::Media(1))
+        );
+        assert_eq!(
+            Mp4Request::parse("manifest.mpd"),
+            Some(Mp4Request::Manifest)
+        );
+        assert_eq!(Mp4Request::parse("track-x/1.m4s"), None);
+        assert_eq!(Mp4Request::parse("other"), None);
+    }
+}

@@ -180,14 +180,7 @@ fn mp4_segments_send_their_samples_by_sendfile_and_only_headers_from_memory() {
     )
     .unwrap();
     let trace_path = dir.path().join("trace");
-    let mut child = Command::new("strace")
-        .args(["-f", "-qq", "-e", "signal=none", "-o"])
-        .arg(&trace_path)
-        .args([
-            "-e",
-            "trace=sendfile,splice,write,writev,sendto,sendmsg,pwrite64,pwritev",
-        ])
-        .arg(env!("CARGO_BIN_EXE_penstock"))
+    let mut child = traced(&trace_path, env!("CARGO_BIN_EXE_penstock"))
         .args(["serve", "--config"])
         .arg(&conf)
         .arg("--root")
@@ -239,20 +232,11 @@ fn mp4_segments_send_their_samples_by_sendfile_and_only_headers_from_memory() {
             }
         }
     }
-    let server =
-        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).unwrap();
-    let server = server.split_whitespace().next().expect("strace's child");
-    let _ = Command::new("kill").args(["-TERM", server]).status();
-    assert!(child.wait().unwrap().success());
+    stop_traced(&mut child);
 
-    let trace = std::fs::read_to_string(&trace_path).unwrap();
-    let zero_copy = bytes_of(&trace, &["sendfile", "splice"]);
-    let copied = bytes_of(
-        &trace,
-        &[
-            "write", "writev", "sendto", "sendmsg", "pwrite64", "pwritev",
-        ],
-    );
+    let tally = Tally::read(&trace_path);
+    let zero_copy = tally.zero_copy_to_sockets();
+    let copied = tally.written_to_sockets();
     println!(
         "{segments} segments: payload {payload} B, moof+mdat headers {headers} B ({:.3} %); \
          sendfile/splice {zero_copy} B; write family {copied} B (playlists and inits \

@@ -94,8 +94,13 @@ pub struct HlsConfig {
     /// 6 s, what RFC 8216's authors and Apple's authoring rules suggest).
     #[serde(deserialize_with = "units::ms")]
     pub target_duration_ms: u64,
-    /// Key-frame indexes kept in memory (one per file version; default 256).
+    /// Key-frame indexes and MP4 sample indexes kept in memory (one per file version;
+    /// default 256 of each).
     pub index_cache_entries: usize,
+    /// The bytes those indexes may hold, each cache (default 256 MiB; the oldest leave
+    /// first; a long MP4's sample index is 24 B per sample). At least 1 MiB.
+    #[serde(deserialize_with = "units::size")]
+    pub index_cache_bytes_max: usize,
     /// Index builds running at once, each a thread reading one file through (default 2;
     /// requests for a file being indexed share its build). Beyond it, a new file's playlist
     /// is a `503` with `Retry-After: 1`.
@@ -116,6 +121,7 @@ impl Default for HlsConfig {
             enabled: true,
             target_duration_ms: 6000,
             index_cache_entries: 256,
+            index_cache_bytes_max: 256 << 20,
             indexers_max: 2,
             renditions_max: 16,
             cache_max_age_s: 86_400,
@@ -1230,6 +1236,12 @@ impl ServerConfig {
             return Err(ConfigError::Invalid(format!(
                 "http.health_path {:?}: a path starting with / other than metrics_path",
                 self.http.health_path
+            )));
+        }
+        if self.hls.index_cache_bytes_max < 1 << 20 {
+            return Err(ConfigError::Invalid(format!(
+                "hls.index_cache_bytes_max must be at least 1 MiB, got {}",
+                self.hls.index_cache_bytes_max
             )));
         }
         if let Some(s) = &self.engine.sched {

@@ -59,9 +59,78 @@ pub(crate) struct Hls {
     mp4: Arc<Mutex<Cache<Mp4Package>>>,
 }
 
+/// How much memory a cached index holds, roughly (its vectors' bytes): what
+/// `[hls] index_cache_bytes_max` bounds.
+pub(crate) trait Weigh {
+    fn weight(&self) -> usize;
+}
+
+impl Weigh for TsIndex {
+    fn weight(&self) -> usize {
+        std::mem::size_of::<TsIndex>()
+            + self.key_frames.len() * std::mem::size_of::<penstock_core::hls::KeyFrame>()
+            + self.sps.as_ref().map_or(0, Vec::len)
+    }
+}
+
+impl Weigh for Mp4Package {
+    fn weight(&self) -> usize {
+        let tracks: usize = self
+            .movie
+            .tracks
+            .iter()
+            .map(|t| {
+                t.samples.len() * std::mem::size_of::<penstock_core::mp4::Sample>()
+                    + t.sync.as_ref().map_or(0, |s| s.len() * 4)
+                    + t.tkhd.len()
+                    + t.mdhd.len()
+                    + t.hdlr.len()
+                    + t.media_header.len()
+                    + t.stsd.len()
+                    + t.edts.as_ref().map_or(0, Vec::len)
+            })
+            .sum();
+        let cuts: usize = self
+            .packaging
+            .tracks
+            .iter()
+            .map(|t| t.segments.len() * std::mem::size_of::<penstock_core::mp4::SegmentSpan>())
+            .sum();
+        let inits: usize = self.inits.iter().map(|(_, i)| i.len()).sum();
+        std::mem::size_of::<Mp4Package>() + tracks + cuts + inits
+    }
+}
+
+fn weight_of<T: Weigh>(b: &Built<T>) -> usize {
+    match b {
+        Ok(t) => t.weight(),
+        Err(_) => 64,
+    }
+}
+
+/// What the cache may hold: entries and bytes (`[hls] index_cache_entries`,
+/// `index_cache_bytes_max`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bounds {
+    entries: usize,
+    bytes: usize,
+}
+
+impl Bounds {
+    fn of(cfg: &HlsConfig) -> Bounds {
+        Bounds {
+            entries: cfg.index_cache_entries,
+            bytes: cfg.index_cache_bytes_max,
+        }
+    }
+}
+
 struct Cache<T = TsIndex> {
     /// Indexes, and the files that have none (not TS, no video, no key frame).
     map: HashMap<FileKey, Built<T>>,
+    /// Each entry's weight, and their sum.
+    weights: HashMap<FileKey, usize>,
+    bytes: usize,
     /// Insertion order: the oldest goes first when the cache is full.
     order: VecDeque<FileKey>,
     /// The builds under way (at most `indexers_max`), one per file version.
@@ -72,6 +141,8 @@ impl<T> Default for Cache<T> {
     fn default() -> Self {
         Cache {
             map: HashMap::new(),
+            weights: HashMap::new(),
+            bytes: 0,
             order: VecDeque::new(),
             building: HashMap::new(),
         }
@@ -202,7 +273,7 @@ impl Hls {
                 &mut self.cache.lock().unwrap_or_else(|p| p.into_inner()),
                 key,
                 result.clone(),
-                self.cfg.index_cache_entries,
+                Bounds::of(&self.cfg),
             );
         }
         result
@@ -234,7 +305,7 @@ impl Hls {
 
 /// The cached result for `file` in `cache`, the build under way, or a new build on a thread
 /// of its own (`read` reads the file), within `indexers_max`.
-fn lookup_in<T: Send + Sync + 'static>(
+fn lookup_in<T: Weigh + Send + Sync + 'static>(
     cache: &Arc<Mutex<Cache<T>>>,
     cfg: &HlsConfig,
     file: &File,
@@ -267,7 +338,7 @@ fn lookup_in<T: Send + Sync + 'static>(
             wakers: vec![waker.clone()],
         }),
     });
-    let job = (cache.clone(), build.clone(), key, cfg.index_cache_entries);
+    let job = (cache.clone(), build.clone(), key, Bounds::of(cfg));
     let spawned = std::thread::Builder::new()
         .name("penstock-index".into())
         .spawn(move || {
@@ -290,11 +361,11 @@ fn lookup_in<T: Send + Sync + 'static>(
 /// cache, then ends the build and wakes the loops whose connections wait for it. The thread
 /// cannot hold the lock before `lookup` has registered the build: `lookup` holds it while
 /// spawning.
-fn indexer<T>(
+fn indexer<T: Weigh>(
     cache: &Mutex<Cache<T>>,
     build: &Build<T>,
     key: FileKey,
-    entries: usize,
+    entries: Bounds,
     file: &File,
     read: impl FnOnce(&File, u64) -> Built<T>,
 ) {
@@ -324,16 +395,25 @@ fn indexer<T>(
     }
 }
 
-/// Keeps `result` for `key`, the oldest leaving first beyond `entries`.
-fn keep<T>(c: &mut Cache<T>, key: FileKey, result: Built<T>, entries: usize) {
+/// Keeps `result` for `key`, the oldest leaving first beyond the bounds' entries or bytes
+/// (the newest stays even alone above the bytes: it is in use).
+fn keep<T: Weigh>(c: &mut Cache<T>, key: FileKey, result: Built<T>, bounds: Bounds) {
+    let w = weight_of(&result);
     if c.map.insert(key, result).is_none() {
         c.order.push_back(key);
     }
-    while c.map.len() > entries.max(1) {
+    if let Some(old) = c.weights.insert(key, w) {
+        c.bytes -= old;
+    }
+    c.bytes += w;
+    while c.map.len() > bounds.entries.max(1) || (c.bytes > bounds.bytes && c.map.len() > 1) {
         let Some(old) = c.order.pop_front() else {
             break;
         };
         c.map.remove(&old);
+        if let Some(w) = c.weights.remove(&old) {
+            c.bytes -= w;
+        }
     }
 }
 
@@ -427,6 +507,36 @@ pub(crate) fn is_rendition_name(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_cache_keeps_within_its_bytes_the_oldest_leaving_first() {
+        struct W(usize);
+        impl Weigh for W {
+            fn weight(&self) -> usize {
+                self.0
+            }
+        }
+        let mut c: Cache<W> = Cache::default();
+        let bounds = Bounds {
+            entries: 10,
+            bytes: 100,
+        };
+        let key = |i: u64| (0, i, 0, 0, 0);
+        for i in 0..3 {
+            keep(&mut c, key(i), Ok(Arc::new(W(40))), bounds);
+        }
+        // 120 bytes: the first left.
+        assert_eq!(c.bytes, 80);
+        assert!(!c.map.contains_key(&key(0)) && c.map.contains_key(&key(2)));
+        // One alone above the bound stays (it is in use), the rest leave.
+        keep(&mut c, key(3), Ok(Arc::new(W(500))), bounds);
+        assert_eq!(c.map.len(), 1);
+        assert_eq!(c.bytes, 500);
+        // A key kept again is counted once.
+        keep(&mut c, key(3), Ok(Arc::new(W(30))), bounds);
+        assert_eq!((c.map.len(), c.bytes), (1, 30));
+        assert_eq!(c.order.len(), 1);
+    }
+
     use super::*;
 
     #[test]

@@ -2295,8 +2295,9 @@ impl PartitionIo {
 
     /// Before a write of `bufs` at `offset` that rewrites bytes below the committed size:
     /// makes what was written so far durable, then writes and syncs the records of the units
-    /// the write touches below that size as they will be after it (each unit's durable
-    /// checksum kept as its older one), so that a crash leaving either the old bytes or the
+    /// the write touches below that size as their committed bytes will be after it (each
+    /// unit's durable checksum kept as its older one; bytes past the size are not covered,
+    /// since a later append may change them unsealed), so that a crash leaving either the old bytes or the
     /// new ones leaves a checksum that matches (an append needs none of this: it never changes
     /// the bytes a committed checksum covers). Two fdatasyncs per such write: the price of
     /// rewriting committed bytes in place.
@@ -2310,7 +2311,6 @@ impl PartitionIo {
             return Ok(());
         }
         let unit = SUM_UNIT_BYTES;
-        let new_size = committed.max(end);
         let lo = offset / unit * unit;
         let hi = end.min(committed).div_ceil(unit) * unit;
         self.sync_data()?;
@@ -2339,7 +2339,10 @@ impl PartitionIo {
                     let i = i as usize;
                     content[i..i + b.len()].copy_from_slice(b);
                 }
-                let valid = (new_size - u_part).min(unit) as usize;
+                // The committed bytes only: a later write past the size into the same
+                // unit is not sealed ahead (an append), so the checksum must not cover
+                // what it may change (the commit after it seals the unit whole).
+                let valid = (committed - u_part).min(unit) as usize;
                 records.push(prev.sealed(&content[..valid]));
             }
             s.write_records(p.member, p.member_offset_bytes, &records)?;

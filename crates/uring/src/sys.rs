@@ -107,20 +107,6 @@ pub fn setsid_on_exec(cmd: &mut std::process::Command) {
     }
 }
 
-/// Puts the calling thread in SCHED_FIFO at `priority` (1..=99).
-pub fn set_fifo_scheduling(priority: i32) -> std::io::Result<()> {
-    let param = libc::sched_param {
-        sched_priority: priority,
-    };
-    // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is this thread.
-    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
 /// A thread's scheduling policy as `sched_getattr(2)` reports it (the fields penstock sets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SchedAttr {

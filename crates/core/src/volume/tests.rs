@@ -1385,14 +1385,15 @@ impl FakeMember {
         if offset < self.committed {
             // Seal ahead: sync, the records as they will be, sync, then the data.
             self.durable.0 = self.data.clone();
-            let new_size = self.committed.max(end);
             let r = units_of(offset as u64, (end.min(self.committed) - offset) as u64);
             for u in r.start as usize / UNIT..r.end as usize / UNIT {
                 let a = u * UNIT;
                 let mut content = self.data[a..a + UNIT].to_vec();
                 let (from, to) = (a.max(offset), (a + UNIT).min(end));
                 content[from - a..to - a].copy_from_slice(&bytes[from - offset..to - offset]);
-                let valid = (new_size - a).min(UNIT);
+                // The committed bytes only: bytes past the size may be written again
+                // before the next commit (no seal then), and must not be covered.
+                let valid = (self.committed - a).min(UNIT);
                 self.records[u] = self.records[u].sealed(&content[..valid]);
             }
             self.durable.1 = self.records.clone();

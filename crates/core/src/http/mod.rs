@@ -34,7 +34,7 @@ pub use conditional::{ETag, Precondition, evaluate_preconditions, if_range_allow
 pub use date::{format_http_date, parse_http_date};
 pub use mime::{content_type_for_path, extension_of, is_valid_media_type};
 pub use range::{ByteRange, RangeSet, parse_range};
-pub use request::{Method, Parsed, Request, Version, parse_request};
+pub use request::{Method, Parsed, Request, Version, normalize_path, parse_request};
 pub use response::{
     BodyPiece, ConnectionHeader, ContentRange, FileMeta, MultipartPlan, Response, ResponseContext,
     ResponseHead, boundary_for, connection_header, multipart_plan, respond_error, respond_file,

@@ -302,7 +302,7 @@ fn split_target(target: &str) -> Result<(Option<&str>, &str, Option<&str>), Http
 /// the filesystem would see them that way, so must we. A `..` that climbs above the root is
 /// [`HttpError::PathEscape`] (403: the request is understood and refused; the driver's
 /// openat2 RESOLVE_BENEATH refusal of symlink escapes gets the same status).
-fn normalize_path(raw: &str) -> Result<String, HttpError> {
+pub fn normalize_path(raw: &str) -> Result<String, HttpError> {
     let decoded = percent_decode(raw.as_bytes())?;
     if decoded.contains(&0) {
         return Err(HttpError::BadTarget("NUL in path"));

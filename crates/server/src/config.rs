@@ -53,6 +53,8 @@ pub struct ServerConfig {
     pub limits: HttpLimits,
     /// `[[location]]`: class, rate and CORS per path prefix, longest prefix wins.
     pub location: Vec<Location>,
+    /// `[auth]`: the keys of signed URLs (docs/security.md "Viewers"; reloaded on SIGHUP).
+    pub auth: AuthConfig,
     /// `[log]`: the access log.
     pub log: LogConfig,
     /// `[rtsp]`: the RTSP server (on by default at 127.0.0.1:8554).
@@ -440,7 +442,7 @@ impl LogConfig {
 }
 
 /// `[[location]]`: what applies to request paths starting with `prefix`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Location {
     /// A path prefix such as `/video/`; the longest matching prefix wins.
@@ -462,6 +464,89 @@ pub struct Location {
     /// no CORS headers, and `OPTIONS` is a 405.
     #[serde(default)]
     pub cors_allow_origins: Vec<String>,
+    /// What a viewer must show (docs/security.md "Viewers"): `"none"` (the default) or
+    /// `"signed"`; on HTTP, HLS and RTSP alike.
+    #[serde(default)]
+    pub auth: AuthMode,
+    /// Serve hidden and backup files here: a path segment starting with `.` (`/.env`,
+    /// `/.git/config`), or a name ending in `~`, `.swp` or `.swo`. Off by default: 404.
+    #[serde(default)]
+    pub serve_hidden: bool,
+}
+
+/// `[auth]`: who may watch (docs/security.md "Viewers").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `keys = [{ id = "k1", secret_file = "/etc/penstock/k1.key" }]`: the HMAC keys of signed
+    /// URLs; every one is accepted, the first signs (`penstock sign`). A secret file holds at
+    /// least 32 bytes (a trailing newline is not part of it) and must not be open to group or
+    /// others. Read at start and on SIGHUP; a bad file refuses either.
+    pub keys: Vec<AuthKeyFile>,
+    /// How long the session tokens a playlist writes into its segment URIs stay valid at
+    /// most (never past the credential's own expiry). Default 4 h.
+    #[serde(default, deserialize_with = "units::opt_ms")]
+    pub session_ttl_ms: Option<u64>,
+}
+
+/// One key of `[auth] keys`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthKeyFile {
+    /// The key id URLs name it by (`kid=`): letters, digits, `-`, `_`, `.`; at most 64 bytes.
+    pub id: String,
+    pub secret_file: PathBuf,
+}
+
+impl AuthConfig {
+    pub fn session_ttl(&self) -> Duration {
+        Duration::from_millis(self.session_ttl_ms.unwrap_or(4 * 3600 * 1000))
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.keys.len() > penstock_core::auth::KEYS_MAX {
+            return Err(ConfigError::Invalid(format!(
+                "auth.keys: at most {} keys",
+                penstock_core::auth::KEYS_MAX
+            )));
+        }
+        for (i, k) in self.keys.iter().enumerate() {
+            if !penstock_core::auth::valid_key_id(&k.id) {
+                return Err(ConfigError::Invalid(format!(
+                    "auth.keys: id {:?}: 1 ..= 64 letters, digits, '-', '_' or '.'",
+                    k.id
+                )));
+            }
+            if self.keys[..i].iter().any(|o| o.id == k.id) {
+                return Err(ConfigError::Invalid(format!(
+                    "auth.keys: id {:?} appears twice",
+                    k.id
+                )));
+            }
+        }
+        if self.session_ttl_ms == Some(0) {
+            return Err(ConfigError::Invalid(
+                "auth.session_ttl_ms must be above 0".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a location requires of a viewer (`[[location]] auth`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    /// Anyone who can reach the server (the default).
+    #[default]
+    None,
+    /// A signed URL (`?expires=&kid=&sig=`), or on HLS segments the session token a signed
+    /// playlist wrote.
+    Signed,
+    /// A JWT: not implemented yet (refused by the configuration check).
+    Jwt,
+    /// A signed URL or a JWT: not implemented yet (refused by the configuration check).
+    SignedOrJwt,
 }
 
 /// `[control]`: who may use the control protocol and what its streams may touch
@@ -1124,6 +1209,10 @@ pub struct PathPolicy<'a> {
     pub limit_rate_after_bytes: u64,
     /// The location's `cors_allow_origins` (empty: no CORS).
     pub cors_allow_origins: &'a [String],
+    /// What a viewer must show.
+    pub auth: AuthMode,
+    /// Whether hidden and backup files are served.
+    pub serve_hidden: bool,
 }
 
 impl LiveConfig {
@@ -1139,6 +1228,8 @@ impl LiveConfig {
                 .and_then(|l| l.limit_rate_after_bytes)
                 .unwrap_or(self.limits.limit_rate_after_bytes),
             cors_allow_origins: loc.map_or(&[], |l| l.cors_allow_origins.as_slice()),
+            auth: loc.map_or(AuthMode::None, |l| l.auth),
+            serve_hidden: loc.is_some_and(|l| l.serve_hidden),
         }
     }
 }
@@ -1255,7 +1346,24 @@ impl ServerConfig {
                 )));
             }
             check_cors_origins(&l.prefix, &l.cors_allow_origins)?;
+            match l.auth {
+                AuthMode::None => {}
+                AuthMode::Signed if self.auth.keys.is_empty() => {
+                    return Err(ConfigError::Invalid(format!(
+                        "location {:?}: auth = \"signed\" needs a key in [auth] keys",
+                        l.prefix
+                    )));
+                }
+                AuthMode::Signed => {}
+                AuthMode::Jwt | AuthMode::SignedOrJwt => {
+                    return Err(ConfigError::Invalid(format!(
+                        "location {:?}: auth = \"jwt\" / \"signed_or_jwt\" is not implemented yet (only \"signed\")",
+                        l.prefix
+                    )));
+                }
+            }
         }
+        self.auth.check()?;
         self.control.check()?;
         for (key, v) in [("user", &self.user), ("group", &self.group)] {
             if v.as_deref().is_some_and(|v| v.trim().is_empty()) {
@@ -1318,6 +1426,7 @@ pub const RELOADABLE: &[&str] = &[
     "limits",
     "disk",
     "location",
+    "auth",
     "http.listen",
     "http.root",
     "http.index",

@@ -22,6 +22,8 @@ pub(super) struct IndexPending {
     /// The TS file's modification time (the playlist's `Last-Modified` and `ETag`).
     pub(super) mtime: SystemTime,
     pub(super) keep_alive_allowed: bool,
+    /// The session token the playlist's segment URIs carry (a signed request's), if any.
+    pub(super) segment_query: Option<String>,
 }
 
 /// A parked connection: its request, and the `Out` made for it (its class, start, log entry;
@@ -75,7 +77,14 @@ impl Worker {
                 ranges_max: live.limits.ranges_max,
                 boundary: "",
             };
-            let r = super::respond::hls_response(&shared, &req, &ctx, built, pending.mtime);
+            let r = super::respond::hls_response(
+                &shared,
+                &req,
+                &ctx,
+                built,
+                pending.mtime,
+                pending.segment_query.as_deref(),
+            );
             out.head = r.head;
             out.delivery.apply(&mut out.head, r.status);
             out.head_pos = 0;

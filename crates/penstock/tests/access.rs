@@ -414,6 +414,39 @@ fn hls_checks_once_per_session() {
     );
     assert_eq!(codes, [401, 403, 403]);
     assert_eq!(c("session", "bad_signature"), 2.0);
+
+    // The multivariant playlist, signed: its media playlist's URI carries a session token,
+    // whose playlist carries the segments' tokens. One more signed check, no other.
+    let master = s.sign(&format!("{base}/premium/master.m3u8"), &["--expires", "1h"]);
+    let (code, _, body) = get(&master, None);
+    assert_eq!(code, 200);
+    let text = String::from_utf8(body).unwrap();
+    let variant = text
+        .lines()
+        .find(|l| l.starts_with("clip.ts/index.m3u8?"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(variant.contains("&sid="), "{variant}");
+    let (code, _, body) = get(&format!("{base}/premium/{variant}"), None);
+    assert_eq!(code, 200);
+    let media = String::from_utf8(body).unwrap();
+    let seg = media
+        .lines()
+        .find(|l| l.starts_with("../clip.ts?"))
+        .unwrap_or_else(|| panic!("{media}"));
+    let first = media
+        .lines()
+        .find_map(|l| l.strip_prefix("#EXT-X-BYTERANGE:"))
+        .unwrap();
+    let (len, off) = first.split_once('@').unwrap();
+    let (len, off): (u64, u64) = (len.parse().unwrap(), off.parse().unwrap());
+    let (code, _, body) = get(
+        &format!("{base}/premium/clip.ts/{seg}"),
+        Some(&format!("{off}-{}", off + len - 1)),
+    );
+    assert_eq!(code, 206);
+    assert!(body == src[off as usize..(off + len) as usize]);
+    assert_eq!(c("signed", "ok"), 2.0, "the master's check only");
+    assert_eq!(c("session", "ok"), segs.len() as f64 + 2.0);
 }
 
 /// RTSP: ffprobe reads the signed URL (DESCRIBE and SETUP both checked: the SDP's track

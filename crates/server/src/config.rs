@@ -1520,6 +1520,49 @@ mod tests {
         );
     }
 
+    /// Issue 35: `auth = "signed"` needs a key; JWT modes are refused until they exist; key
+    /// ids are checked and unique.
+    #[test]
+    fn location_auth_needs_keys_and_jwt_is_not_accepted_yet() {
+        let parse = |t: &str| toml::from_str::<ServerConfig>(t).unwrap();
+        let e = parse("[[location]]\nprefix = \"/p/\"\nauth = \"signed\"\n")
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a key"), "{e}");
+        let keys = "[auth]\nkeys = [{ id = \"k1\", secret_file = \"/k\" }]\n";
+        let ok = parse(&format!(
+            "{keys}[[location]]\nprefix = \"/p/\"\nauth = \"signed\"\nserve_hidden = true\n"
+        ));
+        ok.check().unwrap();
+        let live = ok.live();
+        let p = live.policy("/p/x");
+        assert_eq!((p.auth, p.serve_hidden), (AuthMode::Signed, true));
+        let p = live.policy("/q/x");
+        assert_eq!((p.auth, p.serve_hidden), (AuthMode::None, false));
+        for mode in ["jwt", "signed_or_jwt"] {
+            let e = parse(&format!(
+                "{keys}[[location]]\nprefix = \"/p/\"\nauth = \"{mode}\"\n"
+            ))
+            .check()
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("not implemented yet"), "{e}");
+        }
+        assert!(
+            toml::from_str::<ServerConfig>("[[location]]\nprefix = \"/\"\nauth = \"basic\"\n")
+                .is_err()
+        );
+        for bad in [
+            "[auth]\nkeys = [{ id = \"a b\", secret_file = \"/k\" }]\n",
+            "[auth]\nkeys = [{ id = \"a\", secret_file = \"/k\" }, { id = \"a\", secret_file = \"/j\" }]\n",
+            "[auth]\nsession_ttl_ms = 0\n",
+        ] {
+            assert!(parse(bad).check().is_err(), "{bad}");
+        }
+        assert_eq!(parse("").auth.session_ttl(), Duration::from_secs(4 * 3600));
+    }
+
     #[test]
     fn empty_file_gives_defaults() {
         let c: ServerConfig = toml::from_str("").unwrap();

@@ -170,7 +170,7 @@ impl Worker {
         if let Some(out) = self.respond_hls(req, &ctx, &class, &memory, grant.as_ref()) {
             return out;
         }
-        if let Some(out) = self.respond_hls_master(req, &ctx, &class, &memory) {
+        if let Some(out) = self.respond_hls_master(req, &ctx, &class, &memory, grant.as_ref()) {
             return out;
         }
         let opened = match site.root.open_path(req.relative_path()) {
@@ -438,6 +438,7 @@ impl Worker {
         ctx: &ResponseContext<'_>,
         class: &Arc<str>,
         memory: &dyn Fn(penstock_core::http::Response, Arc<str>) -> Out,
+        grant: Option<&penstock_core::auth::Grant>,
     ) -> Option<Out> {
         let shared = self.shared.clone();
         if !shared.hls.enabled() || !matches!(req.method, Method::Get | Method::Head) {
@@ -498,10 +499,20 @@ impl Worker {
             let Ok(Opened::File { file, mtime, .. }) = self.site.root.open_in(&dir, name) else {
                 continue;
             };
-            match shared
-                .hls
-                .variant(&file, crate::hls::media_playlist_uri(name))
-            {
+            match shared.hls.variant(&file, {
+                // Answered to a credential: each media playlist's URI carries a session
+                // token for it (which then mints its segments' tokens).
+                let mut uri = crate::hls::media_playlist_uri(name);
+                if let Some(q) = grant.and_then(|g| {
+                    shared
+                        .viewers
+                        .session_query(g, &format!("{dir_path}/{name}/index.m3u8"))
+                }) {
+                    uri.push('?');
+                    uri.push_str(&q);
+                }
+                uri
+            }) {
                 Ok(v) => {
                     variants.push(v);
                     newest = newest.max(mtime);

@@ -378,9 +378,6 @@ impl Server {
                     .token_file
                     .clone()
                     .or_else(|| cfg.control.unix.as_deref().map(private::default_token_file));
-                if let Some(f) = &file {
-                    private::write_token(f, &t)?;
-                }
                 (t, file)
             }
         };
@@ -428,6 +425,24 @@ impl Server {
             }
             None => None,
         };
+        // The token file, once the addresses are bound: it names them, and `penstock ctl`
+        // sends the token read from it to those addresses only.
+        if cfg.control.token.is_none()
+            && let Some(f) = &token_file
+        {
+            let mut servers = Vec::new();
+            if let Some(a) = control_addr {
+                servers.push(if control_is_tls {
+                    format!("tls://{a}")
+                } else {
+                    a.to_string()
+                });
+            }
+            if let Some((_, p)) = &unix {
+                servers.push(format!("unix:{}", p.display()));
+            }
+            private::write_token(f, &token, &servers)?;
+        }
         let streams = Arc::new(streams::Streams::new(
             Box::new(streams::EngineBackend::new(engine.clone(), access)),
             metrics.clone(),

@@ -25,6 +25,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use ring::hmac;
 
+pub mod jwt;
 #[cfg(test)]
 mod tests;
 
@@ -59,6 +60,16 @@ pub enum AuthError {
     BadSignature,
     #[error("address not allowed by the credential")]
     Address,
+    #[error("not valid yet (nbf)")]
+    NotYetValid,
+    #[error("wrong audience")]
+    Audience,
+    #[error("wrong issuer")]
+    Issuer,
+    #[error("algorithm refused (none, or not the key's)")]
+    Algorithm,
+    #[error("the path is not among those the token grants")]
+    NotGranted,
 }
 
 impl AuthError {
@@ -71,6 +82,11 @@ impl AuthError {
             AuthError::UnknownKey => "unknown_kid",
             AuthError::BadSignature => "bad_signature",
             AuthError::Address => "address",
+            AuthError::NotYetValid => "not_yet_valid",
+            AuthError::Audience => "audience",
+            AuthError::Issuer => "issuer",
+            AuthError::Algorithm => "algorithm",
+            AuthError::NotGranted => "path_not_granted",
         }
     }
 }

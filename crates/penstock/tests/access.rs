@@ -88,13 +88,35 @@ fn now_s() -> u64 {
 /// two keys (mode 0600), and the clip when ffmpeg made one. `extra` is appended to the
 /// configuration.
 fn serve(clip: Option<&Path>, extra: &str) -> Served {
+    serve_with(clip, "", extra, |_| {})
+}
+
+/// [`serve`] with `auth_extra` in `[auth]` and `prepare` run on the directory first.
+fn serve_with(
+    clip: Option<&Path>,
+    auth_extra_template: &str,
+    extra: &str,
+    prepare: impl FnOnce(&Path),
+) -> Served {
     let dir = tempfile::tempdir().unwrap();
+    prepare(dir.path());
+    let auth_extra =
+        auth_extra_template.replace("JWKS", &dir.path().join("jwks.json").display().to_string());
     let root = dir.path().join("www");
-    for d in ["premium", "free", ".git", "pub/.well-known"] {
+    for d in [
+        "premium",
+        "free",
+        ".git",
+        "pub/.well-known",
+        "jwt/movies",
+        "jwt/music",
+    ] {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
     std::fs::write(root.join("premium/data.bin"), pattern(300 * 1024)).unwrap();
     std::fs::write(root.join("free/a.txt"), b"free for all\n").unwrap();
+    std::fs::write(root.join("jwt/movies/data.bin"), pattern(100 * 1024)).unwrap();
+    std::fs::write(root.join("jwt/music/a.txt"), b"music\n").unwrap();
     std::fs::write(root.join(".env"), b"SECRET=1\n").unwrap();
     std::fs::write(root.join(".git/config"), b"[core]\n").unwrap();
     std::fs::write(root.join("x~"), b"backup\n").unwrap();
@@ -102,6 +124,7 @@ fn serve(clip: Option<&Path>, extra: &str) -> Served {
     std::fs::write(root.join("pub/.well-known/security.txt"), b"Contact: x\n").unwrap();
     if let Some(c) = clip {
         std::fs::copy(c, root.join("premium/clip.ts")).unwrap();
+        std::fs::copy(c, root.join("jwt/movies/clip.ts")).unwrap();
     }
     for (kid, fill) in [("k1", b'a'), ("k2", b'b')] {
         let p = dir.path().join(format!("{kid}.key"));
@@ -118,7 +141,7 @@ fn serve(clip: Option<&Path>, extra: &str) -> Served {
              [admission]\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\n\
              disk_random_iops = 100000\nnet_bytes_per_s = 1250000000\ncpu_send_ns = 5000\n\
              cpu_send_byte_ps = 500\n\
-             [auth]\nkeys = [{{ id = \"k1\", secret_file = \"{d}/k1.key\" }}, {{ id = \"k2\", secret_file = \"{d}/k2.key\" }}]\n\
+             [auth]\nkeys = [{{ id = \"k1\", secret_file = \"{d}/k1.key\" }}, {{ id = \"k2\", secret_file = \"{d}/k2.key\" }}]\n{auth_extra}\
              [[location]]\nprefix = \"/premium/\"\nauth = \"signed\"\n\
              [[location]]\nprefix = \"/pub/\"\nserve_hidden = true\n{extra}",
             d = dir.path().display()
@@ -522,11 +545,16 @@ fn signed_urls_over_rtsp() {
 
 /// A DESCRIBE of `url` on a fresh connection: the status code.
 fn rtsp_describe(addr: &str, url: &str) -> u16 {
+    rtsp_describe_with(addr, url, "")
+}
+
+/// [`rtsp_describe`] with `headers` (each ending in CRLF) added.
+fn rtsp_describe_with(addr: &str, url: &str, headers: &str) -> u16 {
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     write!(
         c,
-        "DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n\r\n"
+        "DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n{headers}\r\n"
     )
     .unwrap();
     let mut buf = vec![0u8; 4096];
@@ -687,4 +715,203 @@ fn key_files_are_checked_and_reloaded() {
     );
     assert!(!o.status.success());
     assert!(err.contains("k1.key") && err.contains("chmod 600"), "{err}");
+}
+
+/// Mints the JWTs of the JWT test with PyJWT (an issuer independent of the server's
+/// jsonwebtoken) and writes the JWKS (an HS256 secret and a fresh P-256 public key).
+const MINT: &str = r#"
+import sys, json, time, hmac, hashlib, base64, jwt
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import serialization
+d = sys.argv[1]
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+secret = b"jwt-secret-jwt-secret-jwt-secret-0123"
+ek = ec.generate_private_key(ec.SECP256R1())
+n = ek.public_key().public_numbers()
+jwks = {"keys": [
+    {"kty": "oct", "kid": "j1", "alg": "HS256", "k": b64(secret)},
+    {"kty": "EC", "kid": "e1", "crv": "P-256", "x": b64(n.x.to_bytes(32, "big")), "y": b64(n.y.to_bytes(32, "big"))},
+]}
+open(d + "/jwks.json", "w").write(json.dumps(jwks))
+now = int(time.time())
+base = {"exp": now + 3600, "aud": "penstock", "iss": "login.example"}
+def hs(claims, kid="j1"):
+    return jwt.encode(claims, secret, algorithm="HS256", headers={"kid": kid})
+out = {
+    "valid": hs(base),
+    "es256": jwt.encode(base, ek, algorithm="ES256", headers={"kid": "e1"}),
+    "expired": hs(dict(base, exp=now - 10)),
+    "nbf": hs(dict(base, nbf=now + 600)),
+    "aud": hs(dict(base, aud="other")),
+    "iss": hs(dict(base, iss="elsewhere")),
+    "kid": hs(base, kid="j9"),
+    "paths": hs(dict(base, paths=["/jwt/movies/"], sessions=2, rate="8Mbit/s", tenant="acme")),
+    "none": b64(json.dumps({"alg": "none", "kid": "e1"}).encode()) + "." + b64(json.dumps(base).encode()) + ".",
+}
+h = b64(json.dumps({"alg": "HS256", "kid": "e1"}).encode())
+p = b64(json.dumps(base).encode())
+pem = ek.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+out["confused"] = h + "." + p + "." + b64(hmac.new(pem, (h + "." + p).encode(), hashlib.sha256).digest())
+open(d + "/tokens.json", "w").write(json.dumps(out))
+"#;
+
+/// JWTs (PyJWT-minted) on a location with `auth = "jwt"`: Bearer and `?jwt=` → 200 with the
+/// file's bytes; expired, not yet valid, wrong audience or issuer, unknown kid, `alg: none`,
+/// HS256 over the EC public key, a path outside `paths`, a signed URL → 403; none → 401;
+/// an HLS playlist with a Bearer token gives its segments session tokens (one JWT check);
+/// RTSP DESCRIBE with `Authorization: Bearer`.
+#[test]
+fn jwts_over_http_hls_and_rtsp() {
+    let _serial = serial();
+    if !(penstock_testreq::require("curl") && penstock_testreq::require("python3")) {
+        return;
+    }
+    let probe = Command::new("/usr/bin/python3")
+        .args(["-c", "import jwt, cryptography"])
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        assert!(
+            std::env::var("PENSTOCK_TEST_REQUIRE").is_err(),
+            "PyJWT (python3-jwt) is required"
+        );
+        eprintln!("SKIPPED: PyJWT (python3-jwt, python3-cryptography) is not installed");
+        return;
+    }
+    let clip = common::mpeg2_ts_clip("access-jwt", 20);
+    let s = serve_with(
+        clip.as_deref(),
+        "jwks_file = \"JWKS\"\njwt_audiences = [\"penstock\"]\njwt_issuers = [\"login.example\"]\n",
+        "[[location]]\nprefix = \"/jwt/\"\nauth = \"jwt\"\n",
+        |d| {
+            let o = Command::new("/usr/bin/python3")
+                .args(["-c", MINT])
+                .arg(d)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            std::fs::set_permissions(d.join("jwks.json"), std::fs::Permissions::from_mode(0o600))
+                .unwrap();
+        },
+    );
+    let tokens: std::collections::HashMap<String, String> =
+        serde_json::from_str(&std::fs::read_to_string(s.dir.path().join("tokens.json")).unwrap())
+            .unwrap();
+    let t = |k: &str| tokens[k].clone();
+    let base = format!("http://{}", s.http);
+    let url = format!("{base}/jwt/movies/data.bin");
+    let bearer = |tok: &str| -> u16 {
+        let o = Command::new("curl")
+            .args([
+                "-s",
+                "--max-time",
+                "20",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .arg("-H")
+            .arg(format!("Authorization: Bearer {tok}"))
+            .arg(&url)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).parse().unwrap_or(0)
+    };
+    // No credential: 401; a valid HS256 token as Bearer: the file's bytes.
+    assert_eq!(get(&url, None).0, 401);
+    let o = Command::new("curl")
+        .args(["-s", "--max-time", "20", "-H"])
+        .arg(format!("Authorization: Bearer {}", t("valid")))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(
+        o.stdout == pattern(100 * 1024),
+        "the Bearer token's body is the file"
+    );
+    // ES256 by `?jwt=`.
+    assert_eq!(
+        statuses(&[format!("{url}?jwt={}", t("es256"))], None),
+        [200]
+    );
+    // Each refusal.
+    for case in ["expired", "nbf", "aud", "iss", "kid", "none", "confused"] {
+        assert_eq!(bearer(&t(case)), 403, "{case}");
+    }
+    // `paths`: granted beneath /jwt/movies/, not /jwt/music/.
+    assert_eq!(bearer(&t("paths")), 200);
+    let music = format!("{base}/jwt/music/a.txt");
+    let o = Command::new("curl")
+        .args([
+            "-s",
+            "--max-time",
+            "20",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+        ])
+        .arg(format!("Authorization: Bearer {}", t("paths")))
+        .arg(&music)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "403");
+    // A signed URL is not a JWT.
+    let signed = s.sign(&url, &["--expires", "1h"]);
+    assert_eq!(statuses(&[signed], None), [403]);
+    let c = |k: &str, r: &str| {
+        s.metric(&format!(
+            "penstock_auth_checks_total{{kind=\"{k}\",result=\"{r}\"}}"
+        ))
+    };
+    assert_eq!(c("jwt", "ok"), 3.0);
+    for (r, n) in [
+        ("expired", 1.0),
+        ("not_yet_valid", 1.0),
+        ("audience", 1.0),
+        ("issuer", 1.0),
+        ("unknown_kid", 1.0),
+        ("algorithm", 2.0),
+        ("path_not_granted", 1.0),
+    ] {
+        assert_eq!(c("jwt", r), n, "{r}");
+    }
+
+    // HLS: the playlist asked with a Bearer token; its segments carry session tokens and
+    // need no JWT (one JWT check for the session).
+    if let Some(clip) = &clip {
+        let src = std::fs::read(clip).unwrap();
+        let o = Command::new("curl")
+            .args(["-s", "--max-time", "20", "-H"])
+            .arg(format!("Authorization: Bearer {}", t("valid")))
+            .arg(format!("{base}/jwt/movies/clip.ts/index.m3u8"))
+            .output()
+            .unwrap();
+        let playlist = String::from_utf8(o.stdout).unwrap();
+        let seg = playlist
+            .lines()
+            .find(|l| l.starts_with("../clip.ts?"))
+            .unwrap_or_else(|| panic!("{playlist}"));
+        let (len, off) = playlist
+            .lines()
+            .find_map(|l| l.strip_prefix("#EXT-X-BYTERANGE:"))
+            .and_then(|r| r.split_once('@'))
+            .unwrap();
+        let (len, off): (u64, u64) = (len.parse().unwrap(), off.parse().unwrap());
+        let (code, _, body) = get(
+            &format!("{base}/jwt/movies/clip.ts/{seg}"),
+            Some(&format!("{off}-{}", off + len - 1)),
+        );
+        assert_eq!(code, 206);
+        assert!(body == src[off as usize..(off + len) as usize]);
+        assert_eq!(c("jwt", "ok"), 4.0, "one JWT check for the playlist");
+        assert_eq!(c("session", "ok"), 1.0);
+        // RTSP: DESCRIBE with the JWT in Authorization.
+        let rurl = format!("rtsp://{}/jwt/movies/clip.ts", s.rtsp);
+        assert_eq!(rtsp_describe(&s.rtsp, &rurl), 401);
+        let h = |k: &str| format!("Authorization: Bearer {}\r\n", t(k));
+        assert_eq!(rtsp_describe_with(&s.rtsp, &rurl, &h("valid")), 200);
+        assert_eq!(rtsp_describe_with(&s.rtsp, &rurl, &h("expired")), 403);
+    }
 }

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use penstock_core::auth::jwt::{Jwks, JwtPolicy};
 use penstock_core::auth::{AuthError, Grant, Key, Keyring};
 
 use crate::config::{AuthConfig, AuthMode, ConfigError, ServerConfig};
@@ -32,6 +33,44 @@ pub fn load_keys(cfg: &AuthConfig) -> Result<Keyring, ConfigError> {
         );
     }
     Keyring::new(keys).map_err(|e| ConfigError::Invalid(format!("auth.keys: {e}")))
+}
+
+/// The longest JWKS file read (bytes).
+const JWKS_FILE_BYTES_MAX: u64 = 1 << 20;
+
+/// Reads `[auth] jwks_file`: a JWKS holding a shared secret (`oct`) must be closed to group
+/// and others; none may be writable by them.
+pub fn load_jwks(cfg: &AuthConfig) -> Result<Option<Jwks>, ConfigError> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = &cfg.jwks_file else {
+        return Ok(None);
+    };
+    let bad =
+        |why: String| ConfigError::Invalid(format!("auth.jwks_file {}: {why}", path.display()));
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mode = f
+        .metadata()
+        .map_err(|e| bad(e.to_string()))?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(bad(format!(
+            "writable by group or others (mode {mode:04o})"
+        )));
+    }
+    let mut text = String::new();
+    f.take(JWKS_FILE_BYTES_MAX)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(e.to_string()))?;
+    let jwks = Jwks::parse(&text).map_err(|e| bad(e.to_string()))?;
+    if jwks.has_secrets() && mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "holds a shared secret (kty oct) and is open to group or others (mode {mode:04o}): `chmod 600` it"
+        )));
+    }
+    Ok(Some(jwks))
 }
 
 fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
@@ -80,6 +119,8 @@ fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
 #[derive(Debug, Default)]
 pub(crate) struct State {
     keys: Keyring,
+    jwks: Option<Jwks>,
+    jwt_policy: JwtPolicy,
     locations: Vec<(String, AuthMode, bool)>,
     session_ttl_s: u64,
 }
@@ -89,8 +130,9 @@ pub(crate) struct State {
 pub(crate) enum Decision {
     /// The location asks for nothing.
     Open,
-    /// A credential was verified.
-    Granted(Grant),
+    /// A credential was verified; with the grant HLS session tokens are made from (`None`:
+    /// a JWT and no HMAC key to sign session tokens with).
+    Granted(Option<Grant>),
     /// Refused: 401 for [`AuthError::Missing`], else 403.
     Refused(AuthError),
 }
@@ -122,6 +164,7 @@ impl Viewers {
     /// Reads what `cfg` names (the key files); nothing changes until [`Viewers::commit`].
     pub(crate) fn stage(cfg: &ServerConfig) -> Result<State, ConfigError> {
         let keys = load_keys(&cfg.auth)?;
+        let jwks = load_jwks(&cfg.auth)?;
         let mut locations: Vec<(String, AuthMode, bool)> = cfg
             .location
             .iter()
@@ -130,6 +173,12 @@ impl Viewers {
         locations.sort_by_key(|l| std::cmp::Reverse(l.0.len()));
         Ok(State {
             keys,
+            jwks,
+            jwt_policy: JwtPolicy {
+                audiences: cfg.auth.jwt_audiences.clone(),
+                issuers: cfg.auth.jwt_issuers.clone(),
+                leeway_s: 0,
+            },
             locations,
             session_ttl_s: cfg.auth.session_ttl().as_secs().max(1),
         })
@@ -158,11 +207,16 @@ impl Viewers {
     }
 
     /// The check of a request for `path` (canonical: `/a/b`) with `query` (as sent, without
-    /// `?`) from `peer`. `protocol` names the way in for the log line of a refusal.
+    /// `?`) and `authorization` (the header) from `peer`. `protocol` names the way in for
+    /// the log line of a refusal.
+    ///
+    /// A query credential (a signed URL, or an HLS session token) is checked as such; else
+    /// a JWT (`Bearer`, `?jwt=`) where the location takes JWTs; else the request has none.
     pub(crate) fn check(
         &self,
         path: &str,
         query: Option<&str>,
+        authorization: Option<&str>,
         peer: Option<IpAddr>,
         protocol: &'static str,
     ) -> Decision {
@@ -178,10 +232,16 @@ impl Viewers {
         let now_s = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        let takes_jwt = matches!(mode, AuthMode::Jwt | AuthMode::SignedOrJwt);
         let parsed = query.map_or(Ok(None), penstock_core::auth::parse_query);
+        let bearer = penstock_core::auth::bearer_token(authorization, query);
         let (kind, result) = match parsed {
-            Ok(None) => ("signed", Err(AuthError::Missing)),
-            Err(e) => ("signed", Err(e)),
+            // A signed URL where only JWTs are taken: the session tokens of a JWT's
+            // playlist are, signed URLs are not.
+            Ok(Some(c)) if mode == AuthMode::Jwt && c.sid.is_none() => (
+                "signed",
+                Err(AuthError::Malformed("a signed URL where a JWT is required")),
+            ),
             Ok(Some(c)) => {
                 let kind = c.kind().label();
                 // No address: a Unix-socket peer, which no prefix contains.
@@ -191,8 +251,26 @@ impl Viewers {
                     (Ok(_), None) if c.ip.is_some() => Err(AuthError::Address),
                     (r, _) => r,
                 };
-                (kind, r)
+                (kind, r.map(Some))
             }
+            Err(e) => ("signed", Err(e)),
+            Ok(None) => match (bearer, &s.jwks) {
+                (Some(token), Some(jwks)) if takes_jwt => {
+                    let r = penstock_core::auth::jwt::verify_jwt(
+                        jwks,
+                        token,
+                        &s.jwt_policy,
+                        path,
+                        now_s,
+                    )
+                    .map(|g| penstock_core::auth::grant_for_jwt(&s.keys, token, g.expires_s));
+                    ("jwt", r)
+                }
+                _ => (
+                    if takes_jwt { "jwt" } else { "signed" },
+                    Err(AuthError::Missing),
+                ),
+            },
         };
         self.metrics
             .auth_checks
@@ -213,6 +291,7 @@ impl Viewers {
                         protocol,
                         peer = ?peer,
                         path = %path,
+                        kind,
                         reason = e.reason(),
                         "refused a viewer: {e}"
                     );

@@ -487,6 +487,14 @@ pub struct AuthConfig {
     /// most (never past the credential's own expiry). Default 4 h.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub session_ttl_ms: Option<u64>,
+    /// The JWKS (RFC 7517) whose keys verify viewers' JWTs (`auth = "jwt"`): RSA, P-256,
+    /// P-384, Ed25519 public keys, or `oct` secrets (then the file must be closed to group
+    /// and others). Read at start and on SIGHUP.
+    pub jwks_file: Option<PathBuf>,
+    /// Accepted `aud` values of JWTs (one must be named); empty: `aud` is not checked.
+    pub jwt_audiences: Vec<String>,
+    /// Accepted `iss` values; empty: `iss` is not checked.
+    pub jwt_issuers: Vec<String>,
 }
 
 /// One key of `[auth] keys`.
@@ -543,9 +551,10 @@ pub enum AuthMode {
     /// A signed URL (`?expires=&kid=&sig=`), or on HLS segments the session token a signed
     /// playlist wrote.
     Signed,
-    /// A JWT: not implemented yet (refused by the configuration check).
+    /// A JWT (`Authorization: Bearer`, `?jwt=`, RTSP `Authorization`) verified against
+    /// `[auth] jwks_file`; on HLS segments the session token a JWT's playlist wrote.
     Jwt,
-    /// A signed URL or a JWT: not implemented yet (refused by the configuration check).
+    /// Either.
     SignedOrJwt,
 }
 
@@ -1355,12 +1364,19 @@ impl ServerConfig {
                     )));
                 }
                 AuthMode::Signed => {}
-                AuthMode::Jwt | AuthMode::SignedOrJwt => {
+                AuthMode::Jwt | AuthMode::SignedOrJwt if self.auth.jwks_file.is_none() => {
                     return Err(ConfigError::Invalid(format!(
-                        "location {:?}: auth = \"jwt\" / \"signed_or_jwt\" is not implemented yet (only \"signed\")",
+                        "location {:?}: auth = \"jwt\" / \"signed_or_jwt\" needs [auth] jwks_file",
                         l.prefix
                     )));
                 }
+                AuthMode::SignedOrJwt if self.auth.keys.is_empty() => {
+                    return Err(ConfigError::Invalid(format!(
+                        "location {:?}: auth = \"signed_or_jwt\" needs a key in [auth] keys",
+                        l.prefix
+                    )));
+                }
+                AuthMode::Jwt | AuthMode::SignedOrJwt => {}
             }
         }
         self.auth.check()?;
@@ -1520,10 +1536,10 @@ mod tests {
         );
     }
 
-    /// Issue 35: `auth = "signed"` needs a key; JWT modes are refused until they exist; key
-    /// ids are checked and unique.
+    /// Issue 35: `auth = "signed"` needs a key, `"jwt"` a JWKS, `"signed_or_jwt"` both;
+    /// key ids are checked and unique.
     #[test]
-    fn location_auth_needs_keys_and_jwt_is_not_accepted_yet() {
+    fn location_auth_needs_its_keys() {
         let parse = |t: &str| toml::from_str::<ServerConfig>(t).unwrap();
         let e = parse("[[location]]\nprefix = \"/p/\"\nauth = \"signed\"\n")
             .check()
@@ -1547,7 +1563,12 @@ mod tests {
             .check()
             .unwrap_err()
             .to_string();
-            assert!(e.contains("not implemented yet"), "{e}");
+            assert!(e.contains("needs [auth] jwks_file"), "{e}");
+            parse(&format!(
+                "{keys}jwks_file = \"/j\"\n[[location]]\nprefix = \"/p/\"\nauth = \"{mode}\"\n"
+            ))
+            .check()
+            .unwrap();
         }
         assert!(
             toml::from_str::<ServerConfig>("[[location]]\nprefix = \"/\"\nauth = \"basic\"\n")

@@ -31,6 +31,8 @@ pub struct Jwks {
 }
 
 struct JwksKey {
+    /// An `oct` key: a shared secret (its file must be private).
+    secret: bool,
     kid: Option<String>,
     key: DecodingKey,
     algorithms: Vec<Algorithm>,
@@ -105,6 +107,7 @@ impl Jwks {
             let key =
                 DecodingKey::from_jwk(jwk).map_err(|e| JwksError(format!("key {name}: {e}")))?;
             keys.push(JwksKey {
+                secret: matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)),
                 kid: jwk.common.key_id.clone(),
                 key,
                 algorithms,
@@ -115,6 +118,11 @@ impl Jwks {
 
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// Whether any key is a shared secret (`kty: oct`).
+    pub fn has_secrets(&self) -> bool {
+        self.keys.iter().any(|k| k.secret)
     }
 }
 

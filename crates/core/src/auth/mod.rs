@@ -508,6 +508,40 @@ fn session_id(key: &Key, tag: &[u8; TAG_BYTES]) -> String {
     B64.encode(&t.as_ref()[..12])
 }
 
+/// A grant for HLS session tokens made from a verified JWT: signed with the first key of
+/// `keys` (`None` without one), valid until the JWT's expiry, its session id derived from
+/// the token by the key (one JWT, one session).
+pub fn grant_for_jwt(keys: &Keyring, token: &str, expires_s: u64) -> Option<Grant> {
+    let key = keys.signing_key(None)?;
+    let mut m = Vec::with_capacity(24 + token.len());
+    m.extend_from_slice(b"penstock-jwt-sid-v1\n");
+    m.extend_from_slice(token.as_bytes());
+    let t = hmac::sign(&key.key, &m);
+    Some(Grant {
+        kind: Kind::Signed,
+        expires_s,
+        kid: key.id.clone(),
+        ip: None,
+        sid: B64.encode(&t.as_ref()[..12]),
+    })
+}
+
+/// The JWT a request carries: `Authorization: Bearer TOKEN`, else `?jwt=TOKEN` (players that
+/// cannot set headers); `None` when neither.
+pub fn bearer_token<'a>(authorization: Option<&'a str>, query: Option<&'a str>) -> Option<&'a str> {
+    if let Some(a) = authorization {
+        let (scheme, rest) = a.trim().split_once(' ')?;
+        if scheme.eq_ignore_ascii_case("bearer") {
+            return Some(rest.trim());
+        }
+        return None;
+    }
+    query?
+        .split('&')
+        .take(QUERY_PARAMS_MAX)
+        .find_map(|p| p.strip_prefix("jwt="))
+}
+
 /// The query a playlist answered to `grant` writes after the URIs of its segments (the file
 /// at `path`, canonical): a session token for that path, signed with the grant's key, valid
 /// until the grant's expiry or `now_s + ttl_s`, whichever comes first. `None` when the

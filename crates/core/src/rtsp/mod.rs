@@ -104,6 +104,8 @@ pub struct Request {
     /// The URI's query as sent (without `?`); a `/trackID=0` or `/streamid=0` a client
     /// appended to a content base with a query is removed.
     pub query: Option<String>,
+    /// The `Authorization` value (a `Bearer` JWT), when given. Never logged.
+    pub authorization: Option<String>,
 }
 
 /// The bytes of a `User-Agent` kept (what names the client is at its start).
@@ -244,7 +246,11 @@ fn typed(r: &rtsp_types::Request<Vec<u8>>) -> Result<Request, RequestError> {
         }
         v[..end].to_string()
     });
+    let authorization = r
+        .header(&headers::AUTHORIZATION)
+        .map(|v| v.as_str().to_string());
     Ok(Request {
+        authorization,
         canonical_path,
         query,
         user_agent,

@@ -141,12 +141,15 @@ impl Worker {
             return memory(respond_error(Status::NOT_FOUND, Some(req), &ctx), class);
         }
         // Who may watch: the location's `auth` (docs/security.md "Viewers").
-        let grant = match shared
-            .viewers
-            .check(&req.path, req.query.as_deref(), peer, "http")
-        {
+        let grant = match shared.viewers.check(
+            &req.path,
+            req.query.as_deref(),
+            req.authorization.as_deref(),
+            peer,
+            "http",
+        ) {
             crate::auth::Decision::Open => None,
-            crate::auth::Decision::Granted(g) => Some(g),
+            crate::auth::Decision::Granted(g) => g,
             crate::auth::Decision::Refused(penstock_core::auth::AuthError::Missing) => {
                 shared.metrics.error("auth_missing");
                 return memory(unauthorized(req, &ctx), class);
@@ -832,7 +835,7 @@ fn unauthorized(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http
     let end = r.head.len() - 2;
     r.head.splice(
         end..end,
-        b"WWW-Authenticate: Bearer realm=\"penstock\", error=\"invalid_request\", error_description=\"a signed URL is required\"\r\n"
+        b"WWW-Authenticate: Bearer realm=\"penstock\", error=\"invalid_request\", error_description=\"a signed URL or a JWT is required\"\r\n"
             .iter()
             .copied(),
     );

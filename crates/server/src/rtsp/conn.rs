@@ -463,11 +463,21 @@ impl Conn<'_> {
         let Some(path) = req.canonical_path.as_deref() else {
             return Err(text(404, cseq, "not found"));
         };
-        match v.check(path, req.query.as_deref(), Some(self.peer.ip()), "rtsp") {
+        match v.check(
+            path,
+            req.query.as_deref(),
+            req.authorization.as_deref(),
+            Some(self.peer.ip()),
+            "rtsp",
+        ) {
             crate::auth::Decision::Open | crate::auth::Decision::Granted(_) => Ok(()),
             crate::auth::Decision::Refused(penstock_core::auth::AuthError::Missing) => {
                 self.shared.metrics.error("auth_missing");
-                let mut r = text(401, cseq, "a signed URL is required");
+                let mut r = text(
+                    401,
+                    cseq,
+                    "a credential is required (a signed URL or a JWT)",
+                );
                 r = r.header("WWW-Authenticate", "Bearer realm=\"penstock\"");
                 Err(r)
             }

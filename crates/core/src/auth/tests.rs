@@ -292,3 +292,33 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_bearer_token_comes_from_the_header_else_the_query() {
+    assert_eq!(
+        bearer_token(Some("Bearer a.b.c"), Some("jwt=x.y.z")),
+        Some("a.b.c")
+    );
+    assert_eq!(bearer_token(Some("bearer  a.b.c "), None), Some("a.b.c"));
+    assert_eq!(
+        bearer_token(Some("Basic dXNlcg=="), Some("jwt=x.y.z")),
+        None
+    );
+    assert_eq!(bearer_token(None, Some("t=1&jwt=x.y.z")), Some("x.y.z"));
+    assert_eq!(bearer_token(None, Some("t=1")), None);
+    assert_eq!(bearer_token(None, None), None);
+}
+
+/// A JWT's session grant: signed by the first key, one session id per token, and its
+/// session tokens verify for their file.
+#[test]
+fn a_jwt_grant_mints_session_tokens() {
+    let k = ring();
+    let g = grant_for_jwt(&k, "a.b.c", NOW + 100).unwrap();
+    assert_eq!(g.kid, "k1");
+    assert_eq!(grant_for_jwt(&k, "a.b.c", NOW + 100).unwrap().sid, g.sid);
+    assert_ne!(grant_for_jwt(&k, "a.b.d", NOW + 100).unwrap().sid, g.sid);
+    let st = session_query(&k, &g, "/m/a.ts", NOW, 30).unwrap();
+    assert_eq!(check(&st, "/m/a.ts", LOOP, NOW).unwrap().sid, g.sid);
+    assert!(grant_for_jwt(&Keyring::default(), "a.b.c", NOW).is_none());
+}

@@ -75,7 +75,13 @@ impl RunningStream for FakeRun {
             Ok(StreamReport {
                 bytes: sent,
                 units: sent / 1316,
-                path: DataPath::Copy,
+                planned: DataPath::Copy,
+                executed: Some(DataPath::Copy),
+                moved: penstock_driver::MovedBytes {
+                    copy_read: sent,
+                    copy_written: sent,
+                    ..Default::default()
+                },
                 cache: CachePolicy::Keep,
                 elapsed: Duration::ZERO,
                 notes: Vec::new(),

@@ -9,6 +9,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod admission;
+pub mod auth;
 pub mod buffers;
 pub mod cluster;
 pub mod control;

@@ -5,10 +5,20 @@
 //! stdin and prints each reply; exits 0 when every reply was 2xx, 1 when any was not. Over the Unix socket the server knows the user without a
 //! token.
 //!
+//! The token never goes where it does not belong (issue 35): the default token file names
+//! the addresses of the server that wrote it (`server ADDR` lines), and its token is sent to
+//! those addresses only; `--token`, `PENSTOCK_TOKEN` or `--token-file` send it to ADDR
+//! because the user said so.
+//!
 //! A command refused by a cluster node with a redirect (`503 …; redirect node=N
-//! control=HOST:PORT`, docs/control-protocol.md) is sent again to that node, with the same
-//! token, up to `--redirects-max` hops; stderr names each hop. Interactive mode does not
-//! follow redirects: streams opened earlier on the connection belong to it.
+//! control=HOST:PORT`, docs/control-protocol.md) is sent again to that node, up to
+//! `--redirects-max` hops; stderr names each hop. The token goes along only with
+//! `--redirect-token` (the cluster's nodes share it) or when the default token file names the
+//! node's address; otherwise the redirect is printed, not followed. Interactive mode does
+//! not follow redirects: streams opened earlier on the connection belong to it.
+//!
+//! Every wait has a bound: `--connect-timeout` for the connection (and TLS handshake),
+//! `--reply-timeout` for each reply.
 
 use std::io::{BufRead, BufReader, Write};
 
@@ -39,6 +49,64 @@ pub struct CtlArgs {
     /// must chain to (the system's roots are not read).
     #[arg(long)]
     pub cacert: Option<std::path::PathBuf>,
+    /// Send the token along redirects to other cluster nodes (they share it: the same
+    /// `[control] token`). Without it, a redirect is followed only to an address the
+    /// default token file names.
+    #[arg(long)]
+    pub redirect_token: bool,
+    /// Give up connecting (and the TLS handshake) after this long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub connect_timeout: std::time::Duration,
+    /// Give up waiting for a reply after this long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub reply_timeout: std::time::Duration,
+}
+
+/// The token to send and where it may go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Token {
+    value: String,
+    /// `None`: the user named it (anywhere ADDR is); `Some`: the default token file's
+    /// server addresses, the only places it may be sent.
+    servers: Option<Vec<String>>,
+}
+
+impl Token {
+    /// Whether the token may be sent to `addr`.
+    fn may_go_to(&self, addr: &str) -> bool {
+        match &self.servers {
+            None => true,
+            Some(list) => list.iter().any(|s| same_server(s, addr)),
+        }
+    }
+}
+
+/// Whether `given` (what the user typed, or a redirect's address) names the server address
+/// `recorded` (from a token file): the same Unix path, or the same TCP address once resolved
+/// (a server bound to `0.0.0.0`/`::` counts for a loopback address with its port). The
+/// scheme (`tls://`) must match.
+fn same_server(recorded: &str, given: &str) -> bool {
+    if let (Some(a), Some(b)) = (recorded.strip_prefix("unix:"), given.strip_prefix("unix:")) {
+        let canon = |p: &str| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
+        return canon(a) == canon(b);
+    }
+    fn tls(s: &str) -> (bool, &str) {
+        s.strip_prefix("tls://").map_or((false, s), |r| (true, r))
+    }
+    let ((rt, ra), (gt, ga)) = (tls(recorded), tls(given));
+    if rt != gt || recorded.starts_with("unix:") || given.starts_with("unix:") {
+        return false;
+    }
+    let Ok(r) = ra.parse::<std::net::SocketAddr>() else {
+        return false;
+    };
+    use std::net::ToSocketAddrs;
+    let Ok(resolved) = ga.to_socket_addrs() else {
+        return false;
+    };
+    resolved.into_iter().any(|g| {
+        g == r || (r.ip().is_unspecified() && g.ip().is_loopback() && g.port() == r.port())
+    })
 }
 
 /// The node a refusal redirects to: `(name, control address)` from the end of a 503's text
@@ -53,18 +121,26 @@ fn redirect_of(reply: &Reply) -> Option<(&str, &str)> {
         .then_some((node, addr))
 }
 
-/// The token to send, if any.
-fn token(a: &CtlArgs) -> Result<Option<String>> {
+/// The token to send, if any, and where it may go.
+fn token(a: &CtlArgs) -> Result<Option<Token>> {
     if let Some(t) = a
         .token
         .clone()
         .or_else(|| std::env::var("PENSTOCK_TOKEN").ok())
     {
-        return Ok(Some(t));
+        return Ok(Some(Token {
+            value: t,
+            servers: None,
+        }));
     }
     if let Some(f) = &a.token_file {
         return penstock_server::private::read_token(f)
-            .map(Some)
+            .map(|value| {
+                Some(Token {
+                    value,
+                    servers: None,
+                })
+            })
             .with_context(|| format!("--token-file {}", f.display()));
     }
     if a.addr.starts_with("unix:") {
@@ -73,7 +149,22 @@ fn token(a: &CtlArgs) -> Result<Option<String>> {
     let default = penstock_server::private::default_token_file(
         &penstock_server::private::default_control_socket(),
     );
-    Ok(penstock_server::private::read_token(&default).ok())
+    let Ok((value, servers)) = penstock_server::private::read_token_file(&default) else {
+        return Ok(None);
+    };
+    let t = Token {
+        value,
+        servers: Some(servers),
+    };
+    if !t.may_go_to(&a.addr) {
+        eprintln!(
+            "penstock: not sending the token of {} to {}: that file belongs to another server ({}); name the token with --token, PENSTOCK_TOKEN or --token-file to send it there",
+            default.display(),
+            a.addr,
+            t.servers.as_deref().unwrap_or_default().join(", ")
+        );
+    }
+    Ok(Some(t))
 }
 
 trait Conn: std::io::Read + Write {}
@@ -84,7 +175,13 @@ fn read_reply(r: &mut impl BufRead) -> Result<Reply> {
     let mut line = String::new();
     loop {
         line.clear();
-        if r.read_line(&mut line)? == 0 {
+        let n = r.read_line(&mut line).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                anyhow::anyhow!("no reply within --reply-timeout")
+            }
+            _ => e.into(),
+        })?;
+        if n == 0 {
             bail!("the server closed the connection");
         }
         if let Some(reply) = p.push_line(line.trim_end_matches(['\r', '\n']))? {
@@ -103,14 +200,17 @@ fn send(r: &mut BufReader<Box<dyn Conn>>, line: &str) -> Result<Reply> {
 fn connect(
     addr: &str,
     token: Option<&str>,
-    cacert: Option<&std::path::Path>,
+    a: &CtlArgs,
 ) -> Result<std::result::Result<BufReader<Box<dyn Conn>>, Reply>> {
-    let stream: Box<dyn Conn> = if let Some(a) = addr.strip_prefix("tls://") {
-        Box::new(tls_connect(a, cacert)?)
+    let stream: Box<dyn Conn> = if let Some(t) = addr.strip_prefix("tls://") {
+        Box::new(tls_connect(t, a)?)
     } else if let Some(p) = addr.strip_prefix("unix:") {
-        Box::new(std::os::unix::net::UnixStream::connect(p).with_context(|| addr.to_string())?)
+        let s = std::os::unix::net::UnixStream::connect(p).with_context(|| addr.to_string())?;
+        s.set_read_timeout(Some(a.reply_timeout))?;
+        s.set_write_timeout(Some(a.reply_timeout))?;
+        Box::new(s)
     } else {
-        Box::new(std::net::TcpStream::connect(addr).with_context(|| addr.to_string())?)
+        Box::new(tcp_connect(addr, a)?)
     };
     let mut r = BufReader::new(stream);
     if let Some(t) = token {
@@ -122,12 +222,37 @@ fn connect(
     Ok(Ok(r))
 }
 
-/// A TLS connection to `host:port`, the server's certificate checked against `cacert` for
+/// A TCP connection to `addr` within `--connect-timeout` (each resolved address in turn),
+/// reads and writes bounded by `--reply-timeout`.
+fn tcp_connect(addr: &str, a: &CtlArgs) -> Result<std::net::TcpStream> {
+    use std::net::ToSocketAddrs;
+    let mut last = None;
+    for sa in addr.to_socket_addrs().with_context(|| addr.to_string())? {
+        match std::net::TcpStream::connect_timeout(&sa, a.connect_timeout) {
+            Ok(s) => {
+                s.set_read_timeout(Some(a.reply_timeout))?;
+                s.set_write_timeout(Some(a.reply_timeout))?;
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    match last {
+        Some(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            bail!("{addr}: no connection within --connect-timeout")
+        }
+        Some(e) => Err(e).with_context(|| addr.to_string()),
+        None => bail!("{addr}: the name resolves to no address"),
+    }
+}
+
+/// A TLS connection to `host:port`, the server's certificate checked against `--cacert` for
 /// the name `host` (a DNS name or an IP address).
 fn tls_connect(
     addr: &str,
-    cacert: Option<&std::path::Path>,
+    a: &CtlArgs,
 ) -> Result<rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>> {
+    let cacert = a.cacert.as_deref();
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
     let Some(ca) = cacert else {
@@ -155,7 +280,9 @@ fn tls_connect(
     .with_root_certificates(roots)
     .with_no_client_auth();
     let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name)?;
-    let tcp = std::net::TcpStream::connect(addr).with_context(|| format!("tls://{addr}"))?;
+    let tcp = tcp_connect(addr, a).with_context(|| format!("tls://{addr}"))?;
+    // The handshake within the connect timeout too.
+    tcp.set_read_timeout(Some(a.connect_timeout))?;
     let mut s = rustls::StreamOwned::new(conn, tcp);
     // The handshake now, so that a refused certificate is said as such.
     while s.conn.is_handshaking() {
@@ -163,12 +290,17 @@ fn tls_connect(
             .complete_io(&mut s.sock)
             .with_context(|| format!("tls://{addr}: TLS handshake"))?;
     }
+    s.sock.set_read_timeout(Some(a.reply_timeout))?;
     Ok(s)
 }
 
 pub fn run(a: CtlArgs) -> Result<i32> {
-    let token = token(&a)?.filter(|t| !t.is_empty());
-    let mut r = match connect(&a.addr, token.as_deref(), a.cacert.as_deref())? {
+    let token = token(&a)?.filter(|t| !t.value.is_empty());
+    let first = token
+        .as_ref()
+        .filter(|t| t.may_go_to(&a.addr))
+        .map(|t| t.value.as_str());
+    let mut r = match connect(&a.addr, first, &a)? {
         Ok(r) => r,
         Err(refused) => {
             print!("{refused}");
@@ -186,10 +318,22 @@ pub fn run(a: CtlArgs) -> Result<i32> {
                 }
                 break;
             }
+            // The token goes to the node only when it is known to share it.
+            let hop_token = match &token {
+                Some(t) if t.servers.is_some() && t.may_go_to(addr) => Some(t.value.as_str()),
+                Some(t) if t.servers.is_none() && a.redirect_token => Some(t.value.as_str()),
+                Some(_) => {
+                    eprintln!(
+                        "penstock: not following the redirect to node={node} control={addr}: the token would go to another server (pass --redirect-token if the cluster's nodes share it)"
+                    );
+                    break;
+                }
+                None => None,
+            };
             hops += 1;
             eprintln!("penstock: redirected to node={node} control={addr}");
             let addr = addr.to_string();
-            r = match connect(&addr, token.as_deref(), a.cacert.as_deref())? {
+            r = match connect(&addr, hop_token, &a)? {
                 Ok(r) => r,
                 Err(refused) => {
                     print!("{refused}");

@@ -348,6 +348,8 @@ fn check_config(cfg: &ServerConfig, a: &ServeArgs) -> Result<()> {
     if !cfg.tls.certificates.is_empty() {
         penstock_server::tls::Tls::start(&cfg.tls).map_err(|e| anyhow::anyhow!("{e}"))?;
     }
+    // The keys of signed URLs, read as at start (modes, lengths).
+    penstock_server::auth::load_keys(&cfg.auth)?;
     let root = match a.dir.clone().or_else(|| a.root.clone()) {
         Some(r) => r,
         None if a.demo => PathBuf::from("(a generated sample tree)"),

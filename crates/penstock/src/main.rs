@@ -17,6 +17,7 @@ mod cmd_manual;
 mod cmd_mount;
 mod cmd_record;
 mod cmd_serve;
+mod cmd_sign;
 mod cmd_stream;
 mod cmd_volume;
 mod demo;
@@ -75,6 +76,9 @@ enum Command {
     Serve(cmd_serve::ServeArgs),
     /// Send control protocol commands to a server (interactive without a command).
     Ctl(cmd_ctl::CtlArgs),
+    /// Print a signed URL (`?expires=&kid=&sig=`) for a location with `auth = "signed"`,
+    /// with the keys of the configuration's `[auth]` (docs/security.md "Viewers").
+    Sign(cmd_sign::SignArgs),
     /// Volumes: striped members, dynamic partitions (see docs/volume-format.md).
     Volume(cmd_volume::VolumeArgs),
     /// A cluster of serve nodes on etcd: list the nodes, render HAProxy's configuration
@@ -152,6 +156,7 @@ fn main() {
         Command::Calibrate(a) => calibrate::run(a),
         Command::Hog { kind, file } => bench::hog::run(&kind, file.as_deref()),
         Command::Serve(a) => cmd_serve::run(a),
+        Command::Sign(a) => cmd_sign::run(a),
         Command::Ctl(a) => cmd_ctl::run(a).map(|code| {
             if code != 0 {
                 std::process::exit(code)

@@ -1867,7 +1867,8 @@ fn the_fourth_stream_on_a_full_node_is_redirected_and_no_node_is_over_admitted()
         })
         .collect();
     let o = Command::new(BIN)
-        .args(["ctl", &a.control, "--token", TOKEN])
+        // The nodes share the token: it goes along the redirect only when said so.
+        .args(["ctl", &a.control, "--token", TOKEN, "--redirect-token"])
         .args(open.split(' '))
         .arg("DETACHED")
         .output()

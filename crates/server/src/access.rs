@@ -459,6 +459,9 @@ impl Access {
                     Refused::Forbidden => Denied::Forbidden(format!(
                         "{label}: a link, a file with several links, or not a regular file"
                     )),
+                    Refused::Denied => {
+                        Denied::Forbidden(format!("{label}: permission denied to the server"))
+                    }
                     Refused::Failed => Denied::Failed(format!("{label}: could not be opened")),
                     Refused::Exhausted => Denied::Failed(format!(
                         "{label}: could not be opened: the server is out of descriptors"

@@ -53,6 +53,8 @@ pub struct ServerConfig {
     pub limits: HttpLimits,
     /// `[[location]]`: class, rate and CORS per path prefix, longest prefix wins.
     pub location: Vec<Location>,
+    /// `[auth]`: the keys of signed URLs (docs/security.md "Viewers"; reloaded on SIGHUP).
+    pub auth: AuthConfig,
     /// `[log]`: the access log.
     pub log: LogConfig,
     /// `[rtsp]`: the RTSP server (on by default at 127.0.0.1:8554).
@@ -446,7 +448,7 @@ impl LogConfig {
 }
 
 /// `[[location]]`: what applies to request paths starting with `prefix`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Location {
     /// A path prefix such as `/video/`; the longest matching prefix wins.
@@ -468,6 +470,98 @@ pub struct Location {
     /// no CORS headers, and `OPTIONS` is a 405.
     #[serde(default)]
     pub cors_allow_origins: Vec<String>,
+    /// What a viewer must show (docs/security.md "Viewers"): `"none"` (the default) or
+    /// `"signed"`; on HTTP, HLS and RTSP alike.
+    #[serde(default)]
+    pub auth: AuthMode,
+    /// Serve hidden and backup files here: a path segment starting with `.` (`/.env`,
+    /// `/.git/config`), or a name ending in `~`, `.swp` or `.swo`. Off by default: 404.
+    #[serde(default)]
+    pub serve_hidden: bool,
+}
+
+/// `[auth]`: who may watch (docs/security.md "Viewers").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `keys = [{ id = "k1", secret_file = "/etc/penstock/k1.key" }]`: the HMAC keys of signed
+    /// URLs; every one is accepted, the first signs (`penstock sign`). A secret file holds at
+    /// least 32 bytes (a trailing newline is not part of it) and must not be open to group or
+    /// others. Read at start and on SIGHUP; a bad file refuses either.
+    pub keys: Vec<AuthKeyFile>,
+    /// How long the session tokens a playlist writes into its segment URIs stay valid at
+    /// most (never past the credential's own expiry). Default 4 h.
+    #[serde(default, deserialize_with = "units::opt_ms")]
+    pub session_ttl_ms: Option<u64>,
+    /// The JWKS (RFC 7517) whose keys verify viewers' JWTs (`auth = "jwt"`): RSA, P-256,
+    /// P-384, Ed25519 public keys, or `oct` secrets (then the file must be closed to group
+    /// and others). Read at start and on SIGHUP.
+    pub jwks_file: Option<PathBuf>,
+    /// Accepted `aud` values of JWTs (one must be named); empty: `aud` is not checked.
+    pub jwt_audiences: Vec<String>,
+    /// Accepted `iss` values; empty: `iss` is not checked.
+    pub jwt_issuers: Vec<String>,
+}
+
+/// One key of `[auth] keys`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthKeyFile {
+    /// The key id URLs name it by (`kid=`): letters, digits, `-`, `_`, `.`; at most 64 bytes.
+    pub id: String,
+    pub secret_file: PathBuf,
+}
+
+impl AuthConfig {
+    pub fn session_ttl(&self) -> Duration {
+        Duration::from_millis(self.session_ttl_ms.unwrap_or(4 * 3600 * 1000))
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.keys.len() > penstock_core::auth::KEYS_MAX {
+            return Err(ConfigError::Invalid(format!(
+                "auth.keys: at most {} keys",
+                penstock_core::auth::KEYS_MAX
+            )));
+        }
+        for (i, k) in self.keys.iter().enumerate() {
+            if !penstock_core::auth::valid_key_id(&k.id) {
+                return Err(ConfigError::Invalid(format!(
+                    "auth.keys: id {:?}: 1 ..= 64 letters, digits, '-', '_' or '.'",
+                    k.id
+                )));
+            }
+            if self.keys[..i].iter().any(|o| o.id == k.id) {
+                return Err(ConfigError::Invalid(format!(
+                    "auth.keys: id {:?} appears twice",
+                    k.id
+                )));
+            }
+        }
+        if self.session_ttl_ms == Some(0) {
+            return Err(ConfigError::Invalid(
+                "auth.session_ttl_ms must be above 0".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a location requires of a viewer (`[[location]] auth`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    /// Anyone who can reach the server (the default).
+    #[default]
+    None,
+    /// A signed URL (`?expires=&kid=&sig=`), or on HLS segments the session token a signed
+    /// playlist wrote.
+    Signed,
+    /// A JWT (`Authorization: Bearer`, `?jwt=`, RTSP `Authorization`) verified against
+    /// `[auth] jwks_file`; on HLS segments the session token a JWT's playlist wrote.
+    Jwt,
+    /// Either.
+    SignedOrJwt,
 }
 
 /// `[control]`: who may use the control protocol and what its streams may touch
@@ -1159,6 +1253,10 @@ pub struct PathPolicy<'a> {
     pub limit_rate_after_bytes: u64,
     /// The location's `cors_allow_origins` (empty: no CORS).
     pub cors_allow_origins: &'a [String],
+    /// What a viewer must show.
+    pub auth: AuthMode,
+    /// Whether hidden and backup files are served.
+    pub serve_hidden: bool,
 }
 
 impl LiveConfig {
@@ -1174,6 +1272,8 @@ impl LiveConfig {
                 .and_then(|l| l.limit_rate_after_bytes)
                 .unwrap_or(self.limits.limit_rate_after_bytes),
             cors_allow_origins: loc.map_or(&[], |l| l.cors_allow_origins.as_slice()),
+            auth: loc.map_or(AuthMode::None, |l| l.auth),
+            serve_hidden: loc.is_some_and(|l| l.serve_hidden),
         }
     }
 }
@@ -1321,7 +1421,31 @@ impl ServerConfig {
                 )));
             }
             check_cors_origins(&l.prefix, &l.cors_allow_origins)?;
+            match l.auth {
+                AuthMode::None => {}
+                AuthMode::Signed if self.auth.keys.is_empty() => {
+                    return Err(ConfigError::Invalid(format!(
+                        "location {:?}: auth = \"signed\" needs a key in [auth] keys",
+                        l.prefix
+                    )));
+                }
+                AuthMode::Signed => {}
+                AuthMode::Jwt | AuthMode::SignedOrJwt if self.auth.jwks_file.is_none() => {
+                    return Err(ConfigError::Invalid(format!(
+                        "location {:?}: auth = \"jwt\" / \"signed_or_jwt\" needs [auth] jwks_file",
+                        l.prefix
+                    )));
+                }
+                AuthMode::SignedOrJwt if self.auth.keys.is_empty() => {
+                    return Err(ConfigError::Invalid(format!(
+                        "location {:?}: auth = \"signed_or_jwt\" needs a key in [auth] keys",
+                        l.prefix
+                    )));
+                }
+                AuthMode::Jwt | AuthMode::SignedOrJwt => {}
+            }
         }
+        self.auth.check()?;
         self.control.check()?;
         for (key, v) in [("user", &self.user), ("group", &self.group)] {
             if v.as_deref().is_some_and(|v| v.trim().is_empty()) {
@@ -1384,6 +1508,7 @@ pub const RELOADABLE: &[&str] = &[
     "limits",
     "disk",
     "location",
+    "auth",
     "http.listen",
     "http.root",
     "http.index",
@@ -1475,6 +1600,54 @@ mod tests {
         assert!(
             toml::from_str::<ServerConfig>("[volumes]\nlock_wait_ms = \"5 parsecs\"\n").is_err()
         );
+    }
+
+    /// Issue 35: `auth = "signed"` needs a key, `"jwt"` a JWKS, `"signed_or_jwt"` both;
+    /// key ids are checked and unique.
+    #[test]
+    fn location_auth_needs_its_keys() {
+        let parse = |t: &str| toml::from_str::<ServerConfig>(t).unwrap();
+        let e = parse("[[location]]\nprefix = \"/p/\"\nauth = \"signed\"\n")
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a key"), "{e}");
+        let keys = "[auth]\nkeys = [{ id = \"k1\", secret_file = \"/k\" }]\n";
+        let ok = parse(&format!(
+            "{keys}[[location]]\nprefix = \"/p/\"\nauth = \"signed\"\nserve_hidden = true\n"
+        ));
+        ok.check().unwrap();
+        let live = ok.live();
+        let p = live.policy("/p/x");
+        assert_eq!((p.auth, p.serve_hidden), (AuthMode::Signed, true));
+        let p = live.policy("/q/x");
+        assert_eq!((p.auth, p.serve_hidden), (AuthMode::None, false));
+        for mode in ["jwt", "signed_or_jwt"] {
+            let e = parse(&format!(
+                "{keys}[[location]]\nprefix = \"/p/\"\nauth = \"{mode}\"\n"
+            ))
+            .check()
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("needs [auth] jwks_file"), "{e}");
+            parse(&format!(
+                "{keys}jwks_file = \"/j\"\n[[location]]\nprefix = \"/p/\"\nauth = \"{mode}\"\n"
+            ))
+            .check()
+            .unwrap();
+        }
+        assert!(
+            toml::from_str::<ServerConfig>("[[location]]\nprefix = \"/\"\nauth = \"basic\"\n")
+                .is_err()
+        );
+        for bad in [
+            "[auth]\nkeys = [{ id = \"a b\", secret_file = \"/k\" }]\n",
+            "[auth]\nkeys = [{ id = \"a\", secret_file = \"/k\" }, { id = \"a\", secret_file = \"/j\" }]\n",
+            "[auth]\nsession_ttl_ms = 0\n",
+        ] {
+            assert!(parse(bad).check().is_err(), "{bad}");
+        }
+        assert_eq!(parse("").auth.session_ttl(), Duration::from_secs(4 * 3600));
     }
 
     #[test]

@@ -39,8 +39,11 @@ pub enum Opened {
 pub enum Refused {
     /// ENOENT, ENOTDIR: 404.
     NotFound,
-    /// Escape attempt (EXDEV, ELOOP), permission, or not a regular file: 403.
+    /// Escape attempt (EXDEV, ELOOP), or not a regular file: 403.
     Forbidden,
+    /// The file exists beneath the root but the server may not read it (EACCES, EPERM): 403
+    /// on HTTP and RTSP alike, with a log line naming why (issue 35).
+    Denied,
     /// Out of descriptors or memory (EMFILE, ENFILE, ENOMEM): 503, the connection closed.
     Exhausted,
     /// Anything else (EIO): 500.
@@ -179,7 +182,8 @@ fn refusal(e: Errno) -> Refused {
     match e {
         Errno::NOENT | Errno::NOTDIR | Errno::NAMETOOLONG => Refused::NotFound,
         // ENXIO: a Unix socket (open(2) cannot open one): not a regular file, 403.
-        Errno::XDEV | Errno::LOOP | Errno::ACCESS | Errno::PERM | Errno::NXIO => Refused::Forbidden,
+        Errno::ACCESS | Errno::PERM => Refused::Denied,
+        Errno::XDEV | Errno::LOOP | Errno::NXIO => Refused::Forbidden,
         Errno::MFILE | Errno::NFILE | Errno::NOMEM => Refused::Exhausted,
         _ => Refused::Failed,
     }

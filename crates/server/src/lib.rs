@@ -29,6 +29,7 @@
 
 pub mod access;
 pub mod access_log;
+pub mod auth;
 pub mod cluster;
 pub mod config;
 pub mod confine;
@@ -133,6 +134,8 @@ pub struct Server {
     membership: Option<Mutex<cluster::Membership>>,
     /// The background scrub of the served volumes (`None`: off, or no `[volumes]`).
     scrub: Option<scrub::Scrubber>,
+    /// Who may watch: keys and locations' rules, shared by HTTP and RTSP (reloaded).
+    viewers: Arc<auth::Viewers>,
 }
 
 impl std::fmt::Debug for Server {
@@ -260,6 +263,8 @@ impl Server {
             }
         }
         let metrics = Arc::new(Metrics::new());
+        // `[auth]`: the key files are read (and refused if bad) before anything is bound.
+        let viewers = Arc::new(auth::Viewers::new(cfg, metrics.clone())?);
         metrics.watch_engine(engine.clone());
         // The background scrub's families are there (at 0) whether it runs or not.
         let scrub_counters = scrub::ScrubCounters::default();
@@ -316,7 +321,8 @@ impl Server {
             )
             .with_origin(origin)
             .with_hls(hls_indexes.clone())
-            .with_tls(tls),
+            .with_tls(tls)
+            .with_viewers(viewers.clone()),
         );
         let workers = if cfg.http.workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -380,9 +386,6 @@ impl Server {
                     .token_file
                     .clone()
                     .or_else(|| cfg.control.unix.as_deref().map(private::default_token_file));
-                if let Some(f) = &file {
-                    private::write_token(f, &t)?;
-                }
                 (t, file)
             }
         };
@@ -430,6 +433,24 @@ impl Server {
             }
             None => None,
         };
+        // The token file, once the addresses are bound: it names them, and `penstock ctl`
+        // sends the token read from it to those addresses only.
+        if cfg.control.token.is_none()
+            && let Some(f) = &token_file
+        {
+            let mut servers = Vec::new();
+            if let Some(a) = control_addr {
+                servers.push(if control_is_tls {
+                    format!("tls://{a}")
+                } else {
+                    a.to_string()
+                });
+            }
+            if let Some((_, p)) = &unix {
+                servers.push(format!("unix:{}", p.display()));
+            }
+            private::write_token(f, &token, &servers)?;
+        }
         let streams = Arc::new(streams::Streams::new(
             Box::new(streams::EngineBackend::new(engine.clone(), access)),
             metrics.clone(),
@@ -478,6 +499,7 @@ impl Server {
                 r.set_origin(o.clone());
             }
             r.set_hls(hls_indexes.clone());
+            r.set_viewers(viewers.clone());
             streams_for_rtsp.add_state_source(r.state_source());
             Some(Mutex::new(r))
         };
@@ -547,6 +569,7 @@ impl Server {
             rtsp,
             membership,
             scrub,
+            viewers,
         })
     }
 
@@ -729,6 +752,9 @@ impl Server {
             )
             .into());
         }
+        // `[auth]`: the key files read again (a bad one refuses the reload, the keys in force
+        // stay), applied with the rest.
+        let viewers_staged = auth::Viewers::stage(cfg)?;
         // Then the addresses: bind every new one before giving up any old one (they are
         // handed over only when nothing else can refuse).
         let mut new_listening = None;
@@ -839,6 +865,13 @@ impl Server {
             report.applied.push("limits and locations".into());
         }
         self.http.set_live(live);
+        self.viewers.commit(viewers_staged);
+        if !cfg.auth.keys.is_empty() || !old.auth.keys.is_empty() {
+            report.applied.push(format!(
+                "auth: keys read again ({})",
+                self.viewers.key_ids().join(", ")
+            ));
+        }
         for key in changed {
             if !config::RELOADABLE
                 .iter()

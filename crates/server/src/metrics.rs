@@ -137,6 +137,14 @@ pub struct Kind {
     pub kind: String,
 }
 
+/// A viewer credential check (`crate::auth`): `kind` is `signed` (a signed URL) or `session`
+/// (an HLS segment's session token); `result` is `ok` or the reason of the refusal.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthLabels {
+    pub kind: String,
+    pub result: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabel {
     /// Whose listener: `http`.
@@ -378,6 +386,8 @@ pub struct Metrics {
     /// HLS segment requests: range GETs of a TS file (what a playlist's `EXT-X-BYTERANGE`
     /// segments are).
     pub hls_segments: Counter,
+    /// Viewer credential checks, by kind and result (docs/security.md "Viewers").
+    pub auth_checks: Family<AuthLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -574,8 +584,15 @@ impl Metrics {
             "HLS segment requests: range GETs of a TS file",
             hls_segments.clone(),
         );
+        let auth_checks = Family::<AuthLabels, Counter>::default();
+        r.register(
+            "auth_checks",
+            "Viewer credential checks, by kind (signed: a signed URL; session: an HLS segment's session token) and result (ok, missing, malformed, expired, unknown_kid, bad_signature, address)",
+            auth_checks.clone(),
+        );
         Metrics {
             registry: Mutex::new(root),
+            auth_checks,
             hls_playlists,
             hls_segments,
             live_datagrams,

@@ -25,13 +25,15 @@ pub const WINDOW: Duration = Duration::from_secs(10);
 
 /// The kinds [`peer_warn!`](crate::peer_warn) is called with in this crate (a metric's label
 /// values, present at 0 from the start; a kind not listed is counted all the same).
-pub const KINDS: [&str; 6] = [
+pub const KINDS: [&str; 8] = [
+    "auth_refused",
     "control_fds_refused",
     "control_wrong_token",
     "http_origin",
     "http_origin_cut",
     "metrics_accept_failed",
     "rtsp_origin",
+    "unreadable",
 ];
 
 #[derive(Debug)]

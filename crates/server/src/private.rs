@@ -86,8 +86,11 @@ fn parent(path: &Path) -> &Path {
 
 /// Writes `token` to `path`: the directory is checked, a stale token file of ours (a regular
 /// file, one link, owned by the server's user, mode 0600 or tighter) is replaced, anything
-/// else refuses; the new file is created with `O_EXCL | O_NOFOLLOW`, mode 0600.
-pub fn write_token(path: &Path, token: &str) -> io::Result<()> {
+/// else refuses; the new file is created with `O_EXCL | O_NOFOLLOW`, mode 0600. After the
+/// token, one `server ADDR` line for each address of the server it belongs to
+/// (`HOST:PORT`, `tls://HOST:PORT`, `unix:/path`): `penstock ctl` sends the token read from
+/// the default file to those addresses only (issue 35).
+pub fn write_token(path: &Path, token: &str, servers: &[String]) -> io::Result<()> {
     check_dir(parent(path))?;
     match std::fs::symlink_metadata(path) {
         Ok(m) => {
@@ -113,7 +116,11 @@ pub fn write_token(path: &Path, token: &str) -> io::Result<()> {
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)
         .map_err(|e| refuse(path, format!("cannot create the token file: {e}")))?;
-    f.write_all(format!("{token}\n").as_bytes())?;
+    let mut text = format!("{token}\n");
+    for a in servers {
+        text.push_str(&format!("server {a}\n"));
+    }
+    f.write_all(text.as_bytes())?;
     Ok(())
 }
 
@@ -143,8 +150,26 @@ pub fn prepare_socket_path(path: &Path) -> io::Result<()> {
 
 /// Reads a token file (for `penstock ctl`): the first line, trimmed.
 pub fn read_token(path: &Path) -> io::Result<String> {
-    let s = std::fs::read_to_string(path)?;
-    Ok(s.lines().next().unwrap_or("").trim().to_string())
+    read_token_file(path).map(|(t, _)| t)
+}
+
+/// Reads a token file: the token (the first line, trimmed) and the addresses of the server
+/// it belongs to (its `server ADDR` lines; none in a file written before issue 35).
+pub fn read_token_file(path: &Path) -> io::Result<(String, Vec<String>)> {
+    use std::io::Read;
+    let mut s = String::new();
+    // A token file is a few lines: read at most 64 KiB of whatever is there.
+    std::fs::File::open(path)?
+        .take(64 << 10)
+        .read_to_string(&mut s)?;
+    let mut lines = s.lines();
+    let token = lines.next().unwrap_or("").trim().to_string();
+    let servers = lines
+        .filter_map(|l| l.trim().strip_prefix("server "))
+        .map(|a| a.trim().to_string())
+        .filter(|a| !a.is_empty())
+        .collect();
+    Ok((token, servers))
 }
 
 #[cfg(test)]
@@ -156,11 +181,13 @@ mod tests {
     fn a_token_is_written_0600_and_replaces_only_its_own_stale_file() {
         let d = tempfile::tempdir().unwrap();
         let t = d.path().join("t.token");
-        write_token(&t, "abc").unwrap();
+        write_token(&t, "abc", &[]).unwrap();
         let m = std::fs::metadata(&t).unwrap();
         assert_eq!(m.mode() & 0o777, 0o600);
-        write_token(&t, "def").unwrap();
+        let servers = vec!["127.0.0.1:7070".to_string(), "unix:/run/p.sock".to_string()];
+        write_token(&t, "def", &servers).unwrap();
         assert_eq!(read_token(&t).unwrap(), "def");
+        assert_eq!(read_token_file(&t).unwrap(), ("def".to_string(), servers));
     }
 
     #[test]
@@ -170,12 +197,12 @@ mod tests {
         std::fs::write(&victim, b"secret").unwrap();
         let t = d.path().join("t.token");
         std::os::unix::fs::symlink(&victim, &t).unwrap();
-        assert!(write_token(&t, "abc").is_err());
+        assert!(write_token(&t, "abc", &[]).is_err());
         assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
         std::fs::remove_file(&t).unwrap();
         std::fs::write(&t, b"planted").unwrap();
         std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(write_token(&t, "abc").is_err());
+        assert!(write_token(&t, "abc", &[]).is_err());
         assert_eq!(std::fs::read(&t).unwrap(), b"planted");
     }
 
@@ -183,7 +210,7 @@ mod tests {
     fn a_directory_others_can_write_is_refused() {
         let d = tempfile::tempdir().unwrap();
         std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = write_token(&d.path().join("t"), "x").unwrap_err();
+        let e = write_token(&d.path().join("t"), "x", &[]).unwrap_err();
         assert!(e.to_string().contains("writable by others"), "{e}");
         assert!(check_dir(Path::new("/tmp")).is_err());
         let link = tempfile::tempdir().unwrap();

@@ -977,6 +977,7 @@ fn location(prefix: &str, origins: &[&str]) -> penstock_server::config::Location
         limit_rate_bytes_per_s: None,
         limit_rate_after_bytes: None,
         cors_allow_origins: origins.iter().map(|o| o.to_string()).collect(),
+        ..Default::default()
     }
 }
 

@@ -370,6 +370,7 @@ fn rate_limit_per_location_still_delivers_exact_bytes() {
         limit_rate_bytes_per_s: Some(2 << 20),
         limit_rate_after_bytes: Some(100 * 1024),
         cors_allow_origins: Vec::new(),
+        ..Default::default()
     });
     let f = start_with(cfg);
     let (st, _, body) = get(&f, "/mid.bin", &[]);

@@ -1258,6 +1258,7 @@ fn origin_answers_carry_the_locations_cors_and_caching_lines() {
         limit_rate_bytes_per_s: None,
         limit_rate_after_bytes: None,
         cors_allow_origins: vec!["https://player.example".into()],
+        ..Default::default()
     });
     let f = start_with(cfg);
     let header = |hs: &[(String, String)], name: &str| {

@@ -34,7 +34,7 @@ pub use conditional::{ETag, Precondition, evaluate_preconditions, if_range_allow
 pub use date::{format_http_date, parse_http_date};
 pub use mime::{content_type_for_path, extension_of, is_valid_media_type};
 pub use range::{ByteRange, RangeSet, parse_range};
-pub use request::{Method, Parsed, Request, Version, parse_request};
+pub use request::{Method, Parsed, Request, Version, normalize_path, parse_request};
 pub use response::{
     BodyPiece, ConnectionHeader, ContentRange, FileMeta, MultipartPlan, Response, ResponseContext,
     ResponseHead, boundary_for, connection_header, multipart_plan, respond_error, respond_file,
@@ -81,6 +81,8 @@ impl Status {
     pub const MOVED_PERMANENTLY: Status = Status(301);
     pub const NOT_MODIFIED: Status = Status(304);
     pub const BAD_REQUEST: Status = Status(400);
+    /// A location that requires a credential, asked without one (docs/security.md).
+    pub const UNAUTHORIZED: Status = Status(401);
     pub const FORBIDDEN: Status = Status(403);
     pub const NOT_FOUND: Status = Status(404);
     pub const METHOD_NOT_ALLOWED: Status = Status(405);
@@ -123,6 +125,7 @@ impl Status {
             301 => "Moved Permanently",
             304 => "Not Modified",
             400 => "Bad Request",
+            401 => "Unauthorized",
             403 => "Forbidden",
             404 => "Not Found",
             405 => "Method Not Allowed",

@@ -71,6 +71,9 @@ pub struct Request {
     /// The `Origin` value (a browser's cross-origin request, CORS); `None` if absent,
     /// repeated or not UTF-8.
     pub origin: Option<String>,
+    /// The `Authorization` value (a viewer's `Bearer` JWT, docs/security.md); `None` if
+    /// absent, repeated or not UTF-8. Never logged.
+    pub authorization: Option<String>,
 }
 
 impl Request {
@@ -193,6 +196,7 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> Result<Parsed, HttpError> {
         if_range: fields.if_range.single(),
         penstock_fill: fields.penstock_fill.single(),
         origin: fields.origin.single(),
+        authorization: fields.authorization.single(),
     };
     Ok(Parsed::Complete {
         request,
@@ -302,7 +306,7 @@ fn split_target(target: &str) -> Result<(Option<&str>, &str, Option<&str>), Http
 /// the filesystem would see them that way, so must we. A `..` that climbs above the root is
 /// [`HttpError::PathEscape`] (403: the request is understood and refused; the driver's
 /// openat2 RESOLVE_BENEATH refusal of symlink escapes gets the same status).
-fn normalize_path(raw: &str) -> Result<String, HttpError> {
+pub fn normalize_path(raw: &str) -> Result<String, HttpError> {
     let decoded = percent_decode(raw.as_bytes())?;
     if decoded.contains(&0) {
         return Err(HttpError::BadTarget("NUL in path"));
@@ -403,6 +407,7 @@ struct HeaderFields {
     if_range: Singleton,
     penstock_fill: Singleton,
     origin: Singleton,
+    authorization: Singleton,
 }
 
 impl HeaderFields {
@@ -468,6 +473,8 @@ impl HeaderFields {
                 f.penstock_fill.add(h.value);
             } else if name.eq_ignore_ascii_case("origin") {
                 f.origin.add(h.value);
+            } else if name.eq_ignore_ascii_case("authorization") {
+                f.authorization.add(h.value);
             }
         }
         if transfer_encoding && content_length.is_some() {

@@ -97,6 +97,15 @@ pub struct Request {
     pub scale: Option<f64>,
     /// `User-Agent`, when given (at most [`USER_AGENT_BYTES_MAX`] bytes kept).
     pub user_agent: Option<String>,
+    /// The URI's path in the HTTP server's canonical form (percent-decoded, dot segments
+    /// resolved, [`crate::http::normalize_path`]) with the track suffix removed: what a
+    /// signed URL signs. `None` when it does not normalize (a `..` above the root).
+    pub canonical_path: Option<String>,
+    /// The URI's query as sent (without `?`); a `/trackID=0` or `/streamid=0` a client
+    /// appended to a content base with a query is removed.
+    pub query: Option<String>,
+    /// The `Authorization` value (a `Bearer` JWT), when given. Never logged.
+    pub authorization: Option<String>,
 }
 
 /// The bytes of a `User-Agent` kept (what names the client is at its start).
@@ -195,6 +204,23 @@ fn typed(r: &rtsp_types::Request<Vec<u8>>) -> Result<Request, RequestError> {
         .request_uri()
         .map_or_else(|| "*".to_string(), |u| u.to_string());
     let path = r.request_uri().map(|u| track_path(u.path())).transpose()?;
+    let canonical_path = r.request_uri().and_then(|u| {
+        let mut p = crate::http::normalize_path(u.path()).ok()?;
+        for suffix in ["/trackID=0", "/streamid=0"] {
+            if let Some(stripped) = p.strip_suffix(suffix) {
+                p.truncate(stripped.len());
+            }
+        }
+        Some(p)
+    });
+    let query = r.request_uri().and_then(|u| {
+        let q = u.query()?;
+        let q = ["/trackID=0", "/streamid=0"]
+            .iter()
+            .find_map(|s| q.strip_suffix(s))
+            .unwrap_or(q);
+        Some(q.to_string())
+    });
     let transport = if r.header(&headers::TRANSPORT).is_some() {
         Some(transport(r))
     } else {
@@ -220,7 +246,13 @@ fn typed(r: &rtsp_types::Request<Vec<u8>>) -> Result<Request, RequestError> {
         }
         v[..end].to_string()
     });
+    let authorization = r
+        .header(&headers::AUTHORIZATION)
+        .map(|v| v.as_str().to_string());
     Ok(Request {
+        authorization,
+        canonical_path,
+        query,
         user_agent,
         method: r.method().clone(),
         uri,
@@ -436,6 +468,18 @@ pub fn npt_text(ns: u64) -> String {
 /// source (`duration_ns` `None`), `a=range:npt=now-` (RFC 2326 §C.1.5). `origin` is the
 /// server's address on the connection.
 pub fn describe_sdp(session_id: u64, origin: std::net::IpAddr, duration_ns: Option<u64>) -> String {
+    describe_sdp_with_control(session_id, origin, duration_ns, TRACK_CONTROL)
+}
+
+/// [`describe_sdp`] with the track's `a=control` given: an absolute URL carrying the
+/// request's query (a signed URL's credential), so that SETUP carries it too whatever way
+/// the client joins a base and a relative control.
+pub fn describe_sdp_with_control(
+    session_id: u64,
+    origin: std::net::IpAddr,
+    duration_ns: Option<u64>,
+    track_control: &str,
+) -> String {
     let addrtype = if origin.is_ipv4() { "IP4" } else { "IP6" };
     let any = if origin.is_ipv4() { "0.0.0.0" } else { "::" };
     let attr = |a: &str, v: Option<String>| sdp_types::Attribute {
@@ -498,7 +542,7 @@ pub fn describe_sdp(session_id: u64, origin: std::net::IpAddr, duration_ns: Opti
                         crate::rtp::RTP_CLOCK_HZ
                     )),
                 ),
-                attr("control", Some(TRACK_CONTROL.into())),
+                attr("control", Some(track_control.into())),
             ],
         }],
     };

@@ -207,3 +207,32 @@ fn libavformat_clients_are_told_by_their_user_agent() {
     let ua = request(&long).user_agent.unwrap();
     assert!(ua.len() <= USER_AGENT_BYTES_MAX && ua.chars().all(|c| c == 'é'));
 }
+
+/// Issue 35: what a signed URL signs — the canonical path without the track suffix — and
+/// its query, also when a client appended the track control to a content base with a query;
+/// an `Authorization` header is kept for a JWT.
+#[test]
+fn the_canonical_path_and_query_of_a_signed_url() {
+    let r = request(
+        "SETUP rtsp://h/p/./cl%69p.ts/trackID=0?expires=9&kid=k1&sig=x RTSP/1.0\r\nCSeq: 2\r\nTransport: RTP/AVP;unicast;client_port=5000-5001\r\nAuthorization: Bearer a.b.c\r\n\r\n",
+    );
+    assert_eq!(r.canonical_path.as_deref(), Some("/p/clip.ts"));
+    assert_eq!(r.query.as_deref(), Some("expires=9&kid=k1&sig=x"));
+    assert_eq!(r.authorization.as_deref(), Some("Bearer a.b.c"));
+    let joined =
+        request("SETUP rtsp://h/p/clip.ts?expires=9&sig=x/trackID=0 RTSP/1.0\r\nCSeq: 3\r\n\r\n");
+    assert_eq!(joined.canonical_path.as_deref(), Some("/p/clip.ts"));
+    assert_eq!(joined.query.as_deref(), Some("expires=9&sig=x"));
+    let up = request("DESCRIBE rtsp://h/../x.ts RTSP/1.0\r\nCSeq: 4\r\n\r\n");
+    assert!(up.canonical_path.is_none() || up.canonical_path.as_deref() == Some("/x.ts"));
+    let sdp = describe_sdp_with_control(
+        1,
+        "127.0.0.1".parse().unwrap(),
+        Some(1_000_000_000),
+        "rtsp://h/p/clip.ts/trackID=0?expires=9&kid=k1&sig=x",
+    );
+    assert!(
+        sdp.contains("a=control:rtsp://h/p/clip.ts/trackID=0?expires=9&kid=k1&sig=x\r\n"),
+        "{sdp}"
+    );
+}

@@ -22,6 +22,8 @@ pub(super) struct IndexPending {
     /// The TS file's modification time (the playlist's `Last-Modified` and `ETag`).
     pub(super) mtime: SystemTime,
     pub(super) keep_alive_allowed: bool,
+    /// The session token the playlist's segment URIs carry (a signed request's), if any.
+    pub(super) segment_query: Option<String>,
 }
 
 /// The build a parked request waits for: a TS file's key-frame index (its playlist), or an
@@ -97,7 +99,14 @@ impl Worker {
             let r = match pending.build {
                 PendingBuild::Ts(build) => {
                     let built = build.result().expect("checked above");
-                    super::respond::hls_response(&shared, &req, &ctx, built, pending.mtime)
+                    super::respond::hls_response(
+                        &shared,
+                        &req,
+                        &ctx,
+                        built,
+                        pending.mtime,
+                        pending.segment_query.as_deref(),
+                    )
                 }
                 PendingBuild::Mp4 { build, file, what } => {
                     let built = build.result().expect("checked above");

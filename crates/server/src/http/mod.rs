@@ -163,6 +163,8 @@ pub(crate) struct HttpShared {
     pub(crate) origin: Option<Arc<crate::origin::Origin>>,
     /// `[hls]`: playlists of the TS files beneath the root.
     pub(crate) hls: Arc<crate::hls::Hls>,
+    /// Who may watch (`crate::auth`).
+    pub(crate) viewers: Arc<crate::auth::Viewers>,
     /// `[tls]`, when configured: the sessions of the `https://` listeners.
     pub(crate) tls: Option<Arc<crate::tls::Tls>>,
     /// The bound addresses of the `https://` listeners (a worker's listener whose address
@@ -184,6 +186,7 @@ impl HttpShared {
         metrics: Arc<Metrics>,
         access_log: Option<AccessLog>,
     ) -> HttpShared {
+        let viewers = Arc::new(crate::auth::Viewers::open(metrics.clone()));
         HttpShared {
             live: Mutex::new(Arc::new(live)),
             live_version: AtomicU64::new(0),
@@ -204,6 +207,7 @@ impl HttpShared {
             wakers: Mutex::new(Vec::new()),
             origin: None,
             hls: Arc::new(crate::hls::Hls::new(crate::config::HlsConfig::default())),
+            viewers,
             tls: None,
             tls_addrs: Mutex::new(Vec::new()),
         }
@@ -230,6 +234,11 @@ impl HttpShared {
     }
 
     /// Answers `PATH/index.m3u8` for the TS files beneath the root with `hls`.
+    pub(crate) fn with_viewers(mut self, viewers: Arc<crate::auth::Viewers>) -> HttpShared {
+        self.viewers = viewers;
+        self
+    }
+
     pub(crate) fn with_hls(mut self, hls: Arc<crate::hls::Hls>) -> HttpShared {
         self.hls = hls;
         self
@@ -945,8 +954,9 @@ impl Worker {
                             let allowed =
                                 c.requests < live.limits.requests_per_connection_max && !stopping;
                             let mode = c.tls.mode();
+                            let peer = c.peer;
                             let mut out =
-                                self.respond(&request, allowed, &live, metrics_format, mode);
+                                self.respond(&request, allowed, &live, metrics_format, mode, peer);
                             out.started = started;
                             out.log = log;
                             if out.origin_type.is_some() {

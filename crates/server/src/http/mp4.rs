@@ -116,6 +116,9 @@ impl Worker {
                     build: super::indexing::PendingBuild::Mp4 { build, file, what },
                     mtime,
                     keep_alive_allowed: ctx.keep_alive_allowed,
+                    // MP4 playlists do not carry session tokens yet: under a location that
+                    // requires a credential each request carries its own (docs/security.md).
+                    segment_query: None,
                 }));
                 return Some(out);
             }

@@ -34,9 +34,10 @@ impl Worker {
         live: &LiveConfig,
         metrics_format: Format,
         tls: Mode,
+        peer: Option<std::net::IpAddr>,
     ) -> Out {
         self.playlist_made = false;
-        let mut out = self.respond_any(req, keep_alive_allowed, live, metrics_format, tls);
+        let mut out = self.respond_any(req, keep_alive_allowed, live, metrics_format, tls, peer);
         if req.method == Method::Options {
             // The preflight carries its own lines (and a 405 elsewhere has none to carry).
             return out;
@@ -69,6 +70,7 @@ impl Worker {
         live: &LiveConfig,
         metrics_format: Format,
         tls: Mode,
+        peer: Option<std::net::IpAddr>,
     ) -> Out {
         self.boundary_seed = self
             .boundary_seed
@@ -133,6 +135,31 @@ impl Worker {
         if !shared.health_path.is_empty() && req.path == shared.health_path {
             return memory(health_response(req, &ctx), Arc::from("health"));
         }
+        // Hidden and backup files (`/.env`, `/.git/config`, `x~`, `x.swp`) are not served
+        // unless the location says so: answered as if absent (docs/security.md).
+        if crate::auth::is_hidden(&req.path) && !shared.viewers.serves_hidden(&req.path) {
+            shared.metrics.error("hidden");
+            return memory(respond_error(Status::NOT_FOUND, Some(req), &ctx), class);
+        }
+        // Who may watch: the location's `auth` (docs/security.md "Viewers").
+        let grant = match shared.viewers.check(
+            &req.path,
+            req.query.as_deref(),
+            req.authorization.as_deref(),
+            peer,
+            "http",
+        ) {
+            crate::auth::Decision::Open => None,
+            crate::auth::Decision::Granted(g) => g,
+            crate::auth::Decision::Refused(penstock_core::auth::AuthError::Missing) => {
+                shared.metrics.error("auth_missing");
+                return memory(unauthorized(req, &ctx), class);
+            }
+            crate::auth::Decision::Refused(_) => {
+                shared.metrics.error("auth_refused");
+                return memory(respond_error(Status::FORBIDDEN, Some(req), &ctx), class);
+            }
+        };
         if let Some(rest) = req.path.strip_prefix("/vol/")
             && !site.volumes.is_empty()
         {
@@ -147,10 +174,10 @@ impl Worker {
         if let Some(out) = self.respond_mp4(req, &ctx, &class, &memory) {
             return out;
         }
-        if let Some(out) = self.respond_hls(req, &ctx, &class, &memory) {
+        if let Some(out) = self.respond_hls(req, &ctx, &class, &memory, grant.as_ref()) {
             return out;
         }
-        if let Some(out) = self.respond_hls_master(req, &ctx, &class, &memory) {
+        if let Some(out) = self.respond_hls_master(req, &ctx, &class, &memory, grant.as_ref()) {
             return out;
         }
         let opened = match site.root.open_path(req.relative_path()) {
@@ -186,6 +213,17 @@ impl Worker {
                 mtime,
                 index.unwrap_or(&req.path).to_string(),
             ),
+            Err(Refused::Denied) => {
+                // Beneath the root but not readable by the server: the operator should know.
+                crate::peer_warn!(
+                    "unreadable",
+                    protocol = "http",
+                    path = %req.path,
+                    "a file the server may not read (permission denied): answered 403"
+                );
+                shared.metrics.error("forbidden");
+                return memory(respond_error(Status::FORBIDDEN, Some(req), &ctx), class);
+            }
             Ok((Opened::Directory(_), _)) | Err(Refused::Forbidden) => {
                 shared.metrics.error("forbidden");
                 return memory(respond_error(Status::FORBIDDEN, Some(req), &ctx), class);
@@ -347,12 +385,16 @@ impl Worker {
         ctx: &ResponseContext<'_>,
         class: &Arc<str>,
         memory: &dyn Fn(penstock_core::http::Response, Arc<str>) -> Out,
+        grant: Option<&penstock_core::auth::Grant>,
     ) -> Option<Out> {
         let shared = self.shared.clone();
         if !shared.hls.enabled() || !matches!(req.method, Method::Get | Method::Head) {
             return None;
         }
         let ts_path = req.path.strip_suffix("/index.m3u8")?;
+        // A playlist answered to a credential: its segment URIs carry a session token for
+        // the file (one check per viewer session, not per segment).
+        let segment_query = grant.and_then(|g| shared.viewers.session_query(g, ts_path));
         if !crate::hls::is_ts_name(ts_path) {
             return None;
         }
@@ -363,7 +405,9 @@ impl Worker {
         self.playlist_made = true;
         shared.metrics.hls_playlist("media");
         let r = match shared.hls.lookup(&file, &self.engine_waker) {
-            crate::hls::Lookup::Ready(built) => hls_response(&shared, req, ctx, built, mtime),
+            crate::hls::Lookup::Ready(built) => {
+                hls_response(&shared, req, ctx, built, mtime, segment_query.as_deref())
+            }
             crate::hls::Lookup::Building(build) => {
                 // Not indexed yet: the connection waits off the loop for the build
                 // (`indexing.rs`), which answers it with `hls_response` when it ends.
@@ -374,6 +418,7 @@ impl Worker {
                     build: super::indexing::PendingBuild::Ts(build),
                     mtime,
                     keep_alive_allowed: ctx.keep_alive_allowed,
+                    segment_query,
                 }));
                 return Some(out);
             }
@@ -401,6 +446,7 @@ impl Worker {
         ctx: &ResponseContext<'_>,
         class: &Arc<str>,
         memory: &dyn Fn(penstock_core::http::Response, Arc<str>) -> Out,
+        grant: Option<&penstock_core::auth::Grant>,
     ) -> Option<Out> {
         let shared = self.shared.clone();
         if !shared.hls.enabled() || !matches!(req.method, Method::Get | Method::Head) {
@@ -461,10 +507,20 @@ impl Worker {
             let Ok(Opened::File { file, mtime, .. }) = self.site.root.open_in(&dir, name) else {
                 continue;
             };
-            match shared
-                .hls
-                .variant(&file, crate::hls::media_playlist_uri(name))
-            {
+            match shared.hls.variant(&file, {
+                // Answered to a credential: each media playlist's URI carries a session
+                // token for it (which then mints its segments' tokens).
+                let mut uri = crate::hls::media_playlist_uri(name);
+                if let Some(q) = grant.and_then(|g| {
+                    shared
+                        .viewers
+                        .session_query(g, &format!("{dir_path}/{name}/index.m3u8"))
+                }) {
+                    uri.push('?');
+                    uri.push_str(&q);
+                }
+                uri
+            }) {
                 Ok(v) => {
                     variants.push(v);
                     newest = newest.max(mtime);
@@ -604,13 +660,17 @@ pub(super) fn hls_response(
     ctx: &ResponseContext<'_>,
     built: crate::hls::Built,
     mtime: SystemTime,
+    segment_query: Option<&str>,
 ) -> penstock_core::http::Response {
     let ts_path = req.path.strip_suffix("/index.m3u8").unwrap_or(&req.path);
     match built {
         Ok(index) => {
-            let p = shared
-                .hls
-                .playlist(&index, &crate::hls::segment_uri(ts_path));
+            let mut uri = crate::hls::segment_uri(ts_path);
+            if let Some(q) = segment_query {
+                uri.push('?');
+                uri.push_str(q);
+            }
+            let p = shared.hls.playlist(&index, &uri);
             let etag = penstock_core::http::ETag::for_file(p.len() as u64, mtime);
             playlist_ok(req, ctx, &etag, mtime, p.into_bytes())
         }
@@ -795,6 +855,21 @@ pub(super) fn unavailable(
         body: Vec::new(),
         keep_alive,
     }
+}
+
+/// 401 with `WWW-Authenticate`: the location asks for a credential and the request carries
+/// none (docs/security.md "Viewers").
+fn unauthorized(req: &Request, ctx: &ResponseContext<'_>) -> penstock_core::http::Response {
+    let mut r = respond_error(Status::UNAUTHORIZED, Some(req), ctx);
+    // Before the empty line that ends the head (the core's head has no such field).
+    let end = r.head.len() - 2;
+    r.head.splice(
+        end..end,
+        b"WWW-Authenticate: Bearer realm=\"penstock\", error=\"invalid_request\", error_description=\"a signed URL or a JWT is required\"\r\n"
+            .iter()
+            .copied(),
+    );
+    r
 }
 
 /// The context of an answer to a request that did not parse (the connection closes).

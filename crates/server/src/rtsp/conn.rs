@@ -388,6 +388,16 @@ impl Conn<'_> {
         if path.is_empty() {
             return Err(text(404, cseq, "no file named in the URL"));
         }
+        // Hidden and backup files, as on HTTP: absent unless the location serves them.
+        if crate::auth::is_hidden(&path)
+            && !self
+                .shared
+                .viewers
+                .get()
+                .is_some_and(|v| v.serves_hidden(&format!("/{path}")))
+        {
+            return Err(text(404, cseq, "not found"));
+        }
         if let Some(opened) = self.shared.open_partition(&path) {
             return opened
                 .map(|s| (s, path))
@@ -418,6 +428,16 @@ impl Conn<'_> {
                     }
                 }
             }
+            // Beneath the root but not readable by the server: 403, and the operator told.
+            Err(confine::Refused::Denied) => {
+                crate::peer_warn!(
+                    "unreadable",
+                    protocol = "rtsp",
+                    path = %path,
+                    "a file the server may not read (permission denied): answered 403"
+                );
+                Err(text(403, cseq, "the server may not read this file"))
+            }
             // Outside the root, forbidden or missing: the same answer, nothing revealed.
             Err(_) => Err(text(404, cseq, "not found")),
         }
@@ -434,7 +454,44 @@ impl Conn<'_> {
         self.shared.live.get(req.path.as_deref()?).cloned()
     }
 
+    /// The location's `auth` for the request's URL (`crate::auth`): `Err` is the reply (401
+    /// without a credential, 403 with a bad one).
+    fn authorize(&self, req: &Request, cseq: u32) -> Result<(), Reply> {
+        let Some(v) = self.shared.viewers.get() else {
+            return Ok(());
+        };
+        let Some(path) = req.canonical_path.as_deref() else {
+            return Err(text(404, cseq, "not found"));
+        };
+        match v.check(
+            path,
+            req.query.as_deref(),
+            req.authorization.as_deref(),
+            Some(self.peer.ip()),
+            "rtsp",
+        ) {
+            crate::auth::Decision::Open | crate::auth::Decision::Granted(_) => Ok(()),
+            crate::auth::Decision::Refused(penstock_core::auth::AuthError::Missing) => {
+                self.shared.metrics.error("auth_missing");
+                let mut r = text(
+                    401,
+                    cseq,
+                    "a credential is required (a signed URL or a JWT)",
+                );
+                r = r.header("WWW-Authenticate", "Bearer realm=\"penstock\"");
+                Err(r)
+            }
+            crate::auth::Decision::Refused(e) => {
+                self.shared.metrics.error("auth_refused");
+                Err(text(403, cseq, &format!("refused: {}", e.reason())))
+            }
+        }
+    }
+
     fn describe(&self, req: &Request, cseq: u32) -> Reply {
+        if let Err(r) = self.authorize(req, cseq) {
+            return r;
+        }
         let end_ns = if self.live_source(req).is_some() {
             None
         } else {
@@ -467,7 +524,17 @@ impl Conn<'_> {
                 return r;
             }
         }
-        let sdp = rtsp::describe_sdp(random_u64() >> 1, self.local.ip(), end_ns);
+        // A URL with a query (a signed one): the track's control is absolute and carries
+        // the query, so that SETUP is checked as DESCRIBE was.
+        let sdp = match req.uri.split_once('?') {
+            Some((base, q)) => rtsp::describe_sdp_with_control(
+                random_u64() >> 1,
+                self.local.ip(),
+                end_ns,
+                &format!("{}/{}?{q}", base.trim_end_matches('/'), rtsp::TRACK_CONTROL),
+            ),
+            None => rtsp::describe_sdp(random_u64() >> 1, self.local.ip(), end_ns),
+        };
         let base = if req.uri.ends_with('/') {
             req.uri.clone()
         } else {
@@ -489,6 +556,9 @@ impl Conn<'_> {
                     "the session's one track is set up already (TEARDOWN, then SETUP)",
                 ),
             };
+        }
+        if let Err(r) = self.authorize(req, cseq) {
+            return r;
         }
         let ask = match &req.transport {
             None => return text(461, cseq, "SETUP needs a Transport header"),

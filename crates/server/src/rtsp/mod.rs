@@ -375,6 +375,8 @@ pub struct RtspShared {
     /// The key-frame indexes HLS keeps (`crate::hls`): a file without tracks seeks by its
     /// key frames. Unset (an RTSP server alone): seeks go by PCR.
     hls: std::sync::OnceLock<Arc<crate::hls::Hls>>,
+    /// Who may watch (`crate::auth`; unset: every path is open).
+    pub(crate) viewers: std::sync::OnceLock<Arc<crate::auth::Viewers>>,
 }
 
 impl std::fmt::Debug for RtspShared {
@@ -494,6 +496,7 @@ impl RtspServer {
             next_conn_id: AtomicUsize::new(1),
             origin: std::sync::OnceLock::new(),
             hls: std::sync::OnceLock::new(),
+            viewers: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             live: live_sources,
             live_seen: Mutex::new(HashMap::new()),
@@ -540,6 +543,10 @@ impl RtspServer {
 
     /// Seeks in files without tracks go by the key-frame indexes of `hls` (shared with the
     /// HTTP server: one index per file version).
+    pub(crate) fn set_viewers(&self, viewers: Arc<crate::auth::Viewers>) {
+        let _ = self.shared.viewers.set(viewers);
+    }
+
     pub(crate) fn set_hls(&self, hls: Arc<crate::hls::Hls>) {
         let _ = self.shared.hls.set(hls);
     }

@@ -1,0 +1,917 @@
+//! Who may watch (issue 35), tried with real clients on loopback: curl over HTTP and HLS
+//! (playlist, then every segment by its byte range), ffprobe and a scripted DESCRIBE over
+//! RTSP, `penstock sign` for the URLs. A location `/premium/` requires a signed URL; `/free/`
+//! does not. Each case is answered as docs/security.md "Viewers" says: no credential → 401,
+//! a valid one → 200 with the file's exact bytes, expired / tampered / wrong key / other
+//! address → 403 with a log line naming why, and the checks counted in
+//! `penstock_auth_checks_total{kind,result}` (one `signed` check per HLS session, a cheap
+//! `session` check per segment). Also the safe defaults: hidden and backup files are 404,
+//! an unreadable file is 403 with a log line on HTTP and RTSP.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const BIN: &str = env!("CARGO_BIN_EXE_penstock");
+
+/// One server at a time: each test starts its own, and ffprobe/curl runs are short.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Served {
+    child: Child,
+    http: String,
+    rtsp: String,
+    conf: PathBuf,
+    log: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let _ = self.child.wait();
+    }
+}
+
+impl Served {
+    fn metric(&self, series: &str) -> f64 {
+        let page = common::scrape(&self.http).expect("GET /metrics");
+        common::sample(&page, series).unwrap_or(0.0)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `penstock sign` with this server's configuration.
+    fn sign(&self, url: &str, extra: &[&str]) -> String {
+        let o = Command::new(BIN)
+            .args(["sign", url, "--config"])
+            .arg(&self.conf)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "penstock sign: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    }
+
+    /// A query signed with key `kid`'s secret as read from its file, for any expiry (the
+    /// core's signer, which `penstock sign` uses too): how a test makes an expired URL.
+    fn signed_query(&self, kid: &str, path: &str, expires_s: u64) -> String {
+        let secret = std::fs::read(self.dir.path().join(format!("{kid}.key"))).unwrap();
+        let key = penstock_core::auth::Key::new(kid, secret.trim_ascii_end()).unwrap();
+        penstock_core::auth::sign_query(&key, path, expires_s, None)
+    }
+}
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A root with `/premium/` (signed URLs required) and `/free/`, hidden and backup files,
+/// two keys (mode 0600), and the clip when ffmpeg made one. `extra` is appended to the
+/// configuration.
+fn serve(clip: Option<&Path>, extra: &str) -> Served {
+    serve_with(clip, "", extra, |_| {})
+}
+
+/// [`serve`] with `auth_extra` in `[auth]` and `prepare` run on the directory first.
+fn serve_with(
+    clip: Option<&Path>,
+    auth_extra_template: &str,
+    extra: &str,
+    prepare: impl FnOnce(&Path),
+) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    prepare(dir.path());
+    let auth_extra =
+        auth_extra_template.replace("JWKS", &dir.path().join("jwks.json").display().to_string());
+    let root = dir.path().join("www");
+    for d in [
+        "premium",
+        "free",
+        ".git",
+        "pub/.well-known",
+        "jwt/movies",
+        "jwt/music",
+    ] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::write(root.join("premium/data.bin"), pattern(300 * 1024)).unwrap();
+    std::fs::write(root.join("free/a.txt"), b"free for all\n").unwrap();
+    std::fs::write(root.join("jwt/movies/data.bin"), pattern(100 * 1024)).unwrap();
+    std::fs::write(root.join("jwt/music/a.txt"), b"music\n").unwrap();
+    std::fs::write(root.join(".env"), b"SECRET=1\n").unwrap();
+    std::fs::write(root.join(".git/config"), b"[core]\n").unwrap();
+    std::fs::write(root.join("x~"), b"backup\n").unwrap();
+    std::fs::write(root.join("x.swp"), b"swap\n").unwrap();
+    std::fs::write(root.join("pub/.well-known/security.txt"), b"Contact: x\n").unwrap();
+    if let Some(c) = clip {
+        std::fs::copy(c, root.join("premium/clip.ts")).unwrap();
+        std::fs::copy(c, root.join("jwt/movies/clip.ts")).unwrap();
+    }
+    for (kid, fill) in [("k1", b'a'), ("k2", b'b')] {
+        let p = dir.path().join(format!("{kid}.key"));
+        let secret: Vec<u8> = (0..48u8).map(|i| fill + i % 20).collect();
+        std::fs::write(&p, [secret.as_slice(), b"\n"].concat()).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let conf = dir.path().join("penstock.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n[log]\naccess = \"off\"\n\
+             [rtsp]\nlisten = \"127.0.0.1:0\"\n\
+             [admission]\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\n\
+             disk_random_iops = 100000\nnet_bytes_per_s = 1250000000\ncpu_send_ns = 5000\n\
+             cpu_send_byte_ps = 500\n\
+             [auth]\nkeys = [{{ id = \"k1\", secret_file = \"{d}/k1.key\" }}, {{ id = \"k2\", secret_file = \"{d}/k2.key\" }}]\n{auth_extra}\
+             [[location]]\nprefix = \"/premium/\"\nauth = \"signed\"\n\
+             [[location]]\nprefix = \"/pub/\"\nserve_hidden = true\n{extra}",
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+    start(dir, conf, &root)
+}
+
+/// Starts `penstock serve --config conf root`.
+fn start(dir: tempfile::TempDir, conf: PathBuf, root: &Path) -> Served {
+    let log = dir.path().join("serve.log");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--no-control-unix", "--config"])
+        .arg(&conf)
+        .arg(root)
+        .env_remove("RUST_LOG")
+        .env("PENSTOCK_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let line = common::start_line(&mut child);
+    assert!(
+        line.starts_with("penstock serve: http://"),
+        "{line}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let (http, _) = common::serve_addresses(&line);
+    let rtsp = line
+        .split("rtsp://")
+        .nth(1)
+        .and_then(|r| r.split(['/', ',', ' ', ';']).next())
+        .unwrap_or_else(|| panic!("no rtsp address in {line:?}"))
+        .to_string();
+    Served {
+        child,
+        http,
+        rtsp,
+        conf,
+        log,
+        dir,
+    }
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect()
+}
+
+/// curl on each URL (one process, one connection reused): the status codes, in order.
+/// `interface` binds the client's address.
+fn statuses(urls: &[String], interface: Option<&str>) -> Vec<u16> {
+    let mut c = Command::new("curl");
+    c.args(["-s", "--max-time", "20", "-w", "%{http_code}\\n"]);
+    if let Some(i) = interface {
+        c.args(["--interface", i]);
+    }
+    // `--globoff`: the URLs are used as they are (no `[]`/`{}` expansion).
+    c.arg("--globoff");
+    for u in urls {
+        c.args(["-o", "/dev/null"]).arg(u);
+    }
+    let o = c.output().expect("curl");
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap_or(0))
+        .collect()
+}
+
+/// curl GET `url` (with `range` when given): status, head and body.
+fn get(url: &str, range: Option<&str>) -> (u16, String, Vec<u8>) {
+    let mut c = Command::new("curl");
+    c.args(["-s", "--globoff", "--max-time", "20", "-D", "-"]);
+    if let Some(r) = range {
+        c.args(["-r", r]);
+    }
+    let o = c.arg(url).output().expect("curl");
+    let out = o.stdout;
+    let end = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head from {url}: {}", String::from_utf8_lossy(&out)));
+    let head = String::from_utf8_lossy(&out[..end]).to_string();
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, head, out[end + 4..].to_vec())
+}
+
+/// Polls `cond` until it holds or `deadline` passes.
+fn wait_for(deadline: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+/// HTTP: each case of the matrix, counted and logged.
+#[test]
+fn signed_urls_over_http() {
+    let _serial = serial();
+    if !penstock_testreq::require("curl") {
+        return;
+    }
+    let s = serve(None, "");
+    let base = format!("http://{}", s.http);
+    let path = "/premium/data.bin";
+    let want = pattern(300 * 1024);
+
+    // No credential: 401 with WWW-Authenticate; the open location needs none.
+    let (code, head, _) = get(&format!("{base}{path}"), None);
+    assert_eq!(code, 401, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("\r\nwww-authenticate: bearer"),
+        "{head}"
+    );
+    let (code, _, body) = get(&format!("{base}/free/a.txt"), None);
+    assert_eq!((code, body.as_slice()), (200, b"free for all\n".as_slice()));
+
+    // Valid (signed by `penstock sign` with the first key, then with k2): the exact bytes,
+    // whole and by range.
+    let url = s.sign(&format!("{base}{path}"), &["--expires", "1h"]);
+    assert!(url.contains("&kid=k1&"), "{url}");
+    let (code, _, body) = get(&url, None);
+    assert_eq!(code, 200);
+    assert!(body == want, "the signed URL's body is the file");
+    let (code, _, body) = get(&url, Some("1000-70999"));
+    assert_eq!(code, 206);
+    assert!(body == want[1000..71000]);
+    let url2 = s.sign(
+        &format!("{base}{path}"),
+        &["--expires", "1h", "--key-id", "k2"],
+    );
+    assert_eq!(get(&url2, None).0, 200);
+    // The same path spelled otherwise (`.` segments, an escape) is the same canonical path.
+    let q = url.split_once('?').unwrap().1;
+    assert_eq!(
+        statuses(&[format!("{base}/premium/./%64ata.bin?{q}")], None),
+        [200]
+    );
+
+    // Expired (signed for a second ago), path tampered, unknown kid, kid of the other key.
+    let expired = format!("{base}{path}?{}", s.signed_query("k1", path, now_s() - 1));
+    let tampered = format!("{base}/premium/datb.bin?{q}");
+    let unknown = format!("{base}{path}?{}", q.replace("kid=k1", "kid=k9"));
+    let other_kid = format!("{base}{path}?{}", q.replace("kid=k1", "kid=k2"));
+    assert_eq!(
+        statuses(&[expired, tampered, unknown, other_kid], None),
+        [403, 403, 403, 403]
+    );
+
+    // An address prefix: the client at 127.0.0.1 gets it, the one at 127.0.0.2 does not
+    // (while an unbound URL works from there).
+    let bound = s.sign(
+        &format!("{base}{path}"),
+        &["--expires", "1h", "--ip", "127.0.0.1"],
+    );
+    assert_eq!(
+        statuses(std::slice::from_ref(&bound), Some("127.0.0.1")),
+        [200]
+    );
+    assert_eq!(statuses(&[bound], Some("127.0.0.2")), [403]);
+    assert_eq!(
+        statuses(std::slice::from_ref(&url), Some("127.0.0.2")),
+        [200]
+    );
+
+    // Each character of the signature changed: 403 every time (and the flood of refusals
+    // logged at most 10 lines a window: the peer-log limiter).
+    let (prefix, sig) = url.rsplit_once("sig=").unwrap();
+    let flipped: Vec<String> = (0..sig.len())
+        .map(|i| {
+            let mut b = sig.as_bytes().to_vec();
+            b[i] = if b[i] == b'A' { b'B' } else { b'A' };
+            format!("{prefix}sig={}", String::from_utf8(b).unwrap())
+        })
+        .collect();
+    let codes = statuses(&flipped, None);
+    assert_eq!(codes.len(), sig.len());
+    assert!(codes.iter().all(|&c| c == 403), "{codes:?}");
+
+    // Counted by kind and result, and the refusals logged with their reason.
+    let c = |r: &str| {
+        s.metric(&format!(
+            "penstock_auth_checks_total{{kind=\"signed\",result=\"{r}\"}}"
+        ))
+    };
+    assert_eq!(c("missing"), 1.0);
+    assert_eq!(c("expired"), 1.0);
+    assert_eq!(c("unknown_kid"), 1.0);
+    assert_eq!(c("address"), 1.0);
+    // tampered path + other kid + the flipped signature characters (a flip of the last
+    // character may make the tag malformed: base64url's spare bits).
+    assert_eq!(c("bad_signature") + c("malformed"), 2.0 + sig.len() as f64);
+    // Whole, range, k2, the other spelling, bound from .1, unbound from .2.
+    assert_eq!(c("ok"), 6.0);
+    assert!(
+        s.metric("penstock_peer_log_suppressed_lines_total{kind=\"auth_refused\"}") > 0.0,
+        "the refusals' log lines are rate-limited"
+    );
+    let log = s.log();
+    for reason in ["expired", "bad_signature", "unknown_kid", "address"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("refused a viewer") && l.contains(reason)),
+            "no log line for {reason}:\n{log}"
+        );
+    }
+}
+
+/// HLS: a signed playlist is checked once; its segments carry a session token and are
+/// verified by an HMAC each, never a second `signed` check; every segment's bytes are the
+/// file's. A segment URL without its token is 401, a tampered one 403.
+#[test]
+fn hls_checks_once_per_session() {
+    let _serial = serial();
+    if !penstock_testreq::require("curl") {
+        return;
+    }
+    let Some(clip) = common::mpeg2_ts_clip("access-hls", 20) else {
+        return;
+    };
+    let src = std::fs::read(&clip).unwrap();
+    let s = serve(Some(&clip), "");
+    let base = format!("http://{}", s.http);
+    let playlist_url = s.sign(
+        &format!("{base}/premium/clip.ts/index.m3u8"),
+        &["--expires", "1h"],
+    );
+    assert_eq!(
+        get(&format!("{base}/premium/clip.ts/index.m3u8"), None).0,
+        401
+    );
+    let (code, _, body) = get(&playlist_url, None);
+    assert_eq!(code, 200);
+    let playlist = String::from_utf8(body).unwrap();
+    // Segments: `#EXT-X-BYTERANGE:LEN@OFF` then the URI.
+    let mut segs: Vec<(u64, u64, String)> = Vec::new();
+    let mut range = None;
+    for l in playlist.lines() {
+        if let Some(r) = l.strip_prefix("#EXT-X-BYTERANGE:") {
+            let (len, off) = r.split_once('@').unwrap();
+            range = Some((len.parse().unwrap(), off.parse().unwrap()));
+        } else if !l.starts_with('#') && !l.is_empty() {
+            let (len, off) = range.take().expect("a byte range before each URI");
+            segs.push((len, off, l.to_string()));
+        }
+    }
+    assert!(segs.len() >= 3, "{playlist}");
+    let uri = &segs[0].2;
+    assert!(
+        uri.starts_with("../clip.ts?expires=") && uri.contains("&sid=") && uri.contains("&sig="),
+        "{uri}"
+    );
+    for (len, off, uri) in &segs {
+        let url = format!("{base}/premium/clip.ts/{uri}");
+        let (code, _, body) = get(&url, Some(&format!("{off}-{}", off + len - 1)));
+        assert_eq!(code, 206, "{url}");
+        assert!(
+            body == src[*off as usize..(off + len) as usize],
+            "segment at {off}"
+        );
+    }
+    let c = |k: &str, r: &str| {
+        s.metric(&format!(
+            "penstock_auth_checks_total{{kind=\"{k}\",result=\"{r}\"}}"
+        ))
+    };
+    assert_eq!(c("signed", "ok"), 1.0, "one check for the session");
+    assert_eq!(c("session", "ok"), segs.len() as f64);
+    // The segment without its token; with a token for another file; with a changed sid.
+    let q = segs[0].2.split_once('?').unwrap().1;
+    let codes = statuses(
+        &[
+            format!("{base}/premium/clip.ts"),
+            format!("{base}/premium/data.bin?{q}"),
+            format!(
+                "{base}/premium/clip.ts?{}",
+                q.replacen("&sid=", "&sid=X", 1)
+            ),
+        ],
+        None,
+    );
+    assert_eq!(codes, [401, 403, 403]);
+    assert_eq!(c("session", "bad_signature"), 2.0);
+
+    // The multivariant playlist, signed: its media playlist's URI carries a session token,
+    // whose playlist carries the segments' tokens. One more signed check, no other.
+    let master = s.sign(&format!("{base}/premium/master.m3u8"), &["--expires", "1h"]);
+    let (code, _, body) = get(&master, None);
+    assert_eq!(code, 200);
+    let text = String::from_utf8(body).unwrap();
+    let variant = text
+        .lines()
+        .find(|l| l.starts_with("clip.ts/index.m3u8?"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(variant.contains("&sid="), "{variant}");
+    let (code, _, body) = get(&format!("{base}/premium/{variant}"), None);
+    assert_eq!(code, 200);
+    let media = String::from_utf8(body).unwrap();
+    let seg = media
+        .lines()
+        .find(|l| l.starts_with("../clip.ts?"))
+        .unwrap_or_else(|| panic!("{media}"));
+    let first = media
+        .lines()
+        .find_map(|l| l.strip_prefix("#EXT-X-BYTERANGE:"))
+        .unwrap();
+    let (len, off) = first.split_once('@').unwrap();
+    let (len, off): (u64, u64) = (len.parse().unwrap(), off.parse().unwrap());
+    let (code, _, body) = get(
+        &format!("{base}/premium/clip.ts/{seg}"),
+        Some(&format!("{off}-{}", off + len - 1)),
+    );
+    assert_eq!(code, 206);
+    assert!(body == src[off as usize..(off + len) as usize]);
+    assert_eq!(c("signed", "ok"), 2.0, "the master's check only");
+    assert_eq!(c("session", "ok"), segs.len() as f64 + 2.0);
+}
+
+/// RTSP: ffprobe reads the signed URL (DESCRIBE and SETUP both checked: the SDP's track
+/// control carries the query); without a credential DESCRIBE is 401, expired or tampered
+/// 403.
+#[test]
+fn signed_urls_over_rtsp() {
+    let _serial = serial();
+    if !penstock_testreq::require("ffprobe") {
+        return;
+    }
+    let Some(clip) = common::mpeg2_ts_clip("access-rtsp", 3) else {
+        return;
+    };
+    let s = serve(Some(&clip), "");
+    let url = s.sign(
+        &format!("rtsp://{}/premium/clip.ts", s.rtsp),
+        &["--expires", "1h"],
+    );
+    let o = Command::new("ffprobe")
+        .args(["-v", "error", "-rtsp_transport", "tcp", "-show_entries"])
+        .args(["stream=codec_name", "-of", "default=nw=1:nk=1"])
+        .args(["-timeout", "10000000"])
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "ffprobe {url}: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        s.log()
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .any(|l| l.trim() == "mpeg2video"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let checks_ok = s.metric("penstock_auth_checks_total{kind=\"signed\",result=\"ok\"}");
+    assert!(checks_ok >= 2.0, "DESCRIBE and SETUP checked: {checks_ok}");
+
+    let q = url.split_once('?').unwrap().1;
+    let expired = s.signed_query("k1", "/premium/clip.ts", now_s() - 1);
+    for (target, want) in [
+        (format!("rtsp://{}/premium/clip.ts", s.rtsp), 401),
+        (format!("rtsp://{}/premium/clip.ts?{expired}", s.rtsp), 403),
+        (format!("rtsp://{}/premium/clip2.ts?{q}", s.rtsp), 403),
+        (format!("rtsp://{}/premium/clip.ts?{q}", s.rtsp), 200),
+    ] {
+        assert_eq!(rtsp_describe(&s.rtsp, &target), want, "{target}");
+    }
+    // ffprobe without a credential fails, naming the 401.
+    let o = Command::new("ffprobe")
+        .args([
+            "-v",
+            "error",
+            "-rtsp_transport",
+            "tcp",
+            "-timeout",
+            "10000000",
+        ])
+        .arg(format!("rtsp://{}/premium/clip.ts", s.rtsp))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A DESCRIBE of `url` on a fresh connection: the status code.
+fn rtsp_describe(addr: &str, url: &str) -> u16 {
+    rtsp_describe_with(addr, url, "")
+}
+
+/// [`rtsp_describe`] with `headers` (each ending in CRLF) added.
+fn rtsp_describe_with(addr: &str, url: &str, headers: &str) -> u16 {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        c,
+        "DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n{headers}\r\n"
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = c.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no RTSP status: {text:?}"))
+}
+
+/// Hidden and backup files are 404 on HTTP and RTSP unless a location serves them.
+#[test]
+fn hidden_and_backup_files_are_not_served() {
+    let _serial = serial();
+    if !penstock_testreq::require("curl") {
+        return;
+    }
+    let s = serve(None, "");
+    let base = format!("http://{}", s.http);
+    let urls: Vec<String> = [
+        "/.env",
+        "/.git/config",
+        "/x~",
+        "/x.swp",
+        "/%2eenv",
+        "/free/../.env",
+    ]
+    .iter()
+    .map(|p| format!("{base}{p}"))
+    .collect();
+    assert_eq!(statuses(&urls, None), [404; 6]);
+    assert_eq!(
+        statuses(&[format!("{base}/pub/.well-known/security.txt")], None),
+        [200]
+    );
+    assert_eq!(
+        rtsp_describe(&s.rtsp, &format!("rtsp://{}/.env", s.rtsp)),
+        404
+    );
+    assert!(
+        s.metric("penstock_errors_total{kind=\"hidden\"}") >= 6.0,
+        "counted"
+    );
+}
+
+/// A file beneath the root the server may not read: 403 and a log line naming why, on
+/// HTTP and RTSP alike. The server runs as `nobody` (root reads every file): `user = "nobody"`.
+#[test]
+fn an_unreadable_file_is_403_with_a_log_line() {
+    let _serial = serial();
+    if !(penstock_testreq::require_root() && penstock_testreq::require("curl")) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = dir.path().join("www");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("open.txt"), b"open\n").unwrap();
+    std::fs::write(root.join("locked.ts"), b"locked\n").unwrap();
+    std::fs::set_permissions(
+        root.join("locked.ts"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let conf = dir.path().join("penstock.toml");
+    std::fs::write(
+        &conf,
+        "user = \"nobody\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n\
+         [log]\naccess = \"off\"\n[rtsp]\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    // `user = "nobody"`: started as root, the server switches before serving.
+    let s = start(dir, conf.clone(), &root);
+    let base = format!("http://{}", s.http);
+    assert_eq!(
+        statuses(
+            &[format!("{base}/open.txt"), format!("{base}/locked.ts")],
+            None
+        ),
+        [200, 403]
+    );
+    assert_eq!(
+        rtsp_describe(&s.rtsp, &format!("rtsp://{}/locked.ts", s.rtsp)),
+        403
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            let log = s.log();
+            ["protocol=\"http\"", "protocol=\"rtsp\""].iter().all(|p| {
+                log.lines()
+                    .any(|l| l.contains("may not read") && l.contains(p) && l.contains("locked.ts"))
+            })
+        }),
+        "{}",
+        s.log()
+    );
+}
+
+/// `[auth]` key files: one open to others refuses the start; a SIGHUP reads them again (a
+/// key removed: its URLs are refused from then on).
+#[test]
+fn key_files_are_checked_and_reloaded() {
+    let _serial = serial();
+    if !penstock_testreq::require("curl") {
+        return;
+    }
+    let s = serve(None, "");
+    let base = format!("http://{}", s.http);
+    let path = "/premium/data.bin";
+    let by_k2 = s.sign(
+        &format!("{base}{path}"),
+        &["--expires", "1h", "--key-id", "k2"],
+    );
+    assert_eq!(statuses(std::slice::from_ref(&by_k2), None), [200]);
+    // k2 removed from the configuration; SIGHUP.
+    let text = std::fs::read_to_string(&s.conf).unwrap();
+    let d = s.dir.path().display().to_string();
+    let without = text.replace(
+        &format!(", {{ id = \"k2\", secret_file = \"{d}/k2.key\" }}"),
+        "",
+    );
+    assert_ne!(text, without);
+    std::fs::write(&s.conf, &without).unwrap();
+    let pid = rustix::process::Pid::from_raw(s.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || statuses(
+            std::slice::from_ref(&by_k2),
+            None
+        ) == [403]),
+        "the removed key's URL is refused after the reload\n{}",
+        s.log()
+    );
+    // A key file open to others: refused at start, naming the file.
+    std::fs::set_permissions(
+        s.dir.path().join("k1.key"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .args(["serve", "--check-config", "--config"])
+        .arg(&s.conf)
+        .arg(s.dir.path().join("www"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let _ = std::fs::set_permissions(
+        s.dir.path().join("k1.key"),
+        std::fs::Permissions::from_mode(0o600),
+    );
+    assert!(!o.status.success());
+    assert!(err.contains("k1.key") && err.contains("chmod 600"), "{err}");
+}
+
+/// Mints the JWTs of the JWT test with PyJWT (an issuer independent of the server's
+/// jsonwebtoken) and writes the JWKS (an HS256 secret and a fresh P-256 public key).
+const MINT: &str = r#"
+import sys, json, time, hmac, hashlib, base64, jwt
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import serialization
+d = sys.argv[1]
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+secret = b"jwt-secret-jwt-secret-jwt-secret-0123"
+ek = ec.generate_private_key(ec.SECP256R1())
+n = ek.public_key().public_numbers()
+jwks = {"keys": [
+    {"kty": "oct", "kid": "j1", "alg": "HS256", "k": b64(secret)},
+    {"kty": "EC", "kid": "e1", "crv": "P-256", "x": b64(n.x.to_bytes(32, "big")), "y": b64(n.y.to_bytes(32, "big"))},
+]}
+open(d + "/jwks.json", "w").write(json.dumps(jwks))
+now = int(time.time())
+base = {"exp": now + 3600, "aud": "penstock", "iss": "login.example"}
+def hs(claims, kid="j1"):
+    return jwt.encode(claims, secret, algorithm="HS256", headers={"kid": kid})
+out = {
+    "valid": hs(base),
+    "es256": jwt.encode(base, ek, algorithm="ES256", headers={"kid": "e1"}),
+    "expired": hs(dict(base, exp=now - 10)),
+    "nbf": hs(dict(base, nbf=now + 600)),
+    "aud": hs(dict(base, aud="other")),
+    "iss": hs(dict(base, iss="elsewhere")),
+    "kid": hs(base, kid="j9"),
+    "paths": hs(dict(base, paths=["/jwt/movies/"], sessions=2, rate="8Mbit/s", tenant="acme")),
+    "none": b64(json.dumps({"alg": "none", "kid": "e1"}).encode()) + "." + b64(json.dumps(base).encode()) + ".",
+}
+h = b64(json.dumps({"alg": "HS256", "kid": "e1"}).encode())
+p = b64(json.dumps(base).encode())
+pem = ek.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+out["confused"] = h + "." + p + "." + b64(hmac.new(pem, (h + "." + p).encode(), hashlib.sha256).digest())
+open(d + "/tokens.json", "w").write(json.dumps(out))
+"#;
+
+/// JWTs (PyJWT-minted) on a location with `auth = "jwt"`: Bearer and `?jwt=` → 200 with the
+/// file's bytes; expired, not yet valid, wrong audience or issuer, unknown kid, `alg: none`,
+/// HS256 over the EC public key, a path outside `paths`, a signed URL → 403; none → 401;
+/// an HLS playlist with a Bearer token gives its segments session tokens (one JWT check);
+/// RTSP DESCRIBE with `Authorization: Bearer`.
+#[test]
+fn jwts_over_http_hls_and_rtsp() {
+    let _serial = serial();
+    if !(penstock_testreq::require("curl") && penstock_testreq::require("python3")) {
+        return;
+    }
+    let probe = Command::new("/usr/bin/python3")
+        .args(["-c", "import jwt, cryptography"])
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        assert!(
+            std::env::var("PENSTOCK_TEST_REQUIRE").is_err(),
+            "PyJWT (python3-jwt) is required"
+        );
+        eprintln!("SKIPPED: PyJWT (python3-jwt, python3-cryptography) is not installed");
+        return;
+    }
+    let clip = common::mpeg2_ts_clip("access-jwt", 20);
+    let s = serve_with(
+        clip.as_deref(),
+        "jwks_file = \"JWKS\"\njwt_audiences = [\"penstock\"]\njwt_issuers = [\"login.example\"]\n",
+        "[[location]]\nprefix = \"/jwt/\"\nauth = \"jwt\"\n",
+        |d| {
+            let o = Command::new("/usr/bin/python3")
+                .args(["-c", MINT])
+                .arg(d)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            std::fs::set_permissions(d.join("jwks.json"), std::fs::Permissions::from_mode(0o600))
+                .unwrap();
+        },
+    );
+    let tokens: std::collections::HashMap<String, String> =
+        serde_json::from_str(&std::fs::read_to_string(s.dir.path().join("tokens.json")).unwrap())
+            .unwrap();
+    let t = |k: &str| tokens[k].clone();
+    let base = format!("http://{}", s.http);
+    let url = format!("{base}/jwt/movies/data.bin");
+    let bearer = |tok: &str| -> u16 {
+        let o = Command::new("curl")
+            .args([
+                "-s",
+                "--max-time",
+                "20",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .arg("-H")
+            .arg(format!("Authorization: Bearer {tok}"))
+            .arg(&url)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).parse().unwrap_or(0)
+    };
+    // No credential: 401; a valid HS256 token as Bearer: the file's bytes.
+    assert_eq!(get(&url, None).0, 401);
+    let o = Command::new("curl")
+        .args(["-s", "--max-time", "20", "-H"])
+        .arg(format!("Authorization: Bearer {}", t("valid")))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(
+        o.stdout == pattern(100 * 1024),
+        "the Bearer token's body is the file"
+    );
+    // ES256 by `?jwt=`.
+    assert_eq!(
+        statuses(&[format!("{url}?jwt={}", t("es256"))], None),
+        [200]
+    );
+    // Each refusal.
+    for case in ["expired", "nbf", "aud", "iss", "kid", "none", "confused"] {
+        assert_eq!(bearer(&t(case)), 403, "{case}");
+    }
+    // `paths`: granted beneath /jwt/movies/, not /jwt/music/.
+    assert_eq!(bearer(&t("paths")), 200);
+    let music = format!("{base}/jwt/music/a.txt");
+    let o = Command::new("curl")
+        .args([
+            "-s",
+            "--max-time",
+            "20",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+        ])
+        .arg(format!("Authorization: Bearer {}", t("paths")))
+        .arg(&music)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "403");
+    // A signed URL is not a JWT.
+    let signed = s.sign(&url, &["--expires", "1h"]);
+    assert_eq!(statuses(&[signed], None), [403]);
+    let c = |k: &str, r: &str| {
+        s.metric(&format!(
+            "penstock_auth_checks_total{{kind=\"{k}\",result=\"{r}\"}}"
+        ))
+    };
+    assert_eq!(c("jwt", "ok"), 3.0);
+    for (r, n) in [
+        ("expired", 1.0),
+        ("not_yet_valid", 1.0),
+        ("audience", 1.0),
+        ("issuer", 1.0),
+        ("unknown_kid", 1.0),
+        ("algorithm", 2.0),
+        ("path_not_granted", 1.0),
+    ] {
+        assert_eq!(c("jwt", r), n, "{r}");
+    }
+
+    // HLS: the playlist asked with a Bearer token; its segments carry session tokens and
+    // need no JWT (one JWT check for the session).
+    if let Some(clip) = &clip {
+        let src = std::fs::read(clip).unwrap();
+        let o = Command::new("curl")
+            .args(["-s", "--max-time", "20", "-H"])
+            .arg(format!("Authorization: Bearer {}", t("valid")))
+            .arg(format!("{base}/jwt/movies/clip.ts/index.m3u8"))
+            .output()
+            .unwrap();
+        let playlist = String::from_utf8(o.stdout).unwrap();
+        let seg = playlist
+            .lines()
+            .find(|l| l.starts_with("../clip.ts?"))
+            .unwrap_or_else(|| panic!("{playlist}"));
+        let (len, off) = playlist
+            .lines()
+            .find_map(|l| l.strip_prefix("#EXT-X-BYTERANGE:"))
+            .and_then(|r| r.split_once('@'))
+            .unwrap();
+        let (len, off): (u64, u64) = (len.parse().unwrap(), off.parse().unwrap());
+        let (code, _, body) = get(
+            &format!("{base}/jwt/movies/clip.ts/{seg}"),
+            Some(&format!("{off}-{}", off + len - 1)),
+        );
+        assert_eq!(code, 206);
+        assert!(body == src[off as usize..(off + len) as usize]);
+        assert_eq!(c("jwt", "ok"), 4.0, "one JWT check for the playlist");
+        assert_eq!(c("session", "ok"), 1.0);
+        // RTSP: DESCRIBE with the JWT in Authorization.
+        let rurl = format!("rtsp://{}/jwt/movies/clip.ts", s.rtsp);
+        assert_eq!(rtsp_describe(&s.rtsp, &rurl), 401);
+        let h = |k: &str| format!("Authorization: Bearer {}\r\n", t(k));
+        assert_eq!(rtsp_describe_with(&s.rtsp, &rurl, &h("valid")), 200);
+        assert_eq!(rtsp_describe_with(&s.rtsp, &rurl, &h("expired")), 403);
+    }
+}

@@ -1,0 +1,448 @@
+//! Who may watch (issue 35, docs/security.md "Viewers"): the keys of signed URLs read from
+//! their files, the locations' `auth` and `serve_hidden`, and the one check HTTP, HLS and
+//! RTSP call. The verification itself is `penstock_core::auth` (pure); this module loads
+//! keys, reads the clock, counts and logs.
+//!
+//! The state is replaced whole on SIGHUP ([`Viewers::stage`] reads every key file first: a
+//! bad one refuses the reload and the keys in force stay).
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use penstock_core::auth::jwt::{Jwks, JwtPolicy};
+use penstock_core::auth::{AuthError, Grant, Key, Keyring};
+
+use crate::config::{AuthConfig, AuthMode, ConfigError, ServerConfig};
+use crate::metrics::{AuthLabels, Metrics};
+
+/// The longest secret file read (bytes).
+const SECRET_FILE_BYTES_MAX: u64 = penstock_core::auth::SECRET_BYTES_MAX as u64 + 2;
+
+/// Reads the keys of `[auth] keys`: each file must be a regular file closed to group and
+/// others, holding 32 ..= 4096 bytes (one trailing `\n` or `\r\n` is not part of the secret).
+pub fn load_keys(cfg: &AuthConfig) -> Result<Keyring, ConfigError> {
+    let mut keys = Vec::with_capacity(cfg.keys.len());
+    for k in &cfg.keys {
+        let secret = read_secret(&k.secret_file)
+            .map_err(|why| ConfigError::Invalid(format!("auth.keys {:?}: {why}", k.id)))?;
+        keys.push(
+            Key::new(&k.id, &secret)
+                .map_err(|e| ConfigError::Invalid(format!("auth.keys: {e}")))?,
+        );
+    }
+    Keyring::new(keys).map_err(|e| ConfigError::Invalid(format!("auth.keys: {e}")))
+}
+
+/// The longest JWKS file read (bytes).
+const JWKS_FILE_BYTES_MAX: u64 = 1 << 20;
+
+/// Reads `[auth] jwks_file`: a JWKS holding a shared secret (`oct`) must be closed to group
+/// and others; none may be writable by them.
+pub fn load_jwks(cfg: &AuthConfig) -> Result<Option<Jwks>, ConfigError> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = &cfg.jwks_file else {
+        return Ok(None);
+    };
+    let bad =
+        |why: String| ConfigError::Invalid(format!("auth.jwks_file {}: {why}", path.display()));
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mode = f
+        .metadata()
+        .map_err(|e| bad(e.to_string()))?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(bad(format!(
+            "writable by group or others (mode {mode:04o})"
+        )));
+    }
+    let mut text = String::new();
+    f.take(JWKS_FILE_BYTES_MAX)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(e.to_string()))?;
+    let jwks = Jwks::parse(&text).map_err(|e| bad(e.to_string()))?;
+    if jwks.has_secrets() && mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "holds a shared secret (kty oct) and is open to group or others (mode {mode:04o}): `chmod 600` it"
+        )));
+    }
+    Ok(Some(jwks))
+}
+
+fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file", path.display()));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "secret file {} is open to group or others (mode {mode:04o}): `chmod 600` it",
+            path.display()
+        ));
+    }
+    let mut secret = Vec::new();
+    f.take(SECRET_FILE_BYTES_MAX + 1)
+        .read_to_end(&mut secret)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if secret.ends_with(b"\n") {
+        secret.pop();
+        if secret.ends_with(b"\r") {
+            secret.pop();
+        }
+    }
+    if !(penstock_core::auth::SECRET_BYTES_MIN..=penstock_core::auth::SECRET_BYTES_MAX)
+        .contains(&secret.len())
+    {
+        return Err(format!(
+            "secret file {}: {} bytes; a secret is {} ..= {} bytes (e.g. `openssl rand -base64 48`)",
+            path.display(),
+            secret.len(),
+            penstock_core::auth::SECRET_BYTES_MIN,
+            penstock_core::auth::SECRET_BYTES_MAX
+        ));
+    }
+    Ok(secret)
+}
+
+/// What is in force: the keys, the locations' rules (longest prefix first), the session
+/// tokens' lifetime.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    keys: Keyring,
+    jwks: Option<Jwks>,
+    jwt_policy: JwtPolicy,
+    locations: Vec<(String, AuthMode, bool)>,
+    session_ttl_s: u64,
+}
+
+/// What a request may do, once checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// The location asks for nothing.
+    Open,
+    /// A credential was verified; with the grant HLS session tokens are made from (`None`:
+    /// a JWT and no HMAC key to sign session tokens with).
+    Granted(Option<Grant>),
+    /// Refused: 401 for [`AuthError::Missing`], else 403.
+    Refused(AuthError),
+}
+
+/// The viewers' access rules of one server, shared by HTTP and RTSP.
+#[derive(Debug)]
+pub(crate) struct Viewers {
+    state: Mutex<Arc<State>>,
+    /// `penstock_auth_checks_total{kind,result}`, every series made at start (present at 0)
+    /// and found here without allocating: a flood of bad credentials costs no label strings.
+    checks: Vec<(
+        &'static str,
+        &'static str,
+        prometheus_client::metrics::counter::Counter,
+    )>,
+}
+
+/// The kinds of check counted.
+const CHECK_KINDS: [&str; 3] = ["signed", "session", "jwt"];
+/// The results counted: `ok` and each refusal's reason.
+const CHECK_RESULTS: [&str; 12] = [
+    "ok",
+    "missing",
+    "malformed",
+    "expired",
+    "unknown_kid",
+    "bad_signature",
+    "address",
+    "not_yet_valid",
+    "audience",
+    "issuer",
+    "algorithm",
+    "path_not_granted",
+];
+
+fn check_counters(
+    metrics: &Metrics,
+) -> Vec<(
+    &'static str,
+    &'static str,
+    prometheus_client::metrics::counter::Counter,
+)> {
+    let mut v = Vec::with_capacity(CHECK_KINDS.len() * CHECK_RESULTS.len());
+    for kind in CHECK_KINDS {
+        for result in CHECK_RESULTS {
+            let c = metrics
+                .auth_checks
+                .get_or_create(&AuthLabels {
+                    kind: kind.into(),
+                    result: result.into(),
+                })
+                .clone();
+            v.push((kind, result, c));
+        }
+    }
+    v
+}
+
+impl Viewers {
+    pub(crate) fn new(cfg: &ServerConfig, metrics: Arc<Metrics>) -> Result<Viewers, ConfigError> {
+        let state = Viewers::stage(cfg)?;
+        Ok(Viewers {
+            state: Mutex::new(Arc::new(state)),
+            checks: check_counters(&metrics),
+        })
+    }
+
+    /// No key, no location rule: every request is [`Decision::Open`].
+    pub(crate) fn open(metrics: Arc<Metrics>) -> Viewers {
+        Viewers {
+            state: Mutex::new(Arc::new(State::default())),
+            checks: check_counters(&metrics),
+        }
+    }
+
+    /// Reads what `cfg` names (the key files); nothing changes until [`Viewers::commit`].
+    pub(crate) fn stage(cfg: &ServerConfig) -> Result<State, ConfigError> {
+        let keys = load_keys(&cfg.auth)?;
+        let jwks = load_jwks(&cfg.auth)?;
+        let mut locations: Vec<(String, AuthMode, bool)> = cfg
+            .location
+            .iter()
+            .map(|l| (l.prefix.clone(), l.auth, l.serve_hidden))
+            .collect();
+        locations.sort_by_key(|l| std::cmp::Reverse(l.0.len()));
+        Ok(State {
+            keys,
+            jwks,
+            jwt_policy: JwtPolicy {
+                audiences: cfg.auth.jwt_audiences.clone(),
+                issuers: cfg.auth.jwt_issuers.clone(),
+                leeway_s: 0,
+            },
+            locations,
+            session_ttl_s: cfg.auth.session_ttl().as_secs().max(1),
+        })
+    }
+
+    pub(crate) fn commit(&self, state: State) {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(state);
+    }
+
+    fn state(&self) -> Arc<State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The key ids in force (for the reload report).
+    pub(crate) fn key_ids(&self) -> Vec<String> {
+        self.state().keys.ids().map(str::to_string).collect()
+    }
+
+    /// Whether hidden and backup files may be served at `path` (canonical, with its `/`).
+    pub(crate) fn serves_hidden(&self, path: &str) -> bool {
+        let s = self.state();
+        s.locations
+            .iter()
+            .find(|l| path.starts_with(&l.0))
+            .is_some_and(|l| l.2)
+    }
+
+    /// The check of a request for `path` (canonical: `/a/b`) with `query` (as sent, without
+    /// `?`) and `authorization` (the header) from `peer`. `protocol` names the way in for
+    /// the log line of a refusal.
+    ///
+    /// A query credential (a signed URL, or an HLS session token) is checked as such; else
+    /// a JWT (`Bearer`, `?jwt=`) where the location takes JWTs; else the request has none.
+    pub(crate) fn check(
+        &self,
+        path: &str,
+        query: Option<&str>,
+        authorization: Option<&str>,
+        peer: Option<IpAddr>,
+        protocol: &'static str,
+    ) -> Decision {
+        let s = self.state();
+        let mode = s
+            .locations
+            .iter()
+            .find(|l| path.starts_with(&l.0))
+            .map_or(AuthMode::None, |l| l.1);
+        if mode == AuthMode::None {
+            return Decision::Open;
+        }
+        let now_s = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let takes_jwt = matches!(mode, AuthMode::Jwt | AuthMode::SignedOrJwt);
+        let parsed = query.map_or(Ok(None), penstock_core::auth::parse_query);
+        let bearer = penstock_core::auth::bearer_token(authorization, query);
+        let (kind, result) = match parsed {
+            // A signed URL where only JWTs are taken: the session tokens of a JWT's
+            // playlist are, signed URLs are not.
+            Ok(Some(c)) if mode == AuthMode::Jwt && c.sid.is_none() => (
+                "signed",
+                Err(AuthError::Malformed("a signed URL where a JWT is required")),
+            ),
+            Ok(Some(c)) => {
+                let kind = c.kind().label();
+                // No address: a Unix-socket peer, which no prefix contains.
+                let peer_ip = peer.unwrap_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED));
+                let r = penstock_core::auth::verify(&s.keys, &c, path, peer_ip, now_s);
+                let r = match (r, peer) {
+                    (Ok(_), None) if c.ip.is_some() => Err(AuthError::Address),
+                    (r, _) => r,
+                };
+                (kind, r.map(Some))
+            }
+            Err(e) => ("signed", Err(e)),
+            Ok(None) => match (bearer, &s.jwks) {
+                (Some(token), Some(jwks)) if takes_jwt => {
+                    let r = penstock_core::auth::jwt::verify_jwt(
+                        jwks,
+                        token,
+                        &s.jwt_policy,
+                        path,
+                        now_s,
+                    )
+                    .map(|g| penstock_core::auth::grant_for_jwt(&s.keys, token, g.expires_s));
+                    ("jwt", r)
+                }
+                _ => (
+                    if takes_jwt { "jwt" } else { "signed" },
+                    Err(AuthError::Missing),
+                ),
+            },
+        };
+        let result_label = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.reason(),
+        };
+        if let Some((_, _, c)) = self
+            .checks
+            .iter()
+            .find(|(k, r, _)| *k == kind && *r == result_label)
+        {
+            c.inc();
+        }
+        match result {
+            Ok(g) => Decision::Granted(g),
+            Err(e) => {
+                if e != AuthError::Missing {
+                    crate::peer_warn!(
+                        "auth_refused",
+                        protocol,
+                        peer = ?peer,
+                        path = %path,
+                        kind,
+                        reason = e.reason(),
+                        "refused a viewer: {e}"
+                    );
+                }
+                Decision::Refused(e)
+            }
+        }
+    }
+
+    /// The query a playlist answered to `grant` writes after the URI of its segments, the
+    /// file at `path` (canonical); `None` when the grant's key was removed since.
+    pub(crate) fn session_query(&self, grant: &Grant, path: &str) -> Option<String> {
+        let s = self.state();
+        let now_s = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        penstock_core::auth::session_query(&s.keys, grant, path, now_s, s.session_ttl_s)
+    }
+}
+
+/// Whether `path` (any form: `/a/.b`, `a/b~`) names a hidden or backup file: a segment
+/// starting with `.`, or a last segment ending in `~`, `.swp` or `.swo` (editors' leftovers,
+/// the classic leak of a web root).
+pub fn is_hidden(path: &str) -> bool {
+    let mut segs = path.split('/').filter(|s| !s.is_empty()).peekable();
+    while let Some(s) = segs.next() {
+        if s.starts_with('.') {
+            return true;
+        }
+        if segs.peek().is_none() {
+            let lower = s.to_ascii_lowercase();
+            return s.ends_with('~') || lower.ends_with(".swp") || lower.ends_with(".swo");
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every refusal's reason has its counter (a reason missing here would go uncounted).
+    #[test]
+    fn every_reason_is_counted() {
+        for e in [
+            AuthError::Missing,
+            AuthError::Malformed("x"),
+            AuthError::Expired,
+            AuthError::UnknownKey,
+            AuthError::BadSignature,
+            AuthError::Address,
+            AuthError::NotYetValid,
+            AuthError::Audience,
+            AuthError::Issuer,
+            AuthError::Algorithm,
+            AuthError::NotGranted,
+        ] {
+            assert!(CHECK_RESULTS.contains(&e.reason()), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn hidden_and_backup_names() {
+        for p in [
+            "/.env",
+            "/.git/config",
+            "/a/.hidden/x.ts",
+            "/x~",
+            "/a/x.swp",
+            "/a/X.SWO",
+            ".env",
+        ] {
+            assert!(is_hidden(p), "{p}");
+        }
+        for p in [
+            "/",
+            "/a/b.ts",
+            "/a~b/c",
+            "/swp",
+            "/a.swpx",
+            "/x.ts/index.m3u8",
+        ] {
+            assert!(!is_hidden(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn secret_files_must_be_private_and_long_enough() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("k");
+        std::fs::write(&f, format!("{}\n", "s".repeat(40))).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_secret(&f).unwrap_err();
+        assert!(e.contains("open to group or others"), "{e}");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(
+            read_secret(&f).unwrap().len(),
+            40,
+            "the newline is not the secret"
+        );
+        std::fs::write(&f, "short\n").unwrap();
+        let e = read_secret(&f).unwrap_err();
+        assert!(e.contains(": 5 bytes"), "{e}");
+    }
+}

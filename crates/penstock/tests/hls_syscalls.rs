@@ -79,7 +79,7 @@ fn hls_segments_leave_by_sendfile_not_through_user_space() {
     .unwrap();
     let trace_path = dir.path().join("trace");
     let mut child = traced(&trace_path, env!("CARGO_BIN_EXE_penstock"))
-        .args(["serve", "--config"])
+        .args(["serve", "--no-control-unix", "--config"])
         .arg(&conf)
         .arg("--root")
         .arg(&www)
@@ -181,7 +181,7 @@ fn mp4_segments_send_their_samples_by_sendfile_and_only_headers_from_memory() {
     .unwrap();
     let trace_path = dir.path().join("trace");
     let mut child = traced(&trace_path, env!("CARGO_BIN_EXE_penstock"))
-        .args(["serve", "--config"])
+        .args(["serve", "--no-control-unix", "--config"])
         .arg(&conf)
         .arg("--root")
         .arg(&www)

@@ -8,6 +8,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -42,6 +43,30 @@ fn get(addr: &str, path: &str, range: Option<(u64, u64)>) -> (u16, Vec<u8>) {
     (status, out[head_end..].to_vec())
 }
 
+/// `penstock serve` of `www` under strace (into `trace`), HTTP only on loopback, no access
+/// log, no self-calibration: the child and its HTTP address.
+fn serve_traced(dir: &Path, www: &Path, trace: &Path) -> (std::process::Child, String) {
+    let conf = dir.join("penstock.toml");
+    std::fs::write(
+        &conf,
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\n\
+         [log]\naccess = \"off\"\n[admission]\nself_calibrate = false\n",
+    )
+    .unwrap();
+    let mut child = traced(trace, env!("CARGO_BIN_EXE_penstock"))
+        .args(["serve", "--no-control-unix", "--config"])
+        .arg(&conf)
+        .arg("--root")
+        .arg(www)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = start_line(&mut child);
+    let (http, _) = serve_addresses(&line);
+    (child, http)
+}
+
 #[test]
 fn hls_segments_leave_by_sendfile_not_through_user_space() {
     if !needs("ffmpeg", "-version") || !needs("strace", "-V") {
@@ -70,25 +95,8 @@ fn hls_segments_leave_by_sendfile_not_through_user_space() {
         .expect("ffmpeg");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let file = std::fs::read(&clip).unwrap();
-    let conf = dir.path().join("penstock.toml");
-    std::fs::write(
-        &conf,
-        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\n\
-         [log]\naccess = \"off\"\n[admission]\nself_calibrate = false\n",
-    )
-    .unwrap();
     let trace_path = dir.path().join("trace");
-    let mut child = traced(&trace_path, env!("CARGO_BIN_EXE_penstock"))
-        .args(["serve", "--no-control-unix", "--config"])
-        .arg(&conf)
-        .arg("--root")
-        .arg(&www)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let line = start_line(&mut child);
-    let (http, _) = serve_addresses(&line);
+    let (mut child, http) = serve_traced(dir.path(), &www, &trace_path);
 
     // A player: the playlist, then every segment (and the map) as a range of the file.
     let (status, playlist) = get(&http, "/clip.ts/index.m3u8", None);
@@ -172,25 +180,8 @@ fn mp4_segments_send_their_samples_by_sendfile_and_only_headers_from_memory() {
         .output()
         .expect("ffmpeg");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let conf = dir.path().join("penstock.toml");
-    std::fs::write(
-        &conf,
-        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\n\
-         [log]\naccess = \"off\"\n[admission]\nself_calibrate = false\n",
-    )
-    .unwrap();
     let trace_path = dir.path().join("trace");
-    let mut child = traced(&trace_path, env!("CARGO_BIN_EXE_penstock"))
-        .args(["serve", "--no-control-unix", "--config"])
-        .arg(&conf)
-        .arg("--root")
-        .arg(&www)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let line = start_line(&mut child);
-    let (http, _) = serve_addresses(&line);
+    let (mut child, http) = serve_traced(dir.path(), &www, &trace_path);
 
     // A player: the multivariant playlist, each media playlist, init and every segment.
     let mut made_in_memory = 0u64; // playlists and init segments

@@ -17,6 +17,9 @@ static void never(void *arg) {
 }
 
 int main(void) {
+    /* Under memcheck CPU time includes valgrind's own translation of the code an upcall runs
+     * first: the budget is checked in the plain run (c.rs runs both). */
+    const int memcheck = getenv("PENSTOCK_TEST_MEMCHECK") != NULL;
     penstock_config cfg;
     CHECK(penstock_config_default(&cfg) == PENSTOCK_OK);
     cfg.workers = 1; /* every upcall on one worker: admission sees them together */
@@ -65,7 +68,7 @@ int main(void) {
         CHECK(r.activations > 0 && r.activations == n);
         /* About 2 s / period; no more than the periods that fit, with one of slack. */
         CHECK(r.activations <= 2600 * ms / period[i] + 1);
-        CHECK(r.overruns == 0);
+        CHECK(memcheck || r.overruns == 0);
         CHECK(r.running == 0);
         CHECK(r.lateness_max_ns >= r.lateness_p99_ns && r.lateness_p99_ns >= r.lateness_p50_ns);
     }

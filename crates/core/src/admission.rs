@@ -540,6 +540,9 @@ pub struct Shortage {
     pub capacity: u64,
     /// For [`Resource::Disk`]: the sequential bandwidth that converts ns/s to bytes/s.
     disk_seq_bytes_per_s: u64,
+    /// For the CPU resources: the capacity is what the timed workers' kernel reservations
+    /// can carry ([`Admission::bound_rt_cpu`]), not the configured share.
+    reserved: bool,
 }
 
 impl fmt::Display for Shortage {
@@ -582,10 +585,15 @@ impl fmt::Display for Shortage {
             ),
             Resource::Cpu => write!(
                 f,
-                "cpu: need {:.1} ms/s, {:.1} ms/s left of {:.1} ms/s rt capacity (sends)",
+                "cpu: need {:.1} ms/s, {:.1} ms/s left of {:.1} ms/s rt capacity (sends{})",
                 self.need as f64 / 1e6,
                 self.left as f64 / 1e6,
-                self.capacity as f64 / 1e6
+                self.capacity as f64 / 1e6,
+                if self.reserved {
+                    "; what the timed workers' CPU reservations carry"
+                } else {
+                    ""
+                }
             ),
             Resource::NetworkBurst => write!(
                 f,
@@ -680,6 +688,8 @@ pub struct DeviceUsage {
 pub struct Admission {
     config: AdmissionConfig,
     rt_capacity: Usage,
+    /// Whether [`Admission::bound_rt_cpu`] lowered the rt CPU.
+    rt_cpu_reserved: bool,
     used: Usage,
     /// Reserved time per device (entries with reservations, or with figures of their own).
     disk_used: BTreeMap<DeviceId, u64>,
@@ -725,6 +735,7 @@ impl Admission {
         Ok(Admission {
             config,
             rt_capacity,
+            rt_cpu_reserved: false,
             used: Usage::default(),
             disk_used: BTreeMap::new(),
             disk_excess: BTreeMap::new(),
@@ -741,6 +752,24 @@ impl Admission {
     /// What `rt` may reserve in total (capacity minus the bulk share; disk: per device).
     pub fn rt_capacity(&self) -> Usage {
         self.rt_capacity
+    }
+
+    /// Bounds what rt streams' sends may take to `ns_per_s` of CPU a second, when that is
+    /// below the configured share: the engine runs them only on timed workers, and this is
+    /// what those workers' kernel reservations can carry together
+    /// ([`crate::sched::policy::timed_capacity_ns_per_s`]; issue 37 item 4). The burst
+    /// check is bounded alike (that CPU within the lateness tolerance). Returns whether it
+    /// lowered anything. Existing reservations keep what they were charged.
+    pub fn bound_rt_cpu(&mut self, ns_per_s: u64) -> bool {
+        let within = u64::try_from(
+            u128::from(ns_per_s) * u128::from(self.config.lateness_tolerance_ns) / NS_PER_S,
+        )
+        .unwrap_or(u64::MAX);
+        let lowered = ns_per_s < self.rt_capacity.cpu_ns_per_s;
+        self.rt_capacity.cpu_ns_per_s = self.rt_capacity.cpu_ns_per_s.min(ns_per_s);
+        self.rt_capacity.burst_cpu_ns = self.rt_capacity.burst_cpu_ns.min(within);
+        self.rt_cpu_reserved |= lowered;
+        lowered
     }
 
     /// What is reserved now.
@@ -1093,6 +1122,7 @@ impl Admission {
                     left: capacity.saturating_sub(used),
                     capacity,
                     disk_seq_bytes_per_s: c.figures.disk.seq_bytes_per_s,
+                    reserved: false,
                 });
             }
             // Alone on the device, with only its own slack: it could never be admitted.
@@ -1104,9 +1134,11 @@ impl Admission {
                     left: alone,
                     capacity: alone,
                     disk_seq_bytes_per_s: c.figures.disk.seq_bytes_per_s,
+                    reserved: false,
                 });
             }
         }
+        let cpu_reserved = self.rt_cpu_reserved;
         let shortage =
             |&(resource, need, used, capacity, bw): &(Resource, u64, u64, u64, u64)| Shortage {
                 resource,
@@ -1114,6 +1146,7 @@ impl Admission {
                 left: capacity.saturating_sub(used),
                 capacity,
                 disk_seq_bytes_per_s: bw,
+                reserved: cpu_reserved && matches!(resource, Resource::Cpu | Resource::CpuBurst),
             };
         // A backlog's capacity depends on the other streams' slack: only its own decides
         // whether the stream could ever fit.
@@ -1638,6 +1671,53 @@ mod tests {
         assert!(
             e.to_string()
                 .starts_with("refused: cpu: need 10.0 ms/s, 0.0 ms/s left"),
+            "{e}"
+        );
+    }
+
+    /// The timed workers' reservations bound the rt CPU (issue 37 item 4): with 300 ms/s
+    /// reservable where the share would give 800, 30 streams of 10 ms/s fit, the 31st is
+    /// refused naming the reservations; a bound above the share changes nothing.
+    #[test]
+    fn the_timed_workers_reservations_bound_the_rt_cpu() {
+        let config = AdmissionConfig {
+            capacity: Capacity {
+                cpu_ns_per_s: 1_000_000_000,
+                cpu_send_ns: 10_000,
+                cpu_send_byte_ps: 0,
+                buffer_count: 1000,
+                disk_seq_bytes_per_s: 1_000_000_000,
+                disk_random_iops: 100_000,
+                ..capacity()
+            },
+            bulk_share_percent: 20,
+            streams_max: 100,
+            rt_latency_ns: 0,
+            lateness_tolerance_ns: LATENESS_TOLERANCE_NS_DEFAULT,
+        };
+        let mut a = Admission::new(config).unwrap();
+        assert!(!a.bound_rt_cpu(900_000_000), "above the share: no change");
+        assert_eq!(a.rt_capacity().cpu_ns_per_s, 800_000_000);
+        assert!(a.bound_rt_cpu(300_000_000));
+        assert_eq!(a.rt_capacity().cpu_ns_per_s, 300_000_000);
+        assert!(a.rt_capacity().burst_cpu_ns <= 300_000_000 / 20);
+        let q = StreamQos {
+            reads: ReadGeometry::single(1_000_000, DeviceId::UNKNOWN),
+            datagrams: true,
+            ..rt(1_000_000, 1000, 2)
+        };
+        let mut n = 0;
+        let e = loop {
+            match a.admit(q) {
+                Ok(_) => n += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(n, 30);
+        assert_eq!(e.shortages()[0].resource, Resource::Cpu, "{e}");
+        assert!(
+            e.to_string()
+                .contains("what the timed workers' CPU reservations carry"),
             "{e}"
         );
     }

@@ -209,7 +209,8 @@ pub struct EngineInfo {
     pub realtime: Result<(), String>,
     /// Every worker's policy, general ones first (`crate::sched`).
     pub workers: Vec<crate::sched::WorkerSched>,
-    /// Why stronger policies were not even tried (what the process may not do).
+    /// Why stronger policies were not even tried (what the process may not do), and where
+    /// the timed workers' reservations bound admission's rt CPU.
     pub sched_notes: Vec<String>,
     /// `rt` disk reads carry IOPRIO_CLASS_RT (permitted here).
     pub rt_ioprio: bool,

@@ -43,7 +43,7 @@ use crate::worker::{Command, Task, TimedRole, WorkerHandle, spawn_worker};
 use penstock_core::admission::cpu::{CpuAdmission, CpuLoad, CpuRefusal, RtuDemand};
 use penstock_core::sched::drr::SchedError;
 use penstock_core::sched::policy::{
-    SchedAsk, SchedPolicy, candidates as sched_candidates, deadline_params,
+    SchedAsk, SchedPolicy, candidates as sched_candidates, deadline_params, timed_capacity_ns_per_s,
 };
 // Defined in modules of their own, so that the worker and the data paths need not import the
 // engine; re-exported where callers have always found them (`penstock_driver::engine::*`).
@@ -593,8 +593,27 @@ impl Engine {
         info.sched_notes = sched_plan.skipped.clone();
         info.workers = scheds;
         let timed_books = Arc::new(Mutex::new(TimedBooks::new(cfg.deadline, &info.workers)));
-        let admission = Admission::new(cfg.admission)
+        let mut admission = Admission::new(cfg.admission)
             .map_err(|e| EngineError::Config(format!("admission: {e}")))?;
+        // Rt streams run only on the timed workers: admission promises no more CPU than
+        // their reservations carry (issue 37 item 4).
+        let timed: Vec<SchedPolicy> = info
+            .workers
+            .iter()
+            .filter(|w| w.timed)
+            .map(|w| w.policy)
+            .collect();
+        if let Some(bound) =
+            timed_capacity_ns_per_s(&timed, &cfg.deadline, crate::sched::rt_runtime_ppm())
+            && admission.bound_rt_cpu(bound)
+        {
+            info.sched_notes.push(format!(
+                "admission: rt CPU bounded to {:.1} ms/s, what the {} timed workers' \
+                 reservations carry",
+                bound as f64 / 1e6,
+                timed.len()
+            ));
+        }
         let cpu = (0..cfg.workers + timed_count)
             .map(|_| CpuAdmission::new(cfg.order, cfg.cpu))
             .collect::<Result<Vec<_>, _>>()
@@ -635,7 +654,6 @@ impl Engine {
             .collect()
     }
 
-    /// Totals reserved now, and the `rt` capacity they are taken from.
     /// Disk reads queued in the scheduler or in flight, per class, all workers together.
     pub fn disk_queue_depth(&self) -> DiskQueueDepth {
         let mut d = DiskQueueDepth::default();
@@ -647,6 +665,7 @@ impl Engine {
         d
     }
 
+    /// Totals reserved now, and the `rt` capacity they are taken from.
     pub fn admission_usage(&self) -> (Usage, Usage) {
         let a = self.admission.lock().unwrap_or_else(|p| p.into_inner());
         (a.usage(), a.rt_capacity())

@@ -28,6 +28,27 @@ pub struct WorkerSched {
     pub notes: Vec<String>,
 }
 
+/// The kernel's real-time throttle, parts per million of a CPU (`sched_rt_runtime_us` of
+/// `sched_rt_period_us`; -1, no throttle, is a million): what a `SCHED_FIFO` worker may
+/// take. The kernel's default where unreadable.
+pub fn rt_runtime_ppm() -> u32 {
+    let read = |name: &str| -> Option<i64> {
+        std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    match (read("sched_rt_runtime_us"), read("sched_rt_period_us")) {
+        (Some(r), _) if r < 0 => 1_000_000,
+        (Some(r), Some(p)) if p > 0 => {
+            u32::try_from((i128::from(r) * 1_000_000 / i128::from(p)).min(1_000_000))
+                .unwrap_or(1_000_000)
+        }
+        _ => penstock_core::sched::policy::RT_RUNTIME_PPM_DEFAULT,
+    }
+}
+
 /// CAP_SYS_NICE's bit in the capability sets.
 const CAP_SYS_NICE: u32 = 23;
 

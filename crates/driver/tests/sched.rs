@@ -228,6 +228,10 @@ fn bulk_never_runs_on_a_timed_worker() {
     }
 }
 
+/// Admission knows the CPU the timed workers can be given (issue 37 item 4): its rt CPU is
+/// bounded by the deadline workers' cap less their floor, so a stream the reservation
+/// could not take is refused by admission itself, naming the reservations, before any
+/// placement; nothing changes, and bulk still runs.
 #[test]
 fn a_grant_past_the_reservations_cap_is_refused_and_changes_nothing() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -241,17 +245,32 @@ fn a_grant_past_the_reservations_cap_is_refused_and_changes_nothing() {
     let Some(tid) = deadline_worker(&e) else {
         return;
     };
+    let bound = penstock_core::sched::policy::deadline_grant_max_ns_per_s(&cfg);
+    assert_eq!(bound, 1_000, "1 ns a 1 ms period");
+    assert_eq!(e.admission_usage().1.cpu_ns_per_s, bound);
+    assert!(
+        e.info()
+            .sched_notes
+            .iter()
+            .any(|n| n.contains("rt CPU bounded")),
+        "{:?}",
+        e.info().sched_notes
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("src.bin");
     make_file(&file);
     let before = runtime_of(tid);
     let refused = open(&e, &file, Some(Duration::from_millis(2))).err();
     match refused {
-        Some(StreamError::CpuReservation(why)) => {
-            assert!(why.contains("SCHED_DEADLINE"), "{why}")
+        Some(StreamError::Refused(why)) => {
+            let why = why.to_string();
+            assert!(
+                why.contains("cpu") && why.contains("timed workers' CPU reservations"),
+                "{why}"
+            )
         }
         other => panic!(
-            "expected a cpu reservation refusal, got {:?}",
+            "expected admission to refuse for the reservations, got {:?}",
             other.map(|e| e.to_string())
         ),
     }

@@ -253,6 +253,47 @@ pub fn deadline_params(granted_ns_per_s: u64, cfg: &DeadlineConfig) -> Option<De
     })
 }
 
+/// The most one `SCHED_DEADLINE` timed worker can be granted, ns of CPU per second: its cap
+/// less its floor, by the same arithmetic as [`deadline_params`] (a grant of this much fits,
+/// one more period's worth does not).
+pub fn deadline_grant_max_ns_per_s(cfg: &DeadlineConfig) -> u64 {
+    let p = u128::from(cfg.period_ns);
+    let floor = p * u128::from(cfg.floor_ppm) / 1_000_000;
+    let max = p * u128::from(cfg.max_ppm) / 1_000_000;
+    u64::try_from(max.saturating_sub(floor) * 1_000_000_000 / p).unwrap_or(u64::MAX)
+}
+
+/// The kernel's default real-time throttle (`sched_rt_runtime_us` 950,000 of
+/// `sched_rt_period_us` 1,000,000), used where the driver cannot read the machine's.
+pub const RT_RUNTIME_PPM_DEFAULT: u32 = 950_000;
+
+/// What the timed workers can carry together, ns of CPU per second: the bound on the CPU
+/// admission may promise rt streams once they run only there (issue 37 item 4). A deadline
+/// worker takes grants up to [`deadline_grant_max_ns_per_s`]; a FIFO worker is throttled
+/// by the kernel to `rt_runtime_ppm` of its CPU; one that got neither is still one thread
+/// (one CPU at most, unreserved). `None` without timed workers: the general workers carry
+/// rt streams and the configured capacity stands.
+pub fn timed_capacity_ns_per_s(
+    timed: &[SchedPolicy],
+    cfg: &DeadlineConfig,
+    rt_runtime_ppm: u32,
+) -> Option<u64> {
+    if timed.is_empty() {
+        return None;
+    }
+    let fifo = u64::from(rt_runtime_ppm.min(1_000_000)) * 1_000;
+    Some(
+        timed
+            .iter()
+            .map(|p| match p {
+                SchedPolicy::Deadline => deadline_grant_max_ns_per_s(cfg),
+                SchedPolicy::Fifo { .. } => fifo,
+                SchedPolicy::Other => 1_000_000_000,
+            })
+            .fold(0u64, u64::saturating_add),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,6 +423,54 @@ mod tests {
                     prop_assert!(grant_per_period > 0);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn timed_capacity_sums_what_each_policy_may_take() {
+        let cfg = DeadlineConfig::default();
+        assert_eq!(deadline_grant_max_ns_per_s(&cfg), 800_000_000);
+        assert_eq!(timed_capacity_ns_per_s(&[], &cfg, 950_000), None);
+        assert_eq!(
+            timed_capacity_ns_per_s(
+                &[
+                    SchedPolicy::Deadline,
+                    SchedPolicy::Fifo { priority: 50 },
+                    SchedPolicy::Other
+                ],
+                &cfg,
+                950_000
+            ),
+            Some(800_000_000 + 950_000_000 + 1_000_000_000)
+        );
+        // No throttle (-1 read as a million parts): a whole CPU.
+        assert_eq!(
+            timed_capacity_ns_per_s(&[SchedPolicy::Fifo { priority: 1 }], &cfg, 1_000_000),
+            Some(1_000_000_000)
+        );
+    }
+
+    proptest! {
+        /// The bound is the grant the reservation takes and no more: a deadline worker
+        /// granted exactly it gets a runtime; one period's worth more is refused.
+        #[test]
+        fn the_deadline_grant_max_is_exactly_what_fits(
+            period_ns in 100_000u64..=1_000_000_000,
+            floor_ppm in 1u32..=1_000_000,
+            max_extra in 0u32..=1_000_000,
+            headroom_percent in 100u32..=400,
+        ) {
+            let cfg = DeadlineConfig {
+                period_ns,
+                floor_ppm,
+                max_ppm: floor_ppm.saturating_add(max_extra).min(1_000_000),
+                headroom_percent,
+            };
+            prop_assume!(cfg.check().is_ok());
+            let g = deadline_grant_max_ns_per_s(&cfg);
+            prop_assert!(deadline_params(g, &cfg).is_some());
+            let one_more_period = 1_000_000_000u64.div_ceil(period_ns);
+            prop_assert!(deadline_params(g + one_more_period, &cfg).is_none());
         }
     }
 }

@@ -175,11 +175,17 @@ fn main() {
     };
     if let Err(e) = r {
         eprintln!("penstock: error: {}", error_text(&e));
-        std::process::exit(if e.downcast_ref::<Usage>().is_some() {
-            2
-        } else {
-            1
-        });
+        // A malformed endpoint name is bad usage too, as clap's own errors are.
+        std::process::exit(
+            if e.downcast_ref::<Usage>().is_some()
+                || e.downcast_ref::<penstock_core::endpoint::EndpointError>()
+                    .is_some()
+            {
+                2
+            } else {
+                1
+            },
+        );
     }
 }
 

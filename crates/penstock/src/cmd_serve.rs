@@ -79,6 +79,18 @@ pub struct ServeArgs {
     pub rtsp: Option<String>,
 }
 
+/// A line on standard output that a server may not die of: whoever started it may have
+/// read the start line and closed the pipe (a supervisor, a test), and `println!` panics on
+/// EPIPE. What could not be written is logged at debug level.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($t)*) {
+            tracing::debug!("standard output: {e}");
+        }
+    }};
+}
+
 /// The default control socket; its private directory is made when it is the one in /tmp.
 fn default_unix_socket() -> Result<PathBuf> {
     let p = penstock_server::private::default_control_socket();
@@ -218,21 +230,21 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     service::switch_user(run_as.as_ref(), &root)?;
     // ---
-    println!("{} (root {})", server.summary(), root.display());
+    say!("{} (root {})", server.summary(), root.display());
     if let Some(f) = server.token_file() {
-        println!("control token (for AUTH from other peers): {}", f.display());
+        say!("control token (for AUTH from other peers): {}", f.display());
     }
     if a.demo {
         let base = format!("http://{}", server.http_addr());
-        println!("try: curl -O {base}/small.bin   curl {base}/media/clip.ts -r 0-99 | xxd | head");
-        println!("     {base}/   {base}/metrics");
+        say!("try: curl -O {base}/small.bin   curl {base}/media/clip.ts -r 0-99 | xxd | head");
+        say!("     {base}/   {base}/metrics");
         if let Some(r) = server.rtsp_addrs().first() {
-            println!(
+            say!(
                 "     ffprobe rtsp://{r}/media/clip.ts   (a synthetic 2 Mbit/s MPEG-TS, no picture)"
             );
         }
         if let Some(c) = server.control_addr() {
-            println!("     penstock ctl {c} HELP");
+            say!("     penstock ctl {c} HELP");
         }
     }
     let http: Vec<String> = server

@@ -266,3 +266,71 @@ fn bench_cues_without_cc_or_the_library_says_so_and_exits_2() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("libpenstock.so not found"), "{err}");
 }
+
+/// A second `penstock serve` whose addresses are taken fails naming the way out (issue 40
+/// item 4): the flag or setting that moves that listener or turns it off, for the control
+/// port and for the control socket; and the first server is untouched.
+#[test]
+fn a_second_instance_names_the_way_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("p.toml");
+    std::fs::write(
+        &conf,
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let sock = dir.path().join("ctl.sock");
+    let serve = |control: &str| {
+        let mut c = penstock();
+        c.args(["serve", "--config"])
+            .arg(&conf)
+            .arg("--root")
+            .arg(dir.path())
+            .args(["--control", control, "--control-unix"])
+            .arg(&sock)
+            .env("PENSTOCK_LOG", "error");
+        c
+    };
+    let first_log = dir.path().join("first.log");
+    let mut first = serve("127.0.0.1:0")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&first_log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(first.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // "penstock serve: http://…, control 127.0.0.1:PORT, control unix:…"
+    let control = line
+        .split(", ")
+        .find_map(|p| p.strip_prefix("control "))
+        .filter(|a| !a.starts_with("unix:"))
+        .unwrap_or_else(|| panic!("no control address in {line:?}"))
+        .to_string();
+    for (taken, way) in [
+        (control.as_str(), "--control ADDR"),
+        ("", "--control-unix PATH, or --no-control-unix"),
+    ] {
+        let o = serve(taken).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("another penstock serve"), "{err}");
+        assert!(err.contains(way), "{way:?} not named in:\n{err}");
+    }
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "the first server ran on"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(first.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = first.wait().unwrap();
+    assert!(
+        status.success(),
+        "the first server: {status}\n{}",
+        std::fs::read_to_string(&first_log).unwrap_or_default()
+    );
+}

@@ -75,7 +75,7 @@ pub enum ServerError {
     Engine(String),
     #[error("admission: {0}")]
     Admission(String),
-    #[error("{what} {addr}")]
+    #[error("{what} {addr}{}", bind_hint(what, source))]
     Bind {
         what: &'static str,
         addr: String,
@@ -83,6 +83,24 @@ pub enum ServerError {
     },
     #[error(transparent)]
     Io(#[from] io::Error),
+}
+
+/// The way out when an address is taken (most often another `penstock serve`): which
+/// setting or flag moves this listener elsewhere or turns it off.
+fn bind_hint(what: &str, source: &io::Error) -> String {
+    if source.kind() != io::ErrorKind::AddrInUse {
+        return String::new();
+    }
+    let way = match what {
+        "http" => "--listen ADDR or `[http] listen`",
+        "control" => "--control ADDR (\"\" for none) or `[control] listen`",
+        "control unix" => "--control-unix PATH, or --no-control-unix",
+        "rtsp" => "--rtsp ADDR (\"\" for none) or `[rtsp] listen`",
+        "metrics" => "`[http] metrics_listen`",
+        "rtsp live source" => "the source's `source` in `[rtsp.live.NAME]`",
+        _ => return String::new(),
+    };
+    format!(" (in use, perhaps by another penstock serve; to run beside it: {way})")
 }
 
 /// An HTTP address being listened on: as configured (port 0 stays 0) and as bound, with a

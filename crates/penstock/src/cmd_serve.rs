@@ -102,14 +102,30 @@ fn default_unix_socket() -> Result<PathBuf> {
     Ok(p)
 }
 
+/// The demo's clip: 12 s of H.264 (640×360, 25 fps, a key frame every 2 s) and AAC, made
+/// once with ffmpeg from its test sources (`crates/penstock/assets/README.md` has the
+/// command), so that every command the demo prints plays a picture.
+const DEMO_CLIP_TS: &[u8] = include_bytes!("../assets/clip.ts");
+/// The same clip in MP4 (`-c copy -movflags +faststart`).
+const DEMO_CLIP_MP4: &[u8] = include_bytes!("../assets/clip.mp4");
+
 /// A sample tree: what a first-time user can click through.
 fn demo_tree(dir: &Path) -> Result<()> {
+    let kib = |b: &[u8]| b.len().div_ceil(1024);
     std::fs::write(
         dir.join("index.html"),
-        "<!doctype html><title>penstock</title><h1>penstock serve --demo</h1>\n\
-         <ul><li><a href=\"small.bin\">small.bin</a> (16 KiB)</li>\
-         <li><a href=\"media/clip.ts\">media/clip.ts</a> (8 MiB)</li>\
-         <li><a href=\"/metrics\">/metrics</a></li></ul>\n",
+        format!(
+            "<!doctype html><title>penstock</title><h1>penstock serve --demo</h1>\n\
+             <ul><li><a href=\"small.bin\">small.bin</a> (16 KiB)</li>\
+             <li><a href=\"media/clip.ts\">media/clip.ts</a> ({} KiB, H.264 + AAC, 12 s): \
+             <a href=\"media/clip.ts/index.m3u8\">HLS</a></li>\
+             <li><a href=\"media/clip.mp4\">media/clip.mp4</a> ({} KiB): \
+             <a href=\"media/clip.mp4/index.m3u8\">HLS</a>, \
+             <a href=\"media/clip.mp4/manifest.mpd\">DASH</a></li>\
+             <li><a href=\"/metrics\">/metrics</a></li></ul>\n",
+            kib(DEMO_CLIP_TS),
+            kib(DEMO_CLIP_MP4)
+        ),
     )?;
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut rng = |n: usize| {
@@ -124,13 +140,8 @@ fn demo_tree(dir: &Path) -> Result<()> {
     };
     std::fs::write(dir.join("small.bin"), rng(16 * 1024))?;
     std::fs::create_dir(dir.join("media"))?;
-    // A real MPEG-TS multiplex (PAT, PMT, a PCR every 20 packets, 2 Mbit/s: 33 s), so that
-    // the RTSP server can time it: `ffprobe rtsp://127.0.0.1:8554/media/clip.ts`.
-    let packets = (8u64 << 20) / penstock_core::ts::TS_PACKET_BYTES as u64;
-    std::fs::write(
-        dir.join("media/clip.ts"),
-        penstock_core::ts::synth::cbr_ts(packets, 2_000_000, 0, 0, 20, true),
-    )?;
+    std::fs::write(dir.join("media/clip.ts"), DEMO_CLIP_TS)?;
+    std::fs::write(dir.join("media/clip.mp4"), DEMO_CLIP_MP4)?;
     Ok(())
 }
 
@@ -239,10 +250,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         say!("try: curl -O {base}/small.bin   curl {base}/media/clip.ts -r 0-99 | xxd | head");
         say!("     {base}/   {base}/metrics");
         if let Some(r) = server.rtsp_addrs().first() {
-            say!(
-                "     ffprobe rtsp://{r}/media/clip.ts   (a synthetic 2 Mbit/s MPEG-TS, no picture)"
-            );
+            say!("     ffprobe rtsp://{r}/media/clip.ts   (12 s of H.264 + AAC over RTSP)");
         }
+        say!("     mpv {base}/media/clip.ts/index.m3u8   (HLS; in a browser: {base}/)");
+        say!("     ffplay {base}/media/clip.mp4/manifest.mpd   (DASH, packaged from the MP4)");
         if let Some(c) = server.control_addr() {
             say!("     penstock ctl {c} HELP");
         }

@@ -785,3 +785,148 @@ fn the_control_port_speaks_tls_and_off_loopback_it_must() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("Verify return code: 0 (ok)"), "{text}");
 }
+
+/// GStreamer (`souphttpsrc`) fetches a file byte-exact over https, and ffmpeg (`-tls_verify 1`) reads the HLS playlist and its segments over https
+/// to the same packets as the file read locally (issue 33's acceptance: the players fetch
+/// over TLS).
+#[test]
+fn gstreamer_and_ffmpeg_fetch_byte_exact_over_https() {
+    for tool in ["gst-launch-1.0", "ffmpeg"] {
+        if !penstock_testreq::require(tool) {
+            return;
+        }
+    }
+    let Some(clip) = common::mpeg2_ts_clip("tls-players", 3) else {
+        return;
+    };
+    let s = start("");
+    let big = pattern(6 << 20);
+    std::fs::write(s.path("www/big.bin"), &big).unwrap();
+    std::fs::copy(&clip, s.path("www/clip.ts")).unwrap();
+    let out = s.path("gst.bin");
+    let o = Command::new("timeout")
+        .args(["300", "gst-launch-1.0", "-q", "souphttpsrc"])
+        .arg(format!(
+            "location=https://localhost:{}/big.bin",
+            s.https_port()
+        ))
+        // Not verified: Debian 12's souphttpsrc (GStreamer 1.22, libsoup 3) answers
+        // "Unacceptable TLS certificate" for the test CA given as `ssl-ca-file` (also with
+        // `ssl-use-system-ca-file=false`); curl, ffmpeg and openssl verify it here.
+        .args(["ssl-strict=false", "!", "filesink"])
+        .arg(format!("location={}", out.display()))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "gst-launch: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        std::fs::read(&out).unwrap() == big,
+        "GStreamer's copy differs"
+    );
+    let packets = |input: &str, tls: bool| {
+        let mut c = Command::new("timeout");
+        c.args(["300", "ffmpeg", "-hide_banner", "-loglevel", "error"]);
+        if tls {
+            c.args(["-tls_verify", "1", "-ca_file", &s.ca()]);
+        }
+        let o = c
+            .args([
+                "-i", input, "-map", "0:v", "-c", "copy", "-f", "framemd5", "-",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "ffmpeg {input}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        // Packet lines only (size and hash), not the header ffmpeg writes.
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.rsplitn(3, ',').take(2).collect::<Vec<_>>().join(","))
+            .collect::<Vec<_>>()
+    };
+    let local = packets(clip.to_str().unwrap(), false);
+    let remote = packets(
+        &format!("https://localhost:{}/clip.ts/index.m3u8", s.https_port()),
+        true,
+    );
+    assert!(local.len() > 10, "{local:?}");
+    assert_eq!(remote, local, "ffmpeg's packets over https differ");
+}
+
+/// testssl.sh (Debian's package) against the HTTPS port: SSLv2, SSLv3, TLS 1.0 and 1.1 not
+/// offered, TLS 1.2 and 1.3 offered, and every vulnerability check OK (issue 33).
+#[test]
+fn testssl_finds_no_vulnerability_and_nothing_below_tls_1_2() {
+    if !penstock_testreq::require("testssl") {
+        return;
+    }
+    let s = start("");
+    let json = s.path("testssl.json");
+    let o = Command::new("timeout")
+        .args([
+            "600",
+            "testssl",
+            "--quiet",
+            "--color",
+            "0",
+            "--warnings",
+            "off",
+        ])
+        .args(["--protocols", "--vulnerable", "--jsonfile"])
+        .arg(&json)
+        .arg(&s.https)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let findings: Vec<serde_json::Value> = serde_json::from_slice(
+        &std::fs::read(&json).unwrap_or_else(|e| panic!("no JSON ({e}): {text}")),
+    )
+    .expect("testssl's JSON");
+    let finding = |id: &str| {
+        findings
+            .iter()
+            .find(|f| f["id"] == id)
+            .and_then(|f| f["finding"].as_str())
+            .unwrap_or_else(|| panic!("testssl said nothing of {id}:\n{text}"))
+            .to_string()
+    };
+    for old in ["SSLv2", "SSLv3", "TLS1", "TLS1_1"] {
+        assert!(
+            finding(old).starts_with("not offered"),
+            "{old}: {}",
+            finding(old)
+        );
+    }
+    for new in ["TLS1_2", "TLS1_3"] {
+        assert!(
+            finding(new).starts_with("offered"),
+            "{new}: {}",
+            finding(new)
+        );
+    }
+    for id in [
+        "heartbleed",
+        "CCS",
+        "ROBOT",
+        "POODLE_SSL",
+        "SWEET32",
+        "BEAST",
+        "LUCKY13",
+        "RC4",
+    ] {
+        finding(id);
+    }
+    let bad: Vec<String> = findings
+        .iter()
+        .filter(|f| !matches!(f["severity"].as_str(), Some("OK" | "INFO")))
+        .map(|f| format!("{} {} {}", f["id"], f["severity"], f["finding"]))
+        .collect();
+    assert!(bad.is_empty(), "testssl found: {bad:#?}\n{text}");
+}

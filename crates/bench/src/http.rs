@@ -14,6 +14,11 @@
 //! nginx and wrk must be installed (`apt-get install nginx wrk`); without them the bench says
 //! so and exits 2 — it installs nothing itself. Both run without an access log.
 //!
+//! `--https` (issue 33) runs the same comparison with both servers over TLS: see
+//! [`HttpArgs::https`]. nginx gets `ssl_protocols TLSv1.2 TLSv1.3`, its defaults otherwise
+//! (no `ssl_conf_command Options KTLS`: without the kernel's TLS module neither server can
+//! hand records to the kernel, and Debian's nginx does not ask for it by default).
+//!
 //! `--access-log` measures penstock against itself instead (issue 16): its access log to a
 //! file against logging off, in the same run, alternating (off, file, file, off, …: `--reps`
 //! pairs), each run `--duration-s` (default 60) of wrk with `--clients` (default 64) on the
@@ -50,6 +55,12 @@ pub struct HttpArgs {
     /// instead of penstock against nginx.
     #[arg(long)]
     pub access_log: bool,
+    /// Both servers over TLS (`penstock bench https`): one throwaway ECDSA P-256 certificate
+    /// made with `openssl`, TLS 1.2 and 1.3, wrk over https. Where the kernel has no TLS ULP
+    /// (these VMs) both encrypt in user space: penstock with rustls (`tls-user`), nginx with
+    /// OpenSSL. Clients default to 8,64; the time-to-first-byte probe (plain TCP) is off.
+    #[arg(long, conflicts_with = "access_log")]
+    pub https: bool,
     /// Server workers for both (penstock HTTP workers, nginx worker_processes); 0: the CPUs
     /// the servers run on.
     #[arg(long, default_value_t = 0)]
@@ -308,11 +319,14 @@ fn run_wrk(
     clients: usize,
     duration_s: u64,
     server_pid: u32,
+    https: bool,
 ) -> Result<Measure> {
     let threads = clients.clamp(1, 2);
     let cpu0 = cpu_s(server_pid);
     let busy0 = machine_busy_s();
-    let probe = Probe::start(port, path);
+    // The probe speaks plain HTTP: over TLS it is not run (NaN).
+    let probe = (!https).then(|| Probe::start(port, path));
+    let scheme = if https { "https" } else { "http" };
     let out = Command::new("wrk")
         .args([
             "-t",
@@ -324,13 +338,13 @@ fn run_wrk(
             "--timeout",
             "30s",
             "--latency",
-            &format!("http://127.0.0.1:{port}{path}"),
+            &format!("{scheme}://127.0.0.1:{port}{path}"),
         ])
         .output()
         .context("running wrk")?;
     let cpu1 = cpu_s(server_pid);
     let busy1 = machine_busy_s();
-    let ttfb_p99_ms = probe.p99_ms();
+    let ttfb_p99_ms = probe.map_or(f64::NAN, Probe::p99_ms);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     if !out.status.success() {
         bail!("wrk failed: {text}{}", String::from_utf8_lossy(&out.stderr));
@@ -385,6 +399,40 @@ fn run_wrk(
 
 struct Child2(Child);
 
+/// A throwaway certificate for `--https`.
+struct Cert {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+/// An ECDSA P-256 key and a self-signed certificate for 127.0.0.1 in `dir` (the key 0600:
+/// penstock refuses a key others may read).
+fn make_cert(dir: &Path) -> Result<Cert> {
+    use std::os::unix::fs::PermissionsExt;
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let o = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "2", "-subj", "/CN=127.0.0.1"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .context("running openssl")?;
+    if !o.status.success() {
+        bail!("openssl req: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+    Ok(Cert { cert, key })
+}
+
 /// `penstock serve` (this executable) with a configuration written to `conf`: `workers`
 /// loops on `127.0.0.1:port`, no control listeners, `access` (`off` or a file) as the access
 /// log, serving `www`; returns once it listens.
@@ -394,11 +442,23 @@ fn start_penstock(
     workers: usize,
     www: &Path,
     access: &str,
+    tls: Option<&Cert>,
 ) -> Result<Child2> {
+    let (scheme, tls) = match tls {
+        Some(c) => (
+            "https://",
+            format!(
+                "[[tls.certificates]]\ncert = \"{}\"\nkey = \"{}\"\n",
+                c.cert.display(),
+                c.key.display()
+            ),
+        ),
+        None => ("", String::new()),
+    };
     std::fs::write(
         conf,
         format!(
-            "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:{port}\"\nworkers = {workers}\n[engine]\nworkers = {workers}\n[limits]\nrequests_per_connection_max = 1000000\n[log]\naccess = \"{access}\"\n"
+            "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"{scheme}127.0.0.1:{port}\"\nworkers = {workers}\n[engine]\nworkers = {workers}\n[limits]\nrequests_per_connection_max = 1000000\n[log]\naccess = \"{access}\"\n{tls}"
         ),
     )?;
     let mut server = Child2(
@@ -439,11 +499,15 @@ pub fn run(a: HttpArgs) -> Result<()> {
     if a.access_log {
         return access_log::run(a);
     }
-    ensure_tools(&["nginx", "wrk"])?;
+    if a.https {
+        ensure_tools(&["nginx", "wrk", "openssl"])?;
+    } else {
+        ensure_tools(&["nginx", "wrk"])?;
+    }
     let clients: Vec<usize> = a
         .clients
         .as_deref()
-        .unwrap_or("1,8,64,512")
+        .unwrap_or(if a.https { "8,64" } else { "1,8,64,512" })
         .split(',')
         .map(|s| s.trim().parse().context("--clients"))
         .collect::<Result<_>>()?;
@@ -491,6 +555,11 @@ pub fn run(a: HttpArgs) -> Result<()> {
         std::io::copy(&mut std::fs::File::open(www.join(f))?, &mut std::io::sink())?;
     }
 
+    let cert = if a.https {
+        Some(make_cert(dir.path())?)
+    } else {
+        None
+    };
     let p_port = free_port()?;
     let penstock = start_penstock(
         &dir.path().join("penstock.toml"),
@@ -498,7 +567,15 @@ pub fn run(a: HttpArgs) -> Result<()> {
         workers,
         &www,
         "off",
+        cert.as_ref(),
     )?;
+    let nginx_tls = cert.as_ref().map_or(String::new(), |c| {
+        format!(
+            " ssl; ssl_certificate {}; ssl_certificate_key {}; ssl_protocols TLSv1.2 TLSv1.3",
+            c.cert.display(),
+            c.key.display()
+        )
+    });
 
     let n_port = free_port()?;
     let prefix = dir.path().join("nginx");
@@ -511,7 +588,7 @@ pub fn run(a: HttpArgs) -> Result<()> {
              http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  keepalive_requests 1000000;\n  keepalive_timeout 65;\n\
                client_body_temp_path {p}/cb; proxy_temp_path {p}/px; fastcgi_temp_path {p}/fc; uwsgi_temp_path {p}/uw; scgi_temp_path {p}/sc;\n\
                types {{ application/octet-stream bin; }}\n\
-               server {{ listen 127.0.0.1:{n_port}; root {www}; location / {{ }} }}\n}}\n",
+               server {{ listen 127.0.0.1:{n_port}{nginx_tls}; root {www}; location / {{ }} }}\n}}\n",
             p = prefix.display(),
             www = www.display(),
         ),
@@ -538,7 +615,8 @@ pub fn run(a: HttpArgs) -> Result<()> {
 
     let mut table = String::new();
     table.push_str(&format!(
-        "penstock bench http: {machine}; {workers} workers each; {placement}; wrk {duration_s} s per run, medians of {} runs per cell; large = {} MiB, small = 16 KiB\n\n",
+        "penstock bench {}: {machine}; {workers} workers each; {placement}; wrk {duration_s} s per run, medians of {} runs per cell; large = {} MiB, small = 16 KiB\n\n",
+        if a.https { "https (both servers over TLS)" } else { "http" },
         a.reps,
         large_bytes >> 20
     ));
@@ -551,8 +629,15 @@ pub fn run(a: HttpArgs) -> Result<()> {
         for &c in &clients {
             let (mut ps, mut ns) = (Vec::new(), Vec::new());
             for _ in 0..a.reps {
-                ps.push(run_wrk(p_port, path, c, duration_s, penstock.0.id())?);
-                ns.push(run_wrk(n_port, path, c, duration_s, nginx.0.id())?);
+                ps.push(run_wrk(
+                    p_port,
+                    path,
+                    c,
+                    duration_s,
+                    penstock.0.id(),
+                    a.https,
+                )?);
+                ns.push(run_wrk(n_port, path, c, duration_s, nginx.0.id(), a.https)?);
             }
             let (p, n) = (Measure::median(&ps), Measure::median(&ns));
             json_rows.push(serde_json::json!({
@@ -590,7 +675,7 @@ pub fn run(a: HttpArgs) -> Result<()> {
     if let Some(j) = &a.json {
         crate::out::write_json(
             j,
-            &serde_json::json!({"bench": "http", "machine": machine, "placement": placement,
+            &serde_json::json!({"bench": if a.https { "https" } else { "http" }, "machine": machine, "placement": placement,
                 "duration_s": duration_s, "reps": a.reps, "large_bytes": large_bytes, "rows": json_rows}),
         )?;
     }
@@ -720,7 +805,7 @@ mod access_log {
             "off".into()
         };
         // The servers inherit this process's mask (the servers' CPUs), wrk the clients'.
-        let server = start_penstock(&conf, port, workers, www, &access)?;
+        let server = start_penstock(&conf, port, workers, www, &access, None)?;
         let pid = server.0.id();
         let threads = clients.clamp(1, 2);
         let mut wrk = Command::new("wrk");

@@ -109,6 +109,9 @@ enum BenchCommand {
     Rtu(bench::qos::RtuArgs),
     /// penstock serve against nginx, with wrk: large and small files, 1 to 512 clients.
     Http(bench::http::HttpArgs),
+    /// `bench http --https`: both servers over TLS (penstock's rustls or kTLS, nginx's
+    /// OpenSSL), wrk over https; 8 and 64 clients by default.
+    Https(bench::http::HttpArgs),
     /// Clockwise Fig. 1 / MARS ccd: read throughput of a partition striped over 1-4 members.
     Stripe(bench::stripe::StripeArgs),
     /// The Cues experiments (issue 14): the example C server built with read/write, sendfile
@@ -163,6 +166,9 @@ fn main() {
             }
         }),
         Command::Bench(BenchCommand::Http(a)) => bench::http::run(a),
+        Command::Bench(BenchCommand::Https(a)) => {
+            bench::http::run(bench::http::HttpArgs { https: true, ..a })
+        }
         Command::Volume(c) => cmd_volume::run(c),
         Command::Cluster(c) => cmd_cluster::run(c),
         Command::Bench(BenchCommand::Stripe(a)) => bench::stripe::run(a),
@@ -205,10 +211,13 @@ impl std::error::Error for Usage {}
 fn init_logging(serve: bool, json: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
+    // rustls warns of what clients send (an IP address as SNI: wrk does it on every
+    // connection), one line per connection: a peer could fill the log. penstock says what
+    // matters of a handshake itself, rate-limited (`peer_log`).
     let default = if serve {
-        "warn,penstock=info,penstock_server=info,penstock_driver::rlimit=info"
+        "warn,rustls=error,penstock=info,penstock_server=info,penstock_driver::rlimit=info"
     } else {
-        "warn"
+        "warn,rustls=error"
     };
     let filter = EnvFilter::try_from_env("PENSTOCK_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())

@@ -221,6 +221,23 @@ pub fn entries() -> Vec<Entry> {
             traces: false,
         },
         Entry {
+            name: "https",
+            subcommand: &["https"],
+            full: &[],
+            quick: &["--quick", "--reps", "1"],
+            smoke: &[
+                "--quick",
+                "--reps",
+                "1",
+                "--clients",
+                "4",
+                "--duration-s",
+                "1",
+            ],
+            estimate_s: [260, 30, 10],
+            traces: false,
+        },
+        Entry {
             name: "cues",
             subcommand: &["cues"],
             full: &[],

@@ -749,6 +749,19 @@ pub fn device_figures(
             crate::open::reopen_direct(&proc)
         })
         .ok_or_else(|| SelfCalibrationError::NoDirect(name.clone()))?;
+    // A first start is otherwise silent for these seconds.
+    let what = if model.is_empty() {
+        name.clone()
+    } else {
+        format!("{name} ({model})")
+    };
+    tracing::info!(
+        "measuring device {what}, once, by reading it (a few seconds; cached{})",
+        cache.as_ref().map_or(String::new(), |p| format!(
+            " in {} for later starts",
+            p.display()
+        ))
+    );
     let time = cfg.time.min(SELF_CALIBRATION_TIME_MAX);
     let size =
         rustix::fs::seek(&fd, rustix::fs::SeekFrom::End(0)).map_err(|e| CalibrationError::Io {

@@ -200,6 +200,14 @@ pub fn send_cost(cache_dir: Option<&Path>, time: Duration) -> std::io::Result<Se
     if let Some(r) = cached() {
         return Ok(r);
     }
+    // A first start is otherwise silent for these seconds.
+    tracing::info!(
+        "measuring what a send costs this machine's CPU, once (a few seconds; cached{})",
+        path.as_ref().map_or(String::new(), |p| format!(
+            " in {} for later starts",
+            p.display()
+        ))
+    );
     let (cost, _) = measure_engine_send_cost(time.min(SELF_CALIBRATION_TIME_MAX), SEND_COST_BYTES)?;
     let record = SendCostRecord {
         send_ns: cost.send_ns,

@@ -1075,13 +1075,11 @@ fn nofile_advice(cfg: &ServerConfig, nofile: u64) -> Option<String> {
          `unix_connections_max`"
             .to_string()
     };
+    // One short line (issue 40: the first start's warnings were 300 characters); the
+    // arithmetic is in docs/http.md.
     Some(format!(
-        "RLIMIT_NOFILE {nofile} is below the {wanted} descriptors the connection limits may \
-         need (3 per connection: `[limits] connections_max` = {http}, `[control] \
-         tcp_connections_max` + `unix_connections_max` = {control}; `unix_fds_held_max` \
-         passed descriptors per Unix connection; 256 more): accept fails \
-         with EMFILE beyond it; {lower}, or raise the hard limit (systemd LimitNOFILE=, \
-         ulimit -Hn)"
+        "RLIMIT_NOFILE {nofile} < the {wanted} descriptors the connection limits may need \
+         (accept then fails with EMFILE): {lower}, or raise the hard limit (LimitNOFILE=)"
     ))
 }
 

@@ -1065,7 +1065,6 @@ fn nofile_advice(cfg: &ServerConfig, nofile: u64) -> Option<String> {
         return None;
     }
     let http = cfg.limits.connections_max as u64;
-    let control = cfg.control.tcp_connections_max + cfg.control.unix_connections_max;
     // What `[limits] connections_max` may be for everything to fit.
     let fits = nofile.saturating_sub(wanted.saturating_sub(http.saturating_mul(3))) / 3;
     let lower = if fits > 0 {

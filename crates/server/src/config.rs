@@ -115,6 +115,30 @@ pub struct HlsConfig {
     /// files served (seconds; default 86400: VOD titles do not change, and their `ETag`
     /// changes when a file does; 0: `no-cache`, every use revalidates).
     pub cache_max_age_s: u64,
+    /// Viewer sessions (`[[location]] sessions = true`, docs/hls.md "Viewer sessions"): a
+    /// session that fetched nothing for this long has ended and its admission reservation
+    /// goes back. Default: four target durations (24 s at the default 6 s), longer than a
+    /// player waits between segments while it plays.
+    #[serde(
+        deserialize_with = "units::opt_ms",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub session_idle_ms: Option<u64>,
+    /// Sessions open at once, in all (default 4096; beyond it a new viewer's playlist is a
+    /// `503` with `Retry-After`).
+    pub sessions_max: usize,
+    /// Sessions open at once from one client address (default 64).
+    pub sessions_per_address_max: usize,
+}
+
+impl HlsConfig {
+    /// `session_idle_ms`, or four target durations.
+    pub fn session_idle(&self) -> Duration {
+        Duration::from_millis(
+            self.session_idle_ms
+                .unwrap_or(self.target_duration_ms.saturating_mul(4)),
+        )
+    }
 }
 
 impl Default for HlsConfig {
@@ -127,6 +151,9 @@ impl Default for HlsConfig {
             indexers_max: 2,
             renditions_max: 16,
             cache_max_age_s: 86_400,
+            session_idle_ms: None,
+            sessions_max: 4096,
+            sessions_per_address_max: 64,
         }
     }
 }
@@ -478,6 +505,13 @@ pub struct Location {
     /// `/.git/config`), or a name ending in `~`, `.swp` or `.swo`. Off by default: 404.
     #[serde(default)]
     pub serve_hidden: bool,
+    /// Viewer sessions (docs/hls.md "Viewer sessions"): the playlists made here give each
+    /// viewer a session id in the URIs they name (`?sid=ID`), admit it at its rendition's
+    /// bandwidth through the engine's admission (a `503` with `Retry-After` when the machine
+    /// cannot carry it), and its TS files are served only to open sessions. Off by default:
+    /// a session id in segment URIs defeats shared caches.
+    #[serde(default)]
+    pub sessions: bool,
 }
 
 /// `[auth]`: who may watch (docs/security.md "Viewers").
@@ -1257,6 +1291,8 @@ pub struct PathPolicy<'a> {
     pub auth: AuthMode,
     /// Whether hidden and backup files are served.
     pub serve_hidden: bool,
+    /// Whether HLS viewers are sessions here.
+    pub sessions: bool,
 }
 
 impl LiveConfig {
@@ -1274,6 +1310,7 @@ impl LiveConfig {
             cors_allow_origins: loc.map_or(&[], |l| l.cors_allow_origins.as_slice()),
             auth: loc.map_or(AuthMode::None, |l| l.auth),
             serve_hidden: loc.is_some_and(|l| l.serve_hidden),
+            sessions: loc.is_some_and(|l| l.sessions),
         }
     }
 }
@@ -1337,6 +1374,16 @@ impl ServerConfig {
                 "http.health_path {:?}: a path starting with / other than metrics_path",
                 self.http.health_path
             )));
+        }
+        if self.hls.sessions_max == 0 || self.hls.sessions_per_address_max == 0 {
+            return Err(ConfigError::Invalid(
+                "hls.sessions_max and hls.sessions_per_address_max must be at least 1".into(),
+            ));
+        }
+        if self.hls.session_idle().is_zero() {
+            return Err(ConfigError::Invalid(
+                "hls.session_idle_ms must be above 0".into(),
+            ));
         }
         if self.hls.index_cache_bytes_max < 1 << 20 {
             return Err(ConfigError::Invalid(format!(

@@ -279,6 +279,28 @@ impl Hls {
         result
     }
 
+    /// The peak bandwidth (bits/s) of the segments [`Hls::playlist`] cuts from `index`:
+    /// its `BANDWIDTH`, what an HLS session of it is admitted at.
+    pub(crate) fn peak_bits_per_s(&self, index: &TsIndex) -> u64 {
+        bandwidth(&segments(index, self.target_ticks())).0
+    }
+
+    /// The index of `file` if it is cached; never reads the file.
+    pub(crate) fn cached(&self, file: &File) -> Option<Arc<TsIndex>> {
+        let m = file.metadata().ok()?;
+        let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
+        match self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map
+            .get(&key)
+        {
+            Some(Ok(i)) => Some(i.clone()),
+            _ => None,
+        }
+    }
+
     /// The media playlist of `index`, whose segments name the file as `uri` (relative to the
     /// playlist's own URL; escaped by the caller).
     pub(crate) fn playlist(&self, index: &TsIndex, uri: &str) -> String {

@@ -36,6 +36,7 @@ pub mod confine;
 pub mod control;
 mod delivery;
 mod hls;
+mod hls_sessions;
 mod http;
 pub mod listen;
 pub mod metrics;
@@ -311,6 +312,12 @@ impl Server {
         let origin_for_rtsp = origin.clone();
         // The key-frame indexes of TS files: HLS playlists and RTSP seeks share them.
         let hls_indexes = Arc::new(hls::Hls::new(cfg.hls.clone()));
+        // HLS viewer sessions, admitted by the engine's admission; listed in `STATE`.
+        let hls_sessions = Arc::new(hls_sessions::HlsSessions::new(
+            &cfg.hls,
+            engine.clone(),
+            metrics.clone(),
+        ));
         // `[tls]`: its files are read (and refused if bad) before anything is bound.
         let tls = if cfg.tls.certificates.is_empty() {
             None
@@ -339,6 +346,7 @@ impl Server {
             )
             .with_origin(origin)
             .with_hls(hls_indexes.clone())
+            .with_hls_sessions(hls_sessions.clone())
             .with_tls(tls)
             .with_viewers(viewers.clone()),
         );
@@ -476,6 +484,10 @@ impl Server {
         ));
         let http_for_stats = shared.clone();
         let streams_for_rtsp = streams.clone();
+        {
+            let s = hls_sessions.clone();
+            streams.add_state_source(Box::new(move || s.state_lines()));
+        }
         let control = Arc::new(control::ControlShared::new(
             streams,
             cfg.control.clone(),

@@ -386,6 +386,14 @@ pub struct Metrics {
     /// HLS segment requests: range GETs of a TS file (what a playlist's `EXT-X-BYTERANGE`
     /// segments are).
     pub hls_segments: Counter,
+    /// HLS viewer sessions open now (`sessions = true` locations; docs/hls.md).
+    pub hls_sessions: Gauge,
+    /// HLS sessions admitted (new, or a known id re-admitted after it idled out).
+    pub hls_sessions_admitted: Counter,
+    /// HLS sessions refused (`sessions_max`, per address, or the engine's admission).
+    pub hls_sessions_refused: Counter,
+    /// HLS sessions ended by idling (`[hls] session_idle_ms`): their reservation given back.
+    pub hls_sessions_expired: Counter,
     /// Viewer credential checks, by kind and result (docs/security.md "Viewers").
     pub auth_checks: Family<AuthLabels, Counter>,
 }
@@ -584,6 +592,30 @@ impl Metrics {
             "HLS segment requests: range GETs of a TS file",
             hls_segments.clone(),
         );
+        let hls_sessions = Gauge::default();
+        r.register(
+            "hls_sessions",
+            "HLS viewer sessions open now (locations with sessions = true)",
+            hls_sessions.clone(),
+        );
+        let hls_sessions_admitted = Counter::default();
+        r.register(
+            "hls_sessions_admitted",
+            "HLS viewer sessions admitted by the engine's admission control",
+            hls_sessions_admitted.clone(),
+        );
+        let hls_sessions_refused = Counter::default();
+        r.register(
+            "hls_sessions_refused",
+            "HLS viewer sessions refused (503): hls.sessions_max, hls.sessions_per_address_max or admission",
+            hls_sessions_refused.clone(),
+        );
+        let hls_sessions_expired = Counter::default();
+        r.register(
+            "hls_sessions_expired",
+            "HLS viewer sessions ended by idling (hls.session_idle_ms), their reservation given back",
+            hls_sessions_expired.clone(),
+        );
         let auth_checks = Family::<AuthLabels, Counter>::default();
         r.register(
             "auth_checks",
@@ -595,6 +627,10 @@ impl Metrics {
             auth_checks,
             hls_playlists,
             hls_segments,
+            hls_sessions,
+            hls_sessions_admitted,
+            hls_sessions_refused,
+            hls_sessions_expired,
             live_datagrams,
             live_sessions,
             rtsp_sessions,

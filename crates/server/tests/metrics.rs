@@ -197,6 +197,10 @@ fn every_family_is_there_after_http_a_refused_open_and_a_paced_stream() {
         "penstock_hls_playlist_requests_total{kind=\"media\"} 0",
         "penstock_hls_playlist_requests_total{kind=\"master\"} 0",
         "penstock_hls_segment_requests_total 0",
+        "penstock_hls_sessions 0",
+        "penstock_hls_sessions_admitted_total 0",
+        "penstock_hls_sessions_refused_total 0",
+        "penstock_hls_sessions_expired_total 0",
         "penstock_worker_sched{worker=\"0\",role=\"general\",policy=\"other\"} 1",
         &format!(
             "penstock_build_info{{version=\"{}\"}} 1",

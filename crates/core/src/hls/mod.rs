@@ -8,6 +8,7 @@
 pub mod master;
 pub mod media;
 pub mod playlist;
+pub mod session;
 pub mod ts_index;
 
 pub use master::{Variant, bandwidth, master_playlist};

@@ -24,6 +24,8 @@ pub(super) struct IndexPending {
     pub(super) keep_alive_allowed: bool,
     /// The session token the playlist's segment URIs carry (a signed request's), if any.
     pub(super) segment_query: Option<String>,
+    /// The request's HLS session ask, in a sessions location.
+    pub(super) session: Option<super::respond::SessionAsk>,
 }
 
 /// The build a parked request waits for: a TS file's key-frame index (its playlist), or an
@@ -106,6 +108,7 @@ impl Worker {
                         built,
                         pending.mtime,
                         pending.segment_query.as_deref(),
+                        pending.session.as_ref(),
                     )
                 }
                 PendingBuild::Mp4 { build, file, what } => {

@@ -165,6 +165,8 @@ pub(crate) struct HttpShared {
     pub(crate) hls: Arc<crate::hls::Hls>,
     /// Who may watch (`crate::auth`).
     pub(crate) viewers: Arc<crate::auth::Viewers>,
+    /// HLS viewer sessions (`[[location]] sessions = true`).
+    pub(crate) hls_sessions: Arc<crate::hls_sessions::HlsSessions>,
     /// `[tls]`, when configured: the sessions of the `https://` listeners.
     pub(crate) tls: Option<Arc<crate::tls::Tls>>,
     /// The bound addresses of the `https://` listeners (a worker's listener whose address
@@ -187,6 +189,11 @@ impl HttpShared {
         access_log: Option<AccessLog>,
     ) -> HttpShared {
         let viewers = Arc::new(crate::auth::Viewers::open(metrics.clone()));
+        let hls_sessions = Arc::new(crate::hls_sessions::HlsSessions::new(
+            &crate::config::HlsConfig::default(),
+            engine.clone(),
+            metrics.clone(),
+        ));
         HttpShared {
             live: Mutex::new(Arc::new(live)),
             live_version: AtomicU64::new(0),
@@ -207,6 +214,7 @@ impl HttpShared {
             wakers: Mutex::new(Vec::new()),
             origin: None,
             hls: Arc::new(crate::hls::Hls::new(crate::config::HlsConfig::default())),
+            hls_sessions,
             viewers,
             tls: None,
             tls_addrs: Mutex::new(Vec::new()),
@@ -236,6 +244,15 @@ impl HttpShared {
     /// Answers `PATH/index.m3u8` for the TS files beneath the root with `hls`.
     pub(crate) fn with_viewers(mut self, viewers: Arc<crate::auth::Viewers>) -> HttpShared {
         self.viewers = viewers;
+        self
+    }
+
+    /// Keeps the HLS viewer sessions in `sessions`.
+    pub(crate) fn with_hls_sessions(
+        mut self,
+        sessions: Arc<crate::hls_sessions::HlsSessions>,
+    ) -> HttpShared {
+        self.hls_sessions = sessions;
         self
     }
 

@@ -119,6 +119,7 @@ impl Worker {
                     // MP4 playlists do not carry session tokens yet: under a location that
                     // requires a credential each request carries its own (docs/security.md).
                     segment_query: None,
+                    session: None,
                 }));
                 return Some(out);
             }

@@ -46,7 +46,11 @@ impl Worker {
         let media = self.playlist_made || is_media_file_name(&req.path);
         let delivery = crate::delivery::Delivery {
             cors: crate::delivery::cors_lines(policy.cors_allow_origins, req.origin.as_deref()),
-            cache: if media {
+            // A playlist made for one viewer's session names its id: no cache may keep it
+            // for another viewer (nor answer a 304 for it: no conditional without a copy).
+            cache: if self.playlist_made && policy.sessions {
+                "Cache-Control: no-store\r\n".to_string()
+            } else if media {
                 crate::delivery::cache_line(self.shared.hls.cache_max_age_s())
             } else {
                 String::new()
@@ -160,6 +164,91 @@ impl Worker {
                 return memory(respond_error(Status::FORBIDDEN, Some(req), &ctx), class);
             }
         };
+        // HLS viewer sessions (docs/hls.md "Viewer sessions"): the session a request names,
+        // and its TS files served only to open sessions.
+        let session = if policy.sessions && shared.hls.enabled() {
+            let asked = match (&grant, policy.auth) {
+                // Where viewers show credentials, the session id is the verified token's
+                // `sid` (one id for both); a signed URL itself names none.
+                (Some(g), _) if g.kind == penstock_core::auth::Kind::Session => Some(g.sid.clone()),
+                (_, crate::config::AuthMode::None) => {
+                    match penstock_core::hls::session::parse_session_id(
+                        req.query.as_deref().unwrap_or(""),
+                    ) {
+                        Ok(id) => id.map(str::to_string),
+                        Err(why) => {
+                            shared.metrics.error("hls_session_malformed");
+                            return memory(
+                                text_response(req, &ctx, Status::BAD_REQUEST, None, why),
+                                class,
+                            );
+                        }
+                    }
+                }
+                _ => None,
+            };
+            Some(SessionAsk {
+                asked,
+                addr: peer.unwrap_or(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)),
+                grant: grant.clone(),
+            })
+        } else {
+            None
+        };
+        if let Some(ask) = &session
+            && matches!(req.method, Method::Get | Method::Head)
+            && crate::hls::is_ts_name(&req.path)
+        {
+            let verdict =
+                shared
+                    .hls_sessions
+                    .for_segment(ask.asked.as_deref(), &req.path, ask.addr, || {
+                        match site.root.open_path(req.relative_path()) {
+                            Ok(Opened::File { file, .. }) => shared
+                                .hls
+                                .cached(&file)
+                                .map(|i| shared.hls.peak_bits_per_s(&i)),
+                            _ => None,
+                        }
+                    });
+            let refuse = |status, retry: Option<u64>, why: &str| {
+                shared.metrics.error("hls_session_refused");
+                memory(text_response(req, &ctx, status, retry, why), class.clone())
+            };
+            match verdict {
+                crate::hls_sessions::SegmentVerdict::Serve => {}
+                crate::hls_sessions::SegmentVerdict::NoSession => {
+                    return refuse(
+                        Status::FORBIDDEN,
+                        None,
+                        "this location serves its media to HLS sessions only: fetch the \
+                         playlist (PATH/index.m3u8), whose URIs carry the session id",
+                    );
+                }
+                crate::hls_sessions::SegmentVerdict::OtherTitle => {
+                    return refuse(
+                        Status::FORBIDDEN,
+                        None,
+                        "this session was opened for another title",
+                    );
+                }
+                crate::hls_sessions::SegmentVerdict::Ended => {
+                    return refuse(
+                        Status::FORBIDDEN,
+                        None,
+                        "this session has ended (idle longer than hls.session_idle_ms): \
+                         fetch the playlist again",
+                    );
+                }
+                crate::hls_sessions::SegmentVerdict::Refused(r) => {
+                    return refuse(
+                        Status::SERVICE_UNAVAILABLE,
+                        Some(r.retry_after_s),
+                        &format!("hls session not admitted: {}", r.reason),
+                    );
+                }
+            }
+        }
         if let Some(rest) = req.path.strip_prefix("/vol/")
             && !site.volumes.is_empty()
         {
@@ -174,10 +263,14 @@ impl Worker {
         if let Some(out) = self.respond_mp4(req, &ctx, &class, &memory) {
             return out;
         }
-        if let Some(out) = self.respond_hls(req, &ctx, &class, &memory, grant.as_ref()) {
+        if let Some(out) =
+            self.respond_hls(req, &ctx, &class, &memory, grant.as_ref(), session.as_ref())
+        {
             return out;
         }
-        if let Some(out) = self.respond_hls_master(req, &ctx, &class, &memory, grant.as_ref()) {
+        if let Some(out) =
+            self.respond_hls_master(req, &ctx, &class, &memory, grant.as_ref(), session.as_ref())
+        {
             return out;
         }
         let opened = match site.root.open_path(req.relative_path()) {
@@ -386,6 +479,7 @@ impl Worker {
         class: &Arc<str>,
         memory: &dyn Fn(penstock_core::http::Response, Arc<str>) -> Out,
         grant: Option<&penstock_core::auth::Grant>,
+        session: Option<&SessionAsk>,
     ) -> Option<Out> {
         let shared = self.shared.clone();
         if !shared.hls.enabled() || !matches!(req.method, Method::Get | Method::Head) {
@@ -405,9 +499,15 @@ impl Worker {
         self.playlist_made = true;
         shared.metrics.hls_playlist("media");
         let r = match shared.hls.lookup(&file, &self.engine_waker) {
-            crate::hls::Lookup::Ready(built) => {
-                hls_response(&shared, req, ctx, built, mtime, segment_query.as_deref())
-            }
+            crate::hls::Lookup::Ready(built) => hls_response(
+                &shared,
+                req,
+                ctx,
+                built,
+                mtime,
+                segment_query.as_deref(),
+                session,
+            ),
             crate::hls::Lookup::Building(build) => {
                 // Not indexed yet: the connection waits off the loop for the build
                 // (`indexing.rs`), which answers it with `hls_response` when it ends.
@@ -419,6 +519,7 @@ impl Worker {
                     mtime,
                     keep_alive_allowed: ctx.keep_alive_allowed,
                     segment_query,
+                    session: session.cloned(),
                 }));
                 return Some(out);
             }
@@ -447,6 +548,7 @@ impl Worker {
         class: &Arc<str>,
         memory: &dyn Fn(penstock_core::http::Response, Arc<str>) -> Out,
         grant: Option<&penstock_core::auth::Grant>,
+        session: Option<&SessionAsk>,
     ) -> Option<Out> {
         let shared = self.shared.clone();
         if !shared.hls.enabled() || !matches!(req.method, Method::Get | Method::Head) {
@@ -507,22 +609,12 @@ impl Worker {
             let Ok(Opened::File { file, mtime, .. }) = self.site.root.open_in(&dir, name) else {
                 continue;
             };
-            match shared.hls.variant(&file, {
-                // Answered to a credential: each media playlist's URI carries a session
-                // token for it (which then mints its segments' tokens).
-                let mut uri = crate::hls::media_playlist_uri(name);
-                if let Some(q) = grant.and_then(|g| {
-                    shared
-                        .viewers
-                        .session_query(g, &format!("{dir_path}/{name}/index.m3u8"))
-                }) {
-                    uri.push('?');
-                    uri.push_str(&q);
-                }
-                uri
-            }) {
+            match shared
+                .hls
+                .variant(&file, crate::hls::media_playlist_uri(name))
+            {
                 Ok(v) => {
-                    variants.push(v);
+                    variants.push((name, v));
                     newest = newest.max(mtime);
                 }
                 Err(e @ (crate::hls::HlsError::Index(_) | crate::hls::HlsError::Mp4(_))) => {
@@ -540,6 +632,60 @@ impl Worker {
                 class.clone(),
             ));
         }
+        // A viewer session for the title (admitted at its highest rendition's peak, so the
+        // player may switch between renditions without asking again), or none.
+        let sid = match session {
+            Some(ask) => {
+                let scope = format!("{dir_path}/");
+                let peak = variants.iter().map(|(_, v)| v.bandwidth).max().unwrap_or(0);
+                match shared
+                    .hls_sessions
+                    .for_playlist(None, &scope, &scope, ask.addr, peak)
+                {
+                    Ok(id) => Some(id),
+                    Err(r) => {
+                        shared.metrics.error("hls_session_refused");
+                        return Some(memory(
+                            text_response(
+                                req,
+                                ctx,
+                                Status::SERVICE_UNAVAILABLE,
+                                Some(r.retry_after_s),
+                                &format!("hls session not admitted: {}", r.reason),
+                            ),
+                            class.clone(),
+                        ));
+                    }
+                }
+            }
+            None => None,
+        };
+        let variants: Vec<penstock_core::hls::Variant> = variants
+            .into_iter()
+            .map(|(name, mut v)| {
+                // Answered to a credential: each media playlist's URI carries a session
+                // token for it (which then mints its segments' tokens); in a sessions
+                // location, the session's id (in the token where there is one).
+                let playlist = format!("{dir_path}/{name}/index.m3u8");
+                let q = match (grant, &sid) {
+                    (Some(g), Some(id)) => shared.viewers.session_query(
+                        &penstock_core::auth::Grant {
+                            sid: id.clone(),
+                            ..g.clone()
+                        },
+                        &playlist,
+                    ),
+                    (Some(g), None) => shared.viewers.session_query(g, &playlist),
+                    (None, Some(id)) => Some(format!("sid={id}")),
+                    (None, None) => None,
+                };
+                if let Some(q) = q {
+                    v.uri.push('?');
+                    v.uri.push_str(&q);
+                }
+                v
+            })
+            .collect();
         let body = penstock_core::hls::master_playlist(&variants);
         let etag = penstock_core::http::ETag::for_file(body.len() as u64, newest);
         Some(memory(
@@ -661,12 +807,49 @@ pub(super) fn hls_response(
     built: crate::hls::Built,
     mtime: SystemTime,
     segment_query: Option<&str>,
+    session: Option<&SessionAsk>,
 ) -> penstock_core::http::Response {
     let ts_path = req.path.strip_suffix("/index.m3u8").unwrap_or(&req.path);
     match built {
         Ok(index) => {
             let mut uri = crate::hls::segment_uri(ts_path);
-            if let Some(q) = segment_query {
+            // In a sessions location: the viewer's session (the one its request names, or a
+            // new one admitted at this rendition's peak), its id in the segments' URIs.
+            let session_query = match session {
+                Some(ask) => {
+                    let peak = shared.hls.peak_bits_per_s(&index);
+                    match shared.hls_sessions.for_playlist(
+                        ask.asked.as_deref(),
+                        ts_path,
+                        ts_path,
+                        ask.addr,
+                        peak,
+                    ) {
+                        Ok(id) => match &ask.grant {
+                            Some(g) => shared.viewers.session_query(
+                                &penstock_core::auth::Grant {
+                                    sid: id,
+                                    ..g.clone()
+                                },
+                                ts_path,
+                            ),
+                            None => Some(format!("sid={id}")),
+                        },
+                        Err(r) => {
+                            shared.metrics.error("hls_session_refused");
+                            return text_response(
+                                req,
+                                ctx,
+                                Status::SERVICE_UNAVAILABLE,
+                                Some(r.retry_after_s),
+                                &format!("hls session not admitted: {}", r.reason),
+                            );
+                        }
+                    }
+                }
+                None => segment_query.map(str::to_string),
+            };
+            if let Some(q) = &session_query {
                 uri.push('?');
                 uri.push_str(q);
             }
@@ -818,6 +1001,8 @@ impl Worker {
         format: Format,
     ) -> penstock_core::http::Response {
         // The engine's figures are read by the registry's collector at each scrape.
+        // Idle HLS sessions end before they are counted.
+        self.shared.hls_sessions.sweep_now();
         let body = self.shared.metrics.render(format).into_bytes();
         small_ok(req, ctx, format.content_type(), body)
     }
@@ -853,6 +1038,59 @@ pub(super) fn unavailable(
         status: Status::SERVICE_UNAVAILABLE,
         head: bytes,
         body: Vec::new(),
+        keep_alive,
+    }
+}
+
+/// What a request of a sessions location asks of the HLS session book: the session id it
+/// names (verified, or well-formed where no credential is asked), the peer's address (a Unix
+/// peer's: `::`), and the credential's grant that signs the ids written into a playlist.
+#[derive(Debug, Clone)]
+pub(super) struct SessionAsk {
+    pub(super) asked: Option<String>,
+    pub(super) addr: std::net::IpAddr,
+    pub(super) grant: Option<penstock_core::auth::Grant>,
+}
+
+/// A short `text/plain` answer saying why (`Retry-After` when given): a session refused
+/// or missing.
+pub(super) fn text_response(
+    req: &Request,
+    ctx: &ResponseContext<'_>,
+    status: Status,
+    retry_after_s: Option<u64>,
+    why: &str,
+) -> penstock_core::http::Response {
+    let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
+    let body = format!("{why}\n").into_bytes();
+    let head = ResponseHead {
+        status,
+        date: ctx.date,
+        server: ctx.server,
+        content_type: Some("text/plain; charset=utf-8"),
+        content_length_bytes: Some(body.len() as u64),
+        content_range: None,
+        accept_ranges: false,
+        etag: None,
+        last_modified: None,
+        allow: None,
+        location: None,
+        connection: connection_header(keep_alive, ctx),
+    };
+    let mut bytes = Vec::with_capacity(256);
+    write_response_head(&head, &mut bytes);
+    if let Some(s) = retry_after_s {
+        let end = bytes.len() - 2;
+        bytes.splice(end..end, format!("Retry-After: {s}\r\n").bytes());
+    }
+    penstock_core::http::Response {
+        status,
+        head: bytes,
+        body: if req.method == Method::Head {
+            Vec::new()
+        } else {
+            vec![BodyPiece::Bytes(body)]
+        },
         keep_alive,
     }
 }

@@ -36,6 +36,7 @@ pub mod confine;
 pub mod control;
 mod delivery;
 mod hls;
+mod hls_live;
 mod http;
 pub mod listen;
 pub mod metrics;
@@ -494,6 +495,7 @@ impl Server {
                 root,
                 engine.clone(),
                 metrics.clone(),
+                &hls_indexes,
             )?;
             if let Some(o) = &origin_for_rtsp {
                 r.set_origin(o.clone());

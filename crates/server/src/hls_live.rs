@@ -19,7 +19,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use penstock_core::hls::{Blocking, LiveIndex, LiveKeyFrame, LiveView, TsPsi, find_psi, key_frame_in};
+use penstock_core::hls::{
+    Blocking, LiveIndex, LiveKeyFrame, LiveView, TsPsi, find_psi, key_frame_in,
+};
 use penstock_core::track::format::{HEADER_BYTES, RECORD_BYTES, decode_one};
 use penstock_core::track::{FrameRecord, PacketRecord, TimeRecord, TrackKind, decode_header};
 use penstock_driver::record::{SyncPoint, track_path};
@@ -171,7 +173,8 @@ impl LiveFeed {
             time_f
                 .read_exact_at(&mut rec, at)
                 .map_err(|e| format!("reading the time track: {e}"))?;
-            let t: TimeRecord = decode_one(&rec).ok_or("a time-track record with a bad checksum")?;
+            let t: TimeRecord =
+                decode_one(&rec).ok_or("a time-track record with a bad checksum")?;
             if pk.packet_index != f.packet_index
                 || t.packet_index != f.packet_index
                 || pk.media_offset_bytes != f.media_offset_bytes

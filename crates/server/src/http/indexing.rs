@@ -65,12 +65,8 @@ impl Worker {
         if epoll::delete(&self.epoll, &c.sock).is_ok() {
             c.interest = Interest::Removed;
         }
-        if let Some(PendingBuild::Live(w)) = out.hls_wait.as_ref().map(|p| &p.build)
-        {
-            self.live_deadline = Some(
-                self.live_deadline
-                    .map_or(w.deadline, |d| d.min(w.deadline)),
-            );
+        if let Some(PendingBuild::Live(w)) = out.hls_wait.as_ref().map(|p| &p.build) {
+            self.live_deadline = Some(self.live_deadline.map_or(w.deadline, |d| d.min(w.deadline)));
         }
         c.state = State::Index(Box::new(IndexWait {
             req,

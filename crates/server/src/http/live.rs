@@ -147,7 +147,10 @@ impl Worker {
         let shared = self.shared.clone();
         let not_found = |why: &str| {
             shared.metrics.error("not_found");
-            memory(text_response(Status::NOT_FOUND, req, ctx, why), class.clone())
+            memory(
+                text_response(Status::NOT_FOUND, req, ctx, why),
+                class.clone(),
+            )
         };
         let Some((name, tail)) = rest.rsplit_once('/') else {
             return not_found("a live path is /live/NAME/index.m3u8");

@@ -7,8 +7,8 @@
 //! begins with the video PES of a key frame; `ffmpeg -i …/index.m3u8 -c copy` reads packets;
 //! blocking reloads (`_HLS_msn`) wait for their segment, far ahead is a 400, one waiter too
 //! many a 503; an unknown source 404, a relay that does not record 409; hls.js in headless
-//! Chromium plays it with a latency (against `playingDate`) of at most three target
-//! durations; and the relay's recording is byte-identical to `penstock record`'s of the same
+//! Chromium plays it (video only: see that test) with a latency (against `playingDate`) of at
+//! most three target durations; and the relay's recording is byte-identical to `penstock record`'s of the same
 //! datagrams (one ffmpeg, its `tee` muxer sending the same stream to both).
 
 use std::io::{Read, Write};
@@ -127,21 +127,19 @@ fn get(http: &str, path: &str, extra: &str) -> Reply {
 /// = 1 s, AAC) in TS at its own pace (`-re`) to `outputs` (ffmpeg output URLs; two or more go
 /// through the `tee` muxer: one encode, the same stream to each).
 fn feed(seconds: u32, outputs: &[String]) -> Child {
+    feed_with(seconds, outputs, true)
+}
+
+/// [`feed`], with or without the audio stream.
+fn feed_with(seconds: u32, outputs: &[String], audio: bool) -> Child {
     let mut c = Command::new("ffmpeg");
     c.args(["-hide_banner", "-loglevel", "error", "-re", "-f", "lavfi"])
         .args(["-i", "testsrc=size=320x240:rate=25", "-f", "lavfi"])
         .args(["-i", "sine=frequency=440:sample_rate=48000", "-t"])
         .arg(seconds.to_string())
-        .args([
-            "-map",
-            "0:v",
-            "-map",
-            "1:a",
-            "-c:v",
-            "libx264",
-            "-preset",
-            "ultrafast",
-        ])
+        .args(["-map", "0:v"])
+        .args(if audio { &["-map", "1:a"][..] } else { &[][..] })
+        .args(["-c:v", "libx264", "-preset", "ultrafast"])
         .args(["-tune", "zerolatency", "-g", "25", "-keyint_min", "25"])
         .args([
             "-sc_threshold",
@@ -492,7 +490,11 @@ fn hls_js_plays_the_live_relay_within_three_target_durations() {
         root.join("hls.min.js"),
     )
     .unwrap();
-    let mut ff = feed(60, &[udp_url(s.source)]);
+    // Video only: with the AAC stream, hls.js 1.7.4 resets the `start` of some fragments to
+    // one audio PES's duration (0.171 s) after parsing them, and its `playingDate` (the
+    // fragment's date plus the time played since its start) jumps by that error, ±10 s
+    // (docs/hls.md "Limits"); the pictures play on either way.
+    let mut ff = feed_with(60, &[udp_url(s.source)], false);
     // hls.js starts at the live edge: let two segments be there first.
     poll_playlist(&s, Duration::from_secs(60), |_, segs| segs.len() >= 2);
     let shot = std::env::temp_dir().join(format!("penstock-hls-live-{}.png", std::process::id()));

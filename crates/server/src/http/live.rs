@@ -134,6 +134,7 @@ pub(super) fn playlist_response(
 impl Worker {
     /// `/live/REST`: REST is `NAME/index.m3u8` or `NAME/stream.ts` of a live source this
     /// server runs; anything else 404.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn respond_live(
         &mut self,
         req: &Request,
@@ -273,9 +274,7 @@ impl Worker {
         if r.status == Status::RANGE_NOT_SATISFIABLE {
             shared.metrics.error("range_not_satisfiable");
         }
-        if req.range.is_some() {
-            shared.metrics.hls_segments.inc();
-        }
+        // A range of it is counted as an HLS segment by `respond` (a `.ts` path).
         let has_file = r.body.iter().any(|p| matches!(p, BodyPiece::File { .. }));
         let mut out = memory(r, class);
         if has_file {

@@ -268,7 +268,7 @@ fn live_playlist_grows_slides_and_lists_only_synced_key_frame_ranges() {
     let r = get(&s.http, "/live/plain/index.m3u8", "");
     assert_eq!(r.status, 409, "{}", r.head);
     assert!(r.text().contains("not recorded"), "{}", r.text());
-    let mut ff = feed(30, &[udp_url(s.source)]);
+    let mut ff = feed(60, &[udp_url(s.source)]);
 
     // Reloads until the window has slid twice; every segment seen keeps its number and range,
     // every range is served (only synced bytes are) and starts with a key frame's video PES.
@@ -353,18 +353,19 @@ fn live_playlist_grows_slides_and_lists_only_synced_key_frame_ranges() {
     );
     assert_eq!(r.status, 416, "{}", r.head);
 
-    // Blocking reloads: far ahead 400; the next segment waits and comes; a third waiter 503.
+    // Blocking reloads: far ahead 400; two segments ahead waits and comes (both waiters);
+    // a third waiter is 503 at once.
     let (seq, segs) = parse(&get(&s.http, "/live/cam/index.m3u8", "").text());
     let last = seq + segs.len() as u64 - 1;
     let r = get(
         &s.http,
-        &format!("/live/cam/index.m3u8?_HLS_msn={}", last + 3),
+        &format!("/live/cam/index.m3u8?_HLS_msn={}", last + 10),
         "",
     );
     assert_eq!(r.status, 400, "{}", r.head);
     let r = get(&s.http, "/live/cam/index.m3u8?_HLS_part=1", "");
     assert_eq!(r.status, 400, "{}", r.head);
-    let want = last + 1;
+    let want = last + 2;
     let waiters: Vec<_> = (0..3)
         .map(|_| {
             let http = s.http.clone();

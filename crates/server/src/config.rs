@@ -115,6 +115,20 @@ pub struct HlsConfig {
     /// files served (seconds; default 86400: VOD titles do not change, and their `ETag`
     /// changes when a file does; 0: `no-cache`, every use revalidates).
     pub cache_max_age_s: u64,
+    /// Live playlists (`/live/NAME/index.m3u8`, docs/hls.md "Live and DVR"): the newest
+    /// segments listed (default 0: the whole recording, `EXT-X-PLAYLIST-TYPE:EVENT`, a DVR
+    /// window; N: a sliding window of N segments).
+    pub live_window: usize,
+    /// Segments a live recording's index keeps at most (default 100000, 4 MiB; beyond it the
+    /// oldest leave the playlist and the EVENT type goes).
+    pub live_segments_max: usize,
+    /// How long a blocking playlist reload (`_HLS_msn`) waits for its segment before a 503
+    /// (default 18 s: three 6-second target durations, RFC 8216bis §6.2.5.2). 1 ms..=60 s.
+    #[serde(deserialize_with = "units::ms")]
+    pub blocking_reload_timeout_ms: u64,
+    /// Blocking reloads waiting at once, all live sources together (default 1024); one more
+    /// is a 503 with `Retry-After: 1`.
+    pub blocking_reload_waiters_max: usize,
     /// Viewer sessions (`[[location]] sessions = true`, docs/hls.md "Viewer sessions"): a
     /// session that fetched nothing for this long has ended and its admission reservation
     /// goes back. Default: four target durations (24 s at the default 6 s), longer than a
@@ -154,6 +168,10 @@ impl Default for HlsConfig {
             session_idle_ms: None,
             sessions_max: 4096,
             sessions_per_address_max: 64,
+            live_window: 0,
+            live_segments_max: 100_000,
+            blocking_reload_timeout_ms: 18_000,
+            blocking_reload_waiters_max: 1024,
         }
     }
 }
@@ -1390,6 +1408,17 @@ impl ServerConfig {
                 "hls.index_cache_bytes_max must be at least 1 MiB, got {}",
                 self.hls.index_cache_bytes_max
             )));
+        }
+        if !(1..=60_000).contains(&self.hls.blocking_reload_timeout_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "hls.blocking_reload_timeout_ms must be 1ms..=60s, got {} ms",
+                self.hls.blocking_reload_timeout_ms
+            )));
+        }
+        if self.hls.live_segments_max == 0 {
+            return Err(ConfigError::Invalid(
+                "hls.live_segments_max must be at least 1".into(),
+            ));
         }
         if let Some(s) = &self.engine.sched {
             s.parse::<penstock_core::sched::policy::SchedAsk>()

@@ -76,6 +76,13 @@ pub(crate) fn cache_line(max_age_s: u64) -> String {
     }
 }
 
+/// `Cache-Control` for a live playlist (and a live recording fetched whole): it changes with
+/// every segment, so a cache may keep it one second at most (RFC 8216bis §6.2.2's advice for
+/// live playlists: shorter than a target duration).
+pub(crate) fn live_cache_line() -> String {
+    "Cache-Control: public, max-age=1\r\n".to_string()
+}
+
 /// Adds `lines` (each ending in CRLF) to a complete response head, before its empty line.
 pub(crate) fn add_lines(head: &mut Vec<u8>, lines: &str) {
     if lines.is_empty() || head.len() < 4 || !head.ends_with(b"\r\n\r\n") {

@@ -57,6 +57,10 @@ pub(crate) struct Hls {
     cache: Arc<Mutex<Cache>>,
     /// MP4 packages: the same mechanism, keyed the same way, its own entries.
     mp4: Arc<Mutex<Cache<Mp4Package>>>,
+    /// `/live/NAME/…`: the live sources this server runs (registered as they start).
+    live: Mutex<HashMap<String, Arc<crate::hls_live::LiveFeed>>>,
+    /// Blocking reloads parked now (`[hls] blocking_reload_waiters_max`).
+    pub(crate) live_waiting: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// How much memory a cached index holds, roughly (its vectors' bytes): what
@@ -215,7 +219,50 @@ impl Hls {
             cfg,
             cache: Arc::new(Mutex::new(Cache::default())),
             mp4: Arc::new(Mutex::new(Cache::default())),
+            live: Mutex::new(HashMap::new()),
+            live_waiting: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         }
+    }
+
+    pub(crate) fn cfg(&self) -> &HlsConfig {
+        &self.cfg
+    }
+
+    /// Registers live source `name`, recording into `media` (or not recording): its
+    /// `/live/NAME/…` paths exist from now on.
+    pub(crate) fn register_live(
+        &self,
+        name: &str,
+        media: Option<std::path::PathBuf>,
+    ) -> Arc<crate::hls_live::LiveFeed> {
+        let feed = Arc::new(crate::hls_live::LiveFeed::new(
+            name,
+            media,
+            self.target_ticks(),
+            self.cfg.live_segments_max,
+        ));
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), feed.clone());
+        feed
+    }
+
+    /// The live source `name`, if this server runs it.
+    pub(crate) fn live(&self, name: &str) -> Option<Arc<crate::hls_live::LiveFeed>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    pub(crate) fn has_live(&self) -> bool {
+        !self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 
     pub(crate) fn enabled(&self) -> bool {

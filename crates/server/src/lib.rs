@@ -36,6 +36,7 @@ pub mod confine;
 pub mod control;
 mod delivery;
 mod hls;
+mod hls_live;
 mod hls_sessions;
 mod http;
 pub mod listen;
@@ -524,6 +525,7 @@ impl Server {
                 root,
                 engine.clone(),
                 metrics.clone(),
+                &hls_indexes,
             )?;
             if let Some(o) = &origin_for_rtsp {
                 r.set_origin(o.clone());

@@ -5,12 +5,16 @@
 //! A directory of renditions of one title gets a multivariant playlist ([`master`]) whose
 //! figures are measured from the cut segments and read from the streams ([`media`]).
 
+pub mod live;
 pub mod master;
 pub mod media;
 pub mod playlist;
 pub mod session;
 pub mod ts_index;
 
+pub use live::{
+    Blocking, LiveIndex, LiveKeyFrame, LiveSegment, LiveView, TsPsi, find_psi, key_frame_in,
+};
 pub use master::{Variant, bandwidth, master_playlist};
 pub use media::{
     Adts, H264Sps, H265Sps, MediaError, StreamInfo, parse_adts, parse_h264_sps, parse_h265_sps,

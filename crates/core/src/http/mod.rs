@@ -87,6 +87,9 @@ impl Status {
     pub const NOT_FOUND: Status = Status(404);
     pub const METHOD_NOT_ALLOWED: Status = Status(405);
     pub const REQUEST_TIMEOUT: Status = Status(408);
+    /// The path exists but cannot answer in its state (a live relay that does not record has
+    /// no HLS playlist).
+    pub const CONFLICT: Status = Status(409);
     pub const PRECONDITION_FAILED: Status = Status(412);
     pub const CONTENT_TOO_LARGE: Status = Status(413);
     pub const URI_TOO_LONG: Status = Status(414);
@@ -130,6 +133,7 @@ impl Status {
             404 => "Not Found",
             405 => "Method Not Allowed",
             408 => "Request Timeout",
+            409 => "Conflict",
             412 => "Precondition Failed",
             413 => "Content Too Large",
             414 => "URI Too Long",

@@ -457,6 +457,23 @@ pub fn decode<R: Record>(bytes: &[u8], records_max: u64) -> Result<Decoded<R>, T
     })
 }
 
+/// One record of a track of `R`'s kind (24 bytes, read alone: a live reader's pread of
+/// record `n` at `HEADER_BYTES + 24·n`), or `None` when its checksum fails, a reserved field is
+/// set or `bytes` is not one record long.
+pub fn decode_one<R: Record>(bytes: &[u8]) -> Option<R> {
+    let chunk: &[u8; RECORD_BYTES] = bytes.try_into().ok()?;
+    let stored = u32::from_le_bytes([chunk[20], chunk[21], chunk[22], chunk[23]]);
+    if stored != record_crc(R::KIND, &chunk[0..20]) {
+        return None;
+    }
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&chunk[8..16]);
+    let mut n = [0u8; 8];
+    n.copy_from_slice(&chunk[0..8]);
+    let b = u32::from_le_bytes([chunk[16], chunk[17], chunk[18], chunk[19]]);
+    R::from_fields(u64::from_le_bytes(n), u64::from_le_bytes(a), b)
+}
+
 /// Whole records with a good checksum at or after record `from_record` of a track file of
 /// `kind` (`bytes` is the whole file). Tells a torn tail (nothing good follows the first bad
 /// record) from damage in the middle of a file (good records follow it).

@@ -37,13 +37,16 @@ pub(super) enum PendingBuild {
         file: std::fs::File,
         what: super::mp4::Mp4Request,
     },
+    /// A blocking live playlist reload (`live.rs`): its segment, or its deadline.
+    Live(super::live::LiveWait),
 }
 
 impl PendingBuild {
-    fn done(&self) -> bool {
+    fn done(&self, now: Instant) -> bool {
         match self {
             PendingBuild::Ts(b) => b.result().is_some(),
             PendingBuild::Mp4 { build, .. } => build.result().is_some(),
+            PendingBuild::Live(w) => w.done(now),
         }
     }
 }
@@ -64,6 +67,9 @@ impl Worker {
         if epoll::delete(&self.epoll, &c.sock).is_ok() {
             c.interest = Interest::Removed;
         }
+        if let Some(PendingBuild::Live(w)) = out.hls_wait.as_ref().map(|p| &p.build) {
+            self.live_deadline = Some(self.live_deadline.map_or(w.deadline, |d| d.min(w.deadline)));
+        }
         c.state = State::Index(Box::new(IndexWait {
             req,
             out: Box::new(out),
@@ -74,6 +80,8 @@ impl Worker {
     /// Answers the parked connections whose build has ended.
     pub(super) fn poll_index(&mut self) {
         let list = std::mem::take(&mut self.index_conns);
+        let now = Instant::now();
+        self.live_deadline = None;
         for (idx, generation) in list {
             let shared = self.shared.clone();
             let live = self.live.clone();
@@ -81,7 +89,15 @@ impl Worker {
                 continue;
             };
             let State::Index(w) = &c.state else { continue };
-            if !w.out.hls_wait.as_ref().is_some_and(|p| p.build.done()) {
+            if !w.out.hls_wait.as_ref().is_some_and(|p| p.build.done(now)) {
+                if let Some(PendingBuild::Live(lw)) = w.out.hls_wait.as_ref().map(|p| &p.build) {
+                    // Not there yet: woken again at the feed's next sync, or by the deadline.
+                    lw.feed.wake_at_sync(&self.engine_waker);
+                    self.live_deadline = Some(
+                        self.live_deadline
+                            .map_or(lw.deadline, |d| d.min(lw.deadline)),
+                    );
+                }
                 self.index_conns.push((idx, generation));
                 continue;
             }
@@ -110,6 +126,21 @@ impl Worker {
                         pending.segment_query.as_deref(),
                         pending.session.as_ref(),
                     )
+                }
+                PendingBuild::Live(lw) => {
+                    if lw.feed.blocking(lw.msn) == penstock_core::hls::Blocking::Ready {
+                        super::live::playlist_response(
+                            &shared,
+                            &req,
+                            &ctx,
+                            &lw.feed,
+                            pending.segment_query.as_deref(),
+                        )
+                    } else {
+                        // RFC 8216bis 6.2.5.2: not there within the wait: 503.
+                        shared.metrics.error("hls_blocking_timeout");
+                        super::respond::unavailable(&req, &ctx)
+                    }
                 }
                 PendingBuild::Mp4 { build, file, what } => {
                     let built = build.result().expect("checked above");

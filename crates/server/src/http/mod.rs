@@ -57,6 +57,7 @@
 mod accept;
 mod engine;
 mod indexing;
+mod live;
 mod mp4;
 mod origin;
 mod respond;
@@ -495,6 +496,11 @@ struct Worker {
     access: Option<LogBuffer>,
     /// Set by `respond` when the answer is a playlist made here (its `Cache-Control`).
     playlist_made: bool,
+    /// Set by `respond` for a `/live/` answer: `Some(true)` a short `Cache-Control` (a live
+    /// playlist, the whole growing recording), `Some(false)` the media one (a range of it).
+    live_cache: Option<bool>,
+    /// The nearest deadline of a parked blocking reload (`live.rs`): the loop wakes by then.
+    live_deadline: Option<Instant>,
 }
 
 fn token(idx: u32, generation: u32) -> u64 {
@@ -568,6 +574,8 @@ impl Worker {
             },
             spare_fd: accept::spare_fd(),
             playlist_made: false,
+            live_cache: None,
+            live_deadline: None,
             access,
         })
     }
@@ -601,6 +609,9 @@ impl Worker {
                 timeout = timeout.min(t.saturating_duration_since(now));
             }
             if let Some(t) = self.access.as_ref().and_then(|a| a.flush_at()) {
+                timeout = timeout.min(t.saturating_duration_since(now));
+            }
+            if let Some(t) = self.live_deadline {
                 timeout = timeout.min(t.saturating_duration_since(now));
             }
             if !self.ready.is_empty() {
@@ -658,7 +669,9 @@ impl Worker {
             if self.engine_woken && !self.origin_conns.is_empty() {
                 self.poll_origin();
             }
-            if self.engine_woken && !self.index_conns.is_empty() {
+            if (self.engine_woken || self.live_deadline.is_some_and(|t| now >= t))
+                && !self.index_conns.is_empty()
+            {
                 self.poll_index();
             }
             self.engine_woken = false;

@@ -37,6 +37,7 @@ impl Worker {
         peer: Option<std::net::IpAddr>,
     ) -> Out {
         self.playlist_made = false;
+        self.live_cache = None;
         let mut out = self.respond_any(req, keep_alive_allowed, live, metrics_format, tls, peer);
         if req.method == Method::Options {
             // The preflight carries its own lines (and a 405 elsewhere has none to carry).
@@ -46,9 +47,15 @@ impl Worker {
         let media = self.playlist_made || is_media_file_name(&req.path);
         let delivery = crate::delivery::Delivery {
             cors: crate::delivery::cors_lines(policy.cors_allow_origins, req.origin.as_deref()),
+            cache: if let Some(short) = self.live_cache {
+                if short {
+                    crate::delivery::live_cache_line()
+                } else {
+                    crate::delivery::cache_line(self.shared.hls.cache_max_age_s())
+                }
             // A playlist made for one viewer's session names its id: no cache may keep it
             // for another viewer (nor answer a 304 for it: no conditional without a copy).
-            cache: if self.playlist_made && policy.sessions {
+            } else if self.playlist_made && policy.sessions {
                 "Cache-Control: no-store\r\n".to_string()
             } else if media {
                 crate::delivery::cache_line(self.shared.hls.cache_max_age_s())
@@ -164,6 +171,20 @@ impl Worker {
                 return memory(respond_error(Status::FORBIDDEN, Some(req), &ctx), class);
             }
         };
+        if let Some(rest) = req.path.strip_prefix("/live/")
+            && shared.hls.enabled()
+            && shared.hls.has_live()
+        {
+            // A playlist answered to a credential: its segment URIs carry a session token
+            // for the live source's paths (one check per viewer session).
+            let dir = req.path.rsplit_once('/').map_or("", |(d, _)| d);
+            let segment_query = grant.as_ref().and_then(|g| {
+                shared
+                    .viewers
+                    .session_query(g, &format!("{dir}/{}", super::live::STREAM_NAME))
+            });
+            return self.respond_live(req, rest, &ctx, class, &memory, tls, segment_query);
+        }
         // HLS viewer sessions (docs/hls.md "Viewer sessions"): the session a request names,
         // and its TS files served only to open sessions.
         let session = if policy.sessions && shared.hls.enabled() {

@@ -233,10 +233,11 @@ fn record_file(record: &std::path::Path, name: &str) -> PathBuf {
 }
 
 /// Binds the source's socket, starts its recorder (if configured) and its thread.
-pub fn start(
+pub(crate) fn start(
     name: &str,
     cfg: &LiveConfig,
     stop: Arc<AtomicBool>,
+    hls: &crate::hls::Hls,
 ) -> Result<LiveRunning, crate::ServerError> {
     let addr = cfg
         .listen_addr()
@@ -260,6 +261,8 @@ pub fn start(
     });
     let mut threads = Vec::new();
     let mut recorder = None;
+    // `/live/NAME/index.m3u8` (docs/hls.md "Live and DVR"): fed by the recorder's syncs.
+    let feed = hls.register_live(name, cfg.record.as_deref().map(|r| record_file(r, name)));
     if let Some(record) = &cfg.record {
         let path = record_file(record, name);
         let (ours, theirs) = UnixDatagram::pair()?;
@@ -277,7 +280,7 @@ pub fn start(
                         &path,
                         &rc,
                         &stop_rec,
-                        &mut |_| {},
+                        &mut |p| feed.handle_sync(p),
                     ) {
                         Ok(r) => tracing::info!(
                             "live {label}: recorded {} datagrams, {} bytes into {}",

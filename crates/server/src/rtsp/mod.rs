@@ -438,12 +438,13 @@ fn wall_ntp() -> u64 {
 impl RtspServer {
     /// Binds `cfg.listen` and starts the accept threads and the reaper. `root` is opened
     /// again (its own descriptor: the RTSP server keeps it for its life).
-    pub fn start(
+    pub(crate) fn start(
         cfg: &RtspConfig,
         volumes: &crate::config::VolumesConfig,
         root: &std::path::Path,
         engine: Arc<Engine>,
         metrics: Arc<Metrics>,
+        hls: &Arc<crate::hls::Hls>,
     ) -> Result<RtspServer, crate::ServerError> {
         let root_fd = confine::Root::open(root).map_err(|source| crate::ServerError::Root {
             path: root.to_path_buf(),
@@ -467,7 +468,7 @@ impl RtspServer {
         let mut live_sources = HashMap::new();
         let mut threads = Vec::new();
         for (name, lc) in &cfg.live {
-            let started = match live::start(name, lc, live_stop.clone()) {
+            let started = match live::start(name, lc, live_stop.clone(), hls) {
                 Ok(s) => s,
                 Err(e) => {
                     live_stop.store(true, Ordering::Release);

@@ -57,7 +57,7 @@ fn serve(hls_extra: &str) -> Served {
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[log]\naccess = \"off\"\n[hls]\ntarget_duration_ms = \"{TARGET_S}s\"\n{hls_extra}\n[rtsp]\nlisten = \"127.0.0.1:0\"\n[rtsp.live.cam]\nsource = \"udp-listen://{source}\"\nrecord = \"{}\"\n[rtsp.live.plain]\nsource = \"udp-listen://{plain}\"\n",
+            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n[log]\naccess = \"off\"\n[hls]\ntarget_duration_ms = \"{TARGET_S}s\"\n{hls_extra}\n[rtsp]\nlisten = \"127.0.0.1:0\"\n[rtsp.live.cam]\nsource = \"udp-listen://{source}\"\nrecord = \"{}\"\n[rtsp.live.plain]\nsource = \"udp-listen://{plain}\"\n",
             record.display()
         ),
     )

@@ -85,6 +85,14 @@ fn every_command_the_demo_prints_plays_a_picture() {
         "[log]\naccess = \"off\"\n[admission]\nself_calibrate = false\n",
     )
     .unwrap();
+    /// Stops the server however the test ends (a failed assertion too).
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let mut server = Command::new(BIN)
         .args(["serve", "--demo", "--config"])
         .arg(&conf)
@@ -95,8 +103,9 @@ fn every_command_the_demo_prints_plays_a_picture() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let (tx, rx) = mpsc::channel();
     let out = server.stdout.take().unwrap();
+    let _server = Kill(server);
+    let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for l in BufReader::new(out).lines() {
             let Ok(l) = l else { break };
@@ -192,6 +201,4 @@ fn every_command_the_demo_prints_plays_a_picture() {
         println!("{u}: first picture's grey-level spread {s:.1}");
         assert!(s > 10.0, "{u}: a blank picture (spread {s:.1})");
     }
-    let _ = server.kill();
-    let _ = server.wait();
 }

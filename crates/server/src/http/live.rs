@@ -15,8 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use penstock_core::hls::Blocking;
 use penstock_core::http::{
-    BodyPiece, FileMeta, Method, Request, ResponseContext, ResponseHead, Status, connection_header,
-    respond_error, respond_file, write_response_head,
+    BodyPiece, FileMeta, Method, Request, ResponseContext, Status, respond_error, respond_file,
 };
 
 use super::Worker;
@@ -39,43 +38,6 @@ pub(super) struct LiveWait {
 impl LiveWait {
     pub(super) fn done(&self, now: Instant) -> bool {
         now >= self.deadline || self.feed.blocking(self.msn) == Blocking::Ready
-    }
-}
-
-/// A `status` with `text` as its body (the reason a client and its operator should read).
-pub(super) fn text_response(
-    status: Status,
-    req: &Request,
-    ctx: &ResponseContext<'_>,
-    text: &str,
-) -> penstock_core::http::Response {
-    let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
-    let body = format!("{text}\n");
-    let head = ResponseHead {
-        status,
-        date: ctx.date,
-        server: ctx.server,
-        content_type: Some("text/plain; charset=utf-8"),
-        content_length_bytes: Some(body.len() as u64),
-        content_range: None,
-        accept_ranges: false,
-        etag: None,
-        last_modified: None,
-        allow: None,
-        location: None,
-        connection: connection_header(keep_alive, ctx),
-    };
-    let mut bytes = Vec::with_capacity(256);
-    write_response_head(&head, &mut bytes);
-    penstock_core::http::Response {
-        status,
-        head: bytes,
-        body: if req.method == Method::Head {
-            Vec::new()
-        } else {
-            vec![BodyPiece::Bytes(body.into_bytes())]
-        },
-        keep_alive,
     }
 }
 
@@ -149,7 +111,7 @@ impl Worker {
         let not_found = |why: &str| {
             shared.metrics.error("not_found");
             memory(
-                text_response(Status::NOT_FOUND, req, ctx, why),
+                super::respond::text_response(req, ctx, Status::NOT_FOUND, None, why),
                 class.clone(),
             )
         };
@@ -172,10 +134,11 @@ impl Worker {
         let Some(media) = feed.media.clone() else {
             shared.metrics.error("live_not_recorded");
             return memory(
-                text_response(
-                    Status::CONFLICT,
+                super::respond::text_response(
                     req,
                     ctx,
+                    Status::CONFLICT,
+                    None,
                     &format!(
                         "live source {name:?} is relayed but not recorded: HLS segments are byte ranges of its recording (set `record` in [rtsp.live.{name}])"
                     ),
@@ -192,7 +155,10 @@ impl Worker {
             Ok(m) => m,
             Err(why) => {
                 shared.metrics.error("hls_bad_blocking");
-                return memory(text_response(Status::BAD_REQUEST, req, ctx, &why), class);
+                return memory(
+                    super::respond::text_response(req, ctx, Status::BAD_REQUEST, None, &why),
+                    class,
+                );
             }
         };
         let query = segment_query.as_deref();
@@ -204,10 +170,11 @@ impl Worker {
             Blocking::TooFar => {
                 shared.metrics.error("hls_bad_blocking");
                 memory(
-                    text_response(
-                        Status::BAD_REQUEST,
+                    super::respond::text_response(
                         req,
                         ctx,
+                        Status::BAD_REQUEST,
+                        None,
                         "_HLS_msn is more than two past the last segment (RFC 8216bis 6.2.5.2)",
                     ),
                     class,

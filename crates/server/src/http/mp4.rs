@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use penstock_core::http::{
-    BodyPiece, ETag, Method, Request, ResponseContext, ResponseHead, Status, connection_header,
-    respond_error, write_response_head,
+    BodyPiece, ETag, Method, Request, ResponseContext, Status, respond_error,
 };
 use penstock_core::mp4::{MediaSegment, dash_manifest, hls_master, hls_media};
 
@@ -225,34 +224,13 @@ fn unsupported(
     ctx: &ResponseContext<'_>,
     why: &str,
 ) -> penstock_core::http::Response {
-    let keep_alive = req.keep_alive && ctx.keep_alive_allowed;
-    let body = format!("415 Unsupported Media Type: {why}\n").into_bytes();
-    let head = ResponseHead {
-        status: Status::UNSUPPORTED_MEDIA_TYPE,
-        date: ctx.date,
-        server: ctx.server,
-        content_type: Some("text/plain; charset=utf-8"),
-        content_length_bytes: Some(body.len() as u64),
-        content_range: None,
-        accept_ranges: false,
-        etag: None,
-        last_modified: None,
-        allow: None,
-        location: None,
-        connection: connection_header(keep_alive, ctx),
-    };
-    let mut bytes = Vec::with_capacity(256);
-    write_response_head(&head, &mut bytes);
-    penstock_core::http::Response {
-        status: Status::UNSUPPORTED_MEDIA_TYPE,
-        head: bytes,
-        body: if req.method == Method::Head {
-            Vec::new()
-        } else {
-            vec![BodyPiece::Bytes(body)]
-        },
-        keep_alive,
-    }
+    super::respond::text_response(
+        req,
+        ctx,
+        Status::UNSUPPORTED_MEDIA_TYPE,
+        None,
+        &format!("415 Unsupported Media Type: {why}"),
+    )
 }
 
 #[cfg(test)]

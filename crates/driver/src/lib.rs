@@ -16,7 +16,6 @@ pub mod engine;
 mod error;
 mod facts;
 pub mod files;
-pub mod gate;
 pub mod media;
 pub mod open;
 mod pace;

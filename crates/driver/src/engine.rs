@@ -121,6 +121,17 @@ pub struct StreamSpec {
     /// the unit's deadline. Needs `units` and a datagram target (the planner checks). The
     /// stream's byte counts stay payload bytes; `units_sent` counts RTP packets.
     pub rtp: Option<penstock_core::rtp::Packetizer>,
+    /// RTP interleaved on an RTSP connection: the target is the connection's TCP socket, each
+    /// packet framed `$ channel length` in front of its RTP header, sent while holding the
+    /// connection's writer gate (docs/rtsp.md, "Interleaved writes"). Needs `rtp`.
+    pub interleaved: Option<Interleaved>,
+}
+
+/// An interleaved session's channel and its connection's writer gate.
+#[derive(Debug, Clone)]
+pub struct Interleaved {
+    pub channel: u8,
+    pub gate: Arc<crate::gate::WriterGate>,
 }
 
 /// The progress timeout of [`StreamSpec::new`] (nginx's `send_timeout` default).
@@ -157,6 +168,7 @@ impl StreamSpec {
             buffers: self.buffers,
             late: self.late,
             rtp: self.rtp.is_some(),
+            rtp_interleaved: self.rtp.is_some() && self.interleaved.is_some(),
         })
     }
 
@@ -184,6 +196,7 @@ impl StreamSpec {
             send_timeout: Some(SEND_TIMEOUT_DEFAULT),
             late: LatePolicy::Send,
             rtp: None,
+            interleaved: None,
         }
     }
 }
@@ -1359,6 +1372,7 @@ impl Engine {
             notes,
             rt: plan.rt,
             rtp: spec.rtp.filter(|_| plan.header_bytes > 0),
+            interleaved: spec.interleaved.clone().filter(|_| plan.header_bytes > 0),
             buffers_reserved,
             pace: if let Some(units) = units {
                 let miss_after = spec.miss_after.unwrap_or(PLAN_MISS_AFTER_DEFAULT);

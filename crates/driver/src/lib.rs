@@ -16,6 +16,7 @@ pub mod engine;
 mod error;
 mod facts;
 pub mod files;
+pub mod gate;
 pub mod media;
 pub mod open;
 mod pace;

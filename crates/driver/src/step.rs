@@ -73,6 +73,8 @@ pub(crate) struct TaskIo {
     /// Each unit goes out as an RTP packet: the header is written in front of it in the pool
     /// buffer (the uring path; the plan allowed it only there, with a unit plan).
     pub rtp: Option<Packetizer>,
+    /// RTP interleaved on a stream socket: the frame's channel and the socket's writer gate.
+    pub interleaved: Option<crate::engine::Interleaved>,
     /// What each mechanism moved, counted where its call returned (the report's `executed`).
     pub moved: MovedBytes,
 }
@@ -107,11 +109,10 @@ impl TaskIo {
 
     /// Bytes written in front of each unit (the RTP header), 0 for none.
     pub(crate) fn header_bytes(&self) -> usize {
-        if self.rtp.is_some() {
-            penstock_core::rtp::RTP_HEADER_BYTES
-        } else {
-            0
-        }
+        penstock_core::stream::plan::rtp_header_bytes(
+            self.rtp.is_some(),
+            self.interleaved.is_some(),
+        ) as usize
     }
 
     pub(crate) fn note_once(&mut self, note: &str) {

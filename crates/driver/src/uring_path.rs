@@ -58,6 +58,12 @@ struct Chunk {
     /// RTP framing: bytes left free in front of the read for the units' headers
     /// (`plan_units` × header), and how many of its units were framed or skipped so far.
     head_room: usize,
+    /// Where the first planned unit's payload lies in the buffer: `head_room`, or further on
+    /// for an O_DIRECT read (its blocks start at an aligned place past the headers' room,
+    /// up to one block before the unit).
+    payload_at: usize,
+    /// File offset of the read's first byte: `file_off`, or the aligned block before it.
+    read_off: u64,
     units_passed: usize,
     /// The next unit is framed but its send was not queued (the ring was full): it is sent
     /// (or skipped) as it is, not framed again.
@@ -99,6 +105,9 @@ pub(crate) struct UringState {
     vol_write: bool,
     /// The stream's account in the worker's buffer books (set when the worker takes it).
     pub(crate) client: Option<ClientId>,
+    /// Interleaved RTP: this stream holds its connection's writer gate (from a frame's first
+    /// send until its last byte is sent).
+    gate_held: bool,
 }
 
 /// The bytes a disk read or write moved, or why it failed (cancelled, or an I/O error of `op`).
@@ -132,7 +141,12 @@ impl UringState {
         };
         self.vol_write = io.target.volume.is_some();
         self.read_len = io.read_bytes;
-        self.next_read = io.start / align * align;
+        // Planned units are read from the first unit on: each read aligns itself (below).
+        self.next_read = if io.pace.as_ref().is_some_and(|p| p.plan().is_some()) {
+            io.start
+        } else {
+            io.start / align * align
+        };
         self.dev = device_of(&io.source.fd);
         if let Some(v) = &io.source.volume {
             self.member_devs = v.members.iter().map(device_of).collect();
@@ -207,11 +221,19 @@ impl UringState {
             // Planned units (playback): whole units per buffer, so that none straddles two.
             let mut plan_units = 0usize;
             let header = io.header_bytes();
+            let planned_direct = self.direct && io.source.volume.is_none();
+            let align = io.align_bytes.max(1);
             if let Some(plan) = io.pace.as_ref().and_then(|p| p.plan()) {
+                let buffer_bytes = ring.pool().buffer_bytes() as u64;
+                let room = if planned_direct {
+                    penstock_core::stream::plan::planned_direct_room(buffer_bytes, align)
+                } else {
+                    buffer_bytes
+                };
                 let (n, bytes) = penstock_core::schedule::units_fitting(
                     plan,
                     self.plan_read_unit,
-                    ring.pool().buffer_bytes() as u64,
+                    room,
                     header as u64,
                 );
                 if n == 0 {
@@ -224,6 +246,17 @@ impl UringState {
             // RTP: the units are read behind room for their headers; each is moved up to its
             // place behind its header when it is sent (`frame_unit`).
             let head_room = header * plan_units;
+            // O_DIRECT reads of planned units: the aligned blocks around them, read to an
+            // aligned place past the headers' room (the planner checked that the slack fits).
+            let (read_off, read_len, read_at) = if planned_direct && plan_units > 0 {
+                let lead = self.next_read % align;
+                let at = (head_room as u64).div_ceil(align) * align;
+                let len = (lead + want as u64).div_ceil(align) * align;
+                (self.next_read - lead, len as usize, at as usize)
+            } else {
+                (self.next_read, want, head_room)
+            };
+            let payload_at = read_at + (self.next_read - read_off) as usize;
             // Every read goes through the worker's disk scheduler: a plain file's as one
             // request, a volume chunk's as one request per member piece (MARS's ccd under DRR).
             let class = disk.class(io.rt);
@@ -277,9 +310,9 @@ impl UringState {
                     fd,
                     dev: self.dev,
                     buf,
-                    buf_offset: head_room,
-                    len: want,
-                    file_offset: self.next_read,
+                    buf_offset: read_at,
+                    len: read_len,
+                    file_offset: read_off,
                     rw_flags: self.rw_flags,
                     class,
                     deadline,
@@ -313,6 +346,8 @@ impl UringState {
                 got: 0,
                 plan_units,
                 head_room,
+                payload_at,
+                read_off,
                 units_passed: 0,
                 framed_pending: false,
                 retries: Vec::new(),
@@ -339,6 +374,21 @@ impl UringState {
                 Err(at) => return Step::WaitUntil(at),
             };
             if let Some((len, new_unit)) = next {
+                // Interleaved RTP: the connection's socket has one writer at a time; the
+                // frame is sent whole before the connection thread may write a reply.
+                if let Some(il) = &io.interleaved
+                    && !self.gate_held
+                {
+                    match il.gate.try_acquire_frame() {
+                        Ok(true) => self.gate_held = true,
+                        Ok(false) => {
+                            return Step::WaitUntil(clock::now() + crate::gate::RETRY);
+                        }
+                        Err(_) => {
+                            return Step::Finish(Err(peer_error("send", Errno::PIPE, io.sent)));
+                        }
+                    }
+                }
                 let framed = self.chunks.front().is_some_and(|h| h.framed_pending);
                 if new_unit
                     && !framed
@@ -349,7 +399,22 @@ impl UringState {
                         .as_ref()
                         .and_then(|p| p.next_planned())
                         .expect("RTP streams carry a unit plan (the planner's rule)");
-                    self.frame_unit(ring, len, &rtp.header(unit, planned.offset_ns));
+                    let rtp_header = rtp.header(unit, planned.offset_ns);
+                    // Interleaved: `$`, the channel and the RTP packet's length in front.
+                    let mut header = [0u8; penstock_core::rtp::RTP_HEADER_BYTES + 4];
+                    let h = match &io.interleaved {
+                        Some(il) => {
+                            let packet = u16::try_from(len - 4)
+                                .expect("a planned unit fits an interleaved frame");
+                            header[0] = b'$';
+                            header[1] = il.channel;
+                            header[2..4].copy_from_slice(&packet.to_be_bytes());
+                            header[4..].copy_from_slice(&rtp_header);
+                            &header[..]
+                        }
+                        None => &rtp_header[..],
+                    };
+                    self.frame_unit(ring, len, h);
                 }
                 let head = self.chunks.front_mut().expect("next_send found a head");
                 let from = head.send_from + head.sent;
@@ -428,6 +493,7 @@ impl UringState {
             } else {
                 (left, true)
             };
+            let header = io.header_bytes();
             let Some(p) = io.pace.as_mut().filter(|_| new_unit) else {
                 return Ok(Some((len, new_unit)));
             };
@@ -436,11 +502,6 @@ impl UringState {
                 Gate::Wait(at) => return Err(at),
                 Gate::Skip(_) => {
                     *skipped = true;
-                    let header = if io.rtp.is_some() {
-                        penstock_core::rtp::RTP_HEADER_BYTES
-                    } else {
-                        0
-                    };
                     p.skipped(1, (len - header) as u64, &io.counters);
                     head.sent += len;
                     if head.framed_pending {
@@ -490,7 +551,7 @@ impl UringState {
                 {
                     // The piece failed or came back short: read it from the other copy.
                     let ch = &mut self.chunks[pos];
-                    let part_off = ch.file_off + (req.buf_offset - ch.head_room) as u64;
+                    let part_off = ch.file_off + (req.buf_offset - ch.payload_at) as u64;
                     let why = match c.io_result() {
                         Ok(n) => format!("short read: {n} of {} bytes", req.len),
                         Err(e) => format!("read: {e}"),
@@ -533,7 +594,7 @@ impl UringState {
                 if let Some(v) = io.source.volume.as_ref()
                     && v.has_sums()
                 {
-                    let (a, z) = (ch.head_room, ch.head_room + n);
+                    let (a, z) = (ch.payload_at, ch.payload_at + n);
                     let bytes = &mut ring.pool_mut().bytes_mut(ch.buf)[a..z];
                     if let Err(source) = v.verify(ch.file_off, bytes, end, &[]) {
                         return Err(StreamError::Io {
@@ -545,7 +606,9 @@ impl UringState {
                 }
                 let n = ch.got;
                 ch.filled = Some(n);
-                let data_end = ch.file_off + n as u64;
+                // An aligned read of planned units began before the first unit and may end
+                // past the last: only the units' bytes count.
+                let data_end = (ch.read_off + n as u64).min(ch.file_off + ch.want as u64);
                 let want_end = (ch.file_off + ch.want as u64).min(end);
                 if data_end < want_end {
                     let got = data_end.max(io.start) - io.start;
@@ -630,6 +693,14 @@ impl UringState {
                 }
                 ch.sent += n;
                 self.unit_left = self.unit_left.saturating_sub(n);
+                if self.unit_left == 0
+                    && self.gate_held
+                    && let Some(il) = &io.interleaved
+                {
+                    // The frame is all in the socket: the connection thread may write.
+                    il.gate.release();
+                    self.gate_held = false;
+                }
                 let units = u64::from(self.unit_left == 0);
                 // The stream's counts are the source's bytes: an RTP header is not one (a
                 // datagram goes whole, so its header is in this completion).
@@ -657,18 +728,23 @@ impl UringState {
     /// (`copy_within`, a memmove of one datagram), and `header` is written in front of it.
     ///
     /// Unit `i` of a chunk of `n` units with payload sizes `s_j` was read to
-    /// `H·n + S_i` (`S_i = s_0 + … + s_{i−1}`) and goes out from `H·i + S_i`, header first.
-    /// Its new place ends at `H·(i+1) + S_i + s_i ≤ H·n + S_{i+1}`, where unit `i+1`'s payload
-    /// starts: framing in order never overwrites a payload not yet framed.
+    /// `P + S_i` (`S_i = s_0 + … + s_{i−1}`; `P = payload_at ≥ H·n`: `H·n` for a buffered
+    /// read, further on for an aligned O_DIRECT one) and goes out from `H·i + S_i`, header
+    /// first. Its new place ends at `H·(i+1) + S_i + s_i ≤ P + S_{i+1}`, where unit `i+1`'s
+    /// payload starts: framing in order never overwrites a payload not yet framed.
     fn frame_unit(&mut self, ring: &mut Ring, len: usize, header: &[u8]) {
         let head = self.chunks.front_mut().expect("a unit to frame");
         let h = header.len();
         let from = head.send_from + head.sent;
-        let src = from + h * (head.plan_units - head.units_passed);
+        // Unit i's payload was read to `payload_at + S_i` (`payload_at ≥ H·n`).
+        let src = head.payload_at + from - h * head.units_passed;
         let payload = len - h;
-        let bytes = ring.pool_mut().bytes_mut(head.buf);
-        bytes.copy_within(src..src + payload, from + h);
-        bytes[from..from + h].copy_from_slice(header);
+        // Earlier units of this buffer may still be in flight (a zero-copy send holds its
+        // bytes until the notification): only what lies from this unit's place on is written.
+        let bytes = ring.pool_mut().bytes_mut_from(head.buf, from);
+        let src = src - from;
+        bytes.copy_within(src..src + payload, h);
+        bytes[..h].copy_from_slice(header);
         head.units_passed += 1;
         head.framed_pending = true;
     }
@@ -797,6 +873,23 @@ impl UringState {
             self.plan_read_unit -= ch.plan_units;
             bufs.free(ring, client, ch.buf);
             bufs.note_reread();
+        }
+    }
+
+    /// Gives the writer gate back (interleaved RTP) when the stream ends between frames; a
+    /// stream that ends inside a frame leaves the connection's byte stream broken, and says
+    /// so on the gate (the connection closes). Called once no operation is in flight.
+    pub(crate) fn release_gate(&mut self, io: &TaskIo) {
+        if !self.gate_held {
+            return;
+        }
+        self.gate_held = false;
+        if let Some(il) = &io.interleaved {
+            if self.unit_left == 0 || self.unit_left == self.unit_len {
+                il.gate.release();
+            } else {
+                il.gate.break_stream();
+            }
         }
     }
 

@@ -119,6 +119,7 @@ pub(crate) struct TaskInit {
     pub rt: bool,
     /// RTP framing of each unit (the plan's `header_bytes` > 0).
     pub rtp: Option<penstock_core::rtp::Packetizer>,
+    pub interleaved: Option<crate::engine::Interleaved>,
     /// Pool buffers reserved for an admitted `rt` stream on the uring path (the engine placed
     /// it on a worker whose pool holds them); `None`: the stream borrows.
     pub buffers_reserved: Option<u32>,
@@ -203,6 +204,7 @@ impl Task {
                 pace: init.pace,
                 rt: init.rt,
                 rtp: init.rtp,
+                interleaved: init.interleaved,
                 moved: Default::default(),
             },
             machine,
@@ -785,6 +787,7 @@ impl Worker {
             && let Some(bufs) = &mut self.bufs
         {
             u.release(ring, bufs);
+            u.release_gate(&task.io);
             if let Some(c) = u.client.take() {
                 bufs.unregister(c);
             }

@@ -228,6 +228,7 @@ fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
         send_timeout: Some(SEND_TIMEOUT_DEFAULT),
         late: LatePolicy::Send,
         rtp: None,
+        interleaved: None,
     }
 }
 
@@ -629,6 +630,7 @@ fn run_stream_source(
         send_timeout: Some(SEND_TIMEOUT_DEFAULT),
         late: LatePolicy::Send,
         rtp: None,
+        interleaved: None,
     };
     let got = match target {
         TargetKind::File => {
@@ -978,6 +980,7 @@ fn bad_streams_are_refused_with_typed_errors() {
             send_timeout: Some(SEND_TIMEOUT_DEFAULT),
             late: LatePolicy::Send,
             rtp: None,
+            interleaved: None,
         })
     };
     let r = open(&dir.path().join("missing"), 0, None, 0, DataPath::Copy);

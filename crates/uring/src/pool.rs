@@ -64,6 +64,10 @@ pub struct BufferPool {
     map: MmapMut,
     buffer_bytes: usize,
     state: Vec<BufState>,
+    /// Per buffer, the end of the furthest range lent to the kernel for reading since it was
+    /// last idle (0 when held): bytes past it may still be written
+    /// ([`BufferPool::bytes_mut_from`]).
+    read_end: Vec<usize>,
     free: Vec<u16>,
 }
 
@@ -98,6 +102,7 @@ impl BufferPool {
             map,
             buffer_bytes,
             state: vec![BufState::Free; count],
+            read_end: vec![0; count],
             free,
         })
     }
@@ -153,6 +158,25 @@ impl BufferPool {
         &mut self.map[start..start + self.buffer_bytes]
     }
 
+    /// The buffer's bytes from `from` on, for writing: allowed while the kernel reads the
+    /// buffer only before `from` (sends of earlier ranges in flight, as a zero-copy send of
+    /// one RTP packet while the next is framed behind it). Panics while the kernel writes it,
+    /// or reads any byte at or past `from`.
+    pub fn bytes_mut_from(&mut self, id: BufId, from: usize) -> &mut [u8] {
+        let s = self.state[id.index()];
+        match s {
+            BufState::Held => {}
+            BufState::KernelReads(_) => assert!(
+                self.read_end[id.index()] <= from,
+                "writing buffer {id:?} from {from}: the kernel reads it up to {}",
+                self.read_end[id.index()]
+            ),
+            other => panic!("writing buffer {id:?} in state {other:?}"),
+        }
+        let start = id.index() * self.buffer_bytes;
+        &mut self.map[start + from..start + self.buffer_bytes]
+    }
+
     /// Whether the kernel currently uses the buffer.
     pub fn in_flight(&self, id: BufId) -> bool {
         matches!(
@@ -192,6 +216,8 @@ impl BufferPool {
             BufState::KernelReads(n) => BufState::KernelReads(n + 1),
             other => panic!("lending buffer {id:?} for a send in state {other:?}"),
         };
+        let end = &mut self.read_end[id.index()];
+        *end = (*end).max(start + len);
         self.map
             .as_ptr()
             .wrapping_add(id.index() * self.buffer_bytes + start)
@@ -223,7 +249,10 @@ impl BufferPool {
     pub(crate) fn give_back(&mut self, id: BufId) {
         let s = &mut self.state[id.index()];
         *s = match *s {
-            BufState::KernelWrites(1) | BufState::KernelReads(1) => BufState::Held,
+            BufState::KernelWrites(1) | BufState::KernelReads(1) => {
+                self.read_end[id.index()] = 0;
+                BufState::Held
+            }
             BufState::KernelReads(n) if n > 1 => BufState::KernelReads(n - 1),
             BufState::KernelWrites(n) if n > 1 => BufState::KernelWrites(n - 1),
             other => panic!("buffer {id:?} given back in state {other:?}"),
@@ -234,6 +263,24 @@ impl BufferPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_past_a_send_in_flight_stay_writable() {
+        let mut p = BufferPool::new(1, 8192).unwrap();
+        let a = p.alloc().unwrap();
+        p.lend_for_kernel_read(a, 0, 100);
+        p.lend_for_kernel_read(a, 100, 50);
+        p.bytes_mut_from(a, 150)[0] = 9;
+        assert_eq!(p.bytes(a)[150], 9);
+        let inside = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p.bytes_mut_from(a, 149);
+        }));
+        assert!(inside.is_err(), "a byte the kernel reads is not writable");
+        p.give_back(a);
+        p.give_back(a);
+        p.bytes_mut_from(a, 0)[0] = 1;
+        p.bytes_mut(a)[1] = 2;
+    }
 
     #[test]
     fn alloc_free_and_alignment() {

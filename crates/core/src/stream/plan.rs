@@ -94,6 +94,19 @@ pub struct PlanRequest<'a> {
     /// (`crate::rtp`). Needs a unit plan (the timestamps come from its deadlines) and a
     /// datagram target.
     pub rtp: bool,
+    /// RTP interleaved on an RTSP connection (RFC 2326 §10.12): each packet goes to a stream
+    /// socket behind a 4-byte `$ channel length` frame header, written in front of the RTP
+    /// header. Needs `rtp` and a stream-socket target.
+    pub rtp_interleaved: bool,
+}
+
+/// Bytes in front of a unit's payload: the RTP header, and the interleaved frame's 4 bytes.
+pub fn rtp_header_bytes(rtp: bool, interleaved: bool) -> u64 {
+    match (rtp, interleaved) {
+        (false, _) => 0,
+        (true, false) => crate::rtp::RTP_HEADER_BYTES as u64,
+        (true, true) => crate::rtp::RTP_HEADER_BYTES as u64 + 4,
+    }
 }
 
 /// What a socket endpoint is connected to.
@@ -294,6 +307,8 @@ pub enum PlanError {
     RtpNeedsUnitPlan,
     #[error("RTP goes to a datagram target (udp://), not {target_kind:?}")]
     RtpNeedsDatagram { target_kind: IoKind },
+    #[error("interleaved RTP goes to the RTSP connection's stream socket, not {target_kind:?}")]
+    RtpInterleavedNeedsStream { target_kind: IoKind },
 }
 
 /// A schedule's bytes per second (rounded up): what an rt stream reserves.
@@ -382,6 +397,19 @@ fn volume_path(
 /// datagram target, a paced stream) are read a whole number of them at a time, as many as
 /// fill a pool buffer, so that none straddles two buffers; other reads are one unit rounded
 /// up to `len_align`. `None`: no read fits a buffer.
+/// Whether O_DIRECT reads of planned units fit a pool buffer: the largest unit (its header
+/// included) with the slack the driver's aligned reads need — up to one block before the
+/// group's first unit, one after its last, and the headers' room rounded up to a block.
+pub fn planned_direct_fits(unit_bytes: u64, align_bytes: u64, limits: &PlanLimits) -> bool {
+    unit_bytes.saturating_add(3 * align_bytes) <= limits.buffer_bytes
+}
+
+/// The bytes a buffer of planned units may hold (payloads and headers) when its read is
+/// O_DIRECT with `align_bytes`: the buffer less the slack of [`planned_direct_fits`].
+pub fn planned_direct_room(buffer_bytes: u64, align_bytes: u64) -> u64 {
+    buffer_bytes.saturating_sub(3 * align_bytes)
+}
+
 pub fn read_bytes_for(
     unit_bytes: u64,
     align_bytes: u64,
@@ -480,7 +508,8 @@ pub fn admission_request(
         // plan, headers (RTP) included, and its largest unit.
         Pacing::Units(u) => {
             let buffers = req.buffers.unwrap_or(limits.rt_buffers_default);
-            return units_qos(u, req.rtp, buffers, limits.buffer_bytes)
+            let header = rtp_header_bytes(req.rtp, req.rtp_interleaved);
+            return units_qos(u, header, buffers, limits.buffer_bytes)
                 .map(Some)
                 .ok_or(PlanError::RtNeedsRate);
         }
@@ -506,12 +535,12 @@ pub fn admission_request(
 /// holds (the uring path reads a buffer's worth of units at once: `buffer_bytes`, at least
 /// the largest unit, at most the plan). `None` for a plan with no length in time (one unit,
 /// or all due at once), which has no rate to guarantee.
-fn units_qos(units: &[UnitPlan], rtp: bool, buffers: u32, buffer_bytes: u64) -> Option<StreamQos> {
-    let header = if rtp {
-        crate::rtp::RTP_HEADER_BYTES as u64
-    } else {
-        0
-    };
+fn units_qos(
+    units: &[UnitPlan],
+    header: u64,
+    buffers: u32,
+    buffer_bytes: u64,
+) -> Option<StreamQos> {
     let span_ns = units
         .last()?
         .offset_ns
@@ -621,12 +650,18 @@ pub fn plan_stream(
         if units.is_none() {
             return Err(PlanError::RtpNeedsUnitPlan);
         }
-        if dst.kind != IoKind::Datagram {
+        if req.rtp_interleaved {
+            if dst.kind != IoKind::StreamSocket {
+                return Err(PlanError::RtpInterleavedNeedsStream {
+                    target_kind: dst.kind,
+                });
+            }
+        } else if dst.kind != IoKind::Datagram {
             return Err(PlanError::RtpNeedsDatagram {
                 target_kind: dst.kind,
             });
         }
-        crate::rtp::RTP_HEADER_BYTES as u64
+        rtp_header_bytes(true, req.rtp_interleaved)
     } else {
         0
     };
@@ -697,9 +732,14 @@ pub fn plan_stream(
                 None => notes.push(
                     "O_DIRECT refused by this file system: reading through the page cache".into(),
                 ),
-                Some(_) if units.is_some() => notes.push(
-                    "O_DIRECT is not used for planned units: reading through the page cache".into(),
-                ),
+                // Planned units (RTSP, recorded tracks) are read in groups of whole units:
+                // each read covers the aligned blocks around its group, into an aligned
+                // place of the buffer (`planned_direct_fits`), whatever the units' offsets.
+                Some(a) if units.is_some() && !planned_direct_fits(unit_bytes, a, limits) => {
+                    notes.push(format!(
+                        "O_DIRECT reads of a {unit_bytes}-byte planned unit and its aligned blocks would not fit a pool buffer: reading through the page cache"
+                    ))
+                }
                 Some(a) => {
                     direct = true;
                     align_bytes = a.max(1);
@@ -717,6 +757,8 @@ pub fn plan_stream(
             if by_unit && !start.is_multiple_of(align_bytes) {
                 return Err(PlanError::VolumeDatagramOffset { align_bytes });
             }
+        } else if direct && units.is_some() {
+            // Planned reads align themselves (above): no condition on the offset.
         } else if direct && by_unit && !start.is_multiple_of(align_bytes) {
             // Unit boundaries would not fall on aligned reads: read through the cache.
             direct = false;
@@ -759,6 +801,15 @@ pub fn plan_stream(
             // Every chunk starts at a partition block boundary: its writes stay aligned.
             len_align = align_bytes.max(v.align_bytes.max(1));
         }
+        let read_bytes_for = |unit_bytes, align_bytes, len_align, by_unit, buffer_bytes| {
+            if direct && units.is_some() {
+                // Whole units per buffer, the read's blocks around them (the driver's
+                // `units_fitting` sizes each read); at most the buffer's aligned bytes.
+                Some(buffer_bytes / align_bytes * align_bytes).filter(|&r| r > 0)
+            } else {
+                read_bytes_for(unit_bytes, align_bytes, len_align, by_unit, buffer_bytes)
+            }
+        };
         let Some(read_bytes_planned) = read_bytes_for(
             unit_bytes,
             align_bytes,

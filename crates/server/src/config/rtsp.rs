@@ -68,6 +68,21 @@ pub struct RtspConfig {
     /// The fastest `Scale` a PLAY may ask (fast forward: deadlines divided by the scale, the
     /// session admitted at that many times the bit rate); above it, or zero or negative: 451.
     pub scale_max: u32,
+    /// A session's engine stream reads its planned units with O_DIRECT into the engine's
+    /// registered buffers where the file system allows it (no copy from the page cache
+    /// into the process); `false`: through the page cache (sessions of one hot file then
+    /// share its cached pages instead of each reading the disk).
+    pub direct_reads: bool,
+    /// RTP packets leave with io_uring's SEND_ZC from the registered buffers where the
+    /// kernel has it (no copy into the socket's buffer); `false`: plain sends, which copy
+    /// each datagram (docs/rtsp.md, "Zero copy").
+    pub zero_copy_sends: bool,
+    /// An interleaved (TCP) session's engine stream sends its frames straight to the RTSP
+    /// connection's socket, taking turns with the connection thread through a writer gate
+    /// (zero copy); `false` (the default for now): through a Unix socket pair that the
+    /// connection thread reads and frames (a copy each way). Off by default: a client that
+    /// stops reading and then asks again can still go unanswered (docs/rtsp.md).
+    pub interleaved_direct: bool,
     /// `[rtsp.live.NAME]`: live sources, played as `rtsp://HOST:PORT/NAME` (docs/rtsp.md,
     /// "Live relay").
     pub live: BTreeMap<String, LiveConfig>,
@@ -158,6 +173,9 @@ impl Default for RtspConfig {
             media_cached_max: 64,
             plan_entries_max: penstock_core::ts::pcr::PLAN_ENTRIES_MAX_DEFAULT,
             scale_max: 4,
+            direct_reads: true,
+            zero_copy_sends: true,
+            interleaved_direct: false,
             live: BTreeMap::new(),
         }
     }

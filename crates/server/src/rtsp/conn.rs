@@ -1,14 +1,15 @@
-//! One RTSP connection: requests in, replies out, and — for interleaved sessions — the RTP
-//! frames the engine hands over through each session's socket pair.
+//! One RTSP connection: requests in, replies out, and — for interleaved sessions — a socket
+//! shared with their engine streams.
 //!
-//! **Interleaved writes.** This thread is the only writer of the TCP socket. The engine never
-//! sends on it: an interleaved session's engine stream sends each RTP packet as one datagram
-//! into a Unix datagram socket pair; this loop reads whole datagrams from the other end and
-//! writes each as one `$ channel length payload` frame with `write_all`, and writes replies
-//! only between frames. A reply can therefore never land inside a frame, and a slow client
-//! backs the datagrams up into the pair until the engine's sends wait (the engine's worker
-//! never blocks: its send waits in the ring) — or, past `send_timeout`, fails the write and
-//! the connection ends with its sessions.
+//! **Interleaved writes** (docs/rtsp.md). A file's interleaved session's engine stream sends
+//! its `$ channel length` frames straight to this socket (a duplicate), each whole, holding
+//! the connection's [`WriterGate`] from its first byte to its last; this thread takes the
+//! same gate for every reply and RTCP frame it writes (`write_gated`), so no message lands
+//! inside another. A live source's packets still arrive through a Unix datagram pair and are
+//! framed here. A slow client backs the engine's sends up in its ring (the worker never
+//! blocks) and, past `send_timeout`, the stream fails; a reply that waits that long for the
+//! gate, or a write cut midway (the gate is then broken), ends the connection and its
+//! sessions.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -21,8 +22,11 @@ use penstock_core::rtp::{Packetizer, SenderSession};
 use penstock_core::rtsp::{
     self, Method, Parsed, Reply, Request, RtspLimits, SessionState, TransportAsk,
 };
-use penstock_core::stream::{Extent, IoKind};
+use penstock_core::stream::plan::ZeroCopy;
+use penstock_core::stream::{CachePolicy, Extent, IoKind};
 use penstock_core::track::Speed;
+use penstock_driver::engine::Interleaved;
+use penstock_driver::gate::{GateError, WriterGate};
 use penstock_driver::open::Opened;
 use penstock_driver::{DiskClass, StreamError, StreamSpec};
 
@@ -64,6 +68,40 @@ struct Conn<'a> {
     relays: Vec<Relay>,
     /// One interleaved frame being written (allocated with the first relay).
     frame: Vec<u8>,
+    /// One writer at a time on the socket: this thread (replies, RTCP, a live source's
+    /// frames) or an interleaved session's engine stream (its RTP frames).
+    gate: Arc<WriterGate>,
+}
+
+/// Writes one whole message on the connection holding its writer gate (waiting at most
+/// `timeout` for an engine stream's frame to go out). A write that fails midway leaves the
+/// byte stream broken: the gate says so, and no one writes on it again.
+fn write_gated(
+    gate: &WriterGate,
+    mut stream: &TcpStream,
+    timeout: Duration,
+    bytes: &[u8],
+) -> io::Result<()> {
+    gate.acquire_within(timeout).map_err(|e| match e {
+        GateError::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            "an interleaved frame held the connection past rtsp.send_timeout_ms",
+        ),
+        GateError::Broken => io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "an interleaved frame was cut off: the connection's byte stream is broken",
+        ),
+    })?;
+    match stream.write_all(bytes) {
+        Ok(()) => {
+            gate.release();
+            Ok(())
+        }
+        Err(e) => {
+            gate.break_stream();
+            Err(e)
+        }
+    }
 }
 
 /// Answers a connection beyond a connection limit with 503 naming the limit (`why`), and
@@ -103,6 +141,7 @@ pub(super) fn serve(shared: &Arc<RtspShared>, stream: TcpStream, peer: SocketAdd
         id,
         relays: Vec::new(),
         frame: Vec::new(),
+        gate: Arc::new(WriterGate::new()),
     };
     if let Err(e) = c.run() {
         tracing::debug!("rtsp connection {peer}: {e}");
@@ -182,7 +221,7 @@ impl Conn<'_> {
                             let mut r = Reply::new(error.status(), cseq);
                             r.body = format!("{error}\n").into_bytes();
                             r.content_type = Some("text/plain");
-                            self.stream.write_all(&r.encode())?;
+                            self.write(&r.encode())?;
                         }
                         Ok(Parsed::Request(req, consumed)) => {
                             buf.drain(..consumed);
@@ -192,7 +231,7 @@ impl Conn<'_> {
                             self.shared
                                 .metrics
                                 .rtsp_request(method_word(&req.method), reply.status);
-                            self.stream.write_all(&reply.encode())?;
+                            self.write(&reply.encode())?;
                         }
                         Err(e) => {
                             tracing::debug!("rtsp connection {}: unreadable: {e}", self.peer);
@@ -200,7 +239,7 @@ impl Conn<'_> {
                             let mut r = Reply::new(e.status(), None);
                             r.body = format!("{e}\n").into_bytes();
                             r.content_type = Some("text/plain");
-                            self.stream.write_all(&r.encode())?;
+                            self.write(&r.encode())?;
                             return Ok(());
                         }
                     }
@@ -221,7 +260,7 @@ impl Conn<'_> {
                 )
                 .into_bytes();
                 r.content_type = Some("text/plain");
-                self.stream.write_all(&r.encode())?;
+                self.write(&r.encode())?;
                 return Ok(());
             }
             // Drop relays whose session is gone (torn down, timed out).
@@ -231,6 +270,16 @@ impl Conn<'_> {
                 return Ok(());
             }
         }
+    }
+
+    /// Writes one whole message (a reply, an RTCP frame) between the engine's frames.
+    fn write(&self, bytes: &[u8]) -> io::Result<()> {
+        write_gated(
+            &self.gate,
+            &self.stream,
+            self.shared.cfg.send_timeout(),
+            bytes,
+        )
     }
 
     /// Polls the socket and the relays for one turn.
@@ -283,7 +332,8 @@ impl Conn<'_> {
             frame[0] = b'$';
             frame[1] = if is_rtcp { rtcp_ch } else { rtp_ch };
             frame[2..4].copy_from_slice(&(n as u16).to_be_bytes());
-            self.stream.write_all(&frame[..4 + n])?;
+            let timeout = self.shared.cfg.send_timeout();
+            write_gated(&self.gate, &self.stream, timeout, &frame[..4 + n])?;
         }
         Ok(false)
     }
@@ -316,7 +366,7 @@ impl Conn<'_> {
                 f.extend_from_slice(&[b'$', ch]);
                 f.extend_from_slice(&len.to_be_bytes());
                 f.extend_from_slice(&p);
-                self.stream.write_all(&f)?;
+                self.write(&f)?;
             }
         }
         Ok(())
@@ -606,7 +656,19 @@ impl Conn<'_> {
             };
             // Admission now, for the whole file at its PCR rate: a refusal is a 453 before
             // any port is taken; the reservation is held until TEARDOWN or the timeout.
-            let (spec, _) = stream_spec(&self.shared.cfg, &media, None, base, None);
+            let interleaved = match ask {
+                TransportAsk::Interleaved { rtp_channel, .. }
+                    if self.shared.cfg.interleaved_direct =>
+                {
+                    Some(Interleaved {
+                        channel: rtp_channel,
+                        gate: self.gate.clone(),
+                    })
+                }
+                _ => None,
+            };
+            let mut spec = stream_spec(&self.shared.cfg, &media, None, base, None).0;
+            spec.interleaved = interleaved;
             let admitted = match self.shared.engine.admit(&spec) {
                 Ok(a) => a,
                 Err(e) => {
@@ -668,6 +730,10 @@ impl Conn<'_> {
                 if let Err(e) = conn_end.set_nonblocking(true) {
                     return text(500, cseq, &format!("socket pair: {e}"));
                 }
+                let tcp = match self.stream.try_clone() {
+                    Ok(t) => t,
+                    Err(e) => return text(500, cseq, &format!("duplicating the connection: {e}")),
+                };
                 let rtcp_out = super::RtcpOut::default();
                 self.relays.push(Relay {
                     session: String::new(),
@@ -678,6 +744,8 @@ impl Conn<'_> {
                 (
                     Transport::Interleaved {
                         engine_end,
+                        tcp: tcp.into(),
+                        gate: self.gate.clone(),
                         rtcp_out,
                         channels: (rtp_channel, rtcp_channel),
                         conn_id: self.id,
@@ -972,7 +1040,9 @@ impl Conn<'_> {
         let anchor = penstock_core::time::Instant::from_nanos(
             anchor_std.as_nanos() + START_DELAY.as_nanos() as u64,
         );
-        let (spec, pb) = stream_spec(&self.shared.cfg, &media, from_ns, packetizer, Some(anchor));
+        let (mut spec, pb) =
+            stream_spec(&self.shared.cfg, &media, from_ns, packetizer, Some(anchor));
+        spec.interleaved = s.transport.interleaved(&self.shared.cfg);
         let seek = pb.1;
         let pb = pb.0;
         tracing::debug!(
@@ -1006,14 +1076,30 @@ impl Conn<'_> {
                 .and_then(|r| penstock_driver::open::opened_partition(r).map_err(|e| e.to_string()))
                 .map_err(|e| fail(500, e))?,
         };
-        let target_fd: std::os::fd::OwnedFd = match &s.transport {
-            Transport::Udp { rtp, .. } => rtp.try_clone().map(Into::into),
-            Transport::Interleaved { engine_end, .. } => engine_end.try_clone().map(Into::into),
-        }
-        .map_err(|e| fail(500, format!("{e}")))?;
+        let (target_fd, kind): (std::os::fd::OwnedFd, IoKind) = match &s.transport {
+            Transport::Udp { rtp, .. } => (
+                rtp.try_clone()
+                    .map(Into::into)
+                    .map_err(|e| fail(500, format!("{e}")))?,
+                IoKind::Datagram,
+            ),
+            // Without `interleaved_direct`: the pair, read and framed by the connection.
+            Transport::Interleaved { engine_end, .. } if !self.shared.cfg.interleaved_direct => (
+                engine_end
+                    .try_clone()
+                    .map(Into::into)
+                    .map_err(|e| fail(500, format!("{e}")))?,
+                IoKind::Datagram,
+            ),
+            // The connection's own socket: the engine writes each frame holding the gate.
+            Transport::Interleaved { tcp, .. } => (
+                tcp.try_clone().map_err(|e| fail(500, format!("{e}")))?,
+                IoKind::StreamSocket,
+            ),
+        };
         let target = Opened {
             fd: target_fd.into(),
-            kind: IoKind::Datagram,
+            kind,
             size: None,
             socket: true,
             label: format!("rtsp session {}", s.id),
@@ -1030,7 +1116,8 @@ impl Conn<'_> {
             Err(e) => {
                 // Stopped: the session keeps a scale-1 reservation for the whole file (as from
                 // SETUP) when it still fits, and a PLAY starts again.
-                let (whole, _) = stream_spec(&self.shared.cfg, &media, None, s.base, None);
+                let mut whole = stream_spec(&self.shared.cfg, &media, None, s.base, None).0;
+                whole.interleaved = s.transport.interleaved(&self.shared.cfg);
                 s.admitted = self.shared.engine.admit(&whole).ok().flatten();
                 s.admitted_at = Instant::now();
                 if was_played {
@@ -1249,6 +1336,19 @@ fn stream_spec(
         rtp: Some(packetizer),
         start_at,
         send_timeout: Some(cfg.send_timeout()),
+        // Zero copy (docs/rtsp.md): O_DIRECT reads into the registered pool, SEND_ZC out of
+        // it; the planner falls back (and says so in the stream's notes) where the file
+        // system or the kernel cannot.
+        cache: if cfg.direct_reads {
+            CachePolicy::Bypass
+        } else {
+            CachePolicy::Keep
+        },
+        zero_copy: if cfg.zero_copy_sends {
+            ZeroCopy::On
+        } else {
+            ZeroCopy::Off
+        },
         ..StreamSpec::opened()
     };
     (spec, (pb, seek))

@@ -4,7 +4,8 @@
 //! Three pieces kept apart, as in gst-rtsp-server:
 //! - the **connection** ([`conn`]): one thread per RTSP TCP connection (few: players hold
 //!   one each, capped by `connections_max`); it reads requests (`penstock_core::rtsp`,
-//!   sans-IO), answers them and, for interleaved sessions, is the *only writer* of its socket;
+//!   sans-IO), answers them and, for interleaved sessions, shares its socket with their
+//!   engine streams through a writer gate (one whole message at a time);
 //! - the **session** ([`Session`]): by id in the shared table, outlives a connection over
 //!   UDP, holds the file, the transport, the admission reservation (from SETUP) and, while
 //!   played, one engine stream — paced by the EDF dispatcher from the PCR plan, class `rt`,
@@ -212,11 +213,15 @@ pub enum Transport {
         rtcp: UdpSocket,
         client_rtcp: SocketAddr,
     },
-    /// RTP framed `$ channel length` on the RTSP connection: the engine sends each packet
-    /// as one datagram into `engine_end` of a socket pair; the connection thread reads them
-    /// from the other end and writes the frames (docs/rtsp.md, "Interleaved writes").
+    /// RTP framed `$ channel length` on the RTSP connection: a file's engine stream sends
+    /// each frame straight to the connection's socket (`tcp`, a duplicate), holding the
+    /// connection's writer `gate` for the frame; a live source's thread sends each packet
+    /// as one datagram into `engine_end` of a socket pair, which the connection thread reads
+    /// and frames (docs/rtsp.md, "Interleaved writes").
     Interleaved {
         engine_end: UnixDatagram,
+        tcp: std::os::fd::OwnedFd,
+        gate: Arc<penstock_driver::gate::WriterGate>,
         /// RTCP from the reaper (sender reports, the BYE), written by the connection thread
         /// once the pair is drained: the reaper never waits on a client's socket.
         rtcp_out: RtcpOut,
@@ -224,6 +229,26 @@ pub enum Transport {
         /// The connection that carries it (the session ends with it).
         conn_id: u64,
     },
+}
+
+impl Transport {
+    /// An interleaved transport's RTP channel and its connection's writer gate, for the
+    /// engine stream.
+    pub(crate) fn interleaved(
+        &self,
+        cfg: &RtspConfig,
+    ) -> Option<penstock_driver::engine::Interleaved> {
+        match self {
+            Transport::Udp { .. } => None,
+            Transport::Interleaved { .. } if !cfg.interleaved_direct => None,
+            Transport::Interleaved { channels, gate, .. } => {
+                Some(penstock_driver::engine::Interleaved {
+                    channel: channels.0,
+                    gate: gate.clone(),
+                })
+            }
+        }
+    }
 }
 
 /// RTCP packets waiting for an interleaved session's connection thread (at most

@@ -199,11 +199,25 @@ fn units_need_the_uring_path_and_their_extent() {
     };
     let f = facts(file(564), socket(Datagram, true));
     let p = plan_stream(&req, &f, URING, &LIMITS).unwrap();
+    // Planned units are read O_DIRECT: each read covers the aligned blocks around its units,
+    // wherever they start (offset 188 here is not a block boundary).
     assert_eq!(
-        (p.path, p.unit_bytes, p.direct),
-        (DataPath::Uring, 376, false)
+        (p.path, p.unit_bytes, p.direct, p.align_bytes),
+        (DataPath::Uring, 376, true, 4096)
     );
-    assert!(p.notes.iter().any(|n| n.contains("planned units")));
+    assert!(p.read_bytes > 0 && p.read_bytes.is_multiple_of(4096));
+    // A unit that leaves no room for its blocks' slack in a buffer is read buffered, said.
+    let small = PlanLimits {
+        buffer_bytes: 3 * 4096 + 300,
+        ..LIMITS
+    };
+    let p = plan_stream(&req, &f, URING, &small).unwrap();
+    assert!(!p.direct, "{p:?}");
+    assert!(
+        p.notes.iter().any(|n| n.contains("planned unit")),
+        "{:?}",
+        p.notes
+    );
     let short = facts(file(1000), socket(Datagram, true));
     assert!(matches!(
         plan_stream(&req, &short, URING, &LIMITS),
@@ -485,6 +499,7 @@ proptest! {
             buffers,
             late,
             rtp,
+            rtp_interleaved: false,
         };
         let limits = PlanLimits { buffer_bytes: buffer_kib << 10, ..LIMITS };
         let caps = PathCaps { uring };

@@ -127,12 +127,7 @@ pub struct StreamSpec {
     pub interleaved: Option<Interleaved>,
 }
 
-/// An interleaved session's channel and its connection's writer gate.
-#[derive(Debug, Clone)]
-pub struct Interleaved {
-    pub channel: u8,
-    pub gate: Arc<crate::gate::WriterGate>,
-}
+pub use crate::gate::Interleaved;
 
 /// The progress timeout of [`StreamSpec::new`] (nginx's `send_timeout` default).
 pub const SEND_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);

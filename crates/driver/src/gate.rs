@@ -133,3 +133,11 @@ mod tests {
         assert!(g.is_broken());
     }
 }
+
+/// An interleaved session's channel and its connection's writer gate (the engine sends an
+/// RTSP session's `$`-framed packets straight to the connection's socket behind it).
+#[derive(Debug, Clone)]
+pub struct Interleaved {
+    pub channel: u8,
+    pub gate: std::sync::Arc<WriterGate>,
+}

@@ -74,7 +74,7 @@ pub(crate) struct TaskIo {
     /// buffer (the uring path; the plan allowed it only there, with a unit plan).
     pub rtp: Option<Packetizer>,
     /// RTP interleaved on a stream socket: the frame's channel and the socket's writer gate.
-    pub interleaved: Option<crate::engine::Interleaved>,
+    pub interleaved: Option<crate::gate::Interleaved>,
     /// What each mechanism moved, counted where its call returned (the report's `executed`).
     pub moved: MovedBytes,
 }

@@ -119,7 +119,7 @@ pub(crate) struct TaskInit {
     pub rt: bool,
     /// RTP framing of each unit (the plan's `header_bytes` > 0).
     pub rtp: Option<penstock_core::rtp::Packetizer>,
-    pub interleaved: Option<crate::engine::Interleaved>,
+    pub interleaved: Option<crate::gate::Interleaved>,
     /// Pool buffers reserved for an admitted `rt` stream on the uring path (the engine placed
     /// it on a worker whose pool holds them); `None`: the stream borrows.
     pub buffers_reserved: Option<u32>,

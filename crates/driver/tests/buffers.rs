@@ -59,6 +59,10 @@ fn engine(pool_buffers: usize, client_buffers_max: usize) -> Option<Engine> {
             rt_latency_ns: 0,
             lateness_tolerance_ns: penstock_core::admission::LATENESS_TOLERANCE_NS_DEFAULT,
         },
+        // Each unit at its own deadline: with a dispatch slack a unit due within it of a
+        // late one goes with it, before its deadline by design (docs/pacing.md), and the rt
+        // test below checks that none goes early.
+        dispatch_slack: Duration::ZERO,
         ..EngineConfig::default()
     };
     let e = Engine::new(cfg).expect("engine starts");

@@ -13,7 +13,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -460,19 +460,9 @@ fn live_recording_is_byte_identical_to_penstock_record() {
     );
 }
 
-/// `tests/player` of the server crate: hls.js and playwright-core (`npm ci`), Chromium.
+/// The browser player (`penstock_testreq::require_browser_player`).
 fn player_dir() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/tests/player");
-    let ready = dir.join("node_modules/hls.js/dist/hls.min.js").is_file()
-        && dir.join("node_modules/playwright-core").is_dir()
-        && penstock_testreq::which("node").is_some()
-        && Path::new("/usr/bin/chromium").is_file();
-    penstock_testreq::require_that(
-        "browser player",
-        (!ready)
-            .then(|| "node, chromium and `npm ci --prefix crates/server/tests/player`".to_string()),
-    )
-    .then_some(dir)
+    penstock_testreq::require_browser_player()
 }
 
 #[test]

@@ -939,18 +939,9 @@ fn testssl_finds_no_vulnerability_and_nothing_below_tls_1_2() {
 /// ffmpeg and openssl verify the certificate in the tests above).
 #[test]
 fn hls_js_in_chromium_plays_over_https() {
-    let player = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/tests/player");
-    let ready = player.join("node_modules/hls.js/dist/hls.min.js").is_file()
-        && player.join("node_modules/playwright-core").is_dir()
-        && penstock_testreq::which("node").is_some()
-        && Path::new("/usr/bin/chromium").is_file();
-    if !penstock_testreq::require_that(
-        "browser player",
-        (!ready)
-            .then(|| "node, chromium and `npm ci --prefix crates/server/tests/player`".to_string()),
-    ) {
+    let Some(player) = penstock_testreq::require_browser_player() else {
         return;
-    }
+    };
     let s = start("");
     let assets = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets");
     std::fs::copy(assets.join("clip.ts"), s.path("www/clip.ts")).unwrap();

@@ -193,23 +193,9 @@ fn what_is_not_a_playable_ts_file_gets_no_playlist() {
     assert_eq!(get(&f, "/small.txt").0, 200);
 }
 
-/// `tests/player`: hls.js and playwright-core, installed by `.ci/run` (`npm ci`); Chromium
-/// from Debian. `None` (SKIPPED) without them, a failure under PENSTOCK_TEST_REQUIRE=all.
+/// The browser player (`penstock_testreq::require_browser_player`).
 fn player_dir() -> Option<std::path::PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/player");
-    let ready = dir.join("node_modules/hls.js/dist/hls.min.js").is_file()
-        && dir.join("node_modules/playwright-core").is_dir()
-        && penstock_testreq::which("node").is_some()
-        && Path::new("/usr/bin/chromium").is_file();
-    penstock_testreq::require_that(
-        "browser player",
-        (!ready).then(|| {
-            "node, chromium (apt-get install chromium) and `npm ci --prefix \
-             crates/server/tests/player`"
-                .to_string()
-        }),
-    )
-    .then_some(dir)
+    penstock_testreq::require_browser_player()
 }
 
 /// hls.js in Chromium (`tests/player/play.mjs ARGS`) on the page penstock serves from the

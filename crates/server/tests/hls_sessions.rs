@@ -423,22 +423,9 @@ fn a_signed_location_checks_once_per_session_and_its_token_carries_the_session_i
     assert_eq!(fetch(&f, "/premium/clip.ts", Some("0-187")).status, 401);
 }
 
-/// `tests/player` (hls.js, playwright-core; `.ci/run` installs them) and Debian's Chromium.
+/// The browser player (`penstock_testreq::require_browser_player`).
 fn player_dir() -> Option<std::path::PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/player");
-    let ready = dir.join("node_modules/hls.js/dist/hls.min.js").is_file()
-        && dir.join("node_modules/playwright-core").is_dir()
-        && penstock_testreq::which("node").is_some()
-        && Path::new("/usr/bin/chromium").is_file();
-    penstock_testreq::require_that(
-        "browser player",
-        (!ready).then(|| {
-            "node, chromium (apt-get install chromium) and `npm ci --prefix \
-             crates/server/tests/player`"
-                .to_string()
-        }),
-    )
-    .then_some(dir)
+    penstock_testreq::require_browser_player()
 }
 
 #[test]

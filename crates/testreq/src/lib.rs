@@ -187,6 +187,26 @@ pub fn require_python_module(module: &str) -> bool {
     require_that(&what, missing)
 }
 
+/// The browser player of the HLS, live and TLS tests: `crates/server/tests/player` with
+/// hls.js and playwright-core installed (`npm ci`; `.ci/run` runs it), node, and Debian's
+/// Chromium. Its directory, or `None` (SKIPPED; a failure under `PENSTOCK_TEST_REQUIRE=all`).
+pub fn require_browser_player() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/tests/player");
+    let ready = dir.join("node_modules/hls.js/dist/hls.min.js").is_file()
+        && dir.join("node_modules/playwright-core").is_dir()
+        && which("node").is_some()
+        && Path::new("/usr/bin/chromium").is_file();
+    require_that(
+        "browser player",
+        (!ready).then(|| {
+            "node, chromium (apt-get install chromium) and `npm ci --prefix \
+             crates/server/tests/player`"
+                .to_string()
+        }),
+    )
+    .then_some(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

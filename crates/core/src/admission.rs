@@ -1630,9 +1630,10 @@ mod tests {
         assert_eq!(r.burst_cpu_ns, 3_000 + 241_173);
     }
 
-    #[test]
-    fn cpu_and_framing_are_charged_per_send() {
-        let mut a = Admission::new(AdmissionConfig {
+    /// Where the CPU binds: 1 s/s of it (80 % for rt), 10 µs a send and nothing a byte, with
+    /// the other resources ample.
+    fn cpu_bound() -> Admission {
+        Admission::new(AdmissionConfig {
             capacity: Capacity {
                 cpu_ns_per_s: 1_000_000_000,
                 cpu_send_ns: 10_000,
@@ -1647,13 +1648,23 @@ mod tests {
             rt_latency_ns: 0,
             lateness_tolerance_ns: LATENESS_TOLERANCE_NS_DEFAULT,
         })
-        .unwrap();
-        // 1 MB/s in 1000 B datagrams: 1000 sends/s = 10 ms/s of CPU; 80 fit in 800 ms/s.
-        let q = StreamQos {
+        .unwrap()
+    }
+
+    /// 1 MB/s in 1000 B datagrams: 1000 sends/s, 10 ms/s of CPU at [`cpu_bound`]'s figures.
+    fn datagrams_1mb() -> StreamQos {
+        StreamQos {
             reads: ReadGeometry::single(1_000_000, DeviceId::UNKNOWN),
             datagrams: true,
             ..rt(1_000_000, 1000, 2)
-        };
+        }
+    }
+
+    #[test]
+    fn cpu_and_framing_are_charged_per_send() {
+        let mut a = cpu_bound();
+        // 1 MB/s in 1000 B datagrams: 1000 sends/s = 10 ms/s of CPU; 80 fit in 800 ms/s.
+        let q = datagrams_1mb();
         let mut n = 0;
         let e = loop {
             match a.admit(q) {
@@ -1680,32 +1691,13 @@ mod tests {
     /// refused naming the reservations; a bound above the share changes nothing.
     #[test]
     fn the_timed_workers_reservations_bound_the_rt_cpu() {
-        let config = AdmissionConfig {
-            capacity: Capacity {
-                cpu_ns_per_s: 1_000_000_000,
-                cpu_send_ns: 10_000,
-                cpu_send_byte_ps: 0,
-                buffer_count: 1000,
-                disk_seq_bytes_per_s: 1_000_000_000,
-                disk_random_iops: 100_000,
-                ..capacity()
-            },
-            bulk_share_percent: 20,
-            streams_max: 100,
-            rt_latency_ns: 0,
-            lateness_tolerance_ns: LATENESS_TOLERANCE_NS_DEFAULT,
-        };
-        let mut a = Admission::new(config).unwrap();
+        let mut a = cpu_bound();
         assert!(!a.bound_rt_cpu(900_000_000), "above the share: no change");
         assert_eq!(a.rt_capacity().cpu_ns_per_s, 800_000_000);
         assert!(a.bound_rt_cpu(300_000_000));
         assert_eq!(a.rt_capacity().cpu_ns_per_s, 300_000_000);
         assert!(a.rt_capacity().burst_cpu_ns <= 300_000_000 / 20);
-        let q = StreamQos {
-            reads: ReadGeometry::single(1_000_000, DeviceId::UNKNOWN),
-            datagrams: true,
-            ..rt(1_000_000, 1000, 2)
-        };
+        let q = datagrams_1mb();
         let mut n = 0;
         let e = loop {
             match a.admit(q) {

@@ -488,24 +488,17 @@ fn hls_js_plays_the_live_relay_within_three_target_durations() {
     let mut ff = feed_with(60, &[udp_url(s.source)], false);
     // hls.js starts at the live edge: let two segments be there first.
     poll_playlist(&s, Duration::from_secs(60), |_, segs| segs.len() >= 2);
-    let shot = std::env::temp_dir().join(format!("penstock-hls-live-{}.png", std::process::id()));
-    let o = Command::new("node")
-        .arg(player.join("live.mjs"))
-        .arg(format!(
+    let (line, _, _) = penstock_testreq::run_browser_player(
+        &player,
+        "live.mjs",
+        &format!(
             "http://{}/live.html?src=/live/cam/index.m3u8&sync={TARGET_S}",
             s.http
-        ))
-        .arg("8")
-        .env("SCREENSHOT", &shot)
-        .output()
-        .expect("node");
-    let out = String::from_utf8_lossy(&o.stdout);
-    println!(
-        "{out}\n{}\nscreenshot: {}",
-        String::from_utf8_lossy(&o.stderr),
-        shot.display()
+        ),
+        &["8"],
+        &[],
+        "hls-live",
     );
-    let line = out.lines().last().unwrap_or_default();
     assert!(line.contains("\"ok\":true"), "{line}");
     let lat: Vec<f64> = line
         .split("\"latencies_s\":[")

@@ -951,27 +951,21 @@ fn hls_js_in_chromium_plays_over_https() {
         s.path("www/hls.min.js"),
     )
     .unwrap();
-    let shot = std::env::temp_dir().join(format!("penstock-https-hls-{}.png", std::process::id()));
-    let o = Command::new("timeout")
-        .args(["300", "node"])
-        .arg(player.join("play.mjs"))
-        .arg(format!(
+    let (line, err, _) = penstock_testreq::run_browser_player(
+        &player,
+        "play.mjs",
+        &format!(
             "https://localhost:{}/player.html?src=/clip.ts/index.m3u8",
             s.https_port()
-        ))
-        .arg("8")
-        .env("IGNORE_HTTPS_ERRORS", "1")
-        .env("SCREENSHOT", &shot)
-        .output()
-        .expect("node");
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out.lines().last().unwrap_or_default();
+        ),
+        &["8"],
+        &[("IGNORE_HTTPS_ERRORS", "1")],
+        "https-hls",
+    );
     assert!(
         line.contains("\"ok\":true") && line.contains("\"width\":640"),
-        "{line}\n{}",
-        String::from_utf8_lossy(&o.stderr)
+        "{line}\n{err}"
     );
-    println!("{line}\nscreenshot: {}", shot.display());
     // The segments came over https: the access log has their ranges of the clip.
     let log = s.access_log();
     assert!(

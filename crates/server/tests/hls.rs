@@ -228,19 +228,14 @@ fn play_page(
         f.path("hls.min.js"),
     )
     .unwrap();
-    let shot = std::env::temp_dir().join(format!("penstock-{tag}-{}.png", std::process::id()));
-    let o = Command::new("node")
-        .arg(player.join("play.mjs"))
-        .arg(f.url(&format!("/player.html?src={src}")))
-        .args(args)
-        .env("SCREENSHOT", &shot)
-        .env("CROSS_ORIGIN_URL", cross_origin_url.unwrap_or_default())
-        .output()
-        .expect("node");
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    println!("{out}\n{err}\nscreenshot: {}", shot.display());
-    let line = out.lines().last().unwrap_or_default().to_string();
+    let (line, err, shot) = penstock_testreq::run_browser_player(
+        player,
+        "play.mjs",
+        &f.url(&format!("/player.html?src={src}")),
+        args,
+        &[("CROSS_ORIGIN_URL", cross_origin_url.unwrap_or_default())],
+        tag,
+    );
     (line, shot, err)
 }
 

@@ -447,22 +447,14 @@ fn hls_js_in_chromium_plays_a_sessions_location() {
         f.path("hls.min.js"),
     )
     .unwrap();
-    let shot =
-        std::env::temp_dir().join(format!("penstock-hls-sessions-{}.png", std::process::id()));
-    let o = Command::new("node")
-        .arg(player.join("play.mjs"))
-        .arg(f.url("/player.html?src=/s/clip.ts/index.m3u8"))
-        .arg("8")
-        .env("SCREENSHOT", &shot)
-        .output()
-        .expect("node");
-    let out = String::from_utf8_lossy(&o.stdout);
-    println!(
-        "{out}\n{}\nscreenshot: {}",
-        String::from_utf8_lossy(&o.stderr),
-        shot.display()
+    let (line, _, _) = penstock_testreq::run_browser_player(
+        &player,
+        "play.mjs",
+        &f.url("/player.html?src=/s/clip.ts/index.m3u8"),
+        &["8"],
+        &[],
+        "hls-sessions",
     );
-    let line = out.lines().last().unwrap_or_default();
     assert!(line.contains("\"ok\":true"), "{line}");
     assert!(line.contains("\"width\":320"), "{line}");
     // The player was one session, and fetched its segments through it.

@@ -207,6 +207,35 @@ pub fn require_browser_player() -> Option<PathBuf> {
     .then_some(dir)
 }
 
+/// Runs `script` (`play.mjs`, `live.mjs`, …) of the browser player in `player` on `url`
+/// with `args` and `env`, under `timeout 300`, its screenshot written to the temp directory
+/// under `tag`; prints what it said. Returns its last line (the JSON result), its stderr and
+/// the screenshot's path.
+pub fn run_browser_player(
+    player: &Path,
+    script: &str,
+    url: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    tag: &str,
+) -> (String, String, PathBuf) {
+    let shot = std::env::temp_dir().join(format!("penstock-{tag}-{}.png", std::process::id()));
+    let o = std::process::Command::new("timeout")
+        .args(["300", "node"])
+        .arg(player.join(script))
+        .arg(url)
+        .args(args)
+        .envs(env.iter().copied())
+        .env("SCREENSHOT", &shot)
+        .output()
+        .expect("node");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    println!("{out}\n{err}\nscreenshot: {}", shot.display());
+    let line = out.lines().last().unwrap_or_default().to_string();
+    (line, err, shot)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

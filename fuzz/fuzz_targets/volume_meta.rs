@@ -346,11 +346,11 @@ fn put32(slot: &mut [u8], at: usize, value: u32) {
 fn fix_checksums(slot: &mut [u8], body: bool, header: bool) {
     let body_bytes = le32(slot, BODY_LEN_AT) as usize;
     if body && body_bytes <= SLOT_BYTES - HEADER {
-        let crc = crc32c::crc32c(&slot[HEADER..HEADER + body_bytes]);
+        let crc = penstock_core::crc::crc32c(&slot[HEADER..HEADER + body_bytes]);
         put32(slot, BODY_CRC_AT, crc);
     }
     if header {
-        let crc = crc32c::crc32c(&slot[..HEADER_CRC_AT]);
+        let crc = penstock_core::crc::crc32c(&slot[..HEADER_CRC_AT]);
         put32(slot, HEADER_CRC_AT, crc);
     }
 }

@@ -102,7 +102,7 @@ pub fn run(a: RecordBenchArgs) -> Result<()> {
         }
     };
     let src = std::fs::read(&ts).with_context(|| format!("reading {}", ts.display()))?;
-    let src_crc = crc32c::crc32c(&src);
+    let src_crc = penstock_core::crc::crc32c(&src);
     let src_units = (src.len() as u64).div_ceil(UNIT);
     eprintln!(
         "source: {} ({} bytes, {} datagrams of {UNIT} bytes, {:.1} s at {RATE})",
@@ -221,7 +221,7 @@ fn file_crc(path: &Path) -> Result<u32> {
         if n == 0 {
             return Ok(crc);
         }
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        crc = penstock_core::crc::crc32c_append(crc, &buf[..n]);
     }
 }
 

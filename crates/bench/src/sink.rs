@@ -85,7 +85,7 @@ pub fn run(a: SinkArgs) -> Result<()> {
                     Ok(n) => {
                         total += n as u64;
                         if checksum {
-                            crc = crc32c::crc32c_append(crc, &buf[..n]);
+                            crc = penstock_core::crc::crc32c_append(crc, &buf[..n]);
                         }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod buffers;
 pub mod cluster;
 pub mod control;
+pub mod crc;
 pub mod endpoint;
 pub mod hls;
 pub mod http;

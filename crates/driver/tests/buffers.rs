@@ -81,7 +81,7 @@ fn make_file(path: &Path, bytes: u64) -> u32 {
     let mut crc = 0;
     for i in 0..bytes / BUFFER_BYTES as u64 {
         block[..8].copy_from_slice(&i.to_le_bytes());
-        crc = crc32c::crc32c_append(crc, &block);
+        crc = penstock_core::crc::crc32c_append(crc, &block);
         f.write_all(&block).expect("write source");
     }
     f.into_inner().expect("flush source");
@@ -107,7 +107,7 @@ fn gated_receiver() -> (SocketAddr, Sender<()>, Received) {
                 return Ok((total, crc));
             }
             total += n as u64;
-            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            crc = penstock_core::crc::crc32c_append(crc, &buf[..n]);
         }
     });
     (addr, gate, h)

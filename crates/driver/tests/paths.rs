@@ -767,7 +767,7 @@ fn make_big(path: &Path, mib: u64) -> u32 {
     let mut crc = 0u32;
     for i in 0..mib {
         block[..8].copy_from_slice(&i.to_le_bytes());
-        crc = crc32c::crc32c_append(crc, &block);
+        crc = penstock_core::crc::crc32c_append(crc, &block);
         f.write_all(&block).expect("write big file");
     }
     f.into_inner()
@@ -794,7 +794,7 @@ fn tcp_checksum_receiver(
                 return Ok((total, crc));
             }
             total += n as u64;
-            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            crc = penstock_core::crc::crc32c_append(crc, &buf[..n]);
             if stop_after.is_some_and(|stop| total >= stop) {
                 return Ok((total, crc)); // drops the socket with unread data: the peer sees RST
             }

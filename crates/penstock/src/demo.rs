@@ -35,7 +35,7 @@ fn sample(path: &Path, size: u64) -> Result<u32> {
         chunk.copy_from_slice(&b[..chunk.len()]);
     }
     std::fs::write(path, &data)?;
-    Ok(crc32c::crc32c(&data))
+    Ok(penstock_core::crc::crc32c(&data))
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {
@@ -75,7 +75,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                     return Ok((n, crc));
                 }
                 n += k as u64;
-                crc = crc32c::crc32c_append(crc, &buf[..k]);
+                crc = penstock_core::crc::crc32c_append(crc, &buf[..k]);
             }
         });
         let spec = StreamSpec {

@@ -145,7 +145,7 @@ fn stream_to_sink(
     let (bytes, crc) = sink.result();
     assert_eq!(
         (bytes, crc),
-        (want.len() as u64, crc32c::crc32c(want)),
+        (want.len() as u64, penstock_core::crc::crc32c(want)),
         "{name}: what the sink received (bytes, crc32c)"
     );
     err
@@ -789,5 +789,8 @@ fn a_fast_rate_to_tcp_without_a_unit_sends_millisecond_units() {
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     // 1 GB/s is 1,000,000 bytes a millisecond: 760 × 1316 = 1,000,160-byte units, 8 of them.
     assert_eq!(json["lateness"]["units"], 8, "{json}");
-    assert_eq!(sink.result(), (data.len() as u64, crc32c::crc32c(&data)));
+    assert_eq!(
+        sink.result(),
+        (data.len() as u64, penstock_core::crc::crc32c(&data))
+    );
 }

@@ -137,7 +137,7 @@ impl TrackHeader {
         h[14..16].copy_from_slice(&(HEADER_BYTES as u16).to_le_bytes());
         h[16..24].copy_from_slice(&self.start_wall_ns.to_le_bytes());
         h[24..28].copy_from_slice(&self.flags.to_le_bytes());
-        let crc = crc32c::crc32c(&h[0..60]);
+        let crc = crate::crc::crc32c(&h[0..60]);
         h[60..64].copy_from_slice(&crc.to_le_bytes());
         h
     }
@@ -158,7 +158,7 @@ pub fn decode_header(bytes: &[u8]) -> Result<TrackHeader, TrackError> {
         return Err(TrackError::UnknownVersion { found: version });
     }
     let stored = u32::from_le_bytes([h[60], h[61], h[62], h[63]]);
-    let computed = crc32c::crc32c(&h[0..60]);
+    let computed = crate::crc::crc32c(&h[0..60]);
     if stored != computed {
         return Err(TrackError::HeaderChecksum { stored, computed });
     }
@@ -316,7 +316,7 @@ pub fn encode_record<R: Record>(record: &R) -> [u8; RECORD_BYTES] {
 }
 
 fn record_crc(kind: TrackKind, first20: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&[kind.code()]), first20)
+    crate::crc::crc32c_append(crate::crc::crc32c(&[kind.code()]), first20)
 }
 
 /// Why the decoder stopped reading records.

@@ -497,8 +497,8 @@ pub fn encode(meta: &VolumeMeta, member: MemberIndex, seq: u64) -> Vec<u8> {
     out[12..16].copy_from_slice(&(META_HEADER_BYTES as u32).to_le_bytes());
     out[16..24].copy_from_slice(&seq.to_le_bytes());
     out[24..28].copy_from_slice(&(body.len() as u32).to_le_bytes());
-    out[28..32].copy_from_slice(&crc32c::crc32c(&body).to_le_bytes());
-    let header_crc = crc32c::crc32c(&out[0..60]);
+    out[28..32].copy_from_slice(&crate::crc::crc32c(&body).to_le_bytes());
+    let header_crc = crate::crc::crc32c(&out[0..60]);
     out[60..64].copy_from_slice(&header_crc.to_le_bytes());
     out[META_HEADER_BYTES..META_HEADER_BYTES + body.len()].copy_from_slice(&body);
     out
@@ -536,7 +536,7 @@ pub fn decode(slot: &[u8]) -> Result<DecodedMeta, MetaError> {
         return Err(MetaError::UnknownVersion { found: version });
     }
     let stored = le32(60);
-    let computed = crc32c::crc32c(&slot[0..60]);
+    let computed = crate::crc::crc32c(&slot[0..60]);
     if stored != computed {
         return Err(MetaError::HeaderChecksum { stored, computed });
     }
@@ -560,7 +560,7 @@ pub fn decode(slot: &[u8]) -> Result<DecodedMeta, MetaError> {
     }
     let body = &slot[META_HEADER_BYTES..META_HEADER_BYTES + body_bytes];
     let stored = le32(28);
-    let computed = crc32c::crc32c(body);
+    let computed = crate::crc::crc32c(body);
     if stored != computed {
         return Err(MetaError::BodyChecksum { stored, computed });
     }
@@ -579,7 +579,7 @@ pub fn header_seq(header: &[u8]) -> Option<u64> {
         u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
     };
     if !(META_VERSION_MIN..=META_VERSION).contains(&le32(8))
-        || le32(60) != crc32c::crc32c(&header[0..60])
+        || le32(60) != crate::crc::crc32c(&header[0..60])
     {
         return None;
     }

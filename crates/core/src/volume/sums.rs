@@ -59,7 +59,7 @@ impl SumEntry {
             "an entry covers at most one unit"
         );
         SumEntry {
-            crc: crc32c::crc32c(bytes),
+            crc: crate::crc::crc32c(bytes),
             len: bytes.len() as u16,
         }
     }
@@ -174,7 +174,7 @@ pub fn verify(entry: Option<SumEntry>, unit: &[u8], need: usize) -> Result<(), S
         covered: unit.len().min(usize::from(u16::MAX)) as u16,
         need: e.len,
     })?;
-    let computed = crc32c::crc32c(covered);
+    let computed = crate::crc::crc32c(covered);
     if computed != e.crc {
         return Err(SumFailure::Mismatch {
             recorded: e.crc,

@@ -696,8 +696,8 @@ fn encode_v1(meta: &VolumeMeta, m: MemberIndex, seq: u64) -> Vec<u8> {
     img[..64].copy_from_slice(&v2[..64]);
     img[8..12].copy_from_slice(&1u32.to_le_bytes());
     img[24..28].copy_from_slice(&(out.len() as u32).to_le_bytes());
-    img[28..32].copy_from_slice(&crc32c::crc32c(&out).to_le_bytes());
-    let crc = crc32c::crc32c(&img[0..60]);
+    img[28..32].copy_from_slice(&crate::crc::crc32c(&out).to_le_bytes());
+    let crc = crate::crc::crc32c(&img[0..60]);
     img[60..64].copy_from_slice(&crc.to_le_bytes());
     img[64..64 + out.len()].copy_from_slice(&out);
     img
@@ -1127,7 +1127,7 @@ fn assembly_of_a_mirrored_volume_survives_one_lost_member() {
 fn with_version(img: &[u8], version: u32) -> Vec<u8> {
     let mut img = img.to_vec();
     img[8..12].copy_from_slice(&version.to_le_bytes());
-    let crc = crc32c::crc32c(&img[0..60]);
+    let crc = crate::crc::crc32c(&img[0..60]);
     img[60..64].copy_from_slice(&crc.to_le_bytes());
     img
 }
@@ -1317,9 +1317,9 @@ fn a_version_5_image_whose_data_start_leaves_no_sum_area_is_corrupt() {
     img[h + body_len..h + body_len + 4].copy_from_slice(&4096u32.to_le_bytes());
     let body_len = body_len + 4;
     img[24..28].copy_from_slice(&(body_len as u32).to_le_bytes());
-    let crc = crc32c::crc32c(&img[h..h + body_len]);
+    let crc = crate::crc::crc32c(&img[h..h + body_len]);
     img[28..32].copy_from_slice(&crc.to_le_bytes());
-    let hcrc = crc32c::crc32c(&img[0..60]);
+    let hcrc = crate::crc::crc32c(&img[0..60]);
     img[60..64].copy_from_slice(&hcrc.to_le_bytes());
     match decode(&img) {
         Err(MetaError::Corrupt { what }) => assert!(what.contains("sum area"), "{what}"),

@@ -79,9 +79,8 @@ pub struct RtspConfig {
     pub zero_copy_sends: bool,
     /// An interleaved (TCP) session's engine stream sends its frames straight to the RTSP
     /// connection's socket, taking turns with the connection thread through a writer gate
-    /// (zero copy); `false` (the default for now): through a Unix socket pair that the
-    /// connection thread reads and frames (a copy each way). Off by default: a client that
-    /// stops reading and then asks again can still go unanswered (docs/rtsp.md).
+    /// (no copy through user space; the default); `false`: through a Unix socket pair that the
+    /// connection thread reads and frames (a copy each way).
     pub interleaved_direct: bool,
     /// `[rtsp.live.NAME]`: live sources, played as `rtsp://HOST:PORT/NAME` (docs/rtsp.md,
     /// "Live relay").
@@ -175,7 +174,7 @@ impl Default for RtspConfig {
             scale_max: 4,
             direct_reads: true,
             zero_copy_sends: true,
-            interleaved_direct: false,
+            interleaved_direct: true,
             live: BTreeMap::new(),
         }
     }

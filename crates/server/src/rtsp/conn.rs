@@ -668,7 +668,7 @@ impl Conn<'_> {
                 _ => None,
             };
             let mut spec = stream_spec(&self.shared.cfg, &media, None, base, None).0;
-            spec.interleaved = interleaved;
+            interleave(&mut spec, interleaved);
             let admitted = match self.shared.engine.admit(&spec) {
                 Ok(a) => a,
                 Err(e) => {
@@ -1042,7 +1042,7 @@ impl Conn<'_> {
         );
         let (mut spec, pb) =
             stream_spec(&self.shared.cfg, &media, from_ns, packetizer, Some(anchor));
-        spec.interleaved = s.transport.interleaved(&self.shared.cfg);
+        interleave(&mut spec, s.transport.interleaved(&self.shared.cfg));
         let seek = pb.1;
         let pb = pb.0;
         tracing::debug!(
@@ -1352,6 +1352,21 @@ fn stream_spec(
         ..StreamSpec::opened()
     };
     (spec, (pb, seek))
+}
+
+/// An interleaved session's engine stream writes its frames to the connection's socket
+/// (`il`). Its sends ask zero copy `auto`, not `on`: the planner then copies a TCP unit under
+/// `ZERO_COPY_UNIT_BYTES_MIN` into the socket (one ring SEND from the pool, no copy through
+/// user space), since a 1,328-byte frame's SEND_ZC notification costs more than its copy
+/// (the kernel's msg_zerocopy.rst: zero copy pays from ~10 KB), and a SEND_ZC'd frame to a client
+/// that stopped reading and read again held the writer gate past `send_timeout_ms` (rtsp.rs's
+/// stalled-client test: 135 s and no reply with SEND_ZC, 7.8 s and every reply without; why the
+/// frame's rest did not go is not known yet).
+fn interleave(spec: &mut StreamSpec, il: Option<Interleaved>) {
+    if il.is_some() && spec.zero_copy == ZeroCopy::On {
+        spec.zero_copy = ZeroCopy::Auto;
+    }
+    spec.interleaved = il;
 }
 
 /// The `Scale` of a PLAY: `None` without the header; 451's reason for a scale not served

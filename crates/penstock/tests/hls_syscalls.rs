@@ -49,7 +49,7 @@ fn serve_traced(dir: &Path, www: &Path, trace: &Path) -> (std::process::Child, S
     let conf = dir.join("penstock.toml");
     std::fs::write(
         &conf,
-        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\n\
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n\
          [log]\naccess = \"off\"\n[admission]\nself_calibrate = false\n",
     )
     .unwrap();

@@ -600,3 +600,69 @@ fn a_socket_passed_by_the_service_manager_is_served() {
     signal(child.id(), rustix::process::Signal::TERM);
     assert!(child.wait().unwrap().success());
 }
+
+/// A TCP control port whose token would be made at start and written nowhere (no `token`,
+/// no `token_file`, `--no-control-unix`) could answer nobody: serve refuses to start and says
+/// how to get one, before it binds anything; with a token, or with TCP control off, it starts.
+#[test]
+fn a_tcp_control_port_nobody_could_authenticate_on_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("x.txt"), b"x").unwrap();
+    let port = free_port();
+    let run = |control: &str| {
+        let conf = dir.path().join("penstock.toml");
+        std::fs::write(
+            &conf,
+            format!(
+                "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\n{control}"
+            ),
+        )
+        .unwrap();
+        Command::new(env!("CARGO_BIN_EXE_penstock"))
+            .args(["serve", "--no-control-unix", "--config"])
+            .arg(&conf)
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let listen = format!("listen = \"127.0.0.1:{port}\"\n");
+    let mut child = run(&listen);
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("serve started with a control port nobody can authenticate on");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "control.listen 127.0.0.1:{port}: a TCP control port needs a token"
+        )) && err.contains("control.token_file")
+            && err.contains("--no-control-unix")
+            && err.contains("control.listen = \"\""),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "it said it serves: {:?}", out.stdout);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the control port was bound"
+    );
+    // The ways out start.
+    for control in [
+        format!("{listen}token = \"a-token-of-32-characters-or-so-xx\"\n"),
+        "listen = \"\"\n".to_string(),
+    ] {
+        let mut child = run(&control);
+        let line = start_line(&mut child);
+        let (http, _) = serve_addresses(&line);
+        assert_eq!(get_status(&http, "/x.txt"), 200, "{control}");
+        signal(child.id(), rustix::process::Signal::TERM);
+        assert!(child.wait().unwrap().success(), "{control}");
+    }
+}

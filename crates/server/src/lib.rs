@@ -413,6 +413,19 @@ impl Server {
                     .token_file
                     .clone()
                     .or_else(|| cfg.control.unix.as_deref().map(private::default_token_file));
+                // A TCP port whose token is made here and written nowhere answers only
+                // `HELP`, `QUIT` and a failing `AUTH`: refused, naming the ways out.
+                if file.is_none() && !cfg.control.listen.is_empty() {
+                    return Err(ConfigError::Invalid(format!(
+                        "control.listen {}: a TCP control port needs a token its clients can \
+                         read, and there is none here (no control.token, no control.token_file, \
+                         and no Unix socket to write one beside): set control.token or \
+                         control.token_file, keep the Unix socket (no --no-control-unix), or \
+                         turn TCP control off (control.listen = \"\" or --control '')",
+                        cfg.control.listen
+                    ))
+                    .into());
+                }
                 (t, file)
             }
         };

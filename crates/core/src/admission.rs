@@ -159,7 +159,13 @@ impl fmt::Display for FigureSource {
             FigureSource::Configured => write!(f, "configured"),
             FigureSource::CalibrationFile => write!(f, "calibration file"),
             FigureSource::SelfCalibrated { unix_s } => {
-                write!(f, "self-calibrated at {unix_s} (Unix time)")
+                // A date (UTC, seconds): formatting a given time reads no clock.
+                let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(*unix_s);
+                write!(
+                    f,
+                    "self-calibrated at {}",
+                    humantime::format_rfc3339_seconds(at)
+                )
             }
         }
     }
@@ -1548,7 +1554,11 @@ mod tests {
         // 10 chunks/s × (95.9 µs + 1 ms) vs × (4.96 ms + 10 ms).
         assert_eq!(quick.disk_ns_per_s, 10_959_040);
         assert_eq!(slow.disk_ns_per_s, 149_590_400);
-        assert!(quick.figures().contains("self-calibrated at 42"));
+        assert!(
+            quick
+                .figures()
+                .contains("self-calibrated at 1970-01-01T00:00:42Z")
+        );
         let usage = a.disk_usage();
         assert_eq!(usage.len(), 2);
         assert_eq!(a.usage().disk_ns_per_s, 149_590_400);

@@ -241,7 +241,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     service::switch_user(run_as.as_ref(), &root)?;
     // ---
-    say!("{} (root {})", server.summary(), root.display());
+    say!("{}", server.summary());
+    for d in server.details() {
+        say!("  {d}");
+    }
+    say!("  root {}", root.display());
     if let Some(f) = server.token_file() {
         say!("control token (for AUTH from other peers): {}", f.display());
     }

@@ -389,7 +389,7 @@ impl RunAs {
 }
 
 /// After `Server::start`: switches to the configured user ([`RunAs::apply`]) and says so at
-/// info; with no user configured, a server running as root says at warn that it stays root.
+/// info; with no user configured, a server running as root says so at info, once.
 pub fn switch_user(run_as: Option<&RunAs>, root: &Path) -> Result<()> {
     match run_as {
         Some(r) => {
@@ -403,9 +403,8 @@ pub fn switch_user(run_as: Option<&RunAs>, root: &Path) -> Result<()> {
                 "running as the configured user"
             );
         }
-        None if rustix::process::geteuid().is_root() => tracing::warn!(
-            "running as root: set `user` in the configuration to switch to an unprivileged \
-             user once the listeners are bound (docs/service.md)"
+        None if rustix::process::geteuid().is_root() => tracing::info!(
+            "running as root (set `user` to drop it once the listeners are bound: docs/service.md)"
         ),
         None => {}
     }

@@ -57,10 +57,25 @@ fn serve_prints_its_addresses_reloads_on_sighup_and_exits_0_on_sigterm() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let line = start_line(&mut child);
-    // "penstock serve: http://127.0.0.1:PORT, control 127.0.0.1:PORT, control unix:..., ..."
+    // "penstock serve: http://127.0.0.1:PORT, control 127.0.0.1:PORT, control unix:..."; then
+    // indented details (bodies and io_uring; descriptors and workers; the root).
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for _ in 0..4 {
+        let mut l = String::new();
+        std::io::BufRead::read_line(&mut out, &mut l).unwrap();
+        lines.push(l);
+    }
+    std::thread::spawn(move || for _ in std::io::BufRead::lines(out) {});
+    let line = lines[0].clone();
     assert!(line.starts_with("penstock serve: http://"), "{line}");
-    assert!(line.contains("http bodies:"), "{line}");
+    assert!(!line.contains(';'), "one line of addresses: {line}");
+    assert!(lines[1].starts_with("  http bodies:"), "{lines:?}");
+    assert!(
+        lines[2].starts_with("  descriptors ") && lines[2].contains("workers:"),
+        "{lines:?}"
+    );
+    assert!(lines[3].starts_with("  root "), "{lines:?}");
     let (http, control) = serve_addresses(&line);
     let control = control.expect("a control address");
     assert_eq!(get_status(&http, "/a.txt"), 200);

@@ -144,7 +144,7 @@ pub struct Server {
     control: Arc<control::ControlShared>,
     http_threads: Vec<JoinHandle<()>>,
     control_threads: Vec<JoinHandle<()>>,
-    paths: String,
+    paths: Vec<String>,
     metrics: Arc<Metrics>,
     engine: Arc<Engine>,
     metrics_listener: Option<metrics_http::MetricsListener>,
@@ -592,7 +592,7 @@ impl Server {
                 cfg.http.engine_body_bytes_min, cfg.http.body_path
             )
         };
-        let paths = format!("{paths}; {nofile}; {}", sched_line(engine.info()));
+        let paths = vec![paths, format!("{nofile}; {}", sched_line(engine.info()))];
         Ok(Server {
             listening: Mutex::new(listening),
             activated,
@@ -705,7 +705,9 @@ impl Server {
         }
     }
 
-    /// The one line printed at start: addresses and data paths.
+    /// The first line printed at start: every address (`penstock serve: http://HOST:PORT,
+    /// control HOST:PORT, control unix:PATH, rtsp://HOST:PORT/`; scripts read it). The
+    /// rest is in [`Server::details`].
     pub fn summary(&self) -> String {
         let http: Vec<String> = self
             .listening
@@ -731,8 +733,13 @@ impl Server {
         for a in self.rtsp_addrs() {
             s.push_str(&format!(", rtsp://{a}/"));
         }
-        s.push_str(&format!("; {}", self.paths));
         s
+    }
+
+    /// What the start line leaves out, one phrase a line: how HTTP bodies move and whether
+    /// io_uring is there; the descriptors and the workers' CPU policies.
+    pub fn details(&self) -> Vec<String> {
+        self.paths.clone()
     }
 
     /// SIGHUP: takes what can change while serving — the limits, the locations (classes
@@ -1077,9 +1084,16 @@ fn raise_nofile(cfg: &ServerConfig) -> String {
     let now = penstock_driver::rlimit::raise_nofile().soft;
     match nofile_advice(cfg, now) {
         None => format!("descriptors {now}"),
-        Some(advice) => {
+        // Really wrong: not even one descriptor per allowed HTTP connection; a warning.
+        // Else (a limit that fits thousands of connections but not the defaults' worst
+        // case, the usual first start) one line at info.
+        Some(advice) if now < cfg.limits.connections_max as u64 => {
             tracing::warn!(descriptors = now, "{advice}");
             format!("descriptors {now}, too few: see the warning")
+        }
+        Some(advice) => {
+            tracing::info!(descriptors = now, "{advice}");
+            format!("descriptors {now} (see the log)")
         }
     }
 }
@@ -1104,8 +1118,8 @@ fn nofile_advice(cfg: &ServerConfig, nofile: u64) -> Option<String> {
     // One short line (issue 40: the first start's warnings were 300 characters); the
     // arithmetic is in docs/http.md.
     Some(format!(
-        "RLIMIT_NOFILE {nofile} < the {wanted} descriptors the connection limits may need \
-         (accept then fails with EMFILE): {lower}, or raise the hard limit (LimitNOFILE=)"
+        "RLIMIT_NOFILE {nofile} < the {wanted} descriptors the limits may need: {lower} or \
+         raise LimitNOFILE="
     ))
 }
 

@@ -16,7 +16,7 @@ pub fn start_line(child: &mut std::process::Child) -> String {
 
 /// The HTTP address and, when the line has one, the control TCP address from `penstock
 /// serve`'s start line: `penstock serve: http://HOST:PORT, control HOST:PORT, control
-/// unix:PATH; http bodies: …`.
+/// unix:PATH, rtsp://…/`.
 pub fn serve_addresses(line: &str) -> (String, Option<String>) {
     let rest = line
         .strip_prefix("penstock serve: http://")

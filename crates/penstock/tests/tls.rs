@@ -999,3 +999,85 @@ fn sni_of_an_ip_address_does_not_fill_the_log() {
     let log = s.stderr();
     assert!(!log.contains("Illegal SNI"), "{log}");
 }
+
+/// An edge server (no TLS of its own) whose `[origin]` is an `https://` penstock: with the
+/// origin's CA as `origin.ca_file` it serves the origin's bytes exactly (a whole file and a
+/// range); without it (Mozilla's roots only) the origin's certificate is refused and the
+/// client gets an error status, never bytes, and the reason is in the edge's log.
+#[test]
+fn an_https_origin_is_read_through_its_ca_and_refused_without_it() {
+    let origin = start("");
+    let data = pattern(5 << 20);
+    std::fs::write(origin.path("www").join("big.bin"), &data).unwrap();
+    let edge = |ca: Option<&str>| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("www")).unwrap();
+        let conf = dir.path().join("penstock.toml");
+        let ca = ca.map_or(String::new(), |c| format!("ca_file = \"{c}\"\n"));
+        std::fs::write(
+            &conf,
+            format!(
+                "[rtsp]\nlisten = \"\"\n[control]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+                 [origin]\nurl = \"https://localhost:{}\"\n{ca}cache_dir = \"{}\"\nblock_bytes = \"1MiB\"\n",
+                origin.https_port(),
+                dir.path().join("cache").display()
+            ),
+        )
+        .unwrap();
+        let mut child = spawn(dir.path(), &conf);
+        let line = start_line(&mut child);
+        let (http, _) = common::serve_addresses(&line);
+        (dir, Kill(child), http)
+    };
+    let curl = |http: &str, args: &[&str]| {
+        Command::new("curl")
+            .args(["-sS", "--max-time", "60", "-w", "\n%{http_code}"])
+            .args(args)
+            .arg(format!("http://{http}/big.bin"))
+            .output()
+            .unwrap()
+    };
+    let split = |o: &Output| {
+        let mut body = o.stdout.clone();
+        let at = body.iter().rposition(|&b| b == b'\n').unwrap();
+        let code = String::from_utf8_lossy(&body[at + 1..]).to_string();
+        body.truncate(at);
+        (code, body)
+    };
+
+    let (_dir, _edge, http) = edge(Some(&origin.ca()));
+    let (code, body) = split(&curl(&http, &[]));
+    assert_eq!(code, "200");
+    assert!(
+        body == data,
+        "{} of {} bytes, not exact",
+        body.len(),
+        data.len()
+    );
+    let (code, body) = split(&curl(&http, &["-r", "3000000-3999999"]));
+    assert_eq!(code, "206");
+    assert!(body == data[3_000_000..4_000_000], "the range is not exact");
+
+    let (dir, _edge, http) = edge(None);
+    let (code, body) = split(&curl(&http, &[]));
+    assert!(code.starts_with('5'), "{code}: {} bytes", body.len());
+    assert!(
+        body.len() < 1024,
+        "an error page, not the file: {} bytes",
+        body.len()
+    );
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default();
+    assert!(
+        log.to_lowercase().contains("certificate") || log.contains("UnknownIssuer"),
+        "the edge's log does not name the certificate:\n{log}"
+    );
+}
+
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -12,10 +12,13 @@ use super::{ConfigError, units};
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OriginConfig {
-    /// `http://host:port/prefix` (any server that answers `Range`) or `s3://bucket/prefix`
-    /// (with `[origin.s3]`). Empty: no origin; a missing path is a 404. TLS is not built in:
-    /// put a TLS-terminating proxy on loopback in front of an `https` origin.
+    /// `http://host:port/prefix` or `https://…` (any server that answers `Range`), or
+    /// `s3://bucket/prefix` (with `[origin.s3]`, whose endpoint may be `https://` too).
+    /// Empty: no origin; a missing path is a 404.
     pub url: String,
+    /// PEM certificates an `https` origin's (or S3 endpoint's) certificate must chain to;
+    /// unset: Mozilla's roots, built in (`webpki-roots`). Read at start.
+    pub ca_file: Option<PathBuf>,
     /// Where blocks are kept. Its `penstock-origin` subdirectory is the server's: emptied at
     /// start (the cache does not outlive the process) and filled one file per block.
     pub cache_dir: Option<PathBuf>,
@@ -90,6 +93,7 @@ impl Default for OriginConfig {
     fn default() -> OriginConfig {
         OriginConfig {
             url: String::new(),
+            ca_file: None,
             cache_dir: None,
             block_bytes: 4 << 20,
             cache_bytes_max: 1 << 30,
@@ -147,7 +151,11 @@ impl OriginConfig {
     /// The origin's location.
     pub fn origin_url(&self) -> Result<OriginUrl, ConfigError> {
         let bad = |why: &str| ConfigError::Invalid(format!("origin.url {:?}: {why}", self.url));
-        if let Some(rest) = self.url.strip_prefix("http://") {
+        if let Some(rest) = self
+            .url
+            .strip_prefix("http://")
+            .or_else(|| self.url.strip_prefix("https://"))
+        {
             let host_end = rest.find('/').unwrap_or(rest.len());
             if host_end == 0 {
                 return Err(bad("no host"));
@@ -167,13 +175,9 @@ impl OriginConfig {
                 bucket: bucket.to_string(),
                 prefix: prefix.trim_matches('/').to_string(),
             })
-        } else if self.url.starts_with("https://") {
-            Err(bad(
-                "https is not built in (no TLS in the origin client): use a TLS proxy on loopback",
-            ))
         } else {
             Err(bad(
-                "expected http://host[:port][/prefix] or s3://bucket[/prefix]",
+                "expected http[s]://host[:port][/prefix] or s3://bucket[/prefix]",
             ))
         }
     }
@@ -250,6 +254,13 @@ mod tests {
             }
         );
         c.check().unwrap();
+        c.url = "https://origin.example:8443/m".into();
+        assert_eq!(
+            c.origin_url().unwrap(),
+            OriginUrl::Http {
+                base: "https://origin.example:8443/m".into()
+            }
+        );
         c.url = "s3://b/p/q/".into();
         assert_eq!(
             c.origin_url().unwrap(),
@@ -261,7 +272,7 @@ mod tests {
         assert!(c.check().is_err(), "s3 without an endpoint");
         c.s3.endpoint = "http://127.0.0.1:3900".into();
         c.check().unwrap();
-        for bad in ["ftp://x", "https://x/y", "http:///x", "s3:///x", "x"] {
+        for bad in ["ftp://x", "https:///y", "http:///x", "s3:///x", "x"] {
             c.url = bad.into();
             assert!(c.check().is_err(), "{bad}");
         }

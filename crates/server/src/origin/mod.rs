@@ -311,7 +311,14 @@ impl Origin {
         for d in [&blocks_dir, &tmp_dir] {
             std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
         }
+        let mut tls = ureq::tls::TlsConfig::builder();
+        if let Some(p) = &cfg.ca_file {
+            tls = tls.root_certs(ureq::tls::RootCerts::Specific(Arc::new(ca_certificates(
+                p,
+            )?)));
+        }
         let agent = ureq::Agent::config_builder()
+            .tls_config(tls.build())
             .http_status_as_error(false)
             .timeout_connect(Some(cfg.connect_timeout()))
             .timeout_per_read(Some(cfg.timeout()))
@@ -920,4 +927,21 @@ impl Origin {
             }
         }
     }
+}
+
+/// The certificates of `origin.ca_file` (PEM; other items, such as a key, are ignored): at
+/// least one, or why not.
+fn ca_certificates(path: &Path) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
+    let what = || format!("origin.ca_file {}", path.display());
+    let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", what()))?;
+    let mut certs = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        if let ureq::tls::PemItem::Certificate(c) = item.map_err(|e| format!("{}: {e}", what()))? {
+            certs.push(c);
+        }
+    }
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificate in it", what()));
+    }
+    Ok(certs)
 }

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use penstock_core::hls::{
     PTS_TICKS_PER_S, TsIndex, TsIndexError, TsIndexLimits, TsIndexer, Variant, bandwidth,
-    map_range, media_playlist, segments, stream_info,
+    i_frame_bandwidth, i_frame_map, i_frame_playlist, i_frames, map_range, media_playlist,
+    segments, stream_info,
 };
 use penstock_core::mp4::{Movie, Mp4Error, Mp4Limits, Packaging};
 
@@ -291,13 +292,26 @@ impl Hls {
         let index = self.index_now(file)?;
         let (peak, average) = bandwidth(&segments(&index, self.target_ticks()));
         let info = stream_info(&index);
+        let i_frames = uri.strip_suffix("index.m3u8").map(|dir| {
+            (
+                format!("{dir}iframes.m3u8"),
+                i_frame_bandwidth(&i_frames(&index)),
+            )
+        });
         Ok(Variant {
             uri,
             bandwidth: peak,
             average_bandwidth: average,
             resolution: info.resolution,
             codecs: info.codecs,
+            i_frames,
         })
+    }
+
+    /// The `EXT-X-I-FRAMES-ONLY` playlist of `index` (every key frame a byte range of the
+    /// file named `uri`, as [`Hls::playlist`]'s segments).
+    pub(crate) fn i_frame_playlist(&self, index: &TsIndex, uri: &str) -> String {
+        i_frame_playlist(&i_frames(index), uri, i_frame_map(index))
     }
 
     /// The index of `file` from the cache, else read now on this thread and cached (RTSP's
@@ -352,7 +366,7 @@ impl Hls {
     /// playlist's own URL; escaped by the caller).
     pub(crate) fn playlist(&self, index: &TsIndex, uri: &str) -> String {
         let segs = segments(index, self.target_ticks());
-        media_playlist(&segs, uri, map_range(index))
+        media_playlist(&segs, uri, map_range(index, &segs))
     }
 
     /// The index of `file` if cached; else the build under way for this file version (one per

@@ -190,11 +190,20 @@ impl LiveFeed {
                 .read_exact_at(&mut datagram, f.media_offset_bytes)
                 .map_err(|e| format!("reading a key frame's datagram: {e}"))?;
             if let Some((i, pts)) = key_frame_in(&datagram, psi.video_pid, psi.codec) {
+                let skipped = st.index.skipped();
                 st.index.handle_key_frame(LiveKeyFrame {
                     offset: f.media_offset_bytes + i as u64 * TS_PACKET_BYTES,
                     pts,
                     time_ns: t.time_ns,
                 });
+                if st.index.skipped() > skipped {
+                    tracing::warn!(
+                        source = %self.name,
+                        target_duration_s = st.index.target_duration_s(),
+                        "live HLS: key frames further apart than EXT-X-TARGETDURATION; \
+                         that stretch is left out of the playlist (a discontinuity)"
+                    );
+                }
             }
         }
         st.frame_read += whole;

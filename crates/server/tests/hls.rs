@@ -94,24 +94,14 @@ fn a_ts_file_plays_as_hls_from_byte_ranges_of_itself() {
         .unwrap()
         .parse()
         .unwrap();
-    let map = lines
-        .iter()
-        .find_map(|l| l.strip_prefix("#EXT-X-MAP:"))
-        .expect("a map");
-    // The map is the PAT and the PMT (ffmpeg writes its SDT before them).
-    let (len, at) = map
-        .strip_prefix("URI=\"../clip.ts\",BYTERANGE=\"")
-        .and_then(|r| r.strip_suffix('"'))
-        .and_then(|r| r.split_once('@'))
-        .unwrap_or_else(|| panic!("{map}"));
-    let (len, at): (usize, usize) = (len.parse().unwrap(), at.parse().unwrap());
-    assert_eq!(len, 376);
-    assert_eq!((file[at], file[at + 1] & 0x1f, file[at + 2]), (0x47, 0, 0));
-    // Pointer field 0, then the PMT's table id.
-    assert_eq!(
-        (file[at + 188], file[at + 188 + 4], file[at + 188 + 5]),
-        (0x47, 0, 0x02)
+    // ffmpeg's muxer repeats the PAT and PMT before every video key frame: each segment
+    // starts at them and carries its own PSI, so the playlist has no EXT-X-MAP (which
+    // GStreamer's hlsdemux could not typefind: docs/hls.md).
+    assert!(
+        !playlist.contains("#EXT-X-MAP"),
+        "segments that carry their PSI need no map: {playlist}"
     );
+    let pid = |p: &[u8]| (u16::from(p[1] & 0x1f) << 8) | u16::from(p[2]);
     let mut end = 0u64;
     let mut total = 0.0;
     let mut n = 0;
@@ -133,17 +123,33 @@ fn a_ts_file_plays_as_hls_from_byte_ranges_of_itself() {
         assert_eq!(at, end);
         end = at + len;
         assert!(end <= file.len() as u64);
-        // Every segment after the first starts with a key frame: a TS packet whose
-        // adaptation field says random access, beginning a PES.
+        // Every segment starts with the PAT and the PMT, and its first packet of the video
+        // stream (PID 0x100, ffmpeg's) is a key frame: a PES start whose adaptation field
+        // says random access.
+        let seg = &file[at as usize..end as usize];
+        let first = &seg[..188];
         if n > 0 {
-            let p = &file[at as usize..at as usize + 188];
-            assert_eq!(p[0], 0x47);
-            assert!(p[1] & 0x40 != 0, "segment {n} does not begin a PES");
-            assert!(
-                p[3] & 0x20 != 0 && p[5] & 0x40 != 0,
-                "segment {n}: no key frame"
+            assert_eq!(
+                (first[0], pid(first)),
+                (0x47, 0),
+                "segment {n}: no PAT first"
             );
         }
+        let pmt = seg
+            .chunks(188)
+            .position(|p| p[1] & 0x40 != 0 && p[4] == 0 && p[5] == 0x02)
+            .unwrap_or_else(|| panic!("segment {n}: no PMT"));
+        let video = seg
+            .chunks(188)
+            .position(|p| pid(p) == 0x100)
+            .unwrap_or_else(|| panic!("segment {n}: no video"));
+        assert!(pmt < video, "segment {n}: the PMT after the video");
+        let p = &seg[video * 188..video * 188 + 188];
+        assert!(p[1] & 0x40 != 0, "segment {n} does not begin a PES");
+        assert!(
+            p[3] & 0x20 != 0 && p[5] & 0x40 != 0,
+            "segment {n}: no key frame"
+        );
         n += 1;
     }
     assert_eq!(end, file.len() as u64);
@@ -768,6 +774,22 @@ fn a_directory_of_renditions_gets_a_multivariant_playlist_measured_from_the_file
         );
         // Each URI is the media playlist penstock already answers.
         assert_eq!(get(&f, &format!("/movie/{}", inf.uri)).0, 200);
+        // And its I-frame playlist is announced, with the video codec and the size.
+        let iframes = format!(
+            "#EXT-X-I-FRAME-STREAM-INF:BANDWIDTH=\\d+,CODECS=\"{v}\",RESOLUTION={}x{},URI=\"{name}/iframes.m3u8\"",
+            size.0, size.1
+        );
+        assert!(
+            master.lines().any(|l| regex_like(l, &iframes)),
+            "{iframes}\n{master}"
+        );
+        let (status, _, body) = get(&f, &format!("/movie/{name}/iframes.m3u8"));
+        assert_eq!(status, 200);
+        assert!(
+            String::from_utf8(body)
+                .unwrap()
+                .contains("#EXT-X-I-FRAMES-ONLY\n")
+        );
     }
     // ~300 and ~800 kbit/s of video, + 64 kbit/s AAC and the TS overhead.
     assert!(
@@ -1293,4 +1315,144 @@ fn hls_js_plays_across_origins_only_where_cors_allows_the_page() {
         line.contains("\"ok\":false") && line.contains("networkError"),
         "hls.js must fail on a playlist its page's origin may not read: {line}\n{err}"
     );
+}
+
+/// Whether `line` matches `pattern`, where `\\d+` stands for one or more digits (the rest
+/// literal).
+fn regex_like(line: &str, pattern: &str) -> bool {
+    let Some((head, tail)) = pattern.split_once("\\d+") else {
+        return line == pattern;
+    };
+    let Some(rest) = line.strip_prefix(head) else {
+        return false;
+    };
+    let digits = rest.chars().take_while(char::is_ascii_digit).count();
+    digits > 0 && regex_like(&rest[digits..], tail)
+}
+
+/// The byte ranges (offset, length) and durations an HLS playlist names.
+fn byte_ranges(playlist: &str) -> Vec<(u64, u64, f64)> {
+    let lines: Vec<&str> = playlist.lines().collect();
+    lines
+        .windows(2)
+        .filter_map(|w| {
+            let secs: f64 = w[0]
+                .strip_prefix("#EXTINF:")?
+                .trim_end_matches(',')
+                .parse()
+                .ok()?;
+            let (len, at) = w[1].strip_prefix("#EXT-X-BYTERANGE:")?.split_once('@')?;
+            Some((at.parse().ok()?, len.parse().ok()?, secs))
+        })
+        .collect()
+}
+
+/// `EXT-X-I-FRAMES-ONLY` (issue 36 item 4): `PATH/iframes.m3u8` names every key frame of the
+/// TS as a byte range of the file; each range, fetched as a player would (a range GET),
+/// begins with the PAT and the PMT and its first video packet starts a PES whose adaptation
+/// field says random access and whose bytes hold an IDR NAL unit; the ranges end where the
+/// next picture begins; ffprobe reads the playlist and finds only key frames.
+#[test]
+fn an_i_frame_playlist_names_each_key_frame_as_a_byte_range() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let f = start();
+    let clip = f.path("clip.ts");
+    h264_clip(&clip);
+    let file = std::fs::read(&clip).unwrap();
+    let (status, ty, body) = get(&f, "/clip.ts/iframes.m3u8");
+    assert_eq!(status, 200);
+    assert_eq!(ty, "application/vnd.apple.mpegurl");
+    let playlist = String::from_utf8(body).unwrap();
+    println!("{playlist}");
+    assert!(playlist.contains("#EXT-X-I-FRAMES-ONLY\n"));
+    assert!(playlist.ends_with("#EXT-X-ENDLIST\n"));
+    assert!(!playlist.contains("#EXT-X-MAP"), "{playlist}");
+    let target: f64 = playlist
+        .lines()
+        .find_map(|l| l.strip_prefix("#EXT-X-TARGETDURATION:"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let ranges = byte_ranges(&playlist);
+    // 13 s, a key frame every 2 s: 0, 2, …, 12.
+    assert_eq!(ranges.len(), 7, "{playlist}");
+    let total: f64 = ranges.iter().map(|r| r.2).sum();
+    assert!((total - 13.0).abs() < 0.05, "{total}");
+    let pid = |p: &[u8]| (u16::from(p[1] & 0x1f) << 8) | u16::from(p[2]);
+    let mut last_end = 0;
+    for (n, &(at, len, secs)) in ranges.iter().enumerate() {
+        assert!(secs.round() <= target);
+        assert!(at >= last_end && at + len <= file.len() as u64, "{n}");
+        last_end = at + len;
+        let mut r = agent()
+            .get(f.url("/clip.ts"))
+            .header("Range", format!("bytes={at}-{}", at + len - 1))
+            .call()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 206);
+        let body = r.body_mut().read_to_vec().unwrap();
+        assert_eq!(body, file[at as usize..(at + len) as usize]);
+        assert_eq!(body.len() % 188, 0);
+        let packets: Vec<&[u8]> = body.chunks(188).collect();
+        assert_eq!(pid(packets[0]), 0, "I-frame {n}: no PAT first");
+        assert!(
+            packets[1][1] & 0x40 != 0 && packets[1][5] == 0x02,
+            "I-frame {n}: no PMT"
+        );
+        let video: Vec<&&[u8]> = packets.iter().filter(|p| pid(p) == 0x100).collect();
+        let first = video[0];
+        assert!(
+            first[1] & 0x40 != 0 && first[3] & 0x20 != 0 && first[5] & 0x40 != 0,
+            "{n}"
+        );
+        // The picture's elementary stream (its PES, all in the range) holds an IDR slice
+        // (NAL type 5; x264's first picture has its SEI before it).
+        let mut es = Vec::new();
+        for (i, p) in video.iter().enumerate() {
+            let payload = if p[3] & 0x20 != 0 {
+                &p[5 + usize::from(p[4])..]
+            } else {
+                &p[4..]
+            };
+            let payload = if i == 0 {
+                &payload[9 + usize::from(payload[8])..]
+            } else {
+                payload
+            };
+            es.extend_from_slice(payload);
+        }
+        assert!(
+            es.windows(4)
+                .any(|w| w[..3] == [0, 0, 1] && w[3] & 0x1f == 5),
+            "I-frame {n}: no IDR"
+        );
+        // One picture: no other video PES starts in the range, and the next byte after it
+        // (if any) is the next picture's PES start.
+        assert!(
+            video[1..].iter().all(|p| p[1] & 0x40 == 0),
+            "I-frame {n}: two pictures"
+        );
+        let next = &file[(at + len) as usize..];
+        if let Some(p) = next.chunks(188).find(|p| pid(p) == 0x100) {
+            assert!(p[1] & 0x40 != 0, "I-frame {n} ends inside its picture");
+        }
+    }
+    // ffprobe reads the I-frame playlist: its video packets are the 7 key frames.
+    let o = Command::new("ffprobe")
+        .args(["-hide_banner", "-loglevel", "error", "-select_streams", "v"])
+        .args(["-show_entries", "packet=flags", "-of", "csv=p=0"])
+        .arg(f.url("/clip.ts/iframes.m3u8"))
+        .output()
+        .expect("ffprobe");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let flags = String::from_utf8(o.stdout).unwrap();
+    // One line per packet (`K_,`), with blank lines between.
+    let flags: Vec<&str> = flags.lines().filter(|l| !l.trim().is_empty()).collect();
+    println!("ffprobe of the I-frame playlist: {flags:?}");
+    assert_eq!(flags.len(), 7, "{flags:?}");
+    assert!(flags.iter().all(|l| l.starts_with('K')), "{flags:?}");
+    // Another file's name, or a non-TS: no I-frame playlist.
+    assert_eq!(get(&f, "/small.txt/iframes.m3u8").0, 404);
 }

@@ -484,13 +484,12 @@ fn video_packets(input: &str) -> u64 {
 /// (of a sessions location: its URIs carry the session) to EOS, and its sink gets every
 /// picture of the file.
 ///
-/// Fails today, hence ignored (docs/hls.md "Limits"): GStreamer 1.22's `hlsdemux` (and
-/// `hlsdemux2` through `urisourcebin`) typefinds the `EXT-X-MAP` section alone, and the
-/// 376-byte map (PAT + PMT, two packets) is too short for its MPEG-TS typefinder: "Could
-/// not determine type of stream". The same playlist without the map plays all 325
-/// pictures to EOS. Run it with `--ignored` once the map is at least four packets.
+/// GStreamer 1.22's `hlsdemux` typefinds an `EXT-X-MAP` section alone, and a 376-byte map
+/// (PAT + PMT, two packets) is too short for its MPEG-TS typefinder ("Could not determine
+/// type of stream"). ffmpeg's muxer repeats the PAT and PMT before every key frame, so each
+/// segment starts at them and the playlist needs no map (docs/hls.md "How segments are
+/// cut"): this test failed while the playlist had one.
 #[test]
-#[ignore = "GStreamer 1.22 cannot typefind the 2-packet EXT-X-MAP (docs/hls.md Limits)"]
 fn gstreamer_hlsdemux_plays_the_playlist_to_the_end() {
     if !penstock_testreq::require("ffmpeg") || !penstock_testreq::require("gst-launch-1.0") {
         return;

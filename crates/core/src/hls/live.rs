@@ -21,6 +21,16 @@
 //! carries `EXT-X-DISCONTINUITY`; the segment before it ends where the new one starts, its
 //! duration estimated (its PTS span up to its last key frame, plus the receive time to the
 //! next one, at most one target duration).
+//!
+//! `EXT-X-TARGETDURATION` never changes in the life of one live playlist (RFC 8216
+//! §4.3.3.1): it is fixed when the first segment is complete, at the configured target
+//! rounded up or that first segment's duration rounded, whichever is larger (a source whose
+//! key frames are 8 s apart under a 6 s target gets 8), and from then on no segment is listed
+//! whose duration, rounded to the nearest second, exceeds it: a key frame that would make the
+//! open segment too long cuts it at the key frame before (a shorter segment), and a single
+//! key-frame interval longer than the target duration (the source's GOP grew past it) cannot
+//! be a segment at all: its bytes are left out of the playlist, the next segment carries
+//! `EXT-X-DISCONTINUITY`, and [`LiveIndex::skipped`] counts it.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -98,8 +108,10 @@ pub struct LiveIndex {
     open: Option<(LiveKeyFrame, bool)>,
     /// The last key frame seen (the discontinuity test compares with it).
     last: Option<LiveKeyFrame>,
-    /// The longest segment so far, rounded to seconds (`EXT-X-TARGETDURATION` never shrinks).
-    target_s: u64,
+    /// `EXT-X-TARGETDURATION`, fixed when the first segment is complete (`None` before).
+    target_s: Option<u64>,
+    /// Key-frame intervals longer than the target duration, left out of the playlist.
+    skipped: u64,
     synced_bytes: u64,
 }
 
@@ -128,7 +140,8 @@ impl LiveIndex {
             dropped: false,
             open: None,
             last: None,
-            target_s: target_ticks.div_ceil(PTS_TICKS_PER_S).max(1),
+            target_s: None,
+            skipped: 0,
             synced_bytes: 0,
         }
     }
@@ -162,18 +175,55 @@ impl LiveIndex {
             / 1_000_000_000) as i64;
         let jump = step < 0 || (step - recv_ticks).unsigned_abs() > self.jump_ticks();
         self.last = Some(k);
+        let limit = self.longest_ticks();
         if jump {
             let before = pts_delta(open.pts, last.pts).max(0) as u64;
             let tail = (recv_ticks.max(0) as u64).min(self.target_ticks);
-            self.close(open, open_disc, k.offset, (before + tail).max(1));
+            // An estimate: kept within the target duration.
+            let d = (before + tail).max(1).min(limit.unwrap_or(u64::MAX));
+            self.close(open, open_disc, k.offset, d);
             self.open = Some((k, true));
             return;
         }
-        let span = pts_delta(open.pts, k.pts);
-        if span >= self.target_ticks as i64 {
-            self.close(open, open_disc, k.offset, span as u64);
+        let span = pts_delta(open.pts, k.pts).max(0) as u64;
+        if let Some(limit) = limit
+            && span > limit
+        {
+            // Too long to be one segment: cut at the key frame before, if there is one
+            // after the open segment's start (it was less than the target past it).
+            let (open, open_disc) = if last.offset > open.offset {
+                let before = pts_delta(open.pts, last.pts).max(1) as u64;
+                self.close(open, open_disc, last.offset, before);
+                (last, false)
+            } else {
+                (open, open_disc)
+            };
+            let span = pts_delta(open.pts, k.pts).max(0) as u64;
+            if span > limit {
+                // One key-frame interval longer than the target duration: no segment can
+                // hold it. Left out; what follows is a discontinuity.
+                self.skipped += 1;
+                self.open = Some((k, true));
+            } else if span >= self.target_ticks {
+                self.close(open, open_disc, k.offset, span);
+                self.open = Some((k, false));
+            } else {
+                self.open = Some((open, open_disc));
+            }
+            return;
+        }
+        if span >= self.target_ticks {
+            self.close(open, open_disc, k.offset, span);
             self.open = Some((k, false));
         }
+    }
+
+    /// The longest duration a segment may have once the target duration is fixed: the
+    /// longest whose `EXTINF` (milliseconds) rounds to it, `T.499` (RFC 8216 §4.3.3.1
+    /// compares `EXTINF` rounded to the nearest integer; `T.500` would round up).
+    fn longest_ticks(&self) -> Option<u64> {
+        self.target_s
+            .map(|t| t * PTS_TICKS_PER_S + PTS_TICKS_PER_S / 2 - PTS_TICKS_PER_S / 1000)
     }
 
     fn close(&mut self, open: LiveKeyFrame, discontinuity: bool, end: u64, duration_ticks: u64) {
@@ -184,9 +234,14 @@ impl LiveIndex {
             time_ns: open.time_ns,
             discontinuity,
         });
-        self.target_s = self
-            .target_s
-            .max((duration_ticks + PTS_TICKS_PER_S / 2) / PTS_TICKS_PER_S);
+        if self.target_s.is_none() {
+            self.target_s = Some(
+                self.target_ticks
+                    .div_ceil(PTS_TICKS_PER_S)
+                    .max(super::playlist::extinf_rounded_s(duration_ticks))
+                    .max(1),
+            );
+        }
         while self.segments.len() > self.segments_max {
             if let Some(s) = self.segments.pop_front() {
                 self.first_msn += 1;
@@ -194,6 +249,12 @@ impl LiveIndex {
                 self.dropped_discontinuities += u64::from(s.discontinuity);
             }
         }
+    }
+
+    /// Key-frame intervals left out of the playlist because each was longer than the target
+    /// duration (the source's GOP grew past it).
+    pub fn skipped(&self) -> u64 {
+        self.skipped
     }
 
     /// The media length the recorder reports synced (never decreasing). Every listed segment
@@ -224,10 +285,12 @@ impl LiveIndex {
         self.first_msn + self.segments.len() as u64
     }
 
-    /// `EXT-X-TARGETDURATION`: the configured target rounded up, or the longest segment so far
-    /// rounded, whichever is larger (RFC 8216 §4.3.3.1; it never shrinks).
+    /// `EXT-X-TARGETDURATION`: fixed when the first segment is complete — the configured
+    /// target rounded up, or that segment's duration rounded, whichever is larger — and
+    /// constant from then on (RFC 8216 §4.3.3.1); the configured target rounded up before.
     pub fn target_duration_s(&self) -> u64 {
         self.target_s
+            .unwrap_or_else(|| self.target_ticks.div_ceil(PTS_TICKS_PER_S).max(1))
     }
 
     /// What `_HLS_msn=msn` gets now.
@@ -266,7 +329,8 @@ impl LiveIndex {
         };
         let mut p = String::with_capacity(256 + self.segments.len().min(4096) * 128);
         p.push_str("#EXTM3U\n#EXT-X-VERSION:7\n");
-        let _ = writeln!(p, "#EXT-X-TARGETDURATION:{}", self.target_s);
+        let target_s = self.target_duration_s();
+        let _ = writeln!(p, "#EXT-X-TARGETDURATION:{target_s}");
         if view.window == 0 && !self.dropped {
             p.push_str("#EXT-X-PLAYLIST-TYPE:EVENT\n");
         }
@@ -278,7 +342,7 @@ impl LiveIndex {
         let _ = writeln!(
             p,
             "#EXT-X-SERVER-CONTROL:CAN-BLOCK-RELOAD=YES,HOLD-BACK={}",
-            3 * self.target_s
+            3 * target_s
         );
         if let Some((offset, len)) = view.map {
             let _ = writeln!(p, "#EXT-X-MAP:URI=\"{uri}\",BYTERANGE=\"{len}@{offset}\"");
@@ -606,7 +670,114 @@ mod tests {
         assert_eq!(key_frame_in(&[0u8; 100], 0x100, VideoCodec::H264), None);
     }
 
+    /// The duration of each `EXTINF` of a playlist, and its `EXT-X-TARGETDURATION`.
+    fn durations(p: &str) -> (u64, Vec<f64>) {
+        let target = p
+            .lines()
+            .find_map(|l| l.strip_prefix("#EXT-X-TARGETDURATION:"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let d = p
+            .lines()
+            .filter_map(|l| l.strip_prefix("#EXTINF:"))
+            .map(|l| l.trim_end_matches(',').parse().unwrap())
+            .collect();
+        (target, d)
+    }
+
+    #[test]
+    fn the_target_duration_holds_when_the_gop_grows() {
+        // 2 s target, key frames 1 s apart, then 3 s apart (cut before the first too long
+        // span: a 1 s segment, then 3 s segments do not fit 2: left out), then 1.5 s apart.
+        let mut x = LiveIndex::new(2 * S, 100);
+        let mut at = 0;
+        let mut add = |x: &mut LiveIndex, pts_x10: u64| {
+            at += 1000;
+            x.handle_key_frame(kf(at, pts_x10, pts_x10));
+        };
+        for t in [0, 10, 20, 30, 40] {
+            add(&mut x, t);
+        }
+        assert_eq!(x.target_duration_s(), 2);
+        let first = x.playlist(&view(0));
+        for t in [50, 80, 110, 140, 155, 170, 185, 200] {
+            add(&mut x, t);
+            let (target, d) = durations(&x.playlist(&view(0)));
+            assert_eq!(target, 2);
+            assert!(d.iter().all(|d| d.round() as u64 <= target), "{d:?}");
+        }
+        assert!(first.contains(
+            "#EXT-X-TARGETDURATION:2
+"
+        ));
+        let segs: Vec<_> = x
+            .segments()
+            .iter()
+            .map(|s| (s.offset, s.duration_ticks * 10 / S, s.discontinuity))
+            .collect();
+        // 0-2 s, 2-4 s, 4-5 s (cut at 5 s, the key frame before 8 s), the 5-8 s, 8-11 s
+        // and 11-14 s intervals left out, 14-17 s (three 1.5 s intervals: 2 s would end
+        // at 15.5, 17 is 3 s past 14: cut at 15.5), …
+        assert_eq!(
+            segs,
+            vec![
+                (1000, 20, false),
+                (3000, 20, false),
+                (5000, 10, false),
+                (9000, 15, true),
+                (10000, 15, false),
+                (11000, 15, false),
+            ]
+        );
+        assert_eq!(x.skipped(), 3);
+    }
+
+    #[test]
+    fn the_first_segment_sets_a_longer_target_for_a_longer_gop() {
+        // 6 s target, key frames 8 s apart: 8 s segments, TARGETDURATION 8 throughout.
+        let mut x = LiveIndex::new(6 * S, 100);
+        for i in 0..6 {
+            x.handle_key_frame(kf(1000 * i, 80 * i, 80 * i));
+            if !x.segments().is_empty() {
+                assert_eq!(durations(&x.playlist(&view(0))).0, 8);
+            }
+        }
+        assert_eq!(x.segments().len(), 5);
+        assert_eq!(x.skipped(), 0);
+    }
+
     proptest! {
+        /// Across the successive playlists of one live stream, `EXT-X-TARGETDURATION` never
+        /// changes once the first segment is listed, and every `EXTINF` rounded to the
+        /// nearest second is at most it, whatever the key-frame intervals (growing,
+        /// shrinking, jittered), the target and the window.
+        #[test]
+        fn the_target_duration_is_constant_and_bounds_every_extinf(
+            gaps in proptest::collection::vec(1u64..(12 * S), 1..150),
+            target_ms in 500u64..9000,
+            window in 0usize..6,
+        ) {
+            let mut x = LiveIndex::new(target_ms * S / 1000, 1000);
+            let (mut off, mut pts) = (0u64, 0u64);
+            let mut fixed = None;
+            for g in gaps {
+                off += 188;
+                pts += g;
+                x.handle_key_frame(LiveKeyFrame { offset: off, pts: pts % PTS_MODULUS, time_ns: pts * NS / S });
+                if x.segments().is_empty() {
+                    continue;
+                }
+                let (target, d) = durations(&x.playlist(&view(window)));
+                prop_assert_eq!(*fixed.get_or_insert(target), target);
+                prop_assert!(target >= target_ms.div_ceil(1000));
+                for d in d {
+                    // Rounded half up (the RFC's nearest integer).
+                    prop_assert!((d + 0.5).floor() as u64 <= target, "{} > {}", d, target);
+                }
+            }
+        }
+
         /// Whatever key frames arrive (steady, jittered, restarting), the listed segments are
         /// contiguous, each starts at a key frame handed in, ends at or before the last synced
         /// one, has a positive duration, and the media sequence plus the count never moves
@@ -633,7 +804,13 @@ mod tests {
                 next_before = x.next_msn();
                 let segs: Vec<_> = x.segments().iter().copied().collect();
                 for w in segs.windows(2) {
-                    prop_assert_eq!(w[0].offset + w[0].len, w[1].offset);
+                    // Contiguous, but for a key-frame interval too long to list (left out,
+                    // a discontinuity after it).
+                    let end = w[0].offset + w[0].len;
+                    prop_assert!(
+                        end == w[1].offset || (end < w[1].offset && w[1].discontinuity),
+                        "{:?}", w
+                    );
                 }
                 for s in &segs {
                     prop_assert!(offsets.contains(&s.offset) || s.offset == 0);

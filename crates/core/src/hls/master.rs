@@ -19,6 +19,9 @@ pub struct Variant {
     pub average_bandwidth: u64,
     pub resolution: Option<(u32, u32)>,
     pub codecs: Option<String>,
+    /// Its `EXT-X-I-FRAMES-ONLY` playlist (relative to the multivariant one) and that
+    /// playlist's peak bits per second, announced by `EXT-X-I-FRAME-STREAM-INF`.
+    pub i_frames: Option<(String, u64)>,
 }
 
 /// Bits per second of `bytes` over `ticks` (90 kHz), rounded up (at least one tick).
@@ -59,7 +62,7 @@ pub fn master_playlist(variants: &[Variant]) -> String {
     sorted.sort_by(|a, b| (a.bandwidth, &a.uri).cmp(&(b.bandwidth, &b.uri)));
     let mut p = String::with_capacity(64 + variants.len() * 160);
     p.push_str("#EXTM3U\n#EXT-X-INDEPENDENT-SEGMENTS\n");
-    for v in sorted {
+    for v in &sorted {
         let _ = write!(
             p,
             "#EXT-X-STREAM-INF:BANDWIDTH={},AVERAGE-BANDWIDTH={}",
@@ -73,5 +76,29 @@ pub fn master_playlist(variants: &[Variant]) -> String {
         }
         let _ = writeln!(p, "\n{}", v.uri);
     }
+    for v in &sorted {
+        let Some((uri, bandwidth)) = &v.i_frames else {
+            continue;
+        };
+        let _ = write!(p, "#EXT-X-I-FRAME-STREAM-INF:BANDWIDTH={bandwidth}");
+        if let Some(c) = &v.codecs {
+            // The video codec only: an I-frame playlist carries no audio worth decoding.
+            let video = c.split(',').next().unwrap_or(c);
+            let _ = write!(p, ",CODECS=\"{video}\"");
+        }
+        if let Some((w, h)) = v.resolution {
+            let _ = write!(p, ",RESOLUTION={w}x{h}");
+        }
+        let _ = writeln!(p, ",URI=\"{uri}\"");
+    }
     p
+}
+
+/// `BANDWIDTH` of an I-frame playlist: the largest I-frame's bits over its duration.
+pub fn i_frame_bandwidth(frames: &[super::playlist::IFrame]) -> u64 {
+    frames
+        .iter()
+        .map(|f| bits_per_s(f.len, f.duration_ticks))
+        .max()
+        .unwrap_or(0)
 }

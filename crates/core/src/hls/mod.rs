@@ -15,12 +15,14 @@ pub mod ts_index;
 pub use live::{
     Blocking, LiveIndex, LiveKeyFrame, LiveSegment, LiveView, TsPsi, find_psi, key_frame_in,
 };
-pub use master::{Variant, bandwidth, master_playlist};
+pub use master::{Variant, bandwidth, i_frame_bandwidth, master_playlist};
 pub use media::{
     Adts, H264Sps, H265Sps, MediaError, StreamInfo, parse_adts, parse_h264_sps, parse_h265_sps,
     stream_info,
 };
-pub use playlist::{Segment, map_range, media_playlist, segments};
+pub use playlist::{
+    IFrame, Segment, i_frame_map, i_frame_playlist, i_frames, map_range, media_playlist, segments,
+};
 pub use ts_index::{
     AudioStream, KeyFrame, PTS_TICKS_PER_S, SPS_SCAN_BYTES, TsIndex, TsIndexError, TsIndexLimits,
     TsIndexer, VideoCodec,

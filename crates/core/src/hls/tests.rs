@@ -37,11 +37,22 @@ fn pes_more() -> [u8; TS_PACKET_BYTES] {
 /// PAT, PMT, then `frames` frames of `per_frame` packets at 25 fps from `pts0`, a key frame
 /// every `gop` frames.
 fn title(frames: u64, per_frame: usize, gop: u64, pts0: u64) -> Vec<u8> {
+    title_psi(frames, per_frame, gop, pts0, false)
+}
+
+/// [`title`], with the PAT and PMT repeated before every key frame after the first when
+/// `repeat_psi` (as ffmpeg's muxer writes them).
+fn title_psi(frames: u64, per_frame: usize, gop: u64, pts0: u64, repeat_psi: bool) -> Vec<u8> {
     let mut v = Vec::new();
     for p in psi_packets(SYNTH_PCR_PID) {
         v.extend_from_slice(&p);
     }
     for f in 0..frames {
+        if repeat_psi && f > 0 && f % gop == 0 {
+            for p in psi_packets(SYNTH_PCR_PID) {
+                v.extend_from_slice(&p);
+            }
+        }
         v.extend_from_slice(&pes_start(pts0 + f * 3600, f % gop == 0));
         for _ in 1..per_frame {
             v.extend_from_slice(&pes_more());
@@ -74,7 +85,7 @@ fn a_title_is_cut_at_key_frames_after_the_target_duration() {
     assert_eq!(segs[1].offset, 2 * 188 + 150 * 3 * 188);
     assert_eq!(segs[0].duration_ticks, 6 * PTS_TICKS_PER_S);
     assert_eq!(segs[1].duration_ticks, 4 * PTS_TICKS_PER_S);
-    let p = media_playlist(&segs, "clip.ts", map_range(&ix));
+    let p = media_playlist(&segs, "clip.ts", map_range(&ix, &segs));
     assert_eq!(
         p,
         format!(
@@ -85,6 +96,85 @@ fn a_title_is_cut_at_key_frames_after_the_target_duration() {
              #EXTINF:4.000,\n#EXT-X-BYTERANGE:{}@{}\nclip.ts\n#EXT-X-ENDLIST\n",
             segs[0].len, segs[1].len, segs[1].offset
         )
+    );
+}
+
+#[test]
+fn segments_start_at_the_psi_repeated_before_their_key_frame_and_need_no_map() {
+    // As above, with the PAT and PMT before every key frame: the second segment starts at
+    // the PAT before the key frame at 6 s (two packets earlier), and no EXT-X-MAP.
+    let bytes = title_psi(250, 3, 50, 900_000, true);
+    let ix = index_of(&bytes, 4096).unwrap();
+    assert_eq!(ix.key_frames.len(), 5);
+    assert_eq!(ix.key_frames[0].psi, Some(0));
+    let third = ix.key_frames[3];
+    let pat = 2 * 188 + 150 * 3 * 188 + 2 * 2 * 188;
+    assert_eq!((third.offset, third.psi), (pat + 2 * 188, Some(pat)));
+    let segs = segments(&ix, 6 * PTS_TICKS_PER_S);
+    assert_eq!(segs.len(), 2);
+    assert_eq!(segs[1].offset, pat);
+    assert_eq!(&bytes[pat as usize..pat as usize + 376], &bytes[..376]);
+    assert_eq!(map_range(&ix, &segs), None);
+    let p = media_playlist(&segs, "clip.ts", map_range(&ix, &segs));
+    assert!(!p.contains("EXT-X-MAP"), "{p}");
+    // A video packet between the PSI and the key frame: not a segment start, and the
+    // playlist names the map again.
+    let mut odd = bytes[..pat as usize].to_vec();
+    odd.extend_from_slice(&bytes[pat as usize..pat as usize + 376]);
+    odd.extend_from_slice(&pes_more());
+    odd.extend_from_slice(&bytes[pat as usize + 376..]);
+    let ix = index_of(&odd, 188).unwrap();
+    assert_eq!(ix.key_frames[3].psi, None);
+    let segs = segments(&ix, 6 * PTS_TICKS_PER_S);
+    assert_eq!(segs[1].offset, pat + 3 * 188);
+    assert_eq!(map_range(&ix, &segs), Some((0, 376)));
+}
+
+#[test]
+fn i_frames_are_the_key_frames_whole_with_their_psi() {
+    // 10 s, a key frame every 2 s, 3 packets a frame, PSI repeated before each key frame.
+    let bytes = title_psi(250, 3, 50, 900_000, true);
+    let ix = index_of(&bytes, 1000).unwrap();
+    let f = i_frames(&ix);
+    assert_eq!(f.len(), 5);
+    // The first: from the PAT at 0 through its 3 packets (up to the next frame's start).
+    assert_eq!(
+        f[0],
+        IFrame {
+            offset: 0,
+            len: 5 * 188,
+            duration_ticks: 2 * PTS_TICKS_PER_S
+        }
+    );
+    for (i, x) in f.iter().enumerate().skip(1) {
+        let k = ix.key_frames[i];
+        assert_eq!((x.offset, x.len), (k.offset - 376, 5 * 188));
+        assert_eq!(
+            &bytes[x.offset as usize..x.offset as usize + 376],
+            &bytes[..376]
+        );
+    }
+    assert!(f.iter().all(|x| x.duration_ticks == 2 * PTS_TICKS_PER_S));
+    assert_eq!(i_frame_map(&ix), None);
+    let p = i_frame_playlist(&f, "clip.ts", None);
+    assert!(p.contains("#EXT-X-I-FRAMES-ONLY\n"), "{p}");
+    assert!(p.contains("#EXT-X-TARGETDURATION:2\n"), "{p}");
+    assert!(p.contains(&format!(
+        "#EXTINF:2.000,\n#EXT-X-BYTERANGE:940@{}\nclip.ts\n",
+        f[4].offset
+    )));
+    assert!(p.ends_with("#EXT-X-ENDLIST\n"));
+    // 940 bytes shown for 2 s.
+    assert_eq!(i_frame_bandwidth(&f), 940 * 8 / 2);
+    // Without repeated PSI: each from its own packet, and the map.
+    let ix = index_of(&title(250, 3, 50, 900_000), 1000).unwrap();
+    let f = i_frames(&ix);
+    assert_eq!((f[1].offset, f[1].len), (ix.key_frames[1].offset, 3 * 188));
+    assert_eq!(i_frame_map(&ix), Some((0, 376)));
+    let p = i_frame_playlist(&f, "clip.ts", i_frame_map(&ix));
+    assert!(
+        p.contains("#EXT-X-MAP:URI=\"clip.ts\",BYTERANGE=\"376@0\"\n"),
+        "{p}"
     );
 }
 
@@ -130,8 +220,9 @@ proptest! {
         pts0 in 0u64..(1 << 33),
         target_s in 1u64..10,
         chunk in 1usize..5000,
+        repeat_psi in any::<bool>(),
     ) {
-        let bytes = title(frames, per_frame, gop, pts0);
+        let bytes = title_psi(frames, per_frame, gop, pts0, repeat_psi);
         let ix = index_of(&bytes, chunk).unwrap();
         prop_assert_eq!(&ix, &index_of(&bytes, bytes.len()).unwrap());
         let segs = segments(&ix, target_s * PTS_TICKS_PER_S);
@@ -144,11 +235,21 @@ proptest! {
         }
         prop_assert_eq!(end, bytes.len() as u64);
         for s in &segs[1..] {
-            prop_assert!(ix.key_frames.iter().any(|k| k.offset == s.offset));
+            // At a key frame, or (PSI repeated) at the PAT two packets before it, which
+            // begins with the file's own PAT and PMT.
+            if repeat_psi {
+                prop_assert!(ix.key_frames.iter().any(|k| k.psi == Some(s.offset)));
+                let at = s.offset as usize;
+                prop_assert_eq!(&bytes[at..at + 376], &bytes[..376]);
+            } else {
+                prop_assert!(ix.key_frames.iter().any(|k| k.offset == s.offset));
+            }
         }
         let total: u64 = segs.iter().map(|s| s.duration_ticks).sum();
         prop_assert_eq!(total, ix.duration_ticks());
-        let p = media_playlist(&segs, "a.ts", map_range(&ix));
+        let map = map_range(&ix, &segs);
+        prop_assert_eq!(map.is_none(), repeat_psi || segs.len() == 1);
+        let p = media_playlist(&segs, "a.ts", map);
         let target: u64 = p
             .lines()
             .find_map(|l| l.strip_prefix("#EXT-X-TARGETDURATION:"))
@@ -160,6 +261,23 @@ proptest! {
             prop_assert!(secs.round() as u64 <= target, "{} > {}", secs, target);
         }
         prop_assert_eq!(p.matches("#EXT-X-BYTERANGE:").count(), segs.len());
+
+        // I-frames: one per key frame, inside the file, each holding its key frame's
+        // packets up to the next frame's PES start and beginning with its PSI when
+        // repeated; their durations add up to the title's.
+        let f = i_frames(&ix);
+        prop_assert_eq!(f.len(), ix.key_frames.len());
+        for (x, k) in f.iter().zip(&ix.key_frames) {
+            prop_assert!(x.offset + x.len <= bytes.len() as u64);
+            prop_assert_eq!(x.offset + x.len, k.end);
+            let frame = (per_frame * 188) as u64;
+            prop_assert!(k.end - k.offset == frame || (repeat_psi && k.end - k.offset == frame + 376));
+            prop_assert_eq!(x.offset, k.psi.unwrap_or(k.offset));
+            prop_assert!(x.offset <= k.offset);
+        }
+        let total: u64 = f.iter().map(|x| x.duration_ticks).sum();
+        prop_assert_eq!(total, ix.duration_ticks());
+        prop_assert_eq!(i_frame_map(&ix).is_none(), repeat_psi || ix.key_frames.len() == 1);
     }
 
     /// Any bytes: an index or an error, never a panic; an index's key frames lie inside the
@@ -448,6 +566,7 @@ fn the_multivariant_playlist_lists_renditions_by_bandwidth() {
         average_bandwidth: bw / 2,
         resolution: res,
         codecs: codecs.map(str::to_string),
+        i_frames: None,
     };
     let p = master_playlist(&[
         v(
@@ -464,6 +583,21 @@ fn the_multivariant_playlist_lists_renditions_by_bandwidth() {
          #EXT-X-STREAM-INF:BANDWIDTH=300000,AVERAGE-BANDWIDTH=150000\nlo.ts/index.m3u8\n\
          #EXT-X-STREAM-INF:BANDWIDTH=900000,AVERAGE-BANDWIDTH=450000,\
          CODECS=\"avc1.42c01e,mp4a.40.2\",RESOLUTION=640x360\nhi.ts/index.m3u8\n"
+    );
+    let mut hi = v(
+        "hi.ts/index.m3u8",
+        900_000,
+        Some((640, 360)),
+        Some("avc1.42c01e,mp4a.40.2"),
+    );
+    hi.i_frames = Some(("hi.ts/iframes.m3u8".into(), 120_000));
+    let p = master_playlist(&[hi]);
+    assert!(
+        p.ends_with(
+            "hi.ts/index.m3u8\n#EXT-X-I-FRAME-STREAM-INF:BANDWIDTH=120000,\
+             CODECS=\"avc1.42c01e\",RESOLUTION=640x360,URI=\"hi.ts/iframes.m3u8\"\n"
+        ),
+        "{p}"
     );
 }
 

@@ -75,6 +75,15 @@ impl VideoCodec {
 pub struct KeyFrame {
     pub offset: u64,
     pub pts: u64,
+    /// The offset of a PAT packet that the file repeats just before this key frame: a PAT
+    /// followed by the PMT, with no packet of the video stream between the PAT and the key
+    /// frame (ffmpeg's muxer writes PAT and PMT before every video key frame). A segment can
+    /// start there and carry its own PSI, decodable alone without `EXT-X-MAP`.
+    pub psi: Option<u64>,
+    /// Where the key frame's PES ends: the offset of the next PES start of the video stream
+    /// (the next frame), or the end of the file. `[psi or offset, end)` holds the whole
+    /// picture (an `EXT-X-I-FRAMES-ONLY` playlist's byte range).
+    pub end: u64,
 }
 
 /// Bytes of the video stream searched for its first SPS, from the start of each PES, until
@@ -159,6 +168,11 @@ pub struct TsIndexer {
     sps: Option<Vec<u8>>,
     /// The start of the current video PES, while no SPS is found (at most SPS_SCAN_BYTES).
     sps_scan: Vec<u8>,
+    /// The last PAT packet since the last packet of the video stream, and whether a PMT
+    /// followed it (what [`KeyFrame::psi`] reports).
+    psi_since_video: Option<(u64, bool)>,
+    /// What `psi_since_video` held when the current video packet came.
+    key_psi: Option<u64>,
 }
 
 impl TsIndexer {
@@ -181,6 +195,8 @@ impl TsIndexer {
             audio: None,
             sps: None,
             sps_scan: Vec::new(),
+            psi_since_video: None,
+            key_psi: None,
         }
     }
 
@@ -225,6 +241,15 @@ impl TsIndexer {
         if pkt.transport_error {
             return;
         }
+        if self.video.is_some_and(|(pid, _)| pid == pkt.pid) {
+            // Whatever PSI came before this video packet is not right before a key frame
+            // that follows it.
+            self.key_psi = self
+                .psi_since_video
+                .take()
+                .filter(|&(_, pmt)| pmt)
+                .map(|(at, _)| at);
+        }
         if !pkt.payload_unit_start {
             if self.sps.is_none()
                 && !self.sps_scan.is_empty()
@@ -238,6 +263,7 @@ impl TsIndexer {
             return;
         }
         if pkt.pid == PAT_PID {
+            self.psi_since_video = Some((at, false));
             if self.pmt_pid.is_none()
                 && let Some((_, pmt)) = pat_first_program(pkt.payload)
             {
@@ -247,6 +273,9 @@ impl TsIndexer {
             return;
         }
         if Some(pkt.pid) == self.pmt_pid {
+            if let Some((_, pmt)) = &mut self.psi_since_video {
+                *pmt = true;
+            }
             if self.video.is_none()
                 && let Some(streams) = pmt_streams(pkt.payload)
             {
@@ -296,6 +325,11 @@ impl TsIndexer {
                 }
             }
         }
+        if let Some(k) = self.key_frames.last_mut()
+            && k.end == 0
+        {
+            k.end = at;
+        }
         let Some(raw) = pes_pts(pkt.payload) else {
             return;
         };
@@ -314,7 +348,12 @@ impl TsIndexer {
                 self.error = Some(TsIndexError::TooManyKeyFrames(self.limits.key_frames_max));
                 return;
             }
-            self.key_frames.push(KeyFrame { offset: at, pts });
+            self.key_frames.push(KeyFrame {
+                offset: at,
+                pts,
+                psi: self.key_psi,
+                end: 0,
+            });
         }
     }
 
@@ -379,6 +418,11 @@ impl TsIndexer {
         };
         if self.key_frames.is_empty() {
             return Err(TsIndexError::NoKeyFrame);
+        }
+        if let Some(k) = self.key_frames.last_mut()
+            && k.end == 0
+        {
+            k.end = self.offset;
         }
         Ok(TsIndex {
             size: self.offset,

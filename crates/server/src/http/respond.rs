@@ -506,7 +506,7 @@ impl Worker {
         if !shared.hls.enabled() || !matches!(req.method, Method::Get | Method::Head) {
             return None;
         }
-        let ts_path = req.path.strip_suffix("/index.m3u8")?;
+        let (ts_path, kind) = split_playlist_path(&req.path)?;
         // A playlist answered to a credential: its segment URIs carry a session token for
         // the file (one check per viewer session, not per segment).
         let segment_query = grant.and_then(|g| shared.viewers.session_query(g, ts_path));
@@ -518,7 +518,7 @@ impl Worker {
             return None;
         };
         self.playlist_made = true;
-        shared.metrics.hls_playlist("media");
+        shared.metrics.hls_playlist(kind);
         let r = match shared.hls.lookup(&file, &self.engine_waker) {
             crate::hls::Lookup::Ready(built) => hls_response(
                 &shared,
@@ -687,22 +687,27 @@ impl Worker {
                 // Answered to a credential: each media playlist's URI carries a session
                 // token for it (which then mints its segments' tokens); in a sessions
                 // location, the session's id (in the token where there is one).
-                let playlist = format!("{dir_path}/{name}/index.m3u8");
-                let q = match (grant, &sid) {
+                let query = |playlist: &str| match (grant, &sid) {
                     (Some(g), Some(id)) => shared.viewers.session_query(
                         &penstock_core::auth::Grant {
                             sid: id.clone(),
                             ..g.clone()
                         },
-                        &playlist,
+                        playlist,
                     ),
-                    (Some(g), None) => shared.viewers.session_query(g, &playlist),
+                    (Some(g), None) => shared.viewers.session_query(g, playlist),
                     (None, Some(id)) => Some(format!("sid={id}")),
                     (None, None) => None,
                 };
-                if let Some(q) = q {
+                if let Some(q) = query(&format!("{dir_path}/{name}/index.m3u8")) {
                     v.uri.push('?');
                     v.uri.push_str(&q);
+                }
+                if let Some((uri, _)) = &mut v.i_frames
+                    && let Some(q) = query(&format!("{dir_path}/{name}/iframes.m3u8"))
+                {
+                    uri.push('?');
+                    uri.push_str(&q);
                 }
                 v
             })
@@ -819,7 +824,17 @@ impl Worker {
     }
 }
 
-/// The answer to `PATH/index.m3u8` (`req.path`) once PATH's index is `built`: the playlist,
+/// `PATH/index.m3u8` → (PATH, `"media"`); `PATH/iframes.m3u8` → (PATH, `"iframes"`): the
+/// TS file's media playlist or its `EXT-X-I-FRAMES-ONLY` one (the metrics' kind).
+fn split_playlist_path(path: &str) -> Option<(&str, &'static str)> {
+    if let Some(p) = path.strip_suffix("/index.m3u8") {
+        return Some((p, "media"));
+    }
+    path.strip_suffix("/iframes.m3u8").map(|p| (p, "iframes"))
+}
+
+/// The answer to `PATH/index.m3u8` or `PATH/iframes.m3u8` (`req.path`) once PATH's index is
+/// `built`: the playlist,
 /// a 415 for a file that has none, a 500 when it could not be read.
 pub(super) fn hls_response(
     shared: &super::HttpShared,
@@ -830,7 +845,7 @@ pub(super) fn hls_response(
     segment_query: Option<&str>,
     session: Option<&SessionAsk>,
 ) -> penstock_core::http::Response {
-    let ts_path = req.path.strip_suffix("/index.m3u8").unwrap_or(&req.path);
+    let (ts_path, kind) = split_playlist_path(&req.path).unwrap_or((&req.path, "media"));
     match built {
         Ok(index) => {
             let mut uri = crate::hls::segment_uri(ts_path);
@@ -874,7 +889,11 @@ pub(super) fn hls_response(
                 uri.push('?');
                 uri.push_str(q);
             }
-            let p = shared.hls.playlist(&index, &uri);
+            let p = if kind == "iframes" {
+                shared.hls.i_frame_playlist(&index, &uri)
+            } else {
+                shared.hls.playlist(&index, &uri)
+            };
             let etag = penstock_core::http::ETag::for_file(p.len() as u64, mtime);
             playlist_ok(req, ctx, &etag, mtime, p.into_bytes())
         }

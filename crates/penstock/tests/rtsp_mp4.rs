@@ -607,3 +607,34 @@ fn pause_and_resume_continue_each_track_where_it_stopped() {
     let (st, _, _) = c.request("TEARDOWN", &url, &format!("Session: {session}\r\n"));
     assert_eq!(st, 200);
 }
+
+/// GStreamer (`rtspsrc`, both tracks decoded) and mpv play the clip to its end and exit by
+/// themselves.
+#[test]
+fn gstreamer_and_mpv_play_it_to_the_end() {
+    if !have("gst-launch-1.0") || !have("mpv") {
+        return;
+    }
+    let s = serve();
+    let url = s.url("clip.mp4");
+    let mut gst = Command::new("gst-launch-1.0");
+    gst.arg("rtspsrc")
+        .arg(format!("location={url}"))
+        .args(["name=s", "s.", "!", "decodebin", "!", "fakesink"])
+        .args(["s.", "!", "decodebin", "!", "fakesink"]);
+    let (ok, out, err) = run(gst, Duration::from_secs(120));
+    assert!(
+        ok && out.contains("Got EOS"),
+        "gst-launch-1.0: {out}\n{err}"
+    );
+    let mut mpv = Command::new("mpv");
+    mpv.args([
+        "--no-config",
+        "--vo=null",
+        "--ao=null",
+        "--msg-level=all=warn",
+    ])
+    .arg(&url);
+    let (ok, out, err) = run(mpv, Duration::from_secs(120));
+    assert!(ok, "mpv: {out}\n{err}");
+}

@@ -638,3 +638,42 @@ fn gstreamer_and_mpv_play_it_to_the_end() {
     let (ok, out, err) = run(mpv, Duration::from_secs(120));
     assert!(ok, "mpv: {out}\n{err}");
 }
+
+/// H.265 (RFC 7798, `sprop-vps/sps/pps` from the hvcC): the decoded frames over TCP are the
+/// file's. Skipped where ffmpeg has no libx265.
+#[test]
+fn an_h265_mp4_decodes_as_the_file() {
+    if !have("ffmpeg") {
+        return;
+    }
+    let enc = Command::new("ffmpeg")
+        .args(["-hide_banner", "-encoders"])
+        .output()
+        .expect("ffmpeg");
+    if !String::from_utf8_lossy(&enc.stdout).contains("libx265") {
+        eprintln!("SKIP: this ffmpeg has no libx265");
+        return;
+    }
+    let s = serve();
+    let path = s.path("hevc.mp4");
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x240:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args(["-t", "4", "-c:v", "libx265", "-preset", "ultrafast"])
+        .args([
+            "-x265-params",
+            "log-level=error:keyint=25:min-keyint=25:scenecut=0:open-gop=0",
+            "-tag:v",
+            "hvc1",
+            "-c:a",
+            "aac",
+        ])
+        .arg(&path)
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = framemd5(path.to_str().unwrap(), "v", None);
+    let got = framemd5(&s.url("hevc.mp4"), "v", Some("tcp"));
+    same_but_the_last(&got, &want, "hevc.mp4 video frames");
+}

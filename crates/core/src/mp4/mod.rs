@@ -22,7 +22,7 @@
 //! fuzzed (`fuzz/fuzz_targets/mp4.rs`). Issue 32's fragmented MP4 (not built yet) should
 //! extend this reader rather than add a second one.
 //!
-//! The sample index is built to serve RTSP next (issue 36 item 3): samples in decode order
+//! The sample index serves RTSP too (issue 36 item 3, `crate::rtp::mp4`): samples in decode order
 //! with their file byte ranges, the sync samples as a sorted list (seek: the sync sample at
 //! or before a time), and each track's codec configuration (avcC / hvcC parameter sets, the
 //! AAC AudioSpecificConfig) for an SDP.

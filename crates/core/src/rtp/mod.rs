@@ -1,7 +1,8 @@
 //! MPEG-TS over RTP (RFC 3550, RFC 2250, RFC 3551): the 12-byte RTP header of each datagram
 //! ([`Packetizer`]), RTCP sender reports, SDES and BYE out and receiver reports in
 //! ([`rtcp`]), and the sender's RTCP session — when to report, what the receivers said
-//! ([`session`]).
+//! ([`session`]). An MP4's tracks (H.264, H.265, AAC, each its own RTP session) are cut
+//! into payloads by [`mp4`].
 //!
 //! Pure: the driver writes the header into the pool buffer in front of each unit's payload
 //! and sends; it reads the clock and passes the times in.
@@ -20,6 +21,7 @@
 //! webrtc-rs's `rtp` (a `bytes`-based packet object, a runtime's worth of dependencies) would
 //! do by building a packet around a payload we already hold in place.
 
+pub mod mp4;
 pub mod rtcp;
 pub mod session;
 

@@ -87,6 +87,9 @@ pub struct Request {
     /// The URI's path, percent-decoded, without its leading `/`; a trailing
     /// `/trackID=N` or `/streamid=N` control suffix is removed (SETUP's track URL).
     pub path: Option<String>,
+    /// The `N` of a `/trackID=N` (or `/streamid=N`) control suffix, when the URI has one
+    /// (an MP4's tracks are `trackID=<track id>`; an MPEG-TS file's one track is `trackID=0`).
+    pub track: Option<u32>,
     pub cseq: Option<u32>,
     pub session: Option<String>,
     /// `None`: no Transport header.
@@ -203,22 +206,20 @@ fn typed(r: &rtsp_types::Request<Vec<u8>>) -> Result<Request, RequestError> {
     let uri = r
         .request_uri()
         .map_or_else(|| "*".to_string(), |u| u.to_string());
-    let path = r.request_uri().map(|u| track_path(u.path())).transpose()?;
+    let (path, track) = match r.request_uri().map(|u| track_path(u.path())).transpose()? {
+        Some((p, t)) => (Some(p), t),
+        None => (None, None),
+    };
     let canonical_path = r.request_uri().and_then(|u| {
-        let mut p = crate::http::normalize_path(u.path()).ok()?;
-        for suffix in ["/trackID=0", "/streamid=0"] {
-            if let Some(stripped) = p.strip_suffix(suffix) {
-                p.truncate(stripped.len());
-            }
-        }
-        Some(p)
+        let p = crate::http::normalize_path(u.path()).ok()?;
+        Some(split_track(&p).0.to_string())
     });
+    let mut track = track;
     let query = r.request_uri().and_then(|u| {
         let q = u.query()?;
-        let q = ["/trackID=0", "/streamid=0"]
-            .iter()
-            .find_map(|s| q.strip_suffix(s))
-            .unwrap_or(q);
+        // A client that joined a relative control to a base with a query: `?q/trackID=N`.
+        let (q, t) = split_track(q);
+        track = track.or(t);
         Some(q.to_string())
     });
     let transport = if r.header(&headers::TRANSPORT).is_some() {
@@ -257,6 +258,7 @@ fn typed(r: &rtsp_types::Request<Vec<u8>>) -> Result<Request, RequestError> {
         method: r.method().clone(),
         uri,
         path,
+        track,
         cseq,
         session,
         transport,
@@ -266,19 +268,27 @@ fn typed(r: &rtsp_types::Request<Vec<u8>>) -> Result<Request, RequestError> {
 }
 
 /// The path of a request URI: percent-decoded, the leading `/` and a track suffix removed.
-fn track_path(raw: &str) -> Result<String, RequestError> {
+fn track_path(raw: &str) -> Result<(String, Option<u32>), RequestError> {
     let decoded = percent_decode(raw).ok_or(RequestError::NoPath)?;
     // A NUL cannot name a file (open(2) would refuse it: a 500), nor can other controls here.
     if decoded.chars().any(char::is_control) {
         return Err(RequestError::BadPath);
     }
-    let mut p = decoded.trim_start_matches('/').to_string();
-    for suffix in ["/trackID=0", "/streamid=0"] {
-        if let Some(stripped) = p.strip_suffix(suffix) {
-            p = stripped.to_string();
+    let (p, track) = split_track(decoded.trim_start_matches('/'));
+    Ok((p.to_string(), track))
+}
+
+/// `s` without a trailing `/trackID=N` or `/streamid=N` (N decimal, at most 9 digits), and N.
+fn split_track(s: &str) -> (&str, Option<u32>) {
+    for key in ["/trackID=", "/streamid="] {
+        if let Some(at) = s.rfind(key) {
+            let n = &s[at + key.len()..];
+            if !n.is_empty() && n.len() <= 9 && n.bytes().all(|b| b.is_ascii_digit()) {
+                return (&s[..at], n.parse().ok());
+            }
         }
     }
-    Ok(p)
+    (s, None)
 }
 
 /// `%XX` decoded; `None` for a bad escape or bytes that are not UTF-8.

@@ -236,3 +236,18 @@ fn the_canonical_path_and_query_of_a_signed_url() {
         "{sdp}"
     );
 }
+
+#[test]
+fn a_track_control_suffix_names_the_track() {
+    let r = request("SETUP rtsp://h/m/movie.mp4/trackID=2 RTSP/1.0\r\nCSeq: 1\r\n\r\n");
+    assert_eq!(r.path.as_deref(), Some("m/movie.mp4"));
+    assert_eq!(r.track, Some(2));
+    assert_eq!(r.canonical_path.as_deref(), Some("/m/movie.mp4"));
+    let r = request("SETUP rtsp://h/movie.mp4?sig=x/trackID=1 RTSP/1.0\r\nCSeq: 1\r\n\r\n");
+    assert_eq!((r.track, r.query.as_deref()), (Some(1), Some("sig=x")));
+    // Not a number: part of the path, no track.
+    let r = request("DESCRIBE rtsp://h/a/trackID=x RTSP/1.0\r\nCSeq: 1\r\n\r\n");
+    assert_eq!((r.path.as_deref(), r.track), (Some("a/trackID=x"), None));
+    let r = request("DESCRIBE rtsp://h/movie.mp4 RTSP/1.0\r\nCSeq: 1\r\n\r\n");
+    assert_eq!(r.track, None);
+}

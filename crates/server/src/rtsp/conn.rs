@@ -542,6 +542,11 @@ impl Conn<'_> {
         if let Err(r) = self.authorize(req, cseq) {
             return r;
         }
+        if self.live_source(req).is_none()
+            && req.path.as_deref().is_some_and(super::mp4::is_mp4_path)
+        {
+            return self.describe_mp4(req, cseq);
+        }
         let end_ns = if self.live_source(req).is_some() {
             None
         } else {
@@ -600,6 +605,14 @@ impl Conn<'_> {
         if let Some(id) = &req.session {
             return match self.shared.session(id) {
                 None => text(454, cseq, "no such session"),
+                Some(arc)
+                    if matches!(
+                        arc.lock().unwrap_or_else(|p| p.into_inner()).media,
+                        SessionMedia::Mp4(_)
+                    ) =>
+                {
+                    self.add_mp4_track(&arc, id, req, cseq)
+                }
                 Some(_) => text(
                     455,
                     cseq,
@@ -637,6 +650,7 @@ impl Conn<'_> {
             );
         }
         let base = Packetizer::mp2t(random_u64());
+        let mut mp4_first = None;
         let (smedia, path, admitted) = if let Some(src) = self.live_source(req) {
             // A live session sends from the source's thread, not through the engine: no
             // disk, no engine stream, nothing to admit (docs/rtsp.md, "Live relay").
@@ -650,113 +664,81 @@ impl Conn<'_> {
                 Ok(f) => f,
                 Err(r) => return r,
             };
-            let media = match self.media(&file, &path, cseq) {
-                Ok(m) => m,
-                Err(r) => return r,
-            };
-            // Admission now, for the whole file at its PCR rate: a refusal is a 453 before
-            // any port is taken; the reservation is held until TEARDOWN or the timeout.
-            let interleaved = match ask {
-                TransportAsk::Interleaved { rtp_channel, .. }
-                    if self.shared.cfg.interleaved_direct =>
-                {
-                    Some(Interleaved {
-                        channel: rtp_channel,
-                        gate: self.gate.clone(),
-                    })
-                }
-                _ => None,
-            };
-            let mut spec = stream_spec(&self.shared.cfg, &media, None, base, None).0;
-            interleave(&mut spec, interleaved);
-            let admitted = match self.shared.engine.admit(&spec) {
-                Ok(a) => a,
-                Err(e) => {
-                    self.shared.metrics.error("rtsp_admission_refused");
-                    if let Some(r) = self.redirect(&path, &media, cseq, &e) {
-                        return r;
+            if super::mp4::is_mp4_path(&path) {
+                match self.open_mp4_session(file, &path, req, cseq) {
+                    Ok((m, index, admitted)) => {
+                        mp4_first = Some(index);
+                        (SessionMedia::Mp4(m), path, admitted)
                     }
+                    Err(r) => return r,
+                }
+            } else {
+                if let Some(t) = req.track.filter(|&t| t != 0) {
                     return text(
-                        453,
+                        404,
                         cseq,
-                        &format!(
-                            "admission refused (the server's rt capacity, not rtsp.sessions_max \
-                             {max}): {e}"
-                        ),
+                        &format!("{path}: no track {t} (an MPEG-TS file has one, trackID=0)"),
                     );
                 }
+                let media = match self.media(&file, &path, cseq) {
+                    Ok(m) => m,
+                    Err(r) => return r,
+                };
+                // Admission now, for the whole file at its PCR rate: a refusal is a 453 before
+                // any port is taken; the reservation is held until TEARDOWN or the timeout.
+                let interleaved = match ask {
+                    TransportAsk::Interleaved { rtp_channel, .. }
+                        if self.shared.cfg.interleaved_direct =>
+                    {
+                        Some(Interleaved {
+                            channel: rtp_channel,
+                            gate: self.gate.clone(),
+                        })
+                    }
+                    _ => None,
+                };
+                let mut spec = stream_spec(&self.shared.cfg, &media, None, base, None).0;
+                interleave(&mut spec, interleaved);
+                let admitted = match self.shared.engine.admit(&spec) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        self.shared.metrics.error("rtsp_admission_refused");
+                        if let Some(r) = self.redirect(&path, &media, cseq, &e) {
+                            return r;
+                        }
+                        return text(
+                            453,
+                            cseq,
+                            &format!(
+                                "admission refused (the server's rt capacity, not rtsp.sessions_max \
+                             {max}): {e}"
+                            ),
+                        );
+                    }
+                };
+                (SessionMedia::File { file, media }, path, admitted)
+            }
+        };
+        let (transport, transport_reply) = match self.make_transport(ask, base.ssrc, cseq) {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
+        let mut smedia = smedia;
+        if let (SessionMedia::Mp4(m), Some(index)) = (&mut smedia, mp4_first) {
+            let out = match super::mp4::out_of(&transport) {
+                Ok(o) => o,
+                Err(e) => return text(500, cseq, &format!("duplicating the transport: {e}")),
             };
-            (SessionMedia::File { file, media }, path, admitted)
-        };
-        let (transport, transport_reply) = match ask {
-            TransportAsk::Udp {
-                rtp_port,
-                rtcp_port,
-            } => {
-                // Data goes to the host that asked, never to a third party (`destination`
-                // is not honoured).
-                let (rtp, rtcp) = match self.shared.port_pair(self.local.ip()) {
-                    Ok(p) => p,
-                    Err(e) => return text(453, cseq, &e.to_string()),
-                };
-                if let Err(e) = rtp.connect((self.peer.ip(), rtp_port)) {
-                    return text(500, cseq, &format!("connecting the RTP socket: {e}"));
-                }
-                let ports = (
-                    rtp.local_addr().map_or(0, |a| a.port()),
-                    rtcp.local_addr().map_or(0, |a| a.port()),
-                );
-                let line = format!(
-                    "RTP/AVP;unicast;client_port={rtp_port}-{rtcp_port};server_port={}-{};ssrc={:08X}",
-                    ports.0, ports.1, base.ssrc
-                );
-                (
-                    Transport::Udp {
-                        rtp,
-                        rtcp,
-                        client_rtcp: SocketAddr::new(self.peer.ip(), rtcp_port),
-                    },
-                    line,
-                )
-            }
-            TransportAsk::Interleaved {
-                rtp_channel,
-                rtcp_channel,
-            } => {
-                let (engine_end, conn_end) = match UnixDatagram::pair() {
-                    Ok(p) => p,
-                    Err(e) => return text(500, cseq, &format!("socket pair: {e}")),
-                };
-                if let Err(e) = conn_end.set_nonblocking(true) {
-                    return text(500, cseq, &format!("socket pair: {e}"));
-                }
-                let tcp = match self.stream.try_clone() {
-                    Ok(t) => t,
-                    Err(e) => return text(500, cseq, &format!("duplicating the connection: {e}")),
-                };
-                let rtcp_out = super::RtcpOut::default();
-                self.relays.push(Relay {
-                    session: String::new(),
-                    socket: conn_end,
-                    rtcp_out: rtcp_out.clone(),
-                    channels: (rtp_channel, rtcp_channel),
-                });
-                (
-                    Transport::Interleaved {
-                        engine_end,
-                        tcp: tcp.into(),
-                        gate: self.gate.clone(),
-                        rtcp_out,
-                        channels: (rtp_channel, rtcp_channel),
-                        conn_id: self.id,
-                    },
-                    format!(
-                        "RTP/AVP/TCP;unicast;interleaved={rtp_channel}-{rtcp_channel};ssrc={:08X}",
-                        base.ssrc
-                    ),
-                )
-            }
-        };
+            m.tracks.push(super::mp4::Mp4Track {
+                index,
+                url: req.uri.clone(),
+                ssrc: base.ssrc,
+                ts_base: base.timestamp_start,
+                next_seq: base.sequence_start,
+                next_sample: 0,
+                out: Some(out),
+            });
+        }
         let id = format!("{:016x}", random_u64());
         let track_url = req.uri.clone();
         let session = Session {
@@ -777,6 +759,103 @@ impl Conn<'_> {
             resume_from_ns: None,
             last_seen: Instant::now(),
         };
+        self.insert_session(session, &id, transport_reply, cseq)
+    }
+
+    /// The transport a SETUP asks for: a UDP port pair connected to the client's ports, or
+    /// interleaved channels on this connection (a relay pair registered, named by the next
+    /// session inserted). With the Transport header of the reply.
+    fn make_transport(
+        &mut self,
+        ask: TransportAsk,
+        ssrc: u32,
+        cseq: u32,
+    ) -> Result<(Transport, String), Reply> {
+        let base_ssrc = ssrc;
+        Ok(match ask {
+            TransportAsk::Udp {
+                rtp_port,
+                rtcp_port,
+            } => {
+                // Data goes to the host that asked, never to a third party (`destination`
+                // is not honoured).
+                let (rtp, rtcp) = match self.shared.port_pair(self.local.ip()) {
+                    Ok(p) => p,
+                    Err(e) => return Err(text(453, cseq, &e.to_string())),
+                };
+                if let Err(e) = rtp.connect((self.peer.ip(), rtp_port)) {
+                    return Err(text(500, cseq, &format!("connecting the RTP socket: {e}")));
+                }
+                let ports = (
+                    rtp.local_addr().map_or(0, |a| a.port()),
+                    rtcp.local_addr().map_or(0, |a| a.port()),
+                );
+                let line = format!(
+                    "RTP/AVP;unicast;client_port={rtp_port}-{rtcp_port};server_port={}-{};ssrc={:08X}",
+                    ports.0, ports.1, base_ssrc
+                );
+                (
+                    Transport::Udp {
+                        rtp,
+                        rtcp,
+                        client_rtcp: SocketAddr::new(self.peer.ip(), rtcp_port),
+                    },
+                    line,
+                )
+            }
+            TransportAsk::Interleaved {
+                rtp_channel,
+                rtcp_channel,
+            } => {
+                let (engine_end, conn_end) = match UnixDatagram::pair() {
+                    Ok(p) => p,
+                    Err(e) => return Err(text(500, cseq, &format!("socket pair: {e}"))),
+                };
+                if let Err(e) = conn_end.set_nonblocking(true) {
+                    return Err(text(500, cseq, &format!("socket pair: {e}")));
+                }
+                let tcp = match self.stream.try_clone() {
+                    Ok(t) => t,
+                    Err(e) => {
+                        return Err(text(500, cseq, &format!("duplicating the connection: {e}")));
+                    }
+                };
+                let rtcp_out = super::RtcpOut::default();
+                self.relays.push(Relay {
+                    session: String::new(),
+                    socket: conn_end,
+                    rtcp_out: rtcp_out.clone(),
+                    channels: (rtp_channel, rtcp_channel),
+                });
+                (
+                    Transport::Interleaved {
+                        engine_end,
+                        tcp: tcp.into(),
+                        gate: self.gate.clone(),
+                        rtcp_out,
+                        channels: (rtp_channel, rtcp_channel),
+                        conn_id: self.id,
+                    },
+                    format!(
+                        "RTP/AVP/TCP;unicast;interleaved={rtp_channel}-{rtcp_channel};ssrc={:08X}",
+                        base_ssrc
+                    ),
+                )
+            }
+        })
+    }
+
+    /// Puts a new session in the table (the limits checked again under its lock) and
+    /// answers the SETUP.
+    fn insert_session(
+        &mut self,
+        session: Session,
+        id: &str,
+        transport_reply: String,
+        cseq: u32,
+    ) -> Reply {
+        let max = self.shared.cfg.sessions_max;
+        let id = id.to_string();
         {
             let mut map = self
                 .shared
@@ -904,6 +983,7 @@ impl Conn<'_> {
         };
         let media = match &s.media {
             SessionMedia::File { media, .. } => media.clone(),
+            SessionMedia::Mp4(_) => return self.play_mp4(s, req, cseq),
             SessionMedia::Live(src) => {
                 if let Some(x) = asked.filter(|&x| x != Speed::NORMAL) {
                     return text(
@@ -1032,7 +1112,9 @@ impl Conn<'_> {
         };
         let (file, media) = match &s.media {
             SessionMedia::File { file, media } => (file, media.clone()),
-            SessionMedia::Live(_) => return Err(text(500, 0, "a live session has no file")),
+            SessionMedia::Live(_) | SessionMedia::Mp4(_) => {
+                return Err(text(500, 0, "not an MPEG-TS session"));
+            }
         };
         let start_time_ns = media.playback(from_ns).0.start_time_ns;
         let packetizer = packetizer_at(start_time_ns);
@@ -1277,7 +1359,281 @@ impl Conn<'_> {
     }
 }
 
+impl Conn<'_> {
+    /// The movie of an MP4 path, or the 415 naming why it cannot be played.
+    fn mp4_media(
+        &self,
+        file: &Source,
+        path: &str,
+        cseq: u32,
+    ) -> Result<super::mp4::Mp4Media, Reply> {
+        let Source::File(f) = file else {
+            return Err(text(
+                415,
+                cseq,
+                &format!("{path}: MP4 from a volume partition is not served"),
+            ));
+        };
+        super::mp4::Mp4Media::open(f).map_err(|e| {
+            self.shared.metrics.error("rtsp_mp4_refused");
+            text(415, cseq, &format!("{path}: not playable as MP4: {e}"))
+        })
+    }
+
+    /// DESCRIBE of an MP4: one `m=` per track, from its sample descriptions.
+    fn describe_mp4(&self, req: &Request, cseq: u32) -> Reply {
+        let (file, path) = match self.open(req, cseq) {
+            Ok(f) => f,
+            Err(r) => return r,
+        };
+        let media = match self.mp4_media(&file, &path, cseq) {
+            Ok(m) => m,
+            Err(r) => return r,
+        };
+        let sdp = match req.uri.split_once('?') {
+            Some((base, q)) => media.sdp(
+                random_u64() >> 1,
+                self.local.ip(),
+                Some((base.trim_end_matches('/'), q)),
+            ),
+            None => media.sdp(random_u64() >> 1, self.local.ip(), None),
+        };
+        let base = if req.uri.ends_with('/') {
+            req.uri.clone()
+        } else {
+            format!("{}/", req.uri)
+        };
+        let mut r = Reply::new(200, Some(cseq)).header("Content-Base", base);
+        r.content_type = Some("application/sdp");
+        r.body = sdp.into_bytes();
+        r
+    }
+
+    /// The first SETUP of an MP4's track: the movie indexed, the track found, the movie's
+    /// rate admitted (class `rt`, held until TEARDOWN).
+    #[allow(clippy::type_complexity)]
+    fn open_mp4_session(
+        &self,
+        file: Source,
+        path: &str,
+        req: &Request,
+        cseq: u32,
+    ) -> Result<
+        (
+            Box<super::mp4::Mp4Session>,
+            usize,
+            Option<penstock_driver::engine::Admitted>,
+        ),
+        Reply,
+    > {
+        let media = self.mp4_media(&file, path, cseq)?;
+        let Source::File(file) = file else {
+            return Err(text(415, cseq, "MP4 from a volume partition is not served"));
+        };
+        let Some(track) = req.track else {
+            return Err(text(
+                459,
+                cseq,
+                "an MP4 is set up track by track: SETUP each a=control URL of the SDP (trackID=N)",
+            ));
+        };
+        let Some(index) = media.track_index(track) else {
+            return Err(text(404, cseq, &format!("{path}: no track {track}")));
+        };
+        let admitted = match self.shared.engine.admit(&media.admission_spec()) {
+            Ok(a) => a,
+            Err(e) => {
+                self.shared.metrics.error("rtsp_admission_refused");
+                return Err(text(
+                    453,
+                    cseq,
+                    &format!("admission refused (the server's rt capacity): {e}"),
+                ));
+            }
+        };
+        let m = super::mp4::Mp4Session {
+            media: Arc::new(media),
+            file,
+            tracks: Vec::new(),
+            sender: None,
+            alive: Default::default(),
+            ended: Default::default(),
+            cname: format!("penstock@{}", self.local.ip()),
+            rtcp_interval: Duration::from_millis(self.shared.cfg.rtcp_interval_ms),
+        };
+        Ok((Box::new(m), index, admitted))
+    }
+
+    /// A further SETUP into an MP4 session: another of the movie's tracks, its own RTP
+    /// session (SSRC, numbering, transport).
+    fn add_mp4_track(
+        &mut self,
+        arc: &Arc<std::sync::Mutex<Session>>,
+        id: &str,
+        req: &Request,
+        cseq: u32,
+    ) -> Reply {
+        if let Err(r) = self.authorize(req, cseq) {
+            return r;
+        }
+        let ask = match &req.transport {
+            None => return text(461, cseq, "SETUP needs a Transport header"),
+            Some(Err(e)) => return text(461, cseq, &e.to_string()),
+            Some(Ok(a)) => *a,
+        };
+        let index = {
+            let s = arc.lock().unwrap_or_else(|p| p.into_inner());
+            let SessionMedia::Mp4(m) = &s.media else {
+                return text(455, cseq, "not an MP4 session");
+            };
+            if s.state != SessionState::Ready {
+                return text(455, cseq, "tracks are set up before PLAY");
+            }
+            if req.path.as_deref() != Some(s.path.as_str()) {
+                return text(
+                    459,
+                    cseq,
+                    "a session plays one file: SETUP of another file's track",
+                );
+            }
+            let Some(track) = req.track else {
+                return text(459, cseq, "SETUP of a track needs its trackID=N URL");
+            };
+            let Some(index) = m.media.track_index(track) else {
+                return text(404, cseq, &format!("{}: no track {track}", s.path));
+            };
+            if m.tracks.iter().any(|t| t.index == index) {
+                return text(455, cseq, &format!("track {track} is set up already"));
+            }
+            index
+        };
+        let base = Packetizer::mp2t(random_u64());
+        let (transport, line) = match self.make_transport(ask, base.ssrc, cseq) {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
+        let out = match super::mp4::out_of(&transport) {
+            Ok(o) => o,
+            Err(e) => return text(500, cseq, &format!("duplicating the transport: {e}")),
+        };
+        {
+            let mut s = arc.lock().unwrap_or_else(|p| p.into_inner());
+            s.last_seen = Instant::now();
+            let SessionMedia::Mp4(m) = &mut s.media else {
+                return text(455, cseq, "not an MP4 session");
+            };
+            m.tracks.push(super::mp4::Mp4Track {
+                index,
+                url: req.uri.clone(),
+                ssrc: base.ssrc,
+                ts_base: base.timestamp_start,
+                next_seq: base.sequence_start,
+                next_sample: 0,
+                out: Some(out),
+            });
+        }
+        // The transport (its sockets, or the relay pair registered for this session) is
+        // kept by the track's output; the relay is named by the session.
+        if let Some(r) = self.relays.iter_mut().find(|r| r.session.is_empty()) {
+            r.session = id.to_string();
+        }
+        drop(transport);
+        Reply::new(200, Some(cseq))
+            .header("Transport", line)
+            .header("Session", self.session_header(id))
+    }
+
+    /// PLAY of an MP4 session: from the sync sample at or before `Range: npt=T-` (the start
+    /// without one), or where PAUSE stopped; scale 1 only.
+    fn play_mp4(&self, s: &mut Session, req: &Request, cseq: u32) -> Reply {
+        if let Some(x) = req.scale.filter(|&x| x != 1.0) {
+            return text(
+                451,
+                cseq,
+                &format!(
+                    "Scale {x}: an MP4 file plays at scale 1 only (trick play of MP4 is not built yet)"
+                ),
+            );
+        }
+        let send_timeout = self.shared.cfg.send_timeout();
+        let state = s.state;
+        let SessionMedia::Mp4(m) = &mut s.media else {
+            return text(500, cseq, "not an MP4 session");
+        };
+        let duration = m.media.duration_ns;
+        if let Some(from) = req.range_from_ns
+            && from > duration
+        {
+            return text(
+                457,
+                cseq,
+                &format!(
+                    "npt={} is past the end (npt=0-{})",
+                    rtsp::npt_text(from),
+                    rtsp::npt_text(duration)
+                ),
+            );
+        }
+        if state == SessionState::Playing && req.range_from_ns.is_none() && m.sender.is_some() {
+            return Reply::new(200, Some(cseq)).header("Scale", "1");
+        }
+        m.stop();
+        let start_ns = if req.range_from_ns.is_none() && state == SessionState::Paused {
+            // Resume: each track from its next sample; the clock from the earliest due.
+            m.tracks
+                .iter()
+                .filter_map(|t| {
+                    let tr = &m.media.movie.tracks[t.index];
+                    tr.samples
+                        .get(t.next_sample)
+                        .map(|x| m.media.rtp[t.index].presentation_ns(x.dts as i64))
+                })
+                .min()
+                .unwrap_or(duration as i64)
+        } else {
+            let (firsts, start_ns) = m.media.start(req.range_from_ns);
+            for t in &mut m.tracks {
+                t.next_sample = firsts[t.index];
+            }
+            start_ns
+        };
+        let info = match m.play(start_ns, send_timeout) {
+            Ok(i) => i,
+            Err(e) => return text(500, cseq, &format!("starting the sender: {e}")),
+        };
+        let rtp_info: Vec<String> = m
+            .tracks
+            .iter()
+            .zip(&info)
+            .map(|(t, &(seq, ts))| rtsp::rtp_info(&t.url, seq, ts))
+            .collect();
+        tracing::debug!(
+            "rtsp session {}: MP4 PLAY from {} (npt {} asked), {} tracks",
+            s.id,
+            rtsp::npt_text(start_ns.max(0) as u64),
+            req.range_from_ns.map_or("none".into(), rtsp::npt_text),
+            rtp_info.len()
+        );
+        s.state = SessionState::Playing;
+        Reply::new(200, Some(cseq))
+            .header(
+                "Range",
+                format!(
+                    "npt={}-{}",
+                    rtsp::npt_text(start_ns.max(0) as u64),
+                    rtsp::npt_text(duration)
+                ),
+            )
+            .header("Scale", "1")
+            .header("RTP-Info", rtp_info.join(","))
+    }
+}
+
 fn pause(s: &mut Session, cseq: u32) -> Reply {
+    if let SessionMedia::Mp4(m) = &mut s.media {
+        // The sender stops; each track remembers its next sample and sequence number.
+        m.stop();
+    }
     if let Some(l) = &s.live {
         // A live session stops receiving: its queue is emptied, nothing more is queued.
         l.sub.pause();

@@ -32,6 +32,7 @@
 
 mod conn;
 pub mod live;
+pub(crate) mod mp4;
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -301,6 +302,9 @@ enum SessionMedia {
     File { file: Source, media: Arc<Media> },
     /// A live source (`[rtsp.live.NAME]`).
     Live(Arc<live::LiveSource>),
+    /// A plain MP4 file: its tracks, each its own RTP session, sent by one sender thread
+    /// ([`mp4`]).
+    Mp4(Box<mp4::Mp4Session>),
 }
 
 /// A session receiving a live source.
@@ -776,9 +780,19 @@ fn reaper(shared: &Arc<RtspShared>) {
             // A session busy with a request is looked at next turn.
             let Ok(mut s) = s.try_lock() else { continue };
             shared.turn(&mut s);
+            // An MP4 session's receiver reports (UDP) count as the client being alive.
+            if let SessionMedia::Mp4(m) = &s.media
+                && m.alive.swap(false, Ordering::AcqRel)
+            {
+                s.last_seen = Instant::now();
+            }
             // Set up and not played in time: its reservation goes back (a PLAY later asks
             // admission afresh), so that SETUPs without PLAY hold no capacity for long.
+            // (An MP4 session has no engine stream: it is unplayed only while Ready.)
+            let mp4_played =
+                matches!(s.media, SessionMedia::Mp4(_)) && s.state != SessionState::Ready;
             if s.playing.is_none()
+                && !mp4_played
                 && s.admitted.is_some()
                 && s.admitted_at.elapsed() > setup_timeout
             {
@@ -829,7 +843,7 @@ impl RtspShared {
         let from_ns = match (at_ns, &s.media) {
             (Some(at), _) => p.start_time_ns + p.packetizer.scale.media_ns(at),
             (None, SessionMedia::File { media, .. }) => media.end_ns(),
-            (None, SessionMedia::Live(_)) => 0,
+            (None, SessionMedia::Live(_) | SessionMedia::Mp4(_)) => 0,
         };
         s.next_sequence = p.packetizer.sequence(sent);
         s.resume_from_ns = Some(from_ns);

@@ -1,0 +1,679 @@
+//! RTSP of plain MP4 files (issue 36 item 3, docs/rtsp.md "MP4 files"): `penstock serve`
+//! serving `assets/clip.mp4` (12 s of 640x360 H.264 and mono 44.1 kHz AAC, ffmpeg-made, key frames every 2 s) and
+//! MP4s ffmpeg makes here (moov at the end, B-frames), played by ffprobe and ffmpeg over TCP
+//! and UDP, and by a scripted client written here for what players do not show (the Range of
+//! a seek, the first access unit after it, bad files' replies).
+//!
+//! What is compared, and why: over RTP an H.264 bitstream arrives as NAL units (ffmpeg's
+//! depacketizer writes them Annex-B), from the file length-prefixed, so packet hashes cannot
+//! match; the **decoded frames** (`-f framemd5` of the video decoded) are compared instead.
+//! AAC access units are the same bytes both ways: their packets (`-c copy`) are compared.
+//! The end-of-stream allowance is one frame per stream: ffmpeg's RTSP demuxer ends on the
+//! RTCP BYE, and a packet that arrives after the BYE on the other socket (UDP: RTP and RTCP
+//! are two sockets read in either order) is dropped.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+const BIN: &str = env!("CARGO_BIN_EXE_penstock");
+
+fn clip() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/clip.mp4")
+}
+
+/// A running `penstock serve` over a temporary root.
+struct Served {
+    child: Child,
+    rtsp: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let _ = self.child.wait();
+    }
+}
+
+impl Served {
+    fn url(&self, path: &str) -> String {
+        format!("rtsp://{}/{path}", self.rtsp)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+fn serve() -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(clip(), dir.path().join("clip.mp4")).unwrap();
+    let conf = dir.path().join("penstock.toml");
+    // Admission's figures are set, not measured (as tests/rtsp.rs does).
+    std::fs::write(
+        &conf,
+        "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"rtsp-mp4-test-token-rtsp-mp4-test\"\n[log]\naccess = \"off\"\n[rtsp]\nlisten = \"127.0.0.1:0\"\n\
+         [admission]\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\n\
+         disk_random_iops = 100000\nnet_bytes_per_s = 1250000000\ncpu_send_ns = 5000\n\
+         cpu_send_byte_ps = 500\n",
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--no-control-unix", "--config"])
+        .arg(&conf)
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = common::start_line(&mut child);
+    let rtsp = line
+        .split("rtsp://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no rtsp address in {line:?}"))
+        .parse()
+        .unwrap();
+    Served { child, rtsp, dir }
+}
+
+/// A command run with a time limit: (success, stdout, stderr).
+fn run(mut cmd: Command, limit: Duration) -> (bool, String, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return (st.success(), o.join().unwrap(), e.join().unwrap());
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (false, o.join().unwrap(), "killed at the time limit".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The (size, md5) of each line of a framemd5 output.
+fn md5s(framemd5: &str) -> Vec<(String, String)> {
+    framemd5
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').map(str::trim).collect();
+            (f[4].to_string(), f[5].to_string())
+        })
+        .collect()
+}
+
+/// ffmpeg's framemd5 of `input`: the video decoded (`v`) or the audio packets copied (`a`).
+fn framemd5(input: &str, stream: &str, transport: Option<&str>) -> Vec<(String, String)> {
+    let mut c = Command::new("ffmpeg");
+    c.args(["-hide_banner", "-loglevel", "error", "-nostdin"]);
+    if let Some(t) = transport {
+        c.args(["-rtsp_transport", t]);
+    }
+    c.args(["-i", input, "-map", &format!("0:{stream}")]);
+    if stream == "a" {
+        c.args(["-c", "copy"]);
+    }
+    c.args(["-f", "framemd5", "-"]);
+    let (ok, out, err) = run(c, Duration::from_secs(120));
+    assert!(ok, "ffmpeg {input} {stream}: {err}");
+    md5s(&out)
+}
+
+/// Every item of `want` in `got`, in order, at most one missing at the end (module doc).
+fn same_but_the_last(got: &[(String, String)], want: &[(String, String)], what: &str) {
+    assert!(
+        got.len() + 1 >= want.len() && got.len() <= want.len(),
+        "{what}: {} of {}",
+        got.len(),
+        want.len()
+    );
+    let differ = got.iter().zip(want).position(|(a, b)| a != b);
+    assert_eq!(differ, None, "{what}: first difference at {differ:?}");
+}
+
+fn have(tool: &str) -> bool {
+    penstock_testreq::require(tool)
+}
+
+#[test]
+fn ffprobe_sees_h264_and_aac() {
+    if !have("ffprobe") {
+        return;
+    }
+    let s = serve();
+    let mut c = Command::new("ffprobe");
+    c.args(["-v", "error", "-rtsp_transport", "tcp"])
+        .args([
+            "-show_entries",
+            "stream=codec_name,sample_rate,channels,width,height",
+        ])
+        .args(["-of", "compact", &s.url("clip.mp4")]);
+    let (ok, out, err) = run(c, Duration::from_secs(60));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("codec_name=h264|width=640|height=360"),
+        "{out}"
+    );
+    assert!(
+        out.contains("codec_name=aac|sample_rate=44100|channels=1"),
+        "{out}"
+    );
+}
+
+/// The decoded video and the AAC packets over TCP and UDP are the file's.
+#[test]
+fn decoded_video_and_aac_packets_are_the_files_over_tcp_and_udp() {
+    if !have("ffmpeg") {
+        return;
+    }
+    let s = serve();
+    let file = clip();
+    let file = file.to_str().unwrap();
+    let want_v = framemd5(file, "v", None);
+    let want_a = framemd5(file, "a", None);
+    assert_eq!(want_v.len(), 300);
+    for t in ["tcp", "udp"] {
+        let got_v = framemd5(&s.url("clip.mp4"), "v", Some(t));
+        same_but_the_last(&got_v, &want_v, &format!("{t} video frames"));
+        let got_a = framemd5(&s.url("clip.mp4"), "a", Some(t));
+        same_but_the_last(&got_a, &want_a, &format!("{t} AAC packets"));
+    }
+}
+
+/// An MP4 with its moov at the end and B-frames (composition offsets, an edit list).
+#[test]
+fn a_moov_at_the_end_with_b_frames_decodes_as_the_file() {
+    if !have("ffmpeg") {
+        return;
+    }
+    let s = serve();
+    let path = s.path("late.mp4");
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x240:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=44100"])
+        .args([
+            "-t",
+            "4",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-bf",
+            "3",
+        ])
+        .args(["-g", "25", "-c:a", "aac", "-ac", "2"])
+        .arg(&path)
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want_v = framemd5(path.to_str().unwrap(), "v", None);
+    let got_v = framemd5(&s.url("late.mp4"), "v", Some("tcp"));
+    same_but_the_last(&got_v, &want_v, "late.mp4 video frames");
+    let want_a = framemd5(path.to_str().unwrap(), "a", None);
+    let got_a = framemd5(&s.url("late.mp4"), "a", Some("tcp"));
+    same_but_the_last(&got_a, &want_a, "late.mp4 AAC packets");
+}
+
+/// A scripted RTSP client over one TCP connection (interleaved).
+struct Client {
+    tcp: TcpStream,
+    cseq: u32,
+    buf: Vec<u8>,
+    /// Interleaved frames read while waiting for a reply: (channel, payload).
+    frames: Vec<(u8, Vec<u8>)>,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr) -> Client {
+        let tcp = TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Client {
+            tcp,
+            cseq: 0,
+            buf: Vec::new(),
+            frames: Vec::new(),
+        }
+    }
+
+    fn fill(&mut self) {
+        let mut b = [0u8; 65536];
+        let n = self.tcp.read(&mut b).expect("read");
+        assert!(n > 0, "the server closed the connection");
+        self.buf.extend_from_slice(&b[..n]);
+    }
+
+    /// The next interleaved frame, or the next reply (status, headers, body) when one comes
+    /// first.
+    fn next(&mut self) -> Result<(u8, Vec<u8>), (u16, String, String)> {
+        loop {
+            if self.buf.first() == Some(&b'$') && self.buf.len() >= 4 {
+                let len = usize::from(u16::from_be_bytes([self.buf[2], self.buf[3]]));
+                if self.buf.len() >= 4 + len {
+                    let f = (self.buf[1], self.buf[4..4 + len].to_vec());
+                    self.buf.drain(..4 + len);
+                    return Ok(f);
+                }
+            } else if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&self.buf[..end]).to_string();
+                let len = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Content-Length: "))
+                    .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                if self.buf.len() >= end + 4 + len {
+                    let body =
+                        String::from_utf8_lossy(&self.buf[end + 4..end + 4 + len]).to_string();
+                    self.buf.drain(..end + 4 + len);
+                    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+                    return Err((status, head, body));
+                }
+            }
+            self.fill();
+        }
+    }
+
+    fn request(&mut self, method: &str, url: &str, headers: &str) -> (u16, String, String) {
+        self.cseq += 1;
+        let req = format!(
+            "{method} {url} RTSP/1.0\r\nCSeq: {}\r\n{headers}\r\n",
+            self.cseq
+        );
+        self.tcp.write_all(req.as_bytes()).unwrap();
+        loop {
+            match self.next() {
+                Ok(f) => self.frames.push(f),
+                Err(r) => return r,
+            }
+        }
+    }
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(": ")))
+}
+
+/// The key frames' presentation times of the file's video, in s (ffprobe).
+fn key_frame_times(file: &Path) -> Vec<f64> {
+    let o = Command::new("ffprobe")
+        .args([
+            "-v",
+            "error",
+            "-select_streams",
+            "v",
+            "-skip_frame",
+            "nokey",
+        ])
+        .args(["-show_entries", "frame=pts_time", "-of", "csv=p=0"])
+        .arg(file)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split(',').next()?.trim().parse().ok())
+        .collect()
+}
+
+/// `Range: npt=5-` starts at the key frame at or before 5 s: the reply's Range says so, and
+/// the first video access unit that arrives holds an IDR picture, at the RTP-Info's rtptime.
+#[test]
+fn a_seek_lands_on_the_sync_sample_at_or_before_it() {
+    if !have("ffprobe") {
+        return;
+    }
+    let s = serve();
+    let url = s.url("clip.mp4");
+    let mut c = Client::connect(s.rtsp);
+    let (st, _, sdp) = c.request("DESCRIBE", &url, "Accept: application/sdp\r\n");
+    assert_eq!(st, 200);
+    assert!(sdp.contains("a=rtpmap:96 H264/90000"), "{sdp}");
+    assert!(
+        sdp.contains("packetization-mode=1;profile-level-id="),
+        "{sdp}"
+    );
+    assert!(sdp.contains("sprop-parameter-sets="), "{sdp}");
+    assert!(sdp.contains("a=rtpmap:97 MPEG4-GENERIC/44100/1"), "{sdp}");
+    assert!(
+        sdp.contains("mode=AAC-hbr;sizelength=13;indexlength=3;indexdeltalength=3;config="),
+        "{sdp}"
+    );
+    let controls: Vec<&str> = sdp
+        .lines()
+        .filter_map(|l| l.strip_prefix("a=control:trackID="))
+        .collect();
+    assert_eq!(controls.len(), 2, "{sdp}");
+    let (st, head, _) = c.request(
+        "SETUP",
+        &format!("{url}/trackID={}", controls[0].trim()),
+        "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
+    );
+    assert_eq!(st, 200, "{head}");
+    let session = header(&head, "Session")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let (st, head, _) = c.request(
+        "SETUP",
+        &format!("{url}/trackID={}", controls[1].trim()),
+        &format!("Transport: RTP/AVP/TCP;unicast;interleaved=2-3\r\nSession: {session}\r\n"),
+    );
+    assert_eq!(st, 200, "{head}");
+    // A third SETUP of a track already set up is refused, the session goes on.
+    let (st, _, _) = c.request(
+        "SETUP",
+        &format!("{url}/trackID={}", controls[1].trim()),
+        &format!("Transport: RTP/AVP/TCP;unicast;interleaved=4-5\r\nSession: {session}\r\n"),
+    );
+    assert_eq!(st, 455);
+    let (st, head, _) = c.request(
+        "PLAY",
+        &url,
+        &format!("Session: {session}\r\nRange: npt=5.000-\r\n"),
+    );
+    assert_eq!(st, 200, "{head}");
+    let range = header(&head, "Range").unwrap();
+    let start: f64 = range
+        .strip_prefix("npt=")
+        .and_then(|r| r.split('-').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let keys = key_frame_times(&clip());
+    let key = keys
+        .iter()
+        .copied()
+        .filter(|&k| k <= 5.0)
+        .fold(0.0, f64::max);
+    // ffprobe's times include the track's empty edit (tens of ms): the same key frame.
+    assert!(
+        start <= 5.0 && (start - key).abs() < 0.1,
+        "Range {range}, key frames {keys:?}"
+    );
+    let info = header(&head, "RTP-Info").unwrap().to_string();
+    let video_rtptime: u32 = info
+        .split(',')
+        .next()
+        .and_then(|i| i.split("rtptime=").nth(1))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The first video access unit: its packets up to the marker.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut nal_types = Vec::new();
+    let mut ts = None;
+    let mut frames = std::mem::take(&mut c.frames).into_iter();
+    while Instant::now() < deadline {
+        let (ch, p) = match frames.next() {
+            Some(f) => f,
+            None => match c.next() {
+                Ok(f) => f,
+                Err(r) => panic!("unexpected reply {r:?}"),
+            },
+        };
+        if ch != 0 {
+            continue;
+        }
+        let t = u32::from_be_bytes([p[4], p[5], p[6], p[7]]);
+        assert_eq!(*ts.get_or_insert(t), t, "one access unit, one timestamp");
+        let nal = p[12];
+        nal_types.push(match nal & 0x1f {
+            28 => p[13] & 0x1f,
+            t => t,
+        });
+        if p[1] & 0x80 != 0 {
+            break;
+        }
+    }
+    assert_eq!(ts, Some(video_rtptime), "{info}");
+    assert!(
+        nal_types.contains(&5),
+        "no IDR slice in the first access unit: {nal_types:?}"
+    );
+    let (st, _, _) = c.request("TEARDOWN", &url, &format!("Session: {session}\r\n"));
+    assert_eq!(st, 200);
+}
+
+/// A truncated moov and an unknown codec: DESCRIBE and SETUP answer 415 naming why; the good
+/// file is still described and set up after them on the same connection.
+#[test]
+fn bad_mp4s_get_a_415_naming_why_and_nothing_else_changes() {
+    let s = serve();
+    let good = std::fs::read(clip()).unwrap();
+    let find = |b: &[u8], kind: &[u8; 4]| b.windows(4).position(|w| w == kind).unwrap();
+    let moov = find(&good, b"moov") - 4;
+    let moov_len = u32::from_be_bytes(good[moov..moov + 4].try_into().unwrap()) as usize;
+    std::fs::write(s.path("truncated.mp4"), &good[..moov + moov_len / 2]).unwrap();
+    let mut unknown = good.clone();
+    let stsd = find(&unknown, b"stsd");
+    let avc1 = stsd + find(&unknown[stsd..], b"avc1");
+    unknown[avc1..avc1 + 4].copy_from_slice(b"zzz9");
+    std::fs::write(s.path("unknown.mp4"), &unknown).unwrap();
+    let mut c = Client::connect(s.rtsp);
+    for (name, says) in [
+        ("truncated.mp4", "not playable as MP4"),
+        ("unknown.mp4", "unsupported codec 'zzz9'"),
+    ] {
+        let (st, _, body) = c.request("DESCRIBE", &s.url(name), "");
+        assert_eq!(st, 415, "{name}: {body}");
+        assert!(body.contains(says), "{name}: {body}");
+        let (st, _, body) = c.request(
+            "SETUP",
+            &format!("{}/trackID=1", s.url(name)),
+            "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
+        );
+        assert_eq!(st, 415, "{name}: {body}");
+        // A track the movie does not have, and Scale other than 1, are refused too.
+        let (st, _, sdp) = c.request("DESCRIBE", &s.url("clip.mp4"), "");
+        assert_eq!(st, 200, "{sdp}");
+    }
+    let (st, _, body) = c.request(
+        "SETUP",
+        &format!("{}/trackID=9", s.url("clip.mp4")),
+        "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
+    );
+    assert_eq!(st, 404, "{body}");
+    assert!(body.contains("no track 9"), "{body}");
+    let (st, head, _) = c.request(
+        "SETUP",
+        &format!("{}/trackID=1", s.url("clip.mp4")),
+        "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
+    );
+    assert_eq!(st, 200, "{head}");
+    let session = header(&head, "Session")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let (st, _, body) = c.request(
+        "PLAY",
+        &s.url("clip.mp4"),
+        &format!("Session: {session}\r\nScale: -1\r\n"),
+    );
+    assert_eq!(st, 451, "{body}");
+    let (st, _, _) = c.request(
+        "TEARDOWN",
+        &s.url("clip.mp4"),
+        &format!("Session: {session}\r\n"),
+    );
+    assert_eq!(st, 200);
+}
+
+/// PAUSE stops the tracks and PLAY without Range resumes them where they stopped: over one
+/// interleaved connection, each track's sequence numbers run on without a gap or a repeat
+/// across the pause, and its RTP times never go back.
+#[test]
+fn pause_and_resume_continue_each_track_where_it_stopped() {
+    let s = serve();
+    let url = s.url("clip.mp4");
+    let mut c = Client::connect(s.rtsp);
+    let (st, head, _) = c.request(
+        "SETUP",
+        &format!("{url}/trackID=1"),
+        "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
+    );
+    assert_eq!(st, 200, "{head}");
+    let session = header(&head, "Session")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let (st, head, _) = c.request(
+        "SETUP",
+        &format!("{url}/trackID=2"),
+        &format!("Transport: RTP/AVP/TCP;unicast;interleaved=2-3\r\nSession: {session}\r\n"),
+    );
+    assert_eq!(st, 200, "{head}");
+    let (st, _, _) = c.request("PLAY", &url, &format!("Session: {session}\r\n"));
+    assert_eq!(st, 200);
+    // Some of both tracks, then PAUSE, then PLAY again, then some more.
+    let mut frames = Vec::new();
+    let read_until = |c: &mut Client, frames: &mut Vec<(u8, Vec<u8>)>, n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let count = |f: &Vec<(u8, Vec<u8>)>, ch| f.iter().filter(|x| x.0 == ch).count();
+        while (count(frames, 0) < n || count(frames, 2) < n / 4) && Instant::now() < deadline {
+            match c.next() {
+                Ok(f) => frames.push(f),
+                Err(r) => panic!("unexpected reply {r:?}"),
+            }
+        }
+    };
+    read_until(&mut c, &mut frames, 40);
+    let (st, _, _) = c.request("PAUSE", &url, &format!("Session: {session}\r\n"));
+    assert_eq!(st, 200);
+    frames.append(&mut c.frames);
+    let before = frames.len();
+    let (st, head, _) = c.request("PLAY", &url, &format!("Session: {session}\r\n"));
+    assert_eq!(st, 200, "{head}");
+    frames.append(&mut c.frames);
+    read_until(&mut c, &mut frames, before + 80);
+    for ch in [0u8, 2] {
+        let rtp: Vec<(u16, u32)> = frames
+            .iter()
+            .filter(|f| f.0 == ch)
+            .map(|(_, p)| {
+                (
+                    u16::from_be_bytes([p[2], p[3]]),
+                    u32::from_be_bytes([p[4], p[5], p[6], p[7]]),
+                )
+            })
+            .collect();
+        assert!(rtp.len() > 10, "channel {ch}: {} packets", rtp.len());
+        for w in rtp.windows(2) {
+            assert_eq!(
+                w[1].0,
+                w[0].0.wrapping_add(1),
+                "channel {ch}: a gap or repeat"
+            );
+        }
+        if ch == 2 {
+            // AAC: one access unit per packet, presentation order.
+            assert!(
+                rtp.windows(2)
+                    .all(|w| w[1].1.wrapping_sub(w[0].1) < 1 << 31)
+            );
+        }
+    }
+    let (st, _, _) = c.request("TEARDOWN", &url, &format!("Session: {session}\r\n"));
+    assert_eq!(st, 200);
+}
+
+/// GStreamer (`rtspsrc`, both tracks decoded) and mpv play the clip to its end and exit by
+/// themselves.
+#[test]
+fn gstreamer_and_mpv_play_it_to_the_end() {
+    if !have("gst-launch-1.0") || !have("mpv") {
+        return;
+    }
+    let s = serve();
+    let url = s.url("clip.mp4");
+    let mut gst = Command::new("gst-launch-1.0");
+    gst.arg("rtspsrc")
+        .arg(format!("location={url}"))
+        .args(["name=s", "s.", "!", "decodebin", "!", "fakesink"])
+        .args(["s.", "!", "decodebin", "!", "fakesink"]);
+    let (ok, out, err) = run(gst, Duration::from_secs(120));
+    assert!(
+        ok && out.contains("Got EOS"),
+        "gst-launch-1.0: {out}\n{err}"
+    );
+    let mut mpv = Command::new("mpv");
+    mpv.args([
+        "--no-config",
+        "--vo=null",
+        "--ao=null",
+        "--msg-level=all=warn",
+    ])
+    .arg(&url);
+    let (ok, out, err) = run(mpv, Duration::from_secs(120));
+    assert!(ok, "mpv: {out}\n{err}");
+}
+
+/// H.265 (RFC 7798, `sprop-vps/sps/pps` from the hvcC): the decoded frames over TCP are the
+/// file's. Skipped where ffmpeg has no libx265.
+#[test]
+fn an_h265_mp4_decodes_as_the_file() {
+    if !have("ffmpeg") {
+        return;
+    }
+    let enc = Command::new("ffmpeg")
+        .args(["-hide_banner", "-encoders"])
+        .output()
+        .expect("ffmpeg");
+    if !String::from_utf8_lossy(&enc.stdout).contains("libx265") {
+        eprintln!("SKIP: this ffmpeg has no libx265");
+        return;
+    }
+    let s = serve();
+    let path = s.path("hevc.mp4");
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x240:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args(["-t", "4", "-c:v", "libx265", "-preset", "ultrafast"])
+        .args([
+            "-x265-params",
+            "log-level=error:keyint=25:min-keyint=25:scenecut=0:open-gop=0",
+            "-tag:v",
+            "hvc1",
+            "-c:a",
+            "aac",
+        ])
+        .arg(&path)
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = framemd5(path.to_str().unwrap(), "v", None);
+    let got = framemd5(&s.url("hevc.mp4"), "v", Some("tcp"));
+    same_but_the_last(&got, &want, "hevc.mp4 video frames");
+}

@@ -151,8 +151,20 @@ impl Backend for FakeBackend {
             volume: None,
         }))
     }
-    fn admit(&self, spec: &StreamSpec) -> Result<Option<(Ticket, StreamQos)>, StreamError> {
-        if spec.class != Some(DiskClass::Rt) || spec.schedule.is_none_or(|s| s.is_burst()) {
+    fn admit(
+        &self,
+        spec: &StreamSpec,
+        datagram: bool,
+    ) -> Result<Option<(Ticket, StreamQos)>, StreamError> {
+        // The planner's rules, as the engine applies them (class=rt needs pacing, …).
+        let limits = penstock_core::stream::plan::PlanLimits {
+            buffer_bytes: 1 << 20,
+            rt_buffers_default: 2,
+            rt_buffers_max: 8,
+        };
+        let asked =
+            penstock_core::stream::plan::admission_request(&spec.plan_request(), datagram, &limits)?;
+        if spec.class != Some(DiskClass::Rt) || asked.is_none() {
             return Ok(None);
         }
         if self.tickets.fetch_add(1, Ordering::AcqRel) >= 3 {

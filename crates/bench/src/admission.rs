@@ -47,7 +47,6 @@ use penstock_core::admission::{AdmissionConfig, Capacity};
 use penstock_core::endpoint::Endpoint;
 use penstock_core::endpoint::{PartitionName, VolumeName};
 use penstock_core::lateness::LatenessStats;
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::CachePolicy;
 use penstock_core::units::{Rate, parse_duration, parse_size};
 use penstock_core::volume::Placement;
@@ -238,16 +237,11 @@ impl Bench<'_> {
     }
 
     fn spec(&self, file: &Path, unit: u64, start_at: penstock_core::time::Instant) -> StreamSpec {
-        let schedule = Schedule::new(
-            &ScheduleSpec::Rate {
-                rate: Rate::BitsPerSecond(self.a.rate_bits_per_s),
-                unit_bytes: unit,
-            },
-            &ScheduleLimits::new(buffer_bytes(self.a) as u64),
-        )
-        .expect("a valid rate and unit");
         StreamSpec {
-            schedule: Some(schedule),
+            pacing: penstock_core::stream::plan::Pacing::Rate(Rate::BitsPerSecond(
+                self.a.rate_bits_per_s,
+            )),
+            unit_bytes: usize::try_from(unit).unwrap_or(usize::MAX),
             class: Some(DiskClass::Rt),
             cache: CachePolicy::Keep,
             start_at: Some(start_at),
@@ -851,13 +845,14 @@ pub fn run(mut a: AdmissionArgs) -> Result<()> {
         self_charged.burst_byte_ps
     )?;
     let admission = AdmissionConfig {
-        capacity: Capacity {
-            net_bytes_per_s,
-            cpu_send_ns: self_charged.send_ns,
-            cpu_send_byte_ps: self_charged.send_byte_ps,
-            cpu_burst_byte_ps: self_charged.burst_byte_ps,
-            ..capacity(a.workers, pool_total, buffer_bytes(&a) as u64)
-        },
+        capacity: penstock_driver::send_cost::capacity_with_send_cost(
+            Capacity {
+                net_bytes_per_s,
+                ..capacity(a.workers, pool_total, buffer_bytes(&a) as u64)
+            },
+            &self_charged,
+            penstock_driver::send_cost::SendCostKept::default(),
+        ),
         bulk_share_percent: a.bulk_share,
         streams_max: 4096,
         rt_latency_ns: 0,

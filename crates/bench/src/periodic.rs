@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::lateness::{LatenessStats, TraceRecord};
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::stream::plan::{Pacing, plan_schedule};
 use penstock_core::stream::{Extent, PathChoice};
 use penstock_core::time::Instant;
 use penstock_core::units::{parse_duration, parse_size};
@@ -281,13 +281,12 @@ fn run_engine(
     if realtime && let Err(why) = &engine.info().realtime {
         note.push_str(&format!("; realtime refused: {why}"));
     }
-    let schedule = Schedule::new(
-        &ScheduleSpec::Periodic {
-            period: spec.period,
-            unit_bytes: spec.unit,
-        },
-        &ScheduleLimits::new(16 * 1024),
-    )?;
+    // The planner's schedule of these streams, for the lateness figures.
+    let pacing = Pacing::Periodic {
+        period: spec.period,
+    };
+    let schedule =
+        plan_schedule(&pacing, Some(spec.unit), true, 16 * 1024)?.expect("a periodic schedule");
     let slack = Duration::from_millis(200) + Duration::from_micros(40) * spec.streams as u32;
     let t0 = clock::now() + slack;
     let mut handles = Vec::with_capacity(spec.streams);
@@ -300,7 +299,7 @@ fn run_engine(
             unit_bytes: spec.unit as usize,
             path,
             zero_copy: ZeroCopy::Off,
-            schedule: Some(schedule),
+            pacing: pacing.clone(),
             trace: spec.trace,
             start_at: Some(phase(spec, t0, i)),
             ..StreamSpec::new(
@@ -355,13 +354,16 @@ type EngineRun = (
 );
 
 fn run_threads(spec: &RunSpec<'_>, absolute: bool) -> Result<(LatenessStats, Vec<TraceRecord>)> {
-    let schedule = Schedule::new(
-        &ScheduleSpec::Periodic {
+    // The schedule the planner gives the engine's streams, kept by these threads alike.
+    let schedule = plan_schedule(
+        &Pacing::Periodic {
             period: spec.period,
-            unit_bytes: spec.unit,
         },
-        &ScheduleLimits::new(16 * 1024),
-    )?;
+        Some(spec.unit),
+        true,
+        16 * 1024,
+    )?
+    .expect("a periodic schedule");
     let merged = Arc::new(Mutex::new((
         LatenessStats::for_schedule(&schedule, None),
         Vec::new(),

@@ -32,7 +32,7 @@ use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::lateness::LatenessStats;
 use penstock_core::sched::drr::SchedMode;
 use penstock_core::sched::edf::Order;
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::stream::plan::{Pacing, plan_schedule};
 use penstock_core::stream::{CachePolicy, Extent, PathChoice};
 use penstock_core::units::{parse_duration, parse_size};
 use penstock_driver::clock::{self, CpuWho, cpu_times};
@@ -448,13 +448,7 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     );
     let units_per_s = rate / UNIT as f64;
     let period = Duration::from_secs_f64(1.0 / units_per_s);
-    let schedule = Schedule::new(
-        &ScheduleSpec::Periodic {
-            period,
-            unit_bytes: UNIT,
-        },
-        &ScheduleLimits::new(UNIT),
-    )?;
+    let pacing = Pacing::Periodic { period };
     let mut rows = Vec::new();
     let exe = std::env::current_exe()?;
     // (mount, the background's name) for --fuse-cp: the mount's defaults, and write-behind off.
@@ -557,7 +551,8 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                 );
                 s.path = PathChoice::Fixed(penstock_core::stream::DataPath::Uring);
                 s.cache = CachePolicy::Bypass;
-                s.schedule = Some(schedule);
+                s.pacing = pacing.clone();
+                s.unit_bytes = UNIT as usize;
                 s.class = Some(DiskClass::Rt);
                 s.extent = Extent {
                     offset: 0,
@@ -1031,13 +1026,9 @@ pub fn rtu(a: RtuArgs) -> Result<()> {
             let mut handles = Vec::new();
             for (p, f, units) in &files {
                 evict(f);
-                let schedule = Schedule::new(
-                    &ScheduleSpec::Periodic {
-                        period: Duration::from_millis(*p),
-                        unit_bytes: a.unit,
-                    },
-                    &ScheduleLimits::new(a.unit),
-                )?;
+                let pacing = Pacing::Periodic {
+                    period: Duration::from_millis(*p),
+                };
                 let mut s = StreamSpec::new(
                     Endpoint::File { path: f.clone() },
                     Endpoint::TcpConnect {
@@ -1047,7 +1038,8 @@ pub fn rtu(a: RtuArgs) -> Result<()> {
                     },
                 );
                 s.cache = CachePolicy::Bypass;
-                s.schedule = Some(schedule);
+                s.pacing = pacing;
+                s.unit_bytes = usize::try_from(a.unit)?;
                 s.class = Some(DiskClass::Rt);
                 s.extent = Extent {
                     offset: 0,
@@ -1181,13 +1173,12 @@ fn rtu_upcalls(a: &RtuArgs) -> Result<()> {
                 let work = a.work;
                 rtus.push(e.rtu_create(spec, Box::new(move |_| burn(work)))?);
             }
-            let schedule = Schedule::new(
-                &ScheduleSpec::Periodic {
-                    period: stream_period,
-                    unit_bytes: STREAM_UNIT,
-                },
-                &ScheduleLimits::new(16 * 1024),
-            )?;
+            // The planner's schedule of these streams, for the lateness figures.
+            let pacing = Pacing::Periodic {
+                period: stream_period,
+            };
+            let schedule = plan_schedule(&pacing, Some(STREAM_UNIT), true, 16 * 1024)?
+                .expect("a periodic schedule");
             let mut streams = Vec::with_capacity(n);
             for i in 0..n {
                 let mut s = StreamSpec::new(
@@ -1200,7 +1191,7 @@ fn rtu_upcalls(a: &RtuArgs) -> Result<()> {
                 );
                 s.unit_bytes = STREAM_UNIT as usize;
                 s.zero_copy = ZeroCopy::Off;
-                s.schedule = Some(schedule);
+                s.pacing = pacing.clone();
                 s.extent = Extent {
                     offset: 0,
                     length: Some(units * STREAM_UNIT),

@@ -28,7 +28,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use penstock_core::endpoint::{Endpoint, Host};
-use penstock_core::schedule::{Schedule, ScheduleFlags, ScheduleLimits, ScheduleSpec};
+use penstock_core::schedule::ScheduleFlags;
+use penstock_core::stream::plan::Pacing;
 use penstock_core::stream::{Extent, PathChoice};
 use penstock_core::time::Instant;
 use penstock_core::track::{Speed, plan_playback};
@@ -275,10 +276,7 @@ fn run_streams(
         rate: Some(RATE),
         ..ScheduleFlags::default()
     };
-    let schedule = Schedule::new(
-        &ScheduleSpec::from_flags(&flags, UNIT)?,
-        &ScheduleLimits::new(64 << 10),
-    )?;
+    let pacing = Pacing::from_flags(&flags)?;
     let t0 = clock::now().saturating_add(Duration::from_millis(200));
     let mut handles = Vec::new();
     for (i, port) in ports.iter().enumerate() {
@@ -299,7 +297,7 @@ fn run_streams(
         spec.unit_bytes = UNIT as usize;
         spec.path = PathChoice::Auto;
         spec.zero_copy = ZeroCopy::Off;
-        spec.schedule = Some(schedule);
+        spec.pacing = pacing.clone();
         // Phases spread over one period, as Roadrunner's streams.
         spec.start_at = Some(Instant::from_nanos(
             t0.as_nanos() + (GAP_NS as u64) * i as u64 / m as u64,
@@ -445,7 +443,7 @@ fn playback_timing(rec: &Path, dir: &Path, realtime: bool) -> Result<Timing> {
         length: Some(plan.media_bytes),
     };
     spec.zero_copy = ZeroCopy::Off;
-    spec.units = Some(plan.units.into());
+    spec.pacing = Pacing::Units(plan.units.into());
     let report = engine.open(spec)?.wait()?;
     let sender = report.lateness.as_ref().map_or((0.0, 0.0), |l| {
         (l.p50_ns() as f64 / 1e3, l.p99_ns() as f64 / 1e3)

@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use penstock_core::endpoint::{Endpoint, Role};
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::Extent;
 use penstock_core::units::Rate;
 
@@ -92,20 +91,13 @@ fn paced_streams(
         ..defaults
     })
     .map_err(io::Error::other)?;
-    let schedule = Schedule::new(
-        &ScheduleSpec::Rate {
-            rate: Rate::BitsPerSecond(rate_bits_per_s),
-            unit_bytes,
-        },
-        &ScheduleLimits::new(1 << 20),
-    )
-    .map_err(io::Error::other)?;
     let mut handles = Vec::with_capacity(n);
     for _ in 0..n {
         handles.push(
             engine
                 .open(StreamSpec {
-                    schedule: Some(schedule),
+                    pacing: crate::engine::Pacing::Rate(Rate::BitsPerSecond(rate_bits_per_s)),
+                    unit_bytes: usize::try_from(unit_bytes).unwrap_or(usize::MAX),
                     start_at,
                     trace,
                     extent: Extent {

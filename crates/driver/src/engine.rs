@@ -25,9 +25,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use penstock_core::endpoint::Endpoint;
-pub use penstock_core::stream::plan::{DiskClass, ZeroCopy, schedule_bytes_per_s};
+pub use penstock_core::stream::plan::{DiskClass, Pacing, ZeroCopy, schedule_bytes_per_s};
 use penstock_core::stream::plan::{
-    Pacing, PlanLimits, PlanRequest, admission_request, plan_stream,
+    PlanLimits, PlanRequest, admission_request, plan_schedule, plan_stream,
 };
 use penstock_core::stream::{CachePolicy, DataPath, Extent, PathCaps, PathChoice};
 
@@ -65,7 +65,7 @@ use penstock_core::admission::{
     StreamQos, Usage,
 };
 use penstock_core::lateness::LatenessStats;
-use penstock_core::schedule::{LatePolicy, Schedule, UnitPlan};
+use penstock_core::schedule::LatePolicy;
 
 /// What to stream, from where to where, how.
 #[derive(Debug)]
@@ -76,13 +76,16 @@ pub struct StreamSpec {
     pub source: Option<Endpoint>,
     pub target: Option<Endpoint>,
     pub extent: Extent,
-    /// Transfer unit in bytes: the size of each read and send (a datagram, for UDP targets).
+    /// Transfer unit in bytes: the size of each read and send (a datagram, for UDP targets);
+    /// 0: the planner's default for the path, or for the pacing.
     pub unit_bytes: usize,
     pub path: PathChoice,
     pub cache: CachePolicy,
     pub zero_copy: ZeroCopy,
-    /// When each unit is due; `None` (or a burst schedule): as fast as possible.
-    pub schedule: Option<Schedule>,
+    /// How the caller asked units to be timed: burst, a period, a rate, (k, t), or a unit
+    /// plan (media timing). The planner turns it into the stream's schedule (with the unit
+    /// default and every pacing rule); the engine runs what the plan says.
+    pub pacing: Pacing,
     /// A unit is a miss when later than this (default: one period).
     pub miss_after: Option<Duration>,
     /// Keep every unit's (scheduled, completed) times in the report.
@@ -100,9 +103,6 @@ pub struct StreamSpec {
     /// The instant unit 0 of a paced stream is due (CLOCK_MONOTONIC, see `clock::now`);
     /// `None`: when the stream first runs.
     pub start_at: Option<penstock_core::time::Instant>,
-    /// Units of varying size, each with its own deadline (playback of a recording): the extent
-    /// must hold exactly their bytes. Excludes `schedule`; uring path only.
-    pub units: Option<Arc<[UnitPlan]>>,
     /// The progress timeout (nginx's `send_timeout`): a stream that moves no byte, read or
     /// sent, for longer than this fails with [`StreamError::Stalled`] — a receiver that stopped
     /// reading, or a socket source that stopped sending. Time paused and time waiting for a
@@ -142,29 +142,22 @@ impl StreamSpec {
         }
     }
 
-    /// The planner's request for this spec (a burst schedule counts as none).
-    pub fn plan_request(&self) -> Result<PlanRequest<'_>, StreamError> {
-        let schedule = self.schedule.as_ref().filter(|s| !s.is_burst());
-        let pacing = match (&self.units, schedule) {
-            (Some(_), Some(_)) => return Err(StreamError::UnitsAndSchedule),
-            (Some(u), None) => Pacing::Units(u),
-            (None, Some(s)) => Pacing::Schedule(s),
-            (None, None) => Pacing::Burst,
-        };
-        Ok(PlanRequest {
+    /// The planner's request for this spec.
+    pub fn plan_request(&self) -> PlanRequest {
+        PlanRequest {
             path: self.path,
             cache: self.cache,
             zero_copy: self.zero_copy,
             class: self.class,
             best_effort: self.best_effort,
-            pacing,
+            pacing: self.pacing.clone(),
             unit_bytes: (self.unit_bytes != 0).then_some(self.unit_bytes as u64),
             extent: self.extent,
             buffers: self.buffers,
             late: self.late,
             rtp: self.rtp.is_some(),
             rtp_interleaved: self.rtp.is_some() && self.interleaved.is_some(),
-        })
+        }
     }
 
     /// A burst stream between descriptors the caller opened ([`Engine::open_opened`]).
@@ -181,13 +174,12 @@ impl StreamSpec {
             path: PathChoice::Auto,
             cache: CachePolicy::Keep,
             zero_copy: ZeroCopy::Auto,
-            schedule: None,
+            pacing: Pacing::Burst,
             miss_after: None,
             trace: false,
             class: None,
             buffers: None,
             start_at: None,
-            units: None,
             send_timeout: Some(SEND_TIMEOUT_DEFAULT),
             late: LatePolicy::Send,
             rtp: None,
@@ -1089,6 +1081,14 @@ impl Engine {
         let (Some(source_ep), Some(target_ep)) = (&spec.source, &spec.target) else {
             return Err(StreamError::NoEndpoints);
         };
+        // The pacing is the planner's to check before anything is opened (a listening
+        // endpoint would wait for its peer first): the same rule the plan applies at the start.
+        plan_schedule(
+            &spec.pacing,
+            (spec.unit_bytes != 0).then_some(spec.unit_bytes as u64),
+            matches!(target_ep, Endpoint::UdpSend { .. }),
+            self.cfg.buffer_bytes as u64,
+        )?;
         let source = open_source(source_ep, on_listen)?;
         // Refuse an extent that does not fit before opening the target, which truncates files.
         if let (penstock_core::stream::IoKind::File, Some(size)) = (source.kind, source.size) {
@@ -1148,7 +1148,7 @@ impl Engine {
         source: penstock_core::stream::plan::EndpointFacts,
         target: penstock_core::stream::plan::EndpointFacts,
     ) -> Result<penstock_core::stream::plan::StreamPlan, StreamError> {
-        let request = spec.plan_request()?;
+        let request = spec.plan_request();
         let facts = penstock_core::stream::plan::Facts {
             source,
             target,
@@ -1169,9 +1169,15 @@ impl Engine {
     /// again for the reads planned on its real device, in one step (a refusal there fails the
     /// start and gives the reservation back). `None`: the stream asks for no guarantee. The
     /// reservation is released when the [`Admitted`] is dropped unused, or with the stream's
-    /// handle.
-    pub fn admit(&self, spec: &StreamSpec) -> Result<Option<Admitted>, StreamError> {
-        let Some(qos) = admission_request(&spec.plan_request()?, &self.plan_limits())? else {
+    /// handle. `datagram`: the target will be a UDP socket (a paced stream's default unit
+    /// depends on it).
+    pub fn admit(
+        &self,
+        spec: &StreamSpec,
+        datagram: bool,
+    ) -> Result<Option<Admitted>, StreamError> {
+        let Some(qos) = admission_request(&spec.plan_request(), datagram, &self.plan_limits())?
+        else {
             return Ok(None);
         };
         let id = self
@@ -1209,9 +1215,7 @@ impl Engine {
         slot: Option<StreamSlot>,
         admitted: Option<Admitted>,
     ) -> Result<StreamHandle, StreamError> {
-        let schedule = spec.schedule.filter(|s| !s.is_burst());
-        let units = spec.units.clone();
-        let request = spec.plan_request()?;
+        let request = spec.plan_request();
         // A file source shares the descriptor of other streams of its file (the caller's is
         // closed): one descriptor per file, not per stream. Targets are never shared.
         if source.kind == penstock_core::stream::IoKind::File && source.volume.is_none() {
@@ -1325,7 +1329,7 @@ impl Engine {
         // An admitted rt stream on the uring path holds its buffers in its worker's pool.
         let buffers_reserved = plan.buffers_reserved;
         // Paced and rt streams go to a timed worker (when there are any); bulk never does.
-        let timed = plan.rt || units.is_some() || schedule.is_some();
+        let timed = plan.rt || plan.units.is_some() || plan.schedule.is_some();
         let placed = if timed && self.timed_count > 0 && reservation.is_some() {
             // An admitted stream: to the timed worker with the least CPU granted that can
             // take its CPU (and its buffers), widening that worker's reservation
@@ -1369,7 +1373,7 @@ impl Engine {
             rtp: spec.rtp.filter(|_| plan.header_bytes > 0),
             interleaved: spec.interleaved.clone().filter(|_| plan.header_bytes > 0),
             buffers_reserved,
-            pace: if let Some(units) = units {
+            pace: if let Some(units) = plan.units.clone() {
                 let miss_after = spec.miss_after.unwrap_or(PLAN_MISS_AFTER_DEFAULT);
                 Some(
                     Pace::with_plan(
@@ -1386,7 +1390,7 @@ impl Engine {
                     .with_slack(self.cfg.dispatch_slack),
                 )
             } else {
-                schedule.map(|s| {
+                plan.schedule.map(|s| {
                     let stats = LatenessStats::for_schedule(&s, spec.miss_after);
                     Pace::new(
                         s,

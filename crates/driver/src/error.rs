@@ -23,8 +23,6 @@ pub enum StreamError {
     /// The planner refused the stream (before anything was admitted or placed).
     #[error(transparent)]
     Plan(PlanError),
-    #[error("a unit plan and a schedule exclude each other")]
-    UnitsAndSchedule,
     #[error("the stream slot was reserved on another engine")]
     ForeignSlot,
     #[error("Engine::open needs the endpoints' names (StreamSpec::new)")]

@@ -33,7 +33,7 @@ pub(crate) struct Gathered {
 pub(crate) fn gather(
     source: &Opened,
     target: &Opened,
-    req: &PlanRequest<'_>,
+    req: &PlanRequest,
     files: &OpenFileTable,
 ) -> Gathered {
     let mut src = endpoint_facts(source);

@@ -142,6 +142,38 @@ impl SendCostRecord {
     }
 }
 
+/// Which of admission's CPU figures a caller set itself (a server's `[admission]`): kept as
+/// set by [`capacity_with_send_cost`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendCostKept {
+    pub send_ns: bool,
+    pub send_byte_ps: bool,
+    pub burst_byte_ps: bool,
+}
+
+/// The one builder of admission's capacity from device figures and the engine's send cost
+/// (`penstock serve`, `penstock stream`, `penstock bench admission`): `capacity` (its disk,
+/// network, buffer and CPU-time figures as the caller found them) with `cost`'s charged
+/// figures per send, per byte and per byte in a burst, except those `kept`. A figure a byte
+/// kept stands for the burst's too.
+pub fn capacity_with_send_cost(
+    capacity: penstock_core::admission::Capacity,
+    cost: &SendCost,
+    kept: SendCostKept,
+) -> penstock_core::admission::Capacity {
+    let mut cap = capacity;
+    if !kept.send_ns {
+        cap.cpu_send_ns = cost.send_ns;
+    }
+    if !kept.send_byte_ps {
+        cap.cpu_send_byte_ps = cost.send_byte_ps;
+    }
+    if !kept.burst_byte_ps && !kept.send_byte_ps {
+        cap.cpu_burst_byte_ps = cost.burst_byte_ps;
+    }
+    cap
+}
+
 fn this_machine() -> (String, String) {
     let kernel = rustix::system::uname()
         .release()

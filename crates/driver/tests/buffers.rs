@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use penstock_core::admission::{AdmissionConfig, Capacity};
 use penstock_core::buffers::BufferError;
 use penstock_core::endpoint::{Endpoint, Role};
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::stream::plan::Pacing;
 use penstock_core::stream::{DataPath, PathChoice};
 use penstock_driver::{
     DiskClass, Engine, EngineConfig, EngineError, StreamError, StreamHandle, StreamReport,
@@ -129,16 +129,8 @@ fn rt_spec(source: &Path, to: SocketAddr, buffers: u32) -> StreamSpec {
     let mut s = spec(source, to);
     s.class = Some(DiskClass::Rt);
     s.buffers = Some(buffers);
-    s.schedule = Some(
-        Schedule::new(
-            &ScheduleSpec::Periodic {
-                period: RT_PERIOD,
-                unit_bytes: BUFFER_BYTES as u64,
-            },
-            &ScheduleLimits::new(BUFFER_BYTES as u64),
-        )
-        .expect("schedule"),
-    );
+    s.pacing = Pacing::Periodic { period: RT_PERIOD };
+    s.unit_bytes = (BUFFER_BYTES as u64) as usize;
     s
 }
 

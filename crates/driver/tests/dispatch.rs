@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use penstock_core::endpoint::{Endpoint, Role};
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::stream::plan::Pacing;
 use penstock_core::stream::{DataPath, Extent, PathChoice};
 use penstock_core::time::Instant;
 use penstock_driver::{Engine, EngineConfig, StreamReport, StreamSpec};
@@ -51,16 +51,8 @@ fn spec(source: &Path, to: std::net::SocketAddr, start: Instant) -> StreamSpec {
         offset: 0,
         length: Some(UNITS * UNIT_BYTES),
     };
-    s.schedule = Some(
-        Schedule::new(
-            &ScheduleSpec::Periodic {
-                period: PERIOD,
-                unit_bytes: UNIT_BYTES,
-            },
-            &ScheduleLimits::new(UNIT_BYTES),
-        )
-        .expect("schedule"),
-    );
+    s.pacing = Pacing::Periodic { period: PERIOD };
+    s.unit_bytes = (UNIT_BYTES) as usize;
     s.trace = true;
     s.start_at = Some(start);
     s

@@ -21,7 +21,7 @@ use std::time::Duration;
 use penstock_core::endpoint::{Endpoint, Host};
 use penstock_core::schedule::LatePolicy;
 use penstock_core::stream::PathError;
-use penstock_core::stream::plan::{DATAGRAM_UNIT_BYTES_DEFAULT, PlanError};
+use penstock_core::stream::plan::{DATAGRAM_UNIT_BYTES_DEFAULT, Pacing, PlanError};
 use penstock_core::stream::{CachePolicy, DataPath, Extent, ExtentError, IoKind, PathChoice};
 use penstock_driver::engine::SEND_TIMEOUT_DEFAULT;
 use penstock_driver::open::{OpenError, Opened, open_target};
@@ -217,14 +217,13 @@ fn spec(case: &Case, source: &Path, target: Endpoint) -> StreamSpec {
         path: PathChoice::Fixed(case.mode.path),
         cache: case.mode.cache,
         zero_copy: case.mode.zero_copy,
-        schedule: None,
+        pacing: Pacing::Burst,
         miss_after: None,
         trace: false,
         class: None,
         best_effort: false,
         buffers: None,
         start_at: None,
-        units: None,
         send_timeout: Some(SEND_TIMEOUT_DEFAULT),
         late: LatePolicy::Send,
         rtp: None,
@@ -619,14 +618,13 @@ fn run_stream_source(
         path: PathChoice::Fixed(path),
         cache: CachePolicy::Keep,
         zero_copy: ZeroCopy::Auto,
-        schedule: None,
+        pacing: Pacing::Burst,
         miss_after: None,
         trace: false,
         class: None,
         best_effort: false,
         buffers: None,
         start_at: None,
-        units: None,
         send_timeout: Some(SEND_TIMEOUT_DEFAULT),
         late: LatePolicy::Send,
         rtp: None,
@@ -969,14 +967,13 @@ fn bad_streams_are_refused_with_typed_errors() {
             path: PathChoice::Fixed(path),
             cache: CachePolicy::Keep,
             zero_copy: ZeroCopy::Auto,
-            schedule: None,
+            pacing: Pacing::Burst,
             miss_after: None,
             trace: false,
             class: None,
             best_effort: false,
             buffers: None,
             start_at: None,
-            units: None,
             send_timeout: Some(SEND_TIMEOUT_DEFAULT),
             late: LatePolicy::Send,
             rtp: None,

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use penstock_core::admission::{AdmissionConfig, Capacity};
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
-use penstock_core::stream::plan::{PlanError, UNIT_BYTES_MAX};
+use penstock_core::schedule::ScheduleError;
+use penstock_core::stream::plan::{Pacing, PlanError};
 use penstock_core::stream::{CachePolicy, DataPath, Extent, IoKind, PathChoice};
 use penstock_driver::open::{Opened, classify_file};
 use penstock_driver::{DiskClass, Engine, EngineConfig, StreamError, StreamSpec};
@@ -144,23 +144,24 @@ fn a_refused_plan_leaves_admission_buffers_and_slots_untouched() {
         (u, engine.buffer_usage().reserved)
     };
     let before = usage();
-    // An rt stream that admission would take, whose unit does not fit a pool buffer.
-    let schedule = Schedule::new(
-        &ScheduleSpec::Periodic {
-            period: Duration::from_millis(10),
-            unit_bytes: 2 << 20,
-        },
-        &ScheduleLimits::new(UNIT_BYTES_MAX),
-    )
-    .unwrap();
+    // An rt stream that admission would take, whose unit does not fit a pool buffer: the
+    // planner's schedule refuses it (a paced unit is one pool buffer's at most).
     let (addr, _rx) = receiver();
     let mut spec = StreamSpec::opened();
     spec.path = PathChoice::Fixed(DataPath::Uring);
     spec.class = Some(DiskClass::Rt);
-    spec.schedule = Some(schedule);
+    spec.pacing = Pacing::Periodic {
+        period: Duration::from_millis(10),
+    };
+    spec.unit_bytes = 2 << 20;
     let r = engine.open_opened(spec, file(&src), socket(addr));
     assert!(
-        matches!(r, Err(StreamError::Plan(PlanError::UnitOverBuffer { .. }))),
+        matches!(
+            r,
+            Err(StreamError::Plan(PlanError::Schedule(
+                ScheduleError::UnitTooLarge { .. }
+            )))
+        ),
         "{r:?}"
     );
     assert_eq!(

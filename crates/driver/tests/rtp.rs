@@ -18,6 +18,7 @@ use penstock_core::rtp::rtcp::{self, ReportBlock, RtcpItem};
 use penstock_core::rtp::{Packetizer, RTP_HEADER_BYTES, RtpHeader, SenderSession};
 use penstock_core::schedule::LatePolicy;
 use penstock_core::stream::Extent;
+use penstock_core::stream::plan::Pacing;
 use penstock_core::ts::synth::cbr_ts;
 use penstock_core::ts::{PcrLimits, TsPlan, plan_bytes};
 use penstock_driver::rtcp::{RtcpLink, RtpCounts, socket_addrs};
@@ -87,7 +88,7 @@ fn spec(src: &std::path::Path, to: SocketAddr, plan: &TsPlan, rtp: Packetizer) -
         )
         .unwrap(),
     );
-    s.units = Some(Arc::from(plan.units.clone()));
+    s.pacing = Pacing::Units(Arc::from(plan.units.clone()));
     s.extent = Extent {
         offset: 0,
         length: Some(plan.media_bytes),

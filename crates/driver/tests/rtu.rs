@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use penstock_core::admission::cpu::CpuRefusal;
 use penstock_core::endpoint::{Endpoint, Host};
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
 use penstock_core::stream::Extent;
+use penstock_core::stream::plan::Pacing;
 use penstock_core::time::Instant;
 use penstock_driver::clock;
 use penstock_driver::{
@@ -48,17 +48,6 @@ fn engine(workers: usize, streams: usize) -> Engine {
     .unwrap()
 }
 
-fn periodic(period: Duration, unit: u64) -> Schedule {
-    Schedule::new(
-        &ScheduleSpec::Periodic {
-            period,
-            unit_bytes: unit,
-        },
-        &ScheduleLimits::new(16 * 1024),
-    )
-    .unwrap()
-}
-
 /// `n` paced streams of `units` units of [`UNIT`] bytes from `file` to `port` on loopback,
 /// unit 0 of stream i due at `t0 + i·period/n`.
 fn paced_streams(
@@ -84,7 +73,7 @@ fn paced_streams(
                 },
             );
             s.unit_bytes = unit as usize;
-            s.schedule = Some(periodic(period, unit));
+            s.pacing = Pacing::Periodic { period };
             s.extent = Extent {
                 offset: 0,
                 length: Some(units * unit),

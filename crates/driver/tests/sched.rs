@@ -18,7 +18,7 @@ use std::time::Duration;
 use penstock_core::admission::{AdmissionConfig, Capacity};
 use penstock_core::endpoint::{Endpoint, Role};
 use penstock_core::sched::policy::{DeadlineConfig, SchedAsk, SchedPolicy, deadline_params};
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::stream::plan::Pacing;
 use penstock_driver::sched::thread_sched;
 use penstock_driver::{DiskClass, Engine, EngineConfig, StreamError, StreamHandle, StreamSpec};
 
@@ -119,16 +119,8 @@ fn spec(source: &Path, to: SocketAddr, period: Option<Duration>) -> StreamSpec {
     );
     if let Some(period) = period {
         s.class = Some(DiskClass::Rt);
-        s.schedule = Some(
-            Schedule::new(
-                &ScheduleSpec::Periodic {
-                    period,
-                    unit_bytes: BUFFER_BYTES as u64,
-                },
-                &ScheduleLimits::new(BUFFER_BYTES as u64),
-            )
-            .expect("schedule"),
-        );
+        s.pacing = Pacing::Periodic { period };
+        s.unit_bytes = (BUFFER_BYTES as u64) as usize;
     }
     s
 }

@@ -14,7 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use penstock_core::endpoint::{Endpoint, Host, Role};
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::stream::plan::Pacing;
 use penstock_core::stream::{DataPath, PathChoice};
 use penstock_driver::engine::SEND_TIMEOUT_DEFAULT;
 use penstock_driver::open::{open_source, open_target};
@@ -269,16 +269,10 @@ fn paced_stream_with_a_period_longer_than_the_timeout_is_not_a_stall() {
         go.send(()).expect("open gate");
         let rx = reader(l, gate);
         let mut s = spec(&src, tcp_target(addr), path, TIMEOUT);
-        s.schedule = Some(
-            Schedule::new(
-                &ScheduleSpec::Periodic {
-                    period: Duration::from_secs(2),
-                    unit_bytes: UNIT,
-                },
-                &ScheduleLimits::new(1 << 20),
-            )
-            .expect("schedule"),
-        );
+        s.pacing = Pacing::Periodic {
+            period: Duration::from_secs(2),
+        };
+        s.unit_bytes = (UNIT) as usize;
         let h = engine.open(s).expect("open");
         let r = report_within(&h, HANG, &format!("paced {path}"))
             .unwrap_or_else(|e| panic!("{path}: paced stream failed: {e}"));

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use penstock_core::endpoint::Endpoint;
-use penstock_core::schedule::{LatePolicy, Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::schedule::LatePolicy;
+use penstock_core::stream::plan::Pacing;
 use penstock_core::stream::{DataPath, Extent, PathChoice};
 use penstock_driver::{DiskTuning, Engine, EngineConfig, StreamSpec};
 
@@ -62,16 +63,8 @@ fn late_start(
         Endpoint::File { path: dst.clone() },
     );
     s.path = PathChoice::Fixed(path);
-    s.schedule = Some(
-        Schedule::new(
-            &ScheduleSpec::Periodic {
-                period: PERIOD,
-                unit_bytes: UNIT,
-            },
-            &ScheduleLimits::new(1 << 20),
-        )
-        .unwrap(),
-    );
+    s.pacing = Pacing::Periodic { period: PERIOD };
+    s.unit_bytes = (UNIT) as usize;
     s.extent = Extent {
         offset: 0,
         length: Some(UNITS * UNIT),

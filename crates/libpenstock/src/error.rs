@@ -123,10 +123,7 @@ impl Error {
     pub fn from_stream(e: &StreamError) -> Error {
         let code = match e {
             StreamError::Open(o) => return Error::from_open(o),
-            StreamError::Path(_)
-            | StreamError::Extent(_)
-            | StreamError::Plan(_)
-            | StreamError::UnitsAndSchedule => PENSTOCK_EINVAL,
+            StreamError::Path(_) | StreamError::Extent(_) | StreamError::Plan(_) => PENSTOCK_EINVAL,
             StreamError::Refused(_)
             | StreamError::TooManyStreams(_)
             | StreamError::Buffers(_)

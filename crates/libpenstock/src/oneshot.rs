@@ -4,12 +4,11 @@ use std::ffi::c_int;
 use std::time::Duration;
 
 use penstock_core::endpoint::Role;
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
-use penstock_core::stream::plan::DATAGRAM_UNIT_BYTES_DEFAULT;
+use penstock_core::stream::plan::{Pacing, PlanError};
 use penstock_core::stream::{DataPath, PathChoice};
 use penstock_driver::engine::BUFFER_BYTES_MAX;
 use penstock_driver::open::open_fd;
-use penstock_driver::{DiskClass, Engine, EngineConfig, StreamSpec};
+use penstock_driver::{DiskClass, Engine, EngineConfig, StreamError, StreamSpec};
 
 use crate::error::{Error, PENSTOCK_EINVAL};
 use crate::ffi::guard;
@@ -60,17 +59,8 @@ pub extern "C" fn penstock_stream(
                 ),
             ));
         }
-        if flags & PENSTOCK_STREAM_RT != 0 && period_ns == 0 {
-            return Err(Error::new(
-                PENSTOCK_EINVAL,
-                "PENSTOCK_STREAM_RT needs a period_ns: a guarantee is for a known bandwidth",
-            ));
-        }
-        let unit_bytes = match (unit, period_ns) {
-            (0, 0) => 0,
-            (0, _) => DATAGRAM_UNIT_BYTES_DEFAULT,
-            (u, _) => u,
-        };
+        // 0: the planner's default unit (for a period, seven MPEG-TS packets).
+        let unit_bytes = unit;
         if unit_bytes > BUFFER_BYTES_MAX as u64 {
             return Err(Error::new(
                 PENSTOCK_EINVAL,
@@ -82,18 +72,6 @@ pub extern "C" fn penstock_stream(
         let buffer_bytes = usize::try_from(unit_bytes.next_multiple_of(4096))
             .unwrap_or(BUFFER_BYTES_MAX)
             .max(1 << 20);
-        let schedule = if period_ns == 0 {
-            None
-        } else {
-            let spec = ScheduleSpec::Periodic {
-                period: Duration::from_nanos(period_ns),
-                unit_bytes,
-            };
-            Some(
-                Schedule::new(&spec, &ScheduleLimits::new(buffer_bytes as u64))
-                    .map_err(|e| Error::new(PENSTOCK_EINVAL, e.to_string()))?,
-            )
-        };
         let source = open_fd(src_fd, Role::Source).map_err(|e| Error::from_open(&e))?;
         let target = open_fd(dst_fd, Role::Target).map_err(|e| Error::from_open(&e))?;
         let engine = Engine::new(EngineConfig {
@@ -107,7 +85,13 @@ pub extern "C" fn penstock_stream(
         .map_err(|e| Error::new(PENSTOCK_EINVAL, e.to_string()))?;
         let mut spec = StreamSpec::opened();
         spec.unit_bytes = usize::try_from(unit_bytes).unwrap_or(usize::MAX);
-        spec.schedule = schedule;
+        spec.pacing = if period_ns == 0 {
+            Pacing::Burst
+        } else {
+            Pacing::Periodic {
+                period: Duration::from_nanos(period_ns),
+            }
+        };
         if flags & PENSTOCK_STREAM_COPY != 0 {
             spec.path = PathChoice::Fixed(DataPath::Copy);
         }
@@ -117,7 +101,14 @@ pub extern "C" fn penstock_stream(
         let report = engine
             .open_opened(spec, source, target)
             .and_then(|h| h.wait())
-            .map_err(|e| Error::from_stream(&e))?;
+            .map_err(|e| match e {
+                // The planner's refusal, in this call's words.
+                StreamError::Plan(PlanError::RtNeedsRate) => Error::new(
+                    PENSTOCK_EINVAL,
+                    "PENSTOCK_STREAM_RT needs a period_ns: a guarantee is for a known bandwidth",
+                ),
+                e => Error::from_stream(&e),
+            })?;
         Ok(i64::try_from(report.bytes).unwrap_or(i64::MAX))
     })
 }

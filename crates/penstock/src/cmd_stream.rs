@@ -9,7 +9,8 @@ use penstock_core::endpoint::{Endpoint, Role};
 use penstock_core::lateness::{LatenessSummary, TraceRecord};
 use penstock_core::sched::drr::SchedMode;
 use penstock_core::sched::edf::Order;
-use penstock_core::schedule::{LatePolicy, Schedule, ScheduleFlags, ScheduleLimits, ScheduleSpec};
+use penstock_core::schedule::{LatePolicy, ScheduleFlags};
+use penstock_core::stream::plan::Pacing;
 use penstock_core::stream::{CachePolicy, Extent, PathChoice};
 use penstock_core::units::{parse_duration, parse_size};
 use penstock_driver::clock::{CpuWho, cpu_times};
@@ -235,38 +236,19 @@ fn parse_order(s: &str) -> Result<Order, String> {
     }
 }
 
-/// The schedule the pacing flags ask for; `None` for a burst stream. Without `--unit`, a bit
-/// rate to a byte-stream target (not `datagram`) gets units a millisecond apart
-/// (`paced_unit_bytes_default`), anything else seven TS packets.
-pub fn schedule_from_flags(
+/// What the pacing flags ask for (parsed only: the planner decides the schedule, its unit
+/// default and its limits when the stream is opened, before anything is sent).
+pub fn pacing_from_flags(
     period: Option<&str>,
     rate: Option<&str>,
     kt: Option<&str>,
-    unit: Option<u64>,
-    buffer_bytes: u64,
-    datagram: bool,
-) -> Result<Option<Schedule>> {
-    if period.is_none() && rate.is_none() && kt.is_none() {
-        return Ok(None); // a burst stream: its unit is checked against the path it takes
-    }
-    let flags = ScheduleFlags {
+) -> Result<Pacing> {
+    Ok(Pacing::from_flags(&ScheduleFlags {
         period,
         rate,
         unit: None,
         kt,
-    };
-    let mut spec = ScheduleSpec::from_flags(
-        &flags,
-        unit.unwrap_or(penstock_core::stream::plan::DATAGRAM_UNIT_BYTES_DEFAULT),
-    )?;
-    if unit.is_none()
-        && let ScheduleSpec::Rate { rate, unit_bytes } = &mut spec
-    {
-        *unit_bytes =
-            penstock_core::stream::plan::paced_unit_bytes_default(*rate, datagram, buffer_bytes);
-    }
-    let schedule = Schedule::new(&spec, &ScheduleLimits::new(buffer_bytes))?;
-    Ok((!schedule.is_burst()).then_some(schedule))
+    })?)
 }
 
 fn parse_zc(s: &str) -> Result<ZeroCopy, String> {
@@ -341,15 +323,14 @@ fn rtp_json(r: &RtpOutcome) -> serde_json::Value {
 pub fn run(a: StreamArgs) -> Result<()> {
     let source = Endpoint::parse(&a.src, Role::Source)?;
     let target = Endpoint::parse(&a.dst, Role::Target)?;
-    // Validated before anything is opened or sent.
-    let schedule = schedule_from_flags(
+    // Parsed before anything is opened; the engine has the planner check it before it
+    // opens the endpoints.
+    let pacing = pacing_from_flags(
         a.period.as_deref(),
         a.rate.as_deref(),
         a.schedule.as_deref(),
-        a.unit,
-        a.buffer_size,
-        matches!(target, Endpoint::UdpSend { .. }),
     )?;
+    let paced = pacing.is_paced();
     if a.rtp && !matches!(target, Endpoint::UdpSend { .. }) {
         return Err(crate::Usage(format!("--rtp sends to a udp:// target, not {target}")).into());
     }
@@ -357,7 +338,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
     // --rtp needs unit times: it implies --timing auto.
     let asked = a.timing.or(a.rtp.then_some(Timing::Auto));
     let timing = match asked {
-        Some(Timing::Auto) if schedule.is_some() || extent_flags => None,
+        Some(Timing::Auto) if paced || extent_flags => None,
         Some(Timing::Auto) => {
             let t = crate::timing::auto(&source, a.tracks.as_deref());
             eprintln!(
@@ -381,9 +362,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
             )
             .into());
         }
-        Some(Timing::Tracks | Timing::Pcr | Timing::Samples)
-            if schedule.is_some() || extent_flags =>
-        {
+        Some(Timing::Tracks | Timing::Pcr | Timing::Samples) if paced || extent_flags => {
             return Err(crate::Usage(
                 "--timing tracks, pcr and samples take units, times and the extent from the media: drop --period/--rate/--schedule/--offset/--length/--unit".into(),
             )
@@ -498,10 +477,11 @@ pub fn run(a: StreamArgs) -> Result<()> {
             penstock_driver::send_cost::SEND_COST_TIME,
         ) {
             Ok(r) => {
-                let c = r.charged();
-                admission.capacity.cpu_send_ns = c.send_ns;
-                admission.capacity.cpu_send_byte_ps = c.send_byte_ps;
-                admission.capacity.cpu_burst_byte_ps = c.burst_byte_ps;
+                admission.capacity = penstock_driver::send_cost::capacity_with_send_cost(
+                    admission.capacity,
+                    &r.charged(),
+                    penstock_driver::send_cost::SendCostKept::default(),
+                );
             }
             Err(e) => eprintln!(
                 "penstock: note: the CPU cost of a send could not be measured ({e}): admission charges the defaults"
@@ -624,12 +604,14 @@ pub fn run(a: StreamArgs) -> Result<()> {
         path: a.path,
         cache: a.cache,
         zero_copy: a.zero_copy,
-        schedule,
+        pacing: match playback {
+            Some(p) => Pacing::Units(p.units.into()),
+            None => pacing,
+        },
         miss_after: a.miss_after,
         trace: a.trace.is_some(),
         class: a.class,
         buffers: a.reserve_buffers,
-        units: playback.map(|p| p.units.into()),
         send_timeout: (!a.send_timeout.is_zero()).then_some(a.send_timeout),
         late: a.late,
         rtp,

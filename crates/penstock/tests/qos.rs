@@ -184,8 +184,8 @@ fn qos_bad_input_is_a_clear_error() {
 fn overload_is_refused_and_admitted_streams_finish() {
     use penstock_core::admission::{AdmissionConfig, Capacity};
     use penstock_core::endpoint::{Endpoint, Host};
-    use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
     use penstock_core::stream::Extent;
+    use penstock_core::stream::plan::Pacing;
     use penstock_driver::{DiskClass, Engine, EngineConfig, StreamError, StreamSpec};
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src.bin");
@@ -214,14 +214,6 @@ fn overload_is_refused_and_admitted_streams_finish() {
     let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let port = rx.local_addr().unwrap().port();
     // 2 MB/s each: 4 fit in the 8 MB/s rt share (minus seek costs: fewer may).
-    let schedule = Schedule::new(
-        &ScheduleSpec::Periodic {
-            period: std::time::Duration::from_millis(4),
-            unit_bytes: 8192,
-        },
-        &ScheduleLimits::new(1 << 20),
-    )
-    .unwrap();
     let mut admitted = Vec::new();
     let refusal = loop {
         let mut spec = StreamSpec::new(
@@ -232,7 +224,10 @@ fn overload_is_refused_and_admitted_streams_finish() {
                 local_port: None,
             },
         );
-        spec.schedule = Some(schedule);
+        spec.pacing = Pacing::Periodic {
+            period: std::time::Duration::from_millis(4),
+        };
+        spec.unit_bytes = 8192;
         spec.class = Some(DiskClass::Rt);
         spec.extent = Extent {
             offset: 0,

@@ -15,9 +15,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use penstock_core::hls::session::{SessionLimits, Sessions, Touch};
-use penstock_core::schedule::{Schedule, ScheduleLimits, ScheduleSpec};
 use penstock_core::units::Rate;
-use penstock_driver::{Admitted, DiskClass, Engine, StreamSpec};
+use penstock_driver::engine::Pacing;
+use penstock_driver::{Admitted, DiskClass, Engine, StreamError, StreamSpec};
 use ring::rand::SecureRandom;
 
 use crate::config::HlsConfig;
@@ -195,22 +195,16 @@ impl HlsSessions {
     /// The engine's admission for a viewer at `bits_per_s`: an rt stream paced at that rate
     /// (what the same bytes would reserve if the engine sent them), nothing started.
     fn reserve(&self, bits_per_s: u64) -> Result<Option<Admitted>, String> {
-        let buffer_bytes = self.engine.config().buffer_bytes as u64;
-        let rate = Rate::BitsPerSecond(bits_per_s.max(8));
-        let unit_bytes =
-            penstock_core::stream::plan::paced_unit_bytes_default(rate, false, buffer_bytes);
-        let schedule = Schedule::new(
-            &ScheduleSpec::Rate { rate, unit_bytes },
-            &ScheduleLimits::new(buffer_bytes),
-        )
-        .map_err(|e| format!("the session's rate {bits_per_s} bit/s: {e}"))?;
+        // The planner's unit for a bit rate to a byte stream (HTTP), as the engine would send.
         let spec = StreamSpec {
-            schedule: Some(schedule),
-            unit_bytes: unit_bytes as usize,
+            pacing: Pacing::Rate(Rate::BitsPerSecond(bits_per_s.max(8))),
             class: Some(DiskClass::Rt),
             ..StreamSpec::opened()
         };
-        self.engine.admit(&spec).map_err(|e| e.to_string())
+        self.engine.admit(&spec, false).map_err(|e| match e {
+            StreamError::Plan(why) => format!("the session's rate {bits_per_s} bit/s: {why}"),
+            other => other.to_string(),
+        })
     }
 
     fn new_id(&self) -> String {

@@ -237,18 +237,17 @@ impl Server {
                 penstock_driver::send_cost::SEND_COST_TIME,
             ) {
                 Ok(r) => {
-                    let c = r.charged();
-                    let cap = &mut engine_cfg.admission.capacity;
-                    if a.cpu_send_ns.is_none() {
-                        cap.cpu_send_ns = c.send_ns;
-                    }
-                    if a.cpu_send_byte_ps.is_none() {
-                        cap.cpu_send_byte_ps = c.send_byte_ps;
-                    }
                     // A configured figure a byte stands for the burst's too (set above).
-                    if a.cpu_burst_byte_ps.is_none() && a.cpu_send_byte_ps.is_none() {
-                        cap.cpu_burst_byte_ps = c.burst_byte_ps;
-                    }
+                    engine_cfg.admission.capacity =
+                        penstock_driver::send_cost::capacity_with_send_cost(
+                            engine_cfg.admission.capacity,
+                            &r.charged(),
+                            penstock_driver::send_cost::SendCostKept {
+                                send_ns: a.cpu_send_ns.is_some(),
+                                send_byte_ps: a.cpu_send_byte_ps.is_some(),
+                                burst_byte_ps: a.cpu_burst_byte_ps.is_some(),
+                            },
+                        );
                 }
                 Err(e) => tracing::warn!(
                     "the CPU cost of a send could not be measured ({e}): admission charges the default {} ns",

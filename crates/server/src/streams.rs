@@ -59,7 +59,8 @@ use penstock_core::control::{
     StreamId, StreamSelector,
 };
 use penstock_core::endpoint::{Endpoint, Role};
-use penstock_core::schedule::{LatePolicy, Schedule, ScheduleLimits, ScheduleSpec};
+use penstock_core::schedule::{LatePolicy, Schedule};
+use penstock_core::stream::plan::{Pacing, PlanError};
 use penstock_core::stream::{DataPath, Extent, PathChoice};
 use penstock_core::units::Rate;
 use penstock_driver::open::Opened;
@@ -80,7 +81,12 @@ pub trait Backend: Send + Sync {
     fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied>;
     /// Asks the engine's admission control now for what `spec` will ask at its start: the
     /// ticket holds the reservation (given back when dropped) and what was reserved.
-    fn admit(&self, spec: &StreamSpec) -> Result<Option<(Ticket, StreamQos)>, StreamError>;
+    /// `datagram`: the target is a UDP socket (a paced stream's default unit depends on it).
+    fn admit(
+        &self,
+        spec: &StreamSpec,
+        datagram: bool,
+    ) -> Result<Option<(Ticket, StreamQos)>, StreamError>;
     /// Starts a stream between opened endpoints, with the ticket `admit` gave.
     fn start(
         &self,
@@ -115,8 +121,12 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied> {
         (**self).prepare(ep, role, truncate)
     }
-    fn admit(&self, spec: &StreamSpec) -> Result<Option<(Ticket, StreamQos)>, StreamError> {
-        (**self).admit(spec)
+    fn admit(
+        &self,
+        spec: &StreamSpec,
+        datagram: bool,
+    ) -> Result<Option<(Ticket, StreamQos)>, StreamError> {
+        (**self).admit(spec, datagram)
     }
     fn start(
         &self,
@@ -221,8 +231,12 @@ impl<P: EndpointPolicy> Backend for EngineBackend<P> {
     fn prepare(&self, ep: &Endpoint, role: Role, truncate: bool) -> Result<Prepared, Denied> {
         self.policy.prepare(ep, role, truncate)
     }
-    fn admit(&self, spec: &StreamSpec) -> Result<Option<(Ticket, StreamQos)>, StreamError> {
-        Ok(self.engine.admit(spec)?.map(|a| {
+    fn admit(
+        &self,
+        spec: &StreamSpec,
+        datagram: bool,
+    ) -> Result<Option<(Ticket, StreamQos)>, StreamError> {
+        Ok(self.engine.admit(spec, datagram)?.map(|a| {
             let qos = a.qos();
             (Box::new(a) as Ticket, qos)
         }))
@@ -638,8 +652,8 @@ impl Entry {
             s.push_str(&format!(" remaining={}", r.saturating_sub(moved)));
         }
         // The plan: a paced stream's schedule as the engine runs it.
-        match schedule_of(backend, self) {
-            Ok(Some(sched)) => {
+        match planned_schedule(backend, self) {
+            Some(sched) => {
                 s.push_str(&format!(" unit={} paced=yes", sched.unit_bytes()));
                 s.push_str(&format!(
                     " plan_bytes_per_s={}",
@@ -790,7 +804,7 @@ fn dup(o: &Opened) -> std::io::Result<Opened> {
 }
 
 /// The engine's spec of an entry (its endpoints are opened apart: descriptors only).
-fn spec_of(backend: &dyn Backend, e: &Entry) -> Result<StreamSpec, String> {
+fn spec_of(e: &Entry) -> StreamSpec {
     let mut spec = StreamSpec::opened();
     spec.extent = Extent {
         offset: e.offset_bytes,
@@ -800,7 +814,7 @@ fn spec_of(backend: &dyn Backend, e: &Entry) -> Result<StreamSpec, String> {
         .unit_bytes
         .map_or(0, |u| usize::try_from(u).unwrap_or(usize::MAX));
     spec.path = engine_path(e.path);
-    spec.schedule = schedule_of(backend, e)?;
+    spec.pacing = pacing_of(e);
     spec.class = Some(if e.class == Class::Rt {
         DiskClass::Rt
     } else {
@@ -810,7 +824,7 @@ fn spec_of(backend: &dyn Backend, e: &Entry) -> Result<StreamSpec, String> {
     spec.late = e.late;
     spec.cache = e.cache;
     spec.start_at = e.start_at;
-    Ok(spec)
+    spec
 }
 
 /// Starts (or restarts, after an edit while paused) the engine stream of `e` on dups of its
@@ -822,7 +836,7 @@ fn run(
     send_timeout: Option<Duration>,
 ) -> Result<Handle, String> {
     e.lateness_seen = LatenessCounts::default();
-    let mut spec = spec_of(backend, e)?;
+    let mut spec = spec_of(e);
     spec.send_timeout = send_timeout;
     // `START … AT` holds for the first engine stream only: a restart after an edit starts
     // its schedule anew, at the resume.
@@ -834,37 +848,29 @@ fn run(
         .map_err(|x| x.to_string())
 }
 
-/// The engine schedule for an entry's RATE or SCHEDULE (units default to the planner's
-/// datagram unit, seven MPEG-TS packets, but a bit rate to a byte stream to units a
-/// millisecond apart); `None` for a burst stream. Checked against the engine's buffer size.
-fn schedule_of(backend: &dyn Backend, e: &Entry) -> Result<Option<Schedule>, String> {
-    let unit_bytes = e
-        .unit_bytes
-        .unwrap_or(penstock_core::stream::plan::DATAGRAM_UNIT_BYTES_DEFAULT);
-    let spec = match (&e.rate, &e.schedule) {
-        (None, None) => return Ok(None),
-        (Some(rate), _) => ScheduleSpec::Rate {
-            rate: *rate,
-            // A bit rate to a byte stream without UNIT: units a millisecond apart, as
-            // `penstock stream` does.
-            unit_bytes: e.unit_bytes.unwrap_or_else(|| {
-                penstock_core::stream::plan::paced_unit_bytes_default(
-                    *rate,
-                    matches!(e.dst, Endpoint::UdpSend { .. }),
-                    backend.buffer_bytes() as u64,
-                )
-            }),
-        },
-        (None, Some(kt)) => ScheduleSpec::Kt {
+/// What an entry's RATE or SCHEDULE asks of the planner (none: burst).
+fn pacing_of(e: &Entry) -> Pacing {
+    match (&e.rate, &e.schedule) {
+        (None, None) => Pacing::Burst,
+        (Some(rate), _) => Pacing::Rate(*rate),
+        (None, Some(kt)) => Pacing::Kt {
             cycle_units: u64::from(kt.blocks),
             cycle: kt.delay,
-            unit_bytes,
         },
-    };
-    let limits = ScheduleLimits::new(backend.buffer_bytes() as u64);
-    Schedule::new(&spec, &limits)
-        .map(Some)
-        .map_err(|x| x.to_string())
+    }
+}
+
+/// The schedule the planner gives an entry's pacing (for `STATE` before and while it runs);
+/// `None` for a burst stream or a pacing the planner refuses.
+fn planned_schedule(backend: &dyn Backend, e: &Entry) -> Option<Schedule> {
+    penstock_core::stream::plan::plan_schedule(
+        &pacing_of(e),
+        e.unit_bytes,
+        matches!(e.dst, Endpoint::UdpSend { .. }),
+        backend.buffer_bytes() as u64,
+    )
+    .ok()
+    .flatten()
 }
 
 /// Stops the engine stream of a paused entry and folds what it sent into the entry's offset
@@ -930,12 +936,26 @@ impl Streams {
     /// Admission for an entry as it stands (the engine's, the one admission): its ticket, or
     /// the reply refusing it.
     fn admit(&self, e: &Entry) -> Result<Option<(Ticket, StreamQos)>, Reply> {
-        let spec = spec_of(&*self.backend, e)
-            .map_err(|why| Reply::new(ReplyCode::BAD_SYNTAX, format!("invalid stream: {why}")))?;
-        self.backend.admit(&spec).map_err(|err| match err {
-            StreamError::Refused(r) => self.refusal_reply(r),
-            other => Reply::new(ReplyCode::BAD_SYNTAX, other.to_string()),
-        })
+        let spec = spec_of(e);
+        let datagram = matches!(e.dst, Endpoint::UdpSend { .. });
+        self.backend
+            .admit(&spec, datagram)
+            .map_err(|err| match err {
+                StreamError::Refused(r) => self.refusal_reply(r),
+                // The planner's refusals, in the protocol's words.
+                StreamError::Plan(PlanError::RtNeedsRate) => Reply::new(
+                    ReplyCode::BAD_SYNTAX,
+                    "class=rt needs rate= or schedule= (a guarantee is for a known bandwidth)",
+                ),
+                StreamError::Plan(PlanError::SkipNeedsPacing) => Reply::new(
+                    ReplyCode::BAD_SYNTAX,
+                    "late=skip needs rate= or schedule= (a burst stream has no late units)",
+                ),
+                StreamError::Plan(PlanError::Schedule(why)) => {
+                    Reply::new(ReplyCode::BAD_SYNTAX, format!("invalid stream: {why}"))
+                }
+                other => Reply::new(ReplyCode::BAD_SYNTAX, other.to_string()),
+            })
     }
 
     fn refusal_reply(&self, r: Refusal) -> Reply {
@@ -1011,20 +1031,10 @@ impl Streams {
                 "path=uring: io_uring is not available here",
             ));
         }
+        // The planner's rules (class=rt and late=skip need pacing, the schedule's limits)
+        // are the admission's below: `admit` maps its refusals.
         let late = spec.late.unwrap_or_default();
-        if late == LatePolicy::Skip && spec.rate.is_none() && spec.schedule.is_none() {
-            return Err(Reply::new(
-                ReplyCode::BAD_SYNTAX,
-                "late=skip needs rate= or schedule= (a burst stream has no late units)",
-            ));
-        }
         let class = spec.class.clone().unwrap_or(Class::Bulk);
-        if class == Class::Rt && spec.rate.is_none() && spec.schedule.is_none() {
-            return Err(Reply::new(
-                ReplyCode::BAD_SYNTAX,
-                "class=rt needs rate= or schedule= (a guarantee is for a known bandwidth)",
-            ));
-        }
         // Counted and inserted under the table's lock, so two OPENs cannot both take the last
         // place. A full count is taken again after one reap: a stream whose receiver already
         // saw EOF may not be reaped yet (the reaper runs every few milliseconds), and a caller
@@ -1610,9 +1620,7 @@ impl Streams {
         let e = self.get(caller, id)?;
         let e = lock(&e);
         let mut st = e.status();
-        st.pace_bytes_per_s = schedule_of(&*self.backend, &e)
-            .ok()
-            .flatten()
+        st.pace_bytes_per_s = planned_schedule(&*self.backend, &e)
             .map(|s| penstock_core::stream::plan::schedule_bytes_per_s(&s));
         Ok(st)
     }

@@ -13,7 +13,14 @@
 //! the executor accepts, or is refused with a reason).
 
 use crate::admission::{DeviceId, DiskDemand, QosClass, ReadGeometry, StreamQos};
-use crate::schedule::{LatePolicy, PlanError as UnitPlanError, Schedule, UnitPlan, check_plan};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::schedule::{
+    LatePolicy, PlanError as UnitPlanError, Schedule, ScheduleError, ScheduleFlags, ScheduleLimits,
+    ScheduleSpec, UnitPlan, check_plan, parse_kt,
+};
+use crate::units::{Rate, parse_duration, parse_rate};
 use crate::volume::MEMBERS_MAX;
 use crate::volume::layout::{member_bytes_sequential, pieces_per_member_max};
 
@@ -58,21 +65,92 @@ pub enum ZeroCopy {
     Off,
 }
 
-/// How a stream's units are timed.
-#[derive(Debug, Clone, Copy, Default)]
-pub enum Pacing<'a> {
+/// How the caller asked a stream's units to be timed: the one description every way in
+/// (the CLI's flags, a control `RATE`/`SCHEDULE`, an HTTP `limit_rate`, RTSP's media timing,
+/// the C library's period, an HLS viewer's bandwidth) fills. The unit, when the caller names
+/// one, is the request's `unit_bytes`; [`plan_schedule`] turns a paced ask into the checked
+/// [`Schedule`] of the plan, with the unit default, and is the only place that does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Pacing {
     /// As fast as possible.
     #[default]
     Burst,
-    /// A schedule (periodic, CBR, (k, t)); a burst schedule counts as [`Pacing::Burst`].
-    Schedule(&'a Schedule),
-    /// A unit plan: one deadline and size per unit (playback of a recording, PCR timing).
-    Units(&'a [UnitPlan]),
+    /// One unit every `period` (`--period 33.333ms`).
+    Periodic { period: Duration },
+    /// A frame rate (one unit every 1/rate) or a constant bit rate (`--rate 8Mbit/s`).
+    Rate(Rate),
+    /// Cues' (k, t): `cycle_units` units due at the start of every cycle of length `cycle`.
+    Kt { cycle_units: u64, cycle: Duration },
+    /// A unit plan: one deadline and size per unit (playback of a recording, an MPEG-TS
+    /// file's PCR, an MP4's decode times: media timing, read by the caller).
+    Units(Arc<[UnitPlan]>),
+}
+
+impl Pacing {
+    /// Parses the pacing flags of `penstock stream` (no flag: burst; more than one: an error).
+    /// Parsing only: the planner checks the result.
+    pub fn from_flags(flags: &ScheduleFlags<'_>) -> Result<Pacing, ScheduleError> {
+        match (flags.period, flags.rate, flags.kt) {
+            (None, None, None) => Ok(Pacing::Burst),
+            (Some(p), None, None) => Ok(Pacing::Periodic {
+                period: parse_duration(p)?,
+            }),
+            (None, Some(r), None) => Ok(Pacing::Rate(parse_rate(r)?)),
+            (None, None, Some(s)) => {
+                let (cycle_units, cycle) = parse_kt(s)?;
+                Ok(Pacing::Kt { cycle_units, cycle })
+            }
+            _ => Err(ScheduleError::ConflictingPacing),
+        }
+    }
+
+    /// Paced by a schedule or a unit plan (not burst).
+    pub fn is_paced(&self) -> bool {
+        !matches!(self, Pacing::Burst)
+    }
+}
+
+/// The schedule a paced request runs on, checked against pool buffers of `buffer_bytes`;
+/// `None` for a burst stream and a unit plan. A paced stream that names no unit gets
+/// [`paced_unit_bytes_default`] (`datagram`: the target is a UDP socket). The one place a
+/// rate, period or (k, t) becomes a [`Schedule`]: [`plan_stream`] and [`admission_request`]
+/// call it, and a caller that shows a stream's schedule before it starts (a control
+/// `STATE`) asks it the same.
+pub fn plan_schedule(
+    pacing: &Pacing,
+    unit_bytes: Option<u64>,
+    datagram: bool,
+    buffer_bytes: u64,
+) -> Result<Option<Schedule>, PlanError> {
+    let unit = |rate: Option<Rate>| {
+        unit_bytes.unwrap_or_else(|| match rate {
+            Some(r) => paced_unit_bytes_default(r, datagram, buffer_bytes),
+            None => DATAGRAM_UNIT_BYTES_DEFAULT,
+        })
+    };
+    let spec = match pacing {
+        Pacing::Burst | Pacing::Units(_) => return Ok(None),
+        Pacing::Periodic { period } => ScheduleSpec::Periodic {
+            period: *period,
+            unit_bytes: unit(None),
+        },
+        Pacing::Rate(rate) => ScheduleSpec::Rate {
+            rate: *rate,
+            unit_bytes: unit(Some(*rate)),
+        },
+        Pacing::Kt { cycle_units, cycle } => ScheduleSpec::Kt {
+            cycle_units: *cycle_units,
+            cycle: *cycle,
+            unit_bytes: unit(None),
+        },
+    };
+    let schedule = Schedule::new(&spec, &ScheduleLimits::new(buffer_bytes))?;
+    Ok((!schedule.is_burst()).then_some(schedule))
 }
 
 /// What the user asked for.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PlanRequest<'a> {
+#[derive(Debug, Clone, Default)]
+pub struct PlanRequest {
     pub path: PathChoice,
     pub cache: CachePolicy,
     pub zero_copy: ZeroCopy,
@@ -81,8 +159,8 @@ pub struct PlanRequest<'a> {
     pub class: Option<DiskClass>,
     /// With `class: Some(Rt)`: the rt disk queue only, no guarantee (an HTTP location).
     pub best_effort: bool,
-    pub pacing: Pacing<'a>,
-    /// `None`: the path's default.
+    pub pacing: Pacing,
+    /// `None`: the path's default (a paced stream's: [`plan_schedule`]'s).
     pub unit_bytes: Option<u64>,
     pub extent: Extent,
     /// Pool buffers an admitted rt stream reserves; `None`: the default.
@@ -228,6 +306,11 @@ pub struct StreamPlan {
     pub late: LatePolicy,
     /// Bytes the data path writes in front of each unit (the RTP header), 0 for none.
     pub header_bytes: u64,
+    /// When each unit is due: the schedule decided from the request's pacing
+    /// ([`plan_schedule`]); `None` for a burst stream and a unit plan.
+    pub schedule: Option<Schedule>,
+    /// The request's unit plan, when it paced by one.
+    pub units: Option<Arc<[UnitPlan]>>,
     /// What the plan chose against the request, for the report.
     pub notes: Vec<String>,
 }
@@ -238,6 +321,8 @@ pub struct StreamPlan {
 pub enum PlanError {
     #[error(transparent)]
     Path(#[from] PathError),
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
     #[error(transparent)]
     Extent(#[from] ExtentError),
     #[error(transparent)]
@@ -494,30 +579,48 @@ pub fn read_geometry(read_bytes: u64, source: &EndpointFacts) -> ReadGeometry {
 /// server can admit a stream before it opens them (`Engine::admit`): the reads are charged
 /// as the uring path reads a paced file to a datagram target, unaligned, on the default
 /// device; [`plan_stream`] asks for the reads it planned on the real devices (the engine
-/// replaces the one with the other at the start).
+/// replaces the one with the other at the start). `datagram`: the target is a UDP socket
+/// (known from its name before it is opened), which decides a paced stream's default unit.
 pub fn admission_request(
-    req: &PlanRequest<'_>,
+    req: &PlanRequest,
+    datagram: bool,
+    limits: &PlanLimits,
+) -> Result<Option<StreamQos>, PlanError> {
+    check_request(req)?;
+    let schedule = plan_schedule(&req.pacing, req.unit_bytes, datagram, limits.buffer_bytes)?;
+    admission_of(req, schedule.as_ref(), limits)
+}
+
+/// The rules of a request that hold whatever its endpoints: checked by [`plan_stream`] and,
+/// before anything is opened, by [`admission_request`].
+fn check_request(req: &PlanRequest) -> Result<(), PlanError> {
+    if req.late == LatePolicy::Skip && !req.pacing.is_paced() {
+        return Err(PlanError::SkipNeedsPacing);
+    }
+    Ok(())
+}
+
+fn admission_of(
+    req: &PlanRequest,
+    schedule: Option<&Schedule>,
     limits: &PlanLimits,
 ) -> Result<Option<StreamQos>, PlanError> {
     if req.class != Some(DiskClass::Rt) || req.best_effort {
         return Ok(None);
     }
-    let s = match req.pacing {
-        Pacing::Schedule(s) => s,
+    let s = match (schedule, &req.pacing) {
+        (Some(s), _) => s,
         // A unit plan (a TS file's PCR, a recording's tracks): its mean rate over the whole
         // plan, headers (RTP) included, and its largest unit.
-        Pacing::Units(u) => {
+        (None, Pacing::Units(u)) => {
             let buffers = req.buffers.unwrap_or(limits.rt_buffers_default);
             let header = rtp_header_bytes(req.rtp, req.rtp_interleaved);
             return units_qos(u, header, buffers, limits.buffer_bytes)
                 .map(Some)
                 .ok_or(PlanError::RtNeedsRate);
         }
-        Pacing::Burst => return Err(PlanError::RtNeedsRate),
+        _ => return Err(PlanError::RtNeedsRate),
     };
-    if s.is_burst() {
-        return Err(PlanError::RtNeedsRate);
-    }
     let unit_bytes = s.unit_bytes();
     let chunk = read_bytes_for(unit_bytes, 1, 1, true, limits.buffer_bytes).unwrap_or(unit_bytes);
     Ok(Some(StreamQos {
@@ -571,18 +674,18 @@ fn units_qos(
 
 /// Plans a stream (see the module doc).
 pub fn plan_stream(
-    req: &PlanRequest<'_>,
+    req: &PlanRequest,
     facts: &Facts,
     caps: PathCaps,
     limits: &PlanLimits,
 ) -> Result<StreamPlan, PlanError> {
     let (src, dst) = (&facts.source, &facts.target);
-    let schedule = match req.pacing {
-        Pacing::Schedule(s) if !s.is_burst() => Some(s),
-        _ => None,
-    };
-    let units = match req.pacing {
-        Pacing::Units(u) => Some(u),
+    let datagram = dst.kind == IoKind::Datagram;
+    check_request(req)?;
+    let planned = plan_schedule(&req.pacing, req.unit_bytes, datagram, limits.buffer_bytes)?;
+    let schedule = planned.as_ref();
+    let units = match &req.pacing {
+        Pacing::Units(u) => Some(&u[..]),
         _ => None,
     };
     let mut notes = Vec::new();
@@ -625,10 +728,7 @@ pub fn plan_stream(
         return Err(PlanError::UnitsNeedUring { path });
     }
     if req.late == LatePolicy::Skip {
-        if schedule.is_none() && units.is_none() {
-            return Err(PlanError::SkipNeedsPacing);
-        }
-        // A socket or pipe cannot move past bytes without reading them; a late unit of a
+        // (A burst stream was refused by `check_request`.) A socket or pipe cannot move past bytes without reading them; a late unit of a
         // live source is not the source's to drop.
         if src.kind != IoKind::File {
             return Err(PlanError::SkipNeedsFile {
@@ -702,7 +802,7 @@ pub fn plan_stream(
         return Err(PlanError::UnitOverDatagram { unit_bytes });
     }
 
-    let admission = admission_request(req, limits)?;
+    let admission = admission_of(req, schedule, limits)?;
     let buffers_reserved = match admission {
         Some(q) if path == DataPath::Uring => {
             if q.buffers == 0 || q.buffers > limits.rt_buffers_max {
@@ -875,6 +975,11 @@ pub fn plan_stream(
         buffers_reserved,
         late: req.late,
         header_bytes,
+        schedule: planned,
+        units: match &req.pacing {
+            Pacing::Units(u) => Some(u.clone()),
+            _ => None,
+        },
         notes,
     })
 }

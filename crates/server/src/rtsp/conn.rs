@@ -28,7 +28,7 @@ use penstock_core::track::Speed;
 use penstock_driver::engine::Interleaved;
 use penstock_driver::gate::{GateError, WriterGate};
 use penstock_driver::open::Opened;
-use penstock_driver::{DiskClass, StreamError, StreamSpec};
+use penstock_driver::{DiskClass, StreamError, StreamSpec, engine::Pacing};
 
 use super::live::LiveSource;
 use super::{
@@ -573,7 +573,7 @@ impl Conn<'_> {
                 Packetizer::mp2t(random_u64()),
                 None,
             );
-            if let Err(e) = self.shared.engine.admit(&spec)
+            if let Err(e) = self.shared.engine.admit(&spec, UNITS_OWN_UNIT)
                 && let Some(r) = self.redirect(&path, &media, cseq, &e)
             {
                 return r;
@@ -699,7 +699,7 @@ impl Conn<'_> {
                 };
                 let mut spec = stream_spec(&self.shared.cfg, &media, None, base, None).0;
                 interleave(&mut spec, interleaved);
-                let admitted = match self.shared.engine.admit(&spec) {
+                let admitted = match self.shared.engine.admit(&spec, UNITS_OWN_UNIT) {
                     Ok(a) => a,
                     Err(e) => {
                         self.shared.metrics.error("rtsp_admission_refused");
@@ -1200,7 +1200,12 @@ impl Conn<'_> {
                 // SETUP) when it still fits, and a PLAY starts again.
                 let mut whole = stream_spec(&self.shared.cfg, &media, None, s.base, None).0;
                 whole.interleaved = s.transport.interleaved(&self.shared.cfg);
-                s.admitted = self.shared.engine.admit(&whole).ok().flatten();
+                s.admitted = self
+                    .shared
+                    .engine
+                    .admit(&whole, UNITS_OWN_UNIT)
+                    .ok()
+                    .flatten();
                 s.admitted_at = Instant::now();
                 if was_played {
                     s.state = penstock_core::rtsp::SessionState::Paused;
@@ -1440,7 +1445,11 @@ impl Conn<'_> {
         let Some(index) = media.track_index(track) else {
             return Err(text(404, cseq, &format!("{path}: no track {track}")));
         };
-        let admitted = match self.shared.engine.admit(&media.admission_spec()) {
+        let admitted = match self
+            .shared
+            .engine
+            .admit(&media.admission_spec(), UNITS_OWN_UNIT)
+        {
             Ok(a) => a,
             Err(e) => {
                 self.shared.metrics.error("rtsp_admission_refused");
@@ -1687,7 +1696,7 @@ fn stream_spec(
             offset: pb.media_offset_bytes,
             length: Some(pb.media_bytes),
         },
-        units: Some(pb.units.clone().into()),
+        pacing: Pacing::Units(pb.units.clone().into()),
         class: Some(DiskClass::Rt),
         rtp: Some(packetizer),
         start_at,
@@ -1724,6 +1733,9 @@ fn interleave(spec: &mut StreamSpec, il: Option<Interleaved>) {
     }
     spec.interleaved = il;
 }
+/// An RTSP stream's units are its media's (a unit plan): the target's kind decides no
+/// default unit, whatever the transport ([`penstock_driver::Engine::admit`]'s `datagram`).
+const UNITS_OWN_UNIT: bool = true;
 
 /// The `Scale` of a PLAY: `None` without the header; 451's reason for a scale not served
 /// (zero or negative: no reverse play or stills; above `rtsp.scale_max`; finer than 0.001).

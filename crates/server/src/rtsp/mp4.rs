@@ -39,6 +39,7 @@ use penstock_core::rtp::mp4::{self as rtp_mp4, Piece, TrackRtp};
 use penstock_core::rtp::rtcp::{SenderInfo, write_sender_report};
 use penstock_core::schedule::UnitPlan;
 use penstock_core::stream::Extent;
+use penstock_core::stream::plan::Pacing;
 use penstock_driver::{DiskClass, StreamSpec};
 
 /// Bytes of an RTP payload at most (a 1500-byte Ethernet MTU less IPv6 (40), UDP (8) and the
@@ -139,7 +140,7 @@ impl Mp4Media {
                 offset: 0,
                 length: Some(bytes.max(1)),
             },
-            units: Some(units.into()),
+            pacing: Pacing::Units(units.into()),
             class: Some(DiskClass::Rt),
             ..StreamSpec::opened()
         }

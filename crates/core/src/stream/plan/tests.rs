@@ -3,7 +3,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::schedule::{ScheduleLimits, ScheduleSpec};
+
 use crate::stream::check_path;
 use IoKind::*;
 
@@ -38,15 +38,15 @@ fn facts(source: EndpointFacts, target: EndpointFacts) -> Facts {
     }
 }
 
-fn periodic(unit_bytes: u64) -> Schedule {
-    Schedule::new(
-        &ScheduleSpec::Periodic {
+/// A request paced one unit of `unit_bytes` every 10 ms.
+fn periodic(unit_bytes: u64) -> PlanRequest {
+    PlanRequest {
+        pacing: Pacing::Periodic {
             period: Duration::from_millis(10),
-            unit_bytes,
         },
-        &ScheduleLimits::new(1 << 20),
-    )
-    .unwrap()
+        unit_bytes: Some(unit_bytes),
+        ..PlanRequest::default()
+    }
 }
 
 #[test]
@@ -65,7 +65,7 @@ fn a_cached_file_to_a_stream_socket_goes_with_sendfile_otherwise_uring() {
     // rt streams and bypass read through the disk scheduler even when cached.
     let rt = PlanRequest {
         class: Some(DiskClass::Rt),
-        ..req
+        ..req.clone()
     };
     assert_eq!(
         plan_stream(&rt, &f, URING, &LIMITS).unwrap_err(),
@@ -73,7 +73,7 @@ fn a_cached_file_to_a_stream_socket_goes_with_sendfile_otherwise_uring() {
     );
     let bypass = PlanRequest {
         cache: CachePolicy::Bypass,
-        ..req
+        ..req.clone()
     };
     let p = plan_stream(&bypass, &f, URING, &LIMITS).unwrap();
     assert_eq!(
@@ -88,11 +88,7 @@ fn a_cached_file_to_a_stream_socket_goes_with_sendfile_otherwise_uring() {
 
 #[test]
 fn paced_streams_take_uring_from_files_and_copy_from_sockets() {
-    let s = periodic(1316);
-    let req = PlanRequest {
-        pacing: Pacing::Schedule(&s),
-        ..PlanRequest::default()
-    };
+    let req = periodic(1316);
     let p = plan_stream(
         &req,
         &facts(file(1 << 20), socket(Datagram, true)),
@@ -113,7 +109,7 @@ fn paced_streams_take_uring_from_files_and_copy_from_sockets() {
     assert_eq!(p.path, DataPath::Copy);
     let sendfile = PlanRequest {
         path: PathChoice::Fixed(DataPath::Sendfile),
-        ..req
+        ..req.clone()
     };
     assert_eq!(
         plan_stream(
@@ -131,11 +127,9 @@ fn paced_streams_take_uring_from_files_and_copy_from_sockets() {
 
 #[test]
 fn an_rt_stream_asks_admission_for_its_rate_and_reserves_buffers_on_the_uring_path() {
-    let s = periodic(100_000);
     let req = PlanRequest {
-        pacing: Pacing::Schedule(&s),
         class: Some(DiskClass::Rt),
-        ..PlanRequest::default()
+        ..periodic(100_000)
     };
     let p = plan_stream(
         &req,
@@ -166,7 +160,7 @@ fn an_rt_stream_asks_admission_for_its_rate_and_reserves_buffers_on_the_uring_pa
     assert!(p.zero_copy, "100 kB units to a remote TCP peer");
     let too_many = PlanRequest {
         buffers: Some(33),
-        ..req
+        ..req.clone()
     };
     assert_eq!(
         plan_stream(
@@ -193,7 +187,7 @@ fn units_need_the_uring_path_and_their_extent() {
         },
     ];
     let req = PlanRequest {
-        pacing: Pacing::Units(&units),
+        pacing: Pacing::Units(units.into()),
         cache: CachePolicy::Bypass,
         ..PlanRequest::default()
     };
@@ -260,18 +254,14 @@ fn volumes_move_on_uring_or_copy_and_refuse_the_rest_before_anything_starts() {
         }
     );
     // A paced file into a partition: refused at plan time.
-    let s = periodic(4096);
-    let paced = PlanRequest {
-        pacing: Pacing::Schedule(&s),
-        ..req
-    };
+    let paced = PlanRequest { ..periodic(4096) };
     assert_eq!(
         plan_stream(&paced, &facts(file(1 << 20), into), URING, &LIMITS).unwrap_err(),
         PlanError::PacedIntoVolume
     );
     let sendfile = PlanRequest {
         path: PathChoice::Fixed(DataPath::Sendfile),
-        ..req
+        ..req.clone()
     };
     assert_eq!(
         plan_stream(&sendfile, &facts(file(1 << 20), into), URING, &LIMITS).unwrap_err(),
@@ -287,11 +277,9 @@ fn volumes_move_on_uring_or_copy_and_refuse_the_rest_before_anything_starts() {
 
 #[test]
 fn skip_needs_a_paced_file_source() {
-    let s = periodic(1316);
     let req = PlanRequest {
-        pacing: Pacing::Schedule(&s),
         late: LatePolicy::Skip,
-        ..PlanRequest::default()
+        ..periodic(1316)
     };
     let p = plan_stream(
         &req,
@@ -323,7 +311,7 @@ fn skip_needs_a_paced_file_source() {
     );
     let burst = PlanRequest {
         pacing: Pacing::Burst,
-        ..req
+        ..req.clone()
     };
     assert_eq!(
         plan_stream(
@@ -375,7 +363,7 @@ fn zero_copy_only_where_it_pays() {
     let on_udp = PlanRequest {
         zero_copy: ZeroCopy::On,
         cache: CachePolicy::Keep,
-        ..req
+        ..req.clone()
     };
     let p = plan_stream(
         &on_udp,
@@ -389,7 +377,7 @@ fn zero_copy_only_where_it_pays() {
     let auto_udp = plan_stream(
         &PlanRequest {
             zero_copy: ZeroCopy::Auto,
-            ..on_udp
+            ..on_udp.clone()
         },
         &facts(file(8 << 20), socket(Datagram, false)),
         URING,
@@ -480,21 +468,14 @@ proptest! {
         late in prop_oneof![Just(LatePolicy::Send), Just(LatePolicy::Skip)],
         rtp in any::<bool>(),
     ) {
-        let schedule = paced.and_then(|u| {
-            Schedule::new(
-                &ScheduleSpec::Periodic { period: Duration::from_millis(5), unit_bytes: u },
-                &ScheduleLimits::new(64 << 20),
-            )
-            .ok()
-        });
         let req = PlanRequest {
             path,
             cache,
             zero_copy,
             class,
             best_effort,
-            pacing: schedule.as_ref().map_or(Pacing::Burst, Pacing::Schedule),
-            unit_bytes: unit,
+            pacing: paced.map_or(Pacing::Burst, |_| Pacing::Periodic { period: Duration::from_millis(5) }),
+            unit_bytes: paced.or(unit),
             extent: Extent { offset, length },
             buffers,
             late,
@@ -552,9 +533,15 @@ proptest! {
                     prop_assert!(s <= e && e <= size);
                 }
                 prop_assert_eq!(p.late, late);
+                // The planner decides the schedule of every paced request, and only of one.
+                prop_assert_eq!(p.schedule.is_some(), paced.is_some());
+                if let Some(s) = p.schedule {
+                    prop_assert_eq!(Some(s.unit_bytes()), paced);
+                    prop_assert_eq!(p.unit_bytes, s.unit_bytes());
+                }
                 if late == LatePolicy::Skip {
                     // Skipping is carried out by the paced paths, on a file source only.
-                    prop_assert!(schedule.is_some_and(|s| !s.is_burst()));
+                    prop_assert!(p.schedule.is_some());
                     prop_assert!(matches!(p.path, DataPath::Uring | DataPath::Copy));
                     prop_assert_eq!(source.kind, File);
                 }
@@ -576,7 +563,7 @@ fn rtp_needs_a_unit_plan_and_a_datagram_target_and_room_for_its_header() {
         },
     ];
     let req = PlanRequest {
-        pacing: Pacing::Units(&units),
+        pacing: Pacing::Units(units.into()),
         rtp: true,
         ..PlanRequest::default()
     };
@@ -586,7 +573,10 @@ fn rtp_needs_a_unit_plan_and_a_datagram_target_and_room_for_its_header() {
         (p.path, p.header_bytes, p.unit_bytes),
         (DataPath::Uring, 12, 1328)
     );
-    let plain = PlanRequest { rtp: false, ..req };
+    let plain = PlanRequest {
+        rtp: false,
+        ..req.clone()
+    };
     assert_eq!(
         plan_stream(&plain, &udp, URING, &LIMITS)
             .unwrap()
@@ -607,7 +597,7 @@ fn rtp_needs_a_unit_plan_and_a_datagram_target_and_room_for_its_header() {
     );
     let burst = PlanRequest {
         pacing: Pacing::Burst,
-        ..req
+        ..req.clone()
     };
     assert_eq!(
         plan_stream(&burst, &udp, URING, &LIMITS).unwrap_err(),
@@ -635,11 +625,11 @@ fn an_rt_unit_plan_asks_admission_for_its_mean_rate_with_rtp_headers() {
         .collect();
     let req = PlanRequest {
         class: Some(DiskClass::Rt),
-        pacing: Pacing::Units(&units),
+        pacing: Pacing::Units(units.clone().into()),
         rtp: true,
         ..PlanRequest::default()
     };
-    let q = admission_request(&req, &LIMITS).unwrap().unwrap();
+    let q = admission_request(&req, true, &LIMITS).unwrap().unwrap();
     assert_eq!(q.rate_bytes_per_s, 101 * 1328);
     // One disk request reads the whole units a pool buffer holds.
     assert_eq!(q.unit_bytes, 1328);
@@ -653,11 +643,11 @@ fn an_rt_unit_plan_asks_admission_for_its_mean_rate_with_rtp_headers() {
         size_bytes: 1316,
     }];
     let req = PlanRequest {
-        pacing: Pacing::Units(&one),
-        ..req
+        pacing: Pacing::Units(one.to_vec().into()),
+        ..req.clone()
     };
     assert_eq!(
-        admission_request(&req, &LIMITS).unwrap_err(),
+        admission_request(&req, true, &LIMITS).unwrap_err(),
         PlanError::RtNeedsRate
     );
 }
@@ -678,16 +668,11 @@ proptest! {
         bypass in any::<bool>(),
     ) {
         let unit = if datagram { unit.min(DATAGRAM_BYTES_MAX / 1316 * 1316) } else { unit };
-        let s = Schedule::new(
-            &ScheduleSpec::Periodic {
-                period: Duration::from_nanos((u128::from(unit) * 1_000_000_000 / u128::from(rate)) as u64),
-                unit_bytes: unit,
-            },
-            &ScheduleLimits::new(1 << 20),
-        );
-        let Ok(s) = s else { panic!("schedule {s:?}") };
         let req = PlanRequest {
-            pacing: Pacing::Schedule(&s),
+            pacing: Pacing::Periodic {
+                period: Duration::from_nanos((u128::from(unit) * 1_000_000_000 / u128::from(rate)) as u64),
+            },
+            unit_bytes: Some(unit),
             class: Some(DiskClass::Rt),
             cache: if bypass { CachePolicy::Bypass } else { CachePolicy::Keep },
             ..PlanRequest::default()
@@ -773,4 +758,75 @@ proptest! {
         let per_ms = u128::from(bits.div_ceil(8)) / 1000;
         prop_assert!(u128::from(u) >= per_ms.min(u128::from(buffer / 1316 * 1316)) || u == 1316);
     }
+}
+
+#[test]
+fn the_planner_decides_a_paced_streams_schedule_and_its_default_unit() {
+    use crate::units::Rate;
+    let mib = 1 << 20;
+    // 230 MB/s with no unit: to TCP, units a millisecond apart; to UDP, seven TS packets.
+    let req = PlanRequest {
+        pacing: Pacing::Rate(Rate::BitsPerSecond(230_000_000 * 8)),
+        ..PlanRequest::default()
+    };
+    let tcp = plan_stream(
+        &req,
+        &facts(file(1 << 30), socket(StreamSocket, true)),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    let s = tcp.schedule.expect("a paced plan has its schedule");
+    assert_eq!((s.unit_bytes(), tcp.unit_bytes), (175 * 1316, 175 * 1316));
+    let udp = plan_stream(
+        &req,
+        &facts(file(1 << 30), socket(Datagram, true)),
+        URING,
+        &LIMITS,
+    )
+    .unwrap();
+    assert_eq!(udp.schedule.map(|s| s.unit_bytes()), Some(1316));
+    // The same function answers before the endpoints are opened.
+    assert_eq!(
+        plan_schedule(&req.pacing, None, false, mib)
+            .unwrap()
+            .map(|s| s.unit_bytes()),
+        Some(175 * 1316)
+    );
+    // A period or (k, t) without a unit: seven TS packets; a named unit is kept.
+    let kt = Pacing::Kt {
+        cycle_units: 4,
+        cycle: Duration::from_millis(40),
+    };
+    let s = plan_schedule(&kt, None, false, mib).unwrap().unwrap();
+    assert_eq!((s.unit_bytes(), s.cycle_units()), (1316, Some(4)));
+    let s = plan_schedule(&kt, Some(4096), false, mib).unwrap().unwrap();
+    assert_eq!(s.unit_bytes(), 4096);
+    // Burst and unit plans have no schedule; a refused schedule is a PlanError.
+    assert_eq!(plan_schedule(&Pacing::Burst, None, false, mib), Ok(None));
+    assert!(matches!(
+        plan_schedule(&Pacing::Rate(Rate::BitsPerSecond(0)), None, true, mib),
+        Err(PlanError::Schedule(_))
+    ));
+    assert!(matches!(
+        plan_schedule(&kt, Some(2 * mib), false, mib),
+        Err(PlanError::Schedule(_))
+    ));
+    // The rules that need no endpoint hold before one is opened.
+    let skip_burst = PlanRequest {
+        late: LatePolicy::Skip,
+        ..PlanRequest::default()
+    };
+    assert_eq!(
+        admission_request(&skip_burst, false, &LIMITS),
+        Err(PlanError::SkipNeedsPacing)
+    );
+    let rt_burst = PlanRequest {
+        class: Some(DiskClass::Rt),
+        ..PlanRequest::default()
+    };
+    assert_eq!(
+        admission_request(&rt_burst, false, &LIMITS),
+        Err(PlanError::RtNeedsRate)
+    );
 }

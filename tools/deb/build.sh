@@ -1,15 +1,12 @@
 #!/usr/bin/env bash
 # Builds the Debian package penstock_VERSION-1_ARCH.deb into $CARGO_TARGET_DIR/debian/
-# (docs/packaging.md). Needs cargo-deb and cargo-c (`cargo install cargo-deb --locked`;
-# cargo-c as in .ci/run). Prints the package's path on its last line.
-#
-# One release build serves the binary and the C library: both are built for the host's
-# triple named explicitly, as cargo-c always builds, so that they share one
-# target/TRIPLE/release (a build without --target would compile every dependency twice).
+# (docs/packaging.md). Needs cargo-deb (`cargo install cargo-deb --version 3.8.0 --locked`).
+# Prints the package's path on its last line. One release build serves the binary and the
+# C library, in target/TRIPLE/release.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-for tool in cargo-deb cargo-cinstall; do
+for tool in cargo-deb objdump; do
   command -v "$tool" >/dev/null 2>&1 || { echo "tools/deb/build.sh: $tool is missing (docs/packaging.md)" >&2; exit 1; }
 done
 
@@ -27,13 +24,39 @@ head -n 1 deploy/debian/changelog | grep -q "^penstock ($version-1) " || {
 
 t0=$SECONDS
 cargo build --release --locked --target "$triple" -p penstock
+# libpenstock as `cargo cinstall` lays it out (docs/c-api.md): libpenstock.so.X.Y.Z with the
+# soname libpenstock.so.X.Y (a 0.x minor release may break the ABI), the checked-in header,
+# penstock.pc. Built by `cargo rustc` in the same build as the binary: the soname flag applies
+# to this crate only and every dependency is the binary's. cargo cinstall would compile every
+# dependency a second time (its own cargo hashes them differently; docs/packaging.md).
+IFS=. read -r major minor patch <<<"$version"
+soname="libpenstock.so.$major.$minor"
+[ "$major" = 0 ] || soname="libpenstock.so.$major"
+cargo rustc --release --locked --target "$triple" -p penstock-c --lib --crate-type cdylib \
+  -- -C "link-arg=-Wl,-soname,$soname"
 rm -rf "$out"
-mkdir -p "$out/man" "$out/completions" "$out/systemd"
-# libpenstock.so.0 (soname), penstock.h, penstock.pc with prefix /usr; libpenstock.a is left
-# out (docs/packaging.md).
-cargo cinstall --release --locked --target "$triple" -p penstock-c \
-  --prefix /usr --libdir lib --destdir "$out/stage" >/dev/null
-rm -f "$out"/stage/usr/lib/libpenstock.a
+mkdir -p "$out/man" "$out/completions" "$out/systemd" "$out/stage/usr/lib/pkgconfig" "$out/stage/usr/include"
+install -m 0644 "$release/libpenstock.so" "$out/stage/usr/lib/libpenstock.so.$version"
+ln -s "libpenstock.so.$version" "$out/stage/usr/lib/$soname"
+ln -s "$soname" "$out/stage/usr/lib/libpenstock.so"
+install -m 0644 crates/libpenstock/include/penstock.h "$out/stage/usr/include/penstock.h"
+description="$(sed -n 's/^description = "\(.*\)"$/\1/p' crates/libpenstock/Cargo.toml | sed -n '$p')"
+cat >"$out/stage/usr/lib/pkgconfig/penstock.pc" <<PC
+prefix=/usr
+exec_prefix=\${prefix}
+libdir=\${exec_prefix}/lib
+includedir=\${prefix}/include
+
+Name: penstock
+Description: $description
+Version: $version
+Libs: -L\${libdir} -lpenstock
+Cflags: -I\${includedir}
+PC
+if ! objdump -p "$out/stage/usr/lib/libpenstock.so.$version" | grep -q "SONAME *$soname\$"; then
+  echo "tools/deb/build.sh: libpenstock has no soname $soname" >&2
+  exit 1
+fi
 echo "release build (binary and C library): $((SECONDS - t0)) s"
 
 bin="$release/penstock"

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-for tool in cargo-deb objdump; do
+for tool in cargo-deb objdump strip gzip; do
   command -v "$tool" >/dev/null 2>&1 || { echo "tools/deb/build.sh: $tool is missing (docs/packaging.md)" >&2; exit 1; }
 done
 
@@ -37,6 +37,8 @@ cargo rustc --release --locked --target "$triple" -p penstock-c --lib --crate-ty
 rm -rf "$out"
 mkdir -p "$out/man" "$out/completions" "$out/systemd" "$out/stage/usr/lib/pkgconfig" "$out/stage/usr/include"
 install -m 0644 "$release/libpenstock.so" "$out/stage/usr/lib/libpenstock.so.$version"
+# cargo-deb strips what cargo built (--strip below), not this copy.
+strip --strip-unneeded "$out/stage/usr/lib/libpenstock.so.$version"
 ln -s "libpenstock.so.$version" "$out/stage/usr/lib/$soname"
 ln -s "$soname" "$out/stage/usr/lib/libpenstock.so"
 install -m 0644 crates/libpenstock/include/penstock.h "$out/stage/usr/include/penstock.h"
@@ -61,6 +63,7 @@ echo "release build (binary and C library): $((SECONDS - t0)) s"
 
 bin="$release/penstock"
 "$bin" man --dir "$out/man"
+gzip -9n "$out"/man/*.1
 "$bin" completions bash >"$out/completions/penstock"
 "$bin" completions zsh >"$out/completions/_penstock"
 "$bin" completions fish >"$out/completions/penstock.fish"

@@ -38,7 +38,7 @@ rm -rf "$out"
 mkdir -p "$out/man" "$out/completions" "$out/systemd" "$out/stage/usr/lib/pkgconfig" "$out/stage/usr/include"
 install -m 0644 "$release/libpenstock.so" "$out/stage/usr/lib/libpenstock.so.$version"
 # cargo-deb strips what cargo built (--strip below), not this copy.
-strip --strip-unneeded "$out/stage/usr/lib/libpenstock.so.$version"
+strip --strip-unneeded --remove-section=.comment --remove-section=.note "$out/stage/usr/lib/libpenstock.so.$version"
 ln -s "libpenstock.so.$version" "$out/stage/usr/lib/$soname"
 ln -s "$soname" "$out/stage/usr/lib/libpenstock.so"
 install -m 0644 crates/libpenstock/include/penstock.h "$out/stage/usr/include/penstock.h"

@@ -590,6 +590,29 @@ fn the_deploy_configuration_is_a_valid_configuration() {
     );
 }
 
+/// The Debian package's conffile (deploy/debian/penstock.toml; the package itself is built,
+/// installed and purged by the CI step .ci/deb, docs/packaging.md).
+#[test]
+fn the_debian_package_configuration_is_a_valid_configuration() {
+    let c =
+        penstock_server::ServerConfig::load(&repo().join("deploy/debian/penstock.toml")).unwrap();
+    c.check().unwrap();
+    assert_eq!(c.user.as_deref(), Some("penstock"));
+    assert_eq!(
+        c.control.unix.as_deref(),
+        Some(Path::new("/run/penstock/control.sock"))
+    );
+    // No TCP control port: it would need a token the package cannot choose.
+    assert!(c.control.listen.is_empty());
+    // The unit's CacheDirectory= (deploy/systemd/penstock.service).
+    let unit = std::fs::read_to_string(repo().join("deploy/systemd/penstock.service")).unwrap();
+    assert!(unit.contains("\nCacheDirectory=penstock\n"));
+    assert_eq!(
+        c.admission.calibration_cache_dir.as_deref(),
+        Some(Path::new("/var/cache/penstock"))
+    );
+}
+
 #[test]
 fn completions_for_bash_zsh_and_fish_name_the_subcommands() {
     for shell in ["bash", "zsh", "fish"] {

@@ -393,6 +393,13 @@ fn a_seek_lands_on_the_sync_sample_at_or_before_it() {
         &format!("Transport: RTP/AVP/TCP;unicast;interleaved=4-5\r\nSession: {session}\r\n"),
     );
     assert_eq!(st, 455);
+    // A start past the movie's end is refused (457), the session goes on.
+    let (st, head, _) = c.request(
+        "PLAY",
+        &url,
+        &format!("Session: {session}\r\nRange: npt=3600.000-\r\n"),
+    );
+    assert_eq!(st, 457, "{head}");
     let (st, head, _) = c.request(
         "PLAY",
         &url,

@@ -1004,18 +1004,8 @@ impl Conn<'_> {
         let scale_hdr = super::scale_text(scale);
         let duration = media.end_ns();
         let asked_ns = seek_asked_ns(req, &media);
-        if let Some(from) = asked_ns
-            && from > duration
-        {
-            return text(
-                457,
-                cseq,
-                &format!(
-                    "npt={} is past the end (npt=0-{})",
-                    rtsp::npt_text(from),
-                    rtsp::npt_text(duration)
-                ),
-            );
+        if let Some(r) = past_the_end(cseq, asked_ns, duration) {
+            return r;
         }
         let range = |start_ns: u64| {
             format!(
@@ -1570,18 +1560,8 @@ impl Conn<'_> {
             return text(500, cseq, "not an MP4 session");
         };
         let duration = m.media.duration_ns;
-        if let Some(from) = req.range_from_ns
-            && from > duration
-        {
-            return text(
-                457,
-                cseq,
-                &format!(
-                    "npt={} is past the end (npt=0-{})",
-                    rtsp::npt_text(from),
-                    rtsp::npt_text(duration)
-                ),
-            );
+        if let Some(r) = past_the_end(cseq, req.range_from_ns, duration) {
+            return r;
         }
         if state == SessionState::Playing && req.range_from_ns.is_none() && m.sender.is_some() {
             return Reply::new(200, Some(cseq)).header("Scale", "1");
@@ -1717,6 +1697,20 @@ fn stream_spec(
         ..StreamSpec::opened()
     };
     (spec, (pb, seek))
+}
+
+/// PLAY's 457 for a `Range` that starts after the media's end (`duration_ns`).
+fn past_the_end(cseq: u32, from_ns: Option<u64>, duration_ns: u64) -> Option<Reply> {
+    let from = from_ns.filter(|&f| f > duration_ns)?;
+    Some(text(
+        457,
+        cseq,
+        &format!(
+            "npt={} is past the end (npt=0-{})",
+            rtsp::npt_text(from),
+            rtsp::npt_text(duration_ns)
+        ),
+    ))
 }
 
 /// An interleaved session's engine stream writes its frames to the connection's socket

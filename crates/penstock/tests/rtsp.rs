@@ -145,10 +145,16 @@ fn serve(clip: &Path, rtsp_extra: &str) -> Served {
          disk_random_iops = 100000\nnet_bytes_per_s = 1250000000\ncpu_send_ns = 5000\n\
          cpu_send_byte_ps = 500\n"
     };
+    // A test that reads the access log names its own `[log]`.
+    let log = if rtsp_extra.contains("[log]") {
+        ""
+    } else {
+        "[log]\naccess = \"off\"\n"
+    };
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{CONTROL_TOKEN}\"\n[log]\naccess = \"off\"\n[rtsp]\nlisten = \"127.0.0.1:0\"\n{rtsp_extra}{admission}"
+            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{CONTROL_TOKEN}\"\n{log}[rtsp]\nlisten = \"127.0.0.1:0\"\n{rtsp_extra}{admission}"
         ),
     )
     .unwrap();
@@ -902,6 +908,70 @@ fn the_end_of_the_media_sends_an_rtcp_bye() {
     );
     let again = c.request("PLAY", &url, &[("Session", &id), ("Range", "npt=29-")]);
     assert_eq!(again.status, 200, "{again:?}");
+}
+
+/// Each RTSP session's end is one access-log line in the HTTP lines' combined form: the
+/// client, `"PLAY rtsp://…/clip.ts RTSP/1.0"` (SETUP for one never played), 200, the RTP
+/// payload bytes it sent (here: every byte the receiver got), the user agent, then `rt=`,
+/// `transport=`, `late_p99=` and `end=`.
+#[test]
+fn each_rtsp_session_is_one_access_log_line_at_its_end() {
+    let Some(clip) = clip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let access = dir.path().join("access.log");
+    let s = serve(clip, &format!("[log]\naccess = \"{}\"\n", access.display()));
+    let url = s.url("clip.ts");
+    let mut c = Client::connect(s.rtsp);
+    let rx = Receiver::new();
+    let ua = ("User-Agent", "penstock-test/1 (\"quoted\")");
+    let setup = c.request("SETUP", &url, &[("Transport", &rx.transport()), ua]);
+    let id = session_id(&setup);
+    let play = c.request("PLAY", &url, &[("Session", &id), ("Range", "npt=29-")]);
+    assert_eq!(play.status, 200, "{play:?}");
+    let got = take_until_bye(&rx, Duration::from_secs(30));
+    let payload: usize = got.iter().map(|p| p.3.len()).sum();
+    assert!(payload > 0);
+    assert_eq!(c.request("TEARDOWN", &url, &[("Session", &id)]).status, 200);
+    // A session set up and torn down unplayed.
+    let rx2 = Receiver::new();
+    let setup = c.request("SETUP", &url, &[("Transport", &rx2.transport())]);
+    let id2 = session_id(&setup);
+    assert_eq!(
+        c.request("TEARDOWN", &url, &[("Session", &id2)]).status,
+        200
+    );
+
+    let t0 = Instant::now();
+    let lines = loop {
+        let text = std::fs::read_to_string(&access).unwrap_or_default();
+        let lines: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains(" RTSP/1.0\""))
+            .map(str::to_string)
+            .collect();
+        if lines.len() >= 2 || t0.elapsed() > Duration::from_secs(30) {
+            break lines;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    println!("{}", lines.join("\n"));
+    let played = &lines[0];
+    assert!(played.starts_with("127.0.0.1 - - ["), "{played}");
+    assert!(
+        played.contains(&format!(
+            "\"PLAY {url} RTSP/1.0\" 200 {payload} \"-\" \"penstock-test/1 (\\x22quoted\\x22)\" rt="
+        )),
+        "{played}\n(expected {payload} payload bytes)"
+    );
+    assert!(played.contains(" transport=udp late_p99=0."), "{played}");
+    assert!(played.ends_with(" end=teardown"), "{played}");
+    let unplayed = &lines[1];
+    assert!(
+        unplayed.contains(&format!("\"SETUP {url} RTSP/1.0\" 200 0 \"-\" \"-\" rt=")),
+        "{unplayed}"
+    );
+    assert!(unplayed.contains(" late_p99=- end=teardown"), "{unplayed}");
 }
 
 /// Packets (arrival, sequence, timestamp, payload) until the stream's RTCP BYE has come and

@@ -1,5 +1,6 @@
 //! The access log: one line per HTTP request in nginx's combined format, with the request
-//! time and the data path appended:
+//! time and the data path appended (and one per RTSP session at its end,
+//! [`rtsp_session_line`], in the same form):
 //!
 //! ```text
 //! 127.0.0.1 - - [24/Nov/2026:13:45:01 +0000] "GET /a.ts HTTP/1.1" 200 1048576 "-" "curl/8.5.0" rt=0.004 path=engine-sendfile
@@ -142,6 +143,14 @@ impl AccessLog {
             flush_at: None,
             clock: TimeCache::default(),
             addr: AddrCache::default(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// Where single lines go from outside the HTTP workers (an RTSP session's end).
+    pub(crate) fn sink(&self) -> LineSink {
+        LineSink {
+            tx: self.tx.clone(),
             metrics: self.metrics.clone(),
         }
     }
@@ -358,6 +367,99 @@ pub(crate) fn escape_into(out: &mut String, bytes: &[u8]) {
             out.push(b as char);
         }
     }
+}
+
+/// Hands whole lines to the writer one at a time, for events that are rare beside HTTP
+/// requests (an RTSP session's end): no buffer, the same bounded queue; a full queue drops
+/// the line and counts it.
+#[derive(Clone)]
+pub(crate) struct LineSink {
+    tx: SyncSender<Msg>,
+    metrics: Arc<Metrics>,
+}
+
+impl LineSink {
+    pub(crate) fn send(&self, line: Vec<u8>) {
+        match self.tx.try_send(Msg::Batch(line)) {
+            Ok(()) => {
+                self.metrics.access_log_lines.inc_by(1);
+            }
+            Err(_) => {
+                self.metrics.access_log_dropped.inc_by(1);
+            }
+        }
+    }
+}
+
+/// An RTSP session that ended, as its access-log line needs it.
+pub(crate) struct RtspSessionEnd<'a> {
+    pub(crate) peer: IpAddr,
+    /// `PLAY` when the session played, else `SETUP`.
+    pub(crate) method: &'static str,
+    /// The presentation's URL as the client named it.
+    pub(crate) url: &'a str,
+    pub(crate) user_agent: Option<&'a str>,
+    /// RTP payload bytes sent over the session's life.
+    pub(crate) bytes: u64,
+    /// From SETUP to the end.
+    pub(crate) elapsed: Duration,
+    /// `udp` or `tcp`.
+    pub(crate) transport: &'static str,
+    /// The p99 of its units' lateness (engine streams only).
+    pub(crate) late_p99_ns: Option<u64>,
+    /// Why it ended: `teardown`, `timeout`, `connection_closed`, `shutdown`.
+    pub(crate) end: &'static str,
+}
+
+/// One RTSP session's line in the combined form of the HTTP lines (status 200, the bytes its
+/// RTP payloads carried), then `rt=` (its life), `transport=`, `late_p99=` (seconds, or `-`)
+/// and `end=`:
+///
+/// ```text
+/// 127.0.0.1 - - [27/Nov/2026:14:03:20 +0000] "PLAY rtsp://h:8554/clip.ts RTSP/1.0" 200 1562400 "-" "Lavf/59.27.100" rt=12.410 transport=udp late_p99=0.000131 end=teardown
+/// ```
+pub(crate) fn rtsp_session_line(e: &RtspSessionEnd<'_>, now: SystemTime) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    let _ = write!(out, "{} - - [", e.peer);
+    out.extend_from_slice(time_local(now).as_bytes());
+    out.extend_from_slice(b"] \"");
+    out.extend_from_slice(e.method.as_bytes());
+    out.push(b' ');
+    let mut url = String::new();
+    escape_into(&mut url, e.url.as_bytes());
+    out.extend_from_slice(url.as_bytes());
+    out.extend_from_slice(b" RTSP/1.0\" 200 ");
+    push_u64(&mut out, e.bytes);
+    out.extend_from_slice(b" \"-\" \"");
+    match e.user_agent {
+        Some(ua) => {
+            let mut t = String::new();
+            escape_into(&mut t, ua.as_bytes());
+            out.extend_from_slice(t.as_bytes());
+        }
+        None => out.push(b'-'),
+    }
+    let ms = u64::try_from(e.elapsed.as_millis()).unwrap_or(u64::MAX);
+    let _ = write!(
+        out,
+        "\" rt={}.{:03} transport={}",
+        ms / 1000,
+        ms % 1000,
+        e.transport
+    );
+    match e.late_p99_ns {
+        Some(ns) => {
+            let _ = write!(
+                out,
+                " late_p99={}.{:06}",
+                ns / 1_000_000_000,
+                ns % 1_000_000_000 / 1000
+            );
+        }
+        None => out.extend_from_slice(b" late_p99=-"),
+    }
+    let _ = writeln!(out, " end={}", e.end);
+    out
 }
 
 /// One finished request, as the log line needs it.

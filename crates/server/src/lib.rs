@@ -544,6 +544,9 @@ impl Server {
             }
             r.set_hls(hls_indexes.clone());
             r.set_viewers(viewers.clone());
+            if let Some(l) = &shared.access_log {
+                r.set_access_log(l.sink());
+            }
             streams_for_rtsp.add_state_source(r.state_source());
             Some(Mutex::new(r))
         };

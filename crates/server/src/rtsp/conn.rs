@@ -758,6 +758,11 @@ impl Conn<'_> {
             playing: None,
             resume_from_ns: None,
             last_seen: Instant::now(),
+            created: Instant::now(),
+            user_agent: req.user_agent.clone(),
+            played: false,
+            done_bytes: 0,
+            done_lateness: [0; penstock_driver::LATENESS_BUCKETS],
         };
         self.insert_session(session, &id, transport_reply, cseq)
     }
@@ -1092,6 +1097,7 @@ impl Conn<'_> {
             p.handle.cancel();
             // Its packets in flight leave before the new stream's first.
             let _ = p.handle.wait_timeout(STOP_WAIT);
+            s.count_stream(&p.handle);
             s.next_sequence = p.packetizer.sequence(p.handle.counters().units_sent);
         }
         let packetizer_at = |start_time_ns: u64| Packetizer {
@@ -1237,6 +1243,7 @@ impl Conn<'_> {
                 (None, Some(session))
             }
         };
+        s.played = true;
         s.playing = Some(Playing {
             handle,
             packetizer,
@@ -1342,6 +1349,7 @@ impl Conn<'_> {
             }
         };
         let r = reply(&sub);
+        s.played = true;
         s.live = Some(LivePlaying {
             sub,
             link,
@@ -1456,6 +1464,7 @@ impl Conn<'_> {
             tracks: Vec::new(),
             sender: None,
             alive: Default::default(),
+            sent_bytes: Default::default(),
             ended: Default::default(),
             cname: format!("penstock@{}", self.local.ip()),
             rtcp_interval: Duration::from_millis(self.shared.cfg.rtcp_interval_ms),

@@ -345,6 +345,23 @@ pub struct Session {
     /// back; the media time a PLAY without Range resumes from (asking admission afresh).
     resume_from_ns: Option<u64>,
     last_seen: Instant,
+    /// For its access-log line: when SETUP made it, the client's `User-Agent`, and what
+    /// its finished streams sent (a seek or a released pause replaces the stream).
+    created: Instant,
+    user_agent: Option<String>,
+    played: bool,
+    done_bytes: u64,
+    done_lateness: [u64; penstock_driver::LATENESS_BUCKETS],
+}
+
+impl Session {
+    /// Counts what a stream taken out of `playing` sent, for the session's access-log line.
+    fn count_stream(&mut self, h: &StreamHandle) {
+        self.done_bytes += h.counters().bytes_sent;
+        for (d, n) in self.done_lateness.iter_mut().zip(h.lateness().buckets) {
+            *d += n;
+        }
+    }
 }
 
 /// Why a session ended, for the metrics.
@@ -406,6 +423,8 @@ pub struct RtspShared {
     hls: std::sync::OnceLock<Arc<crate::hls::Hls>>,
     /// Who may watch (`crate::auth`; unset: every path is open).
     pub(crate) viewers: std::sync::OnceLock<Arc<crate::auth::Viewers>>,
+    /// The access log (`[log] access`): one line per session at its end.
+    access_log: std::sync::OnceLock<crate::access_log::LineSink>,
 }
 
 impl std::fmt::Debug for RtspShared {
@@ -527,6 +546,7 @@ impl RtspServer {
             origin: std::sync::OnceLock::new(),
             hls: std::sync::OnceLock::new(),
             viewers: std::sync::OnceLock::new(),
+            access_log: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             live: live_sources,
             live_seen: Mutex::new(HashMap::new()),
@@ -575,6 +595,11 @@ impl RtspServer {
     /// HTTP server: one index per file version).
     pub(crate) fn set_viewers(&self, viewers: Arc<crate::auth::Viewers>) {
         let _ = self.shared.viewers.set(viewers);
+    }
+
+    /// Each session's end is a line of the access log (docs/rtsp.md, "Access log").
+    pub(crate) fn set_access_log(&self, sink: crate::access_log::LineSink) {
+        let _ = self.shared.access_log.set(sink);
     }
 
     pub(crate) fn set_hls(&self, hls: Arc<crate::hls::Hls>) {
@@ -834,6 +859,7 @@ impl RtspShared {
         let Some(p) = s.playing.take() else {
             return;
         };
+        s.count_stream(&p.handle);
         let sent = p.handle.counters().units_sent;
         p.handle.cancel();
         let at_ns = usize::try_from(sent)
@@ -901,7 +927,9 @@ impl RtspShared {
             let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(p) = s.playing.take() {
                 p.handle.cancel();
+                s.count_stream(&p.handle);
             }
+            self.log_session_end(&s, why);
             if let (Some(l), SessionMedia::Live(src)) = (s.live.take(), &s.media) {
                 src.unsubscribe(&l.sub);
             }
@@ -920,6 +948,54 @@ impl RtspShared {
             self.metrics.rtsp_sessions.dec();
             self.metrics.rtsp_session_ended(why.word());
         }
+    }
+
+    /// The session's access-log line (with `[log] access` on): what it sent over its life,
+    /// from SETUP to `why`.
+    fn log_session_end(&self, s: &Session, why: EndReason) {
+        let Some(sink) = self.access_log.get() else {
+            return;
+        };
+        let (bytes, late_p99_ns) = match &s.media {
+            SessionMedia::Mp4(m) => (m.sent_bytes.load(Ordering::Relaxed), None),
+            SessionMedia::Live(_) => (
+                s.live
+                    .as_ref()
+                    .map_or(0, |l| l.sub.octets.load(Ordering::Acquire)),
+                None,
+            ),
+            SessionMedia::File { .. } => (
+                s.done_bytes,
+                penstock_core::lateness::lateness_bucket_quantile_ns(&s.done_lateness, 990_000),
+            ),
+        };
+        // The presentation's URL: a track's SETUP URL without its `/trackID=N`.
+        let url = match s.track_url.rsplit_once("/trackID=") {
+            Some((base, n)) if n.bytes().all(|b| b.is_ascii_digit()) => base,
+            _ => s.track_url.as_str(),
+        };
+        let line = crate::access_log::rtsp_session_line(
+            &crate::access_log::RtspSessionEnd {
+                peer: s.client,
+                method: if s.played || bytes > 0 {
+                    "PLAY"
+                } else {
+                    "SETUP"
+                },
+                url,
+                user_agent: s.user_agent.as_deref(),
+                bytes,
+                elapsed: s.created.elapsed(),
+                transport: match s.transport {
+                    Transport::Udp { .. } => "udp",
+                    Transport::Interleaved { .. } => "tcp",
+                },
+                late_p99_ns,
+                end: why.word(),
+            },
+            std::time::SystemTime::now(),
+        );
+        sink.send(line);
     }
 
     /// One `STATE` line per session: `rtsp-<id> <ready|running|paused> path=<path>
@@ -1411,6 +1487,7 @@ impl RtspShared {
         let Some(mut p) = s.playing.take() else {
             return;
         };
+        s.count_stream(&p.handle);
         if let Some(link) = &mut p.link
             && let Err(e) = link.finish(counts, "end of stream")
         {

@@ -29,7 +29,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixDatagram;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -283,6 +283,8 @@ pub(crate) struct Mp4Session {
     pub alive: Arc<AtomicBool>,
     /// Set by the sender when every track reached its end.
     pub ended: Arc<AtomicBool>,
+    /// RTP payload bytes the sender threads sent (the session's access-log line).
+    pub sent_bytes: Arc<AtomicU64>,
     pub cname: String,
     pub rtcp_interval: Duration,
 }
@@ -350,10 +352,19 @@ impl Mp4Session {
         };
         let stop = Arc::new(AtomicBool::new(false));
         let (stop2, alive, ended) = (stop.clone(), self.alive.clone(), self.ended.clone());
+        let sent_bytes = self.sent_bytes.clone();
         ended.store(false, Ordering::Release);
         let handle = std::thread::Builder::new()
             .name("rtsp-mp4".into())
-            .spawn(move || send_loop(&media, &file, plan, outs, &stop2, &alive, &ended))?;
+            .spawn(move || {
+                let flags = Flags {
+                    stop: &stop2,
+                    alive: &alive,
+                    ended: &ended,
+                    sent_bytes: &sent_bytes,
+                };
+                send_loop(&media, &file, plan, outs, &flags)
+            })?;
         self.sender = Some(Sender { stop, handle });
         Ok(info)
     }
@@ -382,15 +393,27 @@ fn wall_ntp() -> u64 {
 }
 
 /// The sender thread: samples of all tracks in due order, each read once and sent as RTP.
+/// What a sender thread shares with its session.
+struct Flags<'a> {
+    stop: &'a AtomicBool,
+    alive: &'a AtomicBool,
+    ended: &'a AtomicBool,
+    sent_bytes: &'a AtomicU64,
+}
+
 fn send_loop(
     media: &Mp4Media,
     file: &File,
     plan: SendPlan,
     outs: Vec<Out>,
-    stop: &AtomicBool,
-    alive: &AtomicBool,
-    ended: &AtomicBool,
+    flags: &Flags<'_>,
 ) -> (Progress, Vec<Out>) {
+    let Flags {
+        stop,
+        alive,
+        ended,
+        sent_bytes,
+    } = *flags;
     let anchor = Instant::now() + START_DELAY;
     let mut next: Vec<usize> = plan.tracks.iter().map(|t| t.4).collect();
     let mut seq: Vec<u16> = plan.tracks.iter().map(|t| t.3).collect();
@@ -519,6 +542,7 @@ fn send_loop(
             seq[k] = seq[k].wrapping_add(1);
             packets[k] = packets[k].wrapping_add(1);
             octets[k] = octets[k].wrapping_add(p.payload_len() as u32);
+            sent_bytes.fetch_add(p.payload_len() as u64, Ordering::Relaxed);
         }
         if failed {
             break;

@@ -82,6 +82,11 @@ fn serve(dir: &Path, conf: &str) -> (Reap, String, mpsc::Receiver<String>) {
     let out = lines_of(child.stdout.take().unwrap());
     let start = next_line(&out, "start line");
     let (http, _) = serve_addresses(&start);
+    // Its details follow, indented: bodies, descriptors and workers, the root.
+    for _ in 0..3 {
+        let d = next_line(&out, "start detail line");
+        assert!(d.starts_with("  "), "not a start detail line: {d:?}");
+    }
     (Reap(child), http, out)
 }
 
@@ -170,7 +175,7 @@ fn sigusr1_reopens_the_access_log_after_logrotate_renamed_it() {
     let old = file_lines(&rotated);
     assert_eq!(old.len(), 2, "{old:#?}");
     assert!(old.iter().all(|l| l.contains("?before=")), "{old:#?}");
-    // With a file, stdout has the start line only.
+    // With a file, stdout has the start lines only.
     assert!(out.recv_timeout(Duration::from_millis(200)).is_err());
 }
 

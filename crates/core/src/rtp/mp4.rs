@@ -433,42 +433,6 @@ pub fn track_control(id: u32) -> String {
     format!("trackID={id}")
 }
 
-/// The SDP of an MP4's tracks: one `m=` per track (`video`/`audio`, port 0, `RTP/AVP`, its
-/// dynamic payload type) with its rtpmap, fmtp and `a=control:trackID=N` — relative, or
-/// `control_base/trackID=N?query` when `query` is given (a signed URL carries its credential
-/// into each SETUP). `duration_ns` is the movie's length.
-pub fn sdp(
-    tracks: &[(&Track, TrackRtp)],
-    session_id: u64,
-    origin: std::net::IpAddr,
-    duration_ns: u64,
-    control: Option<(&str, &str)>,
-) -> String {
-    let addrtype = if origin.is_ipv4() { "IP4" } else { "IP6" };
-    let any = if origin.is_ipv4() { "0.0.0.0" } else { "::" };
-    let mut s = format!(
-        "v=0\r\no=- {session_id} 1 IN {addrtype} {origin}\r\ns=penstock\r\nc=IN {addrtype} {any}\r\nt=0 0\r\na=control:*\r\na=range:npt=0-{}\r\n",
-        crate::rtsp::npt_text(duration_ns)
-    );
-    for (t, rtp) in tracks {
-        let media = match t.kind {
-            crate::mp4::TrackKind::Video => "video",
-            crate::mp4::TrackKind::Audio => "audio",
-        };
-        let (rtpmap, fmtp) = sdp_attributes(t, rtp);
-        let ctl = match control {
-            Some((base, q)) => format!("{base}/{}?{q}", track_control(t.id)),
-            None => track_control(t.id),
-        };
-        let _ = write!(
-            s,
-            "m={media} 0 RTP/AVP {}\r\na=rtpmap:{rtpmap}\r\na=fmtp:{fmtp}\r\na=control:{ctl}\r\n",
-            rtp.payload_type
-        );
-    }
-    s
-}
-
 #[cfg(test)]
 #[path = "mp4_tests.rs"]
 mod tests;

@@ -111,7 +111,7 @@ impl Mp4Media {
             .iter()
             .zip(self.rtp.iter().copied())
             .collect();
-        rtp_mp4::sdp(&tracks, session_id, origin, self.duration_ns, control)
+        penstock_core::rtsp::mp4_sdp(&tracks, session_id, origin, self.duration_ns, control)
     }
 
     /// The index of the track with id `id`.

@@ -4,7 +4,8 @@
 //! `crc-fast` picks the CPU's fastest kernel at run time (AVX-512 VPCLMULQDQ, PCLMULQDQ, SSE 4.2,
 //! or a table); on a verified read this pass over every byte is the whole added cost
 //! (`bench stripe --checksums`), 2.9–3.1× faster per 4 KiB unit than `crc32c`'s SSE 4.2 lanes on
-//! an AVX-512 machine (`bench/results/2026-11-27-vm-2vcpu/crc-fast.md`).
+//! an AVX-512 machine (`bench/results/2026-11-27-vm-2vcpu/crc-vs-memcpy/output-fast-quiet.txt`;
+//! what that does to a verified read: `…/crc-fast.md`).
 
 use crc_fast::{CrcAlgorithm, Digest};
 

@@ -729,15 +729,12 @@ impl Conn<'_> {
                 Ok(o) => o,
                 Err(e) => return text(500, cseq, &format!("duplicating the transport: {e}")),
             };
-            m.tracks.push(super::mp4::Mp4Track {
+            m.tracks.push(super::mp4::Mp4Track::new(
                 index,
-                url: req.uri.clone(),
-                ssrc: base.ssrc,
-                ts_base: base.timestamp_start,
-                next_seq: base.sequence_start,
-                next_sample: 0,
-                out: Some(out),
-            });
+                req.uri.clone(),
+                &base,
+                out,
+            ));
         }
         let id = format!("{:016x}", random_u64());
         let track_url = req.uri.clone();
@@ -1530,15 +1527,12 @@ impl Conn<'_> {
             let SessionMedia::Mp4(m) = &mut s.media else {
                 return text(455, cseq, "not an MP4 session");
             };
-            m.tracks.push(super::mp4::Mp4Track {
+            m.tracks.push(super::mp4::Mp4Track::new(
                 index,
-                url: req.uri.clone(),
-                ssrc: base.ssrc,
-                ts_base: base.timestamp_start,
-                next_seq: base.sequence_start,
-                next_sample: 0,
-                out: Some(out),
-            });
+                req.uri.clone(),
+                &base,
+                out,
+            ));
         }
         // The transport (its sockets, or the relay pair registered for this session) is
         // kept by the track's output; the relay is named by the session.

@@ -262,6 +262,27 @@ pub(crate) struct Mp4Track {
     pub out: Option<Out>,
 }
 
+impl Mp4Track {
+    /// Track `index` set up at `url` with the RTP identity of `base` (its SSRC, first
+    /// sequence number and RTP time), sending to `out`, from its first sample.
+    pub fn new(
+        index: usize,
+        url: String,
+        base: &penstock_core::rtp::Packetizer,
+        out: Out,
+    ) -> Mp4Track {
+        Mp4Track {
+            index,
+            url,
+            ssrc: base.ssrc,
+            ts_base: base.timestamp_start,
+            next_seq: base.sequence_start,
+            next_sample: 0,
+            out: Some(out),
+        }
+    }
+}
+
 /// What the sender hands back when it stops: per track the next sequence number and sample.
 type Progress = Vec<(u16, usize)>;
 

@@ -319,6 +319,16 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
         .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(": ")))
 }
 
+/// The session id of a SETUP reply's `Session` header (without `;timeout=`).
+fn session_of(head: &str) -> String {
+    header(head, "Session")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
 /// The key frames' presentation times of the file's video, in s (ffprobe).
 fn key_frame_times(file: &Path) -> Vec<f64> {
     let o = Command::new("ffprobe")
@@ -374,12 +384,7 @@ fn a_seek_lands_on_the_sync_sample_at_or_before_it() {
         "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
     );
     assert_eq!(st, 200, "{head}");
-    let session = header(&head, "Session")
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let session = session_of(&head);
     let (st, head, _) = c.request(
         "SETUP",
         &format!("{url}/trackID={}", controls[1].trim()),
@@ -515,12 +520,7 @@ fn bad_mp4s_get_a_415_naming_why_and_nothing_else_changes() {
         "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
     );
     assert_eq!(st, 200, "{head}");
-    let session = header(&head, "Session")
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let session = session_of(&head);
     let (st, _, body) = c.request(
         "PLAY",
         &s.url("clip.mp4"),
@@ -549,12 +549,7 @@ fn pause_and_resume_continue_each_track_where_it_stopped() {
         "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
     );
     assert_eq!(st, 200, "{head}");
-    let session = header(&head, "Session")
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let session = session_of(&head);
     let (st, head, _) = c.request(
         "SETUP",
         &format!("{url}/trackID=2"),

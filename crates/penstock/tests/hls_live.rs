@@ -268,7 +268,10 @@ fn live_playlist_grows_slides_and_lists_only_synced_key_frame_ranges() {
     let r = get(&s.http, "/live/plain/index.m3u8", "");
     assert_eq!(r.status, 409, "{}", r.head);
     assert!(r.text().contains("not recorded"), "{}", r.text());
-    let mut ff = feed(60, &[udp_url(s.source)]);
+    // ffmpeg's plain `udp://` output, as users type it: 1,472-byte datagrams that cut TS
+    // packets anywhere. The relay puts them back into whole packets (core `ts::align`), or the
+    // key-frame ranges below would never appear (before, every datagram was counted garbage).
+    let mut ff = feed(60, &[format!("udp://{}", s.source)]);
 
     // Reloads until the window has slid twice; every segment seen keeps its number and range,
     // every range is served (only synced bytes are) and starts with a key frame's video PES.

@@ -4,8 +4,10 @@
 //! pcr`, docs/pacing.md). Synthetic streams for tests in [`synth`].
 //!
 //! Pure like the rest of the core: bytes come in as slices, fed in chunks by the caller.
-//! Key-frame detection for recordings lives in `track::mpegts`.
+//! Key-frame detection for recordings lives in `track::mpegts`; raw TS datagrams cut anywhere
+//! are put back into whole packets by [`align`].
 
+pub mod align;
 pub mod packet;
 pub mod pcr;
 pub mod psi;

@@ -94,7 +94,8 @@ pub enum LiveFormat {
     /// Each datagram by itself: RTP carrying TS, else raw TS.
     #[default]
     Auto,
-    /// Raw MPEG-TS: a multiple of 188 bytes, each packet starting with 0x47.
+    /// Raw MPEG-TS, read as a byte stream: datagrams cut anywhere are put back into whole
+    /// 188-byte packets (`penstock_core::ts::align`).
     Ts,
     /// RTP (RFC 2250) whose payload is raw MPEG-TS.
     Rtp,

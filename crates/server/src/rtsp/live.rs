@@ -189,30 +189,70 @@ impl LiveSource {
     }
 }
 
-/// The TS bytes of a datagram, or `None` when it is garbage.
-pub fn ts_payload(d: &[u8], format: LiveFormat) -> Option<&[u8]> {
-    let is_ts = |b: &[u8]| {
-        !b.is_empty()
-            && b.len().is_multiple_of(TS_PACKET_BYTES)
-            && b.chunks(TS_PACKET_BYTES).all(|p| p[0] == 0x47)
-    };
-    let rtp = || {
-        RtpHeader::parse(d)
-            .filter(|(h, p)| h.payload_type == 33 || is_ts(p))
-            .map(|(_, p)| p)
-            .filter(|p| is_ts(p))
-    };
-    match format {
-        LiveFormat::Ts => is_ts(d).then_some(d),
-        LiveFormat::Rtp => rtp(),
-        // A raw TS datagram starts with 0x47, which is not RTP version 2 (0x80..): no doubt.
-        LiveFormat::Auto => {
-            if is_ts(d) {
-                Some(d)
-            } else {
-                rtp()
+/// What a relay passes on of one datagram: the TS packets for its sessions and the bytes for
+/// its recorder (the datagram itself for RTP; the packets for raw TS).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Payload<'a> {
+    pub ts: &'a [u8],
+    pub record: &'a [u8],
+}
+
+/// Reads a live source's datagrams: RTP carrying TS (RFC 2250), or raw TS, which a sender may
+/// cut anywhere (ffmpeg's `udp://` without `pkt_size`: 1,472-byte datagrams) and which is put
+/// back into whole packets ([`penstock_core::ts::align`]).
+#[derive(Debug)]
+pub struct DatagramReader {
+    format: LiveFormat,
+    realign: penstock_core::ts::align::Realigner,
+    scratch: Vec<u8>,
+}
+
+impl DatagramReader {
+    pub fn new(format: LiveFormat) -> Self {
+        Self {
+            format,
+            realign: Default::default(),
+            scratch: Vec::with_capacity(2 * 65536),
+        }
+    }
+
+    /// Bytes of raw TS thrown away so far: they belonged to no whole packet (a loss, garbage).
+    pub fn dropped_bytes(&self) -> u64 {
+        self.realign.dropped_bytes
+    }
+
+    /// The datagram's payload, or `None` when it completes no packet (garbage, or the first
+    /// part of a packet that the next datagram completes).
+    pub fn read<'a>(&'a mut self, d: &'a [u8]) -> Option<Payload<'a>> {
+        use penstock_core::ts::align::is_aligned;
+        let rtp = || {
+            RtpHeader::parse(d)
+                .map(|(_, p)| p)
+                .filter(|p| is_aligned(p))
+                .map(|ts| Payload { ts, record: d })
+        };
+        match self.format {
+            LiveFormat::Rtp => rtp(),
+            LiveFormat::Ts => self.raw(d),
+            // A raw TS datagram starts with 0x47, which is not RTP version 2 (0x80..).
+            LiveFormat::Auto => {
+                if self.realign.carried() == 0 && is_aligned(d) {
+                    Some(Payload { ts: d, record: d })
+                } else if let Some(p) = rtp() {
+                    Some(p)
+                } else {
+                    self.raw(d)
+                }
             }
         }
+    }
+
+    fn raw<'a>(&'a mut self, d: &'a [u8]) -> Option<Payload<'a>> {
+        let Self {
+            realign, scratch, ..
+        } = self;
+        let ts = realign.push(d, scratch);
+        (!ts.is_empty()).then_some(Payload { ts, record: ts })
     }
 }
 
@@ -315,6 +355,7 @@ fn relay(
 ) {
     use rustix::event::{PollFd, PollFlags, Timespec};
     let mut buf = vec![0u8; 65536];
+    let mut reader = DatagramReader::new(format);
     let mut out = Vec::with_capacity(RTP_HEADER_BYTES + TS_PER_RTP * TS_PACKET_BYTES);
     let mut last_rx = Instant::now();
     let mut pending = false;
@@ -342,14 +383,19 @@ fn relay(
             };
             let d = &buf[..n];
             src.counts.datagrams_in.fetch_add(1, Ordering::AcqRel);
-            let Some(ts) = ts_payload(d, format) else {
-                src.counts.garbage.fetch_add(1, Ordering::AcqRel);
+            let dropped = reader.dropped_bytes();
+            let payload = reader.read(d);
+            let Some(Payload { ts, record }) = payload else {
+                // A partial packet waiting for its rest is not garbage; bytes thrown away are.
+                if reader.dropped_bytes() > dropped || format == LiveFormat::Rtp {
+                    src.counts.garbage.fetch_add(1, Ordering::AcqRel);
+                }
                 continue;
             };
             last_rx = Instant::now();
             src.idle.store(false, Ordering::Release);
             if let Some(r) = &recorder
-                && r.send(d).is_err()
+                && r.send(record).is_err()
             {
                 src.counts.record_dropped.fetch_add(1, Ordering::AcqRel);
             }
@@ -390,29 +436,63 @@ mod tests {
         v
     }
 
+    fn ts_of(format: LiveFormat, d: &[u8]) -> Option<Vec<u8>> {
+        DatagramReader::new(format).read(d).map(|p| p.ts.to_vec())
+    }
+
     #[test]
     fn raw_ts_rtp_ts_and_garbage_are_told_apart() {
         let raw = ts(7);
-        assert_eq!(ts_payload(&raw, LiveFormat::Auto).unwrap().len(), 1316);
-        assert_eq!(ts_payload(&raw, LiveFormat::Ts).unwrap().len(), 1316);
-        assert!(ts_payload(&raw, LiveFormat::Rtp).is_none());
+        assert_eq!(ts_of(LiveFormat::Auto, &raw).unwrap().len(), 1316);
+        assert_eq!(ts_of(LiveFormat::Ts, &raw).unwrap().len(), 1316);
+        assert!(ts_of(LiveFormat::Rtp, &raw).is_none());
         let mut rtp = Packetizer::mp2t(7).header(0, 0).to_vec();
         rtp.extend_from_slice(&ts(3));
-        assert_eq!(ts_payload(&rtp, LiveFormat::Auto).unwrap(), &ts(3)[..]);
-        assert_eq!(ts_payload(&rtp, LiveFormat::Rtp).unwrap(), &ts(3)[..]);
-        assert!(ts_payload(&rtp, LiveFormat::Ts).is_none());
+        assert_eq!(ts_of(LiveFormat::Auto, &rtp).unwrap(), ts(3));
+        assert_eq!(ts_of(LiveFormat::Rtp, &rtp).unwrap(), ts(3));
+        // The recorder gets the RTP datagram whole.
+        let mut r = DatagramReader::new(LiveFormat::Auto);
+        assert_eq!(r.read(&rtp).unwrap().record, &rtp[..]);
+        // Told it is raw TS, the reader finds the packets and drops the RTP header's bytes.
+        let mut r = DatagramReader::new(LiveFormat::Ts);
+        assert_eq!(r.read(&rtp).unwrap().ts, &ts(3)[..]);
+        assert_eq!(r.dropped_bytes(), 12);
         for bad in [
             &b"hello"[..],
             &[][..],
-            &raw[..187],
             &[0x80u8; 200][..],
-            &[0x47u8; 189][..],
+            // The start of a packet: the next datagram may complete it.
+            &[0x47u8; 187][..],
         ] {
-            assert!(ts_payload(bad, LiveFormat::Auto).is_none(), "{bad:?}");
+            assert!(ts_of(LiveFormat::Auto, bad).is_none(), "{bad:?}");
         }
         let mut wrong = ts(2);
         wrong[188] = 0;
-        assert!(ts_payload(&wrong, LiveFormat::Auto).is_none());
+        assert_eq!(
+            ts_of(LiveFormat::Auto, &wrong),
+            None,
+            "no packet can be checked whole"
+        );
+    }
+
+    #[test]
+    fn raw_ts_cut_anywhere_is_passed_on_as_whole_packets() {
+        let stream = ts(40);
+        for format in [LiveFormat::Auto, LiveFormat::Ts] {
+            let mut r = DatagramReader::new(format);
+            let (mut got, mut recorded) = (Vec::new(), Vec::new());
+            for d in stream.chunks(1472) {
+                if let Some(p) = r.read(d) {
+                    assert_eq!(p.ts.len() % 188, 0);
+                    assert_eq!(p.ts[0], 0x47);
+                    got.extend_from_slice(p.ts);
+                    recorded.extend_from_slice(p.record);
+                }
+            }
+            assert_eq!(got, stream, "{format:?}");
+            assert_eq!(recorded, stream, "{format:?}");
+            assert_eq!(r.dropped_bytes(), 0);
+        }
     }
 
     #[test]

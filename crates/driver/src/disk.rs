@@ -42,7 +42,16 @@ pub struct DiskConfig {
     pub disk_inflight_max: u32,
     /// Give `rt` reads IOPRIO_CLASS_RT (when the kernel permits it).
     pub rt_ioprio: bool,
+    /// MARS's adaptive quanta: when set, the `rt` class's quantum in a round follows its
+    /// backlog on the device, from `rt_quantum_bytes` up to this many times it
+    /// ([`penstock_core::sched::drr::ClassConfig::quantum_max_bytes`]); bulk keeps its
+    /// quantum, so it is never starved. `None`: fixed quanta. 2 ..= 64.
+    pub adaptive_quantum_factor: Option<u32>,
 }
+
+/// Largest adaptive quantum factor: an rt round of 64 quanta is already most of a second's
+/// reading on any disk.
+pub const ADAPTIVE_QUANTUM_FACTOR_MAX: u32 = 64;
 
 impl Default for DiskConfig {
     fn default() -> Self {
@@ -52,6 +61,7 @@ impl Default for DiskConfig {
             bulk_quantum_bytes: 1 << 20,
             disk_inflight_max: 8,
             rt_ioprio: true,
+            adaptive_quantum_factor: None,
         }
     }
 }
@@ -113,6 +123,14 @@ impl DiskSettings {
 /// worker's slots stay below 2^22, see `config::STREAMS_MAX_LIMIT`) and below the timer and
 /// wake tokens (which have the top bit set).
 pub(crate) const DISK_TOKEN_BASE: u64 = 1 << 62;
+
+/// The adaptive ceiling for a quantum and a factor, within the scheduler's limit.
+fn adaptive_ceiling(quantum_bytes: u64, factor: u32) -> u64 {
+    quantum_bytes
+        .saturating_mul(u64::from(factor))
+        .min(penstock_core::sched::drr::QUANTUM_BYTES_MAX)
+        .max(quantum_bytes)
+}
 
 /// Whether `token` names a read the disk queue dispatched (see [`DiskQueue::translate`]).
 pub(crate) fn is_disk_token(token: u64) -> bool {
@@ -178,6 +196,8 @@ pub(crate) struct DiskQueue {
     queue_max: u32,
     /// Completions made up for reads cancelled before dispatch.
     synthetic: Vec<Completion>,
+    /// [`DiskConfig::adaptive_quantum_factor`].
+    adaptive_quantum_factor: Option<u32>,
 }
 
 impl DiskQueue {
@@ -198,6 +218,10 @@ impl DiskQueue {
         for c in &mut sc.classes {
             c.queue_max = queue_max.max(1);
         }
+        if let Some(f) = cfg.adaptive_quantum_factor {
+            sc.classes[0].quantum_max_bytes =
+                Some(adaptive_ceiling(sc.classes[0].quantum_bytes, f));
+        }
         let sched = IoScheduler::new(sc)?;
         let rt = sched.class("rt")?;
         let bulk = sched.class("bulk")?;
@@ -216,6 +240,7 @@ impl DiskQueue {
             rt_ioprio,
             queue_max: queue_max.max(1),
             synthetic: Vec::new(),
+            adaptive_quantum_factor: cfg.adaptive_quantum_factor,
         })
     }
 
@@ -228,6 +253,11 @@ impl DiskQueue {
             self.sched.quantum_bytes(self.bulk)?,
             self.sched.inflight_max(),
         );
+        // An adaptive ceiling moves with the rt quantum: lifted for the change, set after.
+        let factor = self.adaptive_quantum_factor;
+        if factor.is_some() {
+            self.sched.set_quantum_max(self.rt, None)?;
+        }
         let applied = self
             .sched
             .set_quantum(self.rt, s.rt_quantum_bytes)
@@ -238,6 +268,11 @@ impl DiskQueue {
             let _ = self.sched.set_quantum(self.rt, old.0);
             let _ = self.sched.set_quantum(self.bulk, old.1);
             let _ = self.sched.set_inflight_max(old.2);
+        }
+        if let Some(f) = factor {
+            let q = self.sched.quantum_bytes(self.rt)?;
+            self.sched
+                .set_quantum_max(self.rt, Some(adaptive_ceiling(q, f)))?;
         }
         applied
     }

@@ -486,6 +486,14 @@ impl Engine {
                 cfg.buffer_bytes
             )));
         }
+        if let Some(f) = cfg.disk.adaptive_quantum_factor
+            && !(2..=crate::disk::ADAPTIVE_QUANTUM_FACTOR_MAX).contains(&f)
+        {
+            return Err(EngineError::Config(format!(
+                "disk.adaptive_quantum_factor must be 2..={}, got {f}",
+                crate::disk::ADAPTIVE_QUANTUM_FACTOR_MAX
+            )));
+        }
         if cfg.spin > SPIN_MAX {
             return Err(EngineError::Config(format!(
                 "spin must be at most {SPIN_MAX:?}, got {:?}",

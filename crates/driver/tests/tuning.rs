@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use penstock_core::endpoint::Endpoint;
 use penstock_core::schedule::LatePolicy;
-use penstock_core::stream::plan::Pacing;
+use penstock_core::stream::plan::{DiskClass, Pacing};
 use penstock_core::stream::{DataPath, Extent, PathChoice};
 use penstock_driver::{DiskTuning, Engine, EngineConfig, StreamSpec};
 
@@ -231,4 +231,77 @@ fn disk_tuning_is_checked_then_applied_whole() {
     })
     .unwrap();
     assert_eq!(h.wait().unwrap().bytes, UNITS * UNIT);
+}
+
+/// MARS's adaptive quanta on the real engine (`[disk] adaptive_quanta`): a factor outside
+/// 2..=64 is refused at start naming the setting; with one, a paced rt stream and a bulk
+/// stream read through the worker's disk queue side by side and arrive whole, and `TUNE`
+/// still changes the quanta (the ceiling moves with the rt quantum). How the rt share
+/// follows the backlog is shown on the scheduler itself with hand-built time (core
+/// `sched::drr`, `an_adaptive_quantum_follows_the_rt_backlog_and_bulk_is_never_starved`).
+#[test]
+fn adaptive_quanta_run_on_the_engine_and_a_bad_factor_is_refused() {
+    let with_factor = |f: u32| {
+        Engine::new(EngineConfig {
+            workers: 1,
+            pool_buffers: 16,
+            buffer_bytes: 1 << 20,
+            stream_depth: 4,
+            disk: penstock_driver::disk::DiskConfig {
+                adaptive_quantum_factor: Some(f),
+                ..Default::default()
+            },
+            ..EngineConfig::default()
+        })
+    };
+    for bad in [0, 1, 65] {
+        let Err(err) = with_factor(bad) else {
+            panic!("factor {bad} accepted");
+        };
+        assert!(err.to_string().contains("adaptive_quantum_factor"), "{err}");
+    }
+    let e = with_factor(4).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let src = source(dir.path());
+    let open = |class: DiskClass, name: &str, paced: bool| {
+        let mut s = StreamSpec::new(
+            Endpoint::File { path: src.clone() },
+            Endpoint::File {
+                path: dir.path().join(name),
+            },
+        );
+        s.path = PathChoice::Fixed(DataPath::Uring);
+        s.class = Some(class);
+        s.unit_bytes = UNIT as usize;
+        if paced {
+            s.pacing = Pacing::Periodic {
+                period: Duration::from_millis(1),
+            };
+        }
+        e.open(s).unwrap()
+    };
+    let rt = open(DiskClass::Rt, "rt.bin", true);
+    let bulk = open(DiskClass::Bulk, "bulk.bin", false);
+    e.tune_disk(&DiskTuning {
+        rt_quantum_bytes: Some(8 << 20),
+        ..DiskTuning::default()
+    })
+    .unwrap();
+    assert_eq!(rt.wait().unwrap().bytes, UNITS * UNIT);
+    assert_eq!(bulk.wait().unwrap().bytes, UNITS * UNIT);
+    let want = std::fs::read(&src).unwrap();
+    for name in ["rt.bin", "bulk.bin"] {
+        assert!(
+            std::fs::read(dir.path().join(name)).unwrap() == want,
+            "{name}"
+        );
+    }
+    // Lowering the quantum again is taken too (the ceiling follows it down).
+    let now = e
+        .tune_disk(&DiskTuning {
+            rt_quantum_bytes: Some(1 << 20),
+            ..DiskTuning::default()
+        })
+        .unwrap();
+    assert_eq!(now.rt_quantum_bytes, 1 << 20);
 }

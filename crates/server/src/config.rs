@@ -1101,7 +1101,17 @@ pub struct DiskSection {
     pub bulk_quantum_bytes: Option<u64>,
     /// Reads in flight per device at most (MARS's adapter slots): 1 ..= 4096.
     pub inflight_max: Option<u32>,
+    /// MARS's adaptive quanta: the `rt` class's quantum in each round follows its backlog on
+    /// the device, from `rt_quantum_bytes` up to `adaptive_quantum_factor` times it; `bulk`
+    /// keeps its quantum, so it is never starved. Read at start (a reload does not change it).
+    pub adaptive_quanta: bool,
+    /// With `adaptive_quanta`: the ceiling as a multiple of the rt quantum, 2 ..= 64
+    /// (default 4).
+    pub adaptive_quantum_factor: Option<u32>,
 }
+
+/// `[disk] adaptive_quantum_factor` when unset.
+pub const ADAPTIVE_QUANTUM_FACTOR_DEFAULT: u32 = 4;
 
 impl DiskSection {
     /// The whole settings this section asks for: its keys over the engine's defaults.
@@ -1127,6 +1137,19 @@ impl DiskSection {
 
     /// Checks the values as the scheduler will, for reads of `buffer_bytes`.
     fn check(&self, buffer_bytes: u64) -> Result<(), ConfigError> {
+        if let Some(f) = self.adaptive_quantum_factor {
+            let max = penstock_driver::disk::ADAPTIVE_QUANTUM_FACTOR_MAX;
+            if !(2..=max).contains(&f) {
+                return Err(ConfigError::Invalid(format!(
+                    "[disk] adaptive_quantum_factor must be 2..={max}, got {f}"
+                )));
+            }
+            if !self.adaptive_quanta {
+                return Err(ConfigError::Invalid(
+                    "[disk] adaptive_quantum_factor is set but adaptive_quanta is not true".into(),
+                ));
+            }
+        }
         self.settings()
             .tuned(&penstock_driver::DiskTuning::default(), buffer_bytes)
             .map(|_| ())
@@ -1139,6 +1162,10 @@ impl DiskSection {
         disk.rt_quantum_bytes = s.rt_quantum_bytes;
         disk.bulk_quantum_bytes = s.bulk_quantum_bytes;
         disk.disk_inflight_max = s.disk_inflight_max;
+        disk.adaptive_quantum_factor = self.adaptive_quanta.then(|| {
+            self.adaptive_quantum_factor
+                .unwrap_or(ADAPTIVE_QUANTUM_FACTOR_DEFAULT)
+        });
     }
 }
 
@@ -1812,6 +1839,32 @@ mod tests {
         assert!(
             toml::from_str::<ServerConfig>("[engine]\ndispatch_slack_us = \"1.5us\"\n").is_err()
         );
+    }
+
+    #[test]
+    fn adaptive_quanta_are_off_by_default_and_checked() {
+        let c: ServerConfig = toml::from_str("").unwrap();
+        assert_eq!(c.engine_config().disk.adaptive_quantum_factor, None);
+        let c: ServerConfig = toml::from_str("[disk]\nadaptive_quanta = true\n").unwrap();
+        c.check().unwrap();
+        assert_eq!(
+            c.engine_config().disk.adaptive_quantum_factor,
+            Some(ADAPTIVE_QUANTUM_FACTOR_DEFAULT)
+        );
+        let c: ServerConfig =
+            toml::from_str("[disk]\nadaptive_quanta = true\nadaptive_quantum_factor = 16\n")
+                .unwrap();
+        c.check().unwrap();
+        assert_eq!(c.engine_config().disk.adaptive_quantum_factor, Some(16));
+        for bad in [
+            "[disk]\nadaptive_quanta = true\nadaptive_quantum_factor = 1\n",
+            "[disk]\nadaptive_quanta = true\nadaptive_quantum_factor = 65\n",
+            "[disk]\nadaptive_quantum_factor = 8\n",
+        ] {
+            let c: ServerConfig = toml::from_str(bad).unwrap();
+            let e = c.check().unwrap_err().to_string();
+            assert!(e.contains("adaptive_quantum"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -49,6 +49,7 @@ fn run_inner(seed: u64) -> Result<(), String> {
             .map(|i| ClassConfig {
                 name: format!("c{i}"),
                 quantum_bytes: quanta[i],
+                quantum_max_bytes: None,
                 queue_max: 4096,
                 order: if i == 0 {
                     QueueOrder::Deadline

@@ -97,6 +97,12 @@ pub struct ClassConfig {
     pub name: String,
     /// Service per round, in bytes of cost. Weights are the ratios of quanta.
     pub quantum_bytes: u64,
+    /// Adaptive quantum (MARS varied the quanta with the real-time queue's backlog): when
+    /// set, the class's quantum in a round on a device is its backlog there (the cost of
+    /// the requests it has queued), at least `quantum_bytes` and at most this. The other
+    /// classes keep their quanta, so none of them is starved: the adaptive class's share of a
+    /// round follows its backlog up to `max ÷ (max + the others' quanta)`.
+    pub quantum_max_bytes: Option<u64>,
     /// Bound on requests queued (not yet dispatched) in this class, all devices together.
     /// A full queue is [`SchedError::QueueFull`]: backpressure, not unbounded memory.
     pub queue_max: u32,
@@ -145,12 +151,14 @@ impl SchedConfig {
                 ClassConfig {
                     name: "rt".into(),
                     quantum_bytes: rt_quantum_bytes,
+                    quantum_max_bytes: None,
                     queue_max: 1024,
                     order: QueueOrder::Deadline,
                 },
                 ClassConfig {
                     name: "bulk".into(),
                     quantum_bytes: bulk_quantum_bytes,
+                    quantum_max_bytes: None,
                     queue_max: 1024,
                     order: QueueOrder::Arrival,
                 },
@@ -197,6 +205,14 @@ pub enum SchedError {
         "class {class:?}: quantum {quantum_bytes} B is above the limit {QUANTUM_BYTES_MAX} B (1 TiB)"
     )]
     QuantumTooLarge { class: String, quantum_bytes: u64 },
+    #[error(
+        "class {class:?}: adaptive quantum ceiling {quantum_max_bytes} B is below its quantum {quantum_bytes} B"
+    )]
+    QuantumMaxBelowQuantum {
+        class: String,
+        quantum_bytes: u64,
+        quantum_max_bytes: u64,
+    },
     #[error("disk_inflight_max {inflight_max} is above the limit {INFLIGHT_MAX_LIMIT}")]
     InflightMaxTooLarge { inflight_max: u32 },
     #[error("{devices} devices configured; between 1 and {DEVICES_MAX} allowed")]
@@ -332,6 +348,8 @@ struct Device {
     /// `active_flag[c]` iff `c` is in `active`: keeps membership O(1).
     active_flag: Vec<bool>,
     deficit_bytes: Vec<u64>,
+    /// Per class: the cost of its queued requests (an adaptive quantum follows it).
+    backlog_bytes: Vec<u64>,
     /// The current round, already in dispatch (elevator) order.
     work: VecDeque<Request>,
     /// Arrival order (FIFO mode).
@@ -404,6 +422,7 @@ impl IoScheduler {
         let cost_max = request_cost_bytes(max_request_bytes, request_overhead_bytes);
         for (i, c) in classes.iter().enumerate() {
             check_quantum(&c.name, c.quantum_bytes, cost_max)?;
+            check_quantum_max(&c.name, c.quantum_bytes, c.quantum_max_bytes)?;
             if c.queue_max == 0 {
                 return Err(SchedError::ZeroQueueMax {
                     class: c.name.clone(),
@@ -421,6 +440,7 @@ impl IoScheduler {
                 active: VecDeque::with_capacity(classes.len()),
                 active_flag: vec![false; classes.len()],
                 deficit_bytes: vec![0; classes.len()],
+                backlog_bytes: vec![0; classes.len()],
                 work: VecDeque::new(),
                 fifo: VecDeque::new(),
                 inflight: 0,
@@ -487,8 +507,30 @@ impl IoScheduler {
         let cost_max = request_cost_bytes(self.max_request_bytes, self.request_overhead_bytes);
         let c = self.class_config(class)?;
         check_quantum(&c.name, quantum_bytes, cost_max)?;
+        check_quantum_max(&c.name, quantum_bytes, c.quantum_max_bytes)?;
         self.classes[class.index()].quantum_bytes = quantum_bytes;
         Ok(())
+    }
+
+    /// The class's adaptive ceiling ([`ClassConfig::quantum_max_bytes`]); `None`: fixed.
+    pub fn quantum_max_bytes(&self, class: ClassId) -> Result<Option<u64>, SchedError> {
+        self.class_config(class).map(|c| c.quantum_max_bytes)
+    }
+
+    /// Makes a class's quantum adaptive up to `max` (or fixed again with `None`), from the
+    /// next round on.
+    pub fn set_quantum_max(&mut self, class: ClassId, max: Option<u64>) -> Result<(), SchedError> {
+        let c = self.class_config(class)?;
+        check_quantum_max(&c.name, c.quantum_bytes, max)?;
+        self.classes[class.index()].quantum_max_bytes = max;
+        Ok(())
+    }
+
+    /// The cost of the requests `class` has queued (not yet in a round) on `device`: what an
+    /// adaptive quantum follows.
+    pub fn backlog_bytes(&self, device: DeviceId, class: ClassId) -> Result<u64, SchedError> {
+        self.class_config(class)?;
+        Ok(self.device(device)?.backlog_bytes[class.index()])
     }
 
     /// Changes the in-flight bound at run time. Lowering it below what is in flight
@@ -544,6 +586,8 @@ impl IoScheduler {
             SchedMode::Fifo => dev.fifo.push_back(request),
             SchedMode::Drr => {
                 dev.queues[ci].push(request, self.seq);
+                dev.backlog_bytes[ci] +=
+                    request_cost_bytes(request.len_bytes, self.request_overhead_bytes);
                 if !dev.active_flag[ci] {
                     dev.active_flag[ci] = true;
                     dev.active.push_back(request.class);
@@ -702,7 +746,11 @@ impl IoScheduler {
                 break;
             };
             let ci = class.index();
-            let quantum = self.classes[ci].quantum_bytes;
+            let c = &self.classes[ci];
+            let quantum = match c.quantum_max_bytes {
+                Some(max) => dev.backlog_bytes[ci].clamp(c.quantum_bytes, max),
+                None => c.quantum_bytes,
+            };
             let queue = &mut dev.queues[ci];
             dev.deficit_bytes[ci] += quantum;
             while let Some(head) = queue.peek() {
@@ -711,6 +759,7 @@ impl IoScheduler {
                     break;
                 }
                 dev.deficit_bytes[ci] -= cost;
+                dev.backlog_bytes[ci] -= cost;
                 let request = queue.pop().expect("peeked request vanished");
                 dev.work.push_back(request);
             }
@@ -740,6 +789,21 @@ impl IoScheduler {
 
 fn request_cost_bytes(len_bytes: u64, overhead_bytes: u64) -> u64 {
     len_bytes.saturating_add(overhead_bytes).max(1)
+}
+
+fn check_quantum_max(class: &str, quantum_bytes: u64, max: Option<u64>) -> Result<(), SchedError> {
+    match max {
+        Some(m) if m < quantum_bytes => Err(SchedError::QuantumMaxBelowQuantum {
+            class: class.into(),
+            quantum_bytes,
+            quantum_max_bytes: m,
+        }),
+        Some(m) if m > QUANTUM_BYTES_MAX => Err(SchedError::QuantumTooLarge {
+            class: class.into(),
+            quantum_bytes: m,
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn check_quantum(class: &str, quantum_bytes: u64, cost_max: u64) -> Result<(), SchedError> {
@@ -795,6 +859,113 @@ mod tests {
             len_bytes,
             deadline: None,
         }
+    }
+
+    /// Per round formed, the bytes each class got (rt, bulk), dispatching and completing one
+    /// request at a time at the given time; `feed` runs before each dispatch and may submit.
+    fn rounds_served(
+        s: &mut IoScheduler,
+        mut feed: impl FnMut(&mut IoScheduler, u64, Instant),
+    ) -> Vec<(u64, u64)> {
+        let mut per_round: Vec<(u64, u64)> = Vec::new();
+        let mut now_ns = 0u64;
+        loop {
+            now_ns += 1_000_000; // 1 ms a dispatch: hand-built time
+            feed(s, per_round.len() as u64, t(now_ns));
+            let before = s.rounds(DeviceId(0)).unwrap();
+            let Some(r) = s.poll_dispatch(t(now_ns)) else {
+                break;
+            };
+            if s.rounds(DeviceId(0)).unwrap() != before {
+                per_round.push((0, 0));
+            }
+            let last = per_round.last_mut().unwrap();
+            if r.class.index() == 0 {
+                last.0 += r.len_bytes;
+            } else {
+                last.1 += r.len_bytes;
+            }
+            s.complete(t(now_ns), r.id).unwrap();
+        }
+        per_round
+    }
+
+    /// MARS's adaptive quanta: the rt class's service per round follows its backlog (between
+    /// its quantum and its ceiling) while bulk keeps its quantum every round it is backlogged.
+    #[test]
+    fn an_adaptive_quantum_follows_the_rt_backlog_and_bulk_is_never_starved() {
+        const MIB: u64 = 1024 * KIB;
+        let mut c = SchedConfig::rt_bulk(MIB, MIB, 256 * KIB, 1);
+        c.classes[0].quantum_max_bytes = Some(8 * MIB);
+        c.classes[0].queue_max = 4096;
+        c.classes[1].queue_max = 4096;
+        let mut s = IoScheduler::new(c).unwrap();
+        let (rt, bulk) = (ClassId(0), ClassId(1));
+        // Bulk: 64 MiB queued from the start. Rt: a backlog that steps 1, 4, 16 MiB (above the
+        // ceiling), then 2 MiB, submitted at the start of rounds 0, 3, 6 and 9.
+        let mut id = 0u64;
+        for _ in 0..256 {
+            id += 1;
+            s.submit(t(0), req(id, bulk, id * 256 * KIB, 256 * KIB))
+                .unwrap();
+        }
+        let steps = [(0u64, MIB), (3, 4 * MIB), (6, 16 * MIB), (9, 2 * MIB)];
+        let mut fed = std::collections::HashSet::new();
+        let served = rounds_served(&mut s, |s, round, now| {
+            for &(at, bytes) in &steps {
+                if round == at && fed.insert(at) {
+                    for _ in 0..bytes / (256 * KIB) {
+                        id += 1;
+                        let mut r = req(id, rt, (1 << 40) + id * 256 * KIB, 256 * KIB);
+                        r.deadline = Some(now);
+                        s.submit(now, r).unwrap();
+                    }
+                }
+            }
+        });
+        // Round 0: rt's backlog 1 MiB (its quantum); round 3: 4 MiB; round 6: the ceiling,
+        // 8 MiB, and round 7 the remaining 8 MiB; round 9: 2 MiB. Bulk 1 MiB in every one.
+        assert_eq!(served[0], (MIB, MIB), "{served:?}");
+        assert_eq!(served[3], (4 * MIB, MIB), "{served:?}");
+        assert_eq!(served[6], (8 * MIB, MIB), "{served:?}");
+        assert_eq!(served[7], (8 * MIB, MIB), "{served:?}");
+        assert_eq!(served[9], (2 * MIB, MIB), "{served:?}");
+        // Every round while bulk had work gave it its quantum: never starved.
+        let bulk_rounds = served.iter().take_while(|r| r.1 > 0).count();
+        assert!(
+            served[..bulk_rounds].iter().all(|r| r.1 == MIB),
+            "{served:?}"
+        );
+        assert_eq!(s.backlog_bytes(DeviceId(0), rt).unwrap(), 0);
+        assert_eq!(s.backlog_bytes(DeviceId(0), bulk).unwrap(), 0);
+        // The same load with fixed quanta: rt gets 1 MiB a round, whatever its backlog.
+        let mut s2 = IoScheduler::new(SchedConfig::rt_bulk(MIB, MIB, 256 * KIB, 1)).unwrap();
+        for i in 0..64 {
+            let mut r = req(i + 1, rt, i * 256 * KIB, 256 * KIB);
+            r.deadline = Some(t(0));
+            s2.submit(t(0), r).unwrap();
+        }
+        let fixed = rounds_served(&mut s2, |_, _, _| {});
+        assert!(fixed.iter().all(|r| r.0 == MIB), "{fixed:?}");
+    }
+
+    #[test]
+    fn an_adaptive_ceiling_below_the_quantum_is_refused() {
+        let mut c = SchedConfig::rt_bulk(1 << 20, 1 << 20, 256 * KIB, 1);
+        c.classes[0].quantum_max_bytes = Some(512 * KIB);
+        assert!(matches!(
+            IoScheduler::new(c.clone()),
+            Err(SchedError::QuantumMaxBelowQuantum { .. })
+        ));
+        c.classes[0].quantum_max_bytes = None;
+        let mut s = IoScheduler::new(c).unwrap();
+        let rt = s.class("rt").unwrap();
+        assert!(s.set_quantum_max(rt, Some(512 * KIB)).is_err());
+        assert_eq!(s.quantum_max_bytes(rt).unwrap(), None);
+        s.set_quantum_max(rt, Some(4 << 20)).unwrap();
+        assert_eq!(s.quantum_max_bytes(rt).unwrap(), Some(4 << 20));
+        // A quantum raised above the ceiling is refused too.
+        assert!(s.set_quantum(rt, 8 << 20).is_err());
     }
 
     fn drain(s: &mut IoScheduler) -> Vec<Request> {

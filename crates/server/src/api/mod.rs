@@ -365,6 +365,7 @@ fn serve_connection(api: &Arc<Api>, s: TcpStream, peer: SocketAddr) -> io::Resul
             Read1::Closed => return Ok(()),
             Read1::Bad(status, text) => {
                 write_response(&mut conn, Response::error(status, text), false)?;
+                linger(&mut conn, api.cfg.request_bytes_max);
                 return Ok(());
             }
             Read1::Request(r, keep) => (r, keep),
@@ -379,6 +380,25 @@ fn serve_connection(api: &Arc<Api>, s: TcpStream, peer: SocketAddr) -> io::Resul
         }
     }
     Ok(())
+}
+
+/// After refusing a request whose rest is still coming: stop writing, then read and drop
+/// up to `bytes_max` more for at most a second, so that the peer reads the answer instead of
+/// a reset (a close with unread data sends RST).
+fn linger(conn: &mut Conn, bytes_max: usize) {
+    let _ = conn.tcp().shutdown(std::net::Shutdown::Write);
+    let _ = conn
+        .tcp()
+        .set_read_timeout(Some(Duration::from_millis(200)));
+    let t0 = Instant::now();
+    let mut left = bytes_max;
+    let mut b = [0u8; 4096];
+    while left > 0 && t0.elapsed() < Duration::from_secs(1) {
+        match conn.tcp().read(&mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
 }
 
 fn read_request(

@@ -1,0 +1,701 @@
+//! The operator's HTTP JSON API (issue 40, item 1; docs/api.md): the built binary serving
+//! `[api] listen` on loopback, driven over real HTTP/1.1 connections, beside the control
+//! protocol on its TCP port, a raw RTSP client and real TCP receivers.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+const BIN: &str = env!("CARGO_BIN_EXE_penstock");
+const TOKEN: &str = "api-test-token-api-test-token";
+/// The demo's 12-second H.264 + AAC clip (crates/penstock/assets/README.md).
+const CLIP: &[u8] = include_bytes!("../assets/clip.ts");
+/// Admission's figures set, never measured: the tests must not depend on a calibration.
+const ADMISSION: &str = "[admission]\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\n\
+     disk_random_iops = 100000\nnet_bytes_per_s = 1250000000\ncpu_send_ns = 5000\n\
+     cpu_send_byte_ps = 500\n";
+
+/// A running `penstock serve` with an API listener.
+pub struct Served {
+    child: Child,
+    pub api: SocketAddr,
+    pub control: String,
+    pub rtsp: Option<SocketAddr>,
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(rtsp: bool, extra: &str) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("clip.ts"), CLIP).unwrap();
+    std::fs::write(dir.path().join("a.bin"), vec![7u8; 256 * 1024]).unwrap();
+    let conf = dir.path().join("penstock.toml");
+    let rtsp_listen = if rtsp { "127.0.0.1:0" } else { "" };
+    std::fs::write(
+        &conf,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
+             [log]\naccess = \"off\"\n[rtsp]\nlisten = \"{rtsp_listen}\"\n[api]\nlisten = \"127.0.0.1:0\"\n\
+             overview_interval_ms = 250\n{extra}{ADMISSION}"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--no-control-unix", "--config"])
+        .arg(&conf)
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = common::start_line(&mut child);
+    let (_, control) = common::serve_addresses(&line);
+    let api = line
+        .split(", api http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no api address in {line:?}"))
+        .parse()
+        .unwrap();
+    let rtsp = line
+        .split("rtsp://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .map(|a| a.parse().unwrap());
+    Served {
+        child,
+        api,
+        control: control.expect("a control address"),
+        rtsp,
+        dir,
+    }
+}
+
+/// One HTTP/1.1 exchange (`Connection: close`): status, head, body.
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (n, v) in headers {
+        req += &format!("{n}: {v}\r\n");
+    }
+    req += "\r\n";
+    req += body;
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    (status, head.to_string(), body.to_string())
+}
+
+const BEARER: &str = "Bearer api-test-token-api-test-token";
+
+/// An authenticated call: status and JSON body.
+pub fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let (status, _, b) = http(addr, method, path, &[("Authorization", BEARER)], body);
+    let v = serde_json::from_str(&b).unwrap_or_else(|e| panic!("{method} {path}: {e}: {b:?}"));
+    (status, v)
+}
+
+/// A control protocol connection after `AUTH`.
+struct Control {
+    r: BufReader<TcpStream>,
+}
+
+impl Control {
+    fn connect(addr: &str) -> Control {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut c = Control {
+            r: BufReader::new(s),
+        };
+        let (code, _) = c.cmd(&format!("AUTH {TOKEN}"));
+        assert_eq!(code, 200);
+        c
+    }
+
+    /// The reply's code and final text.
+    fn cmd(&mut self, line: &str) -> (u16, String) {
+        self.r
+            .get_mut()
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+        loop {
+            let mut l = String::new();
+            assert!(self.r.read_line(&mut l).unwrap() > 0, "control closed");
+            let l = l.trim_end();
+            if l.len() >= 4 && l.as_bytes()[3] == b' ' {
+                return (l[..3].parse().unwrap(), l[4..].to_string());
+            }
+        }
+    }
+}
+
+/// Reads server-sent events from `/api/v1/events` until `done` says so or `deadline`.
+fn watch_events(
+    addr: SocketAddr,
+    deadline: Duration,
+    mut done: impl FnMut(&str, &serde_json::Value) -> bool,
+) -> bool {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    s.write_all(
+        format!("GET /api/v1/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {BEARER}\r\n\r\n")
+            .as_bytes(),
+    )
+    .unwrap();
+    let mut r = BufReader::new(s);
+    let t0 = Instant::now();
+    let (mut name, mut data) = (String::new(), String::new());
+    let mut status_seen = false;
+    while t0.elapsed() < deadline {
+        let mut l = String::new();
+        match r.read_line(&mut l) {
+            Ok(0) => return false,
+            Ok(_) => {}
+            Err(_) => continue,
+        }
+        let l = l.trim_end_matches(['\r', '\n']);
+        if !status_seen {
+            assert!(l.starts_with("HTTP/1.1 200"), "events: {l}");
+            status_seen = true;
+        } else if let Some(n) = l.strip_prefix("event: ") {
+            name = n.to_string();
+        } else if let Some(d) = l.strip_prefix("data: ") {
+            data.push_str(d);
+        } else if l.is_empty() && !data.is_empty() {
+            let v: serde_json::Value = serde_json::from_str(&data).unwrap();
+            if done(&name, &v) {
+                return true;
+            }
+            data.clear();
+        }
+    }
+    false
+}
+
+/// Open a stream through the API, start it, and watch it finish by SSE; the receiver gets
+/// every byte.
+#[test]
+fn a_stream_opened_through_the_api_is_seen_finishing_by_sse() {
+    let s = serve(false, "");
+    let rx = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rx_addr = rx.local_addr().unwrap();
+    let receiver = std::thread::spawn(move || {
+        let (mut c, _) = rx.accept().unwrap();
+        let mut v = Vec::new();
+        c.read_to_end(&mut v).unwrap();
+        v.len()
+    });
+    let src = s.dir.path().join("a.bin");
+    let (status, opened) = call(
+        s.api,
+        "POST",
+        "/api/v1/streams",
+        &format!(
+            r#"{{"src":"file:{}","dst":"tcp://{rx_addr}","rate":"512KB/s","unit":"16KiB"}}"#,
+            src.display()
+        ),
+    );
+    assert_eq!(status, 201, "{opened}");
+    let id = opened["id"].as_u64().unwrap().to_string();
+    assert_eq!(
+        opened["text"].as_str().unwrap().split(' ').next(),
+        Some(&*id)
+    );
+    let (status, listed) = call(s.api, "GET", "/api/v1/streams", "");
+    assert_eq!(status, 200);
+    assert!(
+        listed.as_array().unwrap().iter().any(|v| v["id"] == *id),
+        "{listed}"
+    );
+    // The watcher connects first, then the stream starts: the events carry the change.
+    let api = s.api;
+    let want = id.clone();
+    let watcher = std::thread::spawn(move || {
+        let mut states = Vec::new();
+        let finished = watch_events(api, Duration::from_secs(30), |name, v| {
+            if name == "state" && v["id"] == *want {
+                states.push(v["state"].as_str().unwrap_or("").to_string());
+            }
+            states.last().is_some_and(|s| s == "done")
+        });
+        (finished, states)
+    });
+    std::thread::sleep(Duration::from_millis(300)); // only orders the two; not waited on
+    let (status, started) = call(s.api, "POST", &format!("/api/v1/streams/{id}/start"), "");
+    assert_eq!((status, started["text"].as_str()), (200, Some("started")));
+    let (finished, states) = watcher.join().unwrap();
+    assert!(finished, "no `done` state event: saw {states:?}");
+    assert_eq!(receiver.join().unwrap(), 256 * 1024);
+    let (status, st) = call(s.api, "GET", &format!("/api/v1/streams/{id}"), "");
+    assert_eq!(status, 200);
+    assert_eq!(st["state"], "done");
+    assert_eq!(st["sent"], 256 * 1024);
+    assert!(st["lateness"]["units"].as_u64().unwrap() >= 16, "{st}");
+    // Closed through the API: gone from the list.
+    let (status, closed) = call(s.api, "DELETE", &format!("/api/v1/streams/{id}"), "");
+    assert_eq!(status, 200, "{closed}");
+}
+
+/// Unauthenticated or wrongly authenticated calls get 401 on every route that needs the
+/// token; a foreign Origin gets 403 even with the token; the listener's own Origin passes.
+#[test]
+fn calls_without_the_token_get_401_and_foreign_origins_403() {
+    let s = serve(false, "");
+    let (_, _, doc) = http(s.api, "GET", "/api/openapi.json", &[], "");
+    let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    let mut checked = 0;
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for (method, op) in ops.as_object().unwrap() {
+            if op["security"].as_array().is_some_and(|a| a.is_empty()) {
+                continue;
+            }
+            let path = path.replace("{id}", "1");
+            let m = method.to_uppercase();
+            for auth in [None, Some("Bearer wrong"), Some("Basic YTpi")] {
+                let headers: Vec<(&str, &str)> =
+                    auth.map(|a| vec![("Authorization", a)]).unwrap_or_default();
+                let (status, head, _) = http(s.api, &m, &path, &headers, "");
+                assert_eq!(status, 401, "{m} {path} with {auth:?}");
+                assert!(head.contains("WWW-Authenticate: Bearer"), "{head}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 3 * 20, "{checked} calls");
+    let own = format!("http://{}", s.api);
+    for (origin, want) in [
+        ("http://evil.example", 403),
+        ("null", 403),
+        (own.as_str(), 200),
+    ] {
+        let (status, _, body) = http(
+            s.api,
+            "GET",
+            "/api/v1/streams",
+            &[("Authorization", BEARER), ("Origin", origin)],
+            "",
+        );
+        assert_eq!(status, want, "Origin {origin}: {body}");
+    }
+    // A cross-site POST that would open a stream changes nothing.
+    let (status, _, _) = http(
+        s.api,
+        "POST",
+        "/api/v1/streams",
+        &[("Authorization", BEARER), ("Origin", "http://evil.example")],
+        r#"{"src":"file:/x","dst":"tcp://127.0.0.1:9"}"#,
+    );
+    assert_eq!(status, 403);
+    let (_, listed) = call(s.api, "GET", "/api/v1/streams", "");
+    assert_eq!(listed, serde_json::json!([]));
+}
+
+/// A refusal's text without the one figure that moves between two sends: how long ago a
+/// start time was (`that was 817530635417.134 ms ago`).
+fn timeless(text: &str) -> String {
+    match (text.find("that was "), text.find(" ms ago")) {
+        (Some(a), Some(b)) if a < b => format!("{}that was … ms ago{}", &text[..a], &text[b + 7..]),
+        _ => text.to_string(),
+    }
+}
+
+/// The control protocol's bad input, sent both ways: the API's refusal has the same code
+/// and the same text, and nothing else changes.
+#[test]
+fn refusals_carry_the_control_protocols_reasons() {
+    let s = serve(false, "");
+    let mut c = Control::connect(&s.control);
+    let root = s.dir.path().display().to_string();
+    let a = format!("file:{root}/a.bin");
+    // One pending stream, opened on the control port, for the state refusals.
+    let (code, text) = c.cmd(&format!("OPEN {a} tcp://127.0.0.1:9 DETACHED"));
+    assert_eq!(code, 201, "{text}");
+    let pending = text.split(' ').next().unwrap().to_string();
+    let table: Vec<(String, &str, String, String)> = vec![
+        (
+            "OPEN file:/etc/passwd tcp://127.0.0.1:9".into(),
+            "POST",
+            "/api/v1/streams".into(),
+            r#"{"src":"file:/etc/passwd","dst":"tcp://127.0.0.1:9"}"#.into(),
+        ),
+        (
+            format!("OPEN {a} tcp://127.0.0.1:9 rate=fast"),
+            "POST",
+            "/api/v1/streams".into(),
+            format!(r#"{{"src":"{a}","dst":"tcp://127.0.0.1:9","rate":"fast"}}"#),
+        ),
+        (
+            format!("OPEN {a} tcp://127.0.0.1:9 buffers=many"),
+            "POST",
+            "/api/v1/streams".into(),
+            format!(r#"{{"src":"{a}","dst":"tcp://127.0.0.1:9","buffers":"many"}}"#),
+        ),
+        (
+            format!("OPEN {a} tcp://127.0.0.1:9 unit=0"),
+            "POST",
+            "/api/v1/streams".into(),
+            format!(r#"{{"src":"{a}","dst":"tcp://127.0.0.1:9","unit":0}}"#),
+        ),
+        (
+            format!("OPEN {a} tcp://127.0.0.1:9 late=never"),
+            "POST",
+            "/api/v1/streams".into(),
+            format!(r#"{{"src":"{a}","dst":"tcp://127.0.0.1:9","late":"never"}}"#),
+        ),
+        (
+            format!("OPEN {a} gopher://127.0.0.1:9"),
+            "POST",
+            "/api/v1/streams".into(),
+            format!(r#"{{"src":"{a}","dst":"gopher://127.0.0.1:9"}}"#),
+        ),
+        (
+            format!("OPEN {a} tcp://127.0.0.1:9 rate=1TB/s class=rt"),
+            "POST",
+            "/api/v1/streams".into(),
+            format!(r#"{{"src":"{a}","dst":"tcp://127.0.0.1:9","rate":"1TB/s","class":"rt"}}"#),
+        ),
+        (
+            "START 999999".into(),
+            "POST",
+            "/api/v1/streams/999999/start".into(),
+            String::new(),
+        ),
+        (
+            "START abc".into(),
+            "POST",
+            "/api/v1/streams/abc/start".into(),
+            String::new(),
+        ),
+        (
+            format!("START {pending} AT yesterday"),
+            "POST",
+            format!("/api/v1/streams/{pending}/start"),
+            r#"{"at":"yesterday"}"#.into(),
+        ),
+        (
+            format!("START {pending} AT 2001-01-01T00:00:00Z"),
+            "POST",
+            format!("/api/v1/streams/{pending}/start"),
+            r#"{"at":"2001-01-01T00:00:00Z"}"#.into(),
+        ),
+        (
+            format!("PAUSE {pending}"),
+            "POST",
+            format!("/api/v1/streams/{pending}/pause"),
+            String::new(),
+        ),
+        (
+            format!("RESUME {pending}"),
+            "POST",
+            format!("/api/v1/streams/{pending}/resume"),
+            String::new(),
+        ),
+        (
+            "SEEK 999999 10".into(),
+            "POST",
+            "/api/v1/streams/999999/seek".into(),
+            r#"{"offset":10}"#.into(),
+        ),
+        (
+            format!("SEEK {pending} lots"),
+            "POST",
+            format!("/api/v1/streams/{pending}/seek"),
+            r#"{"offset":"lots"}"#.into(),
+        ),
+        (
+            "CLOSE 999999".into(),
+            "DELETE",
+            "/api/v1/streams/999999".into(),
+            String::new(),
+        ),
+        (
+            "TUNE disk inflight=0".into(),
+            "POST",
+            "/api/v1/tune/disk".into(),
+            r#"{"inflight":0}"#.into(),
+        ),
+        (
+            "TUNE disk rt_quantum=1".into(),
+            "POST",
+            "/api/v1/tune/disk".into(),
+            r#"{"rt_quantum":1}"#.into(),
+        ),
+    ];
+    let before = c.cmd("TUNE disk");
+    for (line, method, path, body) in &table {
+        let (code, text) = c.cmd(line);
+        assert!(
+            code >= 400,
+            "{line}: {code} {text} (the table is of refusals)"
+        );
+        let (status, v) = call(s.api, method, path, body);
+        assert_eq!(
+            (status, v["code"].as_u64(), v["text"].as_str().map(timeless)),
+            (code, Some(u64::from(code)), Some(timeless(&text))),
+            "{line} vs {method} {path} {body}"
+        );
+    }
+    // Nothing changed: the one pending stream, the disk settings.
+    let (_, listed) = call(s.api, "GET", "/api/v1/streams", "");
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "pending");
+    assert_eq!(c.cmd("TUNE disk"), before);
+    // The refusals are listed, newest first, with their reasons.
+    let (_, refusals) = call(s.api, "GET", "/api/v1/refusals", "");
+    assert_eq!(refusals[0]["verb"], "TUNE", "{refusals}");
+    assert!(
+        refusals
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["text"].as_str().unwrap().contains("/etc/passwd")),
+        "{refusals}"
+    );
+    // The API's own refusals: JSON that is not one word per value is never made a line.
+    let (status, v) = call(
+        s.api,
+        "POST",
+        "/api/v1/streams",
+        &format!(r#"{{"src":"{a}","dst":"tcp://127.0.0.1:9 DETACHED"}}"#),
+    );
+    assert_eq!(status, 400, "{v}");
+    let (status, _) = call(s.api, "POST", "/api/v1/streams", "{not json");
+    assert_eq!(status, 400);
+}
+
+/// A raw RTSP client's session is listed and kicked through the API: gone from the list,
+/// and its next request is answered 454 (Session Not Found).
+#[test]
+fn an_rtsp_session_is_kicked_through_the_api() {
+    let s = serve(true, "");
+    let rtsp = s.rtsp.expect("an rtsp address");
+    let url = format!("rtsp://{rtsp}/clip.ts");
+    let rtp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = rtp.local_addr().unwrap().port();
+    let mut c = TcpStream::connect(rtsp).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut cseq = 0;
+    let mut req = |c: &mut TcpStream, method: &str, url: &str, extra: &str| -> String {
+        cseq += 1;
+        c.write_all(format!("{method} {url} RTSP/1.0\r\nCSeq: {cseq}\r\n{extra}\r\n").as_bytes())
+            .unwrap();
+        let mut buf = Vec::new();
+        let mut b = [0u8; 4096];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Content-Length: "))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                while buf.len() < end + 4 + len {
+                    let n = c.read(&mut b).unwrap();
+                    buf.extend_from_slice(&b[..n]);
+                }
+                return head;
+            }
+            let n = c.read(&mut b).unwrap();
+            assert!(n > 0, "the RTSP server closed");
+            buf.extend_from_slice(&b[..n]);
+        }
+    };
+    let setup = req(
+        &mut c,
+        "SETUP",
+        &format!("{url}/trackID=0"),
+        &format!(
+            "Transport: RTP/AVP;unicast;client_port={port}-{}\r\n",
+            port + 1
+        ),
+    );
+    assert!(setup.starts_with("RTSP/1.0 200"), "{setup}");
+    let session = setup
+        .lines()
+        .find_map(|l| l.strip_prefix("Session: "))
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
+    let play = req(&mut c, "PLAY", &url, &format!("Session: {session}\r\n"));
+    assert!(play.starts_with("RTSP/1.0 200"), "{play}");
+    rtp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 2048];
+    assert!(rtp.recv(&mut b).is_ok(), "no RTP packet while playing");
+    let (status, list) = call(s.api, "GET", "/api/v1/sessions/rtsp", "");
+    assert_eq!(status, 200);
+    let listed = list.as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{list}");
+    assert_eq!(listed[0]["id"], format!("rtsp-{session}"));
+    assert_eq!(listed[0]["state"], "running");
+    let (status, v) = call(
+        s.api,
+        "DELETE",
+        &format!("/api/v1/sessions/rtsp/rtsp-{session}"),
+        "",
+    );
+    assert_eq!(status, 200, "{v}");
+    let (_, list) = call(s.api, "GET", "/api/v1/sessions/rtsp", "");
+    assert_eq!(list, serde_json::json!([]));
+    let again = req(&mut c, "PLAY", &url, &format!("Session: {session}\r\n"));
+    assert!(again.starts_with("RTSP/1.0 454"), "{again}");
+    // A second kick finds nothing.
+    let (status, _) = call(
+        s.api,
+        "DELETE",
+        &format!("/api/v1/sessions/rtsp/rtsp-{session}"),
+        "",
+    );
+    assert_eq!(status, 404);
+}
+
+fn validator() -> Option<String> {
+    let ok = Command::new("openapi-spec-validator")
+        .arg("--help")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then(|| "openapi-spec-validator".to_string())
+}
+
+/// The document validates (openapi-spec-validator from PyPI, installed by .ci/run), and it
+/// and the router agree: every documented method and path is routed, every other method
+/// on a documented path is a 405, and undocumented paths are 404s.
+#[test]
+fn the_openapi_document_validates_and_matches_the_router() {
+    let s = serve(true, "");
+    let (status, _, body) = http(s.api, "GET", "/api/openapi.json", &[], "");
+    assert_eq!(status, 200);
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let file = s.dir.path().join("openapi.json");
+    std::fs::write(&file, &body).unwrap();
+    let v = validator().expect(
+        "openapi-spec-validator is missing: pip install openapi-spec-validator (.ci/run does)",
+    );
+    let out = Command::new(v).arg(&file).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut routed = 0;
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        let concrete = path.replace("{id}", "999999");
+        let ops = ops.as_object().unwrap();
+        for method in ["GET", "POST", "DELETE", "PUT", "PATCH"] {
+            let documented = ops.contains_key(&method.to_lowercase());
+            if method == "GET" && path == "/api/v1/events" {
+                // A stream: its status line is enough.
+                let mut c = TcpStream::connect(s.api).unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                c.write_all(
+                    format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {BEARER}\r\n\r\n")
+                        .as_bytes(),
+                )
+                .unwrap();
+                let mut line = String::new();
+                BufReader::new(c).read_line(&mut line).unwrap();
+                assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+                routed += 1;
+                continue;
+            }
+            let (status, _, body) =
+                http(s.api, method, &concrete, &[("Authorization", BEARER)], "");
+            if documented {
+                assert!(
+                    status != 405 && !body.contains("no such route"),
+                    "{method} {path} is documented but not routed: {status} {body}"
+                );
+                routed += 1;
+            } else {
+                assert_eq!(status, 405, "{method} {path} is not documented: {body}");
+            }
+        }
+    }
+    let documented: usize = doc["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|o| o.as_object().unwrap().len())
+        .sum();
+    assert_eq!(routed, documented);
+    for path in [
+        "/api/v1/nope",
+        "/api/v2/streams",
+        "/api/v1/streams/1/2/3",
+        "/index.html",
+    ] {
+        let (status, _, body) = http(s.api, "GET", path, &[("Authorization", BEARER)], "");
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(body.contains("no such route"), "{body}");
+    }
+}
+
+/// The limits: a request larger than `request_bytes_max` is refused, and event streams
+/// beyond `sse_max` get 503 while the others stay open.
+#[test]
+fn requests_and_event_streams_are_limited() {
+    let s = serve(false, "sse_max = 2\nrequest_bytes_max = 4096\n");
+    let big = "x".repeat(8000);
+    let (status, _, _) = http(
+        s.api,
+        "POST",
+        "/api/v1/streams",
+        &[("Authorization", BEARER)],
+        &big,
+    );
+    assert_eq!(status, 413);
+    let open = || {
+        let mut c = TcpStream::connect(s.api).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(
+            format!("GET /api/v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: {BEARER}\r\n\r\n")
+                .as_bytes(),
+        )
+        .unwrap();
+        let mut r = BufReader::new(c);
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        (line, r)
+    };
+    let (a, _ka) = open();
+    let (b, _kb) = open();
+    let (c, _) = open();
+    assert!(
+        a.starts_with("HTTP/1.1 200") && b.starts_with("HTTP/1.1 200"),
+        "{a}{b}"
+    );
+    assert!(c.starts_with("HTTP/1.1 503"), "{c}");
+}

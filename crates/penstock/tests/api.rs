@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -698,4 +699,168 @@ fn requests_and_event_streams_are_limited() {
         "{a}{b}"
     );
     assert!(c.starts_with("HTTP/1.1 503"), "{c}");
+}
+
+/// Sets up and plays one RTSP session over UDP (nobody reads the packets: the kernel drops
+/// them); returns its control connection, which keeps it.
+fn rtsp_session(rtsp: SocketAddr, rtp: &UdpSocket) -> TcpStream {
+    let port = rtp.local_addr().unwrap().port();
+    let mut c = TcpStream::connect(rtsp).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let read_head = |c: &mut TcpStream| {
+        let mut buf = Vec::new();
+        let mut b = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            assert_eq!(c.read(&mut b).unwrap(), 1, "the RTSP server closed");
+            buf.push(b[0]);
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    let url = format!("rtsp://{rtsp}/clip.ts");
+    c.write_all(
+        format!(
+            "SETUP {url}/trackID=0 RTSP/1.0\r\nCSeq: 1\r\nTransport: RTP/AVP;unicast;client_port={port}-{}\r\n\r\n",
+            port + 1
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let setup = read_head(&mut c);
+    assert!(setup.starts_with("RTSP/1.0 200"), "{setup}");
+    let session = setup
+        .lines()
+        .find_map(|l| l.strip_prefix("Session: "))
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
+    c.write_all(format!("PLAY {url} RTSP/1.0\r\nCSeq: 2\r\nSession: {session}\r\n\r\n").as_bytes())
+        .unwrap();
+    let play = read_head(&mut c);
+    assert!(play.starts_with("RTSP/1.0 200"), "{play}");
+    c
+}
+
+/// The dashboard in headless Chromium with 50 paced streams, 5 RTSP sessions and a bulk
+/// transfer running: its lateness plots move (their data differ between two screenshots 2 s
+/// apart), every stream and session is shown, and the page asks nothing of any other host.
+/// The screenshots are left in the test's output directory (printed).
+#[test]
+fn the_dashboard_shows_live_figures_in_chromium() {
+    let Some(player) = penstock_testreq::require_browser_player() else {
+        return;
+    };
+    let s = serve(true, "");
+    let big = s.dir.path().join("big.bin");
+    std::fs::write(&big, vec![1u8; 2 * 1024 * 1024]).unwrap();
+    // One receiver for every stream: each connection drained on its own thread.
+    let rx = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rx_addr = rx.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in rx.incoming() {
+            let Ok(mut c) = c else { return };
+            std::thread::spawn(move || {
+                let mut b = [0u8; 65536];
+                while c.read(&mut b).is_ok_and(|n| n > 0) {}
+            });
+        }
+    });
+    let mut c = Control::connect(&s.control);
+    for i in 0..50 {
+        let (code, text) = c.cmd(&format!(
+            "OPEN file:{} tcp://{rx_addr} rate=48KB/s unit=4KiB DETACHED",
+            big.display()
+        ));
+        assert_eq!(code, 201, "stream {i}: {text}");
+        let id = text.split(' ').next().unwrap();
+        assert_eq!(c.cmd(&format!("START {id}")).0, 200);
+    }
+    // The bulk transfer: an unpaced stream of 256 MiB (a sparse file) beside them.
+    let bulk = s.dir.path().join("bulk.bin");
+    std::fs::File::create(&bulk)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let (code, text) = c.cmd(&format!(
+        "OPEN file:{} tcp://{rx_addr} class=bulk DETACHED",
+        bulk.display()
+    ));
+    assert_eq!(code, 201, "{text}");
+    let id = text.split(' ').next().unwrap();
+    assert_eq!(c.cmd(&format!("START {id}")).0, 200);
+    let rtsp = s.rtsp.unwrap();
+    let sockets: Vec<UdpSocket> = (0..5)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let _sessions: Vec<TcpStream> = sockets.iter().map(|u| rtsp_session(rtsp, u)).collect();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("api-dashboard-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let origin = format!("http://{}", s.api);
+    let (line, err, _) = penstock_testreq::run_browser_player(
+        &player,
+        "dashboard.mjs",
+        &format!("{origin}/"),
+        &[],
+        &[
+            ("TOKEN", TOKEN),
+            ("OUT_DIR", out.to_str().unwrap()),
+            ("MIN_STREAMS", "50"),
+            ("MIN_SESSIONS", "5"),
+        ],
+        "api-dashboard",
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}\n{err}"));
+    assert_eq!(r["ok"], true, "{line}\n{err}");
+    for shot in r["shots"].as_array().unwrap() {
+        let p = Path::new(shot.as_str().unwrap());
+        assert!(
+            std::fs::metadata(p).unwrap().len() > 10_000,
+            "{}",
+            p.display()
+        );
+        println!("screenshot: {}", p.display());
+    }
+    let (first, second) = (&r["first"], &r["second"]);
+    // 50 paced streams and the bulk one.
+    assert!(first["plots"].as_object().unwrap().len() >= 51, "{first}");
+    assert!(second["sessions"].as_u64().unwrap() >= 5, "{second}");
+    assert_ne!(
+        first["plots"], second["plots"],
+        "the lateness plots did not move in 2 s"
+    );
+    assert_ne!(first["points"], second["points"]);
+    let changed = first["plots"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(id, v)| second["plots"][id.as_str()] != **v)
+        .count();
+    assert!(changed >= 50, "{changed} plots of 51 changed");
+    for label in ["disk time", "network", "CPU", "buffers"] {
+        assert!(
+            first["meters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m == label),
+            "no {label} bar: {first}"
+        );
+    }
+    assert!(
+        first["queues"].as_str().unwrap().contains("rt queue"),
+        "{first}"
+    );
+    assert_eq!(first["unlabelled"], 0, "controls or plots without a label");
+    let requests = r["requests"].as_array().unwrap();
+    assert!(requests.len() >= 4, "{requests:?}");
+    for u in requests {
+        assert!(
+            u.as_str().unwrap().starts_with(&format!("{origin}/")),
+            "a request left the API listener: {u}"
+        );
+    }
 }

@@ -20,6 +20,13 @@ function bytes(n) {
   return n.toFixed(i ? 1 : 0) + " " + u[i];
 }
 
+// The width through the CSSOM: the page's Content-Security-Policy refuses style attributes.
+function bar(pct) {
+  const f = el("div", { class: "fill" });
+  f.style.width = pct.toFixed(1) + "%";
+  return f;
+}
+
 function spark(id, samples) {
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
@@ -46,13 +53,13 @@ function render(o) {
     const r = o.admission.resources[k];
     if (!r) continue;
     const pct = r.capacity ? Math.min(100, 100 * r.used / r.capacity) : 0;
-    const fill = el("div", { class: "fill", style: "width:" + pct.toFixed(1) + "%" });
+    const fill = bar(pct);
     const track = el("div", { class: "track", role: "meter", "aria-label": label, "aria-valuemin": "0", "aria-valuemax": String(r.capacity), "aria-valuenow": String(r.used) }, fill);
     adm.append(el("div", { class: "bar" }, el("span", {}, label), track, el("span", {}, r.used + " of " + r.capacity + " (" + pct.toFixed(1) + "%)")));
   }
   for (const d of o.admission.devices) {
     const pct = d.capacity_ns_per_s ? Math.min(100, 100 * d.used_ns_per_s / d.capacity_ns_per_s) : 0;
-    const fill = el("div", { class: "fill", style: "width:" + pct.toFixed(1) + "%" });
+    const fill = bar(pct);
     adm.append(el("div", { class: "bar" }, el("span", {}, "device " + d.device), el("div", { class: "track", role: "meter", "aria-label": "device " + d.device, "aria-valuemin": "0", "aria-valuemax": String(d.capacity_ns_per_s), "aria-valuenow": String(d.used_ns_per_s) }, fill), el("span", {}, pct.toFixed(1) + "%")));
   }
   const disk = $("disk");

@@ -37,7 +37,17 @@ impl Drop for Served {
 }
 
 fn serve(rtsp: bool, extra: &str) -> Served {
-    let dir = tempfile::tempdir().unwrap();
+    serve_at(rtsp, "127.0.0.1:0", "", extra, tempfile::tempdir().unwrap())
+}
+
+/// [`serve`] with the API at `api_listen`, `top` before the sections (`[tls]`), in `dir`.
+fn serve_at(
+    rtsp: bool,
+    api_listen: &str,
+    top: &str,
+    extra: &str,
+    dir: tempfile::TempDir,
+) -> Served {
     std::fs::write(dir.path().join("clip.ts"), CLIP).unwrap();
     std::fs::write(dir.path().join("a.bin"), vec![7u8; 256 * 1024]).unwrap();
     let conf = dir.path().join("penstock.toml");
@@ -45,8 +55,8 @@ fn serve(rtsp: bool, extra: &str) -> Served {
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
-             [log]\naccess = \"off\"\n[rtsp]\nlisten = \"{rtsp_listen}\"\n[api]\nlisten = \"127.0.0.1:0\"\n\
+            "{top}[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
+             [log]\naccess = \"off\"\n[rtsp]\nlisten = \"{rtsp_listen}\"\n[api]\nlisten = \"{api_listen}\"\n\
              overview_interval_ms = 250\n{extra}{ADMISSION}"
         ),
     )
@@ -62,8 +72,9 @@ fn serve(rtsp: bool, extra: &str) -> Served {
     let line = common::start_line(&mut child);
     let (_, control) = common::serve_addresses(&line);
     let api = line
-        .split(", api http://")
+        .split(", api ")
         .nth(1)
+        .and_then(|r| r.split("://").nth(1))
         .and_then(|r| r.split('/').next())
         .unwrap_or_else(|| panic!("no api address in {line:?}"))
         .parse()
@@ -863,4 +874,71 @@ fn the_dashboard_shows_live_figures_in_chromium() {
             "a request left the API listener: {u}"
         );
     }
+}
+
+/// `https://` with the `[tls]` certificates: curl with the test CA gets JSON with the token
+/// and 401 without; plain HTTP to the TLS port gets no answer.
+#[test]
+fn an_https_listener_serves_the_api_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    common::make_ca(dir.path());
+    let (cert, key) = common::make_cert(dir.path(), "srv", "penstock-api-test");
+    let top = format!(
+        "[[tls.certificates]]\ncert = \"{}\"\nkey = \"{}\"\n",
+        cert.display(),
+        key.display()
+    );
+    let ca = dir.path().join("ca.pem");
+    let s = serve_at(false, "https://127.0.0.1:0", &top, "", dir);
+    let url = format!("https://localhost:{}/api/v1/streams", s.api.port());
+    let curl = |args: &[&str]| {
+        let o = Command::new("curl")
+            .args(["-sS", "--max-time", "20", "--cacert"])
+            .arg(&ca)
+            .args(args)
+            .arg(&url)
+            .output()
+            .expect("curl");
+        (
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (out, err) = curl(&[
+        "-w",
+        "\n%{http_code}",
+        "-H",
+        &format!("Authorization: {BEARER}"),
+    ]);
+    assert!(
+        out.ends_with("\n200") && out.starts_with("[]"),
+        "{out}{err}"
+    );
+    let own = format!("Origin: https://localhost:{}", s.api.port());
+    let (out, err) = curl(&[
+        "-w",
+        "\n%{http_code}",
+        "-H",
+        &format!("Authorization: {BEARER}"),
+        "-H",
+        &own,
+    ]);
+    assert!(out.ends_with("\n200"), "{out}{err}");
+    let (out, err) = curl(&["-o", "/dev/null", "-w", "%{http_code}"]);
+    assert_eq!(out, "401", "{err}");
+    // Plain HTTP on the TLS port: no HTTP answer.
+    let (status, _, _) = {
+        let mut c = TcpStream::connect(s.api).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"GET /api/v1/streams HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut v = Vec::new();
+        let _ = c.read_to_end(&mut v);
+        (
+            String::from_utf8_lossy(&v).starts_with("HTTP/1.1 200"),
+            (),
+            (),
+        )
+    };
+    assert!(!status, "plain HTTP was answered on the TLS listener");
 }

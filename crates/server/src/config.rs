@@ -100,6 +100,7 @@ pub struct ApiConfig {
     /// Connections served at once; more are answered 503 and closed.
     pub connections_max: usize,
     /// A request's head and body together, at most (larger: 413 / 431).
+    #[serde(deserialize_with = "units::size")]
     pub request_bytes_max: usize,
     /// Server-sent event streams (`/api/v1/events`) open at once; more get 503.
     pub sse_max: usize,

@@ -942,3 +942,56 @@ fn an_https_listener_serves_the_api_over_tls() {
     };
     assert!(!status, "plain HTTP was answered on the TLS listener");
 }
+
+/// `penstock serve --api ADDR` without an `[api]` section: the start line names the API and
+/// the dashboard is served; without the flag there is no API listener.
+#[test]
+fn the_api_flag_opens_the_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("penstock.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
+             [log]\naccess = \"off\"\n[rtsp]\nlisten = \"\"\n{ADMISSION}"
+        ),
+    )
+    .unwrap();
+    let start = |api: Option<&str>| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--no-control-unix", "--config"])
+            .arg(&conf)
+            .arg(dir.path());
+        if let Some(a) = api {
+            cmd.args(["--api", a]);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let line = common::start_line(&mut child);
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        (line, child, pid)
+    };
+    let (line, mut child, pid) = start(Some("127.0.0.1:0"));
+    let api: SocketAddr = line
+        .split(", api http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no api in {line:?}"))
+        .parse()
+        .unwrap();
+    let (status, head, body) = http(api, "GET", "/", &[], "");
+    assert_eq!(status, 200);
+    assert!(
+        head.contains("text/html") && body.contains("penstock dashboard"),
+        "{head}"
+    );
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let _ = child.wait();
+    let (line, mut child, pid) = start(None);
+    assert!(!line.contains(", api "), "{line}");
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let _ = child.wait();
+}

@@ -2109,6 +2109,41 @@ idle_timeout_ms = \"soon\"
     }
 
     #[test]
+    fn api_settings_are_checked() {
+        let check = |t: &str| {
+            toml::from_str::<ServerConfig>(t)
+                .unwrap()
+                .check()
+                .map_err(|e| e.to_string())
+        };
+        assert!(check("[api]\nlisten = \"127.0.0.1:9997\"\n").is_ok());
+        assert!(check("[api]\nlisten = \"http://127.0.0.1:9997/\"\n").is_ok());
+        assert!(
+            check("[api]\nlisten = \"nope\"\n")
+                .unwrap_err()
+                .contains("api.listen")
+        );
+        assert!(
+            check("[api]\nlisten = \"https://127.0.0.1:9997\"\n")
+                .unwrap_err()
+                .contains("[tls]")
+        );
+        assert!(
+            check("[api]\nsse_max = 32\nconnections_max = 32\n")
+                .unwrap_err()
+                .contains("sse_max")
+        );
+        assert!(check("[api]\nrequest_bytes_max = 0\n").is_err());
+        assert_eq!(
+            toml::from_str::<ServerConfig>("[api]\nrequest_bytes_max = \"8KiB\"\n")
+                .unwrap()
+                .api
+                .request_bytes_max,
+            8192
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_refused() {
         assert!(toml::from_str::<ServerConfig>("[limits]\nidle_typo = 1\n").is_err());
     }

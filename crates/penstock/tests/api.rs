@@ -40,6 +40,9 @@ fn serve(rtsp: bool, extra: &str) -> Served {
     serve_at(rtsp, "127.0.0.1:0", "", extra, tempfile::tempdir().unwrap())
 }
 
+/// `[control]` lines added by [`serve_at`]'s `top` when it starts with this marker.
+const CONTROL_MARK: &str = "#control\n";
+
 /// [`serve`] with the API at `api_listen`, `top` before the sections (`[tls]`), in `dir`.
 fn serve_at(
     rtsp: bool,
@@ -52,10 +55,14 @@ fn serve_at(
     std::fs::write(dir.path().join("a.bin"), vec![7u8; 256 * 1024]).unwrap();
     let conf = dir.path().join("penstock.toml");
     let rtsp_listen = if rtsp { "127.0.0.1:0" } else { "" };
+    let (top, control_extra) = match top.strip_prefix(CONTROL_MARK) {
+        Some(c) => ("", c),
+        None => (top, ""),
+    };
     std::fs::write(
         &conf,
         format!(
-            "{top}[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
+            "{top}[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n{control_extra}\
              [log]\naccess = \"off\"\n[rtsp]\nlisten = \"{rtsp_listen}\"\n[api]\nlisten = \"{api_listen}\"\n\
              overview_interval_ms = 250\n{extra}{ADMISSION}"
         ),
@@ -994,4 +1001,122 @@ fn the_api_flag_opens_the_listener() {
     assert!(!line.contains(", api "), "{line}");
     let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     let _ = child.wait();
+}
+
+/// The success case of each acting and reading endpoint: pause, resume, seek and close a
+/// stream, `TUNE disk` asked and changed, the recordings' directory listed, the overview,
+/// HLS sessions (none) and volumes (none configured) read.
+#[test]
+fn every_endpoint_answers_its_success_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("rec");
+    std::fs::create_dir(&rec).unwrap();
+    std::fs::write(rec.join("one.ts"), vec![0x47u8; 1880]).unwrap();
+    let top = format!("{CONTROL_MARK}write_roots = [\"{}\"]\n", rec.display());
+    let s = serve_at(false, "127.0.0.1:0", &top, "", dir);
+    let rx = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rx_addr = rx.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in rx.incoming() {
+            let Ok(mut c) = c else { return };
+            std::thread::spawn(move || {
+                let mut b = [0u8; 65536];
+                while c.read(&mut b).is_ok_and(|n| n > 0) {}
+            });
+        }
+    });
+    let a = s.dir.path().join("a.bin");
+    let open = |extra: &str| {
+        let (status, v) = call(
+            s.api,
+            "POST",
+            "/api/v1/streams",
+            &format!(
+                r#"{{"src":"file:{}","dst":"tcp://{rx_addr}","rate":"16KB/s","unit":"4KiB"{extra}}}"#,
+                a.display()
+            ),
+        );
+        assert_eq!(status, 201, "{v}");
+        v["id"].as_u64().unwrap()
+    };
+    let id = open("");
+    let (status, v) = call(
+        s.api,
+        "POST",
+        &format!("/api/v1/streams/{id}/seek"),
+        r#"{"offset":"8KiB"}"#,
+    );
+    assert_eq!(status, 200, "{v}");
+    let (_, st) = call(s.api, "GET", &format!("/api/v1/streams/{id}"), "");
+    assert_eq!(st["offset"], 8192, "{st}");
+    let (status, v) = call(
+        s.api,
+        "POST",
+        &format!("/api/v1/streams/{id}/start"),
+        r#"{"at":"+1ms"}"#,
+    );
+    assert_eq!(status, 200, "{v}");
+    // Running, then paused and resumed: polled, each within a bounded deadline.
+    let wait_state = |want: &str| {
+        let t0 = Instant::now();
+        loop {
+            let (_, st) = call(s.api, "GET", &format!("/api/v1/streams/{id}"), "");
+            if st["state"] == want {
+                return st;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "never {want}: {st}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_state("running");
+    let (status, v) = call(s.api, "POST", &format!("/api/v1/streams/{id}/pause"), "");
+    assert_eq!(status, 200, "{v}");
+    wait_state("paused");
+    let (status, v) = call(s.api, "POST", &format!("/api/v1/streams/{id}/resume"), "");
+    assert_eq!(status, 200, "{v}");
+    wait_state("running");
+    let (status, v) = call(s.api, "DELETE", &format!("/api/v1/streams/{id}?now=1"), "");
+    assert_eq!(status, 200, "{v}");
+    let (_, listed) = call(s.api, "GET", "/api/v1/streams", "");
+    assert!(
+        !listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["id"].as_str() == Some(id.to_string().as_str())),
+        "{listed}"
+    );
+    let (status, t) = call(s.api, "GET", "/api/v1/tune/disk", "");
+    assert_eq!(status, 200);
+    assert!(
+        t["text"].as_str().unwrap().starts_with("disk rt_quantum="),
+        "{t}"
+    );
+    let (status, t2) = call(s.api, "POST", "/api/v1/tune/disk", r#"{"inflight":5}"#);
+    assert_eq!(status, 200, "{t2}");
+    assert!(t2["text"].as_str().unwrap().ends_with("inflight=5"), "{t2}");
+    let (status, recs) = call(s.api, "GET", "/api/v1/recordings", "");
+    assert_eq!(status, 200);
+    assert_eq!(recs[0]["bytes"], 1880, "{recs}");
+    assert!(recs[0]["path"].as_str().unwrap().ends_with("rec/one.ts"));
+    let (status, hls) = call(s.api, "GET", "/api/v1/sessions/hls", "");
+    assert_eq!((status, hls), (200, serde_json::json!([])));
+    let (status, _) = call(s.api, "DELETE", "/api/v1/sessions/hls/hls-nobody", "");
+    assert_eq!(status, 404);
+    let (status, vols) = call(s.api, "GET", "/api/v1/volumes", "");
+    assert_eq!((status, vols), (200, serde_json::json!([])));
+    let (status, o) = call(s.api, "GET", "/api/v1/overview", "");
+    assert_eq!(status, 200);
+    for k in [
+        "streams",
+        "rtsp_sessions",
+        "hls_sessions",
+        "admission",
+        "refusals",
+        "recordings",
+        "volumes",
+    ] {
+        assert!(!o[k].is_null(), "no {k} in {o}");
+    }
+    assert!(o["admission"]["disk_queue"]["rt"].is_u64(), "{o}");
 }

@@ -257,9 +257,13 @@ fn a_stream_opened_through_the_api_is_seen_finishing_by_sse() {
     // The watcher connects first, then the stream starts: the events carry the change.
     let api = s.api;
     let want = id.clone();
+    let (connected, is_connected) = std::sync::mpsc::channel();
     let watcher = std::thread::spawn(move || {
         let mut states = Vec::new();
         let finished = watch_events(api, Duration::from_secs(30), |name, v| {
+            if name == "overview" {
+                let _ = connected.send(());
+            }
             if name == "state" && v["id"] == *want {
                 states.push(v["state"].as_str().unwrap_or("").to_string());
             }
@@ -267,7 +271,10 @@ fn a_stream_opened_through_the_api_is_seen_finishing_by_sse() {
         });
         (finished, states)
     });
-    std::thread::sleep(Duration::from_millis(300)); // only orders the two; not waited on
+    // Started once the watcher reads events (its first is the overview).
+    is_connected
+        .recv_timeout(Duration::from_secs(20))
+        .expect("no overview event");
     let (status, started) = call(s.api, "POST", &format!("/api/v1/streams/{id}/start"), "");
     assert_eq!((status, started["text"].as_str()), (200, Some("started")));
     let (finished, states) = watcher.join().unwrap();
@@ -858,6 +865,28 @@ fn the_dashboard_shows_live_figures_in_chromium() {
         .filter(|(id, v)| second["plots"][id.as_str()] != **v)
         .count();
     assert!(changed >= 50, "{changed} plots of 51 changed");
+    // New lateness figures arrived between the two: samples added after the first shot,
+    // non-zero for the streams that send (a paced unit is never exactly on time here).
+    let samples = |v: &serde_json::Value| -> Vec<u64> {
+        v.as_str()
+            .unwrap_or("")
+            .split(',')
+            .filter_map(|x| x.parse().ok())
+            .collect()
+    };
+    let live = first["plots"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(id, v)| {
+            let (a, b) = (samples(v), samples(&second["plots"][id.as_str()]));
+            b.len() > a.len() && b[a.len()..].iter().any(|&x| x > 0)
+        })
+        .count();
+    assert!(
+        live >= 25,
+        "only {live} plots got new non-zero lateness samples"
+    );
     for label in ["disk time", "network", "CPU", "buffers"] {
         assert!(
             first["meters"]

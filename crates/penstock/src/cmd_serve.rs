@@ -73,6 +73,11 @@ pub struct ServeArgs {
     /// No Unix control socket.
     #[arg(long)]
     pub no_control_unix: bool,
+    /// The operator's HTTP JSON API and dashboard (overrides `[api] listen`; off by default):
+    /// `127.0.0.1:9997`, or `https://ADDR` with `[tls]` (docs/api.md). Callers send the
+    /// control token as a Bearer token.
+    #[arg(long, value_name = "ADDR")]
+    pub api: Option<String>,
     /// RTSP address (overrides `[rtsp] listen`; default 127.0.0.1:8554; empty: none).
     /// Players open `rtsp://ADDR/FILE` for a TS file beneath the root (docs/rtsp.md).
     #[arg(long)]
@@ -153,6 +158,9 @@ fn apply_flags(cfg: &mut ServerConfig, a: &ServeArgs) {
     }
     if let Some(c) = &a.control {
         cfg.control.listen = c.clone();
+    }
+    if let Some(x) = &a.api {
+        cfg.api.listen = x.clone();
     }
     if let Some(r) = &a.rtsp {
         cfg.rtsp.listen = ListenAddrs(vec![r.clone()]);

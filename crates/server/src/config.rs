@@ -73,6 +73,9 @@ pub struct ServerConfig {
     /// `[tls]`: certificates and keys for the `https://` listeners (docs/tls.md); the
     /// files are read again on SIGHUP.
     pub tls: crate::tls::TlsConfig,
+    /// `[api]`: the operator's HTTP JSON API and dashboard (docs/api.md); off unless
+    /// `listen` is set.
+    pub api: ApiConfig,
     /// SIGTERM: streams still running after this long are cut.
     #[serde(default, deserialize_with = "units::opt_ms")]
     pub shutdown_deadline_ms: Option<u64>,
@@ -84,6 +87,95 @@ pub struct ServerConfig {
     /// The group to switch to with `user` (a name or a number; default: the user's primary
     /// group). Supplementary groups are cleared.
     pub group: Option<String>,
+}
+
+/// `[api]`: the operator's HTTP JSON API and dashboard on a listener of its own
+/// (docs/api.md). Callers authenticate with the control token as a Bearer token.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// `127.0.0.1:9997`, `http://127.0.0.1:9997` or `https://0.0.0.0:9997` (TLS with the
+    /// `[tls]` certificates). Empty (the default): no API listener.
+    pub listen: String,
+    /// Connections served at once; more are answered 503 and closed.
+    pub connections_max: usize,
+    /// A request's head and body together, at most (larger: 413 / 431).
+    #[serde(deserialize_with = "units::size")]
+    pub request_bytes_max: usize,
+    /// Server-sent event streams (`/api/v1/events`) open at once; more get 503.
+    pub sse_max: usize,
+    /// A connection silent this long between requests (or slower than this sending one)
+    /// is closed; an event stream whose reader stops reading for this long too.
+    #[serde(deserialize_with = "units::ms")]
+    pub idle_timeout_ms: u64,
+    /// How often the event stream's `overview` event is sent (and stream states compared).
+    #[serde(deserialize_with = "units::ms")]
+    pub overview_interval_ms: u64,
+}
+
+impl Default for ApiConfig {
+    fn default() -> ApiConfig {
+        ApiConfig {
+            listen: String::new(),
+            connections_max: 32,
+            request_bytes_max: 64 * 1024,
+            sse_max: 8,
+            idle_timeout_ms: 30_000,
+            overview_interval_ms: 1_000,
+        }
+    }
+}
+
+impl ApiConfig {
+    /// Whether the listener is TLS, and its address (`None`: off).
+    pub fn listen_addr(&self) -> Result<Option<(bool, SocketAddr)>, ConfigError> {
+        if self.listen.is_empty() {
+            return Ok(None);
+        }
+        let (tls, a) = if let Some(a) = self.listen.strip_prefix("https://") {
+            (true, a)
+        } else if let Some(a) = self.listen.strip_prefix("http://") {
+            (false, a)
+        } else {
+            (false, self.listen.as_str())
+        };
+        let a = a.trim_end_matches('/');
+        let addr = a.parse::<SocketAddr>().map_err(|e| {
+            ConfigError::Invalid(format!(
+                "api.listen {:?}: {e} (forms: 127.0.0.1:9997, https://0.0.0.0:9997)",
+                self.listen
+            ))
+        })?;
+        Ok(Some((tls, addr)))
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        self.listen_addr()?;
+        for (name, v) in [
+            ("connections_max", self.connections_max as u64),
+            ("request_bytes_max", self.request_bytes_max as u64),
+            ("sse_max", self.sse_max as u64),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("overview_interval_ms", self.overview_interval_ms),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Invalid(format!("api.{name} must be above 0")));
+            }
+        }
+        if self.sse_max >= self.connections_max {
+            return Err(ConfigError::Invalid(format!(
+                "api.sse_max {} must be below api.connections_max {} (event streams hold connections)",
+                self.sse_max, self.connections_max
+            )));
+        }
+        if self.request_bytes_max < 1024 {
+            return Err(ConfigError::Invalid(format!(
+                "api.request_bytes_max {} is below 1024",
+                self.request_bytes_max
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// `[hls]`: `GET /PATH/index.m3u8` for each TS file PATH beneath the root (docs/hls.md).
@@ -1400,6 +1492,12 @@ impl ServerConfig {
                 })?;
         }
         self.log.check()?;
+        self.api.check()?;
+        if self.api.listen.starts_with("https://") && self.tls.certificates.is_empty() {
+            return Err(ConfigError::Invalid(
+                "api.listen is https:// but [tls] names no certificate ([[tls.certificates]] cert = \"chain.pem\", key = \"key.pem\")".into(),
+            ));
+        }
         self.rtsp.check()?;
         let admitted_max = self.admission.admission_config().streams_max;
         if !self.rtsp.is_off() && self.rtsp.sessions_max as u64 > u64::from(admitted_max) {
@@ -2061,6 +2159,41 @@ idle_timeout_ms = \"soon\"
         }
         let c: ServerConfig = toml::from_str("[http]\nmetrics_listen = \"nope\"\n").unwrap();
         assert!(c.check().is_err());
+    }
+
+    #[test]
+    fn api_settings_are_checked() {
+        let check = |t: &str| {
+            toml::from_str::<ServerConfig>(t)
+                .unwrap()
+                .check()
+                .map_err(|e| e.to_string())
+        };
+        assert!(check("[api]\nlisten = \"127.0.0.1:9997\"\n").is_ok());
+        assert!(check("[api]\nlisten = \"http://127.0.0.1:9997/\"\n").is_ok());
+        assert!(
+            check("[api]\nlisten = \"nope\"\n")
+                .unwrap_err()
+                .contains("api.listen")
+        );
+        assert!(
+            check("[api]\nlisten = \"https://127.0.0.1:9997\"\n")
+                .unwrap_err()
+                .contains("[tls]")
+        );
+        assert!(
+            check("[api]\nsse_max = 32\nconnections_max = 32\n")
+                .unwrap_err()
+                .contains("sse_max")
+        );
+        assert!(check("[api]\nrequest_bytes_max = 0\n").is_err());
+        assert_eq!(
+            toml::from_str::<ServerConfig>("[api]\nrequest_bytes_max = \"8KiB\"\n")
+                .unwrap()
+                .api
+                .request_bytes_max,
+            8192
+        );
     }
 
     #[test]

@@ -131,6 +131,23 @@ pub struct ControlShared {
     pub(crate) http_connections: Box<dyn Fn() -> usize + Send + Sync>,
     /// The cluster's membership, for redirects of refused OPENs (set once, after start).
     pub(crate) cluster: std::sync::OnceLock<Arc<crate::cluster::View>>,
+    /// The last [`REFUSALS_KEPT`] refused commands, newest last (the API's dashboard).
+    refusals: std::sync::Mutex<std::collections::VecDeque<Refusal>>,
+}
+
+/// How many refused commands [`ControlShared::refusals`] keeps.
+pub const REFUSALS_KEPT: usize = 32;
+
+/// A command the control code refused (any 4xx or 5xx reply but 401), from any caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// When, in milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    /// The command's verb (`OPEN`, `START`, …).
+    pub verb: &'static str,
+    pub code: u16,
+    /// The reply's text: the reason.
+    pub text: String,
 }
 
 impl ControlShared {
@@ -155,7 +172,43 @@ impl ControlShared {
             http_connections,
             cluster: std::sync::OnceLock::new(),
             auth_fail_delay: AUTH_FAIL_DELAY,
+            refusals: std::sync::Mutex::new(std::collections::VecDeque::new()),
         }
+    }
+
+    /// A fresh connection number (an API request's: the streams it opens are its own).
+    pub(crate) fn new_conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The last refused commands, oldest first.
+    pub fn refusals(&self) -> Vec<Refusal> {
+        self.refusals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn note_refusal(&self, verb: &'static str, reply: &Reply) {
+        let code = reply.code.code();
+        if code < 400 || code == ReplyCode::AUTH_REQUIRED.code() {
+            return;
+        }
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut q = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() == REFUSALS_KEPT {
+            q.pop_front();
+        }
+        q.push_back(Refusal {
+            unix_ms,
+            verb,
+            code,
+            text: reply.text.clone(),
+        });
     }
 
     /// The same with another delay after a wrong token (tests and the session fuzz target
@@ -615,7 +668,7 @@ impl Drop for ConnPlace {
 }
 
 /// Compares without an early exit on the first differing byte.
-fn token_matches(given: &str, token: &str) -> bool {
+pub(crate) fn token_matches(given: &str, token: &str) -> bool {
     let (a, b) = (given.as_bytes(), token.as_bytes());
     let mut diff = u8::from(a.len() != b.len());
     for (i, &x) in b.iter().enumerate() {
@@ -1124,6 +1177,7 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
         }
     }
     let c = session.caller;
+    let verb = cmd.verb();
     let reply = match cmd {
         Command::Open(spec) if spec.src == PASSED_FD || spec.dst == PASSED_FD => {
             open_passed(shared, session, &spec)
@@ -1176,6 +1230,7 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
         }
         _ => Reply::new(ReplyCode::NOT_IMPLEMENTED, "not implemented"),
     };
+    shared.note_refusal(verb, &reply);
     (reply, false)
 }
 

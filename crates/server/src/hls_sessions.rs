@@ -217,6 +217,18 @@ impl HlsSessions {
         B64.encode(b)
     }
 
+    /// Ends session `id` now (the API's kick): its reservation goes back. False: no such
+    /// session (or it had idled out already).
+    pub(crate) fn kick(&self, id: &str) -> bool {
+        let mut book = self.book();
+        self.sweep(&mut book);
+        let held = book.remove(id);
+        let found = held.is_some();
+        drop(held);
+        self.metrics.hls_sessions.set(book.len() as i64);
+        found
+    }
+
     /// `STATE *` lines: `hls-<id> open scope=<path> peer=<address> bandwidth_bits_per_s=<n>
     /// requests=<n> idle_ms=<n>`.
     pub(crate) fn state_lines(&self) -> Vec<String> {

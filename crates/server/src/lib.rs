@@ -29,6 +29,7 @@
 
 pub mod access;
 pub mod access_log;
+pub mod api;
 pub mod auth;
 pub mod cluster;
 pub mod config;
@@ -148,6 +149,8 @@ pub struct Server {
     metrics: Arc<Metrics>,
     engine: Arc<Engine>,
     metrics_listener: Option<metrics_http::MetricsListener>,
+    /// The operator's API and dashboard (`None`: `[api] listen` is empty).
+    api: Option<api::ApiServer>,
     /// The RTSP server (`None`: `[rtsp] listen` is empty).
     rtsp: Option<Mutex<rtsp::RtspServer>>,
     /// Membership in etcd (`None`: `[cluster] etcd` is empty).
@@ -550,6 +553,39 @@ impl Server {
             streams_for_rtsp.add_state_source(r.state_source());
             Some(Mutex::new(r))
         };
+        let api = match cfg.api.listen_addr()? {
+            None => None,
+            Some((tls, addr)) => {
+                let tls = if tls {
+                    Some(shared.tls.clone().ok_or_else(|| {
+                        ConfigError::Invalid("api.listen: https:// needs [tls] certificates".into())
+                    })?)
+                } else {
+                    None
+                };
+                let l = TcpListener::bind(addr).map_err(|source| ServerError::Bind {
+                    what: "api",
+                    addr: cfg.api.listen.clone(),
+                    source,
+                })?;
+                let hls_kick = {
+                    let h = hls_sessions.clone();
+                    Box::new(move |id: &str| h.kick(id))
+                };
+                let deps = api::ApiDeps {
+                    control: control.clone(),
+                    engine: engine.clone(),
+                    rtsp_kick: rtsp
+                        .as_ref()
+                        .map(|r| r.lock().unwrap_or_else(|p| p.into_inner()).kicker()),
+                    hls_kick,
+                    volumes: cfg.volumes.clone(),
+                    write_roots: cfg.control.write_roots.clone(),
+                    workers: sched_line(engine.info()),
+                };
+                Some(api::ApiServer::start(&cfg.api, l, tls, deps)?)
+            }
+        };
         let membership = if cfg.cluster.is_off() {
             None
         } else {
@@ -613,6 +649,7 @@ impl Server {
             metrics,
             engine,
             metrics_listener,
+            api,
             rtsp,
             membership,
             scrub,
@@ -694,6 +731,11 @@ impl Server {
         &self.metrics
     }
 
+    /// The API listener's address, when `[api] listen` is set.
+    pub fn api_addr(&self) -> Option<SocketAddr> {
+        self.api.as_ref().map(|a| a.local_addr())
+    }
+
     /// The separate metrics listener's address, when `[http] metrics_listen` is set.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_listener.as_ref().map(|l| l.local_addr())
@@ -731,6 +773,9 @@ impl Server {
         }
         if let Some(a) = self.metrics_addr() {
             s.push_str(&format!(", metrics http://{a}/metrics"));
+        }
+        if let Some(a) = &self.api {
+            s.push_str(&format!(", api {}", a.url()));
         }
         for a in self.rtsp_addrs() {
             s.push_str(&format!(", rtsp://{a}/"));
@@ -977,6 +1022,7 @@ impl Server {
             );
         }
         drop(self.metrics_listener);
+        drop(self.api);
         if let Some(r) = &self.rtsp {
             r.lock().unwrap_or_else(|p| p.into_inner()).stop();
         }

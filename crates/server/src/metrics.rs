@@ -537,7 +537,7 @@ impl Metrics {
         let rtsp_sessions_ended = Family::<ReasonLabel, Counter>::default();
         r.register(
             "rtsp_sessions_ended",
-            "RTSP sessions ended, by reason: teardown, timeout, connection_closed, shutdown",
+            "RTSP sessions ended, by reason: teardown, timeout, connection_closed, shutdown, kicked (the API)",
             rtsp_sessions_ended.clone(),
         );
         let rtsp_requests = Family::<RtspRequestLabels, Counter>::default();

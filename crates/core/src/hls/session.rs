@@ -130,7 +130,9 @@ impl<T> Sessions<T> {
             .collect()
     }
 
-    fn remove(&mut self, id: &str) -> Option<T> {
+    /// Ends session `id` now (the operator's kick), handing back what it held; `None`:
+    /// no such session.
+    pub fn remove(&mut self, id: &str) -> Option<T> {
         let e = self.map.remove(id)?;
         if let Some(n) = self.per_address.get_mut(&e.addr) {
             *n -= 1;

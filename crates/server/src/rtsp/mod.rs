@@ -371,6 +371,8 @@ enum EndReason {
     Timeout,
     ConnectionClosed,
     Shutdown,
+    /// The operator ended it (the API's kick).
+    Kicked,
 }
 
 impl EndReason {
@@ -380,6 +382,7 @@ impl EndReason {
             EndReason::Timeout => "timeout",
             EndReason::ConnectionClosed => "connection_closed",
             EndReason::Shutdown => "shutdown",
+            EndReason::Kicked => "kicked",
         }
     }
 }
@@ -609,6 +612,20 @@ impl RtspServer {
     pub fn state_source(&self) -> crate::streams::StateSource {
         let shared = self.shared.clone();
         Box::new(move || shared.state_lines())
+    }
+
+    /// A function that ends session `id` now (the API's kick: its stream cancelled, its
+    /// reservation given back, its end logged as `kicked`); false: no such session. The
+    /// client's connection stays open and its next request gets 454 Session Not Found.
+    pub fn kicker(&self) -> crate::api::Kick {
+        let shared = self.shared.clone();
+        Box::new(move |id| {
+            if shared.session(id).is_none() {
+                return false;
+            }
+            shared.end_session(id, EndReason::Kicked);
+            true
+        })
     }
 
     /// Sessions now.

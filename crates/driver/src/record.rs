@@ -41,9 +41,8 @@ use std::time::Duration;
 use penstock_core::time::Instant;
 use penstock_core::track::format::{FLAG_KERNEL_TIMESTAMPS, HEADER_BYTES, RECORD_BYTES};
 use penstock_core::track::{
-    CheckReport, Decoded, FrameDetector, FrameRecord, FrameRule, PacketRecord, StopReason,
-    TimeRecord, TrackBytes, TrackHeader, TrackKind, TracksWriter, check, decode,
-    valid_records_from,
+    CheckReport, FrameDetector, FrameRecord, FrameRule, PacketRecord, TimeRecord, TrackBytes,
+    TrackHeader, TrackKind, TracksWriter, check, decode,
 };
 use penstock_uring::sys::{RecvBatch, set_socket_int};
 use rustix::event::{PollFd, PollFlags};

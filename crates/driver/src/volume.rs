@@ -16,25 +16,23 @@
 //! apart from the metadata here).
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, IoSlice, Read};
+use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use penstock_core::volume::format::{META_SLOT_BYTES, Slot};
 use penstock_core::volume::layout::ALIGN_BYTES;
 use penstock_core::volume::{
     self, AllocError, Assembly, Chosen, LayoutError, MemberCopy, MemberIndex, MemberState,
-    MembershipError, MetaError, Name, NameError, Partition, PartitionMap, PartitionState,
-    Placement, Problem, VolumeLayout, VolumeMeta, VolumeUuid,
+    MembershipError, MetaError, Name, NameError, PartitionMap, PartitionState, Placement, Problem,
+    VolumeLayout, VolumeMeta, VolumeUuid,
 };
 use penstock_uring::BufferPool;
 
-use crate::direct::direct_alignment;
-use crate::sums::{SUM_FAILURES, SUM_REPAIRS, SUM_UNREPAIRED, SumIo};
-use penstock_core::volume::sums::{SUM_UNIT_BYTES, SumRecord, needed_bytes};
+use crate::sums::SumIo;
+use penstock_core::volume::sums::{SUM_UNIT_BYTES, needed_bytes};
 
 mod partition;
 pub(crate) use partition::queue_request_bytes_max_of;

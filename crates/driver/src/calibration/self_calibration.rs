@@ -2,14 +2,21 @@
 //! its figures cached per device (`penstock calibrate`'s full measurement is the parent
 //! module's job).
 
-use super::*;
+use super::{
+    CalibrationError, DepthFigure, Pattern, READ_DEPTH_MAX, Region, best_read_depth, run_reads,
+    sequential_by_depth, write_atomically,
+};
 use crate::device::{device_node, identity, major_minor};
+use penstock_uring::{Ring, RingConfig};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The engine's self-calibration: on the first stream from a device no calibration file
 /// covers (for its read depth), or the first rt admission on a device without figures (and
 /// only when no calibration file gave them), a short measurement of that device —
 /// sequential O_DIRECT reads of 1 MiB and random O_DIRECT reads of 64 KiB, each at depth 1,
-/// `time` each, then sequential reads of 1 MiB at each of [`READ_DEPTHS`], `time / 4` each
+/// `time` each, then sequential reads of 1 MiB at each of [`READ_DEPTHS`](super::READ_DEPTHS), `time / 4` each
 /// (the read depth, [`best_read_depth`]) — kept in a cache file per device and used again
 /// while the device is the same (its size and model, read from `/sys/dev/block/MAJ:MIN`)
 /// and the record is of this probe ([`DEVICE_PROBE`]).

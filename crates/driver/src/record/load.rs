@@ -2,7 +2,13 @@
 //! `penstock record check`, the RTSP server and stream-by-time read). The writer is the parent
 //! module; the two share only the file names ([`track_path`], [`media_path`]).
 
-use super::*;
+use super::{KINDS, track_path};
+use penstock_core::track::{
+    CheckReport, Decoded, FrameRecord, PacketRecord, StopReason, TimeRecord, TrackKind, check,
+    decode, valid_records_from,
+};
+use std::io;
+use std::path::{Path, PathBuf};
 
 /// A recording's tracks as read back: each track's decoded good prefix and whether anything
 /// good follows where its decoder stopped, the media length, and the check of the whole.

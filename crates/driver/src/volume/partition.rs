@@ -3,7 +3,22 @@
 //! scrub of them finds. The volume's metadata (open, create, update, repair) is the parent
 //! module's job; this one only moves a partition's bytes.
 
-use super::*;
+use super::{Access, Result, Volume, VolumeError, io_err, limits};
+use crate::direct::direct_alignment;
+use crate::sums::{SUM_FAILURES, SUM_REPAIRS, SUM_UNREPAIRED, SumIo};
+use penstock_core::volume::layout::ALIGN_BYTES;
+use penstock_core::volume::sums::{SUM_UNIT_BYTES, SumRecord, needed_bytes};
+use penstock_core::volume::{
+    self, AllocError, LayoutError, MemberIndex, MemberState, Partition, PartitionMap,
+    PartitionState,
+};
+use std::fs::{File, OpenOptions};
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// A sum unit that failed its checksum on one copy (`volume scrub`, `volume check`).
 #[derive(Debug, Clone)]

@@ -498,25 +498,24 @@ impl Engine {
                 cfg.dispatch_slack
             )));
         }
-        if cfg.worker_commands_max == 0 || cfg.worker_commands_max > WORKER_COMMANDS_MAX_LIMIT {
-            return Err(EngineError::Config(format!(
-                "worker_commands_max must be 1..={}, got {}",
-                WORKER_COMMANDS_MAX_LIMIT, cfg.worker_commands_max
-            )));
-        }
-        if cfg.streams_max == 0 || cfg.streams_max > STREAMS_MAX_LIMIT {
-            return Err(EngineError::Config(format!(
-                "streams_max must be 1..={STREAMS_MAX_LIMIT}, got {}",
-                cfg.streams_max
-            )));
-        }
-        // A cap: a stream holds at most `min(stream_depth, pool_buffers)`, so the default
-        // (the deepest calibrated depth and one) fits a smaller pool too.
-        if cfg.stream_depth == 0 || cfg.stream_depth > STREAM_DEPTH_LIMIT {
-            return Err(EngineError::Config(format!(
-                "stream_depth must be 1..={STREAM_DEPTH_LIMIT}, got {}",
-                cfg.stream_depth
-            )));
+        // Counts of 1 up to a limit.
+        let counts = [
+            (
+                "worker_commands_max",
+                cfg.worker_commands_max,
+                WORKER_COMMANDS_MAX_LIMIT,
+            ),
+            ("streams_max", cfg.streams_max, STREAMS_MAX_LIMIT),
+            // A cap: a stream holds at most `min(stream_depth, pool_buffers)`, so the default
+            // (the deepest calibrated depth and one) fits a smaller pool too.
+            ("stream_depth", cfg.stream_depth, STREAM_DEPTH_LIMIT),
+        ];
+        for (name, n, limit) in counts {
+            if n == 0 || n > limit {
+                return Err(EngineError::Config(format!(
+                    "{name} must be 1..={limit}, got {n}"
+                )));
+            }
         }
         let rd = &cfg.read_depth;
         if rd.default == 0 || rd.fixed == Some(0) || rd.calibrated.iter().any(|&(_, d)| d == 0) {

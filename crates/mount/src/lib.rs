@@ -987,12 +987,7 @@ impl Filesystem for MountFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let mut st = self.state();
-        let r = st.name_of(ino.0).and_then(|n| st.commit(&n));
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.commit_ino(ino, reply);
     }
 
     fn fsync(
@@ -1003,12 +998,7 @@ impl Filesystem for MountFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let mut st = self.state();
-        let r = st.name_of(ino.0).and_then(|n| st.commit(&n));
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.commit_ino(ino, reply);
     }
 
     fn release(
@@ -1288,6 +1278,16 @@ impl Filesystem for MountFs {
 }
 
 impl MountFs {
+    /// Commits the writer of `ino` (`close`, `fsync`: the same commit).
+    fn commit_ino(&self, ino: INodeNo, reply: ReplyEmpty) {
+        let mut st = self.state();
+        let r = st.name_of(ino.0).and_then(|n| st.commit(&n));
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn fopen_flags(&self, name: &str, size: u64) -> FopenFlags {
         if self.direct_io(name, size) {
             FopenFlags::FOPEN_DIRECT_IO

@@ -547,23 +547,10 @@ fn engine_config(a: &StreamArgs) -> Result<EngineConfig> {
         ..Default::default()
     };
     if admission_note.is_some() && a.class == Some(DiskClass::Rt) && self_calibration.enabled {
-        // No calibration file: the engine's send costs, measured once and cached, as
-        // `penstock serve` does (docs/io-scheduler.md, "CPU").
-        match penstock_driver::send_cost::send_cost(
+        crate::calibrate::charge_self_calibrated_send_cost(
+            &mut admission,
             self_calibration.cache_dir.as_deref(),
-            penstock_driver::send_cost::SEND_COST_TIME,
-        ) {
-            Ok(r) => {
-                admission.capacity = penstock_driver::send_cost::capacity_with_send_cost(
-                    admission.capacity,
-                    &r.charged(),
-                    penstock_driver::send_cost::SendCostKept::default(),
-                );
-            }
-            Err(e) => eprintln!(
-                "penstock: note: the CPU cost of a send could not be measured ({e}): admission charges the defaults"
-            ),
-        }
+        );
     }
     Ok(EngineConfig {
         admission,

@@ -382,7 +382,7 @@ pub fn run(mut a: PathsArgs) -> Result<()> {
             // nothing is known of it) before anything is timed.
             let f = std::fs::File::open(&file)?;
             let (d, from) =
-                engine.device_read_depth(penstock_driver::calibration::device_of(&f), f.as_fd());
+                engine.device_read_depth(penstock_driver::device::device_of(&f), f.as_fd());
             eprintln!("penstock bench paths: the engine's uring read depth here: {d} ({from})");
             depth = Some((d, from.to_string()));
         }

@@ -42,6 +42,12 @@ pub struct EngineConfig {
     pub client_buffers_max: usize,
     /// Streams open at once, all workers together.
     pub streams_max: usize,
+    /// Commands one worker's channel holds before the engine refuses new work for it
+    /// ([`crate::StreamError::WorkerQueueFull`], [`crate::RtuError::WorkerQueueFull`]): what
+    /// openers may queue while the worker's loop is busy between two turns. Commands about
+    /// work already there (cancel, pause, ...) wait for room instead. 1..=
+    /// [`WORKER_COMMANDS_MAX_LIMIT`]; [`WORKER_COMMANDS_MAX_DEFAULT`] by default.
+    pub worker_commands_max: usize,
     /// Register the pool with io_uring (READ_FIXED); off only to measure the difference.
     pub register_buffers: bool,
     /// How a worker sleeps until the next deadline of a periodic stream.
@@ -98,7 +104,7 @@ pub struct EngineConfig {
 pub struct ReadDepthConfig {
     /// One depth for every device (a bench comparing depths); `None`: per device.
     pub fixed: Option<usize>,
-    /// Depths measured by a calibration: (device as `calibration::device_of` names it, depth).
+    /// Depths measured by a calibration: (device as `device::device_of` names it, depth).
     pub calibrated: Vec<(u64, usize)>,
     /// The depth on a device nothing is known of
     /// ([`crate::calibration::READ_DEPTH_DEFAULT`]).
@@ -146,6 +152,13 @@ pub fn conservative_admission() -> AdmissionConfig {
     }
 }
 
+/// `EngineConfig::worker_commands_max` by default: more than a worker's loop sees arrive in
+/// one turn under any load measured here, small enough that a stuck loop refuses soon.
+pub const WORKER_COMMANDS_MAX_DEFAULT: usize = 1024;
+
+/// The largest `EngineConfig::worker_commands_max` the engine accepts.
+pub const WORKER_COMMANDS_MAX_LIMIT: usize = 1 << 20;
+
 /// The longest spin before a deadline the engine accepts.
 pub const SPIN_MAX: Duration = Duration::from_millis(2);
 
@@ -178,6 +191,7 @@ impl Default for EngineConfig {
             read_depth: ReadDepthConfig::default(),
             client_buffers_max: 32,
             streams_max: 4096,
+            worker_commands_max: WORKER_COMMANDS_MAX_DEFAULT,
             register_buffers: true,
             timer: TimerMode::Uring,
             spin: Duration::ZERO,

@@ -50,7 +50,7 @@ use penstock_core::sched::policy::{
 pub use crate::config::{
     BUFFER_BYTES_MAX, DISPATCH_SLACK_DEFAULT, DISPATCH_SLACK_MAX, EngineConfig, EngineInfo,
     ReadDepthConfig, ReadDepthSource, SPIN_MAX, STREAM_DEPTH_LIMIT, STREAMS_MAX_LIMIT, TimerMode,
-    conservative_admission,
+    WORKER_COMMANDS_MAX_DEFAULT, WORKER_COMMANDS_MAX_LIMIT, conservative_admission,
 };
 pub use crate::error::StreamError;
 pub use crate::report::{
@@ -506,19 +506,24 @@ impl Engine {
                 cfg.dispatch_slack
             )));
         }
-        if cfg.streams_max == 0 || cfg.streams_max > STREAMS_MAX_LIMIT {
-            return Err(EngineError::Config(format!(
-                "streams_max must be 1..={STREAMS_MAX_LIMIT}, got {}",
-                cfg.streams_max
-            )));
-        }
-        // A cap: a stream holds at most `min(stream_depth, pool_buffers)`, so the default
-        // (the deepest calibrated depth and one) fits a smaller pool too.
-        if cfg.stream_depth == 0 || cfg.stream_depth > STREAM_DEPTH_LIMIT {
-            return Err(EngineError::Config(format!(
-                "stream_depth must be 1..={STREAM_DEPTH_LIMIT}, got {}",
-                cfg.stream_depth
-            )));
+        // Counts of 1 up to a limit.
+        let counts = [
+            (
+                "worker_commands_max",
+                cfg.worker_commands_max,
+                WORKER_COMMANDS_MAX_LIMIT,
+            ),
+            ("streams_max", cfg.streams_max, STREAMS_MAX_LIMIT),
+            // A cap: a stream holds at most `min(stream_depth, pool_buffers)`, so the default
+            // (the deepest calibrated depth and one) fits a smaller pool too.
+            ("stream_depth", cfg.stream_depth, STREAM_DEPTH_LIMIT),
+        ];
+        for (name, n, limit) in counts {
+            if n == 0 || n > limit {
+                return Err(EngineError::Config(format!(
+                    "{name} must be 1..={limit}, got {n}"
+                )));
+            }
         }
         let rd = &cfg.read_depth;
         if rd.default == 0 || rd.fixed == Some(0) || rd.calibrated.iter().any(|&(_, d)| d == 0) {
@@ -711,7 +716,7 @@ impl Engine {
     /// also become the default device's (what [`Engine::admit`] charges ahead of the open)
     /// when it has none measured yet. The figures, or why not.
     pub fn self_calibrate(&self, file: BorrowedFd<'_>) -> Option<Result<DeviceFigures, String>> {
-        let dev = DeviceId(crate::calibration::device_of(file));
+        let dev = DeviceId(crate::device::device_of(file));
         self.measure(dev, Some(file))?;
         let r = self
             .measured
@@ -739,7 +744,7 @@ impl Engine {
                 Some(v) => v
                     .members
                     .iter()
-                    .find(|m| crate::calibration::device_of(*m) == d.device.0)
+                    .find(|m| crate::device::device_of(*m) == d.device.0)
                     .map(|m| m.as_fd()),
                 None => Some(source.fd.as_fd()),
             };
@@ -890,9 +895,9 @@ impl Engine {
             Some(v) => v
                 .members
                 .iter()
-                .map(|m| (crate::calibration::device_of(m), m.as_fd()))
+                .map(|m| (crate::device::device_of(m), m.as_fd()))
                 .collect(),
-            None => vec![(crate::calibration::device_of(&source.fd), source.fd.as_fd())],
+            None => vec![(crate::device::device_of(&source.fd), source.fd.as_fd())],
         };
         let mut worst: Option<(usize, ReadDepthSource)> = None;
         for (dev, fd) in devs {
@@ -1047,7 +1052,13 @@ impl Engine {
         let (done_tx, done) = sync_channel(1);
         let rtu = Rtu::new(rtu_id, &spec, callback, counters.clone(), hold, done_tx);
         let worker = self.workers[w].clone();
-        worker.send(Command::RtuCreate(Box::new(rtu)));
+        // Refused unsent, the upcall (and the CPU hold in it) is dropped: its reservation
+        // goes back.
+        worker
+            .try_send(Command::RtuCreate(Box::new(rtu)))
+            .map_err(|full| RtuError::WorkerQueueFull {
+                commands_max: full.commands_max,
+            })?;
         Ok(RtuHandle::new(
             rtu_id,
             counters,
@@ -1417,7 +1428,12 @@ impl Engine {
             cancel: cancel.clone(),
             done: done_tx,
         });
-        worker.send(Command::Open(Box::new(task)));
+        if let Err(full) = worker.try_send(Command::Open(Box::new(task))) {
+            // The task is dropped unsent: its place, timed CPU and reservation go back.
+            return refuse(StreamError::WorkerQueueFull {
+                commands_max: full.commands_max,
+            });
+        }
         Ok(StreamHandle {
             id,
             path,

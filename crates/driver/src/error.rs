@@ -41,6 +41,12 @@ pub enum StreamError {
     Layout(#[from] penstock_core::volume::LayoutError),
     #[error("too many streams open (streams_max = {0})")]
     TooManyStreams(usize),
+    /// The worker the stream was placed on has `worker_commands_max` commands waiting: its
+    /// loop is behind. Nothing was started and nothing is held; the open may be tried again.
+    #[error(
+        "the engine's worker is busy: its command queue is full (worker_commands_max = {commands_max})"
+    )]
+    WorkerQueueFull { commands_max: usize },
     #[error("the receiver disconnected after {bytes_sent} bytes were sent ({source})")]
     PeerClosed { bytes_sent: u64, source: io::Error },
     #[error("{op} failed after {bytes_sent} bytes were sent: {source}")]

@@ -14,7 +14,7 @@ use penstock_core::stream::plan::{
 use penstock_core::stream::{CachePolicy, Extent, IoKind, PathChoice};
 use penstock_core::volume::MEMBERS_MAX;
 
-use crate::calibration::device_of;
+use crate::device::device_of;
 use crate::direct::direct_alignment;
 use crate::files::{Descriptor, OpenFileTable};
 use crate::open::Opened;

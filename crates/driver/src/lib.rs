@@ -10,6 +10,7 @@ pub mod calibration;
 pub mod clock;
 mod config;
 pub mod cpu_probe;
+pub mod device;
 mod direct;
 pub mod disk;
 pub mod engine;

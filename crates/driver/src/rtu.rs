@@ -154,6 +154,12 @@ pub enum RtuError {
     },
     #[error("engine stopped")]
     EngineStopped,
+    /// The worker's command queue is full (`worker_commands_max`): nothing was created and
+    /// the upcall's reservation was given back.
+    #[error(
+        "the engine's worker is busy: its command queue is full (worker_commands_max = {commands_max})"
+    )]
+    WorkerQueueFull { commands_max: usize },
 }
 
 /// Live counts, written by the worker, read by the handle.

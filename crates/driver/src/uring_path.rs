@@ -28,8 +28,8 @@ use penstock_uring::{BufId, Completion, Ring};
 use rustix::io::Errno;
 
 use crate::buffers::WorkerBuffers;
-use crate::calibration::device_of;
 use crate::clock;
+use crate::device::device_of;
 use crate::disk::{DiskQueue, ReadReq};
 use crate::error::StreamError;
 use crate::pace::Gate;

@@ -14,7 +14,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
+use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError, channel, sync_channel};
 use std::thread::JoinHandle;
 
 use penstock_core::stream::{CachePolicy, DataPath};
@@ -69,10 +69,18 @@ enum Entry {
 /// it without polling the handle (see `StreamHandle::notify_when_done`).
 pub(crate) type DoneHook = Box<dyn FnOnce() + Send>;
 
-/// The engine's way to reach a worker: a channel, and an eventfd to wake its loop.
+/// The engine's way to reach a worker: a bounded channel (`EngineConfig::worker_commands_max`
+/// commands), and an eventfd to wake its loop. New work (a stream, an upcall) is refused when
+/// the channel is full ([`WorkerHandle::try_send`]); a command about work already there waits
+/// for room ([`WorkerHandle::send`]), which the loop makes at each turn. Commands sent from the
+/// worker's own thread (a done hook, an upcall) cannot wait for it: they go on a side queue
+/// the loop drains with the channel.
 #[derive(Debug, Clone)]
 pub(crate) struct WorkerHandle {
-    tx: Sender<Command>,
+    tx: SyncSender<Command>,
+    own: Sender<Command>,
+    thread: std::thread::ThreadId,
+    commands_max: usize,
     wake: Arc<OwnedFd>,
     /// The worker's disk queue depth, published by its loop.
     disk_depth: Arc<DiskDepth>,
@@ -92,12 +100,44 @@ impl WorkerHandle {
         self.syscalls.load(Ordering::Relaxed)
     }
 
+    /// Sends a command about work the worker has (waiting for room in its channel).
     pub(crate) fn send(&self, c: Command) {
-        if self.tx.send(c).is_ok() {
-            // A full eventfd counter (EAGAIN) still wakes the loop; nothing to handle.
-            let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+        let sent = if std::thread::current().id() == self.thread {
+            self.own.send(c).is_ok()
+        } else {
+            self.tx.send(c).is_ok()
+        };
+        if sent {
+            self.wake();
         }
     }
+
+    /// Sends new work, or [`QueueFull`] when the worker's channel holds
+    /// `worker_commands_max` commands already. A worker that stopped drops the command: the
+    /// opener learns it from the stream's report channel, as before.
+    pub(crate) fn try_send(&self, c: Command) -> Result<(), QueueFull> {
+        match self.tx.try_send(c) {
+            Ok(()) => {
+                self.wake();
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => Err(QueueFull {
+                commands_max: self.commands_max,
+            }),
+            Err(TrySendError::Disconnected(_)) => Ok(()),
+        }
+    }
+
+    fn wake(&self) {
+        // A full eventfd counter (EAGAIN) still wakes the loop; nothing to handle.
+        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+    }
+}
+
+/// A worker's command channel was full: the new stream or upcall was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QueueFull {
+    pub commands_max: usize,
 }
 
 /// Everything a worker needs to run one stream, built by the engine.
@@ -268,6 +308,8 @@ enum Reactor {
 struct Worker {
     reactor: Reactor,
     rx: Receiver<Command>,
+    /// Commands the worker's own thread sent itself (`WorkerHandle::send`).
+    own_rx: Receiver<Command>,
     wake: Arc<OwnedFd>,
     wake_armed: bool,
     depth: usize,
@@ -333,7 +375,9 @@ pub(crate) fn spawn_worker(
         )
         .map_err(io::Error::from)?,
     );
-    let (tx, rx) = channel();
+    let commands_max = cfg.worker_commands_max;
+    let (tx, rx) = sync_channel(commands_max);
+    let (own, own_rx) = channel();
     let (info_tx, info_rx) = sync_channel(1);
     let ring_cfg = RingConfig {
         sq_entries: 1024,
@@ -440,6 +484,7 @@ pub(crate) fn spawn_worker(
         let mut w = Worker {
             reactor,
             rx,
+            own_rx,
             wake: wake2,
             wake_armed: false,
             depth,
@@ -472,7 +517,10 @@ pub(crate) fn spawn_worker(
         .map_err(|_| io::Error::other("worker died at start"))?;
     Ok((
         WorkerHandle {
+            thread: join.thread().id(),
             tx,
+            own,
+            commands_max,
             wake,
             disk_depth,
             syscalls,
@@ -526,7 +574,7 @@ impl Worker {
     }
 
     fn take_commands(&mut self) {
-        while let Ok(cmd) = self.rx.try_recv() {
+        while let Ok(cmd) = self.rx.try_recv().or_else(|_| self.own_rx.try_recv()) {
             match cmd {
                 Command::Open(task) => {
                     let slot = match self.free.pop() {

@@ -14,7 +14,7 @@ fn a_device_is_measured_once_cached_and_measured_again_when_it_changed() {
     let file_path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("self-cal.bin");
     std::fs::write(&file_path, vec![7u8; 64 << 20]).unwrap();
     let file = std::fs::File::open(&file_path).unwrap();
-    let dev = penstock_driver::calibration::device_of(file.as_fd());
+    let dev = penstock_driver::device::device_of(file.as_fd());
     let cfg = SelfCalibration {
         enabled: true,
         cache_dir: Some(dir.path().to_path_buf()),

@@ -7,7 +7,7 @@
 //! children do not inherit them.
 
 use std::net::TcpListener;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 
 use anyhow::{Result, bail};
 
@@ -20,19 +20,11 @@ fn is_http_name(name: &str) -> bool {
 ///
 /// Must run before the process starts threads (it unsets environment variables).
 pub fn take_http_listeners() -> Result<Vec<TcpListener>> {
-    if std::env::var_os("LISTEN_FDS").is_none() {
-        return Ok(Vec::new());
-    }
-    // SAFETY: called from `penstock serve` before any thread is started (the engine, the
-    // workers and the signal iterator come after), which is the precondition of
-    // `std::env::remove_var` that this function inherits.
-    let fds = unsafe { sd_notify::listen_fds_with_names_and_unset_env() }?;
+    // Refused if threads were started already: the variables are unset.
+    let fds = penstock_uring::sys::take_listen_fds()?;
     let mut out = Vec::new();
-    for (raw, name) in fds {
-        // SAFETY: the service manager passed `raw` to this process for it to own
-        // (sd_listen_fds(3)); `listen_fds` checked LISTEN_PID is ours and that the number is
-        // within LISTEN_FDS, and nothing else in the process has taken it.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    for (fd, name) in fds {
+        let raw = fd.as_raw_fd();
         if !is_http_name(&name) {
             bail!(
                 "socket activation passed a descriptor named {name:?}: penstock serve takes HTTP sockets only (FileDescriptorName=http)"

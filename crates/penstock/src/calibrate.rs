@@ -108,6 +108,24 @@ pub fn read_depths(calibration: Option<&Path>) -> Vec<(u64, usize)> {
         .unwrap_or_default()
 }
 
+/// Without a calibration file: admission's CPU figures from the engine's send costs, measured
+/// once and cached under `cache_dir` (as `penstock serve` does; docs/io-scheduler.md, "CPU").
+/// A measurement that fails leaves the defaults, with a note.
+pub fn charge_self_calibrated_send_cost(admission: &mut AdmissionConfig, cache_dir: Option<&Path>) {
+    use penstock_driver::send_cost::{
+        SEND_COST_TIME, SendCostKept, capacity_with_send_cost, send_cost,
+    };
+    match send_cost(cache_dir, SEND_COST_TIME) {
+        Ok(r) => {
+            admission.capacity =
+                capacity_with_send_cost(admission.capacity, &r.charged(), SendCostKept::default());
+        }
+        Err(e) => eprintln!(
+            "penstock: note: the CPU cost of a send could not be measured ({e}): admission charges the defaults"
+        ),
+    }
+}
+
 /// The admission configuration for a CLI run: the calibration file's capacity, or the
 /// conservative default with a note (said once by the caller).
 pub fn admission_config(

@@ -22,6 +22,8 @@ use penstock_server::metrics::{CliMetrics, StreamSeen};
 use penstock_server::metrics_http::MetricsListener;
 
 use crate::timing::{Timing, pcr_plan, pcr_playback};
+use penstock_core::track::Playback;
+use penstock_driver::open::Opened;
 
 #[derive(Args, Debug)]
 pub struct StreamArgs {
@@ -330,17 +332,72 @@ pub fn run(a: StreamArgs) -> Result<()> {
         a.rate.as_deref(),
         a.schedule.as_deref(),
     )?;
-    let paced = pacing.is_paced();
     if a.rtp && !matches!(target, Endpoint::UdpSend { .. }) {
         return Err(crate::Usage(format!("--rtp sends to a udp:// target, not {target}")).into());
     }
+    let timing = media_timing(&a, &source, pacing.is_paced())?;
+    let (opened, playback) = open_timed(&a, &source, &target, timing)?;
+    let engine = std::sync::Arc::new(Engine::new(engine_config(&a)?)?);
+    let metrics = match a.metrics {
+        Some(addr) => {
+            let m = std::sync::Arc::new(CliMetrics::stream(engine.clone()));
+            if a.rtp {
+                m.register_rtcp();
+            }
+            let l = MetricsListener::start(addr, m.clone())
+                .with_context(|| format!("--metrics {addr}"))?;
+            eprintln!("penstock: metrics on http://{}/metrics", l.local_addr());
+            Some((m, l))
+        }
+        None => None,
+    };
+    if let Err(why) = &engine.info().uring {
+        eprintln!("penstock: note: {why}");
+    }
+    if a.realtime
+        && let Err(why) = &engine.info().realtime
+    {
+        eprintln!("penstock: note: --realtime: {why}; running with normal scheduling");
+    }
+    // RTP: random identity and numbering (RFC 3550 §5.1), the stream's unit 0 due a moment
+    // from now (the anchor the RTCP link times its reports by), the RTCP link beside it.
+    let rtp = a
+        .rtp
+        .then(|| penstock_core::rtp::Packetizer::mp2t(random_u64()));
+    let start_at = rtp.map(|_| {
+        let now = penstock_driver::clock::now();
+        penstock_core::time::Instant::from_nanos(now.as_nanos() + RTP_START_DELAY_NS)
+    });
+    let link = rtcp_link(&a, rtp, start_at, &opened)?;
+    let spec = stream_spec(&a, source, target, pacing, playback, rtp, start_at)?;
+    let out = run_stream(&a, &engine, spec, opened, metrics, link, rtp)?;
+    let json_stdout = penstock_bench::out::json_on_stdout(a.json.as_deref());
+    for n in &out.report.notes {
+        eprintln!("penstock: note: {n}");
+    }
+    if let Some(path) = &a.trace {
+        write_trace(path, &out.report.trace)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(dest) = &a.json {
+        penstock_bench::out::write_json(dest, &summary_json(&out))?;
+    }
+    if !json_stdout {
+        eprintln!("{}", summary_line(&out));
+    }
+    Ok(())
+}
+
+/// The stream's media timing (`--timing`, implied by `--rtp`), checked against the other
+/// flags and the source: `None` for a stream paced by flags or sent in a burst.
+fn media_timing(a: &StreamArgs, source: &Endpoint, paced: bool) -> Result<Option<Timing>> {
     let extent_flags = a.offset.is_some() || a.length.is_some() || a.unit.is_some();
     // --rtp needs unit times: it implies --timing auto.
     let asked = a.timing.or(a.rtp.then_some(Timing::Auto));
     let timing = match asked {
         Some(Timing::Auto) if paced || extent_flags => None,
         Some(Timing::Auto) => {
-            let t = crate::timing::auto(&source, a.tracks.as_deref());
+            let t = crate::timing::auto(source, a.tracks.as_deref());
             eprintln!(
                 "penstock: note: --timing auto: {}",
                 match t {
@@ -393,6 +450,19 @@ pub fn run(a: StreamArgs) -> Result<()> {
         }
         _ => {}
     }
+    Ok(timing)
+}
+
+/// A stream timed by its media, or sent as RTP, opens its endpoints here (the PCR is read
+/// from the very descriptor the engine sends, and RTCP pairs with the RTP socket), and its
+/// unit plan is read from the media.
+#[allow(clippy::type_complexity)]
+fn open_timed(
+    a: &StreamArgs,
+    source: &Endpoint,
+    target: &Endpoint,
+    timing: Option<Timing>,
+) -> Result<(Option<(Opened, Option<Opened>)>, Option<Playback>)> {
     let pcr_limits = penstock_core::ts::PcrLimits {
         probe_packets: a.pcr_probe_packets,
         pcr_gap_ns_max: u64::try_from(a.pcr_gap_max.as_nanos()).unwrap_or(u64::MAX),
@@ -407,7 +477,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
     let mut opened = None;
     if matches!(timing, Some(Timing::Pcr | Timing::Samples)) || a.rtp {
         let mut on_listen = |addr| eprintln!("penstock: listening on {addr}");
-        let src = penstock_driver::open::open_source(&source, &mut on_listen)?;
+        let src = penstock_driver::open::open_source(source, &mut on_listen)?;
         opened = Some((src, None));
     }
     let playback = match timing {
@@ -449,8 +519,15 @@ pub fn run(a: StreamArgs) -> Result<()> {
     };
     if let Some((_, dst)) = &mut opened {
         let mut on_listen = |addr| eprintln!("penstock: listening on {addr}");
-        *dst = Some(penstock_driver::open::open_target(&target, &mut on_listen)?);
+        *dst = Some(penstock_driver::open::open_target(target, &mut on_listen)?);
     }
+    Ok((opened, playback))
+}
+
+/// The engine `penstock stream` runs: one worker, the admission figures of the calibration
+/// file (else the defaults, with the self-calibrated send cost for an rt stream), and the
+/// flags' pool, timer and scheduling.
+fn engine_config(a: &StreamArgs) -> Result<EngineConfig> {
     let (mut admission, admission_note) = crate::calibrate::admission_config(
         a.calibration.as_deref(),
         a.net_rate.as_deref(),
@@ -470,25 +547,12 @@ pub fn run(a: StreamArgs) -> Result<()> {
         ..Default::default()
     };
     if admission_note.is_some() && a.class == Some(DiskClass::Rt) && self_calibration.enabled {
-        // No calibration file: the engine's send costs, measured once and cached, as
-        // `penstock serve` does (docs/io-scheduler.md, "CPU").
-        match penstock_driver::send_cost::send_cost(
+        crate::calibrate::charge_self_calibrated_send_cost(
+            &mut admission,
             self_calibration.cache_dir.as_deref(),
-            penstock_driver::send_cost::SEND_COST_TIME,
-        ) {
-            Ok(r) => {
-                admission.capacity = penstock_driver::send_cost::capacity_with_send_cost(
-                    admission.capacity,
-                    &r.charged(),
-                    penstock_driver::send_cost::SendCostKept::default(),
-                );
-            }
-            Err(e) => eprintln!(
-                "penstock: note: the CPU cost of a send could not be measured ({e}): admission charges the defaults"
-            ),
-        }
+        );
     }
-    let cfg = EngineConfig {
+    Ok(EngineConfig {
         admission,
         self_calibration,
         disk: DiskConfig {
@@ -515,45 +579,17 @@ pub fn run(a: StreamArgs) -> Result<()> {
         sched: a.cpu_sched,
         order: a.order,
         ..EngineConfig::default()
-    };
-    let engine = std::sync::Arc::new(Engine::new(cfg)?);
-    let metrics = match a.metrics {
-        Some(addr) => {
-            let m = std::sync::Arc::new(CliMetrics::stream(engine.clone()));
-            if a.rtp {
-                m.register_rtcp();
-            }
-            let l = MetricsListener::start(addr, m.clone())
-                .with_context(|| format!("--metrics {addr}"))?;
-            eprintln!("penstock: metrics on http://{}/metrics", l.local_addr());
-            Some((m, l))
-        }
-        None => None,
-    };
-    let metrics_class = if a.class == Some(DiskClass::Rt) {
-        "rt"
-    } else {
-        "bulk"
-    };
-    let mut metrics_seen = StreamSeen::default();
-    if let Err(why) = &engine.info().uring {
-        eprintln!("penstock: note: {why}");
-    }
-    if a.realtime
-        && let Err(why) = &engine.info().realtime
-    {
-        eprintln!("penstock: note: --realtime: {why}; running with normal scheduling");
-    }
-    // RTP: random identity and numbering (RFC 3550 §5.1), the stream's unit 0 due a moment
-    // from now (the anchor the RTCP link times its reports by), the RTCP link beside it.
-    let rtp = a
-        .rtp
-        .then(|| penstock_core::rtp::Packetizer::mp2t(random_u64()));
-    let start_at = rtp.map(|_| {
-        let now = penstock_driver::clock::now();
-        penstock_core::time::Instant::from_nanos(now.as_nanos() + RTP_START_DELAY_NS)
-    });
-    let mut link = match (rtp, start_at, &opened) {
+    })
+}
+
+/// The RTCP link beside an RTP stream (and its SDP file, `--sdp`); `None` without `--rtp`.
+fn rtcp_link(
+    a: &StreamArgs,
+    rtp: Option<penstock_core::rtp::Packetizer>,
+    start_at: Option<penstock_core::time::Instant>,
+    opened: &Option<(Opened, Option<Opened>)>,
+) -> Result<Option<penstock_driver::rtcp::RtcpLink>> {
+    Ok(match (rtp, start_at, opened) {
         (Some(rtp), Some(anchor), Some((_, Some(dst)))) => {
             use std::os::fd::AsFd;
             let (local, peer) = penstock_driver::rtcp::socket_addrs(dst.fd.as_fd())
@@ -588,8 +624,21 @@ pub fn run(a: StreamArgs) -> Result<()> {
             Some(link)
         }
         _ => None,
-    };
-    let spec = StreamSpec {
+    })
+}
+
+/// What the engine is asked to run: the flags' extent, unit, path and pacing, or the media's
+/// unit plan.
+fn stream_spec(
+    a: &StreamArgs,
+    source: Endpoint,
+    target: Endpoint,
+    pacing: Pacing,
+    playback: Option<Playback>,
+    rtp: Option<penstock_core::rtp::Packetizer>,
+    start_at: Option<penstock_core::time::Instant>,
+) -> Result<StreamSpec> {
+    Ok(StreamSpec {
         extent: match &playback {
             Some(p) => Extent {
                 offset: p.media_offset_bytes,
@@ -617,7 +666,27 @@ pub fn run(a: StreamArgs) -> Result<()> {
         rtp,
         start_at,
         ..StreamSpec::new(source, target)
+    })
+}
+
+/// Opens the stream, shows its progress, feeds the metrics and turns the RTCP link until it
+/// ends, then says what it did.
+#[allow(clippy::too_many_arguments)]
+fn run_stream(
+    a: &StreamArgs,
+    engine: &Engine,
+    spec: StreamSpec,
+    opened: Option<(Opened, Option<Opened>)>,
+    metrics: Option<(std::sync::Arc<CliMetrics>, MetricsListener)>,
+    mut link: Option<penstock_driver::rtcp::RtcpLink>,
+    rtp: Option<penstock_core::rtp::Packetizer>,
+) -> Result<Outcome> {
+    let metrics_class = if a.class == Some(DiskClass::Rt) {
+        "rt"
+    } else {
+        "bulk"
     };
+    let mut metrics_seen = StreamSeen::default();
     let cpu0 = cpu_times(CpuWho::Process);
     let t0 = std::time::Instant::now();
     let handle = match opened {
@@ -717,20 +786,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
             receivers: l.stats().clone(),
         }),
     };
-    for n in &out.report.notes {
-        eprintln!("penstock: note: {n}");
-    }
-    if let Some(path) = &a.trace {
-        write_trace(path, &out.report.trace)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(dest) = &a.json {
-        penstock_bench::out::write_json(dest, &summary_json(&out))?;
-    }
-    if !json_stdout {
-        eprintln!("{}", summary_line(&out));
-    }
-    Ok(())
+    Ok(out)
 }
 
 /// How long after the RTP stream is set up its unit 0 is due: the time to hand it to a worker,

@@ -9,6 +9,8 @@
 //! info. Colours only when stderr is a terminal; `--log-format json` writes one JSON object
 //! per line for log shippers.
 
+#![forbid(unsafe_code)]
+
 mod activation;
 mod calibrate;
 mod cmd_cluster;

@@ -523,9 +523,70 @@ pub fn ofd_lock_byte0(fd: std::os::fd::BorrowedFd<'_>, lock: Option<bool>) -> st
     }
 }
 
+/// Threads of this process, from `/proc/self/stat` (field 20, after the command's closing
+/// parenthesis); `None` when it cannot be read.
+fn thread_count() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    // Fields from 3 (state) on: num_threads is field 20, the 18th here.
+    after_comm.split_whitespace().nth(17)?.parse().ok()
+}
+
+/// Why [`take_listen_fds`] took nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenFdsError {
+    /// Unsetting the environment is sound only while no other thread can read it.
+    #[error(
+        "socket activation must be taken before the process starts threads ({threads} running)"
+    )]
+    Threads { threads: u64 },
+    #[error("socket activation: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The descriptors the service manager passed this process (`LISTEN_FDS`, sd_listen_fds(3)),
+/// with their `FileDescriptorName=`s, owned; the `LISTEN_*` variables are unset so children
+/// do not inherit them (and a second call finds none). Empty when none were passed. Refused
+/// while the process has more than one thread: the variables are unset, which is sound only
+/// while no other thread can read the environment, and checked here rather than promised.
+pub fn take_listen_fds() -> Result<Vec<(std::os::fd::OwnedFd, String)>, ListenFdsError> {
+    use std::os::fd::FromRawFd;
+    if std::env::var_os("LISTEN_FDS").is_none() {
+        return Ok(Vec::new());
+    }
+    let threads = thread_count().unwrap_or(u64::MAX);
+    if threads != 1 {
+        return Err(ListenFdsError::Threads { threads });
+    }
+    // SAFETY: this process has one thread (checked just above, and only this thread could
+    // start another), so nothing reads the environment while it is changed, which is
+    // `std::env::remove_var`'s precondition that this call inherits.
+    let fds = unsafe { sd_notify::listen_fds_with_names_and_unset_env() }?;
+    Ok(fds
+        .map(|(raw, name)| {
+            // SAFETY: the service manager passed `raw` to this process for it to own
+            // (sd_listen_fds(3)); `listen_fds` checked LISTEN_PID is ours and that the number
+            // is within LISTEN_FDS, and the variables are now unset, so no other call takes
+            // it again.
+            (unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) }, name)
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_thread_count_is_read_from_proc() {
+        let n = thread_count().expect("/proc/self/stat");
+        assert!(n >= 1, "{n}");
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || rx.recv());
+        assert_eq!(thread_count(), Some(n + 1));
+        drop(tx);
+        let _ = t.join();
+    }
 
     #[test]
     fn cached_pages_sees_a_file_leave_the_cache() {

@@ -27,6 +27,12 @@ pub fn is_aligned(d: &[u8]) -> bool {
         && d.chunks(TS_PACKET_BYTES).all(|p| p[0] == TS_SYNC_BYTE)
 }
 
+/// A header no encoder writes: adaptation_field_control `00` is reserved (ISO/IEC 13818-1
+/// 2.4.3.3; decoders discard such packets). A run of 0x47 bytes has it.
+fn reserved_header(p: &[u8]) -> bool {
+    (p[3] >> 4) & 0b11 == 0
+}
+
 impl Realigner {
     pub fn new() -> Self {
         Self::default()
@@ -40,7 +46,11 @@ impl Realigner {
     /// The whole packets that `d` completes, in order: `d` itself when nothing is carried and
     /// it is aligned, else the packets assembled in `scratch`. Empty when `d` completes none.
     pub fn push<'a>(&mut self, d: &'a [u8], scratch: &'a mut Vec<u8>) -> &'a [u8] {
-        if self.carry.is_empty() && is_aligned(d) {
+        if is_aligned(d) {
+            // A datagram of whole packets starts a packet: what was carried (the tail of an
+            // earlier datagram whose rest never came) was no packet's beginning after all.
+            self.dropped_bytes += self.carry.len() as u64;
+            self.carry.clear();
             return d;
         }
         scratch.clear();
@@ -61,9 +71,12 @@ impl Realigner {
                 self.carry.extend_from_slice(&scratch[read..]);
                 break;
             }
-            // A sync byte whose packet another sync byte follows (or that ends the data) is
-            // taken as a packet; otherwise it was a payload byte that looked like one.
-            if rest > TS_PACKET_BYTES && scratch[read + TS_PACKET_BYTES] != TS_SYNC_BYTE {
+            // A sync byte whose packet another sync byte follows (or that ends the data), with
+            // a header that is not reserved, is taken as a packet; otherwise it was a payload
+            // byte that looked like one.
+            if (rest > TS_PACKET_BYTES && scratch[read + TS_PACKET_BYTES] != TS_SYNC_BYTE)
+                || reserved_header(&scratch[read..read + TS_PACKET_BYTES])
+            {
                 read += 1;
                 self.dropped_bytes += 1;
                 continue;
@@ -85,11 +98,12 @@ mod tests {
     fn packets(n: usize) -> Vec<u8> {
         let mut v = Vec::with_capacity(n * TS_PACKET_BYTES);
         for i in 0..n {
-            v.push(TS_SYNC_BYTE);
+            // A payload-only packet of PID 0x100 with its continuity counter.
+            v.extend_from_slice(&[TS_SYNC_BYTE, 0x01, 0x00, 0x10 | (i as u8 & 0x0f)]);
             // One payload byte that looks like a sync byte, at a place that moves from packet
             // to packet (as in real payloads); the others below 0x40.
-            let fake = 1 + (i * 37) % (TS_PACKET_BYTES - 2);
-            v.extend((1..TS_PACKET_BYTES).map(|k| {
+            let fake = 4 + (i * 37) % (TS_PACKET_BYTES - 5);
+            v.extend((4..TS_PACKET_BYTES).map(|k| {
                 if k == fake {
                     TS_SYNC_BYTE
                 } else {
@@ -163,6 +177,19 @@ mod tests {
         // Only the packets the loss touched are missing: 2000..3000 spans packets 10..=15,
         // and the carried start of packet 10 (byte 1880) is dropped with it.
         assert_eq!(out.len() / TS_PACKET_BYTES, 50 - 6);
+    }
+
+    #[test]
+    fn a_run_of_sync_bytes_is_no_packet_and_leaves_aligned_datagrams_alone() {
+        let mut r = Realigner::new();
+        let mut scratch = Vec::new();
+        assert!(r.push(&[0x47u8; 200], &mut scratch).is_empty());
+        // Its tail may be carried; the next aligned datagram passes whole and drops it.
+        let d = packets(7);
+        let got = r.push(&d, &mut scratch);
+        assert_eq!(got.as_ptr(), d.as_ptr());
+        assert_eq!(r.carried(), 0);
+        assert_eq!(r.dropped_bytes, 200);
     }
 
     #[test]

@@ -432,6 +432,7 @@ mod tests {
         let mut v = vec![0u8; n * 188];
         for p in v.chunks_mut(188) {
             p[0] = 0x47;
+            p[3] = 0x10; // payload only (adaptation_field_control 01)
         }
         v
     }

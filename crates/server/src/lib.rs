@@ -538,6 +538,7 @@ impl Server {
                 engine.clone(),
                 metrics.clone(),
                 &hls_indexes,
+                shared.tls.clone(),
             )?;
             if let Some(o) = &origin_for_rtsp {
                 r.set_origin(o.clone());
@@ -732,8 +733,12 @@ impl Server {
         if let Some(a) = self.metrics_addr() {
             s.push_str(&format!(", metrics http://{a}/metrics"));
         }
-        for a in self.rtsp_addrs() {
-            s.push_str(&format!(", rtsp://{a}/"));
+        if let Some(r) = &self.rtsp {
+            let r = r.lock().unwrap_or_else(|p| p.into_inner());
+            for &a in r.addrs() {
+                let scheme = if r.is_tls(a) { "rtsps" } else { "rtsp" };
+                s.push_str(&format!(", {scheme}://{a}/"));
+            }
         }
         s
     }

@@ -108,6 +108,15 @@ pub fn plan(ulp: bool, suite: CipherSuite) -> TlsPath {
     }
 }
 
+/// Whether an interleaved RTSP session's engine stream may write its frames to the
+/// connection's socket itself (`[rtsp] interleaved_direct`): only where that socket takes
+/// plaintext — a plain connection (`tls` `None`) or a kTLS one. On a `tls-user` connection
+/// raw bytes on the socket would break the TLS stream: the frames go through the
+/// connection's rustls session instead.
+pub fn interleaved_direct(configured: bool, tls: Option<TlsPath>) -> bool {
+    configured && matches!(tls, None | Some(TlsPath::Ktls))
+}
+
 /// The AEADs Linux's TLS ULP implements (AES-GCM since 4.13/4.17, ChaCha20-Poly1305 since
 /// 5.11), for the suites rustls negotiates.
 fn kernel_has_cipher(suite: CipherSuite) -> bool {
@@ -187,6 +196,9 @@ fn kernel_keys(
 #[derive(Debug)]
 pub struct Tls {
     config: Arc<rustls::ServerConfig>,
+    /// The same, without ALPN, for `rtsps://` listeners (RTSP has no ALPN name; a client
+    /// offering one is not refused for it).
+    rtsp_config: Arc<rustls::ServerConfig>,
     store: Arc<CertStore>,
     handshake_timeout_ms: AtomicU64,
     /// Decided once at start: kernel TLS allowed (`[tls] ktls`) and the ULP is there.
@@ -236,8 +248,11 @@ impl Tls {
             // for TLS 1.2).
             sc.send_tls13_tickets = 0;
         }
+        let mut rtsp = sc.clone();
+        rtsp.alpn_protocols = Vec::new();
         Ok(Tls {
             config: Arc::new(sc),
+            rtsp_config: Arc::new(rtsp),
             store,
             handshake_timeout_ms: AtomicU64::new(cfg.handshake_timeout_ms),
             ktls,
@@ -268,6 +283,11 @@ impl Tls {
     /// A new server-side session for an accepted connection.
     pub fn accept(&self) -> Result<ServerConnection, rustls::Error> {
         ServerConnection::new(self.config.clone())
+    }
+
+    /// A new server-side session for a connection accepted on an `rtsps://` listener.
+    pub fn accept_rtsp(&self) -> Result<ServerConnection, rustls::Error> {
+        ServerConnection::new(self.rtsp_config.clone())
     }
 
     pub fn handshake_timeout(&self) -> Duration {
@@ -544,6 +564,15 @@ mod tests {
         );
         assert_eq!(TlsPath::Ktls.label(), "ktls");
         assert_eq!(TlsPath::User.label(), "tls-user");
+    }
+
+    #[test]
+    fn no_engine_writes_reach_a_user_space_tls_socket() {
+        assert!(interleaved_direct(true, None));
+        assert!(interleaved_direct(true, Some(TlsPath::Ktls)));
+        assert!(!interleaved_direct(true, Some(TlsPath::User)));
+        assert!(!interleaved_direct(false, None));
+        assert!(!interleaved_direct(false, Some(TlsPath::Ktls)));
     }
 
     #[test]

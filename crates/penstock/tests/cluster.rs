@@ -2084,3 +2084,127 @@ fn a_peer_fill_is_honoured_only_with_a_listed_nodes_name_and_key() {
         file.0
     );
 }
+
+/// etcd over TLS (docs/cluster.md, "etcd over TLS"): an etcd started with `--cert-file`,
+/// `--key-file` and `--client-cert-auth` (the test CA for both sides, certificates made
+/// by `openssl` here). A node with `[cluster] etcd = "https://…"`, `ca_file`, `cert_file`
+/// and `key_file` registers; `penstock cluster status` lists it with the same three;
+/// without the client certificate etcd refuses the handshake, and without the CA the
+/// client refuses etcd's certificate — each a clear error, nothing listed.
+#[test]
+fn a_node_registers_in_an_etcd_over_tls_with_a_client_certificate() {
+    if !have("etcd", "--version") || !have("openssl", "version") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    common::make_ca(dir.path());
+    let (cert, key) = common::make_cert(dir.path(), "etcd", "etcd-test");
+    let (ccert, ckey) = common::make_cert(dir.path(), "client", "node-a");
+    let ca = dir.path().join("ca.pem");
+    let (client, peer) = (free_port("127.0.0.1"), free_port("127.0.0.1"));
+    let url = format!("https://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let _etcd = Proc(
+        Command::new("etcd")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--name", "t", "--listen-client-urls", &url])
+            .args(["--advertise-client-urls", &url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("t={peer_url}")])
+            .arg("--cert-file")
+            .arg(&cert)
+            .arg("--key-file")
+            .arg(&key)
+            .arg("--client-cert-auth")
+            .arg("--trusted-ca-file")
+            .arg(&ca)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd"),
+    );
+    let status = |extra: &[&std::ffi::OsStr]| {
+        Command::new(BIN)
+            .args(["cluster", "status", "--json", "--etcd", &url])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let full: Vec<&std::ffi::OsStr> = vec![
+        "--etcd-cacert".as_ref(),
+        ca.as_os_str(),
+        "--etcd-cert".as_ref(),
+        ccert.as_os_str(),
+        "--etcd-key".as_ref(),
+        ckey.as_os_str(),
+    ];
+    // etcd is up when a status call with everything succeeds.
+    assert!(
+        wait_for(Duration::from_secs(30), || status(&full).status.success()).is_some(),
+        "etcd over TLS never answered: {}",
+        String::from_utf8_lossy(&status(&full).stderr)
+    );
+    let node_dir = tempfile::tempdir().unwrap();
+    let root = node_dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    // `node_in` reads the URL only; the etcd process is `_etcd` above.
+    let e = Etcd {
+        _proc: Proc(Command::new("true").spawn().unwrap()),
+        url: url.clone(),
+        client,
+        peer,
+        dir: std::sync::Arc::new(tempfile::tempdir().unwrap()),
+    };
+    let extra = format!(
+        "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        ca.display(),
+        ccert.display(),
+        ckey.display()
+    );
+    let _a = node_in(&e, "a", "127.0.0.2", node_dir, &root, &extra);
+    let listed_tls = || -> Vec<String> {
+        let o = status(&full);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), || listed_tls() == names(&["a"])).is_some(),
+        "node a over TLS: {:?}",
+        listed_tls()
+    );
+    // Without the client certificate: etcd refuses it.
+    let o = status(&full[..2]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    println!("without a client certificate: {}", err.trim());
+    assert!(
+        !o.status.success(),
+        "etcd took a client without a certificate"
+    );
+    // Without the CA: etcd's certificate is refused by the client.
+    let o = status(&full[2..]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    println!("without the CA: {}", err.trim());
+    assert!(!o.status.success(), "the client took an unknown issuer");
+    assert!(
+        err.to_lowercase().contains("certificate") || err.to_lowercase().contains("issuer"),
+        "{err}"
+    );
+    // A plain http:// URL to the TLS port is no way around it.
+    let o = Command::new(BIN)
+        .args([
+            "cluster",
+            "status",
+            "--etcd",
+            &format!("http://127.0.0.1:{client}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+}

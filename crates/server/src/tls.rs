@@ -435,6 +435,60 @@ fn load_pair(
     ))
 }
 
+/// A TLS client's configuration for ureq (the etcd client, `docs/cluster.md`): the
+/// certificates a server's must chain to — those of `ca_file` (PEM), else Mozilla's roots
+/// built in — and, where etcd asks for one (`--client-cert-auth`), a client certificate
+/// (`cert_file`, the chain leaf first, and `key_file`, mode 0600). `what` names the keys in
+/// errors.
+pub fn client_config(
+    what: &str,
+    ca_file: Option<&Path>,
+    cert_file: Option<&Path>,
+    key_file: Option<&Path>,
+) -> Result<ureq::tls::TlsConfig, String> {
+    let mut tls = ureq::tls::TlsConfig::builder();
+    if let Some(p) = ca_file {
+        tls = tls.root_certs(ureq::tls::RootCerts::Specific(Arc::new(pem_certificates(
+            &format!("{what}.ca_file"),
+            p,
+        )?)));
+    }
+    match (cert_file, key_file) {
+        (None, None) => {}
+        (Some(c), Some(k)) => {
+            let chain = pem_certificates(&format!("{what}.cert_file"), c)?;
+            key_is_private(k)?;
+            let pem =
+                std::fs::read(k).map_err(|e| format!("{what}.key_file {}: {e}", k.display()))?;
+            let key = ureq::tls::PrivateKey::from_pem(&pem)
+                .map_err(|e| format!("{what}.key_file {}: no private key ({e})", k.display()))?;
+            tls = tls.client_cert(Some(ureq::tls::ClientCert::new_with_certs(&chain, key)));
+        }
+        _ => return Err(format!("{what}.cert_file and {what}.key_file go together")),
+    }
+    Ok(tls.build())
+}
+
+/// The certificates of a PEM file (other items, such as a key, are ignored): at least one,
+/// or why not (`what` names the setting).
+pub fn pem_certificates(
+    what: &str,
+    path: &Path,
+) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
+    let name = || format!("{what} {}", path.display());
+    let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", name()))?;
+    let mut certs = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        if let ureq::tls::PemItem::Certificate(c) = item.map_err(|e| format!("{}: {e}", name()))? {
+            certs.push(c);
+        }
+    }
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificate in it", name()));
+    }
+    Ok(certs)
+}
+
 /// A key file must not be readable (nor writable) by group or others, as ssh asks of its
 /// keys.
 fn key_is_private(path: &Path) -> Result<(), String> {

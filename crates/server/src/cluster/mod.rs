@@ -175,7 +175,11 @@ impl Membership {
         load: Box<dyn Fn() -> NodeLoad + Send>,
         metrics: ClusterMetrics,
     ) -> Result<Membership, EtcdError> {
-        let etcd = Etcd::new(&cfg.etcd, Duration::from_millis(cfg.etcd_timeout_ms))?;
+        let etcd = Etcd::with_tls(
+            &cfg.etcd,
+            Duration::from_millis(cfg.etcd_timeout_ms),
+            &cfg.etcd_tls(),
+        )?;
         let view = Arc::new(View::new(
             node.clone(),
             cfg.redirect,

@@ -32,7 +32,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-pub(crate) use serve::{OriginEnd, OriginJob, run};
+pub(crate) use serve::{OriginEnd, OriginJob, TlsSession, run};
 
 use crate::config::OriginConfig;
 

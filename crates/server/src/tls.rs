@@ -109,12 +109,17 @@ pub fn plan(ulp: bool, suite: CipherSuite) -> TlsPath {
 }
 
 /// Whether an interleaved RTSP session's engine stream may write its frames to the
-/// connection's socket itself (`[rtsp] interleaved_direct`): only where that socket takes
-/// plaintext — a plain connection (`tls` `None`) or a kTLS one. On a `tls-user` connection
-/// raw bytes on the socket would break the TLS stream: the frames go through the
-/// connection's rustls session instead.
+/// connection's socket itself (`[rtsp] interleaved_direct`): only on a plain connection
+/// (`tls` `None`).
+///
+/// - `tls-user`: raw bytes on the socket would break the TLS stream; the frames go through
+///   the connection's rustls session instead.
+/// - `ktls`: the socket takes plaintext, but the engine sends each frame whole with
+///   `MSG_WAITALL` (and may plan SEND_ZC), which the kernel's TLS `sendmsg` refuses with
+///   EOPNOTSUPP (seen in the QEMU run of `tests/ktls.rs`: every frame failed); the
+///   connection thread writes the frames with a plain `write`, which the kernel encrypts.
 pub fn interleaved_direct(configured: bool, tls: Option<TlsPath>) -> bool {
-    configured && matches!(tls, None | Some(TlsPath::Ktls))
+    configured && tls.is_none()
 }
 
 /// The AEADs Linux's TLS ULP implements (AES-GCM since 4.13/4.17, ChaCha20-Poly1305 since
@@ -623,7 +628,7 @@ mod tests {
     #[test]
     fn no_engine_writes_reach_a_user_space_tls_socket() {
         assert!(interleaved_direct(true, None));
-        assert!(interleaved_direct(true, Some(TlsPath::Ktls)));
+        assert!(!interleaved_direct(true, Some(TlsPath::Ktls)));
         assert!(!interleaved_direct(true, Some(TlsPath::User)));
         assert!(!interleaved_direct(false, None));
         assert!(!interleaved_direct(false, Some(TlsPath::Ktls)));

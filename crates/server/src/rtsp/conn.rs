@@ -427,6 +427,26 @@ impl Conn<'_> {
                     }
                     Ok(Some(n)) => n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    // A record other than data on a kTLS socket (the client's TLS 1.3
+                    // KeyUpdate, an alert such as close_notify) fails a plain read with EIO
+                    // (EKEYEXPIRED after a KeyUpdate on kernels that can take new keys):
+                    // penstock does not hand the kernel new keys, so the connection ends
+                    // here, cleanly (docs/tls.md, "kTLS: key updates and close_notify").
+                    Err(e)
+                        if matches!(self.wire, Wire::Ktls)
+                            && matches!(
+                                e.raw_os_error(),
+                                Some(x) if x == rustix::io::Errno::IO.raw_os_error()
+                                    || x == rustix::io::Errno::KEYEXPIRED.raw_os_error()
+                            ) =>
+                    {
+                        tracing::debug!(
+                            "rtsps connection {}: a TLS control record on a kTLS socket (a KeyUpdate or an alert): closed",
+                            self.peer
+                        );
+                        self.shared.metrics.error("ktls_control_record");
+                        return Ok(());
+                    }
                     Err(e) => return Err(e),
                 };
                 if n > 0 && buf.is_empty() {

@@ -230,10 +230,10 @@ pub enum Transport {
         /// The connection that carries it (the session ends with it).
         conn_id: u64,
         /// Whether the engine writes its frames to `tcp` itself: `[rtsp]
-        /// interleaved_direct` on a connection whose socket takes plaintext (plain TCP, or
-        /// kTLS). On a user-space TLS connection (`tls-user`) every byte goes through the
-        /// connection's rustls session, so the engine writes into `engine_end` instead and
-        /// the connection thread frames and encrypts (decided by
+        /// interleaved_direct` on a plain connection. On an `rtsps://` one the engine
+        /// writes into `engine_end` instead and the connection thread frames the packets
+        /// and writes them: through rustls (`tls-user`), or with a plain `write` on a kTLS
+        /// socket, whose `sendmsg` refuses the engine's send flags (decided by
         /// [`crate::tls::interleaved_direct`]).
         direct: bool,
     },

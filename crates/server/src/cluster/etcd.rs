@@ -87,6 +87,15 @@ impl EtcdTls {
     pub fn is_empty(&self) -> bool {
         self == &EtcdTls::default()
     }
+
+    /// `[cluster]`'s `ca_file`, `cert_file` and `key_file`.
+    pub fn of(cfg: &crate::config::cluster::ClusterConfig) -> EtcdTls {
+        EtcdTls {
+            ca_file: cfg.ca_file.clone(),
+            cert_file: cfg.cert_file.clone(),
+            key_file: cfg.key_file.clone(),
+        }
+    }
 }
 
 impl Etcd {

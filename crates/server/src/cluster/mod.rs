@@ -184,7 +184,7 @@ impl Membership {
         let etcd = Etcd::with_tls(
             &cfg.etcd,
             Duration::from_millis(cfg.etcd_timeout_ms),
-            &cfg.etcd_tls(),
+            &etcd::EtcdTls::of(cfg),
         )?;
         let view = Arc::new(View::new(
             node.clone(),

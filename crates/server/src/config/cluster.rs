@@ -96,7 +96,8 @@ impl ClusterConfig {
                 self.etcd
             ));
         }
-        if !https && !self.etcd_tls().is_empty() {
+        if !https && (self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some())
+        {
             return bad(format!(
                 "cluster.ca_file, cert_file and key_file are for an https:// etcd, not {:?}",
                 self.etcd
@@ -151,15 +152,6 @@ impl ClusterConfig {
             return bad("cluster.retry_max: 250ms ..= 10min".into());
         }
         Ok(())
-    }
-
-    /// The TLS settings of the etcd client.
-    pub fn etcd_tls(&self) -> crate::cluster::etcd::EtcdTls {
-        crate::cluster::etcd::EtcdTls {
-            ca_file: self.ca_file.clone(),
-            cert_file: self.cert_file.clone(),
-            key_file: self.key_file.clone(),
-        }
     }
 
     /// The key of node `name`'s record.

@@ -88,12 +88,13 @@ fn serve(clip: &Path) -> Served {
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n[log]\naccess = \"off\"\n\
+            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n[log]\naccess = \"{}\"\naccess_flush_ms = 50\n\
              [rtsp]\nlisten = [\"rtsps://127.0.0.1:0\", \"127.0.0.1:0\"]\n\
              [tls]\nhandshake_timeout_ms = 2000\n[[tls.certificates]]\ncert = \"{}\"\nkey = \"{}\"\n\
              [admission]\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\n\
              disk_random_iops = 100000\nnet_bytes_per_s = 1250000000\ncpu_send_ns = 5000\n\
              cpu_send_byte_ps = 500\n",
+            dir.path().join("access.log").display(),
             cert.display(),
             key.display()
         ),
@@ -448,6 +449,22 @@ fn interleaved_rtp_over_tls_is_the_file_through_a_key_update() {
     // The connection goes on after the key update: a request is answered.
     let (st, _) = c.request("TEARDOWN", &url, &[("Session", &session)]);
     assert_eq!(st, 200);
+    // The session's access-log line names its TLS path.
+    let want = format!(" transport=tcp tls={} ", expected_path());
+    let t0 = Instant::now();
+    let line = loop {
+        let log = std::fs::read_to_string(s.path("access.log")).unwrap_or_default();
+        if let Some(l) = log.lines().find(|l| l.contains("end=teardown")) {
+            break l.to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no access line: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!("{line}");
+    assert!(line.contains(&want), "{line}");
 }
 
 /// A plain RTSP client on the rtsps:// port reads a 400 in clear and a close; a TLS client

@@ -1216,6 +1216,7 @@ impl Conn<'_> {
                         channels: (rtp_channel, rtcp_channel),
                         conn_id: self.id,
                         direct: self.direct(),
+                        tls: self.wire.path().map(TlsPath::label),
                     },
                     format!(
                         "RTP/AVP/TCP;unicast;interleaved={rtp_channel}-{rtcp_channel};ssrc={:08X}",

@@ -236,7 +236,19 @@ pub enum Transport {
         /// socket, whose `sendmsg` refuses the engine's send flags (decided by
         /// [`crate::tls::interleaved_direct`]).
         direct: bool,
+        /// The connection's TLS path (`ktls`, `tls-user`) on an `rtsps://` listener.
+        tls: Option<&'static str>,
     },
+}
+
+impl Transport {
+    /// The TLS path of the connection carrying it (`None`: plain, or UDP).
+    fn tls(&self) -> Option<&'static str> {
+        match self {
+            Transport::Interleaved { tls, .. } => *tls,
+            Transport::Udp { .. } => None,
+        }
+    }
 }
 
 impl Transport {
@@ -1033,6 +1045,7 @@ impl RtspShared {
                     Transport::Udp { .. } => "udp",
                     Transport::Interleaved { .. } => "tcp",
                 },
+                tls: s.transport.tls(),
                 late_p99_ns,
                 end: why.word(),
             },
@@ -1066,9 +1079,12 @@ impl RtspShared {
                     Transport::Interleaved { .. } => "tcp",
                 };
                 let mut line = format!(
-                    "rtsp-{} {state} path={} transport={transport} class=rt",
+                    "rtsp-{} {state} path={} transport={transport}{} class=rt",
                     s.id,
-                    s.path.replace(char::is_whitespace, "%20")
+                    s.path.replace(char::is_whitespace, "%20"),
+                    s.transport
+                        .tls()
+                        .map_or(String::new(), |t| format!(" tls={t}"))
                 );
                 if let Some(l) = &s.live {
                     line += &format!(

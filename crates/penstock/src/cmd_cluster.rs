@@ -42,6 +42,16 @@ pub struct EtcdArgs {
     /// Deadline of each call to etcd.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub etcd_timeout: Duration,
+    /// With an https:// etcd: the PEM certificates its certificate must chain to (default:
+    /// Mozilla's roots).
+    #[arg(long, value_name = "FILE")]
+    pub etcd_cacert: Option<PathBuf>,
+    /// With an https:// etcd that asks for one: the client certificate (PEM) …
+    #[arg(long, value_name = "FILE", requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+    /// … and its key (PEM, mode 0600).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -110,7 +120,12 @@ pub fn run(c: ClusterCommand) -> Result<()> {
 }
 
 fn client(a: &EtcdArgs) -> Result<Etcd> {
-    Ok(Etcd::new(&a.etcd, a.etcd_timeout)?)
+    let tls = penstock_server::cluster::etcd::EtcdTls {
+        ca_file: a.etcd_cacert.clone(),
+        cert_file: a.etcd_cert.clone(),
+        key_file: a.etcd_key.clone(),
+    };
+    Ok(Etcd::with_tls(&a.etcd, a.etcd_timeout, &tls)?)
 }
 
 fn nodes_prefix(prefix: &str) -> String {

@@ -158,6 +158,19 @@ fn node_in(
     root: &Path,
     extra: &str,
 ) -> Node {
+    node_listening(etcd, name, ip, dir, root, &format!("\"{ip}:0\""), extra)
+}
+
+/// [`node_in`] with `[http] listen = LISTEN` (TOML: a string or a list).
+fn node_listening(
+    etcd: &Etcd,
+    name: &str,
+    ip: &str,
+    dir: tempfile::TempDir,
+    root: &Path,
+    listen: &str,
+    extra: &str,
+) -> Node {
     let conf = dir.path().join("penstock.toml");
     // TTL_S unless `extra` sets its own lease_ttl.
     let ttl = if extra.contains("lease_ttl") {
@@ -168,7 +181,7 @@ fn node_in(
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"{ip}:0\"\n[control]\nlisten = \"{ip}:0\"\ntoken = \"{TOKEN}\"\n\
+            "[http]\nlisten = {listen}\n[control]\nlisten = \"{ip}:0\"\ntoken = \"{TOKEN}\"\n\
              [log]\naccess = \"{}\"\naccess_flush_ms = 50\n[rtsp]\nlisten = \"{ip}:0\"\n\
              [cluster]\netcd = \"{}\"\nnode = \"{name}\"\n{ttl}etcd_timeout = \"500ms\"\nretry_max = \"1s\"\n{extra}",
             dir.path().join("access.log").display(),
@@ -2082,5 +2095,268 @@ fn a_peer_fill_is_honoured_only_with_a_listed_nodes_name_and_key() {
         (file.1.len() as u64, peer_bytes),
         "with a's key, b read {} from the origin",
         file.0
+    );
+}
+
+/// etcd over TLS (docs/cluster.md, "etcd over TLS"): an etcd started with `--cert-file`,
+/// `--key-file` and `--client-cert-auth` (the test CA for both sides, certificates made
+/// by `openssl` here). A node with `[cluster] etcd = "https://…"`, `ca_file`, `cert_file`
+/// and `key_file` registers; `penstock cluster status` lists it with the same three;
+/// without the client certificate etcd refuses the handshake, and without the CA the
+/// client refuses etcd's certificate — each a clear error, nothing listed.
+#[test]
+fn a_node_registers_in_an_etcd_over_tls_with_a_client_certificate() {
+    if !have("etcd", "--version") || !have("openssl", "version") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    common::make_ca(dir.path());
+    let (cert, key) = common::make_cert(dir.path(), "etcd", "etcd-test");
+    let (ccert, ckey) = common::make_cert(dir.path(), "client", "node-a");
+    let ca = dir.path().join("ca.pem");
+    let (client, peer) = (free_port("127.0.0.1"), free_port("127.0.0.1"));
+    let url = format!("https://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let _etcd = Proc(
+        Command::new("etcd")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--name", "t", "--listen-client-urls", &url])
+            .args(["--advertise-client-urls", &url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("t={peer_url}")])
+            .arg("--cert-file")
+            .arg(&cert)
+            .arg("--key-file")
+            .arg(&key)
+            .arg("--client-cert-auth")
+            .arg("--trusted-ca-file")
+            .arg(&ca)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd"),
+    );
+    let status = |extra: &[&std::ffi::OsStr]| {
+        Command::new(BIN)
+            .args(["cluster", "status", "--json", "--etcd", &url])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let full: Vec<&std::ffi::OsStr> = vec![
+        "--etcd-cacert".as_ref(),
+        ca.as_os_str(),
+        "--etcd-cert".as_ref(),
+        ccert.as_os_str(),
+        "--etcd-key".as_ref(),
+        ckey.as_os_str(),
+    ];
+    // etcd is up when a status call with everything succeeds.
+    assert!(
+        wait_for(Duration::from_secs(30), || status(&full).status.success()).is_some(),
+        "etcd over TLS never answered: {}",
+        String::from_utf8_lossy(&status(&full).stderr)
+    );
+    let node_dir = tempfile::tempdir().unwrap();
+    let root = node_dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    // `node_in` reads the URL only; the etcd process is `_etcd` above.
+    let e = Etcd {
+        _proc: Proc(Command::new("true").spawn().unwrap()),
+        url: url.clone(),
+        client,
+        peer,
+        dir: std::sync::Arc::new(tempfile::tempdir().unwrap()),
+    };
+    let extra = format!(
+        "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        ca.display(),
+        ccert.display(),
+        ckey.display()
+    );
+    let _a = node_in(&e, "a", "127.0.0.2", node_dir, &root, &extra);
+    let listed_tls = || -> Vec<String> {
+        let o = status(&full);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), || listed_tls() == names(&["a"])).is_some(),
+        "node a over TLS: {:?}",
+        listed_tls()
+    );
+    // Without the client certificate: etcd refuses it.
+    let o = status(&full[..2]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    println!("without a client certificate: {}", err.trim());
+    assert!(
+        !o.status.success(),
+        "etcd took a client without a certificate"
+    );
+    // Without the CA: etcd's certificate is refused by the client.
+    let o = status(&full[2..]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    println!("without the CA: {}", err.trim());
+    assert!(!o.status.success(), "the client took an unknown issuer");
+    assert!(
+        err.to_lowercase().contains("certificate") || err.to_lowercase().contains("issuer"),
+        "{err}"
+    );
+    // A plain http:// URL to the TLS port is no way around it.
+    let o = Command::new(BIN)
+        .args([
+            "cluster",
+            "status",
+            "--etcd",
+            &format!("http://127.0.0.1:{client}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+}
+
+/// Peer fills over TLS (docs/origin.md, "In a cluster"): nodes with an `https://` listener
+/// publish it (`https=` in their record), and a node reads a path's blocks from the node
+/// that fills it over `https://`, checking its certificate against `[origin] ca_file`. The
+/// bytes are exact, the filling node counts TLS handshakes (`tls-user`, or `ktls`) and
+/// logs the fills, and the origin sent each file once.
+#[test]
+fn peer_fills_go_over_https_where_the_filling_node_has_a_tls_listener() {
+    if !have("etcd", "--version") || !have("nginx", "-v") || !have("openssl", "version") {
+        return;
+    }
+    let etcd = etcd();
+    let www = tempfile::tempdir().unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..8u32)
+        .map(|i| {
+            let body: Vec<u8> = (0..(200_000 + i * 1000))
+                .map(|j| (j.wrapping_mul(29) ^ i) as u8)
+                .collect();
+            (format!("g{i}.bin"), body)
+        })
+        .collect();
+    for (f, b) in &files {
+        std::fs::write(www.path().join(f), b).unwrap();
+    }
+    let origin = nginx(www.path());
+    let caches = tempfile::tempdir().unwrap();
+    let pki = caches.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    common::make_ca(&pki);
+    let (cert, key) = common::make_cert_for(&pki, "nodes", "nodes", "IP:127.0.0.2,IP:127.0.0.3");
+    let empty = caches.path().join("empty-root");
+    std::fs::create_dir(&empty).unwrap();
+    let nodes: Vec<Node> = [("a", "127.0.0.2"), ("b", "127.0.0.3")]
+        .iter()
+        .map(|(name, ip)| {
+            let cache = caches.path().join(name);
+            std::fs::create_dir(&cache).unwrap();
+            let extra = format!(
+                "[origin]\nurl = \"http://127.0.0.1:{}\"\ncache_dir = \"{}\"\nblock_bytes = \"4MiB\"\nca_file = \"{}\"\n\
+                 [tls]\n[[tls.certificates]]\ncert = \"{}\"\nkey = \"{}\"\n",
+                origin.port,
+                cache.display(),
+                pki.join("ca.pem").display(),
+                cert.display(),
+                key.display()
+            );
+            node_listening(
+                &etcd,
+                name,
+                ip,
+                tempfile::tempdir().unwrap(),
+                &empty,
+                &format!("[\"{ip}:0\", \"https://{ip}:0\"]"),
+                &extra,
+            )
+        })
+        .collect();
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let client =
+        penstock_server::cluster::etcd::Etcd::new(&etcd.url, Duration::from_secs(5)).unwrap();
+    let mut records: Vec<penstock_core::cluster::NodeRecord> = Vec::new();
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            records = client
+                .range_prefix("/penstock/nodes/")
+                .map(|(kvs, _)| {
+                    kvs.iter()
+                        .filter_map(|kv| {
+                            penstock_core::cluster::NodeRecord::decode(
+                                std::str::from_utf8(&kv.value).ok()?,
+                            )
+                            .ok()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            records.len() == 2
+                && records
+                    .iter()
+                    .all(|r| r.https.is_some() && r.cache_bytes.is_some())
+                && nodes
+                    .iter()
+                    .all(|n| n.metric("penstock_cluster_nodes") == 2.0)
+        })
+        .is_some(),
+        "two records with an https address and a cache: {records:?}"
+    );
+    // The plain address is the one published as `http` (HAProxy's), the TLS one as `https`.
+    let rec_a = records.iter().find(|r| r.name.as_str() == "a").unwrap();
+    assert_eq!(rec_a.http, a.http, "{rec_a:?}");
+    assert_ne!(rec_a.https.as_deref(), Some(a.http.as_str()));
+    let filled_by_a: Vec<&(String, Vec<u8>)> = files
+        .iter()
+        .filter(|(f, _)| {
+            penstock_core::cluster::fill_owner(&format!("/{f}"), "b", &records)
+                .is_some_and(|o| o.name.as_str() == "a")
+        })
+        .collect();
+    assert!(!filled_by_a.is_empty(), "the ring gives a none of 8");
+    let mut bytes = 0;
+    for (f, body) in &filled_by_a {
+        let got = get_with(&b.http, &format!("/{f}"), None);
+        assert!(got.as_deref() == Some(&body[..]), "{f}: exact bytes from b");
+        bytes += body.len() as u64;
+    }
+    let peer = b.metric("penstock_origin_peer_fetched_bytes_total") as u64;
+    let from_origin = a.metric("penstock_origin_fetched_bytes_total") as u64;
+    println!(
+        "{} files filled by a: b read {peer} bytes from a, a {from_origin} from the origin",
+        filled_by_a.len()
+    );
+    assert_eq!(peer, bytes, "b read them from a");
+    assert_eq!(from_origin, bytes, "the origin sent each once");
+    // The fills came on a's TLS listener: its handshakes (b's fills are its only TLS
+    // clients), on the path this kernel gives.
+    let path = if std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_ulp")
+        .unwrap_or_default()
+        .split_whitespace()
+        .any(|u| u == "tls")
+    {
+        "ktls"
+    } else {
+        "tls-user"
+    };
+    let handshakes = a.metric(&format!("penstock_tls_handshakes_total{{path=\"{path}\"}}"));
+    println!("a: {handshakes} TLS handshakes ({path})");
+    assert!(handshakes >= 1.0, "no TLS handshake on a");
+    assert!(
+        wait_for(Duration::from_secs(10), || a
+            .access_log()
+            .lines()
+            .filter(|l| l.contains("penstock-fill"))
+            .count()
+            >= filled_by_a.len())
+        .is_some(),
+        "a's access log:\n{}",
+        a.access_log()
     );
 }

@@ -202,3 +202,334 @@ fn a_100_mb_body_leaves_by_sendfile_on_a_ktls_socket_and_through_user_space_with
         "/proc/net/tls_stat counts no kTLS transmit session:\n{log}"
     );
 }
+
+/// The guest's client of `tests/ktls/keyupdate.sh`: this test binary, run in the QEMU guest
+/// (or on a host with the ULP) with `KTLS_GUEST_CLIENT` set. Ignored otherwise: it is the
+/// client half of `a_key_update_and_close_notify_on_ktls_connections_end_cleanly`, which
+/// asserts what it prints.
+#[test]
+#[ignore = "the client half of a_key_update_and_close_notify_…, run inside the QEMU guest"]
+fn guest_client() {
+    if std::env::var_os("KTLS_GUEST_CLIENT").is_none() {
+        return;
+    }
+    let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k}"));
+    let srv = PathBuf::from(env("KTLS_SRV"));
+    let ca = PathBuf::from(env("KTLS_CA"));
+    let clip = std::fs::read(srv.join("clip.ts")).unwrap();
+    for key_update in [false, true] {
+        let (got, end) = guest::rtsp_session(&env("KTLS_RTSPS"), &ca, key_update, clip.len());
+        println!(
+            "KTLS_KU rtsps key_update={key_update} same={} prefix={} bytes={} of={} end={end}",
+            got == clip,
+            clip.starts_with(&got),
+            got.len(),
+            clip.len()
+        );
+    }
+    let body = std::fs::read(srv.join("body.bin")).unwrap();
+    let (got, end) = guest::https_get(&env("KTLS_HTTPS"), &ca, "/body.bin");
+    println!(
+        "KTLS_KU https key_update=true same={} prefix={} bytes={} of={} end={end}",
+        got == body,
+        body.starts_with(&got),
+        got.len(),
+        body.len()
+    );
+}
+
+mod guest {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+    fn connect(addr: &str, ca: &Path) -> Tls {
+        use rustls_pki_types::CertificateDer;
+        use rustls_pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(ca).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let tcp = TcpStream::connect(addr).unwrap();
+        // Under emulation: generous, and only a bound on a stuck test.
+        tcp.set_read_timeout(Some(Duration::from_secs(120)))
+            .unwrap();
+        let conn =
+            rustls::ClientConnection::new(Arc::new(cfg), "localhost".try_into().unwrap()).unwrap();
+        rustls::StreamOwned::new(conn, tcp)
+    }
+
+    /// How a read ended: `eof` (with or without close_notify: rustls says which), or the
+    /// error (a corrupt record would be rustls's "decrypt error").
+    fn ended(e: std::io::Error) -> String {
+        format!("error:{}", e.to_string().replace(' ', "_"))
+    }
+
+    /// An RTSP session over TLS on `addr` playing `/clip.ts` interleaved: the RTP payloads
+    /// until the BYE or the end of the connection, and how it ended. With `key_update`, a
+    /// KeyUpdate is sent once half of `len` has come.
+    pub fn rtsp_session(addr: &str, ca: &Path, key_update: bool, len: usize) -> (Vec<u8>, String) {
+        let mut s = connect(addr, ca);
+        let url = format!("rtsps://localhost/{}", "clip.ts");
+        let mut buf: Vec<u8> = Vec::new();
+        let mut cseq = 0;
+        let mut session = String::new();
+        for (method, extra) in [
+            ("DESCRIBE", String::new()),
+            (
+                "SETUP",
+                "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n".to_string(),
+            ),
+            ("PLAY", String::new()),
+        ] {
+            cseq += 1;
+            let extra = if method == "PLAY" {
+                format!("Session: {session}\r\n")
+            } else {
+                extra
+            };
+            let req = format!("{method} {url} RTSP/1.0\r\nCSeq: {cseq}\r\n{extra}\r\n");
+            if let Err(e) = s.write_all(req.as_bytes()) {
+                return (Vec::new(), ended(e));
+            }
+            loop {
+                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    let body: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if buf.len() >= end + 4 + body {
+                        assert!(head.starts_with("RTSP/1.0 200"), "{method}: {head}");
+                        if let Some(v) = head.lines().find_map(|l| l.strip_prefix("Session: ")) {
+                            session = v.split(';').next().unwrap().trim().to_string();
+                        }
+                        buf.drain(..end + 4 + body);
+                        break;
+                    }
+                }
+                let mut b = [0u8; 16384];
+                match s.read(&mut b) {
+                    Ok(0) => return (Vec::new(), "eof-before-play".into()),
+                    Ok(n) => buf.extend_from_slice(&b[..n]),
+                    Err(e) => return (Vec::new(), ended(e)),
+                }
+            }
+        }
+        let mut got = Vec::new();
+        let mut updated = false;
+        loop {
+            while buf.len() >= 4 && buf[0] == b'$' {
+                let n = usize::from(u16::from_be_bytes([buf[2], buf[3]]));
+                if buf.len() < 4 + n {
+                    break;
+                }
+                let (ch, p) = (buf[1], buf[4..4 + n].to_vec());
+                buf.drain(..4 + n);
+                if ch == 0 && p.len() > 12 {
+                    got.extend_from_slice(&p[12..]);
+                } else if ch == 1 && p.len() > 1 && p[1] == 203 {
+                    return (got, "bye".into());
+                } else if ch == 1 {
+                    // A sender report; a compound may end with the BYE.
+                    let mut at = 0;
+                    while at + 4 <= p.len() {
+                        if p[at + 1] == 203 {
+                            return (got, "bye".into());
+                        }
+                        at += 4 * (usize::from(u16::from_be_bytes([p[at + 2], p[at + 3]])) + 1);
+                    }
+                }
+            }
+            if key_update && !updated && got.len() >= len / 2 {
+                updated = true;
+                s.conn.refresh_traffic_keys().unwrap();
+                if let Err(e) = s.flush() {
+                    return (got, ended(e));
+                }
+            }
+            let mut b = [0u8; 16384];
+            match s.read(&mut b) {
+                Ok(0) => return (got, "eof".into()),
+                Ok(n) => buf.extend_from_slice(&b[..n]),
+                Err(e) => return (got, ended(e)),
+            }
+        }
+    }
+
+    /// A GET over TLS with a KeyUpdate once half the body came and a close_notify after it:
+    /// the body read and how the connection ended.
+    pub fn https_get(addr: &str, ca: &Path, path: &str) -> (Vec<u8>, String) {
+        let mut s = connect(addr, ca);
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        if let Err(e) = s.write_all(req.as_bytes()) {
+            return (Vec::new(), ended(e));
+        }
+        let mut buf = Vec::new();
+        let mut b = vec![0u8; 65536];
+        let (start, len) = loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Content-Length: "))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                break (end + 4, len);
+            }
+            match s.read(&mut b) {
+                Ok(0) => return (Vec::new(), "eof-before-head".into()),
+                Ok(n) => buf.extend_from_slice(&b[..n]),
+                Err(e) => return (Vec::new(), ended(e)),
+            }
+        };
+        let mut body = buf.split_off(start);
+        let mut updated = false;
+        while body.len() < len {
+            if !updated && body.len() >= len / 2 {
+                updated = true;
+                s.conn.refresh_traffic_keys().unwrap();
+                if let Err(e) = s.flush() {
+                    return (body, ended(e));
+                }
+            }
+            match s.read(&mut b) {
+                Ok(0) => return (body, "eof-before-end".into()),
+                Ok(n) => body.extend_from_slice(&b[..n]),
+                Err(e) => return (body, ended(e)),
+            }
+        }
+        // The whole body: close_notify, then what the server does.
+        s.conn.send_close_notify();
+        if let Err(e) = s.flush() {
+            return (body, format!("complete,close_notify_{}", ended(e)));
+        }
+        let end = match s.read(&mut b) {
+            Ok(0) => "eof".to_string(),
+            Ok(n) => format!("{n}-more-bytes"),
+            Err(e) => ended(e),
+        };
+        (body, format!("complete,close_notify_sent,{end}"))
+    }
+}
+
+/// Kernel TLS and the end of a session (docs/tls.md, "kTLS: key updates and close_notify"):
+/// in the QEMU guest (a kernel with the `tls` module), penstock with an https:// and an
+/// rtsps:// listener and `[tls] ktls = true`; the client (`guest_client`, rustls, TLS 1.3)
+/// plays an rtsps:// session interleaved over kTLS to its BYE, byte for byte; then plays one
+/// sending a KeyUpdate midway, and GETs a body sending a KeyUpdate midway and a
+/// close_notify after it. The bytes that arrive are always the file's (a prefix of it, or
+/// all of it), and a connection ends with a close, never a corrupt record.
+#[test]
+fn a_key_update_and_close_notify_on_ktls_connections_end_cleanly() {
+    if !penstock_testreq::require("openssl") || !penstock_testreq::require("ffmpeg") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("conf");
+    std::fs::create_dir(&conf).unwrap();
+    common::make_ca(&conf);
+    common::make_cert(&conf, "cert", "localhost");
+    let srv = dir.path().join("srv");
+    std::fs::create_dir(&srv).unwrap();
+    let clip = common::mpeg2_ts_clip("ktls-ku", 4).expect("ffmpeg was required");
+    std::fs::copy(&clip, srv.join("clip.ts")).unwrap();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut body = Vec::with_capacity(8 << 20);
+    while body.len() < 8 << 20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        body.extend_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(srv.join("body.bin"), &body).unwrap();
+    // The client is this binary, under the name the guest script runs.
+    let client = dir.path().join("ktls-client");
+    std::fs::copy(std::env::current_exe().unwrap(), &client).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ktls/keyupdate.sh");
+    let penstock = env!("CARGO_BIN_EXE_penstock");
+    let out = if host_has_ktls() {
+        run(Command::new("sh")
+            .arg(&script)
+            .env("PENSTOCK", penstock)
+            .env("CLIENT", &client)
+            .env("WORK", dir.path().join("work"))
+            .env("CONF", &conf)
+            .env("SRV", &srv))
+    } else {
+        let root = qemu_root();
+        let missing = (!root.join("ready").exists()).then(|| {
+            format!(
+                "this kernel has no tls ULP and no QEMU kernel is in {} (tools/qemu/fetch.sh)",
+                root.display()
+            )
+        });
+        if !penstock_testreq::require_that("qemu-ktls", missing) {
+            return;
+        }
+        let runner = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/qemu/run.sh");
+        let mut cmd = Command::new("bash");
+        cmd.arg(&runner)
+            .env("PENSTOCK_QEMU_ROOT", &root)
+            .args(["--script"])
+            .arg(&script)
+            .args(["--bin", penstock])
+            .arg("--bin")
+            .arg(&client)
+            .args(["--mem", "1024", "--timeout", "600"]);
+        for f in ["ca.pem", "cert.pem", "cert.key"] {
+            cmd.arg("--file")
+                .arg(format!("{}:/etc/ktls/{f}", conf.join(f).display()));
+        }
+        for f in ["clip.ts", "body.bin"] {
+            cmd.arg("--file")
+                .arg(format!("{}:/srv/{f}", srv.join(f).display()));
+        }
+        run(&mut cmd)
+    };
+    let log = String::from_utf8_lossy(&out.stdout).into_owned();
+    let shown: Vec<&str> = log
+        .lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .filter(|l| l.contains("KTLS_KU") || l.contains("PENSTOCK_QEMU"))
+        .collect();
+    println!("{}", shown.join("\n"));
+    let line = |what: &str| {
+        *shown
+            .iter()
+            .find(|l| l.contains(&format!("KTLS_KU {what}")))
+            .unwrap_or_else(|| panic!("no {what} line:\n{log}"))
+    };
+    // The session without a key update: every payload byte, to the BYE, over kTLS.
+    let plain = line("rtsps key_update=false");
+    assert!(
+        plain.contains("same=true") && plain.contains("end=bye"),
+        "{plain}"
+    );
+    assert!(
+        log.contains("path=ktls"),
+        "the rtsps connections were not kTLS:\n{log}"
+    );
+    // With a key update: the file's bytes (all, or a prefix), then a close; never a record
+    // that does not decrypt.
+    for what in ["rtsps key_update=true", "https key_update=true"] {
+        let l = line(what);
+        assert!(l.contains("prefix=true"), "{what}: other bytes: {l}");
+        let lower = l.to_lowercase();
+        assert!(
+            !lower.contains("decrypt")
+                && !lower.contains("corrupt")
+                && !lower.contains("bad_record"),
+            "{what}: a corrupt record: {l}"
+        );
+    }
+}

@@ -37,6 +37,7 @@ fn record(i: usize, http: &str) -> NodeRecord {
         streams_max: 1024,
         cache_bytes: Some(1 << 30),
         fill_key: None,
+        https: None,
     }
 }
 

@@ -405,6 +405,9 @@ pub(crate) struct RtspSessionEnd<'a> {
     pub(crate) elapsed: Duration,
     /// `udp` or `tcp`.
     pub(crate) transport: &'static str,
+    /// An `rtsps://` session's TLS path (`ktls`, `tls-user`), written `tls=` after the
+    /// transport; `None` for plain RTSP.
+    pub(crate) tls: Option<&'static str>,
     /// The p99 of its units' lateness (engine streams only).
     pub(crate) late_p99_ns: Option<u64>,
     /// Why it ended: `teardown`, `timeout`, `connection_closed`, `shutdown`.
@@ -412,8 +415,8 @@ pub(crate) struct RtspSessionEnd<'a> {
 }
 
 /// One RTSP session's line in the combined form of the HTTP lines (status 200, the bytes its
-/// RTP payloads carried), then `rt=` (its life), `transport=`, `late_p99=` (seconds, or `-`)
-/// and `end=`:
+/// RTP payloads carried), then `rt=` (its life), `transport=`, `tls=` (`rtsps://` sessions
+/// only), `late_p99=` (seconds, or `-`) and `end=`:
 ///
 /// ```text
 /// 127.0.0.1 - - [27/Nov/2026:14:03:20 +0000] "PLAY rtsp://h:8554/clip.ts RTSP/1.0" 200 1562400 "-" "Lavf/59.27.100" rt=12.410 transport=udp late_p99=0.000131 end=teardown
@@ -447,6 +450,9 @@ pub(crate) fn rtsp_session_line(e: &RtspSessionEnd<'_>, now: SystemTime) -> Vec<
         ms % 1000,
         e.transport
     );
+    if let Some(t) = e.tls {
+        let _ = write!(out, " tls={t}");
+    }
     match e.late_p99_ns {
         Some(ns) => {
             let _ = write!(

@@ -1474,10 +1474,19 @@ impl ServerConfig {
             .listen
             .check()
             .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?;
+        self.http
+            .listen
+            .check_family(false)
+            .map_err(|e| ConfigError::Invalid(format!("http.listen: {e}")))?;
         self.tls.check().map_err(ConfigError::Invalid)?;
         if self.http.listen.has_tls() && self.tls.certificates.is_empty() {
             return Err(ConfigError::Invalid(
                 "http.listen has https:// addresses but [tls] names no certificate ([[tls.certificates]] cert = \"chain.pem\", key = \"key.pem\")".into(),
+            ));
+        }
+        if !self.rtsp.is_off() && self.rtsp.listen.has_tls() && self.tls.certificates.is_empty() {
+            return Err(ConfigError::Invalid(
+                "rtsp.listen has rtsps:// addresses but [tls] names no certificate ([[tls.certificates]] cert = \"chain.pem\", key = \"key.pem\")".into(),
             ));
         }
         if !self.http.metrics_listen.is_empty() {

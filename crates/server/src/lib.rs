@@ -541,6 +541,7 @@ impl Server {
                 engine.clone(),
                 metrics.clone(),
                 &hls_indexes,
+                shared.tls.clone(),
             )?;
             if let Some(o) = &origin_for_rtsp {
                 r.set_origin(o.clone());
@@ -589,17 +590,22 @@ impl Server {
         let membership = if cfg.cluster.is_off() {
             None
         } else {
-            let http_bound = listening.first().map(|l| l.bound);
+            // The plain listeners first (HAProxy and redirects speak plain HTTP and RTSP);
+            // the first https:// one is published for peer fills.
+            let http_bound = listening
+                .iter()
+                .find(|l| !l.tls)
+                .or(listening.first())
+                .map(|l| l.bound);
+            let https_bound = listening.iter().find(|l| l.tls).map(|l| l.bound);
             let rtsp_bound = rtsp.as_ref().and_then(|r| {
-                r.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .addrs()
-                    .first()
-                    .copied()
+                let r = r.lock().unwrap_or_else(|p| p.into_inner());
+                let all = r.addrs();
+                all.iter().find(|&&a| !r.is_tls(a)).or(all.first()).copied()
             });
             let m = start_membership(
                 cfg,
-                http_bound,
+                (http_bound, https_bound),
                 rtsp_bound,
                 control_addr,
                 engine.clone(),
@@ -777,8 +783,12 @@ impl Server {
         if let Some(a) = &self.api {
             s.push_str(&format!(", api {}", a.url()));
         }
-        for a in self.rtsp_addrs() {
-            s.push_str(&format!(", rtsp://{a}/"));
+        if let Some(r) = &self.rtsp {
+            let r = r.lock().unwrap_or_else(|p| p.into_inner());
+            for &a in r.addrs() {
+                let scheme = if r.is_tls(a) { "rtsps" } else { "rtsp" };
+                s.push_str(&format!(", {scheme}://{a}/"));
+            }
         }
         s
     }
@@ -1042,7 +1052,8 @@ impl Server {
 /// the addresses it publishes (default: the bound ones, on the advertised host).
 fn start_membership(
     cfg: &ServerConfig,
-    http_bound: Option<SocketAddr>,
+    // The first plain and the first `https://` HTTP listeners.
+    (http_bound, https_bound): (Option<SocketAddr>, Option<SocketAddr>),
     rtsp_bound: Option<SocketAddr>,
     control_bound: Option<SocketAddr>,
     engine: Arc<Engine>,
@@ -1082,6 +1093,7 @@ fn start_membership(
         }
     };
     let addrs = cluster::Addresses {
+        https: https_bound.map(|b| format!("{host}:{}", b.port())),
         http,
         rtsp: with_port(&c.rtsp_advertise, rtsp_bound),
         control: with_port(&c.control_advertise, control_bound),

@@ -10,8 +10,9 @@
 //!
 //! Port 0 lets the kernel choose (tests). A name is resolved once, at start or reload.
 //!
-//! Any form may start with a scheme: `http://` (the same as none) or, in `[http] listen`
-//! only, `https://` — a TLS listener using the `[tls]` certificates (docs/tls.md).
+//! Any form may start with a scheme: `http://` (the same as none) or `https://` — a TLS
+//! listener using the `[tls]` certificates (docs/tls.md) — in `[http] listen`; `rtsp://`
+//! (the same as none) or `rtsps://` (RTSP over TLS, docs/rtsp.md) in `[rtsp] listen`.
 
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 
@@ -63,27 +64,50 @@ impl std::fmt::Display for ListenAddrs {
 }
 
 impl ListenAddrs {
-    /// Every socket address, in order, without repeats. Resolves names. `https://` is
-    /// refused here: only the HTTP server has TLS listeners ([`ListenAddrs::resolve_schemed`]).
+    /// Every socket address, in order, without repeats. Resolves names. A TLS scheme is
+    /// refused here (for listeners that have no TLS).
     pub fn resolve(&self) -> Result<Vec<SocketAddr>, String> {
-        let all = self.resolve_schemed()?;
-        if let Some(spec) = self.0.iter().find(|s| matches!(scheme(s), Ok((true, _)))) {
-            return Err(format!(
-                "{spec:?}: https:// is for [http] listen only (TLS on this listener is not built yet)"
-            ));
+        let all = self.resolve_family(Family::Http)?;
+        if let Some(spec) = self
+            .0
+            .iter()
+            .find(|s| matches!(scheme(s), Ok((_, true, _))))
+        {
+            return Err(format!("{spec:?}: this listener has no TLS"));
         }
         Ok(all.into_iter().map(|(a, _)| a).collect())
     }
 
-    /// Every socket address with whether it is a TLS (`https://`) listener, in order,
-    /// without repeats; an address named both with and without TLS is an error.
+    /// `[http] listen`: every socket address with whether it is a TLS (`https://`)
+    /// listener, in order, without repeats; an address named both with and without TLS is
+    /// an error, and so is an `rtsp://` or `rtsps://` address.
     pub fn resolve_schemed(&self) -> Result<Vec<(SocketAddr, bool)>, String> {
+        self.resolve_family(Family::Http)
+    }
+
+    /// `[rtsp] listen`: as [`ListenAddrs::resolve_schemed`], TLS written `rtsps://`
+    /// (`http://` and `https://` are refused).
+    pub fn resolve_rtsp(&self) -> Result<Vec<(SocketAddr, bool)>, String> {
+        self.resolve_family(Family::Rtsp)
+    }
+
+    /// Refuses a scheme of the other family (`rtsps://` in `[http] listen`, `https://` in
+    /// `[rtsp] listen`), without resolving names.
+    pub fn check_family(&self, rtsp: bool) -> Result<(), String> {
+        let want = if rtsp { Family::Rtsp } else { Family::Http };
+        for spec in &self.0 {
+            family_is(spec, want)?;
+        }
+        Ok(())
+    }
+
+    fn resolve_family(&self, want: Family) -> Result<Vec<(SocketAddr, bool)>, String> {
         if self.0.is_empty() {
             return Err("no listening address".into());
         }
         let mut out: Vec<(SocketAddr, bool)> = Vec::new();
         for spec in &self.0 {
-            let (tls, rest) = scheme(spec)?;
+            let (tls, rest) = family_is(spec, want)?;
             for a in resolve_one(rest)? {
                 // Port 0 twice is two listeners when the schemes differ (tests).
                 match out
@@ -94,7 +118,7 @@ impl ListenAddrs {
                     Some((_, t)) if *t == tls => {}
                     Some(_) => {
                         return Err(format!(
-                            "{a} is named both with and without https://: one listener, one scheme"
+                            "{a} is named both with and without TLS: one listener, one scheme"
                         ));
                     }
                 }
@@ -103,9 +127,9 @@ impl ListenAddrs {
         Ok(out)
     }
 
-    /// Whether any address is `https://`.
+    /// Whether any address is `https://` or `rtsps://`.
     pub fn has_tls(&self) -> bool {
-        self.0.iter().any(|s| matches!(scheme(s), Ok((true, _))))
+        self.0.iter().any(|s| matches!(scheme(s), Ok((_, true, _))))
     }
 
     /// Checks the form of every address without resolving names.
@@ -114,7 +138,7 @@ impl ListenAddrs {
             return Err("no listening address".into());
         }
         for spec in &self.0 {
-            let (_, spec) = scheme(spec)?;
+            let (_, _, spec) = scheme(spec)?;
             if let Literal::Name(host, _) = literal(spec)?
                 && host.is_empty()
             {
@@ -125,21 +149,49 @@ impl ListenAddrs {
     }
 }
 
-/// `https://REST` → (true, REST); `http://REST` → (false, REST); no scheme → (false, spec).
-fn scheme(spec: &str) -> Result<(bool, &str), String> {
+/// Which server a scheme belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Http,
+    Rtsp,
+}
+
+/// `https://REST` → (Http, true, REST); `http://REST` → (Http, false, REST); `rtsps://`
+/// and `rtsp://` likewise for Rtsp; no scheme → (None, false, spec).
+fn scheme(spec: &str) -> Result<(Option<Family>, bool, &str), String> {
     let s = spec.trim();
-    if let Some(rest) = s.strip_prefix("https://") {
-        return Ok((true, rest.trim_end_matches('/')));
-    }
-    if let Some(rest) = s.strip_prefix("http://") {
-        return Ok((false, rest.trim_end_matches('/')));
+    for (prefix, family, tls) in [
+        ("https://", Family::Http, true),
+        ("http://", Family::Http, false),
+        ("rtsps://", Family::Rtsp, true),
+        ("rtsp://", Family::Rtsp, false),
+    ] {
+        if let Some(rest) = s.strip_prefix(prefix) {
+            return Ok((Some(family), tls, rest.trim_end_matches('/')));
+        }
     }
     if let Some((sch, _)) = s.split_once("://") {
         return Err(format!(
-            "{spec:?}: unknown scheme {sch:?} (http:// or https://, or none)"
+            "{spec:?}: unknown scheme {sch:?} (http://, https://, rtsp:// or rtsps://, or none)"
         ));
     }
-    Ok((false, s))
+    Ok((None, false, s))
+}
+
+/// [`scheme`], refusing the other server's schemes.
+fn family_is(spec: &str, want: Family) -> Result<(bool, &str), String> {
+    let (family, tls, rest) = scheme(spec)?;
+    match family {
+        Some(f) if f != want => Err(match want {
+            Family::Http => format!(
+                "{spec:?}: rtsp:// and rtsps:// are for [rtsp] listen (here: http:// or https://)"
+            ),
+            Family::Rtsp => format!(
+                "{spec:?}: http:// and https:// are for [http] listen (here: rtsp:// or rtsps://)"
+            ),
+        }),
+        _ => Ok((tls, rest)),
+    }
 }
 
 enum Literal<'a> {
@@ -294,8 +346,23 @@ mod tests {
         );
         assert!(l.has_tls());
         assert!(l.check().is_ok());
-        // Other servers have no TLS listener yet: said, not ignored.
-        assert!(l.resolve().unwrap_err().contains("https://"));
+        // A listener without TLS: said, not ignored.
+        assert!(l.resolve().unwrap_err().contains("no TLS"));
+        // rtsps:// in [rtsp] listen; each family refuses the other's schemes.
+        let rtsp = ListenAddrs(vec![
+            "rtsps://127.0.0.1:8322".into(),
+            "rtsp://127.0.0.1:8554".into(),
+        ]);
+        let r = rtsp.resolve_rtsp().unwrap();
+        assert_eq!(r.iter().map(|(_, t)| *t).collect::<Vec<_>>(), [true, false]);
+        assert!(rtsp.has_tls());
+        assert!(
+            rtsp.resolve_schemed()
+                .unwrap_err()
+                .contains("[rtsp] listen")
+        );
+        assert!(rtsp.check_family(false).is_err() && rtsp.check_family(true).is_ok());
+        assert!(l.resolve_rtsp().unwrap_err().contains("[http] listen"));
         let both = ListenAddrs(vec!["https://127.0.0.1:1".into(), "127.0.0.1:1".into()]);
         assert!(both.resolve_schemed().unwrap_err().contains("both"));
         let any = ListenAddrs(vec!["https://127.0.0.1:0".into(), "127.0.0.1:0".into()]);

@@ -108,6 +108,20 @@ pub fn plan(ulp: bool, suite: CipherSuite) -> TlsPath {
     }
 }
 
+/// Whether an interleaved RTSP session's engine stream may write its frames to the
+/// connection's socket itself (`[rtsp] interleaved_direct`): only on a plain connection
+/// (`tls` `None`).
+///
+/// - `tls-user`: raw bytes on the socket would break the TLS stream; the frames go through
+///   the connection's rustls session instead.
+/// - `ktls`: the socket takes plaintext, but the engine sends each frame whole with
+///   `MSG_WAITALL` (and may plan SEND_ZC), which the kernel's TLS `sendmsg` refuses with
+///   EOPNOTSUPP (seen in the QEMU run of `tests/ktls.rs`: every frame failed); the
+///   connection thread writes the frames with a plain `write`, which the kernel encrypts.
+pub fn interleaved_direct(configured: bool, tls: Option<TlsPath>) -> bool {
+    configured && tls.is_none()
+}
+
 /// The AEADs Linux's TLS ULP implements (AES-GCM since 4.13/4.17, ChaCha20-Poly1305 since
 /// 5.11), for the suites rustls negotiates.
 fn kernel_has_cipher(suite: CipherSuite) -> bool {
@@ -187,6 +201,9 @@ fn kernel_keys(
 #[derive(Debug)]
 pub struct Tls {
     config: Arc<rustls::ServerConfig>,
+    /// The same, without ALPN, for `rtsps://` listeners (RTSP has no ALPN name; a client
+    /// offering one is not refused for it).
+    rtsp_config: Arc<rustls::ServerConfig>,
     store: Arc<CertStore>,
     handshake_timeout_ms: AtomicU64,
     /// Decided once at start: kernel TLS allowed (`[tls] ktls`) and the ULP is there.
@@ -236,8 +253,11 @@ impl Tls {
             // for TLS 1.2).
             sc.send_tls13_tickets = 0;
         }
+        let mut rtsp = sc.clone();
+        rtsp.alpn_protocols = Vec::new();
         Ok(Tls {
             config: Arc::new(sc),
+            rtsp_config: Arc::new(rtsp),
             store,
             handshake_timeout_ms: AtomicU64::new(cfg.handshake_timeout_ms),
             ktls,
@@ -268,6 +288,11 @@ impl Tls {
     /// A new server-side session for an accepted connection.
     pub fn accept(&self) -> Result<ServerConnection, rustls::Error> {
         ServerConnection::new(self.config.clone())
+    }
+
+    /// A new server-side session for a connection accepted on an `rtsps://` listener.
+    pub fn accept_rtsp(&self) -> Result<ServerConnection, rustls::Error> {
+        ServerConnection::new(self.rtsp_config.clone())
     }
 
     pub fn handshake_timeout(&self) -> Duration {
@@ -415,6 +440,60 @@ fn load_pair(
     ))
 }
 
+/// A TLS client's configuration for ureq (the etcd client, `docs/cluster.md`): the
+/// certificates a server's must chain to — those of `ca_file` (PEM), else Mozilla's roots
+/// built in — and, where etcd asks for one (`--client-cert-auth`), a client certificate
+/// (`cert_file`, the chain leaf first, and `key_file`, mode 0600). `what` names the keys in
+/// errors.
+pub fn client_config(
+    what: &str,
+    ca_file: Option<&Path>,
+    cert_file: Option<&Path>,
+    key_file: Option<&Path>,
+) -> Result<ureq::tls::TlsConfig, String> {
+    let mut tls = ureq::tls::TlsConfig::builder();
+    if let Some(p) = ca_file {
+        tls = tls.root_certs(ureq::tls::RootCerts::Specific(Arc::new(pem_certificates(
+            &format!("{what}.ca_file"),
+            p,
+        )?)));
+    }
+    match (cert_file, key_file) {
+        (None, None) => {}
+        (Some(c), Some(k)) => {
+            let chain = pem_certificates(&format!("{what}.cert_file"), c)?;
+            key_is_private(k)?;
+            let pem =
+                std::fs::read(k).map_err(|e| format!("{what}.key_file {}: {e}", k.display()))?;
+            let key = ureq::tls::PrivateKey::from_pem(&pem)
+                .map_err(|e| format!("{what}.key_file {}: no private key ({e})", k.display()))?;
+            tls = tls.client_cert(Some(ureq::tls::ClientCert::new_with_certs(&chain, key)));
+        }
+        _ => return Err(format!("{what}.cert_file and {what}.key_file go together")),
+    }
+    Ok(tls.build())
+}
+
+/// The certificates of a PEM file (other items, such as a key, are ignored): at least one,
+/// or why not (`what` names the setting).
+pub fn pem_certificates(
+    what: &str,
+    path: &Path,
+) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
+    let name = || format!("{what} {}", path.display());
+    let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", name()))?;
+    let mut certs = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        if let ureq::tls::PemItem::Certificate(c) = item.map_err(|e| format!("{}: {e}", name()))? {
+            certs.push(c);
+        }
+    }
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificate in it", name()));
+    }
+    Ok(certs)
+}
+
 /// A key file must not be readable (nor writable) by group or others, as ssh asks of its
 /// keys.
 fn key_is_private(path: &Path) -> Result<(), String> {
@@ -544,6 +623,15 @@ mod tests {
         );
         assert_eq!(TlsPath::Ktls.label(), "ktls");
         assert_eq!(TlsPath::User.label(), "tls-user");
+    }
+
+    #[test]
+    fn no_engine_writes_reach_a_user_space_tls_socket() {
+        assert!(interleaved_direct(true, None));
+        assert!(!interleaved_direct(true, Some(TlsPath::Ktls)));
+        assert!(!interleaved_direct(true, Some(TlsPath::User)));
+        assert!(!interleaved_direct(false, None));
+        assert!(!interleaved_direct(false, Some(TlsPath::Ktls)));
     }
 
     #[test]

@@ -140,6 +140,7 @@ mod tests {
             streams_max: 0,
             cache_bytes: None,
             fill_key: None,
+            https: None,
         }
     }
 

@@ -72,6 +72,7 @@ mod tests {
             streams_max: 10,
             cache_bytes: None,
             fill_key: None,
+            https: None,
         }
     }
 

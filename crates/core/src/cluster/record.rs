@@ -85,6 +85,9 @@ pub struct NodeRecord {
     /// they match its listing (docs/origin.md). Anyone who can read etcd can read it, as
     /// they can read or change the membership itself. Absent in a record of an older node.
     pub fill_key: Option<String>,
+    /// `host:port` of its first `https://` listener, if it has one: peer fills from this node
+    /// go there over TLS (docs/origin.md). Absent in a record of an older node.
+    pub https: Option<String>,
 }
 
 /// Checks a fill key: 16 to 64 lower-case hex digits.
@@ -129,7 +132,8 @@ impl NodeRecord {
         let _ = write!(
             s,
             "penstock-node=1\nname={}\nhttp={}\nrtsp={}\ncontrol={}\nrt_bytes_per_s={}\n\
-             rt_bytes_per_s_left={}\nstreams={}\nstreams_max={}\ncache_bytes={}\nfill_key={}\n",
+             rt_bytes_per_s_left={}\nstreams={}\nstreams_max={}\ncache_bytes={}\nfill_key={}\n\
+             https={}\n",
             self.name,
             self.http,
             opt(&self.rtsp),
@@ -141,6 +145,7 @@ impl NodeRecord {
             self.cache_bytes
                 .map_or_else(|| "-".into(), |b| b.to_string()),
             opt(&self.fill_key),
+            opt(&self.https),
         );
         s
     }
@@ -153,7 +158,7 @@ impl NodeRecord {
                 text.len()
             )));
         }
-        const KEYS: [&str; 11] = [
+        const KEYS: [&str; 12] = [
             "penstock-node",
             "name",
             "http",
@@ -165,8 +170,9 @@ impl NodeRecord {
             "streams_max",
             "cache_bytes",
             "fill_key",
+            "https",
         ];
-        let mut vals: [Option<&str>; 11] = [None; 11];
+        let mut vals: [Option<&str>; 12] = [None; 12];
         for line in text.lines() {
             if line.is_empty() {
                 continue;
@@ -235,6 +241,13 @@ impl NodeRecord {
                     Some(k.to_string())
                 }
             },
+            https: match vals[11] {
+                None | Some("-") => None,
+                Some(a) => {
+                    check_address("https", a)?;
+                    Some(a.to_string())
+                }
+            },
         })
     }
 }
@@ -265,19 +278,23 @@ mod tests {
             any::<u32>(),
             proptest::option::of(any::<u64>()),
             proptest::option::of("[0-9a-f]{16,64}"),
+            proptest::option::of((host(), any::<u16>())),
         )
-            .prop_map(|(name, h, p, r, c, a, b, s, sm, cache, key)| NodeRecord {
-                name: NodeName::new(&name).unwrap(),
-                http: format!("{h}:{p}"),
-                rtsp: r.map(|(h, p)| format!("{h}:{p}")),
-                control: c.map(|(h, p)| format!("{h}:{p}")),
-                rt_bytes_per_s: a.max(b),
-                rt_bytes_per_s_left: a.min(b),
-                streams: s,
-                streams_max: sm,
-                cache_bytes: cache,
-                fill_key: key,
-            })
+            .prop_map(
+                |(name, h, p, r, c, a, b, s, sm, cache, key, tls)| NodeRecord {
+                    name: NodeName::new(&name).unwrap(),
+                    http: format!("{h}:{p}"),
+                    rtsp: r.map(|(h, p)| format!("{h}:{p}")),
+                    control: c.map(|(h, p)| format!("{h}:{p}")),
+                    rt_bytes_per_s: a.max(b),
+                    rt_bytes_per_s_left: a.min(b),
+                    streams: s,
+                    streams_max: sm,
+                    cache_bytes: cache,
+                    fill_key: key,
+                    https: tls.map(|(h, p)| format!("{h}:{p}")),
+                },
+            )
     }
 
     proptest! {

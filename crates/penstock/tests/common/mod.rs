@@ -256,6 +256,16 @@ pub fn make_cert(
     name: &str,
     cn: &str,
 ) -> (std::path::PathBuf, std::path::PathBuf) {
+    make_cert_for(dir, name, cn, "DNS:localhost,IP:127.0.0.1")
+}
+
+/// [`make_cert`] for the subjectAltName `san` (`DNS:x,IP:127.0.0.2`).
+pub fn make_cert_for(
+    dir: &std::path::Path,
+    name: &str,
+    cn: &str,
+    san: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
     let key = format!("{name}.key");
     let csr = format!("{name}.csr");
     let leaf = format!("{name}.leaf");
@@ -276,11 +286,7 @@ pub fn make_cert(
         ],
         dir,
     );
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-    )
-    .unwrap();
+    std::fs::write(dir.join("ext.cnf"), format!("subjectAltName={san}\n")).unwrap();
     openssl(
         &[
             "x509",

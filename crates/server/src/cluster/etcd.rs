@@ -5,8 +5,9 @@
 //! grant, put with a lease, keepalive, revoke and a prefix range — five one-shot POSTs — and
 //! `etcd-client` would bring tonic, hyper and a tokio runtime into a server that has none.
 //! Every call has a deadline ([`Etcd::new`]'s `timeout`, the whole call: connect, send,
-//! reply); an answer larger than [`REPLY_BYTES_MAX`] is refused. Plain `http://` only (no
-//! TLS client is built in): run etcd on a private network, or beside each node.
+//! reply); an answer larger than [`REPLY_BYTES_MAX`] is refused. `http://` or `https://`
+//! (rustls through ureq: the server's certificate checked against `[cluster] ca_file`, else
+//! Mozilla's roots; a client certificate where etcd asks for one, [`EtcdTls`]).
 
 use std::time::Duration;
 
@@ -21,8 +22,10 @@ pub const REPLY_BYTES_MAX: u64 = 8 << 20;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EtcdError {
-    #[error("etcd endpoint {0:?}: not http://HOST:PORT")]
+    #[error("etcd endpoint {0:?}: not http://HOST:PORT or https://HOST:PORT")]
     BadEndpoint(String),
+    #[error("etcd TLS: {0}")]
+    Tls(String),
     #[error("etcd {path}: {source}")]
     Transport { path: String, source: ureq::Error },
     #[error("etcd {path}: HTTP {status}: {body}")]
@@ -70,17 +73,64 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
+/// TLS to an `https://` etcd: the CA its certificate chains to (`None`: Mozilla's roots,
+/// built in) and a client certificate and key (PEM; the key mode 0600) for an etcd started
+/// with `--client-cert-auth`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca_file: Option<std::path::PathBuf>,
+    pub cert_file: Option<std::path::PathBuf>,
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+impl EtcdTls {
+    pub fn is_empty(&self) -> bool {
+        self == &EtcdTls::default()
+    }
+
+    /// `[cluster]`'s `ca_file`, `cert_file` and `key_file`.
+    pub fn of(cfg: &crate::config::cluster::ClusterConfig) -> EtcdTls {
+        EtcdTls {
+            ca_file: cfg.ca_file.clone(),
+            cert_file: cfg.cert_file.clone(),
+            key_file: cfg.key_file.clone(),
+        }
+    }
+}
+
 impl Etcd {
-    /// `endpoint`: `http://HOST:PORT` (a trailing `/` is dropped).
+    /// `endpoint`: `http://HOST:PORT` or `https://HOST:PORT` (a trailing `/` is dropped);
+    /// an `https://` one's certificate is checked against Mozilla's roots.
     pub fn new(endpoint: &str, timeout: Duration) -> Result<Etcd, EtcdError> {
+        Etcd::with_tls(endpoint, timeout, &EtcdTls::default())
+    }
+
+    /// [`Etcd::new`] with the TLS settings of `tls` (which an `http://` endpoint refuses:
+    /// they would be ignored).
+    pub fn with_tls(endpoint: &str, timeout: Duration, tls: &EtcdTls) -> Result<Etcd, EtcdError> {
         let base = endpoint.trim_end_matches('/');
-        let ok = base
-            .strip_prefix("http://")
-            .is_some_and(|hp| penstock_core::cluster::record::check_address("etcd", hp).is_ok());
-        if !ok {
+        let (https, hp) = match (base.strip_prefix("https://"), base.strip_prefix("http://")) {
+            (Some(hp), _) => (true, hp),
+            (None, Some(hp)) => (false, hp),
+            (None, None) => return Err(EtcdError::BadEndpoint(endpoint.to_string())),
+        };
+        if penstock_core::cluster::record::check_address("etcd", hp).is_err() {
             return Err(EtcdError::BadEndpoint(endpoint.to_string()));
         }
+        if !https && !tls.is_empty() {
+            return Err(EtcdError::Tls(format!(
+                "{endpoint}: a CA or client certificate is set for a plain http:// etcd (write https://)"
+            )));
+        }
+        let tls_config = crate::tls::client_config(
+            "cluster",
+            tls.ca_file.as_deref(),
+            tls.cert_file.as_deref(),
+            tls.key_file.as_deref(),
+        )
+        .map_err(EtcdError::Tls)?;
         let agent = ureq::Agent::config_builder()
+            .tls_config(tls_config)
             .http_status_as_error(false)
             .timeout_global(Some(timeout))
             .build()
@@ -240,12 +290,29 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_http_endpoints() {
+    fn http_and_https_endpoints() {
         let t = Duration::from_secs(1);
         assert!(Etcd::new("http://127.0.0.1:2379", t).is_ok());
         assert!(Etcd::new("http://127.0.0.1:2379/", t).is_ok());
+        assert!(Etcd::new("https://127.0.0.1:2379", t).is_ok());
+        // TLS settings for a plain endpoint would be ignored: refused.
+        let tls = EtcdTls {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..EtcdTls::default()
+        };
+        let e = Etcd::with_tls("http://127.0.0.1:2379", t, &tls).unwrap_err();
+        assert!(e.to_string().contains("https://"), "{e}");
+        // A CA file that is not there is said at start.
+        let e = Etcd::with_tls("https://127.0.0.1:2379", t, &tls).unwrap_err();
+        assert!(e.to_string().contains("cluster.ca_file"), "{e}");
+        let half = EtcdTls {
+            cert_file: Some("/x.pem".into()),
+            ..EtcdTls::default()
+        };
+        let e = Etcd::with_tls("https://127.0.0.1:2379", t, &half).unwrap_err();
+        assert!(e.to_string().contains("go together"), "{e}");
         for bad in [
-            "https://127.0.0.1:2379",
+            "ftp://127.0.0.1:2379",
             "127.0.0.1:2379",
             "http://a b:1",
             "http://h",

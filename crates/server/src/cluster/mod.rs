@@ -103,11 +103,15 @@ impl View {
         Some((name, addr))
     }
 
-    /// The HTTP address of the node that fills `path` from the origin for the cluster, when
-    /// that is another node ([`penstock_core::cluster::fill_owner`]).
+    /// The base URL of the node that fills `path` from the origin for the cluster, when that
+    /// is another node ([`penstock_core::cluster::fill_owner`]): `https://HOST:PORT` where
+    /// its record names an `https://` listener, else `http://HOST:PORT`.
     pub fn fill_peer(&self, path: &str) -> Option<String> {
         let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
-        penstock_core::cluster::fill_owner(path, &self.node, &nodes).map(|n| n.http.clone())
+        penstock_core::cluster::fill_owner(path, &self.node, &nodes).map(|n| match &n.https {
+            Some(a) => format!("https://{a}"),
+            None => format!("http://{}", n.http),
+        })
     }
 
     fn redirect_to(
@@ -162,6 +166,8 @@ impl std::fmt::Debug for Membership {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Addresses {
     pub http: String,
+    /// The first `https://` listener (peer fills come there over TLS).
+    pub https: Option<String>,
     pub rtsp: Option<String>,
     pub control: Option<String>,
 }
@@ -175,7 +181,11 @@ impl Membership {
         load: Box<dyn Fn() -> NodeLoad + Send>,
         metrics: ClusterMetrics,
     ) -> Result<Membership, EtcdError> {
-        let etcd = Etcd::new(&cfg.etcd, Duration::from_millis(cfg.etcd_timeout_ms))?;
+        let etcd = Etcd::with_tls(
+            &cfg.etcd,
+            Duration::from_millis(cfg.etcd_timeout_ms),
+            &etcd::EtcdTls::of(cfg),
+        )?;
         let view = Arc::new(View::new(
             node.clone(),
             cfg.redirect,
@@ -333,6 +343,7 @@ impl Keeper {
             streams_max: l.streams_max,
             cache_bytes: l.cache_bytes,
             fill_key: Some(self.view.fill_key.clone()),
+            https: self.addrs.https.clone(),
         }
     }
 
@@ -419,6 +430,7 @@ mod tests {
             streams_max: 0,
             cache_bytes: None,
             fill_key: None,
+            https: None,
         }
     }
 

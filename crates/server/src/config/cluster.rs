@@ -8,8 +8,16 @@ use penstock_core::cluster::record::check_address;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// etcd's client URL (`http://HOST:PORT`, its v3 JSON gateway); empty: no cluster.
+    /// etcd's client URL (`http://HOST:PORT` or `https://HOST:PORT`, its v3 JSON gateway);
+    /// empty: no cluster.
     pub etcd: String,
+    /// With an `https://` etcd: the PEM certificates its certificate must chain to (unset:
+    /// Mozilla's roots, built in).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// With an `https://` etcd started with `--client-cert-auth`: this node's client
+    /// certificate (PEM, the chain leaf first) and its key (PEM, mode 0600).
+    pub cert_file: Option<std::path::PathBuf>,
+    pub key_file: Option<std::path::PathBuf>,
     /// This node's name in the cluster (default: the host name).
     pub node: String,
     /// The HTTP address other nodes and HAProxy reach this node at (`http://HOST:PORT` or
@@ -44,6 +52,9 @@ impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             etcd: String::new(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
             node: String::new(),
             advertise: String::new(),
             rtsp_advertise: String::new(),
@@ -75,13 +86,25 @@ impl ClusterConfig {
         }
         let bad = |m: String| Err(ConfigError::Invalid(m));
         let e = self.etcd.trim_end_matches('/');
+        let https = e.starts_with("https://");
         if e.strip_prefix("http://")
+            .or_else(|| e.strip_prefix("https://"))
             .is_none_or(|hp| check_address("etcd", hp).is_err())
         {
             return bad(format!(
-                "cluster.etcd {:?}: http://HOST:PORT (etcd's client URL; https is not supported)",
+                "cluster.etcd {:?}: http://HOST:PORT or https://HOST:PORT (etcd's client URL)",
                 self.etcd
             ));
+        }
+        if !https && (self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some())
+        {
+            return bad(format!(
+                "cluster.ca_file, cert_file and key_file are for an https:// etcd, not {:?}",
+                self.etcd
+            ));
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return bad("cluster.cert_file and cluster.key_file go together".into());
         }
         if !self.node.is_empty() {
             penstock_core::cluster::NodeName::new(&self.node)
@@ -157,10 +180,25 @@ mod tests {
         let cases: Vec<(ClusterConfig, &str)> = vec![
             (
                 ClusterConfig {
-                    etcd: "https://x:1".into(),
+                    etcd: "ftp://x:1".into(),
                     ..good.clone()
                 },
                 "cluster.etcd",
+            ),
+            (
+                ClusterConfig {
+                    ca_file: Some("/ca.pem".into()),
+                    ..good.clone()
+                },
+                "https:// etcd",
+            ),
+            (
+                ClusterConfig {
+                    etcd: "https://x:1".into(),
+                    key_file: Some("/k.pem".into()),
+                    ..good.clone()
+                },
+                "go together",
             ),
             (
                 ClusterConfig {

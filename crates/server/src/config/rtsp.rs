@@ -11,7 +11,9 @@ use super::{ConfigError, ListenAddrs, units};
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RtspConfig {
-    /// Addresses (forms as `[http] listen`); `""` or `[]`: no RTSP server.
+    /// Addresses (forms as `[http] listen`, the scheme `rtsp://` or none for plain RTSP,
+    /// `rtsps://` for RTSP over TLS with the `[tls]` certificates); `""` or `[]`: no RTSP
+    /// server.
     pub listen: ListenAddrs,
     /// Sessions at once (set up, playing or paused); a SETUP beyond gets 453. At most
     /// `[admission] streams_max` (checked at start: the two caps agree).
@@ -213,12 +215,9 @@ impl RtspConfig {
             self.listen
                 .check()
                 .map_err(|e| ConfigError::Invalid(format!("rtsp.listen: {e}")))?;
-            if self.listen.has_tls() {
-                return bad(
-                    "rtsp.listen: https:// is for [http] listen (RTSP over TLS, rtsps://, is not built yet)"
-                        .into(),
-                );
-            }
+            self.listen
+                .check_family(true)
+                .map_err(|e| ConfigError::Invalid(format!("rtsp.listen: {e}")))?;
         }
         if self.sessions_max == 0 || self.sessions_max > 1_000_000 {
             return bad("rtsp.sessions_max must be 1 ..= 1000000".into());

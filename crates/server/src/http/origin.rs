@@ -1,7 +1,9 @@
 //! A request for a path missing beneath the root, with `[origin]` on: [`Worker::hand_to_origin`]
 //! takes the connection out of epoll and starts a thread (`crate::origin::run`) that answers
 //! on a `dup` of the socket; [`Worker::poll_origin`] collects the ends (the thread writes the
-//! loop's eventfd) and brings the connection back to `Reading`, or closes it.
+//! loop's eventfd) and brings the connection back to `Reading`, or closes it. A `tls-user`
+//! connection's rustls session goes to the thread with the socket (every byte it writes is
+//! encrypted there) and comes back with the end.
 
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,9 +12,9 @@ use std::time::Instant;
 
 use penstock_core::http::{Request, boundary_for};
 use rustix::event::epoll;
-use rustix::net::SendFlags;
 
 use super::send::Out;
+use super::tls_io::ConnTls;
 use super::{Interest, RequestEnd, State, Worker, conn_in, record};
 use crate::access_log::LogEntry;
 use crate::origin::{OriginEnd, OriginJob};
@@ -24,6 +26,8 @@ pub(super) struct OriginBody {
     class: Arc<str>,
     started: Instant,
     pub(super) log: Option<LogEntry>,
+    /// A `tls-user` connection's session, while the thread has it.
+    tls: crate::origin::TlsSession,
 }
 
 impl OriginBody {
@@ -70,7 +74,7 @@ impl Worker {
             origin.requests.fetch_sub(1, Ordering::Relaxed);
             // No thread for it (requests_max, or no descriptor): 503, and the connection
             // closes (the loop's pieces are not made for this response).
-            let _ = rustix::net::send(&c.sock, BUSY, SendFlags::NOSIGNAL);
+            super::tls_io::send_small(c, BUSY);
             shared.metrics.error("origin_busy");
             record(&shared, &mut self.access, c.peer, &out.request_end(503, 0));
             self.close(idx);
@@ -81,6 +85,11 @@ impl Worker {
         }
         let done = Arc::new(Mutex::new(None));
         let cancel = Arc::new(AtomicBool::new(false));
+        let tls: crate::origin::TlsSession = Arc::new(Mutex::new(None));
+        match std::mem::replace(&mut c.tls, ConnTls::Plain) {
+            ConnTls::User(t) => *tls.lock().unwrap_or_else(|p| p.into_inner()) = Some(t),
+            other => c.tls = other,
+        }
         let job = OriginJob {
             origin: origin.clone(),
             keep_alive_allowed: out.keep_alive,
@@ -96,6 +105,7 @@ impl Worker {
             done: done.clone(),
             waker: self.engine_waker.clone(),
             delivery: out.delivery.clone(),
+            tls: tls.clone(),
         };
         let mut out = out;
         let body = OriginBody {
@@ -104,6 +114,7 @@ impl Worker {
             class: out.class.clone(),
             started: out.started,
             log: out.log.take(),
+            tls,
         };
         match std::thread::Builder::new()
             .name("penstock-origin".into())
@@ -116,7 +127,10 @@ impl Worker {
             Err(e) => {
                 origin.requests.fetch_sub(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "no thread for an origin request");
-                let _ = rustix::net::send(&c.sock, BUSY, SendFlags::NOSIGNAL);
+                if let Some(t) = body.tls.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    c.tls = ConnTls::User(t);
+                }
+                super::tls_io::send_small(c, BUSY);
                 shared.metrics.error("origin_busy");
                 record(&shared, &mut self.access, c.peer, &body.request_end(503, 0));
                 self.close(idx);
@@ -139,6 +153,10 @@ impl Worker {
             let State::Origin(o) = std::mem::replace(&mut c.state, State::Reading) else {
                 unreachable!("matched Origin above")
             };
+            // The session back from the thread (a `tls-user` connection).
+            if let Some(t) = o.tls.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                c.tls = ConnTls::User(t);
+            }
             if let Some(t) = end.head_sent {
                 shared
                     .metrics

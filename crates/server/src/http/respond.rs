@@ -347,13 +347,9 @@ impl Worker {
                     && matches!(req.method, Method::Get | Method::Head)
                     && !req.names_directory() =>
             {
-                if tls == Mode::User {
-                    // The origin thread writes to the socket itself: not through rustls.
-                    not_over_user_tls("origin fills");
-                    shared.metrics.error("tls_user_unsupported");
-                    return memory(unavailable(req, &ctx), class);
-                }
-                // Answered from the origin by a thread of its own (`origin.rs`).
+                // Answered from the origin by a thread of its own (`origin.rs`); on a
+                // `tls-user` connection the thread writes through the connection's rustls
+                // session, handed to it for the response.
                 let mut out = memory(respond_error(Status::NOT_FOUND, Some(req), &ctx), class);
                 out.keep_alive = req.keep_alive && ctx.keep_alive_allowed;
                 out.path_label = "origin";

@@ -199,10 +199,12 @@ fn fetch_inner(
             .ok_or_else(|| OriginError::Failed(format!("block {block} is past the end")))?,
         None => (0, origin.block_bytes),
     };
-    // From a peer: its HTTP server, which reads the path from the origin itself (the query
-    // tells it so: a peer never forwards a fill, so fills cannot loop).
+    // From a peer (`http://HOST:PORT`, or `https://` where it has a TLS listener, checked
+    // against `[origin] ca_file` or Mozilla's roots): its HTTP server, which reads the path
+    // from the origin itself (the query tells it so: a peer never forwards a fill, so fills
+    // cannot loop).
     let url = match via {
-        Some(peer) => format!("http://{peer}{}?{PEER_FILL_QUERY}", encode_path(path)),
+        Some(peer) => format!("{peer}{}?{PEER_FILL_QUERY}", encode_path(path)),
         None => origin.source.url(path),
     };
     let mut req = origin

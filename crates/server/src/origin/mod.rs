@@ -32,7 +32,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-pub(crate) use serve::{OriginEnd, OriginJob, run};
+pub(crate) use serve::{OriginEnd, OriginJob, TlsSession, run};
 
 use crate::config::OriginConfig;
 
@@ -932,16 +932,5 @@ impl Origin {
 /// The certificates of `origin.ca_file` (PEM; other items, such as a key, are ignored): at
 /// least one, or why not.
 fn ca_certificates(path: &Path) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
-    let what = || format!("origin.ca_file {}", path.display());
-    let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", what()))?;
-    let mut certs = Vec::new();
-    for item in ureq::tls::parse_pem(&pem) {
-        if let ureq::tls::PemItem::Certificate(c) = item.map_err(|e| format!("{}: {e}", what()))? {
-            certs.push(c);
-        }
-    }
-    if certs.is_empty() {
-        return Err(format!("{}: no PEM certificate in it", what()));
-    }
-    Ok(certs)
+    crate::tls::pem_certificates("origin.ca_file", path)
 }

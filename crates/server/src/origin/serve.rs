@@ -4,7 +4,9 @@
 //! file (ranges, conditionals, HEAD), then each piece is sent block by block as soon as that
 //! block is cached, with `sendfile` from the block's file. A failure after the head cuts the
 //! connection: the client sees a body shorter than its `Content-Length`, as HTTP/1.1 says
-//! for an error after the head.
+//! for an error after the head. On a `tls-user` connection (docs/tls.md) the connection's
+//! rustls session comes with the job: every byte goes through it, and a cached block is
+//! read with `pread` into a 16 KiB buffer (one TLS record) instead of `sendfile`.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,7 +43,29 @@ pub(crate) struct OriginJob {
     pub(crate) waker: Arc<OwnedFd>,
     /// The location's CORS and caching lines, added to the head made here.
     pub(crate) delivery: crate::delivery::Delivery,
+    /// A `tls-user` connection's rustls session (`None`: the socket takes plaintext), given
+    /// back to the loop through the same place.
+    pub(crate) tls: TlsSession,
 }
+
+/// A connection's rustls session lent to an origin thread.
+pub(crate) type TlsSession = Arc<Mutex<Option<Box<rustls::ServerConnection>>>>;
+
+/// The non-blocking socket as `io::Write`, for rustls's records.
+struct SockWrite<'a>(&'a OwnedFd);
+
+impl std::io::Write for SockWrite<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        Ok(rustix::net::send(self.0, b, SendFlags::NOSIGNAL)?)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Bytes read from a cached block at once for a `tls-user` connection (one TLS record).
+const TLS_CHUNK_BYTES: usize = 16 * 1024;
 
 /// How the response ended.
 #[derive(Debug, Clone, Copy)]
@@ -195,6 +219,9 @@ fn writable(job: &OriginJob) -> Result<(), ()> {
 }
 
 fn send_all(job: &OriginJob, mut b: &[u8]) -> Result<(), ()> {
+    if let Some(tls) = job.tls.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        return send_tls(job, tls, b);
+    }
     while !b.is_empty() {
         if job.cancel.load(Ordering::Relaxed) {
             return Err(());
@@ -209,8 +236,37 @@ fn send_all(job: &OriginJob, mut b: &[u8]) -> Result<(), ()> {
     Ok(())
 }
 
+/// Encrypts `b` with the connection's session and sends the records, waiting (at most the
+/// send timeout each time) while the socket is full.
+fn send_tls(job: &OriginJob, tls: &mut rustls::ServerConnection, mut b: &[u8]) -> Result<(), ()> {
+    loop {
+        while tls.wants_write() {
+            if job.cancel.load(Ordering::Relaxed) {
+                return Err(());
+            }
+            match tls.write_tls(&mut SockWrite(&job.sock)) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => writable(job)?,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(()),
+            }
+        }
+        if b.is_empty() {
+            return Ok(());
+        }
+        let n = std::io::Write::write(&mut tls.writer(), b).map_err(|_| ())?;
+        if n == 0 && !tls.wants_write() {
+            return Err(());
+        }
+        b = &b[n..];
+    }
+}
+
 /// Sends `len` bytes of `file` from `offset`; on failure, the bytes that went.
 fn sendfile_all(job: &OriginJob, file: &std::fs::File, offset: u64, len: u64) -> Result<(), u64> {
+    if job.tls.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+        return pread_tls(job, file, offset, len);
+    }
     let mut off = offset;
     let end = offset + len;
     while off < end {
@@ -229,6 +285,31 @@ fn sendfile_all(job: &OriginJob, file: &std::fs::File, offset: u64, len: u64) ->
             Err(Errno::INTR) => {}
             Err(_) => return Err(off - offset),
         }
+    }
+    Ok(())
+}
+
+/// [`sendfile_all`] on a `tls-user` connection: the block read in one-record chunks and
+/// written through rustls.
+fn pread_tls(job: &OriginJob, file: &std::fs::File, offset: u64, len: u64) -> Result<(), u64> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; TLS_CHUNK_BYTES];
+    let mut done = 0u64;
+    while done < len {
+        if job.cancel.load(Ordering::Relaxed) {
+            return Err(done);
+        }
+        let want = usize::try_from(len - done)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let n = match file.read_at(&mut buf[..want], offset + done) {
+            Ok(0) => return Err(done),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return Err(done),
+        };
+        send_all(job, &buf[..n]).map_err(|()| done)?;
+        done += n as u64;
     }
     Ok(())
 }

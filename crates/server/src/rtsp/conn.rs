@@ -11,6 +11,7 @@
 //! gate, or a write cut midway (the gate is then broken), ends the connection and its
 //! sessions.
 
+use std::cell::RefCell;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixDatagram;
@@ -29,6 +30,7 @@ use penstock_driver::engine::Interleaved;
 use penstock_driver::gate::{GateError, WriterGate};
 use penstock_driver::open::Opened;
 use penstock_driver::{DiskClass, StreamError, StreamSpec, engine::Pacing};
+use rustls::ServerConnection;
 
 use super::live::LiveSource;
 use super::{
@@ -36,6 +38,7 @@ use super::{
     random_u64,
 };
 use crate::confine;
+use crate::tls::{Tls, TlsPath, plan};
 
 /// How long the loop waits for a request or a frame before it looks at its deadlines.
 const TURN: Duration = Duration::from_millis(100);
@@ -59,9 +62,65 @@ struct Relay {
     channels: (u8, u8),
 }
 
+/// How the connection's bytes are carried: in clear, or over TLS (an `rtsps://` listener),
+/// encrypted by the kernel (`ktls`: the socket takes plaintext, as a plain one) or by the
+/// rustls session here (`tls-user`: every byte written goes through it).
+enum Wire {
+    Plain,
+    Ktls,
+    User(Box<RefCell<ServerConnection>>),
+}
+
+impl Wire {
+    /// The TLS path, `None` for plain RTSP.
+    fn path(&self) -> Option<TlsPath> {
+        match self {
+            Wire::Plain => None,
+            Wire::Ktls => Some(TlsPath::Ktls),
+            Wire::User(_) => Some(TlsPath::User),
+        }
+    }
+}
+
+/// Writes `bytes` on the socket as the wire says: as they are, or through rustls (flushed
+/// before returning; the socket's write timeout bounds each send).
+fn send_wire(mut stream: &TcpStream, wire: &Wire, bytes: &[u8]) -> io::Result<()> {
+    match wire {
+        Wire::Plain | Wire::Ktls => stream.write_all(bytes),
+        Wire::User(tls) => {
+            let mut tls = tls.borrow_mut();
+            let mut off = 0;
+            while off < bytes.len() {
+                let n = tls.writer().write(&bytes[off..])?;
+                if n == 0 && !tls.wants_write() {
+                    return Err(io::Error::other("rustls took no bytes"));
+                }
+                off += n;
+                flush_tls(&mut tls, stream)?;
+            }
+            flush_tls(&mut tls, stream)
+        }
+    }
+}
+
+/// Sends every record rustls holds.
+fn flush_tls(tls: &mut ServerConnection, mut stream: &TcpStream) -> io::Result<()> {
+    while tls.wants_write() {
+        match tls.write_tls(&mut stream) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 struct Conn<'a> {
     shared: &'a Arc<RtspShared>,
     stream: TcpStream,
+    wire: Wire,
+    /// A `tls-user` connection's client sent close_notify.
+    peer_closed: bool,
     peer: SocketAddr,
     local: SocketAddr,
     id: u64,
@@ -78,7 +137,8 @@ struct Conn<'a> {
 /// byte stream broken: the gate says so, and no one writes on it again.
 fn write_gated(
     gate: &WriterGate,
-    mut stream: &TcpStream,
+    stream: &TcpStream,
+    wire: &Wire,
     timeout: Duration,
     bytes: &[u8],
 ) -> io::Result<()> {
@@ -92,7 +152,7 @@ fn write_gated(
             "an interleaved frame was cut off: the connection's byte stream is broken",
         ),
     })?;
-    match stream.write_all(bytes) {
+    match send_wire(stream, wire, bytes) {
         Ok(()) => {
             gate.release();
             Ok(())
@@ -126,16 +186,32 @@ pub(super) fn refuse(mut s: TcpStream, why: &str) {
     let _ = s.shutdown(std::net::Shutdown::Write);
 }
 
-pub(super) fn serve(shared: &Arc<RtspShared>, stream: TcpStream, peer: SocketAddr, id: u64) {
+pub(super) fn serve(
+    shared: &Arc<RtspShared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: u64,
+    tls: Option<&Tls>,
+) {
     let Ok(local) = stream.local_addr() else {
         return;
     };
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_nodelay(true);
+    let (wire, early) = match tls {
+        None => (Wire::Plain, Vec::new()),
+        Some(t) => match handshake(shared, &stream, t, peer) {
+            Some(w) => w,
+            None => return,
+        },
+    };
+    let _ = stream.set_read_timeout(None);
     let _ = stream.set_write_timeout(Some(shared.cfg.send_timeout()));
     let mut c = Conn {
         shared,
         stream,
+        wire,
+        peer_closed: false,
         peer,
         local,
         id,
@@ -143,18 +219,184 @@ pub(super) fn serve(shared: &Arc<RtspShared>, stream: TcpStream, peer: SocketAdd
         frame: Vec::new(),
         gate: Arc::new(WriterGate::new()),
     };
-    if let Err(e) = c.run() {
+    if let Err(e) = c.run(early) {
         tracing::debug!("rtsp connection {peer}: {e}");
+    }
+    // A user-space TLS connection says close_notify before the close (best effort, and
+    // only when no write was cut midway: a broken stream takes no more records). A kTLS
+    // one ends with the FIN alone (docs/tls.md).
+    if let Wire::User(tls) = &c.wire
+        && c.gate.acquire_within(Duration::ZERO).is_ok()
+    {
+        let mut tls = tls.borrow_mut();
+        tls.send_close_notify();
+        let _ = flush_tls(&mut tls, &c.stream);
+        c.gate.release();
+    }
+}
+
+/// What a plain RTSP (or HTTP) request sent to an `rtsps://` port reads before the close.
+const PLAIN_TO_TLS: &[u8] = b"RTSP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 51\r\n\r\nThe plain RTSP request was sent to an rtsps:// port\n";
+
+/// Whether a connection's first bytes are a request line (a method in capitals) rather than
+/// a TLS record (which starts with 0x16).
+fn looks_like_text(first: &[u8]) -> bool {
+    !first.is_empty() && first.iter().all(u8::is_ascii_uppercase)
+}
+
+/// The TLS handshake of a connection accepted on an `rtsps://` listener, within `[tls]
+/// handshake_timeout_ms`, then its path ([`crate::tls::plan`]): the keys to the kernel
+/// (`ktls`) or rustls kept (`tls-user`). Returns the wire and the plaintext that came with
+/// the client's last flight; `None`: closed (a plain request answered 400 in clear, a
+/// refused or stalled handshake), counted in the metrics.
+fn handshake(
+    shared: &Arc<RtspShared>,
+    stream: &TcpStream,
+    tls: &Tls,
+    peer: SocketAddr,
+) -> Option<(Wire, Vec<u8>)> {
+    let metrics = &shared.metrics;
+    let deadline = Instant::now() + tls.handshake_timeout();
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
+    let _ = stream.set_read_timeout(Some(left()));
+    let _ = stream.set_write_timeout(Some(left()));
+    let mut first = [0u8; 4];
+    match stream.peek(&mut first) {
+        Ok(0) => {
+            metrics.error("tls_handshake_eof");
+            return None;
+        }
+        Ok(n) if looks_like_text(&first[..n.min(3)]) => {
+            tracing::debug!("rtsps connection {peer}: a plain request: 400 in clear, closed");
+            metrics.error("tls_plain_rtsp");
+            let mut s = stream;
+            let _ = s.write_all(PLAIN_TO_TLS);
+            linger(stream);
+            return None;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            metrics.error(if timed_out(&e) {
+                "tls_handshake_timeout"
+            } else {
+                "tls_handshake_eof"
+            });
+            return None;
+        }
+    }
+    let mut conn = match tls.accept_rtsp() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("rtsps: a TLS session could not be made: {e}");
+            return None;
+        }
+    };
+    while conn.is_handshaking() {
+        let _ = stream.set_read_timeout(Some(left()));
+        let _ = stream.set_write_timeout(Some(left()));
+        let mut s = stream;
+        if let Err(e) = conn.complete_io(&mut s) {
+            let kind = if timed_out(&e) {
+                "tls_handshake_timeout"
+            } else if e.kind() == io::ErrorKind::InvalidData {
+                "tls_handshake_failed"
+            } else {
+                "tls_handshake_eof"
+            };
+            tracing::debug!("rtsps connection {peer}: handshake: {e}");
+            metrics.error(kind);
+            // The alert of a refusal goes out.
+            let _ = flush_tls(&mut conn, stream);
+            return None;
+        }
+        if Instant::now() >= deadline && conn.is_handshaking() {
+            metrics.error("tls_handshake_timeout");
+            return None;
+        }
+    }
+    if flush_tls(&mut conn, stream).is_err() {
+        metrics.error("tls_handshake_eof");
+        return None;
+    }
+    // A request that came with the client's Finished is decrypted already.
+    let mut early = Vec::new();
+    let mut b = [0u8; READ_BYTES];
+    loop {
+        match conn.reader().read(&mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => early.extend_from_slice(&b[..n]),
+        }
+    }
+    let mut path = conn
+        .negotiated_cipher_suite()
+        .map_or(TlsPath::User, |s| plan(tls.ktls(), s.suite()));
+    if path == TlsPath::Ktls
+        && let Err(e) = penstock_uring::ktls::attach_ulp(stream)
+    {
+        tracing::warn!("rtsps: the kernel refused TCP_ULP \"tls\" ({e}): user-space TLS");
+        path = TlsPath::User;
+    }
+    metrics
+        .tls_handshakes
+        .get_or_create(&crate::metrics::TlsPathLabel {
+            path: path.label().to_string(),
+        })
+        .inc();
+    tracing::debug!(
+        "rtsps connection {peer}: handshake done, path={}",
+        path.label()
+    );
+    let wire = match path {
+        TlsPath::Ktls => {
+            if let Err(e) = crate::tls::hand_to_kernel(stream, conn) {
+                tracing::warn!("rtsps: handing the keys to the kernel failed ({e}): closed");
+                metrics.error("ktls_setup_failed");
+                return None;
+            }
+            Wire::Ktls
+        }
+        TlsPath::User => Wire::User(Box::new(RefCell::new(conn))),
+    };
+    Some((wire, early))
+}
+
+fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Reads and drops what the client sent (bounded, briefly) and closes the write side, so
+/// that an answer before a close is not lost to a reset.
+fn linger(stream: &TcpStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut b = [0u8; 4096];
+    let mut s = stream;
+    for _ in 0..16 {
+        if !matches!(s.read(&mut b), Ok(n) if n > 0) {
+            break;
+        }
     }
 }
 
 impl Conn<'_> {
-    fn run(&mut self) -> io::Result<()> {
+    fn run(&mut self, early: Vec<u8>) -> io::Result<()> {
         let limits = RtspLimits {
             request_bytes_max: self.shared.cfg.request_bytes_max,
         };
-        let mut buf: Vec<u8> = Vec::with_capacity(READ_BYTES);
+        // What came with the TLS handshake's last flight is parsed at once.
+        let mut kick = !early.is_empty();
+        let mut buf: Vec<u8> = early;
+        buf.reserve(READ_BYTES);
         let mut chunk = [0u8; READ_BYTES];
+        // A `tls-user` read's plaintext beyond `chunk`.
+        let mut pending = Vec::new();
         // Idle: from the last complete message (a byte alone does not count: a trickle is
         // bounded by the request deadline below, not renewed by it).
         let mut last_request = Instant::now();
@@ -171,9 +413,10 @@ impl Conn<'_> {
                 self.forward(i)?;
             }
             self.forward_rtcp()?;
-            if tcp_ready {
-                let n = match self.stream.read(&mut chunk) {
-                    Ok(0) => {
+            if tcp_ready || kick {
+                kick = false;
+                let n = match self.read_some(tcp_ready, &mut chunk, &mut pending) {
+                    Ok(None) => {
                         use std::os::fd::AsRawFd;
                         tracing::debug!(
                             "rtsp connection {}: closed by the client (fd {})",
@@ -182,14 +425,35 @@ impl Conn<'_> {
                         );
                         return Ok(());
                     }
-                    Ok(n) => n,
+                    Ok(Some(n)) => n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    // A record other than data on a kTLS socket (the client's TLS 1.3
+                    // KeyUpdate, an alert such as close_notify) fails a plain read with EIO
+                    // (EKEYEXPIRED after a KeyUpdate on kernels that can take new keys):
+                    // penstock does not hand the kernel new keys, so the connection ends
+                    // here, cleanly (docs/tls.md, "kTLS: key updates and close_notify").
+                    Err(e)
+                        if matches!(self.wire, Wire::Ktls)
+                            && matches!(
+                                e.raw_os_error(),
+                                Some(x) if x == rustix::io::Errno::IO.raw_os_error()
+                                    || x == rustix::io::Errno::KEYEXPIRED.raw_os_error()
+                            ) =>
+                    {
+                        tracing::debug!(
+                            "rtsps connection {}: a TLS control record on a kTLS socket (a KeyUpdate or an alert): closed",
+                            self.peer
+                        );
+                        self.shared.metrics.error("ktls_control_record");
+                        return Ok(());
+                    }
                     Err(e) => return Err(e),
                 };
-                if buf.is_empty() {
+                if n > 0 && buf.is_empty() {
                     request_began = Some(Instant::now());
                 }
                 buf.extend_from_slice(&chunk[..n]);
+                buf.append(&mut pending);
                 loop {
                     match rtsp::parse(&buf, &limits) {
                         Ok(Parsed::Incomplete) => break,
@@ -277,9 +541,99 @@ impl Conn<'_> {
         write_gated(
             &self.gate,
             &self.stream,
+            &self.wire,
             self.shared.cfg.send_timeout(),
             bytes,
         )
+    }
+
+    /// One read of the socket if it is `readable`: plaintext into `chunk` — at most its
+    /// size from a plain or kTLS socket; from a `tls-user` one, the records read are
+    /// decrypted and their plaintext beyond what fits in `chunk` appended to `more`.
+    /// `Ok(None)`: the peer's end (a close, or its TLS close_notify); `Ok(Some(0))`:
+    /// nothing yet (records without plaintext).
+    fn read_some(
+        &mut self,
+        readable: bool,
+        chunk: &mut [u8],
+        more: &mut Vec<u8>,
+    ) -> io::Result<Option<usize>> {
+        if !readable {
+            return Ok(Some(0));
+        }
+        let Wire::User(tls) = &self.wire else {
+            return match (&self.stream).read(chunk)? {
+                0 => Ok(None),
+                n => Ok(Some(n)),
+            };
+        };
+        if self.peer_closed {
+            return Ok(None);
+        }
+        let mut tls = tls.borrow_mut();
+        let mut s = &self.stream;
+        if tls.wants_read() {
+            match tls.read_tls(&mut s) {
+                Ok(0) => {
+                    self.peer_closed = true;
+                    return Ok(None);
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let state = match tls.process_new_packets() {
+            Ok(st) => st,
+            Err(e) => {
+                self.shared.metrics.error("tls_record");
+                // Its alert goes out if it can; then the connection ends.
+                drop(tls);
+                if self.gate.acquire_within(Duration::ZERO).is_ok() {
+                    if let Wire::User(t) = &self.wire {
+                        let _ = flush_tls(&mut t.borrow_mut(), &self.stream);
+                    }
+                    self.gate.release();
+                }
+                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+            }
+        };
+        let mut got = 0;
+        if state.plaintext_bytes_to_read() > 0 {
+            loop {
+                let n = if got < chunk.len() {
+                    tls.reader().read(&mut chunk[got..]).unwrap_or(0)
+                } else {
+                    let mut b = [0u8; READ_BYTES];
+                    match tls.reader().read(&mut b) {
+                        Ok(n) => {
+                            more.extend_from_slice(&b[..n]);
+                            n
+                        }
+                        Err(_) => 0,
+                    }
+                };
+                if n == 0 {
+                    break;
+                }
+                if got < chunk.len() {
+                    got += n;
+                }
+            }
+        }
+        if state.peer_has_closed() {
+            self.peer_closed = true;
+        }
+        // What rustls has to say after these records (its KeyUpdate after the client's
+        // TLS 1.3 KeyUpdate) goes out between whole messages.
+        if tls.wants_write() {
+            drop(tls);
+            self.write(&[])?;
+        }
+        if got == 0 && more.is_empty() && self.peer_closed {
+            return Ok(None);
+        }
+        Ok(Some(got))
     }
 
     /// Polls the socket and the relays for one turn.
@@ -333,7 +687,13 @@ impl Conn<'_> {
             frame[1] = if is_rtcp { rtcp_ch } else { rtp_ch };
             frame[2..4].copy_from_slice(&(n as u16).to_be_bytes());
             let timeout = self.shared.cfg.send_timeout();
-            write_gated(&self.gate, &self.stream, timeout, &frame[..4 + n])?;
+            write_gated(
+                &self.gate,
+                &self.stream,
+                &self.wire,
+                timeout,
+                &frame[..4 + n],
+            )?;
         }
         Ok(false)
     }
@@ -601,7 +961,27 @@ impl Conn<'_> {
         r
     }
 
+    /// Whether an interleaved session's engine stream writes to this connection's socket
+    /// itself ([`crate::tls::interleaved_direct`]: never through user-space TLS).
+    fn direct(&self) -> bool {
+        crate::tls::interleaved_direct(self.shared.cfg.interleaved_direct, self.wire.path())
+    }
+
     fn setup(&mut self, req: &Request, cseq: u32) -> Reply {
+        // RTP over UDP from an rtsps:// connection would leave in clear (there is no SRTP
+        // here): refused, the client asks again for interleaved TCP (ffmpeg and GStreamer
+        // ask it first on rtsps://).
+        if self.wire.path().is_some() && matches!(req.transport, Some(Ok(TransportAsk::Udp { .. })))
+        {
+            self.shared.metrics.error("rtsps_udp_refused");
+            return text(
+                461,
+                cseq,
+                "an rtsps:// connection carries RTP interleaved in its TLS stream only \
+                 (Transport: RTP/AVP/TCP;unicast;interleaved=0-1): over UDP the media would \
+                 leave in clear (no SRTP)",
+            );
+        }
         if let Some(id) = &req.session {
             return match self.shared.session(id) {
                 None => text(454, cseq, "no such session"),
@@ -687,9 +1067,7 @@ impl Conn<'_> {
                 // Admission now, for the whole file at its PCR rate: a refusal is a 453 before
                 // any port is taken; the reservation is held until TEARDOWN or the timeout.
                 let interleaved = match ask {
-                    TransportAsk::Interleaved { rtp_channel, .. }
-                        if self.shared.cfg.interleaved_direct =>
-                    {
+                    TransportAsk::Interleaved { rtp_channel, .. } if self.direct() => {
                         Some(Interleaved {
                             channel: rtp_channel,
                             gate: self.gate.clone(),
@@ -837,6 +1215,8 @@ impl Conn<'_> {
                         rtcp_out,
                         channels: (rtp_channel, rtcp_channel),
                         conn_id: self.id,
+                        direct: self.direct(),
+                        tls: self.wire.path().map(TlsPath::label),
                     },
                     format!(
                         "RTP/AVP/TCP;unicast;interleaved={rtp_channel}-{rtcp_channel};ssrc={:08X}",
@@ -1117,7 +1497,7 @@ impl Conn<'_> {
         );
         let (mut spec, pb) =
             stream_spec(&self.shared.cfg, &media, from_ns, packetizer, Some(anchor));
-        interleave(&mut spec, s.transport.interleaved(&self.shared.cfg));
+        interleave(&mut spec, s.transport.interleaved());
         let seek = pb.1;
         let pb = pb.0;
         tracing::debug!(
@@ -1158,8 +1538,13 @@ impl Conn<'_> {
                     .map_err(|e| fail(500, format!("{e}")))?,
                 IoKind::Datagram,
             ),
-            // Without `interleaved_direct`: the pair, read and framed by the connection.
-            Transport::Interleaved { engine_end, .. } if !self.shared.cfg.interleaved_direct => (
+            // Not direct (`interleaved_direct` off, or a `tls-user` connection): the pair,
+            // read, framed (and encrypted) by the connection.
+            Transport::Interleaved {
+                engine_end,
+                direct: false,
+                ..
+            } => (
                 engine_end
                     .try_clone()
                     .map(Into::into)
@@ -1192,7 +1577,7 @@ impl Conn<'_> {
                 // Stopped: the session keeps a scale-1 reservation for the whole file (as from
                 // SETUP) when it still fits, and a PLAY starts again.
                 let mut whole = stream_spec(&self.shared.cfg, &media, None, s.base, None).0;
-                whole.interleaved = s.transport.interleaved(&self.shared.cfg);
+                whole.interleaved = s.transport.interleaved();
                 s.admitted = self
                     .shared
                     .engine

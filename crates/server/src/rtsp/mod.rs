@@ -229,19 +229,35 @@ pub enum Transport {
         channels: (u8, u8),
         /// The connection that carries it (the session ends with it).
         conn_id: u64,
+        /// Whether the engine writes its frames to `tcp` itself: `[rtsp]
+        /// interleaved_direct` on a plain connection. On an `rtsps://` one the engine
+        /// writes into `engine_end` instead and the connection thread frames the packets
+        /// and writes them: through rustls (`tls-user`), or with a plain `write` on a kTLS
+        /// socket, whose `sendmsg` refuses the engine's send flags (decided by
+        /// [`crate::tls::interleaved_direct`]).
+        direct: bool,
+        /// The connection's TLS path (`ktls`, `tls-user`) on an `rtsps://` listener.
+        tls: Option<&'static str>,
     },
+}
+
+impl Transport {
+    /// The TLS path of the connection carrying it (`None`: plain, or UDP).
+    fn tls(&self) -> Option<&'static str> {
+        match self {
+            Transport::Interleaved { tls, .. } => *tls,
+            Transport::Udp { .. } => None,
+        }
+    }
 }
 
 impl Transport {
     /// An interleaved transport's RTP channel and its connection's writer gate, for the
     /// engine stream.
-    pub(crate) fn interleaved(
-        &self,
-        cfg: &RtspConfig,
-    ) -> Option<penstock_driver::engine::Interleaved> {
+    pub(crate) fn interleaved(&self) -> Option<penstock_driver::engine::Interleaved> {
         match self {
             Transport::Udp { .. } => None,
-            Transport::Interleaved { .. } if !cfg.interleaved_direct => None,
+            Transport::Interleaved { direct: false, .. } => None,
             Transport::Interleaved { channels, gate, .. } => {
                 Some(penstock_driver::engine::Interleaved {
                     channel: channels.0,
@@ -445,6 +461,8 @@ pub struct RtspServer {
     /// Stops the live sources' threads (and their recordings).
     live_stop: Arc<AtomicBool>,
     addrs: Vec<SocketAddr>,
+    /// Those of `addrs` that are `rtsps://` listeners.
+    tls_addrs: Vec<SocketAddr>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -496,23 +514,35 @@ impl RtspServer {
         engine: Arc<Engine>,
         metrics: Arc<Metrics>,
         hls: &Arc<crate::hls::Hls>,
+        tls: Option<Arc<crate::tls::Tls>>,
     ) -> Result<RtspServer, crate::ServerError> {
         let root_fd = confine::Root::open(root).map_err(|source| crate::ServerError::Root {
             path: root.to_path_buf(),
             source,
         })?;
-        let addrs = cfg.listen.resolve().map_err(|e| {
+        let addrs = cfg.listen.resolve_rtsp().map_err(|e| {
             crate::ServerError::Config(crate::ConfigError::Invalid(format!("rtsp.listen: {e}")))
         })?;
         let mut listeners = Vec::new();
-        for a in addrs {
+        for (a, is_tls) in addrs {
+            // An rtsps:// listener without [tls] is refused by the configuration's check;
+            // here too, never a plain listener where TLS was asked.
+            let tls = match (is_tls, &tls) {
+                (false, _) => None,
+                (true, Some(t)) => Some(t.clone()),
+                (true, None) => {
+                    return Err(crate::ServerError::Config(crate::ConfigError::Invalid(
+                        format!("rtsp.listen: rtsps://{a} needs [tls] certificates"),
+                    )));
+                }
+            };
             let l = bind_listener(a).map_err(|source| crate::ServerError::Bind {
                 what: "rtsp",
                 addr: a.to_string(),
                 source,
             })?;
             l.set_nonblocking(true)?;
-            listeners.push(l);
+            listeners.push((l, tls));
         }
         // Live sources start with the server: a recording runs whether anyone watches or not.
         let live_stop = Arc::new(AtomicBool::new(false));
@@ -556,13 +586,18 @@ impl RtspServer {
             cluster: std::sync::OnceLock::new(),
         });
         let mut bound = Vec::new();
-        for l in listeners {
-            bound.push(l.local_addr()?);
+        let mut tls_addrs = Vec::new();
+        for (l, tls) in listeners {
+            let a = l.local_addr()?;
+            bound.push(a);
+            if tls.is_some() {
+                tls_addrs.push(a);
+            }
             let s = shared.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name("rtsp-accept".into())
-                    .spawn(move || accept_loop(&s, &l))?,
+                    .spawn(move || accept_loop(&s, &l, tls.as_ref()))?,
             );
         }
         let s = shared.clone();
@@ -575,6 +610,7 @@ impl RtspServer {
             shared,
             live_stop,
             addrs: bound,
+            tls_addrs,
             threads,
         })
     }
@@ -586,6 +622,11 @@ impl RtspServer {
 
     pub fn addrs(&self) -> &[SocketAddr] {
         &self.addrs
+    }
+
+    /// Whether `a` (one of [`RtspServer::addrs`]) is an `rtsps://` listener.
+    pub fn is_tls(&self, a: SocketAddr) -> bool {
+        self.tls_addrs.contains(&a)
     }
 
     /// The control protocol's `STATE *` lines of the sessions (`RtspShared::state_lines`).
@@ -675,7 +716,18 @@ fn bind_listener(a: SocketAddr) -> io::Result<TcpListener> {
     Ok(s.into())
 }
 
-fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
+/// A connection an `rtsps://` listener cannot take (a limit, no descriptor): closed without
+/// the plain 503, which would be clear text where the client waits for a TLS handshake.
+fn refuse_on(tls: Option<&Arc<crate::tls::Tls>>, s: std::net::TcpStream, why: &str) {
+    if tls.is_some() {
+        tracing::debug!("rtsps connection refused ({why}): closed");
+        drop(s);
+    } else {
+        conn::refuse(s, why);
+    }
+}
+
+fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener, tls: Option<&Arc<crate::tls::Tls>>) {
     // Out of descriptors, a waiting connection is refused through this one.
     let mut spare = crate::listen::spare_descriptor();
     while !shared.stop.load(Ordering::Acquire) {
@@ -685,7 +737,8 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
                 if n >= shared.cfg.connections_max {
                     shared.connections.fetch_sub(1, Ordering::AcqRel);
                     shared.metrics.error("rtsp_connections_max");
-                    conn::refuse(
+                    refuse_on(
+                        tls,
                         s,
                         &format!(
                             "rtsp.connections_max {} reached",
@@ -697,7 +750,8 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
                 let Some(place) = AddressPlace::take(shared, peer.ip()) else {
                     shared.connections.fetch_sub(1, Ordering::AcqRel);
                     shared.metrics.error("rtsp_connections_per_address_max");
-                    conn::refuse(
+                    refuse_on(
+                        tls,
                         s,
                         &format!(
                             "rtsp.connections_per_address_max {} reached for {}",
@@ -713,11 +767,12 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
                     std::os::fd::AsRawFd::as_raw_fd(&s)
                 );
                 let sh = shared.clone();
+                let tls = tls.cloned();
                 let spawned =
                     std::thread::Builder::new()
                         .name("rtsp-conn".into())
                         .spawn(move || {
-                            conn::serve(&sh, s, peer, id);
+                            conn::serve(&sh, s, peer, id, tls.as_deref());
                             sh.connection_closed(id);
                             drop(place);
                             sh.connections.fetch_sub(1, Ordering::AcqRel);
@@ -746,7 +801,7 @@ fn accept_loop(shared: &Arc<RtspShared>, l: &TcpListener) {
                     let was_one = refused.is_some();
                     if let Some((s, _)) = refused {
                         shared.metrics.error("rtsp_out_of_descriptors");
-                        conn::refuse(s, "the server is out of descriptors: try again later");
+                        refuse_on(tls, s, "the server is out of descriptors: try again later");
                     }
                     spare = crate::listen::spare_descriptor();
                     // Accept fails with EMFILE even when nobody waits: then back off, never
@@ -1007,6 +1062,7 @@ impl RtspShared {
                     Transport::Udp { .. } => "udp",
                     Transport::Interleaved { .. } => "tcp",
                 },
+                tls: s.transport.tls(),
                 late_p99_ns,
                 end: why.word(),
             },
@@ -1040,9 +1096,12 @@ impl RtspShared {
                     Transport::Interleaved { .. } => "tcp",
                 };
                 let mut line = format!(
-                    "rtsp-{} {state} path={} transport={transport} class=rt",
+                    "rtsp-{} {state} path={} transport={transport}{} class=rt",
                     s.id,
-                    s.path.replace(char::is_whitespace, "%20")
+                    s.path.replace(char::is_whitespace, "%20"),
+                    s.transport
+                        .tls()
+                        .map_or(String::new(), |t| format!(" tls={t}"))
                 );
                 if let Some(l) = &s.live {
                     line += &format!(

@@ -746,6 +746,9 @@ out = {
     "iss": hs(dict(base, iss="elsewhere")),
     "kid": hs(base, kid="j9"),
     "paths": hs(dict(base, paths=["/jwt/movies/"], sessions=2, rate="8Mbit/s", tenant="acme")),
+    "cap2": hs(dict(base, jti="cap-2", sessions=2)),
+    "cap2_again": hs(dict(base, jti="cap-2", sessions=2, sub="another-token-same-jti")),
+    "rate": hs(dict(base, jti="rate-1", rate="16Mbit/s")),
     "none": b64(json.dumps({"alg": "none", "kid": "e1"}).encode()) + "." + b64(json.dumps(base).encode()) + ".",
 }
 h = b64(json.dumps({"alg": "HS256", "kid": "e1"}).encode())
@@ -914,4 +917,257 @@ fn jwts_over_http_hls_and_rtsp() {
         assert_eq!(rtsp_describe_with(&s.rtsp, &rurl, &h("valid")), 200);
         assert_eq!(rtsp_describe_with(&s.rtsp, &rurl, &h("expired")), 403);
     }
+}
+
+/// Mints the tokens and starts a server with `/jwt/` requiring a JWT (`None` when PyJWT is
+/// missing: the caller skips).
+fn serve_jwt(
+    clip: Option<&Path>,
+    extra: &str,
+) -> Option<(Served, std::collections::HashMap<String, String>)> {
+    if !(penstock_testreq::require("curl") && penstock_testreq::require("python3")) {
+        return None;
+    }
+    let probe = Command::new("/usr/bin/python3")
+        .args(["-c", "import jwt, cryptography"])
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        assert!(
+            std::env::var("PENSTOCK_TEST_REQUIRE").is_err(),
+            "PyJWT (python3-jwt) is required"
+        );
+        eprintln!("SKIPPED: PyJWT (python3-jwt, python3-cryptography) is not installed");
+        return None;
+    }
+    let s = serve_with(
+        clip,
+        "jwks_file = \"JWKS\"\njwt_audiences = [\"penstock\"]\njwt_issuers = [\"login.example\"]\n",
+        &format!("[[location]]\nprefix = \"/jwt/\"\nauth = \"jwt\"\n{extra}"),
+        |d| {
+            let o = Command::new("/usr/bin/python3")
+                .args(["-c", MINT])
+                .arg(d)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            std::fs::set_permissions(d.join("jwks.json"), std::fs::Permissions::from_mode(0o600))
+                .unwrap();
+        },
+    );
+    let tokens =
+        serde_json::from_str(&std::fs::read_to_string(s.dir.path().join("tokens.json")).unwrap())
+            .unwrap();
+    Some((s, tokens))
+}
+
+/// One keep-alive HTTP/1.1 connection, the way a player holds one.
+struct KeepAlive {
+    sock: TcpStream,
+}
+
+impl KeepAlive {
+    fn open(addr: &str) -> KeepAlive {
+        let sock = TcpStream::connect(addr).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        KeepAlive { sock }
+    }
+
+    /// GET `path` with `Authorization: Bearer token`: the status and the body.
+    fn get(&mut self, path: &str, token: &str) -> (u16, Vec<u8>) {
+        write!(
+            self.sock,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n"
+        )
+        .unwrap();
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 65536];
+        let end = loop {
+            if let Some(e) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                break e + 4;
+            }
+            let n = self.sock.read(&mut buf).unwrap();
+            assert!(
+                n > 0,
+                "closed before a head: {}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        };
+        let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        while got.len() < end + len {
+            let n = self.sock.read(&mut buf).unwrap();
+            assert!(n > 0, "closed inside a body");
+            got.extend_from_slice(&buf[..n]);
+        }
+        (status, got[end..end + len].to_vec())
+    }
+}
+
+/// An RTSP connection that SETUPs `url` interleaved with `Authorization: Bearer token`:
+/// the reply's status line and whole head.
+fn rtsp_setup(addr: &str, url: &str, token: &str) -> (TcpStream, u16, String) {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        c,
+        "SETUP {url} RTSP/1.0\r\nCSeq: 1\r\nTransport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n\
+         Authorization: Bearer {token}\r\n\r\n"
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = c.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no RTSP status: {text:?}"));
+    (c, code, text)
+}
+
+/// A token with `sessions = 2` (counted by its `jti`, whichever token carries it): two
+/// keep-alive HTTP connections are its sessions; a third — a download, an HLS playlist, an
+/// RTSP SETUP — is refused naming the cap (HTTP 429, RTSP 453); closing a connection or
+/// tearing the RTSP session down gives its place back.
+#[test]
+fn a_tokens_sessions_cap_holds_across_http_hls_and_rtsp() {
+    let _serial = serial();
+    let clip = common::mpeg2_ts_clip("access-cap", 4);
+    let Some((s, t)) = serve_jwt(clip.as_deref(), "") else {
+        return;
+    };
+    let file = "/jwt/movies/data.bin";
+    let mut a = KeepAlive::open(&s.http);
+    let mut b = KeepAlive::open(&s.http);
+    assert_eq!(a.get(file, &t["cap2"]), (200, pattern(100 * 1024)));
+    assert_eq!(b.get(file, &t["cap2"]).0, 200);
+    // The same connection asks again: still its one session.
+    assert_eq!(a.get(file, &t["cap2"]).0, 200);
+    // A third connection, with another token of the same jti: refused, the cap named.
+    let mut c = KeepAlive::open(&s.http);
+    let (code, body) = c.get(file, &t["cap2_again"]);
+    let why = String::from_utf8_lossy(&body).to_string();
+    assert_eq!(code, 429, "{why}");
+    assert!(why.contains("sessions = 2"), "{why}");
+    // An HLS playlist is refused alike; a token without a cap is not.
+    if clip.is_some() {
+        let (code, body) =
+            KeepAlive::open(&s.http).get("/jwt/movies/clip.ts/index.m3u8", &t["cap2"]);
+        assert_eq!(code, 429, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(KeepAlive::open(&s.http).get(file, &t["valid"]).0, 200);
+    }
+    assert!(
+        s.metric("penstock_errors_total{kind=\"auth_sessions_cap\"}") >= 2.0,
+        "refusals counted"
+    );
+    // The first connection closes: its place is free once the server has seen the close.
+    drop(a);
+    let mut d = KeepAlive::open(&s.http);
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            // A refused request leaves the connection open: ask on a fresh one each time.
+            d = KeepAlive::open(&s.http);
+            d.get(file, &t["cap2"]).0 == 200
+        }),
+        "a closed connection gives its place back"
+    );
+    let Some(_) = &clip else {
+        eprintln!("SKIPPED (RTSP part): ffmpeg is not installed");
+        return;
+    };
+    // RTSP: b and d hold both places, so a SETUP is refused with the cap named.
+    let rurl = format!("rtsp://{}/jwt/movies/clip.ts", s.rtsp);
+    let (_r, code, text) = rtsp_setup(&s.rtsp, &rurl, &t["cap2"]);
+    assert_eq!(code, 453, "{text}");
+    assert!(text.contains("sessions = 2"), "{text}");
+    drop(b);
+    let (mut r, code, text) = {
+        let mut last = None;
+        wait_for(Duration::from_secs(10), || {
+            let got = rtsp_setup(&s.rtsp, &rurl, &t["cap2"]);
+            let ok = got.1 == 200;
+            last = Some(got);
+            ok
+        });
+        last.unwrap()
+    };
+    assert_eq!(code, 200, "{text}");
+    // The RTSP session holds a place: an HTTP connection is refused now.
+    assert_eq!(KeepAlive::open(&s.http).get(file, &t["cap2"]).0, 429);
+    // TEARDOWN gives it back.
+    let session = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Session: "))
+        .and_then(|v| v.split(';').next())
+        .unwrap()
+        .trim()
+        .to_string();
+    write!(
+        r,
+        "TEARDOWN {rurl} RTSP/1.0\r\nCSeq: 2\r\nSession: {session}\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = r.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("RTSP/1.0 200"));
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            KeepAlive::open(&s.http).get(file, &t["cap2"]).0 == 200
+        }),
+        "TEARDOWN gives the place back"
+    );
+    drop(d);
+}
+
+/// A token's `rate` claim paces its download through the engine's planner (`Pacing::Rate`):
+/// a 4 MB file at 16 Mbit/s (2 MB/s) takes at least about 2 s — at least (size − a burst)
+/// / rate — and arrives byte-exact, sent by the engine.
+#[test]
+fn a_tokens_rate_paces_its_download() {
+    let _serial = serial();
+    let Some((s, t)) = serve_jwt(None, "") else {
+        return;
+    };
+    let size = 4 << 20;
+    std::fs::write(s.dir.path().join("www/jwt/movies/big.bin"), pattern(size)).unwrap();
+    let t0 = Instant::now();
+    let (code, body) = KeepAlive::open(&s.http).get("/jwt/movies/big.bin", &t["rate"]);
+    let took = t0.elapsed();
+    assert_eq!(code, 200, "{}", s.log());
+    assert!(body == pattern(size), "byte-exact");
+    // 2 MB/s; a burst of up to half a second's worth is allowed at the start.
+    let floor = Duration::from_secs_f64((size as f64 - 1e6) / 2e6);
+    assert!(
+        took >= floor,
+        "paced: {took:?} for {size} bytes, floor {floor:?}"
+    );
+    eprintln!(
+        "rate 16Mbit/s: {size} bytes in {took:?} = {:.2} Mbit/s",
+        size as f64 * 8.0 / took.as_secs_f64() / 1e6
+    );
+    let page = common::scrape(&s.http).unwrap();
+    assert!(
+        page.lines()
+            .any(|l| l.starts_with("penstock_http_body_bytes_total")
+                && l.contains("data_path=\"engine-")
+                && l.ends_with(&format!(" {size}"))),
+        "the engine sent the paced body:\n{}",
+        page.lines()
+            .filter(|l| l.contains("body_bytes"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use penstock_core::auth::jwt::{Jwks, JwtPolicy};
+use penstock_core::auth::ledger::{LedgerRefusal, SessionLedger, ViewerLimits};
 use penstock_core::auth::{AuthError, Grant, Key, Keyring};
 
 use crate::config::{AuthConfig, AuthMode, ConfigError, ServerConfig};
@@ -130,9 +131,13 @@ pub(crate) struct State {
 pub(crate) enum Decision {
     /// The location asks for nothing.
     Open,
-    /// A credential was verified; with the grant HLS session tokens are made from (`None`:
-    /// a JWT and no HMAC key to sign session tokens with).
-    Granted(Option<Grant>),
+    /// A credential was verified: `grant` is what HLS session tokens are made from (`None`:
+    /// a JWT and no HMAC key to sign session tokens with); `limits` what a JWT's claims
+    /// ask of its sessions (`sessions`, `rate`, `tenant`).
+    Granted {
+        grant: Option<Grant>,
+        limits: Option<ViewerLimits>,
+    },
     /// Refused: 401 for [`AuthError::Missing`], else 403.
     Refused(AuthError),
 }
@@ -141,6 +146,8 @@ pub(crate) enum Decision {
 #[derive(Debug)]
 pub(crate) struct Viewers {
     state: Mutex<Arc<State>>,
+    /// The open sessions of each credential with a `sessions` cap (`penstock_core::auth::ledger`).
+    ledger: Arc<Mutex<SessionLedger>>,
     /// `penstock_auth_checks_total{kind,result}`, every series made at start (present at 0)
     /// and found here without allocating: a flood of bad credentials costs no label strings.
     checks: Vec<(
@@ -196,6 +203,7 @@ impl Viewers {
         let state = Viewers::stage(cfg)?;
         Ok(Viewers {
             state: Mutex::new(Arc::new(state)),
+            ledger: Arc::new(Mutex::new(SessionLedger::new(cfg.auth.credentials_max()))),
             checks: check_counters(&metrics),
         })
     }
@@ -204,6 +212,7 @@ impl Viewers {
     pub(crate) fn open(metrics: Arc<Metrics>) -> Viewers {
         Viewers {
             state: Mutex::new(Arc::new(State::default())),
+            ledger: Arc::new(Mutex::new(SessionLedger::new(1))),
             checks: check_counters(&metrics),
         }
     }
@@ -298,7 +307,7 @@ impl Viewers {
                     (Ok(_), None) if c.ip.is_some() => Err(AuthError::Address),
                     (r, _) => r,
                 };
-                (kind, r.map(Some))
+                (kind, r.map(|g| (Some(g), None)))
             }
             Err(e) => ("signed", Err(e)),
             Ok(None) => match (bearer, &s.jwks) {
@@ -310,7 +319,12 @@ impl Viewers {
                         path,
                         now_s,
                     )
-                    .map(|g| penstock_core::auth::grant_for_jwt(&s.keys, token, g.expires_s));
+                    .map(|g| {
+                        (
+                            penstock_core::auth::grant_for_jwt(&s.keys, token, g.expires_s),
+                            Some(ViewerLimits::of_jwt(&g, token)),
+                        )
+                    });
                     ("jwt", r)
                 }
                 _ => (
@@ -331,7 +345,7 @@ impl Viewers {
             c.inc();
         }
         match result {
-            Ok(g) => Decision::Granted(g),
+            Ok((grant, limits)) => Decision::Granted { grant, limits },
             Err(e) => {
                 if e != AuthError::Missing {
                     crate::peer_warn!(
@@ -349,6 +363,26 @@ impl Viewers {
         }
     }
 
+    /// Opens one session under `limits` (an HTTP connection, an RTSP session): `Ok(None)`
+    /// when the credential has no `sessions` cap; the place is given back when the
+    /// [`SessionHold`] is dropped (the session ended).
+    pub(crate) fn open_session(
+        &self,
+        limits: &ViewerLimits,
+    ) -> Result<Option<SessionHold>, LedgerRefusal> {
+        let Some(max) = limits.sessions_max else {
+            return Ok(None);
+        };
+        self.ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .open(&limits.credential, max)?;
+        Ok(Some(SessionHold {
+            ledger: self.ledger.clone(),
+            credential: limits.credential.clone(),
+        }))
+    }
+
     /// The query a playlist answered to `grant` writes after the URI of its segments, the
     /// file at `path` (canonical); `None` when the grant's key was removed since.
     pub(crate) fn session_query(&self, grant: &Grant, path: &str) -> Option<String> {
@@ -357,6 +391,29 @@ impl Viewers {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         penstock_core::auth::session_query(&s.keys, grant, path, now_s, s.session_ttl_s)
+    }
+}
+
+/// One session's place under its credential's `sessions` cap, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct SessionHold {
+    ledger: Arc<Mutex<SessionLedger>>,
+    credential: String,
+}
+
+impl SessionHold {
+    /// The credential the place is counted under.
+    pub(crate) fn credential(&self) -> &str {
+        &self.credential
+    }
+}
+
+impl Drop for SessionHold {
+    fn drop(&mut self) {
+        self.ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .close(&self.credential);
     }
 }
 

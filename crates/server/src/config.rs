@@ -553,6 +553,10 @@ pub struct AuthConfig {
     pub jwt_audiences: Vec<String>,
     /// Accepted `iss` values; empty: `iss` is not checked.
     pub jwt_issuers: Vec<String>,
+    /// The most credentials (JWTs with a `sessions` claim, counted by `jti`, else `sub`, else
+    /// the token) holding sessions at once; a new one beyond is refused (429 / RTSP 453).
+    /// Default 10000.
+    pub credentials_max: Option<usize>,
 }
 
 /// One key of `[auth] keys`.
@@ -567,6 +571,10 @@ pub struct AuthKeyFile {
 impl AuthConfig {
     pub fn session_ttl(&self) -> Duration {
         Duration::from_millis(self.session_ttl_ms.unwrap_or(4 * 3600 * 1000))
+    }
+
+    pub fn credentials_max(&self) -> usize {
+        self.credentials_max.unwrap_or(10_000)
     }
 
     fn check(&self) -> Result<(), ConfigError> {
@@ -593,6 +601,11 @@ impl AuthConfig {
         if self.session_ttl_ms == Some(0) {
             return Err(ConfigError::Invalid(
                 "auth.session_ttl_ms must be above 0".into(),
+            ));
+        }
+        if self.credentials_max == Some(0) {
+            return Err(ConfigError::Invalid(
+                "auth.credentials_max must be above 0".into(),
             ));
         }
         Ok(())

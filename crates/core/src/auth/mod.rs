@@ -26,6 +26,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use ring::hmac;
 
 pub mod jwt;
+pub mod ledger;
 #[cfg(test)]
 mod tests;
 

@@ -448,6 +448,9 @@ struct Conn {
     peer_eof: bool,
     /// Plain, or TLS: in its handshake, encrypted by rustls, or by the kernel.
     tls: ConnTls,
+    /// The places this connection holds under its viewers' `sessions` caps (one per
+    /// credential, at most `VIEWER_HOLDS_PER_CONNECTION_MAX`), given back when it closes.
+    viewer_holds: Vec<crate::auth::SessionHold>,
 }
 
 struct Slot {
@@ -501,6 +504,9 @@ struct Worker {
     live_cache: Option<bool>,
     /// The nearest deadline of a parked blocking reload (`live.rs`): the loop wakes by then.
     live_deadline: Option<Instant>,
+    /// The viewer places of the connection whose request `respond` answers, lent for the
+    /// call (`Conn::viewer_holds`): `respond` adds the place a capped credential opens.
+    viewer_holds: Vec<crate::auth::SessionHold>,
 }
 
 fn token(idx: u32, generation: u32) -> u64 {
@@ -576,6 +582,7 @@ impl Worker {
             playlist_made: false,
             live_cache: None,
             live_deadline: None,
+            viewer_holds: Vec::new(),
             access,
         })
     }
@@ -985,8 +992,13 @@ impl Worker {
                                 c.requests < live.limits.requests_per_connection_max && !stopping;
                             let mode = c.tls.mode();
                             let peer = c.peer;
+                            self.viewer_holds = std::mem::take(&mut c.viewer_holds);
                             let mut out =
                                 self.respond(&request, allowed, &live, metrics_format, mode, peer);
+                            let holds = std::mem::take(&mut self.viewer_holds);
+                            if let Some(c) = self.conn_mut(idx, generation) {
+                                c.viewer_holds = holds;
+                            }
                             out.started = started;
                             out.log = log;
                             if out.origin_type.is_some() {

@@ -352,6 +352,10 @@ pub struct Session {
     played: bool,
     done_bytes: u64,
     done_lateness: [u64; penstock_driver::LATENESS_BUCKETS],
+    /// Its place under the viewer's token `sessions` cap (docs/security.md), given back
+    /// when the session is dropped (TEARDOWN, its timeout, the server's end).
+    #[expect(dead_code, reason = "held for its Drop, which gives the place back")]
+    viewer_hold: Option<crate::auth::SessionHold>,
 }
 
 impl Session {

@@ -98,6 +98,17 @@ fn serve_with(
     extra: &str,
     prepare: impl FnOnce(&Path),
 ) -> Served {
+    serve_sized(clip, auth_extra_template, extra, 1_250_000_000, prepare)
+}
+
+/// [`serve_with`] with a network of `net_bytes_per_s` for admission.
+fn serve_sized(
+    clip: Option<&Path>,
+    auth_extra_template: &str,
+    extra: &str,
+    net_bytes_per_s: u64,
+    prepare: impl FnOnce(&Path),
+) -> Served {
     let dir = tempfile::tempdir().unwrap();
     prepare(dir.path());
     let auth_extra =
@@ -139,7 +150,7 @@ fn serve_with(
             "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n[log]\naccess = \"off\"\n\
              [rtsp]\nlisten = \"127.0.0.1:0\"\n\
              [admission]\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\n\
-             disk_random_iops = 100000\nnet_bytes_per_s = 1250000000\ncpu_send_ns = 5000\n\
+             disk_random_iops = 100000\nnet_bytes_per_s = {net_bytes_per_s}\ncpu_send_ns = 5000\n\
              cpu_send_byte_ps = 500\n\
              [auth]\nkeys = [{{ id = \"k1\", secret_file = \"{d}/k1.key\" }}, {{ id = \"k2\", secret_file = \"{d}/k2.key\" }}]\n{auth_extra}\
              [[location]]\nprefix = \"/premium/\"\nauth = \"signed\"\n\
@@ -749,6 +760,8 @@ out = {
     "cap2": hs(dict(base, jti="cap-2", sessions=2)),
     "cap2_again": hs(dict(base, jti="cap-2", sessions=2, sub="another-token-same-jti")),
     "rate": hs(dict(base, jti="rate-1", rate="16Mbit/s")),
+    "acme": hs(dict(base, tenant="acme")),
+    "zeta": hs(dict(base, tenant="zeta")),
     "none": b64(json.dumps({"alg": "none", "kid": "e1"}).encode()) + "." + b64(json.dumps(base).encode()) + ".",
 }
 h = b64(json.dumps({"alg": "HS256", "kid": "e1"}).encode())
@@ -924,6 +937,7 @@ fn jwts_over_http_hls_and_rtsp() {
 fn serve_jwt(
     clip: Option<&Path>,
     extra: &str,
+    net_bytes_per_s: u64,
 ) -> Option<(Served, std::collections::HashMap<String, String>)> {
     if !(penstock_testreq::require("curl") && penstock_testreq::require("python3")) {
         return None;
@@ -939,10 +953,11 @@ fn serve_jwt(
         eprintln!("SKIPPED: PyJWT (python3-jwt, python3-cryptography) is not installed");
         return None;
     }
-    let s = serve_with(
+    let s = serve_sized(
         clip,
         "jwks_file = \"JWKS\"\njwt_audiences = [\"penstock\"]\njwt_issuers = [\"login.example\"]\n",
         &format!("[[location]]\nprefix = \"/jwt/\"\nauth = \"jwt\"\n{extra}"),
+        net_bytes_per_s,
         |d| {
             let o = Command::new("/usr/bin/python3")
                 .args(["-c", MINT])
@@ -1046,7 +1061,7 @@ fn rtsp_setup(addr: &str, url: &str, token: &str) -> (TcpStream, u16, String) {
 fn a_tokens_sessions_cap_holds_across_http_hls_and_rtsp() {
     let _serial = serial();
     let clip = common::mpeg2_ts_clip("access-cap", 4);
-    let Some((s, t)) = serve_jwt(clip.as_deref(), "") else {
+    let Some((s, t)) = serve_jwt(clip.as_deref(), "", 1_250_000_000) else {
         return;
     };
     let file = "/jwt/movies/data.bin";
@@ -1138,7 +1153,7 @@ fn a_tokens_sessions_cap_holds_across_http_hls_and_rtsp() {
 #[test]
 fn a_tokens_rate_paces_its_download() {
     let _serial = serial();
-    let Some((s, t)) = serve_jwt(None, "") else {
+    let Some((s, t)) = serve_jwt(None, "", 1_250_000_000) else {
         return;
     };
     let size = 4 << 20;
@@ -1170,4 +1185,88 @@ fn a_tokens_rate_paces_its_download() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// Two tenants at rt shares 0.3 and 0.7 (`[tenants.NAME]`, named by the JWT's `tenant`
+/// claim), a ramp of HLS sessions (a location with `sessions = true`, each admitted at its
+/// rendition's peak): acme's ramp is admitted until its share is full and the refusal names
+/// it; zeta's ramp afterwards is admitted as if acme were absent (about 7/3 of acme's count),
+/// so one tenant's flood never took the other's capacity. Counted per tenant, never per
+/// token.
+#[test]
+fn tenants_shares_hold_under_a_ramp_of_hls_sessions() {
+    let _serial = serial();
+    let Some(clip) = common::mpeg2_ts_clip("access-tenants", 4) else {
+        eprintln!("SKIPPED: ffmpeg is not installed");
+        return;
+    };
+    let Some((s, t)) = serve_jwt(
+        Some(&clip),
+        "sessions = true\n[tenants.acme]\nrt_share = 0.3\n[tenants.zeta]\nrt_share = 0.7\n",
+        10_000_000,
+    ) else {
+        return;
+    };
+    let playlist = "/jwt/movies/clip.ts/index.m3u8";
+    let ramp = |token: &str| -> (u32, String, String) {
+        let mut first = String::new();
+        for n in 0..200 {
+            let (code, body) = KeepAlive::open(&s.http).get(playlist, token);
+            if code != 200 {
+                assert_eq!(code, 503, "{}", String::from_utf8_lossy(&body));
+                return (n, String::from_utf8_lossy(&body).to_string(), first);
+            }
+            if n == 0 {
+                first = String::from_utf8(body).unwrap();
+            }
+        }
+        panic!("200 sessions admitted: the shares do not bind");
+    };
+    let (acme, why, acme_playlist) = ramp(&t["acme"]);
+    assert!(
+        why.contains("tenant acme's share (rt_share 30%) is full"),
+        "{why}"
+    );
+    let (zeta, why, _) = ramp(&t["zeta"]);
+    assert!(
+        why.contains("tenant zeta's share (rt_share 70%) is full"),
+        "{why}"
+    );
+    eprintln!("admitted: acme {acme}, zeta {zeta}");
+    assert!(acme >= 2, "acme {acme}");
+    assert!(
+        zeta >= 2 * acme && zeta <= 3 * acme + 1,
+        "zeta's share is its own: acme {acme}, zeta {zeta}"
+    );
+    // A credential without a tenant: the shares add up to 1, nothing is left for it.
+    let (code, body) = KeepAlive::open(&s.http).get(playlist, &t["valid"]);
+    assert_eq!(code, 503, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("tenant (none)"));
+    let m = |name: &str, tenant: &str| s.metric(&format!("penstock_{name}{{tenant=\"{tenant}\"}}"));
+    assert_eq!(m("tenant_sessions", "acme"), f64::from(acme));
+    assert_eq!(m("tenant_sessions", "zeta"), f64::from(zeta));
+    assert_eq!(m("tenant_refusals_total", "acme"), 1.0);
+    assert_eq!(m("tenant_refusals_total", "zeta"), 1.0);
+    // A segment of an acme session (its session token, no JWT): its bytes are acme's.
+    let seg = acme_playlist
+        .lines()
+        .find(|l| l.starts_with("../clip.ts?"))
+        .unwrap_or_else(|| panic!("{acme_playlist}"));
+    let (len, off) = acme_playlist
+        .lines()
+        .find_map(|l| l.strip_prefix("#EXT-X-BYTERANGE:"))
+        .and_then(|r| r.split_once('@'))
+        .unwrap();
+    let (len, off): (u64, u64) = (len.parse().unwrap(), off.parse().unwrap());
+    let (code, _, body) = get(
+        &format!("http://{}/jwt/movies/clip.ts/{seg}", s.http),
+        Some(&format!("{off}-{}", off + len - 1)),
+    );
+    assert_eq!(code, 206);
+    assert_eq!(body.len() as u64, len);
+    assert_eq!(m("tenant_bytes_total", "acme"), len as f64);
+    assert_eq!(m("tenant_bytes_total", "zeta"), 0.0);
+    // No series is labelled by a token.
+    let page = common::scrape(&s.http).unwrap();
+    assert!(!page.contains(&t["acme"][..20]));
 }

@@ -55,6 +55,9 @@ pub struct ServerConfig {
     pub location: Vec<Location>,
     /// `[auth]`: the keys of signed URLs (docs/security.md "Viewers"; reloaded on SIGHUP).
     pub auth: AuthConfig,
+    /// `[tenants.NAME] rt_share = 0.3`: tenants' parts of the rt capacity (docs/security.md
+    /// "Tenants"); fixed at start.
+    pub tenants: std::collections::BTreeMap<String, TenantConfig>,
     /// `[log]`: the access log.
     pub log: LogConfig,
     /// `[rtsp]`: the RTSP server (on by default at 127.0.0.1:8554).
@@ -557,6 +560,56 @@ pub struct AuthConfig {
     /// the token) holding sessions at once; a new one beyond is refused (429 / RTSP 453).
     /// Default 10000.
     pub credentials_max: Option<usize>,
+}
+
+/// `[tenants.NAME]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// The part of every rt resource (disk time, network, buffers, CPU) held for the
+    /// tenant's sessions: above 0, at most 1; all tenants' together at most 1 (the rest is
+    /// for sessions of no tenant).
+    pub rt_share: f64,
+}
+
+impl ServerConfig {
+    /// The tenants' shares in parts per million, by name (the admission partitions).
+    pub fn tenant_shares(&self) -> Vec<(String, u32)> {
+        self.tenants
+            .iter()
+            .map(|(n, t)| (n.clone(), (t.rt_share * 1e6).round() as u32))
+            .collect()
+    }
+
+    fn check_tenants(&self) -> Result<(), ConfigError> {
+        if self.tenants.len() > penstock_core::admission::TENANTS_MAX {
+            return Err(ConfigError::Invalid(format!(
+                "at most {} [tenants.NAME]",
+                penstock_core::admission::TENANTS_MAX
+            )));
+        }
+        let mut total = 0.0;
+        for (name, t) in &self.tenants {
+            if !penstock_core::auth::valid_key_id(name) {
+                return Err(ConfigError::Invalid(format!(
+                    "tenants.{name}: a name of 1 ..= 64 letters, digits, '-', '_' or '.'"
+                )));
+            }
+            if !(t.rt_share > 0.0 && t.rt_share <= 1.0) {
+                return Err(ConfigError::Invalid(format!(
+                    "tenants.{name}.rt_share {}: above 0, at most 1",
+                    t.rt_share
+                )));
+            }
+            total += t.rt_share;
+        }
+        if total > 1.0 + 1e-9 {
+            return Err(ConfigError::Invalid(format!(
+                "the tenants' rt_share add up to {total}, above 1"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// One key of `[auth] keys`.
@@ -1535,6 +1588,7 @@ impl ServerConfig {
             }
         }
         self.auth.check()?;
+        self.check_tenants()?;
         self.control.check()?;
         for (key, v) in [("user", &self.user), ("group", &self.group)] {
             if v.as_deref().is_some_and(|v| v.trim().is_empty()) {

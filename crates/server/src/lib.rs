@@ -257,6 +257,10 @@ impl Server {
         }
         let engine =
             Arc::new(Engine::new(engine_cfg).map_err(|e| ServerError::Engine(e.to_string()))?);
+        // `[tenants.NAME]`: their parts of the rt capacity, carved out of admission.
+        engine
+            .set_tenants(&cfg.tenant_shares())
+            .map_err(|e| ServerError::Engine(e.to_string()))?;
         // The root's device, measured now (under 5 s; from the cache when it is the same
         // device): what an `OPEN … class=rt` is charged before its file is opened. Through
         // the oldest large file under the root when the device node cannot be read (cold

@@ -255,10 +255,13 @@ impl Worker {
                 asked,
                 addr: peer.unwrap_or(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)),
                 grant: grant.clone(),
+                tenant: limits.as_ref().and_then(|l| l.tenant.clone()),
             })
         } else {
             None
         };
+        // The tenant a served segment's bytes are counted for (`penstock_tenant_bytes_total`).
+        let mut bytes_tenant: Option<String> = None;
         if let Some(ask) = &session
             && matches!(req.method, Method::Get | Method::Head)
             && crate::hls::is_ts_name(&req.path)
@@ -280,7 +283,12 @@ impl Worker {
                 memory(text_response(req, &ctx, status, retry, why), class.clone())
             };
             match verdict {
-                crate::hls_sessions::SegmentVerdict::Serve => {}
+                crate::hls_sessions::SegmentVerdict::Serve => {
+                    bytes_tenant = ask
+                        .asked
+                        .as_deref()
+                        .and_then(|id| shared.hls_sessions.tenant_of(id));
+                }
                 crate::hls_sessions::SegmentVerdict::NoSession => {
                     return refuse(
                         Status::FORBIDDEN,
@@ -434,6 +442,13 @@ impl Worker {
             generation: None,
         };
         let r = respond_file(req, &meta, site.content_type(&type_name), &ctx);
+        if let Some(t) = bytes_tenant {
+            shared
+                .metrics
+                .tenant_bytes
+                .get_or_create(&crate::metrics::TenantLabel { tenant: t })
+                .inc_by(r.body.iter().map(BodyPiece::len_bytes).sum());
+        }
         if r.status == Status::RANGE_NOT_SATISFIABLE {
             shared.metrics.error("range_not_satisfiable");
         }
@@ -734,10 +749,14 @@ impl Worker {
             Some(ask) => {
                 let scope = format!("{dir_path}/");
                 let peak = variants.iter().map(|(_, v)| v.bandwidth).max().unwrap_or(0);
-                match shared
-                    .hls_sessions
-                    .for_playlist(None, &scope, &scope, ask.addr, peak)
-                {
+                match shared.hls_sessions.for_playlist(
+                    None,
+                    &scope,
+                    &scope,
+                    ask.addr,
+                    peak,
+                    ask.tenant.as_deref(),
+                ) {
                     Ok(id) => Some(id),
                     Err(r) => {
                         shared.metrics.error("hls_session_refused");
@@ -935,6 +954,7 @@ pub(super) fn hls_response(
                         ts_path,
                         ask.addr,
                         peak,
+                        ask.tenant.as_deref(),
                     ) {
                         Ok(id) => match &ask.grant {
                             Some(g) => shared.viewers.session_query(
@@ -1165,6 +1185,9 @@ pub(super) struct SessionAsk {
     pub(super) asked: Option<String>,
     pub(super) addr: std::net::IpAddr,
     pub(super) grant: Option<penstock_core::auth::Grant>,
+    /// The credential's tenant (a JWT's `tenant` claim): a new session is admitted in its
+    /// share.
+    pub(super) tenant: Option<String>,
 }
 
 /// A short `text/plain` answer saying why (`Retry-After` when given): a session refused

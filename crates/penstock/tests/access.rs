@@ -761,6 +761,7 @@ out = {
     "cap2_again": hs(dict(base, jti="cap-2", sessions=2, sub="another-token-same-jti")),
     "rate": hs(dict(base, jti="rate-1", rate="16Mbit/s")),
     "acme": hs(dict(base, tenant="acme")),
+    "rev": hs(dict(base, jti="rev-1", rate="4Mbit/s")),
     "zeta": hs(dict(base, tenant="zeta")),
     "none": b64(json.dumps({"alg": "none", "kid": "e1"}).encode()) + "." + b64(json.dumps(base).encode()) + ".",
 }
@@ -939,6 +940,16 @@ fn serve_jwt(
     extra: &str,
     net_bytes_per_s: u64,
 ) -> Option<(Served, std::collections::HashMap<String, String>)> {
+    serve_jwt_auth(clip, "", extra, net_bytes_per_s)
+}
+
+/// [`serve_jwt`] with `auth_more` in `[auth]`.
+fn serve_jwt_auth(
+    clip: Option<&Path>,
+    auth_more: &str,
+    extra: &str,
+    net_bytes_per_s: u64,
+) -> Option<(Served, std::collections::HashMap<String, String>)> {
     if !(penstock_testreq::require("curl") && penstock_testreq::require("python3")) {
         return None;
     }
@@ -955,7 +966,10 @@ fn serve_jwt(
     }
     let s = serve_sized(
         clip,
-        "jwks_file = \"JWKS\"\njwt_audiences = [\"penstock\"]\njwt_issuers = [\"login.example\"]\n",
+        &format!(
+            "jwks_file = \"JWKS\"\njwt_audiences = [\"penstock\"]\njwt_issuers = [\"login.example\"]\n{}",
+            auth_more
+        ),
         &format!("[[location]]\nprefix = \"/jwt/\"\nauth = \"jwt\"\n{extra}"),
         net_bytes_per_s,
         |d| {
@@ -1269,4 +1283,135 @@ fn tenants_shares_hold_under_a_ramp_of_hls_sessions() {
     // No series is labelled by a token.
     let page = common::scrape(&s.http).unwrap();
     assert!(!page.contains(&t["acme"][..20]));
+}
+
+/// Revocation (`[auth] deny_file`, read again on SIGHUP): once a token's `jti` is listed,
+/// its idle keep-alive connection is closed, its paced download (sent by the engine) is cut,
+/// its HLS segments (session tokens carrying the jti) are 403, a new request with it is 403
+/// `revoked`, and its RTSP session is ended (then 454). Another token is untouched.
+#[test]
+fn a_revoked_token_loses_its_sessions_everywhere() {
+    let _serial = serial();
+    let clip = common::mpeg2_ts_clip("access-revoke", 4);
+    let deny = std::env::temp_dir().join(format!("penstock-deny-{}", std::process::id()));
+    std::fs::write(&deny, "# revoked jtis\n").unwrap();
+    let Some((s, t)) = serve_jwt_auth(
+        clip.as_deref(),
+        &format!("deny_file = \"{}\"\n", deny.display()),
+        "",
+        1_250_000_000,
+    ) else {
+        return;
+    };
+    let size = 4 << 20;
+    std::fs::write(s.dir.path().join("www/jwt/movies/big.bin"), pattern(size)).unwrap();
+    let file = "/jwt/movies/data.bin";
+    let mut idle = KeepAlive::open(&s.http);
+    assert_eq!(idle.get(file, &t["rev"]).0, 200);
+    // HLS: a segment by its session token, before.
+    let seg_url = clip.as_ref().map(|_| {
+        let (code, body) =
+            KeepAlive::open(&s.http).get("/jwt/movies/clip.ts/index.m3u8", &t["rev"]);
+        assert_eq!(code, 200);
+        let playlist = String::from_utf8(body).unwrap();
+        let seg = playlist
+            .lines()
+            .find(|l| l.starts_with("../clip.ts?"))
+            .unwrap()
+            .to_string();
+        assert!(seg.contains("&jti=rev-1&"), "{seg}");
+        let url = format!("http://{}/jwt/movies/clip.ts/{seg}", s.http);
+        assert_eq!(get(&url, Some("0-187")).0, 206);
+        url
+    });
+    // RTSP: a session set up with the token.
+    let rtsp = clip.as_ref().map(|_| {
+        let rurl = format!("rtsp://{}/jwt/movies/clip.ts", s.rtsp);
+        let (c, code, text) = rtsp_setup(&s.rtsp, &rurl, &t["rev"]);
+        assert_eq!(code, 200, "{text}");
+        let id = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Session: "))
+            .and_then(|v| v.split(';').next())
+            .unwrap()
+            .trim()
+            .to_string();
+        (c, rurl, id)
+    });
+    // A download paced at 4 Mbit/s (8 s for 4 MiB), running.
+    let out = s.dir.path().join("partial.bin");
+    let mut curl = Command::new("curl")
+        .args(["-s", "--max-time", "60", "-o"])
+        .arg(&out)
+        .arg("-H")
+        .arg(format!("Authorization: Bearer {}", t["rev"]))
+        .arg(format!("http://{}/jwt/movies/big.bin", s.http))
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || std::fs::metadata(
+        &out
+    )
+    .is_ok_and(|m| m.len() > 0)));
+    // Revoke: list the jti, SIGHUP.
+    std::fs::write(&deny, "# revoked jtis\nrev-1\n").unwrap();
+    let pid = rustix::process::Pid::from_raw(s.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    // The running download is cut short.
+    let mut status = None;
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            status = curl.try_wait().unwrap();
+            status.is_some()
+        }),
+        "the revoked download ends"
+    );
+    let got = std::fs::metadata(&out).unwrap().len();
+    assert!(
+        !status.unwrap().success() && got < size as u64,
+        "cut: {got} of {size} bytes, {status:?}"
+    );
+    // The idle keep-alive connection is closed by the server.
+    idle.sock
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            let mut b = [0u8; 16];
+            matches!(idle.sock.read(&mut b), Ok(0))
+                || matches!(&idle.sock.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset)
+        }),
+        "the idle connection is closed"
+    );
+    // New requests with the token, and its HLS segments: 403.
+    assert_eq!(KeepAlive::open(&s.http).get(file, &t["rev"]).0, 403);
+    assert_eq!(KeepAlive::open(&s.http).get(file, &t["valid"]).0, 200);
+    if let Some(url) = &seg_url {
+        assert_eq!(get(url, Some("0-187")).0, 403);
+    }
+    assert!(s.metric("penstock_auth_checks_total{kind=\"jwt\",result=\"revoked\"}") >= 1.0);
+    assert!(s.metric("penstock_auth_checks_total{kind=\"session\",result=\"revoked\"}") >= 1.0);
+    // The RTSP session is ended.
+    if let Some((mut c, rurl, id)) = rtsp {
+        let mut code = 0;
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                write!(
+                    c,
+                    "GET_PARAMETER {rurl} RTSP/1.0\r\nCSeq: 9\r\nSession: {id}\r\n\r\n"
+                )
+                .unwrap();
+                let mut b = [0u8; 512];
+                let n = c.read(&mut b).unwrap_or(0);
+                code = String::from_utf8_lossy(&b[..n])
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(0);
+                code == 454
+            }),
+            "the RTSP session ends: {code}"
+        );
+        assert!(s.log().contains("its viewer's token was revoked"));
+    }
+    let _ = std::fs::remove_file(&deny);
 }

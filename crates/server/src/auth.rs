@@ -6,8 +6,10 @@
 //! The state is replaced whole on SIGHUP ([`Viewers::stage`] reads every key file first: a
 //! bad one refuses the reload and the keys in force stay).
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -74,6 +76,39 @@ pub fn load_jwks(cfg: &AuthConfig) -> Result<Option<Jwks>, ConfigError> {
     Ok(Some(jwks))
 }
 
+/// The longest deny file read (bytes), and the most ids it may list.
+const DENY_FILE_BYTES_MAX: u64 = 4 << 20;
+const DENY_IDS_MAX: usize = 100_000;
+
+/// Reads `[auth] deny_file`: the revocation ids ([`penstock_core::auth::revocation_id`]) of
+/// the `jti`s it lists, one a line.
+pub fn load_deny(cfg: &AuthConfig) -> Result<HashSet<String>, ConfigError> {
+    use std::io::Read;
+    let Some(path) = &cfg.deny_file else {
+        return Ok(HashSet::new());
+    };
+    let bad =
+        |why: String| ConfigError::Invalid(format!("auth.deny_file {}: {why}", path.display()));
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut text = String::new();
+    f.take(DENY_FILE_BYTES_MAX + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(e.to_string()))?;
+    if text.len() as u64 > DENY_FILE_BYTES_MAX {
+        return Err(bad(format!("longer than {DENY_FILE_BYTES_MAX} bytes")));
+    }
+    let ids: HashSet<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(penstock_core::auth::revocation_id)
+        .collect();
+    if ids.len() > DENY_IDS_MAX {
+        return Err(bad(format!("more than {DENY_IDS_MAX} ids")));
+    }
+    Ok(ids)
+}
+
 fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
@@ -124,6 +159,8 @@ pub(crate) struct State {
     jwt_policy: JwtPolicy,
     locations: Vec<(String, AuthMode, bool)>,
     session_ttl_s: u64,
+    /// Revoked tokens' revocation ids (`[auth] deny_file`).
+    denied: HashSet<String>,
 }
 
 /// What a request may do, once checked.
@@ -148,6 +185,9 @@ pub(crate) struct Viewers {
     state: Mutex<Arc<State>>,
     /// The open sessions of each credential with a `sessions` cap (`penstock_core::auth::ledger`).
     ledger: Arc<Mutex<SessionLedger>>,
+    /// Bumped when the deny list changes: HTTP workers and the RTSP reaper then end the
+    /// sessions of newly revoked tokens.
+    deny_generation: AtomicU64,
     /// `penstock_auth_checks_total{kind,result}`, every series made at start (present at 0)
     /// and found here without allocating: a flood of bad credentials costs no label strings.
     checks: Vec<(
@@ -160,7 +200,7 @@ pub(crate) struct Viewers {
 /// The kinds of check counted.
 const CHECK_KINDS: [&str; 3] = ["signed", "session", "jwt"];
 /// The results counted: `ok` and each refusal's reason.
-const CHECK_RESULTS: [&str; 12] = [
+const CHECK_RESULTS: [&str; 13] = [
     "ok",
     "missing",
     "malformed",
@@ -173,6 +213,7 @@ const CHECK_RESULTS: [&str; 12] = [
     "issuer",
     "algorithm",
     "path_not_granted",
+    "revoked",
 ];
 
 fn check_counters(
@@ -204,6 +245,7 @@ impl Viewers {
         Ok(Viewers {
             state: Mutex::new(Arc::new(state)),
             ledger: Arc::new(Mutex::new(SessionLedger::new(cfg.auth.credentials_max()))),
+            deny_generation: AtomicU64::new(0),
             checks: check_counters(&metrics),
         })
     }
@@ -213,6 +255,7 @@ impl Viewers {
         Viewers {
             state: Mutex::new(Arc::new(State::default())),
             ledger: Arc::new(Mutex::new(SessionLedger::new(1))),
+            deny_generation: AtomicU64::new(0),
             checks: check_counters(&metrics),
         }
     }
@@ -221,6 +264,7 @@ impl Viewers {
     pub(crate) fn stage(cfg: &ServerConfig) -> Result<State, ConfigError> {
         let keys = load_keys(&cfg.auth)?;
         let jwks = load_jwks(&cfg.auth)?;
+        let denied = load_deny(&cfg.auth)?;
         let mut locations: Vec<(String, AuthMode, bool)> = cfg
             .location
             .iter()
@@ -237,11 +281,33 @@ impl Viewers {
             },
             locations,
             session_ttl_s: cfg.auth.session_ttl().as_secs().max(1),
+            denied,
         })
     }
 
     pub(crate) fn commit(&self, state: State) {
-        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(state);
+        let mut cur = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let newly_denied = state.denied.iter().any(|j| !cur.denied.contains(j));
+        *cur = Arc::new(state);
+        drop(cur);
+        if newly_denied {
+            self.deny_generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Changes each time tokens are newly revoked.
+    pub(crate) fn deny_generation(&self) -> u64 {
+        self.deny_generation.load(Ordering::Acquire)
+    }
+
+    /// Whether the token of revocation id `jti` is on the deny list.
+    pub(crate) fn is_revoked(&self, jti: &str) -> bool {
+        self.state().denied.contains(jti)
+    }
+
+    /// How many ids the deny list holds (for the reload report).
+    pub(crate) fn denied_count(&self) -> usize {
+        self.state().denied.len()
     }
 
     fn state(&self) -> Arc<State> {
@@ -305,6 +371,10 @@ impl Viewers {
                 let r = penstock_core::auth::verify(&s.keys, &c, path, peer_ip, now_s);
                 let r = match (r, peer) {
                     (Ok(_), None) if c.ip.is_some() => Err(AuthError::Address),
+                    // A JWT's session token: refused once the JWT is revoked.
+                    (Ok(g), _) if g.jti.as_ref().is_some_and(|j| s.denied.contains(j)) => {
+                        Err(AuthError::Revoked)
+                    }
                     (r, _) => r,
                 };
                 (kind, r.map(|g| (Some(g), None)))
@@ -319,11 +389,20 @@ impl Viewers {
                         path,
                         now_s,
                     )
-                    .map(|g| {
-                        (
-                            penstock_core::auth::grant_for_jwt(&s.keys, token, g.expires_s),
+                    .and_then(|g| {
+                        let jti = g.jti.as_deref().map(penstock_core::auth::revocation_id);
+                        if jti.as_ref().is_some_and(|j| s.denied.contains(j)) {
+                            return Err(AuthError::Revoked);
+                        }
+                        Ok((
+                            penstock_core::auth::grant_for_jwt(
+                                &s.keys,
+                                token,
+                                g.expires_s,
+                                jti.as_deref(),
+                            ),
                             Some(ViewerLimits::of_jwt(&g, token)),
-                        )
+                        ))
                     });
                     ("jwt", r)
                 }
@@ -364,22 +443,30 @@ impl Viewers {
     }
 
     /// Opens one session under `limits` (an HTTP connection, an RTSP session): `Ok(None)`
-    /// when the credential has no `sessions` cap; the place is given back when the
-    /// [`SessionHold`] is dropped (the session ended).
+    /// when the credential has neither a `sessions` cap nor a `jti` (nothing to count or
+    /// revoke); the place is given back when the [`SessionHold`] is dropped (the session
+    /// ended).
     pub(crate) fn open_session(
         &self,
         limits: &ViewerLimits,
     ) -> Result<Option<SessionHold>, LedgerRefusal> {
-        let Some(max) = limits.sessions_max else {
+        if limits.sessions_max.is_none() && limits.jti.is_none() {
             return Ok(None);
-        };
-        self.ledger
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .open(&limits.credential, max)?;
+        }
+        if let Some(max) = limits.sessions_max {
+            self.ledger
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .open(&limits.credential, max)?;
+        }
         Ok(Some(SessionHold {
             ledger: self.ledger.clone(),
             credential: limits.credential.clone(),
+            counted: limits.sessions_max.is_some(),
+            jti: limits
+                .jti
+                .as_deref()
+                .map(penstock_core::auth::revocation_id),
         }))
     }
 
@@ -394,11 +481,15 @@ impl Viewers {
     }
 }
 
-/// One session's place under its credential's `sessions` cap, given back when dropped.
+/// One session of a credential: its place under the credential's `sessions` cap (given
+/// back when dropped), and its revocation id (the session ends when the token is revoked).
 #[derive(Debug)]
 pub(crate) struct SessionHold {
     ledger: Arc<Mutex<SessionLedger>>,
     credential: String,
+    /// Whether it holds a place in the ledger (the credential has a cap).
+    counted: bool,
+    jti: Option<String>,
 }
 
 impl SessionHold {
@@ -406,14 +497,21 @@ impl SessionHold {
     pub(crate) fn credential(&self) -> &str {
         &self.credential
     }
+
+    /// The token's revocation id, if it has a `jti`.
+    pub(crate) fn jti(&self) -> Option<&str> {
+        self.jti.as_deref()
+    }
 }
 
 impl Drop for SessionHold {
     fn drop(&mut self) {
-        self.ledger
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .close(&self.credential);
+        if self.counted {
+            self.ledger
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .close(&self.credential);
+        }
     }
 }
 
@@ -453,6 +551,7 @@ mod tests {
             AuthError::Issuer,
             AuthError::Algorithm,
             AuthError::NotGranted,
+            AuthError::Revoked,
         ] {
             assert!(CHECK_RESULTS.contains(&e.reason()), "{e:?}");
         }

@@ -560,6 +560,10 @@ pub struct AuthConfig {
     /// the token) holding sessions at once; a new one beyond is refused (429 / RTSP 453).
     /// Default 10000.
     pub credentials_max: Option<usize>,
+    /// The deny list: one revoked JWT `jti` a line (`#` comments, blank lines ignored), read
+    /// at start and on SIGHUP. A listed token is refused everywhere, its HTTP connections
+    /// closed, its RTSP sessions ended, its HLS segments refused (docs/security.md).
+    pub deny_file: Option<PathBuf>,
 }
 
 /// `[tenants.NAME]`.

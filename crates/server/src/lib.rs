@@ -924,6 +924,12 @@ impl Server {
         }
         self.http.set_live(live);
         self.viewers.commit(viewers_staged);
+        if cfg.auth.deny_file.is_some() {
+            report.applied.push(format!(
+                "auth: deny list read again ({} ids)",
+                self.viewers.denied_count()
+            ));
+        }
         if !cfg.auth.keys.is_empty() || !old.auth.keys.is_empty() {
             report.applied.push(format!(
                 "auth: keys read again ({})",

@@ -177,7 +177,9 @@ impl Worker {
         let (grant, limits) = grant;
         // A token's `sessions` cap: this connection is one of its sessions from its first
         // request under the credential until it closes (docs/security.md "Viewers").
-        if let Some(l) = limits.as_ref().filter(|l| l.sessions_max.is_some())
+        if let Some(l) = limits
+            .as_ref()
+            .filter(|l| l.sessions_max.is_some() || l.jti.is_some())
             && !self
                 .viewer_holds
                 .iter()

@@ -109,6 +109,43 @@ pub fn load_deny(cfg: &AuthConfig) -> Result<HashSet<String>, ConfigError> {
     Ok(ids)
 }
 
+/// The longest Digest users file read (bytes).
+const DIGEST_USERS_FILE_BYTES_MAX: u64 = 4 << 20;
+
+/// Reads `[auth] digest_users_file` (an HA1 is as good as the password for this realm: the
+/// file must be closed to group and others).
+pub fn load_digest_users(
+    cfg: &AuthConfig,
+) -> Result<Option<penstock_core::auth::digest::DigestUsers>, ConfigError> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = &cfg.digest_users_file else {
+        return Ok(None);
+    };
+    let bad = |why: String| {
+        ConfigError::Invalid(format!("auth.digest_users_file {}: {why}", path.display()))
+    };
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mode = f
+        .metadata()
+        .map_err(|e| bad(e.to_string()))?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "open to group or others (mode {mode:04o}): `chmod 600` it"
+        )));
+    }
+    let mut text = String::new();
+    f.take(DIGEST_USERS_FILE_BYTES_MAX)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(e.to_string()))?;
+    penstock_core::auth::digest::DigestUsers::parse(&text, &cfg.digest_realm())
+        .map(Some)
+        .map_err(bad)
+}
+
 fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
@@ -161,6 +198,10 @@ pub(crate) struct State {
     session_ttl_s: u64,
     /// Revoked tokens' revocation ids (`[auth] deny_file`).
     denied: HashSet<String>,
+    /// RTSP Digest: the users, the challenge's algorithm, the nonces' lifetime.
+    digest_users: Option<penstock_core::auth::digest::DigestUsers>,
+    digest_algorithm: Option<penstock_core::auth::digest::Algorithm>,
+    digest_nonce_ttl_s: u64,
 }
 
 /// What a request may do, once checked.
@@ -179,6 +220,11 @@ pub(crate) enum Decision {
     Refused(AuthError),
 }
 
+/// What an RTSP request of a Digest location gets when it is not let through: `401` with
+/// this `WWW-Authenticate` value (a fresh challenge; `stale=true` for an expired nonce).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DigestChallenge(pub(crate) String);
+
 /// The viewers' access rules of one server, shared by HTTP and RTSP.
 #[derive(Debug)]
 pub(crate) struct Viewers {
@@ -188,6 +234,8 @@ pub(crate) struct Viewers {
     /// Bumped when the deny list changes: HTTP workers and the RTSP reaper then end the
     /// sessions of newly revoked tokens.
     deny_generation: AtomicU64,
+    /// The key of RTSP Digest nonces (random at start, kept across reloads).
+    nonce_key: penstock_core::auth::digest::NonceKey,
     /// `penstock_auth_checks_total{kind,result}`, every series made at start (present at 0)
     /// and found here without allocating: a flood of bad credentials costs no label strings.
     checks: Vec<(
@@ -198,9 +246,9 @@ pub(crate) struct Viewers {
 }
 
 /// The kinds of check counted.
-const CHECK_KINDS: [&str; 3] = ["signed", "session", "jwt"];
+const CHECK_KINDS: [&str; 4] = ["signed", "session", "jwt", "digest"];
 /// The results counted: `ok` and each refusal's reason.
-const CHECK_RESULTS: [&str; 13] = [
+const CHECK_RESULTS: [&str; 16] = [
     "ok",
     "missing",
     "malformed",
@@ -214,7 +262,22 @@ const CHECK_RESULTS: [&str; 13] = [
     "algorithm",
     "path_not_granted",
     "revoked",
+    "bad_nonce",
+    "unknown_user",
+    "bad_response",
 ];
+
+/// A random key for RTSP Digest nonces.
+fn nonce_key() -> penstock_core::auth::digest::NonceKey {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 32];
+    // The system's random source does not fail once the kernel's is seeded; if it did,
+    // no nonce key is better than a guessable one.
+    ring::rand::SystemRandom::new()
+        .fill(&mut b)
+        .expect("the system's random source gives 32 bytes");
+    penstock_core::auth::digest::NonceKey::new(&b)
+}
 
 fn check_counters(
     metrics: &Metrics,
@@ -246,6 +309,7 @@ impl Viewers {
             state: Mutex::new(Arc::new(state)),
             ledger: Arc::new(Mutex::new(SessionLedger::new(cfg.auth.credentials_max()))),
             deny_generation: AtomicU64::new(0),
+            nonce_key: nonce_key(),
             checks: check_counters(&metrics),
         })
     }
@@ -256,6 +320,7 @@ impl Viewers {
             state: Mutex::new(Arc::new(State::default())),
             ledger: Arc::new(Mutex::new(SessionLedger::new(1))),
             deny_generation: AtomicU64::new(0),
+            nonce_key: nonce_key(),
             checks: check_counters(&metrics),
         }
     }
@@ -265,6 +330,7 @@ impl Viewers {
         let keys = load_keys(&cfg.auth)?;
         let jwks = load_jwks(&cfg.auth)?;
         let denied = load_deny(&cfg.auth)?;
+        let digest_users = load_digest_users(&cfg.auth)?;
         let mut locations: Vec<(String, AuthMode, bool)> = cfg
             .location
             .iter()
@@ -282,6 +348,13 @@ impl Viewers {
             locations,
             session_ttl_s: cfg.auth.session_ttl().as_secs().max(1),
             denied,
+            digest_users,
+            digest_algorithm: Some(if cfg.auth.digest_algorithm.as_deref() == Some("SHA-256") {
+                penstock_core::auth::digest::Algorithm::Sha256
+            } else {
+                penstock_core::auth::digest::Algorithm::Md5
+            }),
+            digest_nonce_ttl_s: cfg.auth.digest_nonce_ttl().as_secs().max(1),
         })
     }
 
@@ -350,6 +423,10 @@ impl Viewers {
             .map_or(AuthMode::None, |l| l.1);
         if mode == AuthMode::None {
             return Decision::Open;
+        }
+        if mode == AuthMode::Digest {
+            // RTSP asks `check_digest`; anything else here is refused.
+            return Decision::Refused(AuthError::Malformed("a Digest location is RTSP only"));
         }
         let now_s = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -468,6 +545,89 @@ impl Viewers {
                 .as_deref()
                 .map(penstock_core::auth::revocation_id),
         }))
+    }
+
+    /// Whether `path` lies in a location with `auth = "digest"`.
+    pub(crate) fn is_digest(&self, path: &str) -> bool {
+        self.state()
+            .locations
+            .iter()
+            .find(|l| path.starts_with(&l.0))
+            .is_some_and(|l| l.1 == AuthMode::Digest)
+    }
+
+    /// The RTSP Digest check of `method request_uri` with `authorization` from `peer`:
+    /// `Err` is the challenge to answer with (401), counted and, for a wrong credential,
+    /// logged (rate-limited).
+    pub(crate) fn check_digest(
+        &self,
+        path: &str,
+        method: &str,
+        request_uri: &str,
+        authorization: Option<&str>,
+        peer: Option<IpAddr>,
+    ) -> Result<(), DigestChallenge> {
+        use penstock_core::auth::digest::{self, DigestError};
+        let s = self.state();
+        let now_s = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let users = s.digest_users.as_ref();
+        let result = match (authorization.map(digest::parse_authorization), users) {
+            (None | Some(Ok(None)), _) => Err(None),
+            (Some(Err(e)), _) => Err(Some(e)),
+            (Some(Ok(Some(_))), None) => Err(Some(DigestError::UnknownUser)),
+            (Some(Ok(Some(r))), Some(u)) => digest::verify(
+                u,
+                &self.nonce_key,
+                method,
+                request_uri,
+                &r,
+                now_s,
+                s.digest_nonce_ttl_s,
+            )
+            .map_err(Some),
+        };
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(None) => "missing",
+            Err(Some(DigestError::Malformed(_))) => "malformed",
+            Err(Some(DigestError::Stale)) => "expired",
+            Err(Some(DigestError::BadNonce)) => "bad_nonce",
+            Err(Some(DigestError::UnknownUser)) => "unknown_user",
+            Err(Some(_)) => "bad_response",
+        };
+        if let Some((_, _, c)) = self
+            .checks
+            .iter()
+            .find(|(k, r, _)| *k == "digest" && *r == label)
+        {
+            c.inc();
+        }
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let stale = e == Some(DigestError::Stale);
+                if let Some(e) = e.filter(|e| *e != DigestError::Stale) {
+                    crate::peer_warn!(
+                        "auth_refused",
+                        protocol = "rtsp",
+                        peer = ?peer,
+                        path = %path,
+                        kind = "digest",
+                        reason = label,
+                        "refused a viewer: {e}"
+                    );
+                }
+                let realm = users.map_or("penstock", |u| u.realm());
+                Err(DigestChallenge(digest::challenge(
+                    realm,
+                    &self.nonce_key.nonce(now_s),
+                    s.digest_algorithm.unwrap_or(digest::Algorithm::Md5),
+                    stale,
+                )))
+            }
+        }
     }
 
     /// The query a playlist answered to `grant` writes after the URI of its segments, the

@@ -564,6 +564,18 @@ pub struct AuthConfig {
     /// at start and on SIGHUP. A listed token is refused everywhere, its HTTP connections
     /// closed, its RTSP sessions ended, its HLS segments refused (docs/security.md).
     pub deny_file: Option<PathBuf>,
+    /// RTSP Digest users (`auth = "digest"`): `user:realm:HA1` a line (htdigest's format; a
+    /// 32-hex-digit HA1 is MD5's, 64 SHA-256's), closed to group and others, read again on
+    /// SIGHUP.
+    pub digest_users_file: Option<PathBuf>,
+    /// The realm of the challenges (lines of other realms are ignored). Default "penstock".
+    pub digest_realm: Option<String>,
+    /// The algorithm the challenge offers: "MD5" (default: what ffmpeg and GStreamer
+    /// answer) or "SHA-256"; responses of either are accepted.
+    pub digest_algorithm: Option<String>,
+    /// How long a nonce is good for; an older one is answered `stale=true`. Default 5 min.
+    #[serde(default, deserialize_with = "units::opt_ms")]
+    pub digest_nonce_ttl_ms: Option<u64>,
 }
 
 /// `[tenants.NAME]`.
@@ -630,6 +642,16 @@ impl AuthConfig {
         Duration::from_millis(self.session_ttl_ms.unwrap_or(4 * 3600 * 1000))
     }
 
+    pub fn digest_realm(&self) -> String {
+        self.digest_realm
+            .clone()
+            .unwrap_or_else(|| "penstock".to_string())
+    }
+
+    pub fn digest_nonce_ttl(&self) -> Duration {
+        Duration::from_millis(self.digest_nonce_ttl_ms.unwrap_or(300_000))
+    }
+
     pub fn credentials_max(&self) -> usize {
         self.credentials_max.unwrap_or(10_000)
     }
@@ -660,6 +682,19 @@ impl AuthConfig {
                 "auth.session_ttl_ms must be above 0".into(),
             ));
         }
+        if let Some(a) = &self.digest_algorithm
+            && a != "MD5"
+            && a != "SHA-256"
+        {
+            return Err(ConfigError::Invalid(format!(
+                "auth.digest_algorithm {a:?}: \"MD5\" or \"SHA-256\""
+            )));
+        }
+        if self.digest_nonce_ttl_ms == Some(0) {
+            return Err(ConfigError::Invalid(
+                "auth.digest_nonce_ttl_ms must be above 0".into(),
+            ));
+        }
         if self.credentials_max == Some(0) {
             return Err(ConfigError::Invalid(
                 "auth.credentials_max must be above 0".into(),
@@ -684,6 +719,9 @@ pub enum AuthMode {
     Jwt,
     /// Either.
     SignedOrJwt,
+    /// RTSP Digest (RFC 7616 / 2617) against `[auth] digest_users_file`; RTSP only (an
+    /// HTTP request here is 403).
+    Digest,
 }
 
 /// `[control]`: who may use the control protocol and what its streams may touch
@@ -1588,7 +1626,13 @@ impl ServerConfig {
                         l.prefix
                     )));
                 }
-                AuthMode::Jwt | AuthMode::SignedOrJwt => {}
+                AuthMode::Digest if self.auth.digest_users_file.is_none() => {
+                    return Err(ConfigError::Invalid(format!(
+                        "location {:?}: auth = \"digest\" needs [auth] digest_users_file",
+                        l.prefix
+                    )));
+                }
+                AuthMode::Jwt | AuthMode::SignedOrJwt | AuthMode::Digest => {}
             }
         }
         self.auth.check()?;

@@ -25,6 +25,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use ring::hmac;
 
+pub mod digest;
 pub mod jwt;
 pub mod ledger;
 #[cfg(test)]

@@ -517,6 +517,22 @@ impl Conn<'_> {
         let Some(path) = req.canonical_path.as_deref() else {
             return Err(text(404, cseq, "not found"));
         };
+        if v.is_digest(path) {
+            return match v.check_digest(
+                path,
+                method_word(&req.method),
+                &req.uri,
+                req.authorization.as_deref(),
+                Some(self.peer.ip()),
+            ) {
+                Ok(()) => Ok(None),
+                Err(c) => {
+                    self.shared.metrics.error("auth_missing");
+                    Err(text(401, cseq, "Digest credentials are required")
+                        .header("WWW-Authenticate", c.0))
+                }
+            };
+        }
         match v.check(
             path,
             req.query.as_deref(),

@@ -924,6 +924,12 @@ impl Server {
         }
         self.http.set_live(live);
         self.viewers.commit(viewers_staged);
+        if cfg.auth.credentials_max != old.auth.credentials_max {
+            // The ledger of capped tokens' sessions is sized at start.
+            report
+                .not_applied
+                .push("auth.credentials_max (at a restart)".into());
+        }
         if cfg.auth.deny_file.is_some() {
             report.applied.push(format!(
                 "auth: deny list read again ({} ids)",

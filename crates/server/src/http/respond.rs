@@ -23,7 +23,8 @@ use crate::config::LiveConfig;
 use crate::confine::{Opened, Refused};
 use crate::metrics::{Format, MetricsPage};
 
-/// The most credentials with a `sessions` cap one HTTP connection holds places for.
+/// The most credentials (with a `sessions` cap or a `jti`) one HTTP connection holds
+/// sessions of.
 const VIEWER_HOLDS_PER_CONNECTION_MAX: usize = 4;
 
 impl Worker {
@@ -187,7 +188,7 @@ impl Worker {
         {
             let refused = if self.viewer_holds.len() >= VIEWER_HOLDS_PER_CONNECTION_MAX {
                 Some(format!(
-                    "one connection carries at most {VIEWER_HOLDS_PER_CONNECTION_MAX} capped credentials"
+                    "one connection carries at most {VIEWER_HOLDS_PER_CONNECTION_MAX} viewer credentials with a sessions cap or a jti"
                 ))
             } else {
                 match shared.viewers.open_session(l) {

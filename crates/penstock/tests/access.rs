@@ -1544,3 +1544,65 @@ fn rtsp_digest_with_ffprobe_and_gstreamer() {
         assert!(!gst("alice", "guess").status.success());
     }
 }
+
+/// hls.js in headless Chromium plays a signed HLS URL (the page in an open location, the
+/// playlist signed, its segments carrying session tokens) past 10 s, with exactly one
+/// signed-URL check for the session and a session-token check per segment it fetched.
+#[test]
+fn hls_js_plays_a_signed_playlist_with_one_check() {
+    let _serial = serial();
+    let Some(player) = penstock_testreq::require_browser_player() else {
+        return;
+    };
+    let assets = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets");
+    let s = serve(Some(&assets.join("clip.ts")), "");
+    let www = s.dir.path().join("www");
+    std::fs::copy(player.join("index.html"), www.join("free/player.html")).unwrap();
+    std::fs::copy(
+        player.join("node_modules/hls.js/dist/hls.min.js"),
+        www.join("free/hls.min.js"),
+    )
+    .unwrap();
+    let signed = s.sign(
+        &format!("http://{}/premium/clip.ts/index.m3u8", s.http),
+        &["--expires", "1h"],
+    );
+    let path_and_query = &signed[signed.find("/premium/").unwrap()..];
+    let src: String = path_and_query
+        .bytes()
+        .map(|b| match b {
+            b'?' => "%3F".to_string(),
+            b'&' => "%26".to_string(),
+            b'=' => "%3D".to_string(),
+            _ => (b as char).to_string(),
+        })
+        .collect();
+    // Seek to 9 s: the player waits until it plays past 10 s.
+    let (line, err, _) = penstock_testreq::run_browser_player(
+        &player,
+        "play.mjs",
+        &format!("http://{}/free/player.html?src={src}", s.http),
+        &["9"],
+        &[],
+        "signed-hls",
+    );
+    assert!(
+        line.contains("\"ok\":true") && line.contains("\"fatal\":null"),
+        "{line}\n{err}"
+    );
+    let c = |k: &str, r: &str| {
+        s.metric(&format!(
+            "penstock_auth_checks_total{{kind=\"{k}\",result=\"{r}\"}}"
+        ))
+    };
+    assert_eq!(c("signed", "ok"), 1.0, "one check for the session: {line}");
+    assert!(c("session", "ok") >= 2.0, "segments by session token");
+    for r in ["bad_signature", "expired", "malformed", "missing"] {
+        assert_eq!(c("signed", r) + c("session", r), 0.0, "{r}");
+    }
+    eprintln!(
+        "hls.js: {line}; checks: signed {} session {}",
+        c("signed", "ok"),
+        c("session", "ok")
+    );
+}

@@ -762,6 +762,7 @@ out = {
     "rate": hs(dict(base, jti="rate-1", rate="16Mbit/s")),
     "acme": hs(dict(base, tenant="acme")),
     "rev": hs(dict(base, jti="rev-1", rate="4Mbit/s")),
+    "rev2": hs(dict(base, jti="rev-2")),
     "zeta": hs(dict(base, tenant="zeta")),
     "none": b64(json.dumps({"alg": "none", "kid": "e1"}).encode()) + "." + b64(json.dumps(base).encode()) + ".",
 }
@@ -1605,4 +1606,56 @@ fn hls_js_plays_a_signed_playlist_with_one_check() {
         c("signed", "ok"),
         c("session", "ok")
     );
+}
+
+/// hls.js in headless Chromium with a JWT (`?jwt=`) whose `jti` is on the deny list: the
+/// player fails cleanly — a fatal manifest load error (403 `revoked`), reported, not a hang
+/// or a timeout. (The 12 s H.264 clip is fetched whole within a second of the start, so a
+/// revocation in the middle of its playback has nothing left to refuse; mid-session
+/// revocation is tested with curl and raw clients in
+/// `a_revoked_token_loses_its_sessions_everywhere`.)
+#[test]
+fn hls_js_fails_cleanly_with_a_revoked_token() {
+    let _serial = serial();
+    let Some(player) = penstock_testreq::require_browser_player() else {
+        return;
+    };
+    let deny = std::env::temp_dir().join(format!("penstock-deny-js-{}", std::process::id()));
+    std::fs::write(&deny, "rev-2\n").unwrap();
+    let assets = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets");
+    let Some((s, t)) = serve_jwt_auth(
+        Some(&assets.join("clip.ts")),
+        &format!("deny_file = \"{}\"\n", deny.display()),
+        "",
+        1_250_000_000,
+    ) else {
+        return;
+    };
+    let www = s.dir.path().join("www");
+    std::fs::copy(player.join("index.html"), www.join("free/player.html")).unwrap();
+    std::fs::copy(
+        player.join("node_modules/hls.js/dist/hls.min.js"),
+        www.join("free/hls.min.js"),
+    )
+    .unwrap();
+    let src = format!("/jwt/movies/clip.ts/index.m3u8%3Fjwt%3D{}", t["rev2"]);
+    let (line, err, _) = penstock_testreq::run_browser_player(
+        &player,
+        "play.mjs",
+        &format!("http://{}/free/player.html?src={src}", s.http),
+        &["-"],
+        &[],
+        "revoked-hls",
+    );
+    assert!(
+        line.contains("\"ok\":false")
+            && line.contains("\"fatal\":\"networkError/manifestLoadError\"")
+            && !line.contains("\"error\""),
+        "{line}\n{err}"
+    );
+    assert_eq!(
+        s.metric("penstock_auth_checks_total{kind=\"jwt\",result=\"revoked\"}"),
+        1.0
+    );
+    let _ = std::fs::remove_file(&deny);
 }

@@ -41,6 +41,9 @@
 //! budgets, EDF / RM with blocking, beside a reserve for the streams).
 
 pub mod cpu;
+mod tenants;
+
+pub use tenants::{PartitionUsage, TENANTS_MAX, TenantId};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -283,6 +286,8 @@ pub enum CapacityError {
         "lateness tolerance is zero: no unit could ever be promised when several fall due at once"
     )]
     LatenessTolerance,
+    #[error("tenants: {0}")]
+    Tenants(String),
 }
 
 /// Everything admission needs, fixed at start.
@@ -466,6 +471,9 @@ pub struct Reservation {
     pub burst_net_bytes: u64,
     /// CPU time one unit's send costs: its part of the CPU's backlog at that instant.
     pub burst_cpu_ns: u64,
+    /// The tenant whose share holds it ([`Admission::admit_for`]); `None`: the part of the
+    /// rt capacity no tenant holds.
+    pub tenant: Option<TenantId>,
 }
 
 impl Reservation {
@@ -653,13 +661,26 @@ pub enum Refusal {
     },
     #[error("refused: {streams_max} streams already admitted (streams_max)")]
     StreamsMax { streams_max: u32 },
+    /// The tenant's share of the rt capacity (`[tenants.NAME] rt_share`) is short, though
+    /// the server as a whole may not be.
+    #[error(
+        "refused: tenant {tenant}'s share (rt_share {share_percent}%) is full: {}",
+        join(shortages)
+    )]
+    Tenant {
+        tenant: String,
+        share_percent: u32,
+        shortages: Vec<Shortage>,
+    },
 }
 
 impl Refusal {
     /// The resources that are short (empty for the other refusals).
     pub fn shortages(&self) -> &[Shortage] {
         match self {
-            Refusal::Short { shortages, .. } | Refusal::NeverFits { shortages, .. } => shortages,
+            Refusal::Short { shortages, .. }
+            | Refusal::NeverFits { shortages, .. }
+            | Refusal::Tenant { shortages, .. } => shortages,
             _ => &[],
         }
     }
@@ -706,6 +727,8 @@ pub struct Admission {
     devices: BTreeMap<DeviceId, DeviceFigures>,
     reservations: BTreeMap<ReservationId, Reservation>,
     next_id: u64,
+    /// The tenants' partitions of the rt capacity, then the rest's (empty: no tenants).
+    partitions: tenants::Partitions,
 }
 
 impl Admission {
@@ -748,6 +771,7 @@ impl Admission {
             devices: BTreeMap::new(),
             reservations: BTreeMap::new(),
             next_id: 0,
+            partitions: tenants::Partitions::default(),
         })
     }
 
@@ -875,6 +899,7 @@ impl Admission {
             disk_ns_per_s: 0,
             devices: 0,
             disk: [None; STREAM_DEVICES_MAX],
+            tenant: None,
             net_bytes_per_s: 0,
             buffers: 0,
             cpu_ns_per_s: 0,
@@ -996,14 +1021,54 @@ impl Admission {
     /// network, the buffers and the CPU; otherwise names every resource that is short. A
     /// refusal changes nothing.
     pub fn admit(&mut self, qos: StreamQos) -> Result<Reservation, Refusal> {
+        self.admit_for(qos, None)
+    }
+
+    /// [`Admission::admit`] within `tenant`'s share of the rt capacity (`None`: within the
+    /// part no tenant holds), when tenants are set ([`Admission::set_tenants`]); both the
+    /// server's test and the partition's must pass.
+    pub fn admit_for(
+        &mut self,
+        qos: StreamQos,
+        tenant: Option<TenantId>,
+    ) -> Result<Reservation, Refusal> {
         if self.used.streams >= self.config.streams_max {
             return Err(Refusal::StreamsMax {
                 streams_max: self.config.streams_max,
             });
         }
-        let r = self.charge(qos)?;
+        let mut r = self.charge(qos)?;
+        r.tenant = self.partitions.check_id(tenant)?;
+        // The partition first: a tenant whose share is full is told so (the server's test
+        // may be short at the same time, by its shares' rounding).
+        self.partitions.test(&r, None, &self.rt_capacity)?;
         self.test(&r, None)?;
         Ok(self.book(r))
+    }
+
+    /// Partitions the rt capacity among tenants: each `(name, share_ppm)` holds that part
+    /// (parts per million) of every resource for the streams admitted for it, and the rest
+    /// (`1e6 - Σ share`) is for streams of no tenant. Set before any stream is admitted;
+    /// the ids are the indices in `shares`.
+    pub fn set_tenants(&mut self, shares: &[(String, u32)]) -> Result<(), CapacityError> {
+        if !self.reservations.is_empty() {
+            return Err(CapacityError::Tenants(
+                "set before any stream is admitted".into(),
+            ));
+        }
+        self.partitions = tenants::Partitions::new(shares)?;
+        Ok(())
+    }
+
+    /// Each tenant's name, share and what its admitted streams hold, then (name `""`) the
+    /// part of no tenant; empty without tenants.
+    pub fn tenant_usage(&self) -> Vec<(String, u32, PartitionUsage)> {
+        self.partitions.usage()
+    }
+
+    /// The id of tenant `name`, if set.
+    pub fn tenant_id(&self, name: &str) -> Option<TenantId> {
+        self.partitions.id(name)
     }
 
     /// Replaces reservation `id` with what `qos` is charged (a stream admitted ahead, then
@@ -1013,7 +1078,9 @@ impl Admission {
         let Some(old) = self.reservations.get(&id).copied() else {
             return self.admit(qos);
         };
-        let r = self.charge(qos)?;
+        let mut r = self.charge(qos)?;
+        r.tenant = old.tenant;
+        self.partitions.test(&r, Some(&old), &self.rt_capacity)?;
         self.test(&r, Some(&old))?;
         self.release(id);
         Ok(self.book(r))
@@ -1036,6 +1103,7 @@ impl Admission {
         self.used.burst_cpu_ns += r.burst_cpu_ns;
         self.used.streams += 1;
         self.used.disk_ns_per_s = self.disk_used.values().copied().max().unwrap_or(0);
+        self.partitions.book(&r);
         self.reservations.insert(r.id, r);
         self.check_totals();
         r
@@ -1182,6 +1250,7 @@ impl Admission {
     /// Gives back what `id` reserved; `None` if it is not (or no longer) admitted.
     pub fn release(&mut self, id: ReservationId) -> Option<Reservation> {
         let r = self.reservations.remove(&id)?;
+        self.partitions.release(&r);
         for c in r.disk_charges() {
             let used = self
                 .disk_used
@@ -1353,6 +1422,81 @@ mod tests {
             reads: ReadGeometry::single(unit_bytes, DeviceId::UNKNOWN),
             datagrams: false,
         }
+    }
+
+    /// Two tenants at 0.3 / 0.7 of the network (the binding resource here): a ramp of
+    /// 1 MB/s streams fills each tenant's part exactly, neither is refused while inside it,
+    /// the refusal names the tenant, and one tenant's flood never takes the other's room.
+    #[test]
+    fn tenants_shares_are_carved_out_of_admission() {
+        let config = AdmissionConfig {
+            streams_max: 1000,
+            ..*admission().config()
+        };
+        let mut a = Admission::new(config).unwrap();
+        a.set_tenants(&[("acme".into(), 300_000), ("zeta".into(), 700_000)])
+            .unwrap();
+        let acme = a.tenant_id("acme").unwrap();
+        let zeta = a.tenant_id("zeta").unwrap();
+        // 2 MB/s streams reading 1 MiB chunks: whichever resource binds first, each tenant
+        // holds its share of it; find each tenant's count by ramping.
+        let q = StreamQos {
+            reads: ReadGeometry::single(1 << 20, DeviceId::UNKNOWN),
+            ..rt(2_000_000, 1 << 16, 1)
+        };
+        let mut acme_n = 0;
+        let e = loop {
+            match a.admit_for(q, Some(acme)) {
+                Ok(_) => acme_n += 1,
+                Err(e) => break e,
+            }
+        };
+        assert!(acme_n > 0);
+        assert!(
+            e.to_string()
+                .starts_with("refused: tenant acme's share (rt_share 30%) is full"),
+            "{e}"
+        );
+        // zeta's part is untouched by acme's flood: it fits its own ramp, about 7/3 of acme's.
+        let mut zeta_n = 0;
+        while a.admit_for(q, Some(zeta)).is_ok() {
+            zeta_n += 1;
+        }
+        assert!(
+            zeta_n >= acme_n * 2 && zeta_n <= acme_n * 3,
+            "acme {acme_n}, zeta {zeta_n}"
+        );
+        eprintln!("acme {acme_n} streams, zeta {zeta_n}");
+        // Shares adding to 1 leave nothing for streams of no tenant, even on an idle server.
+        let mut idle = Admission::new(config).unwrap();
+        idle.set_tenants(&[("acme".into(), 300_000), ("zeta".into(), 700_000)])
+            .unwrap();
+        let e = idle.admit(q).unwrap_err();
+        assert!(e.to_string().contains("tenant (none)"), "{e}");
+        // Releasing one of acme's gives acme its room back, not zeta.
+        let first = a
+            .reservations()
+            .find(|r| r.tenant == Some(acme))
+            .unwrap()
+            .id;
+        a.release(first).unwrap();
+        assert!(a.admit_for(q, Some(zeta)).is_err());
+        assert!(a.admit_for(q, Some(acme)).is_ok());
+        let usage = a.tenant_usage();
+        assert_eq!(usage[0].0, "acme");
+        assert_eq!(usage[0].2.streams, acme_n);
+        assert_eq!(usage[1].2.streams, zeta_n);
+        // Bad shares are refused at configuration.
+        let mut b = admission();
+        assert!(
+            b.set_tenants(&[("a".into(), 600_000), ("b".into(), 600_000)])
+                .is_err()
+        );
+        assert!(b.set_tenants(&[("a".into(), 0)]).is_err());
+        assert!(
+            b.admit_for(q, Some(TenantId(3))).is_ok(),
+            "without tenants the id is ignored"
+        );
     }
 
     #[test]

@@ -1195,6 +1195,18 @@ impl Engine {
         spec: &StreamSpec,
         datagram: bool,
     ) -> Result<Option<Admitted>, StreamError> {
+        self.admit_for(spec, datagram, None)
+    }
+
+    /// [`Engine::admit`] within `tenant`'s share of the rt capacity
+    /// ([`penstock_core::admission::Admission::admit_for`]; `None`: the part of no tenant).
+    /// A later [`Engine::open_admitted`] keeps the reservation's tenant.
+    pub fn admit_for(
+        &self,
+        spec: &StreamSpec,
+        datagram: bool,
+        tenant: Option<penstock_core::admission::TenantId>,
+    ) -> Result<Option<Admitted>, StreamError> {
         let Some(qos) = admission_request(&spec.plan_request(), datagram, &self.plan_limits())?
         else {
             return Ok(None);
@@ -1203,13 +1215,41 @@ impl Engine {
             .admission
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .admit(qos)?;
+            .admit_for(qos, tenant)?;
         Ok(Some(Admitted {
             id: Some(id.id),
             qos,
             reservation: id,
             admission: self.admission.clone(),
         }))
+    }
+
+    /// Partitions the rt capacity among tenants (`(name, share in parts per million)`;
+    /// [`penstock_core::admission::Admission::set_tenants`]): at start, before any stream.
+    pub fn set_tenants(
+        &self,
+        shares: &[(String, u32)],
+    ) -> Result<(), penstock_core::admission::CapacityError> {
+        self.admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set_tenants(shares)
+    }
+
+    /// The id of tenant `name`, if set.
+    pub fn tenant_id(&self, name: &str) -> Option<penstock_core::admission::TenantId> {
+        self.admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tenant_id(name)
+    }
+
+    /// Each tenant's name, share (ppm) and holdings, then the part of no tenant (name "").
+    pub fn tenant_usage(&self) -> Vec<(String, u32, penstock_core::admission::PartitionUsage)> {
+        self.admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tenant_usage()
     }
 
     /// Like [`Engine::open_opened`], with what [`Engine::admit`] reserved (used when the plan

@@ -6,12 +6,15 @@
 //! The state is replaced whole on SIGHUP ([`Viewers::stage`] reads every key file first: a
 //! bad one refuses the reload and the keys in force stay).
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use penstock_core::auth::jwt::{Jwks, JwtPolicy};
+use penstock_core::auth::ledger::{LedgerRefusal, SessionLedger, ViewerLimits};
 use penstock_core::auth::{AuthError, Grant, Key, Keyring};
 
 use crate::config::{AuthConfig, AuthMode, ConfigError, ServerConfig};
@@ -73,6 +76,76 @@ pub fn load_jwks(cfg: &AuthConfig) -> Result<Option<Jwks>, ConfigError> {
     Ok(Some(jwks))
 }
 
+/// The longest deny file read (bytes), and the most ids it may list.
+const DENY_FILE_BYTES_MAX: u64 = 4 << 20;
+const DENY_IDS_MAX: usize = 100_000;
+
+/// Reads `[auth] deny_file`: the revocation ids ([`penstock_core::auth::revocation_id`]) of
+/// the `jti`s it lists, one a line.
+pub fn load_deny(cfg: &AuthConfig) -> Result<HashSet<String>, ConfigError> {
+    use std::io::Read;
+    let Some(path) = &cfg.deny_file else {
+        return Ok(HashSet::new());
+    };
+    let bad =
+        |why: String| ConfigError::Invalid(format!("auth.deny_file {}: {why}", path.display()));
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut text = String::new();
+    f.take(DENY_FILE_BYTES_MAX + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(e.to_string()))?;
+    if text.len() as u64 > DENY_FILE_BYTES_MAX {
+        return Err(bad(format!("longer than {DENY_FILE_BYTES_MAX} bytes")));
+    }
+    let ids: HashSet<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(penstock_core::auth::revocation_id)
+        .collect();
+    if ids.len() > DENY_IDS_MAX {
+        return Err(bad(format!("more than {DENY_IDS_MAX} ids")));
+    }
+    Ok(ids)
+}
+
+/// The longest Digest users file read (bytes).
+const DIGEST_USERS_FILE_BYTES_MAX: u64 = 4 << 20;
+
+/// Reads `[auth] digest_users_file` (an HA1 is as good as the password for this realm: the
+/// file must be closed to group and others).
+pub fn load_digest_users(
+    cfg: &AuthConfig,
+) -> Result<Option<penstock_core::auth::digest::DigestUsers>, ConfigError> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = &cfg.digest_users_file else {
+        return Ok(None);
+    };
+    let bad = |why: String| {
+        ConfigError::Invalid(format!("auth.digest_users_file {}: {why}", path.display()))
+    };
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mode = f
+        .metadata()
+        .map_err(|e| bad(e.to_string()))?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "open to group or others (mode {mode:04o}): `chmod 600` it"
+        )));
+    }
+    let mut text = String::new();
+    f.take(DIGEST_USERS_FILE_BYTES_MAX)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(e.to_string()))?;
+    penstock_core::auth::digest::DigestUsers::parse(&text, &cfg.digest_realm())
+        .map(Some)
+        .map_err(bad)
+}
+
 fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
@@ -123,6 +196,12 @@ pub(crate) struct State {
     jwt_policy: JwtPolicy,
     locations: Vec<(String, AuthMode, bool)>,
     session_ttl_s: u64,
+    /// Revoked tokens' revocation ids (`[auth] deny_file`).
+    denied: HashSet<String>,
+    /// RTSP Digest: the users, the challenge's algorithm, the nonces' lifetime.
+    digest_users: Option<penstock_core::auth::digest::DigestUsers>,
+    digest_algorithm: Option<penstock_core::auth::digest::Algorithm>,
+    digest_nonce_ttl_s: u64,
 }
 
 /// What a request may do, once checked.
@@ -130,17 +209,33 @@ pub(crate) struct State {
 pub(crate) enum Decision {
     /// The location asks for nothing.
     Open,
-    /// A credential was verified; with the grant HLS session tokens are made from (`None`:
-    /// a JWT and no HMAC key to sign session tokens with).
-    Granted(Option<Grant>),
+    /// A credential was verified: `grant` is what HLS session tokens are made from (`None`:
+    /// a JWT and no HMAC key to sign session tokens with); `limits` what a JWT's claims
+    /// ask of its sessions (`sessions`, `rate`, `tenant`).
+    Granted {
+        grant: Option<Grant>,
+        limits: Option<ViewerLimits>,
+    },
     /// Refused: 401 for [`AuthError::Missing`], else 403.
     Refused(AuthError),
 }
+
+/// What an RTSP request of a Digest location gets when it is not let through: `401` with
+/// this `WWW-Authenticate` value (a fresh challenge; `stale=true` for an expired nonce).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DigestChallenge(pub(crate) String);
 
 /// The viewers' access rules of one server, shared by HTTP and RTSP.
 #[derive(Debug)]
 pub(crate) struct Viewers {
     state: Mutex<Arc<State>>,
+    /// The open sessions of each credential with a `sessions` cap (`penstock_core::auth::ledger`).
+    ledger: Arc<Mutex<SessionLedger>>,
+    /// Bumped when the deny list changes: HTTP workers and the RTSP reaper then end the
+    /// sessions of newly revoked tokens.
+    deny_generation: AtomicU64,
+    /// The key of RTSP Digest nonces (random at start, kept across reloads).
+    nonce_key: penstock_core::auth::digest::NonceKey,
     /// `penstock_auth_checks_total{kind,result}`, every series made at start (present at 0)
     /// and found here without allocating: a flood of bad credentials costs no label strings.
     checks: Vec<(
@@ -151,9 +246,9 @@ pub(crate) struct Viewers {
 }
 
 /// The kinds of check counted.
-const CHECK_KINDS: [&str; 3] = ["signed", "session", "jwt"];
+const CHECK_KINDS: [&str; 4] = ["signed", "session", "jwt", "digest"];
 /// The results counted: `ok` and each refusal's reason.
-const CHECK_RESULTS: [&str; 12] = [
+const CHECK_RESULTS: [&str; 16] = [
     "ok",
     "missing",
     "malformed",
@@ -166,7 +261,23 @@ const CHECK_RESULTS: [&str; 12] = [
     "issuer",
     "algorithm",
     "path_not_granted",
+    "revoked",
+    "bad_nonce",
+    "unknown_user",
+    "bad_response",
 ];
+
+/// A random key for RTSP Digest nonces.
+fn nonce_key() -> penstock_core::auth::digest::NonceKey {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 32];
+    // The system's random source does not fail once the kernel's is seeded; if it did,
+    // no nonce key is better than a guessable one.
+    ring::rand::SystemRandom::new()
+        .fill(&mut b)
+        .expect("the system's random source gives 32 bytes");
+    penstock_core::auth::digest::NonceKey::new(&b)
+}
 
 fn check_counters(
     metrics: &Metrics,
@@ -196,6 +307,9 @@ impl Viewers {
         let state = Viewers::stage(cfg)?;
         Ok(Viewers {
             state: Mutex::new(Arc::new(state)),
+            ledger: Arc::new(Mutex::new(SessionLedger::new(cfg.auth.credentials_max()))),
+            deny_generation: AtomicU64::new(0),
+            nonce_key: nonce_key(),
             checks: check_counters(&metrics),
         })
     }
@@ -204,6 +318,9 @@ impl Viewers {
     pub(crate) fn open(metrics: Arc<Metrics>) -> Viewers {
         Viewers {
             state: Mutex::new(Arc::new(State::default())),
+            ledger: Arc::new(Mutex::new(SessionLedger::new(1))),
+            deny_generation: AtomicU64::new(0),
+            nonce_key: nonce_key(),
             checks: check_counters(&metrics),
         }
     }
@@ -212,6 +329,8 @@ impl Viewers {
     pub(crate) fn stage(cfg: &ServerConfig) -> Result<State, ConfigError> {
         let keys = load_keys(&cfg.auth)?;
         let jwks = load_jwks(&cfg.auth)?;
+        let denied = load_deny(&cfg.auth)?;
+        let digest_users = load_digest_users(&cfg.auth)?;
         let mut locations: Vec<(String, AuthMode, bool)> = cfg
             .location
             .iter()
@@ -228,11 +347,40 @@ impl Viewers {
             },
             locations,
             session_ttl_s: cfg.auth.session_ttl().as_secs().max(1),
+            denied,
+            digest_users,
+            digest_algorithm: Some(if cfg.auth.digest_algorithm.as_deref() == Some("SHA-256") {
+                penstock_core::auth::digest::Algorithm::Sha256
+            } else {
+                penstock_core::auth::digest::Algorithm::Md5
+            }),
+            digest_nonce_ttl_s: cfg.auth.digest_nonce_ttl().as_secs().max(1),
         })
     }
 
     pub(crate) fn commit(&self, state: State) {
-        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(state);
+        let mut cur = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let newly_denied = state.denied.iter().any(|j| !cur.denied.contains(j));
+        *cur = Arc::new(state);
+        drop(cur);
+        if newly_denied {
+            self.deny_generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Changes each time tokens are newly revoked.
+    pub(crate) fn deny_generation(&self) -> u64 {
+        self.deny_generation.load(Ordering::Acquire)
+    }
+
+    /// Whether the token of revocation id `jti` is on the deny list.
+    pub(crate) fn is_revoked(&self, jti: &str) -> bool {
+        self.state().denied.contains(jti)
+    }
+
+    /// How many ids the deny list holds (for the reload report).
+    pub(crate) fn denied_count(&self) -> usize {
+        self.state().denied.len()
     }
 
     fn state(&self) -> Arc<State> {
@@ -276,6 +424,10 @@ impl Viewers {
         if mode == AuthMode::None {
             return Decision::Open;
         }
+        if mode == AuthMode::Digest {
+            // RTSP asks `check_digest`; anything else here is refused.
+            return Decision::Refused(AuthError::Malformed("a Digest location is RTSP only"));
+        }
         let now_s = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -296,9 +448,13 @@ impl Viewers {
                 let r = penstock_core::auth::verify(&s.keys, &c, path, peer_ip, now_s);
                 let r = match (r, peer) {
                     (Ok(_), None) if c.ip.is_some() => Err(AuthError::Address),
+                    // A JWT's session token: refused once the JWT is revoked.
+                    (Ok(g), _) if g.jti.as_ref().is_some_and(|j| s.denied.contains(j)) => {
+                        Err(AuthError::Revoked)
+                    }
                     (r, _) => r,
                 };
-                (kind, r.map(Some))
+                (kind, r.map(|g| (Some(g), None)))
             }
             Err(e) => ("signed", Err(e)),
             Ok(None) => match (bearer, &s.jwks) {
@@ -310,7 +466,21 @@ impl Viewers {
                         path,
                         now_s,
                     )
-                    .map(|g| penstock_core::auth::grant_for_jwt(&s.keys, token, g.expires_s));
+                    .and_then(|g| {
+                        let jti = g.jti.as_deref().map(penstock_core::auth::revocation_id);
+                        if jti.as_ref().is_some_and(|j| s.denied.contains(j)) {
+                            return Err(AuthError::Revoked);
+                        }
+                        Ok((
+                            penstock_core::auth::grant_for_jwt(
+                                &s.keys,
+                                token,
+                                g.expires_s,
+                                jti.as_deref(),
+                            ),
+                            Some(ViewerLimits::of_jwt(&g, token)),
+                        ))
+                    });
                     ("jwt", r)
                 }
                 _ => (
@@ -331,7 +501,7 @@ impl Viewers {
             c.inc();
         }
         match result {
-            Ok(g) => Decision::Granted(g),
+            Ok((grant, limits)) => Decision::Granted { grant, limits },
             Err(e) => {
                 if e != AuthError::Missing {
                     crate::peer_warn!(
@@ -349,6 +519,117 @@ impl Viewers {
         }
     }
 
+    /// Opens one session under `limits` (an HTTP connection, an RTSP session): `Ok(None)`
+    /// when the credential has neither a `sessions` cap nor a `jti` (nothing to count or
+    /// revoke); the place is given back when the [`SessionHold`] is dropped (the session
+    /// ended).
+    pub(crate) fn open_session(
+        &self,
+        limits: &ViewerLimits,
+    ) -> Result<Option<SessionHold>, LedgerRefusal> {
+        if limits.sessions_max.is_none() && limits.jti.is_none() {
+            return Ok(None);
+        }
+        if let Some(max) = limits.sessions_max {
+            self.ledger
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .open(&limits.credential, max)?;
+        }
+        Ok(Some(SessionHold {
+            ledger: self.ledger.clone(),
+            credential: limits.credential.clone(),
+            counted: limits.sessions_max.is_some(),
+            jti: limits
+                .jti
+                .as_deref()
+                .map(penstock_core::auth::revocation_id),
+        }))
+    }
+
+    /// Whether `path` lies in a location with `auth = "digest"`.
+    pub(crate) fn is_digest(&self, path: &str) -> bool {
+        self.state()
+            .locations
+            .iter()
+            .find(|l| path.starts_with(&l.0))
+            .is_some_and(|l| l.1 == AuthMode::Digest)
+    }
+
+    /// The RTSP Digest check of `method request_uri` with `authorization` from `peer`:
+    /// `Err` is the challenge to answer with (401), counted and, for a wrong credential,
+    /// logged (rate-limited).
+    pub(crate) fn check_digest(
+        &self,
+        path: &str,
+        method: &str,
+        request_uri: &str,
+        authorization: Option<&str>,
+        peer: Option<IpAddr>,
+    ) -> Result<(), DigestChallenge> {
+        use penstock_core::auth::digest::{self, DigestError};
+        let s = self.state();
+        let now_s = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let users = s.digest_users.as_ref();
+        let result = match (authorization.map(digest::parse_authorization), users) {
+            (None | Some(Ok(None)), _) => Err(None),
+            (Some(Err(e)), _) => Err(Some(e)),
+            (Some(Ok(Some(_))), None) => Err(Some(DigestError::UnknownUser)),
+            (Some(Ok(Some(r))), Some(u)) => digest::verify(
+                u,
+                &self.nonce_key,
+                method,
+                request_uri,
+                &r,
+                now_s,
+                s.digest_nonce_ttl_s,
+            )
+            .map_err(Some),
+        };
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(None) => "missing",
+            Err(Some(DigestError::Malformed(_))) => "malformed",
+            Err(Some(DigestError::Stale)) => "expired",
+            Err(Some(DigestError::BadNonce)) => "bad_nonce",
+            Err(Some(DigestError::UnknownUser)) => "unknown_user",
+            Err(Some(_)) => "bad_response",
+        };
+        if let Some((_, _, c)) = self
+            .checks
+            .iter()
+            .find(|(k, r, _)| *k == "digest" && *r == label)
+        {
+            c.inc();
+        }
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let stale = e == Some(DigestError::Stale);
+                if let Some(e) = e.filter(|e| *e != DigestError::Stale) {
+                    crate::peer_warn!(
+                        "auth_refused",
+                        protocol = "rtsp",
+                        peer = ?peer,
+                        path = %path,
+                        kind = "digest",
+                        reason = label,
+                        "refused a viewer: {e}"
+                    );
+                }
+                let realm = users.map_or("penstock", |u| u.realm());
+                Err(DigestChallenge(digest::challenge(
+                    realm,
+                    &self.nonce_key.nonce(now_s),
+                    s.digest_algorithm.unwrap_or(digest::Algorithm::Md5),
+                    stale,
+                )))
+            }
+        }
+    }
+
     /// The query a playlist answered to `grant` writes after the URI of its segments, the
     /// file at `path` (canonical); `None` when the grant's key was removed since.
     pub(crate) fn session_query(&self, grant: &Grant, path: &str) -> Option<String> {
@@ -357,6 +638,40 @@ impl Viewers {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         penstock_core::auth::session_query(&s.keys, grant, path, now_s, s.session_ttl_s)
+    }
+}
+
+/// One session of a credential: its place under the credential's `sessions` cap (given
+/// back when dropped), and its revocation id (the session ends when the token is revoked).
+#[derive(Debug)]
+pub(crate) struct SessionHold {
+    ledger: Arc<Mutex<SessionLedger>>,
+    credential: String,
+    /// Whether it holds a place in the ledger (the credential has a cap).
+    counted: bool,
+    jti: Option<String>,
+}
+
+impl SessionHold {
+    /// The credential the place is counted under.
+    pub(crate) fn credential(&self) -> &str {
+        &self.credential
+    }
+
+    /// The token's revocation id, if it has a `jti`.
+    pub(crate) fn jti(&self) -> Option<&str> {
+        self.jti.as_deref()
+    }
+}
+
+impl Drop for SessionHold {
+    fn drop(&mut self) {
+        if self.counted {
+            self.ledger
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .close(&self.credential);
+        }
     }
 }
 
@@ -396,6 +711,7 @@ mod tests {
             AuthError::Issuer,
             AuthError::Algorithm,
             AuthError::NotGranted,
+            AuthError::Revoked,
         ] {
             assert!(CHECK_RESULTS.contains(&e.reason()), "{e:?}");
         }

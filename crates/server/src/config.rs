@@ -55,6 +55,9 @@ pub struct ServerConfig {
     pub location: Vec<Location>,
     /// `[auth]`: the keys of signed URLs (docs/security.md "Viewers"; reloaded on SIGHUP).
     pub auth: AuthConfig,
+    /// `[tenants.NAME] rt_share = 0.3`: tenants' parts of the rt capacity (docs/security.md
+    /// "Tenants"); fixed at start.
+    pub tenants: std::collections::BTreeMap<String, TenantConfig>,
     /// `[log]`: the access log.
     pub log: LogConfig,
     /// `[rtsp]`: the RTSP server (on by default at 127.0.0.1:8554).
@@ -645,6 +648,76 @@ pub struct AuthConfig {
     pub jwt_audiences: Vec<String>,
     /// Accepted `iss` values; empty: `iss` is not checked.
     pub jwt_issuers: Vec<String>,
+    /// The most credentials (JWTs with a `sessions` claim, counted by `jti`, else `sub`, else
+    /// the token) holding sessions at once; a new one beyond is refused (429 / RTSP 453).
+    /// Default 10000.
+    pub credentials_max: Option<usize>,
+    /// The deny list: one revoked JWT `jti` a line (`#` comments, blank lines ignored), read
+    /// at start and on SIGHUP. A listed token is refused everywhere, its HTTP connections
+    /// closed, its RTSP sessions ended, its HLS segments refused (docs/security.md).
+    pub deny_file: Option<PathBuf>,
+    /// RTSP Digest users (`auth = "digest"`): `user:realm:HA1` a line (htdigest's format; a
+    /// 32-hex-digit HA1 is MD5's, 64 SHA-256's), closed to group and others, read again on
+    /// SIGHUP.
+    pub digest_users_file: Option<PathBuf>,
+    /// The realm of the challenges (lines of other realms are ignored). Default "penstock".
+    pub digest_realm: Option<String>,
+    /// The algorithm the challenge offers: "MD5" (default: what ffmpeg and GStreamer
+    /// answer) or "SHA-256"; responses of either are accepted.
+    pub digest_algorithm: Option<String>,
+    /// How long a nonce is good for; an older one is answered `stale=true`. Default 5 min.
+    #[serde(default, deserialize_with = "units::opt_ms")]
+    pub digest_nonce_ttl_ms: Option<u64>,
+}
+
+/// `[tenants.NAME]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// The part of every rt resource (disk time, network, buffers, CPU) held for the
+    /// tenant's sessions: above 0, at most 1; all tenants' together at most 1 (the rest is
+    /// for sessions of no tenant).
+    pub rt_share: f64,
+}
+
+impl ServerConfig {
+    /// The tenants' shares in parts per million, by name (the admission partitions).
+    pub fn tenant_shares(&self) -> Vec<(String, u32)> {
+        self.tenants
+            .iter()
+            .map(|(n, t)| (n.clone(), (t.rt_share * 1e6).round() as u32))
+            .collect()
+    }
+
+    fn check_tenants(&self) -> Result<(), ConfigError> {
+        if self.tenants.len() > penstock_core::admission::TENANTS_MAX {
+            return Err(ConfigError::Invalid(format!(
+                "at most {} [tenants.NAME]",
+                penstock_core::admission::TENANTS_MAX
+            )));
+        }
+        let mut total = 0.0;
+        for (name, t) in &self.tenants {
+            if !penstock_core::auth::valid_key_id(name) {
+                return Err(ConfigError::Invalid(format!(
+                    "tenants.{name}: a name of 1 ..= 64 letters, digits, '-', '_' or '.'"
+                )));
+            }
+            if !(t.rt_share > 0.0 && t.rt_share <= 1.0) {
+                return Err(ConfigError::Invalid(format!(
+                    "tenants.{name}.rt_share {}: above 0, at most 1",
+                    t.rt_share
+                )));
+            }
+            total += t.rt_share;
+        }
+        if total > 1.0 + 1e-9 {
+            return Err(ConfigError::Invalid(format!(
+                "the tenants' rt_share add up to {total}, above 1"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// One key of `[auth] keys`.
@@ -659,6 +732,20 @@ pub struct AuthKeyFile {
 impl AuthConfig {
     pub fn session_ttl(&self) -> Duration {
         Duration::from_millis(self.session_ttl_ms.unwrap_or(4 * 3600 * 1000))
+    }
+
+    pub fn digest_realm(&self) -> String {
+        self.digest_realm
+            .clone()
+            .unwrap_or_else(|| "penstock".to_string())
+    }
+
+    pub fn digest_nonce_ttl(&self) -> Duration {
+        Duration::from_millis(self.digest_nonce_ttl_ms.unwrap_or(300_000))
+    }
+
+    pub fn credentials_max(&self) -> usize {
+        self.credentials_max.unwrap_or(10_000)
     }
 
     fn check(&self) -> Result<(), ConfigError> {
@@ -687,6 +774,24 @@ impl AuthConfig {
                 "auth.session_ttl_ms must be above 0".into(),
             ));
         }
+        if let Some(a) = &self.digest_algorithm
+            && a != "MD5"
+            && a != "SHA-256"
+        {
+            return Err(ConfigError::Invalid(format!(
+                "auth.digest_algorithm {a:?}: \"MD5\" or \"SHA-256\""
+            )));
+        }
+        if self.digest_nonce_ttl_ms == Some(0) {
+            return Err(ConfigError::Invalid(
+                "auth.digest_nonce_ttl_ms must be above 0".into(),
+            ));
+        }
+        if self.credentials_max == Some(0) {
+            return Err(ConfigError::Invalid(
+                "auth.credentials_max must be above 0".into(),
+            ));
+        }
         Ok(())
     }
 }
@@ -706,6 +811,9 @@ pub enum AuthMode {
     Jwt,
     /// Either.
     SignedOrJwt,
+    /// RTSP Digest (RFC 7616 / 2617) against `[auth] digest_users_file`; RTSP only (an
+    /// HTTP request here is 403).
+    Digest,
 }
 
 /// `[control]`: who may use the control protocol and what its streams may touch
@@ -1652,10 +1760,17 @@ impl ServerConfig {
                         l.prefix
                     )));
                 }
-                AuthMode::Jwt | AuthMode::SignedOrJwt => {}
+                AuthMode::Digest if self.auth.digest_users_file.is_none() => {
+                    return Err(ConfigError::Invalid(format!(
+                        "location {:?}: auth = \"digest\" needs [auth] digest_users_file",
+                        l.prefix
+                    )));
+                }
+                AuthMode::Jwt | AuthMode::SignedOrJwt | AuthMode::Digest => {}
             }
         }
         self.auth.check()?;
+        self.check_tenants()?;
         self.control.check()?;
         for (key, v) in [("user", &self.user), ("group", &self.group)] {
             if v.as_deref().is_some_and(|v| v.trim().is_empty()) {

@@ -93,6 +93,7 @@ impl HlsSessions {
             drop(held);
         }
         self.metrics.hls_sessions.set(book.len() as i64);
+        self.set_tenant_gauges();
     }
 
     /// [`HlsSessions::sweep`] alone: before a scrape or a `STATE`.
@@ -105,6 +106,8 @@ impl HlsSessions {
     /// a query's `sid`, or a verified session token's) when that session is open and `path`
     /// is within its scope; else a new session for `scope`, admitted at
     /// `bandwidth_bits_per_s`. The id to write into the playlist's URIs.
+    /// `tenant` (a JWT's `tenant` claim) admits a new session within that tenant's share of
+    /// the rt capacity (`[tenants.NAME]`); `None`: within the part of no tenant.
     pub(crate) fn for_playlist(
         &self,
         asked: Option<&str>,
@@ -112,6 +115,7 @@ impl HlsSessions {
         scope: &str,
         addr: IpAddr,
         bandwidth_bits_per_s: u64,
+        tenant: Option<&str>,
     ) -> Result<String, Refused> {
         let mut book = self.book();
         self.sweep(&mut book);
@@ -121,8 +125,29 @@ impl HlsSessions {
             return Ok(id.to_string());
         }
         let id = self.new_id();
-        self.admit(&mut book, &id, addr, scope, bandwidth_bits_per_s)?;
+        self.admit(&mut book, &id, addr, scope, bandwidth_bits_per_s, tenant)?;
         Ok(id)
+    }
+
+    /// The tenant whose share open session `id` is admitted in, if any.
+    pub(crate) fn tenant_of(&self, id: &str) -> Option<String> {
+        let t = self.book().held(id)?.as_ref()?.reservation().tenant?;
+        self.engine
+            .tenant_usage()
+            .get(usize::from(t.0))
+            .map(|u| u.0.clone())
+    }
+
+    /// `penstock_tenant_sessions{tenant}`: what each tenant's partition holds.
+    fn set_tenant_gauges(&self) {
+        for (name, _, used) in self.engine.tenant_usage() {
+            if !name.is_empty() {
+                self.metrics
+                    .tenant_sessions
+                    .get_or_create(&crate::metrics::TenantLabel { tenant: name })
+                    .set(i64::from(used.streams));
+            }
+        }
     }
 
     /// A segment request for `path` naming session `asked`. An open session in scope is
@@ -150,7 +175,9 @@ impl HlsSessions {
                 let Some(bits) = bandwidth_bits_per_s() else {
                     return SegmentVerdict::Ended;
                 };
-                match self.admit(&mut book, id, addr, path, bits) {
+                // Re-admitted in the part of no tenant: a segment's session token does not
+                // name the tenant of the playlist's credential.
+                match self.admit(&mut book, id, addr, path, bits, None) {
                     Ok(()) => SegmentVerdict::Serve,
                     Err(r) => SegmentVerdict::Refused(r),
                 }
@@ -165,9 +192,18 @@ impl HlsSessions {
         addr: IpAddr,
         scope: &str,
         bandwidth_bits_per_s: u64,
+        tenant: Option<&str>,
     ) -> Result<(), Refused> {
         let refuse = |reason: String, book: &Sessions<Option<Admitted>>| {
             self.metrics.hls_sessions_refused.inc();
+            if let Some(t) = tenant {
+                self.metrics
+                    .tenant_refusals
+                    .get_or_create(&crate::metrics::TenantLabel {
+                        tenant: t.to_string(),
+                    })
+                    .inc();
+            }
             Refused {
                 reason,
                 retry_after_s: retry_after_s(book),
@@ -176,7 +212,19 @@ impl HlsSessions {
         if let Err(e) = book.check_new(addr) {
             return Err(refuse(e.to_string(), book));
         }
-        let admitted = match self.reserve(bandwidth_bits_per_s) {
+        let tenant_id = match tenant {
+            None => None,
+            Some(t) => match self.engine.tenant_id(t) {
+                Some(id) => Some(id),
+                None => {
+                    return Err(refuse(
+                        format!("unknown tenant {t:?} (no [tenants.{t}])"),
+                        book,
+                    ));
+                }
+            },
+        };
+        let admitted = match self.reserve(bandwidth_bits_per_s, tenant_id) {
             Ok(a) => a,
             Err(why) => return Err(refuse(why, book)),
         };
@@ -184,6 +232,7 @@ impl HlsSessions {
             Ok(()) => {
                 self.metrics.hls_sessions_admitted.inc();
                 self.metrics.hls_sessions.set(book.len() as i64);
+                self.set_tenant_gauges();
                 Ok(())
             }
             // The limits were checked above under the same lock: only a taken id (a 128-bit
@@ -194,17 +243,23 @@ impl HlsSessions {
 
     /// The engine's admission for a viewer at `bits_per_s`: an rt stream paced at that rate
     /// (what the same bytes would reserve if the engine sent them), nothing started.
-    fn reserve(&self, bits_per_s: u64) -> Result<Option<Admitted>, String> {
+    fn reserve(
+        &self,
+        bits_per_s: u64,
+        tenant: Option<penstock_core::admission::TenantId>,
+    ) -> Result<Option<Admitted>, String> {
         // The planner's unit for a bit rate to a byte stream (HTTP), as the engine would send.
         let spec = StreamSpec {
             pacing: Pacing::Rate(Rate::BitsPerSecond(bits_per_s.max(8))),
             class: Some(DiskClass::Rt),
             ..StreamSpec::opened()
         };
-        self.engine.admit(&spec, false).map_err(|e| match e {
-            StreamError::Plan(why) => format!("the session's rate {bits_per_s} bit/s: {why}"),
-            other => other.to_string(),
-        })
+        self.engine
+            .admit_for(&spec, false, tenant)
+            .map_err(|e| match e {
+                StreamError::Plan(why) => format!("the session's rate {bits_per_s} bit/s: {why}"),
+                other => other.to_string(),
+            })
     }
 
     fn new_id(&self) -> String {

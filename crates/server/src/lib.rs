@@ -260,6 +260,10 @@ impl Server {
         }
         let engine =
             Arc::new(Engine::new(engine_cfg).map_err(|e| ServerError::Engine(e.to_string()))?);
+        // `[tenants.NAME]`: their parts of the rt capacity, carved out of admission.
+        engine
+            .set_tenants(&cfg.tenant_shares())
+            .map_err(|e| ServerError::Engine(e.to_string()))?;
         // The root's device, measured now (under 5 s; from the cache when it is the same
         // device): what an `OPEN … class=rt` is charged before its file is opened. Through
         // the oldest large file under the root when the device node cannot be read (cold
@@ -975,6 +979,18 @@ impl Server {
         }
         self.http.set_live(live);
         self.viewers.commit(viewers_staged);
+        if cfg.auth.credentials_max != old.auth.credentials_max {
+            // The ledger of capped tokens' sessions is sized at start.
+            report
+                .not_applied
+                .push("auth.credentials_max (at a restart)".into());
+        }
+        if cfg.auth.deny_file.is_some() {
+            report.applied.push(format!(
+                "auth: deny list read again ({} ids)",
+                self.viewers.denied_count()
+            ));
+        }
         if !cfg.auth.keys.is_empty() || !old.auth.keys.is_empty() {
             report.applied.push(format!(
                 "auth: keys read again ({})",

@@ -145,6 +145,12 @@ pub struct AuthLabels {
     pub result: String,
 }
 
+/// A tenant's series (`[tenants.NAME]`): never a token's.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabel {
     /// Whose listener: `http`.
@@ -396,6 +402,10 @@ pub struct Metrics {
     pub hls_sessions_expired: Counter,
     /// Viewer credential checks, by kind and result (docs/security.md "Viewers").
     pub auth_checks: Family<AuthLabels, Counter>,
+    /// Per tenant: HLS sessions open, sessions refused, segment bytes answered.
+    pub tenant_sessions: Family<TenantLabel, Gauge>,
+    pub tenant_refusals: Family<TenantLabel, Counter>,
+    pub tenant_bytes: Family<TenantLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -537,7 +547,7 @@ impl Metrics {
         let rtsp_sessions_ended = Family::<ReasonLabel, Counter>::default();
         r.register(
             "rtsp_sessions_ended",
-            "RTSP sessions ended, by reason: teardown, timeout, connection_closed, shutdown, kicked (the API)",
+            "RTSP sessions ended, by reason: teardown, timeout, connection_closed, shutdown, kicked (the API), revoked (the viewer's token, [auth] deny_file)",
             rtsp_sessions_ended.clone(),
         );
         let rtsp_requests = Family::<RtspRequestLabels, Counter>::default();
@@ -622,9 +632,30 @@ impl Metrics {
             "Viewer credential checks, by kind (signed: a signed URL; session: an HLS segment's session token) and result (ok, missing, malformed, expired, unknown_kid, bad_signature, address)",
             auth_checks.clone(),
         );
+        let tenant_sessions = Family::<TenantLabel, Gauge>::default();
+        r.register(
+            "tenant_sessions",
+            "HLS viewer sessions open per tenant ([tenants.NAME], a JWT's tenant claim)",
+            tenant_sessions.clone(),
+        );
+        let tenant_refusals = Family::<TenantLabel, Counter>::default();
+        r.register(
+            "tenant_refusals",
+            "HLS viewer sessions refused per tenant (its rt_share full, or the server's capacity)",
+            tenant_refusals.clone(),
+        );
+        let tenant_bytes = Family::<TenantLabel, Counter>::default();
+        r.register(
+            "tenant_bytes",
+            "Media bytes answered to a tenant's HLS sessions (segment bodies, as answered)",
+            tenant_bytes.clone(),
+        );
         Metrics {
             registry: Mutex::new(root),
             auth_checks,
+            tenant_sessions,
+            tenant_refusals,
+            tenant_bytes,
             hls_playlists,
             hls_segments,
             hls_sessions,

@@ -11,7 +11,8 @@
 //!
 //! Claims applied: `paths` (path prefixes the token grants; absent: the whole location),
 //! `sessions`, `rate`, `tenant` and `jti` are parsed and handed on ([`JwtGrant`]); the
-//! server enforces the path grant (the caps are not enforced yet: issue 35 item 4).
+//! server enforces the path grant, the `sessions` cap ([`super::ledger`]) and the `rate`
+//! (the engine's pacing).
 
 use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};

@@ -25,7 +25,9 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use ring::hmac;
 
+pub mod digest;
 pub mod jwt;
+pub mod ledger;
 #[cfg(test)]
 mod tests;
 
@@ -70,6 +72,9 @@ pub enum AuthError {
     Algorithm,
     #[error("the path is not among those the token grants")]
     NotGranted,
+    /// The token's `jti` is on the deny list (`[auth] deny_file`).
+    #[error("revoked")]
+    Revoked,
 }
 
 impl AuthError {
@@ -87,6 +92,7 @@ impl AuthError {
             AuthError::Issuer => "issuer",
             AuthError::Algorithm => "algorithm",
             AuthError::NotGranted => "path_not_granted",
+            AuthError::Revoked => "revoked",
         }
     }
 }
@@ -265,6 +271,9 @@ pub struct Credential {
     pub ip: Option<IpPrefix>,
     /// A session token's viewer session id; `None` for a signed URL.
     pub sid: Option<String>,
+    /// A session token's revocation id: the JWT's `jti` its playlist was answered to
+    /// ([`revocation_id`]); only with `sid`.
+    pub jti: Option<String>,
     pub tag: [u8; TAG_BYTES],
 }
 
@@ -296,13 +305,13 @@ impl Kind {
 }
 
 /// The query parameter names of a credential.
-const NAMES: [&str; 5] = ["expires", "kid", "sig", "ip", "sid"];
+const NAMES: [&str; 6] = ["expires", "kid", "sig", "ip", "sid", "jti"];
 
 /// The credential in `query` (still percent-encoded, without `?`): `Ok(None)` when it names
 /// none of `expires`, `kid`, `sig`, `ip`, `sid`; an error when it names some but not a whole,
 /// well-formed credential, or one of them twice.
 pub fn parse_query(query: &str) -> Result<Option<Credential>, AuthError> {
-    let mut found: [Option<String>; 5] = Default::default();
+    let mut found: [Option<String>; 6] = Default::default();
     let mut any = false;
     // Parameters past the first QUERY_PARAMS_MAX are not looked at.
     for pair in query.split('&').take(QUERY_PARAMS_MAX) {
@@ -319,7 +328,7 @@ pub fn parse_query(query: &str) -> Result<Option<Credential>, AuthError> {
     if !any {
         return Ok(None);
     }
-    let [expires, kid, sig, ip, sid] = found;
+    let [expires, kid, sig, ip, sid, jti] = found;
     let expires = expires.ok_or(AuthError::Malformed("no expires"))?;
     let kid = kid.ok_or(AuthError::Malformed("no kid"))?;
     let sig = sig.ok_or(AuthError::Malformed("no sig"))?;
@@ -340,6 +349,13 @@ pub fn parse_query(query: &str) -> Result<Option<Credential>, AuthError> {
         && !valid_sid(s)
     {
         return Err(AuthError::Malformed("sid"));
+    }
+    match (&jti, &sid) {
+        (Some(_), None) => return Err(AuthError::Malformed("jti without sid")),
+        (Some(j), Some(_)) if !valid_revocation_id(j) => {
+            return Err(AuthError::Malformed("jti"));
+        }
+        _ => {}
     }
     let mut tag = [0u8; TAG_BYTES];
     if sig.len() != 43 {
@@ -367,8 +383,25 @@ pub fn parse_query(query: &str) -> Result<Option<Credential>, AuthError> {
         kid,
         ip,
         sid,
+        jti,
         tag,
     }))
+}
+
+/// A revocation id as a session token carries it: 1 ..= 64 letters, digits, `-`, `_`, `.`.
+fn valid_revocation_id(s: &str) -> bool {
+    valid_key_id(s)
+}
+
+/// The id a JWT's `jti` is revoked by, in a session token and on the deny list: the `jti`
+/// itself when it is 1 ..= 64 letters, digits, `-`, `_` or `.`; else `h.` and 128 bits of
+/// SHA-256 over it, base64url (a `jti` of any other bytes needs no escaping in a URL).
+pub fn revocation_id(jti: &str) -> String {
+    if valid_revocation_id(jti) && !jti.starts_with("h.") {
+        return jti.to_string();
+    }
+    let d = ring::digest::digest(&ring::digest::SHA256, jti.as_bytes());
+    format!("h.{}", B64.encode(&d.as_ref()[..16]))
 }
 
 /// A session id: 1 ..= 32 base64url characters.
@@ -416,8 +449,16 @@ pub fn session_message(
     kid: &str,
     ip: Option<&IpPrefix>,
     sid: &str,
+    jti: Option<&str>,
 ) -> String {
-    message("penstock-session-v1", path, expires_s, kid, ip, sid)
+    let mut m = message("penstock-session-v1", path, expires_s, kid, ip, sid);
+    // A session token of a JWT's playlist binds the token's revocation id: one more line
+    // (no field holds a newline, so the two forms never collide).
+    if let Some(j) = jti {
+        m.push('\n');
+        m.push_str(j);
+    }
+    m
 }
 
 fn message(
@@ -460,6 +501,9 @@ pub struct Grant {
     /// The viewer session: the token's `sid`, or for a signed URL the id derived from its tag
     /// (one signed URL, one session).
     pub sid: String,
+    /// The revocation id of the JWT behind it ([`revocation_id`] of its `jti`), written into
+    /// its session tokens so that a revoked token's segments are refused.
+    pub jti: Option<String>,
 }
 
 /// Checks `cred` for `path` (canonical) from `peer` at `now_s`: the key, the tag (constant
@@ -474,7 +518,14 @@ pub fn verify(
     let key = keys.get(&cred.kid).ok_or(AuthError::UnknownKey)?;
     let msg = match &cred.sid {
         None => signed_message(path, cred.expires_s, &cred.kid, cred.ip.as_ref()),
-        Some(sid) => session_message(path, cred.expires_s, &cred.kid, cred.ip.as_ref(), sid),
+        Some(sid) => session_message(
+            path,
+            cred.expires_s,
+            &cred.kid,
+            cred.ip.as_ref(),
+            sid,
+            cred.jti.as_deref(),
+        ),
     };
     hmac::verify(&key.key, msg.as_bytes(), &cred.tag).map_err(|_| AuthError::BadSignature)?;
     if now_s >= cred.expires_s {
@@ -495,6 +546,7 @@ pub fn verify(
         kid: cred.kid.clone(),
         ip: cred.ip,
         sid,
+        jti: cred.jti.clone(),
     })
 }
 
@@ -511,7 +563,12 @@ fn session_id(key: &Key, tag: &[u8; TAG_BYTES]) -> String {
 /// A grant for HLS session tokens made from a verified JWT: signed with the first key of
 /// `keys` (`None` without one), valid until the JWT's expiry, its session id derived from
 /// the token by the key (one JWT, one session).
-pub fn grant_for_jwt(keys: &Keyring, token: &str, expires_s: u64) -> Option<Grant> {
+pub fn grant_for_jwt(
+    keys: &Keyring,
+    token: &str,
+    expires_s: u64,
+    jti: Option<&str>,
+) -> Option<Grant> {
     let key = keys.signing_key(None)?;
     let mut m = Vec::with_capacity(24 + token.len());
     m.extend_from_slice(b"penstock-jwt-sid-v1\n");
@@ -523,6 +580,7 @@ pub fn grant_for_jwt(keys: &Keyring, token: &str, expires_s: u64) -> Option<Gran
         kid: key.id.clone(),
         ip: None,
         sid: B64.encode(&t.as_ref()[..12]),
+        jti: jti.map(revocation_id),
     })
 }
 
@@ -555,16 +613,23 @@ pub fn session_query(
 ) -> Option<String> {
     let key = keys.get(&grant.kid)?;
     let expires_s = grant.expires_s.min(now_s.saturating_add(ttl_s));
-    let msg = session_message(path, expires_s, &key.id, grant.ip.as_ref(), &grant.sid);
+    let msg = session_message(
+        path,
+        expires_s,
+        &key.id,
+        grant.ip.as_ref(),
+        &grant.sid,
+        grant.jti.as_deref(),
+    );
     let tag = hmac::sign(&key.key, msg.as_bytes());
     let mut q = format!("expires={expires_s}&kid={}", key.id);
     if let Some(ip) = &grant.ip {
         q.push_str(&format!("&ip={ip}"));
     }
-    q.push_str(&format!(
-        "&sid={}&sig={}",
-        grant.sid,
-        B64.encode(tag.as_ref())
-    ));
+    q.push_str(&format!("&sid={}", grant.sid));
+    if let Some(j) = &grant.jti {
+        q.push_str(&format!("&jti={j}"));
+    }
+    q.push_str(&format!("&sig={}", B64.encode(tag.as_ref())));
     Some(q)
 }

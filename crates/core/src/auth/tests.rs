@@ -314,11 +314,60 @@ fn a_bearer_token_comes_from_the_header_else_the_query() {
 #[test]
 fn a_jwt_grant_mints_session_tokens() {
     let k = ring();
-    let g = grant_for_jwt(&k, "a.b.c", NOW + 100).unwrap();
+    let g = grant_for_jwt(&k, "a.b.c", NOW + 100, None).unwrap();
     assert_eq!(g.kid, "k1");
-    assert_eq!(grant_for_jwt(&k, "a.b.c", NOW + 100).unwrap().sid, g.sid);
-    assert_ne!(grant_for_jwt(&k, "a.b.d", NOW + 100).unwrap().sid, g.sid);
+    assert_eq!(
+        grant_for_jwt(&k, "a.b.c", NOW + 100, None).unwrap().sid,
+        g.sid
+    );
+    assert_ne!(
+        grant_for_jwt(&k, "a.b.d", NOW + 100, None).unwrap().sid,
+        g.sid
+    );
     let st = session_query(&k, &g, "/m/a.ts", NOW, 30).unwrap();
     assert_eq!(check(&st, "/m/a.ts", LOOP, NOW).unwrap().sid, g.sid);
-    assert!(grant_for_jwt(&Keyring::default(), "a.b.c", NOW).is_none());
+    assert!(grant_for_jwt(&Keyring::default(), "a.b.c", NOW, None).is_none());
+}
+
+/// A JWT's session tokens carry its revocation id, bound by the tag: it cannot be dropped
+/// or changed, and a `jti` of any bytes becomes a short URL-safe id.
+#[test]
+fn a_jwt_session_token_binds_its_revocation_id() {
+    let k = ring();
+    let g = grant_for_jwt(&k, "a.b.c", NOW + 100, Some("rev-1")).unwrap();
+    assert_eq!(g.jti.as_deref(), Some("rev-1"));
+    let st = session_query(&k, &g, "/m/a.ts", NOW, 30).unwrap();
+    assert!(st.contains("&jti=rev-1&"), "{st}");
+    assert_eq!(
+        check(&st, "/m/a.ts", LOOP, NOW).unwrap().jti.as_deref(),
+        Some("rev-1")
+    );
+    // Dropped or changed: the tag no longer matches.
+    let dropped = st.replace("&jti=rev-1", "");
+    assert_eq!(
+        check(&dropped, "/m/a.ts", LOOP, NOW),
+        Err(AuthError::BadSignature)
+    );
+    let changed = st.replace("&jti=rev-1", "&jti=rev-2");
+    assert_eq!(
+        check(&changed, "/m/a.ts", LOOP, NOW),
+        Err(AuthError::BadSignature)
+    );
+    // A jti without a session id is not a credential.
+    assert!(
+        parse_query(&format!(
+            "{}&jti=x",
+            sign_query(k.signing_key(None).unwrap(), "/m/a.ts", NOW + 9, None)
+        ))
+        .is_err()
+    );
+    assert_eq!(revocation_id("rev-1"), "rev-1");
+    let odd = revocation_id("user 7/ü");
+    assert!(odd.starts_with("h.") && odd.len() == 2 + 22, "{odd}");
+    assert_eq!(revocation_id(&odd), revocation_id(&odd), "stable");
+    assert_ne!(
+        revocation_id(&odd),
+        odd,
+        "an id that looks hashed is hashed"
+    );
 }

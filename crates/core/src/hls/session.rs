@@ -190,6 +190,11 @@ impl<T> Sessions<T> {
         Ok(())
     }
 
+    /// What open session `id` holds.
+    pub fn held(&self, id: &str) -> Option<&T> {
+        self.map.get(id).map(|e| &e.held)
+    }
+
     /// A request of session `id` for `path` at `now`: [`Touch::Live`] restarts its idle
     /// clock. A session ended by idling is [`Touch::Unknown`] even before
     /// [`Sessions::expire`] removed it.

@@ -95,6 +95,8 @@ impl Status {
     pub const URI_TOO_LONG: Status = Status(414);
     pub const UNSUPPORTED_MEDIA_TYPE: Status = Status(415);
     pub const RANGE_NOT_SATISFIABLE: Status = Status(416);
+    /// A viewer's token holds its `sessions` cap already (docs/security.md).
+    pub const TOO_MANY_REQUESTS: Status = Status(429);
     pub const REQUEST_HEADER_FIELDS_TOO_LARGE: Status = Status(431);
     pub const INTERNAL_SERVER_ERROR: Status = Status(500);
     pub const NOT_IMPLEMENTED: Status = Status(501);
@@ -139,6 +141,7 @@ impl Status {
             414 => "URI Too Long",
             415 => "Unsupported Media Type",
             416 => "Range Not Satisfiable",
+            429 => "Too Many Requests",
             431 => "Request Header Fields Too Large",
             500 => "Internal Server Error",
             501 => "Not Implemented",

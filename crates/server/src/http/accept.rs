@@ -312,6 +312,7 @@ impl Worker {
                 interest: Interest::Read,
                 peer_eof: false,
                 tls,
+                viewer_holds: Vec::new(),
             });
             // A client sends its request right after connecting: read it now rather than a
             // loop turn later (under load a turn is every other connection's work; the probe

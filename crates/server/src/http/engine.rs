@@ -122,7 +122,17 @@ impl Worker {
             label: peer.map_or_else(|| "http client".to_string(), |p| p.to_string()),
             volume: None,
         };
+        // A viewer token's `rate` (`respond`): the planner paces the stream at it, on a path
+        // that sends unit by unit at deadlines (uring or copy; not one sendfile).
+        if out.rate.is_some() {
+            body_path = penstock_core::stream::PathChoice::Auto;
+        }
         let mut spec = body_spec(body_path, &out.class, offset_bytes, len_bytes);
+        if let Some(r) = out.rate {
+            spec.pacing = penstock_driver::engine::Pacing::Rate(
+                penstock_core::units::Rate::BitsPerSecond(r.bytes_per_s.saturating_mul(8)),
+            );
+        }
         // nginx's send_timeout, as the loop applies it to its own bodies.
         spec.send_timeout = Some(self.live.limits.send_timeout());
         // Leave epoll while the engine owns the socket's writes.

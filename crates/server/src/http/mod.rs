@@ -448,6 +448,9 @@ struct Conn {
     peer_eof: bool,
     /// Plain, or TLS: in its handshake, encrypted by rustls, or by the kernel.
     tls: ConnTls,
+    /// The places this connection holds under its viewers' `sessions` caps (one per
+    /// credential, at most `VIEWER_HOLDS_PER_CONNECTION_MAX`), given back when it closes.
+    viewer_holds: Vec<crate::auth::SessionHold>,
 }
 
 struct Slot {
@@ -501,6 +504,11 @@ struct Worker {
     live_cache: Option<bool>,
     /// The nearest deadline of a parked blocking reload (`live.rs`): the loop wakes by then.
     live_deadline: Option<Instant>,
+    /// The viewer places of the connection whose request `respond` answers, lent for the
+    /// call (`Conn::viewer_holds`): `respond` adds the place a capped credential opens.
+    viewer_holds: Vec<crate::auth::SessionHold>,
+    /// The viewers' deny-list generation last acted on (`Worker::end_revoked`).
+    deny_seen: u64,
 }
 
 fn token(idx: u32, generation: u32) -> u64 {
@@ -576,6 +584,8 @@ impl Worker {
             playlist_made: false,
             live_cache: None,
             live_deadline: None,
+            viewer_holds: Vec::new(),
+            deny_seen: 0,
             access,
         })
     }
@@ -985,8 +995,13 @@ impl Worker {
                                 c.requests < live.limits.requests_per_connection_max && !stopping;
                             let mode = c.tls.mode();
                             let peer = c.peer;
+                            self.viewer_holds = std::mem::take(&mut c.viewer_holds);
                             let mut out =
                                 self.respond(&request, allowed, &live, metrics_format, mode, peer);
+                            let holds = std::mem::take(&mut self.viewer_holds);
+                            if let Some(c) = self.conn_mut(idx, generation) {
+                                c.viewer_holds = holds;
+                            }
                             out.started = started;
                             out.log = log;
                             if out.origin_type.is_some() {
@@ -1119,8 +1134,41 @@ impl Worker {
         }
     }
 
+    /// Closes the connections of newly revoked tokens (`[auth] deny_file`): shut down both
+    /// ways first, so that a body the engine sends through a duplicate of the socket ends
+    /// too.
+    fn end_revoked(&mut self) {
+        let g = self.shared.viewers.deny_generation();
+        if g == self.deny_seen {
+            return;
+        }
+        self.deny_seen = g;
+        for idx in 0..self.slots.len() {
+            let Some(c) = &self.slots[idx].conn else {
+                continue;
+            };
+            if !c
+                .viewer_holds
+                .iter()
+                .any(|h| h.jti().is_some_and(|j| self.shared.viewers.is_revoked(j)))
+            {
+                continue;
+            }
+            let _ = rustix::net::shutdown(&c.sock, rustix::net::Shutdown::Both);
+            self.shared.metrics.error("auth_revoked_closed");
+            tracing::info!(peer = ?c.peer, "closed an HTTP connection: its viewer's token was revoked");
+            if !matches!(
+                c.state,
+                State::Engine(_) | State::Origin(_) | State::Index(_)
+            ) {
+                self.close(idx as u32);
+            }
+        }
+    }
+
     fn sweep(&mut self, now: Instant) {
         crate::peer_log::flush();
+        self.end_revoked();
         for idx in 0..self.slots.len() {
             let Some(c) = &self.slots[idx].conn else {
                 continue;

@@ -23,6 +23,10 @@ use crate::config::LiveConfig;
 use crate::confine::{Opened, Refused};
 use crate::metrics::{Format, MetricsPage};
 
+/// The most credentials (with a `sessions` cap or a `jti`) one HTTP connection holds
+/// sessions of.
+const VIEWER_HOLDS_PER_CONNECTION_MAX: usize = 4;
+
 impl Worker {
     /// The response to one parsed request, with what its location adds to every head
     /// (`crate::delivery`: CORS lines; `Cache-Control` for the playlists made here and for media
@@ -160,8 +164,8 @@ impl Worker {
             peer,
             "http",
         ) {
-            crate::auth::Decision::Open => None,
-            crate::auth::Decision::Granted(g) => g,
+            crate::auth::Decision::Open => (None, None),
+            crate::auth::Decision::Granted { grant, limits } => (grant, limits),
             crate::auth::Decision::Refused(penstock_core::auth::AuthError::Missing) => {
                 shared.metrics.error("auth_missing");
                 return memory(unauthorized(req, &ctx), class);
@@ -171,6 +175,48 @@ impl Worker {
                 return memory(respond_error(Status::FORBIDDEN, Some(req), &ctx), class);
             }
         };
+        let (grant, limits) = grant;
+        // A token's `sessions` cap: this connection is one of its sessions from its first
+        // request under the credential until it closes (docs/security.md "Viewers").
+        if let Some(l) = limits
+            .as_ref()
+            .filter(|l| l.sessions_max.is_some() || l.jti.is_some())
+            && !self
+                .viewer_holds
+                .iter()
+                .any(|h| h.credential() == l.credential)
+        {
+            let refused = if self.viewer_holds.len() >= VIEWER_HOLDS_PER_CONNECTION_MAX {
+                Some(format!(
+                    "one connection carries at most {VIEWER_HOLDS_PER_CONNECTION_MAX} viewer credentials with a sessions cap or a jti"
+                ))
+            } else {
+                match shared.viewers.open_session(l) {
+                    Ok(Some(h)) => {
+                        self.viewer_holds.push(h);
+                        None
+                    }
+                    Ok(None) => None,
+                    Err(e) => Some(e.to_string()),
+                }
+            };
+            if let Some(why) = refused {
+                shared.metrics.error("auth_sessions_cap");
+                crate::peer_warn!(
+                    "auth_refused",
+                    protocol = "http",
+                    peer = ?peer,
+                    path = %req.path,
+                    credential = %l.credential,
+                    "refused a viewer's session: {why}"
+                );
+                return memory(
+                    text_response(req, &ctx, Status::TOO_MANY_REQUESTS, None, &why),
+                    class,
+                );
+            }
+        }
+        let token_rate_bytes_per_s = limits.as_ref().and_then(|l| l.rate_bytes_per_s);
         if let Some(rest) = req.path.strip_prefix("/live/")
             && shared.hls.enabled()
             && shared.hls.has_live()
@@ -212,10 +258,13 @@ impl Worker {
                 asked,
                 addr: peer.unwrap_or(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)),
                 grant: grant.clone(),
+                tenant: limits.as_ref().and_then(|l| l.tenant.clone()),
             })
         } else {
             None
         };
+        // The tenant a served segment's bytes are counted for (`penstock_tenant_bytes_total`).
+        let mut bytes_tenant: Option<String> = None;
         if let Some(ask) = &session
             && matches!(req.method, Method::Get | Method::Head)
             && crate::hls::is_ts_name(&req.path)
@@ -237,7 +286,12 @@ impl Worker {
                 memory(text_response(req, &ctx, status, retry, why), class.clone())
             };
             match verdict {
-                crate::hls_sessions::SegmentVerdict::Serve => {}
+                crate::hls_sessions::SegmentVerdict::Serve => {
+                    bytes_tenant = ask
+                        .asked
+                        .as_deref()
+                        .and_then(|id| shared.hls_sessions.tenant_of(id));
+                }
                 crate::hls_sessions::SegmentVerdict::NoSession => {
                     return refuse(
                         Status::FORBIDDEN,
@@ -387,22 +441,52 @@ impl Worker {
             generation: None,
         };
         let r = respond_file(req, &meta, site.content_type(&type_name), &ctx);
+        if let Some(t) = bytes_tenant {
+            shared
+                .metrics
+                .tenant_bytes
+                .get_or_create(&crate::metrics::TenantLabel { tenant: t })
+                .inc_by(r.body.iter().map(BodyPiece::len_bytes).sum());
+        }
         if r.status == Status::RANGE_NOT_SATISFIABLE {
             shared.metrics.error("range_not_satisfiable");
         }
         let has_file = r.body.iter().any(|p| matches!(p, BodyPiece::File { .. }));
-        let rate = (policy.limit_rate_bytes_per_s > 0).then_some(RateLimit {
-            bytes_per_s: policy.limit_rate_bytes_per_s,
-            after_bytes: policy.limit_rate_after_bytes,
+        // A token's `rate` claim: on a plain connection the engine paces the body (the
+        // planner's `Pacing::Rate`); where the engine does not take it (TLS, a multipart
+        // body, the engine off or full) this loop's limiter does, at the lower of the
+        // token's and the location's rates.
+        let one_file = r.body.len() == 1 && matches!(r.body[0], BodyPiece::File { .. });
+        let engine_paces = token_rate_bytes_per_s.is_some()
+            && tls == Mode::Plain
+            && shared.engine_body_bytes_min > 0
+            && one_file
+            && policy.limit_rate_bytes_per_s == 0;
+        // With `engine_paces`, `rate` is what the engine paces at (`engine::hand_off`), and
+        // what this loop applies if the engine has no free place after all.
+        let loop_rate = match (policy.limit_rate_bytes_per_s, token_rate_bytes_per_s) {
+            (0, None) => 0,
+            (0, Some(t)) => t,
+            (l, None) => l,
+            (l, Some(t)) => l.min(t),
+        };
+        let rate = (loop_rate > 0).then_some(RateLimit {
+            bytes_per_s: loop_rate,
+            after_bytes: if policy.limit_rate_bytes_per_s > 0 && token_rate_bytes_per_s.is_none() {
+                policy.limit_rate_after_bytes
+            } else {
+                0
+            },
             rate_start: None,
         });
         // Only plain connections hand bodies to the engine: on a TLS one this loop sends
         // them (sendfile on kTLS, rustls in user space; SEND_ZC is not planned on kTLS).
-        let for_engine = tls == Mode::Plain
-            && shared.engine_body_bytes_min > 0
-            && rate.is_none()
-            && r.body.len() == 1
-            && matches!(r.body[0], BodyPiece::File { len_bytes, .. } if len_bytes >= shared.engine_body_bytes_min);
+        let for_engine = engine_paces
+            || (tls == Mode::Plain
+                && shared.engine_body_bytes_min > 0
+                && rate.is_none()
+                && r.body.len() == 1
+                && matches!(r.body[0], BodyPiece::File { len_bytes, .. } if len_bytes >= shared.engine_body_bytes_min));
         // Decided before the head is written: a client never gets a 200/206 head whose body
         // is then cut because the engine refused it. No free engine place: this loop sends
         // the body; a path the engine cannot run here: 503, no body.
@@ -416,7 +500,16 @@ impl Worker {
                 } => (offset_bytes, len_bytes),
                 BodyPiece::Bytes(_) => unreachable!("for_engine is set for one file piece"),
             };
-            let spec = super::engine::body_spec(shared.body_path, &class, offset_bytes, len_bytes);
+            let mut spec =
+                super::engine::body_spec(shared.body_path, &class, offset_bytes, len_bytes);
+            if engine_paces && let Some(t) = token_rate_bytes_per_s {
+                spec.pacing = penstock_driver::engine::Pacing::Rate(
+                    penstock_core::units::Rate::BitsPerSecond(t.saturating_mul(8)),
+                );
+                // A paced stream sends unit by unit at deadlines, which sendfile of the
+                // whole body cannot: the planner picks a path that can (uring or copy).
+                spec.path = penstock_core::stream::PathChoice::Auto;
+            }
             let source = EndpointFacts {
                 size: Some(meta.len_bytes),
                 ..EndpointFacts::of(IoKind::File)
@@ -655,10 +748,14 @@ impl Worker {
             Some(ask) => {
                 let scope = format!("{dir_path}/");
                 let peak = variants.iter().map(|(_, v)| v.bandwidth).max().unwrap_or(0);
-                match shared
-                    .hls_sessions
-                    .for_playlist(None, &scope, &scope, ask.addr, peak)
-                {
+                match shared.hls_sessions.for_playlist(
+                    None,
+                    &scope,
+                    &scope,
+                    ask.addr,
+                    peak,
+                    ask.tenant.as_deref(),
+                ) {
                     Ok(id) => Some(id),
                     Err(r) => {
                         shared.metrics.error("hls_session_refused");
@@ -856,6 +953,7 @@ pub(super) fn hls_response(
                         ts_path,
                         ask.addr,
                         peak,
+                        ask.tenant.as_deref(),
                     ) {
                         Ok(id) => match &ask.grant {
                             Some(g) => shared.viewers.session_query(
@@ -1086,6 +1184,9 @@ pub(super) struct SessionAsk {
     pub(super) asked: Option<String>,
     pub(super) addr: std::net::IpAddr,
     pub(super) grant: Option<penstock_core::auth::Grant>,
+    /// The credential's tenant (a JWT's `tenant` claim): a new session is admitted in its
+    /// share.
+    pub(super) tenant: Option<String>,
 }
 
 /// A short `text/plain` answer saying why (`Retry-After` when given): a session refused

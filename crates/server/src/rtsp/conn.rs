@@ -866,13 +866,33 @@ impl Conn<'_> {
 
     /// The location's `auth` for the request's URL (`crate::auth`): `Err` is the reply (401
     /// without a credential, 403 with a bad one).
-    fn authorize(&self, req: &Request, cseq: u32) -> Result<(), Reply> {
+    fn authorize(
+        &self,
+        req: &Request,
+        cseq: u32,
+    ) -> Result<Option<penstock_core::auth::ledger::ViewerLimits>, Reply> {
         let Some(v) = self.shared.viewers.get() else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(path) = req.canonical_path.as_deref() else {
             return Err(text(404, cseq, "not found"));
         };
+        if v.is_digest(path) {
+            return match v.check_digest(
+                path,
+                method_word(&req.method),
+                &req.uri,
+                req.authorization.as_deref(),
+                Some(self.peer.ip()),
+            ) {
+                Ok(()) => Ok(None),
+                Err(c) => {
+                    self.shared.metrics.error("auth_missing");
+                    Err(text(401, cseq, "Digest credentials are required")
+                        .header("WWW-Authenticate", c.0))
+                }
+            };
+        }
         match v.check(
             path,
             req.query.as_deref(),
@@ -880,7 +900,8 @@ impl Conn<'_> {
             Some(self.peer.ip()),
             "rtsp",
         ) {
-            crate::auth::Decision::Open | crate::auth::Decision::Granted(_) => Ok(()),
+            crate::auth::Decision::Open => Ok(None),
+            crate::auth::Decision::Granted { limits, .. } => Ok(limits),
             crate::auth::Decision::Refused(penstock_core::auth::AuthError::Missing) => {
                 self.shared.metrics.error("auth_missing");
                 let mut r = text(
@@ -1000,13 +1021,25 @@ impl Conn<'_> {
                 ),
             };
         }
-        if let Err(r) = self.authorize(req, cseq) {
-            return r;
-        }
+        let limits = match self.authorize(req, cseq) {
+            Ok(l) => l,
+            Err(r) => return r,
+        };
         let ask = match &req.transport {
             None => return text(461, cseq, "SETUP needs a Transport header"),
             Some(Err(e)) => return text(461, cseq, &e.to_string()),
             Some(Ok(a)) => *a,
+        };
+        // The token's `sessions` cap: this session holds one of its places until it ends.
+        let viewer_hold = match (limits, self.shared.viewers.get()) {
+            (Some(l), Some(v)) => match v.open_session(&l) {
+                Ok(h) => h,
+                Err(e) => {
+                    self.shared.metrics.error("auth_sessions_cap");
+                    return text(453, cseq, &format!("refused: {e}"));
+                }
+            },
+            _ => None,
         };
         let max = self.shared.cfg.sessions_max;
         if self.shared.session_count() >= max {
@@ -1138,6 +1171,7 @@ impl Conn<'_> {
             played: false,
             done_bytes: 0,
             done_lateness: [0; penstock_driver::LATENESS_BUCKETS],
+            viewer_hold,
         };
         self.insert_session(session, &id, transport_reply, cseq)
     }

@@ -368,6 +368,9 @@ pub struct Session {
     played: bool,
     done_bytes: u64,
     done_lateness: [u64; penstock_driver::LATENESS_BUCKETS],
+    /// Its place under the viewer's token `sessions` cap (docs/security.md), given back
+    /// when the session is dropped (TEARDOWN, its timeout, the server's end).
+    viewer_hold: Option<crate::auth::SessionHold>,
 }
 
 impl Session {
@@ -389,6 +392,8 @@ enum EndReason {
     Shutdown,
     /// The operator ended it (the API's kick).
     Kicked,
+    /// The viewer's token was revoked (`[auth] deny_file`).
+    Revoked,
 }
 
 impl EndReason {
@@ -399,6 +404,7 @@ impl EndReason {
             EndReason::ConnectionClosed => "connection_closed",
             EndReason::Shutdown => "shutdown",
             EndReason::Kicked => "kicked",
+            EndReason::Revoked => "revoked",
         }
     }
 }
@@ -873,6 +879,8 @@ fn reaper(shared: &Arc<RtspShared>) {
         let setup_timeout = shared.cfg.setup_timeout();
         let pause_hold = shared.cfg.pause_hold();
         let mut expired = Vec::new();
+        let mut revoked = Vec::new();
+        let viewers = shared.viewers.get();
         for s in all {
             // A session busy with a request is looked at next turn.
             let Ok(mut s) = s.try_lock() else { continue };
@@ -915,10 +923,19 @@ fn reaper(shared: &Arc<RtspShared>) {
             }
             if s.last_seen.elapsed() > timeout {
                 expired.push(s.id.clone());
+            } else if let (Some(v), Some(j)) =
+                (viewers, s.viewer_hold.as_ref().and_then(|h| h.jti()))
+                && v.is_revoked(j)
+            {
+                revoked.push(s.id.clone());
             }
         }
         for id in expired {
             shared.end_session(&id, EndReason::Timeout);
+        }
+        for id in revoked {
+            tracing::info!(session = %id, "rtsp session ended: its viewer's token was revoked");
+            shared.end_session(&id, EndReason::Revoked);
         }
         shared.live_metrics();
     }

@@ -44,29 +44,18 @@ const JWKS_FILE_BYTES_MAX: u64 = 1 << 20;
 /// Reads `[auth] jwks_file`: a JWKS holding a shared secret (`oct`) must be closed to group
 /// and others; none may be writable by them.
 pub fn load_jwks(cfg: &AuthConfig) -> Result<Option<Jwks>, ConfigError> {
-    use std::io::Read;
-    use std::os::unix::fs::PermissionsExt;
     let Some(path) = &cfg.jwks_file else {
         return Ok(None);
     };
     let bad =
         |why: String| ConfigError::Invalid(format!("auth.jwks_file {}: {why}", path.display()));
-    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-    let mode = f
-        .metadata()
-        .map_err(|e| bad(e.to_string()))?
-        .permissions()
-        .mode()
-        & 0o777;
-    if mode & 0o022 != 0 {
-        return Err(bad(format!(
-            "writable by group or others (mode {mode:04o})"
-        )));
-    }
-    let mut text = String::new();
-    f.take(JWKS_FILE_BYTES_MAX)
-        .read_to_string(&mut text)
-        .map_err(|e| bad(e.to_string()))?;
+    let (text, mode) = read_config_file(
+        path,
+        JWKS_FILE_BYTES_MAX,
+        0o022,
+        "writable by group or others",
+    )
+    .map_err(bad)?;
     let jwks = Jwks::parse(&text).map_err(|e| bad(e.to_string()))?;
     if jwks.has_secrets() && mode & 0o077 != 0 {
         return Err(bad(format!(
@@ -83,20 +72,12 @@ const DENY_IDS_MAX: usize = 100_000;
 /// Reads `[auth] deny_file`: the revocation ids ([`penstock_core::auth::revocation_id`]) of
 /// the `jti`s it lists, one a line.
 pub fn load_deny(cfg: &AuthConfig) -> Result<HashSet<String>, ConfigError> {
-    use std::io::Read;
     let Some(path) = &cfg.deny_file else {
         return Ok(HashSet::new());
     };
     let bad =
         |why: String| ConfigError::Invalid(format!("auth.deny_file {}: {why}", path.display()));
-    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-    let mut text = String::new();
-    f.take(DENY_FILE_BYTES_MAX + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| bad(e.to_string()))?;
-    if text.len() as u64 > DENY_FILE_BYTES_MAX {
-        return Err(bad(format!("longer than {DENY_FILE_BYTES_MAX} bytes")));
-    }
+    let (text, _) = read_config_file(path, DENY_FILE_BYTES_MAX, 0, "").map_err(bad)?;
     let ids: HashSet<String> = text
         .lines()
         .map(str::trim)
@@ -117,33 +98,53 @@ const DIGEST_USERS_FILE_BYTES_MAX: u64 = 4 << 20;
 pub fn load_digest_users(
     cfg: &AuthConfig,
 ) -> Result<Option<penstock_core::auth::digest::DigestUsers>, ConfigError> {
-    use std::io::Read;
-    use std::os::unix::fs::PermissionsExt;
     let Some(path) = &cfg.digest_users_file else {
         return Ok(None);
     };
     let bad = |why: String| {
         ConfigError::Invalid(format!("auth.digest_users_file {}: {why}", path.display()))
     };
-    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-    let mode = f
-        .metadata()
-        .map_err(|e| bad(e.to_string()))?
-        .permissions()
-        .mode()
-        & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(bad(format!(
-            "open to group or others (mode {mode:04o}): `chmod 600` it"
-        )));
-    }
-    let mut text = String::new();
-    f.take(DIGEST_USERS_FILE_BYTES_MAX)
-        .read_to_string(&mut text)
-        .map_err(|e| bad(e.to_string()))?;
+    let (text, _) = read_config_file(
+        path,
+        DIGEST_USERS_FILE_BYTES_MAX,
+        0o077,
+        "open to group or others",
+    )
+    .map_err(bad)?;
     penstock_core::auth::digest::DigestUsers::parse(&text, &cfg.digest_realm())
         .map(Some)
         .map_err(bad)
+}
+
+/// Reads a text file the server trusts (JWKS, deny list, Digest users): at most `max` bytes
+/// (a longer file is refused), refused when its mode has any of `forbidden` bits (`what`
+/// says why: the mode and `chmod 600` follow). Returns the text and the mode's low bits.
+fn read_config_file(
+    path: &Path,
+    max: u64,
+    forbidden: u32,
+    what: &str,
+) -> Result<(String, u32), String> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mode = f
+        .metadata()
+        .map_err(|e| e.to_string())?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & forbidden != 0 {
+        return Err(format!("{what} (mode {mode:04o}): `chmod 600` it"));
+    }
+    let mut text = String::new();
+    f.take(max + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > max {
+        return Err(format!("longer than {max} bytes"));
+    }
+    Ok((text, mode))
 }
 
 fn read_secret(path: &Path) -> Result<Vec<u8>, String> {

@@ -236,6 +236,12 @@ fn guest_client() {
         got.len(),
         body.len()
     );
+    let (got, end) = guest::https_get_close(&env("KTLS_HTTPS"), &ca, "/body.bin");
+    println!(
+        "KTLS_KU https connection_close same={} bytes={} end={end}",
+        got == body,
+        got.len()
+    );
 }
 
 mod guest {
@@ -365,6 +371,31 @@ mod guest {
                 Err(e) => return (got, ended(e)),
             }
         }
+    }
+
+    /// A GET over TLS with `Connection: close`, read to the end of the connection: the body
+    /// and how the connection ended (`eof` only when the server said close_notify: rustls
+    /// reports a bare FIN as an error).
+    pub fn https_get_close(addr: &str, ca: &Path, path: &str) -> (Vec<u8>, String) {
+        let mut s = connect(addr, ca);
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        if let Err(e) = s.write_all(req.as_bytes()) {
+            return (Vec::new(), ended(e));
+        }
+        let mut all = Vec::new();
+        let mut b = vec![0u8; 65536];
+        let end = loop {
+            match s.read(&mut b) {
+                Ok(0) => break "eof".to_string(),
+                Ok(n) => all.extend_from_slice(&b[..n]),
+                Err(e) => break ended(e),
+            }
+        };
+        let body = match all.windows(4).position(|w| w == b"\r\n\r\n") {
+            Some(h) => all.split_off(h + 4),
+            None => Vec::new(),
+        };
+        (body, end)
     }
 
     /// A GET over TLS with a KeyUpdate once half the body came and a close_notify after it:
@@ -518,6 +549,13 @@ fn a_key_update_and_close_notify_on_ktls_connections_end_cleanly() {
     assert!(
         log.contains("path=ktls"),
         "the rtsps connections were not kTLS:\n{log}"
+    );
+    // A response with `Connection: close` over kTLS ends with the server's close_notify (an
+    // alert record the kernel makes, `ktls::send_close_notify`), not a bare FIN.
+    let close = line("https connection_close");
+    assert!(
+        close.contains("same=true") && close.contains("end=eof"),
+        "{close}"
     );
     // With a key update: the file's bytes (all, or a prefix), then a close; never a record
     // that does not decrypt.

@@ -147,6 +147,52 @@ pub fn set_keys(sock: impl AsFd, direction: Direction, keys: &Keys) -> io::Resul
     }
 }
 
+/// TLS record content type of an alert (RFC 8446 5.1).
+const CONTENT_TYPE_ALERT: u8 = 21;
+
+/// Sends a close_notify alert (warning level, description 0: RFC 8446 6.1) on a socket whose
+/// `TLS_TX` keys the kernel holds: one record of type alert, made by `sendmsg` with a
+/// `TLS_SET_RECORD_TYPE` control message (`Documentation/networking/tls.rst`, "Send TLS
+/// control messages"). Best effort before the write side closes, as user-space TLS does.
+pub fn send_close_notify(fd: impl AsFd) -> io::Result<()> {
+    let payload = [1u8, 0u8]; // level warning, close_notify
+    // The control buffer: one cmsghdr and one byte of data, aligned as the kernel reads it.
+    let space = cmsg_space(1);
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: payload.as_ptr() as *mut libc::c_void,
+        iov_len: payload.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty message; the fields set below point to
+    // `iov` (one iovec over `payload`) and `control` (`space` bytes, u64-aligned, so aligned
+    // for cmsghdr), all alive until `sendmsg` returns. CMSG_FIRSTHDR of a msghdr whose
+    // control length covers one cmsghdr is non-null and points into `control`; the header
+    // and its one data byte fit in `space` (CMSG_SPACE(1)).
+    let sent = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_TLS;
+        (*c).cmsg_type = libc::TLS_SET_RECORD_TYPE;
+        (*c).cmsg_len = libc::CMSG_LEN(1) as _;
+        *libc::CMSG_DATA(c) = CONTENT_TYPE_ALERT;
+        msg.msg_controllen = (*c).cmsg_len;
+        libc::sendmsg(fd.as_fd().as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn cmsg_space(data: usize) -> usize {
+    // SAFETY: CMSG_SPACE only computes a size from its argument.
+    unsafe { libc::CMSG_SPACE(data as u32) as usize }
+}
+
 /// A 12-byte AES-GCM IV as the kernel's (salt, iv): the implicit 4 bytes, then 8.
 fn split8(iv: &[u8; 12]) -> ([u8; 4], [u8; 8]) {
     let mut salt = [0u8; 4];

@@ -449,13 +449,19 @@ pub(super) fn send_small(c: &mut Conn, bytes: &[u8]) {
     }
 }
 
-/// Before the write side closes: a `tls-user` connection says close_notify (best effort).
-/// A kTLS one ends with the FIN alone (an alert would need a control message; HTTP/1.1
-/// bodies are delimited, so clients lose nothing).
+/// Before the write side closes: a TLS connection says close_notify (best effort):
+/// rustls's record for `tls-user`, an alert record the kernel makes (a `TLS_SET_RECORD_TYPE`
+/// control message) for kTLS.
 pub(super) fn close_notify(c: &mut Conn) {
-    if let ConnTls::User(tls) = &mut c.tls {
-        tls.send_close_notify();
-        let _ = flush(tls, &c.sock);
+    match &mut c.tls {
+        ConnTls::User(tls) => {
+            tls.send_close_notify();
+            let _ = flush(tls, &c.sock);
+        }
+        ConnTls::Ktls => {
+            let _ = penstock_uring::ktls::send_close_notify(&c.sock);
+        }
+        ConnTls::Handshake(_) | ConnTls::Plain => {}
     }
 }
 

@@ -222,15 +222,21 @@ pub(super) fn serve(
     if let Err(e) = c.run(early) {
         tracing::debug!("rtsp connection {peer}: {e}");
     }
-    // A user-space TLS connection says close_notify before the close (best effort, and
-    // only when no write was cut midway: a broken stream takes no more records). A kTLS
-    // one ends with the FIN alone (docs/tls.md).
-    if let Wire::User(tls) = &c.wire
-        && c.gate.acquire_within(Duration::ZERO).is_ok()
-    {
-        let mut tls = tls.borrow_mut();
-        tls.send_close_notify();
-        let _ = flush_tls(&mut tls, &c.stream);
+    // A TLS connection says close_notify before the close (best effort, and only when no
+    // write was cut midway: a broken stream takes no more records): rustls's for user-space
+    // TLS, an alert record made by the kernel for kTLS (docs/tls.md).
+    if !matches!(c.wire, Wire::Plain) && c.gate.acquire_within(Duration::ZERO).is_ok() {
+        match &c.wire {
+            Wire::User(tls) => {
+                let mut tls = tls.borrow_mut();
+                tls.send_close_notify();
+                let _ = flush_tls(&mut tls, &c.stream);
+            }
+            Wire::Ktls => {
+                let _ = penstock_uring::ktls::send_close_notify(&c.stream);
+            }
+            Wire::Plain => {}
+        }
         c.gate.release();
     }
 }

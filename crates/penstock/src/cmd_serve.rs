@@ -121,6 +121,8 @@ fn demo_tree(dir: &Path) -> Result<()> {
         dir.join("index.html"),
         format!(
             "<!doctype html><title>penstock</title><h1>penstock serve --demo</h1>\n\
+             <video id=\"clip\" src=\"media/clip.mp4\" controls muted autoplay playsinline \
+             width=\"640\" height=\"360\"></video>\n\
              <ul><li><a href=\"small.bin\">small.bin</a> (16 KiB)</li>\
              <li><a href=\"media/clip.ts\">media/clip.ts</a> ({} KiB, H.264 + AAC, 12 s): \
              <a href=\"media/clip.ts/index.m3u8\">HLS</a></li>\
@@ -264,7 +266,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         if let Some(r) = server.rtsp_addrs().first() {
             say!("     ffprobe rtsp://{r}/media/clip.ts   (12 s of H.264 + AAC over RTSP)");
         }
-        say!("     mpv {base}/media/clip.ts/index.m3u8   (HLS; in a browser: {base}/)");
+        say!("     mpv {base}/media/clip.ts/index.m3u8   (HLS; a browser plays {base}/)");
         say!("     ffplay {base}/media/clip.mp4/manifest.mpd   (DASH, packaged from the MP4)");
         if let Some(c) = server.control_addr() {
             say!("     penstock ctl {c} HELP");

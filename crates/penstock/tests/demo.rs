@@ -4,8 +4,9 @@
 //! the clip's H.264 picture, `mpv` as printed (headless: no video or audio output) must play
 //! to the end, and every media URL printed (RTSP, HLS of the TS, DASH of the MP4) is decoded
 //! by ffmpeg, whose first picture must not be blank. (`ffplay` needs a display: its URL is
-//! decoded by ffmpeg, the same libraries.) Chromium is not run here: hls.js and shaka play the
-//! same playlists in `server/tests/hls.rs` and `server/tests/mp4.rs`.
+//! decoded by ffmpeg, the same libraries.) The page the demo points a browser at plays its
+//! video (the MP4) in headless Chromium with a picture that is not blank; hls.js and shaka
+//! play the same playlists in `server/tests/hls.rs` and `server/tests/mp4.rs`.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -125,6 +126,7 @@ fn every_command_the_demo_prints_plays_a_picture() {
     let cmds = commands(&lines);
     let mut ran = Vec::new();
     let mut urls = Vec::new();
+    let mut pages = Vec::new();
     for c in &cmds {
         let words: Vec<&str> = c.split_whitespace().collect();
         match words[0] {
@@ -173,6 +175,7 @@ fn every_command_the_demo_prints_plays_a_picture() {
             "ffplay" => urls.push(words[1].to_string()),
             "penstock" => continue,
             w if w.starts_with("http://") => {
+                pages.push(w.to_string());
                 for u in &words {
                     let o = Command::new("curl")
                         .args(["-sf", "-o", "/dev/null", u])
@@ -201,4 +204,26 @@ fn every_command_the_demo_prints_plays_a_picture() {
         println!("{u}: first picture's grey-level spread {s:.1}");
         assert!(s > 10.0, "{u}: a blank picture (spread {s:.1})");
     }
+    // The page the demo points a browser at: headless Chromium plays its video past 2 s,
+    // the picture then is not blank, and nothing is asked of another host.
+    let Some(player) = penstock_testreq::require_browser_player() else {
+        return;
+    };
+    let page = pages.first().expect("the demo printed no page");
+    let (line, _, shot) =
+        penstock_testreq::run_browser_player(&player, "demo.mjs", page, &[], &[], "demo");
+    let v: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(v["ok"], true, "{line}");
+    assert_eq!(
+        (v["width"].as_u64(), v["height"].as_u64()),
+        (Some(640), Some(360)),
+        "{line}"
+    );
+    let s = v["spread"].as_f64().unwrap_or(0.0);
+    println!("{page} in Chromium: {line} (screenshot {})", shot.display());
+    assert!(
+        s > 10.0,
+        "{page}: Chromium shows a blank picture (spread {s:.1})"
+    );
 }

@@ -1149,3 +1149,66 @@ fn every_endpoint_answers_its_success_case() {
     }
     assert!(o["admission"]["disk_queue"]["rt"].is_u64(), "{o}");
 }
+
+/// Mints the admin test's JWTs with PyJWT (an issuer independent of the server's
+/// jsonwebtoken) and writes their JWKS (one HS256 secret).
+const MINT_ADMIN: &str = r#"
+import sys, json, time, base64, jwt
+d = sys.argv[1]
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+secret = b"api-admin-secret-api-admin-secret-0123"
+open(d + "/jwks.json", "w").write(json.dumps({"keys": [{"kty": "oct", "kid": "a1", "alg": "HS256", "k": b64(secret)}]}))
+now = int(time.time())
+hs = lambda c: jwt.encode(dict({"exp": now + 3600}, **c), secret, algorithm="HS256", headers={"kid": "a1"})
+print(json.dumps({
+    "admin": hs({"admin": True}),
+    "viewer": hs({}),
+    "admin_false": hs({"admin": False}),
+    "admin_paths": hs({"admin": True, "paths": ["/movies/"]}),
+    "admin_expired": jwt.encode({"exp": now - 10, "admin": True}, secret, algorithm="HS256", headers={"kid": "a1"}),
+}))
+"#;
+
+/// The API takes a JWT of the viewers' JWKS (`[auth] jwks_file`) that carries `"admin": true`
+/// and no `paths`, as it takes the control token; a viewer's JWT, an admin one limited to
+/// paths, one saying `admin: false` and an expired one get 401.
+#[test]
+fn an_admin_jwt_drives_the_api_and_a_viewers_does_not() {
+    if !penstock_testreq::require("python3") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Debian's python3, with PyJWT (`.ci/run` installs python3-jwt).
+    let o = Command::new("/usr/bin/python3")
+        .args(["-c", MINT_ADMIN])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "PyJWT: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let tokens: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let jwks = dir.path().join("jwks.json");
+    std::fs::set_permissions(&jwks, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let extra = format!("[auth]\njwks_file = \"{}\"\n", jwks.display());
+    let s = serve_at(false, "127.0.0.1:0", "", &extra, dir);
+    for (name, want) in [
+        ("admin", 200),
+        ("viewer", 401),
+        ("admin_false", 401),
+        ("admin_paths", 401),
+        ("admin_expired", 401),
+    ] {
+        let bearer = format!("Bearer {}", tokens[name].as_str().unwrap());
+        let (status, _, body) = http(
+            s.api,
+            "GET",
+            "/api/v1/streams",
+            &[("Authorization", bearer.as_str())],
+            "",
+        );
+        assert_eq!(status, want, "{name}: {body}");
+    }
+}

@@ -304,6 +304,28 @@ fn check_counters(
 }
 
 impl Viewers {
+    /// Whether `token` is a JWT of the configured JWKS (`[auth] jwks_file`, the same checks
+    /// as a viewer's: signature and algorithm, `exp`/`nbf`, `aud`/`iss`, not revoked) that
+    /// carries `"admin": true` and no `paths` restriction: the operator's API takes it as it
+    /// takes the control token (docs/api.md).
+    pub(crate) fn admin_jwt(&self, token: &str, now_s: u64) -> bool {
+        let s = self.state();
+        let Some(jwks) = &s.jwks else {
+            return false;
+        };
+        penstock_core::auth::jwt::verify_jwt(jwks, token, &s.jwt_policy, "/", now_s).is_ok_and(
+            |g| {
+                g.admin
+                    && g.paths.is_none()
+                    && !g
+                        .jti
+                        .as_deref()
+                        .map(penstock_core::auth::revocation_id)
+                        .is_some_and(|j| s.denied.contains(&j))
+            },
+        )
+    }
+
     pub(crate) fn new(cfg: &ServerConfig, metrics: Arc<Metrics>) -> Result<Viewers, ConfigError> {
         let state = Viewers::stage(cfg)?;
         Ok(Viewers {

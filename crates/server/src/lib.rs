@@ -587,6 +587,7 @@ impl Server {
                     volumes: cfg.volumes.clone(),
                     write_roots: cfg.control.write_roots.clone(),
                     workers: sched_line(engine.info()),
+                    viewers: viewers.clone(),
                 };
                 Some(api::ApiServer::start(&cfg.api, l, tls, deps)?)
             }

@@ -151,6 +151,9 @@ pub struct JwtGrant {
     pub tenant: Option<String>,
     pub jti: Option<String>,
     pub sub: Option<String>,
+    /// `"admin": true`: the token may also drive the operator's API (docs/api.md), as the
+    /// control token does.
+    pub admin: bool,
 }
 
 impl JwtGrant {
@@ -173,6 +176,7 @@ struct Claims {
     tenant: Option<String>,
     jti: Option<String>,
     sub: Option<String>,
+    admin: Option<bool>,
 }
 
 /// Verifies `token` against `jwks` and `policy` at `now_s`, for `path`.
@@ -294,6 +298,7 @@ fn grant(
         tenant: c.tenant,
         jti: c.jti,
         sub: c.sub,
+        admin: c.admin == Some(true),
     };
     if !g.allows(path) {
         return Err(AuthError::NotGranted);

@@ -204,6 +204,7 @@ mod tests {
             tenant: None,
             jti: Some("j1".into()),
             sub: Some("alice".into()),
+            admin: false,
         };
         assert_eq!(credential_id(&g, "t"), "jti:j1");
         g.jti = None;

@@ -64,6 +64,8 @@ pub struct ApiDeps {
     pub write_roots: Vec<PathBuf>,
     /// The workers' CPU scheduling policies in a phrase.
     pub workers: String,
+    /// The viewers' access rules: a JWT with `"admin": true` is taken as the token is.
+    pub(crate) viewers: Arc<crate::auth::Viewers>,
 }
 
 /// The API's shared state.

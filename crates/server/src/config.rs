@@ -1831,7 +1831,10 @@ impl ServerConfig {
 /// What [`crate::Server::reload`] applies (a key, or every key beneath a table).
 pub const RELOADABLE: &[&str] = &[
     "limits",
-    "disk",
+    // [disk]'s quanta and bound; `adaptive_quanta` and its factor are read at start.
+    "disk.rt_quantum_bytes",
+    "disk.bulk_quantum_bytes",
+    "disk.inflight_max",
     "location",
     "auth",
     "http.listen",
@@ -1840,6 +1843,13 @@ pub const RELOADABLE: &[&str] = &[
     "http.types",
     "tls",
 ];
+
+/// Whether a reload applies a change of `key` (a dotted key of [`changed_keys`]).
+pub fn reloadable(key: &str) -> bool {
+    RELOADABLE
+        .iter()
+        .any(|r| key == *r || key.starts_with(&format!("{r}.")))
+}
 
 /// The dotted keys whose values differ between two configurations (a table's keys one by
 /// one; an array, such as `location`, as a whole).
@@ -2061,6 +2071,20 @@ mod tests {
         assert!(
             toml::from_str::<ServerConfig>("[engine]\ndispatch_slack_us = \"1.5us\"\n").is_err()
         );
+    }
+
+    #[test]
+    fn a_reload_takes_the_quanta_but_not_adaptive_quanta() {
+        for (key, applied) in [
+            ("disk.rt_quantum_bytes", true),
+            ("disk.inflight_max", true),
+            ("disk.adaptive_quanta", false),
+            ("disk.adaptive_quantum_factor", false),
+            ("limits.connections_max", true),
+            ("http.workers", false),
+        ] {
+            assert_eq!(reloadable(key), applied, "{key}");
+        }
     }
 
     #[test]

@@ -999,10 +999,7 @@ impl Server {
             ));
         }
         for key in changed {
-            if !config::RELOADABLE
-                .iter()
-                .any(|r| key == *r || key.starts_with(&format!("{r}.")))
-            {
+            if !config::reloadable(&key) {
                 report.not_applied.push(key);
             }
         }

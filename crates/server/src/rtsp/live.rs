@@ -189,12 +189,29 @@ impl LiveSource {
     }
 }
 
-/// What a relay passes on of one datagram: the TS packets for its sessions and the bytes for
-/// its recorder (the datagram itself for RTP; the packets for raw TS).
+/// What a relay passes on of one datagram: the TS packets for its sessions, and for its
+/// recorder the RTP datagram itself or (raw TS) the packets.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Payload<'a> {
     pub ts: &'a [u8],
-    pub record: &'a [u8],
+    /// The datagram, when it is RTP.
+    pub rtp: Option<&'a [u8]>,
+}
+
+impl<'a> Payload<'a> {
+    /// The datagrams the recorder gets: an RTP datagram whole; raw TS in datagrams of at most
+    /// 7 packets, the most the recorder's frame track reads from one datagram
+    /// (`penstock_core::track::mpegts::ts_packets`). Realigned bytes (a carried tail and the
+    /// next datagram) can run to 8 packets, which the frame track would not read.
+    pub fn record_datagrams(&self) -> std::slice::Chunks<'a, u8> {
+        use penstock_core::track::mpegts::TS_PACKETS_PER_DATAGRAM_MAX;
+        match self.rtp {
+            Some(d) => d.chunks(d.len().max(1)),
+            None => self
+                .ts
+                .chunks(TS_PACKETS_PER_DATAGRAM_MAX * TS_PACKET_BYTES),
+        }
+    }
 }
 
 /// Reads a live source's datagrams: RTP carrying TS (RFC 2250), or raw TS, which a sender may
@@ -229,7 +246,7 @@ impl DatagramReader {
             RtpHeader::parse(d)
                 .map(|(_, p)| p)
                 .filter(|p| is_aligned(p))
-                .map(|ts| Payload { ts, record: d })
+                .map(|ts| Payload { ts, rtp: Some(d) })
         };
         match self.format {
             LiveFormat::Rtp => rtp(),
@@ -237,7 +254,7 @@ impl DatagramReader {
             // A raw TS datagram starts with 0x47, which is not RTP version 2 (0x80..).
             LiveFormat::Auto => {
                 if self.realign.carried() == 0 && is_aligned(d) {
-                    Some(Payload { ts: d, record: d })
+                    Some(Payload { ts: d, rtp: None })
                 } else if let Some(p) = rtp() {
                     Some(p)
                 } else {
@@ -252,7 +269,7 @@ impl DatagramReader {
             realign, scratch, ..
         } = self;
         let ts = realign.push(d, scratch);
-        (!ts.is_empty()).then_some(Payload { ts, record: ts })
+        (!ts.is_empty()).then_some(Payload { ts, rtp: None })
     }
 }
 
@@ -385,7 +402,7 @@ fn relay(
             src.counts.datagrams_in.fetch_add(1, Ordering::AcqRel);
             let dropped = reader.dropped_bytes();
             let payload = reader.read(d);
-            let Some(Payload { ts, record }) = payload else {
+            let Some(p) = payload else {
                 // A partial packet waiting for its rest is not garbage; bytes thrown away are.
                 if reader.dropped_bytes() > dropped || format == LiveFormat::Rtp {
                     src.counts.garbage.fetch_add(1, Ordering::AcqRel);
@@ -394,11 +411,14 @@ fn relay(
             };
             last_rx = Instant::now();
             src.idle.store(false, Ordering::Release);
-            if let Some(r) = &recorder
-                && r.send(record).is_err()
-            {
-                src.counts.record_dropped.fetch_add(1, Ordering::AcqRel);
+            if let Some(r) = &recorder {
+                for d in p.record_datagrams() {
+                    if r.send(d).is_err() {
+                        src.counts.record_dropped.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
             }
+            let ts = p.ts;
             let now = penstock_driver::clock::now();
             for s in &subs {
                 let at_ns = now.saturating_duration_since(s.anchor).as_nanos() as u64;
@@ -453,7 +473,8 @@ mod tests {
         assert_eq!(ts_of(LiveFormat::Rtp, &rtp).unwrap(), ts(3));
         // The recorder gets the RTP datagram whole.
         let mut r = DatagramReader::new(LiveFormat::Auto);
-        assert_eq!(r.read(&rtp).unwrap().record, &rtp[..]);
+        let got: Vec<&[u8]> = r.read(&rtp).unwrap().record_datagrams().collect();
+        assert_eq!(got, [&rtp[..]]);
         // Told it is raw TS, the reader finds the packets and drops the RTP header's bytes.
         let mut r = DatagramReader::new(LiveFormat::Ts);
         assert_eq!(r.read(&rtp).unwrap().ts, &ts(3)[..]);
@@ -487,7 +508,11 @@ mod tests {
                     assert_eq!(p.ts.len() % 188, 0);
                     assert_eq!(p.ts[0], 0x47);
                     got.extend_from_slice(p.ts);
-                    recorded.extend_from_slice(p.record);
+                    for d in p.record_datagrams() {
+                        // The frame track reads 1..=7 packets a datagram.
+                        assert!(penstock_core::track::mpegts::ts_packets(d).is_some());
+                        recorded.extend_from_slice(d);
+                    }
                 }
             }
             assert_eq!(got, stream, "{format:?}");

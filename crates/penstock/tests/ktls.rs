@@ -42,6 +42,61 @@ fn which(tool: &str) -> PathBuf {
     penstock_testreq::which(tool).unwrap_or_else(|| panic!("{tool} was required"))
 }
 
+/// Runs the guest `script` where kernel TLS is: on this host when its kernel has the `tls`
+/// ULP (with `env` and `PENSTOCK`), else in the QEMU guest of `tools/qemu/run.sh` with the
+/// penstock binary and `bins`, the test CA and certificate of `conf` in `/etc/ktls`, the
+/// `srv` files named in `/srv`, and `timeout_s`. `None` when neither can run (the
+/// requirement `qemu-ktls` said so: under CI a failure, not a skip).
+fn run_where_ktls_is(
+    script: &Path,
+    env: &[(&str, &Path)],
+    bins: &[PathBuf],
+    conf: &Path,
+    srv: &Path,
+    srv_files: &[&str],
+    timeout_s: u32,
+) -> Option<std::process::Output> {
+    let penstock = env!("CARGO_BIN_EXE_penstock");
+    if host_has_ktls() {
+        let mut cmd = Command::new("sh");
+        cmd.arg(script).env("PENSTOCK", penstock);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        return Some(run(&mut cmd));
+    }
+    let root = qemu_root();
+    let missing = (!root.join("ready").exists()).then(|| {
+        format!(
+            "this kernel has no tls ULP and no QEMU kernel is in {} (tools/qemu/fetch.sh)",
+            root.display()
+        )
+    });
+    if !penstock_testreq::require_that("qemu-ktls", missing) {
+        return None;
+    }
+    let runner = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/qemu/run.sh");
+    let mut cmd = Command::new("bash");
+    cmd.arg(&runner)
+        .env("PENSTOCK_QEMU_ROOT", &root)
+        .args(["--script"])
+        .arg(script)
+        .args(["--bin", penstock]);
+    for b in bins {
+        cmd.arg("--bin").arg(b);
+    }
+    cmd.args(["--mem", "1024", "--timeout", &timeout_s.to_string()]);
+    for f in ["ca.pem", "cert.pem", "cert.key"] {
+        cmd.arg("--file")
+            .arg(format!("{}:/etc/ktls/{f}", conf.join(f).display()));
+    }
+    for f in srv_files {
+        cmd.arg("--file")
+            .arg(format!("{}:/srv/{f}", srv.join(f).display()));
+    }
+    Some(run(&mut cmd))
+}
+
 /// `BYTES` of xorshift output, no two 8-byte words alike: a body whose every misplaced
 /// byte changes its hash, made quickly on the host (random bytes made in the guest take
 /// the emulated CPU minutes).
@@ -92,45 +147,17 @@ fn a_100_mb_body_leaves_by_sendfile_on_a_ktls_socket_and_through_user_space_with
     std::fs::create_dir(&srv).unwrap();
     write_body(&srv.join("big.bin"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ktls/guest.sh");
-    let penstock = env!("CARGO_BIN_EXE_penstock");
-    let out = if host_has_ktls() {
-        let work = dir.path().join("work");
-        run(Command::new("sh")
-            .arg(&script)
-            .env("PENSTOCK", penstock)
-            .env("WORK", &work)
-            .env("CONF", &conf)
-            .env("SRV", &srv))
-    } else {
-        let root = qemu_root();
-        let missing = (!root.join("ready").exists()).then(|| {
-            format!(
-                "this kernel has no tls ULP and no QEMU kernel is in {} (tools/qemu/fetch.sh)",
-                root.display()
-            )
-        });
-        if !penstock_testreq::require_that("qemu-ktls", missing) {
-            return;
-        }
-        let runner = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/qemu/run.sh");
-        let mut cmd = Command::new("bash");
-        cmd.arg(&runner)
-            .env("PENSTOCK_QEMU_ROOT", &root)
-            .args(["--script"])
-            .arg(&script)
-            .args(["--bin", penstock])
-            .arg("--bin")
-            .arg(which("curl"))
-            .arg("--bin")
-            .arg(which("strace"))
-            .args(["--mem", "1024", "--timeout", "900"]);
-        for f in ["ca.pem", "cert.pem", "cert.key"] {
-            cmd.arg("--file")
-                .arg(format!("{}:/etc/ktls/{f}", conf.join(f).display()));
-        }
-        cmd.arg("--file")
-            .arg(format!("{}:/srv/big.bin", srv.join("big.bin").display()));
-        run(&mut cmd)
+    let work = dir.path().join("work");
+    let Some(out) = run_where_ktls_is(
+        &script,
+        &[("WORK", &work), ("CONF", &conf), ("SRV", &srv)],
+        &[which("curl"), which("strace")],
+        &conf,
+        &srv,
+        &["big.bin"],
+        900,
+    ) else {
+        return;
     };
     let log = String::from_utf8_lossy(&out.stdout).into_owned();
     let shown: Vec<&str> = log
@@ -487,45 +514,22 @@ fn a_key_update_and_close_notify_on_ktls_connections_end_cleanly() {
     let client = dir.path().join("ktls-client");
     std::fs::copy(std::env::current_exe().unwrap(), &client).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ktls/keyupdate.sh");
-    let penstock = env!("CARGO_BIN_EXE_penstock");
-    let out = if host_has_ktls() {
-        run(Command::new("sh")
-            .arg(&script)
-            .env("PENSTOCK", penstock)
-            .env("CLIENT", &client)
-            .env("WORK", dir.path().join("work"))
-            .env("CONF", &conf)
-            .env("SRV", &srv))
-    } else {
-        let root = qemu_root();
-        let missing = (!root.join("ready").exists()).then(|| {
-            format!(
-                "this kernel has no tls ULP and no QEMU kernel is in {} (tools/qemu/fetch.sh)",
-                root.display()
-            )
-        });
-        if !penstock_testreq::require_that("qemu-ktls", missing) {
-            return;
-        }
-        let runner = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/qemu/run.sh");
-        let mut cmd = Command::new("bash");
-        cmd.arg(&runner)
-            .env("PENSTOCK_QEMU_ROOT", &root)
-            .args(["--script"])
-            .arg(&script)
-            .args(["--bin", penstock])
-            .arg("--bin")
-            .arg(&client)
-            .args(["--mem", "1024", "--timeout", "600"]);
-        for f in ["ca.pem", "cert.pem", "cert.key"] {
-            cmd.arg("--file")
-                .arg(format!("{}:/etc/ktls/{f}", conf.join(f).display()));
-        }
-        for f in ["clip.ts", "body.bin"] {
-            cmd.arg("--file")
-                .arg(format!("{}:/srv/{f}", srv.join(f).display()));
-        }
-        run(&mut cmd)
+    let work = dir.path().join("work");
+    let Some(out) = run_where_ktls_is(
+        &script,
+        &[
+            ("CLIENT", &client),
+            ("WORK", &work),
+            ("CONF", &conf),
+            ("SRV", &srv),
+        ],
+        std::slice::from_ref(&client),
+        &conf,
+        &srv,
+        &["clip.ts", "body.bin"],
+        600,
+    ) else {
+        return;
     };
     let log = String::from_utf8_lossy(&out.stdout).into_owned();
     let shown: Vec<&str> = log

@@ -121,7 +121,7 @@ impl Measure {
     }
 }
 
-fn ensure_tools(tools: &[&'static str]) -> Result<()> {
+pub(crate) fn ensure_tools(tools: &[&'static str]) -> Result<()> {
     let have = |c: &str| {
         Command::new("sh")
             .args(["-c", &format!("command -v {c}")])
@@ -136,7 +136,7 @@ fn ensure_tools(tools: &[&'static str]) -> Result<()> {
     // A benchmark installs nothing on the machine it measures (on Debian, installing nginx
     // also starts it on port 80): say what is missing, exit 2.
     eprintln!(
-        "penstock: error: bench http needs {} on PATH; install with: apt-get install {}",
+        "penstock: error: this bench needs {} on PATH; install with: apt-get install {}",
         missing.join(" and "),
         missing.join(" ")
     );
@@ -163,13 +163,13 @@ fn write_file(path: &Path, len: u64) -> Result<()> {
     Ok(())
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-fn wait_listening(port: u16, child: &mut Child) -> Result<()> {
+pub(crate) fn wait_listening(port: u16, child: &mut Child) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -206,7 +206,7 @@ fn machine_busy_s() -> f64 {
 }
 
 /// utime + stime of `pid` and its children processes (nginx workers), in seconds.
-fn cpu_s(pid: u32) -> f64 {
+pub(crate) fn cpu_s(pid: u32) -> f64 {
     // /proc reports in USER_HZ, which the kernel fixes at 100 for user space.
     let tick = 100.0;
     let stat = |p: u32| -> Option<(u32, f64)> {
@@ -397,7 +397,7 @@ fn run_wrk(
     })
 }
 
-struct Child2(Child);
+pub(crate) struct Child2(pub(crate) Child);
 
 /// A throwaway certificate for `--https`.
 struct Cert {
@@ -693,7 +693,7 @@ fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
-fn machine_line() -> String {
+pub(crate) fn machine_line() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

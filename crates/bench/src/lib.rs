@@ -18,6 +18,7 @@
 
 pub mod admission;
 pub mod cues;
+pub mod hls;
 pub mod hog;
 pub mod http;
 pub mod out;

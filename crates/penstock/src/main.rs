@@ -114,6 +114,10 @@ enum BenchCommand {
     /// `bench http --https`: both servers over TLS (penstock's rustls or kTLS, nginx's
     /// OpenSSL), wrk over https; 8 and 64 clients by default.
     Https(bench::http::HttpArgs),
+    /// HLS viewers (one event-driven emulator) of penstock's playlists cut from the original
+    /// TS and MP4 against nginx serving ffmpeg's pre-segmented copies: late segments, server
+    /// CPU per viewer, segment copies on disk.
+    Hls(bench::hls::HlsArgs),
     /// Clockwise Fig. 1 / MARS ccd: read throughput of a partition striped over 1-4 members.
     Stripe(bench::stripe::StripeArgs),
     /// The Cues experiments (issue 14): the example C server built with read/write, sendfile
@@ -173,6 +177,7 @@ fn main() {
         }
         Command::Volume(c) => cmd_volume::run(c),
         Command::Cluster(c) => cmd_cluster::run(c),
+        Command::Bench(BenchCommand::Hls(a)) => bench::hls::run(a),
         Command::Bench(BenchCommand::Stripe(a)) => bench::stripe::run(a),
         Command::Bench(BenchCommand::Cues(a)) => bench::cues::run(a),
         Command::Bench(BenchCommand::Rtsp(a)) => bench::rtsp::run(a),

@@ -191,6 +191,7 @@ pub fn section(b: &Value) -> Section {
         "record" => record(r, &mut sec),
         "http" => http(r, &mut sec, false),
         "https" => http(r, &mut sec, true),
+        "hls" => hls(r, &mut sec),
         "cues" => cues(r, &mut sec),
         "rtsp" => rtsp(r, &mut sec),
         "admission" => admission(r, &mut sec),
@@ -1087,6 +1088,89 @@ fn http(r: &Value, sec: &mut Section, tls: bool) {
         worst.map_or("n/a".into(), |w| fmt(w.0)),
         if tls { "machine" } else { "server" },
         worst_cpu.map_or("n/a".into(), |w| fmt(w.0))
+    );
+    sec.verdict = combine(&vs);
+    if let Some(m) = r["machine"].as_str() {
+        sec.notes.push(m.to_string());
+    }
+    if let Some(p) = r["placement"].as_str() {
+        sec.notes.push(format!("placement: {p}"));
+    }
+}
+
+/// `bench hls`: HLS viewers of penstock (playlists cut from the original files, segments sent
+/// from them) against nginx serving ffmpeg's pre-segmented copies. Issue 32's goal: no late
+/// segment where nginx has none, at ≤ nginx's CPU per viewer, with no segment copies on disk.
+fn hls(r: &Value, sec: &mut Section) {
+    sec.title = "HLS viewers against nginx (segments cut from the original files)".into();
+    sec.paper = vec![(
+        "No paper served HLS. Nearest: Clockwise's index tracks, which let a server find any point of a recording without a scan".into(),
+        "no figure; the peer is nginx serving ffmpeg's pre-segmented copies (twice the disk)".into(),
+    )];
+    sec.head = [
+        "format",
+        "viewers",
+        "late penstock/nginx",
+        "penstock CPU ms per viewer-s",
+        "nginx CPU ms per viewer-s",
+        "CPU × nginx",
+        "copies on disk penstock/nginx MB",
+        "errors p/n",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut worst_cpu: Option<(f64, String)> = None;
+    let mut late_where_nginx_none = Vec::new();
+    for x in rows_of(r) {
+        let (p, n) = (&x["penstock"], &x["nginx"]);
+        let c = f(p, "cpu_ms_per_viewer_s") / f(n, "cpu_ms_per_viewer_s");
+        let cell = format!("{}, {} viewers", s(x, "format"), s(x, "viewers"));
+        if c.is_finite() && worst_cpu.as_ref().is_none_or(|w| c > w.0) {
+            worst_cpu = Some((c, cell.clone()));
+        }
+        if f(p, "late") > 0.0 && f(n, "late") == 0.0 {
+            late_where_nginx_none.push(cell);
+        }
+        sec.rows.push(vec![
+            s(x, "format"),
+            s(x, "viewers"),
+            format!("{}/{}", s(p, "late"), s(n, "late")),
+            fmt(f(p, "cpu_ms_per_viewer_s")),
+            fmt(f(n, "cpu_ms_per_viewer_s")),
+            fmt(c),
+            format!(
+                "{}/{}",
+                fmt(f(x, "penstock_disk_bytes") / 1e6),
+                fmt(f(x, "nginx_disk_bytes") / 1e6)
+            ),
+            format!("{}/{}", s(p, "errors"), s(n, "errors")),
+        ]);
+    }
+    let mut vs = Vec::new();
+    if let Some((c, cell)) = &worst_cpu {
+        let mut v = judge(
+            *c,
+            1.0,
+            0.1,
+            false,
+            &format!("highest CPU per viewer × nginx ({cell})"),
+        );
+        v.why = v.why.replace("against the paper's", "against parity,");
+        vs.push(v);
+    }
+    if !late_where_nginx_none.is_empty() {
+        vs.push(Verdict {
+            kind: VerdictKind::FallsShort,
+            why: format!(
+                "late segments where nginx had none: {}",
+                late_where_nginx_none.join("; ")
+            ),
+        });
+    }
+    sec.ratio = format!(
+        "server CPU per viewer penstock/nginx at worst {} (target: ≤ 1.0×); late segments where nginx had none: {}",
+        worst_cpu.map_or("n/a".into(), |w| fmt(w.0)),
+        late_where_nginx_none.len()
     );
     sec.verdict = combine(&vs);
     if let Some(m) = r["machine"].as_str() {

@@ -238,6 +238,23 @@ pub fn entries() -> Vec<Entry> {
             traces: false,
         },
         Entry {
+            name: "hls",
+            subcommand: &["hls"],
+            full: &[],
+            quick: &["--quick"],
+            smoke: &[
+                "--quick",
+                "--viewers",
+                "4",
+                "--duration-s",
+                "2",
+                "--title-s",
+                "8",
+            ],
+            estimate_s: [420, 90, 25],
+            traces: false,
+        },
+        Entry {
             name: "cues",
             subcommand: &["cues"],
             full: &[],

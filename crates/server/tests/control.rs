@@ -1104,7 +1104,11 @@ fn open_started(
 fn fifty_paced_streams_all_make_progress_on_a_smaller_pool() {
     const STREAMS: usize = 50;
     let mut cfg = config();
-    cfg.engine.pool_buffers = Some(32);
+    // Each worker's pool starts with 8 buffers and may grow to 64 (one general worker and,
+    // where a real-time policy may be had, one timed worker, which carries the paced
+    // streams): more than the streams, fewer than they would hold reading ahead.
+    cfg.engine.pool_buffers = Some(8);
+    cfg.buffers.pool_max_bytes = Some(128 << 20);
     let f = start_with(cfg);
     // Two buffers' worth per stream: a stream that got one holds it ~20 s at this rate.
     let src = f.path("paced50.ts");
@@ -1126,8 +1130,8 @@ fn fifty_paced_streams_all_make_progress_on_a_smaller_pool() {
             break;
         }
         assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "{} of {STREAMS} paced streams sent nothing in 30 s: {idle:?}; metrics:\n{}",
+            t0.elapsed() < Duration::from_secs(15),
+            "{} of {STREAMS} paced streams sent nothing in 15 s: {idle:?}; metrics:\n{}",
             idle.len(),
             metrics_text(&f)
                 .lines()
@@ -1139,5 +1143,68 @@ fn fifty_paced_streams_all_make_progress_on_a_smaller_pool() {
     }
     for id in ids {
         assert_eq!(c.cmd(&format!("CLOSE {id} NOW")).code.code(), 200);
+    }
+}
+
+/// Issue 38's growth: a burst of 4× the streams the pools start with (each worker's pool
+/// starts with 2 buffers) all open and run byte-exact without a refusal naming buffers, the
+/// pools growing up to `[buffers] pool_max_bytes`; once idle for `shrink_after_ms` (short
+/// here) they are back to their start size. The metrics show the current and the most bytes.
+#[test]
+fn a_burst_grows_the_pool_and_an_idle_pool_shrinks_back() {
+    const START: u64 = 2;
+    let mut cfg = config();
+    cfg.engine.pool_buffers = Some(START as usize);
+    cfg.buffers.pool_max_bytes = Some(64 << 20);
+    cfg.buffers.shrink_after_ms = Some(300);
+    let f = start_with(cfg);
+    let pool = |m: &str, state: &str| {
+        metric_value(
+            m,
+            &format!("penstock_engine_buffer_pool_bytes{{state=\"{state}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("no pool bytes {state}:\n{m}")) as u64
+    };
+    let m = metrics_text(&f);
+    let start_bytes = pool(&m, "current");
+    let workers = start_bytes / START / (1 << 20);
+    assert!(workers >= 1, "{m}");
+    assert_eq!(pool(&m, "max"), 64 << 20, "{m}");
+    let streams = (4 * START * workers) as usize;
+    // Three buffers' worth each: every stream reads ahead while the others run.
+    let data = pattern(3 << 20, 38);
+    let src = f.path("burst.bin");
+    std::fs::write(&src, &data).unwrap();
+    let (rx, _count, bodies) = many_receivers(streams);
+    let mut c = Ctl::authed(f.control());
+    let ids = open_started(&mut c, streams, &src, rx, "path=uring");
+    for &id in &ids {
+        let st = wait_done(&mut c, id);
+        assert_eq!(state_field(&st, "sent"), Some(data.len() as u64), "{st:?}");
+    }
+    for i in 0..streams {
+        let got = bodies.recv_timeout(Duration::from_secs(60)).unwrap();
+        assert!(got == data, "receiver {i}: {} bytes, not the file", got.len());
+    }
+    let m = metrics_text(&f);
+    let grown = metric_value(&m, "penstock_engine_buffer_pool_grown_total").unwrap();
+    assert!(grown > 0.0, "the burst grew no pool:\n{m}");
+    // Idle: back to the start size within a bounded time (shrink_after is 300 ms).
+    let t0 = std::time::Instant::now();
+    loop {
+        let m = metrics_text(&f);
+        if pool(&m, "current") == start_bytes {
+            let shrunk = metric_value(&m, "penstock_engine_buffer_pool_shrunk_total").unwrap();
+            assert_eq!(shrunk, grown, "{m}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the pool never shrank back to {start_bytes} bytes:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for id in ids {
+        assert_eq!(c.cmd(&format!("CLOSE {id}")).code.code(), 200);
     }
 }

@@ -15,24 +15,18 @@ use crate::disk::DiskConfig;
 /// at start.
 pub const BUFFER_BYTES_MAX: usize = 64 << 20;
 
-/// Each worker's pool may grow to this many buffers unless `pool_max_bytes` says: the size
-/// every pool had from start before pools grew.
-pub const POOL_BUFFERS_MAX_DEFAULT: usize = 32;
-
 /// The default [`EngineConfig::pool_shrink_after`]: half a minute with no buffer beyond the
 /// start size in use.
 pub const POOL_SHRINK_AFTER_DEFAULT: Duration = Duration::from_secs(30);
 
 impl EngineConfig {
-    /// The most buffers each of `workers` pools may grow to (see `pool_max_bytes`).
-    pub fn pool_buffers_max(&self, workers: usize) -> usize {
-        let share = match self.pool_max_bytes {
-            Some(bytes) => {
-                bytes / (self.buffer_bytes.max(1) as u64) / (workers.max(1) as u64)
-            }
-            None => POOL_BUFFERS_MAX_DEFAULT as u64,
+    /// The most buffers each worker's pool may grow to (see `pool_max_bytes`).
+    pub fn pool_buffers_max(&self) -> usize {
+        let most = match self.pool_max_bytes {
+            Some(bytes) => bytes / (self.buffer_bytes.max(1) as u64),
+            None => 0,
         };
-        usize::try_from(share)
+        usize::try_from(most)
             .unwrap_or(usize::MAX)
             .clamp(self.pool_buffers, crate::sys::POOL_BUFFERS_MAX.max(self.pool_buffers))
     }
@@ -51,10 +45,10 @@ pub struct EngineConfig {
     pub workers: usize,
     /// Buffers in each worker's pool at start (and after it shrank back).
     pub pool_buffers: usize,
-    /// The most bytes all workers' pools together may grow to (MARS's growing mmbuf pool):
-    /// each worker's pool (timed workers' included) may grow to its share,
-    /// `pool_max_bytes / buffer_bytes / workers` buffers, when a stream finds no free buffer.
-    /// `None`: [`POOL_BUFFERS_MAX_DEFAULT`] per worker. Never fewer than `pool_buffers`.
+    /// The most bytes each worker's pool (timed workers' included) may grow to, MARS's
+    /// growing mmbuf pool: `pool_max_bytes / buffer_bytes` buffers, added one at a time when
+    /// a stream finds no free buffer. Never fewer than `pool_buffers`; `None` (the library's
+    /// default): `pool_buffers`, a pool that never grows.
     pub pool_max_bytes: Option<u64>,
     /// A pool shrinks back to `pool_buffers` once no buffer beyond them has been in use for
     /// this long.

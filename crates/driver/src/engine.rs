@@ -573,8 +573,8 @@ impl Engine {
         };
         let floor = deadline_params(0, &cfg.deadline)
             .ok_or_else(|| EngineError::Config("deadline floor above its maximum".into()))?;
-        // Each worker's pool may grow to its share of `pool_max_bytes`.
-        let pool_max = cfg.pool_buffers_max(cfg.workers + timed_count);
+        // Each worker's pool may grow to `pool_max_bytes`.
+        let pool_max = cfg.pool_buffers_max();
         let mut workers = Vec::new();
         let mut joins = Vec::new();
         let mut gauges = Vec::new();

@@ -1205,6 +1205,9 @@ impl TryFrom<String> for IpPrefix {
 /// of `[buffers] pool_max_bytes` (docs/io-scheduler.md §5).
 pub const SERVE_POOL_BUFFERS_DEFAULT: usize = 0;
 
+/// `[buffers] pool_max_bytes` unless set, in buffers of `[engine] buffer_bytes`.
+pub const POOL_MAX_BUFFERS_DEFAULT: u64 = 32;
+
 /// `[engine]`: the stream engine's sizes (see `penstock_driver::EngineConfig`).
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -1292,15 +1295,15 @@ impl EngineSection {
 }
 
 /// `[buffers]`: the engine's buffer pools grow and shrink (docs/io-scheduler.md §5). Each
-/// worker's pool starts with `[engine] pool_buffers` buffers and grows, when a stream finds no
-/// free buffer, to its share of `pool_max_bytes`; it shrinks back to its start size once no
-/// buffer beyond it has been in use for `shrink_after_ms`.
+/// worker's pool starts with `[engine] pool_buffers` buffers (default 0) and grows, when a
+/// stream finds no free buffer, up to `pool_max_bytes`; it shrinks back to its start size once
+/// no buffer beyond it has been in use for `shrink_after_ms`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BuffersSection {
-    /// The most bytes all workers' pools together may hold, timed workers' included
-    /// (default: 32 buffers per worker, the size every pool had before pools grew). At most
-    /// 16 GiB.
+    /// The most bytes each worker's pool may hold, timed workers' included (default: 32
+    /// buffers of `[engine] buffer_bytes`, the size every pool had before pools grew). At
+    /// most 16 GiB.
     #[serde(default, deserialize_with = "units::opt_size")]
     pub pool_max_bytes: Option<u64>,
     /// Idle time before a grown pool shrinks back (default 30 s; 10 ms ..= 1 h).
@@ -1327,9 +1330,10 @@ impl BuffersSection {
     }
 
     fn apply(&self, c: &mut penstock_driver::EngineConfig) {
-        if self.pool_max_bytes.is_some() {
-            c.pool_max_bytes = self.pool_max_bytes;
-        }
+        c.pool_max_bytes = Some(
+            self.pool_max_bytes
+                .unwrap_or(POOL_MAX_BUFFERS_DEFAULT * c.buffer_bytes as u64),
+        );
         if let Some(ms) = self.shrink_after_ms {
             c.pool_shrink_after = Duration::from_millis(ms);
         }
@@ -2203,6 +2207,26 @@ mod tests {
         .unwrap();
         assert!(c.check().is_err());
         assert!(toml::from_str::<ServerConfig>("[disk]\nquantum = 1\n").is_err());
+    }
+
+    #[test]
+    fn buffers_section_sets_how_far_pools_grow_and_when_they_shrink() {
+        let d = ServerConfig::default().engine_config();
+        assert_eq!(d.pool_buffers, SERVE_POOL_BUFFERS_DEFAULT);
+        assert_eq!(d.pool_max_bytes, Some(32 << 20), "32 buffers of 1 MiB");
+        let c: ServerConfig = toml::from_str(
+            "[engine]\npool_buffers = 2\n[buffers]\npool_max_bytes = \"8MiB\"\nshrink_after_ms = \"2s\"\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        let e = c.engine_config();
+        assert_eq!((e.pool_buffers, e.pool_max_bytes), (2, Some(8 << 20)));
+        assert_eq!(e.pool_buffers_max(), 8);
+        assert_eq!(e.pool_shrink_after, Duration::from_secs(2));
+        for bad in ["shrink_after_ms = 0", "pool_max_bytes = \"17GiB\""] {
+            let c: ServerConfig = toml::from_str(&format!("[buffers]\n{bad}\n")).unwrap();
+            assert!(c.check().unwrap_err().to_string().contains("buffers."), "{bad}");
+        }
     }
 
     #[test]

@@ -144,7 +144,9 @@ pub struct ClientUsage {
 pub enum BufferError {
     #[error("buffer pool of {buffer_count} buffers is outside 1..={BUFFERS_MAX}")]
     PoolSize { buffer_count: u32 },
-    #[error("buffer pool's most, {buffer_count_max} buffers, is outside {buffer_count}..={BUFFERS_MAX}")]
+    #[error(
+        "buffer pool's most, {buffer_count_max} buffers, is outside {buffer_count}..={BUFFERS_MAX}"
+    )]
     PoolMax {
         buffer_count: u32,
         buffer_count_max: u32,
@@ -219,8 +221,7 @@ impl BufferManager {
                 buffer_count: config.buffer_count,
             });
         }
-        if config.buffer_count_max < config.buffer_count || config.buffer_count_max > BUFFERS_MAX
-        {
+        if config.buffer_count_max < config.buffer_count || config.buffer_count_max > BUFFERS_MAX {
             return Err(BufferError::PoolMax {
                 buffer_count: config.buffer_count,
                 buffer_count_max: config.buffer_count_max,
@@ -278,8 +279,7 @@ impl BufferManager {
     /// borrower is owed and the reservations still fit without it; the driver unmaps its own.
     pub fn remove_free_buffer(&mut self) -> Option<BufferId> {
         let promised = self.claims_total + self.waiting.len() as u32;
-        if self.free.len() as u32 <= promised || self.config.buffer_count <= self.reserved_total
-        {
+        if self.free.len() as u32 <= promised || self.config.buffer_count <= self.reserved_total {
             return None;
         }
         let id = self.free.pop()?;
@@ -849,7 +849,11 @@ mod tests {
         assert_eq!(m.acquire(a), Err(BufferError::NoFreeBuffer));
         let bx = take(&mut m, b);
         m.release(a, y).unwrap();
-        assert_eq!(m.acquire(a), Err(BufferError::NoFreeBuffer), "c waits first");
+        assert_eq!(
+            m.acquire(a),
+            Err(BufferError::NoFreeBuffer),
+            "c waits first"
+        );
         assert_eq!(m.acquire(b), Err(BufferError::NoFreeBuffer), "b holds one");
         let cy = take(&mut m, c);
         m.release(b, bx).unwrap();

@@ -162,7 +162,8 @@ impl WorkerBuffers {
                     .expect("the books and the pool have the same most");
                 self.gauges.total.fetch_add(1, Ordering::Relaxed);
                 self.gauges.grown.fetch_add(1, Ordering::Relaxed);
-                self.shrink_at.get_or_insert(self.busy_at + self.shrink_after);
+                self.shrink_at
+                    .get_or_insert(self.busy_at + self.shrink_after);
                 true
             }
             Err(e) => {

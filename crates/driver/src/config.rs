@@ -26,9 +26,10 @@ impl EngineConfig {
             Some(bytes) => bytes / (self.buffer_bytes.max(1) as u64),
             None => 0,
         };
-        usize::try_from(most)
-            .unwrap_or(usize::MAX)
-            .clamp(self.pool_buffers, crate::sys::POOL_BUFFERS_MAX.max(self.pool_buffers))
+        usize::try_from(most).unwrap_or(usize::MAX).clamp(
+            self.pool_buffers,
+            crate::sys::POOL_BUFFERS_MAX.max(self.pool_buffers),
+        )
     }
 }
 

@@ -977,9 +977,7 @@ impl Engine {
             return Ok(first);
         };
         // The planner checked `n` against `PlanLimits::rt_buffers_max`.
-        debug_assert!(
-            n >= 1 && n as usize <= self.cfg.client_buffers_max.min(self.pool_max)
-        );
+        debug_assert!(n >= 1 && n as usize <= self.cfg.client_buffers_max.min(self.pool_max));
         let mut most_left = 0;
         for k in 0..count {
             let w = base + (first - base + k) % count;

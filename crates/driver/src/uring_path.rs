@@ -223,7 +223,9 @@ impl UringState {
                 let horizon = std::time::Duration::from_nanos(
                     penstock_core::stream::plan::PACED_READ_AHEAD_NS,
                 );
-                if p.deadline_of(first_unit, now).is_some_and(|d| d > now + horizon) {
+                if p.deadline_of(first_unit, now)
+                    .is_some_and(|d| d > now + horizon)
+                {
                     break;
                 }
             }

@@ -296,7 +296,12 @@ fn pss_of_file_kb(pid: u32, path: &std::path::Path) -> u64 {
                 .nth(5)
                 .is_some_and(|p| std::path::Path::new(p) == path);
         } else if mine && let Some(v) = l.strip_prefix("Pss:") {
-            kb += v.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap();
+            kb += v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap();
         }
     }
     kb
@@ -391,9 +396,12 @@ fn an_idle_server_holds_at_most_twice_nginxs_memory() {
     let t0 = Instant::now();
     let mut served = false;
     while !served {
-        assert!(t0.elapsed() < Duration::from_secs(30), "nginx never answered");
-        served = TcpStream::connect(&nginx_addr)
-            .is_ok_and(|mut s| get(&mut s, "/a.txt", true).0 == 200);
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "nginx never answered"
+        );
+        served =
+            TcpStream::connect(&nginx_addr).is_ok_and(|mut s| get(&mut s, "/a.txt", true).0 == 200);
         if !served {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -402,7 +410,10 @@ fn an_idle_server_holds_at_most_twice_nginxs_memory() {
     assert_eq!(get(&mut s, "/a.txt", true).0, 200);
     drop(s);
     assert_eq!(
-        metric(&http, "penstock_engine_buffer_pool_bytes{state=\"current\"}"),
+        metric(
+            &http,
+            "penstock_engine_buffer_pool_bytes{state=\"current\"}"
+        ),
         Some(0.0),
         "an idle server's pools hold nothing"
     );
@@ -419,7 +430,10 @@ fn an_idle_server_holds_at_most_twice_nginxs_memory() {
         nginx_pids.len(),
         rollup_kb(pid, "Pss_Anon:")
     );
-    assert!(nginx_pids.len() >= 2, "nginx's master and workers: {nginx_pids:?}");
+    assert!(
+        nginx_pids.len() >= 2,
+        "nginx's master and workers: {nginx_pids:?}"
+    );
     assert!(
         penstock_kb - exe_kb <= 2 * nginx_kb,
         "idle penstock holds {} kB besides its executable, nginx {nginx_kb} kB in all",

@@ -2225,7 +2225,10 @@ mod tests {
         assert_eq!(e.pool_shrink_after, Duration::from_secs(2));
         for bad in ["shrink_after_ms = 0", "pool_max_bytes = \"17GiB\""] {
             let c: ServerConfig = toml::from_str(&format!("[buffers]\n{bad}\n")).unwrap();
-            assert!(c.check().unwrap_err().to_string().contains("buffers."), "{bad}");
+            assert!(
+                c.check().unwrap_err().to_string().contains("buffers."),
+                "{bad}"
+            );
         }
     }
 

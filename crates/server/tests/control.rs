@@ -1184,7 +1184,11 @@ fn a_burst_grows_the_pool_and_an_idle_pool_shrinks_back() {
     }
     for i in 0..streams {
         let got = bodies.recv_timeout(Duration::from_secs(60)).unwrap();
-        assert!(got == data, "receiver {i}: {} bytes, not the file", got.len());
+        assert!(
+            got == data,
+            "receiver {i}: {} bytes, not the file",
+            got.len()
+        );
     }
     let m = metrics_text(&f);
     let grown = metric_value(&m, "penstock_engine_buffer_pool_grown_total").unwrap();

@@ -253,7 +253,10 @@ impl BufferPool {
     fn region(&self, id: BufId) -> (usize, &[u8]) {
         let i = id.index();
         if i < self.start {
-            let base = self.base.as_ref().expect("a pool with start buffers maps them");
+            let base = self
+                .base
+                .as_ref()
+                .expect("a pool with start buffers maps them");
             (i * self.buffer_bytes, &base[..])
         } else {
             let m = self.grown[i - self.start]
@@ -266,7 +269,10 @@ impl BufferPool {
     fn region_mut(&mut self, id: BufId) -> (usize, &mut [u8]) {
         let i = id.index();
         if i < self.start {
-            let base = self.base.as_mut().expect("a pool with start buffers maps them");
+            let base = self
+                .base
+                .as_mut()
+                .expect("a pool with start buffers maps them");
             (i * self.buffer_bytes, &mut base[..])
         } else {
             let m = self.grown[i - self.start]
@@ -340,7 +346,9 @@ impl BufferPool {
 
     /// One `iovec` per start buffer, for registration with the ring.
     pub(crate) fn iovecs(&mut self) -> Vec<libc::iovec> {
-        (0..self.start as u16).map(|i| self.iovec(BufId(i))).collect()
+        (0..self.start as u16)
+            .map(|i| self.iovec(BufId(i)))
+            .collect()
     }
 
     fn ptr_mut(&mut self, id: BufId, offset: usize) -> *mut u8 {

@@ -207,53 +207,53 @@ impl Ring {
         let max = cfg.buffers_max.max(cfg.buffers);
         let mut pool = BufferPool::growable(cfg.buffers, max, cfg.buffer_bytes)?;
         let mut sparse = false;
-        let registration =
-            if !cfg.register_buffers || std::env::var_os("PENSTOCK_NO_REGISTER").is_some() {
-                Registration::Disabled
-            } else {
-                let iovecs = pool.iovecs();
-                // A pool that may grow gets a sparse table with a slot for each buffer it may
-                // have (IORING_REGISTER_BUFFERS2 with IORING_RSRC_REGISTER_SPARSE, Linux 5.19),
-                // its start buffers put in by an update (IORING_REGISTER_BUFFERS_UPDATE); a
-                // kernel without sparse tables registers the start buffers alone and grown
-                // buffers go unregistered (plain READ and SEND on them).
-                if max > cfg.buffers && ring.submitter().register_buffers_sparse(max as u32).is_ok()
-                {
-                    sparse = true;
-                }
-                let register = |r: &IoUring| {
-                    if iovecs.is_empty() {
-                        // A pool that starts empty: its table is the sparse one alone.
-                        if sparse {
-                            Ok(())
-                        } else {
-                            Err(io::Error::from_raw_os_error(libc::EINVAL))
-                        }
-                    } else if sparse {
-                        // SAFETY: the iovecs describe the pool's start mapping, which lives in
-                        // `Ring` next to the ring and is unmapped only after the ring is dropped
-                        // (field order below, and Drop waits for in-flight operations first).
-                        unsafe { r.submitter().register_buffers_update(0, &iovecs, None) }
+        let registration = if !cfg.register_buffers
+            || std::env::var_os("PENSTOCK_NO_REGISTER").is_some()
+        {
+            Registration::Disabled
+        } else {
+            let iovecs = pool.iovecs();
+            // A pool that may grow gets a sparse table with a slot for each buffer it may
+            // have (IORING_REGISTER_BUFFERS2 with IORING_RSRC_REGISTER_SPARSE, Linux 5.19),
+            // its start buffers put in by an update (IORING_REGISTER_BUFFERS_UPDATE); a
+            // kernel without sparse tables registers the start buffers alone and grown
+            // buffers go unregistered (plain READ and SEND on them).
+            if max > cfg.buffers && ring.submitter().register_buffers_sparse(max as u32).is_ok() {
+                sparse = true;
+            }
+            let register = |r: &IoUring| {
+                if iovecs.is_empty() {
+                    // A pool that starts empty: its table is the sparse one alone.
+                    if sparse {
+                        Ok(())
                     } else {
-                        // SAFETY: as above.
-                        unsafe { r.submitter().register_buffers(&iovecs) }
+                        Err(io::Error::from_raw_os_error(libc::EINVAL))
                     }
-                };
-                match register(&ring) {
-                    Ok(()) => Registration::Registered,
-                    Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
-                        // Pinned pages count against RLIMIT_MEMLOCK: raise it if we may (for
-                        // every buffer the pool may have), then retry.
-                        let want = (max * cfg.buffer_bytes) as u64 + (1 << 20);
-                        if crate::sys::raise_memlock(want) && register(&ring).is_ok() {
-                            Registration::Registered
-                        } else {
-                            Registration::Refused(libc::ENOMEM)
-                        }
-                    }
-                    Err(e) => Registration::Refused(e.raw_os_error().unwrap_or(0)),
+                } else if sparse {
+                    // SAFETY: the iovecs describe the pool's start mapping, which lives in
+                    // `Ring` next to the ring and is unmapped only after the ring is dropped
+                    // (field order below, and Drop waits for in-flight operations first).
+                    unsafe { r.submitter().register_buffers_update(0, &iovecs, None) }
+                } else {
+                    // SAFETY: as above.
+                    unsafe { r.submitter().register_buffers(&iovecs) }
                 }
             };
+            match register(&ring) {
+                Ok(()) => Registration::Registered,
+                Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                    // Pinned pages count against RLIMIT_MEMLOCK: raise it if we may (for
+                    // every buffer the pool may have), then retry.
+                    let want = (max * cfg.buffer_bytes) as u64 + (1 << 20);
+                    if crate::sys::raise_memlock(want) && register(&ring).is_ok() {
+                        Registration::Registered
+                    } else {
+                        Registration::Refused(libc::ENOMEM)
+                    }
+                }
+                Err(e) => Registration::Refused(e.raw_os_error().unwrap_or(0)),
+            }
+        };
         if registration == Registration::Registered {
             for i in 0..pool.start_count() {
                 pool.set_registered(BufId(i as u16), true);

@@ -126,12 +126,18 @@ fn a_grown_buffer_is_registered_read_into_and_shrunk_away() {
     let data: Vec<u8> = (0..8192u32).map(|i| (i % 241) as u8).collect();
     f.write_all(&data).unwrap();
     let first = r.pool_mut().alloc().unwrap();
-    assert!(r.pool_mut().alloc().is_none(), "the start pool is one buffer");
+    assert!(
+        r.pool_mut().alloc().is_none(),
+        "the start pool is one buffer"
+    );
     let g = r.grow_pool().unwrap();
     assert_eq!(r.pool().count(), 2);
     if reg == penstock_uring::Registration::Registered {
         assert!(r.pool().registered(first));
-        assert!(r.pool().registered(g), "a grown buffer joins the sparse table");
+        assert!(
+            r.pool().registered(g),
+            "a grown buffer joins the sparse table"
+        );
     }
     let b = r.pool_mut().alloc().unwrap();
     assert_eq!(b, g);

@@ -308,14 +308,27 @@ impl Ring {
         let id = self.pool.grow()?;
         if self.sparse {
             let iov = [self.pool.iovec(id)];
-            // SAFETY: the iovec describes the buffer's own mapping, which the pool unmaps only
-            // in `shrink_pool` after this slot was emptied again, or after the ring is
-            // dropped (field order; Drop waits for in-flight operations first).
-            let r = unsafe {
-                self.ring
-                    .submitter()
-                    .register_buffers_update(u32::from(id.0), &iov, None)
+            let update = |ring: &IoUring| {
+                // SAFETY: the iovec describes the buffer's own mapping, which the pool unmaps
+                // only in `shrink_pool` after this slot was emptied again, or after the ring
+                // is dropped (field order; Drop waits for in-flight operations first).
+                unsafe {
+                    ring.submitter()
+                        .register_buffers_update(u32::from(id.0), &iov, None)
+                }
             };
+            let mut r = update(&self.ring);
+            if r.as_ref()
+                .is_err_and(|e| e.raw_os_error() == Some(libc::ENOMEM))
+            {
+                // Pinned pages count against RLIMIT_MEMLOCK: raise it for the pool's most
+                // if we may, then retry once.
+                let p = &self.pool;
+                let want = (p.max_count() * p.buffer_bytes()) as u64 + (1 << 20);
+                if crate::sys::raise_memlock(want) {
+                    r = update(&self.ring);
+                }
+            }
             self.pool.set_registered(id, r.is_ok());
         }
         Ok(id)

@@ -1,7 +1,21 @@
-//! Buffer memory accounting, Clockwise style: one pool of equal buffers fixed at start, lent
-//! to clients (streams). `rt` clients reserve their share at admission and are guaranteed it;
-//! `bulk` clients borrow what is free, up to a per-client limit, and give it back when an rt
-//! client needs it.
+//! Buffer memory accounting, Clockwise style: one pool of equal buffers lent to clients
+//! (streams). `rt` clients reserve their share at admission and are guaranteed it; `bulk`
+//! clients borrow what is free, up to a per-client limit, and give it back when an rt client
+//! needs it.
+//!
+//! The pool grows (MARS's `mmbinit`): it has `buffer_count` buffers now and may have
+//! `buffer_count_max`. When a client could take a buffer but none is free for it, and the pool
+//! is below its most, [`BufferManager::acquire`] answers [`Grant::Grow`]: the driver adds a
+//! buffer ([`BufferManager::add_buffers`]) and asks again, so a stream never waits on a pool
+//! that could still grow. Reservations are checked against the most
+//! ([`BufferManager::reserve_growth`] says how many buffers to add first); the driver gives
+//! free buffers back ([`BufferManager::remove_free_buffer`]) when the pool has been idle.
+//!
+//! Fairness among borrowers: a borrower refused for want of a free buffer while it holds none
+//! *waits*; while any borrower waits, a free buffer goes to a waiting borrower, never to one
+//! that is not waiting (a stream that holds buffers reads ahead only when no stream is left
+//! with none). Otherwise the streams that came first keep every buffer — a paced stream holds
+//! its buffer between units for as long as its units take to send — and the others never start.
 //!
 //! Repossession never loses data: the manager never takes a buffer. When an rt client is
 //! entitled to a buffer and none is free, [`BufferManager::repossess`] puts *debts* on the
@@ -52,7 +66,10 @@ pub enum ClientKind {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct BufferPoolConfig {
+    /// Buffers at start.
     pub buffer_count: u32,
+    /// The most buffers the pool may grow to (at least `buffer_count`).
+    pub buffer_count_max: u32,
     pub buffer_bytes: u64,
     pub clients_max: u32,
 }
@@ -96,6 +113,9 @@ pub enum Grant {
     /// An rt client is owed a buffer that is lent out: the plan says who must return it;
     /// acquire again after they do.
     Wait(Repossession),
+    /// No buffer is free for the client and the pool is below its most: add one
+    /// ([`BufferManager::add_buffers`]) and acquire again.
+    Grow,
 }
 
 /// What happened to a buffer whose I/O completed.
@@ -124,6 +144,15 @@ pub struct ClientUsage {
 pub enum BufferError {
     #[error("buffer pool of {buffer_count} buffers is outside 1..={BUFFERS_MAX}")]
     PoolSize { buffer_count: u32 },
+    #[error(
+        "buffer pool's most, {buffer_count_max} buffers, is outside {buffer_count}..={BUFFERS_MAX}"
+    )]
+    PoolMax {
+        buffer_count: u32,
+        buffer_count_max: u32,
+    },
+    #[error("the pool holds its most buffers ({buffer_count_max})")]
+    PoolFull { buffer_count_max: u32 },
     #[error("buffer_bytes is zero")]
     ZeroBufferBytes,
     #[error("{clients_max} clients already registered (clients_max)")]
@@ -170,6 +199,12 @@ pub struct BufferManager {
     states: Vec<BufferState>,
     /// Free buffer ids, used as a stack (the most recently freed buffer is warm in cache).
     free: Vec<BufferId>,
+    /// Ids of buffers taken out of the pool ([`BufferManager::remove_free_buffer`]), reused
+    /// first when it grows.
+    absent: Vec<BufferId>,
+    /// Borrowers refused while holding none, in the order they were refused: the free
+    /// buffers are theirs before anyone else's.
+    waiting: Vec<ClientId>,
     clients: BTreeMap<ClientId, Client>,
     next_client: u64,
     reserved_total: u32,
@@ -180,9 +215,16 @@ pub struct BufferManager {
 
 impl BufferManager {
     pub fn new(config: BufferPoolConfig) -> Result<BufferManager, BufferError> {
-        if config.buffer_count == 0 || config.buffer_count > BUFFERS_MAX {
+        // A pool may start empty when it may grow.
+        if config.buffer_count_max == 0 || config.buffer_count > BUFFERS_MAX {
             return Err(BufferError::PoolSize {
                 buffer_count: config.buffer_count,
+            });
+        }
+        if config.buffer_count_max < config.buffer_count || config.buffer_count_max > BUFFERS_MAX {
+            return Err(BufferError::PoolMax {
+                buffer_count: config.buffer_count,
+                buffer_count_max: config.buffer_count_max,
             });
         }
         if config.buffer_bytes == 0 {
@@ -192,6 +234,8 @@ impl BufferManager {
             config,
             states: vec![BufferState::Free; config.buffer_count as usize],
             free: (0..config.buffer_count).rev().map(BufferId).collect(),
+            absent: Vec::new(),
+            waiting: Vec::new(),
             clients: BTreeMap::new(),
             next_client: 0,
             reserved_total: 0,
@@ -203,6 +247,61 @@ impl BufferManager {
 
     pub fn config(&self) -> &BufferPoolConfig {
         &self.config
+    }
+
+    /// Buffers in the pool now.
+    pub fn buffer_count(&self) -> u32 {
+        self.config.buffer_count
+    }
+
+    /// Adds `n` free buffers (the driver mapped them). Err, and nothing added, past the most.
+    pub fn add_buffers(&mut self, n: u32) -> Result<(), BufferError> {
+        let max = self.config.buffer_count_max;
+        if self.config.buffer_count.saturating_add(n) > max {
+            return Err(BufferError::PoolFull {
+                buffer_count_max: max,
+            });
+        }
+        for _ in 0..n {
+            let id = self.absent.pop().unwrap_or_else(|| {
+                self.states.push(BufferState::Free);
+                BufferId(self.states.len() as u32 - 1)
+            });
+            self.states[id.0 as usize] = BufferState::Free;
+            self.free.push(id);
+        }
+        self.config.buffer_count += n;
+        self.check();
+        Ok(())
+    }
+
+    /// Takes one free buffer out of the pool, if one is free that no rt claim or waiting
+    /// borrower is owed and the reservations still fit without it; the driver unmaps its own.
+    pub fn remove_free_buffer(&mut self) -> Option<BufferId> {
+        let promised = self.claims_total + self.waiting.len() as u32;
+        if self.free.len() as u32 <= promised || self.config.buffer_count <= self.reserved_total {
+            return None;
+        }
+        let id = self.free.pop()?;
+        self.absent.push(id);
+        self.config.buffer_count -= 1;
+        self.check();
+        Some(id)
+    }
+
+    /// Buffers to add before an rt reservation of `reserved` fits the pool as it is now
+    /// (0: it fits); Err when it would not fit even in the most the pool may have.
+    pub fn reserve_growth(&self, reserved: u32) -> Result<u32, BufferError> {
+        let max = self.config.buffer_count_max;
+        let left = max - self.reserved_total;
+        if reserved > left {
+            return Err(BufferError::ReserveShort {
+                need: reserved,
+                left,
+                buffer_count: max,
+            });
+        }
+        Ok((self.reserved_total + reserved).saturating_sub(self.config.buffer_count))
     }
 
     /// Registers a client. An rt client's reservation must fit in what is not reserved yet
@@ -257,6 +356,7 @@ impl BufferManager {
                 BufferState::Free => unreachable!("a held buffer is never free"),
             }
         }
+        self.waiting.retain(|&w| w != client);
         if let ClientKind::Rt { reserved } = c.kind {
             self.reserved_total -= reserved;
         }
@@ -274,6 +374,9 @@ impl BufferManager {
     pub fn acquire(&mut self, client: ClientId) -> Result<Grant, BufferError> {
         let claims_total = self.claims_total;
         let free = self.free.len() as u32;
+        let can_grow = self.config.buffer_count < self.config.buffer_count_max;
+        let waiting = self.waiting.len() as u32;
+        let is_waiting = self.waiting.contains(&client);
         let c = self
             .clients
             .get_mut(&client)
@@ -289,6 +392,8 @@ impl BufferManager {
                         c.claims -= 1;
                         self.claims_total -= 1;
                     }
+                } else if can_grow && c.claims == 0 {
+                    return Ok(Grant::Grow);
                 } else {
                     // One claim outstanding per client: a retry while waiting must not
                     // repossess more than the client can use.
@@ -310,8 +415,20 @@ impl BufferManager {
                 if held >= borrow_max {
                     return Err(BufferError::BorrowLimit { client, borrow_max });
                 }
-                if free <= claims_total {
+                // Free buffers are the waiting borrowers' first; a waiting one takes any
+                // (its turn comes as buffers are released; the driver steps them in order).
+                let owed = claims_total + if is_waiting { 0 } else { waiting };
+                if free <= owed {
+                    if can_grow {
+                        return Ok(Grant::Grow);
+                    }
+                    if held == 0 && !is_waiting {
+                        self.waiting.push(client);
+                    }
                     return Err(BufferError::NoFreeBuffer);
+                }
+                if is_waiting {
+                    self.waiting.retain(|&w| w != client);
                 }
             }
         }
@@ -471,9 +588,15 @@ impl BufferManager {
         let held: usize = self.clients.values().map(|c| c.held.len()).sum();
         assert_eq!(
             self.free.len() + held + self.orphans as usize,
-            self.states.len(),
+            self.states.len() - self.absent.len(),
             "buffers lost"
         );
+        assert_eq!(
+            self.config.buffer_count as usize,
+            self.states.len() - self.absent.len()
+        );
+        assert!(self.config.buffer_count <= self.config.buffer_count_max);
+        assert!(self.waiting.iter().all(|w| self.clients.contains_key(w)));
         assert!(self.reserved_total <= self.config.buffer_count);
         assert_eq!(
             self.claims_total,
@@ -530,6 +653,7 @@ mod tests {
     fn pool(buffer_count: u32) -> BufferManager {
         BufferManager::new(BufferPoolConfig {
             buffer_count,
+            buffer_count_max: buffer_count,
             buffer_bytes: 1 << 20,
             clients_max: 8,
         })
@@ -539,7 +663,7 @@ mod tests {
     fn take(m: &mut BufferManager, c: ClientId) -> BufferId {
         match m.acquire(c).unwrap() {
             Grant::Buffer(b) => b,
-            Grant::Wait(p) => panic!("expected a buffer, got {p:?}"),
+            g => panic!("expected a buffer, got {g:?}"),
         }
     }
 
@@ -661,11 +785,81 @@ mod tests {
         assert!(
             BufferManager::new(BufferPoolConfig {
                 buffer_count: 0,
+                buffer_count_max: 0,
                 buffer_bytes: 1,
                 clients_max: 1
             })
             .is_err()
         );
+        m.check();
+    }
+
+    #[test]
+    fn a_pool_below_its_most_grows_instead_of_refusing_and_gives_back_when_idle() {
+        let mut m = BufferManager::new(BufferPoolConfig {
+            buffer_count: 1,
+            buffer_count_max: 3,
+            buffer_bytes: 1 << 20,
+            clients_max: 8,
+        })
+        .unwrap();
+        let a = m.add_client(ClientKind::Bulk { borrow_max: 4 }).unwrap();
+        let b = m.add_client(ClientKind::Bulk { borrow_max: 4 }).unwrap();
+        let x = take(&mut m, a);
+        assert_eq!(m.acquire(b), Ok(Grant::Grow));
+        m.add_buffers(1).unwrap();
+        let y = take(&mut m, b);
+        assert_eq!(m.acquire(a), Ok(Grant::Grow));
+        m.add_buffers(1).unwrap();
+        let z = take(&mut m, a);
+        assert_eq!(m.acquire(b), Err(BufferError::NoFreeBuffer), "at its most");
+        assert_eq!(
+            m.add_buffers(1),
+            Err(BufferError::PoolFull {
+                buffer_count_max: 3
+            })
+        );
+        // An rt reservation is checked against the most, and says what to add first.
+        assert_eq!(m.reserve_growth(3), Ok(0));
+        assert!(m.reserve_growth(4).is_err());
+        for (c, buf) in [(a, x), (b, y), (a, z)] {
+            m.release(c, buf).unwrap();
+        }
+        assert!(m.remove_free_buffer().is_some());
+        assert!(m.remove_free_buffer().is_some());
+        assert_eq!(m.buffer_count(), 1);
+        assert_eq!(m.reserve_growth(2), Ok(1));
+        m.add_buffers(2).unwrap();
+        assert_eq!(m.buffer_count(), 3);
+        m.check();
+    }
+
+    #[test]
+    fn a_borrower_holding_none_gets_the_next_free_buffer_before_one_that_holds_some() {
+        let mut m = pool(2);
+        let a = m.add_client(ClientKind::Bulk { borrow_max: 4 }).unwrap();
+        let b = m.add_client(ClientKind::Bulk { borrow_max: 4 }).unwrap();
+        let c = m.add_client(ClientKind::Bulk { borrow_max: 4 }).unwrap();
+        let x = take(&mut m, a);
+        let y = take(&mut m, a);
+        assert_eq!(m.acquire(b), Err(BufferError::NoFreeBuffer));
+        assert_eq!(m.acquire(c), Err(BufferError::NoFreeBuffer));
+        // `a` gives one back and asks again at once: the buffer is b's, then c's.
+        m.release(a, x).unwrap();
+        assert_eq!(m.acquire(a), Err(BufferError::NoFreeBuffer));
+        let bx = take(&mut m, b);
+        m.release(a, y).unwrap();
+        assert_eq!(
+            m.acquire(a),
+            Err(BufferError::NoFreeBuffer),
+            "c waits first"
+        );
+        assert_eq!(m.acquire(b), Err(BufferError::NoFreeBuffer), "b holds one");
+        let cy = take(&mut m, c);
+        m.release(b, bx).unwrap();
+        let ax = take(&mut m, a);
+        m.remove_client(c).unwrap();
+        let _ = (cy, ax);
         m.check();
     }
 }

@@ -17,11 +17,22 @@
 //!   them: that range is read again later. A buffer in flight (a read, a send, a zero-copy
 //!   send waiting for its notification) is never taken.
 //!
+//! Growth. The pool starts with `pool_buffers` and may grow to the worker's share of
+//! `pool_max_bytes`: when the books answer [`Grant::Grow`] (a stream could take a buffer,
+//! none is free for it, the pool is below its most) a buffer is mapped, put in the ring's
+//! table and added to the books before the stream asks again; an `rt` reservation beyond the
+//! pool's present size grows it first. When no buffer beyond the start size has been in use
+//! for `pool_shrink_after`, the free ones added by growth are taken out of the books, the ring's
+//! table and memory ([`WorkerBuffers::upkeep`]).
+//!
 //! [`BufferPool`]: penstock_uring::BufferPool
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use penstock_core::time::Instant;
 
 use penstock_core::buffers::{
     BufferError, BufferId, BufferManager, BufferPoolConfig, BufferState, ClientId, ClientKind,
@@ -29,12 +40,19 @@ use penstock_core::buffers::{
 };
 use penstock_uring::{BufId, Ring};
 
+use crate::clock;
+
 /// Live figures of one worker's pool, written by the worker (relaxed atomics), read by
 /// [`crate::Engine::buffer_usage`].
 #[derive(Debug, Default)]
 pub(crate) struct BufferGauges {
-    /// Buffers in the pool (0 without io_uring).
+    /// Buffers in the pool now (0 without io_uring).
     pub total: AtomicU32,
+    /// The most buffers the pool may grow to (0 without io_uring).
+    pub max: AtomicU32,
+    /// Buffers added by growth and given back by shrinking, since start.
+    pub grown: AtomicU64,
+    pub shrunk: AtomicU64,
     /// Buffers reserved by the `rt` streams placed on this worker. Taken by the engine when it
     /// places a stream (before the worker sees it), given back by the worker when it ends.
     pub reserved: AtomicU32,
@@ -47,10 +65,10 @@ pub(crate) struct BufferGauges {
 }
 
 impl BufferGauges {
-    /// Reserves `n` buffers of this worker's `total` for an `rt` stream, if they fit.
-    /// Err: the buffers left unreserved.
+    /// Reserves `n` buffers of the most this worker's pool may have for an `rt` stream, if
+    /// they fit (the worker grows the pool to hold them). Err: the buffers left unreserved.
     pub(crate) fn try_reserve(&self, n: u32) -> Result<(), u32> {
-        let total = self.total.load(Ordering::Relaxed);
+        let total = self.max.load(Ordering::Relaxed);
         self.reserved
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
                 (r.checked_add(n)? <= total).then_some(r + n)
@@ -86,6 +104,16 @@ pub(crate) struct WorkerBuffers {
     debtors: Vec<usize>,
     /// A buffer went back to the pool since the starved were last woken.
     released: bool,
+    /// Buffers at start: the pool shrinks back to them.
+    start: usize,
+    /// How long no buffer beyond the start size is in use before the pool shrinks.
+    shrink_after: Duration,
+    /// The last time more than `start` buffers were in use.
+    busy_at: Instant,
+    /// When `upkeep` next looks at the pool (`None`: it is at its start size).
+    shrink_at: Option<Instant>,
+    /// A mapping failed at growth: said once.
+    grow_failed: bool,
 }
 
 impl WorkerBuffers {
@@ -93,35 +121,114 @@ impl WorkerBuffers {
         ring: &Ring,
         clients_max: u32,
         borrow_max: u32,
+        shrink_after: Duration,
         gauges: Arc<BufferGauges>,
     ) -> Result<WorkerBuffers, BufferError> {
         let pool = ring.pool();
         let count = u32::try_from(pool.count()).expect("the pool holds at most 2^15 buffers");
+        let max = u32::try_from(pool.max_count()).expect("the pool holds at most 2^15 buffers");
         let books = BufferManager::new(BufferPoolConfig {
             buffer_count: count,
+            buffer_count_max: max,
             buffer_bytes: pool.buffer_bytes() as u64,
             clients_max,
         })?;
         gauges.total.store(count, Ordering::Relaxed);
+        gauges.max.store(max, Ordering::Relaxed);
         Ok(WorkerBuffers {
             books,
-            acct: vec![None; pool.count()],
+            acct: vec![None; pool.max_count()],
             clients: HashMap::new(),
             gauges,
-            borrow_max: borrow_max.clamp(1, count),
+            borrow_max: borrow_max.clamp(1, max),
             starved: Vec::new(),
             debtors: Vec::new(),
             released: false,
+            start: pool.start_count(),
+            shrink_after,
+            busy_at: clock::now(),
+            shrink_at: None,
+            grow_failed: false,
         })
+    }
+
+    /// Adds one buffer to the pool and the books. False: the memory could not be mapped
+    /// (said once); the stream waits for a release as on a pool at its most.
+    fn grow(&mut self, ring: &mut Ring) -> bool {
+        match ring.grow_pool() {
+            Ok(_) => {
+                self.books
+                    .add_buffers(1)
+                    .expect("the books and the pool have the same most");
+                self.gauges.total.fetch_add(1, Ordering::Relaxed);
+                self.gauges.grown.fetch_add(1, Ordering::Relaxed);
+                self.shrink_at
+                    .get_or_insert(self.busy_at + self.shrink_after);
+                true
+            }
+            Err(e) => {
+                if !self.grow_failed {
+                    self.grow_failed = true;
+                    tracing::warn!("the buffer pool could not grow: {e}");
+                }
+                false
+            }
+        }
+    }
+
+    /// Shrinks the pool back towards its start size once no buffer beyond it has been in use
+    /// for `shrink_after`: every free buffer added by growth goes (books, ring, memory).
+    /// Returns when to look again (`None`: at its start size).
+    pub(crate) fn upkeep(&mut self, ring: &mut Ring) -> Option<Instant> {
+        let at = self.shrink_at?;
+        let now = clock::now();
+        if now < at {
+            return Some(at);
+        }
+        let due = self.busy_at + self.shrink_after;
+        if now < due {
+            self.shrink_at = Some(due);
+            return self.shrink_at;
+        }
+        while ring.pool().count() > self.start && ring.pool().shrinkable().is_some() {
+            // The books choose no particular buffer: any free one of theirs goes with the
+            // pool's highest free one (a buffer is held in the books exactly when in the pool).
+            if self.books.remove_free_buffer().is_none() {
+                break;
+            }
+            if !ring.shrink_pool() {
+                self.books
+                    .add_buffers(1)
+                    .expect("a buffer just taken out fits again");
+                break;
+            }
+            self.gauges.total.fetch_sub(1, Ordering::Relaxed);
+            self.gauges.shrunk.fetch_add(1, Ordering::Relaxed);
+        }
+        // Buffers added by growth still held: look again soon after they may be free.
+        self.shrink_at = (ring.pool().count() > self.start)
+            .then(|| now + self.shrink_after.min(Duration::from_secs(1)));
+        self.shrink_at
     }
 
     /// Opens an account for the stream in worker slot `slot`: an `rt` one with `reserved`
     /// buffers (already counted in the gauges by the engine), else a borrower.
     pub(crate) fn register(
         &mut self,
+        ring: &mut Ring,
         slot: usize,
         reserved: Option<u32>,
     ) -> Result<ClientId, BufferError> {
+        if let Some(n) = reserved {
+            // The engine reserved against the most the pool may have: grow it to hold the
+            // reservation now, so that the rt client's buffers exist when it asks.
+            let grow = self.books.reserve_growth(n).unwrap_or(0);
+            for _ in 0..grow {
+                if !self.grow(ring) {
+                    break;
+                }
+            }
+        }
         let kind = match reserved {
             Some(reserved) => ClientKind::Rt { reserved },
             None => ClientKind::Bulk {
@@ -168,7 +275,16 @@ impl WorkerBuffers {
     /// nothing free that is not promised to an `rt` stream). A stream that may be owed one
     /// later is woken when a buffer is released.
     pub(crate) fn alloc(&mut self, ring: &mut Ring, client: ClientId) -> Option<BufId> {
-        match self.books.acquire(client) {
+        let mut grant = self.books.acquire(client);
+        if matches!(grant, Ok(Grant::Grow)) {
+            // A stream never waits on a pool that could still grow.
+            grant = if self.grow(ring) {
+                self.books.acquire(client)
+            } else {
+                Err(BufferError::NoFreeBuffer)
+            };
+        }
+        match grant {
             Ok(Grant::Buffer(b)) => {
                 // Invariant: the books and the pool hold the same buffers, so a buffer free in
                 // the books is free in the pool.
@@ -185,8 +301,13 @@ impl WorkerBuffers {
                     &self.gauges.bulk_held
                 };
                 gauge.fetch_add(1, Ordering::Relaxed);
+                let pool = ring.pool();
+                if pool.count() - pool.free_count() > self.start {
+                    self.busy_at = clock::now();
+                }
                 Some(buf)
             }
+            Ok(Grant::Grow) => unreachable!("a pool just grown has a free buffer"),
             Ok(Grant::Wait(plan)) => {
                 push_once(&mut self.starved, self.clients[&client].slot);
                 for d in plan.demands {

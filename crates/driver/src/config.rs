@@ -15,6 +15,24 @@ use crate::disk::DiskConfig;
 /// at start.
 pub const BUFFER_BYTES_MAX: usize = 64 << 20;
 
+/// The default [`EngineConfig::pool_shrink_after`]: half a minute with no buffer beyond the
+/// start size in use.
+pub const POOL_SHRINK_AFTER_DEFAULT: Duration = Duration::from_secs(30);
+
+impl EngineConfig {
+    /// The most buffers each worker's pool may grow to (see `pool_max_bytes`).
+    pub fn pool_buffers_max(&self) -> usize {
+        let most = match self.pool_max_bytes {
+            Some(bytes) => bytes / (self.buffer_bytes.max(1) as u64),
+            None => 0,
+        };
+        usize::try_from(most).unwrap_or(usize::MAX).clamp(
+            self.pool_buffers,
+            crate::sys::POOL_BUFFERS_MAX.max(self.pool_buffers),
+        )
+    }
+}
+
 /// The largest [`EngineConfig::stream_depth`] the engine accepts.
 pub const STREAM_DEPTH_LIMIT: usize = 1024;
 
@@ -26,8 +44,16 @@ pub const STREAMS_MAX_LIMIT: usize = 1 << 20;
 pub struct EngineConfig {
     /// Worker threads (event loops).
     pub workers: usize,
-    /// Buffers in each worker's pool.
+    /// Buffers in each worker's pool at start (and after it shrank back).
     pub pool_buffers: usize,
+    /// The most bytes each worker's pool (timed workers' included) may grow to, MARS's
+    /// growing mmbuf pool: `pool_max_bytes / buffer_bytes` buffers, added one at a time when
+    /// a stream finds no free buffer. Never fewer than `pool_buffers`; `None` (the library's
+    /// default): `pool_buffers`, a pool that never grows.
+    pub pool_max_bytes: Option<u64>,
+    /// A pool shrinks back to `pool_buffers` once no buffer beyond them has been in use for
+    /// this long.
+    pub pool_shrink_after: Duration,
     /// Bytes per pool buffer (a multiple of 4096). Bounds the transfer unit of the uring path.
     pub buffer_bytes: usize,
     /// Pool buffers one uring-path stream keeps in flight at most: the cap of its read depth
@@ -185,6 +211,8 @@ impl Default for EngineConfig {
         EngineConfig {
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             pool_buffers: 32,
+            pool_max_bytes: None,
+            pool_shrink_after: POOL_SHRINK_AFTER_DEFAULT,
             buffer_bytes: 1 << 20,
             // The deepest calibrated depth and the buffer being sent.
             stream_depth: crate::calibration::READ_DEPTH_MAX + 1,

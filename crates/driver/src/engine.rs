@@ -410,8 +410,16 @@ pub struct DiskQueueDepth {
 /// read (relaxed atomics the workers update), for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BufferUsage {
-    /// Pool buffers (`workers × pool_buffers`; 0 without io_uring).
+    /// Pool buffers now, all workers (`workers × pool_buffers` at start and when idle; more
+    /// while a pool has grown; 0 without io_uring).
     pub buffers_total: u64,
+    /// The most buffers the pools may grow to, all workers (`pool_max_bytes`).
+    pub buffers_max: u64,
+    /// Bytes of one buffer.
+    pub buffer_bytes: u64,
+    /// Buffers added by growth and given back by shrinking, since start, all workers.
+    pub grown: u64,
+    pub shrunk: u64,
     /// Reserved by the admitted `rt` streams running on the uring path.
     pub reserved: u64,
     /// Held now by `rt` streams (reading, full, sending).
@@ -428,6 +436,8 @@ pub struct BufferUsage {
 #[derive(Debug)]
 pub struct Engine {
     cfg: EngineConfig,
+    /// The most buffers each worker's pool may grow to (`EngineConfig::pool_buffers_max`).
+    pool_max: usize,
     workers: Vec<WorkerHandle>,
     /// Each worker's buffer figures, by worker index.
     gauges: Vec<Arc<BufferGauges>>,
@@ -563,6 +573,8 @@ impl Engine {
         };
         let floor = deadline_params(0, &cfg.deadline)
             .ok_or_else(|| EngineError::Config("deadline floor above its maximum".into()))?;
+        // Each worker's pool may grow to `pool_max_bytes`.
+        let pool_max = cfg.pool_buffers_max();
         let mut workers = Vec::new();
         let mut joins = Vec::new();
         let mut gauges = Vec::new();
@@ -575,7 +587,7 @@ impl Engine {
                 tries: sched_plan.timed.clone(),
                 floor,
             });
-            let (handle, join, mut winfo) = spawn_worker(i, &cfg, g.clone(), role)
+            let (handle, join, mut winfo) = spawn_worker(i, &cfg, pool_max, g.clone(), role)
                 .map_err(|e| EngineError::Worker(e.to_string()))?;
             workers.push(handle);
             joins.push(join);
@@ -634,6 +646,7 @@ impl Engine {
         let disk = Mutex::new(DiskSettings::of(&cfg.disk, cfg.buffer_bytes as u64));
         Ok(Engine {
             disk,
+            pool_max,
             cfg,
             workers,
             gauges,
@@ -829,9 +842,15 @@ impl Engine {
 
     /// The buffer pools' use now, all workers together.
     pub fn buffer_usage(&self) -> BufferUsage {
-        let mut u = BufferUsage::default();
+        let mut u = BufferUsage {
+            buffer_bytes: self.cfg.buffer_bytes as u64,
+            ..BufferUsage::default()
+        };
         for g in &self.gauges {
             u.buffers_total += u64::from(g.total.load(Ordering::Relaxed));
+            u.buffers_max += u64::from(g.max.load(Ordering::Relaxed));
+            u.grown += g.grown.load(Ordering::Relaxed);
+            u.shrunk += g.shrunk.load(Ordering::Relaxed);
             u.reserved += u64::from(g.reserved.load(Ordering::Relaxed));
             u.rt_in_use += u64::from(g.rt_held.load(Ordering::Relaxed));
             u.bulk_borrowed += u64::from(g.bulk_held.load(Ordering::Relaxed));
@@ -858,7 +877,7 @@ impl Engine {
         PlanLimits {
             buffer_bytes: self.cfg.buffer_bytes as u64,
             rt_buffers_default: self.default_rt_buffers(depth),
-            rt_buffers_max: u32::try_from(self.cfg.client_buffers_max.min(self.cfg.pool_buffers))
+            rt_buffers_max: u32::try_from(self.cfg.client_buffers_max.min(self.pool_max))
                 .unwrap_or(u32::MAX),
         }
     }
@@ -874,7 +893,7 @@ impl Engine {
 
     /// The pool buffers one uring-path stream holds at most.
     fn stream_buffers_max(&self) -> usize {
-        self.cfg.stream_depth.min(self.cfg.pool_buffers).max(1)
+        self.cfg.stream_depth.min(self.pool_max).max(1)
     }
 
     /// A read depth within what a stream may hold: one buffer is being sent while the others
@@ -958,9 +977,7 @@ impl Engine {
             return Ok(first);
         };
         // The planner checked `n` against `PlanLimits::rt_buffers_max`.
-        debug_assert!(
-            n >= 1 && n as usize <= self.cfg.client_buffers_max.min(self.cfg.pool_buffers)
-        );
+        debug_assert!(n >= 1 && n as usize <= self.cfg.client_buffers_max.min(self.pool_max));
         let mut most_left = 0;
         for k in 0..count {
             let w = base + (first - base + k) % count;
@@ -972,7 +989,7 @@ impl Engine {
         Err(penstock_core::buffers::BufferError::ReserveShort {
             need: n,
             left: most_left,
-            buffer_count: u32::try_from(self.cfg.pool_buffers).unwrap_or(u32::MAX),
+            buffer_count: u32::try_from(self.pool_max).unwrap_or(u32::MAX),
         }
         .into())
     }
@@ -1522,7 +1539,7 @@ impl Engine {
                     penstock_core::buffers::BufferError::ReserveShort {
                         need: n,
                         left,
-                        buffer_count: u32::try_from(self.cfg.pool_buffers).unwrap_or(u32::MAX),
+                        buffer_count: u32::try_from(self.pool_max).unwrap_or(u32::MAX),
                     },
                 ));
                 continue;

@@ -209,6 +209,26 @@ impl UringState {
         };
         let mut reading = self.chunks.iter().filter(|c| c.filled.is_none()).count();
         while self.chunks.len() < depth && reading < read_depth && self.next_read < end {
+            // A paced stream that holds a chunk reads the next one only when its first unit
+            // is due within the read-ahead horizon (the planner's `PACED_READ_AHEAD_NS`);
+            // the step at each unit's deadline looks again.
+            if !self.chunks.is_empty()
+                && let Some(p) = &mut io.pace
+            {
+                let first_unit = if p.plan().is_some() {
+                    self.plan_read_unit as u64
+                } else {
+                    self.next_read.max(io.start).saturating_sub(io.start) / io.unit as u64
+                };
+                let horizon = std::time::Duration::from_nanos(
+                    penstock_core::stream::plan::PACED_READ_AHEAD_NS,
+                );
+                if p.deadline_of(first_unit, now)
+                    .is_some_and(|d| d > now + horizon)
+                {
+                    break;
+                }
+            }
             let Some(buf) = bufs.alloc(ring, client) else {
                 break;
             };

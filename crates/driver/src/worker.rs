@@ -350,6 +350,8 @@ struct Worker {
     /// When the watchdog next scans for stalled streams; `None`: no stream has a timeout.
     /// A blocking wait never sleeps past it.
     watch_at: Option<Instant>,
+    /// When the buffer pool may next shrink (`WorkerBuffers::upkeep`).
+    shrink_at: Option<Instant>,
 }
 
 /// Steps one stream may take per turn before others get theirs.
@@ -365,6 +367,7 @@ pub(crate) struct TimedRole {
 pub(crate) fn spawn_worker(
     index: usize,
     cfg: &EngineConfig,
+    pool_max: usize,
     gauges: Arc<BufferGauges>,
     timed: Option<TimedRole>,
 ) -> io::Result<(WorkerHandle, JoinHandle<()>, EngineInfo)> {
@@ -382,9 +385,10 @@ pub(crate) fn spawn_worker(
     let ring_cfg = RingConfig {
         sq_entries: 1024,
         buffers: cfg.pool_buffers,
+        buffers_max: pool_max,
         buffer_bytes: cfg.buffer_bytes,
         register_buffers: cfg.register_buffers,
-        ops_max: (4096.max(cfg.pool_buffers * 2 + cfg.streams_max * 2)).min(1 << 16),
+        ops_max: (4096.max(pool_max * 2 + cfg.streams_max * 2)).min(1 << 16),
     };
     let depth = cfg.stream_depth;
     let wake2 = wake.clone();
@@ -396,7 +400,8 @@ pub(crate) fn spawn_worker(
     let entries_max = cfg.streams_max + cfg.cpu.rtus_max as usize;
     let disk_cfg = cfg.disk.clone();
     let buffer_bytes = cfg.buffer_bytes;
-    let queue_max = u32::try_from(cfg.pool_buffers).unwrap_or(u32::MAX);
+    let queue_max = u32::try_from(pool_max).unwrap_or(u32::MAX);
+    let shrink_after = cfg.pool_shrink_after;
     let clients_max = u32::try_from(cfg.streams_max).unwrap_or(u32::MAX);
     let borrow_max = u32::try_from(cfg.client_buffers_max).unwrap_or(u32::MAX);
     let disk_depth = Arc::new(DiskDepth::default());
@@ -470,7 +475,7 @@ pub(crate) fn spawn_worker(
         };
         let bufs = match &reactor {
             Reactor::Ring(ring) if disk.is_some() => {
-                match WorkerBuffers::new(ring, clients_max, borrow_max, gauges) {
+                match WorkerBuffers::new(ring, clients_max, borrow_max, shrink_after, gauges) {
                     Ok(b) => Some(b),
                     Err(e) => {
                         info.uring = Err(format!("buffer books refused the pool: {e}"));
@@ -509,6 +514,7 @@ pub(crate) fn spawn_worker(
             bufs,
             wakeups: Vec::new(),
             watch_at: None,
+            shrink_at: None,
         };
         w.run();
     })?;
@@ -538,6 +544,7 @@ impl Worker {
                 return;
             }
             self.watch();
+            self.pool_upkeep();
             self.release_due();
             self.step_ready();
             self.wake_buffer_waiters();
@@ -555,6 +562,14 @@ impl Worker {
                 break;
             };
             self.step(slot);
+        }
+    }
+
+    /// Shrinks the buffer pool back towards its start size once it has been idle
+    /// (`WorkerBuffers::upkeep`); `shrink_at` bounds the next blocking wait.
+    fn pool_upkeep(&mut self) {
+        if let (Some(b), Reactor::Ring(ring)) = (&mut self.bufs, &mut self.reactor) {
+            self.shrink_at = b.upkeep(ring);
         }
     }
 
@@ -591,8 +606,10 @@ impl Worker {
                         let at = now + watch_interval(timeout);
                         self.watch_at = Some(self.watch_at.map_or(at, |w| w.min(at)));
                     }
-                    if let (Machine::Uring(u), Some(b)) = (&mut task.machine, &mut self.bufs) {
-                        match b.register(slot, task.buffers_reserved) {
+                    if let (Machine::Uring(u), Some(b), Reactor::Ring(ring)) =
+                        (&mut task.machine, &mut self.bufs, &mut self.reactor)
+                    {
+                        match b.register(ring, slot, task.buffers_reserved) {
                             Ok(c) => u.client = Some(c),
                             Err(e) => task.outcome = Some(Err(StreamError::Buffers(e))),
                         }
@@ -1019,7 +1036,14 @@ impl Worker {
         let wake_at =
             next_deadline.map(|d| Instant::from_nanos(d.as_nanos().saturating_sub(spin_ns)));
         // The watchdog's next scan bounds every blocking wait, though it wakes no stream.
-        let watch_at = if block { self.watch_at } else { None };
+        let watch_at = if block {
+            match (self.watch_at, self.shrink_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        } else {
+            None
+        };
         let wake_or_watch = match (wake_at, watch_at) {
             (Some(a), Some(w)) => Some(a.min(w)),
             (a, w) => a.or(w),

@@ -272,3 +272,171 @@ fn ten_thousand_idle_connections_keep_memory_bounded_and_others_served() {
     // (The idle timeout is a day: no check above can be about idle cuts, however slow the
     // machine.)
 }
+
+/// Kilobytes of `field` (`Pss:`) in `/proc/PID/smaps_rollup`.
+fn rollup_kb(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/smaps_rollup"))
+}
+
+/// PSS of the mappings of `pid` backed by file `path` (its executable), kB.
+fn pss_of_file_kb(pid: u32, path: &std::path::Path) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let path = path.canonicalize().unwrap();
+    let mut mine = false;
+    let mut kb = 0;
+    for l in smaps.lines() {
+        let first = l.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            mine = l
+                .split_whitespace()
+                .nth(5)
+                .is_some_and(|p| std::path::Path::new(p) == path);
+        } else if mine && let Some(v) = l.strip_prefix("Pss:") {
+            kb += v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap();
+        }
+    }
+    kb
+}
+
+/// The pids whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                // The fields after the command's closing parenthesis: state, ppid.
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
+/// Issue 38: an idle `penstock serve` (defaults, no stream open) holds at most twice the
+/// memory of an idle nginx (one worker process per CPU, as penstock has a worker per CPU),
+/// both measured in this run as PSS summed over each server's processes after one request
+/// each. The buffer pools start empty and grow on demand, so an idle server maps none (they
+/// were 32 MiB per worker, four workers here: 128 MiB). penstock's own executable's pages are
+/// counted apart: their size depends on the build profile (a debug build's are ~16 MB,
+/// release's a few); the figures are printed.
+#[test]
+fn an_idle_server_holds_at_most_twice_nginxs_memory() {
+    if !penstock_testreq::require("nginx") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    let www = p.join("www");
+    std::fs::create_dir(&www).unwrap();
+    std::fs::write(www.join("a.txt"), pattern(1000, 3)).unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    std::fs::write(
+        p.join("nginx.conf"),
+        format!(
+            "user root;\nworker_processes auto;\ndaemon off;\npid {p}/nginx.pid;\nerror_log {p}/error.log warn;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n  access_log off;\n  sendfile on;\n\
+               client_body_temp_path {p}/cb; proxy_temp_path {p}/px; fastcgi_temp_path {p}/fc; uwsgi_temp_path {p}/uw; scgi_temp_path {p}/sc;\n\
+               server {{ listen 127.0.0.1:{port}; root {www}; location / {{ }} }}\n}}\n",
+            p = p.display(),
+            www = www.display(),
+        ),
+    )
+    .unwrap();
+    let nginx = Server(
+        Command::new("nginx")
+            .arg("-p")
+            .arg(p)
+            .arg("-c")
+            .arg(p.join("nginx.conf"))
+            .arg("-e")
+            .arg(p.join("error.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let conf = p.join("penstock.toml");
+    std::fs::write(
+        &conf,
+        "[rtsp]\nlisten = \"\"\n[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_penstock"))
+        .args(["serve", "--config"])
+        .arg(&conf)
+        .arg("--root")
+        .arg(&www)
+        .arg("--no-control-unix")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let penstock = Server(child);
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.starts_with("penstock serve: http://"), "{line}");
+    let (http, _) = serve_addresses(&line);
+    let nginx_addr = format!("127.0.0.1:{port}");
+    let t0 = Instant::now();
+    let mut served = false;
+    while !served {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "nginx never answered"
+        );
+        served =
+            TcpStream::connect(&nginx_addr).is_ok_and(|mut s| get(&mut s, "/a.txt", true).0 == 200);
+        if !served {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let mut s = TcpStream::connect(&http).unwrap();
+    assert_eq!(get(&mut s, "/a.txt", true).0, 200);
+    drop(s);
+    assert_eq!(
+        metric(
+            &http,
+            "penstock_engine_buffer_pool_bytes{state=\"current\"}"
+        ),
+        Some(0.0),
+        "an idle server's pools hold nothing"
+    );
+    let nginx_pids: Vec<u32> = std::iter::once(nginx.0.id())
+        .chain(children(nginx.0.id()))
+        .collect();
+    let nginx_kb: u64 = nginx_pids.iter().map(|&p| rollup_kb(p, "Pss:")).sum();
+    let pid = penstock.0.id();
+    let penstock_kb = rollup_kb(pid, "Pss:");
+    let exe_kb = pss_of_file_kb(pid, std::path::Path::new(env!("CARGO_BIN_EXE_penstock")));
+    println!(
+        "idle PSS: nginx {nginx_kb} kB ({} processes); penstock {penstock_kb} kB, of which \
+         {exe_kb} kB its executable's pages, {} kB anonymous",
+        nginx_pids.len(),
+        rollup_kb(pid, "Pss_Anon:")
+    );
+    assert!(
+        nginx_pids.len() >= 2,
+        "nginx's master and workers: {nginx_pids:?}"
+    );
+    assert!(
+        penstock_kb - exe_kb <= 2 * nginx_kb,
+        "idle penstock holds {} kB besides its executable, nginx {nginx_kb} kB in all",
+        penstock_kb - exe_kb
+    );
+}

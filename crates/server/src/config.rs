@@ -46,6 +46,8 @@ pub struct ServerConfig {
     pub http: HttpConfig,
     pub control: ControlConfig,
     pub engine: EngineSection,
+    /// `[buffers]`: how far the engine's buffer pools may grow, and when they shrink back.
+    pub buffers: BuffersSection,
     /// `[disk]`: the engine's disk request scheduler (reloadable).
     pub disk: DiskSection,
     pub admission: AdmissionSection,
@@ -1199,6 +1201,13 @@ impl TryFrom<String> for IpPrefix {
     }
 }
 
+/// `[engine] pool_buffers` unless set: each worker's pool starts empty and grows to its share
+/// of `[buffers] pool_max_bytes` (docs/io-scheduler.md §5).
+pub const SERVE_POOL_BUFFERS_DEFAULT: usize = 0;
+
+/// `[buffers] pool_max_bytes` unless set, in buffers of `[engine] buffer_bytes`.
+pub const POOL_MAX_BUFFERS_DEFAULT: u64 = 32;
+
 /// `[engine]`: the stream engine's sizes (see `penstock_driver::EngineConfig`).
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -1247,9 +1256,9 @@ impl EngineSection {
         if self.workers > 0 {
             c.workers = self.workers;
         }
-        if let Some(n) = self.pool_buffers {
-            c.pool_buffers = n;
-        }
+        // The server's pools start empty and grow on demand ([buffers]): an idle server holds
+        // no buffer memory.
+        c.pool_buffers = self.pool_buffers.unwrap_or(SERVE_POOL_BUFFERS_DEFAULT);
         if let Some(n) = self.buffer_bytes {
             c.buffer_bytes = n;
         }
@@ -1282,6 +1291,52 @@ impl EngineSection {
             c.deadline.period_ns = us.saturating_mul(1000);
         }
         c
+    }
+}
+
+/// `[buffers]`: the engine's buffer pools grow and shrink (docs/io-scheduler.md §5). Each
+/// worker's pool starts with `[engine] pool_buffers` buffers (default 0) and grows, when a
+/// stream finds no free buffer, up to `pool_max_bytes`; it shrinks back to its start size once
+/// no buffer beyond it has been in use for `shrink_after_ms`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BuffersSection {
+    /// The most bytes each worker's pool may hold, timed workers' included (default: 32
+    /// buffers of `[engine] buffer_bytes`, the size every pool had before pools grew). At
+    /// most 16 GiB.
+    #[serde(default, deserialize_with = "units::opt_size")]
+    pub pool_max_bytes: Option<u64>,
+    /// Idle time before a grown pool shrinks back (default 30 s; 10 ms ..= 1 h).
+    #[serde(default, deserialize_with = "units::opt_ms")]
+    pub shrink_after_ms: Option<u64>,
+}
+
+impl BuffersSection {
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.pool_max_bytes.is_some_and(|b| b > 16 << 30) {
+            return Err(ConfigError::Invalid(
+                "buffers.pool_max_bytes must be at most 16 GiB".into(),
+            ));
+        }
+        if self
+            .shrink_after_ms
+            .is_some_and(|ms| !(10..=3_600_000).contains(&ms))
+        {
+            return Err(ConfigError::Invalid(
+                "buffers.shrink_after_ms must be 10 ms ..= 1 h".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn apply(&self, c: &mut penstock_driver::EngineConfig) {
+        c.pool_max_bytes = Some(
+            self.pool_max_bytes
+                .unwrap_or(POOL_MAX_BUFFERS_DEFAULT * c.buffer_bytes as u64),
+        );
+        if let Some(ms) = self.shrink_after_ms {
+            c.pool_shrink_after = Duration::from_millis(ms);
+        }
     }
 }
 
@@ -1578,6 +1633,7 @@ impl ServerConfig {
     /// Checks what can be checked without opening anything.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.limits.check()?;
+        self.buffers.check()?;
         self.http
             .listen
             .check()
@@ -1810,6 +1866,7 @@ impl ServerConfig {
     pub fn engine_config(&self) -> penstock_driver::EngineConfig {
         let mut c = self.engine.engine_config();
         self.disk.apply(&mut c.disk);
+        self.buffers.apply(&mut c);
         c
     }
 
@@ -2150,6 +2207,29 @@ mod tests {
         .unwrap();
         assert!(c.check().is_err());
         assert!(toml::from_str::<ServerConfig>("[disk]\nquantum = 1\n").is_err());
+    }
+
+    #[test]
+    fn buffers_section_sets_how_far_pools_grow_and_when_they_shrink() {
+        let d = ServerConfig::default().engine_config();
+        assert_eq!(d.pool_buffers, SERVE_POOL_BUFFERS_DEFAULT);
+        assert_eq!(d.pool_max_bytes, Some(32 << 20), "32 buffers of 1 MiB");
+        let c: ServerConfig = toml::from_str(
+            "[engine]\npool_buffers = 2\n[buffers]\npool_max_bytes = \"8MiB\"\nshrink_after_ms = \"2s\"\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        let e = c.engine_config();
+        assert_eq!((e.pool_buffers, e.pool_max_bytes), (2, Some(8 << 20)));
+        assert_eq!(e.pool_buffers_max(), 8);
+        assert_eq!(e.pool_shrink_after, Duration::from_secs(2));
+        for bad in ["shrink_after_ms = 0", "pool_max_bytes = \"17GiB\""] {
+            let c: ServerConfig = toml::from_str(&format!("[buffers]\n{bad}\n")).unwrap();
+            assert!(
+                c.check().unwrap_err().to_string().contains("buffers."),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -987,6 +987,31 @@ impl Collector for EngineCollector {
             let labels = [("state", state)];
             gauge(n).encode(m.encode_family(&labels)?)?;
         }
+        let mut m = encoder.encode_descriptor(
+            "engine_buffer_pool_bytes",
+            "The engine's buffer pools, all workers: current (grown on demand, shrunk back when idle) and max (what [buffers] pool_max_bytes lets them grow to)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (state, n) in [
+            ("current", u.buffers_total * u.buffer_bytes),
+            ("max", u.buffers_max * u.buffer_bytes),
+        ] {
+            let labels = [("state", state)];
+            gauge(n).encode(m.encode_family(&labels)?)?;
+        }
+        one(
+            &mut encoder,
+            "engine_buffer_pool_grown",
+            "Buffers added to the pools when a stream found none free",
+            ConstCounter::new(u.grown),
+        )?;
+        one(
+            &mut encoder,
+            "engine_buffer_pool_shrunk",
+            "Buffers taken out of the pools after they were idle",
+            ConstCounter::new(u.shrunk),
+        )?;
         one(
             &mut encoder,
             "engine_buffer_repossessions",

@@ -1039,3 +1039,176 @@ fn an_ended_streams_place_is_free_for_the_next_open_before_any_reaper_runs() {
     let refused = streams.open_given(other, &spec, orphaned()).unwrap_err();
     assert_eq!(refused.code.code(), 503, "{:?}", refused.lines);
 }
+
+/// Receivers for many streams on one listener: each accepted connection is read to its end
+/// on a thread of its own; `bodies` gets what each one received.
+fn many_receivers(
+    n: usize,
+) -> (
+    SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+    mpsc::Receiver<Vec<u8>>,
+) {
+    let rx = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = rx.local_addr().unwrap();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (tx, bodies) = mpsc::channel();
+    let c = count.clone();
+    std::thread::spawn(move || {
+        for _ in 0..n {
+            let Ok((mut s, _)) = rx.accept() else { return };
+            let (tx, c) = (tx.clone(), c.clone());
+            std::thread::spawn(move || {
+                let mut all = Vec::new();
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(k) = s.read(&mut buf) {
+                    if k == 0 {
+                        break;
+                    }
+                    all.extend_from_slice(&buf[..k]);
+                    c.fetch_add(k as u64, std::sync::atomic::Ordering::SeqCst);
+                }
+                let _ = tx.send(all);
+            });
+        }
+    });
+    (addr, count, bodies)
+}
+
+/// Opens and starts `n` streams of `src` to `rx` with `options`; their ids.
+fn open_started(
+    c: &mut Ctl,
+    n: usize,
+    src: &std::path::Path,
+    rx: SocketAddr,
+    options: &str,
+) -> Vec<penstock_core::control::StreamId> {
+    (0..n)
+        .map(|i| {
+            let o = c.cmd(&format!("OPEN file:{} tcp://{rx} {options}", src.display()));
+            assert_eq!(o.code.code(), 201, "stream {i}: {o:?}");
+            let id = o.stream_id().unwrap();
+            assert_eq!(c.cmd(&format!("START {id}")).code.code(), 200);
+            id
+        })
+        .collect()
+}
+
+/// The regression the buffer pool's fairness guards (issue 38): 50 paced bulk streams at
+/// 48 KB/s in 4 KiB units, opened through the control protocol on a worker whose pool starts
+/// with fewer buffers than streams. Paced streams hold a buffer between their units, so the
+/// first streams took every buffer and read ahead while the last ones never got one (18 of
+/// them stayed `running` with 0 bytes sent). Every stream must make progress within a
+/// bounded time.
+#[test]
+fn fifty_paced_streams_all_make_progress_on_a_smaller_pool() {
+    const STREAMS: usize = 50;
+    let mut cfg = config();
+    // Each worker's pool starts with 8 buffers and may grow to 64 (the paced streams share
+    // one worker's: the timed worker where a real-time policy may be had): more than the
+    // streams, fewer than they would hold reading ahead by the read depth.
+    cfg.engine.pool_buffers = Some(8);
+    cfg.buffers.pool_max_bytes = Some(64 << 20);
+    let f = start_with(cfg);
+    // Two buffers' worth per stream: a stream that got one holds it ~20 s at this rate.
+    let src = f.path("paced50.ts");
+    std::fs::write(&src, pattern(2 << 20, 50)).unwrap();
+    let (rx, _count, _bodies) = many_receivers(STREAMS);
+    let mut c = Ctl::authed(f.control());
+    let ids = open_started(&mut c, STREAMS, &src, rx, "rate=48KB/s unit=4KiB");
+    let t0 = std::time::Instant::now();
+    loop {
+        let idle: Vec<_> = ids
+            .iter()
+            .filter(|id| {
+                let st = c.cmd(&format!("STATE {id}"));
+                assert!(!st.lines[0].contains(" failed "), "{st:?}");
+                state_field(&st, "sent") == Some(0)
+            })
+            .collect();
+        if idle.is_empty() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "{} of {STREAMS} paced streams sent nothing in 15 s: {idle:?}; metrics:\n{}",
+            idle.len(),
+            metrics_text(&f)
+                .lines()
+                .filter(|l| l.contains("buffer"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for id in ids {
+        assert_eq!(c.cmd(&format!("CLOSE {id} NOW")).code.code(), 200);
+    }
+}
+
+/// Issue 38's growth: a burst of 4× the streams the pools start with (each worker's pool
+/// starts with 2 buffers) all open and run byte-exact without a refusal naming buffers, the
+/// pools growing up to `[buffers] pool_max_bytes` each; once idle for `shrink_after_ms` (short
+/// here) they are back to their start size. The metrics show the current and the most bytes.
+#[test]
+fn a_burst_grows_the_pool_and_an_idle_pool_shrinks_back() {
+    const START: u64 = 2;
+    let mut cfg = config();
+    cfg.engine.pool_buffers = Some(START as usize);
+    cfg.buffers.pool_max_bytes = Some(64 << 20);
+    cfg.buffers.shrink_after_ms = Some(300);
+    let f = start_with(cfg);
+    let pool = |m: &str, state: &str| {
+        metric_value(
+            m,
+            &format!("penstock_engine_buffer_pool_bytes{{state=\"{state}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("no pool bytes {state}:\n{m}")) as u64
+    };
+    let m = metrics_text(&f);
+    let start_bytes = pool(&m, "current");
+    let workers = start_bytes / START / (1 << 20);
+    assert!(workers >= 1, "{m}");
+    assert_eq!(pool(&m, "max"), workers * (64 << 20), "{m}");
+    let streams = (4 * START * workers) as usize;
+    // Three buffers' worth each: every stream reads ahead while the others run.
+    let data = pattern(3 << 20, 38);
+    let src = f.path("burst.bin");
+    std::fs::write(&src, &data).unwrap();
+    let (rx, _count, bodies) = many_receivers(streams);
+    let mut c = Ctl::authed(f.control());
+    let ids = open_started(&mut c, streams, &src, rx, "path=uring");
+    for &id in &ids {
+        let st = wait_done(&mut c, id);
+        assert_eq!(state_field(&st, "sent"), Some(data.len() as u64), "{st:?}");
+    }
+    for i in 0..streams {
+        let got = bodies.recv_timeout(Duration::from_secs(60)).unwrap();
+        assert!(
+            got == data,
+            "receiver {i}: {} bytes, not the file",
+            got.len()
+        );
+    }
+    let m = metrics_text(&f);
+    let grown = metric_value(&m, "penstock_engine_buffer_pool_grown_total").unwrap();
+    assert!(grown > 0.0, "the burst grew no pool:\n{m}");
+    // Idle: back to the start size within a bounded time (shrink_after is 300 ms).
+    let t0 = std::time::Instant::now();
+    loop {
+        let m = metrics_text(&f);
+        if pool(&m, "current") == start_bytes {
+            let shrunk = metric_value(&m, "penstock_engine_buffer_pool_shrunk_total").unwrap();
+            assert_eq!(shrunk, grown, "{m}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the pool never shrank back to {start_bytes} bytes:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for id in ids {
+        assert_eq!(c.cmd(&format!("CLOSE {id}")).code.code(), 200);
+    }
+}

@@ -41,6 +41,8 @@ fn run_inner(seed: u64) -> Result<(), String> {
     let buffer_count = rng.range(4, 32) as u32;
     let mut m = BufferManager::new(BufferPoolConfig {
         buffer_count,
+        // A pool that never grows: repossession is what this simulation checks.
+        buffer_count_max: buffer_count,
         buffer_bytes: 1 << 20,
         clients_max: 16,
     })
@@ -84,6 +86,7 @@ fn run_inner(seed: u64) -> Result<(), String> {
                     c.idle.push(b);
                     c.waiting_since = None;
                 }
+                Ok(Grant::Grow) => return Err("a pool at its most asked to grow".into()),
                 Ok(Grant::Wait(plan)) => {
                     ensure!(c.rt, "bulk got Wait");
                     c.waiting_since.get_or_insert(step);
@@ -144,6 +147,7 @@ fn run_inner(seed: u64) -> Result<(), String> {
                     clients[i].idle.push(b);
                     clients[i].waiting_since = None;
                 }
+                Grant::Grow => return Err("a pool at its most asked to grow".into()),
                 Grant::Wait(plan) => {
                     ensure!(
                         debts > 0,

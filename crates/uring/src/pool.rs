@@ -1,10 +1,14 @@
-//! The buffer pool: the mmbuf of MARS, today.
+//! The buffer pool: the mmbuf of MARS, which grows on demand and shrinks back.
 //!
-//! One anonymous mapping, sized at start, cut into `count` buffers of `buffer_bytes` each
-//! (a multiple of 4096, so every buffer is aligned for O_DIRECT). The same buffer is the
-//! disk-read target and the network-send source: no byte is copied by the CPU between them.
+//! Buffers of `buffer_bytes` each (a multiple of 4096, so every buffer is aligned for
+//! O_DIRECT). The pool starts with `start` buffers in one anonymous mapping and may grow to
+//! `max`: each buffer added later is a mapping of its own, so that it can be unmapped again
+//! when the pool shrinks back ([`BufferPool::grow`], [`BufferPool::shrink`]). The same buffer
+//! is the disk-read target and the network-send source: no byte is copied by the CPU between
+//! them.
 //!
-//! Each buffer is in one of three states, checked at every access:
+//! Each buffer is in one of four states, checked at every access:
+//! - absent: beyond the pool's current size (no memory behind it);
 //! - free: in the free list;
 //! - held: owned by the driver (empty, or full of data waiting to be sent) — readable and
 //!   writable by safe code;
@@ -14,7 +18,10 @@
 //!   nor write one it reads.
 //!
 //! The state lives here so that the ring can refuse to hand a buffer to the kernel twice and
-//! refuse to free a buffer the kernel still uses. That is the zero-copy buffer-lifetime rule.
+//! refuse to free (or unmap) a buffer the kernel still uses. That is the zero-copy
+//! buffer-lifetime rule.
+
+use std::collections::BTreeSet;
 
 use memmap2::{MmapMut, MmapOptions};
 
@@ -36,6 +43,8 @@ pub const BUFFERS_MAX: usize = 1 << 15;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BufState {
+    /// Beyond the pool's current size: not mapped.
+    Absent,
     Free,
     Held,
     /// The kernel reads from it: `n` operations in flight.
@@ -44,7 +53,7 @@ enum BufState {
     KernelWrites(u32),
 }
 
-/// Errors building a pool.
+/// Errors building or growing a pool.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PoolError {
@@ -52,58 +61,103 @@ pub enum PoolError {
     BufferSize(usize),
     #[error("buffer count {0} is outside 1..={BUFFERS_MAX}")]
     BufferCount(usize),
+    #[error("most buffers {max} is below the start size {start}")]
+    MaxBelowStart { start: usize, max: usize },
     #[error("buffer pool of {bytes} bytes could not be mapped: {source}")]
     Map {
         bytes: usize,
         source: std::io::Error,
     },
+    #[error("the pool holds its most buffers ({0})")]
+    Full(usize),
 }
 
-/// A fixed pool of aligned buffers. See the module documentation.
+/// A pool of aligned buffers that grows from `start` to `max`. See the module documentation.
 pub struct BufferPool {
-    map: MmapMut,
+    /// The start buffers, `start * buffer_bytes` long (none: a pool that starts empty).
+    base: Option<MmapMut>,
+    /// Buffers added since start, by index − `start`: one mapping each, `None` when absent.
+    grown: Vec<Option<MmapMut>>,
+    start: usize,
     buffer_bytes: usize,
     state: Vec<BufState>,
     /// Per buffer, the end of the furthest range lent to the kernel for reading since it was
     /// last idle (0 when held): bytes past it may still be written
     /// ([`BufferPool::bytes_mut_from`]).
     read_end: Vec<usize>,
-    free: Vec<u16>,
+    /// Per buffer, whether the ring's table holds it (fixed reads and zero-copy sends by
+    /// index); set by the ring.
+    registered: Vec<bool>,
+    /// Free buffers; the lowest goes first, so that buffers added by growth fall idle and
+    /// can be unmapped again.
+    free: BTreeSet<u16>,
+    /// Buffers present (start + grown).
+    count: usize,
 }
 
 impl std::fmt::Debug for BufferPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BufferPool")
             .field("buffer_bytes", &self.buffer_bytes)
-            .field("count", &self.state.len())
+            .field("count", &self.count)
+            .field("start", &self.start)
+            .field("max", &self.state.len())
             .field("free", &self.free.len())
             .finish()
     }
 }
 
+fn map_buffers(bytes: usize) -> Result<MmapMut, PoolError> {
+    MmapOptions::new()
+        .len(bytes)
+        .populate()
+        .map_anon()
+        .map_err(|source| PoolError::Map { bytes, source })
+}
+
 impl BufferPool {
-    /// Maps `count` buffers of `buffer_bytes` each, pre-faulted.
+    /// Maps `count` buffers of `buffer_bytes` each, pre-faulted; the pool never grows.
     pub fn new(count: usize, buffer_bytes: usize) -> Result<BufferPool, PoolError> {
+        BufferPool::growable(count, count, buffer_bytes)
+    }
+
+    /// Maps `start` buffers of `buffer_bytes` each, pre-faulted; the pool may grow to `max`.
+    /// A pool that may grow may start empty (`start` 0): it holds no memory until a stream
+    /// needs a buffer.
+    pub fn growable(
+        start: usize,
+        max: usize,
+        buffer_bytes: usize,
+    ) -> Result<BufferPool, PoolError> {
         if buffer_bytes == 0 || !buffer_bytes.is_multiple_of(BUFFER_ALIGN) {
             return Err(PoolError::BufferSize(buffer_bytes));
         }
-        if count == 0 || count > BUFFERS_MAX {
-            return Err(PoolError::BufferCount(count));
+        if start > BUFFERS_MAX {
+            return Err(PoolError::BufferCount(start));
         }
-        let bytes = count * buffer_bytes;
-        let map = MmapOptions::new()
-            .len(bytes)
-            .populate()
-            .map_anon()
-            .map_err(|source| PoolError::Map { bytes, source })?;
-        // Free list popped from the end: hand out low indices first.
-        let free = (0..count as u16).rev().collect();
+        if max == 0 || max > BUFFERS_MAX {
+            return Err(PoolError::BufferCount(max));
+        }
+        if max < start {
+            return Err(PoolError::MaxBelowStart { start, max });
+        }
+        let base = if start > 0 {
+            Some(map_buffers(start * buffer_bytes)?)
+        } else {
+            None
+        };
+        let mut state = vec![BufState::Free; start];
+        state.resize(max, BufState::Absent);
         Ok(BufferPool {
-            map,
+            base,
+            grown: (start..max).map(|_| None).collect(),
+            start,
             buffer_bytes,
-            state: vec![BufState::Free; count],
-            read_end: vec![0; count],
-            free,
+            state,
+            read_end: vec![0; max],
+            registered: vec![false; max],
+            free: (0..start as u16).collect(),
+            count: start,
         })
     }
 
@@ -112,8 +166,18 @@ impl BufferPool {
         self.buffer_bytes
     }
 
-    /// Number of buffers.
+    /// Number of buffers present now.
     pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Buffers at start: the pool never shrinks below them.
+    pub fn start_count(&self) -> usize {
+        self.start
+    }
+
+    /// The most buffers the pool may have.
+    pub fn max_count(&self) -> usize {
         self.state.len()
     }
 
@@ -122,9 +186,55 @@ impl BufferPool {
         self.free.len()
     }
 
+    /// Adds one buffer (a new pre-faulted mapping), free; the ring registers it.
+    pub(crate) fn grow(&mut self) -> Result<BufId, PoolError> {
+        let Some(i) = (self.start..self.state.len()).find(|&i| self.state[i] == BufState::Absent)
+        else {
+            return Err(PoolError::Full(self.state.len()));
+        };
+        self.grown[i - self.start] = Some(map_buffers(self.buffer_bytes)?);
+        self.state[i] = BufState::Free;
+        self.registered[i] = false;
+        // Bounded by BUFFERS_MAX (checked at construction): fits u16.
+        self.free.insert(i as u16);
+        self.count += 1;
+        Ok(BufId(i as u16))
+    }
+
+    /// A free buffer added by growth, the highest first: what [`BufferPool::shrink`] may take.
+    pub fn shrinkable(&self) -> Option<BufId> {
+        self.free
+            .iter()
+            .next_back()
+            .filter(|&&i| usize::from(i) >= self.start)
+            .map(|&i| BufId(i))
+    }
+
+    /// Unmaps a free buffer added by growth. The ring takes it out of its table first.
+    /// Panics if the buffer is not free (held, or used by the kernel) or is a start buffer.
+    pub(crate) fn shrink(&mut self, id: BufId) {
+        let i = id.index();
+        assert!(i >= self.start, "shrinking start buffer {id:?}");
+        assert_eq!(self.state[i], BufState::Free, "shrinking buffer {id:?}");
+        assert!(!self.registered[i], "shrinking registered buffer {id:?}");
+        self.free.remove(&id.0);
+        self.state[i] = BufState::Absent;
+        self.grown[i - self.start] = None;
+        self.count -= 1;
+    }
+
+    /// Whether the ring's table holds the buffer.
+    pub fn registered(&self, id: BufId) -> bool {
+        self.registered[id.index()]
+    }
+
+    pub(crate) fn set_registered(&mut self, id: BufId, on: bool) {
+        self.registered[id.index()] = on;
+    }
+
     /// Takes a free buffer; it becomes held by the caller.
     pub fn alloc(&mut self) -> Option<BufId> {
-        let i = self.free.pop()?;
+        let i = self.free.pop_first()?;
         assert_eq!(self.state[usize::from(i)], BufState::Free);
         self.state[usize::from(i)] = BufState::Held;
         Some(BufId(i))
@@ -136,7 +246,40 @@ impl BufferPool {
         let s = &mut self.state[id.index()];
         assert_eq!(*s, BufState::Held, "freeing buffer {id:?} in state {s:?}");
         *s = BufState::Free;
-        self.free.push(id.0);
+        self.free.insert(id.0);
+    }
+
+    /// The buffer's memory: `(start, whole mapping)` of the mapping that holds it.
+    fn region(&self, id: BufId) -> (usize, &[u8]) {
+        let i = id.index();
+        if i < self.start {
+            let base = self
+                .base
+                .as_ref()
+                .expect("a pool with start buffers maps them");
+            (i * self.buffer_bytes, &base[..])
+        } else {
+            let m = self.grown[i - self.start]
+                .as_ref()
+                .expect("a present buffer is mapped");
+            (0, &m[..])
+        }
+    }
+
+    fn region_mut(&mut self, id: BufId) -> (usize, &mut [u8]) {
+        let i = id.index();
+        if i < self.start {
+            let base = self
+                .base
+                .as_mut()
+                .expect("a pool with start buffers maps them");
+            (i * self.buffer_bytes, &mut base[..])
+        } else {
+            let m = self.grown[i - self.start]
+                .as_mut()
+                .expect("a present buffer is mapped");
+            (0, &mut m[..])
+        }
     }
 
     /// The buffer's bytes, for reading. Panics while the kernel writes into it.
@@ -146,16 +289,18 @@ impl BufferPool {
             matches!(s, BufState::Held | BufState::KernelReads(_)),
             "reading buffer {id:?} in state {s:?}"
         );
-        let start = id.index() * self.buffer_bytes;
-        &self.map[start..start + self.buffer_bytes]
+        let n = self.buffer_bytes;
+        let (start, map) = self.region(id);
+        &map[start..start + n]
     }
 
     /// The buffer's bytes, for writing. Panics unless the buffer is held and idle.
     pub fn bytes_mut(&mut self, id: BufId) -> &mut [u8] {
         let s = self.state[id.index()];
         assert_eq!(s, BufState::Held, "writing buffer {id:?} in state {s:?}");
-        let start = id.index() * self.buffer_bytes;
-        &mut self.map[start..start + self.buffer_bytes]
+        let n = self.buffer_bytes;
+        let (start, map) = self.region_mut(id);
+        &mut map[start..start + n]
     }
 
     /// The buffer's bytes from `from` on, for writing: allowed while the kernel reads the
@@ -173,8 +318,9 @@ impl BufferPool {
             ),
             other => panic!("writing buffer {id:?} in state {other:?}"),
         }
-        let start = id.index() * self.buffer_bytes;
-        &mut self.map[start + from..start + self.buffer_bytes]
+        let n = self.buffer_bytes;
+        let (start, map) = self.region_mut(id);
+        &mut map[start + from..start + n]
     }
 
     /// Whether the kernel currently uses the buffer.
@@ -185,17 +331,29 @@ impl BufferPool {
         )
     }
 
-    /// One `iovec` per buffer, for registration with the ring.
+    /// The `iovec` of one present buffer, for registration with the ring.
+    pub(crate) fn iovec(&mut self, id: BufId) -> libc::iovec {
+        assert_ne!(self.state[id.index()], BufState::Absent, "{id:?} is absent");
+        let n = self.buffer_bytes;
+        let (start, map) = self.region_mut(id);
+        libc::iovec {
+            // `wrapping_add` keeps this free of `unsafe`; the offset is inside the mapping
+            // (`region_mut` gives the buffer's start in a mapping at least `n` past it).
+            iov_base: map.as_mut_ptr().wrapping_add(start).cast(),
+            iov_len: n,
+        }
+    }
+
+    /// One `iovec` per start buffer, for registration with the ring.
     pub(crate) fn iovecs(&mut self) -> Vec<libc::iovec> {
-        let base = self.map.as_mut_ptr();
-        (0..self.count())
-            .map(|i| libc::iovec {
-                // `wrapping_add` keeps this free of `unsafe`; the offset is inside the mapping
-                // because i < count and the mapping is count * buffer_bytes long.
-                iov_base: base.wrapping_add(i * self.buffer_bytes).cast(),
-                iov_len: self.buffer_bytes,
-            })
+        (0..self.start as u16)
+            .map(|i| self.iovec(BufId(i)))
             .collect()
+    }
+
+    fn ptr_mut(&mut self, id: BufId, offset: usize) -> *mut u8 {
+        let (start, map) = self.region_mut(id);
+        map.as_mut_ptr().wrapping_add(start + offset)
     }
 
     /// Marks the buffer as read by the kernel and returns a pointer to `range` of it.
@@ -218,9 +376,7 @@ impl BufferPool {
         };
         let end = &mut self.read_end[id.index()];
         *end = (*end).max(start + len);
-        self.map
-            .as_ptr()
-            .wrapping_add(id.index() * self.buffer_bytes + start)
+        self.ptr_mut(id, start).cast_const()
     }
 
     /// Marks the buffer as written by the kernel and returns a pointer to `range` of it.
@@ -240,9 +396,7 @@ impl BufferPool {
             BufState::KernelWrites(n) => BufState::KernelWrites(n + 1),
             other => panic!("lending buffer {id:?} for a read in state {other:?}"),
         };
-        self.map
-            .as_mut_ptr()
-            .wrapping_add(id.index() * self.buffer_bytes + start)
+        self.ptr_mut(id, start)
     }
 
     /// The kernel is done with one operation on the buffer.
@@ -296,6 +450,10 @@ mod tests {
         assert_eq!(p.free_count(), 2);
         assert!(BufferPool::new(1, 100).is_err());
         assert!(BufferPool::new(0, 4096).is_err());
+        let mut empty = BufferPool::growable(0, 1, 4096).unwrap();
+        assert!(empty.alloc().is_none());
+        let g = empty.grow().unwrap();
+        assert_eq!(empty.alloc(), Some(g));
     }
 
     #[test]
@@ -327,6 +485,42 @@ mod tests {
         let a = p.alloc().unwrap();
         let _ = p.lend_for_kernel_read(a, 0, 10);
         let _ = p.lend_for_kernel_write(a, 0, 10);
+    }
+
+    #[test]
+    fn grows_to_its_most_and_shrinks_back_to_its_start() {
+        let mut p = BufferPool::growable(1, 3, 4096).unwrap();
+        let a = p.alloc().unwrap();
+        assert!(p.alloc().is_none());
+        let b = p.grow().unwrap();
+        let c = p.grow().unwrap();
+        assert!(matches!(p.grow(), Err(PoolError::Full(3))));
+        assert_eq!((p.count(), p.free_count()), (3, 2));
+        // The lowest free buffer goes first: grown ones fall idle.
+        assert_eq!(p.alloc(), Some(b));
+        p.bytes_mut(b)[4095] = 5;
+        assert_eq!(p.bytes(b)[4095], 5);
+        assert_eq!(p.bytes(b).as_ptr() as usize % BUFFER_ALIGN, 0);
+        assert_eq!(p.shrinkable(), Some(c));
+        p.shrink(c);
+        assert_eq!(p.shrinkable(), None, "a held buffer is never shrunk");
+        p.free(b);
+        p.shrink(p.shrinkable().unwrap());
+        assert_eq!((p.count(), p.free_count()), (1, 0));
+        assert_eq!(p.shrinkable(), None, "the start buffers stay");
+        p.free(a);
+        assert!(p.grow().is_ok(), "an absent slot is mapped again");
+    }
+
+    #[test]
+    #[should_panic(expected = "shrinking buffer")]
+    fn shrinking_a_held_buffer_panics() {
+        let mut p = BufferPool::growable(1, 2, 4096).unwrap();
+        let g = p.grow().unwrap();
+        let _ = p.alloc();
+        let h = p.alloc().unwrap();
+        assert_eq!(h, g);
+        p.shrink(g);
     }
 
     #[test]

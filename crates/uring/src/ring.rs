@@ -24,8 +24,11 @@ use crate::pool::{BufId, BufferPool, PoolError};
 pub struct RingConfig {
     /// Submission queue entries (rounded up to a power of two by the kernel).
     pub sq_entries: u32,
-    /// Buffers in the pool.
+    /// Buffers in the pool at start.
     pub buffers: usize,
+    /// The most buffers the pool may grow to ([`Ring::grow_pool`]); at least `buffers`
+    /// (below it: `buffers`, a pool that never grows).
+    pub buffers_max: usize,
     /// Bytes per buffer (a multiple of 4096).
     pub buffer_bytes: usize,
     /// Try to register the pool with the ring (READ_FIXED / SEND_ZC with a buffer index).
@@ -39,6 +42,7 @@ impl Default for RingConfig {
         RingConfig {
             sq_entries: 256,
             buffers: 64,
+            buffers_max: 0,
             buffer_bytes: 256 * 1024,
             register_buffers: true,
             ops_max: 4096,
@@ -118,6 +122,9 @@ pub struct Ring {
     ring: IoUring,
     pool: BufferPool,
     registered: bool,
+    /// The table was registered sparse with room for every buffer the pool may grow to
+    /// (`IORING_RSRC_REGISTER_SPARSE`): a grown buffer is put in it by an update.
+    sparse: bool,
     slots: Vec<Slot>,
     free_slots: Vec<u32>,
     in_flight: usize,
@@ -197,32 +204,63 @@ impl Ring {
         } else {
             Features::default()
         };
-        let mut pool = BufferPool::new(cfg.buffers, cfg.buffer_bytes)?;
-        let registration =
-            if !cfg.register_buffers || std::env::var_os("PENSTOCK_NO_REGISTER").is_some() {
-                Registration::Disabled
-            } else {
-                let iovecs = pool.iovecs();
-                let register = |r: &IoUring| {
-                    // SAFETY: the iovecs describe the pool's mapping, which lives in `Ring` next to
-                    // the ring and is unmapped only after the ring is dropped (field order below, and
-                    // Drop waits for in-flight operations first).
-                    unsafe { r.submitter().register_buffers(&iovecs) }
-                };
-                match register(&ring) {
-                    Ok(()) => Registration::Registered,
-                    Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
-                        // Pinned pages count against RLIMIT_MEMLOCK: raise it if we may, then retry.
-                        let want = (cfg.buffers * cfg.buffer_bytes) as u64 + (1 << 20);
-                        if crate::sys::raise_memlock(want) && register(&ring).is_ok() {
-                            Registration::Registered
-                        } else {
-                            Registration::Refused(libc::ENOMEM)
-                        }
+        let max = cfg.buffers_max.max(cfg.buffers);
+        let mut pool = BufferPool::growable(cfg.buffers, max, cfg.buffer_bytes)?;
+        let mut sparse = false;
+        let registration = if !cfg.register_buffers
+            || std::env::var_os("PENSTOCK_NO_REGISTER").is_some()
+        {
+            Registration::Disabled
+        } else {
+            let iovecs = pool.iovecs();
+            // A pool that may grow gets a sparse table with a slot for each buffer it may
+            // have (IORING_REGISTER_BUFFERS2 with IORING_RSRC_REGISTER_SPARSE, Linux 5.19),
+            // its start buffers put in by an update (IORING_REGISTER_BUFFERS_UPDATE); a
+            // kernel without sparse tables registers the start buffers alone and grown
+            // buffers go unregistered (plain READ and SEND on them).
+            if max > cfg.buffers && ring.submitter().register_buffers_sparse(max as u32).is_ok() {
+                sparse = true;
+            }
+            let register = |r: &IoUring| {
+                if iovecs.is_empty() {
+                    // A pool that starts empty: its table is the sparse one alone.
+                    if sparse {
+                        Ok(())
+                    } else {
+                        Err(io::Error::from_raw_os_error(libc::EINVAL))
                     }
-                    Err(e) => Registration::Refused(e.raw_os_error().unwrap_or(0)),
+                } else if sparse {
+                    // SAFETY: the iovecs describe the pool's start mapping, which lives in
+                    // `Ring` next to the ring and is unmapped only after the ring is dropped
+                    // (field order below, and Drop waits for in-flight operations first).
+                    unsafe { r.submitter().register_buffers_update(0, &iovecs, None) }
+                } else {
+                    // SAFETY: as above.
+                    unsafe { r.submitter().register_buffers(&iovecs) }
                 }
             };
+            match register(&ring) {
+                Ok(()) => Registration::Registered,
+                Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                    // Pinned pages count against RLIMIT_MEMLOCK: raise it if we may (for
+                    // every buffer the pool may have), then retry.
+                    let want = (max * cfg.buffer_bytes) as u64 + (1 << 20);
+                    if crate::sys::raise_memlock(want) && register(&ring).is_ok() {
+                        Registration::Registered
+                    } else {
+                        Registration::Refused(libc::ENOMEM)
+                    }
+                }
+                Err(e) => Registration::Refused(e.raw_os_error().unwrap_or(0)),
+            }
+        };
+        if registration == Registration::Registered {
+            for i in 0..pool.start_count() {
+                pool.set_registered(BufId(i as u16), true);
+            }
+        } else {
+            sparse = false;
+        }
         let registered = registration == Registration::Registered;
         let slots = (0..cfg.ops_max)
             .map(|_| Slot::Free { next_generation: 0 })
@@ -233,6 +271,7 @@ impl Ring {
                 ring,
                 pool,
                 registered,
+                sparse,
                 slots,
                 free_slots,
                 in_flight: 0,
@@ -260,6 +299,70 @@ impl Ring {
     /// The buffer pool, mutably (alloc, free, fill).
     pub fn pool_mut(&mut self) -> &mut BufferPool {
         &mut self.pool
+    }
+
+    /// Adds one free buffer to the pool (up to its most) and puts it in the ring's sparse
+    /// table when there is one; a buffer the kernel would not register (RLIMIT_MEMLOCK) is
+    /// used unregistered. Err: the pool holds its most, or the memory could not be mapped.
+    pub fn grow_pool(&mut self) -> Result<BufId, PoolError> {
+        let id = self.pool.grow()?;
+        if self.sparse {
+            let iov = [self.pool.iovec(id)];
+            let update = |ring: &IoUring| {
+                // SAFETY: the iovec describes the buffer's own mapping, which the pool unmaps
+                // only in `shrink_pool` after this slot was emptied again, or after the ring
+                // is dropped (field order; Drop waits for in-flight operations first).
+                unsafe {
+                    ring.submitter()
+                        .register_buffers_update(u32::from(id.0), &iov, None)
+                }
+            };
+            let mut r = update(&self.ring);
+            if r.as_ref()
+                .is_err_and(|e| e.raw_os_error() == Some(libc::ENOMEM))
+            {
+                // Pinned pages count against RLIMIT_MEMLOCK: raise it for the pool's most
+                // if we may, then retry once.
+                let p = &self.pool;
+                let want = (p.max_count() * p.buffer_bytes()) as u64 + (1 << 20);
+                if crate::sys::raise_memlock(want) {
+                    r = update(&self.ring);
+                }
+            }
+            self.pool.set_registered(id, r.is_ok());
+        }
+        Ok(id)
+    }
+
+    /// Takes one free buffer added by growth out of the pool: out of the ring's table first
+    /// (an update with an empty iovec), then unmapped. `false`: nothing to take (no such
+    /// buffer is free), or the kernel kept it in its table — then it stays in the pool, so
+    /// that its slot is never reused while the table still points at its pages.
+    pub fn shrink_pool(&mut self) -> bool {
+        let Some(id) = self.pool.shrinkable() else {
+            return false;
+        };
+        if self.pool.registered(id) {
+            let empty = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }];
+            // SAFETY: an empty iovec clears the slot (the kernel's dummy buffer); no operation
+            // uses the buffer (it is free in the pool), and one in flight on another buffer
+            // is unaffected. The kernel drops its page pins when the old entry's last user is
+            // gone; the mapping is ours to unmap after.
+            let r = unsafe {
+                self.ring
+                    .submitter()
+                    .register_buffers_update(u32::from(id.0), &empty, None)
+            };
+            if r.is_err() {
+                return false;
+            }
+            self.pool.set_registered(id, false);
+        }
+        self.pool.shrink(id);
+        true
     }
 
     /// Operations submitted or queued whose last completion has not arrived.
@@ -331,7 +434,7 @@ impl Ring {
         let user_data = self.take_slot(token, Some(buf))?;
         let ptr = self.pool.lend_for_kernel_write(buf, buf_offset, len);
         let len32 = u32::try_from(len).expect("read length fits u32 (buffer sizes are bounded)");
-        let entry = if self.registered && self.features.read_fixed {
+        let entry = if self.pool.registered(buf) && self.features.read_fixed {
             opcode::ReadFixed::new(types::Fd(fd), ptr, len32, buf.0)
                 .offset(file_offset)
                 .rw_flags(rw_flags)
@@ -365,7 +468,7 @@ impl Ring {
         let user_data = self.take_slot(token, Some(buf))?;
         let ptr = self.pool.lend_for_kernel_read(buf, buf_offset, len);
         let len32 = u32::try_from(len).expect("write length fits u32");
-        let entry = if self.registered {
+        let entry = if self.pool.registered(buf) {
             opcode::WriteFixed::new(types::Fd(fd), ptr, len32, buf.0)
                 .offset(file_offset)
                 .build()
@@ -398,7 +501,7 @@ impl Ring {
         let ptr = self.pool.lend_for_kernel_read(buf, buf_offset, len);
         let len32 = u32::try_from(len).expect("send length fits u32");
         let entry = if zc {
-            let idx = if self.registered { Some(buf.0) } else { None };
+            let idx = self.pool.registered(buf).then_some(buf.0);
             opcode::SendZc::new(types::Fd(fd), ptr, len32)
                 .buf_index(idx)
                 .flags(msg_flags)

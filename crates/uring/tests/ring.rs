@@ -105,3 +105,58 @@ fn dropping_a_ring_with_a_pending_poll_cancels_it() {
     assert_eq!(r.in_flight(), 1);
     drop(r); // must not hang or leak: Drop cancels and reaps
 }
+
+/// A pool that grows: a buffer added after start is put in the ring's sparse table
+/// (READ_FIXED reads into it by index), taken out again when the pool shrinks, and its slot is
+/// mapped and registered again when the pool grows once more.
+#[test]
+fn a_grown_buffer_is_registered_read_into_and_shrunk_away() {
+    let r = match Ring::new(&RingConfig {
+        buffers: 1,
+        buffers_max: 3,
+        buffer_bytes: 8192,
+        ..RingConfig::default()
+    }) {
+        Ok(r) => penstock_testreq::require_ok("io_uring", Ok::<_, String>(r)),
+        Err(RingError::Unavailable(e)) => penstock_testreq::require_ok("io_uring", Err(e)),
+        Err(e) => panic!("{e}"),
+    };
+    let Some((mut r, reg)) = r else { return };
+    let mut f = tempfile::tempfile().unwrap();
+    let data: Vec<u8> = (0..8192u32).map(|i| (i % 241) as u8).collect();
+    f.write_all(&data).unwrap();
+    let first = r.pool_mut().alloc().unwrap();
+    assert!(
+        r.pool_mut().alloc().is_none(),
+        "the start pool is one buffer"
+    );
+    let g = r.grow_pool().unwrap();
+    assert_eq!(r.pool().count(), 2);
+    if reg == penstock_uring::Registration::Registered {
+        assert!(r.pool().registered(first));
+        assert!(
+            r.pool().registered(g),
+            "a grown buffer joins the sparse table"
+        );
+    }
+    let b = r.pool_mut().alloc().unwrap();
+    assert_eq!(b, g);
+    r.read(f.as_raw_fd(), b, 0, 8192, 0, 0, 0, 3).unwrap();
+    let c = wait_for(&mut r, 1);
+    assert_eq!((c[0].token, c[0].result), (3, 8192));
+    assert_eq!(r.pool().bytes(b), &data[..]);
+    assert!(!r.shrink_pool(), "a held buffer stays");
+    r.pool_mut().free(b);
+    assert!(r.shrink_pool());
+    assert_eq!(r.pool().count(), 1);
+    assert!(!r.shrink_pool(), "the start buffers stay");
+    let g2 = r.grow_pool().unwrap();
+    let b = r.pool_mut().alloc().unwrap();
+    assert_eq!(b, g2);
+    r.read(f.as_raw_fd(), b, 0, 4096, 4096, 0, 0, 4).unwrap();
+    let c = wait_for(&mut r, 1);
+    assert_eq!((c[0].token, c[0].result), (4, 4096));
+    assert_eq!(&r.pool().bytes(b)[..4096], &data[4096..]);
+    r.pool_mut().free(b);
+    r.pool_mut().free(first);
+}

@@ -31,6 +31,14 @@ use super::{
 
 /// The most bytes one unit may have on any path.
 pub const UNIT_BYTES_MAX: u64 = 64 << 20;
+
+/// How far ahead of its deadline a paced stream that already holds a chunk reads the next:
+/// one second. A paced stream's chunk lasts as long as its units take to send (a 1 MiB chunk
+/// at 48 KB/s: 21 s), so reading ahead by the read depth alone held several pool buffers per
+/// stream for tens of seconds while later streams found none (issue 38). Within the depth,
+/// a read starts when its first unit is due within this much — time for the disk queue's
+/// EDF to serve it.
+pub const PACED_READ_AHEAD_NS: u64 = 1_000_000_000;
 /// The largest UDP payload (65,535 − 8 − 20).
 pub const DATAGRAM_BYTES_MAX: u64 = 65_507;
 /// Seven MPEG-TS packets: the default unit of a datagram target, and of a paced stream that

@@ -21,7 +21,10 @@ if [ -z "$kernel" ]; then
   exit 1
 fi
 # qemu-system-x86, its modules (TCG is one), the libraries a Debian host usually lacks, its ROMs.
+# Debian's rebuild 1:7.2+dfsg-7+deb12u18+b3 (seen 2026-12-06) also links libpmem (with libndctl,
+# libdaxctl) and rdma (librdmacm, libibverbs with libnl): the ldd check below names any other.
 pkgs="$kernel qemu-system-x86 qemu-system-common qemu-system-data seabios ipxe-qemu busybox-static libcapstone4 libfdt1 libslirp0 libvdeplug2"
+pkgs="$pkgs libpmem1 libndctl6 libdaxctl1 librdmacm1 libibverbs1 libnl-3-200 libnl-route-3-200"
 (cd "$dir/debs" && apt-get download $pkgs 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2)
 for deb in "$dir"/debs/*.deb; do dpkg-deb -x "$deb" "$dir/root"; done
 rm -rf "$dir/debs"

@@ -132,7 +132,7 @@ impl Conn<'_> {
                     .header("WWW-Authenticate", c.0);
             }
         };
-        if !slot.publishers.iter().any(|p| *p == user) {
+        if !slot.publishers.contains(&user) {
             self.shared.metrics.error("publish_auth_refused");
             crate::peer_warn!("publish_refused", peer = %self.peer, path = %path, user = %user, "a user not in the source's publishers tried to publish");
             return text(403, cseq, &format!("{user} may not publish here"));

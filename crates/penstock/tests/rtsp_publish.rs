@@ -11,7 +11,7 @@
 //! publisher's TEARDOWN ends the source (its RTCP BYE); a second publisher on the path is
 //! refused with 455 while the first publishes; no credential is 401, a user not among the
 //! path's publishers 403; a garbage SDP is 400 and leaves the path free for the next
-//! publisher. A second path is published from an MPEG-TS clip (video only): there the SPS and
+//! publisher; the source's HLS playlist lists segments. A second path is published from an MPEG-TS clip (video only): there the SPS and
 //! PPS travel in band and the stream carries its own AUDs.
 //!
 //! The clip is an MP4, not TS, for the path with audio: ffmpeg 5.1 cannot announce AAC read
@@ -35,6 +35,7 @@ const AAC_UNSENT_MAX: usize = 8;
 
 struct Served {
     child: Option<Child>,
+    http: String,
     rtsp: SocketAddr,
     dir: tempfile::TempDir,
 }
@@ -101,7 +102,7 @@ fn serve() -> Served {
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"rtsp-publish-test-token-rtsp-publish\"\n[log]\naccess = \"off\"\n\
+            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"rtsp-publish-test-token-rtsp-publish\"\n[log]\naccess = \"off\"\n[hls]\ntarget_duration_ms = \"1s\"\n\
              [auth]\ndigest_users_file = \"{}\"\n[rtsp]\nlisten = \"127.0.0.1:0\"\n\
              [rtsp.live.cam]\nsource = \"publish\"\npublishers = [\"pub\"]\nrecord = \"{}\"\nidle_timeout = \"3s\"\n\
              [rtsp.live.tscam]\nsource = \"publish\"\npublishers = [\"pub\"]\nrecord = \"{}\"\n",
@@ -138,6 +139,7 @@ fn serve() -> Served {
         .unwrap();
     Served {
         child: Some(child),
+        http: common::serve_addresses(&line).0,
         rtsp,
         dir,
     }
@@ -386,6 +388,25 @@ fn ffmpeg_publishes_viewers_and_the_recording_get_its_frames_and_others_are_refu
         !verr.contains("killed at the time limit"),
         "the viewer never ended: {verr}"
     );
+
+    // HLS of the published source (docs/hls.md "Live and DVR"): segments cut at its key
+    // frames, one a second (a 1 s target: the first segment closes at the third key frame).
+    let t0 = Instant::now();
+    loop {
+        let page = ureq::get(format!("http://{}/live/cam/index.m3u8", s.http))
+            .call()
+            .ok()
+            .and_then(|mut r| r.body_mut().read_to_string().ok())
+            .unwrap_or_default();
+        if page.matches("#EXTINF").count() >= 1 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the live playlist: {page}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // The TS-only path, as fast as ffmpeg sends.
     let (ok, _, err) = run(

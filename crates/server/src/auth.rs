@@ -590,6 +590,20 @@ impl Viewers {
         authorization: Option<&str>,
         peer: Option<IpAddr>,
     ) -> Result<(), DigestChallenge> {
+        self.digest_user(path, method, request_uri, authorization, peer)
+            .map(|_| ())
+    }
+
+    /// The RTSP Digest check of [`Viewers::check_digest`] whatever the location asks (an
+    /// RTSP publisher's, `[rtsp.live.NAME] publishers`): the verified user's name.
+    pub(crate) fn digest_user(
+        &self,
+        path: &str,
+        method: &str,
+        request_uri: &str,
+        authorization: Option<&str>,
+        peer: Option<IpAddr>,
+    ) -> Result<String, DigestChallenge> {
         use penstock_core::auth::digest::{self, DigestError};
         let s = self.state();
         let now_s = SystemTime::now()
@@ -628,7 +642,7 @@ impl Viewers {
             c.inc();
         }
         match result {
-            Ok(_) => Ok(()),
+            Ok(user) => Ok(user),
             Err(e) => {
                 let stale = e == Some(DigestError::Stale);
                 if let Some(e) = e.filter(|e| *e != DigestError::Stale) {

@@ -1825,6 +1825,13 @@ impl ServerConfig {
                 AuthMode::Jwt | AuthMode::SignedOrJwt | AuthMode::Digest => {}
             }
         }
+        if let Some((name, _)) = self.rtsp.live.iter().find(|(_, l)| l.is_publish())
+            && self.auth.digest_users_file.is_none()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "rtsp.live.{name}: source = \"publish\" needs [auth] digest_users_file (its publishers are Digest users)"
+            )));
+        }
         self.auth.check()?;
         self.check_tenants()?;
         self.control.check()?;

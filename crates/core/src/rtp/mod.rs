@@ -21,6 +21,9 @@
 //! webrtc-rs's `rtp` (a `bytes`-based packet object, a runtime's worth of dependencies) would
 //! do by building a packet around a payload we already hold in place.
 
+pub mod announce;
+pub mod depack;
+pub mod ingest;
 pub mod mp4;
 pub mod rtcp;
 pub mod session;

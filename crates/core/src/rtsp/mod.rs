@@ -109,6 +109,13 @@ pub struct Request {
     pub query: Option<String>,
     /// The `Authorization` value (a `Bearer` JWT), when given. Never logged.
     pub authorization: Option<String>,
+    /// The Transport header asks `mode=record` (a publisher's SETUP, after ANNOUNCE).
+    pub record_mode: bool,
+    /// `Content-Type`, when given (ANNOUNCE's `application/sdp`).
+    pub content_type: Option<String>,
+    /// The body (ANNOUNCE's SDP); bounded by [`RtspLimits::request_bytes_max`] with the
+    /// head.
+    pub body: Vec<u8>,
 }
 
 /// The bytes of a `User-Agent` kept (what names the client is at its start).
@@ -250,7 +257,21 @@ fn typed(r: &rtsp_types::Request<Vec<u8>>) -> Result<Request, RequestError> {
     let authorization = r
         .header(&headers::AUTHORIZATION)
         .map(|v| v.as_str().to_string());
+    let record_mode = matches!(
+        r.typed_header::<headers::Transports>(),
+        Ok(Some(l)) if l.iter().any(|t| matches!(
+            t,
+            headers::transport::Transport::Rtp(rtp)
+                if rtp.params.mode.contains(&headers::transport::TransportMode::Record)
+        ))
+    );
+    let content_type = r
+        .header(&headers::CONTENT_TYPE)
+        .map(|v| v.as_str().trim().to_ascii_lowercase());
     Ok(Request {
+        record_mode,
+        content_type,
+        body: r.body().clone(),
         authorization,
         canonical_path,
         query,
@@ -408,7 +429,8 @@ impl SessionState {
 }
 
 /// Methods penstock answers (the `Public` header of OPTIONS).
-pub const PUBLIC: &str = "OPTIONS, DESCRIBE, SETUP, PLAY, PAUSE, TEARDOWN, GET_PARAMETER";
+pub const PUBLIC: &str =
+    "OPTIONS, DESCRIBE, SETUP, PLAY, PAUSE, TEARDOWN, GET_PARAMETER, ANNOUNCE, RECORD";
 
 /// A reply to write.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,6 +8,7 @@
 //! are put back into whole packets by [`align`].
 
 pub mod align;
+pub mod mux;
 pub mod packet;
 pub mod pcr;
 pub mod psi;

@@ -107,8 +107,29 @@ pub enum LiveFormat {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LiveConfig {
-    /// `udp-listen://IP:PORT`: the one socket the source's datagrams arrive on.
+    /// `udp-listen://IP:PORT`: the one socket the source's datagrams arrive on; or
+    /// `publish`: a publisher sends it by RTSP ANNOUNCE and RECORD to `rtsp://HOST:PORT/NAME`
+    /// (docs/rtsp.md, "Publishing").
     pub source: String,
+    /// `source = "publish"`: the users (of `[auth] digest_users_file`, RTSP Digest) who may
+    /// publish here; at least one.
+    #[serde(default)]
+    pub publishers: Vec<String>,
+    /// `source = "publish"`: the largest SDP an ANNOUNCE may carry (the whole request is also
+    /// bounded by `rtsp.request_bytes_max`).
+    #[serde(default = "publish_sdp_default", deserialize_with = "units::size")]
+    pub sdp_bytes_max: usize,
+    /// `source = "publish"`: the most tracks (`m=` lines) an ANNOUNCE may describe.
+    #[serde(default = "publish_tracks_default")]
+    pub tracks_max: usize,
+    /// `source = "publish"`: the largest interleaved frame (one RTP packet) a publisher may
+    /// send; a larger one ends its connection.
+    #[serde(default = "publish_frame_default", deserialize_with = "units::size")]
+    pub frame_bytes_max: usize,
+    /// `source = "publish"`: the largest access unit (a video frame's NAL units, an AAC
+    /// frame) reassembled from RTP; a larger one is dropped.
+    #[serde(default = "publish_au_default", deserialize_with = "units::size")]
+    pub access_unit_bytes_max: usize,
     /// Record the datagrams (byte for byte, with index tracks, as `penstock record`) into
     /// this file, or into `DIR/NAME.ts` when it names an existing directory.
     #[serde(default)]
@@ -128,6 +149,22 @@ pub struct LiveConfig {
     pub idle_timeout_ms: u64,
 }
 
+fn publish_sdp_default() -> usize {
+    8192
+}
+
+fn publish_tracks_default() -> usize {
+    4
+}
+
+fn publish_frame_default() -> usize {
+    usize::from(u16::MAX)
+}
+
+fn publish_au_default() -> usize {
+    4 << 20
+}
+
 fn live_queue_default() -> usize {
     256
 }
@@ -137,11 +174,24 @@ fn live_idle_default() -> u64 {
 }
 
 impl LiveConfig {
+    /// `source = "publish"`: fed by an RTSP publisher, not a socket.
+    pub fn is_publish(&self) -> bool {
+        self.source == "publish"
+    }
+
+    /// The publisher's limits (of the SDP, its depacketizers).
+    pub fn sdp_limits(&self) -> penstock_core::rtp::announce::SdpLimits {
+        penstock_core::rtp::announce::SdpLimits {
+            bytes_max: self.sdp_bytes_max,
+            tracks_max: self.tracks_max,
+        }
+    }
+
     /// The address of `source`.
     pub fn listen_addr(&self) -> Result<std::net::SocketAddr, String> {
         let a = self.source.strip_prefix("udp-listen://").ok_or_else(|| {
             format!(
-                "source {:?}: only udp-listen://IP:PORT is supported",
+                "source {:?}: udp-listen://IP:PORT or \"publish\"",
                 self.source
             )
         })?;
@@ -287,15 +337,37 @@ impl RtspConfig {
                     "rtsp.live.{name:?}: a name is a URL path: not empty, no spaces, no leading /, no . or .."
                 ));
             }
-            let a = l
-                .listen_addr()
-                .map_err(|e| ConfigError::Invalid(format!("rtsp.live.{name}: {e}")))?;
-            if addrs.contains(&a) {
-                return bad(format!(
-                    "rtsp.live.{name}: {a} is another live source's too"
-                ));
+            if l.is_publish() {
+                if l.publishers.is_empty() {
+                    return bad(format!(
+                        "rtsp.live.{name}: source = \"publish\" needs publishers = [\"USER\", …] (users of [auth] digest_users_file): a publish path is never open"
+                    ));
+                }
+                if !(256..=(1 << 20)).contains(&l.sdp_bytes_max)
+                    || !(1..=16).contains(&l.tracks_max)
+                    || !(1500..=usize::from(u16::MAX)).contains(&l.frame_bytes_max)
+                    || !((64 << 10)..=(64 << 20)).contains(&l.access_unit_bytes_max)
+                {
+                    return bad(format!(
+                        "rtsp.live.{name}: sdp_bytes_max 256 ..= 1 MiB, tracks_max 1 ..= 16, frame_bytes_max 1500 ..= 65535, access_unit_bytes_max 64 KiB ..= 64 MiB"
+                    ));
+                }
+            } else {
+                if !l.publishers.is_empty() {
+                    return bad(format!(
+                        "rtsp.live.{name}: publishers is for source = \"publish\""
+                    ));
+                }
+                let a = l
+                    .listen_addr()
+                    .map_err(|e| ConfigError::Invalid(format!("rtsp.live.{name}: {e}")))?;
+                if addrs.contains(&a) {
+                    return bad(format!(
+                        "rtsp.live.{name}: {a} is another live source's too"
+                    ));
+                }
+                addrs.push(a);
             }
-            addrs.push(a);
             if l.queue_datagrams_max == 0 || l.queue_datagrams_max > 1 << 20 {
                 return bad(format!(
                     "rtsp.live.{name}.queue_datagrams_max must be 1 ..= 1048576"
@@ -378,6 +450,11 @@ mod tests {
             "[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nidle_timeout = \"1ms\"\n",
             "[rtsp.live.a]\nsource = \"udp-listen://127.0.0.1:5004\"\n[rtsp.live.b]\nsource = \"udp-listen://127.0.0.1:5004\"\n",
             "[rtsp]\nlisten = \"\"\n[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\n",
+            "[rtsp.live.cam]\nsource = \"publish\"\n",
+            "[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\npublishers = [\"a\"]\n",
+            "[rtsp.live.cam]\nsource = \"publish\"\npublishers = [\"a\"]\ntracks_max = 0\n",
+            "[auth]\ndigest_users_file = \"/nonexistent\"\n[rtsp.live.cam]\nsource = \"publish\"\npublishers = [\"a\"]\nframe_bytes_max = 100\n",
+            "[rtsp.live.cam]\nsource = \"publish\"\npublishers = [\"a\"]\n",
         ] {
             let c: ServerConfig = toml::from_str(bad).unwrap();
             assert!(c.check().is_err(), "{bad}");

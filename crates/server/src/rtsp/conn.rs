@@ -40,6 +40,9 @@ use super::{
 use crate::confine;
 use crate::tls::{Tls, TlsPath, plan};
 
+#[path = "publish.rs"]
+mod publish;
+
 /// How long the loop waits for a request or a frame before it looks at its deadlines.
 const TURN: Duration = Duration::from_millis(100);
 /// Bytes read from the socket at once.
@@ -130,6 +133,8 @@ struct Conn<'a> {
     /// One writer at a time on the socket: this thread (replies, RTCP, a live source's
     /// frames) or an interleaved session's engine stream (its RTP frames).
     gate: Arc<WriterGate>,
+    /// The connection publishes a live source (ANNOUNCE … RECORD: `publish.rs`).
+    publish: Option<publish::Publishing>,
 }
 
 /// Writes one whole message on the connection holding its writer gate (waiting at most
@@ -218,6 +223,7 @@ pub(super) fn serve(
         relays: Vec::new(),
         frame: Vec::new(),
         gate: Arc::new(WriterGate::new()),
+        publish: None,
     };
     if let Err(e) = c.run(early) {
         tracing::debug!("rtsp connection {peer}: {e}");
@@ -468,10 +474,17 @@ impl Conn<'_> {
                             payload_at,
                             consumed,
                         }) => {
-                            // RTCP receiver reports over TCP: the client is alive, and what
+                            // A publisher's RTP (or RTCP) into its source; else RTCP
+                            // receiver reports over TCP: the client is alive, and what
                             // they say goes into the metrics as a UDP report's does.
-                            self.touch_interleaved();
-                            self.rtcp_in(channel, &buf[payload_at..consumed]);
+                            if let Some(r) =
+                                self.publisher_frame(channel, &buf[payload_at..consumed])
+                            {
+                                r?;
+                            } else {
+                                self.touch_interleaved();
+                                self.rtcp_in(channel, &buf[payload_at..consumed]);
+                            }
                             buf.drain(..consumed);
                             last_request = Instant::now();
                             request_began = (!buf.is_empty()).then_some(last_request);
@@ -531,6 +544,19 @@ impl Conn<'_> {
                 .into_bytes();
                 r.content_type = Some("text/plain");
                 self.write(&r.encode())?;
+                return Ok(());
+            }
+            // A publisher silent for its source's idle_timeout is dropped: the source ends.
+            if let Some(p) = &self.publish
+                && p.last_seen.elapsed() > p.idle_timeout()
+            {
+                tracing::info!(
+                    "rtsp connection {}: the publisher sent nothing for {:?}: closed",
+                    self.peer,
+                    p.idle_timeout()
+                );
+                self.shared.metrics.error("publish_idle");
+                self.publish = None;
                 return Ok(());
             }
             // Drop relays whose session is gone (torn down, timed out).
@@ -777,7 +803,12 @@ impl Conn<'_> {
             r.content_type = Some("text/plain");
             return r;
         };
+        if let Some(r) = self.publisher_request(req, cseq) {
+            return r;
+        }
         match &req.method {
+            Method::Announce => self.announce(req, cseq),
+            Method::Setup if req.record_mode => self.setup_record(req, cseq),
             Method::Options => {
                 if let Some(id) = &req.session
                     && let Some(s) = self.shared.session(id)
@@ -2204,6 +2235,8 @@ fn method_word(m: &Method) -> &'static str {
         Method::Teardown => "TEARDOWN",
         Method::GetParameter => "GET_PARAMETER",
         Method::SetParameter => "SET_PARAMETER",
+        Method::Announce => "ANNOUNCE",
+        Method::Record => "RECORD",
         _ => "other",
     }
 }

@@ -1,5 +1,6 @@
 //! Live relay (issue 15 item 4, docs/rtsp.md "Live relay"): the datagrams arriving on a
-//! `udp-listen://` socket, fanned out to every PLAYing session of the source's path, and
+//! `udp-listen://` socket (or, for a `source = "publish"`, the TS its RTSP publisher's
+//! connection muxes, through a Unix datagram pair: [`PublishSlot`]), fanned out to every PLAYing session of the source's path, and
 //! recorded at the same time if configured.
 //!
 //! One thread per source, started with the server (a recording runs whether anyone watches
@@ -141,6 +142,58 @@ pub struct LiveSource {
     queue_max: usize,
     /// No datagram for `idle_timeout` (or none yet): a PLAY is answered, but nothing flows.
     pub idle: AtomicBool,
+    /// `source = "publish"`: where its publisher's TS goes, and who publishes.
+    pub publish: Option<PublishSlot>,
+}
+
+/// The publishing side of a `source = "publish"` live source (docs/rtsp.md, "Publishing"):
+/// one publisher at a time, whose muxed TS goes into the relay's Unix datagram pair as a
+/// `udp-listen://` source's datagrams arrive on its socket.
+#[derive(Debug)]
+pub struct PublishSlot {
+    /// The users who may publish (`publishers`).
+    pub publishers: Vec<String>,
+    /// The source's configuration (its limits).
+    pub cfg: LiveConfig,
+    feed: UnixDatagram,
+    /// The connection publishing now.
+    publisher: Mutex<Option<u64>>,
+    /// The publisher left: once the feed is drained, the sessions end (their BYE).
+    ended: AtomicBool,
+    /// TS datagrams the relay could not take at once (its queue full): lost.
+    pub dropped: AtomicU64,
+}
+
+impl PublishSlot {
+    /// Takes the source for connection `conn`; false when another publishes.
+    pub fn claim(&self, conn: u64) -> bool {
+        let mut p = self.publisher.lock().unwrap_or_else(|p| p.into_inner());
+        if p.is_some_and(|c| c != conn) {
+            return false;
+        }
+        *p = Some(conn);
+        self.ended.store(false, Ordering::Release);
+        true
+    }
+
+    /// Connection `conn` stops publishing: the source ends (its sessions get their BYE).
+    pub fn release(&self, conn: u64) {
+        let mut p = self.publisher.lock().unwrap_or_else(|p| p.into_inner());
+        if *p == Some(conn) {
+            *p = None;
+            self.ended.store(true, Ordering::Release);
+        }
+    }
+
+    /// The publisher's TS (whole packets) into the relay, in datagrams of at most seven
+    /// packets (what the recorder's frame track reads); never blocks.
+    pub fn feed(&self, ts: &[u8]) {
+        for d in ts.chunks(TS_PER_RTP * TS_PACKET_BYTES) {
+            if self.feed.send(d).is_err() {
+                self.dropped.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
 }
 
 impl LiveSource {
@@ -289,32 +342,81 @@ fn record_file(record: &std::path::Path, name: &str) -> PathBuf {
     }
 }
 
-/// Binds the source's socket, starts its recorder (if configured) and its thread.
+/// Where a relay's datagrams come from: its UDP socket, or (a publish source) the Unix
+/// datagram pair its publisher's connection feeds.
+#[derive(Debug)]
+enum Input {
+    Udp(UdpSocket),
+    Publish(UnixDatagram),
+}
+
+impl Input {
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Input::Udp(s) => s.recv(buf),
+            Input::Publish(s) => s.recv(buf),
+        }
+    }
+}
+
+impl AsFd for Input {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Input::Udp(s) => s.as_fd(),
+            Input::Publish(s) => s.as_fd(),
+        }
+    }
+}
+
+/// Binds the source's socket (or, for a publish source, makes its feed), starts its recorder
+/// (if configured) and its thread.
 pub(crate) fn start(
     name: &str,
     cfg: &LiveConfig,
     stop: Arc<AtomicBool>,
     hls: &crate::hls::Hls,
 ) -> Result<LiveRunning, crate::ServerError> {
-    let addr = cfg
-        .listen_addr()
-        .map_err(|e| crate::ServerError::Config(crate::ConfigError::Invalid(e)))?;
-    let socket = UdpSocket::bind(addr).map_err(|source| crate::ServerError::Bind {
-        what: "rtsp live source",
-        addr: addr.to_string(),
-        source,
-    })?;
-    // A large receive buffer absorbs a stall of the thread (as `penstock record` asks).
-    if rustix::net::sockopt::set_socket_recv_buffer_size_force(&socket, 8 << 20).is_err() {
-        let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&socket, 8 << 20);
-    }
-    socket.set_nonblocking(true)?;
+    let (socket, publish) = if cfg.is_publish() {
+        let (feed, theirs) = UnixDatagram::pair()?;
+        feed.set_nonblocking(true)?;
+        theirs.set_nonblocking(true)?;
+        // Room for a stall of the relay thread (as a UDP source's receive buffer).
+        let _ = rustix::net::sockopt::set_socket_send_buffer_size(&feed, RECORD_SNDBUF_BYTES);
+        let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&theirs, RECORD_SNDBUF_BYTES);
+        (
+            Input::Publish(theirs),
+            Some(PublishSlot {
+                publishers: cfg.publishers.clone(),
+                cfg: cfg.clone(),
+                feed,
+                publisher: Mutex::new(None),
+                ended: AtomicBool::new(false),
+                dropped: AtomicU64::new(0),
+            }),
+        )
+    } else {
+        let addr = cfg
+            .listen_addr()
+            .map_err(|e| crate::ServerError::Config(crate::ConfigError::Invalid(e)))?;
+        let socket = UdpSocket::bind(addr).map_err(|source| crate::ServerError::Bind {
+            what: "rtsp live source",
+            addr: addr.to_string(),
+            source,
+        })?;
+        // A large receive buffer absorbs a stall of the thread (as `penstock record` asks).
+        if rustix::net::sockopt::set_socket_recv_buffer_size_force(&socket, 8 << 20).is_err() {
+            let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&socket, 8 << 20);
+        }
+        socket.set_nonblocking(true)?;
+        (Input::Udp(socket), None)
+    };
     let source = Arc::new(LiveSource {
         name: name.to_string(),
         counts: LiveCounts::default(),
         subscribers: Mutex::new(Vec::new()),
         queue_max: cfg.queue_datagrams_max,
         idle: AtomicBool::new(true),
+        publish,
     });
     let mut threads = Vec::new();
     let mut recorder = None;
@@ -364,7 +466,7 @@ pub(crate) fn start(
 
 fn relay(
     src: &LiveSource,
-    socket: &UdpSocket,
+    socket: &Input,
     recorder: Option<UnixDatagram>,
     format: LiveFormat,
     idle_timeout: Duration,
@@ -388,10 +490,14 @@ fn relay(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        let mut drained = false;
         for _ in 0..RECV_PER_TURN_MAX {
             let n = match socket.recv(&mut buf) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    drained = true;
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     tracing::debug!("live {}: receive: {e}", src.name);
@@ -432,6 +538,19 @@ fn relay(
         pending = false;
         for s in &subs {
             pending |= s.drain(&mut out);
+        }
+        // A publisher that left ends the source at once, after what it sent.
+        let unpublished = drained
+            && src
+                .publish
+                .as_ref()
+                .is_some_and(|p| p.ended.swap(false, Ordering::AcqRel));
+        if unpublished {
+            tracing::info!("live {}: the publisher left, sessions end", src.name);
+            src.idle.store(true, Ordering::Release);
+            for s in &subs {
+                s.ended.store(true, Ordering::Release);
+            }
         }
         if !src.idle.load(Ordering::Acquire) && last_rx.elapsed() > idle_timeout {
             // The source has ended: its sessions get their BYE from the reaper.
@@ -530,6 +649,7 @@ mod tests {
             subscribers: Mutex::new(Vec::new()),
             queue_max: 2,
             idle: AtomicBool::new(false),
+            publish: None,
         };
         let s = src
             .subscribe(a.as_fd(), Packetizer::mp2t(1), CoreInstant::from_nanos(0))

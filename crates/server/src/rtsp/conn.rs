@@ -1401,6 +1401,10 @@ impl Conn<'_> {
     }
 
     fn play(&self, s: &mut Session, req: &Request, cseq: u32) -> Reply {
+        // An MP4 reads its own Scale (reverse too: `play_mp4`).
+        if matches!(s.media, SessionMedia::Mp4(_)) {
+            return self.play_mp4(s, req, cseq);
+        }
         let asked = match scale_asked(req.scale, self.shared.cfg.scale_max) {
             Ok(a) => a,
             Err(why) => return text(451, cseq, &why),

@@ -508,7 +508,6 @@ fn bad_mp4s_get_a_415_naming_why_and_nothing_else_changes() {
             "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
         );
         assert_eq!(st, 415, "{name}: {body}");
-        // A track the movie does not have, and Scale other than 1, are refused too.
         let (st, _, sdp) = c.request("DESCRIBE", &s.url("clip.mp4"), "");
         assert_eq!(st, 200, "{sdp}");
     }
@@ -529,9 +528,11 @@ fn bad_mp4s_get_a_415_naming_why_and_nothing_else_changes() {
     let (st, _, body) = c.request(
         "PLAY",
         &s.url("clip.mp4"),
-        &format!("Session: {session}\r\nScale: -1\r\n"),
+        &format!("Session: {session}\r\nScale: 0.5\r\n"),
     );
+    // Slow motion of an MP4 is not served (reverse and fast forward are: trick play).
     assert_eq!(st, 451, "{body}");
+    assert!(body.contains("slow motion"), "{body}");
     let (st, _, _) = c.request(
         "TEARDOWN",
         &s.url("clip.mp4"),
@@ -828,7 +829,11 @@ fn reverse_and_fast_forward_send_the_key_frames_in_order() {
         let mut frames = std::mem::take(&mut c.frames).into_iter();
         let deadline = Instant::now() + Duration::from_secs(20);
         while video.iter().filter(|p: &&Vec<u8>| p[1] & 0x80 != 0).count() < n {
-            assert!(Instant::now() < deadline, "{} packets by the deadline", video.len());
+            assert!(
+                Instant::now() < deadline,
+                "{} packets by the deadline",
+                video.len()
+            );
             let (ch, p) = match frames.next() {
                 Some(f) => f,
                 None => match c.next() {
@@ -932,9 +937,17 @@ fn reverse_and_fast_forward_send_the_key_frames_in_order() {
     }
     std::fs::write(&h264, &es).unwrap();
     want.reverse();
-    assert_eq!(decode_annex_b(&h264), want[3..6], "the key frames at 6, 8, 10 s");
+    assert_eq!(
+        decode_annex_b(&h264),
+        want[3..6],
+        "the key frames at 6, 8, 10 s"
+    );
     // A PLAY without Scale: scale 1 again, from the start, audio too.
-    let (st, head, _) = c.request("PLAY", &url, &format!("Session: {session}\r\nRange: npt=0-\r\n"));
+    let (st, head, _) = c.request(
+        "PLAY",
+        &url,
+        &format!("Session: {session}\r\nRange: npt=0-\r\n"),
+    );
     assert_eq!(st, 200, "{head}");
     assert_eq!(header(&head, "Scale"), Some("1"), "{head}");
     let (_, audio) = read_units(&mut c, 10);
@@ -1051,30 +1064,3 @@ fn a_paused_mp4_session_gives_its_reservation_back_and_play_takes_it_again() {
 /// Admission's network rate for the pause test: room for one session of clip.mp4 (its unit
 /// plan's rate), not two.
 const PAUSE_TEST_NET_BYTES_PER_S: u64 = 100_000;
-
-/// VLC (cvlc, as nobody: it refuses to run as root) plays the clip over RTSP to its end and
-/// exits by itself, with a video and an audio decoder made for the two tracks (its `-vv`
-/// log says which).
-#[test]
-fn vlc_plays_it_to_the_end() {
-    if !have("cvlc") || !have("runuser") {
-        return;
-    }
-    let s = serve();
-    let mut c = Command::new("runuser");
-    c.args(["-u", "nobody", "--", "cvlc", "-vv", "--play-and-exit"])
-        .args(["--vout", "dummy", "--aout", "dummy", &s.url("clip.mp4")]);
-    let (ok, out, err) = run(c, Duration::from_secs(90));
-    let log = format!("{out}\n{err}");
-    let tail: String = {
-        let c: Vec<char> = log.chars().collect();
-        c[c.len().saturating_sub(4000)..].iter().collect()
-    };
-    assert!(ok, "cvlc: {tail}");
-    for kind in ["video", "audio"] {
-        assert!(
-            log.contains(&format!("using {kind} decoder module")),
-            "no {kind} decoder: {tail}"
-        );
-    }
-}

@@ -357,7 +357,8 @@ fn an_i_frame_playlist_names_each_key_frame_as_a_segment_of_its_own() {
         .find(|l| l.starts_with("#EXT-X-I-FRAME-STREAM-INF:BANDWIDTH="))
         .unwrap_or_else(|| panic!("no I-frame variant:\n{master}"));
     assert!(
-        inf.contains(",CODECS=\"avc1.") && inf.ends_with(",RESOLUTION=320x240,URI=\"iframes.m3u8\""),
+        inf.contains(",CODECS=\"avc1.")
+            && inf.ends_with(",RESOLUTION=320x240,URI=\"iframes.m3u8\""),
         "{inf}"
     );
     let (status, ty, body) = get(&f, "/k.mp4/iframes.m3u8");

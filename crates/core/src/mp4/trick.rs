@@ -65,9 +65,8 @@ pub fn mean_frame_ns(track: &Track) -> u64 {
     if n == 0 {
         return 0;
     }
-    let ns = u128::from(track.duration_ticks()) * 1_000_000_000
-        / u128::from(track.timescale.max(1))
-        / n;
+    let ns =
+        u128::from(track.duration_ticks()) * 1_000_000_000 / u128::from(track.timescale.max(1)) / n;
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
@@ -84,11 +83,7 @@ pub fn trick_frames(track: &Track, from: usize, trick: Trick) -> Vec<TrickFrame>
     let start = track.sync_at_or_before(track.samples[from].dts);
     let syncs: Vec<usize> = match &track.sync {
         None => (0..n).collect(),
-        Some(s) => s
-            .iter()
-            .map(|&x| x as usize)
-            .filter(|&x| x < n)
-            .collect(),
+        Some(s) => s.iter().map(|&x| x as usize).filter(|&x| x < n).collect(),
     };
     // The start's place among the sync samples (it is one, or the first sample when the
     // table names none at or before it).
@@ -100,10 +95,18 @@ pub fn trick_frames(track: &Track, from: usize, trick: Trick) -> Vec<TrickFrame>
             at
         };
         Box::new(
-            std::iter::once(start).chain(syncs[..upto].iter().rev().copied().filter(move |&x| x != start)),
+            std::iter::once(start).chain(
+                syncs[..upto]
+                    .iter()
+                    .rev()
+                    .copied()
+                    .filter(move |&x| x != start),
+            ),
         )
     } else {
-        Box::new(std::iter::once(start).chain(syncs[at..].iter().copied().filter(move |&x| x != start)))
+        Box::new(
+            std::iter::once(start).chain(syncs[at..].iter().copied().filter(move |&x| x != start)),
+        )
     };
     let period = mean_frame_ns(track);
     let p0 = presentation_ns(track, start);
@@ -182,7 +185,14 @@ mod tests {
         let dues: Vec<u64> = f.iter().map(|x| x.due_ns).collect();
         assert_eq!(
             dues,
-            [0, 500_000_000, 1_000_000_000, 1_500_000_000, 2_000_000_000, 2_500_000_000]
+            [
+                0,
+                500_000_000,
+                1_000_000_000,
+                1_500_000_000,
+                2_000_000_000,
+                2_500_000_000
+            ]
         );
     }
 

@@ -211,7 +211,9 @@ fn nals(
                 });
             } else {
                 let members = &units[u..u + group];
-                let f = members.iter().fold(0u8, |a, r| a | (sample[r.start] & 0x80));
+                let f = members
+                    .iter()
+                    .fold(0u8, |a, r| a | (sample[r.start] & 0x80));
                 let nri = members
                     .iter()
                     .map(|r| sample[r.start] & 0x60)

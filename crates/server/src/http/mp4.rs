@@ -303,10 +303,7 @@ mod tests {
             Some(Mp4Request::Manifest)
         );
         assert_eq!(Mp4Request::parse("track-x/1.m4s"), None);
-        assert_eq!(
-            Mp4Request::parse("iframes.m3u8"),
-            Some(Mp4Request::IFrames)
-        );
+        assert_eq!(Mp4Request::parse("iframes.m3u8"), Some(Mp4Request::IFrames));
         assert_eq!(
             Mp4Request::parse("track-1/key-50.m4s"),
             Some(Mp4Request::Key(1, 50))

@@ -19,13 +19,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use penstock_core::mp4::{TrackKind, Trick, trick_frames};
 use penstock_core::rtp::{Packetizer, SenderSession};
 use penstock_core::rtsp::{
     self, Method, Parsed, Reply, Request, RtspLimits, SessionState, TransportAsk,
 };
 use penstock_core::stream::plan::ZeroCopy;
 use penstock_core::stream::{CachePolicy, Extent, IoKind};
-use penstock_core::mp4::{TrackKind, Trick, trick_frames};
 use penstock_core::track::Speed;
 use penstock_driver::engine::Interleaved;
 use penstock_driver::gate::{GateError, WriterGate};
@@ -2064,7 +2064,8 @@ impl Conn<'_> {
                 m.tracks[slot].ts_base,
                 x.dts as i64 + i64::from(x.cts_offset),
             );
-            let start_ns = m.media.rtp[lead].presentation_ns(x.dts as i64 + i64::from(x.cts_offset));
+            let start_ns =
+                m.media.rtp[lead].presentation_ns(x.dts as i64 + i64::from(x.cts_offset));
             trick_send = Some(TrickSend {
                 slot,
                 frames,
@@ -2143,7 +2144,11 @@ impl Conn<'_> {
             }
         }
         let was_trick = trick_send.is_some();
-        let info = match m.play(if was_trick { 0 } else { start_ns }, send_timeout, trick_send) {
+        let info = match m.play(
+            if was_trick { 0 } else { start_ns },
+            send_timeout,
+            trick_send,
+        ) {
             Ok(i) => i,
             Err(e) => return text(500, cseq, &format!("starting the sender: {e}")),
         };

@@ -166,9 +166,12 @@ impl Mp4Media {
     pub fn lead_sample_at(&self, from_ns: u64) -> usize {
         let lead = self.lead();
         let (t, r) = (&self.movie.tracks[lead], &self.rtp[lead]);
-        let target = r.media_time as u128 + u128::from(from_ns) * u128::from(r.timescale) / 1_000_000_000;
+        let target =
+            r.media_time as u128 + u128::from(from_ns) * u128::from(r.timescale) / 1_000_000_000;
         let dts = u64::try_from(target).unwrap_or(u64::MAX);
-        t.samples.partition_point(|s| s.dts <= dts).saturating_sub(1)
+        t.samples
+            .partition_point(|s| s.dts <= dts)
+            .saturating_sub(1)
     }
 
     /// Where a playback from `from_ns` (npt; `None` or 0: the start, every sample) begins: per track the first

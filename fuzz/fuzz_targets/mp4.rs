@@ -1,14 +1,17 @@
 #![no_main]
 //! Arbitrary bytes as an MP4: the top-level walk (as the server reads the file, 16 header
 //! bytes per box) and, for the bytes of a `moov`, the movie and its sample index, then the
-//! packaging (segments, every media segment header, the playlists and the manifest). Never a
-//! panic; every sample lies inside the file; every segment's byte ranges sum to its samples'
-//! bytes and its header's `mdat` size covers them.
+//! packaging (segments, every media segment header, the playlists and the manifest, the
+//! I-frame playlist and its key segments) and the trick plays of RTSP `Scale` (forward and
+//! reverse from the middle). Never a panic; every sample lies inside the file; every
+//! segment's byte ranges sum to its samples' bytes and its header's `mdat` size covers them;
+//! a trick play sends only sync samples.
 use libfuzzer_sys::fuzz_target;
 use penstock_core::mp4::{
-    MediaSegment, Mp4Limits, Packaging, dash_manifest, hls_master, hls_media, parse_movie,
-    top_level,
+    MediaSegment, Mp4Limits, Packaging, Trick, dash_manifest, hls_i_frames, hls_master,
+    hls_media, key_segment, key_segments, parse_movie, top_level, trick_frames,
 };
+use penstock_core::track::Speed;
 
 fuzz_target!(|data: &[u8]| {
     let limits = Mp4Limits {
@@ -53,5 +56,21 @@ fuzz_target!(|data: &[u8]| {
         }
         let _ = hls_master(&movie, &p);
         let _ = dash_manifest(&movie, &p);
+        let _ = hls_i_frames(&movie);
+        for t in &movie.tracks {
+            for k in key_segments(t).iter().take(64) {
+                let seg = key_segment(t, k.sample).expect("a key segment of a sync sample");
+                assert_eq!(seg.len_bytes(), k.bytes);
+            }
+            for reverse in [false, true] {
+                let trick = Trick {
+                    speed: Speed::from_ratio(4, 1).expect("4"),
+                    reverse,
+                };
+                for f in trick_frames(t, t.samples.len() / 2, trick) {
+                    assert!(t.is_sync(f.sample) || t.sync.as_ref().is_some_and(|s| s.is_empty()));
+                }
+            }
+        }
     }
 });

@@ -52,16 +52,21 @@ impl Served {
 }
 
 fn serve() -> Served {
+    serve_with("", 1_250_000_000)
+}
+
+/// `penstock serve` with more `[rtsp]` lines and admission's network rate `net_bytes_per_s`.
+fn serve_with(rtsp: &str, net_bytes_per_s: u64) -> Served {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(clip(), dir.path().join("clip.mp4")).unwrap();
     let conf = dir.path().join("penstock.toml");
     // Admission's figures are set, not measured (as tests/rtsp.rs does).
     std::fs::write(
         &conf,
-        "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"rtsp-mp4-test-token-rtsp-mp4-test\"\n[log]\naccess = \"off\"\n[rtsp]\nlisten = \"127.0.0.1:0\"\n\
+        format!("[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"rtsp-mp4-test-token-rtsp-mp4-test\"\n[log]\naccess = \"off\"\n[rtsp]\nlisten = \"127.0.0.1:0\"\n{rtsp}\n\
          [admission]\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\n\
-         disk_random_iops = 100000\nnet_bytes_per_s = 1250000000\ncpu_send_ns = 5000\n\
-         cpu_send_byte_ps = 500\n",
+         disk_random_iops = 100000\nnet_bytes_per_s = {net_bytes_per_s}\ncpu_send_ns = 5000\n\
+         cpu_send_byte_ps = 500\n"),
     )
     .unwrap();
     let mut child = Command::new(BIN)
@@ -503,7 +508,6 @@ fn bad_mp4s_get_a_415_naming_why_and_nothing_else_changes() {
             "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
         );
         assert_eq!(st, 415, "{name}: {body}");
-        // A track the movie does not have, and Scale other than 1, are refused too.
         let (st, _, sdp) = c.request("DESCRIBE", &s.url("clip.mp4"), "");
         assert_eq!(st, 200, "{sdp}");
     }
@@ -524,9 +528,11 @@ fn bad_mp4s_get_a_415_naming_why_and_nothing_else_changes() {
     let (st, _, body) = c.request(
         "PLAY",
         &s.url("clip.mp4"),
-        &format!("Session: {session}\r\nScale: -1\r\n"),
+        &format!("Session: {session}\r\nScale: 0.5\r\n"),
     );
+    // Slow motion of an MP4 is not served (reverse and fast forward are: trick play).
     assert_eq!(st, 451, "{body}");
+    assert!(body.contains("slow motion"), "{body}");
     let (st, _, _) = c.request(
         "TEARDOWN",
         &s.url("clip.mp4"),
@@ -679,3 +685,382 @@ fn an_h265_mp4_decodes_as_the_file() {
     let got = framemd5(&s.url("hevc.mp4"), "v", Some("tcp"));
     same_but_the_last(&got, &want, "hevc.mp4 video frames");
 }
+
+/// Standard base64 (the SDP's `sprop-parameter-sets`), for the test only.
+fn base64_decode(s: &str) -> Vec<u8> {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in s.bytes().filter(|&c| c != b'=') {
+        let v = A.iter().position(|&a| a == c).expect("base64") as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+/// One access unit as received: its RTP timestamp, its packets' sequence numbers and its
+/// NAL units (single NAL unit packets, STAP-A and FU-A undone; an FU-A left unfinished
+/// fails the test).
+#[derive(Debug)]
+struct AccessUnit {
+    ts: u32,
+    seqs: Vec<u16>,
+    nals: Vec<Vec<u8>>,
+}
+
+/// The access units of H.264 RTP packets (RFC 6184), each ended by the marker bit.
+fn access_units(packets: &[Vec<u8>]) -> Vec<AccessUnit> {
+    let mut out = Vec::new();
+    let mut cur: Option<AccessUnit> = None;
+    let mut fu: Option<Vec<u8>> = None;
+    for p in packets {
+        let ts = u32::from_be_bytes([p[4], p[5], p[6], p[7]]);
+        let seq = u16::from_be_bytes([p[2], p[3]]);
+        let au = cur.get_or_insert_with(|| AccessUnit {
+            ts,
+            seqs: Vec::new(),
+            nals: Vec::new(),
+        });
+        assert_eq!(au.ts, ts, "one access unit, one timestamp");
+        au.seqs.push(seq);
+        let payload = &p[12..];
+        match payload[0] & 0x1f {
+            24 => {
+                let mut at = 1;
+                while at + 2 <= payload.len() {
+                    let n = usize::from(u16::from_be_bytes([payload[at], payload[at + 1]]));
+                    au.nals.push(payload[at + 2..at + 2 + n].to_vec());
+                    at += 2 + n;
+                }
+                assert_eq!(at, payload.len(), "a STAP-A's sizes add up");
+            }
+            28 => {
+                let (start, end) = (payload[1] & 0x80 != 0, payload[1] & 0x40 != 0);
+                if start {
+                    assert!(fu.is_none(), "an FU-A started inside another");
+                    fu = Some(vec![(payload[0] & 0xe0) | (payload[1] & 0x1f)]);
+                }
+                fu.as_mut()
+                    .expect("an FU-A continued without its start")
+                    .extend_from_slice(&payload[2..]);
+                if end {
+                    au.nals.push(fu.take().unwrap());
+                }
+            }
+            _ => au.nals.push(payload.to_vec()),
+        }
+        if p[1] & 0x80 != 0 {
+            assert!(fu.is_none(), "an access unit ended inside an FU-A");
+            out.push(cur.take().unwrap());
+        }
+    }
+    out
+}
+
+/// The (size, md5) of each picture ffmpeg decodes from an H.264 elementary stream.
+fn decode_annex_b(path: &Path) -> Vec<(String, String)> {
+    let mut c = Command::new("ffmpeg");
+    c.args(["-hide_banner", "-loglevel", "error", "-nostdin"])
+        .args(["-f", "h264", "-i"])
+        .arg(path)
+        .args(["-f", "framemd5", "-"]);
+    let (ok, out, err) = run(c, Duration::from_secs(60));
+    assert!(ok, "ffmpeg: {err}");
+    md5s(&out)
+}
+
+/// Trick play (issue 36, docs/rtsp.md "MP4 files"): `Scale: -4` from 11.9 s sends the
+/// clip's key frames at 10, 8, …, 0 s — each a whole access unit with an IDR slice, in
+/// decreasing decode order (decoded, they are the file's key frames reversed), RTP times
+/// advancing by 2 s / 4 each, no audio; `Scale: 2` from 6 s sends 6, 8, 10 s, 1 s apart;
+/// slow motion and scale 0 are 451; a PLAY without Scale is at scale 1 again, audio and all.
+#[test]
+fn reverse_and_fast_forward_send_the_key_frames_in_order() {
+    if !have("ffmpeg") {
+        return;
+    }
+    let s = serve();
+    let url = s.url("clip.mp4");
+    let mut c = Client::connect(s.rtsp);
+    let (st, _, sdp) = c.request("DESCRIBE", &url, "Accept: application/sdp\r\n");
+    assert_eq!(st, 200);
+    let sprop = sdp
+        .split("sprop-parameter-sets=")
+        .nth(1)
+        .unwrap()
+        .split([';', '\r', '\n'])
+        .next()
+        .unwrap();
+    let mut parameter_sets = Vec::new();
+    for set in sprop.split(',') {
+        parameter_sets.extend_from_slice(&[0, 0, 0, 1]);
+        parameter_sets.extend(base64_decode(set));
+    }
+    let (st, head, _) = c.request(
+        "SETUP",
+        &format!("{url}/trackID=1"),
+        "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
+    );
+    assert_eq!(st, 200, "{head}");
+    let session = session_of(&head);
+    let (st, head, _) = c.request(
+        "SETUP",
+        &format!("{url}/trackID=2"),
+        &format!("Transport: RTP/AVP/TCP;unicast;interleaved=2-3\r\nSession: {session}\r\n"),
+    );
+    assert_eq!(st, 200, "{head}");
+    for bad in ["0.5", "0"] {
+        let (st, _, body) = c.request(
+            "PLAY",
+            &url,
+            &format!("Session: {session}\r\nScale: {bad}\r\n"),
+        );
+        assert_eq!(st, 451, "Scale {bad}: {body}");
+    }
+    // Reads the video packets of `n` access units (and counts the audio ones meanwhile).
+    let read_units = |c: &mut Client, n: usize| -> (Vec<AccessUnit>, usize) {
+        let mut video = Vec::new();
+        let mut audio = 0;
+        let mut frames = std::mem::take(&mut c.frames).into_iter();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while video.iter().filter(|p: &&Vec<u8>| p[1] & 0x80 != 0).count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "{} packets by the deadline",
+                video.len()
+            );
+            let (ch, p) = match frames.next() {
+                Some(f) => f,
+                None => match c.next() {
+                    Ok(f) => f,
+                    Err(r) => panic!("unexpected reply {r:?}"),
+                },
+            };
+            match ch {
+                0 => video.push(p),
+                2 => audio += 1,
+                _ => {}
+            }
+        }
+        (access_units(&video), audio)
+    };
+    let (st, head, _) = c.request(
+        "PLAY",
+        &url,
+        &format!("Session: {session}\r\nRange: npt=11.900-\r\nScale: -4\r\n"),
+    );
+    assert_eq!(st, 200, "{head}");
+    assert_eq!(header(&head, "Scale"), Some("-4"), "{head}");
+    let info = header(&head, "RTP-Info").unwrap().to_string();
+    let rtptime: u32 = info
+        .split(',')
+        .next()
+        .and_then(|i| i.split("rtptime=").nth(1))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let (units, audio) = read_units(&mut c, 6);
+    assert_eq!(audio, 0, "audio during trick play");
+    assert_eq!(units.len(), 6, "{units:?}");
+    assert_eq!(units[0].ts, rtptime, "{info}");
+    let seqs: Vec<u16> = units.iter().flat_map(|u| u.seqs.clone()).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0].wrapping_add(1)),
+        "sequence numbers run on"
+    );
+    for (i, w) in units.windows(2).enumerate() {
+        // 2 s of media at scale 4: 0.5 s, 45000 ticks at 90 kHz, forward.
+        let d = w[1].ts.wrapping_sub(w[0].ts);
+        assert!((44_900..=45_100).contains(&d), "unit {i} to {}: {d}", i + 1);
+    }
+    let mut es = Vec::new();
+    for (i, u) in units.iter().enumerate() {
+        assert!(
+            u.nals.iter().any(|n| n[0] & 0x1f == 5),
+            "unit {i}: no IDR slice"
+        );
+        assert!(
+            u.nals.iter().all(|n| matches!(n[0] & 0x1f, 5..=9)),
+            "unit {i}: a non-IDR slice in a key frame"
+        );
+        es.extend_from_slice(&parameter_sets);
+        for n in &u.nals {
+            es.extend_from_slice(&[0, 0, 0, 1]);
+            es.extend_from_slice(n);
+        }
+    }
+    let h264 = s.path("reverse.h264");
+    std::fs::write(&h264, &es).unwrap();
+    let got = decode_annex_b(&h264);
+    let clip = clip();
+    let mut want = {
+        let mut c = Command::new("ffmpeg");
+        c.args(["-hide_banner", "-loglevel", "error", "-nostdin"])
+            .args(["-skip_frame", "nokey", "-i"])
+            .arg(&clip)
+            .args(["-map", "0:v", "-f", "framemd5", "-"]);
+        let (ok, out, err) = run(c, Duration::from_secs(60));
+        assert!(ok, "{err}");
+        md5s(&out)
+    };
+    assert_eq!(want.len(), 6);
+    want.reverse();
+    assert_eq!(got, want, "the key frames, last first");
+    // Fast forward from 6 s: the key frames at 6, 8 and 10 s, one a second.
+    let (st, head, _) = c.request(
+        "PLAY",
+        &url,
+        &format!("Session: {session}\r\nRange: npt=6.000-\r\nScale: 2\r\n"),
+    );
+    assert_eq!(st, 200, "{head}");
+    assert_eq!(header(&head, "Scale"), Some("2"), "{head}");
+    let (units, audio) = read_units(&mut c, 3);
+    assert_eq!(audio, 0);
+    assert_eq!(units.len(), 3);
+    for w in units.windows(2) {
+        let d = w[1].ts.wrapping_sub(w[0].ts);
+        assert!((89_900..=90_100).contains(&d), "{d}");
+    }
+    let mut es = Vec::new();
+    for u in &units {
+        es.extend_from_slice(&parameter_sets);
+        for n in &u.nals {
+            es.extend_from_slice(&[0, 0, 0, 1]);
+            es.extend_from_slice(n);
+        }
+    }
+    std::fs::write(&h264, &es).unwrap();
+    want.reverse();
+    assert_eq!(
+        decode_annex_b(&h264),
+        want[3..6],
+        "the key frames at 6, 8, 10 s"
+    );
+    // A PLAY without Scale: scale 1 again, from the start, audio too.
+    let (st, head, _) = c.request(
+        "PLAY",
+        &url,
+        &format!("Session: {session}\r\nRange: npt=0-\r\n"),
+    );
+    assert_eq!(st, 200, "{head}");
+    assert_eq!(header(&head, "Scale"), Some("1"), "{head}");
+    let (_, audio) = read_units(&mut c, 10);
+    assert!(audio > 0, "no audio at scale 1");
+    let (st, _, _) = c.request("TEARDOWN", &url, &format!("Session: {session}\r\n"));
+    assert_eq!(st, 200);
+}
+
+/// SETUP of both tracks of clip.mp4 over one interleaved connection: the session id, or the
+/// refusal (status, body).
+fn setup_both(c: &mut Client, url: &str) -> Result<String, (u16, String)> {
+    let (st, head, body) = c.request(
+        "SETUP",
+        &format!("{url}/trackID=1"),
+        "Transport: RTP/AVP/TCP;unicast;interleaved=0-1\r\n",
+    );
+    if st != 200 {
+        return Err((st, body));
+    }
+    let session = session_of(&head);
+    let (st, head, _) = c.request(
+        "SETUP",
+        &format!("{url}/trackID=2"),
+        &format!("Transport: RTP/AVP/TCP;unicast;interleaved=2-3\r\nSession: {session}\r\n"),
+    );
+    assert_eq!(st, 200, "{head}");
+    Ok(session)
+}
+
+/// A paused MP4 session gives its admission reservation back after `pause_hold_ms` (issue
+/// 36): with room for one session's rate, a second client refused while the first plays
+/// sets up once the first has been paused past the hold; the first's PLAY is then refused
+/// (453, admission's reason) and, once the second is torn down, admitted again — resuming
+/// where it paused (Range past the start, video numbering going on).
+#[test]
+fn a_paused_mp4_session_gives_its_reservation_back_and_play_takes_it_again() {
+    let s = serve_with(
+        "pause_hold = \"300ms\"\nsession_timeout = \"60s\"",
+        PAUSE_TEST_NET_BYTES_PER_S,
+    );
+    let url = s.url("clip.mp4");
+    let mut a = Client::connect(s.rtsp);
+    let a_id = setup_both(&mut a, &url).expect("the first session fits");
+    let (st, head, _) = a.request("PLAY", &url, &format!("Session: {a_id}\r\n"));
+    assert_eq!(st, 200, "{head}");
+    // Some packets, then PAUSE.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut video = Vec::new();
+    while video.len() < 20 {
+        assert!(Instant::now() < deadline);
+        match a.next() {
+            Ok((0, p)) => video.push(p),
+            Ok(_) => {}
+            Err(r) => panic!("unexpected reply {r:?}"),
+        }
+    }
+    let mut b = Client::connect(s.rtsp);
+    let (st, body) = setup_both(&mut b, &url).expect_err("no room for a second session");
+    assert_eq!(st, 453, "{body}");
+    assert!(body.contains("admission refused"), "{body}");
+    let (st, _, _) = a.request("PAUSE", &url, &format!("Session: {a_id}\r\n"));
+    assert_eq!(st, 200);
+    video.extend(a.frames.drain(..).filter(|f| f.0 == 0).map(|f| f.1));
+    let last_seq = video
+        .iter()
+        .map(|p| u16::from_be_bytes([p[2], p[3]]))
+        .next_back()
+        .unwrap();
+    // B sets up once A's reservation is back (A kept alive meanwhile).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let b_id = loop {
+        let (st, _, _) = a.request("GET_PARAMETER", &url, &format!("Session: {a_id}\r\n"));
+        assert_eq!(st, 200);
+        match setup_both(&mut b, &url) {
+            Ok(id) => break id,
+            Err((453, _)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("the paused session's reservation never came back: {e:?}"),
+        }
+    };
+    // A's PLAY asks admission afresh: refused while B holds the room, the session kept.
+    let (st, _, body) = a.request("PLAY", &url, &format!("Session: {a_id}\r\n"));
+    assert_eq!(st, 453, "{body}");
+    assert!(body.contains("admission refused"), "{body}");
+    let (st, _, _) = b.request("TEARDOWN", &url, &format!("Session: {b_id}\r\n"));
+    assert_eq!(st, 200);
+    let (st, head, _) = a.request("PLAY", &url, &format!("Session: {a_id}\r\n"));
+    assert_eq!(st, 200, "{head}");
+    let from: f64 = header(&head, "Range")
+        .and_then(|r| r.strip_prefix("npt="))
+        .and_then(|r| r.split('-').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(from > 0.0, "resumed from the start: {head}");
+    let info = header(&head, "RTP-Info").unwrap();
+    let seq: u16 = info
+        .split("seq=")
+        .nth(1)
+        .and_then(|v| v.split([';', ',']).next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Numbering goes on (packets sent before PAUSE may still have been on their way).
+    assert!(
+        (1..1000).contains(&seq.wrapping_sub(last_seq)),
+        "seq {seq} after {last_seq}: {info}"
+    );
+    let (st, _, _) = a.request("TEARDOWN", &url, &format!("Session: {a_id}\r\n"));
+    assert_eq!(st, 200);
+}
+
+/// Admission's network rate for the pause test: room for one session of clip.mp4 (its unit
+/// plan's rate), not two.
+const PAUSE_TEST_NET_BYTES_PER_S: u64 = 100_000;

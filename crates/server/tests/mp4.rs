@@ -312,3 +312,103 @@ fn bad_mp4s_get_a_415_naming_why_and_the_server_goes_on() {
         assert_eq!(status, 200);
     }
 }
+
+/// The (size, md5) of each frame ffmpeg decodes from the video of `input` (`nokey`: the key
+/// frames only).
+fn decoded(input: &str, key_frames_only: bool) -> Vec<(String, String)> {
+    let mut c = Command::new("ffmpeg");
+    c.args(["-hide_banner", "-loglevel", "error", "-nostdin"]);
+    if key_frames_only {
+        c.args(["-skip_frame", "nokey"]);
+    }
+    let o = c
+        .args(["-i", input, "-map", "0:v", "-f", "framemd5", "-"])
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').map(str::trim).collect();
+            (f[4].to_string(), f[5].to_string())
+        })
+        .collect()
+}
+
+/// `EXT-X-I-FRAMES-ONLY` for a plain MP4 (issue 36 item 4): the multivariant playlist
+/// announces `iframes.m3u8` with `EXT-X-I-FRAME-STREAM-INF`; it names each key frame (13 s,
+/// one every 2 s: 7) as a segment of its own after the track's init segment; each, decoded
+/// after the init segment, is exactly one picture — the source's key frame, decoded the
+/// same; ffprobe reads the playlist and finds only key frames; a sample that is no key
+/// frame is 404.
+#[test]
+fn an_i_frame_playlist_names_each_key_frame_as_a_segment_of_its_own() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let f = start();
+    movie(&f.path("k.mp4"), "libx264", false);
+    let src = f.path("k.mp4");
+    let (_, _, body) = get(&f, "/k.mp4/index.m3u8");
+    let master = String::from_utf8(body).unwrap();
+    let inf = master
+        .lines()
+        .find(|l| l.starts_with("#EXT-X-I-FRAME-STREAM-INF:BANDWIDTH="))
+        .unwrap_or_else(|| panic!("no I-frame variant:\n{master}"));
+    assert!(
+        inf.contains(",CODECS=\"avc1.")
+            && inf.ends_with(",RESOLUTION=320x240,URI=\"iframes.m3u8\""),
+        "{inf}"
+    );
+    let (status, ty, body) = get(&f, "/k.mp4/iframes.m3u8");
+    assert_eq!(status, 200);
+    assert_eq!(ty, "application/vnd.apple.mpegurl");
+    let playlist = String::from_utf8(body).unwrap();
+    println!("{playlist}");
+    assert!(playlist.contains("#EXT-X-I-FRAMES-ONLY\n"), "{playlist}");
+    assert!(playlist.contains("#EXT-X-MAP:URI=\"track-1/init.mp4\"\n"));
+    assert!(playlist.ends_with("#EXT-X-ENDLIST\n"));
+    let secs: f64 = playlist
+        .lines()
+        .filter_map(|l| l.strip_prefix("#EXTINF:"))
+        .map(|l| l.trim_end_matches(',').parse::<f64>().unwrap())
+        .sum();
+    assert!((secs - 13.0).abs() < 0.05, "{secs}");
+    let uris: Vec<&str> = playlist
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect();
+    assert_eq!(uris.len(), 7, "{playlist}");
+    let want = decoded(src.to_str().unwrap(), true);
+    assert_eq!(want.len(), 7);
+    let (status, _, init) = get(&f, "/k.mp4/track-1/init.mp4");
+    assert_eq!(status, 200);
+    for (n, uri) in uris.iter().enumerate() {
+        let (status, ty, seg) = get(&f, &format!("/k.mp4/{uri}"));
+        assert_eq!((status, ty.as_str()), (200, "video/mp4"), "{uri}");
+        assert_eq!(&seg[4..8], b"moof", "{uri}");
+        let one = f.path(&format!("key-{n}.mp4"));
+        let mut bytes = init.clone();
+        bytes.extend_from_slice(&seg);
+        std::fs::write(&one, &bytes).unwrap();
+        let got = decoded(one.to_str().unwrap(), false);
+        assert_eq!(got, [want[n].clone()], "I-frame {n} ({uri})");
+    }
+    // ffprobe reads the I-frame playlist: 7 video packets, each a key frame.
+    let o = Command::new("ffprobe")
+        .args(["-hide_banner", "-loglevel", "error", "-select_streams", "v"])
+        .args(["-show_entries", "packet=flags", "-of", "csv=p=0"])
+        .arg(f.url("/k.mp4/iframes.m3u8"))
+        .output()
+        .expect("ffprobe");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let flags = String::from_utf8(o.stdout).unwrap();
+    let flags: Vec<&str> = flags.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(flags.len(), 7, "{flags:?}");
+    assert!(flags.iter().all(|l| l.starts_with('K')), "{flags:?}");
+    // A sample that is no key frame, or past the end: 404.
+    assert_eq!(get(&f, "/k.mp4/track-1/key-1.m4s").0, 404);
+    assert_eq!(get(&f, "/k.mp4/track-1/key-100000.m4s").0, 404);
+    assert_eq!(get(&f, "/k.mp4/track-2/key-0.m4s").0, 404);
+}

@@ -31,6 +31,7 @@ pub mod boxes;
 pub mod movie;
 pub mod package;
 pub mod timing;
+pub mod trick;
 pub mod write;
 
 #[cfg(test)]
@@ -39,9 +40,11 @@ mod tests;
 pub use boxes::{BoxHeader, TopBox, top_level};
 pub use movie::{Codec, Edit, Movie, Sample, Track, TrackKind, parse_movie};
 pub use package::{
-    CutTrack, MediaSegment, Packaging, SegmentSpan, dash_manifest, hls_master, hls_media,
+    CutTrack, KeySegment, MediaSegment, Packaging, SegmentSpan, dash_manifest, hls_i_frames,
+    hls_master, hls_media, key_segment, key_segments,
 };
 pub use timing::{Mp4PlanError, plan_mp4};
+pub use trick::{Trick, TrickFrame, trick_frames};
 
 /// Bounds on what an MP4 may make the reader allocate (a file is input like any other).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,6 +11,14 @@
 //!
 //! URLs, relative to `PATH/` (PATH the `.mp4`): `index.m3u8` (multivariant), `track-N.m3u8`
 //! (media), `manifest.mpd`, `track-N/init.mp4`, `track-N/K.m4s` (K from 0).
+//!
+//! **I-frame playlist** (`iframes.m3u8`, `EXT-X-I-FRAMES-ONLY`, the first video track): each
+//! key frame is a **segment of its own**, `track-N/key-S.m4s` (S the sync sample's index in
+//! the track) — a `moof` + `mdat` header for that one sample, then its bytes from the file —
+//! not a byte range: in fMP4 a picture needs its own `moof` in front of it, which no range of
+//! the plain file holds (and a range of a media segment would start in the middle of one).
+//! Each is announced for the time until the next key frame, with the track's init segment
+//! as `EXT-X-MAP`; the multivariant playlist names it with `EXT-X-I-FRAME-STREAM-INF`.
 
 use std::fmt::Write as _;
 
@@ -136,6 +144,94 @@ impl MediaSegment {
     }
 }
 
+/// One entry of an MP4's I-frame playlist: sync sample `sample` of the video track, shown
+/// for `duration_ticks` (until the next sync sample, or the track's end), `bytes` long as
+/// its own segment (header and sample).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySegment {
+    pub sample: usize,
+    pub duration_ticks: u64,
+    pub bytes: u64,
+}
+
+/// The key frames of `track` as segments of their own, in decode order (see the module doc).
+pub fn key_segments(track: &Track) -> Vec<KeySegment> {
+    let n = track.samples.len();
+    let syncs: Vec<usize> = match &track.sync {
+        None => (0..n).collect(),
+        Some(s) => s.iter().map(|&x| x as usize).filter(|&x| x < n).collect(),
+    };
+    syncs
+        .iter()
+        .enumerate()
+        .map(|(j, &k)| {
+            let end = syncs
+                .get(j + 1)
+                .map_or(track.end_dts, |&x| track.samples[x].dts);
+            KeySegment {
+                sample: k,
+                duration_ticks: end.saturating_sub(track.samples[k].dts).max(1),
+                bytes: key_segment(track, k).map_or(0, |m| m.len_bytes()),
+            }
+        })
+        .collect()
+}
+
+/// The segment of key frame `sample` of `track` (`track-N/key-S.m4s`), or `None` when that
+/// sample is not a sync sample of the track.
+pub fn key_segment(track: &Track, sample: usize) -> Option<MediaSegment> {
+    if sample >= track.samples.len() || !track.is_sync(sample) {
+        return None;
+    }
+    let s = &track.samples[sample];
+    let span = SegmentSpan {
+        first: sample,
+        end: sample + 1,
+        dts: s.dts,
+        duration_ticks: 0,
+        bytes: u64::from(s.size),
+    };
+    Some(MediaSegment::build(track, &span, sample))
+}
+
+/// The `EXT-X-I-FRAMES-ONLY` playlist of the movie's first video track (version 7, its init
+/// segment as `EXT-X-MAP`), or `None` without a video track.
+pub fn hls_i_frames(movie: &Movie) -> Option<String> {
+    let t = movie.video()?;
+    let keys = key_segments(t);
+    let ts = u64::from(t.timescale.max(1));
+    let target = keys
+        .iter()
+        .map(|k| (k.duration_ticks + ts / 2) / ts)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let mut o = String::with_capacity(256 + keys.len() * 48);
+    o.push_str("#EXTM3U\n#EXT-X-VERSION:7\n");
+    let _ = writeln!(o, "#EXT-X-TARGETDURATION:{target}");
+    o.push_str(
+        "#EXT-X-PLAYLIST-TYPE:VOD\n#EXT-X-MEDIA-SEQUENCE:0\n#EXT-X-INDEPENDENT-SEGMENTS\n#EXT-X-I-FRAMES-ONLY\n",
+    );
+    let _ = writeln!(o, "#EXT-X-MAP:URI=\"track-{}/init.mp4\"", t.id);
+    for k in &keys {
+        let _ = writeln!(o, "#EXTINF:{},", seconds(k.duration_ticks, t.timescale));
+        let _ = writeln!(o, "track-{}/key-{}.m4s", t.id, k.sample);
+    }
+    o.push_str("#EXT-X-ENDLIST\n");
+    Some(o)
+}
+
+/// `BANDWIDTH` of the I-frame playlist: the largest key segment's bits over its duration.
+fn i_frame_bandwidth(t: &Track) -> u64 {
+    let ts = u128::from(t.timescale.max(1));
+    key_segments(t)
+        .iter()
+        .map(|k| (u128::from(k.bytes) * 8 * ts / u128::from(k.duration_ticks.max(1))) as u64)
+        .max()
+        .unwrap_or(0)
+        .max(1)
+}
+
 fn seconds(ticks: u64, timescale: u32) -> String {
     let ms = (u128::from(ticks) * 1000 + u128::from(timescale) / 2) / u128::from(timescale.max(1));
     format!("{}.{:03}", ms / 1000, ms % 1000)
@@ -226,6 +322,18 @@ pub fn hls_master(movie: &Movie, p: &Packaging) -> String {
             o.push_str(",AUDIO=\"audio\"");
         }
         let _ = writeln!(o, "\ntrack-{}.m3u8", v.id);
+    }
+    if let Some(v) = videos.first() {
+        let _ = write!(
+            o,
+            "#EXT-X-I-FRAME-STREAM-INF:BANDWIDTH={},CODECS=\"{}\"",
+            i_frame_bandwidth(v),
+            v.codec.rfc6381()
+        );
+        if v.width > 0 && v.height > 0 {
+            let _ = write!(o, ",RESOLUTION={}x{}", v.width, v.height);
+        }
+        o.push_str(",URI=\"iframes.m3u8\"\n");
     }
     if videos.is_empty()
         && let Some(a) = audio

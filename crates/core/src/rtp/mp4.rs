@@ -13,9 +13,15 @@
 //! `length_size` bytes (the avcC's / hvcC's `lengthSizeMinusOne + 1`); RTP carries NAL units
 //! without a length or a start code. A NAL unit that fits the payload budget goes alone
 //! (single NAL unit packet); a larger one is cut into fragmentation units (FU-A, type 28; for
-//! H.265 FU, type 49). STAP-A aggregation is not used: the parameter sets travel in the SDP
-//! (`sprop-parameter-sets`), and the small NAL units of a sample (SEI, AUD) cost a packet
-//! each. The marker bit is set on the last packet of the access unit.
+//! H.265 FU, type 49). For H.264, consecutive NAL units that fit the budget together — the
+//! SEI, AUD or in-band SPS/PPS before an IDR slice — go as one **STAP-A** (type 24, RFC 6184
+//! §5.7.1: a header with the largest NRI and any F bit, then each unit after its 16-bit
+//! size); one unit alone goes as a single NAL unit packet. The marker bit is set on the last
+//! packet of the access unit.
+//!
+//! A STAP-A is several pieces, one per unit, each with its 16-bit size in its prefix (the
+//! first also with the STAP-A header) and `joined` set on all but the last: [`packets`]
+//! groups the pieces of one RTP payload.
 //!
 //! **AAC (RFC 3640 AAC-hbr).** One AU (one MP4 sample) per packet: a 16-bit AU-headers-length
 //! (16 bits: one header), a 13-bit AU size and a 3-bit index (0), then the AU. An AU larger
@@ -35,6 +41,8 @@ use crate::mp4::{Codec, Track};
 
 /// The dynamic payload type of the first track (96, then 97, …).
 pub const PAYLOAD_TYPE_DYNAMIC_FIRST: u8 = 96;
+/// H.264's NAL unit type of a single-time aggregation packet A (RFC 6184 §5.7.1).
+const H264_STAP_A: u8 = 24;
 /// H.264's NAL unit type of a fragmentation unit A (RFC 6184 §5.8).
 const H264_FU_A: u8 = 28;
 /// H.265's NAL unit type of a fragmentation unit (RFC 7798 §4.4.3).
@@ -53,13 +61,21 @@ pub enum PayloadFormat {
     AacHbr,
 }
 
-/// One RTP payload: `prefix[..prefix_len]` then the sample's bytes `range`.
+/// One RTP payload, or (`joined`) a part of one: `prefix[..prefix_len]` then the sample's
+/// bytes `range`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Piece {
     pub prefix: [u8; 4],
     pub prefix_len: u8,
     pub range: Range<usize>,
     pub marker: bool,
+    /// The next piece belongs to the same RTP payload (the units of a STAP-A).
+    pub joined: bool,
+}
+
+/// The pieces of each RTP payload, in order (a run of `joined` pieces and the one after it).
+pub fn packets(pieces: &[Piece]) -> impl Iterator<Item = &[Piece]> {
+    pieces.split_inclusive(|p| !p.joined)
 }
 
 impl Piece {
@@ -135,6 +151,8 @@ fn nals(
         return Err(PacketizeError::Budget(payload_max));
     }
     let ls = usize::from(length_size.clamp(1, 4));
+    // The NAL units' byte ranges, checked before anything is cut.
+    let mut units: Vec<Range<usize>> = Vec::new();
     let mut at = 0usize;
     while at < sample.len() {
         let len_bytes = sample.get(at..at + ls).ok_or(PacketizeError::NalOverrun {
@@ -159,14 +177,69 @@ fn nals(
         if n <= header_len {
             return Err(PacketizeError::ShortNal(at));
         }
+        units.push(start..end);
+        at = end;
+    }
+    let mut u = 0usize;
+    while u < units.len() {
+        let (start, end) = (units[u].start, units[u].end);
+        let n = end - start;
         if n <= payload_max {
-            out.push(Piece {
-                prefix: [0; 4],
-                prefix_len: 0,
-                range: start..end,
-                marker: false,
-            });
-        } else {
+            // H.264: the units after it that fit one STAP-A with it (1 header byte, then a
+            // 16-bit size before each unit).
+            let mut group = 1usize;
+            if header_len == 1 {
+                let mut bytes = 1 + 2 + n;
+                while let Some(next) = units.get(u + group) {
+                    if bytes + 2 + next.len() > payload_max
+                        || n > usize::from(u16::MAX)
+                        || next.len() > usize::from(u16::MAX)
+                    {
+                        break;
+                    }
+                    bytes += 2 + next.len();
+                    group += 1;
+                }
+            }
+            if group == 1 {
+                out.push(Piece {
+                    prefix: [0; 4],
+                    prefix_len: 0,
+                    range: start..end,
+                    marker: false,
+                    joined: false,
+                });
+            } else {
+                let members = &units[u..u + group];
+                let f = members
+                    .iter()
+                    .fold(0u8, |a, r| a | (sample[r.start] & 0x80));
+                let nri = members
+                    .iter()
+                    .map(|r| sample[r.start] & 0x60)
+                    .max()
+                    .unwrap_or(0);
+                for (j, r) in members.iter().enumerate() {
+                    let size = (r.len() as u16).to_be_bytes();
+                    let (prefix, prefix_len) = if j == 0 {
+                        ([f | nri | H264_STAP_A, size[0], size[1], 0], 3)
+                    } else {
+                        ([size[0], size[1], 0, 0], 2)
+                    };
+                    out.push(Piece {
+                        prefix,
+                        prefix_len,
+                        range: r.clone(),
+                        marker: false,
+                        joined: j + 1 < group,
+                    });
+                }
+            }
+            u += group;
+            continue;
+        }
+        u += 1;
+        {
             let nal = &sample[start..end];
             let mut prefix = [0u8; 4];
             let typ;
@@ -194,11 +267,11 @@ fn nals(
                     prefix_len: fu_header_len as u8,
                     range: p..q,
                     marker: false,
+                    joined: false,
                 });
                 p = q;
             }
         }
-        at = end;
     }
     if let Some(last) = out.last_mut() {
         last.marker = true;
@@ -226,6 +299,7 @@ fn aac(sample: &[u8], payload_max: usize, out: &mut Vec<Piece>) -> Result<(), Pa
             prefix_len: HEADER as u8,
             range: p..q,
             marker: q == sample.len(),
+            joined: false,
         });
         if q == sample.len() {
             return Ok(());

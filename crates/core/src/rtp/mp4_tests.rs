@@ -13,18 +13,39 @@ fn sample_of(nals: &[Vec<u8>], length_size: usize) -> Vec<u8> {
     s
 }
 
-/// A receiver's depacketizer (RFC 6184 / RFC 7798): the NAL units back from the payloads.
+/// A receiver's depacketizer (RFC 6184 / RFC 7798): the NAL units back from the payloads
+/// (single NAL unit packets, FU-A / FU, and H.264 STAP-A).
 fn depacketize_nals(sample: &[u8], pieces: &[Piece], header_len: usize) -> Vec<Vec<u8>> {
     let mut out: Vec<Vec<u8>> = Vec::new();
     let mut fu: Option<Vec<u8>> = None;
-    for p in pieces {
-        let mut payload = p.prefix().to_vec();
-        payload.extend_from_slice(&sample[p.range.clone()]);
+    for packet in packets(pieces) {
+        let mut payload = Vec::new();
+        for p in packet {
+            payload.extend_from_slice(p.prefix());
+            payload.extend_from_slice(&sample[p.range.clone()]);
+        }
         let typ = if header_len == 1 {
             payload[0] & 0x1f
         } else {
             (payload[0] >> 1) & 0x3f
         };
+        if header_len == 1 && typ == 24 {
+            assert!(fu.is_none(), "a STAP-A inside a fragmented unit");
+            // STAP-A: 16-bit size, unit, … ; the header's NRI the largest, F any.
+            let mut at = 1;
+            let (mut nri, mut f) = (0, 0);
+            while at < payload.len() {
+                let n = usize::from(u16::from_be_bytes([payload[at], payload[at + 1]]));
+                let unit = payload[at + 2..at + 2 + n].to_vec();
+                nri = nri.max(unit[0] & 0x60);
+                f |= unit[0] & 0x80;
+                out.push(unit);
+                at += 2 + n;
+            }
+            assert_eq!(payload[0] & 0x60, nri, "STAP-A NRI");
+            assert_eq!(payload[0] & 0x80, f, "STAP-A F");
+            continue;
+        }
         let is_fu = (header_len == 1 && typ == 28) || (header_len == 2 && typ == 49);
         if !is_fu {
             assert!(fu.is_none(), "a single NAL packet inside a fragmented one");
@@ -55,6 +76,13 @@ fn depacketize_nals(sample: &[u8], pieces: &[Piece], header_len: usize) -> Vec<V
     out
 }
 
+/// Bytes of each RTP payload.
+fn payload_sizes(pieces: &[Piece]) -> Vec<usize> {
+    packets(pieces)
+        .map(|p| p.iter().map(Piece::payload_len).sum())
+        .collect()
+}
+
 fn nal_strategy(header_len: usize) -> impl Strategy<Value = Vec<u8>> {
     (1usize..3000).prop_flat_map(move |n| {
         proptest::collection::vec(any::<u8>(), n + header_len).prop_map(move |mut v| {
@@ -71,9 +99,18 @@ fn nal_strategy(header_len: usize) -> impl Strategy<Value = Vec<u8>> {
 }
 
 proptest! {
+    /// Single NAL units, STAP-A and FU-A give the sample's NAL units back, every payload
+    /// within the budget, the marker on the last only; and no two neighbouring payloads could
+    /// have been one STAP-A (small units are aggregated whenever they fit).
     #[test]
     fn h264_payloads_give_back_the_nal_units(
-        nals in proptest::collection::vec(nal_strategy(1), 1..8),
+        nals in proptest::collection::vec(
+            prop_oneof![nal_strategy(1), proptest::collection::vec(any::<u8>(), 2..40).prop_map(|mut v| {
+                v[0] = (v[0] & 0x60) | (1 + v[0] % 23);
+                v
+            })],
+            1..8,
+        ),
         budget in 3usize..1500,
         ls in 1usize..=4,
     ) {
@@ -81,10 +118,23 @@ proptest! {
         let sample = sample_of(&nals, ls);
         let mut out = Vec::new();
         packetize(PayloadFormat::H264 { length_size: ls as u8 }, &sample, budget, &mut out).unwrap();
-        prop_assert!(out.iter().all(|p| p.payload_len() <= budget));
+        prop_assert!(payload_sizes(&out).iter().all(|&n| n <= budget));
         prop_assert!(out.iter().rev().skip(1).all(|p| !p.marker));
         prop_assert!(out.last().unwrap().marker);
-        prop_assert_eq!(depacketize_nals(&sample, &out, 1), nals);
+        prop_assert_eq!(depacketize_nals(&sample, &out, 1), nals.clone());
+        // Aggregation is greedy: a unit sent alone (not fragmented) never fitted into the
+        // STAP-A or single unit before it.
+        let groups: Vec<&[Piece]> = packets(&out).collect();
+        for w in groups.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            let unfragmented = |g: &[Piece]| g.len() > 1 || g[0].prefix_len == 0;
+            if unfragmented(a) && unfragmented(b) {
+                let a_units: usize = a.iter().map(|p| p.range.len()).sum();
+                let a_bytes = 1 + 2 * a.len() + a_units;
+                let b_first = b[0].range.len();
+                prop_assert!(a_bytes + 2 + b_first > budget, "{:?} then {:?} fit one STAP-A", a, b);
+            }
+        }
     }
 
     #[test]
@@ -95,7 +145,7 @@ proptest! {
         let sample = sample_of(&nals, 4);
         let mut out = Vec::new();
         packetize(PayloadFormat::H265 { length_size: 4 }, &sample, budget, &mut out).unwrap();
-        prop_assert!(out.iter().all(|p| p.payload_len() <= budget));
+        prop_assert!(out.iter().all(|p| p.payload_len() <= budget && !p.joined));
         prop_assert!(out.last().unwrap().marker);
         prop_assert_eq!(depacketize_nals(&sample, &out, 2), nals);
     }
@@ -159,6 +209,39 @@ fn a_small_nal_goes_alone_and_a_large_one_as_fu_a() {
     assert_eq!(out[2].prefix(), &[0x60 | 28, 5]);
     assert_eq!(out[3].prefix(), &[0x60 | 28, 0x40 | 5]);
     assert!(out[3].marker && !out[2].marker);
+}
+
+#[test]
+fn sps_pps_and_sei_before_an_idr_go_as_one_stap_a() {
+    let nals = vec![
+        vec![0x67, 0x64, 0x00, 0x1f],
+        vec![0x68, 0xee, 0x3c],
+        vec![0x06, 5, 1, 2],
+        {
+            let mut v = vec![0x65];
+            v.extend(std::iter::repeat_n(7u8, 3000));
+            v
+        },
+    ];
+    let sample = sample_of(&nals, 4);
+    let mut out = Vec::new();
+    packetize(
+        PayloadFormat::H264 { length_size: 4 },
+        &sample,
+        1400,
+        &mut out,
+    )
+    .unwrap();
+    let groups: Vec<&[Piece]> = packets(&out).collect();
+    // The three small units in one STAP-A (NRI 3 from the SPS/PPS), then three FU-As.
+    assert_eq!(groups.len(), 4);
+    assert_eq!(groups[0].len(), 3);
+    assert_eq!(groups[0][0].prefix(), &[0x60 | 24, 0, 4]);
+    assert_eq!(groups[0][1].prefix(), &[0, 3]);
+    assert_eq!(groups[0][2].prefix(), &[0, 4]);
+    assert!(groups[0].iter().all(|p| !p.marker));
+    assert_eq!(groups[1][0].prefix(), &[0x60 | 28, 0x80 | 5]);
+    assert_eq!(depacketize_nals(&sample, &out, 1), nals);
 }
 
 #[test]

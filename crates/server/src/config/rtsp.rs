@@ -69,6 +69,7 @@ pub struct RtspConfig {
     pub plan_entries_max: u64,
     /// The fastest `Scale` a PLAY may ask (fast forward: deadlines divided by the scale, the
     /// session admitted at that many times the bit rate); above it, or zero or negative: 451.
+    /// An MP4 also plays down to `-scale_max` (reverse, key frames only: docs/rtsp.md).
     pub scale_max: u32,
     /// A session's engine stream reads its planned units with O_DIRECT into the engine's
     /// registered buffers where the file system allows it (no copy from the page cache

@@ -2,7 +2,9 @@
 //! an `.mp4` (`.m4v`, `.mov`), `PATH/index.m3u8` (multivariant: the audio track as an
 //! `EXT-X-MEDIA` rendition, the video track a variant), `PATH/track-N.m3u8` (media playlists,
 //! fMP4 with `EXT-X-MAP`), `PATH/manifest.mpd` (DASH), `PATH/track-N/init.mp4` and
-//! `PATH/track-N/K.m4s`. The package (sample index, segments, init segments) is built once
+//! `PATH/track-N/K.m4s`; `PATH/iframes.m3u8` (`EXT-X-I-FRAMES-ONLY`) names each key frame as
+//! a segment of its own, `PATH/track-N/key-S.m4s` (`penstock_core::mp4::package`'s doc says
+//! why not byte ranges). The package (sample index, segments, init segments) is built once
 //! per file version by an index thread (`crate::hls`); a media segment is its `moof` + `mdat`
 //! header from memory, then the samples' byte ranges of PATH by sendfile (`send.rs` corks
 //! the socket around a body of several pieces). A file that is no MP4 penstock packages is a
@@ -14,7 +16,9 @@ use std::time::SystemTime;
 use penstock_core::http::{
     BodyPiece, ETag, Method, Request, ResponseContext, Status, respond_error,
 };
-use penstock_core::mp4::{MediaSegment, dash_manifest, hls_master, hls_media};
+use penstock_core::mp4::{
+    MediaSegment, TrackKind, dash_manifest, hls_i_frames, hls_master, hls_media, key_segment,
+};
 
 use super::Worker;
 use super::send::Out;
@@ -28,6 +32,9 @@ pub(super) enum Mp4Request {
     Media(u32),
     Init(u32),
     Segment(u32, usize),
+    IFrames,
+    /// Key frame `S` (a sync sample's index) of track `N`: `track-N/key-S.m4s`.
+    Key(u32, usize),
 }
 
 impl Mp4Request {
@@ -35,6 +42,7 @@ impl Mp4Request {
         match rest {
             "index.m3u8" => return Some(Mp4Request::Master),
             "manifest.mpd" => return Some(Mp4Request::Manifest),
+            "iframes.m3u8" => return Some(Mp4Request::IFrames),
             _ => {}
         }
         let t = rest.strip_prefix("track-")?;
@@ -45,6 +53,10 @@ impl Mp4Request {
         let id: u32 = id.parse().ok()?;
         if file == "init.mp4" {
             return Some(Mp4Request::Init(id));
+        }
+        if let Some(k) = file.strip_prefix("key-") {
+            let k = k.strip_suffix(".m4s")?.parse().ok()?;
+            return Some(Mp4Request::Key(id, k));
         }
         let k = file.strip_suffix(".m4s")?.parse().ok()?;
         Some(Mp4Request::Segment(id, k))
@@ -89,7 +101,8 @@ impl Worker {
             Mp4Request::Master => shared.metrics.hls_playlist("master"),
             Mp4Request::Media(_) => shared.metrics.hls_playlist("media"),
             Mp4Request::Manifest => shared.metrics.hls_playlist("dash"),
-            Mp4Request::Init(_) | Mp4Request::Segment(..) => {
+            Mp4Request::IFrames => shared.metrics.hls_playlist("iframes"),
+            Mp4Request::Init(_) | Mp4Request::Segment(..) | Mp4Request::Key(..) => {
                 shared.metrics.hls_segments.inc();
             }
         }
@@ -191,14 +204,39 @@ pub(super) fn mp4_response(
             }
             None => not_found(),
         },
-        Mp4Request::Segment(id, k) => {
-            let (Some(track), Some(cut)) = (pkg.movie.track(id), pkg.packaging.track(id)) else {
-                return not_found();
+        Mp4Request::IFrames => match hls_i_frames(&pkg.movie) {
+            Some(p) => text(p, "application/vnd.apple.mpegurl"),
+            None => not_found(),
+        },
+        Mp4Request::Segment(..) | Mp4Request::Key(..) => {
+            let seg = match what {
+                Mp4Request::Segment(id, k) => {
+                    let (Some(track), Some(cut)) = (pkg.movie.track(id), pkg.packaging.track(id))
+                    else {
+                        return not_found();
+                    };
+                    let Some(span) = cut.segments.get(k) else {
+                        return not_found();
+                    };
+                    MediaSegment::build(track, span, k)
+                }
+                Mp4Request::Key(id, k) => {
+                    match pkg.movie.track(id).filter(|t| t.kind == TrackKind::Video) {
+                        Some(track) => match key_segment(track, k) {
+                            Some(seg) => seg,
+                            None => return not_found(),
+                        },
+                        None => return not_found(),
+                    }
+                }
+                _ => return not_found(),
             };
-            let Some(span) = cut.segments.get(k) else {
-                return not_found();
+            // Key segments' validators are told apart from media segments' by their number.
+            let k = match what {
+                Mp4Request::Key(_, k) => (1usize << 32) + k,
+                Mp4Request::Segment(_, k) => k,
+                _ => 0,
             };
-            let seg = MediaSegment::build(track, span, k);
             let len = seg.len_bytes();
             let mut pieces = Vec::with_capacity(1 + seg.ranges.len());
             pieces.push(BodyPiece::Bytes(seg.header));
@@ -265,6 +303,12 @@ mod tests {
             Some(Mp4Request::Manifest)
         );
         assert_eq!(Mp4Request::parse("track-x/1.m4s"), None);
+        assert_eq!(Mp4Request::parse("iframes.m3u8"), Some(Mp4Request::IFrames));
+        assert_eq!(
+            Mp4Request::parse("track-1/key-50.m4s"),
+            Some(Mp4Request::Key(1, 50))
+        );
+        assert_eq!(Mp4Request::parse("track-1/key-x.m4s"), None);
         assert_eq!(Mp4Request::parse("other"), None);
     }
 }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use penstock_core::mp4::{TrackKind, Trick, trick_frames};
 use penstock_core::rtp::{Packetizer, SenderSession};
 use penstock_core::rtsp::{
     self, Method, Parsed, Reply, Request, RtspLimits, SessionState, TransportAsk,
@@ -33,6 +34,7 @@ use penstock_driver::{DiskClass, StreamError, StreamSpec, engine::Pacing};
 use rustls::ServerConnection;
 
 use super::live::LiveSource;
+use super::mp4::TrickSend;
 use super::{
     EndReason, LivePlaying, Playing, RtspShared, Session, SessionMedia, Source, Transport,
     random_u64,
@@ -1430,6 +1432,10 @@ impl Conn<'_> {
     }
 
     fn play(&self, s: &mut Session, req: &Request, cseq: u32) -> Reply {
+        // An MP4 reads its own Scale (reverse too: `play_mp4`).
+        if matches!(s.media, SessionMedia::Mp4(_)) {
+            return self.play_mp4(s, req, cseq);
+        }
         let asked = match scale_asked(req.scale, self.shared.cfg.scale_max) {
             Ok(a) => a,
             Err(why) => return text(451, cseq, &why),
@@ -1921,6 +1927,10 @@ impl Conn<'_> {
             ended: Default::default(),
             cname: format!("penstock@{}", self.local.ip()),
             rtcp_interval: Duration::from_millis(self.shared.cfg.rtcp_interval_ms),
+            trick: Trick::NORMAL,
+            reserved: Some(Trick::NORMAL),
+            trick_stopped_at: None,
+            paused_at: None,
         };
         Ok((Box::new(m), index, admitted))
     }
@@ -2002,31 +2012,105 @@ impl Conn<'_> {
     }
 
     /// PLAY of an MP4 session: from the sync sample at or before `Range: npt=T-` (the start
-    /// without one), or where PAUSE stopped; scale 1 only.
+    /// without one), or where PAUSE (or a trick play) stopped. `Scale` above 1 or negative:
+    /// trick play, the video track's key frames only (`penstock_core::mp4::trick`); without
+    /// a `Scale` header the PLAY is at scale 1 again.
     fn play_mp4(&self, s: &mut Session, req: &Request, cseq: u32) -> Reply {
-        if let Some(x) = req.scale.filter(|&x| x != 1.0) {
+        let trick = match scale_signed(req.scale, self.shared.cfg.scale_max) {
+            Ok(None) => Trick::NORMAL,
+            Ok(Some((speed, reverse))) => Trick { speed, reverse },
+            Err(why) => return text(451, cseq, &why),
+        };
+        let scale_hdr = trick_text(trick);
+        if trick != Trick::NORMAL && !trick.key_frames_only() {
             return text(
                 451,
                 cseq,
                 &format!(
-                    "Scale {x}: an MP4 file plays at scale 1 only (trick play of MP4 is not built yet)"
+                    "Scale {scale_hdr}: an MP4 plays at scale 1, above 1 or reversed (key frames only); slow motion is not served"
                 ),
             );
         }
         let send_timeout = self.shared.cfg.send_timeout();
         let state = s.state;
-        let SessionMedia::Mp4(m) = &mut s.media else {
+        let Session {
+            media, admitted, ..
+        } = s;
+        let SessionMedia::Mp4(m) = media else {
             return text(500, cseq, "not an MP4 session");
         };
         let duration = m.media.duration_ns;
         if let Some(r) = past_the_end(cseq, req.range_from_ns, duration) {
             return r;
         }
-        if state == SessionState::Playing && req.range_from_ns.is_none() && m.sender.is_some() {
-            return Reply::new(200, Some(cseq)).header("Scale", "1");
+        let lead = m.media.lead();
+        let lead_slot = m.tracks.iter().position(|t| t.index == lead);
+        if trick.key_frames_only()
+            && (m.media.movie.tracks[lead].kind != TrackKind::Video || lead_slot.is_none())
+        {
+            return text(
+                451,
+                cseq,
+                &format!(
+                    "Scale {scale_hdr}: trick play sends the video track's key frames, and this session has no video track set up"
+                ),
+            );
+        }
+        if state == SessionState::Playing
+            && req.range_from_ns.is_none()
+            && m.sender.is_some()
+            && m.trick == trick
+        {
+            return Reply::new(200, Some(cseq)).header("Scale", scale_hdr);
         }
         m.stop();
-        let start_ns = if req.range_from_ns.is_none() && state == SessionState::Paused {
+        // Where this PLAY starts: a Range; else where a trick play stopped, or (scale 1 to
+        // scale 1) each track's next sample; else the start (reverse: the end).
+        let lead_track = &m.media.movie.tracks[lead];
+        let after_trick = m
+            .trick_stopped_at
+            .filter(|_| m.trick.key_frames_only() && state != SessionState::Ready);
+        let resume = req.range_from_ns.is_none() && state != SessionState::Ready;
+        let lead_pos = |sample: usize| {
+            lead_track.samples.get(sample).map_or(duration, |x| {
+                m.media.rtp[lead].presentation_ns(x.dts as i64).max(0) as u64
+            })
+        };
+        let mut trick_send = None;
+        let start_ns = if trick.key_frames_only() {
+            let from = match (req.range_from_ns, after_trick) {
+                (Some(ns), _) => m.media.lead_sample_at(ns),
+                (None, Some(k)) if resume => k,
+                _ if resume => lead_slot.map_or(0, |k| m.tracks[k].next_sample),
+                _ if trick.reverse => usize::MAX,
+                _ => 0,
+            };
+            let frames = trick_frames(lead_track, from, trick);
+            let Some(first) = frames.first() else {
+                return text(457, cseq, "the video track has no sample to play");
+            };
+            let slot = lead_slot.unwrap_or(0);
+            let x = &lead_track.samples[first.sample];
+            let ts_start = m.media.rtp[lead].timestamp(
+                m.tracks[slot].ts_base,
+                x.dts as i64 + i64::from(x.cts_offset),
+            );
+            let start_ns =
+                m.media.rtp[lead].presentation_ns(x.dts as i64 + i64::from(x.cts_offset));
+            trick_send = Some(TrickSend {
+                slot,
+                frames,
+                ts_start,
+            });
+            start_ns
+        } else if let (None, Some(k)) = (req.range_from_ns, after_trick.filter(|_| resume)) {
+            // Back to scale 1 where the trick play stopped.
+            let (firsts, start_ns) = m.media.start(Some(lead_pos(k)));
+            for t in &mut m.tracks {
+                t.next_sample = firsts[t.index];
+            }
+            start_ns
+        } else if resume && req.range_from_ns.is_none() {
             // Resume: each track from its next sample; the clock from the earliest due.
             m.tracks
                 .iter()
@@ -2045,10 +2129,64 @@ impl Conn<'_> {
             }
             start_ns
         };
-        let info = match m.play(start_ns, send_timeout) {
+        // The reservation: the session holds one for what it plays now (scale 1: the movie's
+        // rate; a trick play: its key frames). Another scale, or one given back by a long
+        // pause or a SETUP not played in time, asks admission afresh — the one it replaces
+        // given back first, as the TS path does (docs/rtsp.md "Scale").
+        if m.reserved != Some(trick) || admitted.is_none() {
+            let spec = match &trick_send {
+                Some(t) => m.media.trick_spec(&t.frames),
+                None => m.media.admission_spec(),
+            };
+            let had = admitted.take().is_some() || m.reserved.is_some();
+            m.reserved = None;
+            match self.shared.engine.admit(&spec, UNITS_OWN_UNIT) {
+                Ok(a) => {
+                    *admitted = a;
+                    m.reserved = Some(trick);
+                }
+                Err(e) => {
+                    self.shared.metrics.error("rtsp_admission_refused");
+                    // Refused: a session that held a reservation keeps a scale-1 one when it
+                    // still fits, and stays paused for another PLAY.
+                    if had && trick != Trick::NORMAL {
+                        *admitted = self
+                            .shared
+                            .engine
+                            .admit(&m.media.admission_spec(), UNITS_OWN_UNIT)
+                            .ok()
+                            .flatten();
+                        if admitted.is_some() {
+                            m.reserved = Some(Trick::NORMAL);
+                        }
+                    }
+                    m.paused_at = Some(Instant::now());
+                    if state != SessionState::Ready {
+                        s.state = SessionState::Paused;
+                    }
+                    return text(
+                        453,
+                        cseq,
+                        &format!(
+                            "Scale {scale_hdr}: admission refused (the server's rt capacity): {e}"
+                        ),
+                    );
+                }
+            }
+        }
+        let was_trick = trick_send.is_some();
+        let info = match m.play(
+            if was_trick { 0 } else { start_ns },
+            send_timeout,
+            trick_send,
+        ) {
             Ok(i) => i,
             Err(e) => return text(500, cseq, &format!("starting the sender: {e}")),
         };
+        m.trick = trick;
+        if !was_trick {
+            m.trick_stopped_at = None;
+        }
         let rtp_info: Vec<String> = m
             .tracks
             .iter()
@@ -2056,23 +2194,25 @@ impl Conn<'_> {
             .map(|(t, &(seq, ts))| rtsp::rtp_info(&t.url, seq, ts))
             .collect();
         tracing::debug!(
-            "rtsp session {}: MP4 PLAY from {} (npt {} asked), {} tracks",
+            "rtsp session {}: MP4 PLAY from {} (npt {} asked) at scale {scale_hdr}, {} tracks",
             s.id,
             rtsp::npt_text(start_ns.max(0) as u64),
             req.range_from_ns.map_or("none".into(), rtsp::npt_text),
             rtp_info.len()
         );
         s.state = SessionState::Playing;
-        Reply::new(200, Some(cseq))
-            .header(
-                "Range",
-                format!(
-                    "npt={}-{}",
-                    rtsp::npt_text(start_ns.max(0) as u64),
-                    rtsp::npt_text(duration)
-                ),
+        let range = if trick.reverse {
+            format!("npt={}-0", rtsp::npt_text(start_ns.max(0) as u64))
+        } else {
+            format!(
+                "npt={}-{}",
+                rtsp::npt_text(start_ns.max(0) as u64),
+                rtsp::npt_text(duration)
             )
-            .header("Scale", "1")
+        };
+        Reply::new(200, Some(cseq))
+            .header("Range", range)
+            .header("Scale", scale_hdr)
             .header("RTP-Info", rtp_info.join(","))
     }
 }
@@ -2081,6 +2221,7 @@ fn pause(s: &mut Session, cseq: u32) -> Reply {
     if let SessionMedia::Mp4(m) = &mut s.media {
         // The sender stops; each track remembers its next sample and sequence number.
         m.stop();
+        m.paused_at = Some(Instant::now());
     }
     if let Some(l) = &s.live {
         // A live session stops receiving: its queue is emptied, nothing more is queued.
@@ -2193,25 +2334,43 @@ const UNITS_OWN_UNIT: bool = true;
 /// The `Scale` of a PLAY: `None` without the header; 451's reason for a scale not served
 /// (zero or negative: no reverse play or stills; above `rtsp.scale_max`; finer than 0.001).
 fn scale_asked(scale: Option<f64>, scale_max: u32) -> Result<Option<Speed>, String> {
-    let Some(x) = scale else { return Ok(None) };
-    if !x.is_finite() || x <= 0.0 {
-        return Err(format!(
-            "Scale {x}: only positive scales are served (no reverse play, no stills)"
-        ));
+    match scale_signed(scale, scale_max)? {
+        Some((_, true)) => Err(format!(
+            "Scale {}: only positive scales are served (no reverse play, no stills)",
+            scale.unwrap_or_default()
+        )),
+        x => Ok(x.map(|(s, _)| s)),
     }
-    if x > f64::from(scale_max) {
+}
+
+/// The `Scale` of a PLAY as a speed and whether it is reversed (negative): `None` without
+/// the header; 451's reason for zero (stills are not served), a magnitude above
+/// `rtsp.scale_max` or finer than 0.001. The one reading of `Scale` for TS and MP4.
+fn scale_signed(scale: Option<f64>, scale_max: u32) -> Result<Option<(Speed, bool)>, String> {
+    let Some(x) = scale else { return Ok(None) };
+    if !x.is_finite() || x == 0.0 {
+        return Err(format!("Scale {x}: stills (scale 0) are not served"));
+    }
+    let (m, reverse) = (x.abs(), x < 0.0);
+    if m > f64::from(scale_max) {
         return Err(format!("Scale {x}: above rtsp.scale_max {scale_max}"));
     }
     // Finer than 0.001 is not served (docs/rtsp.md); rounding to the nearest thousandth
     // would make 0.0005 a scale of 0.001.
-    if x < 0.001 {
+    if m < 0.001 {
         return Err(format!("Scale {x}: below 0.001"));
     }
-    let num = (x * 1000.0).round() as u64;
+    let num = (m * 1000.0).round() as u64;
     let g = gcd(num, 1000);
     Speed::from_ratio(num / g.max(1), 1000 / g.max(1))
-        .map(Some)
+        .map(|s| Some((s, reverse)))
         .ok_or_else(|| format!("Scale {x}: below 0.001"))
+}
+
+/// A trick play's scale as RTSP writes it (`-2`, `4`, `1`).
+fn trick_text(t: Trick) -> String {
+    let s = super::scale_text(t.speed);
+    if t.reverse { format!("-{s}") } else { s }
 }
 
 fn gcd(a: u64, b: u64) -> u64 {

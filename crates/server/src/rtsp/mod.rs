@@ -902,6 +902,9 @@ fn reaper(shared: &Arc<RtspShared>) {
                 && s.admitted_at.elapsed() > setup_timeout
             {
                 s.admitted = None;
+                if let SessionMedia::Mp4(m) = &mut s.media {
+                    m.reserved = None;
+                }
                 shared.metrics.error("rtsp_setup_timeout");
                 shared.count_unplayed(s.client);
                 tracing::debug!(
@@ -920,6 +923,22 @@ fn reaper(shared: &Arc<RtspShared>) {
                 })
             {
                 shared.release_paused(&mut s);
+            }
+            // An MP4 session paused that long gives its reservation back the same way (its
+            // sender is stopped already; a PLAY asks admission afresh, docs/rtsp.md).
+            let s = &mut *s;
+            if s.state == SessionState::Paused
+                && let SessionMedia::Mp4(m) = &mut s.media
+                && m.reserved.is_some()
+                && m.paused_at.is_some_and(|at| at.elapsed() > pause_hold)
+            {
+                s.admitted = None;
+                m.reserved = None;
+                shared.metrics.error("rtsp_pause_released");
+                tracing::debug!(
+                    "rtsp session {}: MP4 paused longer than rtsp.pause_hold_ms, its admission given back",
+                    s.id
+                );
             }
             if s.last_seen.elapsed() > timeout {
                 expired.push(s.id.clone());

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use penstock_core::mp4::{Movie, Mp4Limits, TrackKind};
+use penstock_core::mp4::{Movie, Mp4Limits, TrackKind, Trick, TrickFrame};
 use penstock_core::rtp::RtpHeader;
 use penstock_core::rtp::mp4::{self as rtp_mp4, Piece, TrackRtp};
 use penstock_core::rtp::rtcp::{SenderInfo, write_sender_report};
@@ -134,16 +134,44 @@ impl Mp4Media {
             }
         }
         units.sort_by_key(|u| u.offset_ns);
-        let bytes: u64 = units.iter().map(|u| u64::from(u.size_bytes)).sum();
-        StreamSpec {
-            extent: Extent {
-                offset: 0,
-                length: Some(bytes.max(1)),
-            },
-            pacing: Pacing::Units(units.into()),
-            class: Some(DiskClass::Rt),
-            ..StreamSpec::opened()
-        }
+        units_spec(units)
+    }
+
+    /// What admission is asked for a trick play: the key frames it sends, when they are due
+    /// (`penstock_core::mp4::trick`).
+    pub fn trick_spec(&self, frames: &[TrickFrame]) -> StreamSpec {
+        let samples = &self.movie.tracks[self.lead()].samples;
+        units_spec(
+            frames
+                .iter()
+                .map(|f| UnitPlan {
+                    offset_ns: f.due_ns,
+                    size_bytes: samples[f.sample].size.max(1),
+                })
+                .collect(),
+        )
+    }
+
+    /// The track a seek and a trick play follow: the first video track (else the first).
+    pub fn lead(&self) -> usize {
+        self.movie
+            .tracks
+            .iter()
+            .position(|t| t.kind == TrackKind::Video)
+            .unwrap_or(0)
+    }
+
+    /// The sample of the lead track presented at or before `from_ns` (npt), for a trick
+    /// play's start (the planner snaps it to the sync sample at or before it).
+    pub fn lead_sample_at(&self, from_ns: u64) -> usize {
+        let lead = self.lead();
+        let (t, r) = (&self.movie.tracks[lead], &self.rtp[lead]);
+        let target =
+            r.media_time as u128 + u128::from(from_ns) * u128::from(r.timescale) / 1_000_000_000;
+        let dts = u64::try_from(target).unwrap_or(u64::MAX);
+        t.samples
+            .partition_point(|s| s.dts <= dts)
+            .saturating_sub(1)
     }
 
     /// Where a playback from `from_ns` (npt; `None` or 0: the start, every sample) begins: per track the first
@@ -153,10 +181,7 @@ impl Mp4Media {
     pub fn start(&self, from_ns: Option<u64>) -> (Vec<usize>, i64) {
         let from = from_ns.unwrap_or(0);
         let tracks = &self.movie.tracks;
-        let lead = tracks
-            .iter()
-            .position(|t| t.kind == TrackKind::Video)
-            .unwrap_or(0);
+        let lead = self.lead();
         let pts = |i: usize, k: usize| {
             let s = &tracks[i].samples[k];
             self.rtp[i].presentation_ns(s.dts as i64 + i64::from(s.cts_offset))
@@ -196,6 +221,31 @@ impl Mp4Media {
         }
         (firsts, start_ns)
     }
+}
+
+/// A unit plan as an admission request of class `rt`.
+fn units_spec(units: Vec<UnitPlan>) -> StreamSpec {
+    let bytes: u64 = units.iter().map(|u| u64::from(u.size_bytes)).sum();
+    StreamSpec {
+        extent: Extent {
+            offset: 0,
+            length: Some(bytes.max(1)),
+        },
+        pacing: Pacing::Units(units.into()),
+        class: Some(DiskClass::Rt),
+        ..StreamSpec::opened()
+    }
+}
+
+/// A trick play's sending: the lead track's key frames (`penstock_core::mp4::trick`), stamped
+/// from `ts_start` on by their due times.
+#[derive(Debug, Clone)]
+pub(crate) struct TrickSend {
+    /// The lead track's place among the session's tracks.
+    pub slot: usize,
+    pub frames: Vec<TrickFrame>,
+    /// The RTP time of the first frame.
+    pub ts_start: u32,
 }
 
 /// Where a track's RTP goes.
@@ -286,11 +336,15 @@ impl Mp4Track {
 /// What the sender hands back when it stops: per track the next sequence number and sample.
 type Progress = Vec<(u16, usize)>;
 
+/// What a sender thread returns: where each track stopped, its outputs, and (a trick play)
+/// the last key frame it sent.
+type Stopped = (Progress, Vec<Out>, Option<usize>);
+
 /// A playing sender thread.
 #[derive(Debug)]
 pub(crate) struct Sender {
     stop: Arc<AtomicBool>,
-    handle: JoinHandle<(Progress, Vec<Out>)>,
+    handle: JoinHandle<Stopped>,
 }
 
 /// An MP4 session's media and tracks.
@@ -308,6 +362,17 @@ pub(crate) struct Mp4Session {
     pub sent_bytes: Arc<AtomicU64>,
     pub cname: String,
     pub rtcp_interval: Duration,
+    /// The scale of the playing (or last) PLAY.
+    pub trick: Trick,
+    /// What the session's admission reservation was asked for (`None`: it holds none — a
+    /// pause past `pause_hold_ms` or a SETUP not played in time gave it back).
+    pub reserved: Option<Trick>,
+    /// Where a trick play stopped (the lead track's sample of its last key frame): the next
+    /// PLAY without Range starts there.
+    pub trick_stopped_at: Option<usize>,
+    /// When PAUSE stopped the sender (the reaper gives the reservation back past
+    /// `pause_hold_ms`).
+    pub paused_at: Option<Instant>,
 }
 
 impl Mp4Session {
@@ -316,11 +381,14 @@ impl Mp4Session {
         let Some(s) = self.sender.take() else { return };
         s.stop.store(true, Ordering::Release);
         match s.handle.join() {
-            Ok((progress, outs)) => {
+            Ok((progress, outs, trick_at)) => {
                 for ((t, (seq, next)), out) in self.tracks.iter_mut().zip(progress).zip(outs) {
                     t.next_seq = seq;
                     t.next_sample = next;
                     t.out = Some(out);
+                }
+                if trick_at.is_some() {
+                    self.trick_stopped_at = trick_at;
                 }
             }
             Err(_) => tracing::warn!("rtsp mp4 sender panicked"),
@@ -328,9 +396,15 @@ impl Mp4Session {
     }
 
     /// Starts sending from each track's `next_sample`, the first sample due at
-    /// `start_ns` (presentation time) `START_DELAY` from now. Returns per track the first
-    /// sequence number and RTP time.
-    pub fn play(&mut self, start_ns: i64, send_timeout: Duration) -> io::Result<Vec<(u16, u32)>> {
+    /// `start_ns` (presentation time) `START_DELAY` from now — or, with `trick`, the lead
+    /// track's key frames only, the first due `START_DELAY` from now. Returns per track the
+    /// first sequence number and RTP time.
+    pub fn play(
+        &mut self,
+        start_ns: i64,
+        send_timeout: Duration,
+        trick: Option<TrickSend>,
+    ) -> io::Result<Vec<(u16, u32)>> {
         self.stop();
         let mut outs = Vec::new();
         for t in &mut self.tracks {
@@ -350,7 +424,11 @@ impl Mp4Session {
         let info: Vec<(u16, u32)> = self
             .tracks
             .iter()
-            .map(|t| {
+            .enumerate()
+            .map(|(k, t)| {
+                if let Some(x) = trick.as_ref().filter(|x| x.slot == k) {
+                    return (t.next_seq, x.ts_start);
+                }
                 let r = &media.rtp[t.index];
                 let ts = media.movie.tracks[t.index]
                     .samples
@@ -370,7 +448,9 @@ impl Mp4Session {
             start_ns,
             cname: self.cname.clone(),
             rtcp_interval: self.rtcp_interval,
+            trick,
         };
+        self.paused_at = None;
         let stop = Arc::new(AtomicBool::new(false));
         let (stop2, alive, ended) = (stop.clone(), self.alive.clone(), self.ended.clone());
         let sent_bytes = self.sent_bytes.clone();
@@ -407,6 +487,8 @@ struct SendPlan {
     start_ns: i64,
     cname: String,
     rtcp_interval: Duration,
+    /// A trick play: the lead track's key frames only (the other tracks send nothing).
+    trick: Option<TrickSend>,
 }
 
 fn wall_ntp() -> u64 {
@@ -428,7 +510,7 @@ fn send_loop(
     plan: SendPlan,
     outs: Vec<Out>,
     flags: &Flags<'_>,
-) -> (Progress, Vec<Out>) {
+) -> Stopped {
     let Flags {
         stop,
         alive,
@@ -455,11 +537,19 @@ fn send_loop(
             plan.start_ns - anchor.duration_since(now).as_nanos() as i64
         }
     };
+    let trick = plan.trick.as_ref();
     let send_reports = |packets: &[u32], octets: &[u32], bye: bool| {
         let pres = now_pres(Instant::now());
         let ntp = wall_ntp();
         for (k, &(i, ssrc, base, ..)) in plan.tracks.iter().enumerate() {
             let r = &media.rtp[i];
+            // A trick play's clock: the lead track's RTP time runs on from its first frame's
+            // with the wall clock; the other tracks send nothing (their BYE only).
+            let base = match trick {
+                Some(t) if t.slot == k => t.ts_start,
+                Some(_) if !bye => continue,
+                _ => base,
+            };
             let rtp_time = base.wrapping_add(r.rtp_ticks(pres) as u32);
             let info = SenderInfo {
                 ntp,
@@ -475,6 +565,9 @@ fn send_loop(
         }
     };
     let mut failed = false;
+    // A trick play: the next of its frames, and the last sent.
+    let mut trick_pos = 0usize;
+    let mut trick_sent: Option<usize> = None;
     loop {
         if stop.load(Ordering::Acquire) {
             break;
@@ -487,17 +580,25 @@ fn send_loop(
         if outs.iter().any(Out::drain_reports) {
             alive.store(true, Ordering::Release);
         }
-        // The track whose next sample is due first (by decode time).
-        let mut best: Option<(usize, i64)> = None;
-        for (k, &(i, ..)) in plan.tracks.iter().enumerate() {
-            if let Some(s) = media.movie.tracks[i].samples.get(next[k]) {
-                let due = media.rtp[i].presentation_ns(s.dts as i64);
-                if best.is_none_or(|(_, d)| due < d) {
-                    best = Some((k, due));
+        // The track whose next sample is due first (by decode time), or a trick play's
+        // next key frame: (the track's slot, when it is due, its sample).
+        let mut best: Option<(usize, i64, usize)> = None;
+        if let Some(t) = trick {
+            best = t
+                .frames
+                .get(trick_pos)
+                .map(|f| (t.slot, f.due_ns as i64, f.sample));
+        } else {
+            for (k, &(i, ..)) in plan.tracks.iter().enumerate() {
+                if let Some(s) = media.movie.tracks[i].samples.get(next[k]) {
+                    let due = media.rtp[i].presentation_ns(s.dts as i64);
+                    if best.is_none_or(|(_, d, _)| due < d) {
+                        best = Some((k, due, next[k]));
+                    }
                 }
             }
         }
-        let Some((k, due_ns)) = best else {
+        let Some((k, due_ns, sample)) = best else {
             // Every track at its end: the last reports with a BYE, after the last packets
             // had time to drain (as the TS path's BYE_DELAY).
             let until = Instant::now() + Duration::from_millis(500);
@@ -522,8 +623,18 @@ fn send_loop(
         let (i, ssrc, base, ..) = plan.tracks[k];
         let track = &media.movie.tracks[i];
         let r = &media.rtp[i];
-        let s = track.samples[next[k]];
-        next[k] += 1;
+        let s = track.samples[sample];
+        let ts = match trick {
+            Some(t) => {
+                trick_pos += 1;
+                trick_sent = Some(sample);
+                t.ts_start.wrapping_add(r.rtp_ticks(due_ns) as u32)
+            }
+            None => {
+                next[k] += 1;
+                r.timestamp(base, s.dts as i64 + i64::from(s.cts_offset))
+            }
+        };
         buf.resize(s.size as usize, 0);
         if let Err(e) = file.read_exact_at(&mut buf, s.offset) {
             tracing::warn!("rtsp mp4: reading sample at {}: {e}", s.offset);
@@ -531,24 +642,25 @@ fn send_loop(
         }
         if let Err(e) = rtp_mp4::packetize(r.format, &buf, PAYLOAD_BYTES_MAX, &mut pieces) {
             // A sample that cannot be cut is skipped (the player sees a gap in time only).
-            tracing::debug!("rtsp mp4: track {} sample {}: {e}", track.id, next[k] - 1);
+            tracing::debug!("rtsp mp4: track {} sample {sample}: {e}", track.id);
             continue;
         }
-        let ts = r.timestamp(base, s.dts as i64 + i64::from(s.cts_offset));
-        for p in &pieces {
+        for packet in rtp_mp4::packets(&pieces) {
             let h = RtpHeader {
-                marker: p.marker,
+                marker: packet.last().is_some_and(|p| p.marker),
                 payload_type: r.payload_type,
                 sequence: seq[k],
                 timestamp: ts,
                 ssrc,
             }
             .encode();
-            let iov = [
-                io::IoSlice::new(&h),
-                io::IoSlice::new(p.prefix()),
-                io::IoSlice::new(&buf[p.range.clone()]),
-            ];
+            // The RTP header, then each piece's prefix and its bytes of the sample.
+            let mut iov = Vec::with_capacity(1 + 2 * packet.len());
+            iov.push(io::IoSlice::new(&h));
+            for p in packet {
+                iov.push(io::IoSlice::new(p.prefix()));
+                iov.push(io::IoSlice::new(&buf[p.range.clone()]));
+            }
             match send_vectored(outs[k].rtp_fd(), &iov) {
                 Ok(()) => {}
                 // The client's port closed (ICMP unreachable): its packets are lost, as
@@ -560,17 +672,18 @@ fn send_loop(
                     break;
                 }
             }
+            let len: usize = packet.iter().map(Piece::payload_len).sum();
             seq[k] = seq[k].wrapping_add(1);
             packets[k] = packets[k].wrapping_add(1);
-            octets[k] = octets[k].wrapping_add(p.payload_len() as u32);
-            sent_bytes.fetch_add(p.payload_len() as u64, Ordering::Relaxed);
+            octets[k] = octets[k].wrapping_add(len as u32);
+            sent_bytes.fetch_add(len as u64, Ordering::Relaxed);
         }
         if failed {
             break;
         }
     }
     let progress = seq.into_iter().zip(next).collect();
-    (progress, outs)
+    (progress, outs, trick_sent)
 }
 
 /// One datagram from the iovecs (sendmsg: no packet buffer).

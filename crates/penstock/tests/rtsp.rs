@@ -263,7 +263,7 @@ fn run_player(mut cmd: Command, limit: Duration) -> (bool, Duration, String) {
 }
 
 /// Real players, all at once on one server: ffprobe identifies the stream; ffmpeg and
-/// GStreamer over UDP and over TCP (interleaved), and VLC play it to its end and exit by themselves (the RTCP BYE),
+/// GStreamer over UDP and over TCP (interleaved) play it to its end and exit by themselves (the RTCP BYE),
 /// with the bytes the module doc says.
 #[test]
 fn players_play_the_clip_to_its_end() {
@@ -301,12 +301,9 @@ fn players_play_the_clip_to_its_end() {
             players.push((name, c, Some(out(&format!("{name}.ts")))));
         }
     }
-    if penstock_testreq::require("cvlc") && penstock_testreq::require("runuser") {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "nobody", "--", "cvlc", "--play-and-exit"])
-            .args(["--vout", "dummy", "--aout", "dummy", &url]);
-        players.push(("vlc", c, None));
-    }
+    // No VLC here: Debian's VLC has no live555 RTSP access (only `access_realrtsp`, for
+    // RealServer), so it opens no `rtsp://` URL, and `cvlc --play-and-exit` exits 0 all the
+    // same — a player that could never fail this test (docs/rtsp.md, "Tested").
     let probe = if penstock_testreq::require("ffprobe") {
         let mut c = Command::new("ffprobe");
         c.args(["-v", "error", "-show_streams", &url]);
@@ -370,7 +367,7 @@ fn players_play_the_clip_to_its_end() {
             );
         }
     }
-    // Every player's sessions were played (VLC included: its output is not a file).
+    // Every player's sessions were played.
     let played = common::sample(
         &s.metrics(),
         "penstock_rtsp_requests_total{method=\"PLAY\",code=\"200\"}",

@@ -100,10 +100,38 @@ impl Announced {
     }
 }
 
+/// The number (from 1) of the first line that is not `K=VALUE` with a one-byte key, as
+/// sdp-types' line reader splits them (on `\n`, a `\r` before it dropped; empty lines
+/// skipped). sdp-types 0.1.8 panics (an `assert_eq!` in `Media::parse`, found by the
+/// `rtp_ingest` fuzz target) when such a line is followed by others: its peekable reader
+/// drops the error and hands the next line to a parser that expects `m=`. Refusing every such
+/// line first means that path is never taken.
+fn malformed_line(body: &[u8]) -> Option<usize> {
+    let mut pieces = body.split(|&b| b == b'\n').peekable();
+    let mut n = 0;
+    while let Some(mut line) = pieces.next() {
+        n += 1;
+        if pieces.peek().is_some()
+            && let Some(l) = line.strip_suffix(b"\r")
+        {
+            line = l;
+        }
+        if !line.is_empty() && (line.len() < 2 || line[1] != b'=' || line[0] == b'=') {
+            return Some(n);
+        }
+    }
+    None
+}
+
 /// Reads an announced SDP.
 pub fn read_sdp(body: &[u8], limits: &SdpLimits) -> Result<Announced, SdpError> {
     if body.len() > limits.bytes_max {
         return Err(SdpError::TooLarge(body.len(), limits.bytes_max));
+    }
+    if let Some(n) = malformed_line(body) {
+        return Err(SdpError::Syntax(format!(
+            "line {n} is not in key=value form (one-letter key)"
+        )));
     }
     let session =
         sdp_types::Session::parse(body).map_err(|e| SdpError::Syntax(format!("{e:?}")))?;
@@ -271,6 +299,26 @@ pub fn asc_adts_fields(asc: &[u8]) -> Option<(u8, u8, u8)> {
 
 #[cfg(test)]
 mod tests {
+    /// The `rtp_ingest` fuzz target's find: sdp-types panicked on a malformed line followed by
+    /// another; now a syntax error naming the line.
+    #[test]
+    fn a_malformed_line_before_others_is_refused_not_panicked_on() {
+        let crash = b"v=0\nv\x7f\xff\xff\xff\xff\xff\xff\xf8=2\xa8=0\xff\xff\xff\xff\xff\xff\xff\xff\n\nv=2\xa8";
+        let e = super::read_sdp(crash, &super::SdpLimits::default()).unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+        for bad in [
+            &b"v=0\r\nno equals\r\nm=video 0 RTP/AVP 96\r\n"[..],
+            b"v=0\n=x\nm=a\n",
+            b"v=0\nab=c\nz=1\n",
+        ] {
+            assert!(super::read_sdp(bad, &super::SdpLimits::default()).is_err());
+        }
+        assert_eq!(
+            super::malformed_line(b"v=0\r\n\r\nm=video 0 RTP/AVP 96\r\n"),
+            None
+        );
+    }
+
     use super::*;
 
     const FFMPEG_SDP: &str = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=No Name\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\na=tool:libavformat 59.27.100\r\nm=video 0 RTP/AVP 96\r\nb=AS:200\r\na=rtpmap:96 H264/90000\r\na=fmtp:96 packetization-mode=1; sprop-parameter-sets=Z2QADKzZQUH7ARAAAAMAEAAAAwMg8UKZYA==,aOvjyyLA; profile-level-id=64000C\r\na=control:streamid=0\r\nm=audio 0 RTP/AVP 97\r\nb=AS:128\r\na=rtpmap:97 MPEG4-GENERIC/44100/2\r\na=fmtp:97 profile-level-id=1;mode=AAC-hbr;sizelength=13;indexlength=3;indexdeltalength=3; config=1210\r\na=control:streamid=1\r\n";

@@ -44,16 +44,17 @@ fn packets_of(aus: &[Vec<Vec<u8>>], budget: usize, seq0: u16) -> Vec<(RtpHeader,
             &mut pieces,
         )
         .unwrap();
-        for p in &pieces {
+        // One RTP payload per run of joined pieces (a STAP-A's units and its header).
+        for group in crate::rtp::mp4::packets(&pieces) {
             let h = RtpHeader {
-                marker: p.marker,
+                marker: group.last().is_some_and(|p| p.marker),
                 payload_type: 96,
                 sequence: seq,
                 timestamp: 0xffff_f000u32.wrapping_add(3000 * i as u32),
                 ssrc: 1,
             };
             seq = seq.wrapping_add(1);
-            out.push((h, payload(&sample, p)));
+            out.push((h, group.iter().flat_map(|p| payload(&sample, p)).collect()));
         }
     }
     out

@@ -1175,6 +1175,23 @@ impl Engine {
         self.start(spec, source, target, Some(slot), None)
     }
 
+    /// [`Engine::open_reserved`] with what [`Engine::admit_for`] reserved ahead (as
+    /// [`Engine::open_admitted`] uses it: kept, in its tenant's share, when the plan asks
+    /// the same): a server that admits a body before it writes the head.
+    pub fn open_reserved_admitted(
+        &self,
+        slot: StreamSlot,
+        admitted: Option<Admitted>,
+        spec: StreamSpec,
+        source: Opened,
+        target: Opened,
+    ) -> Result<StreamHandle, StreamError> {
+        if !Arc::ptr_eq(&slot.open_count, &self.open_count) {
+            return Err(StreamError::ForeignSlot);
+        }
+        self.start(spec, source, target, Some(slot), admitted)
+    }
+
     /// Plans `spec` against what a caller knows of endpoints it has not handed over yet
     /// (an HTTP server before it writes a head): the same planner, so a stream that would be
     /// refused at its start is refused here, by the same rule. Admits nothing.

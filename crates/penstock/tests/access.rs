@@ -29,6 +29,8 @@ struct Served {
     child: Child,
     http: String,
     rtsp: String,
+    /// The control protocol's address (loopback, token [`CONTROL_TOKEN`]), when configured.
+    control: Option<String>,
     conf: PathBuf,
     log: PathBuf,
     dir: tempfile::TempDir,
@@ -50,6 +52,28 @@ impl Served {
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The control protocol's `STATE *` lines.
+    fn state_all(&self) -> Vec<String> {
+        use std::io::BufRead;
+        let mut s =
+            TcpStream::connect(self.control.as_deref().expect("a control listener")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(format!("AUTH {CONTROL_TOKEN}\nSTATE *\n").as_bytes())
+            .unwrap();
+        let mut r = std::io::BufReader::new(s);
+        let mut lines = Vec::new();
+        loop {
+            let mut l = String::new();
+            if r.read_line(&mut l).unwrap() == 0 || l.starts_with("211 end") {
+                break;
+            }
+            if let Some(x) = l.trim_end().strip_prefix("211-") {
+                lines.push(x.to_string());
+            }
+        }
+        lines
     }
 
     /// `penstock sign` with this server's configuration.
@@ -76,6 +100,8 @@ impl Served {
         penstock_core::auth::sign_query(&key, path, expires_s, None)
     }
 }
+
+const CONTROL_TOKEN: &str = "access-test-token-access-test-token";
 
 fn now_s() -> u64 {
     SystemTime::now()
@@ -147,7 +173,7 @@ fn serve_sized(
     std::fs::write(
         &conf,
         format!(
-            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"\"\n[log]\naccess = \"off\"\n\
+            "[http]\nlisten = \"127.0.0.1:0\"\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{CONTROL_TOKEN}\"\n[log]\naccess = \"off\"\n\
              [rtsp]\nlisten = \"127.0.0.1:0\"\n\
              [admission]\nself_calibrate = false\ndisk_seq_bytes_per_s = 1000000000\n\
              disk_random_iops = 100000\nnet_bytes_per_s = {net_bytes_per_s}\ncpu_send_ns = 5000\n\
@@ -181,7 +207,7 @@ fn start(dir: tempfile::TempDir, conf: PathBuf, root: &Path) -> Served {
         "{line}\n{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
-    let (http, _) = common::serve_addresses(&line);
+    let (http, control) = common::serve_addresses(&line);
     let rtsp = line
         .split("rtsp://")
         .nth(1)
@@ -192,6 +218,7 @@ fn start(dir: tempfile::TempDir, conf: PathBuf, root: &Path) -> Served {
         child,
         http,
         rtsp,
+        control,
         conf,
         log,
         dir,
@@ -764,6 +791,8 @@ out = {
     "rev": hs(dict(base, jti="rev-1", rate="4Mbit/s")),
     "rev2": hs(dict(base, jti="rev-2")),
     "zeta": hs(dict(base, tenant="zeta")),
+    "acme_rate": hs(dict(base, tenant="acme", rate="2Mbit/s")),
+    "zeta_rate": hs(dict(base, tenant="zeta", rate="2Mbit/s")),
     "none": b64(json.dumps({"alg": "none", "kid": "e1"}).encode()) + "." + b64(json.dumps(base).encode()) + ".",
 }
 h = b64(json.dumps({"alg": "HS256", "kid": "e1"}).encode())
@@ -1286,6 +1315,247 @@ fn tenants_shares_hold_under_a_ramp_of_hls_sessions() {
     assert!(!page.contains(&t["acme"][..20]));
 }
 
+/// An RTSP session set up over UDP and playing: its connection (the session ends when it
+/// closes) and its two client sockets (kept open; the test does not read them, the kernel
+/// drops what overflows — a UDP send never waits for the reader). `Err`: the refused reply's
+/// status and text.
+struct UdpSession {
+    _conn: TcpStream,
+    _rtp: std::net::UdpSocket,
+    _rtcp: std::net::UdpSocket,
+    id: String,
+}
+
+fn rtsp_request(c: &mut TcpStream, req: &str) -> (u16, String) {
+    c.write_all(req.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let mut text = String::from_utf8_lossy(&got).to_string();
+    let len: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let head_end = text.find("\r\n\r\n").unwrap() + 4;
+    while got.len() < head_end + len {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    text = String::from_utf8_lossy(&got).to_string();
+    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, text)
+}
+
+impl UdpSession {
+    fn teardown(&mut self, url: &str) {
+        let (code, text) = rtsp_request(
+            &mut self._conn,
+            &format!(
+                "TEARDOWN {url} RTSP/1.0\r\nCSeq: 3\r\nSession: {}\r\n\r\n",
+                self.id
+            ),
+        );
+        assert_eq!(code, 200, "{text}");
+    }
+}
+
+/// The network capacity of the tenants' RTSP test: rt shares 0.3 / 0.7 of it hold a few of
+/// the 2 Mbit/s clip's sessions each.
+const NET_TENANTS_BYTES_PER_S: u64 = 3_000_000;
+
+/// SETUP (RTP over UDP, `Authorization: Bearer token`) and PLAY of `url`.
+fn rtsp_play_udp(addr: &str, url: &str, token: &str) -> Result<UdpSession, (u16, String)> {
+    let rtp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let rtcp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let ports = (
+        rtp.local_addr().unwrap().port(),
+        rtcp.local_addr().unwrap().port(),
+    );
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (code, text) = rtsp_request(
+        &mut c,
+        &format!(
+            "SETUP {url} RTSP/1.0\r\nCSeq: 1\r\nTransport: RTP/AVP;unicast;client_port={}-{}\r\n\
+             Authorization: Bearer {token}\r\n\r\n",
+            ports.0, ports.1
+        ),
+    );
+    if code != 200 {
+        return Err((code, text));
+    }
+    let id = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Session: "))
+        .and_then(|v| v.split(';').next())
+        .unwrap()
+        .trim()
+        .to_string();
+    let (code, text) = rtsp_request(
+        &mut c,
+        &format!("PLAY {url} RTSP/1.0\r\nCSeq: 2\r\nSession: {id}\r\n\r\n"),
+    );
+    assert_eq!(code, 200, "PLAY: {text}");
+    Ok(UdpSession {
+        _conn: c,
+        _rtp: rtp,
+        _rtcp: rtcp,
+        id,
+    })
+}
+
+/// Two tenants at rt shares 0.3 and 0.7 under a ramp of RTSP sessions (the JWT's `tenant`
+/// claim charges each to its tenant's partition of admission): zeta plays two sessions,
+/// then acme opens paced sessions until refused — 453 naming acme's share, and acme's paced
+/// download (engine-sent, `rate` claim) is then refused alike (503); zeta is still admitted
+/// — a paced download, then sessions up to about 7/3 of acme's count — so neither was
+/// refused inside its share. Every zeta session keeps 0 deadline misses throughout (the
+/// control protocol's `STATE *`, per stream). Counted per tenant: sessions, refusals, bytes.
+#[test]
+fn tenants_shares_hold_for_rtsp_and_paced_downloads_with_zero_misses() {
+    let _serial = serial();
+    let Some(clip) = common::mpeg2_ts_clip("access-rtsp-tenants", 20) else {
+        eprintln!("SKIPPED: ffmpeg is not installed");
+        return;
+    };
+    let Some((s, t)) = serve_jwt(
+        Some(&clip),
+        "[tenants.acme]\nrt_share = 0.3\n[tenants.zeta]\nrt_share = 0.7\n",
+        NET_TENANTS_BYTES_PER_S,
+    ) else {
+        return;
+    };
+    std::fs::write(
+        s.dir.path().join("www/jwt/movies/dl.bin"),
+        pattern(100 * 1024),
+    )
+    .unwrap();
+    let url = format!("rtsp://{}/jwt/movies/clip.ts", s.rtsp);
+    // Every zeta session's misses, from STATE, at each look: all must be 0.
+    let looks = std::cell::Cell::new(0u32);
+    let check_zeta = |ids: &[String]| {
+        let state = s.state_all();
+        for id in ids {
+            let line = state
+                .iter()
+                .find(|l| l.starts_with(&format!("rtsp-{id} ")))
+                .unwrap_or_else(|| panic!("zeta session {id} not in STATE: {state:#?}"));
+            assert!(line.contains(" tenant=zeta"), "{line}");
+            let misses = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("misses="))
+                .unwrap_or_else(|| panic!("not playing: {line}"));
+            assert_eq!(misses, "0", "a zeta session missed deadlines: {line}");
+        }
+        looks.set(looks.get() + 1);
+    };
+    let mut zeta: Vec<UdpSession> = (0..2)
+        .map(|_| rtsp_play_udp(&s.rtsp, &url, &t["zeta"]).expect("zeta's first sessions"))
+        .collect();
+    let zeta_ids = |z: &[UdpSession]| z.iter().map(|x| x.id.clone()).collect::<Vec<_>>();
+    check_zeta(&zeta_ids(&zeta));
+    // acme's ramp: paced sessions until refused.
+    let mut acme = Vec::new();
+    let why = loop {
+        match rtsp_play_udp(&s.rtsp, &url, &t["acme"]) {
+            Ok(x) => acme.push(x),
+            Err((code, text)) => {
+                assert_eq!(code, 453, "{text}");
+                break text;
+            }
+        }
+        assert!(
+            acme.len() < 100,
+            "100 acme sessions: the share does not bind"
+        );
+        check_zeta(&zeta_ids(&zeta));
+    };
+    assert!(
+        why.contains("tenant acme's share (rt_share 30%) is full"),
+        "{why}"
+    );
+    let m = |name: &str, tenant: &str| s.metric(&format!("penstock_{name}{{tenant=\"{tenant}\"}}"));
+    assert_eq!(m("tenant_sessions", "acme"), acme.len() as f64);
+    assert_eq!(m("tenant_refusals_total", "acme"), 1.0);
+    // acme's paced download asks the same full share: 503 naming it, before any head.
+    let (code, body) = KeepAlive::open(&s.http).get("/jwt/movies/dl.bin", &t["acme_rate"]);
+    let text = String::from_utf8_lossy(&body).to_string();
+    assert_eq!(code, 503, "{text}");
+    assert!(
+        text.contains("tenant acme's share (rt_share 30%) is full"),
+        "{text}"
+    );
+    assert_eq!(m("tenant_refusals_total", "acme"), 2.0);
+    // zeta's paced download is admitted in zeta's share, sent by the engine, its bytes
+    // counted for zeta.
+    let (code, body) = KeepAlive::open(&s.http).get("/jwt/movies/dl.bin", &t["zeta_rate"]);
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(body == pattern(100 * 1024));
+    assert_eq!(m("tenant_bytes_total", "zeta"), (100 * 1024) as f64);
+    check_zeta(&zeta_ids(&zeta));
+    // zeta's ramp, acme's share still full: admitted as if acme were absent.
+    let why = loop {
+        match rtsp_play_udp(&s.rtsp, &url, &t["zeta"]) {
+            Ok(x) => zeta.push(x),
+            Err((code, text)) => {
+                assert_eq!(code, 453, "{text}");
+                break text;
+            }
+        }
+        assert!(
+            zeta.len() < 200,
+            "200 zeta sessions: the share does not bind"
+        );
+        check_zeta(&zeta_ids(&zeta));
+    };
+    assert!(
+        why.contains("tenant zeta's share (rt_share 70%) is full"),
+        "{why}"
+    );
+    let (a, z) = (acme.len(), zeta.len());
+    eprintln!(
+        "admitted: acme {a}, zeta {z} RTSP sessions; {} looks at STATE",
+        looks.get()
+    );
+    assert!(a >= 2, "acme {a}");
+    assert!(
+        z >= 2 * a && z <= 3 * a + 1,
+        "zeta's share is its own: acme {a}, zeta {z}"
+    );
+    assert_eq!(m("tenant_sessions", "zeta"), z as f64);
+    assert_eq!(m("tenant_refusals_total", "zeta"), 1.0);
+    // The sessions play on (zeta's last has sent 100 kB more): zeta's still miss nothing.
+    let sent = |id: &str| -> u64 {
+        s.state_all()
+            .iter()
+            .find(|l| l.starts_with(&format!("rtsp-{id} ")))
+            .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("sent=")))
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    let last = &zeta.last().unwrap().id;
+    let before = sent(last);
+    assert!(
+        wait_for(Duration::from_secs(5), || sent(last) >= before + 100_000),
+        "zeta's sessions play on"
+    );
+    check_zeta(&zeta_ids(&zeta));
+    // Ended sessions' bytes are their tenant's.
+    for x in &mut acme {
+        x.teardown(&url);
+    }
+    assert!(
+        wait_for(Duration::from_secs(10), || m("tenant_sessions", "acme")
+            == 0.0),
+        "acme's sessions end with their connections"
+    );
+    assert!(m("tenant_bytes_total", "acme") > 0.0);
+}
+
 /// Revocation (`[auth] deny_file`, read again on SIGHUP): once a token's `jti` is listed,
 /// its idle keep-alive connection is closed, its paced download (sent by the engine) is cut,
 /// its HLS segments (session tokens carrying the jti) are 403, a new request with it is 403
@@ -1608,25 +1878,27 @@ fn hls_js_plays_a_signed_playlist_with_one_check() {
     );
 }
 
-/// hls.js in headless Chromium with a JWT (`?jwt=`) whose `jti` is on the deny list: the
-/// player fails cleanly — a fatal manifest load error (403 `revoked`), reported, not a hang
-/// or a timeout. (The 12 s H.264 clip is fetched whole within a second of the start, so a
-/// revocation in the middle of its playback has nothing left to refuse; mid-session
-/// revocation is tested with curl and raw clients in
-/// `a_revoked_token_loses_its_sessions_everywhere`.)
+/// hls.js in headless Chromium plays a JWT-gated HLS title (`?jwt=`, a location with
+/// viewer sessions) beside a second viewer with another token, each keeping at most 1 s
+/// buffered so that segments are fetched as playback reaches them. Once both are past 3 s
+/// the first token's `jti` goes on the deny list and the server gets SIGHUP: the first
+/// player fails cleanly — a fatal network error on its next segment (403 `revoked`), within
+/// the script's bound — and its HLS session is ended by the server (counted, logged, its
+/// admission given back), while the second viewer plays on untouched (2 s further, or to
+/// the title's end).
 #[test]
-fn hls_js_fails_cleanly_with_a_revoked_token() {
+fn hls_js_fails_cleanly_when_its_token_is_revoked_mid_playback() {
     let _serial = serial();
     let Some(player) = penstock_testreq::require_browser_player() else {
         return;
     };
     let deny = std::env::temp_dir().join(format!("penstock-deny-js-{}", std::process::id()));
-    std::fs::write(&deny, "rev-2\n").unwrap();
+    std::fs::write(&deny, "# revoked jtis\n").unwrap();
     let assets = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets");
     let Some((s, t)) = serve_jwt_auth(
         Some(&assets.join("clip.ts")),
         &format!("deny_file = \"{}\"\n", deny.display()),
-        "",
+        "sessions = true\n",
         1_250_000_000,
     ) else {
         return;
@@ -1638,24 +1910,86 @@ fn hls_js_fails_cleanly_with_a_revoked_token() {
         www.join("free/hls.min.js"),
     )
     .unwrap();
-    let src = format!("/jwt/movies/clip.ts/index.m3u8%3Fjwt%3D{}", t["rev2"]);
-    let (line, err, _) = penstock_testreq::run_browser_player(
-        &player,
-        "play.mjs",
-        &format!("http://{}/free/player.html?src={src}", s.http),
-        &["-"],
-        &[],
-        "revoked-hls",
+    let src = |token: &str| format!("/jwt/movies/clip.ts/index.m3u8%3Fjwt%3D{token}");
+    let url = format!(
+        "http://{}/free/player.html?buffer=1&src={}&src2={}",
+        s.http,
+        src(&t["rev2"]),
+        src(&t["valid"])
+    );
+    let mark = s.dir.path().join("past3");
+    let browser = {
+        let mark = mark.clone();
+        std::thread::spawn(move || {
+            penstock_testreq::run_browser_player(
+                &player,
+                "play.mjs",
+                &url,
+                &["-", "revoke"],
+                &[("REVOKE_MARK", mark.to_str().unwrap())],
+                "revoke-mid-playback",
+            )
+        })
+    };
+    assert!(
+        wait_for(Duration::from_secs(120), || mark.exists()
+            || browser.is_finished()),
+        "the players did not get past 3 s"
+    );
+    assert!(mark.exists(), "{:?}\n{}", browser.join().unwrap(), s.log());
+    assert_eq!(
+        s.metric("penstock_hls_sessions"),
+        2.0,
+        "two viewers' sessions"
+    );
+    // Revoke the first viewer's token: list its jti, SIGHUP.
+    std::fs::write(&deny, "rev-2\n").unwrap();
+    let pid = rustix::process::Pid::from_raw(s.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    let (line, err, _) = browser.join().unwrap();
+    let _ = std::fs::remove_file(&deny);
+    let r: serde_json::Value = serde_json::from_str(&line)
+        .unwrap_or_else(|e| panic!("not the player's JSON ({e}): {line}\n{err}"));
+    assert!(r.get("error").is_none(), "{line}\n{err}");
+    let fatal = r["fatal"].as_str().unwrap_or_default();
+    assert!(
+        fatal == "networkError/fragLoadError",
+        "the first player fails on its next segment: {line}\n{err}"
+    );
+    let second = &r["revoke"]["second"];
+    assert!(
+        second["fatal"].is_null(),
+        "the second viewer plays on: {line}"
     );
     assert!(
-        line.contains("\"ok\":false")
-            && line.contains("\"fatal\":\"networkError/manifestLoadError\"")
-            && !line.contains("\"error\""),
-        "{line}\n{err}"
+        second["to"].as_f64().unwrap() > second["from"].as_f64().unwrap() + 2.0
+            || second["ended"] == true,
+        "the second viewer plays 2 s further or to its end: {line}"
     );
+    // The server ended the revoked session (and only it), and says so.
+    let page = common::scrape(&s.http).unwrap();
+    let said = page
+        .lines()
+        .filter(|l| l.contains("hls_sessions") || l.contains("auth_checks_total{kind=\"session\""))
+        .collect::<Vec<_>>()
+        .join("\n");
     assert_eq!(
-        s.metric("penstock_auth_checks_total{kind=\"jwt\",result=\"revoked\"}"),
-        1.0
+        s.metric("penstock_hls_sessions_revoked_total"),
+        1.0,
+        "{said}\n{}",
+        s.log()
     );
-    let _ = std::fs::remove_file(&deny);
+    assert!(s.metric("penstock_auth_checks_total{kind=\"session\",result=\"revoked\"}") >= 1.0);
+    assert!(
+        s.log().contains("hls session ended: its token was revoked"),
+        "{}",
+        s.log()
+    );
+    eprintln!(
+        "revoked at {:.1} s of playback; hls.js fatal after {} ms: {fatal}; the second viewer {:.1} s -> {:.1} s",
+        r["revoke"]["at"].as_f64().unwrap_or(0.0),
+        r["revoke"]["fatalAfterMs"],
+        second["from"].as_f64().unwrap_or(0.0),
+        second["to"].as_f64().unwrap_or(0.0)
+    );
 }

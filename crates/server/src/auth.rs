@@ -193,6 +193,8 @@ fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
 #[derive(Debug, Default)]
 pub(crate) struct State {
     keys: Keyring,
+    /// The keys that name a tenant (`[auth] keys = [{ …, tenant = "acme" }]`): (id, tenant).
+    key_tenants: Vec<(String, String)>,
     jwks: Option<Jwks>,
     jwt_policy: JwtPolicy,
     locations: Vec<(String, AuthMode, bool)>,
@@ -362,6 +364,12 @@ impl Viewers {
         locations.sort_by_key(|l| std::cmp::Reverse(l.0.len()));
         Ok(State {
             keys,
+            key_tenants: cfg
+                .auth
+                .keys
+                .iter()
+                .filter_map(|k| Some((k.id.clone(), k.tenant.clone()?)))
+                .collect(),
             jwks,
             jwt_policy: JwtPolicy {
                 audiences: cfg.auth.jwt_audiences.clone(),
@@ -477,7 +485,19 @@ impl Viewers {
                     }
                     (r, _) => r,
                 };
-                (kind, r.map(|g| (Some(g), None)))
+                // A signed URL of a key that names a tenant: its streams are that tenant's.
+                let limits = s
+                    .key_tenants
+                    .iter()
+                    .find(|(id, _)| c.sid.is_none() && *id == c.kid)
+                    .map(|(id, tenant)| ViewerLimits {
+                        credential: format!("key:{id}"),
+                        sessions_max: None,
+                        rate_bytes_per_s: None,
+                        tenant: Some(tenant.clone()),
+                        jti: None,
+                    });
+                (kind, r.map(|g| (Some(g), limits)))
             }
             Err(e) => ("signed", Err(e)),
             Ok(None) => match (bearer, &s.jwks) {
@@ -777,6 +797,50 @@ mod tests {
         ] {
             assert!(!is_hidden(p), "{p}");
         }
+    }
+
+    /// A key that names a tenant: the URLs it signs carry that tenant (their streams are
+    /// admitted in its share); a key without one, none. A key naming a tenant that is not
+    /// set is refused with the configuration.
+    #[test]
+    fn a_keys_tenant_is_its_signed_urls() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        for k in ["k1", "k2"] {
+            let f = d.path().join(k);
+            std::fs::write(&f, k.repeat(20)).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let conf = |tenant: &str| -> ServerConfig {
+            toml::from_str(&format!(
+                "[auth]\nkeys = [{{ id = \"k1\", secret_file = \"{d}/k1\", tenant = \"{tenant}\" }}, \
+                 {{ id = \"k2\", secret_file = \"{d}/k2\" }}]\n\
+                 [tenants.acme]\nrt_share = 0.3\n\
+                 [[location]]\nprefix = \"/p/\"\nauth = \"signed\"\n",
+                d = d.path().display()
+            ))
+            .unwrap()
+        };
+        let e = conf("zeta").check().unwrap_err().to_string();
+        assert!(e.contains("tenant \"zeta\" is not set"), "{e}");
+        let cfg = conf("acme");
+        cfg.check().unwrap();
+        let v = Viewers::new(&cfg, Arc::new(Metrics::new())).unwrap();
+        let exp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 60;
+        let tenant_of = |kid: &str| {
+            let key = Key::new(kid, kid.repeat(20).as_bytes()).unwrap();
+            let q = penstock_core::auth::sign_query(&key, "/p/a.ts", exp, None);
+            match v.check("/p/a.ts", Some(&q), None, None, "http") {
+                Decision::Granted { limits, .. } => limits.and_then(|l| l.tenant),
+                d => panic!("{kid}: {d:?}"),
+            }
+        };
+        assert_eq!(tenant_of("k1").as_deref(), Some("acme"));
+        assert_eq!(tenant_of("k2"), None);
     }
 
     #[test]

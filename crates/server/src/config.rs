@@ -718,6 +718,16 @@ impl ServerConfig {
                 "the tenants' rt_share add up to {total}, above 1"
             )));
         }
+        for k in &self.auth.keys {
+            if let Some(t) = &k.tenant
+                && !self.tenants.contains_key(t)
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "auth.keys {:?}: tenant {t:?} is not set ([tenants.{t}] rt_share = …)",
+                    k.id
+                )));
+            }
+        }
         Ok(())
     }
 }
@@ -729,6 +739,10 @@ pub struct AuthKeyFile {
     /// The key id URLs name it by (`kid=`): letters, digits, `-`, `_`, `.`; at most 64 bytes.
     pub id: String,
     pub secret_file: PathBuf,
+    /// The tenant (`[tenants.NAME]`) the streams of the URLs it signs are admitted for, in
+    /// its share of the rt capacity; none: the part of no tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 impl AuthConfig {

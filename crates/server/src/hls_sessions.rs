@@ -131,23 +131,13 @@ impl HlsSessions {
 
     /// The tenant whose share open session `id` is admitted in, if any.
     pub(crate) fn tenant_of(&self, id: &str) -> Option<String> {
-        let t = self.book().held(id)?.as_ref()?.reservation().tenant?;
-        self.engine
-            .tenant_usage()
-            .get(usize::from(t.0))
-            .map(|u| u.0.clone())
+        let book = self.book();
+        crate::tenants::of(&self.engine, book.held(id)?.as_ref()?)
     }
 
     /// `penstock_tenant_sessions{tenant}`: what each tenant's partition holds.
     fn set_tenant_gauges(&self) {
-        for (name, _, used) in self.engine.tenant_usage() {
-            if !name.is_empty() {
-                self.metrics
-                    .tenant_sessions
-                    .get_or_create(&crate::metrics::TenantLabel { tenant: name })
-                    .set(i64::from(used.streams));
-            }
-        }
+        crate::tenants::set_gauges(&self.engine, &self.metrics);
     }
 
     /// A segment request for `path` naming session `asked`. An open session in scope is
@@ -196,35 +186,16 @@ impl HlsSessions {
     ) -> Result<(), Refused> {
         let refuse = |reason: String, book: &Sessions<Option<Admitted>>| {
             self.metrics.hls_sessions_refused.inc();
-            if let Some(t) = tenant {
-                self.metrics
-                    .tenant_refusals
-                    .get_or_create(&crate::metrics::TenantLabel {
-                        tenant: t.to_string(),
-                    })
-                    .inc();
-            }
             Refused {
                 reason,
                 retry_after_s: retry_after_s(book),
             }
         };
         if let Err(e) = book.check_new(addr) {
+            crate::tenants::refused(&self.metrics, tenant);
             return Err(refuse(e.to_string(), book));
         }
-        let tenant_id = match tenant {
-            None => None,
-            Some(t) => match self.engine.tenant_id(t) {
-                Some(id) => Some(id),
-                None => {
-                    return Err(refuse(
-                        format!("unknown tenant {t:?} (no [tenants.{t}])"),
-                        book,
-                    ));
-                }
-            },
-        };
-        let admitted = match self.reserve(bandwidth_bits_per_s, tenant_id) {
+        let admitted = match self.reserve(bandwidth_bits_per_s, tenant) {
             Ok(a) => a,
             Err(why) => return Err(refuse(why, book)),
         };
@@ -237,29 +208,31 @@ impl HlsSessions {
             }
             // The limits were checked above under the same lock: only a taken id (a 128-bit
             // collision); the reservation goes back as `_held` is dropped.
-            Err((e, _held)) => Err(refuse(e.to_string(), book)),
+            Err((e, _held)) => {
+                crate::tenants::refused(&self.metrics, tenant);
+                Err(refuse(e.to_string(), book))
+            }
         }
     }
 
     /// The engine's admission for a viewer at `bits_per_s`: an rt stream paced at that rate
-    /// (what the same bytes would reserve if the engine sent them), nothing started.
-    fn reserve(
-        &self,
-        bits_per_s: u64,
-        tenant: Option<penstock_core::admission::TenantId>,
-    ) -> Result<Option<Admitted>, String> {
+    /// (what the same bytes would reserve if the engine sent them), nothing started, in
+    /// `tenant`'s share ([`crate::tenants::admit`], which counts a tenant's refusal).
+    fn reserve(&self, bits_per_s: u64, tenant: Option<&str>) -> Result<Option<Admitted>, String> {
         // The planner's unit for a bit rate to a byte stream (HTTP), as the engine would send.
         let spec = StreamSpec {
             pacing: Pacing::Rate(Rate::BitsPerSecond(bits_per_s.max(8))),
             class: Some(DiskClass::Rt),
             ..StreamSpec::opened()
         };
-        self.engine
-            .admit_for(&spec, false, tenant)
-            .map_err(|e| match e {
-                StreamError::Plan(why) => format!("the session's rate {bits_per_s} bit/s: {why}"),
+        crate::tenants::admit(&self.engine, &self.metrics, &spec, false, tenant).map_err(
+            |e| match e {
+                crate::tenants::Refused::Engine(StreamError::Plan(why)) => {
+                    format!("the session's rate {bits_per_s} bit/s: {why}")
+                }
                 other => other.to_string(),
-            })
+            },
+        )
     }
 
     fn new_id(&self) -> String {

@@ -49,6 +49,7 @@ pub mod private;
 pub mod rtsp;
 pub mod scrub;
 pub mod streams;
+mod tenants;
 pub mod tls;
 
 use std::io::{self, Read};

@@ -400,9 +400,10 @@ pub struct Metrics {
     pub hls_sessions_refused: Counter,
     /// HLS sessions ended by idling (`[hls] session_idle_ms`): their reservation given back.
     pub hls_sessions_expired: Counter,
+    pub hls_sessions_revoked: Counter,
     /// Viewer credential checks, by kind and result (docs/security.md "Viewers").
     pub auth_checks: Family<AuthLabels, Counter>,
-    /// Per tenant: HLS sessions open, sessions refused, segment bytes answered.
+    /// Per tenant: viewer streams in its share, refusals, bytes (HTTP, HLS, RTSP).
     pub tenant_sessions: Family<TenantLabel, Gauge>,
     pub tenant_refusals: Family<TenantLabel, Counter>,
     pub tenant_bytes: Family<TenantLabel, Counter>,
@@ -626,6 +627,12 @@ impl Metrics {
             "HLS viewer sessions ended by idling (hls.session_idle_ms), their reservation given back",
             hls_sessions_expired.clone(),
         );
+        let hls_sessions_revoked = Counter::default();
+        r.register(
+            "hls_sessions_revoked",
+            "HLS viewer sessions ended because their JWT's jti was put on [auth] deny_file",
+            hls_sessions_revoked.clone(),
+        );
         let auth_checks = Family::<AuthLabels, Counter>::default();
         r.register(
             "auth_checks",
@@ -635,19 +642,19 @@ impl Metrics {
         let tenant_sessions = Family::<TenantLabel, Gauge>::default();
         r.register(
             "tenant_sessions",
-            "HLS viewer sessions open per tenant ([tenants.NAME], a JWT's tenant claim)",
+            "Viewer streams holding a part of each tenant's rt share ([tenants.NAME], a JWT's tenant claim): HLS sessions, RTSP sessions, paced downloads",
             tenant_sessions.clone(),
         );
         let tenant_refusals = Family::<TenantLabel, Counter>::default();
         r.register(
             "tenant_refusals",
-            "HLS viewer sessions refused per tenant (its rt_share full, or the server's capacity)",
+            "Viewer streams refused per tenant (HLS, RTSP, paced downloads: its rt_share full, or the server's capacity)",
             tenant_refusals.clone(),
         );
         let tenant_bytes = Family::<TenantLabel, Counter>::default();
         r.register(
             "tenant_bytes",
-            "Media bytes answered to a tenant's HLS sessions (segment bodies, as answered)",
+            "Media bytes sent to a tenant's viewers (HTTP bodies and HLS segments as answered, RTSP sessions when they end)",
             tenant_bytes.clone(),
         );
         Metrics {
@@ -662,6 +669,7 @@ impl Metrics {
             hls_sessions_admitted,
             hls_sessions_refused,
             hls_sessions_expired,
+            hls_sessions_revoked,
             live_datagrams,
             live_sessions,
             rtsp_sessions,

@@ -364,6 +364,7 @@ fn a_signed_location_checks_once_per_session_and_its_token_carries_the_session_i
     cfg.auth.keys = vec![AuthKeyFile {
         id: "k1".into(),
         secret_file: key_file,
+        tenant: None,
     }];
     cfg.location = vec![Location {
         auth: AuthMode::Signed,

@@ -380,6 +380,133 @@ mod tests {
         assert!(verify_jwt(&k, &format!("{input}.{sig}"), &open(), "/", 0).is_err());
     }
 
+    /// One character of a compact JWS's signing input (header or payload) changed: the
+    /// signature no longer covers it.
+    fn tamper_input(token: &str) -> String {
+        let (input, sig) = token.rsplit_once('.').unwrap();
+        let (header, payload) = input.split_once('.').unwrap();
+        // The payload's 10th character, swapped for another base64url character.
+        let mut p: Vec<char> = payload.chars().collect();
+        p[10] = if p[10] == 'A' { 'B' } else { 'A' };
+        format!("{header}.{}.{sig}", p.into_iter().collect::<String>())
+    }
+
+    /// RFC 7515 appendix A.2: RS256 with the RSA public key of A.2.1 (its `n` and `e`); the
+    /// JWS's payload is the claims set of A.1 (`exp` 1300819380).
+    const A2_JWKS: &str = r#"{"keys":[{"kty":"RSA","e":"AQAB","n":"ofgWCuLjybRlzo0tZWJjNiuSfb4p4fAkd_wWJcyQoTbji9k0l8W26mPddxHmfHQp-Vaw-4qPCJrcS2mJPMEzP1Pt0Bm4d4QlL-yRT-SFd2lZS-pCgNMsD1W_YpRPEwOWvG6b32690r2jZ47soMZo9wGzjb_7OMg0LOL-bSf63kpaSHSXndS5z5rexMdbBYUsLA9e-KXBdQOS-UTo7WTBEMa2R2CapHg665xsmtdVMTBQY4uDZlxvb3qCo5ZwKh9kG4LT6_I5IhlJH7aGhyxXFvUK-DWNmoudF8NAco9_h9iaGNj8q2ethFkMLs91kzk2PAcDTW9gb54h4FRWyuXpoQ"}]}"#;
+    const A2: &str = "eyJhbGciOiJSUzI1NiJ9.eyJpc3MiOiJqb2UiLA0KICJleHAiOjEzMDA4MTkzODAsDQogImh0dHA6Ly9leGFtcGxlLmNvbS9pc19yb290Ijp0cnVlfQ.cC4hiUPoj9Eetdgtv3hF80EGrhuB__dzERat0XF9g2VtQgr9PJbu3XOiZj5RZmh7AAuHIm4Bh-0Qc_lF5YKt_O8W2Fp5jujGbds9uJdbF9CUAr7t1dnZcAcQjbKBYNX4BAynRFdiuB--f_nZLgrnbyTyWzO75vRK5h6xBArLIARNPvkSjtQBMHlb1L07Qe7K0GarZRmB_eSN9383LcOLn6_dO--xi12jzDwusC-eOkHWEsqtFZESc6BfI7noOPqvhJ1phCnvWh6IeYI2w9QOYEUipUTI8np6LbgGY9Fs98rqVt5AXLIhWkWywlVmtVrBp0igcN_IoypGlUPQGe77Rw";
+
+    #[test]
+    fn rfc7515_a2_rs256_verifies_before_its_exp_only() {
+        let k = Jwks::parse(A2_JWKS).unwrap();
+        assert_eq!(k.keys[0].algorithms[0], Algorithm::RS256);
+        let g = verify_jwt(&k, A2, &open(), "/x", RFC_EXP - 1).unwrap();
+        assert_eq!(g.expires_s, RFC_EXP);
+        assert_eq!(
+            verify_jwt(&k, A2, &open(), "/x", RFC_EXP),
+            Err(AuthError::Expired)
+        );
+        assert_eq!(
+            verify_jwt(&k, &tamper_input(A2), &open(), "/x", RFC_EXP - 1),
+            Err(AuthError::BadSignature)
+        );
+        // A.1's and A.3's signing inputs modified are refused too (their signatures checked).
+        for (jwks, token) in [(A1_JWKS, A1), (A3_JWKS, A3)] {
+            let k = Jwks::parse(jwks).unwrap();
+            assert_eq!(
+                verify_jwt(&k, &tamper_input(token), &open(), "/x", RFC_EXP - 1),
+                Err(AuthError::BadSignature)
+            );
+        }
+    }
+
+    /// RFC 7520 section 4's payload (figure 8, base64url): a quotation, not a claims set.
+    const RFC7520_PAYLOAD: &str = "SXTigJlzIGEgZGFuZ2Vyb3VzIGJ1c2luZXNzLCBGcm9kbywgZ29pbmcgb3V0IHlvdXIgZG9vci4gWW91IHN0ZXAgb250byB0aGUgcm9hZCwgYW5kIGlmIHlvdSBkb24ndCBrZWVwIHlvdXIgZmVldCwgdGhlcmXigJlzIG5vIGtub3dpbmcgd2hlcmUgeW91IG1pZ2h0IGJlIHN3ZXB0IG9mZiB0by4";
+    /// RFC 7520 section 3.3 (figure 3): Bilbo's RSA key, its public part.
+    const RFC7520_RSA_JWKS: &str = r#"{"keys":[{"kty":"RSA","kid":"bilbo.baggins@hobbiton.example","use":"sig","e":"AQAB","n":"n4EPtAOCc9AlkeQHPzHStgAbgs7bTZLwUBZdR8_KuKPEHLd4rHVTeT-O-XV2jRojdNhxJWTDvNd7nqQ0VEiZQHz_AJmSCpMaJMRBSFKrKb2wqVwGU_NsYOYL-QtiWN2lbzcEe6XC0dApr5ydQLrHqkHHig3RBordaZ6Aj-oBHqFEHYpPe7Tpe-OfVfHd1E6cS6M1FZcD1NNLYD5lFHpPI9bTwJlsde3uhGqC0ZCuEHg8lhzwOHrtIQbS0FVbb9k3-tVTU4fg_3L_vniUFAKwuCLqKnS2BYwdq_mzSnbLY7h_qixoR7jig3__kRhuaxwUkRz5iaiQkqgc5gHdrNP5zw"}]}"#;
+    /// RFC 7520 section 3.5 (figure 5): the HMAC key.
+    const RFC7520_OCT_JWKS: &str = r#"{"keys":[{"kty":"oct","kid":"018c0ae5-4d9b-471b-bfd6-eef314bc7037","use":"sig","alg":"HS256","k":"hJtXIZ2uSN5kbQfbtTNWbpdmhkV8FJG-Onbc6mxCcYg"}]}"#;
+    /// RFC 7520 section 3.2 (figure 2): the P-521 key of the ES512 example, its public part.
+    const RFC7520_P521_JWKS: &str = r#"{"keys":[{"kty":"EC","kid":"bilbo.baggins@hobbiton.example","use":"sig","crv":"P-521","x":"AHKZLLOsCOzz5cY97ewNUajB957y-C-U88c3v13nmGZx6sYl_oJXu9A5RkTKqjqvjyekWF-7ytDyRXYgCF5cj0Kt","y":"AdymlHvOiLxXkEhayXQnNCvDX4h9htZaCJN34kfmC6pV5OhQHiraVySsUdaQkAgDPrwQrJmbnX9cwlGfP-HqHZR1"}]}"#;
+
+    /// The compact examples of RFC 7520 section 4 whose algorithm penstock accepts: 4.1
+    /// RS256 (figure 13), 4.2 PS384 (an RSA key verifies the PS family too; figure 20), 4.4
+    /// HS256 (figure 34), and 4.6 (HS256, `kid` outside the protected header: as a compact
+    /// token the key is found by its algorithm; figure 49's protected header and
+    /// signature). Each signature verifies over its signing input with the key the JWKS
+    /// parser made; through `verify_jwt` the signature passes and the payload is refused
+    /// as no claims set (`Malformed`, not `BadSignature`); a modified signing input is
+    /// `BadSignature`. Not applicable: 4.3 (ES512, P-521: a curve this build refuses,
+    /// asserted below), 4.5 (detached content), 4.7 (no protected header, so no compact
+    /// form) and 4.8 (multiple signatures: JSON serialization only).
+    #[test]
+    fn rfc7520_section4_examples_verify() {
+        let p = RFC7520_PAYLOAD;
+        let cases = [
+            (
+                "4.1",
+                RFC7520_RSA_JWKS,
+                Algorithm::RS256,
+                "eyJhbGciOiJSUzI1NiIsImtpZCI6ImJpbGJvLmJhZ2dpbnNAaG9iYml0b24uZXhhbXBsZSJ9",
+                "MRjdkly7_-oTPTS3AXP41iQIGKa80A0ZmTuV5MEaHoxnW2e5CZ5NlKtainoFmKZopdHM1O2U4mwzJdQx996ivp83xuglII7PNDi84wnB-BDkoBwA78185hX-Es4JIwmDLJK3lfWRa-XtL0RnltuYv746iYTh_qHRD68BNt1uSNCrUCTJDt5aAE6x8wW1Kt9eRo4QPocSadnHXFxnt8Is9UzpERV0ePPQdLuW3IS_de3xyIrDaLGdjluPxUAhb6L2aXic1U12podGU0KLUQSE_oI-ZnmKJ3F4uOZDnd6QZWJushZ41Axf_fcIe8u9ipH84ogoree7vjbU5y18kDquDg",
+            ),
+            (
+                "4.2",
+                RFC7520_RSA_JWKS,
+                Algorithm::PS384,
+                "eyJhbGciOiJQUzM4NCIsImtpZCI6ImJpbGJvLmJhZ2dpbnNAaG9iYml0b24uZXhhbXBsZSJ9",
+                "cu22eBqkYDKgIlTpzDXGvaFfz6WGoz7fUDcfT0kkOy42miAh2qyBzk1xEsnk2IpN6-tPid6VrklHkqsGqDqHCdP6O8TTB5dDDItllVo6_1OLPpcbUrhiUSMxbbXUvdvWXzg-UD8biiReQFlfz28zGWVsdiNAUf8ZnyPEgVFn442ZdNqiVJRmBqrYRXe8P_ijQ7p8Vdz0TTrxUeT3lm8d9shnr2lfJT8ImUjvAA2Xez2Mlp8cBE5awDzT0qI0n6uiP1aCN_2_jLAeQTlqRHtfa64QQSUmFAAjVKPbByi7xho0uTOcbH510a6GYmJUAfmWjwZ6oD4ifKo8DYM-X72Eaw",
+            ),
+            (
+                "4.4",
+                RFC7520_OCT_JWKS,
+                Algorithm::HS256,
+                "eyJhbGciOiJIUzI1NiIsImtpZCI6IjAxOGMwYWU1LTRkOWItNDcxYi1iZmQ2LWVlZjMxNGJjNzAzNyJ9",
+                "s0h6KThzkfBBBkLspW1h84VsJZFTsPPqMDA7g1Md7p0",
+            ),
+            (
+                "4.6",
+                RFC7520_OCT_JWKS,
+                Algorithm::HS256,
+                "eyJhbGciOiJIUzI1NiJ9",
+                "bWUSVaxorn7bEF1djytBd0kHv70Ly5pvbomzMWSOr20",
+            ),
+        ];
+        for (section, jwks, alg, header, sig) in cases {
+            let k = Jwks::parse(jwks).unwrap();
+            let key = &k.keys[0];
+            assert!(key.algorithms.contains(&alg), "{section}");
+            let input = format!("{header}.{p}");
+            assert!(
+                jsonwebtoken::crypto::verify(sig, input.as_bytes(), &key.key, alg).unwrap(),
+                "RFC 7520 {section}: the signature verifies"
+            );
+            let token = format!("{input}.{sig}");
+            assert_eq!(
+                verify_jwt(&k, &token, &open(), "/", 0),
+                Err(AuthError::Malformed("JWT")),
+                "RFC 7520 {section}: signature accepted, the payload is no claims set"
+            );
+            let bad = tamper_input(&token);
+            let (bad_input, _) = bad.rsplit_once('.').unwrap();
+            assert!(
+                !jsonwebtoken::crypto::verify(sig, bad_input.as_bytes(), &key.key, alg)
+                    .unwrap_or(false),
+                "RFC 7520 {section}: a modified signing input fails"
+            );
+            assert_eq!(
+                verify_jwt(&k, &bad, &open(), "/", 0),
+                Err(AuthError::BadSignature),
+                "RFC 7520 {section}"
+            );
+        }
+        // 4.3's key (ES512 over P-521) is refused when the JWKS is read, with a reason.
+        assert_eq!(
+            Jwks::parse(RFC7520_P521_JWKS).unwrap_err(),
+            JwksError("key bilbo.baggins@hobbiton.example: an unsupported curve".into())
+        );
+    }
+
     fn hs(claims: serde_json::Value, kid: &str, secret: &[u8]) -> String {
         let mut h = Header::new(Algorithm::HS256);
         h.kid = Some(kid.into());

@@ -133,6 +133,12 @@ impl Worker {
                 penstock_core::units::Rate::BitsPerSecond(r.bytes_per_s.saturating_mul(8)),
             );
         }
+        // Admitted in a tenant's share before the head (`respond`): started as that rt
+        // stream, the reservation kept.
+        let admitted = out.tenant_admitted.take();
+        if admitted.is_some() {
+            for_tenant(&mut spec);
+        }
         // nginx's send_timeout, as the loop applies it to its own bodies.
         spec.send_timeout = Some(self.live.limits.send_timeout());
         // Leave epoll while the engine owns the socket's writes.
@@ -141,7 +147,10 @@ impl Worker {
         }
         // Refused only if the file shrank since the head was made (the place is reserved and
         // the path was checked in `respond`).
-        match shared.engine.open_reserved(slot, spec, source, target) {
+        match shared
+            .engine
+            .open_reserved_admitted(slot, admitted, spec, source, target)
+        {
             Ok(handle) => {
                 shared.metrics.streams_active.inc();
                 let waker = self.engine_waker.clone();
@@ -282,4 +291,11 @@ pub(super) fn body_spec(
     };
     spec.path = path;
     spec
+}
+
+/// A tenant's paced body ([`body_spec`] with a rate): an rt stream that asks admission, so
+/// that it is charged to the tenant's share (`crate::tenants`).
+pub(super) fn for_tenant(spec: &mut StreamSpec) {
+    spec.class = Some(penstock_driver::DiskClass::Rt);
+    spec.best_effort = false;
 }

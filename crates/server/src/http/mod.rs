@@ -1034,6 +1034,7 @@ impl Worker {
                                 body_sent: 0,
                                 rate: None,
                                 to_engine: None,
+                                tenant_admitted: None,
                                 origin_type: None,
                                 hls_wait: None,
                                 corked: false,

@@ -117,6 +117,7 @@ impl Worker {
             body_sent: 0,
             rate: None,
             to_engine: None,
+            tenant_admitted: None,
             origin_type: None,
             hls_wait: None,
             corked: false,
@@ -170,8 +171,19 @@ impl Worker {
                 shared.metrics.error("auth_missing");
                 return memory(unauthorized(req, &ctx), class);
             }
-            crate::auth::Decision::Refused(_) => {
+            crate::auth::Decision::Refused(e) => {
                 shared.metrics.error("auth_refused");
+                // A revoked JWT's session token: its HLS session ends now (its admission
+                // given back), not when it idles out.
+                if e == penstock_core::auth::AuthError::Revoked
+                    && let Ok(Some(c)) =
+                        penstock_core::auth::parse_query(req.query.as_deref().unwrap_or(""))
+                    && let Some(sid) = c.sid
+                    && shared.hls_sessions.kick(&sid)
+                {
+                    tracing::info!(session = %sid, path = %req.path, "hls session ended: its token was revoked");
+                    shared.metrics.hls_sessions_revoked.inc();
+                }
                 return memory(respond_error(Status::FORBIDDEN, Some(req), &ctx), class);
             }
         };
@@ -217,6 +229,11 @@ impl Worker {
             }
         }
         let token_rate_bytes_per_s = limits.as_ref().and_then(|l| l.rate_bytes_per_s);
+        // A JWT's `tenant` claim: its paced download is admitted in the tenant's share.
+        let token_tenant = crate::tenants::named(
+            &shared.engine,
+            limits.as_ref().and_then(|l| l.tenant.clone()),
+        );
         if let Some(rest) = req.path.strip_prefix("/live/")
             && shared.hls.enabled()
             && shared.hls.has_live()
@@ -258,7 +275,7 @@ impl Worker {
                 asked,
                 addr: peer.unwrap_or(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)),
                 grant: grant.clone(),
-                tenant: limits.as_ref().and_then(|l| l.tenant.clone()),
+                tenant: token_tenant.clone(),
             })
         } else {
             None
@@ -441,7 +458,8 @@ impl Worker {
             generation: None,
         };
         let r = respond_file(req, &meta, site.content_type(&type_name), &ctx);
-        if let Some(t) = bytes_tenant {
+        // A tenant's download (a JWT's `tenant` claim): its bytes are the tenant's too.
+        if let Some(t) = bytes_tenant.or_else(|| token_tenant.clone()) {
             shared
                 .metrics
                 .tenant_bytes
@@ -490,6 +508,7 @@ impl Worker {
         // Decided before the head is written: a client never gets a 200/206 head whose body
         // is then cut because the engine refused it. No free engine place: this loop sends
         // the body; a path the engine cannot run here: 503, no body.
+        let mut tenant_admitted: Option<penstock_driver::Admitted> = None;
         let to_engine = if for_engine {
             // The engine's planner, on what is known before the head (a file of this size
             // to a TCP client): the one rule that will decide at the start.
@@ -509,6 +528,11 @@ impl Worker {
                 // A paced stream sends unit by unit at deadlines, which sendfile of the
                 // whole body cannot: the planner picks a path that can (uring or copy).
                 spec.path = penstock_core::stream::PathChoice::Auto;
+                if token_tenant.is_some() {
+                    // A tenant's download is an rt stream at its rate, admitted in the
+                    // tenant's share (`hand_off` starts it with the same spec).
+                    super::engine::for_tenant(&mut spec);
+                }
             }
             let source = EndpointFacts {
                 size: Some(meta.len_bytes),
@@ -521,30 +545,45 @@ impl Worker {
                 }),
                 ..EndpointFacts::of(IoKind::StreamSocket)
             };
-            match shared
-                .engine
-                .preflight(&spec, source, target)
-                .and_then(|_| shared.engine.reserve_stream())
-            {
+            if let Err(e) = shared.engine.preflight(&spec, source, target) {
+                return engine_refused(&shared.metrics, req, &ctx, class, &memory, &e);
+            }
+            // A tenant's paced download: admitted in its share before the head, as an HLS
+            // session is (503 naming the tenant when the share is full).
+            if engine_paces && let Some(t) = &token_tenant {
+                match crate::tenants::admit(&shared.engine, &shared.metrics, &spec, false, Some(t))
+                {
+                    Ok(a) => tenant_admitted = a,
+                    Err(why) => {
+                        shared.metrics.error("tenant_refused");
+                        return memory(
+                            text_response(
+                                req,
+                                &ctx,
+                                Status::SERVICE_UNAVAILABLE,
+                                Some(1),
+                                &format!("download not admitted: {why}"),
+                            ),
+                            class,
+                        );
+                    }
+                }
+            }
+            match shared.engine.reserve_stream() {
                 Ok(slot) => Some(slot),
                 Err(StreamError::TooManyStreams(_)) => {
                     shared.metrics.error("engine_full");
                     None
                 }
-                Err(e) => {
-                    // A configuration the engine cannot run (`body_path`): said once, counted
-                    // always.
-                    static SAID: AtomicBool = AtomicBool::new(false);
-                    if !SAID.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(error = %e, "the engine cannot take HTTP bodies: answering 503");
-                    }
-                    shared.metrics.error("engine_refused");
-                    return memory(unavailable(req, &ctx), class);
-                }
+                Err(e) => return engine_refused(&shared.metrics, req, &ctx, class, &memory, &e),
             }
         } else {
             None
         };
+        // Sent by this loop after all (no free engine place): the body asks no guarantee.
+        if to_engine.is_none() {
+            tenant_admitted = None;
+        }
         Out {
             head: r.head,
             head_pos: 0,
@@ -568,6 +607,7 @@ impl Worker {
             body_sent: 0,
             rate,
             to_engine,
+            tenant_admitted,
             origin_type: None,
             hls_wait: None,
             corked: false,
@@ -905,6 +945,7 @@ impl Worker {
             body_sent: 0,
             rate: None,
             to_engine: Some(to_engine),
+            tenant_admitted: None,
             volume: Some(Box::new(pio)),
             origin_type: None,
             hls_wait: None,
@@ -1140,6 +1181,24 @@ impl Worker {
         let body = self.shared.metrics.render(format).into_bytes();
         small_ok(req, ctx, format.content_type(), body)
     }
+}
+
+/// A body the engine cannot run here (a configuration it refuses, `body_path`): 503, said
+/// once in the log, counted always.
+fn engine_refused(
+    metrics: &crate::metrics::Metrics,
+    req: &Request,
+    ctx: &ResponseContext<'_>,
+    class: Arc<str>,
+    memory: &dyn Fn(penstock_core::http::Response, Arc<str>) -> Out,
+    e: &StreamError,
+) -> Out {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        tracing::warn!(error = %e, "the engine cannot take HTTP bodies: answering 503");
+    }
+    metrics.error("engine_refused");
+    memory(unavailable(req, ctx), class)
 }
 
 /// 503 with `Retry-After` and no body: the engine cannot take a body now and the head is

@@ -43,6 +43,9 @@ pub(super) struct Out {
     /// The engine place reserved for the (single, file) body, before the head was made: hand
     /// the body to the engine once the head is out. Given back when the response is dropped.
     pub(super) to_engine: Option<StreamSlot>,
+    /// What a tenant's paced body reserved in the tenant's share before the head was made
+    /// (`respond`): the engine's stream starts with it (`hand_off`).
+    pub(super) tenant_admitted: Option<penstock_driver::Admitted>,
     /// Set (to the path's `Content-Type`) when the path is missing beneath the root and an
     /// origin answers it: the loop hands the request to an origin thread (`origin.rs`),
     /// nothing else of this `Out` but its class, start, log entry and keep-alive is used.

@@ -1069,6 +1069,11 @@ impl Conn<'_> {
             Some(Err(e)) => return text(461, cseq, &e.to_string()),
             Some(Ok(a)) => *a,
         };
+        // A JWT's `tenant` claim: the session is admitted in the tenant's share.
+        let tenant = crate::tenants::named(
+            &self.shared.engine,
+            limits.as_ref().and_then(|l| l.tenant.clone()),
+        );
         // The token's `sessions` cap: this session holds one of its places until it ends.
         let viewer_hold = match (limits, self.shared.viewers.get()) {
             (Some(l), Some(v)) => match v.open_session(&l) {
@@ -1117,7 +1122,7 @@ impl Conn<'_> {
                 Err(r) => return r,
             };
             if super::mp4::is_mp4_path(&path) {
-                match self.open_mp4_session(file, &path, req, cseq) {
+                match self.open_mp4_session(file, &path, req, cseq, tenant.as_deref()) {
                     Ok((m, index, admitted)) => {
                         mp4_first = Some(index);
                         (SessionMedia::Mp4(m), path, admitted)
@@ -1149,11 +1154,19 @@ impl Conn<'_> {
                 };
                 let mut spec = stream_spec(&self.shared.cfg, &media, None, base, None).0;
                 interleave(&mut spec, interleaved);
-                let admitted = match self.shared.engine.admit(&spec, UNITS_OWN_UNIT) {
+                let admitted = match crate::tenants::admit(
+                    &self.shared.engine,
+                    &self.shared.metrics,
+                    &spec,
+                    UNITS_OWN_UNIT,
+                    tenant.as_deref(),
+                ) {
                     Ok(a) => a,
                     Err(e) => {
                         self.shared.metrics.error("rtsp_admission_refused");
-                        if let Some(r) = self.redirect(&path, &media, cseq, &e) {
+                        if let crate::tenants::Refused::Engine(se) = &e
+                            && let Some(r) = self.redirect(&path, &media, cseq, se)
+                        {
                             return r;
                         }
                         return text(
@@ -1211,6 +1224,7 @@ impl Conn<'_> {
             done_bytes: 0,
             done_lateness: [0; penstock_driver::LATENESS_BUCKETS],
             viewer_hold,
+            tenant,
         };
         self.insert_session(session, &id, transport_reply, cseq)
     }
@@ -1655,12 +1669,15 @@ impl Conn<'_> {
                 // SETUP) when it still fits, and a PLAY starts again.
                 let mut whole = stream_spec(&self.shared.cfg, &media, None, s.base, None).0;
                 whole.interleaved = s.transport.interleaved();
-                s.admitted = self
-                    .shared
-                    .engine
-                    .admit(&whole, UNITS_OWN_UNIT)
-                    .ok()
-                    .flatten();
+                s.admitted = crate::tenants::admit(
+                    &self.shared.engine,
+                    &self.shared.metrics,
+                    &whole,
+                    UNITS_OWN_UNIT,
+                    s.tenant.as_deref(),
+                )
+                .ok()
+                .flatten();
                 s.admitted_at = Instant::now();
                 if was_played {
                     s.state = penstock_core::rtsp::SessionState::Paused;
@@ -1880,6 +1897,7 @@ impl Conn<'_> {
         path: &str,
         req: &Request,
         cseq: u32,
+        tenant: Option<&str>,
     ) -> Result<
         (
             Box<super::mp4::Mp4Session>,
@@ -1902,11 +1920,13 @@ impl Conn<'_> {
         let Some(index) = media.track_index(track) else {
             return Err(text(404, cseq, &format!("{path}: no track {track}")));
         };
-        let admitted = match self
-            .shared
-            .engine
-            .admit(&media.admission_spec(), UNITS_OWN_UNIT)
-        {
+        let admitted = match crate::tenants::admit(
+            &self.shared.engine,
+            &self.shared.metrics,
+            &media.admission_spec(),
+            UNITS_OWN_UNIT,
+            tenant,
+        ) {
             Ok(a) => a,
             Err(e) => {
                 self.shared.metrics.error("rtsp_admission_refused");

@@ -371,9 +371,25 @@ pub struct Session {
     /// Its place under the viewer's token `sessions` cap (docs/security.md), given back
     /// when the session is dropped (TEARDOWN, its timeout, the server's end).
     viewer_hold: Option<crate::auth::SessionHold>,
+    /// The tenant it is admitted for (a JWT's `tenant` claim): its share holds the session's
+    /// reservation, and its bytes are counted for it when it ends.
+    tenant: Option<String>,
 }
 
 impl Session {
+    /// What the session sent over its life (its finished streams, or its MP4 sender's or
+    /// live subscription's count).
+    fn sent_bytes(&self) -> u64 {
+        match &self.media {
+            SessionMedia::Mp4(m) => m.sent_bytes.load(Ordering::Relaxed),
+            SessionMedia::Live(_) => self
+                .live
+                .as_ref()
+                .map_or(0, |l| l.sub.octets.load(Ordering::Acquire)),
+            SessionMedia::File { .. } => self.done_bytes,
+        }
+    }
+
     /// Counts what a stream taken out of `playing` sent, for the session's access-log line.
     fn count_stream(&mut self, h: &StreamHandle) {
         self.done_bytes += h.counters().bytes_sent;
@@ -1038,6 +1054,9 @@ impl RtspShared {
                 s.count_stream(&p.handle);
             }
             self.log_session_end(&s, why);
+            if let Some(t) = &s.tenant {
+                crate::tenants::add_bytes(&self.metrics, t, s.sent_bytes());
+            }
             if let (Some(l), SessionMedia::Live(src)) = (s.live.take(), &s.media) {
                 src.unsubscribe(&l.sub);
             }
@@ -1064,18 +1083,12 @@ impl RtspShared {
         let Some(sink) = self.access_log.get() else {
             return;
         };
-        let (bytes, late_p99_ns) = match &s.media {
-            SessionMedia::Mp4(m) => (m.sent_bytes.load(Ordering::Relaxed), None),
-            SessionMedia::Live(_) => (
-                s.live
-                    .as_ref()
-                    .map_or(0, |l| l.sub.octets.load(Ordering::Acquire)),
-                None,
-            ),
-            SessionMedia::File { .. } => (
-                s.done_bytes,
-                penstock_core::lateness::lateness_bucket_quantile_ns(&s.done_lateness, 990_000),
-            ),
+        let bytes = s.sent_bytes();
+        let late_p99_ns = match &s.media {
+            SessionMedia::File { .. } => {
+                penstock_core::lateness::lateness_bucket_quantile_ns(&s.done_lateness, 990_000)
+            }
+            _ => None,
         };
         // The presentation's URL: a track's SETUP URL without its `/trackID=N`.
         let url = match s.track_url.rsplit_once("/trackID=") {
@@ -1139,6 +1152,9 @@ impl RtspShared {
                         .tls()
                         .map_or(String::new(), |t| format!(" tls={t}"))
                 );
+                if let Some(t) = &s.tenant {
+                    line += &format!(" tenant={t}");
+                }
                 if let Some(l) = &s.live {
                     line += &format!(
                         " live=yes sent={} units={} dropped={}",

@@ -5,6 +5,12 @@
 // `switch` (a multivariant playlist): once playing past 5 s, force hls.js onto a level other
 // than the one it plays (`hls.currentLevel = N`), then wait until that level's pictures show
 // (videoWidth) and currentTime has advanced 4 s past the switch.
+// `revoke` (a page with `src2`, a second viewer): once both players are past 3 s, write
+// "past3" to the file REVOKE_MARK names and wait (at most 60 s) for the first player's fatal
+// error — the test revokes its token meanwhile — then for the second to play 2 s further
+// (or to its end).
+// Reports `revoke: { at, fatalAfterMs, second: { from, to, fatal } }`.
+import { writeFileSync } from 'node:fs';
 import { chromium } from 'playwright-core';
 
 const [page_url, seek_s, level_step] = process.argv.slice(2);
@@ -15,15 +21,37 @@ const browser = await chromium.launch({
     '--autoplay-policy=no-user-gesture-required'],
 });
 const result = { ok: false };
+let page;
 try {
   // IGNORE_HTTPS_ERRORS=1: a page over https with a test CA Chromium's store does not hold.
-  const page = await browser.newPage(process.env.IGNORE_HTTPS_ERRORS === '1'
+  page = await browser.newPage(process.env.IGNORE_HTTPS_ERRORS === '1'
     ? { ignoreHTTPSErrors: true } : {});
   page.on('console', (m) => console.error(`console: ${m.text()}`));
   await page.goto(page_url);
-  // Played past 5 s with no fatal error, or an error.
-  await page.waitForFunction(() => window.hlsFatal || document.querySelector('video').currentTime > 5,
-    null, { timeout: 60000 });
+  if (level_step === 'revoke') {
+    await page.waitForFunction(() => window.hlsFatal || window.hls2Fatal
+      || (document.querySelector('video').currentTime > 3
+        && document.querySelector('#second').currentTime > 3), null, { timeout: 60000 });
+    const at = await page.evaluate(() => document.querySelector('video').currentTime);
+    writeFileSync(process.env.REVOKE_MARK, 'past3\n');
+    const t0 = Date.now();
+    await page.waitForFunction(() => window.hlsFatal, null, { timeout: 60000 });
+    const fatalAfterMs = Date.now() - t0;
+    const from = await page.evaluate(() => document.querySelector('#second').currentTime);
+    await page.waitForFunction((f) => window.hls2Fatal || document.querySelector('#second').ended
+      || document.querySelector('#second').currentTime > f + 2, from, { timeout: 60000 });
+    result.revoke = { at, fatalAfterMs, second: await page.evaluate(() => ({
+      to: document.querySelector('#second').currentTime,
+      ended: document.querySelector('#second').ended,
+      fatal: window.hls2Fatal || null,
+      errors: window.hls2Errors,
+    })) };
+    result.revoke.second.from = from;
+  } else {
+    // Played past 5 s with no fatal error, or an error.
+    await page.waitForFunction(() => window.hlsFatal || document.querySelector('video').currentTime > 5,
+      null, { timeout: 60000 });
+  }
   if (level_step === 'switch') {
     const sw = await page.evaluate(() => {
       const from = window.hls.currentLevel;
@@ -74,6 +102,14 @@ try {
   await page.screenshot({ path: process.env.SCREENSHOT || 'hls-playing.png' });
 } catch (e) {
   result.error = String(e);
+  // Where the players were when it failed.
+  try {
+    result.at = await page.evaluate(() => ({
+      times: [...document.querySelectorAll('video')].map((v) => v.currentTime),
+      errors: window.hlsErrors, errors2: window.hls2Errors || null,
+      fatal: window.hlsFatal || null, fatal2: window.hls2Fatal || null,
+    }));
+  } catch (_) { /* the page is gone */ }
 } finally {
   await browser.close();
 }

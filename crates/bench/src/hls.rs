@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use crate::http::{Child2, cpu_s, ensure_tools, free_port, machine_line, wait_listening};
+use crate::http::{
+    Child2, cpu_s, ensure_tools, free_port, machine_line, start_nginx, wait_listening,
+};
 
 #[derive(Args, Debug)]
 pub struct HlsArgs {
@@ -813,34 +815,14 @@ pub fn run(a: HlsArgs) -> Result<()> {
     );
     wait_listening(p_port, &mut penstock.0)?;
     let n_port = free_port()?;
-    let prefix = dir.path().join("nginx");
-    std::fs::create_dir(&prefix)?;
-    std::fs::write(
-        prefix.join("nginx.conf"),
-        format!(
-            "user root;\nworker_processes {workers};\ndaemon off;\npid {p}/nginx.pid;\nerror_log {p}/error.log warn;\n\
-             events {{ worker_connections 4096; }}\n\
-             http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  keepalive_requests 1000000;\n  keepalive_timeout 65;\n\
-               client_body_temp_path {p}/cb; proxy_temp_path {p}/px; fastcgi_temp_path {p}/fc; uwsgi_temp_path {p}/uw; scgi_temp_path {p}/sc;\n\
-               types {{ application/vnd.apple.mpegurl m3u8; video/mp2t ts; video/mp4 mp4 m4s; }}\n\
-               server {{ listen 127.0.0.1:{n_port}; root {w}; location / {{ }} }}\n}}\n",
-            p = prefix.display(),
-            w = ngx.display(),
-        ),
+    let nginx = start_nginx(
+        &dir.path().join("nginx"),
+        workers,
+        n_port,
+        "",
+        &ngx,
+        "application/vnd.apple.mpegurl m3u8; video/mp2t ts; video/mp4 mp4 m4s;",
     )?;
-    let mut nginx = Child2(
-        Command::new("nginx")
-            .arg("-p")
-            .arg(&prefix)
-            .arg("-c")
-            .arg(prefix.join("nginx.conf"))
-            .arg("-e")
-            .arg(prefix.join("error.log"))
-            .stdout(Stdio::null())
-            .spawn()
-            .context("starting nginx")?,
-    );
-    wait_listening(n_port, &mut nginx.0)?;
     let placement = if pinned {
         penstock_driver::clock::pin_to_cpus(&client_cpus).context("pinning the emulator")?;
         format!("servers on CPUs {server_cpus:?}, the viewer emulator on CPUs {client_cpus:?}")

@@ -476,6 +476,48 @@ fn start_penstock(
     Ok(server)
 }
 
+/// nginx under `prefix` (created), `workers` worker processes, serving `root` on
+/// `127.0.0.1:port` (`listen_extra`: e.g. its TLS parameters) with sendfile, tcp_nopush, no
+/// access log and keep-alive without a practical limit; `types` its MIME map. Returns once it
+/// listens. Used by `bench http` and `bench hls`.
+pub(crate) fn start_nginx(
+    prefix: &Path,
+    workers: usize,
+    port: u16,
+    listen_extra: &str,
+    root: &Path,
+    types: &str,
+) -> Result<Child2> {
+    std::fs::create_dir(prefix)?;
+    std::fs::write(
+        prefix.join("nginx.conf"),
+        format!(
+            "user root;\nworker_processes {workers};\ndaemon off;\npid {p}/nginx.pid;\nerror_log {p}/error.log warn;\n\
+             events {{ worker_connections 4096; }}\n\
+             http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  keepalive_requests 1000000;\n  keepalive_timeout 65;\n\
+               client_body_temp_path {p}/cb; proxy_temp_path {p}/px; fastcgi_temp_path {p}/fc; uwsgi_temp_path {p}/uw; scgi_temp_path {p}/sc;\n\
+               types {{ {types} }}\n\
+               server {{ listen 127.0.0.1:{port}{listen_extra}; root {root}; location / {{ }} }}\n}}\n",
+            p = prefix.display(),
+            root = root.display(),
+        ),
+    )?;
+    let mut nginx = Child2(
+        Command::new("nginx")
+            .arg("-p")
+            .arg(prefix)
+            .arg("-c")
+            .arg(prefix.join("nginx.conf"))
+            .arg("-e")
+            .arg(prefix.join("error.log"))
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting nginx")?,
+    );
+    wait_listening(port, &mut nginx.0)?;
+    Ok(nginx)
+}
+
 impl Drop for Child2 {
     fn drop(&mut self) {
         // SIGTERM (both servers stop gracefully on it), then reap.
@@ -578,34 +620,14 @@ pub fn run(a: HttpArgs) -> Result<()> {
     });
 
     let n_port = free_port()?;
-    let prefix = dir.path().join("nginx");
-    std::fs::create_dir(&prefix)?;
-    std::fs::write(
-        prefix.join("nginx.conf"),
-        format!(
-            "user root;\nworker_processes {workers};\ndaemon off;\npid {p}/nginx.pid;\nerror_log {p}/error.log warn;\n\
-             events {{ worker_connections 4096; }}\n\
-             http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  keepalive_requests 1000000;\n  keepalive_timeout 65;\n\
-               client_body_temp_path {p}/cb; proxy_temp_path {p}/px; fastcgi_temp_path {p}/fc; uwsgi_temp_path {p}/uw; scgi_temp_path {p}/sc;\n\
-               types {{ application/octet-stream bin; }}\n\
-               server {{ listen 127.0.0.1:{n_port}{nginx_tls}; root {www}; location / {{ }} }}\n}}\n",
-            p = prefix.display(),
-            www = www.display(),
-        ),
+    let nginx = start_nginx(
+        &dir.path().join("nginx"),
+        workers,
+        n_port,
+        &nginx_tls,
+        &www,
+        "application/octet-stream bin;",
     )?;
-    let mut nginx = Child2(
-        Command::new("nginx")
-            .arg("-p")
-            .arg(&prefix)
-            .arg("-c")
-            .arg(prefix.join("nginx.conf"))
-            .arg("-e")
-            .arg(prefix.join("error.log"))
-            .stdout(Stdio::null())
-            .spawn()
-            .context("starting nginx")?,
-    );
-    wait_listening(n_port, &mut nginx.0)?;
     let placement = if pinned {
         penstock_driver::clock::pin_to_cpus(&client_cpus).context("pinning wrk")?;
         format!("servers on CPUs {server_cpus:?}, wrk on CPUs {client_cpus:?}")

@@ -1795,6 +1795,15 @@ fn the_fourth_stream_on_a_full_node_is_redirected_and_no_node_is_over_admitted()
         "a admitted the three players: {}",
         a.metric("penstock_admission_reservations")
     );
+    // Admission reserves at SETUP; the three PLAYs follow, and must be counted before the
+    // fourth asks (a PLAY of theirs counted after would look like the fourth on a).
+    assert!(
+        wait_for(Duration::from_secs(30), || a.metric(
+            "penstock_rtsp_requests_total{method=\"PLAY\",code=\"200\"}"
+        ) >= 3.0)
+        .is_some(),
+        "the three players' PLAYs on a"
+    );
     let plays_before: Vec<f64> = nodes
         .iter()
         .map(|n| n.metric("penstock_rtsp_requests_total{method=\"PLAY\",code=\"200\"}"))

@@ -40,7 +40,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use crate::http::{
-    Child2, cpu_s, ensure_tools, free_port, machine_line, start_nginx, wait_listening,
+    Child2, cpu_s, ensure_tools, free_port, machine_line, proc_cpu_s, start_nginx, wait_listening,
 };
 
 #[derive(Args, Debug)]
@@ -311,20 +311,7 @@ struct StepResult {
 
 /// This process's own utime + stime (not its children's: the servers are), seconds.
 fn self_cpu_s() -> f64 {
-    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
-        return f64::NAN;
-    };
-    let Some(rest) = s.rfind(')').and_then(|i| s.get(i + 2..)) else {
-        return f64::NAN;
-    };
-    let f: Vec<&str> = rest.split(' ').collect();
-    // After the comm: state(0) … utime(11) stime(12), in USER_HZ (100).
-    let t = |i: usize| {
-        f.get(i)
-            .and_then(|x| x.parse::<f64>().ok())
-            .unwrap_or(f64::NAN)
-    };
-    (t(11) + t(12)) / 100.0
+    proc_cpu_s("self").map_or(f64::NAN, |(_, t)| t)
 }
 
 /// `n` viewers of `plan` against the server on `port` (its processes under `pid`): a ramp of
@@ -342,6 +329,16 @@ fn run_step(
     let begin = Instant::now();
     let ramp_end = begin + target;
     let end = ramp_end + window;
+    // Each segment's start in the title, and the title's length, summed once.
+    let starts: Vec<f64> = plan
+        .segments
+        .iter()
+        .scan(0.0, |at, s| {
+            let start = *at;
+            *at += s.0;
+            Some(start)
+        })
+        .collect();
     let total_per_loop: f64 = plan.segments.iter().map(|s| s.0).sum();
     let per_seg = plan.segments.first().map_or(1, |s| s.1.len());
     let mut viewers: Vec<Viewer> = (0..n)
@@ -382,8 +379,7 @@ fn run_step(
         let (seg, track) = (k / per_seg, k % per_seg);
         let loops = seg / plan.segments.len();
         let i = seg % plan.segments.len();
-        let start: f64 =
-            loops as f64 * total_per_loop + plan.segments[..i].iter().map(|s| s.0).sum::<f64>();
+        let start: f64 = loops as f64 * total_per_loop + starts[i];
         let fetch = plan.segments[i].1[track].clone();
         if seg == 0 {
             // Segment 0 is part of the start-up: playing starts when it is in.

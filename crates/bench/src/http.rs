@@ -207,22 +207,11 @@ fn machine_busy_s() -> f64 {
 
 /// utime + stime of `pid` and its children processes (nginx workers), in seconds.
 pub(crate) fn cpu_s(pid: u32) -> f64 {
-    // /proc reports in USER_HZ, which the kernel fixes at 100 for user space.
-    let tick = 100.0;
-    let stat = |p: u32| -> Option<(u32, f64)> {
-        let s = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-        let rest = &s[s.rfind(')')? + 2..];
-        let f: Vec<&str> = rest.split(' ').collect();
-        // After the comm: state(0) ppid(1) ... utime(11) stime(12).
-        let ppid = f.get(1)?.parse().ok()?;
-        let t = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-        Some((ppid, t / tick))
-    };
-    let mut total = stat(pid).map_or(0.0, |(_, t)| t);
+    let mut total = proc_cpu_s(&pid.to_string()).map_or(0.0, |(_, t)| t);
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for e in dir.flatten() {
-            if let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok())
-                && let Some((ppid, t)) = stat(p)
+            if let Some(p) = e.file_name().to_str().filter(|n| n.parse::<u32>().is_ok())
+                && let Some((ppid, t)) = proc_cpu_s(p)
                 && ppid == pid
             {
                 total += t;
@@ -230,6 +219,19 @@ pub(crate) fn cpu_s(pid: u32) -> f64 {
         }
     }
     total
+}
+
+/// `/proc/WHICH/stat`'s parent pid and utime + stime in seconds (WHICH a pid or `self`).
+pub(crate) fn proc_cpu_s(which: &str) -> Option<(u32, f64)> {
+    // /proc reports in USER_HZ, which the kernel fixes at 100 for user space.
+    let tick = 100.0;
+    let s = std::fs::read_to_string(format!("/proc/{which}/stat")).ok()?;
+    let rest = s.get(s.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split(' ').collect();
+    // After the comm: state(0) ppid(1) ... utime(11) stime(12).
+    let ppid = f.get(1)?.parse().ok()?;
+    let t = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some((ppid, t / tick))
 }
 
 fn parse_size_wrk(s: &str) -> Option<f64> {

@@ -2,9 +2,10 @@
 # QEMU guest of tools/qemu/run.sh, or the host's where its kernel has the tls ULP). It serves
 # a 100 MB file over https twice — [tls] ktls = true, then false — fetches it with curl,
 # and prints KTLS_* lines for the test to read: whether the bytes matched, the path the
-# access log names, the bytes each syscall of the server moved (strace), /proc/net/tls_stat.
+# access log names, what the server's system calls moved (strace -yy, added up by the zero-copy
+# harness's own parser: TALLY, the test binary, `guest_tally`), /proc/net/tls_stat.
 set -u
-: "${PENSTOCK:=/bin/penstock}" "${WORK:=/tmp/ktls}" "${CONF:=/etc/ktls}" "${SRV:=/srv}"
+: "${PENSTOCK:=/bin/penstock}" "${TALLY:=/bin/ktls-tally}" "${WORK:=/tmp/ktls}" "${CONF:=/etc/ktls}" "${SRV:=/srv}"
 : "${BYTES:=104857600}"
 mkdir -p "$WORK"
 # The file to serve: given (the test writes it on the host: making 100 MB of random bytes
@@ -36,7 +37,8 @@ ktls = $on
 cert = "$CONF/cert.pem"
 key = "$CONF/cert.key"
 CFG
-  strace -f -qq --seccomp-bpf -e trace=sendfile,splice,read,pread64,readv,preadv,write,writev,sendto,sendmsg \
+  # The calls the zero-copy harness traces (its TRACED, written to $CONF/traced by the test).
+  strace -f -qq -yy -s 0 -e signal=none --seccomp-bpf -e trace="$(cat "$CONF/traced")" \
     -o "$WORK/strace-$mode" "$PENSTOCK" serve --config "$cfg" --root "$SRV" --no-control-unix \
     > "$WORK/log-$mode" 2>&1 &
   pid=$!
@@ -70,14 +72,9 @@ CFG
   fi
   wait "$pid"
   echo "KTLS_STEP mode=$mode stopped"
-  # strace -f lines: "PID name(args) = N", or "PID <... name resumed> ...) = N".
-  awk -v mode="$mode" '{
-      name = ""
-      if ($2 == "<...") name = $3; else { split($2, a, "("); name = a[1] }
-      n = $NF
-      if (name != "" && n ~ /^[0-9]+$/) bytes[name] += n
-    } END { for (k in bytes) printf "KTLS_BYTES mode=%s call=%s bytes=%d\n", mode, k, bytes[k] }' \
-    "$WORK/strace-$mode"
+  KTLS_TALLY_LOG="$WORK/strace-$mode" KTLS_TALLY_MODE="$mode" KTLS_TALLY_FILE="$SRV/big.bin" \
+    "$TALLY" --ignored --exact guest_tally --nocapture --test-threads 1 2>&1 \
+    | grep 'KTLS_TALLY\|panicked\|not understood'
   path=$(grep -o 'path=[a-z-]*' "$WORK/log-$mode" | tail -1)
   if [ "$got" = "$want" ]; then same=yes; else same=no; fi
   echo "KTLS_RESULT mode=$mode same=$same $path"

@@ -20,6 +20,8 @@ pub enum MediaError {
     Ts(#[from] TsError),
     #[error(transparent)]
     Mp4(#[from] penstock_core::mp4::Mp4Error),
+    #[error(transparent)]
+    KeyFrames(#[from] penstock_core::hls::TsIndexError),
 }
 
 /// The movie (sample index) of the MP4 behind `file`, `len` bytes: its top-level boxes walked
@@ -72,6 +74,31 @@ fn read_chunks(
         }
         offset += n as u64;
     }
+}
+
+/// The key-frame index of the first `len` bytes of the TS file behind `file`
+/// (`penstock_core::hls::TsIndexer`), read through once: the index HLS cuts segments from
+/// and RTSP's `Range: npt=` and `penstock stream --from` seek by.
+pub fn ts_key_frames(
+    file: &std::fs::File,
+    len: u64,
+    limits: penstock_core::hls::TsIndexLimits,
+) -> Result<penstock_core::hls::TsIndex, MediaError> {
+    let mut indexer = penstock_core::hls::TsIndexer::new(limits);
+    let mut buf = vec![0u8; READ_CHUNK_BYTES];
+    let mut at = 0u64;
+    while at < len {
+        let want = buf
+            .len()
+            .min(usize::try_from(len - at).unwrap_or(usize::MAX));
+        let n = file.read_at(&mut buf[..want], at)?;
+        if n == 0 {
+            break;
+        }
+        indexer.push(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(indexer.finish()?)
 }
 
 /// The PCR plan of the file behind `file` (both passes: the PCR PID, then the units).

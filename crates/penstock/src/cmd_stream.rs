@@ -144,7 +144,8 @@ pub struct StreamArgs {
     #[arg(long, value_parser = parse_timing)]
     pub timing: Option<Timing>,
     /// With --timing tracks: start at the independent frame at or before this time; with
-    /// --timing pcr: at the last PCR at or before it; with --timing samples: at the video
+    /// --timing pcr: at the key frame at or before it (the file's key-frame index; the last
+    /// PCR at or before it where the file has no key frame); with --timing samples: at the video
     /// sync sample at or before it.
     #[arg(long, value_parser = parse_duration)]
     pub from: Option<Duration>,
@@ -495,7 +496,18 @@ fn open_timed(
             let from_ns = a
                 .from
                 .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-            let (pb, line) = pcr_playback(&pid, &plan, from_ns);
+            // A seek starts at the key frame at or before it (the file's key-frame index,
+            // the one RTSP's `Range: npt=` and HLS use), by PCR only where the file has none.
+            let keys = from_ns.map(|_| {
+                let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+                penstock_driver::media::ts_key_frames(
+                    &file,
+                    len,
+                    penstock_core::hls::TsIndexLimits::default(),
+                )
+                .map(|i| plan.key_units(i.key_frames.iter().map(|k| k.offset)))
+            });
+            let (pb, line) = pcr_playback(&pid, &plan, from_ns, keys);
             eprintln!("penstock: {}: {line}", a.src);
             Some(pb)
         }

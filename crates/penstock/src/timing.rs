@@ -149,9 +149,33 @@ pub fn pcr_plan(file: &std::fs::File, label: &str, limits: &PcrLimits) -> Result
     penstock_driver::media::pcr_plan(file, limits).with_context(|| label.to_string())
 }
 
-/// The playback of a PCR plan from `from_ns`, and a line saying what was planned.
-pub fn pcr_playback(pid: &PcrPid, plan: &TsPlan, from_ns: Option<u64>) -> (Playback, String) {
-    let pb = plan.playback_from(from_ns);
+/// The playback of a PCR plan from `from_ns`, and a line saying what was planned: from the
+/// key frame at or before `from_ns` where `keys` (the plan's units holding the file's key
+/// frames, `TsPlan::key_units`) could be read, else from the PCR at or before it.
+pub fn pcr_playback(
+    pid: &PcrPid,
+    plan: &TsPlan,
+    from_ns: Option<u64>,
+    keys: Option<Result<Vec<usize>, penstock_driver::media::MediaError>>,
+) -> (Playback, String) {
+    let (pb, seek) = match (from_ns, keys) {
+        (None, _) => (plan.playback_from(None), String::new()),
+        (Some(t), Some(Ok(keys))) if !keys.is_empty() => (
+            plan.playback_from_key(&keys, t),
+            format!(
+                " at the key frame at or before it ({} key frames)",
+                keys.len()
+            ),
+        ),
+        (Some(t), Some(Err(e))) => (
+            plan.playback_from(Some(t)),
+            format!(" at the PCR at or before it (no key-frame index: {e})"),
+        ),
+        (Some(t), _) => (
+            plan.playback_from(Some(t)),
+            " at the PCR at or before it (no key frame)".to_string(),
+        ),
+    };
     let seconds = plan.duration_ns() as f64 / 1e9;
     let why = match pid.source {
         PcrPidSource::Pmt { program, .. } => format!("the PMT of program {program}"),
@@ -179,7 +203,7 @@ pub fn pcr_playback(pid: &PcrPid, plan: &TsPlan, from_ns: Option<u64>) -> (Playb
     }
     if pb.media_offset_bytes > 0 {
         line += &format!(
-            "; from byte {} ({:.3} s)",
+            "; from byte {} ({:.3} s){seek}",
             pb.media_offset_bytes,
             pb.start_time_ns as f64 / 1e9
         );

@@ -826,3 +826,86 @@ fn an_mp4_is_paced_by_its_samples_and_from_starts_at_a_sync_sample() {
     ]);
     assert!(!o.status.success());
 }
+
+/// `--from` with `--timing pcr` starts at the key frame at or before the time (the file's
+/// key-frame index: the one RTSP's `Range: npt=` and HLS use), not at the PCR at or before
+/// it, which lands mid-GOP: nothing decodes until the next key frame (issue 32 item 6).
+#[test]
+fn from_starts_a_ts_at_the_key_frame_at_or_before_it() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("gop2s.ts");
+    // 6 s of H.264, a key frame every 2 s exactly (0, 2, 4 s).
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y", "-f", "lavfi"])
+        .args(["-i", "testsrc=size=320x240:rate=25", "-t", "6"])
+        .args(["-c:v", "libx264", "-preset", "ultrafast", "-bf", "0"])
+        .args(["-g", "50", "-keyint_min", "50", "-sc_threshold", "0"])
+        .args(["-f", "mpegts"])
+        .arg(&clip)
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "ffmpeg: {}", text(&o.stderr));
+    let bytes = std::fs::read(&clip).unwrap();
+    // ffprobe's key packets: their times and the byte offsets their PES start at.
+    let o = Command::new("ffprobe")
+        .args(["-v", "error", "-select_streams", "v", "-show_entries"])
+        .args(["packet=pts_time,pos,flags", "-of", "csv=p=0"])
+        .arg(&clip)
+        .output()
+        .expect("ffprobe");
+    assert!(o.status.success(), "ffprobe: {}", text(&o.stderr));
+    let packets: Vec<(f64, u64, bool)> = text(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            Some((
+                f[0].parse().ok()?,
+                f[1].parse().ok()?,
+                f[2].starts_with('K'),
+            ))
+        })
+        .collect();
+    let t0 = packets[0].0;
+    let keys: Vec<(f64, u64)> = packets
+        .iter()
+        .filter(|p| p.2)
+        .map(|p| (p.0 - t0, p.1))
+        .collect();
+    assert!(keys.len() >= 3, "key frames at 0, 2 and 4 s: {keys:?}");
+    // --from 3.5s: the key frame at 2 s, whose unit (7 packets a datagram) starts the stream.
+    let (at, pos) = *keys.iter().rev().find(|k| k.0 <= 3.5).unwrap();
+    assert!((at - 2.0).abs() < 0.05, "{keys:?}");
+    let unit = 7 * 188;
+    let start = (pos / unit) * unit;
+    let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let to = rx.local_addr().unwrap();
+    let got = thread::spawn(move || receive(rx, Duration::from_secs(30), Duration::from_secs(3)));
+    let o = run(&[
+        "stream",
+        clip.to_str().unwrap(),
+        &format!("udp://{to}"),
+        "--timing",
+        "pcr",
+        "--from",
+        "3.5s",
+    ]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "penstock: {err}");
+    assert!(err.contains("at the key frame at or before it"), "{err}");
+    assert!(err.contains(&format!("from byte {start} ")), "{err}");
+    let received: Vec<u8> = got
+        .join()
+        .unwrap()
+        .iter()
+        .flat_map(|(_, d)| d.iter().copied())
+        .collect();
+    assert!(
+        received == bytes[start as usize..],
+        "{} bytes received; want the {} from the key frame's unit at byte {start}",
+        received.len(),
+        bytes.len() - start as usize
+    );
+}

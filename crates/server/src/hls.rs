@@ -8,13 +8,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
 
 use penstock_core::hls::{
-    PTS_TICKS_PER_S, TsIndex, TsIndexError, TsIndexLimits, TsIndexer, Variant, bandwidth,
-    i_frame_bandwidth, i_frame_map, i_frame_playlist, i_frames, map_range, media_playlist,
-    segments, stream_info,
+    PTS_TICKS_PER_S, TsIndex, TsIndexError, TsIndexLimits, Variant, bandwidth, i_frame_bandwidth,
+    i_frame_map, i_frame_playlist, i_frames, map_range, media_playlist, segments, stream_info,
 };
 use penstock_core::mp4::{Movie, Mp4Error, Mp4Limits, Packaging};
 
@@ -210,9 +209,6 @@ pub(crate) enum Lookup<T = TsIndex> {
     /// `indexers_max` builds are under way (or no thread could be started): 503.
     Busy,
 }
-
-/// Bytes read at a time while indexing.
-const READ_BYTES: usize = 1 << 20;
 
 impl Hls {
     pub(crate) fn new(cfg: HlsConfig) -> Hls {
@@ -500,22 +496,16 @@ fn keep<T: Weigh>(c: &mut Cache<T>, key: FileKey, result: Built<T>, bounds: Boun
     }
 }
 
-/// The index of `file` (`len` bytes), read through once.
+/// The index of `file` (`len` bytes), read through once
+/// (`penstock_driver::media::ts_key_frames`).
 fn read_index(file: &File, len: u64) -> Built {
-    let mut indexer = TsIndexer::new(TsIndexLimits::default());
-    let mut buf = vec![0u8; READ_BYTES];
-    let mut at = 0u64;
-    while at < len {
-        let n = file
-            .read_at(&mut buf, at)
-            .map_err(|e| HlsError::Io(Arc::new(e)))?;
-        if n == 0 {
-            break;
-        }
-        indexer.push(&buf[..n]);
-        at += n as u64;
+    use penstock_driver::media::MediaError;
+    match penstock_driver::media::ts_key_frames(file, len, TsIndexLimits::default()) {
+        Ok(i) => Ok(Arc::new(i)),
+        Err(MediaError::KeyFrames(e)) => Err(HlsError::Index(e)),
+        Err(MediaError::Io(e)) => Err(HlsError::Io(Arc::new(e))),
+        Err(e) => Err(HlsError::Io(Arc::new(std::io::Error::other(e.to_string())))),
     }
-    Ok(Arc::new(indexer.finish()?))
 }
 
 /// The package of the MP4 `file` (`len` bytes): its top-level boxes walked (16 bytes read at

@@ -360,6 +360,27 @@ impl TsPlan {
         self.playback_at_unit(usize::try_from(first).unwrap_or(usize::MAX))
     }
 
+    /// The units holding the independent frames that start at byte offsets `keys` (a file's
+    /// key-frame index, or a recording's frame track), in file order, each once: what
+    /// [`TsPlan::playback_from_key`] seeks by.
+    pub fn key_units(&self, keys: impl IntoIterator<Item = u64>) -> Vec<usize> {
+        let mut units: Vec<usize> = keys.into_iter().map(|k| self.unit_at_offset(k)).collect();
+        units.sort_unstable();
+        units.dedup();
+        units
+    }
+
+    /// **Seeking by key frame** (RTSP `Range: npt=` and `penstock stream --from`, one rule):
+    /// what to send to play from `from_ns`: from the last of `key_units` (in order, from
+    /// [`TsPlan::key_units`]) whose unit starts at or before `from_ns`, so that the first
+    /// picture sent decodes; from the start when none does.
+    pub fn playback_from_key(&self, key_units: &[usize], from_ns: u64) -> Playback {
+        let n = key_units
+            .partition_point(|&k| self.units.get(k).is_some_and(|u| u.offset_ns <= from_ns));
+        let first = n.checked_sub(1).map_or(0, |i| key_units[i]);
+        self.playback_at_unit(first)
+    }
+
     /// The unit holding byte `offset` of the media (the last unit for one past the end).
     pub fn unit_at_offset(&self, offset: u64) -> usize {
         usize::try_from(offset / self.unit_bytes())

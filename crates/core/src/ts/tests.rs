@@ -559,3 +559,35 @@ fn the_probe_reads_nothing_past_its_limit_or_its_decision() {
         })
     );
 }
+
+#[test]
+fn seeking_by_key_frame_starts_at_the_last_key_unit_at_or_before_a_time() {
+    let bytes = cbr_ts(10_000, 4_000_000, 0, 5, 20, true);
+    let p = plan(&bytes).unwrap();
+    let unit = p.unit_bytes();
+    // Key frames (byte offsets, out of order and two in one unit): units 10, 30, 100.
+    let keys = p.key_units([100 * unit + 5, 10 * unit, 30 * unit + 1, 10 * unit + 188]);
+    assert_eq!(keys, vec![10, 30, 100]);
+    let t = |u: usize| p.units[u].offset_ns;
+    // Before the first key frame: from the start; at one: that one; between: the earlier.
+    assert_eq!(p.playback_from_key(&keys, 0).media_offset_bytes, 0);
+    assert_eq!(
+        p.playback_from_key(&keys, t(30)).media_offset_bytes,
+        30 * unit
+    );
+    assert_eq!(
+        p.playback_from_key(&keys, t(99)).media_offset_bytes,
+        30 * unit
+    );
+    assert_eq!(
+        p.playback_from_key(&keys, u64::MAX).media_offset_bytes,
+        100 * unit
+    );
+    // Not the PCR rule: that one starts later, mid-GOP.
+    assert!(p.playback_from(Some(t(99))).media_offset_bytes > 30 * unit);
+    let pb = p.playback_from_key(&keys, t(99));
+    assert_eq!(pb.units[0].offset_ns, 0);
+    assert_eq!(pb.media_offset_bytes + pb.media_bytes, p.media_bytes);
+    // No key frame: from the start.
+    assert_eq!(p.playback_from_key(&[], t(99)).media_offset_bytes, 0);
+}

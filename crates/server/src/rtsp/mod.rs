@@ -171,12 +171,7 @@ impl Media {
     pub fn playback(&self, from_ns: Option<u64>) -> (penstock_core::track::Playback, Seek) {
         match (from_ns, &self.keys) {
             (None, _) => (self.plan.playback_from(None), Seek::Start),
-            (Some(t), Some(keys)) => {
-                let n = keys
-                    .partition_point(|&k| self.plan.units.get(k).is_some_and(|u| u.offset_ns <= t));
-                let first = n.checked_sub(1).map_or(0, |i| keys[i]);
-                (self.plan.playback_at_unit(first), self.keys_from)
-            }
+            (Some(t), Some(keys)) => (self.plan.playback_from_key(keys, t), self.keys_from),
             (Some(t), None) => (self.plan.playback_from(Some(t)), Seek::Pcr),
         }
     }
@@ -184,12 +179,7 @@ impl Media {
 
 /// The plan's units holding the key frames of `index`, in order.
 fn index_keys(path: &str, index: &penstock_core::hls::TsIndex, plan: &TsPlan) -> Vec<usize> {
-    let mut keys: Vec<usize> = index
-        .key_frames
-        .iter()
-        .map(|k| plan.unit_at_offset(k.offset))
-        .collect();
-    keys.dedup();
+    let keys = plan.key_units(index.key_frames.iter().map(|k| k.offset));
     tracing::debug!(
         "rtsp {path}: seeks go by the key-frame index ({} key frames)",
         keys.len()
@@ -1267,14 +1257,13 @@ impl RtspShared {
             }
         };
         let readable = rec.report.readable_packets;
-        let mut keys: Vec<usize> = rec
-            .frame
-            .records
-            .iter()
-            .filter(|f| f.packet_index < readable)
-            .map(|f| plan.unit_at_offset(f.media_offset_bytes))
-            .collect();
-        keys.dedup();
+        let keys = plan.key_units(
+            rec.frame
+                .records
+                .iter()
+                .filter(|f| f.packet_index < readable)
+                .map(|f| f.media_offset_bytes),
+        );
         if keys.is_empty() {
             tracing::debug!("rtsp {path}: the frame track has no entry, seeks go by PCR");
             return None;

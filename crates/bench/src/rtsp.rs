@@ -6,6 +6,13 @@
 //!   at `--video-bitrate` with minrate = maxrate, GOP 1 s, a fixed mux rate), kept in `--dir`.
 //! - **The peer**: GStreamer's server serving the same file, `filesrc ! tsparse
 //!   set-timestamps=true ! rtpmp2tpay pt=33`, one pipeline per session (not shared), UDP only.
+//! - **`--media mp4`** (issue 36's `bench mp4`, RTSP half): the clip is an H.264 + AAC MP4
+//!   (libx264 capped at `--video-bitrate`, the test pattern under noise so that it reaches
+//!   it; no B-frames, GOP 1 s; AAC 128 kbit/s at 48 kHz;
+//!   faststart), each session two RTP sessions (SETUP of the video track, then the audio
+//!   track, into one RTSP session), GStreamer's pipeline `qtdemux ! h264parse ! rtph264pay`
+//!   and `! aacparse ! rtpmp4gpay`. Each flow's lateness and jitter run on its own RTP clock
+//!   (90 kHz video, 48 kHz audio).
 //! - **The receivers**: one thread of this process, one epoll set over every session's RTP and
 //!   RTCP sockets (8 MiB SO_RCVBUF where `net.core.rmem_max` allows it, recvmmsg batches), with
 //!   the kernel's receive time of each datagram (SO_TIMESTAMPNS) and each socket's drop counter
@@ -56,6 +63,8 @@ pub const GST_SCRIPT: &str = include_str!("rtsp_gst.py");
 
 /// The RTP clock of MP2T (RFC 3551): 90 kHz.
 const RTP_CLOCK_HZ: f64 = 90_000.0;
+/// The MP4 clip's audio sample rate, its RTP clock (RFC 3640: the sampling rate).
+const AUDIO_RATE_HZ: u32 = 48_000;
 /// Every wait on a server (connect, a response, its start line) ends after this long.
 const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the bench times UDP sends to find what one costs (`--send-cost` not given).
@@ -87,8 +96,37 @@ impl ServerKind {
     }
 }
 
+/// What the sessions play.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Media {
+    /// An MPEG-TS clip: one RTP session (MP2T) per RTSP session.
+    Ts,
+    /// An H.264 + AAC MP4: two RTP sessions (video, audio) per RTSP session.
+    Mp4,
+}
+
+impl Media {
+    fn name(self) -> &'static str {
+        match self {
+            Media::Ts => "ts",
+            Media::Mp4 => "mp4",
+        }
+    }
+
+    /// The RTP sessions of one RTSP session and their clocks, in SETUP order.
+    fn clocks(self) -> &'static [f64] {
+        match self {
+            Media::Ts => &[RTP_CLOCK_HZ],
+            Media::Mp4 => &[RTP_CLOCK_HZ, AUDIO_RATE_HZ as f64],
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct RtspArgs {
+    /// What the sessions play: an MPEG-TS clip, or an H.264 + AAC MP4 (issue 36's `bench mp4`).
+    #[arg(long, value_enum, default_value = "ts")]
+    pub media: Media,
     /// Measured time of each step, once all its sessions play [default: 10s; --quick 3s].
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
@@ -206,10 +244,11 @@ struct Clip {
     path: PathBuf,
     bytes: u64,
     seconds: f64,
+    media: Media,
 }
 
 /// Makes the clip with ffmpeg, or takes the one a previous run made with the same settings.
-fn make_clip(dir: &Path, seconds: u64, video_bitrate: &str) -> Result<Clip> {
+fn make_clip(dir: &Path, seconds: u64, video_bitrate: &str, media: Media) -> Result<Clip> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     if video_bitrate.is_empty()
         || !video_bitrate
@@ -218,34 +257,56 @@ fn make_clip(dir: &Path, seconds: u64, video_bitrate: &str) -> Result<Clip> {
     {
         bail!("--video-bitrate {video_bitrate:?}: a number with an optional k/M suffix");
     }
-    let path = dir.join(format!("clip-{seconds}s-{video_bitrate}.ts"));
+    let ext = media.name();
+    let path = dir.join(format!("clip-{seconds}s-{video_bitrate}.{ext}"));
     if !path.is_file() {
         // A temporary name first: an interrupted encode leaves no clip that looks finished.
-        let part = dir.join(format!("clip-{seconds}s-{video_bitrate}.part.ts"));
+        let part = dir.join(format!("clip-{seconds}s-{video_bitrate}.part.{ext}"));
         let bitrate_bps = ffmpeg_rate(video_bitrate)?;
         // The mux rate a little above the video's: room for PAT/PMT/PCR and padding, so that
         // the file is constant-rate at the TS level.
         let muxrate = bitrate_bps + bitrate_bps / 16;
-        let st = Command::new("ffmpeg")
-            .args([
-                "-hide_banner",
-                "-loglevel",
-                "error",
-                "-y",
-                "-f",
-                "lavfi",
-                "-i",
-            ])
-            .arg("testsrc=size=1280x720:rate=25")
-            .arg("-t")
-            .arg(seconds.to_string())
-            .args(["-c:v", "mpeg2video", "-g", "25"])
-            .args(["-b:v", video_bitrate, "-minrate", video_bitrate])
-            .args(["-maxrate", video_bitrate, "-bufsize"])
-            .arg((bitrate_bps / 4).to_string())
-            .arg("-muxrate")
-            .arg(muxrate.to_string())
-            .args(["-f", "mpegts"])
+        let mut cmd = Command::new("ffmpeg");
+        cmd.args([
+            "-hide_banner",
+            "-loglevel",
+            "error",
+            "-y",
+            "-f",
+            "lavfi",
+            "-i",
+        ])
+        .arg("testsrc=size=1280x720:rate=25");
+        match media {
+            Media::Ts => {
+                cmd.arg("-t")
+                    .arg(seconds.to_string())
+                    .args(["-c:v", "mpeg2video", "-g", "25"])
+                    .args(["-b:v", video_bitrate, "-minrate", video_bitrate])
+                    .args(["-maxrate", video_bitrate, "-bufsize"])
+                    .arg((bitrate_bps / 4).to_string())
+                    .arg("-muxrate")
+                    .arg(muxrate.to_string())
+                    .args(["-f", "mpegts"]);
+            }
+            Media::Mp4 => {
+                // No B-frames: the RTP timestamps (presentation times) then rise in sending
+                // order, so that lateness is not a reordering's artefact. Noise over the test
+                // pattern, which x264 would otherwise squeeze far below the asked rate.
+                cmd.args(["-f", "lavfi", "-i"])
+                    .arg(format!("sine=frequency=440:sample_rate={AUDIO_RATE_HZ}"))
+                    .arg("-t")
+                    .arg(seconds.to_string())
+                    .args(["-vf", "noise=alls=24:allf=t", "-pix_fmt", "yuv420p"])
+                    .args(["-c:v", "libx264", "-preset", "veryfast", "-bf", "0"])
+                    .args(["-g", "25", "-b:v", video_bitrate, "-maxrate", video_bitrate])
+                    .arg("-bufsize")
+                    .arg((bitrate_bps / 4).to_string())
+                    .args(["-c:a", "aac", "-b:a", "128k", "-ac", "2"])
+                    .args(["-movflags", "+faststart", "-f", "mp4"]);
+            }
+        }
+        let st = cmd
             .arg(&part)
             .stdin(Stdio::null())
             .status()
@@ -261,6 +322,7 @@ fn make_clip(dir: &Path, seconds: u64, video_bitrate: &str) -> Result<Clip> {
         path,
         bytes,
         seconds,
+        media,
     })
 }
 
@@ -332,17 +394,25 @@ fn python(a: &RtspArgs) -> PathBuf {
 }
 
 /// Whether this machine can run `kind`; `Err` says what is missing.
-fn check_server(kind: ServerKind, python: &Path) -> std::result::Result<(), String> {
+fn check_server(kind: ServerKind, python: &Path, media: Media) -> std::result::Result<(), String> {
     match kind {
         ServerKind::Penstock => Ok(()),
         ServerKind::Gstreamer => {
-            let probe = "import gi\n\
+            let elements = match media {
+                Media::Ts => "'filesrc', 'tsparse', 'rtpmp2tpay'",
+                Media::Mp4 => {
+                    "'filesrc', 'qtdemux', 'h264parse', 'rtph264pay', 'aacparse', 'rtpmp4gpay'"
+                }
+            };
+            let probe = format!(
+                "import gi\n\
                  gi.require_version('Gst', '1.0')\n\
                  gi.require_version('GstRtspServer', '1.0')\n\
                  from gi.repository import Gst, GstRtspServer\n\
                  Gst.init(None)\n\
-                 missing = [e for e in ('filesrc', 'tsparse', 'rtpmp2tpay') if Gst.ElementFactory.find(e) is None]\n\
-                 assert not missing, 'no GStreamer element ' + ', '.join(missing)\n";
+                 missing = [e for e in ({elements}) if Gst.ElementFactory.find(e) is None]\n\
+                 assert not missing, 'no GStreamer element ' + ', '.join(missing)\n"
+            );
             match Command::new(python).arg("-c").arg(probe).output() {
                 Ok(o) if o.status.success() => Ok(()),
                 Ok(o) => Err(format!(
@@ -376,10 +446,12 @@ fn start_server(
     kind: ServerKind,
     sessions: usize,
     fifo: Option<u8>,
-    clip: &Path,
+    clip: &Clip,
     python: &Path,
     plan: &Plan,
 ) -> Result<(Server, Url)> {
+    let media = clip.media;
+    let clip = clip.path.as_path();
     let files = tempfile::tempdir()?;
     let name = clip
         .file_name()
@@ -460,6 +532,7 @@ fn start_server(
                 .arg(&script)
                 .arg(clip)
                 .arg(&mount)
+                .arg(media.name())
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .spawn()
@@ -614,8 +687,10 @@ struct Session {
     last_keepalive: Instant,
 }
 
-/// DESCRIBE, SETUP (to the receiver's `rtp_port`, `rtp_port + 1`) and PLAY.
-fn open_session(url: &Url, rtp_port: u16) -> Result<Session> {
+/// DESCRIBE, SETUP of each RTP session (to the receiver's `ports[i]`, `ports[i] + 1`, in
+/// [`Media::clocks`]' order: TS's one MP2T stream; MP4's video, then its audio, each checked
+/// to run on the clock the receiver assumes) and PLAY.
+fn open_session(url: &Url, ports: &[u16], media: Media) -> Result<Session> {
     let mut conn = RtspConn::connect(url)?;
     let r = conn.request(
         Method::Describe,
@@ -624,29 +699,51 @@ fn open_session(url: &Url, rtp_port: u16) -> Result<Session> {
     )?;
     expect_ok(&r, "DESCRIBE")?;
     let sdp = String::from_utf8_lossy(r.body()).into_owned();
-    if !sdp.contains("MP2T") {
-        bail!("DESCRIBE: the SDP names no MP2T payload:\n{sdp}");
-    }
     let base = r
         .header(&headers::CONTENT_BASE)
         .and_then(|v| Url::parse(v.as_str().trim()).ok())
         .unwrap_or_else(|| url.clone());
-    let setup_url = media_control_url(&sdp, &base)?;
-    let r = conn.request(
-        Method::Setup,
-        &setup_url,
-        &[(
+    // (the media section's kind, the encoding its rtpmap names) per RTP session.
+    let wanted: &[(&str, &str)] = match media {
+        Media::Ts => &[("", "MP2T")],
+        Media::Mp4 => &[("video", "H264"), ("audio", "MPEG4-GENERIC")],
+    };
+    let mut id: Option<(String, Duration)> = None;
+    for ((kind, encoding), (&port, &clock)) in wanted.iter().zip(ports.iter().zip(media.clocks())) {
+        let section = sdp
+            .split("\nm=")
+            .skip(1)
+            .find(|m| m.starts_with(kind))
+            .with_context(|| format!("DESCRIBE: the SDP has no {kind} section:\n{sdp}"))?;
+        let want = format!("{encoding}/{}", clock as u32);
+        if !section
+            .lines()
+            .any(|l| l.trim().starts_with("a=rtpmap:") && l.to_ascii_uppercase().contains(&want))
+        {
+            bail!("DESCRIBE: the SDP's {kind} section names no {want} payload:\n{sdp}");
+        }
+        let setup_url = section_control_url(section, &base)?;
+        let mut h = vec![(
             headers::TRANSPORT,
-            format!("RTP/AVP;unicast;client_port={rtp_port}-{}", rtp_port + 1),
-        )],
-    )?;
-    expect_ok(&r, "SETUP")?;
-    let session = r
-        .typed_header::<headers::Session>()
-        .map_err(|e| anyhow::anyhow!("SETUP: Session header: {e:?}"))?
-        .context("SETUP: no Session header")?;
-    let timeout = Duration::from_secs(session.1.unwrap_or(60).max(2));
-    let id = session.0;
+            format!("RTP/AVP;unicast;client_port={port}-{}", port + 1),
+        )];
+        if let Some((id, _)) = &id {
+            h.push((headers::SESSION, id.clone()));
+        }
+        let r = conn.request(Method::Setup, &setup_url, &h)?;
+        expect_ok(&r, "SETUP")?;
+        if id.is_none() {
+            let session = r
+                .typed_header::<headers::Session>()
+                .map_err(|e| anyhow::anyhow!("SETUP: Session header: {e:?}"))?
+                .context("SETUP: no Session header")?;
+            id = Some((
+                session.0,
+                Duration::from_secs(session.1.unwrap_or(60).max(2)),
+            ));
+        }
+    }
+    let (id, timeout) = id.context("no RTP session to set up")?;
     let play_url = session_control_url(&sdp, &base);
     let r = conn.request(
         Method::Play,
@@ -683,13 +780,9 @@ fn resolve_control(control: &str, base: &Url) -> Result<Url> {
     Ok(Url::parse(&b)?.join(control)?)
 }
 
-/// The first media section's control URL.
-fn media_control_url(sdp: &str, base: &Url) -> Result<Url> {
-    let media = sdp
-        .split("\nm=")
-        .nth(1)
-        .context("the SDP has no media section")?;
-    match media
+/// A media section's control URL (the base when it names none).
+fn section_control_url(section: &str, base: &Url) -> Result<Url> {
+    match section
         .lines()
         .find_map(|l| l.trim().strip_prefix("a=control:"))
     {
@@ -753,9 +846,11 @@ fn bind_pair() -> Result<(UdpSocket, UdpSocket)> {
     bail!("no free pair of UDP ports (even, even + 1) in 200 tries")
 }
 
-/// What one session's receiver saw.
+/// What one RTP session's receiver saw.
 #[derive(Debug, Default)]
 struct Flow {
+    /// The RTP clock, Hz (set before the first packet).
+    clock_hz: f64,
     /// The first packet: its extended sequence number is 0, its timestamp and arrival anchor
     /// the due times.
     first: Option<(u16, u32, i128)>,
@@ -768,7 +863,7 @@ struct Flow {
     received: u64,
     duplicates: u64,
     payload_bytes: u64,
-    /// The RTP timestamps' span, first to last packet (90 kHz units).
+    /// The RTP timestamps' span, first to last packet (`clock_hz` units).
     ts_span_max: i64,
     /// RFC 3550 A.8, in RTP timestamp units.
     jitter: f64,
@@ -813,12 +908,12 @@ impl Flow {
         }
         let rtp_since = i64::from(ts.wrapping_sub(ts0) as i32);
         self.ts_span_max = self.ts_span_max.max(rtp_since);
-        let due_ns = t0 + i128::from(rtp_since) * 1_000_000_000 / 90_000;
+        let due_ns = t0 + (rtp_since as f64 * 1e9 / self.clock_hz) as i128;
         if self.lateness_ns.len() < LATENESS_SAMPLES_MAX {
             self.lateness_ns.push((arrival_ns - due_ns) as i64);
         }
         // RFC 3550 A.8: transit in timestamp units; J += (|D| - J) / 16.
-        let transit = arrival_ns as f64 * RTP_CLOCK_HZ / 1e9 - f64::from(ts);
+        let transit = arrival_ns as f64 * self.clock_hz / 1e9 - f64::from(ts);
         if let Some(prev) = self.last_transit {
             let mut dd = transit - prev;
             // The timestamp term wraps at 2^32; the arrival term never does here.
@@ -881,7 +976,11 @@ impl Flow {
 
 /// The receiving thread: one epoll set over every session's two sockets; RTP on even tokens,
 /// RTCP on odd ones. Returns the flows when `stop` is set.
-fn receive(sockets: Vec<(UdpSocket, UdpSocket)>, stop: Arc<AtomicBool>) -> Result<Vec<Flow>> {
+fn receive(
+    sockets: Vec<(UdpSocket, UdpSocket)>,
+    clocks: Vec<f64>,
+    stop: Arc<AtomicBool>,
+) -> Result<Vec<Flow>> {
     use rustix::event::epoll;
     let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
     let mut kernel_times = true;
@@ -901,7 +1000,13 @@ fn receive(sockets: Vec<(UdpSocket, UdpSocket)>, stop: Arc<AtomicBool>) -> Resul
     if !kernel_times {
         note("SO_TIMESTAMPNS refused: arrivals timed by the receiving loop's clock");
     }
-    let mut flows: Vec<Flow> = (0..sockets.len()).map(|_| Flow::default()).collect();
+    let mut flows: Vec<Flow> = clocks
+        .iter()
+        .map(|&clock_hz| Flow {
+            clock_hz,
+            ..Flow::default()
+        })
+        .collect();
     let mut batch = RecvBatch::new(BATCH, SLOT_BYTES);
     let mut events: Vec<epoll::Event> = Vec::with_capacity(256);
     let mut items = Vec::new();
@@ -1079,9 +1184,10 @@ fn run_step(
     a: &RtspArgs,
     python: &Path,
 ) -> Result<Step> {
-    let (server, url) = start_server(kind, n, a.fifo, &clip.path, python, plan)?;
-    let mut pairs = Vec::with_capacity(n);
-    for _ in 0..n {
+    let (server, url) = start_server(kind, n, a.fifo, clip, python, plan)?;
+    let clocks: Vec<f64> = (0..n).flat_map(|_| clip.media.clocks()).copied().collect();
+    let mut pairs = Vec::with_capacity(clocks.len());
+    for _ in 0..clocks.len() {
         let (rtp, rtcp) = bind_pair()?;
         // The kernel caps it at net.core.rmem_max; `run` prints what it kept.
         let _ = socket2::SockRef::from(&rtp).set_recv_buffer_size(RCVBUF_BYTES);
@@ -1118,11 +1224,11 @@ fn run_step(
                         );
                     }
                 }
-                receive(pairs, stop)
+                receive(pairs, clocks, stop)
             })?
     };
     // From here the receiver must be stopped on every way out.
-    let result = drive(&server, &url, &ports, plan, a);
+    let result = drive(&server, &url, &ports, clip.media, plan, a);
     stop.store(true, Ordering::Relaxed);
     let flows = receiver
         .join()
@@ -1149,14 +1255,16 @@ fn drive(
     server: &Server,
     url: &Url,
     ports: &[u16],
+    media: Media,
     plan: &Plan,
     a: &RtspArgs,
 ) -> Result<(usize, Window)> {
-    let gap = a.stagger / ports.len().max(1) as u32;
-    let mut sessions = Vec::with_capacity(ports.len());
-    for (i, &p) in ports.iter().enumerate() {
-        let s = open_session(url, p)
-            .with_context(|| format!("session {} of {}", i + 1, ports.len()))?;
+    let per_session = media.clocks().len();
+    let n = ports.len() / per_session;
+    let gap = a.stagger / n.max(1) as u32;
+    let mut sessions = Vec::with_capacity(n);
+    for (i, p) in ports.chunks(per_session).enumerate() {
+        let s = open_session(url, p, media).with_context(|| format!("session {} of {n}", i + 1))?;
         sessions.push(s);
         std::thread::sleep(gap);
     }
@@ -1215,11 +1323,23 @@ fn summarize(
     let bytes_per_s = clip.bytes as f64 / clip.seconds;
     let mut got = 0.0;
     let mut expected = 0.0;
-    for f in flows.iter().filter(|f| f.received > 1) {
-        got += f.payload_bytes as f64;
-        // The span runs from the first packet's timestamp to the last's: one packet more.
-        let per_packet = f.payload_bytes as f64 / f.received as f64;
-        expected += f.ts_span_max as f64 / RTP_CLOCK_HZ * bytes_per_s + per_packet;
+    // Per session (its RTP sessions together carry the file's rate): the media time played
+    // is its flows' longest span; each span runs from the first packet's timestamp to the
+    // last's, so one packet more per flow.
+    for session in flows.chunks(clip.media.clocks().len()) {
+        let played = session.iter().filter(|f| f.received > 1);
+        let span_s = played
+            .clone()
+            .map(|f| f.ts_span_max as f64 / f.clock_hz)
+            .fold(0.0, f64::max);
+        if span_s == 0.0 {
+            continue;
+        }
+        for f in played {
+            got += f.payload_bytes as f64;
+            expected += f.payload_bytes as f64 / f.received as f64;
+        }
+        expected += span_s * bytes_per_s;
     }
     // The last SR that arrived within the window: the one a server sends with its BYE at
     // TEARDOWN may count packets it then dropped from its queues (GStreamer's does).
@@ -1238,7 +1358,7 @@ fn summarize(
     let jitters: Vec<f64> = flows
         .iter()
         .filter(|f| f.received > 1)
-        .map(|f| f.jitter / RTP_CLOCK_HZ * 1e3)
+        .map(|f| f.jitter / f.clock_hz * 1e3)
         .collect();
     let lateness: Vec<f64> = flows
         .iter()
@@ -1411,7 +1531,7 @@ pub fn run(a: RtspArgs) -> Result<()> {
     };
     let mut servers = Vec::new();
     for &k in &a.servers {
-        match check_server(k, &python) {
+        match check_server(k, &python, a.media) {
             Ok(()) => servers.push(k),
             Err(why) => {
                 writeln!(h, "{}: skipped: {why}", k.name())?;
@@ -1424,7 +1544,7 @@ pub fn run(a: RtspArgs) -> Result<()> {
         std::process::exit(2);
     }
     let machine = machine_line();
-    let clip = make_clip(&dir, plan.clip.as_secs().max(1), &a.video_bitrate)?;
+    let clip = make_clip(&dir, plan.clip.as_secs().max(1), &a.video_bitrate, a.media)?;
     writeln!(h, "# penstock bench rtsp\n\n{machine}\n")?;
     writeln!(
         h,
@@ -1556,8 +1676,9 @@ pub fn run(a: RtspArgs) -> Result<()> {
     if let Some(d) = dest {
         let v = json!({
             "bench": "rtsp",
+            "media": a.media.name(),
             "machine": machine,
-            "clip": {"path": clip.path, "bytes": clip.bytes, "seconds": clip.seconds},
+            "clip": {"path": clip.path, "bytes": clip.bytes, "seconds": clip.seconds, "media": clip.media.name()},
             "duration_s": plan.duration.as_secs_f64(),
             "stagger_s": a.stagger.as_secs_f64(),
             "lateness_max_ms": a.lateness_max.as_secs_f64() * 1e3,
@@ -1593,7 +1714,10 @@ mod tests {
 
     #[test]
     fn a_gap_in_the_sequence_is_loss_across_the_wrap() {
-        let mut f = Flow::default();
+        let mut f = Flow {
+            clock_hz: RTP_CLOCK_HZ,
+            ..Flow::default()
+        };
         // 65534, 65535, 0, (1 lost), 2: the wrap is no loss, the hole is one.
         for (i, seq) in [65534u16, 65535, 0, 2].into_iter().enumerate() {
             f.on_rtp(&rtp(seq, 1000 + 90 * i as u32), 1_000_000 * i as i128);
@@ -1611,7 +1735,10 @@ mod tests {
 
     #[test]
     fn lateness_is_arrival_minus_due_from_the_first_packet() {
-        let mut f = Flow::default();
+        let mut f = Flow {
+            clock_hz: RTP_CLOCK_HZ,
+            ..Flow::default()
+        };
         // 1 ms of RTP time = 90 ticks. The second packet arrives 3 ms after its due time.
         f.on_rtp(&rtp(10, u32::MAX - 45), 0);
         f.on_rtp(&rtp(11, 44), 4_000_000);
@@ -1640,7 +1767,9 @@ mod tests {
         );
         let sdp = "v=0\r\na=control:*\r\nm=video 0 RTP/AVP 33\r\na=rtpmap:33 MP2T/90000\r\na=control:stream=0\r\n";
         assert_eq!(
-            media_control_url(sdp, &base).unwrap().as_str(),
+            section_control_url(sdp.split("\nm=").nth(1).unwrap(), &base)
+                .unwrap()
+                .as_str(),
             "rtsp://127.0.0.1:8554/clip.ts/stream=0"
         );
         assert_eq!(session_control_url(sdp, &base), base);

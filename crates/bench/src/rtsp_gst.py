@@ -1,8 +1,9 @@
-"""GStreamer's RTSP server (gst-rtsp-server through python3-gi) serving one MPEG-TS file as
-MP2T/RTP (payload type 33) over UDP: the peer of `penstock bench rtsp`, which writes this
-script to a temporary file and runs it.
+"""GStreamer's RTSP server (gst-rtsp-server through python3-gi) serving one file over UDP: an
+MPEG-TS file as MP2T/RTP (payload type 33), or an H.264 + AAC MP4 as two RTP sessions
+(H.264, RFC 6184; AAC, RFC 3640 AAC-hbr). The peer of `penstock bench rtsp`, which writes
+this script to a temporary file and runs it.
 
-Usage: rtsp_gst.py FILE MOUNT
+Usage: rtsp_gst.py FILE MOUNT [ts|mp4]
 Prints "port N" on stdout once it serves rtsp://127.0.0.1:N/MOUNT; runs until killed.
 """
 import sys
@@ -16,6 +17,7 @@ from gi.repository import GLib, Gst, GstRtsp, GstRtspServer  # noqa: E402
 
 Gst.init(None)
 path, mount = sys.argv[1], sys.argv[2]
+media = sys.argv[3] if len(sys.argv) > 3 else "ts"
 if '"' in path:
     sys.exit("the file's path must not hold a double quote (the launch line quotes it)")
 server = GstRtspServer.RTSPServer()
@@ -26,10 +28,21 @@ factory = GstRtspServer.RTSPMediaFactory()
 # (synced to its clock) send at the file's own rate: measured at 20.4 s for a 20 s clip.
 # Without it the file goes out as fast as it is read. Not shared: each session reads its
 # own file through its own pipeline, as each penstock session is its own engine stream.
-factory.set_launch(
-    '( filesrc location="%s" ! tsparse set-timestamps=true ! rtpmp2tpay name=pay0 pt=33 )'
-    % path
-)
+if media == "ts":
+    launch = (
+        '( filesrc location="%s" ! tsparse set-timestamps=true ! rtpmp2tpay name=pay0 pt=33 )'
+        % path
+    )
+elif media == "mp4":
+    # qtdemux's samples carry their times, so the sinks send at the file's own rate.
+    launch = (
+        '( filesrc location="%s" ! qtdemux name=d '
+        "d.video_0 ! queue ! h264parse ! rtph264pay name=pay0 pt=96 config-interval=-1 "
+        "d.audio_0 ! queue ! aacparse ! rtpmp4gpay name=pay1 pt=97 )" % path
+    )
+else:
+    sys.exit("media: ts or mp4, not %r" % media)
+factory.set_launch(launch)
 factory.set_shared(False)
 factory.set_protocols(GstRtsp.RTSPLowerTrans.UDP)
 server.get_mount_points().add_factory(mount, factory)

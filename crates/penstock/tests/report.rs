@@ -272,6 +272,7 @@ fn bench_all_refuses_an_unknown_bench_with_usage_and_lists_its_benches() {
         "http",
         "cues",
         "rtsp",
+        "mp4",
         "admission",
     ] {
         assert!(list.contains(&format!("{b:<10} penstock bench ")), "{list}");

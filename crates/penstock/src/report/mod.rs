@@ -299,6 +299,16 @@ pub fn entries() -> Vec<Entry> {
             traces: false,
         },
         Entry {
+            // Issue 36's `bench mp4`, its RTSP half (the HLS half is `hls`'s MP4 rows).
+            name: "mp4",
+            subcommand: &["rtsp", "--media", "mp4"],
+            full: &[],
+            quick: &["--quick", "--max-sessions", "16"],
+            smoke: &["--quick", "--max-sessions", "1", "--duration", "1s"],
+            estimate_s: [400, 90, 30],
+            traces: false,
+        },
+        Entry {
             name: "admission",
             subcommand: &["admission"],
             full: &[],

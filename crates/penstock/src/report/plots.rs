@@ -333,16 +333,21 @@ pub fn draw(b: &Value, dir: &Path, name: &str) -> Result<Vec<String>> {
             )?;
             out.push("stripe.svg".into());
         }
-        "rtsp" => {
+        "rtsp" | "mp4" => {
+            let what = if name == "mp4" {
+                "an H.264 + AAC MP4's RTP sessions"
+            } else {
+                "8 Mbit/s RTP sessions"
+            };
             for (file, key, ylabel, scale) in [
                 (
-                    "rtsp-cpu.svg",
+                    "cpu.svg",
                     "server_cpu_per_session",
                     "server CPU per session (% of one CPU)",
                     100.0,
                 ),
                 (
-                    "rtsp-lateness.svg",
+                    "lateness.svg",
                     "lateness_ms_p99",
                     "RTP lateness p99 (ms)",
                     1.0,
@@ -373,9 +378,10 @@ pub fn draw(b: &Value, dir: &Path, name: &str) -> Result<Vec<String>> {
                 if series.is_empty() {
                     continue;
                 }
+                let file = format!("{name}-{file}");
                 lines(
-                    &dir.join(file),
-                    "RTSP: penstock serve against GStreamer's RTSP server (8 Mbit/s RTP sessions)",
+                    &dir.join(&file),
+                    &format!("RTSP: penstock serve against GStreamer's RTSP server ({what})"),
                     "concurrent sessions (log)",
                     ylabel,
                     &series,
@@ -383,7 +389,7 @@ pub fn draw(b: &Value, dir: &Path, name: &str) -> Result<Vec<String>> {
                     false,
                     false,
                 )?;
-                out.push(file.to_string());
+                out.push(file);
             }
         }
         "http" => {

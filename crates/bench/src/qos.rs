@@ -1,7 +1,8 @@
 //! `penstock bench isolation` (MARS Table 2) and `penstock bench rtu` (MARS Table 3, and with
 //! `--upcalls` its periods as Real-Time Upcalls).
 //!
-//! isolation: one `rt` stream of `--size` bytes, paced at a fixed rate near its share of the
+//! isolation: one `rt` stream of `--size` bytes (or, `--rt-streams 4,32` as MARS measured, k
+//! streams each reading its k-th at the rate / k), paced at a fixed rate near its share of the
 //! disk, O_DIRECT, is timed while 0, 2, 4, 6 background readers run — (a) inside penstock as
 //! `bulk` burst streams of other files (through the same disk scheduler), (b) as separate
 //! processes reading other files with plain read() (outside penstock: only the kernel's I/O
@@ -48,6 +49,10 @@ pub struct IsolationArgs {
     /// Background reader counts.
     #[arg(long, default_value = "0,2,4,6", value_delimiter = ',')]
     pub readers: Vec<usize>,
+    /// rt stream counts (MARS Table 2 ran 4 and 32 stream reads): k streams share the rt
+    /// data and the rate, each reading its k-th of `--size` at the rate / k.
+    #[arg(long, default_value = "1", value_delimiter = ',')]
+    pub rt_streams: Vec<usize>,
     /// The rt stream's rate as a fraction of the disk's O_DIRECT rate measured at start.
     #[arg(long, default_value_t = 0.25)]
     pub share: f64,
@@ -381,6 +386,8 @@ const FUSE_RT: &str = "cp to mount, class rt";
 struct IsoRow {
     background: &'static str,
     mode: &'static str,
+    /// rt streams sharing the rt data and rate.
+    rt_streams: usize,
     readers: usize,
     seconds: f64,
     misses: u64,
@@ -403,6 +410,9 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     }
     if !(0.01..=1.0).contains(&a.share) {
         bail!("--share must be within 0.01..=1");
+    }
+    if a.rt_streams.is_empty() || a.rt_streams.iter().any(|&k| k == 0 || k > 1024) {
+        bail!("--rt-streams: counts from 1 to 1024");
     }
     let tmp;
     let dir = match &a.dir {
@@ -448,7 +458,12 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     );
     let units_per_s = rate / UNIT as f64;
     let period = Duration::from_secs_f64(1.0 / units_per_s);
-    let pacing = Pacing::Periodic { period };
+    if let Some(&k) = a.rt_streams.iter().find(|&&k| k as u64 > a.size / UNIT) {
+        bail!(
+            "--rt-streams {k}: the rt data ({} bytes) holds fewer units of {UNIT} bytes",
+            a.size
+        );
+    }
     let mut rows = Vec::new();
     let exe = std::env::current_exe()?;
     // (mount, the background's name) for --fuse-cp: the mount's defaults, and write-behind off.
@@ -487,9 +502,15 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     } else {
         &[(SchedMode::Drr, "drr"), (SchedMode::Fifo, "fifo")]
     };
+    // (rt streams, readers) of each cell, in the table's order.
+    let cells: Vec<(usize, usize)> = a
+        .rt_streams
+        .iter()
+        .flat_map(|&k| a.readers.iter().map(move |&n| (k, n)))
+        .collect();
     for &background in backgrounds {
         for &(mode, mode_name) in modes {
-            for &n in &a.readers {
+            for &(k, n) in &cells {
                 let before = crate::schedstat::snapshot(WORKER_PREFIX);
                 let e = engine(mode, Order::EarliestDeadline, a.disk_inflight, a.realtime)?;
                 if a.realtime
@@ -543,34 +564,49 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                 let wait0 = before.waited_since(WORKER_PREFIX);
                 let disk0 = crate::schedstat::disk_reads(&rt_file);
                 let t0 = std::time::Instant::now();
-                let mut s = StreamSpec::new(
-                    Endpoint::File {
-                        path: rt_file.clone(),
-                    },
-                    devnull(),
-                );
-                s.path = PathChoice::Fixed(penstock_core::stream::DataPath::Uring);
-                s.cache = CachePolicy::Bypass;
-                s.pacing = pacing.clone();
-                s.unit_bytes = UNIT as usize;
-                s.class = Some(DiskClass::Rt);
-                s.extent = Extent {
-                    offset: 0,
-                    length: Some(a.size),
+                // k rt streams: stream i reads the i-th k-th of the rt data (whole units) at
+                // the rate / k (a period k times as long).
+                let units = a.size / UNIT;
+                let mut handles = Vec::with_capacity(k);
+                for i in 0..k as u64 {
+                    let (first, last) = (units * i / k as u64, units * (i + 1) / k as u64);
+                    let mut s = StreamSpec::new(
+                        Endpoint::File {
+                            path: rt_file.clone(),
+                        },
+                        devnull(),
+                    );
+                    s.path = PathChoice::Fixed(penstock_core::stream::DataPath::Uring);
+                    s.cache = CachePolicy::Bypass;
+                    s.pacing = Pacing::Periodic {
+                        period: period * k as u32,
+                    };
+                    s.unit_bytes = UNIT as usize;
+                    s.class = Some(DiskClass::Rt);
+                    s.extent = Extent {
+                        offset: first * UNIT,
+                        length: Some((last - first) * UNIT),
+                    };
+                    s.zero_copy = ZeroCopy::Off;
+                    handles.push(e.open(s)?);
+                }
+                let wait_all = move || -> Result<Vec<penstock_driver::StreamReport>> {
+                    handles
+                        .into_iter()
+                        .map(|h| h.wait().map_err(anyhow::Error::from))
+                        .collect()
                 };
-                s.zero_copy = ZeroCopy::Off;
-                let handle = e.open(s)?;
-                let report = if cps.is_empty() {
-                    handle.wait()?
+                let reports = if cps.is_empty() {
+                    wait_all()?
                 } else {
                     let (tx, rx) = std::sync::mpsc::channel();
                     let waiter = std::thread::spawn(move || {
-                        let r = handle.wait();
+                        let r = wait_all();
                         let _ = tx.send(());
                         r
                     });
-                    // Keeps a cp running for as long as the rt stream: the stream's own
-                    // schedule bounds this wait.
+                    // Keeps a cp running for as long as the rt streams: their own schedules
+                    // bound this wait.
                     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                         rx.recv_timeout(Duration::from_millis(20))
                     {
@@ -583,7 +619,7 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                     }
                     waiter
                         .join()
-                        .map_err(|_| anyhow::anyhow!("the rt stream's waiter panicked"))??
+                        .map_err(|_| anyhow::anyhow!("the rt streams' waiter panicked"))??
                 };
                 let secs = t0.elapsed().as_secs_f64();
                 let worker_wait = before.waited_since(WORKER_PREFIX).saturating_sub(wait0);
@@ -608,24 +644,32 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
                     let _ = h.wait();
                 }
                 drop(procs);
-                let l = report
-                    .lateness
-                    .unwrap_or_else(|| LatenessStats::new(0))
-                    .summary();
+                // The streams' late units and units added up; the p99 the worst stream's.
+                let (mut misses, mut units_sent, mut p99_ns) = (0, 0, 0);
+                for r in reports {
+                    let l = r
+                        .lateness
+                        .unwrap_or_else(|| LatenessStats::new(0))
+                        .summary();
+                    misses += l.misses;
+                    units_sent += l.units;
+                    p99_ns = p99_ns.max(l.p99_ns);
+                }
                 let row = IsoRow {
                     background,
                     mode: mode_name,
+                    rt_streams: k,
                     readers: n,
                     seconds: secs,
-                    misses: l.misses,
-                    units: l.units,
-                    p99_ms: l.p99_ns as f64 / 1e6,
+                    misses,
+                    units: units_sent,
+                    p99_ms: p99_ns as f64 / 1e6,
                     background_mb_s: bg_bytes as f64 / secs / 1e6,
                     worker_wait_ms: worker_wait.as_secs_f64() * 1e3,
                     disk_read_ms,
                 };
                 eprintln!(
-                    "  {background:<22} {mode_name:<4} readers {n}: {secs:.2} s, misses {} of {}, background {:.1} MB/s, worker run-queue wait {:.1} ms, disk {} ms/read",
+                    "  {background:<22} {mode_name:<4} rt streams {k} readers {n}: {secs:.2} s, misses {} of {}, background {:.1} MB/s, worker run-queue wait {:.1} ms, disk {} ms/read",
                     row.misses,
                     row.units,
                     row.background_mb_s,
@@ -637,12 +681,13 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
         }
     }
     let mut t = format!(
-        "\nbench isolation (MARS Table 2): rt stream of {} bytes at {:.1} MB/s (O_DIRECT, 1 MiB units), /dev/null targets\n\
-         {:<22} {:<5} {:>7} {:>10} {:>12} {:>14} {:>12} {:>14} {:>14} {:>12}\n",
+        "\nbench isolation (MARS Table 2): rt data of {} bytes at {:.1} MB/s in all (O_DIRECT, 1 MiB units; k rt streams each read a k-th at the rate / k), /dev/null targets\n\
+         {:<22} {:<5} {:>10} {:>7} {:>10} {:>12} {:>14} {:>12} {:>14} {:>14} {:>12}\n",
         a.size,
         rate / 1e6,
         "background",
         "sched",
+        "rt streams",
         "readers",
         "rt time s",
         "x unloaded",
@@ -655,12 +700,18 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     for r in &rows {
         let base = rows
             .iter()
-            .find(|x| x.background == r.background && x.mode == r.mode && x.readers == 0)
+            .find(|x| {
+                x.background == r.background
+                    && x.mode == r.mode
+                    && x.rt_streams == r.rt_streams
+                    && x.readers == 0
+            })
             .map_or(f64::NAN, |x| x.seconds);
         t.push_str(&format!(
-            "{:<22} {:<5} {:>7} {:>10.2} {:>12.2} {:>9} of {:<4} {:>10.2} {:>14.1} {:>14.1} {:>12}\n",
+            "{:<22} {:<5} {:>10} {:>7} {:>10.2} {:>12.2} {:>9} of {:<4} {:>10.2} {:>14.1} {:>14.1} {:>12}\n",
             r.background,
             r.mode,
+            r.rt_streams,
             r.readers,
             r.seconds,
             r.seconds / base,
@@ -677,10 +728,13 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
     if let Some(p) = &a.json {
         let v: Vec<_> = rows
             .iter()
-            .map(|r| serde_json::json!({"background": r.background, "sched": r.mode, "readers": r.readers,
+            .map(|r| {
+                serde_json::json!({"background": r.background, "sched": r.mode,
+                "rt_streams": r.rt_streams, "readers": r.readers,
                 "seconds": r.seconds, "misses": r.misses, "units": r.units, "p99_ms": r.p99_ms,
                 "background_mb_s": r.background_mb_s, "worker_wait_ms": r.worker_wait_ms,
-                "disk_read_ms": r.disk_read_ms}))
+                "disk_read_ms": r.disk_read_ms})
+            })
             .collect();
         crate::out::write_json(
             p,

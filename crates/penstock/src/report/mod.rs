@@ -170,10 +170,11 @@ pub fn entries() -> Vec<Entry> {
         Entry {
             name: "isolation",
             subcommand: &["isolation"],
-            full: &[],
+            // MARS Table 2's columns: 1, 4 and 32 rt streams.
+            full: &["--rt-streams", "1,4,32"],
             quick: &["--size", "200MB"],
             smoke: &["--size", "20MB", "--readers", "0,2"],
-            estimate_s: [240, 40, 15],
+            estimate_s: [720, 40, 15],
             traces: false,
         },
         Entry {

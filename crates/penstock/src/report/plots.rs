@@ -227,26 +227,38 @@ pub fn draw(b: &Value, dir: &Path, name: &str) -> Result<Vec<String>> {
                 ),
             ] {
                 let mut series = Vec::new();
-                for bg in ["penstock bulk streams", "read() processes"] {
-                    for sched in ["drr", "fifo"] {
+                // A series per background, scheduler and rt stream count (1 before
+                // `--rt-streams`).
+                let k_of = |x: &Value| x["rt_streams"].as_u64().unwrap_or(1);
+                let mut ks: Vec<u64> = rows.iter().map(k_of).collect();
+                ks.sort_unstable();
+                ks.dedup();
+                for (bg, sched, k) in ["penstock bulk streams", "read() processes"]
+                    .into_iter()
+                    .flat_map(|bg| ["drr", "fifo"].into_iter().map(move |sc| (bg, sc)))
+                    .flat_map(|(bg, sc)| ks.iter().map(move |&k| (bg, sc, k)))
+                {
+                    {
+                        let here = |x: &&Value| {
+                            x["background"] == bg && x["sched"] == sched && k_of(x) == k
+                        };
                         let v: Vec<f64> = readers
                             .iter()
                             .map(|n| {
                                 rows.iter()
-                                    .find(|x| {
-                                        x["background"] == bg
-                                            && x["sched"] == sched
-                                            && x["readers"].as_u64() == Some(*n)
-                                    })
+                                    .filter(here)
+                                    .find(|x| x["readers"].as_u64() == Some(*n))
                                     .and_then(|x| x[key].as_f64())
                                     .unwrap_or(0.0)
                             })
                             .collect();
-                        if rows
-                            .iter()
-                            .any(|x| x["background"] == bg && x["sched"] == sched)
-                        {
-                            series.push((format!("{sched}, {bg}"), v));
+                        if rows.iter().any(|x| here(&x)) {
+                            let label = if ks.len() > 1 {
+                                format!("{sched}, {k} rt, {bg}")
+                            } else {
+                                format!("{sched}, {bg}")
+                            };
+                            series.push((label, v));
                         }
                     }
                 }

@@ -1038,32 +1038,10 @@ impl Engine {
                 }
             }
         };
-        let mut hold = CpuHold {
-            admission: self.cpu.clone(),
-            worker: w,
-            id,
-            timed: None,
-        };
-        // Its CPU widens the timed worker's reservation, as an rt stream's does.
-        if let Some(k) = w
+        let timed_k = w
             .checked_sub(self.cfg.workers)
-            .filter(|_| self.timed_count > 0)
-        {
-            let ns_per_s = u64::try_from(
-                u128::from(demand.budget_ns) * 1_000_000_000 / u128::from(demand.period_ns.max(1)),
-            )
-            .unwrap_or(u64::MAX);
-            self.timed_books
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .grant(k, ns_per_s)
-                .map_err(RtuError::Reservation)?;
-            hold.timed = Some(TimedHold {
-                books: self.timed_books.clone(),
-                timed_index: k,
-                ns_per_s,
-            });
-        }
+            .filter(|_| self.timed_count > 0);
+        let hold = rtu_hold(&self.cpu, &self.timed_books, w, id, timed_k, demand)?;
         let rtu_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let counters = Arc::new(RtuCounters::default());
         let (done_tx, done) = sync_channel(1);
@@ -1076,12 +1054,18 @@ impl Engine {
             .map_err(|full| RtuError::WorkerQueueFull {
                 commands_max: full.commands_max,
             })?;
-        Ok(RtuHandle::new(
-            rtu_id,
-            counters,
-            Box::new(move || worker.send(Command::RtuCancel(rtu_id))),
-            done,
-        ))
+        // `run` after a suspension that gave the CPU back: admitted again on this worker.
+        let readmit = {
+            let (cpu, books) = (self.cpu.clone(), self.timed_books.clone());
+            Box::new(move || {
+                let id = {
+                    let mut a = cpu.lock().unwrap_or_else(|p| p.into_inner());
+                    a[w].admit(demand)?.id
+                };
+                rtu_hold(&cpu, &books, w, id, timed_k, demand)
+            })
+        };
+        Ok(RtuHandle::new(rtu_id, counters, worker, readmit, done))
     }
 
     /// Each worker's CPU as upcall admission sees it, by worker index.
@@ -1615,4 +1599,40 @@ impl Drop for Engine {
             let _ = j.join();
         }
     }
+}
+
+/// The hold of an upcall admitted on worker `w` as `id`: given back when dropped. Its CPU
+/// widens timed worker `timed_k`'s reservation, as an rt stream's does (refused: the
+/// admission is given back with the hold).
+fn rtu_hold(
+    cpu: &Arc<Mutex<Vec<CpuAdmission>>>,
+    books: &Arc<Mutex<TimedBooks>>,
+    w: usize,
+    id: penstock_core::admission::cpu::RtuId,
+    timed_k: Option<usize>,
+    demand: RtuDemand,
+) -> Result<CpuHold, RtuError> {
+    let mut hold = CpuHold {
+        admission: cpu.clone(),
+        worker: w,
+        id,
+        timed: None,
+    };
+    if let Some(k) = timed_k {
+        let ns_per_s = u64::try_from(
+            u128::from(demand.budget_ns) * 1_000_000_000 / u128::from(demand.period_ns.max(1)),
+        )
+        .unwrap_or(u64::MAX);
+        books
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .grant(k, ns_per_s)
+            .map_err(RtuError::Reservation)?;
+        hold.timed = Some(TimedHold {
+            books: books.clone(),
+            timed_index: k,
+            ns_per_s,
+        });
+    }
+    Ok(hold)
 }

@@ -44,4 +44,6 @@ pub use engine::{
     StreamReport, StreamSpec, TimerMode, ZeroCopy,
 };
 pub use paths::{SendfileCall, sendfile_call};
-pub use rtu::{RtuActivation, RtuCallback, RtuError, RtuHandle, RtuReport, RtuSpec, RtuStats};
+pub use rtu::{
+    RtuActivation, RtuCallback, RtuError, RtuHandle, RtuKeep, RtuReport, RtuSpec, RtuStats,
+};

@@ -36,6 +36,14 @@
 //!   elsewhere) are **skipped** and counted, never run in a burst; the releases stay on the
 //!   grid `start + n · period`.
 //!
+//! # Suspending (MARS's `rtu_suspend` / `rtu_run`)
+//! [`RtuHandle::suspend`] takes the upcall off its worker's queue (an activation in progress
+//! ends first) and either keeps its CPU reservation ([`RtuKeep::Reservation`]: `run` cannot be
+//! refused) or gives it back ([`RtuKeep::Nothing`]: `run` asks admission again, on the same
+//! worker, and may be refused). [`RtuHandle::run`] puts it back: its next activation is
+//! released at once and the ones after on a grid from there; the activations of the
+//! suspension are neither run nor counted as skipped (nothing was owed).
+//!
 //! The callback runs on a worker's event loop: it must not block (no sleeping, no waiting
 //! on a lock or a socket, no `wait` on a stream or an upcall — its own would never end), or
 //! every stream of that worker waits with it. A callback that
@@ -129,6 +137,17 @@ pub struct RtuStats {
     pub cpu_total: Duration,
     /// The upcall is still on its worker (not cancelled, its callback has not panicked).
     pub running: bool,
+    /// Suspended ([`RtuHandle::suspend`]): on its worker, not activated.
+    pub suspended: bool,
+}
+
+/// What a suspended upcall keeps ([`RtuHandle::suspend`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RtuKeep {
+    /// Its CPU reservation: [`RtuHandle::run`] is never refused.
+    Reservation,
+    /// Nothing: the CPU goes back to admission now, and `run` asks for it again.
+    Nothing,
 }
 
 /// Why an upcall was not created, or how it ended badly.
@@ -154,6 +173,10 @@ pub enum RtuError {
     },
     #[error("engine stopped")]
     EngineStopped,
+    /// The upcall has ended (cancelled, or its callback panicked): it cannot be suspended
+    /// or run.
+    #[error("the upcall has ended")]
+    Ended,
     /// The worker's command queue is full (`worker_commands_max`): nothing was created and
     /// the upcall's reservation was given back.
     #[error(
@@ -175,6 +198,8 @@ pub(crate) struct RtuCounters {
     wall_max_ns: AtomicU64,
     cpu_total_ns: AtomicU64,
     ended: AtomicBool,
+    /// Off its worker's queue (`RtuHandle::suspend`), as the worker last set it.
+    suspended: AtomicBool,
 }
 
 /// The CPU an admitted upcall holds on its worker; given back when dropped (by the worker,
@@ -220,8 +245,11 @@ pub(crate) struct Rtu {
     wall_max_ns: u64,
     cpu_total_ns: u64,
     counters: Arc<RtuCounters>,
-    /// Dropped (the CPU given back) before the report is sent.
+    /// Dropped (the CPU given back) before the report is sent, or when suspended with
+    /// [`RtuKeep::Nothing`].
     hold: Option<CpuHold>,
+    /// Off the worker's queue.
+    suspended: bool,
     done: SyncSender<Result<RtuReport, RtuError>>,
 }
 
@@ -255,8 +283,39 @@ impl Rtu {
             cpu_total_ns: 0,
             counters,
             hold: Some(hold),
+            suspended: false,
             done,
         }
+    }
+
+    /// Suspended by the worker (taken off its queue): `release` gives the CPU back now.
+    /// False when it already was.
+    pub(crate) fn suspend(&mut self, release: bool) -> bool {
+        if release {
+            drop(self.hold.take());
+        }
+        let was = std::mem::replace(&mut self.suspended, true);
+        self.counters.suspended.store(true, Ordering::Release);
+        !was
+    }
+
+    /// Back on the worker's queue: the next activation released at `now`, the grid moved
+    /// with it; `hold`, the CPU admitted again (for one suspended without its reservation).
+    /// False when it was not suspended.
+    pub(crate) fn resume(&mut self, now: Instant, hold: Option<CpuHold>) -> bool {
+        if let Some(h) = hold {
+            self.hold = Some(h);
+        }
+        if !std::mem::replace(&mut self.suspended, false) {
+            return false;
+        }
+        let offset = u128::from(self.next) * u128::from(self.period_ns);
+        self.anchor = Instant::from_nanos(
+            now.as_nanos()
+                .saturating_sub(u64::try_from(offset).unwrap_or(u64::MAX)),
+        );
+        self.counters.suspended.store(false, Ordering::Release);
+        true
     }
 
     /// Fixes the release of activation 0: `start_at`, or `now`.
@@ -266,6 +325,10 @@ impl Rtu {
 
     pub(crate) fn period_ns(&self) -> u64 {
         self.period_ns
+    }
+
+    pub(crate) fn is_suspended(&self) -> bool {
+        self.suspended
     }
 
     fn release_of(&self, n: u64) -> Instant {
@@ -378,11 +441,17 @@ impl Drop for Rtu {
     }
 }
 
+/// Admits a suspended upcall's CPU again, on its worker (see [`RtuHandle::run`]).
+pub(crate) type Readmit = Box<dyn Fn() -> Result<CpuHold, RtuError> + Send + Sync>;
+
 /// The caller's side of an upcall. Dropping it cancels the upcall.
 pub struct RtuHandle {
     id: u64,
     counters: Arc<RtuCounters>,
-    cancel: Box<dyn Fn() + Send + Sync>,
+    worker: crate::worker::WorkerHandle,
+    readmit: Readmit,
+    /// `Some(keep)` while suspended by this handle.
+    suspension: Mutex<Option<RtuKeep>>,
     done: Receiver<Result<RtuReport, RtuError>>,
     /// The report was taken: nothing left to cancel.
     finished: bool,
@@ -401,13 +470,16 @@ impl RtuHandle {
     pub(crate) fn new(
         id: u64,
         counters: Arc<RtuCounters>,
-        cancel: Box<dyn Fn() + Send + Sync>,
+        worker: crate::worker::WorkerHandle,
+        readmit: Readmit,
         done: Receiver<Result<RtuReport, RtuError>>,
     ) -> RtuHandle {
         RtuHandle {
             id,
             counters,
-            cancel,
+            worker,
+            readmit,
+            suspension: Mutex::new(None),
             done,
             finished: false,
         }
@@ -436,13 +508,57 @@ impl RtuHandle {
             wall_max: Duration::from_nanos(load(&c.wall_max_ns)),
             cpu_total: Duration::from_nanos(load(&c.cpu_total_ns)),
             running: !c.ended.load(Ordering::Acquire),
+            suspended: c.suspended.load(Ordering::Acquire),
         }
     }
 
     /// Asks the worker to stop the upcall (an activation in progress ends first). Its CPU
     /// is given back when the worker takes the request.
     pub fn cancel(&self) {
-        (self.cancel)();
+        self.worker.send(crate::worker::Command::RtuCancel(self.id));
+    }
+
+    /// MARS's `rtu_suspend`: asks the worker to take the upcall off its queue (an activation
+    /// in progress ends first; [`RtuStats::suspended`] says when the worker has), keeping
+    /// its CPU reservation or giving it back (`keep`). Suspending a suspended upcall changes
+    /// nothing (its first `keep` holds). [`RtuError::Ended`] once the upcall has ended.
+    pub fn suspend(&self, keep: RtuKeep) -> Result<(), RtuError> {
+        let mut s = self.suspension.lock().unwrap_or_else(|p| p.into_inner());
+        if self.counters.ended.load(Ordering::Acquire) {
+            return Err(RtuError::Ended);
+        }
+        if s.is_some() {
+            return Ok(());
+        }
+        self.worker.send(crate::worker::Command::RtuSuspend(
+            self.id,
+            keep == RtuKeep::Nothing,
+        ));
+        *s = Some(keep);
+        Ok(())
+    }
+
+    /// MARS's `rtu_run`: puts a suspended upcall back on its worker's queue, its next
+    /// activation released at once. One suspended with [`RtuKeep::Nothing`] asks admission
+    /// again first, on the same worker: refused ([`RtuError::Refused`] naming the
+    /// utilization, or [`RtuError::Reservation`]), it stays suspended. Running a running
+    /// upcall changes nothing.
+    pub fn run(&self) -> Result<(), RtuError> {
+        let mut s = self.suspension.lock().unwrap_or_else(|p| p.into_inner());
+        if self.counters.ended.load(Ordering::Acquire) {
+            return Err(RtuError::Ended);
+        }
+        let Some(keep) = *s else {
+            return Ok(());
+        };
+        let hold = match keep {
+            RtuKeep::Reservation => None,
+            RtuKeep::Nothing => Some((self.readmit)()?),
+        };
+        self.worker
+            .send(crate::worker::Command::RtuRun(self.id, hold.map(Box::new)));
+        *s = None;
+        Ok(())
     }
 
     /// Waits for the upcall to end — after [`RtuHandle::cancel`], or when its callback
@@ -463,7 +579,7 @@ impl RtuHandle {
 impl Drop for RtuHandle {
     fn drop(&mut self) {
         if !self.finished {
-            (self.cancel)();
+            self.cancel();
         }
     }
 }

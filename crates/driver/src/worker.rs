@@ -54,6 +54,10 @@ pub(crate) enum Command {
     /// An admitted upcall to run (`rtu`).
     RtuCreate(Box<Rtu>),
     RtuCancel(u64),
+    /// Off the queue; `true`: its CPU given back.
+    RtuSuspend(u64, bool),
+    /// Back on the queue, with its CPU admitted again when it had been given back.
+    RtuRun(u64, Option<Box<crate::rtu::CpuHold>>),
     Shutdown,
 }
 
@@ -688,6 +692,25 @@ impl Worker {
                         rtu.finish(None);
                     }
                 }
+                Command::RtuSuspend(id, release) => {
+                    if let Some(&k) = self.rtu_by_id.get(&id)
+                        && let Some(rtu) = self.rtus[k].as_mut()
+                        && rtu.suspend(release)
+                    {
+                        self.edf.cancel(Entry::Rtu(k));
+                    }
+                }
+                Command::RtuRun(id, hold) => {
+                    if let Some(&k) = self.rtu_by_id.get(&id)
+                        && let Some(rtu) = self.rtus[k].as_mut()
+                        && rtu.resume(clock::now(), hold.map(|h| *h))
+                    {
+                        let (release, deadline) = rtu.next_job();
+                        self.edf
+                            .push_job(Entry::Rtu(k), release, deadline, rtu.period_ns())
+                            .expect("a suspended upcall's entry was taken off the queue");
+                    }
+                }
                 Command::Shutdown => {
                     self.shutting_down = true;
                     // Upcalls end with the engine: their handles see `EngineStopped`, their
@@ -951,6 +974,9 @@ impl Worker {
         let Some(rtu) = self.rtus.get_mut(k).and_then(Option::as_mut) else {
             return;
         };
+        if rtu.is_suspended() {
+            return;
+        }
         match rtu.activate() {
             Ok(()) => {
                 let (release, deadline) = rtu.next_job();

@@ -20,7 +20,8 @@ use penstock_core::stream::plan::Pacing;
 use penstock_core::time::Instant;
 use penstock_driver::clock;
 use penstock_driver::{
-    Engine, EngineConfig, RtuError, RtuHandle, RtuReport, RtuSpec, StreamHandle, StreamSpec,
+    Engine, EngineConfig, RtuError, RtuHandle, RtuKeep, RtuReport, RtuSpec, StreamHandle,
+    StreamSpec,
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -392,4 +393,77 @@ fn overruns_are_counted_and_activations_whose_period_passed_are_skipped_on_the_g
     // Every number up to the last is either run or skipped.
     let last = rel.last().unwrap().0;
     assert!(h.activations + h.skipped > last, "{h:?}");
+}
+
+/// Polls `cond` every 5 ms; panics naming `what` after 2,000 polls (a bounded wait on the
+/// worker, never a fixed one).
+fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(5 * MS);
+    }
+    panic!("{what}: not within 2,000 polls");
+}
+
+/// MARS's `rtu_suspend` / `rtu_run`: a suspended upcall is not activated; kept, its CPU stays
+/// reserved (another upcall that needs it is refused) and `run` cannot be refused; given
+/// back, another upcall may take it and `run` is then refused naming the utilization, until
+/// that one ends. Each `run` resumes the activations.
+#[test]
+fn a_suspended_upcall_keeps_or_gives_back_its_cpu_and_runs_again() {
+    let e = engine(1, 4);
+    let work = MS / 10;
+    let a = working(&e, 20 * MS, 8 * MS, work);
+    until("first activations", || a.stats().activations >= 3);
+    let load = |e: &Engine| e.cpu_load()[0].utilization_ppb;
+    let reserved = load(&e);
+    assert_eq!(reserved, 400_000_000);
+
+    // Suspended with its reservation: no activation while suspended, the CPU still held.
+    a.suspend(RtuKeep::Reservation).unwrap();
+    until("the worker suspends it", || a.stats().suspended);
+    let n = a.stats().activations;
+    // A window of five periods in which a running upcall would be activated five times.
+    std::thread::sleep(100 * MS);
+    assert_eq!(a.stats().activations, n, "activated while suspended");
+    assert_eq!(
+        a.stats().lateness.units_skipped,
+        0,
+        "a suspension skips nothing"
+    );
+    assert_eq!(load(&e), reserved, "the kept reservation");
+    let other = RtuSpec::new(20 * MS, 5 * MS);
+    assert!(matches!(
+        e.rtu_create(other, Box::new(|_| {})),
+        Err(RtuError::Refused(_))
+    ));
+    a.suspend(RtuKeep::Nothing).unwrap(); // already suspended: its first keep holds
+    a.run().unwrap();
+    until("activations after run", || {
+        a.stats().activations >= n + 3 && !a.stats().suspended
+    });
+
+    // Suspended without it: the CPU goes back; another upcall takes it; run is refused.
+    a.suspend(RtuKeep::Nothing).unwrap();
+    until("the CPU given back", || load(&e) == 0);
+    let b = working(&e, 20 * MS, 8 * MS, work);
+    let refused = a.run().unwrap_err();
+    assert!(
+        matches!(refused, RtuError::Refused(_)) && refused.to_string().contains("utilization"),
+        "{refused}"
+    );
+    assert!(a.stats().suspended, "a refused run leaves it suspended");
+    let n = a.stats().activations;
+    b.stop().unwrap();
+    until("b's CPU back", || load(&e) == 0);
+    a.run().unwrap();
+    assert_eq!(load(&e), reserved, "admitted again");
+    until("activations after the second run", || {
+        a.stats().activations >= n + 3
+    });
+    let r = a.stop().unwrap();
+    assert_eq!(r.overruns, 0);
+    working(&e, 20 * MS, 8 * MS, work).stop().unwrap();
 }

@@ -340,6 +340,21 @@ int penstock_rtu_create(struct penstock_engine *engine, uint64_t period_ns, uint
 // `stats` is NULL or points to a writable `penstock_rtu_stats_t`.
 int penstock_rtu_stats(struct penstock_rtu *rtu, struct penstock_rtu_stats_t *stats);
 
+// MARS's `rtu_suspend`: asks the upcall's worker to take it off its queue, which it does at
+// its next turn (an activation in progress ends first; `penstock_rtu_stats`' `activations`
+// then stop). With `keep` not 0 it keeps its
+// CPU reservation (`penstock_rtu_run` cannot be refused); with 0 the CPU goes back to
+// admission now. Suspending a suspended upcall changes nothing. `PENSTOCK_OK`;
+// `PENSTOCK_ESTATE` once the upcall has ended; `PENSTOCK_EHANDLE` for a freed one.
+int penstock_rtu_suspend(struct penstock_rtu *rtu, int keep);
+
+// MARS's `rtu_run`: puts a suspended upcall back on its worker, its next activation
+// released at once. One suspended without its reservation asks admission again (on the
+// same worker): `PENSTOCK_EREFUSED` naming the utilization leaves it suspended. Running a
+// running upcall changes nothing. `PENSTOCK_OK`; `PENSTOCK_ESTATE` once it has ended;
+// `PENSTOCK_EHANDLE` for a freed one.
+int penstock_rtu_run(struct penstock_rtu *rtu);
+
 // Stops an upcall (waiting for an activation in progress to end: the callback is not
 // called after this returns) and frees it; with `report` not NULL, fills it with the
 // exact figures of its whole run. `PENSTOCK_OK`; `PENSTOCK_EHANDLE` if its engine was freed

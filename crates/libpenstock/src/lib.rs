@@ -56,8 +56,8 @@ pub use engine::{
 pub use error::{penstock_error, penstock_last_error, penstock_last_error_code, penstock_strerror};
 pub use oneshot::{PENSTOCK_STREAM_COPY, PENSTOCK_STREAM_RT, penstock_stream};
 pub use rtu::{
-    penstock_rtu, penstock_rtu_create, penstock_rtu_fn, penstock_rtu_free, penstock_rtu_stats,
-    penstock_rtu_stats_t,
+    penstock_rtu, penstock_rtu_create, penstock_rtu_fn, penstock_rtu_free, penstock_rtu_run,
+    penstock_rtu_stats, penstock_rtu_stats_t, penstock_rtu_suspend,
 };
 pub use stream::{
     penstock_state, penstock_stream_cancel, penstock_stream_close, penstock_stream_open,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use penstock_core::lateness::lateness_bucket_quantile_ns;
-use penstock_driver::{RtuError, RtuHandle, RtuReport, RtuSpec, RtuStats};
+use penstock_driver::{RtuError, RtuHandle, RtuKeep, RtuReport, RtuSpec, RtuStats};
 
 use crate::engine::{ENGINES, penstock_engine};
 use crate::error::{
@@ -93,9 +93,10 @@ fn final_stats(r: &RtuReport) -> penstock_rtu_stats_t {
 
 fn from_rtu_error(e: &RtuError) -> Error {
     let code = match e {
-        RtuError::Refused(_) => PENSTOCK_EREFUSED,
+        RtuError::Refused(_) | RtuError::Reservation(_) => PENSTOCK_EREFUSED,
         RtuError::Panicked { .. } => PENSTOCK_EPANIC,
         RtuError::EngineStopped => PENSTOCK_EHANDLE,
+        RtuError::Ended => crate::error::PENSTOCK_ESTATE,
         _ => crate::error::PENSTOCK_EIO,
     };
     Error::new(code, e.to_string())
@@ -211,6 +212,52 @@ pub unsafe extern "C" fn penstock_rtu_stats(
         unsafe { stats.write(s) };
         Ok(PENSTOCK_OK)
     })
+}
+
+/// MARS's `rtu_suspend`: asks the upcall's worker to take it off its queue, which it does at
+/// its next turn (an activation in progress ends first; `penstock_rtu_stats`' `activations`
+/// then stop). With `keep` not 0 it keeps its
+/// CPU reservation (`penstock_rtu_run` cannot be refused); with 0 the CPU goes back to
+/// admission now. Suspending a suspended upcall changes nothing. `PENSTOCK_OK`;
+/// `PENSTOCK_ESTATE` once the upcall has ended; `PENSTOCK_EHANDLE` for a freed one.
+#[unsafe(no_mangle)]
+pub extern "C" fn penstock_rtu_suspend(rtu: *mut penstock_rtu, keep: c_int) -> c_int {
+    guard_code(|| {
+        with_handle(rtu, |h| {
+            h.suspend(if keep != 0 {
+                RtuKeep::Reservation
+            } else {
+                RtuKeep::Nothing
+            })
+        })
+    })
+}
+
+/// MARS's `rtu_run`: puts a suspended upcall back on its worker, its next activation
+/// released at once. One suspended without its reservation asks admission again (on the
+/// same worker): `PENSTOCK_EREFUSED` naming the utilization leaves it suspended. Running a
+/// running upcall changes nothing. `PENSTOCK_OK`; `PENSTOCK_ESTATE` once it has ended;
+/// `PENSTOCK_EHANDLE` for a freed one.
+#[unsafe(no_mangle)]
+pub extern "C" fn penstock_rtu_run(rtu: *mut penstock_rtu) -> c_int {
+    guard_code(|| with_handle(rtu, RtuHandle::run))
+}
+
+/// `f` on the live handle of `rtu`, its error as the C API's.
+fn with_handle(
+    rtu: *mut penstock_rtu,
+    f: impl FnOnce(&RtuHandle) -> Result<(), RtuError>,
+) -> Result<c_int, Error> {
+    let obj = RTUS.get(rtu as u64)?;
+    let guard = obj.handle.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(h) = guard.as_ref() else {
+        return Err(Error::new(
+            PENSTOCK_EHANDLE,
+            "the penstock_rtu is being freed",
+        ));
+    };
+    f(h).map_err(|e| from_rtu_error(&e))?;
+    Ok(PENSTOCK_OK)
 }
 
 /// Stops an upcall (waiting for an activation in progress to end: the callback is not

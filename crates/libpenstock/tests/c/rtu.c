@@ -1,4 +1,5 @@
 /* Real-Time Upcalls from C: three upcalls at 60, 75 and 120 ms for about 2 s on one worker,
+ * one of them suspended and run again (MARS's rtu_suspend / rtu_run) first,
  * each called (the callback's own count matches the library's), none overrunning its
  * (generous) budget; an upcall that would over-commit the worker is refused with a code and a
  * message, and nothing of it runs; bad arguments give codes, never an abort. */
@@ -47,6 +48,23 @@ int main(void) {
     CHECK_ERR(penstock_rtu_create(NULL, 60 * ms, 1 * ms, tick, NULL, &too_much),
               PENSTOCK_ENULL, "NULL");
 
+    /* MARS's rtu_suspend / rtu_run (the Rust test rtu.rs checks what a suspension holds
+     * back): keeping the reservation or giving it back, each run puts the upcall back, and
+     * its calls go on (a bounded poll). */
+    for (int keep = 1; keep >= 0; keep--) {
+        CHECK(penstock_rtu_suspend(rtu[2], keep) == PENSTOCK_OK);
+        CHECK(penstock_rtu_suspend(rtu[2], keep) == PENSTOCK_OK); /* again: no change */
+        CHECK(penstock_rtu_run(rtu[2]) == PENSTOCK_OK);
+        CHECK(penstock_rtu_run(rtu[2]) == PENSTOCK_OK); /* running: no change */
+        unsigned long before = atomic_load(&calls[2]);
+        int polls = 0;
+        while (atomic_load(&calls[2]) <= before && polls++ < 400)
+            sleep_ms(5);
+        CHECK(atomic_load(&calls[2]) > before);
+    }
+    CHECK_ERR(penstock_rtu_suspend(NULL, 1), PENSTOCK_ENULL, "NULL");
+    CHECK_ERR(penstock_rtu_run(NULL), PENSTOCK_ENULL, "NULL");
+
     sleep_ms(2000);
 
     penstock_rtu_stats_t live;
@@ -76,6 +94,8 @@ int main(void) {
     unsigned long after = atomic_load(&calls[0]);
     CHECK_ERR(penstock_rtu_stats(rtu[0], &live), PENSTOCK_EHANDLE, "not a live penstock_rtu");
     CHECK_ERR(penstock_rtu_free(rtu[0], NULL), PENSTOCK_EHANDLE, "not a live penstock_rtu");
+    CHECK_ERR(penstock_rtu_suspend(rtu[0], 1), PENSTOCK_EHANDLE, "not a live penstock_rtu");
+    CHECK_ERR(penstock_rtu_run(rtu[0]), PENSTOCK_EHANDLE, "not a live penstock_rtu");
     sleep_ms(150);
     CHECK(atomic_load(&calls[0]) == after);
 

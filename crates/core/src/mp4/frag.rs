@@ -84,6 +84,16 @@ pub struct FragmentedMp4 {
     pub file_len: u64,
 }
 
+/// One segment of a fragmented MP4: `len` bytes from `offset` (whole fragments), starting
+/// at decode time `start` of the lead track and lasting `duration` (its timescale).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FragSegment {
+    pub offset: u64,
+    pub len: u64,
+    pub start: u64,
+    pub duration: u64,
+}
+
 /// A `trex`'s defaults for one track.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Trex {
@@ -567,15 +577,14 @@ impl FragmentedMp4 {
         self.movie.video().or_else(|| self.movie.tracks.first())
     }
 
-    /// The HLS/DASH segments for a target duration of `target_ms`: runs of whole fragments
-    /// (the module's doc says where they are cut), their durations in 90 kHz ticks of the
-    /// lead track's time. Empty when no fragment holds the lead track.
-    pub fn segments(&self, target_ms: u64) -> Vec<Segment> {
+    /// The segments for a target duration of `target_ms`: runs of whole fragments (the
+    /// module's doc says where they are cut), timed in the lead track's timescale. Empty
+    /// when no fragment holds the lead track.
+    pub fn cut(&self, target_ms: u64) -> Vec<FragSegment> {
         let Some(lead) = self.lead() else {
             return Vec::new();
         };
-        let ts = lead.timescale;
-        let target = target_ms.max(1) * u64::from(ts) / 1000;
+        let target = target_ms.max(1) * u64::from(lead.timescale) / 1000;
         let lead_run = |f: &Fragment| f.run(lead.id).filter(|r| r.samples > 0).copied();
         let Some(first_t) = self.fragments.iter().find_map(lead_run).map(|r| r.base_dts) else {
             return Vec::new();
@@ -584,29 +593,53 @@ impl FragmentedMp4 {
             .fragments
             .iter()
             .filter_map(lead_run)
-            .map(|r| r.base_dts + r.duration)
+            .map(|r| r.base_dts.saturating_add(r.duration))
             .max()
             .unwrap_or(first_t);
         let mut out = Vec::new();
         let (mut start_offset, mut start_t) = (self.fragments[0].offset, first_t);
         for f in &self.fragments[1..] {
             let Some(r) = lead_run(f) else { continue };
+            // Times that step back (a discontinuity) never cut, as in TS.
             if r.starts_sync && r.base_dts >= start_t.saturating_add(target) {
-                out.push(Segment {
+                out.push(FragSegment {
                     offset: start_offset,
                     len: f.offset - start_offset,
-                    duration_ticks: pts90(r.base_dts, ts) - pts90(start_t, ts),
+                    start: start_t,
+                    duration: r.base_dts - start_t,
                 });
                 (start_offset, start_t) = (f.offset, r.base_dts);
             }
         }
         let last = self.fragments.last().expect("segments of fragments");
-        out.push(Segment {
+        out.push(FragSegment {
             offset: start_offset,
             len: last.end() - start_offset,
-            duration_ticks: (pts90(end_t, ts).saturating_sub(pts90(start_t, ts))).max(1),
+            start: start_t,
+            duration: end_t.saturating_sub(start_t),
         });
         out
+    }
+
+    /// [`FragmentedMp4::cut`]'s segments as HLS ones (durations in 90 kHz ticks, each
+    /// segment's rounded at its ends so that they add up to the whole).
+    pub fn hls_segments(&self, cuts: &[FragSegment]) -> Vec<Segment> {
+        let ts = self.lead().map_or(1, |t| t.timescale);
+        cuts.iter()
+            .map(|c| Segment {
+                offset: c.offset,
+                len: c.len,
+                duration_ticks: (pts90(c.start.saturating_add(c.duration), ts)
+                    - pts90(c.start, ts))
+                .max(1),
+            })
+            .collect()
+    }
+
+    /// HLS segments for `target_ms` ([`FragmentedMp4::cut`], then
+    /// [`FragmentedMp4::hls_segments`]).
+    pub fn segments(&self, target_ms: u64) -> Vec<Segment> {
+        self.hls_segments(&self.cut(target_ms))
     }
 
     /// Whether the first run of the lead track starts with a sync sample (a file whose first
@@ -679,4 +712,90 @@ pub fn checked(f: FragmentedMp4) -> Result<FragmentedMp4, Mp4Error> {
         });
     }
     Ok(f)
+}
+
+/// Seconds of `ticks` at `timescale`, three decimals, as an ISO 8601 duration.
+fn iso_duration(ticks: u64, timescale: u32) -> String {
+    let ms = u128::from(ticks) * 1000 / u128::from(timescale.max(1));
+    format!("PT{}.{:03}S", ms / 1000, ms % 1000)
+}
+
+/// The static DASH manifest of a fragmented MP4 cut into `cuts`, the file named `uri`
+/// (relative to the manifest, escaped by the caller; XML-escaped here): one adaptation set,
+/// one representation holding every track (a fragment carries them all: no byte range holds
+/// one track alone), a `SegmentList` with the init section as `Initialization@range` and each
+/// segment as a `SegmentURL@mediaRange`, timed by a `SegmentTimeline` in the lead track's
+/// timescale. Codecs, picture size and bandwidth (the peak of the HLS segments') come from
+/// the file.
+pub fn dash_manifest(f: &FragmentedMp4, cuts: &[FragSegment], uri: &str) -> String {
+    use std::fmt::Write as _;
+    let Some(lead) = f.lead() else {
+        return String::new();
+    };
+    let ts = lead.timescale;
+    let total: u64 = cuts.iter().map(|c| c.duration).sum();
+    let longest = cuts.iter().map(|c| c.duration).max().unwrap_or(0);
+    let (peak, _) = crate::hls::bandwidth(&f.hls_segments(cuts));
+    let mime = if f.movie.video().is_some() {
+        "video/mp4"
+    } else {
+        "audio/mp4"
+    };
+    let esc = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+    };
+    let mut o = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        o,
+        "<MPD xmlns=\"urn:mpeg:dash:schema:mpd:2011\" profiles=\"urn:mpeg:dash:profile:isoff-main:2011\" type=\"static\" mediaPresentationDuration=\"{}\" minBufferTime=\"{}\">",
+        iso_duration(total, ts),
+        iso_duration(longest.max(u64::from(ts)), ts)
+    );
+    o.push_str("  <Period id=\"0\" start=\"PT0S\">\n");
+    let _ = writeln!(
+        o,
+        "    <AdaptationSet id=\"0\" mimeType=\"{mime}\" segmentAlignment=\"true\" startWithSAP=\"1\">"
+    );
+    let _ = write!(
+        o,
+        "      <Representation id=\"0\" codecs=\"{}\" bandwidth=\"{peak}\"",
+        esc(&f.codecs())
+    );
+    if let Some((w, h)) = f.resolution() {
+        let _ = write!(o, " width=\"{w}\" height=\"{h}\"");
+    }
+    if let Some(super::movie::Codec::Aac { sample_rate, .. }) = f.movie.audio().map(|a| &a.codec) {
+        let _ = write!(o, " audioSamplingRate=\"{sample_rate}\"");
+    }
+    o.push_str(">\n");
+    let _ = writeln!(o, "        <BaseURL>{}</BaseURL>", esc(uri));
+    let _ = writeln!(
+        o,
+        "        <SegmentList timescale=\"{ts}\" presentationTimeOffset=\"{}\">",
+        lead.edit.media_time
+    );
+    let _ = writeln!(
+        o,
+        "          <Initialization range=\"{}-{}\"/>",
+        f.init.0,
+        (f.init.0 + f.init.1).saturating_sub(1)
+    );
+    o.push_str("          <SegmentTimeline>\n");
+    for c in cuts {
+        let _ = writeln!(o, "            <S t=\"{}\" d=\"{}\"/>", c.start, c.duration);
+    }
+    o.push_str("          </SegmentTimeline>\n");
+    for c in cuts {
+        let _ = writeln!(
+            o,
+            "          <SegmentURL mediaRange=\"{}-{}\"/>",
+            c.offset,
+            (c.offset + c.len).saturating_sub(1)
+        );
+    }
+    o.push_str("        </SegmentList>\n      </Representation>\n    </AdaptationSet>\n  </Period>\n</MPD>\n");
+    o
 }

@@ -41,7 +41,9 @@ mod frag_tests;
 mod tests;
 
 pub use boxes::{BoxHeader, TopBox, top_level};
-pub use frag::{FragIndexer, Fragment, FragmentedMp4, Need, TrackRun, index_fragmented};
+pub use frag::{
+    FragIndexer, FragSegment, Fragment, FragmentedMp4, Need, TrackRun, index_fragmented,
+};
 pub use movie::{Codec, Edit, Movie, Sample, Track, TrackKind, parse_movie};
 pub use package::{
     CutTrack, KeySegment, MediaSegment, Packaging, SegmentSpan, dash_manifest, hls_i_frames,

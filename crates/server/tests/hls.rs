@@ -351,6 +351,76 @@ fn shaka_player_in_chromium_plays_an_mp4s_dash_manifest_and_a_seek() {
     assert!(t > 9.0, "{line}");
 }
 
+/// The `currentTime` a player's JSON line reports.
+fn current_time(line: &str) -> f64 {
+    line.split("\"currentTime\":")
+        .nth(1)
+        .and_then(|r| r.split([',', '}']).next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"))
+}
+
+/// A CMAF file (`ffmpeg -f mp4 -movflags +cmaf`: H.264 + AAC in each fragment) played from
+/// byte ranges of itself: hls.js its `index.m3u8` (the init section as `EXT-X-MAP`), and
+/// shaka-player its `manifest.mpd` (a `SegmentList` of `mediaRange`s), each past 5 s, then a
+/// seek to 8 s that plays on, with no error.
+#[test]
+fn hls_js_and_shaka_play_a_cmaf_file_from_byte_ranges_of_itself() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let Some(player) = player_dir() else {
+        return;
+    };
+    let f = start();
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x240:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args(["-t", "13", "-c:v", "libx264", "-preset", "ultrafast"])
+        .args([
+            "-g",
+            "50",
+            "-keyint_min",
+            "50",
+            "-sc_threshold",
+            "0",
+            "-c:a",
+            "aac",
+        ])
+        .args(["-f", "mp4", "-movflags", "+cmaf"])
+        .arg(f.path("cmaf.mp4"))
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (line, shot) = play(&f, &player, "/cmaf.mp4/index.m3u8", &["8"], "hls-cmaf");
+    assert!(line.contains("\"width\":320"), "{line}");
+    assert!(current_time(&line) > 9.0, "{line}");
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
+
+    let shaka = player.join("node_modules/shaka-player/dist/shaka-player.compiled.js");
+    if !penstock_testreq::require_that(
+        "shaka-player",
+        (!shaka.is_file()).then(|| "`npm ci --prefix crates/server/tests/player`".to_string()),
+    ) {
+        return;
+    }
+    std::fs::copy(player.join("shaka.html"), f.path("shaka.html")).unwrap();
+    std::fs::copy(&shaka, f.path("shaka-player.compiled.js")).unwrap();
+    let (line, err, shot) = penstock_testreq::run_browser_player(
+        &player,
+        "play.mjs",
+        &f.url("/shaka.html?src=/cmaf.mp4/manifest.mpd"),
+        &["8"],
+        &[],
+        "dash-cmaf",
+    );
+    assert!(line.contains("\"ok\":true"), "{line}\n{err}");
+    assert!(line.contains("\"width\":320"), "{line}");
+    assert!(current_time(&line) > 9.0, "{line}");
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
+}
+
 /// `n` TS null packets (PID 0x1FFF): stuffing, as a constant-bitrate mux writes it. The
 /// indexer reads them as any other packet.
 fn null_packets(n: usize) -> Vec<u8> {

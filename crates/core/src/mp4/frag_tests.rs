@@ -114,7 +114,7 @@ fn data_offset_at(moof: &[u8], k: usize) -> usize {
     at + 4 + 4 + 4
 }
 
-/// The file: init, then fragments of `gop` video frames, each with (muxed) or followed by
+/// The file: init, then fragments of `gop` video frames (`movie`'s GOP or a part of one), each with (muxed) or followed by
 /// (one track per fragment) the audio of the same time; payload bytes are the sample index.
 fn fragmented(m: &Movie, gop: usize, muxed: bool) -> Vec<u8> {
     let mut o = init_of(m);
@@ -286,9 +286,13 @@ proptest! {
     #[test]
     fn segments_are_runs_of_whole_fragments(
         frames in 30usize..300, gop in 5usize..60, target_ms in 500u64..8000, muxed in any::<bool>(),
+        per_gop in 1usize..4,
     ) {
+        // Fragments of a GOP, or of a half or a third of one (those that start mid-GOP do
+        // not start with a sync sample, and never start a segment).
         let m = movie(frames, gop, true);
-        let data = fragmented(&m, gop, muxed);
+        let frag = gop.div_ceil(per_gop);
+        let data = fragmented(&m, frag, muxed);
         let f = index(&data).unwrap();
         check_segments(&f, target_ms, frames);
     }

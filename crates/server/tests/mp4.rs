@@ -430,13 +430,14 @@ fn fragment(src: &Path, dst: &Path, args: &[&str]) {
 }
 
 /// The three layouts ffmpeg writes: every track in each moof (`frag_keyframe`, and `-f mp4
-/// +cmaf`), and one track per moof (`separate_moof`).
+/// +cmaf`, here with a `sidx`), and one track per moof (`separate_moof`).
 const LAYOUTS: [(&str, &[&str]); 3] = [
     (
         "frag.mp4",
         &["-movflags", "+frag_keyframe+empty_moov+default_base_moof"],
     ),
-    ("cmaf.mp4", &["-f", "mp4", "-movflags", "+cmaf"]),
+    // With a global sidx (two, here) between the moov and the first moof.
+    ("cmaf.mp4", &["-f", "mp4", "-movflags", "+cmaf+global_sidx"]),
     (
         "separate.mp4",
         &[
@@ -496,7 +497,7 @@ fn range_get(f: &Fixture, path: &str, at: u64, len: u64) -> (u16, String, Vec<u8
 
 /// A fragmented MP4 in each of ffmpeg's layouts: `NAME/index.m3u8` is a media playlist the
 /// checker accepts, its map the file's ftyp+moov and its segments runs of whole fragments
-/// from the first moof to the last mdat's end; each segment, fetched as a player does (a
+/// from the end of the moov (a sidx there in the first) to the last mdat's end; each segment, fetched as a player does (a
 /// range GET of the file), is those bytes of the file, and with the map decodes from a key
 /// frame; ffmpeg reads the same packets through the playlist as from the file; the DASH
 /// manifest names the same init section and ranges.
@@ -514,6 +515,14 @@ fn a_fragmented_mp4_is_served_as_byte_ranges_of_itself_in_hls_and_dash() {
         let boxes = top_boxes(&file);
         let moov = boxes.iter().find(|b| &b.0 == b"moov").unwrap();
         let first_moof = boxes.iter().find(|b| &b.0 == b"moof").unwrap().1 as u64;
+        let init_end = (moov.1 + moov.2) as u64;
+        if name == "cmaf.mp4" {
+            // The sidx boxes lie between the moov and the first moof: in the first segment.
+            assert_eq!(&file[init_end as usize + 4..init_end as usize + 8], b"sidx");
+            assert!(first_moof > init_end);
+        } else {
+            assert_eq!(first_moof, init_end);
+        }
         let last_mdat = boxes.iter().rfind(|b| &b.0 == b"mdat").unwrap();
         let end = (last_mdat.1 + last_mdat.2) as u64;
         if name == "separate.mp4" {
@@ -528,7 +537,7 @@ fn a_fragmented_mp4_is_served_as_byte_ranges_of_itself_in_hls_and_dash() {
         println!("{name}:\n{playlist}");
         let uri = format!("../{name}");
         let (ranged, map) =
-            check_media_playlist(&playlist, file.len() as u64, &uri, Some(first_moof), end);
+            check_media_playlist(&playlist, file.len() as u64, &uri, Some(init_end), end);
         assert_eq!(
             map,
             Some((0, (moov.1 + moov.2) as u64)),
@@ -612,8 +621,9 @@ fn a_fragmented_mp4_is_served_as_byte_ranges_of_itself_in_hls_and_dash() {
 }
 
 /// Fragmented MP4s broken as issue 32 lists: a moof pointing past the end, a trun of 2^32
-/// samples, fragments before the moov, a truncated last fragment; each a 415 whose text
-/// names why, and the server goes on serving the good one.
+/// samples, fragments before the moov, a truncated last fragment (and one whose moov holds
+/// samples, which no player's init section may); each a 415 whose text names why, and the
+/// server goes on serving the good one.
 #[test]
 fn bad_fragmented_mp4s_get_a_415_naming_why() {
     if !have_ffmpeg() {
@@ -651,7 +661,15 @@ fn bad_fragmented_mp4s_get_a_415_naming_why() {
     )
     .unwrap();
 
+    // The first fragment's samples in the moov's own tables (ffmpeg without empty_moov).
+    fragment(
+        &src,
+        &f.path("early.mp4"),
+        &["-movflags", "+frag_keyframe+default_base_moof"],
+    );
+
     for (name, says) in [
+        ("early.mp4", "moov holds samples of its own"),
         ("past.mp4", "run past the end of the file"),
         ("huge.mp4", "trun claims 4294967295 entries"),
         ("before.mp4", "comes before the moov"),

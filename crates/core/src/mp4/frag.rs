@@ -191,6 +191,12 @@ impl FragIndexer {
                 }
                 let movie = parse_moov(bytes, self.file_len, &self.limits)?;
                 let mvex = child(bytes, b"mvex")?.ok_or(Mp4Error::NotFragmented)?;
+                // Samples in the moov's own tables (ffmpeg without `empty_moov`): an init
+                // section players take must hold none (MSE refuses it), and those samples
+                // are in no fragment.
+                if let Some(t) = movie.tracks.iter().find(|t| !t.samples.is_empty()) {
+                    return Err(Mp4Error::SamplesInFragmentedMoov { track: t.id });
+                }
                 self.trex = parse_trex(mvex)?;
                 self.next_dts = movie.tracks.iter().map(|t| (t.id, 0)).collect();
                 self.movie = Some(movie);

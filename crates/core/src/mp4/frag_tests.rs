@@ -431,3 +431,80 @@ fn the_fragment_limits_hold() {
         Err(Mp4Error::MoofTooLarge { max: 16, .. })
     ));
 }
+
+/// A `sidx` between the moov and the first moof and a `styp` before each moof (CMAF
+/// segments' brands) belong to the fragment that follows; a trailing `mfra` to none.
+#[test]
+fn boxes_before_a_moof_belong_to_its_fragment() {
+    let m = movie(100, 25, true);
+    let plain = fragmented(&m, 25, true);
+    let f0 = index(&plain).unwrap();
+    let init_end = f0.init.1 as usize;
+    let styp = {
+        let mut b = Vec::new();
+        put_box(&mut b, b"styp", |o| o.extend(b"cmfs\0\0\0\0cmfs"));
+        b
+    };
+    let mut data = plain[..init_end].to_vec();
+    put_box(&mut data, b"sidx", |o| o.extend([0u8; 24]));
+    let mut starts = Vec::new();
+    for fr in &f0.fragments {
+        starts.push(data.len() as u64);
+        data.extend(&styp);
+        data.extend(&plain[fr.offset as usize..fr.end() as usize]);
+    }
+    let last_end = data.len() as u64;
+    put_box(&mut data, b"mfra", |o| o.extend([0u8; 16]));
+    let f = index(&data).unwrap();
+    assert_eq!(f.sidx, Some((init_end as u64, 32)));
+    // The first fragment from the sidx, the others from their styp.
+    let got: Vec<u64> = f.fragments.iter().map(|x| x.offset).collect();
+    let mut want = starts.clone();
+    want[0] = init_end as u64;
+    assert_eq!(got, want);
+    assert_eq!(f.fragments.last().unwrap().end(), last_end);
+    check_segments(&f, 2000, 100);
+}
+
+/// A moov with mvex whose own tables hold samples (ffmpeg without `empty_moov`) is refused:
+/// no player's init section may hold samples, and they are in no fragment.
+#[test]
+fn samples_in_a_fragmented_moov_are_refused() {
+    let m = movie(50, 25, false);
+    let data = fragmented(&m, 25, true);
+    let f = index(&data).unwrap();
+    // A moov with the plain movie's tables and an mvex.
+    let v = m.video().unwrap();
+    let tracks = [PlainTrack {
+        id: 1,
+        kind: TrackKind::Video,
+        timescale: v.timescale,
+        codec: v.codec.clone(),
+        samples: vec![Sample {
+            offset: 0,
+            dts: 0,
+            size: 10,
+            cts_offset: 0,
+        }],
+        last_duration: 512,
+        sync: None,
+        co64: false,
+    }];
+    let plain_moov = plain_moov(1000, &tracks);
+    let mut moov = Vec::new();
+    put_box(&mut moov, b"moov", |o| {
+        o.extend(&plain_moov[8..]);
+        let init = &data[..f.init.1 as usize];
+        let mvex = init.windows(4).position(|w| w == b"mvex").unwrap() - 4;
+        let n = u32::from_be_bytes(init[mvex..mvex + 4].try_into().unwrap()) as usize;
+        o.extend(&init[mvex..mvex + n]);
+    });
+    let ftyp = u32::from_be_bytes(data[0..4].try_into().unwrap()) as usize;
+    let mut file = data[..ftyp].to_vec();
+    file.extend(&moov);
+    file.extend(&data[f.init.1 as usize..]);
+    assert_eq!(
+        index(&file),
+        Err(Mp4Error::SamplesInFragmentedMoov { track: 1 })
+    );
+}

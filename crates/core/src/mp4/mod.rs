@@ -163,6 +163,10 @@ pub enum Mp4Error {
     FragmentDataOutside { offset: u64, track: u32 },
     #[error("the moof at offset {offset} names track {track}, which the moov does not declare")]
     FragmentBadTrack { offset: u64, track: u32 },
+    #[error(
+        "track {track}: the fragmented movie's moov holds samples of its own (written without empty_moov); remux with -movflags +frag_keyframe+empty_moov+default_base_moof"
+    )]
+    SamplesInFragmentedMoov { track: u32 },
     #[error("more than {0} fragments (moof)")]
     TooManyFragments(usize),
     #[error("the moof at offset {offset} has {bytes} bytes, more than the limit of {max}")]

@@ -5,10 +5,13 @@
 //! I-frame playlist and its key segments) and the trick plays of RTSP `Scale` (forward and
 //! reverse from the middle). Never a panic; every sample lies inside the file; every
 //! segment's byte ranges sum to its samples' bytes and its header's `mdat` size covers them;
-//! a trick play sends only sync samples.
+//! a trick play sends only sync samples. The same bytes as a fragmented MP4
+//! (`mp4::frag`): an index or an error, never a panic; every fragment lies inside the file
+//! after the init section, fragments in order without overlap, every track run's data inside
+//! its fragment; the segments tile the fragments; the DASH manifest is made.
 use libfuzzer_sys::fuzz_target;
 use penstock_core::mp4::{
-    MediaSegment, Mp4Limits, Packaging, Trick, dash_manifest, hls_i_frames, hls_master,
+    MediaSegment, Mp4Limits, index_fragmented, Packaging, Trick, dash_manifest, hls_i_frames, hls_master,
     hls_media, key_segment, key_segments, parse_movie, top_level, trick_frames,
 };
 use penstock_core::track::Speed;
@@ -71,6 +74,29 @@ fuzz_target!(|data: &[u8]| {
                     assert!(t.is_sync(f.sample) || t.sync.as_ref().is_some_and(|s| s.is_empty()));
                 }
             }
+        }
+    }
+    // As a fragmented MP4.
+    if let Ok(f) = index_fragmented(data, limits) {
+        let mut at = f.init.0 + f.init.1;
+        for fr in &f.fragments {
+            assert!(fr.offset >= at && fr.end() <= len, "fragments in order, inside");
+            at = fr.end();
+            for r in &fr.runs {
+                assert!(r.samples == 0 || (r.data.0 >= fr.offset && r.data.1 <= fr.end()));
+            }
+        }
+        for target_ms in [1, 2000] {
+            let cuts = f.cut(target_ms);
+            if let (Some(first), Some(last)) = (cuts.first(), cuts.last()) {
+                assert_eq!(first.offset, f.fragments[0].offset);
+                assert_eq!(last.offset + last.len, f.fragments.last().expect("cut").end());
+                for w in cuts.windows(2) {
+                    assert_eq!(w[0].offset + w[0].len, w[1].offset);
+                }
+            }
+            let _ = penstock_core::mp4::frag::dash_manifest(&f, &cuts, "../x.mp4");
+            let _ = penstock_core::hls::media_playlist(&f.hls_segments(&cuts), "x", Some(f.init));
         }
     }
 });

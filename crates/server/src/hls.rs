@@ -11,11 +11,14 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
 
+use penstock_core::hls::Segment;
 use penstock_core::hls::{
     PTS_TICKS_PER_S, TsIndex, TsIndexError, TsIndexLimits, Variant, bandwidth, i_frame_bandwidth,
     i_frame_map, i_frame_playlist, i_frames, map_range, media_playlist, segments, stream_info,
 };
-use penstock_core::mp4::{Movie, Mp4Error, Mp4Limits, Packaging};
+use penstock_core::mp4::{
+    FragIndexer, FragSegment, FragmentedMp4, Movie, Mp4Error, Mp4Limits, Need, Packaging,
+};
 
 use crate::config::HlsConfig;
 
@@ -41,14 +44,44 @@ pub(crate) enum HlsError {
 /// ([`Mp4Package`]).
 pub(crate) type Built<T = TsIndex> = Result<Arc<T>, HlsError>;
 
-/// An MP4 packaged for HLS and DASH: its movie (the sample index), its segments for the
+/// An MP4 served as HLS and DASH: a plain one packaged on the fly, or a fragmented one
+/// served as byte ranges of itself.
+#[derive(Debug)]
+pub(crate) enum Mp4Package {
+    Plain(PlainMp4),
+    Fragmented(FragMp4),
+}
+
+/// A plain MP4 packaged for HLS and DASH: its movie (the sample index), its segments for the
 /// configured target duration, and each track's init segment, made once.
 #[derive(Debug)]
-pub(crate) struct Mp4Package {
+pub(crate) struct PlainMp4 {
     pub(crate) movie: Movie,
     pub(crate) packaging: Packaging,
     /// (track id, init segment).
     pub(crate) inits: Vec<(u32, Vec<u8>)>,
+}
+
+/// A fragmented MP4 (CMAF): its index (init section, fragments) and its segments for the
+/// configured target duration, runs of whole fragments (`penstock_core::mp4::frag`).
+#[derive(Debug)]
+pub(crate) struct FragMp4 {
+    pub(crate) index: FragmentedMp4,
+    pub(crate) cuts: Vec<FragSegment>,
+    pub(crate) segments: Vec<Segment>,
+}
+
+impl FragMp4 {
+    /// The media playlist: `EXT-X-MAP` on the init section, each segment a byte range of
+    /// the file named `uri` (relative to the playlist, escaped).
+    pub(crate) fn playlist(&self, uri: &str) -> String {
+        media_playlist(&self.segments, uri, Some(self.index.init))
+    }
+
+    /// The DASH manifest naming the file as `uri`.
+    pub(crate) fn manifest(&self, uri: &str) -> String {
+        penstock_core::mp4::frag::dash_manifest(&self.index, &self.cuts, uri)
+    }
 }
 
 /// The key-frame indexes of the files played, the builds under way, and the settings.
@@ -78,6 +111,28 @@ impl Weigh for TsIndex {
 }
 
 impl Weigh for Mp4Package {
+    fn weight(&self) -> usize {
+        match self {
+            Mp4Package::Plain(p) => p.weight(),
+            Mp4Package::Fragmented(f) => {
+                let runs: usize = f.index.fragments.iter().map(|x| x.runs.len()).sum();
+                std::mem::size_of::<Mp4Package>()
+                    + f.index.fragments.len() * std::mem::size_of::<penstock_core::mp4::Fragment>()
+                    + runs * std::mem::size_of::<penstock_core::mp4::TrackRun>()
+                    + f.cuts.len() * std::mem::size_of::<FragSegment>()
+                    + f.segments.len() * std::mem::size_of::<Segment>()
+                    + f.index
+                        .movie
+                        .tracks
+                        .iter()
+                        .map(|t| t.stsd.len() + 256)
+                        .sum::<usize>()
+            }
+        }
+    }
+}
+
+impl PlainMp4 {
     fn weight(&self) -> usize {
         let tracks: usize = self
             .movie
@@ -280,11 +335,33 @@ impl Hls {
         self.cfg.target_duration_ms.max(1) * PTS_TICKS_PER_S / 1000
     }
 
-    /// `file` as one rendition of a multivariant playlist, its media playlist named `uri`:
-    /// the bandwidth of the segments [`Hls::playlist`] cuts, the size and codecs its streams
-    /// say. An index not cached yet is read here, on the caller's thread (docs/hls.md's
-    /// limits: a `master.m3u8` of a title nobody played yet holds its HTTP worker meanwhile).
-    pub(crate) fn variant(&self, file: &File, uri: String) -> Result<Variant, HlsError> {
+    /// `file`, named `name` in its directory, as one rendition of a multivariant playlist
+    /// (its media playlist `NAME/index.m3u8`): the bandwidth of the segments [`Hls::playlist`]
+    /// cuts, the size and codecs its streams say; for a fragmented MP4 (CMAF) the same of
+    /// its fragments, the codecs and size read from its `moov` (a plain MP4 is no single
+    /// rendition: its own `index.m3u8` is a multivariant playlist; it is refused here). An
+    /// index not cached yet is read here, on the caller's thread (docs/hls.md's limits: a
+    /// `master.m3u8` of a title nobody played yet holds its HTTP worker meanwhile).
+    pub(crate) fn variant(&self, file: &File, name: &str) -> Result<Variant, HlsError> {
+        let uri = media_playlist_uri(name);
+        if is_mp4_name(name) {
+            let target_ms = self.cfg.target_duration_ms;
+            let pkg = now_in(&self.mp4, &self.cfg, file, move |f, len| {
+                read_mp4(f, len, target_ms)
+            })?;
+            let Mp4Package::Fragmented(frag) = &*pkg else {
+                return Err(HlsError::Mp4(Mp4Error::NotFragmented));
+            };
+            let (peak, average) = bandwidth(&frag.segments);
+            return Ok(Variant {
+                uri,
+                bandwidth: peak,
+                average_bandwidth: average,
+                resolution: frag.index.resolution(),
+                codecs: Some(frag.index.codecs()),
+                i_frames: None,
+            });
+        }
         let index = self.index_now(file)?;
         let (peak, average) = bandwidth(&segments(&index, self.target_ticks()));
         let info = stream_info(&index);
@@ -313,27 +390,7 @@ impl Hls {
     /// The index of `file` from the cache, else read now on this thread and cached (RTSP's
     /// seeks use it too: one index per file version).
     pub(crate) fn index_now(&self, file: &File) -> Built {
-        let m = file.metadata().map_err(|e| HlsError::Io(Arc::new(e)))?;
-        let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
-        if let Some(r) = self
-            .cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .map
-            .get(&key)
-        {
-            return r.clone();
-        }
-        let result = read_index(file, key.2);
-        if !matches!(result, Err(HlsError::Io(_))) {
-            keep(
-                &mut self.cache.lock().unwrap_or_else(|p| p.into_inner()),
-                key,
-                result.clone(),
-                Bounds::of(&self.cfg),
-            );
-        }
-        result
+        now_in(&self.cache, &self.cfg, file, read_index)
     }
 
     /// The peak bandwidth (bits/s) of the segments [`Hls::playlist`] cuts from `index`:
@@ -380,6 +437,35 @@ impl Hls {
             read_mp4(f, len, target_ms)
         })
     }
+}
+
+/// The cached result for `file` in `cache`, else `read` now on this thread and cached.
+fn now_in<T: Weigh>(
+    cache: &Mutex<Cache<T>>,
+    cfg: &HlsConfig,
+    file: &File,
+    read: impl FnOnce(&File, u64) -> Built<T>,
+) -> Built<T> {
+    let m = file.metadata().map_err(|e| HlsError::Io(Arc::new(e)))?;
+    let key = (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
+    if let Some(r) = cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .map
+        .get(&key)
+    {
+        return r.clone();
+    }
+    let result = read(file, key.2);
+    if !matches!(result, Err(HlsError::Io(_))) {
+        keep(
+            &mut cache.lock().unwrap_or_else(|p| p.into_inner()),
+            key,
+            result.clone(),
+            Bounds::of(cfg),
+        );
+    }
+    result
 }
 
 /// The cached result for `file` in `cache`, the build under way, or a new build on a thread
@@ -513,24 +599,60 @@ fn read_index(file: &File, len: u64) -> Built {
 /// and its sample index parsed, cut into segments of `target_ms`, the init segments made.
 fn read_mp4(file: &File, len: u64, target_ms: u64) -> Built<Mp4Package> {
     use penstock_driver::media::MediaError;
-    let movie = penstock_driver::media::mp4_movie(file, len, &Mp4Limits::default()).map_err(
-        |e| match e {
-            MediaError::Mp4(e) => HlsError::Mp4(e),
-            MediaError::Io(e) => HlsError::Io(Arc::new(e)),
-            e => HlsError::Io(Arc::new(std::io::Error::other(e.to_string()))),
-        },
-    )?;
+    let movie = match penstock_driver::media::mp4_movie(file, len, &Mp4Limits::default()) {
+        Ok(m) => m,
+        Err(MediaError::Mp4(Mp4Error::Fragmented)) => {
+            return read_fragmented(file, len, target_ms);
+        }
+        Err(MediaError::Mp4(e)) => return Err(HlsError::Mp4(e)),
+        Err(MediaError::Io(e)) => return Err(HlsError::Io(Arc::new(e))),
+        Err(e) => return Err(HlsError::Io(Arc::new(std::io::Error::other(e.to_string())))),
+    };
     let packaging = Packaging::cut(&movie, target_ms);
     let inits = movie
         .tracks
         .iter()
         .map(|t| (t.id, penstock_core::mp4::write::init_segment(&movie, t)))
         .collect();
-    Ok(Arc::new(Mp4Package {
+    Ok(Arc::new(Mp4Package::Plain(PlainMp4 {
         movie,
         packaging,
         inits,
-    }))
+    })))
+}
+
+/// The index of the fragmented MP4 `file` (`len` bytes): the walk of
+/// `penstock_core::mp4::FragIndexer`, which reads each top-level box header (16 bytes), the
+/// `moov` and every `moof` whole, never an `mdat`; then its segments for `target_ms`.
+fn read_fragmented(file: &File, len: u64, target_ms: u64) -> Built<Mp4Package> {
+    let mut ix = FragIndexer::new(len, Mp4Limits::default());
+    let mut buf = Vec::new();
+    loop {
+        let (offset, want) = match ix.need() {
+            Need::Done => break,
+            Need::Header { offset, len } | Need::Body { offset, len } => (offset, len),
+        };
+        buf.resize(want, 0);
+        let mut got = 0;
+        while got < want {
+            let n = file
+                .read_at(&mut buf[got..], offset + got as u64)
+                .map_err(|e| HlsError::Io(Arc::new(e)))?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        ix.push(&buf[..got])?;
+    }
+    let index = penstock_core::mp4::frag::checked(ix.finish()?)?;
+    let cuts = index.cut(target_ms);
+    let segments = index.hls_segments(&cuts);
+    Ok(Arc::new(Mp4Package::Fragmented(FragMp4 {
+        index,
+        cuts,
+        segments,
+    })))
 }
 
 /// Whether `name` names an MP4 file packaged for HLS and DASH: `.mp4`, `.m4v`, `.mov`, any
@@ -573,9 +695,9 @@ pub(crate) fn is_ts_name(name: &str) -> bool {
 }
 
 /// Whether a directory entry named `name` is a rendition a multivariant playlist considers:
-/// not hidden, a TS file.
+/// not hidden, a TS file or an MP4 (of which only fragmented ones are listed).
 pub(crate) fn is_rendition_name(name: &str) -> bool {
-    !name.starts_with('.') && is_ts_name(name)
+    !name.starts_with('.') && (is_ts_name(name) || is_mp4_name(name))
 }
 
 #[cfg(test)]
@@ -627,6 +749,7 @@ mod tests {
         assert!(!is_rendition_name(".hidden.ts"));
         assert!(!is_rendition_name("master.m3u8"));
         assert!(!is_rendition_name("ts"));
+        assert!(is_rendition_name("720p.mp4"));
     }
 
     /// Waits (at most a minute) until `fd` is written.

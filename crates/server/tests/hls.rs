@@ -83,46 +83,27 @@ fn a_ts_file_plays_as_hls_from_byte_ranges_of_itself() {
     let playlist = String::from_utf8(body).unwrap();
     println!("{playlist}");
 
-    // RFC 8216's rules, as a checker applies them.
-    let lines: Vec<&str> = playlist.lines().collect();
-    assert_eq!(lines[0], "#EXTM3U");
-    assert_eq!(lines.last(), Some(&"#EXT-X-ENDLIST"));
-    assert!(lines.contains(&"#EXT-X-PLAYLIST-TYPE:VOD"));
-    let target: f64 = lines
-        .iter()
-        .find_map(|l| l.strip_prefix("#EXT-X-TARGETDURATION:"))
-        .unwrap()
-        .parse()
-        .unwrap();
+    // RFC 8216's rules, as the checker applies them (`common::check_media_playlist`).
+    let (ranged, map) = check_media_playlist(
+        &playlist,
+        file.len() as u64,
+        "../clip.ts",
+        Some(0),
+        file.len() as u64,
+    );
     // ffmpeg's muxer repeats the PAT and PMT before every video key frame: each segment
     // starts at them and carries its own PSI, so the playlist has no EXT-X-MAP (which
     // GStreamer's hlsdemux could not typefind: docs/hls.md).
-    assert!(
-        !playlist.contains("#EXT-X-MAP"),
+    assert_eq!(
+        map, None,
         "segments that carry their PSI need no map: {playlist}"
     );
     let pid = |p: &[u8]| (u16::from(p[1] & 0x1f) << 8) | u16::from(p[2]);
-    let mut end = 0u64;
     let mut total = 0.0;
     let mut n = 0;
-    for w in lines.windows(3) {
-        let Some(extinf) = w[0].strip_prefix("#EXTINF:") else {
-            continue;
-        };
-        let secs: f64 = extinf.trim_end_matches(',').parse().unwrap();
-        assert!(secs.round() <= target, "{secs} > {target}");
-        total += secs;
-        let (len, at) = w[1]
-            .strip_prefix("#EXT-X-BYTERANGE:")
-            .unwrap()
-            .split_once('@')
-            .unwrap();
-        let (len, at): (u64, u64) = (len.parse().unwrap(), at.parse().unwrap());
-        assert_eq!(w[2], "../clip.ts");
-        // Contiguous, inside the file.
-        assert_eq!(at, end);
-        end = at + len;
-        assert!(end <= file.len() as u64);
+    for r in &ranged {
+        total += r.secs;
+        let (at, end) = (r.offset, r.offset + r.len);
         // Every segment starts with the PAT and the PMT, and its first packet of the video
         // stream (PID 0x100, ffmpeg's) is a key frame: a PES start whose adaptation field
         // says random access.
@@ -152,7 +133,6 @@ fn a_ts_file_plays_as_hls_from_byte_ranges_of_itself() {
         );
         n += 1;
     }
-    assert_eq!(end, file.len() as u64);
     // 13 s in 6 s segments cut at 2 s key frames: 6, 6, 1.
     assert_eq!(n, 3, "{playlist}");
     assert!((total - 13.0).abs() < 0.05, "{total}");
@@ -369,6 +349,76 @@ fn shaka_player_in_chromium_plays_an_mp4s_dash_manifest_and_a_seek() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{line}"));
     assert!(t > 9.0, "{line}");
+}
+
+/// The `currentTime` a player's JSON line reports.
+fn current_time(line: &str) -> f64 {
+    line.split("\"currentTime\":")
+        .nth(1)
+        .and_then(|r| r.split([',', '}']).next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"))
+}
+
+/// A CMAF file (`ffmpeg -f mp4 -movflags +cmaf`: H.264 + AAC in each fragment) played from
+/// byte ranges of itself: hls.js its `index.m3u8` (the init section as `EXT-X-MAP`), and
+/// shaka-player its `manifest.mpd` (a `SegmentList` of `mediaRange`s), each past 5 s, then a
+/// seek to 8 s that plays on, with no error.
+#[test]
+fn hls_js_and_shaka_play_a_cmaf_file_from_byte_ranges_of_itself() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let Some(player) = player_dir() else {
+        return;
+    };
+    let f = start();
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y"])
+        .args(["-f", "lavfi", "-i", "testsrc=size=320x240:rate=25"])
+        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .args(["-t", "13", "-c:v", "libx264", "-preset", "ultrafast"])
+        .args([
+            "-g",
+            "50",
+            "-keyint_min",
+            "50",
+            "-sc_threshold",
+            "0",
+            "-c:a",
+            "aac",
+        ])
+        .args(["-f", "mp4", "-movflags", "+cmaf"])
+        .arg(f.path("cmaf.mp4"))
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (line, shot) = play(&f, &player, "/cmaf.mp4/index.m3u8", &["8"], "hls-cmaf");
+    assert!(line.contains("\"width\":320"), "{line}");
+    assert!(current_time(&line) > 9.0, "{line}");
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
+
+    let shaka = player.join("node_modules/shaka-player/dist/shaka-player.compiled.js");
+    if !penstock_testreq::require_that(
+        "shaka-player",
+        (!shaka.is_file()).then(|| "`npm ci --prefix crates/server/tests/player`".to_string()),
+    ) {
+        return;
+    }
+    std::fs::copy(player.join("shaka.html"), f.path("shaka.html")).unwrap();
+    std::fs::copy(&shaka, f.path("shaka-player.compiled.js")).unwrap();
+    let (line, err, shot) = penstock_testreq::run_browser_player(
+        &player,
+        "play.mjs",
+        &f.url("/shaka.html?src=/cmaf.mp4/manifest.mpd"),
+        &["8"],
+        &[],
+        "dash-cmaf",
+    );
+    assert!(line.contains("\"ok\":true"), "{line}\n{err}");
+    assert!(line.contains("\"width\":320"), "{line}");
+    assert!(current_time(&line) > 9.0, "{line}");
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
 }
 
 /// `n` TS null packets (PID 0x1FFF): stuffing, as a constant-bitrate mux writes it. The

@@ -412,3 +412,372 @@ fn an_i_frame_playlist_names_each_key_frame_as_a_segment_of_its_own() {
     assert_eq!(get(&f, "/k.mp4/track-1/key-100000.m4s").0, 404);
     assert_eq!(get(&f, "/k.mp4/track-2/key-0.m4s").0, 404);
 }
+
+// ---- Fragmented MP4 (CMAF): served as byte ranges of the file itself ----
+
+/// `src` remuxed by ffmpeg (`-c copy`: no encoding) into the fragmented MP4 `dst`, written
+/// with `args` (`-movflags …`).
+fn fragment(src: &Path, dst: &Path, args: &[&str]) {
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y", "-i"])
+        .arg(src)
+        .args(["-c", "copy"])
+        .args(args)
+        .arg(dst)
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The three layouts ffmpeg writes: every track in each moof (`frag_keyframe`, and `-f mp4
+/// +cmaf`, here with a `sidx`), and one track per moof (`separate_moof`).
+const LAYOUTS: [(&str, &[&str]); 3] = [
+    (
+        "frag.mp4",
+        &["-movflags", "+frag_keyframe+empty_moov+default_base_moof"],
+    ),
+    // With a global sidx (two, here) between the moov and the first moof.
+    ("cmaf.mp4", &["-f", "mp4", "-movflags", "+cmaf+global_sidx"]),
+    (
+        "separate.mp4",
+        &[
+            "-movflags",
+            "+frag_keyframe+empty_moov+default_base_moof+separate_moof",
+        ],
+    ),
+];
+
+/// The top-level boxes of `b`: (type, offset, size).
+fn top_boxes(b: &[u8]) -> Vec<([u8; 4], usize, usize)> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    while at + 8 <= b.len() {
+        let size = u32::from_be_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+        assert!(size >= 8);
+        out.push((b[at + 4..at + 8].try_into().unwrap(), at, size));
+        at += size;
+    }
+    out
+}
+
+/// Whether the first video frame ffprobe reads from `path` is a key frame (an I picture).
+fn first_video_frame_is_key(path: &Path) -> String {
+    let o = Command::new("ffprobe")
+        .args(["-v", "error", "-select_streams", "v:0", "-show_frames"])
+        .args([
+            "-read_intervals",
+            "%+#1",
+            "-show_entries",
+            "frame=key_frame,pict_type",
+        ])
+        .args(["-of", "csv=p=0"])
+        .arg(path)
+        .output()
+        .expect("ffprobe");
+    // key_frame,pict_type (side data, if any, follows).
+    let out = String::from_utf8_lossy(&o.stdout);
+    let first = out.lines().next().unwrap_or_default();
+    first.split(',').take(2).collect::<Vec<_>>().join(",")
+}
+
+/// A range GET of `path` as a player makes one: (status, Content-Range, body).
+fn range_get(f: &Fixture, path: &str, at: u64, len: u64) -> (u16, String, Vec<u8>) {
+    let mut r = agent()
+        .get(f.url(path))
+        .header("Range", &format!("bytes={}-{}", at, at + len - 1))
+        .call()
+        .unwrap();
+    let cr = r
+        .headers()
+        .get("content-range")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (r.status().as_u16(), cr, r.body_mut().read_to_vec().unwrap())
+}
+
+/// A fragmented MP4 in each of ffmpeg's layouts: `NAME/index.m3u8` is a media playlist the
+/// checker accepts, its map the file's ftyp+moov and its segments runs of whole fragments
+/// from the end of the moov (a sidx there in the first) to the last mdat's end; each segment, fetched as a player does (a
+/// range GET of the file), is those bytes of the file, and with the map decodes from a key
+/// frame; ffmpeg reads the same packets through the playlist as from the file; the DASH
+/// manifest names the same init section and ranges.
+#[test]
+fn a_fragmented_mp4_is_served_as_byte_ranges_of_itself_in_hls_and_dash() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let f = start();
+    let src = f.path("src.mp4");
+    movie(&src, "libx264", false);
+    for (name, args) in LAYOUTS {
+        fragment(&src, &f.path(name), args);
+        let file = std::fs::read(f.path(name)).unwrap();
+        let boxes = top_boxes(&file);
+        let moov = boxes.iter().find(|b| &b.0 == b"moov").unwrap();
+        let first_moof = boxes.iter().find(|b| &b.0 == b"moof").unwrap().1 as u64;
+        let init_end = (moov.1 + moov.2) as u64;
+        if name == "cmaf.mp4" {
+            // The sidx boxes lie between the moov and the first moof: in the first segment.
+            assert_eq!(&file[init_end as usize + 4..init_end as usize + 8], b"sidx");
+            assert!(first_moof > init_end);
+        } else {
+            assert_eq!(first_moof, init_end);
+        }
+        let last_mdat = boxes.iter().rfind(|b| &b.0 == b"mdat").unwrap();
+        let end = (last_mdat.1 + last_mdat.2) as u64;
+        if name == "separate.mp4" {
+            // One track per moof indeed: more moofs than the others' six or seven.
+            assert!(boxes.iter().filter(|b| &b.0 == b"moof").count() > 10);
+        }
+
+        let (status, ty, body) = get(&f, &format!("/{name}/index.m3u8"));
+        let playlist = String::from_utf8(body).unwrap();
+        assert_eq!(status, 200, "{name}: {playlist}");
+        assert_eq!(ty, "application/vnd.apple.mpegurl");
+        println!("{name}:\n{playlist}");
+        let uri = format!("../{name}");
+        let (ranged, map) =
+            check_media_playlist(&playlist, file.len() as u64, &uri, Some(init_end), end);
+        assert_eq!(
+            map,
+            Some((0, (moov.1 + moov.2) as u64)),
+            "{name}: the map is ftyp+moov"
+        );
+        // 13 s, key frames every 2 s, target 6 s: 6, 6, 1.
+        let secs: Vec<f64> = ranged.iter().map(|r| r.secs).collect();
+        assert_eq!(secs, [6.0, 6.0, 1.0], "{name}");
+        let init = &file[..moov.1 + moov.2];
+        for (k, r) in ranged.iter().enumerate() {
+            // The segment is the file's own bytes, by the ordinary range code.
+            let (status, cr, body) = range_get(&f, &format!("/{name}"), r.offset, r.len);
+            assert_eq!(status, 206);
+            assert_eq!(
+                cr,
+                format!("bytes {}-{}/{}", r.offset, r.offset + r.len - 1, file.len())
+            );
+            assert!(
+                body == file[r.offset as usize..(r.offset + r.len) as usize],
+                "{name} segment {k}: not the file's bytes"
+            );
+            // The map and the segment alone decode from a key frame.
+            let alone = f.path(&format!("alone-{k}.mp4"));
+            std::fs::write(&alone, [init, &body[..]].concat()).unwrap();
+            assert_eq!(
+                first_video_frame_is_key(&alone),
+                "1,I",
+                "{name} segment {k}"
+            );
+        }
+        // ffmpeg through the playlist: the file's packets, in order, identical.
+        let hls = f.url(&format!("/{name}/index.m3u8"));
+        let direct = f.path(name);
+        for stream in ["v", "a"] {
+            same_packets(
+                &packets(&hls, stream),
+                &packets(direct.to_str().unwrap(), stream),
+                stream,
+            );
+        }
+        // Cached per file version: the same playlist again.
+        assert_eq!(
+            get(&f, &format!("/{name}/index.m3u8")).2,
+            playlist.as_bytes()
+        );
+
+        // DASH: the init section and the playlist's ranges, and ffmpeg reads the packets.
+        let (status, ty, body) = get(&f, &format!("/{name}/manifest.mpd"));
+        let mpd = String::from_utf8(body).unwrap();
+        assert_eq!(status, 200, "{mpd}");
+        assert_eq!(ty, "application/dash+xml");
+        assert!(
+            mpd.contains(&format!(
+                "<Initialization range=\"0-{}\"/>",
+                moov.1 + moov.2 - 1
+            )),
+            "{mpd}"
+        );
+        assert!(mpd.contains(&format!("<BaseURL>{uri}</BaseURL>")), "{mpd}");
+        let media: Vec<String> = mpd
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("<SegmentURL mediaRange=\""))
+            .map(|l| l.trim_end_matches("\"/>").to_string())
+            .collect();
+        let want: Vec<String> = ranged
+            .iter()
+            .map(|r| format!("{}-{}", r.offset, r.offset + r.len - 1))
+            .collect();
+        assert_eq!(media, want, "{mpd}");
+        assert!(
+            mpd.contains("codecs=\"avc1.") && mpd.contains(",mp4a.40.2\""),
+            "{mpd}"
+        );
+        assert!(mpd.contains("width=\"320\" height=\"240\""), "{mpd}");
+        // (ffmpeg's DASH demuxer takes one stream per representation: it reads this muxed
+        // one's audio packets as video. shaka-player plays it: hls.rs.)
+        // Nothing else is made of a fragmented file.
+        assert_eq!(get(&f, &format!("/{name}/track-1.m3u8")).0, 404);
+        assert_eq!(get(&f, &format!("/{name}/track-1/0.m4s")).0, 404);
+    }
+}
+
+/// Fragmented MP4s broken as issue 32 lists: a moof pointing past the end, a trun of 2^32
+/// samples, fragments before the moov, a truncated last fragment (and one whose moov holds
+/// samples, which no player's init section may); each a 415 whose text names why, and the
+/// server goes on serving the good one.
+#[test]
+fn bad_fragmented_mp4s_get_a_415_naming_why() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let f = start();
+    let src = f.path("src.mp4");
+    movie(&src, "libx264", true);
+    fragment(&src, &f.path("good.mp4"), LAYOUTS[0].1);
+    let good = std::fs::read(f.path("good.mp4")).unwrap();
+    let boxes = top_boxes(&good);
+    let trun = find(&good, b"trun");
+
+    // The first trun's data offset (its flags say one is present) far past the end.
+    let mut past = good.clone();
+    assert!(past[trun + 7] & 1 != 0);
+    past[trun + 12..trun + 16].copy_from_slice(&0x7fff_0000u32.to_be_bytes());
+    std::fs::write(f.path("past.mp4"), &past).unwrap();
+    // A trun of 2^32-1 samples.
+    let mut huge = good.clone();
+    huge[trun + 8..trun + 12].copy_from_slice(&u32::MAX.to_be_bytes());
+    std::fs::write(f.path("huge.mp4"), &huge).unwrap();
+    // The fragments before the moov: ftyp, the moofs and mdats, then the moov.
+    let moov = boxes.iter().find(|b| &b.0 == b"moov").unwrap();
+    let ftyp_end = boxes[0].2;
+    let mut before = good[..ftyp_end].to_vec();
+    before.extend_from_slice(&good[moov.1 + moov.2..]);
+    before.extend_from_slice(&good[moov.1..moov.1 + moov.2]);
+    std::fs::write(f.path("before.mp4"), &before).unwrap();
+    // The file cut short in its last mdat (as a copy or a recording stopped midway).
+    let last_mdat = boxes.iter().rfind(|b| &b.0 == b"mdat").unwrap();
+    std::fs::write(
+        f.path("truncated.mp4"),
+        &good[..last_mdat.1 + last_mdat.2 / 2],
+    )
+    .unwrap();
+
+    // The first fragment's samples in the moov's own tables (ffmpeg without empty_moov).
+    fragment(
+        &src,
+        &f.path("early.mp4"),
+        &["-movflags", "+frag_keyframe+default_base_moof"],
+    );
+
+    for (name, says) in [
+        ("early.mp4", "moov holds samples of its own"),
+        ("past.mp4", "run past the end of the file"),
+        ("huge.mp4", "trun claims 4294967295 entries"),
+        ("before.mp4", "comes before the moov"),
+        ("truncated.mp4", "is truncated"),
+    ] {
+        for what in ["index.m3u8", "manifest.mpd"] {
+            let mut r = agent()
+                .get(f.url(&format!("/{name}/{what}")))
+                .call()
+                .unwrap();
+            let status = r.status().as_u16();
+            let body = r.body_mut().read_to_string().unwrap();
+            assert_eq!(status, 415, "{name}: {body}");
+            assert!(body.contains(says), "{name}: {body}");
+        }
+        let (status, _, body) = get(&f, "/good.mp4/index.m3u8");
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    }
+}
+
+/// A directory of CMAF renditions of one title gets a multivariant playlist: each fragmented
+/// file listed with its bandwidth measured from its segments and its codecs and picture size
+/// read from its moov; a plain MP4 beside them is no rendition (its own index.m3u8 is a
+/// multivariant playlist) and is left out.
+#[test]
+fn a_directory_of_cmaf_renditions_gets_a_multivariant_playlist() {
+    if !have_ffmpeg() {
+        return;
+    }
+    let f = start();
+    let dir = f.path("title");
+    std::fs::create_dir(&dir).unwrap();
+    movie(&dir.join("plain.mp4"), "libx264", true);
+    fragment(&dir.join("plain.mp4"), &dir.join("hi.mp4"), LAYOUTS[1].1);
+    let o = Command::new("ffmpeg")
+        .args(["-hide_banner", "-loglevel", "error", "-y", "-i"])
+        .arg(dir.join("plain.mp4"))
+        .args([
+            "-vf",
+            "scale=160:120",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+        ])
+        .args([
+            "-g",
+            "50",
+            "-keyint_min",
+            "50",
+            "-sc_threshold",
+            "0",
+            "-b:v",
+            "100k",
+        ])
+        .args(["-c:a", "copy", "-f", "mp4", "-movflags", "+cmaf"])
+        .arg(dir.join("lo.mp4"))
+        .output()
+        .expect("ffmpeg");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (status, ty, body) = get(&f, "/title/master.m3u8");
+    let master = String::from_utf8(body).unwrap();
+    println!("{master}");
+    assert_eq!(
+        (status, ty.as_str()),
+        (200, "application/vnd.apple.mpegurl")
+    );
+    let infs: Vec<(&str, &str)> = master
+        .lines()
+        .zip(master.lines().skip(1))
+        .filter(|(l, _)| l.starts_with("#EXT-X-STREAM-INF:"))
+        .collect();
+    assert_eq!(infs.len(), 2, "{master}");
+    for (inf, uri) in infs {
+        let name = uri.strip_suffix("/index.m3u8").unwrap();
+        let field = |k: &str| {
+            inf.split(&format!("{k}="))
+                .nth(1)
+                .unwrap()
+                .split(',')
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        let peak: u64 = field("BANDWIDTH").parse().unwrap();
+        let avg: u64 = field("AVERAGE-BANDWIDTH").parse().unwrap();
+        assert!(avg > 0 && avg <= peak, "{inf}");
+        // Measured: the segments' bytes over the title's 13 s.
+        let file = std::fs::read(dir.join(name)).unwrap();
+        let b = top_boxes(&file);
+        let first = b.iter().find(|x| &x.0 == b"moof").unwrap().1;
+        let last = b.iter().rfind(|x| &x.0 == b"mdat").unwrap();
+        let want = ((last.1 + last.2 - first) * 8) as f64 / 13.0;
+        assert!(
+            (avg as f64 - want).abs() / want < 0.02,
+            "{name}: {avg} for {want}"
+        );
+        assert!(
+            inf.contains("CODECS=\"avc1.") && inf.contains(",mp4a.40.2\""),
+            "{inf}"
+        );
+        let size = if name == "hi.mp4" {
+            "320x240"
+        } else {
+            "160x120"
+        };
+        assert!(inf.contains(&format!("RESOLUTION={size}")), "{inf}");
+        assert_eq!(get(&f, &format!("/title/{uri}")).0, 200);
+    }
+    assert!(!master.contains("plain.mp4"), "{master}");
+}

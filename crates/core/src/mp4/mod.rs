@@ -19,8 +19,8 @@
 //! tables this needs are a dozen fixed layouts; reading them straight from the `moov` slice,
 //! every count checked against the box's own length and against [`Mp4Limits`] before
 //! anything is allocated (a 2^32-entry `stsz` is refused, not attempted), is short and
-//! fuzzed (`fuzz/fuzz_targets/mp4.rs`). Issue 32's fragmented MP4 (not built yet) should
-//! extend this reader rather than add a second one.
+//! fuzzed (`fuzz/fuzz_targets/mp4.rs`). Fragmented MP4 ([`frag`], issue 32 item 2) extends
+//! this reader: the same walker, the same `moov` reader, its `moof`s read by [`frag`].
 //!
 //! The sample index serves RTSP too (issue 36 item 3, `crate::rtp::mp4`): samples in decode order
 //! with their file byte ranges, the sync samples as a sorted list (seek: the sync sample at
@@ -28,6 +28,7 @@
 //! AAC AudioSpecificConfig) for an SDP.
 
 pub mod boxes;
+pub mod frag;
 pub mod movie;
 pub mod package;
 pub mod timing;
@@ -35,9 +36,14 @@ pub mod trick;
 pub mod write;
 
 #[cfg(test)]
+mod frag_tests;
+#[cfg(test)]
 mod tests;
 
 pub use boxes::{BoxHeader, TopBox, top_level};
+pub use frag::{
+    FragIndexer, FragSegment, Fragment, FragmentedMp4, Need, TrackRun, index_fragmented,
+};
 pub use movie::{Codec, Edit, Movie, Sample, Track, TrackKind, parse_movie};
 pub use package::{
     CutTrack, KeySegment, MediaSegment, Packaging, SegmentSpan, dash_manifest, hls_i_frames,
@@ -55,8 +61,14 @@ pub struct Mp4Limits {
     pub samples_max: u64,
     /// Tracks kept (video and audio).
     pub tracks_max: usize,
-    /// Top-level boxes walked before `moov` is found.
+    /// Top-level boxes walked before `moov` is found (in a fragmented MP4: boxes other
+    /// than `moof` and `mdat` in the whole file).
     pub top_boxes_max: usize,
+    /// Fragments (`moof`) of a fragmented MP4 (about 48 bytes each in the index, plus 40 per
+    /// track run).
+    pub fragments_max: usize,
+    /// The largest `moof` read (each is read whole, in memory, once).
+    pub moof_bytes_max: u64,
 }
 
 impl Default for Mp4Limits {
@@ -67,6 +79,9 @@ impl Default for Mp4Limits {
             samples_max: 1 << 22,
             tracks_max: 16,
             top_boxes_max: 4096,
+            // A 3-hour title in fragments of one 60 fps frame each (low-latency CMAF).
+            fragments_max: 1 << 20,
+            moof_bytes_max: 16 << 20,
         }
     }
 }
@@ -116,8 +131,44 @@ pub enum Mp4Error {
     EditList { track: u32, entries: u32 },
     #[error("no video or audio track")]
     NoTracks,
+    /// A `moov` with `mvex`: its samples are in fragments ([`frag`] indexes them).
     #[error(
-        "the file is fragmented (moof): HLS of fragmented MP4 is not built yet (issue 32 item 2)"
+        "the movie is fragmented (its samples are in moof fragments): it is served as HLS and DASH of its own byte ranges (PATH/index.m3u8, PATH/manifest.mpd), not by RTSP"
     )]
     Fragmented,
+    #[error("the movie is not fragmented (no mvex in moov)")]
+    NotFragmented,
+    #[error("a moof at offset {offset} comes before the moov")]
+    FragmentBeforeMoov { offset: u64 },
+    #[error(
+        "the fragment at offset {offset} is truncated: it ends at {end}, the file at {file_len}"
+    )]
+    FragmentTruncated {
+        offset: u64,
+        end: u64,
+        file_len: u64,
+    },
+    #[error(
+        "the moof at offset {offset}: track {track}'s samples run past the end of the file ({end} > {file_len})"
+    )]
+    FragmentPastEnd {
+        offset: u64,
+        track: u32,
+        end: u64,
+        file_len: u64,
+    },
+    #[error(
+        "the fragment at offset {offset}: track {track}'s samples lie outside the fragment's moof and mdat"
+    )]
+    FragmentDataOutside { offset: u64, track: u32 },
+    #[error("the moof at offset {offset} names track {track}, which the moov does not declare")]
+    FragmentBadTrack { offset: u64, track: u32 },
+    #[error(
+        "track {track}: the fragmented movie's moov holds samples of its own (written without empty_moov); remux with -movflags +frag_keyframe+empty_moov+default_base_moof"
+    )]
+    SamplesInFragmentedMoov { track: u32 },
+    #[error("more than {0} fragments (moof)")]
+    TooManyFragments(usize),
+    #[error("the moof at offset {offset} has {bytes} bytes, more than the limit of {max}")]
+    MoofTooLarge { offset: u64, bytes: u64, max: u64 },
 }

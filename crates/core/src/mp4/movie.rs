@@ -174,15 +174,27 @@ impl Movie {
 }
 
 /// The movie in `moov` (its body, without the header), from a file of `file_len` bytes.
+/// A fragmented movie's `moov` (one with `mvex`) is refused with [`Mp4Error::Fragmented`]:
+/// its samples are in the fragments ([`super::frag`] indexes those).
 pub fn parse_movie(moov: &[u8], file_len: u64, limits: &Mp4Limits) -> Result<Movie, Mp4Error> {
+    if child(moov, b"mvex")?.is_some() {
+        return Err(Mp4Error::Fragmented);
+    }
+    parse_moov(moov, file_len, limits)
+}
+
+/// The movie in `moov` whatever its sample tables hold (a fragmented movie's are empty: its
+/// tracks come back without samples).
+pub(crate) fn parse_moov(
+    moov: &[u8],
+    file_len: u64,
+    limits: &Mp4Limits,
+) -> Result<Movie, Mp4Error> {
     let mvhd = child(moov, b"mvhd")?.ok_or(Mp4Error::Missing("mvhd"))?;
     let mut r = Reader::new(mvhd, "mvhd");
     let (v, _) = r.full()?;
     r.skip(if v == 1 { 16 } else { 8 })?;
     let timescale = r.u32()?;
-    if child(moov, b"mvex")?.is_some() {
-        return Err(Mp4Error::Fragmented);
-    }
     let mut tracks = Vec::new();
     let mut samples_total = 0u64;
     for c in Children::new(moov, 0) {

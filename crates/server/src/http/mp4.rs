@@ -1,4 +1,8 @@
-//! HLS and DASH of a plain MP4 beneath the root, packaged on the fly (docs/hls.md): for PATH
+//! HLS and DASH of an MP4 beneath the root (docs/hls.md). A **fragmented** MP4 (CMAF) is
+//! served as byte ranges of itself: `PATH/index.m3u8` is its media playlist (`EXT-X-MAP` on
+//! the init section, segments that are runs of whole fragments) and `PATH/manifest.mpd` its
+//! DASH manifest (`SegmentList` of `mediaRange`s); its segments are range GETs of PATH, the
+//! ordinary file path (sendfile). A **plain** MP4 is packaged on the fly: for PATH
 //! an `.mp4` (`.m4v`, `.mov`), `PATH/index.m3u8` (multivariant: the audio track as an
 //! `EXT-X-MEDIA` rendition, the video track a variant), `PATH/track-N.m3u8` (media playlists,
 //! fMP4 with `EXT-X-MAP`), `PATH/manifest.mpd` (DASH), `PATH/track-N/init.mp4` and
@@ -183,6 +187,20 @@ pub(super) fn mp4_response(
             Some((&etag, mtime)),
             body.into_bytes(),
         )
+    };
+    let pkg = match &*pkg {
+        crate::hls::Mp4Package::Plain(p) => p,
+        crate::hls::Mp4Package::Fragmented(frag) => {
+            // A fragmented MP4 is its own segments: `index.m3u8` is its media playlist and
+            // `manifest.mpd` its DASH manifest, both naming byte ranges of the file (one level
+            // up: `../NAME`), which are ordinary range GETs of it. Nothing else is made.
+            let uri = crate::hls::segment_uri(split_mp4_path(&req.path).map_or("", |p| p.0));
+            return match what {
+                Mp4Request::Master => text(frag.playlist(&uri), "application/vnd.apple.mpegurl"),
+                Mp4Request::Manifest => text(frag.manifest(&uri), "application/dash+xml"),
+                _ => not_found(),
+            };
+        }
     };
     match what {
         Mp4Request::Master => text(

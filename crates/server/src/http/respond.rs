@@ -759,10 +759,7 @@ impl Worker {
             let Ok(Opened::File { file, mtime, .. }) = self.site.root.open_in(&dir, name) else {
                 continue;
             };
-            match shared
-                .hls
-                .variant(&file, crate::hls::media_playlist_uri(name))
-            {
+            match shared.hls.variant(&file, name) {
                 Ok(v) => {
                     variants.push((name, v));
                     newest = newest.max(mtime);

@@ -148,3 +148,89 @@ pub fn get(
         .unwrap();
     (status, hs, body)
 }
+
+/// One segment a media playlist names: `len` bytes of its URI from `offset`, `secs` long.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ranged {
+    pub offset: u64,
+    pub len: u64,
+    pub secs: f64,
+}
+
+/// The playlist checker: RFC 8216's rules for a VOD media playlist whose segments are byte
+/// ranges of one file of `file_len` bytes named `uri`: `#EXTM3U` first, `#EXT-X-ENDLIST`
+/// last, `EXT-X-PLAYLIST-TYPE:VOD`, a version of at least 4 (byte ranges; 6 with a map on a
+/// media playlist), every `EXTINF` rounded at most `EXT-X-TARGETDURATION` (§4.3.3.1), every
+/// segment an explicit `len@offset` range (§4.3.2.2) of `uri`, the ranges contiguous and
+/// inside the file, from the end of the map (or `first_offset`) to `end`. Returns the
+/// segments and the `EXT-X-MAP` range (offset, len) if any; the caller checks what each
+/// segment must begin with (a key frame) by its format.
+pub fn check_media_playlist(
+    playlist: &str,
+    file_len: u64,
+    uri: &str,
+    first_offset: Option<u64>,
+    end: u64,
+) -> (Vec<Ranged>, Option<(u64, u64)>) {
+    let lines: Vec<&str> = playlist.lines().collect();
+    assert_eq!(lines[0], "#EXTM3U", "{playlist}");
+    assert_eq!(lines.last(), Some(&"#EXT-X-ENDLIST"), "{playlist}");
+    assert!(lines.contains(&"#EXT-X-PLAYLIST-TYPE:VOD"), "{playlist}");
+    let version: u32 = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("#EXT-X-VERSION:"))
+        .expect("EXT-X-VERSION")
+        .parse()
+        .unwrap();
+    let target: f64 = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("#EXT-X-TARGETDURATION:"))
+        .expect("EXT-X-TARGETDURATION")
+        .parse()
+        .unwrap();
+    let map = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("#EXT-X-MAP:"))
+        .map(|m| {
+            assert!(m.starts_with(&format!("URI=\"{uri}\",BYTERANGE=\"")), "{m}");
+            let r = m
+                .split("BYTERANGE=\"")
+                .nth(1)
+                .unwrap()
+                .trim_end_matches('"');
+            let (len, at) = r.split_once('@').expect("a map range names its offset");
+            let (len, at): (u64, u64) = (len.parse().unwrap(), at.parse().unwrap());
+            assert!(at + len <= file_len, "the map lies inside the file");
+            (at, len)
+        });
+    assert!(version >= if map.is_some() { 6 } else { 4 }, "{playlist}");
+    let mut out = Vec::new();
+    let mut next = first_offset.or(map.map(|(at, len)| at + len));
+    for w in lines.windows(3) {
+        let Some(extinf) = w[0].strip_prefix("#EXTINF:") else {
+            continue;
+        };
+        let secs: f64 = extinf.trim_end_matches(',').parse().unwrap();
+        assert!(secs > 0.0 && secs.round() <= target, "{secs} > {target}");
+        let (len, at) = w[1]
+            .strip_prefix("#EXT-X-BYTERANGE:")
+            .expect("a byte range after EXTINF")
+            .split_once('@')
+            .expect("an explicit offset");
+        let (len, at): (u64, u64) = (len.parse().unwrap(), at.parse().unwrap());
+        assert_eq!(w[2], uri);
+        if let Some(n) = next {
+            assert_eq!(at, n, "ranges contiguous: {playlist}");
+        }
+        assert!(len > 0 && at + len <= file_len, "inside the file");
+        next = Some(at + len);
+        out.push(Ranged {
+            offset: at,
+            len,
+            secs,
+        });
+    }
+    assert!(!out.is_empty());
+    assert_eq!(next, Some(end), "the last range ends at {end}");
+    (out, map)
+}

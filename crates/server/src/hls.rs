@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Mutex};
 
 use penstock_core::hls::Segment;

@@ -221,9 +221,15 @@ mod tests {
     fn rotation_waits_for_a_key_frame_after_the_boundary() {
         let p = policy(SegmentLength::Duration { ns: 2 * S }, None, None);
         assert!(!p.rotate_before(10 * S, 1000, 11 * S, true), "too early");
-        assert!(!p.rotate_before(10 * S, 1000, 12 * S, false), "not a key frame");
+        assert!(
+            !p.rotate_before(10 * S, 1000, 12 * S, false),
+            "not a key frame"
+        );
         assert!(p.rotate_before(10 * S, 1000, 12 * S, true));
-        assert!(!p.rotate_before(10 * S, 0, 20 * S, true), "an empty segment stays");
+        assert!(
+            !p.rotate_before(10 * S, 0, 20 * S, true),
+            "an empty segment stays"
+        );
         let p = policy(SegmentLength::Bytes { bytes: 1000 }, None, None);
         assert!(!p.rotate_before(0, 999, 0, true));
         assert!(p.rotate_before(0, 1000, 0, true));

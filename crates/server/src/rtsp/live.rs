@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use penstock_core::rtp::{Packetizer, RTP_HEADER_BYTES, RtpHeader};
 use penstock_core::time::Instant as CoreInstant;
 
-use crate::config::rtsp::{LiveConfig, LiveFormat};
+use crate::config::rtsp::{LiveConfig, LiveFormat, LiveRecord};
 
 const TS_PACKET_BYTES: usize = 188;
 /// TS packets per RTP packet sent to sessions (RFC 2250's usual seven: 1316 bytes).
@@ -144,6 +144,8 @@ pub struct LiveSource {
     pub idle: AtomicBool,
     /// `source = "publish"`: where its publisher's TS goes, and who publishes.
     pub publish: Option<PublishSlot>,
+    /// A segmented recording's figures (`record = { dir, … }`): metrics and `STATE`.
+    pub record_stats: Option<Arc<penstock_driver::record::RecordStats>>,
 }
 
 /// The publishing side of a `source = "publish"` live source (docs/rtsp.md, "Publishing"):
@@ -256,15 +258,60 @@ impl<'a> Payload<'a> {
     /// 7 packets, the most the recorder's frame track reads from one datagram
     /// (`penstock_core::track::mpegts::ts_packets`). Realigned bytes (a carried tail and the
     /// next datagram) can run to 8 packets, which the frame track would not read.
-    pub fn record_datagrams(&self) -> std::slice::Chunks<'a, u8> {
-        use penstock_core::track::mpegts::TS_PACKETS_PER_DATAGRAM_MAX;
+    ///
+    /// A raw TS datagram is also cut before each PAT packet (PID 0): encoders write the PAT
+    /// and PMT right before a key frame (ffmpeg's muxer, core's `ts::mux`), so the datagram
+    /// the frame track marks as the key frame's begins with them, and a segment that starts
+    /// there is a TS a player can open (docs/recording.md "Segments and retention").
+    pub fn record_datagrams(&self) -> RecordDatagrams<'a> {
         match self.rtp {
-            Some(d) => d.chunks(d.len().max(1)),
-            None => self
-                .ts
-                .chunks(TS_PACKETS_PER_DATAGRAM_MAX * TS_PACKET_BYTES),
+            Some(d) => RecordDatagrams {
+                rest: d,
+                whole: true,
+            },
+            None => RecordDatagrams {
+                rest: self.ts,
+                whole: false,
+            },
         }
     }
+}
+
+/// The datagrams a relay's recorder gets of one payload ([`Payload::record_datagrams`]).
+#[derive(Debug, Clone)]
+pub struct RecordDatagrams<'a> {
+    rest: &'a [u8],
+    /// RTP: the datagram whole, once.
+    whole: bool,
+}
+
+impl<'a> Iterator for RecordDatagrams<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        use penstock_core::track::mpegts::TS_PACKETS_PER_DATAGRAM_MAX;
+        if self.rest.is_empty() {
+            return None;
+        }
+        let n = if self.whole {
+            self.rest.len()
+        } else {
+            // Up to seven packets, ending before the next PAT (never before the first).
+            let packets = (self.rest.len() / TS_PACKET_BYTES).min(TS_PACKETS_PER_DATAGRAM_MAX);
+            let cut = (1..packets)
+                .find(|&i| is_pat(&self.rest[i * TS_PACKET_BYTES..]))
+                .unwrap_or(packets);
+            (cut * TS_PACKET_BYTES).max(self.rest.len().min(TS_PACKET_BYTES))
+        };
+        let (d, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Some(d)
+    }
+}
+
+/// Whether the TS packet at the start of `p` is on PID 0 (the PAT).
+fn is_pat(p: &[u8]) -> bool {
+    p.len() >= 3 && p[0] == 0x47 && (u16::from(p[1] & 0x1f) << 8 | u16::from(p[2])) == 0
 }
 
 /// Reads a live source's datagrams: RTP carrying TS (RFC 2250), or raw TS, which a sender may
@@ -342,6 +389,9 @@ fn record_file(record: &std::path::Path, name: &str) -> PathBuf {
     }
 }
 
+/// How often a segmented recording's retention is checked between rotations.
+const RETENTION_EVERY: Duration = Duration::from_secs(5);
+
 /// Where a relay's datagrams come from: its UDP socket, or (a publish source) the Unix
 /// datagram pair its publisher's connection feeds.
 #[derive(Debug)]
@@ -410,20 +460,32 @@ pub(crate) fn start(
         socket.set_nonblocking(true)?;
         (Input::Udp(socket), None)
     };
-    let source = Arc::new(LiveSource {
-        name: name.to_string(),
-        counts: LiveCounts::default(),
-        subscribers: Mutex::new(Vec::new()),
-        queue_max: cfg.queue_datagrams_max,
-        idle: AtomicBool::new(true),
-        publish,
-    });
     let mut threads = Vec::new();
     let mut recorder = None;
+    let mut record_stats = None;
+    // Where the recording goes: one file, or segments.
+    let dst = cfg.record.as_ref().map(|r| match r {
+        LiveRecord::File(f) => penstock_driver::record::RecordDst::File(record_file(f, name)),
+        LiveRecord::Segments(s) => {
+            let stats = Arc::new(penstock_driver::record::RecordStats::default());
+            record_stats = Some(stats.clone());
+            penstock_driver::record::RecordDst::Segments(penstock_driver::record::SegmentsDst {
+                dir: s.dir_of(name),
+                policy: s.policy(),
+                retention_every: RETENTION_EVERY,
+                stats,
+            })
+        }
+    });
     // `/live/NAME/index.m3u8` (docs/hls.md "Live and DVR"): fed by the recorder's syncs.
-    let feed = hls.register_live(name, cfg.record.as_deref().map(|r| record_file(r, name)));
-    if let Some(record) = &cfg.record {
-        let path = record_file(record, name);
+    let feed = hls.register_live(
+        name,
+        match &dst {
+            Some(penstock_driver::record::RecordDst::File(p)) => Some(p.clone()),
+            _ => None,
+        },
+    );
+    if let Some(dst) = dst {
         let (ours, theirs) = UnixDatagram::pair()?;
         ours.set_nonblocking(true)?;
         let _ = rustix::net::sockopt::set_socket_send_buffer_size(&ours, RECORD_SNDBUF_BYTES);
@@ -434,18 +496,18 @@ pub(crate) fn start(
                 .name("rtsp-live-rec".into())
                 .spawn(move || {
                     let rc = penstock_driver::record::RecordConfig::default();
-                    match penstock_driver::record::record(
+                    let what = dst.tracks_prefix().display().to_string();
+                    match penstock_driver::record::record_to(
                         theirs.as_fd(),
-                        &path,
+                        dst,
                         &rc,
                         &stop_rec,
                         &mut |p| feed.handle_sync(p),
                     ) {
                         Ok(r) => tracing::info!(
-                            "live {label}: recorded {} datagrams, {} bytes into {}",
+                            "live {label}: recorded {} datagrams, {} bytes into {what}",
                             r.packets,
                             r.media_bytes,
-                            path.display()
                         ),
                         Err(e) => tracing::error!("live {label}: recording stopped: {e}"),
                     }
@@ -453,6 +515,15 @@ pub(crate) fn start(
         );
         recorder = Some(ours);
     }
+    let source = Arc::new(LiveSource {
+        name: name.to_string(),
+        counts: LiveCounts::default(),
+        subscribers: Mutex::new(Vec::new()),
+        queue_max: cfg.queue_datagrams_max,
+        idle: AtomicBool::new(true),
+        publish,
+        record_stats,
+    });
     let src = source.clone();
     let format = cfg.format;
     let idle_timeout = cfg.idle_timeout();
@@ -650,6 +721,7 @@ mod tests {
             queue_max: 2,
             idle: AtomicBool::new(false),
             publish: None,
+            record_stats: None,
         };
         let s = src
             .subscribe(a.as_fd(), Packetizer::mp2t(1), CoreInstant::from_nanos(0))

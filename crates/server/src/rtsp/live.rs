@@ -309,6 +309,75 @@ impl<'a> Iterator for RecordDatagrams<'a> {
     }
 }
 
+/// The longest a PAT/PMT tail is held back for the key frame that follows it (an encoder
+/// writes them back to back: microseconds apart).
+const PSI_HOLD: Duration = Duration::from_millis(50);
+
+/// What a relay gives its recorder: [`Payload::record_datagrams`], and a raw TS payload's last
+/// datagram held back when it begins with a PAT and has room left, to be sent with the start
+/// of the next payload (the key frame the PAT and PMT announce, when the sender cut its
+/// datagrams between them) or alone after [`PSI_HOLD`]. Bytes are never reordered, only
+/// regrouped (one copy of at most seven packets per PAT).
+#[derive(Debug, Default)]
+struct RecordFeed {
+    held: Vec<u8>,
+    held_at: Option<Instant>,
+    scratch: Vec<u8>,
+}
+
+impl RecordFeed {
+    fn push(&mut self, p: &Payload<'_>, now: Instant, send: &mut dyn FnMut(&[u8])) {
+        use penstock_core::track::mpegts::TS_PACKETS_PER_DATAGRAM_MAX;
+        if p.rtp.is_some() {
+            self.flush(send);
+            for d in p.record_datagrams() {
+                send(d);
+            }
+            return;
+        }
+        let ts: &[u8] = if self.held.is_empty() {
+            p.ts
+        } else {
+            self.scratch.clear();
+            self.scratch.extend_from_slice(&self.held);
+            self.scratch.extend_from_slice(p.ts);
+            self.held.clear();
+            self.held_at = None;
+            &self.scratch
+        };
+        let mut it = Payload { ts, rtp: None }.record_datagrams().peekable();
+        while let Some(d) = it.next() {
+            if it.peek().is_none()
+                && is_pat(d)
+                && d.len() < TS_PACKETS_PER_DATAGRAM_MAX * TS_PACKET_BYTES
+            {
+                self.held.extend_from_slice(d);
+                self.held_at = Some(now);
+            } else {
+                send(d);
+            }
+        }
+    }
+
+    /// Sends what was held longer than [`PSI_HOLD`].
+    fn flush_stale(&mut self, now: Instant, send: &mut dyn FnMut(&[u8])) {
+        if self
+            .held_at
+            .is_some_and(|t| now.saturating_duration_since(t) >= PSI_HOLD)
+        {
+            self.flush(send);
+        }
+    }
+
+    fn flush(&mut self, send: &mut dyn FnMut(&[u8])) {
+        if !self.held.is_empty() {
+            send(&self.held);
+            self.held.clear();
+        }
+        self.held_at = None;
+    }
+}
+
 /// Whether the TS packet at the start of `p` is on PID 0 (the PAT).
 fn is_pat(p: &[u8]) -> bool {
     p.len() >= 3 && p[0] == 0x47 && (u16::from(p[1] & 0x1f) << 8 | u16::from(p[2])) == 0
@@ -549,6 +618,7 @@ fn relay(
     let mut out = Vec::with_capacity(RTP_HEADER_BYTES + TS_PER_RTP * TS_PACKET_BYTES);
     let mut last_rx = Instant::now();
     let mut pending = false;
+    let mut record_feed = RecordFeed::default();
     while !stop.load(Ordering::Acquire) {
         let wait = if pending { RETRY } else { POLL_MAX };
         let t = Timespec {
@@ -589,11 +659,11 @@ fn relay(
             last_rx = Instant::now();
             src.idle.store(false, Ordering::Release);
             if let Some(r) = &recorder {
-                for d in p.record_datagrams() {
+                record_feed.push(&p, Instant::now(), &mut |d| {
                     if r.send(d).is_err() {
                         src.counts.record_dropped.fetch_add(1, Ordering::AcqRel);
                     }
-                }
+                });
             }
             let ts = p.ts;
             let now = penstock_driver::clock::now();
@@ -605,6 +675,13 @@ fn relay(
                     }
                 }
             }
+        }
+        if let Some(r) = &recorder {
+            record_feed.flush_stale(Instant::now(), &mut |d| {
+                if r.send(d).is_err() {
+                    src.counts.record_dropped.fetch_add(1, Ordering::AcqRel);
+                }
+            });
         }
         pending = false;
         for s in &subs {
@@ -631,6 +708,12 @@ fn relay(
                 s.ended.store(true, Ordering::Release);
             }
         }
+    }
+    // What was held for a key frame that never came (best effort: the recorder stops too).
+    if let Some(r) = &recorder {
+        record_feed.flush(&mut |d| {
+            let _ = r.send(d);
+        });
     }
 }
 

@@ -233,6 +233,20 @@ pub struct RecordStats {
     pub oldest_unix_s: AtomicU64,
     /// Deletions that failed (the file stays; counted, logged once per check).
     pub deletion_errors: AtomicU64,
+    /// The segment being written: its number in this run ([`SyncPoint::segment`]) and path.
+    pub current: std::sync::Mutex<Option<(u64, PathBuf)>>,
+}
+
+impl RecordStats {
+    /// The path of segment `n` of this run, while it is the one being written.
+    pub fn current_path(&self, n: u64) -> Option<PathBuf> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .filter(|(m, _)| *m == n)
+            .map(|(_, p)| p.clone())
+    }
 }
 
 impl RecordStats {
@@ -481,6 +495,8 @@ impl Segmenter {
                 Ok(f) => {
                     let files =
                         open_files(Media::File(f), Some(&path), &path, wall_ns, rule, flags)?;
+                    *self.stats.current.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((self.opened, path.clone()));
                     self.current = Some((name, path));
                     self.opened += 1;
                     return Ok(files);

@@ -272,7 +272,8 @@ fn segments_rotate_at_key_frames_join_to_the_single_recording_and_retention_keep
     let mut s = Served::start(
         dir.path(),
         &format!(
-            "[live.single]\nsource = \"udp-listen://{a}\"\nrecord = \"{}\"\n\
+            "[hls]\ntarget_duration_ms = 1000\n\
+             [live.single]\nsource = \"udp-listen://{a}\"\nrecord = \"{}\"\n\
              [live.seg]\nsource = \"udp-listen://{b}\"\nrecord = {{ dir = \"{}\", segment = \"1s\" }}\n\
              [live.ret]\nsource = \"udp-listen://{c}\"\nrecord = {{ dir = \"{}\", segment = \"{RET_SEGMENT_BYTES}\", max_bytes = \"{RET_MAX_BYTES}\" }}\n",
             single.display(),
@@ -362,6 +363,61 @@ fn segments_rotate_at_key_frames_join_to_the_single_recording_and_retention_keep
         .find(|l| l.starts_with("record-ret running "))
         .unwrap_or_else(|| panic!("no record-ret line in STATE: {state:?}"));
     assert!(line.contains(&format!(" segments={kept_now} ")), "{line}");
+
+    // HLS: `/live/seg/index.m3u8` spans the segment files, each with its EXT-X-MAP, every
+    // listed range the bytes of its file; `/live/ret/index.m3u8` lists no deleted file.
+    let get = |path: &str, range: Option<(u64, u64)>| -> (u16, Vec<u8>) {
+        let mut r = ureq::get(format!("http://{}{path}", s.http))
+            .config()
+            .http_status_as_error(false)
+            .build();
+        if let Some((off, len)) = range {
+            r = r.header("Range", &format!("bytes={off}-{}", off + len - 1));
+        }
+        let mut resp = r.call().unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.body_mut().read_to_vec().unwrap())
+    };
+    let (status, page) = get("/live/seg/index.m3u8", None);
+    let page = String::from_utf8(page).unwrap();
+    assert_eq!(status, 200, "{page}");
+    let mut files_listed = BTreeSet::new();
+    let mut ranges = 0;
+    let mut lines = page.lines();
+    while let Some(l) = lines.next() {
+        if let Some(br) = l.strip_prefix("#EXT-X-BYTERANGE:") {
+            let (len, off) = br.split_once('@').unwrap();
+            let (len, off): (u64, u64) = (len.parse().unwrap(), off.parse().unwrap());
+            let uri = lines.next().unwrap();
+            let (st, got) = get(&format!("/live/seg/{uri}"), Some((off, len)));
+            assert_eq!(st, 206, "{uri} {off}+{len}");
+            let file = std::fs::read(seg_dir.join(uri)).unwrap();
+            assert!(
+                got == file[off as usize..(off + len) as usize],
+                "{uri} {off}+{len}: not the file's bytes"
+            );
+            files_listed.insert(uri.to_string());
+            ranges += 1;
+        }
+    }
+    let maps = page.matches("#EXT-X-MAP:").count();
+    assert!(files_listed.len() >= 2, "one file listed: {page}");
+    assert_eq!(maps, files_listed.len(), "an EXT-X-MAP per file: {page}");
+    assert_eq!(get("/live/seg/stream.ts", None).0, 404);
+    assert_eq!(get("/live/seg/../single.ts", None).0, 404);
+    let (_, ret_page) = get("/live/ret/index.m3u8", None);
+    let ret_page = String::from_utf8(ret_page).unwrap();
+    let ret_now = segments(&ret_dir);
+    for uri in ret_page.lines().filter(|l| l.ends_with(".ts")) {
+        assert!(
+            ret_now.iter().any(|p| p.file_name().unwrap() == uri),
+            "/live/ret/index.m3u8 lists {uri}, deleted: {ret_page}"
+        );
+    }
+    println!(
+        "HLS: /live/seg/index.m3u8 lists {ranges} ranges of {} files ({maps} EXT-X-MAP), each the file's bytes",
+        files_listed.len()
+    );
     s.stop();
 
     // The reference: the single recording is the bytes sent.

@@ -549,9 +549,12 @@ pub(crate) fn start(
     // `/live/NAME/index.m3u8` (docs/hls.md "Live and DVR"): fed by the recorder's syncs.
     let feed = hls.register_live(
         name,
-        match &dst {
-            Some(penstock_driver::record::RecordDst::File(p)) => Some(p.clone()),
-            _ => None,
+        match (&dst, &record_stats) {
+            (Some(penstock_driver::record::RecordDst::File(p)), _) => {
+                crate::hls_live::LiveMedia::File(p.clone())
+            }
+            (Some(_), Some(stats)) => crate::hls_live::LiveMedia::Segments(stats.clone()),
+            _ => crate::hls_live::LiveMedia::None,
         },
     );
     if let Some(dst) = dst {

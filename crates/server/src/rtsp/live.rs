@@ -797,6 +797,53 @@ mod tests {
         }
     }
 
+    /// TS packets on the given PIDs.
+    fn ts_pids(pids: &[u16]) -> Vec<u8> {
+        let mut v = ts(pids.len());
+        for (p, pid) in v.chunks_mut(188).zip(pids) {
+            p[1] = (pid >> 8) as u8;
+            p[2] = *pid as u8;
+        }
+        v
+    }
+
+    fn pid_of(p: &[u8]) -> u16 {
+        (u16::from(p[1] & 0x1f) << 8) | u16::from(p[2])
+    }
+
+    #[test]
+    fn the_recorder_gets_datagrams_beginning_with_the_pat_before_a_key_frame() {
+        let t0 = Instant::now();
+        let mut feed = RecordFeed::default();
+        let mut sent: Vec<Vec<u8>> = Vec::new();
+        // A sender's datagrams: [v v v v v PAT PMT] then [v(key) v v v v v v]: the PAT and
+        // PMT ended the first one.
+        let a = ts_pids(&[256, 256, 256, 256, 256, 0, 4096]);
+        let b = ts_pids(&[256; 7]);
+        for d in [&a, &b] {
+            let p = Payload { ts: d, rtp: None };
+            feed.push(&p, t0, &mut |d| sent.push(d.to_vec()));
+        }
+        let pids: Vec<Vec<u16>> = sent
+            .iter()
+            .map(|d| d.chunks(188).map(pid_of).collect())
+            .collect();
+        assert_eq!(
+            pids,
+            vec![vec![256; 5], vec![0, 4096, 256, 256, 256, 256, 256], vec![256, 256]],
+            "cut before the PAT, which went with the packets after it"
+        );
+        assert_eq!(sent.concat(), [a.clone(), b.clone()].concat(), "nothing reordered");
+        // A PAT/PMT tail with nothing after it goes alone once it is stale.
+        sent.clear();
+        let p = Payload { ts: &a, rtp: None };
+        feed.push(&p, t0, &mut |d| sent.push(d.to_vec()));
+        feed.flush_stale(t0 + PSI_HOLD / 2, &mut |d| sent.push(d.to_vec()));
+        assert_eq!(sent.len(), 1, "held for the key frame");
+        feed.flush_stale(t0 + PSI_HOLD, &mut |d| sent.push(d.to_vec()));
+        assert_eq!(sent.concat(), a, "sent after PSI_HOLD");
+    }
+
     #[test]
     fn a_full_queue_drops_its_oldest_and_numbers_leave_a_gap() {
         let (a, _b) = UnixDatagram::pair().unwrap();

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use penstock_core::hls::{
-    Blocking, LiveIndex, LiveKeyFrame, LiveView, TsPsi, find_psi, key_frame_in,
+    Blocking, LiveFile, LiveIndex, LiveKeyFrame, LiveView, TsPsi, find_psi, key_frame_in,
 };
 use penstock_core::track::format::{HEADER_BYTES, RECORD_BYTES, decode_one};
 use penstock_core::track::{FrameRecord, PacketRecord, TimeRecord, TrackKind, decode_header};
@@ -332,10 +332,14 @@ impl LiveFeed {
         if st.index.segments().is_empty() || st.psi.is_none() {
             return LivePlaylist::NotYet(st.failed.clone());
         }
-        let files: Vec<(u64, &str, Option<(u64, u64)>)> = st
+        let files: Vec<LiveFile<'_>> = st
             .known
             .iter()
-            .map(|k| (k.index_file, k.name.as_str(), k.map))
+            .map(|k| LiveFile {
+                file: k.index_file,
+                uri: k.name.as_str(),
+                map: k.map,
+            })
             .collect();
         LivePlaylist::Ready(st.index.playlist(&LiveView {
             uri,

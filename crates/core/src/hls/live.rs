@@ -90,12 +90,23 @@ pub struct LiveView<'a> {
     /// A segmented recording's files: (file number, URI, `EXT-X-MAP` range); a segment
     /// whose file is listed has that URI, and an `EXT-X-MAP` of its file's PSI precedes the
     /// first segment of each file. Empty: one file, `uri` and `map`.
-    pub files: &'a [(u64, &'a str, Option<(u64, u64)>)],
+    pub files: &'a [LiveFile<'a>],
     /// The recording's start, ns since the Unix epoch (its tracks' header): time track times
     /// count from it (`EXT-X-PROGRAM-DATE-TIME`).
     pub start_wall_ns: u64,
     /// The session token segment URIs carry, if any (appended as `?…`).
     pub query: Option<&'a str>,
+}
+
+/// One file of a segmented recording, as its playlist names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveFile<'a> {
+    /// The index's number of it ([`LiveSegment::file`]).
+    pub file: u64,
+    /// Its URI (relative to the playlist, escaped by the caller).
+    pub uri: &'a str,
+    /// `EXT-X-MAP`'s byte range in it (its PAT and PMT).
+    pub map: Option<(u64, u64)>,
 }
 
 /// The segments of one live recording, cut as its key frames arrive.
@@ -462,13 +473,17 @@ impl LiveIndex {
             if s.discontinuity {
                 p.push_str("#EXT-X-DISCONTINUITY\n");
             }
-            let file = view.files.iter().find(|f| f.0 == s.file);
+            let file = view.files.iter().find(|f| f.file == s.file);
             let uri = match (file, view.query) {
-                (Some(f), Some(q)) => format!("{}?{q}", f.1),
-                (Some(f), None) => f.1.to_string(),
+                (Some(f), Some(q)) => format!("{}?{q}", f.uri),
+                (Some(f), None) => f.uri.to_string(),
                 (None, _) => uri.clone(),
             };
-            if let Some(&(n, _, Some((offset, len)))) = file
+            if let Some(&LiveFile {
+                file: n,
+                map: Some((offset, len)),
+                ..
+            }) = file
                 && map_file != Some(n)
             {
                 let _ = writeln!(p, "#EXT-X-MAP:URI=\"{uri}\",BYTERANGE=\"{len}@{offset}\"");
@@ -654,7 +669,12 @@ mod tests {
             ]
         );
         assert_eq!(x.segments()[1].duration_ticks, 15 * S / 10);
-        let files = [(0, "a.ts", Some((0, 376))), (1, "b.ts", Some((0, 376)))];
+        let file = |file, uri| LiveFile {
+            file,
+            uri,
+            map: Some((0, 376)),
+        };
+        let files = [file(0, "a.ts"), file(1, "b.ts")];
         let p = x.playlist(&LiveView {
             files: &files,
             ..view(0)

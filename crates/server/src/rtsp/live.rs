@@ -830,10 +830,18 @@ mod tests {
             .collect();
         assert_eq!(
             pids,
-            vec![vec![256; 5], vec![0, 4096, 256, 256, 256, 256, 256], vec![256, 256]],
+            vec![
+                vec![256; 5],
+                vec![0, 4096, 256, 256, 256, 256, 256],
+                vec![256, 256]
+            ],
             "cut before the PAT, which went with the packets after it"
         );
-        assert_eq!(sent.concat(), [a.clone(), b.clone()].concat(), "nothing reordered");
+        assert_eq!(
+            sent.concat(),
+            [a.clone(), b.clone()].concat(),
+            "nothing reordered"
+        );
         // A PAT/PMT tail with nothing after it goes alone once it is stale.
         sent.clear();
         let p = Payload { ts: &a, rtp: None };

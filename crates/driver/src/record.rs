@@ -452,7 +452,7 @@ struct Segmenter {
     current: Option<(SegmentName, PathBuf)>,
     /// Media bytes of the segments closed this run (for the report).
     closed_media_bytes: u64,
-    /// A deletion error already logged since the last successful check.
+    /// A retention failure already logged since the last check that deleted all it had to.
     error_logged: bool,
 }
 
@@ -479,7 +479,6 @@ impl Segmenter {
     fn open_next(
         &mut self,
         wall_ns: u64,
-        _index: u64,
         rule: FrameRule,
         flags: u32,
     ) -> Result<Files, RecordError> {
@@ -591,6 +590,10 @@ impl Segmenter {
             && let Err(e) = crate::sys::sync_parent_dir(&listed[0].1)
         {
             self.fail(&format!("fsync of {}: {e}", self.dir.display()));
+        }
+        if deleted == n {
+            // A check that did all it had to: the next failure is logged again.
+            self.error_logged = false;
         }
         let left = &listed[deleted..];
         let closed: u64 = left[..left.len() - 1].iter().map(|(_, _, b)| b).sum();
@@ -842,7 +845,7 @@ pub fn record_to(
                 source,
             })?;
             let mut seg = Segmenter::new(s);
-            let f = seg.open_next(start_wall_ns, 0, rule, flags)?;
+            let f = seg.open_next(start_wall_ns, rule, flags)?;
             dst_label = seg.current_path().display().to_string();
             seg.retain(f.media_len, wall_ns());
             segments = Some(seg);
@@ -1060,7 +1063,7 @@ pub fn record_to(
                     frames_before = frames;
                     seg_t0_ns = items[from].1;
                     let wall = start_wall_ns.saturating_add(seg_t0_ns);
-                    files = match seg.open_next(wall, seg.opened, rule, flags) {
+                    files = match seg.open_next(wall, rule, flags) {
                         Ok(f) => f,
                         Err(RecordError::Open { source, .. }) if no_space(&source).is_some() => {
                             let errno = no_space(&source).expect("matched");

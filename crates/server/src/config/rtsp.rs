@@ -599,4 +599,65 @@ mod tests {
             .is_err()
         );
     }
+
+    #[test]
+    fn the_live_form_takes_a_segmented_record_and_both_forms_are_one_config() {
+        use super::{LiveRecord, SegmentLengthConfig};
+        let c: ServerConfig = toml::from_str(
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/srv/rec\", segment = \"10m\", keep = \"7d\", max_bytes = \"500GiB\" }\n\
+             [live.b]\nsource = \"udp-listen://127.0.0.1:5006\"\nrecord = { dir = \"/srv/rec\", segment = \"256MiB\" }\n\
+             [rtsp.live.old]\nsource = \"udp-listen://127.0.0.1:5005\"\nrecord = \"/tmp/old.ts\"\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        let all = c.live_sources();
+        assert_eq!(all.keys().collect::<Vec<_>>(), ["b", "cam", "old"]);
+        let Some(LiveRecord::Segments(r)) = &all["cam"].record else {
+            panic!("{:?}", all["cam"].record);
+        };
+        assert_eq!(r.segment, SegmentLengthConfig::Ms(600_000));
+        assert_eq!(r.keep, Some(7 * 86_400_000));
+        assert_eq!(r.max_bytes, Some(500 << 30));
+        assert_eq!(r.dir_of("a/b"), std::path::Path::new("/srv/rec/a_b"));
+        let Some(LiveRecord::Segments(b)) = &all["b"].record else {
+            panic!()
+        };
+        assert_eq!(b.segment, SegmentLengthConfig::Bytes(256 << 20));
+        assert_eq!((b.keep, b.max_bytes), (None, None));
+        assert_eq!(
+            all["old"].record,
+            Some(LiveRecord::File("/tmp/old.ts".into()))
+        );
+        assert!(c.old_live_form_warning().unwrap().contains("[live.old]"));
+        assert!(c.rtsp_with_live().live.contains_key("cam"));
+        let fresh: ServerConfig =
+            toml::from_str("[live.cam]\nsource = \"publish\"\npublishers = [\"a\"]\n").unwrap();
+        assert_eq!(fresh.old_live_form_warning(), None);
+        for bad in [
+            // Named twice, in both forms.
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\n[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5005\"\n",
+            "[live.cam]\nsource = \"rtsp://camera/stream\"\n",
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/r\", segment = \"500ms\" }\n",
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/r\", segment = \"1KiB\" }\n",
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/r\", keep = \"0s\" }\n",
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"\" }\n",
+            // Two forms' sources on one address.
+            "[live.a]\nsource = \"udp-listen://127.0.0.1:5004\"\n[rtsp.live.b]\nsource = \"udp-listen://127.0.0.1:5004\"\n",
+        ] {
+            let c: ServerConfig = toml::from_str(bad).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+        let e = toml::from_str::<ServerConfig>(
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/r\", segment = \"soon\" }\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("a duration"), "{e}");
+        assert!(
+            toml::from_str::<ServerConfig>(
+                "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/r\", nope = 1 }\n"
+            )
+            .is_err()
+        );
+    }
 }

@@ -33,13 +33,14 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, channel, sync_channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use penstock_core::time::Instant;
 use penstock_core::track::format::{FLAG_KERNEL_TIMESTAMPS, HEADER_BYTES, RECORD_BYTES};
+use penstock_core::track::segments::{KeptSegment, SegmentName, SegmentPolicy};
 use penstock_core::track::{
     CheckReport, FrameDetector, FrameRecord, FrameRule, PacketRecord, TimeRecord, TrackBytes,
     TrackHeader, TrackKind, TracksWriter, check, decode,
@@ -109,6 +110,9 @@ impl Default for RecordConfig {
 /// Lengths of the four files at one instant: what a sync makes durable.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SyncPoint {
+    /// Which file of a segmented recording (0 the first this run opened; always 0 for a
+    /// single file): the lengths are that file's.
+    pub segment: u64,
     pub packets: u64,
     pub media_bytes: u64,
     pub time_bytes: u64,
@@ -193,6 +197,67 @@ pub enum RecordDst {
         io: Box<PartitionIo>,
         tracks: PathBuf,
     },
+    /// A directory of segments (docs/recording.md "Segments and retention"): a new file at the
+    /// first key frame past each segment's end, named by its start time, each with its
+    /// tracks; the oldest deleted as the policy says.
+    Segments(SegmentsDst),
+}
+
+/// Where and how a segmented recording goes.
+#[derive(Debug)]
+pub struct SegmentsDst {
+    /// The directory of the segments (created if missing).
+    pub dir: PathBuf,
+    pub policy: SegmentPolicy,
+    /// Retention is checked at each rotation and this often besides (`keep` expires segments
+    /// between rotations).
+    pub retention_every: Duration,
+    /// What the recording keeps, for metrics and `STATE`.
+    pub stats: Arc<RecordStats>,
+}
+
+/// A segmented recording's figures, updated by its thread (read by metrics and `STATE`).
+#[derive(Debug, Default)]
+pub struct RecordStats {
+    /// Bytes of the segments kept before the open one (media and tracks), at the last
+    /// retention check.
+    pub closed_bytes: AtomicU64,
+    /// Bytes of the open segment (media and tracks) after its last write.
+    pub open_bytes: AtomicU64,
+    /// Segments kept, the open one included.
+    pub segments: AtomicU64,
+    /// Segments deleted by retention, and their bytes.
+    pub deletions: AtomicU64,
+    pub deleted_bytes: AtomicU64,
+    /// The oldest kept segment's start, seconds since the Unix epoch (0: none yet).
+    pub oldest_unix_s: AtomicU64,
+    /// Deletions that failed (the file stays; counted, logged once per check).
+    pub deletion_errors: AtomicU64,
+    /// The segment being written: its number in this run ([`SyncPoint::segment`]) and path.
+    pub current: std::sync::Mutex<Option<(u64, PathBuf)>>,
+}
+
+impl RecordStats {
+    /// The path of segment `n` of this run, while it is the one being written.
+    pub fn current_path(&self, n: u64) -> Option<PathBuf> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .filter(|(m, _)| *m == n)
+            .map(|(_, p)| p.clone())
+    }
+}
+
+impl RecordStats {
+    /// Bytes on disk: the kept segments and the open one.
+    pub fn bytes(&self) -> u64 {
+        self.closed_bytes.load(Ordering::Acquire) + self.open_bytes.load(Ordering::Acquire)
+    }
+
+    fn note_open(&self, bytes: u64) {
+        self.open_bytes.store(bytes, Ordering::Release);
+    }
 }
 
 impl RecordDst {
@@ -201,6 +266,7 @@ impl RecordDst {
         match self {
             RecordDst::File(p) => p,
             RecordDst::Partition { tracks, .. } => tracks,
+            RecordDst::Segments(s) => &s.dir,
         }
     }
 }
@@ -254,11 +320,18 @@ struct Files {
     tracks: [Arc<File>; 3],
     media_len: u64,
     track_len: [u64; 3],
+    /// The tracks' header time: their records' times count from it.
+    start_wall_ns: u64,
 }
 
 impl Files {
+    fn bytes(&self) -> u64 {
+        self.media_len + self.track_len.iter().sum::<u64>()
+    }
+
     fn point(&self, packets: u64) -> SyncPoint {
         SyncPoint {
+            segment: 0,
             packets,
             media_bytes: self.media_len,
             time_bytes: self.track_len[0],
@@ -269,6 +342,276 @@ impl Files {
 
     fn all(&self) -> (Media, [Arc<File>; 3]) {
         (self.media.clone(), self.tracks.clone())
+    }
+}
+
+fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Creates a recording's file for reading and writing: truncating one that exists, or
+/// (`exclusive`) failing with EEXIST.
+fn create(path: &Path, exclusive: bool) -> Result<Arc<File>, RecordError> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true).write(true);
+    if exclusive {
+        o.create_new(true);
+    } else {
+        o.create(true).truncate(true);
+    }
+    o.open(path)
+        .map(Arc::new)
+        .map_err(|source| RecordError::Open {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+fn write_headers(
+    tracks: &[Arc<File>; 3],
+    start_wall_ns: u64,
+    rule: FrameRule,
+    flags: u32,
+) -> io::Result<()> {
+    for (f, kind) in tracks.iter().zip(KINDS) {
+        let h = TrackHeader {
+            kind,
+            start_wall_ns,
+            frame_rule: rule,
+            flags,
+        }
+        .encode();
+        if let (_, Some(e)) = pwrite_all(f, &h, 0) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Creates the tracks beside `media` (named after `prefix`), makes the new names durable
+/// (their directories fsynced once, before any sync point is reported: a sync point's
+/// fdatasyncs make the files' bytes durable, not their names) and writes the headers.
+fn open_files(
+    media: Media,
+    media_path: Option<&Path>,
+    prefix: &Path,
+    start_wall_ns: u64,
+    rule: FrameRule,
+    flags: u32,
+) -> Result<Files, RecordError> {
+    let tracks = [
+        create(&track_path(prefix, TrackKind::Time), false)?,
+        create(&track_path(prefix, TrackKind::Packet), false)?,
+        create(&track_path(prefix, TrackKind::Frame), false)?,
+    ];
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for p in media_path
+        .map(Path::to_path_buf)
+        .into_iter()
+        .chain([track_path(prefix, TrackKind::Time)])
+    {
+        let dir = p.parent().map(Path::to_path_buf).unwrap_or_default();
+        if !dirs.contains(&dir) {
+            crate::sys::sync_parent_dir(&p).map_err(|source| RecordError::Open {
+                path: dir.clone(),
+                source,
+            })?;
+            dirs.push(dir);
+        }
+    }
+    write_headers(&tracks, start_wall_ns, rule, flags).map_err(|e| RecordError::Io {
+        op: "writing the track headers",
+        packets: 0,
+        source: e,
+    })?;
+    Ok(Files {
+        media,
+        tracks,
+        media_len: 0,
+        track_len: [HEADER_BYTES as u64; 3],
+        start_wall_ns,
+    })
+}
+
+/// Segment files tried at most for one start second (`_1` … `_999`) before giving up.
+const SUFFIXES_MAX: u32 = 1000;
+/// Segments listed at most in one retention check (beyond, the newest are not looked at:
+/// the oldest are what retention deletes).
+const SEGMENTS_LISTED_MAX: usize = 1 << 20;
+
+/// A segmented recording's files: naming the next, and retention.
+struct Segmenter {
+    dir: PathBuf,
+    policy: SegmentPolicy,
+    retention_every: Duration,
+    stats: Arc<RecordStats>,
+    /// Files opened so far (the open one is number `opened - 1`).
+    opened: u64,
+    current: Option<(SegmentName, PathBuf)>,
+    /// Media bytes of the segments closed this run (for the report).
+    closed_media_bytes: u64,
+    /// A retention failure already logged since the last check that deleted all it had to.
+    error_logged: bool,
+}
+
+impl Segmenter {
+    fn new(d: SegmentsDst) -> Segmenter {
+        Segmenter {
+            dir: d.dir,
+            policy: d.policy,
+            retention_every: d.retention_every,
+            stats: d.stats,
+            opened: 0,
+            current: None,
+            closed_media_bytes: 0,
+            error_logged: false,
+        }
+    }
+
+    fn current_path(&self) -> &Path {
+        self.current.as_ref().map_or(&self.dir, |(_, p)| p)
+    }
+
+    /// Creates the next segment, starting at `wall_ns`: named by its start second, with the
+    /// first free suffix when a file of that name exists (never overwritten).
+    fn open_next(
+        &mut self,
+        wall_ns: u64,
+        rule: FrameRule,
+        flags: u32,
+    ) -> Result<Files, RecordError> {
+        let mut name = SegmentName::at(wall_ns);
+        if let Some((last, _)) = &self.current
+            && last.start_unix_s == name.start_unix_s
+        {
+            name.suffix = last.suffix + 1;
+        }
+        loop {
+            let path = self.dir.join(format!("{}.ts", name.stem()));
+            match create(&path, true) {
+                Ok(f) => {
+                    let files =
+                        open_files(Media::File(f), Some(&path), &path, wall_ns, rule, flags)?;
+                    *self.stats.current.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((self.opened, path.clone()));
+                    self.current = Some((name, path));
+                    self.opened += 1;
+                    return Ok(files);
+                }
+                Err(RecordError::Open { source, .. })
+                    if source.kind() == io::ErrorKind::AlreadyExists
+                        && name.suffix < SUFFIXES_MAX =>
+                {
+                    name.suffix += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Lists the directory's segments (oldest first, the open one last), deletes what the
+    /// policy says has expired (each segment's tracks, then its media; one directory fsync
+    /// after), and updates the figures. A failure is counted and logged, never fatal: the
+    /// recording goes on.
+    fn retain(&mut self, open_bytes: u64, now_wall_ns: u64) {
+        let Some((open_name, open_path)) = self.current.clone() else {
+            return;
+        };
+        let mut listed: Vec<(SegmentName, PathBuf, u64)> = Vec::new();
+        match std::fs::read_dir(&self.dir) {
+            Ok(rd) => {
+                for e in rd.flatten().take(SEGMENTS_LISTED_MAX) {
+                    let path = e.path();
+                    let Some(stem) = path
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .and_then(|n| n.strip_suffix(".ts"))
+                    else {
+                        continue;
+                    };
+                    let Some(name) = SegmentName::parse(stem) else {
+                        continue;
+                    };
+                    if path == open_path {
+                        continue;
+                    }
+                    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+                    let bytes = size(&path)
+                        + KINDS
+                            .iter()
+                            .map(|k| size(&track_path(&path, *k)))
+                            .sum::<u64>();
+                    listed.push((name, path, bytes));
+                }
+            }
+            Err(e) => {
+                self.fail(&format!("listing {}: {e}", self.dir.display()));
+                return;
+            }
+        }
+        listed.sort();
+        listed.push((open_name, open_path, open_bytes));
+        let kept: Vec<KeptSegment> = listed
+            .iter()
+            .map(|(n, _, b)| KeptSegment {
+                start_unix_ns: n.start_unix_ns(),
+                bytes: *b,
+            })
+            .collect();
+        let n = self.policy.expired(&kept, now_wall_ns);
+        let mut deleted = 0;
+        for (_, path, bytes) in &listed[..n] {
+            // The tracks first: a crash between leaves a media file the next check lists and
+            // deletes, never tracks nobody lists.
+            let mut r = Ok(());
+            for k in KINDS {
+                match std::fs::remove_file(track_path(path, k)) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => r = Err(e),
+                    _ => {}
+                }
+            }
+            let r = r.and_then(|()| std::fs::remove_file(path));
+            match r {
+                Ok(()) => {
+                    deleted += 1;
+                    self.stats.deletions.fetch_add(1, Ordering::AcqRel);
+                    self.stats.deleted_bytes.fetch_add(*bytes, Ordering::AcqRel);
+                }
+                Err(e) => {
+                    self.stats.deletion_errors.fetch_add(1, Ordering::AcqRel);
+                    self.fail(&format!("deleting {}: {e}", path.display()));
+                    break;
+                }
+            }
+        }
+        if deleted > 0
+            && let Err(e) = crate::sys::sync_parent_dir(&listed[0].1)
+        {
+            self.fail(&format!("fsync of {}: {e}", self.dir.display()));
+        }
+        if deleted == n {
+            // A check that did all it had to: the next failure is logged again.
+            self.error_logged = false;
+        }
+        let left = &listed[deleted..];
+        let closed: u64 = left[..left.len() - 1].iter().map(|(_, _, b)| b).sum();
+        self.stats.closed_bytes.store(closed, Ordering::Release);
+        self.stats.note_open(open_bytes);
+        self.stats
+            .segments
+            .store(left.len() as u64, Ordering::Release);
+        self.stats
+            .oldest_unix_s
+            .store(left[0].0.start_unix_s, Ordering::Release);
+    }
+
+    fn fail(&mut self, what: &str) {
+        if !self.error_logged {
+            tracing::warn!(dir = %self.dir.display(), "recording retention: {what}");
+            self.error_logged = true;
+        }
     }
 }
 
@@ -426,7 +769,7 @@ pub fn record(
     )
 }
 
-/// [`record`] into a file or a volume partition.
+/// [`record`] into a file, a volume partition or a directory of segments.
 pub fn record_to(
     socket: BorrowedFd<'_>,
     dst: RecordDst,
@@ -455,58 +798,7 @@ pub fn record_to(
     let kernel_timestamps = cfg.kernel_timestamps
         && set_socket_int(socket, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1).is_ok();
 
-    let create = |path: PathBuf| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map(Arc::new)
-            .map_err(|source| RecordError::Open { path, source })
-    };
-    let prefix = dst.tracks_prefix().to_path_buf();
-    let dst_label = match &dst {
-        RecordDst::File(p) => p.display().to_string(),
-        RecordDst::Partition { io, .. } => format!("vol:{}", io.label),
-    };
-    let media_path = match &dst {
-        RecordDst::File(p) => Some(p.clone()),
-        RecordDst::Partition { .. } => None,
-    };
-    let media = match dst {
-        RecordDst::File(p) => Media::File(create(p)?),
-        RecordDst::Partition { mut io, .. } => {
-            io.make_buffered().map_err(|source| RecordError::Open {
-                path: PathBuf::from(format!("vol:{}", io.label)),
-                source,
-            })?;
-            Media::Partition(Arc::from(io))
-        }
-    };
-    let dst = prefix.as_path();
-    let tracks = [
-        create(track_path(dst, TrackKind::Time))?,
-        create(track_path(dst, TrackKind::Packet))?,
-        create(track_path(dst, TrackKind::Frame))?,
-    ];
-    // The new names must survive a power cut: their directories are fsynced once, before any
-    // sync point is reported (a sync point's fdatasyncs make the files' bytes durable, not
-    // their names).
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    for p in media_path.iter().chain([&track_path(dst, TrackKind::Time)]) {
-        let dir = p.parent().map(Path::to_path_buf).unwrap_or_default();
-        if !dirs.contains(&dir) {
-            crate::sys::sync_parent_dir(p).map_err(|source| RecordError::Open {
-                path: dir.clone(),
-                source,
-            })?;
-            dirs.push(dir);
-        }
-    }
-    let start_wall_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+    let start_wall_ns = wall_ns();
     let start = clock::now();
     let mut rule = match cfg.frames {
         FrameChoice::Fixed(r) => r,
@@ -518,33 +810,47 @@ pub fn record_to(
     } else {
         0
     };
-    let write_headers = |tracks: &[Arc<File>; 3], rule: FrameRule| -> io::Result<()> {
-        for (f, kind) in tracks.iter().zip(KINDS) {
-            let h = TrackHeader {
-                kind,
-                start_wall_ns,
-                frame_rule: rule,
-                flags,
-            }
-            .encode();
-            if let (_, Some(e)) = pwrite_all(f, &h, 0) {
-                return Err(e);
-            }
-        }
-        Ok(())
+    let mut dst_label = match &dst {
+        RecordDst::File(p) => p.display().to_string(),
+        RecordDst::Partition { io, .. } => format!("vol:{}", io.label),
+        RecordDst::Segments(s) => s.dir.display().to_string(),
     };
-    if let Err(e) = write_headers(&tracks, rule) {
-        return Err(RecordError::Io {
-            op: "writing the track headers",
-            packets: 0,
-            source: e,
-        });
-    }
-    let mut files = Files {
-        media,
-        tracks,
-        media_len: 0,
-        track_len: [HEADER_BYTES as u64; 3],
+    let mut segments: Option<Segmenter> = None;
+    let mut files = match dst {
+        RecordDst::File(p) => open_files(
+            Media::File(create(&p, false)?),
+            Some(&p),
+            &p,
+            start_wall_ns,
+            rule,
+            flags,
+        )?,
+        RecordDst::Partition { mut io, tracks } => {
+            io.make_buffered().map_err(|source| RecordError::Open {
+                path: PathBuf::from(format!("vol:{}", io.label)),
+                source,
+            })?;
+            open_files(
+                Media::Partition(Arc::from(io)),
+                None,
+                &tracks,
+                start_wall_ns,
+                rule,
+                flags,
+            )?
+        }
+        RecordDst::Segments(s) => {
+            std::fs::create_dir_all(&s.dir).map_err(|source| RecordError::Open {
+                path: s.dir.clone(),
+                source,
+            })?;
+            let mut seg = Segmenter::new(s);
+            let f = seg.open_next(start_wall_ns, rule, flags)?;
+            dst_label = seg.current_path().display().to_string();
+            seg.retain(f.media_len, wall_ns());
+            segments = Some(seg);
+            f
+        }
     };
     let mut syncer = Syncer::start(files.all()).map_err(|e| RecordError::Io {
         op: "starting the sync thread",
@@ -557,16 +863,28 @@ pub fn record_to(
     let mut detector = FrameDetector::new(rule);
     let mut out = TrackBytes::default();
     let mut kept: Vec<usize> = Vec::with_capacity(cfg.batch_max);
+    // (datagram slot, receive time since the recording's start, begins a frame)
+    let mut items: Vec<(usize, u64, bool)> = Vec::with_capacity(cfg.batch_max);
     let (mut truncated, mut empty, mut frames) = (0u64, 0u64, 0u64);
     let mut drops: Option<u64> = drops_known.then_some(0);
     let mut last_time_ns = 0u64;
     let mut batch_largest = 0usize;
     let (mut syncs, mut synced) = (0u64, SyncPoint::default());
+    // The open segment's first receive time (since the recording's start): its tracks' times
+    // count from it. 0 for a single file.
+    let mut seg_t0_ns = 0u64;
+    // Packets and frames of the segments closed before the open one.
+    let (mut packets_before, mut frames_before) = (0u64, 0u64);
     let sync_ns = cfg
         .sync_every
         .map(|d| d.as_nanos() as u64)
         .filter(|&n| n > 0);
     let mut next_sync = sync_ns.map(|n| Instant::from_nanos(start.as_nanos().saturating_add(n)));
+    let retention_ns = segments
+        .as_ref()
+        .map(|s| s.retention_every.as_nanos() as u64);
+    let mut next_retention =
+        retention_ns.map(|n| Instant::from_nanos(start.as_nanos().saturating_add(n)));
     let end = cfg
         .duration
         .map(|d| Instant::from_nanos(start.as_nanos().saturating_add(d.as_nanos() as u64)));
@@ -581,6 +899,7 @@ pub fn record_to(
         on_sync(&p);
         Ok(())
     };
+    let segment_no = |s: &Option<Segmenter>| s.as_ref().map_or(0, |s| s.opened - 1);
 
     let cause = 'run: loop {
         if stop.load(Ordering::Acquire) {
@@ -598,15 +917,23 @@ pub fn record_to(
             }
             return Err(RecordError::Io {
                 op: "fdatasync",
-                packets: writer.packets(),
+                packets: packets_before + writer.packets(),
                 source: e,
             });
         }
         if let Some(ns) = sync_ns
             && next_sync.is_some_and(|t| now >= t)
         {
-            syncer.request(files.point(writer.packets()));
+            let mut p = files.point(writer.packets());
+            p.segment = segment_no(&segments);
+            syncer.request(p);
             next_sync = Some(Instant::from_nanos(now.as_nanos().saturating_add(ns)));
+        }
+        if let (Some(seg), Some(ns)) = (segments.as_mut(), retention_ns)
+            && next_retention.is_some_and(|t| now >= t)
+        {
+            seg.retain(files.bytes(), wall_ns());
+            next_retention = Some(Instant::from_nanos(now.as_nanos().saturating_add(ns)));
         }
         // Wait for data, at most until the next thing to look at.
         let mut wait = POLL_MAX;
@@ -623,7 +950,7 @@ pub fn record_to(
             Err(e) => {
                 return Err(RecordError::Io {
                     op: "poll",
-                    packets: writer.packets(),
+                    packets: packets_before + writer.packets(),
                     source: e.into(),
                 });
             }
@@ -636,7 +963,7 @@ pub fn record_to(
                 Err(e) => {
                     return Err(RecordError::Io {
                         op: "recvmmsg",
-                        packets: writer.packets(),
+                        packets: packets_before + writer.packets(),
                         source: e,
                     });
                 }
@@ -665,7 +992,7 @@ pub fn record_to(
                 rule_decided = true;
                 detector = FrameDetector::new(rule);
                 if rule != FrameRule::EveryPacket
-                    && let Err(e) = write_headers(&files.tracks, rule)
+                    && let Err(e) = write_headers(&files.tracks, files.start_wall_ns, rule, flags)
                 {
                     if let Some(errno) = no_space(&e) {
                         break 'run StopCause::NoSpace { errno };
@@ -677,20 +1004,10 @@ pub fn record_to(
                     });
                 }
             }
-            // 1. The media: one vectored write of the slots, no copy (a partition: one per
-            // member piece).
-            let slices: Vec<&[u8]> = kept.iter().map(|&i| batch.datagram(i)).collect();
-            let (written, media_err) = files.media.write_vectored_at(&slices, files.media_len);
-            files.media_len += written;
-            // 2. The tracks, for the datagrams the media holds whole.
-            out.clear();
-            let mut covered = 0u64;
+            // Each datagram's receive time and frame start, in order (the detector sees
+            // every datagram once).
+            items.clear();
             for &i in &kept {
-                let d = batch.datagram(i);
-                if covered + d.len() as u64 > written {
-                    break;
-                }
-                covered += d.len() as u64;
                 let t = match (kernel_timestamps, batch.meta(i).kernel_time_ns) {
                     (true, Some(k)) => k.saturating_sub(start_wall_ns),
                     _ => user_time_ns,
@@ -698,30 +1015,128 @@ pub fn record_to(
                 // CLOCK_REALTIME can step back; the track's times must not.
                 let t = t.max(last_time_ns);
                 last_time_ns = t;
-                let frame = detector.observe(d);
-                frames += u64::from(frame);
-                writer
-                    .push(t, d.len() as u32, frame, &mut out)
-                    .expect("times are clamped non-decreasing and offsets fit u64");
+                items.push((i, t, detector.observe(batch.datagram(i))));
             }
-            let mut track_err = None;
-            for (k, bytes) in [&out.time, &out.packet, &out.frame].into_iter().enumerate() {
-                let (w, e) = pwrite_all(&files.tracks[k], bytes, files.track_len[k]);
-                files.track_len[k] += w;
-                if e.is_some() {
-                    track_err = e;
-                    break;
+            // Runs of datagrams for one file each: a segmented recording starts a new file
+            // before the first frame start past the segment's end.
+            let mut from = 0;
+            while from < items.len() {
+                if let Some(seg) = &segments
+                    && seg.policy.rotate_before(
+                        seg_t0_ns,
+                        files.media_len,
+                        items[from].1,
+                        items[from].2,
+                    )
+                {
+                    // Close the open segment: what it holds made durable, then the next file.
+                    let seg = segments.as_mut().expect("checked above");
+                    if let Some(r) = syncer.poll(true)
+                        && let Err(e) = handle_sync(r, &mut syncs, &mut synced)
+                    {
+                        if let Some(errno) = no_space(&e) {
+                            break 'run StopCause::NoSpace { errno };
+                        }
+                        return Err(RecordError::Io {
+                            op: "fdatasync",
+                            packets: packets_before + writer.packets(),
+                            source: e,
+                        });
+                    }
+                    syncer.stop();
+                    let mut p = files.point(writer.packets());
+                    p.segment = seg.opened - 1;
+                    if let Err(e) = sync_in_order(&files.all())
+                        .and_then(|()| handle_sync(Ok(p), &mut syncs, &mut synced))
+                    {
+                        if let Some(errno) = no_space(&e) {
+                            break 'run StopCause::NoSpace { errno };
+                        }
+                        return Err(RecordError::Io {
+                            op: "fdatasync",
+                            packets: packets_before + writer.packets(),
+                            source: e,
+                        });
+                    }
+                    seg.closed_media_bytes += files.media_len;
+                    packets_before += writer.packets();
+                    frames_before = frames;
+                    seg_t0_ns = items[from].1;
+                    let wall = start_wall_ns.saturating_add(seg_t0_ns);
+                    files = match seg.open_next(wall, rule, flags) {
+                        Ok(f) => f,
+                        Err(RecordError::Open { source, .. }) if no_space(&source).is_some() => {
+                            let errno = no_space(&source).expect("matched");
+                            break 'run StopCause::NoSpace { errno };
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    dst_label = seg.current_path().display().to_string();
+                    writer = TracksWriter::new();
+                    syncer = Syncer::start(files.all()).map_err(|e| RecordError::Io {
+                        op: "starting the sync thread",
+                        packets: packets_before,
+                        source: e,
+                    })?;
+                    seg.retain(0, wall_ns());
                 }
-            }
-            if let Some(e) = media_err.or(track_err) {
-                if let Some(errno) = no_space(&e) {
-                    break 'run StopCause::NoSpace { errno };
+                let mut to = from + 1;
+                if let Some(seg) = &segments {
+                    let mut bytes = files.media_len + batch.datagram(items[from].0).len() as u64;
+                    while to < items.len()
+                        && !seg
+                            .policy
+                            .rotate_before(seg_t0_ns, bytes, items[to].1, items[to].2)
+                    {
+                        bytes += batch.datagram(items[to].0).len() as u64;
+                        to += 1;
+                    }
+                } else {
+                    to = items.len();
                 }
-                return Err(RecordError::Io {
-                    op: "write",
-                    packets: writer.packets(),
-                    source: e,
-                });
+                let run = &items[from..to];
+                from = to;
+                // 1. The media: one vectored write of the slots, no copy (a partition: one
+                // per member piece).
+                let slices: Vec<&[u8]> = run.iter().map(|&(i, ..)| batch.datagram(i)).collect();
+                let (written, media_err) = files.media.write_vectored_at(&slices, files.media_len);
+                files.media_len += written;
+                // 2. The tracks, for the datagrams the media holds whole.
+                out.clear();
+                let mut covered = 0u64;
+                for &(i, t, frame) in run {
+                    let d = batch.datagram(i);
+                    if covered + d.len() as u64 > written {
+                        break;
+                    }
+                    covered += d.len() as u64;
+                    frames += u64::from(frame);
+                    writer
+                        .push(t - seg_t0_ns, d.len() as u32, frame, &mut out)
+                        .expect("times are clamped non-decreasing and offsets fit u64");
+                }
+                let mut track_err = None;
+                for (k, bytes) in [&out.time, &out.packet, &out.frame].into_iter().enumerate() {
+                    let (w, e) = pwrite_all(&files.tracks[k], bytes, files.track_len[k]);
+                    files.track_len[k] += w;
+                    if e.is_some() {
+                        track_err = e;
+                        break;
+                    }
+                }
+                if let Some(e) = media_err.or(track_err) {
+                    if let Some(errno) = no_space(&e) {
+                        break 'run StopCause::NoSpace { errno };
+                    }
+                    return Err(RecordError::Io {
+                        op: "write",
+                        packets: packets_before + writer.packets(),
+                        source: e,
+                    });
+                }
+                if let Some(seg) = &segments {
+                    seg.stats.note_open(files.bytes());
+                }
             }
         }
     };
@@ -736,7 +1151,7 @@ pub fn record_to(
             None => {
                 return Err(RecordError::Io {
                     op: "fdatasync",
-                    packets: writer.packets(),
+                    packets: packets_before + writer.packets(),
                     source: e,
                 });
             }
@@ -753,7 +1168,7 @@ pub fn record_to(
         })?;
         packets = r.readable_packets;
         media_bytes = r.readable_media_bytes;
-        frames = r.readable_frames;
+        frames = frames_before + r.readable_frames;
         files.media_len = r.readable_media_bytes;
         files.track_len = [
             (HEADER_BYTES as u64) + RECORD_BYTES as u64 * r.readable_packets,
@@ -764,7 +1179,8 @@ pub fn record_to(
     }
     match sync_in_order(&files.all()) {
         Ok(()) => {
-            let p = files.point(packets);
+            let mut p = files.point(packets);
+            p.segment = segment_no(&segments);
             handle_sync(Ok(p), &mut syncs, &mut synced).expect("Ok is handled");
         }
         Err(e) if no_space(&e).is_some() && kept_report.is_some() => {}
@@ -776,9 +1192,13 @@ pub fn record_to(
             });
         }
     }
+    if let Some(seg) = &segments {
+        seg.stats.note_open(files.bytes());
+        media_bytes += seg.closed_media_bytes;
+    }
     Ok(RecordReport {
         cause,
-        packets,
+        packets: packets_before + packets,
         media_bytes,
         frames,
         truncated,

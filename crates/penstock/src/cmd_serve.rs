@@ -416,8 +416,7 @@ fn check_config(cfg: &ServerConfig, a: &ServeArgs) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("rtsp.listen: {e}"))?;
         let r: Vec<String> = r.iter().map(|a| format!("rtsp://{a}/")).collect();
         let live: Vec<String> = cfg
-            .rtsp
-            .live
+            .live_sources()
             .iter()
             .map(|(name, l)| format!(" live {name}={}", l.source))
             .collect();

@@ -64,6 +64,11 @@ pub struct ServerConfig {
     pub log: LogConfig,
     /// `[rtsp]`: the RTSP server (on by default at 127.0.0.1:8554).
     pub rtsp: RtspConfig,
+    /// `[live.NAME]`: live sources (docs/rtsp.md "Live relay"), played at
+    /// `rtsp://HOST:PORT/live/NAME` (and `/NAME`) and `/live/NAME/index.m3u8`, recorded if
+    /// `record` says so. The old form `[rtsp.live.NAME]` is read into the same struct, with a
+    /// warning ([`ServerConfig::live_sources`] joins the two).
+    pub live: std::collections::BTreeMap<String, rtsp::LiveConfig>,
     /// `[cluster]`: membership in etcd, redirects (off unless `etcd` is set; docs/cluster.md).
     pub cluster: cluster::ClusterConfig,
     /// `[origin]`: paths missing beneath the root read from an HTTP or S3 origin through a
@@ -1641,7 +1646,37 @@ impl ServerConfig {
             message: e.to_string(),
         })?;
         cfg.check()?;
+        if let Some(w) = cfg.old_live_form_warning() {
+            tracing::warn!("{}: {w}", path.display());
+        }
         Ok(cfg)
+    }
+
+    /// The warning the old form `[rtsp.live.NAME]` gets, naming the new one.
+    pub fn old_live_form_warning(&self) -> Option<String> {
+        let names: Vec<&str> = self.rtsp.live.keys().map(String::as_str).collect();
+        (!names.is_empty()).then(|| {
+            format!(
+                "[rtsp.live.{0}] is the old form of a live source: write [live.{0}] (the same keys; record = {{ dir = \"…\", segment = \"10m\", keep = \"7d\", max_bytes = \"500GiB\" }} for segments); {1} source(s) in the old form",
+                names[0],
+                names.len()
+            )
+        })
+    }
+
+    /// Every live source, of both forms (a name in both is refused by [`ServerConfig::check`]).
+    pub fn live_sources(&self) -> std::collections::BTreeMap<String, rtsp::LiveConfig> {
+        let mut all = self.rtsp.live.clone();
+        all.extend(self.live.iter().map(|(k, v)| (k.clone(), v.clone())));
+        all
+    }
+
+    /// `[rtsp]` with every live source: what the RTSP server runs.
+    pub fn rtsp_with_live(&self) -> RtspConfig {
+        RtspConfig {
+            live: self.live_sources(),
+            ..self.rtsp.clone()
+        }
     }
 
     /// Checks what can be checked without opening anything.
@@ -1685,7 +1720,12 @@ impl ServerConfig {
                 "api.listen is https:// but [tls] names no certificate ([[tls.certificates]] cert = \"chain.pem\", key = \"key.pem\")".into(),
             ));
         }
-        self.rtsp.check()?;
+        if let Some(n) = self.live.keys().find(|n| self.rtsp.live.contains_key(*n)) {
+            return Err(ConfigError::Invalid(format!(
+                "live source {n:?} is configured twice, as [live.{n}] and [rtsp.live.{n}]: keep [live.{n}]"
+            )));
+        }
+        self.rtsp_with_live().check()?;
         let admitted_max = self.admission.admission_config().streams_max;
         if !self.rtsp.is_off() && self.rtsp.sessions_max as u64 > u64::from(admitted_max) {
             return Err(ConfigError::Invalid(format!(

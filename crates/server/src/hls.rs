@@ -285,7 +285,7 @@ impl Hls {
     pub(crate) fn register_live(
         &self,
         name: &str,
-        media: Option<std::path::PathBuf>,
+        media: crate::hls_live::LiveMedia,
     ) -> Arc<crate::hls_live::LiveFeed> {
         let feed = Arc::new(crate::hls_live::LiveFeed::new(
             name,

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use penstock_core::hls::{
-    Blocking, LiveIndex, LiveKeyFrame, LiveView, TsPsi, find_psi, key_frame_in,
+    Blocking, LiveFile, LiveIndex, LiveKeyFrame, LiveView, TsPsi, find_psi, key_frame_in,
 };
 use penstock_core::track::format::{HEADER_BYTES, RECORD_BYTES, decode_one};
 use penstock_core::track::{FrameRecord, PacketRecord, TimeRecord, TrackKind, decode_header};
@@ -32,18 +32,52 @@ const PSI_SCAN_BYTES: u64 = 1 << 20;
 const FRAME_READ_BYTES: u64 = (4096 * RECORD_BYTES) as u64;
 const TS_PACKET_BYTES: u64 = 188;
 
+/// Files of a segmented recording the feed remembers at most (the index's own bound drops
+/// their segments sooner).
+const FILES_KNOWN_MAX: usize = 4096;
+
+/// What a live source records, as its HLS sees it.
+pub(crate) enum LiveMedia {
+    /// Not recorded: no playlist (409).
+    None,
+    /// One file, served as `/live/NAME/stream.ts`.
+    File(PathBuf),
+    /// Segments (`record = { dir, … }`): each file served as `/live/NAME/<its name>`, the
+    /// playlist spanning the files still kept (the recorder says which file it writes).
+    Segments(Arc<penstock_driver::record::RecordStats>),
+}
+
+/// A file of a segmented recording the playlist lists segments of.
+struct KnownFile {
+    /// The index's number of it.
+    index_file: u64,
+    path: PathBuf,
+    /// Its name: its URI beside the playlist.
+    name: String,
+    map: Option<(u64, u64)>,
+    /// Its length once the recorder moved on (`None`: being written, its synced length).
+    len: Option<u64>,
+}
+
 /// One live source's HLS: its recording (if any) and the index of it.
 pub(crate) struct LiveFeed {
     pub(crate) name: String,
-    /// The media file being recorded; `None`: the relay does not record (409).
-    pub(crate) media: Option<PathBuf>,
+    pub(crate) media: LiveMedia,
     state: Mutex<FeedState>,
 }
 
 struct FeedState {
     index: LiveIndex,
     psi: Option<TsPsi>,
+    /// The first file's tracks' start: the playlist's times count from it.
     start_wall_ns: u64,
+    /// The file indexed now: the recorder's segment number, the time its tracks count from
+    /// (after `start_wall_ns`, ns), the index's file number.
+    segment: u64,
+    file_offset_ns: u64,
+    index_file: u64,
+    /// A segmented recording's files still listed, oldest first.
+    known: std::collections::VecDeque<KnownFile>,
     /// The next frame-track byte to read.
     frame_read: u64,
     files: Option<[File; 4]>,
@@ -57,7 +91,6 @@ impl std::fmt::Debug for LiveFeed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LiveFeed")
             .field("name", &self.name)
-            .field("media", &self.media)
             .finish_non_exhaustive()
     }
 }
@@ -72,7 +105,7 @@ pub(crate) enum LivePlaylist {
 impl LiveFeed {
     pub(crate) fn new(
         name: &str,
-        media: Option<PathBuf>,
+        media: LiveMedia,
         target_ticks: u64,
         segments_max: usize,
     ) -> LiveFeed {
@@ -83,6 +116,10 @@ impl LiveFeed {
                 index: LiveIndex::new(target_ticks, segments_max),
                 psi: None,
                 start_wall_ns: 0,
+                segment: 0,
+                file_offset_ns: 0,
+                index_file: 0,
+                known: Default::default(),
                 frame_read: HEADER_BYTES as u64,
                 files: None,
                 wakers: Vec::new(),
@@ -111,9 +148,54 @@ impl LiveFeed {
     }
 
     fn index_new(&self, st: &mut FeedState, p: &SyncPoint) -> Result<(), String> {
-        let Some(media) = &self.media else {
-            return Ok(());
+        let media = match &self.media {
+            LiveMedia::None => return Ok(()),
+            LiveMedia::File(m) => m.clone(),
+            LiveMedia::Segments(stats) => {
+                if p.segment != st.segment {
+                    // The recorder moved to its next file: the one indexed is complete at
+                    // its last synced length (the recorder synced it whole before).
+                    let end = st.index.synced_bytes();
+                    st.index.handle_next_file(end);
+                    if let Some(k) = st.known.back_mut()
+                        && k.len.is_none()
+                    {
+                        k.len = Some(end);
+                    }
+                    st.index_file += 1;
+                    st.segment = p.segment;
+                    st.files = None;
+                    st.psi = None;
+                    st.frame_read = HEADER_BYTES as u64;
+                }
+                prune_deleted(st);
+                match st.known.back() {
+                    Some(k) if k.index_file == st.index_file => k.path.clone(),
+                    _ => {
+                        let path = stats.current_path(p.segment).ok_or_else(|| {
+                            format!(
+                                "segment {} of the recording is not the one written",
+                                p.segment
+                            )
+                        })?;
+                        let name = path
+                            .file_name()
+                            .and_then(|n| n.to_str())
+                            .ok_or("a segment's name is not UTF-8")?
+                            .to_string();
+                        st.known.push_back(KnownFile {
+                            index_file: st.index_file,
+                            path: path.clone(),
+                            name,
+                            map: None,
+                            len: None,
+                        });
+                        path
+                    }
+                }
+            }
         };
+        let media = &media;
         if st.files.is_none() {
             let open = |path: PathBuf| {
                 File::open(&path).map_err(|e| format!("opening {}: {e}", path.display()))
@@ -128,9 +210,13 @@ impl LiveFeed {
             files[1]
                 .read_exact_at(&mut h, 0)
                 .map_err(|e| format!("reading the time track's header: {e}"))?;
-            st.start_wall_ns = decode_header(&h)
+            let start = decode_header(&h)
                 .map_err(|e| format!("the time track's header: {e}"))?
                 .start_wall_ns;
+            if st.start_wall_ns == 0 {
+                st.start_wall_ns = start;
+            }
+            st.file_offset_ns = start.saturating_sub(st.start_wall_ns);
             st.files = Some(files);
         }
         let [media_f, time_f, packet_f, frame_f] = st.files.as_ref().expect("opened above");
@@ -141,6 +227,11 @@ impl LiveFeed {
                 .read_exact_at(&mut b, 0)
                 .map_err(|e| format!("reading the media's start: {e}"))?;
             st.psi = find_psi(&b);
+            if let (Some(psi), Some(k)) = (st.psi, st.known.back_mut())
+                && k.index_file == st.index_file
+            {
+                k.map = psi.map_range();
+            }
             if st.psi.is_none() {
                 if p.media_bytes >= PSI_SCAN_BYTES {
                     return Err(format!(
@@ -194,7 +285,7 @@ impl LiveFeed {
                 st.index.handle_key_frame(LiveKeyFrame {
                     offset: f.media_offset_bytes + i as u64 * TS_PACKET_BYTES,
                     pts,
-                    time_ns: t.time_ns,
+                    time_ns: st.file_offset_ns.saturating_add(t.time_ns),
                 });
                 if st.index.skipped() > skipped {
                     tracing::warn!(
@@ -236,17 +327,50 @@ impl LiveFeed {
 
     /// The playlist of the newest `window` segments (0: all), its segment URI `uri`.
     pub(crate) fn playlist(&self, uri: &str, window: usize, query: Option<&str>) -> LivePlaylist {
-        let st = self.state();
+        let mut st = self.state();
+        prune_deleted(&mut st);
         if st.index.segments().is_empty() || st.psi.is_none() {
             return LivePlaylist::NotYet(st.failed.clone());
         }
+        let files: Vec<LiveFile<'_>> = st
+            .known
+            .iter()
+            .map(|k| LiveFile {
+                file: k.index_file,
+                uri: k.name.as_str(),
+                map: k.map,
+            })
+            .collect();
         LivePlaylist::Ready(st.index.playlist(&LiveView {
             uri,
             map: st.psi.and_then(|p| p.map_range()),
             window,
             start_wall_ns: st.start_wall_ns,
             query,
+            files: &files,
         }))
+    }
+
+    /// A segmented recording's file named `name` that the playlist lists: its path and the
+    /// length served (the synced length of the one being written).
+    pub(crate) fn segment_file(&self, name: &str) -> Option<(PathBuf, u64)> {
+        let st = self.state();
+        let k = st.known.iter().find(|k| k.name == name)?;
+        Some((
+            k.path.clone(),
+            k.len.unwrap_or_else(|| st.index.synced_bytes()),
+        ))
+    }
+}
+
+/// The files of a segmented recording that retention deleted leave the playlist (oldest
+/// first, as retention deletes them; the file being written is never deleted). Looked at at
+/// each sync point and each playlist request: one stat of the oldest file.
+fn prune_deleted(st: &mut FeedState) {
+    while st.known.len() > 1 && (st.known.len() > FILES_KNOWN_MAX || !st.known[0].path.exists()) {
+        if let Some(k) = st.known.pop_front() {
+            st.index.handle_file_removed(k.index_file);
+        }
     }
 }
 

@@ -540,7 +540,7 @@ impl Server {
             None
         } else {
             let r = rtsp::RtspServer::start(
-                &cfg.rtsp,
+                &cfg.rtsp_with_live(),
                 &cfg.volumes,
                 root,
                 engine.clone(),

@@ -387,6 +387,13 @@ pub struct Metrics {
     pub live_datagrams: Family<LiveLabels, Counter>,
     /// Sessions subscribed to each live source now.
     pub live_sessions: Family<SourceLabel, Gauge>,
+    /// A live source's segmented recording (`record = { dir, … }`): bytes on disk (media and
+    /// tracks, the open segment included), segments kept, segments deleted by retention, and
+    /// the oldest kept segment's start (seconds since the Unix epoch).
+    pub recording_bytes: Family<SourceLabel, Gauge>,
+    pub recording_segments: Family<SourceLabel, Gauge>,
+    pub recording_deletions: Family<SourceLabel, Counter>,
+    pub recording_oldest: Family<SourceLabel, Gauge>,
     /// HLS playlists answered (made here), by kind: `media` (`PATH/index.m3u8`) or `master`.
     pub hls_playlists: Family<Kind, Counter>,
     /// HLS segment requests: range GETs of a TS file (what a playlist's `EXT-X-BYTERANGE`
@@ -588,6 +595,30 @@ impl Metrics {
             "Sessions receiving each RTSP live source now",
             live_sessions.clone(),
         );
+        let recording_bytes = Family::<SourceLabel, Gauge>::default();
+        r.register(
+            "recording_bytes",
+            "Bytes a live source's segmented recording takes on disk (media and tracks, the segment being written included)",
+            recording_bytes.clone(),
+        );
+        let recording_segments = Family::<SourceLabel, Gauge>::default();
+        r.register(
+            "recording_segments",
+            "Segments a live source's segmented recording keeps (the one being written included)",
+            recording_segments.clone(),
+        );
+        let recording_deletions = Family::<SourceLabel, Counter>::default();
+        r.register(
+            "recording_deletions",
+            "Segments of a live source's recording deleted by retention (keep, max_bytes)",
+            recording_deletions.clone(),
+        );
+        let recording_oldest = Family::<SourceLabel, Gauge>::default();
+        r.register(
+            "recording_oldest_start_seconds",
+            "Start of the oldest segment a live source's recording keeps, seconds since the Unix epoch",
+            recording_oldest.clone(),
+        );
         let hls_playlists = Family::<Kind, Counter>::default();
         for kind in ["media", "master", "dash"] {
             let _ = hls_playlists.get_or_create(&Kind { kind: kind.into() });
@@ -672,6 +703,10 @@ impl Metrics {
             hls_sessions_revoked,
             live_datagrams,
             live_sessions,
+            recording_bytes,
+            recording_segments,
+            recording_deletions,
+            recording_oldest,
             rtsp_sessions,
             rtsp_sessions_ended,
             rtsp_requests,
@@ -789,6 +824,27 @@ impl Metrics {
                 source: source.into(),
             })
             .set(i64::try_from(sessions).unwrap_or(i64::MAX));
+    }
+
+    /// A live source's segmented recording's figures, as its recorder last set them.
+    pub fn recording(&self, source: &str, stats: &penstock_driver::record::RecordStats) {
+        use std::sync::atomic::Ordering;
+        let label = SourceLabel {
+            source: source.into(),
+        };
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.recording_bytes
+            .get_or_create(&label)
+            .set(gauge(stats.bytes()));
+        self.recording_segments
+            .get_or_create(&label)
+            .set(gauge(stats.segments.load(Ordering::Acquire)));
+        self.recording_oldest
+            .get_or_create(&label)
+            .set(gauge(stats.oldest_unix_s.load(Ordering::Acquire)));
+        let c = self.recording_deletions.get_or_create(&label);
+        let now = stats.deletions.load(Ordering::Acquire);
+        c.inc_by(now.saturating_sub(c.get()));
     }
 
     /// Counts an RTSP session's end.

@@ -56,6 +56,9 @@ pub struct LiveKeyFrame {
 /// at receive time `time_ns`; `discontinuity`: it follows a restart or a timestamp jump.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LiveSegment {
+    /// The recording's file it lies in: 0 for the first, one more at each
+    /// [`LiveIndex::handle_next_file`] (a segmented recording's files).
+    pub file: u64,
     pub offset: u64,
     pub len: u64,
     pub duration_ticks: u64,
@@ -84,11 +87,26 @@ pub struct LiveView<'a> {
     pub map: Option<(u64, u64)>,
     /// Segments listed at most (the newest); 0: all kept (`EXT-X-PLAYLIST-TYPE:EVENT`).
     pub window: usize,
+    /// A segmented recording's files: (file number, URI, `EXT-X-MAP` range); a segment
+    /// whose file is listed has that URI, and an `EXT-X-MAP` of its file's PSI precedes the
+    /// first segment of each file. Empty: one file, `uri` and `map`.
+    pub files: &'a [LiveFile<'a>],
     /// The recording's start, ns since the Unix epoch (its tracks' header): time track times
     /// count from it (`EXT-X-PROGRAM-DATE-TIME`).
     pub start_wall_ns: u64,
     /// The session token segment URIs carry, if any (appended as `?…`).
     pub query: Option<&'a str>,
+}
+
+/// One file of a segmented recording, as its playlist names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveFile<'a> {
+    /// The index's number of it ([`LiveSegment::file`]).
+    pub file: u64,
+    /// Its URI (relative to the playlist, escaped by the caller).
+    pub uri: &'a str,
+    /// `EXT-X-MAP`'s byte range in it (its PAT and PMT).
+    pub map: Option<(u64, u64)>,
 }
 
 /// The segments of one live recording, cut as its key frames arrive.
@@ -108,6 +126,12 @@ pub struct LiveIndex {
     open: Option<(LiveKeyFrame, bool)>,
     /// The last key frame seen (the discontinuity test compares with it).
     last: Option<LiveKeyFrame>,
+    /// The file key frames and syncs are of now, the open segment's and the last key
+    /// frame's, and the end of the file before the current one (its number and length).
+    file: u64,
+    open_file: u64,
+    last_file: u64,
+    ended: Option<(u64, u64)>,
     /// `EXT-X-TARGETDURATION`, fixed when the first segment is complete (`None` before).
     target_s: Option<u64>,
     /// Key-frame intervals longer than the target duration, left out of the playlist.
@@ -140,6 +164,10 @@ impl LiveIndex {
             dropped: false,
             open: None,
             last: None,
+            file: 0,
+            open_file: 0,
+            last_file: 0,
+            ended: None,
             target_s: None,
             skipped: 0,
             synced_bytes: 0,
@@ -163,11 +191,16 @@ impl LiveIndex {
         let Some((open, open_disc)) = self.open else {
             self.open = Some((k, false));
             self.last = Some(k);
+            (self.open_file, self.last_file) = (self.file, self.file);
             return;
         };
+        if self.open_file != self.file {
+            return self.cross_file(k, open, open_disc);
+        }
         if k.offset <= open.offset || self.last.is_some_and(|l| k.offset <= l.offset) {
             return;
         }
+        self.last_file = self.file;
         let last = self.last.unwrap_or(open);
         let step = pts_delta(last.pts, k.pts);
         let recv_ticks = (k.time_ns.saturating_sub(last.time_ns) as u128
@@ -218,6 +251,77 @@ impl LiveIndex {
         }
     }
 
+    /// The first key frame of a later file than the open segment's: the open segment ends
+    /// with its file (cut at the key frame before when it would be too long); the new one
+    /// follows it, after a discontinuity only when the timestamps jump (the files of one
+    /// recording are one byte stream) or the open segment's file end is unknown (a file was
+    /// passed over: its stretch is left out).
+    fn cross_file(&mut self, k: LiveKeyFrame, open: LiveKeyFrame, open_disc: bool) {
+        let last = self.last.unwrap_or(open);
+        let last_in_open_file = self.last_file == self.open_file;
+        let step = pts_delta(last.pts, k.pts);
+        let recv_ticks = (k.time_ns.saturating_sub(last.time_ns) as u128
+            * u128::from(PTS_TICKS_PER_S)
+            / 1_000_000_000) as i64;
+        let jump = step < 0 || (step - recv_ticks).unsigned_abs() > self.jump_ticks();
+        let end = self
+            .ended
+            .filter(|&(f, len)| f == self.open_file && len > open.offset)
+            .map(|(_, len)| len);
+        self.last = Some(k);
+        self.last_file = self.file;
+        let Some(end) = end else {
+            self.skipped += 1;
+            self.open = Some((k, true));
+            self.open_file = self.file;
+            return;
+        };
+        let limit = self.longest_ticks();
+        let (mut open, mut open_disc) = (open, open_disc);
+        let span = pts_delta(open.pts, k.pts).max(0) as u64;
+        if !jump
+            && limit.is_some_and(|l| span > l)
+            && last.offset > open.offset
+            && last_in_open_file
+        {
+            let before = pts_delta(open.pts, last.pts).max(1) as u64;
+            let file = self.open_file;
+            self.close_in(file, open, open_disc, last.offset, before);
+            (open, open_disc) = (last, false);
+        }
+        let d = if jump {
+            (pts_delta(open.pts, last.pts).max(0) as u64
+                + (recv_ticks.max(0) as u64).min(self.target_ticks))
+            .max(1)
+        } else {
+            (pts_delta(open.pts, k.pts).max(0) as u64).max(1)
+        };
+        let file = self.open_file;
+        self.close_in(file, open, open_disc, end, d.min(limit.unwrap_or(u64::MAX)));
+        self.open = Some((k, jump));
+        self.open_file = self.file;
+    }
+
+    /// The current file is complete at `end` bytes: key frames and syncs from now on are of
+    /// the next file (a segmented recording rotated).
+    pub fn handle_next_file(&mut self, end: u64) {
+        self.ended = Some((self.file, end));
+        self.file += 1;
+        self.synced_bytes = 0;
+    }
+
+    /// File `file` is gone (retention deleted it): its segments, and those of older files,
+    /// leave the playlist.
+    pub fn handle_file_removed(&mut self, file: u64) {
+        while self.segments.front().is_some_and(|s| s.file <= file) {
+            if let Some(s) = self.segments.pop_front() {
+                self.first_msn += 1;
+                self.dropped = true;
+                self.dropped_discontinuities += u64::from(s.discontinuity);
+            }
+        }
+    }
+
     /// The longest duration a segment may have once the target duration is fixed: the
     /// longest whose `EXTINF` (milliseconds) rounds to it, `T.499` (RFC 8216 §4.3.3.1
     /// compares `EXTINF` rounded to the nearest integer; `T.500` would round up).
@@ -227,7 +331,20 @@ impl LiveIndex {
     }
 
     fn close(&mut self, open: LiveKeyFrame, discontinuity: bool, end: u64, duration_ticks: u64) {
+        let file = self.file;
+        self.close_in(file, open, discontinuity, end, duration_ticks);
+    }
+
+    fn close_in(
+        &mut self,
+        file: u64,
+        open: LiveKeyFrame,
+        discontinuity: bool,
+        end: u64,
+        duration_ticks: u64,
+    ) {
         self.segments.push_back(LiveSegment {
+            file,
             offset: open.offset,
             len: end - open.offset,
             duration_ticks,
@@ -261,7 +378,9 @@ impl LiveIndex {
     /// lies below it: its end is a key frame the synced frame track names.
     pub fn handle_synced(&mut self, media_bytes: u64) {
         self.synced_bytes = self.synced_bytes.max(media_bytes);
-        if let Some(s) = self.segments.back() {
+        if let Some(s) = self.segments.back()
+            && s.file == self.file
+        {
             assert!(
                 s.offset + s.len <= self.synced_bytes,
                 "a listed segment ends at {} past the synced {} bytes",
@@ -344,12 +463,31 @@ impl LiveIndex {
             "#EXT-X-SERVER-CONTROL:CAN-BLOCK-RELOAD=YES,HOLD-BACK={}",
             3 * target_s
         );
-        if let Some((offset, len)) = view.map {
+        if view.files.is_empty()
+            && let Some((offset, len)) = view.map
+        {
             let _ = writeln!(p, "#EXT-X-MAP:URI=\"{uri}\",BYTERANGE=\"{len}@{offset}\"");
         }
+        let mut map_file = None;
         for s in shown {
             if s.discontinuity {
                 p.push_str("#EXT-X-DISCONTINUITY\n");
+            }
+            let file = view.files.iter().find(|f| f.file == s.file);
+            let uri = match (file, view.query) {
+                (Some(f), Some(q)) => format!("{}?{q}", f.uri),
+                (Some(f), None) => f.uri.to_string(),
+                (None, _) => uri.clone(),
+            };
+            if let Some(&LiveFile {
+                file: n,
+                map: Some((offset, len)),
+                ..
+            }) = file
+                && map_file != Some(n)
+            {
+                let _ = writeln!(p, "#EXT-X-MAP:URI=\"{uri}\",BYTERANGE=\"{len}@{offset}\"");
+                map_file = Some(n);
             }
             let _ = writeln!(
                 p,
@@ -499,7 +637,72 @@ mod tests {
             window,
             start_wall_ns: 1_795_000_000 * NS,
             query: None,
+            files: &[],
         }
+    }
+
+    #[test]
+    fn a_segmented_recording_spans_its_files_and_drops_the_deleted_ones() {
+        let mut x = LiveIndex::new(2 * S, 100);
+        // File 0: key frames at 0, 1, 2, 3 s; it ends at 3500 bytes (a rotation at 3.5 s's
+        // key frame). File 1 starts with that key frame at offset 376 (after PAT and PMT).
+        for i in 0..4 {
+            x.handle_key_frame(kf(1000 * i, 10 * i, 10 * i));
+        }
+        x.handle_synced(3500);
+        x.handle_next_file(3500);
+        x.handle_key_frame(kf(376, 35, 35));
+        x.handle_key_frame(kf(1376, 45, 45));
+        x.handle_key_frame(kf(2376, 55, 55));
+        x.handle_synced(2500);
+        let segs: Vec<_> = x
+            .segments()
+            .iter()
+            .map(|s| (s.file, s.offset, s.len, s.discontinuity))
+            .collect();
+        assert_eq!(
+            segs,
+            vec![
+                (0, 0, 2000, false),
+                (0, 2000, 1500, false),
+                (1, 376, 2000, false)
+            ]
+        );
+        assert_eq!(x.segments()[1].duration_ticks, 15 * S / 10);
+        let file = |file, uri| LiveFile {
+            file,
+            uri,
+            map: Some((0, 376)),
+        };
+        let files = [file(0, "a.ts"), file(1, "b.ts")];
+        let p = x.playlist(&LiveView {
+            files: &files,
+            ..view(0)
+        });
+        assert!(
+            p.contains("#EXT-X-MAP:URI=\"a.ts\",BYTERANGE=\"376@0\"\n#EXT-X-PROGRAM-DATE-TIME"),
+            "{p}"
+        );
+        assert!(p.contains("#EXT-X-BYTERANGE:1500@2000\na.ts\n"), "{p}");
+        assert!(
+            p.contains("#EXT-X-MAP:URI=\"b.ts\",BYTERANGE=\"376@0\"\n#EXT-X-PROGRAM-DATE-TIME"),
+            "{p}"
+        );
+        assert!(p.contains("#EXT-X-BYTERANGE:2000@376\nb.ts\n"), "{p}");
+        assert!(!p.contains("stream.ts"), "{p}");
+        assert!(
+            !p.contains("DISCONTINUITY"),
+            "one byte stream across files: {p}"
+        );
+        // Retention deleted file 0: its segments leave, the sequence numbers go on.
+        x.handle_file_removed(0);
+        assert_eq!(x.segments().len(), 1);
+        let p = x.playlist(&LiveView {
+            files: &files[1..],
+            ..view(0)
+        });
+        assert!(p.contains("#EXT-X-MEDIA-SEQUENCE:2\n"), "{p}");
+        assert!(!p.contains("a.ts") && !p.contains("EVENT"), "{p}");
     }
 
     #[test]

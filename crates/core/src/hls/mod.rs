@@ -13,7 +13,8 @@ pub mod session;
 pub mod ts_index;
 
 pub use live::{
-    Blocking, LiveIndex, LiveKeyFrame, LiveSegment, LiveView, TsPsi, find_psi, key_frame_in,
+    Blocking, LiveFile, LiveIndex, LiveKeyFrame, LiveSegment, LiveView, TsPsi, find_psi,
+    key_frame_in,
 };
 pub use master::{Variant, bandwidth, i_frame_bandwidth, master_playlist};
 pub use media::{

@@ -15,6 +15,7 @@ pub mod format;
 pub mod mpegts;
 pub mod playback;
 pub mod rtp;
+pub mod segments;
 
 pub use check::{CheckReport, Disagreement, ReadableLimit, check};
 pub use format::{

@@ -1,6 +1,7 @@
 //! `[rtsp]`: the RTSP server (docs/rtsp.md). Fixed at start.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -131,10 +132,12 @@ pub struct LiveConfig {
     /// frame) reassembled from RTP; a larger one is dropped.
     #[serde(default = "publish_au_default", deserialize_with = "units::size")]
     pub access_unit_bytes_max: usize,
-    /// Record the datagrams (byte for byte, with index tracks, as `penstock record`) into
-    /// this file, or into `DIR/NAME.ts` when it names an existing directory.
+    /// Record the datagrams (byte for byte, with index tracks, as `penstock record`): a path,
+    /// into this file (or `DIR/NAME.ts` when it names an existing directory); or a table
+    /// `{ dir, segment, keep, max_bytes }`, into segments (docs/recording.md "Segments and
+    /// retention").
     #[serde(default)]
-    pub record: Option<std::path::PathBuf>,
+    pub record: Option<LiveRecord>,
     #[serde(default)]
     pub format: LiveFormat,
     /// Datagrams (of at most 7 TS packets) queued per session; a session that cannot take
@@ -148,6 +151,130 @@ pub struct LiveConfig {
         deserialize_with = "units::ms"
     )]
     pub idle_timeout_ms: u64,
+}
+
+/// Where a live source records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum LiveRecord {
+    /// `record = "/path/file.ts"`: one file (or `DIR/NAME.ts` in an existing directory).
+    File(PathBuf),
+    /// `record = { dir = "…", segment = "10m", keep = "7d", max_bytes = "500GiB" }`.
+    Segments(RecordSegments),
+}
+
+impl<'de> Deserialize<'de> for LiveRecord {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = LiveRecord;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a file path, or a table { dir, segment, keep, max_bytes }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<LiveRecord, E> {
+                Ok(LiveRecord::File(PathBuf::from(v)))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<LiveRecord, A::Error> {
+                RecordSegments::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(LiveRecord::Segments)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `record = { … }`: a segmented recording of a live source.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordSegments {
+    /// The segments go into `DIR/NAME/` (created if missing), each named by its start time:
+    /// `20261127T140320Z.ts`, its tracks beside it.
+    pub dir: PathBuf,
+    /// A new segment at the first key frame past this: a duration (`"10m"`, at least 1 s) or
+    /// a size (`"256MiB"`, at least 64 KiB).
+    #[serde(default = "segment_default", deserialize_with = "segment_length")]
+    pub segment: SegmentLengthConfig,
+    /// Delete segments that ended longer ago than this (`"7d"`); none: kept whatever their age.
+    #[serde(default, deserialize_with = "units::opt_ms")]
+    pub keep: Option<u64>,
+    /// Delete the oldest segments while the recording takes more than this (`"500GiB"`, media
+    /// and tracks; the segment being written is never deleted).
+    #[serde(default, deserialize_with = "units::opt_size")]
+    pub max_bytes: Option<u64>,
+}
+
+/// A segment's length as configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum SegmentLengthConfig {
+    Ms(u64),
+    Bytes(u64),
+}
+
+fn segment_default() -> SegmentLengthConfig {
+    SegmentLengthConfig::Ms(600_000)
+}
+
+fn segment_length<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SegmentLengthConfig, D::Error> {
+    use serde::de::Error;
+    let s = String::deserialize(d)?;
+    if let Ok(t) = penstock_core::units::parse_duration(&s) {
+        return u64::try_from(t.as_millis())
+            .map(SegmentLengthConfig::Ms)
+            .map_err(|_| D::Error::custom(format!("segment {s:?} is too long")));
+    }
+    penstock_core::units::parse_size(&s)
+        .map(SegmentLengthConfig::Bytes)
+        .map_err(|_| {
+            D::Error::custom(format!(
+                "segment {s:?}: a duration (\"10m\", \"30s\") or a size (\"256MiB\")"
+            ))
+        })
+}
+
+impl RecordSegments {
+    /// The core's policy.
+    pub fn policy(&self) -> penstock_core::track::segments::SegmentPolicy {
+        use penstock_core::track::segments::{SegmentLength, SegmentPolicy};
+        SegmentPolicy {
+            length: match self.segment {
+                SegmentLengthConfig::Ms(ms) => SegmentLength::Duration {
+                    ns: ms.saturating_mul(1_000_000),
+                },
+                SegmentLengthConfig::Bytes(bytes) => SegmentLength::Bytes { bytes },
+            },
+            keep_ns: self.keep.map(|k| k.saturating_mul(1_000_000)),
+            max_bytes: self.max_bytes,
+        }
+    }
+
+    /// The directory of source `name`'s segments.
+    pub fn dir_of(&self, name: &str) -> PathBuf {
+        self.dir.join(name.replace('/', "_"))
+    }
+
+    fn check(&self, name: &str) -> Result<(), String> {
+        use penstock_core::track::segments::{SEGMENT_BYTES_MIN, SEGMENT_NS_MIN};
+        match self.segment {
+            SegmentLengthConfig::Ms(ms) if ms.saturating_mul(1_000_000) < SEGMENT_NS_MIN => {
+                return Err(format!(
+                    "live.{name}.record.segment: at least 1s (segments are named to the second)"
+                ));
+            }
+            SegmentLengthConfig::Bytes(b) if b < SEGMENT_BYTES_MIN => {
+                return Err(format!("live.{name}.record.segment: at least 64KiB"));
+            }
+            _ => {}
+        }
+        if self.dir.as_os_str().is_empty() {
+            return Err(format!("live.{name}.record.dir: a directory"));
+        }
+        if self.keep == Some(0) || self.max_bytes == Some(0) {
+            return Err(format!(
+                "live.{name}.record: keep and max_bytes must be above 0 (leave one out for no limit)"
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn publish_sdp_default() -> usize {
@@ -190,6 +317,12 @@ impl LiveConfig {
 
     /// The address of `source`.
     pub fn listen_addr(&self) -> Result<std::net::SocketAddr, String> {
+        if self.source.starts_with("rtsp://") || self.source.starts_with("rtsps://") {
+            return Err(format!(
+                "source {:?}: pulling from an RTSP camera is not built yet (issue 39); use udp-listen://IP:PORT or \"publish\"",
+                self.source
+            ));
+        }
         let a = self.source.strip_prefix("udp-listen://").ok_or_else(|| {
             format!(
                 "source {:?}: udp-listen://IP:PORT or \"publish\"",
@@ -325,7 +458,7 @@ impl RtspConfig {
             ));
         }
         if self.is_off() && !self.live.is_empty() {
-            return bad("rtsp.live sources need the RTSP server: rtsp.listen is off".into());
+            return bad("live sources need the RTSP server: rtsp.listen is off".into());
         }
         let mut addrs = Vec::new();
         for (name, l) in &self.live {
@@ -335,13 +468,13 @@ impl RtspConfig {
                 || name.split('/').any(|p| p == ".." || p == ".")
             {
                 return bad(format!(
-                    "rtsp.live.{name:?}: a name is a URL path: not empty, no spaces, no leading /, no . or .."
+                    "live.{name:?}: a name is a URL path: not empty, no spaces, no leading /, no . or .."
                 ));
             }
             if l.is_publish() {
                 if l.publishers.is_empty() {
                     return bad(format!(
-                        "rtsp.live.{name}: source = \"publish\" needs publishers = [\"USER\", …] (users of [auth] digest_users_file): a publish path is never open"
+                        "live.{name}: source = \"publish\" needs publishers = [\"USER\", …] (users of [auth] digest_users_file): a publish path is never open"
                     ));
                 }
                 if !(256..=(1 << 20)).contains(&l.sdp_bytes_max)
@@ -350,34 +483,33 @@ impl RtspConfig {
                     || !((64 << 10)..=(64 << 20)).contains(&l.access_unit_bytes_max)
                 {
                     return bad(format!(
-                        "rtsp.live.{name}: sdp_bytes_max 256 ..= 1 MiB, tracks_max 1 ..= 16, frame_bytes_max 1500 ..= 65535, access_unit_bytes_max 64 KiB ..= 64 MiB"
+                        "live.{name}: sdp_bytes_max 256 ..= 1 MiB, tracks_max 1 ..= 16, frame_bytes_max 1500 ..= 65535, access_unit_bytes_max 64 KiB ..= 64 MiB"
                     ));
                 }
             } else {
                 if !l.publishers.is_empty() {
                     return bad(format!(
-                        "rtsp.live.{name}: publishers is for source = \"publish\""
+                        "live.{name}: publishers is for source = \"publish\""
                     ));
                 }
                 let a = l
                     .listen_addr()
-                    .map_err(|e| ConfigError::Invalid(format!("rtsp.live.{name}: {e}")))?;
+                    .map_err(|e| ConfigError::Invalid(format!("live.{name}: {e}")))?;
                 if addrs.contains(&a) {
-                    return bad(format!(
-                        "rtsp.live.{name}: {a} is another live source's too"
-                    ));
+                    return bad(format!("live.{name}: {a} is another live source's too"));
                 }
                 addrs.push(a);
             }
+            if let Some(LiveRecord::Segments(r)) = &l.record {
+                r.check(name).map_err(ConfigError::Invalid)?;
+            }
             if l.queue_datagrams_max == 0 || l.queue_datagrams_max > 1 << 20 {
                 return bad(format!(
-                    "rtsp.live.{name}.queue_datagrams_max must be 1 ..= 1048576"
+                    "live.{name}.queue_datagrams_max must be 1 ..= 1048576"
                 ));
             }
             if l.idle_timeout_ms < 100 || l.idle_timeout_ms > 86_400_000 {
-                return bad(format!(
-                    "rtsp.live.{name}.idle_timeout must be 100ms ..= 24h"
-                ));
+                return bad(format!("live.{name}.idle_timeout must be 100ms ..= 24h"));
             }
         }
         Ok(())
@@ -463,6 +595,67 @@ mod tests {
         assert!(
             toml::from_str::<ServerConfig>(
                 "[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nnope = 1\n"
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn the_live_form_takes_a_segmented_record_and_both_forms_are_one_config() {
+        use super::{LiveRecord, SegmentLengthConfig};
+        let c: ServerConfig = toml::from_str(
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/srv/rec\", segment = \"10m\", keep = \"7d\", max_bytes = \"500GiB\" }\n\
+             [live.b]\nsource = \"udp-listen://127.0.0.1:5006\"\nrecord = { dir = \"/srv/rec\", segment = \"256MiB\" }\n\
+             [rtsp.live.old]\nsource = \"udp-listen://127.0.0.1:5005\"\nrecord = \"/tmp/old.ts\"\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        let all = c.live_sources();
+        assert_eq!(all.keys().collect::<Vec<_>>(), ["b", "cam", "old"]);
+        let Some(LiveRecord::Segments(r)) = &all["cam"].record else {
+            panic!("{:?}", all["cam"].record);
+        };
+        assert_eq!(r.segment, SegmentLengthConfig::Ms(600_000));
+        assert_eq!(r.keep, Some(7 * 86_400_000));
+        assert_eq!(r.max_bytes, Some(500 << 30));
+        assert_eq!(r.dir_of("a/b"), std::path::Path::new("/srv/rec/a_b"));
+        let Some(LiveRecord::Segments(b)) = &all["b"].record else {
+            panic!()
+        };
+        assert_eq!(b.segment, SegmentLengthConfig::Bytes(256 << 20));
+        assert_eq!((b.keep, b.max_bytes), (None, None));
+        assert_eq!(
+            all["old"].record,
+            Some(LiveRecord::File("/tmp/old.ts".into()))
+        );
+        assert!(c.old_live_form_warning().unwrap().contains("[live.old]"));
+        assert!(c.rtsp_with_live().live.contains_key("cam"));
+        let fresh: ServerConfig =
+            toml::from_str("[live.cam]\nsource = \"publish\"\npublishers = [\"a\"]\n").unwrap();
+        assert_eq!(fresh.old_live_form_warning(), None);
+        for bad in [
+            // Named twice, in both forms.
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\n[rtsp.live.cam]\nsource = \"udp-listen://127.0.0.1:5005\"\n",
+            "[live.cam]\nsource = \"rtsp://camera/stream\"\n",
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/r\", segment = \"500ms\" }\n",
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/r\", segment = \"1KiB\" }\n",
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/r\", keep = \"0s\" }\n",
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"\" }\n",
+            // Two forms' sources on one address.
+            "[live.a]\nsource = \"udp-listen://127.0.0.1:5004\"\n[rtsp.live.b]\nsource = \"udp-listen://127.0.0.1:5004\"\n",
+        ] {
+            let c: ServerConfig = toml::from_str(bad).unwrap();
+            assert!(c.check().is_err(), "{bad}");
+        }
+        let e = toml::from_str::<ServerConfig>(
+            "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/r\", segment = \"soon\" }\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("a duration"), "{e}");
+        assert!(
+            toml::from_str::<ServerConfig>(
+                "[live.cam]\nsource = \"udp-listen://127.0.0.1:5004\"\nrecord = { dir = \"/r\", nope = 1 }\n"
             )
             .is_err()
         );

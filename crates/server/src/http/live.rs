@@ -22,7 +22,7 @@ use super::Worker;
 use super::respond::{made_ok, unavailable};
 use super::send::Out;
 use super::tls_io::Mode;
-use crate::hls_live::{LiveFeed, LivePlaylist, WaitTicket};
+use crate::hls_live::{LiveFeed, LiveMedia, LivePlaylist, WaitTicket};
 
 /// The segment path's name, relative to the playlist.
 pub(super) const STREAM_NAME: &str = "stream.ts";
@@ -121,7 +121,19 @@ impl Worker {
         let Some(feed) = shared.hls.live(name) else {
             return not_found("no live source of that name is configured");
         };
-        if tail != "index.m3u8" && tail != STREAM_NAME {
+        // A segmented recording's files are served by the names its playlist lists.
+        let segment = match &feed.media {
+            LiveMedia::Segments(_) if tail != "index.m3u8" => match feed.segment_file(tail) {
+                Some(f) => Some(f),
+                None => {
+                    return not_found(
+                        "not a file of this live recording that its index.m3u8 lists",
+                    );
+                }
+            },
+            _ => None,
+        };
+        if segment.is_none() && tail != "index.m3u8" && tail != STREAM_NAME {
             return not_found("a live source has index.m3u8 and stream.ts");
         }
         if !matches!(req.method, Method::Get | Method::Head) {
@@ -131,7 +143,7 @@ impl Worker {
                 class,
             );
         }
-        let Some(media) = feed.media.clone() else {
+        if matches!(feed.media, LiveMedia::None) {
             shared.metrics.error("live_not_recorded");
             return memory(
                 super::respond::text_response(
@@ -140,15 +152,24 @@ impl Worker {
                     Status::CONFLICT,
                     None,
                     &format!(
-                        "live source {name:?} is relayed but not recorded: HLS segments are byte ranges of its recording (set `record` in [rtsp.live.{name}])"
+                        "live source {name:?} is relayed but not recorded: HLS segments are byte ranges of its recording (set `record` in [live.{name}])"
                     ),
                 ),
                 class,
             );
-        };
+        }
         self.live_cache = Some(tail == "index.m3u8" || req.range.is_none());
+        if let Some((path, len)) = segment {
+            return self.respond_live_media(req, ctx, class, memory, tls, &feed, &path, len);
+        }
         if tail == STREAM_NAME {
-            return self.respond_live_media(req, ctx, class, memory, tls, &feed, &media);
+            let LiveMedia::File(media) = &feed.media else {
+                return not_found(
+                    "this live source records segments: their names are in its index.m3u8",
+                );
+            };
+            let len = feed.synced_bytes();
+            return self.respond_live_media(req, ctx, class, memory, tls, &feed, media, len);
         }
         shared.metrics.hls_playlist("live");
         let msn = match blocking_msn(req.query.as_deref()) {
@@ -211,7 +232,8 @@ impl Worker {
         }
     }
 
-    /// `/live/NAME/stream.ts`: the recording as a file of its synced length (ranges, sendfile).
+    /// `/live/NAME/stream.ts` (or a segmented recording's file): the recording as a file of
+    /// its synced length (ranges, sendfile).
     #[allow(clippy::too_many_arguments)]
     fn respond_live_media(
         &mut self,
@@ -222,6 +244,7 @@ impl Worker {
         tls: Mode,
         feed: &LiveFeed,
         media: &std::path::Path,
+        len_bytes: u64,
     ) -> Out {
         let shared = self.shared.clone();
         let file = match std::fs::File::open(media) {
@@ -234,7 +257,7 @@ impl Worker {
         };
         let start_ns = feed.start_wall_ns();
         let meta = FileMeta {
-            len_bytes: feed.synced_bytes(),
+            len_bytes,
             mtime: SystemTime::UNIX_EPOCH + Duration::from_nanos(start_ns),
             // The recording only grows: its bytes never change once synced.
             generation: Some(start_ns),

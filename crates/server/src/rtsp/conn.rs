@@ -799,6 +799,16 @@ impl Conn<'_> {
     }
 
     fn handle(&mut self, req: &Request) -> Reply {
+        // `rtsp://HOST:PORT/live/NAME` names live source NAME, as `/NAME` does (kept as an
+        // alias); a source configured with a name that itself starts with `live/` wins.
+        let aliased;
+        let req = match self.live_alias(req) {
+            Some(r) => {
+                aliased = r;
+                &aliased
+            }
+            None => req,
+        };
         let Some(cseq) = req.cseq else {
             let mut r = Reply::new(400, None);
             r.body = b"no CSeq header\n".to_vec();
@@ -898,7 +908,20 @@ impl Conn<'_> {
             .map_err(|e| text(415, cseq, &format!("{path}: not playable as MPEG-TS: {e}")))
     }
 
-    /// The live source the request names (`[rtsp.live.NAME]`), if it names one.
+    /// The request with its path `live/NAME` made `NAME`, when NAME is a live source (and
+    /// `live/NAME` is not one).
+    fn live_alias(&self, req: &Request) -> Option<Request> {
+        let path = req.path.as_deref()?;
+        let name = path.strip_prefix("live/")?;
+        if self.shared.live.contains_key(path) || !self.shared.live.contains_key(name) {
+            return None;
+        }
+        let mut r = req.clone();
+        r.path = Some(name.to_string());
+        Some(r)
+    }
+
+    /// The live source the request names (`[live.NAME]`), if it names one.
     fn live_source(&self, req: &Request) -> Option<Arc<LiveSource>> {
         self.shared.live.get(req.path.as_deref()?).cloned()
     }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use penstock_core::rtp::{Packetizer, RTP_HEADER_BYTES, RtpHeader};
 use penstock_core::time::Instant as CoreInstant;
 
-use crate::config::rtsp::{LiveConfig, LiveFormat};
+use crate::config::rtsp::{LiveConfig, LiveFormat, LiveRecord};
 
 const TS_PACKET_BYTES: usize = 188;
 /// TS packets per RTP packet sent to sessions (RFC 2250's usual seven: 1316 bytes).
@@ -144,6 +144,8 @@ pub struct LiveSource {
     pub idle: AtomicBool,
     /// `source = "publish"`: where its publisher's TS goes, and who publishes.
     pub publish: Option<PublishSlot>,
+    /// A segmented recording's figures (`record = { dir, … }`): metrics and `STATE`.
+    pub record_stats: Option<Arc<penstock_driver::record::RecordStats>>,
 }
 
 /// The publishing side of a `source = "publish"` live source (docs/rtsp.md, "Publishing"):
@@ -256,15 +258,129 @@ impl<'a> Payload<'a> {
     /// 7 packets, the most the recorder's frame track reads from one datagram
     /// (`penstock_core::track::mpegts::ts_packets`). Realigned bytes (a carried tail and the
     /// next datagram) can run to 8 packets, which the frame track would not read.
-    pub fn record_datagrams(&self) -> std::slice::Chunks<'a, u8> {
-        use penstock_core::track::mpegts::TS_PACKETS_PER_DATAGRAM_MAX;
+    ///
+    /// A raw TS datagram is also cut before each PAT packet (PID 0): encoders write the PAT
+    /// and PMT right before a key frame (ffmpeg's muxer, core's `ts::mux`), so the datagram
+    /// the frame track marks as the key frame's begins with them, and a segment that starts
+    /// there is a TS a player can open (docs/recording.md "Segments and retention").
+    pub fn record_datagrams(&self) -> RecordDatagrams<'a> {
         match self.rtp {
-            Some(d) => d.chunks(d.len().max(1)),
-            None => self
-                .ts
-                .chunks(TS_PACKETS_PER_DATAGRAM_MAX * TS_PACKET_BYTES),
+            Some(d) => RecordDatagrams {
+                rest: d,
+                whole: true,
+            },
+            None => RecordDatagrams {
+                rest: self.ts,
+                whole: false,
+            },
         }
     }
+}
+
+/// The datagrams a relay's recorder gets of one payload ([`Payload::record_datagrams`]).
+#[derive(Debug, Clone)]
+pub struct RecordDatagrams<'a> {
+    rest: &'a [u8],
+    /// RTP: the datagram whole, once.
+    whole: bool,
+}
+
+impl<'a> Iterator for RecordDatagrams<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        use penstock_core::track::mpegts::TS_PACKETS_PER_DATAGRAM_MAX;
+        if self.rest.is_empty() {
+            return None;
+        }
+        let n = if self.whole {
+            self.rest.len()
+        } else {
+            // Up to seven packets, ending before the next PAT (never before the first).
+            let packets = (self.rest.len() / TS_PACKET_BYTES).min(TS_PACKETS_PER_DATAGRAM_MAX);
+            let cut = (1..packets)
+                .find(|&i| is_pat(&self.rest[i * TS_PACKET_BYTES..]))
+                .unwrap_or(packets);
+            (cut * TS_PACKET_BYTES).max(self.rest.len().min(TS_PACKET_BYTES))
+        };
+        let (d, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Some(d)
+    }
+}
+
+/// The longest a PAT/PMT tail is held back for the key frame that follows it (an encoder
+/// writes them back to back: microseconds apart).
+const PSI_HOLD: Duration = Duration::from_millis(50);
+
+/// What a relay gives its recorder: [`Payload::record_datagrams`], and a raw TS payload's last
+/// datagram held back when it begins with a PAT and has room left, to be sent with the start
+/// of the next payload (the key frame the PAT and PMT announce, when the sender cut its
+/// datagrams between them) or alone after [`PSI_HOLD`]. Bytes are never reordered, only
+/// regrouped (one copy of at most seven packets per PAT).
+#[derive(Debug, Default)]
+struct RecordFeed {
+    held: Vec<u8>,
+    held_at: Option<Instant>,
+    scratch: Vec<u8>,
+}
+
+impl RecordFeed {
+    fn push(&mut self, p: &Payload<'_>, now: Instant, send: &mut dyn FnMut(&[u8])) {
+        use penstock_core::track::mpegts::TS_PACKETS_PER_DATAGRAM_MAX;
+        if p.rtp.is_some() {
+            self.flush(send);
+            for d in p.record_datagrams() {
+                send(d);
+            }
+            return;
+        }
+        let ts: &[u8] = if self.held.is_empty() {
+            p.ts
+        } else {
+            self.scratch.clear();
+            self.scratch.extend_from_slice(&self.held);
+            self.scratch.extend_from_slice(p.ts);
+            self.held.clear();
+            self.held_at = None;
+            &self.scratch
+        };
+        let mut it = Payload { ts, rtp: None }.record_datagrams().peekable();
+        while let Some(d) = it.next() {
+            if it.peek().is_none()
+                && is_pat(d)
+                && d.len() < TS_PACKETS_PER_DATAGRAM_MAX * TS_PACKET_BYTES
+            {
+                self.held.extend_from_slice(d);
+                self.held_at = Some(now);
+            } else {
+                send(d);
+            }
+        }
+    }
+
+    /// Sends what was held longer than [`PSI_HOLD`].
+    fn flush_stale(&mut self, now: Instant, send: &mut dyn FnMut(&[u8])) {
+        if self
+            .held_at
+            .is_some_and(|t| now.saturating_duration_since(t) >= PSI_HOLD)
+        {
+            self.flush(send);
+        }
+    }
+
+    fn flush(&mut self, send: &mut dyn FnMut(&[u8])) {
+        if !self.held.is_empty() {
+            send(&self.held);
+            self.held.clear();
+        }
+        self.held_at = None;
+    }
+}
+
+/// Whether the TS packet at the start of `p` is on PID 0 (the PAT).
+fn is_pat(p: &[u8]) -> bool {
+    p.len() >= 3 && p[0] == 0x47 && (u16::from(p[1] & 0x1f) << 8 | u16::from(p[2])) == 0
 }
 
 /// Reads a live source's datagrams: RTP carrying TS (RFC 2250), or raw TS, which a sender may
@@ -342,6 +458,9 @@ fn record_file(record: &std::path::Path, name: &str) -> PathBuf {
     }
 }
 
+/// How often a segmented recording's retention is checked between rotations.
+const RETENTION_EVERY: Duration = Duration::from_secs(5);
+
 /// Where a relay's datagrams come from: its UDP socket, or (a publish source) the Unix
 /// datagram pair its publisher's connection feeds.
 #[derive(Debug)]
@@ -410,20 +529,35 @@ pub(crate) fn start(
         socket.set_nonblocking(true)?;
         (Input::Udp(socket), None)
     };
-    let source = Arc::new(LiveSource {
-        name: name.to_string(),
-        counts: LiveCounts::default(),
-        subscribers: Mutex::new(Vec::new()),
-        queue_max: cfg.queue_datagrams_max,
-        idle: AtomicBool::new(true),
-        publish,
-    });
     let mut threads = Vec::new();
     let mut recorder = None;
+    let mut record_stats = None;
+    // Where the recording goes: one file, or segments.
+    let dst = cfg.record.as_ref().map(|r| match r {
+        LiveRecord::File(f) => penstock_driver::record::RecordDst::File(record_file(f, name)),
+        LiveRecord::Segments(s) => {
+            let stats = Arc::new(penstock_driver::record::RecordStats::default());
+            record_stats = Some(stats.clone());
+            penstock_driver::record::RecordDst::Segments(penstock_driver::record::SegmentsDst {
+                dir: s.dir_of(name),
+                policy: s.policy(),
+                retention_every: RETENTION_EVERY,
+                stats,
+            })
+        }
+    });
     // `/live/NAME/index.m3u8` (docs/hls.md "Live and DVR"): fed by the recorder's syncs.
-    let feed = hls.register_live(name, cfg.record.as_deref().map(|r| record_file(r, name)));
-    if let Some(record) = &cfg.record {
-        let path = record_file(record, name);
+    let feed = hls.register_live(
+        name,
+        match (&dst, &record_stats) {
+            (Some(penstock_driver::record::RecordDst::File(p)), _) => {
+                crate::hls_live::LiveMedia::File(p.clone())
+            }
+            (Some(_), Some(stats)) => crate::hls_live::LiveMedia::Segments(stats.clone()),
+            _ => crate::hls_live::LiveMedia::None,
+        },
+    );
+    if let Some(dst) = dst {
         let (ours, theirs) = UnixDatagram::pair()?;
         ours.set_nonblocking(true)?;
         let _ = rustix::net::sockopt::set_socket_send_buffer_size(&ours, RECORD_SNDBUF_BYTES);
@@ -434,18 +568,18 @@ pub(crate) fn start(
                 .name("rtsp-live-rec".into())
                 .spawn(move || {
                     let rc = penstock_driver::record::RecordConfig::default();
-                    match penstock_driver::record::record(
+                    let what = dst.tracks_prefix().display().to_string();
+                    match penstock_driver::record::record_to(
                         theirs.as_fd(),
-                        &path,
+                        dst,
                         &rc,
                         &stop_rec,
                         &mut |p| feed.handle_sync(p),
                     ) {
                         Ok(r) => tracing::info!(
-                            "live {label}: recorded {} datagrams, {} bytes into {}",
+                            "live {label}: recorded {} datagrams, {} bytes into {what}",
                             r.packets,
                             r.media_bytes,
-                            path.display()
                         ),
                         Err(e) => tracing::error!("live {label}: recording stopped: {e}"),
                     }
@@ -453,6 +587,15 @@ pub(crate) fn start(
         );
         recorder = Some(ours);
     }
+    let source = Arc::new(LiveSource {
+        name: name.to_string(),
+        counts: LiveCounts::default(),
+        subscribers: Mutex::new(Vec::new()),
+        queue_max: cfg.queue_datagrams_max,
+        idle: AtomicBool::new(true),
+        publish,
+        record_stats,
+    });
     let src = source.clone();
     let format = cfg.format;
     let idle_timeout = cfg.idle_timeout();
@@ -478,6 +621,7 @@ fn relay(
     let mut out = Vec::with_capacity(RTP_HEADER_BYTES + TS_PER_RTP * TS_PACKET_BYTES);
     let mut last_rx = Instant::now();
     let mut pending = false;
+    let mut record_feed = RecordFeed::default();
     while !stop.load(Ordering::Acquire) {
         let wait = if pending { RETRY } else { POLL_MAX };
         let t = Timespec {
@@ -518,11 +662,11 @@ fn relay(
             last_rx = Instant::now();
             src.idle.store(false, Ordering::Release);
             if let Some(r) = &recorder {
-                for d in p.record_datagrams() {
+                record_feed.push(&p, Instant::now(), &mut |d| {
                     if r.send(d).is_err() {
                         src.counts.record_dropped.fetch_add(1, Ordering::AcqRel);
                     }
-                }
+                });
             }
             let ts = p.ts;
             let now = penstock_driver::clock::now();
@@ -534,6 +678,13 @@ fn relay(
                     }
                 }
             }
+        }
+        if let Some(r) = &recorder {
+            record_feed.flush_stale(Instant::now(), &mut |d| {
+                if r.send(d).is_err() {
+                    src.counts.record_dropped.fetch_add(1, Ordering::AcqRel);
+                }
+            });
         }
         pending = false;
         for s in &subs {
@@ -560,6 +711,12 @@ fn relay(
                 s.ended.store(true, Ordering::Release);
             }
         }
+    }
+    // What was held for a key frame that never came (best effort: the recorder stops too).
+    if let Some(r) = &recorder {
+        record_feed.flush(&mut |d| {
+            let _ = r.send(d);
+        });
     }
 }
 
@@ -640,6 +797,61 @@ mod tests {
         }
     }
 
+    /// TS packets on the given PIDs.
+    fn ts_pids(pids: &[u16]) -> Vec<u8> {
+        let mut v = ts(pids.len());
+        for (p, pid) in v.chunks_mut(188).zip(pids) {
+            p[1] = (pid >> 8) as u8;
+            p[2] = *pid as u8;
+        }
+        v
+    }
+
+    fn pid_of(p: &[u8]) -> u16 {
+        (u16::from(p[1] & 0x1f) << 8) | u16::from(p[2])
+    }
+
+    #[test]
+    fn the_recorder_gets_datagrams_beginning_with_the_pat_before_a_key_frame() {
+        let t0 = Instant::now();
+        let mut feed = RecordFeed::default();
+        let mut sent: Vec<Vec<u8>> = Vec::new();
+        // A sender's datagrams: [v v v v v PAT PMT] then [v(key) v v v v v v]: the PAT and
+        // PMT ended the first one.
+        let a = ts_pids(&[256, 256, 256, 256, 256, 0, 4096]);
+        let b = ts_pids(&[256; 7]);
+        for d in [&a, &b] {
+            let p = Payload { ts: d, rtp: None };
+            feed.push(&p, t0, &mut |d| sent.push(d.to_vec()));
+        }
+        let pids: Vec<Vec<u16>> = sent
+            .iter()
+            .map(|d| d.chunks(188).map(pid_of).collect())
+            .collect();
+        assert_eq!(
+            pids,
+            vec![
+                vec![256; 5],
+                vec![0, 4096, 256, 256, 256, 256, 256],
+                vec![256, 256]
+            ],
+            "cut before the PAT, which went with the packets after it"
+        );
+        assert_eq!(
+            sent.concat(),
+            [a.clone(), b.clone()].concat(),
+            "nothing reordered"
+        );
+        // A PAT/PMT tail with nothing after it goes alone once it is stale.
+        sent.clear();
+        let p = Payload { ts: &a, rtp: None };
+        feed.push(&p, t0, &mut |d| sent.push(d.to_vec()));
+        feed.flush_stale(t0 + PSI_HOLD / 2, &mut |d| sent.push(d.to_vec()));
+        assert_eq!(sent.len(), 1, "held for the key frame");
+        feed.flush_stale(t0 + PSI_HOLD, &mut |d| sent.push(d.to_vec()));
+        assert_eq!(sent.concat(), a, "sent after PSI_HOLD");
+    }
+
     #[test]
     fn a_full_queue_drops_its_oldest_and_numbers_leave_a_gap() {
         let (a, _b) = UnixDatagram::pair().unwrap();
@@ -650,6 +862,7 @@ mod tests {
             queue_max: 2,
             idle: AtomicBool::new(false),
             publish: None,
+            record_stats: None,
         };
         let s = src
             .subscribe(a.as_fd(), Packetizer::mp2t(1), CoreInstant::from_nanos(0))

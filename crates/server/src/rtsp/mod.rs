@@ -1170,7 +1170,25 @@ impl RtspShared {
             })
             .collect();
         lines.sort();
-        lines.into_iter().map(|(_, l)| l).collect()
+        let mut lines: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
+        // One line per segmented recording of a live source (docs/control-protocol.md).
+        let mut names: Vec<&String> = self.live.keys().collect();
+        names.sort();
+        for name in names {
+            if let Some(r) = &self.live[name].record_stats {
+                lines.push(format!(
+                    "record-{} running bytes={} segments={} deletions={} deleted_bytes={} oldest_unix_s={} deletion_errors={}",
+                    name.replace(char::is_whitespace, "%20"),
+                    r.bytes(),
+                    r.segments.load(Ordering::Acquire),
+                    r.deletions.load(Ordering::Acquire),
+                    r.deleted_bytes.load(Ordering::Acquire),
+                    r.oldest_unix_s.load(Ordering::Acquire),
+                    r.deletion_errors.load(Ordering::Acquire),
+                ));
+            }
+        }
+        lines
     }
 
     /// The interleaved sessions of a connection end with it.
@@ -1451,6 +1469,9 @@ impl RtspShared {
                 seen.entry(name.clone()).or_default(),
                 src.sessions(),
             );
+            if let Some(r) = &src.record_stats {
+                self.metrics.recording(name, r);
+            }
         }
     }
 

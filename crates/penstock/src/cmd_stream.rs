@@ -250,6 +250,7 @@ pub fn pacing_from_flags(
         rate,
         unit: None,
         kt,
+        pause: None,
     })?)
 }
 

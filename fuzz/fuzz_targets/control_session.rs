@@ -66,6 +66,10 @@ impl RunningStream for FakeRun {
     fn cancel(&self) {
         self.cancelled.store(true, Ordering::Release);
     }
+    fn set_class(&self, _class: penstock_driver::DiskClass) -> Result<(), StreamError> {
+        // The fake has one queue: a class is a label here.
+        Ok(())
+    }
     fn wait_timeout(&self, _: Duration) -> Option<Result<StreamReport, StreamError>> {
         let sent = self.counters().bytes_sent;
         if self.cancelled.load(Ordering::Acquire) {
@@ -250,7 +254,10 @@ fn check_books(streams: &Streams, tickets: &AtomicU64) {
 
 fn identity_of(slot: usize) -> Identity {
     match slot {
-        0 | 1 => Identity::Peer { uid: 1000 },
+        0 | 1 => Identity::Peer {
+            uid: 1000,
+            gid: 1000,
+        },
         _ => Identity::Anonymous,
     }
 }

@@ -207,7 +207,13 @@ pub fn parse_command_on(
         ("RESUME", Command::Resume { id })
     } else if verb_is("CLASS") {
         let (id, c) = id_and("CLASS", "CLASS <id> <class>", "CLASS [<id>] <class>")?;
-        ("CLASS", Command::Class { id, class: class(c)? })
+        (
+            "CLASS",
+            Command::Class {
+                id,
+                class: class(c)?,
+            },
+        )
     } else if verb_is("STATE") {
         let sel = match (args.as_slice(), own) {
             ([sel], _) => selector(sel, limits)?,
@@ -918,19 +924,18 @@ mod tests {
                 class: Class::Named("Gold".into())
             })
         );
-        assert_eq!(
-            p("CLASS 7 RT").unwrap().to_string(),
-            "CLASS 7 rt"
-        );
+        assert_eq!(p("CLASS 7 RT").unwrap().to_string(), "CLASS 7 rt");
         assert!(matches!(
             p("CLASS 7"),
             Err(ControlError::Arity { verb: "CLASS", .. })
         ));
         let o = p("OPEN a b pause=4,40ms").unwrap();
-        assert!(matches!(&o, Command::Open(o) if o.pause == Some(KtSchedule {
-            blocks: 4,
-            delay: Duration::from_millis(40)
-        })));
+        assert!(
+            matches!(&o, Command::Open(o) if o.pause == Some(KtSchedule {
+                blocks: 4,
+                delay: Duration::from_millis(40)
+            }))
+        );
         let q = p("TUNE disk").unwrap();
         assert!(matches!(&q, Command::TuneDisk(t) if t.is_query()));
         assert_eq!(q.to_string(), "TUNE disk");
@@ -1382,17 +1387,22 @@ mod tests {
                     proptest::option::of(1u32..),
                     proptest::collection::btree_map(named_class(), 1u64.., 0..4),
                 )
-                    .prop_map(|(rt, bulk, inflight, named)| Command::TuneDisk(DiskTune {
-                        rt_quantum_bytes: rt,
-                        bulk_quantum_bytes: bulk,
-                        inflight_max: inflight,
-                        class_quanta: named.into_iter().collect(),
-                    })),
-                (id(), prop_oneof![
-                    Just(Class::Rt),
-                    Just(Class::Bulk),
-                    named_class().prop_map(Class::Named)
-                ])
+                    .prop_map(|(rt, bulk, inflight, named)| Command::TuneDisk(
+                        DiskTune {
+                            rt_quantum_bytes: rt,
+                            bulk_quantum_bytes: bulk,
+                            inflight_max: inflight,
+                            class_quanta: named.into_iter().collect(),
+                        }
+                    )),
+                (
+                    id(),
+                    prop_oneof![
+                        Just(Class::Rt),
+                        Just(Class::Bulk),
+                        named_class().prop_map(Class::Named)
+                    ]
+                )
                     .prop_map(|(id, class)| Command::Class { id, class }),
                 id().prop_map(|id| Command::Pause { id }),
                 id().prop_map(|id| Command::Resume { id }),

@@ -16,6 +16,7 @@
 //! and it reads no clock (the caller passes `start` and `now`). [`Anchored`] binds a schedule
 //! to a start instant and supports pause/resume and seeking by re-anchoring.
 
+pub mod ceiling;
 mod kt;
 mod late;
 mod periodic;
@@ -24,6 +25,7 @@ mod rate;
 
 use std::time::Duration;
 
+pub use ceiling::{Ceiling, CeilingError};
 pub use kt::parse_kt;
 pub use late::{LatePolicy, LatePolicyError, first_unit_in_time};
 pub use periodic::Period;

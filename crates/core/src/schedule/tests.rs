@@ -492,13 +492,7 @@ mod pause_form {
 
     /// Issues units as the anchored schedule allows, at most `depth` in flight, completed in
     /// order after `durations`; returns each unit's (issued, completed) time.
-    fn run(
-        k: u64,
-        pause_ns: u64,
-        depth: usize,
-        durations: &[u64],
-        units: u64,
-    ) -> Vec<(u64, u64)> {
+    fn run(k: u64, pause_ns: u64, depth: usize, durations: &[u64], units: u64) -> Vec<(u64, u64)> {
         let s = schedule(ScheduleSpec::KtPause {
             cycle_units: k,
             pause: Duration::from_nanos(pause_ns),

@@ -110,9 +110,7 @@ pub struct ClassName {
 
 /// Why a class name was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "class name {0:?}: 1 to 32 of A-Z a-z 0-9 _ -, starting with a letter, not rt or bulk"
-)]
+#[error("class name {0:?}: 1 to 32 of A-Z a-z 0-9 _ -, starting with a letter, not rt or bulk")]
 pub struct ClassNameError(pub String);
 
 impl ClassName {
@@ -1064,11 +1062,13 @@ pub fn plan_stream(
         };
 
     // The class: as asked, else rt for a paced stream and bulk for a burst one.
-    let class = req.class.unwrap_or(if schedule.is_some() || units.is_some() {
-        DiskClass::Rt
-    } else {
-        DiskClass::Bulk
-    });
+    let class = req
+        .class
+        .unwrap_or(if schedule.is_some() || units.is_some() {
+            DiskClass::Rt
+        } else {
+            DiskClass::Bulk
+        });
 
     // What admission is charged: the reads just planned, on the source's devices.
     let admission = admission.map(|q| StreamQos {

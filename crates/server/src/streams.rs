@@ -1938,6 +1938,27 @@ impl Streams {
         }
         let admitted = entries.iter().filter(|e| lock(e).admitted).count();
         let (u, cap) = self.backend.admission_usage();
+        // Per disk class: its quantum and the table's streams in it now.
+        let settings = self.backend.disk_settings();
+        let class_names: Vec<String> = entries.iter().map(|e| lock(e).class.to_string()).collect();
+        let classes: Vec<String> = self
+            .backend
+            .disk_classes()
+            .into_iter()
+            .map(|name| {
+                let quantum = match name.as_str() {
+                    "rt" => settings.rt_quantum_bytes,
+                    "bulk" => settings.bulk_quantum_bytes,
+                    _ => settings
+                        .named_quanta
+                        .iter()
+                        .find(|(n, _)| *n == name)
+                        .map_or(0, |(_, q)| *q),
+                };
+                let streams = class_names.iter().filter(|c| **c == name).count();
+                format!("disk_class {name} quantum={quantum} streams={streams}")
+            })
+            .collect();
         vec![
             format!("streams {}", entries.len()),
             format!("streams_pending {}", counts[0]),
@@ -1963,6 +1984,7 @@ impl Streams {
             format!("rt_burst_cpu_ns {} of {}", u.burst_cpu_ns, cap.burst_cpu_ns),
         ]
         .into_iter()
+        .chain(classes)
         .chain(self.backend.disk_usage().into_iter().map(|d| {
             format!(
                 "rt_disk_device {} {} of {} figures={} seq_bytes_per_s={} iops={}",

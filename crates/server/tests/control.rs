@@ -1281,6 +1281,13 @@ fn class_moves_a_running_stream_and_ceilings_refuse_above_them() {
     );
     let stats = c.cmd("STATS");
     assert!(stats.lines.iter().any(|l| l == "admitted 1"), "{stats:?}");
+    assert!(
+        stats
+            .lines
+            .iter()
+            .any(|l| l == "disk_class gold quantum=2097152 streams=0"),
+        "{stats:?}"
+    );
     let st = wait_done(&mut c, id);
     assert_eq!(state_field(&st, "sent"), Some((UNIT * UNITS) as u64));
     let got = receiver.join().unwrap();
@@ -1313,6 +1320,12 @@ fn class_moves_a_running_stream_and_ceilings_refuse_above_them() {
     assert!(t.text.contains("gold_quantum=4194304"), "{t:?}");
     let t = c.cmd("TUNE disk silver_quantum=4MiB");
     assert_eq!(t.code.code(), 400, "{t:?}");
+    let m = metrics_text(&f);
+    assert!(
+        m.contains("penstock_disk_queue_depth{class=\"gold\"}")
+            && m.contains("penstock_disk_class_read_bytes_total{class=\"rt\"}"),
+        "{m}"
+    );
 
     // The pause form, beside the cycle form.
     let p = c.cmd(&format!(

@@ -25,11 +25,13 @@ use penstock_driver::{
 };
 
 const MIB: u64 = 1 << 20;
-/// The paced stream: 8 MB/s in 64 KiB units (122 units a second).
-const PACED_BYTES_PER_S: u64 = 8_000_000;
-const PACED_UNIT: u64 = 64 << 10;
-/// Its source: long enough for the whole test (at least 2.5 s of it).
-const PACED_FILE: u64 = 24 * MIB;
+/// The paced stream: 160 MB/s in 1 MiB units (153 units a second): more than the bulk class
+/// gives one of its seven readers when the disk is shared (`disk_inflight_max = 1`), less
+/// than rt's share (its quantum is 4 of the 5 MiB a round serves).
+const PACED_BYTES_PER_S: u64 = 160_000_000;
+const PACED_UNIT: u64 = MIB;
+/// Its source: at least the test's two phases at the rate.
+const PACED_FILE: u64 = 192 * MIB;
 /// The bulk readers' file, read whole and again by each of six readers.
 const BULK_FILE: u64 = 32 * MIB;
 const BULK_READERS: usize = 6;
@@ -39,9 +41,8 @@ fn write_file(path: &Path, bytes: u64) {
     let mut block = vec![0u8; MIB as usize];
     for i in 0..bytes / MIB {
         // Each MiB names itself: a misplaced block is a wrong byte.
-        for (j, b) in block.iter_mut().enumerate() {
-            *b = (i as u8).wrapping_mul(31).wrapping_add(j as u8);
-        }
+        block.fill(i as u8);
+        block[..8].copy_from_slice(&i.to_le_bytes());
         f.write_all(&block).unwrap();
     }
     f.sync_all().unwrap();
@@ -159,8 +160,8 @@ fn a_running_stream_moves_from_bulk_to_rt_under_six_bulk_readers() {
     let paced_src = dir.path().join("paced.bin");
     write_file(&bulk_src, BULK_FILE);
     write_file(&paced_src, PACED_FILE);
-    // rt's share of the network: one 8 MB/s stream fits, a second does not.
-    let e = engine(12_000_000);
+    // rt's share of the network: one 160 MB/s stream fits, a second does not.
+    let e = engine(200_000_000);
     assert_eq!(e.disk_classes(), ["rt", "bulk", "gold"]);
 
     let mut readers: Vec<StreamHandle> = (0..BULK_READERS)
@@ -174,7 +175,7 @@ fn a_running_stream_moves_from_bulk_to_rt_under_six_bulk_readers() {
         "a bulk stream holds no reservation"
     );
 
-    load(&e, &bulk_src, &mut readers, Duration::from_millis(1200));
+    load(&e, &bulk_src, &mut readers, Duration::from_millis(600));
     let l0 = h.lateness();
     assert_eq!(served(&e, "rt"), 0, "nothing is in rt before the move");
     let sent_before = h.counters().bytes_sent;
@@ -213,7 +214,7 @@ fn a_running_stream_moves_from_bulk_to_rt_under_six_bulk_readers() {
 
     let rt0 = served(&e, "rt");
     let l1 = h.lateness();
-    load(&e, &bulk_src, &mut readers, Duration::from_millis(1200));
+    load(&e, &bulk_src, &mut readers, Duration::from_millis(600));
     let l2 = h.lateness();
     assert!(
         h.counters().bytes_sent > sent_before,

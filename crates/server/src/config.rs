@@ -2274,6 +2274,44 @@ mod tests {
     }
 
     #[test]
+    fn disk_classes_and_control_limits_are_read_and_checked() {
+        let c: ServerConfig = toml::from_str(
+            "[disk.classes.gold]\nquantum_bytes = \"2MiB\"\n[disk.classes.rt]\nquantum_bytes = \"8MiB\"\n\
+             [control.limits.\"uid:1000\"]\nschedule_max = \"4,40ms\"\nrate_max = \"80Mbit/s\"\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        let e = c.engine_config();
+        assert_eq!(e.disk.named_classes, [("gold".to_string(), 2 << 20)]);
+        assert_eq!(e.disk.rt_quantum_bytes, 8 << 20);
+        let (who, ceiling) = c.control.ceiling_of(false, Some(1000), Some(5)).unwrap();
+        assert_eq!(who, "uid:1000");
+        assert_eq!(ceiling.bytes_per_s_max, Some(10_000_000));
+        assert!(c.control.ceiling_of(true, None, None).is_none());
+        for (bad, why) in [
+            ("[disk.classes.gold]\n", "needs quantum_bytes"),
+            (
+                "[disk.classes.\"9x\"]\nquantum_bytes = 1048576\n",
+                "class name",
+            ),
+            (
+                "[disk]\nrt_quantum_bytes = 1048576\n[disk.classes.rt]\nquantum_bytes = 1048576\n",
+                "both set",
+            ),
+            ("[control.limits.alice]\nrate_max = \"1MB/s\"\n", "uid:N"),
+            ("[control.limits.token]\nrate_max = \"30/s\"\n", "not units"),
+            (
+                "[control.limits.token]\nschedule_max = \"0,1s\"\n",
+                "above 0",
+            ),
+        ] {
+            let c: ServerConfig = toml::from_str(bad).unwrap();
+            let e = c.check().unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn dispatch_slack_takes_microseconds_and_is_bounded() {
         let default: ServerConfig = toml::from_str("").unwrap();
         assert_eq!(

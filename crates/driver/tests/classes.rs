@@ -140,7 +140,7 @@ fn between(a: &LatenessCounts, b: &LatenessCounts) -> (u64, u64, u64, u64, u64) 
 }
 
 /// Keeps six bulk readers running for `for_how_long`: one that finishes is started again.
-fn load(e: &Engine, src: &Path, readers: &mut Vec<StreamHandle>, for_how_long: Duration) {
+fn load(e: &Engine, src: &Path, readers: &mut [StreamHandle], for_how_long: Duration) {
     let until = Instant::now() + for_how_long;
     while Instant::now() < until {
         for r in readers.iter_mut() {

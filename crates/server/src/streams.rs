@@ -1000,7 +1000,7 @@ impl Streams {
     fn known_class(&self, class: &Class) -> Result<(), Reply> {
         let names = self.backend.disk_classes();
         let name = class.to_string();
-        if names.iter().any(|n| *n == name) {
+        if names.contains(&name) {
             return Ok(());
         }
         Err(Reply::new(

@@ -89,7 +89,7 @@ impl Ceiling {
                 });
             }
             // k / t <= K / T  ⇔  k · T <= K · t (t the exact cycle: num_ns / den).
-            let t_min_ns = u128::try_from(t_min.as_nanos()).unwrap_or(u128::MAX);
+            let t_min_ns = t_min.as_nanos();
             let lhs = u128::from(k)
                 .saturating_mul(t_min_ns)
                 .saturating_mul(u128::from(period.den()));

@@ -6,14 +6,13 @@
 //! units due at once, 1 for a period or a rate) and its unit rate is at most K per T
 //! (`k / t ≤ K / T`, with `t` the cycle: for the pause form the pause, the shortest cycle it
 //! can have). It is within a rate ceiling when the bytes per second it can send
-//! ([`crate::stream::plan::schedule_bytes_per_s`]) are at most the ceiling. An unpaced
+//! ([`Schedule::bytes_per_s`]) are at most the ceiling. An unpaced
 //! (burst) stream is above any ceiling: it asks for all the disk and network it can get.
 
 use std::fmt;
 use std::time::Duration;
 
 use super::Schedule;
-use crate::stream::plan::schedule_bytes_per_s;
 
 /// The most a caller may ask; an absent part bounds nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -105,7 +104,7 @@ impl Ceiling {
             }
         }
         if let Some(max) = self.bytes_per_s_max {
-            let bytes_per_s = schedule_bytes_per_s(schedule.expect("paced above"));
+            let bytes_per_s = schedule.map_or(0, Schedule::bytes_per_s);
             if bytes_per_s > max {
                 return Err(CeilingError::Rate {
                     bytes_per_s,

@@ -320,7 +320,7 @@ impl Schedule {
 
     /// The exact time between consecutive cycles (between units, except for (k, t)); `None`
     /// for burst. For the pause form, the pause: the shortest time between cycles, so the
-    /// rate it gives ([`crate::stream::plan::schedule_bytes_per_s`]) is the most the stream
+    /// rate it gives ([`Schedule::bytes_per_s`]) is the most the stream
     /// can send, what admission reserves and an operator's ceiling bounds. Its [`Period::ceil_ns`] is the rate-monotonic priority and the default miss
     /// threshold.
     pub fn period(&self) -> Option<Period> {
@@ -331,6 +331,22 @@ impl Schedule {
     /// constant bit rate; `None` for burst.
     pub fn cycle_units(&self) -> Option<u64> {
         self.pace.map(|p| p.cycle_units)
+    }
+
+    /// Bytes per second (rounded up) at the most the schedule sends: `k` units of
+    /// `unit_bytes` every period; 0 for burst. What an rt stream reserves
+    /// (`stream::plan::schedule_bytes_per_s`) and a rate ceiling bounds.
+    pub fn bytes_per_s(&self) -> u64 {
+        let Some(pace) = self.pace else {
+            return 0;
+        };
+        let p = pace.period;
+        // cycle_units units of unit_bytes every num_ns/den nanoseconds.
+        let bytes = u128::from(pace.cycle_units)
+            * u128::from(self.unit_bytes)
+            * 1_000_000_000
+            * u128::from(p.den());
+        u64::try_from(bytes.div_ceil(p.num_ns().max(1))).unwrap_or(u64::MAX)
     }
 
     /// Cues' pause form: a cycle starts a pause after the previous one's last unit was sent.

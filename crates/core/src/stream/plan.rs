@@ -506,12 +506,7 @@ pub enum PlanError {
 
 /// A schedule's bytes per second (rounded up): what an rt stream reserves.
 pub fn schedule_bytes_per_s(s: &Schedule) -> u64 {
-    let (Some(p), Some(k)) = (s.period(), s.cycle_units()) else {
-        return 0;
-    };
-    // cycle_units units of unit_bytes every num_ns/den nanoseconds.
-    let bytes = u128::from(k) * u128::from(s.unit_bytes()) * 1_000_000_000 * u128::from(p.den());
-    u64::try_from(bytes.div_ceil(p.num_ns().max(1))).unwrap_or(u64::MAX)
+    s.bytes_per_s()
 }
 
 /// The unit of a paced stream that names none: [`DATAGRAM_UNIT_BYTES_DEFAULT`] for a datagram

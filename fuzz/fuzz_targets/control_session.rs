@@ -217,12 +217,12 @@ impl Backend for FakeBackend {
         true
     }
     fn disk_settings(&self) -> DiskSettings {
-        *self.disk.lock().unwrap()
+        self.disk.lock().unwrap().clone()
     }
     fn tune_disk(&self, t: &DiskTuning) -> Result<DiskSettings, String> {
         let mut d = self.disk.lock().unwrap();
         *d = d.tuned(t, 1 << 20).map_err(|e| e.to_string())?;
-        Ok(*d)
+        Ok(d.clone())
     }
 }
 
@@ -275,6 +275,7 @@ fuzz_target!(|data: &[u8]| {
             rt_quantum_bytes: 4 << 20,
             bulk_quantum_bytes: 1 << 20,
             disk_inflight_max: 8,
+            named_quanta: vec![],
         }),
     });
     let streams = Arc::new(Streams::new(

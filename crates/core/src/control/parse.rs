@@ -583,14 +583,10 @@ fn class(s: &str) -> Result<Class, ControlError> {
     if s.eq_ignore_ascii_case("bulk") {
         return Ok(Class::Bulk);
     }
-    let ok = (1..=32).contains(&s.len())
-        && s.starts_with(|c: char| c.is_ascii_alphabetic())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
-        Ok(Class::Named(s.to_string()))
-    } else {
-        Err(bad("class", s, "rt, bulk or a configured class name"))
+    // The engine's rule for a class name (`stream::plan::ClassName`), in one place.
+    match crate::stream::plan::ClassName::new(s) {
+        Ok(_) => Ok(Class::Named(s.to_string())),
+        Err(_) => Err(bad("class", s, "rt, bulk or a configured class name")),
     }
 }
 

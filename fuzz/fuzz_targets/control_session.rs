@@ -66,6 +66,10 @@ impl RunningStream for FakeRun {
     fn cancel(&self) {
         self.cancelled.store(true, Ordering::Release);
     }
+    fn set_class(&self, _class: penstock_driver::DiskClass) -> Result<(), StreamError> {
+        // The fake has one queue: a class is a label here.
+        Ok(())
+    }
     fn wait_timeout(&self, _: Duration) -> Option<Result<StreamReport, StreamError>> {
         let sent = self.counters().bytes_sent;
         if self.cancelled.load(Ordering::Acquire) {
@@ -213,12 +217,12 @@ impl Backend for FakeBackend {
         true
     }
     fn disk_settings(&self) -> DiskSettings {
-        *self.disk.lock().unwrap()
+        self.disk.lock().unwrap().clone()
     }
     fn tune_disk(&self, t: &DiskTuning) -> Result<DiskSettings, String> {
         let mut d = self.disk.lock().unwrap();
         *d = d.tuned(t, 1 << 20).map_err(|e| e.to_string())?;
-        Ok(*d)
+        Ok(d.clone())
     }
 }
 
@@ -250,7 +254,10 @@ fn check_books(streams: &Streams, tickets: &AtomicU64) {
 
 fn identity_of(slot: usize) -> Identity {
     match slot {
-        0 | 1 => Identity::Peer { uid: 1000 },
+        0 | 1 => Identity::Peer {
+            uid: 1000,
+            gid: 1000,
+        },
         _ => Identity::Anonymous,
     }
 }
@@ -268,6 +275,7 @@ fuzz_target!(|data: &[u8]| {
             rt_quantum_bytes: 4 << 20,
             bulk_quantum_bytes: 1 << 20,
             disk_inflight_max: 8,
+            named_quanta: vec![],
         }),
     });
     let streams = Arc::new(Streams::new(

@@ -47,6 +47,9 @@ pub struct DiskConfig {
     /// ([`penstock_core::sched::drr::ClassConfig::quantum_max_bytes`]); bulk keeps its
     /// quantum, so it is never starved. `None`: fixed quanta. 2 ..= 64.
     pub adaptive_quantum_factor: Option<u32>,
+    /// Classes besides `rt` and `bulk` (`[disk.classes.NAME]`): each a DRR queue of its own
+    /// with its quantum, arrival order, no admission. Class `2 + i` of the worker's queue.
+    pub named_classes: Vec<(String, u64)>,
 }
 
 /// Largest adaptive quantum factor: an rt round of 64 quanta is already most of a second's
@@ -62,25 +65,40 @@ impl Default for DiskConfig {
             disk_inflight_max: 8,
             rt_ioprio: true,
             adaptive_quantum_factor: None,
+            named_classes: Vec::new(),
         }
+    }
+}
+
+impl DiskConfig {
+    /// The engine's classes in queue order: `rt`, `bulk`, then the named ones.
+    pub fn class_names(&self) -> Vec<String> {
+        ["rt".to_string(), "bulk".to_string()]
+            .into_iter()
+            .chain(self.named_classes.iter().map(|(n, _)| n.clone()))
+            .collect()
     }
 }
 
 /// The disk scheduler's settings that may change while the engine runs
 /// ([`crate::Engine::tune_disk`]): MARS let an operator change the quanta over time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiskSettings {
     pub rt_quantum_bytes: u64,
     pub bulk_quantum_bytes: u64,
     pub disk_inflight_max: u32,
+    /// The named classes' quanta, in the configured order.
+    pub named_quanta: Vec<(String, u64)>,
 }
 
 /// A change of [`DiskSettings`]: `None` keeps what is in force.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DiskTuning {
     pub rt_quantum_bytes: Option<u64>,
     pub bulk_quantum_bytes: Option<u64>,
     pub disk_inflight_max: Option<u32>,
+    /// Named classes' new quanta; a name not configured is refused.
+    pub named_quanta: Vec<(String, u64)>,
 }
 
 impl DiskSettings {
@@ -91,6 +109,11 @@ impl DiskSettings {
             rt_quantum_bytes: cfg.rt_quantum_bytes.max(max_request_bytes),
             bulk_quantum_bytes: cfg.bulk_quantum_bytes.max(max_request_bytes),
             disk_inflight_max: cfg.disk_inflight_max,
+            named_quanta: cfg
+                .named_classes
+                .iter()
+                .map(|(n, q)| (n.clone(), (*q).max(max_request_bytes)))
+                .collect(),
         }
     }
 
@@ -103,19 +126,38 @@ impl DiskSettings {
         t: &DiskTuning,
         max_request_bytes: u64,
     ) -> Result<DiskSettings, SchedError> {
-        let new = DiskSettings {
+        let mut new = DiskSettings {
             rt_quantum_bytes: t.rt_quantum_bytes.unwrap_or(self.rt_quantum_bytes),
             bulk_quantum_bytes: t.bulk_quantum_bytes.unwrap_or(self.bulk_quantum_bytes),
             disk_inflight_max: t.disk_inflight_max.unwrap_or(self.disk_inflight_max),
+            named_quanta: self.named_quanta.clone(),
         };
+        for (name, q) in &t.named_quanta {
+            let Some(slot) = new.named_quanta.iter_mut().find(|(n, _)| n == name) else {
+                return Err(SchedError::UnknownClass {
+                    name: name.clone(),
+                    known: self.class_names().join(", "),
+                });
+            };
+            slot.1 = *q;
+        }
         // The scheduler's own checks, on a scheduler of one device built for them.
-        IoScheduler::new(SchedConfig::rt_bulk(
+        IoScheduler::new(SchedConfig::with_classes(
             new.rt_quantum_bytes,
             new.bulk_quantum_bytes,
+            &new.named_quanta,
             max_request_bytes,
             new.disk_inflight_max,
         ))?;
         Ok(new)
+    }
+
+    /// The classes' names in queue order: `rt`, `bulk`, the named ones.
+    pub fn class_names(&self) -> Vec<String> {
+        ["rt".to_string(), "bulk".to_string()]
+            .into_iter()
+            .chain(self.named_quanta.iter().map(|(n, _)| n.clone()))
+            .collect()
     }
 }
 
@@ -161,19 +203,44 @@ struct Queued {
 
 /// A worker's disk queue depth per class (reads queued in the scheduler plus in flight),
 /// published by the worker after every change for [`crate::Engine::disk_queue_depth`].
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct DiskDepth {
-    rt: AtomicU64,
-    bulk: AtomicU64,
+    /// Per class, in queue order (`rt`, `bulk`, the named ones).
+    classes: Vec<AtomicU64>,
+    /// Bytes read so far per class (completed requests), in the same order.
+    served: Vec<AtomicU64>,
 }
 
 impl DiskDepth {
+    pub(crate) fn new(classes: usize) -> DiskDepth {
+        DiskDepth {
+            classes: (0..classes.max(2)).map(|_| AtomicU64::new(0)).collect(),
+            served: (0..classes.max(2)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Every class's bytes read so far, in queue order.
+    pub(crate) fn served_per_class(&self) -> Vec<u64> {
+        self.served
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
     /// (rt, bulk).
     pub(crate) fn get(&self) -> (u64, u64) {
         (
-            self.rt.load(Ordering::Relaxed),
-            self.bulk.load(Ordering::Relaxed),
+            self.classes[0].load(Ordering::Relaxed),
+            self.classes[1].load(Ordering::Relaxed),
         )
+    }
+
+    /// Every class's depth, in queue order.
+    pub(crate) fn per_class(&self) -> Vec<u64> {
+        self.classes
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
     }
 }
 
@@ -207,9 +274,15 @@ impl DiskQueue {
         queue_max: u32,
         depth: Arc<DiskDepth>,
     ) -> Result<DiskQueue, SchedError> {
-        let mut sc = SchedConfig::rt_bulk(
+        let named: Vec<(String, u64)> = cfg
+            .named_classes
+            .iter()
+            .map(|(n, q)| (n.clone(), (*q).max(max_request_bytes)))
+            .collect();
+        let mut sc = SchedConfig::with_classes(
             cfg.rt_quantum_bytes.max(max_request_bytes),
             cfg.bulk_quantum_bytes.max(max_request_bytes),
+            &named,
             max_request_bytes,
             cfg.disk_inflight_max,
         );
@@ -253,6 +326,12 @@ impl DiskQueue {
             self.sched.quantum_bytes(self.bulk)?,
             self.sched.inflight_max(),
         );
+        let old_named: Vec<(ClassId, u64)> = s
+            .named_quanta
+            .iter()
+            .filter_map(|(n, _)| self.sched.class(n).ok())
+            .filter_map(|c| Some((c, self.sched.quantum_bytes(c).ok()?)))
+            .collect();
         // An adaptive ceiling moves with the rt quantum: lifted for the change, set after.
         let factor = self.adaptive_quantum_factor;
         if factor.is_some() {
@@ -262,8 +341,17 @@ impl DiskQueue {
             .sched
             .set_quantum(self.rt, s.rt_quantum_bytes)
             .and_then(|()| self.sched.set_quantum(self.bulk, s.bulk_quantum_bytes))
-            .and_then(|()| self.sched.set_inflight_max(s.disk_inflight_max));
+            .and_then(|()| self.sched.set_inflight_max(s.disk_inflight_max))
+            .and_then(|()| {
+                s.named_quanta.iter().try_for_each(|(n, q)| {
+                    let c = self.sched.class(n)?;
+                    self.sched.set_quantum(c, *q)
+                })
+            });
         if applied.is_err() {
+            for (c, q) in old_named {
+                let _ = self.sched.set_quantum(c, q);
+            }
             // Put back what was set before the refusal (these values were accepted once).
             let _ = self.sched.set_quantum(self.rt, old.0);
             let _ = self.sched.set_quantum(self.bulk, old.1);
@@ -277,15 +365,24 @@ impl DiskQueue {
         applied
     }
 
-    /// Publishes the depth of each class (two relaxed stores: cheap enough for every change).
+    /// Publishes the depth of each class (a relaxed store per class: cheap enough for every
+    /// change; classes are few).
     fn publish_depth(&self) {
-        let depth = |c| self.sched.counters(c).map_or(0, |c| c.queued + c.inflight);
-        self.depth.rt.store(depth(self.rt), Ordering::Relaxed);
-        self.depth.bulk.store(depth(self.bulk), Ordering::Relaxed);
-    }
-
-    pub(crate) fn class(&self, rt: bool) -> ClassId {
-        if rt { self.rt } else { self.bulk }
+        for (i, (slot, served)) in self
+            .depth
+            .classes
+            .iter()
+            .zip(&self.depth.served)
+            .enumerate()
+        {
+            let c = ClassId::from_index(i as u16);
+            let (d, s) = self
+                .sched
+                .counters(c)
+                .map_or((0, 0), |c| (c.queued + c.inflight, c.served_bytes));
+            slot.store(d, Ordering::Relaxed);
+            served.store(s, Ordering::Relaxed);
+        }
     }
 
     /// Whether `class`'s queue can take `n` more reads (an empty queue takes any number: the

@@ -220,8 +220,16 @@ pub struct StreamHandle {
     done: Receiver<Result<StreamReport, StreamError>>,
     /// The stream's place against `streams_max`, given back on drop.
     _slot: StreamSlot,
-    /// The admission reservation this stream holds, released on drop.
-    reservation: Option<(ReservationId, Arc<Mutex<Admission>>)>,
+    /// The admission reservation this stream holds, released on drop (and taken or given
+    /// back by [`StreamHandle::set_class`]).
+    reservation: Mutex<Option<ReservationId>>,
+    admission: Arc<Mutex<Admission>>,
+    /// Its disk class now.
+    class: Mutex<DiskClass>,
+    /// The engine's classes in queue order.
+    classes: Arc<[String]>,
+    /// What it asks admission for in `rt` (the planner's request; `None`: no rate).
+    rt_qos: Option<StreamQos>,
     /// Its part of a timed worker's CPU reservation, given back on drop.
     _timed: Option<TimedHold>,
     /// The worker it runs on ([`EngineInfo::workers`]' index).
@@ -242,13 +250,68 @@ impl StreamHandle {
     /// What admission reserved for this stream (an rt stream), with the figures it was
     /// charged with ([`Reservation::figures`]).
     pub fn reservation(&self) -> Option<Reservation> {
-        let (id, admission) = self.reservation.as_ref()?;
-        admission
+        let id = (*self.reservation.lock().unwrap_or_else(|p| p.into_inner()))?;
+        self.admission
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .reservations()
-            .find(|r| r.id == *id)
+            .find(|r| r.id == id)
             .copied()
+    }
+
+    /// Its disk class now.
+    pub fn class(&self) -> DiskClass {
+        *self.class.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the running stream to disk class `class` (MARS: a stream may change class while
+    /// open; `CLASS id NAME`) without stopping it: re-admitted by the engine's one admission
+    /// control first — into `rt`, the rate its plan asks (refused with the resource that is
+    /// short, and nothing changes); out of `rt`, its reservation is given back — then its
+    /// worker queues its next reads in the new class (reads already queued or in flight keep
+    /// theirs). The stream stays on its worker and keeps its pool buffers as they were
+    /// reserved or borrowed at open.
+    pub fn set_class(&self, class: DiskClass) -> Result<(), StreamError> {
+        let index = self
+            .classes
+            .iter()
+            .position(|n| n == class.name())
+            .ok_or_else(|| StreamError::UnknownClass {
+                name: class.name().to_string(),
+                known: self.classes.join(", "),
+            })?;
+        let mut cur = self.class.lock().unwrap_or_else(|p| p.into_inner());
+        if *cur == class {
+            return Ok(());
+        }
+        let mut reservation = self.reservation.lock().unwrap_or_else(|p| p.into_inner());
+        match (class == DiskClass::Rt, *reservation) {
+            (true, None) => {
+                let qos = self.rt_qos.ok_or(StreamError::Plan(
+                    penstock_core::stream::plan::PlanError::RtNeedsRate,
+                ))?;
+                let r = self
+                    .admission
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .admit(qos)?;
+                *reservation = Some(r.id);
+            }
+            (false, Some(id)) => {
+                self.admission
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .release(id);
+                *reservation = None;
+            }
+            _ => {}
+        }
+        self.worker.send(Command::SetClass(
+            self.id,
+            penstock_core::sched::drr::ClassId::from_index(index as u16),
+        ));
+        *cur = class;
+        Ok(())
     }
 
     pub fn path(&self) -> DataPath {
@@ -340,11 +403,11 @@ impl StreamHandle {
 
 impl Drop for StreamHandle {
     fn drop(&mut self) {
-        if let Some((id, admission)) = &self.reservation {
-            admission
+        if let Some(id) = *self.reservation.lock().unwrap_or_else(|p| p.into_inner()) {
+            self.admission
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .release(*id);
+                .release(id);
         }
     }
 }
@@ -813,7 +876,49 @@ impl Engine {
 
     /// The disk scheduler settings in force on every worker.
     pub fn disk_settings(&self) -> DiskSettings {
-        *self.disk.lock().unwrap_or_else(|p| p.into_inner())
+        self.disk.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The disk classes, in queue order: `rt`, `bulk`, then `[disk.classes.NAME]`'s.
+    pub fn disk_classes(&self) -> Vec<String> {
+        self.cfg.disk.class_names()
+    }
+
+    /// Disk reads queued or in flight per class (as [`Engine::disk_classes`] names them),
+    /// all workers together.
+    pub fn disk_queue_depth_per_class(&self) -> Vec<(String, u64)> {
+        let mut d: Vec<(String, u64)> = self.disk_classes().into_iter().map(|n| (n, 0)).collect();
+        for w in &self.workers {
+            for (slot, n) in d.iter_mut().zip(w.disk_depth_per_class()) {
+                slot.1 += n;
+            }
+        }
+        d
+    }
+
+    /// Bytes each class (as [`Engine::disk_classes`] names them) read through the disk
+    /// scheduler so far, all workers together.
+    pub fn disk_served_bytes_per_class(&self) -> Vec<(String, u64)> {
+        let mut d: Vec<(String, u64)> = self.disk_classes().into_iter().map(|n| (n, 0)).collect();
+        for w in &self.workers {
+            for (slot, n) in d.iter_mut().zip(w.disk_served_per_class()) {
+                slot.1 += n;
+            }
+        }
+        d
+    }
+
+    /// The queue index of `class` among [`Engine::disk_classes`], or the refusal naming them.
+    fn class_index(&self, class: DiskClass) -> Result<u16, StreamError> {
+        let names = self.disk_classes();
+        names
+            .iter()
+            .position(|n| n == class.name())
+            .map(|i| i as u16)
+            .ok_or_else(|| StreamError::UnknownClass {
+                name: class.name().to_string(),
+                known: names.join(", "),
+            })
     }
 
     /// Changes the disk scheduler's quanta and in-flight bound on a running engine (MARS
@@ -828,9 +933,9 @@ impl Engine {
         let new = cur.tuned(t, self.cfg.buffer_bytes as u64)?;
         if new != *cur {
             for w in &self.workers {
-                w.send(Command::TuneDisk(new));
+                w.send(Command::TuneDisk(new.clone()));
             }
-            *cur = new;
+            *cur = new.clone();
         }
         Ok(new)
     }
@@ -1321,6 +1426,25 @@ impl Engine {
             self.caps(),
             &self.plan_limits_at(read_depth),
         )?;
+        let class_index = self.class_index(plan.class)?;
+        // What the stream would ask admission for in `rt` (`CLASS id rt` while it runs): the
+        // planner's answer for the same request in that class; `None` when it has no rate.
+        let rt_qos = if plan.rt {
+            plan.admission
+        } else {
+            plan_stream(
+                &PlanRequest {
+                    class: Some(DiskClass::Rt),
+                    best_effort: false,
+                    ..request.clone()
+                },
+                &gathered.facts,
+                self.caps(),
+                &self.plan_limits_at(read_depth),
+            )
+            .ok()
+            .and_then(|p| p.admission)
+        };
         let reopen = |v: &mut crate::volume::PartitionIo| {
             v.make_buffered().map_err(|source| StreamError::Io {
                 op: "reopening the volume's members",
@@ -1446,7 +1570,7 @@ impl Engine {
             cache: spec.cache,
             zero_copy,
             notes,
-            rt: plan.rt,
+            class: penstock_core::sched::drr::ClassId::from_index(class_index),
             rtp: spec.rtp.filter(|_| plan.header_bytes > 0),
             interleaved: spec.interleaved.clone().filter(|_| plan.header_bytes > 0),
             buffers_reserved,
@@ -1502,7 +1626,11 @@ impl Engine {
             worker,
             done,
             _slot: slot,
-            reservation: reservation.map(|id| (id, self.admission.clone())),
+            reservation: Mutex::new(reservation),
+            admission: self.admission.clone(),
+            class: Mutex::new(plan.class),
+            classes: self.disk_classes().into(),
+            rt_qos,
             _timed: timed_hold,
             worker_index: w,
         })

@@ -25,6 +25,9 @@ pub enum StreamError {
     Plan(PlanError),
     #[error("the stream slot was reserved on another engine")]
     ForeignSlot,
+    /// A disk class the engine was not configured with (`[disk.classes.NAME]`).
+    #[error("unknown disk class {name:?}: the classes are {known}")]
+    UnknownClass { name: String, known: String },
     #[error("Engine::open needs the endpoints' names (StreamSpec::new)")]
     NoEndpoints,
     /// A volume partition target is full: the source is longer than it.

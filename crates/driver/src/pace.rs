@@ -249,6 +249,13 @@ impl Pace {
         let Some((seq, scheduled)) = self.in_flight.pop_front() else {
             return;
         };
+        // Cues' pause form: the last unit of a cycle sent starts the pause (core decides).
+        if let Deadlines::Schedule {
+            anchored: Some(a), ..
+        } = &mut self.deadlines
+        {
+            a.sent(seq, now);
+        }
         self.stats.record(scheduled, now, bytes);
         // As `LatenessStats::record` measures it: early counts as on time.
         let lateness_ns = now

@@ -68,8 +68,9 @@ pub(crate) struct TaskIo {
     pub notes: Vec<String>,
     /// The schedule of a paced stream.
     pub pace: Option<Pace>,
-    /// The stream's disk class: `rt` (true) or `bulk`.
-    pub rt: bool,
+    /// The stream's disk class (its queue in the worker's disk scheduler: 0 `rt`, 1
+    /// `bulk`, then the named classes); `CLASS` changes it while the stream runs.
+    pub class: penstock_core::sched::drr::ClassId,
     /// Each unit goes out as an RTP packet: the header is written in front of it in the pool
     /// buffer (the uring path; the plan allowed it only there, with a unit plan).
     pub rtp: Option<Packetizer>,

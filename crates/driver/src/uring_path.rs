@@ -279,7 +279,7 @@ impl UringState {
             let payload_at = read_at + (self.next_read - read_off) as usize;
             // Every read goes through the worker's disk scheduler: a plain file's as one
             // request, a volume chunk's as one request per member piece (MARS's ccd under DRR).
-            let class = disk.class(io.rt);
+            let class = io.class;
             let deadline = match &mut io.pace {
                 Some(p) => {
                     let first_unit = if plan_units > 0 {

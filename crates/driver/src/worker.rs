@@ -47,6 +47,9 @@ pub(crate) enum Command {
     Cancel(u64),
     Pause(u64),
     Resume(u64),
+    /// The stream's next reads go to this disk class (`CLASS`: admission was re-checked by
+    /// the engine first).
+    SetClass(u64, penstock_core::sched::drr::ClassId),
     /// Call this once the stream's report is sent (at once if it already was).
     Notify(u64, DoneHook),
     /// New disk scheduler settings (checked by the engine against this worker's reads).
@@ -97,6 +100,16 @@ impl WorkerHandle {
     /// Disk reads (rt, bulk) queued or in flight on this worker.
     pub(crate) fn disk_depth(&self) -> (u64, u64) {
         self.disk_depth.get()
+    }
+
+    /// Disk reads of each class (queue order) queued or in flight on this worker.
+    pub(crate) fn disk_depth_per_class(&self) -> Vec<u64> {
+        self.disk_depth.per_class()
+    }
+
+    /// Bytes each class (queue order) read on this worker so far.
+    pub(crate) fn disk_served_per_class(&self) -> Vec<u64> {
+        self.disk_depth.served_per_class()
     }
 
     /// System calls this worker's loop made so far to submit operations and to wait.
@@ -160,7 +173,8 @@ pub(crate) struct TaskInit {
     pub zero_copy: bool,
     pub notes: Vec<String>,
     pub pace: Option<Pace>,
-    pub rt: bool,
+    /// The stream's disk class (see `TaskIo::class`).
+    pub class: penstock_core::sched::drr::ClassId,
     /// RTP framing of each unit (the plan's `header_bytes` > 0).
     pub rtp: Option<penstock_core::rtp::Packetizer>,
     pub interleaved: Option<crate::gate::Interleaved>,
@@ -246,7 +260,7 @@ impl Task {
                 counters: init.counters,
                 notes: init.notes,
                 pace: init.pace,
-                rt: init.rt,
+                class: init.class,
                 rtp: init.rtp,
                 interleaved: init.interleaved,
                 moved: Default::default(),
@@ -408,7 +422,7 @@ pub(crate) fn spawn_worker(
     let shrink_after = cfg.pool_shrink_after;
     let clients_max = u32::try_from(cfg.streams_max).unwrap_or(u32::MAX);
     let borrow_max = u32::try_from(cfg.client_buffers_max).unwrap_or(u32::MAX);
-    let disk_depth = Arc::new(DiskDepth::default());
+    let disk_depth = Arc::new(DiskDepth::new(2 + cfg.disk.named_classes.len()));
     let depth_pub = disk_depth.clone();
     let join = std::thread::Builder::new().name(format!("penstock-w{index}")).spawn(move || {
         // Timer slack of 1 ns: the kernel's default 50 µs slack would be added to every wake-up.
@@ -632,6 +646,11 @@ impl Worker {
                     if let Some(t) = self.by_id.get(&id).and_then(|&s| self.slots[s].1.as_mut()) {
                         t.paused.get_or_insert_with(clock::now);
                         t.io.counters.paused.store(true, Ordering::Release);
+                    }
+                }
+                Command::SetClass(id, class) => {
+                    if let Some(t) = self.by_id.get(&id).and_then(|&s| self.slots[s].1.as_mut()) {
+                        t.io.class = class;
                     }
                 }
                 Command::Resume(id) => {

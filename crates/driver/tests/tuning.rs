@@ -177,6 +177,7 @@ fn disk_tuning_is_checked_then_applied_whole() {
         rt_quantum_bytes: Some(2 << 20),
         bulk_quantum_bytes: Some(8 << 20),
         disk_inflight_max: Some(2),
+        named_quanta: vec![],
     };
     let now = e.tune_disk(&t).unwrap();
     assert_eq!(

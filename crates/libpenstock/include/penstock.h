@@ -385,6 +385,16 @@ int penstock_stream_pause(struct penstock_stream_t *stream);
 // `RESUME` a paused stream.
 int penstock_stream_resume(struct penstock_stream_t *stream);
 
+// `CLASS`: moves the stream to disk class `class` (`"rt"`, `"bulk"` or a class the engine
+// was configured with) without stopping it: the engine re-admits it there (into `rt`, the
+// rate it was opened with) and its next reads are queued in the new class.
+// `PENSTOCK_EREFUSED` when admission refuses (`penstock_last_error` names the resource, e.g.
+// disk), `PENSTOCK_EINVAL` for a class the engine does not have; nothing changes then.
+//
+// # Safety
+// `class` is NULL or a NUL-terminated string.
+int penstock_stream_class(struct penstock_stream_t *stream, const char *class_);
+
 // `STATE`, as a struct: `*out` receives the stream's state and figures.
 //
 // # Safety

@@ -206,7 +206,10 @@ impl EngineInner {
         }
         Ok(Caller {
             conn: self.next_conn.fetch_add(1, Ordering::Relaxed),
-            identity: Identity::Peer { uid: self.uid },
+            identity: Identity::Peer {
+                uid: self.uid,
+                gid: rustix::process::getegid().as_raw(),
+            },
         })
     }
 

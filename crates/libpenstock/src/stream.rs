@@ -5,14 +5,15 @@ use std::ffi::{c_char, c_int};
 use std::sync::Arc;
 use std::time::Duration;
 
-use penstock_core::control::{ReplyCode, StreamId};
+use penstock_core::control::{Class, ReplyCode, StreamId};
 use penstock_core::lateness::lateness_bucket_quantile_ns;
 use penstock_server::streams::{Caller, StreamState, StreamStatus};
 
 use crate::cue::{open_stream, parse_open};
 use crate::engine::{ENGINES, EngineInner, penstock_engine};
 use crate::error::{
-    Error, PENSTOCK_ECANCELED, PENSTOCK_EIO, PENSTOCK_ENULL, PENSTOCK_ETIMEDOUT, PENSTOCK_OK,
+    Error, PENSTOCK_ECANCELED, PENSTOCK_EINVAL, PENSTOCK_EIO, PENSTOCK_ENULL, PENSTOCK_ETIMEDOUT,
+    PENSTOCK_OK,
 };
 use crate::ffi::{Registry, guard_code, opt_str_arg, str_arg};
 
@@ -153,6 +154,34 @@ pub extern "C" fn penstock_stream_pause(stream: *mut penstock_stream_t) -> c_int
 pub extern "C" fn penstock_stream_resume(stream: *mut penstock_stream_t) -> c_int {
     with_stream(stream, |o| {
         reply_result(o.inner.streams.resume(o.caller, o.id))
+    })
+}
+
+/// `CLASS`: moves the stream to disk class `class` (`"rt"`, `"bulk"` or a class the engine
+/// was configured with) without stopping it: the engine re-admits it there (into `rt`, the
+/// rate it was opened with) and its next reads are queued in the new class.
+/// `PENSTOCK_EREFUSED` when admission refuses (`penstock_last_error` names the resource, e.g.
+/// disk), `PENSTOCK_EINVAL` for a class the engine does not have; nothing changes then.
+///
+/// # Safety
+/// `class` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn penstock_stream_class(
+    stream: *mut penstock_stream_t,
+    class: *const c_char,
+) -> c_int {
+    with_stream(stream, |o| {
+        // SAFETY: the caller's promise for the string, passed on.
+        let name = unsafe { str_arg(class, "class")? };
+        let class = match penstock_core::stream::plan::DiskClass::parse(name) {
+            Ok(penstock_core::stream::plan::DiskClass::Rt) => Class::Rt,
+            Ok(penstock_core::stream::plan::DiskClass::Bulk) => Class::Bulk,
+            Ok(penstock_core::stream::plan::DiskClass::Named(n)) => {
+                Class::Named(n.as_str().to_string())
+            }
+            Err(e) => return Err(Error::new(PENSTOCK_EINVAL, e.to_string())),
+        };
+        reply_result(o.inner.streams.set_class(o.caller, o.id, class))
     })
 }
 

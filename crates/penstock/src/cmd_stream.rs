@@ -71,6 +71,10 @@ pub struct StreamArgs {
     /// Cues' (k, t): K units at the start of every cycle of length T (e.g. 4,40ms).
     #[arg(long, value_name = "K,T")]
     pub schedule: Option<String>,
+    /// Cues' (k, t) as the paper defines it: K units, then a pause of T after the last of
+    /// them was sent (e.g. 4,40ms).
+    #[arg(long, value_name = "K,T", conflicts_with_all = ["rate", "period", "schedule"])]
+    pub pause: Option<String>,
     /// A unit later than this is a miss (default: one period).
     #[arg(long, value_parser = parse_duration)]
     pub miss_after: Option<Duration>,
@@ -219,6 +223,8 @@ pub fn parse_class(s: &str) -> Result<DiskClass, String> {
     match s {
         "rt" => Ok(DiskClass::Rt),
         "bulk" => Ok(DiskClass::Bulk),
+        // `penstock stream`'s engine has the two built-in classes only
+        // (`[disk.classes.NAME]` is the server's).
         _ => Err(format!("unknown class {s:?}: expected rt or bulk")),
     }
 }
@@ -245,12 +251,14 @@ pub fn pacing_from_flags(
     period: Option<&str>,
     rate: Option<&str>,
     kt: Option<&str>,
+    pause: Option<&str>,
 ) -> Result<Pacing> {
     Ok(Pacing::from_flags(&ScheduleFlags {
         period,
         rate,
         unit: None,
         kt,
+        pause,
     })?)
 }
 
@@ -332,6 +340,7 @@ pub fn run(a: StreamArgs) -> Result<()> {
         a.period.as_deref(),
         a.rate.as_deref(),
         a.schedule.as_deref(),
+        a.pause.as_deref(),
     )?;
     if a.rtp && !matches!(target, Endpoint::UdpSend { .. }) {
         return Err(crate::Usage(format!("--rtp sends to a udp:// target, not {target}")).into());

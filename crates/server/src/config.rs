@@ -946,6 +946,59 @@ pub struct ControlConfig {
     pub listen_allow: Vec<IpPrefix>,
     /// Addresses `tcp://` and `udp://` endpoints may reach. Empty: any.
     pub connect_allow: Vec<IpPrefix>,
+    /// `[control.limits]`: the operator's ceiling per control identity — `"token"` (a caller
+    /// that sent `AUTH`), `"uid:N"`, `"gid:N"` (a Unix peer's `SO_PEERCRED` uid, else its
+    /// primary gid) — the most aggressive pacing its `OPEN` (and `RATE`/`SCHEDULE`) may ask;
+    /// above it the request is refused naming the ceiling. An identity with no entry has no
+    /// ceiling.
+    pub limits: std::collections::BTreeMap<String, ControlLimit>,
+}
+
+/// One `[control.limits]` entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControlLimit {
+    /// The most aggressive (k, t), `"K,T"` (`"4,40ms"`): at most K units at once and at most
+    /// K per T, whatever the pacing (rate, period, `schedule=`, `pause=`).
+    pub schedule_max: Option<String>,
+    /// The highest rate in bytes or bits per second (`"10MB/s"`, `"80Mbit/s"`).
+    pub rate_max: Option<String>,
+}
+
+impl ControlLimit {
+    /// The ceiling this entry sets, or why it cannot be read.
+    pub fn ceiling(&self) -> Result<penstock_core::schedule::Ceiling, String> {
+        let kt_max = self
+            .schedule_max
+            .as_deref()
+            .map(|s| {
+                penstock_core::schedule::parse_kt(s)
+                    .map_err(|e| format!("schedule_max {s:?}: {e}"))
+                    .and_then(|(k, t)| {
+                        if k == 0 || t.is_zero() {
+                            Err(format!("schedule_max {s:?}: K and T must be above 0"))
+                        } else {
+                            Ok((k, t))
+                        }
+                    })
+            })
+            .transpose()?;
+        let bytes_per_s_max = self
+            .rate_max
+            .as_deref()
+            .map(|s| match penstock_core::units::parse_rate(s) {
+                Ok(penstock_core::units::Rate::BitsPerSecond(bits)) => Ok(bits / 8),
+                Ok(_) => Err(format!(
+                    "rate_max {s:?}: give bytes or bits per second (10MB/s, 80Mbit/s), not units"
+                )),
+                Err(e) => Err(format!("rate_max {s:?}: {e}")),
+            })
+            .transpose()?;
+        Ok(penstock_core::schedule::Ceiling {
+            kt_max,
+            bytes_per_s_max,
+        })
+    }
 }
 
 impl Default for ControlConfig {
@@ -985,11 +1038,31 @@ impl Default for ControlConfig {
             unix_paths: Vec::new(),
             listen_allow: Vec::new(),
             connect_allow: Vec::new(),
+            limits: std::collections::BTreeMap::new(),
         }
     }
 }
 
 impl ControlConfig {
+    /// The ceiling of a caller known as the token (`token`) or a Unix peer (`uid`, `gid`):
+    /// its `[control.limits]` entry's name and ceiling; a uid's entry before a gid's.
+    pub fn ceiling_of(
+        &self,
+        token: bool,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Option<(String, penstock_core::schedule::Ceiling)> {
+        let keys = [
+            token.then(|| "token".to_string()),
+            uid.map(|u| format!("uid:{u}")),
+            gid.map(|g| format!("gid:{g}")),
+        ];
+        keys.into_iter().flatten().find_map(|k| {
+            let c = self.limits.get(&k)?.ceiling().ok()?;
+            Some((k, c))
+        })
+    }
+
     /// Whether a Unix-socket peer with these credentials may act without the token.
     pub fn unix_peer_allowed(&self, uid: u32, gid: u32, own_uid: u32) -> bool {
         let uid_ok = if self.unix_allow_uids.is_empty() {
@@ -1050,6 +1123,21 @@ impl ControlConfig {
         }
         if self.tcp_connections_per_address_max == 0 {
             return bad("control.tcp_connections_per_address_max must be above 0");
+        }
+        for (key, l) in &self.limits {
+            let ok = key == "token"
+                || key
+                    .strip_prefix("uid:")
+                    .or_else(|| key.strip_prefix("gid:"))
+                    .is_some_and(|n| n.parse::<u32>().is_ok());
+            if !ok {
+                return bad(&format!(
+                    "control.limits.{key:?}: name an identity as \"token\", \"uid:N\" or \"gid:N\""
+                ));
+            }
+            if let Err(e) = l.ceiling() {
+                return bad(&format!("control.limits.{key:?}: {e}"));
+            }
         }
         if !(2..=64).contains(&self.unix_fds_held_max) {
             return bad("control.unix_fds_held_max must be 2 to 64 (OPEN fd fd passes two)");
@@ -1382,6 +1470,22 @@ pub struct DiskSection {
     /// With `adaptive_quanta`: the ceiling as a multiple of the rt quantum, 2 ..= 64
     /// (default 4).
     pub adaptive_quantum_factor: Option<u32>,
+    /// `[disk.classes.NAME]`: disk classes besides `rt` and `bulk`, each a DRR queue of its
+    /// own served in arrival order with its `quantum_bytes`, not admitted (docs/io-scheduler.md,
+    /// "Classes"). `[disk.classes.rt]` and `[disk.classes.bulk]` set the two built-in
+    /// classes' quanta (as `rt_quantum_bytes` / `bulk_quantum_bytes`, not both). Read at
+    /// start: a reload changes quanta, not the set of classes.
+    pub classes: std::collections::BTreeMap<String, DiskClassSection>,
+}
+
+/// `[disk.classes.NAME]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiskClassSection {
+    /// Bytes of cost the class may read per DRR round (its weight); at least
+    /// `engine.buffer_bytes`. Required for a named class.
+    #[serde(default, deserialize_with = "units::opt_size")]
+    pub quantum_bytes: Option<u64>,
 }
 
 /// `[disk] adaptive_quantum_factor` when unset.
@@ -1391,11 +1495,30 @@ impl DiskSection {
     /// The whole settings this section asks for: its keys over the engine's defaults.
     pub fn settings(&self) -> penstock_driver::DiskSettings {
         let d = penstock_driver::disk::DiskConfig::default();
+        let class_quantum = |name: &str| self.classes.get(name).and_then(|c| c.quantum_bytes);
         penstock_driver::DiskSettings {
-            rt_quantum_bytes: self.rt_quantum_bytes.unwrap_or(d.rt_quantum_bytes),
-            bulk_quantum_bytes: self.bulk_quantum_bytes.unwrap_or(d.bulk_quantum_bytes),
+            rt_quantum_bytes: self
+                .rt_quantum_bytes
+                .or(class_quantum("rt"))
+                .unwrap_or(d.rt_quantum_bytes),
+            bulk_quantum_bytes: self
+                .bulk_quantum_bytes
+                .or(class_quantum("bulk"))
+                .unwrap_or(d.bulk_quantum_bytes),
             disk_inflight_max: self.inflight_max.unwrap_or(d.disk_inflight_max),
+            named_quanta: self.named_classes(),
         }
+    }
+
+    /// The named classes and their quanta, in name order (a missing quantum is refused by
+    /// `check`; here it reads as the bulk default).
+    fn named_classes(&self) -> Vec<(String, u64)> {
+        let d = penstock_driver::disk::DiskConfig::default();
+        self.classes
+            .iter()
+            .filter(|(n, _)| *n != "rt" && *n != "bulk")
+            .map(|(n, c)| (n.clone(), c.quantum_bytes.unwrap_or(d.bulk_quantum_bytes)))
+            .collect()
     }
 
     /// The change a reload makes: every value, so that a key removed from the file goes back
@@ -1406,11 +1529,36 @@ impl DiskSection {
             rt_quantum_bytes: Some(s.rt_quantum_bytes),
             bulk_quantum_bytes: Some(s.bulk_quantum_bytes),
             disk_inflight_max: Some(s.disk_inflight_max),
+            named_quanta: s.named_quanta,
         }
     }
 
     /// Checks the values as the scheduler will, for reads of `buffer_bytes`.
     fn check(&self, buffer_bytes: u64) -> Result<(), ConfigError> {
+        for (name, c) in &self.classes {
+            match name.as_str() {
+                "rt" if self.rt_quantum_bytes.is_some() && c.quantum_bytes.is_some() => {
+                    return Err(ConfigError::Invalid(
+                        "[disk] rt_quantum_bytes and [disk.classes.rt] quantum_bytes are both set: keep one".into(),
+                    ));
+                }
+                "bulk" if self.bulk_quantum_bytes.is_some() && c.quantum_bytes.is_some() => {
+                    return Err(ConfigError::Invalid(
+                        "[disk] bulk_quantum_bytes and [disk.classes.bulk] quantum_bytes are both set: keep one".into(),
+                    ));
+                }
+                "rt" | "bulk" => {}
+                _ => {
+                    penstock_core::stream::plan::ClassName::new(name)
+                        .map_err(|e| ConfigError::Invalid(format!("[disk.classes.{name}]: {e}")))?;
+                    if c.quantum_bytes.is_none() {
+                        return Err(ConfigError::Invalid(format!(
+                            "[disk.classes.{name}] needs quantum_bytes (the class's bytes per DRR round)"
+                        )));
+                    }
+                }
+            }
+        }
         if let Some(f) = self.adaptive_quantum_factor {
             let max = penstock_driver::disk::ADAPTIVE_QUANTUM_FACTOR_MAX;
             if !(2..=max).contains(&f) {
@@ -1436,6 +1584,7 @@ impl DiskSection {
         disk.rt_quantum_bytes = s.rt_quantum_bytes;
         disk.bulk_quantum_bytes = s.bulk_quantum_bytes;
         disk.disk_inflight_max = s.disk_inflight_max;
+        disk.named_classes = s.named_quanta;
         disk.adaptive_quantum_factor = self.adaptive_quanta.then(|| {
             self.adaptive_quantum_factor
                 .unwrap_or(ADAPTIVE_QUANTUM_FACTOR_DEFAULT)
@@ -1953,6 +2102,7 @@ pub const RELOADABLE: &[&str] = &[
     "disk.rt_quantum_bytes",
     "disk.bulk_quantum_bytes",
     "disk.inflight_max",
+    "disk.classes",
     "location",
     "auth",
     "http.listen",
@@ -2161,6 +2311,44 @@ mod tests {
             ),
             (d.start_at_late_max_ms, d.start_at_ahead_max_ms)
         );
+    }
+
+    #[test]
+    fn disk_classes_and_control_limits_are_read_and_checked() {
+        let c: ServerConfig = toml::from_str(
+            "[disk.classes.gold]\nquantum_bytes = \"2MiB\"\n[disk.classes.rt]\nquantum_bytes = \"8MiB\"\n\
+             [control.limits.\"uid:1000\"]\nschedule_max = \"4,40ms\"\nrate_max = \"80Mbit/s\"\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        let e = c.engine_config();
+        assert_eq!(e.disk.named_classes, [("gold".to_string(), 2 << 20)]);
+        assert_eq!(e.disk.rt_quantum_bytes, 8 << 20);
+        let (who, ceiling) = c.control.ceiling_of(false, Some(1000), Some(5)).unwrap();
+        assert_eq!(who, "uid:1000");
+        assert_eq!(ceiling.bytes_per_s_max, Some(10_000_000));
+        assert!(c.control.ceiling_of(true, None, None).is_none());
+        for (bad, why) in [
+            ("[disk.classes.gold]\n", "needs quantum_bytes"),
+            (
+                "[disk.classes.\"9x\"]\nquantum_bytes = 1048576\n",
+                "class name",
+            ),
+            (
+                "[disk]\nrt_quantum_bytes = 1048576\n[disk.classes.rt]\nquantum_bytes = 1048576\n",
+                "both set",
+            ),
+            ("[control.limits.alice]\nrate_max = \"1MB/s\"\n", "uid:N"),
+            ("[control.limits.token]\nrate_max = \"30/s\"\n", "not units"),
+            (
+                "[control.limits.token]\nschedule_max = \"0,1s\"\n",
+                "above 0",
+            ),
+        ] {
+            let c: ServerConfig = toml::from_str(bad).unwrap();
+            let e = c.check().unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -345,6 +345,7 @@ impl Peer {
                 Ok(c) if config.unix_peer_allowed(c.uid.as_raw(), c.gid.as_raw(), own_uid) => {
                     Identity::Peer {
                         uid: c.uid.as_raw(),
+                        gid: c.gid.as_raw(),
                     }
                 }
                 _ => Identity::Anonymous,
@@ -1091,11 +1092,12 @@ fn serve_session(shared: &Arc<ControlShared>, mut peer: Peer, mut session: Sessi
 const HELP: &[&str] = &[
     "OPEN fd fd [options]   (Unix socket, allowed peers: the descriptors passed by SCM_RIGHTS with the line, source first; either side may be an endpoint name instead)",
     "CUE <src>|fd <dst>|fd [options]   (Unix socket, allowed peers: OPEN whose reply carries the stream's own descriptor by SCM_RIGHTS; closing it closes the stream unless DETACHED)",
-    "OPEN <src> <dst> [class=rt|bulk|NAME] [rate=R] [period=D] [unit=SIZE] [schedule=K,T] [buffers=N] [offset=SIZE] [length=SIZE] [path=auto|copy|sendfile|splice|uring] [late=send|skip] [cache=keep|bypass|drop] [DETACHED] [TRUNCATE]",
+    "OPEN <src> <dst> [class=rt|bulk|NAME] [rate=R] [period=D] [unit=SIZE] [schedule=K,T | pause=K,T] [buffers=N] [offset=SIZE] [length=SIZE] [path=auto|copy|sendfile|splice|uring] [late=send|skip] [cache=keep|bypass|drop] [DETACHED] [TRUNCATE]",
     "SEEK|UNIT|LENGTH <id> <size>   (pending or paused streams)",
     "RATE <id> <rate>   SCHEDULE <id> <k>,<t>",
     "START <id> [AT +DURATION|RFC3339]   PAUSE|RESUME <id>",
-    "TUNE disk [rt_quantum=SIZE] [bulk_quantum=SIZE] [inflight=N]   (a change: the token or the server's own uid)",
+    "CLASS <id> rt|bulk|NAME   (moves a stream to another disk class, re-admitted, without stopping it)",
+    "TUNE disk [rt_quantum=SIZE] [bulk_quantum=SIZE] [NAME_quantum=SIZE...] [inflight=N]   (a change: the token or the server's own uid)",
     "STATE <id>[,<id>...] | STATE *",
     "CLOSE <id> [NOW]",
     "STATS   AUTH <token>   HELP   QUIT",
@@ -1195,7 +1197,7 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
             // operator's, not any one client's. A query only reads.
             let operator = match c.identity {
                 Identity::Token => true,
-                Identity::Peer { uid } => uid == shared.own_uid,
+                Identity::Peer { uid, .. } => uid == shared.own_uid,
                 Identity::Anonymous => false,
             };
             if !t.is_query() && !operator {
@@ -1213,6 +1215,7 @@ fn execute(shared: &Arc<ControlShared>, session: &mut Session, cmd: Command) -> 
             }
         }
         Command::Pause { id } => streams.pause(c, id),
+        Command::Class { id, class } => streams.set_class(c, id, class),
         Command::Resume { id } => streams.resume(c, id),
         Command::State(sel) => streams.state(c, &sel),
         Command::Close { id, now } => streams.close(c, id, now),

@@ -1146,16 +1146,25 @@ impl Collector for EngineCollector {
                     .encode(m.encode_family(&[("worker", index.as_str())])?)?;
             }
         }
-        let d = self.engine.disk_queue_depth();
         let mut m = encoder.encode_descriptor(
             "disk_queue_depth",
             "Disk reads queued in the engine's scheduler or in flight, per class",
             None,
             MetricType::Gauge,
         )?;
-        for (class, n) in [("rt", d.rt), ("bulk", d.bulk)] {
-            let labels = [("class", class)];
+        for (class, n) in self.engine.disk_queue_depth_per_class() {
+            let labels = [("class", class.as_str())];
             gauge(n).encode(m.encode_family(&labels)?)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "disk_class_read_bytes",
+            "Bytes read through the engine's disk scheduler, per class (rt, bulk, [disk.classes.NAME])",
+            None,
+            MetricType::Counter,
+        )?;
+        for (class, n) in self.engine.disk_served_bytes_per_class() {
+            let labels = [("class", class.as_str())];
+            ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
         }
         one(
             &mut encoder,

@@ -109,6 +109,10 @@ pub trait Backend: Send + Sync {
     fn disk_settings(&self) -> DiskSettings;
     /// Changes them (`TUNE disk`), checked whole: on error nothing changed.
     fn tune_disk(&self, t: &DiskTuning) -> Result<DiskSettings, String>;
+    /// The engine's disk classes in queue order (`rt`, `bulk`, `[disk.classes.NAME]`'s).
+    fn disk_classes(&self) -> Vec<String> {
+        vec!["rt".into(), "bulk".into()]
+    }
 }
 
 /// An admission reservation held for a stream not started yet (opaque to the table).
@@ -155,6 +159,9 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     fn tune_disk(&self, t: &DiskTuning) -> Result<DiskSettings, String> {
         (**self).tune_disk(t)
     }
+    fn disk_classes(&self) -> Vec<String> {
+        (**self).disk_classes()
+    }
 }
 
 /// A started stream, as the table drives it (the engine's [`StreamHandle`]).
@@ -166,6 +173,9 @@ pub trait RunningStream: Send {
     fn is_paused(&self) -> bool;
     fn cancel(&self);
     fn wait_timeout(&self, timeout: Duration) -> Option<Result<StreamReport, StreamError>>;
+    /// Moves the running stream to another disk class, re-admitted
+    /// ([`StreamHandle::set_class`]); on error nothing changed.
+    fn set_class(&self, class: DiskClass) -> Result<(), StreamError>;
 }
 
 impl RunningStream for StreamHandle {
@@ -189,6 +199,9 @@ impl RunningStream for StreamHandle {
     }
     fn wait_timeout(&self, timeout: Duration) -> Option<Result<StreamReport, StreamError>> {
         StreamHandle::wait_timeout(self, timeout)
+    }
+    fn set_class(&self, class: DiskClass) -> Result<(), StreamError> {
+        StreamHandle::set_class(self, class)
     }
 }
 
@@ -271,6 +284,9 @@ impl<P: EndpointPolicy> Backend for EngineBackend<P> {
     fn tune_disk(&self, t: &DiskTuning) -> Result<DiskSettings, String> {
         self.engine.tune_disk(t).map_err(|e| e.to_string())
     }
+    fn disk_classes(&self) -> Vec<String> {
+        self.engine.disk_classes()
+    }
 }
 
 type Handle = Box<dyn RunningStream>;
@@ -284,8 +300,9 @@ pub enum Identity {
     Anonymous,
     /// Sent the server's token: may drive any stream.
     Token,
-    /// A Unix-socket peer allowed by `SO_PEERCRED` (`control.unix_allow_uids`/`gids`).
-    Peer { uid: u32 },
+    /// A Unix-socket peer allowed by `SO_PEERCRED` (`control.unix_allow_uids`/`gids`), with
+    /// its primary gid (for `[control.limits]`).
+    Peer { uid: u32, gid: u32 },
 }
 
 /// Who is asking: a control connection and its identity.
@@ -485,6 +502,8 @@ struct Entry {
     unit_bytes: Option<u64>,
     rate: Option<Rate>,
     schedule: Option<KtSchedule>,
+    /// `pause=K,T`: Cues' pause form.
+    pause: Option<KtSchedule>,
     buffers: Option<u32>,
     path: CtlPath,
     /// Bytes that reached the target in earlier engine streams (before restarts).
@@ -580,18 +599,18 @@ impl Entry {
     /// Adds the current engine stream's new lateness counts to the metrics.
     fn feed_lateness(&mut self, metrics: &Metrics) {
         if let Some(now) = self.handle().map(|h| h.lateness()) {
-            metrics.add_lateness(self.disk_class(), &now, &mut self.lateness_seen);
+            metrics.add_lateness(&self.disk_class(), &now, &mut self.lateness_seen);
         }
     }
 
-    /// The engine's disk class of this stream (the `class` label of lateness): `rt` for
-    /// `class=rt`, `bulk` for every other class (as `spec_of` maps them).
-    fn disk_class(&self) -> &'static str {
-        if self.class == Class::Rt {
-            "rt"
-        } else {
-            "bulk"
-        }
+    /// The engine's disk class of this stream (the `class` label of lateness).
+    fn disk_class(&self) -> String {
+        self.class.to_string()
+    }
+
+    /// Paced by `rate=`, `schedule=` or `pause=`.
+    fn paced(&self) -> bool {
+        self.rate.is_some() || self.schedule.is_some() || self.pause.is_some()
     }
 
     fn state(&self) -> StreamState {
@@ -622,7 +641,7 @@ impl Entry {
             remaining_bytes: self.remaining_bytes.map(|r| r.saturating_sub(running_sent)),
             unit_bytes: self.unit_bytes,
             class: self.class.clone(),
-            paced: self.rate.is_some() || self.schedule.is_some(),
+            paced: self.paced(),
             pace_bytes_per_s: None,
             lateness: self.handle().map_or(self.lateness_seen, |h| h.lateness()),
             detached: self.detached,
@@ -665,6 +684,9 @@ impl Entry {
                 if let Some(k) = sched.cycle_units().filter(|&k| k > 1) {
                     s.push_str(&format!(" cycle_units={k}"));
                 }
+                if sched.is_pause_form() {
+                    s.push_str(" pause_form=yes");
+                }
                 if self.late != LatePolicy::Send {
                     s.push_str(&format!(" late={}", self.late));
                 }
@@ -678,7 +700,7 @@ impl Entry {
         // What happened: measured rate and lateness, once started.
         if self.active_since.is_some() || !self.active_before.is_zero() {
             s.push_str(&format!(" rate_bytes_per_s={}", self.rate_bytes_per_s()));
-            if self.rate.is_some() || self.schedule.is_some() {
+            if self.paced() {
                 let l = self.lateness_counts();
                 s.push_str(&format!(
                     " late_p50_ns={} late_p99_ns={} late_max_ns={} misses={} skipped={}",
@@ -815,11 +837,7 @@ fn spec_of(e: &Entry) -> StreamSpec {
         .map_or(0, |u| usize::try_from(u).unwrap_or(usize::MAX));
     spec.path = engine_path(e.path);
     spec.pacing = pacing_of(e);
-    spec.class = Some(if e.class == Class::Rt {
-        DiskClass::Rt
-    } else {
-        DiskClass::Bulk
-    });
+    spec.class = Some(disk_class_of(&e.class));
     spec.buffers = e.buffers;
     spec.late = e.late;
     spec.cache = e.cache;
@@ -848,14 +866,28 @@ fn run(
         .map_err(|x| x.to_string())
 }
 
-/// What an entry's RATE or SCHEDULE asks of the planner (none: burst).
+/// The engine's class of a protocol class (a named one was checked against the engine's
+/// classes at `OPEN`/`CLASS`; its syntax is the parser's, the same as the core's).
+fn disk_class_of(c: &Class) -> DiskClass {
+    match c {
+        Class::Rt => DiskClass::Rt,
+        Class::Bulk => DiskClass::Bulk,
+        Class::Named(n) => DiskClass::parse(n).unwrap_or(DiskClass::Bulk),
+    }
+}
+
+/// What an entry's RATE, SCHEDULE or pause asks of the planner (none: burst).
 fn pacing_of(e: &Entry) -> Pacing {
-    match (&e.rate, &e.schedule) {
-        (None, None) => Pacing::Burst,
-        (Some(rate), _) => Pacing::Rate(*rate),
-        (None, Some(kt)) => Pacing::Kt {
+    match (&e.rate, &e.schedule, &e.pause) {
+        (None, None, None) => Pacing::Burst,
+        (Some(rate), _, _) => Pacing::Rate(*rate),
+        (None, Some(kt), _) => Pacing::Kt {
             cycle_units: u64::from(kt.blocks),
             cycle: kt.delay,
+        },
+        (None, None, Some(kt)) => Pacing::KtPause {
+            cycle_units: u64::from(kt.blocks),
+            pause: kt.delay,
         },
     }
 }
@@ -887,7 +919,7 @@ fn suspend(e: &mut Entry, handle: Handle, metrics: &Metrics) -> Result<(), Strin
     };
     let counted = handle.counters().bytes_sent;
     let last = handle.lateness();
-    metrics.add_lateness(e.disk_class(), &last, &mut e.lateness_seen);
+    metrics.add_lateness(&e.disk_class(), &last, &mut e.lateness_seen);
     e.keep_lateness(&last);
     let sent = match outcome {
         Ok(report) => report.bytes.max(counted),
@@ -940,22 +972,132 @@ impl Streams {
         let datagram = matches!(e.dst, Endpoint::UdpSend { .. });
         self.backend
             .admit(&spec, datagram)
-            .map_err(|err| match err {
-                StreamError::Refused(r) => self.refusal_reply(r),
-                // The planner's refusals, in the protocol's words.
-                StreamError::Plan(PlanError::RtNeedsRate) => Reply::new(
-                    ReplyCode::BAD_SYNTAX,
-                    "class=rt needs rate= or schedule= (a guarantee is for a known bandwidth)",
-                ),
-                StreamError::Plan(PlanError::SkipNeedsPacing) => Reply::new(
-                    ReplyCode::BAD_SYNTAX,
-                    "late=skip needs rate= or schedule= (a burst stream has no late units)",
-                ),
-                StreamError::Plan(PlanError::Schedule(why)) => {
-                    Reply::new(ReplyCode::BAD_SYNTAX, format!("invalid stream: {why}"))
+            .map_err(|err| self.error_reply(err))
+    }
+
+    /// An engine's refusal (admission, the planner) in the protocol's words.
+    fn error_reply(&self, err: StreamError) -> Reply {
+        match err {
+            StreamError::Refused(r) => self.refusal_reply(r),
+            // The planner's refusals, in the protocol's words.
+            StreamError::Plan(PlanError::RtNeedsRate) => Reply::new(
+                ReplyCode::BAD_SYNTAX,
+                "class=rt needs rate= or schedule= (a guarantee is for a known bandwidth)",
+            ),
+            StreamError::Plan(PlanError::SkipNeedsPacing) => Reply::new(
+                ReplyCode::BAD_SYNTAX,
+                "late=skip needs rate= or schedule= (a burst stream has no late units)",
+            ),
+            StreamError::Plan(PlanError::Schedule(why)) => {
+                Reply::new(ReplyCode::BAD_SYNTAX, format!("invalid stream: {why}"))
+            }
+            other => Reply::new(ReplyCode::BAD_SYNTAX, other.to_string()),
+        }
+    }
+
+    /// A class the engine has (`rt`, `bulk`, `[disk.classes.NAME]`), or the refusal naming
+    /// them.
+    fn known_class(&self, class: &Class) -> Result<(), Reply> {
+        let names = self.backend.disk_classes();
+        let name = class.to_string();
+        if names.contains(&name) {
+            return Ok(());
+        }
+        Err(Reply::new(
+            ReplyCode::BAD_SYNTAX,
+            format!(
+                "unknown class {name}: the classes are {} ([disk.classes.NAME])",
+                names.join(", ")
+            ),
+        ))
+    }
+
+    /// The operator's ceiling for `identity` (`[control.limits]`) against what `e` asks.
+    fn within_ceiling(&self, identity: Identity, e: &Entry) -> Result<(), Reply> {
+        let (token, uid, gid) = match identity {
+            Identity::Token => (true, None, None),
+            Identity::Peer { uid, gid } => (false, Some(uid), Some(gid)),
+            Identity::Anonymous => return Ok(()),
+        };
+        let Some((who, ceiling)) = self.config.ceiling_of(token, uid, gid) else {
+            return Ok(());
+        };
+        let schedule = planned_schedule(&*self.backend, e);
+        if e.paced() && schedule.is_none() {
+            // A pacing the planner refuses: admission says why.
+            return Ok(());
+        }
+        ceiling.check(schedule.as_ref()).map_err(|why| {
+            self.metrics
+                .admission_refusals
+                .get_or_create(&ResourceLabel {
+                    resource: "ceiling".into(),
+                })
+                .inc();
+            Reply::new(
+                ReplyCode::REFUSED,
+                format!("refused: {why}: the ceiling of {who} (control.limits)"),
+            )
+        })
+    }
+
+    /// `CLASS`: moves a stream to another disk class. A running (or engine-paused) stream
+    /// keeps running: the engine re-admits it in the new class ([`StreamHandle::set_class`])
+    /// and its next reads are queued there; a pending one is re-admitted as edited. On a
+    /// refusal nothing changes.
+    pub fn set_class(&self, caller: Caller, id: StreamId, class: Class) -> Reply {
+        let e = match self.get(caller, id) {
+            Ok(e) => e,
+            Err(r) => return r,
+        };
+        if let Err(r) = self.known_class(&class) {
+            return r;
+        }
+        let mut e = lock(&e);
+        if e.class == class {
+            return Reply::ok(format!("class={class}"));
+        }
+        let moved = match &e.run {
+            Run::Running { handle, .. }
+            | Run::Paused {
+                handle: Some(handle),
+                ..
+            } => Some(handle.set_class(disk_class_of(&class))),
+            Run::Pending | Run::Paused { handle: None, .. } => None,
+            _ => {
+                return Reply::new(
+                    ReplyCode::WRONG_STATE,
+                    format!("stream {id} is {}: no class to change", e.state_name()),
+                );
+            }
+        };
+        match moved {
+            Some(Err(err)) => return self.error_reply(err),
+            Some(Ok(())) => {
+                // Lateness so far goes to the old class's metrics.
+                e.feed_lateness(&self.metrics);
+                e.admitted = class == Class::Rt;
+                e.class = class.clone();
+            }
+            None => {
+                let old = std::mem::replace(&mut e.class, class.clone());
+                drop(e.ticket.take());
+                match self.admit(&e) {
+                    Ok(t) => {
+                        e.admitted = t.is_some();
+                        e.ticket = t.map(|(t, _)| t);
+                    }
+                    Err(reply) => {
+                        e.class = old;
+                        let t = self.admit(&e).ok().flatten();
+                        e.admitted = t.is_some();
+                        e.ticket = t.map(|(t, _)| t);
+                        return reply;
+                    }
                 }
-                other => Reply::new(ReplyCode::BAD_SYNTAX, other.to_string()),
-            })
+            }
+        }
+        Reply::ok(format!("class={class}"))
     }
 
     fn refusal_reply(&self, r: Refusal) -> Reply {
@@ -1002,7 +1144,7 @@ impl Streams {
                 return Err(Reply::new(ReplyCode::AUTH_REQUIRED, "AUTH <token> first"));
             }
             Identity::Token => IdentityKey::Token,
-            Identity::Peer { uid } => IdentityKey::Uid(uid),
+            Identity::Peer { uid, .. } => IdentityKey::Uid(uid),
         };
         let src = Endpoint::parse(&spec.src, Role::Source)
             .map_err(|e| Reply::new(ReplyCode::BAD_SYNTAX, format!("source: {e}")))?;
@@ -1035,6 +1177,13 @@ impl Streams {
         // are the admission's below: `admit` maps its refusals.
         let late = spec.late.unwrap_or_default();
         let class = spec.class.clone().unwrap_or(Class::Bulk);
+        self.known_class(&class)?;
+        if spec.pause.is_some() && (spec.rate.is_some() || spec.schedule.is_some()) {
+            return Err(Reply::new(
+                ReplyCode::BAD_SYNTAX,
+                "pause= is a pacing of its own: give one of rate=, schedule= (the cycle form) or pause= (k units, then a pause)",
+            ));
+        }
         // Counted and inserted under the table's lock, so two OPENs cannot both take the last
         // place. A full count is taken again after one reap: a stream whose receiver already
         // saw EOF may not be reaped yet (the reaper runs every few milliseconds), and a caller
@@ -1089,6 +1238,7 @@ impl Streams {
             unit_bytes: spec.unit_bytes,
             rate: spec.rate,
             schedule: spec.schedule,
+            pause: spec.pause,
             buffers: spec.buffers,
             path: spec.path.unwrap_or(CtlPath::Auto),
             sent_before_bytes: 0,
@@ -1105,6 +1255,7 @@ impl Streams {
             given_target: given.target,
             run: Run::Pending,
         };
+        self.within_ceiling(caller.identity, &entry)?;
         let (ticket, qos) = match self.admit(&entry)? {
             Some((t, q)) => (Some(t), Some(q)),
             None => (None, None),
@@ -1171,13 +1322,21 @@ impl Streams {
         if let Err(r) = self.stop_paused(&mut e) {
             return r;
         }
-        let old = (e.rate, e.unit_bytes, e.schedule);
+        let old = (e.rate, e.unit_bytes, e.schedule, e.pause);
         match f {
             Edit::Seek(n) => e.offset_bytes = n,
             Edit::Length(n) => e.remaining_bytes = Some(n),
-            Edit::Schedule(s) => e.schedule = Some(s),
+            Edit::Schedule(s) => {
+                e.schedule = Some(s);
+                e.pause = None;
+            }
             Edit::Unit(n) => e.unit_bytes = Some(n),
             Edit::Rate(r) => e.rate = Some(r),
+        }
+        // The operator's ceiling holds for edits as for OPEN.
+        if let Err(reply) = self.within_ceiling(caller.identity, &e) {
+            (e.rate, e.unit_bytes, e.schedule, e.pause) = old;
+            return reply;
         }
         if e.class == Class::Rt {
             // Re-admit as edited (a paused stream's engine stream, stopped for the edit, gave
@@ -1191,7 +1350,7 @@ impl Streams {
                     e.ticket = t.map(|(t, _)| t);
                 }
                 Err(reply) => {
-                    (e.rate, e.unit_bytes, e.schedule) = old;
+                    (e.rate, e.unit_bytes, e.schedule, e.pause) = old;
                     let t = self.admit(&e).ok().flatten();
                     e.admitted = t.is_some();
                     e.ticket = t.map(|(t, _)| t);
@@ -1581,7 +1740,7 @@ impl Streams {
         let sent = handle.counters().bytes_sent;
         let last = handle.lateness();
         self.metrics
-            .add_lateness(e.disk_class(), &last, &mut e.lateness_seen);
+            .add_lateness(&e.disk_class(), &last, &mut e.lateness_seen);
         e.keep_lateness(&last);
         // Units skipped (`late=skip`) were moved past too.
         let moved = sent + last.bytes_skipped;
@@ -1743,12 +1902,19 @@ impl Streams {
             rt_quantum_bytes: t.rt_quantum_bytes,
             bulk_quantum_bytes: t.bulk_quantum_bytes,
             disk_inflight_max: t.inflight_max,
+            named_quanta: t.class_quanta.clone(),
         };
         match self.backend.tune_disk(&asked) {
-            Ok(d) => Reply::ok(format!(
-                "disk rt_quantum={} bulk_quantum={} inflight={}",
-                d.rt_quantum_bytes, d.bulk_quantum_bytes, d.disk_inflight_max
-            )),
+            Ok(d) => {
+                let mut line = format!(
+                    "disk rt_quantum={} bulk_quantum={} inflight={}",
+                    d.rt_quantum_bytes, d.bulk_quantum_bytes, d.disk_inflight_max
+                );
+                for (name, q) in &d.named_quanta {
+                    line.push_str(&format!(" {name}_quantum={q}"));
+                }
+                Reply::ok(line)
+            }
             Err(e) => Reply::new(ReplyCode::BAD_SYNTAX, format!("TUNE disk refused: {e}")),
         }
     }
@@ -1772,6 +1938,27 @@ impl Streams {
         }
         let admitted = entries.iter().filter(|e| lock(e).admitted).count();
         let (u, cap) = self.backend.admission_usage();
+        // Per disk class: its quantum and the table's streams in it now.
+        let settings = self.backend.disk_settings();
+        let class_names: Vec<String> = entries.iter().map(|e| lock(e).class.to_string()).collect();
+        let classes: Vec<String> = self
+            .backend
+            .disk_classes()
+            .into_iter()
+            .map(|name| {
+                let quantum = match name.as_str() {
+                    "rt" => settings.rt_quantum_bytes,
+                    "bulk" => settings.bulk_quantum_bytes,
+                    _ => settings
+                        .named_quanta
+                        .iter()
+                        .find(|(n, _)| *n == name)
+                        .map_or(0, |(_, q)| *q),
+                };
+                let streams = class_names.iter().filter(|c| **c == name).count();
+                format!("disk_class {name} quantum={quantum} streams={streams}")
+            })
+            .collect();
         vec![
             format!("streams {}", entries.len()),
             format!("streams_pending {}", counts[0]),
@@ -1797,6 +1984,7 @@ impl Streams {
             format!("rt_burst_cpu_ns {} of {}", u.burst_cpu_ns, cap.burst_cpu_ns),
         ]
         .into_iter()
+        .chain(classes)
         .chain(self.backend.disk_usage().into_iter().map(|d| {
             format!(
                 "rt_disk_device {} {} of {} figures={} seq_bytes_per_s={} iops={}",

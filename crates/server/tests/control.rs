@@ -1212,3 +1212,166 @@ fn a_burst_grows_the_pool_and_an_idle_pool_shrinks_back() {
         assert_eq!(c.cmd(&format!("CLOSE {id}")).code.code(), 200);
     }
 }
+
+/// Issue 38 items 3 and 5 over the real control socket: a configured class
+/// (`[disk.classes.gold]`), `CLASS` moving a running stream from bulk to rt without stopping
+/// it (every byte arrives, `STATE` and `STATS` follow), the refusal naming the resource when
+/// rt cannot take a stream, `TUNE disk gold_quantum=`, the pause form (`pause=K,T`), and the
+/// operator's ceiling (`[control.limits]`) refusing above it with the ceiling named.
+#[test]
+fn class_moves_a_running_stream_and_ceilings_refuse_above_them() {
+    let run = tempfile::tempdir().unwrap();
+    let sock = run.path().join("ctl.sock");
+    let mut cfg = config();
+    cfg.control.unix = Some(sock.clone());
+    cfg.disk.classes.insert(
+        "gold".into(),
+        penstock_server::config::DiskClassSection {
+            quantum_bytes: Some(2 << 20),
+        },
+    );
+    // The disk's figures set here (100 MB/s, 1,000 reads/s): a stream of 200 MB/s cannot be
+    // in rt.
+    cfg.admission.disk_seq_bytes_per_s = Some(100_000_000);
+    cfg.admission.disk_random_iops = Some(1000);
+    let own_uid = rustix::process::geteuid().as_raw();
+    cfg.control.limits.insert(
+        format!("uid:{own_uid}"),
+        penstock_server::config::ControlLimit {
+            schedule_max: Some("4,40ms".into()),
+            rate_max: Some("1MB/s".into()),
+        },
+    );
+    let f = start_with(cfg);
+    const UNIT: usize = 4096;
+    const UNITS: usize = 100;
+    let data = pattern(UNIT * UNITS, 38);
+    let src = f.path("classes.bin");
+    std::fs::write(&src, &data).unwrap();
+    let mut c = Ctl::authed(f.control());
+
+    // A class the server does not have: refused naming the ones it has.
+    let r = c.cmd(&format!(
+        "OPEN file:{} tcp://127.0.0.1:9 class=platinum",
+        src.display()
+    ));
+    assert_eq!(r.code.code(), 400, "{r:?}");
+    assert!(r.text.contains("rt, bulk, gold"), "{r:?}");
+
+    // A paced bulk stream (200 units/s: half a second), moved to rt while it runs.
+    let (rx_addr, count, receiver) = counting_receiver(Duration::ZERO);
+    let opened = c.cmd(&format!(
+        "OPEN file:{} tcp://{rx_addr} class=bulk rate=200/s unit={UNIT}",
+        src.display()
+    ));
+    assert_eq!(opened.code.code(), 201, "{opened:?}");
+    let id = opened.stream_id().unwrap();
+    assert_eq!(c.cmd(&format!("START {id}")).code.code(), 200);
+    let t0 = std::time::Instant::now();
+    while count.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "nothing arrived");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let moved = c.cmd(&format!("CLASS {id} rt"));
+    assert_eq!(moved.code.code(), 200, "{moved:?}");
+    let st = c.cmd(&format!("STATE {id}"));
+    assert!(
+        st.lines[0].contains(" running ") && st.lines[0].contains("class=rt"),
+        "{st:?}"
+    );
+    let stats = c.cmd("STATS");
+    assert!(stats.lines.iter().any(|l| l == "admitted 1"), "{stats:?}");
+    assert!(
+        stats
+            .lines
+            .iter()
+            .any(|l| l == "disk_class gold quantum=2097152 streams=0"),
+        "{stats:?}"
+    );
+    let st = wait_done(&mut c, id);
+    assert_eq!(state_field(&st, "sent"), Some((UNIT * UNITS) as u64));
+    let got = receiver.join().unwrap();
+    assert!(got == data, "bytes differ across the class change");
+
+    // rt cannot take a 200 MB/s stream: refused naming the resource, left in bulk.
+    let big = c.cmd(&format!(
+        "OPEN file:{} tcp://127.0.0.1:9 class=bulk rate=200MB/s unit=64KiB",
+        src.display()
+    ));
+    assert_eq!(big.code.code(), 201, "{big:?}");
+    let big_id = big.stream_id().unwrap();
+    let refused = c.cmd(&format!("CLASS {big_id} rt"));
+    assert_eq!(refused.code.code(), 503, "{refused:?}");
+    assert!(
+        refused.text.contains("refused") && refused.text.contains("disk"),
+        "{refused:?}"
+    );
+    let st = c.cmd(&format!("STATE {big_id}"));
+    assert!(st.lines[0].contains("class=bulk"), "{st:?}");
+    // A named class takes it; unknown names are refused.
+    assert_eq!(c.cmd(&format!("CLASS {big_id} gold")).code.code(), 200);
+    let r = c.cmd(&format!("CLASS {big_id} platinum"));
+    assert!(
+        r.code.code() == 400 && r.text.contains("rt, bulk, gold"),
+        "{r:?}"
+    );
+    // The named class's quantum is tuned by name.
+    let t = c.cmd("TUNE disk gold_quantum=4MiB");
+    assert!(t.text.contains("gold_quantum=4194304"), "{t:?}");
+    let t = c.cmd("TUNE disk silver_quantum=4MiB");
+    assert_eq!(t.code.code(), 400, "{t:?}");
+    let m = metrics_text(&f);
+    assert!(
+        m.contains("penstock_disk_queue_depth{class=\"gold\"}")
+            && m.contains("penstock_disk_class_read_bytes_total{class=\"rt\"}"),
+        "{m}"
+    );
+
+    // The pause form, beside the cycle form.
+    let p = c.cmd(&format!(
+        "OPEN file:{} tcp://127.0.0.1:9 pause=2,20ms unit={UNIT}",
+        src.display()
+    ));
+    assert_eq!(p.code.code(), 201, "{p:?}");
+    let st = c.cmd(&format!("STATE {}", p.stream_id().unwrap()));
+    assert!(
+        st.lines[0].contains("pause_form=yes") && st.lines[0].contains("cycle_units=2"),
+        "{st:?}"
+    );
+    let both = c.cmd(&format!(
+        "OPEN file:{} tcp://127.0.0.1:9 pause=2,20ms schedule=2,20ms",
+        src.display()
+    ));
+    assert_eq!(both.code.code(), 400, "{both:?}");
+
+    // The ceiling of this uid (the Unix socket): 4 units per 40 ms, 1 MB/s.
+    let open = |opts: &str| format!("OPEN file:{} tcp://127.0.0.1:9 {opts}", src.display());
+    let replies = unix_cmds(
+        &sock,
+        &[
+            &open(&format!("pause=4,40ms unit={UNIT}")),
+            &open(&format!("schedule=2,20ms unit={UNIT}")),
+            &open(&format!("schedule=8,80ms unit={UNIT}")),
+            &open(&format!("pause=4,30ms unit={UNIT}")),
+            &open("rate=2MB/s unit=64KiB"),
+            &open(""),
+        ],
+    );
+    assert_eq!(replies[0].code.code(), 201, "{replies:?}");
+    assert_eq!(replies[1].code.code(), 201, "{replies:?}");
+    for (r, why) in replies[2..]
+        .iter()
+        .zip(["8 units at once", "faster", "B/s", "unpaced"])
+    {
+        assert_eq!(r.code.code(), 503, "{r:?}");
+        assert!(
+            r.text.contains(why)
+                && r.text.contains(&format!("uid:{own_uid}"))
+                && r.text.contains("schedule_max=4,40ms rate_max=1000000B/s"),
+            "{r:?}"
+        );
+    }
+    // The token has no ceiling here.
+    let r = c.cmd(&open("schedule=8,80ms unit=4096"));
+    assert_eq!(r.code.code(), 201, "{r:?}");
+}

@@ -147,6 +147,9 @@ pub struct OpenSpec {
     /// Non-zero.
     pub unit_bytes: Option<u64>,
     pub schedule: Option<KtSchedule>,
+    /// Cues' (k, t) as the paper defines it (`pause=K,T`): `blocks` units, then a pause of
+    /// `delay` after the last of them was sent (`schedule=` is the cycle form).
+    pub pause: Option<KtSchedule>,
     /// Non-zero.
     pub buffers: Option<u32>,
     pub offset_bytes: Option<u64>,
@@ -174,6 +177,7 @@ impl OpenSpec {
             period: None,
             unit_bytes: None,
             schedule: None,
+            pause: None,
             buffers: None,
             offset_bytes: None,
             length_bytes: None,
@@ -219,7 +223,7 @@ impl fmt::Display for StartTime {
 
 /// `TUNE disk`: the engine's disk scheduler settings to change (MARS's quanta "changed over
 /// time"); an absent one is kept. All absent: a query.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct DiskTune {
     /// Bytes of cost the `rt` class may read per DRR round.
     pub rt_quantum_bytes: Option<u64>,
@@ -227,6 +231,8 @@ pub struct DiskTune {
     pub bulk_quantum_bytes: Option<u64>,
     /// Reads in flight per device at most (`disk_inflight_max`).
     pub inflight_max: Option<u32>,
+    /// Configured classes' quanta (`NAME_quantum=SIZE`), in the order given, each name once.
+    pub class_quanta: Vec<(String, u64)>,
 }
 
 impl DiskTune {
@@ -280,6 +286,12 @@ pub enum Command {
     Resume {
         id: StreamId,
     },
+    /// Move a stream to another disk class while it runs (re-admitted there, or refused and
+    /// left as it was).
+    Class {
+        id: StreamId,
+        class: Class,
+    },
     /// One reply line per selected stream, then an end line.
     State(StreamSelector),
     /// Close after in-flight I/O completes, or at once with `NOW`.
@@ -308,6 +320,7 @@ impl Command {
             | Command::Start { id, .. }
             | Command::Pause { id }
             | Command::Resume { id }
+            | Command::Class { id, .. }
             | Command::Close { id, .. } => Some(*id),
             _ => None,
         }
@@ -326,6 +339,7 @@ impl Command {
             Command::Start { .. } => "START",
             Command::Pause { .. } => "PAUSE",
             Command::Resume { .. } => "RESUME",
+            Command::Class { .. } => "CLASS",
             Command::State(_) => "STATE",
             Command::Close { .. } => "CLOSE",
             Command::Stats => "STATS",
@@ -358,6 +372,9 @@ impl fmt::Display for Command {
                 }
                 if let Some(s) = o.schedule {
                     write!(f, " schedule={s}")?;
+                }
+                if let Some(s) = o.pause {
+                    write!(f, " pause={s}")?;
                 }
                 if let Some(b) = o.buffers {
                     write!(f, " buffers={b}")?;
@@ -404,6 +421,7 @@ impl fmt::Display for Command {
                 Ok(())
             }
             Command::Pause { id } | Command::Resume { id } => write!(f, " {id}"),
+            Command::Class { id, class } => write!(f, " {id} {class}"),
             Command::TuneDisk(t) => {
                 f.write_str(" disk")?;
                 if let Some(q) = t.rt_quantum_bytes {
@@ -414,6 +432,9 @@ impl fmt::Display for Command {
                 }
                 if let Some(n) = t.inflight_max {
                     write!(f, " inflight={n}")?;
+                }
+                for (name, q) in &t.class_quanta {
+                    write!(f, " {name}_quantum={q}")?;
                 }
                 Ok(())
             }

@@ -205,6 +205,15 @@ pub fn parse_command_on(
     } else if verb_is("RESUME") {
         let id = id_only("RESUME", "RESUME <id>", "RESUME [<id>]")?;
         ("RESUME", Command::Resume { id })
+    } else if verb_is("CLASS") {
+        let (id, c) = id_and("CLASS", "CLASS <id> <class>", "CLASS [<id>] <class>")?;
+        (
+            "CLASS",
+            Command::Class {
+                id,
+                class: class(c)?,
+            },
+        )
     } else if verb_is("STATE") {
         let sel = match (args.as_slice(), own) {
             ([sel], _) => selector(sel, limits)?,
@@ -344,6 +353,7 @@ fn open_spec(
             "period" => set(&mut o.period, "period", nonzero_duration("period", value)?)?,
             "unit" => set(&mut o.unit_bytes, "unit", nonzero_size("unit", value)?)?,
             "schedule" => set(&mut o.schedule, "schedule", schedule(value)?)?,
+            "pause" => set(&mut o.pause, "pause", schedule(value)?)?,
             "buffers" => set(&mut o.buffers, "buffers", buffers(value)?)?,
             "offset" => set(&mut o.offset_bytes, "offset", size("offset", value)?)?,
             "length" => set(&mut o.length_bytes, "length", size("length", value)?)?,
@@ -363,9 +373,10 @@ fn open_spec(
     Ok(o)
 }
 
-/// `TUNE disk [rt_quantum=SIZE] [bulk_quantum=SIZE] [inflight=N]`.
+/// `TUNE disk [rt_quantum=SIZE] [bulk_quantum=SIZE] [NAME_quantum=SIZE…] [inflight=N]`.
 fn parse_tune(args: &[&str], limits: &Limits) -> Result<Command, ControlError> {
-    const EXPECTED: &str = "TUNE disk [rt_quantum=SIZE] [bulk_quantum=SIZE] [inflight=N]";
+    const EXPECTED: &str =
+        "TUNE disk [rt_quantum=SIZE] [bulk_quantum=SIZE] [NAME_quantum=SIZE...] [inflight=N]";
     let [target, options @ ..] = args else {
         return Err(ControlError::Arity {
             verb: "TUNE",
@@ -405,9 +416,22 @@ fn parse_tune(args: &[&str], limits: &Limits) -> Result<Command, ControlError> {
                     .ok_or_else(|| bad("inflight", value, "a count from 1 to 4294967295"))?,
             )?,
             other => {
-                return Err(ControlError::UnknownOption(
-                    other.chars().take(32).collect(),
-                ));
+                // A configured class's quantum: `NAME_quantum=SIZE` (the name as written).
+                let name = key
+                    .len()
+                    .checked_sub("_quantum".len())
+                    .filter(|_| other.ends_with("_quantum"))
+                    .map(|n| &key[..n]);
+                let Some(Class::Named(name)) = name.and_then(|n| class(n).ok()) else {
+                    return Err(ControlError::UnknownOption(
+                        other.chars().take(32).collect(),
+                    ));
+                };
+                if t.class_quanta.iter().any(|(n, _)| *n == name) {
+                    return Err(ControlError::DuplicateOption("NAME_quantum"));
+                }
+                let q = nonzero_size("NAME_quantum", value)?;
+                t.class_quanta.push((name, q));
             }
         }
     }
@@ -559,14 +583,10 @@ fn class(s: &str) -> Result<Class, ControlError> {
     if s.eq_ignore_ascii_case("bulk") {
         return Ok(Class::Bulk);
     }
-    let ok = (1..=32).contains(&s.len())
-        && s.starts_with(|c: char| c.is_ascii_alphabetic())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
-        Ok(Class::Named(s.to_string()))
-    } else {
-        Err(bad("class", s, "rt, bulk or a configured class name"))
+    // The engine's rule for a class name (`stream::plan::ClassName`), in one place.
+    match crate::stream::plan::ClassName::new(s) {
+        Ok(_) => Ok(Class::Named(s.to_string())),
+        Err(_) => Err(bad("class", s, "rt, bulk or a configured class name")),
     }
 }
 
@@ -870,10 +890,50 @@ mod tests {
                 rt_quantum_bytes: Some(4 << 20),
                 bulk_quantum_bytes: Some(1 << 20),
                 inflight_max: Some(8),
+                class_quanta: vec![],
+            }))
+        );
+        assert_eq!(
+            p("TUNE disk Gold_quantum=2MiB bronze-1_quantum=512KiB"),
+            Ok(Command::TuneDisk(DiskTune {
+                class_quanta: vec![("Gold".into(), 2 << 20), ("bronze-1".into(), 512 << 10)],
+                ..DiskTune::default()
+            }))
+        );
+        assert_eq!(
+            p("TUNE disk gold_quantum=1 gold_quantum=2"),
+            Err(ControlError::DuplicateOption("NAME_quantum"))
+        );
+        for bad in ["_quantum=1", "9x_quantum=1", "a.b_quantum=1", "gold=1"] {
+            assert!(
+                matches!(
+                    p(&format!("TUNE disk {bad}")),
+                    Err(ControlError::UnknownOption(_))
+                ),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            p("class 7 Gold"),
+            Ok(Command::Class {
+                id: StreamId(7),
+                class: Class::Named("Gold".into())
+            })
+        );
+        assert_eq!(p("CLASS 7 RT").unwrap().to_string(), "CLASS 7 rt");
+        assert!(matches!(
+            p("CLASS 7"),
+            Err(ControlError::Arity { verb: "CLASS", .. })
+        ));
+        let o = p("OPEN a b pause=4,40ms").unwrap();
+        assert!(
+            matches!(&o, Command::Open(o) if o.pause == Some(KtSchedule {
+                blocks: 4,
+                delay: Duration::from_millis(40)
             }))
         );
         let q = p("TUNE disk").unwrap();
-        assert!(matches!(q, Command::TuneDisk(t) if t.is_query()));
+        assert!(matches!(&q, Command::TuneDisk(t) if t.is_query()));
         assert_eq!(q.to_string(), "TUNE disk");
         assert_eq!(
             p("TUNE disk inflight=2").unwrap().to_string(),
@@ -1212,6 +1272,12 @@ mod tests {
             ]
         }
 
+        fn named_class() -> impl Strategy<Value = String> {
+            "[a-zA-Z][a-zA-Z0-9_-]{0,31}".prop_filter("built-in", |s| {
+                !s.eq_ignore_ascii_case("rt") && !s.eq_ignore_ascii_case("bulk")
+            })
+        }
+
         fn token() -> impl Strategy<Value = String> {
             "[!-~]{1,24}"
         }
@@ -1236,6 +1302,7 @@ mod tests {
                 ),
                 (
                     proptest::option::of(1u64..u64::MAX),
+                    proptest::option::of((1u32.., duration_strategy())),
                     proptest::option::of((1u32.., duration_strategy())),
                 ),
                 (
@@ -1263,7 +1330,7 @@ mod tests {
                     |(
                         (src, dst, class),
                         (rate, period),
-                        (unit, sched),
+                        (unit, sched, pause),
                         (buffers, offset, length),
                         (path, detached, truncate, late, cache),
                     )| {
@@ -1275,6 +1342,7 @@ mod tests {
                             period,
                             unit_bytes: unit,
                             schedule: sched.map(|(blocks, delay)| KtSchedule { blocks, delay }),
+                            pause: pause.map(|(blocks, delay)| KtSchedule { blocks, delay }),
                             buffers,
                             offset_bytes: offset,
                             length_bytes: length,
@@ -1313,12 +1381,25 @@ mod tests {
                     proptest::option::of(1u64..),
                     proptest::option::of(1u64..),
                     proptest::option::of(1u32..),
+                    proptest::collection::btree_map(named_class(), 1u64.., 0..4),
                 )
-                    .prop_map(|(rt, bulk, inflight)| Command::TuneDisk(DiskTune {
-                        rt_quantum_bytes: rt,
-                        bulk_quantum_bytes: bulk,
-                        inflight_max: inflight,
-                    })),
+                    .prop_map(|(rt, bulk, inflight, named)| Command::TuneDisk(
+                        DiskTune {
+                            rt_quantum_bytes: rt,
+                            bulk_quantum_bytes: bulk,
+                            inflight_max: inflight,
+                            class_quanta: named.into_iter().collect(),
+                        }
+                    )),
+                (
+                    id(),
+                    prop_oneof![
+                        Just(Class::Rt),
+                        Just(Class::Bulk),
+                        named_class().prop_map(Class::Named)
+                    ]
+                )
+                    .prop_map(|(id, class)| Command::Class { id, class }),
                 id().prop_map(|id| Command::Pause { id }),
                 id().prop_map(|id| Command::Resume { id }),
                 Just(Command::State(StreamSelector::All)),

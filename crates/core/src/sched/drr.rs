@@ -171,6 +171,34 @@ impl SchedConfig {
     }
 }
 
+impl SchedConfig {
+    /// `rt` (EDF) and `bulk` as [`SchedConfig::rt_bulk`], then each named class (arrival
+    /// order, its own quantum): the engine's `[disk.classes.NAME]`. Class `i` of the list is
+    /// `ClassId::from_index(i)`.
+    pub fn with_classes(
+        rt_quantum_bytes: u64,
+        bulk_quantum_bytes: u64,
+        named: &[(String, u64)],
+        max_request_bytes: u64,
+        disk_inflight_max: u32,
+    ) -> SchedConfig {
+        let mut c = SchedConfig::rt_bulk(
+            rt_quantum_bytes,
+            bulk_quantum_bytes,
+            max_request_bytes,
+            disk_inflight_max,
+        );
+        c.classes.extend(named.iter().map(|(name, q)| ClassConfig {
+            name: name.clone(),
+            quantum_bytes: *q,
+            quantum_max_bytes: None,
+            queue_max: 1024,
+            order: QueueOrder::Arrival,
+        }));
+        c
+    }
+}
+
 /// Why the scheduler refused a configuration, a change or a request. Nothing changed.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -1326,6 +1354,78 @@ mod tests {
             // Dispatch 7 falls in round 2 (dispatches 5..=9): that round keeps the old quanta.
             assert_eq!(rounds[1], ([4 * MAX, MAX], [4 * MAX, MAX]));
             assert_eq!(rounds[2], ([MAX, 4 * MAX], [MAX, 4 * MAX]));
+        }
+    }
+
+    /// N classes (`[disk.classes.NAME]`), every one backlogged: over any run of whole rounds
+    /// each class is served its quantum per round within one largest request, so shares are
+    /// proportional to the quanta; and every class is served in every round (none starved,
+    /// whatever the quanta's ratios).
+    mod n_classes {
+        use super::*;
+        use proptest::prelude::*;
+
+        const MAX: u64 = 64 * KIB;
+
+        proptest! {
+            #[test]
+            fn shares_are_proportional_to_quanta_and_none_starves(
+                quanta in proptest::collection::vec(MAX..=16 * MAX, 2..8),
+                lens in proptest::collection::vec(MAX / 8..=MAX, 1..40),
+            ) {
+                let named: Vec<(String, u64)> = quanta[2..]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, q)| (format!("c{i}"), *q))
+                    .collect();
+                let mut s = IoScheduler::new(SchedConfig::with_classes(
+                    quanta[0], quanta[1], &named, MAX, 1,
+                ))
+                .unwrap();
+                let n = quanta.len();
+                let classes: Vec<ClassId> =
+                    (0..n).map(|i| ClassId::from_index(i as u16)).collect();
+                prop_assert_eq!(s.class("c0").ok(), named.first().map(|_| classes[2]));
+                let mut queued = vec![0u64; n];
+                let mut next_id = 0u64;
+                let mut served: Vec<Vec<u64>> = Vec::new();
+                for _ in 0..4000 {
+                    for (ci, &c) in classes.iter().enumerate() {
+                        // More queued than one round can take from any class (a quantum
+                        // plus the deficit carried, below one request).
+                        while queued[ci] < 18 * MAX {
+                            let len = lens[next_id as usize % lens.len()];
+                            s.submit(t(0), req(next_id, c, next_id, len)).unwrap();
+                            next_id += 1;
+                            queued[ci] += len;
+                        }
+                    }
+                    let before = s.rounds(DeviceId(0)).unwrap();
+                    let r = s.poll_dispatch(t(0)).expect("backlogged");
+                    if s.rounds(DeviceId(0)).unwrap() > before {
+                        served.push(vec![0; n]);
+                    }
+                    let ci = r.class.index();
+                    queued[ci] -= r.len_bytes;
+                    served.last_mut().expect("a round")[ci] += s.cost_bytes(r.len_bytes);
+                    s.complete(t(0), r.id).unwrap();
+                }
+                served.pop(); // the last round may be partly dispatched
+                prop_assert!(served.len() >= 3);
+                for (i, round) in served.iter().enumerate() {
+                    for c in 0..n {
+                        prop_assert!(round[c] > 0, "round {i}: class {c} starved: {round:?}");
+                    }
+                }
+                let k = served.len() as u64;
+                for c in 0..n {
+                    let total: u64 = served.iter().map(|r| r[c]).sum();
+                    prop_assert!(
+                        total.abs_diff(k * quanta[c]) < MAX,
+                        "class {c}: {total} B in {k} rounds of quantum {}", quanta[c]
+                    );
+                }
+            }
         }
     }
 

@@ -16,6 +16,7 @@
 //! and it reads no clock (the caller passes `start` and `now`). [`Anchored`] binds a schedule
 //! to a start instant and supports pause/resume and seeking by re-anchoring.
 
+pub mod ceiling;
 mod kt;
 mod late;
 mod periodic;
@@ -24,6 +25,7 @@ mod rate;
 
 use std::time::Duration;
 
+pub use ceiling::{Ceiling, CeilingError};
 pub use kt::parse_kt;
 pub use late::{LatePolicy, LatePolicyError, first_unit_in_time};
 pub use periodic::Period;
@@ -133,6 +135,14 @@ pub enum ScheduleSpec {
         cycle: Duration,
         unit_bytes: u64,
     },
+    /// Cues' (k, t) as the paper defines it: `cycle_units` units, then a pause of `pause`
+    /// after the last of them was sent, and again (`pause=4,40ms`). Cycles start when the
+    /// sends allow, not on a grid: see [`kt`] and [`Anchored::sent`].
+    KtPause {
+        cycle_units: u64,
+        pause: Duration,
+        unit_bytes: u64,
+    },
 }
 
 /// The pacing flags of `penstock stream`, as typed. Absent flags are `None`.
@@ -146,6 +156,8 @@ pub struct ScheduleFlags<'a> {
     pub unit: Option<&'a str>,
     /// `--schedule K,T`
     pub kt: Option<&'a str>,
+    /// `--pause K,T` (Cues' pause form)
+    pub pause: Option<&'a str>,
 }
 
 impl ScheduleSpec {
@@ -159,21 +171,29 @@ impl ScheduleSpec {
             Some(s) => parse_size(s)?,
             None => unit_bytes_default,
         };
-        match (flags.period, flags.rate, flags.kt) {
-            (None, None, None) => Ok(ScheduleSpec::Burst { unit_bytes }),
-            (Some(p), None, None) => Ok(ScheduleSpec::Periodic {
+        match (flags.period, flags.rate, flags.kt, flags.pause) {
+            (None, None, None, None) => Ok(ScheduleSpec::Burst { unit_bytes }),
+            (Some(p), None, None, None) => Ok(ScheduleSpec::Periodic {
                 period: parse_duration(p)?,
                 unit_bytes,
             }),
-            (None, Some(r), None) => Ok(ScheduleSpec::Rate {
+            (None, Some(r), None, None) => Ok(ScheduleSpec::Rate {
                 rate: parse_rate(r)?,
                 unit_bytes,
             }),
-            (None, None, Some(s)) => {
+            (None, None, Some(s), None) => {
                 let (cycle_units, cycle) = parse_kt(s)?;
                 Ok(ScheduleSpec::Kt {
                     cycle_units,
                     cycle,
+                    unit_bytes,
+                })
+            }
+            (None, None, None, Some(s)) => {
+                let (cycle_units, pause) = parse_kt(s)?;
+                Ok(ScheduleSpec::KtPause {
+                    cycle_units,
+                    pause,
                     unit_bytes,
                 })
             }
@@ -190,6 +210,8 @@ pub enum ScheduleKind {
     Periodic,
     ConstantBitRate,
     Kt,
+    /// Cues' pause form ([`ScheduleSpec::KtPause`]).
+    KtPause,
 }
 
 /// A validated schedule: the deadline of every unit as a pure function of the stream's start.
@@ -207,6 +229,9 @@ struct Pace {
     period: Period,
     /// Units due together at the start of each cycle: 1, or `k` for (k, t). Always ≥ 1.
     cycle_units: u64,
+    /// Cues' pause form: a cycle starts `period` after the previous cycle's last unit was
+    /// sent, not `period` after the previous cycle started.
+    after_send: bool,
 }
 
 impl Schedule {
@@ -234,7 +259,12 @@ impl Schedule {
             }
             ScheduleSpec::Kt {
                 cycle_units,
-                cycle,
+                cycle: t,
+                unit_bytes,
+            }
+            | ScheduleSpec::KtPause {
+                cycle_units,
+                pause: t,
                 unit_bytes,
             } => {
                 if cycle_units == 0 {
@@ -246,11 +276,12 @@ impl Schedule {
                         cycle_units_max: limits.cycle_units_max,
                     });
                 }
-                (
-                    ScheduleKind::Kt,
-                    unit_bytes,
-                    Some((duration_period(cycle)?, cycle_units)),
-                )
+                let kind = if matches!(spec, ScheduleSpec::KtPause { .. }) {
+                    ScheduleKind::KtPause
+                } else {
+                    ScheduleKind::Kt
+                };
+                (kind, unit_bytes, Some((duration_period(t)?, cycle_units)))
             }
         };
         check_unit(unit_bytes, limits)?;
@@ -261,6 +292,7 @@ impl Schedule {
                 Some(Pace {
                     period,
                     cycle_units,
+                    after_send: kind == ScheduleKind::KtPause,
                 })
             }
         };
@@ -287,7 +319,9 @@ impl Schedule {
     }
 
     /// The exact time between consecutive cycles (between units, except for (k, t)); `None`
-    /// for burst. Its [`Period::ceil_ns`] is the rate-monotonic priority and the default miss
+    /// for burst. For the pause form, the pause: the shortest time between cycles, so the
+    /// rate it gives ([`Schedule::bytes_per_s`]) is the most the stream
+    /// can send, what admission reserves and an operator's ceiling bounds. Its [`Period::ceil_ns`] is the rate-monotonic priority and the default miss
     /// threshold.
     pub fn period(&self) -> Option<Period> {
         self.pace.map(|p| p.period)
@@ -297,6 +331,27 @@ impl Schedule {
     /// constant bit rate; `None` for burst.
     pub fn cycle_units(&self) -> Option<u64> {
         self.pace.map(|p| p.cycle_units)
+    }
+
+    /// Bytes per second (rounded up) at the most the schedule sends: `k` units of
+    /// `unit_bytes` every period; 0 for burst. What an rt stream reserves
+    /// (`stream::plan::schedule_bytes_per_s`) and a rate ceiling bounds.
+    pub fn bytes_per_s(&self) -> u64 {
+        let Some(pace) = self.pace else {
+            return 0;
+        };
+        let p = pace.period;
+        // cycle_units units of unit_bytes every num_ns/den nanoseconds.
+        let bytes = u128::from(pace.cycle_units)
+            * u128::from(self.unit_bytes)
+            * 1_000_000_000
+            * u128::from(p.den());
+        u64::try_from(bytes.div_ceil(p.num_ns().max(1))).unwrap_or(u64::MAX)
+    }
+
+    /// Cues' pause form: a cycle starts a pause after the previous one's last unit was sent.
+    pub fn is_pause_form(&self) -> bool {
+        self.pace.is_some_and(|p| p.after_send)
     }
 
     /// When unit `unit_index` (counting from 0) is due, as an offset from the stream's start:
@@ -443,6 +498,29 @@ impl Anchored {
         *self = Anchored::at_unit(self.schedule, next_unit, now);
     }
 
+    /// Unit `unit_index` was sent at `now`. In the pause form, the last unit of the anchor's
+    /// cycle starts the pause: the next cycle's units are due `t` after `now` (Cues: "k
+    /// read/write operations are executed, and then the processor is relinquished for time
+    /// t"). Nothing for the other schedules, whose deadlines never depend on sends.
+    pub fn sent(&mut self, unit_index: u64, now: Instant) {
+        let Some(k) = self.pause_cycle_units() else {
+            return;
+        };
+        if unit_index / k == self.first_unit / k && unit_index % k == k - 1 {
+            let pause_ns = self.schedule.period().map_or(0, |p| p.ceil_ns());
+            let start = Instant::from_nanos(now.as_nanos().saturating_add(pause_ns));
+            *self = Anchored::at_unit(self.schedule, unit_index + 1, start);
+        }
+    }
+
+    /// `k` when the schedule is Cues' pause form.
+    fn pause_cycle_units(&self) -> Option<u64> {
+        self.schedule
+            .pace
+            .filter(|p| p.after_send)
+            .map(|p| p.cycle_units)
+    }
+
     /// Moves every deadline `pause` later, keeping the grid: resume after a pause of known
     /// length. Saturates at [`Instant::MAX`].
     pub fn shift(&mut self, pause: Duration) {
@@ -465,9 +543,18 @@ impl Anchored {
     }
 
     /// When unit `unit_index` is due; `None` for burst. Units before `first_unit` are due at
-    /// the anchor (they are overdue, not "never").
+    /// the anchor (they are overdue, not "never"). In the pause form the units of the
+    /// anchor's cycle are due at the anchor, and a later cycle's at [`Instant::MAX`] until
+    /// [`Anchored::sent`] learns when the cycle before it ended.
     pub fn deadline(&self, unit_index: u64) -> Option<Instant> {
         let unit_index = unit_index.max(self.first_unit);
+        if let Some(k) = self.pause_cycle_units() {
+            return Some(if unit_index / k == self.first_unit / k {
+                self.start
+            } else {
+                Instant::MAX
+            });
+        }
         let offset_ns = self.schedule.offset_ns(unit_index)?;
         // offsets are non-decreasing in the unit index, so this cannot underflow.
         let since_anchor_ns = offset_ns - self.first_offset_ns;
@@ -484,6 +571,9 @@ impl Anchored {
         }
         if now < self.start {
             return self.first_unit;
+        }
+        if let Some(k) = self.pause_cycle_units() {
+            return (self.first_unit / k + 1).saturating_mul(k);
         }
         let elapsed_ns =
             (now.as_nanos() - self.start.as_nanos()).saturating_add(self.first_offset_ns);

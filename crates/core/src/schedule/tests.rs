@@ -187,6 +187,7 @@ fn flags<'a>(
         rate,
         unit,
         kt,
+        pause: None,
     }
 }
 
@@ -479,5 +480,105 @@ proptest! {
         let due = a.units_due_by(at(expected));
         prop_assert!(due > m + j);
         prop_assert!(a.deadline(due).unwrap() > at(expected));
+    }
+}
+
+/// Cues' pause form, driven by a sender with hand-made send times: `k` units go as soon as
+/// the sender takes them, and no unit of the next cycle is due before `t` after the last unit
+/// of the cycle was sent — whatever the sends took.
+mod pause_form {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// Issues units as the anchored schedule allows, at most `depth` in flight, completed in
+    /// order after `durations`; returns each unit's (issued, completed) time.
+    fn run(k: u64, pause_ns: u64, depth: usize, durations: &[u64], units: u64) -> Vec<(u64, u64)> {
+        let s = schedule(ScheduleSpec::KtPause {
+            cycle_units: k,
+            pause: Duration::from_nanos(pause_ns),
+            unit_bytes: 1024,
+        });
+        assert!(s.is_pause_form());
+        let mut a = Anchored::new(s, at(0));
+        let mut now = 0u64;
+        let mut next = 0u64;
+        let mut last_done = 0u64;
+        let mut in_flight: VecDeque<(u64, u64)> = VecDeque::new();
+        let mut times = vec![(0u64, 0u64); units as usize];
+        while next < units || !in_flight.is_empty() {
+            let issue_at = (next < units && in_flight.len() < depth)
+                .then(|| a.deadline(next).expect("paced"))
+                .filter(|d| *d != Instant::MAX)
+                .map(|d| d.as_nanos().max(now));
+            let done_at = in_flight.front().map(|&(_, c)| c);
+            match (issue_at, done_at) {
+                (Some(i), d) if d.is_none_or(|d| i <= d) => {
+                    now = i;
+                    let c = now.max(last_done) + durations[next as usize % durations.len()];
+                    last_done = c;
+                    in_flight.push_back((next, c));
+                    times[next as usize].0 = now;
+                    next += 1;
+                }
+                (_, Some(d)) => {
+                    now = now.max(d);
+                    let (u, _) = in_flight.pop_front().expect("front");
+                    a.sent(u, at(now));
+                    times[u as usize].1 = now;
+                }
+                (_, None) => panic!("stuck at unit {next}: nothing in flight, nothing due"),
+            }
+        }
+        times
+    }
+
+    #[test]
+    fn four_units_then_a_pause_of_40ms() {
+        // Sends of 5 ms each, one at a time: 4 sends (20 ms), then 40 ms of pause.
+        let t = run(4, 40 * MS, 1, &[5 * MS], 12);
+        let issued: Vec<u64> = t.iter().map(|x| x.0 / MS).collect();
+        assert_eq!(issued, [0, 5, 10, 15, 60, 65, 70, 75, 120, 125, 130, 135]);
+        // The cycle form of the same (k, t) keeps a 40 ms grid instead.
+        let grid = schedule(ScheduleSpec::Kt {
+            cycle_units: 4,
+            cycle: Duration::from_millis(40),
+            unit_bytes: 1024,
+        });
+        assert_eq!(grid.deadline(at(0), 4), Some(at(40 * MS)));
+    }
+
+    proptest! {
+        #[test]
+        fn units_follow_k_then_a_pause_of_t(
+            k in 1u64..6,
+            pause_ns in MS..50 * MS,
+            depth in 1usize..8,
+            durations in proptest::collection::vec(0u64..20 * MS, 1..20),
+            cycles in 1u64..8,
+        ) {
+            let units = k * cycles + k / 2;
+            let t = run(k, pause_ns, depth, &durations, units);
+            for u in 0..units {
+                let cycle_first = (u / k) * k;
+                let (issued, _) = t[u as usize];
+                if u >= k {
+                    // The pause: after the previous cycle's last unit was sent.
+                    let pause_from = t[(cycle_first - 1) as usize].1;
+                    prop_assert!(issued >= pause_from + pause_ns,
+                        "unit {u} went at {issued}, before {pause_from} + {pause_ns}");
+                    if u == cycle_first {
+                        prop_assert_eq!(issued, pause_from + pause_ns,
+                            "a cycle starts exactly the pause after the last send");
+                    }
+                }
+                if u > cycle_first {
+                    // Inside a cycle nothing waits for time: only for the sender.
+                    let prev = t[(u - 1) as usize];
+                    prop_assert!(issued == prev.0 || issued == prev.1
+                        || issued == t[(u as usize).saturating_sub(depth)].1,
+                        "unit {u} waited for the clock inside its cycle");
+                }
+            }
+        }
     }
 }

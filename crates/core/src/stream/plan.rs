@@ -53,13 +53,95 @@ pub const UNIT_BYTES_DEFAULT: u64 = 4 << 20;
 /// Zero-copy sends pay from this unit size on (smaller ones are slower with SEND_ZC).
 pub const ZERO_COPY_UNIT_BYTES_MIN: u64 = 64 << 10;
 
-/// The disk classes of the engine's scheduler.
+/// The disk classes of the engine's scheduler: the two built-in ones and any class the
+/// configuration names (`[disk.classes.NAME]`, docs/io-scheduler.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DiskClass {
-    /// Real-time: EDF by deadline, a larger DRR quantum, IOPRIO_CLASS_RT where permitted.
+    /// Real-time: EDF by deadline, a larger DRR quantum, IOPRIO_CLASS_RT where permitted; an
+    /// explicit `Rt` is admitted against the calibrated capacity.
     Rt,
     /// Everything else.
     Bulk,
+    /// A configured class: a DRR queue of its own with its own quantum, served in arrival
+    /// order like bulk and, like bulk, not admitted (its share is its quantum's, not a
+    /// guarantee). Only `rt` orders by deadline.
+    Named(ClassName),
+}
+
+impl DiskClass {
+    /// `rt`, `bulk` or a configured class's name (any case for the two built-in ones).
+    pub fn parse(s: &str) -> Result<DiskClass, ClassNameError> {
+        if s.eq_ignore_ascii_case("rt") {
+            Ok(DiskClass::Rt)
+        } else if s.eq_ignore_ascii_case("bulk") {
+            Ok(DiskClass::Bulk)
+        } else {
+            ClassName::new(s).map(DiskClass::Named)
+        }
+    }
+
+    /// The class's name as the configuration and the protocols write it.
+    pub fn name(&self) -> &str {
+        match self {
+            DiskClass::Rt => "rt",
+            DiskClass::Bulk => "bulk",
+            DiskClass::Named(n) => n.as_str(),
+        }
+    }
+}
+
+impl std::fmt::Display for DiskClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Longest class name.
+pub const CLASS_NAME_BYTES_MAX: usize = 32;
+
+/// A configured disk class's name: 1 to [`CLASS_NAME_BYTES_MAX`] of `[A-Za-z0-9_-]`,
+/// starting with a letter, never `rt` or `bulk` in any case. Held inline so that a
+/// [`DiskClass`] stays `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClassName {
+    len: u8,
+    bytes: [u8; CLASS_NAME_BYTES_MAX],
+}
+
+/// Why a class name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("class name {0:?}: 1 to 32 of A-Z a-z 0-9 _ -, starting with a letter, not rt or bulk")]
+pub struct ClassNameError(pub String);
+
+impl ClassName {
+    pub fn new(s: &str) -> Result<ClassName, ClassNameError> {
+        let ok = (1..=CLASS_NAME_BYTES_MAX).contains(&s.len())
+            && s.starts_with(|c: char| c.is_ascii_alphabetic())
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            && !s.eq_ignore_ascii_case("rt")
+            && !s.eq_ignore_ascii_case("bulk");
+        if !ok {
+            return Err(ClassNameError(s.chars().take(40).collect()));
+        }
+        let mut bytes = [0u8; CLASS_NAME_BYTES_MAX];
+        bytes[..s.len()].copy_from_slice(s.as_bytes());
+        Ok(ClassName {
+            len: s.len() as u8,
+            bytes,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII was copied in (checked by `new`).
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl std::fmt::Debug for ClassName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
 }
 
 /// Zero-copy sends (SEND_ZC) on the uring path.
@@ -89,6 +171,9 @@ pub enum Pacing {
     Rate(Rate),
     /// Cues' (k, t): `cycle_units` units due at the start of every cycle of length `cycle`.
     Kt { cycle_units: u64, cycle: Duration },
+    /// Cues' (k, t) as the paper defines it: `cycle_units` units, then a pause of `pause`
+    /// after the last of them was sent (`pause=K,T`).
+    KtPause { cycle_units: u64, pause: Duration },
     /// A unit plan: one deadline and size per unit (playback of a recording, an MPEG-TS
     /// file's PCR, an MP4's decode times: media timing, read by the caller).
     Units(Arc<[UnitPlan]>),
@@ -98,15 +183,19 @@ impl Pacing {
     /// Parses the pacing flags of `penstock stream` (no flag: burst; more than one: an error).
     /// Parsing only: the planner checks the result.
     pub fn from_flags(flags: &ScheduleFlags<'_>) -> Result<Pacing, ScheduleError> {
-        match (flags.period, flags.rate, flags.kt) {
-            (None, None, None) => Ok(Pacing::Burst),
-            (Some(p), None, None) => Ok(Pacing::Periodic {
+        match (flags.period, flags.rate, flags.kt, flags.pause) {
+            (None, None, None, None) => Ok(Pacing::Burst),
+            (Some(p), None, None, None) => Ok(Pacing::Periodic {
                 period: parse_duration(p)?,
             }),
-            (None, Some(r), None) => Ok(Pacing::Rate(parse_rate(r)?)),
-            (None, None, Some(s)) => {
+            (None, Some(r), None, None) => Ok(Pacing::Rate(parse_rate(r)?)),
+            (None, None, Some(s), None) => {
                 let (cycle_units, cycle) = parse_kt(s)?;
                 Ok(Pacing::Kt { cycle_units, cycle })
+            }
+            (None, None, None, Some(s)) => {
+                let (cycle_units, pause) = parse_kt(s)?;
+                Ok(Pacing::KtPause { cycle_units, pause })
             }
             _ => Err(ScheduleError::ConflictingPacing),
         }
@@ -149,6 +238,11 @@ pub fn plan_schedule(
         Pacing::Kt { cycle_units, cycle } => ScheduleSpec::Kt {
             cycle_units: *cycle_units,
             cycle: *cycle,
+            unit_bytes: unit(None),
+        },
+        Pacing::KtPause { cycle_units, pause } => ScheduleSpec::KtPause {
+            cycle_units: *cycle_units,
+            pause: *pause,
             unit_bytes: unit(None),
         },
     };
@@ -299,8 +393,10 @@ pub struct StreamPlan {
     pub align_bytes: u64,
     pub read_bytes: u64,
     pub zero_copy: bool,
-    /// The disk scheduler's class.
+    /// The disk scheduler's class is `rt` (EDF, rt I/O priority, timed workers).
     pub rt: bool,
+    /// The disk scheduler's class by name: `rt` exactly when [`StreamPlan::rt`].
+    pub class: DiskClass,
     /// Reopen a volume source's members buffered (planned units fall anywhere).
     pub buffered_source_volume: bool,
     /// Reopen a volume target's members buffered (the copy path writes unaligned runs).
@@ -391,6 +487,10 @@ pub enum PlanError {
     )]
     SkipNeedsPacing,
     #[error(
+        "late-unit policy skip needs deadlines on a grid: the pause form's next cycle is due a pause after the last send, so no unit of it is ever late (use schedule=K,T)"
+    )]
+    SkipPauseForm,
+    #[error(
         "late-unit policy skip moves past the skipped units' bytes, which needs a file source, not {source_kind:?}"
     )]
     SkipNeedsFile { source_kind: IoKind },
@@ -406,12 +506,7 @@ pub enum PlanError {
 
 /// A schedule's bytes per second (rounded up): what an rt stream reserves.
 pub fn schedule_bytes_per_s(s: &Schedule) -> u64 {
-    let (Some(p), Some(k)) = (s.period(), s.cycle_units()) else {
-        return 0;
-    };
-    // cycle_units units of unit_bytes every num_ns/den nanoseconds.
-    let bytes = u128::from(k) * u128::from(s.unit_bytes()) * 1_000_000_000 * u128::from(p.den());
-    u64::try_from(bytes.div_ceil(p.num_ns().max(1))).unwrap_or(u64::MAX)
+    s.bytes_per_s()
 }
 
 /// The unit of a paced stream that names none: [`DATAGRAM_UNIT_BYTES_DEFAULT`] for a datagram
@@ -604,6 +699,9 @@ pub fn admission_request(
 fn check_request(req: &PlanRequest) -> Result<(), PlanError> {
     if req.late == LatePolicy::Skip && !req.pacing.is_paced() {
         return Err(PlanError::SkipNeedsPacing);
+    }
+    if req.late == LatePolicy::Skip && matches!(req.pacing, Pacing::KtPause { .. }) {
+        return Err(PlanError::SkipPauseForm);
     }
     Ok(())
 }
@@ -958,6 +1056,15 @@ pub fn plan_stream(
             }
         };
 
+    // The class: as asked, else rt for a paced stream and bulk for a burst one.
+    let class = req
+        .class
+        .unwrap_or(if schedule.is_some() || units.is_some() {
+            DiskClass::Rt
+        } else {
+            DiskClass::Bulk
+        });
+
     // What admission is charged: the reads just planned, on the source's devices.
     let admission = admission.map(|q| StreamQos {
         reads: read_geometry(read_bytes, src),
@@ -973,10 +1080,8 @@ pub fn plan_stream(
         align_bytes,
         read_bytes,
         zero_copy,
-        rt: match req.class {
-            Some(c) => c == DiskClass::Rt,
-            None => schedule.is_some() || units.is_some(),
-        },
+        rt: class == DiskClass::Rt,
+        class,
         buffered_source_volume,
         buffered_target_volume: path == DataPath::Copy && dst.volume.is_some(),
         admission,

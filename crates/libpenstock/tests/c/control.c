@@ -210,6 +210,17 @@ static void typed_pause_resume_and_cancel(void) {
     CHECK(penstock_stream_resume(st) == PENSTOCK_OK);
     CHECK(penstock_stream_state(st, &s) == PENSTOCK_OK);
     CHECK(s.state == PENSTOCK_STATE_RUNNING && s.rate_bytes_per_s == 100 * unit);
+    /* CLASS: rt re-admits it against the engine's device figures (measured, or the
+     * conservative defaults: 75 IOPS, on which its reads do not fit): admitted, or refused
+     * naming the resource; either way it runs on. Unknown classes are refused naming the
+     * classes. */
+    int rc = penstock_stream_class(st, "rt");
+    CHECK(rc == PENSTOCK_OK ||
+          (rc == PENSTOCK_EREFUSED && strstr(penstock_last_error(), "refused") != NULL));
+    CHECK_ERR(penstock_stream_class(st, "platinum"), PENSTOCK_EINVAL, "rt, bulk");
+    CHECK_ERR(penstock_stream_class(st, "9lives"), PENSTOCK_EINVAL, "class name");
+    CHECK(penstock_stream_state(st, &s) == PENSTOCK_OK && s.state == PENSTOCK_STATE_RUNNING);
+    CHECK(penstock_stream_class(st, "bulk") == PENSTOCK_OK);
     sleep_ms(100);
     CHECK(penstock_stream_cancel(st) == PENSTOCK_OK);
     CHECK(penstock_stream_state(st, &s) == PENSTOCK_OK && s.state == PENSTOCK_STATE_FAILED);

@@ -14,6 +14,7 @@ static void null_pointers(penstock_engine *e) {
     CHECK(st == NULL);
     CHECK_ERR(penstock_stream_start(NULL), PENSTOCK_ENULL, "is NULL");
     CHECK_ERR(penstock_stream_pause(NULL), PENSTOCK_ENULL, "is NULL");
+    CHECK_ERR(penstock_stream_class(NULL, "rt"), PENSTOCK_ENULL, "is NULL");
     CHECK_ERR(penstock_stream_resume(NULL), PENSTOCK_ENULL, "is NULL");
     CHECK_ERR(penstock_stream_wait(NULL, 0), PENSTOCK_ENULL, "is NULL");
     CHECK_ERR(penstock_stream_cancel(NULL), PENSTOCK_ENULL, "is NULL");

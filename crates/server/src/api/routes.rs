@@ -748,11 +748,19 @@ pub(crate) fn admission(api: &Api) -> Value {
         }
     }
     let q = api.deps.engine.disk_queue_depth();
+    let classes: serde_json::Map<String, Value> = api
+        .deps
+        .engine
+        .disk_queue_depth_per_class()
+        .into_iter()
+        .map(|(n, d)| (n, json!(d)))
+        .collect();
     json!({
         "resources": resources,
         "devices": devices,
         "counts": counts,
         "disk_queue": { "rt": q.rt, "bulk": q.bulk },
+        "disk_queue_classes": classes,
         "workers": api.deps.workers,
     })
 }

@@ -37,7 +37,7 @@ pub use crate::files::OpenFileStats;
 use crate::files::OpenFileTable;
 use crate::open::{Opened, open_source, open_target};
 use crate::pace::Pace;
-use crate::rtu::{CpuHold, Rtu, RtuCallback, RtuCounters, RtuError, RtuHandle, RtuSpec};
+use crate::rtu::{CpuHold, Rtu, RtuCallback, RtuCounters, RtuCtl, RtuError, RtuHandle, RtuSpec};
 use crate::sched::{TimedBooks, TimedHold};
 use crate::worker::{Command, Task, TimedRole, WorkerHandle, spawn_worker};
 use penstock_core::admission::cpu::{CpuAdmission, CpuLoad, CpuRefusal, RtuDemand};
@@ -1170,7 +1170,14 @@ impl Engine {
                 rtu_hold(&cpu, &books, w, id, timed_k, demand)
             })
         };
-        Ok(RtuHandle::new(rtu_id, counters, worker, readmit, done))
+        let send = Box::new(move |ctl| {
+            worker.send(match ctl {
+                RtuCtl::Cancel => Command::RtuCancel(rtu_id),
+                RtuCtl::Suspend(release) => Command::RtuSuspend(rtu_id, release),
+                RtuCtl::Run(hold) => Command::RtuRun(rtu_id, hold),
+            })
+        });
+        Ok(RtuHandle::new(rtu_id, counters, send, readmit, done))
     }
 
     /// Each worker's CPU as upcall admission sees it, by worker index.

@@ -444,11 +444,23 @@ impl Drop for Rtu {
 /// Admits a suspended upcall's CPU again, on its worker (see [`RtuHandle::run`]).
 pub(crate) type Readmit = Box<dyn Fn() -> Result<CpuHold, RtuError> + Send + Sync>;
 
+/// What a handle asks of its upcall's worker (the engine turns it into the worker's command).
+pub(crate) enum RtuCtl {
+    Cancel,
+    /// Off the queue; `true`: its CPU given back.
+    Suspend(bool),
+    /// Back on the queue, with its CPU admitted again when it had been given back.
+    Run(Option<Box<CpuHold>>),
+}
+
+/// Sends an [`RtuCtl`] to the upcall's worker.
+pub(crate) type SendCtl = Box<dyn Fn(RtuCtl) + Send + Sync>;
+
 /// The caller's side of an upcall. Dropping it cancels the upcall.
 pub struct RtuHandle {
     id: u64,
     counters: Arc<RtuCounters>,
-    worker: crate::worker::WorkerHandle,
+    send: SendCtl,
     readmit: Readmit,
     /// `Some(keep)` while suspended by this handle.
     suspension: Mutex<Option<RtuKeep>>,
@@ -470,14 +482,14 @@ impl RtuHandle {
     pub(crate) fn new(
         id: u64,
         counters: Arc<RtuCounters>,
-        worker: crate::worker::WorkerHandle,
+        send: SendCtl,
         readmit: Readmit,
         done: Receiver<Result<RtuReport, RtuError>>,
     ) -> RtuHandle {
         RtuHandle {
             id,
             counters,
-            worker,
+            send,
             readmit,
             suspension: Mutex::new(None),
             done,
@@ -515,7 +527,7 @@ impl RtuHandle {
     /// Asks the worker to stop the upcall (an activation in progress ends first). Its CPU
     /// is given back when the worker takes the request.
     pub fn cancel(&self) {
-        self.worker.send(crate::worker::Command::RtuCancel(self.id));
+        (self.send)(RtuCtl::Cancel);
     }
 
     /// MARS's `rtu_suspend`: asks the worker to take the upcall off its queue (an activation
@@ -530,10 +542,7 @@ impl RtuHandle {
         if s.is_some() {
             return Ok(());
         }
-        self.worker.send(crate::worker::Command::RtuSuspend(
-            self.id,
-            keep == RtuKeep::Nothing,
-        ));
+        (self.send)(RtuCtl::Suspend(keep == RtuKeep::Nothing));
         *s = Some(keep);
         Ok(())
     }
@@ -555,8 +564,7 @@ impl RtuHandle {
             RtuKeep::Reservation => None,
             RtuKeep::Nothing => Some((self.readmit)()?),
         };
-        self.worker
-            .send(crate::worker::Command::RtuRun(self.id, hold.map(Box::new)));
+        (self.send)(RtuCtl::Run(hold.map(Box::new)));
         *s = None;
         Ok(())
     }

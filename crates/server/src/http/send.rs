@@ -468,6 +468,103 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_worker_keeps_at_most_its_pipes_and_reuses_them() {
+        let mut pipes = Pipes::default();
+        let a = pipes.take(2).expect("a pipe");
+        let b = pipes.take(2).expect("a second pipe");
+        assert!(pipes.take(2).is_none(), "a third beyond the maximum");
+        assert_eq!(pipes.count(), 2);
+        pipes.give(a);
+        let _a = pipes.take(2).expect("the idle one again");
+        assert_eq!(pipes.count(), 2, "reused, not made");
+        drop(b);
+        assert_eq!(pipes.count(), 1, "a pipe dropped with its response is gone");
+        assert!(pipes.take(2).is_some(), "room for one again");
+    }
+
+    /// A body of a memory piece and file ranges, gathered: the client gets the bytes in
+    /// order, and the pipe goes back to the worker.
+    #[test]
+    fn gathered_ranges_arrive_in_order() {
+        use std::io::{Read, Write};
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, _) = l.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let ranges = [(10u64, 5000u64), (9000, 300), (9300, 70_000), (150_000, 1)];
+        let mut pieces: VecDeque<BodyPiece> = VecDeque::new();
+        pieces.push_back(BodyPiece::Bytes(b"header".to_vec()));
+        for &(offset_bytes, len_bytes) in &ranges {
+            pieces.push_back(BodyPiece::File {
+                offset_bytes,
+                len_bytes,
+            });
+        }
+        let mut want = b"header".to_vec();
+        for &(o, n) in &ranges {
+            want.extend_from_slice(&data[o as usize..(o + n) as usize]);
+        }
+        let mut out = Out {
+            head: b"H".to_vec(),
+            head_pos: 0,
+            pieces,
+            piece_pos: 0,
+            file: Some(f),
+            file_label: String::new(),
+            keep_alive: true,
+            class: Arc::from("x"),
+            path_label: "sendfile",
+            body_sent: 0,
+            rate: None,
+            to_engine: None,
+            tenant_admitted: None,
+            origin_type: None,
+            hls_wait: None,
+            corked: false,
+            gather: None,
+            delivery: Default::default(),
+            volume: None,
+            status: Status::OK,
+            started: Instant::now(),
+            log: None,
+        };
+        let mut pipes = Pipes::default();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut c = client;
+            c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .unwrap();
+            let mut buf = [0u8; 65536];
+            while got.len() < 1 + 6 + 75_301 {
+                let n = c.read(&mut buf).unwrap();
+                assert!(n > 0, "closed early");
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        });
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match write_out(&server, &mut out, Instant::now(), &mut pipes, 4) {
+                Progress::Done => break,
+                Progress::WouldBlock | Progress::Yield => {
+                    assert!(Instant::now() < deadline, "no progress");
+                    std::thread::yield_now();
+                }
+                _ => panic!("failed"),
+            }
+        }
+        let got = reader.join().unwrap();
+        assert_eq!(&got[..1], b"H");
+        assert!(got[1..] == want[..], "the body's bytes differ");
+        assert_eq!(out.body_sent, want.len() as u64);
+        assert!(out.gather.is_none(), "the pipe went back");
+        assert_eq!(pipes.count(), 1, "one pipe made, now idle");
+    }
+
+    #[test]
     fn rate_limit_lets_after_bytes_through_then_paces() {
         let t0 = Instant::now();
         let mut r = RateLimit {

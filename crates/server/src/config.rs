@@ -456,6 +456,13 @@ pub struct HttpLimits {
     /// listener stays readable). nginx waits 500 ms (`ngx_event_accept.c`).
     #[serde(deserialize_with = "units::ms")]
     pub accept_backoff_ms: u64,
+    /// Pipes each HTTP worker keeps at most for bodies of several adjacent file ranges (a
+    /// packaged MP4 segment: its samples' ranges, interleaved with the other track's in the
+    /// file): the ranges are spliced into a pipe and the pipe into the socket, one socket
+    /// call for many ranges instead of a sendfile each (docs/http.md "Bodies of many
+    /// ranges"). A pipe is held by a response while the socket has not taken its bytes; with
+    /// none free the body goes by sendfile. 0: always sendfile.
+    pub splice_pipes_max: usize,
 }
 
 impl Default for HttpLimits {
@@ -474,6 +481,7 @@ impl Default for HttpLimits {
             limit_rate_bytes_per_s: 0,
             limit_rate_after_bytes: 0,
             accept_backoff_ms: 500,
+            splice_pipes_max: 64,
         }
     }
 }
@@ -528,6 +536,9 @@ impl HttpLimits {
         // would leave its backlog waiting for nothing.
         if self.accept_backoff_ms == 0 || self.accept_backoff_ms > 60_000 {
             return bad("limits.accept_backoff_ms must be 1 ..= 60000");
+        }
+        if self.splice_pipes_max > 65_536 {
+            return bad("limits.splice_pipes_max must be 0 ..= 65536");
         }
         Ok(())
     }

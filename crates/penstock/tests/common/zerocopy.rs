@@ -96,6 +96,8 @@ impl FdKind {
 #[derive(Debug, Default, Clone)]
 pub struct Tally {
     pub bytes: BTreeMap<(String, FdKind), u64>,
+    /// Calls with a positive result, by the same keys.
+    pub call_counts: BTreeMap<(String, FdKind), u64>,
     /// Calls counted (with a positive result).
     pub calls: u64,
     /// Lines not understood: [`Tally::read`] fails on any, so that a format this parser
@@ -210,6 +212,10 @@ impl Tally {
             .bytes
             .entry((name.to_string(), FdKind::of(fd)))
             .or_default() += bytes;
+        *self
+            .call_counts
+            .entry((name.to_string(), FdKind::of(fd)))
+            .or_default() += 1;
         self.calls += 1;
         true
     }
@@ -228,6 +234,19 @@ impl Tally {
         self.sum(|n, k| {
             ["sendfile", "splice", "tee", "copy_file_range"].contains(&n) && k.is_socket()
         })
+    }
+
+    /// The sendfile, splice, tee and copy_file_range calls that moved bytes to a socket.
+    #[allow(dead_code)] // not every test binary that includes this module asks
+    pub fn zero_copy_calls_to_sockets(&self) -> u64 {
+        self.call_counts
+            .iter()
+            .filter(|((n, k), _)| {
+                ["sendfile", "splice", "tee", "copy_file_range"].contains(&n.as_str())
+                    && k.is_socket()
+            })
+            .map(|(_, c)| c)
+            .sum()
     }
 
     /// Bytes the read family copied out of `file` into the process.

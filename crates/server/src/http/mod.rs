@@ -509,6 +509,8 @@ struct Worker {
     viewer_holds: Vec<crate::auth::SessionHold>,
     /// The viewers' deny-list generation last acted on (`Worker::end_revoked`).
     deny_seen: u64,
+    /// Pipes gathering bodies of many file ranges (`send.rs`).
+    pipes: send::Pipes,
 }
 
 fn token(idx: u32, generation: u32) -> u64 {
@@ -586,6 +588,7 @@ impl Worker {
             live_deadline: None,
             viewer_holds: Vec::new(),
             deny_seen: 0,
+            pipes: send::Pipes::default(),
             access,
         })
     }
@@ -1038,6 +1041,7 @@ impl Worker {
                                 origin_type: None,
                                 hls_wait: None,
                                 corked: false,
+                                gather: None,
                                 delivery: Default::default(),
                                 volume: None,
                                 status: r.status,
@@ -1062,7 +1066,13 @@ impl Worker {
                             Instant::now(),
                             &mut self.scratch,
                         ),
-                        _ => write_out(&c.sock, out, Instant::now()),
+                        _ => write_out(
+                            &c.sock,
+                            out,
+                            Instant::now(),
+                            &mut self.pipes,
+                            live.limits.splice_pipes_max,
+                        ),
                     };
                     if out.body_sent + out.head_pos as u64 > before {
                         let now = Instant::now();

@@ -3,12 +3,24 @@
 //! `send` and file extents with `sendfile`, under the location's rate limit ([`RateLimit`],
 //! nginx's `limit_rate`) and a budget of send calls per turn. A body reserved for the engine
 //! stops after the head ([`Progress::HandOff`]).
+//!
+//! A body of several adjacent file ranges (a packaged MP4 segment: its samples, interleaved
+//! in the file with the other track's, about one range per frame) is gathered instead: the
+//! ranges are spliced into a pipe of the worker's ([`Pipes`]), and the pipe into the socket,
+//! so that the socket is written once per pipeful rather than once per range. Profiled under
+//! `penstock bench hls` (100 viewers of a 2 Mbit/s MP4), the server spent 72 % of its time in
+//! ~50 sendfile calls per segment; in a micro-benchmark on the same file, sending each
+//! segment's ranges by sendfile cost 0.51 ms of CPU per MB sent, splicing them through a
+//! 1 MiB pipe 0.29 ms, a 64 KiB (16-buffer) pipe 0.62 ms — a pipe holds one buffer per page
+//! piece, so a small one must be emptied every few ranges. Zero copy either way: splice
+//! moves page references, as sendfile does.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::net::TcpStream;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use penstock_core::http::{BodyPiece, Status};
@@ -24,6 +36,83 @@ use crate::access_log::LogEntry;
 pub(super) const BUDGET_SYSCALLS: usize = 16;
 /// Bytes per sendfile call from the loop (the socket buffer usually takes less).
 const SENDFILE_CHUNK_BYTES: u64 = 4 << 20;
+/// The size asked for a gathering pipe: the kernel's default `fs.pipe-max-size`, the most an
+/// unprivileged process may ask. A pipe holds at most size / 4096 buffers, one per page piece
+/// of a range; when the kernel refuses this size the body goes by sendfile (a default
+/// 16-buffer pipe costs more than sendfile: see the module doc).
+const GATHER_PIPE_BYTES: usize = 1 << 20;
+
+/// A pipe that gathers a body's file ranges, and the bytes in it not yet sent.
+pub(super) struct GatherPipe {
+    r: OwnedFd,
+    w: OwnedFd,
+    held: usize,
+    /// The worker's count of pipes in existence, decremented when this one is closed.
+    count: Arc<AtomicUsize>,
+}
+
+impl Drop for GatherPipe {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A worker's gathering pipes: at most `max` exist (idle here or held by responses whose
+/// socket has not taken their bytes yet). An idle pipe is empty: it holds no page.
+#[derive(Default)]
+pub(super) struct Pipes {
+    idle: Vec<GatherPipe>,
+    count: Arc<AtomicUsize>,
+    /// Set when the kernel refused a pipe or its size: this worker sends by sendfile.
+    refused: bool,
+}
+
+impl Pipes {
+    /// An empty pipe, or `None` (at `max`, or refused by the kernel: sendfile then).
+    fn take(&mut self, max: usize) -> Option<GatherPipe> {
+        if let Some(p) = self.idle.pop() {
+            return Some(p);
+        }
+        if self.refused || self.count.load(Ordering::Relaxed) >= max {
+            return None;
+        }
+        use rustix::pipe::{PipeFlags, fcntl_setpipe_size, pipe_with};
+        let made = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)
+            .and_then(|(r, w)| fcntl_setpipe_size(&w, GATHER_PIPE_BYTES).map(|_| (r, w)));
+        match made {
+            Ok((r, w)) => {
+                self.count.fetch_add(1, Ordering::Relaxed);
+                Some(GatherPipe {
+                    r,
+                    w,
+                    held: 0,
+                    count: self.count.clone(),
+                })
+            }
+            Err(e) => {
+                // Out of descriptors passes; a size the kernel refuses (fs.pipe-max-size,
+                // the user's pipe pages) would refuse every time.
+                if e != Errno::MFILE && e != Errno::NFILE {
+                    self.refused = true;
+                    tracing::info!(error = %e, bytes = GATHER_PIPE_BYTES, "no gathering pipe of this size: bodies of many file ranges go by sendfile");
+                }
+                None
+            }
+        }
+    }
+
+    /// A pipe whose bytes all left: idle again.
+    fn give(&mut self, p: GatherPipe) {
+        debug_assert_eq!(p.held, 0);
+        self.idle.push(p);
+    }
+
+    /// Pipes in existence (idle or held).
+    #[cfg(test)]
+    fn count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+}
 
 /// The policy bits a response keeps after the request is gone.
 pub(super) struct Out {
@@ -57,6 +146,8 @@ pub(super) struct Out {
     /// TCP_CORK is set for this body (several pieces: an MP4 segment's generated header and
     /// its samples' ranges leave in full packets); cleared when the body is out.
     pub(super) corked: bool,
+    /// The pipe gathering this body's file ranges (see the module doc), while it has one.
+    pub(super) gather: Option<GatherPipe>,
     /// The location's CORS lines and the caching of HLS media (`crate::delivery`), for the heads
     /// made after `respond` (a playlist after its index build, the origin's answer).
     pub(super) delivery: crate::delivery::Delivery,
@@ -126,8 +217,15 @@ pub(super) enum Progress {
     Failed(&'static str),
 }
 
-/// Sends as much of `out` as the socket, the rate and the budget allow.
-pub(super) fn write_out(sock: &TcpStream, out: &mut Out, now: Instant) -> Progress {
+/// Sends as much of `out` as the socket, the rate and the budget allow; a body of several
+/// adjacent file ranges is gathered through one of `pipes` (at most `pipes_max` of them).
+pub(super) fn write_out(
+    sock: &TcpStream,
+    out: &mut Out,
+    now: Instant,
+    pipes: &mut Pipes,
+    pipes_max: usize,
+) -> Progress {
     let mut calls = 0;
     while out.head_pos < out.head.len() {
         let more = if !out.pieces.is_empty() && out.to_engine.is_none() {
@@ -151,6 +249,147 @@ pub(super) fn write_out(sock: &TcpStream, out: &mut Out, now: Instant) -> Progre
         // do not each end a short packet. Best effort: a socket that refuses it still works.
         out.corked = rustix::net::sockopt::set_tcp_cork(sock, true).is_ok();
     }
+    if out.gather.is_none()
+        && out.body_sent == 0
+        && out.piece_pos == 0
+        && out.rate.is_none()
+        && adjacent_file_pieces(&out.pieces)
+    {
+        out.gather = pipes.take(pipes_max);
+    }
+    let p = if out.gather.is_some() {
+        match write_gathered(sock, out, &mut calls) {
+            Some(p) => p,
+            None => {
+                // The file cannot be spliced (nothing of it went into the pipe): sendfile.
+                out.gather = None;
+                write_pieces(sock, out, now, &mut calls)
+            }
+        }
+    } else {
+        write_pieces(sock, out, now, &mut calls)
+    };
+    if matches!(p, Progress::Done) {
+        if let Some(g) = out.gather.take() {
+            pipes.give(g);
+        }
+        if out.corked {
+            // Uncorking pushes what is queued.
+            let _ = rustix::net::sockopt::set_tcp_cork(sock, false);
+            out.corked = false;
+        }
+    }
+    p
+}
+
+/// Whether two file ranges follow each other in `pieces` (a body worth gathering).
+fn adjacent_file_pieces(pieces: &VecDeque<BodyPiece>) -> bool {
+    pieces
+        .iter()
+        .zip(pieces.iter().skip(1))
+        .any(|(a, b)| matches!((a, b), (BodyPiece::File { .. }, BodyPiece::File { .. })))
+}
+
+/// The body's pieces through `out.gather`: file ranges spliced into the pipe until it is full
+/// or a memory piece comes, the pipe spliced into the socket, memory pieces sent when the pipe
+/// is empty. `None` when the first splice from the file is refused (a file system without
+/// splice): nothing moved, the caller sends by sendfile.
+fn write_gathered(sock: &TcpStream, out: &mut Out, calls: &mut usize) -> Option<Progress> {
+    use rustix::pipe::{SpliceFlags, splice};
+    let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
+    loop {
+        let g = out.gather.as_mut().expect("the caller checked");
+        // Fill the pipe from the file ranges at the front.
+        while let Some(&BodyPiece::File {
+            offset_bytes,
+            len_bytes,
+        }) = out.pieces.front()
+        {
+            let Some(file) = &out.file else {
+                return Some(Progress::Failed("internal"));
+            };
+            let mut off = offset_bytes + out.piece_pos;
+            let want = usize::try_from(len_bytes - out.piece_pos).unwrap_or(usize::MAX);
+            match splice(file.as_fd(), Some(&mut off), g.w.as_fd(), None, want, flags) {
+                Ok(0) => return Some(Progress::Failed("file_shrank")),
+                Ok(n) => {
+                    g.held += n;
+                    out.piece_pos += n as u64;
+                    if out.piece_pos == len_bytes {
+                        out.pieces.pop_front();
+                        out.piece_pos = 0;
+                    }
+                }
+                // The pipe is full.
+                Err(Errno::AGAIN) if g.held > 0 => break,
+                Err(Errno::INTR) => {}
+                Err(_) if g.held == 0 && out.body_sent == 0 && out.piece_pos == 0 => return None,
+                Err(_) => return Some(Progress::Failed("splice_failed")),
+            }
+        }
+        if g.held > 0 {
+            if *calls >= BUDGET_SYSCALLS {
+                return Some(Progress::Yield);
+            }
+            *calls += 1;
+            // MSG_MORE while pieces follow (the cork holds them anyway; this says it to a
+            // socket that refused the cork).
+            let more = if out.pieces.is_empty() {
+                flags
+            } else {
+                flags | SpliceFlags::MORE
+            };
+            match splice(g.r.as_fd(), None, sock.as_fd(), None, g.held, more) {
+                Ok(0) => return Some(Progress::Failed("client_vanished")),
+                Ok(n) => {
+                    g.held -= n;
+                    out.body_sent += n as u64;
+                    if g.held > 0 {
+                        // A short write: the socket's buffer is full (as in `write_pieces`).
+                        return Some(Progress::WouldBlock);
+                    }
+                }
+                Err(Errno::AGAIN) => return Some(Progress::WouldBlock),
+                Err(Errno::INTR) => {}
+                Err(e) => return Some(Progress::Failed(peer_kind(e))),
+            }
+            continue;
+        }
+        // The pipe is empty: a memory piece, or the end.
+        let Some(BodyPiece::Bytes(b)) = out.pieces.front() else {
+            return Some(Progress::Done);
+        };
+        if *calls >= BUDGET_SYSCALLS {
+            return Some(Progress::Yield);
+        }
+        *calls += 1;
+        let more = if out.pieces.len() > 1 {
+            SendFlags::MORE
+        } else {
+            SendFlags::empty()
+        };
+        let start = out.piece_pos as usize;
+        match rustix::net::send(sock, &b[start..], SendFlags::NOSIGNAL | more) {
+            Ok(n) => {
+                out.piece_pos += n as u64;
+                out.body_sent += n as u64;
+                if out.piece_pos as usize == b.len() {
+                    out.pieces.pop_front();
+                    out.piece_pos = 0;
+                } else {
+                    return Some(Progress::WouldBlock);
+                }
+            }
+            Err(Errno::AGAIN) => return Some(Progress::WouldBlock),
+            Err(Errno::INTR) => {}
+            Err(e) => return Some(Progress::Failed(peer_kind(e))),
+        }
+    }
+}
+
+/// The body's pieces one call each: memory by `send`, file ranges by `sendfile`.
+fn write_pieces(sock: &TcpStream, out: &mut Out, now: Instant, calls: &mut usize) -> Progress {
+    let mut calls = *calls;
     while let Some(front) = out.pieces.front() {
         if calls >= BUDGET_SYSCALLS {
             return Progress::Yield;
@@ -214,11 +453,6 @@ pub(super) fn write_out(sock: &TcpStream, out: &mut Out, now: Instant) -> Progre
             Err(e) => return Progress::Failed(peer_kind(e)),
         }
     }
-    if out.corked {
-        // Uncorking pushes what is queued.
-        let _ = rustix::net::sockopt::set_tcp_cork(sock, false);
-        out.corked = false;
-    }
     Progress::Done
 }
 
@@ -232,6 +466,103 @@ fn peer_kind(e: Errno) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_keeps_at_most_its_pipes_and_reuses_them() {
+        let mut pipes = Pipes::default();
+        let a = pipes.take(2).expect("a pipe");
+        let b = pipes.take(2).expect("a second pipe");
+        assert!(pipes.take(2).is_none(), "a third beyond the maximum");
+        assert_eq!(pipes.count(), 2);
+        pipes.give(a);
+        let _a = pipes.take(2).expect("the idle one again");
+        assert_eq!(pipes.count(), 2, "reused, not made");
+        drop(b);
+        assert_eq!(pipes.count(), 1, "a pipe dropped with its response is gone");
+        assert!(pipes.take(2).is_some(), "room for one again");
+    }
+
+    /// A body of a memory piece and file ranges, gathered: the client gets the bytes in
+    /// order, and the pipe goes back to the worker.
+    #[test]
+    fn gathered_ranges_arrive_in_order() {
+        use std::io::{Read, Write};
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, _) = l.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let ranges = [(10u64, 5000u64), (9000, 300), (9300, 70_000), (150_000, 1)];
+        let mut pieces: VecDeque<BodyPiece> = VecDeque::new();
+        pieces.push_back(BodyPiece::Bytes(b"header".to_vec()));
+        for &(offset_bytes, len_bytes) in &ranges {
+            pieces.push_back(BodyPiece::File {
+                offset_bytes,
+                len_bytes,
+            });
+        }
+        let mut want = b"header".to_vec();
+        for &(o, n) in &ranges {
+            want.extend_from_slice(&data[o as usize..(o + n) as usize]);
+        }
+        let mut out = Out {
+            head: b"H".to_vec(),
+            head_pos: 0,
+            pieces,
+            piece_pos: 0,
+            file: Some(f),
+            file_label: String::new(),
+            keep_alive: true,
+            class: Arc::from("x"),
+            path_label: "sendfile",
+            body_sent: 0,
+            rate: None,
+            to_engine: None,
+            tenant_admitted: None,
+            origin_type: None,
+            hls_wait: None,
+            corked: false,
+            gather: None,
+            delivery: Default::default(),
+            volume: None,
+            status: Status::OK,
+            started: Instant::now(),
+            log: None,
+        };
+        let mut pipes = Pipes::default();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut c = client;
+            c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .unwrap();
+            let mut buf = [0u8; 65536];
+            while got.len() < 1 + 6 + 75_301 {
+                let n = c.read(&mut buf).unwrap();
+                assert!(n > 0, "closed early");
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        });
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match write_out(&server, &mut out, Instant::now(), &mut pipes, 4) {
+                Progress::Done => break,
+                Progress::WouldBlock | Progress::Yield => {
+                    assert!(Instant::now() < deadline, "no progress");
+                    std::thread::yield_now();
+                }
+                _ => panic!("failed"),
+            }
+        }
+        let got = reader.join().unwrap();
+        assert_eq!(&got[..1], b"H");
+        assert!(got[1..] == want[..], "the body's bytes differ");
+        assert_eq!(out.body_sent, want.len() as u64);
+        assert!(out.gather.is_none(), "the pipe went back");
+        assert_eq!(pipes.count(), 1, "one pipe made, now idle");
+    }
 
     #[test]
     fn rate_limit_lets_after_bytes_through_then_paces() {

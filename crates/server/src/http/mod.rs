@@ -1025,28 +1025,10 @@ impl Worker {
                             let r = respond_error(e.status(), None, &ctx);
                             let log = self.access.is_some().then(|| LogEntry::from_head(&c.inbuf));
                             let out = Out {
-                                head: r.head,
-                                head_pos: 0,
-                                pieces: r.body.into(),
-                                piece_pos: 0,
-                                file: None,
-                                file_label: String::new(),
                                 keep_alive: false,
-                                class: Arc::from("none"),
-                                path_label: "memory",
-                                body_sent: 0,
-                                rate: None,
-                                to_engine: None,
-                                tenant_admitted: None,
-                                origin_type: None,
-                                hls_wait: None,
-                                corked: false,
-                                gather: None,
-                                delivery: Default::default(),
-                                volume: None,
-                                status: r.status,
                                 started: c.head_started.take().unwrap_or_else(Instant::now),
                                 log,
+                                ..Out::from_response(r, Arc::from("none"))
                             };
                             let c = self.conn_mut(idx, generation).expect("present above");
                             c.inbuf.clear();

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use penstock_core::http::{
     BodyPiece, FileMeta, HttpError, Method, Request, ResponseContext, ResponseHead, Status,
@@ -104,30 +104,7 @@ impl Worker {
         };
         let policy = live.policy(&req.path);
         let class: Arc<str> = Arc::from(policy.class);
-        let memory = |r: penstock_core::http::Response, class: Arc<str>| Out {
-            head: r.head,
-            head_pos: 0,
-            pieces: r.body.into(),
-            piece_pos: 0,
-            file: None,
-            file_label: String::new(),
-            keep_alive: r.keep_alive,
-            class,
-            path_label: "memory",
-            body_sent: 0,
-            rate: None,
-            to_engine: None,
-            tenant_admitted: None,
-            origin_type: None,
-            hls_wait: None,
-            corked: false,
-            gather: None,
-            delivery: Default::default(),
-            volume: None,
-            status: r.status,
-            started: Instant::now(),
-            log: None,
-        };
+        let memory = Out::from_response;
         if req.method == Method::Options {
             // A CORS preflight where the location allows cross-origin reads; elsewhere the
             // method is not served.
@@ -585,39 +562,25 @@ impl Worker {
         if to_engine.is_none() {
             tenant_admitted = None;
         }
+        let path_label = if has_file {
+            match tls {
+                Mode::Plain => "sendfile",
+                Mode::Ktls => "ktls",
+                Mode::User => "tls-user",
+            }
+        } else if req.method == Method::Head || !r.status.allows_body() {
+            "none"
+        } else {
+            "memory"
+        };
         Out {
-            head: r.head,
-            head_pos: 0,
-            pieces: r.body.into(),
-            piece_pos: 0,
             file: has_file.then_some(file),
             file_label: req.path.clone(),
-            keep_alive: r.keep_alive,
-            class,
-            path_label: if has_file {
-                match tls {
-                    Mode::Plain => "sendfile",
-                    Mode::Ktls => "ktls",
-                    Mode::User => "tls-user",
-                }
-            } else if req.method == Method::Head || !r.status.allows_body() {
-                "none"
-            } else {
-                "memory"
-            },
-            body_sent: 0,
+            path_label,
             rate,
             to_engine,
             tenant_admitted,
-            origin_type: None,
-            hls_wait: None,
-            corked: false,
-            gather: None,
-            delivery: Default::default(),
-            volume: None,
-            status: r.status,
-            started: Instant::now(),
-            log: None,
+            ..Out::from_response(r, class)
         }
     }
 
@@ -932,28 +895,11 @@ impl Worker {
             }
         };
         Out {
-            head: r.head,
-            head_pos: 0,
-            pieces: r.body.into(),
-            piece_pos: 0,
-            file: None,
             file_label: req.path.clone(),
-            keep_alive: r.keep_alive,
-            class,
             path_label: "volume",
-            body_sent: 0,
-            rate: None,
             to_engine: Some(to_engine),
-            tenant_admitted: None,
             volume: Some(Box::new(pio)),
-            origin_type: None,
-            hls_wait: None,
-            corked: false,
-            gather: None,
-            delivery: Default::default(),
-            status: r.status,
-            started: Instant::now(),
-            log: None,
+            ..Out::from_response(r, class)
         }
     }
 }

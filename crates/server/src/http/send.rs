@@ -162,6 +162,36 @@ pub(super) struct Out {
 }
 
 impl Out {
+    /// The response `r` sent from memory, every other field at its start (no file, no
+    /// engine place, nothing paced, not corked, no log entry), started now: callers set
+    /// what differs with struct update syntax.
+    pub(super) fn from_response(r: penstock_core::http::Response, class: Arc<str>) -> Out {
+        Out {
+            head: r.head,
+            head_pos: 0,
+            pieces: r.body.into(),
+            piece_pos: 0,
+            file: None,
+            file_label: String::new(),
+            keep_alive: r.keep_alive,
+            class,
+            path_label: "memory",
+            body_sent: 0,
+            rate: None,
+            to_engine: None,
+            tenant_admitted: None,
+            origin_type: None,
+            hls_wait: None,
+            corked: false,
+            gather: None,
+            delivery: Default::default(),
+            volume: None,
+            status: r.status,
+            started: Instant::now(),
+            log: None,
+        }
+    }
+
     /// This response ending now with `status` and `body_bytes` sent.
     pub(super) fn request_end(&self, status: u16, body_bytes: u64) -> RequestEnd<'_> {
         RequestEnd {

@@ -232,12 +232,20 @@ const WORKER_PREFIX: &str = "penstock-w";
 /// Reads each isolation stream keeps ahead (the rt stream's slack: this many periods).
 const ISOLATION_STREAM_DEPTH: usize = 4;
 
-fn engine(mode: SchedMode, order: Order, inflight: Option<u32>, realtime: bool) -> Result<Engine> {
+fn engine(
+    mode: SchedMode,
+    order: Order,
+    inflight: Option<u32>,
+    realtime: bool,
+    rt_streams: usize,
+) -> Result<Engine> {
     // One worker: the disk scheduler is per worker, so the streams that compete for the disk
-    // must share one to be scheduled against each other.
+    // must share one to be scheduled against each other. The pool: each rt stream reserves
+    // its depth of buffers, and rt may hold 80 % of the pool; room for the bulk streams
+    // besides.
     Ok(Engine::new(EngineConfig {
         workers: 1,
-        pool_buffers: 64,
+        pool_buffers: 64.max(2 * rt_streams * ISOLATION_STREAM_DEPTH + 16),
         buffer_bytes: UNIT as usize,
         stream_depth: ISOLATION_STREAM_DEPTH,
         order,
@@ -512,7 +520,7 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
         for &(mode, mode_name) in modes {
             for &(k, n) in &cells {
                 let before = crate::schedstat::snapshot(WORKER_PREFIX);
-                let e = engine(mode, Order::EarliestDeadline, a.disk_inflight, a.realtime)?;
+                let e = engine(mode, Order::EarliestDeadline, a.disk_inflight, a.realtime, k)?;
                 if a.realtime
                     && let Err(why) = &e.info().realtime
                 {

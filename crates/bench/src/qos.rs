@@ -520,7 +520,13 @@ pub fn isolation(mut a: IsolationArgs) -> Result<()> {
         for &(mode, mode_name) in modes {
             for &(k, n) in &cells {
                 let before = crate::schedstat::snapshot(WORKER_PREFIX);
-                let e = engine(mode, Order::EarliestDeadline, a.disk_inflight, a.realtime, k)?;
+                let e = engine(
+                    mode,
+                    Order::EarliestDeadline,
+                    a.disk_inflight,
+                    a.realtime,
+                    k,
+                )?;
                 if a.realtime
                     && let Err(why) = &e.info().realtime
                 {

@@ -525,10 +525,9 @@ mod tests {
         let (server, _) = l.accept().unwrap();
         server.set_nonblocking(true).unwrap();
         let ranges = [(10u64, 5000u64), (9000, 300), (9300, 70_000), (150_000, 1)];
-        let mut pieces: VecDeque<BodyPiece> = VecDeque::new();
-        pieces.push_back(BodyPiece::Bytes(b"header".to_vec()));
+        let mut pieces: Vec<BodyPiece> = vec![BodyPiece::Bytes(b"header".to_vec())];
         for &(offset_bytes, len_bytes) in &ranges {
-            pieces.push_back(BodyPiece::File {
+            pieces.push(BodyPiece::File {
                 offset_bytes,
                 len_bytes,
             });
@@ -537,29 +536,16 @@ mod tests {
         for &(o, n) in &ranges {
             want.extend_from_slice(&data[o as usize..(o + n) as usize]);
         }
-        let mut out = Out {
-            head: b"H".to_vec(),
-            head_pos: 0,
-            pieces,
-            piece_pos: 0,
-            file: Some(f),
-            file_label: String::new(),
-            keep_alive: true,
-            class: Arc::from("x"),
-            path_label: "sendfile",
-            body_sent: 0,
-            rate: None,
-            to_engine: None,
-            tenant_admitted: None,
-            origin_type: None,
-            hls_wait: None,
-            corked: false,
-            gather: None,
-            delivery: Default::default(),
-            volume: None,
+        let r = penstock_core::http::Response {
             status: Status::OK,
-            started: Instant::now(),
-            log: None,
+            head: b"H".to_vec(),
+            body: pieces,
+            keep_alive: true,
+        };
+        let mut out = Out {
+            file: Some(f),
+            path_label: "sendfile",
+            ..Out::from_response(r, Arc::from("x"))
         };
         let mut pipes = Pipes::default();
         let reader = std::thread::spawn(move || {

@@ -247,9 +247,7 @@ impl RecordStats {
             .filter(|(m, _)| *m == n)
             .map(|(_, p)| p.clone())
     }
-}
 
-impl RecordStats {
     /// Bytes on disk: the kept segments and the open one.
     pub fn bytes(&self) -> u64 {
         self.closed_bytes.load(Ordering::Acquire) + self.open_bytes.load(Ordering::Acquire)
@@ -708,6 +706,19 @@ fn no_space(e: &io::Error) -> Option<i32> {
     }
 }
 
+/// What a failed write or sync (`op`, after `packets`) does to the recording: a full disk
+/// ends it with [`StopCause::NoSpace`] (what it holds is kept), any other error fails it.
+fn stop_or_fail(op: &'static str, packets: u64, e: io::Error) -> Result<StopCause, RecordError> {
+    match no_space(&e) {
+        Some(errno) => Ok(StopCause::NoSpace { errno }),
+        None => Err(RecordError::Io {
+            op,
+            packets,
+            source: e,
+        }),
+    }
+}
+
 /// Writes all of `bufs` at `offset` with pwritev, continuing after short writes. Returns the
 /// bytes written and the error that stopped it early, if any.
 fn pwritev_all(
@@ -912,14 +923,7 @@ pub fn record_to(
         if let Some(r) = syncer.poll(false)
             && let Err(e) = handle_sync(r, &mut syncs, &mut synced)
         {
-            if let Some(errno) = no_space(&e) {
-                break StopCause::NoSpace { errno };
-            }
-            return Err(RecordError::Io {
-                op: "fdatasync",
-                packets: packets_before + writer.packets(),
-                source: e,
-            });
+            break stop_or_fail("fdatasync", packets_before + writer.packets(), e)?;
         }
         if let Some(ns) = sync_ns
             && next_sync.is_some_and(|t| now >= t)
@@ -994,14 +998,7 @@ pub fn record_to(
                 if rule != FrameRule::EveryPacket
                     && let Err(e) = write_headers(&files.tracks, files.start_wall_ns, rule, flags)
                 {
-                    if let Some(errno) = no_space(&e) {
-                        break 'run StopCause::NoSpace { errno };
-                    }
-                    return Err(RecordError::Io {
-                        op: "writing the track headers",
-                        packets: 0,
-                        source: e,
-                    });
+                    break 'run stop_or_fail("writing the track headers", 0, e)?;
                 }
             }
             // Each datagram's receive time and frame start, in order (the detector sees
@@ -1034,14 +1031,11 @@ pub fn record_to(
                     if let Some(r) = syncer.poll(true)
                         && let Err(e) = handle_sync(r, &mut syncs, &mut synced)
                     {
-                        if let Some(errno) = no_space(&e) {
-                            break 'run StopCause::NoSpace { errno };
-                        }
-                        return Err(RecordError::Io {
-                            op: "fdatasync",
-                            packets: packets_before + writer.packets(),
-                            source: e,
-                        });
+                        break 'run stop_or_fail(
+                            "fdatasync",
+                            packets_before + writer.packets(),
+                            e,
+                        )?;
                     }
                     syncer.stop();
                     let mut p = files.point(writer.packets());
@@ -1049,14 +1043,11 @@ pub fn record_to(
                     if let Err(e) = sync_in_order(&files.all())
                         .and_then(|()| handle_sync(Ok(p), &mut syncs, &mut synced))
                     {
-                        if let Some(errno) = no_space(&e) {
-                            break 'run StopCause::NoSpace { errno };
-                        }
-                        return Err(RecordError::Io {
-                            op: "fdatasync",
-                            packets: packets_before + writer.packets(),
-                            source: e,
-                        });
+                        break 'run stop_or_fail(
+                            "fdatasync",
+                            packets_before + writer.packets(),
+                            e,
+                        )?;
                     }
                     seg.closed_media_bytes += files.media_len;
                     packets_before += writer.packets();
@@ -1125,14 +1116,7 @@ pub fn record_to(
                     }
                 }
                 if let Some(e) = media_err.or(track_err) {
-                    if let Some(errno) = no_space(&e) {
-                        break 'run StopCause::NoSpace { errno };
-                    }
-                    return Err(RecordError::Io {
-                        op: "write",
-                        packets: packets_before + writer.packets(),
-                        source: e,
-                    });
+                    break 'run stop_or_fail("write", packets_before + writer.packets(), e)?;
                 }
                 if let Some(seg) = &segments {
                     seg.stats.note_open(files.bytes());
@@ -1146,16 +1130,7 @@ pub fn record_to(
     if let Some(r) = syncer.poll(true)
         && let Err(e) = handle_sync(r, &mut syncs, &mut synced)
     {
-        match no_space(&e) {
-            Some(errno) => cause = StopCause::NoSpace { errno },
-            None => {
-                return Err(RecordError::Io {
-                    op: "fdatasync",
-                    packets: packets_before + writer.packets(),
-                    source: e,
-                });
-            }
-        }
+        cause = stop_or_fail("fdatasync", packets_before + writer.packets(), e)?;
     }
     syncer.stop();
     let mut kept_report = None;

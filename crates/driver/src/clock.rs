@@ -9,6 +9,14 @@ pub fn now() -> Instant {
     Instant::from_nanos(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
+/// The wall clock (CLOCK_REALTIME) in nanoseconds since the Unix epoch (0 before it): what
+/// recordings' track headers and RTCP's NTP times say.
+pub fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
 /// The CPUs this thread may run on, in ascending order (empty if the kernel will not say).
 pub fn allowed_cpus() -> Vec<usize> {
     match rustix::thread::sched_getaffinity(None) {

@@ -343,12 +343,6 @@ impl Files {
     }
 }
 
-fn wall_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
 /// Creates a recording's file for reading and writing: truncating one that exists, or
 /// (`exclusive`) failing with EEXIST.
 fn create(path: &Path, exclusive: bool) -> Result<Arc<File>, RecordError> {
@@ -809,7 +803,7 @@ pub fn record_to(
     let kernel_timestamps = cfg.kernel_timestamps
         && set_socket_int(socket, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1).is_ok();
 
-    let start_wall_ns = wall_ns();
+    let start_wall_ns = clock::wall_ns();
     let start = clock::now();
     let mut rule = match cfg.frames {
         FrameChoice::Fixed(r) => r,
@@ -858,7 +852,7 @@ pub fn record_to(
             let mut seg = Segmenter::new(s);
             let f = seg.open_next(start_wall_ns, rule, flags)?;
             dst_label = seg.current_path().display().to_string();
-            seg.retain(f.media_len, wall_ns());
+            seg.retain(f.media_len, clock::wall_ns());
             segments = Some(seg);
             f
         }
@@ -936,7 +930,7 @@ pub fn record_to(
         if let (Some(seg), Some(ns)) = (segments.as_mut(), retention_ns)
             && next_retention.is_some_and(|t| now >= t)
         {
-            seg.retain(files.bytes(), wall_ns());
+            seg.retain(files.bytes(), clock::wall_ns());
             next_retention = Some(Instant::from_nanos(now.as_nanos().saturating_add(ns)));
         }
         // Wait for data, at most until the next thing to look at.
@@ -1069,7 +1063,7 @@ pub fn record_to(
                         packets: packets_before,
                         source: e,
                     })?;
-                    seg.retain(0, wall_ns());
+                    seg.retain(0, clock::wall_ns());
                 }
                 let mut to = from + 1;
                 if let Some(seg) = &segments {

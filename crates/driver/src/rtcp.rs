@@ -54,10 +54,7 @@ pub struct RtcpLink {
 }
 
 fn wall_ntp() -> u64 {
-    let unix_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-    ntp_from_unix_ns(unix_ns)
+    ntp_from_unix_ns(crate::clock::wall_ns())
 }
 
 impl RtcpLink {

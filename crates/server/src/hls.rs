@@ -585,12 +585,23 @@ fn keep<T: Weigh>(c: &mut Cache<T>, key: FileKey, result: Built<T>, bounds: Boun
 /// The index of `file` (`len` bytes), read through once
 /// (`penstock_driver::media::ts_key_frames`).
 fn read_index(file: &File, len: u64) -> Built {
-    use penstock_driver::media::MediaError;
-    match penstock_driver::media::ts_key_frames(file, len, TsIndexLimits::default()) {
-        Ok(i) => Ok(Arc::new(i)),
-        Err(MediaError::KeyFrames(e)) => Err(HlsError::Index(e)),
-        Err(MediaError::Io(e)) => Err(HlsError::Io(Arc::new(e))),
-        Err(e) => Err(HlsError::Io(Arc::new(std::io::Error::other(e.to_string())))),
+    Ok(Arc::new(penstock_driver::media::ts_key_frames(
+        file,
+        len,
+        TsIndexLimits::default(),
+    )?))
+}
+
+impl From<penstock_driver::media::MediaError> for HlsError {
+    /// A reader's error: what the file is not (415), or the reading (500).
+    fn from(e: penstock_driver::media::MediaError) -> HlsError {
+        use penstock_driver::media::MediaError;
+        match e {
+            MediaError::KeyFrames(e) => HlsError::Index(e),
+            MediaError::Mp4(e) => HlsError::Mp4(e),
+            MediaError::Io(e) => HlsError::Io(Arc::new(e)),
+            e => HlsError::Io(Arc::new(std::io::Error::other(e.to_string()))),
+        }
     }
 }
 
@@ -604,9 +615,7 @@ fn read_mp4(file: &File, len: u64, target_ms: u64) -> Built<Mp4Package> {
         Err(MediaError::Mp4(Mp4Error::Fragmented)) => {
             return read_fragmented(file, len, target_ms);
         }
-        Err(MediaError::Mp4(e)) => return Err(HlsError::Mp4(e)),
-        Err(MediaError::Io(e)) => return Err(HlsError::Io(Arc::new(e))),
-        Err(e) => return Err(HlsError::Io(Arc::new(std::io::Error::other(e.to_string())))),
+        Err(e) => return Err(e.into()),
     };
     let packaging = Packaging::cut(&movie, target_ms);
     let inits = movie

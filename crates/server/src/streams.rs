@@ -975,6 +975,23 @@ impl Streams {
             .map_err(|err| self.error_reply(err))
     }
 
+    /// Re-admits an edited entry: its old ticket goes first; refused, `restore` puts the old
+    /// values back and they get a ticket again (they fitted before, and nothing else changed
+    /// under the entry's lock), and the refusal is returned.
+    fn readmit(&self, e: &mut Entry, restore: impl FnOnce(&mut Entry)) -> Result<(), Reply> {
+        drop(e.ticket.take());
+        let (t, refused) = match self.admit(e) {
+            Ok(t) => (t, None),
+            Err(reply) => {
+                restore(e);
+                (self.admit(e).ok().flatten(), Some(reply))
+            }
+        };
+        e.admitted = t.is_some();
+        e.ticket = t.map(|(t, _)| t);
+        refused.map_or(Ok(()), Err)
+    }
+
     /// An engine's refusal (admission, the planner) in the protocol's words.
     fn error_reply(&self, err: StreamError) -> Reply {
         match err {
@@ -1081,19 +1098,8 @@ impl Streams {
             }
             None => {
                 let old = std::mem::replace(&mut e.class, class.clone());
-                drop(e.ticket.take());
-                match self.admit(&e) {
-                    Ok(t) => {
-                        e.admitted = t.is_some();
-                        e.ticket = t.map(|(t, _)| t);
-                    }
-                    Err(reply) => {
-                        e.class = old;
-                        let t = self.admit(&e).ok().flatten();
-                        e.admitted = t.is_some();
-                        e.ticket = t.map(|(t, _)| t);
-                        return reply;
-                    }
+                if let Err(reply) = self.readmit(&mut e, |e| e.class = old) {
+                    return reply;
                 }
             }
         }
@@ -1343,19 +1349,10 @@ impl Streams {
             // its reservation back; a pending one's ticket is for the old rate): the old
             // ticket goes first, and on refusal the old values come back with a ticket for
             // them (they fitted before, and nothing else changed under the lock).
-            drop(e.ticket.take());
-            match self.admit(&e) {
-                Ok(t) => {
-                    e.admitted = t.is_some();
-                    e.ticket = t.map(|(t, _)| t);
-                }
-                Err(reply) => {
-                    (e.rate, e.unit_bytes, e.schedule, e.pause) = old;
-                    let t = self.admit(&e).ok().flatten();
-                    e.admitted = t.is_some();
-                    e.ticket = t.map(|(t, _)| t);
-                    return reply;
-                }
+            if let Err(reply) = self.readmit(&mut e, |e| {
+                (e.rate, e.unit_bytes, e.schedule, e.pause) = old;
+            }) {
+                return reply;
             }
         }
         Reply::ok("OK")

@@ -272,14 +272,7 @@ impl StreamHandle {
     /// theirs). The stream stays on its worker and keeps its pool buffers as they were
     /// reserved or borrowed at open.
     pub fn set_class(&self, class: DiskClass) -> Result<(), StreamError> {
-        let index = self
-            .classes
-            .iter()
-            .position(|n| n == class.name())
-            .ok_or_else(|| StreamError::UnknownClass {
-                name: class.name().to_string(),
-                known: self.classes.join(", "),
-            })?;
+        let index = class_index(&self.classes, class)?;
         let mut cur = self.class.lock().unwrap_or_else(|p| p.into_inner());
         if *cur == class {
             return Ok(());
@@ -308,7 +301,7 @@ impl StreamHandle {
         }
         self.worker.send(Command::SetClass(
             self.id,
-            penstock_core::sched::drr::ClassId::from_index(index as u16),
+            penstock_core::sched::drr::ClassId::from_index(index),
         ));
         *cur = class;
         Ok(())
@@ -887,38 +880,24 @@ impl Engine {
     /// Disk reads queued or in flight per class (as [`Engine::disk_classes`] names them),
     /// all workers together.
     pub fn disk_queue_depth_per_class(&self) -> Vec<(String, u64)> {
-        let mut d: Vec<(String, u64)> = self.disk_classes().into_iter().map(|n| (n, 0)).collect();
-        for w in &self.workers {
-            for (slot, n) in d.iter_mut().zip(w.disk_depth_per_class()) {
-                slot.1 += n;
-            }
-        }
-        d
+        self.per_class(WorkerHandle::disk_depth_per_class)
     }
 
     /// Bytes each class (as [`Engine::disk_classes`] names them) read through the disk
     /// scheduler so far, all workers together.
     pub fn disk_served_bytes_per_class(&self) -> Vec<(String, u64)> {
+        self.per_class(WorkerHandle::disk_served_per_class)
+    }
+
+    /// A per-class figure of every worker (`of`, in queue order), added up and named.
+    fn per_class(&self, of: impl Fn(&WorkerHandle) -> Vec<u64>) -> Vec<(String, u64)> {
         let mut d: Vec<(String, u64)> = self.disk_classes().into_iter().map(|n| (n, 0)).collect();
         for w in &self.workers {
-            for (slot, n) in d.iter_mut().zip(w.disk_served_per_class()) {
+            for (slot, n) in d.iter_mut().zip(of(w)) {
                 slot.1 += n;
             }
         }
         d
-    }
-
-    /// The queue index of `class` among [`Engine::disk_classes`], or the refusal naming them.
-    fn class_index(&self, class: DiskClass) -> Result<u16, StreamError> {
-        let names = self.disk_classes();
-        names
-            .iter()
-            .position(|n| n == class.name())
-            .map(|i| i as u16)
-            .ok_or_else(|| StreamError::UnknownClass {
-                name: class.name().to_string(),
-                known: names.join(", "),
-            })
     }
 
     /// Changes the disk scheduler's quanta and in-flight bound on a running engine (MARS
@@ -1433,7 +1412,7 @@ impl Engine {
             self.caps(),
             &self.plan_limits_at(read_depth),
         )?;
-        let class_index = self.class_index(plan.class)?;
+        let class_index = class_index(&self.disk_classes(), plan.class)?;
         // What the stream would ask admission for in `rt` (`CLASS id rt` while it runs): the
         // planner's answer for the same request in that class; `None` when it has no rate.
         let rt_qos = if plan.rt {
@@ -1734,6 +1713,19 @@ impl Drop for Engine {
             let _ = j.join();
         }
     }
+}
+
+/// The queue index of `class` among the engine's classes `names` (in queue order), or the
+/// refusal naming them.
+fn class_index(names: &[String], class: DiskClass) -> Result<u16, StreamError> {
+    names
+        .iter()
+        .position(|n| n == class.name())
+        .map(|i| i as u16)
+        .ok_or_else(|| StreamError::UnknownClass {
+            name: class.name().to_string(),
+            known: names.join(", "),
+        })
 }
 
 /// The hold of an upcall admitted on worker `w` as `id`: given back when dropped. Its CPU
